@@ -1,0 +1,27 @@
+--[[ cancel: withdraw a job that has not finished. A leased job's worker learns it at its next
+  heartbeat, and its complete or fail is refused with 'cancelled'.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record is kept)
+  Returns: the state before the call: 'due' | 'leased' (now cancelled), or 'done' | 'dead' |
+    'cancelled' (unchanged), or 'missing'. A re-sent call answers 'cancelled' and changes nothing.
+  Errors:  BAD_ARGUMENT <field>=<value> ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+
+local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
+local id = ARGV[1]
+local ttl, err = int_arg(ARGV[2], 'record_ttl_ms', 1)
+if err then return err end
+local jk = prefix .. 'job:' .. id
+local state = redis.call('HGET', jk, 'state')
+if not state then return 'missing' end
+local in_due = redis.call('ZSCORE', due, id)
+local in_leased = redis.call('ZSCORE', leased, id)
+if not in_due and not in_leased then return state end
+local now = now_ms()
+redis.call('ZREM', due, id)
+redis.call('ZREM', leased, id)
+redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', fmt(now))
+redis.call('PEXPIRE', jk, ttl)
+bump_stat(prefix, now, 'cancel', 1)
+return in_leased and 'leased' or 'due'

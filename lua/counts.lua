@@ -1,0 +1,15 @@
+--[[ counts: how many jobs are in each place, by server time (read only).
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  Returns: {now_ms, due_now, scheduled_later, leased, dead, oldest_due_run_at_ms or -1,
+    leases_lapsed} ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+
+local due, leased, dead = KEYS[2], KEYS[3], KEYS[4]
+local now = now_ms()
+local due_now = redis.call('ZCOUNT', due, '-inf', now)
+local total = redis.call('ZCARD', due)
+local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+local oldest = head[2] and tonumber(head[2]) or -1
+return { fmt(now), due_now, total - due_now, redis.call('ZCARD', leased), redis.call('LLEN', dead),
+  fmt(oldest), redis.call('ZCOUNT', leased, '-inf', now) }

@@ -1,0 +1,66 @@
+--[[ fail: record a failed attempt; retry after a backoff, or park the job in the dead list.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  ARGV[1] id  ARGV[2] token
+  ARGV[3] retryable  '1' | '0' (a non-retryable error parks the job at once)
+  ARGV[4] error type  ARGV[5] error message  ARGV[6] traceback (already truncated)
+  ARGV[7] u          uniform random number in [0, 1) drawn by the client, for the jitter
+  ARGV[8] delay_ms   '' = the job's own backoff; else this delay
+  Backoff: min(cap, base * factor ^ (attempts - 1)) * (1 - jitter * u), scheduled from server
+    time (attempts is already counted at claim). Parks when attempts >= max_attempts.
+  Returns: {status, run_at_ms or dead reason}; status is 'retry' | 'dead' | 'stale' |
+    'cancelled' | 'missing'. A re-sent call with the same token gives the same answer.
+  Errors:  BAD_ARGUMENT <field>=<value> ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+-- @include "lib/job.lua"
+-- @include "lib/lease.lua"
+
+local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
+local id, token, retryable = ARGV[1], ARGV[2], ARGV[3]
+local u = tonumber(ARGV[7])
+if u == nil or u < 0 or u >= 1 then return redis.error_reply('BAD_ARGUMENT u=' .. ARGV[7]) end
+local delay_override = nil
+if ARGV[8] ~= '' then
+  local d, err = int_arg(ARGV[8], 'delay_ms', 0)
+  if err then return err end
+  delay_override = d
+end
+local now = now_ms()
+local status, outcome = lease_check(prefix, id, token)
+if status == 'settled' then
+  local kind, detail = string.match(outcome or '', '^(%a+):(.*)$')
+  if kind == 'retry' or kind == 'dead' then return { kind, detail } end
+  return { 'stale', '' }
+end
+if status ~= 'held' then return { status, '' } end
+
+local jk = job_key(prefix, id)
+local f = redis.call('HMGET', jk, 'attempts', 'max_attempts', 'backoff_base_ms', 'backoff_factor',
+  'backoff_cap_ms', 'backoff_jitter')
+local attempts = tonumber(f[1]) or 1
+local max_attempts = tonumber(f[2]) or 1
+push_error(jk, ARGV[4], ARGV[5], ARGV[6], attempts, now)
+redis.call('HDEL', jk, 'worker')
+if retryable ~= '1' or attempts >= max_attempts then
+  local reason = (retryable ~= '1') and 'non-retryable error' or 'attempts exhausted'
+  dead_letter(prefix, id, reason, now)
+  settle(jk, token, 'dead:' .. reason)
+  bump_stat(prefix, now, 'fail', 1)
+  bump_stat(prefix, now, 'dead', 1)
+  return { 'dead', reason }
+end
+local delay = delay_override
+if delay == nil then
+  local base, factor = tonumber(f[3]) or 0, tonumber(f[4]) or 1
+  local cap, jitter = tonumber(f[5]) or 0, tonumber(f[6]) or 0
+  delay = math.min(cap, base * factor ^ (attempts - 1))
+  delay = math.floor(delay * (1 - jitter * u))
+end
+local run_at = now + delay
+redis.call('ZREM', leased, id)
+redis.call('ZADD', due, run_at, id)
+redis.call('HSET', jk, 'state', 'due', 'run_at_ms', fmt(run_at))
+settle(jk, token, 'retry:' .. fmt(run_at))
+bump_stat(prefix, now, 'fail', 1)
+bump_stat(prefix, now, 'retry', 1)
+return { 'retry', fmt(run_at) }

@@ -1,0 +1,38 @@
+--[[ heartbeat: extend the leases the caller still holds, many in one call.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  ARGV[1] lease_ms, then pairs: id, token
+  Returns: {lease_until_ms, status per pair}; status is
+    'held'       extended to lease_until_ms
+    'expired'    the lease had lapsed (not yet reaped): refused, the caller must stop
+    'stale'      another claim holds the job, or the lapsed lease was reaped
+    'cancelled'  the job was cancelled
+    'missing'    no such job (or it already finished)
+  A re-sent call only extends the same leases again.
+  Errors:  BAD_ARGUMENT <field>=<value> ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+-- @include "lib/lease.lua"
+
+local prefix, leased = KEYS[1], KEYS[3]
+local lease_ms, err = int_arg(ARGV[1], 'lease_ms', 1)
+if err then return err end
+if #ARGV % 2 ~= 1 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
+local now = now_ms()
+local lease_until = now + lease_ms
+local out = { fmt(lease_until) }
+for i = 2, #ARGV, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local status = lease_check(prefix, id, token)
+  if status == 'settled' then
+    status = 'missing'
+  elseif status == 'held' then
+    local until_ms = redis.call('ZSCORE', leased, id)
+    if not until_ms or tonumber(until_ms) <= now then
+      status = 'expired'
+    else
+      redis.call('ZADD', leased, 'XX', lease_until, id)
+    end
+  end
+  out[#out + 1] = status
+end
+return out

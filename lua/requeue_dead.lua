@@ -1,0 +1,23 @@
+--[[ requeue_dead: move parked jobs back to due, with a fresh attempt budget.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  ARGV ids (the client picks them from the dead list: one, all, or by task / error / age)
+  Returns: the number of jobs requeued. An id that is not dead is skipped, so a re-sent call
+    changes nothing more. ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+
+local prefix, due, dead, wake_key = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
+local now = now_ms()
+local moved = 0
+for _, id in ipairs(ARGV) do
+  local jk = prefix .. 'job:' .. id
+  if redis.call('HGET', jk, 'state') == 'dead' and redis.call('LREM', dead, 0, id) > 0 then
+    redis.call('ZADD', due, now, id)
+    redis.call('HSET', jk, 'state', 'due', 'attempts', 0, 'run_at_ms', fmt(now))
+    redis.call('HDEL', jk, 'dead_reason', 'dead_ms')
+    moved = moved + 1
+  end
+end
+if moved > 0 then wake(wake_key) end
+bump_stat(prefix, now, 'requeue_dead', moved)
+return moved

@@ -1,0 +1,157 @@
+"""The asyncio twin of Queue: the same operations (scheduler.ops), driven with awaits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import redis.asyncio as aredis
+from redis.exceptions import ResponseError
+
+from scheduler.backoff import Backoff
+from scheduler.errors import translate
+from scheduler.keys import QueueKeys
+from scheduler.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
+from scheduler.ops import Commands, Op, Ops, Script, Settings
+from scheduler.scripts import Scripts
+
+T = TypeVar("T")
+
+
+class AsyncQueue:
+    """One named queue on a redis.asyncio connection. See Queue for the meaning of each call."""
+
+    def __init__(
+        self,
+        client: aredis.Redis,
+        name: str = "default",
+        *,
+        result_ttl_ms: int = Settings.result_ttl_ms,
+        max_payload_bytes: int = Settings.max_payload_bytes,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = Settings.wait_timeout_ms,
+        _clock: str = "server",
+    ) -> None:
+        self.client = client
+        self.keys = QueueKeys(name)
+        self.ops = Ops(
+            self.keys, Settings(result_ttl_ms, max_payload_bytes, wait_replicas, wait_timeout_ms)
+        )
+        self._scripts = Scripts(client, clock=_clock)
+        self._script_keys = self.keys.script_keys()
+
+    @classmethod
+    def from_url(cls, url: str, name: str = "default", **kwargs: Any) -> AsyncQueue:
+        return cls(aredis.Redis.from_url(url, decode_responses=True), name, **kwargs)
+
+    @property
+    def name(self) -> str:
+        return self.keys.queue
+
+    async def _run(self, op: Op[T]) -> T:
+        reply: Any = None
+        try:
+            while True:
+                req = op.send(reply)
+                reply = await self._execute(req)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    async def _execute(self, req: Script | Commands) -> Any:
+        if isinstance(req, Script):
+            try:
+                if req.wait is None:
+                    return await self._scripts[req.name](keys=self._script_keys, args=req.args)
+                # WAIT counts the writes of its own connection: same pipeline, same connection.
+                pipe = self.client.pipeline(transaction=False)
+                await self._scripts[req.name](keys=self._script_keys, args=req.args, client=pipe)
+                pipe.execute_command("WAIT", *req.wait)
+                return tuple(await pipe.execute())
+            except ResponseError as exc:
+                raise translate(exc) from exc
+        pipe = self.client.pipeline(transaction=False)
+        for cmd in req.cmds:
+            pipe.execute_command(*cmd)
+        return await pipe.execute()
+
+    async def preload(self) -> None:
+        for _, text in self._scripts.preload_commands():
+            await self.client.script_load(text)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def enqueue(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        delay_ms: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+        key: str | None = None,
+        jitter_ms: int = 0,
+        timeout_ms: int = 0,
+        job_id: str | None = None,
+    ) -> str:
+        return await self._run(self.ops.enqueue(
+            task, payload, delay_ms=delay_ms, run_at=run_at, max_attempts=max_attempts,
+            backoff=backoff, key=key, jitter_ms=jitter_ms, timeout_ms=timeout_ms, job_id=job_id,
+        ))  # fmt: skip
+
+    async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
+        return await self._run(self.ops.enqueue_many(specs, batch_size))
+
+    async def claim(
+        self, worker_id: str, *, limit: int = 100, lease_ms: int = 30_000, reap_limit: int = 100
+    ) -> ClaimBatch:
+        return await self._run(
+            self.ops.claim(worker_id, limit=limit, lease_ms=lease_ms, reap_limit=reap_limit)
+        )
+
+    async def heartbeat(
+        self, leases: Sequence[tuple[str, str]], *, lease_ms: int
+    ) -> tuple[int, dict[str, str]]:
+        return await self._run(self.ops.heartbeat(leases, lease_ms=lease_ms))
+
+    async def complete(self, job_id: str, token: str, result: Any = None) -> None:
+        await self._run(self.ops.complete(job_id, token, result))
+
+    async def complete_many(self, items: Sequence[tuple[str, str, Any]]) -> list[str]:
+        return await self._run(self.ops.complete_many(items))
+
+    async def fail(
+        self,
+        job_id: str,
+        token: str,
+        error: BaseException | tuple[str, str, str],
+        *,
+        retryable: bool = True,
+        delay_ms: int | None = None,
+    ) -> FailOutcome:
+        return await self._run(
+            self.ops.fail(job_id, token, error, retryable=retryable, delay_ms=delay_ms)
+        )
+
+    async def release(self, leases: Sequence[tuple[str, str]]) -> list[str]:
+        return await self._run(self.ops.release(leases))
+
+    async def cancel(self, job_id: str) -> str:
+        return await self._run(self.ops.cancel(job_id))
+
+    async def get_job(self, job_id: str) -> Job:
+        return await self._run(self.ops.get_job(job_id))
+
+    async def status(self, job_id: str) -> JobState:
+        return await self._run(self.ops.status(job_id))
+
+    async def counts(self) -> QueueCounts:
+        return await self._run(self.ops.counts())
+
+    async def requeue_dead(self, ids: Sequence[str]) -> int:
+        return await self._run(self.ops.requeue_dead(ids))
+
+    async def purge_dead(self, ids: Sequence[str]) -> int:
+        return await self._run(self.ops.purge_dead(ids))

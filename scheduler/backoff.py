@@ -1,0 +1,41 @@
+"""Retry policy: attempt number -> delay. The same formula runs inside lua/fail.lua with the
+job's stored settings; this pure twin lets users and tests reason about it without Redis."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scheduler.errors import BadArgument
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff, jittered downward: min(cap, base*factor**(attempt-1)) * (1 - jitter*u).
+
+    Jitter spreads retries of many jobs that failed together, so they do not hit the recovering
+    dependency in the same second. jitter=0 gives the exact exponential schedule."""
+
+    base_ms: int = 1_000
+    factor: float = 2.0
+    cap_ms: int = 3_600_000
+    jitter: float = 0.25
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base_ms, int) or self.base_ms < 0:
+            raise BadArgument(f"backoff base_ms must be an int >= 0, got {self.base_ms!r}")
+        if (
+            not isinstance(self.factor, int | float)
+            or not math.isfinite(self.factor)
+            or (self.factor < 1)
+        ):
+            raise BadArgument(f"backoff factor must be a number >= 1, got {self.factor!r}")
+        if not isinstance(self.cap_ms, int) or self.cap_ms < 0:
+            raise BadArgument(f"backoff cap_ms must be an int >= 0, got {self.cap_ms!r}")
+        if not isinstance(self.jitter, int | float) or not 0 <= self.jitter <= 1:
+            raise BadArgument(f"backoff jitter must be within [0, 1], got {self.jitter!r}")
+
+    def delay_ms(self, attempt: int, u: float = 0.0) -> int:
+        """Delay before the retry that follows failed attempt `attempt` (1-based)."""
+        raw = min(float(self.cap_ms), self.base_ms * self.factor ** (attempt - 1))
+        return math.floor(raw * (1 - self.jitter * u))

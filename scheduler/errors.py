@@ -1,0 +1,86 @@
+"""One exception class per refusal. Script error codes map here in one function."""
+
+from __future__ import annotations
+
+from redis.exceptions import ResponseError
+
+
+class SchedulerError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class BadArgument(SchedulerError, ValueError):
+    """A call's arguments were refused at the boundary; nothing was changed."""
+
+
+class InvalidPayload(BadArgument):
+    """The payload is not JSON-serialisable, or is larger than the limit."""
+
+
+class JobNotFound(SchedulerError, KeyError):
+    """No job with that id (it may have finished and its record expired)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "job not found"
+
+
+class LeaseRefused(SchedulerError):
+    """The caller no longer holds the lease it names."""
+
+    def __init__(self, job_id: str, token: str, message: str) -> None:
+        super().__init__(f"{message} (job {job_id}, token {token})")
+        self.job_id = job_id
+        self.token = token
+
+
+class StaleToken(LeaseRefused):
+    """Another claim holds the job now: this worker's result is refused."""
+
+
+class LeaseLost(LeaseRefused):
+    """The lease lapsed before the call; the job may be running elsewhere."""
+
+
+class JobCancelled(LeaseRefused):
+    """The job was cancelled while this worker held it."""
+
+
+class NotDurable(SchedulerError):
+    """The primary accepted the jobs, but fewer replicas than asked acknowledged them in time:
+    they may be lost if the primary fails now. The ids are attached; enqueue is idempotent on
+    them, so re-sending the same JobSpecs with these job_ids is safe."""
+
+    def __init__(self, job_ids: list[str], acked: int, wanted: int) -> None:
+        super().__init__(f"{acked} of {wanted} replicas acknowledged {len(job_ids)} job(s)")
+        self.job_ids = job_ids
+        self.acked = acked
+        self.wanted = wanted
+
+
+class UnknownTask(SchedulerError, LookupError):
+    """No handler is registered under that task name."""
+
+
+def raise_for_status(status: str, job_id: str, token: str) -> None:
+    """Map a per-job status from a token-guarded script to an exception (or return on success)."""
+    if status in ("done", "retry", "dead", "released", "held"):
+        return
+    if status == "stale":
+        raise StaleToken(job_id, token, "stale token: another claim holds this job")
+    if status == "expired":
+        raise LeaseLost(job_id, token, "lease expired")
+    if status == "cancelled":
+        raise JobCancelled(job_id, token, "job was cancelled")
+    if status == "missing":
+        raise JobNotFound(f"no job {job_id!r}")
+    raise SchedulerError(f"unexpected status {status!r} for job {job_id}")
+
+
+def translate(exc: ResponseError) -> SchedulerError | ResponseError:
+    """Turn a script's `CODE detail` error into our exception; leave Redis's own errors alone."""
+    text = str(exc)
+    if text.startswith("BAD_ARGUMENT"):
+        detail = text.split(" ", 1)[1] if " " in text else text
+        detail = detail.split(" script:", 1)[0]
+        return BadArgument(f"refused by the server: {detail}")
+    return exc

@@ -1,0 +1,83 @@
+"""Server settings that break the product's promises, checked at worker / CLI start-up and by
+`scheduler doctor`. Each finding says what is wrong and the command that fixes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MIN_VERSION = (7, 0)
+SAFE_EVICTION = "noeviction"
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str  # stable identifier, e.g. 'eviction-policy'
+    severity: str  # 'error' breaks "never lost"; 'warning' weakens it
+    message: str
+    fix: str  # the command an operator types
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for p in text.split(".")[:3]:
+        try:
+            parts.append(int(p))
+        except ValueError:
+            break
+    return tuple(parts)
+
+
+def check_server(info: dict[str, Any], config: dict[str, str]) -> list[Finding]:
+    """Pure check of INFO (server, persistence, memory sections) and CONFIG GET values.
+    `config` may be empty when CONFIG is not allowed (managed Redis, ACL users)."""
+    out: list[Finding] = []
+    version = str(info.get("redis_version", "0"))
+    if _version(version) < MIN_VERSION:
+        out.append(Finding(
+            "server-version", "error", f"Redis {version} is older than 7.0 (scripts rely on "
+            "effects replication and ZRANGE BYSCORE)", "upgrade Redis to 7.0 or newer",
+        ))  # fmt: skip
+    policy = config.get("maxmemory-policy") or str(info.get("maxmemory_policy", ""))
+    if policy and policy != SAFE_EVICTION:
+        out.append(Finding(
+            "eviction-policy", "error",
+            f"maxmemory-policy is {policy}: Redis may evict job keys under memory pressure",
+            "redis-cli CONFIG SET maxmemory-policy noeviction",
+        ))  # fmt: skip
+    aof = int(info.get("aof_enabled", 0) or 0)
+    rdb_save = config.get("save")
+    if not aof and not rdb_save:
+        out.append(Finding(
+            "persistence-off", "error",
+            "persistence is off (no AOF, no RDB snapshots): a restart loses every job",
+            "redis-cli CONFIG SET appendonly yes && redis-cli CONFIG SET appendfsync always",
+        ))  # fmt: skip
+    elif not aof:
+        out.append(Finding(
+            "aof-off", "warning",
+            "only RDB snapshots: a crash loses the jobs accepted since the last snapshot",
+            "redis-cli CONFIG SET appendonly yes",
+        ))  # fmt: skip
+    elif config.get("appendfsync") and config.get("appendfsync") != "always":
+        out.append(Finding(
+            "fsync-relaxed", "warning",
+            f"appendfsync is {config['appendfsync']}: a power loss or kernel crash may lose up "
+            "to about a second of accepted jobs (a Redis process crash alone loses nothing)",
+            "redis-cli CONFIG SET appendfsync always",
+        ))  # fmt: skip
+    return out
+
+
+def read_server(client: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """INFO and the few CONFIG values we need; CONFIG may be refused to a least-privilege user."""
+    info: dict[str, Any] = {}
+    for section in ("server", "persistence", "memory"):
+        info.update(client.info(section))
+    config: dict[str, str] = {}
+    try:
+        for name in ("maxmemory-policy", "appendfsync", "save"):
+            config.update({k: str(v) for k, v in client.config_get(name).items()})
+    except Exception:  # NOPERM for ACL users without CONFIG; INFO still answers
+        config = {}
+    return info, config

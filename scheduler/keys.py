@@ -1,0 +1,91 @@
+"""The only place key names are formatted. Every key of a queue carries the hash tag `{queue}`,
+so one queue lives in one Redis Cluster slot."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from scheduler.errors import BadArgument
+
+ROOT = "sched"
+# No braces, colons or spaces: user input can never end the hash tag or the prefix early.
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+
+
+def check_queue_name(name: str) -> str:
+    if not isinstance(name, str) or not _QUEUE_RE.match(name):
+        raise BadArgument(
+            f"invalid queue name {name!r}: use 1-64 of A-Z a-z 0-9 _ . - (no braces or colons)"
+        )
+    return name
+
+
+def check_job_id(job_id: str) -> str:
+    if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id):
+        raise BadArgument(f"invalid job id {job_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
+    return job_id
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    queue: str
+
+    def __post_init__(self) -> None:
+        check_queue_name(self.queue)
+
+    @property
+    def prefix(self) -> str:
+        return f"{ROOT}:{{{self.queue}}}:"
+
+    @property
+    def due(self) -> str:
+        return self.prefix + "due"
+
+    @property
+    def leased(self) -> str:
+        return self.prefix + "leased"
+
+    @property
+    def dead(self) -> str:
+        return self.prefix + "dead"
+
+    @property
+    def wake(self) -> str:
+        return self.prefix + "wake"
+
+    def job(self, job_id: str) -> str:
+        return self.prefix + "job:" + job_id
+
+    def idem(self, digest: str) -> str:
+        return self.prefix + "idem:" + digest
+
+    def stats(self, minute: int) -> str:
+        return f"{self.prefix}stats:{minute}"
+
+    def schedule(self, name: str) -> str:
+        return self.prefix + "schedule:" + name
+
+    @property
+    def schedules(self) -> str:
+        return self.prefix + "schedules"
+
+    @property
+    def workers(self) -> str:
+        return self.prefix + "workers"
+
+    def worker(self, worker_id: str) -> str:
+        return self.prefix + "worker:" + worker_id
+
+    @property
+    def test_clock(self) -> str:
+        return self.prefix + "test:now_ms"
+
+    def script_keys(self) -> list[str]:
+        """KEYS for every script, in the order the Lua headers document."""
+        return [self.prefix, self.due, self.leased, self.dead, self.wake]
+
+    def pattern(self) -> str:
+        """A SCAN pattern matching every key of this queue."""
+        return f"{ROOT}:{{{self.queue}}}:*"

@@ -1,0 +1,256 @@
+"""Every client operation written once, as a generator that yields Redis requests and returns
+the parsed result ("sans-I/O"). Queue drives these with blocking calls, AsyncQueue with awaits,
+so the two clients cannot drift apart."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from scheduler import codec
+from scheduler.backoff import Backoff
+from scheduler.errors import BadArgument, JobNotFound, NotDurable, raise_for_status
+from scheduler.keys import QueueKeys, check_job_id
+from scheduler.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Script:
+    """Run one Lua transition with the queue's KEYS."""
+
+    name: str
+    args: list[str]
+    # (replicas, timeout_ms): send WAIT on the same connection right after the script, and
+    # check that many replicas acknowledged it (see Settings.wait_replicas).
+    wait: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Commands:
+    """Plain read commands, pipelined (no transaction); the reply is a list."""
+
+    cmds: list[tuple[Any, ...]]
+
+
+Request = Script | Commands
+Op = Generator[Request, Any, T]
+
+_LISTABLE = ("due", "scheduled", "leased", "dead")
+
+
+@dataclass(frozen=True)
+class Settings:
+    result_ttl_ms: int = codec.RESULT_TTL_MS
+    max_payload_bytes: int = codec.MAX_PAYLOAD_BYTES
+    # Durability: 0 relies on the server's own persistence; N > 0 makes enqueue wait until N
+    # replicas acknowledged the write and raise NotDurable otherwise.
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1_000
+
+
+class Ops:
+    """The operations of one queue. Holds no connection: see Queue and AsyncQueue."""
+
+    def __init__(self, keys: QueueKeys, settings: Settings) -> None:
+        self.keys = keys
+        self.settings = settings
+
+    # -- producers --------------------------------------------------------------------------
+    def enqueue(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        delay_ms: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+        key: str | None = None,
+        jitter_ms: int = 0,
+        timeout_ms: int = 0,
+        job_id: str | None = None,
+    ) -> Op[str]:
+        spec = JobSpec(task, payload, delay_ms, run_at, max_attempts, backoff, key, jitter_ms,
+                       timeout_ms, job_id)  # fmt: skip
+        ids = yield from self.enqueue_many([spec])
+        return ids[0]
+
+    def enqueue_many(self, specs: Iterable[JobSpec], batch_size: int = 1000) -> Op[list[str]]:
+        specs = list(specs)
+        # Check every job before sending any batch: a bad job refuses the whole call.
+        batches = [
+            codec.enqueue_args(specs[i : i + batch_size], self.settings.max_payload_bytes)
+            for i in range(0, len(specs), batch_size)
+        ]
+        wait = None
+        if self.settings.wait_replicas > 0:
+            wait = (self.settings.wait_replicas, self.settings.wait_timeout_ms)
+        ids: list[str] = []
+        for args in batches:
+            reply = yield Script("enqueue", args, wait)
+            if wait is not None:
+                reply, acked = reply
+                batch_ids = codec.parse_enqueue(reply)
+                if acked < wait[0]:
+                    raise NotDurable(ids + batch_ids, acked, wait[0])
+                ids.extend(batch_ids)
+            else:
+                ids.extend(codec.parse_enqueue(reply))
+        return ids
+
+    # -- workers ----------------------------------------------------------------------------
+    def claim(
+        self, worker_id: str, *, limit: int = 100, lease_ms: int = 30_000, reap_limit: int = 100
+    ) -> Op[ClaimBatch]:
+        args = codec.claim_args(worker_id, limit, lease_ms, codec.new_nonce(), reap_limit)
+        return codec.parse_claim((yield Script("claim", args)))
+
+    def heartbeat(
+        self, leases: Sequence[tuple[str, str]], *, lease_ms: int
+    ) -> Op[tuple[int, dict[str, str]]]:
+        reply = yield Script("heartbeat", codec.heartbeat_args(leases, lease_ms))
+        return codec.parse_heartbeat(reply, leases)
+
+    def complete_many(self, items: Sequence[tuple[str, str, Any]]) -> Op[list[str]]:
+        """Statuses per job: 'done' | 'stale' | 'cancelled' | 'missing' (no exception)."""
+        if not items:
+            return []
+        args = codec.complete_args(items, self.settings.result_ttl_ms,
+                                   self.settings.max_payload_bytes)  # fmt: skip
+        return codec.parse_statuses((yield Script("complete", args)))
+
+    def complete(self, job_id: str, token: str, result: Any = None) -> Op[None]:
+        """Record success; raises StaleToken / JobCancelled / JobNotFound when refused."""
+        (status,) = yield from self.complete_many([(job_id, token, result)])
+        raise_for_status(status, job_id, token)
+
+    def fail(
+        self,
+        job_id: str,
+        token: str,
+        error: BaseException | tuple[str, str, str],
+        *,
+        retryable: bool = True,
+        delay_ms: int | None = None,
+    ) -> Op[FailOutcome]:
+        args = codec.fail_args(job_id, token, error, retryable=retryable, delay_ms=delay_ms)
+        return codec.parse_fail((yield Script("fail", args)), job_id, token)
+
+    def release(self, leases: Sequence[tuple[str, str]]) -> Op[list[str]]:
+        if not leases:
+            return []
+        return codec.parse_statuses((yield Script("release", codec.lease_pairs(leases))))
+
+    # -- operators --------------------------------------------------------------------------
+    def cancel(self, job_id: str) -> Op[str]:
+        """Cancel a due or leased job; returns the state it was in. Raises JobNotFound."""
+        check_job_id(job_id)
+        state = codec.s((yield Script("cancel", [job_id, str(self.settings.result_ttl_ms)])))
+        if state == "missing":
+            raise JobNotFound(f"no job {job_id!r}")
+        return state
+
+    def get_job(self, job_id: str) -> Op[Job]:
+        check_job_id(job_id)
+        raw, score = yield Commands(
+            [("HGETALL", self.keys.job(job_id)), ("ZSCORE", self.keys.leased, job_id)]
+        )
+        job = codec.parse_job(job_id, raw, score)
+        if job is None:
+            raise JobNotFound(f"no job {job_id!r} in queue {self.keys.queue!r}")
+        return job
+
+    def status(self, job_id: str) -> Op[JobState]:
+        job = yield from self.get_job(job_id)
+        try:
+            return JobState(job.state)
+        except ValueError:
+            raise BadArgument(f"job {job_id!r} has an unreadable state {job.state!r}") from None
+
+    def counts(self) -> Op[QueueCounts]:
+        return codec.parse_counts((yield Script("counts", [])))
+
+    def list_ids(self, state: str, *, offset: int = 0, limit: int = 50) -> Op[list[str]]:
+        """Ids in one place, oldest first for due/scheduled/leased, newest first for dead."""
+        if state not in _LISTABLE:
+            raise BadArgument(f"state must be one of {', '.join(_LISTABLE)}, got {state!r}")
+        codec._int(offset, "offset", minimum=0)
+        codec._int(limit, "limit", minimum=1)
+        k = self.keys
+        if state == "dead":
+            cmd: tuple[Any, ...] = ("LRANGE", k.dead, offset, offset + limit - 1)
+        elif state == "leased":
+            cmd = ("ZRANGE", k.leased, offset, offset + limit - 1)
+        else:
+            counts = yield from self.counts()
+            lo, hi = ("-inf", counts.now_ms) if state == "due" else (f"({counts.now_ms}", "+inf")
+            cmd = ("ZRANGE", k.due, lo, hi, "BYSCORE", "LIMIT", offset, limit)
+        (reply,) = yield Commands([cmd])
+        return [codec.s(v) for v in reply]
+
+    def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> Op[list[Job]]:
+        ids = yield from self.list_ids(state, offset=offset, limit=limit)
+        return (yield from self.get_jobs(ids))
+
+    def get_jobs(self, ids: Sequence[str]) -> Op[list[Job]]:
+        if not ids:
+            return []
+        cmds: list[tuple[Any, ...]] = []
+        for job_id in ids:
+            cmds += [("HGETALL", self.keys.job(job_id)), ("ZSCORE", self.keys.leased, job_id)]
+        reply = yield Commands(cmds)
+        jobs = [codec.parse_job(i, reply[2 * n], reply[2 * n + 1]) for n, i in enumerate(ids)]
+        return [j for j in jobs if j is not None]
+
+    def dead_ids(
+        self,
+        *,
+        task: str | None = None,
+        error_type: str | None = None,
+        older_than_ms: int | None = None,
+        page: int = 1000,
+    ) -> Op[list[str]]:
+        """Ids on the dead list matching every filter given (all when none is)."""
+        counts = yield from self.counts()
+        out: list[str] = []
+        start = 0
+        while True:
+            (ids,) = yield Commands([("LRANGE", self.keys.dead, start, start + page - 1)])
+            ids = [codec.s(i) for i in ids]
+            if not ids:
+                return out
+            start += len(ids)
+            if task is None and error_type is None and older_than_ms is None:
+                out.extend(ids)
+                continue
+            fields = yield Commands(
+                [("HMGET", self.keys.job(i), "task", "last_error_type", "dead_ms") for i in ids]
+            )
+            for job_id, (t, et, dead_ms) in zip(ids, fields, strict=True):
+                if task is not None and (t is None or codec.s(t) != task):
+                    continue
+                if error_type is not None and (et is None or codec.s(et) != error_type):
+                    continue
+                if older_than_ms is not None and (
+                    dead_ms is None or counts.now_ms - int(codec.s(dead_ms)) < older_than_ms
+                ):
+                    continue
+                out.append(job_id)
+
+    def requeue_dead(self, ids: Sequence[str], batch_size: int = 500) -> Op[int]:
+        """Move these dead jobs back to due with a fresh attempt budget; returns how many."""
+        moved = 0
+        for i in range(0, len(ids), batch_size):
+            moved += int((yield Script("requeue_dead", list(ids[i : i + batch_size]))))
+        return moved
+
+    def purge_dead(self, ids: Sequence[str], batch_size: int = 500) -> Op[int]:
+        """Delete these dead jobs for good; returns how many."""
+        purged = 0
+        for i in range(0, len(ids), batch_size):
+            purged += int((yield Script("purge_dead", list(ids[i : i + batch_size]))))
+        return purged

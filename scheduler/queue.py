@@ -1,0 +1,179 @@
+"""The blocking client web apps use: enqueue, inspect, cancel, dead-letter operations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import redis
+from redis.exceptions import ResponseError
+
+from scheduler.backoff import Backoff
+from scheduler.errors import translate
+from scheduler.keys import QueueKeys
+from scheduler.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
+from scheduler.ops import Commands, Op, Ops, Script, Settings
+from scheduler.scripts import Scripts
+
+T = TypeVar("T")
+
+
+class Queue:
+    """One named queue on one Redis (or Redis Cluster) connection.
+
+    Create it from a URL (`redis://`, `rediss://` for TLS, `unix://`; user and password in the
+    URL for AUTH / ACL users) or from an existing redis-py client."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        name: str = "default",
+        *,
+        result_ttl_ms: int = Settings.result_ttl_ms,
+        max_payload_bytes: int = Settings.max_payload_bytes,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = Settings.wait_timeout_ms,
+        _clock: str = "server",
+    ) -> None:
+        self.client = client
+        self.keys = QueueKeys(name)
+        self.ops = Ops(
+            self.keys, Settings(result_ttl_ms, max_payload_bytes, wait_replicas, wait_timeout_ms)
+        )
+        self._scripts = Scripts(client, clock=_clock)
+        self._script_keys = self.keys.script_keys()
+
+    @classmethod
+    def from_url(cls, url: str, name: str = "default", **kwargs: Any) -> Queue:
+        return cls(redis.Redis.from_url(url, decode_responses=True), name, **kwargs)
+
+    @property
+    def name(self) -> str:
+        return self.keys.queue
+
+    def _run(self, op: Op[T]) -> T:
+        reply: Any = None
+        try:
+            while True:
+                req = op.send(reply)
+                reply = self._execute(req)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def _execute(self, req: Script | Commands) -> Any:
+        if isinstance(req, Script):
+            try:
+                if req.wait is None:
+                    return self._scripts[req.name](keys=self._script_keys, args=req.args)
+                # WAIT counts the writes of its own connection: same pipeline, same connection.
+                pipe = self.client.pipeline(transaction=False)
+                self._scripts[req.name](keys=self._script_keys, args=req.args, client=pipe)
+                pipe.execute_command("WAIT", *req.wait)  # type: ignore[no-untyped-call]
+                return tuple(pipe.execute())
+            except ResponseError as exc:
+                raise translate(exc) from exc
+        pipe = self.client.pipeline(transaction=False)
+        for cmd in req.cmds:
+            pipe.execute_command(*cmd)  # type: ignore[no-untyped-call]
+        return pipe.execute()
+
+    def preload(self) -> None:
+        """SCRIPT LOAD every transition (compiles them: a broken script fails here)."""
+        for _, text in self._scripts.preload_commands():
+            self.client.script_load(text)
+
+    # Producers ------------------------------------------------------------------------------
+    def enqueue(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        delay_ms: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+        key: str | None = None,
+        jitter_ms: int = 0,
+        timeout_ms: int = 0,
+        job_id: str | None = None,
+    ) -> str:
+        """Accept a job; returns its id. `delay_ms` counts from the Redis server's clock,
+        `run_at` is an aware datetime; `jitter_ms` spreads run_at by up to that much; `key`
+        makes the call idempotent (a second call with the same key returns the first id)."""
+        return self._run(self.ops.enqueue(
+            task, payload, delay_ms=delay_ms, run_at=run_at, max_attempts=max_attempts,
+            backoff=backoff, key=key, jitter_ms=jitter_ms, timeout_ms=timeout_ms, job_id=job_id,
+        ))  # fmt: skip
+
+    def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
+        """Accept many jobs, one round trip per batch; every job is checked before any is sent."""
+        return self._run(self.ops.enqueue_many(specs, batch_size))
+
+    # Workers --------------------------------------------------------------------------------
+    def claim(
+        self, worker_id: str, *, limit: int = 100, lease_ms: int = 30_000, reap_limit: int = 100
+    ) -> ClaimBatch:
+        return self._run(
+            self.ops.claim(worker_id, limit=limit, lease_ms=lease_ms, reap_limit=reap_limit)
+        )
+
+    def heartbeat(
+        self, leases: Sequence[tuple[str, str]], *, lease_ms: int
+    ) -> tuple[int, dict[str, str]]:
+        return self._run(self.ops.heartbeat(leases, lease_ms=lease_ms))
+
+    def complete(self, job_id: str, token: str, result: Any = None) -> None:
+        self._run(self.ops.complete(job_id, token, result))
+
+    def complete_many(self, items: Sequence[tuple[str, str, Any]]) -> list[str]:
+        return self._run(self.ops.complete_many(items))
+
+    def fail(
+        self,
+        job_id: str,
+        token: str,
+        error: BaseException | tuple[str, str, str],
+        *,
+        retryable: bool = True,
+        delay_ms: int | None = None,
+    ) -> FailOutcome:
+        return self._run(
+            self.ops.fail(job_id, token, error, retryable=retryable, delay_ms=delay_ms)
+        )
+
+    def release(self, leases: Sequence[tuple[str, str]]) -> list[str]:
+        return self._run(self.ops.release(leases))
+
+    # Operators ------------------------------------------------------------------------------
+    def cancel(self, job_id: str) -> str:
+        return self._run(self.ops.cancel(job_id))
+
+    def get_job(self, job_id: str) -> Job:
+        return self._run(self.ops.get_job(job_id))
+
+    def status(self, job_id: str) -> JobState:
+        return self._run(self.ops.status(job_id))
+
+    def counts(self) -> QueueCounts:
+        return self._run(self.ops.counts())
+
+    def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> list[Job]:
+        return self._run(self.ops.list_jobs(state, offset=offset, limit=limit))
+
+    def dead_ids(
+        self,
+        *,
+        task: str | None = None,
+        error_type: str | None = None,
+        older_than_ms: int | None = None,
+    ) -> list[str]:
+        return self._run(
+            self.ops.dead_ids(task=task, error_type=error_type, older_than_ms=older_than_ms)
+        )
+
+    def requeue_dead(self, ids: Sequence[str]) -> int:
+        return self._run(self.ops.requeue_dead(ids))
+
+    def purge_dead(self, ids: Sequence[str]) -> int:
+        return self._run(self.ops.purge_dead(ids))

@@ -1,0 +1,129 @@
+"""Fixtures: a real Redis for every test session.
+
+Order: REDIS_URL when set; else a private redis-server spawned here; else testcontainers when a
+Docker daemon answers. Under CI=true, having none of them fails the run instead of skipping.
+Tests never flush: each one uses its own queue name, so REDIS_URL may point at a shared server."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from scheduler import Queue
+from tests.redis_server import RedisProcess, find_redis_server
+
+
+def _docker_redis() -> tuple[str, Callable[[], None]] | None:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env(timeout=2).ping()
+    except Exception:
+        return None
+    from testcontainers.community.redis import RedisContainer  # type: ignore[import-untyped]
+
+    container = RedisContainer("redis:7.0").start()
+    host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
+    return f"redis://{host}:{port}/0", container.stop
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    binary = find_redis_server()
+    if binary:
+        server = RedisProcess(binary).start()
+        try:
+            yield server.url
+        finally:
+            server.cleanup()
+        return
+    found = _docker_redis()
+    if found:
+        url, stop = found
+        try:
+            yield url
+        finally:
+            stop()
+        return
+    message = "no real Redis: set REDIS_URL, install redis-server, or run a Docker daemon"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def q(client: redis.Redis, queue_name: str) -> Iterator[Queue]:
+    queue = Queue(client, queue_name)
+    yield queue
+    delete_queue(client, queue)
+
+
+class Clock:
+    """The test seam: scripts loaded with lib/clock_test.lua read the time from this key."""
+
+    def __init__(self, client: redis.Redis, queue: Queue) -> None:
+        self.client, self.key = client, queue.keys.test_clock
+
+    def set_ms(self, now_ms: int) -> None:
+        self.client.set(self.key, now_ms)
+
+    def set_s(self, now_s: float) -> None:
+        self.set_ms(round(now_s * 1000))
+
+
+@pytest.fixture
+def tq(client: redis.Redis, queue_name: str) -> Iterator[tuple[Queue, Clock]]:
+    """A queue whose scripts read a clock the test controls (never TIME)."""
+    queue = Queue(client, queue_name, _clock="test")
+    clock = Clock(client, queue)
+    clock.set_ms(0)
+    yield queue, clock
+    delete_queue(client, queue)
+
+
+def delete_queue(client: redis.Redis, queue: Queue) -> None:
+    keys = list(client.scan_iter(match=queue.keys.pattern(), count=1000))
+    for i in range(0, len(keys), 500):
+        client.delete(*keys[i : i + 500])
+
+
+def dump_queue(client: redis.Redis, queue: Queue) -> dict[str, object]:
+    """Every key of the queue with its type and contents (TTL presence, not value): for
+    comparing state before and after a call."""
+    out: dict[str, object] = {}
+    for key in sorted(client.scan_iter(match=queue.keys.pattern(), count=1000)):
+        if key.endswith(":test:now_ms"):
+            continue
+        t = client.type(key)
+        if t == "hash":
+            val: object = client.hgetall(key)
+        elif t == "zset":
+            val = client.zrange(key, 0, -1, withscores=True)
+        elif t == "list":
+            val = client.lrange(key, 0, -1)
+        elif t == "set":
+            val = sorted(client.smembers(key))
+        else:
+            val = client.get(key)
+        out[key] = (t, val, client.pttl(key) > 0)
+    return out
