@@ -4,6 +4,7 @@ I/O differs between them. Every argument is checked here, before anything is sen
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import random
@@ -35,10 +36,15 @@ def s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+_id_seq = itertools.count()
+
+
 def new_job_id() -> str:
-    """Sortable (creation ms, hex) and unique (64 random bits). Made by the client, so a
-    re-sent enqueue names the same job and cannot create a second one."""
-    return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(8)}"
+    """Sortable and unique: creation ms, a per-process sequence (jobs due at the same ms are
+    claimed in enqueue order, since the due set orders ties by id) and 48 random bits. Made by
+    the client, so a re-sent enqueue names the same job and cannot create a second one."""
+    seq = next(_id_seq) & 0xFFFFFF
+    return f"{time.time_ns() // 1_000_000:012x}{seq:06x}{secrets.token_hex(6)}"
 
 
 def new_nonce() -> str:

@@ -1,0 +1,70 @@
+"""AsyncQueue shares keys, scripts and reply parsing with Queue: both see the same queue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from scheduler import AsyncQueue, JobSpec, Queue, StaleToken
+
+
+def test_async_and_sync_clients_share_one_queue(redis_url: str, q: Queue) -> None:
+    async def main() -> None:
+        aq = AsyncQueue(aredis.Redis.from_url(redis_url, decode_responses=True), q.name)
+        try:
+            ids = await aq.enqueue_many([JobSpec("t", {"n": i}) for i in range(3)])
+            assert q.counts().due_now == 3
+            batch = await aq.claim("w", limit=2)
+            assert [j.id for j in batch.jobs] == ids[:2]
+            first = batch.jobs[0]
+            await aq.complete(first.id, first.token, {"ok": True})
+            assert q.status(first.id) == "done"
+            with pytest.raises(StaleToken):
+                await aq.complete(first.id, "9-bad")
+            second = batch.jobs[1]
+            out = await aq.fail(second.id, second.token, ValueError("x"), retryable=False)
+            assert out.status == "dead" and q.counts().dead == 1
+            assert await aq.requeue_dead([second.id]) == 1
+            assert (await aq.counts()).due_now == 2
+        finally:
+            await aq.aclose()
+
+    asyncio.run(main())
+
+
+def test_resp2_and_resp3_give_the_same_answers(redis_url: str, queue_name: str) -> None:
+    import redis
+
+    results = []
+    for protocol in (2, 3):
+        client = redis.Redis.from_url(redis_url, decode_responses=True, protocol=protocol)
+        q = Queue(client, f"{queue_name}-{protocol}")
+        jid = q.enqueue("t", {"n": 1}, job_id="same")
+        batch = q.claim("w", limit=5)
+        _, statuses = q.heartbeat([(jid, batch.jobs[0].token)], lease_ms=5_000)
+        q.complete(jid, batch.jobs[0].token, [1, 2])
+        job = q.get_job(jid)
+        results.append((len(batch.jobs), statuses, job.state, job.result_json, q.counts().dead))
+        for key in client.scan_iter(match=q.keys.pattern()):
+            client.delete(key)
+        client.close()
+    assert results[0] == results[1]
+
+
+def test_wait_replicas_raises_when_no_replica_acknowledges(
+    client: redis.Redis, queue_name: str
+) -> None:
+    from scheduler.errors import NotDurable
+
+    q = Queue(client, queue_name, wait_replicas=1, wait_timeout_ms=50)
+    with pytest.raises(NotDurable) as info:
+        q.enqueue("t", None, job_id="j-durable")
+    assert info.value.job_ids == ["j-durable"] and info.value.acked == 0
+    # The primary did accept it: re-sending the same id is safe and creates nothing new.
+    assert Queue(client, queue_name).enqueue("t", None, job_id="j-durable") == "j-durable"
+    assert Queue(client, queue_name).counts().due_now == 1
+    for key in client.scan_iter(match=q.keys.pattern()):
+        client.delete(key)

@@ -1,0 +1,139 @@
+"""Bad input gets a typed error at the boundary and changes nothing (a dump of every key of the
+queue is compared before and after each refused call)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import pytest
+import redis
+
+from scheduler import (
+    Backoff,
+    BadArgument,
+    InvalidPayload,
+    JobNotFound,
+    JobSpec,
+    Queue,
+    StaleToken,
+)
+from scheduler.errors import SchedulerError
+from tests.conftest import dump_queue
+
+
+@pytest.fixture
+def seeded(q: Queue) -> tuple[Queue, str, str]:
+    """A queue holding one leased job and one due job, so refusals have state to disturb."""
+    leased = q.enqueue("t", {"n": 1})
+    q.claim("w", limit=1)
+    due = q.enqueue("t", {"n": 2}, delay_ms=60_000)
+    return q, leased, due
+
+
+BAD_CALLS: dict[str, Callable[[Queue, str], Any]] = {
+    "payload not JSON": lambda q, _: q.enqueue("t", object()),
+    "payload NaN": lambda q, _: q.enqueue("t", {"x": math.nan}),
+    "payload too big": lambda q, _: q.enqueue("t", "x" * (600 * 1024)),
+    "negative delay": lambda q, _: q.enqueue("t", None, delay_ms=-1),
+    "text delay": lambda q, _: q.enqueue("t", None, delay_ms="5"),
+    "bool delay": lambda q, _: q.enqueue("t", None, delay_ms=True),
+    "float delay": lambda q, _: q.enqueue("t", None, delay_ms=1.5),
+    "naive run_at": lambda q, _: q.enqueue("t", None, run_at=datetime(2030, 1, 1)),
+    "run_at and delay": lambda q, _: q.enqueue(
+        "t", None, run_at=datetime.now().astimezone(), delay_ms=1
+    ),
+    "empty task": lambda q, _: q.enqueue("", None),
+    "task with space": lambda q, _: q.enqueue("a b", None),
+    "zero attempts": lambda q, _: q.enqueue("t", None, max_attempts=0),
+    "job id escaping the tag": lambda q, _: q.enqueue("t", None, job_id="x}{y"),
+    "negative jitter": lambda q, _: q.enqueue("t", None, jitter_ms=-5),
+    "empty key": lambda q, _: q.enqueue("t", None, key=""),
+    "backoff not a Backoff": lambda q, _: q.enqueue("t", None, backoff={"base_ms": 1}),  # type: ignore[arg-type]
+    "one bad job in a batch": lambda q, _: q.enqueue_many(
+        [JobSpec("t", {"ok": 1}), JobSpec("t", {"ok": 2}), JobSpec("t", {1, 2})]
+    ),
+    "claim negative limit": lambda q, _: q.claim("w", limit=-1),
+    "claim huge limit": lambda q, _: q.claim("w", limit=10_000),
+    "claim zero lease": lambda q, _: q.claim("w", lease_ms=0),
+    "claim empty worker": lambda q, _: q.claim("", limit=1),
+    "heartbeat zero lease": lambda q, j: q.heartbeat([(j, "1-x")], lease_ms=0),
+    "complete unknown job": lambda q, _: q.complete("nope", "1-x"),
+    "complete wrong token": lambda q, j: q.complete(j, "99-deadbeef"),
+    "complete result not JSON": lambda q, j: q.complete(j, q.get_job(j).token or "", object()),
+    "fail wrong token": lambda q, j: q.fail(j, "99-deadbeef", RuntimeError("x")),
+    "fail unknown job": lambda q, _: q.fail("nope", "1-x", RuntimeError("x")),
+    "fail negative delay": lambda q, j: q.fail(
+        j, q.get_job(j).token or "", ValueError(), delay_ms=-1
+    ),
+    "cancel unknown job": lambda q, _: q.cancel("nope"),
+    "cancel bad id": lambda q, _: q.cancel("a{b}"),
+    "get unknown job": lambda q, _: q.get_job("nope"),
+    "list bad state": lambda q, _: q.list_jobs("running"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_refused_call_changes_nothing(
+    seeded: tuple[Queue, str, str], client: redis.Redis, case: str
+) -> None:
+    q, leased, _ = seeded
+    before = dump_queue(client, q)
+    with pytest.raises(SchedulerError) as info:
+        BAD_CALLS[case](q, leased)
+    assert str(info.value), "the error must say what is wrong"
+    assert dump_queue(client, q) == before
+
+
+def test_error_types_are_specific(seeded: tuple[Queue, str, str]) -> None:
+    q, leased, _ = seeded
+    with pytest.raises(InvalidPayload):
+        q.enqueue("t", object())
+    with pytest.raises(BadArgument):
+        q.enqueue("t", None, delay_ms=-1)
+    with pytest.raises(StaleToken):
+        q.complete(leased, "99-deadbeef")
+    with pytest.raises(JobNotFound):
+        q.get_job("nope")
+    with pytest.raises(BadArgument):
+        Backoff(base_ms=-1)
+    with pytest.raises(BadArgument):
+        Queue(q.client, "bad{name}")
+
+
+def test_server_refuses_malformed_arguments(
+    seeded: tuple[Queue, str, str], client: redis.Redis
+) -> None:
+    """A client that skips our Python checks (another language, a bug) meets the same refusal
+    inside the script, before its first write."""
+    q, _, _ = seeded
+    before = dump_queue(client, q)
+    good = ["id1", "t", "{}", "in", "0", "5", "1000", "2.0", "1000", "0.0", "0", "", "1000"]
+    bad = ["id2", "t", "{}", "in", "-7", "5", "1000", "2.0", "1000", "0.0", "0", "", "1000"]
+    with pytest.raises(BadArgument, match="time_ms"):
+        q._execute(__import__("scheduler.ops").ops.Script("enqueue", ["2", *good, *bad]))
+    assert dump_queue(client, q) == before
+
+
+def test_hand_edited_job_hash_is_parked_not_lost(q: Queue, client: redis.Redis) -> None:
+    """An operator's typo in redis-cli must not crash workers nor lose the other jobs."""
+    broken = q.enqueue("t", {"n": 1})
+    healthy = q.enqueue("t", {"n": 2})
+    client.hset(q.keys.job(broken), "attempts", "lots")
+    batch = q.claim("w", limit=10)
+    assert [j.id for j in batch.jobs] == [healthy]
+    job = q.get_job(broken)
+    assert (job.state, job.dead_reason) == ("dead", "invalid job: attempts")
+    assert client.lrange(q.keys.dead, 0, -1) == [broken]
+
+
+def test_pickle_in_payload_is_never_unpickled(q: Queue, client: redis.Redis) -> None:
+    import pickle
+
+    job_id = q.enqueue("t", {"n": 1})
+    client.hset(q.keys.job(job_id), "payload", pickle.dumps({"evil": 1}).hex())
+    (job,) = q.claim("w", limit=1).jobs
+    with pytest.raises(ValueError):
+        job.payload()
