@@ -14,7 +14,8 @@ local ttl, err = int_arg(ARGV[1], 'result_ttl_ms', 1)
 if err then return err end
 if #ARGV % 3 ~= 1 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 local now = now_ms()
-local out, done = {}, 0
+local out, took = {}, {}
+local now_s = fmt(now)
 for i = 2, #ARGV, 3 do
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local status, outcome = lease_check(prefix, id, token)
@@ -22,15 +23,16 @@ for i = 2, #ARGV, 3 do
     status = (outcome == 'done') and 'done' or 'stale'
   elseif status == 'held' then
     local jk = prefix .. 'job:' .. id
-    redis.call('ZREM', leased, id)
-    redis.call('HSET', jk, 'state', 'done', 'result', result, 'finished_ms', fmt(now))
-    redis.call('HDEL', jk, 'worker')
-    settle(jk, token, 'done')
+    -- settled_token/settled: a re-sent call with this token is answered 'done' again.
+    redis.call('HSET', jk, 'state', 'done', 'result', result, 'finished_ms', now_s,
+      'settled_token', token, 'settled', 'done')
     redis.call('PEXPIRE', jk, ttl)
+    took[#took + 1] = id
     status = 'done'
-    done = done + 1
   end
   out[#out + 1] = status
 end
+if #took > 0 then redis.call('ZREM', leased, unpack(took)) end
+local done = #took
 bump_stat(prefix, now, 'complete', done)
 return out

@@ -37,6 +37,7 @@ for i = 0, n - 1 do
   local t
   t, err = int_arg(ARGV[b + 5], 'time_ms', j.when == 'in' and 0 or nil); if err then return err end
   j.run_at = (j.when == 'in') and (now + t) or t
+  j.run_at_s = fmt(j.run_at)
   j.max_attempts, err = int_arg(ARGV[b + 6], 'max_attempts', 1); if err then return err end
   j.base, err = int_arg(ARGV[b + 7], 'backoff_base_ms', 0); if err then return err end
   local f = tonumber(j.backoff_factor)
@@ -44,16 +45,17 @@ for i = 0, n - 1 do
   j.cap, err = int_arg(ARGV[b + 9], 'backoff_cap_ms', 0); if err then return err end
   local jit = tonumber(ARGV[b + 10])
   if jit == nil or jit < 0 or jit > 1 then return redis.error_reply('BAD_ARGUMENT backoff_jitter=' .. ARGV[b + 10]) end
-  j.jitter = ARGV[b + 10]
+  j.backoff = j.base .. ',' .. j.backoff_factor .. ',' .. j.cap .. ',' .. ARGV[b + 10]
   j.timeout, err = int_arg(ARGV[b + 11], 'timeout_ms', 0); if err then return err end
   j.idem_ttl, err = int_arg(ARGV[b + 13], 'idem_ttl_ms', 1); if err then return err end
   jobs[#jobs + 1] = j
 end
 
+local now_s = fmt(now)
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local head_ms = head[2] and tonumber(head[2]) or nil
 local earliest = nil
-local out = {}
+local out, adds = {}, {}
 for _, j in ipairs(jobs) do
   local id, created = j.id, 0
   local jk = prefix .. 'job:' .. id
@@ -62,12 +64,18 @@ for _, j in ipairs(jobs) do
   if first and redis.call('EXISTS', prefix .. 'job:' .. first) == 1 then
     id = first
   elseif redis.call('EXISTS', jk) == 0 then
-    redis.call('HSET', jk, 'id', id, 'task', j.task, 'payload', j.payload, 'state', 'due',
-      'run_at_ms', fmt(j.run_at), 'enqueued_ms', fmt(now), 'attempts', 0,
-      'max_attempts', j.max_attempts, 'backoff_base_ms', j.base,
-      'backoff_factor', j.backoff_factor, 'backoff_cap_ms', j.cap, 'backoff_jitter', j.jitter,
-      'timeout_ms', j.timeout, 'fence', 0)
-    redis.call('ZADD', due, j.run_at, id)
+    -- Defaults are not stored (claim fills them in): fewer fields, less memory per job.
+    if j.timeout > 0 then
+      redis.call('HSET', jk, 'task', j.task, 'payload', j.payload, 'state', 'due',
+        'run_at_ms', j.run_at_s, 'enqueued_ms', now_s, 'attempts', 0,
+        'max_attempts', j.max_attempts, 'backoff', j.backoff, 'timeout_ms', j.timeout)
+    else
+      redis.call('HSET', jk, 'task', j.task, 'payload', j.payload, 'state', 'due',
+        'run_at_ms', j.run_at_s, 'enqueued_ms', now_s, 'attempts', 0,
+        'max_attempts', j.max_attempts, 'backoff', j.backoff)
+    end
+    adds[#adds + 1] = j.run_at_s
+    adds[#adds + 1] = id
     if ik then
       redis.call('HSET', jk, 'idem', j.idem)
       redis.call('SET', ik, id, 'PX', math.max(j.run_at - now, 0) + j.idem_ttl)
@@ -77,5 +85,6 @@ for _, j in ipairs(jobs) do
   end
   out[#out + 1] = { id, created }
 end
+if #adds > 0 then redis.call('ZADD', due, unpack(adds)) end
 if earliest ~= nil and (head_ms == nil or earliest < head_ms) then wake(wake_key) end
 return out

@@ -35,8 +35,7 @@ end
 if status ~= 'held' then return { status, '' } end
 
 local jk = job_key(prefix, id)
-local f = redis.call('HMGET', jk, 'attempts', 'max_attempts', 'backoff_base_ms', 'backoff_factor',
-  'backoff_cap_ms', 'backoff_jitter')
+local f = redis.call('HMGET', jk, 'attempts', 'max_attempts', 'backoff')
 local attempts = tonumber(f[1]) or 1
 local max_attempts = tonumber(f[2]) or 1
 push_error(jk, ARGV[4], ARGV[5], ARGV[6], attempts, now)
@@ -51,8 +50,10 @@ if retryable ~= '1' or attempts >= max_attempts then
 end
 local delay = delay_override
 if delay == nil then
-  local base, factor = tonumber(f[3]) or 0, tonumber(f[4]) or 1
-  local cap, jitter = tonumber(f[5]) or 0, tonumber(f[6]) or 0
+  -- 'base_ms,factor,cap_ms,jitter' as enqueue stored it; a hand-edited value means no delay.
+  local p = {}
+  for w in string.gmatch(f[3] or '', '[^,]+') do p[#p + 1] = tonumber(w) end
+  local base, factor, cap, jitter = p[1] or 0, p[2] or 1, p[3] or 0, p[4] or 0
   delay = math.min(cap, base * factor ^ (attempts - 1))
   delay = math.floor(delay * (1 - jitter * u))
 end

@@ -3,6 +3,7 @@ I/O differs between them. Every argument is checked here, before anything is sen
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -28,7 +29,7 @@ _TASK_RE = re.compile(r"^[A-Za-z0-9_.:/\-]{1,200}$")
 _MAX_MESSAGE = 2_000
 _MAX_TRACEBACK = 8_000
 ENQUEUE_FIELDS = 13
-CLAIM_FIELDS = 13
+CLAIM_FIELDS = 10
 
 
 def s(v: Any) -> str:
@@ -59,12 +60,17 @@ def _int(value: Any, name: str, *, minimum: int | None = None) -> int:
     return value
 
 
+# One encoder for every call: json.dumps with options builds a new one each time (slow).
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+
 def encode_json(value: Any, what: str, limit: int) -> str:
     try:
-        text = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        text = _JSON.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
-    if len(text.encode()) > limit:
+    # len(text) <= bytes <= 4 * len(text): encode only when the size is in doubt.
+    if len(text) * 4 > limit and len(text.encode()) > limit:
         raise InvalidPayload(f"{what} is {len(text.encode())} bytes, over the {limit} limit")
     return text
 
@@ -104,10 +110,17 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         # Hashed, so any text is safe inside a key name.
         idem = hashlib.sha256(spec.key.encode()).hexdigest()
     return [
-        job_id, spec.task, payload, when, str(time_ms), str(max_attempts), str(backoff.base_ms),
-        repr(float(backoff.factor)), str(backoff.cap_ms), repr(float(backoff.jitter)),
-        str(timeout_ms), idem, str(IDEMPOTENCY_TTL_MS),
+        job_id, spec.task, payload, when, str(time_ms), str(max_attempts), *_backoff_args(backoff),
+        str(timeout_ms), idem, _IDEM_TTL,
     ]  # fmt: skip
+
+
+_IDEM_TTL = str(IDEMPOTENCY_TTL_MS)
+
+
+@functools.lru_cache(maxsize=256)
+def _backoff_args(b: Backoff) -> tuple[str, str, str, str]:
+    return str(b.base_ms), repr(float(b.factor)), str(b.cap_ms), repr(float(b.jitter))
 
 
 def enqueue_args(specs: Sequence[JobSpec], max_payload_bytes: int) -> list[str]:
@@ -142,24 +155,18 @@ def parse_claim(reply: Any) -> ClaimBatch:
         base += CLAIM_FIELDS
         jobs.append(
             ClaimedJob(
-                id=f[0],
-                token=f[1],
-                attempts=int(f[2]),
-                max_attempts=int(f[3]),
-                task=f[4],
-                payload_json=f[5],
-                run_at_ms=int(float(f[6])),
-                claimed_ms=now_ms,
-                backoff=_stored_backoff(f[7], f[8], f[9], f[10]),
-                timeout_ms=int(float(f[11])),
-                schedule=f[12],
-            )
+                id=f[0], token=f[1], attempts=int(f[2]), max_attempts=int(f[3]), task=f[4],
+                payload_json=f[5], run_at_ms=int(float(f[6])), claimed_ms=now_ms,
+                backoff=stored_backoff(f[7]), timeout_ms=int(float(f[8])), schedule=f[9],
+            )  # fmt: skip
         )
     return ClaimBatch(now_ms=now_ms, next_ms=next_ms, jobs=jobs)
 
 
-def _stored_backoff(base: str, factor: str, cap: str, jitter: str) -> Backoff:
+def stored_backoff(text: str) -> Backoff:
+    """The job hash's 'base_ms,factor,cap_ms,jitter' (as enqueue.lua stores it)."""
     try:
+        base, factor, cap, jitter = text.split(",")
         return Backoff(int(float(base)), float(factor), int(float(cap)), float(jitter))
     except (ValueError, BadArgument):
         return DEFAULT_BACKOFF
