@@ -1,0 +1,580 @@
+"""Benchmark entry point: peers vs ours vs the Redis ceiling, on a private redis-server.
+
+    python bench/run.py [--quick] [--systems a,b] [--out bench/results] [--chart docs/bench.png]
+
+Standard library only: the peer libraries live in their own virtualenv(s) under bench/
+(created here on first use), "ours" runs in the current interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+from redis_server import Server, private_server  # noqa: E402
+
+# redis-py is pinned once for every peer venv: bullmq needs redis<6, and the other peers accept
+# that; pinning keeps results comparable and stops one peer's install from moving another's.
+REDIS_PY = "redis==5.3.1"
+BASE_REQS = [REDIS_PY, "hiredis==3.5.0", "matplotlib==3.11.2"]
+
+
+@dataclass(frozen=True)
+class Peer:
+    requirements: tuple[str, ...]
+    venv: str = "peers"  # bench/.venv-<venv>; give a peer its own if it conflicts on redis-py
+
+
+PEERS: dict[str, Peer] = {
+    "rq": Peer(("rq==3.0.0",)),
+    "arq": Peer(("arq==0.28.0",)),
+    "saq": Peer(("saq==0.26.4",)),
+    "bullmq": Peer(("bullmq==2.15.0",)),
+    "dramatiq": Peer(("dramatiq[redis]==2.2.1",)),
+    "huey": Peer(("huey==3.5.4",)),
+    "celery": Peer(("celery[redis]==5.6.3",)),
+    # taskiq 0.13 removed taskiq.compat.model_dump, which taskiq-redis 1.0.9 still imports.
+    "taskiq": Peer(("taskiq==0.12.6", "taskiq-redis==1.0.9")),
+    "streaq": Peer(("streaq==7.2.0",)),
+}
+SYSTEMS = ["ours", *PEERS]
+
+FULL = {
+    "enqueue_single": 5000,
+    "enqueue_bulk": 20000,
+    "drain": 5000,
+    "simultaneous": 2000,
+    "memory": 10000,
+    "ceiling_loop": 200000,
+    "redis_benchmark": 200000,
+}
+QUICK = {
+    "enqueue_single": 300,
+    "enqueue_bulk": 1000,
+    "drain": 300,
+    "simultaneous": 200,
+    "memory": 2000,
+    "ceiling_loop": 20000,
+    "redis_benchmark": 20000,
+}
+DELAY_S = 2.0
+# Quick mode runs the client-only workloads in one driver subprocess per system.
+CLIENT_ONLY = ["meta", "enqueue_single", "enqueue_bulk", "memory"]
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- virtualenvs
+
+
+def venv_python(name: str) -> Path:
+    return BENCH / f".venv-{name}" / "bin" / "python"
+
+
+def _pip(py: Path, args: list[str], timeout: float = 900) -> tuple[bool, str]:
+    cmd = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"pip timed out after {timeout:.0f}s"
+    if out.returncode == 0:
+        return True, ""
+    lines = [ln for ln in (out.stderr or out.stdout).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "ERROR" in ln] or lines
+    return False, " | ".join(errors[-3:])[:600]
+
+
+def ensure_venvs(names: list[str], reinstall: bool) -> dict[str, dict[str, Any]]:
+    """Create the venv(s) and install each peer separately; return per-peer install status."""
+    status: dict[str, dict[str, Any]] = {}
+    by_venv: dict[str, list[str]] = {}
+    for name in names:
+        by_venv.setdefault(PEERS[name].venv, []).append(name)
+    if names:
+        by_venv.setdefault("peers", [])  # the chart and the ceiling loop run in it
+    for vname, peers in by_venv.items():
+        vdir = BENCH / f".venv-{vname}"
+        stamp_path = vdir / "bench-install.json"
+        stamp: dict[str, Any] = {}
+        if stamp_path.exists():
+            stamp = json.loads(stamp_path.read_text())
+        py = venv_python(vname)
+        if not py.exists():
+            log(f"creating {vdir.relative_to(ROOT)}")
+            venv.EnvBuilder(with_pip=True, clear=True).create(vdir)
+            stamp = {}
+        base = BASE_REQS if vname == "peers" else [REDIS_PY]
+        if stamp.get("_base") != base or reinstall:
+            log(f"installing {' '.join(base)} into .venv-{vname}")
+            ok, reason = _pip(py, base)
+            stamp["_base"] = base if ok else None
+            if not ok:
+                log(f"base install failed: {reason}")
+        constraints = vdir / "constraints.txt"
+        constraints.write_text(REDIS_PY + "\n")
+        for peer in peers:
+            reqs = list(PEERS[peer].requirements)
+            prev = stamp.get(peer, {})
+            if prev.get("requirements") != reqs or reinstall:
+                log(f"installing {peer}: {' '.join(reqs)}")
+                ok, reason = _pip(py, ["-c", str(constraints), *reqs])
+                prev = {"requirements": reqs, "ok": ok, "reason": reason}
+                stamp[peer] = prev
+                if not ok:
+                    log(f"  {peer} install failed: {reason}")
+            status[peer] = {**prev, "venv": f".venv-{vname}"}
+        stamp_path.write_text(json.dumps(stamp, indent=1))
+    return status
+
+
+# --------------------------------------------------------------------------- subprocesses
+
+
+def kill_leftovers(pidfile: Path) -> None:
+    if not pidfile.exists():
+        return
+    for line in pidfile.read_text().split():
+        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+            os.killpg(int(line), signal.SIGKILL)
+    pidfile.write_text("")
+
+
+def run_json(cmd: list[str], timeout: float, pidfile: Path) -> tuple[list[dict[str, Any]], str]:
+    """Run a subprocess in its own process group; return its JSON stdout lines and stderr tail."""
+    env = dict(os.environ, BENCH_PIDFILE=str(pidfile), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        timed_out = True
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        kill_leftovers(pidfile)
+    rows = []
+    for line in out.splitlines():
+        with contextlib.suppress(ValueError):
+            obj = json.loads(line)
+            if isinstance(obj, dict):
+                rows.append(obj)
+    tail = " | ".join(err.strip().splitlines()[-3:])[-500:]
+    if timed_out:
+        tail = f"timed out after {timeout:.0f}s; {tail}"
+    return rows, tail
+
+
+def run_system(
+    name: str,
+    py: str,
+    groups: list[list[str]],
+    sizes: dict[str, int],
+    server: Server,
+    timeout: float,
+    pidfile: Path,
+    concurrency: int | None,
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {"status": "ok", "python": py, "workloads": {}}
+    for wls in groups:
+        args = {
+            "url": server.url,
+            "tcp_url": server.tcp_url,
+            "n": sizes.get(wls[-1], 1000),
+            "sizes": {w: sizes[w] for w in wls if w in sizes},
+            "delay_s": DELAY_S,
+            "concurrency": concurrency,
+        }
+        t0 = time.perf_counter()
+        rows, err = run_json(
+            [py, str(BENCH / "driver.py"), name, ",".join(wls), json.dumps(args)], timeout, pidfile
+        )
+        got = {r.get("workload"): r for r in rows}
+        for w in wls:
+            row = got.get(w) or {"ok": False, "error": err or "no output from driver"}
+            row.pop("system", None)
+            row.pop("workload", None)
+            if w == "meta":
+                entry["meta"] = row.get("result", {}) if row.get("ok") else {}
+                if not row.get("ok"):
+                    entry["status"] = "failed"
+                    entry["reason"] = row.get("error", "")
+            else:
+                entry["workloads"][w] = row
+            mark = "ok" if row.get("ok") else f"FAILED: {row.get('error', '')[:160]}"
+            log(f"  {name}.{w}: {mark}")
+        log(f"  ({time.perf_counter() - t0:.1f}s)")
+    return entry
+
+
+# --------------------------------------------------------------------------- ceiling
+
+SMALL_SCRIPT = "return redis.call('INCR', KEYS[1])"
+
+
+def redis_benchmark(server: Server, n: int) -> dict[str, Any]:
+    sha = server.cli("SCRIPT", "LOAD", SMALL_SCRIPT)
+    commands = {
+        "EVALSHA (small script)": ["EVALSHA", sha, "1", "ceil:k"],
+        "ZADD": ["ZADD", "ceil:z", "__rand_int__", "m:__rand_int__"],
+        "ZRANGEBYSCORE LIMIT 100": ["ZRANGEBYSCORE", "ceil:z", "-inf", "+inf", "LIMIT", "0", "100"],
+        "HSET": ["HSET", "ceil:h:__rand_int__", "state", "queued", "payload", "x" * 64],
+    }
+    out: dict[str, Any] = {"settings": f"redis-benchmark -n {n} -P 16 -c 50 -r 100000 (unix)"}
+    for label, cmd in commands.items():
+        try:
+            res = subprocess.run(
+                [
+                    "redis-benchmark",
+                    "-s",
+                    server.socket_path,
+                    "-n",
+                    str(n),
+                    "-P",
+                    "16",
+                    "-r",
+                    "100000",
+                    "--csv",
+                    *cmd,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
+            last = res.stdout.strip().splitlines()[-1]
+            out[label] = float(last.split(",")[1].strip('"'))
+        except (subprocess.SubprocessError, IndexError, ValueError) as exc:
+            out[label] = f"failed: {exc}"
+    server.cli("DEL", "ceil:k", "ceil:z")
+    return out
+
+
+# --------------------------------------------------------------------------- report
+
+HIGHER = {("enqueue_single", "jobs_per_s"), ("enqueue_bulk", "jobs_per_s"), ("drain", "jobs_per_s")}
+METRICS = [
+    ("enqueue_single", "jobs_per_s"),
+    ("enqueue_bulk", "jobs_per_s"),
+    ("drain", "jobs_per_s"),
+    ("simultaneous", "p99_ms"),
+    ("memory", "bytes_per_job"),
+]
+
+
+def metric(entry: dict[str, Any], workload: str, key: str) -> float | None:
+    w = entry.get("workloads", {}).get(workload, {})
+    if not w.get("ok"):
+        return None
+    v = w.get("result", {}).get(key)
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def compute_ratios(results: dict[str, Any]) -> dict[str, Any]:
+    systems: dict[str, Any] = results["systems"]
+    ceiling = results.get("ceiling", {}).get("loop", {}).get("jobs_per_s")
+    ratios: dict[str, Any] = {"best_peer": {}, "to_best_peer": {}, "to_ceiling": {}}
+    for workload, key in METRICS:
+        vals = {n: metric(e, workload, key) for n, e in systems.items() if n in PEERS}
+        good = {n: v for n, v in vals.items() if v is not None and (v > 0 or workload != "memory")}
+        if not good:
+            continue
+        higher = (workload, key) in HIGHER
+        if not higher:
+            good = {n: v for n, v in good.items() if v > 0} or good
+        best_name = (max if higher else min)(good, key=lambda n: good[n])
+        best = good[best_name]
+        ratios["best_peer"][workload] = {"system": best_name, "value": best, "metric": key}
+        for name, entry in systems.items():
+            v = metric(entry, workload, key)
+            if v is None:
+                continue
+            if best:
+                ratios["to_best_peer"].setdefault(name, {})[workload] = v / best
+            if higher and ceiling:
+                ratios["to_ceiling"].setdefault(name, {})[workload] = v / ceiling
+    return ratios
+
+
+def fmt(v: float | None, digits: int = 0) -> str:
+    if v is None:
+        return "—"
+    return f"{v:,.{digits}f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    systems: dict[str, Any] = results["systems"]
+    ratios = results["ratios"]
+    ceiling = results.get("ceiling", {})
+    loop = ceiling.get("loop", {}).get("jobs_per_s")
+    mode = "quick" if results["quick"] else "full"
+    lines = [
+        f"# Benchmark results ({mode} run, {results['timestamp']})",
+        "",
+        f"Machine: {results['host']['cpus']} CPUs, {results['host']['platform']}, Python "
+        f"{results['host']['python']}; private redis-server {results['redis']['version']} on a "
+        "unix socket. The machine is shared and noisy: read the ratios (xbest peer, xceiling "
+        "loop, both from this same run), not the absolute numbers.",
+        "",
+        "Sizes: "
+        + ", ".join(f"{k} n={v}" for k, v in results["sizes"].items())
+        + f"; simultaneous jobs due {DELAY_S:g} s ahead (rounded up to a whole second).",
+        "",
+        "| system | version | enqueue jobs/s (xbest) | bulk enqueue jobs/s (xbest) "
+        "| drain jobs/s (xbest, xceiling) | lateness ms first / p50 / p99 / max (p99 xbest) "
+        "| early | bytes/job (xbest) | status |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, e in systems.items():
+        rb = ratios["to_best_peer"].get(name, {})
+        rc = ratios["to_ceiling"].get(name, {})
+
+        def cell(
+            workload: str,
+            key: str,
+            extra: str = "",
+            _rb: dict[str, float] = rb,
+            _e: dict[str, Any] = e,
+        ) -> str:
+            v = metric(_e, workload, key)
+            if v is None:
+                w = _e.get("workloads", {}).get(workload)
+                return "n/a" if w and w.get("unsupported") else "—"
+            r = _rb.get(workload)
+            return f"{fmt(v)} ({r:.2f}x{extra})" if r is not None else fmt(v)
+
+        drain = cell("drain", "jobs_per_s")
+        if rc.get("drain") is not None and drain.endswith(")"):
+            drain = drain[:-1] + f", {rc['drain']:.3f}x ceil)"
+        sim = e.get("workloads", {}).get("simultaneous", {})
+        if sim.get("ok"):
+            s = sim["result"]
+            p99r = rb.get("simultaneous")
+            late = (
+                f"{fmt(s['first_ms'])} / {fmt(s['p50_ms'])} / {fmt(s['p99_ms'])} / "
+                f"{fmt(s['max_ms'])}" + (f" ({p99r:.2f}x)" if p99r is not None else "")
+            )
+            early = str(s["early"])
+        else:
+            late, early = "—", "—"
+        problems = [
+            f"{w}: {r.get('error', '')}"
+            for w, r in e.get("workloads", {}).items()
+            if not r.get("ok")
+        ]
+        status = e["status"] if e["status"] != "ok" else ("ok" if not problems else "partial")
+        if e.get("reason"):
+            status += f": {e['reason']}"
+        elif problems:
+            status += "; " + "; ".join(problems)
+        status = status.replace("|", "/").replace("\n", " ")[:300]
+        version = e.get("meta", {}).get("version", "")
+        lines.append(
+            f"| {name} | {version} | {cell('enqueue_single', 'jobs_per_s')} "
+            f"| {cell('enqueue_bulk', 'jobs_per_s')} | {drain} | {late} | {early} "
+            f"| {cell('memory', 'bytes_per_job')} | {status} |"
+        )
+    lines += [
+        "",
+        "Best peer per metric: "
+        + ", ".join(
+            f"{w} = {b['system']} ({fmt(b['value'])})" for w, b in ratios["best_peer"].items()
+        ),
+        "",
+    ]
+    lines += ["## Ceiling (same server, same run)", ""]
+    if loop:
+        lp = ceiling["loop"]
+        lines.append(
+            f"- ceiling loop (Lua claim-{lp.get('batch', 100)} into a leased ZSET + "
+            f"pipelined ZREM per id, redis-py {lp.get('redis_py', '?')}): "
+            f"**{fmt(loop)} jobs/s** over {lp.get('n')} ids"
+        )
+    elif ceiling.get("loop"):
+        lines.append(f"- ceiling loop failed: {ceiling['loop'].get('error')}")
+    for k, v in ceiling.get("redis_benchmark", {}).items():
+        lines.append(
+            f"- redis-benchmark {k}: {fmt(v) if isinstance(v, float) else v}"
+            + (" req/s" if isinstance(v, float) else "")
+        )
+    lines += ["", "## How each system was driven", ""]
+    for name, e in systems.items():
+        meta = e.get("meta") or {}
+        settings = meta.get("settings", {})
+        extra = {k: v for k, v in meta.items() if k not in ("settings", "version")}
+        desc = "; ".join(f"{k}: {v}" for k, v in settings.items())
+        if e["status"] != "ok":
+            desc = f"{e['status']}: {e.get('reason', '')}"
+        lines.append(f"- **{name}** {meta.get('version', '')} {json.dumps(extra)} — {desc}")
+    inst = results.get("install", {})
+    failed = {k: v for k, v in inst.items() if not v.get("ok")}
+    lines += ["", "## Install status", ""]
+    lines += [
+        f"- {k}: {' '.join(v.get('requirements', []))} in {v.get('venv')} — "
+        + ("ok" if v.get("ok") else f"FAILED: {v.get('reason')}")
+        for k, v in inst.items()
+    ]
+    if not failed:
+        lines.append("- all peers installed")
+    lines.append("")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes; finishes in < 2 min")
+    ap.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated subset of {','.join(SYSTEMS)}",
+    )
+    ap.add_argument("--out", default=str(BENCH / "results"))
+    ap.add_argument("--chart", default=str(ROOT / "docs" / "bench.png"))
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="override every worker's concurrency (default: each library's own)",
+    )
+    ap.add_argument("--reinstall", action="store_true", help="re-run pip for every peer")
+    ap.add_argument("--no-ceiling", action="store_true")
+    opts = ap.parse_args()
+    wanted = [s.strip() for s in opts.systems.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SYSTEMS]
+    if unknown:
+        ap.error(f"unknown systems: {unknown}; known: {SYSTEMS}")
+    sizes = QUICK if opts.quick else FULL
+    t_start = time.monotonic()
+    install = ensure_venvs([s for s in wanted if s in PEERS], opts.reinstall)
+    log(f"venvs ready in {time.monotonic() - t_start:.1f}s")
+    peers_py = venv_python("peers")
+    timeout = 45.0 if opts.quick else 600.0
+    if opts.quick:
+        groups = [CLIENT_ONLY, ["drain"], ["simultaneous"]]
+    else:
+        groups = [[w] for w in [*CLIENT_ONLY, "drain", "simultaneous"]]
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    results: dict[str, Any] = {
+        "timestamp": stamp,
+        "quick": opts.quick,
+        "host": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "sizes": {k: v for k, v in sizes.items()},
+        "delay_s": DELAY_S,
+        "install": install,
+        "systems": {},
+        "ceiling": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="benchpids") as piddir, private_server() as server:
+        pidfile = Path(piddir) / "pids"
+        pidfile.write_text("")
+        results["redis"] = {
+            "version": server.cli("INFO", "server").split("redis_version:")[1].split()[0],
+            "transport": "unix socket (tcp 127.0.0.1 available)",
+        }
+        log(f"private redis-server at {server.url} (tcp {server.port})")
+        for name in wanted:
+            log(f"system {name}")
+            if name == "ours":
+                if not (BENCH / "systems" / "ours.py").exists():
+                    results["systems"][name] = {
+                        "status": "skipped",
+                        "reason": "driver missing",
+                        "workloads": {},
+                    }
+                    log("  skipped: driver missing")
+                    continue
+                py = sys.executable
+            else:
+                if not install.get(name, {}).get("ok"):
+                    results["systems"][name] = {
+                        "status": "failed",
+                        "workloads": {},
+                        "reason": f"install failed: {install.get(name, {}).get('reason')}",
+                    }
+                    continue
+                py = str(venv_python(PEERS[name].venv))
+            results["systems"][name] = run_system(
+                name, py, groups, sizes, server, timeout, pidfile, opts.concurrency
+            )
+        if not opts.no_ceiling:
+            log("ceiling: redis-benchmark")
+            server.cli("FLUSHALL")
+            results["ceiling"]["redis_benchmark"] = redis_benchmark(
+                server, sizes["redis_benchmark"]
+            )
+            log("ceiling: claim-100 loop")
+            rows, err = run_json(
+                [
+                    str(peers_py),
+                    str(BENCH / "ceiling.py"),
+                    json.dumps({"url": server.url, "n": sizes["ceiling_loop"]}),
+                ],
+                timeout,
+                pidfile,
+            )
+            results["ceiling"]["loop"] = rows[-1] if rows else {"error": err}
+    results["ratios"] = compute_ratios(results)
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / f"{stamp}.json"
+    json_path.write_text(json.dumps(results, indent=1))
+    (out / "latest.md").write_text(markdown(results))
+    log(f"wrote {json_path} and {out / 'latest.md'}")
+    try:
+        chart = subprocess.run(
+            [str(peers_py), str(BENCH / "chart.py"), str(json_path), opts.chart],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if chart.returncode == 0:
+            log(f"wrote {opts.chart}")
+        else:
+            log(f"chart failed: {chart.stderr.strip().splitlines()[-1:]}")
+    except (OSError, subprocess.SubprocessError) as exc:
+        log(f"chart failed: {exc}")
+    log(f"total {time.monotonic() - t_start:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

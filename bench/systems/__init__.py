@@ -1,0 +1,1 @@
+"""One driver module per system; see bench/README.md for the protocol."""
