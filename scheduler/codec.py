@@ -155,10 +155,18 @@ def parse_claim(reply: Any) -> ClaimBatch:
         base += CLAIM_FIELDS
         jobs.append(
             ClaimedJob(
-                id=f[0], token=f[1], attempts=int(f[2]), max_attempts=int(f[3]), task=f[4],
-                payload_json=f[5], run_at_ms=int(float(f[6])), claimed_ms=now_ms,
-                backoff=stored_backoff(f[7]), timeout_ms=int(float(f[8])), schedule=f[9],
-            )  # fmt: skip
+                id=f[0],
+                token=f[1],
+                attempts=int(f[2]),
+                max_attempts=int(f[3]),
+                task=f[4],
+                payload_json=f[5],
+                run_at_ms=int(float(f[6])),
+                claimed_ms=now_ms,
+                backoff=stored_backoff(f[7]),
+                timeout_ms=int(float(f[8])),
+                schedule=f[9],
+            )
         )
     return ClaimBatch(now_ms=now_ms, next_ms=next_ms, jobs=jobs)
 
