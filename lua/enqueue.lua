@@ -10,7 +10,8 @@
     backoff_cap_ms, backoff_jitter (0..1), timeout_ms (0 = none), idem (hex digest or ''),
     idem_ttl_ms
   Returns: for each job {id, created (1 new | 0 already there)}; with an idempotency key that
-    is already taken the first job's id comes back and nothing changes. Re-sending the same
+    is already taken (it lasts idem_ttl_ms past the first job's run_at) the first job's id comes
+    back and nothing changes. Re-sending the same
     call leaves the same state (ids are made by the client).
   Errors:  BAD_ARGUMENT <field>=<value> (nothing written) ]]
 -- @include "lib/clock.lua"
@@ -61,7 +62,8 @@ for _, j in ipairs(jobs) do
   local jk = prefix .. 'job:' .. id
   local ik = (j.idem ~= '') and (prefix .. 'idem:' .. j.idem) or nil
   local first = ik and redis.call('GET', ik)
-  if first and redis.call('EXISTS', prefix .. 'job:' .. first) == 1 then
+  if first then
+    -- The key is taken for its whole window, even after the first job finished and expired.
     id = first
   elseif redis.call('EXISTS', jk) == 0 then
     -- Defaults are not stored (claim fills them in): fewer fields, less memory per job.
