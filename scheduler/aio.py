@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from scheduler.backoff import Backoff
 from scheduler.errors import translate
@@ -17,6 +17,7 @@ from scheduler.ops import Commands, Op, Ops, Script, Settings
 from scheduler.scripts import Scripts
 
 T = TypeVar("T")
+_NOSCRIPT_TRIES = 3
 
 
 class AsyncQueue:
@@ -60,20 +61,33 @@ class AsyncQueue:
 
     async def _execute(self, req: Script | Commands) -> Any:
         if isinstance(req, Script):
-            try:
-                if req.wait is None:
-                    return await self._scripts[req.name](keys=self._script_keys, args=req.args)
-                # WAIT counts the writes of its own connection: same pipeline, same connection.
-                pipe = self.client.pipeline(transaction=False)
-                await self._scripts[req.name](keys=self._script_keys, args=req.args, client=pipe)
-                pipe.execute_command("WAIT", *req.wait)
-                return tuple(await pipe.execute())
-            except ResponseError as exc:
-                raise translate(exc) from exc
+            # redis-py reloads a script after NOSCRIPT once; a SCRIPT FLUSH or a restart between
+            # its SCRIPT LOAD and EVALSHA still ends in NOSCRIPT. The script did not run, so
+            # sending it again is safe.
+            for _ in range(_NOSCRIPT_TRIES - 1):
+                try:
+                    return await self._run_script(req)
+                except NoScriptError:
+                    continue
+            return await self._run_script(req)
         pipe = self.client.pipeline(transaction=False)
         for cmd in req.cmds:
             pipe.execute_command(*cmd)
         return await pipe.execute()
+
+    async def _run_script(self, req: Script) -> Any:
+        try:
+            if req.wait is None:
+                return await self._scripts[req.name](keys=self._script_keys, args=req.args)
+            # WAIT counts the writes of its own connection: same pipeline, same connection.
+            pipe = self.client.pipeline(transaction=False)
+            await self._scripts[req.name](keys=self._script_keys, args=req.args, client=pipe)
+            pipe.execute_command("WAIT", *req.wait)
+            return tuple(await pipe.execute())
+        except NoScriptError:
+            raise
+        except ResponseError as exc:
+            raise translate(exc) from exc
 
     async def preload(self) -> None:
         for _, text in self._scripts.preload_commands():
