@@ -112,7 +112,7 @@ def start_server(redis_binary: str) -> Iterator[Callable[..., Server]]:
         return server.start()
 
     yield start
-    for server in started:
+    for server in reversed(started):  # replicas before their primary
         server.cleanup()
 
 
