@@ -1,0 +1,209 @@
+"""Operator commands: `stats`, `workers`, `keys`; registers the other admin modules too
+(`jobs` and `enqueue`, `dead`, `doctor`)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from typing import Any
+
+import click
+import redis
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+from scheduler import cli_dead, cli_doctor, cli_jobs
+from scheduler.cli_common import (
+    EXIT_CODES_HELP,
+    AdminCommand,
+    connect,
+    console,
+    emit_json,
+    fmt_ms,
+    fmt_time,
+    json_option,
+    queue_option,
+    queues_option,
+    resolve_queues,
+    url_option,
+)
+from scheduler.inspection import (
+    WINDOWS_MIN,
+    discover_queues,
+    fixed_keys,
+    key_families,
+    live_workers,
+    queue_exists,
+    server_now_ms,
+    window_counts,
+)
+from scheduler.keys import QueueKeys
+from scheduler.queue import Queue
+
+
+def register(main: click.Group) -> None:
+    for command in (stats, workers, keys_command):
+        main.add_command(command)
+    cli_jobs.register(main)
+    cli_dead.register(main)
+    cli_doctor.register(main)
+    if EXIT_CODES_HELP not in (main.epilog or ""):
+        main.epilog = f"{main.epilog}\n\n{EXIT_CODES_HELP}" if main.epilog else EXIT_CODES_HELP
+
+
+# -- stats -----------------------------------------------------------------------------------
+def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
+    counts = Queue(client, name).counts()
+    keys = QueueKeys(name)
+    oldest_id = None
+    if counts.due_now:
+        head = client.zrange(keys.due, 0, 0)
+        oldest_id = str(head[0]) if head else None
+    return {
+        "queue": name, "now_ms": counts.now_ms, "due_now": counts.due_now,
+        "scheduled": counts.scheduled, "leased": counts.leased, "lapsed": counts.lapsed,
+        "dead": counts.dead, "oldest_due_ms": counts.oldest_due_ms,
+        "oldest_overdue_id": oldest_id, "overdue_ms": counts.oldest_overdue_ms,
+        "windows": window_counts(client, keys, counts.now_ms),
+    }  # fmt: skip
+
+
+def _stats_table(rows: list[dict[str, Any]]) -> Table:
+    spans = "/".join(f"{n}m" for n in WINDOWS_MIN)
+    t = Table(title="queues", caption=f"done, failed, dead-lettered: last {spans}")
+    for col in ("queue", "due", "later", "leased", "dead", "late by", "done", "failed", "died"):
+        t.add_column(col, justify="left" if col == "queue" else "right", no_wrap=col == "queue")
+
+    def per_window(row: dict[str, Any], name: str) -> str:
+        return "/".join(str(row["windows"][f"{n}m"].get(name, 0)) for n in WINDOWS_MIN)
+
+    for r in rows:
+        leased = f"{r['leased']}" + (f" ({r['lapsed']} lapsed)" if r["lapsed"] else "")
+        t.add_row(
+            r["queue"], str(r["due_now"]), str(r["scheduled"]), leased, str(r["dead"]),
+            fmt_ms(r["overdue_ms"]) if r["overdue_ms"] else "-", per_window(r, "complete"),
+            per_window(r, "fail"), per_window(r, "dead"),
+        )  # fmt: skip
+    if not rows:
+        t.add_row("(no queues)", *[""] * 8)
+    return t
+
+
+@click.command(cls=AdminCommand)
+@url_option
+@queues_option
+@json_option
+@click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
+@click.option("--interval", type=click.FloatRange(min=0.0), default=2.0, show_default=True,
+              help="Seconds between refreshes with --watch.")  # fmt: skip
+@click.option("--count", type=click.IntRange(min=0), default=0,
+              help="With --watch: stop after this many refreshes (0: never).")  # fmt: skip
+def stats(
+    url: str, queues: tuple[str, ...], as_json: bool, watch: bool, interval: float, count: int
+) -> None:
+    """Per queue: due now, scheduled later, leased, dead, the oldest overdue job and how late it
+    is, and done / failed / dead-lettered counts over the last 1, 5 and 60 minutes."""
+    client = connect(url)
+    if not watch:
+        rows = [queue_stats(client, n) for n in resolve_queues(client, queues)]
+        if as_json:
+            emit_json({"queues": rows})
+        else:
+            console().print(_stats_table(rows))
+        return
+    # Watching: an explicit queue may be empty for now; discovery is redone every refresh.
+    out = console()
+    refreshes = 0
+    with Live(console=out, auto_refresh=False, transient=False) as live:
+        while True:
+            names = list(queues) or discover_queues(client)
+            rows = [queue_stats(client, n) for n in names]
+            if as_json:
+                click.echo(json.dumps({"queues": rows}, sort_keys=True))
+            else:
+                live.update(_stats_table(rows), refresh=True)
+            refreshes += 1
+            if count and refreshes >= count:
+                return
+            time.sleep(interval)
+
+
+# -- workers ---------------------------------------------------------------------------------
+@click.command(cls=AdminCommand)
+@url_option
+@queues_option
+@json_option
+def workers(url: str, queues: tuple[str, ...], as_json: bool) -> None:
+    """Live worker processes: id, host, pid, queues, started, last heartbeat, jobs in flight.
+    A worker's record expires when it stops heart-beating, so a dead one drops out by itself."""
+    client = connect(url)
+    now_ms = server_now_ms(client)
+    found: list[dict[str, Any]] = []
+    gone: dict[str, list[str]] = {}
+    for name in resolve_queues(client, queues):
+        live, expired = live_workers(client, QueueKeys(name))
+        found += [w.to_json() for w in live]
+        if expired:
+            gone[name] = expired
+    if as_json:
+        emit_json({"now_ms": now_ms, "workers": found, "expired": gone})
+        return
+    t = Table(title="live workers")
+    for col in ("queue", "id", "host", "pid", "queues", "started", "last heartbeat", "in flight"):
+        t.add_column(col, no_wrap=col in ("queue", "id"))
+    for w in found:
+        beat = w["last_heartbeat_ms"] or w["last_seen_ms"]
+        flight = "-" if w["in_flight"] is None else str(w["in_flight"])
+        if w["concurrency"] is not None:
+            flight += f" / {w['concurrency']}"
+        t.add_row(
+            w["queue"], w["id"], w["host"], str(w["pid"] or "-"), ",".join(w["queues"]),
+            fmt_time(w["started_ms"]), f"{fmt_ms(now_ms - beat)} ago" if beat else "-", flight,
+        )  # fmt: skip
+    out = console()
+    out.print(t if found else "no live workers")
+    for name, ids in gone.items():
+        out.print(f"[dim]{name}: {len(ids)} expired worker record(s) not yet pruned[/dim]")
+
+
+# -- keys ------------------------------------------------------------------------------------
+@click.command("keys", cls=AdminCommand)
+@url_option
+@queue_option
+@json_option
+def keys_command(url: str, queue: str, as_json: bool) -> None:
+    """The key names of a queue, ready to paste into redis-cli, with their types and sizes."""
+    client = connect(url)
+    k = QueueKeys(queue)
+    fixed = fixed_keys(client, k)
+    families = key_families(client, k)
+    q = shlex.quote
+    examples = [
+        f"redis-cli ZRANGE {q(k.due)} 0 9 WITHSCORES",
+        f"redis-cli ZRANGE {q(k.leased)} 0 9 WITHSCORES",
+        f"redis-cli LRANGE {q(k.dead)} 0 9",
+        f"redis-cli HGETALL {q(k.job('<id>'))}",
+        f"redis-cli --scan --pattern {q(k.pattern())}",
+    ]
+    exists = queue_exists(client, k, server_now_ms(client))
+    if as_json:
+        emit_json({
+            "queue": queue, "prefix": k.prefix, "exists": exists,
+            "keys": [i.to_json() for i in fixed], "families": [f.to_json() for f in families],
+            "examples": examples,
+        })  # fmt: skip
+        return
+    t = Table(title=f"keys of queue {queue!r}" + ("" if exists else " (no keys yet)"))
+    for col in ("key", "type", "size", "ttl", "contents"):
+        t.add_column(col, overflow="fold", no_wrap=col == "key")
+    for i in fixed:
+        ttl = "-" if i.ttl_ms is None else fmt_ms(i.ttl_ms)
+        t.add_row(q(i.key), i.type, str(i.size), ttl, i.about)
+    f = Table(title="per-item keys")
+    for col in ("pattern", "count", "contents"):
+        f.add_column(col, overflow="fold", no_wrap=col == "pattern")
+    for fam in families:
+        f.add_row(q(fam.pattern), str(fam.count), fam.about)
+    console().print(Group(t, f, "\n".join(examples)))

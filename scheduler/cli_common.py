@@ -1,0 +1,218 @@
+"""Plumbing shared by the operator commands: connection and queue options, exit codes, the
+mapping of errors to them, durations, and output (JSON for scripts, rich for people)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import click
+import redis
+from rich.console import Console
+
+from scheduler.errors import BadArgument, JobNotFound, SchedulerError
+from scheduler.inspection import discover_queues, queue_exists, server_now_ms
+from scheduler.keys import QueueKeys, check_queue_name
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_CODES_HELP = (
+    "\b\nExit codes:\n"
+    "  0  ok\n"
+    "  1  findings (doctor) or a refusal: unknown job or queue, declined confirmation\n"
+    "  2  bad usage or input; nothing was written\n"
+    "  3  cannot reach Redis"
+)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Refused(click.ClickException):
+    exit_code = EXIT_FINDINGS
+
+
+class BadInput(click.ClickException):
+    exit_code = EXIT_USAGE
+
+
+class Unreachable(click.ClickException):
+    exit_code = EXIT_UNREACHABLE
+
+
+class AdminCommand(click.Command):
+    """Maps the package's errors to the documented exit codes with a one-line message."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BadArgument as exc:
+            raise BadInput(str(exc)) from None
+        except JobNotFound as exc:
+            raise Refused(str(exc)) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise Unreachable(f"cannot reach Redis: {exc}") from None
+        except redis.ResponseError as exc:
+            raise Refused(f"Redis refused the command: {exc}") from None
+        except SchedulerError as exc:
+            raise Refused(str(exc)) from None
+
+
+class AdminGroup(click.Group):
+    command_class = AdminCommand
+    group_class = type  # sub-groups are AdminGroups too
+
+
+# -- options ---------------------------------------------------------------------------------
+def _check_queue(_: click.Context, __: click.Parameter, value: Any) -> Any:
+    names = value if isinstance(value, tuple) else (value,)
+    for name in names:
+        if name is not None:
+            try:
+                check_queue_name(name)
+            except BadArgument as exc:
+                raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def url_option(f: F) -> F:
+    return click.option(
+        "--url", envvar="REDIS_URL", default=DEFAULT_URL, show_default=True, metavar="URL",
+        help="Redis URL (redis://, rediss:// for TLS, unix://); env REDIS_URL.",
+    )(f)  # fmt: skip
+
+
+def queue_option(f: F) -> F:
+    return click.option(
+        "--queue", "-q", envvar="SCHEDULER_QUEUE", default="default", show_default=True,
+        callback=_check_queue, help="Queue name; env SCHEDULER_QUEUE.",
+    )(f)  # fmt: skip
+
+
+def queues_option(f: F) -> F:
+    return click.option(
+        "--queue", "-q", "queues", multiple=True, callback=_check_queue,
+        help="Queue name (repeatable); default: every queue found with SCAN.",
+    )(f)  # fmt: skip
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(f)
+
+
+# -- durations and times ---------------------------------------------------------------------
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """'30s', '5m', '1h30m', '250ms', '2d' -> milliseconds. Raises BadArgument."""
+    t = text.strip()
+    if t.startswith("-"):
+        raise BadArgument(f"invalid duration {text!r}: negative durations are refused")
+    if not t or _DURATION_PART.sub("", t) != "":
+        raise BadArgument(f"invalid duration {text!r}: use e.g. 30s, 5m, 1h30m, 250ms, 2d")
+    return sum(int(n) * _UNIT_MS[u] for n, u in _DURATION_PART.findall(t))
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.3
+    name = "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_duration_ms(str(value))
+        except BadArgument as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def parse_at(text: str) -> datetime:
+    """An ISO 8601 time with an offset ('2030-01-01T09:00:00+01:00' or '...Z')."""
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadArgument(
+            f"invalid time {text!r}: use ISO 8601, e.g. 2030-01-01T09:00:00Z"
+        ) from None
+    if at.tzinfo is None:
+        raise BadArgument(f"time {text!r} has no UTC offset: add Z or +HH:MM (it is ambiguous)")
+    return at
+
+
+def fmt_ms(ms: int | None) -> str:
+    """A duration for people: 850ms, 42s, 3m07s, 2h05m, 3d04h."""
+    if ms is None:
+        return "-"
+    sign, ms = ("-" if ms < 0 else ""), abs(ms)
+    if ms < 1000:
+        return f"{sign}{ms}ms"
+    s = ms // 1000
+    if s < 60:
+        return f"{sign}{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{sign}{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{sign}{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{sign}{d}d{h:02d}h"
+
+
+def fmt_time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+
+
+# -- connection and output -------------------------------------------------------------------
+def connect(url: str) -> redis.Redis:
+    """A client that fails fast (exit 3) when the server does not answer."""
+    try:
+        client = redis.Redis.from_url(
+            url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30
+        )
+    except ValueError as exc:
+        raise BadInput(f"invalid --url: {exc}") from None
+    client.ping()
+    return client
+
+
+def require_queue(client: redis.Redis, queue: str) -> QueueKeys:
+    """Refuse (exit 1) a well-formed name with no keys at all: most likely a typo."""
+    keys = QueueKeys(queue)
+    if not queue_exists(client, keys, server_now_ms(client)):
+        known = ", ".join(discover_queues(client)[:20]) or "none"
+        raise Refused(f"no queue named {queue!r} (no keys under {keys.pattern()}); known: {known}")
+    return keys
+
+
+def resolve_queues(client: redis.Redis, given: tuple[str, ...]) -> list[str]:
+    if given:
+        for name in given:
+            require_queue(client, name)
+        return list(dict.fromkeys(given))
+    return discover_queues(client)
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def console(*, stderr: bool = False) -> Console:
+    """Made per call so it writes to the stream click has in place (CliRunner swaps them)."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(file=stream, highlight=False, soft_wrap=False)
+
+
+def decoded_payload(raw: str | None) -> tuple[Any, str | None]:
+    """(payload, error): a hand-edited payload is shown raw with the decode error."""
+    if raw is None:
+        return None, "missing"
+    try:
+        return json.loads(raw), None
+    except ValueError as exc:
+        return raw, f"not JSON: {exc}"

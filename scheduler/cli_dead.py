@@ -1,0 +1,210 @@
+"""`scheduler dead list | requeue | purge`: the dead-letter list, with filters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from scheduler.cli_common import (
+    EXIT_CODES_HELP,
+    AdminGroup,
+    Duration,
+    F,
+    Refused,
+    connect,
+    console,
+    emit_json,
+    fmt_ms,
+    json_option,
+    queue_option,
+    require_queue,
+    url_option,
+)
+from scheduler.cli_jobs import job_json
+from scheduler.errors import BadArgument
+from scheduler.inspection import get_jobs, iter_chunks, server_now_ms
+from scheduler.keys import check_job_id
+from scheduler.queue import Queue
+
+_BATCH = 100  # ids per script call in bulk operations (one progress step each)
+
+
+def register(main: click.Group) -> None:
+    main.add_command(dead)
+
+
+@click.group(cls=AdminGroup, epilog=EXIT_CODES_HELP)
+def dead() -> None:
+    """Jobs parked for a human: list them, requeue them with a fresh attempt budget, or purge
+    them for good. Filters combine (all must match); no filter selects every dead job."""
+
+
+def _ids(_: click.Context, __: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        return tuple(check_job_id(v) for v in value)
+    except BadArgument as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def filter_options(f: F) -> F:
+    for opt in reversed([
+        click.option("--task", help="Only jobs of this task."),
+        click.option("--error-type", help="Only jobs whose last error has this type."),
+        click.option("--older-than", "older_than_ms", type=Duration(),
+                     help="Only jobs dead for longer than this: 30m, 2h, 7d."),
+        click.option("--id", "ids", multiple=True, callback=_ids,
+                     help="Only this job (repeatable)."),
+    ]):  # fmt: skip
+        f = opt(f)
+    return f
+
+
+def select(
+    q: Queue,
+    task: str | None,
+    error_type: str | None,
+    older_than_ms: int | None,
+    ids: Sequence[str],
+) -> list[str]:
+    """Dead ids matching every filter; an --id that is not dead (or fails a filter) refuses."""
+    matching = q.dead_ids(task=task, error_type=error_type, older_than_ms=older_than_ms)
+    if not ids:
+        return matching
+    found = set(matching)
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise Refused(f"not on the dead list of {q.name!r} (or filtered out): {', '.join(missing)}")
+    return list(dict.fromkeys(ids))
+
+
+@dead.command("list")
+@url_option
+@queue_option
+@json_option
+@filter_options
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+def list_dead(
+    url: str,
+    queue: str,
+    as_json: bool,
+    task: str | None,
+    error_type: str | None,
+    older_than_ms: int | None,
+    ids: tuple[str, ...],
+    offset: int,
+    limit: int,
+) -> None:
+    """Dead jobs, newest first: why each died and its last error."""
+    client = connect(url)
+    require_queue(client, queue)
+    q = Queue(client, queue)
+    selected = select(q, task, error_type, older_than_ms, ids)
+    page = selected[offset : offset + limit]
+    now_ms = server_now_ms(client)
+    rows = [job_json(j, now_ms) for j in get_jobs(client, q.keys, page)]
+    if as_json:
+        emit_json({"queue": queue, "total": len(selected), "offset": offset, "limit": limit,
+                   "jobs": rows})  # fmt: skip
+        return
+    t = Table(title=f"dead jobs in {queue!r}: {len(selected)} match")
+    for col in ("id", "task", "dead for", "reason", "attempts", "last error"):
+        t.add_column(col, overflow="fold", no_wrap=col == "id")
+    for r in rows:
+        age = fmt_ms(now_ms - r["dead_ms"]) if r["dead_ms"] is not None else "-"
+        err = f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
+        t.add_row(r["id"], r["task"], age, r["dead_reason"] or "-",
+                  f"{r['attempts']}/{r['max_attempts']}", err)  # fmt: skip
+    console().print(t)
+
+
+def _bulk(
+    verb: str,
+    action: Callable[[Sequence[str]], int],
+    queue: str,
+    selected: list[str],
+    yes: bool,
+    as_json: bool,
+) -> None:
+    if not selected:
+        if as_json:
+            emit_json({"queue": queue, "action": verb, "matched": 0, "done": 0, "skipped": 0})
+        else:
+            click.echo("no dead jobs match: nothing to do")
+        return
+    if not yes:
+        click.confirm(f"{verb} {len(selected)} dead job(s) of queue {queue!r}?", abort=True)
+    done = 0
+    progress = Progress(
+        TextColumn(f"{verb} [progress.description]{{task.description}}"), BarColumn(),
+        MofNCompleteColumn(), console=console(stderr=True), transient=True,
+    )  # fmt: skip
+    with progress:
+        step = progress.add_task(queue, total=len(selected))
+        for chunk in iter_chunks(selected, _BATCH):
+            done += action(chunk)
+            progress.advance(step, len(chunk))
+    # A job that left the dead list meanwhile (another operator) is skipped, not an error.
+    result: dict[str, Any] = {"queue": queue, "action": verb, "matched": len(selected),
+                              "done": done, "skipped": len(selected) - done}  # fmt: skip
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(f"{verb}: {done} of {len(selected)} dead job(s) in {queue!r}"
+                   + (f" ({result['skipped']} had already left the dead list)"
+                      if result["skipped"] else ""))  # fmt: skip
+
+
+_yes = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+
+
+@dead.command("requeue")
+@url_option
+@queue_option
+@json_option
+@filter_options
+@_yes
+def requeue_dead(
+    url: str,
+    queue: str,
+    as_json: bool,
+    task: str | None,
+    error_type: str | None,
+    older_than_ms: int | None,
+    ids: tuple[str, ...],
+    yes: bool,
+) -> None:
+    """Move matching dead jobs back to due now, with a fresh attempt budget."""
+    client = connect(url)
+    require_queue(client, queue)
+    q = Queue(client, queue)
+    selected = select(q, task, error_type, older_than_ms, ids)
+    _bulk("requeued", q.requeue_dead, queue, selected, yes, as_json)
+
+
+@dead.command("purge")
+@url_option
+@queue_option
+@json_option
+@filter_options
+@_yes
+def purge_dead(
+    url: str,
+    queue: str,
+    as_json: bool,
+    task: str | None,
+    error_type: str | None,
+    older_than_ms: int | None,
+    ids: tuple[str, ...],
+    yes: bool,
+) -> None:
+    """Delete matching dead jobs for good (asks first unless --yes)."""
+    client = connect(url)
+    require_queue(client, queue)
+    q = Queue(client, queue)
+    selected = select(q, task, error_type, older_than_ms, ids)
+    _bulk("purged", q.purge_dead, queue, selected, yes, as_json)

@@ -1,0 +1,92 @@
+"""`scheduler doctor [--fix]`: the invariant checker's command line (see scheduler/doctor.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+
+from scheduler import doctor as checks
+from scheduler.cli_common import (
+    EXIT_FINDINGS,
+    AdminCommand,
+    Duration,
+    connect,
+    console,
+    emit_json,
+    json_option,
+    queues_option,
+    resolve_queues,
+    url_option,
+)
+
+
+def register(main: click.Group) -> None:
+    main.add_command(doctor)
+
+
+def _print(out: Console, title: str, issues: list[checks.Issue]) -> None:
+    """One block per finding; commands on their own unwrapped lines, ready to paste."""
+    out.print(f"[bold]{title}[/]")
+    for i in issues:
+        style = "red" if i.severity == "error" else "yellow"
+        where = i.queue or "server"
+        job = f" job {i.job_id}" if i.job_id else ""
+        out.print(f"[{style}]{i.severity}[/] {where} [bold]{i.code}[/]{job}: {i.message}")
+        out.print(f"  fix: {i.fix}", soft_wrap=True, markup=False)
+        if i.repair:
+            out.print("  by hand:", "\n".join(f"    {c}" for c in i.redis_cli()), sep="\n",
+                      soft_wrap=True, markup=False)  # fmt: skip
+
+
+@click.command(cls=AdminCommand)
+@url_option
+@queues_option
+@json_option
+@click.option("--fix", is_flag=True,
+              help="Repair what is safe (never deletes a job that has a hash).")  # fmt: skip
+@click.option("--stale-lease", "stale_lease_ms", type=Duration(),
+              default=f"{checks.DEFAULT_STALE_LEASE_MS // 60_000}m", show_default=True,
+              help="Report leases that lapsed longer ago than this.")  # fmt: skip
+@click.option("--no-server", is_flag=True, help="Skip the server-settings checks.")
+@click.option("--strict", is_flag=True, help="Warnings count as findings for the exit code.")
+def doctor(
+    url: str,
+    queues: tuple[str, ...],
+    as_json: bool,
+    fix: bool,
+    stale_lease_ms: int,
+    no_server: bool,
+    strict: bool,
+) -> None:
+    """Check stored state against the invariants (each job in exactly one of due, leased, dead,
+    or done with an expiry; no job hash without a place; no id without a hash; state matching
+    membership; no lease lapsed long ago; payloads decodable) and the server settings that break
+    the scheduler's promises. Each finding comes with the command that fixes it; --fix repairs
+    what is safe. Exits 1 when errors (with --strict: any finding) remain."""
+    client = connect(url)
+    names = resolve_queues(client, queues)
+    fixed: list[checks.Issue] = []
+    remaining: list[checks.Issue] = [] if no_server else checks.check_server_settings(client)
+    for name in names:
+        if fix:
+            report = checks.repair_queue(client, name, stale_lease_ms=stale_lease_ms)
+            fixed += report.fixed
+            remaining += report.remaining
+        else:
+            remaining += checks.check_queue(client, name, stale_lease_ms=stale_lease_ms)
+    failing = [i for i in remaining if strict or i.severity == "error"]
+    if as_json:
+        emit_json({"queues": names, "fixed": [i.to_json() for i in fixed],
+                   "findings": [i.to_json() for i in remaining], "ok": not failing})  # fmt: skip
+    else:
+        out = console()
+        if fixed:
+            _print(out, "repaired", fixed)
+        if remaining:
+            _print(out, "findings", remaining)
+        out.print(f"checked {len(names)} queue(s)" + ("" if no_server else " and the server")
+                  + f": {len(fixed)} repaired, {len(remaining)} finding(s) remain")  # fmt: skip
+    if failing:
+        sys.exit(EXIT_FINDINGS)

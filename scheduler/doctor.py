@@ -1,0 +1,436 @@
+"""`scheduler doctor`: check a queue's stored state against the invariants, and repair what is
+safe to repair without losing a job.
+
+Invariants (membership in due / leased / dead is the truth; the hash's `state` is a copy):
+- every job hash is in exactly one of due, leased, dead, or is a done / cancelled record with
+  an expiry; every id in due, leased or dead has a hash; an id is on the dead list once;
+- the state field matches membership, and a job in a set has no expiry;
+- no lease lapsed long ago (any claim reaps lapsed leases, so an old one means nobody claims);
+- runnable jobs have a JSON payload and the fields a claim needs.
+
+Checking reads in pages (SCAN / ZSCAN / LRANGE, pipelined), then re-reads each suspect inside
+one MULTI, so a job moving under a live worker is not reported. A repair re-reads its job under
+WATCH and re-plans from those reads, so it never acts on a stale view."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import redis
+from redis.exceptions import ResponseError, WatchError
+
+from scheduler import health
+from scheduler.codec import RESULT_TTL_MS
+from scheduler.inspection import iter_chunks, live_workers, server_now_ms
+from scheduler.keys import QueueKeys
+
+DEFAULT_STALE_LEASE_MS = 5 * 60_000
+_PAGE = 500
+_CONFIRM_BATCH = 100
+_WATCH_TRIES = 5
+_PLACES = ("due", "leased", "dead")  # preference order when the state field names none of them
+Command = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One finding. `repair` holds the commands `--fix` runs in one MULTI (empty when no repair
+    is safe); `fix` says what an operator types."""
+
+    code: str
+    severity: str  # 'error' | 'warning'
+    message: str
+    fix: str
+    queue: str | None = None
+    job_id: str | None = None
+    repair: tuple[Command, ...] = ()
+
+    def redis_cli(self) -> list[str]:
+        return ["redis-cli " + " ".join(shlex.quote(a) for a in cmd) for cmd in self.repair]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.code, "severity": self.severity, "queue": self.queue,
+            "job_id": self.job_id, "message": self.message, "fix": self.fix,
+            "fixable": bool(self.repair), "redis_cli": self.redis_cli(),
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What is stored about one job id, ideally read atomically."""
+
+    id: str
+    key_type: str  # 'hash', 'none', or a wrong type
+    fields: dict[str, str]
+    ttl_ms: int | None
+    due_ms: int | None
+    lease_until_ms: int | None
+    dead_count: int
+
+    @property
+    def places(self) -> list[str]:
+        present = (self.due_ms is not None, self.lease_until_ms is not None, self.dead_count > 0)
+        return [p for p, here in zip(_PLACES, present, strict=True) if here]
+
+
+@dataclass(frozen=True)
+class Context:
+    keys: QueueKeys
+    now_ms: int
+    live_workers: frozenset[str]
+    stale_lease_ms: int = DEFAULT_STALE_LEASE_MS
+    record_ttl_ms: int = RESULT_TTL_MS
+
+
+# -- repair plans (mirroring what the Lua transitions write) ----------------------------------
+def _remove_from(k: QueueKeys, job_id: str, places: Iterable[str]) -> list[Command]:
+    cmds: list[Command] = []
+    for p in places:
+        cmds.append(
+            ("LREM", k.dead, "0", job_id) if p == "dead" else ("ZREM", getattr(k, p), job_id)
+        )
+    return cmds
+
+
+def _to_due(k: QueueKeys, job_id: str, run_at_ms: int) -> list[Command]:
+    jk = k.job(job_id)
+    return [
+        ("ZADD", k.due, str(run_at_ms), job_id), ("HSET", jk, "state", "due"),
+        ("HDEL", jk, "worker"), ("PERSIST", jk),
+        ("LPUSH", k.wake, "1"), ("LTRIM", k.wake, "0", "7"),  # as lib/util.lua wake()
+    ]  # fmt: skip
+
+
+def _dead_letter(k: QueueKeys, job_id: str, reason: str, now_ms: int) -> list[Command]:
+    jk = k.job(job_id)
+    return [
+        ("ZREM", k.due, job_id), ("ZREM", k.leased, job_id),
+        ("HSET", jk, "state", "dead", "dead_reason", reason, "dead_ms", str(now_ms)),
+        ("LPUSH", k.dead, job_id),
+    ]  # fmt: skip
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _unreadable(fields: dict[str, str]) -> tuple[str, str] | None:
+    """(code, dead reason) when a claim or a worker could not use this job (as claim.lua checks)."""
+    if not fields.get("task"):
+        return "invalid-job", "invalid job: task"
+    payload = fields.get("payload")
+    if payload is None:
+        return "bad-payload", "invalid job: payload"
+    try:
+        json.loads(payload)
+    except ValueError:
+        return "bad-payload", "invalid payload: not JSON"
+    if _int(fields.get("attempts")) is None:
+        return "invalid-job", "invalid job: attempts"
+    max_attempts = _int(fields.get("max_attempts"))
+    if max_attempts is None or max_attempts < 1:
+        return "invalid-job", "invalid job: max_attempts"
+    try:
+        float(fields.get("run_at_ms", ""))
+    except ValueError:
+        return "invalid-job", "invalid job: run_at_ms"
+    return None
+
+
+def diagnose(s: Snapshot, ctx: Context) -> list[Issue]:
+    """Every invariant one job breaks, most basic first; each issue's repair assumes the ones
+    before it are fixed, so --fix applies only the first repair per pass and re-reads."""
+    k, jid = ctx.keys, s.id
+    jk = k.job(jid)
+    fix = f"scheduler doctor --fix --queue {k.queue}"
+
+    def issue(code: str, severity: str, message: str, repair: Sequence[Command] = (),
+              how: str | None = None) -> Issue:  # fmt: skip
+        return Issue(code, severity, message, how or fix, k.queue, jid, tuple(repair))
+
+    places = s.places
+    if s.key_type not in ("hash", "none"):
+        return [issue("wrong-type", "error",
+                      f"{jk} is a {s.key_type}, not a job hash: it is not a job the scheduler "
+                      "can run", how=f"inspect it: redis-cli TYPE {shlex.quote(jk)}")]  # fmt: skip
+    if not s.fields:
+        if not places:
+            return []
+        return [issue("missing-hash", "error",
+                      f"id is in {' and '.join(places)} but its hash is gone (task and payload "
+                      "lost): fix removes the id", _remove_from(k, jid, places))]  # fmt: skip
+    state = s.fields.get("state", "")
+    if not places:
+        if state in ("done", "cancelled"):
+            if s.ttl_ms is None:
+                return [issue("record-no-ttl", "warning",
+                              f"{state} record has no expiry, so it is kept forever",
+                              [("PEXPIRE", jk, str(ctx.record_ttl_ms))])]  # fmt: skip
+            return []
+        if state == "dead":
+            return [issue("orphan-hash", "error",
+                          "dead job is missing from the dead list: fix puts it back there",
+                          [("LPUSH", k.dead, jid), ("PERSIST", jk)])]  # fmt: skip
+        run_at = _int(s.fields.get("run_at_ms"))
+        return [issue("orphan-hash", "error",
+                      f"job with state {state!r} is in none of due, leased, dead, so no worker "
+                      "will see it: fix puts it in due",
+                      _to_due(k, jid, run_at if run_at is not None else ctx.now_ms))]  # fmt: skip
+    plan: list[Command]
+    if len(places) > 1:
+        keep = state if state in places else places[0]
+        plan = _remove_from(k, jid, [p for p in places if p != keep])
+        if state != keep:
+            plan.append(("HSET", jk, "state", keep))
+        if keep == "dead" and s.dead_count > 1:
+            plan += [("LREM", k.dead, "0", jid), ("LPUSH", k.dead, jid)]
+        return [issue("two-places", "error",
+                      f"job is in {' and '.join(places)} at once (state {state!r}): fix keeps "
+                      f"it in {keep}", plan)]  # fmt: skip
+    place = places[0]
+    if state != place:
+        plan = [("HSET", jk, "state", place)]
+        if place != "leased":
+            plan.append(("HDEL", jk, "worker"))
+        return [issue("state-mismatch", "error",
+                      f"state field says {state!r} but the job is in {place}: fix sets it to "
+                      f"{place!r}", plan)]  # fmt: skip
+    if s.ttl_ms is not None:
+        return [issue("expiring-job", "error",
+                      f"job in {place} has an expiry ({s.ttl_ms} ms left): it would vanish",
+                      [("PERSIST", jk)])]  # fmt: skip
+    if s.dead_count > 1:
+        return [issue("dead-duplicate", "warning",
+                      f"id is on the dead list {s.dead_count} times: fix keeps one",
+                      [("LREM", k.dead, "0", jid), ("LPUSH", k.dead, jid)])]  # fmt: skip
+    out: list[Issue] = []
+    if place == "leased" and s.lease_until_ms is not None:
+        late_ms = ctx.now_ms - s.lease_until_ms
+        if late_ms > ctx.stale_lease_ms:
+            worker = s.fields.get("worker", "")
+            alive = worker in ctx.live_workers
+            attempts = _int(s.fields.get("attempts")) or 0
+            max_attempts = _int(s.fields.get("max_attempts")) or 1
+            # The reaper in claim.lua does exactly this on the next claim.
+            if attempts >= max_attempts:
+                plan = _dead_letter(k, jid, "lease expired", ctx.now_ms)
+            else:
+                plan = [("ZREM", k.leased, jid), *_to_due(k, jid, s.lease_until_ms)]
+            who = f"worker {worker!r} is alive but not claiming" if alive else (
+                f"worker {worker!r} is gone")  # fmt: skip
+            out.append(issue("lease-expired", "warning" if alive else "error",
+                             f"lease lapsed {late_ms // 1000} s ago and {who}; no claim has "
+                             "reaped it: fix does what a claim would", plan))  # fmt: skip
+            return out
+    if place in ("due", "leased"):
+        bad = _unreadable(s.fields)
+        if bad is not None:
+            code, reason = bad
+            if place == "due":
+                out.append(issue(code, "error", f"{reason}: no worker can run it; fix parks it "
+                                 "on the dead list for a human",
+                                 _dead_letter(k, jid, reason, ctx.now_ms)))  # fmt: skip
+            else:
+                out.append(issue(code, "error", f"{reason}; the worker holding it will fail it",
+                                 how=f"wait for the lease to end, then {fix}"))  # fmt: skip
+    return out
+
+
+# -- reading ---------------------------------------------------------------------------------
+def _load_zset(client: redis.Redis, key: str) -> dict[str, int]:
+    return {str(m): int(sc) for m, sc in client.zscan_iter(key, count=_PAGE)}
+
+
+def _load_list(client: redis.Redis, key: str) -> Counter[str]:
+    out: Counter[str] = Counter()
+    start = 0
+    while True:
+        page = client.lrange(key, start, start + _PAGE - 1)
+        if not page:
+            return out
+        out.update(str(v) for v in page)
+        start += len(page)
+
+
+def _hash_reply(reply: Any) -> dict[str, str]:
+    return {} if isinstance(reply, ResponseError) else {str(a): str(b) for a, b in reply.items()}
+
+
+def _ttl(pttl: Any) -> int | None:
+    return int(pttl) if int(pttl) >= 0 else None
+
+
+def read_snapshots(
+    client: redis.Redis, keys: QueueKeys, ids: Sequence[str]
+) -> tuple[int, list[Snapshot]]:
+    """(server now_ms, one consistent snapshot per id): each batch is read inside one MULTI."""
+    now_ms = server_now_ms(client)
+    out: list[Snapshot] = []
+    for chunk in iter_chunks(ids, _CONFIRM_BATCH):
+        pipe = client.pipeline(transaction=True)
+        pipe.time()
+        for jid in chunk:
+            jk = keys.job(jid)
+            pipe.type(jk)
+            pipe.hgetall(jk)
+            pipe.pttl(jk)
+            pipe.zscore(keys.due, jid)
+            pipe.zscore(keys.leased, jid)
+            pipe.lpos(keys.dead, jid, count=0)
+        reply = pipe.execute(raise_on_error=False)
+        sec, usec = reply[0]
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        for n, jid in enumerate(chunk):
+            t, h, pttl, due, leased, dead = reply[1 + 6 * n : 7 + 6 * n]
+            out.append(Snapshot(
+                jid, str(t), _hash_reply(h), _ttl(pttl),
+                None if due is None else int(due), None if leased is None else int(leased),
+                len(dead) if isinstance(dead, list) else 0,
+            ))  # fmt: skip
+    return now_ms, out
+
+
+def _live(client: redis.Redis, keys: QueueKeys) -> frozenset[str]:
+    return frozenset(w.id for w in live_workers(client, keys)[0])
+
+
+def check_queue(
+    client: redis.Redis, queue: str, *, stale_lease_ms: int = DEFAULT_STALE_LEASE_MS
+) -> list[Issue]:
+    """Every finding for one queue. Read-only."""
+    keys = QueueKeys(queue)
+    due = _load_zset(client, keys.due)
+    leased = _load_zset(client, keys.leased)
+    dead = _load_list(client, keys.dead)
+    ctx = Context(keys, server_now_ms(client), _live(client, keys), stale_lease_ms)
+    suspects: list[str] = []
+    seen: set[str] = set()
+    job_prefix = keys.prefix + "job:"
+    scan = client.scan_iter(match=job_prefix + "*", count=_PAGE)
+    page: list[str] = []
+    for key in scan:
+        page.append(str(key))
+        if len(page) >= _PAGE:
+            suspects += _first_pass(client, page, job_prefix, ctx, due, leased, dead, seen)
+            page = []
+    suspects += _first_pass(client, page, job_prefix, ctx, due, leased, dead, seen)
+    suspects += sorted((set(due) | set(leased) | set(dead)) - seen)
+    if not suspects:
+        return []
+    now_ms, snaps = read_snapshots(client, keys, suspects)
+    ctx = replace(ctx, now_ms=now_ms)
+    return [i for s in snaps for i in diagnose(s, ctx)]
+
+
+def _first_pass(
+    client: redis.Redis,
+    page: list[str],
+    job_prefix: str,
+    ctx: Context,
+    due: dict[str, int],
+    leased: dict[str, int],
+    dead: Counter[str],
+    seen: set[str],
+) -> list[str]:
+    """Ids on this page of job keys that look wrong from the (non-atomic) bulk reads."""
+    if not page:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for key in page:
+        pipe.type(key)
+        pipe.hgetall(key)
+        pipe.pttl(key)
+    reply = pipe.execute(raise_on_error=False)
+    out: list[str] = []
+    for n, key in enumerate(page):
+        jid = key[len(job_prefix) :]
+        seen.add(jid)
+        t, h, pttl = reply[3 * n : 3 * n + 3]
+        s = Snapshot(jid, str(t), _hash_reply(h), _ttl(pttl), due.get(jid), leased.get(jid),
+                     dead.get(jid, 0))  # fmt: skip
+        if diagnose(s, ctx):
+            out.append(jid)
+    return out
+
+
+# -- repairing -------------------------------------------------------------------------------
+def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
+    """Apply the first safe repair this job needs, re-read under WATCH; returns what was fixed
+    (None when nothing needed fixing, or the job kept changing under live workers)."""
+    k = ctx.keys
+    jk = k.job(job_id)
+    with client.pipeline(transaction=True) as pipe:
+        for _ in range(_WATCH_TRIES):
+            try:
+                pipe.watch(jk, k.due, k.leased, k.dead)  # type: ignore[no-untyped-call]
+                sec, usec = pipe.time()
+                t = str(pipe.type(jk))
+                fields = _hash_reply(pipe.hgetall(jk)) if t == "hash" else {}
+                dead = pipe.lpos(k.dead, job_id, count=0)
+                due_ms, lease_ms = pipe.zscore(k.due, job_id), pipe.zscore(k.leased, job_id)
+                snap = Snapshot(
+                    job_id, t, fields, _ttl(pipe.pttl(jk)),
+                    None if due_ms is None else int(due_ms),
+                    None if lease_ms is None else int(lease_ms),
+                    len(dead) if isinstance(dead, list) else 0,
+                )  # fmt: skip
+                now = replace(ctx, now_ms=int(sec) * 1000 + int(usec) // 1000)
+                todo = next((i for i in diagnose(snap, now) if i.repair), None)
+                if todo is None:
+                    pipe.unwatch()
+                    return None
+                pipe.multi()
+                for cmd in todo.repair:
+                    pipe.execute_command(*cmd)  # type: ignore[no-untyped-call]
+                pipe.execute()
+                return todo
+            except WatchError:
+                continue
+    return None
+
+
+@dataclass(frozen=True)
+class Report:
+    queue: str
+    fixed: list[Issue]
+    remaining: list[Issue]
+
+
+def repair_queue(
+    client: redis.Redis,
+    queue: str,
+    *,
+    stale_lease_ms: int = DEFAULT_STALE_LEASE_MS,
+    passes: int = 4,
+) -> Report:
+    """Check, repair each fixable job once per pass (a job may need a few steps, e.g. back into
+    due, then its state field), until nothing fixable remains; then check again."""
+    keys = QueueKeys(queue)
+    fixed: list[Issue] = []
+    issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)
+    for _ in range(passes):
+        todo = sorted({i.job_id for i in issues if i.repair and i.job_id is not None})
+        if not todo:
+            break
+        ctx = Context(keys, server_now_ms(client), _live(client, keys), stale_lease_ms)
+        for jid in todo:
+            done = repair_job(client, ctx, jid)
+            if done is not None:
+                fixed.append(done)
+        issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)
+    return Report(queue, fixed, issues)
+
+
+def check_server_settings(client: redis.Redis) -> list[Issue]:
+    """The server settings that break the product's promises (see scheduler.health)."""
+    info, config = health.read_server(client)
+    return [Issue(f.code, f.severity, f.message, f.fix) for f in health.check_server(info, config)]

@@ -1,0 +1,237 @@
+"""Read-only views for operators (the CLI and the doctor): queue discovery, recent outcome
+counts from the per-minute stats hashes, live workers, key listings. Nothing here writes."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from scheduler.codec import parse_job
+from scheduler.keys import ROOT, QueueKeys
+from scheduler.models import Job
+
+STATS_KEEP_MINUTES = 120  # lua/lib/util.lua bump_stat keeps each minute 2 h
+WINDOWS_MIN = (1, 5, 60)
+STAT_FIELDS = (
+    "claim", "complete", "fail", "retry", "dead", "lease_expired", "release", "cancel",
+    "requeue_dead",
+)  # fmt: skip
+_SCAN_COUNT = 1000
+_QUEUE_IN_KEY = re.compile(r"^" + ROOT + r":\{([^}]*)\}:")
+
+
+def server_now_ms(client: redis.Redis) -> int:
+    """The Redis server's clock: the only clock the scripts use."""
+    sec, usec = client.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def discover_queues(client: redis.Redis) -> list[str]:
+    """Queue names that hold jobs, workers or schedules, found with SCAN (never KEYS).
+    Typed scans skip the job hashes, so the transfer stays small on a large keyspace."""
+    names: set[str] = set()
+    for key_type in ("zset", "list"):
+        for key in client.scan_iter(match=f"{ROOT}:{{*}}:*", count=_SCAN_COUNT, _type=key_type):
+            m = _QUEUE_IN_KEY.match(str(key))
+            if m:
+                names.add(m.group(1))
+    return sorted(names)
+
+
+def queue_exists(client: redis.Redis, keys: QueueKeys, now_ms: int) -> bool:
+    """Anything of this queue alive: its sets, workers, schedules, or a recent stats minute.
+    One EXISTS over fixed names (all in one slot), so it costs the same on any keyspace."""
+    minute = now_ms // 60_000
+    names = [keys.due, keys.leased, keys.dead, keys.workers, keys.schedules]
+    names += [keys.stats(minute - i) for i in range(STATS_KEEP_MINUTES + 1)]
+    return int(client.exists(*names)) > 0
+
+
+def window_counts(
+    client: redis.Redis, keys: QueueKeys, now_ms: int, windows_min: Sequence[int] = WINDOWS_MIN
+) -> dict[str, dict[str, int]]:
+    """Outcome counts over the last N minutes, for each N: the N newest minute buckets,
+    the current (partial) minute included. Keyed '1m', '5m', '60m'."""
+    span = max(windows_min)
+    minute = now_ms // 60_000
+    pipe = client.pipeline(transaction=False)
+    for i in range(span):
+        pipe.hgetall(keys.stats(minute - i))
+    buckets: list[dict[str, Any]] = pipe.execute()
+    out: dict[str, dict[str, int]] = {}
+    for n in windows_min:
+        totals = dict.fromkeys(STAT_FIELDS, 0)
+        for bucket in buckets[:n]:
+            for name, value in bucket.items():
+                try:
+                    totals[str(name)] = totals.get(str(name), 0) + int(value)
+                except ValueError:
+                    continue
+        out[f"{n}m"] = totals
+    return out
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    queue: str
+    last_seen_ms: int
+    host: str
+    pid: int | None
+    queues: list[str]
+    started_ms: int | None
+    last_heartbeat_ms: int | None
+    in_flight: int | None
+    concurrency: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def _opt_int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _queues_field(raw: str | None) -> list[str]:
+    if not raw:
+        return []
+    if raw.startswith("["):
+        try:
+            data = json.loads(raw)
+            return [str(x) for x in data] if isinstance(data, list) else [raw]
+        except ValueError:
+            return [raw]
+    return [p.strip() for p in raw.split(",") if p.strip()]
+
+
+def live_workers(client: redis.Redis, keys: QueueKeys) -> tuple[list[WorkerInfo], list[str]]:
+    """(live workers, ids whose hash has expired). A worker's hash expires when it stops
+    heart-beating, so presence of the hash is liveness; the ZSET only lists candidates."""
+    members: list[Any] = client.zrange(keys.workers, 0, -1, withscores=True)
+    if not members:
+        return [], []
+    pipe = client.pipeline(transaction=False)
+    for wid, _ in members:
+        pipe.hgetall(keys.worker(str(wid)))
+    hashes: list[dict[str, str]] = pipe.execute()
+    live: list[WorkerInfo] = []
+    gone: list[str] = []
+    for (wid, seen), h in zip(members, hashes, strict=True):
+        if not h:
+            gone.append(str(wid))
+            continue
+        live.append(WorkerInfo(
+            id=str(wid), queue=keys.queue, last_seen_ms=int(seen), host=h.get("host", ""),
+            pid=_opt_int(h.get("pid")), queues=_queues_field(h.get("queues")),
+            started_ms=_opt_int(h.get("started_ms")),
+            last_heartbeat_ms=_opt_int(h.get("last_heartbeat_ms")),
+            in_flight=_opt_int(h.get("in_flight")), concurrency=_opt_int(h.get("concurrency")),
+        ))  # fmt: skip
+    return live, gone
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    key: str
+    type: str  # 'none' when the key does not exist (an empty set is deleted by Redis)
+    size: int
+    ttl_ms: int | None  # None: no expiry
+    about: str
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+@dataclass(frozen=True)
+class KeyFamily:
+    pattern: str
+    about: str
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+_SIZE_CMD = {"zset": "ZCARD", "list": "LLEN", "hash": "HLEN", "set": "SCARD", "string": "STRLEN"}
+
+
+def fixed_keys(client: redis.Redis, keys: QueueKeys) -> list[KeyInfo]:
+    """The queue's fixed keys with type, size and expiry (two pipelined round trips)."""
+    named = [
+        (keys.due, "ZSET job id -> run_at_ms (due now and scheduled later)"),
+        (keys.leased, "ZSET job id -> lease_until_ms"),
+        (keys.dead, "LIST dead job ids, newest first"),
+        (keys.wake, "LIST wake-up tokens for idle workers"),
+        (keys.workers, "ZSET worker id -> last_seen_ms"),
+        (keys.schedules, "recurring schedules index"),
+    ]
+    pipe = client.pipeline(transaction=False)
+    for name, _ in named:
+        pipe.type(name)
+        pipe.pttl(name)
+    replies = pipe.execute()
+    types = [str(t) for t in replies[0::2]]
+    ttls = [int(t) for t in replies[1::2]]
+    pipe = client.pipeline(transaction=False)
+    for (name, _), t in zip(named, types, strict=True):
+        pipe.execute_command(_SIZE_CMD.get(t, "EXISTS"), name)  # type: ignore[no-untyped-call]
+    sizes = [int(v) for v in pipe.execute()]
+    return [
+        KeyInfo(name, t, size if t in _SIZE_CMD else 0, ttl if ttl >= 0 else None, about)
+        for (name, about), t, size, ttl in zip(named, types, sizes, ttls, strict=True)
+    ]
+
+
+_FAMILIES = (
+    ("job:", "HASH one per job: task, payload, state, attempts, token, worker, errors, ..."),
+    ("stats:", "HASH per-minute outcome counters (kept 2 h)"),
+    ("idem:", "STRING idempotency key digest -> first job id"),
+    ("claim:", "STRING claim replay answers (kept one lease)"),
+    ("worker:", "HASH one per live worker (expires when it stops)"),
+    ("schedule:", "HASH one per recurring schedule"),
+)
+
+
+def key_families(
+    client: redis.Redis, keys: QueueKeys, *, max_keys: int = 1_000_000
+) -> list[KeyFamily]:
+    """Count the per-item keys of the queue by family with one SCAN over its pattern,
+    stopping after max_keys (bounded work on a huge queue)."""
+    counts: dict[str, int] = {p: 0 for p, _ in _FAMILIES}
+    seen = 0
+    for key in client.scan_iter(match=keys.pattern(), count=_SCAN_COUNT):
+        rest = str(key)[len(keys.prefix) :]
+        for p, _ in _FAMILIES:
+            if rest.startswith(p):
+                counts[p] += 1
+                break
+        seen += 1
+        if seen >= max_keys:
+            break
+    out = [KeyFamily(keys.prefix + p + "*", about, counts[p]) for p, about in _FAMILIES]
+    out.append(KeyFamily(keys.pattern(), "all keys of the queue", seen))
+    return out
+
+
+def iter_chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def get_jobs(client: redis.Redis, keys: QueueKeys, ids: Sequence[str]) -> list[Job]:
+    """Many jobs in one pipelined round trip; ids without a hash are left out."""
+    pipe = client.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hgetall(keys.job(job_id))
+        pipe.zscore(keys.leased, job_id)
+    reply = pipe.execute() if ids else []
+    jobs = [parse_job(i, reply[2 * n], reply[2 * n + 1]) for n, i in enumerate(ids)]
+    return [j for j in jobs if j is not None]
