@@ -4,6 +4,7 @@ that injects network faults, and redis-py clients whose retries ride over all of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -196,10 +197,8 @@ class FaultyProxy:
 
     def _cut(self, *socks: socket.socket) -> None:
         for s in socks:
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             s.close()
             with self._lock:
                 self._socks.discard(s)

@@ -53,7 +53,7 @@ def test_idempotency_key_gives_one_job_through_a_faulty_network(
 
     def producer(i: int) -> None:
         q = Queue(proxied(proxy), QUEUE)
-        for k in keys[i::2] + keys[: 20 : 3]:  # every key twice or more, from several threads
+        for k in keys[i::2] + keys[:20:3]:  # every key twice or more, from several threads
             jid = q.enqueue("proxy.t", {"k": k}, key=k)
             with lock:
                 got[k].add(jid)
@@ -75,8 +75,8 @@ def test_claims_and_settlements_through_a_faulty_network(
     admin = server.admin()
     direct = Queue(admin, QUEUE)
     n_jobs = 90
-    ids = [direct.enqueue("proxy.t", {"n": i}, max_attempts=3,
-                          backoff=Backoff(base_ms=0, jitter=0.0)) for i in range(n_jobs)]  # fmt: skip
+    no_wait = Backoff(base_ms=0, jitter=0.0)
+    ids = [direct.enqueue("proxy.t", {"n": i}, backoff=no_wait) for i in range(n_jobs)]
     proxy = proxy_factory(server, 2)
     proxy.faults(**FAULTS)
 
@@ -100,7 +100,9 @@ def test_claims_and_settlements_through_a_faulty_network(
                     # attempts advance once per real claim; a release gave its attempt back
                     assert job.attempts == 1 and job.fence == handed[job.id], job
                 n = int(job.payload()["n"])
-                if n % 3 == 0 or job.fence > 1:  # complete, then complete again: same answer, nothing changes
+                if (
+                    n % 3 == 0 or job.fence > 1
+                ):  # complete, then complete again: same answer, nothing changes
                     first = q.complete_many([(job.id, job.token, {"n": n})])
                     again = q.complete_many([(job.id, job.token, {"n": -1})])
                 elif n % 3 == 1:  # non-retryable fail, twice
