@@ -8,7 +8,10 @@
   ARGV[5] reap_limit     lapsed leases handled per call at most
   Returns: {now_ms, next_ms, n, then 10 fields per job: id, token, attempts, max_attempts, task,
     payload, run_at_ms, backoff ('base_ms,factor,cap_ms,jitter' or ''), timeout_ms, schedule}. next_ms is the earliest time something may become claimable
-    (head of due or of leased), or -1 when both are empty.
+    (head of due or of leased), or -1 when both are empty. After the jobs, one more number:
+    how many schedules wait for a cron-buffer refill (advisory: read now, also in a replay).
+    Claiming a schedule's pending occurrence inserts the next one in this same call, or drops
+    a late one by the misfire policy (lib/rearm.lua).
     The token is '<fence>-<nonce>': the fence is a per-job counter bumped at every claim, and
     the nonce makes a token unique even if a failover loses the last increment.
     A re-sent call with the same nonce returns the first call's jobs (those it still holds) and
@@ -20,6 +23,7 @@
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
+-- @include "lib/rearm.lua"
 
 local prefix, due, leased, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
 local worker, nonce = ARGV[1], ARGV[4]
@@ -52,6 +56,7 @@ if replay then
   end
   local reply = { words[1], words[2], #out / 10 }
   for _, v in ipairs(out) do reply[#reply + 1] = v end
+  reply[#reply + 1] = redis.call('SCARD', sched_refill_key(prefix))
   return reply
 end
 
@@ -102,6 +107,9 @@ if limit > 0 then
     if bad then
       dead_letter(prefix, id, bad, now)
       parked = parked + 1
+    elseif f[8] and f[8] ~= '' and not sched_rearm(prefix, f[8], id, now) then
+      -- A schedule's occurrence: the next one was inserted above; this late one was dropped
+      -- by the schedule's misfire policy (lib/rearm.lua).
     else
       attempts = attempts + 1
       local fence = redis.call('HINCRBY', jk, 'fence', 1)
@@ -141,4 +149,6 @@ if n > 0 then
 end
 local reply = { now_s, fmt(next_ms), n }
 for _, v in ipairs(out) do reply[#reply + 1] = v end
+-- Trailing flag: schedules wait for the client to refill their cron buffers (lib/rearm.lua).
+reply[#reply + 1] = redis.call('SCARD', sched_refill_key(prefix))
 return reply

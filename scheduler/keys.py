@@ -71,6 +71,15 @@ class QueueKeys:
     def schedules(self) -> str:
         return self.prefix + "schedules"
 
+    def schedule_slots(self, name: str) -> str:
+        """ZSET of a cron schedule's next slot times (lua/lib/rearm.lua)."""
+        return self.prefix + "schedule:" + name + ":slots"
+
+    @property
+    def schedules_refill(self) -> str:
+        """SET of schedule names whose slot buffer the next claiming client refills."""
+        return self.prefix + "schedules:refill"
+
     @property
     def workers(self) -> str:
         return self.prefix + "workers"

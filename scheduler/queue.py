@@ -14,6 +14,7 @@ from scheduler.errors import translate
 from scheduler.keys import QueueKeys
 from scheduler.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
 from scheduler.ops import Commands, Op, Ops, Script, Settings
+from scheduler.recurring import Schedule
 from scheduler.scripts import Scripts
 
 T = TypeVar("T")
@@ -191,3 +192,48 @@ class Queue:
 
     def purge_dead(self, ids: Sequence[str]) -> int:
         return self._run(self.ops.purge_dead(ids))
+
+    # Recurring schedules (scheduler/recurring.py) ----------------------------------------------
+    def schedule(
+        self,
+        name: str,
+        task: str,
+        payload: Any = None,
+        *,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        tz: str | None = None,
+        jitter_ms: int = 0,
+        misfire: str = "run_once",
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+        timeout_ms: int = 0,
+    ) -> str:
+        """Create or redefine the schedule `name` (idempotent: the same definition again writes
+        nothing). Give `cron` (5 fields, or 6 with seconds; matched in time zone `tz`, default
+        UTC) or `every_ms` (epoch-aligned interval). `jitter_ms`: a fixed per-schedule offset
+        in [0, jitter_ms] spreads "on the hour" load. `misfire`: 'skip' | 'run_once' |
+        'catch_up:N' for runs missed while nothing ran. Exactly one occurrence is pending at
+        any time. Returns 'created' | 'updated' | 'unchanged' | 'repaired'."""
+        return self._run(self.ops.schedule(
+            name, task, payload, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
+            misfire=misfire, max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms,
+        ))  # fmt: skip
+
+    def get_schedule(self, name: str) -> Schedule:
+        return self._run(self.ops.get_schedule(name))
+
+    def list_schedules(self) -> list[Schedule]:
+        return self._run(self.ops.list_schedules())
+
+    def pause_schedule(self, name: str) -> str:
+        """Withdraw the pending occurrence; 'paused' | 'already' | 'missing'."""
+        return self._run(self.ops.pause_schedule(name))
+
+    def resume_schedule(self, name: str) -> str:
+        """Restart at the next future slot; 'resumed' | 'active' | 'missing'."""
+        return self._run(self.ops.resume_schedule(name))
+
+    def remove_schedule(self, name: str) -> str:
+        """Delete the schedule and its pending occurrence; 'removed' | 'missing'."""
+        return self._run(self.ops.remove_schedule(name))

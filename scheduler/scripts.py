@@ -21,6 +21,11 @@ TRANSITIONS = (
     "requeue_dead",
     "purge_dead",
     "counts",
+    "schedule_upsert",
+    "schedule_pause",
+    "schedule_resume",
+    "schedule_remove",
+    "schedule_refill",
 )
 _INCLUDE = re.compile(r'^-- @include "([^"]+)"\s*$', re.MULTILINE)
 

@@ -1,0 +1,17 @@
+--[[ schedule_pause: stop a schedule; its pending occurrence (not yet claimed) is withdrawn.
+  A run already leased finishes normally.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  ARGV[1] name
+  Returns: 'paused' | 'already' (was paused: nothing written) | 'missing' ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+-- @include "lib/rearm.lua"
+
+local prefix, name = KEYS[1], ARGV[1]
+local h = sched_load(prefix, name)
+if h == nil then return 'missing' end
+if h.paused == '1' then return 'already' end
+sched_unpend(prefix, h)
+redis.call('HSET', sched_key(prefix, name), 'paused', '1', 'starved', '0')
+redis.call('SREM', sched_refill_key(prefix), name)
+return 'paused'

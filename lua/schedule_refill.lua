@@ -1,0 +1,41 @@
+--[[ schedule_refill: top up a cron schedule's slot buffer; when the schedule starved (its
+  buffer ran out before the next slot could be inserted), insert that occurrence now under the
+  misfire budget recorded then. Idempotent: slots are a set, and the occurrence id is
+  deterministic, so many clients refilling at once change nothing more than one.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  ARGV[1] name  ARGV[2] digest the client computed the slots for
+  ARGV[3..] slots (ms, ascending) after the schedule's cursor
+  Returns: {status, pending id or ''}: 'refilled' | 'stale' (removed or redefined meanwhile:
+    nothing to do) | 'paused'
+  Errors:  BAD_ARGUMENT <field>=<value> ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+-- @include "lib/rearm.lua"
+
+local prefix, name, digest = KEYS[1], ARGV[1], ARGV[2]
+local slots, err = {}, nil
+for i = 3, #ARGV do
+  local v
+  v, err = int_arg(ARGV[i], 'slot', nil); if err then return err end
+  slots[#slots + 1] = v
+end
+local refill = sched_refill_key(prefix)
+local h = sched_load(prefix, name)
+local sk = sched_key(prefix, name)
+if h == nil or h.kind ~= 'cron' then
+  redis.call('SREM', refill, name)
+  return { 'stale', '' }
+end
+if redis.call('HGET', sk, 'digest') ~= digest then return { 'stale', '' } end
+local slots_key = sched_slots_key(prefix, name)
+for _, v in ipairs(slots) do
+  if v > h.cursor_ms then redis.call('ZADD', slots_key, v, fmt(v)) end
+end
+redis.call('SREM', refill, name)
+if h.paused == '1' then return { 'paused', '' } end
+if redis.call('HGET', sk, 'starved') == '1' then
+  local now = now_ms()
+  local budget = tonumber(redis.call('HGET', sk, 'budget')) or 0
+  sched_place(prefix, h, h.cursor_ms, budget, now)
+end
+return { 'refilled', h.pending }

@@ -1,0 +1,17 @@
+--[[ schedule_remove: delete a schedule and its pending occurrence (not yet claimed). A run
+  already leased finishes normally and inserts nothing.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  ARGV[1] name
+  Returns: 'removed' | 'missing' ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+-- @include "lib/rearm.lua"
+
+local prefix, name = KEYS[1], ARGV[1]
+local h = sched_load(prefix, name)
+if h == nil then return 'missing' end
+sched_unpend(prefix, h)
+redis.call('DEL', sched_key(prefix, name), sched_slots_key(prefix, name))
+redis.call('SREM', prefix .. 'schedules', name)
+redis.call('SREM', sched_refill_key(prefix), name)
+return 'removed'

@@ -1,0 +1,33 @@
+--[[ schedule_resume: restart a paused schedule at its first slot after now (the slots that
+  passed while paused were not missed: they do not count for the misfire policy).
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  ARGV[1] name  ARGV[2] digest the client computed the slots for
+  ARGV[3..] cron only: the next slots (ms, ascending) after now - offset_ms
+  Returns: {status, pending id or ''}: 'resumed' | 'active' (was not paused: nothing written) |
+    'stale' (the definition changed under the client: nothing written, retry) | 'missing'
+  Errors:  BAD_ARGUMENT <field>=<value> ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+-- @include "lib/rearm.lua"
+
+local prefix, name, digest = KEYS[1], ARGV[1], ARGV[2]
+local slots, err = {}, nil
+for i = 3, #ARGV do
+  local v
+  v, err = int_arg(ARGV[i], 'slot', nil); if err then return err end
+  slots[#slots + 1] = v
+end
+local h = sched_load(prefix, name)
+if h == nil then return { 'missing', '' } end
+if h.paused ~= '1' then return { 'active', h.pending } end
+local sk = sched_key(prefix, name)
+if redis.call('HGET', sk, 'digest') ~= digest then return { 'stale', '' } end
+if h.kind == 'cron' and #slots == 0 then return redis.error_reply('BAD_ARGUMENT slots=') end
+local now = now_ms()
+local slots_key = sched_slots_key(prefix, name)
+redis.call('DEL', slots_key)
+for _, v in ipairs(slots) do redis.call('ZADD', slots_key, v, fmt(v)) end
+redis.call('HSET', sk, 'paused', '0', 'pending', '', 'starved', '0')
+h.paused, h.pending = '0', ''
+sched_place(prefix, h, now - h.offset_ms, 0, now)
+return { 'resumed', h.pending }

@@ -1,0 +1,86 @@
+--[[ schedule_upsert: create or redefine a recurring schedule by name, idempotently.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  ARGV[1] name   ARGV[2] digest (of the whole definition)   ARGV[3] kind ('cron' | 'every')
+  ARGV[4] cron   ARGV[5] tz   ARGV[6] every_ms   ARGV[7] jitter_ms   ARGV[8] offset_ms
+  ARGV[9] misfire (text)   ARGV[10] misfire_n (overdue slots that may run: 0 skip, 1, N)
+  ARGV[11] task   ARGV[12] payload (JSON)   ARGV[13] max_attempts
+  ARGV[14] backoff ('base_ms,factor,cap_ms,jitter')   ARGV[15] timeout_ms
+  ARGV[16..] cron only: the next slots (ms, ascending) after now - offset_ms, from the client
+  Returns: {status, pending id or ''}; status 'unchanged' (same digest: nothing written),
+    'repaired' (same digest, but its pending occurrence had gone, e.g. cancelled by hand),
+    'created' or 'updated' (the old pending occurrence is replaced by the first slot after now).
+    A paused schedule stays paused. Exactly one pending occurrence afterwards (none if paused).
+  Errors:  BAD_ARGUMENT <field>=<value> (nothing written) ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+-- @include "lib/rearm.lua"
+
+local prefix, due = KEYS[1], KEYS[2]
+local name, digest, kind = ARGV[1], ARGV[2], ARGV[3]
+local err
+if name == '' then return redis.error_reply('BAD_ARGUMENT name=') end
+if digest == '' then return redis.error_reply('BAD_ARGUMENT digest=') end
+if kind ~= 'cron' and kind ~= 'every' then return redis.error_reply('BAD_ARGUMENT kind=' .. kind) end
+local every_ms, jitter_ms, offset_ms, misfire_n, max_attempts, timeout_ms
+every_ms, err = int_arg(ARGV[6], 'every_ms', 0); if err then return err end
+if kind == 'every' and every_ms < 1 then return redis.error_reply('BAD_ARGUMENT every_ms=0') end
+jitter_ms, err = int_arg(ARGV[7], 'jitter_ms', 0); if err then return err end
+offset_ms, err = int_arg(ARGV[8], 'offset_ms', 0); if err then return err end
+misfire_n, err = int_arg(ARGV[10], 'misfire_n', 0); if err then return err end
+max_attempts, err = int_arg(ARGV[13], 'max_attempts', 1); if err then return err end
+timeout_ms, err = int_arg(ARGV[15], 'timeout_ms', 0); if err then return err end
+if ARGV[11] == '' then return redis.error_reply('BAD_ARGUMENT task=') end
+local slots = {}
+for i = 16, #ARGV do
+  local v
+  v, err = int_arg(ARGV[i], 'slot', nil); if err then return err end
+  slots[#slots + 1] = v
+end
+if kind == 'cron' and #slots == 0 then return redis.error_reply('BAD_ARGUMENT slots=') end
+
+local now = now_ms()
+local sk = sched_key(prefix, name)
+local slots_key = sched_slots_key(prefix, name)
+local old = sched_load(prefix, name)
+
+local function store_slots()
+  redis.call('DEL', slots_key)
+  local adds = {}
+  for _, v in ipairs(slots) do adds[#adds + 1] = v; adds[#adds + 1] = fmt(v) end
+  for i = 1, #adds, 1000 do
+    redis.call('ZADD', slots_key, unpack(adds, i, math.min(i + 999, #adds)))
+  end
+end
+
+if old and redis.call('HGET', sk, 'digest') == digest then
+  local starved = redis.call('HGET', sk, 'starved') == '1'
+  if old.paused == '1' or starved or (old.pending ~= '' and redis.call('ZSCORE', due, old.pending)) then
+    return { 'unchanged', old.pending }
+  end
+  sched_unpend(prefix, old)
+  if kind == 'cron' then store_slots() end
+  sched_place(prefix, old, now - old.offset_ms, 0, now)
+  return { 'repaired', old.pending }
+end
+
+local status = 'created'
+local paused = '0'
+if old then
+  status, paused = 'updated', old.paused or '0'
+  sched_unpend(prefix, old)
+else
+  redis.call('HSET', sk, 'created_ms', fmt(now))
+end
+redis.call('HSET', sk, 'name', name, 'digest', digest, 'kind', kind, 'cron', ARGV[4],
+  'tz', ARGV[5], 'every_ms', every_ms, 'jitter_ms', jitter_ms, 'offset_ms', offset_ms,
+  'misfire', ARGV[9], 'misfire_n', misfire_n, 'task', ARGV[11], 'payload', ARGV[12],
+  'max_attempts', max_attempts, 'backoff', ARGV[14], 'timeout_ms', timeout_ms,
+  'paused', paused, 'pending', '', 'starved', '0', 'budget', 0, 'updated_ms', fmt(now))
+redis.call('HDEL', sk, 'cursor_ms')
+redis.call('SADD', prefix .. 'schedules', name)
+redis.call('SREM', sched_refill_key(prefix), name)
+redis.call('DEL', slots_key)
+if kind == 'cron' then store_slots() end
+local h = sched_load(prefix, name)
+if paused ~= '1' then sched_place(prefix, h, now - offset_ms, 0, now) end
+return { status, h.pending }

@@ -1,0 +1,344 @@
+"""Recurring schedules: definitions, validation, and the slot times Lua cannot compute.
+
+A schedule produces *slots* (nominal occurrence times). Each slot becomes one job, id
+`schedule:<name>:<slot_ms>`, due at `slot + offset_ms`. lua/lib/rearm.lua keeps exactly one of
+them pending: claiming it inserts the next in the same script. Interval schedules (`every_ms`)
+are epoch-aligned (slot = k * every_ms) and computed in Lua. Cron slots are computed here with
+croniter and stored in a small buffer in Redis, refilled by the claiming client when it runs low.
+
+Time zones and daylight saving time (cron schedules). The expression is matched against the
+wall clock of `tz` (an IANA name, default UTC), so "0 9 * * *" in Europe/Berlin fires at 09:00
+local time in winter (08:00 UTC) and in summer (07:00 UTC). At the two yearly changes:
+- a local time that does not exist (spring forward, e.g. 02:30 on the last Sunday of March in
+  Berlin) fires once, shifted forward by the gap (03:30 local): the run is late, never lost;
+  two slots that land on the same instant this way fire once;
+- a local time that exists twice (fall back, e.g. 02:30 on the last Sunday of October) fires
+  once, at its first occurrence (02:30 summer time); "30 * * * *" thus skips the repeated hour,
+  as classic cron does. Use `every_ms` for runs evenly spaced in absolute time.
+
+Spike jitter. `jitter_ms` gives the schedule a fixed offset in [0, jitter_ms] derived from a hash
+of its name: the schedule fires at the same spread-out moment every time, and many schedules
+"on the hour" spread over the window. It must be smaller than the interval (cron: than the
+smallest gap between two slots), so runs keep their order.
+
+Misfire policy, for runs missed while nothing claimed (an outage, or no worker running): when the
+pending occurrence is finally claimed and later slots are already overdue, `skip` runs none of
+the late ones and resumes at the next future slot; `run_once` (the default) runs the latest
+overdue slot once; `catch_up:N` runs the latest N overdue slots, one after another. Slots that
+passed while the schedule was paused are not missed: resume starts at the next future slot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from croniter.croniter import CroniterBadCronError
+
+from scheduler.backoff import Backoff
+from scheduler.errors import BadArgument
+
+BUFFER_SLOTS = 64  # cron slots stored ahead; lua/lib/rearm.lua asks for more below 16
+MAX_CATCH_UP = 1_000
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_TASK_RE = re.compile(r"^[A-Za-z0-9_.:/\-]{1,200}$")
+_MISFIRE_RE = re.compile(r"^(skip|run_once|catch_up:([0-9]{1,4}))$")
+_GAP_SAMPLE = 64  # cron slots examined to find the smallest gap (for the jitter check)
+# A fixed start for the jitter check: validation must not depend on the time of the call.
+_GAP_REFERENCE = datetime(2001, 1, 1)
+
+
+def check_schedule_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise BadArgument(f"invalid schedule name {name!r}: use 1-64 of A-Z a-z 0-9 _ . -")
+    return name
+
+
+def parse_misfire(text: str) -> int:
+    """'skip' | 'run_once' | 'catch_up:N' -> how many overdue slots may still run (0, 1, N)."""
+    m = _MISFIRE_RE.match(text) if isinstance(text, str) else None
+    if m is None:
+        raise BadArgument(f"misfire must be 'skip', 'run_once' or 'catch_up:N', got {text!r}")
+    if m.group(1) == "skip":
+        return 0
+    if m.group(1) == "run_once":
+        return 1
+    n = int(m.group(2))
+    if not 1 <= n <= MAX_CATCH_UP:
+        raise BadArgument(f"catch_up:N needs 1 <= N <= {MAX_CATCH_UP}, got {n}")
+    return n
+
+
+def stable_offset_ms(name: str, jitter_ms: int) -> int:
+    """The schedule's fixed place in its jitter window: the same for the same name, always."""
+    if jitter_ms <= 0:
+        return 0
+    digest = hashlib.sha256(("jitter:" + name).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % (jitter_ms + 1)
+
+
+def _zone(tz: str) -> ZoneInfo:
+    if not isinstance(tz, str) or not tz:
+        raise BadArgument(f"tz must be an IANA time zone name, got {tz!r}")
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise BadArgument(f"unknown time zone {tz!r}") from None
+
+
+def _to_ms(local: datetime, zone: ZoneInfo) -> int:
+    # fold=0: a nonexistent wall time takes the offset before the change (shifted forward by
+    # the gap), an ambiguous one its first occurrence. See the module docstring.
+    return int(local.replace(tzinfo=zone, fold=0).timestamp() * 1000)
+
+
+def _local(ms: int, zone: ZoneInfo) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, zone).replace(tzinfo=None)
+
+
+def cron_slots_after(expr: str, tz: str, after_ms: int, count: int) -> list[int]:
+    """The next `count` slots strictly after `after_ms`, ascending."""
+    zone = _zone(tz)
+    it = croniter(expr, _local(after_ms, zone))
+    out: list[int] = []
+    last = after_ms
+    for _ in range(count * 4 + 1000):
+        ms = _to_ms(it.get_next(datetime), zone)
+        if ms > last:
+            out.append(ms)
+            last = ms
+            if len(out) == count:
+                break
+    return out
+
+
+def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
+    """The latest `count` slots at or before `upto_ms`, ascending."""
+    zone = _zone(tz)
+    it = croniter(expr, _local(upto_ms, zone) + timedelta(seconds=1))
+    found: list[int] = []
+    for _ in range(count * 4 + 1000):
+        ms = _to_ms(it.get_prev(datetime), zone)
+        if ms <= upto_ms and (not found or ms < found[-1]):
+            found.append(ms)
+            if len(found) == count:
+                break
+    return sorted(found)
+
+
+def _check_cron(expr: str, tz: str) -> list[int]:
+    if not isinstance(expr, str) or len(expr.split()) not in (5, 6):
+        raise BadArgument(f"cron must have 5 fields (or 6 with seconds), got {expr!r}")
+    try:
+        if not croniter.is_valid(expr):
+            raise BadArgument(f"malformed cron expression {expr!r}")
+        start = _to_ms(_GAP_REFERENCE, _zone(tz))
+        slots = cron_slots_after(expr, tz, start, _GAP_SAMPLE)
+    except (CroniterBadCronError, ValueError, KeyError) as exc:
+        if isinstance(exc, BadArgument):
+            raise
+        raise BadArgument(f"malformed cron expression {expr!r}: {exc}") from None
+    if len(slots) < 2:
+        raise BadArgument(f"cron expression {expr!r} (almost) never fires")
+    return slots
+
+
+@dataclass(frozen=True)
+class ScheduleDef:
+    """A validated schedule definition, as stored in the schedule hash."""
+
+    name: str
+    task: str
+    payload_json: str
+    kind: str  # 'cron' | 'every'
+    cron: str
+    tz: str
+    every_ms: int
+    jitter_ms: int
+    misfire: str
+    max_attempts: int
+    backoff: str  # 'base_ms,factor,cap_ms,jitter', as enqueue.lua stores it
+    timeout_ms: int
+
+    @property
+    def misfire_n(self) -> int:
+        return parse_misfire(self.misfire)
+
+    @property
+    def offset_ms(self) -> int:
+        return stable_offset_ms(self.name, self.jitter_ms)
+
+    @property
+    def digest(self) -> str:
+        """Identifies the definition: the same upsert twice writes nothing the second time."""
+        text = json.dumps(
+            [self.task, self.payload_json, self.kind, self.cron, self.tz, self.every_ms,
+             self.jitter_ms, self.misfire, self.max_attempts, self.backoff, self.timeout_ms],
+            separators=(",", ":"),
+        )  # fmt: skip
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def first_slots(self, now_ms: int) -> list[int]:
+        """The buffer to store at upsert / resume (empty for interval schedules)."""
+        if self.kind != "cron":
+            return []
+        return cron_slots_after(self.cron, self.tz, now_ms - self.offset_ms - 1, BUFFER_SLOTS)
+
+    def upsert_args(self, slots: list[int]) -> list[str]:
+        return [
+            self.name, self.digest, self.kind, self.cron, self.tz, str(self.every_ms),
+            str(self.jitter_ms), str(self.offset_ms), self.misfire, str(self.misfire_n),
+            self.task, self.payload_json, str(self.max_attempts), self.backoff,
+            str(self.timeout_ms), *map(str, slots),
+        ]  # fmt: skip
+
+
+def _int(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadArgument(f"{what} must be an integer, got {value!r}")
+    if value < minimum:
+        raise BadArgument(f"{what} must be >= {minimum}, got {value}")
+    return value
+
+
+def define(
+    name: str,
+    task: str,
+    payload_json: str,
+    *,
+    cron: str | None,
+    every_ms: int | None,
+    tz: str | None,
+    jitter_ms: int,
+    misfire: str,
+    max_attempts: int,
+    backoff: Backoff | None,
+    timeout_ms: int,
+) -> ScheduleDef:
+    """Check everything; raise BadArgument before anything is sent."""
+    check_schedule_name(name)
+    if not isinstance(task, str) or not _TASK_RE.match(task):
+        raise BadArgument(f"invalid task name {task!r}: use 1-200 of A-Z a-z 0-9 _ . : / -")
+    if (cron is None) == (every_ms is None):
+        raise BadArgument("give exactly one of cron= or every_ms=")
+    jitter_ms = _int(jitter_ms, "jitter_ms", 0)
+    parse_misfire(misfire)
+    _int(max_attempts, "max_attempts", 1)
+    _int(timeout_ms, "timeout_ms", 0)
+    b = backoff if backoff is not None else Backoff()
+    if not isinstance(b, Backoff):
+        raise BadArgument(f"backoff must be a Backoff, got {b!r}")
+    backoff_text = f"{b.base_ms},{float(b.factor)!r},{b.cap_ms},{float(b.jitter)!r}"
+    if every_ms is not None:
+        _int(every_ms, "every_ms", 1)
+        if tz is not None:
+            raise BadArgument("tz applies to cron schedules only (every_ms counts absolute time)")
+        if jitter_ms >= every_ms:
+            raise BadArgument(f"jitter_ms ({jitter_ms}) must be smaller than every_ms ({every_ms})")
+        return ScheduleDef(name, task, payload_json, "every", "", "", every_ms, jitter_ms,
+                           misfire, max_attempts, backoff_text, timeout_ms)  # fmt: skip
+    zone_name = "UTC" if tz is None else tz
+    _zone(zone_name)
+    assert cron is not None
+    expr = " ".join(cron.split()) if isinstance(cron, str) else cron
+    slots = _check_cron(expr, zone_name)
+    gap_ms = min(b - a for a, b in itertools.pairwise(slots))
+    if jitter_ms >= gap_ms:
+        raise BadArgument(
+            f"jitter_ms ({jitter_ms}) must be smaller than the cron interval ({gap_ms} ms)"
+        )
+    return ScheduleDef(name, task, payload_json, "cron", expr, zone_name, 0, jitter_ms, misfire,
+                       max_attempts, backoff_text, timeout_ms)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A stored schedule, as read back (a snapshot: it may change right after)."""
+
+    name: str
+    task: str
+    payload_json: str
+    kind: str
+    cron: str
+    tz: str
+    every_ms: int
+    jitter_ms: int
+    offset_ms: int
+    misfire: str
+    paused: bool
+    pending: str  # id of the one pending occurrence ('' when paused or waiting for a refill)
+    next_run_ms: int | None  # when the pending occurrence is due
+    created_ms: int | None
+    updated_ms: int | None
+
+    def payload(self) -> Any:
+        return json.loads(self.payload_json)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "task": self.task, "payload": self.payload_json,
+            "kind": self.kind, "cron": self.cron, "tz": self.tz, "every_ms": self.every_ms,
+            "jitter_ms": self.jitter_ms, "offset_ms": self.offset_ms, "misfire": self.misfire,
+            "paused": self.paused, "pending": self.pending, "next_run_ms": self.next_run_ms,
+            "created_ms": self.created_ms, "updated_ms": self.updated_ms,
+        }  # fmt: skip
+
+
+def _opt_int(v: str | None) -> int | None:
+    try:
+        return int(v) if v not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def parse_schedule(name: str, fields: dict[str, str]) -> Schedule | None:
+    if not fields:
+        return None
+    pending = fields.get("pending", "")
+    cursor = _opt_int(fields.get("cursor_ms"))
+    offset = _opt_int(fields.get("offset_ms")) or 0
+    return Schedule(
+        name=name, task=fields.get("task", ""), payload_json=fields.get("payload", "null"),
+        kind=fields.get("kind", ""), cron=fields.get("cron", ""), tz=fields.get("tz", ""),
+        every_ms=_opt_int(fields.get("every_ms")) or 0,
+        jitter_ms=_opt_int(fields.get("jitter_ms")) or 0, offset_ms=offset,
+        misfire=fields.get("misfire", ""), paused=fields.get("paused") == "1", pending=pending,
+        next_run_ms=cursor + offset if pending and cursor is not None else None,
+        created_ms=_opt_int(fields.get("created_ms")),
+        updated_ms=_opt_int(fields.get("updated_ms")),
+    )  # fmt: skip
+
+
+def refill_requested(claim_reply: Any, n_jobs: int, fields_per_job: int) -> bool:
+    """claim.lua appends, after the jobs, how many schedules wait for a buffer refill."""
+    i = 3 + n_jobs * fields_per_job
+    return len(claim_reply) > i and int(claim_reply[i]) > 0
+
+
+def refill_slots(fields: dict[str, str], slots_tail: int | None, now_ms: int) -> list[int]:
+    """Slots to add to a cron schedule's buffer: everything after what it holds (or after its
+    cursor), where a long outage is cut to the latest overdue slots the misfire policy may
+    still need (N + 1) plus a full buffer of future slots."""
+    expr, tz = fields["cron"], fields["tz"]
+    cursor = _opt_int(fields.get("cursor_ms")) or 0
+    after = max(cursor, slots_tail or 0)
+    eff = now_ms - (_opt_int(fields.get("offset_ms")) or 0)
+    if after >= eff:
+        return cron_slots_after(expr, tz, after, BUFFER_SLOTS)
+    keep = (_opt_int(fields.get("misfire_n")) or 0) + 1
+    overdue = [s for s in cron_slots_upto(expr, tz, eff, keep) if s > after]
+    return overdue + cron_slots_after(expr, tz, eff, BUFFER_SLOTS)
+
+
+def utc_ms(at: datetime) -> int:
+    """An aware datetime as epoch ms (for tests and callers that think in datetimes)."""
+    if at.tzinfo is None:
+        raise BadArgument("datetime must be timezone-aware")
+    return int(at.astimezone(UTC).timestamp() * 1000)
