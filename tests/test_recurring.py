@@ -5,6 +5,7 @@ policies, pause/resume/remove, refusal of bad input, and the spike figure."""
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import random
 from collections import Counter
@@ -383,3 +384,25 @@ def test_async_queue_schedules_and_refills(tq: tuple[Queue, Clock], redis_url: s
 
     ran = asyncio.run(main())
     assert len(ran) == BUFFER_SLOTS + 4 and len(set(ran)) == len(ran)
+
+
+# -- command line ---------------------------------------------------------------------------------
+def test_cli_lists_pauses_resumes_removes(q: Queue, redis_url: str) -> None:
+    from click.testing import CliRunner
+
+    from scheduler.cli import main
+
+    q.schedule("nightly", "report.build", {"x": 1}, cron="0 3 * * *", tz="Europe/Berlin")
+    run = CliRunner().invoke
+    base = ["--url", redis_url, "--queue", q.name]
+    out = run(main, ["schedules", "list", *base, "--json"])
+    assert out.exit_code == 0, out.output
+    (row,) = json.loads(out.output)
+    assert row["name"] == "nightly" and row["next_run_ms"] is not None
+    assert json.loads(run(main, ["schedules", "pause", "nightly", *base, "--json"]).output) == {
+        "schedule": "nightly", "status": "paused"}  # fmt: skip
+    assert "paused" in run(main, ["schedules", "list", *base]).output
+    assert run(main, ["schedules", "resume", "nightly", *base]).output.strip() == "nightly: resumed"
+    assert run(main, ["schedules", "remove", "nightly", *base]).exit_code == 0
+    assert run(main, ["schedules", "remove", "nightly", *base]).exit_code == 1
+    assert run(main, ["schedules", "pause", "a:b", *base]).exit_code == 2
