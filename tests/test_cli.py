@@ -22,7 +22,7 @@ Run = Callable[..., Result]
 
 @pytest.fixture
 def cli(redis_url: str) -> Run:
-    runner = CliRunner()
+    runner = CliRunner(env={"COLUMNS": "200"})  # wide tables: whole ids and messages
 
     def run(*args: str, input: str | None = None, url: str = redis_url) -> Result:
         return runner.invoke(main, [*args, "--url", url], input=input, catch_exceptions=False)

@@ -1,0 +1,285 @@
+"""`scheduler doctor`: corruption injected with plain Redis commands is found (read-only), and
+`--fix` repairs it without losing a job: afterwards a plain claim loop completes every job."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner, Result
+
+from scheduler import JobSpec, Queue, doctor
+from scheduler.cli import main
+from scheduler.doctor import (
+    Context,
+    Snapshot,
+    check_queue,
+    check_server_settings,
+    diagnose,
+    repair_job,
+    repair_queue,
+)
+from scheduler.inspection import server_now_ms
+from scheduler.keys import QueueKeys
+from tests.conftest import dump_queue
+from tests.redis_server import RedisProcess, find_redis_server
+
+Run = Callable[..., Result]
+HOUR_MS = 3_600_000
+
+
+@pytest.fixture
+def cli(redis_url: str) -> Run:
+    runner = CliRunner(env={"COLUMNS": "200"})
+
+    def run(*args: str) -> Result:
+        return runner.invoke(main, [*args, "--url", redis_url], catch_exceptions=False)
+
+    return run
+
+
+def codes(findings: list[dict[str, Any]]) -> dict[str | None, str]:
+    return {f["job_id"]: f["code"] for f in findings}
+
+
+def drain(q: Queue) -> set[str]:
+    """A plain worker loop: claim and complete until nothing is due; returns the ids done."""
+    done: set[str] = set()
+    for _ in range(100):
+        batch = q.claim("drainer", limit=100)
+        if not batch.jobs:
+            return done
+        for job in batch.jobs:
+            q.complete(job.id, job.token)
+            done.add(job.id)
+    raise AssertionError("claim loop did not finish")
+
+
+@pytest.fixture
+def corrupt(q: Queue, client: redis.Redis) -> dict[str, str]:
+    """Every kind of damage, each done with plain commands as an operator or a bug would."""
+    k = q.keys
+    ids = {name: q.enqueue("t", {"name": name}, job_id=name) for name in (
+        "healthy", "orphan", "twice", "lapsed", "badjson", "mismatch", "orphan-dead")}  # fmt: skip
+    now = server_now_ms(client)
+    client.zrem(k.due, "orphan")  # a hash in no place
+    client.lpush(k.dead, "twice")  # in due and in dead at once
+    client.zrem(k.due, "lapsed")  # leased by a worker that died an hour ago
+    client.zadd(k.leased, {"lapsed": now - HOUR_MS})
+    client.hset(k.job("lapsed"), mapping={"state": "leased", "worker": "ghost", "attempts": 1,
+                                          "token": "1-deadbeef"})  # fmt: skip
+    client.hset(k.job("badjson"), "payload", "{not json")
+    client.hset(k.job("mismatch"), "state", "done")
+    client.zrem(k.due, "orphan-dead")
+    client.hset(k.job("orphan-dead"), mapping={"state": "dead", "dead_reason": "by hand"})
+    client.zadd(k.due, {"nohash": now})  # an id whose hash is gone
+    return ids
+
+
+def test_healthy_queue_has_no_findings(q: Queue, client: redis.Redis) -> None:
+    q.enqueue("t", 1)
+    q.enqueue("t", 2, delay_ms=HOUR_MS)
+    a, b, _ = (q.enqueue("t", n) for n in (3, 4, 5))
+    jobs = {j.id: j for j in q.claim("w", limit=3).jobs}
+    q.complete(a, jobs[a].token)
+    q.fail(b, jobs[b].token, ValueError("x"), retryable=False)
+    q.cancel(q.enqueue("t", 6))
+    assert check_queue(client, q.name) == []
+
+
+def test_doctor_finds_injected_corruption_and_changes_nothing(
+    cli: Run, q: Queue, client: redis.Redis, corrupt: dict[str, str]
+) -> None:
+    before = dump_queue(client, q)
+    result = cli("doctor", "--json", "--no-server", "-q", q.name)
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert codes(data["findings"]) == {
+        "orphan": "orphan-hash", "twice": "two-places", "lapsed": "lease-expired",
+        "badjson": "bad-payload", "mismatch": "state-mismatch", "orphan-dead": "orphan-hash",
+        "nohash": "missing-hash",
+    }  # fmt: skip
+    assert all(f["fixable"] and f["redis_cli"] for f in data["findings"])
+    assert all(q.keys.prefix in " ".join(f["redis_cli"]) for f in data["findings"])
+    assert dump_queue(client, q) == before
+    human = cli("doctor", "--no-server", "-q", q.name)
+    assert human.exit_code == 1 and "orphan-hash" in human.stdout
+    assert f"redis-cli ZREM '{q.keys.due}' nohash" in human.stdout
+
+
+def test_fix_repairs_without_losing_a_job(
+    cli: Run, q: Queue, client: redis.Redis, corrupt: dict[str, str]
+) -> None:
+    result = cli("doctor", "--fix", "--json", "--no-server", "-q", q.name)
+    assert result.exit_code == 0, result.stdout
+    data = json.loads(result.stdout)
+    assert data["findings"] == [] and data["ok"]
+    assert set(codes(data["fixed"])) == set(corrupt) - {"healthy"} | {"nohash"}
+    assert cli("doctor", "--no-server", "-q", q.name).exit_code == 0
+    done = drain(q)
+    # Every runnable job ran; the unreadable one and the dead one wait for a human.
+    assert done == {"healthy", "orphan", "twice", "lapsed", "mismatch"}
+    assert sorted(q.dead_ids()) == ["badjson", "orphan-dead"]
+    assert q.get_job("badjson").dead_reason == "invalid payload: not JSON"
+    assert client.lrange(q.keys.dead, 0, -1).count("twice") == 0
+    assert not client.exists(q.keys.job("nohash")) and client.zscore(q.keys.due, "nohash") is None
+    assert check_queue(client, q.name) == []
+
+
+def test_recent_lapse_is_left_to_the_reaper(q: Queue, client: redis.Redis) -> None:
+    q.enqueue("t", 1)
+    (job,) = q.claim("w", limit=1, lease_ms=1).jobs
+    assert check_queue(client, q.name, stale_lease_ms=HOUR_MS) == []
+    client.zadd(q.keys.leased, {job.id: server_now_ms(client) - 2 * HOUR_MS})
+    (issue,) = check_queue(client, q.name, stale_lease_ms=HOUR_MS)
+    assert (issue.code, issue.severity) == ("lease-expired", "error")
+
+
+def test_lapsed_lease_of_a_live_worker_is_a_warning(
+    cli: Run, q: Queue, client: redis.Redis
+) -> None:
+    q.enqueue("t", 1)
+    (job,) = q.claim("w-alive", limit=1, lease_ms=1).jobs
+    now = server_now_ms(client)
+    client.zadd(q.keys.leased, {job.id: now - HOUR_MS})
+    client.zadd(q.keys.workers, {"w-alive": now})
+    client.hset(q.keys.worker("w-alive"), "host", "h")
+    client.pexpire(q.keys.worker("w-alive"), 60_000)
+    (issue,) = check_queue(client, q.name)
+    assert (issue.code, issue.severity) == ("lease-expired", "warning")
+    assert cli("doctor", "--no-server", "-q", q.name).exit_code == 0
+    assert cli("doctor", "--no-server", "--strict", "-q", q.name).exit_code == 1
+
+
+def test_attempts_used_up_by_a_lapsed_lease_go_dead_like_the_reaper(
+    q: Queue, client: redis.Redis
+) -> None:
+    q.enqueue("t", 1, max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    client.zadd(q.keys.leased, {job.id: server_now_ms(client) - HOUR_MS})
+    report = repair_queue(client, q.name)
+    assert [i.code for i in report.fixed] == ["lease-expired"] and report.remaining == []
+    got = q.get_job(job.id)
+    assert (got.state, got.dead_reason) == ("dead", "lease expired")
+
+
+def test_records_and_duplicates(q: Queue, client: redis.Redis) -> None:
+    done_id = q.enqueue("t", 1)
+    (job,) = q.claim("w", limit=1).jobs
+    q.complete(done_id, job.token)
+    client.persist(q.keys.job(done_id))  # a finished record kept forever
+    dead_id = q.enqueue("t", 2, max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    q.fail(dead_id, job.token, ValueError("x"))
+    client.lpush(q.keys.dead, dead_id)  # on the dead list twice
+    due_id = q.enqueue("t", 3)
+    client.pexpire(q.keys.job(due_id), HOUR_MS)  # a waiting job that would vanish
+    found = {i.job_id: (i.code, i.severity) for i in check_queue(client, q.name)}
+    assert found == {
+        done_id: ("record-no-ttl", "warning"), dead_id: ("dead-duplicate", "warning"),
+        due_id: ("expiring-job", "error"),
+    }  # fmt: skip
+    report = repair_queue(client, q.name)
+    assert report.remaining == [] and len(report.fixed) == 3
+    assert client.pttl(q.keys.job(done_id)) > 0 and client.pttl(q.keys.job(due_id)) == -1
+    assert client.lrange(q.keys.dead, 0, -1) == [dead_id]
+
+
+def test_wrong_type_under_a_job_key_is_reported_not_touched(
+    cli: Run, q: Queue, client: redis.Redis
+) -> None:
+    q.enqueue("t", 1)
+    client.set(q.keys.job("strange"), "x")
+    result = cli("doctor", "--fix", "--json", "--no-server", "-q", q.name)
+    assert result.exit_code == 1
+    (finding,) = json.loads(result.stdout)["findings"]
+    assert (finding["code"], finding["fixable"]) == ("wrong-type", False)
+    assert client.get(q.keys.job("strange")) == "x"
+
+
+def test_repair_rereads_before_acting(q: Queue, client: redis.Redis) -> None:
+    """A repair planned on a stale view does nothing when the job is healthy by then."""
+    job_id = q.enqueue("t", 1)
+    ctx = Context(QueueKeys(q.name), server_now_ms(client), frozenset())
+    before = dump_queue(client, q)
+    assert repair_job(client, ctx, job_id) is None
+    assert dump_queue(client, q) == before
+
+
+def test_diagnose_prefers_the_state_field_for_a_job_in_two_places() -> None:
+    keys = QueueKeys("unit")
+    fields = {"state": "leased", "task": "t", "payload": "1", "attempts": "1",
+              "max_attempts": "3", "run_at_ms": "5"}  # fmt: skip
+    snap = Snapshot("j", "hash", fields, None, due_ms=5, lease_until_ms=10_000, dead_count=0)
+    (issue,) = diagnose(snap, Context(keys, 1_000, frozenset()))
+    assert issue.code == "two-places" and issue.repair == (("ZREM", keys.due, "j"),)
+
+
+def test_no_false_findings_under_a_live_worker(
+    q: Queue, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs move between due, leased and done while the doctor reads: each suspect of the bulk
+    pass is re-read in one MULTI, so nothing is reported."""
+    stop = threading.Event()
+    worker_q = Queue(redis.Redis(connection_pool=client.connection_pool), q.name)
+    completed = [0]
+
+    def work() -> None:
+        while not stop.is_set():
+            batch = worker_q.claim("busy", limit=5)
+            for job in batch.jobs:
+                worker_q.complete(job.id, job.token)
+            completed[0] += len(batch.jobs)
+            if not batch.jobs:
+                worker_q.enqueue_many([JobSpec("t", i) for i in range(200)])
+
+    suspects: list[int] = []
+    real = doctor.read_snapshots
+
+    def counting(c: redis.Redis, keys: QueueKeys, ids: Any) -> Any:
+        suspects.append(len(ids))
+        return real(c, keys, ids)
+
+    monkeypatch.setattr(doctor, "read_snapshots", counting)
+    thread = threading.Thread(target=work)
+    thread.start()
+    try:
+        for _ in range(20):
+            assert check_queue(client, q.name) == []
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    # The worker really moved jobs under the checks, and the bulk pass did see them move.
+    assert completed[0] > 0 and sum(suspects) > 0
+
+
+@pytest.fixture
+def durable_server() -> Iterator[RedisProcess]:
+    binary = find_redis_server()
+    if binary is None:
+        pytest.skip("needs a redis-server binary for a second private server")
+    server = RedisProcess(binary, ["--appendonly", "yes", "--appendfsync", "always",
+                                   "--maxmemory-policy", "noeviction"]).start()  # fmt: skip
+    yield server
+    server.cleanup()
+
+
+def test_server_settings(durable_server: RedisProcess) -> None:
+    good = redis.Redis.from_url(durable_server.url, decode_responses=True)
+    assert check_server_settings(good) == []
+    good.config_set("maxmemory-policy", "allkeys-lru")
+    (issue,) = check_server_settings(good)
+    assert issue.code == "eviction-policy" and "noeviction" in issue.fix
+    Queue(good, "s").enqueue("t", 1)
+    runner = CliRunner(env={"COLUMNS": "200"})
+    result = runner.invoke(main, ["doctor", "--json", "--url", durable_server.url])
+    assert result.exit_code == 1
+    (finding,) = json.loads(result.stdout)["findings"]
+    assert finding["code"] == "eviction-policy" and finding["queue"] is None
+    good.config_set("maxmemory-policy", "noeviction")
+    assert runner.invoke(main, ["doctor", "--url", durable_server.url]).exit_code == 0
+    good.close()
