@@ -43,6 +43,9 @@ from scheduler.keys import QueueKeys
 from scheduler.queue import Queue
 
 
+_REDISCOVER_EVERY = 15  # refreshes between SCANs for new queues in `stats --watch`
+
+
 def register(main: click.Group) -> None:
     for command in (stats, workers, keys_command):
         main.add_command(command)
@@ -116,9 +119,11 @@ def stats(
     # Watching: an explicit queue may be empty for now; discovery is redone every refresh.
     out = console()
     refreshes = 0
+    names = list(queues) or discover_queues(client)
     with Live(console=out, auto_refresh=False, transient=False) as live:
         while True:
-            names = list(queues) or discover_queues(client)
+            if not queues and refreshes and refreshes % _REDISCOVER_EVERY == 0:
+                names = discover_queues(client)  # a full SCAN: not on every refresh
             rows = [queue_stats(client, n) for n in names]
             if as_json:
                 click.echo(json.dumps({"queues": rows}, sort_keys=True))

@@ -137,7 +137,8 @@ def _bulk(
             click.echo("no dead jobs match: nothing to do")
         return
     if not yes:
-        click.confirm(f"{verb} {len(selected)} dead job(s) of queue {queue!r}?", abort=True)
+        ask = {"requeued": "Requeue", "purged": "Delete for good"}.get(verb, verb)
+        click.confirm(f"{ask} {len(selected)} dead job(s) of queue {queue!r}?", abort=True)
     done = 0
     progress = Progress(
         TextColumn(f"{verb} [progress.description]{{task.description}}"), BarColumn(),

@@ -211,7 +211,8 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
         out.print(e)
         last_tb = data["errors"][-1].get("traceback")
         if last_tb:
-            out.print("[bold]last traceback[/]", last_tb, markup=True)
+            out.print("[bold]last traceback[/]")
+            out.print(last_tb, markup=False, highlight=False, soft_wrap=True)
 
 
 def _placement(client: redis.Redis, q: Queue, job_id: str) -> dict[str, Any]:

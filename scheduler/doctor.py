@@ -32,6 +32,8 @@ from scheduler.keys import QueueKeys
 DEFAULT_STALE_LEASE_MS = 5 * 60_000
 _PAGE = 500
 _CONFIRM_BATCH = 100
+# LPOS scans the dead list: keep one MULTI's scanning near this many list entries.
+_LPOS_BUDGET = 200_000
 _WATCH_TRIES = 5
 _PLACES = ("due", "leased", "dead")  # preference order when the state field names none of them
 Command = tuple[str, ...]
@@ -270,12 +272,14 @@ def _ttl(pttl: Any) -> int | None:
 
 
 def read_snapshots(
-    client: redis.Redis, keys: QueueKeys, ids: Sequence[str]
+    client: redis.Redis, keys: QueueKeys, ids: Sequence[str], dead_len: int = 0
 ) -> tuple[int, list[Snapshot]]:
-    """(server now_ms, one consistent snapshot per id): each batch is read inside one MULTI."""
+    """(server now_ms, one consistent snapshot per id): each batch is read inside one MULTI,
+    smaller batches when the dead list is long (bounded work per call)."""
     now_ms = server_now_ms(client)
     out: list[Snapshot] = []
-    for chunk in iter_chunks(ids, _CONFIRM_BATCH):
+    batch = max(1, min(_CONFIRM_BATCH, _LPOS_BUDGET // max(dead_len, 1)))
+    for chunk in iter_chunks(ids, batch):
         pipe = client.pipeline(transaction=True)
         pipe.time()
         for jid in chunk:
@@ -326,7 +330,7 @@ def check_queue(
     suspects += sorted((set(due) | set(leased) | set(dead)) - seen)
     if not suspects:
         return []
-    now_ms, snaps = read_snapshots(client, keys, suspects)
+    now_ms, snaps = read_snapshots(client, keys, suspects, sum(dead.values()))
     ctx = replace(ctx, now_ms=now_ms)
     return [i for s in snaps for i in diagnose(s, ctx)]
 

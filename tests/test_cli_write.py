@@ -137,7 +137,7 @@ def test_dead_purge_asks_first(
 ) -> None:
     before = dump_queue(client, q)
     declined = cli("dead", "purge", "-q", q.name, "--error-type", "KeyError", input="n\n")
-    assert declined.exit_code == 1 and "purged 1 dead job" in declined.output
+    assert declined.exit_code == 1 and "Delete for good 1 dead job(s)" in declined.output
     assert dump_queue(client, q) == before
     accepted = cli("dead", "purge", "-q", q.name, "--error-type", "KeyError", input="y\n")
     assert accepted.exit_code == 0 and "purged: 1 of 1" in accepted.stdout

@@ -240,9 +240,9 @@ def test_no_false_findings_under_a_live_worker(
     suspects: list[int] = []
     real = doctor.read_snapshots
 
-    def counting(c: redis.Redis, keys: QueueKeys, ids: Any) -> Any:
+    def counting(c: redis.Redis, keys: QueueKeys, ids: Any, dead_len: int = 0) -> Any:
         suspects.append(len(ids))
-        return real(c, keys, ids)
+        return real(c, keys, ids, dead_len)
 
     monkeypatch.setattr(doctor, "read_snapshots", counting)
     thread = threading.Thread(target=work)
