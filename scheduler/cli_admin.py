@@ -42,7 +42,6 @@ from scheduler.inspection import (
 from scheduler.keys import QueueKeys
 from scheduler.queue import Queue
 
-
 _REDISCOVER_EVERY = 15  # refreshes between SCANs for new queues in `stats --watch`
 
 
