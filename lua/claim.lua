@@ -23,6 +23,7 @@
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
+-- @include "lib/utf8.lua"
 -- @include "lib/rearm.lua"
 
 local prefix, due, leased, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
@@ -99,6 +100,8 @@ if limit > 0 then
     if f[9] == false then bad = 'job hash missing'
     elseif not f[1] or f[1] == '' then bad = 'invalid job: task'
     elseif not f[2] then bad = 'invalid job: payload'
+    elseif not (is_utf8(f[1]) and is_utf8(f[2]) and is_utf8(f[6] or '') and is_utf8(f[8] or ''))
+      then bad = 'invalid job: not UTF-8 text'
     elseif attempts == nil then bad = 'invalid job: attempts'
     elseif max_attempts == nil or max_attempts < 1 then bad = 'invalid job: max_attempts'
     elseif tonumber(f[5]) == nil then bad = 'invalid job: run_at_ms'
