@@ -9,9 +9,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+from redis.exceptions import RedisError
+
 from scheduler import codec, recurring
 from scheduler.backoff import Backoff
-from scheduler.errors import BadArgument, JobNotFound, NotDurable, raise_for_status
+from scheduler.errors import (
+    BadArgument,
+    JobNotFound,
+    NotDurable,
+    SchedulerError,
+    raise_for_status,
+)
 from scheduler.keys import QueueKeys, check_job_id
 from scheduler.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
 
@@ -111,7 +119,12 @@ class Ops:
         batch = codec.parse_claim(reply)
         # Cron schedules running low on precomputed slots: refill on this same call.
         if recurring.refill_requested(reply, len(batch.jobs), codec.CLAIM_FIELDS):
-            placed_ms = yield from self.refill_schedules(batch.now_ms)
+            try:
+                placed_ms = yield from self.refill_schedules(batch.now_ms)
+            except (RedisError, SchedulerError):
+                # The jobs are leased already: hand them out. The refill request stays in
+                # Redis, and the next claim (by any client) tries again.
+                return batch
             if placed_ms is not None and not 0 <= batch.next_ms <= placed_ms:
                 batch = ClaimBatch(batch.now_ms, placed_ms, batch.jobs)
         return batch

@@ -55,11 +55,17 @@ class Queue:
         return self.keys.queue
 
     def _run(self, op: Op[T]) -> T:
-        reply: Any = None
+        # An error is thrown back into the operation, so it can decide (claim keeps the jobs
+        # it leased when a follow-up step fails); uncaught, it propagates from here.
         try:
+            req = next(op)
             while True:
-                req = op.send(reply)
-                reply = self._execute(req)
+                try:
+                    reply = self._execute(req)
+                except Exception as exc:
+                    req = op.throw(exc)
+                else:
+                    req = op.send(reply)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
