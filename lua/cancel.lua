@@ -2,11 +2,13 @@
   heartbeat, and its complete or fail is refused with 'cancelled'.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
   ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record is kept)
+  A schedule's pending occurrence is replaced by the schedule's next one.
   Returns: the state before the call: 'due' | 'leased' (now cancelled), or 'done' | 'dead' |
     'cancelled' (unchanged), or 'missing'. A re-sent call answers 'cancelled' and changes nothing.
   Errors:  BAD_ARGUMENT <field>=<value> ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
+-- @include "lib/rearm.lua"
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
@@ -19,6 +21,15 @@ local in_due = redis.call('ZSCORE', due, id)
 local in_leased = redis.call('ZSCORE', leased, id)
 if not in_due and not in_leased then return state end
 local now = now_ms()
+-- Cancelling a schedule's pending occurrence cancels that run, not the schedule: the next
+-- occurrence takes its place in the same step (exactly one pending, as lib/rearm.lua keeps it).
+local schedule = redis.call('HGET', jk, 'schedule')
+if schedule and in_due then
+  local h = sched_load(prefix, schedule)
+  if h ~= nil and h.pending == id and h.paused ~= '1' then
+    sched_place(prefix, h, h.cursor_ms, 0, now)
+  end
+end
 redis.call('ZREM', due, id)
 redis.call('ZREM', leased, id)
 redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', fmt(now))

@@ -268,14 +268,29 @@ def test_pause_resume_remove(tq: tuple[Queue, Clock], client: redis.Redis) -> No
     assert not client.exists(q.keys.schedule("p"), q.keys.schedule_slots("p"))
 
 
-def test_a_cancelled_pending_occurrence_is_repaired_by_the_next_upsert(
+def test_cancelling_a_pending_occurrence_skips_that_run_only(
     tq: tuple[Queue, Clock], client: redis.Redis
 ) -> None:
     q, clock = tq
     clock.set_ms(100 * MIN_MS + 1)
     q.schedule("c", "t", every_ms=MIN_MS)
     (first,) = pending(client, q, "c")
-    q.cancel(first)
+    assert q.cancel(first) == "due"
+    (second,) = pending(client, q, "c")
+    assert second != first and int(second.rsplit(":", 1)[1]) > int(first.rsplit(":", 1)[1])
+    assert q.status(first) == "cancelled"
+    assert q.schedule("c", "t", every_ms=MIN_MS) == "unchanged"
+
+
+def test_a_lost_pending_occurrence_is_repaired_by_the_next_upsert(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    clock.set_ms(100 * MIN_MS + 1)
+    q.schedule("c", "t", every_ms=MIN_MS)
+    (first,) = pending(client, q, "c")
+    client.zrem(q.keys.due, first)  # an operator's mistake in redis-cli
+    client.delete(q.keys.job(first))
     assert q.schedule("c", "t", every_ms=MIN_MS) == "repaired"
     assert len(pending(client, q, "c")) == 1
 
