@@ -26,6 +26,7 @@ TRANSITIONS = (
     "schedule_resume",
     "schedule_remove",
     "schedule_refill",
+    "worker_beat",
 )
 _INCLUDE = re.compile(r'^-- @include "([^"]+)"\s*$', re.MULTILINE)
 

@@ -1,0 +1,88 @@
+"""Our driver: ``Queue.enqueue`` / ``Queue.enqueue_many``; ``scheduler worker`` (asyncio, one
+process, claims in batches, async handler)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from importlib.metadata import version
+from typing import Any
+
+import common as c
+import redis.asyncio as aredis
+
+from scheduler import JobSpec, Queue
+from scheduler.registry import JobContext, Registry
+
+registry = Registry()
+_R: aredis.Redis | None = None
+CONCURRENCY = 16
+
+
+@registry.task(name="task")
+async def task(data: dict[str, Any], ctx: JobContext) -> None:
+    global _R
+    if _R is None:
+        _R = aredis.Redis.from_url(c.env_url())
+    await c.handle_async(_R, data)
+
+
+def _queue(url: str) -> Queue:
+    return Queue.from_url(url, c.QUEUE)
+
+
+def meta() -> dict[str, Any]:
+    return {
+        "version": version("scheduler"),
+        "settings": {
+            "enqueue": "Queue.enqueue('task', payload)",
+            "bulk": "Queue.enqueue_many([JobSpec...]) (one EVALSHA per 1000 jobs)",
+            "worker": "scheduler worker systems.ours:registry --log-level WARNING "
+            "(1 process, asyncio, claim batch 100)",
+            "scheduler": "enqueue(..., run_at=<datetime>)",
+            "concurrency": CONCURRENCY,
+        },
+    }
+
+
+def enqueue_single(url: str, n: int) -> float:
+    q = _queue(url)
+    t0 = time.perf_counter()
+    for i in range(n):
+        q.enqueue("task", c.payload(i))
+    return time.perf_counter() - t0
+
+
+def enqueue_bulk(url: str, n: int) -> float:
+    q = _queue(url)
+    t0 = time.perf_counter()
+    q.enqueue_many([JobSpec("task", c.payload(i)) for i in range(n)])
+    return time.perf_counter() - t0
+
+
+def pending(url: str, n: int) -> None:
+    _queue(url).enqueue_many([JobSpec("task", c.payload(i)) for i in range(n)])
+
+
+def _worker_cmd(url: str, concurrency: int | None) -> list[str]:
+    return [c.bin_path("scheduler"), "worker", "systems.ours:registry", "--url", url,
+            "--queue", c.QUEUE, "--concurrency", str(concurrency or CONCURRENCY),
+            "--log-level", "WARNING"]  # fmt: skip
+
+
+def drain(url: str, n: int, concurrency: int | None) -> float:
+    pending(url, n)
+    r = c.client(url)
+    with c.running("ours-drain", _worker_cmd(url, concurrency), url) as proc:
+        return c.drain_rate(n, *c.wait_count(r, n, 30 + n / 50, proc))
+
+
+def simultaneous(url: str, n: int, delay_s: float) -> list[float]:
+    q = _queue(url)
+    r = c.client(url)
+    with c.running("ours-sched", _worker_cmd(url, None), url) as proc:
+        c.wait_ready(r, lambda: q.enqueue("task", c.payload(-1)), proc, "ours-sched")
+        due = c.due_in(delay_s)
+        when = datetime.fromtimestamp(due, tz=UTC)
+        q.enqueue_many([JobSpec("task", c.payload(i, True), run_at=when) for i in range(n)])
+        return c.collect_lateness(r, n, due, c.lateness_timeout(delay_s, n), proc)

@@ -1,0 +1,34 @@
+--[[ worker_beat: refresh (or remove) one live worker's entry, read by `scheduler workers`.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  ARGV[1] worker id   ARGV[2] ttl_ms (> 0; the hash expires after it: a dead worker drops out)
+  ARGV[3] mode 'beat' | 'remove'
+  ARGV[4] host  ARGV[5] pid  ARGV[6] queues (comma-separated)  ARGV[7] in_flight
+  ARGV[8] concurrency
+  Writes: ZSET prefix..'workers' id -> last_seen_ms; HASH prefix..'worker:'..id with host, pid,
+    queues, started_ms (first beat), last_heartbeat_ms, in_flight, concurrency. Entries not
+    seen for 10 ttls are pruned from the ZSET.
+  Returns: now_ms
+  Errors:  BAD_ARGUMENT <field>=<value> ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+
+local prefix = KEYS[1]
+local id, mode = ARGV[1], ARGV[3]
+local ttl, err = int_arg(ARGV[2], 'ttl_ms', 1)
+if err then return err end
+if id == '' then return redis.error_reply('BAD_ARGUMENT worker=') end
+local zkey, hkey = prefix .. 'workers', prefix .. 'worker:' .. id
+local now = now_ms()
+if mode == 'remove' then
+  redis.call('ZREM', zkey, id)
+  redis.call('DEL', hkey)
+  return fmt(now)
+end
+if mode ~= 'beat' then return redis.error_reply('BAD_ARGUMENT mode=' .. mode) end
+redis.call('ZADD', zkey, now, id)
+redis.call('HSETNX', hkey, 'started_ms', fmt(now))
+redis.call('HSET', hkey, 'host', ARGV[4], 'pid', ARGV[5], 'queues', ARGV[6],
+  'last_heartbeat_ms', fmt(now), 'in_flight', ARGV[7], 'concurrency', ARGV[8])
+redis.call('PEXPIRE', hkey, ttl)
+redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now - 10 * ttl)
+return fmt(now)

@@ -1,0 +1,182 @@
+"""`scheduler worker` and `scheduler demo`."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import sys
+
+import click
+import redis.asyncio as aredis
+from redis.exceptions import RedisError
+
+from scheduler import logs
+from scheduler.execution import TRANSIENT
+from scheduler.registry import Registry
+from scheduler.worker import (
+    EXIT_ERROR,
+    EXIT_IMPORT,
+    EXIT_REDIS,
+    EXIT_USAGE,
+    SettingsError,
+    Worker,
+    WorkerSettings,
+)
+
+DEFAULT_URL = "redis://localhost:6379/0"
+_START_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT, RedisError)
+
+
+class RegistryImportError(Exception):
+    pass
+
+
+def load_registry(target: str) -> Registry:
+    """Import `module:attribute` (the current directory is importable, as with uvicorn)."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise RegistryImportError(f"expected module:attribute, got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise RegistryImportError(
+            f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    obj = getattr(module, attr, None)
+    if not isinstance(obj, Registry):
+        raise RegistryImportError(
+            f"{target!r} is {type(obj).__name__ if obj is not None else 'missing'}, "
+            "not a scheduler.registry.Registry"
+        )
+    return obj
+
+
+async def _serve(url: str, registry: Registry, settings: WorkerSettings, port: int | None) -> int:
+    client = aredis.Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30
+    )
+    worker = Worker(client, registry, settings)
+    try:
+        await worker.preflight()
+    except _START_ERRORS as exc:
+        click.echo(f"error: cannot reach Redis at {url}: {exc}", err=True)
+        return EXIT_REDIS
+    if port is not None:
+        bound = worker.metrics.serve(port)
+        worker.log.info("metrics on :%d/metrics", bound)
+    try:
+        return await worker.run()
+    finally:
+        await client.aclose()
+
+
+def register(main: click.Group) -> None:
+    main.add_command(worker_cmd)
+    main.add_command(demo_cmd)
+
+
+@click.command("worker")
+@click.argument("registry")
+@click.option(
+    "--url",
+    envvar="REDIS_URL",
+    default=DEFAULT_URL,
+    show_default=True,
+    help="Redis URL (or REDIS_URL).",
+)
+@click.option(
+    "--queue",
+    "-q",
+    "queues",
+    multiple=True,
+    default=("default",),
+    show_default=True,
+    help="Queue to work (repeat for several).",
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    default=16,
+    show_default=True,
+    help="Jobs run at once (async on the loop, sync in threads).",
+)
+@click.option(
+    "--lease-ms",
+    default=30_000,
+    show_default=True,
+    help="Lease length; a crashed worker's jobs are re-run after it.",
+)
+@click.option(
+    "--heartbeat-ms",
+    default=5_000,
+    show_default=True,
+    help="How often all leases are extended (lease must be >= 3x this).",
+)
+@click.option(
+    "--batch", "batch_size", default=100, show_default=True, help="Jobs claimed per call at most."
+)
+@click.option(
+    "--grace",
+    "grace_s",
+    default=25.0,
+    show_default=True,
+    help="Seconds to let running jobs finish on SIGTERM before releasing them.",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option("--json-logs", is_flag=True, help="One JSON object per log line.")
+@click.option(
+    "--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port."
+)
+def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: int, lease_ms: int,
+               heartbeat_ms: int, batch_size: int, grace_s: float, log_level: str,
+               json_logs: bool, metrics_port: int | None) -> None:  # fmt: skip
+    """Run handlers from REGISTRY (module:attribute, a scheduler.registry.Registry).
+
+    Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 1 crashed, 2 unsafe or invalid settings,
+    3 registry not importable, 4 Redis unreachable at start, 130 forced by a second signal.
+    """
+    logs.setup(log_level, json_logs)
+    settings = WorkerSettings(tuple(queues), concurrency, lease_ms, heartbeat_ms, batch_size,
+                              grace_s)  # fmt: skip
+    try:
+        settings.check()
+    except SettingsError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except Exception as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    try:
+        reg = load_registry(registry)
+    except RegistryImportError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_IMPORT)
+    try:
+        code = asyncio.run(_serve(url, reg, settings, metrics_port))
+    except Exception as exc:
+        logging.getLogger(logs.LOGGER).exception("worker crashed: %s", exc)
+        code = EXIT_ERROR
+    sys.exit(code)
+
+
+@click.command("demo")
+@click.option(
+    "--url",
+    envvar="REDIS_URL",
+    default=None,
+    help="Use this Redis (default: start a private one and stop it afterwards).",
+)
+def demo_cmd(url: str | None) -> None:
+    """Watch the scheduler at work in ~15 s: on-time, delayed, failing and crashing jobs."""
+    from scheduler.demo import run_demo
+
+    sys.exit(run_demo(url))

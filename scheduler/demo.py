@@ -1,0 +1,197 @@
+"""`scheduler demo`: four jobs, two worker processes, and a timeline of what happened.
+
+The tasks below are real handlers; the worker processes import this module's `registry`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from typing import Any
+
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from scheduler.backoff import Backoff
+from scheduler.embedded import NoServerBinary, PrivateRedis
+from scheduler.queue import Queue
+from scheduler.registry import JobContext, Registry
+
+QUEUE = "demo"
+LEDGER = "demo:ledger"
+LEASE_MS, HEARTBEAT_MS = 2_000, 500
+FLAKY_BACKOFF = Backoff(base_ms=1_000, factor=2.0, cap_ms=10_000, jitter=0.0)
+registry = Registry()
+_client: redis.Redis | None = None
+
+
+def _note(ctx: JobContext, event: str) -> None:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["SCHEDULER_DEMO_URL"], decode_responses=True)
+    s, us = _client.time()
+    _client.rpush(LEDGER, json.dumps({"job": ctx.job_id, "attempt": ctx.attempt,
+                                      "pid": os.getpid(), "event": event,
+                                      "at_ms": s * 1000 + us // 1000}))  # fmt: skip
+
+
+@registry.task(name="demo.greet")
+def greet(payload: Any, ctx: JobContext) -> str:
+    _note(ctx, "start")
+    return f"hello, {payload['name']}"
+
+
+@registry.task(name="demo.charge", max_attempts=3, backoff=FLAKY_BACKOFF)
+def charge(payload: Any, ctx: JobContext) -> None:
+    _note(ctx, "start")
+    raise ConnectionError("payment API unreachable")
+
+
+@registry.task(name="demo.crashy")
+def crashy(payload: Any, ctx: JobContext) -> str:
+    _note(ctx, "start")
+    if ctx.attempt == 1:  # the worker process dies mid-job: no result, no error, nothing
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "survived a crash"
+
+
+def _spawn(url: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, SCHEDULER_DEMO_URL=url, REDIS_URL=url)
+    cmd = [sys.executable, "-c", "from scheduler.cli import main; main()", "worker",
+           "scheduler.demo:registry", "--url", url, "--queue", QUEUE, "--concurrency", "4",
+           "--lease-ms", str(LEASE_MS), "--heartbeat-ms", str(HEARTBEAT_MS), "--grace", "2",
+           "--log-level", "WARNING"]  # fmt: skip
+    return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def run_demo(url: str | None, console: Console | None = None, timeout_s: float = 45.0) -> int:
+    console = console or Console()
+    with ExitStack() as stack:
+        if url is None:
+            try:
+                server = stack.enter_context(PrivateRedis())
+            except (NoServerBinary, RuntimeError) as exc:
+                console.print(f"[red]error:[/] {exc}")
+                return 1
+            url = server.url
+            console.print(f"Started a private Redis ({server.binary}) at {url}")
+        return _demo(url, console, stack, timeout_s)
+    return 1  # pragma: no cover - ExitStack does not swallow
+
+
+def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    q = Queue(client, QUEUE)
+    for key in client.scan_iter(match=q.keys.pattern()):
+        client.delete(key)
+    client.delete(LEDGER)
+    t0 = q.counts().now_ms
+    jobs = {
+        q.enqueue("demo.greet", {"name": "now"}): "greet (due now)",
+        q.enqueue("demo.greet", {"name": "later"}, delay_ms=5_000): "greet (due in 5 s)",
+        q.enqueue("demo.charge", {"amount": 42}, max_attempts=3, backoff=FLAKY_BACKOFF):
+            "charge (always fails)",
+        # Due a little later, so the worker it kills holds no other job at that moment.
+        q.enqueue("demo.crashy", {}, delay_ms=1_500): "crashy (kills its worker)",
+    }  # fmt: skip
+    console.print(f"Enqueued {len(jobs)} jobs on queue '{QUEUE}'; starting 2 worker processes "
+                  f"(lease {LEASE_MS} ms, heartbeat {HEARTBEAT_MS} ms)\n")  # fmt: skip
+    workers = [_spawn(url), _spawn(url)]
+    deaths: list[tuple[int, int, int]] = []  # (server ms, pid, signal)
+
+    def stop_workers() -> None:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+
+    stack.callback(stop_workers)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for i, w in enumerate(workers):
+            if w.poll() is not None and w.returncode != 0:
+                deaths.append((q.counts().now_ms, w.pid, -w.returncode))
+                workers[i] = _spawn(url)  # a supervisor (systemd, k8s) would do this
+        states = [q.status(j) for j in jobs]
+        if all(s in ("done", "dead") for s in states):
+            break
+        time.sleep(0.05)
+    stop_workers()
+    _timeline(console, q, client, jobs, deaths, t0)
+    ok = [q.status(j) for j in jobs] == ["done", "done", "dead", "done"]
+    console.print("\n[green]All four jobs ended as expected.[/]" if ok
+                  else "\n[red]Some jobs did not end as expected.[/]")  # fmt: skip
+    console.print("Try: scheduler worker --help  |  docs: README.md")
+    return 0 if ok else 1
+
+
+def _timeline(console: Console, q: Queue, client: redis.Redis, jobs: dict[str, str],
+              deaths: list[tuple[int, int, int]], t0: int) -> None:  # fmt: skip
+    events: list[tuple[int, str, str]] = []
+    for raw in client.lrange(LEDGER, 0, -1):
+        e = json.loads(raw)
+        events.append((e["at_ms"], jobs.get(e["job"], e["job"]),
+                       f"started attempt {e['attempt']} in worker pid {e['pid']}"))  # fmt: skip
+    for pid_ms, pid, sig in deaths:
+        events.append((pid_ms, "-", f"[red]worker pid {pid} died (signal {sig})[/]; restarted"))
+    for job_id, label in jobs.items():
+        j = q.get_job(job_id)
+        f = j.fields
+        due = "" if j.errors else f", due at {(int(f['run_at_ms']) - t0) / 1000:+.3f}s"
+        events.append((int(f["enqueued_ms"]), label, "enqueued" + due))
+        for err in j.errors:
+            attempt = int(err["attempt"])
+            if attempt < (j.max_attempts or 0):
+                delay = FLAKY_BACKOFF.delay_ms(attempt)
+                tail = (
+                    f"[yellow]retry in {delay} ms[/] (backoff {FLAKY_BACKOFF.base_ms} ms x "
+                    f"{FLAKY_BACKOFF.factor:g}^{attempt - 1})"
+                )
+            else:
+                tail = "no attempts left"
+            events.append(
+                (
+                    int(err["at_ms"]),
+                    label,
+                    f"attempt {attempt} failed: {err['type']}: {err['message']} -> {tail}",
+                )
+            )
+        if j.state == "done":
+            attempts = j.attempts or 0
+            if attempts > 1:
+                events.append((int(f["claimed_ms"]) - 1, label,
+                               f"lease of attempt {attempts - 1} expired after {LEASE_MS} ms "
+                               "-> claimed again"))  # fmt: skip
+            events.append(
+                (
+                    int(f["finished_ms"]),
+                    label,
+                    f"[green]done[/] after {j.attempts} attempt(s): {j.result_json}",
+                )
+            )
+        elif j.state == "dead":
+            events.append(
+                (
+                    int(f["dead_ms"]),
+                    label,
+                    f"[red]dead-lettered[/] ({j.dead_reason}); see `scheduler dead list`",
+                )
+            )
+    table = Table(title="What happened (server clock, from the first enqueue)")
+    table.add_column("t", justify="right")
+    table.add_column("job")
+    table.add_column("event")
+    for at, label, text in sorted(events, key=lambda e: e[0]):
+        table.add_row(f"{(at - t0) / 1000:+.3f}s", label, text)
+    console.print(table)

@@ -1,0 +1,145 @@
+"""Pieces the worker is built from: the per-job record, a thread pool that can abandon a thread,
+and a driver that sends several sans-I/O operations in one pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aredis
+
+# Errors after which a call is retried later (the worker carries on; nothing is lost).
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from scheduler.errors import translate
+from scheduler.models import ClaimedJob
+from scheduler.ops import Op, Script
+from scheduler.registry import JobContext, TaskSpec
+from scheduler.scripts import Scripts
+
+TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+@dataclass(eq=False)
+class Running:
+    """One claimed job, from claim until the server acknowledged its outcome."""
+
+    queue: str
+    job: ClaimedJob
+    ctx: JobContext
+    spec: TaskSpec | None
+    started_s: float  # monotonic
+    lease_deadline_s: float  # monotonic; conservative local view of the lease end
+    task: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    finished: bool = False  # the handler's outcome is decided (or it was stopped)
+    payload: Any = None
+
+
+class ThreadRunner:
+    """Runs sync handlers in threads. Unlike ThreadPoolExecutor it has no size cap: the worker's
+    concurrency slots bound the live jobs, and a thread abandoned after a timeout or a lost
+    lease must not block the next job. Idle threads exit after `idle_s`."""
+
+    def __init__(self, idle_s: float = 30.0) -> None:
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self.threads = 0
+        self._idle_s = idle_s
+        self._closed = False
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1  # reserve an idle thread
+            else:
+                self.threads += 1
+                threading.Thread(target=self._loop, name="sched-job", daemon=True).start()
+        self._work.put(fn)
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                fn = self._work.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # nobody reserved us: leave
+                        self._idle -= 1
+                        self.threads -= 1
+                        return
+                continue  # reserved: the item is on its way
+            if fn is None:
+                with self._lock:
+                    self.threads -= 1
+                return
+            fn()
+            with self._lock:
+                self._idle += 1
+
+    def close(self) -> None:
+        """Ask idle threads to exit (busy ones finish their job first; they are daemons)."""
+        with self._lock:
+            n, self._idle = self._idle, 0
+        for _ in range(n):
+            self._work.put(None)
+
+
+class Pipeline:
+    """Send single-request operations of several queues in one round trip."""
+
+    def __init__(self, client: aredis.Redis, clock: str = "server") -> None:
+        self.client = client
+        self.scripts = Scripts(client, clock=clock)
+
+    async def run(self, items: Sequence[tuple[list[str], Op[Any]]]) -> list[Any]:
+        """items: (script KEYS, operation). Returns each operation's result, or the exception
+        its reply raised (a refused lease, a script error). Connection errors propagate."""
+        if not items:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        ops = []
+        for keys, op in items:
+            req = op.send(None)
+            if not isinstance(req, Script) or req.wait is not None:
+                raise TypeError("Pipeline runs single-script operations only")
+            await self.scripts[req.name](keys=keys, args=req.args, client=pipe)
+            ops.append(op)
+        replies = await pipe.execute(raise_on_error=False)
+        out: list[Any] = []
+        for op, reply in zip(ops, replies, strict=True):
+            if isinstance(reply, ResponseError):
+                out.append(translate(reply))
+                continue
+            if isinstance(reply, BaseException):
+                raise reply
+            try:
+                op.send(reply)
+            except StopIteration as done:
+                out.append(done.value)
+            except Exception as exc:  # a parser refusing the reply (StaleToken, ...)
+                out.append(exc)
+            else:
+                raise TypeError("operation asked for a second request")
+        return out
+
+
+class Backoff:
+    """Delays between retries of a failing Redis call: 50 ms doubling to 5 s."""
+
+    def __init__(self, first_s: float = 0.05, cap_s: float = 5.0) -> None:
+        self.first_s, self.cap_s, self.next_s = first_s, cap_s, first_s
+
+    def __call__(self) -> float:
+        d = self.next_s
+        self.next_s = min(self.next_s * 2, self.cap_s)
+        return d
+
+    def reset(self) -> None:
+        self.next_s = self.first_s

@@ -1,0 +1,62 @@
+"""Worker logging: one line per job transition with job id, task, attempt and token; plain
+text by default, one JSON object per line with --json-logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+LOGGER = "scheduler.worker"
+_RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for k, v in record.__dict__.items():
+            if k not in _RESERVED and not k.startswith("_"):
+                out[k] = v
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extra = [f"{k}={v}" for k, v in record.__dict__.items()
+                 if k not in _RESERVED and not k.startswith("_")]  # fmt: skip
+        return line + (" " + " ".join(extra) if extra else "")
+
+
+def setup(level: str = "INFO", json_logs: bool = False, stream: Any = None) -> logging.Logger:
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if json_logs else TextFormatter())
+    root = logging.getLogger("scheduler")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+    return logging.getLogger(LOGGER)
+
+
+def transition(
+    log: logging.Logger, event: str, *, queue: str, job_id: str, task: str, attempt: int,
+    token: str, level: int = logging.INFO, **extra: Any,
+) -> None:  # fmt: skip
+    """One line for one job transition (claimed, done, retry, dead, lease_lost, ...)."""
+    if not log.isEnabledFor(level):
+        return
+    log.log(level, "job %s %s", event, job_id, extra={
+        "event": event, "queue": queue, "job_id": job_id, "task": task, "attempt": attempt,
+        "token": token, **extra,
+    })  # fmt: skip
