@@ -1,0 +1,18 @@
+"""The `scheduler` command. Sub-commands live in their own modules and register here."""
+
+from __future__ import annotations
+
+import click
+
+from scheduler import cli_admin, cli_schedules, cli_worker
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="scheduler")
+def main() -> None:
+    """Redis-backed job scheduler: run workers, inspect and repair queues."""
+
+
+cli_worker.register(main)
+cli_admin.register(main)
+cli_schedules.register(main)
