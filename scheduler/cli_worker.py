@@ -7,6 +7,8 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 import click
 import redis.asyncio as aredis
@@ -72,6 +74,16 @@ async def _serve(url: str, registry: Registry, settings: WorkerSettings, port: i
         return await worker.run()
     finally:
         await client.aclose()
+
+
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """uvloop when installed (a faster event loop: fewer microseconds per job in the claim /
+    report cycle), else asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def register(main: click.Group) -> None:
@@ -161,7 +173,7 @@ def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: in
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_IMPORT)
     try:
-        code = asyncio.run(_serve(url, reg, settings, metrics_port))
+        code = run_loop(_serve(url, reg, settings, metrics_port))
     except Exception as exc:
         logging.getLogger(logs.LOGGER).exception("worker crashed: %s", exc)
         code = EXIT_ERROR

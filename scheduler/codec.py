@@ -80,7 +80,9 @@ def _epoch_ms(at: datetime) -> int:
         raise BadArgument(f"run_at must be a datetime, got {at!r}")
     if at.tzinfo is None or at.utcoffset() is None:
         raise BadArgument("run_at must be timezone-aware (a naive datetime is ambiguous)")
-    return math.floor(at.timestamp() * 1000)
+    # Rounded up: the server runs a job when its ms clock reaches run_at_ms, which must never
+    # be before the instant asked for.
+    return math.ceil(at.timestamp() * 1000)
 
 
 def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
