@@ -99,6 +99,8 @@ def test_kill_9_during_load_loses_nothing(durable_server: Server, seed: int) -> 
             kills += 1
         time.sleep(0.3)
         run.stop_enqueue.set()
+        for t in threads[:2]:  # every enqueue has returned before the drain is judged
+            t.join(timeout=60)
         admin = server.admin()
         q = Queue(admin, "crash")
 

@@ -26,7 +26,8 @@ def test_script_flush_and_restarts_under_load(durable_server: Server) -> None:
     errors: list[BaseException] = []
     ids: list[str] = []
     done: list[str] = []
-    stop = threading.Event()
+    stop = threading.Event()  # producers stop first, then the workers drain
+    drained = threading.Event()
     lock = threading.Lock()
 
     def guarded(body: Callable[[], None]) -> threading.Thread:
@@ -48,7 +49,7 @@ def test_script_flush_and_restarts_under_load(durable_server: Server) -> None:
 
     def work() -> None:
         q = Queue(retrying_client(server), QUEUE)
-        while not stop.is_set() or q.counts().due_now:
+        while not drained.is_set() or q.counts().due_now:
             batch = q.claim("w", limit=20, lease_ms=30_000)
             statuses = q.complete_many([(j.id, j.token, None) for j in batch.jobs])
             assert set(statuses) <= {"done"}, statuses
@@ -63,7 +64,7 @@ def test_script_flush_and_restarts_under_load(durable_server: Server) -> None:
             client = aredis.Redis.from_url(server.url, decode_responses=True, retry=retry,
                                            socket_timeout=5)  # fmt: skip
             q = AsyncQueue(client, QUEUE)
-            while not stop.is_set() or (await q.counts()).due_now:
+            while not drained.is_set() or (await q.counts()).due_now:
                 batch = await q.claim("aw", limit=20, lease_ms=30_000)
                 for j in batch.jobs:
                     await q.complete(j.id, j.token, None)
@@ -91,7 +92,10 @@ def test_script_flush_and_restarts_under_load(durable_server: Server) -> None:
             server.restart(hard=step % 2 == 1)
     finally:
         stop.set()
-        for t in threads:
+        for t in threads[:2]:
+            t.join(timeout=60)
+        drained.set()
+        for t in threads[2:]:
             t.join(timeout=60)
     assert errors == [], f"errors reached the user: {errors[:3]!r}"
     wait_until(lambda: len(done) >= len(ids), timeout_s=10, what="all done")
