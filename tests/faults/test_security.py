@@ -4,6 +4,7 @@ the client API, and refuses admin commands, KEYS, FLUSH, and scripts that touch 
 
 from __future__ import annotations
 
+import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -146,3 +147,30 @@ def test_tls_refuses_a_certificate_from_another_ca(
                             f"?ssl_ca_certs={tls_certs.ca}")  # fmt: skip
     with pytest.raises(redis.exceptions.AuthenticationError):
         bad_password.ping()
+
+
+def test_real_worker_runs_as_the_acl_user_and_parks_a_pickle(
+    start_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """The worker process (scheduler worker) under the documented ACL line: it claims, runs,
+    completes, heartbeats and registers itself; a text pickle placed in a job hash is parked
+    as an invalid payload, never unpickled."""
+    from tests.workers.procs import spawn_worker, stop_all, wait_for
+
+    server = start_server()
+    admin = server.admin()
+    create_app_user(admin)
+    q = Queue(admin, QUEUE)
+    ok = [q.enqueue("noop", {"n": i}) for i in range(5)]
+    crafted = q.enqueue("noop", {"n": -1})
+    admin.hset(q.keys.job(crafted), "payload", pickle.dumps({"evil": 1}, protocol=0).decode())
+    log = str(tmp_path / "worker.log")
+    worker = spawn_worker(app_url(server), QUEUE, log=log)
+    try:
+        wait_for(lambda: all(q.status(j) == "done" for j in ok) and q.counts().dead == 1,
+                 what="outcomes as the ACL user")  # fmt: skip
+    finally:
+        stop_all([worker])
+    job = q.get_job(crafted)
+    assert (job.state, job.fields["last_error_type"]) == ("dead", "InvalidPayload")
+    assert "NOPERM" not in Path(log).read_text()
