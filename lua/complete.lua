@@ -14,25 +14,37 @@ local ttl, err = int_arg(ARGV[1], 'result_ttl_ms', 1)
 if err then return err end
 if #ARGV % 3 ~= 1 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 local now = now_ms()
-local out, took = {}, {}
+local out, took, seen = {}, {}, {}
 local now_s = fmt(now)
 for i = 2, #ARGV, 3 do
-  local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local id, token = ARGV[i], ARGV[i + 1]
   local status, outcome = lease_check(prefix, id, token)
   if status == 'settled' then
     status = (outcome == 'done') and 'done' or 'stale'
   elseif status == 'held' then
-    local jk = prefix .. 'job:' .. id
-    -- settled_token/settled: a re-sent call with this token is answered 'done' again.
-    redis.call('HSET', jk, 'state', 'done', 'result', result, 'finished_ms', now_s,
-      'settled_token', token, 'settled', 'done')
-    redis.call('PEXPIRE', jk, ttl)
-    took[#took + 1] = id
+    if not seen[id] then
+      took[#took + 1] = i
+      seen[id] = true
+    end
     status = 'done'
   end
   out[#out + 1] = status
 end
-if #took > 0 then redis.call('ZREM', leased, unpack(took)) end
+if #took > 0 then
+  -- First write frees memory: on a full server (noeviction) Redis refuses a script whose first
+  -- write grows memory, but lets the rest of a script run once it has written; so running jobs
+  -- can still be settled at the limit.
+  local ids = {}
+  for k, i in ipairs(took) do ids[k] = ARGV[i] end
+  redis.call('ZREM', leased, unpack(ids))
+  for _, i in ipairs(took) do
+    local jk = prefix .. 'job:' .. ARGV[i]
+    -- settled_token/settled: a re-sent call with this token is answered 'done' again.
+    redis.call('HSET', jk, 'state', 'done', 'result', ARGV[i + 2], 'finished_ms', now_s,
+      'settled_token', ARGV[i + 1], 'settled', 'done')
+    redis.call('PEXPIRE', jk, ttl)
+  end
+end
 local done = #took
 bump_stat(prefix, now, 'complete', done)
 return out

@@ -36,6 +36,8 @@ if status ~= 'held' then return { status, '' } end
 
 local jk = job_key(prefix, id)
 local f = redis.call('HMGET', jk, 'attempts', 'max_attempts', 'backoff')
+-- First write frees memory, so a full server still lets a worker settle (see complete.lua).
+redis.call('ZREM', leased, id)
 local attempts = tonumber(f[1]) or 1
 local max_attempts = tonumber(f[2]) or 1
 push_error(jk, ARGV[4], ARGV[5], ARGV[6], attempts, now)
