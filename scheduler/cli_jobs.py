@@ -33,6 +33,7 @@ from scheduler.inspection import server_now_ms
 from scheduler.keys import check_job_id
 from scheduler.models import Job
 from scheduler.queue import Queue
+from scheduler.startup import check_or_warn
 
 _STATES = ("due", "scheduled", "leased", "dead")
 _TASK_SCAN_MAX = 50_000  # ids examined per `jobs list --task` call at most (bounded work)
@@ -250,6 +251,8 @@ def parse_payload(text: str) -> Any:
 @click.option("--in", "in_ms", type=Duration(), help="Run after this delay: 30s, 5m, 1h30m.")
 @click.option("--key", help="Idempotency key: a second enqueue with it returns the first id.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--strict", is_flag=True,
+              help="Refuse (exit 1) when the Redis settings can lose jobs; else warn.")  # fmt: skip
 def enqueue(
     url: str,
     queue: str,
@@ -260,6 +263,7 @@ def enqueue(
     in_ms: int | None,
     key: str | None,
     max_attempts: int,
+    strict: bool,
 ) -> None:
     """Add a job; prints its id. Everything is checked before anything is written."""
     data = parse_payload(payload)
@@ -272,6 +276,8 @@ def enqueue(
         except BadArgument as exc:
             raise BadInput(str(exc)) from None
     client = connect(url)
+    # A job accepted by a server that can drop it would make the returned id a false promise.
+    check_or_warn(client, strict=strict, log=lambda m: click.echo(f"warning: {m}", err=True))
     job_id = Queue(client, queue).enqueue(
         task, data, run_at=run_at, delay_ms=in_ms, key=key, max_attempts=max_attempts
     )

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 from scheduler import logs
 from scheduler.execution import TRANSIENT
 from scheduler.registry import Registry
+from scheduler.startup import UnsafeServer, check_or_warn_async
 from scheduler.worker import (
     EXIT_ERROR,
     EXIT_IMPORT,
@@ -57,7 +58,9 @@ def load_registry(target: str) -> Registry:
     return obj
 
 
-async def _serve(url: str, registry: Registry, settings: WorkerSettings, port: int | None) -> int:
+async def _serve(
+    url: str, registry: Registry, settings: WorkerSettings, port: int | None, *, strict: bool
+) -> int:
     client = aredis.Redis.from_url(
         url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30
     )
@@ -67,6 +70,12 @@ async def _serve(url: str, registry: Registry, settings: WorkerSettings, port: i
     except _START_ERRORS as exc:
         click.echo(f"error: cannot reach Redis at {url}: {exc}", err=True)
         return EXIT_REDIS
+    try:
+        await check_or_warn_async(client, strict=strict, log=worker.log.warning)
+    except UnsafeServer as exc:
+        click.echo(f"error: {exc}", err=True)
+        await client.aclose()
+        return EXIT_USAGE
     if port is not None:
         bound = worker.metrics.serve(port)
         worker.log.info("metrics on :%d/metrics", bound)
@@ -148,13 +157,20 @@ def register(main: click.Group) -> None:
 @click.option(
     "--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port."
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse to start (exit 2) when the Redis settings break the never-lost promise "
+    "(persistence off, an evicting maxmemory-policy, Redis < 7); without it: a warning.",
+)
 def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: int, lease_ms: int,
                heartbeat_ms: int, batch_size: int, grace_s: float, log_level: str,
-               json_logs: bool, metrics_port: int | None) -> None:  # fmt: skip
+               json_logs: bool, metrics_port: int | None, strict: bool) -> None:  # fmt: skip
     """Run handlers from REGISTRY (module:attribute, a scheduler.registry.Registry).
 
-    Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 1 crashed, 2 unsafe or invalid settings,
-    3 registry not importable, 4 Redis unreachable at start, 130 forced by a second signal.
+    Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 1 crashed, 2 unsafe or invalid settings
+    (with --strict, also unsafe Redis settings), 3 registry not importable, 4 Redis unreachable
+    at start, 130 forced by a second signal.
     """
     logs.setup(log_level, json_logs)
     settings = WorkerSettings(tuple(queues), concurrency, lease_ms, heartbeat_ms, batch_size,
@@ -173,7 +189,7 @@ def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: in
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_IMPORT)
     try:
-        code = run_loop(_serve(url, reg, settings, metrics_port))
+        code = run_loop(_serve(url, reg, settings, metrics_port, strict=strict))
     except Exception as exc:
         logging.getLogger(logs.LOGGER).exception("worker crashed: %s", exc)
         code = EXIT_ERROR

@@ -1,0 +1,50 @@
+"""Start-up checks in the worker and the CLI: Redis settings that can lose jobs give a warning,
+or a refusal with --strict, before anything is written."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from scheduler.cli import main
+from tests.redis_server import RedisProcess, find_redis_server
+
+
+@pytest.fixture(scope="module")
+def volatile_url() -> Iterator[str]:
+    """A server that keeps nothing on disk (persistence off) and may evict keys."""
+    binary = find_redis_server()
+    assert binary, "redis-server is required"
+    server = RedisProcess(binary, ["--maxmemory-policy", "allkeys-lru"]).start()
+    try:
+        yield server.url
+    finally:
+        server.cleanup()
+
+
+def test_strict_worker_refuses_a_server_that_can_lose_jobs(volatile_url: str) -> None:
+    res = CliRunner().invoke(
+        main, ["worker", "tests.workers.basic:registry", "--url", volatile_url, "--strict"]
+    )
+    assert res.exit_code == 2, res.output
+    assert "maxmemory-policy" in res.output and "persistence" in res.output
+
+
+def test_strict_enqueue_refuses_and_writes_nothing(volatile_url: str) -> None:
+    res = CliRunner().invoke(main, ["enqueue", "t", "--url", volatile_url, "-q", "strictq",
+                                    "--strict"])  # fmt: skip
+    assert res.exit_code == 1, res.output
+    assert "noeviction" in res.output
+    client = redis.Redis.from_url(volatile_url)
+    assert client.keys("sched:{strictq}:*") == []
+
+
+def test_enqueue_warns_but_accepts_without_strict(volatile_url: str) -> None:
+    res = CliRunner().invoke(main, ["enqueue", "t", "--url", volatile_url, "-q", "warnq"])
+    assert res.exit_code == 0, res.output
+    assert "warning:" in res.output and "maxmemory-policy" in res.output
+    client = redis.Redis.from_url(volatile_url, decode_responses=True)
+    assert client.zcard("sched:{warnq}:due") == 1
