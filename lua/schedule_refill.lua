@@ -13,12 +13,8 @@
 -- @include "lib/rearm.lua"
 
 local prefix, name, digest = KEYS[1], ARGV[1], ARGV[2]
-local slots, err = {}, nil
-for i = 3, #ARGV do
-  local v
-  v, err = int_arg(ARGV[i], 'slot', nil); if err then return err end
-  slots[#slots + 1] = v
-end
+local slots, err = int_args(3, 'slot')
+if err then return err end
 local refill = sched_refill_key(prefix)
 local h = sched_load(prefix, name)
 local sk = sched_key(prefix, name)

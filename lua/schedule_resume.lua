@@ -11,12 +11,8 @@
 -- @include "lib/rearm.lua"
 
 local prefix, name, digest = KEYS[1], ARGV[1], ARGV[2]
-local slots, err = {}, nil
-for i = 3, #ARGV do
-  local v
-  v, err = int_arg(ARGV[i], 'slot', nil); if err then return err end
-  slots[#slots + 1] = v
-end
+local slots, err = int_args(3, 'slot')
+if err then return err end
 local h = sched_load(prefix, name)
 if h == nil then return { 'missing', '' } end
 if h.paused ~= '1' then return { 'active', h.pending } end

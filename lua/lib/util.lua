@@ -12,6 +12,17 @@ local function int_arg(v, name, min)
   return n
 end
 
+-- ARGV[from..] as integers, checked together before any write.
+local function int_args(from, name)
+  local out = {}
+  for i = from, #ARGV do
+    local v, err = int_arg(ARGV[i], name, nil)
+    if err then return nil, err end
+    out[#out + 1] = v
+  end
+  return out
+end
+
 -- Per-minute outcome counters, read by `scheduler stats`; kept two hours.
 local function bump_stat(prefix, now, field, n)
   if n <= 0 then return end
