@@ -64,6 +64,7 @@ FULL = {
     "memory": 10000,
     "ceiling_loop": 200000,
     "redis_benchmark": 200000,
+    "claim_latency_max": 1_000_000,
 }
 QUICK = {
     "enqueue_single": 300,
@@ -73,6 +74,7 @@ QUICK = {
     "memory": 2000,
     "ceiling_loop": 20000,
     "redis_benchmark": 20000,
+    "claim_latency_max": 100_000,
 }
 DELAY_S = 2.0
 # Quick mode runs the client-only workloads in one driver subprocess per system.
@@ -429,6 +431,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"- redis-benchmark {k}: {fmt(v) if isinstance(v, float) else v}"
             + (" req/s" if isinstance(v, float) else "")
         )
+    lines += claim_latency_lines(results) + targets_lines(results)
     lines += ["", "## How each system was driven", ""]
     for name, e in systems.items():
         meta = e.get("meta") or {}
@@ -450,6 +453,94 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append("- all peers installed")
     lines.append("")
     return "\n".join(lines)
+
+
+def claim_latency_lines(results: dict[str, Any]) -> list[str]:
+    rows = [r for r in results.get("claim_latency", []) if r.get("bench") == "claim_latency"]
+    if not rows:
+        return []
+    out = [
+        "",
+        "## Our claim latency as the backlog grows (claim of 100, one round trip)",
+        "",
+        "| pending jobs | p50 ms | p99 ms |",
+        "|---|---|---|",
+    ]
+    out += [f"| {r['backlog']:,} | {r['p50_ms']} | {r['p99_ms']} |" for r in rows]
+    ratio = rows[-1]["p50_ms"] / rows[0]["p50_ms"]
+    out.append(
+        f"\np50 at {rows[-1]['backlog']:,} / p50 at {rows[0]['backlog']:,}: **{ratio:.2f}x**"
+    )
+    return out
+
+
+def targets_lines(results: dict[str, Any]) -> list[str]:
+    """Where ours stands against the project's targets, from this run's numbers only."""
+    ours = results.get("systems", {}).get("ours", {})
+    if ours.get("status") not in ("ok", "partial"):
+        return []
+    ratios = results.get("ratios", {})
+    best = ratios.get("best_peer", {})
+    to_best = ratios.get("to_best_peer", {}).get("ours", {})
+    to_ceil = ratios.get("to_ceiling", {}).get("ours", {})
+    sim = ours.get("workloads", {}).get("simultaneous", {})
+    sim = sim.get("result", sim)
+    bulk = metric(ours, "enqueue_bulk", "jobs_per_s")
+    mem = metric(ours, "memory", "bytes_per_job")
+    lat = [r for r in results.get("claim_latency", []) if r.get("bench") == "claim_latency"]
+    lat_ratio = lat[-1]["p50_ms"] / lat[0]["p50_ms"] if len(lat) > 1 else None
+
+    def row(what: str, value: str, ok: bool | None) -> str:
+        return f"| {what} | {value} | {'met' if ok else 'not met' if ok is not None else '?'} |"
+
+    def r2(x: float | None) -> str:
+        return "?" if x is None else f"{x:.2f}x"
+
+    d_best, d_ceil = to_best.get("drain"), to_ceil.get("drain")
+    single = to_best.get("enqueue_single")
+    mem_best = best.get("memory", {}).get("value")
+    max_ms = sim.get("max_ms")
+    out = ["", "## Targets (from this run)", "", "| target | this run | |", "|---|---|---|"]
+    out.append(
+        row("drain >= 5x the best peer", r2(d_best), None if d_best is None else d_best >= 5)
+    )
+    out.append(
+        row(
+            "drain >= 50% of the ceiling loop",
+            r2(d_ceil),
+            None if d_ceil is None else d_ceil >= 0.5,
+        )
+    )
+    out.append(
+        row("bulk enqueue >= 80,000 jobs/s", fmt(bulk), None if bulk is None else bulk >= 80_000)
+    )
+    out.append(
+        row(
+            "single enqueue >= the best peer's", r2(single), None if single is None else single >= 1
+        )
+    )
+    out.append(
+        row(
+            f"{sim.get('n', '?'):,} simultaneous jobs all started within 200 ms, none early",
+            f"max {fmt(max_ms)} ms, early {sim.get('early', '?')}",
+            None if max_ms is None else max_ms <= 200 and sim.get("early") == 0,
+        )
+    )
+    out.append(
+        row(
+            "memory per pending job <= every peer's",
+            f"{fmt(mem)} B (best peer {fmt(mem_best)})",
+            None if mem is None or mem_best is None else mem <= mem_best,
+        )
+    )
+    out.append(
+        row(
+            f"claim latency at {lat[-1]['backlog'] if lat else '?':,} pending within 1.2x of 1,000",
+            r2(lat_ratio),
+            None if lat_ratio is None else lat_ratio <= 1.2,
+        )
+    )
+    return out
 
 
 # --------------------------------------------------------------------------- main
@@ -552,6 +643,22 @@ def main() -> int:
                 pidfile,
             )
             results["ceiling"]["loop"] = rows[-1] if rows else {"error": err}
+        if "ours" in wanted and (BENCH / "systems" / "ours.py").exists():
+            # Its own private server: a million pending jobs should not share memory with the rest.
+            log("ours: claim latency vs backlog")
+            rows, err = run_json(
+                [
+                    sys.executable,
+                    str(BENCH / "claim_latency.py"),
+                    "--max",
+                    str(sizes["claim_latency_max"]),
+                    "--rounds",
+                    "50" if opts.quick else "200",
+                ],
+                timeout,
+                pidfile,
+            )
+            results["claim_latency"] = rows if rows else [{"error": err}]
     results["ratios"] = compute_ratios(results)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
