@@ -13,7 +13,7 @@ from scheduler.backoff import Backoff
 from scheduler.errors import translate
 from scheduler.keys import QueueKeys
 from scheduler.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
-from scheduler.ops import Commands, Op, Ops, Script, Settings
+from scheduler.ops import Commands, Op, Ops, Script, ScriptPipeline, Settings
 from scheduler.recurring import Schedule
 from scheduler.scripts import Scripts
 
@@ -66,31 +66,33 @@ class AsyncQueue:
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
-    async def _execute(self, req: Script | Commands) -> Any:
-        if isinstance(req, Script):
-            # redis-py reloads a script after NOSCRIPT once; a SCRIPT FLUSH or a restart between
-            # its SCRIPT LOAD and EVALSHA still ends in NOSCRIPT. The script did not run, so
-            # sending it again is safe.
-            for _ in range(_NOSCRIPT_TRIES - 1):
-                try:
-                    return await self._run_script(req)
-                except NoScriptError:
-                    continue
-            return await self._run_script(req)
-        pipe = self.client.pipeline(transaction=False)
-        for cmd in req.cmds:
-            pipe.execute_command(*cmd)
-        return await pipe.execute()
-
-    async def _run_script(self, req: Script) -> Any:
-        try:
-            if req.wait is None:
-                return await self._scripts[req.name](keys=self._script_keys, args=req.args)
-            # WAIT counts the writes of its own connection: same pipeline, same connection.
+    async def _execute(self, req: Script | ScriptPipeline | Commands) -> Any:
+        if isinstance(req, Commands):
             pipe = self.client.pipeline(transaction=False)
-            await self._scripts[req.name](keys=self._script_keys, args=req.args, client=pipe)
-            pipe.execute_command("WAIT", *req.wait)
-            return tuple(await pipe.execute())
+            for cmd in req.cmds:
+                pipe.execute_command(*cmd)
+            return await pipe.execute()
+        # redis-py reloads a script after NOSCRIPT once; a SCRIPT FLUSH or a restart between
+        # its SCRIPT LOAD and EVALSHA still ends in NOSCRIPT. The script did not run, so
+        # sending it again is safe.
+        for _ in range(_NOSCRIPT_TRIES - 1):
+            try:
+                return await self._run_script(req)
+            except NoScriptError:
+                continue
+        return await self._run_script(req)
+
+    async def _run_script(self, req: Script | ScriptPipeline) -> Any:
+        try:
+            if isinstance(req, Script):
+                return await self._scripts[req.name](keys=self._script_keys, args=req.args)
+            # One connection for all: WAIT counts the writes of its own connection.
+            pipe = self.client.pipeline(transaction=False)
+            for call in req.calls:
+                await self._scripts[call.name](keys=self._script_keys, args=call.args, client=pipe)
+            if req.wait is not None:
+                pipe.execute_command("WAIT", *req.wait)
+            return await pipe.execute()
         except NoScriptError:
             raise
         except ResponseError as exc:

@@ -28,7 +28,7 @@ RESULT_TTL_MS = 3_600_000
 _TASK_RE = re.compile(r"^[A-Za-z0-9_.:/\-]{1,200}$")
 _MAX_MESSAGE = 2_000
 _MAX_TRACEBACK = 8_000
-ENQUEUE_FIELDS = 13
+ENQUEUE_FIELDS = 10
 CLAIM_FIELDS = 10
 
 
@@ -112,7 +112,7 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         # Hashed, so any text is safe inside a key name.
         idem = hashlib.sha256(spec.key.encode()).hexdigest()
     return [
-        job_id, spec.task, payload, when, str(time_ms), str(max_attempts), *_backoff_args(backoff),
+        job_id, spec.task, payload, when, str(time_ms), str(max_attempts), _backoff_arg(backoff),
         str(timeout_ms), idem, _IDEM_TTL,
     ]  # fmt: skip
 
@@ -121,8 +121,9 @@ _IDEM_TTL = str(IDEMPOTENCY_TTL_MS)
 
 
 @functools.lru_cache(maxsize=256)
-def _backoff_args(b: Backoff) -> tuple[str, str, str, str]:
-    return str(b.base_ms), repr(float(b.factor)), str(b.cap_ms), repr(float(b.jitter))
+def _backoff_arg(b: Backoff) -> str:
+    """'base_ms,factor,cap_ms,jitter': stored as it is in the job hash's `backoff` field."""
+    return f"{b.base_ms},{float(b.factor)!r},{b.cap_ms},{float(b.jitter)!r}"
 
 
 def enqueue_args(specs: Sequence[JobSpec], max_payload_bytes: int) -> list[str]:
@@ -134,8 +135,14 @@ def enqueue_args(specs: Sequence[JobSpec], max_payload_bytes: int) -> list[str]:
     return args
 
 
-def parse_enqueue(reply: Any) -> list[str]:
-    return [s(pair[0]) for pair in reply]
+def parse_enqueue(reply: Any, args: list[str]) -> list[str]:
+    """enqueue.lua answers {flags, (index, id) pairs}: the ids are the ones sent, except where
+    an idempotency key named an earlier job."""
+    ids = [args[1 + i * ENQUEUE_FIELDS] for i in range(int(args[0]))]
+    subst = reply[1:]
+    for k in range(0, len(subst), 2):
+        ids[int(subst[k]) - 1] = s(subst[k + 1])
+    return ids
 
 
 def claim_args(worker_id: str, limit: int, lease_ms: int, nonce: str, reap_limit: int) -> list[str]:

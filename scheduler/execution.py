@@ -107,7 +107,7 @@ class Pipeline:
         ops = []
         for keys, op in items:
             req = op.send(None)
-            if not isinstance(req, Script) or req.wait is not None:
+            if not isinstance(req, Script):
                 raise TypeError("Pipeline runs single-script operations only")
             await self.scripts[req.name](keys=keys, args=req.args, client=pipe)
             ops.append(op)

@@ -32,8 +32,15 @@ class Script:
 
     name: str
     args: list[str]
-    # (replicas, timeout_ms): send WAIT on the same connection right after the script, and
-    # check that many replicas acknowledged it (see Settings.wait_replicas).
+
+
+@dataclass(frozen=True)
+class ScriptPipeline:
+    """Several script calls in one pipeline (one connection, one round trip); the reply is the
+    list of their replies. `wait` = (replicas, timeout_ms) appends WAIT, whose reply (how many
+    replicas acknowledged these writes) comes last (see Settings.wait_replicas)."""
+
+    calls: list[Script]
     wait: tuple[int, int] | None = None
 
 
@@ -44,7 +51,7 @@ class Commands:
     cmds: list[tuple[Any, ...]]
 
 
-Request = Script | Commands
+Request = Script | ScriptPipeline | Commands
 Op = Generator[Request, Any, T]
 
 _LISTABLE = ("due", "scheduled", "leased", "dead")
@@ -97,17 +104,16 @@ class Ops:
         wait = None
         if self.settings.wait_replicas > 0:
             wait = (self.settings.wait_replicas, self.settings.wait_timeout_ms)
+        if len(batches) == 1 and wait is None:
+            replies = [(yield Script("enqueue", batches[0]))]
+        else:
+            # All batches in one pipeline: Redis runs one while the next is still arriving.
+            replies = yield ScriptPipeline([Script("enqueue", a) for a in batches], wait)
         ids: list[str] = []
-        for args in batches:
-            reply = yield Script("enqueue", args, wait)
-            if wait is not None:
-                reply, acked = reply
-                batch_ids = codec.parse_enqueue(reply)
-                if acked < wait[0]:
-                    raise NotDurable(ids + batch_ids, acked, wait[0])
-                ids.extend(batch_ids)
-            else:
-                ids.extend(codec.parse_enqueue(reply))
+        for args, reply in zip(batches, replies, strict=False):
+            ids.extend(codec.parse_enqueue(reply, args))
+        if wait is not None and int(replies[-1]) < wait[0]:
+            raise NotDurable(ids, int(replies[-1]), wait[0])
         return ids
 
     # -- workers ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def twice(q: Queue, client: redis.Redis, name: str, args: list[str]) -> tuple[An
     return first, second
 
 
-ENQ = ["j1", "t", '{"a":1}', "in", "0", "3", "1000", "2.0", "60000", "0.0", "0", "", "1000"]
+ENQ = ["j1", "t", '{"a":1}', "in", "0", "3", "1000,2.0,60000,0.0", "0", "", "1000"]
 
 
 def test_each_transition_sent_twice_equals_once(
@@ -29,14 +29,14 @@ def test_each_transition_sent_twice_equals_once(
     q, clock = tq
     clock.set_s(100)
     first, second = twice(q, client, "enqueue", ["1", *ENQ])
-    assert first == [["j1", 1]] and second == [["j1", 0]]
+    assert first == ["c"] and second == ["e"]
 
     idem = ENQ.copy()
-    idem[0], idem[11] = "j2", "k" * 64
+    idem[0], idem[8] = "j2", "k" * 64
     twice(q, client, "enqueue", ["1", *idem])
     other = idem.copy()
     other[0] = "j3"  # a different id with the same idempotency key: the first job's id
-    assert q._execute(Script("enqueue", ["1", *other])) == [["j2", 0]]
+    assert q._execute(Script("enqueue", ["1", *other])) == ["e", 1, "j2"]
 
     first, second = twice(q, client, "claim", ["w", "1", "30000", "n0nce", "100"])
     assert first == second and first[2] == 1
