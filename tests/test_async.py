@@ -68,3 +68,30 @@ def test_wait_replicas_raises_when_no_replica_acknowledges(
     assert Queue(client, queue_name).counts().due_now == 1
     for key in client.scan_iter(match=q.keys.pattern()):
         client.delete(key)
+
+
+def test_batches_go_in_one_pipeline_on_both_clients(redis_url: str, q: Queue) -> None:
+    """Several batches (and the WAIT path) through the pipelined request, sync and async."""
+    from scheduler.errors import NotDurable
+
+    specs = [JobSpec("t", {"n": i}, job_id=f"p{i}") for i in range(5)]
+    assert q.enqueue_many(specs[:3], batch_size=2) == ["p0", "p1", "p2"]
+
+    async def main() -> None:
+        client = aredis.Redis.from_url(redis_url, decode_responses=True)
+        aq = AsyncQueue(client, q.name)
+        try:
+            # p2 is there already: its id comes back, nothing is written twice.
+            assert await aq.enqueue_many(specs[2:], batch_size=2) == ["p2", "p3", "p4"]
+            keyed = [JobSpec("t", None, key="once"), JobSpec("t", None, key="once")]
+            first, second = await aq.enqueue_many(keyed, batch_size=1)
+            assert first == second
+            durable = AsyncQueue(client, q.name, wait_replicas=1, wait_timeout_ms=20)
+            with pytest.raises(NotDurable) as info:
+                await durable.enqueue_many([JobSpec("t", None, job_id="d1")], batch_size=1)
+            assert info.value.job_ids == ["d1"]
+        finally:
+            await aq.aclose()
+
+    asyncio.run(main())
+    assert q.counts().due_now == 7
