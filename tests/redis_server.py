@@ -65,3 +65,17 @@ class RedisProcess:
 
 def find_redis_server() -> str | None:
     return shutil.which("redis-server")
+
+
+def require_binary(name: str, why: str) -> str:
+    """The path of a binary a test needs. Missing: skip locally, but fail under CI=true, where
+    a silently skipped real-Redis test would hide a broken set-up."""
+    import pytest
+
+    path = shutil.which(name)
+    if path is None:
+        message = f"{why}: {name} not found on PATH"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path

@@ -26,7 +26,7 @@ from scheduler.doctor import (
 from scheduler.inspection import server_now_ms
 from scheduler.keys import QueueKeys
 from tests.conftest import dump_queue
-from tests.redis_server import RedisProcess, find_redis_server
+from tests.redis_server import RedisProcess, require_binary
 
 Run = Callable[..., Result]
 HOUR_MS = 3_600_000
@@ -259,9 +259,7 @@ def test_no_false_findings_under_a_live_worker(
 
 @pytest.fixture
 def durable_server() -> Iterator[RedisProcess]:
-    binary = find_redis_server()
-    if binary is None:
-        pytest.skip("needs a redis-server binary for a second private server")
+    binary = require_binary("redis-server", "a second private server")
     server = RedisProcess(binary, ["--appendonly", "yes", "--appendfsync", "always",
                                    "--maxmemory-policy", "noeviction"]).start()  # fmt: skip
     yield server

@@ -10,14 +10,13 @@ import redis
 from click.testing import CliRunner
 
 from scheduler.cli import main
-from tests.redis_server import RedisProcess, find_redis_server
+from tests.redis_server import RedisProcess, require_binary
 
 
 @pytest.fixture(scope="module")
 def volatile_url() -> Iterator[str]:
     """A server that keeps nothing on disk (persistence off) and may evict keys."""
-    binary = find_redis_server()
-    assert binary, "redis-server is required"
+    binary = require_binary("redis-server", "a server with unsafe settings")
     server = RedisProcess(binary, ["--maxmemory-policy", "allkeys-lru"]).start()
     try:
         yield server.url

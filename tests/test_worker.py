@@ -10,7 +10,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 import redis
 from click.testing import CliRunner
 
@@ -167,11 +166,9 @@ def test_poison_job_dead_after_max_attempts(redis_url: str, client: redis.Redis,
 
 
 def test_worker_survives_redis_restart(tmp_path: Path) -> None:
-    from tests.redis_server import RedisProcess, find_redis_server
+    from tests.redis_server import RedisProcess, require_binary
 
-    binary = find_redis_server()
-    if binary is None:
-        pytest.skip("needs redis-server")
+    binary = require_binary("redis-server", "a server to restart")
     srv = RedisProcess(binary, ["--appendonly", "yes", "--appendfsync", "always"]).start()
     w: subprocess.Popen[bytes] | None = None
     try:

@@ -23,19 +23,14 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from tests.redis_server import RedisProcess, find_redis_server
+from tests.redis_server import RedisProcess, require_binary
 
 DURABLE = ("--appendonly", "yes", "--appendfsync", "always")
 
 
 @pytest.fixture(scope="session")
 def redis_binary() -> str:
-    binary = find_redis_server()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("fault tests need a redis-server binary")
-        pytest.skip("fault tests need a redis-server binary")
-    return binary
+    return require_binary("redis-server", "fault tests start their own servers")
 
 
 def free_port() -> int:
@@ -297,8 +292,7 @@ def make_tls(dir: str) -> Tls:
 
 @pytest.fixture(scope="session")
 def tls_certs() -> Iterator[Tls]:
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl CLI to make test certificates")
+    require_binary("openssl", "TLS tests make their certificates with it")
     d = tempfile.mkdtemp(prefix="stls")
     try:
         yield make_tls(d)
