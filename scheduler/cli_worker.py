@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from scheduler import logs
 from scheduler.execution import TRANSIENT
+from scheduler.keys import check_job_id
 from scheduler.registry import Registry
 from scheduler.startup import UnsafeServer, check_or_warn_async
 from scheduler.worker import (
@@ -59,12 +60,18 @@ def load_registry(target: str) -> Registry:
 
 
 async def _serve(
-    url: str, registry: Registry, settings: WorkerSettings, port: int | None, *, strict: bool
+    url: str,
+    registry: Registry,
+    settings: WorkerSettings,
+    port: int | None,
+    *,
+    strict: bool,
+    worker_id: str | None,
 ) -> int:
     client = aredis.Redis.from_url(
         url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30
     )
-    worker = Worker(client, registry, settings)
+    worker = Worker(client, registry, settings, worker_id=worker_id)
     try:
         await worker.preflight()
     except _START_ERRORS as exc:
@@ -163,9 +170,15 @@ def register(main: click.Group) -> None:
     help="Refuse to start (exit 2) when the Redis settings break the never-lost promise "
     "(persistence off, an evicting maxmemory-policy, Redis < 7); without it: a warning.",
 )
+@click.option(
+    "--worker-id",
+    default=None,
+    help="Name shown by `scheduler workers` and in logs (default: host:pid:random).",
+)
 def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: int, lease_ms: int,
                heartbeat_ms: int, batch_size: int, grace_s: float, log_level: str,
-               json_logs: bool, metrics_port: int | None, strict: bool) -> None:  # fmt: skip
+               json_logs: bool, metrics_port: int | None, strict: bool,
+               worker_id: str | None) -> None:  # fmt: skip
     """Run handlers from REGISTRY (module:attribute, a scheduler.registry.Registry).
 
     Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 1 crashed, 2 unsafe or invalid settings
@@ -177,6 +190,8 @@ def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: in
                               grace_s)  # fmt: skip
     try:
         settings.check()
+        if worker_id is not None:
+            check_job_id(worker_id)  # the same safe alphabet: it becomes part of a key name
     except SettingsError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_USAGE)
@@ -189,7 +204,9 @@ def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: in
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_IMPORT)
     try:
-        code = run_loop(_serve(url, reg, settings, metrics_port, strict=strict))
+        code = run_loop(
+            _serve(url, reg, settings, metrics_port, strict=strict, worker_id=worker_id)
+        )
     except Exception as exc:
         logging.getLogger(logs.LOGGER).exception("worker crashed: %s", exc)
         code = EXIT_ERROR

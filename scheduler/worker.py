@@ -173,8 +173,10 @@ class Worker:
         bg = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._reporter_loop(), name="reporter"),
-            asyncio.create_task(self._waker_loop(), name="waker"),
-        ]
+            # One blocking pop per queue: the queues' keys live in different cluster slots.
+            *(asyncio.create_task(self._waker_loop(q.keys.wake), name=f"waker:{q.name}")
+              for q in self.queues),
+        ]  # fmt: skip
         try:
             await self._claim_loop()
             await self._drain()
@@ -309,15 +311,14 @@ class Worker:
         finally:
             self._idle.clear()
 
-    async def _waker_loop(self) -> None:
-        keys = [q.keys.wake for q in self.queues]
+    async def _waker_loop(self, key: str) -> None:
         backoff = Backoff()
         while not self._closed:
             await self._idle.wait()
             if self._closed:
                 return
             try:
-                got = await self.client.blpop(keys, timeout=_WAKE_BLOCK_S)
+                got = await self.client.blpop([key], timeout=_WAKE_BLOCK_S)
             except TRANSIENT as exc:
                 if self._closed:  # redis-py turns a cancelled BLPOP into a ConnectionError
                     return
