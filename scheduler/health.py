@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisError
+
 MIN_VERSION = (7, 0)
 SAFE_EVICTION = "noeviction"
 
@@ -47,7 +49,15 @@ def check_server(info: dict[str, Any], config: dict[str, str]) -> list[Finding]:
         ))  # fmt: skip
     aof = int(info.get("aof_enabled", 0) or 0)
     rdb_save = config.get("save")
-    if not aof and not rdb_save:
+    if not aof and not config:
+        # CONFIG refused (an ACL user): RDB snapshots cannot be seen, so "off" is not proven.
+        out.append(Finding(
+            "persistence-unknown", "warning",
+            "AOF is off and CONFIG is not allowed to this user, so RDB snapshots cannot be "
+            "checked: a restart may lose every job",
+            "redis-cli CONFIG SET appendonly yes (as an admin)",
+        ))  # fmt: skip
+    elif not aof and not rdb_save:
         out.append(Finding(
             "persistence-off", "error",
             "persistence is off (no AOF, no RDB snapshots): a restart loses every job",
@@ -69,15 +79,33 @@ def check_server(info: dict[str, Any], config: dict[str, str]) -> list[Finding]:
     return out
 
 
+INFO_SECTIONS = ("server", "persistence", "memory")
+CONFIG_NAMES = ("maxmemory-policy", "appendfsync", "save")
+
+
 def read_server(client: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """INFO and the few CONFIG values we need; CONFIG may be refused to a least-privilege user."""
     info: dict[str, Any] = {}
-    for section in ("server", "persistence", "memory"):
+    for section in INFO_SECTIONS:
         info.update(client.info(section))
     config: dict[str, str] = {}
     try:
-        for name in ("maxmemory-policy", "appendfsync", "save"):
+        for name in CONFIG_NAMES:
             config.update({k: str(v) for k, v in client.config_get(name).items()})
-    except Exception:  # NOPERM for ACL users without CONFIG; INFO still answers
+    except RedisError:  # NOPERM for ACL users without CONFIG; INFO still answers
+        config = {}
+    return info, config
+
+
+async def read_server_async(client: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """read_server for a redis.asyncio client."""
+    info: dict[str, Any] = {}
+    for section in INFO_SECTIONS:
+        info.update(await client.info(section))
+    config: dict[str, str] = {}
+    try:
+        for name in CONFIG_NAMES:
+            config.update({k: str(v) for k, v in (await client.config_get(name)).items()})
+    except RedisError:
         config = {}
     return info, config

@@ -9,7 +9,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from scheduler.errors import SchedulerError
-from scheduler.health import Finding, check_server, read_server
+from scheduler.health import Finding, check_server, read_server, read_server_async
 
 
 class UnsafeServer(SchedulerError):
@@ -23,25 +23,6 @@ class UnsafeServer(SchedulerError):
         self.findings = findings
 
 
-def findings_for(info: dict[str, Any], config: dict[str, str]) -> list[Finding]:
-    """check_server, made honest about what a user without CONFIG can see: with no CONFIG
-    values and AOF off, RDB snapshots may still be on, so 'persistence-off' is not proven."""
-    found = check_server(info, config)
-    if config:
-        return found
-    out = []
-    for f in found:
-        if f.code == "persistence-off":
-            f = Finding(
-                "persistence-unknown", "warning",
-                "AOF is off and CONFIG is not allowed to this user, so RDB snapshots cannot be "
-                "checked: a restart may lose every job",
-                "redis-cli CONFIG SET appendonly yes (as an admin)",
-            )  # fmt: skip
-        out.append(f)
-    return out
-
-
 def check_or_warn(client: Any, *, strict: bool, log: Callable[[str], object]) -> list[Finding]:
     """Read the server's settings (sync redis.Redis client) and log one line per finding with
     its fix. With strict=True, raise UnsafeServer when any finding is an 'error'. Returns the
@@ -50,7 +31,7 @@ def check_or_warn(client: Any, *, strict: bool, log: Callable[[str], object]) ->
         info, config = read_server(client)
     except RedisError as exc:
         return _report([_unreadable(exc)], strict=strict, log=log)
-    return _report(findings_for(info, config), strict=strict, log=log)
+    return _report(check_server(info, config), strict=strict, log=log)
 
 
 async def check_or_warn_async(
@@ -58,22 +39,10 @@ async def check_or_warn_async(
 ) -> list[Finding]:
     """check_or_warn for a redis.asyncio client (the worker's)."""
     try:
-        info: dict[str, Any] = {}
-        for section in _INFO_SECTIONS:
-            info.update(await client.info(section))
+        info, config = await read_server_async(client)
     except RedisError as exc:
         return _report([_unreadable(exc)], strict=strict, log=log)
-    config: dict[str, str] = {}
-    try:
-        for name in _CONFIG_NAMES:
-            config.update({k: str(v) for k, v in (await client.config_get(name)).items()})
-    except RedisError:  # NOPERM for least-privilege users: INFO alone is checked
-        config = {}
-    return _report(findings_for(info, config), strict=strict, log=log)
-
-
-_INFO_SECTIONS = ("server", "persistence", "memory")
-_CONFIG_NAMES = ("maxmemory-policy", "appendfsync", "save")
+    return _report(check_server(info, config), strict=strict, log=log)
 
 
 def _unreadable(exc: Exception) -> Finding:

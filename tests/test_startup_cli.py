@@ -47,3 +47,15 @@ def test_enqueue_warns_but_accepts_without_strict(volatile_url: str) -> None:
     assert "warning:" in res.output and "maxmemory-policy" in res.output
     client = redis.Redis.from_url(volatile_url, decode_responses=True)
     assert client.zcard("sched:{warnq}:due") == 1
+
+
+def test_doctor_and_startup_share_one_judgement_of_unseen_snapshots() -> None:
+    """With CONFIG refused, AOF off does not prove persistence off (RDB may be on): every user of
+    health.check_server (doctor, worker, CLI) gets a warning, not an error."""
+    from scheduler.health import check_server
+
+    info = {"redis_version": "7.0.15", "aof_enabled": 0, "maxmemory_policy": "noeviction"}
+    assert [(f.code, f.severity) for f in check_server(info, {})] == [
+        ("persistence-unknown", "warning")
+    ]
+    assert [f.code for f in check_server(info, {"save": ""})] == ["persistence-off"]
