@@ -1,10 +1,17 @@
-"""The "ceiling loop": the least work a Lua-claiming Redis scheduler must do per job.
+"""Reference models on the same server: the least work a Redis scheduler must do per job.
 
-    python bench/ceiling.py '<json args: {"url": ..., "n": ...}>'
+    python bench/ceiling.py '<json args: {"url": ..., "n": ..., "mode": "claim" | "enqueue"}>'
 
-Preloads n ids into a due ZSET, then loops: one EVALSHA moves up to 100 due ids to a leased
-ZSET and returns them, then one pipeline sends ZREM leased <id> per id (the "complete" step).
-Prints one JSON line: {"n", "seconds", "jobs_per_s"}. Needs only redis-py.
+mode "claim" (the "ceiling loop", default): preloads n ids into a due ZSET, then loops: one
+EVALSHA moves up to 100 due ids to a leased ZSET and returns them, then one pipeline sends
+ZREM leased <id> per id (the "complete" step).
+
+mode "enqueue" (the "pipelined enqueue model", the reference for bulk enqueue): builds n jobs in
+Python (id, the common JSON payload) and sends, per job, HSET job:<id> payload <json> state
+queued + ZADD due <now> <id>, one pipeline execute per 1,000 jobs (timed: build + send).
+It stores less than any real scheduler does, so it is an upper bound for a Python client.
+
+Prints one JSON line: {"n", "seconds", "jobs_per_s", ...}. Needs only redis-py.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -69,6 +77,42 @@ def loop(url: str, n: int) -> dict[str, Any]:
     }
 
 
+ENQ_DUE = "ceil:enq:due"
+PAD = "x" * 64  # as bench/common.payload
+
+
+def enqueue_model(url: str, n: int) -> dict[str, Any]:
+    if ":6379" in url:
+        raise RuntimeError("refusing to touch the shared server")
+    r = redis.Redis.from_url(url)
+    r.flushdb()
+    t0 = time.perf_counter()
+    now = time.time()
+    with r.pipeline(transaction=False) as pipe:
+        for i in range(n):
+            job_id = uuid.uuid4().hex
+            data = json.dumps({"i": i, "t": 0, "pad": PAD})
+            pipe.hset(f"ceil:job:{job_id}", mapping={"payload": data, "state": "queued"})
+            pipe.zadd(ENQ_DUE, {job_id: now})
+            if (i + 1) % 1000 == 0:
+                pipe.execute()
+        pipe.execute()
+    seconds = time.perf_counter() - t0
+    stored = int(r.zcard(ENQ_DUE))
+    r.flushdb()
+    return {
+        "n": n,
+        "stored": stored,
+        "seconds": seconds,
+        "jobs_per_s": n / seconds,
+        "redis_py": redis.__version__,
+        "model": "per job HSET(payload, state) + ZADD, pipelines of 1,000 jobs",
+    }
+
+
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
-    print(json.dumps(loop(a["url"], int(a["n"]))))
+    if a.get("mode", "claim") == "enqueue":
+        print(json.dumps(enqueue_model(a["url"], int(a["n"]))))
+    else:
+        print(json.dumps(loop(a["url"], int(a["n"]))))

@@ -4,7 +4,7 @@
 
 json args: {"url": "unix:///.../r.sock", "tcp_url": "redis://127.0.0.1:PORT/0", "n": 1000,
             "sizes": {"<workload>": n, ...}, "delay_s": 2.0, "concurrency": null}
-("sizes" overrides "n" per workload.)
+("sizes" overrides "n" per workload; optional "transport": "unix" | "tcp" picks the URL.)
 
 Workloads: meta, enqueue_single, enqueue_bulk, drain, simultaneous, memory.
 Each output line is {"system", "workload", "ok", "result" | "error", "elapsed_s"}.
@@ -71,7 +71,7 @@ def run_workload(mod: ModuleType, workload: str, url: str, args: dict[str, Any])
     n = int(args.get("sizes", {}).get(workload, args.get("n", 1000)))
     if workload == "meta":
         info = dict(_call(_fn(mod, "meta")))
-        info.setdefault("transport", getattr(mod, "TRANSPORT", "unix"))
+        info.setdefault("transport", args.get("_transport", getattr(mod, "TRANSPORT", "unix")))
         info.setdefault("python", sys.version.split()[0])
         return info
     c.reset(url)
@@ -123,10 +123,11 @@ def main(argv: list[str]) -> int:
     # Modules that configure their library at import time read the URL from the environment.
     os.environ[c.ENV_URL] = args["url"]
     try:
-        mod = importlib.import_module(f"systems.{system}")
+        # System names may hold dashes (bullmq-node); module names use underscores.
+        mod = importlib.import_module(f"systems.{system.replace('-', '_')}")
         import_error = ""
     except ModuleNotFoundError as exc:
-        missing = exc.name == f"systems.{system}"
+        missing = exc.name == f"systems.{system.replace('-', '_')}"
         import_error = "driver missing" if missing else f"import failed: {exc}"
     except Exception as exc:
         import_error = f"import failed: {type(exc).__name__}: {exc}"
@@ -136,7 +137,12 @@ def main(argv: list[str]) -> int:
         if import_error:
             out.update(ok=False, error=import_error)
         else:
-            url = args["tcp_url"] if getattr(mod, "TRANSPORT", "unix") == "tcp" else args["url"]
+            # run.py's --transport picks the URL; a module may still force tcp (TRANSPORT = "tcp").
+            transport = args.get("transport") or getattr(mod, "TRANSPORT", "unix")
+            if getattr(mod, "TRANSPORT", "") == "tcp":
+                transport = "tcp"
+            url = args["tcp_url"] if transport == "tcp" else args["url"]
+            args["_transport"] = transport
             os.environ[c.ENV_URL] = url
             try:
                 out.update(ok=True, result=run_workload(mod, workload, url, args))

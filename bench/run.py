@@ -1,15 +1,18 @@
 """Benchmark entry point: peers vs ours vs the Redis ceiling, on a private redis-server.
 
-    python bench/run.py [--quick] [--systems a,b] [--out bench/results] [--chart docs/bench.png]
+    python bench/run.py [--quick] [--systems a,b] [--transport unix|tcp|both] [--sizes k=n,...]
+                        [--out bench/results] [--chart docs/bench.png]
 
-Standard library only: the peer libraries live in their own virtualenv(s) under bench/
-(created here on first use), "ours" runs in the current interpreter.
+Standard library only: the Python peer libraries live in their own virtualenv(s) under bench/
+(created here on first use), the Node.js peer in bench/systems/bullmq_node/node_modules
+(`npm ci`, pinned by its package-lock.json); "ours" runs in the current interpreter.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -46,7 +49,8 @@ PEERS: dict[str, Peer] = {
     "rq": Peer(("rq==3.0.0",)),
     "arq": Peer(("arq==0.28.0",)),
     "saq": Peer(("saq==0.26.4",)),
-    "bullmq": Peer(("bullmq==2.15.0",)),
+    # The Python port of BullMQ; the real one (Node.js) is "bullmq-node" in NODE_PEERS.
+    "bullmq-py": Peer(("bullmq==2.15.0",)),
     "dramatiq": Peer(("dramatiq[redis]==2.2.1",)),
     "huey": Peer(("huey==3.5.4",)),
     "celery": Peer(("celery[redis]==5.6.3",)),
@@ -54,7 +58,12 @@ PEERS: dict[str, Peer] = {
     "taskiq": Peer(("taskiq==0.12.6", "taskiq-redis==1.0.9")),
     "streaq": Peer(("streaq==7.2.0",)),
 }
-SYSTEMS = ["ours", *PEERS]
+# Node.js peers: name -> directory with package.json + package-lock.json (exact versions) and a
+# Python shim (__init__.py) that driver.py imports; `npm ci` installs node_modules there.
+NODE_PEERS: dict[str, Path] = {"bullmq-node": BENCH / "systems" / "bullmq_node"}
+ALL_PEERS = [*NODE_PEERS, *PEERS]
+SYSTEMS = ["ours", *ALL_PEERS]
+TRANSPORTS = {"unix": ["unix"], "tcp": ["tcp"], "both": ["unix", "tcp"]}
 
 FULL = {
     "enqueue_single": 5000,
@@ -148,6 +157,41 @@ def ensure_venvs(names: list[str], reinstall: bool) -> dict[str, dict[str, Any]]
     return status
 
 
+def ensure_node(names: list[str], reinstall: bool) -> dict[str, dict[str, Any]]:
+    """`npm ci` each Node peer, cached by the sha256 of its package-lock.json."""
+    status: dict[str, dict[str, Any]] = {}
+    for name in names:
+        pdir = NODE_PEERS[name]
+        lock = pdir / "package-lock.json"
+        stamp_path = pdir / "node_modules" / "bench-install.json"
+        digest = hashlib.sha256(lock.read_bytes()).hexdigest() if lock.exists() else ""
+        reqs = [f"npm ci ({pdir.relative_to(ROOT)}/package-lock.json)"]
+        prev: dict[str, Any] = {}
+        if stamp_path.exists():
+            prev = json.loads(stamp_path.read_text())
+        if prev.get("lock_sha256") != digest or not prev.get("ok") or reinstall:
+            log(f"installing {name}: npm ci in {pdir.relative_to(ROOT)}")
+            try:
+                out = subprocess.run(
+                    ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                    cwd=pdir,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                )
+                ok, reason = out.returncode == 0, (out.stderr or out.stdout).strip()[-600:]
+            except (OSError, subprocess.SubprocessError) as exc:
+                ok, reason = False, str(exc)
+            prev = {"lock_sha256": digest, "ok": ok, "reason": "" if ok else reason}
+            if ok:
+                stamp_path.write_text(json.dumps(prev, indent=1))
+            else:
+                log(f"  {name} install failed: {reason}")
+        status[name] = {"requirements": reqs, "ok": prev["ok"], "reason": prev["reason"],
+                        "venv": "node_modules"}  # fmt: skip
+    return status
+
+
 # --------------------------------------------------------------------------- subprocesses
 
 
@@ -208,10 +252,12 @@ def run_system(
     timeout: float,
     pidfile: Path,
     concurrency: int | None,
+    transport: str = "unix",
 ) -> dict[str, Any]:
     entry: dict[str, Any] = {"status": "ok", "python": py, "workloads": {}}
     for wls in groups:
         args = {
+            "transport": transport,
             "url": server.url,
             "tcp_url": server.tcp_url,
             "n": sizes.get(wls[-1], 1000),
@@ -236,7 +282,7 @@ def run_system(
             else:
                 entry["workloads"][w] = row
             mark = "ok" if row.get("ok") else f"FAILED: {row.get('error', '')[:160]}"
-            log(f"  {name}.{w}: {mark}")
+            log(f"  {name}[{transport}].{w}: {mark}")
         log(f"  ({time.perf_counter() - t0:.1f}s)")
     return entry
 
@@ -309,7 +355,7 @@ def compute_ratios(results: dict[str, Any]) -> dict[str, Any]:
     ceiling = results.get("ceiling", {}).get("loop", {}).get("jobs_per_s")
     ratios: dict[str, Any] = {"best_peer": {}, "to_best_peer": {}, "to_ceiling": {}}
     for workload, key in METRICS:
-        vals = {n: metric(e, workload, key) for n, e in systems.items() if n in PEERS}
+        vals = {n: metric(e, workload, key) for n, e in systems.items() if n in ALL_PEERS}
         good = {n: v for n, v in vals.items() if v is not None and (v > 0 or workload != "memory")}
         if not good:
             continue
@@ -336,24 +382,19 @@ def fmt(v: float | None, digits: int = 0) -> str:
     return f"{v:,.{digits}f}"
 
 
-def markdown(results: dict[str, Any]) -> str:
-    systems: dict[str, Any] = results["systems"]
-    ratios = results["ratios"]
-    ceiling = results.get("ceiling", {})
-    loop = ceiling.get("loop", {}).get("jobs_per_s")
-    mode = "quick" if results["quick"] else "full"
+TRANSPORT_LABEL = {"unix": "unix socket", "tcp": "TCP 127.0.0.1"}
+
+
+def by_transport(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per-transport runs; results files from before --transport hold one (unix) run."""
+    by: dict[str, dict[str, Any]] = results.get("by_transport") or {
+        "unix": {"systems": results["systems"], "ratios": results["ratios"]}
+    }
+    return by
+
+
+def system_table(systems: dict[str, Any], ratios: dict[str, Any]) -> list[str]:
     lines = [
-        f"# Benchmark results ({mode} run, {results['timestamp']})",
-        "",
-        f"Machine: {results['host']['cpus']} CPUs, {results['host']['platform']}, Python "
-        f"{results['host']['python']}; private redis-server {results['redis']['version']} on a "
-        "unix socket. The machine is shared and noisy: read the ratios (xbest peer, xceiling "
-        "loop, both from this same run), not the absolute numbers.",
-        "",
-        "Sizes: "
-        + ", ".join(f"{k} n={v}" for k, v in results["sizes"].items())
-        + f"; simultaneous jobs due {DELAY_S:g} s ahead (rounded up to a whole second).",
-        "",
         "| system | version | enqueue jobs/s (xbest) | bulk enqueue jobs/s (xbest) "
         "| drain jobs/s (xbest, xceiling) | lateness ms first / p50 / p99 / max (p99 xbest) "
         "| early | bytes/job (xbest) | status |",
@@ -416,6 +457,68 @@ def markdown(results: dict[str, Any]) -> str:
         ),
         "",
     ]
+    return lines
+
+
+VERSUS = "bullmq-node"
+# (label, workload, result key, higher is better)
+VERSUS_ROWS = [
+    ("drain jobs/s", "drain", "jobs_per_s", True),
+    ("single enqueue jobs/s", "enqueue_single", "jobs_per_s", True),
+    ("bulk enqueue jobs/s", "enqueue_bulk", "jobs_per_s", True),
+    ("simultaneous start lateness p99 ms", "simultaneous", "p99_ms", False),
+    ("simultaneous start lateness max ms", "simultaneous", "max_ms", False),
+    ("bytes per pending job", "memory", "bytes_per_job", False),
+]
+
+
+def versus_lines(systems: dict[str, Any], label: str) -> list[str]:
+    """ours / bullmq-node for each headline metric, from the same run and transport."""
+    ours, ref = systems.get("ours"), systems.get(VERSUS)
+    if not ours or not ref:
+        return []
+    out = [
+        f"ours vs {VERSUS} over {label} (ratio = ours / {VERSUS}; for lateness and bytes lower "
+        "is better, so a ratio < 1 means ours wins):",
+        "",
+        f"| metric | ours | {VERSUS} | ratio | ours better? |",
+        "|---|---|---|---|---|",
+    ]
+    for what, workload, key, higher in VERSUS_ROWS:
+        a, b = metric(ours, workload, key), metric(ref, workload, key)
+        ratio = a / b if a is not None and b else None
+        better = "?" if ratio is None else ("yes" if (ratio >= 1) == higher else "no")
+        if ratio is not None and ratio == 1:
+            better = "tie"
+        rs = "?" if ratio is None else f"{ratio:.2f}x"
+        out.append(f"| {what} | {fmt(a)} | {fmt(b)} | {rs} | {better} |")
+    return [*out, ""]
+
+
+def markdown(results: dict[str, Any]) -> str:
+    by = by_transport(results)
+    ceiling = results.get("ceiling", {})
+    loop = ceiling.get("loop", {}).get("jobs_per_s")
+    mode = "quick" if results["quick"] else "full"
+    lines = [
+        f"# Benchmark results ({mode} run, {results['timestamp']})",
+        "",
+        f"Machine: {results['host']['cpus']} CPUs, {results['host']['platform']}, Python "
+        f"{results['host']['python']}; private redis-server {results['redis']['version']} over "
+        f"{results['redis'].get('transport', 'a unix socket')}. The machine is shared and noisy: "
+        "read the ratios (xbest peer, xceiling loop, ours vs bullmq-node, all from this same "
+        "run), not the absolute numbers.",
+        "",
+        "Sizes: "
+        + ", ".join(f"{k} n={v}" for k, v in results["sizes"].items())
+        + f"; simultaneous jobs due {DELAY_S:g} s ahead (rounded up to a whole second).",
+        "",
+    ]
+    for transport, run in by.items():
+        label = TRANSPORT_LABEL.get(transport, transport)
+        lines += [f"## Over {label}", ""]
+        lines += system_table(run["systems"], run["ratios"])
+        lines += versus_lines(run["systems"], label)
     lines += ["## Ceiling (same server, same run)", ""]
     if loop:
         lp = ceiling["loop"]
@@ -426,6 +529,14 @@ def markdown(results: dict[str, Any]) -> str:
         )
     elif ceiling.get("loop"):
         lines.append(f"- ceiling loop failed: {ceiling['loop'].get('error')}")
+    em = ceiling.get("enqueue_model", {})
+    if em.get("jobs_per_s"):
+        lines.append(
+            f"- pipelined enqueue model ({em.get('model')}, redis-py {em.get('redis_py', '?')}): "
+            f"**{fmt(em['jobs_per_s'])} jobs/s** over {em.get('n')} jobs"
+        )
+    elif em:
+        lines.append(f"- pipelined enqueue model failed: {em.get('error')}")
     for k, v in ceiling.get("redis_benchmark", {}).items():
         lines.append(
             f"- redis-benchmark {k}: {fmt(v) if isinstance(v, float) else v}"
@@ -433,10 +544,11 @@ def markdown(results: dict[str, Any]) -> str:
         )
     lines += claim_latency_lines(results) + targets_lines(results)
     lines += ["", "## How each system was driven", ""]
-    for name, e in systems.items():
+    first = next(iter(by.values()))["systems"]
+    for name, e in first.items():
         meta = e.get("meta") or {}
         settings = meta.get("settings", {})
-        extra = {k: v for k, v in meta.items() if k not in ("settings", "version")}
+        extra = {k: v for k, v in meta.items() if k not in ("settings", "version", "transport")}
         desc = "; ".join(f"{k}: {v}" for k, v in settings.items())
         if e["status"] != "ok":
             desc = f"{e['status']}: {e.get('reason', '')}"
@@ -475,20 +587,11 @@ def claim_latency_lines(results: dict[str, Any]) -> list[str]:
 
 
 def targets_lines(results: dict[str, Any]) -> list[str]:
-    """Where ours stands against the project's targets, from this run's numbers only."""
-    ours = results.get("systems", {}).get("ours", {})
-    if ours.get("status") not in ("ok", "partial"):
-        return []
-    ratios = results.get("ratios", {})
-    best = ratios.get("best_peer", {})
-    to_best = ratios.get("to_best_peer", {}).get("ours", {})
-    to_ceil = ratios.get("to_ceiling", {}).get("ours", {})
-    sim = ours.get("workloads", {}).get("simultaneous", {})
-    sim = sim.get("result", sim)
-    bulk = metric(ours, "enqueue_bulk", "jobs_per_s")
-    mem = metric(ours, "memory", "bytes_per_job")
+    """Where ours stands against the project's targets (issue 16), from this run's numbers only."""
+    by = by_transport(results)
     lat = [r for r in results.get("claim_latency", []) if r.get("bench") == "claim_latency"]
     lat_ratio = lat[-1]["p50_ms"] / lat[0]["p50_ms"] if len(lat) > 1 else None
+    model = results.get("ceiling", {}).get("enqueue_model", {}).get("jobs_per_s")
 
     def row(what: str, value: str, ok: bool | None) -> str:
         return f"| {what} | {value} | {'met' if ok else 'not met' if ok is not None else '?'} |"
@@ -496,43 +599,57 @@ def targets_lines(results: dict[str, Any]) -> list[str]:
     def r2(x: float | None) -> str:
         return "?" if x is None else f"{x:.2f}x"
 
-    d_best, d_ceil = to_best.get("drain"), to_ceil.get("drain")
-    single = to_best.get("enqueue_single")
-    mem_best = best.get("memory", {}).get("value")
-    max_ms = sim.get("max_ms")
     out = ["", "## Targets (from this run)", "", "| target | this run | |", "|---|---|---|"]
-    out.append(
-        row("drain >= 5x the best peer", r2(d_best), None if d_best is None else d_best >= 5)
-    )
-    out.append(
-        row(
-            "drain >= 50% of the ceiling loop",
-            r2(d_ceil),
-            None if d_ceil is None else d_ceil >= 0.5,
+    mem_done = False
+    for transport, run in by.items():
+        ours = run["systems"].get("ours", {})
+        if ours.get("status") not in ("ok", "partial"):
+            continue
+        tl = TRANSPORT_LABEL.get(transport, transport)
+        to_best = run["ratios"].get("to_best_peer", {}).get("ours", {})
+        ref = run["systems"].get(VERSUS, {})
+        d_ours, d_ref = metric(ours, "drain", "jobs_per_s"), metric(ref, "drain", "jobs_per_s")
+        d_vs = d_ours / d_ref if d_ours is not None and d_ref else None
+        out.append(row(f"[{tl}] drain >= {VERSUS}", r2(d_vs), None if d_vs is None else d_vs >= 1))
+        single = to_best.get("enqueue_single")
+        out.append(
+            row(
+                f"[{tl}] single enqueue >= the best peer's",
+                r2(single),
+                None if single is None else single >= 1,
+            )
         )
-    )
-    out.append(
-        row("bulk enqueue >= 80,000 jobs/s", fmt(bulk), None if bulk is None else bulk >= 80_000)
-    )
-    out.append(
-        row(
-            "single enqueue >= the best peer's", r2(single), None if single is None else single >= 1
+        bulk = metric(ours, "enqueue_bulk", "jobs_per_s")
+        b_vs = bulk / model if bulk is not None and model else None
+        out.append(
+            row(
+                f"[{tl}] bulk enqueue >= 80% of the pipelined enqueue model (unix)",
+                f"{r2(b_vs)} ({fmt(bulk)} / {fmt(model)})",
+                None if b_vs is None else b_vs >= 0.8,
+            )
         )
-    )
-    out.append(
-        row(
-            f"{sim.get('n', '?'):,} simultaneous jobs all started within 200 ms, none early",
-            f"max {fmt(max_ms)} ms, early {sim.get('early', '?')}",
-            None if max_ms is None else max_ms <= 200 and sim.get("early") == 0,
+        sim = ours.get("workloads", {}).get("simultaneous", {})
+        sim = sim.get("result", sim)
+        p99 = sim.get("p99_ms")
+        out.append(
+            row(
+                f"[{tl}] {sim.get('n', '?'):,} jobs due at one instant: p99 lateness <= 200 ms, "
+                "none early",
+                f"p99 {fmt(p99)} ms, max {fmt(sim.get('max_ms'))} ms, "
+                f"early {sim.get('early', '?')}",
+                None if p99 is None else p99 <= 200 and sim.get("early") == 0,
+            )
         )
-    )
-    out.append(
-        row(
-            "memory per pending job <= every peer's",
-            f"{fmt(mem)} B (best peer {fmt(mem_best)})",
-            None if mem is None or mem_best is None else mem <= mem_best,
-        )
-    )
+        mem = metric(ours, "memory", "bytes_per_job")
+        if not mem_done and mem is not None:
+            mem_done = True
+            out.append(
+                row(
+                    "memory per pending job <= 400 B (90-byte JSON payload)",
+                    f"{fmt(mem)} B",
+                    mem <= 400,
+                )
+            )
     out.append(
         row(
             f"claim latency at {lat[-1]['backlog'] if lat else '?':,} pending within 1.2x of 1,000",
@@ -562,19 +679,43 @@ def main() -> int:
         default=None,
         help="override every worker's concurrency (default: each library's own)",
     )
-    ap.add_argument("--reinstall", action="store_true", help="re-run pip for every peer")
+    ap.add_argument(
+        "--transport",
+        choices=sorted(TRANSPORTS),
+        default="both",
+        help="how every system reaches the private server: unix socket, tcp 127.0.0.1, or both "
+        "(each system runs once per transport; the report has one table each)",
+    )
+    ap.add_argument(
+        "--sizes",
+        default="",
+        help="override sizes, e.g. drain=5000,simultaneous=2000 (keys as in FULL/QUICK)",
+    )
+    ap.add_argument("--reinstall", action="store_true", help="re-run pip / npm ci for every peer")
     ap.add_argument("--no-ceiling", action="store_true")
     opts = ap.parse_args()
     wanted = [s.strip() for s in opts.systems.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in SYSTEMS]
     if unknown:
         ap.error(f"unknown systems: {unknown}; known: {SYSTEMS}")
-    sizes = QUICK if opts.quick else FULL
+    sizes = dict(QUICK if opts.quick else FULL)
+    for item in filter(None, (x.strip() for x in opts.sizes.split(","))):
+        key, _, val = item.partition("=")
+        if key not in sizes or not val.isdigit() or int(val) <= 0:
+            ap.error(f"--sizes: bad item {item!r}; keys: {','.join(sizes)}")
+        sizes[key] = int(val)
+    transports = TRANSPORTS[opts.transport]
     t_start = time.monotonic()
     install = ensure_venvs([s for s in wanted if s in PEERS], opts.reinstall)
+    install.update(ensure_node([s for s in wanted if s in NODE_PEERS], opts.reinstall))
     log(f"venvs ready in {time.monotonic() - t_start:.1f}s")
     peers_py = venv_python("peers")
+    # ceiling.py needs only redis-py: without the peers venv (no Python peer asked for) it runs
+    # in this interpreter; the result records which redis-py it used.
+    ceiling_py = str(peers_py) if peers_py.exists() else sys.executable
     timeout = 45.0 if opts.quick else 600.0
+    # Larger simultaneous/drain sizes than the quick defaults need a longer driver timeout.
+    timeout = max(timeout, 30.0 + sizes["simultaneous"] / 50 + sizes["drain"] / 100)
     if opts.quick:
         groups = [CLIENT_ONLY, ["drain"], ["simultaneous"]]
     else:
@@ -590,8 +731,10 @@ def main() -> int:
         },
         "sizes": {k: v for k, v in sizes.items()},
         "delay_s": DELAY_S,
+        "transports": transports,
         "install": install,
         "systems": {},
+        "by_transport": {},
         "ceiling": {},
     }
     with tempfile.TemporaryDirectory(prefix="benchpids") as piddir, private_server() as server:
@@ -599,50 +742,61 @@ def main() -> int:
         pidfile.write_text("")
         results["redis"] = {
             "version": server.cli("INFO", "server").split("redis_version:")[1].split()[0],
-            "transport": "unix socket (tcp 127.0.0.1 available)",
+            "transport": " and ".join(
+                "unix socket" if t == "unix" else "tcp 127.0.0.1" for t in transports
+            ),
         }
         log(f"private redis-server at {server.url} (tcp {server.port})")
-        for name in wanted:
-            log(f"system {name}")
-            if name == "ours":
-                if not (BENCH / "systems" / "ours.py").exists():
-                    results["systems"][name] = {
-                        "status": "skipped",
-                        "reason": "driver missing",
-                        "workloads": {},
-                    }
-                    log("  skipped: driver missing")
-                    continue
-                py = sys.executable
-            else:
-                if not install.get(name, {}).get("ok"):
-                    results["systems"][name] = {
+        for transport in transports:
+            systems: dict[str, Any] = {}
+            results["by_transport"][transport] = {"systems": systems}
+            for name in wanted:
+                log(f"system {name} over {transport}")
+                if name == "ours":
+                    if not (BENCH / "systems" / "ours.py").exists():
+                        systems[name] = {
+                            "status": "skipped",
+                            "reason": "driver missing",
+                            "workloads": {},
+                        }
+                        log("  skipped: driver missing")
+                        continue
+                    py = sys.executable
+                elif not install.get(name, {}).get("ok"):
+                    systems[name] = {
                         "status": "failed",
                         "workloads": {},
                         "reason": f"install failed: {install.get(name, {}).get('reason')}",
                     }
                     continue
-                py = str(venv_python(PEERS[name].venv))
-            results["systems"][name] = run_system(
-                name, py, groups, sizes, server, timeout, pidfile, opts.concurrency
-            )
+                elif name in NODE_PEERS:
+                    py = sys.executable  # the shim needs only redis-py; the work runs in node
+                else:
+                    py = str(venv_python(PEERS[name].venv))
+                systems[name] = run_system(
+                    name, py, groups, sizes, server, timeout, pidfile, opts.concurrency, transport
+                )
         if not opts.no_ceiling:
             log("ceiling: redis-benchmark")
             server.cli("FLUSHALL")
             results["ceiling"]["redis_benchmark"] = redis_benchmark(
                 server, sizes["redis_benchmark"]
             )
-            log("ceiling: claim-100 loop")
-            rows, err = run_json(
-                [
-                    str(peers_py),
-                    str(BENCH / "ceiling.py"),
-                    json.dumps({"url": server.url, "n": sizes["ceiling_loop"]}),
-                ],
-                timeout,
-                pidfile,
-            )
-            results["ceiling"]["loop"] = rows[-1] if rows else {"error": err}
+            for label, mode, n in (
+                ("loop", "claim", sizes["ceiling_loop"]),
+                ("enqueue_model", "enqueue", sizes["enqueue_bulk"]),
+            ):
+                log(f"ceiling: {mode} model")
+                rows, err = run_json(
+                    [
+                        ceiling_py,
+                        str(BENCH / "ceiling.py"),
+                        json.dumps({"url": server.url, "n": n, "mode": mode}),
+                    ],
+                    timeout,
+                    pidfile,
+                )
+                results["ceiling"][label] = rows[-1] if rows else {"error": err}
         if "ours" in wanted and (BENCH / "systems" / "ours.py").exists():
             # Its own private server: a million pending jobs should not share memory with the rest.
             log("ours: claim latency vs backlog")
@@ -659,6 +813,10 @@ def main() -> int:
                 pidfile,
             )
             results["claim_latency"] = rows if rows else [{"error": err}]
+    for run in results["by_transport"].values():
+        run["ratios"] = compute_ratios({**results, "systems": run["systems"]})
+    # Top-level "systems"/"ratios" (read by chart.py) are the first transport's.
+    results["systems"] = results["by_transport"][transports[0]]["systems"]
     results["ratios"] = compute_ratios(results)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""bullmq (Python port) driver: ``Queue.add`` / ``Queue.addBulk``; a ``Worker`` process."""
+"""bullmq-py (the Python port of BullMQ) driver: ``Queue.add`` / ``Queue.addBulk``; a ``Worker``
+process."""
 
 from __future__ import annotations
 
@@ -74,20 +75,20 @@ async def pending(url: str, n: int) -> None:
 
 
 def _cmd(concurrency: int | None) -> list[str]:
-    return [sys.executable, "-m", "systems.bullmq", str(concurrency or CONCURRENCY)]
+    return [sys.executable, "-m", "systems.bullmq_py", str(concurrency or CONCURRENCY)]
 
 
 def drain(url: str, n: int, concurrency: int | None) -> float:
     asyncio.run(pending(url, n))
     r = c.client(url)
-    with c.running("bullmq-drain", _cmd(concurrency), url) as proc:
+    with c.running("bullmq-py-drain", _cmd(concurrency), url) as proc:
         return c.drain_rate(n, *c.wait_count(r, n, 30 + n / 50, proc))
 
 
 def simultaneous(url: str, n: int, delay_s: float) -> list[float]:
     r = c.client(url)
-    with c.running("bullmq-sched", _cmd(None), url) as proc:
-        c.wait_ready(r, lambda: asyncio.run(pending(url, 1)), proc, "bullmq-sched")
+    with c.running("bullmq-py-sched", _cmd(None), url) as proc:
+        c.wait_ready(r, lambda: asyncio.run(pending(url, 1)), proc, "bullmq-py-sched")
         due = c.due_in(delay_s)
         asyncio.run(_bulk(url, n, due))
         return c.collect_lateness(r, n, due, c.lateness_timeout(delay_s, n), proc)
