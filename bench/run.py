@@ -204,9 +204,11 @@ def kill_leftovers(pidfile: Path) -> None:
     pidfile.write_text("")
 
 
-def run_json(cmd: list[str], timeout: float, pidfile: Path) -> tuple[list[dict[str, Any]], str]:
+def run_json(
+    cmd: list[str], timeout: float, pidfile: Path, extra_env: dict[str, str] | None = None
+) -> tuple[list[dict[str, Any]], str]:
     """Run a subprocess in its own process group; return its JSON stdout lines and stderr tail."""
-    env = dict(os.environ, BENCH_PIDFILE=str(pidfile), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, BENCH_PIDFILE=str(pidfile), PYTHONUNBUFFERED="1", **(extra_env or {}))
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -253,6 +255,7 @@ def run_system(
     pidfile: Path,
     concurrency: int | None,
     transport: str = "unix",
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     entry: dict[str, Any] = {"status": "ok", "python": py, "workloads": {}}
     for wls in groups:
@@ -267,7 +270,10 @@ def run_system(
         }
         t0 = time.perf_counter()
         rows, err = run_json(
-            [py, str(BENCH / "driver.py"), name, ",".join(wls), json.dumps(args)], timeout, pidfile
+            [py, str(BENCH / "driver.py"), name, ",".join(wls), json.dumps(args)],
+            timeout,
+            pidfile,
+            extra_env,
         )
         got = {r.get("workload"): r for r in rows}
         for w in wls:
@@ -586,6 +592,10 @@ def claim_latency_lines(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def count_s(n: object) -> str:
+    return f"{n:,}" if isinstance(n, int) else "?"
+
+
 def targets_lines(results: dict[str, Any]) -> list[str]:
     """Where ours stands against the project's targets (issue 16), from this run's numbers only."""
     by = by_transport(results)
@@ -633,7 +643,7 @@ def targets_lines(results: dict[str, Any]) -> list[str]:
         p99 = sim.get("p99_ms")
         out.append(
             row(
-                f"[{tl}] {sim.get('n', '?'):,} jobs due at one instant: p99 lateness <= 200 ms, "
+                f"[{tl}] {count_s(sim.get('n'))} jobs due at one instant: p99 lateness <= 200 ms, "
                 "none early",
                 f"p99 {fmt(p99)} ms, max {fmt(sim.get('max_ms'))} ms, "
                 f"early {sim.get('early', '?')}",
@@ -652,7 +662,8 @@ def targets_lines(results: dict[str, Any]) -> list[str]:
             )
     out.append(
         row(
-            f"claim latency at {lat[-1]['backlog'] if lat else '?':,} pending within 1.2x of 1,000",
+            f"claim latency at {count_s(lat[-1]['backlog'] if lat else None)} pending "
+            "within 1.2x of 1,000",
             r2(lat_ratio),
             None if lat_ratio is None else lat_ratio <= 1.2,
         )
@@ -691,6 +702,12 @@ def main() -> int:
         default="",
         help="override sizes, e.g. drain=5000,simultaneous=2000 (keys as in FULL/QUICK)",
     )
+    ap.add_argument(
+        "--ours-src",
+        default="",
+        help="directory holding the scheduler/ (and lua/) to bench as 'ours', e.g. a git archive "
+        "of one commit (default: the installed package)",
+    )
     ap.add_argument("--reinstall", action="store_true", help="re-run pip / npm ci for every peer")
     ap.add_argument("--no-ceiling", action="store_true")
     opts = ap.parse_args()
@@ -705,6 +722,18 @@ def main() -> int:
             ap.error(f"--sizes: bad item {item!r}; keys: {','.join(sizes)}")
         sizes[key] = int(val)
     transports = TRANSPORTS[opts.transport]
+    # --ours-src: import "ours" (driver, worker, claim latency) from another tree, e.g. a
+    # `git archive` of one commit, while the working tree is mid-change.
+    ours_env: dict[str, str] | None = None
+    if opts.ours_src:
+        src = Path(opts.ours_src).resolve()
+        if not (src / "scheduler" / "__init__.py").is_file():
+            ap.error(f"--ours-src {src}: no scheduler/__init__.py there")
+        ours_env = {
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(src), os.environ.get("PYTHONPATH", "")])
+            )
+        }
     t_start = time.monotonic()
     install = ensure_venvs([s for s in wanted if s in PEERS], opts.reinstall)
     install.update(ensure_node([s for s in wanted if s in NODE_PEERS], opts.reinstall))
@@ -732,6 +761,7 @@ def main() -> int:
         "sizes": {k: v for k, v in sizes.items()},
         "delay_s": DELAY_S,
         "transports": transports,
+        "ours_src": str(Path(opts.ours_src).resolve()) if opts.ours_src else "",
         "install": install,
         "systems": {},
         "by_transport": {},
@@ -774,7 +804,16 @@ def main() -> int:
                 else:
                     py = str(venv_python(PEERS[name].venv))
                 systems[name] = run_system(
-                    name, py, groups, sizes, server, timeout, pidfile, opts.concurrency, transport
+                    name,
+                    py,
+                    groups,
+                    sizes,
+                    server,
+                    timeout,
+                    pidfile,
+                    opts.concurrency,
+                    transport,
+                    ours_env if name == "ours" else None,
                 )
         if not opts.no_ceiling:
             log("ceiling: redis-benchmark")
@@ -811,6 +850,7 @@ def main() -> int:
                 ],
                 timeout,
                 pidfile,
+                ours_env,
             )
             results["claim_latency"] = rows if rows else [{"error": err}]
     for run in results["by_transport"].values():

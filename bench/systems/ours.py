@@ -6,11 +6,13 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import common as c
 import redis.asyncio as aredis
 
+import scheduler
 from scheduler import JobSpec, Queue
 from scheduler.registry import JobContext, Registry
 
@@ -34,6 +36,8 @@ def _queue(url: str) -> Queue:
 def meta() -> dict[str, Any]:
     return {
         "version": version("scheduler"),
+        # Which source tree ran (PYTHONPATH may point the bench at a snapshot of a commit).
+        "source": str(Path(scheduler.__file__).resolve().parent.parent),
         "settings": {
             "enqueue": "Queue.enqueue('task', payload)",
             "bulk": "Queue.enqueue_many([JobSpec...]) (one EVALSHA per 1000 jobs)",
