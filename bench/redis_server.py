@@ -1,16 +1,16 @@
-"""Start and stop a PRIVATE redis-server (never the shared one on 6379). Standard library only."""
+"""Start and stop a PRIVATE redis-server (never the shared one on 6379) for the benchmarks, through
+scheduler._spawn, the one spawner shared with the tests and the demo."""
 
 from __future__ import annotations
 
 import contextlib
-import shutil
-import socket
 import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+
+from scheduler._spawn import RedisProcess, free_port, redis_server_binary
+
+__all__ = ["Server", "free_port", "private_server"]
 
 
 @dataclass(frozen=True)
@@ -38,63 +38,12 @@ class Server:
         return out.stdout.strip()
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    if port == 6379:  # pragma: no cover - paranoia: never the shared server
-        return free_port()
-    return port
-
-
 @contextlib.contextmanager
 def private_server() -> Iterator[Server]:
     """A throw-away redis-server on a unix socket (short mkdtemp path) plus 127.0.0.1:<free>."""
-    tmp = tempfile.mkdtemp(prefix="rb")  # short: unix socket paths are limited to ~100 bytes
-    sock = str(Path(tmp) / "r.sock")
-    port = free_port()
-    cmd = [
-        "redis-server",
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--unixsocket",
-        sock,
-        "--unixsocketperm",
-        "700",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        tmp,
-        "--maxclients",
-        "2000",
-        "--logfile",
-        str(Path(tmp) / "redis.log"),
-    ]
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    server = Server(sock, port, proc)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {proc.returncode}")
-            with contextlib.suppress(subprocess.SubprocessError, OSError):
-                if Path(sock).exists() and server.cli("PING", timeout=2) == "PONG":
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not answer PING within 10 s")
-            time.sleep(0.05)
-        yield server
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        shutil.rmtree(tmp, ignore_errors=True)
+    binary = redis_server_binary()
+    if binary is None:
+        raise RuntimeError("the benchmarks need redis-server on PATH (apt-get install it)")
+    with RedisProcess(binary, ("--maxclients", "2000"), tcp=True) as proc:
+        assert proc.proc is not None
+        yield Server(proc.socket, proc.port, proc.proc)

