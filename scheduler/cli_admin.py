@@ -18,12 +18,14 @@ from scheduler import cli_dead, cli_doctor, cli_jobs
 from scheduler.cli_common import (
     EXIT_CODES_HELP,
     AdminCommand,
+    cell,
     connect,
     console,
     emit_json,
     fmt_ms,
     fmt_time,
     json_option,
+    markup_safe,
     queue_option,
     queues_option,
     resolve_queues,
@@ -84,7 +86,7 @@ def _stats_table(rows: list[dict[str, Any]]) -> Table:
     for r in rows:
         leased = f"{r['leased']}" + (f" ({r['lapsed']} lapsed)" if r["lapsed"] else "")
         t.add_row(
-            r["queue"], str(r["due_now"]), str(r["scheduled"]), leased, str(r["dead"]),
+            cell(r["queue"]), str(r["due_now"]), str(r["scheduled"]), leased, str(r["dead"]),
             fmt_ms(r["overdue_ms"]) if r["overdue_ms"] else "-", per_window(r, "complete"),
             per_window(r, "fail"), per_window(r, "dead"),
         )  # fmt: skip
@@ -163,13 +165,15 @@ def workers(url: str, queues: tuple[str, ...], as_json: bool) -> None:
         if w["concurrency"] is not None:
             flight += f" / {w['concurrency']}"
         t.add_row(
-            w["queue"], w["id"], w["host"], str(w["pid"] or "-"), ",".join(w["queues"]),
-            fmt_time(w["started_ms"]), f"{fmt_ms(now_ms - beat)} ago" if beat else "-", flight,
+            cell(w["queue"]), cell(w["id"]), cell(w["host"]), str(w["pid"] or "-"),
+            cell(",".join(w["queues"])), fmt_time(w["started_ms"]),
+            f"{fmt_ms(now_ms - beat)} ago" if beat else "-", flight,
         )  # fmt: skip
     out = console()
     out.print(t if found else "no live workers")
     for name, ids in gone.items():
-        out.print(f"[dim]{name}: {len(ids)} expired worker record(s) not yet pruned[/dim]")
+        gone_line = f"{markup_safe(name)}: {len(ids)} expired worker record(s) not yet pruned"
+        out.print(f"[dim]{gone_line}[/dim]")
 
 
 # -- keys ------------------------------------------------------------------------------------
@@ -204,10 +208,10 @@ def keys_command(url: str, queue: str, as_json: bool) -> None:
         t.add_column(col, overflow="fold", no_wrap=col == "key")
     for i in fixed:
         ttl = "-" if i.ttl_ms is None else fmt_ms(i.ttl_ms)
-        t.add_row(q(i.key), i.type, str(i.size), ttl, i.about)
+        t.add_row(cell(q(i.key)), cell(i.type), str(i.size), ttl, i.about)
     f = Table(title="per-item keys")
     for col in ("pattern", "count", "contents"):
         f.add_column(col, overflow="fold", no_wrap=col == "pattern")
     for fam in families:
-        f.add_row(q(fam.pattern), str(fam.count), fam.about)
-    console().print(Group(t, f, "\n".join(examples)))
+        f.add_row(cell(q(fam.pattern)), str(fam.count), fam.about)
+    console().print(Group(t, f, cell("\n".join(examples), keep_newlines=True)))

@@ -13,19 +13,24 @@ from typing import Any, TypeVar
 import click
 import redis
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from scheduler.errors import BadArgument, JobNotFound, SchedulerError
 from scheduler.inspection import discover_queues, queue_exists, server_now_ms
 from scheduler.keys import QueueKeys, check_queue_name
+from scheduler.safety import clean, redact, safe, visible_bytes
+from scheduler.startup import OPERATOR_ROLE_HINT, is_permission_error, permission_message
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_FORBIDDEN = 0, 1, 2, 3, 5
 EXIT_CODES_HELP = (
     "\b\nExit codes:\n"
     "  0  ok\n"
     "  1  findings (doctor) or a refusal: unknown job or queue, declined confirmation\n"
     "  2  bad usage or input; nothing was written\n"
-    "  3  cannot reach Redis"
+    "  3  cannot reach Redis\n"
+    "  5  the Redis user lacks a permission (ACL); see docs/security.md"
 )
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,6 +47,10 @@ class Unreachable(click.ClickException):
     exit_code = EXIT_UNREACHABLE
 
 
+class Forbidden(click.ClickException):
+    exit_code = EXIT_FORBIDDEN
+
+
 class AdminCommand(click.Command):
     """Maps the package's errors to the documented exit codes with a one-line message."""
 
@@ -49,15 +58,21 @@ class AdminCommand(click.Command):
         try:
             return super().invoke(ctx)
         except BadArgument as exc:
-            raise BadInput(str(exc)) from None
+            raise BadInput(safe(exc)) from None
         except JobNotFound as exc:
-            raise Refused(str(exc)) from None
+            raise Refused(safe(exc)) from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise Unreachable(f"cannot reach Redis: {exc}") from None
+            raise Unreachable(safe(f"cannot reach Redis: {exc}")) from None
         except redis.ResponseError as exc:
-            raise Refused(f"Redis refused the command: {exc}") from None
+            if is_permission_error(exc):
+                raise Forbidden(permission_message(exc, OPERATOR_ROLE_HINT)) from None
+            raise Refused(safe(f"Redis refused the command: {exc}")) from None
         except SchedulerError as exc:
-            raise Refused(str(exc)) from None
+            raise Refused(safe(exc)) from None
+        except (OverflowError, UnicodeError, ValueError) as exc:
+            # Stored fields are untrusted (hand-edited, or written by a hostile producer): a
+            # value no reader expects ends the command with one line, not a traceback.
+            raise Refused(safe(f"unreadable stored data: {type(exc).__name__}: {exc}")) from None
 
 
 class AdminGroup(click.Group):
@@ -165,18 +180,24 @@ def fmt_ms(ms: int | None) -> str:
 def fmt_time(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):  # a hand-written time beyond year 9999
+        return f"{ms} (out of range)"
 
 
 # -- connection and output -------------------------------------------------------------------
-def connect(url: str) -> redis.Redis:
-    """A client that fails fast (exit 3) when the server does not answer."""
+def connect(url: str, *, encoding_errors: str = "backslashreplace") -> redis.Redis:
+    """A client that fails fast (exit 3) when the server does not answer. Stored bytes that are
+    not UTF-8 are read as escapes (`\\xff`) instead of failing the command; the doctor reads
+    them with 'surrogateescape' to find them (and write their keys back exactly)."""
     try:
         client = redis.Redis.from_url(
-            url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30
-        )
+            url, decode_responses=True, encoding_errors=encoding_errors,
+            socket_connect_timeout=5, socket_timeout=30,
+        )  # fmt: skip
     except ValueError as exc:
-        raise BadInput(f"invalid --url: {exc}") from None
+        raise BadInput(safe(f"invalid --url {redact(url)}: {exc}")) from None
     client.ping()
     return client
 
@@ -199,7 +220,20 @@ def resolve_queues(client: redis.Redis, given: tuple[str, ...]) -> list[str]:
 
 
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+    """ensure_ascii (the default) writes every control character as \\uXXXX: nothing raw."""
+    text = json.dumps(visible_bytes(data), indent=2, sort_keys=True, default=str)
+    click.echo(text)
+
+
+def cell(value: object, *, keep_newlines: bool = False) -> Text:
+    """A table cell or line from stored (untrusted) text: control characters escaped, and a
+    Text, not a markup string, so '[bold]' or a stray '[/]' is shown, never interpreted."""
+    return Text(clean(value, keep_newlines=keep_newlines))
+
+
+def markup_safe(value: object) -> str:
+    """Untrusted text to embed in a rich markup string (a title, a status line)."""
+    return escape(clean(value))
 
 
 def console(*, stderr: bool = False) -> Console:

@@ -15,6 +15,7 @@ from scheduler.cli_common import (
     Duration,
     F,
     Refused,
+    cell,
     connect,
     console,
     emit_json,
@@ -117,8 +118,8 @@ def list_dead(
     for r in rows:
         age = fmt_ms(now_ms - r["dead_ms"]) if r["dead_ms"] is not None else "-"
         err = f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
-        t.add_row(r["id"], r["task"], age, r["dead_reason"] or "-",
-                  f"{r['attempts']}/{r['max_attempts']}", err)  # fmt: skip
+        t.add_row(cell(r["id"]), cell(r["task"]), age, cell(r["dead_reason"] or "-"),
+                  f"{r['attempts']}/{r['max_attempts']}", cell(err))  # fmt: skip
     console().print(t)
 
 

@@ -12,10 +12,12 @@ from scheduler.cli_common import (
     EXIT_FINDINGS,
     AdminCommand,
     Duration,
+    cell,
     connect,
     console,
     emit_json,
     json_option,
+    markup_safe,
     queues_option,
     resolve_queues,
     url_option,
@@ -27,17 +29,19 @@ def register(main: click.Group) -> None:
 
 
 def _print(out: Console, title: str, issues: list[checks.Issue]) -> None:
-    """One block per finding; commands on their own unwrapped lines, ready to paste."""
+    """One block per finding; commands on their own unwrapped lines, ready to paste. Ids and
+    messages quote stored data: escaped, never read as markup."""
     out.print(f"[bold]{title}[/]")
     for i in issues:
         style = "red" if i.severity == "error" else "yellow"
-        where = i.queue or "server"
-        job = f" job {i.job_id}" if i.job_id else ""
-        out.print(f"[{style}]{i.severity}[/] {where} [bold]{i.code}[/]{job}: {i.message}")
-        out.print(f"  fix: {i.fix}", soft_wrap=True, markup=False)
+        where = markup_safe(i.queue or "server")
+        job = f" job {markup_safe(i.job_id)}" if i.job_id else ""
+        out.print(f"[{style}]{i.severity}[/] {where} [bold]{markup_safe(i.code)}[/]{job}: "
+                  f"{markup_safe(i.message)}")  # fmt: skip
+        out.print(cell(f"  fix: {i.fix}"), soft_wrap=True)
         if i.repair:
-            out.print("  by hand:", "\n".join(f"    {c}" for c in i.redis_cli()), sep="\n",
-                      soft_wrap=True, markup=False)  # fmt: skip
+            out.print("  by hand:", cell("\n".join(f"    {c}" for c in i.redis_cli()),
+                      keep_newlines=True), sep="\n", soft_wrap=True)  # fmt: skip
 
 
 @click.command(cls=AdminCommand)
@@ -65,7 +69,8 @@ def doctor(
     membership; no lease lapsed long ago; payloads decodable) and the server settings that break
     the scheduler's promises. Each finding comes with the command that fixes it; --fix repairs
     what is safe. Exits 1 when errors (with --strict: any finding) remain."""
-    client = connect(url)
+    # surrogateescape: undecodable bytes become findings, and --fix writes keys back exactly.
+    client = connect(url, encoding_errors="surrogateescape")
     names = resolve_queues(client, queues)
     fixed: list[checks.Issue] = []
     remaining: list[checks.Issue] = [] if no_server else checks.check_server_settings(client)

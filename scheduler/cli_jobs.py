@@ -16,6 +16,7 @@ from scheduler.cli_common import (
     AdminGroup,
     BadInput,
     Duration,
+    cell,
     connect,
     console,
     decoded_payload,
@@ -23,6 +24,7 @@ from scheduler.cli_common import (
     fmt_ms,
     fmt_time,
     json_option,
+    markup_safe,
     parse_at,
     queue_option,
     require_queue,
@@ -83,7 +85,8 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
         "enqueued_ms": _int(f.get("enqueued_ms")), "claimed_ms": _int(f.get("claimed_ms")),
         "finished_ms": _int(f.get("finished_ms")), "dead_ms": _int(f.get("dead_ms")),
         "dead_reason": job.dead_reason, "last_error_type": f.get("last_error_type"),
-        "last_error": f.get("last_error"), "errors": job.errors, "result": result,
+        "last_error": f.get("last_error"), "result": result,
+        "errors": [e for e in job.errors if isinstance(e, dict)],  # hand-written: may be anything
         "timeout_ms": _int(f.get("timeout_ms")), "schedule": f.get("schedule"),
     }  # fmt: skip
 
@@ -125,7 +128,7 @@ def list_jobs(
         emit_json({"queue": queue, "state": state, "task": task, "offset": offset,
                    "limit": limit, "scanned": scanned, "jobs": rows})  # fmt: skip
         return
-    t = Table(title=f"{state} jobs in {queue!r}" + (f" (task {task})" if task else ""))
+    t = Table(title=f"{state} jobs in {queue!r}" + (f" (task {markup_safe(task)})" if task else ""))
     for col in ("id", "task", "attempts", "when", "worker", "last error"):
         t.add_column(col, overflow="fold", no_wrap=col == "id")
     for r in rows:
@@ -137,8 +140,8 @@ def list_jobs(
             when = f"run in {fmt_ms(r['run_in_ms'])}" if (r["run_in_ms"] or 0) > 0 else (
                 f"late {fmt_ms(-(r['run_in_ms'] or 0))}")  # fmt: skip
         err = f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
-        t.add_row(r["id"], r["task"], f"{r['attempts']}/{r['max_attempts']}", when,
-                  r["worker"] or "-", err)  # fmt: skip
+        t.add_row(cell(r["id"]), cell(r["task"]), f"{r['attempts']}/{r['max_attempts']}",
+                  cell(when), cell(r["worker"] or "-"), cell(err))  # fmt: skip
     out = console()
     out.print(t)
     if scanned is not None and scanned >= _TASK_SCAN_MAX:
@@ -195,11 +198,12 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
             value = f"{fmt_time(value)} ({value})"
         elif name in _DURATION_FIELDS:
             value = fmt_ms(value)
-        t.add_row(name, str(value))
-    t.add_row("payload", json.dumps(data["payload"], indent=2) if data["payload"] is not None
-              else "null")  # fmt: skip
+        t.add_row(name, cell(value))
+    # json.dumps escapes control characters inside strings; a raw (non-JSON) payload is
+    # printed as a JSON string for the same reason.
+    t.add_row("payload", cell(json.dumps(data["payload"], indent=2), keep_newlines=True))
     if data["result"] is not None:
-        t.add_row("result", json.dumps(data["result"], indent=2))
+        t.add_row("result", cell(json.dumps(data["result"], indent=2), keep_newlines=True))
     out = console()
     out.print(t)
     if data["errors"]:
@@ -207,13 +211,14 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
         for col in ("attempt", "at", "type", "message"):
             e.add_column(col, overflow="fold")
         for err in data["errors"]:
-            e.add_row(str(err.get("attempt", "")), fmt_time(_int(str(err.get("at_ms")))),
-                      str(err.get("type", "")), str(err.get("message", "")))  # fmt: skip
+            e.add_row(cell(err.get("attempt", "")), fmt_time(_int(str(err.get("at_ms")))),
+                      cell(err.get("type", "")), cell(err.get("message", "")))  # fmt: skip
         out.print(e)
         last_tb = data["errors"][-1].get("traceback")
         if last_tb:
             out.print("[bold]last traceback[/]")
-            out.print(last_tb, markup=False, highlight=False, soft_wrap=True)
+            # The one intentionally multi-line text: newlines kept, every other control escaped.
+            out.print(cell(last_tb, keep_newlines=True), highlight=False, soft_wrap=True)
 
 
 def _placement(client: redis.Redis, q: Queue, job_id: str) -> dict[str, Any]:

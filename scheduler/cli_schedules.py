@@ -1,4 +1,8 @@
-"""`scheduler schedules list | pause | resume | remove`: operate recurring schedules."""
+"""`scheduler schedules list | pause | resume | remove`: operate recurring schedules.
+
+The commands share cli_common's connection, error mapping and exit codes (a refused ACL
+command is one line and exit 5, not a traceback); schedule fields are stored data, so they
+are printed escaped."""
 
 from __future__ import annotations
 
@@ -6,40 +10,36 @@ import json
 from datetime import UTC, datetime
 
 import click
-import redis
 
+from scheduler.cli_common import EXIT_CODES_HELP, AdminGroup, connect, queue_option, url_option
 from scheduler.errors import BadArgument
 from scheduler.queue import Queue
 from scheduler.recurring import Schedule
-
-_DEFAULT_URL = "redis://127.0.0.1:6379/0"
+from scheduler.safety import clean, visible_bytes
 
 
 def _queue(url: str, name: str) -> Queue:
-    try:
-        return Queue.from_url(url, name)
-    except BadArgument as exc:
-        raise click.BadParameter(str(exc)) from None
+    return Queue(connect(url), name)
 
 
 def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, ValueError, OSError):  # a hand-written time beyond year 9999
+        return f"{ms} (out of range)"
 
 
 def _line(s: Schedule) -> str:
     rule = f"cron '{s.cron}' {s.tz}" if s.kind == "cron" else f"every {s.every_ms} ms"
     state = "paused" if s.paused else f"next {_when(s.next_run_ms)}"
-    return f"{s.name}  {s.task}  {rule}  jitter+{s.offset_ms}ms  {s.misfire}  {state}"
+    return clean(f"{s.name}  {s.task}  {rule}  jitter+{s.offset_ms}ms  {s.misfire}  {state}")
 
 
 def _options(f: click.decorators.FC) -> click.decorators.FC:
     f = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
-    f = click.option("--queue", "-q", default="default", show_default=True, help="Queue name.")(f)
-    return click.option(
-        "--url", envvar="REDIS_URL", default=_DEFAULT_URL, show_default=True, help="Redis URL."
-    )(f)
+    return url_option(queue_option(f))
 
 
 def _act(action: str, url: str, queue: str, name: str, as_json: bool) -> None:
@@ -48,18 +48,16 @@ def _act(action: str, url: str, queue: str, name: str, as_json: bool) -> None:
         status = getattr(q, f"{action}_schedule")(name)
     except BadArgument as exc:
         raise click.BadParameter(str(exc)) from None
-    except redis.ConnectionError as exc:
-        raise click.ClickException(f"cannot reach Redis: {exc}") from None
     if as_json:
         click.echo(json.dumps({"schedule": name, "status": status}))
     else:
-        click.echo(f"{name}: {status}")
+        click.echo(clean(f"{name}: {status}"))
     if status == "missing":
         raise SystemExit(1)
 
 
 def register(main: click.Group) -> None:
-    @main.group("schedules")
+    @main.group("schedules", cls=AdminGroup, epilog=EXIT_CODES_HELP)
     def schedules() -> None:
         """Recurring schedules (created in code with Queue.schedule)."""
 
@@ -67,12 +65,9 @@ def register(main: click.Group) -> None:
     @_options
     def list_cmd(url: str, queue: str, as_json: bool) -> None:
         """Every schedule of the queue with its next run."""
-        try:
-            found = _queue(url, queue).list_schedules()
-        except redis.ConnectionError as exc:
-            raise click.ClickException(f"cannot reach Redis: {exc}") from None
+        found = _queue(url, queue).list_schedules()
         if as_json:
-            click.echo(json.dumps([s.as_dict() for s in found]))
+            click.echo(json.dumps(visible_bytes([s.as_dict() for s in found])))
             return
         for s in found:
             click.echo(_line(s))

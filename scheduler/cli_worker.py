@@ -18,7 +18,16 @@ from scheduler import logs
 from scheduler.execution import TRANSIENT
 from scheduler.keys import check_job_id
 from scheduler.registry import Registry
-from scheduler.startup import UnsafeServer, check_or_warn_async
+from scheduler.safety import redact, safe
+from scheduler.startup import (
+    APP_ROLE_HINT,
+    AccessDenied,
+    UnsafeServer,
+    check_access_async,
+    check_or_warn_async,
+    is_permission_error,
+    permission_message,
+)
 from scheduler.worker import (
     EXIT_ERROR,
     EXIT_IMPORT,
@@ -30,6 +39,7 @@ from scheduler.worker import (
 )
 
 DEFAULT_URL = "redis://localhost:6379/0"
+EXIT_FORBIDDEN = 5  # the Redis user lacks a permission: the CLI's code for the same refusal
 _START_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT, RedisError)
 
 
@@ -74,13 +84,23 @@ async def _serve(
     worker = Worker(client, registry, settings, worker_id=worker_id)
     try:
         await worker.preflight()
+        await check_access_async(client, settings.queues)
+    except AccessDenied as exc:
+        click.echo(f"error: {exc}", err=True)
+        await client.aclose()
+        return EXIT_FORBIDDEN
     except _START_ERRORS as exc:
-        click.echo(f"error: cannot reach Redis at {url}: {exc}", err=True)
+        await client.aclose()
+        if is_permission_error(exc):  # e.g. SCRIPT LOAD refused
+            click.echo(f"error: {permission_message(exc, APP_ROLE_HINT)}", err=True)
+            return EXIT_FORBIDDEN
+        # The URL may carry the password: never print it.
+        click.echo(safe(f"error: cannot reach Redis at {redact(url)}: {exc}"), err=True)
         return EXIT_REDIS
     try:
         await check_or_warn_async(client, strict=strict, log=worker.log.warning)
     except UnsafeServer as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(safe(f"error: {exc}"), err=True)
         await client.aclose()
         return EXIT_USAGE
     if port is not None:
@@ -183,7 +203,8 @@ def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: in
 
     Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 1 crashed, 2 unsafe or invalid settings
     (with --strict, also unsafe Redis settings), 3 registry not importable, 4 Redis unreachable
-    at start, 130 forced by a second signal.
+    at start, 5 the Redis user may not work a queue (ACL; see docs/security.md), 130 forced by
+    a second signal.
     """
     logs.setup(log_level, json_logs)
     settings = WorkerSettings(tuple(queues), concurrency, lease_ms, heartbeat_ms, batch_size,
@@ -193,21 +214,24 @@ def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: in
         if worker_id is not None:
             check_job_id(worker_id)  # the same safe alphabet: it becomes part of a key name
     except SettingsError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(safe(f"error: {exc}"), err=True)
         sys.exit(EXIT_USAGE)
     except Exception as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(safe(f"error: {exc}"), err=True)
         sys.exit(EXIT_USAGE)
     try:
         reg = load_registry(registry)
     except RegistryImportError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(safe(f"error: {exc}"), err=True)
         sys.exit(EXIT_IMPORT)
     try:
         code = run_loop(
             _serve(url, reg, settings, metrics_port, strict=strict, worker_id=worker_id)
         )
     except Exception as exc:
+        if is_permission_error(exc):  # a permission revoked while running: one line
+            click.echo(f"error: {permission_message(exc, APP_ROLE_HINT)}", err=True)
+            sys.exit(EXIT_FORBIDDEN)
         logging.getLogger(logs.LOGGER).exception("worker crashed: %s", exc)
         code = EXIT_ERROR
     sys.exit(code)

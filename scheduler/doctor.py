@@ -6,7 +6,9 @@ Invariants (membership in due / leased / dead is the truth; the hash's `state` i
   an expiry; every id in due, leased or dead has a hash; an id is on the dead list once;
 - the state field matches membership, and a job in a set has no expiry;
 - no lease lapsed long ago (any claim reaps lapsed leases, so an old one means nobody claims);
-- runnable jobs have a JSON payload and the fields a claim needs.
+- runnable jobs have a JSON payload and the fields a claim needs;
+- every field name and value is UTF-8 (read with errors='surrogateescape', so damage shows up as
+  lone surrogates and is reported, with the job id and the fields, instead of crashing the check).
 
 Checking reads in pages (SCAN / ZSCAN / LRANGE, pipelined), then re-reads each suspect inside
 one MULTI, so a job moving under a live worker is not reported. A repair re-reads its job under
@@ -148,9 +150,36 @@ def _unreadable(fields: dict[str, str]) -> tuple[str, str] | None:
     return None
 
 
+def _has_undecodable(text: str) -> bool:
+    return not text.isascii() and any("\udc80" <= ch <= "\udcff" for ch in text)
+
+
+def undecodable_fields(fields: dict[str, str]) -> list[str]:
+    """Names of the fields whose name or value held bytes that are not UTF-8."""
+    return sorted(k for k, v in fields.items() if _has_undecodable(k) or _has_undecodable(v))
+
+
 def diagnose(s: Snapshot, ctx: Context) -> list[Issue]:
     """Every invariant one job breaks, most basic first; each issue's repair assumes the ones
-    before it are fixed, so --fix applies only the first repair per pass and re-reads."""
+    before it are fixed, so --fix applies only the first repair per pass and re-reads.
+    Undecodable bytes are reported beside those (they need a human, not a repair)."""
+    out = _diagnose_places(s, ctx)
+    bad = undecodable_fields(s.fields)
+    if bad or _has_undecodable(s.id):
+        k = ctx.keys
+        where = f"fields {', '.join(bad)}" if bad else "its id"
+        out.append(Issue(
+            "undecodable", "error" if {"task", "payload", "state"} & set(bad) else "warning",
+            f"job data is not UTF-8 in {where}: shown escaped (\\xNN) by the CLI; a worker "
+            "cannot decode it",
+            f"inspect it (redis-cli HGETALL {shlex.quote(k.job(s.id))}), then rewrite the "
+            "field or delete the job by hand",
+            k.queue, s.id,
+        ))  # fmt: skip
+    return out
+
+
+def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
     k, jid = ctx.keys, s.id
     jk = k.job(jid)
     fix = f"scheduler doctor --fix --queue {k.queue}"

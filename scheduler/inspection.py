@@ -12,7 +12,8 @@ from typing import Any
 import redis
 
 from scheduler.codec import parse_job
-from scheduler.keys import ROOT, QueueKeys
+from scheduler.errors import BadArgument
+from scheduler.keys import ROOT, QueueKeys, check_queue_name
 from scheduler.models import Job
 
 STATS_KEEP_MINUTES = 120  # lua/lib/util.lua bump_stat keeps each minute 2 h
@@ -33,14 +34,23 @@ def server_now_ms(client: redis.Redis) -> int:
 
 def discover_queues(client: redis.Redis) -> list[str]:
     """Queue names that hold jobs, workers or schedules, found with SCAN (never KEYS).
-    Typed scans skip the job hashes, so the transfer stays small on a large keyspace."""
+    Typed scans skip the job hashes, so the transfer stays small on a large keyspace. A key
+    whose queue part is not a valid queue name (written by hand, or hostile) is skipped."""
     names: set[str] = set()
     for key_type in ("zset", "list"):
         for key in client.scan_iter(match=f"{ROOT}:{{*}}:*", count=_SCAN_COUNT, _type=key_type):
             m = _QUEUE_IN_KEY.match(str(key))
             if m:
                 names.add(m.group(1))
-    return sorted(names)
+    return sorted(n for n in names if _valid_queue(n))
+
+
+def _valid_queue(name: str) -> bool:
+    try:
+        check_queue_name(name)
+    except BadArgument:
+        return False
+    return True
 
 
 def queue_exists(client: redis.Redis, keys: QueueKeys, now_ms: int) -> bool:
@@ -96,7 +106,7 @@ class WorkerInfo:
 def _opt_int(v: Any) -> int | None:
     try:
         return int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a score of inf
         return None
 
 
@@ -129,7 +139,7 @@ def live_workers(client: redis.Redis, keys: QueueKeys) -> tuple[list[WorkerInfo]
             gone.append(str(wid))
             continue
         live.append(WorkerInfo(
-            id=str(wid), queue=keys.queue, last_seen_ms=int(seen), host=h.get("host", ""),
+            id=str(wid), queue=keys.queue, last_seen_ms=_opt_int(seen) or 0, host=h.get("host", ""),
             pid=_opt_int(h.get("pid")), queues=_queues_field(h.get("queues")),
             started_ms=_opt_int(h.get("started_ms")),
             last_heartbeat_ms=_opt_int(h.get("last_heartbeat_ms")),

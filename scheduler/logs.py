@@ -1,5 +1,9 @@
 """Worker logging: one line per job transition with job id, task, attempt and token; plain
-text by default, one JSON object per line with --json-logs."""
+text by default, one JSON object per line with --json-logs.
+
+Log lines quote untrusted text (task names, exception messages with payload text, URLs), so
+both formatters redact URL passwords, and the plain one escapes control characters (a fake
+log line or a terminal escape cannot be injected); the JSON one relies on ensure_ascii."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import json
 import logging
 import sys
 from typing import Any
+
+from scheduler.safety import clean, redact, safe
 
 LOGGER = "scheduler.worker"
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
@@ -18,14 +24,15 @@ class JsonFormatter(logging.Formatter):
             "ts": round(record.created, 6),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact(record.getMessage()),
         }
         for k, v in record.__dict__.items():
             if k not in _RESERVED and not k.startswith("_"):
-                out[k] = v
+                out[k] = redact(v) if isinstance(v, str) else v
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+            out["exc"] = redact(self.formatException(record.exc_info))
+        # ensure_ascii (the default) writes every control character as \uXXXX.
+        return json.dumps(out, default=lambda v: redact(str(v)))
 
 
 class TextFormatter(logging.Formatter):
@@ -33,10 +40,17 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        extra = [f"{k}={v}" for k, v in record.__dict__.items()
+        line = f"{self.formatTime(record)} {record.levelname} {safe(record.getMessage())}"
+        extra = [f"{k}={safe(v)}" for k, v in record.__dict__.items()
                  if k not in _RESERVED and not k.startswith("_")]  # fmt: skip
-        return line + (" " + " ".join(extra) if extra else "")
+        if extra:
+            line += " " + " ".join(extra)
+        # A traceback is the one text meant to span lines: newlines kept, other controls escaped.
+        if record.exc_info:
+            line += "\n" + clean(redact(self.formatException(record.exc_info)), keep_newlines=True)
+        if record.stack_info:
+            line += "\n" + clean(redact(self.formatStack(record.stack_info)), keep_newlines=True)
+        return line
 
 
 def setup(level: str = "INFO", json_logs: bool = False, stream: Any = None) -> logging.Logger:

@@ -3,13 +3,61 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from scheduler.errors import SchedulerError
 from scheduler.health import Finding, check_server, read_server, read_server_async
+from scheduler.keys import QueueKeys
+from scheduler.safety import safe
+
+APP_ROLE_HINT = "connect as a user with the app role of docs/security.md"
+OPERATOR_ROLE_HINT = "connect as a user with the operator role of docs/security.md"
+_NOPERM_COMMAND = re.compile(r"permissions? to run the '([^']+)' command")
+
+
+def is_permission_error(exc: BaseException) -> bool:
+    """An ACL refusal, whether redis-py typed it (NoPermissionError) or it came back from inside
+    a script or a MULTI as a plain ResponseError carrying the NOPERM code."""
+    return isinstance(exc, NoPermissionError) or (
+        isinstance(exc, ResponseError) and "NOPERM" in str(exc)
+    )
+
+
+def permission_message(exc: BaseException, hint: str, where: str = "") -> str:
+    """One line naming what the ACL refused (the command, or a key) and the role to use."""
+    m = _NOPERM_COMMAND.search(str(exc))
+    if m is not None:
+        what = f"the {m.group(1).upper().replace('|', ' ')} command"
+    elif "key" in str(exc):
+        what = "the keys" + (f" of {where}" if where else "")
+    else:
+        what = "a command" + (f" on {where}" if where else "")
+    return safe(f"permission denied: the Redis user may not use {what} ({exc}); {hint}")
+
+
+class AccessDenied(SchedulerError):
+    """The Redis user may not do what the worker needs on one of its queues."""
+
+
+async def check_access_async(client: Any, queues: Sequence[str]) -> None:
+    """Touch each queue's keys as a worker will, before it runs: a read, and a write that
+    changes nothing (no job id is empty). A user whose ACL leaves a queue out is refused here
+    with one line instead of a crash in the claim loop. Raises AccessDenied."""
+    for name in queues:
+        k = QueueKeys(name)
+        try:
+            await client.exists(k.due, k.leased, k.dead, k.wake)
+            await client.zrem(k.due, "")
+        except RedisError as exc:
+            if is_permission_error(exc):
+                raise AccessDenied(
+                    permission_message(exc, APP_ROLE_HINT, where=f"queue {name!r} ({k.pattern()})")
+                ) from None
+            raise
 
 
 class UnsafeServer(SchedulerError):
