@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -280,3 +281,47 @@ def test_clean_and_redact_units() -> None:
     assert redact("unix://:pw@/run/redis.sock") == "unix://:***@/run/redis.sock"
     assert redact("redis://h:6379/0?password=pw&db=1") == "redis://h:6379/0?password=***&db=1"
     assert redact("redis://h:6379/0") == "redis://h:6379/0"
+
+
+# -- 17.3: the Redis password appears in no output -------------------------------------------
+PASSWORD = "pw-Zq8-secret"
+
+
+def unreachable_url() -> str:
+    with socket.socket() as s:  # a port nobody listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    return f"rediss://sched-app:{PASSWORD}@127.0.0.1:{port}/0"
+
+
+def test_worker_that_cannot_connect_never_prints_the_password(tmp_path: Path) -> None:
+    url = unreachable_url()
+    for log_format in ((), ("--json-logs",)):
+        log = tmp_path / "worker.log"
+        worker = spawn_worker(url, log, *log_format)
+        code = worker.wait(60)
+        text = log.read_text()
+        assert code == 4, text  # EXIT_REDIS: unreachable at start
+        assert "cannot reach Redis at rediss://sched-app:***@127.0.0.1" in text
+        assert PASSWORD not in text
+
+
+CLI_COMMANDS: list[tuple[str, ...]] = [
+    *READ_COMMANDS, ("jobs", "show", "-q", QUEUE, "some-id"), ("doctor",), ("doctor", "--fix"),
+    ("enqueue", "noop", "-q", QUEUE), ("dead", "requeue", "-q", QUEUE, "--yes"),
+    ("dead", "purge", "-q", QUEUE, "--yes"), ("schedules", "pause", "s", "-q", QUEUE),
+    ("schedules", "resume", "s", "-q", QUEUE), ("schedules", "remove", "s", "-q", QUEUE),
+]  # fmt: skip
+
+
+def test_no_cli_command_prints_the_password() -> None:
+    url = unreachable_url()
+    for args in CLI_COMMANDS:
+        result = run_cli(url, *args)
+        assert result.exit_code == 3, (args, result.output)  # EXIT_UNREACHABLE
+        assert "cannot reach Redis" in result.stderr
+        assert PASSWORD not in result.output, args
+    # A URL the client refuses to parse is quoted back redacted too.
+    bad = f"redis://sched-app:{PASSWORD}@127.0.0.1:notaport/0"
+    result = run_cli(bad, "stats")
+    assert result.exit_code == 2 and PASSWORD not in result.output, result.output
