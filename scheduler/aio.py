@@ -7,18 +7,15 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
-from redis.exceptions import NoScriptError, ResponseError
 
 from scheduler.backoff import Backoff
-from scheduler.errors import translate
 from scheduler.keys import QueueKeys
 from scheduler.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
-from scheduler.ops import Commands, Op, Ops, Script, ScriptPipeline, Settings
+from scheduler.ops import Op, Ops, Request, Settings
 from scheduler.recurring import Schedule
-from scheduler.scripts import Scripts
+from scheduler.scripts import Scripts, run_async
 
 T = TypeVar("T")
-_NOSCRIPT_TRIES = 3
 
 
 class AsyncQueue:
@@ -40,7 +37,7 @@ class AsyncQueue:
         self.ops = Ops(
             self.keys, Settings(result_ttl_ms, max_payload_bytes, wait_replicas, wait_timeout_ms)
         )
-        self._scripts = Scripts(client, clock=_clock)
+        self._scripts = Scripts(clock=_clock)
         self._script_keys = self.keys.script_keys()
 
     @classmethod
@@ -66,37 +63,12 @@ class AsyncQueue:
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
-    async def _execute(self, req: Script | ScriptPipeline | Commands) -> Any:
-        if isinstance(req, Commands):
-            pipe = self.client.pipeline(transaction=False)
-            for cmd in req.cmds:
-                pipe.execute_command(*cmd)
-            return await pipe.execute()
-        # redis-py reloads a script after NOSCRIPT once; a SCRIPT FLUSH or a restart between
-        # its SCRIPT LOAD and EVALSHA still ends in NOSCRIPT. The script did not run, so
-        # sending it again is safe.
-        for _ in range(_NOSCRIPT_TRIES - 1):
-            try:
-                return await self._run_script(req)
-            except NoScriptError:
-                continue
-        return await self._run_script(req)
-
-    async def _run_script(self, req: Script | ScriptPipeline) -> Any:
-        try:
-            if isinstance(req, Script):
-                return await self._scripts[req.name](keys=self._script_keys, args=req.args)
-            # One connection for all: WAIT counts the writes of its own connection.
-            pipe = self.client.pipeline(transaction=False)
-            for call in req.calls:
-                await self._scripts[call.name](keys=self._script_keys, args=call.args, client=pipe)
-            if req.wait is not None:
-                pipe.execute_command("WAIT", *req.wait)
-            return await pipe.execute()
-        except NoScriptError:
-            raise
-        except ResponseError as exc:
-            raise translate(exc) from exc
+    async def _execute(self, req: Request) -> Any:
+        # The one driver (scheduler.scripts): NOSCRIPT reload-and-resend, error translation.
+        (reply,) = await run_async(self.client, self._scripts.drive([(self._script_keys, req)]))
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
 
     async def preload(self) -> None:
         for _, text in self._scripts.preload_commands():
@@ -128,11 +100,17 @@ class AsyncQueue:
         return await self._run(self.ops.enqueue_many(specs, batch_size))
 
     async def claim(
-        self, worker_id: str, *, limit: int = 100, lease_ms: int = 30_000, reap_limit: int = 100
+        self,
+        worker_id: str,
+        *,
+        limit: int = 100,
+        lease_ms: int = 30_000,
+        reap_limit: int = 100,
+        nonce: str | None = None,
     ) -> ClaimBatch:
-        return await self._run(
-            self.ops.claim(worker_id, limit=limit, lease_ms=lease_ms, reap_limit=reap_limit)
-        )
+        return await self._run(self.ops.claim(
+            worker_id, limit=limit, lease_ms=lease_ms, reap_limit=reap_limit, nonce=nonce
+        ))  # fmt: skip
 
     async def heartbeat(
         self, leases: Sequence[tuple[str, str]], *, lease_ms: int

@@ -11,19 +11,59 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
-
-# Errors after which a call is retried later (the worker carries on; nothing is lost).
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ClusterDownError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scheduler.errors import translate
 from scheduler.models import ClaimedJob
-from scheduler.ops import Op, Script
+from scheduler.ops import Op, Request, Script
 from scheduler.registry import JobContext, TaskSpec
-from scheduler.scripts import Scripts
+from scheduler.scripts import Scripts, run_async
 
+# Errors after which a call is retried later (the worker carries on; nothing is lost).
 TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
+
+# How the worker treats each Redis error (classify):
+#   transient  the server cannot serve the call now: a dropped connection, a timeout, OOM
+#              (maxmemory with noeviction), BUSY (a slow script), LOADING, READONLY (a failover
+#              in progress), TRYAGAIN / CLUSTERDOWN / MASTERDOWN, MISCONF (a failed RDB save),
+#              NOSCRIPT left after the driver's reloads: log, count, back off, retry.
+#   fatal      retrying cannot help: authentication / ACL permission (NOPERM), and any other
+#              error where a call of the worker's own loop is refused (a bug, an unknown
+#              command): the worker stops with EXIT_REDIS_REFUSED and says why.
+#   refused    (replies to one job's report only) that job's outcome was refused: logged, the
+#              lease lapses and the job is retried by the server's rules.
+_TRANSIENT_REPLIES = (OutOfMemoryError, ReadOnlyError, NoScriptError, ClusterDownError,
+                      TryAgainError)  # fmt: skip
+_TRANSIENT_CODES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "OOM", "READONLY", "TRYAGAIN",
+                    "CLUSTERDOWN", "MASTERDOWN", "UNBLOCKED")  # fmt: skip
+_FATAL = (AuthenticationError, AuthorizationError, NoPermissionError)
+
+
+def classify(exc: BaseException) -> str:
+    """'transient' | 'fatal' | 'refused' (see above)."""
+    if isinstance(exc, _FATAL):
+        return "fatal"
+    if isinstance(exc, TRANSIENT):
+        return "transient"
+    if isinstance(exc, ResponseError):
+        code = str(getattr(exc, "status_code", "") or str(exc).split(" ", 1)[0]).upper()
+        if isinstance(exc, _TRANSIENT_REPLIES) or code in _TRANSIENT_CODES:
+            return "transient"
+        if code in ("NOPERM", "NOAUTH", "WRONGPASS"):
+            return "fatal"
+        return "refused"
+    return "fatal"
 
 
 @dataclass(eq=False)
@@ -92,33 +132,37 @@ class ThreadRunner:
 
 
 class Pipeline:
-    """Send single-request operations of several queues in one round trip."""
+    """Send single-request operations of several queues in one round trip, through the one
+    driver (scheduler.scripts.Scripts.drive: NOSCRIPT is reloaded and re-sent there)."""
 
     def __init__(self, client: aredis.Redis, clock: str = "server") -> None:
         self.client = client
-        self.scripts = Scripts(client, clock=clock)
+        self.scripts = Scripts(clock=clock)
+
+    async def requests(self, items: Sequence[tuple[Sequence[str], Request]]) -> list[Any]:
+        """Each request's reply, or the error its reply carried. Connection errors propagate."""
+        if not items:
+            return []
+        return await run_async(self.client, self.scripts.drive(items))
 
     async def run(self, items: Sequence[tuple[list[str], Op[Any]]]) -> list[Any]:
         """items: (script KEYS, operation). Returns each operation's result, or the exception
         its reply raised (a refused lease, a script error). Connection errors propagate."""
-        if not items:
-            return []
-        pipe = self.client.pipeline(transaction=False)
         ops = []
+        reqs: list[tuple[Sequence[str], Request]] = []
         for keys, op in items:
             req = op.send(None)
             if not isinstance(req, Script):
                 raise TypeError("Pipeline runs single-script operations only")
-            await self.scripts[req.name](keys=keys, args=req.args, client=pipe)
+            reqs.append((keys, req))
             ops.append(op)
-        replies = await pipe.execute(raise_on_error=False)
+        replies = await self.requests(reqs)
         out: list[Any] = []
         for op, reply in zip(ops, replies, strict=True):
-            if isinstance(reply, ResponseError):
-                out.append(translate(reply))
-                continue
             if isinstance(reply, BaseException):
-                raise reply
+                out.append(reply)
+                op.close()
+                continue
             try:
                 op.send(reply)
             except StopIteration as done:

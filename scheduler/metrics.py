@@ -40,6 +40,19 @@ class WorkerMetrics:
         self.redis_errors = Counter(
             "scheduler_redis_errors", "Redis calls that failed and were retried", registry=r
         )
+        self.redis_backoffs = Counter(
+            "scheduler_redis_backoffs", "Redis errors a worker loop backed off on and retried "
+            "(loop: claim, heartbeat, presence, report, wake, release; error: the class, e.g. "
+            "OutOfMemoryError for a full server)", ["loop", "error"], registry=r,
+        )  # fmt: skip
+        self.abandoned_threads = Gauge(
+            "scheduler_abandoned_threads", "Sync handler threads stopped (timeout, lease lost) "
+            "but still running", registry=r,
+        )  # fmt: skip
+        self.claim_paused = Gauge(
+            "scheduler_claim_paused", "1 while the worker does not claim, by reason",
+            ["reason"], registry=r,
+        )  # fmt: skip
 
         self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
 

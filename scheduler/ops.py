@@ -118,9 +118,18 @@ class Ops:
 
     # -- workers ----------------------------------------------------------------------------
     def claim(
-        self, worker_id: str, *, limit: int = 100, lease_ms: int = 30_000, reap_limit: int = 100
+        self,
+        worker_id: str,
+        *,
+        limit: int = 100,
+        lease_ms: int = 30_000,
+        reap_limit: int = 100,
+        nonce: str | None = None,
     ) -> Op[ClaimBatch]:
-        args = codec.claim_args(worker_id, limit, lease_ms, codec.new_nonce(), reap_limit)
+        """`nonce`: give the same one again when re-sending a call whose answer was lost:
+        claim.lua then returns that call's jobs instead of leasing more (default: fresh)."""
+        nonce = codec.new_nonce() if nonce is None else nonce
+        args = codec.claim_args(worker_id, limit, lease_ms, nonce, reap_limit)
         reply = yield Script("claim", args)
         batch = codec.parse_claim(reply)
         # Cron schedules running low on precomputed slots: refill on this same call.

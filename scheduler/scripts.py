@@ -1,14 +1,26 @@
-"""Find the Lua files, expand `-- @include "lib/x.lua"` lines, and register one redis-py Script
-per transition. redis-py's Script does EVALSHA and reloads by itself after SCRIPT FLUSH or a
-restart (NOSCRIPT), in plain calls and in pipelines."""
+"""Find the Lua files, expand `-- @include "lib/x.lua"` lines, and the one driver that runs the
+requests of sans-I/O operations (scheduler.ops) on a connection.
+
+The driver is written once, as a generator (`Scripts.drive`): it turns requests into wire
+commands, sends them as one pipeline, handles NOSCRIPT (after SCRIPT FLUSH or a restart) by
+loading the missing scripts and re-sending only the calls that did not run, and hands back
+each request's reply or its (translated) error. `run_sync` / `run_async` are the only I/O."""
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from scheduler.errors import translate
+from scheduler.ops import Commands, Request, Script, ScriptPipeline
 
 TRANSITIONS = (
     "enqueue",
@@ -67,22 +79,129 @@ def source(name: str, clock: str = "server") -> str:
     return _expand(lua_dir(), f"{name}.lua", set(), (f"{name}.lua",), clock)
 
 
-class Scripts:
-    """One registered Script per transition, bound to one client (sync or asyncio)."""
+Wire = tuple[Any, ...]  # one command as sent: ("EVALSHA", sha, nkeys, *keys, *args)
+# Loads before giving up on NOSCRIPT: each covers one SCRIPT FLUSH or restart racing the call.
+_NOSCRIPT_LOADS = 4
 
-    def __init__(self, client: Any, *, clock: str = "server") -> None:
+
+@dataclass(frozen=True)
+class Batch:
+    """What the driver asks the I/O to do: SCRIPT LOAD `loads` (one call each), then send
+    `cmds` as one pipeline and answer with their replies, errors as values."""
+
+    loads: list[str]
+    cmds: list[Wire]
+
+
+Drive = Generator[Batch, list[Any], list[Any]]
+
+
+class Scripts:
+    """The transitions' texts and SHA1s for one clock, and the driver built on them."""
+
+    def __init__(self, client: Any = None, *, clock: str = "server") -> None:
+        # `client` is accepted for compatibility; the driver holds no connection.
         if clock not in ("server", "test"):
             raise ValueError(f"unknown clock {clock!r}")
-        self.client = client
         self.clock = clock
-        self._by_name: dict[str, Any] = {
-            name: client.register_script(source(name, clock)) for name in TRANSITIONS
-        }
-
-    def __getitem__(self, name: str) -> Any:
-        return self._by_name[name]
+        self._text: dict[str, str] = {}
+        self.sha: dict[str, str] = {}
+        for name in TRANSITIONS:
+            text = source(name, clock)
+            sha = hashlib.sha1(text.encode()).hexdigest()
+            self.sha[name] = sha
+            self._text[sha] = text
 
     def preload_commands(self) -> list[tuple[str, str]]:
         """(name, text) of every script, for SCRIPT LOAD at start-up: on a real server this
         compiles them, so a broken script fails at start and not at the first claim."""
         return [(name, source(name, self.clock)) for name in TRANSITIONS]
+
+    def evalsha(self, keys: Sequence[str], call: Script) -> Wire:
+        return ("EVALSHA", self.sha[call.name], len(keys), *keys, *call.args)
+
+    def drive(self, items: Sequence[tuple[Sequence[str], Request]]) -> Drive:
+        """items: (script KEYS, request). Returns, per request, its reply or the error its
+        reply carried (a script's `CODE detail` translated by scheduler.errors.translate).
+        Connection errors are the I/O's: they propagate from run_sync / run_async."""
+        cmds: list[Wire] = []
+        spans: list[tuple[int, int, bool]] = []  # (first, end, is a list reply)
+        for keys, req in items:
+            first = len(cmds)
+            if isinstance(req, Script):
+                cmds.append(self.evalsha(keys, req))
+            elif isinstance(req, ScriptPipeline):
+                cmds.extend(self.evalsha(keys, c) for c in req.calls)
+                if req.wait is not None:
+                    cmds.append(("WAIT", *req.wait))
+            elif isinstance(req, Commands):
+                cmds.extend(req.cmds)
+            else:
+                raise TypeError(f"not a request: {req!r}")
+            spans.append((first, len(cmds), not isinstance(req, Script)))
+        replies = yield Batch([], cmds)
+        for _ in range(_NOSCRIPT_LOADS):
+            missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+            if not missing:
+                break
+            # Those calls did not run, so sending them again is safe. A WAIT must follow the
+            # writes it waits for: send it again after them.
+            missing += [i for i, c in enumerate(cmds) if c[0] == "WAIT" and i > missing[0]]
+            shas = list(dict.fromkeys(str(cmds[i][1]) for i in missing if cmds[i][0] == "EVALSHA"))
+            again = yield Batch([self._text[s] for s in shas], [cmds[i] for i in missing])
+            for i, r in zip(missing, again, strict=True):
+                replies[i] = r
+        out: list[Any] = []
+        for first, end, is_list in spans:
+            part = replies[first:end]
+            err = next((r for r in part if isinstance(r, BaseException)), None)
+            if err is not None:
+                out.append(translate(err) if isinstance(err, ResponseError) else err)
+            else:
+                out.append(part if is_list else part[0])
+        return out
+
+
+def run_sync(client: Any, drive: Drive) -> list[Any]:
+    """Drive on a blocking redis-py client."""
+    try:
+        batch = next(drive)
+        while True:
+            for text in batch.loads:
+                client.script_load(text)
+            if len(batch.cmds) == 1:  # no pipeline object for the common single call
+                try:
+                    replies = [client.execute_command(*batch.cmds[0])]
+                except ResponseError as exc:
+                    replies = [exc]
+            else:
+                with client.pipeline(transaction=False) as pipe:
+                    for cmd in batch.cmds:
+                        pipe.execute_command(*cmd)
+                    replies = pipe.execute(raise_on_error=False)
+            batch = drive.send(replies)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def run_async(client: Any, drive: Drive) -> list[Any]:
+    """Drive on a redis.asyncio client. The pipeline is always reset (async with), also when
+    the connection drops mid-call: a pipeline left holding a connection warns at GC."""
+    try:
+        batch = next(drive)
+        while True:
+            for text in batch.loads:
+                await client.script_load(text)
+            if len(batch.cmds) == 1:
+                try:
+                    replies = [await client.execute_command(*batch.cmds[0])]
+                except ResponseError as exc:
+                    replies = [exc]
+            else:
+                async with client.pipeline(transaction=False) as pipe:
+                    for cmd in batch.cmds:
+                        pipe.execute_command(*cmd)
+                    replies = await pipe.execute(raise_on_error=False)
+            batch = drive.send(replies)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
