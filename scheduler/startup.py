@@ -17,25 +17,30 @@ from scheduler.safety import safe
 APP_ROLE_HINT = "connect as a user with the app role of docs/security.md"
 OPERATOR_ROLE_HINT = "connect as a user with the operator role of docs/security.md"
 _NOPERM_COMMAND = re.compile(r"permissions? to run the '([^']+)' command")
+# Inside a script Redis 7.0 answers "ERR The user executing the script can't run this command
+# or subcommand" (no NOPERM code); later versions say NOPERM.
+_NOPERM_TEXT = re.compile(r"\bNOPERM\b|no permissions to|user executing the script can't")
 
 
 def is_permission_error(exc: BaseException) -> bool:
     """An ACL refusal, whether redis-py typed it (NoPermissionError) or it came back from inside
     a script or a MULTI as a plain ResponseError carrying the NOPERM code."""
     return isinstance(exc, NoPermissionError) or (
-        isinstance(exc, ResponseError) and "NOPERM" in str(exc)
+        isinstance(exc, ResponseError) and _NOPERM_TEXT.search(str(exc)) is not None
     )
 
 
 def permission_message(exc: BaseException, hint: str, where: str = "") -> str:
     """One line naming what the ACL refused (the command, or a key) and the role to use."""
     m = _NOPERM_COMMAND.search(str(exc))
-    if m is not None:
-        what = f"the {m.group(1).upper().replace('|', ' ')} command"
-    elif "key" in str(exc):
-        what = "the keys" + (f" of {where}" if where else "")
-    else:
-        what = "a command" + (f" on {where}" if where else "")
+    if m is not None:  # the refused command says it all
+        command = m.group(1).upper().replace("|", " ")
+        return safe(f"permission denied: the Redis user may not run {command}; {hint}")
+    text = str(exc)
+    what = (
+        "the keys" if "key" in text else "a command" + (" in a script" if "script" in text else "")
+    )
+    what += f" of {where}" if where else ""
     return safe(f"permission denied: the Redis user may not use {what} ({exc}); {hint}")
 
 

@@ -1,6 +1,9 @@
-"""Least privilege and TLS: the documented ACL line (read from docs/durability.md) is enough for
-the client API, and refuses admin commands, KEYS, FLUSH, and scripts that touch keys outside
-`sched:*`; TLS with a self-signed CA works and a certificate from another CA is refused."""
+"""Least privilege and TLS: the two documented ACL roles (read from docs/security.md). The app
+role is enough for the client API and a real worker, and refuses admin commands, KEYS, FLUSH,
+and scripts that touch keys outside `sched:*`; the operator role runs every CLI command; a
+refused command is one line with exit code 5, never a traceback, and a worker whose user
+cannot touch its queue is refused at start. TLS with a self-signed CA works and a certificate
+from another CA is refused."""
 
 from __future__ import annotations
 
@@ -11,29 +14,38 @@ from pathlib import Path
 
 import pytest
 import redis
+from click.testing import CliRunner, Result
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from scheduler import JobSpec, Queue, StaleToken
+from scheduler.cli import main
 from tests.faults.conftest import Server, Tls, free_port
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "durability.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 PASSWORD = "s3cret-for-tests"
 NOPERM = r"(?i)no permissions|NOPERM|can't access"
 QUEUE = "acl"
 
 
-def documented_acl_line() -> list[str]:
+def documented_acl_line(role: str = "app") -> list[str]:
     text = DOC.read_text()
-    m = re.search(r"<!-- acl:app -->\s*```\s*\n(ACL SETUSER [^\n]+)\n```", text)
-    assert m, "docs/durability.md lost its ACL line"
+    m = re.search(rf"<!-- acl:{role} -->\s*```\s*\n(ACL SETUSER [^\n]+)\n```", text)
+    assert m, f"docs/security.md lost its {role} ACL line"
     return m.group(1).replace(">CHANGE-ME", ">" + PASSWORD).split()
 
 
-def create_app_user(admin: redis.Redis) -> None:
-    words = documented_acl_line()
+def create_user(admin: redis.Redis, role: str, *, keys: str | None = None) -> None:
+    """The documented line of `role`; keys replaces the key pattern (a per-tenant user)."""
+    words = documented_acl_line(role)
     assert words[:2] == ["ACL", "SETUSER"]
-    assert admin.execute_command(*words) in ("OK", True, b"OK")
+    if keys is not None:
+        words = [keys if w == "~sched:*" else w for w in words]
+    assert admin.execute_command(*words) in ("OK", True, b"OK")  # type: ignore[no-untyped-call]
+
+
+def create_app_user(admin: redis.Redis) -> None:
+    create_user(admin, "app")
 
 
 def app_url(server: Server) -> str:
@@ -93,7 +105,7 @@ def test_acl_user_is_refused_everything_else(start_server: Callable[..., Server]
         lambda: app.get("other:secret"),
         lambda: app.set("other:x", "1"),
         lambda: app.eval("return 1", 0),
-        lambda: app.execute_command("ACL", "LIST"),
+        lambda: app.execute_command("ACL", "LIST"),  # type: ignore[no-untyped-call]
     ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             refused()
@@ -174,3 +186,133 @@ def test_real_worker_runs_as_the_acl_user_and_parks_a_pickle(
     job = q.get_job(crafted)
     assert (job.state, job.fields["last_error_type"]) == ("dead", "InvalidPayload")
     assert "NOPERM" not in Path(log).read_text()
+
+
+# -- the operator role, and one-line refusals -------------------------------------------------
+def ops_url(server: Server) -> str:
+    return f"unix://sched-ops:{PASSWORD}@{server.socket}"
+
+
+def cli(url: str, *args: str) -> Result:
+    return CliRunner(env={"COLUMNS": "200"}).invoke(main, [*args, "--url", url])
+
+
+def busy_queue(admin: redis.Redis) -> dict[str, str]:
+    """A queue with a job in each place, a schedule, a worker record and one repairable fault."""
+    q = Queue(admin, QUEUE)
+    ids = {name: q.enqueue("acl.t", {"name": name}) for name in ("dead", "dead2", "leased")}
+    for job in q.claim("w1", limit=3).jobs:
+        if job.id != ids["leased"]:
+            q.fail(job.id, job.token, ("E", "boom", ""), retryable=False)
+    ids["due"] = q.enqueue("acl.t", {"n": 1})
+    ids["later"] = q.enqueue("acl.t", None, delay_ms=60_000)
+    q.schedule("nightly", "acl.t", None, cron="0 3 * * *")
+    admin.zadd(q.keys.workers, {"w1": 1})
+    admin.hset(q.keys.worker("w1"), mapping={"host": "h", "pid": "1"})
+    admin.zrem(q.keys.due, ids["due"])  # an orphan hash: doctor --fix puts it back in due
+    return ids
+
+
+def operator_commands(ids: dict[str, str]) -> list[tuple[str, ...]]:
+    q = ("-q", QUEUE)
+    return [
+        ("stats",), ("stats", *q), ("stats", "--json"), ("stats", "--watch", "--count", "1"),
+        ("workers",), ("workers", *q, "--json"), ("keys", *q), ("keys", *q, "--json"),
+        *[("jobs", "list", *q, "--state", s) for s in ("due", "scheduled", "leased", "dead")],
+        ("jobs", "list", *q, "--task", "acl.t"),
+        *[("jobs", "show", *q, i) for i in ids.values()],
+        ("jobs", "show", *q, ids["dead"], "--json"),
+        ("dead", "list", *q), ("dead", "list", *q, "--json"),
+        ("doctor",), ("doctor", "--fix"), ("doctor", *q, "--json"),
+        ("schedules", "list", *q), ("schedules", "list", *q, "--json"),
+        ("schedules", "pause", "nightly", *q), ("schedules", "resume", "nightly", *q),
+        ("enqueue", "acl.t", *q, "--payload", "{}"), ("enqueue", "acl.t", *q, "--key", "k"),
+        ("dead", "purge", *q, "--id", ids["dead2"], "--yes"), ("dead", "requeue", *q, "--yes"),
+        ("schedules", "remove", "nightly", *q),
+    ]  # fmt: skip
+
+
+def test_operator_role_runs_every_cli_command(start_server: Callable[..., Server]) -> None:
+    server = start_server()
+    admin = server.admin()
+    create_user(admin, "operator")
+    ids = busy_queue(admin)
+    url = ops_url(server)
+    for args in operator_commands(ids):
+        result = cli(url, *args)
+        # `doctor` before `--fix` finds the orphan (exit 1); after the repair it finds nothing.
+        findings_ok = args == ("doctor",)
+        assert result.exit_code in ((0, 1) if findings_ok else (0,)), (
+            f"{' '.join(args)}: exit {result.exit_code}\n{result.output}"
+        )
+        assert "NOPERM" not in result.output and "permission" not in result.output, args
+    q = Queue(admin, QUEUE)
+    assert admin.zscore(q.keys.due, ids["due"]) is not None  # doctor --fix repaired it
+    assert q.status(ids["dead"]) == "due" and admin.exists(q.keys.job(ids["dead2"])) == 0
+    assert q.list_schedules() == []
+
+
+PERMISSION_LINE = re.compile(
+    r"^Error: permission denied: the Redis user may not run (\S+); connect as a user with the "
+    r"operator role of docs/security\.md\n$"
+)
+
+
+def test_each_refused_cli_command_is_one_line_naming_it(
+    start_server: Callable[..., Server],
+) -> None:
+    """The app role lacks what inspection needs: each command says which command, exit 5."""
+    server = start_server()
+    admin = server.admin()
+    create_app_user(admin)
+    ids = busy_queue(admin)
+    url = app_url(server)
+    q = ("-q", QUEUE)
+    expected = {
+        ("stats",): "SCAN", ("workers",): "SCAN", ("doctor",): "SCAN", ("keys", *q): "TYPE",
+        ("jobs", "show", *q, ids["dead"]): "MULTI", ("schedules", "list", *q): "SMEMBERS",
+        ("doctor", *q, "--json"): "ZSCAN",
+    }  # fmt: skip
+    for args, command in expected.items():
+        result = cli(url, *args)
+        where = " ".join(args)
+        assert result.exit_code == 5, f"{where}: exit {result.exit_code}\n{result.output}"
+        assert result.stdout == "" or args[0] == "doctor", where
+        m = PERMISSION_LINE.match(result.stderr)
+        assert m, f"{where}: not one permission line:\n{result.stderr}"
+        assert m.group(1) == command, where
+    # One permission refused inside a script the app role otherwise runs: still one line.
+    admin.execute_command("ACL", "SETUSER", "sched-app", "-lrem")  # type: ignore[no-untyped-call]  # LREM: purge_dead.lua
+    result = cli(url, "dead", "purge", *q, "--yes")
+    assert result.exit_code == 5 and "Traceback" not in result.output, result.output
+    line = result.stderr.strip()  # the (transient) progress bar leaves a blank line before
+    assert line.startswith("Error: permission denied") and "\n" not in line, line
+
+
+def test_worker_is_refused_at_start_on_a_queue_its_user_cannot_touch(
+    start_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    from tests.workers.procs import spawn_worker
+
+    server = start_server()
+    admin = server.admin()
+    create_user(admin, "app", keys="~sched:{tenantA}:*")
+    log = tmp_path / "worker.log"
+    worker = spawn_worker(app_url(server), "tenantB", log=str(log))
+    code = worker.wait(60)
+    text = log.read_text()
+    assert code == 5, text
+    lines = text.strip().splitlines()
+    assert lines[-1].startswith("error: permission denied") and "tenantB" in lines[-1], text
+    assert "app role of docs/security.md" in lines[-1]
+    assert "Traceback" not in text and "worker crashed" not in text
+    # The same user works its own queue.
+    Queue(admin, "tenantA").enqueue("noop", None)
+    ok = spawn_worker(app_url(server), "tenantA", log=str(tmp_path / "a.log"))
+    try:
+        from tests.workers.procs import wait_for
+
+        wait_for(lambda: Queue(admin, "tenantA").counts().due_now == 0, what="tenantA drained")
+    finally:
+        ok.terminate()
+        ok.wait(30)
