@@ -244,7 +244,8 @@ def test_real_worker_survives_hostile_jobs_and_logs_them_escaped(
 ) -> None:
     marker = tmp_path / PICKLE_MARKER
     plant(raw, marker)
-    q = Queue(redis.Redis.from_url(server.url, decode_responses=True), QUEUE)
+    reader = redis.Redis.from_url(server.url, decode_responses=True, encoding_errors="replace")
+    q = Queue(reader, QUEUE)
     good = [q.enqueue("noop", {"n": n}) for n in range(5)]
     log = tmp_path / "worker.log"
     worker = spawn_worker(server.url, log, *log_format)
@@ -266,6 +267,11 @@ def test_real_worker_survives_hostile_jobs_and_logs_them_escaped(
     assert all(q.status(j) == "done" for j in good)
     assert q.status(HOSTILE_IDS["pickle"]) == "dead"
     assert q.get_job(HOSTILE_IDS["pickle"]).fields["last_error_type"] == "InvalidPayload"
+    # Each job no worker can read is parked alone, with a reason; the rest ran.
+    for name in ("task", "bytes", "huge", "timeout"):
+        job = q.get_job(HOSTILE_IDS[name])
+        assert (job.state, bool(job.dead_reason)) == ("dead", True), (name, job.fields)
+    assert q.status(HOSTILE_IDS["payload"]) == "done"
     # And the operator tools still read the queue the worker left behind.
     read_everything(server.url)
 
