@@ -12,7 +12,7 @@
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
-local ttl, err = int_arg(ARGV[2], 'record_ttl_ms', 1)
+local ttl, err = int_arg(ARGV[2], 'record_ttl_ms', 1, LIM.ttl_ms)
 if err then return err end
 local jk = prefix .. 'job:' .. id
 local state = redis.call('HGET', jk, 'state')

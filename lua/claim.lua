@@ -18,41 +18,103 @@
     changes nothing.
   Side effects: attempts is counted here, at claim; a job whose attempts are used up is parked
     with reason 'lease expired' (lapsed) or 'attempts exhausted'; a job hash that cannot be read
-    (edited by hand) is parked with reason 'invalid job: <field>'.
+    (edited by hand) is parked alone with reason 'invalid job: <field>': every field the reply
+    carries is checked first (read_claimable), so the reply only holds values a client parses.
+    Parking a schedule's pending occurrence arms the schedule's next one.
   Errors:  BAD_ARGUMENT <field>=<value> ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
+-- @include "lib/lease.lua"
 -- @include "lib/utf8.lua"
 -- @include "lib/rearm.lua"
 
 local prefix, due, leased, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
 local worker, nonce = ARGV[1], ARGV[4]
 local limit, lease_ms, reap_limit, err
-limit, err = int_arg(ARGV[2], 'limit', 0); if err then return err end
-lease_ms, err = int_arg(ARGV[3], 'lease_ms', 1); if err then return err end
-reap_limit, err = int_arg(ARGV[5], 'reap_limit', 0); if err then return err end
-if nonce == '' then return redis.error_reply('BAD_ARGUMENT nonce=') end
+limit, err = int_arg(ARGV[2], 'limit', 0, LIM.limit); if err then return err end
+lease_ms, err = int_arg(ARGV[3], 'lease_ms', 1, LIM.lease_ms); if err then return err end
+reap_limit, err = int_arg(ARGV[5], 'reap_limit', 0, LIM.reap_limit); if err then return err end
+if #nonce < 1 or #nonce > 64 or not string.find(nonce, '^%w+$') then
+  return redis.error_reply('BAD_ARGUMENT nonce=')
+end
+if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT worker=') end
+
+-- Every field the reply hands out, read and checked the strict way (lib/util.lua): returns the
+-- reply's values {attempts, max_attempts, task, payload, run_at_ms, backoff, timeout_ms,
+-- schedule, state, token, settled_token, settled, settled_log}, or nil and a dead reason.
+local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
+  'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log' }
+local function read_claimable(id, jk)
+  if not job_id_ok(id) then return nil, 'invalid job: id' end
+  local f = redis.pcall('HMGET', jk, unpack(READ))
+  if f.err then return nil, 'invalid job: not a hash' end
+  if f[9] == false then return nil, 'job hash missing' end
+  local r = { task = f[1], payload = f[2], backoff = f[6] or '', timeout_ms = f[7] or '0',
+    schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
+    settled_log = f[14] }
+  if not task_ok(f[1]) then return nil, 'invalid job: task' end
+  if not f[2] or not is_utf8(f[2]) then return nil, 'invalid job: payload' end
+  r.attempts = parse_int(f[3], 0, LIM.attempts)
+  if r.attempts == nil then return nil, 'invalid job: attempts' end
+  r.max_attempts = parse_int(f[4], 1, LIM.attempts)
+  if r.max_attempts == nil then return nil, 'invalid job: max_attempts' end
+  r.run_at_ms = parse_int(f[5], 0, LIM.time_ms)
+  if r.run_at_ms == nil then return nil, 'invalid job: run_at_ms' end
+  if r.backoff ~= '' and parse_backoff(r.backoff) == nil then return nil, 'invalid job: backoff' end
+  if parse_int(r.timeout_ms, 0, LIM.timeout_ms) == nil then return nil, 'invalid job: timeout_ms' end
+  if r.schedule ~= '' and not schedule_name_ok(r.schedule) then
+    return nil, 'invalid job: schedule'
+  end
+  -- HINCRBY fence would fail the whole script on a non-integer or at 2^63.
+  if f[10] and parse_int(f[10], 0, LIM.fence - 1) == nil then return nil, 'invalid job: fence' end
+  return r
+end
+
+-- Park a job claim cannot hand out. A key that is not a hash cannot take the dead fields: it
+-- only leaves due and goes on the dead list (doctor reports it).
+local function park(id, jk, reason, schedule)
+  -- A schedule's pending occurrence that ends here must not end the schedule: arm the next.
+  local name = schedule
+  if not schedule_name_ok(name) then name = string.match(id, '^schedule:([%w_.%-]+):%d+$') end
+  if name then sched_ended(prefix, name, id, now_ms()) end
+  if reason == 'invalid job: not a hash' or reason == 'invalid job: id' then
+    redis.call('ZREM', due, id)
+    redis.call('ZREM', leased, id)
+    redis.call('LPUSH', prefix .. 'dead', id)
+  else
+    dead_letter(prefix, id, reason, now_ms())
+  end
+end
+
+-- A hostile score (inf, 1e300) must not reach the reply: next_ms stays a plain integer.
+local function score_ms(v)
+  local x = tonumber(v)
+  if x == nil or x ~= x or x < 0 then return 0 end
+  return math.min(math.floor(x), LIM.time_ms)
+end
 
 local replay_key = prefix .. 'claim:' .. nonce
 local replay = redis.call('GET', replay_key)
 local now = now_ms()
 
 -- 0. A re-sent call (redis-py retries after a timeout) gets the first call's jobs back, with
---    the same tokens, as long as it still holds them; it changes nothing.
+--    the same tokens, as long as it still holds them (and they still read well); it changes
+--    nothing.
 if replay then
   local words = {}
   for w in string.gmatch(replay, '%S+') do words[#words + 1] = w end
   local out = {}
   for i = 3, #words do
     local id = words[i]
-    local f = redis.call('HMGET', job_key(prefix, id), 'task', 'payload', 'attempts',
-      'max_attempts', 'run_at_ms', 'backoff', 'timeout_ms', 'schedule', 'token', 'state')
-    if f[10] == 'leased' and f[9] and string.sub(f[9], -#nonce - 1) == '-' .. nonce then
+    local r = read_claimable(id, job_key(prefix, id))
+    if r and r.state == 'leased' and r.token and string.sub(r.token, -#nonce - 1) == '-' .. nonce
+      and string.find(r.token, '^%d+%-%w+$') then
       local b = #out
-      out[b + 1] = id; out[b + 2] = f[9]; out[b + 3] = tonumber(f[3]); out[b + 4] = tonumber(f[4])
-      out[b + 5] = f[1]; out[b + 6] = f[2]; out[b + 7] = f[5]; out[b + 8] = f[6] or ''
-      out[b + 9] = f[7] or '0'; out[b + 10] = f[8] or ''
+      out[b + 1] = id; out[b + 2] = r.token; out[b + 3] = r.attempts
+      out[b + 4] = r.max_attempts; out[b + 5] = r.task; out[b + 6] = r.payload
+      out[b + 7] = fmt(r.run_at_ms); out[b + 8] = r.backoff
+      out[b + 9] = r.timeout_ms; out[b + 10] = r.schedule
     end
   end
   local reply = { words[1], words[2], #out / 10 }
@@ -61,23 +123,31 @@ if replay then
   return reply
 end
 
--- 1. Reap lapsed leases: due again now, or parked when the crashes used up the attempts.
+-- 1. Reap lapsed leases: due again now, or parked when the crashes used up the attempts. A job
+--    whose counts cannot be read goes back to due, where step 2 parks it with the reason.
 local lapsed = redis.call('ZRANGE', leased, '-inf', now, 'BYSCORE', 'LIMIT', 0, reap_limit,
   'WITHSCORES')
 local parked = 0
 for i = 1, #lapsed, 2 do
-  local id, until_ms = lapsed[i], lapsed[i + 1]
+  local id = lapsed[i]
+  local until_ms = score_ms(lapsed[i + 1])
   local jk = job_key(prefix, id)
-  local f = redis.call('HMGET', jk, 'attempts', 'max_attempts')
-  local attempts, max_attempts = tonumber(f[1]), tonumber(f[2])
-  if attempts ~= nil and max_attempts ~= nil and attempts >= max_attempts then
-    dead_letter(prefix, id, 'lease expired', now)
+  local f = redis.pcall('HMGET', jk, 'attempts', 'max_attempts')
+  if f.err then
+    park(id, jk, 'invalid job: not a hash', '')
     parked = parked + 1
   else
-    redis.call('ZREM', leased, id)
-    redis.call('ZADD', due, until_ms, id)
-    redis.call('HSET', jk, 'state', 'due')
-    redis.call('HDEL', jk, 'worker')
+    local attempts = parse_int(f[1], 0, LIM.attempts)
+    local max_attempts = parse_int(f[2], 1, LIM.attempts)
+    if attempts ~= nil and max_attempts ~= nil and attempts >= max_attempts then
+      dead_letter(prefix, id, 'lease expired', now)
+      parked = parked + 1
+    else
+      redis.call('ZREM', leased, id)
+      redis.call('ZADD', due, until_ms, id)
+      redis.call('HSET', jk, 'state', 'due')
+      redis.call('HDEL', jk, 'worker')
+    end
   end
 end
 bump_stat(prefix, now, 'lease_expired', #lapsed / 2)
@@ -93,45 +163,35 @@ if limit > 0 then
   local leases = {}
   for _, id in ipairs(ids) do
     local jk = job_key(prefix, id)
-    local f = redis.call('HMGET', jk, 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms',
-      'backoff', 'timeout_ms', 'schedule', 'state')
-    local attempts, max_attempts = tonumber(f[3]), tonumber(f[4])
-    local bad = nil
-    if f[9] == false then bad = 'job hash missing'
-    elseif not f[1] or f[1] == '' then bad = 'invalid job: task'
-    elseif not f[2] then bad = 'invalid job: payload'
-    elseif not (is_utf8(f[1]) and is_utf8(f[2]) and is_utf8(f[6] or '') and is_utf8(f[8] or ''))
-      then bad = 'invalid job: not UTF-8 text'
-    elseif attempts == nil then bad = 'invalid job: attempts'
-    elseif max_attempts == nil or max_attempts < 1 then bad = 'invalid job: max_attempts'
-    elseif tonumber(f[5]) == nil then bad = 'invalid job: run_at_ms'
-    elseif attempts >= max_attempts then bad = 'attempts exhausted'
-    end
+    local r, bad = read_claimable(id, jk)
+    if r and r.attempts >= r.max_attempts then bad = 'attempts exhausted' end
     if bad then
-      dead_letter(prefix, id, bad, now)
+      park(id, jk, bad, r and r.schedule or '')
       parked = parked + 1
-    elseif f[8] and f[8] ~= '' and not sched_rearm(prefix, f[8], id, now) then
+    elseif r.schedule ~= '' and not sched_rearm(prefix, r.schedule, id, now) then
       -- A schedule's occurrence: the next one was inserted above; this late one was dropped
       -- by the schedule's misfire policy (lib/rearm.lua).
     else
-      attempts = attempts + 1
+      local attempts = r.attempts + 1
+      -- The last settlement moves to the replay log before a new one can overwrite it.
+      if r.settled_token then log_settlement(jk, r.settled_token, r.settled, r.settled_log) end
       local fence = redis.call('HINCRBY', jk, 'fence', 1)
-      local token = fence .. '-' .. nonce
+      local token = fmt(fence) .. '-' .. nonce
       redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
-        'attempts', attempts, 'claimed_ms', now_s)
+        'attempts', fmt(attempts), 'claimed_ms', now_s)
       took[#took + 1] = id
       leases[#leases + 1] = lease_until
       leases[#leases + 1] = id
       n = n + 1
       local b = #out
-      out[b + 1] = id; out[b + 2] = token; out[b + 3] = attempts; out[b + 4] = max_attempts
-      out[b + 5] = f[1]; out[b + 6] = f[2]; out[b + 7] = f[5]; out[b + 8] = f[6] or ''
-      out[b + 9] = f[7] or '0'; out[b + 10] = f[8] or ''
+      out[b + 1] = id; out[b + 2] = token; out[b + 3] = attempts; out[b + 4] = r.max_attempts
+      out[b + 5] = r.task; out[b + 6] = r.payload; out[b + 7] = fmt(r.run_at_ms)
+      out[b + 8] = r.backoff; out[b + 9] = r.timeout_ms; out[b + 10] = r.schedule
     end
   end
   if n > 0 then
-    redis.call('ZREM', due, unpack(took))
-    redis.call('ZADD', leased, unpack(leases))
+    call_chunked('ZREM', due, took)
+    call_chunked('ZADD', leased, leases)
   end
   -- A full batch means more may be waiting: pass the wake-up on to another idle worker.
   if n == limit and redis.call('ZCOUNT', due, '-inf', now) > 0 then wake(wake_key) end
@@ -141,12 +201,12 @@ bump_stat(prefix, now, 'claim', n)
 
 local next_ms = -1
 local dh = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
-if dh[2] then next_ms = tonumber(dh[2]) end
+if dh[2] then next_ms = score_ms(dh[2]) end
 local lh = redis.call('ZRANGE', leased, 0, 0, 'WITHSCORES')
-if lh[2] and (next_ms == -1 or tonumber(lh[2]) < next_ms) then next_ms = tonumber(lh[2]) end
+if lh[2] and (next_ms == -1 or score_ms(lh[2]) < next_ms) then next_ms = score_ms(lh[2]) end
 
 if n > 0 then
-  -- Only the ids are kept for a replay: the rest is re-read from the hashes then.
+  -- Only the ids are kept for a replay: the rest is re-read (and re-checked) from the hashes then.
   redis.call('SET', replay_key, now_s .. ' ' .. fmt(next_ms) .. ' ' .. table.concat(took, ' '),
     'PX', lease_ms)
 end

@@ -10,7 +10,7 @@
 -- @include "lib/lease.lua"
 
 local prefix, leased = KEYS[1], KEYS[3]
-local ttl, err = int_arg(ARGV[1], 'result_ttl_ms', 1)
+local ttl, err = int_arg(ARGV[1], 'result_ttl_ms', 1, LIM.ttl_ms)
 if err then return err end
 if #ARGV % 3 ~= 1 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 local now = now_ms()
@@ -36,7 +36,7 @@ if #took > 0 then
   -- can still be settled at the limit.
   local ids = {}
   for k, i in ipairs(took) do ids[k] = ARGV[i] end
-  redis.call('ZREM', leased, unpack(ids))
+  call_chunked('ZREM', leased, ids)
   for _, i in ipairs(took) do
     local jk = prefix .. 'job:' .. ARGV[i]
     -- settled_token/settled: a re-sent call with this token is answered 'done' again.

@@ -10,6 +10,7 @@ local now = now_ms()
 local due_now = redis.call('ZCOUNT', due, '-inf', now)
 local total = redis.call('ZCARD', due)
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
-local oldest = head[2] and tonumber(head[2]) or -1
+-- Clamped: a hand-written score (inf) must not reach the reply as text a client cannot parse.
+local oldest = head[2] and math.max(math.min(math.floor(tonumber(head[2])), LIM.time_ms), 0) or -1
 return { fmt(now), due_now, total - due_now, redis.call('ZCARD', leased), redis.call('LLEN', dead),
   fmt(oldest), redis.call('ZCOUNT', leased, '-inf', now) }

@@ -18,36 +18,40 @@
 -- @include "lib/util.lua"
 
 local prefix, due, wake_key = KEYS[1], KEYS[2], KEYS[5]
+local MAX_BATCH = 10000  -- scheduler/codec.py LIMITS['batch_size']
 local now = now_ms()
-local n, err = int_arg(ARGV[1], 'n', 1)
+local n, err = int_arg(ARGV[1], 'n', 1, MAX_BATCH)
 if err then return err end
 local W = 10
 if #ARGV ~= 1 + n * W then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 
--- Validate the whole batch before the first write.
+-- Validate the whole batch before the first write (same ranges as scheduler/codec.py).
 local jobs = {}
 for i = 0, n - 1 do
   local b = 1 + i * W
   local id, task, when, backoff = ARGV[b + 1], ARGV[b + 2], ARGV[b + 4], ARGV[b + 7]
-  if id == '' then return redis.error_reply('BAD_ARGUMENT id=') end
-  if task == '' then return redis.error_reply('BAD_ARGUMENT task=') end
+  if not job_id_ok(id) then return redis.error_reply('BAD_ARGUMENT id=' .. string.sub(id, 1, 40)) end
+  if #ARGV[b + 9] > 128 or (ARGV[b + 9] ~= '' and not string.find(ARGV[b + 9], '^%w+$')) then
+    return redis.error_reply('BAD_ARGUMENT idem=')
+  end
+  if not task_ok(task) then return redis.error_reply('BAD_ARGUMENT task=' .. string.sub(task, 1, 40)) end
   local t, max_attempts, timeout, idem_ttl
   if when == 'in' then
-    t, err = int_arg(ARGV[b + 5], 'time_ms', 0); if err then return err end
+    t, err = int_arg(ARGV[b + 5], 'time_ms', 0, LIM.delay_ms); if err then return err end
     t = now + t
   elseif when == 'at' then
-    t, err = int_arg(ARGV[b + 5], 'time_ms', nil); if err then return err end
+    t, err = int_arg(ARGV[b + 5], 'time_ms', 0, LIM.time_ms); if err then return err end
   else
-    return redis.error_reply('BAD_ARGUMENT when=' .. when)
+    return redis.error_reply('BAD_ARGUMENT when=' .. string.sub(when, 1, 40))
   end
-  max_attempts, err = int_arg(ARGV[b + 6], 'max_attempts', 1); if err then return err end
-  local _, _, factor, jitter = string.find(backoff, '^%d+,([%d.eE+-]+),%d+,([%d.eE+-]+)$')
-  factor, jitter = tonumber(factor), tonumber(jitter)
-  if factor == nil or factor < 1 or jitter == nil or jitter < 0 or jitter > 1 then
-    return redis.error_reply('BAD_ARGUMENT backoff=' .. backoff)
+  if t > LIM.time_ms then return redis.error_reply('BAD_ARGUMENT time_ms=' .. fmt(t)) end
+  max_attempts, err = int_arg(ARGV[b + 6], 'max_attempts', 1, LIM.attempts)
+  if err then return err end
+  if parse_backoff(backoff) == nil then
+    return redis.error_reply('BAD_ARGUMENT backoff=' .. string.sub(backoff, 1, 60))
   end
-  timeout, err = int_arg(ARGV[b + 8], 'timeout_ms', 0); if err then return err end
-  idem_ttl, err = int_arg(ARGV[b + 10], 'idem_ttl_ms', 1); if err then return err end
+  timeout, err = int_arg(ARGV[b + 8], 'timeout_ms', 0, LIM.timeout_ms); if err then return err end
+  idem_ttl, err = int_arg(ARGV[b + 10], 'idem_ttl_ms', 1, LIM.ttl_ms); if err then return err end
   jobs[i + 1] = { id, task, ARGV[b + 3], t, max_attempts, backoff, timeout, ARGV[b + 9], idem_ttl }
 end
 
@@ -75,11 +79,11 @@ for k, j in ipairs(jobs) do
     if timeout > 0 then
       redis.call('HSET', jk, 'task', task, 'payload', payload, 'state', 'due',
         'run_at_ms', run_at_s, 'enqueued_ms', now_s, 'attempts', 0,
-        'max_attempts', max_attempts, 'backoff', backoff, 'timeout_ms', timeout)
+        'max_attempts', fmt(max_attempts), 'backoff', backoff, 'timeout_ms', fmt(timeout))
     else
       redis.call('HSET', jk, 'task', task, 'payload', payload, 'state', 'due',
         'run_at_ms', run_at_s, 'enqueued_ms', now_s, 'attempts', 0,
-        'max_attempts', max_attempts, 'backoff', backoff)
+        'max_attempts', fmt(max_attempts), 'backoff', backoff)
     end
     adds[#adds + 1] = run_at_s
     adds[#adds + 1] = id
@@ -91,7 +95,7 @@ for k, j in ipairs(jobs) do
     if earliest == nil or run_at < earliest then earliest = run_at end
   end
 end
-if #adds > 0 then redis.call('ZADD', due, unpack(adds)) end
+call_chunked('ZADD', due, adds)
 if earliest ~= nil and (head_ms == nil or earliest < head_ms) then wake(wake_key) end
 local reply = { table.concat(flags) }
 for _, v in ipairs(subst) do reply[#reply + 1] = v end

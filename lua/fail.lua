@@ -17,11 +17,11 @@
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local id, token, retryable = ARGV[1], ARGV[2], ARGV[3]
-local u = tonumber(ARGV[7])
-if u == nil or u < 0 or u >= 1 then return redis.error_reply('BAD_ARGUMENT u=' .. ARGV[7]) end
+local u = parse_num(ARGV[7], 0, 1)
+if u == nil or u >= 1 then return redis.error_reply('BAD_ARGUMENT u=' .. ARGV[7]) end
 local delay_override = nil
 if ARGV[8] ~= '' then
-  local d, err = int_arg(ARGV[8], 'delay_ms', 0)
+  local d, err = int_arg(ARGV[8], 'delay_ms', 0, LIM.delay_ms)
   if err then return err end
   delay_override = d
 end
@@ -38,8 +38,9 @@ local jk = job_key(prefix, id)
 local f = redis.call('HMGET', jk, 'attempts', 'max_attempts', 'backoff')
 -- First write frees memory, so a full server still lets a worker settle (see complete.lua).
 redis.call('ZREM', leased, id)
-local attempts = tonumber(f[1]) or 1
-local max_attempts = tonumber(f[2]) or 1
+-- Read strictly (claim checked them when it leased the job; a later hand edit counts as 1).
+local attempts = parse_int(f[1], 0, LIM.attempts) or 1
+local max_attempts = parse_int(f[2], 1, LIM.attempts) or 1
 push_error(jk, ARGV[4], ARGV[5], ARGV[6], attempts, now)
 redis.call('HDEL', jk, 'worker')
 if retryable ~= '1' or attempts >= max_attempts then
@@ -53,10 +54,11 @@ end
 local delay = delay_override
 if delay == nil then
   -- 'base_ms,factor,cap_ms,jitter' as enqueue stored it; a hand-edited value means no delay.
-  local p = {}
-  for w in string.gmatch(f[3] or '', '[^,]+') do p[#p + 1] = tonumber(w) end
-  local base, factor, cap, jitter = p[1] or 0, p[2] or 1, p[3] or 0, p[4] or 0
-  delay = math.min(cap, base * factor ^ (attempts - 1))
+  local p = parse_backoff(f[3]) or { 0, 1, 0, 0 }
+  local base, factor, cap, jitter = p[1], p[2], p[3], p[4]
+  delay = 0
+  -- factor ^ n may overflow to inf: min() then gives cap (0 * inf would be nan, so base > 0).
+  if base > 0 and cap > 0 then delay = math.min(cap, base * factor ^ (attempts - 1)) end
   delay = math.floor(delay * (1 - jitter * u))
 end
 local run_at = now + delay

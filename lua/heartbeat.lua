@@ -14,7 +14,7 @@
 -- @include "lib/lease.lua"
 
 local prefix, leased = KEYS[1], KEYS[3]
-local lease_ms, err = int_arg(ARGV[1], 'lease_ms', 1)
+local lease_ms, err = int_arg(ARGV[1], 'lease_ms', 1, LIM.lease_ms)
 if err then return err end
 if #ARGV % 2 ~= 1 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 local now = now_ms()

@@ -19,10 +19,10 @@ for i = 1, #ARGV, 2 do
     status = (outcome == 'released') and 'released' or 'stale'
   elseif status == 'held' then
     local jk = prefix .. 'job:' .. id
-    local attempts = tonumber(redis.call('HGET', jk, 'attempts')) or 1
+    local attempts = parse_int(redis.call('HGET', jk, 'attempts'), 0, LIM.attempts) or 1
     redis.call('ZREM', leased, id)
     redis.call('ZADD', due, now, id)
-    redis.call('HSET', jk, 'state', 'due', 'attempts', math.max(attempts - 1, 0))
+    redis.call('HSET', jk, 'state', 'due', 'attempts', fmt(math.max(attempts - 1, 0)))
     redis.call('HDEL', jk, 'worker')
     settle(jk, token, 'released')
     status = 'released'

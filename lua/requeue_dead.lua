@@ -11,7 +11,8 @@ local now = now_ms()
 local moved = 0
 for _, id in ipairs(ARGV) do
   local jk = prefix .. 'job:' .. id
-  if redis.call('HGET', jk, 'state') == 'dead' and redis.call('LREM', dead, 0, id) > 0 then
+  -- pcall: an id claim parked because its key is not a hash stays parked (nothing to run).
+  if redis.pcall('HGET', jk, 'state') == 'dead' and redis.call('LREM', dead, 0, id) > 0 then
     redis.call('ZADD', due, now, id)
     redis.call('HSET', jk, 'state', 'due', 'attempts', 0, 'run_at_ms', fmt(now))
     redis.call('HDEL', jk, 'dead_reason', 'dead_ms')

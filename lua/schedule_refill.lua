@@ -13,7 +13,7 @@
 -- @include "lib/rearm.lua"
 
 local prefix, name, digest = KEYS[1], ARGV[1], ARGV[2]
-local slots, err = int_args(3, 'slot')
+local slots, err = int_args(3, 'slot', 0, LIM.time_ms)
 if err then return err end
 local refill = sched_refill_key(prefix)
 local h = sched_load(prefix, name)
@@ -31,7 +31,7 @@ redis.call('SREM', refill, name)
 if h.paused == '1' then return { 'paused', '' } end
 if redis.call('HGET', sk, 'starved') == '1' then
   local now = now_ms()
-  local budget = tonumber(redis.call('HGET', sk, 'budget')) or 0
+  local budget = parse_int(redis.call('HGET', sk, 'budget'), 0, LIM.attempts) or 0
   sched_place(prefix, h, h.cursor_ms, budget, now)
 end
 return { 'refilled', h.pending }

@@ -11,7 +11,7 @@
 -- @include "lib/rearm.lua"
 
 local prefix, name, digest = KEYS[1], ARGV[1], ARGV[2]
-local slots, err = int_args(3, 'slot')
+local slots, err = int_args(3, 'slot', 0, LIM.time_ms)
 if err then return err end
 local h = sched_load(prefix, name)
 if h == nil then return { 'missing', '' } end

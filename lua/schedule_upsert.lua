@@ -22,20 +22,20 @@ if name == '' then return redis.error_reply('BAD_ARGUMENT name=') end
 if digest == '' then return redis.error_reply('BAD_ARGUMENT digest=') end
 if kind ~= 'cron' and kind ~= 'every' then return redis.error_reply('BAD_ARGUMENT kind=' .. kind) end
 local every_ms, jitter_ms, offset_ms, misfire_n, max_attempts, timeout_ms
-every_ms, err = int_arg(ARGV[6], 'every_ms', 0); if err then return err end
+every_ms, err = int_arg(ARGV[6], 'every_ms', 0, LIM.delay_ms); if err then return err end
 if kind == 'every' and every_ms < 1 then return redis.error_reply('BAD_ARGUMENT every_ms=0') end
-jitter_ms, err = int_arg(ARGV[7], 'jitter_ms', 0); if err then return err end
-offset_ms, err = int_arg(ARGV[8], 'offset_ms', 0); if err then return err end
-misfire_n, err = int_arg(ARGV[10], 'misfire_n', 0); if err then return err end
-max_attempts, err = int_arg(ARGV[13], 'max_attempts', 1); if err then return err end
-timeout_ms, err = int_arg(ARGV[15], 'timeout_ms', 0); if err then return err end
-if ARGV[11] == '' then return redis.error_reply('BAD_ARGUMENT task=') end
-local slots = {}
-for i = 16, #ARGV do
-  local v
-  v, err = int_arg(ARGV[i], 'slot', nil); if err then return err end
-  slots[#slots + 1] = v
+jitter_ms, err = int_arg(ARGV[7], 'jitter_ms', 0, LIM.delay_ms); if err then return err end
+offset_ms, err = int_arg(ARGV[8], 'offset_ms', 0, LIM.delay_ms); if err then return err end
+misfire_n, err = int_arg(ARGV[10], 'misfire_n', 0, LIM.attempts); if err then return err end
+max_attempts, err = int_arg(ARGV[13], 'max_attempts', 1, LIM.attempts); if err then return err end
+timeout_ms, err = int_arg(ARGV[15], 'timeout_ms', 0, LIM.timeout_ms); if err then return err end
+if not schedule_name_ok(name) then return redis.error_reply('BAD_ARGUMENT name=') end
+if not task_ok(ARGV[11]) then return redis.error_reply('BAD_ARGUMENT task=') end
+if parse_backoff(ARGV[14]) == nil then
+  return redis.error_reply('BAD_ARGUMENT backoff=' .. string.sub(ARGV[14], 1, 60))
 end
+local slots
+slots, err = int_args(16, 'slot', 0, LIM.time_ms); if err then return err end
 if kind == 'cron' and #slots == 0 then return redis.error_reply('BAD_ARGUMENT slots=') end
 
 local now = now_ms()
@@ -72,9 +72,10 @@ else
   redis.call('HSET', sk, 'created_ms', fmt(now))
 end
 redis.call('HSET', sk, 'name', name, 'digest', digest, 'kind', kind, 'cron', ARGV[4],
-  'tz', ARGV[5], 'every_ms', every_ms, 'jitter_ms', jitter_ms, 'offset_ms', offset_ms,
-  'misfire', ARGV[9], 'misfire_n', misfire_n, 'task', ARGV[11], 'payload', ARGV[12],
-  'max_attempts', max_attempts, 'backoff', ARGV[14], 'timeout_ms', timeout_ms,
+  'tz', ARGV[5], 'every_ms', fmt(every_ms), 'jitter_ms', fmt(jitter_ms),
+  'offset_ms', fmt(offset_ms), 'misfire', ARGV[9], 'misfire_n', fmt(misfire_n),
+  'task', ARGV[11], 'payload', ARGV[12], 'max_attempts', fmt(max_attempts),
+  'backoff', ARGV[14], 'timeout_ms', fmt(timeout_ms),
   'paused', paused, 'pending', '', 'starved', '0', 'budget', 0, 'updated_ms', fmt(now))
 redis.call('HDEL', sk, 'cursor_ms')
 redis.call('SADD', prefix .. 'schedules', name)

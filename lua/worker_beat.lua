@@ -14,7 +14,7 @@
 
 local prefix = KEYS[1]
 local id, mode = ARGV[1], ARGV[3]
-local ttl, err = int_arg(ARGV[2], 'ttl_ms', 1)
+local ttl, err = int_arg(ARGV[2], 'ttl_ms', 1, LIM.ttl_ms)
 if err then return err end
 if id == '' then return redis.error_reply('BAD_ARGUMENT worker=') end
 local zkey, hkey = prefix .. 'workers', prefix .. 'worker:' .. id

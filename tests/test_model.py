@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -40,6 +40,9 @@ class MJob:
     settled_token: str | None = None
     settled: str | None = None
     dead_reason: str | None = None
+    # Earlier settlements, newest first (lua/lib/lease.lua log_settlement): claim moves the last
+    # one here before a new lease can overwrite it, so a re-sent call still gets its answer.
+    settled_log: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 class Model:
@@ -87,6 +90,10 @@ class Model:
                 if j.attempts >= j.max_attempts:
                     self._dead_letter(jid, "attempts exhausted")
                     continue
+                if j.settled_token is not None and (
+                    not j.settled_log or j.settled_log[0][0] != j.settled_token
+                ):
+                    j.settled_log = [(j.settled_token, j.settled), *j.settled_log][:8]
                 j.attempts += 1
                 j.fence += 1
                 j.state = "leased"
@@ -102,6 +109,9 @@ class Model:
             return "missing", None
         if j.settled_token == token:
             return "settled", j.settled
+        for logged_token, outcome in j.settled_log:
+            if logged_token == token:
+                return "settled", outcome
         if j.token != token:
             return "stale", None
         if j.state == "cancelled":

@@ -5,10 +5,21 @@
 --   'stale'              another claim holds the job now, or the lapsed lease was reaped
 --   'cancelled'          the job was cancelled while leased
 --   'missing'            no such job
+-- A settlement is kept in settled_token/settled; when a later claim leases the job again, claim
+-- moves it into settled_log (see log_settlement), so a call re-sent after the job moved on (it was
+-- released, claimed by another worker and completed) still gets its first answer, not 'stale'.
 local function lease_check(prefix, id, token)
-  local f = redis.call('HMGET', prefix .. 'job:' .. id, 'token', 'state', 'settled_token', 'settled')
+  local f = redis.call('HMGET', prefix .. 'job:' .. id, 'token', 'state', 'settled_token', 'settled',
+    'settled_log')
   if not f[2] then return 'missing' end
   if f[3] == token then return 'settled', f[4] end
+  if f[5] then
+    local _, stop = string.find('\n' .. f[5], '\n' .. token .. '\t', 1, true)
+    if stop then
+      local rest = string.sub('\n' .. f[5], stop + 1)
+      return 'settled', string.match(rest, '^[^\n]*')
+    end
+  end
   if f[1] ~= token then return 'stale' end
   if f[2] == 'cancelled' then return 'cancelled' end
   if f[2] ~= 'leased' then return 'stale' end
@@ -18,4 +29,20 @@ end
 -- Record that `token` settled its lease with `outcome`, so a re-sent call gets the same answer.
 local function settle(jk, token, outcome)
   redis.call('HSET', jk, 'settled_token', token, 'settled', outcome)
+end
+
+-- Called by claim before it leases a job again: keep the last settlements ('token\toutcome\n',
+-- newest first, at most SETTLED_LOG_MAX) so settle() overwriting them loses no replay answer.
+local SETTLED_LOG_MAX = 8
+local function log_settlement(jk, settled_token, settled, old_log)
+  -- Already logged by an earlier claim (its lease lapsed and was reaped, no new settlement).
+  if old_log and string.sub(old_log, 1, #settled_token + 1) == settled_token .. '\t' then return end
+  local log = settled_token .. '\t' .. (settled or '') .. '\n' .. (old_log or '')
+  local kept, n = {}, 0
+  for line in string.gmatch(log, '[^\n]+') do
+    n = n + 1
+    if n > SETTLED_LOG_MAX then break end
+    kept[n] = line
+  end
+  redis.call('HSET', jk, 'settled_log', table.concat(kept, '\n') .. '\n')
 end

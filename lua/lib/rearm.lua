@@ -1,5 +1,5 @@
 -- Recurring schedules: keep exactly one pending occurrence per schedule.
--- Needs lib/util.lua (fmt, wake, bump_stat) included before it.
+-- Needs lib/util.lua (fmt, wake, bump_stat, parse_int, LIM) included before it.
 --
 -- A slot is a nominal occurrence time in ms; its job is '<name>' slot id, due at slot + offset_ms
 -- (the schedule's stable jitter). Interval ('every') schedules compute slots here, aligned to the
@@ -28,10 +28,17 @@ local function sched_load(prefix, name)
   if not v[1] then return nil end
   local h = { name = name }
   for i, f in ipairs(SCHED_FIELDS) do h[f] = v[i] end
-  h.every_ms = tonumber(h.every_ms) or 0
-  h.offset_ms = tonumber(h.offset_ms) or 0
-  h.misfire_n = tonumber(h.misfire_n) or 1
-  h.cursor_ms = tonumber(h.cursor_ms) or 0
+  -- Read strictly: a hand-edited every_ms of 0 or 'inf' would put slot 'inf' into due. A
+  -- schedule whose numbers cannot be read is treated as absent (doctor reports it).
+  if h.kind ~= 'every' and h.kind ~= 'cron' then return nil end
+  h.every_ms = parse_int(h.every_ms or '0', 0, LIM.delay_ms)
+  h.offset_ms = parse_int(h.offset_ms or '0', 0, LIM.delay_ms)
+  h.misfire_n = parse_int(h.misfire_n or '1', 0, LIM.attempts)
+  h.cursor_ms = parse_int(h.cursor_ms or '0', 0, LIM.time_ms)
+  if h.every_ms == nil or h.offset_ms == nil or h.misfire_n == nil or h.cursor_ms == nil
+    or (h.kind == 'every' and h.every_ms < 1) then
+    return nil
+  end
   h.pending = h.pending or ''
   return h
 end
@@ -41,7 +48,7 @@ local function slot_after(prefix, h, t)
   if h.kind == 'every' then return (math.floor(t / h.every_ms) + 1) * h.every_ms end
   local r = redis.call('ZRANGE', sched_slots_key(prefix, h.name), '(' .. fmt(t), '+inf',
     'BYSCORE', 'LIMIT', 0, 1)
-  if r[1] then return tonumber(r[1]) end
+  if r[1] then return parse_int(r[1], 0, LIM.time_ms) end
   return nil
 end
 
@@ -59,7 +66,7 @@ local function slot_back(prefix, h, upto, i)
   if h.kind == 'every' then return (math.floor(upto / h.every_ms) - (i - 1)) * h.every_ms end
   local r = redis.call('ZRANGE', sched_slots_key(prefix, h.name), fmt(upto), '-inf', 'BYSCORE',
     'REV', 'LIMIT', i - 1, 1)
-  return tonumber(r[1])
+  return parse_int(r[1], 0, LIM.time_ms)
 end
 
 -- Insert the occurrence for `slot` (idempotent on its id) and make it the pending one.
@@ -85,7 +92,7 @@ local function sched_insert(prefix, h, slot, now)
       'run_at_ms', fmt(run_at), 'enqueued_ms', fmt(now), 'attempts', 0,
       'max_attempts', h.max_attempts, 'backoff', h.backoff, 'schedule', h.name,
       'slot_ms', fmt(slot))
-    if h.timeout_ms and tonumber(h.timeout_ms) and tonumber(h.timeout_ms) > 0 then
+    if (parse_int(h.timeout_ms, 1, LIM.timeout_ms) or 0) > 0 then
       redis.call('HSET', jk, 'timeout_ms', h.timeout_ms)
     end
     redis.call('ZADD', due, run_at, id)
@@ -110,18 +117,18 @@ end
 -- marked starved and queued for a refill, which calls this again with the same budget).
 local function sched_place(prefix, h, after, budget, now)
   local eff = now - h.offset_ms
-  if h.kind == 'cron' and slot_after(prefix, h, eff) == nil then
+  local m = slots_between(prefix, h, after, eff)
+  local slot
+  if m <= budget then slot = slot_after(prefix, h, after)
+  elseif budget == 0 then slot = slot_after(prefix, h, eff)
+  else slot = slot_back(prefix, h, eff, budget) end
+  if h.kind == 'cron' and (slot == nil or slot_after(prefix, h, eff) == nil) then
     redis.call('HSET', sched_key(prefix, h.name), 'pending', '', 'cursor_ms', fmt(after),
       'budget', budget, 'starved', '1')
     redis.call('SADD', sched_refill_key(prefix), h.name)
     h.pending = ''
     return nil
   end
-  local m = slots_between(prefix, h, after, eff)
-  local slot
-  if m <= budget then slot = slot_after(prefix, h, after)
-  elseif budget == 0 then slot = slot_after(prefix, h, eff)
-  else slot = slot_back(prefix, h, eff, budget) end
   return sched_insert(prefix, h, slot, now)
 end
 
@@ -161,4 +168,13 @@ local function sched_rearm(prefix, name, id, now)
   end
   sched_place(prefix, h, cur, budget, now)
   return run
+end
+
+-- The pending occurrence `id` of schedule `name` ended without running (parked by claim or by
+-- hand, purged): arm the next one, as cancel does, so the schedule goes on. Anything else (a
+-- retry, a run that already re-armed at claim, a paused or removed schedule) changes nothing.
+local function sched_ended(prefix, name, id, now)
+  local h = sched_load(prefix, name)
+  if h == nil or h.pending ~= id or h.paused == '1' then return end
+  sched_place(prefix, h, h.cursor_ms, 0, now)
 end

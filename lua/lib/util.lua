@@ -3,24 +3,90 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- Every ARGV number is checked before the first write (Redis keeps writes made before an error).
-local function int_arg(v, name, min)
+-- Valid ranges: a copy of scheduler/codec.py LIMITS (tests/test_hostile_data.py checks they agree).
+local LIM = {
+  time_ms = 7258118400000,      -- run_at_ms and every stored instant: 1970 .. 2200-01-01 UTC
+  delay_ms = 315360000000,      -- delays, backoff base/cap, every_ms, jitter: 0 .. 3650 days
+  attempts = 1000000,           -- attempts and max_attempts
+  timeout_ms = 604800000,       -- a handler's timeout: 0 (none) .. 7 days
+  lease_ms = 86400000,          -- 1 ms .. 1 day
+  ttl_ms = 31622400000,         -- result / record / idempotency TTLs: 1 ms .. 366 days
+  limit = 1000,                 -- jobs per claim
+  reap_limit = 10000,           -- lapsed leases reaped per claim
+  factor = 1000,                -- backoff factor: 1 .. 1000
+  fence = 9007199254740991,     -- 2^53 - 1: the largest integer a Lua number holds exactly
+}
+
+-- The one strict integer reader for ARGV and stored fields: optional '-' and decimal digits only
+-- (tonumber would also take hex, exponents, 'inf', 'nan' and fractions), within [lo, hi].
+local function parse_int(v, lo, hi)
+  if type(v) ~= 'string' or #v > 17 or not string.find(v, '^%-?%d+$') then return nil end
   local n = tonumber(v)
-  if n == nil or n ~= math.floor(n) or (min ~= nil and n < min) then
-    return nil, redis.error_reply('BAD_ARGUMENT ' .. name .. '=' .. tostring(v))
+  if n > LIM.fence or n < -LIM.fence then return nil end
+  if (lo ~= nil and n < lo) or (hi ~= nil and n > hi) then return nil end
+  return n
+end
+
+-- A plain decimal (Python's float repr: '2.0', '0.25', '1e-05'); no hex, 'inf' or 'nan'.
+local function parse_num(v, lo, hi)
+  if type(v) ~= 'string' or #v > 32 then return nil end
+  if not (string.find(v, '^%d+%.?%d*$') or string.find(v, '^%d+%.?%d*[eE][-+]?%d+$')) then
+    return nil
+  end
+  local n = tonumber(v)
+  if n == nil or n ~= n or n < lo or n > hi then return nil end
+  return n
+end
+
+-- 'base_ms,factor,cap_ms,jitter' as the client sends and the job hash stores it; nil if invalid.
+local function parse_backoff(text)
+  if type(text) ~= 'string' then return nil end
+  local _, _, b, f, c, j = string.find(text, '^([^,]+),([^,]+),([^,]+),([^,]+)$')
+  b, f = parse_int(b, 0, LIM.delay_ms), parse_num(f, 1, LIM.factor)
+  c, j = parse_int(c, 0, LIM.delay_ms), parse_num(j, 0, 1)
+  if b == nil or f == nil or c == nil or j == nil then return nil end
+  return { b, f, c, j }
+end
+
+-- The name rules of scheduler/codec.py (task), scheduler/keys.py (job id) and
+-- scheduler/recurring.py (schedule).
+local function task_ok(v)
+  return type(v) == 'string' and #v >= 1 and #v <= 200 and string.find(v, '^[%w_.:/%-]+$') ~= nil
+end
+local function job_id_ok(v)
+  return type(v) == 'string' and #v >= 1 and #v <= 128 and string.find(v, '^[%w_.:%-]+$') ~= nil
+end
+local function schedule_name_ok(v)
+  return type(v) == 'string' and #v >= 1 and #v <= 64 and string.find(v, '^[%w_.%-]+$') ~= nil
+end
+
+-- Every ARGV number is checked before the first write (Redis keeps writes made before an error).
+local function int_arg(v, name, min, max)
+  local n = parse_int(v, min, max)
+  if n == nil then
+    return nil, redis.error_reply('BAD_ARGUMENT ' .. name .. '=' .. string.sub(tostring(v), 1, 40))
   end
   return n
 end
 
--- ARGV[from..] as integers, checked together before any write.
-local function int_args(from, name)
+-- ARGV[from..] as integers within [min, max], checked together before any write.
+local function int_args(from, name, min, max)
   local out = {}
   for i = from, #ARGV do
-    local v, err = int_arg(ARGV[i], name, nil)
+    local v, err = int_arg(ARGV[i], name, min, max)
     if err then return nil, err end
     out[#out + 1] = v
   end
   return out
+end
+
+-- `cmd key unpack(args)` in slices: unpack has a C-stack limit (~8000 values) that a large batch
+-- would pass half-way through a script. `step` values per call (even for score-member pairs).
+local UNPACK_STEP = 1000
+local function call_chunked(cmd, key, args)
+  for i = 1, #args, UNPACK_STEP do
+    redis.call(cmd, key, unpack(args, i, math.min(i + UNPACK_STEP - 1, #args)))
+  end
 end
 
 -- Per-minute outcome counters, read by `scheduler stats`; kept two hours.
