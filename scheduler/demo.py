@@ -15,12 +15,14 @@ from typing import Any
 
 import redis
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from scheduler.backoff import Backoff
 from scheduler.embedded import NoServerBinary, PrivateRedis
 from scheduler.queue import Queue
 from scheduler.registry import JobContext, Registry
+from scheduler.safety import clean
 
 QUEUE = "demo"
 LEDGER = "demo:ledger"
@@ -136,6 +138,11 @@ def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int
     return 0 if ok else 1
 
 
+def _shown(stored: object) -> str:
+    """Stored job text inside a markup line: control characters escaped, markup inert."""
+    return escape(clean(stored))
+
+
 def _timeline(console: Console, q: Queue, client: redis.Redis, jobs: dict[str, str],
               deaths: list[tuple[int, int, int]], t0: int) -> None:  # fmt: skip
     events: list[tuple[int, str, str]] = []
@@ -164,7 +171,8 @@ def _timeline(console: Console, q: Queue, client: redis.Redis, jobs: dict[str, s
                 (
                     int(err["at_ms"]),
                     label,
-                    f"attempt {attempt} failed: {err['type']}: {err['message']} -> {tail}",
+                    f"attempt {attempt} failed: {_shown(err['type'])}: {_shown(err['message'])} "
+                    f"-> {tail}",
                 )
             )
         if j.state == "done":
@@ -177,7 +185,7 @@ def _timeline(console: Console, q: Queue, client: redis.Redis, jobs: dict[str, s
                 (
                     int(f["finished_ms"]),
                     label,
-                    f"[green]done[/] after {j.attempts} attempt(s): {j.result_json}",
+                    f"[green]done[/] after {j.attempts} attempt(s): {_shown(j.result_json)}",
                 )
             )
         elif j.state == "dead":
@@ -185,7 +193,7 @@ def _timeline(console: Console, q: Queue, client: redis.Redis, jobs: dict[str, s
                 (
                     int(f["dead_ms"]),
                     label,
-                    f"[red]dead-lettered[/] ({j.dead_reason}); see `scheduler dead list`",
+                    f"[red]dead-lettered[/] ({_shown(j.dead_reason)}); see `scheduler dead list`",
                 )
             )
     table = Table(title="What happened (server clock, from the first enqueue)")

@@ -331,3 +331,41 @@ def test_no_cli_command_prints_the_password() -> None:
     bad = f"redis://sched-app:{PASSWORD}@127.0.0.1:notaport/0"
     result = run_cli(bad, "stats")
     assert result.exit_code == 2 and PASSWORD not in result.output, result.output
+
+
+def test_log_formatters_escape_and_redact() -> None:
+    """Plain: one line per record whatever the message holds (no fake line, no escape), the
+    traceback the only multi-line part; JSON: ensure_ascii escapes; both redact URLs."""
+    import io
+    import logging
+
+    from scheduler import logs
+
+    root = logging.getLogger("scheduler")
+    saved = (root.handlers[:], root.level, root.propagate)
+    try:
+        for json_logs in (False, True):
+            stream = io.StringIO()
+            log = logs.setup("INFO", json_logs, stream)
+            try:
+                raise RuntimeError(f"boom {ESCAPES} at redis://u:{PASSWORD}@h:1/0")
+            except RuntimeError:
+                log.exception(
+                    "fail %s",
+                    evil("x") + "\n2026-01-01 INFO job done fake",
+                    extra={"task": evil("t"), "url": f"rediss://u:{PASSWORD}@h/0"},
+                )
+            logs.transition(log, "claimed", queue="q", job_id="j", task=evil("task"), attempt=1,
+                            token="1-t", level=logging.INFO)  # fmt: skip
+            text = stream.getvalue()
+            assert not RAW_CONTROL.findall(text), (json_logs, text)
+            assert PASSWORD not in text and "***@h" in text
+            lines = text.splitlines()
+            if json_logs:
+                assert [json.loads(line)["level"] for line in lines] == ["error", "info"]
+            else:
+                assert len([ln for ln in lines if re.match(r"^\d{4}-\d\d-\d\d ", ln)]) == 2, text
+                assert "\\x0a2026-01-01 INFO job done fake" in lines[0]
+                assert "Traceback (most recent call last):" in lines[1]
+    finally:
+        root.handlers[:], root.level, root.propagate = saved
