@@ -17,6 +17,7 @@ WATCH and re-plans from those reads, so it never acts on a stale view."""
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -127,6 +128,19 @@ def _int(v: str | None) -> int | None:
         return None
 
 
+# A ZSET score is a double: a hand-written `inf` (or 1e300) is no time in ms. It is kept as an
+# out-of-range int (so the id keeps its place) and reported.
+MAX_SCORE_MS = 2**53
+_OUT_OF_RANGE_MS = 2**63
+
+
+def _score_ms(score: Any) -> int:
+    value = float(score)
+    if math.isfinite(value):
+        return int(value)
+    return _OUT_OF_RANGE_MS if value > 0 else -_OUT_OF_RANGE_MS
+
+
 def _unreadable(fields: dict[str, str]) -> tuple[str, str] | None:
     """(code, dead reason) when a claim or a worker could not use this job (as claim.lua checks)."""
     if not fields.get("task"):
@@ -235,6 +249,14 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
         return [issue("state-mismatch", "error",
                       f"state field says {state!r} but the job is in {place}: fix sets it to "
                       f"{place!r}", plan)]  # fmt: skip
+    score = s.due_ms if place == "due" else s.lease_until_ms if place == "leased" else None
+    if score is not None and not 0 <= score <= MAX_SCORE_MS:
+        key = k.due if place == "due" else k.leased
+        then = "runs it" if place == "due" else "reaps the lease"
+        return [issue("bad-score", "error",
+                      f"its score in {place} is {score if abs(score) < _OUT_OF_RANGE_MS else 'inf'}"
+                      f", not a time in ms: fix sets it to now, so the next claim {then}",
+                      [("ZADD", key, "XX", str(ctx.now_ms), jid)])]  # fmt: skip
     if s.ttl_ms is not None:
         return [issue("expiring-job", "error",
                       f"job in {place} has an expiry ({s.ttl_ms} ms left): it would vanish",
@@ -278,7 +300,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
 
 # -- reading ---------------------------------------------------------------------------------
 def _load_zset(client: redis.Redis, key: str) -> dict[str, int]:
-    return {str(m): int(sc) for m, sc in client.zscan_iter(key, count=_PAGE)}
+    return {str(m): _score_ms(sc) for m, sc in client.zscan_iter(key, count=_PAGE)}
 
 
 def _load_list(client: redis.Redis, key: str) -> Counter[str]:
@@ -326,7 +348,8 @@ def read_snapshots(
             t, h, pttl, due, leased, dead = reply[1 + 6 * n : 7 + 6 * n]
             out.append(Snapshot(
                 jid, str(t), _hash_reply(h), _ttl(pttl),
-                None if due is None else int(due), None if leased is None else int(leased),
+                None if due is None else _score_ms(due),
+                None if leased is None else _score_ms(leased),
                 len(dead) if isinstance(dead, list) else 0,
             ))  # fmt: skip
     return now_ms, out
@@ -412,8 +435,8 @@ def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
                 due_ms, lease_ms = pipe.zscore(k.due, job_id), pipe.zscore(k.leased, job_id)
                 snap = Snapshot(
                     job_id, t, fields, _ttl(pipe.pttl(jk)),
-                    None if due_ms is None else int(due_ms),
-                    None if lease_ms is None else int(lease_ms),
+                    None if due_ms is None else _score_ms(due_ms),
+                    None if lease_ms is None else _score_ms(lease_ms),
                     len(dead) if isinstance(dead, list) else 0,
                 )  # fmt: skip
                 now = replace(ctx, now_ms=int(sec) * 1000 + int(usec) // 1000)

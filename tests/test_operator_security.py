@@ -369,3 +369,21 @@ def test_log_formatters_escape_and_redact() -> None:
                 assert "Traceback (most recent call last):" in lines[1]
     finally:
         root.handlers[:], root.level, root.propagate = saved
+
+
+def test_doctor_reports_and_repairs_infinite_scores(raw: redis.Redis, server: RedisProcess) -> None:
+    """`ZADD due inf id` hides a job forever and `ZADD leased inf id` holds its lease forever:
+    doctor reports both (it crashed with OverflowError) and --fix sets them to now."""
+    q = Queue(redis.Redis.from_url(server.url, decode_responses=True), QUEUE)
+    held = q.enqueue("noop", None)
+    assert [j.id for j in q.claim("w", limit=2).jobs] == [held]
+    hidden = q.enqueue("noop", None)
+    raw.zadd(q.keys.due, {hidden: float("inf")})
+    raw.zadd(q.keys.leased, {held: float("inf")})
+    report = json.loads(checked(server.url, "doctor", "--no-server", "--json", codes=(1,)).stdout)
+    assert {(f["job_id"], f["code"]) for f in report["findings"]} == {
+        (hidden, "bad-score"), (held, "bad-score")}  # fmt: skip
+    fixed = json.loads(checked(server.url, "doctor", "--no-server", "--fix", "--json").stdout)
+    assert {f["job_id"] for f in fixed["fixed"]} == {hidden, held} and fixed["ok"]
+    again = {j.id for j in q.claim("w2", limit=5).jobs}  # the lapsed lease is reaped, re-run
+    assert again == {hidden, held}
