@@ -248,4 +248,14 @@ def demo_cmd(url: str | None) -> None:
     """Watch the scheduler at work in ~15 s: on-time, delayed, failing and crashing jobs."""
     from scheduler.demo import run_demo
 
-    sys.exit(run_demo(url))
+    try:
+        code = run_demo(url)
+    except RedisError as exc:  # a --url whose server or user will not do: one line, no trace
+        if is_permission_error(exc):
+            click.echo(f"error: {permission_message(exc, APP_ROLE_HINT)}", err=True)
+            sys.exit(EXIT_FORBIDDEN)
+        click.echo(
+            safe(f"error: Redis at {redact(url or '')}: {type(exc).__name__}: {exc}"), err=True
+        )
+        sys.exit(EXIT_REDIS)
+    sys.exit(code)

@@ -327,6 +327,9 @@ def test_no_cli_command_prints_the_password() -> None:
         assert result.exit_code == 3, (args, result.output)  # EXIT_UNREACHABLE
         assert "cannot reach Redis" in result.stderr
         assert PASSWORD not in result.output, args
+    demo = run_cli(url, "demo")
+    assert demo.exit_code == 4 and PASSWORD not in demo.output, demo.output
+    assert "redis://" not in demo.output or "***@" in demo.output
     # A URL the client refuses to parse is quoted back redacted too.
     bad = f"redis://sched-app:{PASSWORD}@127.0.0.1:notaport/0"
     result = run_cli(bad, "stats")
