@@ -37,5 +37,11 @@ class Backoff:
 
     def delay_ms(self, attempt: int, u: float = 0.0) -> int:
         """Delay before the retry that follows failed attempt `attempt` (1-based)."""
-        raw = min(float(self.cap_ms), self.base_ms * self.factor ** (attempt - 1))
+        if self.base_ms == 0 or self.cap_ms == 0:
+            return 0
+        # As lua/fail.lua: factor ** n overflows to inf there and raises here; both mean cap.
+        try:
+            raw = min(float(self.cap_ms), self.base_ms * float(self.factor) ** (attempt - 1))
+        except OverflowError:
+            raw = float(self.cap_ms)
         return math.floor(raw * (1 - self.jitter * u))

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from scheduler.backoff import Backoff
-from scheduler.errors import BadArgument, InvalidPayload, raise_for_status
+from scheduler.errors import BadArgument, InvalidPayload, SchedulerError, raise_for_status
 from scheduler.keys import check_job_id
 from scheduler.models import ClaimBatch, ClaimedJob, FailOutcome, Job, JobSpec, QueueCounts
 
@@ -26,6 +26,40 @@ MAX_PAYLOAD_BYTES = 512 * 1024
 IDEMPOTENCY_TTL_MS = 24 * 3_600_000
 RESULT_TTL_MS = 3_600_000
 _TASK_RE = re.compile(r"^[A-Za-z0-9_.:/\-]{1,200}$")
+_SCHEDULE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # as scheduler/recurring.py
+
+# The valid range (inclusive) of every number that crosses the boundary, in this one place:
+# arguments are refused outside it (BadArgument naming the field and the range), and stored
+# numbers are read back within it. lua/lib/util.lua's LIM repeats these numbers for the scripts
+# (a test checks they agree); docs/limits.md is the same table for people. Every bound stays far
+# below 2^53, so a Lua number holds each value exactly.
+DAY_MS = 86_400_000
+MAX_TIME_MS = 7_258_118_400_000  # 2200-01-01T00:00:00Z
+MAX_DELAY_MS = 3650 * DAY_MS
+MAX_SAFE_INT = 2**53 - 1
+LIMITS: dict[str, tuple[int, int]] = {
+    "run_at_ms": (0, MAX_TIME_MS),  # run_at: 1970-01-01 .. 2200-01-01 UTC; past means due now
+    "delay_ms": (0, MAX_DELAY_MS),  # delay_ms (+ jitter), fail's delay_ms: up to 3650 days
+    "jitter_ms": (0, MAX_DELAY_MS),
+    "max_attempts": (1, 1_000_000),
+    "attempts": (0, 1_000_000),  # stored only (claim counts it)
+    "timeout_ms": (0, 7 * DAY_MS),  # 0 = no timeout
+    "lease_ms": (1, DAY_MS),
+    "limit": (0, 1_000),  # jobs per claim
+    "reap_limit": (0, 10_000),
+    "result_ttl_ms": (1, 366 * DAY_MS),
+    "record_ttl_ms": (1, 366 * DAY_MS),
+    "idem_ttl_ms": (1, 366 * DAY_MS),
+    "backoff.base_ms": (0, MAX_DELAY_MS),
+    "backoff.cap_ms": (0, MAX_DELAY_MS),
+    "every_ms": (1, MAX_DELAY_MS),
+    "batch_size": (1, 10_000),  # jobs per enqueue script call
+    "fence": (0, MAX_SAFE_INT - 1),  # stored only
+}
+FLOAT_LIMITS: dict[str, tuple[float, float]] = {
+    "backoff.factor": (1.0, 1000.0),
+    "backoff.jitter": (0.0, 1.0),
+}
 _MAX_MESSAGE = 2_000
 _MAX_TRACEBACK = 8_000
 ENQUEUE_FIELDS = 10
@@ -57,7 +91,48 @@ def _int(value: Any, name: str, *, minimum: int | None = None) -> int:
         raise BadArgument(f"{name} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise BadArgument(f"{name} must be >= {minimum}, got {value}")
+    if abs(value) > MAX_SAFE_INT:
+        raise BadArgument(f"{name} must be within +-(2**53 - 1), got {value}")
     return value
+
+
+def check_int(value: Any, name: str, limit: str | None = None) -> int:
+    """An integer argument within LIMITS[limit or name], else BadArgument naming both."""
+    lo, hi = LIMITS[limit or name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadArgument(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    if not lo <= value <= hi:
+        raise BadArgument(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+_INT_TEXT = re.compile(r"-?[0-9]{1,16}")
+
+
+def stored_int(value: Any, lo: int | None = None, hi: int | None = None) -> int | None:
+    """The one reader of stored numbers (job and schedule hashes, script replies): decimal
+    digits only, as lua/lib/util.lua parse_int reads them (no '1e3', '0x10', 'inf', ' 7', '7.0'),
+    within +-(2**53 - 1) and [lo, hi]; None when the text is anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    else:
+        if isinstance(value, bytes):
+            try:
+                value = value.decode()
+            except UnicodeDecodeError:
+                return None
+        if not isinstance(value, str) or not _INT_TEXT.fullmatch(value):
+            return None
+        n = int(value)
+    if abs(n) > MAX_SAFE_INT or (lo is not None and n < lo) or (hi is not None and n > hi):
+        return None
+    return n
+
+
+def stored_int_in(value: Any, name: str) -> int | None:
+    """stored_int within LIMITS[name]."""
+    lo, hi = LIMITS[name]
+    return stored_int(value, lo, hi)
 
 
 # One encoder for every call: json.dumps with options builds a new one each time (slow).
@@ -69,10 +144,24 @@ def encode_json(value: Any, what: str, limit: int) -> str:
         text = _JSON.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
-    # len(text) <= bytes <= 4 * len(text): encode only when the size is in doubt.
-    if len(text) * 4 > limit and len(text.encode()) > limit:
-        raise InvalidPayload(f"{what} is {len(text.encode())} bytes, over the {limit} limit")
+    except RecursionError:
+        raise InvalidPayload(f"{what} is nested too deeply to encode") from None
+    if not text.isascii():
+        # A lone surrogate ('\ud800') is a str but not UTF-8: refuse it here, typed.
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError as exc:
+            raise InvalidPayload(f"{what} is not valid Unicode text: {exc.reason}") from None
+    else:
+        size = len(text)
+    if size > limit:
+        raise InvalidPayload(f"{what} is {size} bytes, over the {limit} limit")
     return text
+
+
+def _utf8(text: str) -> str:
+    """Text a handler produced (error messages), made UTF-8-safe instead of refused."""
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _epoch_ms(at: datetime) -> int:
@@ -82,7 +171,13 @@ def _epoch_ms(at: datetime) -> int:
         raise BadArgument("run_at must be timezone-aware (a naive datetime is ambiguous)")
     # Rounded up: the server runs a job when its ms clock reaches run_at_ms, which must never
     # be before the instant asked for.
-    return math.ceil(at.timestamp() * 1000)
+    ms = math.ceil(at.timestamp() * 1000)
+    lo, hi = LIMITS["run_at_ms"]
+    if not lo <= ms <= hi:
+        raise BadArgument(
+            f"run_at must be between 1970-01-01 and 2200-01-01 UTC ({lo}..{hi} ms), got {at}"
+        )
+    return ms
 
 
 def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
@@ -91,26 +186,34 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         raise BadArgument(f"invalid task name {spec.task!r}: use 1-200 of A-Z a-z 0-9 _ . : / -")
     payload = encode_json(spec.payload, "payload", max_payload_bytes)
     job_id = check_job_id(spec.job_id) if spec.job_id is not None else new_job_id()
-    jitter = _int(spec.jitter_ms, "jitter_ms", minimum=0)
+    jitter = check_int(spec.jitter_ms, "jitter_ms")
     offset = random.randint(0, jitter) if jitter else 0
     if spec.run_at is not None and spec.delay_ms is not None:
         raise BadArgument("give run_at or delay_ms, not both")
     if spec.run_at is not None:
         when, time_ms = "at", _epoch_ms(spec.run_at) + offset
+        if time_ms > MAX_TIME_MS:
+            raise BadArgument(
+                f"run_at + jitter_ms must be before 2200-01-01 UTC ({MAX_TIME_MS} ms)"
+            )
     else:
-        delay = 0 if spec.delay_ms is None else _int(spec.delay_ms, "delay_ms", minimum=0)
+        delay = 0 if spec.delay_ms is None else check_int(spec.delay_ms, "delay_ms")
         when, time_ms = "in", delay + offset
-    max_attempts = _int(spec.max_attempts, "max_attempts", minimum=1)
+        if time_ms > MAX_DELAY_MS:
+            raise BadArgument(f"delay_ms + jitter_ms must be <= {MAX_DELAY_MS}, got {time_ms}")
+    max_attempts = check_int(spec.max_attempts, "max_attempts")
     backoff = spec.backoff if spec.backoff is not None else DEFAULT_BACKOFF
-    if not isinstance(backoff, Backoff):
-        raise BadArgument(f"backoff must be a Backoff, got {backoff!r}")
-    timeout_ms = _int(spec.timeout_ms, "timeout_ms", minimum=0)
+    check_backoff(backoff)
+    timeout_ms = check_int(spec.timeout_ms, "timeout_ms")
     idem = ""
     if spec.key is not None:
         if not isinstance(spec.key, str) or not 1 <= len(spec.key) <= 512:
             raise BadArgument("key must be a string of 1-512 characters")
         # Hashed, so any text is safe inside a key name.
-        idem = hashlib.sha256(spec.key.encode()).hexdigest()
+        try:
+            idem = hashlib.sha256(spec.key.encode()).hexdigest()
+        except UnicodeEncodeError as exc:
+            raise BadArgument(f"key is not valid Unicode text: {exc.reason}") from None
     return [
         job_id, spec.task, payload, when, str(time_ms), str(max_attempts), _backoff_arg(backoff),
         str(timeout_ms), idem, _IDEM_TTL,
@@ -120,6 +223,20 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
 _IDEM_TTL = str(IDEMPOTENCY_TTL_MS)
 
 
+def check_backoff(b: Any) -> Backoff:
+    """A Backoff whose every field is within LIMITS / FLOAT_LIMITS (Backoff itself checks only
+    the lower bounds and types)."""
+    if not isinstance(b, Backoff):
+        raise BadArgument(f"backoff must be a Backoff, got {b!r}")
+    check_int(b.base_ms, "backoff base_ms", "backoff.base_ms")
+    check_int(b.cap_ms, "backoff cap_ms", "backoff.cap_ms")
+    for name, v in (("factor", b.factor), ("jitter", b.jitter)):
+        lo, hi = FLOAT_LIMITS["backoff." + name]
+        if not lo <= v <= hi:
+            raise BadArgument(f"backoff {name} must be in [{lo}, {hi}], got {v!r}")
+    return b
+
+
 @functools.lru_cache(maxsize=256)
 def _backoff_arg(b: Backoff) -> str:
     """'base_ms,factor,cap_ms,jitter': stored as it is in the job hash's `backoff` field."""
@@ -127,6 +244,7 @@ def _backoff_arg(b: Backoff) -> str:
 
 
 def enqueue_args(specs: Sequence[JobSpec], max_payload_bytes: int) -> list[str]:
+    check_int(len(specs), "jobs per script call", "batch_size")
     args = [str(len(specs))]
     for spec in specs:
         if not isinstance(spec, JobSpec):
@@ -146,47 +264,124 @@ def parse_enqueue(reply: Any, args: list[str]) -> list[str]:
 
 
 def claim_args(worker_id: str, limit: int, lease_ms: int, nonce: str, reap_limit: int) -> list[str]:
-    if not isinstance(worker_id, str) or not worker_id:
-        raise BadArgument("worker_id must be a non-empty string")
-    _int(limit, "limit", minimum=0)
-    if limit > 1000:
-        raise BadArgument(f"limit must be <= 1000, got {limit}")
-    _int(lease_ms, "lease_ms", minimum=1)
+    if not isinstance(worker_id, str) or not 1 <= len(worker_id) <= 200:
+        raise BadArgument("worker_id must be a string of 1-200 characters")
+    if not worker_id.isascii():
+        try:
+            worker_id.encode()
+        except UnicodeEncodeError as exc:
+            raise BadArgument(f"worker_id is not valid Unicode text: {exc.reason}") from None
+    check_int(limit, "limit")
+    check_int(lease_ms, "lease_ms")
+    check_int(reap_limit, "reap_limit")
     return [worker_id, str(limit), str(lease_ms), nonce, str(reap_limit)]
 
 
+class _Unreadable(ValueError):
+    """One claimed job's field the client cannot use (its name is the message)."""
+
+
+_TOKEN_RE = re.compile(r"[0-9]{1,16}-[0-9A-Za-z]{1,64}")
+_FLOAT_TEXT = re.compile(r"[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?")
+
+
+def _text(v: Any, name: str) -> str:
+    if isinstance(v, bytes):
+        try:
+            return v.decode()
+        except UnicodeDecodeError:
+            raise _Unreadable(f"{name}: not UTF-8") from None
+    return str(v)
+
+
+def _field_int(v: Any, name: str) -> int:
+    n = stored_int_in(v, name)
+    if n is None:
+        raise _Unreadable(name)
+    return n
+
+
+def _claimed_job(raw: Sequence[Any], now_ms: int) -> ClaimedJob:
+    if len(raw) != CLAIM_FIELDS:
+        raise _Unreadable("reply cut short")
+    job_id, token = _text(raw[0], "id"), _text(raw[1], "token")
+    task, payload = _text(raw[4], "task"), _text(raw[5], "payload")
+    schedule = _text(raw[9], "schedule")
+    if not _TOKEN_RE.fullmatch(token):
+        raise _Unreadable("token")
+    if not _TASK_RE.match(task):
+        raise _Unreadable("task")
+    if schedule and not _SCHEDULE_NAME_RE.fullmatch(schedule):
+        raise _Unreadable("schedule")
+    backoff = parse_stored_backoff(_text(raw[7], "backoff"))
+    if backoff is None:
+        raise _Unreadable("backoff")
+    attempts = _field_int(raw[2], "attempts")
+    max_attempts = _field_int(raw[3], "max_attempts")
+    return ClaimedJob(
+        id=job_id, token=token, attempts=attempts, max_attempts=max_attempts, task=task,
+        payload_json=payload, run_at_ms=_field_int(raw[6], "run_at_ms"), claimed_ms=now_ms,
+        backoff=backoff, timeout_ms=_field_int(raw[8], "timeout_ms"), schedule=schedule,
+    )  # fmt: skip
+
+
+def _lossy(v: Any) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
 def parse_claim(reply: Any) -> ClaimBatch:
+    """claim.lua checks every field it hands out; this checks them again, so that one job a
+    client cannot read (another server version, a hand edit between check and reply) lands in
+    `unreadable` as (id, token, reason) and never stops the rest of the batch from parsing."""
     now_ms, next_ms, n = int(s(reply[0])), int(s(reply[1])), int(reply[2])
-    jobs = []
+    jobs: list[ClaimedJob] = []
+    unreadable: list[tuple[str, str, str]] = []
     base = 3
     for _ in range(n):
-        f = [s(v) for v in reply[base : base + CLAIM_FIELDS]]
+        raw = reply[base : base + CLAIM_FIELDS]
         base += CLAIM_FIELDS
-        jobs.append(
-            ClaimedJob(
-                id=f[0],
-                token=f[1],
-                attempts=int(f[2]),
-                max_attempts=int(f[3]),
-                task=f[4],
-                payload_json=f[5],
-                run_at_ms=int(float(f[6])),
-                claimed_ms=now_ms,
-                backoff=stored_backoff(f[7]),
-                timeout_ms=int(float(f[8])),
-                schedule=f[9],
+        try:
+            jobs.append(_claimed_job(raw, now_ms))
+        except (ValueError, TypeError, BadArgument) as exc:
+            reason = (
+                f"invalid job: {exc}" if isinstance(exc, _Unreadable) else f"invalid job: {exc!r}"
             )
-        )
-    return ClaimBatch(now_ms=now_ms, next_ms=next_ms, jobs=jobs)
+            unreadable.append(
+                (_lossy(raw[0]) if raw else "", _lossy(raw[1]) if len(raw) > 1 else "", reason)
+            )
+    return ClaimBatch(now_ms=now_ms, next_ms=next_ms, jobs=jobs, unreadable=unreadable)
+
+
+def parse_stored_backoff(text: str) -> Backoff | None:
+    """The job hash's 'base_ms,factor,cap_ms,jitter' (as enqueue.lua stores it), read as strictly
+    as lua/lib/util.lua parse_backoff; '' is the default; None when unreadable."""
+    if text == "":
+        return DEFAULT_BACKOFF
+    parts = text.split(",")
+    if len(parts) != 4:
+        return None
+    base, cap = (
+        stored_int_in(parts[0], "backoff.base_ms"),
+        stored_int_in(parts[2], "backoff.cap_ms"),
+    )
+    floats = []
+    for name, part in (("factor", parts[1]), ("jitter", parts[3])):
+        lo, hi = FLOAT_LIMITS["backoff." + name]
+        if len(part) > 32 or not _FLOAT_TEXT.fullmatch(part):
+            return None
+        x = float(part)
+        if not lo <= x <= hi:
+            return None
+        floats.append(x)
+    if base is None or cap is None:
+        return None
+    return Backoff(base, floats[0], cap, floats[1])
 
 
 def stored_backoff(text: str) -> Backoff:
-    """The job hash's 'base_ms,factor,cap_ms,jitter' (as enqueue.lua stores it)."""
-    try:
-        base, factor, cap, jitter = text.split(",")
-        return Backoff(int(float(base)), float(factor), int(float(cap)), float(jitter))
-    except (ValueError, BadArgument):
-        return DEFAULT_BACKOFF
+    """parse_stored_backoff, with the default for an unreadable value."""
+    b = parse_stored_backoff(text)
+    return DEFAULT_BACKOFF if b is None else b
 
 
 def lease_pairs(leases: Sequence[tuple[str, str]]) -> list[str]:
@@ -197,7 +392,7 @@ def lease_pairs(leases: Sequence[tuple[str, str]]) -> list[str]:
 
 
 def heartbeat_args(leases: Sequence[tuple[str, str]], lease_ms: int) -> list[str]:
-    return [str(_int(lease_ms, "lease_ms", minimum=1)), *lease_pairs(leases)]
+    return [str(check_int(lease_ms, "lease_ms")), *lease_pairs(leases)]
 
 
 def parse_heartbeat(reply: Any, leases: Sequence[tuple[str, str]]) -> tuple[int, dict[str, str]]:
@@ -208,7 +403,7 @@ def parse_heartbeat(reply: Any, leases: Sequence[tuple[str, str]]) -> tuple[int,
 def complete_args(
     items: Sequence[tuple[str, str, Any]], result_ttl_ms: int, max_bytes: int
 ) -> list[str]:
-    args = [str(_int(result_ttl_ms, "result_ttl_ms", minimum=1))]
+    args = [str(check_int(result_ttl_ms, "result_ttl_ms"))]
     for job_id, token, result in items:
         args.extend((job_id, token, encode_json(result, "result", max_bytes)))
     return args
@@ -233,10 +428,10 @@ def fail_args(
         tb = "".join(traceback.format_exception(error))
     else:
         etype, message, tb = error
-    delay = "" if delay_ms is None else str(_int(delay_ms, "delay_ms", minimum=0))
+    delay = "" if delay_ms is None else str(check_int(delay_ms, "delay_ms"))
     return [
-        job_id, token, "1" if retryable else "0", etype[:200], message[:_MAX_MESSAGE],
-        tb[-_MAX_TRACEBACK:], repr(random.random()), delay,
+        job_id, token, "1" if retryable else "0", _utf8(etype[:200]), _utf8(message[:_MAX_MESSAGE]),
+        _utf8(tb[-_MAX_TRACEBACK:]), repr(random.random()), delay,
     ]  # fmt: skip
 
 
@@ -244,7 +439,10 @@ def parse_fail(reply: Any, job_id: str, token: str) -> FailOutcome:
     status, detail = s(reply[0]), s(reply[1])
     raise_for_status(status, job_id, token)
     if status == "retry":
-        return FailOutcome("retry", run_at_ms=int(detail))
+        run_at_ms = stored_int_in(detail, "run_at_ms")
+        if run_at_ms is None:
+            raise SchedulerError(f"fail answered an unreadable run_at_ms {detail!r}")
+        return FailOutcome("retry", run_at_ms=run_at_ms)
     return FailOutcome("dead", dead_reason=detail)
 
 

@@ -68,6 +68,9 @@ class ClaimBatch:
     now_ms: int
     next_ms: int  # earliest time anything may become claimable; -1 when the queue is empty
     jobs: list[ClaimedJob]
+    # Leased jobs whose fields this client cannot read: (job id, token, reason). The worker
+    # fails them non-retryably (they would fail the same way at every attempt).
+    unreadable: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -107,11 +110,10 @@ class Job:
     lease_until_ms: int | None = None
 
     def _int(self, name: str) -> int | None:
-        v = self.fields.get(name)
-        try:
-            return int(v) if v is not None else None
-        except ValueError:
-            return None
+        # The one strict reader (codec imports this module, hence the late import).
+        from scheduler.codec import stored_int
+
+        return stored_int(self.fields.get(name))
 
     @property
     def attempts(self) -> int | None:

@@ -96,6 +96,7 @@ class Ops:
 
     def enqueue_many(self, specs: Iterable[JobSpec], batch_size: int = 1000) -> Op[list[str]]:
         specs = list(specs)
+        codec.check_int(batch_size, "batch_size")
         # Check every job before sending any batch: a bad job refuses the whole call.
         batches = [
             codec.enqueue_args(specs[i : i + batch_size], self.settings.max_payload_bytes)

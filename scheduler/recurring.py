@@ -42,6 +42,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from croniter.croniter import CroniterBadCronError
 
+from scheduler import codec
 from scheduler.backoff import Backoff
 from scheduler.errors import BadArgument
 
@@ -200,12 +201,9 @@ class ScheduleDef:
         ]  # fmt: skip
 
 
-def _int(value: Any, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadArgument(f"{what} must be an integer, got {value!r}")
-    if value < minimum:
-        raise BadArgument(f"{what} must be >= {minimum}, got {value}")
-    return value
+def _int(value: Any, what: str) -> int:
+    """Within codec.LIMITS[what] (the one table of ranges)."""
+    return codec.check_int(value, what)
 
 
 def define(
@@ -228,16 +226,14 @@ def define(
         raise BadArgument(f"invalid task name {task!r}: use 1-200 of A-Z a-z 0-9 _ . : / -")
     if (cron is None) == (every_ms is None):
         raise BadArgument("give exactly one of cron= or every_ms=")
-    jitter_ms = _int(jitter_ms, "jitter_ms", 0)
+    jitter_ms = _int(jitter_ms, "jitter_ms")
     parse_misfire(misfire)
-    _int(max_attempts, "max_attempts", 1)
-    _int(timeout_ms, "timeout_ms", 0)
-    b = backoff if backoff is not None else Backoff()
-    if not isinstance(b, Backoff):
-        raise BadArgument(f"backoff must be a Backoff, got {b!r}")
+    _int(max_attempts, "max_attempts")
+    _int(timeout_ms, "timeout_ms")
+    b = codec.check_backoff(backoff if backoff is not None else Backoff())
     backoff_text = f"{b.base_ms},{float(b.factor)!r},{b.cap_ms},{float(b.jitter)!r}"
     if every_ms is not None:
-        _int(every_ms, "every_ms", 1)
+        _int(every_ms, "every_ms")
         if tz is not None:
             raise BadArgument("tz applies to cron schedules only (every_ms counts absolute time)")
         if jitter_ms >= every_ms:
@@ -292,10 +288,7 @@ class Schedule:
 
 
 def _opt_int(v: str | None) -> int | None:
-    try:
-        return int(v) if v not in (None, "") else None
-    except ValueError:
-        return None
+    return codec.stored_int(v)
 
 
 def parse_schedule(name: str, fields: dict[str, str]) -> Schedule | None:
