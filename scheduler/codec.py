@@ -192,15 +192,19 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         raise BadArgument("give run_at or delay_ms, not both")
     if spec.run_at is not None:
         when, time_ms = "at", _epoch_ms(spec.run_at) + offset
-        if time_ms > MAX_TIME_MS:
+        # Checked with the whole jitter range, not the drawn offset: the same call always
+        # gets the same answer.
+        if time_ms - offset + jitter > MAX_TIME_MS:
             raise BadArgument(
                 f"run_at + jitter_ms must be before 2200-01-01 UTC ({MAX_TIME_MS} ms)"
             )
     else:
         delay = 0 if spec.delay_ms is None else check_int(spec.delay_ms, "delay_ms")
         when, time_ms = "in", delay + offset
-        if time_ms > MAX_DELAY_MS:
-            raise BadArgument(f"delay_ms + jitter_ms must be <= {MAX_DELAY_MS}, got {time_ms}")
+        if delay + jitter > MAX_DELAY_MS:
+            raise BadArgument(
+                f"delay_ms + jitter_ms must be <= {MAX_DELAY_MS}, got {delay + jitter}"
+            )
     max_attempts = check_int(spec.max_attempts, "max_attempts")
     backoff = spec.backoff if spec.backoff is not None else DEFAULT_BACKOFF
     check_backoff(backoff)
