@@ -473,6 +473,6 @@ def test_lapsed_but_unreaped_lease_refuses_heartbeat_accepts_complete(
     (c,) = q.claim("w", limit=1, lease_ms=1000).jobs
     clock.set_ms(5_000)  # lapsed; nobody claimed (reaped) it since
     _, statuses = q.heartbeat([(c.id, c.token)], lease_ms=1000)
-    assert statuses[c.id] != "held"
+    assert statuses[c.id] == "expired"
     q.complete(c.id, c.token, "late")  # the token still fences: the work is accepted
     assert q.status(job) == "done"
