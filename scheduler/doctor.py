@@ -28,7 +28,7 @@ import redis
 from redis.exceptions import ResponseError, WatchError
 
 from scheduler import health
-from scheduler.codec import RESULT_TTL_MS
+from scheduler.codec import RESULT_TTL_MS, stored_int, stored_int_in
 from scheduler.inspection import iter_chunks, live_workers, server_now_ms
 from scheduler.keys import QueueKeys
 
@@ -122,10 +122,8 @@ def _dead_letter(k: QueueKeys, job_id: str, reason: str, now_ms: int) -> list[Co
 
 
 def _int(v: str | None) -> int | None:
-    try:
-        return int(v) if v is not None else None
-    except ValueError:
-        return None
+    # The one strict reader of stored numbers, as claim.lua reads them (helper B, issue 10.9).
+    return stored_int(v)
 
 
 # A ZSET score is a double: a hand-written `inf` (or 1e300) is no time in ms. It is kept as an
@@ -152,14 +150,11 @@ def _unreadable(fields: dict[str, str]) -> tuple[str, str] | None:
         json.loads(payload)
     except ValueError:
         return "bad-payload", "invalid payload: not JSON"
-    if _int(fields.get("attempts")) is None:
+    if stored_int_in(fields.get("attempts"), "attempts") is None:
         return "invalid-job", "invalid job: attempts"
-    max_attempts = _int(fields.get("max_attempts"))
-    if max_attempts is None or max_attempts < 1:
+    if stored_int_in(fields.get("max_attempts"), "max_attempts") is None:
         return "invalid-job", "invalid job: max_attempts"
-    try:
-        float(fields.get("run_at_ms", ""))
-    except ValueError:
+    if stored_int_in(fields.get("run_at_ms"), "run_at_ms") is None:
         return "invalid-job", "invalid job: run_at_ms"
     return None
 

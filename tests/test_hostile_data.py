@@ -407,3 +407,22 @@ def test_a_re_sent_fail_answers_the_same_after_the_retry_ran(q: Queue) -> None:
     (b,) = q.claim("w2", limit=1).jobs
     q.complete(b.id, b.token)
     assert q.fail(a.id, a.token, ("E", "m", "")) == first
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("run_at_ms", " 7"), ("run_at_ms", "12.5"), ("run_at_ms", "1e3"), ("run_at_ms", "inf"),
+     ("max_attempts", "9.2233720368547758e+18"), ("attempts", "\u0661")],
+)  # fmt: skip
+def test_doctor_reads_stored_numbers_as_claim_does(
+    q: Queue, client: redis.Redis, field: str, value: str
+) -> None:
+    """doctor flags exactly what claim would park (one strict reader on both sides)."""
+    from scheduler.doctor import check_queue
+
+    jid = q.enqueue("ok.t")
+    client.hset(q.keys.job(jid), field, value)
+    found = [i.message for i in check_queue(client, q.keys.queue) if i.job_id == jid]
+    assert found and found[0].startswith(f"invalid job: {field}"), found
+    q.claim("w", limit=1)
+    assert reason(q, client, jid) == f"invalid job: {field}"
