@@ -35,6 +35,7 @@ from scheduler.inspection import server_now_ms
 from scheduler.keys import check_job_id
 from scheduler.models import Job
 from scheduler.queue import Queue
+from scheduler.safety import safe
 from scheduler.startup import check_or_warn
 
 _STATES = ("due", "scheduled", "leased", "dead")
@@ -282,7 +283,7 @@ def enqueue(
             raise BadInput(str(exc)) from None
     client = connect(url)
     # A job accepted by a server that can drop it would make the returned id a false promise.
-    check_or_warn(client, strict=strict, log=lambda m: click.echo(f"warning: {m}", err=True))
+    check_or_warn(client, strict=strict, log=lambda m: click.echo(safe(f"warning: {m}"), err=True))
     job_id = Queue(client, queue).enqueue(
         task, data, run_at=run_at, delay_ms=in_ms, key=key, max_attempts=max_attempts
     )
