@@ -142,13 +142,6 @@ def drain(opts: argparse.Namespace) -> dict[str, Any]:
         r.config_resetstat()
         spy: subprocess.Popen[bytes] | None = None
         with c.running(f"profile-{opts.system}", cmd, url) as proc:
-            if opts.py_spy:
-                spy = subprocess.Popen(
-                    [shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"),
-                     "record", "--pid", str(proc.pid), "--rate", str(opts.rate), "--format",
-                     "raw", "--nonblocking", "-o", opts.py_spy],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                )  # fmt: skip
             # As c.wait_count, plus CPU and command counters at the first completion seen.
             deadline = time.monotonic() + 60 + opts.n / 100
             t0 = cpu0 = rcpu0 = 0.0
@@ -160,6 +153,13 @@ def drain(opts: argparse.Namespace) -> dict[str, Any]:
                 if done and not t0:
                     t0, c0 = time.perf_counter(), done
                     cpu0, rcpu0, stats0 = group_cpu_s(proc.pid), redis_cpu_s(r), commandstats(r)
+                    if opts.py_spy:  # from the first completion: no import-time samples
+                        spy = subprocess.Popen(
+                            [shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"),
+                             "record", "--pid", str(proc.pid), "--rate", str(opts.rate),
+                             "--format", "raw", "--nonblocking", "-o", opts.py_spy],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        )  # fmt: skip
                 if done >= opts.n or proc.poll() is not None:
                     break
                 time.sleep(0.002)
@@ -244,20 +244,130 @@ def transitions(opts: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def handler(opts: argparse.Namespace) -> dict[str, Any]:
+    """CPU per job of the bench handler alone (one INCR through redis.asyncio, --concurrency
+    tasks at a time on the worker's event loop): the part of a drain's worker CPU that is the
+    handler's, not the scheduler's."""
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    try:
+        import uvloop
+
+        run: Any = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    out: dict[str, Any] = {"n": opts.n, "concurrency": opts.concurrency, "rows": {}}
+    with server() as (unix_url, tcp_url):
+        url = tcp_url if opts.transport == "tcp" else unix_url
+        for label, kw in (("redis-py default (socket_timeout as shipped)", {}),
+                          ("socket_timeout=None", {"socket_timeout": None})):  # fmt: skip
+
+            async def main(kw: dict[str, Any] = kw) -> tuple[float, float]:
+                r = aredis.Redis.from_url(url, **kw)
+                await r.incr(c.COUNTER)
+                left = opts.n
+
+                async def one() -> None:
+                    nonlocal left
+                    while left > 0:
+                        left -= 1
+                        await c.handle_async(r, c.payload(0))
+
+                cpu0, t0 = time.process_time(), time.perf_counter()
+                await asyncio.gather(*(one() for _ in range(opts.concurrency)))
+                cpu1, t1 = time.process_time(), time.perf_counter()
+                await r.aclose()
+                return cpu1 - cpu0, t1 - t0
+
+            cpu_s, wall_s = run(main())
+            out["rows"][label] = {
+                "cpu_us_per_job": round(cpu_s / opts.n * 1e6, 1),
+                "jobs_per_s": round(opts.n / wall_s, 1),
+            }
+        if shutil.which("node"):
+            from systems import bullmq_node
+
+            got = bullmq_node._call(
+                "handler", {"url": url, "n": opts.n, "concurrency": opts.concurrency}
+            )
+            out["rows"]["node: ioredis (bullmq-node's handler)"] = {
+                k: round(float(v), 1) for k, v in got.items()
+            }
+    return out
+
+
+def enqueue(opts: argparse.Namespace) -> dict[str, Any]:
+    """Client CPU and Redis time per single enqueue (Queue.enqueue), with cProfile's top rows."""
+    import cProfile
+    import pstats
+
+    from scheduler import Queue
+
+    n = opts.n
+    with server() as (unix_url, tcp_url):
+        url = tcp_url if opts.transport == "tcp" else unix_url
+        r = c.client(url)
+        q = Queue.from_url(url, c.QUEUE)
+        q.enqueue("task", c.payload(-1))  # connect, load the script
+        r.config_resetstat()
+        s0, cpu0, t0 = commandstats(r), time.process_time(), time.perf_counter()
+        for i in range(n):
+            q.enqueue("task", c.payload(i))
+        t1, cpu1, s1 = time.perf_counter(), time.process_time(), commandstats(r)
+        cmds = per_job(s0, s1, n)
+        cmds.pop("info", None)
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(n):
+            q.enqueue("task", c.payload(i))
+        prof.disable()
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:25]  # type: ignore[attr-defined]
+    return {
+        "n": n,
+        "transport": opts.transport,
+        "calls_per_s": round(n / (t1 - t0), 1),
+        "wall_us_per_call": round((t1 - t0) / n * 1e6, 1),
+        "client_cpu_us_per_call": round((cpu1 - cpu0) / n * 1e6, 1),
+        "redis_script_usec_per_call": cmds.get("evalsha", {}).get("usec_per_call"),
+        "redis_commands": cmds,
+        "cprofile_top_by_self_time": [
+            {
+                "function": f"{Path(fn[0]).name}:{fn[1]}:{fn[2]}",
+                "calls_per_enqueue": round(v[1] / n, 2),
+                "self_us_per_enqueue": round(v[2] / n * 1e6, 2),
+            }
+            for fn, v in rows
+        ],
+    }
+
+
 # --------------------------------------------------------------------------- stacks
 
-# Worker phase: the first of these found walking a stack from the root inwards wins, so the
-# outermost caller names the phase (a json.loads inside _start counts as "start").
+# Worker phase: the first key of this list found anywhere in a stack names its phase (so a
+# json.loads inside _start counts as "job start", the handler's INCR as "handler body").
+# With uvloop, a coroutine resumed from C shows only its own frames: redis-py's
+# `_send_packed_command` run inside asyncio.wait_for (a Task of its own per command when the
+# client has a socket_timeout) has no caller frames, hence its own row.
 PHASES: list[tuple[str, str]] = [
     ("_heartbeat_loop", "heartbeat (+ counts, worker_beat)"),
     ("_waker_loop", "waker (BLPOP)"),
     ("parse_claim", "claim: reply parse (codec.parse_claim -> ClaimedJob)"),
-    ("_claim_loop", "claim: request, send, receive"),
-    ("_send_reports", "complete: encode, send, parse"),
-    ("_reporter_loop", "complete: reporter loop"),
-    ("handle_async", "handler body (bench: INCR via redis.asyncio)"),
+    ("Worker._start ", "job start (_start: JobContext, Running, json.loads, metrics)"),
+    ("Worker._completed ", "complete: bookkeeping per job (_completed: metrics)"),
+    ("Worker._send_reports ", "complete: encode, send, parse (_send_reports)"),
+    ("Worker._finish ", "finish (_finish/_end: metrics, next job from backlog)"),
+    ("handle_async ", "handler body (bench: INCR via redis.asyncio)"),
     ("task (systems/ours.py", "handler body (bench: INCR via redis.asyncio)"),
-    ("_run_async", "handler dispatch (_run_async, task step)"),
+    ("Worker._run_async ", "handler dispatch (_run_async)"),
+    ("Worker._run ", "handler dispatch (_run: create_task)"),
+    ("Worker._claim_loop ", "claim: request, send, receive (_claim_loop)"),
+    ("Worker._reporter_loop ", "complete: reporter loop"),
+    ("wait_for (", "redis-py send inside asyncio.wait_for (socket_timeout; any client)"),
+    ("_send_packed_command ", "redis-py send inside asyncio.wait_for (socket_timeout; any client)"),
+    ("Runner.run ", "event loop (uvloop C code: epoll, reads, callbacks, task steps)"),
 ]
 # Library of the innermost frame.
 LIBS: list[tuple[str, str]] = [
@@ -288,18 +398,10 @@ def stacks(opts: argparse.Namespace) -> dict[str, Any]:
         k = int(count_s)
         total += k
         frames = stack.split(";")
-        phase = "event loop / other (callbacks, timers, task wake-ups)"
-        for frame in frames:
-            hit = next((name for key, name in PHASES if key in frame), None)
-            if hit:
-                phase = hit
-                break
-        # _start and _finish/_end run inside the claim loop / handler task: name them.
-        for key, name in (("_start (", "job start (_start: JobContext, Running, json.loads)"),
-                          ("_finish (", "finish (_finish/_end: metrics, next from backlog)"),
-                          ("_completed (", "completed bookkeeping (_completed)")):  # fmt: skip
-            if any(key in f for f in frames):
-                phase = name
+        phase = next(
+            (name for key, name in PHASES if any(key in f for f in frames)),
+            "other (callbacks without a worker frame)",
+        )
         phases[phase] += k
         leaf = frames[-1]
         libs[next((name for key, name in LIBS if key in leaf), "other")] += k
@@ -337,11 +439,19 @@ def main() -> int:
     t = sub.add_parser("transitions")
     t.add_argument("--n", type=int, default=20000)
     t.add_argument("--batch", type=int, default=100)
+    h = sub.add_parser("handler")
+    h.add_argument("--n", type=int, default=20000)
+    h.add_argument("--concurrency", type=int, default=16)
+    h.add_argument("--transport", choices=["unix", "tcp"], default="unix")
+    e = sub.add_parser("enqueue")
+    e.add_argument("--n", type=int, default=5000)
+    e.add_argument("--transport", choices=["unix", "tcp"], default="unix")
     s = sub.add_parser("stacks")
     s.add_argument("file")
     s.add_argument("--cpu-us-per-job", type=float, default=0.0)
     opts = ap.parse_args()
-    fn = {"drain": drain, "transitions": transitions, "stacks": stacks}[opts.cmd]
+    fn = {"drain": drain, "transitions": transitions, "handler": handler, "enqueue": enqueue,
+          "stacks": stacks}[opts.cmd]  # fmt: skip
     print(json.dumps(fn(opts), indent=1))
     return 0
 

@@ -3,6 +3,7 @@ process, claims in batches, async handler)."""
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -25,7 +26,13 @@ CONCURRENCY = 16
 async def task(data: dict[str, Any], ctx: JobContext) -> None:
     global _R
     if _R is None:
-        _R = aredis.Redis.from_url(c.env_url())
+        # redis-py >= 6 gives clients a default socket_timeout, which on Python 3.11 makes every
+        # send an asyncio.wait_for (a Task per command). BENCH_HANDLER_SOCKET_TIMEOUT=none
+        # measures the handler without it (bench/profile_drain.py); the default is left as is.
+        kw: dict[str, Any] = {}
+        if os.environ.get("BENCH_HANDLER_SOCKET_TIMEOUT") == "none":
+            kw["socket_timeout"] = None
+        _R = aredis.Redis.from_url(c.env_url(), **kw)
     await c.handle_async(_R, data)
 
 

@@ -7,6 +7,9 @@
 //   node driver.mjs pending        '{"url": ..., "n": N, "due_s": epoch s | 0, "first": i}'
 //   node driver.mjs worker         '{"url": ..., "concurrency": C}'  (runs until SIGTERM)
 //   node driver.mjs version        '{}'                          -> {"bullmq": v, "node": v}
+//   node driver.mjs handler        '{"url": ..., "n": N, "concurrency": C}'
+//        -> {"cpu_us_per_job", "jobs_per_s"}: the handler's INCR alone, C at a time (no BullMQ),
+//           the part of a drain's worker CPU that is the handler's (bench/profile_drain.py)
 
 import { readFileSync } from "node:fs";
 import { performance } from "node:perf_hooks";
@@ -100,6 +103,27 @@ async function runWorker(url, concurrency) {
   r.disconnect();
 }
 
+async function handlerOnly(url, n, concurrency) {
+  const r = new IORedis(connection(url));
+  await r.incr(COUNTER);
+  let left = n;
+  const one = async () => {
+    while (left > 0) {
+      left--;
+      const data = payload(0);
+      if (data.t) await r.rpush(STARTS, String(nowS()));
+      await r.incr(COUNTER);
+    }
+  };
+  const cpu0 = process.cpuUsage();
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: concurrency }, one));
+  const wallS = (performance.now() - t0) / 1000;
+  const cpu = process.cpuUsage(cpu0);
+  r.disconnect();
+  return { cpu_us_per_job: (cpu.user + cpu.system) / n, jobs_per_s: n / wallS };
+}
+
 async function main() {
   const [cmd, raw] = process.argv.slice(2);
   const a = JSON.parse(raw || "{}");
@@ -115,6 +139,9 @@ async function main() {
       break;
     case "worker":
       await runWorker(a.url, a.concurrency);
+      break;
+    case "handler":
+      out(await handlerOnly(a.url, a.n, a.concurrency));
       break;
     case "version": {
       const pkg = new URL("./node_modules/bullmq/package.json", import.meta.url);
