@@ -8,7 +8,8 @@
     id, task, payload (JSON text), when ('at' | 'in'), time_ms (absolute run_at_ms for 'at',
     delay_ms from server now for 'in'), max_attempts, backoff ('base_ms,factor,cap_ms,jitter'
     with factor >= 1 and jitter in [0, 1]), timeout_ms (0 = none), idem (hex digest or ''),
-    idem_ttl_ms
+    idem_ttl_ms. Every number must be a plain decimal integer within the ranges of
+    lib/util.lua LIM (= scheduler/codec.py LIMITS, docs/limits.md); at most MAX_BATCH jobs.
   Returns: {flags, then (index, id) pairs}: flags has one character per job, 'c' created or 'e'
     already there (the client made the ids, so a re-sent call finds them: same state). When an
     idempotency key is already taken (it lasts idem_ttl_ms past the first job's run_at), the

@@ -6,7 +6,7 @@
     'expired'    the lease had lapsed (not yet reaped): refused, the caller must stop
     'stale'      another claim holds the job, or the lapsed lease was reaped
     'cancelled'  the job was cancelled
-    'missing'    no such job (or it already finished)
+    'missing'    no such job (or it already finished, or this token already settled it)
   A re-sent call only extends the same leases again.
   Errors:  BAD_ARGUMENT <field>=<value> ]]
 -- @include "lib/clock.lua"

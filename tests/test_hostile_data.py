@@ -426,3 +426,17 @@ def test_doctor_reads_stored_numbers_as_claim_does(
     assert found and found[0].startswith(f"invalid job: {field}"), found
     q.claim("w", limit=1)
     assert reason(q, client, jid) == f"invalid job: {field}"
+
+
+def test_a_schedule_key_of_another_type_does_not_stop_claims(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    clock.set_ms(1000 * MIN_MS)
+    q.schedule("tick", "ok.t", every_ms=MIN_MS)
+    occurrence = _armed(q, client, "tick")
+    client.delete(q.keys.schedule("tick"))
+    client.set(q.keys.schedule("tick"), "not a hash")
+    other = q.enqueue("ok.t")
+    clock.set_ms(1001 * MIN_MS + 1)
+    assert sorted(j.id for j in q.claim("w", limit=10).jobs) == sorted([occurrence, other])

@@ -24,8 +24,9 @@ local function sched_refill_key(prefix) return prefix .. 'schedules:refill' end
 local function occurrence_id(name, slot) return 'schedule:' .. name .. ':' .. fmt(slot) end
 
 local function sched_load(prefix, name)
-  local v = redis.call('HMGET', sched_key(prefix, name), unpack(SCHED_FIELDS))
-  if not v[1] then return nil end
+  -- pcall: a schedule key overwritten with another type must not fail every claim.
+  local v = redis.pcall('HMGET', sched_key(prefix, name), unpack(SCHED_FIELDS))
+  if v.err or not v[1] then return nil end
   local h = { name = name }
   for i, f in ipairs(SCHED_FIELDS) do h[f] = v[i] end
   -- Read strictly: a hand-edited every_ms of 0 or 'inf' would put slot 'inf' into due. A
@@ -46,8 +47,9 @@ end
 -- The first slot strictly after t; nil when the cron buffer does not reach past t.
 local function slot_after(prefix, h, t)
   if h.kind == 'every' then return (math.floor(t / h.every_ms) + 1) * h.every_ms end
-  local r = redis.call('ZRANGE', sched_slots_key(prefix, h.name), '(' .. fmt(t), '+inf',
+  local r = redis.pcall('ZRANGE', sched_slots_key(prefix, h.name), '(' .. fmt(t), '+inf',
     'BYSCORE', 'LIMIT', 0, 1)
+  if r.err then return nil end
   if r[1] then return parse_int(r[1], 0, LIM.time_ms) end
   return nil
 end
@@ -58,14 +60,17 @@ local function slots_between(prefix, h, after, upto)
   if h.kind == 'every' then
     return math.floor(upto / h.every_ms) - math.floor(after / h.every_ms)
   end
-  return redis.call('ZCOUNT', sched_slots_key(prefix, h.name), '(' .. fmt(after), fmt(upto))
+  local c = redis.pcall('ZCOUNT', sched_slots_key(prefix, h.name), '(' .. fmt(after), fmt(upto))
+  if type(c) ~= 'number' then return 0 end
+  return c
 end
 
 -- The i-th latest slot <= upto (i >= 1).
 local function slot_back(prefix, h, upto, i)
   if h.kind == 'every' then return (math.floor(upto / h.every_ms) - (i - 1)) * h.every_ms end
-  local r = redis.call('ZRANGE', sched_slots_key(prefix, h.name), fmt(upto), '-inf', 'BYSCORE',
+  local r = redis.pcall('ZRANGE', sched_slots_key(prefix, h.name), fmt(upto), '-inf', 'BYSCORE',
     'REV', 'LIMIT', i - 1, 1)
+  if r.err then return nil end
   return parse_int(r[1], 0, LIM.time_ms)
 end
 
@@ -76,7 +81,7 @@ local function sched_insert(prefix, h, slot, now)
   -- An id that exists and is not waiting in due already ran (a definition change moved the
   -- cursor back): never run a slot twice, take the one after it.
   local guard = 0
-  while redis.call('EXISTS', jk) == 1 and redis.call('HGET', jk, 'state') ~= 'due' do
+  while redis.call('EXISTS', jk) == 1 and redis.pcall('HGET', jk, 'state') ~= 'due' do
     local later = slot_after(prefix, h, slot)
     guard = guard + 1
     if later == nil or guard > 100 then return nil end
