@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import logging
 import signal
@@ -27,7 +28,7 @@ from scheduler.execution import classify
 from scheduler.models import JobSpec
 from scheduler.ops import Commands, Script, ScriptPipeline
 from scheduler.registry import Registry
-from scheduler.scripts import Batch, Scripts
+from scheduler.scripts import Batch, Scripts, source
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from tests.redis_server import RedisProcess, require_binary
 from tests.workers import hardening
@@ -160,6 +161,70 @@ def test_script_flush_between_claim_and_report_loses_no_outcome(
     finally:
         stop_all([w])
     j = q.get_job(bad)
+    assert (j.attempts, j.fields["last_error_type"]) == (1, "RuntimeError")
+    assert q.get_job(ok).attempts == 1
+
+
+_REPORT_SHAS = {hashlib.sha1(source(n).encode()).hexdigest() for n in ("complete", "fail")}
+
+
+class FlushBeforeReport(aredis.Redis):
+    """SCRIPT FLUSH right before a complete or fail is sent (plain call or pipeline): the race
+    a restart or an operator's flush can hit after any pre-check of the script cache."""
+
+    flushes_left = 0
+    admin: redis.Redis
+
+    def _maybe_flush(self, cmds: list[tuple[Any, ...]]) -> None:
+        if self.flushes_left > 0 and any(
+            c[:1] == ("EVALSHA",) and c[1] in _REPORT_SHAS for c in cmds
+        ):
+            self.flushes_left -= 1
+            self.admin.script_flush()
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        self._maybe_flush([args])
+        return await super().execute_command(*args, **options)
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Any:
+        outer = self
+
+        class Pipe(aredis.client.Pipeline):  # type: ignore[misc]
+            async def _execute_pipeline(
+                self, connection: Any, commands: Any, raise_on_error: bool
+            ) -> Any:
+                outer._maybe_flush([tuple(c[0]) for c in commands])
+                return await super()._execute_pipeline(connection, commands, raise_on_error)
+
+        return Pipe(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
+def test_noscript_on_a_worker_report_is_reloaded_not_dropped(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    q = new_queue(admin)
+    ok = q.enqueue("gate", None, max_attempts=1)
+    bad = q.enqueue("gate_fail", None, max_attempts=1)
+
+    async def main() -> int:
+        client = FlushBeforeReport(unix_socket_path=server.socket, decode_responses=True)
+        client.admin = admin
+        settings = WorkerSettings(queues=(q.name,), lease_ms=3000, heartbeat_ms=1000, grace_s=1)
+        w = Worker(client, hardening.registry, settings)
+        task = asyncio.create_task(w.run(install_signals=False))
+        await poll(lambda: len(starts(admin, q)) == 2, what="both started")
+        client.flushes_left = 3
+        admin.set(gate_key(ok), 1)
+        admin.set(gate_key(bad), 1)
+        await poll(lambda: q.status(ok) == "done" and q.status(bad) == "dead", what="outcomes")
+        assert client.flushes_left < 3  # the race was hit
+        w.request_stop()
+        code = await task
+        await client.aclose()
+        return code
+
+    assert asyncio.run(main()) == EXIT_OK
+    j = q.get_job(bad)  # its fail was recorded, not lost to NOSCRIPT and reaped later
     assert (j.attempts, j.fields["last_error_type"]) == (1, "RuntimeError")
     assert q.get_job(ok).attempts == 1
 
