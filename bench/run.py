@@ -599,6 +599,10 @@ def count_s(n: object) -> str:
 def targets_lines(results: dict[str, Any]) -> list[str]:
     """Where ours stands against the project's targets (issue 16), from this run's numbers only."""
     by = by_transport(results)
+    if not any(
+        run["systems"].get("ours", {}).get("status") in ("ok", "partial") for run in by.values()
+    ):
+        return []
     lat = [r for r in results.get("claim_latency", []) if r.get("bench") == "claim_latency"]
     lat_ratio = lat[-1]["p50_ms"] / lat[0]["p50_ms"] if len(lat) > 1 else None
     model = results.get("ceiling", {}).get("enqueue_model", {}).get("jobs_per_s")
