@@ -83,9 +83,10 @@ class Running:
 
 
 class ThreadRunner:
-    """Runs sync handlers in threads. Unlike ThreadPoolExecutor it has no size cap: the worker's
-    concurrency slots bound the live jobs, and a thread abandoned after a timeout or a lost
-    lease must not block the next job. Idle threads exit after `idle_s`."""
+    """Runs sync handlers in threads. Unlike ThreadPoolExecutor it has no size cap of its own: the
+    worker's concurrency slots bound the running jobs and its `max_abandoned_threads` the threads
+    abandoned after a timeout or a lost lease (which must not block the next job). Idle threads
+    exit after `idle_s`."""
 
     def __init__(self, idle_s: float = 30.0) -> None:
         self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()

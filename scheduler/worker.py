@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
+from redis.exceptions import RedisError
 
 from scheduler import codec, logs
 from scheduler.aio import AsyncQueue
@@ -255,7 +256,7 @@ class Worker:
             self.settings.lease_ms, self.settings.heartbeat_ms,
         )  # fmt: skip
         try:
-            await self._guarded("presence", self._beat_workers())
+            await self._guarded("presence", self._beat_workers(), deadline_s=_SETTLE_S)
             hb = self._spawn(self._heartbeat_loop(), "heartbeat")
             reporter = self._spawn(self._reporter_loop(), "reporter")
             # One blocking pop per queue: the queues' keys live in different cluster slots.
@@ -263,12 +264,15 @@ class Worker:
                       for q in self.queues]  # fmt: skip
             claim = self._spawn(self._claim_loop(), "claim")
             await self._stop_claiming.wait()
-            await self._wait_bounded([claim], self.settings.grace_s + _STOP_LOOP_S)
+            fast = self._exit_code != EXIT_OK  # a fatal error: no grace period
+            grace_end = time.monotonic() + (0.0 if fast else self.settings.grace_s)
+            # a claim in flight may finish (its jobs are then given back), within the grace
+            await self._wait_bounded([claim], max(grace_end - time.monotonic(), _STOP_LOOP_S))
             self._closed = True
             self._idle.set()  # lets the wakers see _closed
             for t in wakers:  # a wake-up pop holds nothing: cancel it now
                 t.cancel()
-            await self._shutdown(reporter)
+            await self._shutdown(reporter, grace_end)
             self._stop_heartbeat.set()
             await self._wait_bounded([hb, *wakers], _STOP_LOOP_S)
             await self._guarded("presence", self._beat_workers(remove=True), deadline_s=2.0)
@@ -330,11 +334,14 @@ class Worker:
                 self._loop_error(what, exc)
             except _Fatal as fatal:
                 self._fatal(fatal.code, str(fatal))
+            except Exception as bug:
+                self.log.error("%s failed", what, exc_info=bug)
+                self._fatal(EXIT_ERROR, f"{what} failed: {type(bug).__name__}: {bug}")
 
-    async def _shutdown(self, reporter: asyncio.Task[None]) -> None:
+    async def _shutdown(self, reporter: asyncio.Task[None], deadline: float) -> None:
         """After claiming stopped. See the module docstring for the order."""
-        fast = self._exit_code != EXIT_OK  # a fatal error: no grace period
-        deadline = time.monotonic() + (0.0 if fast else self.settings.grace_s)
+        if self._exit_code != EXIT_OK:
+            deadline = time.monotonic()  # a fatal error met meanwhile: no more grace
         never = list(self._backlog) + list(self._behind.values())
         self._backlog.clear()
         self._behind.clear()
@@ -849,6 +856,15 @@ class Worker:
             for r in list(self._held.values()):
                 if r.lease_deadline_s <= now and not r.finished:
                     self._stop(r, "lease lost")
+            # A job held back behind its own abandoned run: give it back after one lease, so
+            # a thread that never ends does not hide the job for good.
+            lease_s = self.settings.lease_ms / 1000
+            stale = [r for r in self._behind.values() if now - r.started_s > lease_s]
+            if stale:
+                for r in stale:
+                    del self._behind[(r.queue, r.job.id)]
+                    r.finished = True
+                await self._release(stale, time.monotonic() + _SETTLE_S)
 
     async def _heartbeat(self) -> None:
         held = list(self._held.values())
@@ -915,8 +931,8 @@ class Worker:
     def _loop_error(self, what: str, exc: BaseException) -> None:
         """A loop's call failed: transient -> log, count (the caller backs off and retries);
         anything else -> raise _Fatal, which ends the loop and stops the worker."""
-        if isinstance(exc, _Fatal):
-            raise exc
+        if isinstance(exc, _Fatal) or not isinstance(exc, RedisError | OSError):
+            raise exc  # not Redis's: a bug; the loop dies and the runtime stops (EXIT_ERROR)
         kind = classify(exc)
         if kind != "transient":
             raise _Fatal(EXIT_REDIS_REFUSED, f"redis refused the worker's {what} call: "
