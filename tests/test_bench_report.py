@@ -1,0 +1,146 @@
+"""bench/run.py's report arithmetic: which way each ratio points, who counts as a peer, and the
+per-transport tables. Pure functions on hand-made results; no server, no benchmark run."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture(scope="module")
+def run() -> Any:
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module("run")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def system(
+    drain: float, single: float, bulk: float, p99: float, max_ms: float, mem: float
+) -> dict[str, Any]:
+    def ok(result: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "result": result}
+
+    return {
+        "status": "ok",
+        "meta": {"version": "1"},
+        "workloads": {
+            "drain": ok({"jobs_per_s": drain}),
+            "enqueue_single": ok({"jobs_per_s": single}),
+            "enqueue_bulk": ok({"jobs_per_s": bulk}),
+            "simultaneous": ok(
+                {
+                    "n": 2000,
+                    "first_ms": 1.0,
+                    "p50_ms": p99 / 2,
+                    "p99_ms": p99,
+                    "max_ms": max_ms,
+                    "early": 0,
+                }
+            ),
+            "memory": ok({"bytes_per_job": mem}),
+        },
+    }
+
+
+def results(run: Any, by: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "timestamp": "t",
+        "quick": True,
+        "host": {"cpus": 2, "platform": "p", "python": "3"},
+        "redis": {"version": "7", "transport": "x"},
+        "sizes": {"drain": 10},
+        "install": {},
+        "ceiling": {"enqueue_model": {"jobs_per_s": 100_000.0, "model": "m", "n": 10}},
+        "by_transport": {},
+    }
+    for transport, systems in by.items():
+        out["by_transport"][transport] = {
+            "systems": systems,
+            "ratios": run.compute_ratios({**out, "systems": systems}),
+        }
+    first = next(iter(by))
+    out["systems"] = out["by_transport"][first]["systems"]
+    out["ratios"] = out["by_transport"][first]["ratios"]
+    return out
+
+
+def versus_row(lines: list[str], label: str) -> list[str]:
+    row = next(ln for ln in lines if ln.startswith(f"| {label} |"))
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_versus_ratios_point_the_right_way(run: Any) -> None:
+    systems = {
+        "ours": system(drain=12_000, single=5_000, bulk=80_000, p99=150, max_ms=180, mem=900),
+        "bullmq-node": system(
+            drain=10_000, single=10_000, bulk=20_000, p99=300, max_ms=320, mem=450
+        ),
+    }
+    lines = run.versus_lines(systems, "unix socket")
+    # Higher is better: 12k / 10k.
+    assert versus_row(lines, "drain jobs/s")[3:] == ["1.20x", "yes"]
+    assert versus_row(lines, "single enqueue jobs/s")[3:] == ["0.50x", "no"]
+    # Lower is better: a ratio below 1 is a win.
+    assert versus_row(lines, "simultaneous start lateness p99 ms")[3:] == ["0.50x", "yes"]
+    assert versus_row(lines, "bytes per pending job")[3:] == ["2.00x", "no"]
+
+
+def test_versus_block_needs_both_systems(run: Any) -> None:
+    only_ours = {"ours": system(1, 1, 1, 1, 1, 1)}
+    assert run.versus_lines(only_ours, "tcp") == []
+
+
+def test_node_peer_counts_as_best_peer_and_ours_never_does(run: Any) -> None:
+    systems = {
+        "ours": system(drain=50_000, single=50_000, bulk=50_000, p99=1, max_ms=1, mem=1),
+        "bullmq-node": system(drain=9_000, single=1, bulk=1, p99=500, max_ms=500, mem=700),
+        "huey": system(drain=3_000, single=18_000, bulk=8_000, p99=900, max_ms=900, mem=219),
+    }
+    ratios = run.compute_ratios({"systems": systems, "ceiling": {}})
+    best = ratios["best_peer"]
+    assert best["drain"]["system"] == "bullmq-node"
+    assert best["enqueue_single"]["system"] == "huey"
+    assert best["memory"]["system"] == "huey"
+    assert ratios["to_best_peer"]["ours"]["drain"] == pytest.approx(50_000 / 9_000)
+
+
+def test_targets_per_transport_against_bullmq_node(run: Any) -> None:
+    fast = system(drain=12_000, single=20_000, bulk=90_000, p99=150, max_ms=190, mem=380)
+    slow = system(drain=6_000, single=20_000, bulk=70_000, p99=250, max_ms=260, mem=380)
+    node = system(drain=10_000, single=10_000, bulk=20_000, p99=300, max_ms=320, mem=700)
+    res = results(run, {"unix": {"ours": fast, "bullmq-node": node},
+                        "tcp": {"ours": slow, "bullmq-node": node}})  # fmt: skip
+    rows = {ln.split("|")[1].strip(): ln.split("|")[3].strip() for ln in run.targets_lines(res)
+            if ln.startswith("| [") or ln.startswith("| memory")}  # fmt: skip
+    assert rows["[unix socket] drain >= bullmq-node"] == "met"
+    assert rows["[TCP 127.0.0.1] drain >= bullmq-node"] == "not met"
+    model = "bulk enqueue >= 80% of the pipelined enqueue model (unix)"
+    assert rows[f"[unix socket] {model}"] == "met"  # 90k / 100k
+    assert rows[f"[TCP 127.0.0.1] {model}"] == "not met"  # 70k / 100k
+    assert rows["memory per pending job <= 400 B (90-byte JSON payload)"] == "met"
+
+
+def test_report_has_one_table_per_transport(run: Any) -> None:
+    node = system(drain=10_000, single=10_000, bulk=20_000, p99=300, max_ms=320, mem=700)
+    ours = system(drain=12_000, single=20_000, bulk=90_000, p99=150, max_ms=190, mem=380)
+    md = run.markdown(results(run, {"unix": {"ours": ours, "bullmq-node": node},
+                                    "tcp": {"ours": ours, "bullmq-node": node}}))  # fmt: skip
+    assert "## Over unix socket" in md
+    assert "## Over TCP 127.0.0.1" in md
+    assert md.count("ours vs bullmq-node over") == 2
+
+
+def test_old_results_without_transports_still_render(run: Any) -> None:
+    ours = system(drain=1, single=1, bulk=1, p99=1, max_ms=1, mem=1)
+    old = results(run, {"unix": {"ours": ours}})
+    del old["by_transport"]
+    assert set(run.by_transport(old)) == {"unix"}
+    assert "## Over unix socket" in run.markdown(old)
