@@ -459,6 +459,14 @@ def parse_counts(reply: Any) -> QueueCounts:
     )  # fmt: skip
 
 
+def _score_ms(score: Any) -> int:
+    """A ZSET score as ms, clamped as claim.lua clamps one: a hand-written inf is no time."""
+    x = float(score)
+    if math.isnan(x) or x < 0:
+        return 0
+    return int(min(x, MAX_TIME_MS))
+
+
 def parse_job(job_id: str, raw: Any, lease_score: Any) -> Job | None:
     if not raw:
         return None
@@ -469,5 +477,5 @@ def parse_job(job_id: str, raw: Any, lease_score: Any) -> Job | None:
         task=fields.get("task", ""),
         payload_json=fields.get("payload", ""),
         fields=fields,
-        lease_until_ms=int(lease_score) if lease_score is not None else None,
+        lease_until_ms=None if lease_score is None else _score_ms(lease_score),
     )

@@ -271,8 +271,10 @@ class Ops:
                     continue
                 if error_type is not None and (et is None or codec.s(et) != error_type):
                     continue
+                # A dead_ms that does not read as a number (hand-edited) matches no age filter.
+                dead_at = codec.stored_int(dead_ms)
                 if older_than_ms is not None and (
-                    dead_ms is None or counts.now_ms - int(codec.s(dead_ms)) < older_than_ms
+                    dead_at is None or counts.now_ms - dead_at < older_than_ms
                 ):
                     continue
                 out.append(job_id)

@@ -440,3 +440,14 @@ def test_a_schedule_key_of_another_type_does_not_stop_claims(
     other = q.enqueue("ok.t")
     clock.set_ms(1001 * MIN_MS + 1)
     assert sorted(j.id for j in q.claim("w", limit=10).jobs) == sorted([occurrence, other])
+
+
+def test_read_views_survive_hostile_numbers(q: Queue, client: redis.Redis) -> None:
+    jid = q.enqueue("ok.t", max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    client.zadd(q.keys.leased, {jid: float("inf")})
+    assert q.get_job(jid).lease_until_ms == MAX_TIME_MS
+    q.fail(job.id, job.token, ("E", "m", ""), retryable=False)
+    client.hset(q.keys.job(jid), "dead_ms", "1e400")
+    assert q.dead_ids(older_than_ms=1) == []
+    assert q.dead_ids() == [jid]
