@@ -451,3 +451,33 @@ def test_read_views_survive_hostile_numbers(q: Queue, client: redis.Redis) -> No
     client.hset(q.keys.job(jid), "dead_ms", "1e400")
     assert q.dead_ids(older_than_ms=1) == []
     assert q.dead_ids() == [jid]
+
+
+def test_the_real_worker_runs_the_others_and_stays_up(
+    redis_url: str, client: redis.Redis, q: Queue
+) -> None:
+    """Issue 10 item 6 / 17 item 1 end to end: hostile hashes in the worker's batch."""
+    import signal
+
+    from tests.workers.procs import spawn_worker, stop_all, wait_for
+
+    hostile = {"timeout_ms": "30s", "run_at_ms": "1e400", "max_attempts": "9.2233720368547758e+18",
+               "backoff": "1000,inf,60000,0.1", "payload": b"\xff"}  # fmt: skip
+    bad = {}
+    for field, value in hostile.items():
+        jid = q.enqueue("echo", {"bad": field})
+        client.hset(q.keys.job(jid), field, value)
+        bad[jid] = field
+    good = [q.enqueue("echo", {"n": i}) for i in range(5)]
+    w = spawn_worker(redis_url, q.name)
+    try:
+        wait_for(lambda: all(q.status(g) == "done" for g in good), what="good jobs done")
+        wait_for(lambda: q.counts().dead == len(bad), what="bad jobs parked")
+        assert {jid: reason(q, client, jid) for jid in bad} == {
+            jid: f"invalid job: {field}" for jid, field in bad.items()
+        }
+        assert w.poll() is None, "the worker died"
+        w.send_signal(signal.SIGTERM)
+        assert w.wait(15) == 0
+    finally:
+        stop_all([w])
