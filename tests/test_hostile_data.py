@@ -481,3 +481,11 @@ def test_the_real_worker_runs_the_others_and_stays_up(
         assert w.wait(15) == 0
     finally:
         stop_all([w])
+
+
+def test_an_error_message_that_is_not_valid_unicode_is_still_reported(q: Queue) -> None:
+    jid = q.enqueue("ok.t", max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    outcome = q.fail(job.id, job.token, ValueError("bad \udcff byte"), retryable=False)
+    assert outcome.status == "dead"
+    assert q.get_job(jid).fields["last_error"] == "bad ? byte"
