@@ -70,9 +70,11 @@ def main(src: str, dst: str) -> None:
         family="monospace",
     )
     mode = "quick" if data.get("quick") else "full"
+    # run.py puts the first transport's systems at the top level; say which one this is.
+    transport = (data.get("transports") or ["unix"])[0]
     fig.suptitle(
-        f"scheduler benchmark ({mode} run {data['timestamp']}, {data['host']['cpus']} "
-        "CPUs, shared machine: compare ratios, not absolutes)",
+        f"scheduler benchmark ({mode} run {data['timestamp']}, over {transport}, "
+        f"{data['host']['cpus']} CPUs, shared machine: compare ratios, not absolutes)",
         fontsize=11,
     )
     fig.tight_layout()
