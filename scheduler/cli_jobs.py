@@ -30,6 +30,7 @@ from scheduler.cli_common import (
     require_queue,
     url_option,
 )
+from scheduler.codec import stored_int
 from scheduler.errors import BadArgument
 from scheduler.inspection import server_now_ms
 from scheduler.keys import check_job_id
@@ -58,10 +59,7 @@ def register(main: click.Group) -> None:
 
 
 def _int(v: str | None) -> int | None:
-    try:
-        return int(v) if v is not None else None
-    except ValueError:
-        return None
+    return stored_int(v)  # the one strict reader of stored numbers (scheduler/codec.py)
 
 
 def job_json(job: Job, now_ms: int) -> dict[str, Any]:
