@@ -44,7 +44,7 @@ from scheduler.errors import BadArgument, InvalidPayload, SchedulerError, Unknow
 from scheduler.execution import Backoff, Pipeline, Running, ThreadRunner, classify
 from scheduler.keys import QueueKeys
 from scheduler.metrics import WorkerMetrics
-from scheduler.models import ClaimedJob, FailOutcome
+from scheduler.models import ClaimBatch, ClaimedJob, FailOutcome
 from scheduler.ops import Ops, Request, Script, Settings
 from scheduler.registry import JobContext, Registry
 
@@ -476,12 +476,12 @@ class Worker:
                 sleep_s = 0.001  # something is due but was not claimable: do not spin
             await self._idle_wait(sleep_s)
 
-    def _take(self, queue: str, batch: Any, t_sent: float) -> None:
+    def _take(self, queue: str, batch: ClaimBatch, t_sent: float) -> None:
         for job in batch.jobs:
             self._start(queue, job, batch.now_ms, t_sent)
-        # Jobs in the reply the client could not read (scheduler.models.ClaimBatch.unreadable:
-        # id, token, reason): failed non-retryably so the server parks them, alone.
-        for job_id, token, reason in getattr(batch, "unreadable", ()):
+        # Jobs in the reply the client could not read (id, token, reason): failed
+        # non-retryably so the server parks them, alone.
+        for job_id, token, reason in batch.unreadable:
             self._fail_unreadable(queue, job_id, token, reason)
 
     def _room(self) -> int:

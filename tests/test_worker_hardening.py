@@ -25,7 +25,7 @@ from redis.exceptions import NoScriptError
 from scheduler import Queue
 from scheduler.backoff import Backoff
 from scheduler.execution import classify
-from scheduler.models import JobSpec
+from scheduler.models import ClaimBatch, JobSpec
 from scheduler.ops import Commands, Script, ScriptPipeline
 from scheduler.registry import Registry
 from scheduler.scripts import Batch, Scripts, source
@@ -387,8 +387,8 @@ def test_a_job_that_cannot_start_is_parked_alone(server: RedisProcess, admin: re
         task = asyncio.create_task(w.run(install_signals=False))
         await poll(lambda: w._loop is not None, what="running")
         # what helper B's ClaimBatch.unreadable carries: fail it non-retryably
-        batch = type("B", (), {"jobs": [], "unreadable": [(held.id, held.token, "timeout_ms=30s")]})
-        w._take(q.name, batch(), time.monotonic())
+        batch = ClaimBatch(0, -1, [], [(held.id, held.token, "timeout_ms=30s")])
+        w._take(q.name, batch, time.monotonic())
         await poll(lambda: q.counts().dead == 2 and q.status(good) == "done", what="outcomes")
         assert not task.done()
         w.request_stop()
