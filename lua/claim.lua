@@ -46,9 +46,9 @@ if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT wor
 local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
   'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log' }
 local function read_claimable(id, jk)
-  if not job_id_ok(id) then return nil, 'invalid job: id' end
   local f = redis.pcall('HMGET', jk, unpack(READ))
   if f.err then return nil, 'invalid job: not a hash' end
+  if not job_id_ok(id) then return nil, 'invalid job: id' end
   if f[9] == false then return nil, 'job hash missing' end
   local r = { task = f[1], payload = f[2], backoff = f[6] or '', timeout_ms = f[7] or '0',
     schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
@@ -78,7 +78,7 @@ local function park(id, jk, reason, schedule)
   local name = schedule
   if not schedule_name_ok(name) then name = string.match(id, '^schedule:([%w_.%-]+):%d+$') end
   if name then sched_ended(prefix, name, id, now_ms()) end
-  if reason == 'invalid job: not a hash' or reason == 'invalid job: id' then
+  if reason == 'invalid job: not a hash' then
     redis.call('ZREM', due, id)
     redis.call('ZREM', leased, id)
     redis.call('LPUSH', prefix .. 'dead', id)

@@ -92,9 +92,11 @@ def test_claim_parks_a_bad_id_and_a_key_that_is_not_a_hash(
     assert set(raw.lrange(q.keys.dead, 0, -1)) == {b"bad\xffid", b"not-a-hash"}
     assert client.zcard(q.keys.due) == 0
     assert client.get(q.keys.job("not-a-hash")) == "a string"  # left as found, for doctor
+    assert raw.hget(q.keys.job("bad\xffid").encode("latin-1"), "dead_reason") == b"invalid job: id"
     assert q.requeue_dead(["not-a-hash"]) == 0  # nothing to run
     assert q.purge_dead(["not-a-hash"]) == 1
     assert raw.lrange(q.keys.dead, 0, -1) == [b"bad\xffid"]
+    raw.delete(q.keys.job("bad\xffid").encode("latin-1"))  # the teardown scan decodes key names
     raw.close()
 
 
