@@ -60,6 +60,51 @@ def baseline(r: Any) -> int:
     return c.memory_baseline(r)
 
 
+def finished_rows(url: str, n: int, payload: Callable[[int], Any]) -> dict[str, Any]:
+    """n jobs enqueued, claimed and completed (result None) through the public API: what a
+    finished job keeps until its result TTL. Returns the bytes and one finished job's fields."""
+    from scheduler import JobSpec, Queue
+
+    r = c.client(url)
+    q = Queue.from_url(url, "bench")
+    b0 = baseline(r)
+    q.enqueue_many([JobSpec("task", payload(i)) for i in range(n)])
+    while True:
+        batch = q.claim("memory", limit=1000, lease_ms=60_000)
+        if not batch.jobs:
+            break
+        q.complete_many([(j.id, j.token, None) for j in batch.jobs])
+    per_job = (baseline(r) - b0) / n
+    key = next(iter(r.scan_iter(match=Q + "job:*", count=1000)))
+    fields = {k.decode(): len(v) for k, v in r.hgetall(key).items()}
+    return {
+        "layout": "finished job today (enqueue_many + claim + complete_many)",
+        "bytes_per_job": round(per_job, 1),
+        "one_job_key": {
+            "memory_usage": r.memory_usage(key, samples=0),
+            "encoding": r.object("encoding", key).decode(),
+            "ttl_ms": r.pttl(key),
+            "value_bytes_per_field": fields,
+        },
+        "other_keys": sorted(k.decode() for k in r.keys("*") if b":job:" not in k),
+    }
+
+
+def finished_lean(r: Any, n: int, ids: Callable[[int], str]) -> float:
+    """A finished job holding only what status/result need, with its TTL (hand-written)."""
+    b0 = baseline(r)
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        key = Q + "job:" + ids(i)
+        pipe.hset(key, mapping={"state": "done", "result": "null", "finished_ms": str(NOW_MS),
+                                "settled_token": "3-0123456789abcdef"})  # fmt: skip
+        pipe.pexpire(key, 3_600_000)
+        if i % 1000 == 999:
+            pipe.execute()
+    pipe.execute()
+    return round((baseline(r) - b0) / n, 1)
+
+
 def api_rows(url: str, n: int, payload: Callable[[int], Any]) -> None:
     from scheduler import JobSpec, Queue
 
@@ -156,6 +201,9 @@ def main() -> int:
                              "bytes_per_job": round((baseline(r) - b0) / n, 1),
                              **sample(r, n)})  # fmt: skip
             r.config_set("hash-max-listpack-value", 64)
+            r.flushall()
+            rows.append({"payload": pname, **finished_rows(url, n, payload)})
+            r.config_set("hash-max-listpack-value", 64)
             for layout in LAYOUTS:
                 for id_name, ids in (("30-char id", long_id), ("short id", short_id)):
                     r.flushall()
@@ -165,6 +213,11 @@ def main() -> int:
                                  "hash_max_listpack_value": 64,
                                  "bytes_per_job": round((baseline(r) - b0) / n, 1),
                                  **sample(r, n)})  # fmt: skip
+        for id_name, ids in (("30-char id", long_id), ("short id", short_id)):
+            r.flushall()
+            lean = finished_lean(r, n, ids)
+            rows.append({"layout": "finished job, only state/result/finished_ms/settled_token + "
+                         "TTL", "ids": id_name, "bytes_per_job": lean})  # fmt: skip
         info = r.info("server")
     print(json.dumps({"n": n, "redis": info["redis_version"], "pid": os.getpid(), "rows": rows},
                      indent=1))  # fmt: skip
