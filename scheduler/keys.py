@@ -10,12 +10,12 @@ from scheduler.errors import BadArgument
 
 ROOT = "sched"
 # No braces, colons or spaces: user input can never end the hash tag or the prefix early.
-_QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+_QUEUE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 
 
 def check_queue_name(name: str) -> str:
-    if not isinstance(name, str) or not _QUEUE_RE.match(name):
+    if not isinstance(name, str) or not _QUEUE_RE.fullmatch(name):
         raise BadArgument(
             f"invalid queue name {name!r}: use 1-64 of A-Z a-z 0-9 _ . - (no braces or colons)"
         )
@@ -23,7 +23,7 @@ def check_queue_name(name: str) -> str:
 
 
 def check_job_id(job_id: str) -> str:
-    if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id):
+    if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id):
         raise BadArgument(f"invalid job id {job_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
     return job_id
 

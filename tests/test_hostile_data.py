@@ -491,3 +491,26 @@ def test_an_error_message_that_is_not_valid_unicode_is_still_reported(q: Queue) 
     outcome = q.fail(job.id, job.token, ValueError("bad \udcff byte"), retryable=False)
     assert outcome.status == "dead"
     assert q.get_job(jid).fields["last_error"] == "bad ? byte"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda q: q.enqueue("ok.t\n"), lambda q: q.enqueue("ok.t", job_id="j1\n"),
+     lambda q: q.schedule("s\n", "ok.t", every_ms=MIN_MS),
+     lambda q: q.schedule("s", "ok.t\n", every_ms=MIN_MS),
+     lambda q: q.schedule("s", "ok.t", every_ms=MIN_MS, misfire="skip\n"),
+     lambda q: q.get_job("j1\n")],
+)  # fmt: skip
+def test_a_trailing_newline_does_not_pass_a_name_rule(
+    q: Queue, client: redis.Redis, call: Any
+) -> None:
+    """Python's '$' matches before a final newline; the rules are full matches, as in Lua."""
+    before = dump_queue(client, q)
+    with pytest.raises(BadArgument, match=r"invalid|misfire"):
+        call(q)
+    assert dump_queue(client, q) == before
+
+
+def test_a_queue_name_with_a_trailing_newline_is_refused(client: redis.Redis) -> None:
+    with pytest.raises(BadArgument, match="invalid queue name"):
+        Queue(client, "q\n")
