@@ -5,6 +5,7 @@ One private redis-server for the whole file: some tests reconfigure it (maxmemor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -123,6 +124,54 @@ def test_sigterm_while_jobs_finish_in_grace_exits_clean_50_times(
                 assert admin.zcard(q.keys.leased) == 0
         finally:
             stop_all([w for _, _, w in batch])
+
+
+class HangFirstComplete(aredis.Redis):
+    """The first complete never reaches the server and hangs for a while, swallowing every
+    cancellation (what redis-py was seen doing inside a command), then fails."""
+
+    complete_sha = hashlib.sha1(source("complete").encode()).hexdigest()
+    hang_left = 1
+    hang_s = 2.0
+    hang_ended = False
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args[:2] == ("EVALSHA", self.complete_sha) and self.hang_left > 0:
+            self.hang_left -= 1
+            loop = asyncio.get_running_loop()
+            end = loop.time() + self.hang_s
+            while loop.time() < end:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(end - loop.time())
+            self.hang_ended = True
+            raise RedisConnectionError("the hung call gave up")
+        return await super().execute_command(*args, **options)
+
+
+def test_shutdown_resends_a_report_whose_call_swallows_cancellation(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    q = new_queue(admin)
+    job = q.enqueue("gate", None)
+
+    async def main() -> tuple[int, bool]:
+        client = HangFirstComplete(unix_socket_path=server.socket, decode_responses=True)
+        settings = WorkerSettings(queues=(q.name,), lease_ms=30_000, heartbeat_ms=1000, grace_s=0)
+        w = Worker(client, hardening.registry, settings)
+        task = asyncio.create_task(w.run(install_signals=False))
+        await poll(lambda: len(starts(admin, q)) == 1, what="started")
+        admin.set(gate_key(job), 1)
+        await poll(lambda: client.hang_left == 0, what="the complete in flight")
+        w.request_stop()
+        code = await asyncio.wait_for(task, 15)
+        ended_before_exit = client.hang_ended
+        await client.aclose()
+        return code, ended_before_exit
+
+    code, ended_before_exit = asyncio.run(main())
+    assert code == EXIT_OK
+    assert not ended_before_exit  # run() did not wait for the hung call
+    assert q.status(job) == "done"  # its outcome was sent again by the shutdown flush
 
 
 # -- item 3: one driver, NOSCRIPT handled once ---------------------------------------------------
