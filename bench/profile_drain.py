@@ -51,7 +51,10 @@ TICKS_S = os.sysconf("SC_CLK_TCK")
 
 @contextlib.contextmanager
 def server() -> Iterator[tuple[str, str]]:
-    """(unix url, tcp url) of a throw-away redis-server with the bench's settings."""
+    """(unix url, tcp url) of a throw-away redis-server with the bench's settings.
+
+    Its own few lines rather than bench/redis_server.py (which uses scheduler._spawn): this tool
+    profiles snapshots of older commits too, through PYTHONPATH, and those lack _spawn."""
     tmp = tempfile.mkdtemp(prefix="rp")
     sock = f"{tmp}/r.sock"
     with socket.socket() as s:
