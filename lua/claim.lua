@@ -119,7 +119,7 @@ if replay then
   end
   local reply = { words[1], words[2], #out / 10 }
   for _, v in ipairs(out) do reply[#reply + 1] = v end
-  reply[#reply + 1] = redis.call('SCARD', sched_refill_key(prefix))
+  reply[#reply + 1] = scard_or_0(sched_refill_key(prefix))
   return reply
 end
 
@@ -213,5 +213,5 @@ end
 local reply = { now_s, fmt(next_ms), n }
 for _, v in ipairs(out) do reply[#reply + 1] = v end
 -- Trailing flag: schedules wait for the client to refill their cron buffers (lib/rearm.lua).
-reply[#reply + 1] = redis.call('SCARD', sched_refill_key(prefix))
+reply[#reply + 1] = scard_or_0(sched_refill_key(prefix))
 return reply

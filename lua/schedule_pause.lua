@@ -13,5 +13,5 @@ if h == nil then return 'missing' end
 if h.paused == '1' then return 'already' end
 sched_unpend(prefix, h)
 redis.call('HSET', sched_key(prefix, name), 'paused', '1', 'starved', '0')
-redis.call('SREM', sched_refill_key(prefix), name)
+redis.pcall('SREM', sched_refill_key(prefix), name)
 return 'paused'

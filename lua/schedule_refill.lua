@@ -19,7 +19,7 @@ local refill = sched_refill_key(prefix)
 local h = sched_load(prefix, name)
 local sk = sched_key(prefix, name)
 if h == nil or h.kind ~= 'cron' then
-  redis.call('SREM', refill, name)
+  redis.pcall('SREM', refill, name)
   return { 'stale', '' }
 end
 if redis.call('HGET', sk, 'digest') ~= digest then return { 'stale', '' } end
@@ -27,7 +27,7 @@ local slots_key = sched_slots_key(prefix, name)
 for _, v in ipairs(slots) do
   if v > h.cursor_ms then redis.call('ZADD', slots_key, v, fmt(v)) end
 end
-redis.call('SREM', refill, name)
+redis.pcall('SREM', refill, name)
 if h.paused == '1' then return { 'paused', '' } end
 if redis.call('HGET', sk, 'starved') == '1' then
   local now = now_ms()

@@ -13,5 +13,5 @@ if h == nil then return 'missing' end
 sched_unpend(prefix, h)
 redis.call('DEL', sched_key(prefix, name), sched_slots_key(prefix, name))
 redis.call('SREM', prefix .. 'schedules', name)
-redis.call('SREM', sched_refill_key(prefix), name)
+redis.pcall('SREM', sched_refill_key(prefix), name)
 return 'removed'

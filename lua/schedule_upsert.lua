@@ -79,7 +79,7 @@ redis.call('HSET', sk, 'name', name, 'digest', digest, 'kind', kind, 'cron', ARG
   'paused', paused, 'pending', '', 'starved', '0', 'budget', 0, 'updated_ms', fmt(now))
 redis.call('HDEL', sk, 'cursor_ms')
 redis.call('SADD', prefix .. 'schedules', name)
-redis.call('SREM', sched_refill_key(prefix), name)
+redis.pcall('SREM', sched_refill_key(prefix), name)
 redis.call('DEL', slots_key)
 if kind == 'cron' then store_slots() end
 local h = sched_load(prefix, name)

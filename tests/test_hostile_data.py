@@ -514,3 +514,29 @@ def test_a_trailing_newline_does_not_pass_a_name_rule(
 def test_a_queue_name_with_a_trailing_newline_is_refused(client: redis.Redis) -> None:
     with pytest.raises(BadArgument, match="invalid queue name"):
         Queue(client, "q\n")
+
+
+def test_hostile_advisory_keys_do_not_fail_transitions_after_their_writes(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Stats counters, the wake list and the refill set are advisory: a non-integer counter or
+    a key of another type there must not make claim/complete/fail error after they wrote."""
+    q, clock = tq
+    clock.set_ms(1000 * MIN_MS)
+    counters = ("claim", "complete", "fail", "dead", "retry", "release", "lease_expired")
+    for minute in range(1000, 1003):
+        client.hset(q.keys.stats(minute), mapping=dict.fromkeys(counters, "x"))
+    client.set(q.keys.wake, "not a list")
+    client.set(q.keys.schedules_refill, "not a set")
+    a, b = q.enqueue("ok.t"), q.enqueue("ok.t", max_attempts=1)
+    q.schedule("tick", "ok.t", every_ms=MIN_MS)
+    batch = q.claim("w", limit=10)
+    assert sorted(j.id for j in batch.jobs) == sorted([a, b])
+    tokens = {j.id: j.token for j in batch.jobs}
+    q.complete(a, tokens[a])
+    assert q.fail(b, tokens[b], ("E", "m", "")).status == "dead"
+    clock.set_ms(1001 * MIN_MS + 1)
+    (occ,) = q.claim("w", limit=10).jobs
+    assert occ.schedule == "tick"
+    assert q.release([(occ.id, occ.token)]) == ["released"]
+    assert (q.status(a), q.status(b)) == ("done", "dead")

@@ -110,7 +110,7 @@ local function sched_insert(prefix, h, slot, now)
     local sk = sched_slots_key(prefix, h.name)
     redis.call('ZREMRANGEBYSCORE', sk, '-inf', fmt(slot))
     if redis.call('ZCARD', sk) < SCHED_BUFFER_LOW then
-      redis.call('SADD', sched_refill_key(prefix), h.name)
+      redis.pcall('SADD', sched_refill_key(prefix), h.name)
     end
   end
   return id
@@ -130,7 +130,7 @@ local function sched_place(prefix, h, after, budget, now)
   if h.kind == 'cron' and (slot == nil or slot_after(prefix, h, eff) == nil) then
     redis.call('HSET', sched_key(prefix, h.name), 'pending', '', 'cursor_ms', fmt(after),
       'budget', budget, 'starved', '1')
-    redis.call('SADD', sched_refill_key(prefix), h.name)
+    redis.pcall('SADD', sched_refill_key(prefix), h.name)
     h.pending = ''
     return nil
   end

@@ -89,16 +89,26 @@ local function call_chunked(cmd, key, args)
   end
 end
 
--- Per-minute outcome counters, read by `scheduler stats`; kept two hours.
+-- Per-minute outcome counters, read by `scheduler stats`; kept two hours. pcall: they are
+-- advisory, and a hand-written non-integer counter (or a key of another type) must not fail a
+-- transition after its writes.
 local function bump_stat(prefix, now, field, n)
   if n <= 0 then return end
   local k = prefix .. 'stats:' .. fmt(math.floor(now / 60000))
-  redis.call('HINCRBY', k, field, n)
-  redis.call('PEXPIRE', k, 7200000)
+  redis.pcall('HINCRBY', k, field, n)
+  redis.pcall('PEXPIRE', k, 7200000)
 end
 
 -- Tell idle workers something became due earlier than they planned; the list stays tiny.
+-- Advisory too (workers also poll), hence pcall.
 local function wake(wake_key)
-  redis.call('LPUSH', wake_key, '1')
-  redis.call('LTRIM', wake_key, 0, 7)
+  redis.pcall('LPUSH', wake_key, '1')
+  redis.pcall('LTRIM', wake_key, 0, 7)
+end
+
+-- SCARD that reads a key of another type as empty (the advisory refill flag of claim).
+local function scard_or_0(key)
+  local c = redis.pcall('SCARD', key)
+  if type(c) ~= 'number' then return 0 end
+  return c
 end
