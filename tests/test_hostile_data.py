@@ -540,3 +540,16 @@ def test_hostile_advisory_keys_do_not_fail_transitions_after_their_writes(
     assert occ.schedule == "tick"
     assert q.release([(occ.id, occ.token)]) == ["released"]
     assert (q.status(a), q.status(b)) == ("done", "dead")
+
+
+def test_a_job_key_overwritten_with_another_type_fails_no_other_settlement(
+    q: Queue, client: redis.Redis
+) -> None:
+    ids = [q.enqueue("ok.t") for _ in range(3)]
+    held = [(j.id, j.token) for j in q.claim("w", limit=10).jobs]
+    client.delete(q.keys.job(ids[1]))
+    client.set(q.keys.job(ids[1]), "a string")
+    by_id = dict(held)
+    assert q.heartbeat(held, lease_ms=30_000)[1] == {ids[0]: "held", ids[1]: "missing",
+                                                     ids[2]: "held"}  # fmt: skip
+    assert q.complete_many([(i, by_id[i], None) for i in ids]) == ["done", "missing", "done"]

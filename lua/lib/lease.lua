@@ -9,9 +9,11 @@
 -- moves it into settled_log (see log_settlement), so a call re-sent after the job moved on (it was
 -- released, claimed by another worker and completed) still gets its first answer, not 'stale'.
 local function lease_check(prefix, id, token)
-  local f = redis.call('HMGET', prefix .. 'job:' .. id, 'token', 'state', 'settled_token', 'settled',
-    'settled_log')
-  if not f[2] then return 'missing' end
+  -- pcall: a job key overwritten with another type must not fail the whole batch (the other
+  -- jobs' completes): it answers 'missing'.
+  local f = redis.pcall('HMGET', prefix .. 'job:' .. id, 'token', 'state', 'settled_token',
+    'settled', 'settled_log')
+  if f.err or not f[2] then return 'missing' end
   if f[3] == token then return 'settled', f[4] end
   if f[5] then
     local _, stop = string.find('\n' .. f[5], '\n' .. token .. '\t', 1, true)
