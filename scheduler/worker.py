@@ -246,6 +246,7 @@ class Worker:
 
     async def run(self, *, install_signals: bool = True) -> int:
         self._loop = loop = asyncio.get_running_loop()
+        previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(self._on_loop_exception)
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -280,6 +281,7 @@ class Worker:
             self._closed = True
             self._shutting_down = True
             self._threads.close()
+            loop.set_exception_handler(previous_handler)
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
