@@ -14,7 +14,8 @@
     already there (the client made the ids, so a re-sent call finds them: same state). When an
     idempotency key is already taken (it lasts idem_ttl_ms past the first job's run_at), the
     first job's id is given as an (index, id) pair and nothing changes for that job.
-  Errors:  BAD_ARGUMENT <field>=<value> (nothing written) ]]
+  Errors:  BAD_ARGUMENT <field>=<value>, CORRUPT <key> (a stored key of the wrong type); nothing
+    written either way ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 
@@ -54,6 +55,17 @@ for i = 0, n - 1 do
   timeout, err = int_arg(ARGV[b + 8], 'timeout_ms', 0, LIM.timeout_ms); if err then return err end
   idem_ttl, err = int_arg(ARGV[b + 10], 'idem_ttl_ms', 1, LIM.ttl_ms); if err then return err end
   jobs[i + 1] = { id, task, ARGV[b + 3], t, max_attempts, backoff, timeout, ARGV[b + 9], idem_ttl }
+end
+
+-- Reads that could fail go first too: an idempotency key overwritten with another type would
+-- make GET fail half-way through the writes below.
+for _, j in ipairs(jobs) do
+  if j[8] ~= '' then
+    local r = redis.pcall('GET', prefix .. 'idem:' .. j[8])
+    if type(r) == 'table' and r.err then
+      return redis.error_reply('CORRUPT idem:' .. j[8] .. ' is not a string (nothing written)')
+    end
+  end
 end
 
 local now_s = fmt(now)

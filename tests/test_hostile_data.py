@@ -553,3 +553,18 @@ def test_a_job_key_overwritten_with_another_type_fails_no_other_settlement(
     assert q.heartbeat(held, lease_ms=30_000)[1] == {ids[0]: "held", ids[1]: "missing",
                                                      ids[2]: "held"}  # fmt: skip
     assert q.complete_many([(i, by_id[i], None) for i in ids]) == ["done", "missing", "done"]
+
+
+def test_a_corrupt_idempotency_key_refuses_the_batch_before_any_write(
+    q: Queue, client: redis.Redis
+) -> None:
+    import hashlib
+
+    from redis.exceptions import ResponseError
+
+    q.enqueue("ok.t")
+    client.hset(q.keys.idem(hashlib.sha256(b"k").hexdigest()), "x", "y")
+    before = dump_queue(client, q)
+    with pytest.raises(ResponseError, match="CORRUPT"):
+        q.enqueue_many([JobSpec("ok.t"), JobSpec("ok.t"), JobSpec("ok.t", key="k")])
+    assert dump_queue(client, q) == before
