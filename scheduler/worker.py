@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
 
 from scheduler import codec, logs
 from scheduler.aio import AsyncQueue
@@ -944,8 +944,9 @@ class Worker:
     def _redis_error(self, what: str, exc: BaseException) -> None:
         self.metrics.redis_errors.inc()
         self.metrics.redis_backoffs.labels(what, type(exc).__name__).inc()
-        self.log.warning("redis error during %s: %s: %s (backing off, retrying)", what,
-                         type(exc).__name__, exc)  # fmt: skip
+        hint = "the server is full (maxmemory); " if isinstance(exc, OutOfMemoryError) else ""
+        self.log.warning("redis error during %s: %s: %s (%sbacking off, retrying)", what,
+                         type(exc).__name__, exc, hint)  # fmt: skip
 
     def _log_job(self, event: str, r: Running, level: int = logging.INFO, **extra: Any) -> None:
         logs.transition(self.log, event, queue=r.queue, job_id=r.job.id, task=r.job.task,
