@@ -144,3 +144,22 @@ def test_old_results_without_transports_still_render(run: Any) -> None:
     del old["by_transport"]
     assert set(run.by_transport(old)) == {"unix"}
     assert "## Over unix socket" in run.markdown(old)
+
+
+def test_driver_maps_dashed_system_names_to_modules() -> None:
+    """`bullmq-node` is imported as systems.bullmq_node; a missing one says so, per workload."""
+    import json
+    import subprocess
+
+    def meta(name: str) -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, str(BENCH / "driver.py"), name, "meta",
+             json.dumps({"url": "unix:///nonexistent/r.sock", "tcp_url": ""})],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        return row
+
+    assert meta("no-such-system")["error"] == "driver missing"
+    # The module exists: whatever meta() answers, it is not "driver missing".
+    assert meta("bullmq-node").get("error") != "driver missing"
