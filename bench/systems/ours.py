@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import common as c
+import redis
 import redis.asyncio as aredis
 
 import scheduler
@@ -52,6 +53,12 @@ def meta() -> dict[str, Any]:
             "(1 process, asyncio, claim batch 100)",
             "scheduler": "enqueue(..., run_at=<datetime>)",
             "concurrency": CONCURRENCY,
+            "handler client": f"redis.asyncio.Redis.from_url (redis-py {redis.__version__}, "
+            + (
+                "socket_timeout=None: BENCH_HANDLER_SOCKET_TIMEOUT=none)"
+                if os.environ.get("BENCH_HANDLER_SOCKET_TIMEOUT") == "none"
+                else "its default socket_timeout)"
+            ),
         },
     }
 
