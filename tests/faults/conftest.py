@@ -80,6 +80,8 @@ def retrying_client(server_or_url: Server | str, **kwargs: Any) -> redis.Redis:
     BusyLoadingError while the AOF loads) and TimeoutError; scripts re-sent after NOSCRIPT."""
     url = server_or_url.url if isinstance(server_or_url, Server) else server_or_url
     kwargs.setdefault("retry", retry_policy())
+    # redis-py 5.x retries only the error classes named here (from 6.0 a Retry alone is enough).
+    kwargs.setdefault("retry_on_error", [redis.ConnectionError, redis.TimeoutError])
     kwargs.setdefault("socket_timeout", 5)
     kwargs.setdefault("socket_connect_timeout", 2)
     return redis.Redis.from_url(url, decode_responses=True, **kwargs)
