@@ -44,6 +44,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             f"redis-py={redis.__version__}"]  # fmt: skip
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked slow first (a stable sort: the order is otherwise the collection order), so
+    under pytest-xdist the long ones start at once and the short ones fill the other workers."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     if os.environ.get(SERVER_ENV):  # a server named explicitly: always that one, never REDIS_URL
