@@ -1,0 +1,135 @@
+"""Claiming: one loop over the queues, batches sized to the free slots, a local due-time
+timer plus one blocking wake-up pop per queue; a claim whose answer was lost is re-sent with
+the same nonce."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from scheduler import codec
+from scheduler.execution import Backoff
+from scheduler.models import ClaimBatch
+from scheduler.worker.dispatch import Dispatch
+from scheduler.worker.settings import (
+    _MAX_IDLE_SLEEP_S,
+    _WAKE_BLOCK_S,
+    PREFETCH_MAX_RUN_S,
+)
+
+
+class Claiming(Dispatch):
+    """The claim loop and the wake-up pops (one per queue)."""
+
+    async def _claim_loop(self) -> None:
+        s = self.settings
+        backoff = Backoff()
+        rr = 0
+        while not self._stop_claiming.is_set():
+            free = self._room()
+            if free <= 0:
+                self._slot_free.clear()
+                if self._room() <= 0:
+                    await self._slot_free.wait()
+                continue
+            full = False
+            claimed = 0
+            sleep_s = _MAX_IDLE_SLEEP_S
+            order = self.queues[rr:] + self.queues[:rr]
+            rr = (rr + 1) % len(self.queues)
+            try:
+                for q in order:
+                    limit = min(free, s.batch_size)
+                    nonce, t_sent = self._nonce.get(q.name) or (codec.new_nonce(),
+                                                                time.monotonic())  # fmt: skip
+                    self._nonce[q.name] = (nonce, t_sent)
+                    batch = await q.aq.claim(self.id, limit=limit, lease_ms=s.lease_ms,
+                                             reap_limit=s.reap_limit, nonce=nonce)  # fmt: skip
+                    del self._nonce[q.name]  # answered: the next call gets a fresh nonce
+                    self._take(q.name, batch, t_sent)
+                    n = len(batch.jobs)
+                    claimed += n
+                    free -= n
+                    full = full or n == limit
+                    if batch.next_ms >= 0:
+                        sleep_s = min(sleep_s, (batch.next_ms - batch.now_ms) / 1000)
+                    if free <= 0:
+                        break
+            except Exception as exc:
+                # The nonce stays: a call whose answer was lost is replayed, not claimed twice.
+                self._loop_error("claim", exc)
+                await self._sleep_or_stop(backoff())
+                continue
+            backoff.reset()
+            if full:
+                continue
+            if sleep_s <= 0:
+                if claimed:
+                    continue
+                sleep_s = 0.001  # something is due but was not claimable: do not spin
+            await self._idle_wait(sleep_s)
+
+    def _take(self, queue: str, batch: ClaimBatch, t_sent: float) -> None:
+        for job in batch.jobs:
+            self._start(queue, job, batch.now_ms, t_sent)
+        # Jobs in the reply the client could not read (id, token, reason): failed
+        # non-retryably so the server parks them, alone.
+        for job_id, token, reason in batch.unreadable:
+            self._fail_unreadable(queue, job_id, token, reason)
+
+    def _room(self) -> int:
+        """How many jobs the next claim may take."""
+        s = self.settings
+        if len(self._abandoned) >= s.abandoned_cap:
+            if not self._capped:
+                self._capped = True
+                self.metrics.claim_paused.labels("abandoned_threads").set(1)
+                self.log.warning("not claiming: %d abandoned handler threads still running "
+                                 "(cap %d); waiting for them to end", len(self._abandoned),
+                                 s.abandoned_cap)  # fmt: skip
+            return 0
+        if self._capped:
+            self._capped = False
+            self.metrics.claim_paused.labels("abandoned_threads").set(0)
+            self.log.info("claiming again: abandoned handler threads below the cap")
+        ahead = s.prefetch if (self._mean_run_s is not None
+                               and self._mean_run_s < PREFETCH_MAX_RUN_S) else 0  # fmt: skip
+        return (s.concurrency + ahead - len(self.running) - len(self._backlog)
+                - len(self._behind))  # fmt: skip
+
+    async def _idle_wait(self, sleep_s: float) -> None:
+        """Sleep until the next due time (a local timer) or an enqueue's wake-up, whichever
+        comes first. The waker task does the BLPOP so no blocking call is ever cancelled."""
+        self._wake.clear()
+        self._idle.set()
+        try:
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), sleep_s)
+        finally:
+            self._idle.clear()
+
+    async def _waker_loop(self, key: str) -> None:
+        backoff = Backoff()
+        while not self._closed:
+            await self._idle.wait()
+            if self._closed:
+                return
+            try:
+                got = await self.client.blpop([key], timeout=_WAKE_BLOCK_S)
+                if got is not None and not self._idle.is_set():
+                    # we got busy meanwhile: hand the wake-up on to an idle worker
+                    await self.client.lpush(got[0], "1")
+            except Exception as exc:
+                if self._closed:  # redis-py turns a cancelled BLPOP into a ConnectionError
+                    return
+                self._loop_error("wake", exc)
+                await asyncio.sleep(backoff())
+                continue
+            backoff.reset()
+            if got is not None and self._idle.is_set():
+                self._wake.set()
+
+    async def _sleep_or_stop(self, delay_s: float) -> None:
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop_claiming.wait(), delay_s)

@@ -1,0 +1,160 @@
+"""The state every part of the worker shares, and the error policy of its loops: a Redis
+error is classified (scheduler.execution.classify), transient ones are logged, counted and
+retried, anything else stops the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections import deque
+from typing import Any
+
+import redis.asyncio as aredis
+from redis.exceptions import OutOfMemoryError, RedisError
+
+from scheduler import logs
+from scheduler.aio import AsyncQueue
+from scheduler.execution import Pipeline, Running, ThreadRunner, classify
+from scheduler.keys import QueueKeys
+from scheduler.metrics import WorkerMetrics
+from scheduler.ops import Ops, Settings
+from scheduler.registry import Registry
+from scheduler.worker.settings import (
+    EXIT_OK,
+    EXIT_REDIS_REFUSED,
+    WorkerSettings,
+)
+
+
+class _Queue:
+    """Per-queue state of this worker."""
+
+    def __init__(self, client: aredis.Redis, name: str, clock: str) -> None:
+        self.aq = AsyncQueue(client, name, _clock=clock)
+        self.name = name
+        self.keys = QueueKeys(name)
+        self.script_keys = self.keys.script_keys()
+        self.ops = Ops(self.keys, Settings())
+
+
+class _Fatal(Exception):
+    """A loop met an error retrying cannot help with; the worker stops with `code`."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Deadline(Exception):
+    """_within: the call did not end in time (it may still be running)."""
+
+
+async def _within(coro: Any, timeout_s: float) -> Any:
+    """Await coro for at most timeout_s. Unlike asyncio.wait_for this does not wait for the
+    cancelled call to wind down: a library that swallows the cancellation cannot hang us."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=max(timeout_s, 0.05))
+    if not done:
+        task.cancel()
+        raise _Deadline
+    return task.result()
+
+
+class WorkerCore:
+    """State shared by the worker's parts (claiming, dispatch, reporting, heartbeats and
+    presence, the runtime); the parts are mixins over it, wired in runtime.Worker."""
+
+    def __init__(
+        self,
+        client: aredis.Redis,
+        registry: Registry,
+        settings: WorkerSettings | None = None,
+        *,
+        worker_id: str | None = None,
+        metrics: WorkerMetrics | None = None,
+        logger: logging.Logger | None = None,
+        _clock: str = "server",
+    ) -> None:
+        self.settings = settings or WorkerSettings()
+        self.settings.check()
+        self.client = client
+        self.registry = registry
+        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.metrics = metrics or WorkerMetrics()
+        self.log = logger or logging.getLogger(logs.LOGGER)
+        self.queues = [_Queue(client, n, _clock) for n in self.settings.queues]
+        self._by_name = {q.name: q for q in self.queues}
+        self._pipe = Pipeline(client, _clock)
+        self._threads = ThreadRunner()
+        self.running: dict[tuple[str, str], Running] = {}  # handler still running
+        self._held: dict[tuple[str, str], Running] = {}  # leased until the outcome is acked
+        self._completes: list[tuple[Running, Any]] = []
+        self._fails: list[tuple[Running, tuple[str, str, str], bool]] = []
+        # The reports a call has in flight: shutdown re-sends them if the call never returns
+        # (complete and fail are idempotent per token).
+        self._sending: tuple[list[tuple[Running, Any]], list[Any]] = ([], [])
+        self._report_gen = 0
+        # Sync runs stopped (timeout, lease lost, ...) whose thread is still running, and jobs
+        # claimed again while such a run of theirs is alive: they start when it ends.
+        self._abandoned: dict[tuple[str, str], Running] = {}
+        self._behind: dict[tuple[str, str], Running] = {}
+        self._capped = False
+        self._stop_claiming = asyncio.Event()
+        self._stop_reporter = asyncio.Event()
+        self._stop_heartbeat = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._report = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._signals = 0
+        self._closed = False
+        self._shutting_down = False
+        self._exit_code = EXIT_OK
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.claimed = 0
+        self._backlog: deque[Running] = deque()
+        self._mean_run_s: float | None = None  # EWMA of handler run time
+        # claim nonce per queue, kept across a failed call (claim.lua replays by nonce), and
+        # when that nonce's first call was sent (the lease counts from then)
+        self._nonce: dict[str, tuple[str, float]] = {}
+        self.metrics.in_flight.set_function(lambda: len(self.running))
+        self.metrics.abandoned_threads.set_function(lambda: len(self._abandoned))
+
+    def request_stop(self) -> None:
+        """Stop claiming and shut down gracefully (what the first SIGTERM/SIGINT does)."""
+        self._stop_claiming.set()
+        self._wake.set()
+        self._slot_free.set()
+
+    def _fatal(self, code: int, message: str) -> None:
+        """Stop the worker (no grace period) and exit with `code`; the first reason wins."""
+        if self._exit_code == EXIT_OK:
+            self._exit_code = code
+            self.log.error("%s: stopping the worker (exit %d)", message, code)
+        self.request_stop()
+
+    # -- the loops' error policy and logging -------------------------------------------
+    def _loop_error(self, what: str, exc: BaseException) -> None:
+        """A loop's call failed: transient -> log, count (the caller backs off and retries);
+        anything else -> raise _Fatal, which ends the loop and stops the worker."""
+        if isinstance(exc, _Fatal) or not isinstance(exc, RedisError | OSError):
+            raise exc  # not Redis's: a bug; the loop dies and the runtime stops (EXIT_ERROR)
+        kind = classify(exc)
+        if kind != "transient":
+            raise _Fatal(EXIT_REDIS_REFUSED, f"redis refused the worker's {what} call: "
+                         f"{type(exc).__name__}: {exc}")  # fmt: skip
+        self._redis_error(what, exc)
+
+    def _redis_error(self, what: str, exc: BaseException) -> None:
+        self.metrics.redis_errors.inc()
+        self.metrics.redis_backoffs.labels(what, type(exc).__name__).inc()
+        hint = "the server is full (maxmemory); " if isinstance(exc, OutOfMemoryError) else ""
+        self.log.warning("redis error during %s: %s: %s (%sbacking off, retrying)", what,
+                         type(exc).__name__, exc, hint)  # fmt: skip
+
+    def _log_job(self, event: str, r: Running, level: int = logging.INFO, **extra: Any) -> None:
+        logs.transition(self.log, event, queue=r.queue, job_id=r.job.id, task=r.job.task,
+                        attempt=r.job.attempts, token=r.job.token, level=level, worker=self.id,
+                        **extra)  # fmt: skip

@@ -1,0 +1,211 @@
+"""Running claimed jobs: async handlers on the loop, sync ones in threads; timeouts, stops,
+the abandoned-thread cap, and the rule that a job never runs twice at once in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import traceback
+from typing import Any
+
+from scheduler import codec
+from scheduler.errors import InvalidPayload, UnknownTask
+from scheduler.execution import Running
+from scheduler.models import ClaimedJob
+from scheduler.registry import JobContext
+from scheduler.worker.core import (
+    WorkerCore,
+)
+from scheduler.worker.settings import (
+    _LEASE_MARGIN_S,
+)
+
+
+class Dispatch(WorkerCore):
+    """Starting, timing out and stopping handlers; the backlog and the abandoned threads."""
+
+    def _start(self, queue: str, job: ClaimedJob, now_ms: int, t_sent: float) -> None:
+        self.claimed += 1
+        # The lease counts from when the server ran the claim, which is after we sent it.
+        lease_end = t_sent - _LEASE_MARGIN_S + self.settings.lease_ms / 1000
+        spec = self.registry._tasks.get(job.task)
+        key = (queue, job.id)
+        r: Running | None = None
+        try:
+            ctx = JobContext(job.id, job.task, queue, job.attempts, job.max_attempts, job.token,
+                             job.fence, job.run_at_ms, job.claimed_ms)  # fmt: skip
+            r = Running(queue, job, ctx, spec, time.monotonic(), lease_end)
+            self._held[key] = r
+            self._prepare(r, now_ms)
+        except Exception as exc:  # one job's data must never take the worker down
+            msg = f"the worker could not start this job: {type(exc).__name__}: {exc}"
+            self.log.error("job %s: %s", job.id, msg)
+            self.running.pop(key, None)
+            if r is None:
+                ctx = JobContext(job.id, job.task, queue, 0, 0, job.token, 0, 0, 0)
+                r = Running(queue, job, ctx, None, time.monotonic(), lease_end)
+                self._held[key] = r
+            r.finished = True
+            self._queue_fail(r, ("InvalidJob", msg, traceback.format_exc()), retryable=False)
+
+    def _prepare(self, r: Running, now_ms: int) -> None:
+        job, queue, spec = r.job, r.queue, r.spec
+        self.metrics.per_task(queue, job.task)[0].observe(max(now_ms - job.run_at_ms, 0) / 1000)
+        if self.log.isEnabledFor(logging.INFO):
+            self._log_job("claimed", r, late_ms=now_ms - job.run_at_ms)
+        if spec is None:
+            err = UnknownTask(f"no handler registered for task {job.task!r}")
+            self._queue_fail(r, ("UnknownTask", str(err), ""), retryable=False)
+            return
+        try:
+            payload = json.loads(job.payload_json)
+        except ValueError as exc:  # never anything but JSON: a hand-written pickle lands here
+            msg = f"payload is not valid JSON ({exc}); it was not decoded further"
+            self._queue_fail(r, ("InvalidPayload", msg, ""), retryable=False)
+            return
+        r.payload = payload
+        spec.timeout_for(job.timeout_ms)  # a bad number fails here, not in _run
+        key = (queue, job.id)
+        if key in self._abandoned:  # its previous run is still alive here: wait for it
+            self._behind[key] = r
+        elif self._can_start():
+            self._run(r)
+        else:
+            self._backlog.append(r)
+
+    def _can_start(self) -> bool:
+        return (len(self.running) < self.settings.concurrency and not self._backlog
+                and len(self._abandoned) < self.settings.abandoned_cap)  # fmt: skip
+
+    def _fail_unreadable(self, queue: str, job_id: str, token: str, reason: str) -> None:
+        job = ClaimedJob(id=job_id, token=token, attempts=0, max_attempts=0, task="?",
+                         payload_json="null", run_at_ms=0, claimed_ms=0,
+                         backoff=codec.stored_backoff(""), timeout_ms=0,
+                         schedule="")  # fmt: skip
+        ctx = JobContext(job_id, "?", queue, 0, 0, token, 0, 0, 0)
+        r = Running(queue, job, ctx, None, time.monotonic(), time.monotonic() + 1.0)
+        r.finished = True
+        self._held[(queue, job_id)] = r
+        self._queue_fail(r, ("InvalidJob", f"unreadable job: {reason}", ""), retryable=False)
+
+    def _run(self, r: Running) -> None:
+        spec, job, ctx, payload = r.spec, r.job, r.ctx, r.payload
+        assert spec is not None
+        r.started_s = time.monotonic()
+        self.running[(r.queue, job.id)] = r
+        timeout_s = spec.timeout_for(job.timeout_ms)
+        loop = self._loop
+        assert loop is not None
+        if timeout_s is not None:
+            r.timer = loop.call_later(timeout_s, self._on_timeout, r, timeout_s)
+        if spec.is_async:
+            r.task = loop.create_task(self._run_async(r, payload))
+        else:
+            fn = spec.fn
+
+            def call() -> None:
+                try:
+                    result = fn(payload, ctx)
+                except BaseException as exc:
+                    out: tuple[Any, BaseException | None] = (None, exc)
+                else:
+                    out = (result, None)
+                with contextlib.suppress(RuntimeError):  # the loop is gone: we exited
+                    loop.call_soon_threadsafe(self._thread_done, r, *out)
+
+            self._threads.submit(call)
+
+    def _thread_done(self, r: Running, result: Any, exc: BaseException | None) -> None:
+        key = (r.queue, r.job.id)
+        if self._abandoned.get(key) is r:
+            del self._abandoned[key]
+            nxt = self._behind.pop(key, None)
+            if nxt is not None and not nxt.finished:
+                self._backlog.appendleft(nxt)
+            self._pump()
+        self._finish(r, result, exc)
+
+    async def _run_async(self, r: Running, payload: Any) -> None:
+        assert r.spec is not None
+        try:
+            result = await r.spec.fn(payload, r.ctx)
+        except asyncio.CancelledError:
+            if r.finished:  # we cancelled it (lease lost, timeout, shutdown)
+                return
+            raise
+        except BaseException as exc:
+            self._finish(r, None, exc)
+            return
+        self._finish(r, result, None)
+
+    def _end(self, r: Running) -> None:
+        r.finished = True
+        if r.timer is not None:
+            r.timer.cancel()
+        if self.running.pop((r.queue, r.job.id), None) is not None:
+            run_s = time.monotonic() - r.started_s
+            self.metrics.per_task(r.queue, r.job.task)[1].observe(run_s)
+            m = self._mean_run_s
+            self._mean_run_s = run_s if m is None else m + 0.05 * (run_s - m)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Start backlog jobs while there are free slots (and the thread cap allows)."""
+        cap = self.settings.abandoned_cap
+        while (self._backlog and len(self.running) < self.settings.concurrency
+               and len(self._abandoned) < cap and not self._shutting_down):  # fmt: skip
+            nxt = self._backlog.popleft()
+            if not nxt.finished:
+                self._run(nxt)
+        self._slot_free.set()
+
+    def _finish(self, r: Running, result: Any, exc: BaseException | None) -> None:
+        if r.finished:
+            return  # stopped earlier: its outcome is not ours to report
+        self._end(r)
+        if exc is None:
+            if result is not None:
+                try:
+                    codec.encode_json(result, "result", codec.MAX_PAYLOAD_BYTES)
+                except InvalidPayload as bad:
+                    self._queue_fail(r, ("InvalidResult", str(bad), ""), retryable=False)
+                    return
+            self._completes.append((r, result))
+            self._report.set()
+            return
+        assert r.spec is not None
+        retryable = not isinstance(exc, r.spec.non_retryable)
+        tb = "".join(traceback.format_exception(exc))
+        self._queue_fail(r, (type(exc).__name__, str(exc), tb), retryable=retryable)
+
+    def _on_timeout(self, r: Running, timeout_s: float) -> None:
+        if r.finished:
+            return
+        self._stop(r, "timeout")
+        self._queue_fail(r, ("JobTimeout", f"timed out after {timeout_s:g}s", ""), retryable=True)
+
+    def _stop(self, r: Running, reason: str) -> None:
+        """Tell the handler to stop (event; async: cancel) and free its slot. Its result, if
+        any comes, is dropped. A sync handler's thread keeps running: it counts as abandoned
+        until it returns."""
+        if r.finished:
+            return
+        r.ctx._stop(reason)
+        if r.spec is not None and not r.spec.is_async and (r.queue, r.job.id) in self.running:
+            self._abandoned[(r.queue, r.job.id)] = r
+        self._end(r)
+        if r.task is not None:
+            r.task.cancel()
+        outcome = {"lease lost": "lease_lost", "cancelled": "cancelled", "timeout": "timeout"}
+        if reason in outcome:
+            self.metrics.outcome(r.queue, r.job.task, outcome[reason])
+            self._log_job(outcome[reason], r, level=logging.WARNING)
+        if reason in ("lease lost", "cancelled"):
+            self._held.pop((r.queue, r.job.id), None)
+
+    def _queue_fail(self, r: Running, err: tuple[str, str, str], *, retryable: bool) -> None:
+        self._fails.append((r, err, retryable))
+        self._report.set()

@@ -1,0 +1,117 @@
+"""Heartbeats (one call per interval extends every lease held; a lease whose heartbeats
+failed is stopped before the server can hand the job on) and presence (worker_beat)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from scheduler.execution import Running
+from scheduler.ops import Request, Script
+from scheduler.worker.dispatch import Dispatch
+from scheduler.worker.reporting import Reporting
+from scheduler.worker.settings import (
+    _LEASE_MARGIN_S,
+    _SETTLE_S,
+)
+
+
+class Heartbeats(Dispatch, Reporting):
+    """The heartbeat loop (leases, queue depth metrics) and the presence beat."""
+
+    async def _heartbeat_loop(self) -> None:
+        interval_s = self.settings.heartbeat_ms / 1000
+        while not self._stop_heartbeat.is_set():
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop_heartbeat.wait(), interval_s)
+            if self._stop_heartbeat.is_set():
+                return
+            try:
+                await self._heartbeat()
+            except Exception as exc:
+                self._loop_error("heartbeat", exc)
+            try:  # presence: its own error handling, so a refused beat never skips the above
+                await self._beat_workers()
+            except Exception as exc:
+                self._loop_error("presence", exc)
+            # Without a successful heartbeat our leases run out: stop before the server
+            # hands the job to someone else.
+            now = time.monotonic()
+            for r in list(self._held.values()):
+                if r.lease_deadline_s <= now and not r.finished:
+                    self._stop(r, "lease lost")
+            # A job held back behind its own abandoned run: give it back after one lease, so
+            # a thread that never ends does not hide the job for good.
+            lease_s = self.settings.lease_ms / 1000
+            stale = [r for r in self._behind.values() if now - r.started_s > lease_s]
+            if stale:
+                for r in stale:
+                    del self._behind[(r.queue, r.job.id)]
+                    r.finished = True
+                await self._release(stale, time.monotonic() + _SETTLE_S)
+
+    async def _heartbeat(self) -> None:
+        held = list(self._held.values())
+        by_queue: dict[str, list[Running]] = {q.name: [] for q in self.queues}
+        for r in held:
+            by_queue[r.queue].append(r)
+        calls: list[tuple[list[str], Any]] = []
+        for qn, rs in by_queue.items():
+            q = self._by_name[qn]
+            if rs:
+                leases = [(r.job.id, r.job.token) for r in rs]
+                calls.append(
+                    (q.script_keys, q.ops.heartbeat(leases, lease_ms=self.settings.lease_ms))
+                )
+            calls.append((q.script_keys, q.ops.counts()))
+        t_sent = time.monotonic()
+        replies = await self._pipe.run(calls)
+        i = 0
+        error: BaseException | None = None
+        for qn, rs in by_queue.items():
+            if rs:
+                reply = replies[i]
+                i += 1
+                if isinstance(reply, BaseException):
+                    error = reply
+                else:
+                    _, statuses = reply
+                    for r in rs:
+                        st = statuses.get(r.job.id)
+                        if st == "held":
+                            r.lease_deadline_s = (t_sent - _LEASE_MARGIN_S
+                                                  + self.settings.lease_ms / 1000)  # fmt: skip
+                        elif st == "cancelled":
+                            self._lost(r, "cancelled")
+                        else:
+                            self._lost(r, "lease lost")
+            counts = replies[i]
+            i += 1
+            if not isinstance(counts, BaseException):
+                self.metrics.set_depth(qn, counts)
+        if error is not None:
+            raise error
+
+    def _lost(self, r: Running, reason: str) -> None:
+        if r.finished:  # finished, outcome not yet acked: the report will be refused
+            self._held.pop((r.queue, r.job.id), None)
+            return
+        self._stop(r, reason)
+
+    async def _beat_workers(self, *, remove: bool = False) -> None:
+        ttl = 3 * self.settings.heartbeat_ms
+        reqs: list[tuple[Sequence[str], Request]] = [
+            (q.script_keys, Script("worker_beat", [
+                self.id, str(ttl), "remove" if remove else "beat", socket.gethostname(),
+                str(os.getpid()), ",".join(self.settings.queues), str(len(self.running)),
+                str(self.settings.concurrency)]))
+            for q in self.queues
+        ]  # fmt: skip
+        for reply in await self._pipe.requests(reqs):
+            if isinstance(reply, BaseException):
+                raise reply

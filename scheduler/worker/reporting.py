@@ -1,0 +1,191 @@
+"""Reporting outcomes (complete / fail, coalesced per round trip), flushing them at shutdown
+(also those of a call still in flight), and giving jobs back (release)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from scheduler.errors import SchedulerError
+from scheduler.execution import Backoff, Running, classify
+from scheduler.models import FailOutcome
+from scheduler.worker.core import (
+    WorkerCore,
+    _Deadline,
+    _Fatal,
+    _within,
+)
+from scheduler.worker.settings import (
+    EXIT_REDIS_REFUSED,
+)
+
+
+class Reporting(WorkerCore):
+    """The reporter loop, the shutdown flush, and release."""
+
+    async def _reporter_loop(self) -> None:
+        """Completes coalesce while a call is in flight: one complete_many per queue per round
+        trip, failures pipelined next to them."""
+        backoff = Backoff()
+        while not self._stop_reporter.is_set():
+            await self._report.wait()
+            self._report.clear()
+            while (self._completes or self._fails) and not self._stop_reporter.is_set():
+                try:
+                    await self._send_reports()
+                    backoff.reset()
+                except Exception as exc:
+                    self._loop_error("report", exc)
+                    with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                        await asyncio.wait_for(self._stop_reporter.wait(), backoff())
+
+    async def _send_reports(self) -> None:
+        completes, self._completes = self._completes, []
+        fails, self._fails = self._fails, []
+        gen = self._report_gen
+        self._sending = (completes, fails)
+        by_queue: dict[str, list[tuple[Running, Any]]] = {}
+        for r, result in completes:
+            by_queue.setdefault(r.queue, []).append((r, result))
+        calls: list[tuple[list[str], Any]] = []
+        try:
+            for qn, items in by_queue.items():
+                q = self._by_name[qn]
+                calls.append((q.script_keys, q.ops.complete_many(
+                    [(r.job.id, r.job.token, res) for r, res in items])))  # fmt: skip
+            for r, err, retryable in fails:
+                q = self._by_name[r.queue]
+                calls.append((q.script_keys, q.ops.fail(r.job.id, r.job.token, err,
+                                                        retryable=retryable)))  # fmt: skip
+            replies = await self._pipe.run(calls)
+        except BaseException:
+            # Not sent (or unknown): try again; complete and fail are idempotent per token.
+            if gen == self._report_gen:
+                self._sending = ([], [])
+                self._completes[:0] = completes
+                self._fails[:0] = fails
+            raise
+        if gen != self._report_gen:
+            return  # shutdown took these over and sent them again
+        self._sending = ([], [])
+        retry: BaseException | None = None
+        for items, statuses in zip(by_queue.values(), replies, strict=False):
+            retry = self._completed(items, statuses) or retry
+        for (r, err, ok), out in zip(fails, replies[len(by_queue) :], strict=True):
+            retry = self._failed(r, err, ok, out) or retry
+        if retry is not None:
+            raise retry  # the loop backs off, then sends what was put back
+
+    def _reply_error(self, what: str, exc: BaseException) -> bool:
+        """True when the call is to be sent again (transient); raises _Fatal when fatal."""
+        kind = classify(exc)
+        if kind == "fatal":
+            raise _Fatal(EXIT_REDIS_REFUSED,
+                         f"redis refused {what}: {type(exc).__name__}: {exc}")  # fmt: skip
+        return kind == "transient"
+
+    def _completed(self, items: list[tuple[Running, Any]], statuses: Any) -> BaseException | None:
+        if isinstance(statuses, BaseException):
+            if self._reply_error("complete", statuses):
+                self._completes[:0] = items
+                return statuses
+            self.log.error("complete refused: %s", statuses)
+            for r, _ in items:
+                self._held.pop((r.queue, r.job.id), None)
+            return None
+        log_info = self.log.isEnabledFor(logging.INFO)
+        for (r, _), st in zip(items, statuses, strict=True):
+            self._held.pop((r.queue, r.job.id), None)
+            if st == "done":
+                self.metrics.per_task(r.queue, r.job.task)[2].inc()
+                if log_info:
+                    self._log_job("done", r)
+            else:
+                self.metrics.outcome(r.queue, r.job.task, "cancelled" if st == "cancelled"
+                                     else "stale")  # fmt: skip
+                self._log_job("refused", r, level=logging.WARNING, status=st)
+        return None
+
+    def _failed(
+        self, r: Running, err: tuple[str, str, str], retryable: bool, out: Any
+    ) -> BaseException | None:
+        if isinstance(out, FailOutcome):
+            self._held.pop((r.queue, r.job.id), None)
+            self.metrics.outcome(r.queue, r.job.task, out.status)
+            extra: dict[str, Any] = {"error_type": err[0], "error": err[1][:200]}
+            if out.status == "retry":
+                extra["retry_at_ms"] = out.run_at_ms
+                # fail.lua pushes no wake-up: re-plan our sleep around the retry's run_at.
+                self._wake.set()
+            else:
+                extra["reason"] = out.dead_reason
+            self._log_job(out.status, r, level=logging.WARNING, **extra)
+        elif isinstance(out, SchedulerError):
+            self._held.pop((r.queue, r.job.id), None)
+            self.metrics.outcome(r.queue, r.job.task, "stale")
+            self._log_job("refused", r, level=logging.WARNING, status=str(out))
+        elif isinstance(out, BaseException) and self._reply_error("fail", out):
+            self._fails.insert(0, (r, err, retryable))
+            return out
+        else:
+            self._held.pop((r.queue, r.job.id), None)
+            self.log.error("fail of job %s errored: %s", r.job.id, out)
+        return None
+
+    async def _release(self, rs: Sequence[Running], deadline: float) -> None:
+        if not rs:
+            return
+        by_queue: dict[str, list[Running]] = {}
+        for r in rs:
+            by_queue.setdefault(r.queue, []).append(r)
+        backoff = Backoff()
+        while True:
+            items = [(self._by_name[qn].script_keys,
+                      self._by_name[qn].ops.release([(r.job.id, r.job.token) for r in g]))
+                     for qn, g in by_queue.items()]  # fmt: skip
+            try:
+                replies = await _within(self._pipe.run(items), deadline - time.monotonic())
+                err = next((x for x in replies if isinstance(x, BaseException)), None)
+                if err is None or classify(err) != "transient":
+                    break
+                raise err
+            except _Deadline:
+                break
+            except Exception as exc:
+                if classify(exc) != "transient" or time.monotonic() >= deadline:
+                    self.log.warning("release failed (%s); leases lapse on their own", exc)
+                    break
+                self._redis_error("release", exc)
+                await asyncio.sleep(min(backoff(), max(deadline - time.monotonic(), 0)))
+        for r in rs:
+            self._held.pop((r.queue, r.job.id), None)
+            self.metrics.outcome(r.queue, r.job.task, "released")
+            self._log_job("released", r)
+
+    async def _flush(self, deadline: float) -> None:
+        backoff = Backoff(cap_s=0.5)
+        while (self._completes or self._fails) and time.monotonic() < deadline:
+            try:
+                await _within(self._send_reports(), deadline - time.monotonic())
+            except _Deadline:
+                self._restore_sending()
+                return
+            except _Fatal as exc:
+                self._fatal(exc.code, str(exc))
+                return
+            except Exception as exc:
+                if classify(exc) != "transient":
+                    self._fatal(EXIT_REDIS_REFUSED, f"flush refused: {type(exc).__name__}: {exc}")
+                    return
+                self._redis_error("report", exc)
+                await asyncio.sleep(min(backoff(), max(deadline - time.monotonic(), 0)))
+
+    def _restore_sending(self) -> None:
+        sent_c, sent_f = self._sending
+        self._sending = ([], [])
+        self._completes[:0] = sent_c
+        self._fails[:0] = sent_f

@@ -1,0 +1,183 @@
+"""The runtime: starts the loops, notices one that dies, and runs the shutdown sequence
+(see the package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from scheduler.worker.claiming import Claiming
+from scheduler.worker.core import (
+    _Deadline,
+    _Fatal,
+    _within,
+)
+from scheduler.worker.heartbeat import Heartbeats
+from scheduler.worker.settings import (
+    _SETTLE_S,
+    _STOP_LOOP_S,
+    EXIT_ERROR,
+    EXIT_FORCED,
+    EXIT_OK,
+)
+
+
+class Worker(Claiming, Heartbeats):
+    """One worker process's runtime (see the package docstring)."""
+
+    async def preflight(self) -> None:
+        """Raise (redis ConnectionError etc.) when Redis cannot be reached; load the scripts."""
+        await self.client.ping()
+        for _, text in self._pipe.scripts.preload_commands():
+            await self.client.script_load(text)
+
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            self.log.warning("second signal: exiting now, leases lapse on their own")
+            os._exit(EXIT_FORCED)
+        self.log.info("signal %s: stopping (grace %.1fs)", signum, self.settings.grace_s)
+        self.request_stop()
+
+    def _on_loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # asyncio's own reports (e.g. a library's "Unclosed ..." at GC) go through our logger,
+        # so --json-logs output stays one JSON object per line.
+        exc = context.get("exception")
+        self.log.warning("asyncio: %s%s", context.get("message", "unhandled"),
+                         f": {type(exc).__name__}: {exc}" if exc else "")  # fmt: skip
+
+    async def run(self, *, install_signals: bool = True) -> int:
+        self._loop = loop = asyncio.get_running_loop()
+        previous_handler = loop.get_exception_handler()
+        loop.set_exception_handler(self._on_loop_exception)
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        self.log.info(
+            "worker %s started: queues=%s concurrency=%d lease=%dms heartbeat=%dms",
+            self.id, ",".join(self.settings.queues), self.settings.concurrency,
+            self.settings.lease_ms, self.settings.heartbeat_ms,
+        )  # fmt: skip
+        try:
+            await self._guarded("presence", self._beat_workers(), deadline_s=_SETTLE_S)
+            hb = self._spawn(self._heartbeat_loop(), "heartbeat")
+            reporter = self._spawn(self._reporter_loop(), "reporter")
+            # One blocking pop per queue: the queues' keys live in different cluster slots.
+            wakers = [self._spawn(self._waker_loop(q.keys.wake), f"waker:{q.name}")
+                      for q in self.queues]  # fmt: skip
+            claim = self._spawn(self._claim_loop(), "claim")
+            await self._stop_claiming.wait()
+            fast = self._exit_code != EXIT_OK  # a fatal error: no grace period
+            grace_end = time.monotonic() + (0.0 if fast else self.settings.grace_s)
+            # a claim in flight may finish (its jobs are then given back), within the grace
+            await self._wait_bounded([claim], max(grace_end - time.monotonic(), _STOP_LOOP_S))
+            self._closed = True
+            self._idle.set()  # lets the wakers see _closed
+            for t in wakers:  # a wake-up pop holds nothing: cancel it now
+                t.cancel()
+            await self._shutdown(reporter, grace_end)
+            self._stop_heartbeat.set()
+            await self._wait_bounded([hb, *wakers], _STOP_LOOP_S)
+            await self._guarded("presence", self._beat_workers(remove=True), deadline_s=2.0)
+        finally:
+            self._closed = True
+            self._shutting_down = True
+            self._threads.close()
+            loop.set_exception_handler(previous_handler)
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        self.log.info("worker %s stopped", self.id)
+        return self._exit_code
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._loop_ended)
+        return task
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """A background loop ended: expected only once shutdown asked it to."""
+        if task.cancelled():
+            if not self._stop_claiming.is_set():
+                self._fatal(EXIT_ERROR, f"loop {task.get_name()} was cancelled")
+            return
+        exc = task.exception()
+        if isinstance(exc, _Fatal):
+            self._fatal(exc.code, str(exc))
+        elif exc is not None:
+            self.log.error("loop %s died", task.get_name(), exc_info=exc)
+            self._fatal(EXIT_ERROR, f"loop {task.get_name()} died: {type(exc).__name__}: {exc}")
+        elif not self._stop_claiming.is_set():
+            self._fatal(EXIT_ERROR, f"loop {task.get_name()} ended early")
+
+    async def _wait_bounded(self, tasks: Sequence[asyncio.Task[None]], timeout_s: float) -> None:
+        """Wait for tasks to end, at most timeout_s; cancel what is left and go on (a library
+        may swallow a cancellation: the loop's own stop flag ends it later)."""
+        tasks = [t for t in tasks if not t.done()]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=max(timeout_s, 0.0))
+        for t in pending:
+            self.log.warning("loop %s did not stop in %.1fs; cancelled", t.get_name(), timeout_s)
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=0.2)
+
+    async def _guarded(self, what: str, coro: Any, deadline_s: float | None = None) -> None:
+        """One call outside a loop (start-up / final presence beat): a transient error is
+        logged and counted, a fatal one stops the worker."""
+        try:
+            if deadline_s is None:
+                await coro
+            else:
+                await _within(coro, deadline_s)
+        except _Deadline:
+            self.log.warning("%s: no answer from Redis in %.1fs; going on", what, deadline_s)
+        except Exception as exc:
+            try:
+                self._loop_error(what, exc)
+            except _Fatal as fatal:
+                self._fatal(fatal.code, str(fatal))
+            except Exception as bug:
+                self.log.error("%s failed", what, exc_info=bug)
+                self._fatal(EXIT_ERROR, f"{what} failed: {type(bug).__name__}: {bug}")
+
+    async def _shutdown(self, reporter: asyncio.Task[None], deadline: float) -> None:
+        """After claiming stopped. See the module docstring for the order."""
+        if self._exit_code != EXIT_OK:
+            deadline = time.monotonic()  # a fatal error met meanwhile: no more grace
+        never = list(self._backlog) + list(self._behind.values())
+        self._backlog.clear()
+        self._behind.clear()
+        for r in never:  # never started: give them back at once
+            r.finished = True
+        settle = time.monotonic() + _SETTLE_S
+        await self._release(never, settle)
+        while self.running and time.monotonic() < deadline:
+            self._slot_free.clear()
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._slot_free.wait(), deadline - time.monotonic())
+        # Reporter: stop it by its flag, let its call in flight end (bounded), then flush all.
+        self._stop_reporter.set()
+        self._report.set()
+        await self._wait_bounded([reporter], _STOP_LOOP_S)
+        self._report_gen += 1  # a call that never returned: its reports are sent again here
+        sent_c, sent_f = self._sending
+        self._sending = ([], [])
+        self._completes[:0] = sent_c
+        self._fails[:0] = sent_f
+        settle = time.monotonic() + _SETTLE_S
+        await self._flush(settle)
+        leftover = list(self.running.values())
+        for r in leftover:
+            self._stop(r, "shutdown")
+        await self._release(leftover, settle)
+        lost = len(self._completes) + len(self._fails)
+        if lost:
+            self.log.error("%d outcomes could not be reported before exit; their jobs run "
+                           "again after the lease", lost)  # fmt: skip

@@ -1,0 +1,77 @@
+"""Worker settings, exit codes and timing constants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler.errors import BadArgument
+from scheduler.keys import QueueKeys
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # unexpected crash (also: a background loop died of a bug)
+EXIT_USAGE = 2  # unsafe or invalid settings
+EXIT_IMPORT = 3  # the registry could not be imported
+EXIT_REDIS = 4  # Redis unreachable at start
+EXIT_REDIS_REFUSED = 5  # Redis refused the worker's calls for good (ACL permission, auth, bug)
+EXIT_FORCED = 130  # second signal: exited without waiting or releasing
+
+_MAX_IDLE_SLEEP_S = 30.0  # safety net: re-claim at least this often even with no wake-up
+PREFETCH_MAX_RUN_S = 0.02
+_WAKE_BLOCK_S = 1  # BLPOP timeout; the due-time timer is local, so precision does not matter
+_LEASE_MARGIN_S = 0.05  # local lease view ends this much before the server's
+_STOP_LOOP_S = 1.0  # how long shutdown waits for one loop to notice its stop flag
+_SETTLE_S = 5.0  # shutdown budget for flushing outcomes and releasing when Redis is slow
+
+
+class SettingsError(BadArgument):
+    """The worker refuses to start with these settings."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    queues: tuple[str, ...] = ("default",)
+    concurrency: int = 16
+    lease_ms: int = 30_000
+    heartbeat_ms: int = 5_000
+    batch_size: int = 100
+    grace_s: float = 25.0
+    reap_limit: int = 100
+    # Jobs claimed beyond the free slots, started as slots free. Used only while jobs are short
+    # (mean run < PREFETCH_MAX_RUN_S): it overlaps the next claim with running this batch;
+    # with long jobs it would hold work another idle worker could run.
+    prefetch: int = 100
+    # Sync handlers abandoned after a timeout / lost lease that are still running (Python
+    # cannot kill a thread). At the cap the worker stops claiming until one ends. None: 2x
+    # concurrency. Live handler threads stay within concurrency + this.
+    max_abandoned_threads: int | None = None
+
+    @property
+    def abandoned_cap(self) -> int:
+        m = self.max_abandoned_threads
+        return 2 * self.concurrency if m is None else m
+
+    def check(self) -> None:
+        if not self.queues:
+            raise SettingsError("give at least one queue")
+        for q in self.queues:
+            QueueKeys(q)
+        if self.concurrency < 1:
+            raise SettingsError(f"concurrency must be >= 1, got {self.concurrency}")
+        if not 1 <= self.batch_size <= 1000:
+            raise SettingsError(f"batch size must be within 1..1000, got {self.batch_size}")
+        if self.heartbeat_ms < 10:
+            raise SettingsError(f"heartbeat must be >= 10 ms, got {self.heartbeat_ms}")
+        if self.lease_ms < 3 * self.heartbeat_ms:
+            raise SettingsError(
+                f"unsafe: lease {self.lease_ms} ms is less than 3 heartbeat intervals "
+                f"({3 * self.heartbeat_ms} ms); a single slow heartbeat would lose every lease. "
+                "Raise --lease-ms or lower --heartbeat-ms."
+            )
+        if self.prefetch < 0:
+            raise SettingsError(f"prefetch must be >= 0, got {self.prefetch}")
+        if self.grace_s < 0:
+            raise SettingsError(f"grace must be >= 0, got {self.grace_s}")
+        if self.max_abandoned_threads is not None and self.max_abandoned_threads < 1:
+            raise SettingsError(
+                f"max_abandoned_threads must be >= 1, got {self.max_abandoned_threads}"
+            )
