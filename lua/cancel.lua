@@ -1,6 +1,7 @@
 --[[ cancel: withdraw a job that has not finished. A leased job's worker learns it at its next
   heartbeat, and its complete or fail is refused with 'cancelled'.
-  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill
   ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record is kept)
   A schedule's pending occurrence is replaced by the schedule's next one.
   Returns: the state before the call: 'due' | 'leased' (now cancelled), or 'done' | 'dead' |
@@ -8,13 +9,14 @@
   Errors:  BAD_ARGUMENT <field>=<value> ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
+-- @include "lib/job.lua"
 -- @include "lib/rearm.lua"
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
 local ttl, err = int_arg(ARGV[2], 'record_ttl_ms', 1, LIM.ttl_ms)
 if err then return err end
-local jk = prefix .. 'job:' .. id
+local jk = job_key(prefix, id)
 local state = redis.call('HGET', jk, 'state')
 if not state then return 'missing' end
 local in_due = redis.call('ZSCORE', due, id)

@@ -1,6 +1,7 @@
 --[[ claim: lease up to `limit` due jobs to one worker. Lapsed leases are reaped on the same
   path first, so a job whose worker died is due again without any janitor process.
-  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>
   ARGV[1] worker id
   ARGV[2] limit          jobs to lease at most (>= 0)
   ARGV[3] lease_ms       lease length (> 0)
@@ -79,9 +80,7 @@ local function park(id, jk, reason, schedule)
   if not schedule_name_ok(name) then name = string.match(id, '^schedule:([%w_.%-]+):%d+$') end
   if name then sched_ended(prefix, name, id, now_ms()) end
   if reason == 'invalid job: not a hash' then
-    redis.call('ZREM', due, id)
-    redis.call('ZREM', leased, id)
-    redis.call('LPUSH', prefix .. 'dead', id)
+    dead_letter_id(prefix, id)
   else
     dead_letter(prefix, id, reason, now_ms())
   end
@@ -110,11 +109,7 @@ if replay then
     local r = read_claimable(id, job_key(prefix, id))
     if r and r.state == 'leased' and r.token and string.sub(r.token, -#nonce - 1) == '-' .. nonce
       and string.find(r.token, '^%d+%-%w+$') then
-      local b = #out
-      out[b + 1] = id; out[b + 2] = r.token; out[b + 3] = r.attempts
-      out[b + 4] = r.max_attempts; out[b + 5] = r.task; out[b + 6] = r.payload
-      out[b + 7] = fmt(r.run_at_ms); out[b + 8] = r.backoff
-      out[b + 9] = r.timeout_ms; out[b + 10] = r.schedule
+      pack_job(out, id, r.token, r.attempts, r)
     end
   end
   local reply = { words[1], words[2], #out / 10 }
@@ -183,10 +178,7 @@ if limit > 0 then
       leases[#leases + 1] = lease_until
       leases[#leases + 1] = id
       n = n + 1
-      local b = #out
-      out[b + 1] = id; out[b + 2] = token; out[b + 3] = attempts; out[b + 4] = r.max_attempts
-      out[b + 5] = r.task; out[b + 6] = r.payload; out[b + 7] = fmt(r.run_at_ms)
-      out[b + 8] = r.backoff; out[b + 9] = r.timeout_ms; out[b + 10] = r.schedule
+      pack_job(out, id, token, attempts, r)
     end
   end
   if n > 0 then

@@ -1,5 +1,6 @@
 --[[ complete: record success for leases the caller holds, many in one call.
-  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>
   ARGV[1] result_ttl_ms   how long the outcome record (state, result, finished_ms) is kept
   then triples: id, token, result (JSON text)
   Returns: one status per job: 'done' | 'stale' | 'cancelled' | 'missing'.
@@ -7,6 +8,7 @@
   Errors:  BAD_ARGUMENT <field>=<value> ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
+-- @include "lib/job.lua"
 -- @include "lib/lease.lua"
 
 local prefix, leased = KEYS[1], KEYS[3]
@@ -38,7 +40,7 @@ if #took > 0 then
   for k, i in ipairs(took) do ids[k] = ARGV[i] end
   call_chunked('ZREM', leased, ids)
   for _, i in ipairs(took) do
-    local jk = prefix .. 'job:' .. ARGV[i]
+    local jk = job_key(prefix, ARGV[i])
     -- settled_token/settled: a re-sent call with this token is answered 'done' again.
     redis.call('HSET', jk, 'state', 'done', 'result', ARGV[i + 2], 'finished_ms', now_s,
       'settled_token', ARGV[i + 1], 'settled', 'done')

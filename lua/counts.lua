@@ -1,5 +1,6 @@
 --[[ counts: how many jobs are in each place, by server time (read only).
-  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): stats:<minute>
   Returns: {now_ms, due_now, scheduled_later, leased, dead, oldest_due_run_at_ms or -1,
     leases_lapsed} ]]
 -- @include "lib/clock.lua"

@@ -4,6 +4,7 @@
   KEYS[3] leased   ZSET    id -> lease_until_ms
   KEYS[4] dead     LIST    dead ids, newest first
   KEYS[5] wake     LIST    wake-up tokens for idle workers
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, idem:<digest>
   ARGV[1] n, then 10 fields per job:
     id, task, payload (JSON text), when ('at' | 'in'), time_ms (absolute run_at_ms for 'at',
     delay_ms from server now for 'in'), max_attempts, backoff ('base_ms,factor,cap_ms,jitter'
@@ -18,6 +19,7 @@
     written either way ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
+-- @include "lib/job.lua"
 
 local prefix, due, wake_key = KEYS[1], KEYS[2], KEYS[5]
 local MAX_BATCH = 10000  -- scheduler/codec.py LIMITS['batch_size']
@@ -76,7 +78,7 @@ local flags, subst, adds = {}, {}, {}
 for k, j in ipairs(jobs) do
   local id, task, payload, run_at, max_attempts, backoff, timeout, idem, idem_ttl =
     j[1], j[2], j[3], j[4], j[5], j[6], j[7], j[8], j[9]
-  local jk = prefix .. 'job:' .. id
+  local jk = job_key(prefix, id)
   local ik = (idem ~= '') and (prefix .. 'idem:' .. idem) or nil
   local first = ik and redis.call('GET', ik)
   if first then

@@ -1,17 +1,19 @@
 --[[ purge_dead: delete parked jobs for good.
-  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill
   ARGV ids (picked by the client from the dead list)
   Returns: the number of jobs deleted. An id that is not dead is skipped. Purging a schedule's
     pending occurrence (parked by hand, e.g. by doctor) arms the schedule's next one. ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
+-- @include "lib/job.lua"
 -- @include "lib/rearm.lua"
 
 local prefix, dead = KEYS[1], KEYS[4]
 local purged = 0
 local now = nil
 for _, id in ipairs(ARGV) do
-  local jk = prefix .. 'job:' .. id
+  local jk = job_key(prefix, id)
   -- pcall: claim parks a key that is not a hash by its id alone; purging drops the id only.
   local state = redis.pcall('HGET', jk, 'state')
   if type(state) == 'table' and state.err then

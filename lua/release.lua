@@ -1,11 +1,13 @@
 --[[ release: give claimed jobs back without spending their attempt (graceful shutdown).
-  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>
   ARGV pairs: id, token
   Returns: one status per job: 'released' | 'stale' | 'cancelled' | 'missing'. The job is due
     again at once, with its attempt count given back. A re-sent call answers 'released' again.
   Errors:  BAD_ARGUMENT argc=<n> ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
+-- @include "lib/job.lua"
 -- @include "lib/lease.lua"
 
 local prefix, due, leased, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
@@ -18,7 +20,7 @@ for i = 1, #ARGV, 2 do
   if status == 'settled' then
     status = (outcome == 'released') and 'released' or 'stale'
   elseif status == 'held' then
-    local jk = prefix .. 'job:' .. id
+    local jk = job_key(prefix, id)
     local attempts = parse_int(redis.call('HGET', jk, 'attempts'), 0, LIM.attempts) or 1
     redis.call('ZREM', leased, id)
     redis.call('ZADD', due, now, id)

@@ -1,16 +1,18 @@
 --[[ requeue_dead: move parked jobs back to due, with a fresh attempt budget.
-  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (as in enqueue.lua)
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>
   ARGV ids (the client picks them from the dead list: one, all, or by task / error / age)
   Returns: the number of jobs requeued. An id that is not dead is skipped, so a re-sent call
     changes nothing more. ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
+-- @include "lib/job.lua"
 
 local prefix, due, dead, wake_key = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
 local now = now_ms()
 local moved = 0
 for _, id in ipairs(ARGV) do
-  local jk = prefix .. 'job:' .. id
+  local jk = job_key(prefix, id)
   -- pcall: an id claim parked because its key is not a hash stays parked (nothing to run).
   if redis.pcall('HGET', jk, 'state') == 'dead' and redis.call('LREM', dead, 0, id) > 0 then
     redis.call('ZADD', due, now, id)

@@ -1,5 +1,7 @@
--- Job-level moves shared by several transitions. Membership in due / leased / dead is the
+-- Job keys and job-level moves shared by several transitions: the only place a script formats
+-- a job key (tests/test_lua_layout.py checks it). Membership in due / leased / dead is the
 -- truth; the hash's `state` field is a copy written by the same script.
+-- @include "lib/util.lua"
 
 local function job_key(prefix, id)
   return prefix .. 'job:' .. id
@@ -12,6 +14,23 @@ local function dead_letter(prefix, id, reason, now)
   redis.call('HSET', job_key(prefix, id), 'state', 'dead', 'dead_reason', reason,
     'dead_ms', fmt(now))
   redis.call('LPUSH', prefix .. 'dead', id)
+end
+
+-- Park an id whose key is not a hash (it cannot take the dead fields): out of due and leased,
+-- onto the dead list by id alone (doctor reports it).
+local function dead_letter_id(prefix, id)
+  redis.call('ZREM', prefix .. 'due', id)
+  redis.call('ZREM', prefix .. 'leased', id)
+  redis.call('LPUSH', prefix .. 'dead', id)
+end
+
+-- The 10 reply fields of one leased job, in the order claim's contract header gives
+-- (scheduler's codec reads them in this order): appended to `out`.
+local function pack_job(out, id, token, attempts, r)
+  local b = #out
+  out[b + 1] = id; out[b + 2] = token; out[b + 3] = attempts; out[b + 4] = r.max_attempts
+  out[b + 5] = r.task; out[b + 6] = r.payload; out[b + 7] = fmt(r.run_at_ms)
+  out[b + 8] = r.backoff; out[b + 9] = r.timeout_ms; out[b + 10] = r.schedule
 end
 
 -- Append one entry to the job's error history (JSON array, newest last, at most 10 kept).

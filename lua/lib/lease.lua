@@ -1,3 +1,4 @@
+-- @include "lib/job.lua"
 -- Does the caller still hold the lease on `id` with `token`?
 -- Returns one of:
 --   'held'               token matches and the job is leased (an unexpired or lapsed-but-unreaped lease)
@@ -11,7 +12,7 @@
 local function lease_check(prefix, id, token)
   -- pcall: a job key overwritten with another type must not fail the whole batch (the other
   -- jobs' completes): it answers 'missing'.
-  local f = redis.pcall('HMGET', prefix .. 'job:' .. id, 'token', 'state', 'settled_token',
+  local f = redis.pcall('HMGET', job_key(prefix, id), 'token', 'state', 'settled_token',
     'settled', 'settled_log')
   if f.err or not f[2] then return 'missing' end
   if f[3] == token then return 'settled', f[4] end

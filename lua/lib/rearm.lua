@@ -1,5 +1,5 @@
 -- Recurring schedules: keep exactly one pending occurrence per schedule.
--- Needs lib/util.lua (fmt, wake, bump_stat, parse_int, LIM) included before it.
+-- Needs lib/util.lua, lib/job.lua, lib/schedule.lua and lib/slots.lua (included below).
 --
 -- A slot is a nominal occurrence time in ms; its job is '<name>' slot id, due at slot + offset_ms
 -- (the schedule's stable jitter). Interval ('every') schedules compute slots here, aligned to the
@@ -13,71 +13,17 @@
 -- due, '' when none), cursor_ms (slot of the pending occurrence, or the last one placed),
 -- task, payload, max_attempts, backoff, timeout_ms.
 
-local SCHED_BUFFER_LOW = 16
-local SCHED_DROP_TTL_MS = 3600000
-local SCHED_FIELDS = { 'kind', 'every_ms', 'offset_ms', 'misfire_n', 'paused', 'pending',
-  'cursor_ms', 'task', 'payload', 'max_attempts', 'backoff', 'timeout_ms' }
+-- @include "lib/util.lua"
+-- @include "lib/job.lua"
+-- @include "lib/schedule.lua"
+-- @include "lib/slots.lua"
 
-local function sched_key(prefix, name) return prefix .. 'schedule:' .. name end
-local function sched_slots_key(prefix, name) return prefix .. 'schedule:' .. name .. ':slots' end
-local function sched_refill_key(prefix) return prefix .. 'schedules:refill' end
-local function occurrence_id(name, slot) return 'schedule:' .. name .. ':' .. fmt(slot) end
-
-local function sched_load(prefix, name)
-  -- pcall: a schedule key overwritten with another type must not fail every claim.
-  local v = redis.pcall('HMGET', sched_key(prefix, name), unpack(SCHED_FIELDS))
-  if v.err or not v[1] then return nil end
-  local h = { name = name }
-  for i, f in ipairs(SCHED_FIELDS) do h[f] = v[i] end
-  -- Read strictly: a hand-edited every_ms of 0 or 'inf' would put slot 'inf' into due. A
-  -- schedule whose numbers cannot be read is treated as absent (doctor reports it).
-  if h.kind ~= 'every' and h.kind ~= 'cron' then return nil end
-  h.every_ms = parse_int(h.every_ms or '0', 0, LIM.delay_ms)
-  h.offset_ms = parse_int(h.offset_ms or '0', 0, LIM.delay_ms)
-  h.misfire_n = parse_int(h.misfire_n or '1', 0, LIM.attempts)
-  h.cursor_ms = parse_int(h.cursor_ms or '0', 0, LIM.time_ms)
-  if h.every_ms == nil or h.offset_ms == nil or h.misfire_n == nil or h.cursor_ms == nil
-    or (h.kind == 'every' and h.every_ms < 1) then
-    return nil
-  end
-  h.pending = h.pending or ''
-  return h
-end
-
--- The first slot strictly after t; nil when the cron buffer does not reach past t.
-local function slot_after(prefix, h, t)
-  if h.kind == 'every' then return (math.floor(t / h.every_ms) + 1) * h.every_ms end
-  local r = redis.pcall('ZRANGE', sched_slots_key(prefix, h.name), '(' .. fmt(t), '+inf',
-    'BYSCORE', 'LIMIT', 0, 1)
-  if r.err then return nil end
-  if r[1] then return parse_int(r[1], 0, LIM.time_ms) end
-  return nil
-end
-
--- How many slots lie in (after, upto].
-local function slots_between(prefix, h, after, upto)
-  if upto <= after then return 0 end
-  if h.kind == 'every' then
-    return math.floor(upto / h.every_ms) - math.floor(after / h.every_ms)
-  end
-  local c = redis.pcall('ZCOUNT', sched_slots_key(prefix, h.name), '(' .. fmt(after), fmt(upto))
-  if type(c) ~= 'number' then return 0 end
-  return c
-end
-
--- The i-th latest slot <= upto (i >= 1).
-local function slot_back(prefix, h, upto, i)
-  if h.kind == 'every' then return (math.floor(upto / h.every_ms) - (i - 1)) * h.every_ms end
-  local r = redis.pcall('ZRANGE', sched_slots_key(prefix, h.name), fmt(upto), '-inf', 'BYSCORE',
-    'REV', 'LIMIT', i - 1, 1)
-  if r.err then return nil end
-  return parse_int(r[1], 0, LIM.time_ms)
-end
+-- Placing occurrences: insert, place under the misfire policy, unpend, re-arm at claim, end.
 
 -- Insert the occurrence for `slot` (idempotent on its id) and make it the pending one.
 local function sched_insert(prefix, h, slot, now)
   local id = occurrence_id(h.name, slot)
-  local jk = prefix .. 'job:' .. id
+  local jk = job_key(prefix, id)
   -- An id that exists and is not waiting in due already ran (a definition change moved the
   -- cursor back): never run a slot twice, take the one after it.
   local guard = 0
@@ -87,7 +33,7 @@ local function sched_insert(prefix, h, slot, now)
     if later == nil or guard > 100 then return nil end
     slot = later
     id = occurrence_id(h.name, slot)
-    jk = prefix .. 'job:' .. id
+    jk = job_key(prefix, id)
   end
   if redis.call('EXISTS', jk) == 0 then
     local run_at = slot + h.offset_ms
@@ -140,7 +86,7 @@ end
 -- Remove the pending occurrence if it is still waiting in due (pause, remove, redefine).
 local function sched_unpend(prefix, h)
   if h.pending == '' then return end
-  local jk = prefix .. 'job:' .. h.pending
+  local jk = job_key(prefix, h.pending)
   if redis.call('HGET', jk, 'state') == 'due' then
     redis.call('ZREM', prefix .. 'due', h.pending)
     redis.call('DEL', jk)
@@ -165,7 +111,7 @@ local function sched_rearm(prefix, name, id, now)
   local budget = n
   if run then budget = math.max(n - 1, 0) end
   if not run then
-    local jk = prefix .. 'job:' .. id
+    local jk = job_key(prefix, id)
     redis.call('ZREM', prefix .. 'due', id)
     redis.call('HSET', jk, 'state', 'cancelled', 'skipped', 'misfire', 'finished_ms', fmt(now))
     redis.call('PEXPIRE', jk, SCHED_DROP_TTL_MS)

@@ -1,0 +1,75 @@
+"""The Lua layout rules of lua/README.md, checked mechanically: only lib/ formats a job key, and
+every transition's header names the prefix-built keys its expanded code can touch."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from scheduler.core.scripts import TRANSITIONS, lua_dir, source
+
+# How the code builds each prefix key -> the name a header gives it.
+_BUILDERS = {
+    "job:<id>": "'job:'",
+    "stats:<minute>": "'stats:'",
+    "schedule:<name>": "'schedule:'",
+    "schedules:refill": "'schedules:refill'",
+    "schedules": "'schedules'",
+    "claim:<nonce>": "'claim:'",
+    "idem:<digest>": "'idem:'",
+    "workers": "'workers'",
+    "worker:<id>": "'worker:'",
+}
+_KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
+
+
+def _code(text: str) -> str:
+    """Lua text without comments (block headers and line comments)."""
+    text = re.sub(r"--\[\[.*?\]\]", "", text, flags=re.DOTALL)
+    return "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+
+
+def _header(name: str) -> str:
+    text = (lua_dir() / f"{name}.lua").read_text()
+    m = re.match(r"--\[\[(.*?)\]\]", text, flags=re.DOTALL)
+    assert m, f"{name}.lua has no contract header"
+    return m.group(1)
+
+
+def test_only_lib_formats_job_keys() -> None:
+    offenders = [
+        p.name
+        for p in sorted(Path(lua_dir()).glob("*.lua"))
+        if re.search(r"['\"]job:['\"]", _code(p.read_text()))
+    ]
+    assert offenders == []
+    libs = [
+        p.name for p in Path(lua_dir(), "lib").glob("*.lua") if "'job:'" in _code(p.read_text())
+    ]
+    assert libs == ["job.lua"]
+
+
+def test_the_checker_sees_a_job_key_outside_lib() -> None:
+    assert re.search(r"['\"]job:['\"]", _code("local jk = prefix .. 'job:' .. id -- x"))
+    assert not re.search(r"['\"]job:['\"]", _code("-- prefix .. 'job:' .. id"))
+
+
+@pytest.mark.parametrize("name", TRANSITIONS)
+def test_header_lists_the_keys_the_code_touches(name: str) -> None:
+    header = _header(name)
+    for i in range(1, 6):
+        assert f"KEYS[{i}]" in header
+    m = _KEYS_LINE.search(header)
+    assert m, f"{name}.lua: no 'Keys from the prefix' line"
+    listed = [k.strip() for k in m.group(1).split(",")]
+    code = _code(source(name))
+    touched = [k for k, pat in _BUILDERS.items() if pat in code]
+    assert listed == touched
+
+
+def test_claim_packs_jobs_through_lib() -> None:
+    code = _code((lua_dir() / "claim.lua").read_text())
+    assert code.count("pack_job(") == 2
+    assert "out[b + 10]" not in code
