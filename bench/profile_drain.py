@@ -376,7 +376,7 @@ PHASES: list[tuple[str, str]] = [
 LIBS: list[tuple[str, str]] = [
     ("prometheus_client", "metrics (prometheus_client)"),
     ("logging/", "logging"),
-    ("scheduler/logs.py", "logging"),
+    ("scheduler/worker/logs.py", "logging"),
     ("json/", "json"),
     ("hiredis", "redis-py (parser)"),
     ("redis/_parsers", "redis-py (parser)"),

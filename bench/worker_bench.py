@@ -42,7 +42,7 @@ STARTS = "wb:starts"
 TASKS = """
 import asyncio, os, time
 import redis
-from scheduler.registry import Registry
+from scheduler.worker.registry import Registry
 registry = Registry()
 _r = None
 _stamps = []

@@ -1,8 +1,9 @@
 """scheduler: a Redis-backed job scheduler with leases, fencing tokens, retries and dead letters."""
 
-from scheduler.aio import AsyncQueue
-from scheduler.backoff import Backoff
-from scheduler.errors import (
+from scheduler.client.aio import AsyncQueue
+from scheduler.client.queue import Queue
+from scheduler.core.backoff import Backoff
+from scheduler.core.errors import (
     BadArgument,
     InvalidPayload,
     JobCancelled,
@@ -11,8 +12,7 @@ from scheduler.errors import (
     SchedulerError,
     StaleToken,
 )
-from scheduler.models import ClaimedJob, Job, JobSpec, JobState, QueueCounts
-from scheduler.queue import Queue
+from scheduler.core.models import ClaimedJob, Job, JobSpec, JobState, QueueCounts
 
 __all__ = [
     "AsyncQueue",

@@ -1,5 +1,5 @@
 """The one spawner of private Redis servers: used by the test fixtures, the fault tests, the
-benchmarks and `scheduler demo` (through scheduler.embedded).
+benchmarks and `scheduler demo` (through scheduler.cli.embedded).
 
 A server gets a unix socket in a short mkdtemp dir (AF_UNIX paths are limited to ~104 bytes),
 no TCP port unless asked (then a free 127.0.0.1 port, picked again if another process takes it

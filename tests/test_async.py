@@ -57,7 +57,7 @@ def test_resp2_and_resp3_give_the_same_answers(redis_url: str, queue_name: str) 
 def test_wait_replicas_raises_when_no_replica_acknowledges(
     client: redis.Redis, queue_name: str
 ) -> None:
-    from scheduler.errors import NotDurable
+    from scheduler.core.errors import NotDurable
 
     q = Queue(client, queue_name, wait_replicas=1, wait_timeout_ms=50)
     with pytest.raises(NotDurable) as info:
@@ -72,7 +72,7 @@ def test_wait_replicas_raises_when_no_replica_acknowledges(
 
 def test_batches_go_in_one_pipeline_on_both_clients(redis_url: str, q: Queue) -> None:
     """Several batches (and the WAIT path) through the pipelined request, sync and async."""
-    from scheduler.errors import NotDurable
+    from scheduler.core.errors import NotDurable
 
     specs = [JobSpec("t", {"n": i}, job_id=f"p{i}") for i in range(5)]
     assert q.enqueue_many(specs[:3], batch_size=2) == ["p0", "p1", "p2"]

@@ -20,8 +20,8 @@ from scheduler import (
     Queue,
     StaleToken,
 )
-from scheduler.errors import SchedulerError
-from scheduler.ops import Script
+from scheduler.core.errors import SchedulerError
+from scheduler.operations.ops import Script
 from tests.conftest import dump_queue
 
 

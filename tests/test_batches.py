@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from scheduler import BadArgument, JobSpec, Queue
-from scheduler.codec import LIMITS, enqueue_args
-from scheduler.ops import Script
+from scheduler.core.codec import LIMITS, enqueue_args
+from scheduler.operations.ops import Script
 from tests.conftest import dump_queue
 
 N = 10_000

@@ -13,8 +13,8 @@ import redis
 from click.testing import CliRunner, Result
 
 from scheduler import Queue
-from scheduler.cli import main
-from scheduler.inspection import server_now_ms
+from scheduler.admin.inspection import server_now_ms
+from scheduler.cli.main import main
 from tests.conftest import dump_queue
 
 Run = Callable[..., Result]

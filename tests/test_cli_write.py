@@ -13,7 +13,7 @@ import redis
 from click.testing import CliRunner, Result
 
 from scheduler import JobSpec, Queue
-from scheduler.cli import main
+from scheduler.cli.main import main
 from tests.conftest import dump_queue
 
 Run = Callable[..., Result]

@@ -13,9 +13,9 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from scheduler import JobSpec, Queue, doctor
-from scheduler.cli import main
-from scheduler.doctor import (
+from scheduler import JobSpec, Queue
+from scheduler.admin import doctor
+from scheduler.admin.doctor import (
     Context,
     Snapshot,
     check_queue,
@@ -24,8 +24,9 @@ from scheduler.doctor import (
     repair_job,
     repair_queue,
 )
-from scheduler.inspection import server_now_ms
-from scheduler.keys import QueueKeys
+from scheduler.admin.inspection import server_now_ms
+from scheduler.cli.main import main
+from scheduler.core.keys import QueueKeys
 from tests.conftest import dump_queue
 from tests.redis_server import RedisProcess, require_binary
 

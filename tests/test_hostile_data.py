@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from scheduler import Backoff, BadArgument, InvalidPayload, JobSpec, Queue
-from scheduler.codec import (
+from scheduler.core.codec import (
     CLAIM_FIELDS,
     FLOAT_LIMITS,
     LIMITS,
@@ -27,7 +27,7 @@ from scheduler.codec import (
     parse_claim,
     stored_int,
 )
-from scheduler.ops import Script
+from scheduler.operations.ops import Script
 from tests.conftest import Clock, dump_queue
 
 MIN_MS = 60_000
@@ -188,7 +188,7 @@ def test_a_large_max_attempts_is_stored_exactly_and_read_back(
 def test_doctor_finds_nothing_wrong_with_a_healthy_job_at_the_limits(
     q: Queue, client: redis.Redis
 ) -> None:
-    from scheduler.doctor import check_queue
+    from scheduler.admin.doctor import check_queue
 
     q.enqueue("ok.t", max_attempts=LIMITS["max_attempts"][1], timeout_ms=LIMITS["timeout_ms"][1])
     assert check_queue(client, q.keys.queue) == []
@@ -420,7 +420,7 @@ def test_doctor_reads_stored_numbers_as_claim_does(
     q: Queue, client: redis.Redis, field: str, value: str
 ) -> None:
     """doctor flags exactly what claim would park (one strict reader on both sides)."""
-    from scheduler.doctor import check_queue
+    from scheduler.admin.doctor import check_queue
 
     jid = q.enqueue("ok.t")
     client.hset(q.keys.job(jid), field, value)

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import scheduler._spawn as spawn
-from scheduler.embedded import PrivateRedis
+from scheduler.cli.embedded import PrivateRedis
 from tests import redis_server
 from tests.redis_server import SERVER_ENV, RedisProcess, require_server, server_kind
 

@@ -7,7 +7,7 @@ import redis
 from redis.crc import key_slot
 
 from scheduler import BadArgument, Queue
-from scheduler.keys import QueueKeys
+from scheduler.core.keys import QueueKeys
 
 
 def slot(key: str) -> int:

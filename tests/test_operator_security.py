@@ -25,9 +25,9 @@ import redis
 from click.testing import CliRunner, Result
 
 from scheduler import Queue
-from scheduler.cli import main
-from scheduler.keys import QueueKeys
-from scheduler.safety import clean, redact
+from scheduler.cli.main import main
+from scheduler.core.keys import QueueKeys
+from scheduler.core.safety import clean, redact
 from tests.redis_server import RedisProcess, require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -342,7 +342,7 @@ def test_log_formatters_escape_and_redact() -> None:
     import io
     import logging
 
-    from scheduler import logs
+    from scheduler.worker import logs
 
     root = logging.getLogger("scheduler")
     saved = (root.handlers[:], root.level, root.propagate)

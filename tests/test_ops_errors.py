@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from scheduler import Queue
-from scheduler.ops import Commands
+from scheduler.operations.ops import Commands
 
 
 def test_claim_keeps_its_jobs_when_the_schedule_refill_fails(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import redis
 
-from scheduler.scripts import TRANSITIONS, lua_dir, source
+from scheduler.core.scripts import TRANSITIONS, lua_dir, source
 
 ROOT = Path(__file__).resolve().parent.parent
 

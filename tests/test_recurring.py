@@ -18,7 +18,7 @@ import redis
 import redis.asyncio as aredis
 
 from scheduler import AsyncQueue, BadArgument, JobSpec, Queue, StaleToken
-from scheduler.recurring import BUFFER_SLOTS, stable_offset_ms
+from scheduler.schedules.recurring import BUFFER_SLOTS, stable_offset_ms
 from tests.conftest import Clock, dump_queue
 
 MIN_MS = 60_000
@@ -405,7 +405,7 @@ def test_async_queue_schedules_and_refills(tq: tuple[Queue, Clock], redis_url: s
 def test_cli_lists_pauses_resumes_removes(q: Queue, redis_url: str) -> None:
     from click.testing import CliRunner
 
-    from scheduler.cli import main
+    from scheduler.cli.main import main
 
     q.schedule("nightly", "report.build", {"x": 1}, cron="0 3 * * *", tz="Europe/Berlin")
     run = CliRunner().invoke

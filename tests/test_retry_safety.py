@@ -8,7 +8,7 @@ from typing import Any
 import redis
 
 from scheduler import Queue
-from scheduler.ops import Script
+from scheduler.operations.ops import Script
 from tests.conftest import Clock, dump_queue
 
 

@@ -9,7 +9,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from scheduler.cli import main
+from scheduler.cli.main import main
 from tests.redis_server import RedisProcess, require_binary
 
 
@@ -52,7 +52,7 @@ def test_enqueue_warns_but_accepts_without_strict(volatile_url: str) -> None:
 def test_doctor_and_startup_share_one_judgement_of_unseen_snapshots() -> None:
     """With CONFIG refused, AOF off does not prove persistence off (RDB may be on): every user of
     health.check_server (doctor, worker, CLI) gets a warning, not an error."""
-    from scheduler.health import check_server
+    from scheduler.admin.health import check_server
 
     info = {"redis_version": "7.0.15", "aof_enabled": 0, "maxmemory_policy": "noeviction"}
     assert [(f.code, f.severity) for f in check_server(info, {})] == [

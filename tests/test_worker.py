@@ -14,7 +14,7 @@ import redis
 from click.testing import CliRunner
 
 from scheduler import Backoff, Queue
-from scheduler.cli import main
+from scheduler.cli.main import main
 from tests.workers.basic import LEDGER
 from tests.workers.procs import spawn_worker, stop_all, wait_for
 
@@ -36,7 +36,7 @@ def test_refuses_unimportable_registry(redis_url: str) -> None:
     assert "cannot import module 'no_such_module'" in res.output
     res = CliRunner().invoke(main, ["worker", "tests.workers.basic:LEDGER", "--url", redis_url])
     assert res.exit_code == 3
-    assert "not a scheduler.registry.Registry" in res.output
+    assert "not a scheduler.worker.registry.Registry" in res.output
 
 
 def test_refuses_unreachable_redis(tmp_path: Path) -> None:

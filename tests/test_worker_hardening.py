@@ -24,13 +24,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from scheduler import Queue
-from scheduler.backoff import Backoff
-from scheduler.execution import classify
-from scheduler.models import ClaimBatch, JobSpec
-from scheduler.ops import Commands, Script, ScriptPipeline
-from scheduler.registry import Registry
-from scheduler.scripts import Batch, Scripts, source
+from scheduler.core.backoff import Backoff
+from scheduler.core.models import ClaimBatch, JobSpec
+from scheduler.core.scripts import Batch, Scripts, source
+from scheduler.operations.ops import Commands, Script, ScriptPipeline
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
+from scheduler.worker.execution import classify
+from scheduler.worker.registry import Registry
 from tests.redis_server import RedisProcess, require_binary
 from tests.workers import hardening
 from tests.workers.hardening import LEDGER, Live, gate_key

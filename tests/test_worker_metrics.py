@@ -97,7 +97,7 @@ def test_metrics_match_the_jobs_that_ran(
 def test_demo_runs_and_tells_the_story() -> None:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     out = subprocess.run(
-        [sys.executable, "-c", "from scheduler.cli import main; main()", "demo"],
+        [sys.executable, "-c", "from scheduler.cli.main import main; main()", "demo"],
         cwd=ROOT, env=dict(env, COLUMNS="200"), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr

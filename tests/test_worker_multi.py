@@ -8,8 +8,8 @@ import redis
 from click.testing import CliRunner
 
 from scheduler import Queue
-from scheduler.cli import main
-from scheduler.keys import QueueKeys
+from scheduler.cli.main import main
+from scheduler.core.keys import QueueKeys
 from tests.workers.procs import spawn_worker, stop_all, wait_for
 
 

@@ -16,7 +16,7 @@ import redis.asyncio as aredis
 
 import scheduler
 from scheduler import JobSpec, Queue
-from scheduler.registry import JobContext, Registry
+from scheduler.worker.registry import JobContext, Registry
 
 registry = Registry()
 _R: aredis.Redis | None = None

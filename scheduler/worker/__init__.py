@@ -10,7 +10,7 @@ are bounded (`max_abandoned_threads`): at the cap the worker stops claiming unti
 a job whose earlier run is still alive in this process is held back until that run ends.
 
 Every background loop (claim, heartbeat, presence, reporter, wake-up) stops on a flag it checks,
-treats each Redis error as scheduler.execution.classify says (transient: log, count, back off;
+treats each Redis error as worker.execution.classify says (transient: log, count, back off;
 fatal: stop the worker with EXIT_REDIS_REFUSED), and a loop that dies of anything else stops
 the worker with EXIT_ERROR: never a silently dead task.
 

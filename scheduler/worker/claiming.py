@@ -8,10 +8,10 @@ import asyncio
 import contextlib
 import time
 
-from scheduler import codec
-from scheduler.execution import Backoff
-from scheduler.models import ClaimBatch
+from scheduler.core import codec
+from scheduler.core.models import ClaimBatch
 from scheduler.worker.dispatch import Dispatch
+from scheduler.worker.execution import Backoff
 from scheduler.worker.settings import (
     _MAX_IDLE_SLEEP_S,
     _WAKE_BLOCK_S,

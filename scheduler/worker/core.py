@@ -1,5 +1,5 @@
 """The state every part of the worker shares, and the error policy of its loops: a Redis
-error is classified (scheduler.execution.classify), transient ones are logged, counted and
+error is classified (scheduler.worker.execution.classify), transient ones are logged, counted and
 retried, anything else stops the worker."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Any
 import redis.asyncio as aredis
 from redis.exceptions import OutOfMemoryError, RedisError
 
-from scheduler import logs
-from scheduler.aio import AsyncQueue
-from scheduler.execution import Pipeline, Running, ThreadRunner, classify
-from scheduler.keys import QueueKeys
-from scheduler.metrics import WorkerMetrics
-from scheduler.ops import Ops, Settings
-from scheduler.registry import Registry
+from scheduler.client.aio import AsyncQueue
+from scheduler.core.keys import QueueKeys
+from scheduler.operations.ops import Ops, Settings
+from scheduler.worker import logs
+from scheduler.worker.execution import Pipeline, Running, ThreadRunner, classify
+from scheduler.worker.metrics import WorkerMetrics
+from scheduler.worker.registry import Registry
 from scheduler.worker.settings import (
     EXIT_OK,
     EXIT_REDIS_REFUSED,

@@ -11,14 +11,14 @@ import time
 import traceback
 from typing import Any
 
-from scheduler import codec
-from scheduler.errors import InvalidPayload, UnknownTask
-from scheduler.execution import Running
-from scheduler.models import ClaimedJob
-from scheduler.registry import JobContext
+from scheduler.core import codec
+from scheduler.core.errors import InvalidPayload, UnknownTask
+from scheduler.core.models import ClaimedJob
 from scheduler.worker.core import (
     WorkerCore,
 )
+from scheduler.worker.execution import Running
+from scheduler.worker.registry import JobContext
 from scheduler.worker.settings import (
     _LEASE_MARGIN_S,
 )

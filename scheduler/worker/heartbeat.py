@@ -11,9 +11,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from scheduler.execution import Running
-from scheduler.ops import Request, Script
+from scheduler.operations.ops import Request, Script
 from scheduler.worker.dispatch import Dispatch
+from scheduler.worker.execution import Running
 from scheduler.worker.reporting import Reporting
 from scheduler.worker.settings import (
     _LEASE_MARGIN_S,

@@ -10,15 +10,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from scheduler.errors import SchedulerError
-from scheduler.execution import Backoff, Running, classify
-from scheduler.models import FailOutcome
+from scheduler.core.errors import SchedulerError
+from scheduler.core.models import FailOutcome
 from scheduler.worker.core import (
     WorkerCore,
     _Deadline,
     _Fatal,
     _within,
 )
+from scheduler.worker.execution import Backoff, Running, classify
 from scheduler.worker.settings import (
     EXIT_REDIS_REFUSED,
 )

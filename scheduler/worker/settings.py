@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.errors import BadArgument
-from scheduler.keys import QueueKeys
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import QueueKeys
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # unexpected crash (also: a background loop died of a bug)

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from scheduler import JobSpec, Queue
-from scheduler.errors import NotDurable
+from scheduler.core.errors import NotDurable
 from tests.conftest import dump_queue
 from tests.faults.conftest import Server, retrying_client, wait_until
 

@@ -19,7 +19,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from scheduler import JobSpec, Queue, StaleToken
-from scheduler.cli import main
+from scheduler.cli.main import main
 from tests.faults.conftest import Server, Tls, free_port
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"

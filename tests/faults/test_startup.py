@@ -10,7 +10,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from scheduler.startup import UnsafeServer, check_or_warn, check_or_warn_async
+from scheduler.admin.startup import UnsafeServer, check_or_warn, check_or_warn_async
 from tests.faults.conftest import DURABLE, Server
 
 

@@ -19,7 +19,7 @@ import redis
 from redis.crc import key_slot
 
 from scheduler import AsyncQueue, BadArgument, Queue
-from scheduler.keys import QueueKeys
+from scheduler.core.keys import QueueKeys
 from tests.conftest import dump_queue
 from tests.faults.conftest import Server
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import redis
 
-from scheduler.backoff import Backoff
-from scheduler.registry import JobContext, Registry
+from scheduler.core.backoff import Backoff
+from scheduler.worker.registry import JobContext, Registry
 
 registry = Registry()
 _client: redis.Redis | None = None

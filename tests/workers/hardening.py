@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 import redis
 
-from scheduler.backoff import Backoff
-from scheduler.registry import JobContext, Registry
+from scheduler.core.backoff import Backoff
+from scheduler.worker.registry import JobContext, Registry
 
 registry = Registry()
 LEDGER = "test:hardening"

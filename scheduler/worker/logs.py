@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any
 
-from scheduler.safety import clean, redact, safe
+from scheduler.core.safety import clean, redact, safe
 
 LOGGER = "scheduler.worker"
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}

@@ -16,17 +16,17 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from scheduler.backoff import Backoff
-from scheduler.errors import BadArgument, InvalidPayload, SchedulerError, raise_for_status
-from scheduler.keys import check_job_id
-from scheduler.models import ClaimBatch, ClaimedJob, FailOutcome, Job, JobSpec, QueueCounts
+from scheduler.core.backoff import Backoff
+from scheduler.core.errors import BadArgument, InvalidPayload, SchedulerError, raise_for_status
+from scheduler.core.keys import check_job_id
+from scheduler.core.models import ClaimBatch, ClaimedJob, FailOutcome, Job, JobSpec, QueueCounts
 
 DEFAULT_BACKOFF = Backoff()
 MAX_PAYLOAD_BYTES = 512 * 1024
 IDEMPOTENCY_TTL_MS = 24 * 3_600_000
 RESULT_TTL_MS = 3_600_000
 _TASK_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,200}")
-_SCHEDULE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # as scheduler/recurring.py
+_SCHEDULE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # as scheduler/schedules/recurring.py
 
 # The valid range (inclusive) of every number that crosses the boundary, in this one place:
 # arguments are refused outside it (BadArgument naming the field and the range), and stored

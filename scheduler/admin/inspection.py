@@ -11,10 +11,10 @@ from typing import Any
 
 import redis
 
-from scheduler.codec import parse_job
-from scheduler.errors import BadArgument
-from scheduler.keys import ROOT, QueueKeys, check_queue_name
-from scheduler.models import Job
+from scheduler.core.codec import parse_job
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import ROOT, QueueKeys, check_queue_name
+from scheduler.core.models import Job
 
 STATS_KEEP_MINUTES = 120  # lua/lib/util.lua bump_stat keeps each minute 2 h
 WINDOWS_MIN = (1, 5, 60)

@@ -11,17 +11,18 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from scheduler import codec, recurring
-from scheduler.backoff import Backoff
-from scheduler.errors import (
+from scheduler.core import codec
+from scheduler.core.backoff import Backoff
+from scheduler.core.errors import (
     BadArgument,
     JobNotFound,
     NotDurable,
     SchedulerError,
     raise_for_status,
 )
-from scheduler.keys import QueueKeys, check_job_id
-from scheduler.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
+from scheduler.core.keys import QueueKeys, check_job_id
+from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
+from scheduler.schedules import recurring
 
 T = TypeVar("T")
 
@@ -293,7 +294,7 @@ class Ops:
             purged += int((yield Script("purge_dead", list(ids[i : i + batch_size]))))
         return purged
 
-    # -- recurring schedules (scheduler/recurring.py, lua/schedule_*.lua, lua/lib/rearm.lua) ---
+    # -- recurring schedules (scheduler/schedules/, lua/schedule_*.lua, lua/lib/rearm.lua) ---
     def schedule(
         self,
         name: str,

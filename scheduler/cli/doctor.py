@@ -1,4 +1,4 @@
-"""`scheduler doctor [--fix]`: the invariant checker's command line (see scheduler/doctor.py)."""
+"""`scheduler doctor [--fix]`: the invariant checker's command line (scheduler/admin/doctor.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 import click
 from rich.console import Console
 
-from scheduler import doctor as checks
-from scheduler.cli_common import (
+from scheduler.admin import doctor as checks
+from scheduler.cli.common import (
     EXIT_FINDINGS,
     AdminCommand,
     Duration,

@@ -1,5 +1,5 @@
 """Find the Lua files, expand `-- @include "lib/x.lua"` lines, and the one driver that runs the
-requests of sans-I/O operations (scheduler.ops) on a connection.
+requests of sans-I/O operations (scheduler.operations.ops) on a connection.
 
 The driver is written once, as a generator (`Scripts.drive`): it turns requests into wire
 commands, sends them as one pipeline, handles NOSCRIPT (after SCRIPT FLUSH or a restart) by
@@ -19,8 +19,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from scheduler.errors import translate
-from scheduler.ops import Commands, Request, Script, ScriptPipeline
+from scheduler.core.errors import translate
+from scheduler.operations.ops import Commands, Request, Script, ScriptPipeline
 
 TRANSITIONS = (
     "enqueue",
@@ -49,7 +49,7 @@ def lua_dir() -> Path:
     packaged = Path(str(resources.files("scheduler"))) / "lua"
     if (packaged / "claim.lua").is_file():
         return packaged
-    repo = Path(__file__).resolve().parent.parent / "lua"
+    repo = Path(__file__).resolve().parents[2] / "lua"
     if (repo / "claim.lua").is_file():
         return repo
     raise FileNotFoundError("the Lua scripts are missing (neither packaged nor in ./lua)")
@@ -122,7 +122,7 @@ class Scripts:
 
     def drive(self, items: Sequence[tuple[Sequence[str], Request]]) -> Drive:
         """items: (script KEYS, request). Returns, per request, its reply or the error its
-        reply carried (a script's `CODE detail` translated by scheduler.errors.translate).
+        reply carried (a script's `CODE detail` translated by scheduler.core.errors.translate).
         Connection errors are the I/O's: they propagate from run_sync / run_async."""
         cmds: list[Wire] = []
         spans: list[tuple[int, int, bool]] = []  # (first, end, is a list reply)

@@ -11,11 +11,11 @@ from datetime import UTC, datetime
 
 import click
 
-from scheduler.cli_common import EXIT_CODES_HELP, AdminGroup, connect, queue_option, url_option
-from scheduler.errors import BadArgument
-from scheduler.queue import Queue
-from scheduler.recurring import Schedule
-from scheduler.safety import clean, visible_bytes
+from scheduler.cli.common import EXIT_CODES_HELP, AdminGroup, connect, queue_option, url_option
+from scheduler.client.queue import Queue
+from scheduler.core.errors import BadArgument
+from scheduler.core.safety import clean, visible_bytes
+from scheduler.schedules.recurring import Schedule
 
 
 def _queue(url: str, name: str) -> Queue:

@@ -8,12 +8,12 @@ from typing import Any, TypeVar
 
 import redis
 
-from scheduler.backoff import Backoff
-from scheduler.keys import QueueKeys
-from scheduler.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
-from scheduler.ops import Op, Ops, Request, Settings
-from scheduler.recurring import Schedule
-from scheduler.scripts import Scripts, run_sync
+from scheduler.core.backoff import Backoff
+from scheduler.core.keys import QueueKeys
+from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
+from scheduler.core.scripts import Scripts, run_sync
+from scheduler.operations.ops import Op, Ops, Request, Settings
+from scheduler.schedules.recurring import Schedule
 
 T = TypeVar("T")
 
@@ -67,7 +67,7 @@ class Queue:
             return done.value  # type: ignore[no-any-return]
 
     def _execute(self, req: Request) -> Any:
-        # The one driver (scheduler.scripts): NOSCRIPT reload-and-resend, error translation.
+        # The one driver (scheduler.core.scripts): NOSCRIPT reload-and-resend, error translation.
         (reply,) = run_sync(self.client, self._scripts.drive([(self._script_keys, req)]))
         if isinstance(reply, BaseException):
             raise reply
@@ -179,7 +179,7 @@ class Queue:
     def purge_dead(self, ids: Sequence[str]) -> int:
         return self._run(self.ops.purge_dead(ids))
 
-    # Recurring schedules (scheduler/recurring.py) ----------------------------------------------
+    # Recurring schedules (scheduler/schedules/recurring.py) ---------------------------------
     def schedule(
         self,
         name: str,

@@ -16,11 +16,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from scheduler.errors import BadArgument, JobNotFound, SchedulerError
-from scheduler.inspection import discover_queues, queue_exists, server_now_ms
-from scheduler.keys import QueueKeys, check_queue_name
-from scheduler.safety import clean, redact, safe, visible_bytes
-from scheduler.startup import OPERATOR_ROLE_HINT, is_permission_error, permission_message
+from scheduler.admin.inspection import discover_queues, queue_exists, server_now_ms
+from scheduler.admin.startup import OPERATOR_ROLE_HINT, is_permission_error, permission_message
+from scheduler.core.errors import BadArgument, JobNotFound, SchedulerError
+from scheduler.core.keys import QueueKeys, check_queue_name
+from scheduler.core.safety import clean, redact, safe, visible_bytes
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_FORBIDDEN = 0, 1, 2, 3, 5

@@ -8,7 +8,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from scheduler.backoff import Backoff
+from scheduler.core.backoff import Backoff
 
 
 class JobState(StrEnum):
@@ -111,7 +111,7 @@ class Job:
 
     def _int(self, name: str) -> int | None:
         # The one strict reader (codec imports this module, hence the late import).
-        from scheduler.codec import stored_int
+        from scheduler.core.codec import stored_int
 
         return stored_int(self.fields.get(name))
 

@@ -9,10 +9,10 @@ from typing import Any
 
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
-from scheduler.errors import SchedulerError
-from scheduler.health import Finding, check_server, read_server, read_server_async
-from scheduler.keys import QueueKeys
-from scheduler.safety import safe
+from scheduler.admin.health import Finding, check_server, read_server, read_server_async
+from scheduler.core.errors import SchedulerError
+from scheduler.core.keys import QueueKeys
+from scheduler.core.safety import safe
 
 APP_ROLE_HINT = "connect as a user with the app role of docs/security.md"
 OPERATOR_ROLE_HINT = "connect as a user with the operator role of docs/security.md"

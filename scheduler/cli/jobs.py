@@ -10,7 +10,9 @@ import click
 import redis
 from rich.table import Table
 
-from scheduler.cli_common import (
+from scheduler.admin.inspection import server_now_ms
+from scheduler.admin.startup import check_or_warn
+from scheduler.cli.common import (
     EXIT_CODES_HELP,
     AdminCommand,
     AdminGroup,
@@ -30,14 +32,12 @@ from scheduler.cli_common import (
     require_queue,
     url_option,
 )
-from scheduler.codec import stored_int
-from scheduler.errors import BadArgument
-from scheduler.inspection import server_now_ms
-from scheduler.keys import check_job_id
-from scheduler.models import Job
-from scheduler.queue import Queue
-from scheduler.safety import safe
-from scheduler.startup import check_or_warn
+from scheduler.client.queue import Queue
+from scheduler.core.codec import stored_int
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import check_job_id
+from scheduler.core.models import Job
+from scheduler.core.safety import safe
 
 _STATES = ("due", "scheduled", "leased", "dead")
 _TASK_SCAN_MAX = 50_000  # ids examined per `jobs list --task` call at most (bounded work)
@@ -59,7 +59,7 @@ def register(main: click.Group) -> None:
 
 
 def _int(v: str | None) -> int | None:
-    return stored_int(v)  # the one strict reader of stored numbers (scheduler/codec.py)
+    return stored_int(v)  # the one strict reader of stored numbers (scheduler/core/codec.py)
 
 
 def job_json(job: Job, now_ms: int) -> dict[str, Any]:

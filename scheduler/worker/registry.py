@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.backoff import Backoff
-from scheduler.errors import BadArgument, JobCancelled, LeaseLost, UnknownTask
-from scheduler.models import JobSpec
+from scheduler.core.backoff import Backoff
+from scheduler.core.errors import BadArgument, JobCancelled, LeaseLost, UnknownTask
+from scheduler.core.models import JobSpec
 
 Handler = Callable[[Any, "JobContext"], Any]
 

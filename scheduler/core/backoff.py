@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scheduler.errors import BadArgument
+from scheduler.core.errors import BadArgument
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from scheduler.backoff import Backoff
-from scheduler.embedded import NoServerBinary, PrivateRedis
-from scheduler.queue import Queue
-from scheduler.registry import JobContext, Registry
-from scheduler.safety import clean
+from scheduler.cli.embedded import NoServerBinary, PrivateRedis
+from scheduler.client.queue import Queue
+from scheduler.core.backoff import Backoff
+from scheduler.core.safety import clean
+from scheduler.worker.registry import JobContext, Registry
 
 QUEUE = "demo"
 LEDGER = "demo:ledger"
@@ -64,8 +64,8 @@ def crashy(payload: Any, ctx: JobContext) -> str:
 
 def _spawn(url: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, SCHEDULER_DEMO_URL=url, REDIS_URL=url)
-    cmd = [sys.executable, "-c", "from scheduler.cli import main; main()", "worker",
-           "scheduler.demo:registry", "--url", url, "--queue", QUEUE, "--concurrency", "4",
+    cmd = [sys.executable, "-c", "from scheduler.cli.main import main; main()", "worker",
+           "scheduler.cli.demo:registry", "--url", url, "--queue", QUEUE, "--concurrency", "4",
            "--lease-ms", str(LEASE_MS), "--heartbeat-ms", str(HEARTBEAT_MS), "--grace", "2",
            "--log-level", "WARNING"]  # fmt: skip
     return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -1,4 +1,4 @@
-"""The asyncio twin of Queue: the same operations (scheduler.ops), driven with awaits."""
+"""The asyncio twin of Queue: the same operations (scheduler.operations.ops), driven with awaits."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 
-from scheduler.backoff import Backoff
-from scheduler.keys import QueueKeys
-from scheduler.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
-from scheduler.ops import Op, Ops, Request, Settings
-from scheduler.recurring import Schedule
-from scheduler.scripts import Scripts, run_async
+from scheduler.core.backoff import Backoff
+from scheduler.core.keys import QueueKeys
+from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
+from scheduler.core.scripts import Scripts, run_async
+from scheduler.operations.ops import Op, Ops, Request, Settings
+from scheduler.schedules.recurring import Schedule
 
 T = TypeVar("T")
 
@@ -64,7 +64,7 @@ class AsyncQueue:
             return done.value  # type: ignore[no-any-return]
 
     async def _execute(self, req: Request) -> Any:
-        # The one driver (scheduler.scripts): NOSCRIPT reload-and-resend, error translation.
+        # The one driver (scheduler.core.scripts): NOSCRIPT reload-and-resend, error translation.
         (reply,) = await run_async(self.client, self._scripts.drive([(self._script_keys, req)]))
         if isinstance(reply, BaseException):
             raise reply
@@ -157,7 +157,7 @@ class AsyncQueue:
     async def purge_dead(self, ids: Sequence[str]) -> int:
         return await self._run(self.ops.purge_dead(ids))
 
-    # Recurring schedules (scheduler/recurring.py) ----------------------------------------------
+    # Recurring schedules (scheduler/schedules/recurring.py) ---------------------------------
     async def schedule(
         self,
         name: str,

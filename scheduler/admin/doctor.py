@@ -27,10 +27,10 @@ from typing import Any
 import redis
 from redis.exceptions import ResponseError, WatchError
 
-from scheduler import health
-from scheduler.codec import RESULT_TTL_MS, stored_int, stored_int_in
-from scheduler.inspection import iter_chunks, live_workers, server_now_ms
-from scheduler.keys import QueueKeys
+from scheduler.admin import health
+from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
+from scheduler.core.codec import RESULT_TTL_MS, stored_int, stored_int_in
+from scheduler.core.keys import QueueKeys
 
 DEFAULT_STALE_LEASE_MS = 5 * 60_000
 _PAGE = 500
@@ -482,6 +482,6 @@ def repair_queue(
 
 
 def check_server_settings(client: redis.Redis) -> list[Issue]:
-    """The server settings that break the product's promises (see scheduler.health)."""
+    """The server settings that break the product's promises (see scheduler.admin.health)."""
     info, config = health.read_server(client)
     return [Issue(f.code, f.severity, f.message, f.fix) for f in health.check_server(info, config)]

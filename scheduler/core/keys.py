@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from scheduler.errors import BadArgument
+from scheduler.core.errors import BadArgument
 
 ROOT = "sched"
 # No braces, colons or spaces: user input can never end the hash tag or the prefix early.

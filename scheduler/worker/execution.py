@@ -25,10 +25,10 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scheduler.models import ClaimedJob
-from scheduler.ops import Op, Request, Script
-from scheduler.registry import JobContext, TaskSpec
-from scheduler.scripts import Scripts, run_async
+from scheduler.core.models import ClaimedJob
+from scheduler.core.scripts import Scripts, run_async
+from scheduler.operations.ops import Op, Request, Script
+from scheduler.worker.registry import JobContext, TaskSpec
 
 # Errors after which a call is retried later (the worker carries on; nothing is lost).
 TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -134,7 +134,7 @@ class ThreadRunner:
 
 class Pipeline:
     """Send single-request operations of several queues in one round trip, through the one
-    driver (scheduler.scripts.Scripts.drive: NOSCRIPT is reloaded and re-sent there)."""
+    driver (scheduler.core.scripts.Scripts.drive: NOSCRIPT is reloaded and re-sent there)."""
 
     def __init__(self, client: aredis.Redis, clock: str = "server") -> None:
         self.client = client

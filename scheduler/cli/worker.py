@@ -14,12 +14,7 @@ import click
 import redis.asyncio as aredis
 from redis.exceptions import RedisError
 
-from scheduler import logs
-from scheduler.execution import TRANSIENT
-from scheduler.keys import check_job_id
-from scheduler.registry import Registry
-from scheduler.safety import redact, safe
-from scheduler.startup import (
+from scheduler.admin.startup import (
     APP_ROLE_HINT,
     AccessDenied,
     UnsafeServer,
@@ -28,6 +23,8 @@ from scheduler.startup import (
     is_permission_error,
     permission_message,
 )
+from scheduler.core.keys import check_job_id
+from scheduler.core.safety import redact, safe
 from scheduler.worker import (
     EXIT_ERROR,
     EXIT_IMPORT,
@@ -36,7 +33,10 @@ from scheduler.worker import (
     SettingsError,
     Worker,
     WorkerSettings,
+    logs,
 )
+from scheduler.worker.execution import TRANSIENT
+from scheduler.worker.registry import Registry
 
 DEFAULT_URL = "redis://localhost:6379/0"
 EXIT_FORBIDDEN = 5  # the Redis user lacks a permission: the CLI's code for the same refusal
@@ -64,7 +64,7 @@ def load_registry(target: str) -> Registry:
     if not isinstance(obj, Registry):
         raise RegistryImportError(
             f"{target!r} is {type(obj).__name__ if obj is not None else 'missing'}, "
-            "not a scheduler.registry.Registry"
+            "not a scheduler.worker.registry.Registry"
         )
     return obj
 
@@ -199,7 +199,7 @@ def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: in
                heartbeat_ms: int, batch_size: int, grace_s: float, log_level: str,
                json_logs: bool, metrics_port: int | None, strict: bool,
                worker_id: str | None) -> None:  # fmt: skip
-    """Run handlers from REGISTRY (module:attribute, a scheduler.registry.Registry).
+    """Run handlers from REGISTRY (module:attribute, a scheduler.worker.registry.Registry).
 
     Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 1 crashed, 2 unsafe or invalid settings
     (with --strict, also unsafe Redis settings), 3 registry not importable, 4 Redis unreachable
@@ -246,7 +246,7 @@ def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: in
 )
 def demo_cmd(url: str | None) -> None:
     """Watch the scheduler at work in ~15 s: on-time, delayed, failing and crashing jobs."""
-    from scheduler.demo import run_demo
+    from scheduler.cli.demo import run_demo
 
     try:
         code = run_demo(url)

@@ -9,7 +9,8 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from scheduler.cli_common import (
+from scheduler.admin.inspection import get_jobs, iter_chunks, server_now_ms
+from scheduler.cli.common import (
     EXIT_CODES_HELP,
     AdminGroup,
     Duration,
@@ -25,11 +26,10 @@ from scheduler.cli_common import (
     require_queue,
     url_option,
 )
-from scheduler.cli_jobs import job_json
-from scheduler.errors import BadArgument
-from scheduler.inspection import get_jobs, iter_chunks, server_now_ms
-from scheduler.keys import check_job_id
-from scheduler.queue import Queue
+from scheduler.cli.jobs import job_json
+from scheduler.client.queue import Queue
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import check_job_id
 
 _BATCH = 100  # ids per script call in bulk operations (one progress step each)
 

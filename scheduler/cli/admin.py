@@ -14,8 +14,18 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from scheduler import cli_dead, cli_doctor, cli_jobs
-from scheduler.cli_common import (
+from scheduler.admin.inspection import (
+    WINDOWS_MIN,
+    discover_queues,
+    fixed_keys,
+    key_families,
+    live_workers,
+    queue_exists,
+    server_now_ms,
+    window_counts,
+)
+from scheduler.cli import dead, doctor, jobs
+from scheduler.cli.common import (
     EXIT_CODES_HELP,
     AdminCommand,
     cell,
@@ -31,18 +41,8 @@ from scheduler.cli_common import (
     resolve_queues,
     url_option,
 )
-from scheduler.inspection import (
-    WINDOWS_MIN,
-    discover_queues,
-    fixed_keys,
-    key_families,
-    live_workers,
-    queue_exists,
-    server_now_ms,
-    window_counts,
-)
-from scheduler.keys import QueueKeys
-from scheduler.queue import Queue
+from scheduler.client.queue import Queue
+from scheduler.core.keys import QueueKeys
 
 _REDISCOVER_EVERY = 15  # refreshes between SCANs for new queues in `stats --watch`
 
@@ -50,9 +50,9 @@ _REDISCOVER_EVERY = 15  # refreshes between SCANs for new queues in `stats --wat
 def register(main: click.Group) -> None:
     for command in (stats, workers, keys_command):
         main.add_command(command)
-    cli_jobs.register(main)
-    cli_dead.register(main)
-    cli_doctor.register(main)
+    jobs.register(main)
+    dead.register(main)
+    doctor.register(main)
     if EXIT_CODES_HELP not in (main.epilog or ""):
         main.epilog = f"{main.epilog}\n\n{EXIT_CODES_HELP}" if main.epilog else EXIT_CODES_HELP
 

@@ -42,9 +42,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from croniter.croniter import CroniterBadCronError
 
-from scheduler import codec
-from scheduler.backoff import Backoff
-from scheduler.errors import BadArgument
+from scheduler.core import codec
+from scheduler.core.backoff import Backoff
+from scheduler.core.errors import BadArgument
 
 BUFFER_SLOTS = 64  # cron slots stored ahead; lua/lib/rearm.lua asks for more below 16
 MAX_CATCH_UP = 1_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from scheduler import cli_admin, cli_schedules, cli_worker
+from scheduler.cli import admin, schedules, worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -13,6 +13,6 @@ def main() -> None:
     """Redis-backed job scheduler: run workers, inspect and repair queues."""
 
 
-cli_worker.register(main)
-cli_admin.register(main)
-cli_schedules.register(main)
+worker.register(main)
+admin.register(main)
+schedules.register(main)

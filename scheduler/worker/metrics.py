@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from scheduler.models import QueueCounts
+from scheduler.core.models import QueueCounts
 
 OUTCOMES = ("complete", "retry", "dead", "stale", "lease_lost", "timeout", "cancelled", "released")
 # Lateness and run time span a few ms (on-time claims) to minutes (slow handlers).

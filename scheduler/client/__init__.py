@@ -1,0 +1,1 @@
+"""Clients: `Queue` (sync) and `AsyncQueue` (asyncio), thin drivers of the operations."""

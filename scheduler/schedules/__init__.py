@@ -1,0 +1,1 @@
+"""Recurring schedules: cron slots, intervals, misfire and jitter (used by the operations)."""
