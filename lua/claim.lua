@@ -138,8 +138,7 @@ for i = 1, #lapsed, 2 do
       dead_letter(prefix, id, 'lease expired', now)
       parked = parked + 1
     else
-      redis.call('ZREM', leased, id)
-      redis.call('ZADD', due, until_ms, id)
+      to_due(prefix, id, until_ms)
       redis.call('HSET', jk, 'state', 'due')
       redis.call('HDEL', jk, 'worker')
     end

@@ -1,17 +1,18 @@
 --[[ counts: how many jobs are in each place, by server time (read only).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): stats:<minute>
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>
   Returns: {now_ms, due_now, scheduled_later, leased, dead, oldest_due_run_at_ms or -1,
     leases_lapsed} ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
+-- @include "lib/job.lua"
 
-local due, leased, dead = KEYS[2], KEYS[3], KEYS[4]
+local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms()
 local due_now = redis.call('ZCOUNT', due, '-inf', now)
 local total = redis.call('ZCARD', due)
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 -- Clamped: a hand-written score (inf) must not reach the reply as text a client cannot parse.
 local oldest = head[2] and math.max(math.min(math.floor(tonumber(head[2])), LIM.time_ms), 0) or -1
-return { fmt(now), due_now, total - due_now, redis.call('ZCARD', leased), redis.call('LLEN', dead),
+return { fmt(now), due_now, total - due_now, redis.call('ZCARD', leased), dead_size(prefix),
   fmt(oldest), redis.call('ZCOUNT', leased, '-inf', now) }

@@ -63,8 +63,7 @@ if delay == nil then
   delay = math.floor(delay * (1 - jitter * u))
 end
 local run_at = now + delay
-redis.call('ZREM', leased, id)
-redis.call('ZADD', due, run_at, id)
+to_due(prefix, id, run_at)
 redis.call('HSET', jk, 'state', 'due', 'run_at_ms', fmt(run_at))
 settle(jk, token, 'retry:' .. fmt(run_at))
 bump_stat(prefix, now, 'fail', 1)

@@ -9,7 +9,7 @@
 -- @include "lib/job.lua"
 -- @include "lib/rearm.lua"
 
-local prefix, dead = KEYS[1], KEYS[4]
+local prefix = KEYS[1]
 local purged = 0
 local now = nil
 for _, id in ipairs(ARGV) do
@@ -17,8 +17,8 @@ for _, id in ipairs(ARGV) do
   -- pcall: claim parks a key that is not a hash by its id alone; purging drops the id only.
   local state = redis.pcall('HGET', jk, 'state')
   if type(state) == 'table' and state.err then
-    if redis.call('LREM', dead, 0, id) > 0 then purged = purged + 1 end
-  elseif state == 'dead' and redis.call('LREM', dead, 0, id) > 0 then
+    if dead_unlist(prefix, id) > 0 then purged = purged + 1 end
+  elseif state == 'dead' and dead_unlist(prefix, id) > 0 then
     local schedule = redis.call('HGET', jk, 'schedule')
     redis.call('DEL', jk)
     if schedule_name_ok(schedule) then

@@ -10,7 +10,7 @@
 -- @include "lib/job.lua"
 -- @include "lib/lease.lua"
 
-local prefix, due, leased, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
+local prefix, wake_key = KEYS[1], KEYS[5]
 if #ARGV % 2 ~= 0 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 local now = now_ms()
 local out, released = {}, 0
@@ -22,8 +22,7 @@ for i = 1, #ARGV, 2 do
   elseif status == 'held' then
     local jk = job_key(prefix, id)
     local attempts = parse_int(redis.call('HGET', jk, 'attempts'), 0, LIM.attempts) or 1
-    redis.call('ZREM', leased, id)
-    redis.call('ZADD', due, now, id)
+    to_due(prefix, id, now)
     redis.call('HSET', jk, 'state', 'due', 'attempts', fmt(math.max(attempts - 1, 0)))
     redis.call('HDEL', jk, 'worker')
     settle(jk, token, 'released')

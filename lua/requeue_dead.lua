@@ -8,14 +8,14 @@
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 
-local prefix, due, dead, wake_key = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
+local prefix, wake_key = KEYS[1], KEYS[5]
 local now = now_ms()
 local moved = 0
 for _, id in ipairs(ARGV) do
   local jk = job_key(prefix, id)
   -- pcall: an id claim parked because its key is not a hash stays parked (nothing to run).
-  if redis.pcall('HGET', jk, 'state') == 'dead' and redis.call('LREM', dead, 0, id) > 0 then
-    redis.call('ZADD', due, now, id)
+  if redis.pcall('HGET', jk, 'state') == 'dead' and dead_unlist(prefix, id) > 0 then
+    to_due(prefix, id, now)
     redis.call('HSET', jk, 'state', 'due', 'attempts', 0, 'run_at_ms', fmt(now))
     redis.call('HDEL', jk, 'dead_reason', 'dead_ms')
     moved = moved + 1

@@ -16,6 +16,22 @@ local function dead_letter(prefix, id, reason, now)
   redis.call('LPUSH', prefix .. 'dead', id)
 end
 
+-- Take an id off the dead list; the number of entries removed (0: it was not there). The one
+-- place (with dead_letter, dead_letter_id, dead_size) that knows the dead key's type.
+local function dead_unlist(prefix, id)
+  return redis.call('LREM', prefix .. 'dead', 0, id)
+end
+
+local function dead_size(prefix)
+  return redis.call('LLEN', prefix .. 'dead')
+end
+
+-- Out of leased (if there), into due at run_at: retry, release, a reaped lease, a requeue.
+local function to_due(prefix, id, run_at)
+  redis.call('ZREM', prefix .. 'leased', id)
+  redis.call('ZADD', prefix .. 'due', run_at, id)
+end
+
 -- Park an id whose key is not a hash (it cannot take the dead fields): out of due and leased,
 -- onto the dead list by id alone (doctor reports it).
 local function dead_letter_id(prefix, id)
