@@ -73,3 +73,15 @@ def test_claim_packs_jobs_through_lib() -> None:
     code = _code((lua_dir() / "claim.lua").read_text())
     assert code.count("pack_job(") == 2
     assert "out[b + 10]" not in code
+
+
+def test_only_lib_reads_or_writes_the_dead_key() -> None:
+    """The dead key's type is known in lib/job.lua alone (dead_letter, dead_unlist, dead_size)."""
+    pat = re.compile(r"'(LREM|LLEN|LPUSH|LRANGE|LPOS)'\s*,\s*(dead|prefix \.\. 'dead')")
+    offenders = [
+        p.name for p in sorted(Path(lua_dir()).glob("*.lua")) if pat.search(_code(p.read_text()))
+    ]
+    assert offenders == []
+    assert pat.search("redis.call('LREM', dead, 0, id)")
+    job_lib = _code((lua_dir() / "lib" / "job.lua").read_text())
+    assert pat.search(job_lib)
