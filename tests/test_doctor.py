@@ -169,6 +169,25 @@ def test_attempts_used_up_by_a_lapsed_lease_go_dead_like_the_reaper(
     assert (got.state, got.dead_reason) == ("dead", "lease expired")
 
 
+def test_repair_parks_through_the_lua_move_as_a_claim_does(q: Queue, client: redis.Redis) -> None:
+    """doctor --fix runs lib/job.lua's dead_letter (lua/repair.lua), not a Python copy of it."""
+    a, b = (q.enqueue("t", i, max_attempts=1) for i in (1, 2))
+    assert {j.id for j in q.claim("w", limit=2).jobs} == {a, b}
+    now = server_now_ms(client)
+    client.zadd(q.keys.leased, {a: now - HOUR_MS, b: now - 1_000})  # only a is stale for doctor
+    (issue,) = check_queue(client, q.name)
+    assert issue.code == "lease-expired" and [c[0] for c in issue.repair] == ["EVAL"]
+    assert "lua/repair.lua" in issue.redis_cli()[0]
+    assert [i.code for i in repair_queue(client, q.name).fixed] == ["lease-expired"]
+    q.claim("w2", limit=0)  # the reaper parks b
+    fa, fb = (client.hgetall(q.keys.job(j)) for j in (a, b))
+    assert fa.keys() == fb.keys()
+    same = ("state", "dead_reason", "attempts", "max_attempts", "task", "worker")
+    assert [fa[f] for f in same] == [fb[f] for f in same]
+    assert fa["state"] == "dead"
+    assert set(client.lrange(q.keys.dead, 0, -1)) == {a, b}
+
+
 def test_records_and_duplicates(q: Queue, client: redis.Redis) -> None:
     done_id = q.enqueue("t", 1)
     (job,) = q.claim("w", limit=1).jobs

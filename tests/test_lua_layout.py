@@ -56,7 +56,7 @@ def test_the_checker_sees_a_job_key_outside_lib() -> None:
     assert not re.search(r"['\"]job:['\"]", _code("-- prefix .. 'job:' .. id"))
 
 
-@pytest.mark.parametrize("name", TRANSITIONS)
+@pytest.mark.parametrize("name", sorted({*TRANSITIONS, *(p.stem for p in lua_dir().glob("*.lua"))}))
 def test_header_lists_the_keys_the_code_touches(name: str) -> None:
     header = _header(name)
     for i in range(1, 6):

@@ -29,6 +29,7 @@ from redis.exceptions import ResponseError, WatchError
 
 from scheduler.admin import health
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
+from scheduler.core import scripts
 from scheduler.core.codec import RESULT_TTL_MS, stored_int, stored_int_in
 from scheduler.core.keys import QueueKeys
 
@@ -56,7 +57,7 @@ class Issue:
     repair: tuple[Command, ...] = ()
 
     def redis_cli(self) -> list[str]:
-        return ["redis-cli " + " ".join(shlex.quote(a) for a in cmd) for cmd in self.repair]
+        return [_by_hand(cmd) for cmd in self.repair]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,7 +94,15 @@ class Context:
     record_ttl_ms: int = RESULT_TTL_MS
 
 
-# -- repair plans (mirroring what the Lua transitions write) ----------------------------------
+def _by_hand(cmd: Command) -> str:
+    if cmd[0] == "EVAL":  # a lib move (lua/repair.lua): the expanded script is not for a terminal
+        nkeys = int(cmd[2])
+        args = " ".join(shlex.quote(a) for a in cmd[3 + nkeys :])
+        return f"scheduler doctor --fix   # runs lua/repair.lua on {shlex.quote(cmd[3])}: {args}"
+    return "redis-cli " + " ".join(shlex.quote(a) for a in cmd)
+
+
+# -- repair plans (what the transitions write; a job move runs lua/repair.lua) -------------
 def _remove_from(k: QueueKeys, job_id: str, places: Iterable[str]) -> list[Command]:
     cmds: list[Command] = []
     for p in places:
@@ -113,12 +122,10 @@ def _to_due(k: QueueKeys, job_id: str, run_at_ms: int) -> list[Command]:
 
 
 def _dead_letter(k: QueueKeys, job_id: str, reason: str, now_ms: int) -> list[Command]:
-    jk = k.job(job_id)
-    return [
-        ("ZREM", k.due, job_id), ("ZREM", k.leased, job_id),
-        ("HSET", jk, "state", "dead", "dead_reason", reason, "dead_ms", str(now_ms)),
-        ("LPUSH", k.dead, job_id),
-    ]  # fmt: skip
+    # lua/repair.lua runs lib/job.lua's dead_letter: the move claim and fail make, not a copy.
+    keys = k.script_keys()
+    return [("EVAL", scripts.source("repair"), str(len(keys)), *keys,
+             "dead", job_id, reason, str(now_ms))]  # fmt: skip
 
 
 def _int(v: str | None) -> int | None:

@@ -39,6 +39,7 @@ TRANSITIONS = (
     "schedule_remove",
     "schedule_refill",
     "worker_beat",
+    "repair",  # doctor --fix's entry to lib/job.lua's moves (lua/repair.lua)
 )
 _INCLUDE = re.compile(r'^-- @include "([^"]+)"\s*$', re.MULTILINE)
 
