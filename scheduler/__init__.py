@@ -8,7 +8,7 @@ from scheduler.core.errors import (
     InvalidPayload,
     JobCancelled,
     JobNotFound,
-    LeaseLost,
+    LeaseExpired,
     SchedulerError,
     StaleToken,
 )
@@ -25,7 +25,7 @@ __all__ = [
     "JobNotFound",
     "JobSpec",
     "JobState",
-    "LeaseLost",
+    "LeaseExpired",
     "Queue",
     "QueueCounts",
     "SchedulerError",

@@ -64,7 +64,7 @@ def test_stats_json_matches_the_queue(cli: Run, q: Queue, busy: dict[str, str]) 
     # A test may straddle a minute boundary: the 5 and 60 minute windows hold both minutes.
     for window in ("5m", "60m"):
         counts = row["windows"][window]
-        assert (counts["claim"], counts["complete"], counts["fail"], counts["dead"]) == (3, 1, 1, 1)
+        assert (counts["claim"], counts["done"], counts["fail"], counts["dead"]) == (3, 1, 1, 1)
 
 
 def test_stats_discovers_queues_and_renders_a_table(

@@ -125,7 +125,7 @@ def test_lease_race_stale_worker_is_refused(
         wait_for(lambda: len(ledger(client, q)) == 2, what="B claimed")
         os.kill(a.pid, signal.SIGCONT)
         wait_for(lambda: q.status(job) == "done", what="done")
-        wait_for(lambda: any("lease lost" in e[3] or "refused" in e[3]
+        wait_for(lambda: any("expired" in e[3] or "refused" in e[3]
                              for e in ledger(client, q) if e[2].startswith("1-")) or
                  "refused" in (tmp_path / "a.log").read_text(), what="A told")  # fmt: skip
     finally:

@@ -76,7 +76,7 @@ def test_metrics_match_the_jobs_that_ran(
 
     # The depth gauges come from the heartbeat's counts call: wait for one after the last job.
     wait_for(depth_seen, what="depth gauges")
-    assert v("scheduler_jobs_total", queue=qn, task="echo", outcome="complete") == 5
+    assert v("scheduler_jobs_total", queue=qn, task="echo", outcome="done") == 5
     assert v("scheduler_jobs_total", queue=qn, task="boom", outcome="retry") == 2
     assert v("scheduler_jobs_total", queue=qn, task="boom", outcome="dead") == 2
     assert v("scheduler_job_lateness_seconds_count", queue=qn, task="echo") == 5

@@ -15,13 +15,10 @@ from scheduler.core.codec import parse_job
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import ROOT, QueueKeys, check_queue_name
 from scheduler.core.models import Job
+from scheduler.core.vocabulary import STAT_FIELDS, stat_field
 
 STATS_KEEP_MINUTES = 120  # lua/lib/util.lua bump_stat keeps each minute 2 h
 WINDOWS_MIN = (1, 5, 60)
-STAT_FIELDS = (
-    "claim", "complete", "fail", "retry", "dead", "lease_expired", "release", "cancel",
-    "requeue_dead",
-)  # fmt: skip
 _SCAN_COUNT = 1000
 _QUEUE_IN_KEY = re.compile(r"^" + ROOT + r":\{([^}]*)\}:")
 
@@ -79,7 +76,8 @@ def window_counts(
         for bucket in buckets[:n]:
             for name, value in bucket.items():
                 try:
-                    totals[str(name)] = totals.get(str(name), 0) + int(value)
+                    field = stat_field(str(name))  # a bucket from before the rename counts too
+                    totals[field] = totals.get(field, 0) + int(value)
                 except ValueError:
                     continue
         out[f"{n}m"] = totals

@@ -87,7 +87,7 @@ def _stats_table(rows: list[dict[str, Any]]) -> Table:
         leased = f"{r['leased']}" + (f" ({r['lapsed']} lapsed)" if r["lapsed"] else "")
         t.add_row(
             cell(r["queue"]), str(r["due_now"]), str(r["scheduled"]), leased, str(r["dead"]),
-            fmt_ms(r["overdue_ms"]) if r["overdue_ms"] else "-", per_window(r, "complete"),
+            fmt_ms(r["overdue_ms"]) if r["overdue_ms"] else "-", per_window(r, "done"),
             per_window(r, "fail"), per_window(r, "dead"),
         )  # fmt: skip
     if not rows:

@@ -37,7 +37,7 @@ class StaleToken(LeaseRefused):
     """Another claim holds the job now: this worker's result is refused."""
 
 
-class LeaseLost(LeaseRefused):
+class LeaseExpired(LeaseRefused):
     """The lease lapsed before the call; the job may be running elsewhere."""
 
 
@@ -68,7 +68,7 @@ def raise_for_status(status: str, job_id: str, token: str) -> None:
     if status == "stale":
         raise StaleToken(job_id, token, "stale token: another claim holds this job")
     if status == "expired":
-        raise LeaseLost(job_id, token, "lease expired")
+        raise LeaseExpired(job_id, token, "lease expired")
     if status == "cancelled":
         raise JobCancelled(job_id, token, "job was cancelled")
     if status == "missing":

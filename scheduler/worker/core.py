@@ -96,7 +96,7 @@ class WorkerCore:
         # (complete and fail are idempotent per token).
         self._sending: tuple[list[tuple[Running, Any]], list[Any]] = ([], [])
         self._report_gen = 0
-        # Sync runs stopped (timeout, lease lost, ...) whose thread is still running, and jobs
+        # Sync runs stopped (timeout, lease expired, ...) whose thread is still running, and jobs
         # claimed again while such a run of theirs is alive: they start when it ends.
         self._abandoned: dict[tuple[str, str], Running] = {}
         self._behind: dict[tuple[str, str], Running] = {}

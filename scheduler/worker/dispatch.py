@@ -199,11 +199,10 @@ class Dispatch(WorkerCore):
         self._end(r)
         if r.task is not None:
             r.task.cancel()
-        outcome = {"lease lost": "lease_lost", "cancelled": "cancelled", "timeout": "timeout"}
-        if reason in outcome:
-            self.metrics.outcome(r.queue, r.job.task, outcome[reason])
-            self._log_job(outcome[reason], r, level=logging.WARNING)
-        if reason in ("lease lost", "cancelled"):
+        if reason in ("expired", "cancelled", "timeout"):  # the stop reason is the outcome word
+            self.metrics.outcome(r.queue, r.job.task, reason)
+            self._log_job(reason, r, level=logging.WARNING)
+        if reason in ("expired", "cancelled"):
             self._held.pop((r.queue, r.job.id), None)
 
     def _queue_fail(self, r: Running, err: tuple[str, str, str], *, retryable: bool) -> None:

@@ -44,7 +44,7 @@ class Heartbeats(Dispatch, Reporting):
             now = time.monotonic()
             for r in list(self._held.values()):
                 if r.lease_deadline_s <= now and not r.finished:
-                    self._stop(r, "lease lost")
+                    self._stop(r, "expired")
             # A job held back behind its own abandoned run: give it back after one lease, so
             # a thread that never ends does not hide the job for good.
             lease_s = self.settings.lease_ms / 1000
@@ -89,7 +89,7 @@ class Heartbeats(Dispatch, Reporting):
                         elif st == "cancelled":
                             self._lost(r, "cancelled")
                         else:
-                            self._lost(r, "lease lost")
+                            self._lost(r, "expired")
             counts = replies[i]
             i += 1
             if not isinstance(counts, BaseException):

@@ -67,7 +67,7 @@ def transition(
     log: logging.Logger, event: str, *, queue: str, job_id: str, task: str, attempt: int,
     token: str, level: int = logging.INFO, **extra: Any,
 ) -> None:  # fmt: skip
-    """One line for one job transition (claimed, done, retry, dead, lease_lost, ...)."""
+    """One line for one job transition (claimed, done, retry, dead, expired, ...)."""
     if not log.isEnabledFor(level):
         return
     log.log(level, "job %s %s", event, job_id, extra={

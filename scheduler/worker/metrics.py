@@ -8,8 +8,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from scheduler.core.models import QueueCounts
+from scheduler.core.vocabulary import OUTCOMES
 
-OUTCOMES = ("complete", "retry", "dead", "stale", "lease_lost", "timeout", "cancelled", "released")
 # Lateness and run time span a few ms (on-time claims) to minutes (slow handlers).
 _BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
               300)  # fmt: skip
@@ -21,7 +21,7 @@ class WorkerMetrics:
         r = self.registry
         self.outcomes = Counter(
             "scheduler_jobs", "Job outcomes seen by this worker "
-            "(stale: a result the server refused; lease_lost: stopped before reporting)",
+            "(stale: a result the server refused; expired: the lease ran out before reporting)",
             ["queue", "task", "outcome"], registry=r,
         )  # fmt: skip
         self.lateness = Histogram(
@@ -46,7 +46,7 @@ class WorkerMetrics:
             "OutOfMemoryError for a full server)", ["loop", "error"], registry=r,
         )  # fmt: skip
         self.abandoned_threads = Gauge(
-            "scheduler_abandoned_threads", "Sync handler threads stopped (timeout, lease lost) "
+            "scheduler_abandoned_threads", "Sync handler threads stopped (timeout, lease expired) "
             "but still running", registry=r,
         )  # fmt: skip
         self.claim_paused = Gauge(
@@ -57,18 +57,20 @@ class WorkerMetrics:
         self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
 
     def per_task(self, queue: str, task: str) -> tuple[Any, Any, Any]:
-        """(lateness, duration, complete counter) children, cached: labels() per job is slow."""
+        """(lateness, duration, done counter) children, cached: labels() per job is slow."""
         key = (queue, task)
         c = self._children.get(key)
         if c is None:
             c = (self.lateness.labels(queue, task), self.duration.labels(queue, task),
-                 self.outcomes.labels(queue, task, "complete"))  # fmt: skip
+                 self.outcomes.labels(queue, task, "done"))  # fmt: skip
             self._children[key] = c
         return c
 
     def outcome(self, queue: str, task: str, outcome: str, n: int = 1) -> None:
-        if outcome == "complete":
+        if outcome == "done":
             self.per_task(queue, task)[2].inc(n)
+        elif outcome not in OUTCOMES:  # a word outside the vocabulary is a bug, not a new label
+            raise ValueError(f"unknown outcome {outcome!r}: not one of {OUTCOMES}")
         else:
             self.outcomes.labels(queue, task, outcome).inc(n)
 

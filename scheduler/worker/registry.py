@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.core.backoff import Backoff
-from scheduler.core.errors import BadArgument, JobCancelled, LeaseLost, UnknownTask
+from scheduler.core.errors import BadArgument, JobCancelled, LeaseExpired, UnknownTask
 from scheduler.core.models import JobSpec
 
 Handler = Callable[[Any, "JobContext"], Any]
@@ -44,7 +44,7 @@ class TaskSpec:
 @dataclass
 class JobContext:
     """What a handler knows about its run. `stopped` is set (and async handlers are cancelled)
-    when the worker must not report a result any more: lease lost, cancelled, timed out, or
+    when the worker must not report a result any more: lease expired, cancelled, timed out, or
     shut down past the grace period. Key idempotent side effects on (job_id, fence)."""
 
     job_id: str
@@ -56,7 +56,7 @@ class JobContext:
     fence: int
     run_at_ms: int
     claimed_ms: int
-    stop_reason: str | None = None  # 'lease lost' | 'cancelled' | 'timeout' | 'shutdown'
+    stop_reason: str | None = None  # 'expired' | 'cancelled' | 'timeout' | 'shutdown'
     _event: threading.Event | None = field(default=None, repr=False)
 
     @property
@@ -70,8 +70,8 @@ class JobContext:
         return self._event
 
     @property
-    def lease_lost(self) -> bool:
-        return self.stop_reason == "lease lost"
+    def lease_expired(self) -> bool:
+        return self.stop_reason == "expired"
 
     @property
     def cancelled(self) -> bool:
@@ -86,7 +86,7 @@ class JobContext:
             return
         if self.stop_reason == "cancelled":
             raise JobCancelled(self.job_id, self.token, "job was cancelled")
-        raise LeaseLost(self.job_id, self.token, self.stop_reason or "lease lost")
+        raise LeaseExpired(self.job_id, self.token, self.stop_reason or "expired")
 
     def _stop(self, reason: str) -> bool:
         """Mark the run stopped; the first reason wins. Returns False if already stopped."""

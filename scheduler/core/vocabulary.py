@@ -1,0 +1,31 @@
+"""The words for how a job's run ended, in one place: metric `outcome` labels, stats counters
+and the worker's log events use these (docs/glossary.md)."""
+
+from __future__ import annotations
+
+# How one run of a job ended (the state it reached). A worker's metrics count each of these.
+OUTCOMES = ("done", "retry", "dead", "cancelled", "released", "expired", "stale", "timeout")
+
+# The per-minute stats hash's counters (written by the Lua transitions, read by `stats`). The
+# outcome words are the same as above; `claim`, `fail`, `cancel`, `requeue_dead`, `misfire_skip`
+# count transitions rather than outcomes.
+STAT_FIELDS = (
+    "claim",
+    "done",
+    "fail",
+    "retry",
+    "dead",
+    "expired",
+    "release",
+    "cancel",
+    "requeue_dead",
+    "misfire_skip",
+)
+
+# Counter names stored before the vocabulary was unified: read as the new word, never written.
+LEGACY_STAT_FIELDS = {"complete": "done", "lease_expired": "expired"}
+
+
+def stat_field(stored: str) -> str:
+    """The current name of a stored stats counter (old names map to their new word)."""
+    return LEGACY_STAT_FIELDS.get(stored, stored)
