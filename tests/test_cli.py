@@ -213,5 +213,5 @@ def test_bad_options_exit_2(cli: Run, q: Queue, busy: dict[str, str]) -> None:
 def test_group_help_documents_exit_codes(cli: Run) -> None:
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0
-    for line in ("0  ok", "1  findings", "2  bad usage", "3  cannot reach Redis"):
+    for line in ("0  ok", "1  findings", "2  bad usage", "3  cannot reach Redis", "4  the worker"):
         assert line in result.stdout

@@ -307,7 +307,7 @@ def test_worker_that_cannot_connect_never_prints_the_password(tmp_path: Path) ->
         worker = spawn_worker(url, log, *log_format)
         code = worker.wait(60)
         text = log.read_text()
-        assert code == 4, text  # EXIT_REDIS: unreachable at start
+        assert code == 3, text  # EXIT_REDIS = EXIT_UNREACHABLE: unreachable at start
         assert "cannot reach Redis at rediss://sched-app:***@127.0.0.1" in text
         assert PASSWORD not in text
 
@@ -328,7 +328,7 @@ def test_no_cli_command_prints_the_password() -> None:
         assert "cannot reach Redis" in result.stderr
         assert PASSWORD not in result.output, args
     demo = run_cli(url, "demo")
-    assert demo.exit_code == 4 and PASSWORD not in demo.output, demo.output
+    assert demo.exit_code == 3 and PASSWORD not in demo.output, demo.output
     assert "redis://" not in demo.output or "***@" in demo.output
     # A URL the client refuses to parse is quoted back redacted too.
     bad = f"redis://sched-app:{PASSWORD}@127.0.0.1:notaport/0"

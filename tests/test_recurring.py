@@ -412,10 +412,10 @@ def test_cli_lists_pauses_resumes_removes(q: Queue, redis_url: str) -> None:
     base = ["--url", redis_url, "--queue", q.name]
     out = run(main, ["schedules", "list", *base, "--json"])
     assert out.exit_code == 0, out.output
-    (row,) = json.loads(out.output)
+    (row,) = json.loads(out.output)["schedules"]  # one JSON shape for every command (issue 14)
     assert row["name"] == "nightly" and row["next_run_ms"] is not None
     assert json.loads(run(main, ["schedules", "pause", "nightly", *base, "--json"]).output) == {
-        "schedule": "nightly", "status": "paused"}  # fmt: skip
+        "queue": q.name, "schedule": "nightly", "status": "paused"}  # fmt: skip
     assert "paused" in run(main, ["schedules", "list", *base]).output
     assert run(main, ["schedules", "resume", "nightly", *base]).output.strip() == "nightly: resumed"
     assert run(main, ["schedules", "remove", "nightly", *base]).exit_code == 0

@@ -32,17 +32,17 @@ def test_refuses_unsafe_lease(redis_url: str) -> None:
 
 def test_refuses_unimportable_registry(redis_url: str) -> None:
     res = CliRunner().invoke(main, ["worker", "no_such_module:registry", "--url", redis_url])
-    assert res.exit_code == 3
+    assert res.exit_code == 4  # EXIT_IMPORT (one exit-code table, issue 14)
     assert "cannot import module 'no_such_module'" in res.output
     res = CliRunner().invoke(main, ["worker", "tests.workers.basic:LEDGER", "--url", redis_url])
-    assert res.exit_code == 3
+    assert res.exit_code == 4
     assert "not a scheduler.worker.registry.Registry" in res.output
 
 
 def test_refuses_unreachable_redis(tmp_path: Path) -> None:
     url = f"unix://{tmp_path}/nothing.sock"
     res = CliRunner().invoke(main, ["worker", "tests.workers.basic:registry", "--url", url])
-    assert res.exit_code == 4
+    assert res.exit_code == 3  # EXIT_UNREACHABLE, as every command
     assert "cannot reach Redis" in res.output
 
 

@@ -4,9 +4,10 @@ mapping of errors to them, durations, and output (JSON for scripts, rich for peo
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -14,23 +15,25 @@ import click
 import redis
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 from rich.text import Text
 
 from scheduler.admin.inspection import discover_queues, queue_exists, server_now_ms
 from scheduler.admin.startup import OPERATOR_ROLE_HINT, is_permission_error, permission_message
+from scheduler.core import exits
+from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument, JobNotFound, SchedulerError
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.safety import clean, redact, safe, visible_bytes
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_FORBIDDEN = 0, 1, 2, 3, 5
-EXIT_CODES_HELP = (
-    "\b\nExit codes:\n"
-    "  0  ok\n"
-    "  1  findings (doctor) or a refusal: unknown job or queue, declined confirmation\n"
-    "  2  bad usage or input; nothing was written\n"
-    "  3  cannot reach Redis\n"
-    "  5  the Redis user lacks a permission (ACL); see docs/security.md"
+# The one default for every command (the worker too); REDIS_URL overrides it.
+DEFAULT_URL = "redis://localhost:6379/0"
+# The one table (scheduler/core/exits.py), under the CLI's names.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = exits.EXIT_OK, exits.EXIT_FAILED, exits.EXIT_USAGE
+EXIT_UNREACHABLE, EXIT_FORBIDDEN = exits.EXIT_UNREACHABLE, exits.EXIT_FORBIDDEN
+EXIT_FINDINGS = EXIT_FAILED
+EXIT_CODES_HELP = "\b\nExit codes (every command, the worker too):\n" + "\n".join(
+    f"  {code:>3}  {meaning}" for code, meaning in exits.EXIT_CODES
 )
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -115,6 +118,51 @@ def queues_option(f: F) -> F:
 
 def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(f)
+
+
+def parse_backoff(text: str) -> Backoff:
+    """'base_ms,factor,cap_ms,jitter' (e.g. '1000,2,3600000,0.25') -> Backoff. BadArgument."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 4:
+        raise BadArgument(
+            f"invalid backoff {text!r}: give base_ms,factor,cap_ms,jitter, e.g. 1000,2,3600000,0.25"
+        )
+    try:
+        base_ms, cap_ms = int(parts[0]), int(parts[2])
+        factor, jitter = float(parts[1]), float(parts[3])
+    except ValueError:
+        raise BadArgument(
+            f"invalid backoff {text!r}: base_ms and cap_ms are integers, factor and jitter numbers"
+        ) from None
+    return Backoff(base_ms, factor, cap_ms, jitter)  # checks the ranges
+
+
+class BackoffParam(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.3
+    name = "BASE_MS,FACTOR,CAP_MS,JITTER"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Backoff:
+        if isinstance(value, Backoff):
+            return value
+        try:
+            return parse_backoff(str(value))
+        except BadArgument as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def backoff_option(f: F) -> F:
+    return click.option(
+        "--backoff", type=BackoffParam(), default=None,
+        help="Retry delays: base_ms,factor,cap_ms,jitter (default 1000,2,3600000,0.25).",
+    )(f)  # fmt: skip
+
+
+def timeout_option(f: F) -> F:
+    return click.option(
+        "--timeout-ms", type=click.IntRange(min=0), default=0, show_default=True,
+        help="A run longer than this is stopped and retried (0: no timeout).",
+    )(f)  # fmt: skip
 
 
 # -- durations and times ---------------------------------------------------------------------
@@ -203,7 +251,9 @@ def connect(url: str, *, encoding_errors: str = "backslashreplace") -> redis.Red
 
 
 def require_queue(client: redis.Redis, queue: str) -> QueueKeys:
-    """Refuse (exit 1) a well-formed name with no keys at all: most likely a typo."""
+    """Refuse (exit 1) a well-formed name with no keys at all: most likely a typo. Every
+    command that reads or changes an existing queue calls this (only enqueue and the worker
+    create queues), so a typo is the same refusal everywhere."""
     keys = QueueKeys(queue)
     if not queue_exists(client, keys, server_now_ms(client)):
         known = ", ".join(discover_queues(client)[:20]) or "none"
@@ -236,10 +286,24 @@ def markup_safe(value: object) -> str:
     return escape(clean(value))
 
 
+PIPE_WIDTH = 160  # a table sent to a pipe or file: wide enough for whole ids and messages
+
+
 def console(*, stderr: bool = False) -> Console:
-    """Made per call so it writes to the stream click has in place (CliRunner swaps them)."""
+    """Made per call so it writes to the stream click has in place (CliRunner swaps them).
+    Not a terminal and no COLUMNS: PIPE_WIDTH, not rich's 80, so `| grep` sees whole rows."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(file=stream, highlight=False, soft_wrap=False)
+    width = None
+    if not stream.isatty() and not os.environ.get("COLUMNS", "").isdigit():
+        width = PIPE_WIDTH
+    return Console(file=stream, highlight=False, soft_wrap=False, width=width)
+
+
+def id_column(table: Table, name: str, ids: Iterable[object]) -> None:
+    """An id column that never folds or truncates: as wide as its longest id (ids are what an
+    operator copies into the next command); the other columns wrap by word around it."""
+    width = max((len(clean(i)) for i in ids), default=len(name))
+    table.add_column(name, no_wrap=True, min_width=max(width, len(name)))
 
 
 def decoded_payload(raw: str | None) -> tuple[Any, str | None]:

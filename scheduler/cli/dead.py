@@ -7,7 +7,6 @@ from typing import Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-from rich.table import Table
 
 from scheduler.admin.inspection import get_jobs, iter_chunks, server_now_ms
 from scheduler.cli.common import (
@@ -22,6 +21,7 @@ from scheduler.cli.common import (
     emit_json,
     fmt_ms,
     json_option,
+    markup_safe,
     queue_option,
     require_queue,
     url_option,
@@ -112,15 +112,17 @@ def list_dead(
         emit_json({"queue": queue, "total": len(selected), "offset": offset, "limit": limit,
                    "jobs": rows})  # fmt: skip
         return
-    t = Table(title=f"dead jobs in {queue!r}: {len(selected)} match")
-    for col in ("id", "task", "dead for", "reason", "attempts", "last error"):
-        t.add_column(col, overflow="fold", no_wrap=col == "id")
+    # One block per job, not a table: six columns cannot fit 80 columns without folding words
+    # by character; a block wraps by word at any width and greps well in a pipe.
+    out = console()
+    out.print(f"dead jobs in {markup_safe(repr(queue))}: {len(selected)} match")
     for r in rows:
         age = fmt_ms(now_ms - r["dead_ms"]) if r["dead_ms"] is not None else "-"
         err = f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
-        t.add_row(cell(r["id"]), cell(r["task"]), age, cell(r["dead_reason"] or "-"),
-                  f"{r['attempts']}/{r['max_attempts']}", cell(err))  # fmt: skip
-    console().print(t)
+        head = f"{r['id']}  {r['task']}  attempts {r['attempts']}/{r['max_attempts']}"
+        out.print(cell(f"{head}  dead for {age}"), style="bold")
+        out.print(cell(f"  reason: {r['dead_reason'] or '-'}"))
+        out.print(cell(f"  last error: {err}"))
 
 
 def _bulk(

@@ -18,6 +18,7 @@ from scheduler.cli.common import (
     AdminGroup,
     BadInput,
     Duration,
+    backoff_option,
     cell,
     connect,
     console,
@@ -25,14 +26,17 @@ from scheduler.cli.common import (
     emit_json,
     fmt_ms,
     fmt_time,
+    id_column,
     json_option,
     markup_safe,
     parse_at,
     queue_option,
     require_queue,
+    timeout_option,
     url_option,
 )
 from scheduler.client.queue import Queue
+from scheduler.core.backoff import Backoff
 from scheduler.core.codec import stored_int
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
@@ -128,8 +132,9 @@ def list_jobs(
                    "limit": limit, "scanned": scanned, "jobs": rows})  # fmt: skip
         return
     t = Table(title=f"{state} jobs in {queue!r}" + (f" (task {markup_safe(task)})" if task else ""))
-    for col in ("id", "task", "attempts", "when", "worker", "last error"):
-        t.add_column(col, overflow="fold", no_wrap=col == "id")
+    id_column(t, "id", (r["id"] for r in rows))
+    for col in ("task", "attempts", "when", "worker", "last error"):
+        t.add_column(col, overflow="fold")
     for r in rows:
         if state == "leased":
             when = f"lease left {fmt_ms(r['lease_left_ms'])}"
@@ -193,11 +198,8 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
     for name, value in data.items():
         if name in skip or value is None:
             continue
-        if name in _TIME_FIELDS:
-            value = f"{fmt_time(value)} ({value})"
-        elif name in _DURATION_FIELDS:
-            value = fmt_ms(value)
-        t.add_row(name, cell(value))
+        for label, shown in _readable(name, value, data["state"]):
+            t.add_row(label, cell(shown))
     # json.dumps escapes control characters inside strings; a raw (non-JSON) payload is
     # printed as a JSON string for the same reason.
     t.add_row("payload", cell(json.dumps(data["payload"], indent=2), keep_newlines=True))
@@ -218,6 +220,23 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
             out.print("[bold]last traceback[/]")
             # The one intentionally multi-line text: newlines kept, every other control escaped.
             out.print(cell(last_tb, keep_newlines=True), highlight=False, soft_wrap=True)
+
+
+def _readable(name: str, value: Any, state: str) -> list[tuple[str, object]]:
+    """`jobs show` rows for one field: a time as `run_at` (ISO) plus `run_at_ms` (the stored
+    number); a duration without the `_ms` suffix it no longer is; relative times only where
+    they mean something (run in / late by for a waiting job, lease left for a leased one)."""
+    if name in _TIME_FIELDS:
+        return [(name.removesuffix("_ms"), fmt_time(value)), (name, value)]
+    if name == "run_in_ms":
+        if state not in ("due", "scheduled"):
+            return []
+        return [("run in", fmt_ms(value))] if value > 0 else [("late by", fmt_ms(-value))]
+    if name == "lease_left_ms":
+        return [("lease left", fmt_ms(value))] if state == "leased" else []
+    if name in _DURATION_FIELDS:
+        return [(name.removesuffix("_ms"), fmt_ms(value))]
+    return [(name, value)]
 
 
 def _placement(client: redis.Redis, q: Queue, job_id: str) -> dict[str, Any]:
@@ -255,6 +274,8 @@ def parse_payload(text: str) -> Any:
 @click.option("--in", "in_ms", type=Duration(), help="Run after this delay: 30s, 5m, 1h30m.")
 @click.option("--key", help="Idempotency key: a second enqueue with it returns the first id.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
+@timeout_option
+@backoff_option
 @click.option("--strict", is_flag=True,
               help="Refuse (exit 1) when the Redis settings can lose jobs; else warn.")  # fmt: skip
 def enqueue(
@@ -267,6 +288,8 @@ def enqueue(
     in_ms: int | None,
     key: str | None,
     max_attempts: int,
+    timeout_ms: int,
+    backoff: Backoff | None,
     strict: bool,
 ) -> None:
     """Add a job; prints its id. Everything is checked before anything is written."""
@@ -283,8 +306,9 @@ def enqueue(
     # A job accepted by a server that can drop it would make the returned id a false promise.
     check_or_warn(client, strict=strict, log=lambda m: click.echo(safe(f"warning: {m}"), err=True))
     job_id = Queue(client, queue).enqueue(
-        task, data, run_at=run_at, delay_ms=in_ms, key=key, max_attempts=max_attempts
-    )
+        task, data, run_at=run_at, delay_ms=in_ms, key=key, max_attempts=max_attempts,
+        timeout_ms=timeout_ms, backoff=backoff,
+    )  # fmt: skip
     if as_json:
         emit_json({"id": job_id, "queue": queue, "task": task})
     else:

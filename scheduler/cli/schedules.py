@@ -1,65 +1,75 @@
-"""`scheduler schedules list | pause | resume | remove`: operate recurring schedules.
+"""`scheduler schedules list | add | pause | resume | remove`: operate recurring schedules.
 
-The commands share cli_common's connection, error mapping and exit codes (a refused ACL
-command is one line and exit 5, not a traceback); schedule fields are stored data, so they
-are printed escaped."""
+The commands share cli.common's connection, error mapping, exit codes, unknown-queue refusal
+and JSON shape (a refused ACL command is one line and exit 5, not a traceback); schedule
+fields are stored data, so they are printed escaped."""
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime
+from typing import Any
 
 import click
 
-from scheduler.cli.common import EXIT_CODES_HELP, AdminGroup, connect, queue_option, url_option
+from scheduler.cli.common import (
+    EXIT_CODES_HELP,
+    EXIT_FAILED,
+    AdminGroup,
+    backoff_option,
+    connect,
+    decoded_payload,
+    emit_json,
+    fmt_time,
+    json_option,
+    queue_option,
+    require_queue,
+    timeout_option,
+    url_option,
+)
+from scheduler.cli.jobs import parse_payload
 from scheduler.client.queue import Queue
-from scheduler.core.errors import BadArgument
-from scheduler.core.safety import clean, visible_bytes
-from scheduler.schedules.recurring import Schedule
+from scheduler.core.backoff import Backoff
+from scheduler.core.safety import clean
+from scheduler.schedules.recurring import Schedule, check_schedule_name
 
 
 def _queue(url: str, name: str) -> Queue:
-    return Queue(connect(url), name)
-
-
-def _when(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    try:
-        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (OverflowError, ValueError, OSError):  # a hand-written time beyond year 9999
-        return f"{ms} (out of range)"
+    client = connect(url)
+    require_queue(client, name)  # a typo refuses (exit 1) as in every other command
+    return Queue(client, name)
 
 
 def _line(s: Schedule) -> str:
     rule = f"cron '{s.cron}' {s.tz}" if s.kind == "cron" else f"every {s.every_ms} ms"
-    state = "paused" if s.paused else f"next {_when(s.next_run_ms)}"
+    state = "paused" if s.paused else f"next {fmt_time(s.next_run_ms)}"
     return clean(f"{s.name}  {s.task}  {rule}  jitter+{s.offset_ms}ms  {s.misfire}  {state}")
 
 
+def schedule_json(s: Schedule) -> dict[str, Any]:
+    data = s.as_dict()
+    data["payload"], data["payload_error"] = decoded_payload(s.payload_json)
+    return data
+
+
 def _options(f: click.decorators.FC) -> click.decorators.FC:
-    f = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(f)
-    return url_option(queue_option(f))
+    return url_option(queue_option(json_option(f)))
 
 
 def _act(action: str, url: str, queue: str, name: str, as_json: bool) -> None:
+    check_schedule_name(name)  # bad input (exit 2) before the queue is looked up
     q = _queue(url, queue)
-    try:
-        status = getattr(q, f"{action}_schedule")(name)
-    except BadArgument as exc:
-        raise click.BadParameter(str(exc)) from None
+    status = getattr(q, f"{action}_schedule")(name)  # BadArgument: exit 2 (AdminCommand)
     if as_json:
-        click.echo(json.dumps({"schedule": name, "status": status}))
+        emit_json({"queue": queue, "schedule": name, "status": status})
     else:
         click.echo(clean(f"{name}: {status}"))
     if status == "missing":
-        raise SystemExit(1)
+        raise SystemExit(EXIT_FAILED)
 
 
 def register(main: click.Group) -> None:
     @main.group("schedules", cls=AdminGroup, epilog=EXIT_CODES_HELP)
     def schedules() -> None:
-        """Recurring schedules (created in code with Queue.schedule)."""
+        """Recurring schedules: list, add (or redefine), pause, resume, remove."""
 
     @schedules.command("list")
     @_options
@@ -67,12 +77,48 @@ def register(main: click.Group) -> None:
         """Every schedule of the queue with its next run."""
         found = _queue(url, queue).list_schedules()
         if as_json:
-            click.echo(json.dumps(visible_bytes([s.as_dict() for s in found])))
+            emit_json({"queue": queue, "schedules": [schedule_json(s) for s in found]})
             return
         for s in found:
             click.echo(_line(s))
         if not found:
             click.echo("no schedules")
+
+    @schedules.command("add")
+    @click.argument("name")
+    @click.argument("task")
+    @_options
+    @click.option("--cron", help="5 fields (6 with seconds), matched in --tz: '0 9 * * 1-5'.")
+    @click.option("--every-ms", type=click.IntRange(min=1), help="An epoch-aligned interval.")
+    @click.option("--tz", help="Time zone of --cron (IANA name; default UTC).")
+    @click.option("--payload", default="null", show_default=True, help="Each run's JSON payload.")
+    @click.option("--jitter-ms", type=click.IntRange(min=0), default=0, show_default=True,
+                  help="A fixed offset in [0, this] spreads 'on the hour' load.")  # fmt: skip
+    @click.option("--misfire", default="run_once", show_default=True,
+                  help="Runs missed while nothing ran: skip | run_once | catch_up:N.")  # fmt: skip
+    @click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
+    @timeout_option
+    @backoff_option
+    def add_cmd(
+        name: str, task: str, url: str, queue: str, as_json: bool, cron: str | None,
+        every_ms: int | None, tz: str | None, payload: str, jitter_ms: int, misfire: str,
+        max_attempts: int, timeout_ms: int, backoff: Backoff | None,
+    ) -> None:  # fmt: skip
+        """Create or redefine schedule NAME running TASK (--cron or --every-ms). Prints
+        created, updated, unchanged or repaired. Everything is checked before anything is
+        written."""
+        data = parse_payload(payload)
+        if (cron is None) == (every_ms is None):
+            raise click.UsageError("give --cron or --every-ms (one of them)")
+        q = Queue(connect(url), queue)  # a new queue is fine: like enqueue, this creates
+        status = q.schedule(
+            name, task, data, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
+            misfire=misfire, max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms,
+        )  # fmt: skip
+        if as_json:
+            emit_json({"queue": queue, "schedule": name, "status": status})
+        else:
+            click.echo(clean(f"{name}: {status}"))
 
     @schedules.command("pause")
     @click.argument("name")

@@ -23,6 +23,8 @@ from scheduler.admin.startup import (
     is_permission_error,
     permission_message,
 )
+from scheduler.cli.common import url_option
+from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN
 from scheduler.core.keys import check_job_id
 from scheduler.core.safety import redact, safe
 from scheduler.worker import (
@@ -38,8 +40,6 @@ from scheduler.worker import (
 from scheduler.worker.execution import TRANSIENT
 from scheduler.worker.registry import Registry
 
-DEFAULT_URL = "redis://localhost:6379/0"
-EXIT_FORBIDDEN = 5  # the Redis user lacks a permission: the CLI's code for the same refusal
 _START_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT, RedisError)
 
 
@@ -99,10 +99,10 @@ async def _serve(
         return EXIT_REDIS
     try:
         await check_or_warn_async(client, strict=strict, log=worker.log.warning)
-    except UnsafeServer as exc:
+    except UnsafeServer as exc:  # a refusal, as with `enqueue --strict`
         click.echo(safe(f"error: {exc}"), err=True)
         await client.aclose()
-        return EXIT_USAGE
+        return EXIT_FAILED
     if port is not None:
         bound = worker.metrics.serve(port)
         worker.log.info("metrics on :%d/metrics", bound)
@@ -129,13 +129,7 @@ def register(main: click.Group) -> None:
 
 @click.command("worker")
 @click.argument("registry")
-@click.option(
-    "--url",
-    envvar="REDIS_URL",
-    default=DEFAULT_URL,
-    show_default=True,
-    help="Redis URL (or REDIS_URL).",
-)
+@url_option
 @click.option(
     "--queue",
     "-q",
@@ -187,8 +181,15 @@ def register(main: click.Group) -> None:
 @click.option(
     "--strict",
     is_flag=True,
-    help="Refuse to start (exit 2) when the Redis settings break the never-lost promise "
+    help="Refuse to start (exit 1) when the Redis settings break the never-lost promise "
     "(persistence off, an evicting maxmemory-policy, Redis < 7); without it: a warning.",
+)
+@click.option(
+    "--max-abandoned-threads",
+    type=int,
+    default=None,
+    help="Timed-out sync handlers still running (a thread cannot be killed) before the worker "
+    "stops claiming until one ends (default: 2x concurrency).",
 )
 @click.option(
     "--worker-id",
@@ -198,17 +199,16 @@ def register(main: click.Group) -> None:
 def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: int, lease_ms: int,
                heartbeat_ms: int, batch_size: int, grace_s: float, log_level: str,
                json_logs: bool, metrics_port: int | None, strict: bool,
-               worker_id: str | None) -> None:  # fmt: skip
+               max_abandoned_threads: int | None, worker_id: str | None) -> None:  # fmt: skip
     """Run handlers from REGISTRY (module:attribute, a scheduler.worker.registry.Registry).
 
-    Exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 1 crashed, 2 unsafe or invalid settings
-    (with --strict, also unsafe Redis settings), 3 registry not importable, 4 Redis unreachable
-    at start, 5 the Redis user may not work a queue (ACL; see docs/security.md), 130 forced by
-    a second signal.
+    Exit codes: the table of `scheduler --help` (0 stopped cleanly, 1 crashed or --strict
+    refused unsafe Redis settings, 2 invalid settings, 3 Redis unreachable at start, 4 registry
+    not importable, 5 the Redis user may not work a queue, 130 forced by a second signal).
     """
     logs.setup(log_level, json_logs)
     settings = WorkerSettings(tuple(queues), concurrency, lease_ms, heartbeat_ms, batch_size,
-                              grace_s)  # fmt: skip
+                              grace_s, max_abandoned_threads=max_abandoned_threads)  # fmt: skip
     try:
         settings.check()
         if worker_id is not None:

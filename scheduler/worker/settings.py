@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduler.core import exits
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
 
-EXIT_OK = 0
-EXIT_ERROR = 1  # unexpected crash (also: a background loop died of a bug)
-EXIT_USAGE = 2  # unsafe or invalid settings
-EXIT_IMPORT = 3  # the registry could not be imported
-EXIT_REDIS = 4  # Redis unreachable at start
-EXIT_REDIS_REFUSED = 5  # Redis refused the worker's calls for good (ACL permission, auth, bug)
-EXIT_FORCED = 130  # second signal: exited without waiting or releasing
+# One exit-code table for every command (scheduler/core/exits.py), under the worker's names.
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = exits.EXIT_OK, exits.EXIT_ERROR, exits.EXIT_USAGE
+EXIT_IMPORT, EXIT_REDIS = exits.EXIT_IMPORT, exits.EXIT_REDIS
+EXIT_REDIS_REFUSED, EXIT_FORCED = exits.EXIT_REDIS_REFUSED, exits.EXIT_FORCED
 
 _MAX_IDLE_SLEEP_S = 30.0  # safety net: re-claim at least this often even with no wake-up
 PREFETCH_MAX_RUN_S = 0.02

@@ -1,0 +1,29 @@
+"""The exit codes of every `scheduler` command, the worker included: one table, one meaning
+per code. The CLI's help, README and docs/security.md show this table."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # findings, a refusal, or (the worker) a crash
+EXIT_USAGE = 2  # bad usage, input or settings; nothing was written
+EXIT_UNREACHABLE = 3  # cannot reach Redis
+EXIT_IMPORT = 4  # the worker's registry cannot be imported
+EXIT_FORBIDDEN = 5  # the Redis user lacks a permission (ACL), or Redis refused for good
+EXIT_FORCED = 130  # the worker was stopped by a second signal without waiting
+
+# The worker's historical names, same values.
+EXIT_ERROR = EXIT_FAILED
+EXIT_REDIS = EXIT_UNREACHABLE
+EXIT_REDIS_REFUSED = EXIT_FORBIDDEN
+
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "ok; the worker stopped cleanly (SIGTERM/SIGINT)"),
+    (EXIT_FAILED, "findings (doctor), a refusal (unknown queue, job or schedule; declined "
+                  "confirmation; --strict and Redis settings that can lose jobs), or the worker "
+                  "crashed"),
+    (EXIT_USAGE, "bad usage, input or settings; nothing was written"),
+    (EXIT_UNREACHABLE, "cannot reach Redis"),
+    (EXIT_IMPORT, "the worker's registry cannot be imported"),
+    (EXIT_FORBIDDEN, "the Redis user lacks a permission (ACL); see docs/security.md"),
+    (EXIT_FORCED, "the worker was forced to stop by a second signal"),
+)  # fmt: skip
