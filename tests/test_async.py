@@ -16,7 +16,7 @@ def test_async_and_sync_clients_share_one_queue(redis_url: str, q: Queue) -> Non
         aq = AsyncQueue(aredis.Redis.from_url(redis_url, decode_responses=True), q.name)
         try:
             ids = await aq.enqueue_many([JobSpec("t", {"n": i}) for i in range(3)])
-            assert q.counts().due_now == 3
+            assert q.counts().due == 3
             batch = await aq.claim("w", limit=2)
             assert [j.id for j in batch.jobs] == ids[:2]
             first = batch.jobs[0]
@@ -28,7 +28,7 @@ def test_async_and_sync_clients_share_one_queue(redis_url: str, q: Queue) -> Non
             out = await aq.fail(second.id, second.token, ValueError("x"), retryable=False)
             assert out.status == "dead" and q.counts().dead == 1
             assert await aq.requeue_dead([second.id]) == 1
-            assert (await aq.counts()).due_now == 2
+            assert (await aq.counts()).due == 2
         finally:
             await aq.aclose()
 
@@ -65,7 +65,7 @@ def test_wait_replicas_raises_when_no_replica_acknowledges(
     assert info.value.job_ids == ["j-durable"] and info.value.acked == 0
     # The primary did accept it: re-sending the same id is safe and creates nothing new.
     assert Queue(client, queue_name).enqueue("t", None, job_id="j-durable") == "j-durable"
-    assert Queue(client, queue_name).counts().due_now == 1
+    assert Queue(client, queue_name).counts().due == 1
     for key in client.scan_iter(match=q.keys.pattern()):
         client.delete(key)
 
@@ -94,4 +94,4 @@ def test_batches_go_in_one_pipeline_on_both_clients(redis_url: str, q: Queue) ->
             await aq.aclose()
 
     asyncio.run(main())
-    assert q.counts().due_now == 7
+    assert q.counts().due == 7

@@ -59,7 +59,7 @@ def busy(q: Queue) -> dict[str, str]:
 
 def test_stats_json_matches_the_queue(cli: Run, q: Queue, busy: dict[str, str]) -> None:
     row = one(ok_json(cli("stats", "--json", "-q", q.name)), q.name)
-    assert (row["due_now"], row["scheduled"], row["leased"], row["dead"]) == (1, 1, 1, 1)
+    assert (row["due"], row["scheduled"], row["leased"], row["dead"]) == (1, 1, 1, 1)
     assert row["oldest_overdue_id"] == busy["due"] and row["overdue_ms"] >= 0
     # A test may straddle a minute boundary: the 5 and 60 minute windows hold both minutes.
     for window in ("5m", "60m"):

@@ -58,7 +58,7 @@ def test_enqueue_in_and_at(cli: Run, q: Queue) -> None:
 def test_enqueue_with_a_key_is_idempotent(cli: Run, q: Queue) -> None:
     first = cli("enqueue", "t", "--key", "order-17", "-q", q.name).stdout.strip()
     again = cli("enqueue", "t", "--key", "order-17", "-q", q.name).stdout.strip()
-    assert first == again and q.counts().due_now == 1
+    assert first == again and q.counts().due == 1
 
 
 BAD_ENQUEUE = {
@@ -170,5 +170,5 @@ def test_bulk_requeue_in_batches(cli: Run, q: Queue) -> None:
     assert len(q.dead_ids()) == 250
     out = ok_json(cli("dead", "requeue", "--json", "--yes", "-q", q.name))
     assert (out["matched"], out["done"], out["skipped"]) == (250, 250, 0)
-    assert q.dead_ids() == [] and q.counts().due_now == 250
+    assert q.dead_ids() == [] and q.counts().due == 250
     assert {j.id for j in q.list_jobs("due", limit=1000)} == set(ids)

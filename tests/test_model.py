@@ -359,7 +359,7 @@ class Run:
             assert (state, int(attempts), reason) == (mj.state, mj.attempts, mj.dead_reason), jid
         counts = q.counts()
         assert counts.now_ms == self.now
-        assert counts.due_now == sum(s <= self.now for s in m.due.values())
+        assert counts.due == sum(s <= self.now for s in m.due.values())
         assert counts.scheduled == sum(s > self.now for s in m.due.values())
         assert counts.leased == len(m.leased) and counts.dead == len(m.dead)
         assert counts.lapsed == sum(u <= self.now for u in m.leased.values())

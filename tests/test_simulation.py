@@ -64,10 +64,10 @@ def run_one(q: Queue, clock: Clock, seed: int) -> tuple[int, int, int]:
                 except StaleToken:
                     stale_refused += 1
         counts = q.counts()
-        if not running and counts.due_now + counts.scheduled + counts.leased == 0:
+        if not running and counts.due + counts.scheduled + counts.leased == 0:
             break
     counts = q.counts()
-    assert counts.due_now + counts.scheduled + counts.leased == 0, "jobs left behind"
+    assert counts.due + counts.scheduled + counts.leased == 0, "jobs left behind"
     states = {jid: q.status(jid) for jid in due}
     done = {jid for jid, st in states.items() if st == "done"}
     dead = {jid for jid, st in states.items() if st == "dead"}

@@ -74,3 +74,14 @@ def test_stats_read_old_and_new_counter_names_as_the_new_word(
     five = window_counts(client, keys, now_ms)["5m"]
     assert (five["done"], five["expired"]) == (5, 5)
     assert "complete" not in five and "lease_expired" not in five
+
+
+def test_waiting_jobs_are_counted_as_due_and_scheduled(q: Queue) -> None:
+    from dataclasses import fields
+
+    from scheduler import JobSpec, QueueCounts
+
+    assert "due_now" not in {f.name for f in fields(QueueCounts)}
+    q.enqueue_many([JobSpec("t", None), JobSpec("t", None, delay_ms=60_000)])
+    c = q.counts()
+    assert (c.due, c.scheduled) == (1, 1)

@@ -83,7 +83,7 @@ def test_metrics_match_the_jobs_that_ran(
     assert v("scheduler_job_lateness_seconds_count", queue=qn, task="boom") == 4
     assert v("scheduler_job_duration_seconds_count", queue=qn, task="echo") == 5
     assert v("scheduler_jobs_in_flight") == 0
-    assert v("scheduler_queue_jobs", queue=qn, state="due_now") == 0
+    assert v("scheduler_queue_jobs", queue=qn, state="due") == 0
     assert v("scheduler_queue_jobs", queue=qn, state="leased") == 0
     assert bad  # both ids dead
     # The live-worker registry read by `scheduler workers`.

@@ -62,11 +62,11 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
     counts = Queue(client, name).counts()
     keys = QueueKeys(name)
     oldest_id = None
-    if counts.due_now:
+    if counts.due:
         head = client.zrange(keys.due, 0, 0)
         oldest_id = str(head[0]) if head else None
     return {
-        "queue": name, "now_ms": counts.now_ms, "due_now": counts.due_now,
+        "queue": name, "now_ms": counts.now_ms, "due": counts.due,
         "scheduled": counts.scheduled, "leased": counts.leased, "lapsed": counts.lapsed,
         "dead": counts.dead, "oldest_due_ms": counts.oldest_due_ms,
         "oldest_overdue_id": oldest_id, "overdue_ms": counts.oldest_overdue_ms,
@@ -77,7 +77,7 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
 def _stats_table(rows: list[dict[str, Any]]) -> Table:
     spans = "/".join(f"{n}m" for n in WINDOWS_MIN)
     t = Table(title="queues", caption=f"done, failed, dead-lettered: last {spans}")
-    for col in ("queue", "due", "later", "leased", "dead", "late by", "done", "failed", "died"):
+    for col in ("queue", "due", "scheduled", "leased", "dead", "late by", "done", "failed", "died"):
         t.add_column(col, justify="left" if col == "queue" else "right", no_wrap=col == "queue")
 
     def per_window(row: dict[str, Any], name: str) -> str:
@@ -86,7 +86,7 @@ def _stats_table(rows: list[dict[str, Any]]) -> Table:
     for r in rows:
         leased = f"{r['leased']}" + (f" ({r['lapsed']} lapsed)" if r["lapsed"] else "")
         t.add_row(
-            cell(r["queue"]), str(r["due_now"]), str(r["scheduled"]), leased, str(r["dead"]),
+            cell(r["queue"]), str(r["due"]), str(r["scheduled"]), leased, str(r["dead"]),
             fmt_ms(r["overdue_ms"]) if r["overdue_ms"] else "-", per_window(r, "done"),
             per_window(r, "fail"), per_window(r, "dead"),
         )  # fmt: skip

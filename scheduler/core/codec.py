@@ -453,7 +453,7 @@ def parse_fail(reply: Any, job_id: str, token: str) -> FailOutcome:
 def parse_counts(reply: Any) -> QueueCounts:
     oldest = int(s(reply[5]))
     return QueueCounts(
-        now_ms=int(s(reply[0])), due_now=int(reply[1]), scheduled=int(reply[2]),
+        now_ms=int(s(reply[0])), due=int(reply[1]), scheduled=int(reply[2]),
         leased=int(reply[3]), dead=int(reply[4]), oldest_due_ms=None if oldest < 0 else oldest,
         lapsed=int(reply[6]),
     )  # fmt: skip

@@ -83,7 +83,7 @@ class FailOutcome:
 @dataclass(frozen=True)
 class QueueCounts:
     now_ms: int
-    due_now: int
+    due: int
     scheduled: int
     leased: int
     dead: int
@@ -93,7 +93,7 @@ class QueueCounts:
     @property
     def oldest_overdue_ms(self) -> int:
         """How late the oldest due job is (0 when nothing is overdue)."""
-        if self.oldest_due_ms is None or self.due_now == 0:
+        if self.oldest_due_ms is None or self.due == 0:
             return 0
         return max(self.now_ms - self.oldest_due_ms, 0)
 

@@ -75,7 +75,7 @@ class WorkerMetrics:
             self.outcomes.labels(queue, task, outcome).inc(n)
 
     def set_depth(self, queue: str, counts: QueueCounts) -> None:
-        for state, value in (("due_now", counts.due_now), ("scheduled", counts.scheduled),
+        for state, value in (("due", counts.due), ("scheduled", counts.scheduled),
                              ("leased", counts.leased), ("dead", counts.dead),
                              ("lapsed", counts.lapsed)):  # fmt: skip
             self.depth.labels(queue, state).set(value)

@@ -106,7 +106,7 @@ def test_kill_9_during_load_loses_nothing(durable_server: Server, seed: int) -> 
 
         def settled() -> bool:
             c = q.counts()
-            return c.due_now + c.scheduled + c.leased == 0
+            return c.due + c.scheduled + c.leased == 0
 
         wait_until(lambda: bool(run.errors) or settled(), timeout_s=90, what="queue drained")
     finally:

@@ -49,7 +49,7 @@ def test_script_flush_and_restarts_under_load(durable_server: Server) -> None:
 
     def work() -> None:
         q = Queue(retrying_client(server), QUEUE)
-        while not drained.is_set() or q.counts().due_now:
+        while not drained.is_set() or q.counts().due:
             batch = q.claim("w", limit=20, lease_ms=30_000)
             statuses = q.complete_many([(j.id, j.token, None) for j in batch.jobs])
             assert set(statuses) <= {"done"}, statuses
@@ -64,7 +64,7 @@ def test_script_flush_and_restarts_under_load(durable_server: Server) -> None:
             client = aredis.Redis.from_url(server.url, decode_responses=True, retry=retry,
                                            socket_timeout=5)  # fmt: skip
             q = AsyncQueue(client, QUEUE)
-            while not drained.is_set() or (await q.counts()).due_now:
+            while not drained.is_set() or (await q.counts()).due:
                 batch = await q.claim("aw", limit=20, lease_ms=30_000)
                 for j in batch.jobs:
                     await q.complete(j.id, j.token, None)

@@ -312,7 +312,7 @@ def test_worker_is_refused_at_start_on_a_queue_its_user_cannot_touch(
     try:
         from tests.workers.procs import wait_for
 
-        wait_for(lambda: Queue(admin, "tenantA").counts().due_now == 0, what="tenantA drained")
+        wait_for(lambda: Queue(admin, "tenantA").counts().due == 0, what="tenantA drained")
     finally:
         ok.terminate()
         ok.wait(30)
