@@ -202,3 +202,17 @@ def test_enqueue_timeout_and_backoff(cli: Run, q: Queue, client: redis.Redis) ->
     for bad in (["--backoff", "x,2,3,0"], ["--backoff", "1,0.5,3,0"], ["--timeout-ms", "-1"]):
         assert cli("enqueue", "t", *bad, "-q", q.name).exit_code == exits.EXIT_USAGE, bad
     assert dump_queue(client, q) == before
+
+
+def test_cron_errors_name_the_field_and_tell_never_fires_apart(cli: Run, q: Queue) -> None:
+    def add(cron: str) -> Result:
+        return cli("schedules", "add", "s", "t", "--cron", cron, "-q", q.name)
+
+    out_of_range = add("61 * * * *")
+    assert out_of_range.exit_code == exits.EXIT_USAGE
+    assert "minute field: 61 is out of range 0-59" in out_of_range.stderr
+    assert "day-of-month field: 32" in add("0 9 32 * *").stderr
+    never = add("0 9 30 2 *")
+    assert never.exit_code == exits.EXIT_USAGE and "never fires" in never.stderr
+    malformed = add("0 9 * * * * *")
+    assert malformed.exit_code == exits.EXIT_USAGE and "never fires" not in malformed.stderr

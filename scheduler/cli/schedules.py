@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from croniter import croniter
 
 from scheduler.cli.common import (
     EXIT_CODES_HELP,
     EXIT_FAILED,
     AdminGroup,
+    BadInput,
     backoff_option,
     connect,
     decoded_payload,
@@ -28,8 +30,25 @@ from scheduler.cli.common import (
 from scheduler.cli.jobs import parse_payload
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
+from scheduler.core.errors import BadArgument
 from scheduler.core.safety import clean
 from scheduler.schedules.recurring import Schedule, check_schedule_name
+
+# croniter's field order: 5 fields, or 6 with seconds last.
+_CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day-of-month", 1, 31),
+                ("month", 1, 12), ("day-of-week", 0, 7), ("second", 0, 59))  # fmt: skip
+
+
+def cron_field_error(expr: str) -> str | None:
+    """The first number out of its field's range, named ('minute field: 61 is out of range
+    0-59'), or None. Only numbers are checked here; everything else (names, the "valid but
+    never fires" case like '0 9 30 2 *') is judged by the schedules module."""
+    for field, (name, low, high) in zip(expr.split(), _CRON_FIELDS, strict=False):
+        for part in field.split(","):
+            for number in part.split("/", 1)[0].split("-"):
+                if number.isdigit() and not low <= int(number) <= high:
+                    return f"{name} field: {number} is out of range {low}-{high}"
+    return None
 
 
 def _queue(url: str, name: str) -> Queue:
@@ -110,11 +129,22 @@ def register(main: click.Group) -> None:
         data = parse_payload(payload)
         if (cron is None) == (every_ms is None):
             raise click.UsageError("give --cron or --every-ms (one of them)")
+        problem = None if cron is None else cron_field_error(cron)
+        if problem:
+            raise click.BadParameter(f"{cron!r}: {problem}", param_hint="--cron")
         q = Queue(connect(url), queue)  # a new queue is fine: like enqueue, this creates
-        status = q.schedule(
-            name, task, data, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
-            misfire=misfire, max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms,
-        )  # fmt: skip
+        try:
+            status = q.schedule(
+                name, task, data, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
+                misfire=misfire, max_attempts=max_attempts, backoff=backoff,
+                timeout_ms=timeout_ms,
+            )  # fmt: skip
+        except BadArgument as exc:
+            # croniter accepts '0 9 30 2 *' but finds no date: say so, not "malformed".
+            if cron is not None and "malformed cron" in str(exc) and croniter.is_valid(cron):
+                msg = f"cron {cron!r} is valid but never fires: no date matches it"
+                raise BadInput(msg) from None
+            raise
         if as_json:
             emit_json({"queue": queue, "schedule": name, "status": status})
         else:
