@@ -106,7 +106,7 @@ def _unreadable(exc: Exception) -> Finding:
 
 def _report(found: list[Finding], *, strict: bool, log: Callable[[str], object]) -> list[Finding]:
     for f in found:
-        log(f"redis {f.severity}: {f.message} [{f.code}]; fix: {f.fix}")
+        log(f"server settings ({f.severity}): {f.message} [{f.code}]; fix: {f.fix}")
     errors = [f for f in found if f.severity == "error"]
     if strict and errors:
         raise UnsafeServer(errors)
