@@ -84,3 +84,14 @@ def test_the_console_script_points_at_the_cli_main() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert 'scheduler = "scheduler.cli.main:main"' in pyproject
     assert callable(main)
+
+
+def test_no_two_classes_in_the_package_share_a_name() -> None:
+    # e.g. the worker's Redis retry delay and the public job Backoff were both `Backoff`
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(module_name(path))
+    assert "Backoff" in seen and "RetryDelay" in seen
+    assert {name: mods for name, mods in seen.items() if len(mods) > 1} == {}

@@ -11,7 +11,7 @@ import time
 from scheduler.core import codec
 from scheduler.core.models import ClaimBatch
 from scheduler.worker.dispatch import Dispatch
-from scheduler.worker.execution import Backoff
+from scheduler.worker.execution import RetryDelay
 from scheduler.worker.settings import (
     _MAX_IDLE_SLEEP_S,
     _WAKE_BLOCK_S,
@@ -24,7 +24,7 @@ class Claiming(Dispatch):
 
     async def _claim_loop(self) -> None:
         s = self.settings
-        backoff = Backoff()
+        backoff = RetryDelay()
         rr = 0
         while not self._stop_claiming.is_set():
             free = self._room()
@@ -110,7 +110,7 @@ class Claiming(Dispatch):
             self._idle.clear()
 
     async def _waker_loop(self, key: str) -> None:
-        backoff = Backoff()
+        backoff = RetryDelay()
         while not self._closed:
             await self._idle.wait()
             if self._closed:

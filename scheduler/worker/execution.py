@@ -175,7 +175,7 @@ class Pipeline:
         return out
 
 
-class Backoff:
+class RetryDelay:
     """Delays between retries of a failing Redis call: 50 ms doubling to 5 s."""
 
     def __init__(self, first_s: float = 0.05, cap_s: float = 5.0) -> None:

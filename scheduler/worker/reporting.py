@@ -18,7 +18,7 @@ from scheduler.worker.core import (
     _Fatal,
     _within,
 )
-from scheduler.worker.execution import Backoff, Running, classify
+from scheduler.worker.execution import RetryDelay, Running, classify
 from scheduler.worker.settings import (
     EXIT_REDIS_REFUSED,
 )
@@ -30,7 +30,7 @@ class Reporting(WorkerCore):
     async def _reporter_loop(self) -> None:
         """Completes coalesce while a call is in flight: one complete_many per queue per round
         trip, failures pipelined next to them."""
-        backoff = Backoff()
+        backoff = RetryDelay()
         while not self._stop_reporter.is_set():
             await self._report.wait()
             self._report.clear()
@@ -142,7 +142,7 @@ class Reporting(WorkerCore):
         by_queue: dict[str, list[Running]] = {}
         for r in rs:
             by_queue.setdefault(r.queue, []).append(r)
-        backoff = Backoff()
+        backoff = RetryDelay()
         while True:
             items = [(self._by_name[qn].script_keys,
                       self._by_name[qn].ops.release([(r.job.id, r.job.token) for r in g]))
@@ -167,7 +167,7 @@ class Reporting(WorkerCore):
             self._log_job("released", r)
 
     async def _flush(self, deadline: float) -> None:
-        backoff = Backoff(cap_s=0.5)
+        backoff = RetryDelay(cap_s=0.5)
         while (self._completes or self._fails) and time.monotonic() < deadline:
             try:
                 await _within(self._send_reports(), deadline - time.monotonic())
