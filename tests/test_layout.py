@@ -95,3 +95,14 @@ def test_no_two_classes_in_the_package_share_a_name() -> None:
                 seen.setdefault(node.name, []).append(module_name(path))
     assert "Backoff" in seen and "RetryDelay" in seen
     assert {name: mods for name, mods in seen.items() if len(mods) > 1} == {}
+
+
+def test_the_task_and_schedule_name_rules_are_written_once() -> None:
+    from scheduler.core import codec
+
+    sources = "".join(p.read_text() for p in PACKAGE.rglob("*.py"))
+    assert sources.count(codec.TASK_RE.pattern) == 1
+    # the schedule code checks names with codec's rules (it kept copies of both before)
+    recurring = (PACKAGE / "schedules" / "recurring.py").read_text()
+    assert "codec.SCHEDULE_NAME_RE" in recurring
+    assert codec.SCHEDULE_NAME_RE.pattern not in recurring

@@ -25,8 +25,10 @@ DEFAULT_BACKOFF = Backoff()
 MAX_PAYLOAD_BYTES = 512 * 1024
 IDEMPOTENCY_TTL_MS = 24 * 3_600_000
 RESULT_TTL_MS = 3_600_000
-_TASK_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,200}")
-_SCHEDULE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # as scheduler/schedules/recurring.py
+# The one task-name and schedule-name rules (schedules/recurring.py uses these too; Lua checks
+# the same in lib/util.lua).
+TASK_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,200}")
+SCHEDULE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 # The valid range (inclusive) of every number that crosses the boundary, in this one place:
 # arguments are refused outside it (BadArgument naming the field and the range), and stored
@@ -182,7 +184,7 @@ def _epoch_ms(at: datetime) -> int:
 
 def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
     """The 13 ARGV fields of one job in lua/enqueue.lua, after checking everything."""
-    if not isinstance(spec.task, str) or not _TASK_RE.fullmatch(spec.task):
+    if not isinstance(spec.task, str) or not TASK_RE.fullmatch(spec.task):
         raise BadArgument(f"invalid task name {spec.task!r}: use 1-200 of A-Z a-z 0-9 _ . : / -")
     payload = encode_json(spec.payload, "payload", max_payload_bytes)
     job_id = check_job_id(spec.job_id) if spec.job_id is not None else new_job_id()
@@ -313,9 +315,9 @@ def _claimed_job(raw: Sequence[Any], now_ms: int) -> ClaimedJob:
     schedule = _text(raw[9], "schedule")
     if not _TOKEN_RE.fullmatch(token):
         raise _Unreadable("token")
-    if not _TASK_RE.fullmatch(task):
+    if not TASK_RE.fullmatch(task):
         raise _Unreadable("task")
-    if schedule and not _SCHEDULE_NAME_RE.fullmatch(schedule):
+    if schedule and not SCHEDULE_NAME_RE.fullmatch(schedule):
         raise _Unreadable("schedule")
     backoff = parse_stored_backoff(_text(raw[7], "backoff"))
     if backoff is None:

@@ -48,8 +48,6 @@ from scheduler.core.errors import BadArgument
 
 BUFFER_SLOTS = 64  # cron slots stored ahead; lua/lib/rearm.lua asks for more below 16
 MAX_CATCH_UP = 1_000
-_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-_TASK_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,200}")
 _MISFIRE_RE = re.compile(r"(skip|run_once|catch_up:([0-9]{1,4}))")
 _GAP_SAMPLE = 64  # cron slots examined to find the smallest gap (for the jitter check)
 # A fixed start for the jitter check: validation must not depend on the time of the call.
@@ -57,7 +55,7 @@ _GAP_REFERENCE = datetime(2001, 1, 1)
 
 
 def check_schedule_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+    if not isinstance(name, str) or not codec.SCHEDULE_NAME_RE.fullmatch(name):
         raise BadArgument(f"invalid schedule name {name!r}: use 1-64 of A-Z a-z 0-9 _ . -")
     return name
 
@@ -222,7 +220,7 @@ def define(
 ) -> ScheduleDef:
     """Check everything; raise BadArgument before anything is sent."""
     check_schedule_name(name)
-    if not isinstance(task, str) or not _TASK_RE.fullmatch(task):
+    if not isinstance(task, str) or not codec.TASK_RE.fullmatch(task):
         raise BadArgument(f"invalid task name {task!r}: use 1-200 of A-Z a-z 0-9 _ . : / -")
     if (cron is None) == (every_ms is None):
         raise BadArgument("give exactly one of cron= or every_ms=")
