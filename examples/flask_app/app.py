@@ -1,0 +1,46 @@
+"""Flask: a synchronous enqueue in a request. Run it with
+
+REDIS_URL=redis://localhost:6379/0 flask --app examples.flask_app.app run
+curl -X POST localhost:5000/signups -H 'content-type: application/json' \\
+     -d '{"email": "a@example.com"}'
+curl localhost:5000/jobs/<id>
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis
+from flask import Flask, abort, request
+
+from scheduler import JobNotFound, Queue
+
+
+def create_app(redis_url: str | None = None, queue: str | None = None) -> Flask:
+    app = Flask(__name__)
+    client = redis.Redis.from_url(
+        redis_url or os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
+        decode_responses=True,
+    )
+    # One Queue per app: it is thread-safe (redis-py's pool) and caches the loaded scripts.
+    q = Queue(client, queue or os.environ.get("SCHEDULER_QUEUE", "default"))
+
+    @app.post("/signups")
+    def signup() -> tuple[dict[str, Any], int]:
+        body = request.get_json(silent=True) or {}
+        email = body.get("email")
+        if not isinstance(email, str) or "@" not in email:
+            abort(400, "email required")
+        job_id = q.enqueue("flask_app.send_welcome", {"email": email}, max_attempts=3)
+        return {"job_id": job_id}, 202
+
+    @app.get("/jobs/<job_id>")
+    def job(job_id: str) -> dict[str, Any]:
+        try:
+            j = q.get_job(job_id)
+        except JobNotFound:
+            abort(404)
+        return {"id": j.id, "state": j.state, "result_json": j.result_json}
+
+    return app
