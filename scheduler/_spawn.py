@@ -91,6 +91,7 @@ class RedisProcess:
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     log_name: str = "redis.log"
+    detach: bool = False  # its own session: outlives its parent and the terminal's signals
 
     @property
     def socket(self) -> str:
@@ -132,7 +133,8 @@ class RedisProcess:
         """True when PING answers; False when the process exited (e.g. port taken)."""
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.args(), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT)  # fmt: skip
+                                         stderr=subprocess.STDOUT,
+                                         start_new_session=self.detach)  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -1,90 +1,93 @@
 """`scheduler demo`: four jobs, two worker processes, and a timeline of what happened.
 
-The tasks below are real handlers; the worker processes import this module's `registry`."""
+The tasks are real handlers in scheduler.cli.demo_tasks; the worker processes import its
+`registry`. With `keep`, the private Redis outlives the demo so its jobs can be explored."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 from contextlib import ExitStack
-from typing import Any
 
 import redis
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from scheduler.cli.demo_tasks import FLAKY_BACKOFF, LEDGER, QUEUE
 from scheduler.cli.embedded import NoServerBinary, PrivateRedis
 from scheduler.client.queue import Queue
-from scheduler.core.backoff import Backoff
 from scheduler.core.safety import clean
-from scheduler.worker.registry import JobContext, Registry
 
-QUEUE = "demo"
-LEDGER = "demo:ledger"
 LEASE_MS, HEARTBEAT_MS = 2_000, 500
-FLAKY_BACKOFF = Backoff(base_ms=1_000, factor=2.0, cap_ms=10_000, jitter=0.0)
-registry = Registry()
-_client: redis.Redis | None = None
-
-
-def _note(ctx: JobContext, event: str) -> None:
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(os.environ["SCHEDULER_DEMO_URL"], decode_responses=True)
-    s, us = _client.time()
-    _client.rpush(LEDGER, json.dumps({"job": ctx.job_id, "attempt": ctx.attempt,
-                                      "pid": os.getpid(), "event": event,
-                                      "at_ms": s * 1000 + us // 1000}))  # fmt: skip
-
-
-@registry.task(name="demo.greet")
-def greet(payload: Any, ctx: JobContext) -> str:
-    _note(ctx, "start")
-    return f"hello, {payload['name']}"
-
-
-@registry.task(name="demo.charge", max_attempts=3, backoff=FLAKY_BACKOFF)
-def charge(payload: Any, ctx: JobContext) -> None:
-    _note(ctx, "start")
-    raise ConnectionError("payment API unreachable")
-
-
-@registry.task(name="demo.crashy")
-def crashy(payload: Any, ctx: JobContext) -> str:
-    _note(ctx, "start")
-    if ctx.attempt == 1:  # the worker process dies mid-job: no result, no error, nothing
-        os.kill(os.getpid(), signal.SIGKILL)
-    return "survived a crash"
+TASKS = "scheduler.cli.demo_tasks:registry"
 
 
 def _spawn(url: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, SCHEDULER_DEMO_URL=url, REDIS_URL=url)
     cmd = [sys.executable, "-c", "from scheduler.cli.main import main; main()", "worker",
-           "scheduler.cli.demo:registry", "--url", url, "--queue", QUEUE, "--concurrency", "4",
+           TASKS, "--url", url, "--queue", QUEUE, "--concurrency", "4",
            "--lease-ms", str(LEASE_MS), "--heartbeat-ms", str(HEARTBEAT_MS), "--grace", "2",
            "--log-level", "WARNING"]  # fmt: skip
     return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
 
 
-def run_demo(url: str | None, console: Console | None = None, timeout_s: float = 45.0) -> int:
+def run_demo(
+    url: str | None, console: Console | None = None, timeout_s: float = 45.0, keep: bool = False
+) -> int:
+    """Run the demo on `url`, or on a private Redis started here. `keep`: that private Redis
+    keeps running after the demo exits (its own session, so the terminal's Ctrl-C or hang-up
+    does not reach it), and the commands to explore it are printed."""
     console = console or Console()
     with ExitStack() as stack:
+        kept: PrivateRedis | None = None
         if url is None:
             try:
-                server = stack.enter_context(PrivateRedis())
+                server = PrivateRedis(detach=keep)
+                if keep:
+                    server.start()  # no cleanup: it outlives this process
+                else:
+                    stack.enter_context(server)
             except (NoServerBinary, RuntimeError) as exc:
                 console.print(f"[red]error:[/] {exc}")
                 return 1
-            url = server.url
+            url, kept = server.url, (server if keep else None)
             console.print(f"Started a private Redis ({server.binary}) at {url}")
-        return _demo(url, console, stack, timeout_s)
-    return 1  # pragma: no cover - ExitStack does not swallow
+        code = _demo(url, console, stack, timeout_s)
+    if keep:
+        _explore(console, url, kept)
+    else:
+        console.print(
+            "Try: scheduler demo --keep (leaves the Redis to explore)  |  docs: README.md"
+        )
+    return code
+
+
+def _explore(console: Console, url: str, kept: PrivateRedis | None) -> None:
+    """The commands to try on what the demo left behind (plain text: copy-pasteable)."""
+    u = shlex.quote(url)
+    lines = [f"scheduler stats --url {u} --queue {QUEUE}",
+             f"scheduler jobs list --url {u} --queue {QUEUE}",
+             f"scheduler dead list --url {u} --queue {QUEUE}",
+             f"scheduler workers --url {u} --queue {QUEUE}",
+             f"scheduler worker {TASKS} --url {u} --queue {QUEUE}"]  # fmt: skip
+    console.print("")
+    if kept is not None and kept.proc is not None:
+        console.print(f"Kept the Redis running: pid {kept.proc.pid}, socket {kept.socket}",
+                      markup=False, highlight=False)  # fmt: skip
+    console.print(f"URL: {url}", markup=False, highlight=False)
+    console.print("Try (the last one runs the demo's tasks as-is):", markup=False)
+    for line in lines:
+        console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+    if kept is not None and kept.proc is not None:
+        console.print(f"Stop it: kill {kept.proc.pid} && rm -rf {shlex.quote(kept.dir)}",
+                      markup=False, highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int:
@@ -134,7 +137,6 @@ def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int
     ok = [q.status(j) for j in jobs] == ["done", "done", "dead", "done"]
     console.print("\n[green]All four jobs ended as expected.[/]" if ok
                   else "\n[red]Some jobs did not end as expected.[/]")  # fmt: skip
-    console.print("Try: scheduler worker --help  |  docs: README.md")
     return 0 if ok else 1
 
 

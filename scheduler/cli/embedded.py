@@ -13,8 +13,10 @@ __all__ = ["NoServerBinary", "PrivateRedis", "find_binary"]
 
 
 class PrivateRedis(RedisProcess):
-    """`with PrivateRedis() as server:` starts it, and removes it with its dir on exit."""
+    """`with PrivateRedis() as server:` starts it, and removes it with its dir on exit.
+    `PrivateRedis(detach=True).start()` (`scheduler demo --keep`) leaves it running in its own
+    session; the caller tells the user its pid and dir."""
 
-    def __init__(self, binary: str | None = None) -> None:
+    def __init__(self, binary: str | None = None, *, detach: bool = False) -> None:
         super().__init__(binary or find_binary(), dir=tempfile.mkdtemp(prefix="sched-demo-"),
-                         log_name="server.log")  # fmt: skip
+                         log_name="server.log", detach=detach)  # fmt: skip

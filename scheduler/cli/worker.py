@@ -244,12 +244,17 @@ def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: in
     default=None,
     help="Use this Redis (default: start a private one and stop it afterwards).",
 )
-def demo_cmd(url: str | None) -> None:
+@click.option(
+    "--keep",
+    is_flag=True,
+    help="Leave the private Redis running afterwards and print the commands to explore it.",
+)
+def demo_cmd(url: str | None, keep: bool) -> None:
     """Watch the scheduler at work in ~15 s: on-time, delayed, failing and crashing jobs."""
     from scheduler.cli.demo import run_demo
 
     try:
-        code = run_demo(url)
+        code = run_demo(url, keep=keep)
     except RedisError as exc:  # a --url whose server or user will not do: one line, no trace
         if is_permission_error(exc):
             click.echo(f"error: {permission_message(exc, APP_ROLE_HINT)}", err=True)
