@@ -1,0 +1,80 @@
+"""Leasing: what a worker does with a job (claim, heartbeat, complete, fail, release)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from scheduler.core import codec
+from scheduler.core.errors import SchedulerError, raise_for_status
+from scheduler.core.models import ClaimBatch, FailOutcome
+from scheduler.operations.requests import Op, OpsBase, Script
+from scheduler.operations.schedules import refill as refill_schedules
+from scheduler.schedules import recurring
+
+
+class LeasingOps(OpsBase):
+    def claim(
+        self,
+        worker_id: str,
+        *,
+        limit: int = 100,
+        lease_ms: int = 30_000,
+        reap_limit: int = 100,
+        nonce: str | None = None,
+    ) -> Op[ClaimBatch]:
+        """`nonce`: give the same one again when re-sending a call whose answer was lost:
+        claim.lua then returns that call's jobs instead of leasing more (default: fresh)."""
+        nonce = codec.new_nonce() if nonce is None else nonce
+        args = codec.claim_args(worker_id, limit, lease_ms, nonce, reap_limit)
+        reply = yield Script("claim", args)
+        batch = codec.parse_claim(reply)
+        # Cron schedules running low on precomputed slots: refill on this same call.
+        if recurring.refill_requested(reply, len(batch.jobs), codec.CLAIM_FIELDS):
+            try:
+                placed_ms = yield from refill_schedules(self.keys, batch.now_ms)
+            except (RedisError, SchedulerError):
+                # The jobs are leased already: hand them out. The refill request stays in
+                # Redis, and the next claim (by any client) tries again.
+                return batch
+            if placed_ms is not None and not 0 <= batch.next_ms <= placed_ms:
+                batch = ClaimBatch(batch.now_ms, placed_ms, batch.jobs)
+        return batch
+
+    def heartbeat(
+        self, leases: Sequence[tuple[str, str]], *, lease_ms: int
+    ) -> Op[tuple[int, dict[str, str]]]:
+        reply = yield Script("heartbeat", codec.heartbeat_args(leases, lease_ms))
+        return codec.parse_heartbeat(reply, leases)
+
+    def complete_many(self, items: Sequence[tuple[str, str, Any]]) -> Op[list[str]]:
+        """Statuses per job: 'done' | 'stale' | 'cancelled' | 'missing' (no exception)."""
+        if not items:
+            return []
+        s = self.settings
+        args = codec.complete_args(items, s.result_ttl_ms, s.max_payload_bytes)
+        return codec.parse_statuses((yield Script("complete", args)))
+
+    def complete(self, job_id: str, token: str, result: Any = None) -> Op[None]:
+        """Record success; raises StaleToken / JobCancelled / JobNotFound when refused."""
+        (status,) = yield from self.complete_many([(job_id, token, result)])
+        raise_for_status(status, job_id, token)
+
+    def fail(
+        self,
+        job_id: str,
+        token: str,
+        error: BaseException | tuple[str, str, str],
+        *,
+        retryable: bool = True,
+        delay_ms: int | None = None,
+    ) -> Op[FailOutcome]:
+        args = codec.fail_args(job_id, token, error, retryable=retryable, delay_ms=delay_ms)
+        return codec.parse_fail((yield Script("fail", args)), job_id, token)
+
+    def release(self, leases: Sequence[tuple[str, str]]) -> Op[list[str]]:
+        if not leases:
+            return []
+        return codec.parse_statuses((yield Script("release", codec.lease_pairs(leases))))

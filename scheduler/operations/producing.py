@@ -1,0 +1,67 @@
+"""Producing: enqueue one job or many (lua/enqueue.lua)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from scheduler.core import codec
+from scheduler.core.backoff import Backoff
+from scheduler.core.errors import NotDurable
+from scheduler.core.models import JobSpec
+from scheduler.operations.requests import Op, OpsBase, Script, ScriptPipeline
+
+
+class ProducingOps(OpsBase):
+    def enqueue(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        delay_ms: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+        key: str | None = None,
+        jitter_ms: int = 0,
+        timeout_ms: int = 0,
+        job_id: str | None = None,
+    ) -> Op[str]:
+        spec = JobSpec(
+            task,
+            payload,
+            delay_ms,
+            run_at,
+            max_attempts,
+            backoff,
+            key,
+            jitter_ms,
+            timeout_ms,
+            job_id,
+        )
+        ids = yield from self.enqueue_many([spec])
+        return ids[0]
+
+    def enqueue_many(self, specs: Iterable[JobSpec], batch_size: int = 1000) -> Op[list[str]]:
+        specs = list(specs)
+        codec.check_int(batch_size, "batch_size")
+        # Check every job before sending any batch: a bad job refuses the whole call.
+        batches = [
+            codec.enqueue_args(specs[i : i + batch_size], self.settings.max_payload_bytes)
+            for i in range(0, len(specs), batch_size)
+        ]
+        wait = None
+        if self.settings.wait_replicas > 0:
+            wait = (self.settings.wait_replicas, self.settings.wait_timeout_ms)
+        if len(batches) == 1 and wait is None:
+            replies = [(yield Script("enqueue", batches[0]))]
+        else:
+            # All batches in one pipeline: Redis runs one while the next is still arriving.
+            replies = yield ScriptPipeline([Script("enqueue", a) for a in batches], wait)
+        ids: list[str] = []
+        for args, reply in zip(batches, replies, strict=False):
+            ids.extend(codec.parse_enqueue(reply, args))
+        if wait is not None and int(replies[-1]) < wait[0]:
+            raise NotDurable(ids, int(replies[-1]), wait[0])
+        return ids

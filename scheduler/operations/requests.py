@@ -1,0 +1,66 @@
+"""The requests an operation yields to its driver, and the settings and base every operation
+module shares. An operation is a generator ("sans-I/O"): Queue drives it with blocking calls,
+AsyncQueue with awaits, the worker with its pipeline, so the drivers cannot drift apart."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from scheduler.core import codec
+from scheduler.core.keys import QueueKeys
+from scheduler.core.models import QueueCounts
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Script:
+    """Run one Lua transition with the queue's KEYS."""
+
+    name: str
+    args: list[str]
+
+
+@dataclass(frozen=True)
+class ScriptPipeline:
+    """Several script calls in one pipeline (one connection, one round trip); the reply is the
+    list of their replies. `wait` = (replicas, timeout_ms) appends WAIT, whose reply (how many
+    replicas acknowledged these writes) comes last (see Settings.wait_replicas)."""
+
+    calls: list[Script]
+    wait: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Commands:
+    """Plain read commands, pipelined (no transaction); the reply is a list."""
+
+    cmds: list[tuple[Any, ...]]
+
+
+Request = Script | ScriptPipeline | Commands
+Op = Generator[Request, Any, T]
+
+
+@dataclass(frozen=True)
+class Settings:
+    result_ttl_ms: int = codec.RESULT_TTL_MS
+    max_payload_bytes: int = codec.MAX_PAYLOAD_BYTES
+    # Durability: 0 relies on the server's own persistence; N > 0 makes enqueue wait until N
+    # replicas acknowledged the write and raise NotDurable otherwise.
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1_000
+
+
+class OpsBase:
+    """What every operation module needs: the queue's keys, the settings, and the server's
+    clock (via counts, which several operations read for `now_ms`)."""
+
+    def __init__(self, keys: QueueKeys, settings: Settings) -> None:
+        self.keys = keys
+        self.settings = settings
+
+    def counts(self) -> Op[QueueCounts]:
+        return codec.parse_counts((yield Script("counts", [])))
