@@ -22,6 +22,7 @@ from scheduler.admin.inspection import discover_queues, queue_exists, server_now
 from scheduler.admin.startup import OPERATOR_ROLE_HINT, is_permission_error, permission_message
 from scheduler.core import exits
 from scheduler.core.backoff import Backoff
+from scheduler.core.backoff_text import parse_backoff_text
 from scheduler.core.errors import BadArgument, JobNotFound, SchedulerError
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.safety import clean, redact, safe, visible_bytes
@@ -122,19 +123,8 @@ def json_option(f: F) -> F:
 
 def parse_backoff(text: str) -> Backoff:
     """'base_ms,factor,cap_ms,jitter' (e.g. '1000,2,3600000,0.25') -> Backoff. BadArgument."""
-    parts = [p.strip() for p in text.split(",")]
-    if len(parts) != 4:
-        raise BadArgument(
-            f"invalid backoff {text!r}: give base_ms,factor,cap_ms,jitter, e.g. 1000,2,3600000,0.25"
-        )
-    try:
-        base_ms, cap_ms = int(parts[0]), int(parts[2])
-        factor, jitter = float(parts[1]), float(parts[3])
-    except ValueError:
-        raise BadArgument(
-            f"invalid backoff {text!r}: base_ms and cap_ms are integers, factor and jitter numbers"
-        ) from None
-    return Backoff(base_ms, factor, cap_ms, jitter)  # checks the ranges
+    # The one backoff reader (core/backoff_text.py), spaces around the commas allowed.
+    return parse_backoff_text(",".join(p.strip() for p in text.split(",")))
 
 
 class BackoffParam(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.3

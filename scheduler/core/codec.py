@@ -1,76 +1,52 @@
-"""One builder and one parser per transition, shared by the sync and asyncio clients: only the
-I/O differs between them. Every argument is checked here, before anything is sent."""
+"""One builder and one parser per transition, shared by every driver of the operations: only
+the I/O differs between them. Every argument is checked here, before anything is sent.
+The limits and stored-number reader (limits.py), the backoff text (backoff_text.py) and claim's
+reply (claim_reply.py) live next door; their names are re-exported here for callers."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
 import math
 import random
-import re
 import secrets
 import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from scheduler.core.backoff import Backoff
+from scheduler.core.backoff_text import backoff_text as backoff_text
+from scheduler.core.backoff_text import check_backoff as check_backoff
+from scheduler.core.backoff_text import parse_stored_backoff as parse_stored_backoff
+from scheduler.core.backoff_text import stored_backoff as stored_backoff
+from scheduler.core.claim_reply import CLAIM_FIELDS as CLAIM_FIELDS
+from scheduler.core.claim_reply import claim_args as claim_args
+from scheduler.core.claim_reply import parse_claim as parse_claim
 from scheduler.core.errors import BadArgument, InvalidPayload, SchedulerError, raise_for_status
 from scheduler.core.keys import check_job_id
-from scheduler.core.models import ClaimBatch, ClaimedJob, FailOutcome, Job, JobSpec, QueueCounts
+from scheduler.core.limits import DAY_MS as DAY_MS
+from scheduler.core.limits import DEFAULT_BACKOFF as DEFAULT_BACKOFF
+from scheduler.core.limits import FLOAT_LIMITS as FLOAT_LIMITS
+from scheduler.core.limits import IDEMPOTENCY_TTL_MS as IDEMPOTENCY_TTL_MS
+from scheduler.core.limits import LIMITS as LIMITS
+from scheduler.core.limits import MAX_DELAY_MS as MAX_DELAY_MS
+from scheduler.core.limits import MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES
+from scheduler.core.limits import MAX_SAFE_INT as MAX_SAFE_INT
+from scheduler.core.limits import MAX_TIME_MS as MAX_TIME_MS
+from scheduler.core.limits import RESULT_TTL_MS as RESULT_TTL_MS
+from scheduler.core.limits import SCHEDULE_NAME_RE as SCHEDULE_NAME_RE
+from scheduler.core.limits import TASK_RE as TASK_RE
+from scheduler.core.limits import _int as _int
+from scheduler.core.limits import check_int as check_int
+from scheduler.core.limits import s as s
+from scheduler.core.limits import stored_int as stored_int
+from scheduler.core.limits import stored_int_in as stored_int_in
+from scheduler.core.models import FailOutcome, Job, JobSpec, QueueCounts
 
-DEFAULT_BACKOFF = Backoff()
-MAX_PAYLOAD_BYTES = 512 * 1024
-IDEMPOTENCY_TTL_MS = 24 * 3_600_000
-RESULT_TTL_MS = 3_600_000
-# The one task-name and schedule-name rules (schedules/recurring.py uses these too; Lua checks
-# the same in lib/util.lua).
-TASK_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,200}")
-SCHEDULE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
-# The valid range (inclusive) of every number that crosses the boundary, in this one place:
-# arguments are refused outside it (BadArgument naming the field and the range), and stored
-# numbers are read back within it. lua/lib/util.lua's LIM repeats these numbers for the scripts
-# (a test checks they agree); docs/limits.md is the same table for people. Every bound stays far
-# below 2^53, so a Lua number holds each value exactly.
-DAY_MS = 86_400_000
-MAX_TIME_MS = 7_258_118_400_000  # 2200-01-01T00:00:00Z
-MAX_DELAY_MS = 3650 * DAY_MS
-MAX_SAFE_INT = 2**53 - 1
-LIMITS: dict[str, tuple[int, int]] = {
-    "run_at_ms": (0, MAX_TIME_MS),  # run_at: 1970-01-01 .. 2200-01-01 UTC; past means due now
-    "delay_ms": (0, MAX_DELAY_MS),  # delay_ms (+ jitter), fail's delay_ms: up to 3650 days
-    "jitter_ms": (0, MAX_DELAY_MS),
-    "max_attempts": (1, 1_000_000),
-    "attempts": (0, 1_000_000),  # stored only (claim counts it)
-    "timeout_ms": (0, 7 * DAY_MS),  # 0 = no timeout
-    "lease_ms": (1, DAY_MS),
-    "limit": (0, 1_000),  # jobs per claim
-    "reap_limit": (0, 10_000),
-    "result_ttl_ms": (1, 366 * DAY_MS),
-    "record_ttl_ms": (1, 366 * DAY_MS),
-    "idem_ttl_ms": (1, 366 * DAY_MS),
-    "backoff.base_ms": (0, MAX_DELAY_MS),
-    "backoff.cap_ms": (0, MAX_DELAY_MS),
-    "every_ms": (1, MAX_DELAY_MS),
-    "batch_size": (1, 10_000),  # jobs per enqueue script call
-    "fence": (0, MAX_SAFE_INT - 1),  # stored only
-}
-FLOAT_LIMITS: dict[str, tuple[float, float]] = {
-    "backoff.factor": (1.0, 1000.0),
-    "backoff.jitter": (0.0, 1.0),
-}
 _MAX_MESSAGE = 2_000
 _MAX_TRACEBACK = 8_000
 ENQUEUE_FIELDS = 10
-CLAIM_FIELDS = 10
-
-
-def s(v: Any) -> str:
-    """A reply value as text, whatever the client's decode_responses setting."""
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 _id_seq = itertools.count()
@@ -86,55 +62,6 @@ def new_job_id() -> str:
 
 def new_nonce() -> str:
     return secrets.token_hex(8)
-
-
-def _int(value: Any, name: str, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadArgument(f"{name} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise BadArgument(f"{name} must be >= {minimum}, got {value}")
-    if abs(value) > MAX_SAFE_INT:
-        raise BadArgument(f"{name} must be within +-(2**53 - 1), got {value}")
-    return value
-
-
-def check_int(value: Any, name: str, limit: str | None = None) -> int:
-    """An integer argument within LIMITS[limit or name], else BadArgument naming both."""
-    lo, hi = LIMITS[limit or name]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadArgument(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
-    if not lo <= value <= hi:
-        raise BadArgument(f"{name} must be in [{lo}, {hi}], got {value}")
-    return value
-
-
-_INT_TEXT = re.compile(r"-?[0-9]{1,16}")
-
-
-def stored_int(value: Any, lo: int | None = None, hi: int | None = None) -> int | None:
-    """The one reader of stored numbers (job and schedule hashes, script replies): decimal
-    digits only, as lua/lib/util.lua parse_int reads them (no '1e3', '0x10', 'inf', ' 7', '7.0'),
-    within +-(2**53 - 1) and [lo, hi]; None when the text is anything else."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        n = value
-    else:
-        if isinstance(value, bytes):
-            try:
-                value = value.decode()
-            except UnicodeDecodeError:
-                return None
-        if not isinstance(value, str) or not _INT_TEXT.fullmatch(value):
-            return None
-        n = int(value)
-    if abs(n) > MAX_SAFE_INT or (lo is not None and n < lo) or (hi is not None and n > hi):
-        return None
-    return n
-
-
-def stored_int_in(value: Any, name: str) -> int | None:
-    """stored_int within LIMITS[name]."""
-    lo, hi = LIMITS[name]
-    return stored_int(value, lo, hi)
 
 
 # One encoder for every call: json.dumps with options builds a new one each time (slow).
@@ -221,32 +148,12 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         except UnicodeEncodeError as exc:
             raise BadArgument(f"key is not valid Unicode text: {exc.reason}") from None
     return [
-        job_id, spec.task, payload, when, str(time_ms), str(max_attempts), _backoff_arg(backoff),
+        job_id, spec.task, payload, when, str(time_ms), str(max_attempts), backoff_text(backoff),
         str(timeout_ms), idem, _IDEM_TTL,
     ]  # fmt: skip
 
 
 _IDEM_TTL = str(IDEMPOTENCY_TTL_MS)
-
-
-def check_backoff(b: Any) -> Backoff:
-    """A Backoff whose every field is within LIMITS / FLOAT_LIMITS (Backoff itself checks only
-    the lower bounds and types)."""
-    if not isinstance(b, Backoff):
-        raise BadArgument(f"backoff must be a Backoff, got {b!r}")
-    check_int(b.base_ms, "backoff base_ms", "backoff.base_ms")
-    check_int(b.cap_ms, "backoff cap_ms", "backoff.cap_ms")
-    for name, v in (("factor", b.factor), ("jitter", b.jitter)):
-        lo, hi = FLOAT_LIMITS["backoff." + name]
-        if not lo <= v <= hi:
-            raise BadArgument(f"backoff {name} must be in [{lo}, {hi}], got {v!r}")
-    return b
-
-
-@functools.lru_cache(maxsize=256)
-def _backoff_arg(b: Backoff) -> str:
-    """'base_ms,factor,cap_ms,jitter': stored as it is in the job hash's `backoff` field."""
-    return f"{b.base_ms},{float(b.factor)!r},{b.cap_ms},{float(b.jitter)!r}"
 
 
 def enqueue_args(specs: Sequence[JobSpec], max_payload_bytes: int) -> list[str]:
@@ -267,127 +174,6 @@ def parse_enqueue(reply: Any, args: list[str]) -> list[str]:
     for k in range(0, len(subst), 2):
         ids[int(subst[k]) - 1] = s(subst[k + 1])
     return ids
-
-
-def claim_args(worker_id: str, limit: int, lease_ms: int, nonce: str, reap_limit: int) -> list[str]:
-    if not isinstance(worker_id, str) or not 1 <= len(worker_id) <= 200:
-        raise BadArgument("worker_id must be a string of 1-200 characters")
-    if not worker_id.isascii():
-        try:
-            worker_id.encode()
-        except UnicodeEncodeError as exc:
-            raise BadArgument(f"worker_id is not valid Unicode text: {exc.reason}") from None
-    check_int(limit, "limit")
-    check_int(lease_ms, "lease_ms")
-    check_int(reap_limit, "reap_limit")
-    return [worker_id, str(limit), str(lease_ms), nonce, str(reap_limit)]
-
-
-class _Unreadable(ValueError):
-    """One claimed job's field the client cannot use (its name is the message)."""
-
-
-_TOKEN_RE = re.compile(r"[0-9]{1,16}-[0-9A-Za-z]{1,64}")
-_FLOAT_TEXT = re.compile(r"[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?")
-
-
-def _text(v: Any, name: str) -> str:
-    if isinstance(v, bytes):
-        try:
-            return v.decode()
-        except UnicodeDecodeError:
-            raise _Unreadable(f"{name}: not UTF-8") from None
-    return str(v)
-
-
-def _field_int(v: Any, name: str) -> int:
-    n = stored_int_in(v, name)
-    if n is None:
-        raise _Unreadable(name)
-    return n
-
-
-def _claimed_job(raw: Sequence[Any], now_ms: int) -> ClaimedJob:
-    if len(raw) != CLAIM_FIELDS:
-        raise _Unreadable("reply cut short")
-    job_id, token = _text(raw[0], "id"), _text(raw[1], "token")
-    task, payload = _text(raw[4], "task"), _text(raw[5], "payload")
-    schedule = _text(raw[9], "schedule")
-    if not _TOKEN_RE.fullmatch(token):
-        raise _Unreadable("token")
-    if not TASK_RE.fullmatch(task):
-        raise _Unreadable("task")
-    if schedule and not SCHEDULE_NAME_RE.fullmatch(schedule):
-        raise _Unreadable("schedule")
-    backoff = parse_stored_backoff(_text(raw[7], "backoff"))
-    if backoff is None:
-        raise _Unreadable("backoff")
-    attempts = _field_int(raw[2], "attempts")
-    max_attempts = _field_int(raw[3], "max_attempts")
-    return ClaimedJob(
-        id=job_id, token=token, attempts=attempts, max_attempts=max_attempts, task=task,
-        payload_json=payload, run_at_ms=_field_int(raw[6], "run_at_ms"), claimed_ms=now_ms,
-        backoff=backoff, timeout_ms=_field_int(raw[8], "timeout_ms"), schedule=schedule,
-    )  # fmt: skip
-
-
-def _lossy(v: Any) -> str:
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-
-
-def parse_claim(reply: Any) -> ClaimBatch:
-    """claim.lua checks every field it hands out; this checks them again, so that one job a
-    client cannot read (another server version, a hand edit between check and reply) lands in
-    `unreadable` as (id, token, reason) and never stops the rest of the batch from parsing."""
-    now_ms, next_ms, n = int(s(reply[0])), int(s(reply[1])), int(reply[2])
-    jobs: list[ClaimedJob] = []
-    unreadable: list[tuple[str, str, str]] = []
-    base = 3
-    for _ in range(n):
-        raw = reply[base : base + CLAIM_FIELDS]
-        base += CLAIM_FIELDS
-        try:
-            jobs.append(_claimed_job(raw, now_ms))
-        except (ValueError, TypeError, BadArgument) as exc:
-            reason = (
-                f"invalid job: {exc}" if isinstance(exc, _Unreadable) else f"invalid job: {exc!r}"
-            )
-            unreadable.append(
-                (_lossy(raw[0]) if raw else "", _lossy(raw[1]) if len(raw) > 1 else "", reason)
-            )
-    return ClaimBatch(now_ms=now_ms, next_ms=next_ms, jobs=jobs, unreadable=unreadable)
-
-
-def parse_stored_backoff(text: str) -> Backoff | None:
-    """The job hash's 'base_ms,factor,cap_ms,jitter' (as enqueue.lua stores it), read as strictly
-    as lua/lib/util.lua parse_backoff; '' is the default; None when unreadable."""
-    if text == "":
-        return DEFAULT_BACKOFF
-    parts = text.split(",")
-    if len(parts) != 4:
-        return None
-    base, cap = (
-        stored_int_in(parts[0], "backoff.base_ms"),
-        stored_int_in(parts[2], "backoff.cap_ms"),
-    )
-    floats = []
-    for name, part in (("factor", parts[1]), ("jitter", parts[3])):
-        lo, hi = FLOAT_LIMITS["backoff." + name]
-        if len(part) > 32 or not _FLOAT_TEXT.fullmatch(part):
-            return None
-        x = float(part)
-        if not lo <= x <= hi:
-            return None
-        floats.append(x)
-    if base is None or cap is None:
-        return None
-    return Backoff(base, floats[0], cap, floats[1])
-
-
-def stored_backoff(text: str) -> Backoff:
-    """parse_stored_backoff, with the default for an unreadable value."""
-    b = parse_stored_backoff(text)
-    return DEFAULT_BACKOFF if b is None else b
 
 
 def lease_pairs(leases: Sequence[tuple[str, str]]) -> list[str]:

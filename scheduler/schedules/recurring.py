@@ -229,7 +229,7 @@ def define(
     _int(max_attempts, "max_attempts")
     _int(timeout_ms, "timeout_ms")
     b = codec.check_backoff(backoff if backoff is not None else Backoff())
-    backoff_text = f"{b.base_ms},{float(b.factor)!r},{b.cap_ms},{float(b.jitter)!r}"
+    backoff_text = codec.backoff_text(b)
     if every_ms is not None:
         _int(every_ms, "every_ms")
         if tz is not None:

@@ -1,0 +1,108 @@
+"""claim.lua's arguments and reply: the claimed jobs, each field checked again client-side."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from scheduler.core.backoff_text import parse_stored_backoff
+from scheduler.core.errors import BadArgument
+from scheduler.core.limits import (
+    SCHEDULE_NAME_RE,
+    TASK_RE,
+    check_int,
+    s,
+    stored_int_in,
+)
+from scheduler.core.models import ClaimBatch, ClaimedJob
+
+CLAIM_FIELDS = 10  # per job in claim.lua's reply
+
+
+def claim_args(worker_id: str, limit: int, lease_ms: int, nonce: str, reap_limit: int) -> list[str]:
+    if not isinstance(worker_id, str) or not 1 <= len(worker_id) <= 200:
+        raise BadArgument("worker_id must be a string of 1-200 characters")
+    if not worker_id.isascii():
+        try:
+            worker_id.encode()
+        except UnicodeEncodeError as exc:
+            raise BadArgument(f"worker_id is not valid Unicode text: {exc.reason}") from None
+    check_int(limit, "limit")
+    check_int(lease_ms, "lease_ms")
+    check_int(reap_limit, "reap_limit")
+    return [worker_id, str(limit), str(lease_ms), nonce, str(reap_limit)]
+
+
+class _Unreadable(ValueError):
+    """One claimed job's field the client cannot use (its name is the message)."""
+
+
+_TOKEN_RE = re.compile(r"[0-9]{1,16}-[0-9A-Za-z]{1,64}")
+
+
+def _text(v: Any, name: str) -> str:
+    if isinstance(v, bytes):
+        try:
+            return v.decode()
+        except UnicodeDecodeError:
+            raise _Unreadable(f"{name}: not UTF-8") from None
+    return str(v)
+
+
+def _field_int(v: Any, name: str) -> int:
+    n = stored_int_in(v, name)
+    if n is None:
+        raise _Unreadable(name)
+    return n
+
+
+def _claimed_job(raw: Sequence[Any], now_ms: int) -> ClaimedJob:
+    if len(raw) != CLAIM_FIELDS:
+        raise _Unreadable("reply cut short")
+    job_id, token = _text(raw[0], "id"), _text(raw[1], "token")
+    task, payload = _text(raw[4], "task"), _text(raw[5], "payload")
+    schedule = _text(raw[9], "schedule")
+    if not _TOKEN_RE.fullmatch(token):
+        raise _Unreadable("token")
+    if not TASK_RE.fullmatch(task):
+        raise _Unreadable("task")
+    if schedule and not SCHEDULE_NAME_RE.fullmatch(schedule):
+        raise _Unreadable("schedule")
+    backoff = parse_stored_backoff(_text(raw[7], "backoff"))
+    if backoff is None:
+        raise _Unreadable("backoff")
+    attempts = _field_int(raw[2], "attempts")
+    max_attempts = _field_int(raw[3], "max_attempts")
+    return ClaimedJob(
+        id=job_id, token=token, attempts=attempts, max_attempts=max_attempts, task=task,
+        payload_json=payload, run_at_ms=_field_int(raw[6], "run_at_ms"), claimed_ms=now_ms,
+        backoff=backoff, timeout_ms=_field_int(raw[8], "timeout_ms"), schedule=schedule,
+    )  # fmt: skip
+
+
+def _lossy(v: Any) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def parse_claim(reply: Any) -> ClaimBatch:
+    """claim.lua checks every field it hands out; this checks them again, so that one job a
+    client cannot read (another server version, a hand edit between check and reply) lands in
+    `unreadable` as (id, token, reason) and never stops the rest of the batch from parsing."""
+    now_ms, next_ms, n = int(s(reply[0])), int(s(reply[1])), int(reply[2])
+    jobs: list[ClaimedJob] = []
+    unreadable: list[tuple[str, str, str]] = []
+    base = 3
+    for _ in range(n):
+        raw = reply[base : base + CLAIM_FIELDS]
+        base += CLAIM_FIELDS
+        try:
+            jobs.append(_claimed_job(raw, now_ms))
+        except (ValueError, TypeError, BadArgument) as exc:
+            reason = (
+                f"invalid job: {exc}" if isinstance(exc, _Unreadable) else f"invalid job: {exc!r}"
+            )
+            unreadable.append(
+                (_lossy(raw[0]) if raw else "", _lossy(raw[1]) if len(raw) > 1 else "", reason)
+            )
+    return ClaimBatch(now_ms=now_ms, next_ms=next_ms, jobs=jobs, unreadable=unreadable)

@@ -1,0 +1,106 @@
+"""The valid range of every number and name that crosses the boundary, and the one reader of
+stored numbers: arguments are checked against these before anything is sent."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from scheduler.core.backoff import Backoff
+from scheduler.core.errors import BadArgument
+
+DEFAULT_BACKOFF = Backoff()
+MAX_PAYLOAD_BYTES = 512 * 1024
+IDEMPOTENCY_TTL_MS = 24 * 3_600_000
+RESULT_TTL_MS = 3_600_000
+# The one task-name and schedule-name rules (schedules/recurring.py uses these too; Lua checks
+# the same in lib/util.lua).
+TASK_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,200}")
+SCHEDULE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+# The valid range (inclusive) of every number that crosses the boundary, in this one place:
+# arguments are refused outside it (BadArgument naming the field and the range), and stored
+# numbers are read back within it. lua/lib/util.lua's LIM repeats these numbers for the scripts
+# (a test checks they agree); docs/limits.md is the same table for people. Every bound stays far
+# below 2^53, so a Lua number holds each value exactly.
+DAY_MS = 86_400_000
+MAX_TIME_MS = 7_258_118_400_000  # 2200-01-01T00:00:00Z
+MAX_DELAY_MS = 3650 * DAY_MS
+MAX_SAFE_INT = 2**53 - 1
+LIMITS: dict[str, tuple[int, int]] = {
+    "run_at_ms": (0, MAX_TIME_MS),  # run_at: 1970-01-01 .. 2200-01-01 UTC; past means due now
+    "delay_ms": (0, MAX_DELAY_MS),  # delay_ms (+ jitter), fail's delay_ms: up to 3650 days
+    "jitter_ms": (0, MAX_DELAY_MS),
+    "max_attempts": (1, 1_000_000),
+    "attempts": (0, 1_000_000),  # stored only (claim counts it)
+    "timeout_ms": (0, 7 * DAY_MS),  # 0 = no timeout
+    "lease_ms": (1, DAY_MS),
+    "limit": (0, 1_000),  # jobs per claim
+    "reap_limit": (0, 10_000),
+    "result_ttl_ms": (1, 366 * DAY_MS),
+    "record_ttl_ms": (1, 366 * DAY_MS),
+    "idem_ttl_ms": (1, 366 * DAY_MS),
+    "backoff.base_ms": (0, MAX_DELAY_MS),
+    "backoff.cap_ms": (0, MAX_DELAY_MS),
+    "every_ms": (1, MAX_DELAY_MS),
+    "batch_size": (1, 10_000),  # jobs per enqueue script call
+    "fence": (0, MAX_SAFE_INT - 1),  # stored only
+}
+FLOAT_LIMITS: dict[str, tuple[float, float]] = {
+    "backoff.factor": (1.0, 1000.0),
+    "backoff.jitter": (0.0, 1.0),
+}
+
+
+def s(v: Any) -> str:
+    """A reply value as text, whatever the client's decode_responses setting."""
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _int(value: Any, name: str, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadArgument(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise BadArgument(f"{name} must be >= {minimum}, got {value}")
+    if abs(value) > MAX_SAFE_INT:
+        raise BadArgument(f"{name} must be within +-(2**53 - 1), got {value}")
+    return value
+
+
+def check_int(value: Any, name: str, limit: str | None = None) -> int:
+    """An integer argument within LIMITS[limit or name], else BadArgument naming both."""
+    lo, hi = LIMITS[limit or name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadArgument(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    if not lo <= value <= hi:
+        raise BadArgument(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+_INT_TEXT = re.compile(r"-?[0-9]{1,16}")
+
+
+def stored_int(value: Any, lo: int | None = None, hi: int | None = None) -> int | None:
+    """The one reader of stored numbers (job and schedule hashes, script replies): decimal
+    digits only, as lua/lib/util.lua parse_int reads them (no '1e3', '0x10', 'inf', ' 7', '7.0'),
+    within +-(2**53 - 1) and [lo, hi]; None when the text is anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    else:
+        if isinstance(value, bytes):
+            try:
+                value = value.decode()
+            except UnicodeDecodeError:
+                return None
+        if not isinstance(value, str) or not _INT_TEXT.fullmatch(value):
+            return None
+        n = int(value)
+    if abs(n) > MAX_SAFE_INT or (lo is not None and n < lo) or (hi is not None and n > hi):
+        return None
+    return n
+
+
+def stored_int_in(value: Any, name: str) -> int | None:
+    """stored_int within LIMITS[name]."""
+    lo, hi = LIMITS[name]
+    return stored_int(value, lo, hi)
