@@ -192,6 +192,13 @@ def register(main: click.Group) -> None:
     "stops claiming until one ends (default: 2x concurrency).",
 )
 @click.option(
+    "--result-ttl-ms",
+    type=int,
+    default=None,
+    help="How long a completed job's status and result are kept, unless its task sets "
+    "result_ttl_ms (default: 3600000, 1 h).",
+)
+@click.option(
     "--worker-id",
     default=None,
     help="Name shown by `scheduler workers` and in logs (default: host:pid:random).",
@@ -199,7 +206,8 @@ def register(main: click.Group) -> None:
 def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: int, lease_ms: int,
                heartbeat_ms: int, batch_size: int, grace_s: float, log_level: str,
                json_logs: bool, metrics_port: int | None, strict: bool,
-               max_abandoned_threads: int | None, worker_id: str | None) -> None:  # fmt: skip
+               max_abandoned_threads: int | None, result_ttl_ms: int | None,
+               worker_id: str | None) -> None:  # fmt: skip
     """Run handlers from REGISTRY (module:attribute, a scheduler.worker.registry.Registry).
 
     Exit codes: the table of `scheduler --help` (0 stopped cleanly, 1 crashed or --strict
@@ -208,7 +216,8 @@ def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: in
     """
     logs.setup(log_level, json_logs)
     settings = WorkerSettings(tuple(queues), concurrency, lease_ms, heartbeat_ms, batch_size,
-                              grace_s, max_abandoned_threads=max_abandoned_threads)  # fmt: skip
+                              grace_s, max_abandoned_threads=max_abandoned_threads,
+                              result_ttl_ms=result_ttl_ms)  # fmt: skip
     try:
         settings.check()
         if worker_id is not None:

@@ -15,6 +15,7 @@ from scheduler.worker.execution import RetryDelay
 from scheduler.worker.settings import (
     _MAX_IDLE_SLEEP_S,
     _WAKE_BLOCK_S,
+    CLAIM_MIN_FREE,
     PREFETCH_MAX_RUN_S,
 )
 
@@ -28,10 +29,11 @@ class Claiming(Dispatch):
         rr = 0
         while not self._stop_claiming.is_set():
             free = self._room()
-            if free <= 0:
+            if free <= 0 or self._hold_claim(free):
                 self._slot_free.clear()
-                if self._room() <= 0:
-                    await self._slot_free.wait()
+                free = self._room()
+                if free <= 0 or self._hold_claim(free):
+                    await self._slot_free.wait()  # set by every job end (_pump) and stop
                 continue
             full = False
             claimed = 0
@@ -78,6 +80,18 @@ class Claiming(Dispatch):
         for job_id, token, reason in batch.unreadable:
             self._fail_unreadable(queue, job_id, token, reason)
 
+    def _short_jobs(self) -> bool:
+        return self._mean_run_s is not None and self._mean_run_s < PREFETCH_MAX_RUN_S
+
+    def _hold_claim(self, free: int) -> bool:
+        """True: wait for more free slots before claiming (CLAIM_MIN_FREE). Only while jobs
+        are short and some are running or waiting to: their ends free slots within a batch's
+        run time. An idle worker never holds, so a lone due job is claimed at once."""
+        if not (self.running or self._backlog) or not self._short_jobs():
+            return False
+        s = self.settings
+        return free < max(1, min(CLAIM_MIN_FREE, (s.concurrency + s.prefetch) // 2))
+
     def _room(self) -> int:
         """How many jobs the next claim may take."""
         s = self.settings
@@ -93,8 +107,7 @@ class Claiming(Dispatch):
             self._capped = False
             self.metrics.claim_paused.labels("abandoned_threads").set(0)
             self.log.info("claiming again: abandoned handler threads below the cap")
-        ahead = s.prefetch if (self._mean_run_s is not None
-                               and self._mean_run_s < PREFETCH_MAX_RUN_S) else 0  # fmt: skip
+        ahead = s.prefetch if self._short_jobs() else 0
         return (s.concurrency + ahead - len(self.running) - len(self._backlog)
                 - len(self._behind))  # fmt: skip
 

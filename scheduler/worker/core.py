@@ -37,6 +37,14 @@ class _Queue:
         self.keys = QueueKeys(name)
         self.script_keys = self.keys.script_keys()
         self.ops = Ops(self.keys, Settings())
+        self._ops_by_ttl: dict[int, Ops] = {}
+
+    def ops_for(self, result_ttl_ms: int) -> Ops:
+        """Ops whose complete keeps the outcome for result_ttl_ms (one per retention used)."""
+        ops = self._ops_by_ttl.get(result_ttl_ms)
+        if ops is None:
+            ops = self._ops_by_ttl[result_ttl_ms] = Ops(self.keys, Settings(result_ttl_ms))
+        return ops
 
 
 class _Fatal(Exception):
@@ -85,6 +93,7 @@ class WorkerCore:
         self.metrics = metrics or WorkerMetrics()
         self.log = logger or logging.getLogger(logs.LOGGER)
         self.queues = [_Queue(client, n, _clock) for n in self.settings.queues]
+        self._result_ttl_ms = self.settings.result_ttl_ms or Settings.result_ttl_ms
         self._by_name = {q.name: q for q in self.queues}
         self._pipe = Pipeline(client, _clock)
         self._threads = ThreadRunner()
@@ -153,6 +162,11 @@ class WorkerCore:
         hint = "the server is full (maxmemory); " if isinstance(exc, OutOfMemoryError) else ""
         self.log.warning("redis error during %s: %s: %s (%sbacking off, retrying)", what,
                          type(exc).__name__, exc, hint)  # fmt: skip
+
+    def _ttl_for(self, r: Running) -> int:
+        """Outcome retention: the task's default, else this worker's, else 1 h."""
+        t = r.spec.result_ttl_ms if r.spec is not None else None
+        return self._result_ttl_ms if t is None else t
 
     def _log_job(self, event: str, r: Running, level: int = logging.INFO, **extra: Any) -> None:
         logs.transition(self.log, event, queue=r.queue, job_id=r.job.id, task=r.job.task,

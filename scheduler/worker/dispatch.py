@@ -53,7 +53,9 @@ class Dispatch(WorkerCore):
 
     def _prepare(self, r: Running, now_ms: int) -> None:
         job, queue, spec = r.job, r.queue, r.spec
-        self.metrics.per_task(queue, job.task)[0].observe(max(now_ms - job.run_at_ms, 0) / 1000)
+        self.metrics.per_task(queue, job.task).lateness.observe(
+            max(now_ms - job.run_at_ms, 0) / 1000
+        )
         if self.log.isEnabledFor(logging.INFO):
             self._log_job("claimed", r, late_ms=now_ms - job.run_at_ms)
         if spec is None:
@@ -147,7 +149,7 @@ class Dispatch(WorkerCore):
             r.timer.cancel()
         if self.running.pop((r.queue, r.job.id), None) is not None:
             run_s = time.monotonic() - r.started_s
-            self.metrics.per_task(r.queue, r.job.task)[1].observe(run_s)
+            self.metrics.per_task(r.queue, r.job.task).duration.observe(run_s)
             m = self._mean_run_s
             self._mean_run_s = run_s if m is None else m + 0.05 * (run_s - m)
         self._pump()

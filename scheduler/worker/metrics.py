@@ -1,11 +1,19 @@
 """Prometheus metrics of one worker process, on a private registry (several Workers in one
-process, as in tests, do not collide). Served by `scheduler worker --metrics-port`."""
+process, as in tests, do not collide). Served by `scheduler worker --metrics-port`.
+
+The per-job series (outcomes, lateness, run time) are plain ints and floats on the hot path,
+published as metric families when scraped (_JobCollector): a prometheus-client call per job
+(labels, lock, value objects) cost more CPU than the rest of the job's bookkeeping
+(docs/performance.md)."""
 
 from __future__ import annotations
 
-from typing import Any
+from bisect import bisect_left
+from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from scheduler.core.models import QueueCounts
 from scheduler.core.vocabulary import OUTCOMES
@@ -13,25 +21,81 @@ from scheduler.core.vocabulary import OUTCOMES
 # Lateness and run time span a few ms (on-time claims) to minutes (slow handlers).
 _BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
               300)  # fmt: skip
+_LE = [repr(float(b)) for b in _BUCKETS_S] + ["+Inf"]  # as prometheus-client writes them
+
+
+class Hist:
+    """One histogram child as plain numbers: counts[i] holds values <= _BUCKETS_S[i] (and above
+    the bucket before), the last one the rest (+Inf)."""
+
+    __slots__ = ("counts", "sum_s")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(_BUCKETS_S) + 1)
+        self.sum_s = 0.0
+
+    def observe(self, value_s: float) -> None:
+        self.counts[bisect_left(_BUCKETS_S, value_s)] += 1
+        self.sum_s += value_s
+
+
+class TaskStats:
+    """The per-(queue, task) numbers the hot path touches."""
+
+    __slots__ = ("done", "duration", "lateness")
+
+    def __init__(self) -> None:
+        self.lateness = Hist()
+        self.duration = Hist()
+        self.done = 0
+
+
+class _JobCollector(Collector):
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        # Runs in the HTTP thread while the loop writes: copy first (list() of a dict is one C
+        # call under the GIL), a scrape may see one job's count without its sum, never an error.
+        per_task = list(self._m._tasks.items())
+        other = list(self._m._outcomes.items())
+        jobs = CounterMetricFamily(
+            "scheduler_jobs", "Job outcomes seen by this worker "
+            "(stale: a result the server refused; expired: the lease ran out before reporting)",
+            labels=["queue", "task", "outcome"],
+        )  # fmt: skip
+        for (queue, task), st in per_task:
+            if st.done:
+                jobs.add_metric([queue, task, "done"], st.done)
+        for (queue, task, outcome), n in other:
+            jobs.add_metric([queue, task, outcome], n)
+        yield jobs
+        for name, doc, attr in (
+            ("scheduler_job_lateness_seconds", "Claim time minus run_at (server clock)",
+             "lateness"),
+            ("scheduler_job_duration_seconds", "Handler run time", "duration"),
+        ):  # fmt: skip
+            fam = HistogramMetricFamily(name, doc, labels=["queue", "task"])
+            for (queue, task), st in per_task:
+                h: Hist = getattr(st, attr)
+                counts, total, acc = list(h.counts), h.sum_s, 0
+                if not any(counts):
+                    continue
+                buckets = []
+                for le, c in zip(_LE, counts, strict=True):
+                    acc += c
+                    buckets.append((le, float(acc)))
+                fam.add_metric([queue, task], buckets, total)
+            yield fam
 
 
 class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.outcomes = Counter(
-            "scheduler_jobs", "Job outcomes seen by this worker "
-            "(stale: a result the server refused; expired: the lease ran out before reporting)",
-            ["queue", "task", "outcome"], registry=r,
-        )  # fmt: skip
-        self.lateness = Histogram(
-            "scheduler_job_lateness_seconds", "Claim time minus run_at (server clock)",
-            ["queue", "task"], buckets=_BUCKETS_S, registry=r,
-        )  # fmt: skip
-        self.duration = Histogram(
-            "scheduler_job_duration_seconds", "Handler run time",
-            ["queue", "task"], buckets=_BUCKETS_S, registry=r,
-        )  # fmt: skip
+        self._tasks: dict[tuple[str, str], TaskStats] = {}
+        self._outcomes: dict[tuple[str, str, str], int] = {}  # every outcome but done
+        r.register(_JobCollector(self))
         self.in_flight = Gauge("scheduler_jobs_in_flight", "Jobs running now", registry=r)
         self.depth = Gauge(
             "scheduler_queue_jobs", "Jobs per place, from one counts script call per heartbeat",
@@ -54,25 +118,21 @@ class WorkerMetrics:
             ["reason"], registry=r,
         )  # fmt: skip
 
-        self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
-
-    def per_task(self, queue: str, task: str) -> tuple[Any, Any, Any]:
-        """(lateness, duration, done counter) children, cached: labels() per job is slow."""
-        key = (queue, task)
-        c = self._children.get(key)
-        if c is None:
-            c = (self.lateness.labels(queue, task), self.duration.labels(queue, task),
-                 self.outcomes.labels(queue, task, "done"))  # fmt: skip
-            self._children[key] = c
-        return c
+    def per_task(self, queue: str, task: str) -> TaskStats:
+        """The (queue, task) numbers, created on first use."""
+        st = self._tasks.get((queue, task))
+        if st is None:
+            st = self._tasks[(queue, task)] = TaskStats()
+        return st
 
     def outcome(self, queue: str, task: str, outcome: str, n: int = 1) -> None:
         if outcome == "done":
-            self.per_task(queue, task)[2].inc(n)
+            self.per_task(queue, task).done += n
         elif outcome not in OUTCOMES:  # a word outside the vocabulary is a bug, not a new label
             raise ValueError(f"unknown outcome {outcome!r}: not one of {OUTCOMES}")
         else:
-            self.outcomes.labels(queue, task, outcome).inc(n)
+            key = (queue, task, outcome)
+            self._outcomes[key] = self._outcomes.get(key, 0) + n
 
     def set_depth(self, queue: str, counts: QueueCounts) -> None:
         for state, value in (("due", counts.due), ("scheduled", counts.scheduled),

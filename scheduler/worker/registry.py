@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.core import codec
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument, JobCancelled, LeaseExpired, UnknownTask
 from scheduler.core.models import JobSpec
@@ -33,6 +34,7 @@ class TaskSpec:
     backoff: Backoff | None = None
     timeout_s: float | None = None  # used when the job itself carries no timeout_ms
     non_retryable: tuple[type[BaseException], ...] = ()
+    result_ttl_ms: int | None = None  # outcome retention; None: the worker's setting
 
     def timeout_for(self, job_timeout_ms: int) -> float | None:
         """The job's own timeout wins; else the task default; None = no limit."""
@@ -112,6 +114,7 @@ class Registry:
         backoff: Backoff | None = None,
         timeout_s: float | None = None,
         non_retryable: tuple[type[BaseException], ...] = (),
+        result_ttl_ms: int | None = None,
     ) -> Callable[[Handler], Handler]:
         if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
             raise BadArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
@@ -119,6 +122,8 @@ class Registry:
             raise BadArgument(f"timeout_s must be a number > 0, got {timeout_s!r}")
         if backoff is not None and not isinstance(backoff, Backoff):
             raise BadArgument(f"backoff must be a Backoff, got {backoff!r}")
+        if result_ttl_ms is not None:
+            codec.check_int(result_ttl_ms, "result_ttl_ms")
         for exc in non_retryable:
             if not (isinstance(exc, type) and issubclass(exc, BaseException)):
                 raise BadArgument(f"non_retryable must hold exception classes, got {exc!r}")
@@ -129,7 +134,7 @@ class Registry:
                 raise BadArgument(f"task {task_name!r} is already registered")
             self._tasks[task_name] = TaskSpec(
                 task_name, fn, inspect.iscoroutinefunction(fn), max_attempts, backoff,
-                timeout_s, tuple(non_retryable),
+                timeout_s, tuple(non_retryable), result_ttl_ms,
             )  # fmt: skip
             return fn
 

@@ -48,14 +48,15 @@ class Reporting(WorkerCore):
         fails, self._fails = self._fails, []
         gen = self._report_gen
         self._sending = (completes, fails)
-        by_queue: dict[str, list[tuple[Running, Any]]] = {}
+        # One complete_many per (queue, retention): the TTL is one argument per call.
+        by_queue: dict[tuple[str, int], list[tuple[Running, Any]]] = {}
         for r, result in completes:
-            by_queue.setdefault(r.queue, []).append((r, result))
+            by_queue.setdefault((r.queue, self._ttl_for(r)), []).append((r, result))
         calls: list[tuple[list[str], Any]] = []
         try:
-            for qn, items in by_queue.items():
+            for (qn, ttl_ms), items in by_queue.items():
                 q = self._by_name[qn]
-                calls.append((q.script_keys, q.ops.complete_many(
+                calls.append((q.script_keys, q.ops_for(ttl_ms).complete_many(
                     [(r.job.id, r.job.token, res) for r, res in items])))  # fmt: skip
             for r, err, retryable in fails:
                 q = self._by_name[r.queue]
@@ -101,7 +102,7 @@ class Reporting(WorkerCore):
         for (r, _), st in zip(items, statuses, strict=True):
             self._held.pop((r.queue, r.job.id), None)
             if st == "done":
-                self.metrics.per_task(r.queue, r.job.task)[2].inc()
+                self.metrics.per_task(r.queue, r.job.task).done += 1
                 if log_info:
                     self._log_job("done", r)
             else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.core import exits
+from scheduler.core import codec, exits
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
 
@@ -15,6 +15,10 @@ EXIT_REDIS_REFUSED, EXIT_FORCED = exits.EXIT_REDIS_REFUSED, exits.EXIT_FORCED
 
 _MAX_IDLE_SLEEP_S = 30.0  # safety net: re-claim at least this often even with no wake-up
 PREFETCH_MAX_RUN_S = 0.02
+# Claim hysteresis: while jobs are short (prefetching) and the worker is busy, claim only once
+# this many slots are free (capped at half the worker's capacity), so one claim call carries
+# a batch rather than a job or two. An idle worker claims at once, whatever is free.
+CLAIM_MIN_FREE = 48
 _WAKE_BLOCK_S = 1  # BLPOP timeout; the due-time timer is local, so precision does not matter
 _LEASE_MARGIN_S = 0.05  # local lease view ends this much before the server's
 _STOP_LOOP_S = 1.0  # how long shutdown waits for one loop to notice its stop flag
@@ -42,6 +46,9 @@ class WorkerSettings:
     # cannot kill a thread). At the cap the worker stops claiming until one ends. None: 2x
     # concurrency. Live handler threads stay within concurrency + this.
     max_abandoned_threads: int | None = None
+    # How long a job this worker completes keeps its outcome record (status, result), unless
+    # its task says otherwise (registry.task(result_ttl_ms=...)). None: codec.RESULT_TTL_MS.
+    result_ttl_ms: int | None = None
 
     @property
     def abandoned_cap(self) -> int:
@@ -69,6 +76,11 @@ class WorkerSettings:
             raise SettingsError(f"prefetch must be >= 0, got {self.prefetch}")
         if self.grace_s < 0:
             raise SettingsError(f"grace must be >= 0, got {self.grace_s}")
+        if self.result_ttl_ms is not None:
+            try:
+                codec.check_int(self.result_ttl_ms, "result_ttl_ms")
+            except BadArgument as exc:
+                raise SettingsError(str(exc)) from None
         if self.max_abandoned_threads is not None and self.max_abandoned_threads < 1:
             raise SettingsError(
                 f"max_abandoned_threads must be >= 1, got {self.max_abandoned_threads}"

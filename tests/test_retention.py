@@ -1,0 +1,104 @@
+"""Retention of finished jobs is decided where they finish: the task's default, else the
+worker's option, else 1 h. A producer's Queue(result_ttl_ms=...) does not govern it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aredis
+from click.testing import CliRunner
+
+from scheduler import Queue
+from scheduler.cli.main import main
+from scheduler.core import codec
+from scheduler.core.errors import BadArgument
+from scheduler.core.exits import EXIT_USAGE
+from scheduler.worker import Worker, WorkerSettings
+from scheduler.worker.registry import Registry
+from scheduler.worker.settings import SettingsError
+from tests.workers.procs import wait_for
+
+registry = Registry()
+
+
+@registry.task("plain")
+def plain(payload: Any, ctx: Any) -> str:
+    return "ok"
+
+
+@registry.task("brief", result_ttl_ms=5_000)
+def brief(payload: Any, ctx: Any) -> str:
+    return "ok"
+
+
+@contextmanager
+def running_worker(redis_url: str, settings: WorkerSettings) -> Iterator[Worker]:
+    loop = asyncio.new_event_loop()
+    client = aredis.Redis.from_url(redis_url, decode_responses=True)
+    w = Worker(client, registry, settings)
+    t = threading.Thread(target=lambda: loop.run_until_complete(w.run(install_signals=False)))
+    t.start()
+    try:
+        yield w
+    finally:
+        loop.call_soon_threadsafe(w.request_stop)
+        t.join(30)
+        loop.run_until_complete(client.aclose())
+        loop.close()
+
+
+def finished_pttl_ms(redis_url: str, q: Queue, client: redis.Redis, task: str,
+                     settings: WorkerSettings) -> int:  # fmt: skip
+    job_id = q.enqueue(task, {})
+    with running_worker(redis_url, settings):
+        wait_for(lambda: q.status(job_id) == "done", what=f"{task} done")
+    assert q.get_job(job_id).result_json == '"ok"'
+    return int(client.pttl(q.keys.job(job_id)))
+
+
+def test_the_worker_option_sets_the_ttl_of_what_it_completes(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    # The producer asks for a day: that is not what decides it.
+    producer = Queue(client, q.name, result_ttl_ms=86_400_000)
+    ttl = finished_pttl_ms(redis_url, producer, client, "plain",
+                           WorkerSettings(queues=(q.name,), result_ttl_ms=60_000))  # fmt: skip
+    assert 0 < ttl <= 60_000
+
+
+def test_without_an_option_the_default_is_one_hour(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    ttl = finished_pttl_ms(redis_url, q, client, "plain", WorkerSettings(queues=(q.name,)))
+    assert 60_000 < ttl <= codec.RESULT_TTL_MS
+
+
+def test_the_task_default_wins_over_the_worker_option(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    ttl = finished_pttl_ms(redis_url, q, client, "brief",
+                           WorkerSettings(queues=(q.name,), result_ttl_ms=60_000))  # fmt: skip
+    assert 0 < ttl <= 5_000
+
+
+@pytest.mark.parametrize("bad", [0, -1, codec.LIMITS["result_ttl_ms"][1] + 1, 1.5, True])
+def test_a_retention_outside_the_limits_is_refused(bad: Any) -> None:
+    with pytest.raises(SettingsError, match="result_ttl_ms"):
+        WorkerSettings(result_ttl_ms=bad).check()
+    r = Registry()
+    with pytest.raises(BadArgument, match="result_ttl_ms"):
+        r.task("t", result_ttl_ms=bad)
+    assert r.names() == []
+
+
+def test_the_cli_flag_is_checked_before_anything_starts() -> None:
+    out = CliRunner().invoke(main, ["worker", "tests.test_retention:registry",
+                                    "--result-ttl-ms", "0"])  # fmt: skip
+    assert out.exit_code == EXIT_USAGE, out.output
+    assert "result_ttl_ms" in out.output
