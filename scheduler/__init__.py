@@ -9,25 +9,44 @@ from scheduler.core.errors import (
     JobCancelled,
     JobNotFound,
     LeaseExpired,
+    LeaseRefused,
+    NotDurable,
     SchedulerError,
     StaleToken,
+    UnknownTask,
 )
-from scheduler.core.models import ClaimedJob, Job, JobSpec, JobState, QueueCounts
+from scheduler.core.models import (
+    ClaimBatch,
+    ClaimedJob,
+    FailOutcome,
+    Job,
+    JobSpec,
+    JobState,
+    QueueCounts,
+)
+from scheduler.worker.registry import JobContext, Registry
 
 __all__ = [
     "AsyncQueue",
     "Backoff",
     "BadArgument",
+    "ClaimBatch",
     "ClaimedJob",
+    "FailOutcome",
     "InvalidPayload",
     "Job",
     "JobCancelled",
+    "JobContext",
     "JobNotFound",
     "JobSpec",
     "JobState",
     "LeaseExpired",
+    "LeaseRefused",
+    "NotDurable",
     "Queue",
     "QueueCounts",
+    "Registry",
     "SchedulerError",
     "StaleToken",
+    "UnknownTask",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from scheduler.worker.registry import JobContext, Registry
+from scheduler import JobContext, Registry
 
 registry = Registry()
 _client: redis.Redis | None = None

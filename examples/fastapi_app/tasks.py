@@ -11,7 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from scheduler.worker.registry import JobContext, Registry
+from scheduler import JobContext, Registry
 
 registry = Registry()
 
