@@ -9,7 +9,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 # Venv with the lowest redis-py that pyproject.toml allows ("redis[hiredis]>=X.Y": X.Y.*).
-VENV5  ?= .venv-redis5
+VENV_LOWEST  ?= .venv-lowest-redis
 REDIS_LOWEST := $(shell sed -n 's/^ *"redis\[hiredis\]>=\([0-9][0-9.]*\)".*/\1/p' pyproject.toml)
 # pytest-xdist workers: the tests mostly wait on servers and subprocesses, so twice the 2 cores.
 # Measured here (418 tests): serial 123 s, -n 2 66 s, -n 4 59-61 s, -n 6 60 s.
@@ -32,7 +32,7 @@ define pytest
 	  [ $$rc -ne 5 ] || echo "FAILED: pytest ran no test ($(1))"; exit $$rc; }
 endef
 
-.PHONY: demo test check test-suite test-valkey test-redis5 install install-test redis-server \
+.PHONY: demo test check test-suite test-valkey test-lowest-redis install install-test redis-server \
         lint bench clean docs examples
 
 # Stamps: a venv is (re)installed only when pyproject.toml is newer than its stamp.
@@ -52,12 +52,12 @@ $(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[docs]'
 	touch $@
 
-$(VENV5)/.installed-test: pyproject.toml
+$(VENV_LOWEST)/.installed-test: pyproject.toml
 	@test -n "$(REDIS_LOWEST)" || { echo "no redis[hiredis]>=X.Y in pyproject.toml"; exit 1; }
-	test -x $(VENV5)/bin/python || $(PYTHON) -m venv $(VENV5)
-	$(VENV5)/bin/python -m pip install -q --upgrade pip
-	$(VENV5)/bin/pip install -q -e '.[test]' 'redis[hiredis]==$(REDIS_LOWEST).*'
-	$(VENV5)/bin/python -c "import redis; assert redis.__version__.startswith('$(REDIS_LOWEST).'), redis.__version__"
+	test -x $(VENV_LOWEST)/bin/python || $(PYTHON) -m venv $(VENV_LOWEST)
+	$(VENV_LOWEST)/bin/python -m pip install -q --upgrade pip
+	$(VENV_LOWEST)/bin/pip install -q -e '.[test]' 'redis[hiredis]==$(REDIS_LOWEST).*'
+	$(VENV_LOWEST)/bin/python -c "import redis; assert redis.__version__.startswith('$(REDIS_LOWEST).'), redis.__version__"
 	touch $@
 
 install: $(VENV)/.installed-embedded
@@ -85,7 +85,7 @@ check: | $(BIN)/mypy
 
 lint: check
 
-test: install-test check docs test-suite test-valkey test-redis5
+test: install-test check docs test-suite test-valkey test-lowest-redis
 
 docs: $(VENV)/.installed-docs
 	@echo "== docs site (strict)"
@@ -100,11 +100,11 @@ test-suite: install-test
 test-valkey: install-test
 	$(call pytest,conformance on Valkey,SCHEDULER_TEST_SERVER=valkey $(BIN)/python,$(CONFORMANCE))
 
-test-redis5: $(VENV5)/.installed-test redis-server
-	$(call pytest,crash/chaos on redis-py $(REDIS_LOWEST),$(VENV5)/bin/python,$(CRASH))
+test-lowest-redis: $(VENV_LOWEST)/.installed-test redis-server
+	$(call pytest,crash/chaos on redis-py $(REDIS_LOWEST),$(VENV_LOWEST)/bin/python,$(CRASH))
 
 bench: install
 	$(BIN)/python bench/run.py --quick
 
 clean:
-	rm -rf $(VENV) $(VENV5) site dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_LOWEST) site dist build .pytest_cache .mypy_cache .ruff_cache

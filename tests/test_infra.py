@@ -103,11 +103,11 @@ def test_make_test_runs_every_stage(make: str) -> None:
     assert "ruff check" in out and "ruff format --check" in out and "mypy" in out
     assert ".venv/bin/python -m pytest -n " in out
     assert "SCHEDULER_TEST_SERVER=valkey" in out and "tests/test_walkthrough.py" in out
-    assert ".venv-redis5/bin/python -m pytest" in out and "tests/faults/test_crash.py" in out
+    assert ".venv-lowest-redis/bin/python -m pytest" in out and "tests/faults/test_crash.py" in out
 
 
-def test_the_redis5_venv_gets_the_floor_of_pyproject(make: str) -> None:
-    out = subprocess.run([make, "-n", "-B", ".venv-redis5/.installed-test"], cwd=ROOT,
+def test_the_lowest_redis_venv_gets_the_floor_of_pyproject(make: str) -> None:
+    out = subprocess.run([make, "-n", "-B", ".venv-lowest-redis/.installed-test"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     floors = [line.split(">=")[1].split('"')[0]
               for line in (ROOT / "pyproject.toml").read_text().splitlines()
