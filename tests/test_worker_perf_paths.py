@@ -14,7 +14,9 @@ import redis.asyncio as aredis
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler import Queue
+from scheduler import AsyncQueue, Queue
+from scheduler.core.backoff import Backoff
+from scheduler.core.backoff_text import parse_stored_backoff
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.execution import Running
 from scheduler.worker.metrics import _BUCKETS_S, WorkerMetrics
@@ -155,3 +157,29 @@ def test_at_warning_a_job_that_succeeds_logs_nothing(redis_url: str, q: Queue) -
         loop.run_until_complete(client.aclose())
         loop.close()
     assert during == 0
+
+
+def test_a_stored_backoff_text_parses_to_one_shared_object() -> None:
+    text = "1500,3.0,90000,0.1"
+    first = parse_stored_backoff(text)
+    assert first == Backoff(1500, 3.0, 90000, 0.1)
+    assert parse_stored_backoff(text) is first  # cached: no parse, no new object per job
+    assert parse_stored_backoff("1500,3.0,90000,nope") is None  # unreadable stays unreadable
+    assert parse_stored_backoff("1500,3.0,90000,nope") is None
+
+
+def test_claimed_jobs_of_one_task_share_their_backoff(redis_url: str, q: Queue) -> None:
+    aq_client = aredis.Redis.from_url(redis_url, decode_responses=True)
+    b = Backoff(2500, 1.5, 70000, 0.2)
+    q.enqueue_many([registry.job_spec("quick", {"i": i}, backoff=b) for i in range(3)])
+
+    async def claim() -> list[Any]:
+        try:
+            batch = await AsyncQueue(aq_client, q.name).claim("w1", limit=3, lease_ms=5000)
+            return [j.backoff for j in batch.jobs]
+        finally:
+            await aq_client.aclose()
+
+    got = asyncio.run(claim())
+    assert len(got) == 3 and got[0] == b
+    assert got[1] is got[0] and got[2] is got[0]

@@ -65,6 +65,9 @@ def parse_backoff_text(text: str) -> Backoff:
     return Backoff(ints[0], floats[0], ints[1], floats[1])
 
 
+# Cached: every job of a task stores the same text, and a claim parses it once per job (the
+# worker's hot path); Backoff is frozen, so one object serves them all. Bounded by maxsize.
+@functools.lru_cache(maxsize=256)
 def parse_stored_backoff(text: str) -> Backoff | None:
     """The stored `backoff` field: '' is the default; None when unreadable."""
     if text == "":
