@@ -78,7 +78,7 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
     token = job.token
     fence = _int(token.split("-", 1)[0]) if token else None
     return {
-        "id": job.id, "state": state, "stored_state": job.state, "task": job.task,
+        "id": job.id, "state": state, "stored_state": job.stored_state, "task": job.task,
         "payload": payload, "payload_error": payload_error, "attempts": job.attempts,
         "max_attempts": job.max_attempts, "run_at_ms": run_at,
         "run_in_ms": None if run_at is None else run_at - now_ms,

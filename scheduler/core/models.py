@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -12,9 +12,12 @@ from scheduler.core.backoff import Backoff
 
 
 class JobState(StrEnum):
-    """The value stored in the job hash's `state` field (a copy of set membership)."""
+    """A job's state as status() and get_job() report it: the job hash's stored `state` (a copy
+    of set membership), except that a waiting job is SCHEDULED while its run_at is after the
+    server's now and DUE from then on. Only `due` is ever stored (docs/glossary.md)."""
 
-    DUE = "due"  # in the due set; "scheduled" when run_at is still in the future
+    SCHEDULED = "scheduled"  # waiting, run_at in the future: reported, never stored
+    DUE = "due"  # waiting, run_at reached: a worker may claim it now
     LEASED = "leased"
     DONE = "done"
     DEAD = "dead"
@@ -108,6 +111,19 @@ class Job:
     payload_json: str
     fields: dict[str, str] = field(repr=False)
     lease_until_ms: int | None = None
+
+    @property
+    def stored_state(self) -> str:
+        """The job hash's `state` field as stored (`due` for every waiting job)."""
+        return self.fields.get("state", "?")
+
+    def as_of(self, now_ms: int) -> Job:
+        """This job with `state` as of the server time now_ms: a stored `due` whose run_at_ms
+        is after now_ms reads as `scheduled` (an unreadable run_at_ms stays `due`)."""
+        run_at = self.run_at_ms
+        if self.state == JobState.DUE and run_at is not None and run_at > now_ms:
+            return replace(self, state=JobState.SCHEDULED.value)
+        return self
 
     def _int(self, name: str) -> int | None:
         # The one strict reader (codec imports this module, hence the late import).

@@ -32,9 +32,13 @@ class InspectingOps(OpsBase):
         job = codec.parse_job(job_id, raw, score)
         if job is None:
             raise JobNotFound(f"no job {job_id!r} in queue {self.keys.queue!r}")
+        if job.state == JobState.DUE:
+            # Due or scheduled is a matter of the server's clock, which counts reads.
+            job = job.as_of((yield from self.counts()).now_ms)
         return job
 
     def status(self, job_id: str) -> Op[JobState]:
+        """SCHEDULED for a waiting job whose run_at is after the server's now, DUE from then."""
         job = yield from self.get_job(job_id)
         try:
             return JobState(job.state)
@@ -70,5 +74,9 @@ class InspectingOps(OpsBase):
         for job_id in ids:
             cmds += [("HGETALL", self.keys.job(job_id)), ("ZSCORE", self.keys.leased, job_id)]
         reply = yield Commands(cmds)
-        jobs = [codec.parse_job(i, reply[2 * n], reply[2 * n + 1]) for n, i in enumerate(ids)]
-        return [j for j in jobs if j is not None]
+        parsed = [codec.parse_job(i, reply[2 * n], reply[2 * n + 1]) for n, i in enumerate(ids)]
+        jobs = [j for j in parsed if j is not None]
+        if any(j.state == JobState.DUE for j in jobs):
+            now_ms = (yield from self.counts()).now_ms
+            jobs = [j.as_of(now_ms) for j in jobs]
+        return jobs
