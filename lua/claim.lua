@@ -1,7 +1,7 @@
 --[[ claim: lease up to `limit` due jobs to one worker. Lapsed leases are reaped on the same
   path first, so a job whose worker died is due again without any janitor process.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config
   ARGV[1] worker id
   ARGV[2] limit          jobs to lease at most (>= 0)
   ARGV[3] lease_ms       lease length (> 0)
@@ -80,7 +80,7 @@ local function park(id, jk, reason, schedule)
   if not schedule_name_ok(name) then name = string.match(id, '^schedule:([%w_.%-]+):%d+$') end
   if name then sched_ended(prefix, name, id, now_ms()) end
   if reason == 'invalid job: not a hash' then
-    dead_letter_id(prefix, id)
+    dead_letter_id(prefix, id, now_ms())
   else
     dead_letter(prefix, id, reason, now_ms())
   end
@@ -144,7 +144,7 @@ for i = 1, #lapsed, 2 do
     end
   end
 end
-bump_stat(prefix, now, 'lease_expired', #lapsed / 2)
+bump_stat(prefix, now, 'expired', #lapsed / 2)
 
 -- 2. Lease due jobs, oldest run_at first.
 local out = {}

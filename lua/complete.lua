@@ -1,6 +1,6 @@
 --[[ complete: record success for leases the caller holds, many in one call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, config
   ARGV[1] result_ttl_ms   how long the outcome record (state, result, finished_ms) is kept
   then triples: id, token, result (JSON text)
   Returns: one status per job: 'done' | 'stale' | 'cancelled' | 'missing'.
@@ -48,5 +48,5 @@ if #took > 0 then
   end
 end
 local done = #took
-bump_stat(prefix, now, 'complete', done)
+bump_stat(prefix, now, 'done', done)
 return out

@@ -1,6 +1,7 @@
---[[ counts: how many jobs are in each place, by server time (read only).
+--[[ counts: how many jobs are in each place, by server time (read only, but for one bounded
+  step of converting an old dead LIST, lib/job.lua).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, config
   Returns: {now_ms, due_now, scheduled_later, leased, dead, oldest_due_run_at_ms or -1,
     leases_lapsed} ]]
 -- @include "lib/clock.lua"
@@ -14,5 +15,5 @@ local total = redis.call('ZCARD', due)
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 -- Clamped: a hand-written score (inf) must not reach the reply as text a client cannot parse.
 local oldest = head[2] and math.max(math.min(math.floor(tonumber(head[2])), LIM.time_ms), 0) or -1
-return { fmt(now), due_now, total - due_now, redis.call('ZCARD', leased), dead_size(prefix),
+return { fmt(now), due_now, total - due_now, redis.call('ZCARD', leased), dead_size(prefix, now),
   fmt(oldest), redis.call('ZCOUNT', leased, '-inf', now) }

@@ -4,7 +4,7 @@
   KEYS[3] leased   ZSET    id -> lease_until_ms
   KEYS[4] dead     LIST    dead ids, newest first
   KEYS[5] wake     LIST    wake-up tokens for idle workers
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, idem:<digest>
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, idem:<digest>, dead:migrating, config
   ARGV[1] n, then 10 fields per job:
     id, task, payload (JSON text), when ('at' | 'in'), time_ms (absolute run_at_ms for 'at',
     delay_ms from server now for 'in'), max_attempts, backoff ('base_ms,factor,cap_ms,jitter'

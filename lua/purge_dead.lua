@@ -1,6 +1,6 @@
 --[[ purge_dead: delete parked jobs for good.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config
   ARGV ids (picked by the client from the dead list)
   Returns: the number of jobs deleted. An id that is not dead is skipped. Purging a schedule's
     pending occurrence (parked by hand, e.g. by doctor) arms the schedule's next one. ]]
@@ -11,18 +11,17 @@
 
 local prefix = KEYS[1]
 local purged = 0
-local now = nil
+local now = now_ms()
 for _, id in ipairs(ARGV) do
   local jk = job_key(prefix, id)
   -- pcall: claim parks a key that is not a hash by its id alone; purging drops the id only.
   local state = redis.pcall('HGET', jk, 'state')
   if type(state) == 'table' and state.err then
-    if dead_unlist(prefix, id) > 0 then purged = purged + 1 end
-  elseif state == 'dead' and dead_unlist(prefix, id) > 0 then
+    if dead_unlist(prefix, id, now) > 0 then purged = purged + 1 end
+  elseif state == 'dead' and dead_unlist(prefix, id, now) > 0 then
     local schedule = redis.call('HGET', jk, 'schedule')
     redis.call('DEL', jk)
     if schedule_name_ok(schedule) then
-      now = now or now_ms()
       sched_ended(prefix, schedule, id, now)
     end
     purged = purged + 1

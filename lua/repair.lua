@@ -2,7 +2,7 @@
   so a repair and a claim park a job identically. Sent by scheduler/admin/doctor.py inside its
   WATCH/MULTI (it re-read the job first), with doctor's server-time reading as now.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, config
   ARGV[1] move   'dead': park the job (dead_letter) with ARGV[3] reason at ARGV[4] now_ms
   ARGV[2] id
   Returns: 1.

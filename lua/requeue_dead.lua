@@ -1,6 +1,6 @@
 --[[ requeue_dead: move parked jobs back to due, with a fresh attempt budget.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, config
   ARGV ids (the client picks them from the dead list: one, all, or by task / error / age)
   Returns: the number of jobs requeued. An id that is not dead is skipped, so a re-sent call
     changes nothing more. ]]
@@ -14,7 +14,7 @@ local moved = 0
 for _, id in ipairs(ARGV) do
   local jk = job_key(prefix, id)
   -- pcall: an id claim parked because its key is not a hash stays parked (nothing to run).
-  if redis.pcall('HGET', jk, 'state') == 'dead' and dead_unlist(prefix, id) > 0 then
+  if redis.pcall('HGET', jk, 'state') == 'dead' and dead_unlist(prefix, id, now) > 0 then
     to_due(prefix, id, now)
     redis.call('HSET', jk, 'state', 'due', 'attempts', 0, 'run_at_ms', fmt(now))
     redis.call('HDEL', jk, 'dead_reason', 'dead_ms')

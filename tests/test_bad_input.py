@@ -131,7 +131,7 @@ def test_hand_edited_job_hash_is_parked_not_lost(q: Queue, client: redis.Redis) 
     assert [j.id for j in batch.jobs] == [healthy]
     job = q.get_job(broken)
     assert (job.state, job.dead_reason) == ("dead", "invalid job: attempts")
-    assert client.lrange(q.keys.dead, 0, -1) == [broken]
+    assert client.zrange(q.keys.dead, 0, -1) == [broken]
 
 
 def test_pickle_in_payload_is_never_unpickled(q: Queue, client: redis.Redis) -> None:

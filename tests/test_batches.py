@@ -63,7 +63,7 @@ def test_large_release_requeue_and_purge(q: Queue, client: redis.Redis) -> None:
     dead = q.dead_ids()
     assert len(dead) == 3000
     assert q.requeue_dead(dead) == 3000
-    assert client.llen(q.keys.dead) == 0 and client.zcard(q.keys.due) == 3000
+    assert client.zcard(q.keys.dead) == 0 and client.zcard(q.keys.due) == 3000
 
 
 @pytest.mark.parametrize("batch_size", [0, -1, LIMITS["batch_size"][1] + 1, 1.5, True, "10"])

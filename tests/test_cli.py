@@ -134,7 +134,7 @@ def test_keys_lists_names_types_and_sizes(cli: Run, q: Queue, busy: dict[str, st
     data = ok_json(cli("keys", "--json", "-q", q.name))
     by_name = {k["key"]: k for k in data["keys"]}
     assert by_name[q.keys.due]["type"] == "zset" and by_name[q.keys.due]["size"] == 2
-    assert by_name[q.keys.leased]["size"] == 1 and by_name[q.keys.dead]["type"] == "list"
+    assert by_name[q.keys.leased]["size"] == 1 and by_name[q.keys.dead]["type"] == "zset"
     fam = {f["pattern"]: f["count"] for f in data["families"]}
     assert fam[q.keys.prefix + "job:*"] == 5
     assert all(k.startswith(q.keys.prefix) for k in by_name)

@@ -69,7 +69,7 @@ def corrupt(q: Queue, client: redis.Redis) -> dict[str, str]:
         "healthy", "orphan", "twice", "lapsed", "badjson", "mismatch", "orphan-dead")}  # fmt: skip
     now = server_now_ms(client)
     client.zrem(k.due, "orphan")  # a hash in no place
-    client.lpush(k.dead, "twice")  # in due and in dead at once
+    client.zadd(k.dead, {"twice": 0})  # in due and in dead at once
     client.zrem(k.due, "lapsed")  # leased by a worker that died an hour ago
     client.zadd(k.leased, {"lapsed": now - HOUR_MS})
     client.hset(k.job("lapsed"), mapping={"state": "leased", "worker": "ghost", "attempts": 1,
@@ -127,7 +127,7 @@ def test_fix_repairs_without_losing_a_job(
     assert done == {"healthy", "orphan", "twice", "lapsed", "mismatch"}
     assert sorted(q.dead_ids()) == ["badjson", "orphan-dead"]
     assert q.get_job("badjson").dead_reason == "invalid payload: not JSON"
-    assert client.lrange(q.keys.dead, 0, -1).count("twice") == 0
+    assert client.zscore(q.keys.dead, "twice") is None
     assert not client.exists(q.keys.job("nohash")) and client.zscore(q.keys.due, "nohash") is None
     assert check_queue(client, q.name) == []
 
@@ -185,7 +185,7 @@ def test_repair_parks_through_the_lua_move_as_a_claim_does(q: Queue, client: red
     same = ("state", "dead_reason", "attempts", "max_attempts", "task", "worker")
     assert [fa[f] for f in same] == [fb[f] for f in same]
     assert fa["state"] == "dead"
-    assert set(client.lrange(q.keys.dead, 0, -1)) == {a, b}
+    assert set(client.zrange(q.keys.dead, 0, -1)) == {a, b}
 
 
 def test_records_and_duplicates(q: Queue, client: redis.Redis) -> None:
@@ -196,18 +196,36 @@ def test_records_and_duplicates(q: Queue, client: redis.Redis) -> None:
     dead_id = q.enqueue("t", 2, max_attempts=1)
     (job,) = q.claim("w", limit=1).jobs
     q.fail(dead_id, job.token, ValueError("x"))
-    client.lpush(q.keys.dead, dead_id)  # on the dead list twice
+    # an older version's dead LIST holding the id twice: converted, the ZSET holds it once
+    client.delete(q.keys.dead)
+    client.lpush(q.keys.dead, dead_id, dead_id)
     due_id = q.enqueue("t", 3)
     client.pexpire(q.keys.job(due_id), HOUR_MS)  # a waiting job that would vanish
     found = {i.job_id: (i.code, i.severity) for i in check_queue(client, q.name)}
-    assert found == {
-        done_id: ("record-no-ttl", "warning"), dead_id: ("dead-duplicate", "warning"),
-        due_id: ("expiring-job", "error"),
-    }  # fmt: skip
+    assert client.type(q.keys.dead) == "zset"
+    assert found == {done_id: ("record-no-ttl", "warning"), due_id: ("expiring-job", "error")}
     report = repair_queue(client, q.name)
-    assert report.remaining == [] and len(report.fixed) == 3
+    assert report.remaining == [] and len(report.fixed) == 2
     assert client.pttl(q.keys.job(done_id)) > 0 and client.pttl(q.keys.job(due_id)) == -1
-    assert client.lrange(q.keys.dead, 0, -1) == [dead_id]
+    assert client.zrange(q.keys.dead, 0, -1) == [dead_id]
+
+
+def test_a_dead_hash_off_the_dead_zset_goes_back_through_the_lua_move(
+    q: Queue, client: redis.Redis
+) -> None:
+    """orphan-hash for a dead job: lua/repair.lua (lib/job.lua dead_letter) puts it back, at
+    the time it died, so listing by age and retention see its real age."""
+    dead_id = q.enqueue("t", 1, max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    q.fail(dead_id, job.token, ValueError("x"))
+    died_ms = int(client.hget(q.keys.job(dead_id), "dead_ms") or 0)
+    client.zrem(q.keys.dead, dead_id)
+    (issue,) = check_queue(client, q.name)
+    assert issue.code == "orphan-hash" and issue.repair[0][0] == "EVAL"
+    report = repair_queue(client, q.name)
+    assert report.remaining == [] and [i.code for i in report.fixed] == ["orphan-hash"]
+    assert client.zscore(q.keys.dead, dead_id) == died_ms
+    assert client.hget(q.keys.job(dead_id), "dead_reason") == "attempts exhausted"
 
 
 def test_wrong_type_under_a_job_key_is_reported_not_touched(
@@ -261,9 +279,9 @@ def test_no_false_findings_under_a_live_worker(
     suspects: list[int] = []
     real = doctor.read_snapshots
 
-    def counting(c: redis.Redis, keys: QueueKeys, ids: Any, dead_len: int = 0) -> Any:
+    def counting(c: redis.Redis, keys: QueueKeys, ids: Any) -> Any:
         suspects.append(len(ids))
-        return real(c, keys, ids, dead_len)
+        return real(c, keys, ids)
 
     monkeypatch.setattr(doctor, "read_snapshots", counting)
     thread = threading.Thread(target=work)

@@ -73,7 +73,7 @@ def test_claim_parks_only_the_job_with_a_bad_field(
     assert batch.unreadable == []
     assert leased_ids(q, client) == set(good)
     assert reason(q, client, bad) == f"invalid job: {field}"
-    assert client.lrange(q.keys.dead, 0, -1) == [bad]
+    assert client.zrange(q.keys.dead, 0, -1) == [bad]
     # The innocent jobs run normally.
     for j in batch.jobs:
         q.complete(j.id, j.token)
@@ -89,13 +89,13 @@ def test_claim_parks_a_bad_id_and_a_key_that_is_not_a_hash(
     batch = q.claim("w", limit=10, lease_ms=30_000)
     assert [j.id for j in batch.jobs] == [good]
     raw = redis.Redis.from_url(redis_url)  # bytes: the parked id is not UTF-8
-    assert set(raw.lrange(q.keys.dead, 0, -1)) == {b"bad\xffid", b"not-a-hash"}
+    assert set(raw.zrange(q.keys.dead, 0, -1)) == {b"bad\xffid", b"not-a-hash"}
     assert client.zcard(q.keys.due) == 0
     assert client.get(q.keys.job("not-a-hash")) == "a string"  # left as found, for doctor
     assert raw.hget(q.keys.job("bad\xffid").encode("latin-1"), "dead_reason") == b"invalid job: id"
     assert q.requeue_dead(["not-a-hash"]) == 0  # nothing to run
     assert q.purge_dead(["not-a-hash"]) == 1
-    assert raw.lrange(q.keys.dead, 0, -1) == [b"bad\xffid"]
+    assert raw.zrange(q.keys.dead, 0, -1) == [b"bad\xffid"]
     raw.delete(q.keys.job("bad\xffid").encode("latin-1"))  # the teardown scan decodes key names
     raw.close()
 
@@ -382,7 +382,7 @@ def test_purging_a_pending_occurrence_parked_by_hand_arms_the_next(
     first = _armed(q, client, "tick")
     client.zrem(q.keys.due, first)
     client.hset(q.keys.job(first), mapping={"state": "dead", "dead_reason": "by hand"})
-    client.lpush(q.keys.dead, first)
+    client.zadd(q.keys.dead, {first: 1000 * MIN_MS})
     assert q.purge_dead([first]) == 1
     assert _armed(q, client, "tick") != first
 

@@ -21,6 +21,8 @@ _BUILDERS = {
     "idem:<digest>": "'idem:'",
     "workers": "'workers'",
     "worker:<id>": "'worker:'",
+    "dead:migrating": "'dead:migrating'",
+    "config": "'config'",
 }
 _KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
 

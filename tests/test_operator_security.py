@@ -101,7 +101,7 @@ def store_job(raw: redis.Redis, job_id: str, place: str, **fields: str | bytes) 
     base.update(fields)
     raw.hset(k.job(job_id), mapping=base)  # type: ignore[arg-type]
     if place == "dead":
-        raw.lpush(k.dead, job_id)
+        raw.zadd(k.dead, {job_id: now_ms})
     elif place == "leased":
         raw.zadd(k.leased, {job_id: now_ms + 600_000})
     else:

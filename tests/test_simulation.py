@@ -74,7 +74,7 @@ def run_one(q: Queue, clock: Clock, seed: int) -> tuple[int, int, int]:
     assert done | dead == set(due), f"jobs neither done nor dead: {set(due) - done - dead}"
     assert all(accepted[jid] == 1 for jid in done), "a done job was completed twice"
     assert all(accepted[jid] == 0 for jid in dead), "a dead job was also completed"
-    dead_list = q.client.lrange(q.keys.dead, 0, -1)
+    dead_list = q.client.zrange(q.keys.dead, 0, -1)
     assert sorted(dead_list) == sorted(dead), "dead list differs from the dead jobs"
     assert all(effects[jid] >= 1 for jid in done)
     twice = sum(c > 1 for c in effects.values())

@@ -58,7 +58,7 @@ def test_crash_chaos(redis_url: str, client: redis.Redis, q: Queue,
             p.wait(10)
 
     jobs = {j.id: j for j in q._run(q.ops.get_jobs(ids))}
-    dead_list = client.lrange(q.keys.dead, 0, -1)
+    dead_list = client.zrange(q.keys.dead, 0, -1)
     done = {i for i, j in jobs.items() if j.state == "done"}
     dead = {i for i, j in jobs.items() if j.state == "dead"}
     # Every job ends exactly once, in done or dead.

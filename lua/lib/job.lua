@@ -7,23 +7,99 @@ local function job_key(prefix, id)
   return prefix .. 'job:' .. id
 end
 
--- Park a job for a human: out of due and leased, onto the dead list (newest first).
+-- The dead key is a ZSET id -> dead_ms (O(log n) by id, listed by age). Data written by older
+-- versions is a LIST (newest first); any script that touches the dead key converts it first, in
+-- bounded steps: up to DEAD_MIGRATE_STEP ids per call move from the LIST's old end into the ZSET
+-- `dead:migrating`, which is RENAMEd onto `dead` once the LIST is empty. While a migration is in
+-- progress both keys hold dead ids and every function below reads both (none is ever lost).
+local DEAD_MIGRATE_STEP = 1000
+-- Retention (opt-in, `config` hash: dead_max_age_ms, dead_max_count) trims at most this many of
+-- the oldest per dead-letter move.
+local DEAD_TRIM_STEP = 100
+
+-- One bounded migration step; returns the number of ids still on the old LIST (0: done).
+local function dead_migrate(prefix, now)
+  local dead, tmp = prefix .. 'dead', prefix .. 'dead:migrating'
+  -- LLEN, not TYPE (the app ACL role has no TYPE): an error reply means the key is a ZSET.
+  local listed = redis.pcall('LLEN', dead)
+  if type(listed) ~= 'number' then return 0 end
+  if listed == 0 then
+    -- The LIST emptied by a hand (DEL) mid-way: the converted part becomes the dead key.
+    if redis.call('EXISTS', tmp) == 1 then redis.call('RENAME', tmp, dead) end
+    return 0
+  end
+  local ids = redis.call('LRANGE', dead, -DEAD_MIGRATE_STEP, -1)
+  for _, id in ipairs(ids) do
+    -- pcall: an id parked by its id alone has a key that is not a hash (it died "now").
+    local ms = redis.pcall('HGET', job_key(prefix, id), 'dead_ms')
+    local score = parse_int(ms, 0, LIM.time_ms) or now
+    redis.call('ZADD', tmp, score, id)
+  end
+  redis.call('LTRIM', dead, 0, -(#ids + 1))
+  local left = redis.call('LLEN', dead)
+  if left == 0 and redis.call('EXISTS', tmp) == 1 then redis.call('RENAME', tmp, dead) end
+  return left
+end
+
+-- The ZSET new dead ids go to: `dead`, or `dead:migrating` while the old LIST is converted.
+local function dead_zset(prefix, now)
+  if dead_migrate(prefix, now) > 0 then return prefix .. 'dead:migrating' end
+  return prefix .. 'dead'
+end
+
+-- Delete a trimmed job for good: its hash and its dead entry.
+local function dead_drop(prefix, zset, ids)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', zset, id)
+    redis.call('DEL', job_key(prefix, id))
+  end
+  return #ids
+end
+
+-- Opt-in retention, off unless the queue's config sets it: drop at most DEAD_TRIM_STEP of the
+-- oldest dead jobs older than dead_max_age_ms or beyond dead_max_count; counted as dead_trimmed.
+local function dead_trim(prefix, zset, now)
+  local cfg = redis.pcall('HMGET', prefix .. 'config', 'dead_max_age_ms', 'dead_max_count')
+  if type(cfg) ~= 'table' or (not cfg[1] and not cfg[2]) then return 0 end
+  local max_age, max_count = parse_int(cfg[1], 0, LIM.time_ms), parse_int(cfg[2], 0, LIM.fence)
+  local budget, trimmed = DEAD_TRIM_STEP, 0
+  if max_count then
+    local excess = math.min(redis.call('ZCARD', zset) - max_count, budget)
+    if excess > 0 then
+      trimmed = trimmed + dead_drop(prefix, zset, redis.call('ZRANGE', zset, 0, excess - 1))
+    end
+  end
+  if max_age and trimmed < budget then
+    local old = redis.call('ZRANGE', zset, '-inf', '(' .. fmt(now - max_age), 'BYSCORE', 'LIMIT',
+      0, budget - trimmed)
+    trimmed = trimmed + dead_drop(prefix, zset, old)
+  end
+  bump_stat(prefix, now, 'dead_trimmed', trimmed)
+  return trimmed
+end
+
+-- Park a job for a human: out of due and leased, into the dead ZSET at now (newest last).
 local function dead_letter(prefix, id, reason, now)
   redis.call('ZREM', prefix .. 'due', id)
   redis.call('ZREM', prefix .. 'leased', id)
   redis.call('HSET', job_key(prefix, id), 'state', 'dead', 'dead_reason', reason,
     'dead_ms', fmt(now))
-  redis.call('LPUSH', prefix .. 'dead', id)
+  local zset = dead_zset(prefix, now)
+  redis.call('ZADD', zset, now, id)
+  if zset == prefix .. 'dead' then dead_trim(prefix, zset, now) end
 end
 
--- Take an id off the dead list; the number of entries removed (0: it was not there). The one
+-- Take an id off the dead key(s); the number of entries removed (0: it was not there). The one
 -- place (with dead_letter, dead_letter_id, dead_size) that knows the dead key's type.
-local function dead_unlist(prefix, id)
-  return redis.call('LREM', prefix .. 'dead', 0, id)
+local function dead_unlist(prefix, id, now)
+  if dead_migrate(prefix, now) == 0 then return redis.call('ZREM', prefix .. 'dead', id) end
+  return redis.call('ZREM', prefix .. 'dead:migrating', id)
+    + redis.call('LREM', prefix .. 'dead', 0, id)
 end
 
-local function dead_size(prefix)
-  return redis.call('LLEN', prefix .. 'dead')
+local function dead_size(prefix, now)
+  if dead_migrate(prefix, now) == 0 then return redis.call('ZCARD', prefix .. 'dead') end
+  return redis.call('LLEN', prefix .. 'dead') + redis.call('ZCARD', prefix .. 'dead:migrating')
 end
 
 -- Out of leased (if there), into due at run_at: retry, release, a reaped lease, a requeue.
@@ -33,11 +109,11 @@ local function to_due(prefix, id, run_at)
 end
 
 -- Park an id whose key is not a hash (it cannot take the dead fields): out of due and leased,
--- onto the dead list by id alone (doctor reports it).
-local function dead_letter_id(prefix, id)
+-- into the dead ZSET by id alone (doctor reports it).
+local function dead_letter_id(prefix, id, now)
   redis.call('ZREM', prefix .. 'due', id)
   redis.call('ZREM', prefix .. 'leased', id)
-  redis.call('LPUSH', prefix .. 'dead', id)
+  redis.call('ZADD', dead_zset(prefix, now), now, id)
 end
 
 -- The 10 reply fields of one leased job, in the order claim's contract header gives

@@ -3,23 +3,23 @@ safe to repair without losing a job.
 
 Invariants (membership in due / leased / dead is the truth; the hash's `state` is a copy):
 - every job hash is in exactly one of due, leased, dead, or is a done / cancelled record with
-  an expiry; every id in due, leased or dead has a hash; an id is on the dead list once;
+  an expiry; every id in due, leased or dead has a hash (dead is a ZSET: an id is there once);
 - the state field matches membership, and a job in a set has no expiry;
 - no lease lapsed long ago (any claim reaps lapsed leases, so an old one means nobody claims);
 - runnable jobs have a JSON payload and the fields a claim needs;
 - every field name and value is UTF-8 (read with errors='surrogateescape', so damage shows up as
   lone surrogates and is reported, with the job id and the fields, instead of crashing the check).
 
-Checking reads in pages (SCAN / ZSCAN / LRANGE, pipelined), then re-reads each suspect inside
-one MULTI, so a job moving under a live worker is not reported. A repair re-reads its job under
-WATCH and re-plans from those reads, so it never acts on a stale view."""
+Checking reads in pages (SCAN / ZSCAN, pipelined), then re-reads each suspect inside one MULTI,
+so a job moving under a live worker is not reported. A repair re-reads its job under WATCH and
+re-plans from those reads, so it never acts on a stale view. A dead LIST left by an older version
+is first converted to the dead ZSET by lua/dead_migrate.lua (what any script touching it does)."""
 
 from __future__ import annotations
 
 import json
 import math
 import shlex
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,8 +36,6 @@ from scheduler.core.keys import QueueKeys
 DEFAULT_STALE_LEASE_MS = 5 * 60_000
 _PAGE = 500
 _CONFIRM_BATCH = 100
-# LPOS scans the dead list: keep one MULTI's scanning near this many list entries.
-_LPOS_BUDGET = 200_000
 _WATCH_TRIES = 5
 _PLACES = ("due", "leased", "dead")  # preference order when the state field names none of them
 Command = tuple[str, ...]
@@ -77,7 +75,7 @@ class Snapshot:
     ttl_ms: int | None
     due_ms: int | None
     lease_until_ms: int | None
-    dead_count: int
+    dead_count: int  # 1 when in the dead ZSET, else 0
 
     @property
     def places(self) -> list[str]:
@@ -106,9 +104,7 @@ def _by_hand(cmd: Command) -> str:
 def _remove_from(k: QueueKeys, job_id: str, places: Iterable[str]) -> list[Command]:
     cmds: list[Command] = []
     for p in places:
-        cmds.append(
-            ("LREM", k.dead, "0", job_id) if p == "dead" else ("ZREM", getattr(k, p), job_id)
-        )
+        cmds.append(("ZREM", getattr(k, p), job_id))
     return cmds
 
 
@@ -224,9 +220,13 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                               [("PEXPIRE", jk, str(ctx.record_ttl_ms))])]  # fmt: skip
             return []
         if state == "dead":
+            # Back through lib/job.lua's dead_letter, at the time it died (its age is kept).
+            reason = s.fields.get("dead_reason") or "dead (found by doctor)"
+            died_ms = stored_int_in(s.fields.get("dead_ms"), "run_at_ms")
             return [issue("orphan-hash", "error",
                           "dead job is missing from the dead list: fix puts it back there",
-                          [("LPUSH", k.dead, jid), ("PERSIST", jk)])]  # fmt: skip
+                          _dead_letter(k, jid, reason[:200], ctx.now_ms if died_ms is None
+                                       else died_ms))]  # fmt: skip
         run_at = _int(s.fields.get("run_at_ms"))
         return [issue("orphan-hash", "error",
                       f"job with state {state!r} is in none of due, leased, dead, so no worker "
@@ -238,8 +238,6 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
         plan = _remove_from(k, jid, [p for p in places if p != keep])
         if state != keep:
             plan.append(("HSET", jk, "state", keep))
-        if keep == "dead" and s.dead_count > 1:
-            plan += [("LREM", k.dead, "0", jid), ("LPUSH", k.dead, jid)]
         return [issue("two-places", "error",
                       f"job is in {' and '.join(places)} at once (state {state!r}): fix keeps "
                       f"it in {keep}", plan)]  # fmt: skip
@@ -263,10 +261,6 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
         return [issue("expiring-job", "error",
                       f"job in {place} has an expiry ({s.ttl_ms} ms left): it would vanish",
                       [("PERSIST", jk)])]  # fmt: skip
-    if s.dead_count > 1:
-        return [issue("dead-duplicate", "warning",
-                      f"id is on the dead list {s.dead_count} times: fix keeps one",
-                      [("LREM", k.dead, "0", jid), ("LPUSH", k.dead, jid)])]  # fmt: skip
     out: list[Issue] = []
     if place == "leased" and s.lease_until_ms is not None:
         late_ms = ctx.now_ms - s.lease_until_ms
@@ -305,15 +299,13 @@ def _load_zset(client: redis.Redis, key: str) -> dict[str, int]:
     return {str(m): _score_ms(sc) for m, sc in client.zscan_iter(key, count=_PAGE)}
 
 
-def _load_list(client: redis.Redis, key: str) -> Counter[str]:
-    out: Counter[str] = Counter()
-    start = 0
-    while True:
-        page = client.lrange(key, start, start + _PAGE - 1)
-        if not page:
-            return out
-        out.update(str(v) for v in page)
-        start += len(page)
+def convert_dead(client: redis.Redis, keys: QueueKeys) -> None:
+    """Finish converting a dead LIST of an older version into the ZSET, in the script's
+    bounded steps (lua/dead_migrate.lua); nothing to do on a ZSET."""
+    sha = client.script_load(scripts.source("dead_migrate"))
+    script_keys = keys.script_keys()
+    while int(client.evalsha(sha, len(script_keys), *script_keys)) > 0:
+        pass
 
 
 def _hash_reply(reply: Any) -> dict[str, str]:
@@ -325,14 +317,12 @@ def _ttl(pttl: Any) -> int | None:
 
 
 def read_snapshots(
-    client: redis.Redis, keys: QueueKeys, ids: Sequence[str], dead_len: int = 0
+    client: redis.Redis, keys: QueueKeys, ids: Sequence[str]
 ) -> tuple[int, list[Snapshot]]:
-    """(server now_ms, one consistent snapshot per id): each batch is read inside one MULTI,
-    smaller batches when the dead list is long (bounded work per call)."""
+    """(server now_ms, one consistent snapshot per id): each batch is read inside one MULTI."""
     now_ms = server_now_ms(client)
     out: list[Snapshot] = []
-    batch = max(1, min(_CONFIRM_BATCH, _LPOS_BUDGET // max(dead_len, 1)))
-    for chunk in iter_chunks(ids, batch):
+    for chunk in iter_chunks(ids, _CONFIRM_BATCH):
         pipe = client.pipeline(transaction=True)
         pipe.time()
         for jid in chunk:
@@ -342,7 +332,7 @@ def read_snapshots(
             pipe.pttl(jk)
             pipe.zscore(keys.due, jid)
             pipe.zscore(keys.leased, jid)
-            pipe.lpos(keys.dead, jid, count=0)
+            pipe.zscore(keys.dead, jid)
         reply = pipe.execute(raise_on_error=False)
         sec, usec = reply[0]
         now_ms = int(sec) * 1000 + int(usec) // 1000
@@ -352,7 +342,7 @@ def read_snapshots(
                 jid, str(t), _hash_reply(h), _ttl(pttl),
                 None if due is None else _score_ms(due),
                 None if leased is None else _score_ms(leased),
-                len(dead) if isinstance(dead, list) else 0,
+                0 if dead is None or isinstance(dead, ResponseError) else 1,
             ))  # fmt: skip
     return now_ms, out
 
@@ -364,11 +354,12 @@ def _live(client: redis.Redis, keys: QueueKeys) -> frozenset[str]:
 def check_queue(
     client: redis.Redis, queue: str, *, stale_lease_ms: int = DEFAULT_STALE_LEASE_MS
 ) -> list[Issue]:
-    """Every finding for one queue. Read-only."""
+    """Every finding for one queue. Read-only, but for converting an old dead LIST first."""
     keys = QueueKeys(queue)
+    convert_dead(client, keys)
     due = _load_zset(client, keys.due)
     leased = _load_zset(client, keys.leased)
-    dead = _load_list(client, keys.dead)
+    dead = _load_zset(client, keys.dead)
     ctx = Context(keys, server_now_ms(client), _live(client, keys), stale_lease_ms)
     suspects: list[str] = []
     seen: set[str] = set()
@@ -384,7 +375,7 @@ def check_queue(
     suspects += sorted((set(due) | set(leased) | set(dead)) - seen)
     if not suspects:
         return []
-    now_ms, snaps = read_snapshots(client, keys, suspects, sum(dead.values()))
+    now_ms, snaps = read_snapshots(client, keys, suspects)
     ctx = replace(ctx, now_ms=now_ms)
     return [i for s in snaps for i in diagnose(s, ctx)]
 
@@ -396,7 +387,7 @@ def _first_pass(
     ctx: Context,
     due: dict[str, int],
     leased: dict[str, int],
-    dead: Counter[str],
+    dead: dict[str, int],
     seen: set[str],
 ) -> list[str]:
     """Ids on this page of job keys that look wrong from the (non-atomic) bulk reads."""
@@ -414,7 +405,7 @@ def _first_pass(
         seen.add(jid)
         t, h, pttl = reply[3 * n : 3 * n + 3]
         s = Snapshot(jid, str(t), _hash_reply(h), _ttl(pttl), due.get(jid), leased.get(jid),
-                     dead.get(jid, 0))  # fmt: skip
+                     1 if jid in dead else 0)  # fmt: skip
         if diagnose(s, ctx):
             out.append(jid)
     return out
@@ -433,13 +424,13 @@ def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
                 sec, usec = pipe.time()
                 t = str(pipe.type(jk))
                 fields = _hash_reply(pipe.hgetall(jk)) if t == "hash" else {}
-                dead = pipe.lpos(k.dead, job_id, count=0)
+                dead = pipe.zscore(k.dead, job_id)
                 due_ms, lease_ms = pipe.zscore(k.due, job_id), pipe.zscore(k.leased, job_id)
                 snap = Snapshot(
                     job_id, t, fields, _ttl(pipe.pttl(jk)),
                     None if due_ms is None else _score_ms(due_ms),
                     None if lease_ms is None else _score_ms(lease_ms),
-                    len(dead) if isinstance(dead, list) else 0,
+                    0 if dead is None else 1,
                 )  # fmt: skip
                 now = replace(ctx, now_ms=int(sec) * 1000 + int(usec) // 1000)
                 todo = next((i for i in diagnose(snap, now) if i.repair), None)

@@ -176,7 +176,7 @@ def fixed_keys(client: redis.Redis, keys: QueueKeys) -> list[KeyInfo]:
     named = [
         (keys.due, "ZSET job id -> run_at_ms (due now and scheduled later)"),
         (keys.leased, "ZSET job id -> lease_until_ms"),
-        (keys.dead, "LIST dead job ids, newest first"),
+        (keys.dead, "ZSET dead job id -> dead_ms"),
         (keys.wake, "LIST wake-up tokens for idle workers"),
         (keys.workers, "ZSET worker id -> last_seen_ms"),
         (keys.schedules, "recurring schedules index"),

@@ -191,7 +191,7 @@ def keys_command(url: str, queue: str, as_json: bool) -> None:
     examples = [
         f"redis-cli ZRANGE {q(k.due)} 0 9 WITHSCORES",
         f"redis-cli ZRANGE {q(k.leased)} 0 9 WITHSCORES",
-        f"redis-cli LRANGE {q(k.dead)} 0 9",
+        f"redis-cli ZRANGE {q(k.dead)} 0 9 REV WITHSCORES",
         f"redis-cli HGETALL {q(k.job('<id>'))}",
         f"redis-cli --scan --pattern {q(k.pattern())}",
     ]

@@ -157,6 +157,12 @@ class AsyncQueue:
     async def purge_dead(self, ids: Sequence[str]) -> int:
         return await self._run(self.ops.purge_dead(ids))
 
+    async def set_dead_retention(
+        self, max_age_ms: int | None = None, max_count: int | None = None
+    ) -> None:
+        """Opt-in dead-letter retention (None: no limit; off by default). See DeadLetterOps."""
+        await self._run(self.ops.set_dead_retention(max_age_ms, max_count))
+
     # Recurring schedules (scheduler/schedules/recurring.py) ---------------------------------
     async def schedule(
         self,

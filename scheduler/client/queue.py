@@ -179,6 +179,12 @@ class Queue:
     def purge_dead(self, ids: Sequence[str]) -> int:
         return self._run(self.ops.purge_dead(ids))
 
+    def set_dead_retention(
+        self, max_age_ms: int | None = None, max_count: int | None = None
+    ) -> None:
+        """Opt-in dead-letter retention (None: no limit; off by default). See DeadLetterOps."""
+        self._run(self.ops.set_dead_retention(max_age_ms, max_count))
+
     # Recurring schedules (scheduler/schedules/recurring.py) ---------------------------------
     def schedule(
         self,

@@ -55,6 +55,16 @@ class QueueKeys:
     def wake(self) -> str:
         return self.prefix + "wake"
 
+    @property
+    def dead_migrating(self) -> str:
+        """The ZSET an old dead LIST is converted into, in steps (lua/lib/job.lua)."""
+        return self.prefix + "dead:migrating"
+
+    @property
+    def config(self) -> str:
+        """Per-queue settings (HASH): the opt-in dead-letter retention."""
+        return self.prefix + "config"
+
     def job(self, job_id: str) -> str:
         return self.prefix + "job:" + job_id
 

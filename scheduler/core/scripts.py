@@ -40,6 +40,8 @@ TRANSITIONS = (
     "schedule_refill",
     "worker_beat",
     "repair",  # doctor --fix's entry to lib/job.lua's moves (lua/repair.lua)
+    "dead_migrate",  # one bounded step of converting an old dead LIST (lib/job.lua)
+    "dead_retention",  # the opt-in dead-letter retention settings
 )
 _INCLUDE = re.compile(r'^-- @include "([^"]+)"\s*$', re.MULTILINE)
 

@@ -8,7 +8,8 @@ OUTCOMES = ("done", "retry", "dead", "cancelled", "released", "expired", "stale"
 
 # The per-minute stats hash's counters (written by the Lua transitions, read by `stats`). The
 # outcome words are the same as above; `claim`, `fail`, `cancel`, `requeue_dead`, `misfire_skip`
-# count transitions rather than outcomes.
+# count transitions rather than outcomes; `dead_trimmed` counts dead letters the queue's opt-in
+# retention deleted (lib/job.lua dead_trim).
 STAT_FIELDS = (
     "claim",
     "done",
@@ -20,6 +21,7 @@ STAT_FIELDS = (
     "cancel",
     "requeue_dead",
     "misfire_skip",
+    "dead_trimmed",
 )
 
 # Counter names stored before the vocabulary was unified: read as the new word, never written.

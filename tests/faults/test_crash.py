@@ -125,7 +125,7 @@ def test_kill_9_during_load_loses_nothing(durable_server: Server, seed: int) -> 
         states[state] += 1
         if state not in ("done", "dead"):
             lost.append((jid, state))
-    dead_list = admin.lrange(q.keys.dead, 0, -1)
+    dead_list = admin.zrange(q.keys.dead, 0, -1)
     done = {j for j in run.ids if run.completed[j]}
     print(f"\ncrash run seed={seed}: kills={kills} jobs={len(run.ids)} states={dict(states)} "
           f"claims={run.claims} refused={dict(run.refused)} losses={len(lost)}")  # fmt: skip

@@ -282,7 +282,7 @@ def test_each_refused_cli_command_is_one_line_naming_it(
         assert m, f"{where}: not one permission line:\n{result.stderr}"
         assert m.group(1) == command, where
     # One permission refused inside a script the app role otherwise runs: still one line.
-    admin.execute_command("ACL", "SETUSER", "sched-app", "-lrem")  # type: ignore[no-untyped-call]  # LREM: purge_dead.lua
+    admin.execute_command("ACL", "SETUSER", "sched-app", "-zrem")  # type: ignore[no-untyped-call]  # ZREM: purge_dead.lua
     result = cli(url, "dead", "purge", *q, "--yes")
     assert result.exit_code == 5 and "Traceback" not in result.output, result.output
     line = result.stderr.strip()  # the (transient) progress bar leaves a blank line before

@@ -98,7 +98,7 @@ def test_a_binary_pickle_in_a_job_hash_is_parked_not_served(
     assert batch.jobs[0].payload() == {"n": 2}
     fields = raw.hgetall(q.keys.job(bad))
     assert fields[b"state"] == b"dead" and fields[b"dead_reason"].startswith(b"invalid job")
-    assert raw.lrange(q.keys.dead, 0, -1) == [bad.encode()]
+    assert raw.zrange(q.keys.dead, 0, -1) == [bad.encode()]
     assert not os.path.exists(marker)
 
 
