@@ -42,6 +42,7 @@ from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job
 from scheduler.core.safety import safe
+from scheduler.operations.dead_letters import dead_converted
 
 _STATES = ("due", "scheduled", "leased", "dead")
 _TASK_SCAN_MAX = 50_000  # ids examined per `jobs list --task` call at most (bounded work)
@@ -241,10 +242,11 @@ def _readable(name: str, value: Any, state: str) -> list[tuple[str, object]]:
 
 def _placement(client: redis.Redis, q: Queue, job_id: str) -> dict[str, Any]:
     k = q.keys
+    q._run(dead_converted())  # a dead LIST from an older version becomes the ZSET first
     pipe = client.pipeline(transaction=True)
     pipe.zscore(k.due, job_id)
     pipe.zscore(k.leased, job_id)
-    pipe.lpos(k.dead, job_id)
+    pipe.zscore(k.dead, job_id)
     pipe.pttl(k.job(job_id))
     due, leased, dead_pos, pttl = pipe.execute()
     places = [p for p, v in (("due", due), ("leased", leased), ("dead", dead_pos)) if v is not None]

@@ -10,6 +10,7 @@ from scheduler.core import codec
 from scheduler.core.errors import BadArgument, JobNotFound
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job, JobState
+from scheduler.operations.dead_letters import dead_page
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
 
 LISTABLE = ("due", "scheduled", "leased", "dead")
@@ -53,9 +54,9 @@ class InspectingOps(OpsBase):
         codec._int(limit, "limit", minimum=1)
         k = self.keys
         if state == "dead":
-            cmd: tuple[Any, ...] = ("LRANGE", k.dead, offset, offset + limit - 1)
-        elif state == "leased":
-            cmd = ("ZRANGE", k.leased, offset, offset + limit - 1)
+            return (yield from dead_page(k, offset, limit))
+        if state == "leased":
+            cmd: tuple[Any, ...] = ("ZRANGE", k.leased, offset, offset + limit - 1)
         else:
             counts = yield from self.counts()
             lo, hi = ("-inf", counts.now_ms) if state == "due" else (f"({counts.now_ms}", "+inf")
