@@ -6,15 +6,7 @@ them pending: claiming it inserts the next in the same script. Interval schedule
 are epoch-aligned (slot = k * every_ms) and computed in Lua. Cron slots are computed here with
 croniter and stored in a small buffer in Redis, refilled by the claiming client when it runs low.
 
-Time zones and daylight saving time (cron schedules). The expression is matched against the
-wall clock of `tz` (an IANA name, default UTC), so "0 9 * * *" in Europe/Berlin fires at 09:00
-local time in winter (08:00 UTC) and in summer (07:00 UTC). At the two yearly changes:
-- a local time that does not exist (spring forward, e.g. 02:30 on the last Sunday of March in
-  Berlin) fires once, shifted forward by the gap (03:30 local): the run is late, never lost;
-  two slots that land on the same instant this way fire once;
-- a local time that exists twice (fall back, e.g. 02:30 on the last Sunday of October) fires
-  once, at its first occurrence (02:30 summer time); "30 * * * *" thus skips the repeated hour,
-  as classic cron does. Use `every_ms` for runs evenly spaced in absolute time.
+Time zones and daylight saving time: see cron_slots.py.
 
 Spike jitter. `jitter_ms` gives the schedule a fixed offset in [0, jitter_ms] derived from a hash
 of its name: the schedule fires at the same spread-out moment every time, and many schedules
@@ -35,23 +27,18 @@ import itertools
 import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-from croniter import croniter
-from croniter.croniter import CroniterBadCronError
 
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
+from scheduler.schedules.cron_slots import check_cron, cron_slots_upto, zone_named
+from scheduler.schedules.cron_slots import cron_slots_after as cron_slots_after
+from scheduler.schedules.cron_slots import utc_ms as utc_ms
 
 BUFFER_SLOTS = 64  # cron slots stored ahead; lua/lib/rearm.lua asks for more below 16
 MAX_CATCH_UP = 1_000
 _MISFIRE_RE = re.compile(r"(skip|run_once|catch_up:([0-9]{1,4}))")
-_GAP_SAMPLE = 64  # cron slots examined to find the smallest gap (for the jitter check)
-# A fixed start for the jitter check: validation must not depend on the time of the call.
-_GAP_REFERENCE = datetime(2001, 1, 1)
 
 
 def check_schedule_name(name: str) -> str:
@@ -81,72 +68,6 @@ def stable_offset_ms(name: str, jitter_ms: int) -> int:
         return 0
     digest = hashlib.sha256(("jitter:" + name).encode()).digest()
     return int.from_bytes(digest[:8], "big") % (jitter_ms + 1)
-
-
-def _zone(tz: str) -> ZoneInfo:
-    if not isinstance(tz, str) or not tz:
-        raise BadArgument(f"tz must be an IANA time zone name, got {tz!r}")
-    try:
-        return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise BadArgument(f"unknown time zone {tz!r}") from None
-
-
-def _to_ms(local: datetime, zone: ZoneInfo) -> int:
-    # fold=0: a nonexistent wall time takes the offset before the change (shifted forward by
-    # the gap), an ambiguous one its first occurrence. See the module docstring.
-    return int(local.replace(tzinfo=zone, fold=0).timestamp() * 1000)
-
-
-def _local(ms: int, zone: ZoneInfo) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, zone).replace(tzinfo=None)
-
-
-def cron_slots_after(expr: str, tz: str, after_ms: int, count: int) -> list[int]:
-    """The next `count` slots strictly after `after_ms`, ascending."""
-    zone = _zone(tz)
-    it = croniter(expr, _local(after_ms, zone))
-    out: list[int] = []
-    last = after_ms
-    for _ in range(count * 4 + 1000):
-        ms = _to_ms(it.get_next(datetime), zone)
-        if ms > last:
-            out.append(ms)
-            last = ms
-            if len(out) == count:
-                break
-    return out
-
-
-def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
-    """The latest `count` slots at or before `upto_ms`, ascending."""
-    zone = _zone(tz)
-    it = croniter(expr, _local(upto_ms, zone) + timedelta(seconds=1))
-    found: list[int] = []
-    for _ in range(count * 4 + 1000):
-        ms = _to_ms(it.get_prev(datetime), zone)
-        if ms <= upto_ms and (not found or ms < found[-1]):
-            found.append(ms)
-            if len(found) == count:
-                break
-    return sorted(found)
-
-
-def _check_cron(expr: str, tz: str) -> list[int]:
-    if not isinstance(expr, str) or len(expr.split()) not in (5, 6):
-        raise BadArgument(f"cron must have 5 fields (or 6 with seconds), got {expr!r}")
-    try:
-        if not croniter.is_valid(expr):
-            raise BadArgument(f"malformed cron expression {expr!r}")
-        start = _to_ms(_GAP_REFERENCE, _zone(tz))
-        slots = cron_slots_after(expr, tz, start, _GAP_SAMPLE)
-    except (CroniterBadCronError, ValueError, KeyError) as exc:
-        if isinstance(exc, BadArgument):
-            raise
-        raise BadArgument(f"malformed cron expression {expr!r}: {exc}") from None
-    if len(slots) < 2:
-        raise BadArgument(f"cron expression {expr!r} (almost) never fires")
-    return slots
 
 
 @dataclass(frozen=True)
@@ -239,10 +160,10 @@ def define(
         return ScheduleDef(name, task, payload_json, "every", "", "", every_ms, jitter_ms,
                            misfire, max_attempts, backoff_text, timeout_ms)  # fmt: skip
     zone_name = "UTC" if tz is None else tz
-    _zone(zone_name)
+    zone_named(zone_name)
     assert cron is not None
     expr = " ".join(cron.split()) if isinstance(cron, str) else cron
-    slots = _check_cron(expr, zone_name)
+    slots = check_cron(expr, zone_name)
     gap_ms = min(b - a for a, b in itertools.pairwise(slots))
     if jitter_ms >= gap_ms:
         raise BadArgument(
@@ -326,10 +247,3 @@ def refill_slots(fields: dict[str, str], slots_tail: int | None, now_ms: int) ->
     keep = (_opt_int(fields.get("misfire_n")) or 0) + 1
     overdue = [s for s in cron_slots_upto(expr, tz, eff, keep) if s > after]
     return overdue + cron_slots_after(expr, tz, eff, BUFFER_SLOTS)
-
-
-def utc_ms(at: datetime) -> int:
-    """An aware datetime as epoch ms (for tests and callers that think in datetimes)."""
-    if at.tzinfo is None:
-        raise BadArgument("datetime must be timezone-aware")
-    return int(at.astimezone(UTC).timestamp() * 1000)

@@ -1,0 +1,99 @@
+"""Cron slot times: the occurrences of a cron expression in a time zone, as epoch ms.
+
+Time zones and daylight saving time (cron schedules). The expression is matched against the
+wall clock of `tz` (an IANA name, default UTC), so "0 9 * * *" in Europe/Berlin fires at 09:00
+local time in winter (08:00 UTC) and in summer (07:00 UTC). At the two yearly changes:
+- a local time that does not exist (spring forward, e.g. 02:30 on the last Sunday of March in
+  Berlin) fires once, shifted forward by the gap (03:30 local): the run is late, never lost;
+  two slots that land on the same instant this way fire once;
+- a local time that exists twice (fall back, e.g. 02:30 on the last Sunday of October) fires
+  once, at its first occurrence (02:30 summer time); "30 * * * *" thus skips the repeated hour,
+  as classic cron does. Use `every_ms` for runs evenly spaced in absolute time.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from croniter.croniter import CroniterBadCronError
+
+from scheduler.core.errors import BadArgument
+
+_GAP_SAMPLE = 64  # cron slots examined to find the smallest gap (for the jitter check)
+# A fixed start for the jitter check: validation must not depend on the time of the call.
+_GAP_REFERENCE = datetime(2001, 1, 1)
+
+
+def zone_named(tz: str) -> ZoneInfo:
+    if not isinstance(tz, str) or not tz:
+        raise BadArgument(f"tz must be an IANA time zone name, got {tz!r}")
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise BadArgument(f"unknown time zone {tz!r}") from None
+
+
+def _to_ms(local: datetime, zone: ZoneInfo) -> int:
+    # fold=0: a nonexistent wall time takes the offset before the change (shifted forward by
+    # the gap), an ambiguous one its first occurrence. See the module docstring.
+    return int(local.replace(tzinfo=zone, fold=0).timestamp() * 1000)
+
+
+def _local(ms: int, zone: ZoneInfo) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, zone).replace(tzinfo=None)
+
+
+def cron_slots_after(expr: str, tz: str, after_ms: int, count: int) -> list[int]:
+    """The next `count` slots strictly after `after_ms`, ascending."""
+    zone = zone_named(tz)
+    it = croniter(expr, _local(after_ms, zone))
+    out: list[int] = []
+    last = after_ms
+    for _ in range(count * 4 + 1000):
+        ms = _to_ms(it.get_next(datetime), zone)
+        if ms > last:
+            out.append(ms)
+            last = ms
+            if len(out) == count:
+                break
+    return out
+
+
+def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
+    """The latest `count` slots at or before `upto_ms`, ascending."""
+    zone = zone_named(tz)
+    it = croniter(expr, _local(upto_ms, zone) + timedelta(seconds=1))
+    found: list[int] = []
+    for _ in range(count * 4 + 1000):
+        ms = _to_ms(it.get_prev(datetime), zone)
+        if ms <= upto_ms and (not found or ms < found[-1]):
+            found.append(ms)
+            if len(found) == count:
+                break
+    return sorted(found)
+
+
+def check_cron(expr: str, tz: str) -> list[int]:
+    if not isinstance(expr, str) or len(expr.split()) not in (5, 6):
+        raise BadArgument(f"cron must have 5 fields (or 6 with seconds), got {expr!r}")
+    try:
+        if not croniter.is_valid(expr):
+            raise BadArgument(f"malformed cron expression {expr!r}")
+        start = _to_ms(_GAP_REFERENCE, zone_named(tz))
+        slots = cron_slots_after(expr, tz, start, _GAP_SAMPLE)
+    except (CroniterBadCronError, ValueError, KeyError) as exc:
+        if isinstance(exc, BadArgument):
+            raise
+        raise BadArgument(f"malformed cron expression {expr!r}: {exc}") from None
+    if len(slots) < 2:
+        raise BadArgument(f"cron expression {expr!r} (almost) never fires")
+    return slots
+
+
+def utc_ms(at: datetime) -> int:
+    """An aware datetime as epoch ms (for tests and callers that think in datetimes)."""
+    if at.tzinfo is None:
+        raise BadArgument("datetime must be timezone-aware")
+    return int(at.astimezone(UTC).timestamp() * 1000)
