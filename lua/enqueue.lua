@@ -2,7 +2,7 @@
   KEYS[1] prefix   STRING  'sched:{<queue>}:' (job and idempotency keys are built from it)
   KEYS[2] due      ZSET    id -> run_at_ms
   KEYS[3] leased   ZSET    id -> lease_until_ms
-  KEYS[4] dead     LIST    dead ids, newest first
+  KEYS[4] dead     ZSET    dead id -> dead_ms
   KEYS[5] wake     LIST    wake-up tokens for idle workers
   Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, idem:<digest>, dead:migrating, config
   ARGV[1] n, then 10 fields per job:
