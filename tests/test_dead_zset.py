@@ -4,13 +4,15 @@ with requeue / purge / counts / a new park during a partial conversion); the opt
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 import fakeredis
 import pytest
 import redis
+import redis.asyncio as aredis
 
-from scheduler import BadArgument, Queue
+from scheduler import AsyncQueue, BadArgument, Queue
 from scheduler.operations.requests import Op, Script
 from tests.conftest import Clock
 
@@ -220,3 +222,18 @@ def test_conversion_and_retention_on_fakeredis() -> None:
     newest = park(q, clock, 4)
     assert client.zrange(q.keys.dead, 0, -1) == [newest]
     assert q.requeue_dead([newest]) == 1 and q.counts().dead == 0
+
+
+def test_async_queue_sets_the_same_retention(redis_url: str, q: Queue, client: redis.Redis) -> None:
+    async def main() -> None:
+        aclient = aredis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            aq = AsyncQueue(aclient, q.name)
+            await aq.set_dead_retention(max_age_ms=60_000)
+            with pytest.raises(BadArgument):
+                await aq.set_dead_retention(max_count=-1)
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(main())
+    assert client.hgetall(q.keys.config) == {"dead_max_age_ms": "60000"}
