@@ -237,3 +237,16 @@ def test_async_queue_sets_the_same_retention(redis_url: str, q: Queue, client: r
 
     asyncio.run(main())
     assert client.hgetall(q.keys.config) == {"dead_max_age_ms": "60000"}
+
+
+def test_a_hostile_config_key_trims_nothing_and_fails_no_park(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    q, clock = tq
+    first = park(q, clock, 1)
+    client.hset(q.keys.config, mapping={"dead_max_age_ms": "1e3", "dead_max_count": "-0x1"})
+    park(q, clock, 2)
+    client.delete(q.keys.config)
+    client.set(q.keys.config, "not a hash")
+    park(q, clock, 3)
+    assert q.counts().dead == 3 and client.exists(q.keys.job(first))

@@ -523,7 +523,7 @@ def test_hostile_advisory_keys_do_not_fail_transitions_after_their_writes(
     a key of another type there must not make claim/complete/fail error after they wrote."""
     q, clock = tq
     clock.set_ms(1000 * MIN_MS)
-    counters = ("claim", "complete", "fail", "dead", "retry", "release", "lease_expired")
+    counters = ("claim", "done", "fail", "dead", "retry", "release", "expired", "dead_trimmed")
     for minute in range(1000, 1003):
         client.hset(q.keys.stats(minute), mapping=dict.fromkeys(counters, "x"))
     client.set(q.keys.wake, "not a list")

@@ -138,7 +138,7 @@ def test_lease_race_stale_worker_is_refused(
     assert a_tok.startswith("1-") and b_tok.startswith("2-")
     j = q.get_job(job)
     assert j.fields["settled_token"] == b_tok  # B's result, once
-    completes = sum(int(client.hget(k, "complete") or 0)
+    completes = sum(int(client.hget(k, "done") or 0)
                     for k in client.scan_iter(q.keys.prefix + "stats:*"))  # fmt: skip
     assert completes == 1
     assert not any(e[3] == "end" and e[2] == a_tok for e in entries)  # A never reported

@@ -79,7 +79,7 @@ def test_crash_chaos(redis_url: str, client: redis.Redis, q: Queue,
             # The accepted result is the last claim's: no stale complete got through.
             last = max(starts[job_id], key=lambda s: int(s[1].split("-")[0]))
             assert j.fields["settled_token"] == last[1] == j.token
-    completes = sum(int(client.hget(k, "complete") or 0)
+    completes = sum(int(client.hget(k, "done") or 0)
                     for k in client.scan_iter(q.keys.prefix + "stats:*"))  # fmt: skip
     assert completes == len(done)
     reasons = {jobs[i].dead_reason for i in dead}
