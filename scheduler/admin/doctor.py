@@ -59,10 +59,15 @@ class Issue:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "code": self.code, "severity": self.severity, "queue": self.queue,
-            "job_id": self.job_id, "message": self.message, "fix": self.fix,
-            "fixable": bool(self.repair), "redis_cli": self.redis_cli(),
-        }  # fmt: skip
+            "code": self.code,
+            "severity": self.severity,
+            "queue": self.queue,
+            "job_id": self.job_id,
+            "message": self.message,
+            "fix": self.fix,
+            "fixable": bool(self.repair),
+            "redis_cli": self.redis_cli(),
+        }
 
 
 @dataclass(frozen=True)
@@ -111,17 +116,30 @@ def _remove_from(k: QueueKeys, job_id: str, places: Iterable[str]) -> list[Comma
 def _to_due(k: QueueKeys, job_id: str, run_at_ms: int) -> list[Command]:
     jk = k.job(job_id)
     return [
-        ("ZADD", k.due, str(run_at_ms), job_id), ("HSET", jk, "state", "due"),
-        ("HDEL", jk, "worker"), ("PERSIST", jk),
-        ("LPUSH", k.wake, "1"), ("LTRIM", k.wake, "0", "7"),  # as lib/util.lua wake()
-    ]  # fmt: skip
+        ("ZADD", k.due, str(run_at_ms), job_id),
+        ("HSET", jk, "state", "due"),
+        ("HDEL", jk, "worker"),
+        ("PERSIST", jk),
+        ("LPUSH", k.wake, "1"),
+        ("LTRIM", k.wake, "0", "7"),  # as lib/util.lua wake()
+    ]
 
 
 def _dead_letter(k: QueueKeys, job_id: str, reason: str, now_ms: int) -> list[Command]:
     # lua/repair.lua runs lib/job.lua's dead_letter: the move claim and fail make, not a copy.
     keys = k.script_keys()
-    return [("EVAL", scripts.source("repair"), str(len(keys)), *keys,
-             "dead", job_id, reason, str(now_ms))]  # fmt: skip
+    return [
+        (
+            "EVAL",
+            scripts.source("repair"),
+            str(len(keys)),
+            *keys,
+            "dead",
+            job_id,
+            reason,
+            str(now_ms),
+        )
+    ]
 
 
 def _int(v: str | None) -> int | None:
@@ -180,14 +198,18 @@ def diagnose(s: Snapshot, ctx: Context) -> list[Issue]:
     if bad or _has_undecodable(s.id):
         k = ctx.keys
         where = f"fields {', '.join(bad)}" if bad else "its id"
-        out.append(Issue(
-            "undecodable", "error" if {"task", "payload", "state"} & set(bad) else "warning",
-            f"job data is not UTF-8 in {where}: shown escaped (\\xNN) by the CLI; a worker "
-            "cannot decode it",
-            f"inspect it (redis-cli HGETALL {shlex.quote(k.job(s.id))}), then rewrite the "
-            "field or delete the job by hand",
-            k.queue, s.id,
-        ))  # fmt: skip
+        out.append(
+            Issue(
+                "undecodable",
+                "error" if {"task", "payload", "state"} & set(bad) else "warning",
+                f"job data is not UTF-8 in {where}: shown escaped (\\xNN) by the CLI; a worker "
+                "cannot decode it",
+                f"inspect it (redis-cli HGETALL {shlex.quote(k.job(s.id))}), then rewrite the "
+                "field or delete the job by hand",
+                k.queue,
+                s.id,
+            )
+        )
     return out
 
 
@@ -196,71 +218,122 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
     jk = k.job(jid)
     fix = f"scheduler doctor --fix --queue {k.queue}"
 
-    def issue(code: str, severity: str, message: str, repair: Sequence[Command] = (),
-              how: str | None = None) -> Issue:  # fmt: skip
+    def issue(
+        code: str,
+        severity: str,
+        message: str,
+        repair: Sequence[Command] = (),
+        how: str | None = None,
+    ) -> Issue:
         return Issue(code, severity, message, how or fix, k.queue, jid, tuple(repair))
 
     places = s.places
     if s.key_type not in ("hash", "none"):
-        return [issue("wrong-type", "error",
-                      f"{jk} is a {s.key_type}, not a job hash: it is not a job the scheduler "
-                      "can run", how=f"inspect it: redis-cli TYPE {shlex.quote(jk)}")]  # fmt: skip
+        return [
+            issue(
+                "wrong-type",
+                "error",
+                f"{jk} is a {s.key_type}, not a job hash: it is not a job the scheduler can run",
+                how=f"inspect it: redis-cli TYPE {shlex.quote(jk)}",
+            )
+        ]
     if not s.fields:
         if not places:
             return []
-        return [issue("missing-hash", "error",
-                      f"id is in {' and '.join(places)} but its hash is gone (task and payload "
-                      "lost): fix removes the id", _remove_from(k, jid, places))]  # fmt: skip
+        return [
+            issue(
+                "missing-hash",
+                "error",
+                f"id is in {' and '.join(places)} but its hash is gone (task and payload "
+                "lost): fix removes the id",
+                _remove_from(k, jid, places),
+            )
+        ]
     state = s.fields.get("state", "")
     if not places:
         if state in ("done", "cancelled"):
             if s.ttl_ms is None:
-                return [issue("record-no-ttl", "warning",
-                              f"{state} record has no expiry, so it is kept forever",
-                              [("PEXPIRE", jk, str(ctx.record_ttl_ms))])]  # fmt: skip
+                return [
+                    issue(
+                        "record-no-ttl",
+                        "warning",
+                        f"{state} record has no expiry, so it is kept forever",
+                        [("PEXPIRE", jk, str(ctx.record_ttl_ms))],
+                    )
+                ]
             return []
         if state == "dead":
             # Back through lib/job.lua's dead_letter, at the time it died (its age is kept).
             reason = s.fields.get("dead_reason") or "dead (found by doctor)"
             died_ms = stored_int_in(s.fields.get("dead_ms"), "run_at_ms")
-            return [issue("orphan-hash", "error",
-                          "dead job is missing from the dead list: fix puts it back there",
-                          _dead_letter(k, jid, reason[:200], ctx.now_ms if died_ms is None
-                                       else died_ms))]  # fmt: skip
+            return [
+                issue(
+                    "orphan-hash",
+                    "error",
+                    "dead job is missing from the dead list: fix puts it back there",
+                    _dead_letter(k, jid, reason[:200], ctx.now_ms if died_ms is None else died_ms),
+                )
+            ]
         run_at = _int(s.fields.get("run_at_ms"))
-        return [issue("orphan-hash", "error",
-                      f"job with state {state!r} is in none of due, leased, dead, so no worker "
-                      "will see it: fix puts it in due",
-                      _to_due(k, jid, run_at if run_at is not None else ctx.now_ms))]  # fmt: skip
+        return [
+            issue(
+                "orphan-hash",
+                "error",
+                f"job with state {state!r} is in none of due, leased, dead, so no worker "
+                "will see it: fix puts it in due",
+                _to_due(k, jid, run_at if run_at is not None else ctx.now_ms),
+            )
+        ]
     plan: list[Command]
     if len(places) > 1:
         keep = state if state in places else places[0]
         plan = _remove_from(k, jid, [p for p in places if p != keep])
         if state != keep:
             plan.append(("HSET", jk, "state", keep))
-        return [issue("two-places", "error",
-                      f"job is in {' and '.join(places)} at once (state {state!r}): fix keeps "
-                      f"it in {keep}", plan)]  # fmt: skip
+        return [
+            issue(
+                "two-places",
+                "error",
+                f"job is in {' and '.join(places)} at once (state {state!r}): fix keeps "
+                f"it in {keep}",
+                plan,
+            )
+        ]
     place = places[0]
     if state != place:
         plan = [("HSET", jk, "state", place)]
         if place != "leased":
             plan.append(("HDEL", jk, "worker"))
-        return [issue("state-mismatch", "error",
-                      f"state field says {state!r} but the job is in {place}: fix sets it to "
-                      f"{place!r}", plan)]  # fmt: skip
+        return [
+            issue(
+                "state-mismatch",
+                "error",
+                f"state field says {state!r} but the job is in {place}: fix sets it to {place!r}",
+                plan,
+            )
+        ]
     score = s.due_ms if place == "due" else s.lease_until_ms if place == "leased" else None
     if score is not None and not 0 <= score <= MAX_SCORE_MS:
         key = k.due if place == "due" else k.leased
         then = "runs it" if place == "due" else "reaps the lease"
-        return [issue("bad-score", "error",
-                      f"its score in {place} is {score if abs(score) < _OUT_OF_RANGE_MS else 'inf'}"
-                      f", not a time in ms: fix sets it to now, so the next claim {then}",
-                      [("ZADD", key, "XX", str(ctx.now_ms), jid)])]  # fmt: skip
+        return [
+            issue(
+                "bad-score",
+                "error",
+                f"its score in {place} is {score if abs(score) < _OUT_OF_RANGE_MS else 'inf'}"
+                f", not a time in ms: fix sets it to now, so the next claim {then}",
+                [("ZADD", key, "XX", str(ctx.now_ms), jid)],
+            )
+        ]
     if s.ttl_ms is not None:
-        return [issue("expiring-job", "error",
-                      f"job in {place} has an expiry ({s.ttl_ms} ms left): it would vanish",
-                      [("PERSIST", jk)])]  # fmt: skip
+        return [
+            issue(
+                "expiring-job",
+                "error",
+                f"job in {place} has an expiry ({s.ttl_ms} ms left): it would vanish",
+                [("PERSIST", jk)],
+            )
+        ]
     out: list[Issue] = []
     if place == "leased" and s.lease_until_ms is not None:
         late_ms = ctx.now_ms - s.lease_until_ms
@@ -274,23 +347,44 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                 plan = _dead_letter(k, jid, "lease expired", ctx.now_ms)
             else:
                 plan = [("ZREM", k.leased, jid), *_to_due(k, jid, s.lease_until_ms)]
-            who = f"worker {worker!r} is alive but not claiming" if alive else (
-                f"worker {worker!r} is gone")  # fmt: skip
-            out.append(issue("lease-expired", "warning" if alive else "error",
-                             f"lease lapsed {late_ms // 1000} s ago and {who}; no claim has "
-                             "reaped it: fix does what a claim would", plan))  # fmt: skip
+            who = (
+                f"worker {worker!r} is alive but not claiming"
+                if alive
+                else (f"worker {worker!r} is gone")
+            )
+            out.append(
+                issue(
+                    "lease-expired",
+                    "warning" if alive else "error",
+                    f"lease lapsed {late_ms // 1000} s ago and {who}; no claim has "
+                    "reaped it: fix does what a claim would",
+                    plan,
+                )
+            )
             return out
     if place in ("due", "leased"):
         bad = _unreadable(s.fields)
         if bad is not None:
             code, reason = bad
             if place == "due":
-                out.append(issue(code, "error", f"{reason}: no worker can run it; fix parks it "
-                                 "on the dead list for a human",
-                                 _dead_letter(k, jid, reason, ctx.now_ms)))  # fmt: skip
+                out.append(
+                    issue(
+                        code,
+                        "error",
+                        f"{reason}: no worker can run it; fix parks it "
+                        "on the dead list for a human",
+                        _dead_letter(k, jid, reason, ctx.now_ms),
+                    )
+                )
             else:
-                out.append(issue(code, "error", f"{reason}; the worker holding it will fail it",
-                                 how=f"wait for the lease to end, then {fix}"))  # fmt: skip
+                out.append(
+                    issue(
+                        code,
+                        "error",
+                        f"{reason}; the worker holding it will fail it",
+                        how=f"wait for the lease to end, then {fix}",
+                    )
+                )
     return out
 
 
@@ -338,12 +432,17 @@ def read_snapshots(
         now_ms = int(sec) * 1000 + int(usec) // 1000
         for n, jid in enumerate(chunk):
             t, h, pttl, due, leased, dead = reply[1 + 6 * n : 7 + 6 * n]
-            out.append(Snapshot(
-                jid, str(t), _hash_reply(h), _ttl(pttl),
-                None if due is None else _score_ms(due),
-                None if leased is None else _score_ms(leased),
-                0 if dead is None or isinstance(dead, ResponseError) else 1,
-            ))  # fmt: skip
+            out.append(
+                Snapshot(
+                    jid,
+                    str(t),
+                    _hash_reply(h),
+                    _ttl(pttl),
+                    None if due is None else _score_ms(due),
+                    None if leased is None else _score_ms(leased),
+                    0 if dead is None or isinstance(dead, ResponseError) else 1,
+                )
+            )
     return now_ms, out
 
 
@@ -404,8 +503,15 @@ def _first_pass(
         jid = key[len(job_prefix) :]
         seen.add(jid)
         t, h, pttl = reply[3 * n : 3 * n + 3]
-        s = Snapshot(jid, str(t), _hash_reply(h), _ttl(pttl), due.get(jid), leased.get(jid),
-                     1 if jid in dead else 0)  # fmt: skip
+        s = Snapshot(
+            jid,
+            str(t),
+            _hash_reply(h),
+            _ttl(pttl),
+            due.get(jid),
+            leased.get(jid),
+            1 if jid in dead else 0,
+        )
         if diagnose(s, ctx):
             out.append(jid)
     return out
@@ -427,11 +533,14 @@ def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
                 dead = pipe.zscore(k.dead, job_id)
                 due_ms, lease_ms = pipe.zscore(k.due, job_id), pipe.zscore(k.leased, job_id)
                 snap = Snapshot(
-                    job_id, t, fields, _ttl(pipe.pttl(jk)),
+                    job_id,
+                    t,
+                    fields,
+                    _ttl(pipe.pttl(jk)),
                     None if due_ms is None else _score_ms(due_ms),
                     None if lease_ms is None else _score_ms(lease_ms),
                     0 if dead is None else 1,
-                )  # fmt: skip
+                )
                 now = replace(ctx, now_ms=int(sec) * 1000 + int(usec) // 1000)
                 todo = next((i for i in diagnose(snap, now) if i.repair), None)
                 if todo is None:

@@ -36,46 +36,66 @@ def check_server(info: dict[str, Any], config: dict[str, str]) -> list[Finding]:
     out: list[Finding] = []
     version = str(info.get("redis_version", "0"))
     if _version(version) < MIN_VERSION:
-        out.append(Finding(
-            "server-version", "error", f"Redis {version} is older than 7.0 (scripts rely on "
-            "effects replication and ZRANGE BYSCORE)", "upgrade Redis to 7.0 or newer",
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                "server-version",
+                "error",
+                f"Redis {version} is older than 7.0 (scripts rely on "
+                "effects replication and ZRANGE BYSCORE)",
+                "upgrade Redis to 7.0 or newer",
+            )
+        )
     policy = config.get("maxmemory-policy") or str(info.get("maxmemory_policy", ""))
     if policy and policy != SAFE_EVICTION:
-        out.append(Finding(
-            "eviction-policy", "error",
-            f"maxmemory-policy is {policy}: Redis may evict job keys under memory pressure",
-            "redis-cli CONFIG SET maxmemory-policy noeviction",
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                "eviction-policy",
+                "error",
+                f"maxmemory-policy is {policy}: Redis may evict job keys under memory pressure",
+                "redis-cli CONFIG SET maxmemory-policy noeviction",
+            )
+        )
     aof = int(info.get("aof_enabled", 0) or 0)
     rdb_save = config.get("save")
     if not aof and not config:
         # CONFIG refused (an ACL user): RDB snapshots cannot be seen, so "off" is not proven.
-        out.append(Finding(
-            "persistence-unknown", "warning",
-            "AOF is off and CONFIG is not allowed to this user, so RDB snapshots cannot be "
-            "checked: a restart may lose every job",
-            "redis-cli CONFIG SET appendonly yes (as an admin)",
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                "persistence-unknown",
+                "warning",
+                "AOF is off and CONFIG is not allowed to this user, so RDB snapshots cannot be "
+                "checked: a restart may lose every job",
+                "redis-cli CONFIG SET appendonly yes (as an admin)",
+            )
+        )
     elif not aof and not rdb_save:
-        out.append(Finding(
-            "persistence-off", "error",
-            "persistence is off (no AOF, no RDB snapshots): a restart loses every job",
-            "redis-cli CONFIG SET appendonly yes && redis-cli CONFIG SET appendfsync always",
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                "persistence-off",
+                "error",
+                "persistence is off (no AOF, no RDB snapshots): a restart loses every job",
+                "redis-cli CONFIG SET appendonly yes && redis-cli CONFIG SET appendfsync always",
+            )
+        )
     elif not aof:
-        out.append(Finding(
-            "aof-off", "warning",
-            "only RDB snapshots: a crash loses the jobs accepted since the last snapshot",
-            "redis-cli CONFIG SET appendonly yes",
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                "aof-off",
+                "warning",
+                "only RDB snapshots: a crash loses the jobs accepted since the last snapshot",
+                "redis-cli CONFIG SET appendonly yes",
+            )
+        )
     elif config.get("appendfsync") and config.get("appendfsync") != "always":
-        out.append(Finding(
-            "fsync-relaxed", "warning",
-            f"appendfsync is {config['appendfsync']}: a power loss or kernel crash may lose up "
-            "to about a second of accepted jobs (a Redis process crash alone loses nothing)",
-            "redis-cli CONFIG SET appendfsync always",
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                "fsync-relaxed",
+                "warning",
+                f"appendfsync is {config['appendfsync']}: a power loss or kernel crash may lose up "
+                "to about a second of accepted jobs (a Redis process crash alone loses nothing)",
+                "redis-cli CONFIG SET appendfsync always",
+            )
+        )
     return out
 
 

@@ -136,13 +136,20 @@ def live_workers(client: redis.Redis, keys: QueueKeys) -> tuple[list[WorkerInfo]
         if not h:
             gone.append(str(wid))
             continue
-        live.append(WorkerInfo(
-            id=str(wid), queue=keys.queue, last_seen_ms=_opt_int(seen) or 0, host=h.get("host", ""),
-            pid=_opt_int(h.get("pid")), queues=_queues_field(h.get("queues")),
-            started_ms=_opt_int(h.get("started_ms")),
-            last_heartbeat_ms=_opt_int(h.get("last_heartbeat_ms")),
-            in_flight=_opt_int(h.get("in_flight")), concurrency=_opt_int(h.get("concurrency")),
-        ))  # fmt: skip
+        live.append(
+            WorkerInfo(
+                id=str(wid),
+                queue=keys.queue,
+                last_seen_ms=_opt_int(seen) or 0,
+                host=h.get("host", ""),
+                pid=_opt_int(h.get("pid")),
+                queues=_queues_field(h.get("queues")),
+                started_ms=_opt_int(h.get("started_ms")),
+                last_heartbeat_ms=_opt_int(h.get("last_heartbeat_ms")),
+                in_flight=_opt_int(h.get("in_flight")),
+                concurrency=_opt_int(h.get("concurrency")),
+            )
+        )
     return live, gone
 
 

@@ -99,9 +99,12 @@ async def check_or_warn_async(
 
 
 def _unreadable(exc: Exception) -> Finding:
-    return Finding("settings-unreadable", "warning",
-                   f"cannot read the server's settings ({exc}); durability is unchecked",
-                   "grant the user +info")  # fmt: skip
+    return Finding(
+        "settings-unreadable",
+        "warning",
+        f"cannot read the server's settings ({exc}); durability is unchecked",
+        "grant the user +info",
+    )
 
 
 def _report(found: list[Finding], *, strict: bool, log: Callable[[str], object]) -> list[Finding]:

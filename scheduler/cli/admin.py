@@ -66,12 +66,18 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
         head = client.zrange(keys.due, 0, 0)
         oldest_id = str(head[0]) if head else None
     return {
-        "queue": name, "now_ms": counts.now_ms, "due": counts.due,
-        "scheduled": counts.scheduled, "leased": counts.leased, "lapsed": counts.lapsed,
-        "dead": counts.dead, "oldest_due_ms": counts.oldest_due_ms,
-        "oldest_overdue_id": oldest_id, "overdue_ms": counts.oldest_overdue_ms,
+        "queue": name,
+        "now_ms": counts.now_ms,
+        "due": counts.due,
+        "scheduled": counts.scheduled,
+        "leased": counts.leased,
+        "lapsed": counts.lapsed,
+        "dead": counts.dead,
+        "oldest_due_ms": counts.oldest_due_ms,
+        "oldest_overdue_id": oldest_id,
+        "overdue_ms": counts.oldest_overdue_ms,
         "windows": window_counts(client, keys, counts.now_ms),
-    }  # fmt: skip
+    }
 
 
 def _stats_table(rows: list[dict[str, Any]]) -> Table:
@@ -86,10 +92,16 @@ def _stats_table(rows: list[dict[str, Any]]) -> Table:
     for r in rows:
         leased = f"{r['leased']}" + (f" ({r['lapsed']} lapsed)" if r["lapsed"] else "")
         t.add_row(
-            cell(r["queue"]), str(r["due"]), str(r["scheduled"]), leased, str(r["dead"]),
-            fmt_ms(r["overdue_ms"]) if r["overdue_ms"] else "-", per_window(r, "done"),
-            per_window(r, "fail"), per_window(r, "dead"),
-        )  # fmt: skip
+            cell(r["queue"]),
+            str(r["due"]),
+            str(r["scheduled"]),
+            leased,
+            str(r["dead"]),
+            fmt_ms(r["overdue_ms"]) if r["overdue_ms"] else "-",
+            per_window(r, "done"),
+            per_window(r, "fail"),
+            per_window(r, "dead"),
+        )
     if not rows:
         t.add_row("(no queues)", *[""] * 8)
     return t
@@ -100,10 +112,19 @@ def _stats_table(rows: list[dict[str, Any]]) -> Table:
 @queues_option
 @json_option
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
-@click.option("--interval", type=click.FloatRange(min=0.0), default=2.0, show_default=True,
-              help="Seconds between refreshes with --watch.")  # fmt: skip
-@click.option("--count", type=click.IntRange(min=0), default=0,
-              help="With --watch: stop after this many refreshes (0: never).")  # fmt: skip
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.0),
+    default=2.0,
+    show_default=True,
+    help="Seconds between refreshes with --watch.",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=0),
+    default=0,
+    help="With --watch: stop after this many refreshes (0: never).",
+)
 def stats(
     url: str, queues: tuple[str, ...], as_json: bool, watch: bool, interval: float, count: int
 ) -> None:
@@ -165,10 +186,15 @@ def workers(url: str, queues: tuple[str, ...], as_json: bool) -> None:
         if w["concurrency"] is not None:
             flight += f" / {w['concurrency']}"
         t.add_row(
-            cell(w["queue"]), cell(w["id"]), cell(w["host"]), str(w["pid"] or "-"),
-            cell(",".join(w["queues"])), fmt_time(w["started_ms"]),
-            f"{fmt_ms(now_ms - beat)} ago" if beat else "-", flight,
-        )  # fmt: skip
+            cell(w["queue"]),
+            cell(w["id"]),
+            cell(w["host"]),
+            str(w["pid"] or "-"),
+            cell(",".join(w["queues"])),
+            fmt_time(w["started_ms"]),
+            f"{fmt_ms(now_ms - beat)} ago" if beat else "-",
+            flight,
+        )
     out = console()
     out.print(t if found else "no live workers")
     for name, ids in gone.items():
@@ -197,11 +223,16 @@ def keys_command(url: str, queue: str, as_json: bool) -> None:
     ]
     exists = queue_exists(client, k, server_now_ms(client))
     if as_json:
-        emit_json({
-            "queue": queue, "prefix": k.prefix, "exists": exists,
-            "keys": [i.to_json() for i in fixed], "families": [f.to_json() for f in families],
-            "examples": examples,
-        })  # fmt: skip
+        emit_json(
+            {
+                "queue": queue,
+                "prefix": k.prefix,
+                "exists": exists,
+                "keys": [i.to_json() for i in fixed],
+                "families": [f.to_json() for f in families],
+                "examples": examples,
+            }
+        )
         return
     t = Table(title=f"keys of queue {queue!r}" + ("" if exists else " (no keys yet)"))
     for col in ("key", "type", "size", "ttl", "contents"):

@@ -98,23 +98,36 @@ def _check_queue(_: click.Context, __: click.Parameter, value: Any) -> Any:
 
 def url_option(f: F) -> F:
     return click.option(
-        "--url", envvar="REDIS_URL", default=DEFAULT_URL, show_default=True, metavar="URL",
+        "--url",
+        envvar="REDIS_URL",
+        default=DEFAULT_URL,
+        show_default=True,
+        metavar="URL",
         help="Redis URL (redis://, rediss:// for TLS, unix://); env REDIS_URL.",
-    )(f)  # fmt: skip
+    )(f)
 
 
 def queue_option(f: F) -> F:
     return click.option(
-        "--queue", "-q", envvar="SCHEDULER_QUEUE", default="default", show_default=True,
-        callback=_check_queue, help="Queue name; env SCHEDULER_QUEUE.",
-    )(f)  # fmt: skip
+        "--queue",
+        "-q",
+        envvar="SCHEDULER_QUEUE",
+        default="default",
+        show_default=True,
+        callback=_check_queue,
+        help="Queue name; env SCHEDULER_QUEUE.",
+    )(f)
 
 
 def queues_option(f: F) -> F:
     return click.option(
-        "--queue", "-q", "queues", multiple=True, callback=_check_queue,
+        "--queue",
+        "-q",
+        "queues",
+        multiple=True,
+        callback=_check_queue,
         help="Queue name (repeatable); default: every queue found with SCAN.",
-    )(f)  # fmt: skip
+    )(f)
 
 
 def json_option(f: F) -> F:
@@ -143,16 +156,21 @@ class BackoffParam(click.ParamType):  # type: ignore[type-arg]  # generic from c
 
 def backoff_option(f: F) -> F:
     return click.option(
-        "--backoff", type=BackoffParam(), default=None,
+        "--backoff",
+        type=BackoffParam(),
+        default=None,
         help="Retry delays: base_ms,factor,cap_ms,jitter (default 1000,2,3600000,0.25).",
-    )(f)  # fmt: skip
+    )(f)
 
 
 def timeout_option(f: F) -> F:
     return click.option(
-        "--timeout-ms", type=click.IntRange(min=0), default=0, show_default=True,
+        "--timeout-ms",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
         help="A run longer than this is stopped and retried (0: no timeout).",
-    )(f)  # fmt: skip
+    )(f)
 
 
 # -- durations and times ---------------------------------------------------------------------
@@ -231,9 +249,12 @@ def connect(url: str, *, encoding_errors: str = "backslashreplace") -> redis.Red
     them with 'surrogateescape' to find them (and write their keys back exactly)."""
     try:
         client = redis.Redis.from_url(
-            url, decode_responses=True, encoding_errors=encoding_errors,
-            socket_connect_timeout=5, socket_timeout=30,
-        )  # fmt: skip
+            url,
+            decode_responses=True,
+            encoding_errors=encoding_errors,
+            socket_connect_timeout=5,
+            socket_timeout=30,
+        )
     except ValueError as exc:
         raise BadInput(safe(f"invalid --url {redact(url)}: {exc}")) from None
     client.ping()

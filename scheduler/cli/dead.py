@@ -52,14 +52,21 @@ def _ids(_: click.Context, __: click.Parameter, value: tuple[str, ...]) -> tuple
 
 
 def filter_options(f: F) -> F:
-    for opt in reversed([
-        click.option("--task", help="Only jobs of this task."),
-        click.option("--error-type", help="Only jobs whose last error has this type."),
-        click.option("--older-than", "older_than_ms", type=Duration(),
-                     help="Only jobs dead for longer than this: 30m, 2h, 7d."),
-        click.option("--id", "ids", multiple=True, callback=_ids,
-                     help="Only this job (repeatable)."),
-    ]):  # fmt: skip
+    for opt in reversed(
+        [
+            click.option("--task", help="Only jobs of this task."),
+            click.option("--error-type", help="Only jobs whose last error has this type."),
+            click.option(
+                "--older-than",
+                "older_than_ms",
+                type=Duration(),
+                help="Only jobs dead for longer than this: 30m, 2h, 7d.",
+            ),
+            click.option(
+                "--id", "ids", multiple=True, callback=_ids, help="Only this job (repeatable)."
+            ),
+        ]
+    ):
         f = opt(f)
     return f
 
@@ -109,8 +116,9 @@ def list_dead(
     now_ms = server_now_ms(client)
     rows = [job_json(j, now_ms) for j in get_jobs(client, q.keys, page)]
     if as_json:
-        emit_json({"queue": queue, "total": len(selected), "offset": offset, "limit": limit,
-                   "jobs": rows})  # fmt: skip
+        emit_json(
+            {"queue": queue, "total": len(selected), "offset": offset, "limit": limit, "jobs": rows}
+        )
         return
     # One block per job, not a table: six columns cannot fit 80 columns without folding words
     # by character; a block wraps by word at any width and greps well in a pipe.
@@ -144,23 +152,36 @@ def _bulk(
         click.confirm(f"{ask} {len(selected)} dead job(s) of queue {queue!r}?", abort=True)
     done = 0
     progress = Progress(
-        TextColumn(f"{verb} [progress.description]{{task.description}}"), BarColumn(),
-        MofNCompleteColumn(), console=console(stderr=True), transient=True,
-    )  # fmt: skip
+        TextColumn(f"{verb} [progress.description]{{task.description}}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console(stderr=True),
+        transient=True,
+    )
     with progress:
         step = progress.add_task(queue, total=len(selected))
         for chunk in iter_chunks(selected, _BATCH):
             done += action(chunk)
             progress.advance(step, len(chunk))
     # A job that left the dead list meanwhile (another operator) is skipped, not an error.
-    result: dict[str, Any] = {"queue": queue, "action": verb, "matched": len(selected),
-                              "done": done, "skipped": len(selected) - done}  # fmt: skip
+    result: dict[str, Any] = {
+        "queue": queue,
+        "action": verb,
+        "matched": len(selected),
+        "done": done,
+        "skipped": len(selected) - done,
+    }
     if as_json:
         emit_json(result)
     else:
-        click.echo(f"{verb}: {done} of {len(selected)} dead job(s) in {queue!r}"
-                   + (f" ({result['skipped']} had already left the dead list)"
-                      if result["skipped"] else ""))  # fmt: skip
+        click.echo(
+            f"{verb}: {done} of {len(selected)} dead job(s) in {queue!r}"
+            + (
+                f" ({result['skipped']} had already left the dead list)"
+                if result["skipped"]
+                else ""
+            )
+        )
 
 
 _yes = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")

@@ -36,23 +36,35 @@ def _print(out: Console, title: str, issues: list[checks.Issue]) -> None:
         style = "red" if i.severity == "error" else "yellow"
         where = markup_safe(i.queue or "server")
         job = f" job {markup_safe(i.job_id)}" if i.job_id else ""
-        out.print(f"[{style}]{i.severity}[/] {where} [bold]{markup_safe(i.code)}[/]{job}: "
-                  f"{markup_safe(i.message)}")  # fmt: skip
+        out.print(
+            f"[{style}]{i.severity}[/] {where} [bold]{markup_safe(i.code)}[/]{job}: "
+            f"{markup_safe(i.message)}"
+        )
         out.print(cell(f"  fix: {i.fix}"), soft_wrap=True)
         if i.repair:
-            out.print("  by hand:", cell("\n".join(f"    {c}" for c in i.redis_cli()),
-                      keep_newlines=True), sep="\n", soft_wrap=True)  # fmt: skip
+            out.print(
+                "  by hand:",
+                cell("\n".join(f"    {c}" for c in i.redis_cli()), keep_newlines=True),
+                sep="\n",
+                soft_wrap=True,
+            )
 
 
 @click.command(cls=AdminCommand)
 @url_option
 @queues_option
 @json_option
-@click.option("--fix", is_flag=True,
-              help="Repair what is safe (never deletes a job that has a hash).")  # fmt: skip
-@click.option("--stale-lease", "stale_lease_ms", type=Duration(),
-              default=f"{checks.DEFAULT_STALE_LEASE_MS // 60_000}m", show_default=True,
-              help="Report leases that lapsed longer ago than this.")  # fmt: skip
+@click.option(
+    "--fix", is_flag=True, help="Repair what is safe (never deletes a job that has a hash)."
+)
+@click.option(
+    "--stale-lease",
+    "stale_lease_ms",
+    type=Duration(),
+    default=f"{checks.DEFAULT_STALE_LEASE_MS // 60_000}m",
+    show_default=True,
+    help="Report leases that lapsed longer ago than this.",
+)
 @click.option("--no-server", is_flag=True, help="Skip the server-settings checks.")
 @click.option("--strict", is_flag=True, help="Warnings count as findings for the exit code.")
 def doctor(
@@ -83,15 +95,24 @@ def doctor(
             remaining += checks.check_queue(client, name, stale_lease_ms=stale_lease_ms)
     failing = [i for i in remaining if strict or i.severity == "error"]
     if as_json:
-        emit_json({"queues": names, "fixed": [i.to_json() for i in fixed],
-                   "findings": [i.to_json() for i in remaining], "ok": not failing})  # fmt: skip
+        emit_json(
+            {
+                "queues": names,
+                "fixed": [i.to_json() for i in fixed],
+                "findings": [i.to_json() for i in remaining],
+                "ok": not failing,
+            }
+        )
     else:
         out = console()
         if fixed:
             _print(out, "repaired", fixed)
         if remaining:
             _print(out, "findings", remaining)
-        out.print(f"checked {len(names)} queue(s)" + ("" if no_server else " and the server")
-                  + f": {len(fixed)} repaired, {len(remaining)} finding(s) remain")  # fmt: skip
+        out.print(
+            f"checked {len(names)} queue(s)"
+            + ("" if no_server else " and the server")
+            + f": {len(fixed)} repaired, {len(remaining)} finding(s) remain"
+        )
     if failing:
         sys.exit(EXIT_FINDINGS)

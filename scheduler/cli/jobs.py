@@ -79,20 +79,33 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
     token = job.token
     fence = _int(token.split("-", 1)[0]) if token else None
     return {
-        "id": job.id, "state": state, "stored_state": job.stored_state, "task": job.task,
-        "payload": payload, "payload_error": payload_error, "attempts": job.attempts,
-        "max_attempts": job.max_attempts, "run_at_ms": run_at,
+        "id": job.id,
+        "state": state,
+        "stored_state": job.stored_state,
+        "task": job.task,
+        "payload": payload,
+        "payload_error": payload_error,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "run_at_ms": run_at,
         "run_in_ms": None if run_at is None else run_at - now_ms,
-        "token": token, "fence": fence, "worker": job.worker,
+        "token": token,
+        "fence": fence,
+        "worker": job.worker,
         "lease_until_ms": job.lease_until_ms,
         "lease_left_ms": None if job.lease_until_ms is None else job.lease_until_ms - now_ms,
-        "enqueued_ms": _int(f.get("enqueued_ms")), "claimed_ms": _int(f.get("claimed_ms")),
-        "finished_ms": _int(f.get("finished_ms")), "dead_ms": _int(f.get("dead_ms")),
-        "dead_reason": job.dead_reason, "last_error_type": f.get("last_error_type"),
-        "last_error": f.get("last_error"), "result": result,
+        "enqueued_ms": _int(f.get("enqueued_ms")),
+        "claimed_ms": _int(f.get("claimed_ms")),
+        "finished_ms": _int(f.get("finished_ms")),
+        "dead_ms": _int(f.get("dead_ms")),
+        "dead_reason": job.dead_reason,
+        "last_error_type": f.get("last_error_type"),
+        "last_error": f.get("last_error"),
+        "result": result,
         "errors": [e for e in job.errors if isinstance(e, dict)],  # hand-written: may be anything
-        "timeout_ms": _int(f.get("timeout_ms")), "schedule": f.get("schedule"),
-    }  # fmt: skip
+        "timeout_ms": _int(f.get("timeout_ms")),
+        "schedule": f.get("schedule"),
+    }
 
 
 @click.group(cls=AdminGroup, epilog=EXIT_CODES_HELP)
@@ -129,8 +142,17 @@ def list_jobs(
     now_ms = server_now_ms(client)
     rows = [job_json(j, now_ms) for j in found]
     if as_json:
-        emit_json({"queue": queue, "state": state, "task": task, "offset": offset,
-                   "limit": limit, "scanned": scanned, "jobs": rows})  # fmt: skip
+        emit_json(
+            {
+                "queue": queue,
+                "state": state,
+                "task": task,
+                "offset": offset,
+                "limit": limit,
+                "scanned": scanned,
+                "jobs": rows,
+            }
+        )
         return
     t = Table(title=f"{state} jobs in {queue!r}" + (f" (task {markup_safe(task)})" if task else ""))
     id_column(t, "id", (r["id"] for r in rows))
@@ -142,11 +164,20 @@ def list_jobs(
         elif state == "dead":
             when = f"dead {fmt_time(r['dead_ms'])}: {r['dead_reason'] or '?'}"
         else:
-            when = f"run in {fmt_ms(r['run_in_ms'])}" if (r["run_in_ms"] or 0) > 0 else (
-                f"late {fmt_ms(-(r['run_in_ms'] or 0))}")  # fmt: skip
+            when = (
+                f"run in {fmt_ms(r['run_in_ms'])}"
+                if (r["run_in_ms"] or 0) > 0
+                else (f"late {fmt_ms(-(r['run_in_ms'] or 0))}")
+            )
         err = f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
-        t.add_row(cell(r["id"]), cell(r["task"]), f"{r['attempts']}/{r['max_attempts']}",
-                  cell(when), cell(r["worker"] or "-"), cell(err))  # fmt: skip
+        t.add_row(
+            cell(r["id"]),
+            cell(r["task"]),
+            f"{r['attempts']}/{r['max_attempts']}",
+            cell(when),
+            cell(r["worker"] or "-"),
+            cell(err),
+        )
     out = console()
     out.print(t)
     if scanned is not None and scanned >= _TASK_SCAN_MAX:
@@ -213,8 +244,12 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
         for col in ("attempt", "at", "type", "message"):
             e.add_column(col, overflow="fold")
         for err in data["errors"]:
-            e.add_row(cell(err.get("attempt", "")), fmt_time(_int(str(err.get("at_ms")))),
-                      cell(err.get("type", "")), cell(err.get("message", "")))  # fmt: skip
+            e.add_row(
+                cell(err.get("attempt", "")),
+                fmt_time(_int(str(err.get("at_ms")))),
+                cell(err.get("type", "")),
+                cell(err.get("message", "")),
+            )
         out.print(e)
         last_tb = data["errors"][-1].get("traceback")
         if last_tb:
@@ -271,15 +306,22 @@ def parse_payload(text: str) -> Any:
 @json_option
 @click.argument("task")
 @click.option("--payload", default="null", show_default=True, help="The job's JSON payload.")
-@click.option("--at", "at_text", metavar="ISO8601",
-              help="Run at this time, with an offset: 2030-01-01T09:00:00Z.")  # fmt: skip
+@click.option(
+    "--at",
+    "at_text",
+    metavar="ISO8601",
+    help="Run at this time, with an offset: 2030-01-01T09:00:00Z.",
+)
 @click.option("--in", "in_ms", type=Duration(), help="Run after this delay: 30s, 5m, 1h30m.")
 @click.option("--key", help="Idempotency key: a second enqueue with it returns the first id.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
 @timeout_option
 @backoff_option
-@click.option("--strict", is_flag=True,
-              help="Refuse (exit 1) when the Redis settings can lose jobs; else warn.")  # fmt: skip
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse (exit 1) when the Redis settings can lose jobs; else warn.",
+)
 def enqueue(
     url: str,
     queue: str,
@@ -308,9 +350,15 @@ def enqueue(
     # A job accepted by a server that can drop it would make the returned id a false promise.
     check_or_warn(client, strict=strict, log=lambda m: click.echo(safe(f"warning: {m}"), err=True))
     job_id = Queue(client, queue).enqueue(
-        task, data, run_at=run_at, delay_ms=in_ms, key=key, max_attempts=max_attempts,
-        timeout_ms=timeout_ms, backoff=backoff,
-    )  # fmt: skip
+        task,
+        data,
+        run_at=run_at,
+        delay_ms=in_ms,
+        key=key,
+        max_attempts=max_attempts,
+        timeout_ms=timeout_ms,
+        backoff=backoff,
+    )
     if as_json:
         emit_json({"id": job_id, "queue": queue, "task": task})
     else:

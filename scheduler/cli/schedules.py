@@ -35,8 +35,14 @@ from scheduler.core.safety import clean
 from scheduler.schedules.recurring import Schedule, check_schedule_name
 
 # croniter's field order: 5 fields, or 6 with seconds last.
-_CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day-of-month", 1, 31),
-                ("month", 1, 12), ("day-of-week", 0, 7), ("second", 0, 59))  # fmt: skip
+_CRON_FIELDS = (
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day-of-month", 1, 31),
+    ("month", 1, 12),
+    ("day-of-week", 0, 7),
+    ("second", 0, 59),
+)
 
 
 def cron_field_error(expr: str) -> str | None:
@@ -111,18 +117,38 @@ def register(main: click.Group) -> None:
     @click.option("--every-ms", type=click.IntRange(min=1), help="An epoch-aligned interval.")
     @click.option("--tz", help="Time zone of --cron (IANA name; default UTC).")
     @click.option("--payload", default="null", show_default=True, help="Each run's JSON payload.")
-    @click.option("--jitter-ms", type=click.IntRange(min=0), default=0, show_default=True,
-                  help="A fixed offset in [0, this] spreads 'on the hour' load.")  # fmt: skip
-    @click.option("--misfire", default="run_once", show_default=True,
-                  help="Runs missed while nothing ran: skip | run_once | catch_up:N.")  # fmt: skip
+    @click.option(
+        "--jitter-ms",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
+        help="A fixed offset in [0, this] spreads 'on the hour' load.",
+    )
+    @click.option(
+        "--misfire",
+        default="run_once",
+        show_default=True,
+        help="Runs missed while nothing ran: skip | run_once | catch_up:N.",
+    )
     @click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
     @timeout_option
     @backoff_option
     def add_cmd(
-        name: str, task: str, url: str, queue: str, as_json: bool, cron: str | None,
-        every_ms: int | None, tz: str | None, payload: str, jitter_ms: int, misfire: str,
-        max_attempts: int, timeout_ms: int, backoff: Backoff | None,
-    ) -> None:  # fmt: skip
+        name: str,
+        task: str,
+        url: str,
+        queue: str,
+        as_json: bool,
+        cron: str | None,
+        every_ms: int | None,
+        tz: str | None,
+        payload: str,
+        jitter_ms: int,
+        misfire: str,
+        max_attempts: int,
+        timeout_ms: int,
+        backoff: Backoff | None,
+    ) -> None:
         """Create or redefine schedule NAME running TASK (--cron or --every-ms). Prints
         created, updated, unchanged or repaired. Everything is checked before anything is
         written."""
@@ -135,10 +161,18 @@ def register(main: click.Group) -> None:
         q = Queue(connect(url), queue)  # a new queue is fine: like enqueue, this creates
         try:
             status = q.schedule(
-                name, task, data, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
-                misfire=misfire, max_attempts=max_attempts, backoff=backoff,
+                name,
+                task,
+                data,
+                cron=cron,
+                every_ms=every_ms,
+                tz=tz,
+                jitter_ms=jitter_ms,
+                misfire=misfire,
+                max_attempts=max_attempts,
+                backoff=backoff,
                 timeout_ms=timeout_ms,
-            )  # fmt: skip
+            )
         except BadArgument as exc:
             # croniter accepts '0 9 30 2 *' but finds no date: say so, not "malformed".
             if cron is not None and "malformed cron" in str(exc) and croniter.is_valid(cron):

@@ -91,10 +91,20 @@ class AsyncQueue:
         timeout_ms: int = 0,
         job_id: str | None = None,
     ) -> str:
-        return await self._run(self.ops.enqueue(
-            task, payload, delay_ms=delay_ms, run_at=run_at, max_attempts=max_attempts,
-            backoff=backoff, key=key, jitter_ms=jitter_ms, timeout_ms=timeout_ms, job_id=job_id,
-        ))  # fmt: skip
+        return await self._run(
+            self.ops.enqueue(
+                task,
+                payload,
+                delay_ms=delay_ms,
+                run_at=run_at,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                key=key,
+                jitter_ms=jitter_ms,
+                timeout_ms=timeout_ms,
+                job_id=job_id,
+            )
+        )
 
     async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
         return await self._run(self.ops.enqueue_many(specs, batch_size))
@@ -108,9 +118,11 @@ class AsyncQueue:
         reap_limit: int = 100,
         nonce: str | None = None,
     ) -> ClaimBatch:
-        return await self._run(self.ops.claim(
-            worker_id, limit=limit, lease_ms=lease_ms, reap_limit=reap_limit, nonce=nonce
-        ))  # fmt: skip
+        return await self._run(
+            self.ops.claim(
+                worker_id, limit=limit, lease_ms=lease_ms, reap_limit=reap_limit, nonce=nonce
+            )
+        )
 
     async def heartbeat(
         self, leases: Sequence[tuple[str, str]], *, lease_ms: int
@@ -185,10 +197,21 @@ class AsyncQueue:
         in [0, jitter_ms] spreads "on the hour" load. `misfire`: 'skip' | 'run_once' |
         'catch_up:N' for runs missed while nothing ran. Exactly one occurrence is pending at
         any time. Returns 'created' | 'updated' | 'unchanged' | 'repaired'."""
-        return await self._run(self.ops.schedule(
-            name, task, payload, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
-            misfire=misfire, max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms,
-        ))  # fmt: skip
+        return await self._run(
+            self.ops.schedule(
+                name,
+                task,
+                payload,
+                cron=cron,
+                every_ms=every_ms,
+                tz=tz,
+                jitter_ms=jitter_ms,
+                misfire=misfire,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                timeout_ms=timeout_ms,
+            )
+        )
 
     async def get_schedule(self, name: str) -> Schedule:
         return await self._run(self.ops.get_schedule(name))

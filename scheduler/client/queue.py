@@ -96,10 +96,20 @@ class Queue:
         """Accept a job; returns its id. `delay_ms` counts from the Redis server's clock,
         `run_at` is an aware datetime; `jitter_ms` spreads run_at by up to that much; `key`
         makes the call idempotent (a second call with the same key returns the first id)."""
-        return self._run(self.ops.enqueue(
-            task, payload, delay_ms=delay_ms, run_at=run_at, max_attempts=max_attempts,
-            backoff=backoff, key=key, jitter_ms=jitter_ms, timeout_ms=timeout_ms, job_id=job_id,
-        ))  # fmt: skip
+        return self._run(
+            self.ops.enqueue(
+                task,
+                payload,
+                delay_ms=delay_ms,
+                run_at=run_at,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                key=key,
+                jitter_ms=jitter_ms,
+                timeout_ms=timeout_ms,
+                job_id=job_id,
+            )
+        )
 
     def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
         """Accept many jobs, one round trip per batch; every job is checked before any is sent."""
@@ -115,9 +125,11 @@ class Queue:
         reap_limit: int = 100,
         nonce: str | None = None,
     ) -> ClaimBatch:
-        return self._run(self.ops.claim(
-            worker_id, limit=limit, lease_ms=lease_ms, reap_limit=reap_limit, nonce=nonce
-        ))  # fmt: skip
+        return self._run(
+            self.ops.claim(
+                worker_id, limit=limit, lease_ms=lease_ms, reap_limit=reap_limit, nonce=nonce
+            )
+        )
 
     def heartbeat(
         self, leases: Sequence[tuple[str, str]], *, lease_ms: int
@@ -207,10 +219,21 @@ class Queue:
         in [0, jitter_ms] spreads "on the hour" load. `misfire`: 'skip' | 'run_once' |
         'catch_up:N' for runs missed while nothing ran. Exactly one occurrence is pending at
         any time. Returns 'created' | 'updated' | 'unchanged' | 'repaired'."""
-        return self._run(self.ops.schedule(
-            name, task, payload, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
-            misfire=misfire, max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms,
-        ))  # fmt: skip
+        return self._run(
+            self.ops.schedule(
+                name,
+                task,
+                payload,
+                cron=cron,
+                every_ms=every_ms,
+                tz=tz,
+                jitter_ms=jitter_ms,
+                misfire=misfire,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                timeout_ms=timeout_ms,
+            )
+        )
 
     def get_schedule(self, name: str) -> Schedule:
         return self._run(self.ops.get_schedule(name))

@@ -75,10 +75,18 @@ def _claimed_job(raw: Sequence[Any], now_ms: int) -> ClaimedJob:
     attempts = _field_int(raw[2], "attempts")
     max_attempts = _field_int(raw[3], "max_attempts")
     return ClaimedJob(
-        id=job_id, token=token, attempts=attempts, max_attempts=max_attempts, task=task,
-        payload_json=payload, run_at_ms=_field_int(raw[6], "run_at_ms"), claimed_ms=now_ms,
-        backoff=backoff, timeout_ms=_field_int(raw[8], "timeout_ms"), schedule=schedule,
-    )  # fmt: skip
+        id=job_id,
+        token=token,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        task=task,
+        payload_json=payload,
+        run_at_ms=_field_int(raw[6], "run_at_ms"),
+        claimed_ms=now_ms,
+        backoff=backoff,
+        timeout_ms=_field_int(raw[8], "timeout_ms"),
+        schedule=schedule,
+    )
 
 
 def _lossy(v: Any) -> str:

@@ -148,9 +148,17 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         except UnicodeEncodeError as exc:
             raise BadArgument(f"key is not valid Unicode text: {exc.reason}") from None
     return [
-        job_id, spec.task, payload, when, str(time_ms), str(max_attempts), backoff_text(backoff),
-        str(timeout_ms), idem, _IDEM_TTL,
-    ]  # fmt: skip
+        job_id,
+        spec.task,
+        payload,
+        when,
+        str(time_ms),
+        str(max_attempts),
+        backoff_text(backoff),
+        str(timeout_ms),
+        idem,
+        _IDEM_TTL,
+    ]
 
 
 _IDEM_TTL = str(IDEMPOTENCY_TTL_MS)
@@ -222,9 +230,15 @@ def fail_args(
         etype, message, tb = error
     delay = "" if delay_ms is None else str(check_int(delay_ms, "delay_ms"))
     return [
-        job_id, token, "1" if retryable else "0", _utf8(etype[:200]), _utf8(message[:_MAX_MESSAGE]),
-        _utf8(tb[-_MAX_TRACEBACK:]), repr(random.random()), delay,
-    ]  # fmt: skip
+        job_id,
+        token,
+        "1" if retryable else "0",
+        _utf8(etype[:200]),
+        _utf8(message[:_MAX_MESSAGE]),
+        _utf8(tb[-_MAX_TRACEBACK:]),
+        repr(random.random()),
+        delay,
+    ]
 
 
 def parse_fail(reply: Any, job_id: str, token: str) -> FailOutcome:
@@ -241,10 +255,14 @@ def parse_fail(reply: Any, job_id: str, token: str) -> FailOutcome:
 def parse_counts(reply: Any) -> QueueCounts:
     oldest = int(s(reply[5]))
     return QueueCounts(
-        now_ms=int(s(reply[0])), due=int(reply[1]), scheduled=int(reply[2]),
-        leased=int(reply[3]), dead=int(reply[4]), oldest_due_ms=None if oldest < 0 else oldest,
+        now_ms=int(s(reply[0])),
+        due=int(reply[1]),
+        scheduled=int(reply[2]),
+        leased=int(reply[3]),
+        dead=int(reply[4]),
+        oldest_due_ms=None if oldest < 0 else oldest,
         lapsed=int(reply[6]),
-    )  # fmt: skip
+    )
 
 
 def _score_ms(score: Any) -> int:

@@ -16,6 +16,7 @@ EXIT_ERROR = EXIT_FAILED
 EXIT_REDIS = EXIT_UNREACHABLE
 EXIT_REDIS_REFUSED = EXIT_FORBIDDEN
 
+# fmt: skip below: the one exit-code table, one row per code as README and docs/security.md show it.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "ok; the worker stopped cleanly (SIGTERM/SIGINT)"),
     (EXIT_FAILED, "findings (doctor), a refusal (unknown queue, job or schedule; declined "

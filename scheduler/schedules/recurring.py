@@ -99,10 +99,21 @@ class ScheduleDef:
     def digest(self) -> str:
         """Identifies the definition: the same upsert twice writes nothing the second time."""
         text = json.dumps(
-            [self.task, self.payload_json, self.kind, self.cron, self.tz, self.every_ms,
-             self.jitter_ms, self.misfire, self.max_attempts, self.backoff, self.timeout_ms],
+            [
+                self.task,
+                self.payload_json,
+                self.kind,
+                self.cron,
+                self.tz,
+                self.every_ms,
+                self.jitter_ms,
+                self.misfire,
+                self.max_attempts,
+                self.backoff,
+                self.timeout_ms,
+            ],
             separators=(",", ":"),
-        )  # fmt: skip
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def first_slots(self, now_ms: int) -> list[int]:
@@ -113,11 +124,23 @@ class ScheduleDef:
 
     def upsert_args(self, slots: list[int]) -> list[str]:
         return [
-            self.name, self.digest, self.kind, self.cron, self.tz, str(self.every_ms),
-            str(self.jitter_ms), str(self.offset_ms), self.misfire, str(self.misfire_n),
-            self.task, self.payload_json, str(self.max_attempts), self.backoff,
-            str(self.timeout_ms), *map(str, slots),
-        ]  # fmt: skip
+            self.name,
+            self.digest,
+            self.kind,
+            self.cron,
+            self.tz,
+            str(self.every_ms),
+            str(self.jitter_ms),
+            str(self.offset_ms),
+            self.misfire,
+            str(self.misfire_n),
+            self.task,
+            self.payload_json,
+            str(self.max_attempts),
+            self.backoff,
+            str(self.timeout_ms),
+            *map(str, slots),
+        ]
 
 
 def _int(value: Any, what: str) -> int:
@@ -157,8 +180,20 @@ def define(
             raise BadArgument("tz applies to cron schedules only (every_ms counts absolute time)")
         if jitter_ms >= every_ms:
             raise BadArgument(f"jitter_ms ({jitter_ms}) must be smaller than every_ms ({every_ms})")
-        return ScheduleDef(name, task, payload_json, "every", "", "", every_ms, jitter_ms,
-                           misfire, max_attempts, backoff_text, timeout_ms)  # fmt: skip
+        return ScheduleDef(
+            name,
+            task,
+            payload_json,
+            "every",
+            "",
+            "",
+            every_ms,
+            jitter_ms,
+            misfire,
+            max_attempts,
+            backoff_text,
+            timeout_ms,
+        )
     zone_name = "UTC" if tz is None else tz
     zone_named(zone_name)
     assert cron is not None
@@ -169,8 +204,20 @@ def define(
         raise BadArgument(
             f"jitter_ms ({jitter_ms}) must be smaller than the cron interval ({gap_ms} ms)"
         )
-    return ScheduleDef(name, task, payload_json, "cron", expr, zone_name, 0, jitter_ms, misfire,
-                       max_attempts, backoff_text, timeout_ms)  # fmt: skip
+    return ScheduleDef(
+        name,
+        task,
+        payload_json,
+        "cron",
+        expr,
+        zone_name,
+        0,
+        jitter_ms,
+        misfire,
+        max_attempts,
+        backoff_text,
+        timeout_ms,
+    )
 
 
 @dataclass(frozen=True)
@@ -198,12 +245,22 @@ class Schedule:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "task": self.task, "payload": self.payload_json,
-            "kind": self.kind, "cron": self.cron, "tz": self.tz, "every_ms": self.every_ms,
-            "jitter_ms": self.jitter_ms, "offset_ms": self.offset_ms, "misfire": self.misfire,
-            "paused": self.paused, "pending": self.pending, "next_run_ms": self.next_run_ms,
-            "created_ms": self.created_ms, "updated_ms": self.updated_ms,
-        }  # fmt: skip
+            "name": self.name,
+            "task": self.task,
+            "payload": self.payload_json,
+            "kind": self.kind,
+            "cron": self.cron,
+            "tz": self.tz,
+            "every_ms": self.every_ms,
+            "jitter_ms": self.jitter_ms,
+            "offset_ms": self.offset_ms,
+            "misfire": self.misfire,
+            "paused": self.paused,
+            "pending": self.pending,
+            "next_run_ms": self.next_run_ms,
+            "created_ms": self.created_ms,
+            "updated_ms": self.updated_ms,
+        }
 
 
 def _opt_int(v: str | None) -> int | None:
@@ -217,15 +274,22 @@ def parse_schedule(name: str, fields: dict[str, str]) -> Schedule | None:
     cursor = _opt_int(fields.get("cursor_ms"))
     offset = _opt_int(fields.get("offset_ms")) or 0
     return Schedule(
-        name=name, task=fields.get("task", ""), payload_json=fields.get("payload", "null"),
-        kind=fields.get("kind", ""), cron=fields.get("cron", ""), tz=fields.get("tz", ""),
+        name=name,
+        task=fields.get("task", ""),
+        payload_json=fields.get("payload", "null"),
+        kind=fields.get("kind", ""),
+        cron=fields.get("cron", ""),
+        tz=fields.get("tz", ""),
         every_ms=_opt_int(fields.get("every_ms")) or 0,
-        jitter_ms=_opt_int(fields.get("jitter_ms")) or 0, offset_ms=offset,
-        misfire=fields.get("misfire", ""), paused=fields.get("paused") == "1", pending=pending,
+        jitter_ms=_opt_int(fields.get("jitter_ms")) or 0,
+        offset_ms=offset,
+        misfire=fields.get("misfire", ""),
+        paused=fields.get("paused") == "1",
+        pending=pending,
         next_run_ms=cursor + offset if pending and cursor is not None else None,
         created_ms=_opt_int(fields.get("created_ms")),
         updated_ms=_opt_int(fields.get("updated_ms")),
-    )  # fmt: skip
+    )
 
 
 def refill_requested(claim_reply: Any, n_jobs: int, fields_per_job: int) -> bool:
