@@ -113,8 +113,21 @@ class RedisProcess:
 
     def args(self) -> list[str]:
         tcp = ["--port", str(self.port), "--bind", "127.0.0.1"] if self.tcp else ["--port", "0"]
-        return [self.binary, *tcp, "--unixsocket", self.socket, "--unixsocketperm", "700",
-                "--save", "", "--appendonly", "no", "--dir", self.dir, *self.extra]  # fmt: skip
+        return [
+            self.binary,
+            *tcp,
+            "--unixsocket",
+            self.socket,
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.dir,
+            *self.extra,
+        ]
 
     def start(self, timeout_s: float = 10.0) -> RedisProcess:
         # A port we picked may be taken before the server binds it: pick again, a few times.
@@ -132,9 +145,13 @@ class RedisProcess:
     def _start_once(self, timeout_s: float) -> bool:
         """True when PING answers; False when the process exited (e.g. port taken)."""
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.args(), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT,
-                                         start_new_session=self.detach)  # fmt: skip
+            self.proc = subprocess.Popen(
+                self.args(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=self.detach,
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -30,12 +30,30 @@ TASKS = "scheduler.cli.demo_tasks:registry"
 
 def _spawn(url: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, SCHEDULER_DEMO_URL=url, REDIS_URL=url)
-    cmd = [sys.executable, "-c", "from scheduler.cli.main import main; main()", "worker",
-           TASKS, "--url", url, "--queue", QUEUE, "--concurrency", "4",
-           "--lease-ms", str(LEASE_MS), "--heartbeat-ms", str(HEARTBEAT_MS), "--grace", "2",
-           "--log-level", "WARNING"]  # fmt: skip
-    return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "from scheduler.cli.main import main; main()",
+        "worker",
+        TASKS,
+        "--url",
+        url,
+        "--queue",
+        QUEUE,
+        "--concurrency",
+        "4",
+        "--lease-ms",
+        str(LEASE_MS),
+        "--heartbeat-ms",
+        str(HEARTBEAT_MS),
+        "--grace",
+        "2",
+        "--log-level",
+        "WARNING",
+    ]
+    return subprocess.Popen(
+        cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def run_demo(
@@ -72,22 +90,31 @@ def run_demo(
 def _explore(console: Console, url: str, kept: PrivateRedis | None) -> None:
     """The commands to try on what the demo left behind (plain text: copy-pasteable)."""
     u = shlex.quote(url)
-    lines = [f"scheduler stats --url {u} --queue {QUEUE}",
-             f"scheduler jobs list --url {u} --queue {QUEUE}",
-             f"scheduler dead list --url {u} --queue {QUEUE}",
-             f"scheduler workers --url {u} --queue {QUEUE}",
-             f"scheduler worker {TASKS} --url {u} --queue {QUEUE}"]  # fmt: skip
+    lines = [
+        f"scheduler stats --url {u} --queue {QUEUE}",
+        f"scheduler jobs list --url {u} --queue {QUEUE}",
+        f"scheduler dead list --url {u} --queue {QUEUE}",
+        f"scheduler workers --url {u} --queue {QUEUE}",
+        f"scheduler worker {TASKS} --url {u} --queue {QUEUE}",
+    ]
     console.print("")
     if kept is not None and kept.proc is not None:
-        console.print(f"Kept the Redis running: pid {kept.proc.pid}, socket {kept.socket}",
-                      markup=False, highlight=False)  # fmt: skip
+        console.print(
+            f"Kept the Redis running: pid {kept.proc.pid}, socket {kept.socket}",
+            markup=False,
+            highlight=False,
+        )
     console.print(f"URL: {url}", markup=False, highlight=False)
     console.print("Try (the last one runs the demo's tasks as-is):", markup=False)
     for line in lines:
         console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     if kept is not None and kept.proc is not None:
-        console.print(f"Stop it: kill {kept.proc.pid} && rm -rf {shlex.quote(kept.dir)}",
-                      markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+        console.print(
+            f"Stop it: kill {kept.proc.pid} && rm -rf {shlex.quote(kept.dir)}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int:
@@ -100,13 +127,16 @@ def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int
     jobs = {
         q.enqueue("demo.greet", {"name": "now"}): "greet (due now)",
         q.enqueue("demo.greet", {"name": "later"}, delay_ms=5_000): "greet (due in 5 s)",
-        q.enqueue("demo.charge", {"amount": 42}, max_attempts=3, backoff=FLAKY_BACKOFF):
-            "charge (always fails)",
+        q.enqueue(
+            "demo.charge", {"amount": 42}, max_attempts=3, backoff=FLAKY_BACKOFF
+        ): "charge (always fails)",
         # Due a little later, so the worker it kills holds no other job at that moment.
         q.enqueue("demo.crashy", {}, delay_ms=1_500): "crashy (kills its worker)",
-    }  # fmt: skip
-    console.print(f"Enqueued {len(jobs)} jobs on queue '{QUEUE}'; starting 2 worker processes "
-                  f"(lease {LEASE_MS} ms, heartbeat {HEARTBEAT_MS} ms)\n")  # fmt: skip
+    }
+    console.print(
+        f"Enqueued {len(jobs)} jobs on queue '{QUEUE}'; starting 2 worker processes "
+        f"(lease {LEASE_MS} ms, heartbeat {HEARTBEAT_MS} ms)\n"
+    )
     workers = [_spawn(url), _spawn(url)]
     deaths: list[tuple[int, int, int]] = []  # (server ms, pid, signal)
 
@@ -135,8 +165,11 @@ def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int
     stop_workers()
     _timeline(console, q, client, jobs, deaths, t0)
     ok = [q.status(j) for j in jobs] == ["done", "done", "dead", "done"]
-    console.print("\n[green]All four jobs ended as expected.[/]" if ok
-                  else "\n[red]Some jobs did not end as expected.[/]")  # fmt: skip
+    console.print(
+        "\n[green]All four jobs ended as expected.[/]"
+        if ok
+        else "\n[red]Some jobs did not end as expected.[/]"
+    )
     return 0 if ok else 1
 
 
@@ -145,13 +178,24 @@ def _shown(stored: object) -> str:
     return escape(clean(stored))
 
 
-def _timeline(console: Console, q: Queue, client: redis.Redis, jobs: dict[str, str],
-              deaths: list[tuple[int, int, int]], t0: int) -> None:  # fmt: skip
+def _timeline(
+    console: Console,
+    q: Queue,
+    client: redis.Redis,
+    jobs: dict[str, str],
+    deaths: list[tuple[int, int, int]],
+    t0: int,
+) -> None:
     events: list[tuple[int, str, str]] = []
     for raw in client.lrange(LEDGER, 0, -1):
         e = json.loads(raw)
-        events.append((e["at_ms"], jobs.get(e["job"], e["job"]),
-                       f"started attempt {e['attempt']} in worker pid {e['pid']}"))  # fmt: skip
+        events.append(
+            (
+                e["at_ms"],
+                jobs.get(e["job"], e["job"]),
+                f"started attempt {e['attempt']} in worker pid {e['pid']}",
+            )
+        )
     for pid_ms, pid, sig in deaths:
         events.append((pid_ms, "-", f"[red]worker pid {pid} died (signal {sig})[/]; restarted"))
     for job_id, label in jobs.items():
@@ -180,9 +224,14 @@ def _timeline(console: Console, q: Queue, client: redis.Redis, jobs: dict[str, s
         if j.state == "done":
             attempts = j.attempts or 0
             if attempts > 1:
-                events.append((int(f["claimed_ms"]) - 1, label,
-                               f"lease of attempt {attempts - 1} expired after {LEASE_MS} ms "
-                               "-> claimed again"))  # fmt: skip
+                events.append(
+                    (
+                        int(f["claimed_ms"]) - 1,
+                        label,
+                        f"lease of attempt {attempts - 1} expired after {LEASE_MS} ms "
+                        "-> claimed again",
+                    )
+                )
             events.append(
                 (
                     int(f["finished_ms"]),

@@ -32,9 +32,18 @@ def _note(ctx: JobContext, event: str) -> None:
     if _client is None:
         _client = redis.Redis.from_url(url, decode_responses=True)
     s, us = _client.time()
-    _client.rpush(LEDGER, json.dumps({"job": ctx.job_id, "attempt": ctx.attempt,
-                                      "pid": os.getpid(), "event": event,
-                                      "at_ms": s * 1000 + us // 1000}))  # fmt: skip
+    _client.rpush(
+        LEDGER,
+        json.dumps(
+            {
+                "job": ctx.job_id,
+                "attempt": ctx.attempt,
+                "pid": os.getpid(),
+                "event": event,
+                "at_ms": s * 1000 + us // 1000,
+            }
+        ),
+    )
 
 
 @registry.task(name="demo.greet")

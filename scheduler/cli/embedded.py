@@ -18,5 +18,9 @@ class PrivateRedis(RedisProcess):
     session; the caller tells the user its pid and dir."""
 
     def __init__(self, binary: str | None = None, *, detach: bool = False) -> None:
-        super().__init__(binary or find_binary(), dir=tempfile.mkdtemp(prefix="sched-demo-"),
-                         log_name="server.log", detach=detach)  # fmt: skip
+        super().__init__(
+            binary or find_binary(),
+            dir=tempfile.mkdtemp(prefix="sched-demo-"),
+            log_name="server.log",
+            detach=detach,
+        )

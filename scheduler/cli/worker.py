@@ -203,11 +203,23 @@ def register(main: click.Group) -> None:
     default=None,
     help="Name shown by `scheduler workers` and in logs (default: host:pid:random).",
 )
-def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: int, lease_ms: int,
-               heartbeat_ms: int, batch_size: int, grace_s: float, log_level: str,
-               json_logs: bool, metrics_port: int | None, strict: bool,
-               max_abandoned_threads: int | None, result_ttl_ms: int | None,
-               worker_id: str | None) -> None:  # fmt: skip
+def worker_cmd(
+    registry: str,
+    url: str,
+    queues: tuple[str, ...],
+    concurrency: int,
+    lease_ms: int,
+    heartbeat_ms: int,
+    batch_size: int,
+    grace_s: float,
+    log_level: str,
+    json_logs: bool,
+    metrics_port: int | None,
+    strict: bool,
+    max_abandoned_threads: int | None,
+    result_ttl_ms: int | None,
+    worker_id: str | None,
+) -> None:
     """Run handlers from REGISTRY (module:attribute, a scheduler.worker.registry.Registry).
 
     Exit codes: the table of `scheduler --help` (0 stopped cleanly, 1 crashed or --strict
@@ -215,9 +227,16 @@ def worker_cmd(registry: str, url: str, queues: tuple[str, ...], concurrency: in
     not importable, 5 the Redis user may not work a queue, 130 forced by a second signal).
     """
     logs.setup(log_level, json_logs)
-    settings = WorkerSettings(tuple(queues), concurrency, lease_ms, heartbeat_ms, batch_size,
-                              grace_s, max_abandoned_threads=max_abandoned_threads,
-                              result_ttl_ms=result_ttl_ms)  # fmt: skip
+    settings = WorkerSettings(
+        tuple(queues),
+        concurrency,
+        lease_ms,
+        heartbeat_ms,
+        batch_size,
+        grace_s,
+        max_abandoned_threads=max_abandoned_threads,
+        result_ttl_ms=result_ttl_ms,
+    )
     try:
         settings.check()
         if worker_id is not None:
