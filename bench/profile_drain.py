@@ -354,20 +354,22 @@ def enqueue(opts: argparse.Namespace) -> dict[str, Any]:
 # With uvloop, a coroutine resumed from C shows only its own frames: redis-py's
 # `_send_packed_command` run inside asyncio.wait_for (a Task of its own per command when the
 # client has a socket_timeout) has no caller frames, hence its own row.
+# Qualified names as py-spy prints them: the worker is mixins (scheduler/worker/*.py), so a
+# method's frame names its module's class (Dispatch, Claiming, Reporting), not Worker.
 PHASES: list[tuple[str, str]] = [
     ("_heartbeat_loop", "heartbeat (+ counts, worker_beat)"),
     ("_waker_loop", "waker (BLPOP)"),
     ("parse_claim", "claim: reply parse (codec.parse_claim -> ClaimedJob)"),
-    ("Worker._start ", "job start (_start: JobContext, Running, json.loads, metrics)"),
-    ("Worker._completed ", "complete: bookkeeping per job (_completed: metrics)"),
-    ("Worker._send_reports ", "complete: encode, send, parse (_send_reports)"),
-    ("Worker._finish ", "finish (_finish/_end: metrics, next job from backlog)"),
+    ("Dispatch._start ", "job start (_start: JobContext, Running, json.loads, metrics)"),
+    ("Reporting._completed ", "complete: bookkeeping per job (_completed: metrics)"),
+    ("Reporting._send_reports ", "complete: encode, send, parse (_send_reports)"),
+    ("Dispatch._finish ", "finish (_finish/_end: metrics, next job from backlog)"),
     ("handle_async ", "handler body (bench: INCR via redis.asyncio)"),
     ("task (systems/ours.py", "handler body (bench: INCR via redis.asyncio)"),
-    ("Worker._run_async ", "handler dispatch (_run_async)"),
-    ("Worker._run ", "handler dispatch (_run: create_task)"),
-    ("Worker._claim_loop ", "claim: request, send, receive (_claim_loop)"),
-    ("Worker._reporter_loop ", "complete: reporter loop"),
+    ("Dispatch._run_async ", "handler dispatch (_run_async)"),
+    ("Dispatch._run ", "handler dispatch (_run: create_task)"),
+    ("Claiming._claim_loop ", "claim: request, send, receive (_claim_loop)"),
+    ("Reporting._reporter_loop ", "complete: reporter loop"),
     ("wait_for (", "redis-py send inside asyncio.wait_for (socket_timeout; any client)"),
     ("_send_packed_command ", "redis-py send inside asyncio.wait_for (socket_timeout; any client)"),
     ("Runner.run ", "event loop (uvloop C code: epoll, reads, callbacks, task steps)"),
@@ -375,6 +377,7 @@ PHASES: list[tuple[str, str]] = [
 # Library of the innermost frame.
 LIBS: list[tuple[str, str]] = [
     ("prometheus_client", "metrics (prometheus_client)"),
+    ("scheduler/worker/metrics.py", "metrics (plain counts)"),
     ("logging/", "logging"),
     ("scheduler/worker/logs.py", "logging"),
     ("json/", "json"),
