@@ -1,4 +1,5 @@
-"""Cron slot times: the occurrences of a cron expression in a time zone, as epoch ms.
+"""Cron slot times: the occurrences of a cron expression in a time zone, as epoch ms, and the
+slots that top up a schedule's buffer in Redis when lua/lib/rearm.lua asks (refill_slots).
 
 Time zones and daylight saving time (cron schedules). The expression is matched against the
 wall clock of `tz` (an IANA name, default UTC), so "0 9 * * *" in Europe/Berlin fires at 09:00
@@ -14,12 +15,16 @@ local time in winter (08:00 UTC) and in summer (07:00 UTC). At the two yearly ch
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from croniter.croniter import CroniterBadCronError
 
+from scheduler.core.codec import stored_int
 from scheduler.core.errors import BadArgument
+
+BUFFER_SLOTS = 64  # cron slots stored ahead; lua/lib/rearm.lua asks for more below 16
 
 _GAP_SAMPLE = 64  # cron slots examined to find the smallest gap (for the jitter check)
 # A fixed start for the jitter check: validation must not depend on the time of the call.
@@ -97,3 +102,24 @@ def utc_ms(at: datetime) -> int:
     if at.tzinfo is None:
         raise BadArgument("datetime must be timezone-aware")
     return int(at.astimezone(UTC).timestamp() * 1000)
+
+
+def refill_requested(claim_reply: Any, n_jobs: int, fields_per_job: int) -> bool:
+    """claim.lua appends, after the jobs, how many schedules wait for a buffer refill."""
+    i = 3 + n_jobs * fields_per_job
+    return len(claim_reply) > i and int(claim_reply[i]) > 0
+
+
+def refill_slots(fields: dict[str, str], slots_tail: int | None, now_ms: int) -> list[int]:
+    """Slots to add to a cron schedule's buffer: everything after what it holds (or after its
+    cursor), where a long outage is cut to the latest overdue slots the misfire policy may
+    still need (N + 1) plus a full buffer of future slots."""
+    expr, tz = fields["cron"], fields["tz"]
+    cursor = stored_int(fields.get("cursor_ms")) or 0
+    after = max(cursor, slots_tail or 0)
+    eff = now_ms - (stored_int(fields.get("offset_ms")) or 0)
+    if after >= eff:
+        return cron_slots_after(expr, tz, after, BUFFER_SLOTS)
+    keep = (stored_int(fields.get("misfire_n")) or 0) + 1
+    overdue = [s for s in cron_slots_upto(expr, tz, eff, keep) if s > after]
+    return overdue + cron_slots_after(expr, tz, eff, BUFFER_SLOTS)

@@ -32,11 +32,13 @@ from typing import Any
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
-from scheduler.schedules.cron_slots import check_cron, cron_slots_upto, zone_named
+from scheduler.schedules.cron_slots import BUFFER_SLOTS as BUFFER_SLOTS
+from scheduler.schedules.cron_slots import check_cron, zone_named
 from scheduler.schedules.cron_slots import cron_slots_after as cron_slots_after
+from scheduler.schedules.cron_slots import refill_requested as refill_requested
+from scheduler.schedules.cron_slots import refill_slots as refill_slots
 from scheduler.schedules.cron_slots import utc_ms as utc_ms
 
-BUFFER_SLOTS = 64  # cron slots stored ahead; lua/lib/rearm.lua asks for more below 16
 MAX_CATCH_UP = 1_000
 _MISFIRE_RE = re.compile(r"(skip|run_once|catch_up:([0-9]{1,4}))")
 
@@ -290,24 +292,3 @@ def parse_schedule(name: str, fields: dict[str, str]) -> Schedule | None:
         created_ms=_opt_int(fields.get("created_ms")),
         updated_ms=_opt_int(fields.get("updated_ms")),
     )
-
-
-def refill_requested(claim_reply: Any, n_jobs: int, fields_per_job: int) -> bool:
-    """claim.lua appends, after the jobs, how many schedules wait for a buffer refill."""
-    i = 3 + n_jobs * fields_per_job
-    return len(claim_reply) > i and int(claim_reply[i]) > 0
-
-
-def refill_slots(fields: dict[str, str], slots_tail: int | None, now_ms: int) -> list[int]:
-    """Slots to add to a cron schedule's buffer: everything after what it holds (or after its
-    cursor), where a long outage is cut to the latest overdue slots the misfire policy may
-    still need (N + 1) plus a full buffer of future slots."""
-    expr, tz = fields["cron"], fields["tz"]
-    cursor = _opt_int(fields.get("cursor_ms")) or 0
-    after = max(cursor, slots_tail or 0)
-    eff = now_ms - (_opt_int(fields.get("offset_ms")) or 0)
-    if after >= eff:
-        return cron_slots_after(expr, tz, after, BUFFER_SLOTS)
-    keep = (_opt_int(fields.get("misfire_n")) or 0) + 1
-    overdue = [s for s in cron_slots_upto(expr, tz, eff, keep) if s > after]
-    return overdue + cron_slots_after(expr, tz, eff, BUFFER_SLOTS)
