@@ -327,3 +327,17 @@ def test_server_settings(durable_server: RedisProcess) -> None:
     good.config_set("maxmemory-policy", "noeviction")
     assert runner.invoke(main, ["doctor", "--url", durable_server.url]).exit_code == 0
     good.close()
+
+
+def test_parking_a_schedules_pending_occurrence_arms_the_next_as_claim_does(
+    q: Queue, client: redis.Redis
+) -> None:
+    q.schedule("tick", "t", every_ms=60_000)
+    first = str(client.hget(q.keys.schedule("tick"), "pending") or "")
+    assert first and client.zscore(q.keys.due, first) is not None
+    client.hset(q.keys.job(first), "payload", "{not json")
+    report = repair_queue(client, q.name)
+    assert [i.code for i in report.fixed] == ["bad-payload"] and report.remaining == []
+    assert client.hget(q.keys.job(first), "state") == "dead"
+    nxt = client.hget(q.keys.schedule("tick"), "pending")
+    assert nxt and nxt != first and client.zscore(q.keys.due, nxt) is not None
