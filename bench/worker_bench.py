@@ -91,7 +91,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def completed(r: redis.Redis, q: Queue) -> int:
-    return sum(int(r.hget(k, "complete") or 0) for k in r.scan_iter(q.keys.prefix + "stats:*"))
+    # complete.lua counts `done` (older versions wrote `complete`: still read, as stats does).
+    return sum(
+        int(r.hget(k, "done") or 0) + int(r.hget(k, "complete") or 0)
+        for k in r.scan_iter(q.keys.prefix + "stats:*")
+    )
 
 
 def wait_ready(r: redis.Redis, q: Queue) -> None:
