@@ -52,14 +52,14 @@ class Model:
         self.jobs: dict[str, MJob] = {}
         self.due: dict[str, int] = {}
         self.leased: dict[str, int] = {}
-        self.dead: list[str] = []  # newest first
+        self.dead: dict[str, int] = {}  # id -> dead_ms, as the dead ZSET
         self.keys: dict[str, str] = {}
 
-    def _dead_letter(self, jid: str, reason: str) -> None:
+    def _dead_letter(self, jid: str, reason: str, now: int) -> None:
         self.due.pop(jid, None)
         self.leased.pop(jid, None)
         self.jobs[jid].state, self.jobs[jid].dead_reason = "dead", reason
-        self.dead.insert(0, jid)
+        self.dead[jid] = now
 
     def enqueue(self, real_id: str, now: int, delay_ms: int, max_attempts: int,
                 key: str | None, backoff: Backoff) -> str:  # fmt: skip
@@ -77,7 +77,7 @@ class Model:
         for until, jid in lapsed[: REAP_LIMIT + 1]:  # ZRANGE ... LIMIT 0 n returns n items
             j = self.jobs[jid]
             if j.attempts >= j.max_attempts:
-                self._dead_letter(jid, "lease expired")
+                self._dead_letter(jid, "lease expired", now)
             else:
                 del self.leased[jid]
                 self.due[jid] = until
@@ -88,7 +88,7 @@ class Model:
             for _, jid in window:
                 j = self.jobs[jid]
                 if j.attempts >= j.max_attempts:
-                    self._dead_letter(jid, "attempts exhausted")
+                    self._dead_letter(jid, "attempts exhausted", now)
                     continue
                 if j.settled_token is not None and (
                     not j.settled_log or j.settled_log[0][0] != j.settled_token
@@ -158,7 +158,7 @@ class Model:
         j = self.jobs[jid]
         if not retryable or j.attempts >= j.max_attempts:
             reason = "non-retryable error" if not retryable else "attempts exhausted"
-            self._dead_letter(jid, reason)
+            self._dead_letter(jid, reason, now)
             self._settle(j, token, "dead:" + reason)
             return "dead", reason
         delay = j.backoff.delay_ms(j.attempts) if delay_ms is None else delay_ms
@@ -198,7 +198,7 @@ class Model:
         j = self.jobs.get(jid)
         if j is None or j.state != "dead" or jid not in self.dead:
             return 0
-        self.dead = [d for d in self.dead if d != jid]
+        del self.dead[jid]
         self.due[jid] = now
         j.state, j.attempts, j.dead_reason = "due", 0, None
         return 1
@@ -350,7 +350,8 @@ class Run:
         assert [(k, int(s)) for k, s in leased] == sorted(
             m.leased.items(), key=lambda kv: (kv[1], kv[0])
         )
-        assert q.dead_ids() == m.dead
+        # newest first; parks in the same ms by id, as ZRANGE REV orders them
+        assert q.dead_ids() == sorted(m.dead, key=lambda d: (m.dead[d], d), reverse=True)
         pipe = c.pipeline(transaction=False)
         for jid in self.ids:
             pipe.hmget(q.keys.job(jid), "state", "attempts", "dead_reason")
