@@ -42,10 +42,22 @@ class AsyncQueue:
 
     @classmethod
     def from_url(cls, url: str, name: str = "default", **kwargs: Any) -> AsyncQueue:
+        """Connect to `url` and open the queue `name` on it.
+
+        Args:
+            url: `redis://`, `rediss://` (TLS) or `unix://`; user and password in the URL for
+                AUTH / ACL users. The connection decodes replies (`decode_responses=True`).
+            name: the queue's name (its keys are prefixed with it).
+            **kwargs: the keyword arguments of the constructor (`result_ttl_ms`,
+                `max_payload_bytes`, `wait_replicas`, `wait_timeout_ms`).
+
+        Returns:
+            The queue on a new connection (the caller closes it)."""
         return cls(aredis.Redis.from_url(url, decode_responses=True), name, **kwargs)
 
     @property
     def name(self) -> str:
+        """The queue's name, as given at construction."""
         return self.keys.queue
 
     async def _run(self, op: Op[T]) -> T:
@@ -71,10 +83,14 @@ class AsyncQueue:
         return reply
 
     async def preload(self) -> None:
+        """SCRIPT LOAD every Lua transition, so that a broken script fails here, at start-up.
+
+        Optional: a call whose script is not loaded yet loads it on first use."""
         for _, text in self._scripts.preload_commands():
             await self.client.script_load(text)
 
     async def aclose(self) -> None:
+        """Close the underlying redis.asyncio connection (AsyncQueue only)."""
         await self.client.aclose()
 
     async def enqueue(
@@ -91,6 +107,32 @@ class AsyncQueue:
         timeout_ms: int = 0,
         job_id: str | None = None,
     ) -> str:
+        """Accept one job; returns its id.
+
+        Args:
+            task: the handler's name, 1-200 characters of `[A-Za-z0-9_.:/-]`.
+            payload: any JSON-serialisable value, at most `max_payload_bytes` encoded
+                (default 512 KiB).
+            delay_ms: run no earlier than this many ms from the Redis server's clock, in
+                [0, 3650 days]. Give `delay_ms` or `run_at`, not both; neither means now.
+            run_at: an aware datetime in 1970..2200 UTC; a past one means due now.
+            max_attempts: attempts before the job is parked as dead, in [1, 1,000,000].
+            backoff: the retry delays after a failure (default `Backoff()`).
+            key: an idempotency key: a second call with the same key (within 24 h) returns
+                the first job's id and enqueues nothing.
+            jitter_ms: spread the run time by a random [0, jitter_ms] (same range as delay_ms).
+            timeout_ms: how long one attempt may run before the worker stops it, in
+                [0, 7 days]; 0 = no timeout.
+            job_id: choose the id yourself (re-sending the same id is idempotent).
+
+        Returns:
+            The job's id.
+
+        Raises:
+            BadArgument: an argument is out of range or malformed; nothing was written.
+            InvalidPayload: the payload is not JSON-serialisable or too large.
+            NotDurable: `wait_replicas` was set and fewer replicas acknowledged in time
+                (the job is accepted on the primary; its id is on the error)."""
         return await self._run(
             self.ops.enqueue(
                 task,
@@ -107,6 +149,21 @@ class AsyncQueue:
         )
 
     async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
+        """Accept many jobs, one round trip per batch.
+
+        Every job is checked before any batch is sent: one bad spec refuses the whole call.
+
+        Args:
+            specs: the jobs (see `JobSpec`; its fields are `enqueue`'s arguments).
+            batch_size: jobs per script call, in [1, 10,000].
+
+        Returns:
+            The ids, in the order of `specs`.
+
+        Raises:
+            BadArgument: a spec or `batch_size` is refused; nothing was written.
+            InvalidPayload: a payload is not JSON-serialisable or too large.
+            NotDurable: as for `enqueue`; `job_ids` holds every id of the call."""
         return await self._run(self.ops.enqueue_many(specs, batch_size))
 
     async def claim(
@@ -118,6 +175,29 @@ class AsyncQueue:
         reap_limit: int = 100,
         nonce: str | None = None,
     ) -> ClaimBatch:
+        """Lease up to `limit` due jobs to `worker_id` (the manual API; `Worker` calls this).
+
+        Each claimed job carries a fencing token: give it to `heartbeat`, `complete`, `fail`
+        and `release`. A result carrying an older token is refused (`StaleToken`). The same
+        call first reaps up to `reap_limit` lapsed leases (retried, or dead when out of
+        attempts) and counts the attempt.
+
+        Args:
+            worker_id: who holds the leases (shown by `get_job` and the CLI).
+            limit: most jobs to lease, in [0, 1,000].
+            lease_ms: how long the leases last unless extended by `heartbeat`, in [1 ms, 1 day].
+            reap_limit: most lapsed leases to reap on this call, in [0, 10,000].
+            nonce: give the same nonce again when re-sending a call whose answer was lost:
+                the server then returns that call's jobs instead of leasing more (default: fresh).
+
+        Returns:
+            A `ClaimBatch`: `now_ms` (server clock), `next_ms` (earliest time anything may
+            become claimable, -1 when the queue is empty), `jobs` (`ClaimedJob`s with `id`,
+            `token`, `task`, `payload`, `attempt`...) and `unreadable` ((id, token, reason) of
+            leased jobs whose fields could not be decoded: fail them non-retryably).
+
+        Raises:
+            BadArgument: an argument is out of range; nothing was leased."""
         return await self._run(
             self.ops.claim(
                 worker_id, limit=limit, lease_ms=lease_ms, reap_limit=reap_limit, nonce=nonce
@@ -127,12 +207,53 @@ class AsyncQueue:
     async def heartbeat(
         self, leases: Sequence[tuple[str, str]], *, lease_ms: int
     ) -> tuple[int, dict[str, str]]:
+        """Extend the leases the caller still holds, many in one call.
+
+        Args:
+            leases: (job_id, token) pairs from `claim`.
+            lease_ms: the new lease length from the server's now, in [1 ms, 1 day].
+
+        Returns:
+            `(lease_until_ms, {job_id: status})`. `lease_until_ms` is the server time the held
+            leases now last until. Status per job: `'held'` (extended), `'expired'` (the lease
+            had lapsed: stop working on it), `'stale'` (another claim holds the job),
+            `'cancelled'` (cancelled: stop), `'missing'` (no such job, or already settled).
+            Refusals are statuses here, not exceptions.
+
+        Raises:
+            BadArgument: `lease_ms` out of range; nothing was extended."""
         return await self._run(self.ops.heartbeat(leases, lease_ms=lease_ms))
 
     async def complete(self, job_id: str, token: str, result: Any = None) -> None:
+        """Record the success of one leased job and store its result.
+
+        Args:
+            job_id: the job's id.
+            token: the token its `claim` gave.
+            result: a JSON-serialisable value kept with the record for `result_ttl_ms`.
+
+        Returns:
+            None. A re-sent call with the same token succeeds again (idempotent).
+
+        Raises:
+            StaleToken: another claim holds the job (or this lease lapsed and was reaped).
+            JobCancelled: the job was cancelled while held.
+            JobNotFound: no such job.
+            InvalidPayload: the result is not JSON-serialisable or too large."""
         await self._run(self.ops.complete(job_id, token, result))
 
     async def complete_many(self, items: Sequence[tuple[str, str, Any]]) -> list[str]:
+        """Record the success of many leased jobs in one call.
+
+        Args:
+            items: (job_id, token, result) triples.
+
+        Returns:
+            One status per item, in order: `'done'` | `'stale'` | `'cancelled'` | `'missing'`
+            (refusals are statuses here, not exceptions).
+
+        Raises:
+            InvalidPayload: a result is not JSON-serialisable or too large; nothing written."""
         return await self._run(self.ops.complete_many(items))
 
     async def fail(
@@ -144,35 +265,164 @@ class AsyncQueue:
         retryable: bool = True,
         delay_ms: int | None = None,
     ) -> FailOutcome:
+        """Record a failed attempt: the job is retried after its backoff, or parked as dead.
+
+        Args:
+            job_id: the job's id.
+            token: the token its `claim` gave.
+            error: the exception (its type, message and traceback are stored), or a
+                (type, message, traceback) tuple of strings.
+            retryable: False parks the job at once, whatever attempts are left.
+            delay_ms: retry after this delay instead of the job's backoff, in [0, 3650 days].
+
+        Returns:
+            A `FailOutcome`: `status` `'retry'` with `run_at_ms` (server ms of the next attempt),
+            or `'dead'` with `dead_reason`. A re-sent call with the same token answers the same.
+
+        Raises:
+            StaleToken: another claim holds the job.
+            JobCancelled: the job was cancelled while held.
+            JobNotFound: no such job.
+            BadArgument: `delay_ms` out of range; nothing was changed."""
         return await self._run(
             self.ops.fail(job_id, token, error, retryable=retryable, delay_ms=delay_ms)
         )
 
     async def release(self, leases: Sequence[tuple[str, str]]) -> list[str]:
+        """Give leased jobs back without spending their attempt (e.g. on a graceful shutdown).
+
+        The jobs are due again at once.
+
+        Args:
+            leases: (job_id, token) pairs from `claim`.
+
+        Returns:
+            One status per pair, in order: `'released'` | `'stale'` | `'cancelled'` |
+            `'missing'`. A re-sent call answers `'released'` again."""
         return await self._run(self.ops.release(leases))
 
     async def cancel(self, job_id: str) -> str:
+        """Cancel a waiting or leased job; a worker holding it is refused its result.
+
+        Args:
+            job_id: the job's id.
+
+        Returns:
+            The state before the call: `'due'` or `'leased'` (now cancelled), or `'done'`,
+            `'dead'`, `'cancelled'` (unchanged). A re-sent call answers `'cancelled'`.
+
+        Raises:
+            JobNotFound: no such job (or its record expired).
+            BadArgument: a malformed id."""
         return await self._run(self.ops.cancel(job_id))
 
     async def get_job(self, job_id: str) -> Job:
+        """Read one job's record.
+
+        Args:
+            job_id: the job's id.
+
+        Returns:
+            The `Job`; a waiting job reads as SCHEDULED or DUE by the server's clock.
+
+        Raises:
+            JobNotFound: no such job (or its record expired after `result_ttl_ms`).
+            BadArgument: a malformed id."""
         return await self._run(self.ops.get_job(job_id))
 
     async def status(self, job_id: str) -> JobState:
+        """One job's state: SCHEDULED for a waiting job whose run_at is after the server's now,
+        DUE from then, then LEASED, DONE, DEAD or CANCELLED.
+
+        Args:
+            job_id: the job's id.
+
+        Returns:
+            The `JobState`.
+
+        Raises:
+            JobNotFound: no such job (or its record expired).
+            BadArgument: a malformed id, or a stored state this version cannot read."""
         return await self._run(self.ops.status(job_id))
 
     async def counts(self) -> QueueCounts:
+        """How many jobs are in each place, by the server's clock.
+
+        Returns:
+            A `QueueCounts`: `now_ms`, `due`, `scheduled`, `leased`, `dead`, `oldest_due_ms`
+            (None when nothing is due), `lapsed` (leases past their end, not yet reaped)."""
         return await self._run(self.ops.counts())
 
+    async def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> list[Job]:
+        """One page of the jobs in one place.
+
+        Args:
+            state: `'due'`, `'scheduled'`, `'leased'` (oldest first) or `'dead'` (newest first).
+            offset: jobs to skip, >= 0.
+            limit: page size, >= 1.
+
+        Returns:
+            The `Job`s (a job that finished between the two reads is left out).
+
+        Raises:
+            BadArgument: an unknown state or a bad offset/limit."""
+        return await self._run(self.ops.list_jobs(state, offset=offset, limit=limit))
+
+    async def dead_ids(
+        self,
+        *,
+        task: str | None = None,
+        error_type: str | None = None,
+        older_than_ms: int | None = None,
+    ) -> list[str]:
+        """The ids of dead jobs (newest first) matching every filter given (all when none is).
+
+        Args:
+            task: only jobs of this task.
+            error_type: only jobs whose last error has this type name (e.g. `'ValueError'`).
+            older_than_ms: only jobs dead for at least this many ms (server clock).
+
+        Returns:
+            The matching ids, newest first."""
+        return await self._run(
+            self.ops.dead_ids(task=task, error_type=error_type, older_than_ms=older_than_ms)
+        )
+
     async def requeue_dead(self, ids: Sequence[str]) -> int:
+        """Move dead jobs back to due with a fresh attempt budget.
+
+        Args:
+            ids: dead job ids (others are skipped).
+
+        Returns:
+            How many were moved."""
         return await self._run(self.ops.requeue_dead(ids))
 
     async def purge_dead(self, ids: Sequence[str]) -> int:
+        """Delete dead jobs for good.
+
+        Args:
+            ids: dead job ids (others are skipped).
+
+        Returns:
+            How many were deleted."""
         return await self._run(self.ops.purge_dead(ids))
 
     async def set_dead_retention(
         self, max_age_ms: int | None = None, max_count: int | None = None
     ) -> None:
-        """Opt-in dead-letter retention (None: no limit; off by default). See DeadLetterOps."""
+        """Opt-in retention of this queue's dead letters (off by default: every one is kept).
+
+        Applied as jobs die: at most 100 of the oldest are deleted per park, counted in stats
+        as `dead_trimmed`.
+
+        Args:
+            max_age_ms: delete dead letters older than this, in [1, 2200-01-01 as ms]; None: no
+                age limit.
+            max_count: keep at most this many, >= 0; None: no count limit.
+
+        Raises:
+            BadArgument: a value out of range; nothing was changed."""
         await self._run(self.ops.set_dead_retention(max_age_ms, max_count))
 
     # Recurring schedules (scheduler/schedules/recurring.py) ---------------------------------
@@ -191,12 +441,32 @@ class AsyncQueue:
         backoff: Backoff | None = None,
         timeout_ms: int = 0,
     ) -> str:
-        """Create or redefine the schedule `name` (idempotent: the same definition again writes
-        nothing). Give `cron` (5 fields, or 6 with seconds; matched in time zone `tz`, default
-        UTC) or `every_ms` (epoch-aligned interval). `jitter_ms`: a fixed per-schedule offset
-        in [0, jitter_ms] spreads "on the hour" load. `misfire`: 'skip' | 'run_once' |
-        'catch_up:N' for runs missed while nothing ran. Exactly one occurrence is pending at
-        any time. Returns 'created' | 'updated' | 'unchanged' | 'repaired'."""
+        """Create or redefine the recurring schedule `name` (idempotent: the same definition
+        again writes nothing, so calling it at every start-up is safe).
+
+        Exactly one occurrence of a schedule is pending at any time.
+
+        Args:
+            name: 1-64 characters of `[A-Za-z0-9_.-]`.
+            task: the handler's name (as for `enqueue`).
+            payload: JSON-serialisable, given to every occurrence.
+            cron: 5 fields, or 6 with seconds, matched in time zone `tz` (default UTC).
+                Give `cron` or `every_ms`, not both.
+            every_ms: an epoch-aligned interval, in [1 ms, 3650 days].
+            tz: an IANA time zone name for `cron`.
+            jitter_ms: a fixed per-schedule offset in [0, jitter_ms] spreads "on the hour" load.
+            misfire: what to do with runs missed while nothing ran: `'skip'`, `'run_once'` or
+                `'catch_up:N'`.
+            max_attempts: as for `enqueue`.
+            backoff: as for `enqueue`.
+            timeout_ms: as for `enqueue`.
+
+        Returns:
+            `'created'` | `'updated'` | `'unchanged'` | `'repaired'`.
+
+        Raises:
+            BadArgument: a malformed name, cron, time zone or argument; nothing was written.
+            InvalidPayload: the payload is not JSON-serialisable or too large."""
         return await self._run(
             self.ops.schedule(
                 name,
@@ -214,19 +484,51 @@ class AsyncQueue:
         )
 
     async def get_schedule(self, name: str) -> Schedule:
+        """Read one schedule's definition and state.
+
+        Args:
+            name: the schedule's name.
+
+        Returns:
+            The `Schedule`.
+
+        Raises:
+            BadArgument: a malformed name, or no schedule by that name."""
         return await self._run(self.ops.get_schedule(name))
 
     async def list_schedules(self) -> list[Schedule]:
+        """Every schedule of this queue, sorted by name.
+
+        Returns:
+            The `Schedule`s (a hand-edited, unreadable definition is left out)."""
         return await self._run(self.ops.list_schedules())
 
     async def pause_schedule(self, name: str) -> str:
-        """Withdraw the pending occurrence; 'paused' | 'already' | 'missing'."""
+        """Pause a schedule: withdraw its pending occurrence.
+
+        Args:
+            name: the schedule's name.
+
+        Returns:
+            `'paused'` | `'already'` (was paused) | `'missing'`."""
         return await self._run(self.ops.pause_schedule(name))
 
     async def resume_schedule(self, name: str) -> str:
-        """Restart at the next future slot; 'resumed' | 'active' | 'missing'."""
+        """Resume a paused schedule at its next future slot.
+
+        Args:
+            name: the schedule's name.
+
+        Returns:
+            `'resumed'` | `'active'` (was not paused) | `'missing'`."""
         return await self._run(self.ops.resume_schedule(name))
 
     async def remove_schedule(self, name: str) -> str:
-        """Delete the schedule and its pending occurrence; 'removed' | 'missing'."""
+        """Delete a schedule and its pending occurrence.
+
+        Args:
+            name: the schedule's name.
+
+        Returns:
+            `'removed'` | `'missing'`."""
         return await self._run(self.ops.remove_schedule(name))
