@@ -1,0 +1,221 @@
+"""The doctor's invariant checks: `diagnose` turns one job's `Snapshot` into findings, each with
+the repair plan that is safe for it (pure: no I/O, so each rule is testable alone)."""
+
+import shlex
+from collections.abc import Sequence
+
+from scheduler.admin.doctor_model import (
+    _OUT_OF_RANGE_MS,
+    MAX_SCORE_MS,
+    Command,
+    Context,
+    Issue,
+    Snapshot,
+    _dead_letter,
+    _has_undecodable,
+    _int,
+    _remove_from,
+    _to_due,
+    _unreadable,
+    undecodable_fields,
+)
+from scheduler.core.codec import stored_int_in
+
+
+def diagnose(s: Snapshot, ctx: Context) -> list[Issue]:
+    """Every invariant one job breaks, most basic first; each issue's repair assumes the ones
+    before it are fixed, so --fix applies only the first repair per pass and re-reads.
+    Undecodable bytes are reported beside those (they need a human, not a repair)."""
+    out = _diagnose_places(s, ctx)
+    bad = undecodable_fields(s.fields)
+    if bad or _has_undecodable(s.id):
+        k = ctx.keys
+        where = f"fields {', '.join(bad)}" if bad else "its id"
+        out.append(
+            Issue(
+                "undecodable",
+                "error" if {"task", "payload", "state"} & set(bad) else "warning",
+                f"job data is not UTF-8 in {where}: shown escaped (\\xNN) by the CLI; a worker "
+                "cannot decode it",
+                f"inspect it (redis-cli HGETALL {shlex.quote(k.job(s.id))}), then rewrite the "
+                "field or delete the job by hand",
+                k.queue,
+                s.id,
+            )
+        )
+    return out
+
+
+def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
+    k, jid = ctx.keys, s.id
+    jk = k.job(jid)
+    fix = f"scheduler doctor --fix --queue {k.queue}"
+
+    def issue(
+        code: str,
+        severity: str,
+        message: str,
+        repair: Sequence[Command] = (),
+        how: str | None = None,
+    ) -> Issue:
+        return Issue(code, severity, message, how or fix, k.queue, jid, tuple(repair))
+
+    places = s.places
+    if s.key_type not in ("hash", "none"):
+        return [
+            issue(
+                "wrong-type",
+                "error",
+                f"{jk} is a {s.key_type}, not a job hash: it is not a job the scheduler can run",
+                how=f"inspect it: redis-cli TYPE {shlex.quote(jk)}",
+            )
+        ]
+    if not s.fields:
+        if not places:
+            return []
+        return [
+            issue(
+                "missing-hash",
+                "error",
+                f"id is in {' and '.join(places)} but its hash is gone (task and payload "
+                "lost): fix removes the id",
+                _remove_from(k, jid, places),
+            )
+        ]
+    state = s.fields.get("state", "")
+    if not places:
+        if state in ("done", "cancelled"):
+            if s.ttl_ms is None:
+                return [
+                    issue(
+                        "record-no-ttl",
+                        "warning",
+                        f"{state} record has no expiry, so it is kept forever",
+                        [("PEXPIRE", jk, str(ctx.record_ttl_ms))],
+                    )
+                ]
+            return []
+        if state == "dead":
+            # Back through lib/job.lua's dead_letter, at the time it died (its age is kept).
+            reason = s.fields.get("dead_reason") or "dead (found by doctor)"
+            died_ms = stored_int_in(s.fields.get("dead_ms"), "run_at_ms")
+            return [
+                issue(
+                    "orphan-hash",
+                    "error",
+                    "dead job is missing from the dead list: fix puts it back there",
+                    _dead_letter(k, jid, reason[:200], ctx.now_ms if died_ms is None else died_ms),
+                )
+            ]
+        run_at = _int(s.fields.get("run_at_ms"))
+        return [
+            issue(
+                "orphan-hash",
+                "error",
+                f"job with state {state!r} is in none of due, leased, dead, so no worker "
+                "will see it: fix puts it in due",
+                _to_due(k, jid, run_at if run_at is not None else ctx.now_ms),
+            )
+        ]
+    plan: list[Command]
+    if len(places) > 1:
+        keep = state if state in places else places[0]
+        plan = _remove_from(k, jid, [p for p in places if p != keep])
+        if state != keep:
+            plan.append(("HSET", jk, "state", keep))
+        return [
+            issue(
+                "two-places",
+                "error",
+                f"job is in {' and '.join(places)} at once (state {state!r}): fix keeps "
+                f"it in {keep}",
+                plan,
+            )
+        ]
+    place = places[0]
+    if state != place:
+        plan = [("HSET", jk, "state", place)]
+        if place != "leased":
+            plan.append(("HDEL", jk, "worker"))
+        return [
+            issue(
+                "state-mismatch",
+                "error",
+                f"state field says {state!r} but the job is in {place}: fix sets it to {place!r}",
+                plan,
+            )
+        ]
+    score = s.due_ms if place == "due" else s.lease_until_ms if place == "leased" else None
+    if score is not None and not 0 <= score <= MAX_SCORE_MS:
+        key = k.due if place == "due" else k.leased
+        then = "runs it" if place == "due" else "reaps the lease"
+        return [
+            issue(
+                "bad-score",
+                "error",
+                f"its score in {place} is {score if abs(score) < _OUT_OF_RANGE_MS else 'inf'}"
+                f", not a time in ms: fix sets it to now, so the next claim {then}",
+                [("ZADD", key, "XX", str(ctx.now_ms), jid)],
+            )
+        ]
+    if s.ttl_ms is not None:
+        return [
+            issue(
+                "expiring-job",
+                "error",
+                f"job in {place} has an expiry ({s.ttl_ms} ms left): it would vanish",
+                [("PERSIST", jk)],
+            )
+        ]
+    out: list[Issue] = []
+    if place == "leased" and s.lease_until_ms is not None:
+        late_ms = ctx.now_ms - s.lease_until_ms
+        if late_ms > ctx.stale_lease_ms:
+            worker = s.fields.get("worker", "")
+            alive = worker in ctx.live_workers
+            attempts = _int(s.fields.get("attempts")) or 0
+            max_attempts = _int(s.fields.get("max_attempts")) or 1
+            # The reaper in claim.lua does exactly this on the next claim.
+            if attempts >= max_attempts:
+                plan = _dead_letter(k, jid, "lease expired", ctx.now_ms)
+            else:
+                plan = [("ZREM", k.leased, jid), *_to_due(k, jid, s.lease_until_ms)]
+            who = (
+                f"worker {worker!r} is alive but not claiming"
+                if alive
+                else (f"worker {worker!r} is gone")
+            )
+            out.append(
+                issue(
+                    "lease-expired",
+                    "warning" if alive else "error",
+                    f"lease lapsed {late_ms // 1000} s ago and {who}; no claim has "
+                    "reaped it: fix does what a claim would",
+                    plan,
+                )
+            )
+            return out
+    if place in ("due", "leased"):
+        bad = _unreadable(s.fields)
+        if bad is not None:
+            code, reason = bad
+            if place == "due":
+                out.append(
+                    issue(
+                        code,
+                        "error",
+                        f"{reason}: no worker can run it; fix parks it "
+                        "on the dead list for a human",
+                        _dead_letter(k, jid, reason, ctx.now_ms),
+                    )
+                )
+            else:
+                out.append(
+                    issue(
+                        code,
+                        "error",
+                        f"{reason}; the worker holding it will fail it",
+                        how=f"wait for the lease to end, then {fix}",
+                    )
+                )
+    return out
