@@ -1,0 +1,104 @@
+"""`scheduler enqueue`: add one job from the command line."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import click
+
+from scheduler.admin.startup import check_or_warn
+from scheduler.cli.common import (
+    AdminCommand,
+    BadInput,
+    Duration,
+    backoff_option,
+    connect,
+    emit_json,
+    json_option,
+    parse_at,
+    queue_option,
+    timeout_option,
+    url_option,
+)
+from scheduler.client.queue import Queue
+from scheduler.core.backoff import Backoff
+from scheduler.core.errors import BadArgument
+from scheduler.core.safety import safe
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_payload(text: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise BadInput(f"--payload is not valid JSON: {exc}") from None
+
+
+@click.command(cls=AdminCommand)
+@url_option
+@queue_option
+@json_option
+@click.argument("task")
+@click.option("--payload", default="null", show_default=True, help="The job's JSON payload.")
+@click.option(
+    "--at",
+    "at_text",
+    metavar="ISO8601",
+    help="Run at this time, with an offset: 2030-01-01T09:00:00Z.",
+)
+@click.option("--in", "in_ms", type=Duration(), help="Run after this delay: 30s, 5m, 1h30m.")
+@click.option("--key", help="Idempotency key: a second enqueue with it returns the first id.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
+@timeout_option
+@backoff_option
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse (exit 1) when the Redis settings can lose jobs; else warn.",
+)
+def enqueue(
+    url: str,
+    queue: str,
+    as_json: bool,
+    task: str,
+    payload: str,
+    at_text: str | None,
+    in_ms: int | None,
+    key: str | None,
+    max_attempts: int,
+    timeout_ms: int,
+    backoff: Backoff | None,
+    strict: bool,
+) -> None:
+    """Add a job; prints its id. Everything is checked before anything is written."""
+    data = parse_payload(payload)
+    if at_text is not None and in_ms is not None:
+        raise BadInput("give --at or --in, not both")
+    run_at: datetime | None = None
+    if at_text is not None:
+        try:
+            run_at = parse_at(at_text)
+        except BadArgument as exc:
+            raise BadInput(str(exc)) from None
+    client = connect(url)
+    # A job accepted by a server that can drop it would make the returned id a false promise.
+    check_or_warn(client, strict=strict, log=lambda m: click.echo(safe(f"warning: {m}"), err=True))
+    job_id = Queue(client, queue).enqueue(
+        task,
+        data,
+        run_at=run_at,
+        delay_ms=in_ms,
+        key=key,
+        max_attempts=max_attempts,
+        timeout_ms=timeout_ms,
+        backoff=backoff,
+    )
+    if as_json:
+        emit_json({"id": job_id, "queue": queue, "task": task})
+    else:
+        click.echo(job_id)

@@ -1,0 +1,145 @@
+"""What `jobs show` and `jobs list` print about one job: `job_json` (the one JSON shape of a job),
+its readable table rows, and where the job is stored (`placement`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+from rich.table import Table
+
+from scheduler.cli.common import (
+    cell,
+    console,
+    decoded_payload,
+    fmt_ms,
+    fmt_time,
+)
+from scheduler.client.queue import Queue
+from scheduler.core.codec import stored_int
+from scheduler.core.models import Job
+from scheduler.operations.dead_letters import dead_converted
+
+_TIME_FIELDS = {
+    "run_at_ms",
+    "lease_until_ms",
+    "enqueued_ms",
+    "claimed_ms",
+    "finished_ms",
+    "dead_ms",
+}
+_DURATION_FIELDS = {"run_in_ms", "lease_left_ms", "ttl_ms", "timeout_ms"}
+
+
+def _int(v: str | None) -> int | None:
+    return stored_int(v)  # the one strict reader of stored numbers (scheduler/core/codec.py)
+
+
+def job_json(job: Job, now_ms: int) -> dict[str, Any]:
+    """Everything about one job, decoded, with times relative to the server's clock."""
+    f = job.fields
+    payload, payload_error = decoded_payload(f.get("payload"))
+    result, _ = decoded_payload(f.get("result")) if "result" in f else (None, None)
+    run_at = job.run_at_ms
+    state = job.state
+    if state == "due" and run_at is not None and run_at > now_ms:
+        state = "scheduled"
+    token = job.token
+    fence = _int(token.split("-", 1)[0]) if token else None
+    return {
+        "id": job.id,
+        "state": state,
+        "stored_state": job.stored_state,
+        "task": job.task,
+        "payload": payload,
+        "payload_error": payload_error,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "run_at_ms": run_at,
+        "run_in_ms": None if run_at is None else run_at - now_ms,
+        "token": token,
+        "fence": fence,
+        "worker": job.worker,
+        "lease_until_ms": job.lease_until_ms,
+        "lease_left_ms": None if job.lease_until_ms is None else job.lease_until_ms - now_ms,
+        "enqueued_ms": _int(f.get("enqueued_ms")),
+        "claimed_ms": _int(f.get("claimed_ms")),
+        "finished_ms": _int(f.get("finished_ms")),
+        "dead_ms": _int(f.get("dead_ms")),
+        "dead_reason": job.dead_reason,
+        "last_error_type": f.get("last_error_type"),
+        "last_error": f.get("last_error"),
+        "result": result,
+        "errors": [e for e in job.errors if isinstance(e, dict)],  # hand-written: may be anything
+        "timeout_ms": _int(f.get("timeout_ms")),
+        "schedule": f.get("schedule"),
+    }
+
+
+def print_job(data: dict[str, Any], job_id: str, queue: str) -> None:
+    """`jobs show` as a table: the readable fields, the payload and result as JSON, then the
+    error history and the last traceback."""
+    t = Table(title=f"job {job_id} in {queue!r}", show_header=False)
+    t.add_column("field", style="bold")
+    t.add_column("value", overflow="fold")
+    skip = {"fields", "errors", "payload", "result"}
+    for name, value in data.items():
+        if name in skip or value is None:
+            continue
+        for label, shown in _readable(name, value, data["state"]):
+            t.add_row(label, cell(shown))
+    # json.dumps escapes control characters inside strings; a raw (non-JSON) payload is
+    # printed as a JSON string for the same reason.
+    t.add_row("payload", cell(json.dumps(data["payload"], indent=2), keep_newlines=True))
+    if data["result"] is not None:
+        t.add_row("result", cell(json.dumps(data["result"], indent=2), keep_newlines=True))
+    out = console()
+    out.print(t)
+    if data["errors"]:
+        e = Table(title="error history (oldest first)")
+        for col in ("attempt", "at", "type", "message"):
+            e.add_column(col, overflow="fold")
+        for err in data["errors"]:
+            e.add_row(
+                cell(err.get("attempt", "")),
+                fmt_time(_int(str(err.get("at_ms")))),
+                cell(err.get("type", "")),
+                cell(err.get("message", "")),
+            )
+        out.print(e)
+        last_tb = data["errors"][-1].get("traceback")
+        if last_tb:
+            out.print("[bold]last traceback[/]")
+            # The one intentionally multi-line text: newlines kept, every other control escaped.
+            out.print(cell(last_tb, keep_newlines=True), highlight=False, soft_wrap=True)
+
+
+def _readable(name: str, value: Any, state: str) -> list[tuple[str, object]]:
+    """`jobs show` rows for one field: a time as `run_at` (ISO) plus `run_at_ms` (the stored
+    number); a duration without the `_ms` suffix it no longer is; relative times only where
+    they mean something (run in / late by for a waiting job, lease left for a leased one)."""
+    if name in _TIME_FIELDS:
+        return [(name.removesuffix("_ms"), fmt_time(value)), (name, value)]
+    if name == "run_in_ms":
+        if state not in ("due", "scheduled"):
+            return []
+        return [("run in", fmt_ms(value))] if value > 0 else [("late by", fmt_ms(-value))]
+    if name == "lease_left_ms":
+        return [("lease left", fmt_ms(value))] if state == "leased" else []
+    if name in _DURATION_FIELDS:
+        return [(name.removesuffix("_ms"), fmt_ms(value))]
+    return [(name, value)]
+
+
+def placement(client: redis.Redis, q: Queue, job_id: str) -> dict[str, Any]:
+    k = q.keys
+    q._run(dead_converted())  # a dead LIST from an older version becomes the ZSET first
+    pipe = client.pipeline(transaction=True)
+    pipe.zscore(k.due, job_id)
+    pipe.zscore(k.leased, job_id)
+    pipe.zscore(k.dead, job_id)
+    pipe.pttl(k.job(job_id))
+    due, leased, dead_pos, pttl = pipe.execute()
+    places = [p for p, v in (("due", due), ("leased", leased), ("dead", dead_pos)) if v is not None]
+    return {"places": places, "ttl_ms": int(pttl) if int(pttl) >= 0 else None}
