@@ -96,8 +96,20 @@ def test_every_public_method_of_both_clients_has_a_docstring() -> None:
     assert undocumented(AsyncQueue) == []
 
 
+def _own_doc(obj: Any) -> str:
+    doc = (inspect.getdoc(obj) or "").strip()
+    # A dataclass without a docstring gets its signature as __doc__: that documents nothing.
+    return "" if doc.startswith(f"{getattr(obj, '__name__', '')}(") else doc
+
+
 def test_every_exported_name_has_a_docstring() -> None:
-    missing = [n for n in scheduler.__all__ if not (inspect.getdoc(getattr(scheduler, n)) or "")]
+    missing = [n for n in scheduler.__all__ if not _own_doc(getattr(scheduler, n))]
+    assert missing == []
+
+
+def test_every_public_method_of_the_exported_classes_has_a_docstring() -> None:
+    classes = [getattr(scheduler, n) for n in scheduler.__all__]
+    missing = [u for c in classes if inspect.isclass(c) for u in undocumented(c)]
     assert missing == []
 
 

@@ -193,7 +193,7 @@ class AsyncQueue:
         Returns:
             A `ClaimBatch`: `now_ms` (server clock), `next_ms` (earliest time anything may
             become claimable, -1 when the queue is empty), `jobs` (`ClaimedJob`s with `id`,
-            `token`, `task`, `payload`, `attempt`...) and `unreadable` ((id, token, reason) of
+            `token`, `task`, `payload()`, `attempts`...) and `unreadable` ((id, token, reason) of
             leased jobs whose fields could not be decoded: fail them non-retryably).
 
         Raises:

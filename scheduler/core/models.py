@@ -42,7 +42,21 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class ClaimedJob:
-    """A job leased to this worker. `token` must accompany complete / fail / release."""
+    """A job leased to this worker. `token` must accompany heartbeat / complete / fail / release.
+
+    Attributes:
+        id: the job's id.
+        token: the fencing token of this claim, `"<fence>-<nonce>"`.
+        attempts: attempts counted so far, this one included (claim counts it).
+        max_attempts: the job's attempt budget.
+        task: the handler's name.
+        payload_json: the payload as stored (JSON text); `payload()` decodes it.
+        run_at_ms: when the job became due (server ms).
+        claimed_ms: when this claim leased it (server ms).
+        backoff: the job's retry delays.
+        timeout_ms: how long one attempt may run; 0 = no timeout.
+        schedule: the recurring schedule's name for an occurrence, else "".
+    """
 
     id: str
     token: str
@@ -68,6 +82,17 @@ class ClaimedJob:
 
 @dataclass(frozen=True)
 class ClaimBatch:
+    """What one `claim` call returns.
+
+    Attributes:
+        now_ms: the server's clock at the claim.
+        next_ms: the earliest server time anything may become claimable; -1 when the queue
+            is empty (a worker sleeps until then, or until woken).
+        jobs: the leased jobs, in due order.
+        unreadable: leased jobs whose fields this client cannot decode, as (job id, token,
+            reason): fail them non-retryably, they would fail the same way at every attempt.
+    """
+
     now_ms: int
     next_ms: int  # earliest time anything may become claimable; -1 when the queue is empty
     jobs: list[ClaimedJob]
@@ -78,6 +103,14 @@ class ClaimBatch:
 
 @dataclass(frozen=True)
 class FailOutcome:
+    """What `fail` returns for an accepted failure.
+
+    Attributes:
+        status: `'retry'` (due again at `run_at_ms`) or `'dead'` (parked in the dead letters).
+        run_at_ms: server ms of the next attempt, for `'retry'`; else None.
+        dead_reason: `'attempts exhausted'` or `'non-retryable error'`, for `'dead'`.
+    """
+
     status: str  # 'retry' | 'dead'
     run_at_ms: int | None = None
     dead_reason: str | None = None
@@ -85,6 +118,18 @@ class FailOutcome:
 
 @dataclass(frozen=True)
 class QueueCounts:
+    """How many jobs are in each place (one `counts` call, one server instant).
+
+    Attributes:
+        now_ms: the server's clock at the call.
+        due: waiting jobs whose run time has come.
+        scheduled: waiting jobs whose run time is after now_ms.
+        leased: jobs held by workers (lapsed leases included until reaped).
+        dead: dead letters.
+        oldest_due_ms: the run time of the oldest due job; None when none is due.
+        lapsed: leases past their end, not yet reaped.
+    """
+
     now_ms: int
     due: int
     scheduled: int
@@ -133,34 +178,42 @@ class Job:
 
     @property
     def attempts(self) -> int | None:
+        """Attempts counted so far (None when unreadable)."""
         return self._int("attempts")
 
     @property
     def max_attempts(self) -> int | None:
+        """The attempt budget (None when unreadable)."""
         return self._int("max_attempts")
 
     @property
     def run_at_ms(self) -> int | None:
+        """When the job is or was due, server ms (None when unreadable)."""
         return self._int("run_at_ms")
 
     @property
     def token(self) -> str | None:
+        """The fencing token of the latest claim (None before the first)."""
         return self.fields.get("token")
 
     @property
     def worker(self) -> str | None:
+        """The worker id holding the lease (None when not leased)."""
         return self.fields.get("worker")
 
     @property
     def dead_reason(self) -> str | None:
+        """Why the job was parked (None unless dead)."""
         return self.fields.get("dead_reason")
 
     @property
     def result_json(self) -> str | None:
+        """The handler's result as stored JSON text (None until done)."""
         return self.fields.get("result")
 
     @property
     def errors(self) -> list[dict[str, Any]]:
+        """The last 10 failures, oldest first: type, message, traceback, attempt, at_ms."""
         raw = self.fields.get("errors")
         if not raw:
             return []
@@ -172,4 +225,5 @@ class Job:
         return list(data) if isinstance(data, list) else []
 
     def payload(self) -> Any:
+        """The decoded JSON payload (raises json.JSONDecodeError on a hand-edited hash)."""
         return json.loads(self.payload_json)

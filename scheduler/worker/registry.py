@@ -89,13 +89,16 @@ class JobContext:
 
     @property
     def lease_expired(self) -> bool:
+        """True once the lease lapsed: another worker may run the job now, so stop."""
         return self.stop_reason == "expired"
 
     @property
     def cancelled(self) -> bool:
+        """True once the job was cancelled (seen at a heartbeat): its result will be refused."""
         return self.stop_reason == "cancelled"
 
     def should_stop(self) -> bool:
+        """True once the run must stop (lease lapsed, cancelled, timed out or shutting down)."""
         return self.stop_reason is not None
 
     def raise_if_stopped(self) -> None:
@@ -134,6 +137,29 @@ class Registry:
         payload_type: type | None = None,
         queue: str | None = None,
     ) -> Callable[[F], TaskHandle[F]]:
+        """Decorator: register the function as the handler of task `name`.
+
+        The handler is called as `fn(payload, ctx)` (sync, run in a thread, or async).
+
+        Args:
+            name: the task name (1-200 characters of `[A-Za-z0-9_.:/-]`); default
+                `module.qualname` of the function.
+            max_attempts: default attempt budget of its jobs, >= 1.
+            backoff: default retry delays (`Backoff()` when None).
+            timeout_s: default time limit of one attempt, > 0 s; None = no limit.
+            non_retryable: exception classes that park the job at once instead of retrying.
+            result_ttl_ms: how long a completed job's record and result are kept, in
+                [1 ms, 366 days] (default: the worker's `--result-ttl-ms`).
+            payload_type: a dataclass, TypedDict or pydantic model: checked at enqueue,
+                decoded for the handler (still JSON on the wire).
+            queue: the queue the task handle enqueues on by default.
+
+        Returns:
+            A decorator that returns a `TaskHandle` (callable as the function; `enqueue`,
+            `aenqueue` and `job_spec` apply the defaults above).
+
+        Raises:
+            BadArgument: an argument is refused, or the name is already registered."""
         if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
             raise BadArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         if timeout_s is not None and not (isinstance(timeout_s, int | float) and timeout_s > 0):
@@ -169,6 +195,7 @@ class Registry:
         return register
 
     def get(self, name: str) -> TaskSpec:
+        """The registration of task `name`. Raises UnknownTask when none is registered."""
         try:
             return self._tasks[name]
         except KeyError:
@@ -178,6 +205,7 @@ class Registry:
         return name in self._tasks
 
     def names(self) -> list[str]:
+        """Every registered task name, sorted."""
         return sorted(self._tasks)
 
     def job_spec(self, name: str, payload: Any = None, **overrides: Any) -> JobSpec:
