@@ -1,7 +1,8 @@
 """A hand-written leased-ZSET score no reader expects (`ZADD leased inf <id>`): the operator's
-`jobs list --state leased` and `jobs show <id>` still list/show the job and exit 0, with no
-traceback and no "unreadable stored data" refusal (issue 14 leftover; the score is clamped as
-claim.lua clamps one, see codec._score_ms)."""
+`jobs list --state leased` and `jobs show <id>` still list/show the job and exit 0 (no
+"unreadable stored data" refusal), and show that one field as unreadable instead of a lease
+that ends in the year 2200 or lapsed in 1970 (issue 14 leftover). The API keeps its clamp
+(tests/test_hostile_data.py::test_read_views_survive_hostile_numbers)."""
 
 from __future__ import annotations
 
@@ -56,9 +57,12 @@ def test_jobs_list_leased_lists_a_job_with_a_hostile_score(
     client.zadd(q.keys.leased, {jid: score})
     result = run_cli(server.url, "jobs", "list", "--state", "leased", "--json")
     assert result.exit_code == 0, result.output
-    assert [j["id"] for j in json.loads(result.output)["jobs"]] == [jid]
+    (row,) = json.loads(result.output)["jobs"]
+    assert row["id"] == jid and row["lease_unreadable"] is True
+    assert row["lease_until_ms"] is None and row["lease_left_ms"] is None
     table = run_cli(server.url, "jobs", "list", "--state", "leased")
     assert table.exit_code == 0 and jid in table.output
+    assert "lease unreadable" in table.output and "lease left" not in table.output
     assert "unreadable stored data" not in table.output
 
 
@@ -72,6 +76,20 @@ def test_jobs_show_shows_a_job_with_a_hostile_score(
     assert result.exit_code == 0, result.output
     shown = json.loads(result.output)
     assert shown["id"] == jid and shown["state"] == "leased" and "leased" in shown["places"]
+    assert shown["lease_unreadable"] is True and shown["lease_until_ms"] is None
     table = run_cli(server.url, "jobs", "show", jid)
     assert table.exit_code == 0 and jid in table.output
-    assert "unreadable stored data" not in table.output
+    assert "lease until" in table.output and "not a time" in table.output
+    assert "lease left" not in table.output and "unreadable stored data" not in table.output
+
+
+def test_a_real_lease_is_still_shown(
+    server: RedisProcess, leased: tuple[redis.Redis, Queue, str]
+) -> None:
+    _, _, jid = leased
+    (row,) = json.loads(run_cli(server.url, "jobs", "list", "--state", "leased", "--json").output)[
+        "jobs"
+    ]
+    assert row["lease_unreadable"] is False and 0 < row["lease_left_ms"] <= 30_000
+    table = run_cli(server.url, "jobs", "show", jid)
+    assert "lease left" in table.output and "not a time" not in table.output

@@ -17,7 +17,7 @@ from scheduler.cli.common import (
     fmt_time,
 )
 from scheduler.client.queue import Queue
-from scheduler.core.codec import stored_int
+from scheduler.core.codec import MAX_TIME_MS, stored_int
 from scheduler.core.models import Job
 from scheduler.operations.dead_letters import dead_converted
 
@@ -30,6 +30,16 @@ _TIME_FIELDS = {
     "dead_ms",
 }
 _DURATION_FIELDS = {"run_in_ms", "lease_left_ms", "ttl_ms", "timeout_ms"}
+UNREADABLE_LEASE = "unreadable (the stored lease score is not a time)"
+
+
+def readable_lease_ms(lease_until_ms: int | None) -> int | None:
+    """The lease end, or None when the leased-ZSET score was no time: codec clamps a
+    hand-written score (inf, -inf, 1e300, negative) into [0, MAX_TIME_MS] as claim.lua does,
+    and no lease a claim grants lies at either bound."""
+    if lease_until_ms is None or not 0 < lease_until_ms < MAX_TIME_MS:
+        return None
+    return lease_until_ms
 
 
 def _int(v: str | None) -> int | None:
@@ -43,6 +53,7 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
     result, _ = decoded_payload(f.get("result")) if "result" in f else (None, None)
     run_at = job.run_at_ms
     state = job.state
+    lease_until = readable_lease_ms(job.lease_until_ms)
     if state == "due" and run_at is not None and run_at > now_ms:
         state = "scheduled"
     token = job.token
@@ -61,8 +72,9 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
         "token": token,
         "fence": fence,
         "worker": job.worker,
-        "lease_until_ms": job.lease_until_ms,
-        "lease_left_ms": None if job.lease_until_ms is None else job.lease_until_ms - now_ms,
+        "lease_until_ms": lease_until,
+        "lease_left_ms": None if lease_until is None else lease_until - now_ms,
+        "lease_unreadable": job.lease_until_ms is not None and lease_until is None,
         "enqueued_ms": _int(f.get("enqueued_ms")),
         "claimed_ms": _int(f.get("claimed_ms")),
         "finished_ms": _int(f.get("finished_ms")),
@@ -83,7 +95,9 @@ def print_job(data: dict[str, Any], job_id: str, queue: str) -> None:
     t = Table(title=f"job {job_id} in {queue!r}", show_header=False)
     t.add_column("field", style="bold")
     t.add_column("value", overflow="fold")
-    skip = {"fields", "errors", "payload", "result"}
+    skip = {"fields", "errors", "payload", "result", "lease_unreadable"}
+    if data.get("lease_unreadable"):
+        t.add_row("lease until", UNREADABLE_LEASE)
     for name, value in data.items():
         if name in skip or value is None:
             continue

@@ -23,7 +23,7 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.enqueue import enqueue, parse_payload
-from scheduler.cli.job_view import job_json, placement, print_job
+from scheduler.cli.job_view import UNREADABLE_LEASE, job_json, placement, print_job
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
@@ -95,7 +95,12 @@ def list_jobs(
         t.add_column(col, overflow="fold")
     for r in rows:
         if state == "leased":
-            when = f"lease left {fmt_ms(r['lease_left_ms'])}"
+            unreadable = r["lease_unreadable"]
+            when = (
+                "lease " + UNREADABLE_LEASE
+                if unreadable
+                else f"lease left {fmt_ms(r['lease_left_ms'])}"
+            )
         elif state == "dead":
             when = f"dead {fmt_time(r['dead_ms'])}: {r['dead_reason'] or '?'}"
         else:
