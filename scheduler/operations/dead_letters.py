@@ -38,6 +38,8 @@ def _retention_arg(value: int | None, name: str, lo: int, hi: int) -> str:
 
 
 class DeadLetterOps(OpsBase):
+    """Dead letters; documented for users on Queue.dead_ids, requeue_dead, purge_dead."""
+
     def set_dead_retention(
         self, max_age_ms: int | None = None, max_count: int | None = None
     ) -> Op[None]:

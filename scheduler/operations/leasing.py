@@ -16,6 +16,9 @@ from scheduler.schedules import recurring
 
 
 class LeasingOps(OpsBase):
+    """A worker's calls; documented for users on Queue (claim, heartbeat, complete, fail,
+    release), which drives these."""
+
     def claim(
         self,
         worker_id: str,
@@ -46,6 +49,8 @@ class LeasingOps(OpsBase):
     def heartbeat(
         self, leases: Sequence[tuple[str, str]], *, lease_ms: int
     ) -> Op[tuple[int, dict[str, str]]]:
+        """`(lease_until_ms, {job_id: 'held' | 'expired' | 'stale' | 'cancelled' |
+        'missing'})`; refusals are statuses, not exceptions."""
         reply = yield Script("heartbeat", codec.heartbeat_args(leases, lease_ms))
         return codec.parse_heartbeat(reply, leases)
 
@@ -71,10 +76,13 @@ class LeasingOps(OpsBase):
         retryable: bool = True,
         delay_ms: int | None = None,
     ) -> Op[FailOutcome]:
+        """FailOutcome('retry', run_at_ms) or ('dead', dead_reason); raises StaleToken /
+        JobCancelled / JobNotFound when refused."""
         args = codec.fail_args(job_id, token, error, retryable=retryable, delay_ms=delay_ms)
         return codec.parse_fail((yield Script("fail", args)), job_id, token)
 
     def release(self, leases: Sequence[tuple[str, str]]) -> Op[list[str]]:
+        """Statuses per job: 'released' | 'stale' | 'cancelled' | 'missing' (no exception)."""
         if not leases:
             return []
         return codec.parse_statuses((yield Script("release", codec.lease_pairs(leases))))

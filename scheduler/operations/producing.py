@@ -14,6 +14,8 @@ from scheduler.operations.requests import Op, OpsBase, Script, ScriptPipeline
 
 
 class ProducingOps(OpsBase):
+    """Enqueueing; documented for users on Queue.enqueue / Queue.enqueue_many."""
+
     def enqueue(
         self,
         task: str,
@@ -28,6 +30,7 @@ class ProducingOps(OpsBase):
         timeout_ms: int = 0,
         job_id: str | None = None,
     ) -> Op[str]:
+        """One job: `enqueue_many` of one JobSpec; returns its id."""
         spec = JobSpec(
             task,
             payload,
@@ -44,6 +47,9 @@ class ProducingOps(OpsBase):
         return ids[0]
 
     def enqueue_many(self, specs: Iterable[JobSpec], batch_size: int = 1000) -> Op[list[str]]:
+        """Ids in the order of `specs`. Every spec is checked before any batch is sent
+        (BadArgument / InvalidPayload refuse the whole call); NotDurable when the asked
+        replicas did not acknowledge in time."""
         specs = list(specs)
         codec.check_int(batch_size, "batch_size")
         # Check every job before sending any batch: a bad job refuses the whole call.

@@ -46,6 +46,16 @@ Op = Generator[Request, Any, T]
 
 @dataclass(frozen=True)
 class Settings:
+    """A queue client's settings (the Queue / AsyncQueue keyword arguments).
+
+    Attributes:
+        result_ttl_ms: how long a completed or cancelled job's record is kept (1 h default).
+        max_payload_bytes: the largest payload or result accepted, encoded (512 KiB default).
+        wait_replicas: N > 0 makes enqueue wait until N replicas acknowledged the write
+            (NotDurable otherwise); 0 relies on the server's own persistence.
+        wait_timeout_ms: how long enqueue waits for `wait_replicas` acknowledgements.
+    """
+
     result_ttl_ms: int = codec.RESULT_TTL_MS
     max_payload_bytes: int = codec.MAX_PAYLOAD_BYTES
     # Durability: 0 relies on the server's own persistence; N > 0 makes enqueue wait until N
@@ -63,4 +73,5 @@ class OpsBase:
         self.settings = settings
 
     def counts(self) -> Op[QueueCounts]:
+        """The queue's counts and the server's clock (`now_ms`) in one script call."""
         return codec.parse_counts((yield Script("counts", [])))

@@ -44,6 +44,8 @@ def refill(keys: QueueKeys, now_ms: int, *, most: int = 20) -> Op[int | None]:
 
 
 class ScheduleOps(OpsBase):
+    """Recurring schedules; documented for users on Queue.schedule and its siblings."""
+
     def schedule(
         self,
         name: str,
@@ -91,6 +93,7 @@ class ScheduleOps(OpsBase):
         return codec.s(reply[0])
 
     def get_schedule(self, name: str) -> Op[recurring.Schedule]:
+        """One schedule; BadArgument for a malformed name or when there is none."""
         recurring.check_schedule_name(name)
         (raw,) = yield Commands([("HGETALL", self.keys.schedule(name))])
         found = recurring.parse_schedule(name, {codec.s(k): codec.s(v) for k, v in raw.items()})
@@ -99,6 +102,7 @@ class ScheduleOps(OpsBase):
         return found
 
     def list_schedules(self) -> Op[list[recurring.Schedule]]:
+        """Every readable schedule, sorted by name."""
         (names,) = yield Commands([("SMEMBERS", self.keys.schedules)])
         names = sorted(codec.s(n) for n in names)
         if not names:

@@ -308,6 +308,7 @@ class TaskHandle(Generic[F]):
 
     @property
     def name(self) -> str:
+        """The registered task name (what `enqueue` sends and the worker looks up)."""
         return self.spec.name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

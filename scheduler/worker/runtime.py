@@ -52,6 +52,19 @@ class Worker(Claiming, Heartbeats):
                          f": {type(exc).__name__}: {exc}" if exc else "")  # fmt: skip
 
     async def run(self, *, install_signals: bool = True) -> int:
+        """Claim and run jobs until stopped, then shut down gracefully.
+
+        Stops on `request_stop()`, the first SIGTERM/SIGINT (a second one exits at once and
+        leaves the leases to lapse) or a fatal error. Shutdown lets running handlers finish
+        for `grace_s`, reports their outcomes and releases the jobs it did not finish.
+
+        Args:
+            install_signals: handle SIGTERM/SIGINT on the running loop (False when embedding
+                the worker in an application that handles signals itself).
+
+        Returns:
+            The process exit code: 0 after a clean stop, non-zero after a fatal error (see
+            scheduler/core/exits.py)."""
         self._loop = loop = asyncio.get_running_loop()
         previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(self._on_loop_exception)

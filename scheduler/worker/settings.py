@@ -31,6 +31,24 @@ class SettingsError(BadArgument):
 
 @dataclass(frozen=True)
 class WorkerSettings:
+    """How a worker runs (the `scheduler worker` options); `check()` refuses unsafe values.
+
+    Attributes:
+        queues: the queues to claim from, at least one.
+        concurrency: handlers running at once, >= 1.
+        lease_ms: lease length given at claim and at each heartbeat, >= 3 x heartbeat_ms.
+        heartbeat_ms: interval between heartbeats, >= 10 ms.
+        batch_size: most jobs per claim call, in [1, 1000].
+        grace_s: on shutdown, how long running handlers may finish before their jobs are
+            released, >= 0 s.
+        reap_limit: most lapsed leases one claim reaps, in [0, 10,000].
+        prefetch: jobs claimed beyond the free slots while jobs are short, >= 0.
+        max_abandoned_threads: sync handlers abandoned (timeout, lost lease) that may still
+            run before the worker stops claiming, >= 1; None: 2 x concurrency.
+        result_ttl_ms: how long jobs this worker completes keep their record and result,
+            in [1 ms, 366 days], unless the task says otherwise; None: 1 h.
+    """
+
     queues: tuple[str, ...] = ("default",)
     concurrency: int = 16
     lease_ms: int = 30_000
@@ -52,10 +70,12 @@ class WorkerSettings:
 
     @property
     def abandoned_cap(self) -> int:
+        """The effective max_abandoned_threads (2 x concurrency when None)."""
         m = self.max_abandoned_threads
         return 2 * self.concurrency if m is None else m
 
     def check(self) -> None:
+        """Raise SettingsError (a BadArgument) on values the worker must not start with."""
         if not self.queues:
             raise SettingsError("give at least one queue")
         for q in self.queues:
