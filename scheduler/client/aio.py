@@ -107,7 +107,7 @@ class AsyncQueue:
         timeout_ms: int = 0,
         job_id: str | None = None,
     ) -> str:
-        """Accept one job; returns its id.
+        """Accept a job; returns its id.
 
         Args:
             task: the handler's name, 1-200 characters of `[A-Za-z0-9_.:/-]`.
