@@ -43,11 +43,15 @@ class Claiming(Dispatch):
             try:
                 for q in order:
                     limit = min(free, s.batch_size)
-                    nonce, t_sent = self._nonce.get(q.name) or (codec.new_nonce(),
-                                                                time.monotonic())  # fmt: skip
+                    nonce, t_sent = self._nonce.get(q.name) or (codec.new_nonce(), time.monotonic())
                     self._nonce[q.name] = (nonce, t_sent)
-                    batch = await q.aq.claim(self.id, limit=limit, lease_ms=s.lease_ms,
-                                             reap_limit=s.reap_limit, nonce=nonce)  # fmt: skip
+                    batch = await q.aq.claim(
+                        self.id,
+                        limit=limit,
+                        lease_ms=s.lease_ms,
+                        reap_limit=s.reap_limit,
+                        nonce=nonce,
+                    )
                     del self._nonce[q.name]  # answered: the next call gets a fresh nonce
                     self._take(q.name, batch, t_sent)
                     n = len(batch.jobs)
@@ -99,17 +103,19 @@ class Claiming(Dispatch):
             if not self._capped:
                 self._capped = True
                 self.metrics.claim_paused.labels("abandoned_threads").set(1)
-                self.log.warning("not claiming: %d abandoned handler threads still running "
-                                 "(cap %d); waiting for them to end", len(self._abandoned),
-                                 s.abandoned_cap)  # fmt: skip
+                self.log.warning(
+                    "not claiming: %d abandoned handler threads still running "
+                    "(cap %d); waiting for them to end",
+                    len(self._abandoned),
+                    s.abandoned_cap,
+                )
             return 0
         if self._capped:
             self._capped = False
             self.metrics.claim_paused.labels("abandoned_threads").set(0)
             self.log.info("claiming again: abandoned handler threads below the cap")
         ahead = s.prefetch if self._short_jobs() else 0
-        return (s.concurrency + ahead - len(self.running) - len(self._backlog)
-                - len(self._behind))  # fmt: skip
+        return s.concurrency + ahead - len(self.running) - len(self._backlog) - len(self._behind)
 
     async def _idle_wait(self, sleep_s: float) -> None:
         """Sleep until the next due time (a local timer) or an enqueue's wake-up, whichever

@@ -152,16 +152,23 @@ class WorkerCore:
             raise exc  # not Redis's: a bug; the loop dies and the runtime stops (EXIT_ERROR)
         kind = classify(exc)
         if kind != "transient":
-            raise _Fatal(EXIT_REDIS_REFUSED, f"redis refused the worker's {what} call: "
-                         f"{type(exc).__name__}: {exc}")  # fmt: skip
+            raise _Fatal(
+                EXIT_REDIS_REFUSED,
+                f"redis refused the worker's {what} call: {type(exc).__name__}: {exc}",
+            )
         self._redis_error(what, exc)
 
     def _redis_error(self, what: str, exc: BaseException) -> None:
         self.metrics.redis_errors.inc()
         self.metrics.redis_backoffs.labels(what, type(exc).__name__).inc()
         hint = "the server is full (maxmemory); " if isinstance(exc, OutOfMemoryError) else ""
-        self.log.warning("redis error during %s: %s: %s (%sbacking off, retrying)", what,
-                         type(exc).__name__, exc, hint)  # fmt: skip
+        self.log.warning(
+            "redis error during %s: %s: %s (%sbacking off, retrying)",
+            what,
+            type(exc).__name__,
+            exc,
+            hint,
+        )
 
     def _ttl_for(self, r: Running) -> int:
         """Outcome retention: the task's default, else this worker's, else 1 h."""
@@ -169,6 +176,15 @@ class WorkerCore:
         return self._result_ttl_ms if t is None else t
 
     def _log_job(self, event: str, r: Running, level: int = logging.INFO, **extra: Any) -> None:
-        logs.transition(self.log, event, queue=r.queue, job_id=r.job.id, task=r.job.task,
-                        attempt=r.job.attempts, token=r.job.token, level=level, worker=self.id,
-                        **extra)  # fmt: skip
+        logs.transition(
+            self.log,
+            event,
+            queue=r.queue,
+            job_id=r.job.id,
+            task=r.job.task,
+            attempt=r.job.attempts,
+            token=r.job.token,
+            level=level,
+            worker=self.id,
+            **extra,
+        )

@@ -35,8 +35,17 @@ class Dispatch(WorkerCore):
         key = (queue, job.id)
         r: Running | None = None
         try:
-            ctx = JobContext(job.id, job.task, queue, job.attempts, job.max_attempts, job.token,
-                             job.fence, job.run_at_ms, job.claimed_ms)  # fmt: skip
+            ctx = JobContext(
+                job.id,
+                job.task,
+                queue,
+                job.attempts,
+                job.max_attempts,
+                job.token,
+                job.fence,
+                job.run_at_ms,
+                job.claimed_ms,
+            )
             r = Running(queue, job, ctx, spec, time.monotonic(), lease_end)
             self._held[key] = r
             self._prepare(r, now_ms)
@@ -79,14 +88,26 @@ class Dispatch(WorkerCore):
             self._backlog.append(r)
 
     def _can_start(self) -> bool:
-        return (len(self.running) < self.settings.concurrency and not self._backlog
-                and len(self._abandoned) < self.settings.abandoned_cap)  # fmt: skip
+        return (
+            len(self.running) < self.settings.concurrency
+            and not self._backlog
+            and len(self._abandoned) < self.settings.abandoned_cap
+        )
 
     def _fail_unreadable(self, queue: str, job_id: str, token: str, reason: str) -> None:
-        job = ClaimedJob(id=job_id, token=token, attempts=0, max_attempts=0, task="?",
-                         payload_json="null", run_at_ms=0, claimed_ms=0,
-                         backoff=codec.stored_backoff(""), timeout_ms=0,
-                         schedule="")  # fmt: skip
+        job = ClaimedJob(
+            id=job_id,
+            token=token,
+            attempts=0,
+            max_attempts=0,
+            task="?",
+            payload_json="null",
+            run_at_ms=0,
+            claimed_ms=0,
+            backoff=codec.stored_backoff(""),
+            timeout_ms=0,
+            schedule="",
+        )
         ctx = JobContext(job_id, "?", queue, 0, 0, token, 0, 0, 0)
         r = Running(queue, job, ctx, None, time.monotonic(), time.monotonic() + 1.0)
         r.finished = True
@@ -157,8 +178,12 @@ class Dispatch(WorkerCore):
     def _pump(self) -> None:
         """Start backlog jobs while there are free slots (and the thread cap allows)."""
         cap = self.settings.abandoned_cap
-        while (self._backlog and len(self.running) < self.settings.concurrency
-               and len(self._abandoned) < cap and not self._shutting_down):  # fmt: skip
+        while (
+            self._backlog
+            and len(self.running) < self.settings.concurrency
+            and len(self._abandoned) < cap
+            and not self._shutting_down
+        ):
             nxt = self._backlog.popleft()
             if not nxt.finished:
                 self._run(nxt)

@@ -43,10 +43,25 @@ TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeout
 #              command): the worker stops with EXIT_REDIS_REFUSED and says why.
 #   refused    (replies to one job's report only) that job's outcome was refused: logged, the
 #              lease lapses and the job is retried by the server's rules.
-_TRANSIENT_REPLIES = (OutOfMemoryError, ReadOnlyError, NoScriptError, ClusterDownError,
-                      TryAgainError)  # fmt: skip
-_TRANSIENT_CODES = ("BUSY", "MISCONF", "NOREPLICAS", "LOADING", "OOM", "READONLY", "TRYAGAIN",
-                    "CLUSTERDOWN", "MASTERDOWN", "UNBLOCKED")  # fmt: skip
+_TRANSIENT_REPLIES = (
+    OutOfMemoryError,
+    ReadOnlyError,
+    NoScriptError,
+    ClusterDownError,
+    TryAgainError,
+)
+_TRANSIENT_CODES = (
+    "BUSY",
+    "MISCONF",
+    "NOREPLICAS",
+    "LOADING",
+    "OOM",
+    "READONLY",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MASTERDOWN",
+    "UNBLOCKED",
+)
 _FATAL = (AuthenticationError, AuthorizationError, NoPermissionError)
 
 

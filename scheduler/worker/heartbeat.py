@@ -84,8 +84,9 @@ class Heartbeats(Dispatch, Reporting):
                     for r in rs:
                         st = statuses.get(r.job.id)
                         if st == "held":
-                            r.lease_deadline_s = (t_sent - _LEASE_MARGIN_S
-                                                  + self.settings.lease_ms / 1000)  # fmt: skip
+                            r.lease_deadline_s = (
+                                t_sent - _LEASE_MARGIN_S + self.settings.lease_ms / 1000
+                            )
                         elif st == "cancelled":
                             self._lost(r, "cancelled")
                         else:
@@ -106,12 +107,24 @@ class Heartbeats(Dispatch, Reporting):
     async def _beat_workers(self, *, remove: bool = False) -> None:
         ttl = 3 * self.settings.heartbeat_ms
         reqs: list[tuple[Sequence[str], Request]] = [
-            (q.script_keys, Script("worker_beat", [
-                self.id, str(ttl), "remove" if remove else "beat", socket.gethostname(),
-                str(os.getpid()), ",".join(self.settings.queues), str(len(self.running)),
-                str(self.settings.concurrency)]))
+            (
+                q.script_keys,
+                Script(
+                    "worker_beat",
+                    [
+                        self.id,
+                        str(ttl),
+                        "remove" if remove else "beat",
+                        socket.gethostname(),
+                        str(os.getpid()),
+                        ",".join(self.settings.queues),
+                        str(len(self.running)),
+                        str(self.settings.concurrency),
+                    ],
+                ),
+            )
             for q in self.queues
-        ]  # fmt: skip
+        ]
         for reply in await self._pipe.requests(reqs):
             if isinstance(reply, BaseException):
                 raise reply

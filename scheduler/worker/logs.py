@@ -41,8 +41,11 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = f"{self.formatTime(record)} {record.levelname} {safe(record.getMessage())}"
-        extra = [f"{k}={safe(v)}" for k, v in record.__dict__.items()
-                 if k not in _RESERVED and not k.startswith("_")]  # fmt: skip
+        extra = [
+            f"{k}={safe(v)}"
+            for k, v in record.__dict__.items()
+            if k not in _RESERVED and not k.startswith("_")
+        ]
         if extra:
             line += " " + " ".join(extra)
         # A traceback is the one text meant to span lines: newlines kept, other controls escaped.
@@ -64,13 +67,32 @@ def setup(level: str = "INFO", json_logs: bool = False, stream: Any = None) -> l
 
 
 def transition(
-    log: logging.Logger, event: str, *, queue: str, job_id: str, task: str, attempt: int,
-    token: str, level: int = logging.INFO, **extra: Any,
-) -> None:  # fmt: skip
+    log: logging.Logger,
+    event: str,
+    *,
+    queue: str,
+    job_id: str,
+    task: str,
+    attempt: int,
+    token: str,
+    level: int = logging.INFO,
+    **extra: Any,
+) -> None:
     """One line for one job transition (claimed, done, retry, dead, expired, ...)."""
     if not log.isEnabledFor(level):
         return
-    log.log(level, "job %s %s", event, job_id, extra={
-        "event": event, "queue": queue, "job_id": job_id, "task": task, "attempt": attempt,
-        "token": token, **extra,
-    })  # fmt: skip
+    log.log(
+        level,
+        "job %s %s",
+        event,
+        job_id,
+        extra={
+            "event": event,
+            "queue": queue,
+            "job_id": job_id,
+            "task": task,
+            "attempt": attempt,
+            "token": token,
+            **extra,
+        },
+    )

@@ -19,8 +19,7 @@ from scheduler.core.models import QueueCounts
 from scheduler.core.vocabulary import OUTCOMES
 
 # Lateness and run time span a few ms (on-time claims) to minutes (slow handlers).
-_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
-              300)  # fmt: skip
+_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _LE = [repr(float(b)) for b in _BUCKETS_S] + ["+Inf"]  # as prometheus-client writes them
 
 
@@ -60,10 +59,11 @@ class _JobCollector(Collector):
         per_task = list(self._m._tasks.items())
         other = list(self._m._outcomes.items())
         jobs = CounterMetricFamily(
-            "scheduler_jobs", "Job outcomes seen by this worker "
+            "scheduler_jobs",
+            "Job outcomes seen by this worker "
             "(stale: a result the server refused; expired: the lease ran out before reporting)",
             labels=["queue", "task", "outcome"],
-        )  # fmt: skip
+        )
         for (queue, task), st in per_task:
             if st.done:
                 jobs.add_metric([queue, task, "done"], st.done)
@@ -71,10 +71,13 @@ class _JobCollector(Collector):
             jobs.add_metric([queue, task, outcome], n)
         yield jobs
         for name, doc, attr in (
-            ("scheduler_job_lateness_seconds", "Claim time minus run_at (server clock)",
-             "lateness"),
+            (
+                "scheduler_job_lateness_seconds",
+                "Claim time minus run_at (server clock)",
+                "lateness",
+            ),
             ("scheduler_job_duration_seconds", "Handler run time", "duration"),
-        ):  # fmt: skip
+        ):
             fam = HistogramMetricFamily(name, doc, labels=["queue", "task"])
             for (queue, task), st in per_task:
                 h: Hist = getattr(st, attr)
@@ -98,25 +101,33 @@ class WorkerMetrics:
         r.register(_JobCollector(self))
         self.in_flight = Gauge("scheduler_jobs_in_flight", "Jobs running now", registry=r)
         self.depth = Gauge(
-            "scheduler_queue_jobs", "Jobs per place, from one counts script call per heartbeat",
-            ["queue", "state"], registry=r,
-        )  # fmt: skip
+            "scheduler_queue_jobs",
+            "Jobs per place, from one counts script call per heartbeat",
+            ["queue", "state"],
+            registry=r,
+        )
         self.redis_errors = Counter(
             "scheduler_redis_errors", "Redis calls that failed and were retried", registry=r
         )
         self.redis_backoffs = Counter(
-            "scheduler_redis_backoffs", "Redis errors a worker loop backed off on and retried "
+            "scheduler_redis_backoffs",
+            "Redis errors a worker loop backed off on and retried "
             "(loop: claim, heartbeat, presence, report, wake, release; error: the class, e.g. "
-            "OutOfMemoryError for a full server)", ["loop", "error"], registry=r,
-        )  # fmt: skip
+            "OutOfMemoryError for a full server)",
+            ["loop", "error"],
+            registry=r,
+        )
         self.abandoned_threads = Gauge(
-            "scheduler_abandoned_threads", "Sync handler threads stopped (timeout, lease expired) "
-            "but still running", registry=r,
-        )  # fmt: skip
+            "scheduler_abandoned_threads",
+            "Sync handler threads stopped (timeout, lease expired) but still running",
+            registry=r,
+        )
         self.claim_paused = Gauge(
-            "scheduler_claim_paused", "1 while the worker does not claim, by reason",
-            ["reason"], registry=r,
-        )  # fmt: skip
+            "scheduler_claim_paused",
+            "1 while the worker does not claim, by reason",
+            ["reason"],
+            registry=r,
+        )
 
     def per_task(self, queue: str, task: str) -> TaskStats:
         """The (queue, task) numbers, created on first use."""
@@ -135,9 +146,13 @@ class WorkerMetrics:
             self._outcomes[key] = self._outcomes.get(key, 0) + n
 
     def set_depth(self, queue: str, counts: QueueCounts) -> None:
-        for state, value in (("due", counts.due), ("scheduled", counts.scheduled),
-                             ("leased", counts.leased), ("dead", counts.dead),
-                             ("lapsed", counts.lapsed)):  # fmt: skip
+        for state, value in (
+            ("due", counts.due),
+            ("scheduled", counts.scheduled),
+            ("leased", counts.leased),
+            ("dead", counts.dead),
+            ("lapsed", counts.lapsed),
+        ):
             self.depth.labels(queue, state).set(value)
         self.depth.labels(queue, "oldest_overdue_ms").set(counts.oldest_overdue_ms)
 

@@ -56,12 +56,19 @@ class Reporting(WorkerCore):
         try:
             for (qn, ttl_ms), items in by_queue.items():
                 q = self._by_name[qn]
-                calls.append((q.script_keys, q.ops_for(ttl_ms).complete_many(
-                    [(r.job.id, r.job.token, res) for r, res in items])))  # fmt: skip
+                calls.append(
+                    (
+                        q.script_keys,
+                        q.ops_for(ttl_ms).complete_many(
+                            [(r.job.id, r.job.token, res) for r, res in items]
+                        ),
+                    )
+                )
             for r, err, retryable in fails:
                 q = self._by_name[r.queue]
-                calls.append((q.script_keys, q.ops.fail(r.job.id, r.job.token, err,
-                                                        retryable=retryable)))  # fmt: skip
+                calls.append(
+                    (q.script_keys, q.ops.fail(r.job.id, r.job.token, err, retryable=retryable))
+                )
             replies = await self._pipe.run(calls)
         except BaseException:
             # Not sent (or unknown): try again; complete and fail are idempotent per token.
@@ -85,8 +92,7 @@ class Reporting(WorkerCore):
         """True when the call is to be sent again (transient); raises _Fatal when fatal."""
         kind = classify(exc)
         if kind == "fatal":
-            raise _Fatal(EXIT_REDIS_REFUSED,
-                         f"redis refused {what}: {type(exc).__name__}: {exc}")  # fmt: skip
+            raise _Fatal(EXIT_REDIS_REFUSED, f"redis refused {what}: {type(exc).__name__}: {exc}")
         return kind == "transient"
 
     def _completed(self, items: list[tuple[Running, Any]], statuses: Any) -> BaseException | None:
@@ -106,8 +112,9 @@ class Reporting(WorkerCore):
                 if log_info:
                     self._log_job("done", r)
             else:
-                self.metrics.outcome(r.queue, r.job.task, "cancelled" if st == "cancelled"
-                                     else "stale")  # fmt: skip
+                self.metrics.outcome(
+                    r.queue, r.job.task, "cancelled" if st == "cancelled" else "stale"
+                )
                 self._log_job("refused", r, level=logging.WARNING, status=st)
         return None
 
@@ -145,9 +152,13 @@ class Reporting(WorkerCore):
             by_queue.setdefault(r.queue, []).append(r)
         backoff = RetryDelay()
         while True:
-            items = [(self._by_name[qn].script_keys,
-                      self._by_name[qn].ops.release([(r.job.id, r.job.token) for r in g]))
-                     for qn, g in by_queue.items()]  # fmt: skip
+            items = [
+                (
+                    self._by_name[qn].script_keys,
+                    self._by_name[qn].ops.release([(r.job.id, r.job.token) for r in g]),
+                )
+                for qn, g in by_queue.items()
+            ]
             try:
                 replies = await _within(self._pipe.run(items), deadline - time.monotonic())
                 err = next((x for x in replies if isinstance(x, BaseException)), None)
