@@ -1,8 +1,9 @@
 --[[ cancel: withdraw a job that has not finished. A leased job's worker learns it at its next
   heartbeat, and its complete or fail is refused with 'cancelled'.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config
-  ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record is kept)
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>
+  ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record, and its result wake-up
+    `result:<id>` of lib/result.lua, are kept)
   A schedule's pending occurrence is replaced by the schedule's next one.
   Returns: the state before the call: 'due' | 'leased' (now cancelled), or 'done' | 'dead' |
     'cancelled' (unchanged), or 'missing'. A re-sent call answers 'cancelled' and changes nothing.
@@ -11,6 +12,7 @@
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 -- @include "lib/rearm.lua"
+-- @include "lib/result.lua"
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
@@ -36,5 +38,6 @@ redis.call('ZREM', due, id)
 redis.call('ZREM', leased, id)
 redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', fmt(now))
 redis.call('PEXPIRE', jk, ttl)
+result_wake(prefix, id, 'cancelled', ttl)
 bump_stat(prefix, now, 'cancel', 1)
 return in_leased and 'leased' or 'due'

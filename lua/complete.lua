@@ -1,7 +1,8 @@
 --[[ complete: record success for leases the caller holds, many in one call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, config
-  ARGV[1] result_ttl_ms   how long the outcome record (state, result, finished_ms) is kept
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, config, result:<id>
+  ARGV[1] result_ttl_ms   how long the outcome record (state, result, finished_ms) is kept, and
+    the result wake-up `result:<id>` (lib/result.lua) that Queue.result() waits on
   then triples: id, token, result (JSON text)
   Returns: one status per job: 'done' | 'stale' | 'cancelled' | 'missing'.
     A stale token changes nothing. A re-sent call with the same token answers 'done' again.
@@ -10,6 +11,7 @@
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 -- @include "lib/lease.lua"
+-- @include "lib/result.lua"
 
 local prefix, leased = KEYS[1], KEYS[3]
 local ttl, err = int_arg(ARGV[1], 'result_ttl_ms', 1, LIM.ttl_ms)
@@ -45,6 +47,7 @@ if #took > 0 then
     redis.call('HSET', jk, 'state', 'done', 'result', ARGV[i + 2], 'finished_ms', now_s,
       'settled_token', ARGV[i + 1], 'settled', 'done')
     redis.call('PEXPIRE', jk, ttl)
+    result_wake(prefix, ARGV[i], 'done', ttl)
   end
 end
 local done = #took

@@ -1,13 +1,14 @@
 --[[ fail: record a failed attempt; retry after a backoff, or park the job in the dead list.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, config
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, config, result:<id>
   ARGV[1] id  ARGV[2] token
   ARGV[3] retryable  '1' | '0' (a non-retryable error parks the job at once)
   ARGV[4] error type  ARGV[5] error message  ARGV[6] traceback (already truncated)
   ARGV[7] u          uniform random number in [0, 1) drawn by the client, for the jitter
   ARGV[8] delay_ms   '' = the job's own backoff; else this delay
   Backoff: min(cap, base * factor ^ (attempts - 1)) * (1 - jitter * u), scheduled from server
-    time (attempts is already counted at claim). Parks when attempts >= max_attempts.
+    time (attempts is already counted at claim). Parks when attempts >= max_attempts; a park
+    pushes the result wake-up (lib/result.lua).
   Returns: {status, run_at_ms or dead reason}; status is 'retry' | 'dead' | 'stale' |
     'cancelled' | 'missing'. A re-sent call with the same token gives the same answer.
   Errors:  BAD_ARGUMENT <field>=<value> ]]
@@ -15,6 +16,7 @@
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 -- @include "lib/lease.lua"
+-- @include "lib/result.lua"
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local id, token, retryable = ARGV[1], ARGV[2], ARGV[3]
@@ -48,6 +50,7 @@ if retryable ~= '1' or attempts >= max_attempts then
   local reason = (retryable ~= '1') and 'non-retryable error' or 'attempts exhausted'
   dead_letter(prefix, id, reason, now)
   settle(jk, token, 'dead:' .. reason)
+  result_wake(prefix, id, 'dead', RESULT_WAKE_DEAD_TTL_MS)
   bump_stat(prefix, now, 'fail', 1)
   bump_stat(prefix, now, 'dead', 1)
   return { 'dead', reason }

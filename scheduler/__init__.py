@@ -7,10 +7,12 @@ from scheduler.core.errors import (
     BadArgument,
     InvalidPayload,
     JobCancelled,
+    JobDead,
     JobNotFound,
     LeaseExpired,
     LeaseRefused,
     NotDurable,
+    ResultTimeout,
     SchedulerError,
     StaleToken,
     UnknownTask,
@@ -24,7 +26,7 @@ from scheduler.core.models import (
     JobState,
     QueueCounts,
 )
-from scheduler.worker.registry import JobContext, Registry
+from scheduler.worker.registry import JobContext, Registry, TaskHandle
 
 __all__ = [
     "AsyncQueue",
@@ -37,6 +39,7 @@ __all__ = [
     "Job",
     "JobCancelled",
     "JobContext",
+    "JobDead",
     "JobNotFound",
     "JobSpec",
     "JobState",
@@ -46,7 +49,9 @@ __all__ = [
     "Queue",
     "QueueCounts",
     "Registry",
+    "ResultTimeout",
     "SchedulerError",
     "StaleToken",
+    "TaskHandle",
     "UnknownTask",
 ]

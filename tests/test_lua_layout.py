@@ -23,6 +23,7 @@ _BUILDERS = {
     "worker:<id>": "'worker:'",
     "dead:migrating": "'dead:migrating'",
     "config": "'config'",
+    "result:<id>": "'result:'",  # lib/result.lua (issue 13, helper T1)
 }
 _KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
 

@@ -345,6 +345,29 @@ class AsyncQueue:
             BadArgument: a malformed id, or a stored state this version cannot read."""
         return await self._run(self.ops.status(job_id))
 
+    async def result(self, job_id: str, *, timeout_s: float) -> Any:
+        """Queue.result for asyncio: wait for the job's outcome and return the handler's result.
+
+        Waits without polling: on a wake-up that complete, fail (when it parks the job) and
+        cancel push; it blocks in slices of at most 1 s (the client's socket_timeout must be
+        longer than that, or None), re-reading the state between them.
+
+        Args:
+            job_id: the job's id.
+            timeout_s: how long to wait, in seconds (0 < timeout_s <= 86400).
+
+        Returns:
+            The result the handler returned (None if it returned nothing).
+
+        Raises:
+            JobDead: the job was parked; `error_type` / `error_message` carry its last error.
+            JobCancelled: the job was cancelled.
+            JobNotFound: no such job (or its record expired).
+            ResultTimeout: not finished within timeout_s (a TimeoutError).
+            BadArgument: a malformed job_id or timeout_s.
+        """
+        return await self._run(self.ops.result(job_id, timeout_s))
+
     async def counts(self) -> QueueCounts:
         """How many jobs are in each place, by the server's clock.
 

@@ -42,7 +42,25 @@ class LeaseExpired(LeaseRefused):
 
 
 class JobCancelled(LeaseRefused):
-    """The job was cancelled while this worker held it."""
+    """The job was cancelled: while this worker held it, or (from Queue.result(), token '')
+    before it finished."""
+
+
+class JobDead(SchedulerError):
+    """Queue.result(): the job was parked in the dead letters; its last error is attached."""
+
+    def __init__(
+        self, job_id: str, reason: str | None, error_type: str | None, error_message: str | None
+    ) -> None:
+        super().__init__(f"job {job_id!r} is dead ({reason}): {error_type}: {error_message}")
+        self.job_id = job_id
+        self.reason = reason
+        self.error_type = error_type
+        self.error_message = error_message
+
+
+class ResultTimeout(SchedulerError, TimeoutError):
+    """Queue.result(): the job did not finish within timeout_s (it may still finish later)."""
 
 
 class NotDurable(SchedulerError):

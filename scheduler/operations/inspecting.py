@@ -3,17 +3,23 @@ ask of a queue."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from scheduler.core import codec
-from scheduler.core.errors import BadArgument, JobNotFound
+from scheduler.core.errors import BadArgument, JobCancelled, JobDead, JobNotFound, ResultTimeout
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job, JobState
 from scheduler.operations.dead_letters import dead_page
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
 
 LISTABLE = ("due", "scheduled", "leased", "dead")
+MAX_RESULT_WAIT_S = 86_400.0
+# result() blocks in slices this long, re-reading the state between them: a client with a
+# socket_timeout (often 5 s) never times out mid-block, and a lost wake-up costs at most this.
+RESULT_BLOCK_SLICE_S = 1.0
 
 
 class InspectingOps(OpsBase):
@@ -81,3 +87,48 @@ class InspectingOps(OpsBase):
             now_ms = (yield from self.counts()).now_ms
             jobs = [j.as_of(now_ms) for j in jobs]
         return jobs
+
+    def result(self, job_id: str, timeout_s: float) -> Op[Any]:
+        """Wait for the job's outcome: its result (JSON decoded) when done; raises JobDead,
+        JobCancelled, JobNotFound, or ResultTimeout after timeout_s.
+
+        No polling: check the state, block on the wake-up list complete / fail (park) / cancel
+        push (lua/lib/result.lua), re-check. BLMOVE onto the same list leaves the one element
+        there, so every waiter wakes. A stale element (a requeued dead job) is deleted only
+        after a re-check, so a wake-up pushed meanwhile is seen through the state itself."""
+        check_job_id(job_id)
+        if (
+            not isinstance(timeout_s, int | float)
+            or isinstance(timeout_s, bool)
+            or not 0 < timeout_s <= MAX_RESULT_WAIT_S
+        ):
+            raise BadArgument(
+                f"timeout_s must be a number in (0, {MAX_RESULT_WAIT_S:g}], got {timeout_s!r}"
+            )
+        wake_key = self.keys.prefix + "result:" + job_id
+        deadline_s = time.monotonic() + timeout_s
+        stale = False
+        while True:
+            job = yield from self.get_job(job_id)
+            if job.state == JobState.DONE:
+                raw = job.result_json
+                return None if raw is None else json.loads(raw)
+            if job.state == JobState.DEAD:
+                f = job.fields
+                raise JobDead(
+                    job_id, f.get("dead_reason"), f.get("last_error_type"), f.get("last_error")
+                )
+            if job.state == JobState.CANCELLED:
+                raise JobCancelled(job_id, "", "job was cancelled")
+            if stale:
+                # Woken, yet not finished: the element is left from an earlier outcome.
+                yield Commands([("DEL", wake_key)])
+                stale = False
+                continue
+            remaining_s = deadline_s - time.monotonic()
+            if remaining_s <= 0:
+                raise ResultTimeout(f"job {job_id!r} did not finish within {timeout_s} s")
+            # BLMOVE takes decimal seconds; never 0, which would block forever.
+            wait_s = max(round(min(remaining_s, RESULT_BLOCK_SLICE_S), 3), 0.001)
+            (woken,) = yield Commands([("BLMOVE", wake_key, wake_key, "RIGHT", "LEFT", wait_s)])
+            stale = woken is not None

@@ -1,0 +1,15 @@
+-- The result wake-up: Queue.result() blocks on a per-job list `result:<id>` (BLMOVE onto itself,
+-- so every waiter sees the element and it stays for the next). One element at most, expiring
+-- with the outcome record; the outcome word ('done' | 'dead' | 'cancelled') is advisory: the
+-- waiter re-reads the job hash, which is the truth.
+
+-- A parked job's record does not expire (dead-letter retention trims it): its wake-up lives this
+-- long, past any reasonable result() wait; a waiter that comes later reads the state first.
+local RESULT_WAKE_DEAD_TTL_MS = 3600000
+
+local function result_wake(prefix, id, outcome, ttl_ms)
+  local k = prefix .. 'result:' .. id
+  redis.call('LPUSH', k, outcome)
+  redis.call('LTRIM', k, 0, 0)
+  redis.call('PEXPIRE', k, ttl_ms)
+end

@@ -1,0 +1,192 @@
+"""Queue.result / AsyncQueue.result (issue 13): the handler's result, typed errors for dead,
+cancelled, unknown and not-yet-finished jobs, and a wake-up (no polling) that expires with the
+outcome record."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from scheduler import AsyncQueue, JobCancelled, JobDead, JobNotFound, Queue, ResultTimeout
+from scheduler.core.errors import BadArgument
+from scheduler.worker import Worker, WorkerSettings
+from scheduler.worker.registry import Registry
+from tests.workers.procs import wait_for
+
+registry = Registry()
+release = threading.Event()
+
+
+@registry.task("results.gated")
+def gated(payload: Any, ctx: Any) -> dict[str, Any]:
+    # Holds the job leased until the test has started waiting on it.
+    assert release.wait(30)
+    return {"sum": payload["a"] + payload["b"]}
+
+
+class Boom(Exception):
+    pass
+
+
+@registry.task("results.broken", max_attempts=1)
+def broken(payload: Any, ctx: Any) -> None:
+    raise Boom("it broke")
+
+
+def start_worker(redis_url: str, queue: str) -> tuple[Worker, threading.Thread, Any]:
+    loop = asyncio.new_event_loop()
+    client = aredis.Redis.from_url(redis_url, decode_responses=True)
+    w = Worker(client, registry, WorkerSettings(queues=(queue,), result_ttl_ms=60_000))
+    t = threading.Thread(target=lambda: loop.run_until_complete(w.run(install_signals=False)))
+    t.start()
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(w.request_stop)
+        t.join(30)
+        loop.run_until_complete(client.aclose())
+        loop.close()
+
+    return w, t, stop
+
+
+def wake_key(q: Queue, job_id: str) -> str:
+    return q.keys.prefix + "result:" + job_id
+
+
+def test_result_waits_for_a_worker_to_complete_the_job(redis_url: str, q: Queue) -> None:
+    release.clear()
+    job_id = q.enqueue("results.gated", {"a": 2, "b": 3})
+    _, _, stop = start_worker(redis_url, q.name)
+    try:
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(q.result(job_id, timeout_s=30)))
+        waiter.start()
+        release.set()  # the handler may finish before or after the waiter blocks: both work
+        waiter.join(30)
+        assert got == [{"sum": 5}]
+        # Asked again later, the stored result answers at once.
+        assert q.result(job_id, timeout_s=1) == {"sum": 5}
+    finally:
+        release.set()
+        stop()
+
+
+def test_a_waiter_blocked_before_completion_is_woken(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    job_id = q.enqueue("t", {})
+    (job,) = q.claim("w1", limit=1).jobs
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(q.result(job_id, timeout_s=30)))
+    waiter.start()
+    # Complete only once the waiter is blocked on the wake-up list (CLIENT LIST shows blmove).
+    wait_for(lambda: any(c.get("cmd") == "blmove" for c in client.client_list()),
+             what="the waiter blocked on its wake-up")  # fmt: skip
+    q.complete(job_id, job.token, [1, "two"])
+    waiter.join(30)
+    assert got == [[1, "two"]]
+    # Every waiter wakes, not only the first: the element stays (BLMOVE onto itself).
+    assert client.lrange(wake_key(q, job_id), 0, -1) == ["done"]
+
+
+def test_dead_raises_job_dead_with_the_last_error(redis_url: str, q: Queue) -> None:
+    job_id = broken.enqueue(q, {})
+    _, _, stop = start_worker(redis_url, q.name)
+    try:
+        with pytest.raises(JobDead) as info:
+            q.result(job_id, timeout_s=30)
+    finally:
+        stop()
+    assert info.value.job_id == job_id
+    assert info.value.error_type is not None and "Boom" in info.value.error_type
+    assert info.value.error_message == "it broke"
+
+
+def test_cancelled_raises_job_cancelled(q: Queue, client: redis.Redis) -> None:
+    job_id = q.enqueue("t", {}, delay_ms=60_000)
+    assert q.cancel(job_id) == "due"
+    with pytest.raises(JobCancelled):
+        q.result(job_id, timeout_s=1)
+    assert client.lrange(wake_key(q, job_id), 0, -1) == ["cancelled"]
+
+
+def test_unknown_job_raises_job_not_found(q: Queue) -> None:
+    with pytest.raises(JobNotFound):
+        q.result("no-such-job", timeout_s=1)
+
+
+def test_not_finished_in_time_raises_a_timeout_error(q: Queue) -> None:
+    job_id = q.enqueue("t", {}, delay_ms=60_000)
+    with pytest.raises(ResultTimeout) as info:
+        q.result(job_id, timeout_s=0.2)
+    assert isinstance(info.value, TimeoutError)
+    assert q.status(job_id) == "scheduled"
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "1", 86_401])
+def test_bad_timeout_is_refused(q: Queue, bad: Any) -> None:
+    job_id = q.enqueue("t", {})
+    with pytest.raises(BadArgument):
+        q.result(job_id, timeout_s=bad)
+
+
+def test_the_wake_up_expires_with_the_record(q: Queue, client: redis.Redis) -> None:
+    short = Queue(client, q.name, result_ttl_ms=5_000)
+    job_id = short.enqueue("t", {})
+    (job,) = short.claim("w1", limit=1).jobs
+    short.complete(job_id, job.token, "ok")
+    record_ms = client.pttl(q.keys.job(job_id))
+    wake_ms = client.pttl(wake_key(q, job_id))
+    assert 0 < wake_ms <= 5_000 and 0 < record_ms <= 5_000
+    assert abs(record_ms - wake_ms) < 1_000
+    assert client.llen(wake_key(q, job_id)) == 1
+
+
+def test_a_park_wakes_a_waiter_and_is_bounded(q: Queue, client: redis.Redis) -> None:
+    job_id = q.enqueue("t", {}, max_attempts=1)
+    (job,) = q.claim("w1", limit=1).jobs
+    assert q.fail(job_id, job.token, ("E", "bad", ""), retryable=False).status == "dead"
+    assert client.lrange(wake_key(q, job_id), 0, -1) == ["dead"]
+    assert 0 < client.pttl(wake_key(q, job_id)) <= 3_600_000
+    with pytest.raises(JobDead) as info:
+        q.result(job_id, timeout_s=1)
+    assert (info.value.error_type, info.value.error_message) == ("E", "bad")
+
+
+def test_a_requeued_dead_job_does_not_answer_with_its_old_wake_up(
+    q: Queue, client: redis.Redis
+) -> None:
+    job_id = q.enqueue("t", {}, max_attempts=1)
+    (job,) = q.claim("w1", limit=1).jobs
+    q.fail(job_id, job.token, ("E", "bad", ""), retryable=False)
+    assert q.requeue_dead([job_id]) == 1
+    # The stale 'dead' wakes the waiter, which re-reads the state, drops it and waits on.
+    with pytest.raises(ResultTimeout):
+        q.result(job_id, timeout_s=0.3)
+    assert client.exists(wake_key(q, job_id)) == 0
+    (again,) = q.claim("w2", limit=1).jobs
+    q.complete(job_id, again.token, 7)
+    assert q.result(job_id, timeout_s=1) == 7
+
+
+def test_async_result(redis_url: str, q: Queue) -> None:
+    job_id = q.enqueue("t", {})
+    (job,) = q.claim("w1", limit=1).jobs
+
+    async def go() -> Any:
+        client = aredis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            aq = AsyncQueue(client, q.name)
+            waiter = asyncio.create_task(aq.result(job_id, timeout_s=30))
+            await asyncio.sleep(0)  # let it start; complete may come before or after it blocks
+            await aq.complete(job_id, job.token, {"ok": True})
+            return await waiter
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(go()) == {"ok": True}
