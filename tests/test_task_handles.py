@@ -159,3 +159,27 @@ def test_typed_payloads_travel_as_json_and_are_decoded_for_the_handler(
     assert seen == [Charge(user=7, cents=250)]
     assert q.get_job(charge_id).result_json == "250"
     assert q.get_job(greet_id).result_json == '"abab"'
+
+
+def test_a_pydantic_model_is_checked_and_decoded(redis_url: str, q: Queue) -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Order(pydantic.BaseModel):  # type: ignore[misc, name-defined]
+        order_id: int
+        note: str = ""
+
+    r = Registry()
+    got: list[Any] = []
+
+    @r.task("handles.order", payload_type=Order)
+    def order(payload: Any, ctx: Any) -> None:
+        got.append(payload)
+
+    with pytest.raises(BadArgument):
+        order.enqueue(q, {"order_id": 1})  # a dict is not the model
+    job_id = order.enqueue(q, Order(order_id=5, note="x"))
+    assert json.loads(q.get_job(job_id).payload_json) == {"order_id": 5, "note": "x"}
+    (job,) = q.claim("w1", limit=1).jobs
+    # What the worker runs: the registered function decodes the JSON into the model.
+    r.get("handles.order").fn(json.loads(job.payload_json), None)  # type: ignore[arg-type]
+    assert got == [Order(order_id=5, note="x")]
