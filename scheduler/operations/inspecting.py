@@ -23,6 +23,9 @@ RESULT_BLOCK_SLICE_S = 1.0
 
 
 class InspectingOps(OpsBase):
+    """Reads and cancel; documented for users on Queue (get_job, status, list_jobs, counts,
+    cancel, result)."""
+
     def cancel(self, job_id: str) -> Op[str]:
         """Cancel a due or leased job; returns the state it was in. Raises JobNotFound."""
         check_job_id(job_id)
@@ -32,6 +35,8 @@ class InspectingOps(OpsBase):
         return state
 
     def get_job(self, job_id: str) -> Op[Job]:
+        """One job's record, a waiting job as SCHEDULED or DUE by the server's clock; raises
+        JobNotFound."""
         check_job_id(job_id)
         raw, score = yield Commands(
             [("HGETALL", self.keys.job(job_id)), ("ZSCORE", self.keys.leased, job_id)]
@@ -71,10 +76,12 @@ class InspectingOps(OpsBase):
         return [codec.s(v) for v in reply]
 
     def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> Op[list[Job]]:
+        """One page of `list_ids` as Jobs (a job gone between the two reads is left out)."""
         ids = yield from self.list_ids(state, offset=offset, limit=limit)
         return (yield from self.get_jobs(ids))
 
     def get_jobs(self, ids: Sequence[str]) -> Op[list[Job]]:
+        """These jobs in one round trip, missing ones left out, waiting ones as of now."""
         if not ids:
             return []
         cmds: list[tuple[Any, ...]] = []
