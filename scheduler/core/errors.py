@@ -25,7 +25,12 @@ class JobNotFound(SchedulerError, KeyError):
 
 
 class LeaseRefused(SchedulerError):
-    """The caller no longer holds the lease it names."""
+    """The caller no longer holds the lease it names (complete / fail refused; nothing changed).
+
+    Attributes:
+        job_id: the job named in the refused call.
+        token: the token the call carried.
+    """
 
     def __init__(self, job_id: str, token: str, message: str) -> None:
         super().__init__(f"{message} (job {job_id}, token {token})")
@@ -66,7 +71,13 @@ class ResultTimeout(SchedulerError, TimeoutError):
 class NotDurable(SchedulerError):
     """The primary accepted the jobs, but fewer replicas than asked acknowledged them in time:
     they may be lost if the primary fails now. The ids are attached; enqueue is idempotent on
-    them, so re-sending the same JobSpecs with these job_ids is safe."""
+    them, so re-sending the same JobSpecs with these job_ids is safe.
+
+    Attributes:
+        job_ids: every id the call enqueued.
+        acked: replicas that acknowledged in time.
+        wanted: the queue's `wait_replicas`.
+    """
 
     def __init__(self, job_ids: list[str], acked: int, wanted: int) -> None:
         super().__init__(f"{acked} of {wanted} replicas acknowledged {len(job_ids)} job(s)")
