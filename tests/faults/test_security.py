@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from scheduler import JobSpec, Queue, StaleToken
+from scheduler import JobSpec, Queue, ResultTimeout, StaleToken
 from scheduler.cli.main import main
 from tests.faults.conftest import Server, Tls, free_port
 
@@ -69,6 +69,10 @@ def exercise(q: Queue) -> None:
         q.complete(a, "999-x", None)
     assert q.fail(b, jobs[b].token, ("E", "boom", ""), retryable=False).status == "dead"
     assert q.release([(c, jobs[c].token)]) == ["released"]
+    # result(): a finished job reads at once; a waiting one blocks on its wake-up (BLMOVE).
+    assert q.result(a, timeout_s=1) == {"ok": True}
+    with pytest.raises(ResultTimeout):
+        q.result(c, timeout_s=0.1)
     assert q.cancel(c) == "due"
     assert q.get_job(a).state == "done" and q.status(b) == "dead"
     counts = q.counts()
