@@ -24,6 +24,7 @@ _BUILDERS = {
     "dead:migrating": "'dead:migrating'",
     "config": "'config'",
     "result:<id>": "'result:'",  # lib/result.lua (issue 13, helper T1)
+    "result_wait:<id>": "'result_wait:'",  # lib/result.lua: a Queue.result() waiter is there
 }
 _KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
 

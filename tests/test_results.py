@@ -58,6 +58,22 @@ def wake_key(q: Queue, job_id: str) -> str:
     return q.keys.prefix + "result:" + job_id
 
 
+def announce(client: redis.Redis, q: Queue, job_id: str) -> None:
+    """What Queue.result() does before its last state check: say a waiter is there."""
+    client.set(q.keys.prefix + "result_wait:" + job_id, "1", px=60_000)
+
+
+def test_a_job_nobody_waits_for_leaves_no_wake_up_key(q: Queue, client: redis.Redis) -> None:
+    done_id, dead_id, cancelled_id = (q.enqueue("t", {}, max_attempts=1) for _ in range(3))
+    assert q.cancel(cancelled_id) == "due"
+    jobs = {j.id: j for j in q.claim("w1", limit=2).jobs}
+    q.complete(done_id, jobs[done_id].token, "ok")
+    q.fail(dead_id, jobs[dead_id].token, ("E", "bad", ""), retryable=False)
+    for job_id in (done_id, dead_id, cancelled_id):
+        assert client.exists(wake_key(q, job_id)) == 0, job_id
+    assert q.result(done_id, timeout_s=1) == "ok"  # the state itself answers
+
+
 def test_result_waits_for_a_worker_to_complete_the_job(redis_url: str, q: Queue) -> None:
     release.clear()
     job_id = q.enqueue("results.gated", {"a": 2, "b": 3})
@@ -109,6 +125,7 @@ def test_dead_raises_job_dead_with_the_last_error(redis_url: str, q: Queue) -> N
 
 def test_cancelled_raises_job_cancelled(q: Queue, client: redis.Redis) -> None:
     job_id = q.enqueue("t", {}, delay_ms=60_000)
+    announce(client, q, job_id)
     assert q.cancel(job_id) == "due"
     with pytest.raises(JobCancelled):
         q.result(job_id, timeout_s=1)
@@ -138,6 +155,7 @@ def test_bad_timeout_is_refused(q: Queue, bad: Any) -> None:
 def test_the_wake_up_expires_with_the_record(q: Queue, client: redis.Redis) -> None:
     short = Queue(client, q.name, result_ttl_ms=5_000)
     job_id = short.enqueue("t", {})
+    announce(client, q, job_id)
     (job,) = short.claim("w1", limit=1).jobs
     short.complete(job_id, job.token, "ok")
     record_ms = client.pttl(q.keys.job(job_id))
@@ -149,6 +167,7 @@ def test_the_wake_up_expires_with_the_record(q: Queue, client: redis.Redis) -> N
 
 def test_a_park_wakes_a_waiter_and_is_bounded(q: Queue, client: redis.Redis) -> None:
     job_id = q.enqueue("t", {}, max_attempts=1)
+    announce(client, q, job_id)
     (job,) = q.claim("w1", limit=1).jobs
     assert q.fail(job_id, job.token, ("E", "bad", ""), retryable=False).status == "dead"
     assert client.lrange(wake_key(q, job_id), 0, -1) == ["dead"]
@@ -162,6 +181,7 @@ def test_a_requeued_dead_job_does_not_answer_with_its_old_wake_up(
     q: Queue, client: redis.Redis
 ) -> None:
     job_id = q.enqueue("t", {}, max_attempts=1)
+    announce(client, q, job_id)
     (job,) = q.claim("w1", limit=1).jobs
     q.fail(job_id, job.token, ("E", "bad", ""), retryable=False)
     assert q.requeue_dead([job_id]) == 1

@@ -7,7 +7,11 @@
 -- long, past any reasonable result() wait; a waiter that comes later reads the state first.
 local RESULT_WAKE_DEAD_TTL_MS = 3600000
 
+-- Only for a job someone waits on: Queue.result() sets `result_wait:<id>` before its last state
+-- check, so a job nobody waits for costs one EXISTS here and leaves no key behind (a finished
+-- job's wake-up list would otherwise live as long as its record).
 local function result_wake(prefix, id, outcome, ttl_ms)
+  if redis.call('EXISTS', prefix .. 'result_wait:' .. id) == 0 then return end
   local k = prefix .. 'result:' .. id
   redis.call('LPUSH', k, outcome)
   redis.call('LTRIM', k, 0, 0)

@@ -115,6 +115,7 @@ class InspectingOps(OpsBase):
         wake_key = self.keys.prefix + "result:" + job_id
         deadline_s = time.monotonic() + timeout_s
         stale = False
+        announced = False
         while True:
             job = yield from self.get_job(job_id)
             if job.state == JobState.DONE:
@@ -135,6 +136,14 @@ class InspectingOps(OpsBase):
             remaining_s = deadline_s - time.monotonic()
             if remaining_s <= 0:
                 raise ResultTimeout(f"job {job_id!r} did not finish within {timeout_s} s")
+            if not announced:
+                # complete / fail / cancel push a wake-up only for a job with a waiter
+                # (lib/result.lua); the state is read again after this, so an outcome that
+                # landed just before it is not missed.
+                wait_key = self.keys.prefix + "result_wait:" + job_id
+                yield Commands([("SET", wait_key, "1", "PX", int(remaining_s * 1000) + 5_000)])
+                announced = True
+                continue
             # BLMOVE takes decimal seconds; never 0, which would block forever.
             wait_s = max(round(min(remaining_s, RESULT_BLOCK_SLICE_S), 3), 0.001)
             (woken,) = yield Commands([("BLMOVE", wake_key, wake_key, "RIGHT", "LEFT", wait_s)])
