@@ -186,9 +186,17 @@ class Registry:
             is_async = inspect.iscoroutinefunction(fn)
             run = fn if payload_type is None else _decoding(fn, payload_type, is_async)
             spec = TaskSpec(
-                task_name, run, is_async, max_attempts, backoff, timeout_s,
-                tuple(non_retryable), result_ttl_ms, payload_type, queue,
-            )  # fmt: skip
+                task_name,
+                run,
+                is_async,
+                max_attempts,
+                backoff,
+                timeout_s,
+                tuple(non_retryable),
+                result_ttl_ms,
+                payload_type,
+                queue,
+            )
             self._tasks[task_name] = spec
             return TaskHandle(fn, spec)
 

@@ -48,8 +48,11 @@ class Worker(Claiming, Heartbeats):
         # asyncio's own reports (e.g. a library's "Unclosed ..." at GC) go through our logger,
         # so --json-logs output stays one JSON object per line.
         exc = context.get("exception")
-        self.log.warning("asyncio: %s%s", context.get("message", "unhandled"),
-                         f": {type(exc).__name__}: {exc}" if exc else "")  # fmt: skip
+        self.log.warning(
+            "asyncio: %s%s",
+            context.get("message", "unhandled"),
+            f": {type(exc).__name__}: {exc}" if exc else "",
+        )
 
     async def run(self, *, install_signals: bool = True) -> int:
         """Claim and run jobs until stopped, then shut down gracefully.
@@ -73,16 +76,20 @@ class Worker(Claiming, Heartbeats):
                 loop.add_signal_handler(sig, self._on_signal, sig)
         self.log.info(
             "worker %s started: queues=%s concurrency=%d lease=%dms heartbeat=%dms",
-            self.id, ",".join(self.settings.queues), self.settings.concurrency,
-            self.settings.lease_ms, self.settings.heartbeat_ms,
-        )  # fmt: skip
+            self.id,
+            ",".join(self.settings.queues),
+            self.settings.concurrency,
+            self.settings.lease_ms,
+            self.settings.heartbeat_ms,
+        )
         try:
             await self._guarded("presence", self._beat_workers(), deadline_s=_SETTLE_S)
             hb = self._spawn(self._heartbeat_loop(), "heartbeat")
             reporter = self._spawn(self._reporter_loop(), "reporter")
             # One blocking pop per queue: the queues' keys live in different cluster slots.
-            wakers = [self._spawn(self._waker_loop(q.keys.wake), f"waker:{q.name}")
-                      for q in self.queues]  # fmt: skip
+            wakers = [
+                self._spawn(self._waker_loop(q.keys.wake), f"waker:{q.name}") for q in self.queues
+            ]
             claim = self._spawn(self._claim_loop(), "claim")
             await self._stop_claiming.wait()
             fast = self._exit_code != EXIT_OK  # a fatal error: no grace period
@@ -192,5 +199,8 @@ class Worker(Claiming, Heartbeats):
         await self._release(leftover, settle)
         lost = len(self._completes) + len(self._fails)
         if lost:
-            self.log.error("%d outcomes could not be reported before exit; their jobs run "
-                           "again after the lease", lost)  # fmt: skip
+            self.log.error(
+                "%d outcomes could not be reported before exit; their jobs run "
+                "again after the lease",
+                lost,
+            )
