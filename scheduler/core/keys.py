@@ -68,6 +68,14 @@ class QueueKeys:
     def job(self, job_id: str) -> str:
         return self.prefix + "job:" + job_id
 
+    def result_wake(self, job_id: str) -> str:
+        """LIST: the wake-up Queue.result() blocks on (lua/lib/result.lua pushes it)."""
+        return self.prefix + "result:" + job_id
+
+    def result_wait(self, job_id: str) -> str:
+        """STRING: a Queue.result() waiter is there, so the outcome pushes a wake-up."""
+        return self.prefix + "result_wait:" + job_id
+
     def idem(self, digest: str) -> str:
         return self.prefix + "idem:" + digest
 

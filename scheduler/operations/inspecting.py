@@ -112,7 +112,7 @@ class InspectingOps(OpsBase):
             raise BadArgument(
                 f"timeout_s must be a number in (0, {MAX_RESULT_WAIT_S:g}], got {timeout_s!r}"
             )
-        wake_key = self.keys.prefix + "result:" + job_id
+        wake_key = self.keys.result_wake(job_id)
         deadline_s = time.monotonic() + timeout_s
         stale = False
         announced = False
@@ -140,7 +140,7 @@ class InspectingOps(OpsBase):
                 # complete / fail / cancel push a wake-up only for a job with a waiter
                 # (lib/result.lua); the state is read again after this, so an outcome that
                 # landed just before it is not missed.
-                wait_key = self.keys.prefix + "result_wait:" + job_id
+                wait_key = self.keys.result_wait(job_id)
                 yield Commands([("SET", wait_key, "1", "PX", int(remaining_s * 1000) + 5_000)])
                 announced = True
                 continue
