@@ -1,0 +1,68 @@
+"""JobContext: what a handler knows about its run, and how the worker tells it to stop."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from scheduler.core.errors import JobCancelled, LeaseExpired
+
+
+@dataclass
+class JobContext:
+    """What a handler knows about its run. `stopped` is set (and async handlers are cancelled)
+    when the worker must not report a result any more: lease expired, cancelled, timed out, or
+    shut down past the grace period. Key idempotent side effects on (job_id, fence)."""
+
+    job_id: str
+    task: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    token: str
+    fence: int
+    run_at_ms: int
+    claimed_ms: int
+    stop_reason: str | None = None  # 'expired' | 'cancelled' | 'timeout' | 'shutdown'
+    _event: threading.Event | None = field(default=None, repr=False)
+
+    @property
+    def stopped(self) -> threading.Event:
+        """Set when the run must stop; wait on it from a thread (made on first use: most
+        handlers never look, and a job costs microseconds)."""
+        if self._event is None:
+            self._event = threading.Event()
+            if self.stop_reason is not None:
+                self._event.set()
+        return self._event
+
+    @property
+    def lease_expired(self) -> bool:
+        """True once the lease lapsed: another worker may run the job now, so stop."""
+        return self.stop_reason == "expired"
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled (seen at a heartbeat): its result will be refused."""
+        return self.stop_reason == "cancelled"
+
+    def should_stop(self) -> bool:
+        """True once the run must stop (lease lapsed, cancelled, timed out or shutting down)."""
+        return self.stop_reason is not None
+
+    def raise_if_stopped(self) -> None:
+        """For long sync loops: raise instead of carrying on with a lease we no longer hold."""
+        if self.stop_reason is None:
+            return
+        if self.stop_reason == "cancelled":
+            raise JobCancelled(self.job_id, self.token, "job was cancelled")
+        raise LeaseExpired(self.job_id, self.token, self.stop_reason or "expired")
+
+    def _stop(self, reason: str) -> bool:
+        """Mark the run stopped; the first reason wins. Returns False if already stopped."""
+        if self.stop_reason is not None:
+            return False
+        self.stop_reason = reason  # before the event check: see `stopped`
+        if self._event is not None:
+            self._event.set()
+        return True

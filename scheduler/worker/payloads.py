@@ -1,0 +1,93 @@
+"""Typed payloads: a task's `payload_type` (dataclass, TypedDict or pydantic model) checked at
+enqueue (`encode_payload`) and decoded for the handler (`decode_payload`); the wire stays JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, get_type_hints, is_typeddict
+
+from scheduler.core.errors import BadArgument
+from scheduler.worker.context import JobContext
+
+Handler = Callable[[Any, JobContext], Any]
+
+
+def payload_kind(tp: type) -> str | None:
+    """ "dataclass", "typeddict" or "pydantic"; None for a type that cannot be a payload_type."""
+    if dataclasses.is_dataclass(tp):
+        return "dataclass"
+    if is_typeddict(tp):
+        return "typeddict"
+    if callable(getattr(tp, "model_validate", None)) and callable(getattr(tp, "model_dump", None)):
+        return "pydantic"
+    return None
+
+
+def _check_typeddict(tp: type, payload: Any) -> None:
+    if not isinstance(payload, dict):
+        raise BadArgument(f"payload must be a {tp.__name__} (a dict), got {type(payload).__name__}")
+    required: frozenset[str] = getattr(tp, "__required_keys__", frozenset())
+    optional: frozenset[str] = getattr(tp, "__optional_keys__", frozenset())
+    missing = sorted(required - payload.keys())
+    unknown = sorted(payload.keys() - required - optional)
+    if missing or unknown:
+        raise BadArgument(f"payload for {tp.__name__}: missing {missing}, unknown {unknown}")
+    # Shallow: plain classes are checked with isinstance; generics (list[int], ...) are not.
+    for key, hint in get_type_hints(tp).items():
+        if key in payload and isinstance(hint, type) and not isinstance(payload[key], hint):
+            raise BadArgument(
+                f"payload[{key!r}] must be {hint.__name__}, got {type(payload[key]).__name__}"
+            )
+
+
+def encode_payload(tp: type, payload: Any) -> Any:
+    """Check `payload` against `tp`; returns its JSON-able form (BadArgument if it does not fit)."""
+    kind = payload_kind(tp)
+    if kind == "typeddict":
+        _check_typeddict(tp, payload)
+        return payload
+    if kind == "dataclass":
+        if not isinstance(payload, tp):
+            raise BadArgument(f"payload must be a {tp.__name__}, got {type(payload).__name__}")
+        return dataclasses.asdict(payload)  # type: ignore[call-overload]
+    if kind == "pydantic":
+        if not isinstance(payload, tp):
+            raise BadArgument(f"payload must be a {tp.__name__}, got {type(payload).__name__}")
+        return payload.model_dump(mode="json")  # type: ignore[attr-defined]
+    raise BadArgument(f"unsupported payload_type {tp!r}")
+
+
+def decode_payload(tp: type, payload: Any) -> Any:
+    """The handler's view of a JSON payload. A payload that does not fit raises BadArgument,
+    which fails the attempt (the job retries or parks like any handler error)."""
+    kind = payload_kind(tp)
+    if kind == "typeddict":
+        _check_typeddict(tp, payload)
+        return payload
+    if not isinstance(payload, dict):
+        raise BadArgument(f"payload for {tp.__name__} must be a JSON object")
+    if kind == "dataclass":
+        try:
+            return tp(**payload)
+        except TypeError as exc:
+            raise BadArgument(f"payload does not fit {tp.__name__}: {exc}") from None
+    try:
+        return tp.model_validate(payload)  # type: ignore[attr-defined]
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise BadArgument(f"payload does not fit {tp.__name__}: {exc}") from None
+
+
+def decoding(fn: Callable[..., Any], tp: type, is_async: bool) -> Handler:
+    """`fn` wrapped to receive its payload decoded into `tp` (sync or async like `fn`)."""
+    if is_async:
+
+        async def run_async(payload: Any, ctx: JobContext) -> Any:
+            return await fn(decode_payload(tp, payload), ctx)
+
+        return run_async
+
+    def run(payload: Any, ctx: JobContext) -> Any:
+        return fn(decode_payload(tp, payload), ctx)
+
+    return run

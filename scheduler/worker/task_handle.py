@@ -1,0 +1,113 @@
+"""TaskSpec (one task's registration and defaults) and TaskHandle (what `@registry.task`
+returns: callable as the function, `enqueue` / `aenqueue` / `job_spec` with the defaults)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from scheduler.core.backoff import Backoff
+from scheduler.core.errors import BadArgument
+from scheduler.core.models import JobSpec
+from scheduler.worker.payloads import Handler, encode_payload
+
+if TYPE_CHECKING:
+    from scheduler.client.aio import AsyncQueue
+    from scheduler.client.queue import Queue
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    fn: Handler
+    is_async: bool
+    max_attempts: int = 5
+    backoff: Backoff | None = None
+    timeout_s: float | None = None  # used when the job itself carries no timeout_ms
+    non_retryable: tuple[type[BaseException], ...] = ()
+    result_ttl_ms: int | None = None  # outcome retention; None: the worker's setting
+    payload_type: type | None = None  # checked at enqueue, decoded for the handler
+    queue: str | None = None  # the queue this task's handle enqueues on (checked), None: any
+
+    def timeout_for(self, job_timeout_ms: int) -> float | None:
+        """The job's own timeout wins; else the task default; None = no limit."""
+        if job_timeout_ms > 0:
+            return job_timeout_ms / 1000
+        return self.timeout_s
+
+
+class TaskHandle(Generic[F]):
+    """What `@registry.task` returns: call it as the function, or enqueue it with its defaults."""
+
+    def __init__(self, fn: F, spec: TaskSpec) -> None:
+        self.fn = fn
+        self.spec = spec
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", spec.name)
+        self.__doc__ = fn.__doc__
+
+    @property
+    def name(self) -> str:
+        """The registered task name (what `enqueue` sends and the worker looks up)."""
+        return self.spec.name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"TaskHandle({self.spec.name!r})"
+
+    def job_spec(
+        self,
+        payload: Any = None,
+        *,
+        delay_ms: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | None = None,
+        key: str | None = None,
+        jitter_ms: int = 0,
+        timeout_ms: int | None = None,
+        job_id: str | None = None,
+    ) -> JobSpec:
+        """A JobSpec with the task's defaults; an argument given here wins over its default.
+        With a payload_type, `payload` must be of it (BadArgument otherwise)."""
+        spec = self.spec
+        if spec.payload_type is not None:
+            payload = encode_payload(spec.payload_type, payload)
+        if timeout_ms is None:
+            timeout_ms = 0 if spec.timeout_s is None else round(spec.timeout_s * 1000)
+        return JobSpec(
+            spec.name,
+            payload,
+            delay_ms=delay_ms,
+            run_at=run_at,
+            max_attempts=spec.max_attempts if max_attempts is None else max_attempts,
+            backoff=spec.backoff if backoff is None else backoff,
+            key=key,
+            jitter_ms=jitter_ms,
+            timeout_ms=timeout_ms,
+            job_id=job_id,
+        )
+
+    def _check_queue(self, name: str) -> None:
+        if self.spec.queue is not None and name != self.spec.queue:
+            raise BadArgument(
+                f"task {self.spec.name!r} runs on queue {self.spec.queue!r}, not {name!r}"
+            )
+
+    def enqueue(self, q: Queue, payload: Any = None, **overrides: Any) -> str:
+        """Enqueue on `q` (a Queue) with the task's defaults; `overrides` are job_spec's
+        keyword arguments. Returns the job id."""
+        self._check_queue(q.name)
+        return q.enqueue_many([self.job_spec(payload, **overrides)])[0]
+
+    async def aenqueue(self, aq: AsyncQueue, payload: Any = None, **overrides: Any) -> str:
+        """`enqueue` for an AsyncQueue."""
+        self._check_queue(aq.name)
+        ids = await aq.enqueue_many([self.job_spec(payload, **overrides)])
+        return ids[0]
