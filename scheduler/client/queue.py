@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import redis
 
 from scheduler.core.backoff import Backoff
+from scheduler.core.connection import connect
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
 from scheduler.core.scripts import Scripts, run_sync
@@ -48,15 +49,17 @@ class Queue:
         """Connect to `url` and open the queue `name` on it.
 
         Args:
-            url: `redis://`, `rediss://` (TLS) or `unix://`; user and password in the URL for
-                AUTH / ACL users. The connection decodes replies (`decode_responses=True`).
+            url: `redis://`, `rediss://` (TLS) or `unix://`; a Redis Cluster as
+                `redis+cluster://host:port,host:port/` (or `?cluster=1`; docs/cluster.md);
+                user and password in the URL for AUTH / ACL users. The connection decodes
+                replies (`decode_responses=True`). A bad URL raises BadArgument.
             name: the queue's name (its keys are prefixed with it).
             **kwargs: the keyword arguments of the constructor (`result_ttl_ms`,
                 `max_payload_bytes`, `wait_replicas`, `wait_timeout_ms`).
 
         Returns:
             The queue on a new connection (the caller closes it)."""
-        return cls(redis.Redis.from_url(url, decode_responses=True), name, **kwargs)
+        return cls(connect(url), name, **kwargs)
 
     @property
     def name(self) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -19,6 +19,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
+from scheduler.core import cluster_io
+from scheduler.core.connection import is_cluster
 from scheduler.core.errors import translate
 from scheduler.operations.ops import Commands, Request, Script, ScriptPipeline
 
@@ -90,10 +92,14 @@ _NOSCRIPT_LOADS = 4
 @dataclass(frozen=True)
 class Batch:
     """What the driver asks the I/O to do: SCRIPT LOAD `loads` (one call each), then send
-    `cmds` as one pipeline and answer with their replies, errors as values."""
+    `cmds` as one pipeline and answer with their replies, errors as values. `routes[i]` is the
+    key whose cluster slot `cmds[i]` belongs to (its request's first script KEY; "" when it
+    has none): on a Redis Cluster the I/O sends each command to the primary of that slot, in
+    order, so a WAIT follows its writes on the node that took them (core/cluster_io.py)."""
 
     loads: list[str]
     cmds: list[Wire]
+    routes: list[str] = field(default_factory=list)
 
 
 Drive = Generator[Batch, list[Any], list[Any]]
@@ -128,6 +134,7 @@ class Scripts:
         reply carried (a script's `CODE detail` translated by scheduler.core.errors.translate).
         Connection errors are the I/O's: they propagate from run_sync / run_async."""
         cmds: list[Wire] = []
+        routes: list[str] = []
         spans: list[tuple[int, int, bool]] = []  # (first, end, is a list reply)
         for keys, req in items:
             first = len(cmds)
@@ -141,8 +148,9 @@ class Scripts:
                 cmds.extend(req.cmds)
             else:
                 raise TypeError(f"not a request: {req!r}")
+            routes.extend([keys[0] if keys else ""] * (len(cmds) - len(routes)))
             spans.append((first, len(cmds), not isinstance(req, Script)))
-        replies = yield Batch([], cmds)
+        replies = yield Batch([], cmds, routes)
         for _ in range(_NOSCRIPT_LOADS):
             missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
             if not missing:
@@ -151,7 +159,11 @@ class Scripts:
             # writes it waits for: send it again after them.
             missing += [i for i, c in enumerate(cmds) if c[0] == "WAIT" and i > missing[0]]
             shas = list(dict.fromkeys(str(cmds[i][1]) for i in missing if cmds[i][0] == "EVALSHA"))
-            again = yield Batch([self._text[s] for s in shas], [cmds[i] for i in missing])
+            again = yield Batch(
+                [self._text[s] for s in shas],
+                [cmds[i] for i in missing],
+                [routes[i] for i in missing],
+            )
             for i, r in zip(missing, again, strict=True):
                 replies[i] = r
         out: list[Any] = []
@@ -166,7 +178,9 @@ class Scripts:
 
 
 def run_sync(client: Any, drive: Drive) -> list[Any]:
-    """Drive on a blocking redis-py client."""
+    """Drive on a blocking redis-py client (a RedisCluster: per-node pipelines, cluster_io)."""
+    if is_cluster(client):
+        return cluster_io.run_sync(client, drive)
     try:
         batch = next(drive)
         while True:
@@ -190,6 +204,8 @@ def run_sync(client: Any, drive: Drive) -> list[Any]:
 async def run_async(client: Any, drive: Drive) -> list[Any]:
     """Drive on a redis.asyncio client. The pipeline is always reset (async with), also when
     the connection drops mid-call: a pipeline left holding a connection warns at GC."""
+    if is_cluster(client):
+        return await cluster_io.run_async(client, drive)
     try:
         batch = next(drive)
         while True:
