@@ -1,0 +1,243 @@
+-- Flow control (docs/flow-control.md): priorities, per-key concurrency limits, rate limits.
+-- `due` stays the one truth for "this job is due"; the keys below are indexes and hold sets:
+--   flow:levels        SET   priority levels (1..9) whose index may hold entries
+--   flow:pdue:<p>      ZSET  id -> run_at_ms of due jobs of priority p (advisory: claim checks due)
+--   flow:ck:<key>      ZSET  id -> lease_until_ms granted by claim: the key's leases
+--   flow:ckheld:<key>  ZSET  id -> run_at_ms: set aside because the key was full
+--   flow:rate:<key>    ZSET  '<id>:<fence>' -> claim ms: the sliding log of starts
+--   flow:rheld         ZSET  id -> the next slot's ms: set aside by a full rate window
+--   flow:held          ZSET  id -> run_at_ms: every job set aside (counts, cancel, doctor)
+-- A job set aside keeps state 'due' and says why in its `flow_reason` field.
+-- @include "lib/util.lua"
+-- @include "lib/job.lua"
+
+-- A copy of scheduler/core/flow.py FLOW_LIMITS (tests/test_flow_unit.py checks they agree).
+local FLOW_LIM = { priority = 9, climit = 10000, rate_count = 100000, rate_window_ms = 86400000,
+  after = 100 }
+-- Jobs one claim may set aside beyond its batch: bounds a claim's work behind a hot key.
+local FLOW_HOLD_BUDGET = 1000
+local FLOW_AGING_MS = 60000  -- default priority_aging_ms (config hash), the starvation bound
+local FLOW_READ = { 'priority', 'ckey', 'climit', 'rkey', 'rcount', 'rwindow' }
+
+-- The flow fields of one job from six strings (ARGV or stored; nil = unset). Returns a table,
+-- or nil and the bad field's name.
+local function flow_parse(p, ckey, climit, rkey, rcount, rwindow)
+  local f = { priority = 0, ckey = ckey or '', climit = 0, rkey = rkey or '', rcount = 0,
+    rwindow = 0 }
+  if p and p ~= '0' then
+    f.priority = parse_int(p, 0, FLOW_LIM.priority)
+    if f.priority == nil then return nil, 'priority' end
+  end
+  if f.ckey ~= '' then
+    if not task_ok(f.ckey) then return nil, 'ckey' end
+    f.climit = parse_int(climit, 1, FLOW_LIM.climit)
+    if f.climit == nil then return nil, 'climit' end
+  end
+  if f.rkey ~= '' then
+    if not task_ok(f.rkey) then return nil, 'rkey' end
+    f.rcount = parse_int(rcount, 1, FLOW_LIM.rate_count)
+    f.rwindow = parse_int(rwindow, 1, FLOW_LIM.rate_window_ms)
+    if f.rcount == nil then return nil, 'rcount' end
+    if f.rwindow == nil then return nil, 'rwindow' end
+  end
+  return f
+end
+
+-- Whether a parsed flow uses anything (the plain path skips every flow call).
+local function flow_used(f)
+  return f.priority > 0 or f.ckey ~= '' or f.rkey ~= ''
+end
+
+-- The job-hash fields of a flow (only what is set: a plain job stores none).
+local function flow_store(jk, f)
+  if f.priority > 0 then redis.call('HSET', jk, 'priority', fmt(f.priority)) end
+  if f.ckey ~= '' then redis.call('HSET', jk, 'ckey', f.ckey, 'climit', fmt(f.climit)) end
+  if f.rkey ~= '' then
+    redis.call('HSET', jk, 'rkey', f.rkey, 'rcount', fmt(f.rcount), 'rwindow', fmt(f.rwindow))
+  end
+end
+
+-- A stored flow, read strictly; a field edited by hand reads as unset (claim then treats the
+-- job as plain rather than parking it for an advisory field).
+local function flow_load(jk)
+  local v = redis.call('HMGET', jk, unpack(FLOW_READ))
+  return flow_parse(v[1] or nil, v[2] or nil, v[3] or nil, v[4] or nil, v[5] or nil,
+    v[6] or nil) or flow_parse(nil, nil, nil, nil, nil, nil)
+end
+
+-- Put a due job of priority p > 0 into its level's index.
+local function flow_index(prefix, id, priority, run_at)
+  if priority > 0 then
+    redis.call('ZADD', prefix .. 'flow:pdue:' .. priority, run_at, id)
+    redis.call('SADD', prefix .. 'flow:levels', priority)
+  end
+end
+
+-- Back into due from a hold set at its own run_at (order within a key is kept).
+local function flow_unhold(prefix, id, run_at)
+  redis.call('ZREM', prefix .. 'flow:held', id)
+  redis.call('ZADD', prefix .. 'due', run_at, id)
+  local jk = job_key(prefix, id)
+  redis.call('HDEL', jk, 'flow_reason')
+  flow_index(prefix, id, flow_load(jk).priority, run_at)
+end
+
+-- Live leases of a key: a member whose claim-time lease has passed is checked against leased
+-- (a heartbeat may have extended it: refreshed) or dropped (lapsed or gone): a lapsed lease
+-- frees its slot at that instant.
+local function flow_ck_live(prefix, key, now)
+  local ck = prefix .. 'flow:ck:' .. key
+  local old = redis.call('ZRANGE', ck, '-inf', now, 'BYSCORE')
+  for _, id in ipairs(old) do
+    local s = redis.call('ZSCORE', prefix .. 'leased', id)
+    if s and tonumber(s) > now then redis.call('ZADD', ck, s, id) else redis.call('ZREM', ck, id) end
+  end
+  return redis.call('ZCARD', ck)
+end
+
+-- Move up to `n` of the key's held jobs (oldest run_at first) back into due.
+local function flow_ck_promote(prefix, key, n)
+  if n <= 0 then return end
+  local hk = prefix .. 'flow:ckheld:' .. key
+  local ids = redis.call('ZRANGE', hk, 0, n - 1, 'WITHSCORES')
+  for i = 1, #ids, 2 do
+    redis.call('ZREM', hk, ids[i])
+    flow_unhold(prefix, ids[i], ids[i + 1])
+  end
+end
+
+-- A job leaves leased (complete, fail, release, cancel, a reaped lease, a park): its slot is
+-- free, and the key's held jobs may run in the free slots.
+local function flow_release(prefix, id, now)
+  local f = flow_load(job_key(prefix, id))
+  if f.ckey == '' then return end
+  redis.call('ZREM', prefix .. 'flow:ck:' .. f.ckey, id)
+  flow_ck_promote(prefix, f.ckey, f.climit - flow_ck_live(prefix, f.ckey, now))
+end
+
+-- to_due (lib/job.lua) for every move into due: the slot it held is freed and a prioritized job
+-- is put back into its level's index.
+local function flow_to_due(prefix, id, run_at, now)
+  to_due(prefix, id, run_at)
+  local f = flow_load(job_key(prefix, id))
+  if f.ckey ~= '' then flow_release(prefix, id, now) end
+  flow_index(prefix, id, f.priority, run_at)
+end
+
+-- Set a due job aside: out of due, into its hold set and flow:held, with the reason.
+local function flow_hold(prefix, id, jk, run_at, set, score, reason)
+  redis.call('ZREM', prefix .. 'due', id)
+  redis.call('ZADD', set, score, id)
+  redis.call('ZADD', prefix .. 'flow:held', run_at, id)
+  redis.call('HSET', jk, 'flow_reason', reason)
+end
+
+-- May claim lease this due job now? If not, it is set aside (still due) and false returned.
+-- `f` is the job's parsed flow, `run_at` its run_at_ms.
+local function flow_admit(prefix, id, jk, f, run_at, now)
+  if f.ckey ~= '' and flow_ck_live(prefix, f.ckey, now) >= f.climit then
+    flow_hold(prefix, id, jk, run_at, prefix .. 'flow:ckheld:' .. f.ckey, run_at,
+      'limited by key ' .. f.ckey .. ' (' .. fmt(f.climit) .. ' leased)')
+    return false
+  end
+  if f.rkey ~= '' then
+    local rk = prefix .. 'flow:rate:' .. f.rkey
+    redis.call('ZREMRANGEBYSCORE', rk, '-inf', now - f.rwindow)
+    if redis.call('ZCARD', rk) >= f.rcount then
+      local oldest = redis.call('ZRANGE', rk, 0, 0, 'WITHSCORES')
+      local slot = math.max(math.floor(tonumber(oldest[2]) or now), now - f.rwindow) + f.rwindow
+      flow_hold(prefix, id, jk, run_at, prefix .. 'flow:rheld', slot,
+        'rate window ' .. f.rkey .. ' (' .. fmt(f.rcount) .. ' per ' .. fmt(f.rwindow) ..
+        ' ms) until ' .. fmt(slot))
+      return false
+    end
+  end
+  return true
+end
+
+-- Claim leased the job: it takes a slot of its key and a start in its rate window.
+local function flow_leased(prefix, id, f, now, lease_until, fence)
+  if f.ckey ~= '' then redis.call('ZADD', prefix .. 'flow:ck:' .. f.ckey, lease_until, id) end
+  if f.rkey ~= '' then
+    local rk = prefix .. 'flow:rate:' .. f.rkey
+    redis.call('ZADD', rk, now, id .. ':' .. fmt(fence))
+    redis.call('PEXPIRE', rk, f.rwindow + 1000)
+  end
+end
+
+-- Rate-held jobs whose slot has come go back into due (at most `n` per call).
+local function flow_rate_due(prefix, now, n)
+  local rh = prefix .. 'flow:rheld'
+  local ids = redis.call('ZRANGE', rh, '-inf', now, 'BYSCORE', 'LIMIT', 0, n)
+  for _, id in ipairs(ids) do
+    local run_at = redis.call('ZSCORE', prefix .. 'flow:held', id) or fmt(now)
+    redis.call('ZREM', rh, id)
+    flow_unhold(prefix, id, run_at)
+  end
+end
+
+-- The earliest rate slot, or nil: part of claim's next_ms, so a worker sleeps until then.
+local function flow_next_slot(prefix)
+  local h = redis.call('ZRANGE', prefix .. 'flow:rheld', 0, 0, 'WITHSCORES')
+  if h[2] then return math.max(0, math.min(math.floor(tonumber(h[2]) or 0), LIM.time_ms)) end
+  return nil
+end
+
+-- A job leaves every flow set (cancel): out of the holds and the key's leases.
+local function flow_forget(prefix, id, now)
+  local f = flow_load(job_key(prefix, id))
+  redis.call('ZREM', prefix .. 'flow:held', id)
+  redis.call('ZREM', prefix .. 'flow:rheld', id)
+  if f.ckey ~= '' then
+    redis.call('ZREM', prefix .. 'flow:ckheld:' .. f.ckey, id)
+    flow_release(prefix, id, now)
+  end
+end
+
+-- Fill a claim batch in flow order: aged jobs FIFO, then each priority level high to low, then
+-- the rest of due FIFO (docs/flow-control.md). `examine(id)` leases ('took'), sets aside
+-- ('held') or parks/drops ('gone') one candidate; ids it takes stay in due until claim's end.
+-- Without priority levels this is the plain FIFO scan, with one more round only after holds.
+local function flow_fill(prefix, due, now, limit, examine)
+  local seen, took, budget = {}, 0, limit + FLOW_HOLD_BUDGET
+  local function pass(src, hi, in_due)
+    while took < limit and budget > 0 do
+      local want = (limit - took) + (in_due and took or 0)
+      local ids = redis.call('ZRANGE', src, '-inf', hi, 'BYSCORE', 'LIMIT', 0, want)
+      local again = false
+      for _, id in ipairs(ids) do
+        if took >= limit or budget <= 0 then break end
+        if not seen[id] then
+          seen[id] = true
+          budget = budget - 1
+          local s = in_due or redis.call('ZSCORE', due, id)
+          if s == false or (s ~= true and tonumber(s) > now) then
+            -- A stale index entry (the job left due, or moved later): dropped here.
+            redis.call('ZREM', src, id)
+            again = true
+          else
+            if not in_due then redis.call('ZREM', src, id) end
+            local v = examine(id)
+            if v == 'took' then took = took + 1 elseif v == 'held' then again = true end
+          end
+        end
+      end
+      if not again or #ids < want then return end
+    end
+  end
+  local levels = redis.call('SMEMBERS', prefix .. 'flow:levels')
+  if #levels == 0 then
+    pass(due, now, true)
+    return
+  end
+  local aging = parse_int(redis.pcall('HGET', prefix .. 'config', 'priority_aging_ms'), 0,
+    LIM.delay_ms) or FLOW_AGING_MS
+  pass(due, now - aging, true)
+  table.sort(levels, function(a, b) return tonumber(a) > tonumber(b) end)
+  for _, p in ipairs(levels) do
+    local src = prefix .. 'flow:pdue:' .. p
+    pass(src, now, false)
+    if redis.call('EXISTS', src) == 0 then redis.call('SREM', prefix .. 'flow:levels', p) end
+  end
+  pass(due, now, true)
+end
