@@ -1,28 +1,121 @@
 --[[ repair: doctor --fix's job moves, made by the same lib/job.lua moves as the transitions,
-  so a repair and a claim park a job identically. Sent by scheduler/admin/doctor.py inside its
-  WATCH/MULTI (it re-read the job first), with doctor's server-time reading as now.
+  so a repair and a claim park a job identically. Each move first checks, in the same atomic
+  step, that the id is still where doctor's plan found it (ARGV[3], and its lease ARGV[4]): a job
+  claimed, reaped, finished or requeued since the check is not moved (reply 0). Sent by
+  scheduler/admin/doctor.py inside its WATCH/MULTI (it re-read the job first), with doctor's
+  server-time reading as now.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config
-  ARGV[1] move   'dead': park the job (dead_letter) with ARGV[3] reason at ARGV[4] now_ms
-  ARGV[2] id
-  Returns: 1. Parking a schedule's pending occurrence arms its next one (as claim does).
+  ARGV[1] move   ARGV[2] id
+  ARGV[3] expect: the places the id is in now, in the order due,leased,dead, comma-joined
+          ('' = none of them)
+  ARGV[4] lease_until_ms: the id's score in leased must be this ('' = not checked)
+  ARGV[5] now_ms
+  ARGV[6..] by move:
+    'dead'    park the job (lib dead_letter): ARGV[6] reason, ARGV[7] dead_ms (when it died)
+    'due'     into due (lib to_due, off leased) at ARGV[6] run_at_ms; state 'due', no worker,
+              no expiry, wake idle workers (as claim's reaper and release do)
+    'unlist'  off the places in ARGV[6] (comma-joined; dead through lib dead_unlist), then
+              state := ARGV[7]; ARGV[7] '' = the hash is gone: only while no job key exists
+    'state'   state := ARGV[6], the one expected place; worker dropped unless 'leased'
+    'score'   its score in the one expected place (due or leased) := now_ms
+    'persist' drop the expiry of a job in a place
+    'expire'  a record in no place expires in ARGV[6] ttl_ms
+  Returns: 1 moved, 0 not moved (the id is no longer where the plan found it, or an older
+    dead LIST is still being converted). Parking a schedule's pending occurrence arms its next
+    one (as claim does).
   Errors:  BAD_ARGUMENT <field>=<value> ]]
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 -- @include "lib/rearm.lua"
 
-local prefix = KEYS[1]
-local move, id, reason = ARGV[1], ARGV[2], ARGV[3]
+local prefix, due, leased, dead, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local move, id, expect, lease_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local MOVES = { dead = true, due = true, unlist = true, state = true, score = true,
+  persist = true, expire = true }
+local PLACE_KEY = { due = due, leased = leased, dead = dead }
+if not MOVES[move] then return redis.error_reply('BAD_ARGUMENT move=' .. tostring(move)) end
 if not job_id_ok(id) then return redis.error_reply('BAD_ARGUMENT id=') end
-if move ~= 'dead' then return redis.error_reply('BAD_ARGUMENT move=' .. tostring(move)) end
-if type(reason) ~= 'string' or reason == '' or #reason > 200 then
-  return redis.error_reply('BAD_ARGUMENT reason=')
+if type(expect) ~= 'string' or not string.find(expect, '^[a-z,]*$') then
+  return redis.error_reply('BAD_ARGUMENT expect=')
 end
-local now, err = int_arg(ARGV[4], 'now_ms', 0, LIM.time_ms)
+local now, err = int_arg(ARGV[5], 'now_ms', 0, LIM.time_ms)
 if err then return err end
--- As claim's park: a schedule's pending occurrence parked here arms the schedule's next one.
-local name = redis.pcall('HGET', job_key(prefix, id), 'schedule')
-if not schedule_name_ok(name) then name = string.match(id, '^schedule:([%w_.%-]+):%d+$') end
-if name then sched_ended(prefix, name, id, now) end
-dead_letter(prefix, id, reason, now)
+local lease_until = nil
+if lease_arg ~= '' then
+  lease_until, err = int_arg(lease_arg, 'lease_until_ms', 0, LIM.time_ms)
+  if err then return err end
+end
+
+-- The move's own arguments, all checked before the first write.
+local reason, at, run_at, ttl, drop, state
+if move == 'dead' then
+  reason = ARGV[6]
+  if type(reason) ~= 'string' or reason == '' or #reason > 200 then
+    return redis.error_reply('BAD_ARGUMENT reason=')
+  end
+  at, err = int_arg(ARGV[7], 'dead_ms', 0, LIM.time_ms)
+elseif move == 'due' then
+  run_at, err = int_arg(ARGV[6], 'run_at_ms', 0, LIM.time_ms)
+elseif move == 'expire' then
+  ttl, err = int_arg(ARGV[6], 'ttl_ms', 1, LIM.ttl_ms)
+elseif move == 'unlist' then
+  drop, state = {}, ARGV[7]
+  for p in string.gmatch(ARGV[6] or '', '[^,]+') do
+    if not PLACE_KEY[p] then return redis.error_reply('BAD_ARGUMENT places=' .. p) end
+    drop[#drop + 1] = p
+  end
+  if #drop == 0 then return redis.error_reply('BAD_ARGUMENT places=') end
+  if state ~= '' and not PLACE_KEY[state] then return redis.error_reply('BAD_ARGUMENT state=') end
+elseif move == 'state' then
+  state = ARGV[6]
+  if state ~= expect or not PLACE_KEY[state] then return redis.error_reply('BAD_ARGUMENT state=') end
+elseif move == 'score' then
+  if expect ~= 'due' and expect ~= 'leased' then return redis.error_reply('BAD_ARGUMENT expect=') end
+end
+if err then return err end
+
+-- Where the id is now; dead_migrate first, so the dead key is the ZSET (doctor converts an
+-- older LIST before it checks: a conversion still under way means its plan is not current).
+if dead_migrate(prefix, now) > 0 then return 0 end
+local here = {}
+for _, p in ipairs({ 'due', 'leased', 'dead' }) do
+  if redis.call('ZSCORE', PLACE_KEY[p], id) then here[#here + 1] = p end
+end
+if table.concat(here, ',') ~= expect then return 0 end
+if lease_until ~= nil and tonumber(redis.call('ZSCORE', leased, id)) ~= lease_until then
+  return 0
+end
+
+local jk = job_key(prefix, id)
+if move == 'dead' then
+  -- As claim's park: a schedule's pending occurrence parked here arms the schedule's next one.
+  local name = redis.pcall('HGET', jk, 'schedule')
+  if not schedule_name_ok(name) then name = string.match(id, '^schedule:([%w_.%-]+):%d+$') end
+  if name then sched_ended(prefix, name, id, at) end
+  dead_letter(prefix, id, reason, at)
+elseif move == 'due' then
+  to_due(prefix, id, run_at)
+  redis.call('HSET', jk, 'state', 'due')
+  redis.call('HDEL', jk, 'worker')
+  redis.call('PERSIST', jk)
+  wake(wake_key)
+elseif move == 'unlist' then
+  if (state == '') ~= (redis.call('EXISTS', jk) == 0) then return 0 end
+  for _, p in ipairs(drop) do
+    if p == 'dead' then dead_unlist(prefix, id, now) else redis.call('ZREM', PLACE_KEY[p], id) end
+  end
+  if state ~= '' then redis.call('HSET', jk, 'state', state) end
+elseif move == 'state' then
+  redis.call('HSET', jk, 'state', state)
+  if state ~= 'leased' then redis.call('HDEL', jk, 'worker') end
+elseif move == 'score' then
+  redis.call('ZADD', PLACE_KEY[expect], 'XX', now, id)
+elseif move == 'persist' then
+  if expect == '' then return 0 end
+  redis.call('PERSIST', jk)
+else -- expire
+  if expect ~= '' or redis.call('EXISTS', jk) == 0 then return 0 end
+  redis.call('PEXPIRE', jk, ttl)
+end
 return 1

@@ -110,7 +110,8 @@ def test_doctor_finds_injected_corruption_and_changes_nothing(
     assert dump_queue(client, q) == before
     human = cli("doctor", "--no-server", "-q", q.name)
     assert human.exit_code == 1 and "orphan-hash" in human.stdout
-    assert f"redis-cli ZREM '{q.keys.due}' nohash" in human.stdout
+    # Every repair is a lua/repair.lua move, shown with its arguments (move, id, where it is).
+    assert "lua/repair.lua" in human.stdout and "unlist nohash due" in human.stdout
 
 
 def test_fix_repairs_without_losing_a_job(
@@ -255,7 +256,9 @@ def test_diagnose_prefers_the_state_field_for_a_job_in_two_places() -> None:
               "max_attempts": "3", "run_at_ms": "5"}  # fmt: skip
     snap = Snapshot("j", "hash", fields, None, due_ms=5, lease_until_ms=10_000, dead_count=0)
     (issue,) = diagnose(snap, Context(keys, 1_000, frozenset()))
-    assert issue.code == "two-places" and issue.repair == (("ZREM", keys.due, "j"),)
+    assert issue.code == "two-places" and [c[0] for c in issue.repair] == ["EVAL"]
+    # unlist j from due, planned from (due,leased), keeping the state field leased
+    assert issue.repair[0][-7:] == ("unlist", "j", "due,leased", "", "1000", "due", "leased")
 
 
 def test_no_false_findings_under_a_live_worker(

@@ -15,6 +15,7 @@ from scheduler.admin.doctor_model import (
     _has_undecodable,
     _int,
     _remove_from,
+    _repair,
     _to_due,
     _unreadable,
     undecodable_fields,
@@ -79,7 +80,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                 "error",
                 f"id is in {' and '.join(places)} but its hash is gone (task and payload "
                 "lost): fix removes the id",
-                _remove_from(k, jid, places),
+                _remove_from(k, s, ctx.now_ms, places),
             )
         ]
     state = s.fields.get("state", "")
@@ -91,7 +92,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                         "record-no-ttl",
                         "warning",
                         f"{state} record has no expiry, so it is kept forever",
-                        [("PEXPIRE", jk, str(ctx.record_ttl_ms))],
+                        _repair(k, s, ctx.now_ms, "expire", str(ctx.record_ttl_ms)),
                     )
                 ]
             return []
@@ -104,25 +105,25 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                     "orphan-hash",
                     "error",
                     "dead job is missing from the dead list: fix puts it back there",
-                    _dead_letter(k, jid, reason[:200], ctx.now_ms if died_ms is None else died_ms),
+                    _dead_letter(
+                        k, s, ctx.now_ms, reason[:200], ctx.now_ms if died_ms is None else died_ms
+                    ),
                 )
             ]
-        run_at = _int(s.fields.get("run_at_ms"))
+        run_at = stored_int_in(s.fields.get("run_at_ms"), "run_at_ms")
         return [
             issue(
                 "orphan-hash",
                 "error",
                 f"job with state {state!r} is in none of due, leased, dead, so no worker "
                 "will see it: fix puts it in due",
-                _to_due(k, jid, run_at if run_at is not None else ctx.now_ms),
+                _to_due(k, s, ctx.now_ms, run_at if run_at is not None else ctx.now_ms),
             )
         ]
     plan: list[Command]
     if len(places) > 1:
         keep = state if state in places else places[0]
-        plan = _remove_from(k, jid, [p for p in places if p != keep])
-        if state != keep:
-            plan.append(("HSET", jk, "state", keep))
+        plan = _remove_from(k, s, ctx.now_ms, [p for p in places if p != keep], keep)
         return [
             issue(
                 "two-places",
@@ -134,9 +135,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
         ]
     place = places[0]
     if state != place:
-        plan = [("HSET", jk, "state", place)]
-        if place != "leased":
-            plan.append(("HDEL", jk, "worker"))
+        plan = _repair(k, s, ctx.now_ms, "state", place)  # drops `worker` unless leased
         return [
             issue(
                 "state-mismatch",
@@ -147,7 +146,6 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
         ]
     score = s.due_ms if place == "due" else s.lease_until_ms if place == "leased" else None
     if score is not None and not 0 <= score <= MAX_SCORE_MS:
-        key = k.due if place == "due" else k.leased
         then = "runs it" if place == "due" else "reaps the lease"
         return [
             issue(
@@ -155,7 +153,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                 "error",
                 f"its score in {place} is {score if abs(score) < _OUT_OF_RANGE_MS else 'inf'}"
                 f", not a time in ms: fix sets it to now, so the next claim {then}",
-                [("ZADD", key, "XX", str(ctx.now_ms), jid)],
+                _repair(k, s, ctx.now_ms, "score"),
             )
         ]
     if s.ttl_ms is not None:
@@ -164,7 +162,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                 "expiring-job",
                 "error",
                 f"job in {place} has an expiry ({s.ttl_ms} ms left): it would vanish",
-                [("PERSIST", jk)],
+                _repair(k, s, ctx.now_ms, "persist"),
             )
         ]
     out: list[Issue] = []
@@ -177,9 +175,9 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
             max_attempts = _int(s.fields.get("max_attempts")) or 1
             # The reaper in claim.lua does exactly this on the next claim.
             if attempts >= max_attempts:
-                plan = _dead_letter(k, jid, "lease expired", ctx.now_ms)
+                plan = _dead_letter(k, s, ctx.now_ms, "lease expired", ctx.now_ms, lease=True)
             else:
-                plan = [("ZREM", k.leased, jid), *_to_due(k, jid, s.lease_until_ms)]
+                plan = _to_due(k, s, ctx.now_ms, s.lease_until_ms, lease=True)
             who = (
                 f"worker {worker!r} is alive but not claiming"
                 if alive
@@ -206,7 +204,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                         "error",
                         f"{reason}: no worker can run it; fix parks it "
                         "on the dead list for a human",
-                        _dead_letter(k, jid, reason, ctx.now_ms),
+                        _dead_letter(k, s, ctx.now_ms, reason, ctx.now_ms),
                     )
                 )
             else:

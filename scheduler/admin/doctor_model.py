@@ -1,6 +1,7 @@
 """The doctor's vocabulary: findings (`Issue`), what is stored about one job (`Snapshot`), the
-check's `Context`, the repair plans (the writes the transitions make; a job move runs
-lua/repair.lua) and the strict readers of stored numbers and fields."""
+check's `Context`, the repair plans (each one lua/repair.lua move: the lib/job.lua moves of the
+transitions, done only while the job is where the check found it) and the strict readers of
+stored numbers and fields."""
 
 import json
 import math
@@ -82,44 +83,53 @@ def _by_hand(cmd: Command) -> str:
         nkeys = int(cmd[2])
         args = " ".join(shlex.quote(a) for a in cmd[3 + nkeys :])
         return f"scheduler doctor --fix   # runs lua/repair.lua on {shlex.quote(cmd[3])}: {args}"
-    return "redis-cli " + " ".join(shlex.quote(a) for a in cmd)
+    return "redis-cli " + " ".join(shlex.quote(a) for a in cmd)  # none today: every repair is Lua
 
 
-# -- repair plans (what the transitions write; a job move runs lua/repair.lua) -------------
-def _remove_from(k: QueueKeys, job_id: str, places: Iterable[str]) -> list[Command]:
-    cmds: list[Command] = []
-    for p in places:
-        cmds.append(("ZREM", getattr(k, p), job_id))
-    return cmds
-
-
-def _to_due(k: QueueKeys, job_id: str, run_at_ms: int) -> list[Command]:
-    jk = k.job(job_id)
-    return [
-        ("ZADD", k.due, str(run_at_ms), job_id),
-        ("HSET", jk, "state", "due"),
-        ("HDEL", jk, "worker"),
-        ("PERSIST", jk),
-        ("LPUSH", k.wake, "1"),
-        ("LTRIM", k.wake, "0", "7"),  # as lib/util.lua wake()
-    ]
-
-
-def _dead_letter(k: QueueKeys, job_id: str, reason: str, now_ms: int) -> list[Command]:
-    # lua/repair.lua runs lib/job.lua's dead_letter: the move claim and fail make, not a copy.
+# -- repair plans: each one lua/repair.lua move, guarded by where the plan found the job ------
+def _repair(
+    k: QueueKeys, s: Snapshot, now_ms: int, move: str, *args: str, lease: bool = False
+) -> list[Command]:
+    """One lua/repair.lua call: `move` on job `s.id`, done only while the id is still in the
+    places `s` saw (and, with `lease`, still under the same lease): a job claimed, finished or
+    requeued since the check is not moved."""
     keys = k.script_keys()
+    lease_until = str(s.lease_until_ms) if lease and s.lease_until_ms is not None else ""
     return [
         (
             "EVAL",
             scripts.source("repair"),
             str(len(keys)),
             *keys,
-            "dead",
-            job_id,
-            reason,
+            move,
+            s.id,
+            ",".join(s.places),
+            lease_until,
             str(now_ms),
+            *args,
         )
     ]
+
+
+def _remove_from(
+    k: QueueKeys, s: Snapshot, now_ms: int, places: Iterable[str], state: str = ""
+) -> list[Command]:
+    # state '' = the hash is gone (the script then checks the job key still does not exist).
+    return _repair(k, s, now_ms, "unlist", ",".join(places), state)
+
+
+def _to_due(
+    k: QueueKeys, s: Snapshot, now_ms: int, run_at_ms: int, *, lease: bool = False
+) -> list[Command]:
+    # lib/job.lua to_due plus the fields claim's reaper writes; wakes idle workers.
+    return _repair(k, s, now_ms, "due", str(run_at_ms), lease=lease)
+
+
+def _dead_letter(
+    k: QueueKeys, s: Snapshot, now_ms: int, reason: str, dead_ms: int, *, lease: bool = False
+) -> list[Command]:
+    # lib/job.lua's dead_letter: the move claim and fail make, not a copy.
+    return _repair(k, s, now_ms, "dead", reason, str(dead_ms), lease=lease)
 
 
 def _int(v: str | None) -> int | None:

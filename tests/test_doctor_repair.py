@@ -1,0 +1,118 @@
+"""doctor's repairs are lua/repair.lua moves that check, in the same atomic step, that the job is
+still where the check found it: a plan run after a worker claimed, reaped or re-leased the job
+moves nothing (a plan of plain commands would have moved the live job)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from redis.exceptions import ResponseError
+
+from scheduler import Queue
+from scheduler.admin.doctor import Issue, check_queue, repair_queue
+from scheduler.admin.inspection import server_now_ms
+from scheduler.core import scripts
+from tests.conftest import dump_queue
+
+HOUR_MS = 3_600_000
+
+
+def run_plan(client: redis.Redis, issue: Issue) -> list[object]:
+    """Run a finding's repair as planned, later than the check (as a stale doctor would)."""
+    assert issue.repair and all(cmd[0] == "EVAL" for cmd in issue.repair)
+    return [client.execute_command(*cmd) for cmd in issue.repair]  # type: ignore[no-untyped-call]
+
+
+def only(issues: list[Issue], code: str) -> Issue:
+    (issue,) = issues
+    assert issue.code == code
+    return issue
+
+
+def test_state_fix_planned_before_a_claim_leaves_the_claimed_job(
+    q: Queue, client: redis.Redis
+) -> None:
+    job_id = q.enqueue("t", 1)
+    client.hset(q.keys.job(job_id), "state", "done")  # in due, state says done
+    issue = only(check_queue(client, q.name), "state-mismatch")
+    (job,) = q.claim("w", limit=1).jobs  # a worker claims it between check and repair
+    before = dump_queue(client, q)
+    assert run_plan(client, issue) == [0]
+    assert dump_queue(client, q) == before
+    assert client.hget(q.keys.job(job_id), "worker") == "w"
+    q.complete(job_id, job.token)  # the lease held: the worker's result is taken
+    assert q.get_job(job_id).state == "done"
+
+
+def test_reap_planned_before_a_re_claim_leaves_the_new_lease(q: Queue, client: redis.Redis) -> None:
+    job_id = q.enqueue("t", 1, max_attempts=3)
+    q.claim("w-gone", limit=1)
+    client.zadd(q.keys.leased, {job_id: server_now_ms(client) - HOUR_MS})
+    issue = only(check_queue(client, q.name), "lease-expired")
+    # A claim reaps the lapsed lease and leases the job again, to a live worker.
+    (job,) = q.claim("w-live", limit=1).jobs
+    before = dump_queue(client, q)
+    assert run_plan(client, issue) == [0]
+    assert dump_queue(client, q) == before
+    q.complete(job_id, job.token)  # the lease held: the worker's result is taken
+    assert q.get_job(job_id).state == "done"
+
+
+def test_park_planned_before_a_fix_and_claim_leaves_the_running_job(
+    q: Queue, client: redis.Redis
+) -> None:
+    job_id = q.enqueue("t", 1)
+    client.hset(q.keys.job(job_id), "payload", "{not json")
+    issue = only(check_queue(client, q.name), "bad-payload")
+    client.hset(q.keys.job(job_id), "payload", "1")  # a human fixed it, a worker took it
+    (job,) = q.claim("w", limit=1).jobs
+    assert run_plan(client, issue) == [0]
+    assert q.dead_ids() == []
+    q.complete(job_id, job.token)  # the lease held: the worker's result is taken
+    assert q.get_job(job_id).state == "done"
+
+
+def test_unlisting_a_lost_hash_keeps_an_id_that_has_a_hash_again(
+    q: Queue, client: redis.Redis
+) -> None:
+    client.zadd(q.keys.due, {"gone": server_now_ms(client)})  # an id whose hash is lost
+    issue = only(check_queue(client, q.name), "missing-hash")
+    assert q.enqueue("t", 1, job_id="gone") == "gone"  # the id is enqueued again meanwhile
+    assert run_plan(client, issue) == [0]
+    (job,) = q.claim("w", limit=1).jobs
+    assert job.id == "gone" and job.payload_json == "1"
+
+
+def test_a_current_plan_still_repairs(q: Queue, client: redis.Redis) -> None:
+    """The guard refuses stale plans only: the same plans, run at once, move the job."""
+    job_id = q.enqueue("t", 1)
+    client.hset(q.keys.job(job_id), "state", "done")
+    assert run_plan(client, only(check_queue(client, q.name), "state-mismatch")) == [1]
+    client.zadd(q.keys.dead, {job_id: 0})
+    assert run_plan(client, only(check_queue(client, q.name), "two-places")) == [1]
+    assert client.zscore(q.keys.dead, job_id) is None
+    assert check_queue(client, q.name) == []
+    assert repair_queue(client, q.name).fixed == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["teleport", "j", "", "", "1"], "BAD_ARGUMENT move=teleport"),
+        (["due", "j", "", "", "soon", "1"], "BAD_ARGUMENT now_ms=soon"),
+        (["due", "j", "", "", "1", "-5"], "BAD_ARGUMENT run_at_ms=-5"),
+        (["state", "j", "due", "", "1", "leased"], "BAD_ARGUMENT state="),
+        (["unlist", "j", "due", "", "1", "nowhere", ""], "BAD_ARGUMENT places=nowhere"),
+        (["dead", "j", "", "x", "1", "why", "1"], "BAD_ARGUMENT lease_until_ms=x"),
+    ],
+)
+def test_bad_repair_arguments_are_refused_and_change_nothing(
+    q: Queue, client: redis.Redis, argv: list[str], error: str
+) -> None:
+    q.enqueue("t", 1, job_id="j")
+    client.zrem(q.keys.due, "j")
+    before = dump_queue(client, q)
+    keys = q.keys.script_keys()
+    with pytest.raises(ResponseError, match=error):
+        client.eval(scripts.source("repair"), len(keys), *keys, *argv)
+    assert dump_queue(client, q) == before
