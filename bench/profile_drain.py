@@ -18,23 +18,23 @@ sync API -- enqueue_many, claim of --batch, heartbeat of --batch leases, complet
 stacks: rolls a py-spy raw file up into the budget's rows (phase of the worker, and library),
 as % of samples and, given the measured CPU us/job, as us per job.
 
-Starts its own private redis-server (temp dir, unix socket + a free 127.0.0.1 port); never
-touches 6379. Prints one JSON object. Needs redis-py; "ours" also needs the scheduler package
-(PYTHONPATH may point at a snapshot: a `git archive` of the commit to profile).
+Starts its own private redis-server through scheduler/_spawn.py, the one spawner (loaded from
+this checkout by path, so it works with PYTHONPATH on an old snapshot); never touches 6379.
+Prints one JSON object. Needs redis-py; "ours" also needs the scheduler package (PYTHONPATH may
+point at a snapshot: a `git archive` of the commit to profile).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -49,39 +49,30 @@ import common as c  # noqa: E402
 TICKS_S = os.sysconf("SC_CLK_TCK")
 
 
+def _load_spawner() -> Any:
+    """scheduler/_spawn.py of THIS checkout, loaded by its path: the one Redis spawner, even when
+    PYTHONPATH points the scheduler package at an older snapshot (which may lack _spawn)."""
+    path = BENCH.parent / "scheduler" / "_spawn.py"
+    spec = importlib.util.spec_from_file_location("_profile_drain_spawn", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # before exec: its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+_spawn = _load_spawner()
+
+
 @contextlib.contextmanager
 def server() -> Iterator[tuple[str, str]]:
-    """(unix url, tcp url) of a throw-away redis-server with the bench's settings.
-
-    Its own few lines rather than bench/redis_server.py (which uses scheduler._spawn): this tool
-    profiles snapshots of older commits too, through PYTHONPATH, and those lack _spawn."""
-    tmp = tempfile.mkdtemp(prefix="rp")
-    sock = f"{tmp}/r.sock"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    assert port != 6379
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", sock,
-         "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--dir", tmp,
-         "--logfile", f"{tmp}/redis.log"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        url = f"unix://{sock}"
-        if not c.wait_until(lambda: Path(sock).exists() and _ping(url), 10):
-            raise RuntimeError("redis-server did not start")
-        yield url, f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _ping(url: str) -> bool:
-    with contextlib.suppress(Exception):
-        return bool(c.client(url).ping())
-    return False
+    """(unix url, tcp url) of a throw-away redis-server (scheduler/_spawn.py: temp dir, unix
+    socket + a free 127.0.0.1 port, no persistence); never 6379."""
+    binary = _spawn.redis_server_binary()
+    if binary is None:
+        raise RuntimeError("profile_drain needs redis-server on PATH (apt-get install it)")
+    with _spawn.RedisProcess(binary, tcp=True) as proc:
+        yield proc.url, proc.tcp_url
 
 
 def group_cpu_s(pgid: int) -> float:
