@@ -20,6 +20,7 @@ LAYER_BY_PREFIX = {
     "scheduler.client": 4,
     "scheduler.admin": 4,
     "scheduler.worker": 5,
+    "scheduler.dashboard": 5,
     "scheduler.cli": 6,
 }
 

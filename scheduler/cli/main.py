@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from scheduler.cli import admin, schedules, worker
+from scheduler.cli import admin, dashboard, schedules, worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,3 +16,4 @@ def main() -> None:
 worker.register(main)
 admin.register(main)
 schedules.register(main)
+dashboard.register(main)

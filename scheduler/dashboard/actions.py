@@ -1,0 +1,93 @@
+"""The actions (POST only): cancel or requeue a job, pause / resume / remove a schedule. Each
+one first checks the read-only switch, the CSRF token and the Origin, so a refused request
+changes nothing; then redirects (303) to a page that names what was done."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import check_job_id
+from scheduler.dashboard.render import Renderer
+from scheduler.dashboard.security import SESSION_COOKIE
+from scheduler.dashboard.store import Store
+
+MAX_FORM_FIELDS = 600  # a page of 500 selected ids and the other fields
+
+
+class ActionRefused(Exception):
+    """An action refused before it ran (read-only, CSRF, origin): HTTP 403, nothing changed."""
+
+
+class Form:
+    """A posted form as text fields (a file upload is refused)."""
+
+    def __init__(self, items: list[tuple[str, str]]) -> None:
+        self._items = items
+
+    def get(self, name: str, default: str = "") -> str:
+        for k, v in self._items:
+            if k == name:
+                return v
+        return default
+
+    def getlist(self, name: str) -> list[str]:
+        return [v for k, v in self._items if k == name]
+
+
+class Actions:
+    def __init__(self, store: Store, render: Renderer) -> None:
+        self.store = store
+        self.render = render
+
+    async def form(self, request: Request) -> Form:
+        """The request's form, once every guard passed (else ActionRefused)."""
+        if self.render.read_only:
+            raise ActionRefused("the dashboard is read-only (started with --read-only)")
+        origin = request.headers.get("origin")
+        # The host part only: behind a TLS-terminating proxy the scheme seen here differs.
+        if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+            raise ActionRefused("cross-origin request refused")
+        async with request.form(max_files=0, max_fields=MAX_FORM_FIELDS) as raw:
+            items = [(k, v) for k, v in raw.multi_items() if isinstance(v, str)]
+        form = Form(items)
+        if not self.render.csrf.valid(request.cookies.get(SESSION_COOKIE), form.get("csrf")):
+            raise ActionRefused("missing or invalid CSRF token: reload the page and try again")
+        return form
+
+    def _back(self, request: Request, path: str, notice: str, **extra: str | int) -> Response:
+        base = request.scope.get("root_path", "")
+        query = "&".join([f"notice={notice}", *(f"{k}={v}" for k, v in extra.items())])
+        return RedirectResponse(f"{base}{path}?{query}", status_code=303)
+
+    async def cancel(self, request: Request) -> Response:
+        name, job_id = request.path_params["queue"], check_job_id(request.path_params["job_id"])
+        await self.form(request)
+        state = await run_in_threadpool(self.store.queue(name).cancel, job_id)
+        return self._back(request, f"/queues/{name}/jobs/{job_id}", "cancelled", state=state)
+
+    async def requeue(self, request: Request) -> Response:
+        name, job_id = request.path_params["queue"], check_job_id(request.path_params["job_id"])
+        await self.form(request)
+        n = await run_in_threadpool(self.store.queue(name).requeue_dead, [job_id])
+        return self._back(request, f"/queues/{name}/jobs/{job_id}", "requeued", n=n)
+
+    async def schedule(self, request: Request) -> Response:
+        name, sched = request.path_params["queue"], request.path_params["name"]
+        verb = request.path_params["verb"]
+        await self.form(request)
+        q = self.store.queue(name)
+        calls = {
+            "pause": (q.pause_schedule, "paused"),
+            "resume": (q.resume_schedule, "resumed"),
+            "remove": (q.remove_schedule, "removed"),
+        }
+        if verb not in calls:
+            raise BadArgument("the action must be pause, resume or remove")
+        call, notice = calls[verb]
+        await run_in_threadpool(call, sched)
+        return self._back(request, "/schedules", notice)

@@ -1,0 +1,93 @@
+"""The dashboard as one ASGI app: `create_app(url=...)` serves it with uvicorn (the CLI) or
+mounts in an existing Starlette / FastAPI app (`app.mount("/scheduler", create_app(...))`), or a
+Django project's ASGI router (docs/dashboard.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from scheduler.core.errors import BadArgument, SchedulerError
+from scheduler.dashboard.actions import ActionRefused
+from scheduler.dashboard.dead import DeadPages
+from scheduler.dashboard.pages import Pages
+from scheduler.dashboard.render import HERE, Renderer
+from scheduler.dashboard.security import Auth, Csrf, GuardMiddleware
+from scheduler.dashboard.store import Store
+
+
+class DashboardApp(GuardMiddleware):
+    """The ASGI app create_app returns; `store` is its Redis reader (tests, embedding)."""
+
+    def __init__(self, app: Starlette, auth: Auth, store: Store) -> None:
+        super().__init__(app, auth)
+        self.store = store
+
+
+def create_app(
+    url: str | None = None,
+    *,
+    client: redis.Redis | None = None,
+    queues: Sequence[str] = (),
+    read_only: bool = False,
+    auth: Auth | None = None,
+    secret: str | None = None,
+    sample_every_s: float = 10.0,
+) -> DashboardApp:
+    """The dashboard app.
+
+    Args:
+        url: the Redis URL (or pass `client`, a redis-py client with decode_responses=True).
+        queues: the queues to show; empty: every queue found by SCAN (cached for a minute).
+        read_only: no actions at all (every POST is refused, no buttons shown).
+        auth: credentials every request must carry; default `Auth.from_env()`
+            (SCHEDULER_DASHBOARD_AUTH=user:password, SCHEDULER_DASHBOARD_TOKEN=...). When the
+            app is mounted behind your own authentication, pass `Auth()` to add none.
+        secret: signs the CSRF tokens (SCHEDULER_DASHBOARD_SECRET; random per process when
+            unset, so several processes behind one balancer need it set).
+        sample_every_s: how often the lateness chart samples each queue (0: only on requests).
+    """
+    if client is None:
+        if url is None:
+            raise BadArgument("create_app needs a Redis url or a client")
+        client = redis.Redis.from_url(url, decode_responses=True)
+    store = Store(client, queues, sample_every_s=sample_every_s)
+    render = Renderer(Csrf(secret), read_only)
+    pages = Pages(store, render)
+    dead = DeadPages(store, render)
+
+    async def bad_input(request: Request, exc: Exception) -> Response:
+        return render.page(request, "error.html", status_code=400, message=str(exc))
+
+    async def refused(request: Request, exc: Exception) -> Response:
+        return PlainTextResponse(f"refused: {exc}\n", status_code=403)
+
+    q = "/queues/{queue}"
+    routes = [
+        Route("/", pages.overview, name="overview"),
+        Route("/api/overview", pages.api_overview),
+        Route(q + "/api", pages.api_queue),
+        Route(q, pages.queue, name="queue"),
+        Route(q + "/jobs/{job_id}", pages.job, name="job"),
+        Route(q + "/jobs/{job_id}/cancel", dead.cancel, methods=["POST"]),
+        Route(q + "/jobs/{job_id}/requeue", dead.requeue, methods=["POST"]),
+        Route(q + "/dead", dead.dead, name="dead"),
+        Route(q + "/dead/confirm", dead.confirm, methods=["POST"]),
+        Route(q + "/dead/apply", dead.apply, methods=["POST"]),
+        Route(q + "/schedules/{name}/{verb}", dead.schedule, methods=["POST"]),
+        Route("/schedules", pages.schedules, name="schedules"),
+        Route("/workers", pages.workers, name="workers"),
+        Route("/health", pages.health, name="health"),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={BadArgument: bad_input, SchedulerError: bad_input, ActionRefused: refused},
+    )
+    return DashboardApp(app, Auth.from_env() if auth is None else auth, store)

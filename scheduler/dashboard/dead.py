@@ -1,0 +1,179 @@
+"""The dead letters page: filter by task, error type and age; requeue or purge the selected
+ones or all matching, after a confirmation page that states the count.
+
+The page itself is O(page): no filter is a ZRANGE page, an age filter a BYSCORE page (the dead
+ZSET's score is dead_ms), a task / error type filter a bounded scan that resumes from where
+the last page stopped. Only an action on "all matching" with a task / error filter walks every
+dead letter, and only after the operator asked for it (POST)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import check_job_id
+from scheduler.dashboard.actions import Actions, Form
+from scheduler.dashboard.pages import DEFAULT_LIMIT, int_param
+from scheduler.operations import browsing
+
+_AGE = re.compile(r"([0-9]{1,9})\s*(s|m|h|d)")
+_UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_age_ms(text: str) -> int | None:
+    """'90s', '15m', '2h', '7d' -> ms; '' -> None."""
+    text = text.strip()
+    if not text:
+        return None
+    m = _AGE.fullmatch(text)
+    if not m:
+        raise BadArgument(f"age must look like 90s, 15m, 2h or 7d, got {text[:40]!r}")
+    return int(m.group(1)) * _UNIT_MS[m.group(2)]
+
+
+@dataclass(frozen=True)
+class DeadFilter:
+    task: str | None
+    error_type: str | None
+    older_than: str
+
+    @classmethod
+    def read(cls, get: Any) -> DeadFilter:
+        def text(name: str) -> str | None:
+            value = str(get(name) or "").strip()
+            if len(value) > 200:
+                raise BadArgument(f"{name} is longer than 200 characters")
+            return value or None
+
+        f = cls(text("task"), text("error_type"), text("older_than") or "")
+        parse_age_ms(f.older_than)  # refused here, before anything is read or changed
+        return f
+
+    @property
+    def by_record(self) -> bool:
+        return self.task is not None or self.error_type is not None
+
+    def max_dead_ms(self, now_ms: int) -> int | None:
+        age = parse_age_ms(self.older_than)
+        return None if age is None else now_ms - age
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "task": self.task or "",
+            "error_type": self.error_type or "",
+            "older_than": self.older_than,
+        }
+
+
+class DeadPages(Actions):
+    def dead(self, request: Request) -> Response:
+        name = request.path_params["queue"]
+        q = self.store.queue(name)
+        f = DeadFilter.read(request.query_params.get)
+        offset = int_param(request, "offset", 0, 0, 10**9)
+        limit = int_param(request, "limit", DEFAULT_LIMIT, 1, browsing.MAX_PAGE)
+        counts = self.store.counts(name)
+        max_dead_ms = f.max_dead_ms(counts.now_ms)
+        scanned = None
+        if f.by_record:
+            page = self.store.run(
+                q,
+                browsing.filtered_page(
+                    q.ops, "dead", task=f.task, error_type=f.error_type,
+                    max_dead_ms=max_dead_ms, offset=offset, limit=limit,
+                ),
+            )  # fmt: skip
+            jobs, next_offset, scanned, total = page.jobs, page.next_offset, page.scanned, None
+        elif max_dead_ms is not None:
+            ids = self.store.run(q, browsing.dead_ids_before(q.keys, max_dead_ms, offset, limit))
+            jobs = self.store.run(q, q.ops.get_jobs(ids))
+            total = self.store.run(q, browsing.dead_count_before(q.keys, max_dead_ms))
+            next_offset = offset + limit if len(ids) == limit else None
+        else:
+            jobs = q.list_jobs("dead", offset=offset, limit=limit)
+            total = counts.dead
+            next_offset = offset + limit if len(jobs) == limit else None
+        return self.render.page(
+            request,
+            "dead.html",
+            queue=name,
+            jobs=jobs,
+            now_ms=counts.now_ms,
+            filters=f.as_dict(),
+            total=total,
+            scanned=scanned,
+            offset=offset,
+            limit=limit,
+            next_offset=next_offset,
+            prev_offset=max(offset - limit, 0) if offset else None,
+        )
+
+    def _selection(self, name: str, form: Form) -> tuple[str, str, DeadFilter, list[str]]:
+        # The dead page's buttons post `do=<action>:<scope>`; the confirmation page both fields.
+        action, _, scope = form.get("do", "").partition(":")
+        if not form.get("do"):
+            action, scope = form.get("action", ""), form.get("scope", "")
+        if action not in ("requeue", "purge"):
+            raise BadArgument("action must be requeue or purge")
+        if scope not in ("selected", "matching"):
+            raise BadArgument("scope must be selected or matching")
+        f = DeadFilter.read(form.get)
+        ids = [check_job_id(i) for i in form.getlist("ids")] if scope == "selected" else []
+        if scope == "selected" and not 1 <= len(ids) <= browsing.MAX_PAGE:
+            raise BadArgument("select between 1 and 500 dead letters")
+        self.store.queue(name)  # the queue name is checked before anything is counted
+        return action, scope, f, ids
+
+    def _matching_ids(self, name: str, f: DeadFilter) -> list[str]:
+        q = self.store.queue(name)
+        age = parse_age_ms(f.older_than)
+        return q.dead_ids(task=f.task, error_type=f.error_type, older_than_ms=age)
+
+    def _matching_count(self, name: str, f: DeadFilter) -> int:
+        if f.by_record:
+            return len(self._matching_ids(name, f))
+        counts = self.store.counts(name)
+        max_dead_ms = f.max_dead_ms(counts.now_ms)
+        if max_dead_ms is None:
+            return counts.dead
+        q = self.store.queue(name)
+        return self.store.run(q, browsing.dead_count_before(q.keys, max_dead_ms))
+
+    async def confirm(self, request: Request) -> Response:
+        name = request.path_params["queue"]
+        form = await self.form(request)
+        action, scope, f, ids = self._selection(name, form)
+        count = len(ids) if scope == "selected" else None
+        if count is None:
+            count = await run_in_threadpool(self._matching_count, name, f)
+        return self.render.page(
+            request,
+            "confirm.html",
+            queue=name,
+            action=action,
+            scope=scope,
+            ids=ids,
+            filters=f.as_dict(),
+            count=count,
+        )
+
+    async def apply(self, request: Request) -> Response:
+        name = request.path_params["queue"]
+        form = await self.form(request)
+        action, scope, f, ids = self._selection(name, form)
+
+        def run() -> int:
+            q = self.store.queue(name)
+            chosen = ids if scope == "selected" else self._matching_ids(name, f)
+            return q.requeue_dead(chosen) if action == "requeue" else q.purge_dead(chosen)
+
+        n = await run_in_threadpool(run)
+        notice = "requeued" if action == "requeue" else "purged"
+        base = request.scope.get("root_path", "")
+        return RedirectResponse(f"{base}/queues/{name}/dead?notice={notice}&n={n}", status_code=303)

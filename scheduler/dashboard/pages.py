@@ -1,0 +1,165 @@
+"""The read-only pages (GET): overview, queue, job, schedules, workers, health, and the JSON
+the live refresh polls. Nothing here writes job state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+
+from scheduler.admin.health import check_server, read_server
+from scheduler.core.errors import BadArgument, JobNotFound
+from scheduler.core.keys import check_job_id
+from scheduler.core.models import JobState
+from scheduler.dashboard.history import merge_max
+from scheduler.dashboard.reasons import why_not_running
+from scheduler.dashboard.render import Renderer
+from scheduler.dashboard.schedule_view import schedule_rows
+from scheduler.dashboard.store import Store
+from scheduler.operations import browsing
+from scheduler.operations.inspecting import LISTABLE
+
+DEFAULT_LIMIT = 50
+SERVER_FACTS = (
+    "redis_version",
+    "used_memory_human",
+    "maxmemory_human",
+    "maxmemory_policy",
+    "aof_enabled",
+    "rdb_last_bgsave_status",
+    "rdb_changes_since_last_save",
+)
+
+
+def int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name, "")
+    if raw == "":
+        return default
+    if not raw.isdigit() or not lo <= int(raw) <= hi:
+        raise BadArgument(f"{name} must be a whole number in [{lo}, {hi}]")
+    return int(raw)
+
+
+def text_param(request: Request, name: str, max_len: int = 200) -> str | None:
+    value = request.query_params.get(name, "").strip()
+    if len(value) > max_len:
+        raise BadArgument(f"{name} is longer than {max_len} characters")
+    return value or None
+
+
+class Pages:
+    def __init__(self, store: Store, render: Renderer) -> None:
+        self.store = store
+        self.render = render
+
+    def _summaries(self) -> list[dict[str, Any]]:
+        self.store.sampler.ensure_started()
+        return [self.store.queue_summary(q) for q in self.store.queue_names()]
+
+    def overview(self, request: Request) -> Response:
+        return self.render.page(request, "overview.html", queues=self._summaries())
+
+    def api_overview(self, request: Request) -> Response:
+        rows = self._summaries()
+        lateness = merge_max([r["lateness_ms"] for r in rows])
+        return JSONResponse({"queues": rows, "lateness_ms": lateness})
+
+    def api_queue(self, request: Request) -> Response:
+        name = request.path_params["queue"]
+        return JSONResponse(self.store.queue_summary(name, minutes=1))
+
+    def queue(self, request: Request) -> Response:
+        name = request.path_params["queue"]
+        q = self.store.queue(name)
+        state = request.query_params.get("state", "due")
+        if state not in LISTABLE:
+            raise BadArgument(f"state must be one of {', '.join(LISTABLE)}")
+        offset = int_param(request, "offset", 0, 0, 10**9)
+        limit = int_param(request, "limit", DEFAULT_LIMIT, 1, browsing.MAX_PAGE)
+        job_id, task = text_param(request, "id", 128), text_param(request, "task")
+        if job_id is not None:
+            check_job_id(job_id)
+            base = request.scope.get("root_path", "")
+            return RedirectResponse(f"{base}/queues/{name}/jobs/{job_id}", status_code=303)
+        summary = self.store.queue_summary(name, minutes=1)
+        next_offset: int | None
+        scanned = None
+        if task is not None:
+            found = self.store.run(
+                q, browsing.filtered_page(q.ops, state, task=task, offset=offset, limit=limit)
+            )
+            jobs, next_offset, scanned = found.jobs, found.next_offset, found.scanned
+        else:
+            jobs = q.list_jobs(state, offset=offset, limit=limit)
+            next_offset = offset + limit if len(jobs) == limit else None
+        return self.render.page(
+            request,
+            "queue.html",
+            q=summary,
+            state=state,
+            states=LISTABLE,
+            jobs=jobs,
+            offset=offset,
+            limit=limit,
+            next_offset=next_offset,
+            prev_offset=max(offset - limit, 0) if offset else None,
+            task=task or "",
+            scanned=scanned,
+        )
+
+    def job(self, request: Request) -> Response:
+        name, job_id = request.path_params["queue"], request.path_params["job_id"]
+        q = self.store.queue(name)
+        try:
+            job = q.get_job(job_id)
+        except JobNotFound:
+            return self.render.page(
+                request, "missing.html", status_code=404, queue=name, job_id=job_id
+            )
+        now_ms = q.counts().now_ms
+        workers = self.store.workers(name)
+        token = job.token or ""
+        fence = token.split("-", 1)[0] if token else ""
+        lease_left = None
+        if job.state == JobState.LEASED and job.lease_until_ms is not None:
+            lease_left = job.lease_until_ms - now_ms
+        return self.render.page(
+            request,
+            "job.html",
+            queue=name,
+            job=job,
+            now_ms=now_ms,
+            fence=fence,
+            lease_left_ms=lease_left,
+            reasons=why_not_running(job, now_ms, len(workers)),
+            errors=list(reversed(job.errors)),  # newest first
+            fields=sorted(job.fields.items()),
+            can_cancel=job.state in (JobState.DUE, JobState.SCHEDULED, JobState.LEASED),
+            can_requeue=job.state == JobState.DEAD,
+        )
+
+    def schedules(self, request: Request) -> Response:
+        rows = []
+        for name in self.store.queue_names():
+            rows += schedule_rows(self.store, name)
+        return self.render.page(request, "schedules.html", schedules=rows)
+
+    def workers(self, request: Request) -> Response:
+        rows = []
+        now_ms = None
+        for name in self.store.queue_names():
+            now_ms = now_ms or self.store.queue(name).counts().now_ms
+            rows += self.store.workers(name)
+        return self.render.page(request, "workers.html", workers=rows, now_ms=now_ms or 0)
+
+    def health(self, request: Request) -> Response:
+        info, config = read_server(self.store.client)
+        findings = check_server(info, config)
+        facts = [(k, info.get(k, "-")) for k in SERVER_FACTS]
+        facts.append(("save (config)", config.get("save", "not readable")))
+        facts.append(("appendfsync (config)", config.get("appendfsync", "not readable")))
+        lapsed = [(n, self.store.queue(n).counts().lapsed) for n in self.store.queue_names()]
+        return self.render.page(
+            request, "health.html", findings=findings, facts=facts, lapsed=lapsed
+        )

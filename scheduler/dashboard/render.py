@@ -1,0 +1,139 @@
+"""Rendering: the Jinja2 environment (autoescape always on: payloads, task names and errors are
+attacker-controlled text), the display filters, and the CSRF session each page carries."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
+from scheduler.core.safety import clean
+from scheduler.dashboard.security import SESSION_COOKIE, Csrf
+
+HERE = Path(__file__).resolve().parent
+
+
+def fmt_time(ms: int | None, tz: str = "UTC") -> str:
+    if ms is None:
+        return "-"
+    try:
+        zone = ZoneInfo(tz or "UTC")
+    except (ZoneInfoNotFoundError, ValueError):
+        zone = ZoneInfo("UTC")
+    try:
+        at = datetime.fromtimestamp(ms / 1000, tz=UTC).astimezone(zone)
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+    return at.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def fmt_duration(ms: int | None) -> str:
+    """Compact and signed-free: 850ms, 12.3s, 4m05s, 2h03m, 3d04h."""
+    if ms is None:
+        return "-"
+    ms = abs(int(ms))
+    if ms < 1_000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    s = ms // 1000
+    if s < 3_600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86_400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86_400}d{(s % 86_400) // 3600:02d}h"
+
+
+def pretty_json(text: str | None) -> str:
+    """Stored JSON re-indented for reading; anything else shown as it is (escaped later)."""
+    if text is None:
+        return "-"
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
+    except ValueError:
+        return text
+
+
+def _clean(text: Any) -> str:
+    # Control characters (terminal escapes, bidi overrides) made visible; HTML escaping is
+    # Jinja's autoescape, which runs on the result.
+    return clean(text, keep_newlines=True)
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,  # every template, whatever its extension
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(time=fmt_time, duration=fmt_duration, pretty=pretty_json, clean=_clean)
+    return env
+
+
+# A redirect after an action names one of these and a count; free text from the URL is never
+# shown (it would let a link put words on the operator's screen).
+NOTICES = {
+    "requeued": "Requeued {n} dead job(s).",
+    "purged": "Purged {n} dead job(s).",
+    "cancelled": "Cancelled the job (it was {state}).",
+    "paused": "Paused the schedule.",
+    "resumed": "Resumed the schedule.",
+    "removed": "Removed the schedule.",
+}
+STATES = {"due", "scheduled", "leased", "done", "dead", "cancelled", "missing"}
+
+
+def notice_text(request: Request) -> str:
+    template = NOTICES.get(request.query_params.get("notice", ""))
+    if template is None:
+        return ""
+    raw_n = request.query_params.get("n", "0")
+    n = int(raw_n) if raw_n.isdigit() and len(raw_n) < 10 else 0
+    state = request.query_params.get("state", "")
+    return template.format(n=n, state=state if state in STATES else "?")
+
+
+class Renderer:
+    """Renders a template with what every page needs: the base path (the app may be mounted
+    under a prefix), the read-only flag and the CSRF token of the browser's session."""
+
+    def __init__(self, csrf: Csrf, read_only: bool) -> None:
+        self.env = environment()
+        self.csrf = csrf
+        self.read_only = read_only
+
+    def session(self, request: Request) -> tuple[str, bool]:
+        """(session id, new?): a browser without the cookie gets one with this response."""
+        sid = request.cookies.get(SESSION_COOKIE)
+        if sid and 16 <= len(sid) <= 64:
+            return sid, False
+        return Csrf.new_session(), True
+
+    def page(self, request: Request, template: str, status_code: int = 200, **ctx: Any) -> Response:
+        sid, new = self.session(request)
+        html = self.env.get_template(template).render(
+            base=request.scope.get("root_path", ""),
+            read_only=self.read_only,
+            csrf=self.csrf.token(sid),
+            nav=template.split(".")[0],
+            notice=notice_text(request),
+            **ctx,
+        )
+        response = HTMLResponse(html, status_code=status_code)
+        if new:
+            response.set_cookie(
+                SESSION_COOKIE,
+                sid,
+                httponly=True,
+                samesite="strict",
+                path=request.scope.get("root_path", "") or "/",
+            )
+        return response

@@ -1,0 +1,84 @@
+"""The schedules page's rows: the next runs in the schedule's own time zone and the outcome of
+the occurrence before the pending one (its job, read by id: O(1) per schedule)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.core.errors import SchedulerError
+from scheduler.dashboard.store import Store
+from scheduler.schedules.cron_slots import cron_slots_after, cron_slots_upto
+from scheduler.schedules.recurring import Schedule
+
+NEXT_RUNS = 3
+# An occurrence's job id is 'schedule:<name>:<slot ms>' (lua/lib/schedule.lua occurrence_id).
+OCCURRENCE_PREFIX = "schedule:"
+
+
+def _slot_of(pending: str, name: str) -> int | None:
+    head = f"{OCCURRENCE_PREFIX}{name}:"
+    tail = pending[len(head) :] if pending.startswith(head) else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def next_runs(s: Schedule, now_ms: int) -> list[int]:
+    """The next NEXT_RUNS run times (server ms), the pending one first."""
+    first = s.next_run_ms
+    try:
+        if s.kind == "cron" and s.cron:
+            after = first if first is not None else now_ms
+            rest = cron_slots_after(s.cron, s.tz or "UTC", after, NEXT_RUNS)
+            runs = ([first] if first is not None else []) + [r + s.offset_ms for r in rest]
+            return runs[:NEXT_RUNS]
+    except (SchedulerError, ValueError, KeyError):
+        return [first] if first is not None else []
+    if first is None or s.every_ms <= 0:
+        return [first] if first is not None else []
+    return [first + i * s.every_ms for i in range(NEXT_RUNS)]
+
+
+def previous_slot(s: Schedule, now_ms: int) -> int | None:
+    """The slot before the pending occurrence's (or the last one up to now when none is
+    pending); None when it cannot be told."""
+    slot = _slot_of(s.pending, s.name)
+    try:
+        if s.kind == "cron" and s.cron:
+            upto = (slot - 1) if slot is not None else now_ms
+            found = cron_slots_upto(s.cron, s.tz or "UTC", upto, 1)
+            return found[-1] if found else None
+    except (SchedulerError, ValueError, KeyError):
+        return None
+    if slot is not None and s.every_ms > 0:
+        return slot - s.every_ms
+    return None
+
+
+def schedule_rows(store: Store, name: str) -> list[dict[str, Any]]:
+    q = store.queue(name)
+    schedules = q.list_schedules()
+    if not schedules:
+        return []
+    now_ms = q.counts().now_ms
+    prev_ids: dict[str, str] = {}
+    for s in schedules:
+        slot = previous_slot(s, now_ms)
+        if slot is not None and slot >= 0:
+            prev_ids[s.name] = f"{OCCURRENCE_PREFIX}{s.name}:{slot}"
+    jobs = (
+        {j.id: j for j in store.run(q, q.ops.get_jobs(list(prev_ids.values())))} if prev_ids else {}
+    )
+    rows = []
+    for s in schedules:
+        prev = jobs.get(prev_ids.get(s.name, ""))
+        rows.append(
+            {
+                "queue": q.name,
+                "s": s,
+                "tz": s.tz or "UTC",
+                "next_runs": next_runs(s, now_ms),
+                "last_id": prev.id if prev else None,
+                "last_state": prev.state if prev else None,
+                "last_error": prev.fields.get("last_error_type") if prev else None,
+            }
+        )
+    return rows

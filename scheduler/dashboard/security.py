@@ -1,0 +1,154 @@
+"""The dashboard's guards: who may connect (bind address vs auth), who may look and act (basic
+auth or a token from the environment), CSRF tokens on every POST, and the response headers
+(a strict content security policy: no inline script or style, nothing from elsewhere)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from scheduler.core.errors import BadArgument
+
+ENV_AUTH = "SCHEDULER_DASHBOARD_AUTH"  # "user:password" for HTTP basic auth
+ENV_TOKEN = "SCHEDULER_DASHBOARD_TOKEN"  # a bearer token (or the basic-auth password)
+ENV_SECRET = "SCHEDULER_DASHBOARD_SECRET"  # signs CSRF tokens; shared by several processes
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+SESSION_COOKIE = "sched_dash_session"
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cache-control", b"no-store"),
+]
+
+
+@dataclass(frozen=True)
+class Auth:
+    """Credentials a request must carry (None fields: not required)."""
+
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.password is not None or self.token is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Auth:
+        env = os.environ if env is None else env
+        user = password = None
+        basic = env.get(ENV_AUTH, "")
+        if basic:
+            user, sep, password = basic.partition(":")
+            if not sep or not user or not password:
+                raise BadArgument(f"{ENV_AUTH} must be 'user:password'")
+        token = env.get(ENV_TOKEN) or None
+        if token is not None and len(token) < 16:
+            raise BadArgument(f"{ENV_TOKEN} must be at least 16 characters")
+        return cls(user, password, token)
+
+    def allows(self, authorization: str) -> bool:
+        """Does this Authorization header carry valid credentials (constant-time compare)."""
+        if not self.enabled:
+            return True
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() == "bearer" and self.token is not None:
+            return hmac.compare_digest(value.strip().encode(), self.token.encode())
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(value.strip()).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        ok = False
+        if self.password is not None and self.user is not None:
+            ok = hmac.compare_digest(user.encode(), self.user.encode()) & hmac.compare_digest(
+                password.encode(), self.password.encode()
+            )
+        if self.token is not None:  # a browser sends the token as the basic-auth password
+            ok = ok or hmac.compare_digest(password.encode(), self.token.encode())
+        return ok
+
+
+def check_bind(host: str, auth: Auth) -> None:
+    """Refuse to serve on a non-loopback address without credentials."""
+    if host not in LOCAL_HOSTS and not auth.enabled:
+        raise BadArgument(
+            f"refusing to listen on {host!r} without authentication: anyone who can reach it "
+            f"could read payloads and requeue or purge jobs. Set {ENV_AUTH}=user:password or "
+            f"{ENV_TOKEN}=<token of 16+ characters>, or keep --host 127.0.0.1 and use an SSH "
+            "tunnel or your own authenticating proxy."
+        )
+
+
+class Csrf:
+    """CSRF tokens bound to a random per-browser session cookie: token = HMAC(secret, session).
+    A cross-site form post has neither the cookie (SameSite=Strict) nor the token."""
+
+    def __init__(self, secret: str | None = None) -> None:
+        raw = secret or os.environ.get(ENV_SECRET) or secrets.token_hex(32)
+        self._key = hashlib.sha256(raw.encode()).digest()
+
+    @staticmethod
+    def new_session() -> str:
+        return secrets.token_urlsafe(24)
+
+    def token(self, session: str) -> str:
+        return hmac.new(self._key, session.encode(), hashlib.sha256).hexdigest()
+
+    def valid(self, session: str | None, token: str | None) -> bool:
+        if not session or not token:
+            return False
+        return hmac.compare_digest(self.token(session), token)
+
+
+class GuardMiddleware:
+    """Pure ASGI: the auth check before anything else, and the security headers on every
+    response (also on errors and static files)."""
+
+    def __init__(self, app: ASGIApp, auth: Auth) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if not self.auth.allows(headers.get("authorization", "")):
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [
+                        (b"www-authenticate", b'Basic realm="scheduler dashboard"'),
+                        (b"content-type", b"text/plain; charset=utf-8"),
+                        *HEADERS,
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"authentication required\n"})
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                present = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(k, v) for k, v in HEADERS if k not in present]
+                message["headers"] = [*message.get("headers", []), *extra]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)

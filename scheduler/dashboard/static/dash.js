@@ -1,0 +1,112 @@
+// scheduler dashboard: live counts and charts by short polling (no page reload), the
+// "select all" box and confirm prompts. Written for this project; no library. Every value
+// from the server is set with textContent / SVG attributes, never as HTML.
+"use strict";
+
+(function () {
+  const POLL_MS = 3000;
+  const SVG = "http://www.w3.org/2000/svg";
+  const base = document.body.dataset.base || "";
+  const status = document.getElementById("live-status");
+
+  function duration(ms) {
+    if (ms === null || ms === undefined) return "-";
+    ms = Math.abs(ms);
+    if (ms < 1000) return ms + "ms";
+    if (ms < 60000) return (ms / 1000).toFixed(1) + "s";
+    const s = Math.floor(ms / 1000);
+    if (s < 3600) return Math.floor(s / 60) + "m" + String(s % 60).padStart(2, "0") + "s";
+    if (s < 86400) return Math.floor(s / 3600) + "h" + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + "m";
+    return Math.floor(s / 86400) + "d" + String(Math.floor((s % 86400) / 3600)).padStart(2, "0") + "h";
+  }
+
+  function fill(scope, data) {
+    scope.querySelectorAll("[data-live]").forEach(function (el) {
+      const v = data[el.dataset.live];
+      if (v === undefined) return;
+      el.textContent = el.dataset.format === "duration" ? duration(v) : String(v);
+    });
+  }
+
+  function el(name, attrs, parent) {
+    const e = document.createElementNS(SVG, name);
+    Object.keys(attrs).forEach(function (k) { e.setAttribute(k, String(attrs[k])); });
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+
+  function path(values, w, h, top, pad) {
+    let d = "";
+    let pen = false;
+    const step = values.length > 1 ? (w - pad) / (values.length - 1) : 0;
+    values.forEach(function (v, i) {
+      if (v === null || v === undefined) { pen = false; return; }
+      const x = pad + i * step;
+      const y = h - 14 - (top > 0 ? (v / top) * (h - 24) : 0);
+      d += (pen ? "L" : "M") + x.toFixed(1) + " " + y.toFixed(1) + " ";
+      pen = true;
+    });
+    return d.trim();
+  }
+
+  function draw(svg, series, opts) {
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+    const w = Number(svg.getAttribute("width")), h = Number(svg.getAttribute("height"));
+    const pad = opts.axis ? 54 : 2;
+    let top = 0;
+    series.forEach(function (s) { s.values.forEach(function (v) { if (v !== null && v > top) top = v; }); });
+    if (opts.axis) {
+      el("line", { x1: pad, y1: h - 14, x2: w, y2: h - 14, class: "axis" }, svg);
+      el("line", { x1: pad, y1: 10, x2: pad, y2: h - 14, class: "axis" }, svg);
+      const label = el("text", { x: 2, y: 16 }, svg);
+      label.textContent = opts.format(top);
+      const zero = el("text", { x: 2, y: h - 14 }, svg);
+      zero.textContent = opts.format(0);
+      const left = el("text", { x: pad, y: h - 2 }, svg);
+      left.textContent = "-60 min";
+      const right = el("text", { x: w - 24, y: h - 2 }, svg);
+      right.textContent = "now";
+    }
+    series.forEach(function (s) {
+      const d = path(s.values, w, h, top, pad);
+      if (d) el("path", { d: d, class: s.cls }, svg);
+    });
+  }
+
+  function overview(data) {
+    data.queues.forEach(function (q) {
+      const row = document.querySelector('tr[data-queue="' + CSS.escape(q.queue) + '"]');
+      if (row) fill(row, q);
+      const spark = document.querySelector('svg[data-spark="' + CSS.escape(q.queue) + '"]');
+      if (spark) draw(spark, [{ values: q.done, cls: "done" }, { values: q.failed, cls: "failed" }], {});
+    });
+    const chart = document.getElementById("lateness-chart");
+    if (chart) draw(chart, [{ values: data.lateness_ms, cls: "late" }], { axis: true, format: duration });
+  }
+
+  function poll(url, apply) {
+    function tick() {
+      fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (r) { if (!r.ok) throw new Error(String(r.status)); return r.json(); })
+        .then(function (data) {
+          apply(data);
+          if (status) { status.textContent = "live · " + new Date().toLocaleTimeString(); status.classList.remove("off"); }
+        })
+        .catch(function () { if (status) { status.textContent = "offline"; status.classList.add("off"); } })
+        .finally(function () { window.setTimeout(tick, POLL_MS); });
+    }
+    tick();
+  }
+
+  if (document.getElementById("queues")) poll(base + "/api/overview", overview);
+  const cards = document.querySelector("[data-queue-api]");
+  if (cards) poll(cards.dataset.queueApi, function (q) { fill(cards, q); });
+
+  const all = document.getElementById("select-all");
+  if (all) all.addEventListener("change", function () {
+    document.querySelectorAll('input[name="ids"]').forEach(function (b) { b.checked = all.checked; });
+  });
+  document.querySelectorAll("form[data-confirm]").forEach(function (f) {
+    f.addEventListener("submit", function (ev) { if (!window.confirm(f.dataset.confirm)) ev.preventDefault(); });
+  });
+})();

@@ -1,0 +1,127 @@
+"""Paged, bounded reads for browsing a queue (the web dashboard): every function costs O(its
+page), never a scan of all jobs. Built on the index ZSETs (due, dead) and the per-minute stats
+hashes; job records are read only through `InspectingOps.get_jobs`, so a change of the job
+record's layout stays in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.core import codec
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import QueueKeys
+from scheduler.core.models import Job
+from scheduler.core.vocabulary import STAT_FIELDS, stat_field
+from scheduler.operations.dead_letters import dead_converted
+from scheduler.operations.ops import Ops
+from scheduler.operations.requests import Commands, Op
+
+MAX_PAGE = 500  # the largest page a browser may ask for
+MAX_SCAN = 2_000  # ids a filtered page looks through per request (find by task, dead filters)
+
+
+@dataclass(frozen=True)
+class FilteredPage:
+    """One page of a filtered listing. `next_offset` is where the next request resumes the
+    scan (None at the end); `scanned` says how many ids this request looked through."""
+
+    jobs: list[Job]
+    next_offset: int | None
+    scanned: int
+
+
+def _page_args(offset: int, limit: int) -> None:
+    codec._int(offset, "offset", minimum=0)
+    if codec._int(limit, "limit", minimum=1) > MAX_PAGE:
+        raise BadArgument(f"limit must be <= {MAX_PAGE}, got {limit}")
+
+
+def dead_ids_before(keys: QueueKeys, max_dead_ms: int, offset: int, limit: int) -> Op[list[str]]:
+    """Dead ids that died at or before `max_dead_ms`, newest first (the dead ZSET's score is
+    dead_ms, so an age filter is one BYSCORE range: O(log N + page))."""
+    _page_args(offset, limit)
+    yield from dead_converted()
+    (ids,) = yield Commands(
+        [("ZRANGE", keys.dead, max_dead_ms, "-inf", "BYSCORE", "REV", "LIMIT", offset, limit)]
+    )
+    return [codec.s(i) for i in ids]
+
+
+def dead_count_before(keys: QueueKeys, max_dead_ms: int) -> Op[int]:
+    """How many dead letters died at or before `max_dead_ms` (ZCOUNT: O(log N))."""
+    yield from dead_converted()
+    (n,) = yield Commands([("ZCOUNT", keys.dead, "-inf", max_dead_ms)])
+    return int(n)
+
+
+def _matches(job: Job, task: str | None, error_type: str | None) -> bool:
+    if task is not None and job.task != task:
+        return False
+    return error_type is None or job.fields.get("last_error_type") == error_type
+
+
+def filtered_page(
+    ops: Ops,
+    state: str,
+    *,
+    task: str | None = None,
+    error_type: str | None = None,
+    max_dead_ms: int | None = None,
+    offset: int = 0,
+    limit: int = 50,
+    max_scan: int = MAX_SCAN,
+) -> Op[FilteredPage]:
+    """Up to `limit` jobs of `state` matching the filters, scanning at most `max_scan` ids
+    from `offset` (a filter over a huge set is resumed page by page, never run to its end in
+    one request). `max_dead_ms` applies to dead letters only."""
+    _page_args(offset, limit)
+    found: list[Job] = []
+    scanned = 0
+    pos = offset
+    while scanned < max_scan and len(found) < limit:
+        step = min(limit * 4, max_scan - scanned, MAX_PAGE)
+        if state == "dead" and max_dead_ms is not None:
+            ids = yield from dead_ids_before(ops.keys, max_dead_ms, pos, step)
+        else:
+            ids = yield from ops.list_ids(state, offset=pos, limit=step)
+        if not ids:
+            return FilteredPage(found, None, scanned)
+        jobs = yield from ops.get_jobs(ids)
+        by_id = {j.id: j for j in jobs}
+        for n, job_id in enumerate(ids):
+            job = by_id.get(job_id)
+            if job is not None and _matches(job, task, error_type):
+                found.append(job)
+                if len(found) == limit:
+                    return FilteredPage(found, pos + n + 1, scanned + n + 1)
+        scanned += len(ids)
+        pos += len(ids)
+        if len(ids) < step:
+            return FilteredPage(found, None, scanned)
+    return FilteredPage(found, pos, scanned)
+
+
+def minute_series(
+    keys: QueueKeys, now_ms: int, minutes: int = 60, fields: Sequence[str] = STAT_FIELDS
+) -> Op[list[dict[str, int]]]:
+    """The per-minute outcome counters (lua/lib/util.lua bump_stat) for the last `minutes`
+    minutes, oldest first, the current partial minute last: one pipelined read of `minutes`
+    small hashes. Each entry has `minute_ms` (the minute's start) and every field."""
+    if not 1 <= codec._int(minutes, "minutes") <= 120:  # stats minutes are kept 2 h
+        raise BadArgument(f"minutes must be in [1, 120], got {minutes}")
+    minute = now_ms // 60_000
+    wanted = list(range(minute - minutes + 1, minute + 1))
+    replies: list[Any] = yield Commands([("HGETALL", keys.stats(m)) for m in wanted])
+    out: list[dict[str, int]] = []
+    for m, raw in zip(wanted, replies, strict=True):
+        row = dict.fromkeys(fields, 0)
+        row["minute_ms"] = m * 60_000
+        for name, value in (raw or {}).items():
+            field = stat_field(codec.s(name))
+            n = codec.stored_int(value)
+            if field in row and n is not None:
+                row[field] += n
+        out.append(row)
+    return out
