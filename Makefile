@@ -32,7 +32,7 @@ define pytest
 	  [ $$rc -ne 5 ] || echo "FAILED: pytest ran no test ($(1))"; exit $$rc; }
 endef
 
-.PHONY: demo test check test-suite test-valkey test-lowest-redis install install-test redis-server \
+.PHONY: demo test check test-suite test-valkey test-lowest-redis install install-test redis-server chromium \
         lint bench clean docs examples
 
 # Stamps: a venv is (re)installed only when pyproject.toml is newer than its stamp.
@@ -62,7 +62,7 @@ $(VENV_LOWEST)/.installed-test: pyproject.toml
 
 install: $(VENV)/.installed-embedded
 
-install-test: $(VENV)/.installed-test redis-server
+install-test: $(VENV)/.installed-test redis-server chromium
 
 # The tests need a real redis-server binary (they start private ones); install it when missing.
 redis-server:
@@ -70,6 +70,14 @@ redis-server:
 	  echo "redis-server not found: installing it with apt-get"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+
+# The dashboard's browser tests drive Debian's chromium (playwright cannot download browsers
+# here); install it when missing, like redis-server. Under CI=true a missing one fails the tests.
+chromium:
+	@test -x /usr/bin/chromium || { \
+	  echo "chromium not found: installing it with apt-get"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 demo: install
 	$(BIN)/scheduler demo
