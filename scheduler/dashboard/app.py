@@ -88,6 +88,10 @@ def create_app(
     ]
     app = Starlette(
         routes=routes,
-        exception_handlers={BadArgument: bad_input, SchedulerError: bad_input, ActionRefused: refused},
+        exception_handlers={
+            BadArgument: bad_input,
+            SchedulerError: bad_input,
+            ActionRefused: refused,
+        },
     )
     return DashboardApp(app, Auth.from_env() if auth is None else auth, store)

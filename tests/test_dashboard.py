@@ -1,0 +1,251 @@
+"""The web dashboard over HTTP (Starlette's TestClient, a real private Redis): hostile text is
+rendered inert, GET changes nothing, every POST needs the session's CSRF token, read-only and
+auth hold, the bind rule refuses an open address without auth."""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterator
+
+import pytest
+import redis
+from click.testing import CliRunner
+from starlette.applications import Starlette
+from starlette.routing import Mount
+from starlette.testclient import TestClient
+
+from scheduler import Queue
+from scheduler.cli.main import main
+from scheduler.core.errors import BadArgument
+from scheduler.dashboard import Auth, check_bind, create_app
+from scheduler.dashboard.security import CSP, ENV_AUTH, ENV_TOKEN
+from tests.conftest import dump_queue
+
+HOSTILE_TASK = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+HOSTILE = '<script>alert(3)</script>"><img src=x onerror=alert(4)>'
+RAW_MARKERS = ("<script>alert(", '"><img src=x onerror')
+
+
+def make_client(c: redis.Redis, q: Queue, **kwargs: object) -> TestClient:
+    kwargs.setdefault("auth", Auth())
+    app = create_app(client=c, queues=[q.name], sample_every_s=0, **kwargs)  # type: ignore[arg-type]
+    return TestClient(app)
+
+
+def csrf_of(html: str) -> str:
+    m = re.search(r'name="csrf" value="([0-9a-f]{64})"', html)
+    assert m, "no CSRF field on the page"
+    return m.group(1)
+
+
+def dead_job(q: Queue, payload: object = None, error: str = "Boom") -> str:
+    """Enqueue, claim and fail one job non-retryably: a dead letter with a real traceback."""
+    job_id = q.enqueue("mail.send", payload)
+    batch = q.claim("w-test", limit=1)
+    (job,) = [j for j in batch.jobs if j.id == job_id]
+    q.fail(job.id, job.token, (error, HOSTILE, f"Traceback: {HOSTILE}"), retryable=False)
+    return job_id
+
+
+@pytest.fixture
+def web(client: redis.Redis, q: Queue) -> Iterator[TestClient]:
+    with make_client(client, q) as t:
+        yield t
+
+
+def test_hostile_payload_task_and_error_render_as_text(
+    client: redis.Redis, q: Queue, web: TestClient
+) -> None:
+    job_id = dead_job(q, {"note": HOSTILE}, error="Err<script>alert(5)</script>")
+    # Enqueue refuses such a task name, so a hostile one is written by hand (as a hostile
+    # producer with write access could).
+    client.hset(q.keys.job(job_id), "task", HOSTILE_TASK)
+    pages = [
+        f"/queues/{q.name}?state=dead",
+        f"/queues/{q.name}/jobs/{job_id}",
+        f"/queues/{q.name}/dead",
+    ]
+    for path in pages:
+        r = web.get(path)
+        assert r.status_code == 200, path
+        for marker in RAW_MARKERS:
+            assert marker not in r.text, (path, marker)
+        assert "&lt;script&gt;alert(" in r.text, path
+        assert r.headers["content-security-policy"] == CSP
+    job_page = web.get(f"/queues/{q.name}/jobs/{job_id}").text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;&lt;img" in job_page  # the task
+    assert "Traceback: &lt;script&gt;alert(3)" in job_page  # the error history's traceback
+
+
+def test_get_never_changes_state(client: redis.Redis, q: Queue, web: TestClient) -> None:
+    dead_id = dead_job(q)
+    q.enqueue("mail.send", {"n": 1})
+    q.schedule("nightly", "mail.send", every_ms=60_000)
+    before = dump_queue(client, q)
+    paths = [
+        "/", "/api/overview", f"/queues/{q.name}", f"/queues/{q.name}?state=leased",
+        f"/queues/{q.name}?task=mail.send", f"/queues/{q.name}/jobs/{dead_id}",
+        f"/queues/{q.name}/dead", f"/queues/{q.name}/dead?task=mail.send&older_than=1s",
+        "/schedules", "/workers", "/health", f"/queues/{q.name}/api",
+        # the action URLs answer GET with 405 and do nothing
+        f"/queues/{q.name}/jobs/{dead_id}/requeue", f"/queues/{q.name}/jobs/{dead_id}/cancel",
+        f"/queues/{q.name}/dead/apply?do=purge:matching",
+        f"/queues/{q.name}/schedules/nightly/pause",
+    ]  # fmt: skip
+    codes = {p: web.get(p).status_code for p in paths}
+    assert all(c in (200, 405) for c in codes.values()), codes
+    assert codes[f"/queues/{q.name}/jobs/{dead_id}/requeue"] == 405
+    assert dump_queue(client, q) == before
+
+
+def test_post_without_a_valid_csrf_token_is_refused_and_changes_nothing(
+    client: redis.Redis, q: Queue, web: TestClient
+) -> None:
+    dead_id = dead_job(q)
+    page = web.get(f"/queues/{q.name}/jobs/{dead_id}")
+    token = csrf_of(page.text)
+    before = dump_queue(client, q)
+    url = f"/queues/{q.name}/jobs/{dead_id}/requeue"
+    assert web.post(url, data={}).status_code == 403
+    assert web.post(url, data={"csrf": "0" * 64}).status_code == 403
+    # A valid token of another session (another browser) is refused too.
+    with make_client(client, q) as other:
+        other_token = csrf_of(other.get(f"/queues/{q.name}/jobs/{dead_id}").text)
+    assert web.post(url, data={"csrf": other_token}).status_code == 403
+    # The right token from another site (Origin) is refused.
+    r = web.post(url, data={"csrf": token}, headers={"origin": "https://evil.example"})
+    assert r.status_code == 403
+    bulk = {"csrf": "bad", "do": "purge:matching"}
+    assert web.post(f"/queues/{q.name}/dead/apply", data=bulk).status_code == 403
+    assert dump_queue(client, q) == before
+    # With the session's own token, the same request works.
+    r = web.post(url, data={"csrf": token}, follow_redirects=False)
+    assert r.status_code == 303
+    assert q.get_job(dead_id).state in ("due", "scheduled")
+
+
+def test_read_only_refuses_every_action_and_shows_no_button(client: redis.Redis, q: Queue) -> None:
+    dead_id = dead_job(q)
+    with make_client(client, q, read_only=True) as web:
+        page = web.get(f"/queues/{q.name}/jobs/{dead_id}")
+        assert "requeue-job" not in page.text and "read-only" in page.text
+        token = csrf_of(web.get(f"/queues/{q.name}/dead").text)  # the form is there
+        before = dump_queue(client, q)
+        r = web.post(f"/queues/{q.name}/jobs/{dead_id}/requeue", data={"csrf": token})
+        assert r.status_code == 403 and "read-only" in r.text
+        assert dump_queue(client, q) == before
+
+
+def test_auth_basic_and_token(client: redis.Redis, q: Queue) -> None:
+    auth = Auth.from_env({ENV_AUTH: "ops:s3cret-pass", ENV_TOKEN: "t" * 20})
+    with make_client(client, q, auth=auth) as web:
+        assert web.get("/").status_code == 401
+        assert web.get("/").headers["www-authenticate"].startswith("Basic")
+        bad = base64.b64encode(b"ops:wrong").decode()
+        assert web.get("/", headers={"authorization": f"Basic {bad}"}).status_code == 401
+        good = base64.b64encode(b"ops:s3cret-pass").decode()
+        assert web.get("/", headers={"authorization": f"Basic {good}"}).status_code == 200
+        assert web.get("/", headers={"authorization": "Bearer " + "t" * 20}).status_code == 200
+        assert web.get("/", headers={"authorization": "Bearer " + "x" * 20}).status_code == 401
+        assert web.get("/static/dash.js").status_code == 401
+    with pytest.raises(BadArgument):
+        Auth.from_env({ENV_AUTH: "no-colon"})
+    with pytest.raises(BadArgument):
+        Auth.from_env({ENV_TOKEN: "short"})
+
+
+def test_an_open_address_without_auth_is_refused() -> None:
+    with pytest.raises(BadArgument, match=r"refusing to listen on '0\.0\.0\.0' without auth"):
+        check_bind("0.0.0.0", Auth())
+    check_bind("127.0.0.1", Auth())
+    check_bind("0.0.0.0", Auth(token="t" * 20))
+    result = CliRunner().invoke(
+        main, ["dashboard", "--url", "redis://127.0.0.1:1/0", "--host", "0.0.0.0"], env={}
+    )
+    assert result.exit_code == 2
+    assert "without authentication" in result.output
+
+
+def test_dead_bulk_confirmation_states_the_count_and_acts_on_the_match(
+    client: redis.Redis, q: Queue, web: TestClient
+) -> None:
+    timeouts = [dead_job(q, {"i": i}, error="Timeout") for i in range(3)]
+    others = [dead_job(q, {"i": i}, error="KeyError") for i in range(2)]
+    token = csrf_of(web.get(f"/queues/{q.name}/dead").text)
+    form = {"csrf": token, "do": "requeue:matching", "error_type": "Timeout"}
+    confirm = web.post(f"/queues/{q.name}/dead/confirm", data=form)
+    assert confirm.status_code == 200
+    assert re.search(r'id="confirm-count">3<', confirm.text)
+    assert q.counts().dead == 5  # the confirmation changed nothing
+    apply = {"csrf": token, "action": "requeue", "scope": "matching", "error_type": "Timeout"}
+    r = web.post(f"/queues/{q.name}/dead/apply", data=apply, follow_redirects=True)
+    assert "Requeued 3 dead job(s)." in r.text
+    assert sorted(q.dead_ids()) == sorted(others)
+    assert all(q.get_job(i).state == "due" for i in timeouts)
+    purge = {"csrf": token, "action": "purge", "scope": "selected", "ids": [others[0]]}
+    r = web.post(f"/queues/{q.name}/dead/apply", data=purge, follow_redirects=True)
+    assert "Purged 1 dead job(s)." in r.text
+    assert q.dead_ids() == [others[1]]
+    bad = {"csrf": token, "do": "requeue:matching", "older_than": "soon"}
+    assert web.post(f"/queues/{q.name}/dead/confirm", data=bad).status_code == 400
+
+
+def test_schedule_pause_resume_and_job_cancel(q: Queue, web: TestClient) -> None:
+    q.schedule("hourly", "mail.send", every_ms=3_600_000)
+    page = web.get("/schedules")
+    assert "hourly" in page.text
+    token = csrf_of(page.text)
+    url = f"/queues/{q.name}/schedules/hourly"
+    assert web.post(url + "/pause", data={"csrf": token}).status_code == 200
+    assert q.get_schedule("hourly").paused
+    web.post(url + "/resume", data={"csrf": token})
+    assert not q.get_schedule("hourly").paused
+    job_id = q.enqueue("mail.send", {"x": 1})
+    r = web.post(f"/queues/{q.name}/jobs/{job_id}/cancel", data={"csrf": token})
+    assert "Cancelled the job (it was due)." in r.text
+    assert q.get_job(job_id).state == "cancelled"
+
+
+def test_job_page_shows_the_lease_and_why_a_job_waits(q: Queue, web: TestClient) -> None:
+    job_id = q.enqueue("mail.send", {"x": 1})
+    r = web.get(f"/queues/{q.name}/jobs/{job_id}")
+    assert 'data-reason="no-live-worker"' in r.text
+    (job,) = q.claim("w-lease", limit=1, lease_ms=60_000).jobs
+    r = web.get(f"/queues/{q.name}/jobs/{job_id}")
+    assert job.token in r.text and "w-lease" in r.text
+    assert f'<td class="mono">{job.fence}</td>' in r.text
+    assert "Running now" in r.text
+    later = q.enqueue("mail.send", {}, delay_ms=600_000)
+    r = web.get(f"/queues/{q.name}/jobs/{later}")
+    assert 'data-reason="scheduled"' in r.text
+
+
+def test_mounted_under_a_prefix_links_stay_inside_it(client: redis.Redis, q: Queue) -> None:
+    dead_id = dead_job(q)
+    dash = create_app(client=client, queues=[q.name], auth=Auth(), sample_every_s=0)
+    outer = Starlette(routes=[Mount("/ops/scheduler", app=dash)])
+    with TestClient(outer) as web:
+        page = web.get(f"/ops/scheduler/queues/{q.name}/jobs/{dead_id}")
+        assert page.status_code == 200
+        assert f'action="/ops/scheduler/queues/{q.name}/jobs/{dead_id}/requeue"' in page.text
+        assert 'src="/ops/scheduler/static/dash.js"' in page.text
+        r = web.post(
+            f"/ops/scheduler/queues/{q.name}/jobs/{dead_id}/requeue",
+            data={"csrf": csrf_of(page.text)},
+            follow_redirects=False,
+        )
+        assert r.status_code == 303
+        assert r.headers["location"].startswith(f"/ops/scheduler/queues/{q.name}/jobs/")
+    assert q.counts().dead == 0
+
+
+def test_overview_api_counts_and_per_minute_outcomes(q: Queue, web: TestClient) -> None:
+    dead_job(q)
+    q.enqueue("mail.send", {})
+    q.enqueue("mail.send", {}, delay_ms=600_000)
+    data = web.get("/api/overview").json()
+    (row,) = [r for r in data["queues"] if r["queue"] == q.name]
+    assert (row["due"], row["scheduled"], row["dead"]) == (1, 1, 1)
+    assert len(row["failed"]) == 60 and row["failed"][-1] == 1  # this minute's failure
+    assert row["lateness_ms"][-1] is not None  # sampled by this very request
