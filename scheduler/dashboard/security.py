@@ -29,7 +29,7 @@ CSP = (
 HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),  # no-referrer would make Origin "null"
     (b"x-frame-options", b"DENY"),
     (b"cache-control", b"no-store"),
 ]

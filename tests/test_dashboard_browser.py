@@ -1,0 +1,149 @@
+"""The dashboard as a person uses it: a real headless Chromium (Debian's `chromium`, driven by
+Playwright) against the app served by uvicorn on a private Redis. Enqueue jobs, let some die,
+open the pages, requeue a dead letter and pause a schedule by clicking; Redis must change.
+
+Under CI=true a missing chromium fails (`make install-test` installs it); elsewhere it skips.
+DASHBOARD_SCREENSHOTS=<dir> also saves the main pages at 1280x800 (docs/screenshots/)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import uvicorn
+
+from scheduler import Queue
+from scheduler.dashboard import Auth, create_app
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = os.environ.get("DASHBOARD_SCREENSHOTS", "")
+
+if not os.path.exists(CHROMIUM):
+    message = f"no {CHROMIUM}: apt-get install chromium (make install-test does)"
+    if os.environ.get("CI"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def served(client: redis.Redis, q: Queue) -> Iterator[str]:
+    app = create_app(client=client, queues=[q.name], auth=Auth(), sample_every_s=1)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+    app.store.sampler.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    pg = context.new_page()
+    yield pg
+    context.close()
+
+
+def _shot(page: Page, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(SHOTS) / f"{name}.png"))
+
+
+def _work(q: Queue) -> list[str]:
+    """Jobs in every state: some done, some dead (with a traceback), some due, one later."""
+    ids = [q.enqueue("reports.build", {"report": i, "owner": "ops"}) for i in range(8)]
+    batch = q.claim("worker-1", limit=5)
+    dead = []
+    for n, job in enumerate(batch.jobs):
+        if n < 2:
+            q.complete(job.id, job.token, {"rows": 10 * n})
+            continue
+        tb = 'Traceback (most recent call last):\n  File "reports.py", line 42, in build\n'
+        tb += "    raise TimeoutError('warehouse did not answer')\nTimeoutError: warehouse"
+        q.fail(job.id, job.token, ("TimeoutError", "warehouse did not answer", tb), retryable=False)
+        dead.append(job.id)
+    q.enqueue("emails.digest", {"to": "team@example.com"}, delay_ms=900_000)
+    q.claim("worker-2", limit=1, lease_ms=120_000)
+    assert len(ids) == 8
+    return dead
+
+
+def test_requeue_a_dead_job_through_the_ui(page: Page, served: str, q: Queue) -> None:
+    dead = _work(q)
+    page.goto(served + "/")
+    row = page.locator(f'tr[data-queue="{q.name}"]')
+    expect(row.locator('[data-live="dead"]')).to_have_text("3")
+    # Live refresh: a new dead letter shows without reloading the page.
+    (job,) = [j for j in q.claim("worker-3", limit=1).jobs]
+    q.fail(job.id, job.token, ("KeyError", "'owner'", ""), retryable=False)
+    expect(row.locator('[data-live="dead"]')).to_have_text("4", timeout=10_000)
+    expect(page.locator("#lateness-chart path")).to_have_count(1, timeout=10_000)
+    _shot(page, "overview")
+
+    page.locator(f'a[href="/queues/{q.name}/dead"]').first.click()
+    expect(page.locator("#dead-total")).to_contain_text("4 dead letters match")
+    page.check(f'input[name="ids"][value="{dead[0]}"]')
+    _shot(page, "dead")
+    page.click("#requeue-selected")
+    expect(page.locator("#confirm-count")).to_have_text("1")
+    assert q.counts().dead == 4  # the confirmation page changed nothing
+    page.click("#confirm-apply")
+    expect(page.locator(".notice")).to_have_text("Requeued 1 dead job(s).")
+    assert q.get_job(dead[0]).state == "due"
+    assert q.counts().dead == 3
+
+    page.goto(f"{served}/queues/{q.name}/jobs/{dead[1]}")
+    expect(page.locator("#job-errors")).to_contain_text("warehouse did not answer")
+    _shot(page, "job")
+    page.goto(f"{served}/queues/{q.name}?state=due")
+    expect(page.locator("#jobs")).to_contain_text(dead[0])
+    _shot(page, "queue")
+
+
+def test_pause_a_schedule_through_the_ui(page: Page, served: str, q: Queue) -> None:
+    q.schedule("nightly-report", "reports.build", cron="0 2 * * *", tz="Europe/Berlin")
+    q.schedule("heartbeat", "ops.ping", every_ms=60_000)
+    page.goto(served + "/schedules")
+    row = page.locator('tr[data-schedule="nightly-report"]')
+    expect(row).to_contain_text(re.compile(r"CES?T"))  # next runs in the schedule's own time zone
+    row.locator("button.pause").click()
+    expect(page.locator(".notice")).to_have_text("Paused the schedule.")
+    assert q.get_schedule("nightly-report").paused
+    assert not q.get_schedule("heartbeat").paused
+    expect(page.locator('tr[data-schedule="nightly-report"] .sched-state')).to_have_text("paused")
+    _shot(page, "schedules")
+    page.goto(served + "/health")
+    expect(page.locator("h1")).to_have_text("Server health")
+    _shot(page, "health")
+    page.goto(served + "/workers")
+    _shot(page, "workers")
