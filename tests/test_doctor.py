@@ -177,7 +177,7 @@ def test_repair_parks_through_the_lua_move_as_a_claim_does(q: Queue, client: red
     now = server_now_ms(client)
     client.zadd(q.keys.leased, {a: now - HOUR_MS, b: now - 1_000})  # only a is stale for doctor
     (issue,) = check_queue(client, q.name)
-    assert issue.code == "lease-expired" and [c[0] for c in issue.repair] == ["EVAL"]
+    assert issue.code == "lease-expired" and [c[0] for c in issue.repair] == ["EVALSHA"]
     assert "lua/repair.lua" in issue.redis_cli()[0]
     assert [i.code for i in repair_queue(client, q.name).fixed] == ["lease-expired"]
     q.claim("w2", limit=0)  # the reaper parks b
@@ -222,7 +222,7 @@ def test_a_dead_hash_off_the_dead_zset_goes_back_through_the_lua_move(
     died_ms = int(client.hget(q.keys.job(dead_id), "dead_ms") or 0)
     client.zrem(q.keys.dead, dead_id)
     (issue,) = check_queue(client, q.name)
-    assert issue.code == "orphan-hash" and issue.repair[0][0] == "EVAL"
+    assert issue.code == "orphan-hash" and issue.repair[0][0] == "EVALSHA"
     report = repair_queue(client, q.name)
     assert report.remaining == [] and [i.code for i in report.fixed] == ["orphan-hash"]
     assert client.zscore(q.keys.dead, dead_id) == died_ms
@@ -256,7 +256,7 @@ def test_diagnose_prefers_the_state_field_for_a_job_in_two_places() -> None:
               "max_attempts": "3", "run_at_ms": "5"}  # fmt: skip
     snap = Snapshot("j", "hash", fields, None, due_ms=5, lease_until_ms=10_000, dead_count=0)
     (issue,) = diagnose(snap, Context(keys, 1_000, frozenset()))
-    assert issue.code == "two-places" and [c[0] for c in issue.repair] == ["EVAL"]
+    assert issue.code == "two-places" and [c[0] for c in issue.repair] == ["EVALSHA"]
     # unlist j from due, planned from (due,leased), keeping the state field leased
     assert issue.repair[0][-7:] == ("unlist", "j", "due,leased", "", "1000", "due", "leased")
 

@@ -19,7 +19,8 @@ HOUR_MS = 3_600_000
 
 def run_plan(client: redis.Redis, issue: Issue) -> list[object]:
     """Run a finding's repair as planned, later than the check (as a stale doctor would)."""
-    assert issue.repair and all(cmd[0] == "EVAL" for cmd in issue.repair)
+    assert issue.repair and all(cmd[0] == "EVALSHA" for cmd in issue.repair)
+    client.script_load(scripts.source("repair"))
     return [client.execute_command(*cmd) for cmd in issue.repair]  # type: ignore[no-untyped-call]
 
 

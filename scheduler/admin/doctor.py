@@ -217,6 +217,8 @@ def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
                 if todo is None:
                     pipe.unwatch()
                     return None
+                if any(cmd[0] == "EVALSHA" for cmd in todo.repair):
+                    pipe.script_load(scripts.source("repair"))  # runs now: not in the MULTI
                 pipe.multi()
                 for cmd in todo.repair:
                     pipe.execute_command(*cmd)  # type: ignore[no-untyped-call]

@@ -3,6 +3,7 @@ check's `Context`, the repair plans (each one lua/repair.lua move: the lib/job.l
 transitions, done only while the job is where the check found it) and the strict readers of
 stored numbers and fields."""
 
+import hashlib
 import json
 import math
 import shlex
@@ -79,11 +80,14 @@ class Context:
 
 
 def _by_hand(cmd: Command) -> str:
-    if cmd[0] == "EVAL":  # a lib move (lua/repair.lua): the expanded script is not for a terminal
+    if cmd[0] == "EVALSHA":  # a lib move (lua/repair.lua): its sha means nothing in a terminal
         nkeys = int(cmd[2])
         args = " ".join(shlex.quote(a) for a in cmd[3 + nkeys :])
         return f"scheduler doctor --fix   # runs lua/repair.lua on {shlex.quote(cmd[3])}: {args}"
     return "redis-cli " + " ".join(shlex.quote(a) for a in cmd)  # none today: every repair is Lua
+
+
+REPAIR_SHA = hashlib.sha1(scripts.source("repair").encode()).hexdigest()
 
 
 # -- repair plans: each one lua/repair.lua move, guarded by where the plan found the job ------
@@ -97,8 +101,8 @@ def _repair(
     lease_until = str(s.lease_until_ms) if lease and s.lease_until_ms is not None else ""
     return [
         (
-            "EVAL",
-            scripts.source("repair"),
+            "EVALSHA",  # the operator role may run EVALSHA, not EVAL (docs/security.md)
+            REPAIR_SHA,
             str(len(keys)),
             *keys,
             move,
