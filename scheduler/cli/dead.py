@@ -1,4 +1,5 @@
-"""`scheduler dead list | requeue | purge`: the dead-letter list, with filters."""
+"""`scheduler dead list | requeue | purge | retention`: the dead-letter list, with filters
+(`retention` lives in dead_retention.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from scheduler.cli.common import (
     require_queue,
     url_option,
 )
+from scheduler.cli.dead_retention import retention
 from scheduler.cli.jobs import job_json
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
@@ -41,7 +43,11 @@ def register(main: click.Group) -> None:
 @click.group(cls=AdminGroup, epilog=EXIT_CODES_HELP)
 def dead() -> None:
     """Jobs parked for a human: list them, requeue them with a fresh attempt budget, or purge
-    them for good. Filters combine (all must match); no filter selects every dead job."""
+    them for good; `retention` shows or sets the opt-in limits (off by default). Filters
+    combine (all must match); no filter selects every dead job."""
+
+
+dead.add_command(retention)
 
 
 def _ids(_: click.Context, __: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:

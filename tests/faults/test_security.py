@@ -227,6 +227,7 @@ def operator_commands(ids: dict[str, str]) -> list[tuple[str, ...]]:
         *[("jobs", "show", *q, i) for i in ids.values()],
         ("jobs", "show", *q, ids["dead"], "--json"),
         ("dead", "list", *q), ("dead", "list", *q, "--json"),
+        ("dead", "retention", *q), ("dead", "retention", *q, "--max-count", "1000", "--yes"),
         ("doctor",), ("doctor", "--fix"), ("doctor", *q, "--json"),
         ("schedules", "list", *q), ("schedules", "list", *q, "--json"),
         ("schedules", "pause", "nightly", *q), ("schedules", "resume", "nightly", *q),
