@@ -3,6 +3,9 @@ or a refusal with --strict, before anything is written."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -62,3 +65,32 @@ def test_doctor_and_startup_share_one_judgement_of_unseen_snapshots() -> None:
         ("persistence-unknown", "warning")
     ]
     assert [f.code for f in check_server(info, {"save": ""})] == ["persistence-off"]
+
+
+def test_worker_and_stats_show_the_settings_finding_once_not_as_a_redis_error(
+    volatile_url: str,
+) -> None:
+    """The persistence warning once per process (issue 14): the worker logs each finding once at
+    start, labelled as a settings finding; `stats`, plain or watching, repeats none of it."""
+    cmd = [sys.executable, "-c", "from scheduler.cli.main import main; main()", "worker",
+           "scheduler.cli.demo_tasks:registry", "--url", volatile_url, "-q", "warnw"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the start-up check runs before the start line
+            lines.append(line)
+            if " started: " in line:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    text = "".join(lines) + out
+    assert proc.returncode == 0, text
+    assert text.count("[persistence-off]") == 1 and text.count("[eviction-policy]") == 1, text
+    assert "redis error" not in text.lower() and "server settings (error)" in text
+    runner = CliRunner()
+    for args in (["stats"], ["stats", "--watch", "--count", "3", "--interval", "0.05"]):
+        res = runner.invoke(main, [*args, "--url", volatile_url])
+        assert res.exit_code == 0, res.output
+        assert "[persistence-off]" not in res.output and "redis error" not in res.output.lower()
