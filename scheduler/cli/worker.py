@@ -11,8 +11,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 import click
-import redis.asyncio as aredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from scheduler.admin.startup import (
     APP_ROLE_HINT,
@@ -24,6 +23,7 @@ from scheduler.admin.startup import (
     permission_message,
 )
 from scheduler.cli.common import url_option
+from scheduler.core.connection import connect_async, parse_url
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN
 from scheduler.core.keys import check_job_id
 from scheduler.core.safety import redact, safe
@@ -40,7 +40,7 @@ from scheduler.worker import (
 from scheduler.worker.execution import TRANSIENT
 from scheduler.worker.registry import Registry
 
-_START_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT, RedisError)
+_START_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT, RedisError, RedisClusterException)
 
 
 class RegistryImportError(Exception):
@@ -78,9 +78,7 @@ async def _serve(
     strict: bool,
     worker_id: str | None,
 ) -> int:
-    client = aredis.Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30
-    )
+    client = connect_async(url, socket_connect_timeout=5, socket_timeout=30)
     worker = Worker(client, registry, settings, worker_id=worker_id)
     try:
         await worker.preflight()
@@ -239,6 +237,7 @@ def worker_cmd(
     )
     try:
         settings.check()
+        parse_url(url)  # a bad URL (or cluster form) is a usage error, before any I/O
         if worker_id is not None:
             check_job_id(worker_id)  # the same safe alphabet: it becomes part of a key name
     except SettingsError as exc:

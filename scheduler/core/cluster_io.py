@@ -141,6 +141,7 @@ async def _node_async(
 
 
 async def _batch_async(rc: Any, batch: Any) -> list[Any]:
+    await rc.initialize()  # a no-op once done: an asyncio RedisCluster connects lazily
     if _STALE:
         await _refresh_async(rc)
     replies: list[Any] = [None] * len(batch.cmds)

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 
 from scheduler.core.backoff import Backoff
+from scheduler.core.connection import connect
 from scheduler.worker.registry import JobContext, Registry
 
 registry = Registry()
@@ -21,7 +22,7 @@ LEDGER = "test:ledger"  # queue-independent key: tests run on a private server
 def r() -> redis.Redis:
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(os.environ["TEST_REDIS_URL"], decode_responses=True)
+        _client = connect(os.environ["TEST_REDIS_URL"])  # a redis+cluster:// URL too
     return _client
 
 
