@@ -1,0 +1,217 @@
+"""Redis Cluster: the URL forms, and what a single-node client got wrong on a cluster
+(pipelined scripts, WAIT on the wrong node, one-node SCAN, MOVED after a slot moved, NOSCRIPT
+per node). Runs on the cluster run's own cluster (SCHEDULER_TEST_SERVER=cluster), else on one
+started for this module (~8 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+from redis.cluster import RedisCluster
+
+from scheduler import AsyncQueue, BadArgument, JobSpec, Queue
+from scheduler._spawn_cluster import LocalCluster
+from scheduler.admin.inspection import discover_queues
+from scheduler.cli.main import main
+from scheduler.core.connection import connect, connect_async, is_cluster, parse_url
+from tests.redis_server import is_cluster_run, require_server
+
+
+# -- the URL forms (no server) ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("url", "seeds", "plain"),
+    [
+        ("redis+cluster://a:7000,b:7001/", (("a", 7000), ("b", 7001)), "redis://a:7000/0"),
+        ("rediss+cluster://u:pw@a:7000/", (("a", 7000),), "rediss://u:pw@a:7000/0"),
+        ("redis://a:7000/0?cluster=1", (("a", 7000),), "redis://a:7000/0"),
+        ("redis://a:7000/?cluster=yes&socket_timeout=3", (("a", 7000),),
+         "redis://a:7000/0?socket_timeout=3"),
+        ("redis://a:7000/2", (), "redis://a:7000/2"),
+        ("redis://a:7000/0?cluster=0", (), "redis://a:7000/0"),
+        ("unix:///tmp/r.sock", (), "unix:///tmp/r.sock"),
+    ],
+)  # fmt: skip
+def test_url_forms(url: str, seeds: tuple[tuple[str, int], ...], plain: str) -> None:
+    target = parse_url(url)
+    assert (target.seeds, target.url, target.cluster) == (seeds, plain, bool(seeds))
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("unix:///tmp/r.sock?cluster=1", "needs TCP"),
+        ("redis+cluster://a:7000/1", "only database 0"),
+        ("redis+cluster://a:notaport/", "bad node"),
+        ("redis+cluster:///", "no host"),
+        ("redis://a:7000/?cluster=maybe", "expected 1 or 0"),
+        ("memcached://a:1", "unknown scheme"),
+        ("a:7000", "scheme"),
+    ],
+)
+def test_bad_urls_are_refused_with_the_password_hidden(url: str, why: str) -> None:
+    with pytest.raises(BadArgument, match=why):
+        parse_url(url)
+    with pytest.raises(BadArgument) as info:
+        parse_url(url.replace("://", "://user:s3cret@", 1))
+    assert "s3cret" not in str(info.value)
+
+
+def test_cli_refuses_a_bad_cluster_url_as_usage() -> None:
+    res = CliRunner().invoke(main, ["stats", "--url", "redis+cluster://a:7000/3"])
+    assert res.exit_code == 2 and "only database 0" in res.output
+    res = CliRunner().invoke(main, ["worker", "tests.workers.basic:registry", "--url",
+                                    "unix:///x.sock?cluster=1"])  # fmt: skip
+    assert res.exit_code == 2 and "needs TCP" in res.output
+
+
+# -- on a cluster ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    if is_cluster_run():
+        yield request.getfixturevalue("redis_url")
+        return
+    with LocalCluster(require_server("a local Redis Cluster")) as cluster:
+        yield cluster.url
+
+
+@pytest.fixture
+def rc(cluster_url: str) -> Iterator[Any]:
+    client = connect(cluster_url)
+    assert isinstance(client, RedisCluster)
+    yield client
+    client.close()
+
+
+def _queues_on_every_primary(rc: Any, prefix: str) -> list[str]:
+    """One queue name per primary (the slot of `sched:{name}:` decides where it lives)."""
+    by_node: dict[str, str] = {}
+    for i in range(200):
+        name = f"{prefix}-{i}"
+        node = rc.get_node_from_key(f"sched:{{{name}}}:")
+        by_node.setdefault(node.name, name)
+    assert len(by_node) == len(rc.get_primaries()) == 3
+    return sorted(by_node.values())
+
+
+def _drop(rc: Any, names: list[str]) -> None:
+    for name in names:
+        keys = list(rc.scan_iter(match=f"sched:{{{name}}}:*"))
+        if keys:
+            rc.delete(*keys)
+
+
+def test_batches_and_wait_replicas_on_every_primary(rc: Any, queue_name: str) -> None:
+    """Several enqueue batches are one pipeline of scripts, and WAIT counts the replica of the
+    node that took them: refused by redis-py's ClusterPipeline, or NotDurable from the wrong
+    node, before."""
+    names = _queues_on_every_primary(rc, queue_name)
+    try:
+        for name in names:
+            q = Queue(rc, name, wait_replicas=1, wait_timeout_ms=2_000)
+            ids = q.enqueue_many([JobSpec("t", {"n": i}) for i in range(7)], batch_size=3)
+            assert len(set(ids)) == 7 and q.counts().due == 7
+            batch = q.claim("w", limit=7)
+            assert sorted(j.id for j in batch.jobs) == sorted(ids)
+            q.complete_many([(j.id, j.token, None) for j in batch.jobs])
+            assert q.counts().due == 0 and {q.status(i) for i in ids} == {"done"}
+        assert set(names) <= set(discover_queues(rc))
+    finally:
+        _drop(rc, names)
+
+
+def test_async_client_on_every_primary(cluster_url: str, queue_name: str) -> None:
+    names = [f"{queue_name}-a{i}" for i in range(6)]
+
+    async def main() -> list[int]:
+        client = connect_async(cluster_url)
+        try:
+            out = []
+            for name in names:
+                aq = AsyncQueue(client, name, wait_replicas=1, wait_timeout_ms=2_000)
+                await aq.enqueue_many([JobSpec("t", None) for _ in range(5)], batch_size=2)
+                out.append((await aq.counts()).due)
+            return out
+        finally:
+            await client.aclose()
+
+    try:
+        assert asyncio.run(main()) == [5] * 6
+    finally:
+        with connect(cluster_url) as sync:
+            _drop(sync, names)
+
+
+def test_cli_stats_and_workers_cover_every_primary(
+    rc: Any, cluster_url: str, queue_name: str
+) -> None:
+    names = _queues_on_every_primary(rc, queue_name)
+    try:
+        for n, name in enumerate(names):
+            Queue(rc, name).enqueue_many([JobSpec("t", None) for _ in range(n + 1)])
+        res = CliRunner().invoke(main, ["stats", "--url", cluster_url, "--json"])
+        assert res.exit_code == 0, res.output
+        rows = {r["queue"]: r for r in json.loads(res.output)["queues"]}
+        assert [rows[name]["due"] for name in names] == [1, 2, 3]
+        res = CliRunner().invoke(main, ["workers", "--url", cluster_url, "--json"])
+        assert res.exit_code == 0, res.output
+    finally:
+        _drop(rc, names)
+
+
+def test_a_moved_slot_is_followed_by_an_old_client(cluster_url: str, queue_name: str) -> None:
+    """Move the queue's slot to another primary behind the client's back: its next script
+    call answers MOVED, the driver re-reads the topology and sends it again."""
+    client: Any = connect(cluster_url)
+    assert is_cluster(client)
+    q = Queue(client, queue_name)
+    first = q.enqueue("t", {"n": 1})
+    source = client.get_node_from_key(q.keys.prefix)
+    target = next(n for n in client.get_primaries() if n.name != source.name)
+    _move_slot(client, q.keys.prefix, source, target)
+    try:
+        ids = q.enqueue_many([JobSpec("t", {"n": i}) for i in range(4)], batch_size=2)
+        assert q.counts().due == 5 and q.status(first) == "due"
+        assert client.get_node_from_key(q.keys.prefix).name == target.name
+        assert len(ids) == 4
+    finally:
+        _drop(client, [queue_name])
+        client.close()
+
+
+def _move_slot(client: Any, key: str, source: object, target: object) -> None:
+    src = client.get_redis_connection(source)
+    dst = client.get_redis_connection(target)
+    slot = client.keyslot(key)
+    src_id, dst_id = _cmd(src, "CLUSTER", "MYID"), _cmd(dst, "CLUSTER", "MYID")
+    _cmd(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    _cmd(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    host, port = (
+        dst.connection_pool.connection_kwargs["host"],
+        dst.connection_pool.connection_kwargs["port"],
+    )
+    while keys := _cmd(src, "CLUSTER", "GETKEYSINSLOT", slot, 100):
+        _cmd(src, "MIGRATE", host, port, "", 0, 5000, "KEYS", *keys)
+    for node in (dst, src):
+        _cmd(node, "CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+def _cmd(client: redis.Redis, *args: object) -> Any:
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def test_noscript_is_reloaded_on_the_node_that_lost_its_scripts(rc: Any, queue_name: str) -> None:
+    q = Queue(rc, queue_name, wait_replicas=1)
+    q.enqueue("t", None)
+    for node in rc.get_primaries():
+        _cmd(rc.get_redis_connection(node), "SCRIPT", "FLUSH")
+    try:
+        q.enqueue_many([JobSpec("t", None) for _ in range(3)], batch_size=1)
+        assert q.counts().due == 4
+    finally:
+        _drop(rc, [queue_name])
