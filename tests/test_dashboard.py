@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -249,3 +250,44 @@ def test_overview_api_counts_and_per_minute_outcomes(q: Queue, web: TestClient) 
     assert (row["due"], row["scheduled"], row["dead"]) == (1, 1, 1)
     assert len(row["failed"]) == 60 and row["failed"][-1] == 1  # this minute's failure
     assert row["lateness_ms"][-1] is not None  # sampled by this very request
+
+
+def test_the_documented_django_asgi_route_serves_the_dashboard_under_its_prefix(
+    client: redis.Redis, q: Queue
+) -> None:
+    """docs/dashboard.md's asgi.py router, with a stand-in for Django's app."""
+    dashboard = create_app(client=client, queues=[q.name], auth=Auth(), sample_every_s=0)
+    other = Starlette()  # stands for get_asgi_application(): 404 for everything
+    prefix = "/scheduler"
+
+    async def application(scope: Any, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path == prefix or path.startswith(prefix + "/")):
+            scope = dict(scope, root_path=scope.get("root_path", "") + prefix)
+            await dashboard(scope, receive, send)
+        else:
+            await other(scope, receive, send)
+
+    with TestClient(application) as web:
+        page = web.get(f"/scheduler/queues/{q.name}")
+        assert page.status_code == 200
+        assert f'action="/scheduler/queues/{q.name}"' in page.text
+        assert web.get("/admin/").status_code == 404
+
+
+def test_a_filtered_page_looks_through_a_bounded_number_of_ids(
+    client: redis.Redis, q: Queue
+) -> None:
+    from scheduler.dashboard.store import Store
+    from scheduler.operations.browsing import filtered_page
+
+    for i in range(30):
+        q.enqueue("a.task" if i % 10 == 9 else "b.task", {"i": i})
+    store = Store(client, [q.name], sample_every_s=0)
+    page = store.run(q, filtered_page(q.ops, "due", task="a.task", limit=5, max_scan=12))
+    assert [j.task for j in page.jobs] == ["a.task"]  # only ids 0..11 were looked at
+    assert (page.scanned, page.next_offset) == (12, 12)
+    rest = store.run(
+        q, filtered_page(q.ops, "due", task="a.task", offset=12, limit=5, max_scan=100)
+    )
+    assert len(rest.jobs) == 2 and rest.next_offset is None

@@ -19,7 +19,7 @@ from scheduler.operations.ops import Ops
 from scheduler.operations.requests import Commands, Op
 
 MAX_PAGE = 500  # the largest page a browser may ask for
-MAX_SCAN = 2_000  # ids a filtered page looks through per request (find by task, dead filters)
+MAX_SCAN = 1_000  # ids a filtered page looks through per request (find by task, dead filters)
 
 
 @dataclass(frozen=True)
