@@ -210,13 +210,40 @@ def backoff_option(f: F) -> F:
     )(f)
 
 
+def _timeout_given(ctx: click.Context, name: str, value: int | None) -> int | None:
+    # --timeout (a duration) and --timeout-ms (ms) set one value; an option not on the command
+    # line is processed after those that are, so the given one is always seen first.
+    if value is None:
+        return None
+    other = ctx.meta.setdefault("timeout_option", name)
+    if other != name:
+        raise click.UsageError("give --timeout or --timeout-ms, not both")
+    ctx.meta["timeout_ms"] = value
+    return value
+
+
 def timeout_option(f: F) -> F:
-    return click.option(
+    def ms(ctx: click.Context, _: click.Parameter, value: int | None) -> int:
+        if _timeout_given(ctx, "--timeout-ms", value) is None:
+            return int(ctx.meta.get("timeout_ms", 0))
+        return int(value or 0)
+
+    def duration(ctx: click.Context, _: click.Parameter, value: int | None) -> None:
+        _timeout_given(ctx, "--timeout", value)
+
+    f = click.option(
         "--timeout-ms",
         type=click.IntRange(min=0),
-        default=0,
-        show_default=True,
-        help="A run longer than this is stopped and retried (0: no timeout).",
+        default=None,
+        callback=ms,
+        help="A run longer than this many ms is stopped and retried (0, the default: none).",
+    )(f)
+    return click.option(
+        "--timeout",
+        type=Duration(),
+        expose_value=False,
+        callback=duration,
+        help="--timeout-ms as a duration: 30s, 5m, 1h.",
     )(f)
 
 
