@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
+from rich.console import Console
 from rich.table import Table
 
 from scheduler.admin.inspection import server_now_ms
@@ -89,39 +92,60 @@ def list_jobs(
             }
         )
         return
-    t = Table(title=f"{state} jobs in {queue!r}" + (f" (task {markup_safe(task)})" if task else ""))
-    id_column(t, "id", (r["id"] for r in rows))
-    for col in ("task", "attempts", "when", "worker", "last error"):
-        t.add_column(col, overflow="fold")
-    for r in rows:
-        if state == "leased":
-            unreadable = r["lease_unreadable"]
-            when = (
-                "lease " + UNREADABLE_LEASE
-                if unreadable
-                else f"lease left {fmt_ms(r['lease_left_ms'])}"
-            )
-        elif state == "dead":
-            when = f"dead {fmt_time(r['dead_ms'])}: {r['dead_reason'] or '?'}"
-        else:
-            when = (
-                f"run in {fmt_ms(r['run_in_ms'])}"
-                if (r["run_in_ms"] or 0) > 0
-                else (f"late {fmt_ms(-(r['run_in_ms'] or 0))}")
-            )
-        err = f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
-        t.add_row(
-            cell(r["id"]),
-            cell(r["task"]),
-            f"{r['attempts']}/{r['max_attempts']}",
-            cell(when),
-            cell(r["worker"] or "-"),
-            cell(err),
-        )
+    title = f"{state} jobs in {queue!r}"
     out = console()
-    out.print(t)
+    if out.width < _TABLE_MIN_WIDTH:
+        _print_blocks(out, title + (f" (task {task})" if task else ""), rows, state)
+    else:
+        t = Table(title=title + (f" (task {markup_safe(task)})" if task else ""))
+        id_column(t, "id", (r["id"] for r in rows))
+        for col in ("task", "attempts", "when", "worker", "last error"):
+            t.add_column(col, overflow="fold")
+        for r in rows:
+            t.add_row(
+                cell(r["id"]),
+                cell(r["task"]),
+                f"{r['attempts']}/{r['max_attempts']}",
+                cell(_when(r, state)),
+                cell(r["worker"] or "-"),
+                cell(_error(r)),
+            )
+        out.print(t)
     if scanned is not None and scanned >= _TASK_SCAN_MAX:
         out.print(f"[yellow]stopped after examining {scanned} jobs; narrow with --offset[/]")
+
+
+# Narrower than this, six columns fold task names and worker ids by character: one block per
+# job instead (as `dead list` prints), which wraps by word at any width and greps well.
+_TABLE_MIN_WIDTH = 120
+
+
+def _when(r: dict[str, Any], state: str) -> str:
+    if state == "leased":
+        if r["lease_unreadable"]:
+            return "lease " + UNREADABLE_LEASE
+        left = r["lease_left_ms"] or 0
+        return f"lease left {fmt_ms(left)}" if left >= 0 else f"lease lapsed {fmt_ms(-left)} ago"
+    if state == "dead":
+        return f"dead {fmt_time(r['dead_ms'])}: {r['dead_reason'] or '?'}"
+    if (r["run_in_ms"] or 0) > 0:
+        return f"run in {fmt_ms(r['run_in_ms'])}"
+    return f"late {fmt_ms(-(r['run_in_ms'] or 0))}"
+
+
+def _error(r: dict[str, Any]) -> str:
+    return f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
+
+
+def _print_blocks(out: Console, title: str, rows: list[dict[str, Any]], state: str) -> None:
+    out.print(cell(f"{title}: {len(rows)} shown"))
+    for r in rows:
+        head = f"{r['id']}  {r['task']}  attempts {r['attempts']}/{r['max_attempts']}"
+        out.print(cell(f"{head}  {_when(r, state)}"), style="bold")
+        if r["worker"]:
+            out.print(cell(f"  worker: {r['worker']}"))
+        if r["last_error_type"]:
+            out.print(cell(f"  last error: {_error(r)}"))
 
 
 def _filter_by_task(
