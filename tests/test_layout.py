@@ -13,6 +13,7 @@ PACKAGE = ROOT / "scheduler"
 # layer 3 because it runs the operations' requests.
 LAYER_BY_PREFIX = {
     "scheduler._spawn": 0,
+    "scheduler._spawn_cluster": 0,
     "scheduler.core.scripts": 3,
     "scheduler.core": 1,
     "scheduler.operations": 2,
