@@ -104,6 +104,8 @@ local function flow_ck_promote(prefix, key, n)
     redis.call('ZREM', hk, ids[i])
     flow_unhold(prefix, ids[i], ids[i + 1])
   end
+  -- An idle worker may be sleeping until a lease ends: this job is due now.
+  if #ids > 0 then wake(prefix .. 'wake') end
 end
 
 -- A job leaves leased (complete, fail, release, cancel, a reaped lease, a park): its slot is
@@ -195,34 +197,49 @@ local function flow_forget(prefix, id, now)
 end
 
 -- Fill a claim batch in flow order: aged jobs FIFO, then each priority level high to low, then
--- the rest of due FIFO (docs/flow-control.md). `examine(id)` leases ('took'), sets aside
--- ('held') or parks/drops ('gone') one candidate; ids it takes stay in due until claim's end.
--- Without priority levels this is the plain FIFO scan, with one more round only after holds.
+-- the rest of due FIFO (docs/flow-control.md). `examine(id, due_score)` leases ('took'), sets
+-- aside ('held') or parks/drops ('gone') one candidate; ids it takes stay in due until claim's
+-- end. Without priority levels this is the plain FIFO scan (one ZRANGE), with one more round
+-- only after holds.
 local function flow_fill(prefix, due, now, limit, examine)
   local seen, took, budget = {}, 0, limit + FLOW_HOLD_BUDGET
+  local function one(src, in_due, id, s)
+    seen[id] = true
+    budget = budget - 1
+    if not in_due then
+      redis.call('ZREM', src, id)
+      -- A stale index entry (the job left due, or is due later): dropped, nothing else.
+      if s == false or tonumber(s) > now then return 'stale' end
+    end
+    return examine(id, s)
+  end
   local function pass(src, hi, in_due)
     while took < limit and budget > 0 do
       local want = (limit - took) + (in_due and took or 0)
-      local ids = redis.call('ZRANGE', src, '-inf', hi, 'BYSCORE', 'LIMIT', 0, want)
-      local again = false
-      for _, id in ipairs(ids) do
-        if took >= limit or budget <= 0 then break end
-        if not seen[id] then
-          seen[id] = true
-          budget = budget - 1
-          local s = in_due or redis.call('ZSCORE', due, id)
-          if s == false or (s ~= true and tonumber(s) > now) then
-            -- A stale index entry (the job left due, or moved later): dropped here.
-            redis.call('ZREM', src, id)
-            again = true
-          else
-            if not in_due then redis.call('ZREM', src, id) end
-            local v = examine(id)
+      local got, again = 0, false
+      if in_due then
+        local ids = redis.call('ZRANGE', src, '-inf', hi, 'BYSCORE', 'LIMIT', 0, want,
+          'WITHSCORES')
+        got = #ids / 2
+        for k = 1, #ids, 2 do
+          if took >= limit or budget <= 0 then break end
+          if not seen[ids[k]] then
+            local v = one(src, true, ids[k], ids[k + 1])
             if v == 'took' then took = took + 1 elseif v == 'held' then again = true end
           end
         end
+      else
+        local ids = redis.call('ZRANGE', src, '-inf', hi, 'BYSCORE', 'LIMIT', 0, want)
+        got = #ids
+        for _, id in ipairs(ids) do
+          if took >= limit or budget <= 0 then break end
+          if not seen[id] then
+            local v = one(src, false, id, redis.call('ZSCORE', due, id))
+            if v == 'took' then took = took + 1 elseif v ~= 'gone' then again = true end
+          end
+        end
       end
-      if not again or #ids < want then return end
+      if not again or got < want then return end
     end
   end
   local levels = redis.call('SMEMBERS', prefix .. 'flow:levels')
