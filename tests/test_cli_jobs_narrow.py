@@ -1,6 +1,7 @@
-"""`jobs list` at 80 columns (issue 14's CLI list: tables readable at 80 columns and in a pipe):
-one block per job, so task names, worker ids and words are never folded by character; wide
-consoles and pipes keep the table. A lapsed lease reads as lapsed, not a negative time left."""
+"""`jobs list` and `workers` at 80 columns (issue 14's CLI list: tables readable at 80 columns
+and in a pipe): one block per job or worker, so task names, worker ids and words are never
+folded by character nor cut to '…'; wide consoles and pipes keep the table. A lapsed lease
+reads as lapsed, not a negative time left."""
 
 from __future__ import annotations
 
@@ -69,3 +70,21 @@ def test_a_lapsed_lease_reads_as_lapsed(
         out = cli(columns)("jobs", "list", "-q", q.name, "--state", "leased").stdout
         text = " ".join(out.split())  # the block wraps by word at 80 columns
         assert "lease lapsed 1m3" in text and "left -" not in text, out
+
+
+def test_workers_at_80_columns_cut_nothing(
+    cli: Callable[[str], Run], q: Queue, client: redis.Redis
+) -> None:
+    """Eight columns at 80 cut the queues and the start time to '…': a block per worker."""
+    now = server_now_ms(client)
+    queues = f"{q.name},billing-invoices,notifications-email"
+    client.zadd(q.keys.workers, {WORKER: now})
+    client.hset(q.keys.worker(WORKER), mapping={"host": "eu-west-1b-node-17", "pid": 4242,
+        "queues": queues, "started_ms": now - 5_000, "last_heartbeat_ms": now,
+        "in_flight": 3, "concurrency": 8})  # fmt: skip
+    client.pexpire(q.keys.worker(WORKER), 60_000)
+    out = cli("80")("workers", "-q", q.name).stdout
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    assert {WORKER, queues, "eu-west-1b-node-17"} <= set(out.split()) and "3 / 8" in out
+    wide = cli("200")("workers", "-q", q.name).stdout
+    assert "┃ queue" in wide and queues in wide

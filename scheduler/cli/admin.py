@@ -158,6 +158,9 @@ def stats(
 
 
 # -- workers ---------------------------------------------------------------------------------
+_WORKERS_TABLE_MIN_WIDTH = 120  # narrower: one block per worker, nothing cut to "…"
+
+
 @click.command(cls=AdminCommand)
 @url_option
 @queues_option
@@ -180,23 +183,28 @@ def workers(url: str, queues: tuple[str, ...], as_json: bool) -> None:
     t = Table(title="live workers")
     for col in ("queue", "id", "host", "pid", "queues", "started", "last heartbeat", "in flight"):
         t.add_column(col, no_wrap=col in ("queue", "id"))
+    out = console()
     for w in found:
         beat = w["last_heartbeat_ms"] or w["last_seen_ms"]
         flight = "-" if w["in_flight"] is None else str(w["in_flight"])
         if w["concurrency"] is not None:
             flight += f" / {w['concurrency']}"
-        t.add_row(
-            cell(w["queue"]),
-            cell(w["id"]),
-            cell(w["host"]),
-            str(w["pid"] or "-"),
-            cell(",".join(w["queues"])),
-            fmt_time(w["started_ms"]),
-            f"{fmt_ms(now_ms - beat)} ago" if beat else "-",
-            flight,
-        )
-    out = console()
-    out.print(t if found else "no live workers")
+        last = f"{fmt_ms(now_ms - beat)} ago" if beat else "-"
+        started = fmt_time(w["started_ms"])
+        names = ",".join(w["queues"])
+        row = (w["queue"], w["id"], w["host"], str(w["pid"] or "-"), names, started, last, flight)
+        if out.width < _WORKERS_TABLE_MIN_WIDTH:
+            # Eight columns at 80 would cut queues and times to "…": one block per worker.
+            head = f"{w['id']}  on {w['queue']}  host {w['host']} pid {row[3]}"
+            out.print(cell(head), style="bold")
+            out.print(cell(f"  queues {names}  started {started}"))
+            out.print(cell(f"  last heartbeat {last}  in flight {flight}"))
+        else:
+            t.add_row(*(cell(v) for v in row))
+    if not found:
+        out.print("no live workers")
+    elif out.width >= _WORKERS_TABLE_MIN_WIDTH:
+        out.print(t)
     for name, ids in gone.items():
         gone_line = f"{markup_safe(name)}: {len(ids)} expired worker record(s) not yet pruned"
         out.print(f"[dim]{gone_line}[/dim]")
