@@ -24,6 +24,14 @@ def run_plan(client: redis.Redis, issue: Issue) -> list[object]:
     return [client.execute_command(*cmd) for cmd in issue.repair]  # type: ignore[no-untyped-call]
 
 
+def due_with_a_hash(q: Queue) -> str:
+    """A due job that has its hash (claimed once and released), whatever the enqueue layout."""
+    job_id = q.enqueue("t", 1)
+    (job,) = q.claim("w0", limit=1).jobs
+    assert q.release([(job_id, job.token)]) == ["released"]
+    return job_id
+
+
 def only(issues: list[Issue], code: str) -> Issue:
     (issue,) = issues
     assert issue.code == code
@@ -33,7 +41,7 @@ def only(issues: list[Issue], code: str) -> Issue:
 def test_state_fix_planned_before_a_claim_leaves_the_claimed_job(
     q: Queue, client: redis.Redis
 ) -> None:
-    job_id = q.enqueue("t", 1)
+    job_id = due_with_a_hash(q)
     client.hset(q.keys.job(job_id), "state", "done")  # in due, state says done
     issue = only(check_queue(client, q.name), "state-mismatch")
     (job,) = q.claim("w", limit=1).jobs  # a worker claims it between check and repair
@@ -86,7 +94,7 @@ def test_unlisting_a_lost_hash_keeps_an_id_that_has_a_hash_again(
 
 def test_a_current_plan_still_repairs(q: Queue, client: redis.Redis) -> None:
     """The guard refuses stale plans only: the same plans, run at once, move the job."""
-    job_id = q.enqueue("t", 1)
+    job_id = due_with_a_hash(q)
     client.hset(q.keys.job(job_id), "state", "done")
     assert run_plan(client, only(check_queue(client, q.name), "state-mismatch")) == [1]
     client.zadd(q.keys.dead, {job_id: 0})
