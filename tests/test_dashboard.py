@@ -162,7 +162,9 @@ def test_an_open_address_without_auth_is_refused() -> None:
     check_bind("127.0.0.1", Auth())
     check_bind("0.0.0.0", Auth(token="t" * 20))
     result = CliRunner().invoke(
-        main, ["dashboard", "--url", "redis://127.0.0.1:1/0", "--host", "0.0.0.0"], env={}
+        main,
+        ["dashboard", "--url", "redis://127.0.0.1:1/0", "--host", "0.0.0.0"],
+        env={ENV_AUTH: None, ENV_TOKEN: None},  # unset, whatever the shell has
     )
     assert result.exit_code == 2
     assert "without authentication" in result.output

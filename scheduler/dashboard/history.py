@@ -1,8 +1,8 @@
 """The lateness history behind the overview chart: how late each queue's oldest due job was,
-per minute, for the last hour. No stored history of lateness exists (the per-minute stats
+per 10 seconds, for the last hour. No stored history of lateness exists (the per-minute stats
 hashes count outcomes only), so the dashboard samples `counts()` (one O(log N) script call)
-every few seconds and keeps the worst value of each minute in memory: bounded (60 minutes x
-queues), nothing written to Redis. The chart covers the time this process has been serving."""
+every few seconds and keeps the worst value of each 10 s in memory: bounded (360 buckets per
+queue), nothing written to Redis. The chart covers the time this process has been serving."""
 
 from __future__ import annotations
 
@@ -10,30 +10,31 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-KEEP_MINUTES = 60
+BUCKET_MS = 10_000
+KEEP_BUCKETS = 360  # one hour
 
 
 class LatenessHistory:
-    """Per queue, minute -> the largest `oldest_overdue_ms` sampled in that minute."""
+    """Per queue, 10 s bucket -> the largest `oldest_overdue_ms` sampled in it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_queue: dict[str, OrderedDict[int, int]] = {}
 
     def record(self, queue: str, now_ms: int, overdue_ms: int) -> None:
-        minute = now_ms // 60_000
+        bucket = now_ms // BUCKET_MS
         with self._lock:
             buckets = self._by_queue.setdefault(queue, OrderedDict())
-            buckets[minute] = max(buckets.get(minute, 0), overdue_ms)
-            while buckets and next(iter(buckets)) <= minute - KEEP_MINUTES:
+            buckets[bucket] = max(buckets.get(bucket, 0), overdue_ms)
+            while buckets and next(iter(buckets)) <= bucket - KEEP_BUCKETS:
                 buckets.popitem(last=False)
 
     def series(self, queue: str, now_ms: int) -> list[int | None]:
-        """The last hour, oldest minute first; None for a minute with no sample."""
-        minute = now_ms // 60_000
+        """The last hour, oldest bucket first; None for a bucket with no sample."""
+        last = now_ms // BUCKET_MS
         with self._lock:
             buckets = dict(self._by_queue.get(queue, {}))
-        return [buckets.get(m) for m in range(minute - KEEP_MINUTES + 1, minute + 1)]
+        return [buckets.get(b) for b in range(last - KEEP_BUCKETS + 1, last + 1)]
 
 
 class Sampler:
@@ -68,7 +69,7 @@ class Sampler:
 
 
 def merge_max(rows: Sequence[list[int | None]]) -> list[int | None]:
-    """Minute-wise maximum over several queues' series (the 'all queues' line)."""
+    """Bucket-wise maximum over several queues' series (the 'all queues' line)."""
     if not rows:
         return []
     out: list[int | None] = []

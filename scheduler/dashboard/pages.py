@@ -12,7 +12,7 @@ from scheduler.admin.health import check_server, read_server
 from scheduler.core.errors import BadArgument, JobNotFound
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
-from scheduler.dashboard.history import merge_max
+from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.reasons import why_not_running
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import schedule_rows
@@ -63,7 +63,9 @@ class Pages:
     def api_overview(self, request: Request) -> Response:
         rows = self._summaries()
         lateness = merge_max([r["lateness_ms"] for r in rows])
-        return JSONResponse({"queues": rows, "lateness_ms": lateness})
+        return JSONResponse(
+            {"queues": rows, "lateness_ms": lateness, "lateness_bucket_ms": BUCKET_MS}
+        )
 
     def api_queue(self, request: Request) -> Response:
         name = request.path_params["queue"]

@@ -49,6 +49,19 @@
     return d.trim();
   }
 
+  function dots(svg, s, w, h, top, pad) {
+    // A dot per sample: a minute with a sample between two gaps is still seen.
+    const step = s.values.length > 1 ? (w - pad) / (s.values.length - 1) : 0;
+    s.values.forEach(function (v, i) {
+      if (v === null || v === undefined) return;
+      const y = h - 14 - (top > 0 ? (v / top) * (h - 24) : 0);
+      const dot = el("circle", { cx: (pad + i * step).toFixed(1), cy: y.toFixed(1), r: 2.5, class: s.cls }, svg);
+      const tip = document.createElementNS(SVG, "title");
+      tip.textContent = duration(v);
+      dot.appendChild(tip);
+    });
+  }
+
   function draw(svg, series, opts) {
     while (svg.firstChild) svg.removeChild(svg.firstChild);
     const w = Number(svg.getAttribute("width")), h = Number(svg.getAttribute("height"));
@@ -63,13 +76,14 @@
       const zero = el("text", { x: 2, y: h - 14 }, svg);
       zero.textContent = opts.format(0);
       const left = el("text", { x: pad, y: h - 2 }, svg);
-      left.textContent = "-60 min";
+      left.textContent = "-" + (opts.span || "60m");
       const right = el("text", { x: w - 24, y: h - 2 }, svg);
       right.textContent = "now";
     }
     series.forEach(function (s) {
       const d = path(s.values, w, h, top, pad);
       if (d) el("path", { d: d, class: s.cls }, svg);
+      if (opts.axis) dots(svg, s, w, h, top, pad);
     });
   }
 
@@ -81,7 +95,14 @@
       if (spark) draw(spark, [{ values: q.done, cls: "done" }, { values: q.failed, cls: "failed" }], {});
     });
     const chart = document.getElementById("lateness-chart");
-    if (chart) draw(chart, [{ values: data.lateness_ms, cls: "late" }], { axis: true, format: duration });
+    if (chart) {
+      // From the first sample (the dashboard's start) to now, at most the hour kept.
+      let values = data.lateness_ms;
+      const first = values.findIndex(function (v) { return v !== null; });
+      if (first > 0) values = values.slice(Math.min(first, values.length - 2));
+      const span = duration(values.length * data.lateness_bucket_ms);
+      draw(chart, [{ values: values, cls: "late" }], { axis: true, format: duration, span: span });
+    }
   }
 
   function poll(url, apply) {
