@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scheduler import JobSpec, Queue
 from scheduler._spawn import RedisProcess, find_binary
+from scheduler.admin.inspection import discover_queues
 from scheduler.dashboard import Auth, create_app
 
 QUEUE = "bench"
@@ -112,6 +113,12 @@ def main() -> None:
                     f"{m['redis_cmds']:9.1f}",
                     flush=True,
                 )
+        t = time.perf_counter()
+        found = discover_queues(client)
+        print(
+            f"queue discovery without --queue (SCAN, once a minute, in the background): "
+            f"{(time.perf_counter() - t) * 1000:.0f} ms, found {found}"
+        )
         print("used_memory:", client.info("memory")["used_memory_human"])
     finally:
         server.cleanup()

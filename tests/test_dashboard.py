@@ -293,3 +293,9 @@ def test_a_filtered_page_looks_through_a_bounded_number_of_ids(
         q, filtered_page(q.ops, "due", task="a.task", offset=12, limit=5, max_scan=100)
     )
     assert len(rest.jobs) == 2 and rest.next_offset is None
+
+
+def test_without_a_queue_list_the_queues_are_discovered(client: redis.Redis, q: Queue) -> None:
+    q.enqueue("mail.send", {})
+    with TestClient(create_app(client=client, auth=Auth(), sample_every_s=0)) as web:
+        assert f'tr data-queue="{q.name}"' in web.get("/").text

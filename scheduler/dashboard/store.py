@@ -40,7 +40,8 @@ class Store:
         self._scripts = Scripts()
         self._lock = threading.Lock()
         self._discovered: list[str] = []
-        self._discovered_at = -DISCOVER_EVERY_S
+        self._discovered_at: float | None = None  # never
+        self._discover_lock = threading.Lock()
         self.lateness = LatenessHistory()
         self.sampler = Sampler(self.sample, sample_every_s)
 
@@ -54,17 +55,33 @@ class Store:
             return q
 
     def queue_names(self) -> list[str]:
-        """The configured queues, else those found by SCAN (cached DISCOVER_EVERY_S)."""
+        """The configured queues, else those found by SCAN. The SCAN walks the whole keyspace,
+        so only the very first request waits for it; later, a stale list (older than
+        DISCOVER_EVERY_S) is returned at once and refreshed in a background thread."""
         if self.fixed_queues:
             return list(self.fixed_queues)
-        now = time.monotonic()
-        if now - self._discovered_at >= DISCOVER_EVERY_S:
-            self._discovered = discover_queues(self.client)
-            self._discovered_at = now
+        if self._discovered_at is None:
+            with self._discover_lock:
+                if self._discovered_at is None:
+                    self._discover()
+        elif (
+            time.monotonic() - self._discovered_at >= DISCOVER_EVERY_S
+            and self._discover_lock.acquire(blocking=False)
+        ):
+            threading.Thread(target=self._discover_in_background, daemon=True).start()
         return list(self._discovered)
 
-    def forget_discovery(self) -> None:
-        self._discovered_at = -DISCOVER_EVERY_S
+    def _discover(self) -> None:
+        self._discovered = discover_queues(self.client)
+        self._discovered_at = time.monotonic()
+
+    def _discover_in_background(self) -> None:
+        try:
+            self._discover()
+        except Exception:  # Redis unavailable: the old list stays, the next request retries
+            self._discovered_at = time.monotonic() - DISCOVER_EVERY_S / 2
+        finally:
+            self._discover_lock.release()
 
     def run(self, q: Queue, op: Op[T]) -> T:
         """Drive one operation on the queue's connection (the same driver Queue uses)."""
