@@ -1,7 +1,7 @@
 --[[ cancel: withdraw a job that has not finished. A leased job's worker learns it at its next
   heartbeat, and its complete or fail is refused with 'cancelled'.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>
   ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record, and its result wake-up
     `result:<id>` of lib/result.lua, are kept)
   A schedule's pending occurrence is replaced by the schedule's next one.
@@ -20,9 +20,12 @@ local ttl, err = int_arg(ARGV[2], 'record_ttl_ms', 1, LIM.ttl_ms)
 if err then return err end
 local jk = job_key(prefix, id)
 local state = redis.call('HGET', jk, 'state')
-if not state then return 'missing' end
 local in_due = redis.call('ZSCORE', due, id)
 local in_leased = redis.call('ZSCORE', leased, id)
+-- A job never claimed has no hash yet: its spec and its place in due say it waits.
+local fresh = not state
+if fresh and in_due and redis.call('EXISTS', spec_key(prefix, id)) == 1 then state = 'due' end
+if not state then return 'missing' end
 if not in_due and not in_leased then return state end
 local now = now_ms()
 -- Cancelling a schedule's pending occurrence cancels that run, not the schedule: the next
@@ -37,7 +40,8 @@ end
 redis.call('ZREM', due, id)
 redis.call('ZREM', leased, id)
 redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', fmt(now))
-redis.call('PEXPIRE', jk, ttl)
+if fresh then redis.call('HSET', jk, 'attempts', '0') end
+job_expire(prefix, id, ttl)
 result_wake(prefix, id, 'cancelled', ttl)
 bump_stat(prefix, now, 'cancel', 1)
 return in_leased and 'leased' or 'due'

@@ -1,7 +1,7 @@
 --[[ claim: lease up to `limit` due jobs to one worker. Lapsed leases are reaped on the same
   path first, so a job whose worker died is due again without any janitor process.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config
   ARGV[1] worker id
   ARGV[2] limit          jobs to lease at most (>= 0)
   ARGV[3] lease_ms       lease length (> 0)
@@ -21,6 +21,9 @@
     with reason 'lease expired' (lapsed) or 'attempts exhausted'; a job hash that cannot be read
     (edited by hand) is parked alone with reason 'invalid job: <field>': every field the reply
     carries is checked first (read_claimable), so the reply only holds values a client parses.
+    A job never claimed is its spec record alone (lib/job.lua): its first claim creates the
+    hash with the spec's short fields and the lease; the payload stays in the spec. A record
+    that cannot be read parks that job alone ('invalid job: record').
     Parking a schedule's pending occurrence arms the schedule's next one.
   Errors:  BAD_ARGUMENT <field>=<value> ]]
 -- @include "lib/clock.lua"
@@ -46,14 +49,34 @@ if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT wor
 -- schedule, state, token, settled_token, settled, settled_log}, or nil and a dead reason.
 local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
   'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log' }
-local function read_claimable(id, jk)
+local function read_claimable(id, jk, run_at_s)
   local f = redis.pcall('HMGET', jk, unpack(READ))
   if f.err then return nil, 'invalid job: not a hash' end
   if not job_id_ok(id) then return nil, 'invalid job: id' end
-  if f[9] == false then return nil, 'job hash missing' end
+  local sp = false
+  if not f[2] or not f[9] then
+    -- This version's layout: the payload (and, before the first claim, all) is in the spec.
+    local bad
+    sp, bad = job_spec(prefix, id, run_at_s)
+    if sp == nil then return nil, 'invalid job: ' .. bad end
+    if sp == false and f[9] == false then return nil, 'job hash missing' end
+  end
+  local fresh = f[9] == false
+  if fresh then
+    -- Never claimed: the spec fills what the hash lacks (a field set by hand wins, and is
+    -- checked like any other).
+    if not run_at_s then return nil, 'job hash missing' end
+    f[1], f[3], f[4] = f[1] or sp.task, f[3] or '0', f[4] or sp.max_attempts
+    f[5], f[6], f[7], f[9] = f[5] or run_at_s, f[6] or sp.backoff, f[7] or sp.timeout_ms, 'due'
+  end
+  if not f[2] and sp then f[2] = sp.payload end
+  if fresh and (parse_int(sp.enqueued_ms, 0, LIM.time_ms) == nil
+      or (sp.result_ttl_ms ~= '' and parse_int(sp.result_ttl_ms, 1, LIM.ttl_ms) == nil)) then
+    return nil, 'invalid job: record'
+  end
   local r = { task = f[1], payload = f[2], backoff = f[6] or '', timeout_ms = f[7] or '0',
     schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
-    settled_log = f[14] }
+    settled_log = f[14], fresh = fresh, spec = sp }
   if not task_ok(f[1]) then return nil, 'invalid job: task' end
   if not f[2] or not is_utf8(f[2]) then return nil, 'invalid job: payload' end
   r.attempts = parse_int(f[3], 0, LIM.attempts)
@@ -153,11 +176,12 @@ local lease_until = now + lease_ms
 local took = {}
 local now_s = fmt(now)
 if limit > 0 then
-  local ids = redis.call('ZRANGE', due, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  local ids = redis.call('ZRANGE', due, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
   local leases = {}
-  for _, id in ipairs(ids) do
+  for k = 1, #ids, 2 do
+    local id = ids[k]
     local jk = job_key(prefix, id)
-    local r, bad = read_claimable(id, jk)
+    local r, bad = read_claimable(id, jk, fmt(score_ms(ids[k + 1])))
     if r and r.attempts >= r.max_attempts then bad = 'attempts exhausted' end
     if bad then
       park(id, jk, bad, r and r.schedule or '')
@@ -169,10 +193,24 @@ if limit > 0 then
       local attempts = r.attempts + 1
       -- The last settlement moves to the replay log before a new one can overwrite it.
       if r.settled_token then log_settlement(jk, r.settled_token, r.settled, r.settled_log) end
-      local fence = redis.call('HINCRBY', jk, 'fence', 1)
-      local token = fmt(fence) .. '-' .. nonce
-      redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
-        'attempts', fmt(attempts), 'claimed_ms', now_s)
+      local token
+      if r.fresh then
+        -- First claim: the hash is born with the spec's short fields (lib/job.lua).
+        token = '1-' .. nonce
+        local sp = r.spec
+        redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
+          'attempts', fmt(attempts), 'claimed_ms', now_s, 'fence', '1', 'task', r.task,
+          'max_attempts', fmt(r.max_attempts), 'backoff', r.backoff,
+          'run_at_ms', fmt(r.run_at_ms), 'enqueued_ms', sp.enqueued_ms)
+        if r.timeout_ms ~= '0' then redis.call('HSET', jk, 'timeout_ms', r.timeout_ms) end
+        if sp.result_ttl_ms ~= '' then redis.call('HSET', jk, 'result_ttl_ms', sp.result_ttl_ms) end
+        if sp.flags == 'k' then redis.call('HSET', jk, 'keep_payload', '1') end
+      else
+        local fence = redis.call('HINCRBY', jk, 'fence', 1)
+        token = fmt(fence) .. '-' .. nonce
+        redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
+          'attempts', fmt(attempts), 'claimed_ms', now_s)
+      end
       took[#took + 1] = id
       leases[#leases + 1] = lease_until
       leases[#leases + 1] = id

@@ -1,8 +1,14 @@
 --[[ complete: record success for leases the caller holds, many in one call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, config, result:<id>, result_wait:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, result:<id>, result_wait:<id>
   ARGV[1] result_ttl_ms   how long the outcome record (state, result, finished_ms) is kept, and
-    the result wake-up `result:<id>` (lib/result.lua) that Queue.result() waits on
+    the result wake-up `result:<id>` (lib/result.lua) that Queue.result() waits on, unless the
+    job was enqueued with its own (hash field result_ttl_ms, copied from its spec at claim)
+  A finished job is lean: only what status/result and a re-sent complete need stay (state,
+    result, finished_ms, settled_token/settled/settled_log, attempts, task, run_at_ms,
+    schedule/slot_ms);
+    the payload, the spec and the lease fields go, unless the job asked to keep its payload
+    (hash field keep_payload = '1', from the spec's flag 'k'): then the whole job is kept.
   then triples: id, token, result (JSON text)
   Returns: one status per job: 'done' | 'stale' | 'cancelled' | 'missing'.
     A stale token changes nothing. A re-sent call with the same token answers 'done' again.
@@ -14,6 +20,10 @@
 -- @include "lib/result.lua"
 
 local prefix, leased = KEYS[1], KEYS[3]
+-- What a lean finished job loses (scheduler/core/models.py LEAN_DROPPED names them for readers).
+local LEAN_DROP = { 'payload', 'backoff', 'max_attempts', 'timeout_ms', 'enqueued_ms',
+  'claimed_ms', 'worker', 'token', 'fence', 'idem', 'errors', 'last_error_type', 'last_error',
+  'result_ttl_ms' }
 local ttl, err = int_arg(ARGV[1], 'result_ttl_ms', 1, LIM.ttl_ms)
 if err then return err end
 if #ARGV % 3 ~= 1 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
@@ -42,12 +52,19 @@ if #took > 0 then
   for k, i in ipairs(took) do ids[k] = ARGV[i] end
   call_chunked('ZREM', leased, ids)
   for _, i in ipairs(took) do
-    local jk = job_key(prefix, ARGV[i])
+    local id = ARGV[i]
+    local jk = job_key(prefix, id)
+    local f = redis.call('HMGET', jk, 'result_ttl_ms', 'keep_payload')
+    local job_ttl = parse_int(f[1], 1, LIM.ttl_ms) or ttl
+    if f[2] ~= '1' then
+      redis.call('HDEL', jk, unpack(LEAN_DROP))
+      redis.call('DEL', spec_key(prefix, id))
+    end
     -- settled_token/settled: a re-sent call with this token is answered 'done' again.
     redis.call('HSET', jk, 'state', 'done', 'result', ARGV[i + 2], 'finished_ms', now_s,
       'settled_token', ARGV[i + 1], 'settled', 'done')
-    redis.call('PEXPIRE', jk, ttl)
-    result_wake(prefix, ARGV[i], 'done', ttl)
+    job_expire(prefix, id, job_ttl)
+    result_wake(prefix, id, 'done', job_ttl)
   end
 end
 local done = #took

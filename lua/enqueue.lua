@@ -4,12 +4,14 @@
   KEYS[3] leased   ZSET    id -> lease_until_ms
   KEYS[4] dead     ZSET    dead id -> dead_ms
   KEYS[5] wake     LIST    wake-up tokens for idle workers
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, idem:<digest>, dead:migrating, config
-  ARGV[1] n, then 10 fields per job:
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, idem:<digest>, dead:migrating, config
+  ARGV[1] n, then 12 fields per job:
     id, task, payload (JSON text), when ('at' | 'in'), time_ms (absolute run_at_ms for 'at',
     delay_ms from server now for 'in'), max_attempts, backoff ('base_ms,factor,cap_ms,jitter'
     with factor >= 1 and jitter in [0, 1]), timeout_ms (0 = none), idem (hex digest or ''),
-    idem_ttl_ms. Every number must be a plain decimal integer within the ranges of
+    idem_ttl_ms, result_ttl_ms ('' = the completing worker's), flags ('' | 'k': keep the
+    payload once done). A job is written as one STRING spec:<id> (lib/job.lua pack_spec), no
+    hash until its first claim. Every number must be a plain decimal integer within the ranges of
     lib/util.lua LIM (= scheduler/codec.py LIMITS, docs/limits.md); at most MAX_BATCH jobs.
   Returns: {flags, then (index, id) pairs}: flags has one character per job, 'c' created or 'e'
     already there (the client made the ids, so a re-sent call finds them: same state). When an
@@ -26,7 +28,7 @@ local MAX_BATCH = 10000  -- scheduler/codec.py LIMITS['batch_size']
 local now = now_ms()
 local n, err = int_arg(ARGV[1], 'n', 1, MAX_BATCH)
 if err then return err end
-local W = 10
+local W = 12
 if #ARGV ~= 1 + n * W then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 
 -- Validate the whole batch before the first write (same ranges as scheduler/codec.py).
@@ -56,7 +58,15 @@ for i = 0, n - 1 do
   end
   timeout, err = int_arg(ARGV[b + 8], 'timeout_ms', 0, LIM.timeout_ms); if err then return err end
   idem_ttl, err = int_arg(ARGV[b + 10], 'idem_ttl_ms', 1, LIM.ttl_ms); if err then return err end
-  jobs[i + 1] = { id, task, ARGV[b + 3], t, max_attempts, backoff, timeout, ARGV[b + 9], idem_ttl }
+  if ARGV[b + 11] ~= '' then
+    local _, bad = int_arg(ARGV[b + 11], 'result_ttl_ms', 1, LIM.ttl_ms)
+    if bad then return bad end
+  end
+  if ARGV[b + 12] ~= '' and ARGV[b + 12] ~= 'k' then
+    return redis.error_reply('BAD_ARGUMENT flags=' .. string.sub(ARGV[b + 12], 1, 40))
+  end
+  jobs[i + 1] = { id, task, ARGV[b + 3], t, max_attempts, backoff, timeout, ARGV[b + 9], idem_ttl,
+    ARGV[b + 11], ARGV[b + 12] }
 end
 
 -- Reads that could fail go first too: an idempotency key overwritten with another type would
@@ -70,7 +80,6 @@ for _, j in ipairs(jobs) do
   end
 end
 
-local now_s = fmt(now)
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local head_ms = head[2] and tonumber(head[2]) or nil
 local earliest = nil
@@ -86,24 +95,16 @@ for k, j in ipairs(jobs) do
     flags[k] = 'e'
     subst[#subst + 1] = k
     subst[#subst + 1] = first
-  elseif redis.call('EXISTS', jk) == 1 then
+  elseif redis.call('EXISTS', jk, spec_key(prefix, id)) > 0 then
     flags[k] = 'e'
   else
     local run_at_s = fmt(run_at)
-    -- Defaults are not stored (claim fills them in): fewer fields, less memory per job.
-    if timeout > 0 then
-      redis.call('HSET', jk, 'task', task, 'payload', payload, 'state', 'due',
-        'run_at_ms', run_at_s, 'enqueued_ms', now_s, 'attempts', 0,
-        'max_attempts', fmt(max_attempts), 'backoff', backoff, 'timeout_ms', fmt(timeout))
-    else
-      redis.call('HSET', jk, 'task', task, 'payload', payload, 'state', 'due',
-        'run_at_ms', run_at_s, 'enqueued_ms', now_s, 'attempts', 0,
-        'max_attempts', fmt(max_attempts), 'backoff', backoff)
-    end
+    -- One compact record, defaults and derivable fields left out (lib/job.lua pack_spec).
+    redis.call('SET', spec_key(prefix, id), pack_spec(task, max_attempts, backoff, timeout, now,
+      run_at, j[10], j[11], payload))
     adds[#adds + 1] = run_at_s
     adds[#adds + 1] = id
     if ik then
-      redis.call('HSET', jk, 'idem', idem)
       redis.call('SET', ik, id, 'PX', math.max(run_at - now, 0) + idem_ttl)
     end
     flags[k] = 'c'

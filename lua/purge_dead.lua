@@ -1,6 +1,6 @@
 --[[ purge_dead: delete parked jobs for good.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config
   ARGV ids (picked by the client from the dead list)
   Returns: the number of jobs deleted. An id that is not dead is skipped. Purging a schedule's
     pending occurrence (parked by hand, e.g. by doctor) arms the schedule's next one. ]]
@@ -20,7 +20,7 @@ for _, id in ipairs(ARGV) do
     if dead_unlist(prefix, id, now) > 0 then purged = purged + 1 end
   elseif state == 'dead' and dead_unlist(prefix, id, now) > 0 then
     local schedule = redis.call('HGET', jk, 'schedule')
-    redis.call('DEL', jk)
+    job_del(prefix, id)
     if schedule_name_ok(schedule) then
       sched_ended(prefix, schedule, id, now)
     end

@@ -1,7 +1,7 @@
 --[[ schedule_pause: stop a schedule; its pending occurrence (not yet claimed) is withdrawn.
   A run already leased finishes normally.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config
   ARGV[1] name
   Returns: 'paused' | 'already' (was paused: nothing written) | 'missing' ]]
 -- @include "lib/clock.lua"

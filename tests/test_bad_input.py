@@ -111,8 +111,8 @@ def test_server_refuses_malformed_arguments(
     inside the script, before its first write."""
     q, _, _ = seeded
     before = dump_queue(client, q)
-    good = ["id1", "t", "{}", "in", "0", "5", "1000,2.0,1000,0.0", "0", "", "1000"]
-    bad = ["id2", "t", "{}", "in", "-7", "5", "1000,2.0,1000,0.0", "0", "", "1000"]
+    good = ["id1", "t", "{}", "in", "0", "5", "1000,2.0,1000,0.0", "0", "", "1000", "", ""]
+    bad = ["id2", "t", "{}", "in", "-7", "5", "1000,2.0,1000,0.0", "0", "", "1000", "", ""]
     with pytest.raises(BadArgument, match="time_ms"):
         q._execute(Script("enqueue", ["2", *good, *bad]))
     for backoff in ("1000,0.5,1000,0.0", "1000,2.0,1000,1.5", "x", "1000,2.0,-1,0.0"):

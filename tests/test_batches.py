@@ -24,7 +24,7 @@ def test_enqueue_many_with_batch_size_4000_enqueues_every_job(
     assert client.zcard(q.keys.due) == N
     # Every acknowledged id is in due and has its hash: none is written but unreachable.
     assert None not in client.zmscore(q.keys.due, ids)
-    assert client.exists(*(q.keys.job(i) for i in ids)) == N
+    assert client.exists(*(q.keys.spec(i) for i in ids)) == N
     assert q.counts().due == N
 
 
@@ -89,17 +89,17 @@ def test_one_bad_job_in_a_large_call_refuses_every_batch(q: Queue, client: redis
 @pytest.mark.parametrize(
     ("field", "value"),
     [(5, "1e3"), (5, "0x10"), (5, "inf"), (6, "9.2233720368547758e+18"), (6, "0"),
-     (7, "1000,nan,60000,0.1"), (8, "30s"), (4, "later")],
+     (7, "1000,nan,60000,0.1"), (8, "30s"), (4, "later"), (11, "0"), (11, "1h"), (12, "keep")],
 )  # fmt: skip
 def test_the_script_refuses_a_batch_with_one_bad_job_and_writes_nothing(
     q: Queue, client: redis.Redis, field: int, value: str
 ) -> None:
     """Past the Python checks (another client, an older version): enqueue.lua checks the whole
-    batch before its first write. field: 1-based position among a job's 10 ARGV fields."""
+    batch before its first write. field: 1-based position among a job's 12 ARGV fields."""
     q.enqueue("batch.t")
     before = dump_queue(client, q)
     args = enqueue_args([JobSpec("batch.t", i) for i in range(5000)], 1 << 20)
-    args[4999 * 10 + field] = value  # the last job of the batch (ARGV[1] is n)
+    args[4999 * 12 + field] = value  # the last job of the batch (ARGV[1] is n)
     with pytest.raises(BadArgument):
         q._execute(Script("enqueue", args))
     assert dump_queue(client, q) == before

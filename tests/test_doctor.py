@@ -28,6 +28,7 @@ from scheduler.admin.inspection import server_now_ms
 from scheduler.cli.main import main
 from scheduler.core.keys import QueueKeys
 from tests.conftest import dump_queue
+from tests.old_layout import old_enqueue
 from tests.redis_server import RedisProcess, require_binary
 
 Run = Callable[..., Result]
@@ -65,7 +66,8 @@ def drain(q: Queue) -> set[str]:
 def corrupt(q: Queue, client: redis.Redis) -> dict[str, str]:
     """Every kind of damage, each done with plain commands as an operator or a bug would."""
     k = q.keys
-    ids = {name: q.enqueue("t", {"name": name}, job_id=name) for name in (
+    # Written as the hash-only layout (tests/old_layout.py): hand edits of a job's hash.
+    ids = {name: old_enqueue(q, client, "t", f'{{"name":"{name}"}}', job_id=name) for name in (
         "healthy", "orphan", "twice", "lapsed", "badjson", "mismatch", "orphan-dead")}  # fmt: skip
     now = server_now_ms(client)
     client.zrem(k.due, "orphan")  # a hash in no place
@@ -200,7 +202,7 @@ def test_records_and_duplicates(q: Queue, client: redis.Redis) -> None:
     # an older version's dead LIST holding the id twice: converted, the ZSET holds it once
     client.delete(q.keys.dead)
     client.lpush(q.keys.dead, dead_id, dead_id)
-    due_id = q.enqueue("t", 3)
+    due_id = old_enqueue(q, client, "t", "3")  # the hash-only layout: doctor reads its TTL
     client.pexpire(q.keys.job(due_id), HOUR_MS)  # a waiting job that would vanish
     found = {i.job_id: (i.code, i.severity) for i in check_queue(client, q.name)}
     assert client.type(q.keys.dead) == "zset"

@@ -13,6 +13,7 @@ from scheduler.core.scripts import TRANSITIONS, lua_dir, source
 # How the code builds each prefix key -> the name a header gives it.
 _BUILDERS = {
     "job:<id>": "'job:'",
+    "spec:<id>": "'spec:'",  # lib/job.lua: a job's spec record (issue 16)
     "stats:<minute>": "'stats:'",
     "schedule:<name>": "'schedule:'",
     "schedules:refill": "'schedules:refill'",
@@ -46,13 +47,12 @@ def test_only_lib_formats_job_keys() -> None:
     offenders = [
         p.name
         for p in sorted(Path(lua_dir()).glob("*.lua"))
-        if re.search(r"['\"]job:['\"]", _code(p.read_text()))
+        if re.search(r"['\"](job|spec):['\"]", _code(p.read_text()))
     ]
     assert offenders == []
-    libs = [
-        p.name for p in Path(lua_dir(), "lib").glob("*.lua") if "'job:'" in _code(p.read_text())
-    ]
-    assert libs == ["job.lua"]
+    for key in ("'job:'", "'spec:'"):
+        libs = [p.name for p in Path(lua_dir(), "lib").glob("*.lua") if key in _code(p.read_text())]
+        assert libs == ["job.lua"]
 
 
 def test_the_checker_sees_a_job_key_outside_lib() -> None:

@@ -352,12 +352,12 @@ class Run:
         )
         # newest first; parks in the same ms by id, as ZRANGE REV orders them
         assert q.dead_ids() == sorted(m.dead, key=lambda d: (m.dead[d], d), reverse=True)
-        pipe = c.pipeline(transaction=False)
+        # get_jobs reads either layout (a job never claimed is its spec record alone).
+        jobs = {j.id: j for j in q._run(q.ops.get_jobs(self.ids))}
         for jid in self.ids:
-            pipe.hmget(q.keys.job(jid), "state", "attempts", "dead_reason")
-        for jid, (state, attempts, reason) in zip(self.ids, pipe.execute(), strict=True):
-            mj = m.jobs[jid]
-            assert (state, int(attempts), reason) == (mj.state, mj.attempts, mj.dead_reason), jid
+            j, mj = jobs[jid], m.jobs[jid]
+            got = (j.stored_state, j.attempts, j.dead_reason)
+            assert got == (mj.state, mj.attempts, mj.dead_reason), jid
         counts = q.counts()
         assert counts.now_ms == self.now
         assert counts.due == sum(s <= self.now for s in m.due.values())

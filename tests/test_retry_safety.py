@@ -20,7 +20,7 @@ def twice(q: Queue, client: redis.Redis, name: str, args: list[str]) -> tuple[An
     return first, second
 
 
-ENQ = ["j1", "t", '{"a":1}', "in", "0", "3", "1000,2.0,60000,0.0", "0", "", "1000"]
+ENQ = ["j1", "t", '{"a":1}', "in", "0", "3", "1000,2.0,60000,0.0", "0", "", "1000", "", ""]
 
 
 def test_each_transition_sent_twice_equals_once(

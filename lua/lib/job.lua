@@ -7,6 +7,59 @@ local function job_key(prefix, id)
   return prefix .. 'job:' .. id
 end
 
+-- A job enqueued by this version is, until its first claim, one STRING `spec:<id>` (its
+-- immutable spec) and an entry in due: no hash. The record, fields separated by '|':
+--   2|task|max_attempts|backoff|timeout_ms|enqueued_ms|result_ttl_ms|flags|payload
+-- '2' is the layout version; an empty field is its default: max_attempts 5, backoff
+-- SPEC_BACKOFF, timeout_ms 0, enqueued_ms = run_at_ms (the due score), result_ttl_ms = the
+-- completing worker's, flags '' ('k' = keep the payload once done). The payload (JSON) comes
+-- last, so it may hold '|'. run_at_ms is the due score, the state is which set holds the id.
+-- At first claim the short fields are copied into the hash `job:<id>` with the mutable state
+-- (listpack-small: the payload stays in the spec), so every later reader finds them there;
+-- jobs written as one hash (older versions, schedule occurrences) have no spec at all.
+local SPEC_BACKOFF = '1000,2.0,3600000,0.25'  -- scheduler/core/limits.py DEFAULT_BACKOFF
+local function spec_key(prefix, id)
+  return prefix .. 'spec:' .. id
+end
+
+local function pack_spec(task, max_attempts, backoff, timeout_ms, enqueued_ms, run_at_ms,
+                         result_ttl_ms, flags, payload)
+  return table.concat({ '2', task, max_attempts == 5 and '' or fmt(max_attempts),
+    backoff == SPEC_BACKOFF and '' or backoff, timeout_ms == 0 and '' or fmt(timeout_ms),
+    enqueued_ms == run_at_ms and '' or fmt(enqueued_ms), result_ttl_ms, flags, payload }, '|')
+end
+
+-- The spec's fields as the hash would hold them (strings), or nil and the field that is bad.
+-- Only the layout is read here; claim checks every value it hands out.
+local SPEC_RE = '^2|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$'
+local function read_spec(text, run_at_s)
+  if type(text) ~= 'string' then return nil, 'record' end
+  local task, ma, bo, to, enq, ttl, flags, payload = string.match(text, SPEC_RE)
+  if task == nil then return nil, 'record' end
+  return { task = task, max_attempts = ma ~= '' and ma or '5',
+    backoff = bo ~= '' and bo or SPEC_BACKOFF, timeout_ms = to ~= '' and to or '0',
+    enqueued_ms = enq ~= '' and enq or run_at_s, result_ttl_ms = ttl, flags = flags,
+    payload = payload }
+end
+
+-- The spec of `id`: its fields, false when there is none (a hash-only job), or nil and a
+-- reason when it cannot be read (a key of another type, a record edited by hand).
+local function job_spec(prefix, id, run_at_s)
+  local text = redis.pcall('GET', spec_key(prefix, id))
+  if type(text) == 'table' then return nil, 'record' end
+  if not text then return false end
+  return read_spec(text, run_at_s)
+end
+
+-- A job's keys go together: deleted (purge, trim, an unpended occurrence) or expired.
+local function job_del(prefix, id)
+  redis.call('DEL', job_key(prefix, id), spec_key(prefix, id))
+end
+local function job_expire(prefix, id, ttl)
+  redis.call('PEXPIRE', job_key(prefix, id), ttl)
+  redis.call('PEXPIRE', spec_key(prefix, id), ttl)
+end
+
 -- The dead key is a ZSET id -> dead_ms (O(log n) by id, listed by age). Data written by older
 -- versions is a LIST (newest first); any script that touches the dead key converts it first, in
 -- bounded steps: up to DEAD_MIGRATE_STEP ids per call move from the LIST's old end into the ZSET
@@ -51,7 +104,7 @@ end
 local function dead_drop(prefix, zset, ids)
   for _, id in ipairs(ids) do
     redis.call('ZREM', zset, id)
-    redis.call('DEL', job_key(prefix, id))
+    job_del(prefix, id)
   end
   return #ids
 end

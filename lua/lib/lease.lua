@@ -14,7 +14,11 @@ local function lease_check(prefix, id, token)
   -- jobs' completes): it answers 'missing'.
   local f = redis.pcall('HMGET', job_key(prefix, id), 'token', 'state', 'settled_token',
     'settled', 'settled_log')
-  if f.err or not f[2] then return 'missing' end
+  if f.err then return 'missing' end
+  -- No hash: a job never claimed (its spec record alone) is held by nobody.
+  if not f[2] then
+    return redis.call('EXISTS', spec_key(prefix, id)) == 1 and 'stale' or 'missing'
+  end
   if f[3] == token then return 'settled', f[4] end
   if f[5] then
     local _, stop = string.find('\n' .. f[5], '\n' .. token .. '\t', 1, true)

@@ -89,7 +89,7 @@ local function sched_unpend(prefix, h)
   local jk = job_key(prefix, h.pending)
   if redis.call('HGET', jk, 'state') == 'due' then
     redis.call('ZREM', prefix .. 'due', h.pending)
-    redis.call('DEL', jk)
+    job_del(prefix, h.pending)
   end
   redis.call('HSET', sched_key(prefix, h.name), 'pending', '')
   h.pending = ''

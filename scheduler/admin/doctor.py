@@ -39,6 +39,7 @@ from scheduler.admin.doctor_model import (
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
 from scheduler.core import scripts
 from scheduler.core.keys import QueueKeys
+from scheduler.core.models import with_spec
 
 # The doctor's public names, wherever they live (doctor_model / doctor_checks hold the parts).
 __all__ = [
@@ -98,23 +99,36 @@ def read_snapshots(
             pipe.zscore(keys.due, jid)
             pipe.zscore(keys.leased, jid)
             pipe.zscore(keys.dead, jid)
+            pipe.get(keys.spec(jid))
         reply = pipe.execute(raise_on_error=False)
         sec, usec = reply[0]
         now_ms = int(sec) * 1000 + int(usec) // 1000
         for n, jid in enumerate(chunk):
-            t, h, pttl, due, leased, dead = reply[1 + 6 * n : 7 + 6 * n]
+            t, h, pttl, due, leased, dead, spec = reply[1 + 7 * n : 8 + 7 * n]
+            due_ms = None if due is None else _score_ms(due)
+            t, fields = _with_spec(str(t), _hash_reply(h), spec, due_ms)
             out.append(
                 Snapshot(
                     jid,
-                    str(t),
-                    _hash_reply(h),
+                    t,
+                    fields,
                     _ttl(pttl),
-                    None if due is None else _score_ms(due),
+                    due_ms,
                     None if leased is None else _score_ms(leased),
                     0 if dead is None or isinstance(dead, ResponseError) else 1,
                 )
             )
     return now_ms, out
+
+
+def _with_spec(
+    t: str, fields: dict[str, str], spec: Any, due_ms: int | None
+) -> tuple[str, dict[str, str]]:
+    """A job of this version is its spec record (STRING spec:<id>) until its first claim, then
+    the spec plus the hash (lua/lib/job.lua): read as the one hash claim sees."""
+    if not isinstance(spec, str) or t not in ("hash", "none"):
+        return t, fields
+    return "hash", with_spec(fields, spec, due_ms)
 
 
 def _live(client: redis.Redis, keys: QueueKeys) -> frozenset[str]:
@@ -168,16 +182,18 @@ def _first_pass(
         pipe.type(key)
         pipe.hgetall(key)
         pipe.pttl(key)
+        pipe.get(ctx.keys.spec(key[len(job_prefix) :]))
     reply = pipe.execute(raise_on_error=False)
     out: list[str] = []
     for n, key in enumerate(page):
         jid = key[len(job_prefix) :]
         seen.add(jid)
-        t, h, pttl = reply[3 * n : 3 * n + 3]
+        t, h, pttl, spec = reply[4 * n : 4 * n + 4]
+        t, fields = _with_spec(str(t), _hash_reply(h), spec, due.get(jid))
         s = Snapshot(
             jid,
-            str(t),
-            _hash_reply(h),
+            t,
+            fields,
             _ttl(pttl),
             due.get(jid),
             leased.get(jid),
@@ -197,18 +213,21 @@ def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
     with client.pipeline(transaction=True) as pipe:
         for _ in range(_WATCH_TRIES):
             try:
-                pipe.watch(jk, k.due, k.leased, k.dead)  # type: ignore[no-untyped-call]
+                pipe.watch(jk, k.spec(job_id), k.due, k.leased, k.dead)  # type: ignore[no-untyped-call]
                 sec, usec = pipe.time()
                 t = str(pipe.type(jk))
                 fields = _hash_reply(pipe.hgetall(jk)) if t == "hash" else {}
                 dead = pipe.zscore(k.dead, job_id)
                 due_ms, lease_ms = pipe.zscore(k.due, job_id), pipe.zscore(k.leased, job_id)
+                due_at = None if due_ms is None else _score_ms(due_ms)
+                spec = pipe.get(k.spec(job_id)) if t in ("hash", "none") else None
+                t, fields = _with_spec(t, fields, spec, due_at)
                 snap = Snapshot(
                     job_id,
                     t,
                     fields,
                     _ttl(pipe.pttl(jk)),
-                    None if due_ms is None else _score_ms(due_ms),
+                    due_at,
                     None if lease_ms is None else _score_ms(lease_ms),
                     0 if dead is None else 1,
                 )

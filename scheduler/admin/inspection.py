@@ -211,7 +211,8 @@ def fixed_keys(client: redis.Redis, keys: QueueKeys) -> list[KeyInfo]:
 
 
 _FAMILIES = (
-    ("job:", "HASH one per job: task, payload, state, attempts, token, worker, errors, ..."),
+    ("job:", "HASH one per claimed job (or older layout): state, attempts, token, worker, ..."),
+    ("spec:", "STRING a job's spec record: 2|task|max_attempts|backoff|...|payload"),
     ("stats:", "HASH per-minute outcome counters (kept 2 h)"),
     ("idem:", "STRING idempotency key digest -> first job id"),
     ("claim:", "STRING claim replay answers (kept one lease)"),

@@ -109,6 +109,8 @@ class AsyncQueue:
         jitter_ms: int = 0,
         timeout_ms: int = 0,
         job_id: str | None = None,
+        result_ttl_ms: int | None = None,
+        keep_payload: bool = False,
     ) -> str:
         """Accept a job; returns its id.
 
@@ -127,6 +129,10 @@ class AsyncQueue:
             timeout_ms: how long one attempt may run before the worker stops it, in
                 [0, 7 days]; 0 = no timeout.
             job_id: choose the id yourself (re-sending the same id is idempotent).
+            result_ttl_ms: how long this job's outcome is kept once done, in [1 ms, 366 days]
+                (over the task's and the worker's setting; default: theirs, else 1 h).
+            keep_payload: keep the payload (and spec) with the outcome; by default a done
+                job keeps only its state, result, finished_ms, attempts and task.
 
         Returns:
             The job's id.
@@ -148,6 +154,8 @@ class AsyncQueue:
                 jitter_ms=jitter_ms,
                 timeout_ms=timeout_ms,
                 job_id=job_id,
+                result_ttl_ms=result_ttl_ms,
+                keep_payload=keep_payload,
             )
         )
 

@@ -6,12 +6,10 @@ reply (claim_reply.py) live next door; their names are re-exported here for call
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 import random
 import secrets
-import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -24,6 +22,7 @@ from scheduler.core.claim_reply import CLAIM_FIELDS as CLAIM_FIELDS
 from scheduler.core.claim_reply import claim_args as claim_args
 from scheduler.core.claim_reply import parse_claim as parse_claim
 from scheduler.core.errors import BadArgument, InvalidPayload, SchedulerError, raise_for_status
+from scheduler.core.ids import new_job_id as new_job_id
 from scheduler.core.keys import check_job_id
 from scheduler.core.limits import DAY_MS as DAY_MS
 from scheduler.core.limits import DEFAULT_BACKOFF as DEFAULT_BACKOFF
@@ -42,22 +41,11 @@ from scheduler.core.limits import check_int as check_int
 from scheduler.core.limits import s as s
 from scheduler.core.limits import stored_int as stored_int
 from scheduler.core.limits import stored_int_in as stored_int_in
-from scheduler.core.models import FailOutcome, Job, JobSpec, QueueCounts
+from scheduler.core.models import FailOutcome, Job, JobSpec, QueueCounts, with_spec
 
 _MAX_MESSAGE = 2_000
 _MAX_TRACEBACK = 8_000
-ENQUEUE_FIELDS = 10
-
-
-_id_seq = itertools.count()
-
-
-def new_job_id() -> str:
-    """Sortable and unique: creation ms, a per-process sequence (jobs due at the same ms are
-    claimed in enqueue order, since the due set orders ties by id) and 48 random bits. Made by
-    the client, so a re-sent enqueue names the same job and cannot create a second one."""
-    seq = next(_id_seq) & 0xFFFFFF
-    return f"{time.time_ns() // 1_000_000:012x}{seq:06x}{secrets.token_hex(6)}"
+ENQUEUE_FIELDS = 12
 
 
 def new_nonce() -> str:
@@ -110,7 +98,7 @@ def _epoch_ms(at: datetime) -> int:
 
 
 def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
-    """The 13 ARGV fields of one job in lua/enqueue.lua, after checking everything."""
+    """The 12 ARGV fields of one job in lua/enqueue.lua, after checking everything."""
     if not isinstance(spec.task, str) or not TASK_RE.fullmatch(spec.task):
         raise BadArgument(f"invalid task name {spec.task!r}: use 1-200 of A-Z a-z 0-9 _ . : / -")
     payload = encode_json(spec.payload, "payload", max_payload_bytes)
@@ -158,7 +146,15 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         str(timeout_ms),
         idem,
         _IDEM_TTL,
+        "" if spec.result_ttl_ms is None else str(check_int(spec.result_ttl_ms, "result_ttl_ms")),
+        _keep_flag(spec.keep_payload),
     ]
+
+
+def _keep_flag(keep: Any) -> str:
+    if not isinstance(keep, bool):
+        raise BadArgument(f"keep_payload must be True or False, got {keep!r}")
+    return "k" if keep else ""
 
 
 _IDEM_TTL = str(IDEMPOTENCY_TTL_MS)
@@ -273,10 +269,17 @@ def _score_ms(score: Any) -> int:
     return int(min(x, MAX_TIME_MS))
 
 
-def parse_job(job_id: str, raw: Any, lease_score: Any) -> Job | None:
-    if not raw:
+def parse_job(
+    job_id: str, raw: Any, lease_score: Any, spec: Any = None, due_score: Any = None
+) -> Job | None:
+    """A job from its hash and its spec record (lua/lib/job.lua), either of which may be
+    missing: a job never claimed is its spec alone, waiting in due (run_at = its due score); a
+    job of an older version (or a schedule occurrence) is its hash alone."""
+    fields = {s(k): s(v) for k, v in raw.items()} if raw else {}
+    if spec is not None:
+        fields = with_spec(fields, s(spec), None if due_score is None else _score_ms(due_score))
+    if not fields:
         return None
-    fields = {s(k): s(v) for k, v in raw.items()}
     return Job(
         id=job_id,
         state=fields.get("state", "?"),

@@ -68,6 +68,10 @@ class QueueKeys:
     def job(self, job_id: str) -> str:
         return self.prefix + "job:" + job_id
 
+    def spec(self, job_id: str) -> str:
+        """A job's spec record until and after its first claim (lua/lib/job.lua)."""
+        return self.prefix + "spec:" + job_id
+
     def result_wake(self, job_id: str) -> str:
         """LIST: the wake-up Queue.result() blocks on (lua/lib/result.lua pushes it)."""
         return self.prefix + "result:" + job_id

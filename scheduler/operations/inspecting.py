@@ -34,14 +34,22 @@ class InspectingOps(OpsBase):
             raise JobNotFound(f"no job {job_id!r}")
         return state
 
+    def _job_reads(self, job_id: str) -> list[tuple[Any, ...]]:
+        """A job's hash, its spec record (lua/lib/job.lua) and its scores: codec.parse_job's
+        arguments."""
+        k = self.keys
+        return [
+            ("HGETALL", k.job(job_id)),
+            ("ZSCORE", k.leased, job_id),
+            ("GET", k.spec(job_id)),
+            ("ZSCORE", k.due, job_id),
+        ]
+
     def get_job(self, job_id: str) -> Op[Job]:
         """One job's record, a waiting job as SCHEDULED or DUE by the server's clock; raises
         JobNotFound."""
         check_job_id(job_id)
-        raw, score = yield Commands(
-            [("HGETALL", self.keys.job(job_id)), ("ZSCORE", self.keys.leased, job_id)]
-        )
-        job = codec.parse_job(job_id, raw, score)
+        job = codec.parse_job(job_id, *(yield Commands(self._job_reads(job_id))))
         if job is None:
             raise JobNotFound(f"no job {job_id!r} in queue {self.keys.queue!r}")
         if job.state == JobState.DUE:
@@ -86,9 +94,9 @@ class InspectingOps(OpsBase):
             return []
         cmds: list[tuple[Any, ...]] = []
         for job_id in ids:
-            cmds += [("HGETALL", self.keys.job(job_id)), ("ZSCORE", self.keys.leased, job_id)]
+            cmds += self._job_reads(job_id)
         reply = yield Commands(cmds)
-        parsed = [codec.parse_job(i, reply[2 * n], reply[2 * n + 1]) for n, i in enumerate(ids)]
+        parsed = [codec.parse_job(i, *reply[4 * n : 4 * n + 4]) for n, i in enumerate(ids)]
         jobs = [j for j in parsed if j is not None]
         if any(j.state == JobState.DUE for j in jobs):
             now_ms = (yield from self.counts()).now_ms

@@ -29,6 +29,8 @@ class ProducingOps(OpsBase):
         jitter_ms: int = 0,
         timeout_ms: int = 0,
         job_id: str | None = None,
+        result_ttl_ms: int | None = None,
+        keep_payload: bool = False,
     ) -> Op[str]:
         """One job: `enqueue_many` of one JobSpec; returns its id."""
         spec = JobSpec(
@@ -42,6 +44,8 @@ class ProducingOps(OpsBase):
             jitter_ms,
             timeout_ms,
             job_id,
+            result_ttl_ms,
+            keep_payload,
         )
         ids = yield from self.enqueue_many([spec])
         return ids[0]
