@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -23,6 +24,7 @@ from scheduler.admin.startup import (
     permission_message,
 )
 from scheduler.cli.common import url_option
+from scheduler.client.partitioned import expand_queues_async
 from scheduler.core.connection import connect_async, parse_url
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN
 from scheduler.core.keys import check_job_id
@@ -79,8 +81,10 @@ async def _serve(
     worker_id: str | None,
 ) -> int:
     client = connect_async(url, socket_connect_timeout=5, socket_timeout=30)
-    worker = Worker(client, registry, settings, worker_id=worker_id)
     try:
+        # A partitioned queue (client/partitioned.py) is claimed from all its partitions.
+        settings = replace(settings, queues=await expand_queues_async(client, settings.queues))
+        worker = Worker(client, registry, settings, worker_id=worker_id)
         await worker.preflight()
         await check_access_async(client, settings.queues)
     except AccessDenied as exc:

@@ -1,0 +1,221 @@
+"""One logical queue over N partitions (scheduler/core/partitions.py), with the methods of
+`Queue` that a producer and an operator use. Each partition is an ordinary `Queue`; a request
+for several partitions is one driver call, so on a cluster it is one pipeline per node
+(core/cluster_io.py).
+
+    q = PartitionedQueue.create(client, "emails", partitions=12)   # or open(): as stored
+    q.enqueue("send", {...})                                     # the Queue signature
+    scheduler worker tasks:registry --queue emails                # claims every partition
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any, cast
+
+import redis
+
+from scheduler.admin.inspection import queue_exists, server_now_ms
+from scheduler.client.queue import Queue
+from scheduler.core.keys import QueueKeys
+from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
+from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
+from scheduler.core.scripts import Scripts, run_sync
+from scheduler.operations.ops import Op, Request
+from scheduler.schedules.recurring import Schedule
+
+
+def read_layout(client: redis.Redis, queue: str) -> Layout | None:
+    """The stored layout of `queue`, or None for a queue that is not partitioned."""
+    raw = client.get(meta_key(queue))
+    return None if raw is None else Layout.parse(queue, str(raw))
+
+
+def expand_queues(client: redis.Redis, queues: Sequence[str]) -> list[str]:
+    """The worker's queue list with each partitioned queue replaced by its partitions."""
+    out: list[str] = []
+    for name in queues:
+        layout = read_layout(client, name)
+        out.extend(layout.names if layout else [name])
+    return list(dict.fromkeys(out))
+
+
+async def expand_queues_async(client: Any, queues: Sequence[str]) -> tuple[str, ...]:
+    """expand_queues for a redis.asyncio client (the worker's, at start)."""
+    out: list[str] = []
+    for name in queues:
+        raw = await client.get(meta_key(name))
+        out.extend(Layout.parse(name, str(raw)).names if raw is not None else [name])
+    return tuple(dict.fromkeys(out))
+
+
+class PartitionedQueue:
+    """A logical queue over the partitions of `layout` (use create() or open())."""
+
+    def __init__(self, client: redis.Redis, layout: Layout, **queue_kwargs: Any) -> None:
+        self.client, self.layout = client, layout
+        self.parts = [Queue(client, name, **queue_kwargs) for name in layout.names]
+        self._scripts = Scripts(clock=queue_kwargs.get("_clock", "server"))
+        self._spread = itertools.count()
+
+    @classmethod
+    def create(
+        cls, client: redis.Redis, name: str, *, partitions: int, **queue_kwargs: Any
+    ) -> PartitionedQueue:
+        """Create `name` with `partitions` partitions, or open it when it exists with that
+        count. PartitionMismatch: it exists with another count, or as a plain queue."""
+        check_count(partitions)
+        wanted = Layout.create(name, partitions)
+        existing = read_layout(client, name)
+        if existing is None:
+            keys = QueueKeys(name)
+            if queue_exists(client, keys, server_now_ms(client, keys)):
+                raise PartitionMismatch(
+                    f"queue {name!r} exists unpartitioned: drain it into a new partitioned "
+                    "queue (README 'Partitioned queues')"
+                )
+            client.set(meta_key(name), wanted.record(), nx=True)  # the first creator wins
+            existing = read_layout(client, name)
+        assert existing is not None
+        if existing.n != partitions:
+            raise existing.mismatch(partitions)
+        return cls(client, existing, **queue_kwargs)
+
+    @classmethod
+    def open(cls, client: redis.Redis, name: str, **queue_kwargs: Any) -> PartitionedQueue:
+        """Open `name` as stored. PartitionMismatch when it is not partitioned."""
+        layout = read_layout(client, name)
+        if layout is None:
+            raise PartitionMismatch(f"queue {name!r} is not partitioned")
+        return cls(client, layout, **queue_kwargs)
+
+    @property
+    def name(self) -> str:
+        return self.layout.queue
+
+    def part_of(self, job_id: str) -> Queue:
+        """The partition holding `job_id` (the id tells it)."""
+        return self.parts[self.layout.partition_of_id(job_id)]
+
+    # -- several partitions in one driver call -----------------------------------------------
+    def _run_many(self, ops: Sequence[tuple[Queue, Op[Any]]]) -> list[Any]:
+        """Drive one operation per partition together: each round sends every operation's
+        next request in one call (one pipeline per node). Errors are raised after all ran."""
+        results: list[Any] = [None] * len(ops)
+        pending: dict[int, Request] = {}
+        for i, (_, op) in enumerate(ops):
+            pending[i] = next(op)
+        while pending:
+            order = list(pending)
+            items = [(ops[i][0].keys.script_keys(), pending[i]) for i in order]
+            replies = run_sync(self.client, self._scripts.drive(items))
+            pending = {}
+            for i, reply in zip(order, replies, strict=True):
+                op = ops[i][1]
+                try:
+                    pending[i] = (
+                        op.throw(reply) if isinstance(reply, BaseException) else op.send(reply)
+                    )
+                except StopIteration as done:
+                    results[i] = done.value
+                except Exception as exc:
+                    results[i] = exc
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    # -- producers ---------------------------------------------------------------------------
+    def _place(self, spec: JobSpec) -> tuple[int, JobSpec]:
+        k, job_id = self.layout.route(spec.key, spec.job_id, next(self._spread))
+        return k, replace(spec, job_id=job_id)
+
+    def enqueue(self, task: str, payload: Any = None, **kwargs: Any) -> str:
+        """`Queue.enqueue` on the job's partition (by key, else by id)."""
+        return self.enqueue_many([JobSpec(task, payload, **kwargs)])[0]
+
+    def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
+        """`Queue.enqueue_many`: the jobs grouped by partition, one driver call for all."""
+        placed = [self._place(s) for s in specs]
+        by_part: dict[int, list[JobSpec]] = {}
+        for k, spec in placed:
+            by_part.setdefault(k, []).append(spec)
+        ops = [
+            (self.parts[k], self.parts[k].ops.enqueue_many(ss, batch_size))
+            for k, ss in by_part.items()
+        ]
+        got = dict(zip(by_part, self._run_many(ops), strict=True))
+        pos = dict.fromkeys(by_part, 0)
+        out = []
+        for k, _ in placed:
+            out.append(got[k][pos[k]])
+            pos[k] += 1
+        return out
+
+    # -- one job: straight to its partition --------------------------------------------------
+    def status(self, job_id: str) -> JobState:
+        return self.part_of(job_id).status(job_id)
+
+    def get_job(self, job_id: str) -> Job:
+        return self.part_of(job_id).get_job(job_id)
+
+    def cancel(self, job_id: str) -> str:
+        return self.part_of(job_id).cancel(job_id)
+
+    def complete(self, job_id: str, token: str, result: Any = None) -> None:
+        self.part_of(job_id).complete(job_id, token, result)
+
+    # -- merged views ------------------------------------------------------------------------
+    def counts(self) -> QueueCounts:
+        """Every partition's counts in one driver call, summed."""
+        each = cast(list[QueueCounts], self._run_many([(p, p.ops.counts()) for p in self.parts]))
+        oldest = [c.oldest_due_ms for c in each if c.oldest_due_ms is not None]
+        return QueueCounts(
+            now_ms=max(c.now_ms for c in each),
+            due=sum(c.due for c in each),
+            scheduled=sum(c.scheduled for c in each),
+            leased=sum(c.leased for c in each),
+            dead=sum(c.dead for c in each),
+            oldest_due_ms=min(oldest) if oldest else None,
+            lapsed=sum(c.lapsed for c in each),
+        )
+
+    def dead_ids(self, **filters: Any) -> list[str]:
+        """`Queue.dead_ids` over every partition, merged newest first by the time they died."""
+        per = self._run_many([(p, p.ops.dead_ids(**filters)) for p in self.parts])
+        runs = []
+        for part, ids in zip(self.parts, per, strict=True):
+            scores = self.client.zmscore(part.keys.dead, ids) if ids else []
+            runs.append([(-(s or 0.0), i) for s, i in zip(scores, ids, strict=True)])
+        return [i for _, i in heapq.merge(*runs)]
+
+    def requeue_dead(self, ids: Sequence[str]) -> int:
+        return sum(self._by_part(ids, lambda q, g: q.requeue_dead(g)))
+
+    def purge_dead(self, ids: Sequence[str]) -> int:
+        return sum(self._by_part(ids, lambda q, g: q.purge_dead(g)))
+
+    def _by_part(self, ids: Sequence[str], fn: Any) -> list[Any]:
+        groups: dict[int, list[str]] = {}
+        for i in ids:
+            groups.setdefault(self.layout.partition_of_id(i), []).append(i)
+        return [fn(self.parts[k], g) for k, g in groups.items()]
+
+    # -- schedules: each in one partition ----------------------------------------------------
+    def _sched(self, name: str) -> Queue:
+        return self.parts[self.layout.partition_of_schedule(name)]
+
+    def schedule(self, name: str, task: str, payload: Any = None, **kwargs: Any) -> str:
+        return self._sched(name).schedule(name, task, payload, **kwargs)
+
+    def get_schedule(self, name: str) -> Schedule:
+        return self._sched(name).get_schedule(name)
+
+    def remove_schedule(self, name: str) -> str:
+        return self._sched(name).remove_schedule(name)
+
+    def list_schedules(self) -> list[Schedule]:
+        return sorted((s for p in self.parts for s in p.list_schedules()), key=lambda s: s.name)

@@ -1,0 +1,140 @@
+"""One logical queue over N partitions (sans-I/O): the stored layout record, the sub-queue
+names (spread over the cluster's slots), and the routing of a job, a key or a schedule to its
+partition. The client that uses it is scheduler/client/partitioned.py.
+
+- N is fixed at creation and stored in `sched:{<queue>}:partitions` as
+  `1|<n>|<name0>,<name1>,...` (format version 1); a different N later is refused.
+- Partition k is the ordinary queue `<queue>.p<k>` (or `<queue>.p<k>.<j>`, the first j whose
+  hash slot falls in the k-th of N equal slot ranges), so on a cluster with evenly assigned
+  slots the partitions spread over every primary. Those names are reserved.
+- A job's id tells its partition: a generated id is `p<k>.` + ids.new_job_id() (the prefix the
+  id alphabet reserves for it); any other id (chosen by the caller) goes to crc32(id) % N.
+  A job with an idempotency key goes to crc32(key) % N, so the key stays unique; a caller's
+  job_id must then route to the same partition (BadArgument otherwise).
+- A schedule lives in one partition: crc32(name) % N (exactly one pending run still holds)."""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+
+from redis.crc import key_slot
+
+from scheduler.core.codec import new_job_id
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import QueueKeys, check_queue_name
+
+MAX_PARTITIONS = 1024
+SLOTS = 16384
+# Room for ".p1023.9999" after the logical name within the 64 characters of a queue name.
+MAX_LOGICAL_NAME = 52
+_VERSION = "1"
+_TAGGED = re.compile(r"^p(\d{1,4})\.(.+)$")
+
+
+class PartitionMismatch(BadArgument):
+    """The queue exists with another partition count (or unpartitioned, or as a plain queue)."""
+
+
+def meta_key(queue: str) -> str:
+    """Where the layout record lives: in the logical queue's own slot."""
+    return QueueKeys(queue).prefix + "partitions"
+
+
+def check_count(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PARTITIONS:
+        raise BadArgument(f"partitions must be an int in [1, {MAX_PARTITIONS}], got {n!r}")
+    return n
+
+
+def _hash(text: str) -> int:
+    return zlib.crc32(text.encode("utf-8"))
+
+
+def sub_queue_names(queue: str, n: int) -> list[str]:
+    """The N partition names: partition k's hash slot in [k*16384/N, (k+1)*16384/N)."""
+    check_queue_name(queue)
+    check_count(n)
+    if len(queue) > MAX_LOGICAL_NAME:
+        raise BadArgument(
+            f"a partitioned queue's name is at most {MAX_LOGICAL_NAME} characters: {queue!r}"
+        )
+    names = []
+    for k in range(n):
+        low, high = k * SLOTS // n, (k + 1) * SLOTS // n
+        for j in range(100_000):
+            name = f"{queue}.p{k}" if j == 0 else f"{queue}.p{k}.{j}"
+            if low <= key_slot(QueueKeys(name).prefix.encode()) < high:
+                names.append(name)
+                break
+        else:  # pragma: no cover - every range of >= 16 slots is hit within a few hundred
+            raise RuntimeError(f"no name for partition {k} of {n}")
+    return names
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A logical queue's partitions, as stored."""
+
+    queue: str
+    names: tuple[str, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    def record(self) -> str:
+        return f"{_VERSION}|{self.n}|{','.join(self.names)}"
+
+    @classmethod
+    def create(cls, queue: str, n: int) -> Layout:
+        return cls(queue, tuple(sub_queue_names(queue, n)))
+
+    @classmethod
+    def parse(cls, queue: str, text: str) -> Layout:
+        """The stored record; BadArgument when it is not one this version wrote."""
+        parts = str(text).split("|")
+        if len(parts) != 3 or parts[0] != _VERSION or not parts[1].isdigit():
+            raise BadArgument(f"unreadable partition record of queue {queue!r}: {text!r}")
+        names = tuple(parts[2].split(","))
+        if len(names) != int(parts[1]):
+            raise BadArgument(f"partition record of {queue!r} lists {len(names)} names")
+        for name in names:
+            check_queue_name(name)
+        return cls(queue, names)
+
+    def partition_of_id(self, job_id: str) -> int:
+        """The partition a job id belongs to (module docstring)."""
+        m = _TAGGED.match(job_id)
+        if m is not None and int(m.group(1)) < self.n:
+            return int(m.group(1))
+        return _hash(job_id) % self.n
+
+    def partition_of_key(self, key: str) -> int:
+        return _hash("key:" + key) % self.n
+
+    def partition_of_schedule(self, name: str) -> int:
+        return _hash("schedule:" + name) % self.n
+
+    def route(self, key: str | None, job_id: str | None, spread: int) -> tuple[int, str]:
+        """(partition, job id) of a new job; `spread` picks the partition of a job with
+        neither key nor id (the caller's round robin), so batches fill every partition."""
+        if key is not None:
+            k = self.partition_of_key(key)
+            if job_id is not None and self.partition_of_id(job_id) != k:
+                raise BadArgument(
+                    f"job_id {job_id!r} and key {key!r} route to different partitions of "
+                    f"{self.queue!r}: give only one, or an id tagged 'p{k}.'"
+                )
+            return k, job_id or f"p{k}.{new_job_id()}"
+        if job_id is not None:
+            return self.partition_of_id(job_id), job_id
+        k = spread % self.n
+        return k, f"p{k}.{new_job_id()}"
+
+    def mismatch(self, asked: int) -> PartitionMismatch:
+        return PartitionMismatch(
+            f"queue {self.queue!r} was created with {self.n} partitions, not {asked}: the "
+            "count is fixed at creation (README 'Partitioned queues' says how to migrate)"
+        )

@@ -1,0 +1,119 @@
+"""One logical queue over N partitions (core/partitions.py, client/partitioned.py): the stored
+count, routing by key / id, merged views, schedules in one partition, a worker on the logical
+name. Runs on one server and, in the cluster stage, on a cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from scheduler import BadArgument, JobSpec
+from scheduler.client.partitioned import PartitionedQueue, read_layout
+from scheduler.core.keys import QueueKeys
+from scheduler.core.partitions import SLOTS, Layout, PartitionMismatch, sub_queue_names
+from tests.conftest import delete_queue
+from tests.workers.procs import spawn_worker, stop_all, wait_for
+
+
+@pytest.mark.parametrize("n", [1, 3, 12])
+def test_partition_names_spread_over_equal_slot_ranges(n: int) -> None:
+    names = sub_queue_names("emails", n)
+    assert names == sub_queue_names("emails", n) and len(set(names)) == n
+    for k, name in enumerate(names):
+        slot = key_slot(QueueKeys(name).prefix.encode())
+        assert k * SLOTS // n <= slot < (k + 1) * SLOTS // n
+
+
+def test_the_id_tells_the_partition_and_a_key_decides_it() -> None:
+    layout = Layout.create("emails", 4)
+    k, job_id = layout.route(None, None, spread=6)
+    assert k == 2 and job_id.startswith("p2.") and layout.partition_of_id(job_id) == 2
+    assert layout.partition_of_id("order-17") == layout.partition_of_id("order-17")
+    k, job_id = layout.route("user-9", None, spread=0)
+    assert k == layout.partition_of_key("user-9") == layout.partition_of_id(job_id)
+    other = next(f"x{i}" for i in range(100) if layout.partition_of_id(f"x{i}") != k)
+    with pytest.raises(BadArgument, match="different partitions"):
+        layout.route("user-9", other, spread=0)
+    with pytest.raises(BadArgument):
+        Layout.parse("emails", "2|1|emails.p0")
+
+
+@pytest.fixture
+def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
+    q = PartitionedQueue.create(client, queue_name, partitions=3)
+    yield q
+    for part in q.parts:
+        delete_queue(client, part)
+    client.delete(f"sched:{{{queue_name}}}:partitions")
+
+
+def test_the_count_is_stored_and_another_is_refused(
+    client: redis.Redis, pq: PartitionedQueue
+) -> None:
+    stored = read_layout(client, pq.name)
+    assert stored is not None and stored.n == 3
+    assert PartitionedQueue.create(client, pq.name, partitions=3).layout == stored
+    with pytest.raises(PartitionMismatch, match="created with 3 partitions, not 12"):
+        PartitionedQueue.create(client, pq.name, partitions=12)
+    assert read_layout(client, pq.name) == stored  # nothing changed
+    assert PartitionedQueue.open(client, pq.name).layout == stored
+
+
+def test_a_plain_queue_is_not_turned_into_partitions(client: redis.Redis, queue_name: str) -> None:
+    from scheduler import Queue
+
+    plain = Queue(client, queue_name)
+    plain.enqueue("t", None)
+    try:
+        with pytest.raises(PartitionMismatch, match="unpartitioned"):
+            PartitionedQueue.create(client, queue_name, partitions=3)
+        with pytest.raises(PartitionMismatch, match="not partitioned"):
+            PartitionedQueue.open(client, queue_name)
+        assert read_layout(client, queue_name) is None
+    finally:
+        delete_queue(client, plain)
+
+
+def test_jobs_spread_keys_stay_unique_and_views_merge(pq: PartitionedQueue) -> None:
+    ids = pq.enqueue_many([JobSpec("t", {"n": i}) for i in range(30)], batch_size=4)
+    assert len(set(ids)) == 30
+    assert [p.counts().due for p in pq.parts] == [10, 10, 10]
+    assert pq.counts().due == 30
+    first = pq.enqueue("t", None, key="once")
+    assert pq.enqueue("t", None, key="once") == first and pq.counts().due == 31
+    assert pq.status(ids[7]) == "due" and pq.get_job(ids[7]).payload() == {"n": 7}
+    assert pq.cancel(ids[7]) == "due" and pq.status(ids[7]) == "cancelled"
+    assert pq.counts().due == 30
+    # One job dies in each partition, a few ms apart: the merged dead list is newest first.
+    died = []
+    for part in pq.parts:
+        job = part.claim("w", limit=1).jobs[0]
+        part.fail(job.id, job.token, ValueError("x"), retryable=False)
+        died.append(job.id)
+        time.sleep(0.01)
+    assert pq.dead_ids() == died[::-1] and pq.counts().dead == 3
+    assert pq.requeue_dead(died) == 3 and pq.counts().dead == 0
+
+
+def test_a_schedule_lives_in_one_partition(pq: PartitionedQueue) -> None:
+    assert pq.schedule("nightly", "report", None, every_ms=60_000) == "created"
+    holders = [p.name for p in pq.parts if p.list_schedules()]
+    assert holders == [pq.parts[pq.layout.partition_of_schedule("nightly")].name]
+    assert [s.name for s in pq.list_schedules()] == ["nightly"]
+    assert pq.get_schedule("nightly").name == "nightly"
+
+
+def test_a_worker_on_the_logical_name_drains_every_partition(
+    redis_url: str, pq: PartitionedQueue
+) -> None:
+    ids = pq.enqueue_many([JobSpec("noop", None) for _ in range(12)])
+    w = spawn_worker(redis_url, pq.name)
+    try:
+        wait_for(lambda: all(pq.status(i) == "done" for i in ids), what="every partition drained")
+    finally:
+        stop_all([w])
+    assert pq.counts().due == 0
