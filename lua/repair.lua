@@ -16,11 +16,14 @@
     'due'     into due (lib to_due, off leased) at ARGV[6] run_at_ms; state 'due', no worker,
               no expiry, wake idle workers (as claim's reaper and release do)
     'unlist'  off the places in ARGV[6] (comma-joined; dead through lib dead_unlist), then
-              state := ARGV[7]; ARGV[7] '' = the hash is gone: only while no job key exists
+              state := ARGV[7]; ARGV[7] '' = the job is gone: only while neither its hash nor
+              its spec record exists (lib job_exists: a pending job is its spec alone)
     'state'   state := ARGV[6], the one expected place; worker dropped unless 'leased'
     'score'   its score in the one expected place (due or leased) := now_ms
-    'persist' drop the expiry of a job in a place
-    'expire'  a record in no place expires in ARGV[6] ttl_ms
+    'persist' drop the expiry of a job in a place (its hash and its spec record)
+    'expire'  a record in no place expires in ARGV[6] ttl_ms (its hash and its spec record)
+  A job that is its spec record alone gets no hash from 'due' or 'state' due (claim creates
+    it whole; a hash holding only `state` would park the job as unreadable).
   Returns: 1 moved, 0 not moved (the id is no longer where the plan found it, or an older
     dead LIST is still being converted). Parking a schedule's pending occurrence arms its next
     one (as claim does).
@@ -96,17 +99,21 @@ if move == 'dead' then
   dead_letter(prefix, id, reason, at)
 elseif move == 'due' then
   to_due(prefix, id, run_at)
-  redis.call('HSET', jk, 'state', 'due')
-  redis.call('HDEL', jk, 'worker')
-  redis.call('PERSIST', jk)
+  if redis.call('EXISTS', jk) == 1 then
+    redis.call('HSET', jk, 'state', 'due')
+    redis.call('HDEL', jk, 'worker')
+    redis.call('PERSIST', jk)
+  end
+  redis.call('PERSIST', spec_key(prefix, id))
   wake(wake_key)
 elseif move == 'unlist' then
-  if (state == '') ~= (redis.call('EXISTS', jk) == 0) then return 0 end
+  if (state == '') == job_exists(prefix, id) then return 0 end
   for _, p in ipairs(drop) do
     if p == 'dead' then dead_unlist(prefix, id, now) else redis.call('ZREM', PLACE_KEY[p], id) end
   end
   if state ~= '' then redis.call('HSET', jk, 'state', state) end
 elseif move == 'state' then
+  if state == 'due' and redis.call('EXISTS', jk) == 0 then return 0 end
   redis.call('HSET', jk, 'state', state)
   if state ~= 'leased' then redis.call('HDEL', jk, 'worker') end
 elseif move == 'score' then
@@ -114,8 +121,9 @@ elseif move == 'score' then
 elseif move == 'persist' then
   if expect == '' then return 0 end
   redis.call('PERSIST', jk)
+  redis.call('PERSIST', spec_key(prefix, id))
 else -- expire
-  if expect ~= '' or redis.call('EXISTS', jk) == 0 then return 0 end
-  redis.call('PEXPIRE', jk, ttl)
+  if expect ~= '' or not job_exists(prefix, id) then return 0 end
+  job_expire(prefix, id, ttl)
 end
 return 1

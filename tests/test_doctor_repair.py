@@ -125,3 +125,29 @@ def test_bad_repair_arguments_are_refused_and_change_nothing(
     with pytest.raises(ResponseError, match=error):
         client.eval(scripts.source("repair"), len(keys), *keys, *argv)
     assert dump_queue(client, q) == before
+
+
+def test_a_pending_job_with_an_expiry_on_its_spec_is_found_and_kept(
+    q: Queue, client: redis.Redis
+) -> None:
+    """A never-claimed job is its spec record alone: an expiry there would lose it."""
+    job_id = q.enqueue("t", 1)
+    client.pexpire(q.keys.spec(job_id), HOUR_MS)
+    only(check_queue(client, q.name), "expiring-job")
+    assert [i.code for i in repair_queue(client, q.name).fixed] == ["expiring-job"]
+    assert client.pttl(q.keys.spec(job_id)) == -1 and client.exists(q.keys.job(job_id)) == 0
+    (job,) = q.claim("w", limit=1).jobs
+    assert job.id == job_id and job.payload_json == "1"
+
+
+def test_an_orphan_spec_record_is_found_and_put_back_in_due(q: Queue, client: redis.Redis) -> None:
+    """A spec record in no set (no job: key to scan) is still a job: fix puts it in due whole."""
+    job_id = q.enqueue("t", {"x": 2})
+    client.zrem(q.keys.due, job_id)
+    issue = only(check_queue(client, q.name), "orphan-spec")
+    assert q.keys.spec(job_id) in issue.message
+    assert run_plan(client, issue) == [1]
+    assert client.exists(q.keys.job(job_id)) == 0  # no half hash: claim creates it whole
+    assert check_queue(client, q.name) == []
+    (job,) = q.claim("w", limit=1).jobs
+    assert job.id == job_id and job.payload_json == '{"x":2}' and job.task == "t"

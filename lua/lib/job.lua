@@ -51,6 +51,11 @@ local function job_spec(prefix, id, run_at_s)
   return read_spec(text, run_at_s)
 end
 
+-- Does job `id` exist: its hash, or (pending, never claimed) its spec record alone.
+local function job_exists(prefix, id)
+  return redis.call('EXISTS', job_key(prefix, id), spec_key(prefix, id)) > 0
+end
+
 -- A job's keys go together: deleted (purge, trim, an unpended occurrence) or expired.
 local function job_del(prefix, id)
   redis.call('DEL', job_key(prefix, id), spec_key(prefix, id))

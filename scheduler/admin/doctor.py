@@ -78,8 +78,10 @@ def _hash_reply(reply: Any) -> dict[str, str]:
     return {} if isinstance(reply, ResponseError) else {str(a): str(b) for a, b in reply.items()}
 
 
-def _ttl(pttl: Any) -> int | None:
-    return int(pttl) if int(pttl) >= 0 else None
+def _ttl(pttl: Any, spec_pttl: Any = -2) -> int | None:
+    """The job's expiry: its hash's, or its spec record's (a pending job is the spec alone)."""
+    left = [int(t) for t in (pttl, spec_pttl) if not isinstance(t, ResponseError) and int(t) >= 0]
+    return min(left) if left else None
 
 
 def read_snapshots(
@@ -100,11 +102,12 @@ def read_snapshots(
             pipe.zscore(keys.leased, jid)
             pipe.zscore(keys.dead, jid)
             pipe.get(keys.spec(jid))
+            pipe.pttl(keys.spec(jid))
         reply = pipe.execute(raise_on_error=False)
         sec, usec = reply[0]
         now_ms = int(sec) * 1000 + int(usec) // 1000
         for n, jid in enumerate(chunk):
-            t, h, pttl, due, leased, dead, spec = reply[1 + 7 * n : 8 + 7 * n]
+            t, h, pttl, due, leased, dead, spec, spec_pttl = reply[1 + 8 * n : 9 + 8 * n]
             due_ms = None if due is None else _score_ms(due)
             t, fields = _with_spec(str(t), _hash_reply(h), spec, due_ms)
             out.append(
@@ -112,7 +115,7 @@ def read_snapshots(
                     jid,
                     t,
                     fields,
-                    _ttl(pttl),
+                    _ttl(pttl, spec_pttl),
                     due_ms,
                     None if leased is None else _score_ms(leased),
                     0 if dead is None or isinstance(dead, ResponseError) else 1,
@@ -157,6 +160,12 @@ def check_queue(
             page = []
     suspects += _first_pass(client, page, job_prefix, ctx, due, leased, dead, seen)
     suspects += sorted((set(due) | set(leased) | set(dead)) - seen)
+    # A spec record in no place and with no hash (an orphan spec) has no job: key to scan.
+    spec_prefix = keys.prefix + "spec:"
+    for key in client.scan_iter(match=spec_prefix + "*", count=_PAGE):
+        jid = str(key)[len(spec_prefix) :]
+        if jid not in seen and jid not in due and jid not in leased and jid not in dead:
+            suspects.append(jid)
     if not suspects:
         return []
     now_ms, snaps = read_snapshots(client, keys, suspects)
@@ -183,18 +192,19 @@ def _first_pass(
         pipe.hgetall(key)
         pipe.pttl(key)
         pipe.get(ctx.keys.spec(key[len(job_prefix) :]))
+        pipe.pttl(ctx.keys.spec(key[len(job_prefix) :]))
     reply = pipe.execute(raise_on_error=False)
     out: list[str] = []
     for n, key in enumerate(page):
         jid = key[len(job_prefix) :]
         seen.add(jid)
-        t, h, pttl, spec = reply[4 * n : 4 * n + 4]
+        t, h, pttl, spec, spec_pttl = reply[5 * n : 5 * n + 5]
         t, fields = _with_spec(str(t), _hash_reply(h), spec, due.get(jid))
         s = Snapshot(
             jid,
             t,
             fields,
-            _ttl(pttl),
+            _ttl(pttl, spec_pttl),
             due.get(jid),
             leased.get(jid),
             1 if jid in dead else 0,
@@ -226,7 +236,7 @@ def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
                     job_id,
                     t,
                     fields,
-                    _ttl(pipe.pttl(jk)),
+                    _ttl(pipe.pttl(jk), pipe.pttl(k.spec(job_id))),
                     due_at,
                     None if lease_ms is None else _score_ms(lease_ms),
                     0 if dead is None else 1,

@@ -111,12 +111,17 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                 )
             ]
         run_at = stored_int_in(s.fields.get("run_at_ms"), "run_at_ms")
+        spec_only = state == "" and "task" in s.fields  # never claimed: its spec record alone
         return [
             issue(
-                "orphan-hash",
+                "orphan-spec" if spec_only else "orphan-hash",
                 "error",
-                f"job with state {state!r} is in none of due, leased, dead, so no worker "
-                "will see it: fix puts it in due",
+                (
+                    f"pending job (its spec record {k.spec(jid)}, no hash)"
+                    if spec_only
+                    else f"job with state {state!r}"
+                )
+                + " is in none of due, leased, dead, so no worker will see it: fix puts it in due",
                 _to_due(k, s, ctx.now_ms, run_at if run_at is not None else ctx.now_ms),
             )
         ]
