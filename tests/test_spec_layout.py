@@ -14,7 +14,7 @@ from tests.old_layout import old_enqueue
 HOUR_MS = 3_600_000
 
 
-def dead_reason(q: Queue, client: redis.Redis, job_id: str) -> str | None:
+def dead_reason(q: Queue, client: redis.Redis, job_id: str) -> object:
     return client.hget(q.keys.job(job_id), "dead_reason")
 
 
