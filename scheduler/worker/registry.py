@@ -66,6 +66,7 @@ class Registry:
         result_ttl_ms: int | None = None,
         payload_type: type | None = None,
         queue: str | None = None,
+        keep_payload: bool = False,
     ) -> Callable[[F], TaskHandle[F]]:
         """Decorator: register the function as the handler of task `name`.
 
@@ -83,6 +84,8 @@ class Registry:
             payload_type: a dataclass, TypedDict or pydantic model: checked at enqueue,
                 decoded for the handler (still JSON on the wire).
             queue: the queue the task handle enqueues on by default.
+            keep_payload: its jobs keep their payload once done (default: a finished job
+                keeps only what status and result need); a job's own `keep_payload` wins.
 
         Returns:
             A decorator that returns a `TaskHandle` (callable as the function; `enqueue`,
@@ -106,6 +109,8 @@ class Registry:
                 "payload_type must be a dataclass, TypedDict or pydantic model,"
                 f" got {payload_type!r}"
             )
+        if not isinstance(keep_payload, bool):
+            raise BadArgument(f"keep_payload must be a bool, got {keep_payload!r}")
         if queue is not None and not (isinstance(queue, str) and queue):
             raise BadArgument(f"queue must be a non-empty str, got {queue!r}")
 
@@ -126,6 +131,7 @@ class Registry:
                 result_ttl_ms,
                 payload_type,
                 queue,
+                keep_payload=keep_payload,
             )
             self._tasks[task_name] = spec
             return TaskHandle(fn, spec)

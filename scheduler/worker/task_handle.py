@@ -32,6 +32,7 @@ class TaskSpec:
     result_ttl_ms: int | None = None  # outcome retention; None: the worker's setting
     payload_type: type | None = None  # checked at enqueue, decoded for the handler
     queue: str | None = None  # the queue this task's handle enqueues on (checked), None: any
+    keep_payload: bool = False  # its jobs keep their payload once done (the job may say no)
 
     def timeout_for(self, job_timeout_ms: int) -> float | None:
         """The job's own timeout wins; else the task default; None = no limit."""
@@ -73,9 +74,14 @@ class TaskHandle(Generic[F]):
         jitter_ms: int = 0,
         timeout_ms: int | None = None,
         job_id: str | None = None,
+        result_ttl_ms: int | None = None,
+        keep_payload: bool | None = None,
     ) -> JobSpec:
         """A JobSpec with the task's defaults; an argument given here wins over its default.
-        With a payload_type, `payload` must be of it (BadArgument otherwise)."""
+        With a payload_type, `payload` must be of it (BadArgument otherwise).
+        Retention once done: this job's `result_ttl_ms` wins over the task's, which wins over
+        the completing worker's `--result-ttl-ms`, else 1 h; `keep_payload` (None: the task's
+        default) keeps the payload with the outcome."""
         spec = self.spec
         if spec.payload_type is not None:
             payload = encode_payload(spec.payload_type, payload)
@@ -92,6 +98,8 @@ class TaskHandle(Generic[F]):
             jitter_ms=jitter_ms,
             timeout_ms=timeout_ms,
             job_id=job_id,
+            result_ttl_ms=result_ttl_ms,
+            keep_payload=spec.keep_payload if keep_payload is None else keep_payload,
         )
 
     def _check_queue(self, name: str) -> None:
