@@ -99,7 +99,7 @@ class Batch:
 
     loads: list[str]
     cmds: list[Wire]
-    routes: list[str] = field(default_factory=list)
+    routes: list[str] = field(default_factory=list, compare=False)
 
 
 Drive = Generator[Batch, list[Any], list[Any]]
