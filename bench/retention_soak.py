@@ -2,13 +2,16 @@
 one `scheduler worker` draining, used_memory sampled every second.
 
     python bench/retention_soak.py [--rate 1500] [--seconds 60] [--ttl-ms 3600000]
-                                   [--worker-arg=--some-option --worker-arg=value ...]
+        [--result-ttl-ms MS (the worker's option)] [--job-ttl-ms MS (each job's, at enqueue)]
+        [--keep-payload] [--worker-arg=--some-option --worker-arg=value ...]
 
 While finished jobs are kept longer than the soak lasts, memory grows by (bytes per finished job)
 x (completions per second): the slope over the second half of the run gives the bytes per
 finished job, and the projection for the retention is bytes x rate x ttl. Once retention is
-settable (issue 16), pass it to the worker with --worker-arg and a --ttl-ms shorter than the soak:
-memory then levels off, and the last samples are the steady state.
+settable (issue 16), give --result-ttl-ms (the worker's `--result-ttl-ms`) or --job-ttl-ms (each
+job's `result_ttl_ms=` at enqueue) shorter than the soak: memory then levels off. The steady
+state is the last quarter of the samples (its mean, and its slope, ~0 on a plateau); divided by
+rate x ttl it gives the bytes each retained finished job costs (lean, or with --keep-payload).
 
 Producer: `Queue.enqueue_many` of rate/50 jobs every 20 ms (the bench payload), paced by a
 deadline; the worker is bench/systems/ours.py's command. Private redis-server as in
@@ -47,10 +50,18 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=1500, help="jobs enqueued per second")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--ttl-ms", type=int, default=3_600_000, help="retention, for the projection")
+    ap.add_argument("--result-ttl-ms", type=int, help="the worker's --result-ttl-ms")
+    ap.add_argument("--job-ttl-ms", type=int, help="each job's result_ttl_ms at enqueue")
+    ap.add_argument("--keep-payload", action="store_true", help="each job's keep_payload")
     ap.add_argument("--worker-arg", action="append", default=[], help="extra worker argument")
     opts = ap.parse_args()
     if opts.rate <= 0 or opts.seconds <= 0:
         ap.error("--rate and --seconds must be > 0")
+    if opts.result_ttl_ms is not None:
+        opts.worker_arg += ["--result-ttl-ms", str(opts.result_ttl_ms)]
+    # The retention in force: the job's own wins over the worker's (docs/limits.md).
+    ttl_ms = opts.job_ttl_ms or opts.result_ttl_ms or opts.ttl_ms
+    job_kw: dict[str, Any] = {"result_ttl_ms": opts.job_ttl_ms, "keep_payload": opts.keep_payload}
 
     from systems import ours
 
@@ -75,7 +86,9 @@ def main() -> int:
             while time.monotonic() < end:
                 now = time.monotonic()
                 if now >= next_tick:
-                    q.enqueue_many([JobSpec("task", c.payload(sent + k)) for k in range(per_tick)])
+                    q.enqueue_many(
+                        [JobSpec("task", c.payload(sent + k), **job_kw) for k in range(per_tick)]
+                    )
                     sent += per_tick
                     next_tick += tick_s
                 if now >= next_sample:
@@ -95,6 +108,10 @@ def main() -> int:
     done_per_s = slope([(s["t_s"], s["done"]) for s in half])
     per_job = mem_per_s / done_per_s if done_per_s else float("nan")
     last = samples[-1] if samples else {}
+    tail = samples[-max(2, len(samples) // 4) :]
+    steady = sum(s["memory_bytes"] for s in tail) / len(tail) if tail else float("nan")
+    retained = opts.rate * ttl_ms / 1000  # finished jobs alive at once on the plateau
+    tail_slope = slope([(s["t_s"], s["memory_bytes"]) for s in tail])
     print(json.dumps({
         "rate": opts.rate,
         "seconds": opts.seconds,
@@ -105,9 +122,15 @@ def main() -> int:
         "completions_per_s": round(done_per_s, 1),
         "memory_growth_bytes_per_s": round(mem_per_s, 1),
         "bytes_per_finished_job": round(per_job, 1),
-        "ttl_ms": opts.ttl_ms,
-        "projected_steady_state_bytes": round(per_job * opts.rate * opts.ttl_ms / 1000),
+        "ttl_ms": ttl_ms,
+        "job_ttl_ms": opts.job_ttl_ms,
+        "keep_payload": opts.keep_payload,
+        "projected_steady_state_bytes": round(per_job * opts.rate * ttl_ms / 1000),
         "memory_at_end_bytes": last.get("memory_bytes"),
+        # Meaningful once ttl < seconds: the plateau, its slope, bytes per retained job.
+        "steady_state_bytes": round(steady),
+        "steady_state_slope_bytes_per_s": round(tail_slope, 1),
+        "steady_state_bytes_per_retained_job": round(steady / retained, 1),
         "samples": samples,
     }, indent=1))  # fmt: skip
     return 0
