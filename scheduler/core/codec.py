@@ -5,6 +5,7 @@ reply (claim_reply.py) live next door; their names are re-exported here for call
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from scheduler.core.backoff import Backoff
 from scheduler.core.backoff_text import backoff_text as backoff_text
 from scheduler.core.backoff_text import check_backoff as check_backoff
 from scheduler.core.backoff_text import parse_stored_backoff as parse_stored_backoff
@@ -123,8 +125,7 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
                 f"delay_ms + jitter_ms must be <= {MAX_DELAY_MS}, got {delay + jitter}"
             )
     max_attempts = check_int(spec.max_attempts, "max_attempts")
-    backoff = spec.backoff if spec.backoff is not None else DEFAULT_BACKOFF
-    check_backoff(backoff)
+    backoff = _backoff_arg(spec.backoff if spec.backoff is not None else DEFAULT_BACKOFF)
     timeout_ms = check_int(spec.timeout_ms, "timeout_ms")
     idem = ""
     if spec.key is not None:
@@ -142,13 +143,27 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         when,
         str(time_ms),
         str(max_attempts),
-        backoff_text(backoff),
+        backoff,
         str(timeout_ms),
         idem,
         _IDEM_TTL,
         "" if spec.result_ttl_ms is None else str(check_int(spec.result_ttl_ms, "result_ttl_ms")),
         _keep_flag(spec.keep_payload),
     ]
+
+
+def _backoff_arg(b: Any) -> str:
+    """A job's backoff, checked and written once per distinct Backoff (most jobs share the
+    default; issue 16, single enqueue). Not a Backoff, or a bool where an int belongs (equal,
+    for the cache, to 1 / 0): check_backoff refuses it, typed."""
+    if not isinstance(b, Backoff) or type(b.base_ms) is bool or type(b.cap_ms) is bool:
+        check_backoff(b)
+    return _checked_backoff_text(b)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_backoff_text(b: Backoff) -> str:
+    return backoff_text(check_backoff(b))  # frozen and hashable; a refused one is not cached
 
 
 def _keep_flag(keep: Any) -> str:
@@ -201,7 +216,9 @@ def complete_args(
 ) -> list[str]:
     args = [str(check_int(result_ttl_ms, "result_ttl_ms"))]
     for job_id, token, result in items:
-        args.extend((job_id, token, encode_json(result, "result", max_bytes)))
+        # Most handlers return None: no encoder call for it (issue 16, drain).
+        text = "null" if result is None else encode_json(result, "result", max_bytes)
+        args.extend((job_id, token, text))
     return args
 
 
