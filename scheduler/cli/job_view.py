@@ -50,6 +50,8 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
     """Everything about one job, decoded, with times relative to the server's clock."""
     f = job.fields
     payload, payload_error = decoded_payload(f.get("payload"))
+    if job.payload_dropped:  # a lean finished record: dropped on purpose, not damaged
+        payload_error = None
     result, _ = decoded_payload(f.get("result")) if "result" in f else (None, None)
     run_at = job.run_at_ms
     state = job.state
@@ -65,6 +67,7 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
         "task": job.task,
         "payload": payload,
         "payload_error": payload_error,
+        "payload_dropped": job.payload_dropped,
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
         "run_at_ms": run_at,
@@ -95,7 +98,7 @@ def print_job(data: dict[str, Any], job_id: str, queue: str) -> None:
     t = Table(title=f"job {job_id} in {queue!r}", show_header=False)
     t.add_column("field", style="bold")
     t.add_column("value", overflow="fold")
-    skip = {"fields", "errors", "payload", "result", "lease_unreadable"}
+    skip = {"fields", "errors", "payload", "result", "lease_unreadable", "payload_dropped"}
     if data.get("lease_unreadable"):
         t.add_row("lease until", UNREADABLE_LEASE)
     for name, value in data.items():
@@ -105,7 +108,10 @@ def print_job(data: dict[str, Any], job_id: str, queue: str) -> None:
             t.add_row(label, cell(shown))
     # json.dumps escapes control characters inside strings; a raw (non-JSON) payload is
     # printed as a JSON string for the same reason.
-    t.add_row("payload", cell(json.dumps(data["payload"], indent=2), keep_newlines=True))
+    if data.get("payload_dropped"):
+        t.add_row("payload", "dropped (finished; keep_payload=True keeps it)")
+    else:
+        t.add_row("payload", cell(json.dumps(data["payload"], indent=2), keep_newlines=True))
     if data["result"] is not None:
         t.add_row("result", cell(json.dumps(data["result"], indent=2), keep_newlines=True))
     out = console()
@@ -141,6 +147,8 @@ def _readable(name: str, value: Any, state: str) -> list[tuple[str, object]]:
         return [("run in", fmt_ms(value))] if value > 0 else [("late by", fmt_ms(-value))]
     if name == "lease_left_ms":
         return [("lease left", fmt_ms(value))] if state == "leased" else []
+    if name == "timeout_ms" and value == 0:
+        return [("timeout", "no timeout")]  # 0 is the stored 'none', not a zero-length limit
     if name in _DURATION_FIELDS:
         return [(name.removesuffix("_ms"), fmt_ms(value))]
     return [(name, value)]

@@ -1,0 +1,55 @@
+"""`jobs show` on the spec-record layout: a lean finished job says its payload was dropped (not
+'missing'), and a job without a time limit reads 'no timeout' instead of '0ms'."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from click.testing import CliRunner, Result
+
+from scheduler import Queue
+from scheduler.cli.main import main
+
+Run = Callable[..., Result]
+
+
+@pytest.fixture
+def cli(redis_url: str) -> Run:
+    runner = CliRunner(env={"COLUMNS": "200"})
+
+    def run(*args: str) -> Result:
+        return runner.invoke(main, [*args, "--url", redis_url], catch_exceptions=False)
+
+    return run
+
+
+def finished(q: Queue, **kw: object) -> str:
+    job_id = q.enqueue("t", {"to": "x@example.org"}, **kw)  # type: ignore[arg-type]
+    (job,) = q.claim("w", limit=1).jobs
+    q.complete(job_id, job.token, {"sent": True})
+    return job_id
+
+
+def test_a_lean_finished_job_says_its_payload_was_dropped(cli: Run, q: Queue) -> None:
+    job_id = finished(q)
+    out = cli("jobs", "show", "--json", "-q", q.name, job_id)
+    data = json.loads(out.stdout)
+    assert data["payload_dropped"] is True and data["payload_error"] is None
+    assert data["result"] == {"sent": True}
+    human = cli("jobs", "show", "-q", q.name, job_id).stdout
+    assert "dropped (finished" in human and "missing" not in human
+
+
+def test_a_kept_payload_is_shown(cli: Run, q: Queue) -> None:
+    job_id = finished(q, keep_payload=True)
+    data = json.loads(cli("jobs", "show", "--json", "-q", q.name, job_id).stdout)
+    assert data["payload_dropped"] is False and data["payload"] == {"to": "x@example.org"}
+
+
+def test_no_time_limit_reads_no_timeout(cli: Run, q: Queue) -> None:
+    plain, limited = q.enqueue("t", 1), q.enqueue("t", 2, timeout_ms=90_000)
+    assert "no timeout" in cli("jobs", "show", "-q", q.name, plain).stdout
+    human = cli("jobs", "show", "-q", q.name, limited).stdout
+    assert "no timeout" not in human and "1m30s" in human
