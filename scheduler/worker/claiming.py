@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 
 from scheduler.core import codec
@@ -19,14 +20,29 @@ from scheduler.worker.settings import (
     PREFETCH_MAX_RUN_S,
 )
 
+_SKIP_MAX_S = 1.0
+
 
 class Claiming(Dispatch):
     """The claim loop and the wake-up pops (one per queue)."""
 
+    # Several queues (a partitioned queue's partitions): a queue whose claim took nothing is
+    # skipped until its next due time, its own wake-up or _SKIP_MAX_S, so an empty partition
+    # costs about one claim a second instead of one per claim of the others.
+    _skip_until: dict[str, float]
+
+    def _skips(self) -> dict[str, float]:
+        if not hasattr(self, "_skip_until"):
+            self._skip_until = {}
+        return self._skip_until
+
     async def _claim_loop(self) -> None:
         s = self.settings
         backoff = RetryDelay()
-        rr = 0
+        # A random first queue: many workers started together do not all drain the same
+        # partition first.
+        rr = random.randrange(len(self.queues))
+        skips = self._skips()
         while not self._stop_claiming.is_set():
             free = self._room()
             if free <= 0 or self._hold_claim(free):
@@ -40,6 +56,12 @@ class Claiming(Dispatch):
             sleep_s = _MAX_IDLE_SLEEP_S
             order = self.queues[rr:] + self.queues[:rr]
             rr = (rr + 1) % len(self.queues)
+            now_s = time.monotonic()
+            if len(order) > 1:
+                order = [q for q in order if skips.get(q.name, 0.0) <= now_s]
+                if not order:
+                    await self._idle_wait(max(min(skips.values()) - now_s, 0.001))
+                    continue
             try:
                 for q in order:
                     limit = min(free, s.batch_size)
@@ -60,6 +82,13 @@ class Claiming(Dispatch):
                     full = full or n == limit
                     if batch.next_ms >= 0:
                         sleep_s = min(sleep_s, (batch.next_ms - batch.now_ms) / 1000)
+                    if n == 0 and len(self.queues) > 1:
+                        wait_s = _SKIP_MAX_S
+                        if batch.next_ms >= 0:
+                            wait_s = min(wait_s, (batch.next_ms - batch.now_ms) / 1000)
+                        skips[q.name] = now_s + wait_s
+                    else:
+                        skips.pop(q.name, None)
                     if free <= 0:
                         break
             except Exception as exc:
@@ -146,6 +175,10 @@ class Claiming(Dispatch):
                 await asyncio.sleep(backoff())
                 continue
             backoff.reset()
+            if got is not None:
+                for q in self.queues:  # a wake-up of its own ends a queue's skip
+                    if q.keys.wake == key:
+                        self._skips().pop(q.name, None)
             if got is not None and self._idle.is_set():
                 self._wake.set()
 
