@@ -27,14 +27,20 @@ CONCURRENCY = 16
 async def task(data: dict[str, Any], ctx: JobContext) -> None:
     global _R
     if _R is None:
-        # redis-py >= 6 gives clients a default socket_timeout, which on Python 3.11 makes every
-        # send an asyncio.wait_for (a Task per command). BENCH_HANDLER_SOCKET_TIMEOUT=none
-        # measures the handler without it (bench/profile_drain.py); the default is left as is.
+        # Same handler client as the Python peers': their redis-py 5.3.1 has no default
+        # socket_timeout; the project's redis-py 8 has one, which on Python 3.11 makes every
+        # send an asyncio.wait_for (a Task per command, ~8-11 us: docs/performance.md). So the
+        # handler's client is built with socket_timeout=None, as theirs are.
+        # BENCH_HANDLER_SOCKET_TIMEOUT=default measures redis-py 8's default instead.
         kw: dict[str, Any] = {}
-        if os.environ.get("BENCH_HANDLER_SOCKET_TIMEOUT") == "none":
+        if not _default_timeout():
             kw["socket_timeout"] = None
         _R = aredis.Redis.from_url(c.env_url(), **kw)
     await c.handle_async(_R, data)
+
+
+def _default_timeout() -> bool:
+    return os.environ.get("BENCH_HANDLER_SOCKET_TIMEOUT") == "default"
 
 
 def _queue(url: str) -> Queue:
@@ -55,9 +61,9 @@ def meta() -> dict[str, Any]:
             "concurrency": CONCURRENCY,
             "handler client": f"redis.asyncio.Redis.from_url (redis-py {redis.__version__}, "
             + (
-                "socket_timeout=None: BENCH_HANDLER_SOCKET_TIMEOUT=none)"
-                if os.environ.get("BENCH_HANDLER_SOCKET_TIMEOUT") == "none"
-                else "its default socket_timeout)"
+                "its default socket_timeout: BENCH_HANDLER_SOCKET_TIMEOUT=default)"
+                if _default_timeout()
+                else "socket_timeout=None, as the peers' redis-py 5.3.1 clients)"
             ),
         },
     }
