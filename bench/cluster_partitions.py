@@ -2,7 +2,8 @@
 3-primary cluster (3 + 3 replicas) vs one plain node, in one run; the share each partition is
 drained at (fairness); and the server-CPU-per-job model from INFO commandstats.
 
-    .venv/bin/python bench/cluster_partitions.py [--jobs 6000] [--workers 2] [--concurrency 50]
+    .venv/bin/python bench/cluster_partitions.py [--jobs 12000] [--workers 2] [--concurrency 50]
+                                                 [--batch 20]
                                                  [--out bench/results/cluster_partitions.json]
 
 This machine has 2 cores for six servers, the workers and this process, so the cluster-vs-node
@@ -58,33 +59,19 @@ def _children_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _spawn_workers(url: str, queue: str, n: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
+def _spawn_workers(
+    url: str, queue: str, n: int, concurrency: int, batch: int
+) -> list[subprocess.Popen[bytes]]:
     env = dict(os.environ, TEST_REDIS_URL=url, PYTHONPATH=str(ROOT))
-    return [
-        subprocess.Popen(
-            [
-                SCHEDULER,
-                "worker",
-                "tests.workers.basic:registry",
-                "--url",
-                url,
-                "--queue",
-                queue,
-                "--concurrency",
-                str(concurrency),
-                "--batch",
-                "100",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        for _ in range(n)
-    ]
+    cmd = [SCHEDULER, "worker", "tests.workers.basic:registry", "--url", url, "--queue", queue]
+    cmd += ["--concurrency", str(concurrency), "--batch", str(batch)]
+    out = subprocess.DEVNULL
+    return [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=out) for _ in range(n)]
 
 
-def run_one(url: str, n: int, jobs: int, workers: int, concurrency: int) -> dict[str, Any]:
+def run_one(
+    url: str, n: int, jobs: int, workers: int, concurrency: int, batch: int
+) -> dict[str, Any]:
     client = connect(url)
     name = f"bench-{n}-{time.monotonic_ns() % 10**9}"
     q = PartitionedQueue.create(client, name, partitions=n)
@@ -96,7 +83,7 @@ def run_one(url: str, n: int, jobs: int, workers: int, concurrency: int) -> dict
     _reset_stats(client)
     start = [p.counts().due for p in q.parts]
     ccpu0 = _children_cpu_s()
-    procs = _spawn_workers(url, name, workers, concurrency)
+    procs = _spawn_workers(url, name, workers, concurrency, batch)
     shares: list[float] = []
     t_first = None
     while True:
@@ -134,9 +121,10 @@ def run_one(url: str, n: int, jobs: int, workers: int, concurrency: int) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--jobs", type=int, default=6000)
+    ap.add_argument("--jobs", type=int, default=12000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=20, help="the workers' --batch")
     ap.add_argument("--out", default=str(ROOT / "bench/results/cluster_partitions.json"))
     args = ap.parse_args()
     binary = redis_server_binary()
@@ -148,7 +136,7 @@ def main() -> None:
             for n in (1, 3, 12):
                 row = {
                     "target": target,
-                    **run_one(url, n, args.jobs, args.workers, args.concurrency),
+                    **run_one(url, n, args.jobs, args.workers, args.concurrency, args.batch),
                 }
                 print(json.dumps(row), flush=True)
                 rows.append(row)

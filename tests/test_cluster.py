@@ -215,3 +215,30 @@ def test_noscript_is_reloaded_on_the_node_that_lost_its_scripts(rc: Any, queue_n
         assert q.counts().due == 4
     finally:
         _drop(rc, [queue_name])
+
+
+def test_doctor_and_the_startup_checks_read_every_primary(rc: Any, cluster_url: str) -> None:
+    """The test cluster runs without persistence: each primary is reported, by name."""
+    from scheduler.admin.startup import check_or_warn
+
+    found = [f for f in check_or_warn(rc, strict=False, log=lambda _: None)]
+    named = {f.message.split(": ")[0] for f in found if f.code == "persistence-off"}
+    assert named == {f"node {n.name}" for n in rc.get_primaries()} and len(named) == 3
+    res = CliRunner().invoke(main, ["doctor", "--url", cluster_url, "--json"])
+    assert res.exit_code == 1, res.output
+    assert res.output.count("persistence-off") == 3
+
+
+def test_a_partitioned_queue_spreads_over_every_primary(rc: Any, queue_name: str) -> None:
+    from scheduler.client.partitioned import PartitionedQueue
+
+    pq = PartitionedQueue.create(rc, queue_name, partitions=3)
+    try:
+        nodes = {rc.get_node_from_key(p.keys.prefix).name for p in pq.parts}
+        assert nodes == {n.name for n in rc.get_primaries()}
+        ids = pq.enqueue_many([JobSpec("t", None) for _ in range(9)], batch_size=2)
+        assert [p.counts().due for p in pq.parts] == [3, 3, 3]
+        assert {pq.status(i) for i in ids} == {"due"}
+    finally:
+        _drop(rc, [p.name for p in pq.parts])
+        rc.delete(f"sched:{{{queue_name}}}:partitions")

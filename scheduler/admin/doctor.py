@@ -291,6 +291,6 @@ def repair_queue(
 
 
 def check_server_settings(client: redis.Redis) -> list[Issue]:
-    """The server settings that break the product's promises (see scheduler.admin.health)."""
-    info, config = health.read_server(client)
-    return [Issue(f.code, f.severity, f.message, f.fix) for f in health.check_server(info, config)]
+    """The server settings that break the product's promises (see scheduler.admin.health), on
+    every primary of a Redis Cluster."""
+    return [Issue(f.code, f.severity, f.message, f.fix) for f in health.check_servers(client)]

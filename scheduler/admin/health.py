@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from redis.exceptions import RedisError
+
+from scheduler.core.connection import is_cluster
 
 MIN_VERSION = (7, 0)
 SAFE_EVICTION = "noeviction"
@@ -120,6 +122,26 @@ def read_server(client: Any, node: Any = None) -> tuple[dict[str, Any], dict[str
     except RedisError:  # NOPERM for ACL users without CONFIG; INFO still answers
         config = {}
     return info, config
+
+
+def server_nodes(client: Any) -> list[Any]:
+    """The primaries of a cluster client (None: the one server of a plain client)."""
+    return list(client.get_primaries()) if is_cluster(client) else [None]
+
+
+def at_node(node: Any, found: list[Finding]) -> list[Finding]:
+    """On a cluster, each finding names the node it was read from."""
+    if node is None:
+        return found
+    return [replace(f, message=f"node {node.name}: {f.message}") for f in found]
+
+
+def check_servers(client: Any) -> list[Finding]:
+    """check_server on every primary of a cluster (the one server otherwise); RedisError
+    propagates (the doctor reports it)."""
+    return [
+        f for n in server_nodes(client) for f in at_node(n, check_server(*read_server(client, n)))
+    ]
 
 
 async def read_server_async(client: Any, node: Any = None) -> tuple[dict[str, Any], dict[str, str]]:

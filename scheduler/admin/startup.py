@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
-from scheduler.admin.health import Finding, check_server, read_server, read_server_async
-from scheduler.core.connection import is_cluster
+from scheduler.admin.health import (
+    Finding,
+    at_node,
+    check_server,
+    read_server,
+    read_server_async,
+    server_nodes,
+)
 from scheduler.core.errors import SchedulerError
 from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import safe
@@ -84,23 +89,12 @@ def check_or_warn(client: Any, *, strict: bool, log: Callable[[str], object]) ->
     findings. A user not allowed INFO gets one warning and nothing is refused. On a Redis
     Cluster every primary is read, and a finding names its node."""
     found: list[Finding] = []
-    for node in _nodes(client):
+    for node in server_nodes(client):
         try:
-            found += _at(node, check_server(*read_server(client, node)))
+            found += at_node(node, check_server(*read_server(client, node)))
         except RedisError as exc:
-            found += _at(node, [_unreadable(exc)])
+            found += at_node(node, [_unreadable(exc)])
     return _report(found, strict=strict, log=log)
-
-
-def _nodes(client: Any) -> list[Any]:
-    """The primaries of a cluster client (None: the one server of a plain client)."""
-    return list(client.get_primaries()) if is_cluster(client) else [None]
-
-
-def _at(node: Any, found: list[Finding]) -> list[Finding]:
-    if node is None:
-        return found
-    return [replace(f, message=f"node {node.name}: {f.message}") for f in found]
 
 
 async def check_or_warn_async(
@@ -108,11 +102,11 @@ async def check_or_warn_async(
 ) -> list[Finding]:
     """check_or_warn for a redis.asyncio client (the worker's)."""
     found: list[Finding] = []
-    for node in _nodes(client):
+    for node in server_nodes(client):
         try:
-            found += _at(node, check_server(*await read_server_async(client, node)))
+            found += at_node(node, check_server(*await read_server_async(client, node)))
         except RedisError as exc:
-            found += _at(node, [_unreadable(exc)])
+            found += at_node(node, [_unreadable(exc)])
     return _report(found, strict=strict, log=log)
 
 
