@@ -1,10 +1,11 @@
 --[[ cancel: withdraw a job that has not finished. A leased job's worker learns it at its next
   heartbeat, and its complete or fail is refused with 'cancelled'.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held
   ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record, and its result wake-up
     `result:<id>` of lib/result.lua, are kept)
-  A schedule's pending occurrence is replaced by the schedule's next one.
+  A schedule's pending occurrence is replaced by the schedule's next one. A job set aside by
+  flow control (flow:held) is cancelled as a due one.
   Returns: the state before the call: 'due' | 'leased' (now cancelled), or 'done' | 'dead' |
     'cancelled' (unchanged), or 'missing'. A re-sent call answers 'cancelled' and changes nothing.
   Errors:  BAD_ARGUMENT <field>=<value> ]]
@@ -13,6 +14,7 @@
 -- @include "lib/job.lua"
 -- @include "lib/rearm.lua"
 -- @include "lib/result.lua"
+-- @include "lib/flow.lua"
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
@@ -20,7 +22,8 @@ local ttl, err = int_arg(ARGV[2], 'record_ttl_ms', 1, LIM.ttl_ms)
 if err then return err end
 local jk = job_key(prefix, id)
 local state = redis.call('HGET', jk, 'state')
-local in_due = redis.call('ZSCORE', due, id)
+-- A job set aside by flow control (lib/flow.lua) is due too, only not in the due set.
+local in_due = redis.call('ZSCORE', due, id) or redis.call('ZSCORE', prefix .. 'flow:held', id)
 local in_leased = redis.call('ZSCORE', leased, id)
 -- A job never claimed has no hash yet: its spec and its place in due say it waits.
 local fresh = not state
@@ -39,6 +42,8 @@ if schedule and in_due then
 end
 redis.call('ZREM', due, id)
 redis.call('ZREM', leased, id)
+-- Out of the flow holds, and a leased job's key slot is free (its held jobs may run).
+flow_forget(prefix, id, now)
 redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', fmt(now))
 if fresh then redis.call('HSET', jk, 'attempts', '0') end
 job_expire(prefix, id, ttl)

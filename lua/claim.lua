@@ -1,7 +1,7 @@
 --[[ claim: lease up to `limit` due jobs to one worker. Lapsed leases are reaped on the same
   path first, so a job whose worker died is due again without any janitor process.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held
   ARGV[1] worker id
   ARGV[2] limit          jobs to lease at most (>= 0)
   ARGV[3] lease_ms       lease length (> 0)
@@ -32,6 +32,7 @@
 -- @include "lib/lease.lua"
 -- @include "lib/utf8.lua"
 -- @include "lib/rearm.lua"
+-- @include "lib/flow.lua"
 
 local prefix, due, leased, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
 local worker, nonce = ARGV[1], ARGV[4]
@@ -48,7 +49,8 @@ if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT wor
 -- reply's values {attempts, max_attempts, task, payload, run_at_ms, backoff, timeout_ms,
 -- schedule, state, token, settled_token, settled, settled_log}, or nil and a dead reason.
 local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
-  'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log' }
+  'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log',
+  'priority', 'ckey', 'climit', 'rkey', 'rcount', 'rwindow' }
 local function read_claimable(id, jk, run_at_s)
   local f = redis.pcall('HMGET', jk, unpack(READ))
   if f.err then return nil, 'invalid job: not a hash' end
@@ -77,6 +79,9 @@ local function read_claimable(id, jk, run_at_s)
   local r = { task = f[1], payload = f[2], backoff = f[6] or '', timeout_ms = f[7] or '0',
     schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
     settled_log = f[14], fresh = fresh, spec = sp }
+  -- Flow fields are advisory: one edited by hand reads as unset (lib/flow.lua).
+  r.flow = flow_parse(f[15] or nil, f[16] or nil, f[17] or nil, f[18] or nil, f[19] or nil,
+    f[20] or nil) or flow_parse(nil, nil, nil, nil, nil, nil)
   if not task_ok(f[1]) then return nil, 'invalid job: task' end
   if not f[2] or not is_utf8(f[2]) then return nil, 'invalid job: payload' end
   r.attempts = parse_int(f[3], 0, LIM.attempts)
@@ -159,9 +164,10 @@ for i = 1, #lapsed, 2 do
     local max_attempts = parse_int(f[2], 1, LIM.attempts)
     if attempts ~= nil and max_attempts ~= nil and attempts >= max_attempts then
       dead_letter(prefix, id, 'lease expired', now)
+      flow_release(prefix, id, now)
       parked = parked + 1
     else
-      to_due(prefix, id, until_ms)
+      flow_to_due(prefix, id, until_ms, now)
       redis.call('HSET', jk, 'state', 'due')
       redis.call('HDEL', jk, 'worker')
     end
@@ -169,55 +175,67 @@ for i = 1, #lapsed, 2 do
 end
 bump_stat(prefix, now, 'expired', #lapsed / 2)
 
--- 2. Lease due jobs, oldest run_at first.
+-- 2. Lease due jobs in flow order (lib/flow.lua flow_fill): aged first, then by priority, oldest
+--    run_at first; a job whose key or rate window is full is set aside, still due. With no flow
+--    in use this is the plain FIFO scan.
 local out = {}
 local n = 0
 local lease_until = now + lease_ms
 local took = {}
 local now_s = fmt(now)
 if limit > 0 then
-  local ids = redis.call('ZRANGE', due, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+  flow_rate_due(prefix, now, limit + 100)
   local leases = {}
-  for k = 1, #ids, 2 do
-    local id = ids[k]
+  local function examine(id, score)
     local jk = job_key(prefix, id)
-    local r, bad = read_claimable(id, jk, fmt(score_ms(ids[k + 1])))
+    local r, bad = read_claimable(id, jk, fmt(score_ms(score)))
     if r and r.attempts >= r.max_attempts then bad = 'attempts exhausted' end
     if bad then
       park(id, jk, bad, r and r.schedule or '')
       parked = parked + 1
-    elseif r.schedule ~= '' and not sched_rearm(prefix, r.schedule, id, now) then
+      -- A parked job of a key frees nothing it held, but a held job may wait for this slot.
+      if r and r.flow.ckey ~= '' then flow_release(prefix, id, now) end
+      return 'gone'
+    end
+    local fl = r.flow
+    local flowing = flow_used(fl)
+    if flowing and not flow_admit(prefix, id, jk, fl, r.run_at_ms, now) then return 'held' end
+    if r.schedule ~= '' and not sched_rearm(prefix, r.schedule, id, now) then
       -- A schedule's occurrence: the next one was inserted above; this late one was dropped
       -- by the schedule's misfire policy (lib/rearm.lua).
-    else
-      local attempts = r.attempts + 1
-      -- The last settlement moves to the replay log before a new one can overwrite it.
-      if r.settled_token then log_settlement(jk, r.settled_token, r.settled, r.settled_log) end
-      local token
-      if r.fresh then
-        -- First claim: the hash is born with the spec's short fields (lib/job.lua).
-        token = '1-' .. nonce
-        local sp = r.spec
-        redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
-          'attempts', fmt(attempts), 'claimed_ms', now_s, 'fence', '1', 'task', r.task,
-          'max_attempts', fmt(r.max_attempts), 'backoff', r.backoff,
-          'run_at_ms', fmt(r.run_at_ms), 'enqueued_ms', sp.enqueued_ms)
-        if r.timeout_ms ~= '0' then redis.call('HSET', jk, 'timeout_ms', r.timeout_ms) end
-        if sp.result_ttl_ms ~= '' then redis.call('HSET', jk, 'result_ttl_ms', sp.result_ttl_ms) end
-        if sp.flags == 'k' then redis.call('HSET', jk, 'keep_payload', '1') end
-      else
-        local fence = redis.call('HINCRBY', jk, 'fence', 1)
-        token = fmt(fence) .. '-' .. nonce
-        redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
-          'attempts', fmt(attempts), 'claimed_ms', now_s)
-      end
-      took[#took + 1] = id
-      leases[#leases + 1] = lease_until
-      leases[#leases + 1] = id
-      n = n + 1
-      pack_job(out, id, token, attempts, r)
+      return 'gone'
     end
+    local attempts = r.attempts + 1
+    -- The last settlement moves to the replay log before a new one can overwrite it.
+    if r.settled_token then log_settlement(jk, r.settled_token, r.settled, r.settled_log) end
+    local token, fence
+    if r.fresh then
+      -- First claim: the hash is born with the spec's short fields (lib/job.lua).
+      fence = 1
+      token = '1-' .. nonce
+      local sp = r.spec
+      redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
+        'attempts', fmt(attempts), 'claimed_ms', now_s, 'fence', '1', 'task', r.task,
+        'max_attempts', fmt(r.max_attempts), 'backoff', r.backoff,
+        'run_at_ms', fmt(r.run_at_ms), 'enqueued_ms', sp.enqueued_ms)
+      if r.timeout_ms ~= '0' then redis.call('HSET', jk, 'timeout_ms', r.timeout_ms) end
+      if sp.result_ttl_ms ~= '' then redis.call('HSET', jk, 'result_ttl_ms', sp.result_ttl_ms) end
+      if sp.flags == 'k' then redis.call('HSET', jk, 'keep_payload', '1') end
+    else
+      fence = redis.call('HINCRBY', jk, 'fence', 1)
+      token = fmt(fence) .. '-' .. nonce
+      redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
+        'attempts', fmt(attempts), 'claimed_ms', now_s)
+    end
+    took[#took + 1] = id
+    leases[#leases + 1] = lease_until
+    leases[#leases + 1] = id
+    n = n + 1
+    if flowing then flow_leased(prefix, id, fl, now, lease_until, fence) end
+    pack_job(out, id, token, attempts, r)
+    return 'took'
   end
+  flow_fill(prefix, due, now, limit, examine)
   if n > 0 then
     call_chunked('ZREM', due, took)
     call_chunked('ZADD', leased, leases)
@@ -233,6 +251,9 @@ local dh = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 if dh[2] then next_ms = score_ms(dh[2]) end
 local lh = redis.call('ZRANGE', leased, 0, 0, 'WITHSCORES')
 if lh[2] and (next_ms == -1 or score_ms(lh[2]) < next_ms) then next_ms = score_ms(lh[2]) end
+-- A rate-limited job's next slot: the worker sleeps until then instead of polling.
+local slot = flow_next_slot(prefix)
+if slot and (next_ms == -1 or slot < next_ms) then next_ms = slot end
 
 if n > 0 then
   -- Only the ids are kept for a replay: the rest is re-read (and re-checked) from the hashes then.

@@ -1,6 +1,6 @@
 --[[ complete: record success for leases the caller holds, many in one call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, result:<id>, result_wait:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held
   ARGV[1] result_ttl_ms   how long the outcome record (state, result, finished_ms) is kept, and
     the result wake-up `result:<id>` (lib/result.lua) that Queue.result() waits on, unless the
     job was enqueued with its own (hash field result_ttl_ms, copied from its spec at claim)
@@ -17,6 +17,7 @@
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 -- @include "lib/lease.lua"
+-- @include "lib/flow.lua"
 -- @include "lib/result.lua"
 
 local prefix, leased = KEYS[1], KEYS[3]
@@ -54,6 +55,8 @@ if #took > 0 then
   for _, i in ipairs(took) do
     local id = ARGV[i]
     local jk = job_key(prefix, id)
+    -- Its concurrency slot is free: the key's oldest held job is due again (lib/flow.lua).
+    flow_release(prefix, id, now)
     local f = redis.call('HMGET', jk, 'result_ttl_ms', 'keep_payload')
     local job_ttl = parse_int(f[1], 1, LIM.ttl_ms) or ttl
     if f[2] ~= '1' then

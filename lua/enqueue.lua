@@ -4,13 +4,15 @@
   KEYS[3] leased   ZSET    id -> lease_until_ms
   KEYS[4] dead     ZSET    dead id -> dead_ms
   KEYS[5] wake     LIST    wake-up tokens for idle workers
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, idem:<digest>, dead:migrating, config
-  ARGV[1] n, then 12 fields per job:
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, idem:<digest>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held
+  ARGV[1] n, then 13 fields per job (12, without flow, from an older client):
     id, task, payload (JSON text), when ('at' | 'in'), time_ms (absolute run_at_ms for 'at',
     delay_ms from server now for 'in'), max_attempts, backoff ('base_ms,factor,cap_ms,jitter'
     with factor >= 1 and jitter in [0, 1]), timeout_ms (0 = none), idem (hex digest or ''),
     idem_ttl_ms, result_ttl_ms ('' = the completing worker's), flags ('' | 'k': keep the
-    payload once done). A job is written as one STRING spec:<id> (lib/job.lua pack_spec), no
+    payload once done), flow ('' = none, else 'priority|ckey|climit|rkey|rate_count|
+    rate_window_ms|parents', lib/flow.lua flow_arg; a flow job also gets a hash holding only its
+    flow fields, and a priority > 0 puts it in its level's index). A job is written as one STRING spec:<id> (lib/job.lua pack_spec), no
     hash until its first claim. Every number must be a plain decimal integer within the ranges of
     lib/util.lua LIM (= scheduler/codec.py LIMITS, docs/limits.md); at most MAX_BATCH jobs.
   Returns: {flags, then (index, id) pairs}: flags has one character per job, 'c' created or 'e'
@@ -22,13 +24,16 @@
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
+-- @include "lib/flow.lua"
 
 local prefix, due, wake_key = KEYS[1], KEYS[2], KEYS[5]
 local MAX_BATCH = 10000  -- scheduler/codec.py LIMITS['batch_size']
 local now = now_ms()
 local n, err = int_arg(ARGV[1], 'n', 1, MAX_BATCH)
 if err then return err end
-local W = 12
+-- 13 fields per job; 12 (no flow field) from a client of the version before flow control.
+local W = 13
+if #ARGV == 1 + n * 12 then W = 12 end
 if #ARGV ~= 1 + n * W then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 
 -- Validate the whole batch before the first write (same ranges as scheduler/codec.py).
@@ -65,8 +70,10 @@ for i = 0, n - 1 do
   if ARGV[b + 12] ~= '' and ARGV[b + 12] ~= 'k' then
     return redis.error_reply('BAD_ARGUMENT flags=' .. string.sub(ARGV[b + 12], 1, 40))
   end
+  local flow, bad_flow = flow_arg(W == 13 and ARGV[b + 13] or '')
+  if flow == nil then return bad_flow end
   jobs[i + 1] = { id, task, ARGV[b + 3], t, max_attempts, backoff, timeout, ARGV[b + 9], idem_ttl,
-    ARGV[b + 11], ARGV[b + 12] }
+    ARGV[b + 11], ARGV[b + 12], flow }
 end
 
 -- Reads that could fail go first too: an idempotency key overwritten with another type would
@@ -104,6 +111,10 @@ for k, j in ipairs(jobs) do
       run_at, j[10], j[11], payload))
     adds[#adds + 1] = run_at_s
     adds[#adds + 1] = id
+    if flow_used(j[12]) then
+      flow_store(jk, j[12])
+      flow_index(prefix, id, j[12].priority, run_at)
+    end
     if ik then
       redis.call('SET', ik, id, 'PX', math.max(run_at - now, 0) + idem_ttl)
     end

@@ -1,6 +1,6 @@
 --[[ fail: record a failed attempt; retry after a backoff, or park the job in the dead list.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, result:<id>, result_wait:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held
   ARGV[1] id  ARGV[2] token
   ARGV[3] retryable  '1' | '0' (a non-retryable error parks the job at once)
   ARGV[4] error type  ARGV[5] error message  ARGV[6] traceback (already truncated)
@@ -16,6 +16,7 @@
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 -- @include "lib/lease.lua"
+-- @include "lib/flow.lua"
 -- @include "lib/result.lua"
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
@@ -49,6 +50,7 @@ redis.call('HDEL', jk, 'worker')
 if retryable ~= '1' or attempts >= max_attempts then
   local reason = (retryable ~= '1') and 'non-retryable error' or 'attempts exhausted'
   dead_letter(prefix, id, reason, now)
+  flow_release(prefix, id, now)
   settle(jk, token, 'dead:' .. reason)
   result_wake(prefix, id, 'dead', RESULT_WAKE_DEAD_TTL_MS)
   bump_stat(prefix, now, 'fail', 1)
@@ -66,7 +68,7 @@ if delay == nil then
   delay = math.floor(delay * (1 - jitter * u))
 end
 local run_at = now + delay
-to_due(prefix, id, run_at)
+flow_to_due(prefix, id, run_at, now)
 redis.call('HSET', jk, 'state', 'due', 'run_at_ms', fmt(run_at))
 settle(jk, token, 'retry:' .. fmt(run_at))
 bump_stat(prefix, now, 'fail', 1)

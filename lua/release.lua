@@ -1,6 +1,6 @@
 --[[ release: give claimed jobs back without spending their attempt (graceful shutdown).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held
   ARGV pairs: id, token
   Returns: one status per job: 'released' | 'stale' | 'cancelled' | 'missing'. The job is due
     again at once, with its attempt count given back. A re-sent call answers 'released' again.
@@ -9,6 +9,7 @@
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 -- @include "lib/lease.lua"
+-- @include "lib/flow.lua"
 
 local prefix, wake_key = KEYS[1], KEYS[5]
 if #ARGV % 2 ~= 0 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
@@ -22,7 +23,7 @@ for i = 1, #ARGV, 2 do
   elseif status == 'held' then
     local jk = job_key(prefix, id)
     local attempts = parse_int(redis.call('HGET', jk, 'attempts'), 0, LIM.attempts) or 1
-    to_due(prefix, id, now)
+    flow_to_due(prefix, id, now, now)
     redis.call('HSET', jk, 'state', 'due', 'attempts', fmt(math.max(attempts - 1, 0)))
     redis.call('HDEL', jk, 'worker')
     settle(jk, token, 'released')

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from scheduler import BadArgument, JobSpec, Queue
-from scheduler.core.codec import LIMITS, enqueue_args
+from scheduler.core.codec import ENQUEUE_FIELDS, LIMITS, enqueue_args
 from scheduler.operations.ops import Script
 from tests.conftest import dump_queue
 
@@ -95,11 +95,11 @@ def test_the_script_refuses_a_batch_with_one_bad_job_and_writes_nothing(
     q: Queue, client: redis.Redis, field: int, value: str
 ) -> None:
     """Past the Python checks (another client, an older version): enqueue.lua checks the whole
-    batch before its first write. field: 1-based position among a job's 12 ARGV fields."""
+    batch before its first write. field: 1-based position among a job's ARGV fields."""
     q.enqueue("batch.t")
     before = dump_queue(client, q)
     args = enqueue_args([JobSpec("batch.t", i) for i in range(5000)], 1 << 20)
-    args[4999 * 12 + field] = value  # the last job of the batch (ARGV[1] is n)
+    args[4999 * ENQUEUE_FIELDS + field] = value  # the last job of the batch (ARGV[1] is n)
     with pytest.raises(BadArgument):
         q._execute(Script("enqueue", args))
     assert dump_queue(client, q) == before

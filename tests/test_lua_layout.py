@@ -26,6 +26,14 @@ _BUILDERS = {
     "config": "'config'",
     "result:<id>": "'result:'",  # lib/result.lua (issue 13, helper T1)
     "result_wait:<id>": "'result_wait:'",  # lib/result.lua: a Queue.result() waiter is there
+    # lib/flow.lua (docs/flow-control.md): priority index, key leases and holds, rate log.
+    "flow:levels": "'flow:levels'",
+    "flow:pdue:<p>": "'flow:pdue:'",
+    "flow:ck:<key>": "'flow:ck:'",
+    "flow:ckheld:<key>": "'flow:ckheld:'",
+    "flow:rate:<key>": "'flow:rate:'",
+    "flow:rheld": "'flow:rheld'",
+    "flow:held": "'flow:held'",
 }
 _KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
 

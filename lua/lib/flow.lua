@@ -43,6 +43,21 @@ local function flow_parse(p, ckey, climit, rkey, rcount, rwindow)
   return f
 end
 
+-- enqueue's flow ARGV field ('' = plain; else 'priority|ckey|climit|rkey|count|window|parents',
+-- scheduler/core/flow.py flow_field): the parsed flow, or nil and the error reply.
+local function flow_arg(text)
+  if text == '' then return flow_parse(nil, nil, nil, nil, nil, nil) end
+  local p, ck, cl, rk, rc, rw, parents = string.match(text,
+    '^(%d+)|([^|]*)|(%d+)|([^|]*)|(%d+)|(%d+)|([^|]*)$')
+  if p == nil then return nil, redis.error_reply('BAD_ARGUMENT flow=' .. string.sub(text, 1, 60)) end
+  if parents ~= '' then
+    return nil, redis.error_reply('BAD_ARGUMENT after= (dependencies are not built yet)')
+  end
+  local f, bad = flow_parse(p, ck, cl, rk, rc, rw)
+  if f == nil then return nil, redis.error_reply('BAD_ARGUMENT ' .. bad .. '=') end
+  return f
+end
+
 -- Whether a parsed flow uses anything (the plain path skips every flow call).
 local function flow_used(f)
   return f.priority > 0 or f.ckey ~= '' or f.rkey ~= ''
@@ -137,10 +152,14 @@ end
 -- May claim lease this due job now? If not, it is set aside (still due) and false returned.
 -- `f` is the job's parsed flow, `run_at` its run_at_ms.
 local function flow_admit(prefix, id, jk, f, run_at, now)
-  if f.ckey ~= '' and flow_ck_live(prefix, f.ckey, now) >= f.climit then
-    flow_hold(prefix, id, jk, run_at, prefix .. 'flow:ckheld:' .. f.ckey, run_at,
-      'limited by key ' .. f.ckey .. ' (' .. fmt(f.climit) .. ' leased)')
-    return false
+  local live = 0
+  if f.ckey ~= '' then
+    live = flow_ck_live(prefix, f.ckey, now)
+    if live >= f.climit then
+      flow_hold(prefix, id, jk, run_at, prefix .. 'flow:ckheld:' .. f.ckey, run_at,
+        'limited by key ' .. f.ckey .. ' (' .. fmt(f.climit) .. ' leased)')
+      return false
+    end
   end
   if f.rkey ~= '' then
     local rk = prefix .. 'flow:rate:' .. f.rkey
@@ -151,6 +170,9 @@ local function flow_admit(prefix, id, jk, f, run_at, now)
       flow_hold(prefix, id, jk, run_at, prefix .. 'flow:rheld', slot,
         'rate window ' .. f.rkey .. ' (' .. fmt(f.rcount) .. ' per ' .. fmt(f.rwindow) ..
         ' ms) until ' .. fmt(slot))
+      -- The key's free slot is not taken by this job: its held jobs may use it (a job is
+      -- held by its key only while the key is full).
+      if f.ckey ~= '' then flow_ck_promote(prefix, f.ckey, f.climit - live) end
       return false
     end
   end
@@ -216,30 +238,32 @@ local function flow_fill(prefix, due, now, limit, examine)
   local function pass(src, hi, in_due)
     while took < limit and budget > 0 do
       local want = (limit - took) + (in_due and took or 0)
-      local got, again = 0, false
+      local fresh, again = 0, false
       if in_due then
         local ids = redis.call('ZRANGE', src, '-inf', hi, 'BYSCORE', 'LIMIT', 0, want,
           'WITHSCORES')
-        got = #ids / 2
         for k = 1, #ids, 2 do
           if took >= limit or budget <= 0 then break end
           if not seen[ids[k]] then
+            fresh = fresh + 1
             local v = one(src, true, ids[k], ids[k + 1])
             if v == 'took' then took = took + 1 elseif v == 'held' then again = true end
           end
         end
       else
         local ids = redis.call('ZRANGE', src, '-inf', hi, 'BYSCORE', 'LIMIT', 0, want)
-        got = #ids
         for _, id in ipairs(ids) do
           if took >= limit or budget <= 0 then break end
           if not seen[id] then
+            fresh = fresh + 1
             local v = one(src, false, id, redis.call('ZSCORE', due, id))
             if v == 'took' then took = took + 1 elseif v ~= 'gone' then again = true end
           end
         end
       end
-      if not again or got < want then return end
+      -- Another round only after a hold (it may have promoted a key's held job into due);
+      -- a round that meets nothing new ends the pass.
+      if not again or fresh == 0 then return end
     end
   end
   local levels = redis.call('SMEMBERS', prefix .. 'flow:levels')

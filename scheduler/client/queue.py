@@ -111,6 +111,11 @@ class Queue:
         job_id: str | None = None,
         result_ttl_ms: int | None = None,
         keep_payload: bool = False,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        rate_limit: Any = None,
+        rate_key: str | None = None,
     ) -> str:
         """Accept a job; returns its id.
 
@@ -133,6 +138,15 @@ class Queue:
                 (over the task's and the worker's setting; default: theirs, else 1 h).
             keep_payload: keep the payload (and spec) with the outcome; by default a done
                 job keeps only its state, result, finished_ms, attempts and task.
+            priority: 0..9, higher claimed first among due jobs (default 0, the lowest); a job
+                due for longer than `priority_aging_ms` (60 s) goes ahead of every priority
+                (docs/flow-control.md).
+            concurrency_key: 1-200 of `[A-Za-z0-9_.:/-]`, given with `concurrency_limit`.
+            concurrency_limit: at most this many (1..10,000) jobs of `concurrency_key` leased
+                at once across all workers; the others wait, still due.
+            rate_limit: 'N/window' ('10/1s', '100/m') or (N, window_ms): at most N claims of
+                `rate_key` in any window of that length, on the server clock.
+            rate_key: what the rate limit counts (default: the task name).
 
         Returns:
             The job's id.
@@ -156,6 +170,11 @@ class Queue:
                 job_id=job_id,
                 result_ttl_ms=result_ttl_ms,
                 keep_payload=keep_payload,
+                priority=priority,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
+                rate_limit=rate_limit,
+                rate_key=rate_key,
             )
         )
 

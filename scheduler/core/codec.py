@@ -24,6 +24,7 @@ from scheduler.core.claim_reply import CLAIM_FIELDS as CLAIM_FIELDS
 from scheduler.core.claim_reply import claim_args as claim_args
 from scheduler.core.claim_reply import parse_claim as parse_claim
 from scheduler.core.errors import BadArgument, InvalidPayload, SchedulerError, raise_for_status
+from scheduler.core.flow import check_flow, flow_field
 from scheduler.core.ids import new_job_id as new_job_id
 from scheduler.core.keys import check_job_id
 from scheduler.core.limits import DAY_MS as DAY_MS
@@ -47,7 +48,7 @@ from scheduler.core.models import FailOutcome, Job, JobSpec, QueueCounts, with_s
 
 _MAX_MESSAGE = 2_000
 _MAX_TRACEBACK = 8_000
-ENQUEUE_FIELDS = 12
+ENQUEUE_FIELDS = 13
 
 
 def new_nonce() -> str:
@@ -149,6 +150,16 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         _IDEM_TTL,
         "" if spec.result_ttl_ms is None else str(check_int(spec.result_ttl_ms, "result_ttl_ms")),
         _keep_flag(spec.keep_payload),
+        flow_field(
+            check_flow(
+                spec.task,
+                priority=spec.priority,
+                concurrency_key=spec.concurrency_key,
+                concurrency_limit=spec.concurrency_limit,
+                rate_limit=spec.rate_limit,
+                rate_key=spec.rate_key,
+            )
+        ),
     ]
 
 

@@ -123,19 +123,21 @@ def check_flow(
     return Flow(prio, ckey, climit, rkey, rate, parents)
 
 
-def flow_fields(flow: Flow) -> list[str]:
-    """The 7 flow ARGV fields of one job in lua/enqueue.lua: priority, ckey, climit, rkey,
-    rate count, rate window_ms, parents (space-separated); '' / '0' when unused."""
+def flow_field(flow: Flow) -> str:
+    """The one flow ARGV field of a job in lua/enqueue.lua: '' on the plain path, else
+    'priority|ckey|climit|rkey|rate_count|rate_window_ms|parents' (parents space-separated;
+    '' / '0' where unused)."""
+    if flow.plain:
+        return ""
     rate = flow.rate
-    return [
-        str(flow.priority),
-        flow.concurrency_key,
-        str(flow.concurrency_limit),
-        flow.rate_key,
-        str(rate.count) if rate else "0",
-        str(rate.window_ms) if rate else "0",
-        " ".join(flow.after),
-    ]
-
-
-FLOW_FIELDS = 7
+    return "|".join(
+        (
+            str(flow.priority),
+            flow.concurrency_key,
+            str(flow.concurrency_limit),
+            flow.rate_key,
+            str(rate.count) if rate else "0",
+            str(rate.window_ms) if rate else "0",
+            " ".join(flow.after),
+        )
+    )

@@ -40,6 +40,12 @@ class JobSpec:
     job_id: str | None = None
     result_ttl_ms: int | None = None
     keep_payload: bool = False
+    # Flow control (docs/flow-control.md, checked by scheduler/core/flow.py).
+    priority: int = 0
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    rate_limit: Any = None
+    rate_key: str | None = None
 
 
 # A job's spec record (lua/lib/job.lua: `2|task|max_attempts|backoff|timeout_ms|enqueued_ms|

@@ -31,6 +31,11 @@ class ProducingOps(OpsBase):
         job_id: str | None = None,
         result_ttl_ms: int | None = None,
         keep_payload: bool = False,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        rate_limit: Any = None,
+        rate_key: str | None = None,
     ) -> Op[str]:
         """One job: `enqueue_many` of one JobSpec; returns its id."""
         spec = JobSpec(
@@ -46,6 +51,11 @@ class ProducingOps(OpsBase):
             job_id,
             result_ttl_ms,
             keep_payload,
+            priority,
+            concurrency_key,
+            concurrency_limit,
+            rate_limit,
+            rate_key,
         )
         if self.settings.wait_replicas > 0:
             ids = yield from self.enqueue_many([spec])
