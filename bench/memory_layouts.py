@@ -1,11 +1,15 @@
-"""Bytes per pending job for today's layout (through the public API) and for candidate layouts
-written by hand, on a private default-settings redis-server.
+"""Bytes per pending and per finished job for the layout of the checkout (through the public
+API) and for candidate layouts written by hand, on a private default-settings redis-server.
 
-    python bench/memory_layouts.py [--n 10000]
+    python bench/memory_layouts.py [--n 10000] [--api-only]
 
-Every row: FLUSHALL, write n pending jobs, (used_memory - mem_clients_normal) delta / n, plus
-MEMORY USAGE of one job key and the due ZSET's share. Payloads: the bench payload
-(`common.payload`, 89 bytes of JSON as our codec writes it) and a tiny one (`{"i":<i>}`).
+Every row: FLUSHALL, write n jobs, (used_memory - mem_clients_normal) delta / n, plus MEMORY
+USAGE of one job key (the spec record `spec:<id>` of a pending job, the hash `job:<id>` of a
+finished one) and the due ZSET's share. Payloads: the bench payload (`common.payload`, 89 bytes
+of JSON as our codec writes it) and a tiny one (`{"i":<i>}`). The "api" rows: pending
+(enqueue_many), finished lean (claim + complete_many) and finished with keep_payload=True; the
+"spec key" rows write the spec record by hand under shorter key families and ids, to show
+where a tiny job's bytes go (docs/performance.md section 8).
 Needs redis-py; the "api" rows need the scheduler package (PYTHONPATH may point at a snapshot).
 Prints one JSON object.
 """
@@ -60,7 +64,9 @@ def baseline(r: Any) -> int:
     return c.memory_baseline(r)
 
 
-def finished_rows(url: str, n: int, payload: Callable[[int], Any]) -> dict[str, Any]:
+def finished_rows(
+    url: str, n: int, payload: Callable[[int], Any], keep: bool = False
+) -> dict[str, Any]:
     """n jobs enqueued, claimed and completed (result None) through the public API: what a
     finished job keeps until its result TTL. Returns the bytes and one finished job's fields."""
     from scheduler import JobSpec, Queue
@@ -68,7 +74,8 @@ def finished_rows(url: str, n: int, payload: Callable[[int], Any]) -> dict[str, 
     r = c.client(url)
     q = Queue.from_url(url, "bench")
     b0 = baseline(r)
-    q.enqueue_many([JobSpec("task", payload(i)) for i in range(n)])
+    kw = {"keep_payload": True} if keep else {}
+    q.enqueue_many([JobSpec("task", payload(i), **kw) for i in range(n)])
     while True:
         batch = q.claim("memory", limit=1000, lease_ms=60_000)
         if not batch.jobs:
@@ -78,7 +85,8 @@ def finished_rows(url: str, n: int, payload: Callable[[int], Any]) -> dict[str, 
     key = next(iter(r.scan_iter(match=Q + "job:*", count=1000)))
     fields = {k.decode(): len(v) for k, v in r.hgetall(key).items()}
     return {
-        "layout": "finished job today (enqueue_many + claim + complete_many)",
+        "layout": "finished job via the API (enqueue_many + claim + complete_many)"
+        + (", keep_payload" if keep else ", lean"),
         "bytes_per_job": round(per_job, 1),
         "one_job_key": {
             "memory_usage": r.memory_usage(key, samples=0),
@@ -162,13 +170,40 @@ LAYOUTS = [
 ]
 
 
-def sample(r: Any, n: int) -> dict[str, Any]:
-    keys = [k for k in r.scan_iter(match=Q + "job:*", count=1000)][:1]
+def spec_rows(r: Any, n: int, payload: Callable[[int], Any]) -> list[dict[str, Any]]:
+    """The spec record as enqueue.lua writes it (`2|task|||||||<payload>`, a STRING) plus the due
+    entry, under key families and id lengths: what the key name and the id cost."""
+    rows = []
+    for family in ("spec:", "s:"):
+        for id_len in (16, 12):
+            r.flushall()
+            b0 = baseline(r)
+            pipe = r.pipeline(transaction=False)
+            for i in range(n):
+                jid = (f"{i:06d}" + secrets.token_hex(8))[:id_len]
+                pipe.set(Q + family + jid, "2|task|||||||" + pjson(payload(i)))
+                pipe.zadd(DUE, {jid: NOW_MS})
+                if i % 1000 == 999:
+                    pipe.execute()
+            pipe.execute()
+            per_job = round((baseline(r) - b0) / n, 1)
+            rows.append({"layout": f"spec key by hand: {Q}{family}<{id_len}-char id>",
+                         "key_len": len(Q + family) + id_len, "bytes_per_job": per_job,
+                         **sample(r, n, family)})  # fmt: skip
+    return rows
+
+
+def sample(r: Any, n: int, family: str = "job:") -> dict[str, Any]:
+    keys = [k for k in r.scan_iter(match=Q + family + "*", count=1000)][:1]
+    if not keys and family == "job:":  # a pending job of the spec layout has no hash yet
+        family = "spec:"
+        keys = [k for k in r.scan_iter(match=Q + family + "*", count=1000)][:1]
     one = keys[0] if keys else None
     due = r.memory_usage(DUE, samples=0) or 0
     out: dict[str, Any] = {"due_zset_bytes_per_job": round(due / n, 1)}
     if one is not None:
         out["one_job_key"] = {
+            "family": family,
             "memory_usage": r.memory_usage(one, samples=0),
             "encoding": r.object("encoding", one).decode(),
             "key_len": len(one),
@@ -181,6 +216,7 @@ def sample(r: Any, n: int) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=10000)
+    ap.add_argument("--api-only", action="store_true", help="only the api and spec key rows")
     opts = ap.parse_args()
     n = opts.n
     rows: list[dict[str, Any]] = []
@@ -196,15 +232,17 @@ def main() -> int:
                 except ImportError as exc:
                     rows.append({"layout": "api", "error": str(exc)})
                     break
-                rows.append({"layout": "today via Queue.enqueue_many", "payload": pname,
+                rows.append({"layout": "pending via Queue.enqueue_many", "payload": pname,
                              "hash_max_listpack_value": listpack_value,
                              "bytes_per_job": round((baseline(r) - b0) / n, 1),
                              **sample(r, n)})  # fmt: skip
             r.config_set("hash-max-listpack-value", 64)
-            r.flushall()
-            rows.append({"payload": pname, **finished_rows(url, n, payload)})
+            for keep in (False, True):
+                r.flushall()
+                rows.append({"payload": pname, **finished_rows(url, n, payload, keep)})
+            rows += [{"payload": pname, **row} for row in spec_rows(r, n, payload)]
             r.config_set("hash-max-listpack-value", 64)
-            for layout in LAYOUTS:
+            for layout in [] if opts.api_only else LAYOUTS:
                 for id_name, ids in (("30-char id", long_id), ("short id", short_id)):
                     r.flushall()
                     b0 = baseline(r)
@@ -213,7 +251,9 @@ def main() -> int:
                                  "hash_max_listpack_value": 64,
                                  "bytes_per_job": round((baseline(r) - b0) / n, 1),
                                  **sample(r, n)})  # fmt: skip
-        for id_name, ids in (("30-char id", long_id), ("short id", short_id)):
+        for id_name, ids in (
+            () if opts.api_only else (("30-char id", long_id), ("short id", short_id))
+        ):
             r.flushall()
             lean = finished_lean(r, n, ids)
             rows.append({"layout": "finished job, only state/result/finished_ms/settled_token + "
