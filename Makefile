@@ -113,7 +113,7 @@ test-valkey: install-test
 # 2 cores. Measured here: the conformance set alone 110 s at -n 2.
 test-cluster: WORKERS = 2
 test-cluster: install-test
-	$(call pytest,conformance on a local Redis Cluster,SCHEDULER_TEST_SERVER=cluster $(BIN)/python,$(CONFORMANCE) tests/test_cluster.py tests/test_cluster_failover.py)
+	$(call pytest,conformance on a local Redis Cluster,SCHEDULER_TEST_SERVER=cluster $(BIN)/python,$(CONFORMANCE) tests/test_cluster.py tests/test_cluster_failover.py tests/test_partitions.py)
 
 test-lowest-redis: $(VENV_LOWEST)/.installed-test redis-server
 	$(call pytest,crash/chaos on redis-py $(REDIS_LOWEST),$(VENV_LOWEST)/bin/python,$(CRASH))
