@@ -110,7 +110,10 @@ def main() -> int:
     last = samples[-1] if samples else {}
     tail = samples[-max(2, len(samples) // 4) :]
     steady = sum(s["memory_bytes"] for s in tail) / len(tail) if tail else float("nan")
-    retained = opts.rate * ttl_ms / 1000  # finished jobs alive at once on the plateau
+    # Finished jobs alive at once on the plateau: what the worker completed per second (below
+    # --rate when it cannot keep up: the backlog is then pending jobs, also in the memory).
+    done_rate = (tail[-1]["done"] - tail[0]["done"]) / max(tail[-1]["t_s"] - tail[0]["t_s"], 1e-9)
+    retained = done_rate * ttl_ms / 1000
     tail_slope = slope([(s["t_s"], s["memory_bytes"]) for s in tail])
     print(json.dumps({
         "rate": opts.rate,
@@ -130,7 +133,8 @@ def main() -> int:
         # Meaningful once ttl < seconds: the plateau, its slope, bytes per retained job.
         "steady_state_bytes": round(steady),
         "steady_state_slope_bytes_per_s": round(tail_slope, 1),
-        "steady_state_bytes_per_retained_job": round(steady / retained, 1),
+        "steady_state_completions_per_s": round(done_rate, 1),
+        "steady_state_bytes_per_retained_job": round(steady / retained, 1) if retained else None,
         "samples": samples,
     }, indent=1))  # fmt: skip
     return 0
