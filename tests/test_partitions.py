@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -16,6 +17,7 @@ from scheduler.client.partitioned import PartitionedQueue, read_layout
 from scheduler.core.keys import QueueKeys
 from scheduler.core.partitions import SLOTS, Layout, PartitionMismatch, sub_queue_names
 from tests.conftest import delete_queue
+from tests.redis_server import RedisProcess, require_server
 from tests.workers.procs import spawn_worker, stop_all, wait_for
 
 
@@ -117,3 +119,33 @@ def test_a_worker_on_the_logical_name_drains_every_partition(
     finally:
         stop_all([w])
     assert pq.counts().due == 0
+
+
+def test_a_worker_does_not_claim_empty_partitions_for_every_job(tmp_path: Path) -> None:
+    """12 partitions, a backlog in one: a claim of an empty partition is skipped for up to
+    1 s after it took nothing (not sent once per claim round). Counted exactly: the server's
+    SLOWLOG at 0 us logs every EVALSHA with its keys."""
+    from scheduler import Queue
+    from scheduler.core.scripts import Scripts
+
+    with RedisProcess(require_server("slowlog count")) as server:
+        client = server.client()
+        pq = PartitionedQueue.create(client, "wide", partitions=12)
+        busy = pq.parts[0]
+        busy.enqueue_many([JobSpec("noop", None, job_id=f"p0.j{i}") for i in range(300)])
+        client.config_set("slowlog-max-len", 1_000_000)
+        client.config_set("slowlog-log-slower-than", 0)
+        w = spawn_worker(server.url, "wide", "--concurrency", "2", "--batch", "3",
+                         log=str(tmp_path / "w.log"))  # fmt: skip
+        try:
+            wait_for(lambda: Queue(client, busy.name).counts().due == 0, 60, "the backlog drained")
+        finally:
+            stop_all([w])
+        claim_sha = Scripts().sha["claim"]
+        logged = [e["command"] for e in client.slowlog_get(1_000_000)]
+        claims = [(c.decode() if isinstance(c, bytes) else str(c)).split() for c in logged]
+        claims = [c for c in claims if len(c) > 3 and c[0] == "EVALSHA" and c[1] == claim_sha]
+        on_busy = sum(1 for c in claims if c[3] == busy.keys.prefix)
+        on_empty = len(claims) - on_busy
+        assert on_busy >= 30  # many claim rounds on the busy partition
+        assert on_empty < on_busy  # before: ~5 empty claims per round
