@@ -1,8 +1,8 @@
 --[[ counts: how many jobs are in each place, by server time (read only, but for one bounded
   step of converting an old dead LIST, lib/job.lua).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config
-  Returns: {now_ms, due_now, scheduled_later, leased, dead, oldest_due_run_at_ms or -1,
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, flow:held
+  Returns: {now_ms, due_now (with the flow:held ones), scheduled_later, leased, dead, oldest_due_run_at_ms or -1,
     leases_lapsed} ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
@@ -10,7 +10,8 @@
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms()
-local due_now = redis.call('ZCOUNT', due, '-inf', now)
+-- Jobs set aside by flow control (lib/flow.lua) are due too, only not in the due set.
+local due_now = redis.call('ZCOUNT', due, '-inf', now) + redis.call('ZCARD', prefix .. 'flow:held')
 local total = redis.call('ZCARD', due)
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 -- Clamped: a hand-written score (inf) must not reach the reply as text a client cannot parse.

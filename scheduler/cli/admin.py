@@ -77,7 +77,17 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
         "oldest_overdue_id": oldest_id,
         "overdue_ms": counts.oldest_overdue_ms,
         "windows": window_counts(client, keys, counts.now_ms),
+        # Due but set aside by flow control (docs/flow-control.md): by key limit / rate window.
+        "held": _held(client, keys),
     }
+
+
+def _held(client: redis.Redis, keys: QueueKeys) -> dict[str, int]:
+    pipe = client.pipeline(transaction=True)
+    pipe.zcard(keys.flow_held)
+    pipe.zcard(keys.flow_rheld)
+    held, rate = (int(v) for v in pipe.execute())
+    return {"key_limit": held - rate, "rate_window": rate}
 
 
 def _stats_table(rows: list[dict[str, Any]]) -> Table:
@@ -93,7 +103,8 @@ def _stats_table(rows: list[dict[str, Any]]) -> Table:
         leased = f"{r['leased']}" + (f" ({r['lapsed']} lapsed)" if r["lapsed"] else "")
         t.add_row(
             cell(r["queue"]),
-            str(r["due"]),
+            str(r["due"])
+            + (f" ({sum(r['held'].values())} held)" if any(r["held"].values()) else ""),
             str(r["scheduled"]),
             leased,
             str(r["dead"]),

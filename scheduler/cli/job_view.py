@@ -89,6 +89,12 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
         "errors": [e for e in job.errors if isinstance(e, dict)],  # hand-written: may be anything
         "timeout_ms": _int(f.get("timeout_ms")),
         "schedule": f.get("schedule"),
+        # Flow control (docs/flow-control.md): why a due job is not running, and its settings.
+        "flow": f.get("flow_reason") if state == "due" else None,
+        "priority": _int(f.get("priority")),
+        "concurrency_key": f.get("ckey"),
+        "concurrency_limit": _int(f.get("climit")),
+        "rate_key": f.get("rkey"),
     }
 
 
@@ -162,6 +168,11 @@ def placement(client: redis.Redis, q: Queue, job_id: str) -> dict[str, Any]:
     pipe.zscore(k.leased, job_id)
     pipe.zscore(k.dead, job_id)
     pipe.pttl(k.job(job_id))
-    due, leased, dead_pos, pttl = pipe.execute()
-    places = [p for p, v in (("due", due), ("leased", leased), ("dead", dead_pos)) if v is not None]
+    pipe.zscore(k.flow_held, job_id)
+    due, leased, dead_pos, pttl, held = pipe.execute()
+    places = [
+        p
+        for p, v in (("due", due), ("leased", leased), ("dead", dead_pos), ("flow:held", held))
+        if v is not None
+    ]
     return {"places": places, "ttl_ms": int(pttl) if int(pttl) >= 0 else None}

@@ -68,6 +68,16 @@ class QueueKeys:
     def job(self, job_id: str) -> str:
         return self.prefix + "job:" + job_id
 
+    @property
+    def flow_held(self) -> str:
+        """Due jobs set aside by flow control, id -> run_at_ms (lua/lib/flow.lua)."""
+        return self.prefix + "flow:held"
+
+    @property
+    def flow_rheld(self) -> str:
+        """The part of flow_held set aside by a full rate window, id -> next slot ms."""
+        return self.prefix + "flow:rheld"
+
     def spec(self, job_id: str) -> str:
         """A job's spec record until and after its first claim (lua/lib/job.lua)."""
         return self.prefix + "spec:" + job_id

@@ -43,13 +43,20 @@ class InspectingOps(OpsBase):
             ("ZSCORE", k.leased, job_id),
             ("GET", k.spec(job_id)),
             ("ZSCORE", k.due, job_id),
+            # Set aside by flow control: still due, at this run_at (docs/flow-control.md).
+            ("ZSCORE", k.flow_held, job_id),
         ]
+
+    @staticmethod
+    def _parse(job_id: str, r: Sequence[Any]) -> Job | None:
+        raw, lease, spec, due, held = r
+        return codec.parse_job(job_id, raw, lease, spec, due if due is not None else held)
 
     def get_job(self, job_id: str) -> Op[Job]:
         """One job's record, a waiting job as SCHEDULED or DUE by the server's clock; raises
         JobNotFound."""
         check_job_id(job_id)
-        job = codec.parse_job(job_id, *(yield Commands(self._job_reads(job_id))))
+        job = self._parse(job_id, (yield Commands(self._job_reads(job_id))))
         if job is None:
             raise JobNotFound(f"no job {job_id!r} in queue {self.keys.queue!r}")
         if job.state == JobState.DUE:
@@ -96,7 +103,7 @@ class InspectingOps(OpsBase):
         for job_id in ids:
             cmds += self._job_reads(job_id)
         reply = yield Commands(cmds)
-        parsed = [codec.parse_job(i, *reply[4 * n : 4 * n + 4]) for n, i in enumerate(ids)]
+        parsed = [self._parse(i, reply[5 * n : 5 * n + 5]) for n, i in enumerate(ids)]
         jobs = [j for j in parsed if j is not None]
         if any(j.state == JobState.DUE for j in jobs):
             now_ms = (yield from self.counts()).now_ms
