@@ -59,14 +59,16 @@ if #took > 0 then
     flow_release(prefix, id, now)
     local f = redis.call('HMGET', jk, 'result_ttl_ms', 'keep_payload')
     local job_ttl = parse_int(f[1], 1, LIM.ttl_ms) or ttl
-    if f[2] ~= '1' then
+    local lean = f[2] ~= '1'
+    if lean then
       redis.call('HDEL', jk, unpack(LEAN_DROP))
       redis.call('DEL', spec_key(prefix, id))
     end
     -- settled_token/settled: a re-sent call with this token is answered 'done' again.
     redis.call('HSET', jk, 'state', 'done', 'result', ARGV[i + 2], 'finished_ms', now_s,
       'settled_token', ARGV[i + 1], 'settled', 'done')
-    job_expire(prefix, id, job_ttl)
+    -- A lean job has no spec left to expire: one PEXPIRE, not lib job_expire's two.
+    if lean then redis.call('PEXPIRE', jk, job_ttl) else job_expire(prefix, id, job_ttl) end
     result_wake(prefix, id, 'done', job_ttl)
   end
 end
