@@ -1,7 +1,8 @@
 """One builder and one parser per transition, shared by every driver of the operations: only
 the I/O differs between them. Every argument is checked here, before anything is sent.
-The limits and stored-number reader (limits.py), the backoff text (backoff_text.py) and claim's
-reply (claim_reply.py) live next door; their names are re-exported here for callers."""
+The limits and stored-number reader (limits.py), the backoff text (backoff_text.py), claim's
+reply (claim_reply.py) and fail's (fail_reply.py) live next door; their names are re-exported
+here for callers."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from scheduler.core.backoff_text import stored_backoff as stored_backoff
 from scheduler.core.claim_reply import CLAIM_FIELDS as CLAIM_FIELDS
 from scheduler.core.claim_reply import claim_args as claim_args
 from scheduler.core.claim_reply import parse_claim as parse_claim
-from scheduler.core.errors import BadArgument, InvalidPayload, SchedulerError, raise_for_status
+from scheduler.core.errors import BadArgument, InvalidPayload
+from scheduler.core.fail_reply import fail_args as fail_args
+from scheduler.core.fail_reply import parse_fail as parse_fail
 from scheduler.core.flow import check_flow, flow_field
 from scheduler.core.ids import new_job_id as new_job_id
 from scheduler.core.keys import check_job_id
@@ -44,10 +47,8 @@ from scheduler.core.limits import check_int as check_int
 from scheduler.core.limits import s as s
 from scheduler.core.limits import stored_int as stored_int
 from scheduler.core.limits import stored_int_in as stored_int_in
-from scheduler.core.models import FailOutcome, Job, JobSpec, QueueCounts, with_spec
+from scheduler.core.models import Job, JobSpec, QueueCounts, with_spec
 
-_MAX_MESSAGE = 2_000
-_MAX_TRACEBACK = 8_000
 ENQUEUE_FIELDS = 13
 
 
@@ -77,11 +78,6 @@ def encode_json(value: Any, what: str, limit: int) -> str:
     if size > limit:
         raise InvalidPayload(f"{what} is {size} bytes, over the {limit} limit")
     return text
-
-
-def _utf8(text: str) -> str:
-    """Text a handler produced (error messages), made UTF-8-safe instead of refused."""
-    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _epoch_ms(at: datetime) -> int:
@@ -235,45 +231,6 @@ def complete_args(
 
 def parse_statuses(reply: Any) -> list[str]:
     return [s(v) for v in reply]
-
-
-def fail_args(
-    job_id: str,
-    token: str,
-    error: BaseException | tuple[str, str, str],
-    *,
-    retryable: bool,
-    delay_ms: int | None,
-) -> list[str]:
-    if isinstance(error, BaseException):
-        import traceback
-
-        etype, message = type(error).__name__, str(error)
-        tb = "".join(traceback.format_exception(error))
-    else:
-        etype, message, tb = error
-    delay = "" if delay_ms is None else str(check_int(delay_ms, "delay_ms"))
-    return [
-        job_id,
-        token,
-        "1" if retryable else "0",
-        _utf8(etype[:200]),
-        _utf8(message[:_MAX_MESSAGE]),
-        _utf8(tb[-_MAX_TRACEBACK:]),
-        repr(random.random()),
-        delay,
-    ]
-
-
-def parse_fail(reply: Any, job_id: str, token: str) -> FailOutcome:
-    status, detail = s(reply[0]), s(reply[1])
-    raise_for_status(status, job_id, token)
-    if status == "retry":
-        run_at_ms = stored_int_in(detail, "run_at_ms")
-        if run_at_ms is None:
-            raise SchedulerError(f"fail answered an unreadable run_at_ms {detail!r}")
-        return FailOutcome("retry", run_at_ms=run_at_ms)
-    return FailOutcome("dead", dead_reason=detail)
 
 
 def parse_counts(reply: Any) -> QueueCounts:

@@ -1,0 +1,58 @@
+"""fail's arguments and reply (lua/fail.lua): the handler's error made UTF-8-safe and bounded,
+and the retry-or-dead outcome read back. Re-exported by codec.py for callers."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from scheduler.core.errors import SchedulerError, raise_for_status
+from scheduler.core.limits import check_int, s, stored_int_in
+from scheduler.core.models import FailOutcome
+
+_MAX_MESSAGE = 2_000
+_MAX_TRACEBACK = 8_000
+
+
+def _utf8(text: str) -> str:
+    """Text a handler produced (error messages), made UTF-8-safe instead of refused."""
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
+
+
+def fail_args(
+    job_id: str,
+    token: str,
+    error: BaseException | tuple[str, str, str],
+    *,
+    retryable: bool,
+    delay_ms: int | None,
+) -> list[str]:
+    if isinstance(error, BaseException):
+        import traceback
+
+        etype, message = type(error).__name__, str(error)
+        tb = "".join(traceback.format_exception(error))
+    else:
+        etype, message, tb = error
+    delay = "" if delay_ms is None else str(check_int(delay_ms, "delay_ms"))
+    return [
+        job_id,
+        token,
+        "1" if retryable else "0",
+        _utf8(etype[:200]),
+        _utf8(message[:_MAX_MESSAGE]),
+        _utf8(tb[-_MAX_TRACEBACK:]),
+        repr(random.random()),
+        delay,
+    ]
+
+
+def parse_fail(reply: Any, job_id: str, token: str) -> FailOutcome:
+    status, detail = s(reply[0]), s(reply[1])
+    raise_for_status(status, job_id, token)
+    if status == "retry":
+        run_at_ms = stored_int_in(detail, "run_at_ms")
+        if run_at_ms is None:
+            raise SchedulerError(f"fail answered an unreadable run_at_ms {detail!r}")
+        return FailOutcome("retry", run_at_ms=run_at_ms)
+    return FailOutcome("dead", dead_reason=detail)
