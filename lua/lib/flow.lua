@@ -88,9 +88,11 @@ local function flow_index(prefix, id, priority, run_at)
   end
 end
 
--- Back into due from a hold set at its own run_at (order within a key is kept).
+-- Back into due from a hold set at its own run_at (order within a key is kept). Only a job
+-- still in flow:held moves: a stale hold entry (the job was cancelled or repaired since) must
+-- never put a leased or finished job back into due.
 local function flow_unhold(prefix, id, run_at)
-  redis.call('ZREM', prefix .. 'flow:held', id)
+  if redis.call('ZREM', prefix .. 'flow:held', id) == 0 then return end
   redis.call('ZADD', prefix .. 'due', run_at, id)
   local jk = job_key(prefix, id)
   redis.call('HDEL', jk, 'flow_reason')

@@ -103,11 +103,14 @@ def read_snapshots(
             pipe.zscore(keys.dead, jid)
             pipe.get(keys.spec(jid))
             pipe.pttl(keys.spec(jid))
+            pipe.zscore(keys.flow_held, jid)
         reply = pipe.execute(raise_on_error=False)
         sec, usec = reply[0]
         now_ms = int(sec) * 1000 + int(usec) // 1000
         for n, jid in enumerate(chunk):
-            t, h, pttl, due, leased, dead, spec, spec_pttl = reply[1 + 8 * n : 9 + 8 * n]
+            t, h, pttl, due, leased, dead, spec, spec_pttl, held = reply[1 + 9 * n : 10 + 9 * n]
+            # A job set aside by flow control (lua/lib/flow.lua) is due, in flow:held instead.
+            due = due if due is not None else held
             due_ms = None if due is None else _score_ms(due)
             t, fields = _with_spec(str(t), _hash_reply(h), spec, due_ms)
             out.append(
