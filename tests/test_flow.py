@@ -181,11 +181,30 @@ def test_jobs_show_and_stats_say_why(fq: tuple[Queue, Clock], redis_url: str) ->
         cli, ["jobs", "show", jobs[1], "--url", redis_url, "-q", q.name, "--json"]
     )
     assert run.exit_code == 0, run.output
-    data = json.loads(run.output)
+    data = json.loads(run.stdout)
     assert data["flow"] == "limited by key k (1 leased)"
     assert (data["priority"], data["concurrency_key"], data["concurrency_limit"]) == (3, "k", 1)
     run = CliRunner().invoke(cli, ["stats", "--url", redis_url, "-q", q.name, "--json"])
     assert run.exit_code == 0, run.output
-    row = json.loads(run.output)["queues"][0]
+    row = json.loads(run.stdout)["queues"][0]
     assert row["held"] == {"key_limit": 1, "rate_window": 1}
     assert row["due"] == 2
+
+
+def test_cli_enqueue_takes_the_flow_options(
+    fq: tuple[Queue, Clock], client: redis.Redis, redis_url: str
+) -> None:
+    q, _ = fq
+    base = ["enqueue", "t", "--url", redis_url, "-q", q.name, "--json"]
+    before = dump_queue(client, q)
+    bad = CliRunner().invoke(cli, [*base, "--priority", "12"])
+    assert bad.exit_code == 2 and "priority" in bad.output
+    bad = CliRunner().invoke(cli, [*base, "--rate-limit", "often"])
+    assert bad.exit_code == 2 and "rate_limit" in bad.output
+    assert dump_queue(client, q) == before
+    flags = ["--priority", "4", "--concurrency-key", "k", "--concurrency-limit", "3"]
+    run = CliRunner().invoke(cli, [*base, *flags, "--rate-limit", "5/1m"])
+    assert run.exit_code == 0, run.output
+    f = q.get_job(json.loads(run.stdout)["id"]).fields
+    assert (f["priority"], f["ckey"], f["climit"]) == ("4", "k", "3")
+    assert (f["rkey"], f["rcount"], f["rwindow"]) == ("t", "5", "60000")

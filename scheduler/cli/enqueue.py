@@ -25,6 +25,7 @@ from scheduler.cli.common import (
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
+from scheduler.core.flow import check_flow
 from scheduler.core.safety import safe
 
 
@@ -56,6 +57,11 @@ def parse_payload(text: str) -> Any:
 @click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
 @timeout_option
 @backoff_option
+@click.option("--priority", type=int, default=0, show_default=True, help="0..9, higher runs first.")
+@click.option("--concurrency-key", help="At most --concurrency-limit jobs of this key at once.")
+@click.option("--concurrency-limit", type=int, help="Leased at once per --concurrency-key.")
+@click.option("--rate-limit", help="N starts per window, e.g. 10/1s or 100/m.")
+@click.option("--rate-key", help="What --rate-limit counts (default: the task name).")
 @click.option(
     "--strict",
     is_flag=True,
@@ -73,10 +79,26 @@ def enqueue(
     max_attempts: int,
     timeout_ms: int,
     backoff: Backoff | None,
+    priority: int,
+    concurrency_key: str | None,
+    concurrency_limit: int | None,
+    rate_limit: str | None,
+    rate_key: str | None,
     strict: bool,
 ) -> None:
     """Add a job; prints its id. Everything is checked before anything is written."""
     data = parse_payload(payload)
+    flow = {
+        "priority": priority,
+        "concurrency_key": concurrency_key,
+        "concurrency_limit": concurrency_limit,
+        "rate_limit": rate_limit,
+        "rate_key": rate_key,
+    }
+    try:
+        check_flow(task, **flow)  # docs/flow-control.md; refused before connecting
+    except BadArgument as exc:
+        raise BadInput(str(exc)) from None
     if at_text is not None and in_ms is not None:
         raise BadInput("give --at or --in, not both")
     run_at: datetime | None = None
@@ -97,6 +119,11 @@ def enqueue(
         max_attempts=max_attempts,
         timeout_ms=timeout_ms,
         backoff=backoff,
+        priority=priority,
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
+        rate_limit=rate_limit,
+        rate_key=rate_key,
     )
     if as_json:
         emit_json({"id": job_id, "queue": queue, "task": task})
