@@ -13,6 +13,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from scheduler.core.connection import connect
 from scheduler.core.errors import BadArgument, SchedulerError
 from scheduler.dashboard.actions import ActionRefused
 from scheduler.dashboard.dead import DeadPages
@@ -56,7 +57,7 @@ def create_app(
     if client is None:
         if url is None:
             raise BadArgument("create_app needs a Redis url or a client")
-        client = redis.Redis.from_url(url, decode_responses=True)
+        client = connect(url)  # one server or a Redis Cluster (core/connection.py)
     store = Store(client, queues, sample_every_s=sample_every_s)
     render = Renderer(Csrf(secret), read_only)
     pages = Pages(store, render)

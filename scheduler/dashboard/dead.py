@@ -16,11 +16,15 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
+from scheduler.core.models import Job
 from scheduler.dashboard.actions import Actions, Form
+from scheduler.dashboard.logical import merge_jobs, merged_window
 from scheduler.dashboard.pages import DEFAULT_LIMIT, int_param
 from scheduler.operations import browsing
+from scheduler.operations.requests import Op
 
 _AGE = re.compile(r"([0-9]{1,9})\s*(s|m|h|d)")
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -71,34 +75,49 @@ class DeadFilter:
         }
 
 
+def _jobs_died_before(q: Queue, max_dead_ms: int, offset: int, limit: int) -> Op[list[Job]]:
+    ids = yield from browsing.dead_ids_before(q.keys, max_dead_ms, offset, limit)
+    return (yield from q.ops.get_jobs(ids))
+
+
 class DeadPages(Actions):
     def dead(self, request: Request) -> Response:
         name = request.path_params["queue"]
-        q = self.store.queue(name)
+        view = self.store.view(name)
         f = DeadFilter.read(request.query_params.get)
         offset = int_param(request, "offset", 0, 0, 10**9)
         limit = int_param(request, "limit", DEFAULT_LIMIT, 1, browsing.MAX_PAGE)
         counts = self.store.counts(name)
         max_dead_ms = f.max_dead_ms(counts.now_ms)
         scanned = None
+        # A partitioned queue: each partition's first offset + limit, merged newest first.
+        start, count = (0, merged_window(offset, limit)) if view.partitioned else (offset, limit)
+        next_offset: int | None
         if f.by_record:
-            page = self.store.run(
-                q,
-                browsing.filtered_page(
+            found = view.run_each(
+                lambda q: browsing.filtered_page(
                     q.ops, "dead", task=f.task, error_type=f.error_type,
-                    max_dead_ms=max_dead_ms, offset=offset, limit=limit,
-                ),
+                    max_dead_ms=max_dead_ms, offset=start, limit=count,
+                )
             )  # fmt: skip
-            jobs, next_offset, scanned, total = page.jobs, page.next_offset, page.scanned, None
+            jobs = merge_jobs("dead", [p.jobs for p in found], offset - start, limit)
+            scanned, total = sum(p.scanned for p in found), None
+            next_offset = found[0].next_offset if not view.partitioned else offset + limit
+            if all(p.next_offset is None for p in found):
+                next_offset = None
         elif max_dead_ms is not None:
-            ids = self.store.run(q, browsing.dead_ids_before(q.keys, max_dead_ms, offset, limit))
-            jobs = self.store.run(q, q.ops.get_jobs(ids))
-            total = self.store.run(q, browsing.dead_count_before(q.keys, max_dead_ms))
-            next_offset = offset + limit if len(ids) == limit else None
+            cutoff = max_dead_ms
+            pages = view.run_each(lambda q: _jobs_died_before(q, cutoff, start, count))
+            jobs = merge_jobs("dead", pages, offset - start, limit)
+            total = sum(view.run_each(lambda q: browsing.dead_count_before(q.keys, cutoff)))
+            more = any(len(p) == count for p in pages)
+            next_offset = offset + limit if more and len(jobs) == limit else None
         else:
-            jobs = q.list_jobs("dead", offset=offset, limit=limit)
+            pages = view.run_each(lambda q: q.ops.list_jobs("dead", offset=start, limit=count))
+            jobs = merge_jobs("dead", pages, offset - start, limit)
             total = counts.dead
-            next_offset = offset + limit if len(jobs) == limit else None
+            more = any(len(p) == count for p in pages)
+            next_offset = offset + limit if more and len(jobs) == limit else None
         return self.render.page(
             request,
             "dead.html",
@@ -127,13 +146,13 @@ class DeadPages(Actions):
         ids = [check_job_id(i) for i in form.getlist("ids")] if scope == "selected" else []
         if scope == "selected" and not 1 <= len(ids) <= browsing.MAX_PAGE:
             raise BadArgument("select between 1 and 500 dead letters")
-        self.store.queue(name)  # the queue name is checked before anything is counted
+        self.store.view(name)  # the queue name is checked before anything is counted
         return action, scope, f, ids
 
     def _matching_ids(self, name: str, f: DeadFilter) -> list[str]:
-        q = self.store.queue(name)
         age = parse_age_ms(f.older_than)
-        return q.dead_ids(task=f.task, error_type=f.error_type, older_than_ms=age)
+        view = self.store.view(name)
+        return view.dead_ids(task=f.task, error_type=f.error_type, older_than_ms=age)
 
     def _matching_count(self, name: str, f: DeadFilter) -> int:
         if f.by_record:
@@ -142,8 +161,10 @@ class DeadPages(Actions):
         max_dead_ms = f.max_dead_ms(counts.now_ms)
         if max_dead_ms is None:
             return counts.dead
-        q = self.store.queue(name)
-        return self.store.run(q, browsing.dead_count_before(q.keys, max_dead_ms))
+        cutoff = max_dead_ms
+        return sum(
+            self.store.view(name).run_each(lambda q: browsing.dead_count_before(q.keys, cutoff))
+        )
 
     async def confirm(self, request: Request) -> Response:
         name = request.path_params["queue"]
@@ -169,9 +190,9 @@ class DeadPages(Actions):
         action, scope, f, ids = self._selection(name, form)
 
         def run() -> int:
-            q = self.store.queue(name)
+            view = self.store.view(name)
             chosen = ids if scope == "selected" else self._matching_ids(name, f)
-            return q.requeue_dead(chosen) if action == "requeue" else q.purge_dead(chosen)
+            return view.requeue_dead(chosen) if action == "requeue" else view.purge_dead(chosen)
 
         n = await run_in_threadpool(run)
         notice = "requeued" if action == "requeue" else "purged"

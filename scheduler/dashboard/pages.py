@@ -8,11 +8,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from scheduler.admin.health import check_server, read_server
+from scheduler.admin.health import at_node, check_server, read_server, server_nodes
 from scheduler.core.errors import BadArgument, JobNotFound
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
+from scheduler.dashboard.logical import merge_jobs, merged_window
 from scheduler.dashboard.reasons import why_not_running
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import schedule_rows
@@ -73,7 +74,7 @@ class Pages:
 
     def queue(self, request: Request) -> Response:
         name = request.path_params["queue"]
-        q = self.store.queue(name)
+        view = self.store.view(name)
         state = request.query_params.get("state", "due")
         if state not in LISTABLE:
             raise BadArgument(f"state must be one of {', '.join(LISTABLE)}")
@@ -87,14 +88,23 @@ class Pages:
         summary = self.store.queue_summary(name, minutes=1)
         next_offset: int | None
         scanned = None
+        # A partitioned queue: each partition's first offset + limit, merged in index order.
+        start, count = (0, merged_window(offset, limit)) if view.partitioned else (offset, limit)
         if task is not None:
-            found = self.store.run(
-                q, browsing.filtered_page(q.ops, state, task=task, offset=offset, limit=limit)
+            found = view.run_each(
+                lambda q: browsing.filtered_page(q.ops, state, task=task, offset=start, limit=count)
             )
-            jobs, next_offset, scanned = found.jobs, found.next_offset, found.scanned
+            jobs = merge_jobs(state, [f.jobs for f in found], offset - start, limit)
+            scanned = sum(f.scanned for f in found)
+            more = any(f.next_offset is not None for f in found)
+            next_offset = (
+                (found[0].next_offset if not view.partitioned else offset + limit) if more else None
+            )
         else:
-            jobs = q.list_jobs(state, offset=offset, limit=limit)
-            next_offset = offset + limit if len(jobs) == limit else None
+            pages = view.run_each(lambda q: q.ops.list_jobs(state, offset=start, limit=count))
+            jobs = merge_jobs(state, pages, offset - start, limit)
+            more = any(len(p) == count for p in pages)
+            next_offset = offset + limit if more and len(jobs) == limit else None
         return self.render.page(
             request,
             "queue.html",
@@ -112,7 +122,8 @@ class Pages:
 
     def job(self, request: Request) -> Response:
         name, job_id = request.path_params["queue"], request.path_params["job_id"]
-        q = self.store.queue(name)
+        check_job_id(job_id)
+        q = self.store.view(name).part_of(job_id)
         try:
             job = q.get_job(job_id)
         except JobNotFound:
@@ -144,24 +155,28 @@ class Pages:
     def schedules(self, request: Request) -> Response:
         rows = []
         for name in self.store.queue_names():
-            rows += schedule_rows(self.store, name)
+            for part in self.store.view(name).part_names:  # a schedule lives in one partition
+                rows += schedule_rows(self.store, part)
         return self.render.page(request, "schedules.html", schedules=rows)
 
     def workers(self, request: Request) -> Response:
         rows = []
         now_ms = None
         for name in self.store.queue_names():
-            now_ms = now_ms or self.store.queue(name).counts().now_ms
+            now_ms = now_ms or self.store.counts(name).now_ms
             rows += self.store.workers(name)
         return self.render.page(request, "workers.html", workers=rows, now_ms=now_ms or 0)
 
     def health(self, request: Request) -> Response:
-        info, config = read_server(self.store.client)
-        findings = check_server(info, config)
-        facts = [(k, info.get(k, "-")) for k in SERVER_FACTS]
-        facts.append(("save (config)", config.get("save", "not readable")))
-        facts.append(("appendfsync (config)", config.get("appendfsync", "not readable")))
-        lapsed = [(n, self.store.queue(n).counts().lapsed) for n in self.store.queue_names()]
+        findings, facts = [], []
+        for node in server_nodes(self.store.client):  # every primary of a cluster
+            info, config = read_server(self.store.client, node)
+            findings += at_node(node, check_server(info, config))
+            at = f"{node.name} " if node is not None else ""
+            facts += [(at + k, info.get(k, "-")) for k in SERVER_FACTS]
+            facts.append((at + "save (config)", config.get("save", "not readable")))
+            facts.append((at + "appendfsync (config)", config.get("appendfsync", "not readable")))
+        lapsed = [(n, self.store.counts(n).lapsed) for n in self.store.queue_names()]
         return self.render.page(
             request, "health.html", findings=findings, facts=facts, lapsed=lapsed
         )

@@ -12,11 +12,14 @@ from typing import Any, TypeVar
 import redis
 
 from scheduler.admin.inspection import discover_queues, live_workers
+from scheduler.client.partitioned import PartitionedQueue, read_layout
 from scheduler.client.queue import Queue
 from scheduler.core.keys import check_queue_name
 from scheduler.core.models import QueueCounts
+from scheduler.core.partitions import Layout
 from scheduler.core.scripts import Scripts, run_sync
 from scheduler.dashboard.history import LatenessHistory, Sampler
+from scheduler.dashboard.logical import PARTITION_NAME, View
 from scheduler.operations import browsing
 from scheduler.operations.requests import Op
 
@@ -37,6 +40,7 @@ class Store:
         self.client = client
         self.fixed_queues = [check_queue_name(q) for q in queues]
         self._queues: dict[str, Queue] = {}
+        self._views: dict[str, View] = {}  # partitioned queues only: N is fixed at creation
         self._scripts = Scripts()
         self._lock = threading.Lock()
         self._discovered: list[str] = []
@@ -53,6 +57,40 @@ class Store:
             if q is None:
                 q = self._queues[name] = Queue(self.client, name)
             return q
+
+    def view(self, name: str) -> View:
+        """Queue `name` as the pages show it: a partitioned queue's partitions merged (its
+        stored layout is one GET, remembered once found), else the plain queue."""
+        check_queue_name(name)
+        found = self._views.get(name)
+        if found is not None:
+            return found
+        layout = read_layout(self.client, name)
+        if layout is None:
+            return View(name, [self.queue(name)], self.run)
+        pq = PartitionedQueue(self.client, layout)
+        view = View(name, pq.parts, self.run, pq)
+        with self._lock:
+            self._views[name] = view
+        return view
+
+    def _logical(self, names: list[str]) -> list[str]:
+        """Discovered names with each partition `<q>.p<k>` replaced by its logical queue `q`
+        (when `q`'s stored layout lists it): one queue row per partitioned queue."""
+        out: dict[str, None] = {}
+        layouts: dict[str, Layout | None] = {}
+        for name in names:
+            m = PARTITION_NAME.match(name)
+            logical = m.group(1) if m else None
+            if logical is not None and logical not in layouts:
+                try:
+                    layouts[logical] = read_layout(self.client, logical)
+                except Exception:  # an unreadable record: the partitions stay plain queues
+                    layouts[logical] = None
+            layout = layouts.get(logical) if logical is not None else None
+            grouped = logical is not None and layout is not None and name in layout.names
+            out[logical if grouped and logical is not None else name] = None
+        return sorted(out)
 
     def queue_names(self) -> list[str]:
         """The configured queues, else those found by SCAN. The SCAN walks the whole keyspace,
@@ -72,7 +110,7 @@ class Store:
         return list(self._discovered)
 
     def _discover(self) -> None:
-        self._discovered = discover_queues(self.client)
+        self._discovered = self._logical(discover_queues(self.client))
         self._discovered_at = time.monotonic()
 
     def _discover_in_background(self) -> None:
@@ -101,7 +139,7 @@ class Store:
             return done.value  # type: ignore[no-any-return]
 
     def counts(self, name: str) -> QueueCounts:
-        c = self.queue(name).counts()
+        c = self.view(name).counts()
         self.lateness.record(name, c.now_ms, c.oldest_overdue_ms)
         return c
 
@@ -112,12 +150,15 @@ class Store:
     def queue_summary(self, name: str, minutes: int = 60) -> dict[str, Any]:
         """Counts, per-minute outcomes and lateness of one queue: one script call and one
         pipeline of `minutes` small stats hashes."""
-        q = self.queue(name)
+        view = self.view(name)
         c = self.counts(name)
-        series = self.run(q, browsing.minute_series(q.keys, c.now_ms, minutes))
+        series = browsing.sum_series(
+            view.run_each(lambda q: browsing.minute_series(q.keys, c.now_ms, minutes))
+        )
         last = series[-2] if len(series) > 1 else series[-1]  # the last whole minute
         return {
             "queue": name,
+            "partitions": view.part_names if view.partitioned else [],
             "now_ms": c.now_ms,
             "due": c.due,
             "scheduled": c.scheduled,
@@ -135,5 +176,11 @@ class Store:
         }
 
     def workers(self, name: str) -> list[dict[str, Any]]:
-        live, _gone = live_workers(self.client, self.queue(name).keys)
-        return [w.to_json() for w in live]
+        """Live workers of the queue (of any of its partitions), each once."""
+        rows: dict[str, dict[str, Any]] = {}
+        for q in self.view(name).parts:
+            live, _gone = live_workers(self.client, q.keys)
+            for w in live:
+                row = w.to_json()
+                rows.setdefault(w.id, row)
+        return list(rows.values())

@@ -125,3 +125,22 @@ def minute_series(
                 row[field] += n
         out.append(row)
     return out
+
+
+def sum_series(per_part: Sequence[list[dict[str, int]]]) -> list[dict[str, int]]:
+    """Several queues' minute_series (a partitioned queue's partitions, same minutes) as one:
+    counters summed; a `*_max_ms` field is the largest."""
+    if len(per_part) == 1:
+        return per_part[0]
+    out: list[dict[str, int]] = []
+    for rows in zip(*per_part, strict=True):
+        row = dict(rows[0])
+        for other in rows[1:]:
+            for name, n in other.items():
+                if name == "minute_ms":
+                    continue
+                row[name] = (
+                    max(row.get(name, 0), n) if name.endswith("_max_ms") else (row.get(name, 0) + n)
+                )
+        out.append(row)
+    return out

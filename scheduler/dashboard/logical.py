@@ -1,0 +1,95 @@
+"""A queue as the dashboard shows it: a plain queue, or a partitioned logical queue
+(scheduler/client/partitioned.py) shown as ONE queue whose counts, jobs and dead letters are
+its partitions' merged. A merged page reads the first `offset + limit` entries of each
+partition (so its cost is O(N * (offset + limit)), capped by MAX_MERGED_WINDOW) and sorts them
+the way one queue's index would; deeper pages are read one partition at a time."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.queue import Queue
+from scheduler.core.errors import BadArgument
+from scheduler.core.models import Job, QueueCounts
+from scheduler.operations.requests import Op
+
+MAX_MERGED_WINDOW = 2_000  # offset + limit of a merged page (each partition reads that many)
+# The partition names core/partitions.py makes: <logical>.p<k> or <logical>.p<k>.<j>.
+PARTITION_NAME = re.compile(r"^(.+)\.p\d{1,4}(?:\.\d{1,6})?$")
+
+
+def _order(state: str) -> tuple[Callable[[Job], Any], bool]:
+    """How one queue's index orders `state` (inspecting.list_ids): key and reverse."""
+    if state == "dead":
+        return (lambda j: int(j.fields.get("dead_ms") or 0), True)  # newest first
+    if state == "leased":
+        return (lambda j: j.lease_until_ms or 0), False
+    return (lambda j: j.run_at_ms or 0), False
+
+
+def merge_jobs(state: str, pages: Sequence[Sequence[Job]], offset: int, limit: int) -> list[Job]:
+    """The [offset, offset + limit) slice of the partitions' pages merged in index order."""
+    key, reverse = _order(state)
+    merged = sorted((j for page in pages for j in page), key=key, reverse=reverse)
+    return merged[offset : offset + limit]
+
+
+def merged_window(offset: int, limit: int) -> int:
+    """How many entries each partition reads for a merged page (BadArgument past the cap)."""
+    if offset + limit > MAX_MERGED_WINDOW:
+        raise BadArgument(
+            f"a partitioned queue's merged pages reach {MAX_MERGED_WINDOW} entries: page "
+            "further in one partition (its link on this page)"
+        )
+    return offset + limit
+
+
+class View:
+    """One row of the overview: `parts` are the ordinary queues holding its jobs (one for a
+    plain queue). `run_each` drives one operation per part (one driver call for all)."""
+
+    def __init__(
+        self,
+        name: str,
+        parts: list[Queue],
+        drive: Callable[[Queue, Op[Any]], Any],
+        pq: PartitionedQueue | None = None,
+    ) -> None:
+        self.name = name
+        self.parts = parts
+        self.pq = pq
+        self._drive = drive
+
+    @property
+    def partitioned(self) -> bool:
+        return self.pq is not None
+
+    @property
+    def part_names(self) -> list[str]:
+        return [p.name for p in self.parts]
+
+    def part_of(self, job_id: str) -> Queue:
+        """The queue holding `job_id` (a partitioned queue's id names its partition)."""
+        return self.parts[0] if self.pq is None else self.pq.part_of(job_id)
+
+    def counts(self) -> QueueCounts:
+        return self.parts[0].counts() if self.pq is None else self.pq.counts()
+
+    def run_each(self, make: Callable[[Queue], Op[Any]]) -> list[Any]:
+        if self.pq is None:
+            return [self._drive(self.parts[0], make(self.parts[0]))]
+        return self.pq._run_many([(p, make(p)) for p in self.parts])
+
+    def requeue_dead(self, ids: Sequence[str]) -> int:
+        return self.parts[0].requeue_dead(ids) if self.pq is None else self.pq.requeue_dead(ids)
+
+    def purge_dead(self, ids: Sequence[str]) -> int:
+        return self.parts[0].purge_dead(ids) if self.pq is None else self.pq.purge_dead(ids)
+
+    def dead_ids(self, **filters: Any) -> list[str]:
+        if self.pq is None:
+            return self.parts[0].dead_ids(**filters)
+        return self.pq.dead_ids(**filters)
