@@ -50,7 +50,7 @@ if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT wor
 -- schedule, state, token, settled_token, settled, settled_log}, or nil and a dead reason.
 local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
   'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log',
-  'priority', 'ckey', 'climit', 'rkey', 'rcount', 'rwindow' }
+  'priority', 'ckey', 'rkey' }
 local function read_claimable(id, jk, run_at_s)
   local f = redis.pcall('HMGET', jk, unpack(READ))
   if f.err then return nil, 'invalid job: not a hash' end
@@ -79,9 +79,10 @@ local function read_claimable(id, jk, run_at_s)
   local r = { task = f[1], payload = f[2], backoff = f[6] or '', timeout_ms = f[7] or '0',
     schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
     settled_log = f[14], fresh = fresh, spec = sp }
-  -- Flow fields are advisory: one edited by hand reads as unset (lib/flow.lua).
-  r.flow = flow_parse(f[15] or nil, f[16] or nil, f[17] or nil, f[18] or nil, f[19] or nil,
-    f[20] or nil) or flow_parse(nil, nil, nil, nil, nil, nil)
+  -- Flow fields are advisory: one edited by hand reads as unset (lib/flow.lua). A plain job
+  -- has none of the three, and its flow is read no further.
+  r.flow = FLOW_PLAIN
+  if f[15] or f[16] or f[17] then r.flow = flow_load(jk) end
   if not task_ok(f[1]) then return nil, 'invalid job: task' end
   if not f[2] or not is_utf8(f[2]) then return nil, 'invalid job: payload' end
   r.attempts = parse_int(f[3], 0, LIM.attempts)

@@ -55,9 +55,9 @@ if #took > 0 then
   for _, i in ipairs(took) do
     local id = ARGV[i]
     local jk = job_key(prefix, id)
+    local f = redis.call('HMGET', jk, 'result_ttl_ms', 'keep_payload', 'ckey')
     -- Its concurrency slot is free: the key's oldest held job is due again (lib/flow.lua).
-    flow_release(prefix, id, now)
-    local f = redis.call('HMGET', jk, 'result_ttl_ms', 'keep_payload')
+    if f[3] then flow_release(prefix, id, now) end
     local job_ttl = parse_int(f[1], 1, LIM.ttl_ms) or ttl
     local lean = f[2] ~= '1'
     if lean then

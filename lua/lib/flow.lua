@@ -21,7 +21,10 @@ local FLOW_READ = { 'priority', 'ckey', 'climit', 'rkey', 'rcount', 'rwindow' }
 
 -- The flow fields of one job from six strings (ARGV or stored; nil = unset). Returns a table,
 -- or nil and the bad field's name.
+local FLOW_PLAIN = { priority = 0, ckey = '', climit = 0, rkey = '', rcount = 0, rwindow = 0 }
 local function flow_parse(p, ckey, climit, rkey, rcount, rwindow)
+  -- The plain path (no flow field stored): one shared table, nothing parsed.
+  if not (p or ckey or rkey) then return FLOW_PLAIN end
   local f = { priority = 0, ckey = ckey or '', climit = 0, rkey = rkey or '', rcount = 0,
     rwindow = 0 }
   if p and p ~= '0' then
