@@ -33,6 +33,7 @@
 -- @include "lib/utf8.lua"
 -- @include "lib/rearm.lua"
 -- @include "lib/flow.lua"
+-- @include "lib/lateness.lua"
 
 local prefix, due, leased, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
 local worker, nonce = ARGV[1], ARGV[4]
@@ -246,6 +247,7 @@ if limit > 0 then
 end
 bump_stat(prefix, now, 'dead', parked)
 bump_stat(prefix, now, 'claim', n)
+record_lateness(prefix, now, out)  -- per call: the minute's start lateness (lib/lateness.lua)
 
 local next_ms = -1
 local dh = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
