@@ -3,9 +3,8 @@ safe to repair without losing a job.
 
 Invariants (membership in due / leased / dead is the truth; the hash's `state` is a copy):
 - every job hash is in exactly one of due, leased, dead, or is a done / cancelled record with
-  an expiry; every id in due, leased or dead has a hash or, never claimed yet, its spec record
-  `spec:<id>` (dead is a ZSET: an id is there once); a spec record with no hash is in due
-  (`orphan-spec` otherwise; found by a SCAN of spec:* too) and has no expiry;
+  an expiry; every id in due, leased or dead has a hash or (never claimed) its spec record
+  `spec:<id>`, which is then in due with no expiry (`orphan-spec`; dead is a ZSET);
 - the state field matches membership, and a job in a set has no expiry;
 - no lease lapsed long ago (any claim reaps lapsed leases, so an old one means nobody claims);
 - runnable jobs have a JSON payload and the fields a claim needs;
