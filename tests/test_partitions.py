@@ -149,3 +149,30 @@ def test_a_worker_does_not_claim_empty_partitions_for_every_job(tmp_path: Path) 
         on_empty = len(claims) - on_busy
         assert on_busy >= 30  # many claim rounds on the busy partition
         assert on_empty < on_busy  # before: ~5 empty claims per round
+
+
+def test_the_async_client_shares_the_layout_and_routing(
+    redis_url: str, client: redis.Redis, pq: PartitionedQueue
+) -> None:
+    import asyncio
+
+    from scheduler.client.partitioned_aio import AsyncPartitionedQueue
+    from scheduler.core.connection import connect_async
+
+    async def main() -> tuple[list[str], int, str]:
+        aclient = connect_async(redis_url)
+        try:
+            with pytest.raises(PartitionMismatch):
+                await AsyncPartitionedQueue.create(aclient, pq.name, partitions=5)
+            aq = await AsyncPartitionedQueue.open(aclient, pq.name)
+            ids = await aq.enqueue_many([JobSpec("t", None) for _ in range(6)])
+            keyed = await aq.enqueue("t", None, key="k1")
+            assert await aq.enqueue("t", None, key="k1") == keyed
+            return ids, (await aq.counts()).due, str(await aq.status(ids[0]))
+        finally:
+            await aclient.aclose()
+
+    ids, due, state = asyncio.run(main())
+    assert due == 7 and state == "due"
+    assert all(p.counts().due >= 2 for p in pq.parts)  # round robin, as the sync client
+    assert pq.status(ids[5]) == "due" and pq.counts().due == 7

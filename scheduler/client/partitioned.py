@@ -14,7 +14,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import redis
 
@@ -50,6 +50,30 @@ async def expand_queues_async(client: Any, queues: Sequence[str]) -> tuple[str, 
         raw = await client.get(meta_key(name))
         out.extend(Layout.parse(name, str(raw)).names if raw is not None else [name])
     return tuple(dict.fromkeys(out))
+
+
+def merge_counts(each: Sequence[QueueCounts]) -> QueueCounts:
+    """The partitions' counts as one queue's: sums, the latest clock, the oldest due time."""
+    oldest = [c.oldest_due_ms for c in each if c.oldest_due_ms is not None]
+    return QueueCounts(
+        now_ms=max(c.now_ms for c in each),
+        due=sum(c.due for c in each),
+        scheduled=sum(c.scheduled for c in each),
+        leased=sum(c.leased for c in each),
+        dead=sum(c.dead for c in each),
+        oldest_due_ms=min(oldest) if oldest else None,
+        lapsed=sum(c.lapsed for c in each),
+    )
+
+
+def merge_dead(per: Sequence[Sequence[str]], scores: Sequence[Sequence[Any]]) -> list[str]:
+    """Each partition's dead ids (newest first) with their dead_ms scores -> one list, newest
+    first by the time each job died."""
+    runs = [
+        [(-(float(s) if s is not None else 0.0), i) for s, i in zip(sc, ids, strict=True)]
+        for ids, sc in zip(per, scores, strict=True)
+    ]
+    return [i for _, i in heapq.merge(*runs)]
 
 
 class PartitionedQueue:
@@ -171,26 +195,16 @@ class PartitionedQueue:
     # -- merged views ------------------------------------------------------------------------
     def counts(self) -> QueueCounts:
         """Every partition's counts in one driver call, summed."""
-        each = cast(list[QueueCounts], self._run_many([(p, p.ops.counts()) for p in self.parts]))
-        oldest = [c.oldest_due_ms for c in each if c.oldest_due_ms is not None]
-        return QueueCounts(
-            now_ms=max(c.now_ms for c in each),
-            due=sum(c.due for c in each),
-            scheduled=sum(c.scheduled for c in each),
-            leased=sum(c.leased for c in each),
-            dead=sum(c.dead for c in each),
-            oldest_due_ms=min(oldest) if oldest else None,
-            lapsed=sum(c.lapsed for c in each),
-        )
+        return merge_counts(self._run_many([(p, p.ops.counts()) for p in self.parts]))
 
     def dead_ids(self, **filters: Any) -> list[str]:
         """`Queue.dead_ids` over every partition, merged newest first by the time they died."""
         per = self._run_many([(p, p.ops.dead_ids(**filters)) for p in self.parts])
-        runs = []
-        for part, ids in zip(self.parts, per, strict=True):
-            scores = self.client.zmscore(part.keys.dead, ids) if ids else []
-            runs.append([(-(s or 0.0), i) for s, i in zip(scores, ids, strict=True)])
-        return [i for _, i in heapq.merge(*runs)]
+        scores = [
+            self.client.zmscore(p.keys.dead, ids) if ids else []
+            for p, ids in zip(self.parts, per, strict=True)
+        ]
+        return merge_dead(per, scores)
 
     def requeue_dead(self, ids: Sequence[str]) -> int:
         return sum(self._by_part(ids, lambda q, g: q.requeue_dead(g)))

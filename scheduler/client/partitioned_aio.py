@@ -1,0 +1,121 @@
+"""`AsyncPartitionedQueue`: client/partitioned.py's logical queue for asyncio producers (the
+same layout, routing and merges; each partition an `AsyncQueue`; several partitions in one
+driver call, so one pipeline per node on a cluster)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from scheduler.client.aio import AsyncQueue
+from scheduler.client.partitioned import merge_counts, merge_dead
+from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
+from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
+from scheduler.core.scripts import Scripts, run_async
+from scheduler.operations.ops import Op, Request
+
+
+async def read_layout_async(client: Any, queue: str) -> Layout | None:
+    raw = await client.get(meta_key(queue))
+    return None if raw is None else Layout.parse(queue, str(raw))
+
+
+class AsyncPartitionedQueue:
+    """A logical queue over the partitions of `layout` (use create() or open())."""
+
+    def __init__(self, client: Any, layout: Layout, **queue_kwargs: Any) -> None:
+        self.client, self.layout = client, layout
+        self.parts = [AsyncQueue(client, name, **queue_kwargs) for name in layout.names]
+        self._scripts = Scripts(clock=queue_kwargs.get("_clock", "server"))
+        self._spread = itertools.count()
+
+    @classmethod
+    async def create(
+        cls, client: Any, name: str, *, partitions: int, **queue_kwargs: Any
+    ) -> AsyncPartitionedQueue:
+        """As PartitionedQueue.create (PartitionMismatch for another stored count). A plain
+        queue of that name is not checked here: create it with the sync client."""
+        check_count(partitions)
+        await client.set(meta_key(name), Layout.create(name, partitions).record(), nx=True)
+        stored = await read_layout_async(client, name)
+        assert stored is not None
+        if stored.n != partitions:
+            raise stored.mismatch(partitions)
+        return cls(client, stored, **queue_kwargs)
+
+    @classmethod
+    async def open(cls, client: Any, name: str, **queue_kwargs: Any) -> AsyncPartitionedQueue:
+        layout = await read_layout_async(client, name)
+        if layout is None:
+            raise PartitionMismatch(f"queue {name!r} is not partitioned")
+        return cls(client, layout, **queue_kwargs)
+
+    def part_of(self, job_id: str) -> AsyncQueue:
+        return self.parts[self.layout.partition_of_id(job_id)]
+
+    async def _run_many(self, ops: Sequence[tuple[AsyncQueue, Op[Any]]]) -> list[Any]:
+        results: list[Any] = [None] * len(ops)
+        pending: dict[int, Request] = {i: next(op) for i, (_, op) in enumerate(ops)}
+        while pending:
+            order = list(pending)
+            items = [(ops[i][0].keys.script_keys(), pending[i]) for i in order]
+            replies = await run_async(self.client, self._scripts.drive(items))
+            pending = {}
+            for i, reply in zip(order, replies, strict=True):
+                op = ops[i][1]
+                try:
+                    nxt = op.throw(reply) if isinstance(reply, BaseException) else op.send(reply)
+                    pending[i] = nxt
+                except StopIteration as done:
+                    results[i] = done.value
+                except Exception as exc:
+                    results[i] = exc
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    async def enqueue(self, task: str, payload: Any = None, **kwargs: Any) -> str:
+        return (await self.enqueue_many([JobSpec(task, payload, **kwargs)]))[0]
+
+    async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
+        placed = []
+        for spec in specs:
+            k, job_id = self.layout.route(spec.key, spec.job_id, next(self._spread))
+            placed.append((k, replace(spec, job_id=job_id)))
+        by_part: dict[int, list[JobSpec]] = {}
+        for k, spec in placed:
+            by_part.setdefault(k, []).append(spec)
+        ops = [
+            (self.parts[k], self.parts[k].ops.enqueue_many(v, batch_size))
+            for k, v in by_part.items()
+        ]
+        got = dict(zip(by_part, await self._run_many(ops), strict=True))
+        pos = dict.fromkeys(by_part, 0)
+        out = []
+        for k, _ in placed:
+            out.append(got[k][pos[k]])
+            pos[k] += 1
+        return out
+
+    async def status(self, job_id: str) -> JobState:
+        return await self.part_of(job_id).status(job_id)
+
+    async def get_job(self, job_id: str) -> Job:
+        return await self.part_of(job_id).get_job(job_id)
+
+    async def cancel(self, job_id: str) -> str:
+        return await self.part_of(job_id).cancel(job_id)
+
+    async def counts(self) -> QueueCounts:
+        return merge_counts(await self._run_many([(p, p.ops.counts()) for p in self.parts]))
+
+    async def dead_ids(self, **filters: Any) -> list[str]:
+        per = await self._run_many([(p, p.ops.dead_ids(**filters)) for p in self.parts])
+        scores = [
+            await self.client.zmscore(p.keys.dead, ids) if ids else []
+            for p, ids in zip(self.parts, per, strict=True)
+        ]
+        return merge_dead(per, scores)
