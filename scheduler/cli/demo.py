@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from scheduler.admin.inspection import live_workers
 from scheduler.cli.demo_tasks import FLAKY_BACKOFF, LEDGER, QUEUE
 from scheduler.cli.embedded import NoServerBinary, PrivateRedis
 from scheduler.client.queue import Queue
@@ -123,20 +124,6 @@ def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int
     for key in client.scan_iter(match=q.keys.pattern()):
         client.delete(key)
     client.delete(LEDGER)
-    t0 = q.counts().now_ms
-    jobs = {
-        q.enqueue("demo.greet", {"name": "now"}): "greet (due now)",
-        q.enqueue("demo.greet", {"name": "later"}, delay_ms=5_000): "greet (due in 5 s)",
-        q.enqueue(
-            "demo.charge", {"amount": 42}, max_attempts=3, backoff=FLAKY_BACKOFF
-        ): "charge (always fails)",
-        # Due a little later, so the worker it kills holds no other job at that moment.
-        q.enqueue("demo.crashy", {}, delay_ms=1_500): "crashy (kills its worker)",
-    }
-    console.print(
-        f"Enqueued {len(jobs)} jobs on queue '{QUEUE}'; starting 2 worker processes "
-        f"(lease {LEASE_MS} ms, heartbeat {HEARTBEAT_MS} ms)\n"
-    )
     workers = [_spawn(url), _spawn(url)]
     deaths: list[tuple[int, int, int]] = []  # (server ms, pid, signal)
 
@@ -152,6 +139,27 @@ def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int
                 w.wait()
 
     stack.callback(stop_workers)
+    # Both workers up before the jobs: a late worker claims all due jobs at once, and crashy
+    # would then kill charge's first attempt with it (a slow or loaded machine).
+    up_by = time.monotonic() + timeout_s / 3
+    while len(live_workers(client, q.keys)[0]) < 2 and time.monotonic() < up_by:
+        time.sleep(0.05)
+    t0 = q.counts().now_ms
+    jobs = {
+        q.enqueue("demo.greet", {"name": "now"}): "greet (due now)",
+        q.enqueue("demo.greet", {"name": "later"}, delay_ms=5_000): "greet (due in 5 s)",
+        q.enqueue(
+            "demo.charge", {"amount": 42}, max_attempts=3, backoff=FLAKY_BACKOFF
+        ): "charge (always fails)",
+        # Due a little later, so the worker it kills holds no other job at that moment.
+        q.enqueue("demo.crashy", {}, delay_ms=1_500): "crashy (kills its worker)",
+    }
+    # The demo's own record of when: a lean finished job keeps no enqueued_ms (lua/complete.lua).
+    enqueued_ms = q.counts().now_ms
+    console.print(
+        f"Enqueued {len(jobs)} jobs on queue '{QUEUE}' for 2 worker processes "
+        f"(lease {LEASE_MS} ms, heartbeat {HEARTBEAT_MS} ms)\n"
+    )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for i, w in enumerate(workers):
@@ -163,7 +171,7 @@ def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int
             break
         time.sleep(0.05)
     stop_workers()
-    _timeline(console, q, client, jobs, deaths, t0)
+    _timeline(console, q, client, jobs, deaths, t0, enqueued_ms)
     ok = [q.status(j) for j in jobs] == ["done", "done", "dead", "done"]
     console.print(
         "\n[green]All four jobs ended as expected.[/]"
@@ -185,10 +193,15 @@ def _timeline(
     jobs: dict[str, str],
     deaths: list[tuple[int, int, int]],
     t0: int,
+    enqueued_ms: int,
 ) -> None:
+    """From what outlives a lean finished job: its Job (state, attempts, run_at_ms, errors,
+    result, finished_ms) and the handlers' ledger (when each attempt started)."""
     events: list[tuple[int, str, str]] = []
+    started: dict[tuple[str, int], int] = {}  # (job id, attempt) -> server ms
     for raw in client.lrange(LEDGER, 0, -1):
         e = json.loads(raw)
+        started[(e["job"], e["attempt"])] = e["at_ms"]
         events.append(
             (
                 e["at_ms"],
@@ -201,8 +214,8 @@ def _timeline(
     for job_id, label in jobs.items():
         j = q.get_job(job_id)
         f = j.fields
-        due = "" if j.errors else f", due at {(int(f['run_at_ms']) - t0) / 1000:+.3f}s"
-        events.append((int(f["enqueued_ms"]), label, "enqueued" + due))
+        due = "" if j.errors else f", due at {((j.run_at_ms or t0) - t0) / 1000:+.3f}s"
+        events.append((enqueued_ms, label, "enqueued" + due))
         for err in j.errors:
             attempt = int(err["attempt"])
             if attempt < (j.max_attempts or 0):
@@ -223,10 +236,10 @@ def _timeline(
             )
         if j.state == "done":
             attempts = j.attempts or 0
-            if attempts > 1:
+            if attempts > 1 and (job_id, attempts) in started:
                 events.append(
                     (
-                        int(f["claimed_ms"]) - 1,
+                        started[(job_id, attempts)] - 1,
                         label,
                         f"lease of attempt {attempts - 1} expired after {LEASE_MS} ms "
                         "-> claimed again",
