@@ -92,7 +92,7 @@ def main() -> None:
         fill(q, args.pending, args.dead)
         # The queue list is given (as `scheduler dashboard -q bench` does): discovery by SCAN
         # is cached for a minute and is not per request.
-        app = create_app(client=client, queues=[QUEUE], auth=Auth(), sample_every_s=0)
+        app = create_app(client=client, queues=[QUEUE], auth=Auth())
         job_id = q.list_jobs("dead", limit=1)[0].id
         pages = {
             "overview (/)": "/",

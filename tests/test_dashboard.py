@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ RAW_MARKERS = ("<script>alert(", '"><img src=x onerror')
 
 def make_client(c: redis.Redis, q: Queue, **kwargs: object) -> TestClient:
     kwargs.setdefault("auth", Auth())
-    app = create_app(client=c, queues=[q.name], sample_every_s=0, **kwargs)  # type: ignore[arg-type]
+    app = create_app(client=c, queues=[q.name], **kwargs)  # type: ignore[arg-type]
     return TestClient(app)
 
 
@@ -226,7 +227,7 @@ def test_job_page_shows_the_lease_and_why_a_job_waits(q: Queue, web: TestClient)
 
 def test_mounted_under_a_prefix_links_stay_inside_it(client: redis.Redis, q: Queue) -> None:
     dead_id = dead_job(q)
-    dash = create_app(client=client, queues=[q.name], auth=Auth(), sample_every_s=0)
+    dash = create_app(client=client, queues=[q.name], auth=Auth())
     outer = Starlette(routes=[Mount("/ops/scheduler", app=dash)])
     with TestClient(outer) as web:
         page = web.get(f"/ops/scheduler/queues/{q.name}/jobs/{dead_id}")
@@ -251,14 +252,61 @@ def test_overview_api_counts_and_per_minute_outcomes(q: Queue, web: TestClient) 
     (row,) = [r for r in data["queues"] if r["queue"] == q.name]
     assert (row["due"], row["scheduled"], row["dead"]) == (1, 1, 1)
     assert len(row["failed"]) == 60 and row["failed"][-1] == 1  # this minute's failure
-    assert row["lateness_ms"][-1] is not None  # sampled by this very request
+    assert len(row["late_p99_ms"]) == 60
+
+
+def stats_between(client: redis.Redis, q: Queue, first_ms: int, last_ms: int) -> dict[str, int]:
+    """The stats minutes from first_ms to last_ms merged (a claim may straddle a minute)."""
+    out: dict[str, int] = {}
+    for minute in range(first_ms // 60_000, last_ms // 60_000 + 1):
+        for k, v in client.hgetall(q.keys.stats(minute)).items():
+            name, n = str(k), int(v)
+            out[name] = max(out.get(name, 0), n) if name == "late_max_ms" else out.get(name, 0) + n
+    return out
+
+
+def test_a_claim_records_its_start_lateness_once_per_call(client: redis.Redis, q: Queue) -> None:
+    late = datetime.now(UTC) - timedelta(seconds=5)
+    ids = [q.enqueue("mail.send", {"n": i}, run_at=late) for i in range(3)]
+    q.enqueue("mail.send", {"n": 9})  # on time: at most a few ms late
+    before = q.counts().now_ms
+    got = q.claim("w-late", limit=10).jobs
+    s = stats_between(client, q, before, q.counts().now_ms)
+    assert {j.id for j in got} >= set(ids) and s["claim"] == 4
+    assert s["late_n"] == 4 and s["late_le_10000"] == 3
+    assert sum(s.get(f"late_le_{b}", 0) for b in (10, 100, 1000)) == 1
+    assert 5_000 <= s["late_max_ms"] < 60_000 and 15_000 <= s["late_sum_ms"] < 180_000
+    assert "late_gt_600000" not in s and "late_le_60000" not in s
+
+
+def test_the_lateness_chart_reads_what_a_real_claim_recorded(client: redis.Redis, q: Queue) -> None:
+    q.enqueue("mail.send", {}, run_at=datetime.now(UTC) - timedelta(seconds=5))
+    q.claim("w-late", limit=1)
+    # A dashboard started after the claim (no process saw it happen) shows it.
+    with make_client(client, q) as web:
+        data = web.get("/api/overview").json()
+    (row,) = [r for r in data["queues"] if r["queue"] == q.name]
+    recent = [v for v in row["late_max_ms"][-2:] if v is not None]  # this minute or the last
+    assert recent and 5_000 <= max(recent) < 60_000
+    # One job a minute: its p99 is its bucket's bound (10 s) capped by the minute's max.
+    assert row["late_p99_ms"][-2:] == row["late_max_ms"][-2:]
+    assert max(v for v in data["late_max_ms"][-2:] if v is not None) >= 5_000
+
+
+def test_a_hand_edited_lateness_field_does_not_fail_a_claim(client: redis.Redis, q: Queue) -> None:
+    minute = q.counts().now_ms // 60_000
+    for m in (minute, minute + 1):  # whichever minute the claim falls in
+        client.hset(q.keys.stats(m), mapping={"late_max_ms": "x", "late_n": "y"})
+    job_id = q.enqueue("mail.send", {})
+    (job,) = q.claim("w-late", limit=1).jobs
+    assert job.id == job_id and q.status(job_id) == "leased"
 
 
 def test_the_documented_django_asgi_route_serves_the_dashboard_under_its_prefix(
     client: redis.Redis, q: Queue
 ) -> None:
     """docs/dashboard.md's asgi.py router, with a stand-in for Django's app."""
-    dashboard = create_app(client=client, queues=[q.name], auth=Auth(), sample_every_s=0)
+    dashboard = create_app(client=client, queues=[q.name], auth=Auth())
     other = Starlette()  # stands for get_asgi_application(): 404 for everything
     prefix = "/scheduler"
 
@@ -285,7 +333,7 @@ def test_a_filtered_page_looks_through_a_bounded_number_of_ids(
 
     for i in range(30):
         q.enqueue("a.task" if i % 10 == 9 else "b.task", {"i": i})
-    store = Store(client, [q.name], sample_every_s=0)
+    store = Store(client, [q.name])
     page = store.run(q, filtered_page(q.ops, "due", task="a.task", limit=5, max_scan=12))
     assert [j.task for j in page.jobs] == ["a.task"]  # only ids 0..11 were looked at
     assert (page.scanned, page.next_offset) == (12, 12)
@@ -297,5 +345,5 @@ def test_a_filtered_page_looks_through_a_bounded_number_of_ids(
 
 def test_without_a_queue_list_the_queues_are_discovered(client: redis.Redis, q: Queue) -> None:
     q.enqueue("mail.send", {})
-    with TestClient(create_app(client=client, auth=Auth(), sample_every_s=0)) as web:
+    with TestClient(create_app(client=client, auth=Auth())) as web:
         assert f'tr data-queue="{q.name}"' in web.get("/").text

@@ -42,7 +42,7 @@ def fill(pq: PartitionedQueue) -> tuple[list[str], list[str]]:
 
 
 def web(client: redis.Redis, queues: tuple[str, ...] = ()) -> TestClient:
-    return TestClient(create_app(client=client, queues=queues, auth=Auth(), sample_every_s=0))
+    return TestClient(create_app(client=client, queues=queues, auth=Auth()))
 
 
 def csrf_of(html: str) -> str:
@@ -110,7 +110,7 @@ def test_a_job_is_shown_and_acted_on_through_the_logical_name(
 
 
 def test_health_reads_every_primary(client: redis.Redis, redis_url: str) -> None:
-    with TestClient(create_app(url=redis_url, auth=Auth(), sample_every_s=0)) as t:
+    with TestClient(create_app(url=redis_url, auth=Auth())) as t:
         app_client = t.app.store.client  # type: ignore[attr-defined]
         html = t.get("/health").text
     assert is_cluster(app_client) == is_cluster_run()  # the URL's cluster form is honoured

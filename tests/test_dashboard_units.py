@@ -1,4 +1,4 @@
-"""The dashboard's pure parts: the bounded lateness history, the age filter's parser, the
+"""The dashboard's pure parts: the lateness quantiles of a stats minute, the age filter, the
 credential check on malformed headers, the display of durations. No server."""
 
 from __future__ import annotations
@@ -10,23 +10,21 @@ import pytest
 from scheduler.core.errors import BadArgument
 from scheduler.core.models import Job
 from scheduler.dashboard.dead import parse_age_ms
-from scheduler.dashboard.history import BUCKET_MS, KEEP_BUCKETS, LatenessHistory, merge_max
+from scheduler.dashboard.history import lateness_max, lateness_mean, lateness_quantile, merge_max
 from scheduler.dashboard.reasons import why_not_running
 from scheduler.dashboard.render import fmt_duration
 from scheduler.dashboard.security import Auth
 
 
-def test_lateness_history_keeps_one_hour_of_worst_values() -> None:
-    h = LatenessHistory()
-    h.record("q", 0, 500)
-    h.record("q", 1, 200)  # same bucket: the worst stays
-    series = h.series("q", 0)
-    assert len(series) == KEEP_BUCKETS and series[-1] == 500 and series[-2] is None
-    for i in range(1, 2 * KEEP_BUCKETS):
-        h.record("q", i * BUCKET_MS, i)
-    assert len(h._by_queue["q"]) == KEEP_BUCKETS  # bounded, whatever the uptime
-    now = (2 * KEEP_BUCKETS - 1) * BUCKET_MS
-    assert h.series("q", now)[0] == KEEP_BUCKETS and h.series("other", now)[-1] is None
+def test_lateness_quantiles_from_a_minute_histogram() -> None:
+    assert lateness_quantile({"late_n": 0}) is None and lateness_max({}) is None
+    row = {"late_n": 100, "late_le_10": 98, "late_le_1000": 1, "late_gt_600000": 1}
+    row |= {"late_max_ms": 900_000, "late_sum_ms": 901_000}
+    assert lateness_quantile(row, 0.98) == 10
+    assert lateness_quantile(row, 0.99) == 1_000  # the 99th job sits in the <= 1 s bucket
+    assert lateness_quantile(row, 1.0) == 900_000  # past the last bound: the minute's max
+    assert lateness_quantile({"late_n": 1, "late_le_10000": 1, "late_max_ms": 2_500}) == 2_500
+    assert (lateness_max(row), lateness_mean(row)) == (900_000, 9_010)
     assert merge_max([[None, 3, 1], [2, None, 5]]) == [2, 3, 5]
 
 

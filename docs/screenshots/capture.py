@@ -93,7 +93,7 @@ def main() -> None:
                 args += ["-q", q]
             workers.append(subprocess.Popen(args, env=env))
         threading.Thread(target=produce, args=(server.url, stop), daemon=True).start()
-        app = create_app(client=client, queues=QUEUES, auth=Auth(), sample_every_s=2)
+        app = create_app(client=client, queues=QUEUES, auth=Auth())
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -103,7 +103,7 @@ def main() -> None:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(base + "/")  # the sampler starts with the first request
+            page.goto(base + "/")
             time.sleep(RUN_S)
             stop.set()
             time.sleep(4)

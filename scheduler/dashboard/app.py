@@ -39,7 +39,7 @@ def create_app(
     read_only: bool = False,
     auth: Auth | None = None,
     secret: str | None = None,
-    sample_every_s: float = 10.0,
+    sample_every_s: float = 0.0,
 ) -> DashboardApp:
     """The dashboard app.
 
@@ -52,13 +52,14 @@ def create_app(
             app is mounted behind your own authentication, pass `Auth()` to add none.
         secret: signs the CSRF tokens (SCHEDULER_DASHBOARD_SECRET; random per process when
             unset, so several processes behind one balancer need it set).
-        sample_every_s: how often the lateness chart samples each queue (0: only on requests).
+        sample_every_s: ignored (kept for callers): the lateness chart reads the per-minute
+            start lateness that claim stores in Redis, nothing is sampled.
     """
     if client is None:
         if url is None:
             raise BadArgument("create_app needs a Redis url or a client")
         client = connect(url)  # one server or a Redis Cluster (core/connection.py)
-    store = Store(client, queues, sample_every_s=sample_every_s)
+    store = Store(client, queues)
     render = Renderer(Csrf(secret), read_only)
     pages = Pages(store, render)
     dead = DeadPages(store, render)

@@ -1,71 +1,41 @@
-"""The lateness history behind the overview chart: how late each queue's oldest due job was,
-per 10 seconds, for the last hour. No stored history of lateness exists (the per-minute stats
-hashes count outcomes only), so the dashboard samples `counts()` (one O(log N) script call)
-every few seconds and keeps the worst value of each 10 s in memory: bounded (360 buckets per
-queue), nothing written to Redis. The chart covers the time this process has been serving."""
+"""The lateness history behind the overview chart, read from Redis: the claim transition adds
+each minute's start lateness (how long after its run time each job was leased) to the
+minute's stats hash (lua/lib/lateness.lua: count, sum, max and a histogram), so the last hour
+is the 60 stats hashes the per-minute outcomes already read (O(60), no sampling thread, the
+same history in every dashboard process and after a restart)."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Sequence
 
-BUCKET_MS = 10_000
-KEEP_BUCKETS = 360  # one hour
+from scheduler.operations.browsing import LATENESS_BOUNDS_MS
 
-
-class LatenessHistory:
-    """Per queue, 10 s bucket -> the largest `oldest_overdue_ms` sampled in it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_queue: dict[str, OrderedDict[int, int]] = {}
-
-    def record(self, queue: str, now_ms: int, overdue_ms: int) -> None:
-        bucket = now_ms // BUCKET_MS
-        with self._lock:
-            buckets = self._by_queue.setdefault(queue, OrderedDict())
-            buckets[bucket] = max(buckets.get(bucket, 0), overdue_ms)
-            while buckets and next(iter(buckets)) <= bucket - KEEP_BUCKETS:
-                buckets.popitem(last=False)
-
-    def series(self, queue: str, now_ms: int) -> list[int | None]:
-        """The last hour, oldest bucket first; None for a bucket with no sample."""
-        last = now_ms // BUCKET_MS
-        with self._lock:
-            buckets = dict(self._by_queue.get(queue, {}))
-        return [buckets.get(b) for b in range(last - KEEP_BUCKETS + 1, last + 1)]
+BUCKET_MS = 60_000  # one point per stats minute
 
 
-class Sampler:
-    """A daemon thread calling `sample()` every `interval_s` (started on the first request,
-    so it runs whether the app is served by the CLI or mounted in another app)."""
+def lateness_quantile(row: dict[str, int], q: float = 0.99) -> int | None:
+    """The q-quantile of a minute's start lateness from its histogram: the upper bound of the
+    bucket holding it (capped by the minute's max); None for a minute with no claim."""
+    n = row.get("late_n", 0)
+    if n <= 0:
+        return None
+    need, seen = math.ceil(q * n), 0
+    top = row.get("late_max_ms", 0)
+    for bound in LATENESS_BOUNDS_MS:
+        seen += row.get(f"late_le_{bound}", 0)
+        if seen >= need:
+            return min(bound, top)
+    return top
 
-    def __init__(self, sample: Callable[[], None], interval_s: float) -> None:
-        self._sample = sample
-        self._interval_s = interval_s
-        self._started = False
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
 
-    def ensure_started(self) -> None:
-        if self._interval_s <= 0 or self._started:
-            return
-        with self._lock:
-            if self._started:
-                return
-            self._started = True
-            threading.Thread(target=self._loop, name="dashboard-sampler", daemon=True).start()
+def lateness_max(row: dict[str, int]) -> int | None:
+    return row.get("late_max_ms", 0) if row.get("late_n", 0) > 0 else None
 
-    def stop(self) -> None:
-        self._stop.set()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                self._sample()
-            except Exception:  # a Redis hiccup: the next tick tries again
-                continue
+def lateness_mean(row: dict[str, int]) -> int | None:
+    n = row.get("late_n", 0)
+    return row.get("late_sum_ms", 0) // n if n > 0 else None
 
 
 def merge_max(rows: Sequence[list[int | None]]) -> list[int | None]:

@@ -18,13 +18,15 @@ from scheduler.core.keys import check_queue_name
 from scheduler.core.models import QueueCounts
 from scheduler.core.partitions import Layout
 from scheduler.core.scripts import Scripts, run_sync
-from scheduler.dashboard.history import LatenessHistory, Sampler
+from scheduler.core.vocabulary import STAT_FIELDS
+from scheduler.dashboard.history import lateness_max, lateness_mean, lateness_quantile
 from scheduler.dashboard.logical import PARTITION_NAME, View
 from scheduler.operations import browsing
 from scheduler.operations.requests import Op
 
 T = TypeVar("T")
 DISCOVER_EVERY_S = 60.0  # a SCAN of the keyspace: at most once a minute, never per page
+SERIES_FIELDS = (*STAT_FIELDS, *browsing.LATENESS_FIELDS)
 
 
 class Store:
@@ -34,8 +36,6 @@ class Store:
         self,
         client: redis.Redis,
         queues: Sequence[str] = (),
-        *,
-        sample_every_s: float = 10.0,
     ) -> None:
         self.client = client
         self.fixed_queues = [check_queue_name(q) for q in queues]
@@ -46,8 +46,6 @@ class Store:
         self._discovered: list[str] = []
         self._discovered_at: float | None = None  # never
         self._discover_lock = threading.Lock()
-        self.lateness = LatenessHistory()
-        self.sampler = Sampler(self.sample, sample_every_s)
 
     def queue(self, name: str) -> Queue:
         """The client of queue `name` (raises BadArgument for an invalid name)."""
@@ -139,21 +137,17 @@ class Store:
             return done.value  # type: ignore[no-any-return]
 
     def counts(self, name: str) -> QueueCounts:
-        c = self.view(name).counts()
-        self.lateness.record(name, c.now_ms, c.oldest_overdue_ms)
-        return c
-
-    def sample(self) -> None:
-        for name in self.queue_names():
-            self.counts(name)
+        return self.view(name).counts()
 
     def queue_summary(self, name: str, minutes: int = 60) -> dict[str, Any]:
-        """Counts, per-minute outcomes and lateness of one queue: one script call and one
-        pipeline of `minutes` small stats hashes."""
+        """Counts, per-minute outcomes and start lateness of one queue: one script call and
+        one pipeline of `minutes` small stats hashes (per partition)."""
         view = self.view(name)
         c = self.counts(name)
         series = browsing.sum_series(
-            view.run_each(lambda q: browsing.minute_series(q.keys, c.now_ms, minutes))
+            view.run_each(
+                lambda q: browsing.minute_series(q.keys, c.now_ms, minutes, SERIES_FIELDS)
+            )
         )
         last = series[-2] if len(series) > 1 else series[-1]  # the last whole minute
         return {
@@ -172,7 +166,10 @@ class Store:
             "done": [r.get("done", 0) for r in series],
             "failed": [r.get("fail", 0) for r in series],
             "dead_per_min": [r.get("dead", 0) for r in series],
-            "lateness_ms": self.lateness.series(name, c.now_ms),
+            "late_p99_last_ms": lateness_quantile(last),
+            "late_p99_ms": [lateness_quantile(r) for r in series],
+            "late_max_ms": [lateness_max(r) for r in series],
+            "late_mean_ms": [lateness_mean(r) for r in series],
         }
 
     def workers(self, name: str) -> list[dict[str, Any]]:

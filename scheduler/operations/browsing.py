@@ -20,6 +20,15 @@ from scheduler.operations.requests import Commands, Op
 
 MAX_PAGE = 500  # the largest page a browser may ask for
 MAX_SCAN = 1_000  # ids a filtered page looks through per request (find by task, dead filters)
+# The start-lateness fields claim adds to each stats minute (lua/lib/lateness.lua).
+LATENESS_BOUNDS_MS = (10, 100, 1_000, 10_000, 60_000, 600_000)
+LATENESS_FIELDS = (
+    "late_n",
+    "late_sum_ms",
+    "late_max_ms",
+    *(f"late_le_{b}" for b in LATENESS_BOUNDS_MS),
+    "late_gt_600000",
+)
 
 
 @dataclass(frozen=True)

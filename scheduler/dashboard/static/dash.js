@@ -96,12 +96,9 @@
     });
     const chart = document.getElementById("lateness-chart");
     if (chart) {
-      // From the first sample (the dashboard's start) to now, at most the hour kept.
-      let values = data.lateness_ms;
-      const first = values.findIndex(function (v) { return v !== null; });
-      if (first > 0) values = values.slice(Math.min(first, values.length - 2));
-      const span = duration(values.length * data.lateness_bucket_ms);
-      draw(chart, [{ values: values, cls: "late" }], { axis: true, format: duration, span: span });
+      const span = duration(data.late_p99_ms.length * data.lateness_bucket_ms);
+      draw(chart, [{ values: data.late_max_ms, cls: "late-max" }, { values: data.late_p99_ms, cls: "late" }],
+        { axis: true, format: duration, span: span });
     }
   }
 
