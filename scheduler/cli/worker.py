@@ -82,6 +82,9 @@ async def _serve(
 ) -> int:
     client = connect_async(url, socket_connect_timeout=5, socket_timeout=30)
     try:
+        # The names asked for first: expand_queues reads each one's partitions record, and a
+        # queue the user's ACL leaves out must be refused naming it (docs/security.md).
+        await check_access_async(client, settings.queues)
         # A partitioned queue (client/partitioned.py) is claimed from all its partitions.
         settings = replace(settings, queues=await expand_queues_async(client, settings.queues))
         worker = Worker(client, registry, settings, worker_id=worker_id)
