@@ -1,7 +1,7 @@
 --[[ claim: lease up to `limit` due jobs to one worker. Lapsed leases are reaped on the same
   path first, so a job whose worker died is due again without any janitor process.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] worker id
   ARGV[2] limit          jobs to lease at most (>= 0)
   ARGV[3] lease_ms       lease length (> 0)
@@ -114,6 +114,7 @@ local function park(id, jk, reason, schedule)
   else
     dead_letter(prefix, id, reason, now_ms())
   end
+  flow_parent_ended(prefix, id, 'dead', now_ms())
 end
 
 -- A hostile score (inf, 1e300) must not reach the reply: next_ms stays a plain integer.
@@ -167,6 +168,7 @@ for i = 1, #lapsed, 2 do
     if attempts ~= nil and max_attempts ~= nil and attempts >= max_attempts then
       dead_letter(prefix, id, 'lease expired', now)
       flow_release(prefix, id, now)
+      flow_parent_ended(prefix, id, 'dead', now)
       parked = parked + 1
     else
       flow_to_due(prefix, id, until_ms, now)

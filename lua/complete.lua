@@ -1,6 +1,6 @@
 --[[ complete: record success for leases the caller holds, many in one call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] result_ttl_ms   how long the outcome record (state, result, finished_ms) is kept, and
     the result wake-up `result:<id>` (lib/result.lua) that Queue.result() waits on, unless the
     job was enqueued with its own (hash field result_ttl_ms, copied from its spec at claim)
@@ -55,9 +55,11 @@ if #took > 0 then
   for _, i in ipairs(took) do
     local id = ARGV[i]
     local jk = job_key(prefix, id)
-    local f = redis.call('HMGET', jk, 'result_ttl_ms', 'keep_payload', 'ckey')
-    -- Its concurrency slot is free: the key's oldest held job is due again (lib/flow.lua).
+    local f = redis.call('HMGET', jk, 'result_ttl_ms', 'keep_payload', 'ckey', 'kids')
+    -- Its concurrency slot is free: the key's oldest held job is due again (lib/flow.lua);
+    -- jobs waiting for it count it done.
     if f[3] then flow_release(prefix, id, now) end
+    if f[4] then flow_parent_done(prefix, id) end
     local job_ttl = parse_int(f[1], 1, LIM.ttl_ms) or ttl
     local lean = f[2] ~= '1'
     if lean then

@@ -4,7 +4,7 @@
   KEYS[3] leased   ZSET    id -> lease_until_ms
   KEYS[4] dead     ZSET    dead id -> dead_ms
   KEYS[5] wake     LIST    wake-up tokens for idle workers
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, idem:<digest>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, idem:<digest>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] n, then 13 fields per job (12, without flow, from an older client):
     id, task, payload (JSON text), when ('at' | 'in'), time_ms (absolute run_at_ms for 'at',
     delay_ms from server now for 'in'), max_attempts, backoff ('base_ms,factor,cap_ms,jitter'
@@ -12,7 +12,10 @@
     idem_ttl_ms, result_ttl_ms ('' = the completing worker's), flags ('' | 'k': keep the
     payload once done), flow ('' = none, else 'priority|ckey|climit|rkey|rate_count|
     rate_window_ms|parents', lib/flow.lua flow_arg; a flow job also gets a hash holding only its
-    flow fields, and a priority > 0 puts it in its level's index). A job is written as one STRING spec:<id> (lib/job.lua pack_spec), no
+    flow fields, and a priority > 0 puts it in its level's index). Parents (space-separated
+    ids, earlier jobs of this queue or of this call) must exist: a job waits in flow:held /
+    flow:waiting until all are done, and is parked at once if one already ended dead or
+    cancelled (lib/flow.lua flow_wait). A job is written as one STRING spec:<id> (lib/job.lua pack_spec), no
     hash until its first claim. Every number must be a plain decimal integer within the ranges of
     lib/util.lua LIM (= scheduler/codec.py LIMITS, docs/limits.md); at most MAX_BATCH jobs.
   Returns: {flags, then (index, id) pairs}: flags has one character per job, 'c' created or 'e'
@@ -76,6 +79,17 @@ for i = 0, n - 1 do
     ARGV[b + 11], ARGV[b + 12], flow }
 end
 
+-- Parents (after=[ids]) are looked up before any write too: a missing one refuses the call.
+local in_batch = {}
+for _, j in ipairs(jobs) do
+  if j[12].after then
+    local parents, bad_parent = flow_parents(prefix, j[12].after, in_batch)
+    if parents == nil then return bad_parent end
+    j[13] = parents
+  end
+  in_batch[j[1]] = true
+end
+
 -- Reads that could fail go first too: an idempotency key overwritten with another type would
 -- make GET fail half-way through the writes below.
 for _, j in ipairs(jobs) do
@@ -111,11 +125,12 @@ for k, j in ipairs(jobs) do
     -- One compact record, defaults and derivable fields left out (lib/job.lua pack_spec).
     redis.call('SET', spec_key(prefix, id), pack_spec(task, max_attempts, backoff, timeout, now,
       run_at, j[10], j[11], payload))
-    adds[#adds + 1] = run_at_s
-    adds[#adds + 1] = id
-    if flow_used(j[12]) then
-      flow_store(jk, j[12])
-      flow_index(prefix, id, j[12].priority, run_at)
+    if flow_used(j[12]) then flow_store(jk, j[12]) end
+    -- A job with parents not all done waits (or is parked at once: lib/flow.lua flow_wait).
+    if not (j[13] and flow_wait(prefix, id, jk, run_at, j[13], now)) then
+      adds[#adds + 1] = run_at_s
+      adds[#adds + 1] = id
+      if flow_used(j[12]) then flow_index(prefix, id, j[12].priority, run_at) end
     end
     if ik then
       redis.call('SET', ik, id, 'PX', math.max(run_at - now, 0) + idem_ttl)

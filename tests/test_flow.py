@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from scheduler import BadArgument, Queue
 from scheduler.cli.main import main as cli
+from scheduler.client.chain import chain
 from scheduler.operations.ops import Script
 from tests.conftest import Clock, dump_queue
 
@@ -187,7 +188,7 @@ def test_jobs_show_and_stats_say_why(fq: tuple[Queue, Clock], redis_url: str) ->
     run = CliRunner().invoke(cli, ["stats", "--url", redis_url, "-q", q.name, "--json"])
     assert run.exit_code == 0, run.output
     row = json.loads(run.stdout)["queues"][0]
-    assert row["held"] == {"key_limit": 1, "rate_window": 1}
+    assert row["held"] == {"key_limit": 1, "rate_window": 1, "waiting": 0}
     assert row["due"] == 2
 
 
@@ -208,3 +209,59 @@ def test_cli_enqueue_takes_the_flow_options(
     f = q.get_job(json.loads(run.stdout)["id"]).fields
     assert (f["priority"], f["ckey"], f["climit"]) == ("4", "k", "3")
     assert (f["rkey"], f["rcount"], f["rwindow"]) == ("t", "5", "60000")
+
+
+def test_a_job_after_others_runs_once_all_are_done(fq: tuple[Queue, Clock]) -> None:
+    q, _ = fq
+    a, b = q.enqueue("t"), q.enqueue("t")
+    child = q.enqueue("t", after=[a, b])
+    assert q.get_job(child).fields["flow_reason"] == "waiting for 2 jobs"
+    assert q.status(child).value == "due" and q.counts().due == 3
+    leases = q.claim("w", limit=10, lease_ms=10_000).jobs
+    assert [j.id for j in leases] == [a, b]  # not the child: its parents are not done
+    q.complete(a, leases[0].token, "A")
+    assert q.get_job(child).fields["flow_reason"] == "waiting for 1 jobs"
+    assert ids(q) == []
+    q.complete(b, leases[1].token, "B")
+    assert ids(q) == [child]
+    late = q.enqueue("t", after=[a])  # a parent already done counts as done
+    assert ids(q) == [late]
+
+
+def test_a_dead_or_cancelled_parent_parks_the_subtree(fq: tuple[Queue, Clock]) -> None:
+    q, _ = fq
+    parent = q.enqueue("t", max_attempts=1)
+    child = q.enqueue("t", after=[parent])
+    grandchild = q.enqueue("t", after=[child])
+    lease = q.claim("w", limit=1, lease_ms=10_000).jobs[0]
+    assert q.fail(parent, lease.token, ("E", "m", "")).status == "dead"
+    assert q.get_job(child).dead_reason == f"parent dead: {parent}"
+    assert q.get_job(grandchild).dead_reason == f"parent dead: {child}"
+    other = q.enqueue("t")
+    waiting = q.enqueue("t", after=[other])
+    assert q.cancel(other) == "due"
+    assert q.get_job(waiting).dead_reason == f"parent cancelled: {other}"
+    at_once = q.enqueue("t", after=[other])  # a parent already cancelled: parked at enqueue
+    assert q.get_job(at_once).dead_reason == f"parent cancelled: {other}"
+    assert ids(q) == []
+
+
+def test_a_missing_parent_is_refused_and_writes_nothing(
+    fq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, _ = fq
+    before = dump_queue(client, q)
+    with pytest.raises(BadArgument, match="no such job"):
+        q.enqueue("t", after=["nope"])
+    assert dump_queue(client, q) == before
+
+
+def test_chain_runs_each_step_after_the_previous(fq: tuple[Queue, Clock]) -> None:
+    q, _ = fq
+    first, second = chain(q, [("a", 1), ("b", 2)])
+    lease = q.claim("w", limit=10, lease_ms=10_000).jobs
+    assert [j.id for j in lease] == [first]
+    q.complete(first, lease[0].token, {"out": 10})
+    step = q.claim("w", limit=10, lease_ms=10_000).jobs[0]
+    assert step.id == second and step.payload() == {"payload": 2, "parent": first}
+    assert q.result(first, timeout_s=1) == {"out": 10}

@@ -1,13 +1,15 @@
 """Property-based test of flow control (docs/flow-control.md): random programs of enqueues with
-priorities, concurrency keys and rate limits, clock moves, claims, heartbeats, completes,
-fails, releases and cancels, run against the real scripts with the test clock. A reference
-model keeps each job's state and a server-time ledger of leases and starts; after every claim:
+priorities, concurrency keys, rate limits and dependencies (after=), clock moves, claims,
+heartbeats, completes, fails, releases and cancels, run against the real scripts with the test
+clock. A reference model keeps each job's state and a server-time ledger of leases and starts;
+after every claim:
 
 - never early: every claimed job was due (model run_at <= now) and not held by anyone;
 - limits never exceeded at any instant: live leases per key <= K, starts per rate window <= N;
 - order: a due job left unclaimed is blocked (its key full, its window full) or the batch was
   full of jobs that rank at least as high (aged first by run_at, then priority, then run_at);
-- at the end, after draining, every job ended exactly once (done once, or cancelled)."""
+- no job runs before its parents are done; a parent cancelled parks its waiting subtree;
+- at the end, after draining, every job ended exactly once (done once, cancelled or parked)."""
 
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ class MJob:
     prio: int
     ckey: str | None
     rated: bool
-    state: str = "due"  # due | leased | done | cancelled
+    parents: tuple[str, ...] = ()
+    state: str = "due"  # due | leased | done | cancelled | waiting | dead
     token: str = ""
     until: int = 0
     completed: int = 0
@@ -60,6 +63,19 @@ class Model:
 
     def window(self, now: int) -> int:
         return sum(now - RATE[1] < t <= now for t in self.starts)
+
+    def done(self, jid: str) -> None:
+        self.jobs[jid].state = "done"
+        for c in self.jobs.values():
+            if c.state == "waiting" and all(self.jobs[p].state == "done" for p in c.parents):
+                c.state = "due"
+
+    def ended(self, jid: str) -> None:
+        # A parent dead or cancelled parks its waiting children, and theirs.
+        for c in self.jobs.values():
+            if c.state == "waiting" and jid in c.parents:
+                c.state = "dead"
+                self.ended(c.id)
 
 
 def rank(j: MJob, now: int) -> tuple[int, int, int]:
@@ -90,6 +106,7 @@ class Run:
         got = [m.jobs[c.id] for c in batch.jobs]
         for c, j in zip(batch.jobs, got, strict=True):
             assert j.state == "due" and j.run_at <= now, f"{j.id} claimed early or twice"
+            assert all(m.jobs[p].state == "done" for p in j.parents), f"{j.id} before a parent"
             j.state, j.token, j.until = "leased", c.token, now + lease_ms
             if j.rated:
                 m.starts.append(now)
@@ -110,15 +127,21 @@ class Run:
     def step(self, op: tuple[Any, ...]) -> None:
         q, m, kind = self.q, self.m, op[0]
         if kind == "enqueue":
-            _, delay, prio, ckey, rated, count = op
+            _, delay, prio, ckey, rated, count, dep = op
+            parents = (self.ids[-1 - dep % len(self.ids)],) if dep is not None and self.ids else ()
             kw: dict[str, Any] = {"priority": prio}
             if ckey is not None:
                 kw |= {"concurrency_key": ckey, "concurrency_limit": KEY_LIMITS[ckey]}
             if rated:
                 kw |= {"rate_limit": RATE, "rate_key": "r"}
             for _ in range(count):
-                jid = q.enqueue("t", None, delay_ms=delay, max_attempts=1000, **kw)
-                m.jobs[jid] = MJob(jid, self.now + delay, prio, ckey, rated)
+                jid = q.enqueue("t", None, delay_ms=delay, max_attempts=1000, after=parents, **kw)
+                new = m.jobs[jid] = MJob(jid, self.now + delay, prio, ckey, rated, parents)
+                states = {m.jobs[p].state for p in parents}
+                if states & {"dead", "cancelled"}:
+                    new.state = "dead"
+                elif states - {"done"}:
+                    new.state = "waiting"
                 self.ids.append(jid)
         elif kind == "tick":
             self.now += op[1]
@@ -131,7 +154,8 @@ class Run:
                 return
             if kind == "complete":
                 q.complete(j.id, j.token, None)
-                j.state, j.completed = "done", j.completed + 1
+                j.completed += 1
+                m.done(j.id)
             elif kind == "fail":
                 out = q.fail(j.id, j.token, ("E", "m", ""), delay_ms=op[2])
                 assert out.status == "retry" and out.run_at_ms == self.now + op[2]
@@ -148,9 +172,10 @@ class Run:
                 return
             j = m.jobs[self.ids[op[1] % len(self.ids)]]
             before = q.cancel(j.id)
-            if j.state in ("due", "leased"):
-                assert before in ("due", "leased")
+            if j.state in ("due", "leased", "waiting"):
+                assert before == ("leased" if j.state == "leased" else "due")
                 j.state = "cancelled"
+                m.ended(j.id)
             else:
                 assert before == j.state
 
@@ -162,11 +187,12 @@ class Run:
             for j in list(self.m.jobs.values()):
                 if j.state == "leased":
                     self.q.complete(j.id, j.token, None)
-                    j.state, j.completed = "done", j.completed + 1
-            if all(j.state in ("done", "cancelled") for j in self.m.jobs.values()):
+                    j.completed += 1
+                    self.m.done(j.id)
+            if all(j.state in ("done", "cancelled", "dead") for j in self.m.jobs.values()):
                 break
         for j in self.m.jobs.values():
-            assert j.state in ("done", "cancelled"), f"{j.id} never ended"
+            assert j.state in ("done", "cancelled", "dead"), f"{j.id} never ended"
             assert j.completed == (1 if j.state == "done" else 0)
             assert self.q.status(j.id).value == j.state
 
@@ -178,6 +204,7 @@ ENQUEUE = st.tuples(
     st.sampled_from([None, "a", "a", "b"]),
     st.booleans(),
     st.integers(1, 5),
+    st.sampled_from([None, None, None, 0, 1, 3]),  # after: one of the newest jobs, or none
 )
 CLAIM = st.tuples(st.just("claim"), st.integers(1, 6), st.sampled_from([300, 5_000]))
 OPS = st.one_of(

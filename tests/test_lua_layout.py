@@ -34,6 +34,8 @@ _BUILDERS = {
     "flow:rate:<key>": "'flow:rate:'",
     "flow:rheld": "'flow:rheld'",
     "flow:held": "'flow:held'",
+    "flow:waiting": "'flow:waiting'",
+    "flow:children:<id>": "'flow:children:'",
 }
 _KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
 

@@ -53,17 +53,25 @@ local function flow_arg(text)
   local p, ck, cl, rk, rc, rw, parents = string.match(text,
     '^(%d+)|([^|]*)|(%d+)|([^|]*)|(%d+)|(%d+)|([^|]*)$')
   if p == nil then return nil, redis.error_reply('BAD_ARGUMENT flow=' .. string.sub(text, 1, 60)) end
-  if parents ~= '' then
-    return nil, redis.error_reply('BAD_ARGUMENT after= (dependencies are not built yet)')
-  end
   local f, bad = flow_parse(p, ck, cl, rk, rc, rw)
   if f == nil then return nil, redis.error_reply('BAD_ARGUMENT ' .. bad .. '=') end
+  if parents ~= '' then
+    local after = {}
+    for pid in string.gmatch(parents, '%S+') do
+      if not job_id_ok(pid) or #after >= FLOW_LIM.after then
+        return nil, redis.error_reply('BAD_ARGUMENT after=' .. string.sub(pid, 1, 40))
+      end
+      after[#after + 1] = pid
+    end
+    if f == FLOW_PLAIN then f = flow_parse('0', '', '0', '', '0', '0') end
+    f.after = after
+  end
   return f
 end
 
 -- Whether a parsed flow uses anything (the plain path skips every flow call).
 local function flow_used(f)
-  return f.priority > 0 or f.ckey ~= '' or f.rkey ~= ''
+  return f.priority > 0 or f.ckey ~= '' or f.rkey ~= '' or f.after ~= nil
 end
 
 -- The job-hash fields of a flow (only what is set: a plain job stores none).
@@ -217,6 +225,7 @@ local function flow_forget(prefix, id, now)
   local f = flow_load(job_key(prefix, id))
   redis.call('ZREM', prefix .. 'flow:held', id)
   redis.call('ZREM', prefix .. 'flow:rheld', id)
+  redis.call('ZREM', prefix .. 'flow:waiting', id)
   if f.ckey ~= '' then
     redis.call('ZREM', prefix .. 'flow:ckheld:' .. f.ckey, id)
     flow_release(prefix, id, now)
@@ -286,4 +295,95 @@ local function flow_fill(prefix, due, now, limit, examine)
     if redis.call('EXISTS', src) == 0 then redis.call('SREM', prefix .. 'flow:levels', p) end
   end
   pass(due, now, true)
+end
+
+-- Dependencies (enqueue after=[ids]). A waiting job is due-but-held: in flow:held and
+-- flow:waiting (id -> run_at_ms), not in due, with `waiting_for` (parents not done yet) and
+-- the reason; each parent not done lists it in flow:children:<parent> and carries `kids` = '1'
+-- (so complete finds children without an extra read on the plain path).
+
+-- Where each parent stands, checked before enqueue writes anything: a list of
+-- {id, 'done' | 'pending' | 'dead' | 'cancelled'}, or nil and the error reply. `batch` holds
+-- the ids enqueued earlier in the same call (pending).
+local function flow_parents(prefix, after, batch)
+  local out = {}
+  for _, pid in ipairs(after) do
+    local state = redis.pcall('HGET', job_key(prefix, pid), 'state')
+    if type(state) == 'table' then state = nil end
+    if not state and (batch[pid] or redis.call('EXISTS', spec_key(prefix, pid)) == 1) then
+      state = 'pending'
+    end
+    if state == 'due' or state == 'leased' then state = 'pending' end
+    if state ~= 'done' and state ~= 'pending' and state ~= 'dead' and state ~= 'cancelled' then
+      return nil, redis.error_reply('BAD_ARGUMENT after=' .. pid .. ' (no such job)')
+    end
+    out[#out + 1] = { pid, state }
+  end
+  return out
+end
+
+-- A new job with parents: parked at once when one already ended dead or cancelled (returns
+-- true), set waiting when some are not done (returns true), else false (due as usual).
+local function flow_wait(prefix, id, jk, run_at, parents, now)
+  local pending = {}
+  for _, pr in ipairs(parents) do
+    if pr[2] == 'dead' or pr[2] == 'cancelled' then
+      dead_letter(prefix, id, 'parent ' .. pr[2] .. ': ' .. pr[1], now)
+      return true
+    end
+    if pr[2] == 'pending' then pending[#pending + 1] = pr[1] end
+  end
+  if #pending == 0 then return false end
+  for _, pid in ipairs(pending) do
+    redis.call('SADD', prefix .. 'flow:children:' .. pid, id)
+    redis.call('HSET', job_key(prefix, pid), 'kids', '1')
+  end
+  redis.call('ZADD', prefix .. 'flow:held', run_at, id)
+  redis.call('ZADD', prefix .. 'flow:waiting', run_at, id)
+  redis.call('HSET', jk, 'waiting_for', fmt(#pending), 'flow_reason',
+    'waiting for ' .. fmt(#pending) .. ' jobs')
+  return true
+end
+
+-- A parent is done: each waiting child counts it; one with no parent left is due (at its own
+-- run_at: never early).
+local function flow_parent_done(prefix, id)
+  local ck = prefix .. 'flow:children:' .. id
+  for _, cid in ipairs(redis.call('SMEMBERS', ck)) do
+    local run_at = redis.call('ZSCORE', prefix .. 'flow:waiting', cid)
+    if run_at then
+      local cjk = job_key(prefix, cid)
+      local left = redis.call('HINCRBY', cjk, 'waiting_for', -1)
+      if left <= 0 then
+        redis.call('ZREM', prefix .. 'flow:waiting', cid)
+        redis.call('HDEL', cjk, 'waiting_for')
+        flow_unhold(prefix, cid, run_at)
+      else
+        redis.call('HSET', cjk, 'flow_reason', 'waiting for ' .. fmt(left) .. ' jobs')
+      end
+    end
+  end
+  redis.call('DEL', ck)
+  redis.call('HDEL', job_key(prefix, id), 'kids')
+end
+
+-- A parent ended dead or cancelled (`word`): its waiting children are parked with the reason,
+-- and theirs in turn ('parent dead: <child>'), the whole subtree in this script.
+local function flow_parent_ended(prefix, id, word, now)
+  local work = { { id, word } }
+  local i = 1
+  while work[i] do
+    local pid, why = work[i][1], work[i][2]
+    i = i + 1
+    local ck = prefix .. 'flow:children:' .. pid
+    for _, cid in ipairs(redis.call('SMEMBERS', ck)) do
+      if redis.call('ZREM', prefix .. 'flow:waiting', cid) == 1 then
+        redis.call('ZREM', prefix .. 'flow:held', cid)
+        redis.call('HDEL', job_key(prefix, cid), 'waiting_for', 'flow_reason')
+        dead_letter(prefix, cid, 'parent ' .. why .. ': ' .. pid, now)
+        work[#work + 1] = { cid, 'dead' }
+      end
+    end
+    redis.call('DEL', ck)
+  end
 end

@@ -116,6 +116,7 @@ class Queue:
         concurrency_limit: int | None = None,
         rate_limit: Any = None,
         rate_key: str | None = None,
+        after: Sequence[str] | None = None,
     ) -> str:
         """Accept a job; returns its id.
 
@@ -147,6 +148,8 @@ class Queue:
             rate_limit: 'N/window' ('10/1s', '100/m') or (N, window_ms): at most N claims of
                 `rate_key` in any window of that length, on the server clock.
             rate_key: what the rate limit counts (default: the task name).
+            after: ids of jobs of this queue (up to 100) this one waits for: it runs once all
+                are done, and is parked as dead if one ends dead or cancelled.
 
         Returns:
             The job's id.
@@ -175,6 +178,7 @@ class Queue:
                 concurrency_limit=concurrency_limit,
                 rate_limit=rate_limit,
                 rate_key=rate_key,
+                after=after,
             )
         )
 

@@ -154,6 +154,7 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
                 concurrency_limit=spec.concurrency_limit,
                 rate_limit=spec.rate_limit,
                 rate_key=spec.rate_key,
+                after=spec.after,
             )
         ),
     ]

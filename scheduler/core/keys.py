@@ -78,6 +78,11 @@ class QueueKeys:
         """The part of flow_held set aside by a full rate window, id -> next slot ms."""
         return self.prefix + "flow:rheld"
 
+    @property
+    def flow_waiting(self) -> str:
+        """The part of flow_held waiting for parent jobs (enqueue after=), id -> run_at_ms."""
+        return self.prefix + "flow:waiting"
+
     def spec(self, job_id: str) -> str:
         """A job's spec record until and after its first claim (lua/lib/job.lua)."""
         return self.prefix + "spec:" + job_id

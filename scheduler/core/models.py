@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -46,6 +47,7 @@ class JobSpec:
     concurrency_limit: int | None = None
     rate_limit: Any = None
     rate_key: str | None = None
+    after: Sequence[str] | None = None
 
 
 # A job's spec record (lua/lib/job.lua: `2|task|max_attempts|backoff|timeout_ms|enqueued_ms|

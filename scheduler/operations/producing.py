@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -36,6 +36,7 @@ class ProducingOps(OpsBase):
         concurrency_limit: int | None = None,
         rate_limit: Any = None,
         rate_key: str | None = None,
+        after: Sequence[str] | None = None,
     ) -> Op[str]:
         """One job: `enqueue_many` of one JobSpec; returns its id."""
         spec = JobSpec(
@@ -56,6 +57,7 @@ class ProducingOps(OpsBase):
             concurrency_limit,
             rate_limit,
             rate_key,
+            after,
         )
         if self.settings.wait_replicas > 0:
             ids = yield from self.enqueue_many([spec])
