@@ -41,6 +41,7 @@ class Store:
         self.fixed_queues = [check_queue_name(q) for q in queues]
         self._queues: dict[str, Queue] = {}
         self._views: dict[str, View] = {}  # partitioned queues only: N is fixed at creation
+        self._plain_until: dict[str, float] = {}  # not partitioned: asked again after this
         self._scripts = Scripts()
         self._lock = threading.Lock()
         self._discovered: list[str] = []
@@ -63,9 +64,17 @@ class Store:
         found = self._views.get(name)
         if found is not None:
             return found
+        plain = View(name, [self.queue(name)], self.run)
+        if self._plain_until.get(name, 0.0) > time.monotonic():
+            return plain
         layout = read_layout(self.client, name)
         if layout is None:
-            return View(name, [self.queue(name)], self.run)
+            # A queue that exists cannot become partitioned (PartitionedQueue.create refuses),
+            # so the answer is kept a minute, not asked on every read of a page.
+            if len(self._plain_until) >= 10_000:  # names come from URLs: keep the cache bounded
+                self._plain_until.clear()
+            self._plain_until[name] = time.monotonic() + DISCOVER_EVERY_S
+            return plain
         pq = PartitionedQueue(self.client, layout)
         view = View(name, pq.parts, self.run, pq)
         with self._lock:
