@@ -1,6 +1,8 @@
 """scheduler: a Redis-backed job scheduler with leases, fencing tokens, retries and dead letters."""
 
 from scheduler.client.aio import AsyncQueue
+from scheduler.client.partitioned import open_queue
+from scheduler.client.partitioned_aio import open_queue_async
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import (
@@ -54,4 +56,6 @@ __all__ = [
     "StaleToken",
     "TaskHandle",
     "UnknownTask",
+    "open_queue",
+    "open_queue_async",
 ]

@@ -16,6 +16,7 @@ from scheduler.core.connection import node_for_key, primaries
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import ROOT, QueueKeys, check_queue_name
 from scheduler.core.models import Job
+from scheduler.core.partitions import PARTITION_NAME, Layout, meta_key
 from scheduler.core.vocabulary import STAT_FIELDS, stat_field
 
 STATS_KEEP_MINUTES = 120  # lua/lib/util.lua bump_stat keeps each minute 2 h
@@ -45,6 +46,46 @@ def discover_queues(client: redis.Redis) -> list[str]:
                 if m:
                     names.add(m.group(1))
     return sorted(n for n in names if _valid_queue(n))
+
+
+def stored_layout(client: redis.Redis, queue: str) -> Layout | None:
+    """`queue`'s partition layout (core/partitions.py), None for a plain queue: one GET."""
+    raw = client.get(meta_key(queue))
+    return None if raw is None else Layout.parse(queue, str(raw))
+
+
+def group_partitions(client: redis.Redis, names: Sequence[str]) -> list[str]:
+    """`names` with each partition replaced by its logical queue (when the logical queue's
+    stored layout lists it), so a partitioned queue is listed once. One GET per candidate
+    logical name; an unreadable layout record leaves its partitions listed as plain queues."""
+    layouts: dict[str, Layout | None] = {}
+    out: dict[str, None] = {}
+    for name in names:
+        m = PARTITION_NAME.match(name)
+        logical = m.group(1) if m else None
+        if logical is not None and logical not in layouts:
+            try:
+                layouts[logical] = stored_layout(client, logical)
+            except BadArgument:
+                layouts[logical] = None
+        layout = layouts.get(logical) if logical is not None else None
+        out[logical if logical is not None and layout and name in layout.names else name] = None
+    return sorted(out)
+
+
+def logical_queues(client: redis.Redis) -> list[str]:
+    """discover_queues with each partitioned queue listed once, under its logical name."""
+    return group_partitions(client, discover_queues(client))
+
+
+def physical_queues(client: redis.Redis, names: Sequence[str]) -> list[str]:
+    """`names` with each partitioned queue replaced by its partitions (each an ordinary
+    queue: what the doctor checks and where workers register)."""
+    out: list[str] = []
+    for name in names:
+        layout = stored_layout(client, name)
+        out.extend(layout.names if layout else [name])
+    return list(dict.fromkeys(out))
 
 
 def _valid_queue(name: str) -> bool:

@@ -16,10 +16,10 @@ from rich.table import Table
 
 from scheduler.admin.inspection import (
     WINDOWS_MIN,
-    discover_queues,
     fixed_keys,
     key_families,
     live_workers,
+    logical_queues,
     queue_exists,
     server_now_ms,
     window_counts,
@@ -36,12 +36,13 @@ from scheduler.cli.common import (
     fmt_time,
     json_option,
     markup_safe,
+    physical_queues,
     queue_option,
     queues_option,
     resolve_queues,
     url_option,
 )
-from scheduler.client.queue import Queue
+from scheduler.client.partitioned import PartitionedQueue, open_queue
 from scheduler.core.keys import QueueKeys
 
 _REDISCOVER_EVERY = 15  # refreshes between SCANs for new queues in `stats --watch`
@@ -59,14 +60,21 @@ def register(main: click.Group) -> None:
 
 # -- stats -----------------------------------------------------------------------------------
 def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
-    counts = Queue(client, name).counts()
-    keys = QueueKeys(name)
-    oldest_id = None
+    """One row of `stats`; a partitioned queue is one row: its partitions' counts, windows and
+    held jobs summed, the oldest overdue job the oldest of the partitions' heads."""
+    q = open_queue(client, name)
+    counts = q.counts()
+    parts = [p.name for p in q.parts] if isinstance(q, PartitionedQueue) else [name]
+    heads: list[tuple[float, str]] = []
     if counts.due:
-        head = client.zrange(keys.due, 0, 0)
-        oldest_id = str(head[0]) if head else None
+        for part in parts:
+            head: list[Any] = client.zrange(QueueKeys(part).due, 0, 0, withscores=True)
+            heads += [(float(score), str(job_id)) for job_id, score in head]
+    windows = [window_counts(client, QueueKeys(p), counts.now_ms) for p in parts]
+    held = [_held(client, QueueKeys(p)) for p in parts]
     return {
         "queue": name,
+        "partitions": len(parts) if isinstance(q, PartitionedQueue) else None,
         "now_ms": counts.now_ms,
         "due": counts.due,
         "scheduled": counts.scheduled,
@@ -74,12 +82,20 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
         "lapsed": counts.lapsed,
         "dead": counts.dead,
         "oldest_due_ms": counts.oldest_due_ms,
-        "oldest_overdue_id": oldest_id,
+        "oldest_overdue_id": min(heads)[1] if heads else None,
         "overdue_ms": counts.oldest_overdue_ms,
-        "windows": window_counts(client, keys, counts.now_ms),
+        "windows": {w: _sum([ws[w] for ws in windows]) for w in windows[0]},
         # Due but set aside by flow control (docs/flow-control.md): by key limit / rate window.
-        "held": _held(client, keys),
+        "held": _sum(held),
     }
+
+
+def _sum(each: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in each:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
 
 
 def _held(client: redis.Redis, keys: QueueKeys) -> dict[str, int]:
@@ -102,8 +118,9 @@ def _stats_table(rows: list[dict[str, Any]]) -> Table:
 
     for r in rows:
         leased = f"{r['leased']}" + (f" ({r['lapsed']} lapsed)" if r["lapsed"] else "")
+        parts = f" ({r['partitions']} partitions)" if r.get("partitions") else ""
         t.add_row(
-            cell(r["queue"]),
+            cell(r["queue"] + parts),
             str(r["due"])
             + (f" ({sum(r['held'].values())} held)" if any(r["held"].values()) else ""),
             str(r["scheduled"]),
@@ -153,11 +170,11 @@ def stats(
     # Watching: an explicit queue may be empty for now; discovery is redone every refresh.
     out = console()
     refreshes = 0
-    names = list(queues) or discover_queues(client)
+    names = list(queues) or logical_queues(client)
     with Live(console=out, auto_refresh=False, transient=False) as live:
         while True:
             if not queues and refreshes and refreshes % _REDISCOVER_EVERY == 0:
-                names = discover_queues(client)  # a full SCAN: not on every refresh
+                names = logical_queues(client)  # a full SCAN: not on every refresh
             rows = [queue_stats(client, n) for n in names]
             if as_json:
                 click.echo(json.dumps({"queues": rows}, sort_keys=True))
@@ -184,11 +201,16 @@ def workers(url: str, queues: tuple[str, ...], as_json: bool) -> None:
     now_ms = server_now_ms(client)
     found: list[dict[str, Any]] = []
     gone: dict[str, list[str]] = {}
-    for name in resolve_queues(client, queues):
-        live, expired = live_workers(client, QueueKeys(name))
-        found += [w.to_json() for w in live]
-        if expired:
-            gone[name] = expired
+    seen: set[str] = set()
+    for logical in resolve_queues(client, queues):
+        # A worker on a partitioned queue registers in every partition: listed once, under
+        # the logical name.
+        for name in physical_queues(client, [logical]):
+            live, expired = live_workers(client, QueueKeys(name))
+            found += [{**w.to_json(), "queue": logical} for w in live if w.id not in seen]
+            seen.update(w.id for w in live)
+            if expired:
+                gone[name] = expired
     if as_json:
         emit_json({"now_ms": now_ms, "workers": found, "expired": gone})
         return

@@ -10,7 +10,13 @@ from typing import Any, TypeVar
 import click
 import redis
 
-from scheduler.admin.inspection import discover_queues, queue_exists, server_now_ms
+from scheduler.admin.inspection import (
+    logical_queues,
+    physical_queues,
+    queue_exists,
+    server_now_ms,
+    stored_layout,
+)
 from scheduler.admin.startup import OPERATOR_ROLE_HINT, is_permission_error, permission_message
 from scheduler.cli.output import (
     PIPE_WIDTH,
@@ -65,6 +71,7 @@ __all__ = [
     "parse_at",
     "parse_backoff",
     "parse_duration_ms",
+    "physical_queues",
     "queue_option",
     "queues_option",
     "require_queue",
@@ -273,8 +280,10 @@ def require_queue(client: redis.Redis, queue: str) -> QueueKeys:
     command that reads or changes an existing queue calls this (only enqueue and the worker
     create queues), so a typo is the same refusal everywhere."""
     keys = QueueKeys(queue)
+    if stored_layout(client, queue) is not None:
+        return keys  # a partitioned queue: its jobs live in its partitions' keys
     if not queue_exists(client, keys, server_now_ms(client, keys)):
-        known = ", ".join(discover_queues(client)[:20]) or "none"
+        known = ", ".join(logical_queues(client)[:20]) or "none"
         raise Refused(f"no queue named {queue!r} (no keys under {keys.pattern()}); known: {known}")
     return keys
 
@@ -284,4 +293,4 @@ def resolve_queues(client: redis.Redis, given: tuple[str, ...]) -> list[str]:
         for name in given:
             require_queue(client, name)
         return list(dict.fromkeys(given))
-    return discover_queues(client)
+    return logical_queues(client)

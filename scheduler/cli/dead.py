@@ -29,9 +29,11 @@ from scheduler.cli.common import (
 )
 from scheduler.cli.dead_retention import retention
 from scheduler.cli.jobs import job_json
+from scheduler.client.partitioned import PartitionedQueue, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
-from scheduler.core.keys import check_job_id
+from scheduler.core.keys import QueueKeys, check_job_id
+from scheduler.core.models import Job
 
 _BATCH = 100  # ids per script call in bulk operations (one progress step each)
 
@@ -78,7 +80,7 @@ def filter_options(f: F) -> F:
 
 
 def select(
-    q: Queue,
+    q: Queue | PartitionedQueue,
     task: str | None,
     error_type: str | None,
     older_than_ms: int | None,
@@ -93,6 +95,17 @@ def select(
     if missing:
         raise Refused(f"not on the dead list of {q.name!r} (or filtered out): {', '.join(missing)}")
     return list(dict.fromkeys(ids))
+
+
+def _jobs(q: Queue | PartitionedQueue, ids: Sequence[str]) -> list[Job]:
+    """The jobs of `ids`, in that order (a partitioned queue: read from each one's partition)."""
+    if not isinstance(q, PartitionedQueue):
+        return get_jobs(q.client, q.keys, ids)
+    groups: dict[str, list[str]] = {}
+    for i in ids:
+        groups.setdefault(q.part_of(i).name, []).append(i)
+    found = {j.id: j for name, g in groups.items() for j in get_jobs(q.client, QueueKeys(name), g)}
+    return [found[i] for i in ids if i in found]
 
 
 @dead.command("list")
@@ -116,11 +129,11 @@ def list_dead(
     """Dead jobs, newest first: why each died and its last error."""
     client = connect(url)
     require_queue(client, queue)
-    q = Queue(client, queue)
+    q = open_queue(client, queue)  # a partitioned queue: merged, newest first
     selected = select(q, task, error_type, older_than_ms, ids)
     page = selected[offset : offset + limit]
     now_ms = server_now_ms(client)
-    rows = [job_json(j, now_ms) for j in get_jobs(client, q.keys, page)]
+    rows = [job_json(j, now_ms) for j in _jobs(q, page)]
     if as_json:
         emit_json(
             {"queue": queue, "total": len(selected), "offset": offset, "limit": limit, "jobs": rows}
@@ -212,7 +225,7 @@ def requeue_dead(
     """Move matching dead jobs back to due now, with a fresh attempt budget."""
     client = connect(url)
     require_queue(client, queue)
-    q = Queue(client, queue)
+    q = open_queue(client, queue)  # a partitioned queue: each id to its partition
     selected = select(q, task, error_type, older_than_ms, ids)
     _bulk("requeued", q.requeue_dead, queue, selected, yes, as_json)
 
@@ -236,6 +249,6 @@ def purge_dead(
     """Delete matching dead jobs for good (asks first unless --yes)."""
     client = connect(url)
     require_queue(client, queue)
-    q = Queue(client, queue)
+    q = open_queue(client, queue)
     selected = select(q, task, error_type, older_than_ms, ids)
     _bulk("purged", q.purge_dead, queue, selected, yes, as_json)

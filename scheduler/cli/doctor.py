@@ -18,6 +18,7 @@ from scheduler.cli.common import (
     emit_json,
     json_option,
     markup_safe,
+    physical_queues,
     queues_option,
     resolve_queues,
     url_option,
@@ -83,7 +84,8 @@ def doctor(
     what is safe. Exits 1 when errors (with --strict: any finding) remain."""
     # surrogateescape: undecodable bytes become findings, and --fix writes keys back exactly.
     client = connect(url, encoding_errors="surrogateescape")
-    names = resolve_queues(client, queues)
+    # A partitioned queue is checked partition by partition (each an ordinary queue).
+    names = physical_queues(client, resolve_queues(client, queues))
     fixed: list[checks.Issue] = []
     remaining: list[checks.Issue] = [] if no_server else checks.check_server_settings(client)
     for name in names:

@@ -22,7 +22,7 @@ from scheduler.cli.common import (
     timeout_option,
     url_option,
 )
-from scheduler.client.queue import Queue
+from scheduler.client.partitioned import open_queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
 from scheduler.core.flow import check_flow
@@ -110,7 +110,8 @@ def enqueue(
     client = connect(url)
     # A job accepted by a server that can drop it would make the returned id a false promise.
     check_or_warn(client, strict=strict, log=lambda m: click.echo(safe(f"warning: {m}"), err=True))
-    job_id = Queue(client, queue).enqueue(
+    # A partitioned queue: the job goes to its partition (by --key, else round robin).
+    job_id = open_queue(client, queue).enqueue(
         task,
         data,
         run_at=run_at,

@@ -27,6 +27,7 @@ from scheduler.cli.common import (
 )
 from scheduler.cli.enqueue import enqueue, parse_payload
 from scheduler.cli.job_view import UNREADABLE_LEASE, job_json, placement, print_job
+from scheduler.client.partitioned import PartitionedQueue, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
@@ -71,7 +72,7 @@ def list_jobs(
     """Jobs in one state, oldest first (dead: newest first), paged with --offset / --limit."""
     client = connect(url)
     require_queue(client, queue)
-    q = Queue(client, queue)
+    q = open_queue(client, queue)  # a partitioned queue: its partitions merged
     scanned = None
     if task is None:
         found = q.list_jobs(state, offset=offset, limit=limit)
@@ -149,7 +150,7 @@ def _print_blocks(out: Console, title: str, rows: list[dict[str, Any]], state: s
 
 
 def _filter_by_task(
-    q: Queue, state: str, task: str, offset: int, limit: int
+    q: Queue | PartitionedQueue, state: str, task: str, offset: int, limit: int
 ) -> tuple[list[Job], int]:
     matched: list[Job] = []
     start = 0
@@ -178,11 +179,15 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
     """Everything about one job: payload, state, attempts, token, worker, lease time left,
     error history, and where it is stored."""
     client = connect(url)
-    q = Queue(client, queue)
+    opened = open_queue(client, queue)
+    # A partitioned queue: the id names its partition, which holds the job.
+    q = opened.part_of(job_id) if isinstance(opened, PartitionedQueue) else opened
     job = q.get_job(job_id)  # JobNotFound: exit 1
     data = job_json(job, server_now_ms(client))
     data.update(placement(client, q, job_id))
     data["queue"] = queue
+    if q.name != queue:
+        data["partition"] = q.name
     data["fields"] = job.fields
     if as_json:
         emit_json(data)

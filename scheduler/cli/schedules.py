@@ -28,6 +28,7 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.jobs import parse_payload
+from scheduler.client.partitioned import PartitionedQueue, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
@@ -57,10 +58,10 @@ def cron_field_error(expr: str) -> str | None:
     return None
 
 
-def _queue(url: str, name: str) -> Queue:
+def _queue(url: str, name: str) -> Queue | PartitionedQueue:
     client = connect(url)
     require_queue(client, name)  # a typo refuses (exit 1) as in every other command
-    return Queue(client, name)
+    return open_queue(client, name)  # a partitioned queue: each schedule in its partition
 
 
 def _line(s: Schedule) -> str:
@@ -158,7 +159,7 @@ def register(main: click.Group) -> None:
         problem = None if cron is None else cron_field_error(cron)
         if problem:
             raise click.BadParameter(f"{cron!r}: {problem}", param_hint="--cron")
-        q = Queue(connect(url), queue)  # a new queue is fine: like enqueue, this creates
+        q = open_queue(connect(url), queue)  # a new queue is fine: like enqueue, this creates
         try:
             status = q.schedule(
                 name,

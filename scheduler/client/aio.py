@@ -55,7 +55,9 @@ class AsyncQueue:
                 `max_payload_bytes`, `wait_replicas`, `wait_timeout_ms`).
 
         Returns:
-            The queue on a new connection (the caller closes it)."""
+            The queue on a new connection (the caller closes it). Always a plain queue: the
+            partition layout is not read (no extra round trip); for a name that may be a
+            partitioned queue use `scheduler.open_queue_async` (client/partitioned_aio.py)."""
         return cls(connect_async(url), name, **kwargs)
 
     @property

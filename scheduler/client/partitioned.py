@@ -10,7 +10,6 @@ for several partitions is one driver call, so on a cluster it is one pipeline pe
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -19,7 +18,16 @@ from typing import Any
 import redis
 
 from scheduler.admin.inspection import queue_exists, server_now_ms
+from scheduler.client.partitioned_merge import (
+    expand_queues,
+    expand_queues_async,
+    merge_counts,
+    merge_dead,
+    merge_jobs,
+    read_layout,
+)
 from scheduler.client.queue import Queue
+from scheduler.core.connection import connect
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
@@ -27,53 +35,17 @@ from scheduler.core.scripts import Scripts, run_sync
 from scheduler.operations.ops import Op, Request
 from scheduler.schedules.recurring import Schedule
 
-
-def read_layout(client: redis.Redis, queue: str) -> Layout | None:
-    """The stored layout of `queue`, or None for a queue that is not partitioned."""
-    raw = client.get(meta_key(queue))
-    return None if raw is None else Layout.parse(queue, str(raw))
-
-
-def expand_queues(client: redis.Redis, queues: Sequence[str]) -> list[str]:
-    """The worker's queue list with each partitioned queue replaced by its partitions."""
-    out: list[str] = []
-    for name in queues:
-        layout = read_layout(client, name)
-        out.extend(layout.names if layout else [name])
-    return list(dict.fromkeys(out))
-
-
-async def expand_queues_async(client: Any, queues: Sequence[str]) -> tuple[str, ...]:
-    """expand_queues for a redis.asyncio client (the worker's, at start)."""
-    out: list[str] = []
-    for name in queues:
-        raw = await client.get(meta_key(name))
-        out.extend(Layout.parse(name, str(raw)).names if raw is not None else [name])
-    return tuple(dict.fromkeys(out))
-
-
-def merge_counts(each: Sequence[QueueCounts]) -> QueueCounts:
-    """The partitions' counts as one queue's: sums, the latest clock, the oldest due time."""
-    oldest = [c.oldest_due_ms for c in each if c.oldest_due_ms is not None]
-    return QueueCounts(
-        now_ms=max(c.now_ms for c in each),
-        due=sum(c.due for c in each),
-        scheduled=sum(c.scheduled for c in each),
-        leased=sum(c.leased for c in each),
-        dead=sum(c.dead for c in each),
-        oldest_due_ms=min(oldest) if oldest else None,
-        lapsed=sum(c.lapsed for c in each),
-    )
-
-
-def merge_dead(per: Sequence[Sequence[str]], scores: Sequence[Sequence[Any]]) -> list[str]:
-    """Each partition's dead ids (newest first) with their dead_ms scores -> one list, newest
-    first by the time each job died."""
-    runs = [
-        [(-(float(s) if s is not None else 0.0), i) for s, i in zip(sc, ids, strict=True)]
-        for ids, sc in zip(per, scores, strict=True)
-    ]
-    return [i for _, i in heapq.merge(*runs)]
+# Re-exported: the worker, the dashboard and the asyncio client import them from here.
+__all__ = [
+    "PartitionedQueue",
+    "expand_queues",
+    "expand_queues_async",
+    "merge_counts",
+    "merge_dead",
+    "merge_jobs",
+    "open_queue",
+    "read_layout",
+]
 
 
 class PartitionedQueue:
@@ -197,6 +169,12 @@ class PartitionedQueue:
         """Every partition's counts in one driver call, summed."""
         return merge_counts(self._run_many([(p, p.ops.counts()) for p in self.parts]))
 
+    def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> list[Job]:
+        """`Queue.list_jobs` merged: each partition's first offset + limit jobs in one driver
+        call, in one queue's order (dead newest first, else oldest first)."""
+        ops = [(p, p.ops.list_jobs(state, offset=0, limit=offset + limit)) for p in self.parts]
+        return merge_jobs(state, self._run_many(ops), offset, limit)
+
     def dead_ids(self, **filters: Any) -> list[str]:
         """`Queue.dead_ids` over every partition, merged newest first by the time they died."""
         per = self._run_many([(p, p.ops.dead_ids(**filters)) for p in self.parts])
@@ -228,8 +206,29 @@ class PartitionedQueue:
     def get_schedule(self, name: str) -> Schedule:
         return self._sched(name).get_schedule(name)
 
+    def pause_schedule(self, name: str) -> str:
+        return self._sched(name).pause_schedule(name)
+
+    def resume_schedule(self, name: str) -> str:
+        return self._sched(name).resume_schedule(name)
+
     def remove_schedule(self, name: str) -> str:
         return self._sched(name).remove_schedule(name)
 
     def list_schedules(self) -> list[Schedule]:
         return sorted((s for p in self.parts for s in p.list_schedules()), key=lambda s: s.name)
+
+
+def open_queue(
+    target: redis.Redis | str, name: str = "default", **queue_kwargs: Any
+) -> Queue | PartitionedQueue:
+    """The queue `name` as stored: a `PartitionedQueue` when `sched:{name}:partitions`
+    exists, else a plain `Queue`. `target` is a client or a URL (connection.py's forms; a new
+    connection the caller closes). One GET here, once: N is fixed at creation, so the answer
+    holds for the queue's life and no later call pays for it (`Queue.from_url` never reads it:
+    a plain queue's calls stay one round trip)."""
+    client = connect(target) if isinstance(target, str) else target
+    layout = read_layout(client, name)
+    if layout is None:
+        return Queue(client, name, **queue_kwargs)
+    return PartitionedQueue(client, layout, **queue_kwargs)

@@ -10,16 +10,18 @@ from dataclasses import replace
 from typing import Any
 
 from scheduler.client.aio import AsyncQueue
-from scheduler.client.partitioned import merge_counts, merge_dead
+from scheduler.client.partitioned_merge import (
+    merge_counts,
+    merge_dead,
+    merge_jobs,
+    read_layout_async,
+)
+from scheduler.core.connection import connect_async
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
 from scheduler.core.scripts import Scripts, run_async
 from scheduler.operations.ops import Op, Request
-
-
-async def read_layout_async(client: Any, queue: str) -> Layout | None:
-    raw = await client.get(meta_key(queue))
-    return None if raw is None else Layout.parse(queue, str(raw))
+from scheduler.schedules.recurring import Schedule
 
 
 class AsyncPartitionedQueue:
@@ -51,6 +53,10 @@ class AsyncPartitionedQueue:
         if layout is None:
             raise PartitionMismatch(f"queue {name!r} is not partitioned")
         return cls(client, layout, **queue_kwargs)
+
+    @property
+    def name(self) -> str:
+        return self.layout.queue
 
     def part_of(self, job_id: str) -> AsyncQueue:
         return self.parts[self.layout.partition_of_id(job_id)]
@@ -109,8 +115,15 @@ class AsyncPartitionedQueue:
     async def cancel(self, job_id: str) -> str:
         return await self.part_of(job_id).cancel(job_id)
 
+    async def complete(self, job_id: str, token: str, result: Any = None) -> None:
+        await self.part_of(job_id).complete(job_id, token, result)
+
     async def counts(self) -> QueueCounts:
         return merge_counts(await self._run_many([(p, p.ops.counts()) for p in self.parts]))
+
+    async def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> list[Job]:
+        ops = [(p, p.ops.list_jobs(state, offset=0, limit=offset + limit)) for p in self.parts]
+        return merge_jobs(state, await self._run_many(ops), offset, limit)
 
     async def dead_ids(self, **filters: Any) -> list[str]:
         per = await self._run_many([(p, p.ops.dead_ids(**filters)) for p in self.parts])
@@ -119,3 +132,51 @@ class AsyncPartitionedQueue:
             for p, ids in zip(self.parts, per, strict=True)
         ]
         return merge_dead(per, scores)
+
+    async def requeue_dead(self, ids: Sequence[str]) -> int:
+        return sum([await q.requeue_dead(g) for q, g in self._by_part(ids)])
+
+    async def purge_dead(self, ids: Sequence[str]) -> int:
+        return sum([await q.purge_dead(g) for q, g in self._by_part(ids)])
+
+    def _by_part(self, ids: Sequence[str]) -> list[tuple[AsyncQueue, list[str]]]:
+        groups: dict[int, list[str]] = {}
+        for i in ids:
+            groups.setdefault(self.layout.partition_of_id(i), []).append(i)
+        return [(self.parts[k], g) for k, g in groups.items()]
+
+    # -- schedules: each in one partition (by its name), as in the sync client ---------------
+    def _sched(self, name: str) -> AsyncQueue:
+        return self.parts[self.layout.partition_of_schedule(name)]
+
+    async def schedule(self, name: str, task: str, payload: Any = None, **kwargs: Any) -> str:
+        return await self._sched(name).schedule(name, task, payload, **kwargs)
+
+    async def get_schedule(self, name: str) -> Schedule:
+        return await self._sched(name).get_schedule(name)
+
+    async def pause_schedule(self, name: str) -> str:
+        return await self._sched(name).pause_schedule(name)
+
+    async def resume_schedule(self, name: str) -> str:
+        return await self._sched(name).resume_schedule(name)
+
+    async def remove_schedule(self, name: str) -> str:
+        return await self._sched(name).remove_schedule(name)
+
+    async def list_schedules(self) -> list[Schedule]:
+        found = [s for p in self.parts for s in await p.list_schedules()]
+        return sorted(found, key=lambda s: s.name)
+
+
+async def open_queue_async(
+    target: Any, name: str = "default", **queue_kwargs: Any
+) -> AsyncQueue | AsyncPartitionedQueue:
+    """client/partitioned.py's open_queue for asyncio: an `AsyncPartitionedQueue` when
+    `sched:{name}:partitions` exists, else an `AsyncQueue`; `target` a redis.asyncio client
+    or a URL (a new connection the caller closes). One GET, once."""
+    client = connect_async(target) if isinstance(target, str) else target
+    layout = await read_layout_async(client, name)
+    if layout is None:
+        return AsyncQueue(client, name, **queue_kwargs)
+    return AsyncPartitionedQueue(client, layout, **queue_kwargs)

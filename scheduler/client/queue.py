@@ -58,7 +58,9 @@ class Queue:
                 `max_payload_bytes`, `wait_replicas`, `wait_timeout_ms`).
 
         Returns:
-            The queue on a new connection (the caller closes it)."""
+            The queue on a new connection (the caller closes it). Always a plain queue: the
+            partition layout is not read (no extra round trip); for a name that may be a
+            partitioned queue use `scheduler.open_queue` (client/partitioned.py)."""
         return cls(connect(url), name, **kwargs)
 
     @property

@@ -31,6 +31,8 @@ SLOTS = 16384
 MAX_LOGICAL_NAME = 52
 _VERSION = "1"
 _TAGGED = re.compile(r"^p(\d{1,4})\.(.+)$")
+# The names sub_queue_names makes: <logical>.p<k> or <logical>.p<k>.<j> (group 1: logical).
+PARTITION_NAME = re.compile(r"^(.+)\.p\d{1,4}(?:\.\d{1,6})?$")
 
 
 class PartitionMismatch(BadArgument):

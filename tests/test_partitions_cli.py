@@ -1,0 +1,161 @@
+"""A partitioned queue (client/partitioned.py) in the public surface: the CLI works on the
+logical name as on one queue (stats and discovery list it once, listings merge, ids route to
+their partition), `open_queue` returns the right client, and the asyncio client has every
+method of the sync one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from scheduler import JobSpec, Queue, open_queue, open_queue_async
+from scheduler.admin.inspection import logical_queues
+from scheduler.cli.main import main
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.partitioned_aio import AsyncPartitionedQueue
+from scheduler.core.connection import connect_async
+from tests.conftest import delete_queue
+from tests.test_parity import parity_problems
+
+
+@pytest.fixture
+def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
+    q = PartitionedQueue.create(client, queue_name, partitions=3)
+    yield q
+    for part in q.parts:
+        delete_queue(client, part)
+    client.delete(f"sched:{{{queue_name}}}:partitions")
+
+
+def run(redis_url: str, *args: str) -> Any:
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(
+        main, [*args, "--url", redis_url, "--json"], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)  # stderr: the server-settings warnings
+
+
+def kill_one_per_partition(pq: PartitionedQueue) -> list[str]:
+    died = []
+    for part in pq.parts:
+        job = part.claim("w", limit=1).jobs[0]
+        part.fail(job.id, job.token, ValueError("x"), retryable=False)
+        died.append(job.id)
+        time.sleep(0.01)  # dead_ms apart: the merged order is by time
+    return died
+
+
+def test_stats_and_discovery_show_the_logical_queue_once(
+    redis_url: str, client: redis.Redis, pq: PartitionedQueue
+) -> None:
+    pq.enqueue_many([JobSpec("t", None) for _ in range(7)])
+    found = logical_queues(client)
+    assert pq.name in found and not {p.name for p in pq.parts} & set(found)
+    rows = run(redis_url, "stats", "-q", pq.name)["queues"]
+    assert [(r["queue"], r["due"], r["partitions"]) for r in rows] == [(pq.name, 7, 3)]
+    assert rows[0]["oldest_overdue_id"] in {j.id for j in pq.list_jobs("due")}
+    every = [r["queue"] for r in run(redis_url, "stats")["queues"]]
+    assert every.count(pq.name) == 1 and not {p.name for p in pq.parts} & set(every)
+
+
+def test_jobs_list_merges_and_show_routes_by_id(redis_url: str, pq: PartitionedQueue) -> None:
+    now_ms = pq.counts().now_ms
+    # Round robin: run times interleave across the partitions; merged, in run-time order.
+    ids = [pq.enqueue("t", {"n": i}) for i in range(6)]
+    listed = run(redis_url, "jobs", "list", "-q", pq.name, "--state", "due")["jobs"]
+    assert sorted(j["id"] for j in listed) == sorted(ids)
+    assert [j["run_at_ms"] for j in listed] == sorted(j["run_at_ms"] for j in listed)
+    page = run(redis_url, "jobs", "list", "-q", pq.name, "--offset", "2", "--limit", "3")
+    assert [j["id"] for j in page["jobs"]] == [j["id"] for j in listed[2:5]]
+    shown = run(redis_url, "jobs", "show", "-q", pq.name, ids[4])
+    assert shown["id"] == ids[4] and shown["queue"] == pq.name
+    assert shown["partition"] == pq.part_of(ids[4]).name and shown["run_at_ms"] >= now_ms - 60_000
+
+
+def test_dead_list_requeue_and_purge_on_the_logical_name(
+    redis_url: str, pq: PartitionedQueue
+) -> None:
+    pq.enqueue_many([JobSpec("t", None) for _ in range(3)])
+    died = kill_one_per_partition(pq)
+    listed = run(redis_url, "dead", "list", "-q", pq.name)
+    assert listed["total"] == 3 and [j["id"] for j in listed["jobs"]] == died[::-1]
+    done = run(redis_url, "dead", "requeue", "-q", pq.name, "--yes", "--id", died[1])
+    assert (done["matched"], done["done"]) == (1, 1) and pq.status(died[1]) == "due"
+    purged = run(redis_url, "dead", "purge", "-q", pq.name, "--yes")
+    assert purged["done"] == 2 and pq.counts().dead == 0
+
+
+def test_schedules_enqueue_and_doctor_on_the_logical_name(
+    redis_url: str, pq: PartitionedQueue
+) -> None:
+    run(redis_url, "schedules", "add", "nightly", "report", "-q", pq.name, "--every-ms", "60000")
+    home = pq.parts[pq.layout.partition_of_schedule("nightly")]
+    assert [p.name for p in pq.parts if p.list_schedules()] == [home.name]
+    listed = run(redis_url, "schedules", "list", "-q", pq.name)["schedules"]
+    assert [s["name"] for s in listed] == ["nightly"]
+    assert run(redis_url, "schedules", "pause", "nightly", "-q", pq.name)["status"] == "paused"
+    assert run(redis_url, "schedules", "remove", "nightly", "-q", pq.name)["status"] == "removed"
+    job_id = run(redis_url, "enqueue", "t", "-q", pq.name, "--key", "k9")["id"]
+    assert pq.part_of(job_id) is pq.parts[pq.layout.partition_of_key("k9")]
+    assert pq.status(job_id) == "due"
+    checked = run(redis_url, "doctor", "-q", pq.name, "--no-server")
+    assert checked["ok"] and checked["queues"] == [p.name for p in pq.parts]
+
+
+def test_open_queue_returns_the_stored_kind(
+    redis_url: str, client: redis.Redis, pq: PartitionedQueue
+) -> None:
+    opened = open_queue(client, pq.name)
+    assert isinstance(opened, PartitionedQueue) and opened.layout == pq.layout
+    plain = open_queue(client, pq.name + "-plain")
+    assert type(plain) is Queue and plain.name == pq.name + "-plain"
+
+    async def main() -> tuple[object, object]:
+        aclient = connect_async(redis_url)
+        try:
+            plain = await open_queue_async(aclient, pq.name + "-plain")
+            return await open_queue_async(aclient, pq.name), plain
+        finally:
+            await aclient.aclose()
+
+    apq, aplain = asyncio.run(main())
+    assert isinstance(apq, AsyncPartitionedQueue) and apq.layout == pq.layout
+    assert not isinstance(aplain, AsyncPartitionedQueue)
+
+
+def test_the_async_partitioned_queue_has_every_sync_method() -> None:
+    # part_of only routes (no I/O), so it stays a plain method in both.
+    problems = parity_problems(PartitionedQueue, AsyncPartitionedQueue)
+    assert problems == ["part_of: not a coroutine function in AsyncPartitionedQueue"]
+
+
+def test_async_schedules_and_requeue_act_as_the_sync_ones(
+    redis_url: str, pq: PartitionedQueue
+) -> None:
+    pq.enqueue_many([JobSpec("t", None) for _ in range(3)])
+    died = kill_one_per_partition(pq)
+
+    async def main() -> tuple[list[str], int, str, list[str], str]:
+        aclient = connect_async(redis_url)
+        try:
+            aq = await AsyncPartitionedQueue.open(aclient, pq.name)
+            dead = [j.id for j in await aq.list_jobs("dead")]
+            moved = await aq.requeue_dead(died[:2])
+            made = await aq.schedule("hourly", "report", None, every_ms=3_600_000)
+            names = [s.name for s in await aq.list_schedules()]
+            paused = await aq.pause_schedule("hourly")
+            return dead, moved, made, names, paused
+        finally:
+            await aclient.aclose()
+
+    dead, moved, made, names, paused = asyncio.run(main())
+    assert dead == died[::-1] and moved == 2 and pq.counts().dead == 1
+    assert (made, names, paused) == ("created", ["hourly"], "paused")
+    assert pq.get_schedule("hourly").paused
