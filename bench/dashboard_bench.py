@@ -6,6 +6,7 @@ O(jobs).
 
     .venv/bin/python bench/dashboard_bench.py                  # 1M pending, 100k dead
     .venv/bin/python bench/dashboard_bench.py --pending 10000 --dead 1000   # the same, small
+    .venv/bin/python bench/dashboard_bench.py --partitions 12   # one logical queue over 12
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scheduler import JobSpec, Queue
 from scheduler._spawn import RedisProcess, find_binary
 from scheduler.admin.inspection import discover_queues
+from scheduler.client.partitioned import PartitionedQueue
 from scheduler.dashboard import Auth, create_app
 
 QUEUE = "bench"
@@ -84,12 +86,20 @@ def main() -> None:
     ap.add_argument("--pending", type=int, default=1_000_000)
     ap.add_argument("--dead", type=int, default=100_000)
     ap.add_argument("-n", type=int, default=200, help="requests per page")
+    ap.add_argument("--partitions", type=int, default=1, help="a partitioned queue of N (> 1)")
     args = ap.parse_args()
     server = RedisProcess(find_binary()).start()
     try:
         client = redis.Redis.from_url(server.url, decode_responses=True)
         q = Queue(client, QUEUE)
-        fill(q, args.pending, args.dead)
+        deep = 50_000
+        if args.partitions > 1:  # the same jobs spread evenly; pages read the merged queue
+            pq = PartitionedQueue.create(client, QUEUE, partitions=args.partitions)
+            for part in pq.parts:
+                fill(part, args.pending // args.partitions, args.dead // args.partitions)
+            q, deep = pq.parts[0], 1_000  # merged pages reach offset + limit <= 2,000
+        else:
+            fill(q, args.pending, args.dead)
         # The queue list is given (as `scheduler dashboard -q bench` does): discovery by SCAN
         # is cached for a minute and is not per request.
         app = create_app(client=client, queues=[QUEUE], auth=Auth())
@@ -100,7 +110,7 @@ def main() -> None:
             "dead page": f"/queues/{QUEUE}/dead",
             "dead, older than 1s": f"/queues/{QUEUE}/dead?older_than=1s",
             "dead, task filter": f"/queues/{QUEUE}/dead?task=reports.build",
-            "dead, page 1000": f"/queues/{QUEUE}/dead?offset=50000",
+            f"dead, offset {deep}": f"/queues/{QUEUE}/dead?offset={deep}",
             "queue, due": f"/queues/{QUEUE}?state=due",
             "job": f"/queues/{QUEUE}/jobs/{job_id}",
         }

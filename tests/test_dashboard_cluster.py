@@ -120,3 +120,16 @@ def test_health_reads_every_primary(client: redis.Redis, redis_url: str) -> None
         assert len(nodes) == 3
         for node in client.get_primaries():  # type: ignore[attr-defined]
             assert node.name in html
+
+
+def test_a_job_written_into_a_partition_directly_is_still_found(
+    client: redis.Redis, pq: PartitionedQueue
+) -> None:
+    job_id = next(f"own-{i}" for i in range(100) if pq.layout.partition_of_id(f"own-{i}") != 1)
+    pq.parts[1].enqueue("mail.send", {}, job_id=job_id)  # not where the id routes
+    with web(client, (pq.name,)) as t:
+        listed = t.get(f"/queues/{pq.name}?state=due").text
+        page = t.get(f"/queues/{pq.name}/jobs/{job_id}")
+        deep = t.get(f"/queues/{pq.name}?state=due&offset=1990&limit=50")
+    assert job_id in listed and page.status_code == 200 and "mail.send" in page.text
+    assert deep.status_code == 400 and "one partition" in deep.text  # merged pages are capped

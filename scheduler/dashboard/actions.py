@@ -83,13 +83,13 @@ class Actions:
     async def cancel(self, request: Request) -> Response:
         name, job_id = request.path_params["queue"], check_job_id(request.path_params["job_id"])
         await self.form(request)
-        state = await run_in_threadpool(self.store.view(name).part_of(job_id).cancel, job_id)
+        state = await run_in_threadpool(self.store.view(name).holder(job_id).cancel, job_id)
         return self._back(request, f"/queues/{name}/jobs/{job_id}", "cancelled", state=state)
 
     async def requeue(self, request: Request) -> Response:
         name, job_id = request.path_params["queue"], check_job_id(request.path_params["job_id"])
         await self.form(request)
-        n = await run_in_threadpool(self.store.view(name).part_of(job_id).requeue_dead, [job_id])
+        n = await run_in_threadpool(self.store.view(name).holder(job_id).requeue_dead, [job_id])
         return self._back(request, f"/queues/{name}/jobs/{job_id}", "requeued", n=n)
 
     async def schedule(self, request: Request) -> Response:

@@ -105,19 +105,22 @@ class DeadPages(Actions):
             next_offset = found[0].next_offset if not view.partitioned else offset + limit
             if all(p.next_offset is None for p in found):
                 next_offset = None
-        elif max_dead_ms is not None:
-            cutoff = max_dead_ms
-            pages = view.run_each(lambda q: _jobs_died_before(q, cutoff, start, count))
-            jobs = merge_jobs("dead", pages, offset - start, limit)
-            total = sum(view.run_each(lambda q: browsing.dead_count_before(q.keys, cutoff)))
-            more = any(len(p) == count for p in pages)
-            next_offset = offset + limit if more and len(jobs) == limit else None
-        else:
-            pages = view.run_each(lambda q: q.ops.list_jobs("dead", offset=start, limit=count))
-            jobs = merge_jobs("dead", pages, offset - start, limit)
+        elif view.partitioned:
+            jobs, more = view.merged_page("dead", counts.now_ms, offset, limit, max_dead_ms)
+            next_offset = offset + limit if more else None
             total = counts.dead
-            more = any(len(p) == count for p in pages)
-            next_offset = offset + limit if more and len(jobs) == limit else None
+            if max_dead_ms is not None:
+                cutoff = max_dead_ms
+                total = sum(view.run_each(lambda q: browsing.dead_count_before(q.keys, cutoff)))
+        elif max_dead_ms is not None:
+            q = view.parts[0]
+            jobs = self.store.run(q, _jobs_died_before(q, max_dead_ms, offset, limit))
+            total = self.store.run(q, browsing.dead_count_before(q.keys, max_dead_ms))
+            next_offset = offset + limit if len(jobs) == limit else None
+        else:
+            jobs = view.parts[0].list_jobs("dead", offset=offset, limit=limit)
+            total = counts.dead
+            next_offset = offset + limit if len(jobs) == limit else None
         return self.render.page(
             request,
             "dead.html",

@@ -12,8 +12,9 @@ from typing import Any
 
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.queue import Queue
-from scheduler.core.errors import BadArgument
+from scheduler.core.errors import BadArgument, JobNotFound
 from scheduler.core.models import Job, QueueCounts
+from scheduler.operations import browsing
 from scheduler.operations.requests import Op
 
 MAX_MERGED_WINDOW = 2_000  # offset + limit of a merged page (each partition reads that many)
@@ -74,6 +75,44 @@ class View:
     def part_of(self, job_id: str) -> Queue:
         """The queue holding `job_id` (a partitioned queue's id names its partition)."""
         return self.parts[0] if self.pq is None else self.pq.part_of(job_id)
+
+    def holder(self, job_id: str) -> Queue:
+        """The partition holding `job_id`: the one its id names, else (a job written into a
+        partition directly, with an id of its own) the first that has it; at most N reads."""
+        first = self.part_of(job_id)
+        if self.pq is None:
+            return first
+        for q in [first, *(p for p in self.parts if p is not first)]:
+            try:
+                q.status(job_id)
+            except JobNotFound:
+                continue
+            return q
+        return first
+
+    def merged_page(
+        self, state: str, now_ms: int, offset: int, limit: int, max_dead_ms: int | None = None
+    ) -> tuple[list[Job], bool]:
+        """(one page of the partitions merged in index order, whether more follow): each
+        partition's first offset + limit (score, id) pairs, then the page's records only.
+        For a partitioned view (a plain queue pages its own index)."""
+        window = merged_window(offset, limit)
+        per: list[list[tuple[float, str]]] = self.run_each(
+            lambda q: browsing.scored_ids(q.ops, state, now_ms, 0, window, max_dead_ms)
+        )
+        tagged = [(score, i, k) for k, page in enumerate(per) for score, i in page]
+        tagged.sort(key=lambda t: t[0], reverse=state == "dead")
+        chosen = tagged[offset : offset + limit]
+        by_part: dict[int, list[str]] = {}
+        for _, i, k in chosen:
+            by_part.setdefault(k, []).append(i)
+        found: dict[str, Job] = {}
+        if by_part and self.pq is not None:
+            reads = [(self.parts[k], self.parts[k].ops.get_jobs(ids)) for k, ids in by_part.items()]
+            for jobs in self.pq._run_many(reads):
+                found.update((j.id, j) for j in jobs)
+        more = len(tagged) > offset + limit or any(len(p) == window for p in per)
+        return [found[i] for _, i, _ in chosen if i in found], more
 
     def counts(self) -> QueueCounts:
         return self.parts[0].counts() if self.pq is None else self.pq.counts()

@@ -104,11 +104,12 @@ class Pages:
             next_offset = (
                 (found[0].next_offset if not view.partitioned else offset + limit) if more else None
             )
+        elif view.partitioned:
+            jobs, more = view.merged_page(state, summary["now_ms"], offset, limit)
+            next_offset = offset + limit if more else None
         else:
-            pages = view.run_each(lambda q: q.ops.list_jobs(state, offset=start, limit=count))
-            jobs = merge_jobs(state, pages, offset - start, limit)
-            more = any(len(p) == count for p in pages)
-            next_offset = offset + limit if more and len(jobs) == limit else None
+            jobs = view.parts[0].list_jobs(state, offset=offset, limit=limit)
+            next_offset = offset + limit if len(jobs) == limit else None
         return self.render.page(
             request,
             "queue.html",
@@ -127,7 +128,7 @@ class Pages:
     def job(self, request: Request) -> Response:
         name, job_id = request.path_params["queue"], request.path_params["job_id"]
         check_job_id(job_id)
-        q = self.store.view(name).part_of(job_id)
+        q = self.store.view(name).holder(job_id)
         try:
             job = q.get_job(job_id)
         except JobNotFound:

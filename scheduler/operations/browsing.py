@@ -15,6 +15,7 @@ from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job
 from scheduler.core.vocabulary import STAT_FIELDS, stat_field
 from scheduler.operations.dead_letters import dead_converted
+from scheduler.operations.inspecting import LISTABLE
 from scheduler.operations.ops import Ops
 from scheduler.operations.requests import Commands, Op
 
@@ -110,6 +111,35 @@ def filtered_page(
         if len(ids) < step:
             return FilteredPage(found, None, scanned)
     return FilteredPage(found, pos, scanned)
+
+
+def scored_ids(
+    ops: Ops, state: str, now_ms: int, offset: int, count: int, max_dead_ms: int | None = None
+) -> Op[list[tuple[float, str]]]:
+    """(score, id) of `count` entries of `state` from `offset`, in list_ids' order (due and
+    scheduled by run_at, leased by lease end, dead newest first, `max_dead_ms` an age cut):
+    one ZRANGE, no job record read (a partitioned queue's merged page reads the records of
+    the merged page only)."""
+    if state not in LISTABLE:
+        raise BadArgument(f"state must be one of {', '.join(LISTABLE)}, got {state!r}")
+    codec._int(offset, "offset", minimum=0)
+    codec._int(count, "count", minimum=1)
+    k = ops.keys
+    cmd: tuple[Any, ...]
+    if state == "dead":
+        yield from dead_converted()
+        top = "+inf" if max_dead_ms is None else max_dead_ms
+        cmd = ("ZRANGE", k.dead, top, "-inf", "BYSCORE", "REV", "LIMIT", offset, count)
+    elif state == "leased":
+        cmd = ("ZRANGE", k.leased, offset, offset + count - 1)
+    else:
+        lo, hi = ("-inf", now_ms) if state == "due" else (f"({now_ms}", "+inf")
+        cmd = ("ZRANGE", k.due, lo, hi, "BYSCORE", "LIMIT", offset, count)
+    (reply,) = yield Commands([(*cmd, "WITHSCORES")])
+    flat: list[Any] = []
+    for item in reply:  # RESP2: member, score, ...; RESP3 (or a client callback): pairs
+        flat += list(item) if isinstance(item, (list, tuple)) else [item]
+    return [(float(flat[i + 1]), codec.s(flat[i])) for i in range(0, len(flat) - 1, 2)]
 
 
 def minute_series(
