@@ -55,13 +55,14 @@ def test_a_spec_key_of_another_type_parks_only_that_job(q: Queue, client: redis.
 def test_a_lean_finished_job_answers_get_job_status_and_result(
     q: Queue, client: redis.Redis
 ) -> None:
-    jid = q.enqueue("t", {"big": "x" * 200})
+    jid = q.enqueue("t", {"big": "x" * 200}, max_attempts=3)
     (job,) = q.claim("w", limit=1).jobs
     q.complete(jid, job.token, {"ok": 1})
     assert client.exists(q.keys.spec(jid)) == 0
     assert client.hget(q.keys.job(jid), "payload") is None
     got = q.get_job(jid)
     assert got.state == JobState.DONE and got.task == "t" and got.attempts == 1
+    assert got.max_attempts == 3  # kept: a reader compares attempts with it
     assert got.payload_dropped
     with pytest.raises(ValueError, match="not kept"):
         got.payload()

@@ -55,7 +55,7 @@ class JobSpec:
 _SPEC_DEFAULTS = ("", "5", "1000,2.0,3600000,0.25", "0", "", "")
 _SPEC_NAMES = ("task", "max_attempts", "backoff", "timeout_ms", "enqueued_ms", "result_ttl_ms")
 # What complete drops from a finished job unless it keeps its payload (lua/complete.lua).
-LEAN_DROPPED = ("payload", "backoff", "max_attempts", "timeout_ms", "enqueued_ms", "errors")
+LEAN_DROPPED = ("payload", "backoff", "timeout_ms", "enqueued_ms", "errors")
 
 
 def spec_fields(text: str, run_at_ms: str | None) -> dict[str, str] | None:
@@ -274,8 +274,8 @@ class Job:
     @property
     def payload_dropped(self) -> bool:
         """True for a finished job that no longer has its payload (a lean record: complete keeps
-        only state, result, finished_ms, attempts, task and run_at_ms unless `keep_payload` was
-        asked; LEAN_DROPPED names what goes)."""
+        only state, result, finished_ms, attempts, max_attempts, task and run_at_ms unless
+        `keep_payload` was asked; LEAN_DROPPED names what goes)."""
         return "payload" not in self.fields and self.state == JobState.DONE
 
     def payload(self) -> Any:
