@@ -159,3 +159,36 @@ def test_async_schedules_and_requeue_act_as_the_sync_ones(
     assert dead == died[::-1] and moved == 2 and pq.counts().dead == 1
     assert (made, names, paused) == ("created", ["hourly"], "paused")
     assert pq.get_schedule("hourly").paused
+
+
+def test_worker_metrics_label_partitions_by_their_logical_queue() -> None:
+    from prometheus_client import generate_latest
+
+    from scheduler import QueueCounts
+    from scheduler.worker.metrics import WorkerMetrics
+
+    m = WorkerMetrics()
+    m.logical = {"q.p0": "q", "q.p1": "q"}
+    m.outcome("q.p0", "t", "done")
+    m.outcome("q.p1", "t", "done", 2)
+    m.outcome("q.p1", "t", "retry")
+    m.outcome("plain", "t", "done")
+    m.set_depth(
+        "q.p0",
+        QueueCounts(now_ms=10, due=3, scheduled=0, leased=1, dead=0, oldest_due_ms=None, lapsed=0),
+    )
+    m.set_depth(
+        "q.p1",
+        QueueCounts(now_ms=12, due=4, scheduled=2, leased=0, dead=5, oldest_due_ms=None, lapsed=0),
+    )
+    m.set_depth(
+        "q.p0",
+        QueueCounts(now_ms=20, due=1, scheduled=0, leased=1, dead=0, oldest_due_ms=None, lapsed=0),
+    )
+    text = generate_latest(m.registry).decode()
+    assert 'scheduler_jobs_total{outcome="done",queue="q",task="t"} 3.0' in text
+    assert 'scheduler_jobs_total{outcome="retry",queue="q",task="t"} 1.0' in text
+    assert 'scheduler_jobs_total{outcome="done",queue="plain",task="t"} 1.0' in text
+    assert 'scheduler_queue_jobs{queue="q",state="due"} 5.0' in text  # 1 (latest p0) + 4
+    assert 'scheduler_queue_jobs{queue="q",state="dead"} 5.0' in text
+    assert "q.p0" not in text and "q.p1" not in text

@@ -24,7 +24,7 @@ from scheduler.admin.startup import (
     permission_message,
 )
 from scheduler.cli.common import url_option
-from scheduler.client.partitioned import expand_queues_async
+from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async, parse_url
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN
 from scheduler.core.keys import check_job_id
@@ -85,11 +85,11 @@ async def _serve(
         # The names asked for first: expand_queues reads each one's partitions record, and a
         # queue the user's ACL leaves out must be refused naming it (docs/security.md).
         await check_access_async(client, settings.queues)
-        # A partitioned queue (client/partitioned.py) is claimed from all its partitions.
-        settings = replace(settings, queues=await expand_queues_async(client, settings.queues))
-        worker = Worker(client, registry, settings, worker_id=worker_id)
+        queues, logical = await expand_labelled_async(client, settings.queues)
+        worker = Worker(client, registry, replace(settings, queues=queues), worker_id=worker_id)
+        worker.metrics.logical = logical  # a partition is labelled by its logical queue
         await worker.preflight()
-        await check_access_async(client, settings.queues)
+        await check_access_async(client, queues)
     except AccessDenied as exc:
         click.echo(f"error: {exc}", err=True)
         await client.aclose()

@@ -37,12 +37,22 @@ def expand_queues(client: redis.Redis, queues: Sequence[str]) -> list[str]:
 
 
 async def expand_queues_async(client: Any, queues: Sequence[str]) -> tuple[str, ...]:
-    """expand_queues for a redis.asyncio client (the worker's, at start)."""
+    """expand_queues for a redis.asyncio client."""
+    return (await expand_labelled_async(client, queues))[0]
+
+
+async def expand_labelled_async(
+    client: Any, queues: Sequence[str]
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The worker's start: its queue list expanded (expand_queues), and each partition's
+    logical queue name (its metrics label)."""
     out: list[str] = []
+    logical: dict[str, str] = {}
     for name in queues:
         layout = await read_layout_async(client, name)
         out.extend(layout.names if layout else [name])
-    return tuple(dict.fromkeys(out))
+        logical.update(dict.fromkeys(layout.names if layout else [], name))
+    return tuple(dict.fromkeys(out)), logical
 
 
 def merge_counts(each: Sequence[QueueCounts]) -> QueueCounts:

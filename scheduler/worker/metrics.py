@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from scheduler.client.partitioned_merge import merge_counts
 from scheduler.core.models import QueueCounts
 from scheduler.core.vocabulary import OUTCOMES
 
@@ -98,6 +99,10 @@ class WorkerMetrics:
         r = self.registry
         self._tasks: dict[tuple[str, str], TaskStats] = {}
         self._outcomes: dict[tuple[str, str, str], int] = {}  # every outcome but done
+        # A partition's `queue` label is its logical queue (client/partitioned.py), so a
+        # partitioned queue is one series; set by `scheduler worker` after expanding names.
+        self.logical: dict[str, str] = {}
+        self._depths: dict[str, QueueCounts] = {}  # per queue claimed, for the logical sums
         r.register(_JobCollector(self))
         self.in_flight = Gauge("scheduler_jobs_in_flight", "Jobs running now", registry=r)
         self.depth = Gauge(
@@ -131,6 +136,7 @@ class WorkerMetrics:
 
     def per_task(self, queue: str, task: str) -> TaskStats:
         """The (queue, task) numbers, created on first use."""
+        queue = self.logical.get(queue, queue)
         st = self._tasks.get((queue, task))
         if st is None:
             st = self._tasks[(queue, task)] = TaskStats()
@@ -142,10 +148,17 @@ class WorkerMetrics:
         elif outcome not in OUTCOMES:  # a word outside the vocabulary is a bug, not a new label
             raise ValueError(f"unknown outcome {outcome!r}: not one of {OUTCOMES}")
         else:
-            key = (queue, task, outcome)
+            key = (self.logical.get(queue, queue), task, outcome)
             self._outcomes[key] = self._outcomes.get(key, 0) + n
 
     def set_depth(self, queue: str, counts: QueueCounts) -> None:
+        label = self.logical.get(queue, queue)
+        if label != queue:  # a partition: the logical queue's depth sums its partitions
+            self._depths[queue] = counts
+            counts = merge_counts(
+                [c for q, c in self._depths.items() if self.logical.get(q) == label]
+            )
+            queue = label
         for state, value in (
             ("due", counts.due),
             ("scheduled", counts.scheduled),
