@@ -265,3 +265,21 @@ def test_chain_runs_each_step_after_the_previous(fq: tuple[Queue, Clock]) -> Non
     step = q.claim("w", limit=10, lease_ms=10_000).jobs[0]
     assert step.id == second and step.payload() == {"payload": 2, "parent": first}
     assert q.result(first, timeout_s=1) == {"out": 10}
+
+
+def test_task_defaults_give_priority_and_a_per_task_limit(fq: tuple[Queue, Clock]) -> None:
+    from scheduler import Registry
+
+    q, _ = fq
+    reg = Registry()
+
+    @reg.task("slow", concurrency_limit=1, priority=2)
+    def slow(payload: object, ctx: object) -> None: ...
+
+    a, b = slow.enqueue(q), slow.enqueue(q)
+    assert q.get_job(a).fields["ckey"] == "slow"  # the task name is the key
+    urgent = slow.enqueue(q, priority=9, concurrency_key="other", concurrency_limit=5)
+    assert ids(q) == [urgent, a]  # b waits for a's slot; the job's own values win
+    assert q.get_job(b).fields["flow_reason"] == "limited by key slow (1 leased)"
+    with pytest.raises(BadArgument, match="priority"):
+        reg.task("bad", priority=12)(lambda p, c: None)

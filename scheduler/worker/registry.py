@@ -25,6 +25,7 @@ from typing import Any
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument, UnknownTask
+from scheduler.core.flow import check_flow
 from scheduler.core.models import JobSpec
 
 # Re-exported: the registry's public names stay importable from here.
@@ -67,6 +68,9 @@ class Registry:
         payload_type: type | None = None,
         queue: str | None = None,
         keep_payload: bool = False,
+        priority: int = 0,
+        concurrency_limit: int | None = None,
+        rate_limit: Any = None,
     ) -> Callable[[F], TaskHandle[F]]:
         """Decorator: register the function as the handler of task `name`.
 
@@ -86,6 +90,10 @@ class Registry:
             queue: the queue the task handle enqueues on by default.
             keep_payload: its jobs keep their payload once done (default: a finished job
                 keeps only what status and result need); a job's own `keep_payload` wins.
+            priority: default priority of its jobs, 0..9 (docs/flow-control.md).
+            concurrency_limit: at most this many of its jobs leased at once (the task name
+                is the concurrency key); a job's own key and limit win.
+            rate_limit: at most N starts of this task per window, e.g. '10/1s'.
 
         Returns:
             A decorator that returns a `TaskHandle` (callable as the function; `enqueue`,
@@ -116,6 +124,10 @@ class Registry:
 
         def register(fn: F) -> TaskHandle[F]:
             task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            flow: dict[str, Any] = {"priority": priority, "rate_limit": rate_limit}
+            if concurrency_limit is not None:
+                flow |= {"concurrency_key": task_name, "concurrency_limit": concurrency_limit}
+            check_flow(task_name, **flow)  # refused at registration, not at the first enqueue
             if task_name in self._tasks:
                 raise BadArgument(f"task {task_name!r} is already registered")
             is_async = inspect.iscoroutinefunction(fn)
@@ -132,6 +144,7 @@ class Registry:
                 payload_type,
                 queue,
                 keep_payload=keep_payload,
+                flow=tuple((k, v) for k, v in flow.items() if v is not None),
             )
             self._tasks[task_name] = spec
             return TaskHandle(fn, spec)

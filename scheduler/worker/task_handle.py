@@ -3,7 +3,7 @@ returns: callable as the function, `enqueue` / `aenqueue` / `job_spec` with the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -33,6 +33,8 @@ class TaskSpec:
     payload_type: type | None = None  # checked at enqueue, decoded for the handler
     queue: str | None = None  # the queue this task's handle enqueues on (checked), None: any
     keep_payload: bool = False  # its jobs keep their payload once done (the job may say no)
+    # Flow-control defaults of its jobs (docs/flow-control.md), as JobSpec field -> value.
+    flow: tuple[tuple[str, Any], ...] = ()
 
     def timeout_for(self, job_timeout_ms: int) -> float | None:
         """The job's own timeout wins; else the task default; None = no limit."""
@@ -76,13 +78,28 @@ class TaskHandle(Generic[F]):
         job_id: str | None = None,
         result_ttl_ms: int | None = None,
         keep_payload: bool | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        rate_limit: Any = None,
+        rate_key: str | None = None,
+        after: Sequence[str] | None = None,
     ) -> JobSpec:
         """A JobSpec with the task's defaults; an argument given here wins over its default.
         With a payload_type, `payload` must be of it (BadArgument otherwise).
         Retention once done: this job's `result_ttl_ms` wins over the task's, which wins over
         the completing worker's `--result-ttl-ms`, else 1 h; `keep_payload` (None: the task's
-        default) keeps the payload with the outcome."""
+        default) keeps the payload with the outcome. Flow arguments left None take the task's
+        (`priority`, `concurrency_limit` on the task's name as its key, `rate_limit`)."""
         spec = self.spec
+        given = {
+            "priority": priority,
+            "concurrency_key": concurrency_key,
+            "concurrency_limit": concurrency_limit,
+            "rate_limit": rate_limit,
+            "rate_key": rate_key,
+        }
+        flow = {**dict(spec.flow), **{k: v for k, v in given.items() if v is not None}}
         if spec.payload_type is not None:
             payload = encode_payload(spec.payload_type, payload)
         if timeout_ms is None:
@@ -100,6 +117,8 @@ class TaskHandle(Generic[F]):
             job_id=job_id,
             result_ttl_ms=result_ttl_ms,
             keep_payload=spec.keep_payload if keep_payload is None else keep_payload,
+            after=after,
+            **flow,
         )
 
     def _check_queue(self, name: str) -> None:
