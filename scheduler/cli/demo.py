@@ -96,6 +96,7 @@ def _explore(console: Console, url: str, kept: PrivateRedis | None) -> None:
         f"scheduler jobs list --url {u} --queue {QUEUE}",
         f"scheduler dead list --url {u} --queue {QUEUE}",
         f"scheduler workers --url {u} --queue {QUEUE}",
+        f"scheduler dashboard --url {u} --queue {QUEUE}",  # http://127.0.0.1:8080/
         f"scheduler worker {TASKS} --url {u} --queue {QUEUE}",
     ]
     console.print("")
