@@ -3,7 +3,8 @@
 drained at (fairness); and the server-CPU-per-job model from INFO commandstats.
 
     .venv/bin/python bench/cluster_partitions.py [--jobs 12000] [--workers 2] [--concurrency 50]
-                                                 [--batch 20]
+                                                 [--batch 20] [--partitions 1,3,12]
+                                                 [--targets node,cluster] [--repeat 1]
                                                  [--out bench/results/cluster_partitions.json]
 
 This machine has 2 cores for six servers, the workers and this process, so the cluster-vs-node
@@ -116,6 +117,7 @@ def run_one(
         "drain_worker_cpu_us_per_job": round(worker_cpu / jobs * 1e6, 1),
         "mid_drain_share_max_over_mean": round(max(shares) / mean, 3) if mean else None,
         "mid_drain_share_min_over_mean": round(min(shares) / mean, 3) if mean else None,
+        "mid_drain_shares_over_mean": [round(x / mean, 3) for x in shares] if mean else None,
     }
 
 
@@ -125,15 +127,22 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=50)
     ap.add_argument("--batch", type=int, default=20, help="the workers' --batch")
+    ap.add_argument("--partitions", default="1,3,12", help="the counts N to run, in order")
+    ap.add_argument("--targets", default="node,cluster", help="node, cluster or both")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each (target, N)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/cluster_partitions.json"))
     args = ap.parse_args()
+    counts = [int(n) for n in args.partitions.split(",")]
+    targets = set(args.targets.split(","))
     binary = redis_server_binary()
     if binary is None:
         sys.exit("redis-server not found")
     rows: list[dict[str, Any]] = []
     with RedisProcess(binary, tcp=True) as node, LocalCluster(binary) as cluster:
         for target, url in (("one node", node.tcp_url), ("3-primary cluster", cluster.url)):
-            for n in (1, 3, 12):
+            if target.split()[-1] not in targets:
+                continue
+            for n in [n for n in counts for _ in range(args.repeat)]:
                 row = {
                     "target": target,
                     **run_one(url, n, args.jobs, args.workers, args.concurrency, args.batch),

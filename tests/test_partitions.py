@@ -151,6 +151,51 @@ def test_a_worker_does_not_claim_empty_partitions_for_every_job(tmp_path: Path) 
         assert on_empty < on_busy  # before: ~5 empty claims per round
 
 
+def _claims(client: redis.Redis) -> list[list[str]]:
+    """Every claim EVALSHA the server logged (SLOWLOG at 0 us), oldest first, split."""
+    from scheduler.core.scripts import Scripts
+
+    sha = Scripts().sha["claim"]
+    logged = [e["command"] for e in reversed(client.slowlog_get(1_000_000))]
+    split = [(c.decode() if isinstance(c, bytes) else str(c)).split() for c in logged]
+    return [c for c in split if len(c) > 9 and c[0] == "EVALSHA" and c[1] == sha]
+
+
+def test_a_worker_gives_every_backlogged_partition_a_batch_per_cycle(tmp_path: Path) -> None:
+    """12 partitions with a backlog each; a round of claims covers 2-3 of them (about 50 free
+    slots, batches of 20). At every point of the claim sequence the jobs asked of any two
+    partitions differ by at most 2 batches (measured: 1, a deficit round robin). Before, the
+    start moved by one per round, so a partition got its batches in a burst of consecutive
+    rounds: 110 jobs (5.5 batches) apart."""
+    from scheduler import Queue
+
+    batch = 20
+    with RedisProcess(require_server("slowlog count")) as server:
+        client = server.client()
+        pq = PartitionedQueue.create(client, "fair", partitions=12)
+        for k, part in enumerate(pq.parts):
+            part.enqueue_many([JobSpec("noop", None, job_id=f"p{k}.j{i}") for i in range(150)])
+        client.config_set("slowlog-max-len", 1_000_000)
+        client.config_set("slowlog-log-slower-than", 0)
+        w = spawn_worker(server.url, "fair", "--concurrency", "30", "--batch", str(batch),
+                         log=str(tmp_path / "w.log"))  # fmt: skip
+        try:
+            wait_for(lambda: pq.counts().due <= 900, 60, "half the backlog drained")
+        finally:
+            stop_all([w])
+        client.config_set("slowlog-log-slower-than", 10_000)
+        prefixes = {Queue(client, p.name).keys.prefix: k for k, p in enumerate(pq.parts)}
+        asked = [0] * 12
+        widest = 0
+        claims = _claims(client)
+        for c in claims:
+            asked[prefixes[c[3]]] += int(c[9])  # ARGV[2], the limit: all taken (a backlog)
+            if min(asked) > 0:  # once every partition had its first turn
+                widest = max(widest, max(asked) - min(asked))
+        assert len(claims) >= 30 and sum(asked) >= 600
+        assert widest <= 2 * batch, (widest, asked)
+
+
 def test_the_async_client_shares_the_layout_and_routing(
     redis_url: str, client: redis.Redis, pq: PartitionedQueue
 ) -> None:
