@@ -14,7 +14,7 @@ from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.logical import merge_jobs, merged_window
-from scheduler.dashboard.reasons import why_not_running
+from scheduler.dashboard.reasons import flow_settings, why_not_running
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import schedule_rows
 from scheduler.dashboard.store import Store
@@ -151,6 +151,7 @@ class Pages:
             fence=fence,
             lease_left_ms=lease_left,
             reasons=why_not_running(job, now_ms, len(workers)),
+            flow=flow_settings(job),
             errors=list(reversed(job.errors)),  # newest first
             fields=sorted(job.fields.items()),
             can_cancel=job.state in (JobState.DUE, JobState.SCHEDULED, JobState.LEASED),

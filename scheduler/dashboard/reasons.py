@@ -1,20 +1,61 @@
 """Why a job is not running right now, in words, for the job page.
 
 The one place these reasons are worked out: flow control (priorities, concurrency keys, rate
-limits, dependencies) adds its reasons here, each as one more `Reason`, and the job page shows
-every reason returned without any change to the template."""
+limits, dependencies; docs/flow-control.md) adds its reasons here, each as one more `Reason`,
+and the job page shows every reason returned without any change to the template."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobState
+from scheduler.operations.requests import Commands, Op
+
+# The job field `flow_reason` as lua/lib/flow.lua writes it (flow_admit, flow_wait).
+_KEY_LIMIT = re.compile(r"limited by key (\S+) \((\d+) leased\)")
+_RATE = re.compile(r"rate window (\S+) \((\d+) per (\d+) ms\) until (\d+)")
+_WAITING = re.compile(r"waiting for (\d+) jobs")
+# A dead reason of a child parked by its parent (lib/flow.lua flow_parent_ended).
+_PARENT = re.compile(r"parent (dead|cancelled): (\S+)")
+# The `stats --json` names of the held counts (scheduler/cli/admin.py), in page order.
+HELD_REASONS = ("key_limit", "rate_window", "waiting")
 
 
 @dataclass(frozen=True)
 class Reason:
-    code: str  # stable: 'scheduled', 'waiting-for-worker', 'no-live-worker', 'dead', ...
+    code: str  # stable: 'scheduled', 'waiting-for-worker', 'limited-by-key', 'dead', ...
     text: str
+
+
+def _in(ms: int, now_ms: int) -> str:
+    return f"in {max(ms - now_ms, 0) // 1000} s"
+
+
+def flow_reasons(job: Job, now_ms: int) -> list[Reason]:
+    """The flow-control hold of a waiting job (set aside by a key, a rate window or its
+    parents), from its `flow_reason` field; [] when it is not held."""
+    raw = job.fields.get("flow_reason")
+    if not raw:
+        return []
+    if m := _KEY_LIMIT.fullmatch(raw):
+        key, limit = m.groups()
+        text = f"limited by key {key}: its {limit} slots are leased; it runs when one ends"
+        return [Reason("limited-by-key", text)]
+    if m := _RATE.fullmatch(raw):
+        key, count, window, until = m.groups()
+        text = (
+            f"rate window {key} is full ({count} starts per {window} ms): "
+            f"its next slot is {_in(int(until), now_ms)} (server ms {until})"
+        )
+        return [Reason("rate-window", text)]
+    if m := _WAITING.fullmatch(raw):
+        n = m.group(1)
+        text = f"waiting for {n} parent job{'' if n == '1' else 's'} to be done (enqueue after=)"
+        return [Reason("waiting-for-parents", text)]
+    return [Reason("flow-held", f"held by flow control: {raw}")]
 
 
 def why_not_running(job: Job, now_ms: int, live_workers: int) -> list[Reason]:
@@ -22,19 +63,54 @@ def why_not_running(job: Job, now_ms: int, live_workers: int) -> list[Reason]:
     state = job.state
     if state == JobState.LEASED:
         return []
+    held = flow_reasons(job, now_ms)
     if state == JobState.SCHEDULED:
         run_at = job.run_at_ms
-        wait = "" if run_at is None else f" in {max(run_at - now_ms, 0) // 1000} s"
-        return [Reason("scheduled", f"its run time has not come yet (due{wait})")]
+        wait = "" if run_at is None else f" {_in(run_at, now_ms)}"
+        return [Reason("scheduled", f"its run time has not come yet (due{wait})"), *held]
     if state == JobState.DUE:
         if live_workers == 0:
-            return [Reason("no-live-worker", "it is due, but no worker of this queue is alive")]
-        return [Reason("waiting-for-worker", "it is due and waits for a free worker slot")]
+            return [
+                *held,
+                Reason("no-live-worker", "it is due, but no worker of this queue is alive"),
+            ]
+        return held or [Reason("waiting-for-worker", "it is due and waits for a free worker slot")]
     if state == JobState.DEAD:
         why = job.dead_reason or "unknown"
+        if m := _PARENT.fullmatch(why):
+            text = f"parked because its parent job {m.group(2)} ended {m.group(1)}"
+            return [Reason("parked-by-parent", f"{text}: requeue it to run it anyway")]
         return [Reason("dead", f"it is a dead letter ({why}): requeue it to run it again")]
     if state == JobState.DONE:
         return [Reason("done", "it has finished")]
     if state == JobState.CANCELLED:
         return [Reason("cancelled", "it was cancelled")]
     return [Reason("unknown-state", f"its stored state {state!r} is not one this version knows")]
+
+
+def flow_settings(job: Job) -> list[tuple[str, str]]:
+    """The job's flow-control settings as (label, value) rows for its record: priority always
+    (0 = the default, the lowest), the concurrency key and rate key when set."""
+    f = job.fields
+    rows = [("priority", f.get("priority") or "0")]
+    if f.get("ckey"):
+        rows.append(("concurrency key", f"{f['ckey']} (at most {f.get('climit', '?')} at once)"))
+    if f.get("rkey"):
+        rate = f"{f.get('rcount', '?')} per {f.get('rwindow', '?')} ms"
+        rows.append(("rate key", f"{f['rkey']} ({rate})"))
+    return rows
+
+
+def held_op(keys: QueueKeys) -> Op[dict[str, int]]:
+    """Due jobs set aside by flow control, by reason (the counts `stats --json` shows as
+    `held`): three ZCARDs, one round trip."""
+    reply: Sequence[int] = yield Commands(
+        [("ZCARD", keys.flow_held), ("ZCARD", keys.flow_rheld), ("ZCARD", keys.flow_waiting)]
+    )
+    held, rate, waiting = (int(v) for v in reply)
+    return {"key_limit": max(held - rate - waiting, 0), "rate_window": rate, "waiting": waiting}
+
+
+def sum_held(each: Sequence[dict[str, int]]) -> dict[str, int]:
+    """The held counts of a queue's partitions, summed."""
+    return {r: sum(d.get(r, 0) for d in each) for r in HELD_REASONS}
