@@ -22,7 +22,8 @@
     (edited by hand) is parked alone with reason 'invalid job: <field>': every field the reply
     carries is checked first (read_claimable), so the reply only holds values a client parses.
     A job never claimed is its spec record alone (lib/job.lua): its first claim creates the
-    hash with the spec's short fields and the lease; the payload stays in the spec. A record
+    hash with the lease, task, max_attempts, run_at_ms and enqueued_ms; the payload, backoff
+    and timeout_ms stay in the spec. A record
     that cannot be read parks that job alone ('invalid job: record').
     Parking a schedule's pending occurrence arms the schedule's next one.
   Errors:  BAD_ARGUMENT <field>=<value> ]]
@@ -72,7 +73,11 @@ local function read_claimable(id, jk, run_at_s)
     f[1], f[3], f[4] = f[1] or sp.task, f[3] or '0', f[4] or sp.max_attempts
     f[5], f[6], f[7], f[9] = f[5] or run_at_s, f[6] or sp.backoff, f[7] or sp.timeout_ms, 'due'
   end
-  if not f[2] and sp then f[2] = sp.payload end
+  if sp then
+    -- backoff and timeout_ms stay in the spec (first claim does not copy them): a hash field
+    -- (an older version's claim, a hand edit) wins.
+    f[2], f[6], f[7] = f[2] or sp.payload, f[6] or sp.backoff, f[7] or sp.timeout_ms
+  end
   if fresh and (parse_int(sp.enqueued_ms, 0, LIM.time_ms) == nil
       or (sp.result_ttl_ms ~= '' and parse_int(sp.result_ttl_ms, 1, LIM.ttl_ms) == nil)) then
     return nil, 'invalid job: record'
@@ -214,15 +219,17 @@ if limit > 0 then
     if r.settled_token then log_settlement(jk, r.settled_token, r.settled, r.settled_log) end
     local token, fence
     if r.fresh then
-      -- First claim: the hash is born with the spec's short fields (lib/job.lua).
+      -- First claim: the hash is born with the lease and the spec fields its readers need
+      -- once the spec is gone (a lean finished job: task, max_attempts) or that change
+      -- (run_at_ms; enqueued_ms, a copy of the first run_at); backoff and timeout_ms are read
+      -- from the spec, which lives as long as the job is not done (lib/job.lua).
       fence = 1
       token = '1-' .. nonce
       local sp = r.spec
       redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
         'attempts', fmt(attempts), 'claimed_ms', now_s, 'fence', '1', 'task', r.task,
-        'max_attempts', fmt(r.max_attempts), 'backoff', r.backoff,
-        'run_at_ms', fmt(r.run_at_ms), 'enqueued_ms', sp.enqueued_ms)
-      if r.timeout_ms ~= '0' then redis.call('HSET', jk, 'timeout_ms', r.timeout_ms) end
+        'max_attempts', fmt(r.max_attempts), 'run_at_ms', fmt(r.run_at_ms),
+        'enqueued_ms', sp.enqueued_ms)
       if sp.result_ttl_ms ~= '' then redis.call('HSET', jk, 'result_ttl_ms', sp.result_ttl_ms) end
       if sp.flags == 'k' then redis.call('HSET', jk, 'keep_payload', '1') end
     else

@@ -26,20 +26,28 @@ local prefix, leased = KEYS[1], KEYS[3]
 local LEAN_DROP = { 'payload', 'backoff', 'timeout_ms', 'enqueued_ms',
   'claimed_ms', 'worker', 'token', 'fence', 'idem', 'errors', 'last_error_type', 'last_error',
   'result_ttl_ms' }
+-- A job of this version's layout (its hash has no backoff: that stays in the spec) holds only
+-- these of them; HDEL scans the listpack once per name, so it is not asked for the others.
+local LEAN_DROP_SPEC = { 'enqueued_ms', 'claimed_ms', 'worker', 'token', 'fence', 'errors',
+  'last_error_type', 'last_error', 'result_ttl_ms' }
+-- lease_check's fields, then what the settlement needs: one HMGET per job.
+local READ = { 'token', 'state', 'settled_token', 'settled', 'settled_log',
+  'result_ttl_ms', 'keep_payload', 'ckey', 'kids', 'backoff' }
 local ttl, err = int_arg(ARGV[1], 'result_ttl_ms', 1, LIM.ttl_ms)
 if err then return err end
 if #ARGV % 3 ~= 1 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 local now = now_ms()
-local out, took, seen = {}, {}, {}
+local out, took, seen, held = {}, {}, {}, {}
 local now_s = fmt(now)
 for i = 2, #ARGV, 3 do
   local id, token = ARGV[i], ARGV[i + 1]
-  local status, outcome = lease_check(prefix, id, token)
+  local status, outcome, f = lease_check(prefix, id, token, READ)
   if status == 'settled' then
     status = (outcome == 'done') and 'done' or 'stale'
   elseif status == 'held' then
     if not seen[id] then
       took[#took + 1] = i
+      held[i] = f
       seen[id] = true
     end
     status = 'done'
@@ -56,15 +64,15 @@ if #took > 0 then
   for _, i in ipairs(took) do
     local id = ARGV[i]
     local jk = job_key(prefix, id)
-    local f = redis.call('HMGET', jk, 'result_ttl_ms', 'keep_payload', 'ckey', 'kids')
+    local f = held[i]
     -- Its concurrency slot is free: the key's oldest held job is due again (lib/flow.lua);
     -- jobs waiting for it count it done.
-    if f[3] then flow_release(prefix, id, now) end
-    if f[4] then flow_parent_done(prefix, id) end
-    local job_ttl = parse_int(f[1], 1, LIM.ttl_ms) or ttl
-    local lean = f[2] ~= '1'
+    if f[8] then flow_release(prefix, id, now) end
+    if f[9] then flow_parent_done(prefix, id) end
+    local job_ttl = parse_int(f[6], 1, LIM.ttl_ms) or ttl
+    local lean = f[7] ~= '1'
     if lean then
-      redis.call('HDEL', jk, unpack(LEAN_DROP))
+      redis.call('HDEL', jk, unpack(f[10] and LEAN_DROP or LEAN_DROP_SPEC))
       redis.call('DEL', spec_key(prefix, id))
     end
     -- settled_token/settled: a re-sent call with this token is answered 'done' again.

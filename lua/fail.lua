@@ -61,7 +61,13 @@ end
 local delay = delay_override
 if delay == nil then
   -- 'base_ms,factor,cap_ms,jitter' as enqueue stored it; a hand-edited value means no delay.
-  local p = parse_backoff(f[3]) or { 0, 1, 0, 0 }
+  -- A job of this version's layout keeps its backoff in the spec (claim does not copy it).
+  local bo = f[3]
+  if not bo then
+    local sp = job_spec(prefix, id, '0')
+    bo = sp and sp.backoff
+  end
+  local p = parse_backoff(bo) or { 0, 1, 0, 0 }
   local base, factor, cap, jitter = p[1], p[2], p[3], p[4]
   delay = 0
   -- factor ^ n may overflow to inf: min() then gives cap (0 * inf would be nan, so base > 0).

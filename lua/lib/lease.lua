@@ -9,11 +9,13 @@
 -- A settlement is kept in settled_token/settled; when a later claim leases the job again, claim
 -- moves it into settled_log (see log_settlement), so a call re-sent after the job moved on (it was
 -- released, claimed by another worker and completed) still gets its first answer, not 'stale'.
-local function lease_check(prefix, id, token)
+-- `names` (optional): LEASE_FIELDS followed by more fields read in the same HMGET; 'held' also
+-- returns that HMGET's reply (the extra values from index 6 on), so the caller reads once.
+local LEASE_FIELDS = { 'token', 'state', 'settled_token', 'settled', 'settled_log' }
+local function lease_check(prefix, id, token, names)
   -- pcall: a job key overwritten with another type must not fail the whole batch (the other
   -- jobs' completes): it answers 'missing'.
-  local f = redis.pcall('HMGET', job_key(prefix, id), 'token', 'state', 'settled_token',
-    'settled', 'settled_log')
+  local f = redis.pcall('HMGET', job_key(prefix, id), unpack(names or LEASE_FIELDS))
   if f.err then return 'missing' end
   -- No hash: a job never claimed (its spec record alone) is held by nobody.
   if not f[2] then
@@ -30,7 +32,7 @@ local function lease_check(prefix, id, token)
   if f[1] ~= token then return 'stale' end
   if f[2] == 'cancelled' then return 'cancelled' end
   if f[2] ~= 'leased' then return 'stale' end
-  return 'held'
+  return 'held', nil, f
 end
 
 -- Record that `token` settled its lease with `outcome`, so a re-sent call gets the same answer.
