@@ -10,7 +10,15 @@ MOVED / ASK (a failover or a resharding moved the slot): the command did not run
 again, MOVED after a topology refresh, ASK to the node named with ASKING first; a WAIT after a
 redirected write is sent again after it. A dropped connection propagates (as on one server: the
 caller decides whether to retry) and marks the topology stale, so the next batch re-reads it
-first instead of going to a dead primary again."""
+first instead of going to a dead primary again.
+
+A batch over several nodes that loses one node raises, and the replies of the nodes that
+answered are dropped with it, as a dropped connection loses a pipeline's replies on one server:
+the driver's contract is that connection errors propagate and the caller re-sends the call
+(the worker does, with the claim's nonce replaying a claim whose answer was lost). Handing them
+back per request would make every caller handle a partial batch for a rare event. The asyncio
+path waits for every node before raising, so no re-send overlaps the batch's own pipelines
+still in flight."""
 
 from __future__ import annotations
 
@@ -149,11 +157,16 @@ async def _batch_async(rc: Any, batch: Any) -> list[Any]:
     for attempt in range(_REDIRECTS + 1):
         plan = plan or _plan(rc, batch.routes, batch.cmds, todo)
         loads = batch.loads if attempt == 0 else []
-        try:
-            results = await asyncio.gather(*(_node_async(n, it, loads) for n, it in plan))
-        except _DROPPED:
-            _STALE.add(id(rc))
-            raise
+        # Every node's pipeline ends before an error is raised: the caller's retry never runs
+        # while the batch's other nodes still have it in flight.
+        results: list[Any] = await asyncio.gather(
+            *(_node_async(n, it, loads) for n, it in plan), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            if any(isinstance(r, _DROPPED) for r in failed):
+                _STALE.add(id(rc))
+            raise failed[0]
         for (_, items), got in zip(plan, results, strict=True):
             for (i, _, _), r in zip(items, got, strict=True):
                 replies[i] = r
