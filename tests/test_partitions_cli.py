@@ -192,3 +192,15 @@ def test_worker_metrics_label_partitions_by_their_logical_queue() -> None:
     assert 'scheduler_queue_jobs{queue="q",state="due"} 5.0' in text  # 1 (latest p0) + 4
     assert 'scheduler_queue_jobs{queue="q",state="dead"} 5.0' in text
     assert "q.p0" not in text and "q.p1" not in text
+
+
+def test_dead_retention_is_refused_on_the_logical_name(
+    redis_url: str, client: redis.Redis, pq: PartitionedQueue
+) -> None:
+    result = CliRunner().invoke(
+        main, ["dead", "retention", "-q", pq.name, "--max-count", "5", "--yes", "--url", redis_url]
+    )
+    assert result.exit_code == 1 and "is partitioned" in result.output
+    assert pq.parts[0].name in result.output
+    assert not client.exists(pq.parts[0].keys.config)  # nothing written, anywhere
+    assert not client.exists(f"sched:{{{pq.name}}}:config")

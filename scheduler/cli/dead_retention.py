@@ -11,10 +11,12 @@ from typing import Any
 import click
 import redis
 
+from scheduler.admin.inspection import stored_layout
 from scheduler.cli.common import (
     AdminCommand,
     BadInput,
     Duration,
+    Refused,
     connect,
     emit_json,
     fmt_ms,
@@ -120,6 +122,13 @@ def retention(
         raise BadInput("--off turns both limits off: give it alone, or use --max-age off")
     client = connect(url)
     keys = require_queue(client, queue)
+    if (layout := stored_layout(client, queue)) is not None:
+        # Retention is stored per queue and --max-count would count per partition: not
+        # the logical queue's limit, so not set under its name (nothing is changed).
+        raise Refused(
+            f"{queue!r} is partitioned: dead-letter retention is per partition "
+            f"(-q {layout.names[0]}, ... {layout.names[-1]}), a --max-count per partition"
+        )
     q = Queue(client, queue)
     current = read_limits(client, keys)
     wanted: Limits = current
