@@ -19,7 +19,8 @@ from tests.workers.procs import wait_for
 registry = Registry()
 
 
-@registry.task("brief", result_ttl_ms=5_000)
+# TTLs far apart and long enough that a slow worker stop on a loaded machine cannot expire them.
+@registry.task("brief", result_ttl_ms=45_000)
 def brief(payload: Any, ctx: Any) -> str:
     return "ok"
 
@@ -30,10 +31,10 @@ def kept(payload: Any, ctx: Any) -> str:
 
 
 def run_all(redis_url: str, q: Queue, ids: list[str]) -> None:
-    """One worker with --result-ttl-ms 60000 runs every job to done."""
+    """One worker with --result-ttl-ms 300000 runs every job to done."""
     loop = asyncio.new_event_loop()
     client = aredis.Redis.from_url(redis_url, decode_responses=True)
-    w = Worker(client, registry, WorkerSettings(queues=(q.name,), result_ttl_ms=60_000))
+    w = Worker(client, registry, WorkerSettings(queues=(q.name,), result_ttl_ms=300_000))
     t = threading.Thread(target=lambda: loop.run_until_complete(w.run(install_signals=False)))
     t.start()
     try:
@@ -48,11 +49,11 @@ def run_all(redis_url: str, q: Queue, ids: list[str]) -> None:
 def test_the_jobs_own_retention_wins_over_the_task_and_the_worker(
     redis_url: str, q: Queue, client: redis.Redis
 ) -> None:
-    own = brief.enqueue(q, {}, result_ttl_ms=600_000)
+    own = brief.enqueue(q, {}, result_ttl_ms=900_000)
     task_default = brief.enqueue(q, {})
     run_all(redis_url, q, [own, task_default])
-    assert 60_000 < client.pttl(q.keys.job(own)) <= 600_000  # not 5 s (task), not 60 s (worker)
-    assert 0 < client.pttl(q.keys.job(task_default)) <= 5_000
+    assert 300_000 < client.pttl(q.keys.job(own)) <= 900_000  # not 45 s (task), not 300 s (worker)
+    assert 0 < client.pttl(q.keys.job(task_default)) <= 45_000
 
 
 def test_a_task_may_keep_its_payloads_and_a_job_may_say_no(
