@@ -1,9 +1,9 @@
 --[[ counts: how many jobs are in each place, by server time (read only, but for one bounded
   step of converting an old dead LIST, lib/job.lua).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, flow:held
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, flow:rheld, flow:held, flow:waiting
   Returns: {now_ms, due_now (with the flow:held ones), scheduled_later, leased, dead, oldest_due_run_at_ms or -1,
-    leases_lapsed} ]]
+    leases_lapsed, held_by_key_limit, held_by_rate_window, held_waiting_for_parents} ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -11,10 +11,15 @@
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms()
 -- Jobs set aside by flow control (lib/flow.lua) are due too, only not in the due set.
-local due_now = redis.call('ZCOUNT', due, '-inf', now) + redis.call('ZCARD', prefix .. 'flow:held')
+local in_due = redis.call('ZCOUNT', due, '-inf', now)
+local held = redis.call('ZCARD', prefix .. 'flow:held')
+local rheld = redis.call('ZCARD', prefix .. 'flow:rheld')
+local waiting = redis.call('ZCARD', prefix .. 'flow:waiting')
+local due_now = in_due + held
 local total = redis.call('ZCARD', due)
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 -- Clamped: a hand-written score (inf) must not reach the reply as text a client cannot parse.
 local oldest = head[2] and math.max(math.min(math.floor(tonumber(head[2])), LIM.time_ms), 0) or -1
-return { fmt(now), due_now, total - due_now, redis.call('ZCARD', leased), dead_size(prefix, now),
-  fmt(oldest), redis.call('ZCOUNT', leased, '-inf', now) }
+return { fmt(now), due_now, total - in_due, redis.call('ZCARD', leased), dead_size(prefix, now),
+  fmt(oldest), redis.call('ZCOUNT', leased, '-inf', now), math.max(held - rheld - waiting, 0), rheld,
+  waiting }

@@ -66,6 +66,9 @@ def merge_counts(each: Sequence[QueueCounts]) -> QueueCounts:
         dead=sum(c.dead for c in each),
         oldest_due_ms=min(oldest) if oldest else None,
         lapsed=sum(c.lapsed for c in each),
+        held_key_limit=sum(c.held_key_limit for c in each),
+        held_rate_window=sum(c.held_rate_window for c in each),
+        held_waiting=sum(c.held_waiting for c in each),
     )
 
 

@@ -244,6 +244,9 @@ def parse_counts(reply: Any) -> QueueCounts:
         dead=int(reply[4]),
         oldest_due_ms=None if oldest < 0 else oldest,
         lapsed=int(reply[6]),
+        held_key_limit=int(reply[7]),
+        held_rate_window=int(reply[8]),
+        held_waiting=int(reply[9]),
     )
 
 

@@ -50,6 +50,8 @@ class JobSpec:
     after: Sequence[str] | None = None
 
 
+# The attempt budget a spec record leaves empty, and a lean finished job does not store.
+DEFAULT_MAX_ATTEMPTS = 5
 # A job's spec record (lua/lib/job.lua: `2|task|max_attempts|backoff|timeout_ms|enqueued_ms|
 # result_ttl_ms|flags|payload`, empty = default) read into the fields its hash would hold.
 _SPEC_DEFAULTS = ("", "5", "1000,2.0,3600000,0.25", "0", "", "")
@@ -175,6 +177,7 @@ class QueueCounts:
         dead: dead letters.
         oldest_due_ms: the run time of the oldest due job; None when none is due.
         lapsed: leases past their end, not yet reaped.
+        held_key_limit, held_rate_window, held_waiting: of `due`, set aside by flow control.
     """
 
     now_ms: int
@@ -184,6 +187,14 @@ class QueueCounts:
     dead: int
     oldest_due_ms: int | None
     lapsed: int
+    held_key_limit: int = 0
+    held_rate_window: int = 0
+    held_waiting: int = 0
+
+    @property
+    def held(self) -> dict[str, int]:  # by reason, in scheduler.core.vocabulary.HELD_REASONS
+        return {"key_limit": self.held_key_limit, "rate_window": self.held_rate_window,
+                "waiting": self.held_waiting}  # fmt: skip
 
     @property
     def oldest_overdue_ms(self) -> int:
@@ -230,7 +241,10 @@ class Job:
 
     @property
     def max_attempts(self) -> int | None:
-        """The attempt budget (None when unreadable)."""
+        """The attempt budget (None when unreadable). A lean finished job stores it only when
+        it is not the default 5 (lua/claim.lua), so a missing one reads as 5."""
+        if "max_attempts" not in self.fields and self.payload_dropped:
+            return DEFAULT_MAX_ATTEMPTS
         return self._int("max_attempts")
 
     @property

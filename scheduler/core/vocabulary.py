@@ -24,6 +24,10 @@ STAT_FIELDS = (
     "dead_trimmed",
 )
 
+# Why flow control set a due job aside (docs/flow-control.md): `stats --json` `held`, the
+# QueueCounts fields held_<reason>, the metric scheduler_queue_held_jobs{reason}, the dashboard.
+HELD_REASONS = ("key_limit", "rate_window", "waiting")
+
 # Counter names stored before the vocabulary was unified: read as the new word, never written.
 LEGACY_STAT_FIELDS = {"complete": "done", "lease_expired": "expired"}
 

@@ -7,12 +7,9 @@ and the job page shows every reason returned without any change to the template.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobState
-from scheduler.operations.requests import Commands, Op
 
 # The job field `flow_reason` as lua/lib/flow.lua writes it (flow_admit, flow_wait).
 _KEY_LIMIT = re.compile(r"limited by key (\S+) \((\d+) leased\)")
@@ -20,8 +17,6 @@ _RATE = re.compile(r"rate window (\S+) \((\d+) per (\d+) ms\) until (\d+)")
 _WAITING = re.compile(r"waiting for (\d+) jobs")
 # A dead reason of a child parked by its parent (lib/flow.lua flow_parent_ended).
 _PARENT = re.compile(r"parent (dead|cancelled): (\S+)")
-# The `stats --json` names of the held counts (scheduler/cli/admin.py), in page order.
-HELD_REASONS = ("key_limit", "rate_window", "waiting")
 
 
 @dataclass(frozen=True)
@@ -99,18 +94,3 @@ def flow_settings(job: Job) -> list[tuple[str, str]]:
         rate = f"{f.get('rcount', '?')} per {f.get('rwindow', '?')} ms"
         rows.append(("rate key", f"{f['rkey']} ({rate})"))
     return rows
-
-
-def held_op(keys: QueueKeys) -> Op[dict[str, int]]:
-    """Due jobs set aside by flow control, by reason (the counts `stats --json` shows as
-    `held`): three ZCARDs, one round trip."""
-    reply: Sequence[int] = yield Commands(
-        [("ZCARD", keys.flow_held), ("ZCARD", keys.flow_rheld), ("ZCARD", keys.flow_waiting)]
-    )
-    held, rate, waiting = (int(v) for v in reply)
-    return {"key_limit": max(held - rate - waiting, 0), "rate_window": rate, "waiting": waiting}
-
-
-def sum_held(each: Sequence[dict[str, int]]) -> dict[str, int]:
-    """The held counts of a queue's partitions, summed."""
-    return {r: sum(d.get(r, 0) for d in each) for r in HELD_REASONS}

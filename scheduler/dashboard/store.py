@@ -21,7 +21,6 @@ from scheduler.core.scripts import Scripts, run_sync
 from scheduler.core.vocabulary import STAT_FIELDS
 from scheduler.dashboard.history import lateness_max, lateness_mean, lateness_quantile
 from scheduler.dashboard.logical import PARTITION_NAME, View
-from scheduler.dashboard.reasons import held_op, sum_held
 from scheduler.operations import browsing
 from scheduler.operations.requests import Op
 
@@ -160,14 +159,14 @@ class Store:
             )
         )
         last = series[-2] if len(series) > 1 else series[-1]  # the last whole minute
-        held = sum_held(view.run_each(lambda q: held_op(q.keys)))  # flow control's, in due
         return {
             "queue": name,
             "partitions": view.part_names if view.partitioned else [],
             "now_ms": c.now_ms,
             "due": c.due,
-            "held": sum(held.values()),
-            **{f"held_{reason}": n for reason, n in held.items()},
+            # Of `due`, set aside by flow control, by reason (held_key_limit, ...).
+            "held": sum(c.held.values()),
+            **{f"held_{reason}": n for reason, n in c.held.items()},
             "scheduled": c.scheduled,
             "leased": c.leased,
             "dead": c.dead,

@@ -111,6 +111,13 @@ class WorkerMetrics:
             ["queue", "state"],
             registry=r,
         )
+        self.held = Gauge(
+            "scheduler_queue_held_jobs",
+            "Due jobs set aside by flow control, by reason (key_limit, rate_window, waiting); "
+            "counted in scheduler_queue_jobs{state=due} too",
+            ["queue", "reason"],
+            registry=r,
+        )
         self.redis_errors = Counter(
             "scheduler_redis_errors", "Redis calls that failed and were retried", registry=r
         )
@@ -168,6 +175,8 @@ class WorkerMetrics:
         ):
             self.depth.labels(queue, state).set(value)
         self.depth.labels(queue, "oldest_overdue_ms").set(counts.oldest_overdue_ms)
+        for reason, n in counts.held.items():
+            self.held.labels(queue, reason).set(n)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Serve /metrics in a daemon thread; returns the bound port (0 picks a free one)."""
