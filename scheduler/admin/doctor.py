@@ -38,7 +38,7 @@ from scheduler.admin.doctor_model import (
     undecodable_fields,
 )
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
-from scheduler.core import scripts
+from scheduler.core import connection, scripts
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import with_spec
 
@@ -92,7 +92,7 @@ def read_snapshots(
     now_ms = server_now_ms(client)
     out: list[Snapshot] = []
     for chunk in iter_chunks(ids, _CONFIRM_BATCH):
-        pipe = client.pipeline(transaction=True)
+        pipe = connection.node_for_key(client, keys.prefix).pipeline(transaction=True)
         pipe.time()
         for jid in chunk:
             jk = keys.job(jid)
@@ -224,7 +224,7 @@ def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
     (None when nothing needed fixing, or the job kept changing under live workers)."""
     k = ctx.keys
     jk = k.job(job_id)
-    with client.pipeline(transaction=True) as pipe:
+    with connection.node_for_key(client, k.prefix).pipeline(transaction=True) as pipe:
         for _ in range(_WATCH_TRIES):
             try:
                 pipe.watch(jk, k.spec(job_id), k.due, k.leased, k.dead)  # type: ignore[no-untyped-call]
