@@ -115,7 +115,7 @@ test-valkey: install-test
 # worker A is stopped when worker B's start (cluster discovery) takes longer than ~2.5 s.
 test-cluster: WORKERS = 2
 test-cluster: install-test
-	$(call pytest,conformance on a local Redis Cluster,SCHEDULER_TEST_SERVER=cluster $(BIN)/python,$(CONFORMANCE) tests/test_cluster.py tests/test_cluster_failover.py tests/test_partitions.py tests/test_dashboard_cluster.py --deselect tests/test_worker.py::test_lease_race_stale_worker_is_refused)
+	$(call pytest,conformance on a local Redis Cluster,SCHEDULER_TEST_SERVER=cluster $(BIN)/python,$(CONFORMANCE) tests/test_cluster.py tests/test_cluster_failover.py tests/test_partitions.py tests/test_partitions_cli.py tests/test_dashboard_cluster.py --deselect tests/test_worker.py::test_lease_race_stale_worker_is_refused)
 
 test-lowest-redis: $(VENV_LOWEST)/.installed-test redis-server
 	$(call pytest,crash/chaos on redis-py $(REDIS_LOWEST),$(VENV_LOWEST)/bin/python,$(CRASH))
