@@ -22,8 +22,8 @@
     (edited by hand) is parked alone with reason 'invalid job: <field>': every field the reply
     carries is checked first (read_claimable), so the reply only holds values a client parses.
     A job never claimed is its spec record alone (lib/job.lua): its first claim creates the
-    hash with the lease, task, max_attempts, run_at_ms and enqueued_ms; the payload, backoff
-    and timeout_ms stay in the spec. A record
+    hash with the lease, task, run_at_ms, enqueued_ms and a max_attempts other than 5; the
+    payload, backoff, timeout_ms and the default max_attempts stay in the spec. A record
     that cannot be read parks that job alone ('invalid job: record').
     Parking a schedule's pending occurrence arms the schedule's next one.
   Errors:  BAD_ARGUMENT <field>=<value> ]]
@@ -74,9 +74,10 @@ local function read_claimable(id, jk, run_at_s)
     f[5], f[6], f[7], f[9] = f[5] or run_at_s, f[6] or sp.backoff, f[7] or sp.timeout_ms, 'due'
   end
   if sp then
-    -- backoff and timeout_ms stay in the spec (first claim does not copy them): a hash field
-    -- (an older version's claim, a hand edit) wins.
+    -- backoff, timeout_ms and a default max_attempts stay in the spec (first claim does not
+    -- copy them): a hash field (an older version's claim, a hand edit) wins.
     f[2], f[6], f[7] = f[2] or sp.payload, f[6] or sp.backoff, f[7] or sp.timeout_ms
+    f[4] = f[4] or sp.max_attempts
   end
   if fresh and (parse_int(sp.enqueued_ms, 0, LIM.time_ms) == nil
       or (sp.result_ttl_ms ~= '' and parse_int(sp.result_ttl_ms, 1, LIM.ttl_ms) == nil)) then
@@ -168,6 +169,11 @@ for i = 1, #lapsed, 2 do
     park(id, jk, 'invalid job: not a hash', '')
     parked = parked + 1
   else
+    if not f[2] then
+      -- This layout's default budget is in the spec alone (first claim copies only another).
+      local sp = job_spec(prefix, id, '0')
+      f[2] = sp and sp.max_attempts
+    end
     local attempts = parse_int(f[1], 0, LIM.attempts)
     local max_attempts = parse_int(f[2], 1, LIM.attempts)
     if attempts ~= nil and max_attempts ~= nil and attempts >= max_attempts then
@@ -220,7 +226,7 @@ if limit > 0 then
     local token, fence
     if r.fresh then
       -- First claim: the hash is born with the lease and the spec fields its readers need
-      -- once the spec is gone (a lean finished job: task, max_attempts) or that change
+      -- once the spec is gone (a lean finished job: task, max_attempts if not 5) or that change
       -- (run_at_ms; enqueued_ms, a copy of the first run_at); backoff and timeout_ms are read
       -- from the spec, which lives as long as the job is not done (lib/job.lua).
       fence = 1
@@ -228,8 +234,10 @@ if limit > 0 then
       local sp = r.spec
       redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
         'attempts', fmt(attempts), 'claimed_ms', now_s, 'fence', '1', 'task', r.task,
-        'max_attempts', fmt(r.max_attempts), 'run_at_ms', fmt(r.run_at_ms),
-        'enqueued_ms', sp.enqueued_ms)
+        'run_at_ms', fmt(r.run_at_ms), 'enqueued_ms', sp.enqueued_ms)
+      -- The default budget (5) is not stored: readers of a finished job fill it in
+      -- (models.Job.max_attempts), the others read the spec.
+      if r.max_attempts ~= 5 then redis.call('HSET', jk, 'max_attempts', fmt(r.max_attempts)) end
       if sp.result_ttl_ms ~= '' then redis.call('HSET', jk, 'result_ttl_ms', sp.result_ttl_ms) end
       if sp.flags == 'k' then redis.call('HSET', jk, 'keep_payload', '1') end
     else

@@ -5,7 +5,8 @@
     the result wake-up `result:<id>` (lib/result.lua) that Queue.result() waits on, unless the
     job was enqueued with its own (hash field result_ttl_ms, copied from its spec at claim)
   A finished job is lean: only what status/result and a re-sent complete need stay (state,
-    result, finished_ms, settled_token/settled/settled_log, attempts, max_attempts, task,
+    result, finished_ms, settled_token/settled/settled_log, attempts, max_attempts (stored
+    only when not the default 5: readers fill it in, models.Job.max_attempts), task,
     run_at_ms, schedule/slot_ms);
     the payload, the spec and the lease fields go, unless the job asked to keep its payload
     (hash field keep_payload = '1', from the spec's flag 'k'): then the whole job is kept.
@@ -22,7 +23,8 @@
 
 local prefix, leased = KEYS[1], KEYS[3]
 -- What a lean finished job loses (scheduler/core/models.py LEAN_DROPPED names them for readers).
--- max_attempts stays (a few bytes): status and inspection read attempts against it.
+-- max_attempts stays when claim stored it (not 5): status and inspection read attempts
+-- against it.
 local LEAN_DROP = { 'payload', 'backoff', 'timeout_ms', 'enqueued_ms',
   'claimed_ms', 'worker', 'token', 'fence', 'idem', 'errors', 'last_error_type', 'last_error',
   'result_ttl_ms' }

@@ -43,8 +43,11 @@ local f = redis.call('HMGET', jk, 'attempts', 'max_attempts', 'backoff')
 -- First write frees memory, so a full server still lets a worker settle (see complete.lua).
 redis.call('ZREM', leased, id)
 -- Read strictly (claim checked them when it leased the job; a later hand edit counts as 1).
+-- A job of this version's layout keeps backoff and a default max_attempts in the spec.
+local sp = false
+if not f[2] or not f[3] then sp = job_spec(prefix, id, '0') end
 local attempts = parse_int(f[1], 0, LIM.attempts) or 1
-local max_attempts = parse_int(f[2], 1, LIM.attempts) or 1
+local max_attempts = parse_int(f[2] or (sp and sp.max_attempts), 1, LIM.attempts) or 1
 push_error(jk, ARGV[4], ARGV[5], ARGV[6], attempts, now)
 redis.call('HDEL', jk, 'worker')
 if retryable ~= '1' or attempts >= max_attempts then
@@ -61,13 +64,7 @@ end
 local delay = delay_override
 if delay == nil then
   -- 'base_ms,factor,cap_ms,jitter' as enqueue stored it; a hand-edited value means no delay.
-  -- A job of this version's layout keeps its backoff in the spec (claim does not copy it).
-  local bo = f[3]
-  if not bo then
-    local sp = job_spec(prefix, id, '0')
-    bo = sp and sp.backoff
-  end
-  local p = parse_backoff(bo) or { 0, 1, 0, 0 }
+  local p = parse_backoff(f[3] or (sp and sp.backoff)) or { 0, 1, 0, 0 }
   local base, factor, cap, jitter = p[1], p[2], p[3], p[4]
   delay = 0
   -- factor ^ n may overflow to inf: min() then gives cap (0 * inf would be nan, so base > 0).

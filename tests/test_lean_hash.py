@@ -10,8 +10,9 @@ import redis
 from scheduler import Backoff, JobState, Queue
 from tests.old_layout import old_enqueue
 
+# max_attempts only when it is not the default 5 (an old-layout hash always has it).
 LEAN = {"state", "result", "finished_ms", "settled_token", "settled", "attempts"}
-LEAN |= {"max_attempts", "task", "run_at_ms"}
+LEAN |= {"task", "run_at_ms"}
 
 
 def test_first_claim_leaves_backoff_and_timeout_in_the_spec(q: Queue, client: redis.Redis) -> None:
@@ -56,5 +57,31 @@ def test_a_hash_with_the_copied_fields_still_completes_lean(q: Queue, client: re
     for job in q.claim("w", limit=2).jobs:
         client.hset(q.keys.job(job.id), mapping={"backoff": "1,2.0,3,0.0", "timeout_ms": "9"})
         q.complete(job.id, job.token)
-    for one in (jid, old):
-        assert set(client.hkeys(q.keys.job(one))) == LEAN
+    assert set(client.hkeys(q.keys.job(jid))) == LEAN
+    assert set(client.hkeys(q.keys.job(old))) == LEAN | {"max_attempts"}
+
+
+def test_the_default_budget_is_not_stored_and_reads_as_5(q: Queue, client: redis.Redis) -> None:
+    jid, three = q.enqueue("t", 1), q.enqueue("t", 2, max_attempts=3)
+    for job in q.claim("w", limit=2).jobs:
+        assert job.max_attempts == (3 if job.id == three else 5)
+        q.complete(job.id, job.token)
+    assert client.hget(q.keys.job(jid), "max_attempts") is None
+    assert client.hget(q.keys.job(three), "max_attempts") == "3"
+    assert q.get_job(jid).max_attempts == 5 and q.get_job(three).max_attempts == 3
+
+
+def test_the_reaper_and_fail_read_the_default_budget_from_the_spec(
+    q: Queue, client: redis.Redis
+) -> None:
+    lapsed, failing = q.enqueue("t", 1), q.enqueue("t", 2)
+    q.claim("w", limit=2)
+    client.hset(q.keys.job(lapsed), "attempts", "5")  # its budget used up
+    client.hset(q.keys.job(failing), "attempts", "4")  # one left
+    # The lease of one lapsed: the reaper parks it as claim.lua's step 1 does.
+    client.zadd(q.keys.leased, {lapsed: 0})
+    assert q.claim("w", limit=1).jobs == []
+    assert client.hget(q.keys.job(lapsed), "dead_reason") == "lease expired"
+    token = client.hget(q.keys.job(failing), "token")
+    assert isinstance(token, str)
+    assert q.fail(failing, token, ("E", "boom", "")).status == "retry"  # 4 < 5

@@ -15,8 +15,9 @@ end
 -- completing worker's, flags '' ('k' = keep the payload once done). The payload (JSON) comes
 -- last, so it may hold '|'. run_at_ms is the due score, the state is which set holds the id.
 -- At first claim the hash `job:<id>` is born with the mutable state and the few spec fields a
--- finished job keeps or that change (task, max_attempts, run_at_ms, enqueued_ms; result_ttl_ms
--- and keep_payload when set); payload, backoff and timeout_ms are read from the spec, which
+-- finished job keeps or that change (task, run_at_ms, enqueued_ms; max_attempts when not 5,
+-- result_ttl_ms and keep_payload when set); payload, backoff, timeout_ms (and the default
+-- max_attempts) are read from the spec, which
 -- lives until the job is done (readers merge both: claim's read_claimable, models.with_spec);
 -- jobs written as one hash (older versions, schedule occurrences) have no spec at all.
 local SPEC_BACKOFF = '1000,2.0,3600000,0.25'  -- scheduler/core/limits.py DEFAULT_BACKOFF
