@@ -5,16 +5,18 @@
   scheduler/admin/doctor.py inside its WATCH/MULTI (it re-read the job first), with doctor's
   server-time reading as now.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] move   ARGV[2] id
   ARGV[3] expect: the places the id is in now, in the order due,leased,dead, comma-joined
           ('' = none of them)
   ARGV[4] lease_until_ms: the id's score in leased must be this ('' = not checked)
   ARGV[5] now_ms
   ARGV[6..] by move:
-    'dead'    park the job (lib dead_letter): ARGV[6] reason, ARGV[7] dead_ms (when it died)
-    'due'     into due (lib to_due, off leased) at ARGV[6] run_at_ms; state 'due', no worker,
-              no expiry, wake idle workers (as claim's reaper and release do)
+    'dead'    park the job (lib dead_letter): ARGV[6] reason, ARGV[7] dead_ms (when it died);
+              as fail's park, its key slot is freed and its waiting children parked (lib/flow.lua)
+    'due'     into due (lib flow_to_due, off leased: its key slot freed, back into its priority
+              index) at ARGV[6] run_at_ms; state 'due', no worker, no expiry, wake idle workers
+              (as claim's reaper and release do)
     'unlist'  off the places in ARGV[6] (comma-joined; dead through lib dead_unlist), then
               state := ARGV[7]; ARGV[7] '' = the job is gone: only while neither its hash nor
               its spec record exists (lib job_exists: a pending job is its spec alone)
@@ -31,6 +33,7 @@
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 -- @include "lib/rearm.lua"
+-- @include "lib/flow.lua"
 
 local prefix, due, leased, dead, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local move, id, expect, lease_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -97,8 +100,10 @@ if move == 'dead' then
   if not schedule_name_ok(name) then name = string.match(id, '^schedule:([%w_.%-]+):%d+$') end
   if name then sched_ended(prefix, name, id, at) end
   dead_letter(prefix, id, reason, at)
+  flow_release(prefix, id, now)
+  flow_parent_ended(prefix, id, 'dead', now)
 elseif move == 'due' then
-  to_due(prefix, id, run_at)
+  flow_to_due(prefix, id, run_at, now)
   if redis.call('EXISTS', jk) == 1 then
     redis.call('HSET', jk, 'state', 'due')
     redis.call('HDEL', jk, 'worker')
