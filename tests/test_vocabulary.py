@@ -76,6 +76,19 @@ def test_stats_read_old_and_new_counter_names_as_the_new_word(
     assert "complete" not in five and "lease_expired" not in five
 
 
+def test_stats_windows_hold_only_outcome_counters(client: redis.Redis, q: Queue) -> None:
+    """The claim's start-lateness fields share the minute bucket; they are no outcome counts
+    (a summed late_max_ms would mean nothing), so the windows of `stats --json` leave them out."""
+    keys = QueueKeys(q.name)
+    now_ms = server_now_ms(client)
+    minute = now_ms // 60_000
+    client.hset(keys.stats(minute), mapping={"done": 1, "late_max_ms": 40, "late_n": 3})
+    client.hset(keys.stats(minute - 1), mapping={"done": 2, "late_max_ms": 70})
+    five = window_counts(client, keys, now_ms)["5m"]
+    assert five["done"] == 3
+    assert set(five) == set(STAT_FIELDS)
+
+
 def test_waiting_jobs_are_counted_as_due_and_scheduled(q: Queue) -> None:
     from dataclasses import fields
 

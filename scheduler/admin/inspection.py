@@ -121,9 +121,11 @@ def window_counts(
         totals = dict.fromkeys(STAT_FIELDS, 0)
         for bucket in buckets[:n]:
             for name, value in bucket.items():
+                field = stat_field(str(name))  # a bucket from before the rename counts too
+                if field not in totals:
+                    continue  # e.g. the claim's late_* fields: a summed late_max_ms means nothing
                 try:
-                    field = stat_field(str(name))  # a bucket from before the rename counts too
-                    totals[field] = totals.get(field, 0) + int(value)
+                    totals[field] += int(value)
                 except ValueError:
                     continue
         out[f"{n}m"] = totals
