@@ -61,15 +61,14 @@ def group_partitions(client: redis.Redis, names: Sequence[str]) -> list[str]:
     layouts: dict[str, Layout | None] = {}
     out: dict[str, None] = {}
     for name in names:
-        m = PARTITION_NAME.match(name)
-        logical = m.group(1) if m else None
-        if logical is not None and logical not in layouts:
+        logical = m.group(1) if (m := PARTITION_NAME.match(name)) else ""
+        if logical and logical not in layouts:
             try:
                 layouts[logical] = stored_layout(client, logical)
             except BadArgument:
                 layouts[logical] = None
-        layout = layouts.get(logical) if logical is not None else None
-        out[logical if logical is not None and layout and name in layout.names else name] = None
+        layout = layouts.get(logical)
+        out[logical if layout and name in layout.names else name] = None
     return sorted(out)
 
 
@@ -83,8 +82,7 @@ def physical_queues(client: redis.Redis, names: Sequence[str]) -> list[str]:
     queue: what the doctor checks and where workers register)."""
     out: list[str] = []
     for name in names:
-        layout = stored_layout(client, name)
-        out.extend(layout.names if layout else [name])
+        out.extend(layout.names if (layout := stored_layout(client, name)) else [name])
     return list(dict.fromkeys(out))
 
 
