@@ -40,7 +40,7 @@ from scheduler.admin.doctor_model import (
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
 from scheduler.core import connection, scripts
 from scheduler.core.keys import QueueKeys
-from scheduler.core.models import with_spec
+from scheduler.core.spec_record import with_spec
 
 # The doctor's public names, wherever they live (doctor_model / doctor_checks hold the parts).
 __all__ = [

@@ -47,7 +47,8 @@ from scheduler.core.limits import check_int as check_int
 from scheduler.core.limits import s as s
 from scheduler.core.limits import stored_int as stored_int
 from scheduler.core.limits import stored_int_in as stored_int_in
-from scheduler.core.models import Job, JobSpec, QueueCounts, with_spec
+from scheduler.core.models import Job, JobSpec, QueueCounts
+from scheduler.core.spec_record import with_spec
 
 ENQUEUE_FIELDS = 13
 

@@ -1,0 +1,38 @@
+"""A job's spec record (STRING spec:<id>, written once at enqueue by lua/lib/job.lua) read into
+the fields its hash would hold, and merged with the hash the way claim.lua reads a job."""
+
+from __future__ import annotations
+
+# A job's spec record (lua/lib/job.lua: `2|task|max_attempts|backoff|timeout_ms|enqueued_ms|
+# result_ttl_ms|flags|payload`, empty = default) read into the fields its hash would hold.
+_SPEC_DEFAULTS = ("", "5", "1000,2.0,3600000,0.25", "0", "", "")
+_SPEC_NAMES = ("task", "max_attempts", "backoff", "timeout_ms", "enqueued_ms", "result_ttl_ms")
+
+
+def spec_fields(text: str, run_at_ms: str | None) -> dict[str, str] | None:
+    """The fields of a spec record, or None when it is not one (edited by hand)."""
+    parts = text.split("|", 8)
+    if len(parts) != 9 or parts[0] != "2":
+        return None
+    fields = {n: v or d for n, v, d in zip(_SPEC_NAMES, parts[1:7], _SPEC_DEFAULTS, strict=True)}
+    if not fields["result_ttl_ms"]:
+        del fields["result_ttl_ms"]
+    if not fields["enqueued_ms"] and run_at_ms is not None:
+        fields["enqueued_ms"] = run_at_ms
+    if parts[7] == "k":
+        fields["keep_payload"] = "1"
+    fields["payload"] = parts[8]
+    return fields
+
+
+def with_spec(fields: dict[str, str], spec: str, due_ms: int | None) -> dict[str, str]:
+    """A job's hash fields completed from its spec record, as claim.lua reads them: the hash
+    wins; a job never claimed (no hash) waiting in due is `due` with run_at = its due score and
+    0 attempts. An unreadable record is kept as `spec_unreadable` (doctor and `jobs show`)."""
+    run_at = None if due_ms is None else str(due_ms)
+    from_spec = spec_fields(spec, run_at)
+    if from_spec is None:
+        return {"spec_unreadable": spec[:200], **fields}
+    if "state" not in fields and run_at is not None:
+        from_spec.update(state="due", run_at_ms=run_at, attempts="0")
+    return from_spec | fields
