@@ -1,7 +1,7 @@
 --[[ schedule_pause: stop a schedule; its pending occurrence (not yet claimed) is withdrawn.
   A run already leased finishes normally.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] name
   Returns: 'paused' | 'already' (was paused: nothing written) | 'missing' ]]
 -- @include "lib/clock.lua"
@@ -12,7 +12,7 @@ local prefix, name = KEYS[1], ARGV[1]
 local h = sched_load(prefix, name)
 if h == nil then return 'missing' end
 if h.paused == '1' then return 'already' end
-sched_unpend(prefix, h)
+sched_unpend(prefix, h, now_ms())
 redis.call('HSET', sched_key(prefix, name), 'paused', '1', 'starved', '0')
 redis.pcall('SREM', sched_refill_key(prefix), name)
 return 'paused'

@@ -1,7 +1,7 @@
 --[[ schedule_remove: delete a schedule and its pending occurrence (not yet claimed). A run
   already leased finishes normally and inserts nothing.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, schedules, dead:migrating, config
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, schedules, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] name
   Returns: 'removed' | 'missing' ]]
 -- @include "lib/clock.lua"
@@ -11,7 +11,7 @@
 local prefix, name = KEYS[1], ARGV[1]
 local h = sched_load(prefix, name)
 if h == nil then return 'missing' end
-sched_unpend(prefix, h)
+sched_unpend(prefix, h, now_ms())
 redis.call('DEL', sched_key(prefix, name), sched_slots_key(prefix, name))
 redis.call('SREM', prefix .. 'schedules', name)
 redis.pcall('SREM', sched_refill_key(prefix), name)

@@ -1,12 +1,15 @@
 --[[ schedule_upsert: create or redefine a recurring schedule by name, idempotently.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, schedules, dead:migrating, config
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, schedules, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] name   ARGV[2] digest (of the whole definition)   ARGV[3] kind ('cron' | 'every')
   ARGV[4] cron   ARGV[5] tz   ARGV[6] every_ms   ARGV[7] jitter_ms   ARGV[8] offset_ms
   ARGV[9] misfire (text)   ARGV[10] misfire_n (overdue slots that may run: 0 skip, 1, N)
   ARGV[11] task   ARGV[12] payload (JSON)   ARGV[13] max_attempts
   ARGV[14] backoff ('base_ms,factor,cap_ms,jitter')   ARGV[15] timeout_ms
-  ARGV[16..] cron only: the next slots (ms, ascending) after now - offset_ms, from the client
+  ARGV[16] flow ('' = none, else 'priority|ckey|climit|rkey|rate_count|rate_window_ms|' as
+    enqueue's, without parents: scheduler/core/flow.py flow_field), stored on the schedule and
+    given to every occurrence it inserts (lib/rearm.lua sched_insert)
+  ARGV[17..] cron only: the next slots (ms, ascending) after now - offset_ms, from the client
   Returns: {status, pending id or ''}; status 'unchanged' (same digest: nothing written),
     'repaired' (same digest, but its pending occurrence had gone, e.g. cancelled by hand),
     'created' or 'updated' (the old pending occurrence is replaced by the first slot after now).
@@ -35,8 +38,11 @@ if not task_ok(ARGV[11]) then return redis.error_reply('BAD_ARGUMENT task=') end
 if parse_backoff(ARGV[14]) == nil then
   return redis.error_reply('BAD_ARGUMENT backoff=' .. string.sub(ARGV[14], 1, 60))
 end
+local flow, bad_flow = flow_arg(ARGV[16] or '')
+if flow == nil then return bad_flow end
+if flow.after then return redis.error_reply('BAD_ARGUMENT after= (schedules take no parents)') end
 local slots
-slots, err = int_args(16, 'slot', 0, LIM.time_ms); if err then return err end
+slots, err = int_args(17, 'slot', 0, LIM.time_ms); if err then return err end
 if kind == 'cron' and #slots == 0 then return redis.error_reply('BAD_ARGUMENT slots=') end
 
 local now = now_ms()
@@ -58,7 +64,7 @@ if old and redis.call('HGET', sk, 'digest') == digest then
   if old.paused == '1' or starved or (old.pending ~= '' and redis.call('ZSCORE', due, old.pending)) then
     return { 'unchanged', old.pending }
   end
-  sched_unpend(prefix, old)
+  sched_unpend(prefix, old, now)
   if kind == 'cron' then store_slots() end
   sched_place(prefix, old, now - old.offset_ms, 0, now)
   return { 'repaired', old.pending }
@@ -68,7 +74,7 @@ local status = 'created'
 local paused = '0'
 if old then
   status, paused = 'updated', old.paused or '0'
-  sched_unpend(prefix, old)
+  sched_unpend(prefix, old, now)
 else
   redis.call('HSET', sk, 'created_ms', fmt(now))
 end
@@ -78,7 +84,8 @@ redis.call('HSET', sk, 'name', name, 'digest', digest, 'kind', kind, 'cron', ARG
   'task', ARGV[11], 'payload', ARGV[12], 'max_attempts', fmt(max_attempts),
   'backoff', ARGV[14], 'timeout_ms', fmt(timeout_ms),
   'paused', paused, 'pending', '', 'starved', '0', 'budget', 0, 'updated_ms', fmt(now))
-redis.call('HDEL', sk, 'cursor_ms')
+redis.call('HDEL', sk, 'cursor_ms', unpack(FLOW_READ))
+flow_store(sk, flow)
 redis.call('SADD', prefix .. 'schedules', name)
 redis.pcall('SREM', sched_refill_key(prefix), name)
 redis.call('DEL', slots_key)

@@ -11,12 +11,14 @@
 -- Schedule hash fields read here: kind, every_ms, offset_ms, misfire_n (how many overdue slots
 -- may run: 0 skip, 1 run once, N catch up), paused, pending (the id of the one occurrence in
 -- due, '' when none), cursor_ms (slot of the pending occurrence, or the last one placed),
--- task, payload, max_attempts, backoff, timeout_ms.
+-- task, payload, max_attempts, backoff, timeout_ms; and the flow fields of every occurrence
+-- (priority, ckey, climit, rkey, rcount, rwindow: lib/flow.lua, read with flow_load).
 
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 -- @include "lib/schedule.lua"
 -- @include "lib/slots.lua"
+-- @include "lib/flow.lua"
 
 -- Placing occurrences: insert, place under the misfire policy, unpend, re-arm at claim, end.
 
@@ -47,6 +49,13 @@ local function sched_insert(prefix, h, slot, now)
       redis.call('HSET', jk, 'timeout_ms', h.timeout_ms)
     end
     redis.call('ZADD', due, run_at, id)
+    -- The schedule's flow options go on each occurrence, so claim treats it like an enqueued
+    -- job with them: the priority index, key limits with hold, the rate window.
+    local f = flow_load(sched_key(prefix, h.name))
+    if flow_used(f) then
+      flow_store(jk, f)
+      flow_index(prefix, id, f.priority, run_at)
+    end
     if not head[2] or run_at < tonumber(head[2]) then wake(prefix .. 'wake') end
   end
   redis.call('HSET', sched_key(prefix, h.name), 'pending', id, 'cursor_ms', fmt(slot),
@@ -83,12 +92,16 @@ local function sched_place(prefix, h, after, budget, now)
   return sched_insert(prefix, h, slot, now)
 end
 
--- Remove the pending occurrence if it is still waiting in due (pause, remove, redefine).
-local function sched_unpend(prefix, h)
+-- Remove the pending occurrence if it is still waiting in due, or set aside by flow control
+-- (pause, remove, redefine): out of due, its priority index and every flow set.
+local function sched_unpend(prefix, h, now)
   if h.pending == '' then return end
   local jk = job_key(prefix, h.pending)
   if redis.call('HGET', jk, 'state') == 'due' then
     redis.call('ZREM', prefix .. 'due', h.pending)
+    local f = flow_load(jk)
+    if f.priority > 0 then redis.call('ZREM', prefix .. 'flow:pdue:' .. f.priority, h.pending) end
+    flow_forget(prefix, h.pending, now)
     job_del(prefix, h.pending)
   end
   redis.call('HSET', sched_key(prefix, h.name), 'pending', '')

@@ -499,6 +499,11 @@ class AsyncQueue:
         max_attempts: int = 5,
         backoff: Backoff | None = None,
         timeout_ms: int = 0,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        rate_limit: Any = None,
+        rate_key: str | None = None,
     ) -> str:
         """Create or redefine the recurring schedule `name` (idempotent: the same definition
         again writes nothing, so calling it at every start-up is safe).
@@ -519,12 +524,19 @@ class AsyncQueue:
             max_attempts: as for `enqueue`.
             backoff: as for `enqueue`.
             timeout_ms: as for `enqueue`.
+            priority: as for `enqueue`, given to every occurrence (docs/flow-control.md).
+            concurrency_key: as for `enqueue`, with `concurrency_limit`: at most that many
+                occurrences (and jobs) of the key leased at once; a next one waits, held.
+            concurrency_limit: as for `enqueue`.
+            rate_limit: as for `enqueue`: at most N claims of `rate_key` per window.
+            rate_key: as for `enqueue` (default: the task name).
 
         Returns:
             `'created'` | `'updated'` | `'unchanged'` | `'repaired'`.
 
         Raises:
-            BadArgument: a malformed name, cron, time zone or argument; nothing was written.
+            BadArgument: a malformed name, cron, time zone, flow option or argument; nothing
+                was written.
             InvalidPayload: the payload is not JSON-serialisable or too large."""
         return await self._run(
             self.ops.schedule(
@@ -539,6 +551,11 @@ class AsyncQueue:
                 max_attempts=max_attempts,
                 backoff=backoff,
                 timeout_ms=timeout_ms,
+                priority=priority,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
+                rate_limit=rate_limit,
+                rate_key=rate_key,
             )
         )
 

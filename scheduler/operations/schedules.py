@@ -3,11 +3,13 @@ lua/lib/rearm.lua); the schedule math lives in scheduler/schedules/."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
+from scheduler.core.flow import check_flow, flow_field
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
 from scheduler.schedules import recurring
@@ -60,9 +62,23 @@ class ScheduleOps(OpsBase):
         max_attempts: int = 5,
         backoff: Backoff | None = None,
         timeout_ms: int = 0,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        rate_limit: Any = None,
+        rate_key: str | None = None,
     ) -> Op[str]:
         """Create or redefine a schedule by name; returns 'created' | 'updated' | 'unchanged'
-        | 'repaired'. The same definition again writes nothing (safe at every start-up)."""
+        | 'repaired'. The same definition again writes nothing (safe at every start-up). The
+        flow options (core/flow.py, checked before anything is sent) go on every occurrence."""
+        flow = check_flow(
+            task,
+            priority=priority,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            rate_limit=rate_limit,
+            rate_key=rate_key,
+        )
         payload_json = codec.encode_json(payload, "payload", self.settings.max_payload_bytes)
         d = recurring.define(
             name,
@@ -77,6 +93,7 @@ class ScheduleOps(OpsBase):
             backoff=backoff,
             timeout_ms=timeout_ms,
         )
+        d = dataclasses.replace(d, flow=flow_field(flow))
         sk = self.keys.schedule(name)
         ((digest, pending, paused, starved),) = yield Commands(
             [("HMGET", sk, "digest", "pending", "paused", "starved")]

@@ -38,6 +38,8 @@ from scheduler.schedules.cron_slots import cron_slots_after as cron_slots_after
 from scheduler.schedules.cron_slots import refill_requested as refill_requested
 from scheduler.schedules.cron_slots import refill_slots as refill_slots
 from scheduler.schedules.cron_slots import utc_ms as utc_ms
+from scheduler.schedules.stored import Schedule as Schedule
+from scheduler.schedules.stored import parse_schedule as parse_schedule
 
 MAX_CATCH_UP = 1_000
 _MISFIRE_RE = re.compile(r"(skip|run_once|catch_up:([0-9]{1,4}))")
@@ -88,6 +90,8 @@ class ScheduleDef:
     max_attempts: int
     backoff: str  # 'base_ms,factor,cap_ms,jitter', as enqueue.lua stores it
     timeout_ms: int
+    # Every occurrence's flow options: core/flow.py flow_field text, no parents ('' = none).
+    flow: str = ""
 
     @property
     def misfire_n(self) -> int:
@@ -113,6 +117,8 @@ class ScheduleDef:
                 self.max_attempts,
                 self.backoff,
                 self.timeout_ms,
+                # Only when set: a schedule without flow options keeps its digest of before.
+                *([self.flow] if self.flow else []),
             ],
             separators=(",", ":"),
         )
@@ -141,6 +147,7 @@ class ScheduleDef:
             str(self.max_attempts),
             self.backoff,
             str(self.timeout_ms),
+            self.flow,
             *map(str, slots),
         ]
 
@@ -219,76 +226,4 @@ def define(
         max_attempts,
         backoff_text,
         timeout_ms,
-    )
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """A stored schedule, as read back (a snapshot: it may change right after)."""
-
-    name: str
-    task: str
-    payload_json: str
-    kind: str
-    cron: str
-    tz: str
-    every_ms: int
-    jitter_ms: int
-    offset_ms: int
-    misfire: str
-    paused: bool
-    pending: str  # id of the one pending occurrence ('' when paused or waiting for a refill)
-    next_run_ms: int | None  # when the pending occurrence is due
-    created_ms: int | None
-    updated_ms: int | None
-
-    def payload(self) -> Any:
-        return json.loads(self.payload_json)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "task": self.task,
-            "payload": self.payload_json,
-            "kind": self.kind,
-            "cron": self.cron,
-            "tz": self.tz,
-            "every_ms": self.every_ms,
-            "jitter_ms": self.jitter_ms,
-            "offset_ms": self.offset_ms,
-            "misfire": self.misfire,
-            "paused": self.paused,
-            "pending": self.pending,
-            "next_run_ms": self.next_run_ms,
-            "created_ms": self.created_ms,
-            "updated_ms": self.updated_ms,
-        }
-
-
-def _opt_int(v: str | None) -> int | None:
-    return codec.stored_int(v)
-
-
-def parse_schedule(name: str, fields: dict[str, str]) -> Schedule | None:
-    if not fields:
-        return None
-    pending = fields.get("pending", "")
-    cursor = _opt_int(fields.get("cursor_ms"))
-    offset = _opt_int(fields.get("offset_ms")) or 0
-    return Schedule(
-        name=name,
-        task=fields.get("task", ""),
-        payload_json=fields.get("payload", "null"),
-        kind=fields.get("kind", ""),
-        cron=fields.get("cron", ""),
-        tz=fields.get("tz", ""),
-        every_ms=_opt_int(fields.get("every_ms")) or 0,
-        jitter_ms=_opt_int(fields.get("jitter_ms")) or 0,
-        offset_ms=offset,
-        misfire=fields.get("misfire", ""),
-        paused=fields.get("paused") == "1",
-        pending=pending,
-        next_run_ms=cursor + offset if pending and cursor is not None else None,
-        created_ms=_opt_int(fields.get("created_ms")),
-        updated_ms=_opt_int(fields.get("updated_ms")),
     )
