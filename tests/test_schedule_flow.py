@@ -5,12 +5,15 @@ of every flow set; a bad option is refused before anything is written."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from scheduler import BadArgument, Queue
+from scheduler.cli.main import main as cli
 from scheduler.operations.ops import Script
 from tests.conftest import Clock, dump_queue
 
@@ -168,3 +171,29 @@ def test_the_script_refuses_a_bad_flow_field_too(
     assert dump_queue(client, q) == before
     q._execute(Script("schedule_upsert", [*args, "9||0||0|0|"]))
     assert client.hget(q.keys.schedule("s"), "priority") == "9"
+
+
+def test_cli_schedules_add_takes_the_flow_options(
+    tq: tuple[Queue, Clock], client: redis.Redis, redis_url: str
+) -> None:
+    q, _ = tq
+    base = ["schedules", "add", "cli", "report", "--every-ms", "60000", "--url", redis_url]
+    base += ["-q", q.name]
+    before = dump_queue(client, q)
+    bad = CliRunner().invoke(cli, [*base, "--priority", "12"])
+    assert bad.exit_code == 2, bad.output
+    assert dump_queue(client, q) == before
+    flow = ["--priority", "7", "--concurrency-key", "k", "--concurrency-limit", "2"]
+    flow += ["--rate-limit", "5/1s"]
+    run = CliRunner().invoke(cli, [*base, *flow, "--json"])
+    assert run.exit_code == 0, run.output
+    assert json.loads(run.stdout)["status"] == "created"
+    row = q.get_schedule("cli").as_dict()
+    assert {k: row[k] for k in ("priority", "concurrency_key", "concurrency_limit")} == {
+        "priority": 7,
+        "concurrency_key": "k",
+        "concurrency_limit": 2,
+    }
+    assert (row["rate_limit"], row["rate_key"]) == ("5/1000ms", "report")
+    pending = q.get_schedule("cli").pending
+    assert client.hget(q.keys.job(pending), "priority") == "7"

@@ -134,6 +134,11 @@ def register(main: click.Group) -> None:
     @click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
     @timeout_option
     @backoff_option
+    @click.option("--priority", type=int, default=0, show_default=True, help="0..9, each run.")
+    @click.option("--concurrency-key", help="At most --concurrency-limit runs of this key at once.")
+    @click.option("--concurrency-limit", type=int, help="Leased at once per --concurrency-key.")
+    @click.option("--rate-limit", help="N starts per window, e.g. 10/1s or 100/m.")
+    @click.option("--rate-key", help="What --rate-limit counts (default: the task name).")
     def add_cmd(
         name: str,
         task: str,
@@ -149,10 +154,15 @@ def register(main: click.Group) -> None:
         max_attempts: int,
         timeout_ms: int,
         backoff: Backoff | None,
+        priority: int,
+        concurrency_key: str | None,
+        concurrency_limit: int | None,
+        rate_limit: str | None,
+        rate_key: str | None,
     ) -> None:
         """Create or redefine schedule NAME running TASK (--cron or --every-ms). Prints
         created, updated, unchanged or repaired. Everything is checked before anything is
-        written."""
+        written. The flow options (as for enqueue) apply to every run."""
         data = parse_payload(payload)
         if (cron is None) == (every_ms is None):
             raise click.UsageError("give --cron or --every-ms (one of them)")
@@ -173,6 +183,11 @@ def register(main: click.Group) -> None:
                 max_attempts=max_attempts,
                 backoff=backoff,
                 timeout_ms=timeout_ms,
+                priority=priority,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
+                rate_limit=rate_limit,
+                rate_key=rate_key,
             )
         except BadArgument as exc:
             # croniter accepts '0 9 30 2 *' but finds no date: say so, not "malformed".
