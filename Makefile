@@ -111,11 +111,9 @@ test-valkey: install-test
 # The conformance tests and tests/test_cluster*.py (the failover test) on a local Redis Cluster
 # (3 primaries + 3 replicas, ~8 s to start, one per xdist worker): 2 workers, or 12 servers on
 # 2 cores. Measured here: 152 tests in 3 min 9 s at -n 2, the failover test included.
-# Deselected here: test_lease_race_stale_worker_is_refused, whose 4 s handler may finish while
-# worker A is stopped when worker B's start (cluster discovery) takes longer than ~2.5 s.
 test-cluster: WORKERS = 2
 test-cluster: install-test
-	$(call pytest,conformance on a local Redis Cluster,SCHEDULER_TEST_SERVER=cluster $(BIN)/python,$(CONFORMANCE) tests/test_cluster.py tests/test_cluster_failover.py tests/test_partitions.py tests/test_partitions_cli.py tests/test_dashboard_cluster.py --deselect tests/test_worker.py::test_lease_race_stale_worker_is_refused)
+	$(call pytest,conformance on a local Redis Cluster,SCHEDULER_TEST_SERVER=cluster $(BIN)/python,$(CONFORMANCE) tests/test_cluster.py tests/test_cluster_failover.py tests/test_partitions.py tests/test_partitions_cli.py tests/test_dashboard_cluster.py)
 
 test-lowest-redis: $(VENV_LOWEST)/.installed-test redis-server
 	$(call pytest,crash/chaos on redis-py $(REDIS_LOWEST),$(VENV_LOWEST)/bin/python,$(CRASH))
