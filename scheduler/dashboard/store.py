@@ -17,7 +17,6 @@ from scheduler.client.queue import Queue
 from scheduler.core.keys import check_queue_name
 from scheduler.core.models import QueueCounts
 from scheduler.core.partitions import Layout
-from scheduler.core.scripts import Scripts, run_sync
 from scheduler.core.vocabulary import STAT_FIELDS
 from scheduler.dashboard.history import lateness_max, lateness_mean, lateness_quantile
 from scheduler.dashboard.logical import PARTITION_NAME, View
@@ -42,7 +41,6 @@ class Store:
         self._queues: dict[str, Queue] = {}
         self._views: dict[str, View] = {}  # partitioned queues only: N is fixed at creation
         self._plain_until: dict[str, float] = {}  # not partitioned: asked again after this
-        self._scripts = Scripts()
         self._lock = threading.Lock()
         self._discovered: list[str] = []
         self._discovered_at: float | None = None  # never
@@ -129,21 +127,8 @@ class Store:
             self._discover_lock.release()
 
     def run(self, q: Queue, op: Op[T]) -> T:
-        """Drive one operation on the queue's connection (the same driver Queue uses)."""
-        keys = q.keys.script_keys()
-        try:
-            req = next(op)
-            while True:
-                try:
-                    (reply,) = run_sync(self.client, self._scripts.drive([(keys, req)]))
-                    if isinstance(reply, BaseException):
-                        raise reply
-                except Exception as exc:
-                    req = op.throw(exc)
-                else:
-                    req = op.send(reply)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        """Drive one operation on the queue's connection: Queue's own driver loop."""
+        return q._run(op)
 
     def counts(self, name: str) -> QueueCounts:
         return self.view(name).counts()
