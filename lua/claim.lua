@@ -77,7 +77,9 @@ local function read_claimable(id, jk, run_at_s)
     -- backoff, timeout_ms and a default max_attempts stay in the spec (first claim does not
     -- copy them): a hash field (an older version's claim, a hand edit) wins.
     f[2], f[6], f[7] = f[2] or sp.payload, f[6] or sp.backoff, f[7] or sp.timeout_ms
-    f[4] = f[4] or sp.max_attempts
+    -- task too: a job parked before its first claim (a dead parent) and requeued has a hash
+    -- without the spec's short fields.
+    f[1], f[4] = f[1] or sp.task, f[4] or sp.max_attempts
   end
   if fresh and (parse_int(sp.enqueued_ms, 0, LIM.time_ms) == nil
       or (sp.result_ttl_ms ~= '' and parse_int(sp.result_ttl_ms, 1, LIM.ttl_ms) == nil)) then

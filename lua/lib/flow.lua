@@ -251,7 +251,9 @@ local function flow_fill(prefix, due, now, limit, examine)
   end
   local function pass(src, hi, in_due)
     while took < limit and budget > 0 do
-      local want = (limit - took) + (in_due and took or 0)
+      -- Ids taken so far stay in due and in their priority index (an aged job taken from due
+      -- is still in its level's index), so every source may hand back up to `took` seen ids.
+      local want = limit
       local fresh, again = 0, false
       if in_due then
         local ids = redis.call('ZRANGE', src, '-inf', hi, 'BYSCORE', 'LIMIT', 0, want,
