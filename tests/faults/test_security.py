@@ -321,3 +321,18 @@ def test_worker_is_refused_at_start_on_a_queue_its_user_cannot_touch(
     finally:
         ok.terminate()
         ok.wait(30)
+
+
+def test_app_role_tops_up_a_cron_buffer(start_server: Callable[..., Server]) -> None:
+    """The claim's cron refill reads the refill set with SRANDMEMBER outside the scripts (and
+    swallows errors there): the documented app role must allow it, or a cron schedule stops
+    once its stored slots run out."""
+    server = start_server()
+    admin = server.admin()
+    create_app_user(admin)
+    q = Queue.from_url(app_url(server), QUEUE)
+    assert q.schedule("digest", "t", {"a": 1}, cron="*/5 * * * *") == "created"
+    admin.sadd(q.keys.schedules_refill, "digest")
+    now_ms = q.counts().now_ms
+    q._run(q.ops.refill_schedules(now_ms))  # raised NoPermissionError before +srandmember
+    assert admin.scard(q.keys.schedules_refill) == 0
