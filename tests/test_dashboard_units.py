@@ -40,7 +40,14 @@ def test_age_filter_text() -> None:
 
 def test_malformed_credentials_are_refused_not_an_error() -> None:
     auth = Auth("ops", "pw-long-enough", None)
-    for header in ("", "Basic", "Basic !!!not-base64", "Bearer pw-long-enough", "Digest x"):
+    for header in (
+        "",
+        "Basic",
+        "Basic !!!not-base64",
+        "Basic é",
+        "Bearer pw-long-enough",
+        "Digest x",
+    ):
         assert not auth.allows(header)
     latin = base64.b64encode("ops:\xff".encode("latin-1")).decode()
     assert not auth.allows(f"Basic {latin}")

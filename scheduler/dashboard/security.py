@@ -5,7 +5,6 @@ auth or a token from the environment), CSRF tokens on every POST, and the respon
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import os
@@ -72,7 +71,7 @@ class Auth:
             return False
         try:
             user, _, password = base64.b64decode(value.strip()).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # binascii.Error, UnicodeDecodeError, a non-ASCII header value
             return False
         ok = False
         if self.password is not None and self.user is not None:
