@@ -34,3 +34,16 @@ def test_aged_jobs_taken_first_leave_their_level_in_priority_order(q: Queue) -> 
         q.enqueue("lo", i, priority=1)
     tasks = [j.task for j in q.claim("w", limit=4).jobs]
     assert tasks == ["hi_old", "hi_old", "hi", "hi"]  # before: the level's rest skipped for 'lo'
+
+
+def test_a_child_of_a_parent_parked_in_the_same_batch_is_parked_too(q: Queue) -> None:
+    from scheduler import JobSpec
+
+    p0 = q.enqueue("t", 0)
+    q.cancel(p0)
+    q.enqueue_many(
+        [JobSpec("t", 1, job_id="a1", after=[p0]), JobSpec("t", 2, job_id="b1", after=["a1"])]
+    )
+    assert q.status("a1") == "dead"
+    assert q.status("b1") == "dead"  # before: waiting for a1 forever
+    assert "a1" in (q.get_job("b1").dead_reason or "")

@@ -329,6 +329,12 @@ end
 local function flow_wait(prefix, id, jk, run_at, parents, now)
   local pending = {}
   for _, pr in ipairs(parents) do
+    if pr[2] == 'pending' then
+      -- A parent earlier in this batch may have been parked at once since flow_parents read
+      -- it (its own parent dead): re-read, or this child would wait for it forever.
+      local st = redis.pcall('HGET', job_key(prefix, pr[1]), 'state')
+      if st == 'dead' or st == 'cancelled' then pr = { pr[1], st } end
+    end
     if pr[2] == 'dead' or pr[2] == 'cancelled' then
       dead_letter(prefix, id, 'parent ' .. pr[2] .. ': ' .. pr[1], now)
       return true
