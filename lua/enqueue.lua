@@ -13,9 +13,10 @@
     payload once done), flow ('' = none, else 'priority|ckey|climit|rkey|rate_count|
     rate_window_ms|parents', lib/flow.lua flow_arg; a flow job also gets a hash holding only its
     flow fields, and a priority > 0 puts it in its level's index). Parents (space-separated
-    ids, earlier jobs of this queue or of this call) must exist: a job waits in flow:held /
-    flow:waiting until all are done, and is parked at once if one already ended dead or
-    cancelled (lib/flow.lua flow_wait). A job is written as one STRING spec:<id> (lib/job.lua pack_spec), no
+    ids, earlier jobs of this queue or of this call; one of this call whose idempotency key was
+    taken stands for the job the key names, its id in the reply) must exist: a job waits in
+    flow:held / flow:waiting until all are done, and is parked at once if one already ended
+    dead or cancelled (lib/flow.lua flow_wait). A job is written as one STRING spec:<id> (lib/job.lua pack_spec), no
     hash until its first claim. Every number must be a plain decimal integer within the ranges of
     lib/util.lua LIM (= scheduler/codec.py LIMITS, docs/limits.md); at most MAX_BATCH jobs.
   Returns: {flags, then (index, id) pairs}: flags has one character per job, 'c' created or 'e'
@@ -79,26 +80,36 @@ for i = 0, n - 1 do
     ARGV[b + 11], ARGV[b + 12], flow }
 end
 
--- Parents (after=[ids]) are looked up before any write too: a missing one refuses the call.
-local in_batch = {}
-for _, j in ipairs(jobs) do
-  if j[12].after then
-    local parents, bad_parent = flow_parents(prefix, j[12].after, in_batch)
-    if parents == nil then return bad_parent end
-    j[13] = parents
-  end
-  in_batch[j[1]] = true
-end
-
--- Reads that could fail go first too: an idempotency key overwritten with another type would
--- make GET fail half-way through the writes below.
+-- Idempotency keys are read before any write too (a key overwritten with another type would
+-- make GET fail half-way through the writes below): j.first = the job a taken key names, the id
+-- the reply gives for this job. A key taken earlier in this call names that call's job.
+local keyed = {}
 for _, j in ipairs(jobs) do
   if j[8] ~= '' then
     local r = redis.pcall('GET', prefix .. 'idem:' .. j[8])
     if type(r) == 'table' and r.err then
       return redis.error_reply('CORRUPT idem:' .. j[8] .. ' is not a string (nothing written)')
     end
+    j.first = r or keyed[j[8]]
+    -- Two one-key EXISTS, as in the write loop below (a job already there takes no key).
+    if not j.first and redis.call('EXISTS', job_key(prefix, j[1])) == 0
+        and redis.call('EXISTS', spec_key(prefix, j[1])) == 0 then
+      keyed[j[8]] = j[1]
+    end
   end
+end
+
+-- Parents (after=[ids]) are looked up before any write too: a missing one refuses the call. A
+-- parent of this call whose key was taken is the job the key names (`alias`): the child waits
+-- for that one, as the reply's id for the parent says (else it waited for an id never written).
+local in_batch, alias = {}, {}
+for _, j in ipairs(jobs) do
+  if j[12].after then
+    local parents, bad_parent = flow_parents(prefix, j[12].after, in_batch, alias)
+    if parents == nil then return bad_parent end
+    j[13] = parents
+  end
+  if j.first then alias[j[1]] = j.first else in_batch[j[1]] = true end
 end
 
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
@@ -110,7 +121,7 @@ for k, j in ipairs(jobs) do
     j[1], j[2], j[3], j[4], j[5], j[6], j[7], j[8], j[9]
   local jk = job_key(prefix, id)
   local ik = (idem ~= '') and (prefix .. 'idem:' .. idem) or nil
-  local first = ik and redis.call('GET', ik)
+  local first = j.first
   if first then
     -- The key is taken for its whole window, even after the first job finished and expired.
     flags[k] = 'e'

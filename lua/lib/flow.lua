@@ -305,21 +305,27 @@ end
 -- (so complete finds children without an extra read on the plain path).
 
 -- Where each parent stands, checked before enqueue writes anything: a list of
--- {id, 'done' | 'pending' | 'dead' | 'cancelled'}, or nil and the error reply. `batch` holds
--- the ids enqueued earlier in the same call (pending).
-local function flow_parents(prefix, after, batch)
-  local out = {}
-  for _, pid in ipairs(after) do
-    local state = redis.pcall('HGET', job_key(prefix, pid), 'state')
-    if type(state) == 'table' then state = nil end
-    if not state and (batch[pid] or redis.call('EXISTS', spec_key(prefix, pid)) == 1) then
-      state = 'pending'
+-- {id, 'done' | 'pending' | 'dead' | 'cancelled'}, one per distinct parent, or nil and the
+-- error reply. `batch` holds the ids enqueued earlier in the same call (pending); `alias` maps
+-- an earlier id of the call whose idempotency key was taken to the job the key names.
+local function flow_parents(prefix, after, batch, alias)
+  local out, seen = {}, {}
+  for _, named in ipairs(after) do
+    local pid = alias[named] or named
+    if not seen[pid] then
+      seen[pid] = true
+      local state = redis.pcall('HGET', job_key(prefix, pid), 'state')
+      if type(state) == 'table' then state = nil end
+      if not state and (batch[pid] or redis.call('EXISTS', spec_key(prefix, pid)) == 1) then
+        state = 'pending'
+      end
+      if state == 'due' or state == 'leased' then state = 'pending' end
+      if state ~= 'done' and state ~= 'pending' and state ~= 'dead' and state ~= 'cancelled' then
+        local via = pid ~= named and (' (its idempotency key names ' .. pid .. ')') or ''
+        return nil, redis.error_reply('BAD_ARGUMENT after=' .. named .. via .. ' (no such job)')
+      end
+      out[#out + 1] = { pid, state }
     end
-    if state == 'due' or state == 'leased' then state = 'pending' end
-    if state ~= 'done' and state ~= 'pending' and state ~= 'dead' and state ~= 'cancelled' then
-      return nil, redis.error_reply('BAD_ARGUMENT after=' .. pid .. ' (no such job)')
-    end
-    out[#out + 1] = { pid, state }
   end
   return out
 end

@@ -1,0 +1,89 @@
+"""Flow-control leftovers found in review: a child naming, in the same enqueue_many, a parent
+whose idempotency key was already taken depends on the job the key points to (the id the reply
+gives for that parent), instead of on an id that is never written (it waited forever)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from scheduler import BadArgument, JobSpec, Queue
+from tests.conftest import dump_queue
+
+
+def _claim_ids(q: Queue) -> list[str]:
+    return [j.id for j in q.claim("w", limit=100, lease_ms=10_000).jobs]
+
+
+def test_a_child_of_a_parent_whose_key_is_taken_waits_for_the_keys_job(q: Queue) -> None:
+    first = q.enqueue("t", 0, key="daily")
+    ids = q.enqueue_many(
+        [JobSpec("t", 1, key="daily", job_id="p2"), JobSpec("t", 2, job_id="c2", after=["p2"])]
+    )
+    assert ids == [first, "c2"]
+    assert q.get_job("c2").fields["flow_reason"] == "waiting for 1 jobs"
+    lease = q.claim("w", limit=10, lease_ms=10_000).jobs
+    assert [j.id for j in lease] == [first]
+    q.complete(first, lease[0].token, None)
+    assert _claim_ids(q) == ["c2"]  # before: waiting for 'p2', which never exists
+
+
+def test_the_keys_job_already_done_or_dead_counts_as_that_parent(q: Queue) -> None:
+    done = q.enqueue("t", 0, key="k-done")
+    lease = q.claim("w", limit=1, lease_ms=10_000).jobs[0]
+    q.complete(done, lease.token, None)
+    gone = q.enqueue("t", 0, key="k-gone")
+    q.cancel(gone)
+    q.enqueue_many(
+        [
+            JobSpec("t", key="k-done", job_id="p-done"),
+            JobSpec("t", job_id="c-done", after=["p-done"]),
+            JobSpec("t", key="k-gone", job_id="p-gone"),
+            JobSpec("t", job_id="c-gone", after=["p-gone"]),
+        ]
+    )
+    assert q.get_job("c-gone").dead_reason == f"parent cancelled: {gone}"
+    assert _claim_ids(q) == ["c-done"]
+
+
+def test_a_parent_named_twice_through_its_key_is_waited_for_once(q: Queue) -> None:
+    first = q.enqueue("t", 0, key="twice")
+    q.enqueue_many(
+        [
+            JobSpec("t", key="twice", job_id="p3"),
+            JobSpec("t", job_id="c3", after=["p3", first]),
+        ]
+    )
+    assert q.get_job("c3").fields["flow_reason"] == "waiting for 1 jobs"
+    lease = q.claim("w", limit=10, lease_ms=10_000).jobs
+    q.complete(first, lease[0].token, None)
+    assert _claim_ids(q) == ["c3"]
+
+
+def test_a_key_taken_earlier_in_the_same_call_points_the_child_there(q: Queue) -> None:
+    ids = q.enqueue_many(
+        [
+            JobSpec("t", key="same", job_id="a4"),
+            JobSpec("t", key="same", job_id="b4"),
+            JobSpec("t", job_id="c4", after=["b4"]),
+        ]
+    )
+    assert ids == ["a4", "a4", "c4"]
+    lease = q.claim("w", limit=10, lease_ms=10_000).jobs
+    assert [j.id for j in lease] == ["a4"]
+    q.complete("a4", lease[0].token, None)
+    assert _claim_ids(q) == ["c4"]
+
+
+def test_a_key_whose_job_is_gone_refuses_the_call_and_writes_nothing(
+    q: Queue, client: redis.Redis
+) -> None:
+    first = q.enqueue("t", 0, key="expired")
+    # The key outlives its job (a done record expired, a purge): the job is missing.
+    client.delete(q.keys.prefix + "spec:" + first, q.keys.prefix + "job:" + first)
+    before = dump_queue(client, q)
+    with pytest.raises(BadArgument, match=f"after=p5.*{first}.*no such job"):
+        q.enqueue_many(
+            [JobSpec("t", key="expired", job_id="p5"), JobSpec("t", job_id="c5", after=["p5"])]
+        )
+    assert dump_queue(client, q) == before
