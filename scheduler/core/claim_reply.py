@@ -114,18 +114,18 @@ def _claimed_job(raw: Sequence[Any], now_ms: int) -> ClaimedJob:
     backoff = parse_stored_backoff(backoff_raw)
     if backoff is None:
         raise _Unreadable("backoff")
-    return ClaimedJob(
-        id=job_id,
-        token=token,
-        attempts=_field_int(raw[2], "attempts"),
-        max_attempts=_field_int(raw[3], "max_attempts"),
-        task=task,
-        payload_json=payload,
-        run_at_ms=_field_int(raw[6], "run_at_ms"),
-        claimed_ms=now_ms,
-        backoff=backoff,
-        timeout_ms=_field_int(raw[8], "timeout_ms"),
-        schedule=schedule,
+    return ClaimedJob._of(
+        job_id,
+        token,
+        _field_int(raw[2], "attempts"),
+        _field_int(raw[3], "max_attempts"),
+        task,
+        payload,
+        _field_int(raw[6], "run_at_ms"),
+        now_ms,
+        backoff,
+        _field_int(raw[8], "timeout_ms"),
+        schedule,
     )
 
 
