@@ -1,6 +1,6 @@
 --[[ heartbeat: extend the leases the caller still holds, many in one call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>
   ARGV[1] lease_ms, then pairs: id, token
   Returns: {lease_until_ms, status per pair}; status is
     'held'       extended to lease_until_ms

@@ -1,6 +1,6 @@
 --[[ purge_dead: delete parked jobs for good.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, dead:migrating, flow:levels, flow:pdue:<p>
   ARGV ids (picked by the client from the dead list)
   Returns: the number of jobs deleted. An id that is not dead is skipped. Purging a schedule's
     pending occurrence (parked by hand, e.g. by doctor) arms the schedule's next one. ]]

@@ -1,6 +1,6 @@
 --[[ release: give claimed jobs back without spending their attempt (graceful shutdown).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held
   ARGV pairs: id, token
   Returns: one status per job: 'released' | 'stale' | 'cancelled' | 'missing'. The job is due
     again at once, with its attempt count given back. A re-sent call answers 'released' again.

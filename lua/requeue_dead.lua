@@ -1,6 +1,6 @@
 --[[ requeue_dead: move parked jobs back to due, with a fresh attempt budget.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
+  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held
   ARGV ids (the client picks them from the dead list: one, all, or by task / error / age)
   Returns: the number of jobs requeued. An id that is not dead is skipped, so a re-sent call
     changes nothing more. ]]

@@ -3,7 +3,7 @@
   misfire budget recorded then. Idempotent: slots are a set, and the occurrence id is
   deterministic, so many clients refilling at once change nothing more than one.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
+  Keys from the prefix (lua/README.md): job:<id>, schedule:<name>, schedules:refill, flow:levels, flow:pdue:<p>
   ARGV[1] name  ARGV[2] digest the client computed the slots for
   ARGV[3..] slots (ms, ascending) after the schedule's cursor
   Returns: {status, pending id or ''}: 'refilled' | 'stale' (removed or redefined meanwhile:

@@ -1,6 +1,6 @@
 --[[ worker_beat: refresh (or remove) one live worker's entry, read by `scheduler workers`.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): stats:<minute>, workers, worker:<id>
+  Keys from the prefix (lua/README.md): workers, worker:<id>
   ARGV[1] worker id   ARGV[2] ttl_ms (> 0; the hash expires after it: a dead worker drops out)
   ARGV[3] mode 'beat' | 'remove'
   ARGV[4] host  ARGV[5] pid  ARGV[6] queues (comma-separated)  ARGV[7] in_flight

@@ -22,6 +22,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from scheduler.core import cluster_io
 from scheduler.core.connection import is_cluster
 from scheduler.core.errors import translate
+from scheduler.core.lua_prune import prune
 from scheduler.operations.ops import Commands, Request, Script, ScriptPipeline
 
 TRANSITIONS = (
@@ -80,8 +81,9 @@ def _expand(root: Path, name: str, seen: set[str], chain: tuple[str, ...], clock
 
 @cache
 def source(name: str, clock: str = "server") -> str:
-    """The expanded text of one transition, as sent to Redis."""
-    return _expand(lua_dir(), f"{name}.lua", set(), (f"{name}.lua",), clock)
+    """The expanded text of one transition, as sent to Redis: its libs' unused top-level
+    locals left out (scheduler.core.lua_prune)."""
+    return prune(_expand(lua_dir(), f"{name}.lua", set(), (f"{name}.lua",), clock))
 
 
 Wire = tuple[Any, ...]  # one command as sent: ("EVALSHA", sha, nkeys, *keys, *args)

@@ -1,0 +1,67 @@
+"""Drop the top-level locals of included Lua libs that a transition never uses.
+
+Redis runs a script's whole text on every call, so each `local function` of every included lib
+is a closure built per call (and garbage for Lua's collector): enqueue.lua pulled in ~80 of them
+to use ~20 (docs/performance.md section 13). The expanded text (scheduler.core.scripts._expand)
+marks each lib with `-- begin <lib>` / `-- end <lib>`; inside those marks every top-level
+statement must be a `local` declaration at column 0 (a unit runs until the next one). A unit is
+kept when its name appears, as a word, in the script's own text or in a kept unit: a name only
+in a comment keeps a unit needlessly, never drops one that is called.
+"""
+
+from __future__ import annotations
+
+import re
+
+_UNIT = re.compile(r"local\s+(?:function\s+)?([A-Za-z_]\w*)")
+_BEGIN = re.compile(r"-- begin lib/[\w/]+\.lua$")  # the marks scripts._expand writes
+_END = re.compile(r"-- end lib/[\w/]+\.lua$")
+_WORD = re.compile(r"[A-Za-z_]\w*")
+# Column-0 lines inside a lib that continue the current unit: its closing line, comments, blanks.
+_CONTINUES = ("end", "}", "--", ")")
+
+
+def prune(text: str) -> str:
+    """`text` without the unused lib units; raises ValueError on a lib top-level statement
+    that is not a `local` declaration (it could not be dropped or kept safely)."""
+    lines = text.split("\n")
+    units: list[list[int | str]] = []  # [name, first line, last line]
+    in_lib: set[int] = set()
+    depth = 0
+    reading = False  # inside a unit (its continuation lines extend it)
+    for i, line in enumerate(lines):
+        if _BEGIN.match(line):
+            depth, reading = depth + 1, False
+            continue
+        if _END.match(line):
+            depth, reading = depth - 1, False
+            continue
+        if depth == 0:
+            continue
+        in_lib.add(i)
+        m = _UNIT.match(line)
+        if m:
+            units.append([m.group(1), i, i])
+            reading = True
+        elif line and not line[0].isspace() and not line.startswith(_CONTINUES):
+            raise ValueError(f"lib line {i + 1} is not a local declaration: {line[:60]!r}")
+        elif reading:
+            units[-1][2] = i
+    texts: dict[str, list[str]] = {}
+    for name, first, last in units:
+        texts.setdefault(str(name), []).append("\n".join(lines[int(first) : int(last) + 1]))
+    own = "\n".join(line for i, line in enumerate(lines) if i not in in_lib)
+    kept: set[str] = set()
+    todo = [w for w in _WORD.findall(own) if w in texts]
+    while todo:
+        name = todo.pop()
+        if name in kept:
+            continue
+        kept.add(name)
+        for body in texts[name]:
+            todo.extend(w for w in _WORD.findall(body) if w in texts and w not in kept)
+    drop: set[int] = set()
+    for name, first, last in units:
+        if name not in kept:
+            drop.update(range(int(first), int(last) + 1))
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop)

@@ -1,0 +1,62 @@
+"""The sent Lua text leaves out its libs' unused top-level locals (scheduler.core.lua_prune)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.core.lua_prune import prune
+from scheduler.core.scripts import TRANSITIONS, _expand, lua_dir, source
+
+LIB = """\
+-- begin lib/a.lua
+-- a lib's own comment
+local LIMIT = { a = 1,
+  b = 2 }
+local function used(x)
+  return helper(x) + LIMIT.a
+end
+local function helper(x)
+  return x
+end
+
+local function unused()
+  return 'never'
+end
+-- end lib/a.lua
+"""
+
+
+def test_keeps_what_the_script_uses_and_what_that_uses() -> None:
+    out = prune(LIB + "return used(1)\n")
+    assert "local function used" in out
+    assert "local function helper" in out  # reached through used
+    assert "local LIMIT" in out and "  b = 2 }" in out  # a multi-line table kept whole
+    assert "unused" not in out
+    assert out.endswith("return used(1)\n")
+
+
+def test_a_name_only_in_a_lib_comment_keeps_nothing() -> None:
+    out = prune(LIB.replace("-- a lib's own comment", "-- see unused()") + "return 1\n")
+    assert "local function used" not in out and "local function unused" not in out
+
+
+def test_a_lib_statement_that_is_not_a_local_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a local declaration"):
+        prune(LIB.replace("local function unused", "redis.log(1)\nlocal function unused"))
+
+
+def test_a_comment_that_starts_like_a_mark_is_not_one() -> None:
+    text = LIB.replace("-- a lib's own comment", "-- end. of a sentence") + "return used(1)\n"
+    assert "unused" not in prune(text)
+
+
+@pytest.mark.parametrize("name", TRANSITIONS)
+def test_every_transition_is_smaller_and_keeps_its_own_text(name: str) -> None:
+    full = _expand(lua_dir(), f"{name}.lua", set(), (f"{name}.lua",), "server")
+    sent = source(name)
+    assert len(sent) < len(full)
+    own = (lua_dir() / f"{name}.lua").read_text()
+    body = [line for line in own.splitlines() if line and not line.startswith("-- @include")]
+    assert [line for line in sent.splitlines() if line in set(body)] != []
+    for line in body:
+        assert line in sent  # the transition's own lines are never dropped
