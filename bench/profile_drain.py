@@ -12,8 +12,9 @@ node) and the server's (INFO cpu), and INFO commandstats, so every figure is per
 --py-spy (ours only) it samples the worker with `py-spy record --format raw --nonblocking`.
 
 transitions (ours only, no worker): each transition alone on a fresh queue through the public
-sync API -- enqueue_many, claim of --batch, heartbeat of --batch leases, complete_many of
---batch -- with the Redis time per job from INFO commandstats (usec of EVALSHA / jobs).
+sync API -- enqueue one job per call (at most 5,000), enqueue_many, claim of --batch,
+heartbeat of --batch leases, complete_many of --batch -- with the Redis time per job from INFO
+commandstats (usec of EVALSHA / jobs).
 
 stacks: rolls a py-spy raw file up into the budget's rows (phase of the worker, and library),
 as % of samples and, given the measured CPU us/job, as us per job.
@@ -208,6 +209,12 @@ def transitions(opts: argparse.Namespace) -> dict[str, Any]:
             }
             return res
 
+        single = min(n, 5000)
+        measure(
+            "enqueue (one call per job)",
+            lambda: [q.enqueue("task", c.payload(i)) for i in range(single)],
+            single,
+        )
         measure(
             "enqueue_many (batches of 1000)",
             lambda: q.enqueue_many([JobSpec("task", c.payload(i)) for i in range(n)]),
@@ -222,18 +229,18 @@ def transitions(opts: argparse.Namespace) -> dict[str, Any]:
                     return got
                 got.extend(b.jobs)
 
-        jobs = measure(f"claim (limit {batch})", claim_all, n)
+        jobs = measure(f"claim (limit {batch})", claim_all, n + single)
         leases = [(j.id, j.token) for j in jobs]
         chunks = [leases[i : i + batch] for i in range(0, len(leases), batch)]
         measure(
             f"heartbeat ({batch} leases per call)",
             lambda: [q.heartbeat(ch, lease_ms=60_000) for ch in chunks],
-            n,
+            len(leases),
         )
         measure(
             f"complete_many ({batch} per call)",
             lambda: [q.complete_many([(i, t, None) for i, t in ch]) for ch in chunks],
-            n,
+            len(leases),
         )
     return out
 
