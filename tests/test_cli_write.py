@@ -104,6 +104,7 @@ def dead3(q: Queue, client: redis.Redis) -> dict[str, str]:
         assert q.fail(job.id, job.token, exc).status == "dead"
     old = int(q.get_job(ids["y1"]).fields["dead_ms"]) - 2 * 3_600_000
     client.hset(q.keys.job(ids["y1"]), "dead_ms", old)
+    client.zadd(q.keys.dead, {ids["y1"]: old})  # the age filters read the dead ZSET's score
     return ids
 
 

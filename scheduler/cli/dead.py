@@ -29,11 +29,13 @@ from scheduler.cli.common import (
 )
 from scheduler.cli.dead_retention import retention
 from scheduler.cli.jobs import job_json
-from scheduler.client.partitioned import PartitionedQueue, open_queue
+from scheduler.client.partitioned import PartitionedQueue, merge_dead, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys, check_job_id
 from scheduler.core.models import Job
+from scheduler.operations.dead_letters import dead_cut, scan_dead
+from scheduler.operations.requests import Commands, Op
 
 _BATCH = 100  # ids per script call in bulk operations (one progress step each)
 
@@ -108,6 +110,41 @@ def _jobs(q: Queue | PartitionedQueue, ids: Sequence[str]) -> list[Job]:
     return [found[i] for i in ids if i in found]
 
 
+def _listing_op(
+    q: Queue, task: str | None, error_type: str | None, older_than_ms: int | None, want: int
+) -> Op[tuple[list[tuple[float, str]], int | None]]:
+    """One queue's (or partition's) newest `want` matches, and how many match in all when
+    the dead ZSET alone can tell (no task / error filter: ZCARD, or ZCOUNT for an age)."""
+    max_dead_ms = yield from dead_cut(older_than_ms)
+    found = yield from scan_dead(
+        q.keys, max_dead_ms=max_dead_ms, task=task, error_type=error_type, limit=want
+    )
+    if task is not None or error_type is not None:
+        return found, None
+    top = "+inf" if max_dead_ms is None else max_dead_ms
+    (n,) = yield Commands([("ZCOUNT", q.keys.dead, "-inf", top)])
+    return found, int(n)
+
+
+def _listing(
+    q: Queue | PartitionedQueue,
+    task: str | None,
+    error_type: str | None,
+    older_than_ms: int | None,
+    want: int,
+) -> tuple[list[str], int | None]:
+    """The newest `want` matching ids (a partitioned queue: each partition's first `want`,
+    merged, in one driver call a round) and the total when it is known without a scan."""
+    args = (task, error_type, older_than_ms, want)
+    if isinstance(q, PartitionedQueue):
+        per = q._run_many([(p, _listing_op(p, *args)) for p in q.parts])
+    else:
+        per = [q._run(_listing_op(q, *args))]
+    ids = merge_dead([found for found, _ in per])[:want]
+    totals = [n for _, n in per]
+    return ids, None if None in totals else sum(n for n in totals if n is not None)
+
+
 @dead.command("list")
 @url_option
 @queue_option
@@ -126,23 +163,45 @@ def list_dead(
     offset: int,
     limit: int,
 ) -> None:
-    """Dead jobs, newest first: why each died and its last error."""
+    """Dead jobs, newest first: why each died and its last error. Reads the page it prints
+    (with --task / --error-type, as far as the page's matches go: the total is then not
+    counted, `more` says whether others follow)."""
     client = connect(url)
     require_queue(client, queue)
     q = open_queue(client, queue)  # a partitioned queue: merged, newest first
-    selected = select(q, task, error_type, older_than_ms, ids)
-    page = selected[offset : offset + limit]
+    total: int | None
+    if ids:
+        selected = select(q, task, error_type, older_than_ms, ids)
+        page, total = selected[offset : offset + limit], len(selected)
+        more = offset + limit < total
+    else:
+        # Without a total (a record filter), one beyond the page tells whether more follow.
+        beyond = int(task is not None or error_type is not None)
+        found, total = _listing(q, task, error_type, older_than_ms, offset + limit + beyond)
+        page = found[offset : offset + limit]
+        more = len(found) > offset + limit if total is None else offset + limit < total
     now_ms = server_now_ms(client)
     rows = [job_json(j, now_ms) for j in _jobs(q, page)]
     if as_json:
         emit_json(
-            {"queue": queue, "total": len(selected), "offset": offset, "limit": limit, "jobs": rows}
+            {
+                "queue": queue,
+                "total": total,
+                "more": more,
+                "offset": offset,
+                "limit": limit,
+                "jobs": rows,
+            }
         )
         return
     # One block per job, not a table: six columns cannot fit 80 columns without folding words
     # by character; a block wraps by word at any width and greps well in a pipe.
     out = console()
-    out.print(f"dead jobs in {markup_safe(repr(queue))}: {len(selected)} match")
+    if total is not None:
+        out.print(f"dead jobs in {markup_safe(repr(queue))}: {total} match")
+    else:
+        tail = ", more follow (--offset)" if more else ""
+        out.print(f"dead jobs in {markup_safe(repr(queue))}: {len(rows)} shown{tail}")
     for r in rows:
         age = fmt_ms(now_ms - r["dead_ms"]) if r["dead_ms"] is not None else "-"
         err = f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"

@@ -3,16 +3,21 @@
 The dead key is a ZSET id -> dead_ms (lua/lib/job.lua); a LIST left by an older version is
 converted in bounded steps by whichever script touches it first. Readers that page the key here
 drive the conversion to its end first (dead_migrate, at most 1,000 ids per call), so a page is
-never read from a half-converted key."""
+never read from a half-converted key.
+
+A scan (dead_scored) pages newest first by a (dead_ms, id) cursor, not by offset: a job that
+dies, or one requeued, while the scan runs moves every later offset, so offset pages could
+return an id twice or skip one; a cursor resumes just below the last id it returned."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from scheduler.core import codec
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
-from scheduler.operations.requests import Commands, Op, OpsBase, Script
+from scheduler.operations.requests import Commands, Op, OpsBase, Script, ScriptPipeline
 
 
 def dead_converted() -> Op[None]:
@@ -26,6 +31,98 @@ def dead_page(keys: QueueKeys, offset: int, limit: int) -> Op[list[str]]:
     yield from dead_converted()
     (ids,) = yield Commands([("ZRANGE", keys.dead, offset, offset + limit - 1, "REV")])
     return [codec.s(i) for i in ids]
+
+
+def scored_pairs(reply: Any) -> list[tuple[float, str]]:
+    """A ZRANGE ... WITHSCORES reply as (score, member): RESP2 sends member, score, ...;
+    RESP3 (or a client callback) sends pairs."""
+    flat: list[Any] = []
+    for item in reply:
+        flat += list(item) if isinstance(item, (list, tuple)) else [item]
+    return [(float(flat[i + 1]), codec.s(flat[i])) for i in range(0, len(flat) - 1, 2)]
+
+
+def _bound(score: float) -> str:
+    return repr(score)  # 'inf' / '-inf' / '1700000000000.0': ZRANGE BYSCORE reads them all
+
+
+def scan_dead(
+    keys: QueueKeys,
+    *,
+    max_dead_ms: int | None = None,
+    task: str | None = None,
+    error_type: str | None = None,
+    limit: int | None = None,
+    page: int = 1000,
+) -> Op[list[tuple[float, str]]]:
+    """(dead_ms, id) of the dead letters that died at or before `max_dead_ms` (all: None) and
+    match `task` / `error_type`, newest first, at most `limit` of them (all: None). The
+    caller has converted an old dead LIST first (dead_converted). Each page is one ZRANGE
+    BYSCORE REV from the cursor (plus one HMGET per id when filtering by task or error): the
+    age cut is the score, no job record is read for it. Never returns an id twice."""
+    codec._int(page, "page", minimum=1)
+    out: list[tuple[float, str]] = []
+    top: float | None = None  # the cursor: the last (score, id) returned, and how many
+    last = ""  #               entries of that score the range holds down to `last`
+    ties = 0
+    by_record = task is not None or error_type is not None
+    while limit is None or len(out) < limit:
+        step = page if limit is None else _step(limit - len(out), by_record, page)
+        hi = ("+inf" if max_dead_ms is None else max_dead_ms) if top is None else _bound(top)
+        (reply,) = yield Commands(
+            [("ZRANGE", keys.dead, hi, "-inf", "BYSCORE", "REV", "LIMIT", ties, step, "WITHSCORES")]
+        )
+        raw = scored_pairs(reply)
+        if not raw:
+            return out
+        # An id that died at the cursor's very ms after the last page (sorting above `last`)
+        # is one this scan passed over or returned: skipped, so nothing comes back twice.
+        fresh = [(s, i) for s, i in raw if top is None or s != top or i < last]
+        s_end, last = raw[-1]
+        run = sum(1 for s, _ in raw if s == s_end)
+        ties = ties + len(raw) if top is not None and s_end == top else run
+        top = s_end
+        if by_record:
+            fresh = yield from _matching(keys, fresh, task, error_type)
+        out.extend(fresh)
+        if len(raw) < step:
+            break
+    return out if limit is None else out[:limit]
+
+
+def _step(wanted: int, by_record: bool, page: int) -> int:
+    """A page for `wanted` more matches: exactly that many without a record filter; with
+    one, a few times more (a filter keeps some of them), at most `page`."""
+    return min(page, max(wanted * 4, 100) if by_record else wanted)
+
+
+def dead_cut(older_than_ms: int | None) -> Op[int | None]:
+    """Convert an old dead LIST first (once), and the highest dead_ms `older_than_ms` keeps
+    (None: no age filter): the clock comes in the conversion's round trip."""
+    if older_than_ms is None:
+        yield from dead_converted()
+        return None
+    codec._int(older_than_ms, "older_than_ms")
+    left, raw = yield ScriptPipeline([Script("dead_migrate", []), Script("counts", [])])
+    if int(left) > 0:
+        yield from dead_converted()
+    return codec.parse_counts(raw).now_ms - older_than_ms
+
+
+def _matching(
+    keys: QueueKeys, pairs: list[tuple[float, str]], task: str | None, error_type: str | None
+) -> Op[list[tuple[float, str]]]:
+    if not pairs:
+        return []
+    fields = yield Commands([("HMGET", keys.job(i), "task", "last_error_type") for _, i in pairs])
+    kept = []
+    for pair, (t, et) in zip(pairs, fields, strict=True):
+        if task is not None and (t is None or codec.s(t) != task):
+            continue
+        if error_type is not None and (et is None or codec.s(et) != error_type):
+            continue
+        kept.append(pair)
+    return kept
 
 
 def _retention_arg(value: int | None, name: str, lo: int, hi: int) -> str:
@@ -59,32 +156,34 @@ class DeadLetterOps(OpsBase):
         page: int = 1000,
     ) -> Op[list[str]]:
         """Dead ids (newest first) matching every filter given (all when none is)."""
-        counts = yield from self.counts()
-        out: list[str] = []
-        start = 0
-        while True:
-            ids = yield from dead_page(self.keys, start, page)
-            if not ids:
-                return out
-            start += len(ids)
-            if task is None and error_type is None and older_than_ms is None:
-                out.extend(ids)
-                continue
-            fields = yield Commands(
-                [("HMGET", self.keys.job(i), "task", "last_error_type", "dead_ms") for i in ids]
+        found = yield from self.dead_scored(
+            task=task, error_type=error_type, older_than_ms=older_than_ms, page=page
+        )
+        return [i for _, i in found]
+
+    def dead_scored(
+        self,
+        *,
+        task: str | None = None,
+        error_type: str | None = None,
+        older_than_ms: int | None = None,
+        limit: int | None = None,
+        page: int = 1000,
+    ) -> Op[list[tuple[float, str]]]:
+        """(dead_ms, id) of the dead ids matching every filter, newest first, at most `limit`
+        (scan_dead). The old-LIST check runs once, with the clock read in the same round trip
+        when an age filter needs it."""
+        max_dead_ms = yield from dead_cut(older_than_ms)
+        return (
+            yield from scan_dead(
+                self.keys,
+                max_dead_ms=max_dead_ms,
+                task=task,
+                error_type=error_type,
+                limit=limit,
+                page=page,
             )
-            for job_id, (t, et, dead_ms) in zip(ids, fields, strict=True):
-                if task is not None and (t is None or codec.s(t) != task):
-                    continue
-                if error_type is not None and (et is None or codec.s(et) != error_type):
-                    continue
-                # A dead_ms that does not read as a number (hand-edited) matches no age filter.
-                dead_at = codec.stored_int(dead_ms)
-                if older_than_ms is not None and (
-                    dead_at is None or counts.now_ms - dead_at < older_than_ms
-                ):
-                    continue
-                out.append(job_id)
+        )
 
     def requeue_dead(self, ids: Sequence[str], batch_size: int = 500) -> Op[int]:
         """Move these dead jobs back to due with a fresh attempt budget; returns how many."""

@@ -1,0 +1,217 @@
+"""Dead-letter read paths (operations/dead_letters.py, cli/dead.py): what they send, counted
+with a client that records every command and every round trip on a private server; a scan
+that never returns an id twice while jobs die between its pages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from scheduler import Queue
+from scheduler.cli import dead as dead_cli
+from scheduler.cli.main import main
+from scheduler.core.scripts import Scripts
+from scheduler.operations.requests import Commands, Op
+from tests.conftest import delete_queue
+from tests.redis_server import RedisProcess, require_binary
+
+_HANDSHAKE = {"CLIENT", "HELLO", "SELECT", "AUTH", "PING"}
+SHA = Scripts().sha
+TEST_SHA = Scripts(clock="test").sha
+
+
+class Counter:
+    """What a counting client sent: each command's arguments, and its round trips (one per
+    socket write: a pipeline is one)."""
+
+    def __init__(self) -> None:
+        self.cmds: list[tuple[Any, ...]] = []
+        self.trips = 0
+
+    def reset(self) -> None:
+        self.cmds.clear()
+        self.trips = 0
+
+    def named(self, name: str) -> list[tuple[Any, ...]]:
+        return [c for c in self.cmds if str(c[0]).upper() == name]
+
+    def scripts(self, name: str) -> int:
+        """How many EVALSHA calls ran the script `name` (either clock)."""
+        shas = {SHA[name], TEST_SHA[name]}
+        return sum(1 for c in self.named("EVALSHA") if c[1] in shas)
+
+
+def counting_client(url: str) -> tuple[redis.Redis, Counter]:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    counter = Counter()
+    base = client.connection_pool.connection_class
+
+    class Counting(base):  # type: ignore[valid-type,misc]
+        handshake = False  # the packet about to be sent is the connection's own set-up
+
+        def send_command(self, *args: Any, **kwargs: Any) -> None:
+            self.handshake = str(args[0]).upper() in _HANDSHAKE
+            if not self.handshake:
+                counter.cmds.append(args)
+            super().send_command(*args, **kwargs)
+
+        def pack_commands(self, commands: Any) -> Any:
+            commands = list(commands)
+            self.handshake = False
+            counter.cmds.extend(commands)
+            return super().pack_commands(commands)
+
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            if not self.handshake:
+                counter.trips += 1
+            super().send_packed_command(command, check_health)
+
+    client.connection_pool.connection_class = Counting
+    client.ping()
+    counter.reset()
+    return client, counter
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisProcess]:
+    proc = RedisProcess(require_binary("redis-server", "round-trip counts")).start()
+    try:
+        yield proc
+    finally:
+        proc.cleanup()
+
+
+@pytest.fixture
+def counted(server: RedisProcess, queue_name: str) -> Iterator[tuple[Queue, Counter]]:
+    client, counter = counting_client(server.url)
+    q = Queue(client, queue_name, _clock="test")
+    client.set(q.keys.test_clock, 1_000_000)
+    q.preload()  # SCRIPT LOAD now: a NOSCRIPT re-send would count as a second call
+    yield q, counter
+    delete_queue(client, q)
+    client.close()
+
+
+def park(q: Queue, n: int, *, task: str = "t", at_ms: int | None = None) -> list[str]:
+    """`n` jobs dead-lettered (max_attempts=1, failed) at the test clock `at_ms`."""
+    if at_ms is not None:
+        q.client.set(q.keys.test_clock, at_ms)
+    ids = [q.enqueue(task, None, max_attempts=1) for _ in range(n)]
+    got = []
+    while len(got) < n:
+        got += q.claim("w", limit=min(n - len(got), 1000)).jobs
+    for job in got:
+        assert q.fail(job.id, job.token, ValueError("x")).status == "dead"
+    return ids
+
+
+def test_dead_ids_converts_once_and_cuts_the_age_by_the_score(
+    counted: tuple[Queue, Counter],
+) -> None:
+    q, c = counted
+    old = park(q, 120, at_ms=1_000_000)
+    new = park(q, 130, at_ms=2_000_000)
+    q.client.set(q.keys.test_clock, 2_500_000)
+    c.reset()
+    got = q._run(q.ops.dead_ids(older_than_ms=1_000_000, page=50))
+    assert sorted(got) == sorted(old)
+    # One conversion check (with the clock, in one pipeline), then 3 pages of 50: no per-page
+    # re-check, no job record read for the age.
+    assert c.scripts("dead_migrate") == 1 and c.scripts("counts") == 1
+    assert c.named("HMGET") == [] and c.trips == 1 + 3
+    c.reset()
+    assert q._run(q.ops.dead_ids(page=50)) == sorted(old + new, key=lambda i: (
+        1 if i in old else 2, i), reverse=True)  # fmt: skip
+    assert c.scripts("dead_migrate") == 1 and c.scripts("counts") == 0 and c.trips == 1 + 6
+
+
+def test_filters_read_the_records_of_the_aged_ids_only(counted: tuple[Queue, Counter]) -> None:
+    q, c = counted
+    old = park(q, 40, task="a", at_ms=1_000_000) + park(q, 40, task="b", at_ms=1_000_000)
+    park(q, 200, task="a", at_ms=3_000_000)
+    c.reset()
+    got = q._run(q.ops.dead_ids(task="a", older_than_ms=1_000_000, page=1000))
+    assert sorted(got) == sorted(old[:40])
+    assert len(c.named("HMGET")) == 80  # the 80 old enough, not the 200 younger ones
+
+
+def drive_killing(q: Queue, op: Op[Any], between: Callable[[], None]) -> Any:
+    """Queue's driver loop, calling `between` after each dead-ZSET page it read."""
+    try:
+        req = next(op)
+        while True:
+            reply = q._execute(req)
+            if isinstance(req, Commands) and req.cmds[0][:2] == ("ZRANGE", q.keys.dead):
+                between()
+            req = op.send(reply)
+    except StopIteration as done:
+        return done.value
+
+
+@pytest.mark.parametrize("same_ms", [False, True], ids=["later", "same-ms"])
+def test_a_scan_never_repeats_an_id_while_jobs_die_between_pages(
+    counted: tuple[Queue, Counter], same_ms: bool
+) -> None:
+    """Jobs that die between two pages (newest first: at the top, so every offset moves)
+    never make an id come back; every id dead at the start is returned. `same_ms`: they die
+    at the very ms of the scan's cursor, with ids that sort above it."""
+    q, _ = counted
+    at = 1_000_000
+    before = park(q, 95, at_ms=at)
+    victims = [q.enqueue("t", None, max_attempts=1, job_id=f"zz-{n:03}") for n in range(10)]
+    leases = iter(q.claim("w", limit=10).jobs)
+    clock = iter(range(at + 1, at + 100))
+
+    def kill_one() -> None:
+        if not same_ms:
+            q.client.set(q.keys.test_clock, next(clock))
+        job = next(leases, None)
+        if job is not None:
+            assert q.fail(job.id, job.token, ValueError("x")).status == "dead"
+
+    got = drive_killing(q, q.ops.dead_ids(page=10), kill_one)
+    assert len(got) == len(set(got)), [i for i in got if got.count(i) > 1]
+    assert set(before) <= set(got) <= set(before) | set(victims)
+
+
+# -- scheduler dead list ---------------------------------------------------------------------
+def list_dead(monkeypatch: pytest.MonkeyPatch, q: Queue, *args: str) -> dict[str, Any]:
+    monkeypatch.setattr(dead_cli, "connect", lambda _url: q.client)
+    result = CliRunner().invoke(
+        main, ["dead", "list", "-q", q.name, "--url", "redis://unused", "--json", *args]
+    )
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.stdout))
+
+
+def dead_ids_read(c: Counter, dead_key: str) -> int:
+    """How many dead-ZSET entries the commands asked for (ZRANGE ... LIMIT off n), plus the
+    job records read one by one."""
+    n = 0
+    for cmd in c.named("ZRANGE"):
+        if cmd[1] == dead_key:
+            parts = [str(a).upper() for a in cmd]
+            n += int(cmd[parts.index("LIMIT") + 2]) if "LIMIT" in parts else int(cmd[3]) + 1
+    return n
+
+
+def test_dead_list_reads_only_the_page_it_prints(
+    counted: tuple[Queue, Counter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q, c = counted
+    ids = park(q, 300, task="a", at_ms=1_000_000)
+    newest = sorted(ids, reverse=True)
+    c.reset()
+    out = list_dead(monkeypatch, q, "--limit", "5")
+    assert [j["id"] for j in out["jobs"]] == newest[:5] and out["total"] == 300
+    assert dead_ids_read(c, q.keys.dead) <= 5 and len(c.named("HMGET")) == 0
+    assert len(c.named("HGETALL")) + len(c.named("HMGET")) <= 5 * 2  # the printed records
+    c.reset()
+    out = list_dead(monkeypatch, q, "--offset", "10", "--limit", "5", "--task", "a")
+    assert [j["id"] for j in out["jobs"]] == newest[10:15] and out["more"]
+    assert dead_ids_read(c, q.keys.dead) <= 100 and len(c.named("HMGET")) <= 100
