@@ -34,6 +34,12 @@ def test_a_growing_backlog_is_not_bounded(soak: Any) -> None:
     assert not soak.backlog_bounded(points, 1500)
 
 
+def test_a_stall_the_workers_recover_from_is_bounded(soak: Any) -> None:
+    # As seen at load 18: ~10 s at up to 2 s of arrivals, then back to one tick's batch.
+    points = [(float(t), 3200.0 if 260 <= t < 270 else 30.0) for t in range(225, 300)]
+    assert soak.backlog_bounded(points, 1500)
+
+
 def test_a_flat_but_large_backlog_is_not_bounded(soak: Any) -> None:
     points = [(float(t), 30_000.0) for t in range(225, 300)]
     assert not soak.backlog_bounded(points, 1500)
