@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
-from redis.exceptions import ResponseError, WatchError
+from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from scheduler.admin import health
 from scheduler.admin.doctor_checks import diagnose
@@ -54,6 +54,7 @@ __all__ = [
     "check_server_settings",
     "convert_dead",
     "diagnose",
+    "load_repair",
     "read_snapshots",
     "repair_job",
     "repair_queue",
@@ -68,7 +69,16 @@ def _load_zset(client: redis.Redis, key: str) -> dict[str, int]:
 
 def convert_dead(client: redis.Redis, keys: QueueKeys) -> None:
     """Finish converting a dead LIST of an older version into the ZSET, in the script's
-    bounded steps (lua/dead_migrate.lua); nothing to do on a ZSET."""
+    bounded steps (lua/dead_migrate.lua); nothing to do (and no SCRIPT LOAD) on a ZSET."""
+    node = connection.node_for_key(client, keys.prefix)
+    try:  # LLEN, as the script does: a ZSET answers WRONGTYPE
+        listed = int(node.llen(keys.dead))
+    except ResponseError as exc:
+        if str(exc).startswith("WRONGTYPE"):
+            return
+        raise
+    if listed == 0 and not node.exists(keys.dead_migrating):
+        return
     sha = client.script_load(scripts.source("dead_migrate"))
     script_keys = keys.script_keys()
     while int(client.evalsha(sha, len(script_keys), *script_keys)) > 0:
@@ -219,11 +229,22 @@ def _first_pass(
 
 
 # -- repairing -------------------------------------------------------------------------------
-def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
+def load_repair(client: redis.Redis, keys: QueueKeys) -> None:
+    """SCRIPT LOAD lua/repair.lua on the node of `keys` (its plans run it by EVALSHA: the
+    operator role has no EVAL)."""
+    connection.node_for_key(client, keys.prefix).script_load(scripts.source("repair"))
+
+
+def repair_job(
+    client: redis.Redis, ctx: Context, job_id: str, *, script_loaded: bool = False
+) -> Issue | None:
     """Apply the first safe repair this job needs, re-read under WATCH; returns what was fixed
-    (None when nothing needed fixing, or the job kept changing under live workers)."""
+    (None when nothing needed fixing, or the job kept changing under live workers).
+    `script_loaded`: the caller ran load_repair (once per run); a NOSCRIPT (a SCRIPT FLUSH
+    since) loads it again and re-plans."""
     k = ctx.keys
     jk = k.job(job_id)
+    loaded = script_loaded
     with connection.node_for_key(client, k.prefix).pipeline(transaction=True) as pipe:
         for _ in range(_WATCH_TRIES):
             try:
@@ -250,14 +271,18 @@ def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
                 if todo is None:
                     pipe.unwatch()
                     return None
-                if any(cmd[0] == "EVALSHA" for cmd in todo.repair):
+                if not loaded and any(cmd[0] == "EVALSHA" for cmd in todo.repair):
                     pipe.script_load(scripts.source("repair"))  # runs now: not in the MULTI
+                    loaded = True
                 pipe.multi()
                 for cmd in todo.repair:
                     pipe.execute_command(*cmd)  # type: ignore[no-untyped-call]
                 pipe.execute()
                 return todo
             except WatchError:
+                continue
+            except NoScriptError:  # every command of a plan is one repair.lua call: none ran
+                loaded = False
                 continue
     return None
 
@@ -281,13 +306,17 @@ def repair_queue(
     keys = QueueKeys(queue)
     fixed: list[Issue] = []
     issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)
+    loaded = False
     for _ in range(passes):
         todo = sorted({i.job_id for i in issues if i.repair and i.job_id is not None})
         if not todo:
             break
         ctx = Context(keys, server_now_ms(client), _live(client, keys), stale_lease_ms)
+        if not loaded:
+            load_repair(client, keys)  # once a run, not once a job
+            loaded = True
         for jid in todo:
-            done = repair_job(client, ctx, jid)
+            done = repair_job(client, ctx, jid, script_loaded=True)
             if done is not None:
                 fixed.append(done)
         issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)

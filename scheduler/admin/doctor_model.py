@@ -3,6 +3,7 @@ check's `Context`, the repair plans (each one lua/repair.lua move: the lib/job.l
 transitions, done only while the job is where the check found it) and the strict readers of
 stored numbers and fields."""
 
+import functools
 import hashlib
 import json
 import math
@@ -87,7 +88,10 @@ def _by_hand(cmd: Command) -> str:
     return "redis-cli " + " ".join(shlex.quote(a) for a in cmd)  # none today: every repair is Lua
 
 
-REPAIR_SHA = hashlib.sha1(scripts.source("repair").encode()).hexdigest()
+@functools.cache
+def repair_sha() -> str:
+    """lua/repair.lua's SHA1, computed on first use (not at import: the CLI imports this)."""
+    return hashlib.sha1(scripts.source("repair").encode()).hexdigest()
 
 
 # -- repair plans: each one lua/repair.lua move, guarded by where the plan found the job ------
@@ -102,7 +106,7 @@ def _repair(
     return [
         (
             "EVALSHA",  # the operator role may run EVALSHA, not EVAL (docs/security.md)
-            REPAIR_SHA,
+            repair_sha(),
             str(len(keys)),
             *keys,
             move,

@@ -22,7 +22,6 @@ from scheduler.admin.inspection import (
     logical_queues,
     queue_exists,
     server_now_ms,
-    window_counts,
 )
 from scheduler.cli import dead, doctor, jobs
 from scheduler.cli.common import (
@@ -42,8 +41,14 @@ from scheduler.cli.common import (
     resolve_queues,
     url_option,
 )
-from scheduler.client.partitioned import PartitionedQueue, open_queue
+from scheduler.client.partitioned import PartitionedQueue, merge_counts, open_queue
+from scheduler.client.queue import Queue
 from scheduler.core.keys import QueueKeys
+from scheduler.core.models import QueueCounts
+from scheduler.core.vocabulary import STAT_FIELDS
+from scheduler.operations import browsing
+from scheduler.operations.dead_letters import scored_pairs
+from scheduler.operations.requests import Commands, Op
 
 _REDISCOVER_EVERY = 15  # refreshes between SCANs for new queues in `stats --watch`
 
@@ -59,22 +64,47 @@ def register(main: click.Group) -> None:
 
 
 # -- stats -----------------------------------------------------------------------------------
+_SPAN_MIN = max(WINDOWS_MIN)
+
+
+def _row_op(q: Queue) -> Op[tuple[QueueCounts, list[tuple[float, str]], list[dict[str, int]]]]:
+    """One queue's (or partition's) part of a `stats` row in two round trips: counts (the
+    held counts and the clock too), then the due head and the stats minutes in one pipeline."""
+    counts = yield from q.ops.counts()
+    series = browsing.minute_series(q.keys, counts.now_ms, _SPAN_MIN, STAT_FIELDS)
+    minutes = next(series)
+    assert isinstance(minutes, Commands)
+    head, *buckets = yield Commands([("ZRANGE", q.keys.due, 0, 0, "WITHSCORES"), *minutes.cmds])
+    try:
+        series.send(buckets)
+    except StopIteration as done:
+        return counts, scored_pairs(head), done.value
+    raise AssertionError("minute_series reads once")
+
+
+def _windows(series: list[dict[str, int]]) -> dict[str, dict[str, int]]:
+    """window_counts' '1m' / '5m' / '60m' totals from one minute series (oldest first)."""
+    return {
+        f"{n}m": {f: sum(row.get(f, 0) for row in series[-n:]) for f in STAT_FIELDS}
+        for n in WINDOWS_MIN
+    }
+
+
 def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
     """One row of `stats`; a partitioned queue is one row: its partitions' counts, windows and
-    held jobs summed, the oldest overdue job the oldest of the partitions' heads."""
+    held jobs summed, the oldest overdue job the oldest of the partitions' heads. Two driver
+    calls for any number of partitions (each one pipeline, per node on a cluster)."""
     q = open_queue(client, name)
-    counts = q.counts()
-    parts = [p.name for p in q.parts] if isinstance(q, PartitionedQueue) else [name]
-    heads: list[tuple[float, str]] = []
-    if counts.due:
-        for part in parts:
-            head: list[Any] = client.zrange(QueueKeys(part).due, 0, 0, withscores=True)
-            heads += [(float(score), str(job_id)) for job_id, score in head]
-    windows = [window_counts(client, QueueKeys(p), counts.now_ms) for p in parts]
-    held = [_held(client, QueueKeys(p)) for p in parts]
+    if isinstance(q, PartitionedQueue):
+        per = q._run_many([(p, _row_op(p)) for p in q.parts])
+    else:
+        per = [q._run(_row_op(q))]
+    counts = merge_counts([c for c, _, _ in per])
+    heads = [pair for _, head, _ in per for pair in head] if counts.due else []
+    windows = [_windows(series) for _, _, series in per]
     return {
         "queue": name,
-        "partitions": len(parts) if isinstance(q, PartitionedQueue) else None,
+        "partitions": len(q.parts) if isinstance(q, PartitionedQueue) else None,
         "now_ms": counts.now_ms,
         "due": counts.due,
         "scheduled": counts.scheduled,
@@ -86,7 +116,7 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
         "overdue_ms": counts.oldest_overdue_ms,
         "windows": {w: _sum([ws[w] for ws in windows]) for w in windows[0]},
         # Due but set aside by flow control (docs/flow-control.md): by key limit / rate window.
-        "held": _sum(held),
+        "held": counts.held,
     }
 
 
@@ -96,15 +126,6 @@ def _sum(each: list[dict[str, int]]) -> dict[str, int]:
         for k, v in d.items():
             out[k] = out.get(k, 0) + v
     return out
-
-
-def _held(client: redis.Redis, keys: QueueKeys) -> dict[str, int]:
-    pipe = client.pipeline(transaction=True)
-    pipe.zcard(keys.flow_held)
-    pipe.zcard(keys.flow_rheld)
-    pipe.zcard(keys.flow_waiting)
-    held, rate, waiting = (int(v) for v in pipe.execute())
-    return {"key_limit": held - rate - waiting, "rate_window": rate, "waiting": waiting}
 
 
 def _stats_table(rows: list[dict[str, Any]]) -> Table:

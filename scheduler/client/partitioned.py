@@ -176,25 +176,28 @@ class PartitionedQueue:
         return merge_jobs(state, self._run_many(ops), offset, limit)
 
     def dead_ids(self, **filters: Any) -> list[str]:
-        """`Queue.dead_ids` over every partition, merged newest first by the time they died."""
-        per = self._run_many([(p, p.ops.dead_ids(**filters)) for p in self.parts])
-        scores = [
-            self.client.zmscore(p.keys.dead, ids) if ids else []
-            for p, ids in zip(self.parts, per, strict=True)
-        ]
-        return merge_dead(per, scores)
+        """`Queue.dead_ids` over every partition, merged newest first by the time they died:
+        one driver call for all partitions, their scans carrying the dead_ms they merge by."""
+        return merge_dead(self.dead_scored(**filters))
+
+    def dead_scored(self, **filters: Any) -> list[list[tuple[float, str]]]:
+        """Each partition's `Ops.dead_scored(**filters)` (with `limit`: each partition's first
+        `limit`), in one driver call per page round."""
+        return self._run_many([(p, p.ops.dead_scored(**filters)) for p in self.parts])
 
     def requeue_dead(self, ids: Sequence[str]) -> int:
-        return sum(self._by_part(ids, lambda q, g: q.requeue_dead(g)))
+        """`Queue.requeue_dead`, the ids grouped by partition, one driver call for all."""
+        return sum(self._run_many([(q, q.ops.requeue_dead(g)) for q, g in self._by_part(ids)]))
 
     def purge_dead(self, ids: Sequence[str]) -> int:
-        return sum(self._by_part(ids, lambda q, g: q.purge_dead(g)))
+        """`Queue.purge_dead`, the ids grouped by partition, one driver call for all."""
+        return sum(self._run_many([(q, q.ops.purge_dead(g)) for q, g in self._by_part(ids)]))
 
-    def _by_part(self, ids: Sequence[str], fn: Any) -> list[Any]:
+    def _by_part(self, ids: Sequence[str]) -> list[tuple[Queue, list[str]]]:
         groups: dict[int, list[str]] = {}
         for i in ids:
             groups.setdefault(self.layout.partition_of_id(i), []).append(i)
-        return [fn(self.parts[k], g) for k, g in groups.items()]
+        return [(self.parts[k], g) for k, g in groups.items()]
 
     # -- schedules: each in one partition ----------------------------------------------------
     def _sched(self, name: str) -> Queue:

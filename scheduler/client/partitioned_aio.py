@@ -126,18 +126,17 @@ class AsyncPartitionedQueue:
         return merge_jobs(state, await self._run_many(ops), offset, limit)
 
     async def dead_ids(self, **filters: Any) -> list[str]:
-        per = await self._run_many([(p, p.ops.dead_ids(**filters)) for p in self.parts])
-        scores = [
-            await self.client.zmscore(p.keys.dead, ids) if ids else []
-            for p, ids in zip(self.parts, per, strict=True)
-        ]
-        return merge_dead(per, scores)
+        return merge_dead(await self.dead_scored(**filters))
+
+    async def dead_scored(self, **filters: Any) -> list[list[tuple[float, str]]]:
+        return await self._run_many([(p, p.ops.dead_scored(**filters)) for p in self.parts])
 
     async def requeue_dead(self, ids: Sequence[str]) -> int:
-        return sum([await q.requeue_dead(g) for q, g in self._by_part(ids)])
+        ops = [(q, q.ops.requeue_dead(g)) for q, g in self._by_part(ids)]
+        return sum(await self._run_many(ops))
 
     async def purge_dead(self, ids: Sequence[str]) -> int:
-        return sum([await q.purge_dead(g) for q, g in self._by_part(ids)])
+        return sum(await self._run_many([(q, q.ops.purge_dead(g)) for q, g in self._by_part(ids)]))
 
     def _by_part(self, ids: Sequence[str]) -> list[tuple[AsyncQueue, list[str]]]:
         groups: dict[int, list[str]] = {}

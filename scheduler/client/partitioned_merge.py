@@ -72,14 +72,10 @@ def merge_counts(each: Sequence[QueueCounts]) -> QueueCounts:
     )
 
 
-def merge_dead(per: Sequence[Sequence[str]], scores: Sequence[Sequence[Any]]) -> list[str]:
-    """Each partition's dead ids (newest first) with their dead_ms scores -> one list, newest
-    first by the time each job died."""
-    runs = [
-        [(-(float(s) if s is not None else 0.0), i) for s, i in zip(sc, ids, strict=True)]
-        for ids, sc in zip(per, scores, strict=True)
-    ]
-    return [i for _, i in heapq.merge(*runs)]
+def merge_dead(per: Sequence[Sequence[tuple[float, str]]]) -> list[str]:
+    """Each partition's (dead_ms, id) pairs (newest first, `Ops.dead_scored`) -> one list of
+    ids, newest first by the time each job died (ties: the larger id first, as one ZSET)."""
+    return [i for _, i in heapq.merge(*per, reverse=True)]
 
 
 def _order(state: str) -> tuple[Callable[[Job], int], bool]:

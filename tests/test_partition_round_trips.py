@@ -1,0 +1,154 @@
+"""Round trips of a partitioned queue's operator reads and writes (client/partitioned*.py,
+`scheduler stats`) and of doctor's repairs: one driver call for all partitions, counted with
+a client that records what it sends (tests/test_dead_paths.py) on a private server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from scheduler import JobSpec
+from scheduler.admin.inspection import server_now_ms
+from scheduler.cli.admin import queue_stats
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.partitioned_aio import AsyncPartitionedQueue
+from tests.conftest import delete_queue
+from tests.redis_server import RedisProcess, require_binary
+from tests.test_dead_paths import Counter, counting_client
+
+N = 4
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisProcess]:
+    proc = RedisProcess(require_binary("redis-server", "round-trip counts")).start()
+    try:
+        yield proc
+    finally:
+        proc.cleanup()
+
+
+@pytest.fixture
+def counted(server: RedisProcess, queue_name: str) -> Iterator[tuple[PartitionedQueue, Counter]]:
+    client, counter = counting_client(server.url)
+    pq = PartitionedQueue.create(client, queue_name, partitions=N, _clock="test")
+    for p in pq.parts:
+        client.set(p.keys.test_clock, 1_000_000)
+        p.preload()  # SCRIPT LOAD now: a NOSCRIPT re-send would count as a round trip
+    yield pq, counter
+    for p in pq.parts:
+        delete_queue(client, p)
+    client.delete(f"sched:{{{queue_name}}}:partitions")
+    client.close()
+
+
+def kill_per_partition(pq: PartitionedQueue, per: int, base_ms: int = 1_000_000) -> list[str]:
+    """`per` dead jobs in each partition, the partitions' clocks 1 ms apart (test clocks):
+    newest first, the merge is by that time."""
+    pq.enqueue_many([JobSpec("t", None, max_attempts=1) for _ in range(per * N)])
+    died: list[tuple[int, str]] = []
+    for k, part in enumerate(pq.parts):
+        pq.client.set(part.keys.test_clock, base_ms + k)
+        for job in part.claim("w", limit=per).jobs:
+            assert part.fail(job.id, job.token, ValueError("x")).status == "dead"
+            died.append((base_ms + k, job.id))
+    return [i for _, i in sorted(died, reverse=True)]
+
+
+def test_dead_ids_requeue_and_purge_are_one_driver_call_for_every_partition(
+    counted: tuple[PartitionedQueue, Counter],
+) -> None:
+    pq, c = counted
+    died = kill_per_partition(pq, 3)
+    c.reset()
+    assert pq.dead_ids() == died
+    assert c.trips == 2  # every partition's conversion check, then every partition's page
+    assert c.named("ZMSCORE") == []
+    c.reset()
+    assert pq.requeue_dead(died[:6]) == 6 and c.trips == 1
+    c.reset()
+    assert pq.purge_dead(died[6:]) == 6 and c.trips == 1
+    assert pq.counts().dead == 0 and pq.counts().due == 6
+
+
+def test_the_async_client_batches_them_too(
+    server: RedisProcess, counted: tuple[PartitionedQueue, Counter]
+) -> None:
+    pq, _ = counted
+    died = kill_per_partition(pq, 2)
+
+    async def go() -> tuple[list[str], int, int]:  # driver calls: one each, or a pipeline
+        client = redis.asyncio.Redis.from_url(server.url, decode_responses=True)
+        try:
+            aq = AsyncPartitionedQueue(client, pq.layout, _clock="test")
+            sent: list[Any] = []
+            execute = client.execute_command
+            pipeline = client.pipeline
+
+            async def one(*args: Any, **kw: Any) -> Any:
+                sent.append(args[0])
+                return await execute(*args, **kw)
+
+            def pipe(*args: Any, **kw: Any) -> Any:
+                sent.append("pipeline")
+                return pipeline(*args, **kw)
+
+            client.execute_command = one  # type: ignore[method-assign]
+            client.pipeline = pipe  # type: ignore[method-assign]
+            ids = await aq.dead_ids()
+            n_read = len(sent)
+            sent.clear()
+            assert await aq.requeue_dead(died) == len(died)
+            return ids, n_read, len(sent)
+        finally:
+            await client.aclose()
+
+    ids, reads, writes = asyncio.run(go())
+    assert ids == died and reads == 2 and writes == 1
+
+
+def test_stats_is_two_driver_calls_a_row_for_any_number_of_partitions(
+    counted: tuple[PartitionedQueue, Counter],
+) -> None:
+    pq, c = counted
+    kill_per_partition(pq, 1, server_now_ms(pq.client) - 10_000)  # minutes stats reads
+    pq.enqueue_many([JobSpec("t", None) for _ in range(8)])
+    PartitionedQueue.open(pq.client, pq.name).parts[0].preload()  # stats: the server clock
+    c.reset()
+    row = queue_stats(pq.client, pq.name)
+    # The layout GET, every partition's counts, every partition's due head and stats minutes.
+    assert c.trips == 3, c.cmds[:5]
+    assert (row["due"], row["dead"], row["partitions"]) == (8, N, N)
+    assert row["windows"]["60m"]["dead"] == N
+    assert row["oldest_overdue_id"] in {j.id for j in pq.list_jobs("due")}
+    assert row["held"] == {"key_limit": 0, "rate_window": 0, "waiting": 0}
+
+
+# -- doctor ----------------------------------------------------------------------------------
+def test_doctor_loads_its_repair_script_once_per_run(server: RedisProcess, queue_name: str) -> None:
+    """Every job of a queue needs a repair (lua/repair.lua, by EVALSHA: the operator role has
+    no EVAL): SCRIPT LOAD once for the run, not once per job (INFO commandstats)."""
+    from scheduler import Queue
+    from scheduler.admin.doctor import repair_queue
+
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    q = Queue(client, queue_name)
+    ids = q.enqueue_many([JobSpec("t", n) for n in range(6)])
+    jobs = q.claim("w0", limit=6).jobs
+    assert q.release([(j.id, j.token) for j in jobs]) == ["released"] * 6  # each has a hash
+    for jid in ids:  # in due, the state field says done: a fixable issue each
+        client.hset(q.keys.job(jid), "state", "done")
+    try:
+        client.config_resetstat()
+        report = repair_queue(client, queue_name)
+        stats = client.info("commandstats")
+        assert {i.job_id for i in report.fixed} >= set(ids) and not report.remaining
+        assert stats.get("cmdstat_script|load", {}).get("calls", 0) == 1, stats
+    finally:
+        delete_queue(client, q)
+        client.close()
