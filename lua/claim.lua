@@ -50,9 +50,10 @@ if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT wor
 -- Every field the reply hands out, read and checked the strict way (lib/util.lua): returns the
 -- reply's values {attempts, max_attempts, task, payload, run_at_ms, backoff, timeout_ms,
 -- schedule, state, token, settled_token, settled, settled_log}, or nil and a dead reason.
+-- The flow fields (lib/flow.lua FLOW_READ) come last, f[15] .. f[20]: one read of the hash.
 local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
   'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log',
-  'priority', 'ckey', 'rkey' }
+  unpack(FLOW_READ) }
 local function read_claimable(id, jk, run_at_s)
   local f = redis.pcall('HMGET', jk, unpack(READ))
   if f.err then return nil, 'invalid job: not a hash' end
@@ -89,9 +90,9 @@ local function read_claimable(id, jk, run_at_s)
     schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
     settled_log = f[14], fresh = fresh, spec = sp }
   -- Flow fields are advisory: one edited by hand reads as unset (lib/flow.lua). A plain job
-  -- has none of the three, and its flow is read no further.
+  -- has no priority, ckey or rkey, and its flow is parsed no further.
   r.flow = FLOW_PLAIN
-  if f[15] or f[16] or f[17] then r.flow = flow_load(jk) end
+  if f[15] or f[16] or f[18] then r.flow = flow_from(f, 15) end
   if not task_ok(f[1]) then return nil, 'invalid job: task' end
   if not f[2] or not is_utf8(f[2]) then return nil, 'invalid job: payload' end
   r.attempts = parse_int(f[3], 0, LIM.attempts)
@@ -166,7 +167,8 @@ for i = 1, #lapsed, 2 do
   local id = lapsed[i]
   local until_ms = score_ms(lapsed[i + 1])
   local jk = job_key(prefix, id)
-  local f = redis.pcall('HMGET', jk, 'attempts', 'max_attempts')
+  -- The flow fields too (f[3] .. f[8]): the moves below need them, read once here.
+  local f = redis.pcall('HMGET', jk, 'attempts', 'max_attempts', unpack(FLOW_READ))
   if f.err then
     park(id, jk, 'invalid job: not a hash', '')
     parked = parked + 1
@@ -178,13 +180,15 @@ for i = 1, #lapsed, 2 do
     end
     local attempts = parse_int(f[1], 0, LIM.attempts)
     local max_attempts = parse_int(f[2], 1, LIM.attempts)
+    local fl = FLOW_PLAIN
+    if f[3] or f[4] or f[6] then fl = flow_from(f, 3) end
     if attempts ~= nil and max_attempts ~= nil and attempts >= max_attempts then
       dead_letter(prefix, id, 'lease expired', now)
-      flow_release(prefix, id, now)
+      flow_release(prefix, id, now, fl)
       flow_parent_ended(prefix, id, 'dead', now)
       parked = parked + 1
     else
-      flow_to_due(prefix, id, until_ms, now)
+      flow_to_due(prefix, id, until_ms, now, fl)
       redis.call('HSET', jk, 'state', 'due')
       redis.call('HDEL', jk, 'worker')
     end
@@ -211,7 +215,7 @@ if limit > 0 then
       park(id, jk, bad, r and r.schedule or '')
       parked = parked + 1
       -- A parked job of a key frees nothing it held, but a held job may wait for this slot.
-      if r and r.flow.ckey ~= '' then flow_release(prefix, id, now) end
+      if r and r.flow.ckey ~= '' then flow_release(prefix, id, now, r.flow) end
       return 'gone'
     end
     local fl = r.flow

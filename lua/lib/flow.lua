@@ -83,12 +83,17 @@ local function flow_store(jk, f)
   end
 end
 
--- A stored flow, read strictly; a field edited by hand reads as unset (claim then treats the
--- job as plain rather than parking it for an advisory field).
+-- A stored flow from the six FLOW_READ values at v[i] .. v[i + 5] of an HMGET reply (false =
+-- unset), read strictly; a field edited by hand reads as unset (claim then treats the job as
+-- plain rather than parking it for an advisory field). Lets a caller that reads the job's hash
+-- anyway take the flow fields in the same HMGET.
+local function flow_from(v, i)
+  return flow_parse(v[i] or nil, v[i + 1] or nil, v[i + 2] or nil, v[i + 3] or nil,
+    v[i + 4] or nil, v[i + 5] or nil) or FLOW_PLAIN
+end
+
 local function flow_load(jk)
-  local v = redis.call('HMGET', jk, unpack(FLOW_READ))
-  return flow_parse(v[1] or nil, v[2] or nil, v[3] or nil, v[4] or nil, v[5] or nil,
-    v[6] or nil) or flow_parse(nil, nil, nil, nil, nil, nil)
+  return flow_from(redis.call('HMGET', jk, unpack(FLOW_READ)), 1)
 end
 
 -- Put a due job of priority p > 0 into its level's index.
@@ -137,9 +142,11 @@ local function flow_ck_promote(prefix, key, n)
 end
 
 -- A job leaves leased (complete, fail, release, cancel, a reaped lease, a park): its slot is
--- free, and the key's held jobs may run in the free slots.
-local function flow_release(prefix, id, now)
-  local f = flow_load(job_key(prefix, id))
+-- free, and the key's held jobs may run in the free slots. `f`: the job's flow when the caller
+-- read it in this script (no move changes the flow fields), else read here; so with the
+-- helpers below.
+local function flow_release(prefix, id, now, f)
+  f = f or flow_load(job_key(prefix, id))
   if f.ckey == '' then return end
   redis.call('ZREM', prefix .. 'flow:ck:' .. f.ckey, id)
   flow_ck_promote(prefix, f.ckey, f.climit - flow_ck_live(prefix, f.ckey, now))
@@ -147,10 +154,10 @@ end
 
 -- to_due (lib/job.lua) for every move into due: the slot it held is freed and a prioritized job
 -- is put back into its level's index.
-local function flow_to_due(prefix, id, run_at, now)
+local function flow_to_due(prefix, id, run_at, now, f)
   to_due(prefix, id, run_at)
-  local f = flow_load(job_key(prefix, id))
-  if f.ckey ~= '' then flow_release(prefix, id, now) end
+  f = f or flow_load(job_key(prefix, id))
+  if f.ckey ~= '' then flow_release(prefix, id, now, f) end
   flow_index(prefix, id, f.priority, run_at)
 end
 
@@ -221,14 +228,14 @@ local function flow_next_slot(prefix)
 end
 
 -- A job leaves every flow set (cancel): out of the holds and the key's leases.
-local function flow_forget(prefix, id, now)
-  local f = flow_load(job_key(prefix, id))
+local function flow_forget(prefix, id, now, f)
+  f = f or flow_load(job_key(prefix, id))
   redis.call('ZREM', prefix .. 'flow:held', id)
   redis.call('ZREM', prefix .. 'flow:rheld', id)
   redis.call('ZREM', prefix .. 'flow:waiting', id)
   if f.ckey ~= '' then
     redis.call('ZREM', prefix .. 'flow:ckheld:' .. f.ckey, id)
-    flow_release(prefix, id, now)
+    flow_release(prefix, id, now, f)
   end
 end
 
