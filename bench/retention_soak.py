@@ -58,7 +58,7 @@ def backlog_bounded(points: list[tuple[float, float]], rate: float) -> bool:
     its first third to its last the median grows by at most 1% of the arrival rate per second,
     and the last third's median holds at most 2 s of arrivals. Medians, because on the shared
     machine everything stalls for a few seconds now and then and the workers then catch up: a
-    transient, not a backlog that grows."""
+    transient, not a backlog that grows. False under 6 samples (a run shorter than ~24 s)."""
     k = len(points) // 3
     if k < 2:
         return False
@@ -67,6 +67,14 @@ def backlog_bounded(points: list[tuple[float, float]], rate: float) -> bool:
     b_first, b_last = median(b for _, b in first), median(b for _, b in last)
     growth_per_s = (b_last - b_first) / max(t_last - t_first, 1e-9)
     return growth_per_s <= 0.01 * rate and b_last <= 2 * rate
+
+
+def verdict(bounded: bool, clean: bool) -> str:
+    if not bounded:
+        return "workers did NOT keep up: the backlog grows, the plateau includes pending jobs"
+    if not clean:
+        return "backlog bounded but the window is a catch-up (completions != arrivals): no plateau"
+    return "workers kept up: clean plateau"
 
 
 def main() -> int:
@@ -163,6 +171,10 @@ def main() -> int:
     tail_span_s = max(tail[-1]["t_s"] - tail[0]["t_s"], 1e-9) if tail else float("nan")
     backlog = [(s["t_s"], float(s["backlog"])) for s in tail]
     bounded = backlog_bounded(backlog, opts.rate)
+    arrivals_per_s = (tail[-1]["sent"] - tail[0]["sent"]) / tail_span_s if tail else float("nan")
+    # A bounded backlog can still be a catch-up after a stall: the window is steady only when
+    # the workers completed what arrived in it (within 5%).
+    clean = bounded and abs(done_rate - arrivals_per_s) <= 0.05 * arrivals_per_s
     print(json.dumps({
         "rate": opts.rate,
         "seconds": opts.seconds,
@@ -178,8 +190,8 @@ def main() -> int:
         "backlog_slope_per_s": round(slope(backlog), 1),
         "backlog_max_steady": max((b for _, b in backlog), default=None),
         "backlog_bounded": bounded,
-        "verdict": "workers kept up: clean plateau" if bounded
-        else "workers did NOT keep up: backlog grows, the plateau includes pending jobs",
+        "steady_window_clean": clean,
+        "verdict": verdict(bounded, clean),
         "cpu_cores_used": cores,
         "completions_per_s": round(done_per_s, 1),
         "memory_growth_bytes_per_s": round(mem_per_s, 1),
@@ -193,8 +205,7 @@ def main() -> int:
         "steady_state_bytes": round(steady),
         "steady_state_slope_bytes_per_s": round(tail_slope, 1),
         "steady_window_s": [tail[0]["t_s"], tail[-1]["t_s"]] if tail else None,
-        "steady_state_producer_rate_per_s": round(
-            (tail[-1]["sent"] - tail[0]["sent"]) / tail_span_s, 1) if tail else None,
+        "steady_state_producer_rate_per_s": round(arrivals_per_s, 1),
         "steady_state_completions_per_s": round(done_rate, 1),
         "steady_state_bytes_per_retained_job": round(steady / retained, 1) if retained else None,
         "samples": samples,
