@@ -4,7 +4,6 @@ name. Runs on one server and, in the cluster stage, on a cluster."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from scheduler import BadArgument, JobSpec
+from scheduler import BadArgument, JobSpec, Queue
 from scheduler.client.partitioned import PartitionedQueue, read_layout
 from scheduler.core.keys import QueueKeys
 from scheduler.core.partitions import SLOTS, Layout, PartitionMismatch, sub_queue_names
@@ -90,13 +89,16 @@ def test_jobs_spread_keys_stay_unique_and_views_merge(pq: PartitionedQueue) -> N
     assert pq.status(ids[7]) == "due" and pq.get_job(ids[7]).payload() == {"n": 7}
     assert pq.cancel(ids[7]) == "due" and pq.status(ids[7]) == "cancelled"
     assert pq.counts().due == 30
-    # One job dies in each partition, a few ms apart: the merged dead list is newest first.
+    # One job dies in each partition, 1 ms apart on each partition's test clock (a client
+    # that reads the clock key, not TIME): the merged dead list is newest first.
     died = []
-    for part in pq.parts:
-        job = part.claim("w", limit=1).jobs[0]
-        part.fail(job.id, job.token, ValueError("x"), retryable=False)
+    start_ms = pq.counts().now_ms
+    for k, part in enumerate(pq.parts):
+        clocked = Queue(part.client, part.name, _clock="test")
+        part.client.set(clocked.keys.test_clock, start_ms + k)
+        job = clocked.claim("w", limit=1).jobs[0]
+        clocked.fail(job.id, job.token, ValueError("x"), retryable=False)
         died.append(job.id)
-        time.sleep(0.01)
     assert pq.dead_ids() == died[::-1] and pq.counts().dead == 3
     assert pq.requeue_dead(died) == 3 and pq.counts().dead == 0
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,12 +42,16 @@ def run(redis_url: str, *args: str) -> Any:
 
 
 def kill_one_per_partition(pq: PartitionedQueue) -> list[str]:
+    """One job dies in each partition, 1 ms apart on each partition's test clock (a client
+    that reads the clock key, not TIME): the merged order is by that time."""
     died = []
-    for part in pq.parts:
-        job = part.claim("w", limit=1).jobs[0]
-        part.fail(job.id, job.token, ValueError("x"), retryable=False)
+    start_ms = pq.counts().now_ms
+    for k, part in enumerate(pq.parts):
+        clocked = Queue(part.client, part.name, _clock="test")
+        part.client.set(clocked.keys.test_clock, start_ms + k)
+        job = clocked.claim("w", limit=1).jobs[0]
+        clocked.fail(job.id, job.token, ValueError("x"), retryable=False)
         died.append(job.id)
-        time.sleep(0.01)  # dead_ms apart: the merged order is by time
     return died
 
 
