@@ -19,7 +19,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from scheduler.core import cluster_io
+from scheduler.core import cluster_io, direct_io
 from scheduler.core.connection import is_cluster
 from scheduler.core.errors import translate
 from scheduler.core.lua_prune import prune
@@ -192,7 +192,7 @@ def run_sync(client: Any, drive: Drive) -> list[Any]:
                 client.script_load(text)
             if len(batch.cmds) == 1:  # no pipeline object for the common single call
                 try:
-                    replies = [client.execute_command(*batch.cmds[0])]
+                    replies = [direct_io.call_sync(client, batch.cmds[0])]
                 except ResponseError as exc:
                     replies = [exc]
             else:
@@ -217,7 +217,7 @@ async def run_async(client: Any, drive: Drive) -> list[Any]:
                 await client.script_load(text)
             if len(batch.cmds) == 1:
                 try:
-                    replies = [await client.execute_command(*batch.cmds[0])]
+                    replies = [await direct_io.call_async(client, batch.cmds[0])]
                 except ResponseError as exc:
                     replies = [exc]
             else:

@@ -1,0 +1,169 @@
+"""The driver's single calls on a plain client's pooled connection (scheduler.core.direct_io):
+redis-py's execute_command is not on that path, and its pool, retry and errors still are."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aredis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from scheduler import AsyncQueue, JobNotFound, Queue
+from scheduler.core import direct_io
+from tests.redis_server import is_cluster_run
+
+pytestmark = pytest.mark.skipif(is_cluster_run(), reason="plain clients only (cluster: cluster_io)")
+
+
+@pytest.fixture
+def name() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def plain(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+def _refuse(*_a: Any, **_k: Any) -> Any:
+    raise AssertionError("execute_command was called")
+
+
+def _kill_others(redis_url: str, client_name: str) -> int:
+    with redis.Redis.from_url(redis_url) as admin:
+        killed = 0
+        for c in admin.client_list():
+            if c.get("name") == client_name:
+                admin.client_kill_filter(_id=c["id"])
+                killed += 1
+        return killed
+
+
+def test_a_plain_client_does_not_go_through_execute_command(
+    plain: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = Queue(plain, name)
+    job_id = q.enqueue("t", {"a": 1})  # the scripts are loaded (SCRIPT LOAD) before the patch
+    with pytest.raises(JobNotFound):
+        q.cancel("nope")
+    with monkeypatch.context() as m:
+        m.setattr(plain, "execute_command", _refuse)
+        other = q.enqueue("t", {"a": 2})
+        with pytest.raises(JobNotFound):  # a reply error still comes back typed
+            q.cancel("nope")
+    assert q.get_job(other).payload() == {"a": 2}
+    assert q.get_job(job_id).payload() == {"a": 1}
+
+
+def test_a_subclass_and_a_single_connection_client_keep_execute_command(redis_url: str) -> None:
+    class Traced(redis.Redis):
+        calls = 0
+
+        def execute_command(self, *args: Any, **options: Any) -> Any:
+            Traced.calls += 1
+            return super().execute_command(*args, **options)
+
+    traced = Traced.from_url(redis_url)
+    assert direct_io.call_sync(traced, ("PING",)) is True
+    assert Traced.calls == 1
+    traced.close()
+    single = redis.Redis.from_url(redis_url, single_connection_client=True)
+    seen: list[tuple[Any, ...]] = []
+    orig = single.execute_command
+    single.execute_command = lambda *a, **k: (seen.append(a), orig(*a, **k))[1]  # type: ignore[method-assign]
+    assert direct_io.call_sync(single, ("PING",)) is True
+    assert seen == [("PING",)]
+    single.close()
+
+
+def test_a_dropped_connection_is_replaced(redis_url: str, name: str) -> None:
+    c = redis.Redis.from_url(redis_url, client_name="direct-io-retry")
+    q = Queue(c, name)
+    q.enqueue("t", 1)
+    assert _kill_others(redis_url, "direct-io-retry") >= 1  # the pooled connection is dead now
+    job_id = q.enqueue("t", 2)  # a new connection (the pool's check on checkout), no error
+    assert q.get_job(job_id).payload() == 2
+    c.close()
+
+
+def test_the_call_runs_under_the_connections_own_retry(redis_url: str, name: str) -> None:
+    class Counting(Retry):
+        calls = 0
+
+        def call_with_retry(self, do: Any, fail: Any, *a: Any, **k: Any) -> Any:
+            Counting.calls += 1
+            return super().call_with_retry(do, fail, *a, **k)
+
+    c = redis.Redis.from_url(redis_url, retry=Counting(NoBackoff(), 2))
+    q = Queue(c, name)
+    q.enqueue("t", 1)
+    before = Counting.calls
+    q.enqueue("t", 2)
+    assert Counting.calls > before
+    c.close()
+
+
+def test_connections_go_back_to_the_pool(plain: redis.Redis, name: str) -> None:
+    q = Queue(plain, name)
+    for i in range(50):
+        q.enqueue("t", i)
+    pool = plain.connection_pool
+    assert len(pool._in_use_connections) == 0
+    assert len(pool._available_connections) == 1
+
+
+def test_asyncio_twin(redis_url: str, name: str) -> None:
+    async def main() -> None:
+        c = aredis.Redis.from_url(redis_url, client_name="direct-io-async")
+        q = AsyncQueue(c, name)
+        first = await q.enqueue("t", {"n": 1})
+        with pytest.raises(JobNotFound):
+            await q.cancel("nope")  # loads its script before the patch
+        real = c.execute_command
+        c.execute_command = _refuse  # type: ignore[method-assign]
+        second = await q.enqueue("t", {"n": 2})
+        with pytest.raises(JobNotFound):
+            await q.cancel("nope")
+        c.execute_command = real  # type: ignore[method-assign]
+        assert (await q.get_job(second)).payload() == {"n": 2}
+        assert (await q.get_job(first)).payload() == {"n": 1}
+        assert len(c.connection_pool._in_use_connections) == 0
+        await c.aclose()
+
+    asyncio.run(main())
+
+
+def test_asyncio_a_dropped_connection_fails_as_execute_command_does(redis_url: str) -> None:
+    """redis.asyncio does not notice a connection the server closed until it writes to it;
+    the direct path must answer exactly as execute_command (a subclass takes that path)."""
+
+    class ViaExecute(aredis.Redis):
+        pass
+
+    async def outcomes(cls: type[aredis.Redis], tag: str) -> list[str]:
+        c = cls.from_url(redis_url, client_name=tag)
+        q = AsyncQueue(c, "t-" + uuid.uuid4().hex[:12])
+        await q.enqueue("t", 1)
+        _kill_others(redis_url, tag)
+        seen = []
+        for i in range(2):
+            try:
+                await q.enqueue("t", i)
+                seen.append("ok")
+            except redis.ConnectionError:
+                seen.append("ConnectionError")
+        await c.aclose()
+        return seen
+
+    direct = asyncio.run(outcomes(aredis.Redis, "direct-io-a1"))
+    via = asyncio.run(outcomes(ViaExecute, "direct-io-a2"))
+    assert direct == via
+    assert direct[-1] == "ok"  # the call after the failed one has a new connection
