@@ -152,3 +152,42 @@ def test_doctor_loads_its_repair_script_once_per_run(server: RedisProcess, queue
     finally:
         delete_queue(client, q)
         client.close()
+
+
+# -- dashboard -------------------------------------------------------------------------------
+def test_the_job_and_workers_pages_read_the_clock_with_time(
+    server: RedisProcess, queue_name: str
+) -> None:
+    """They need the server's time, not the counts: TIME, not the counts script."""
+    from starlette.testclient import TestClient
+
+    from scheduler import Queue
+    from scheduler.dashboard import create_app
+
+    client, c = counting_client(server.url)
+    q = Queue(client, queue_name)
+    q.preload()
+    jid = q.enqueue("t", None, max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    assert q.fail(job.id, job.token, ValueError("x")).status == "dead"
+    try:
+        web = TestClient(create_app(client=client, queues=[q.name]))
+        for path in (f"/queues/{q.name}/jobs/{jid}", "/workers"):
+            c.reset()
+            assert web.get(path).status_code == 200
+            assert c.scripts("counts") == 0 and len(c.named("TIME")) == 1, path
+    finally:
+        delete_queue(client, q)
+        client.close()
+
+
+def test_the_dashboard_keeps_a_bounded_number_of_queue_clients(
+    server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduler.dashboard import store
+
+    monkeypatch.setattr(store, "MAX_CACHED", 10, raising=False)
+    s = store.Store(redis.Redis.from_url(server.url, decode_responses=True))
+    for n in range(25):  # names from URLs: any number of them
+        s.queue(f"url-{n}")
+    assert len(s._queues) <= 10

@@ -135,7 +135,7 @@ class Pages:
             return self.render.page(
                 request, "missing.html", status_code=404, queue=name, job_id=job_id
             )
-        now_ms = q.counts().now_ms
+        now_ms = self.store.now_ms(q.name)  # one TIME, not the counts script
         workers = self.store.workers(name)
         token = job.token or ""
         fence = token.split("-", 1)[0] if token else ""
@@ -167,11 +167,10 @@ class Pages:
 
     def workers(self, request: Request) -> Response:
         rows = []
-        now_ms = None
         for name in self.store.queue_names():
-            now_ms = now_ms or self.store.counts(name).now_ms
             rows += self.store.workers(name)
-        return self.render.page(request, "workers.html", workers=rows, now_ms=now_ms or 0)
+        now_ms = self.store.now_ms()  # one TIME, not a counts script of the first queue
+        return self.render.page(request, "workers.html", workers=rows, now_ms=now_ms)
 
     def health(self, request: Request) -> Response:
         findings, facts = [], []

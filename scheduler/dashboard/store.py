@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 
 import redis
 
-from scheduler.admin.inspection import discover_queues, live_workers
+from scheduler.admin.inspection import discover_queues, live_workers, server_now_ms
 from scheduler.client.partitioned import PartitionedQueue, read_layout
 from scheduler.client.queue import Queue
-from scheduler.core.keys import check_queue_name
+from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.models import QueueCounts
 from scheduler.core.partitions import Layout
 from scheduler.core.vocabulary import STAT_FIELDS
@@ -26,6 +26,7 @@ from scheduler.operations.requests import Op
 T = TypeVar("T")
 DISCOVER_EVERY_S = 60.0  # a SCAN of the keyspace: at most once a minute, never per page
 SERIES_FIELDS = (*STAT_FIELDS, *browsing.LATENESS_FIELDS)
+MAX_CACHED = 10_000  # queue names a cache keeps: they come from URLs, so any number may come
 
 
 class Store:
@@ -52,8 +53,15 @@ class Store:
         with self._lock:
             q = self._queues.get(name)
             if q is None:
+                if len(self._queues) >= MAX_CACHED:  # names come from URLs: keep it bounded
+                    self._queues.clear()
                 q = self._queues[name] = Queue(self.client, name)
             return q
+
+    def now_ms(self, name: str | None = None) -> int:
+        """The server's clock (one TIME; on a cluster, of the node holding queue `name`):
+        for pages that need the time and not the counts script."""
+        return server_now_ms(self.client, QueueKeys(check_queue_name(name)) if name else None)
 
     def view(self, name: str) -> View:
         """Queue `name` as the pages show it: a partitioned queue's partitions merged (its
@@ -69,7 +77,7 @@ class Store:
         if layout is None:
             # A queue that exists cannot become partitioned (PartitionedQueue.create refuses),
             # so the answer is kept a minute, not asked on every read of a page.
-            if len(self._plain_until) >= 10_000:  # names come from URLs: keep the cache bounded
+            if len(self._plain_until) >= MAX_CACHED:  # names come from URLs: keep it bounded
                 self._plain_until.clear()
             self._plain_until[name] = time.monotonic() + DISCOVER_EVERY_S
             return plain
