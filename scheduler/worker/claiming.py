@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 
@@ -116,8 +117,11 @@ class Claiming(Dispatch):
             await self._idle_wait(sleep_s)
 
     def _take(self, queue: str, batch: ClaimBatch, t_sent: float) -> None:
+        # One clock read and one log-level check per batch: its jobs start in this call.
+        now_s = time.monotonic()
+        log = self.log.isEnabledFor(logging.INFO)
         for job in batch.jobs:
-            self._start(queue, job, batch.now_ms, t_sent)
+            self._start(queue, job, batch.now_ms, t_sent, now_s, log)
         # Jobs in the reply the client could not read (id, token, reason): failed
         # non-retryably so the server parks them, alone.
         for job_id, token, reason in batch.unreadable:

@@ -27,7 +27,10 @@ from scheduler.worker.settings import (
 class Dispatch(WorkerCore):
     """Starting, timing out and stopping handlers; the backlog and the abandoned threads."""
 
-    def _start(self, queue: str, job: ClaimedJob, now_ms: int, t_sent: float) -> None:
+    def _start(
+        self, queue: str, job: ClaimedJob, now_ms: int, t_sent: float, now_s: float, log: bool
+    ) -> None:
+        """now_s: monotonic, read once per claimed batch; log: INFO is enabled."""
         self.claimed += 1
         # The lease counts from when the server ran the claim, which is after we sent it.
         lease_end = t_sent - _LEASE_MARGIN_S + self.settings.lease_ms / 1000
@@ -46,26 +49,25 @@ class Dispatch(WorkerCore):
                 job.run_at_ms,
                 job.claimed_ms,
             )
-            r = Running(queue, job, ctx, spec, time.monotonic(), lease_end)
+            r = Running(queue, job, ctx, spec, now_s, lease_end)
             self._held[key] = r
-            self._prepare(r, now_ms)
+            self._prepare(r, now_ms, now_s, log)
         except Exception as exc:  # one job's data must never take the worker down
             msg = f"the worker could not start this job: {type(exc).__name__}: {exc}"
             self.log.error("job %s: %s", job.id, msg)
             self.running.pop(key, None)
             if r is None:
                 ctx = JobContext(job.id, job.task, queue, 0, 0, job.token, 0, 0, 0)
-                r = Running(queue, job, ctx, None, time.monotonic(), lease_end)
+                r = Running(queue, job, ctx, None, now_s, lease_end)
                 self._held[key] = r
             r.finished = True
             self._queue_fail(r, ("InvalidJob", msg, traceback.format_exc()), retryable=False)
 
-    def _prepare(self, r: Running, now_ms: int) -> None:
+    def _prepare(self, r: Running, now_ms: int, now_s: float, log: bool) -> None:
         job, queue, spec = r.job, r.queue, r.spec
-        self.metrics.per_task(queue, job.task).lateness.observe(
-            max(now_ms - job.run_at_ms, 0) / 1000
-        )
-        if self.log.isEnabledFor(logging.INFO):
+        r.stats = stats = self.metrics.per_task(queue, job.task)
+        stats.lateness.observe(max(now_ms - job.run_at_ms, 0) / 1000)
+        if log:
             self._log_job("claimed", r, late_ms=now_ms - job.run_at_ms)
         if spec is None:
             err = UnknownTask(f"no handler registered for task {job.task!r}")
@@ -78,12 +80,12 @@ class Dispatch(WorkerCore):
             self._queue_fail(r, ("InvalidPayload", msg, ""), retryable=False)
             return
         r.payload = payload
-        spec.timeout_for(job.timeout_ms)  # a bad number fails here, not in _run
+        r.timeout_s = spec.timeout_for(job.timeout_ms)  # a bad number fails here, not in _run
         key = (queue, job.id)
         if key in self._abandoned:  # its previous run is still alive here: wait for it
             self._behind[key] = r
         elif self._can_start():
-            self._run(r)
+            self._run(r, now_s)
         else:
             self._backlog.append(r)
 
@@ -114,12 +116,12 @@ class Dispatch(WorkerCore):
         self._held[(queue, job_id)] = r
         self._queue_fail(r, ("InvalidJob", f"unreadable job: {reason}", ""), retryable=False)
 
-    def _run(self, r: Running) -> None:
+    def _run(self, r: Running, now_s: float) -> None:
         spec, job, ctx, payload = r.spec, r.job, r.ctx, r.payload
         assert spec is not None
-        r.started_s = time.monotonic()
+        r.started_s = now_s
         self.running[(r.queue, job.id)] = r
-        timeout_s = spec.timeout_for(job.timeout_ms)
+        timeout_s = r.timeout_s
         loop = self._loop
         assert loop is not None
         if timeout_s is not None:
@@ -148,7 +150,7 @@ class Dispatch(WorkerCore):
             nxt = self._behind.pop(key, None)
             if nxt is not None and not nxt.finished:
                 self._backlog.appendleft(nxt)
-            self._pump()
+            self._pump(time.monotonic())
         self._finish(r, result, exc)
 
     async def _run_async(self, r: Running, payload: Any) -> None:
@@ -168,15 +170,18 @@ class Dispatch(WorkerCore):
         r.finished = True
         if r.timer is not None:
             r.timer.cancel()
+        now_s = time.monotonic()  # the job's one clock read after its claim's batch
         if self.running.pop((r.queue, r.job.id), None) is not None:
-            run_s = time.monotonic() - r.started_s
-            self.metrics.per_task(r.queue, r.job.task).duration.observe(run_s)
+            run_s = now_s - r.started_s
+            stats = r.stats or self.metrics.per_task(r.queue, r.job.task)
+            stats.duration.observe(run_s)
             m = self._mean_run_s
             self._mean_run_s = run_s if m is None else m + 0.05 * (run_s - m)
-        self._pump()
+        self._pump(now_s)
 
-    def _pump(self) -> None:
-        """Start backlog jobs while there are free slots (and the thread cap allows)."""
+    def _pump(self, now_s: float) -> None:
+        """Start backlog jobs while there are free slots (and the thread cap allows); now_s:
+        monotonic, when the job that freed the slot ended."""
         cap = self.settings.abandoned_cap
         while (
             self._backlog
@@ -186,7 +191,7 @@ class Dispatch(WorkerCore):
         ):
             nxt = self._backlog.popleft()
             if not nxt.finished:
-                self._run(nxt)
+                self._run(nxt, now_s)
         self._slot_free.set()
 
     def _finish(self, r: Running, result: Any, exc: BaseException | None) -> None:

@@ -28,6 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from scheduler.core.models import ClaimedJob
 from scheduler.core.scripts import Scripts, run_async
 from scheduler.operations.ops import Op, Request, Script
+from scheduler.worker.metrics import TaskStats
 from scheduler.worker.registry import JobContext, TaskSpec
 
 # Errors after which a call is retried later (the worker carries on; nothing is lost).
@@ -95,6 +96,9 @@ class Running:
     timer: asyncio.TimerHandle | None = None
     finished: bool = False  # the handler's outcome is decided (or it was stopped)
     payload: Any = None
+    timeout_s: float | None = None
+    # Its (queue, task) metrics, looked up once at claim (lateness, duration, done).
+    stats: TaskStats | None = None
 
 
 class ThreadRunner:

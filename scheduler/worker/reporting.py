@@ -108,7 +108,7 @@ class Reporting(WorkerCore):
         for (r, _), st in zip(items, statuses, strict=True):
             self._held.pop((r.queue, r.job.id), None)
             if st == "done":
-                self.metrics.per_task(r.queue, r.job.task).done += 1
+                (r.stats or self.metrics.per_task(r.queue, r.job.task)).done += 1
                 if log_info:
                     self._log_job("done", r)
             else:
