@@ -266,7 +266,10 @@ def handler(opts: argparse.Namespace) -> dict[str, Any]:
                           ("socket_timeout=None", {"socket_timeout": None})):  # fmt: skip
 
             async def main(kw: dict[str, Any] = kw) -> tuple[float, float]:
-                r = aredis.Redis.from_url(url, **kw)
+                # As bench/systems/ours.py: redis-py 8's pool cap of 100 follows the concurrency.
+                r = aredis.Redis.from_url(
+                    url, max_connections=max(100, 2 * opts.concurrency), **kw
+                )
                 await r.incr(c.COUNTER)
                 left = opts.n
 
