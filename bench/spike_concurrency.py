@@ -74,11 +74,14 @@ def main() -> None:
                 row["repeat"] = r
                 print(json.dumps(row), file=sys.stderr)
                 runs.append(row)
+
+    def median(system: str, conc: int, k: str) -> float:
+        return statistics.median(
+            x[k] for x in runs if x["system"] == system and x["concurrency"] == conc
+        )
+
     medians = {
-        f"{s}@{conc}": {
-            k: statistics.median(x[k] for x in runs if x["system"] == s and x["concurrency"] == conc)
-            for k in ("p50_ms", "p99_ms", "max_ms", "early")
-        }
+        f"{s}@{conc}": {k: median(s, conc, k) for k in ("p50_ms", "p99_ms", "max_ms", "early")}
         for conc in levels
         for s in systems
     }
