@@ -12,12 +12,13 @@ a --backlog of jobs due now:
                claimed fresh, completed, enqueued again
   flow_again   the same flow, claimed and released (release moves them through flow_to_due)
 Each round runs one claim(limit=--batch) of every (side, queue) in a shuffled order and reads
-INFO commandstats around that one call: EVALSHA usec (the script's time on the server, per job
-it leased; on a loaded machine it includes time the server was descheduled, so the paired
-ratio, taken within one round, is the figure to quote) and the commands the script ran (Redis
-counts a script's redis.call()s too: exact, load-free). The release calls are read the same
-way. Prints one JSON line per (queue, op): each side's median and p25 us/job, the median of
-the per-round after/before ratios, and each side's mean commands per job."""
+INFO around that one call (the release calls likewise): the server's main-thread CPU (less an
+empty INFO-to-INFO interval: CPU spent, not wall time, so load on the machine hurts it least),
+EVALSHA usec (the script's time, which on a loaded machine includes time the server was
+descheduled) and the commands the script ran (Redis counts a script's redis.call()s too: exact,
+load-free), each per job. Prints one JSON line per (queue, op): each side's median and p25
+EVALSHA us/job and the median of the per-round after/before ratios, each side's mean CPU us/job
+and their ratio, and each side's mean commands per job."""
 
 from __future__ import annotations
 
@@ -58,12 +59,16 @@ def job(i: int, flow: bool) -> list[str]:
             "1000,2.0,3600000,0.25", "0", "", "86400000", "", "", field]  # fmt: skip
 
 
-def stats(c: redis.Redis) -> tuple[int, int]:
-    """(EVALSHA usec, commands run by scripts or clients, less EVALSHA and INFO) so far."""
-    cs = c.info("commandstats")
+def stats(c: redis.Redis) -> tuple[int, int, float]:
+    """(EVALSHA usec, commands run by scripts or clients less EVALSHA and INFO, the server's
+    main-thread CPU in us) so far, from one INFO call."""
+    cs = c.execute_command("INFO", "cpu", "commandstats")
     skip = ("cmdstat_evalsha", "cmdstat_info")
-    calls = sum(int(v["calls"]) for k, v in cs.items() if k not in skip)
-    return int(cs.get("cmdstat_evalsha", {}).get("usec", 0)), calls
+    calls = sum(
+        int(v["calls"]) for k, v in cs.items() if k.startswith("cmdstat_") and k not in skip
+    )
+    cpu = (float(cs["used_cpu_user_main_thread"]) + float(cs["used_cpu_sys_main_thread"])) * 1e6
+    return int(cs.get("cmdstat_evalsha", {}).get("usec", 0)), calls, cpu
 
 
 def main() -> int:
@@ -82,6 +87,14 @@ def main() -> int:
                 for s in sides for qn in QUEUES}  # fmt: skip
         us: dict[tuple[str, str, str], list[float]] = {}
         calls: dict[tuple[str, str, str], list[float]] = {}
+        cpu: dict[tuple[str, str, str], list[float]] = {}
+        # The main-thread CPU of one INFO-to-INFO interval with nothing in it, taken off each
+        # measured call's interval.
+        idle = []
+        for _ in range(50):
+            a0, b0 = stats(c)[2], stats(c)[2]
+            idle.append(b0 - a0)
+        base = statistics.median(idle)
 
         def enqueue(s: str, qn: str, n: int) -> None:
             for b in range(0, n, 1000):
@@ -90,10 +103,11 @@ def main() -> int:
                 c.evalsha(sha[s, "enqueue"], 5, *keys[s, qn], *args)
 
         def timed(s: str, qn: str, op: str, *args: str) -> list[str]:
-            u0, c0 = stats(c)
+            u0, c0, p0 = stats(c)
             rep: list[str] = c.evalsha(sha[s, op], 5, *keys[s, qn], *args)  # type: ignore[assignment]
             n = int(rep[2]) if op == "claim" else len(args) // 2
-            u1, c1 = stats(c)
+            u1, c1, p1 = stats(c)
+            cpu.setdefault((qn, op, s), []).append((p1 - p0 - base) / n if n else float("nan"))
             # A round whose claim leased nothing adds a 0 to both sides' pairing: skipped by n.
             us.setdefault((qn, op, s), []).append((u1 - u0) / n if n else float("nan"))
             calls.setdefault((qn, op, s), []).append((c1 - c0) / n if n else float("nan"))
@@ -136,7 +150,14 @@ def main() -> int:
             }
             cmds = {s: round(statistics.fmean(v for v in calls[qn, op, s] if v == v), 2)
                     for s in sides}  # fmt: skip
-            print(json.dumps({**row, "cmds_per_job": cmds, "loadavg": load}))
+            cpus = {s: [v for v in cpu[qn, op, s] if v == v] for s in sides}
+            cpu_row = {
+                "cpu_us_per_job": {s: round(statistics.fmean(v), 2) for s, v in cpus.items()},
+                "cpu_ratio": round(
+                    statistics.fmean(cpus["after"]) / statistics.fmean(cpus["before"]), 3
+                ),
+            }
+            print(json.dumps({**row, **cpu_row, "cmds_per_job": cmds, "loadavg": load}))
     return 0
 
 

@@ -50,10 +50,9 @@ if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT wor
 -- Every field the reply hands out, read and checked the strict way (lib/util.lua): returns the
 -- reply's values {attempts, max_attempts, task, payload, run_at_ms, backoff, timeout_ms,
 -- schedule, state, token, settled_token, settled, settled_log}, or nil and a dead reason.
--- The flow fields (lib/flow.lua FLOW_READ) come last, f[15] .. f[20]: one read of the hash.
 local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
   'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log',
-  unpack(FLOW_READ) }
+  'priority', 'ckey', 'rkey' }
 local function read_claimable(id, jk, run_at_s)
   local f = redis.pcall('HMGET', jk, unpack(READ))
   if f.err then return nil, 'invalid job: not a hash' end
@@ -90,9 +89,10 @@ local function read_claimable(id, jk, run_at_s)
     schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
     settled_log = f[14], fresh = fresh, spec = sp }
   -- Flow fields are advisory: one edited by hand reads as unset (lib/flow.lua). A plain job
-  -- has no priority, ckey or rkey, and its flow is parsed no further.
+  -- has none of the three, and its flow is read no further; a flow job reads only the limits
+  -- its key or rate window needs (flow_rest): the plain path's HMGET stays as it was.
   r.flow = FLOW_PLAIN
-  if f[15] or f[16] or f[18] then r.flow = flow_from(f, 15) end
+  if f[15] or f[16] or f[17] then r.flow = flow_rest(jk, f[15], f[16], f[17]) end
   if not task_ok(f[1]) then return nil, 'invalid job: task' end
   if not f[2] or not is_utf8(f[2]) then return nil, 'invalid job: payload' end
   r.attempts = parse_int(f[3], 0, LIM.attempts)

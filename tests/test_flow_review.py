@@ -87,3 +87,17 @@ def test_a_key_whose_job_is_gone_refuses_the_call_and_writes_nothing(
             [JobSpec("t", key="expired", job_id="p5"), JobSpec("t", job_id="c5", after=["p5"])]
         )
     assert dump_queue(client, q) == before
+
+
+def test_claim_reads_each_flow_field_once_and_a_bad_one_as_unset(
+    q: Queue, client: redis.Redis
+) -> None:
+    # Guards claim's one read of the flow fields (lib/flow.lua flow_rest): the limits still
+    # hold, and a limit edited by hand makes the job plain, as flow_load read it.
+    a = q.enqueue("t", 0, concurrency_key="k", concurrency_limit=1, rate_limit="5/1h")
+    b = q.enqueue("t", 1, concurrency_key="k", concurrency_limit=1, rate_limit="5/1h")
+    assert _claim_ids(q) == [a]
+    assert q.get_job(b).fields["flow_reason"] == "limited by key k (1 leased)"
+    c = q.enqueue("t", 2, concurrency_key="k", concurrency_limit=1)
+    client.hset(q.keys.prefix + "job:" + c, "climit", "many")
+    assert _claim_ids(q) == [c]
