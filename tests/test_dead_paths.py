@@ -180,13 +180,18 @@ def test_a_scan_never_repeats_an_id_while_jobs_die_between_pages(
 
 
 # -- scheduler dead list ---------------------------------------------------------------------
-def list_dead(monkeypatch: pytest.MonkeyPatch, q: Queue, *args: str) -> dict[str, Any]:
+def dead_cmd(monkeypatch: pytest.MonkeyPatch, q: Queue, *args: str) -> dict[str, Any]:
+    """`scheduler dead <args>` on the counting client."""
     monkeypatch.setattr(dead_cli, "connect", lambda _url: q.client)
     result = CliRunner().invoke(
-        main, ["dead", "list", "-q", q.name, "--url", "redis://unused", "--json", *args]
+        main, ["dead", *args, "-q", q.name, "--url", "redis://unused", "--json"]
     )
     assert result.exit_code == 0, result.output
     return dict(json.loads(result.stdout))
+
+
+def list_dead(monkeypatch: pytest.MonkeyPatch, q: Queue, *args: str) -> dict[str, Any]:
+    return dead_cmd(monkeypatch, q, "list", *args)
 
 
 def dead_ids_read(c: Counter, dead_key: str) -> int:
@@ -215,3 +220,29 @@ def test_dead_list_reads_only_the_page_it_prints(
     out = list_dead(monkeypatch, q, "--offset", "10", "--limit", "5", "--task", "a")
     assert [j["id"] for j in out["jobs"]] == newest[10:15] and out["more"]
     assert dead_ids_read(c, q.keys.dead) <= 100 and len(c.named("HMGET")) <= 100
+
+
+def test_an_id_given_is_checked_alone_not_by_a_scan(
+    counted: tuple[Queue, Counter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q, c = counted
+    ids = park(q, 300, task="a", at_ms=1_000_000)
+    c.reset()
+    out = dead_cmd(monkeypatch, q, "requeue", "--id", ids[7], "--task", "a", "--yes")
+    assert (out["matched"], out["done"]) == (1, 1) and q.get_job(ids[7]).state != "dead"
+    assert dead_ids_read(c, q.keys.dead) == 0 and len(c.named("HMGET")) == 1
+    assert q.counts().dead == 299
+
+
+def test_retention_counts_the_jobs_beyond_an_age_without_a_scan(
+    counted: tuple[Queue, Counter],
+) -> None:
+    from scheduler.cli.dead_retention import beyond
+
+    q, c = counted
+    park(q, 30, at_ms=1_000_000)
+    park(q, 20, at_ms=9_000_000)
+    q.client.set(q.keys.test_clock, 10_000_000)
+    c.reset()
+    assert beyond(q, (5_000_000, None), 50) == 30
+    assert dead_ids_read(c, q.keys.dead) == 0 and len(c.named("ZCOUNT")) == 1

@@ -38,9 +38,11 @@ from scheduler.admin.doctor_model import (
     undecodable_fields,
 )
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
+from scheduler.client.queue import Queue
 from scheduler.core import connection, scripts
 from scheduler.core.keys import QueueKeys
 from scheduler.core.spec_record import with_spec
+from scheduler.operations.dead_letters import dead_converted
 
 # The doctor's public names, wherever they live (doctor_model / doctor_checks hold the parts).
 __all__ = [
@@ -54,7 +56,6 @@ __all__ = [
     "check_server_settings",
     "convert_dead",
     "diagnose",
-    "load_repair",
     "read_snapshots",
     "repair_job",
     "repair_queue",
@@ -69,20 +70,9 @@ def _load_zset(client: redis.Redis, key: str) -> dict[str, int]:
 
 def convert_dead(client: redis.Redis, keys: QueueKeys) -> None:
     """Finish converting a dead LIST of an older version into the ZSET, in the script's
-    bounded steps (lua/dead_migrate.lua); nothing to do (and no SCRIPT LOAD) on a ZSET."""
-    node = connection.node_for_key(client, keys.prefix)
-    try:  # LLEN, as the script does: a ZSET answers WRONGTYPE
-        listed = int(node.llen(keys.dead))
-    except ResponseError as exc:
-        if str(exc).startswith("WRONGTYPE"):
-            return
-        raise
-    if listed == 0 and not node.exists(keys.dead_migrating):
-        return
-    sha = client.script_load(scripts.source("dead_migrate"))
-    script_keys = keys.script_keys()
-    while int(client.evalsha(sha, len(script_keys), *script_keys)) > 0:
-        pass
+    bounded steps (lua/dead_migrate.lua); nothing to do on a ZSET. Through Queue's driver: by
+    EVALSHA, the script loaded only when the server lacks it (not on every check)."""
+    Queue(client, keys.queue)._run(dead_converted())
 
 
 def _hash_reply(reply: Any) -> dict[str, str]:
@@ -229,22 +219,11 @@ def _first_pass(
 
 
 # -- repairing -------------------------------------------------------------------------------
-def load_repair(client: redis.Redis, keys: QueueKeys) -> None:
-    """SCRIPT LOAD lua/repair.lua on the node of `keys` (its plans run it by EVALSHA: the
-    operator role has no EVAL)."""
-    connection.node_for_key(client, keys.prefix).script_load(scripts.source("repair"))
-
-
-def repair_job(
-    client: redis.Redis, ctx: Context, job_id: str, *, script_loaded: bool = False
-) -> Issue | None:
+def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
     """Apply the first safe repair this job needs, re-read under WATCH; returns what was fixed
-    (None when nothing needed fixing, or the job kept changing under live workers).
-    `script_loaded`: the caller ran load_repair (once per run); a NOSCRIPT (a SCRIPT FLUSH
-    since) loads it again and re-plans."""
+    (None when nothing needed fixing, or the job kept changing under live workers)."""
     k = ctx.keys
     jk = k.job(job_id)
-    loaded = script_loaded
     with connection.node_for_key(client, k.prefix).pipeline(transaction=True) as pipe:
         for _ in range(_WATCH_TRIES):
             try:
@@ -271,9 +250,6 @@ def repair_job(
                 if todo is None:
                     pipe.unwatch()
                     return None
-                if not loaded and any(cmd[0] == "EVALSHA" for cmd in todo.repair):
-                    pipe.script_load(scripts.source("repair"))  # runs now: not in the MULTI
-                    loaded = True
                 pipe.multi()
                 for cmd in todo.repair:
                     pipe.execute_command(*cmd)  # type: ignore[no-untyped-call]
@@ -281,9 +257,8 @@ def repair_job(
                 return todo
             except WatchError:
                 continue
-            except NoScriptError:  # every command of a plan is one repair.lua call: none ran
-                loaded = False
-                continue
+            except NoScriptError:  # the plan (one repair.lua call) did not run: load it once
+                connection.node_for_key(client, k.prefix).script_load(scripts.source("repair"))
     return None
 
 
@@ -306,17 +281,13 @@ def repair_queue(
     keys = QueueKeys(queue)
     fixed: list[Issue] = []
     issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)
-    loaded = False
     for _ in range(passes):
         todo = sorted({i.job_id for i in issues if i.repair and i.job_id is not None})
         if not todo:
             break
         ctx = Context(keys, server_now_ms(client), _live(client, keys), stale_lease_ms)
-        if not loaded:
-            load_repair(client, keys)  # once a run, not once a job
-            loaded = True
         for jid in todo:
-            done = repair_job(client, ctx, jid, script_loaded=True)
+            done = repair_job(client, ctx, jid)
             if done is not None:
                 fixed.append(done)
         issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)

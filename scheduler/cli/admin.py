@@ -42,13 +42,8 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.client.partitioned import PartitionedQueue, merge_counts, open_queue
-from scheduler.client.queue import Queue
 from scheduler.core.keys import QueueKeys
-from scheduler.core.models import QueueCounts
-from scheduler.core.vocabulary import STAT_FIELDS
 from scheduler.operations import browsing
-from scheduler.operations.dead_letters import scored_pairs
-from scheduler.operations.requests import Commands, Op
 
 _REDISCOVER_EVERY = 15  # refreshes between SCANs for new queues in `stats --watch`
 
@@ -64,44 +59,18 @@ def register(main: click.Group) -> None:
 
 
 # -- stats -----------------------------------------------------------------------------------
-_SPAN_MIN = max(WINDOWS_MIN)
-
-
-def _row_op(q: Queue) -> Op[tuple[QueueCounts, list[tuple[float, str]], list[dict[str, int]]]]:
-    """One queue's (or partition's) part of a `stats` row in two round trips: counts (the
-    held counts and the clock too), then the due head and the stats minutes in one pipeline."""
-    counts = yield from q.ops.counts()
-    series = browsing.minute_series(q.keys, counts.now_ms, _SPAN_MIN, STAT_FIELDS)
-    minutes = next(series)
-    assert isinstance(minutes, Commands)
-    head, *buckets = yield Commands([("ZRANGE", q.keys.due, 0, 0, "WITHSCORES"), *minutes.cmds])
-    try:
-        series.send(buckets)
-    except StopIteration as done:
-        return counts, scored_pairs(head), done.value
-    raise AssertionError("minute_series reads once")
-
-
-def _windows(series: list[dict[str, int]]) -> dict[str, dict[str, int]]:
-    """window_counts' '1m' / '5m' / '60m' totals from one minute series (oldest first)."""
-    return {
-        f"{n}m": {f: sum(row.get(f, 0) for row in series[-n:]) for f in STAT_FIELDS}
-        for n in WINDOWS_MIN
-    }
-
-
 def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
     """One row of `stats`; a partitioned queue is one row: its partitions' counts, windows and
     held jobs summed, the oldest overdue job the oldest of the partitions' heads. Two driver
     calls for any number of partitions (each one pipeline, per node on a cluster)."""
-    q = open_queue(client, name)
+    q, span = open_queue(client, name), max(WINDOWS_MIN)
     if isinstance(q, PartitionedQueue):
-        per = q._run_many([(p, _row_op(p)) for p in q.parts])
+        per = q._run_many([(p, browsing.queue_row(p.ops, span)) for p in q.parts])
     else:
-        per = [q._run(_row_op(q))]
+        per = [q._run(browsing.queue_row(q.ops, span))]
     counts = merge_counts([c for c, _, _ in per])
     heads = [pair for _, head, _ in per for pair in head] if counts.due else []
-    windows = [_windows(series) for _, _, series in per]
+    windows = [browsing.window_totals(series, WINDOWS_MIN) for _, _, series in per]
     return {
         "queue": name,
         "partitions": len(q.parts) if isinstance(q, PartitionedQueue) else None,

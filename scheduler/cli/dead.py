@@ -34,8 +34,7 @@ from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys, check_job_id
 from scheduler.core.models import Job
-from scheduler.operations.dead_letters import dead_cut, scan_dead
-from scheduler.operations.requests import Commands, Op
+from scheduler.operations.dead_letters import dead_listing, dead_selected
 
 _BATCH = 100  # ids per script call in bulk operations (one progress step each)
 
@@ -88,11 +87,17 @@ def select(
     older_than_ms: int | None,
     ids: Sequence[str],
 ) -> list[str]:
-    """Dead ids matching every filter; an --id that is not dead (or fails a filter) refuses."""
-    matching = q.dead_ids(task=task, error_type=error_type, older_than_ms=older_than_ms)
+    """Dead ids matching every filter; an --id that is not dead (or fails a filter) refuses.
+    With --id, only those ids are read (each in its partition), not the dead set."""
     if not ids:
-        return matching
-    found = set(matching)
+        return q.dead_ids(task=task, error_type=error_type, older_than_ms=older_than_ms)
+    wanted = list(dict.fromkeys(ids))
+    args: dict[str, Any] = {"task": task, "error_type": error_type, "older_than_ms": older_than_ms}
+    if isinstance(q, PartitionedQueue):
+        per = q._run_many([(p, dead_selected(p.keys, g, **args)) for p, g in q._by_part(wanted)])
+    else:
+        per = [q._run(dead_selected(q.keys, wanted, **args))]
+    found = {i for group in per for i in group}
     missing = [i for i in ids if i not in found]
     if missing:
         raise Refused(f"not on the dead list of {q.name!r} (or filtered out): {', '.join(missing)}")
@@ -110,22 +115,6 @@ def _jobs(q: Queue | PartitionedQueue, ids: Sequence[str]) -> list[Job]:
     return [found[i] for i in ids if i in found]
 
 
-def _listing_op(
-    q: Queue, task: str | None, error_type: str | None, older_than_ms: int | None, want: int
-) -> Op[tuple[list[tuple[float, str]], int | None]]:
-    """One queue's (or partition's) newest `want` matches, and how many match in all when
-    the dead ZSET alone can tell (no task / error filter: ZCARD, or ZCOUNT for an age)."""
-    max_dead_ms = yield from dead_cut(older_than_ms)
-    found = yield from scan_dead(
-        q.keys, max_dead_ms=max_dead_ms, task=task, error_type=error_type, limit=want
-    )
-    if task is not None or error_type is not None:
-        return found, None
-    top = "+inf" if max_dead_ms is None else max_dead_ms
-    (n,) = yield Commands([("ZCOUNT", q.keys.dead, "-inf", top)])
-    return found, int(n)
-
-
 def _listing(
     q: Queue | PartitionedQueue,
     task: str | None,
@@ -135,11 +124,11 @@ def _listing(
 ) -> tuple[list[str], int | None]:
     """The newest `want` matching ids (a partitioned queue: each partition's first `want`,
     merged, in one driver call a round) and the total when it is known without a scan."""
-    args = (task, error_type, older_than_ms, want)
+    args: dict[str, Any] = {"task": task, "error_type": error_type, "older_than_ms": older_than_ms}
     if isinstance(q, PartitionedQueue):
-        per = q._run_many([(p, _listing_op(p, *args)) for p in q.parts])
+        per = q._run_many([(p, dead_listing(p.keys, limit=want, **args)) for p in q.parts])
     else:
-        per = [q._run(_listing_op(q, *args))]
+        per = [q._run(dead_listing(q.keys, limit=want, **args))]
     ids = merge_dead([found for found, _ in per])[:want]
     totals = [n for _, n in per]
     return ids, None if None in totals else sum(n for n in totals if n is not None)
@@ -183,16 +172,8 @@ def list_dead(
     now_ms = server_now_ms(client)
     rows = [job_json(j, now_ms) for j in _jobs(q, page)]
     if as_json:
-        emit_json(
-            {
-                "queue": queue,
-                "total": total,
-                "more": more,
-                "offset": offset,
-                "limit": limit,
-                "jobs": rows,
-            }
-        )
+        paged = {"offset": offset, "limit": limit, "jobs": rows}
+        emit_json({"queue": queue, "total": total, "more": more, **paged})
         return
     # One block per job, not a table: six columns cannot fit 80 columns without folding words
     # by character; a block wraps by word at any width and greps well in a pipe.

@@ -28,6 +28,8 @@ from scheduler.cli.common import (
 from scheduler.client.queue import Queue
 from scheduler.core.codec import MAX_SAFE_INT, MAX_TIME_MS, stored_int
 from scheduler.core.keys import QueueKeys
+from scheduler.operations.dead_letters import dead_cut
+from scheduler.operations.requests import Commands, Op
 
 OFF = "off"
 Limits = tuple[int | None, int | None]  # (max_age_ms, max_count); None: no limit
@@ -62,12 +64,19 @@ def read_limits(client: redis.Redis, keys: QueueKeys) -> Limits:
     )
 
 
+def _count_older(q: Queue, older_than_ms: int) -> Op[int]:
+    """How many dead letters are older than that: ZCOUNT of the dead ZSET's dead_ms scores."""
+    max_dead_ms = yield from dead_cut(older_than_ms)
+    (n,) = yield Commands([("ZCOUNT", q.keys.dead, "-inf", max_dead_ms)])
+    return int(n)
+
+
 def beyond(q: Queue, limits: Limits, dead: int) -> int:
     """How many dead jobs are beyond `limits` now (retention deletes the oldest first, so the
     jobs beyond the count and those beyond the age are both the oldest: the larger set)."""
     max_age, max_count = limits
     by_count = max(dead - max_count, 0) if max_count is not None else 0
-    by_age = len(q.dead_ids(older_than_ms=max_age)) if max_age is not None and dead else 0
+    by_age = q._run(_count_older(q, max_age)) if max_age is not None and dead else 0
     return max(by_count, by_age)
 
 

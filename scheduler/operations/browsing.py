@@ -12,9 +12,9 @@ from typing import Any
 from scheduler.core import codec
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
-from scheduler.core.models import Job
+from scheduler.core.models import Job, QueueCounts
 from scheduler.core.vocabulary import STAT_FIELDS, stat_field
-from scheduler.operations.dead_letters import dead_converted
+from scheduler.operations.dead_letters import dead_converted, scored_pairs
 from scheduler.operations.inspecting import LISTABLE
 from scheduler.operations.ops import Ops
 from scheduler.operations.requests import Commands, Op
@@ -136,10 +136,7 @@ def scored_ids(
         lo, hi = ("-inf", now_ms) if state == "due" else (f"({now_ms}", "+inf")
         cmd = ("ZRANGE", k.due, lo, hi, "BYSCORE", "LIMIT", offset, count)
     (reply,) = yield Commands([(*cmd, "WITHSCORES")])
-    flat: list[Any] = []
-    for item in reply:  # RESP2: member, score, ...; RESP3 (or a client callback): pairs
-        flat += list(item) if isinstance(item, (list, tuple)) else [item]
-    return [(float(flat[i + 1]), codec.s(flat[i])) for i in range(0, len(flat) - 1, 2)]
+    return scored_pairs(reply)
 
 
 def minute_series(
@@ -164,6 +161,35 @@ def minute_series(
                 row[field] += n
         out.append(row)
     return out
+
+
+def queue_row(
+    ops: Ops, minutes: int
+) -> Op[tuple[QueueCounts, list[tuple[float, str]], list[dict[str, int]]]]:
+    """(counts, the due head as (score, id), the last `minutes` of minute_series): a queue's
+    row of `scheduler stats` in two round trips, the counts (held and the clock too), then
+    the head and the minutes in one pipeline."""
+    counts = yield from ops.counts()
+    series = minute_series(ops.keys, counts.now_ms, minutes)
+    reads = next(series)
+    assert isinstance(reads, Commands)
+    head, *buckets = yield Commands([("ZRANGE", ops.keys.due, 0, 0, "WITHSCORES"), *reads.cmds])
+    try:
+        series.send(buckets)
+    except StopIteration as done:
+        return counts, scored_pairs(head), done.value
+    raise AssertionError("minute_series reads once")
+
+
+def window_totals(
+    series: Sequence[dict[str, int]], windows_min: Sequence[int]
+) -> dict[str, dict[str, int]]:
+    """A minute_series (oldest first) as totals over its last N minutes, for each N:
+    keyed '1m', '5m', '60m' (admin.inspection.window_counts' shape)."""
+    return {
+        f"{n}m": {f: sum(row.get(f, 0) for row in series[-n:]) for f in STAT_FIELDS}
+        for n in windows_min
+    }
 
 
 def sum_series(per_part: Sequence[list[dict[str, int]]]) -> list[dict[str, int]]:

@@ -109,6 +109,65 @@ def dead_cut(older_than_ms: int | None) -> Op[int | None]:
     return codec.parse_counts(raw).now_ms - older_than_ms
 
 
+def dead_among(
+    keys: QueueKeys,
+    ids: Sequence[str],
+    *,
+    max_dead_ms: int | None = None,
+    task: str | None = None,
+    error_type: str | None = None,
+) -> Op[list[str]]:
+    """Those of `ids` that are dead letters matching the filters (scan_dead's), in the order
+    given: one ZMSCORE (plus one HMGET per dead id with a record filter), not a scan."""
+    if not ids:
+        return []
+    (scores,) = yield Commands([("ZMSCORE", keys.dead, *ids)])
+    dead = [
+        (float(sc), i)
+        for i, sc in zip(ids, scores, strict=True)
+        if sc is not None and (max_dead_ms is None or float(sc) <= max_dead_ms)
+    ]
+    if task is not None or error_type is not None:
+        dead = yield from _matching(keys, dead, task, error_type)
+    return [i for _, i in dead]
+
+
+def dead_listing(
+    keys: QueueKeys,
+    *,
+    task: str | None = None,
+    error_type: str | None = None,
+    older_than_ms: int | None = None,
+    limit: int,
+) -> Op[tuple[list[tuple[float, str]], int | None]]:
+    """The newest `limit` matches (scan_dead), and how many match in all when the dead ZSET
+    alone tells (no task / error filter: a ZCOUNT of the age range), else None."""
+    max_dead_ms = yield from dead_cut(older_than_ms)
+    found = yield from scan_dead(
+        keys, max_dead_ms=max_dead_ms, task=task, error_type=error_type, limit=limit
+    )
+    if task is not None or error_type is not None:
+        return found, None
+    top = "+inf" if max_dead_ms is None else max_dead_ms
+    (n,) = yield Commands([("ZCOUNT", keys.dead, "-inf", top)])
+    return found, int(n)
+
+
+def dead_selected(
+    keys: QueueKeys,
+    ids: Sequence[str],
+    *,
+    task: str | None = None,
+    error_type: str | None = None,
+    older_than_ms: int | None = None,
+) -> Op[list[str]]:
+    """dead_among with the age as dead_ids takes it (the old-LIST conversion first)."""
+    max_dead_ms = yield from dead_cut(older_than_ms)
+    return (
+        yield from dead_among(keys, ids, max_dead_ms=max_dead_ms, task=task, error_type=error_type)
+    )
+
+
 def _matching(
     keys: QueueKeys, pairs: list[tuple[float, str]], task: str | None, error_type: str | None
 ) -> Op[list[tuple[float, str]]]:
