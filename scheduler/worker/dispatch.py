@@ -23,9 +23,25 @@ from scheduler.worker.settings import (
     _LEASE_MARGIN_S,
 )
 
+# A handler slot lets the loop run at least once every this many jobs (_run_async).
+_SLOT_YIELD_EVERY = 8
+
+
+class _Slot:
+    """A running handler task that takes the next async job when its run ends (_run_async)."""
+
+    __slots__ = ("next", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.next: Running | None = None
+
 
 class Dispatch(WorkerCore):
     """Starting, timing out and stopping handlers; the backlog and the abandoned threads."""
+
+    # Set only while a handler slot reports the run that just ended: _run hands it the next.
+    _free_slot: _Slot | None = None
 
     def _start(
         self, queue: str, job: ClaimedJob, now_ms: int, t_sent: float, now_s: float, log: bool
@@ -127,7 +143,13 @@ class Dispatch(WorkerCore):
         if timeout_s is not None:
             r.timer = loop.call_later(timeout_s, self._on_timeout, r, timeout_s)
         if spec.is_async:
-            r.task = loop.create_task(self._run_async(r, payload))
+            slot = self._free_slot
+            if slot is not None:  # a run of that task just ended in this call: it runs r next
+                self._free_slot = None
+                slot.next = r
+                r.task = slot.task
+            else:
+                r.task = loop.create_task(self._run_async(r))
         else:
             fn = spec.fn
 
@@ -153,18 +175,52 @@ class Dispatch(WorkerCore):
             self._pump(time.monotonic())
         self._finish(r, result, exc)
 
-    async def _run_async(self, r: Running, payload: Any) -> None:
-        assert r.spec is not None
-        try:
-            result = await r.spec.fn(payload, r.ctx)
-        except asyncio.CancelledError:
-            if r.finished:  # we cancelled it (lease lost, timeout, shutdown)
+    async def _run_async(self, r: Running) -> None:
+        """A handler slot: runs r, then each async job handed to it as a run of it ends (the
+        backlog's next, in _pump), so a busy worker makes no asyncio Task per job (issue 16).
+        A stop cancels this task while it runs exactly that job (r.task is this task from the
+        hand-over on, and r is not finished before its handler returned); a stopped run ends
+        the slot, so a cancellation is never carried over to the next job."""
+        task = asyncio.current_task()
+        assert task is not None
+        slot = _Slot(task)
+        runs = 0
+        while True:
+            assert r.spec is not None
+            try:
+                if runs % _SLOT_YIELD_EVERY == _SLOT_YIELD_EVERY - 1:
+                    # A Task per job let the loop run between any two jobs; handlers that never
+                    # suspend would otherwise run the whole backlog in one step.
+                    await asyncio.sleep(0)
+                result = await r.spec.fn(r.payload, r.ctx)
+            except asyncio.CancelledError:
+                if r.finished:  # we cancelled it (lease lost, timeout, shutdown)
+                    return
+                raise
+            except BaseException as exc:
+                out: tuple[Any, BaseException | None] = (None, exc)
+            else:
+                out = (result, None)
+            if r.finished or task.cancelling():
+                # A cancellation the handler swallowed (ours: r was stopped, its outcome is
+                # dropped in _finish): this task may still have one pending, so it takes no
+                # next job.
+                self._finish(r, *out)
                 return
-            raise
-        except BaseException as exc:
-            self._finish(r, None, exc)
-            return
-        self._finish(r, result, None)
+            self._free_slot = slot
+            try:
+                self._finish(r, *out)
+            except BaseException:
+                if slot.next is not None and self._loop is not None:  # handed over already
+                    slot.next.task = self._loop.create_task(self._run_async(slot.next))
+                raise
+            finally:
+                self._free_slot = None
+            nxt, slot.next = slot.next, None
+            if nxt is None:
+                return
+            r = nxt
+            runs += 1
 
     def _end(self, r: Running) -> None:
         r.finished = True
