@@ -41,7 +41,8 @@ if #ARGV == 1 + n * 12 then W = 12 end
 if #ARGV ~= 1 + n * W then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 
 -- Validate the whole batch before the first write (same ranges as scheduler/codec.py).
-local jobs = {}
+-- A batch mostly repeats one task name and one backoff text: each distinct one is checked once.
+local jobs, task_seen, backoff_seen = {}, {}, {}
 for i = 0, n - 1 do
   local b = 1 + i * W
   local id, task, when, backoff = ARGV[b + 1], ARGV[b + 2], ARGV[b + 4], ARGV[b + 7]
@@ -49,7 +50,10 @@ for i = 0, n - 1 do
   if #ARGV[b + 9] > 128 or (ARGV[b + 9] ~= '' and not string.find(ARGV[b + 9], '^%w+$')) then
     return redis.error_reply('BAD_ARGUMENT idem=')
   end
-  if not task_ok(task) then return redis.error_reply('BAD_ARGUMENT task=' .. string.sub(task, 1, 40)) end
+  if not task_seen[task] then
+    if not task_ok(task) then return redis.error_reply('BAD_ARGUMENT task=' .. string.sub(task, 1, 40)) end
+    task_seen[task] = true
+  end
   local t, max_attempts, timeout, idem_ttl
   if when == 'in' then
     t, err = int_arg(ARGV[b + 5], 'time_ms', 0, LIM.delay_ms); if err then return err end
@@ -62,8 +66,11 @@ for i = 0, n - 1 do
   if t > LIM.time_ms then return redis.error_reply('BAD_ARGUMENT time_ms=' .. fmt(t)) end
   max_attempts, err = int_arg(ARGV[b + 6], 'max_attempts', 1, LIM.attempts)
   if err then return err end
-  if parse_backoff(backoff) == nil then
-    return redis.error_reply('BAD_ARGUMENT backoff=' .. string.sub(backoff, 1, 60))
+  if not backoff_seen[backoff] then
+    if parse_backoff(backoff) == nil then
+      return redis.error_reply('BAD_ARGUMENT backoff=' .. string.sub(backoff, 1, 60))
+    end
+    backoff_seen[backoff] = true
   end
   timeout, err = int_arg(ARGV[b + 8], 'timeout_ms', 0, LIM.timeout_ms); if err then return err end
   idem_ttl, err = int_arg(ARGV[b + 10], 'idem_ttl_ms', 1, LIM.ttl_ms); if err then return err end

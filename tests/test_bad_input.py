@@ -119,6 +119,11 @@ def test_server_refuses_malformed_arguments(
         bad_backoff = [*good[:6], backoff, *good[7:]]
         with pytest.raises(BadArgument, match="backoff"):
             q._execute(Script("enqueue", ["2", *good, *bad_backoff]))
+    # Each distinct task name / backoff text is checked once per call: a repeat of a good one
+    # passes, any other is still checked.
+    for task in ("t t", "", "x" * 201):
+        with pytest.raises(BadArgument, match="task"):
+            q._execute(Script("enqueue", ["3", *good, *good, good[0], task, *good[2:]]))
     assert dump_queue(client, q) == before
 
 
