@@ -69,7 +69,7 @@ if #took > 0 then
     local f = held[i]
     -- Its concurrency slot is free: the key's oldest held job is due again (lib/flow.lua);
     -- jobs waiting for it count it done.
-    if f[8] then flow_release(prefix, id, now) end
+    if f[8] then flow_release(prefix, id, now, flow_keyed(jk, f[8])) end
     if f[9] then flow_parent_done(prefix, id) end
     local job_ttl = parse_int(f[6], 1, LIM.ttl_ms) or ttl
     local lean = f[7] ~= '1'

@@ -30,7 +30,10 @@ if ARGV[8] ~= '' then
   delay_override = d
 end
 local now = now_ms()
-local status, outcome = lease_check(prefix, id, token)
+-- lease_check's fields, then what the settlement needs (f[6] .. f[11]): one HMGET of the job.
+local READ = { 'token', 'state', 'settled_token', 'settled', 'settled_log',
+  'attempts', 'max_attempts', 'backoff', 'priority', 'ckey', 'rkey' }
+local status, outcome, f = lease_check(prefix, id, token, READ)
 if status == 'settled' then
   local kind, detail = string.match(outcome or '', '^(%a+):(.*)$')
   if kind == 'retry' or kind == 'dead' then return { kind, detail } end
@@ -39,21 +42,24 @@ end
 if status ~= 'held' then return { status, '' } end
 
 local jk = job_key(prefix, id)
-local f = redis.call('HMGET', jk, 'attempts', 'max_attempts', 'backoff')
+-- The flow, read as claim reads it (a plain job has none of the three): flow_release and
+-- flow_to_due take it instead of reading the job again.
+local fl = FLOW_PLAIN
+if f[9] or f[10] or f[11] then fl = flow_rest(jk, f[9], f[10], f[11]) end
 -- First write frees memory, so a full server still lets a worker settle (see complete.lua).
 redis.call('ZREM', leased, id)
 -- Read strictly (claim checked them when it leased the job; a later hand edit counts as 1).
 -- A job of this version's layout keeps backoff and a default max_attempts in the spec.
 local sp = false
-if not f[2] or not f[3] then sp = job_spec(prefix, id, '0') end
-local attempts = parse_int(f[1], 0, LIM.attempts) or 1
-local max_attempts = parse_int(f[2] or (sp and sp.max_attempts), 1, LIM.attempts) or 1
+if not f[7] or not f[8] then sp = job_spec(prefix, id, '0') end
+local attempts = parse_int(f[6], 0, LIM.attempts) or 1
+local max_attempts = parse_int(f[7] or (sp and sp.max_attempts), 1, LIM.attempts) or 1
 push_error(jk, ARGV[4], ARGV[5], ARGV[6], attempts, now)
 redis.call('HDEL', jk, 'worker')
 if retryable ~= '1' or attempts >= max_attempts then
   local reason = (retryable ~= '1') and 'non-retryable error' or 'attempts exhausted'
   dead_letter(prefix, id, reason, now)
-  flow_release(prefix, id, now)
+  flow_release(prefix, id, now, fl)
   flow_parent_ended(prefix, id, 'dead', now)
   settle(jk, token, 'dead:' .. reason)
   result_wake(prefix, id, 'dead', RESULT_WAKE_DEAD_TTL_MS)
@@ -64,7 +70,7 @@ end
 local delay = delay_override
 if delay == nil then
   -- 'base_ms,factor,cap_ms,jitter' as enqueue stored it; a hand-edited value means no delay.
-  local p = parse_backoff(f[3] or (sp and sp.backoff)) or { 0, 1, 0, 0 }
+  local p = parse_backoff(f[8] or (sp and sp.backoff)) or { 0, 1, 0, 0 }
   local base, factor, cap, jitter = p[1], p[2], p[3], p[4]
   delay = 0
   -- factor ^ n may overflow to inf: min() then gives cap (0 * inf would be nan, so base > 0).
@@ -72,7 +78,7 @@ if delay == nil then
   delay = math.floor(delay * (1 - jitter * u))
 end
 local run_at = now + delay
-flow_to_due(prefix, id, run_at, now)
+flow_to_due(prefix, id, run_at, now, fl)
 redis.call('HSET', jk, 'state', 'due', 'run_at_ms', fmt(run_at))
 settle(jk, token, 'retry:' .. fmt(run_at))
 bump_stat(prefix, now, 'fail', 1)

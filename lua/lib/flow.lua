@@ -97,8 +97,8 @@ local function flow_load(jk)
 end
 
 -- The flow of a job whose priority, ckey and rkey the caller has read (HMGET values, false =
--- unset; claim's read_claimable): only the limits its key or rate window needs are read, so no
--- field is read twice and the plain path's read stays three fields.
+-- unset; claim's read_claimable, fail's lease_check): only the limits its key or rate window
+-- needs are read, so no field is read twice and the plain path's read stays three fields.
 local function flow_rest(jk, p, ckey, rkey)
   local v = { p, ckey, false, rkey, false, false }
   if ckey and rkey then
@@ -111,6 +111,14 @@ local function flow_rest(jk, p, ckey, rkey)
     v[5], v[6] = l[1], l[2]
   end
   return flow_from(v, 1)
+end
+
+-- The flow of a job whose ckey (set) the caller has read (complete's one HMGET, which reads no
+-- more flow fields so that the plain path stays as it was): the other five in one HMGET, parsed
+-- as flow_load would (a hand-edited priority or rate field still makes the whole flow plain).
+local function flow_keyed(jk, ckey)
+  local v = redis.call('HMGET', jk, 'priority', 'climit', 'rkey', 'rcount', 'rwindow')
+  return flow_from({ v[1], ckey, v[2], v[3], v[4], v[5] }, 1)
 end
 
 -- Put a due job of priority p > 0 into its level's index.

@@ -97,11 +97,13 @@ end
 local function sched_unpend(prefix, h, now)
   if h.pending == '' then return end
   local jk = job_key(prefix, h.pending)
-  if redis.call('HGET', jk, 'state') == 'due' then
+  -- The state and the flow fields (FLOW_READ) in one read; flow_forget takes the parsed flow.
+  local v = redis.call('HMGET', jk, 'state', unpack(FLOW_READ))
+  if v[1] == 'due' then
     redis.call('ZREM', prefix .. 'due', h.pending)
-    local f = flow_load(jk)
+    local f = flow_from(v, 2)
     if f.priority > 0 then redis.call('ZREM', prefix .. 'flow:pdue:' .. f.priority, h.pending) end
-    flow_forget(prefix, h.pending, now)
+    flow_forget(prefix, h.pending, now, f)
     job_del(prefix, h.pending)
   end
   redis.call('HSET', sched_key(prefix, h.name), 'pending', '')
