@@ -37,11 +37,11 @@ def _job_fields() -> dict[str, object]:
 
 def test_claimed_job_of_builds_what_the_constructor_builds() -> None:
     fields = _job_fields()
-    fast = ClaimedJob._of(*fields.values())
+    fast = claim_reply.claimed_job_of(*fields.values())  # type: ignore[arg-type]
     slow = ClaimedJob(**fields)  # type: ignore[arg-type]
     assert fast == slow and hash(fast) == hash(slow)
     assert vars(fast) == vars(slow)
-    # a field added to ClaimedJob but not to _of would be missing here
+    # a field added to ClaimedJob but not to claimed_job_of would be missing here
     assert [f.name for f in dataclasses.fields(ClaimedJob)] == list(vars(fast))
     assert fast.fence == 7
     try:
@@ -49,7 +49,7 @@ def test_claimed_job_of_builds_what_the_constructor_builds() -> None:
     except dataclasses.FrozenInstanceError:
         pass
     else:
-        raise AssertionError("ClaimedJob._of must stay frozen")
+        raise AssertionError("claimed_job_of must build a frozen ClaimedJob")
 
 
 def test_parse_claim_builds_claimed_jobs_equal_to_the_constructor() -> None:
