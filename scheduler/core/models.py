@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from scheduler.core.backoff import Backoff
+from scheduler.core.job_spec import JobSpec as JobSpec  # re-exported: callers import it here
 
 
 class JobState(StrEnum):
@@ -23,31 +22,6 @@ class JobState(StrEnum):
     DONE = "done"
     DEAD = "dead"
     CANCELLED = "cancelled"
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """One job to enqueue (see Queue.enqueue for the meaning of each field)."""
-
-    task: str
-    payload: Any = None
-    delay_ms: int | None = None
-    run_at: datetime | None = None
-    max_attempts: int = 5
-    backoff: Backoff | None = None
-    key: str | None = None
-    jitter_ms: int = 0
-    timeout_ms: int = 0
-    job_id: str | None = None
-    result_ttl_ms: int | None = None
-    keep_payload: bool = False
-    # Flow control (docs/flow-control.md, checked by scheduler/core/flow.py).
-    priority: int = 0
-    concurrency_key: str | None = None
-    concurrency_limit: int | None = None
-    rate_limit: Any = None
-    rate_key: str | None = None
-    after: Sequence[str] | None = None
 
 
 # The attempt budget a spec record leaves empty, and a lean finished job does not store.
