@@ -1,15 +1,20 @@
-"""A worker on several queues: a wake-up on any of them reaches it (it blocks on each queue's
-key separately, since on a cluster the keys of two queues live in different slots), and
---worker-id names it."""
+"""A worker on several queues: a wake-up on any of them reaches it (one blocking pop on every
+queue's key on one server; one per queue on a cluster, whose keys of two queues live in
+different slots), and --worker-id names it."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import pytest
 import redis
 from click.testing import CliRunner
 
 from scheduler import Queue
 from scheduler.cli.main import main
 from scheduler.core.keys import QueueKeys
+from tests.redis_server import is_cluster_run
 from tests.workers.procs import spawn_worker, stop_all, wait_for
 
 
@@ -31,6 +36,34 @@ def test_two_queues_each_wake_the_worker(
     finally:
         stop_all([w])
     for q in (a, b):
+        for key in client.scan_iter(match=q.keys.pattern()):
+            client.delete(key)
+
+
+@pytest.mark.skipif(is_cluster_run(), reason="one server: a cluster blocks per queue (per node)")
+def test_many_queues_do_not_take_every_pooled_connection_while_idle(
+    redis_url: str, client: redis.Redis, queue_name: str, tmp_path: Path
+) -> None:
+    """A blocking pop per queue held a pooled connection each while idle: with more queues
+    than the pool has connections (redis-py 8: 100 by default; here 4), claims and heartbeats
+    got MaxConnectionsError."""
+    queues = [Queue(client, f"{queue_name}-{i}") for i in range(12)]
+    sep = "&" if "?" in redis_url else "?"
+    log = tmp_path / "worker.log"
+    extra = [a for q in queues[1:] for a in ("--queue", q.name)]
+    w = spawn_worker(redis_url + f"{sep}max_connections=4", queues[0].name, *extra,
+                     "--worker-id", "multi-many", log=str(log))  # fmt: skip
+    try:
+        wait_for(lambda: client.zscore(QueueKeys(queues[0].name).workers, "multi-many")
+                 is not None, what="the worker's registration")  # fmt: skip
+        time.sleep(1.5)  # idle: its wake-up pops are blocking now
+        jobs = [(q, q.enqueue("echo", {"i": i})) for i, q in enumerate(queues[::3])]
+        for q, job_id in jobs:
+            wait_for(lambda q=q, j=job_id: q.status(j) == "done", timeout_s=15, what="a job")
+    finally:
+        stop_all([w])
+    assert "MaxConnectionsError" not in log.read_text()
+    for q in queues:
         for key in client.scan_iter(match=q.keys.pattern()):
             client.delete(key)
 

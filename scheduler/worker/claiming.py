@@ -171,14 +171,14 @@ class Claiming(Dispatch):
         finally:
             self._idle.clear()
 
-    async def _waker_loop(self, key: str) -> None:
+    async def _waker_loop(self, keys: list[str]) -> None:
         backoff = RetryDelay()
         while not self._closed:
             await self._idle.wait()
             if self._closed:
                 return
             try:
-                got = await self.client.blpop([key], timeout=_WAKE_BLOCK_S)
+                got = await self.client.blpop(keys, timeout=_WAKE_BLOCK_S)
                 if got is not None and not self._idle.is_set():
                     # we got busy meanwhile: hand the wake-up on to an idle worker
                     await self.client.lpush(got[0], "1")
@@ -190,8 +190,9 @@ class Claiming(Dispatch):
                 continue
             backoff.reset()
             if got is not None:
+                woke = got[0].decode() if isinstance(got[0], bytes) else got[0]
                 for q in self.queues:  # a wake-up of its own ends a queue's skip
-                    if q.keys.wake == key:
+                    if q.keys.wake == woke:
                         self._skips().pop(q.name, None)
             if got is not None and self._idle.is_set():
                 self._wake.set()

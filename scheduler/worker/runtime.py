@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from scheduler.core.connection import is_cluster
 from scheduler.worker.claiming import Claiming
 from scheduler.worker.core import (
     _Deadline,
@@ -86,10 +87,15 @@ class Worker(Claiming, Heartbeats):
             await self._guarded("presence", self._beat_workers(), deadline_s=_SETTLE_S)
             hb = self._spawn(self._heartbeat_loop(), "heartbeat")
             reporter = self._spawn(self._reporter_loop(), "reporter")
-            # One blocking pop per queue: the queues' keys live in different cluster slots.
-            wakers = [
-                self._spawn(self._waker_loop(q.keys.wake), f"waker:{q.name}") for q in self.queues
-            ]
+            # One blocking pop for every queue's wake-up key on one server: a pop per queue held
+            # a pooled connection each while idle, and redis-py 8's pool has 100, so a worker on
+            # ~100 partitions had none left for its claims and heartbeats (MaxConnectionsError).
+            # On a cluster the keys live in different slots: one pop per queue (per-node pools).
+            if is_cluster(self.client):
+                groups = [[q.keys.wake] for q in self.queues]
+            else:
+                groups = [[q.keys.wake for q in self.queues]]
+            wakers = [self._spawn(self._waker_loop(keys), f"waker:{keys[0]}") for keys in groups]
             claim = self._spawn(self._claim_loop(), "claim")
             await self._stop_claiming.wait()
             fast = self._exit_code != EXIT_OK  # a fatal error: no grace period
