@@ -54,10 +54,11 @@ local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'back
   'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log',
   'priority', 'ckey', 'rkey' }
 local function read_claimable(id, jk, run_at_s)
-  -- A job never claimed has no hash yet (most claims): one EXISTS instead of a 17-field HMGET
-  -- of nothing. f then reads as that HMGET's reply would: every field false.
-  local f = { false, false, false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false }
+  -- A plain job never claimed has no hash yet (most claims of a drain): one EXISTS instead of
+  -- a 17-field HMGET of nothing; a job with a hash (a retry, a flow job, a schedule's
+  -- occurrence) pays the EXISTS on top (~1%). f then reads as that HMGET's reply would.
+  local f = {}
+  for i = 1, #READ do f[i] = false end
   if redis.call('EXISTS', jk) == 1 then
     f = redis.pcall('HMGET', jk, unpack(READ))
     if f.err then return nil, 'invalid job: not a hash' end

@@ -90,7 +90,9 @@ end
 -- Idempotency keys are read before any write too (a key overwritten with another type would
 -- make GET fail half-way through the writes below): j.first = the job a taken key names, the id
 -- the reply gives for this job. A key taken earlier in this call names that call's job.
-local keyed = {}
+-- `held`: ids an earlier job of this call writes or finds already there (the write loop answers
+-- a repeat 'e', so a repeat takes no key either).
+local keyed, held = {}, {}
 for _, j in ipairs(jobs) do
   if j[8] ~= '' then
     local r = redis.pcall('GET', prefix .. 'idem:' .. j[8])
@@ -99,19 +101,25 @@ for _, j in ipairs(jobs) do
     end
     j.first = r or keyed[j[8]]
     -- Two one-key EXISTS, as in the write loop below (a job already there takes no key).
-    if not j.first and redis.call('EXISTS', job_key(prefix, j[1])) == 0
+    if not j.first and not held[j[1]] and redis.call('EXISTS', job_key(prefix, j[1])) == 0
         and redis.call('EXISTS', spec_key(prefix, j[1])) == 0 then
       keyed[j[8]] = j[1]
     end
   end
+  if not j.first then held[j[1]] = true end
 end
 
 -- Parents (after=[ids]) are looked up before any write too: a missing one refuses the call. A
 -- parent of this call whose key was taken is the job the key names (`alias`): the child waits
 -- for that one, as the reply's id for the parent says (else it waited for an id never written).
+-- A job the write loop answers 'e' (its key taken, or its id already there or earlier in this
+-- call) writes nothing: its parents are not looked up, so re-sending a whole batch stays
+-- idempotent after a parent finished and expired.
 local in_batch, alias = {}, {}
 for _, j in ipairs(jobs) do
-  if j[12].after then
+  if j[12].after and not j.first and not in_batch[j[1]]
+      and redis.call('EXISTS', job_key(prefix, j[1])) == 0
+      and redis.call('EXISTS', spec_key(prefix, j[1])) == 0 then
     local parents, bad_parent = flow_parents(prefix, j[12].after, in_batch, alias)
     if parents == nil then return bad_parent end
     j[13] = parents

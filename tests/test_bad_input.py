@@ -119,12 +119,19 @@ def test_server_refuses_malformed_arguments(
         bad_backoff = [*good[:6], backoff, *good[7:]]
         with pytest.raises(BadArgument, match="backoff"):
             q._execute(Script("enqueue", ["2", *good, *bad_backoff]))
-    # Each distinct task name / backoff text is checked once per call: a repeat of a good one
-    # passes, any other is still checked.
+    # Each distinct task name / backoff text is checked once per call: any other than one
+    # already checked is still checked, after a repeat of a good one.
     for task in ("t t", "", "x" * 201):
         with pytest.raises(BadArgument, match="task"):
             q._execute(Script("enqueue", ["3", *good, *good, good[0], task, *good[2:]]))
+    bad_backoff = [*good[:6], "1000,0.5,1000,0.0", *good[7:]]
+    with pytest.raises(BadArgument, match="backoff"):
+        q._execute(Script("enqueue", ["3", *good, *good, *bad_backoff]))
     assert dump_queue(client, q) == before
+    # ... and a repeat of a good one is accepted: three jobs, one task and backoff text.
+    three = [[f"m{i}", *good[1:]] for i in range(3)]
+    reply = q._execute(Script("enqueue", ["3", *[x for job in three for x in job]]))
+    assert reply[0] == "ccc"
 
 
 def test_hand_edited_job_hash_is_parked_not_lost(q: Queue, client: redis.Redis) -> None:

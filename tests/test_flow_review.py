@@ -101,3 +101,31 @@ def test_claim_reads_each_flow_field_once_and_a_bad_one_as_unset(
     c = q.enqueue("t", 2, concurrency_key="k", concurrency_limit=1)
     client.hset(q.keys.prefix + "job:" + c, "climit", "many")
     assert _claim_ids(q) == [c]
+
+
+def test_a_repeated_id_with_another_key_takes_no_key(q: Queue) -> None:
+    """Review of ffa65c0: the key pre-read took k2 for the repeated id X, which the write loop
+    answers 'e'; the later k2 job Y was then answered as X and never written (lost)."""
+    ids = q.enqueue_many(
+        [
+            JobSpec("t", 1, key="k1", job_id="X"),
+            JobSpec("t", 2, key="k2", job_id="X"),
+            JobSpec("t", 3, key="k2", job_id="Y"),
+        ]
+    )
+    assert ids == ["X", "X", "Y"]
+    assert q.get_job("Y").payload() == 3
+
+
+def test_resending_a_batch_after_its_keyed_parent_expired_stays_idempotent(
+    q: Queue, client: redis.Redis
+) -> None:
+    """Review of ffa65c0: the same batch sent again once the parent finished and its record
+    expired (its key still held) was refused 'after=P (no such job)'; nothing is to be written
+    (both ids are taken), so it answers as the first call did."""
+    batch = [JobSpec("t", 1, key="daily", job_id="P"), JobSpec("t", 2, job_id="C", after=["P"])]
+    assert q.enqueue_many(batch) == ["P", "C"]
+    lease = q.claim("w", limit=1, lease_ms=10_000).jobs[0]
+    q.complete("P", lease.token, None)
+    client.delete(q.keys.job("P"))  # its result TTL ran out; the key lasts longer
+    assert q.enqueue_many(batch) == ["P", "C"]
