@@ -168,8 +168,9 @@ end
 
 -- A job leaves leased (complete, fail, release, cancel, a reaped lease, a park): its slot is
 -- free, and the key's held jobs may run in the free slots. `f`: the job's flow when the caller
--- read it in this script (no move changes the flow fields), else read here; so with the
--- helpers below.
+-- read it in this script (no move writes the flow fields; a dead-letter trim may delete the
+-- whole hash, so a flow read before the move is the one to trust), else read here; so with
+-- the helpers below.
 local function flow_release(prefix, id, now, f)
   f = f or flow_load(job_key(prefix, id))
   if f.ckey == '' then return end
