@@ -167,3 +167,60 @@ def test_asyncio_a_dropped_connection_fails_as_execute_command_does(redis_url: s
     via = asyncio.run(outcomes(ViaExecute, "direct-io-a2"))
     assert direct == via
     assert direct[-1] == "ok"  # the call after the failed one has a new connection
+
+
+# redis-py 7.x cannot open a RESP3 connection over a unix socket (maintenance notifications
+# want a host); the lowest-redis CI run does not include this file, the main run (8.x) does.
+_RESP3_OK = int(redis.__version__.split(".")[0]) >= 8
+
+
+@pytest.mark.parametrize(
+    "protocol", [2, pytest.param(3, marks=pytest.mark.skipif(not _RESP3_OK, reason="redis-py 7"))]
+)
+def test_only_evalsha_goes_direct_other_replies_keep_their_parsing(
+    redis_url: str, protocol: int
+) -> None:
+    """Review: HGETALL / ZSCORE / SMEMBERS replies are shaped by redis-py's callbacks (RESP2
+    gives HGETALL as a flat list); only EVALSHA, which has no callback, skips execute_command."""
+    c = redis.Redis.from_url(redis_url, protocol=protocol, decode_responses=True)
+    key = "t-" + uuid.uuid4().hex[:12]
+    c.hset(key, mapping={"a": "1"})
+    c.zadd(key + "z", {"m": 2})
+    c.sadd(key + "s", "x")
+    try:
+        assert direct_io.call_sync(c, ("HGETALL", key)) == {"a": "1"}
+        assert direct_io.call_sync(c, ("ZSCORE", key + "z", "m")) == 2.0
+        assert direct_io.call_sync(c, ("SMEMBERS", key + "s")) == {"x"}
+    finally:
+        c.delete(key, key + "z", key + "s")
+        c.close()
+
+
+def test_asyncio_single_connection_client_keeps_its_one_connection(redis_url: str) -> None:
+    """Review: an asyncio single-connection client has no .connection until initialised."""
+
+    async def main() -> int:
+        c = aredis.Redis.from_url(redis_url, single_connection_client=True)
+        sha = await c.script_load("return 1")
+        await asyncio.gather(*(direct_io.call_async(c, ("EVALSHA", sha, 0)) for _ in range(5)))
+        made = len(c.connection_pool._available_connections) + len(
+            c.connection_pool._in_use_connections
+        )
+        await c.aclose()
+        return made
+
+    assert asyncio.run(main()) <= 1
+
+
+def test_the_direct_path_can_be_turned_off(
+    plain: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sha = plain.script_load("return 7")
+    seen: list[tuple[Any, ...]] = []
+    orig = plain.execute_command
+    monkeypatch.setattr(direct_io, "_ENABLED", False)
+    monkeypatch.setattr(
+        plain, "execute_command", lambda *a, **k: (seen.append(a), orig(*a, **k))[1]
+    )
+    assert direct_io.call_sync(plain, ("EVALSHA", sha, 0)) == 7
+    assert seen == [("EVALSHA", sha, 0)]
