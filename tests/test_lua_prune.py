@@ -45,9 +45,26 @@ def test_a_lib_statement_that_is_not_a_local_is_refused() -> None:
         prune(LIB.replace("local function unused", "redis.log(1)\nlocal function unused"))
 
 
-def test_a_comment_that_starts_like_a_mark_is_not_one() -> None:
-    text = LIB.replace("-- a lib's own comment", "-- end. of a sentence") + "return used(1)\n"
-    assert "unused" not in prune(text)
+def test_a_comment_that_looks_like_a_mark_does_not_end_the_lib() -> None:
+    # Were it read as the lib's end, `unused` below it would be the script's own text (kept).
+    text = LIB.replace(
+        "local function unused", "-- end lib/a.lua as a sentence\nlocal function unused"
+    )
+    assert "local function unused" not in prune(text + "return used(1)\n")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "local tinsert, tconcat = table.insert, table.concat",  # one unit, two names
+        "endpoint = 5",  # a global statement, not a unit's closing `end`
+        "  redis.setresp(3)",  # an indented statement outside any unit
+    ],
+)
+def test_what_cannot_be_kept_or_dropped_safely_is_refused(line: str) -> None:
+    text = LIB.replace("-- a lib's own comment", line)
+    with pytest.raises(ValueError):
+        prune(text + "return used(1)\n")
 
 
 @pytest.mark.parametrize("name", TRANSITIONS)

@@ -4,9 +4,10 @@ Redis runs a script's whole text on every call, so each `local function` of ever
 is a closure built per call (and garbage for Lua's collector): enqueue.lua pulled in ~80 of them
 to use ~20 (docs/performance.md section 13). The expanded text (scheduler.core.scripts._expand)
 marks each lib with `-- begin <lib>` / `-- end <lib>`; inside those marks every top-level
-statement must be a `local` declaration at column 0 (a unit runs until the next one). A unit is
-kept when its name appears, as a word, in the script's own text or in a kept unit: a name only
-in a comment keeps a unit needlessly, never drops one that is called.
+statement must be a `local` declaration of one name at column 0 (a unit runs until the next
+one; `local a, b = ...`, a global statement or an indented line outside a unit is refused).
+A unit is kept when its name appears, as a word, in the script's own text or in a kept unit:
+a name only in a comment keeps a unit needlessly, never drops one that is called.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 import re
 
 _UNIT = re.compile(r"local\s+(?:function\s+)?([A-Za-z_]\w*)")
+_MANY = re.compile(r"local\s+[A-Za-z_]\w*\s*,")  # `local a, b = ...`: one unit, two names
 _BEGIN = re.compile(r"-- begin lib/[\w/]+\.lua$")  # the marks scripts._expand writes
 _END = re.compile(r"-- end lib/[\w/]+\.lua$")
 _WORD = re.compile(r"[A-Za-z_]\w*")
-# Column-0 lines inside a lib that continue the current unit: its closing line, comments, blanks.
-_CONTINUES = ("end", "}", "--", ")")
+# Column-0 lines inside a lib that continue the current unit: its closing line (`end`, `}`,
+# `)` as a whole token: `endpoint = 1` is a statement), comments.
+_CONTINUES = re.compile(r"(end\b|[})]|--)")
 
 
 def prune(text: str) -> str:
@@ -40,10 +43,17 @@ def prune(text: str) -> str:
             continue
         in_lib.add(i)
         m = _UNIT.match(line)
+        if m and _MANY.match(line):
+            raise ValueError(f"lib line {i + 1} declares several names: {line[:60]!r}")
         if m:
             units.append([m.group(1), i, i])
             reading = True
-        elif line and not line[0].isspace() and not line.startswith(_CONTINUES):
+        elif not line.strip() or line.lstrip().startswith("--"):
+            if reading:
+                units[-1][2] = i
+        elif line[0].isspace() and reading:
+            units[-1][2] = i  # the unit's body
+        elif line[0].isspace() or not _CONTINUES.match(line):
             raise ValueError(f"lib line {i + 1} is not a local declaration: {line[:60]!r}")
         elif reading:
             units[-1][2] = i
