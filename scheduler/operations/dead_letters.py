@@ -69,9 +69,32 @@ def scan_dead(
     while limit is None or len(out) < limit:
         step = page if limit is None else _step(limit - len(out), by_record, page)
         hi = ("+inf" if max_dead_ms is None else max_dead_ms) if top is None else _bound(top)
-        (reply,) = yield Commands(
-            [("ZRANGE", keys.dead, hi, "-inf", "BYSCORE", "REV", "LIMIT", ties, step, "WITHSCORES")]
-        )
+
+        def page_cmd(offset: int, n: int, hi: Any = hi) -> tuple[Any, ...]:
+            return ("ZRANGE", keys.dead, hi, "-inf", "BYSCORE", "REV", "LIMIT", offset, n,
+                    "WITHSCORES")  # fmt: skip
+
+        margin = 0
+        if top is None:
+            (reply,) = yield Commands([page_cmd(0, step)])
+        else:
+            # Ids of the cursor's ms requeued or purged since the last page move `last` up:
+            # the page starts _SLACK entries early (the filter below drops what this scan
+            # returned or passed over), and where `last` stands now comes in the same
+            # pipeline; only when more than _SLACK left does a second call read from there.
+            margin = _SLACK
+            offset = max(0, ties - margin)
+            score, rank, above, reply = yield Commands(
+                [("ZSCORE", keys.dead, last), ("ZREVRANK", keys.dead, last),
+                 ("ZCOUNT", keys.dead, f"({_bound(top)}", "+inf"), page_cmd(offset, step + margin)]
+            )  # fmt: skip
+            here = 0  # `last` gone (or died again at another ms): from the top of its ms
+            if score is not None and rank is not None and float(score) == top:
+                here = int(rank) - int(above) + 1
+            if here < offset:
+                offset = max(0, here - margin)
+                (reply,) = yield Commands([page_cmd(offset, step + margin)])
+            ties = offset  # what the range holds of the cursor's ms before this page
         raw = scored_pairs(reply)
         if not raw:
             return out
@@ -85,9 +108,13 @@ def scan_dead(
         if by_record:
             fresh = yield from _matching(keys, fresh, task, error_type)
         out.extend(fresh)
-        if len(raw) < step:
+        if len(raw) < step + margin:
             break
     return out if limit is None else out[:limit]
+
+
+# How far before the cursor a page starts: ids of the cursor's ms that may leave between pages.
+_SLACK = 64
 
 
 def _step(wanted: int, by_record: bool, page: int) -> int:
