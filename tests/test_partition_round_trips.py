@@ -76,6 +76,13 @@ def test_dead_ids_requeue_and_purge_are_one_driver_call_for_every_partition(
     assert pq.counts().dead == 0 and pq.counts().due == 6
 
 
+def test_a_limit_is_the_merged_lists_length(counted: tuple[PartitionedQueue, Counter]) -> None:
+    """Review: `limit` went through to every partition's scan, so up to N x limit came back."""
+    pq, _ = counted
+    died = kill_per_partition(pq, 3)
+    assert pq.dead_ids(limit=5) == died[:5]
+
+
 def test_the_async_client_batches_them_too(
     server: RedisProcess, counted: tuple[PartitionedQueue, Counter]
 ) -> None:

@@ -177,8 +177,10 @@ class PartitionedQueue:
 
     def dead_ids(self, **filters: Any) -> list[str]:
         """`Queue.dead_ids` over every partition, merged newest first by the time they died:
-        one driver call for all partitions, their scans carrying the dead_ms they merge by."""
-        return merge_dead(self.dead_scored(**filters))
+        one driver call for all partitions, their scans carrying the dead_ms they merge by.
+        `limit` (as Ops.dead_scored) is the merged list's length, not each partition's."""
+        merged = merge_dead(self.dead_scored(**filters))
+        return merged if filters.get("limit") is None else merged[: filters["limit"]]
 
     def dead_scored(self, **filters: Any) -> list[list[tuple[float, str]]]:
         """Each partition's `Ops.dead_scored(**filters)` (with `limit`: each partition's first

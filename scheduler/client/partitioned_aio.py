@@ -126,7 +126,8 @@ class AsyncPartitionedQueue:
         return merge_jobs(state, await self._run_many(ops), offset, limit)
 
     async def dead_ids(self, **filters: Any) -> list[str]:
-        return merge_dead(await self.dead_scored(**filters))
+        merged = merge_dead(await self.dead_scored(**filters))
+        return merged if filters.get("limit") is None else merged[: filters["limit"]]
 
     async def dead_scored(self, **filters: Any) -> list[list[tuple[float, str]]]:
         return await self._run_many([(p, p.ops.dead_scored(**filters)) for p in self.parts])

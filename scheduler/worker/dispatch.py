@@ -219,6 +219,10 @@ class Dispatch(WorkerCore):
             nxt, slot.next = slot.next, None
             if nxt is None:
                 return
+            # The finished job's result / exception (its traceback holds the frames) must not
+            # live on while this slot runs the next one.
+            del out
+            result = None
             r = nxt
             runs += 1
 
