@@ -219,9 +219,7 @@ class Dispatch(WorkerCore):
             nxt, slot.next = slot.next, None
             if nxt is None:
                 return
-            # The finished job's result / exception (its traceback holds the frames) must not
-            # live on while this slot runs the next one.
-            del out
+            del out  # the finished job's outcome (a traceback's frames) is not kept
             result = None
             r = nxt
             runs += 1
