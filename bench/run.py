@@ -569,8 +569,26 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     if not failed:
         lines.append("- all peers installed")
-    lines.append("")
+    lines += ["", "## Figures this run does not measure", "", *OTHER_FIGURES, ""]
     return "\n".join(lines)
+
+
+# Issue 16's figures that come from other benches (their results are committed beside this file).
+OTHER_FIGURES = [
+    "- Steady memory of finished jobs at 1,500 jobs/s, result TTL 60 s, two workers: 34.7 MB, "
+    "387 B per retained job (82.5 MB / 939 B with keep_payload); `python bench/retention_soak.py "
+    "--rate 1500 --seconds 300 --workers 2 --result-ttl-ms 60000` (docs/performance.md section "
+    "11; bench/results/retention_soak_*.json; measured 2026-12-01)",
+    "- 2,000 due at once by worker concurrency 16 / 64 / 256, p99: ours 350 / 382 / 497 ms, "
+    "bullmq-node 471 / 393 / 579 ms, 0 early: `cd bench && python spike_concurrency.py "
+    "--concurrency 16,64,256 --repeat 2` (section 13; spike_concurrency_*.json)",
+    "- Drain per job, ours vs bullmq-node, 3 interleaved pairs: 1.19-1.25x jobs/s, worker CPU "
+    "50.5-56 vs 62-68 us/job, Redis CPU 42.5-45 vs 52.8-59.5: `python bench/profile_drain.py "
+    "drain --system ours|bullmq-node --n 20000`; server time per transition: `python "
+    "bench/claim_ab.py --rev <rev>`, `python bench/lua_ab.py --rev <rev>` (section 13)",
+    "- Memory per pending job, tiny payload: 280 B (target 250: not met); `python "
+    "bench/memory_layouts.py --api-only --n 10000` (section 8)",
+]
 
 
 def claim_latency_lines(results: dict[str, Any]) -> list[str]:
