@@ -267,9 +267,7 @@ def handler(opts: argparse.Namespace) -> dict[str, Any]:
 
             async def main(kw: dict[str, Any] = kw) -> tuple[float, float]:
                 # As bench/systems/ours.py: redis-py 8's pool cap of 100 follows the concurrency.
-                r = aredis.Redis.from_url(
-                    url, max_connections=max(100, 2 * opts.concurrency), **kw
-                )
+                r = aredis.Redis.from_url(url, max_connections=max(100, 2 * opts.concurrency), **kw)
                 await r.incr(c.COUNTER)
                 left = opts.n
 
