@@ -103,7 +103,7 @@ def park(q: Queue, n: int, *, task: str = "t", at_ms: int | None = None) -> list
     if at_ms is not None:
         q.client.set(q.keys.test_clock, at_ms)
     ids = [q.enqueue(task, None, max_attempts=1) for _ in range(n)]
-    got = []
+    got: list[Any] = []
     while len(got) < n:
         got += q.claim("w", limit=min(n - len(got), 1000)).jobs
     for job in got:

@@ -69,7 +69,7 @@ def test_a_subclass_and_a_single_connection_client_keep_execute_command(redis_ur
 
         def execute_command(self, *args: Any, **options: Any) -> Any:
             Traced.calls += 1
-            return super().execute_command(*args, **options)
+            return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
     traced = Traced.from_url(redis_url)
     assert direct_io.call_sync(traced, ("PING",)) is True
@@ -77,8 +77,13 @@ def test_a_subclass_and_a_single_connection_client_keep_execute_command(redis_ur
     traced.close()
     single = redis.Redis.from_url(redis_url, single_connection_client=True)
     seen: list[tuple[Any, ...]] = []
-    orig = single.execute_command
-    single.execute_command = lambda *a, **k: (seen.append(a), orig(*a, **k))[1]  # type: ignore[method-assign]
+    orig: Any = single.execute_command
+
+    def spy(*a: Any, **k: Any) -> Any:
+        seen.append(a)
+        return orig(*a, **k)
+
+    single.execute_command = spy  # type: ignore[method-assign]
     assert direct_io.call_sync(single, ("PING",)) is True
     assert seen == [("PING",)]
     single.close()
@@ -217,10 +222,13 @@ def test_the_direct_path_can_be_turned_off(
 ) -> None:
     sha = plain.script_load("return 7")
     seen: list[tuple[Any, ...]] = []
-    orig = plain.execute_command
+    orig: Any = plain.execute_command
+
+    def spy(*a: Any, **k: Any) -> Any:
+        seen.append(a)
+        return orig(*a, **k)
+
     monkeypatch.setattr(direct_io, "_ENABLED", False)
-    monkeypatch.setattr(
-        plain, "execute_command", lambda *a, **k: (seen.append(a), orig(*a, **k))[1]
-    )
+    monkeypatch.setattr(plain, "execute_command", spy)
     assert direct_io.call_sync(plain, ("EVALSHA", sha, 0)) == 7
     assert seen == [("EVALSHA", sha, 0)]

@@ -27,7 +27,7 @@ def hash_reads(client: redis.Redis, key: str, action: Callable[[], object]) -> l
     """The fields of each read of hash `key` that `action` made (scripts' commands included)."""
     sentinel = "end-" + uuid.uuid4().hex
     out: list[list[str]] = []
-    with client.monitor() as m:
+    with client.monitor() as m:  # type: ignore[no-untyped-call]
         action()
         client.echo(sentinel)
         while True:

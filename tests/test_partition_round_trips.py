@@ -94,7 +94,7 @@ def test_the_async_client_batches_them_too(
         try:
             aq = AsyncPartitionedQueue(client, pq.layout, _clock="test")
             sent: list[Any] = []
-            execute = client.execute_command
+            execute: Any = client.execute_command
             pipeline = client.pipeline
 
             async def one(*args: Any, **kw: Any) -> Any:

@@ -60,7 +60,11 @@ def test_many_queues_do_not_take_every_pooled_connection_while_idle(
         time.sleep(1.5)  # idle: its wake-up pops are blocking now
         jobs = [(q, q.enqueue("echo", {"i": i})) for i, q in enumerate(queues[::3])]
         for q, job_id in jobs:
-            wait_for(lambda q=q, j=job_id: q.status(j) == "done", timeout_s=15, what="a job")
+
+            def done(q: Queue = q, j: str = job_id) -> bool:
+                return q.status(j) == "done"
+
+            wait_for(done, timeout_s=15, what="a job")
     finally:
         stop_all([w])
     assert "MaxConnectionsError" not in log.read_text()
