@@ -34,6 +34,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import redis  # noqa: E402
+from flow_claim_cpu import stats  # noqa: E402  (one INFO read: EVALSHA usec, commands, CPU)
 from redis_server import private_server  # noqa: E402
 
 PAYLOAD = '{"pad":"' + "x" * 64 + '"}'
@@ -58,17 +59,6 @@ def job(i: int, flow: bool) -> list[str]:
     field = "0|tenant:1|10000||0|0|" if flow else ""
     return [f"j{i}-{secrets.token_hex(4)}", "t", PAYLOAD, "in", "0", "10000",
             "1000,2.0,3600000,0.25", "0", "", "86400000", "", "", field]  # fmt: skip
-
-
-def stats(c: redis.Redis) -> tuple[int, int, float]:
-    """(EVALSHA usec, commands run less EVALSHA and INFO, main-thread CPU us) from one INFO."""
-    cs = c.execute_command("INFO", "cpu", "commandstats")
-    skip = ("cmdstat_evalsha", "cmdstat_info")
-    calls = sum(
-        int(v["calls"]) for k, v in cs.items() if k.startswith("cmdstat_") and k not in skip
-    )
-    cpu = (float(cs["used_cpu_user_main_thread"]) + float(cs["used_cpu_sys_main_thread"])) * 1e6
-    return int(cs.get("cmdstat_evalsha", {}).get("usec", 0)), calls, cpu
 
 
 def main() -> int:
