@@ -4,7 +4,6 @@ different slots), and --worker-id names it."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -57,7 +56,9 @@ def test_many_queues_do_not_take_every_pooled_connection_while_idle(
     try:
         wait_for(lambda: client.zscore(QueueKeys(queues[0].name).workers, "multi-many")
                  is not None, what="the worker's registration")  # fmt: skip
-        time.sleep(1.5)  # idle: its wake-up pops are blocking now
+        # Idle: its wake-up pop is blocking (the server counts it), not a sleep of a guess.
+        wait_for(lambda: int(client.info("clients")["blocked_clients"]) >= 1,
+                 what="the worker's blocking wake-up pop")  # fmt: skip
         jobs = [(q, q.enqueue("echo", {"i": i})) for i, q in enumerate(queues[::3])]
         for q, job_id in jobs:
 
