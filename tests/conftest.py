@@ -89,6 +89,15 @@ def redis_url() -> Iterator[str]:
     pytest.skip(message)
 
 
+@pytest.fixture(scope="module")
+def module_server() -> Iterator[RedisProcess]:
+    """A private server for one test module, never REDIS_URL's: for tests that flush it,
+    reconfigure it or count its round trips. The binary is this run's (SCHEDULER_TEST_SERVER);
+    missing, it skips locally and fails under CI=true (require_server)."""
+    with RedisProcess(require_server("a test module's private server")) as server:
+        yield server
+
+
 @pytest.fixture
 def client(redis_url: str) -> Iterator[redis.Redis]:
     c = connect(redis_url)  # a RedisCluster on a cluster run

@@ -19,7 +19,7 @@ from scheduler.core.scripts import Scripts
 from scheduler.operations.dead_letters import scored_pairs
 from scheduler.operations.requests import Commands, Op
 from tests.conftest import delete_queue
-from tests.redis_server import RedisProcess, require_binary
+from tests.redis_server import RedisProcess
 
 _HANDSHAKE = {"CLIENT", "HELLO", "SELECT", "AUTH", "PING"}
 SHA = Scripts().sha
@@ -78,18 +78,9 @@ def counting_client(url: str) -> tuple[redis.Redis, Counter]:
     return client, counter
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisProcess]:
-    proc = RedisProcess(require_binary("redis-server", "round-trip counts")).start()
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
-
-
 @pytest.fixture
-def counted(server: RedisProcess, queue_name: str) -> Iterator[tuple[Queue, Counter]]:
-    client, counter = counting_client(server.url)
+def counted(module_server: RedisProcess, queue_name: str) -> Iterator[tuple[Queue, Counter]]:
+    client, counter = counting_client(module_server.url)
     q = Queue(client, queue_name, _clock="test")
     client.set(q.keys.test_clock, 1_000_000)
     q.preload()  # SCRIPT LOAD now: a NOSCRIPT re-send would count as a second call

@@ -15,25 +15,16 @@ from click.testing import CliRunner, Result
 
 from scheduler import Queue
 from scheduler.cli.main import main
-from tests.redis_server import RedisProcess, require_binary
+from tests.redis_server import RedisProcess
 
 QUEUE = "hostile"
 HOSTILE_SCORES = [float("inf"), float("-inf"), 1e300, -5.0]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisProcess]:
-    proc = RedisProcess(require_binary("redis-server", "hostile-score tests")).start()
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
-
-
 @pytest.fixture
-def leased(server: RedisProcess) -> Iterator[tuple[redis.Redis, Queue, str]]:
-    client = redis.Redis.from_url(server.url)
-    client.flushdb()  # a private server, started above
+def leased(module_server: RedisProcess) -> Iterator[tuple[redis.Redis, Queue, str]]:
+    client = redis.Redis.from_url(module_server.url)
+    client.flushdb()  # a private server: module_server in tests/conftest.py
     q = Queue(client, QUEUE)
     jid = q.enqueue("t.x", {})
     (job,) = q.claim("w1", limit=1).jobs
@@ -51,16 +42,16 @@ def run_cli(url: str, *args: str) -> Result:
 
 @pytest.mark.parametrize("score", HOSTILE_SCORES, ids=str)
 def test_jobs_list_leased_lists_a_job_with_a_hostile_score(
-    server: RedisProcess, leased: tuple[redis.Redis, Queue, str], score: float
+    module_server: RedisProcess, leased: tuple[redis.Redis, Queue, str], score: float
 ) -> None:
     client, q, jid = leased
     client.zadd(q.keys.leased, {jid: score})
-    result = run_cli(server.url, "jobs", "list", "--state", "leased", "--json")
+    result = run_cli(module_server.url, "jobs", "list", "--state", "leased", "--json")
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.output)["jobs"]
     assert row["id"] == jid and row["lease_unreadable"] is True
     assert row["lease_until_ms"] is None and row["lease_left_ms"] is None
-    table = run_cli(server.url, "jobs", "list", "--state", "leased")
+    table = run_cli(module_server.url, "jobs", "list", "--state", "leased")
     assert table.exit_code == 0 and jid in table.output
     assert "lease unreadable" in table.output and "lease left" not in table.output
     assert "unreadable stored data" not in table.output
@@ -68,28 +59,28 @@ def test_jobs_list_leased_lists_a_job_with_a_hostile_score(
 
 @pytest.mark.parametrize("score", HOSTILE_SCORES, ids=str)
 def test_jobs_show_shows_a_job_with_a_hostile_score(
-    server: RedisProcess, leased: tuple[redis.Redis, Queue, str], score: float
+    module_server: RedisProcess, leased: tuple[redis.Redis, Queue, str], score: float
 ) -> None:
     client, q, jid = leased
     client.zadd(q.keys.leased, {jid: score})
-    result = run_cli(server.url, "jobs", "show", jid, "--json")
+    result = run_cli(module_server.url, "jobs", "show", jid, "--json")
     assert result.exit_code == 0, result.output
     shown = json.loads(result.output)
     assert shown["id"] == jid and shown["state"] == "leased" and "leased" in shown["places"]
     assert shown["lease_unreadable"] is True and shown["lease_until_ms"] is None
-    table = run_cli(server.url, "jobs", "show", jid)
+    table = run_cli(module_server.url, "jobs", "show", jid)
     assert table.exit_code == 0 and jid in table.output
     assert "lease until" in table.output and "not a time" in table.output
     assert "lease left" not in table.output and "unreadable stored data" not in table.output
 
 
 def test_a_real_lease_is_still_shown(
-    server: RedisProcess, leased: tuple[redis.Redis, Queue, str]
+    module_server: RedisProcess, leased: tuple[redis.Redis, Queue, str]
 ) -> None:
     _, _, jid = leased
-    (row,) = json.loads(run_cli(server.url, "jobs", "list", "--state", "leased", "--json").output)[
-        "jobs"
-    ]
+    (row,) = json.loads(
+        run_cli(module_server.url, "jobs", "list", "--state", "leased", "--json").output
+    )["jobs"]
     assert row["lease_unreadable"] is False and 0 < row["lease_left_ms"] <= 30_000
-    table = run_cli(server.url, "jobs", "show", jid)
+    table = run_cli(module_server.url, "jobs", "show", jid)
     assert "lease left" in table.output and "not a time" not in table.output

@@ -28,7 +28,7 @@ from scheduler import Queue
 from scheduler.cli.main import main
 from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import clean, redact
-from tests.redis_server import RedisProcess, require_binary
+from tests.redis_server import RedisProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULER = str(Path(sys.executable).parent / "scheduler")
@@ -47,20 +47,11 @@ def evil(tag: str) -> str:
     return f"{tag}:{ESCAPES}{MARKUP}"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisProcess]:
-    proc = RedisProcess(require_binary("redis-server", "hostile-data tests")).start()
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
-
-
 @pytest.fixture
-def raw(server: RedisProcess) -> Iterator[redis.Redis]:
+def raw(module_server: RedisProcess) -> Iterator[redis.Redis]:
     """Bytes in, bytes out: what a hostile producer writes."""
-    client = redis.Redis.from_url(server.url)
-    client.flushdb()  # a private server, started above
+    client = redis.Redis.from_url(module_server.url)
+    client.flushdb()  # a private server: module_server in tests/conftest.py
     yield client
     client.close()
 
@@ -185,25 +176,25 @@ def read_everything(url: str) -> None:
 
 
 def test_every_read_command_shows_hostile_data_escaped(
-    raw: redis.Redis, server: RedisProcess, tmp_path: Path
+    raw: redis.Redis, module_server: RedisProcess, tmp_path: Path
 ) -> None:
     plant(raw, tmp_path / PICKLE_MARKER)
-    read_everything(server.url)
+    read_everything(module_server.url)
     # Shown, escaped, not dropped: the operator still sees what is stored.
-    shown = checked(server.url, "jobs", "show", "-q", QUEUE, HOSTILE_IDS["error"]).stdout
+    shown = checked(module_server.url, "jobs", "show", "-q", QUEUE, HOSTILE_IDS["error"]).stdout
     assert "\\x1b[2J" in shown and "\\u202e" in shown and "[/bold]" in shown
-    history = checked(server.url, "jobs", "show", "-q", QUEUE, HOSTILE_IDS["history"]).stdout
+    history = checked(module_server.url, "jobs", "show", "-q", QUEUE, HOSTILE_IDS["history"]).stdout
     assert "last traceback" in history and "\\x1b]0;pwned\\x07" in history
-    assert "host:\\x1b[2J" in checked(server.url, "workers").stdout
-    as_json = json.loads(checked(server.url, "workers", "--json").stdout)
+    assert "host:\\x1b[2J" in checked(module_server.url, "workers").stdout
+    as_json = json.loads(checked(module_server.url, "workers", "--json").stdout)
     assert as_json["workers"][0]["host"] == evil("host")  # JSON keeps the value, escaped
 
 
 def test_non_utf8_job_data_is_shown_escaped_and_doctor_reports_it(
-    raw: redis.Redis, server: RedisProcess, tmp_path: Path
+    raw: redis.Redis, module_server: RedisProcess, tmp_path: Path
 ) -> None:
     plant(raw, tmp_path / PICKLE_MARKER)
-    url = server.url
+    url = module_server.url
     for extra in ((), ("--json",)):
         out = checked(url, "jobs", "show", "-q", QUEUE, HOSTILE_IDS["bytes"], *extra).stdout
         assert "\\xff\\xfe" in out.replace("\\\\", "\\")
@@ -240,15 +231,17 @@ def wait_until(pred: object, what: str, timeout_s: float = 30.0) -> None:
 
 @pytest.mark.parametrize("log_format", [(), ("--json-logs",)], ids=["plain", "json"])
 def test_real_worker_survives_hostile_jobs_and_logs_them_escaped(
-    raw: redis.Redis, server: RedisProcess, tmp_path: Path, log_format: tuple[str, ...]
+    raw: redis.Redis, module_server: RedisProcess, tmp_path: Path, log_format: tuple[str, ...]
 ) -> None:
     marker = tmp_path / PICKLE_MARKER
     plant(raw, marker)
-    reader = redis.Redis.from_url(server.url, decode_responses=True, encoding_errors="replace")
+    reader = redis.Redis.from_url(
+        module_server.url, decode_responses=True, encoding_errors="replace"
+    )
     q = Queue(reader, QUEUE)
     good = [q.enqueue("noop", {"n": n}) for n in range(5)]
     log = tmp_path / "worker.log"
-    worker = spawn_worker(server.url, log, *log_format)
+    worker = spawn_worker(module_server.url, log, *log_format)
     try:
         wait_until(lambda: all(q.status(j) == "done" for j in good) or worker.poll() is not None,
                    "the good jobs")  # fmt: skip
@@ -273,7 +266,7 @@ def test_real_worker_survives_hostile_jobs_and_logs_them_escaped(
         assert (job.state, bool(job.dead_reason)) == ("dead", True), (name, job.fields)
     assert q.status(HOSTILE_IDS["payload"]) == "done"
     # And the operator tools still read the queue the worker left behind.
-    read_everything(server.url)
+    read_everything(module_server.url)
 
 
 def test_clean_and_redact_units() -> None:
@@ -374,19 +367,25 @@ def test_log_formatters_escape_and_redact() -> None:
         root.handlers[:], root.level, root.propagate = saved
 
 
-def test_doctor_reports_and_repairs_infinite_scores(raw: redis.Redis, server: RedisProcess) -> None:
+def test_doctor_reports_and_repairs_infinite_scores(
+    raw: redis.Redis, module_server: RedisProcess
+) -> None:
     """`ZADD due inf id` hides a job forever and `ZADD leased inf id` holds its lease forever:
     doctor reports both (it crashed with OverflowError) and --fix sets them to now."""
-    q = Queue(redis.Redis.from_url(server.url, decode_responses=True), QUEUE)
+    q = Queue(redis.Redis.from_url(module_server.url, decode_responses=True), QUEUE)
     held = q.enqueue("noop", None)
     assert [j.id for j in q.claim("w", limit=2).jobs] == [held]
     hidden = q.enqueue("noop", None)
     raw.zadd(q.keys.due, {hidden: float("inf")})
     raw.zadd(q.keys.leased, {held: float("inf")})
-    report = json.loads(checked(server.url, "doctor", "--no-server", "--json", codes=(1,)).stdout)
+    report = json.loads(
+        checked(module_server.url, "doctor", "--no-server", "--json", codes=(1,)).stdout
+    )
     assert {(f["job_id"], f["code"]) for f in report["findings"]} == {
         (hidden, "bad-score"), (held, "bad-score")}  # fmt: skip
-    fixed = json.loads(checked(server.url, "doctor", "--no-server", "--fix", "--json").stdout)
+    fixed = json.loads(
+        checked(module_server.url, "doctor", "--no-server", "--fix", "--json").stdout
+    )
     assert {f["job_id"] for f in fixed["fixed"]} == {hidden, held} and fixed["ok"]
     again = {j.id for j in q.claim("w2", limit=5).jobs}  # the lapsed lease is reaped, re-run
     assert again == {hidden, held}

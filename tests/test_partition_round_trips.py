@@ -18,24 +18,17 @@ from scheduler.cli.admin import queue_stats
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from tests.conftest import delete_queue
-from tests.redis_server import RedisProcess, require_binary
+from tests.redis_server import RedisProcess
 from tests.test_dead_paths import Counter, counting_client
 
 N = 4
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisProcess]:
-    proc = RedisProcess(require_binary("redis-server", "round-trip counts")).start()
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
-
-
 @pytest.fixture
-def counted(server: RedisProcess, queue_name: str) -> Iterator[tuple[PartitionedQueue, Counter]]:
-    client, counter = counting_client(server.url)
+def counted(
+    module_server: RedisProcess, queue_name: str
+) -> Iterator[tuple[PartitionedQueue, Counter]]:
+    client, counter = counting_client(module_server.url)
     pq = PartitionedQueue.create(client, queue_name, partitions=N, _clock="test")
     for p in pq.parts:
         client.set(p.keys.test_clock, 1_000_000)
@@ -84,13 +77,13 @@ def test_a_limit_is_the_merged_lists_length(counted: tuple[PartitionedQueue, Cou
 
 
 def test_the_async_client_batches_them_too(
-    server: RedisProcess, counted: tuple[PartitionedQueue, Counter]
+    module_server: RedisProcess, counted: tuple[PartitionedQueue, Counter]
 ) -> None:
     pq, _ = counted
     died = kill_per_partition(pq, 2)
 
     async def go() -> tuple[list[str], int, int]:  # driver calls: one each, or a pipeline
-        client = redis.asyncio.Redis.from_url(server.url, decode_responses=True)
+        client = redis.asyncio.Redis.from_url(module_server.url, decode_responses=True)
         try:
             aq = AsyncPartitionedQueue(client, pq.layout, _clock="test")
             sent: list[Any] = []
@@ -138,7 +131,7 @@ def test_stats_is_two_driver_calls_a_row_for_any_number_of_partitions(
 
 # -- doctor ----------------------------------------------------------------------------------
 def test_doctor_loads_its_scripts_only_when_the_server_lacks_them(
-    server: RedisProcess, queue_name: str
+    module_server: RedisProcess, queue_name: str
 ) -> None:
     """Every job of a queue needs a repair (lua/repair.lua, by EVALSHA: the operator role has
     no EVAL): SCRIPT LOAD when the server lacks a script, never once per job or per check
@@ -146,7 +139,7 @@ def test_doctor_loads_its_scripts_only_when_the_server_lacks_them(
     from scheduler import Queue
     from scheduler.admin.doctor import repair_queue
 
-    client = redis.Redis.from_url(server.url, decode_responses=True)
+    client = redis.Redis.from_url(module_server.url, decode_responses=True)
     q = Queue(client, queue_name)
 
     def broken(n: int) -> list[str]:
@@ -174,7 +167,7 @@ def test_doctor_loads_its_scripts_only_when_the_server_lacks_them(
 
 # -- dashboard -------------------------------------------------------------------------------
 def test_the_job_and_workers_pages_read_the_clock_with_time(
-    server: RedisProcess, queue_name: str
+    module_server: RedisProcess, queue_name: str
 ) -> None:
     """They need the server's time, not the counts: TIME, not the counts script."""
     from starlette.testclient import TestClient
@@ -182,7 +175,7 @@ def test_the_job_and_workers_pages_read_the_clock_with_time(
     from scheduler import Queue
     from scheduler.dashboard import create_app
 
-    client, c = counting_client(server.url)
+    client, c = counting_client(module_server.url)
     q = Queue(client, queue_name)
     q.preload()
     jid = q.enqueue("t", None, max_attempts=1)
@@ -200,12 +193,12 @@ def test_the_job_and_workers_pages_read_the_clock_with_time(
 
 
 def test_the_dashboard_keeps_a_bounded_number_of_queue_clients(
-    server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from scheduler.dashboard import store
 
     monkeypatch.setattr(store, "MAX_CACHED", 10, raising=False)
-    s = store.Store(redis.Redis.from_url(server.url, decode_responses=True))
+    s = store.Store(redis.Redis.from_url(module_server.url, decode_responses=True))
     for n in range(25):  # names from URLs: any number of them
         s.queue(f"url-{n}")
     assert len(s._queues) <= 10

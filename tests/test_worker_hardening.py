@@ -39,21 +39,11 @@ from tests.workers.procs import spawn_worker, stop_all, wait_for
 REG = "tests.workers.hardening:registry"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisProcess]:
-    proc = RedisProcess(require_binary("redis-server", "hardening tests start their own server"))
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
-
-
 @pytest.fixture
-def admin(server: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
-    monkeypatch.setenv("TEST_REDIS_URL", server.url)
+def admin(module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
+    monkeypatch.setenv("TEST_REDIS_URL", module_server.url)
     hardening._client = None
-    c = redis.Redis(unix_socket_path=server.socket, decode_responses=True)
+    c = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
     yield c
     c.config_set("maxmemory", 0)
     c.close()
@@ -99,7 +89,7 @@ def full_server(admin: redis.Redis) -> None:
 
 # -- item 1: graceful stop --------------------------------------------------------------------
 def test_sigterm_while_jobs_finish_in_grace_exits_clean_50_times(
-    server: RedisProcess, admin: redis.Redis
+    module_server: RedisProcess, admin: redis.Redis
 ) -> None:
     grace_s = 1.0
     runs, parallel = 50, 5
@@ -108,8 +98,9 @@ def test_sigterm_while_jobs_finish_in_grace_exits_clean_50_times(
         for _ in range(parallel):
             q = new_queue(admin)
             ids = [q.enqueue("nap", {"s": 0.15}) for _ in range(3)]
-            w = spawn_worker(server.url, q.name, "--grace", str(grace_s), "--heartbeat-ms", "50",
-                             "--lease-ms", "3000", "--concurrency", "4", registry=REG)  # fmt: skip
+            w = spawn_worker(module_server.url, q.name, "--grace", str(grace_s),
+                             "--heartbeat-ms", "50", "--lease-ms", "3000", "--concurrency", "4",
+                             registry=REG)  # fmt: skip
             batch.append((q, ids, w))
         try:
             for q, _, w in batch:
@@ -149,13 +140,13 @@ class HangFirstComplete(aredis.Redis):
 
 
 def test_shutdown_resends_a_report_whose_call_swallows_cancellation(
-    server: RedisProcess, admin: redis.Redis
+    module_server: RedisProcess, admin: redis.Redis
 ) -> None:
     q = new_queue(admin)
     job = q.enqueue("gate", None)
 
     async def main() -> tuple[int, bool]:
-        client = HangFirstComplete(unix_socket_path=server.socket, decode_responses=True)
+        client = HangFirstComplete(unix_socket_path=module_server.socket, decode_responses=True)
         settings = WorkerSettings(queues=(q.name,), lease_ms=30_000, heartbeat_ms=1000, grace_s=0)
         w = Worker(client, hardening.registry, settings)
         task = asyncio.create_task(w.run(install_signals=False))
@@ -195,12 +186,12 @@ def test_driver_reloads_and_resends_only_what_got_noscript() -> None:
 
 
 def test_script_flush_between_claim_and_report_loses_no_outcome(
-    server: RedisProcess, admin: redis.Redis
+    module_server: RedisProcess, admin: redis.Redis
 ) -> None:
     q = new_queue(admin)
     ok = q.enqueue("gate", None, max_attempts=1)
     bad = q.enqueue("gate_fail", None, max_attempts=1)
-    w = spawn_worker(server.url, q.name, registry=REG)
+    w = spawn_worker(module_server.url, q.name, registry=REG)
     try:
         wait_for(lambda: len(starts(admin, q)) == 2, what="both started")
         admin.script_flush()
@@ -249,14 +240,14 @@ class FlushBeforeReport(aredis.Redis):
 
 
 def test_noscript_on_a_worker_report_is_reloaded_not_dropped(
-    server: RedisProcess, admin: redis.Redis
+    module_server: RedisProcess, admin: redis.Redis
 ) -> None:
     q = new_queue(admin)
     ok = q.enqueue("gate", None, max_attempts=1)
     bad = q.enqueue("gate_fail", None, max_attempts=1)
 
     async def main() -> int:
-        client = FlushBeforeReport(unix_socket_path=server.socket, decode_responses=True)
+        client = FlushBeforeReport(unix_socket_path=module_server.socket, decode_responses=True)
         client.admin = admin
         settings = WorkerSettings(queues=(q.name,), lease_ms=3000, heartbeat_ms=1000, grace_s=1)
         w = Worker(client, hardening.registry, settings)
@@ -295,12 +286,12 @@ def test_classify_every_redis_error_class() -> None:
 
 
 def test_heartbeats_resume_after_the_server_was_full(
-    server: RedisProcess, admin: redis.Redis, tmp_path: Path
+    module_server: RedisProcess, admin: redis.Redis, tmp_path: Path
 ) -> None:
     q = new_queue(admin)
     job = q.enqueue("nap", {"s": 4})
     log = tmp_path / "w.log"
-    w = spawn_worker(server.url, q.name, "--lease-ms", "1500", "--heartbeat-ms", "100",
+    w = spawn_worker(module_server.url, q.name, "--lease-ms", "1500", "--heartbeat-ms", "100",
                      registry=REG, log=str(log))  # fmt: skip
     try:
         wait_for(lambda: len(starts(admin, q)) == 1, what="started")
@@ -319,14 +310,14 @@ def test_heartbeats_resume_after_the_server_was_full(
 
 
 def test_full_server_at_start_and_claim_keeps_the_worker_alive(
-    server: RedisProcess, admin: redis.Redis
+    module_server: RedisProcess, admin: redis.Redis
 ) -> None:
     q = new_queue(admin)
     job = q.enqueue("nap", {"s": 0.01})
     log, records = capture()
 
     async def main() -> tuple[int, float, float]:
-        client = aredis.Redis(unix_socket_path=server.socket, decode_responses=True)
+        client = aredis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
         w = Worker(client, hardening.registry, WorkerSettings(
             queues=(q.name,), lease_ms=3000, heartbeat_ms=100, grace_s=1), logger=log)  # fmt: skip
         full_server(admin)  # start-up presence beat and claim's HINCRBY fence are refused
@@ -349,13 +340,13 @@ def test_full_server_at_start_and_claim_keeps_the_worker_alive(
 
 
 def test_a_full_server_still_settles_the_jobs_held(
-    server: RedisProcess, admin: redis.Redis
+    module_server: RedisProcess, admin: redis.Redis
 ) -> None:
     q = new_queue(admin)
     job = q.enqueue("gate", None)
 
     async def main() -> int:
-        client = aredis.Redis(unix_socket_path=server.socket, decode_responses=True)
+        client = aredis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
         w = Worker(client, hardening.registry, WorkerSettings(
             queues=(q.name,), lease_ms=3000, heartbeat_ms=100, grace_s=1))  # fmt: skip
         task = asyncio.create_task(w.run(install_signals=False))
@@ -373,11 +364,11 @@ def test_a_full_server_still_settles_the_jobs_held(
     assert asyncio.run(main()) == EXIT_OK
 
 
-def test_a_loop_that_dies_stops_the_worker(server: RedisProcess, admin: redis.Redis) -> None:
+def test_a_loop_that_dies_stops_the_worker(module_server: RedisProcess, admin: redis.Redis) -> None:
     q = new_queue(admin)
 
     async def main() -> int:
-        client = aredis.Redis(unix_socket_path=server.socket, decode_responses=True)
+        client = aredis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
         w = Worker(client, hardening.registry, WorkerSettings(
             queues=(q.name,), lease_ms=3000, heartbeat_ms=50, grace_s=1))  # fmt: skip
 
@@ -392,7 +383,9 @@ def test_a_loop_that_dies_stops_the_worker(server: RedisProcess, admin: redis.Re
     assert asyncio.run(main()) == 1  # EXIT_ERROR, not a worker running on without heartbeats
 
 
-def test_permission_error_stops_with_a_clear_code(server: RedisProcess, admin: redis.Redis) -> None:
+def test_permission_error_stops_with_a_clear_code(
+    module_server: RedisProcess, admin: redis.Redis
+) -> None:
     q = new_queue(admin)
     user = "w" + uuid.uuid4().hex[:6]
     # may PING and load scripts, but not run them
@@ -400,7 +393,7 @@ def test_permission_error_stops_with_a_clear_code(server: RedisProcess, admin: r
     admin.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], commands=allowed)
 
     async def main() -> int:
-        client = aredis.Redis(unix_socket_path=server.socket, username=user, password="pw",
+        client = aredis.Redis(unix_socket_path=module_server.socket, username=user, password="pw",
                               decode_responses=True)  # fmt: skip
         w = Worker(client, hardening.registry, WorkerSettings(
             queues=(q.name,), lease_ms=3000, heartbeat_ms=50, grace_s=1))  # fmt: skip
@@ -415,7 +408,9 @@ def test_permission_error_stops_with_a_clear_code(server: RedisProcess, admin: r
 
 
 # -- item 6 (worker side): one job's data never takes the worker down -----------------------------
-def test_a_job_that_cannot_start_is_parked_alone(server: RedisProcess, admin: redis.Redis) -> None:
+def test_a_job_that_cannot_start_is_parked_alone(
+    module_server: RedisProcess, admin: redis.Redis
+) -> None:
     q = new_queue(admin)
     unreadable = q.enqueue("nap", None)
     (held,) = q.claim("someone", limit=1).jobs  # stands for a job the client could not parse
@@ -430,7 +425,7 @@ def test_a_job_that_cannot_start_is_parked_alone(server: RedisProcess, admin: re
     log, records = capture()
 
     async def main() -> int:
-        client = aredis.Redis(unix_socket_path=server.socket, decode_responses=True)
+        client = aredis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
         settings = WorkerSettings(queues=(q.name,), lease_ms=3000, heartbeat_ms=100, grace_s=1)
         w = Worker(client, reg, settings, logger=log)
         task = asyncio.create_task(w.run(install_signals=False))
@@ -456,7 +451,7 @@ def test_a_job_that_cannot_start_is_parked_alone(server: RedisProcess, admin: re
 
 # -- item 7: abandoned sync threads ----------------------------------------------------------------
 def test_abandoned_threads_are_capped_and_a_job_never_runs_twice_at_once(
-    server: RedisProcess, admin: redis.Redis
+    module_server: RedisProcess, admin: redis.Redis
 ) -> None:
     q = new_queue(admin)
     for _ in range(4):
@@ -469,7 +464,7 @@ def test_abandoned_threads_are_capped_and_a_job_never_runs_twice_at_once(
     log, records = capture()
 
     async def main() -> float:
-        client = aredis.Redis(unix_socket_path=server.socket, decode_responses=True)
+        client = aredis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
         w = Worker(client, hardening.registry, settings, logger=log)
         task = asyncio.create_task(w.run(install_signals=False))
         await poll(lambda: Live.starts >= 14, timeout_s=30, what="many attempts")
@@ -553,14 +548,14 @@ class LoseFirstClaimReply(aredis.Redis):
 
 
 def test_claim_retry_reuses_the_nonce_and_lease_counts_from_send(
-    server: RedisProcess, admin: redis.Redis
+    module_server: RedisProcess, admin: redis.Redis
 ) -> None:
     q = new_queue(admin)
     job = q.enqueue("gate", None)
     lease_s = 3.0
 
     async def main() -> tuple[int, float, float]:
-        client = LoseFirstClaimReply(unix_socket_path=server.socket, decode_responses=True)
+        client = LoseFirstClaimReply(unix_socket_path=module_server.socket, decode_responses=True)
         client.sent = []
         settings = WorkerSettings(queues=(q.name,), lease_ms=int(lease_s * 1000),
                                   heartbeat_ms=1000, grace_s=1)  # fmt: skip
