@@ -53,6 +53,9 @@ if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT wor
 local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
   'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log',
   'priority', 'ckey', 'rkey' }
+-- Most jobs of a call share one task name, backoff text and timeout: each distinct one is
+-- checked once per call (as enqueue.lua does).
+local task_seen, backoff_seen, timeout_seen = {}, {}, {}
 local function read_claimable(id, jk, run_at_s)
   -- A plain job never claimed has no hash yet (most claims of a drain): one EXISTS instead of
   -- a 17-field HMGET of nothing; a job with a hash (a retry, a flow job, a schedule's
@@ -100,7 +103,10 @@ local function read_claimable(id, jk, run_at_s)
   -- its key or rate window needs (flow_rest): the plain path's HMGET stays as it was.
   r.flow = FLOW_PLAIN
   if f[15] or f[16] or f[17] then r.flow = flow_rest(jk, f[15], f[16], f[17]) end
-  if not task_ok(f[1]) then return nil, 'invalid job: task' end
+  if not task_seen[f[1]] then
+    if not task_ok(f[1]) then return nil, 'invalid job: task' end
+    task_seen[f[1]] = true
+  end
   if not f[2] or not is_utf8(f[2]) then return nil, 'invalid job: payload' end
   r.attempts = parse_int(f[3], 0, LIM.attempts)
   if r.attempts == nil then return nil, 'invalid job: attempts' end
@@ -108,8 +114,14 @@ local function read_claimable(id, jk, run_at_s)
   if r.max_attempts == nil then return nil, 'invalid job: max_attempts' end
   r.run_at_ms = parse_int(f[5], 0, LIM.time_ms)
   if r.run_at_ms == nil then return nil, 'invalid job: run_at_ms' end
-  if r.backoff ~= '' and parse_backoff(r.backoff) == nil then return nil, 'invalid job: backoff' end
-  if parse_int(r.timeout_ms, 0, LIM.timeout_ms) == nil then return nil, 'invalid job: timeout_ms' end
+  if r.backoff ~= '' and not backoff_seen[r.backoff] then
+    if parse_backoff(r.backoff) == nil then return nil, 'invalid job: backoff' end
+    backoff_seen[r.backoff] = true
+  end
+  if not timeout_seen[r.timeout_ms] then
+    if parse_int(r.timeout_ms, 0, LIM.timeout_ms) == nil then return nil, 'invalid job: timeout_ms' end
+    timeout_seen[r.timeout_ms] = true
+  end
   if r.schedule ~= '' and not schedule_name_ok(r.schedule) then
     return nil, 'invalid job: schedule'
   end
