@@ -134,6 +134,29 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
             idem = hashlib.sha256(spec.key.encode()).hexdigest()
         except UnicodeEncodeError as exc:
             raise BadArgument(f"key is not valid Unicode text: {exc.reason}") from None
+    # The plain path (no flow argument given, the common case) skips check_flow's checks.
+    if (
+        type(spec.priority) is int
+        and spec.priority == 0
+        and spec.concurrency_key is None
+        and spec.concurrency_limit is None
+        and spec.rate_limit is None
+        and spec.rate_key is None
+        and spec.after is None
+    ):
+        flow = ""
+    else:
+        flow = flow_field(
+            check_flow(
+                spec.task,
+                priority=spec.priority,
+                concurrency_key=spec.concurrency_key,
+                concurrency_limit=spec.concurrency_limit,
+                rate_limit=spec.rate_limit,
+                rate_key=spec.rate_key,
+                after=spec.after,
+            )
+        )
     return [
         job_id,
         spec.task,
@@ -147,17 +170,7 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         _IDEM_TTL,
         "" if spec.result_ttl_ms is None else str(check_int(spec.result_ttl_ms, "result_ttl_ms")),
         _keep_flag(spec.keep_payload),
-        flow_field(
-            check_flow(
-                spec.task,
-                priority=spec.priority,
-                concurrency_key=spec.concurrency_key,
-                concurrency_limit=spec.concurrency_limit,
-                rate_limit=spec.rate_limit,
-                rate_key=spec.rate_key,
-                after=spec.after,
-            )
-        ),
+        flow,
     ]
 
 
