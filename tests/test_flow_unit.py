@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from scheduler import BadArgument
+from scheduler import BadArgument, JobSpec
+from scheduler.core.codec import enqueue_fields
 from scheduler.core.flow import (
     FLOW_LIMITS,
     Flow,
@@ -54,34 +55,62 @@ def test_rate_limit_spellings(spec: Any, count: int, window_ms: int) -> None:
     assert RateLimit.parse(spec) == RateLimit(count, window_ms)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "word"),
-    [
-        ({"priority": 10}, "priority"),
-        ({"priority": -1}, "priority"),
-        ({"priority": True}, "priority"),
-        ({"priority": 1.0}, "priority"),
-        ({"concurrency_key": "k"}, "together"),
-        ({"concurrency_limit": 2}, "together"),
-        ({"concurrency_key": "a b", "concurrency_limit": 2}, "concurrency_key"),
-        ({"concurrency_key": "", "concurrency_limit": 2}, "concurrency_key"),
-        ({"concurrency_key": "k", "concurrency_limit": 0}, "concurrency_limit"),
-        ({"concurrency_key": "k", "concurrency_limit": 10_001}, "concurrency_limit"),
-        ({"rate_limit": "10/s/x"}, "rate_limit"),
-        ({"rate_limit": "0/1s"}, "rate.count"),
-        ({"rate_limit": "10/2d"}, "rate.window_ms"),
-        ({"rate_limit": "10/0s"}, "rate.window_ms"),
-        ({"rate_limit": 10}, "rate_limit"),
-        ({"rate_limit": "10/1s", "rate_key": "bad key"}, "rate_key"),
-        ({"rate_key": "k"}, "rate_limit"),
-        ({"after": "abc"}, "after"),
-        ({"after": ["ok", "no spaces"]}, "job id"),
-        ({"after": [f"j{i}" for i in range(101)]}, "after"),
-    ],
-)
+BAD_FLOW = [
+    ({"priority": 10}, "priority"),
+    ({"priority": -1}, "priority"),
+    ({"priority": True}, "priority"),
+    ({"priority": 1.0}, "priority"),
+    ({"concurrency_key": "k"}, "together"),
+    ({"concurrency_limit": 2}, "together"),
+    ({"concurrency_key": "a b", "concurrency_limit": 2}, "concurrency_key"),
+    ({"concurrency_key": "", "concurrency_limit": 2}, "concurrency_key"),
+    ({"concurrency_key": "k", "concurrency_limit": 0}, "concurrency_limit"),
+    ({"concurrency_key": "k", "concurrency_limit": 10_001}, "concurrency_limit"),
+    ({"rate_limit": "10/s/x"}, "rate_limit"),
+    ({"rate_limit": "0/1s"}, "rate.count"),
+    ({"rate_limit": "10/2d"}, "rate.window_ms"),
+    ({"rate_limit": "10/0s"}, "rate.window_ms"),
+    ({"rate_limit": 10}, "rate_limit"),
+    ({"rate_limit": "10/1s", "rate_key": "bad key"}, "rate_key"),
+    ({"rate_key": "k"}, "rate_limit"),
+    ({"after": "abc"}, "after"),
+    ({"after": ["ok", "no spaces"]}, "job id"),
+    ({"after": [f"j{i}" for i in range(101)]}, "after"),
+    ({"priority": False}, "priority"),
+    ({"priority": 0.0}, "priority"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "word"), BAD_FLOW)
 def test_bad_flow_arguments_are_refused(kwargs: dict[str, Any], word: str) -> None:
     with pytest.raises(BadArgument, match=re.escape(word)):
         check_flow("t", **kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "word"), BAD_FLOW)
+def test_enqueue_refuses_the_same_flow_arguments(kwargs: dict[str, Any], word: str) -> None:
+    # codec.enqueue_fields skips check_flow for a spec with no flow argument: a value that only
+    # looks like a default (False, 0.0) must still reach it and be refused.
+    with pytest.raises(BadArgument, match=re.escape(word)):
+        enqueue_fields(JobSpec("t", 1, **kwargs), 1 << 20)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"priority": 0},
+        {"priority": 3},
+        {"concurrency_key": "k", "concurrency_limit": 2},
+        {"rate_limit": "10/1s"},
+        {"after": []},
+        {"after": ["a"]},
+    ],
+)
+def test_enqueue_sends_the_checked_flow_field(kwargs: dict[str, Any]) -> None:
+    assert enqueue_fields(JobSpec("t", 1, **kwargs), 1 << 20)[-1] == flow_field(
+        check_flow("t", **kwargs)
+    )
 
 
 def test_flow_is_a_value() -> None:
