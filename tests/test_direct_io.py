@@ -4,6 +4,8 @@ redis-py's execute_command is not on that path, and its pool, retry and errors s
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -11,12 +13,13 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from scheduler import AsyncQueue, JobNotFound, Queue
 from scheduler.core import direct_io
-from tests.redis_server import is_cluster_run
+from tests.redis_server import RedisProcess, is_cluster_run
 
 pytestmark = pytest.mark.skipif(is_cluster_run(), reason="plain clients only (cluster: cluster_io)")
 
@@ -232,3 +235,130 @@ def test_the_direct_path_can_be_turned_off(
     monkeypatch.setattr(plain, "execute_command", spy)
     assert direct_io.call_sync(plain, ("EVALSHA", sha, 0)) == 7
     assert seen == [("EVALSHA", sha, 0)]
+
+
+# -- a failure between send and read: the server closes the connection while the call waits -----
+# Both on the file's private server (module_server): they reconfigure or pause it.
+
+_BIG_ONCE = """local n = redis.call('INCR', KEYS[1])
+if n == 1 then return string.rep('x', tonumber(ARGV[1])) end
+return n"""
+_MB = 1024 * 1024
+
+
+@pytest.fixture
+def admin(module_server: RedisProcess) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(module_server.url)
+    limit = c.config_get("client-output-buffer-limit")["client-output-buffer-limit"]
+    assert isinstance(limit, str)
+    # A normal client whose pending reply passes 1 MB is closed by the server, at once: the
+    # script has run, its reply is never sent (a real reply lost after the fact).
+    c.config_set("client-output-buffer-limit", f"normal {_MB} 0 0")
+    yield c
+    c.config_set("client-output-buffer-limit", limit)
+    c.close()
+
+
+def _lost_reply(url: str, retries: int) -> tuple[redis.Redis, str, str]:
+    c = redis.Redis.from_url(url, retry=Retry(NoBackoff(), retries))
+    sha = c.script_load(_BIG_ONCE)
+    c.execute_command = _refuse  # type: ignore[method-assign]  # the direct path only
+    return c, sha, "t-" + uuid.uuid4().hex[:12]
+
+
+def test_a_reply_lost_after_the_script_ran_is_resent_and_the_script_runs_twice(
+    module_server: RedisProcess, admin: redis.Redis
+) -> None:
+    """The retry resends the EVALSHA on a new connection, so a script whose reply was lost runs
+    again (at least once, as redis-py's execute_command does): the driver's scripts make that
+    safe (enqueue finds the ids it made, claim replays by nonce), a script of a user's would not."""
+    c, sha, key = _lost_reply(module_server.url, retries=1)
+    assert direct_io.call_sync(c, ("EVALSHA", sha, 1, key, 2 * _MB)) == 2  # the second run's
+    assert admin.get(key) == b"2"  # the first run did happen: its reply was the one lost
+    pool = c.connection_pool
+    assert len(pool._in_use_connections) == 0 and len(pool._available_connections) == 1
+    assert direct_io.call_sync(c, ("EVALSHA", sha, 1, key, 0)) == 3  # the pooled one works
+    del c.execute_command
+    # execute_command, on the same server, answers the same way
+    other = "t-" + uuid.uuid4().hex[:12]
+    assert c.execute_command("EVALSHA", sha, 1, other, 2 * _MB) == 2  # type: ignore[no-untyped-call]
+    assert admin.get(other) == b"2"
+    c.close()
+
+
+def test_a_reply_lost_without_retries_is_a_connection_error_and_the_pool_recovers(
+    module_server: RedisProcess, admin: redis.Redis
+) -> None:
+    c, sha, key = _lost_reply(module_server.url, retries=0)
+    with pytest.raises(redis.ConnectionError):
+        direct_io.call_sync(c, ("EVALSHA", sha, 1, key, 2 * _MB))
+    assert admin.get(key) == b"1"  # it ran, once: the caller cannot tell from the error
+    pool = c.connection_pool
+    assert len(pool._in_use_connections) == 0
+    assert all(conn._sock is None for conn in pool._available_connections)  # not kept open
+    assert direct_io.call_sync(c, ("EVALSHA", sha, 1, key, 0)) == 2  # a new connection
+    c.close()
+
+
+def test_a_connection_killed_before_its_script_ran_runs_it_once(
+    module_server: RedisProcess, admin: redis.Redis
+) -> None:
+    """CLIENT PAUSE WRITE holds the EVALSHA the server has read; CLIENT KILL (not a write, so
+    not paused) then closes that connection with the command unrun. The resend runs it once."""
+    c = redis.Redis.from_url(module_server.url, retry=Retry(NoBackoff(), 1))
+    sha = c.script_load("return redis.call('INCR', KEYS[1])")
+    key = "t-" + uuid.uuid4().hex[:12]
+    first = c.client_id()
+    killed: list[int] = []
+
+    def kill_when_held() -> None:
+        try:
+            for _ in range(300):  # bounded: ~3 s for the EVALSHA to wait on the pause
+                held = [
+                    x for x in admin.client_list() if x["id"] == str(first) and "b" in x["flags"]
+                ]
+                if held:
+                    killed.append(admin.client_kill_filter(_id=str(first)))
+                    return
+                time.sleep(0.01)
+        finally:
+            admin.client_unpause()
+
+    admin.client_pause(10_000, all=False)  # WRITE: until the killer unpauses
+    killer = threading.Thread(target=kill_when_held)
+    killer.start()
+    try:
+        c.execute_command = _refuse  # type: ignore[method-assign]
+        reply = direct_io.call_sync(c, ("EVALSHA", sha, 1, key))
+    finally:
+        killer.join()
+        del c.execute_command
+    assert killed == [1]  # the held connection was the one killed
+    assert reply == 1 and admin.get(key) == b"1"  # run once, on the new connection
+    assert c.client_id() != first
+    c.close()
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_asyncio_a_lost_reply_is_resent_or_a_connection_error(
+    module_server: RedisProcess, admin: redis.Redis, retries: int
+) -> None:
+    """call_async, the same two outcomes: the second run's reply, or ConnectionError."""
+
+    async def main() -> tuple[object, int]:
+        c = aredis.Redis.from_url(module_server.url, retry=AsyncRetry(NoBackoff(), retries))
+        sha = await c.script_load(_BIG_ONCE)
+        key = "t-" + uuid.uuid4().hex[:12]
+        c.execute_command = _refuse  # type: ignore[method-assign]
+        try:
+            got: object = await direct_io.call_async(c, ("EVALSHA", sha, 1, key, 2 * _MB))
+        except redis.ConnectionError:
+            got = "ConnectionError"
+        assert len(c.connection_pool._in_use_connections) == 0
+        after = await direct_io.call_async(c, ("EVALSHA", sha, 1, key, 0))
+        assert admin.get(key) == str(after).encode()
+        await c.aclose()
+        return got, after
+
+    expected = (2, 3) if retries else ("ConnectionError", 2)  # the script ran before each reply
+    assert asyncio.run(main()) == expected
