@@ -8,7 +8,9 @@ import pytest
 import redis
 
 from scheduler import BadArgument, JobSpec, Queue
+from scheduler.core.errors import NotDurable
 from tests.conftest import dump_queue
+from tests.redis_server import is_cluster_run
 
 
 def _claim_ids(q: Queue) -> list[str]:
@@ -129,3 +131,51 @@ def test_resending_a_batch_after_its_keyed_parent_expired_stays_idempotent(
     q.complete("P", lease.token, None)
     client.delete(q.keys.job("P"))  # its result TTL ran out; the key lasts longer
     assert q.enqueue_many(batch) == ["P", "C"]
+
+
+def test_a_child_in_a_later_batch_waits_for_the_job_its_parents_key_names(q: Queue) -> None:
+    """The known limit of enqueue_many's batches, lifted: a child of a later script call named a
+    parent of an earlier call whose key was taken, and was refused (after the earlier calls
+    were written). The batches then go in turn, each naming the earlier reply's substitute."""
+    first = q.enqueue("t", 0, key="daily")
+    ids = q.enqueue_many(
+        [
+            JobSpec("t", 1, key="daily", job_id="p6"),
+            JobSpec("t", 2, job_id="x6"),
+            JobSpec("t", 3, job_id="c6", after=["p6", "x6"]),
+        ],
+        batch_size=1,
+    )
+    assert ids == [first, "x6", "c6"]
+    assert q.get_job("c6").fields["flow_reason"] == "waiting for 2 jobs"
+    for lease in q.claim("w", limit=10, lease_ms=10_000).jobs:
+        q.complete(lease.id, lease.token, None)
+    assert _claim_ids(q) == ["c6"]
+
+
+def test_a_later_batch_names_a_parent_reached_twice_through_its_key_once(q: Queue) -> None:
+    first = q.enqueue("t", 0, key="twice-b")
+    q.enqueue_many(
+        [
+            JobSpec("t", key="twice-b", job_id="p7"),
+            JobSpec("t", job_id="c7", after=["p7", first]),
+        ],
+        batch_size=1,
+    )
+    assert q.get_job("c7").fields["flow_reason"] == "waiting for 1 jobs"
+    lease = q.claim("w", limit=10, lease_ms=10_000).jobs
+    q.complete(first, lease[0].token, None)
+    assert _claim_ids(q) == ["c7"]
+
+
+def test_batches_in_turn_keep_wait_replicas(client: redis.Redis, q: Queue) -> None:
+    # No replica here (the conftest server is a lone primary, or a cluster node with one):
+    # asking for one more than there are must raise NotDurable with every id of the call.
+    replicas = 1 if is_cluster_run() else 0
+    first = q.enqueue("t", 0, key="durable-turn")
+    durable = Queue(client, q.name, wait_replicas=replicas + 1, wait_timeout_ms=20)
+    specs = [JobSpec("t", key="durable-turn", job_id="p8"), JobSpec("t", job_id="c8", after=["p8"])]
+    with pytest.raises(NotDurable) as info:
+        durable.enqueue_many(specs, batch_size=1)
+    assert info.value.job_ids == [first, "c8"] and info.value.acked == replicas
+    assert q.get_job("c8").fields["flow_reason"] == "waiting for 1 jobs"

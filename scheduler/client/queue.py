@@ -197,9 +197,9 @@ class Queue:
             The ids, in the order of `specs`.
 
         Raises:
-            BadArgument: a spec or `batch_size` is refused; nothing was written (one case
-                writes earlier batches first: a dependency on a job of an earlier batch whose
-                idempotency key was taken, see docs/flow-control.md).
+            BadArgument: a spec or `batch_size` is refused; nothing was written (a parent
+                refused by the server, missing or its key's job gone, refuses its batch only:
+                earlier batches stay written, see docs/flow-control.md).
             InvalidPayload: a payload is not JSON-serialisable or too large.
             NotDurable: as for `enqueue`; `job_ids` holds every id of the call."""
         return self._run(self.ops.enqueue_many(specs, batch_size))

@@ -80,6 +80,8 @@ class ProducingOps(OpsBase):
         wait = None
         if self.settings.wait_replicas > 0:
             wait = (self.settings.wait_replicas, self.settings.wait_timeout_ms)
+        if _names_a_keyed_parent_of_an_earlier_batch(batches):
+            return (yield from _enqueue_in_turn(batches, wait))
         if len(batches) == 1 and wait is None:
             replies = [(yield Script("enqueue", batches[0]))]
         else:
@@ -91,3 +93,63 @@ class ProducingOps(OpsBase):
         if wait is not None and int(replies[-1]) < wait[0]:
             raise NotDurable(ids, int(replies[-1]), wait[0])
         return ids
+
+
+_W = codec.ENQUEUE_FIELDS
+
+
+def _parents(flow: str) -> list[str]:
+    # The flow field ends with the parents, space-separated (core/flow.py flow_field).
+    return flow.rsplit("|", 1)[1].split() if flow else []
+
+
+def _names_a_keyed_parent_of_an_earlier_batch(batches: list[list[str]]) -> bool:
+    """True when a job names, in `after`, a job of an earlier batch that has an idempotency key:
+    that key may be taken, and only the earlier batch's reply says which job then stands for
+    the parent (enqueue.lua knows the substitutes of its own call only)."""
+    keyed: set[str] = set()
+    for args in batches:
+        jobs = range(1, len(args), _W)
+        if keyed and any(p in keyed for b in jobs for p in _parents(args[b + 12])):
+            return True
+        keyed.update(args[b] for b in jobs if args[b + 8])
+    return False
+
+
+def _with_parents_renamed(args: list[str], alias: dict[str, str]) -> list[str]:
+    out = list(args)
+    for b in range(1, len(out), _W):
+        flow = out[b + 12]
+        if flow:
+            head, _, parents = flow.rpartition("|")
+            # dict.fromkeys: a parent reached twice through a substitute is named once.
+            renamed = dict.fromkeys(alias.get(p, p) for p in parents.split())
+            out[b + 12] = head + "|" + " ".join(renamed)
+    return out
+
+
+def _enqueue_in_turn(batches: list[list[str]], wait: tuple[int, int] | None) -> Op[list[str]]:
+    """One batch per round trip, each naming, for a parent of an earlier batch whose key was
+    taken, the job the earlier reply gave for it (so the child waits for that job instead of
+    being refused). A batch refused here still leaves the earlier ones written, as any
+    multi-batch call does. With `wait`, each batch carries its own WAIT (the batches may go out
+    on different pooled connections): NotDurable with the fewest acknowledgements."""
+    ids: list[str] = []
+    alias: dict[str, str] = {}
+    acked: int | None = None
+    for args in batches:
+        if alias:
+            args = _with_parents_renamed(args, alias)
+        if wait is None:
+            reply = yield Script("enqueue", args)
+        else:
+            reply, n = yield ScriptPipeline([Script("enqueue", args)], wait)
+            acked = int(n) if acked is None else min(acked, int(n))
+        got = codec.parse_enqueue(reply, args)
+        for b, final in zip(range(1, len(args), _W), got, strict=True):
+            if final != args[b]:
+                alias[args[b]] = final
+        ids.extend(got)
+    if wait is not None and acked is not None and acked < wait[0]:
+        raise NotDurable(ids, acked, wait[0])
+    return ids
