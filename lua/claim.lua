@@ -60,8 +60,8 @@ local function read_claimable(id, jk, run_at_s)
   -- A plain job never claimed has no hash yet (most claims of a drain): one EXISTS instead of
   -- a 17-field HMGET of nothing; a job with a hash (a retry, a flow job, a schedule's
   -- occurrence) pays the EXISTS on top (~1%). f then reads as that HMGET's reply would.
-  local f = {}
-  for i = 1, #READ do f[i] = false end
+  local f = { false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false }  -- #READ falses (a constructor: no rehashing)
   if redis.call('EXISTS', jk) == 1 then
     f = redis.pcall('HMGET', jk, unpack(READ))
     if f.err then return nil, 'invalid job: not a hash' end
@@ -114,6 +114,9 @@ local function read_claimable(id, jk, run_at_s)
   if r.max_attempts == nil then return nil, 'invalid job: max_attempts' end
   r.run_at_ms = parse_int(f[5], 0, LIM.time_ms)
   if r.run_at_ms == nil then return nil, 'invalid job: run_at_ms' end
+  -- Its text for the hash and the reply: a never-claimed job's is claim's own fmt of the due
+  -- score (canonical); one read from a hash is written out again (a hand edit may say '007').
+  r.run_at_s = (fresh and f[5] == run_at_s) and run_at_s or fmt(r.run_at_ms)
   if r.backoff ~= '' and not backoff_seen[r.backoff] then
     if parse_backoff(r.backoff) == nil then return nil, 'invalid job: backoff' end
     backoff_seen[r.backoff] = true
@@ -259,7 +262,7 @@ if limit > 0 then
       local sp = r.spec
       redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
         'attempts', fmt(attempts), 'claimed_ms', now_s, 'fence', '1', 'task', r.task,
-        'run_at_ms', fmt(r.run_at_ms), 'enqueued_ms', sp.enqueued_ms)
+        'run_at_ms', r.run_at_s, 'enqueued_ms', sp.enqueued_ms)
       -- The default budget (5) is not stored: readers of a finished job fill it in
       -- (models.Job.max_attempts), the others read the spec.
       if r.max_attempts ~= 5 then redis.call('HSET', jk, 'max_attempts', fmt(r.max_attempts)) end

@@ -99,3 +99,18 @@ def test_only_lib_reads_or_writes_the_dead_key() -> None:
     assert pat.search("redis.call('LREM', dead, 0, id)")
     job_lib = _code((lua_dir() / "lib" / "job.lua").read_text())
     assert pat.search(job_lib)
+
+
+def test_lateness_field_names_follow_the_bounds() -> None:
+    # lib/lateness.lua writes its histogram field names out (not built per job): they must
+    # stay the 'late_le_<bound>' of each bound, in order.
+    text = (lua_dir() / "lib" / "lateness.lua").read_text()
+
+    def table(name: str) -> list[str]:
+        m = re.search(name + r" = \{([^}]*)\}", text)
+        assert m, name
+        return [v.strip().strip("'") for v in m.group(1).split(",")]
+
+    bounds = table("LATE_BOUNDS_MS")
+    assert len(bounds) >= 6
+    assert table("LATE_FIELDS") == [f"late_le_{b}" for b in bounds]

@@ -182,7 +182,7 @@ end
 local function pack_job(out, id, token, attempts, r)
   local b = #out
   out[b + 1] = id; out[b + 2] = token; out[b + 3] = attempts; out[b + 4] = r.max_attempts
-  out[b + 5] = r.task; out[b + 6] = r.payload; out[b + 7] = fmt(r.run_at_ms)
+  out[b + 5] = r.task; out[b + 6] = r.payload; out[b + 7] = r.run_at_s or fmt(r.run_at_ms)
   out[b + 8] = r.backoff; out[b + 9] = r.timeout_ms; out[b + 10] = r.schedule
 end
 

@@ -12,6 +12,9 @@
 
 local LATE_BOUNDS_MS = { 10, 100, 1000, 10000, 60000, 600000 }
 local LATE_OVER = 'late_gt_600000'
+-- 'late_le_<ms>' per bound, written out (not built per job); test_lua_layout checks they agree.
+local LATE_FIELDS = { 'late_le_10', 'late_le_100', 'late_le_1000', 'late_le_10000',
+  'late_le_60000', 'late_le_600000' }
 
 -- `out` is claim's packed reply (lib/job.lua pack_job: 10 fields per job, run_at_ms the 7th).
 local function record_lateness(prefix, now, out)
@@ -24,8 +27,8 @@ local function record_lateness(prefix, now, out)
     sum = sum + late
     if late > max then max = late end
     local field = LATE_OVER
-    for _, bound in ipairs(LATE_BOUNDS_MS) do
-      if late <= bound then field = 'late_le_' .. bound; break end
+    for i, bound in ipairs(LATE_BOUNDS_MS) do
+      if late <= bound then field = LATE_FIELDS[i]; break end
     end
     per[field] = (per[field] or 0) + 1
   end
