@@ -163,3 +163,50 @@ def test_driver_maps_dashed_system_names_to_modules() -> None:
     assert meta("no-such-system")["error"] == "driver missing"
     # The module exists: whatever meta() answers, it is not "driver missing".
     assert meta("bullmq-node").get("error") != "driver missing"
+
+
+def test_drain_rounds_median_leaves_a_failed_round_out(run: Any) -> None:
+    def ok(v: float) -> dict[str, Any]:
+        return {"ok": True, "result": {"n": 10, "jobs_per_s": v, "concurrency": None}}
+
+    merged = run.merge_drain_rounds(
+        [ok(9_000), {"ok": False, "error": "timed out after 45s"}, ok(13_000), ok(10_000)]
+    )
+    assert merged["ok"] is True
+    # Median of the three that succeeded: the failed round counts neither as 0 nor at all.
+    assert merged["result"]["jobs_per_s"] == 10_000
+    assert merged["result"]["rounds"] == [9_000, None, 13_000, 10_000]
+    assert merged["result"]["median_of"] == 3
+    assert merged["result"]["failed_rounds"] == [{"round": 2, "error": "timed out after 45s"}]
+    assert merged["result"]["n"] == 10
+    # Even count: the mean of the middle two.
+    assert run.merge_drain_rounds([ok(8_000), ok(12_000)])["result"]["jobs_per_s"] == 10_000
+    every_one_failed = run.merge_drain_rounds([{"ok": False, "error": "x"}] * 2)
+    assert every_one_failed["ok"] is False
+    assert run.metric({"workloads": {"drain": every_one_failed}}, "drain", "jobs_per_s") is None
+
+
+def test_report_shows_drain_rounds_and_uses_their_median(run: Any) -> None:
+    def with_rounds(entry: dict[str, Any], *values: float | None) -> dict[str, Any]:
+        rows = [
+            {"ok": False, "error": "boom"}
+            if v is None
+            else {"ok": True, "result": {"jobs_per_s": v}}
+            for v in values
+        ]
+        entry["workloads"]["drain"] = run.merge_drain_rounds(rows)
+        return entry
+
+    ours = with_rounds(system(1, 20_000, 90_000, 150, 190, 380), 11_000, 14_000, 12_000)
+    node = with_rounds(system(1, 10_000, 20_000, 300, 320, 700), 13_000, None, 10_000)
+    res = results(run, {"unix": {"ours": ours, "bullmq-node": node}})
+    res["drain_rounds"] = 3
+    md = run.markdown(res)
+    assert "drain: median of 3 interleaved rounds" in md
+    assert "ours 11,000 / 14,000 / 12,000 (median 12,000)" in md
+    assert "bullmq-node 13,000 / failed / 10,000 (median 11,500)" in md
+    # The ours-vs-bullmq-node row reads the medians: 12,000 / 11,500.
+    assert versus_row(md.splitlines(), "drain jobs/s")[1:4] == ["12,000", "11,500", "1.04x"]
+    # One round (--drain-rounds 1, or an old results file): no rounds line.
+    single = results(run, {"unix": {"ours": system(1, 1, 1, 1, 1, 1)}})
+    assert "Drain jobs/s per round" not in run.markdown(single)
