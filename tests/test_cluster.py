@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from scheduler.admin.inspection import discover_queues
 from scheduler.cli.main import main
 from scheduler.core.connection import connect, connect_async, is_cluster, parse_url
 from tests.redis_server import is_cluster_run, require_server
+from tests.workers.procs import spawn_worker, stop_all, wait_for
 
 
 # -- the URL forms (no server) ---------------------------------------------------------------
@@ -242,3 +245,104 @@ def test_a_partitioned_queue_spreads_over_every_primary(rc: Any, queue_name: str
     finally:
         _drop(rc, [p.name for p in pq.parts])
         rc.delete(f"sched:{{{queue_name}}}:partitions")
+
+
+# -- docs/cluster.md: each node's pool holds 100 connections, `?max_connections=N` changes it --
+def _with_pool(url: str, size: int | None) -> str:
+    if size is None:
+        return url
+    return url + ("&" if "?" in url else "?") + f"max_connections={size}"
+
+
+@pytest.mark.parametrize(("size", "expected"), [(None, 100), (7, 7)])
+def test_max_connections_in_the_url_sizes_every_nodes_pool(
+    cluster_url: str, size: int | None, expected: int
+) -> None:
+    """A URL's `max_connections` reaches the pool of every node (the seeds after the first,
+    which connect() builds itself, included), blocking and asyncio; without it a node's pool is
+    redis-py 8's 100. The cap is real: the pool refuses one connection more."""
+    url = _with_pool(cluster_url, size)
+    rc: Any = connect(url)
+    try:
+        rc.ping()
+        nodes = rc.get_nodes()
+        assert len([n for n in nodes if n.server_type == "primary"]) == 3
+        seen = {n.name: n.redis_connection.connection_pool.max_connections for n in nodes}
+        seen.update(
+            {f"seed {n.name}": n.redis_connection.connection_pool.max_connections
+             for n in rc.nodes_manager.startup_nodes.values() if n.redis_connection}
+        )  # fmt: skip
+        assert set(seen.values()) == {expected}, seen
+        if size is not None:
+            pool = rc.get_primaries()[0].redis_connection.connection_pool
+            held = [pool.get_connection() for _ in range(size)]
+            try:
+                with pytest.raises(redis.exceptions.MaxConnectionsError):
+                    pool.get_connection()
+            finally:
+                for conn in held:
+                    pool.release(conn)
+    finally:
+        rc.close()
+
+    async def on_asyncio() -> dict[str, int]:
+        arc: Any = connect_async(url)
+        try:
+            await arc.ping()
+            nodes = arc.get_nodes()
+            assert len([n for n in nodes if n.server_type == "primary"]) == 3
+            found = {n.name: n.max_connections for n in nodes}
+            found.update(
+                {f"seed {n.name}": n.max_connections
+                 for n in arc.nodes_manager.startup_nodes.values()}
+            )  # fmt: skip
+            if size is not None:
+                node = arc.get_primaries()[0]
+                held = [node.acquire_connection() for _ in range(size)]
+                try:
+                    with pytest.raises(redis.exceptions.MaxConnectionsError):
+                        node.acquire_connection()
+                finally:
+                    for conn in held:
+                        node.release(conn)
+            return found
+        finally:
+            await arc.aclose()
+
+    found = asyncio.run(on_asyncio())
+    assert set(found.values()) == {expected}, found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("size", "starved"), [(4, True), (40, False)])
+def test_a_worker_whose_node_pools_are_smaller_than_its_partitions_waits_for_connections(
+    rc: Any, cluster_url: str, queue_name: str, tmp_path: Path, size: int, starved: bool
+) -> None:
+    """docs/cluster.md: an idle worker holds one wake-up pop per partition on the partition's
+    node, so a node pool smaller than that node's partitions has none left at times
+    (MaxConnectionsError, retried: the jobs are still done); a larger `max_connections` in the
+    URL has no such error."""
+    from scheduler.client.partitioned import PartitionedQueue
+
+    name = f"{queue_name}-{size}"
+    pq = PartitionedQueue.create(rc, name, partitions=15)
+    log = tmp_path / "worker.log"
+    worker = None
+    try:
+        per_node = Counter(rc.get_node_from_key(p.keys.prefix).name for p in pq.parts)
+        assert max(per_node.values()) > 4  # more wake-up pops than the small pool holds
+        ids = pq.enqueue_many([JobSpec("noop", None) for _ in range(30)])
+        worker = spawn_worker(_with_pool(cluster_url, size), name, log=str(log))
+        wait_for(lambda: all(pq.status(i) == "done" for i in ids), what="every job done")
+        if starved:
+            wait_for(lambda: "MaxConnectionsError" in log.read_text(), what="a pool error")
+        stop_all([worker])
+        text = log.read_text()
+        assert ("MaxConnectionsError" in text) is starved, text[-2_000:]
+        if starved:
+            assert "backing off, retrying" in text
+    finally:
+        if worker is not None:
+            stop_all([worker])
+        _drop(rc, [p.name for p in pq.parts])
+        rc.delete(f"sched:{{{name}}}:partitions")
