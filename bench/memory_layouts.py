@@ -9,7 +9,8 @@ finished one) and the due ZSET's share. Payloads: the bench payload (`common.pay
 of JSON as our codec writes it) and a tiny one (`{"i":<i>}`). The "api" rows: pending
 (enqueue_many), finished lean (claim + complete_many) and finished with keep_payload=True; the
 "spec key" rows write the spec record by hand under shorter key families and ids, to show
-where a tiny job's bytes go (docs/performance.md section 8).
+where a tiny job's bytes go (docs/performance.md section 8), the "spec hash" row the records as
+fields of one hash per queue (section 14).
 Needs redis-py; the "api" rows need the scheduler package (PYTHONPATH may point at a snapshot).
 Prints one JSON object.
 """
@@ -190,6 +191,20 @@ def spec_rows(r: Any, n: int, payload: Callable[[int], Any]) -> list[dict[str, A
             rows.append({"layout": f"spec key by hand: {Q}{family}<{id_len}-char id>",
                          "key_len": len(Q + family) + id_len, "bytes_per_job": per_job,
                          **sample(r, n, family)})  # fmt: skip
+    # One hash of records per queue instead of a key per job (no per-key overhead; 16-char ids).
+    r.flushall()
+    b0 = baseline(r)
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        jid = (f"{i:06d}" + secrets.token_hex(8))[:16]
+        pipe.hset(Q + "specs", jid, "2|task|||||||" + pjson(payload(i)))
+        pipe.zadd(DUE, {jid: NOW_MS})
+        if i % 1000 == 999:
+            pipe.execute()
+    pipe.execute()
+    rows.append({"layout": f"spec hash by hand: HSET {Q}specs <16-char id> <record>",
+                 "bytes_per_job": round((baseline(r) - b0) / n, 1),
+                 "encoding": r.object("encoding", Q + "specs").decode()})  # fmt: skip
     return rows
 
 
