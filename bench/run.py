@@ -632,15 +632,18 @@ OTHER_FIGURES = [
     "387 B per retained job (82.5 MB / 939 B with keep_payload); `python bench/retention_soak.py "
     "--rate 1500 --seconds 300 --workers 2 --result-ttl-ms 60000` (docs/performance.md section "
     "11; bench/results/retention_soak_*.json; measured 2026-12-01)",
-    "- 2,000 due at once by worker concurrency 16 / 64 / 256, p99: ours 350 / 382 / 497 ms, "
-    "bullmq-node 471 / 393 / 579 ms, 0 early: `cd bench && python spike_concurrency.py "
-    "--concurrency 16,64,256 --repeat 2` (section 13; spike_concurrency_*.json)",
+    "- 2,000 due at once by worker concurrency 16 / 64 / 256, p99: ours 448 / 428 / 726 ms, "
+    "bullmq-node 558 / 433 / 420 ms, 0 early; the bench handler alone in one process, no "
+    "scheduler (handler-floor: the least any one-process Python worker can do here) 282 / 290 / "
+    "520 ms: `cd bench && python spike_concurrency.py --concurrency 16,64,256 --repeat 2` "
+    "(section 14; spike_concurrency_20261201T1728.json)",
     "- Drain per job, ours vs bullmq-node, 3 interleaved pairs: 1.19-1.25x jobs/s, worker CPU "
     "50.5-56 vs 62-68 us/job, Redis CPU 42.5-45 vs 52.8-59.5: `python bench/profile_drain.py "
     "drain --system ours|bullmq-node --n 20000`; server time per transition: `python "
     "bench/claim_ab.py --rev <rev>`, `python bench/lua_ab.py --rev <rev>` (section 13)",
-    "- Memory per pending job, tiny payload: 280 B (target 250: not met); `python "
-    "bench/memory_layouts.py --api-only --n 10000` (section 8)",
+    "- Memory per pending job, tiny payload: 280 B (target 250: not met; one hash of records "
+    "per queue would take 255); `python bench/memory_layouts.py --api-only --n 10000` "
+    "(sections 8, 14)",
 ]
 
 
