@@ -142,16 +142,17 @@ for k, j in ipairs(jobs) do
     flags[k] = 'e'
     subst[#subst + 1] = k
     subst[#subst + 1] = first
-  -- A job already there (its hash, or its record: SET NX writes nothing then) is left as it is.
-  -- One-key calls, not `EXISTS jk sk`: after that two-key call the SET stores the record 16 B
-  -- larger (Redis 7.0, the Lua argument-object reuse; bench/memory_layouts.py).
-  elseif redis.call('EXISTS', jk) == 1 or not redis.call('SET', spec_key(prefix, id),
-      -- One compact record, defaults and derivable fields left out (lib/job.lua pack_spec).
-      pack_spec(task, max_attempts, backoff, timeout, now, run_at, j[10], j[11], payload),
-      'NX') then
+  -- Two one-key EXISTS, not one two-key call: after `EXISTS jk sk` the SET below stores the
+  -- record 16 B larger (Redis 7.0, the Lua argument-object reuse; bench/memory_layouts.py).
+  -- Not `SET ... NX` either: a re-sent batch of jobs already there must write nothing, so a
+  -- full server (OOM, NOREPLICAS: Redis refuses a script's first write) still answers it.
+  elseif redis.call('EXISTS', jk) == 1 or redis.call('EXISTS', spec_key(prefix, id)) == 1 then
     flags[k] = 'e'
   else
     local run_at_s = fmt(run_at)
+    -- One compact record, defaults and derivable fields left out (lib/job.lua pack_spec).
+    redis.call('SET', spec_key(prefix, id), pack_spec(task, max_attempts, backoff, timeout, now,
+      run_at, j[10], j[11], payload))
     if flow_used(j[12]) then flow_store(jk, j[12]) end
     -- A job with parents not all done waits (or is parked at once: lib/flow.lua flow_wait).
     if not (j[13] and flow_wait(prefix, id, jk, run_at, j[13], now)) then

@@ -100,6 +100,12 @@ def test_full_server_refuses_enqueue_and_keeps_existing_jobs(
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             q.enqueue_many([JobSpec("d.t", {"n": i}) for i in range(10)])
     assert dump_queue(admin, q) == before, "a refused enqueue changed the stored jobs"
+    # A re-sent enqueue of jobs already stored (a retry after a lost reply) writes nothing, so
+    # the full server still answers it: with their ids, not OutOfMemoryError.
+    again = [JobSpec("d.t", {"n": 0}, job_id=j) for j in kept[:3]]
+    assert q.enqueue_many(again) == kept[:3]
+    assert q.enqueue("d.t", None, job_id=kept[3]) == kept[3]
+    assert dump_queue(admin, q) == before
     # Every id an enqueue returned is stored; nothing was evicted.
     assert all(q.status(j) == "due" for j in returned)
     assert [q.status(j) for j in kept].count("due") == 15
