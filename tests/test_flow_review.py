@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from scheduler import BadArgument, JobSpec, Queue
+from scheduler import BadArgument, JobNotFound, JobSpec, Queue
 from scheduler.core.errors import NotDurable
 from tests.conftest import dump_queue
 from tests.redis_server import is_cluster_run
@@ -179,3 +179,36 @@ def test_batches_in_turn_keep_wait_replicas(client: redis.Redis, q: Queue) -> No
         durable.enqueue_many(specs, batch_size=1)
     assert info.value.job_ids == [first, "c8"] and info.value.acked == replicas
     assert q.get_job("c8").fields["flow_reason"] == "waiting for 1 jobs"
+
+
+def test_in_turn_a_gone_substitute_is_named_as_the_call_named_it(
+    q: Queue, client: redis.Redis
+) -> None:
+    # As within one call (test_a_key_whose_job_is_gone_refuses_the_call_and_writes_nothing): the
+    # refusal names the parent as given and the job its key names, not only the substitute.
+    first = q.enqueue("t", 0, key="gone-turn")
+    client.delete(q.keys.prefix + "spec:" + first, q.keys.prefix + "job:" + first)
+    with pytest.raises(BadArgument, match=f"after=p9 \\(its idempotency key names {first}\\)"):
+        q.enqueue_many(
+            [JobSpec("t", key="gone-turn", job_id="p9"), JobSpec("t", job_id="c9", after=["p9"])],
+            batch_size=1,
+        )
+    with pytest.raises(JobNotFound):
+        q.get_job("c9")
+
+
+def test_in_turn_a_short_wait_is_not_waited_for_again(client: redis.Redis, q: Queue) -> None:
+    # Once one batch's WAIT came back short, NotDurable is certain: the later batches go without
+    # a WAIT (each would block wait_timeout_ms for nothing).
+    replicas = 1 if is_cluster_run() else 0
+    first = q.enqueue("t", 0, key="durable-short")
+    durable = Queue(client, q.name, wait_replicas=replicas + 1, wait_timeout_ms=20)
+    specs = [JobSpec("t", key="durable-short", job_id="p10")]
+    specs += [JobSpec("t", job_id=f"c10-{i}", after=["p10"]) for i in range(3)]
+    if not is_cluster_run():
+        client.config_resetstat()
+    with pytest.raises(NotDurable) as info:
+        durable.enqueue_many(specs, batch_size=1)
+    assert info.value.job_ids == [first, "c10-0", "c10-1", "c10-2"]
+    if not is_cluster_run():
+        assert client.info("commandstats")["cmdstat_wait"]["calls"] == 1

@@ -199,7 +199,7 @@ class Queue:
         Raises:
             BadArgument: a spec or `batch_size` is refused; nothing was written (a parent
                 refused by the server, missing or its key's job gone, refuses its batch only:
-                earlier batches stay written, see docs/flow-control.md).
+                other batches of the call may be written, see docs/flow-control.md).
             InvalidPayload: a payload is not JSON-serialisable or too large.
             NotDurable: as for `enqueue`; `job_ids` holds every id of the call."""
         return self._run(self.ops.enqueue_many(specs, batch_size))

@@ -8,7 +8,7 @@ from typing import Any
 
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
-from scheduler.core.errors import NotDurable
+from scheduler.core.errors import BadArgument, NotDurable
 from scheduler.core.models import JobSpec
 from scheduler.operations.requests import Op, OpsBase, Script, ScriptPipeline
 
@@ -116,35 +116,65 @@ def _names_a_keyed_parent_of_an_earlier_batch(batches: list[list[str]]) -> bool:
     return False
 
 
-def _with_parents_renamed(args: list[str], alias: dict[str, str]) -> list[str]:
+def _with_parents_renamed(
+    args: list[str], alias: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The batch with each parent of an earlier batch whose key was taken renamed to the job the
+    key names, and those renames (substitute -> name as given). A parent that a job earlier in
+    this batch names as its own id is left to the server (its in-call alias), as in one call."""
     out = list(args)
+    renamed: dict[str, str] = {}
+    mine: set[str] = set()
     for b in range(1, len(out), _W):
         flow = out[b + 12]
         if flow:
             head, _, parents = flow.rpartition("|")
-            # dict.fromkeys: a parent reached twice through a substitute is named once.
-            renamed = dict.fromkeys(alias.get(p, p) for p in parents.split())
-            out[b + 12] = head + "|" + " ".join(renamed)
-    return out
+            names = []
+            for p in parents.split():
+                sub = alias.get(p) if p not in mine else None
+                if sub is not None:
+                    renamed[sub] = p
+                names.append(sub or p)
+            out[b + 12] = head + "|" + " ".join(names)
+        mine.add(out[b])
+    return out, renamed
+
+
+def _named_as_given(message: str, renamed: dict[str, str]) -> str:
+    # enqueue.lua names the parent as sent; say which name of the call stood for it, as the
+    # server does within one call (lib/flow.lua flow_parents).
+    for sub, name in renamed.items():
+        message = message.replace(
+            f"after={sub} ", f"after={name} (its idempotency key names {sub}) "
+        )
+    return message
 
 
 def _enqueue_in_turn(batches: list[list[str]], wait: tuple[int, int] | None) -> Op[list[str]]:
     """One batch per round trip, each naming, for a parent of an earlier batch whose key was
     taken, the job the earlier reply gave for it (so the child waits for that job instead of
-    being refused). A batch refused here still leaves the earlier ones written, as any
-    multi-batch call does. With `wait`, each batch carries its own WAIT (the batches may go out
-    on different pooled connections): NotDurable with the fewest acknowledgements."""
+    being refused). A batch the server refuses is not written and the later ones are not sent;
+    the earlier ones stay written. With `wait`, each batch carries its own WAIT (the batches may
+    go out on different pooled connections) until one comes back short: NotDurable is then
+    certain, with the fewest acknowledgements, and the rest go without one."""
     ids: list[str] = []
     alias: dict[str, str] = {}
     acked: int | None = None
     for args in batches:
+        renamed: dict[str, str] = {}
         if alias:
-            args = _with_parents_renamed(args, alias)
-        if wait is None:
-            reply = yield Script("enqueue", args)
-        else:
-            reply, n = yield ScriptPipeline([Script("enqueue", args)], wait)
-            acked = int(n) if acked is None else min(acked, int(n))
+            args, renamed = _with_parents_renamed(args, alias)
+        short = wait is not None and acked is not None and acked < wait[0]
+        try:
+            if wait is None or short:
+                reply = yield Script("enqueue", args)
+            else:
+                reply, n = yield ScriptPipeline([Script("enqueue", args)], wait)
+                acked = int(n) if acked is None else min(acked, int(n))
+        except BadArgument as exc:
+            if not renamed:
+                raise
+            raise type(exc)(_named_as_given(str(exc), renamed)) from None
         got = codec.parse_enqueue(reply, args)
         for b, final in zip(range(1, len(args), _W), got, strict=True):
             if final != args[b]:
