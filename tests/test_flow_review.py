@@ -212,3 +212,25 @@ def test_in_turn_a_short_wait_is_not_waited_for_again(client: redis.Redis, q: Qu
     assert info.value.job_ids == [first, "c10-0", "c10-1", "c10-2"]
     if not is_cluster_run():
         assert client.info("commandstats")["cmdstat_wait"]["calls"] == 1
+
+
+def test_in_turn_a_parent_repeated_in_the_childs_batch_is_the_servers_to_alias(q: Queue) -> None:
+    # P under two keys, both taken: within one call the child waits for the job of P's last
+    # key before it. In turn, the second P shares the child's batch: the same (the client must
+    # not rename P to the first batch's substitute).
+    s1 = q.enqueue("t", 0, key="k-one")
+    s2 = q.enqueue("t", 1, key="k-two")
+    q.enqueue_many(
+        [
+            JobSpec("t", key="k-one", job_id="p11"),
+            JobSpec("t", 2, job_id="x11"),
+            JobSpec("t", key="k-two", job_id="p11"),
+            JobSpec("t", job_id="c11", after=["p11"]),
+        ],
+        batch_size=2,
+    )
+    assert q.get_job("c11").fields["flow_reason"] == "waiting for 1 jobs"
+    leases = {j.id: j for j in q.claim("w", limit=10, lease_ms=10_000).jobs}
+    assert set(leases) == {s1, s2, "x11"}
+    q.complete(s2, leases[s2].token, None)
+    assert _claim_ids(q) == ["c11"]  # it waited for s2, not s1 (still leased)
