@@ -66,18 +66,36 @@ def test_claim_parks_only_the_job_with_a_bad_field(
     q: Queue, client: redis.Redis, field: str, value: str | bytes
 ) -> None:
     good = [q.enqueue("ok.t", {"n": i}) for i in range(3)]
-    bad = q.enqueue("ok.t", {"n": "bad"})
-    client.hset(q.keys.job(bad), field, value)
+    # Two jobs with the same bad value: claim checks each distinct task / backoff / timeout
+    # once per call, and must not hand out the second because it saw the value before.
+    bad = [q.enqueue("ok.t", {"n": "bad"}) for _ in range(2)]
+    for b in bad:
+        client.hset(q.keys.job(b), field, value)
     batch = q.claim("w", limit=10, lease_ms=30_000)
     assert sorted(j.id for j in batch.jobs) == sorted(good)
     assert batch.unreadable == []
     assert leased_ids(q, client) == set(good)
-    assert reason(q, client, bad) == f"invalid job: {field}"
-    assert client.zrange(q.keys.dead, 0, -1) == [bad]
+    assert [reason(q, client, b) for b in bad] == [f"invalid job: {field}"] * 2
+    assert sorted(client.zrange(q.keys.dead, 0, -1)) == sorted(bad)
     # The innocent jobs run normally.
     for j in batch.jobs:
         q.complete(j.id, j.token)
     assert q.counts().leased == 0
+
+
+def test_a_run_at_set_by_hand_on_a_never_claimed_job_is_read_and_written_out_plainly(
+    q: Queue, client: redis.Redis
+) -> None:
+    # claim reuses its own text of the due score for a never-claimed job; a run_at_ms set by hand
+    # (here with leading zeros) is what the job says instead, written out as a plain integer.
+    plain = q.enqueue("ok.t", {"n": 0})
+    edited = q.enqueue("ok.t", {"n": 1})
+    client.hset(q.keys.job(edited), "run_at_ms", "007")
+    due_ms = {j: int(client.zscore(q.keys.due, j)) for j in (plain, edited)}
+    got = {j.id: j for j in q.claim("w", limit=10, lease_ms=30_000).jobs}
+    assert got[edited].run_at_ms == 7 and client.hget(q.keys.job(edited), "run_at_ms") == "7"
+    assert got[plain].run_at_ms == due_ms[plain]
+    assert client.hget(q.keys.job(plain), "run_at_ms") == str(due_ms[plain])
 
 
 def test_claim_parks_a_bad_id_and_a_key_that_is_not_a_hash(

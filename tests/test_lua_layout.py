@@ -114,3 +114,15 @@ def test_lateness_field_names_follow_the_bounds() -> None:
     bounds = table("LATE_BOUNDS_MS")
     assert len(bounds) >= 6
     assert table("LATE_FIELDS") == [f"late_le_{b}" for b in bounds]
+
+
+def test_claims_unset_fields_match_its_read_list() -> None:
+    # claim.lua builds the "no hash" reply of its HMGET as a constructor of falses: one per
+    # READ name (a missing one would read as nil where the code compares with false).
+    text = (lua_dir() / "claim.lua").read_text()
+    names = re.search(r"local READ = \{([^}]*)\}", text)
+    unset = re.search(r"local f = \{([^}]*)\}", text)
+    assert names and unset
+    n_names = len([v for v in names.group(1).split(",") if v.strip()])
+    falses = [v.strip() for v in unset.group(1).split(",") if v.strip()]
+    assert set(falses) == {"false"} and len(falses) == n_names

@@ -27,16 +27,15 @@ local function record_lateness(prefix, now, out)
     sum = sum + late
     if late > max then max = late end
     local field = LATE_OVER
-    for i, bound in ipairs(LATE_BOUNDS_MS) do
-      if late <= bound then field = LATE_FIELDS[i]; break end
+    for b, bound in ipairs(LATE_BOUNDS_MS) do
+      if late <= bound then field = LATE_FIELDS[b]; break end
     end
     per[field] = (per[field] or 0) + 1
   end
   local k = prefix .. 'stats:' .. fmt(math.floor(now / 60000))
   redis.pcall('HINCRBY', k, 'late_n', n)
   redis.pcall('HINCRBY', k, 'late_sum_ms', fmt(sum))
-  for _, bound in ipairs(LATE_BOUNDS_MS) do  -- a fixed order: the script's effects replay alike
-    local field = 'late_le_' .. bound
+  for _, field in ipairs(LATE_FIELDS) do  -- a fixed order: the script's effects replay alike
     if per[field] then redis.pcall('HINCRBY', k, field, per[field]) end
   end
   if per[LATE_OVER] then redis.pcall('HINCRBY', k, LATE_OVER, per[LATE_OVER]) end
