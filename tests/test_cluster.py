@@ -336,6 +336,17 @@ def test_a_worker_whose_node_pools_are_smaller_than_its_partitions_waits_for_con
         wait_for(lambda: all(pq.status(i) == "done" for i in ids), what="every job done")
         if starved:
             wait_for(lambda: "MaxConnectionsError" in log.read_text(), what="a pool error")
+        else:
+            # The idle state the doc is about: every partition's wake-up pop blocked on its node
+            # (only then has each node's pool held all of them at once).
+            def blocked() -> int:
+                return sum(
+                    "b" in c.get("flags", "")
+                    for node in rc.get_primaries()
+                    for c in rc.client_list(target_nodes=node)
+                )
+
+            wait_for(lambda: blocked() >= len(pq.parts), what="every wake-up pop blocked")
         stop_all([worker])
         text = log.read_text()
         assert ("MaxConnectionsError" in text) is starved, text[-2_000:]
