@@ -91,13 +91,17 @@ local function read_claimable(id, jk, run_at_s)
     -- without the spec's short fields.
     f[1], f[4] = f[1] or sp.task, f[4] or sp.max_attempts
   end
-  if fresh and (parse_int(sp.enqueued_ms, 0, LIM.time_ms) == nil
+  -- Its first claim: a spec and no fence yet. Mostly a fresh job; also one parked before it
+  -- was ever claimed (a dead parent) and requeued, whose hash holds a state but none of the
+  -- spec's fields a finished record needs (keep_payload, result_ttl_ms, max_attempts, task).
+  local first = sp ~= false and f[10] == false
+  if first and (parse_int(sp.enqueued_ms, 0, LIM.time_ms) == nil
       or (sp.result_ttl_ms ~= '' and parse_int(sp.result_ttl_ms, 1, LIM.ttl_ms) == nil)) then
     return nil, 'invalid job: record'
   end
   local r = { task = f[1], payload = f[2], backoff = f[6] or '', timeout_ms = f[7] or '0',
     schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
-    settled_log = f[14], fresh = fresh, spec = sp }
+    settled_log = f[14], fresh = fresh, first = first, spec = sp }
   -- Flow fields are advisory: one edited by hand reads as unset (lib/flow.lua). A plain job
   -- has none of the three, and its flow is read no further; a flow job reads only the limits
   -- its key or rate window needs (flow_rest): the plain path's HMGET stays as it was.
@@ -252,7 +256,7 @@ if limit > 0 then
     -- The last settlement moves to the replay log before a new one can overwrite it.
     if r.settled_token then log_settlement(jk, r.settled_token, r.settled, r.settled_log) end
     local token, fence
-    if r.fresh then
+    if r.first then
       -- First claim: the hash is born with the lease and the spec fields its readers need
       -- once the spec is gone (a lean finished job: task, max_attempts if not 5) or that change
       -- (run_at_ms; enqueued_ms, a copy of the first run_at); backoff and timeout_ms are read
