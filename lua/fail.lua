@@ -8,7 +8,8 @@
   ARGV[8] delay_ms   '' = the job's own backoff; else this delay
   Backoff: min(cap, base * factor ^ (attempts - 1)) * (1 - jitter * u), scheduled from server
     time (attempts is already counted at claim). Parks when attempts >= max_attempts; a park
-    pushes the result wake-up (lib/result.lua).
+    pushes the result wake-up (lib/result.lua). A park the queue's dead retention deletes at
+    once (lib/job.lua dead_trim) leaves no key of the job (a re-sent call answers 'missing').
   Returns: {status, run_at_ms or dead reason}; status is 'retry' | 'dead' | 'stale' |
     'cancelled' | 'missing'. A re-sent call with the same token gives the same answer.
   Errors:  BAD_ARGUMENT <field>=<value> ]]
@@ -58,10 +59,14 @@ push_error(jk, ARGV[4], ARGV[5], ARGV[6], attempts, now)
 redis.call('HDEL', jk, 'worker')
 if retryable ~= '1' or attempts >= max_attempts then
   local reason = (retryable ~= '1') and 'non-retryable error' or 'attempts exhausted'
+  -- Settled before the park: dead_letter's retention may delete this very job (max_count 0,
+  -- or a same-ms tie broken by id), and nothing may write into its key after that (a write
+  -- would re-create a hash of two fields, no spec, no expiry, the id blocked for good). A
+  -- re-sent call then finds no record: 'missing', as for any job the retention removed.
+  settle(jk, token, 'dead:' .. reason)
   dead_letter(prefix, id, reason, now)
   flow_release(prefix, id, now, fl)
   flow_parent_ended(prefix, id, 'dead', now)
-  settle(jk, token, 'dead:' .. reason)
   result_wake(prefix, id, 'dead', RESULT_WAKE_DEAD_TTL_MS)
   bump_stat(prefix, now, 'fail', 1)
   bump_stat(prefix, now, 'dead', 1)

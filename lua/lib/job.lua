@@ -187,16 +187,25 @@ local function pack_job(out, id, token, attempts, r)
 end
 
 -- Append one entry to the job's error history (JSON array, newest last, at most 10 kept).
+-- The kept entries are copied in one pass (a hand-written history of any length costs one
+-- decode, not a shift per dropped entry); a value that is not an array (a hand-written JSON
+-- object) counts as no history.
+local ERRORS_KEPT = 10
 local function push_error(jk, etype, message, traceback, attempt, now)
   local raw = redis.call('HGET', jk, 'errors')
-  local errs = {}
+  local old = nil
   if raw then
     local ok, decoded = pcall(cjson.decode, raw)
-    if ok and type(decoded) == 'table' then errs = decoded end
+    if ok and type(decoded) == 'table' then old = decoded end
+  end
+  -- The last ERRORS_KEPT - 1 old entries, then the new one (a JSON object decodes to a table
+  -- whose # is 0: nothing is copied).
+  local errs = {}
+  if old then
+    for i = math.max(1, #old - ERRORS_KEPT + 2), #old do errs[#errs + 1] = old[i] end
   end
   errs[#errs + 1] = { type = etype, message = message, traceback = traceback,
     attempt = attempt, at_ms = fmt(now) }
-  while #errs > 10 do table.remove(errs, 1) end
   redis.call('HSET', jk, 'errors', cjson.encode(errs), 'last_error_type', etype,
     'last_error', message)
 end
