@@ -84,12 +84,23 @@ local function flow_store(jk, f)
 end
 
 -- A stored flow from the six FLOW_READ values at v[i] .. v[i + 5] of an HMGET reply (false =
--- unset), read strictly; a field edited by hand reads as unset (claim then treats the job as
--- plain rather than parking it for an advisory field). Lets a caller that reads the job's hash
--- anyway take the flow fields in the same HMGET.
+-- unset), read strictly; a field edited by hand reads as unset, and with it only its own part
+-- (the priority; the key and its limit; the rate key, count and window): claim then treats
+-- that part as plain rather than parking the job for an advisory field, and the other parts
+-- are read as stored, so a bad priority or rate field never hides a good key (the key's slot
+-- would not be released, its held jobs never promoted). Lets a caller that reads the job's
+-- hash anyway take the flow fields in the same HMGET.
 local function flow_from(v, i)
-  return flow_parse(v[i] or nil, v[i + 1] or nil, v[i + 2] or nil, v[i + 3] or nil,
-    v[i + 4] or nil, v[i + 5] or nil) or FLOW_PLAIN
+  local p, ck, cl, rk, rc, rw = v[i] or nil, v[i + 1] or nil, v[i + 2] or nil, v[i + 3] or nil,
+    v[i + 4] or nil, v[i + 5] or nil
+  local f = flow_parse(p, ck, cl, rk, rc, rw)
+  if f then return f end
+  -- Some field is bad: each part on its own (flow_parse of no field is FLOW_PLAIN).
+  local fp = flow_parse(p, nil, nil, nil, nil, nil) or FLOW_PLAIN
+  local fk = flow_parse(nil, ck, cl, nil, nil, nil) or FLOW_PLAIN
+  local fr = flow_parse(nil, nil, nil, rk, rc, rw) or FLOW_PLAIN
+  return { priority = fp.priority, ckey = fk.ckey, climit = fk.climit, rkey = fr.rkey,
+    rcount = fr.rcount, rwindow = fr.rwindow }
 end
 
 local function flow_load(jk)
@@ -115,7 +126,7 @@ end
 
 -- The flow of a job whose ckey (set) the caller has read (complete's one HMGET, which reads no
 -- more flow fields so that the plain path stays as it was): the other five in one HMGET, parsed
--- as flow_load would (a hand-edited priority or rate field still makes the whole flow plain).
+-- as flow_load would (a hand-edited priority or rate field leaves the key and its limit read).
 local function flow_keyed(jk, ckey)
   local v = redis.call('HMGET', jk, 'priority', 'climit', 'rkey', 'rcount', 'rwindow')
   return flow_from({ v[1], ckey, v[2], v[3], v[4], v[5] }, 1)
@@ -392,21 +403,40 @@ local function flow_wait(prefix, id, jk, run_at, parents, now)
   return true
 end
 
+-- A parent's waiting children (flow:children:<id>): none when the key was made another type by
+-- hand (the callers DEL it after), rather than an error after the script's first write.
+local function flow_children(ck)
+  local ids = redis.pcall('SMEMBERS', ck)
+  if ids.err then return {} end
+  return ids
+end
+
 -- A parent is done: each waiting child counts it; one with no parent left is due (at its own
--- run_at: never early).
+-- run_at: never early). Reached from complete after its first write (leased ZREMed), so no
+-- hand-edited child may make it raise (Redis keeps the partial writes: the parent, and every
+-- later job of the call, would be left in neither leased nor due): the count is read with the
+-- strict reader and written back with HSET (no HINCRBY, which errors on a non-integer), and a
+-- child key of another type is skipped (left waiting and held, for doctor: it cannot take the
+-- hash fields flow_unhold writes).
 local function flow_parent_done(prefix, id)
   local ck = prefix .. 'flow:children:' .. id
-  for _, cid in ipairs(redis.call('SMEMBERS', ck)) do
+  for _, cid in ipairs(flow_children(ck)) do
     local run_at = redis.call('ZSCORE', prefix .. 'flow:waiting', cid)
-    if run_at then
-      local cjk = job_key(prefix, cid)
-      local left = redis.call('HINCRBY', cjk, 'waiting_for', -1)
+    local cjk = job_key(prefix, cid)
+    local n = run_at and redis.pcall('HGET', cjk, 'waiting_for')
+    if run_at and type(n) ~= 'table' then
+      -- An unreadable count (edited by hand, or gone) counts as this parent alone, so the child
+      -- becomes due now: no parent's end could ever bring a count nobody can read to 0 (the
+      -- child does not list its parents to recount them, and doctor does not recount), and a
+      -- child run early is the lesser harm than one waiting forever.
+      local left = (parse_int(n, 1, FLOW_LIM.after) or 1) - 1
       if left <= 0 then
         redis.call('ZREM', prefix .. 'flow:waiting', cid)
         redis.call('HDEL', cjk, 'waiting_for')
         flow_unhold(prefix, cid, run_at)
       else
-        redis.call('HSET', cjk, 'flow_reason', 'waiting for ' .. fmt(left) .. ' jobs')
+        redis.call('HSET', cjk, 'waiting_for', fmt(left), 'flow_reason',
+          'waiting for ' .. fmt(left) .. ' jobs')
       end
     end
   end
@@ -415,7 +445,10 @@ local function flow_parent_done(prefix, id)
 end
 
 -- A parent ended dead or cancelled (`word`): its waiting children are parked with the reason,
--- and theirs in turn ('parent dead: <child>'), the whole subtree in this script.
+-- and theirs in turn ('parent dead: <child>'), the whole subtree in this script. Reached after
+-- the callers' first writes (fail, cancel, claim's reaper and parks): a child key of another
+-- type is parked by its id alone, as claim parks a key that is not a hash, instead of raising
+-- on its hash writes.
 local function flow_parent_ended(prefix, id, word, now)
   local work = { { id, word } }
   local i = 1
@@ -423,11 +456,15 @@ local function flow_parent_ended(prefix, id, word, now)
     local pid, why = work[i][1], work[i][2]
     i = i + 1
     local ck = prefix .. 'flow:children:' .. pid
-    for _, cid in ipairs(redis.call('SMEMBERS', ck)) do
+    for _, cid in ipairs(flow_children(ck)) do
       if redis.call('ZREM', prefix .. 'flow:waiting', cid) == 1 then
         redis.call('ZREM', prefix .. 'flow:held', cid)
-        redis.call('HDEL', job_key(prefix, cid), 'waiting_for', 'flow_reason')
-        dead_letter(prefix, cid, 'parent ' .. why .. ': ' .. pid, now)
+        local r = redis.pcall('HDEL', job_key(prefix, cid), 'waiting_for', 'flow_reason')
+        if type(r) == 'table' then
+          dead_letter_id(prefix, cid, now)
+        else
+          dead_letter(prefix, cid, 'parent ' .. why .. ': ' .. pid, now)
+        end
         work[#work + 1] = { cid, 'dead' }
       end
     end
