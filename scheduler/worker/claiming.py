@@ -49,6 +49,7 @@ class Claiming(Dispatch):
         rr = random.randrange(len(self.queues))
         owed = 0  # what is left of queues[rr]'s turn (0: a full batch)
         skips = self._skips()
+        failing: dict[str, RetryDelay] = {}  # queue -> its delay while its claims fail
         while not self._stop_claiming.is_set():
             free = self._room()
             if free <= 0 or self._hold_claim(free):
@@ -67,12 +68,13 @@ class Claiming(Dispatch):
                 if not order:
                     await self._idle_wait(max(min(skips.values()) - now_s, 0.001))
                     continue
-            try:
-                for q in order:
-                    turn = owed if owed and q is self.queues[rr] else s.batch_size
-                    limit = min(free, turn)
-                    nonce, t_sent = self._nonce.get(q.name) or (codec.new_nonce(), time.monotonic())
-                    self._nonce[q.name] = (nonce, t_sent)
+            failed = 0
+            for q in order:
+                turn = owed if owed and q is self.queues[rr] else s.batch_size
+                limit = min(free, turn)
+                nonce, t_sent = self._nonce.get(q.name) or (codec.new_nonce(), time.monotonic())
+                self._nonce[q.name] = (nonce, t_sent)
+                try:
                     batch = await q.aq.claim(
                         self.id,
                         limit=limit,
@@ -80,34 +82,49 @@ class Claiming(Dispatch):
                         reap_limit=s.reap_limit,
                         nonce=nonce,
                     )
-                    del self._nonce[q.name]  # answered: the next call gets a fresh nonce
-                    self._take(q.name, batch, t_sent)
-                    n = len(batch.jobs)
-                    claimed += n
-                    free -= n
-                    full = full or n == limit
-                    # The next round starts at this queue while its turn is unfinished (the
-                    # slots ran out, not its jobs), else at the next one. One queue: no turns.
-                    rr = self.queues.index(q)
-                    owed = turn - n if n == limit < turn and len(order) > 1 else 0
-                    rr = rr if owed else (rr + 1) % len(self.queues)
+                except Exception as exc:
+                    # The nonce stays: a call whose answer was lost is replayed, not claimed
+                    # twice. Several queues: this one (its cluster node down, say) sits out a
+                    # delay of its own, growing to _SKIP_MAX_S while it keeps failing, and the
+                    # round goes on; the next starts after it. (Aborting the round left rr on
+                    # it: it failed first every round and no queue was claimed from.)
+                    self._loop_error("claim", exc)
+                    failed += 1
+                    if len(self.queues) > 1:
+                        delay_s = failing.setdefault(q.name, RetryDelay(cap_s=_SKIP_MAX_S))()
+                        skips[q.name] = time.monotonic() + delay_s
+                        rr, owed = (self.queues.index(q) + 1) % len(self.queues), 0
+                    continue
+                del self._nonce[q.name]  # answered: the next call gets a fresh nonce
+                failing.pop(q.name, None)
+                self._take(q.name, batch, t_sent)
+                n = len(batch.jobs)
+                claimed += n
+                free -= n
+                full = full or n == limit
+                # The next round starts at this queue while its turn is unfinished (the
+                # slots ran out, not its jobs), else at the next one. One queue: no turns.
+                rr = self.queues.index(q)
+                owed = turn - n if n == limit < turn and len(order) > 1 else 0
+                rr = rr if owed else (rr + 1) % len(self.queues)
+                if batch.next_ms >= 0:
+                    sleep_s = min(sleep_s, (batch.next_ms - batch.now_ms) / 1000)
+                if n == 0 and len(self.queues) > 1:
+                    wait_s = _SKIP_MAX_S
                     if batch.next_ms >= 0:
-                        sleep_s = min(sleep_s, (batch.next_ms - batch.now_ms) / 1000)
-                    if n == 0 and len(self.queues) > 1:
-                        wait_s = _SKIP_MAX_S
-                        if batch.next_ms >= 0:
-                            wait_s = min(wait_s, (batch.next_ms - batch.now_ms) / 1000)
-                        skips[q.name] = now_s + wait_s
-                    else:
-                        skips.pop(q.name, None)
-                    if free <= 0:
-                        break
-            except Exception as exc:
-                # The nonce stays: a call whose answer was lost is replayed, not claimed twice.
-                self._loop_error("claim", exc)
+                        wait_s = min(wait_s, (batch.next_ms - batch.now_ms) / 1000)
+                    skips[q.name] = now_s + wait_s
+                else:
+                    skips.pop(q.name, None)
+                if free <= 0:
+                    break
+            if failed == len(order):  # every queue of the round failed (or the only one)
                 await self._sleep_or_stop(backoff())
                 continue
             backoff.reset()
+            if failing:  # no wake-up ends a failing queue's skip: sleep no longer than it
+                until_s = min(skips.get(n, 0.0) for n in failing)
+                sleep_s = min(sleep_s, max(until_s - time.monotonic(), 0.001))
             if full:
                 continue
             if sleep_s <= 0:
