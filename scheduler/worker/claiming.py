@@ -11,9 +11,10 @@ import random
 import time
 
 from scheduler.core import codec
-from scheduler.core.models import ClaimBatch
+from scheduler.core.models import ClaimBatch, ClaimedJob
 from scheduler.worker.dispatch import Dispatch
-from scheduler.worker.execution import RetryDelay
+from scheduler.worker.execution import RetryDelay, Running
+from scheduler.worker.registry import JobContext
 from scheduler.worker.settings import (
     _MAX_IDLE_SLEEP_S,
     _WAKE_BLOCK_S,
@@ -143,6 +144,27 @@ class Claiming(Dispatch):
         # non-retryably so the server parks them, alone.
         for job_id, token, reason in batch.unreadable:
             self._fail_unreadable(queue, job_id, token, reason)
+
+    def _fail_unreadable(self, queue: str, job_id: str, token: str, reason: str) -> None:
+        """A job of a claim reply the client could not read: failed non-retryably (parked)."""
+        job = ClaimedJob(
+            id=job_id,
+            token=token,
+            attempts=0,
+            max_attempts=0,
+            task="?",
+            payload_json="null",
+            run_at_ms=0,
+            claimed_ms=0,
+            backoff=codec.stored_backoff(""),
+            timeout_ms=0,
+            schedule="",
+        )
+        ctx = JobContext(job_id, "?", queue, 0, 0, token, 0, 0, 0)
+        r = Running(queue, job, ctx, None, time.monotonic(), time.monotonic() + 1.0)
+        r.finished = True
+        self._held[(queue, job_id)] = r
+        self._queue_fail(r, ("InvalidJob", f"unreadable job: {reason}", ""), retryable=False)
 
     def _short_jobs(self) -> bool:
         return self._mean_run_s is not None and self._mean_run_s < PREFETCH_MAX_RUN_S

@@ -105,8 +105,8 @@ class WorkerCore:
         # (complete and fail are idempotent per token).
         self._sending: tuple[list[tuple[Running, Any]], list[Any]] = ([], [])
         self._report_gen = 0
-        # Sync runs stopped (timeout, lease expired, ...) whose thread is still running, and jobs
-        # claimed again while such a run of theirs is alive: they start when it ends.
+        # Runs stopped (timeout, lease expired, ...) whose thread or task is still running, and
+        # jobs claimed again while such a run of theirs is alive: they start when it ends.
         self._abandoned: dict[tuple[str, str], Running] = {}
         self._behind: dict[tuple[str, str], Running] = {}
         self._capped = False
@@ -145,6 +145,13 @@ class WorkerCore:
         self.request_stop()
 
     # -- the loops' error policy and logging -------------------------------------------
+    def _forget(self, r: Running) -> None:
+        """r no longer holds a lease here. Only r's own entry goes: the same job claimed again
+        (its lease lapsed while r ran) is another Running under the same key."""
+        key = (r.queue, r.job.id)
+        if self._held.get(key) is r:
+            del self._held[key]
+
     def _loop_error(self, what: str, exc: BaseException) -> None:
         """A loop's call failed: transient -> log, count (the caller backs off and retries);
         anything else -> raise _Fatal, which ends the loop and stops the worker."""

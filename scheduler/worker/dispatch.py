@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -71,7 +72,8 @@ class Dispatch(WorkerCore):
         except Exception as exc:  # one job's data must never take the worker down
             msg = f"the worker could not start this job: {type(exc).__name__}: {exc}"
             self.log.error("job %s: %s", job.id, msg)
-            self.running.pop(key, None)
+            if r is not None and self.running.get(key) is r:
+                del self.running[key]
             if r is None:
                 ctx = JobContext(job.id, job.task, queue, 0, 0, job.token, 0, 0, 0)
                 r = Running(queue, job, ctx, None, now_s, lease_end)
@@ -98,6 +100,11 @@ class Dispatch(WorkerCore):
         r.payload = payload
         r.timeout_s = spec.timeout_for(job.timeout_ms)  # a bad number fails here, not in _run
         key = (queue, job.id)
+        old = self.running.get(key)
+        if old is not None and old is not r:
+            # Claimed again while a run of it goes on here (its lease lapsed: its outcome would
+            # be refused): stop it; this one waits until it has ended (below).
+            self._stop(old, "expired")
         if key in self._abandoned:  # its previous run is still alive here: wait for it
             self._behind[key] = r
         elif self._can_start():
@@ -111,26 +118,6 @@ class Dispatch(WorkerCore):
             and not self._backlog
             and len(self._abandoned) < self.settings.abandoned_cap
         )
-
-    def _fail_unreadable(self, queue: str, job_id: str, token: str, reason: str) -> None:
-        job = ClaimedJob(
-            id=job_id,
-            token=token,
-            attempts=0,
-            max_attempts=0,
-            task="?",
-            payload_json="null",
-            run_at_ms=0,
-            claimed_ms=0,
-            backoff=codec.stored_backoff(""),
-            timeout_ms=0,
-            schedule="",
-        )
-        ctx = JobContext(job_id, "?", queue, 0, 0, token, 0, 0, 0)
-        r = Running(queue, job, ctx, None, time.monotonic(), time.monotonic() + 1.0)
-        r.finished = True
-        self._held[(queue, job_id)] = r
-        self._queue_fail(r, ("InvalidJob", f"unreadable job: {reason}", ""), retryable=False)
 
     def _run(self, r: Running, now_s: float) -> None:
         spec, job, ctx, payload = r.spec, r.job, r.ctx, r.payload
@@ -166,6 +153,12 @@ class Dispatch(WorkerCore):
             self._threads.submit(call)
 
     def _thread_done(self, r: Running, result: Any, exc: BaseException | None) -> None:
+        self._gone(r)
+        self._finish(r, result, exc)
+
+    def _gone(self, r: Running, _task: object = None) -> None:
+        """A stopped run's thread returned or its task ended: a claim of the same job held
+        back behind it may start now."""
         key = (r.queue, r.job.id)
         if self._abandoned.get(key) is r:
             del self._abandoned[key]
@@ -173,7 +166,6 @@ class Dispatch(WorkerCore):
             if nxt is not None and not nxt.finished:
                 self._backlog.appendleft(nxt)
             self._pump(time.monotonic())
-        self._finish(r, result, exc)
 
     async def _run_async(self, r: Running) -> None:
         """A handler slot: runs r, then each async job handed to it as a run of it ends (the
@@ -229,7 +221,9 @@ class Dispatch(WorkerCore):
         if r.timer is not None:
             r.timer.cancel()
         now_s = time.monotonic()  # the job's one clock read after its claim's batch
-        if self.running.pop((r.queue, r.job.id), None) is not None:
+        key = (r.queue, r.job.id)
+        if self.running.get(key) is r:
+            del self.running[key]
             run_s = now_s - r.started_s
             stats = r.stats or self.metrics.per_task(r.queue, r.job.task)
             stats.duration.observe(run_s)
@@ -284,8 +278,14 @@ class Dispatch(WorkerCore):
         if r.finished:
             return
         r.ctx._stop(reason)
-        if r.spec is not None and not r.spec.is_async and (r.queue, r.job.id) in self.running:
-            self._abandoned[(r.queue, r.job.id)] = r
+        key = (r.queue, r.job.id)
+        if r.spec is not None and self.running.get(key) is r:
+            if not r.spec.is_async:
+                self._abandoned[key] = r  # until its thread returns (_thread_done)
+            elif r.task is not None and not r.task.done():
+                # Until its task ends (a handler may swallow the cancel or await cleanup).
+                self._abandoned[key] = r
+                r.task.add_done_callback(functools.partial(self._gone, r))
         self._end(r)
         if r.task is not None:
             r.task.cancel()
@@ -293,7 +293,7 @@ class Dispatch(WorkerCore):
             self.metrics.outcome(r.queue, r.job.task, reason)
             self._log_job(reason, r, level=logging.WARNING)
         if reason in ("expired", "cancelled"):
-            self._held.pop((r.queue, r.job.id), None)
+            self._forget(r)
 
     def _queue_fail(self, r: Running, err: tuple[str, str, str], *, retryable: bool) -> None:
         self._fails.append((r, err, retryable))

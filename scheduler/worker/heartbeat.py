@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from scheduler.operations.ops import Request, Script
+from scheduler.worker.core import _Deadline, _within
 from scheduler.worker.dispatch import Dispatch
 from scheduler.worker.execution import Running
 from scheduler.worker.reporting import Reporting
@@ -26,34 +27,62 @@ class Heartbeats(Dispatch, Reporting):
 
     async def _heartbeat_loop(self) -> None:
         interval_s = self.settings.heartbeat_ms / 1000
+        lease_s = self.settings.lease_ms / 1000
+        next_beat_s = time.monotonic() + interval_s
         while not self._stop_heartbeat.is_set():
-            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop_heartbeat.wait(), interval_s)
+            # Wake for the next heartbeat or the earliest local lease end, whichever is first:
+            # a lease whose heartbeats failed is stopped at its end, not at the next beat.
+            wait_s = next_beat_s - time.monotonic()
+            end_s = self._earliest_lease_end()
+            if end_s is not None:
+                wait_s = min(wait_s, end_s - time.monotonic())
+            if wait_s > 0:
+                with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stop_heartbeat.wait(), wait_s)
             if self._stop_heartbeat.is_set():
                 return
+            self._expire_leases()
+            if time.monotonic() < next_beat_s:
+                continue
+            next_beat_s = time.monotonic() + interval_s
             try:
-                await self._heartbeat()
+                # Bounded by the earliest lease end (with none held, by the earliest a job
+                # claimed meanwhile can end): a call that hangs (a stalled server, a socket
+                # timeout as long as the lease) must not keep the expiry check waiting.
+                end_s = self._earliest_lease_end()
+                if end_s is None:
+                    end_s = time.monotonic() + lease_s - 2 * _LEASE_MARGIN_S
+                await _within(self._heartbeat(), end_s - time.monotonic())
+            except _Deadline:
+                self.log.warning("heartbeat: no answer before a lease ran out; retrying")
             except Exception as exc:
                 self._loop_error("heartbeat", exc)
             try:  # presence: its own error handling, so a refused beat never skips the above
                 await self._beat_workers()
             except Exception as exc:
                 self._loop_error("presence", exc)
-            # Without a successful heartbeat our leases run out: stop before the server
-            # hands the job to someone else.
-            now = time.monotonic()
-            for r in list(self._held.values()):
-                if r.lease_deadline_s <= now and not r.finished:
-                    self._stop(r, "expired")
+            self._expire_leases()
             # A job held back behind its own abandoned run: give it back after one lease, so
             # a thread that never ends does not hide the job for good.
-            lease_s = self.settings.lease_ms / 1000
+            now = time.monotonic()
             stale = [r for r in self._behind.values() if now - r.started_s > lease_s]
             if stale:
                 for r in stale:
                     del self._behind[(r.queue, r.job.id)]
                     r.finished = True
                 await self._release(stale, time.monotonic() + _SETTLE_S)
+
+    def _earliest_lease_end(self) -> float | None:
+        ends = [r.lease_deadline_s for r in self._held.values() if not r.finished]
+        return min(ends) if ends else None
+
+    def _expire_leases(self) -> None:
+        """Stop the runs whose lease ends here (their heartbeats failed) before the server can
+        hand the job to someone else."""
+        now = time.monotonic()
+        for r in list(self._held.values()):
+            if r.lease_deadline_s <= now and not r.finished:
+                self._stop(r, "expired")
 
     async def _heartbeat(self) -> None:
         held = list(self._held.values())
@@ -100,7 +129,7 @@ class Heartbeats(Dispatch, Reporting):
 
     def _lost(self, r: Running, reason: str) -> None:
         if r.finished:  # finished, outcome not yet acked: the report will be refused
-            self._held.pop((r.queue, r.job.id), None)
+            self._forget(r)
             return
         self._stop(r, reason)
 

@@ -102,11 +102,11 @@ class Reporting(WorkerCore):
                 return statuses
             self.log.error("complete refused: %s", statuses)
             for r, _ in items:
-                self._held.pop((r.queue, r.job.id), None)
+                self._forget(r)
             return None
         log_info = self.log.isEnabledFor(logging.INFO)
         for (r, _), st in zip(items, statuses, strict=True):
-            self._held.pop((r.queue, r.job.id), None)
+            self._forget(r)
             if st == "done":
                 (r.stats or self.metrics.per_task(r.queue, r.job.task)).done += 1
                 if log_info:
@@ -122,7 +122,7 @@ class Reporting(WorkerCore):
         self, r: Running, err: tuple[str, str, str], retryable: bool, out: Any
     ) -> BaseException | None:
         if isinstance(out, FailOutcome):
-            self._held.pop((r.queue, r.job.id), None)
+            self._forget(r)
             self.metrics.outcome(r.queue, r.job.task, out.status)
             extra: dict[str, Any] = {"error_type": err[0], "error": err[1][:200]}
             if out.status == "retry":
@@ -133,14 +133,14 @@ class Reporting(WorkerCore):
                 extra["reason"] = out.dead_reason
             self._log_job(out.status, r, level=logging.WARNING, **extra)
         elif isinstance(out, SchedulerError):
-            self._held.pop((r.queue, r.job.id), None)
+            self._forget(r)
             self.metrics.outcome(r.queue, r.job.task, "stale")
             self._log_job("refused", r, level=logging.WARNING, status=str(out))
         elif isinstance(out, BaseException) and self._reply_error("fail", out):
             self._fails.insert(0, (r, err, retryable))
             return out
         else:
-            self._held.pop((r.queue, r.job.id), None)
+            self._forget(r)
             self.log.error("fail of job %s errored: %s", r.job.id, out)
         return None
 
@@ -174,7 +174,7 @@ class Reporting(WorkerCore):
                 self._redis_error("release", exc)
                 await asyncio.sleep(min(backoff(), max(deadline - time.monotonic(), 0)))
         for r in rs:
-            self._held.pop((r.queue, r.job.id), None)
+            self._forget(r)
             self.metrics.outcome(r.queue, r.job.task, "released")
             self._log_job("released", r)
 
