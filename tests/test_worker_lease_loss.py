@@ -12,6 +12,7 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -172,3 +173,41 @@ def test_an_async_handler_that_swallows_its_cancel_keeps_the_retry_waiting(
     asyncio.run(main())
     assert overlaps == [], overlaps  # before: 5 runs in 0.85 s, four of them alive at once
     assert len([1 for _, j, _a in starts if j == "j3"]) >= 2  # it was retried, after the first
+
+
+def test_on_a_cluster_a_node_that_fails_heartbeats_only_its_own_queues(
+    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two queues, as on two cluster nodes (one server here, the cluster path forced): the
+    # heartbeats of queue "bad" fail; the job of queue "good" keeps its lease (one run),
+    # the other's lapses and is run again. Before: one failing node failed every heartbeat.
+    from scheduler.worker import heartbeat as heartbeat_module
+
+    _reset()
+    tag = uuid.uuid4().hex[:8]
+    good, bad = f"loss-good-{tag}", f"loss-bad-{tag}"
+    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
+    Queue(admin, good).enqueue("loss-long", None, job_id="g1")
+    Queue(admin, bad).enqueue("loss-long", None, job_id="b1")
+    monkeypatch.setattr(heartbeat_module, "is_cluster", lambda client: True, raising=False)
+
+    async def main() -> None:
+        settings = WorkerSettings(
+            queues=(good, bad), concurrency=4, grace_s=0, lease_ms=300, heartbeat_ms=100
+        )
+        w = Worker(connect_async(module_server.url), registry, settings)
+        real = w._pipe.run
+        bad_keys = w._by_name[bad].script_keys
+
+        async def run(items: Any) -> list[Any]:
+            if any(keys == bad_keys for keys, _ in items):
+                raise RedisConnectionError("node of the bad queue is down")
+            return await real(items)
+
+        monkeypatch.setattr(w._pipe, "run", run)
+        await _run_for(w, 1.2)
+
+    asyncio.run(main())
+    assert [a for _, j, a in starts if j == "g1"] == [1], starts
+    assert len([a for _, j, a in starts if j == "b1"]) >= 2, starts
+    assert overlaps == []

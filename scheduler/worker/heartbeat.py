@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from scheduler.core.connection import is_cluster
 from scheduler.operations.ops import Request, Script
 from scheduler.worker.core import _Deadline, _within
 from scheduler.worker.dispatch import Dispatch
@@ -89,17 +90,19 @@ class Heartbeats(Dispatch, Reporting):
         by_queue: dict[str, list[Running]] = {q.name: [] for q in self.queues}
         for r in held:
             by_queue[r.queue].append(r)
-        calls: list[tuple[list[str], Any]] = []
+        parts: list[list[tuple[list[str], Any]]] = []
         for qn, rs in by_queue.items():
             q = self._by_name[qn]
+            part: list[tuple[list[str], Any]] = []
             if rs:
                 leases = [(r.job.id, r.job.token) for r in rs]
-                calls.append(
+                part.append(
                     (q.script_keys, q.ops.heartbeat(leases, lease_ms=self.settings.lease_ms))
                 )
-            calls.append((q.script_keys, q.ops.counts()))
+            part.append((q.script_keys, q.ops.counts()))
+            parts.append(part)
         t_sent = time.monotonic()
-        replies = await self._pipe.run(calls)
+        replies = await self._send_parts(parts)
         i = 0
         error: BaseException | None = None
         for qn, rs in by_queue.items():
@@ -126,6 +129,18 @@ class Heartbeats(Dispatch, Reporting):
                 self.metrics.set_depth(qn, counts)
         if error is not None:
             raise error
+
+    async def _send_parts(self, parts: list[list[tuple[list[str], Any]]]) -> list[Any]:
+        """Every queue's calls in one round trip; on a cluster, one call per queue, so a node
+        that does not answer fails only its own queues' heartbeats (its error stands in for
+        their replies), not the leases held on the healthy nodes."""
+        if not is_cluster(self.client) or len(parts) < 2:
+            return await self._pipe.run([c for part in parts for c in part])
+        got = await asyncio.gather(*(self._pipe.run(p) for p in parts), return_exceptions=True)
+        out: list[Any] = []
+        for part, res in zip(parts, got, strict=True):
+            out.extend([res] * len(part) if isinstance(res, BaseException) else res)
+        return out
 
     def _lost(self, r: Running, reason: str) -> None:
         if r.finished:  # finished, outcome not yet acked: the report will be refused
