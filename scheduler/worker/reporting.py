@@ -197,6 +197,9 @@ class Reporting(WorkerCore):
                 await asyncio.sleep(min(backoff(), max(deadline - time.monotonic(), 0)))
 
     def _restore_sending(self) -> None:
+        """The reports of a call given up on go back to be sent again; the new generation
+        keeps that call, if it still ends, from putting them back a second time."""
+        self._report_gen += 1
         sent_c, sent_f = self._sending
         self._sending = ([], [])
         self._completes[:0] = sent_c

@@ -192,11 +192,7 @@ class Worker(Claiming, Heartbeats):
         self._stop_reporter.set()
         self._report.set()
         await self._wait_bounded([reporter], _STOP_LOOP_S)
-        self._report_gen += 1  # a call that never returned: its reports are sent again here
-        sent_c, sent_f = self._sending
-        self._sending = ([], [])
-        self._completes[:0] = sent_c
-        self._fails[:0] = sent_f
+        self._restore_sending()  # a call that never returned: its reports are sent again here
         settle = time.monotonic() + _SETTLE_S
         await self._flush(settle)
         leftover = list(self.running.values())
