@@ -99,8 +99,11 @@ if move == 'dead' then
   local name = redis.pcall('HGET', jk, 'schedule')
   if not schedule_name_ok(name) then name = string.match(id, '^schedule:([%w_.%-]+):%d+$') end
   if name then sched_ended(prefix, name, id, at) end
+  -- The flow read before the park: the dead retention may delete the job at once (max_count
+  -- 0, a same-ms tie), and a read after it finds no key slot to free (as fail does).
+  local fl = flow_load(jk)
   dead_letter(prefix, id, reason, at)
-  flow_release(prefix, id, now)
+  flow_release(prefix, id, now, fl)
   flow_parent_ended(prefix, id, 'dead', now)
 elseif move == 'due' then
   flow_to_due(prefix, id, run_at, now)

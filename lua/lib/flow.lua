@@ -381,8 +381,13 @@ local function flow_wait(prefix, id, jk, run_at, parents, now)
   for _, pr in ipairs(parents) do
     if pr[2] == 'pending' then
       -- A parent earlier in this batch may have been parked at once since flow_parents read
-      -- it (its own parent dead): re-read, or this child would wait for it forever.
+      -- it (its own parent dead): re-read, or this child would wait for it forever. Parked and
+      -- deleted at once by the dead retention (lib/job.lua dead_trim: max_count 0, a same-ms
+      -- tie), it has neither hash nor spec left: dead too, and nothing is written into its
+      -- keys (a `kids` field would re-create a hash of one field, no expiry, the id blocked).
       local st = redis.pcall('HGET', job_key(prefix, pr[1]), 'state')
+      if type(st) == 'table' then st = nil end
+      if not st and not job_exists(prefix, pr[1]) then st = 'dead' end
       if st == 'dead' or st == 'cancelled' then pr = { pr[1], st } end
     end
     if pr[2] == 'dead' or pr[2] == 'cancelled' then
