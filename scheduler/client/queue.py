@@ -316,7 +316,9 @@ class Queue:
 
         Returns:
             A `FailOutcome`: `status` `'retry'` with `run_at_ms` (server ms of the next attempt),
-            or `'dead'` with `dead_reason`. A re-sent call with the same token answers the same.
+            or `'dead'` with `dead_reason`. A re-sent call with the same token answers the same,
+            except when the queue's dead retention removed the parked job at once (max_count
+            0): a re-sent call then raises `JobNotFound`.
 
         Raises:
             StaleToken: another claim holds the job.
