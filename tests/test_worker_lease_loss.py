@@ -49,7 +49,7 @@ async def long_job(payload: Any, ctx: JobContext) -> None:
     try:
         await asyncio.sleep(2.0)
     except asyncio.CancelledError:
-        _done(ctx, "cancelled")
+        _done(ctx, f"cancelled:{ctx.stop_reason}")
         raise
     _done(ctx, "returned")
 
@@ -114,13 +114,17 @@ def test_failed_heartbeats_then_a_reclaim_never_overlap_the_old_run(
     assert len(attempts) >= 2, starts  # the lease lapsed and the job was claimed again
     assert overlaps == []  # before: attempts 1, 2 and 4 ran at once in this worker
     # Every run but the last was stopped for its lease (not left running unseen).
-    stopped = {a for _, j, a, how in ends if j == "j1" and how == "cancelled"}
+    stopped = {a for _, j, a, how in ends if j == "j1" and how.startswith("cancelled")}
     assert set(attempts) <= stopped | {max(attempts)} and set(attempts[:-1]) <= stopped
 
 
-def test_a_hung_heartbeat_does_not_hold_back_the_expiry(module_server: RedisProcess) -> None:
-    # Worker A's heartbeats hang after the first; worker B claims the job once the server's
-    # lease ends. A must have stopped its run by then (before: it ran on for a second).
+@pytest.mark.parametrize("hang_presence", [False, True])
+def test_a_hung_heartbeat_does_not_hold_back_the_expiry(
+    module_server: RedisProcess, hang_presence: bool
+) -> None:
+    # Worker A's heartbeats (and, second case, its presence beats: a stalled connection hangs
+    # every call) hang after the first; worker B claims the job once the server's lease ends.
+    # A must have stopped its run by then (before: it ran on for a second).
     _reset()
     name = "loss-" + uuid.uuid4().hex[:8]
     admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
@@ -139,6 +143,18 @@ def test_a_hung_heartbeat_does_not_hold_back_the_expiry(module_server: RedisProc
             await real()
 
         a._heartbeat = hanging  # type: ignore[method-assign]
+        if hang_presence:
+            real_beat = a._beat_workers
+            beats = 0
+
+            async def hanging_beat(*, remove: bool = False) -> None:
+                nonlocal beats
+                beats += 1
+                if beats >= 2 and not remove:
+                    await asyncio.sleep(60)
+                await real_beat(remove=remove)
+
+            a._beat_workers = hanging_beat  # type: ignore[method-assign]
         run_a = asyncio.create_task(a.run(install_signals=False))
         await asyncio.sleep(0.05)  # A holds the job
         b = _worker(module_server, name, lease_ms=5_000, heartbeat_ms=1_000)
@@ -211,3 +227,33 @@ def test_on_a_cluster_a_node_that_fails_heartbeats_only_its_own_queues(
     assert [a for _, j, a in starts if j == "g1"] == [1], starts
     assert len([a for _, j, a in starts if j == "b1"]) >= 2, starts
     assert overlaps == []
+
+
+def test_a_claim_re_sent_after_an_outage_is_not_stopped_as_expired(
+    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claim's first sends fail for longer than a lease; the re-sent call (same nonce)
+    # takes the job. Its lease counts from the first send, long past: the local lease end must
+    # wait for a heartbeat instead of stopping the run at once (review of 9ccf166).
+    _reset()
+    name = "loss-" + uuid.uuid4().hex[:8]
+    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
+    Queue(admin, name).enqueue("loss-long", None, job_id="j5")
+
+    async def main() -> None:
+        w = _worker(module_server, name, lease_ms=300, heartbeat_ms=100)
+        aq = w._by_name[name].aq
+        real = aq.claim
+        until = time.monotonic() + 0.6
+
+        async def down_then_up(*args: Any, **kwargs: Any) -> Any:
+            if time.monotonic() < until:
+                raise RedisConnectionError("server away")
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(aq, "claim", down_then_up)
+        await _run_for(w, 1.3)
+
+    asyncio.run(main())
+    assert [a for _, j, a in starts if j == "j5"] == [1], (starts, ends)
+    assert [how for _, j, _a, how in ends if j == "j5"] == ["cancelled:shutdown"], ends

@@ -73,6 +73,7 @@ class Claiming(Dispatch):
             for q in order:
                 turn = owed if owed and q is self.queues[rr] else s.batch_size
                 limit = min(free, turn)
+                resent = q.name in self._nonce  # the answer to its first send was lost
                 nonce, t_sent = self._nonce.get(q.name) or (codec.new_nonce(), time.monotonic())
                 self._nonce[q.name] = (nonce, t_sent)
                 try:
@@ -98,7 +99,7 @@ class Claiming(Dispatch):
                     continue
                 del self._nonce[q.name]  # answered: the next call gets a fresh nonce
                 failing.pop(q.name, None)
-                self._take(q.name, batch, t_sent)
+                self._take(q.name, batch, t_sent, resent)
                 n = len(batch.jobs)
                 claimed += n
                 free -= n
@@ -120,7 +121,11 @@ class Claiming(Dispatch):
                 if free <= 0:
                     break
             if failed == len(order):  # every queue of the round failed (or the only one)
-                await self._sleep_or_stop(backoff())
+                if len(order) < len(self.queues):
+                    # Others sat this round out (empty): an enqueue's wake-up ends the wait.
+                    await self._idle_wait(backoff())
+                else:
+                    await self._sleep_or_stop(backoff())
                 continue
             backoff.reset()
             if failing:  # no wake-up ends a failing queue's skip: sleep no longer than it
@@ -134,12 +139,12 @@ class Claiming(Dispatch):
                 sleep_s = 0.001  # something is due but was not claimable: do not spin
             await self._idle_wait(sleep_s)
 
-    def _take(self, queue: str, batch: ClaimBatch, t_sent: float) -> None:
+    def _take(self, queue: str, batch: ClaimBatch, t_sent: float, resent: bool = False) -> None:
         # One clock read and one log-level check per batch: its jobs start in this call.
         now_s = time.monotonic()
         log = self.log.isEnabledFor(logging.INFO)
         for job in batch.jobs:
-            self._start(queue, job, batch.now_ms, t_sent, now_s, log)
+            self._start(queue, job, batch.now_ms, t_sent, now_s, log, resent)
         # Jobs in the reply the client could not read (id, token, reason): failed
         # non-retryably so the server parks them, alone.
         for job_id, token, reason in batch.unreadable:

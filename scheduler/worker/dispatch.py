@@ -18,7 +18,7 @@ from scheduler.core.models import ClaimedJob
 from scheduler.worker.core import (
     WorkerCore,
 )
-from scheduler.worker.execution import Running
+from scheduler.worker.execution import Running, _Slot
 from scheduler.worker.registry import JobContext
 from scheduler.worker.settings import (
     _LEASE_MARGIN_S,
@@ -28,16 +28,6 @@ from scheduler.worker.settings import (
 _SLOT_YIELD_EVERY = 8
 
 
-class _Slot:
-    """A running handler task that takes the next async job when its run ends (_run_async)."""
-
-    __slots__ = ("next", "task")
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task = task
-        self.next: Running | None = None
-
-
 class Dispatch(WorkerCore):
     """Starting, timing out and stopping handlers; the backlog and the abandoned threads."""
 
@@ -45,9 +35,17 @@ class Dispatch(WorkerCore):
     _free_slot: _Slot | None = None
 
     def _start(
-        self, queue: str, job: ClaimedJob, now_ms: int, t_sent: float, now_s: float, log: bool
+        self,
+        queue: str,
+        job: ClaimedJob,
+        now_ms: int,
+        t_sent: float,
+        now_s: float,
+        log: bool,
+        resent: bool = False,
     ) -> None:
-        """now_s: monotonic, read once per claimed batch; log: INFO is enabled."""
+        """now_s: monotonic, read once per claimed batch; log: INFO is enabled; resent: by a
+        claim re-sent after a lost answer (Running.beat_sent)."""
         self.claimed += 1
         # The lease counts from when the server ran the claim, which is after we sent it.
         lease_end = t_sent - _LEASE_MARGIN_S + self.settings.lease_ms / 1000
@@ -66,7 +64,7 @@ class Dispatch(WorkerCore):
                 job.run_at_ms,
                 job.claimed_ms,
             )
-            r = Running(queue, job, ctx, spec, now_s, lease_end)
+            r = Running(queue, job, ctx, spec, now_s, lease_end, beat_sent=not resent)
             self._held[key] = r
             self._prepare(r, now_ms, now_s, log)
         except Exception as exc:  # one job's data must never take the worker down

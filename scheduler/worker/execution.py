@@ -92,6 +92,10 @@ class Running:
     spec: TaskSpec | None
     started_s: float  # monotonic
     lease_deadline_s: float  # monotonic; conservative local view of the lease end
+    # The local lease end may stop it: from its claim, or, claimed by a re-sent call (whose
+    # lease counts from the first send, long past if that one never arrived), from the first
+    # heartbeat sent for it.
+    beat_sent: bool = True
     task: asyncio.Task[None] | None = None
     timer: asyncio.TimerHandle | None = None
     finished: bool = False  # the handler's outcome is decided (or it was stopped)
@@ -99,6 +103,16 @@ class Running:
     timeout_s: float | None = None
     # Its (queue, task) metrics, looked up once at claim (lateness, duration, done).
     stats: TaskStats | None = None
+
+
+class _Slot:
+    """A running handler task that takes the next async job when its run ends (_run_async)."""
+
+    __slots__ = ("next", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.next: Running | None = None
 
 
 class ThreadRunner:

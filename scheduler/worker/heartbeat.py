@@ -59,7 +59,12 @@ class Heartbeats(Dispatch, Reporting):
             except Exception as exc:
                 self._loop_error("heartbeat", exc)
             try:  # presence: its own error handling, so a refused beat never skips the above
-                await self._beat_workers()
+                end_s = self._earliest_lease_end()
+                if end_s is None:
+                    end_s = time.monotonic() + lease_s - 2 * _LEASE_MARGIN_S
+                await _within(self._beat_workers(), end_s - time.monotonic())
+            except _Deadline:
+                self.log.warning("presence: no answer before a lease ran out; retrying")
             except Exception as exc:
                 self._loop_error("presence", exc)
             self._expire_leases()
@@ -74,7 +79,7 @@ class Heartbeats(Dispatch, Reporting):
                 await self._release(stale, time.monotonic() + _SETTLE_S)
 
     def _earliest_lease_end(self) -> float | None:
-        ends = [r.lease_deadline_s for r in self._held.values() if not r.finished]
+        ends = [r.lease_deadline_s for r in self._held.values() if r.beat_sent and not r.finished]
         return min(ends) if ends else None
 
     def _expire_leases(self) -> None:
@@ -82,13 +87,14 @@ class Heartbeats(Dispatch, Reporting):
         hand the job to someone else."""
         now = time.monotonic()
         for r in list(self._held.values()):
-            if r.lease_deadline_s <= now and not r.finished:
+            if r.beat_sent and r.lease_deadline_s <= now and not r.finished:
                 self._stop(r, "expired")
 
     async def _heartbeat(self) -> None:
         held = list(self._held.values())
         by_queue: dict[str, list[Running]] = {q.name: [] for q in self.queues}
         for r in held:
+            r.beat_sent = True
             by_queue[r.queue].append(r)
         parts: list[list[tuple[list[str], Any]]] = []
         for qn, rs in by_queue.items():
@@ -131,16 +137,32 @@ class Heartbeats(Dispatch, Reporting):
             raise error
 
     async def _send_parts(self, parts: list[list[tuple[list[str], Any]]]) -> list[Any]:
-        """Every queue's calls in one round trip; on a cluster, one call per queue, so a node
-        that does not answer fails only its own queues' heartbeats (its error stands in for
-        their replies), not the leases held on the healthy nodes."""
+        """Every queue's calls in one round trip; on a cluster, one call per node (queues
+        grouped by the node of their slot), so a node that does not answer fails only its own
+        queues' heartbeats (its error stands in for their replies), not the leases held on the
+        healthy nodes."""
         if not is_cluster(self.client) or len(parts) < 2:
             return await self._pipe.run([c for part in parts for c in part])
-        got = await asyncio.gather(*(self._pipe.run(p) for p in parts), return_exceptions=True)
-        out: list[Any] = []
-        for part, res in zip(parts, got, strict=True):
-            out.extend([res] * len(part) if isinstance(res, BaseException) else res)
-        return out
+        groups: dict[str, list[int]] = {}
+        for i, part in enumerate(parts):
+            groups.setdefault(self._node_of(part[0][0][0]), []).append(i)
+        calls = [[c for i in idx for c in parts[i]] for idx in groups.values()]
+        got = await asyncio.gather(*(self._pipe.run(c) for c in calls), return_exceptions=True)
+        by_part: list[list[Any]] = [[] for _ in parts]
+        for idx, res in zip(groups.values(), got, strict=True):
+            pos = 0
+            for i in idx:
+                n = len(parts[i])
+                by_part[i] = [res] * n if isinstance(res, BaseException) else res[pos : pos + n]
+                pos += n
+        return [x for replies in by_part for x in replies]
+
+    def _node_of(self, key: str) -> str:
+        client: Any = self.client  # a redis.asyncio RedisCluster here
+        try:
+            return str(client.get_node_from_key(key).name)
+        except Exception:  # no slot map yet (a node down, a refresh): the key alone
+            return key
 
     def _lost(self, r: Running, reason: str) -> None:
         if r.finished:  # finished, outcome not yet acked: the report will be refused
