@@ -8,7 +8,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from scheduler.core.connection import is_cluster
@@ -46,27 +46,9 @@ class Heartbeats(Dispatch, Reporting):
             if time.monotonic() < next_beat_s:
                 continue
             next_beat_s = time.monotonic() + interval_s
-            try:
-                # Bounded by the earliest lease end (with none held, by the earliest a job
-                # claimed meanwhile can end): a call that hangs (a stalled server, a socket
-                # timeout as long as the lease) must not keep the expiry check waiting.
-                end_s = self._earliest_lease_end()
-                if end_s is None:
-                    end_s = time.monotonic() + lease_s - 2 * _LEASE_MARGIN_S
-                await _within(self._heartbeat(), end_s - time.monotonic())
-            except _Deadline:
-                self.log.warning("heartbeat: no answer before a lease ran out; retrying")
-            except Exception as exc:
-                self._loop_error("heartbeat", exc)
-            try:  # presence: its own error handling, so a refused beat never skips the above
-                end_s = self._earliest_lease_end()
-                if end_s is None:
-                    end_s = time.monotonic() + lease_s - 2 * _LEASE_MARGIN_S
-                await _within(self._beat_workers(), end_s - time.monotonic())
-            except _Deadline:
-                self.log.warning("presence: no answer before a lease ran out; retrying")
-            except Exception as exc:
-                self._loop_error("presence", exc)
+            await self._bounded("heartbeat", self._heartbeat(), lease_s)
+            # presence: its own error handling, so a refused beat never skips the above
+            await self._bounded("presence", self._beat_workers(), lease_s)
             self._expire_leases()
             # A job held back behind its own abandoned run: give it back after one lease, so
             # a thread that never ends does not hide the job for good.
@@ -77,6 +59,20 @@ class Heartbeats(Dispatch, Reporting):
                     del self._behind[(r.queue, r.job.id)]
                     r.finished = True
                 await self._release(stale, time.monotonic() + _SETTLE_S)
+
+    async def _bounded(self, what: str, call: Coroutine[Any, Any, None], lease_s: float) -> None:
+        """Await a call of this loop for at most the earliest lease end (with none held, the
+        earliest a job claimed meanwhile can end): a call that hangs (a stalled server, a
+        socket timeout as long as the lease) must not keep the expiry check waiting."""
+        end_s = self._earliest_lease_end()
+        if end_s is None:
+            end_s = time.monotonic() + lease_s - 2 * _LEASE_MARGIN_S
+        try:
+            await _within(call, end_s - time.monotonic())
+        except _Deadline:
+            self.log.warning("%s: no answer before a lease ran out; retrying", what)
+        except Exception as exc:
+            self._loop_error(what, exc)
 
     def _earliest_lease_end(self) -> float | None:
         ends = [r.lease_deadline_s for r in self._held.values() if r.beat_sent and not r.finished]
