@@ -166,3 +166,12 @@ def dump_queue(client: redis.Redis, queue: Queue) -> dict[str, object]:
             val = client.get(key)
         out[key] = (t, val, client.pttl(key) > 0)
     return out
+
+
+def job_keys(client: redis.Redis, queue: Queue, job_id: str) -> list[str]:
+    """Every key of the queue that belongs to `job_id` (job:, spec:, result: ...)."""
+    return [
+        k
+        for k in client.scan_iter(match=queue.keys.pattern(), count=1000)
+        if k.endswith(":" + job_id)
+    ]

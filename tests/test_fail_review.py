@@ -10,18 +10,11 @@ import pytest
 import redis
 
 from scheduler import JobNotFound, JobState, Queue
-from tests.conftest import Clock
-
-
-def _job_keys(client: redis.Redis, q: Queue, job_id: str) -> list[str]:
-    """Every key of the queue that belongs to `job_id` (job:, spec:, result: ...)."""
-    return [
-        k for k in client.scan_iter(match=q.keys.pattern(), count=1000) if k.endswith(":" + job_id)
-    ]
+from tests.conftest import Clock, job_keys
 
 
 def _assert_no_husk(client: redis.Redis, q: Queue, job_id: str) -> None:
-    for key in _job_keys(client, q, job_id):
+    for key in job_keys(client, q, job_id):
         assert client.pttl(key) != -1, (key, client.type(key))
     assert client.hgetall(q.keys.job(job_id)) == {}
     assert client.exists(q.keys.spec(job_id)) == 0

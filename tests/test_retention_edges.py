@@ -10,21 +10,14 @@ import redis
 from scheduler import JobNotFound, JobSpec, JobState, Queue
 from scheduler.admin.doctor import repair_queue
 from scheduler.admin.inspection import server_now_ms
-from tests.conftest import Clock
+from tests.conftest import Clock, job_keys
 
 HOUR_MS = 3_600_000
 
 
-def _job_keys(client: redis.Redis, q: Queue, job_id: str) -> list[str]:
-    """Every key of the queue that belongs to `job_id` (job:, spec:, flow:children: ...)."""
-    return [
-        k for k in client.scan_iter(match=q.keys.pattern(), count=1000) if k.endswith(":" + job_id)
-    ]
-
-
 def _assert_gone(client: redis.Redis, q: Queue, job_id: str) -> None:
     """No key of the id is left without an expiry, and a new enqueue under it queues a job."""
-    for key in _job_keys(client, q, job_id):
+    for key in job_keys(client, q, job_id):
         assert client.pttl(key) != -1, (key, client.type(key))
     assert client.hgetall(q.keys.job(job_id)) == {}
     assert client.exists(q.keys.spec(job_id)) == 0
