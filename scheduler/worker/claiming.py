@@ -100,6 +100,10 @@ class Claiming(Dispatch):
                 del self._nonce[q.name]  # answered: the next call gets a fresh nonce
                 failing.pop(q.name, None)
                 self._take(q.name, batch, t_sent, resent)
+                if resent and batch.jobs:
+                    # Their lease may be nearly over (it counts from the first send): a
+                    # heartbeat now tells, and starts their local lease end (beat_sent).
+                    self._beat_now.set()
                 n = len(batch.jobs)
                 claimed += n
                 free -= n

@@ -113,6 +113,8 @@ class WorkerCore:
         self._stop_claiming = asyncio.Event()
         self._stop_reporter = asyncio.Event()
         self._stop_heartbeat = asyncio.Event()
+        # Set to send a heartbeat now (also set with _stop_heartbeat, to end its wait).
+        self._beat_now = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._wake = asyncio.Event()
         self._report = asyncio.Event()

@@ -37,13 +37,15 @@ class Heartbeats(Dispatch, Reporting):
             end_s = self._earliest_lease_end()
             if end_s is not None:
                 wait_s = min(wait_s, end_s - time.monotonic())
-            if wait_s > 0:
+            if wait_s > 0 and not self._beat_now.is_set():
                 with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stop_heartbeat.wait(), wait_s)
+                    await asyncio.wait_for(self._beat_now.wait(), wait_s)
             if self._stop_heartbeat.is_set():
                 return
             self._expire_leases()
-            if time.monotonic() < next_beat_s:
+            if self._beat_now.is_set():
+                self._beat_now.clear()  # a re-sent claim's jobs: learn their leases now
+            elif time.monotonic() < next_beat_s:
                 continue
             next_beat_s = time.monotonic() + interval_s
             await self._bounded("heartbeat", self._heartbeat(), lease_s)

@@ -108,6 +108,7 @@ class Worker(Claiming, Heartbeats):
                 t.cancel()
             await self._shutdown(reporter, grace_end)
             self._stop_heartbeat.set()
+            self._beat_now.set()
             await self._wait_bounded([hb, *wakers], _STOP_LOOP_S)
             await self._guarded("presence", self._beat_workers(remove=True), deadline_s=2.0)
         finally:
