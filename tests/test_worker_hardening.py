@@ -560,10 +560,19 @@ def test_claim_retry_reuses_the_nonce_and_lease_counts_from_send(
         settings = WorkerSettings(queues=(q.name,), lease_ms=int(lease_s * 1000),
                                   heartbeat_ms=1000, grace_s=1)  # fmt: skip
         w = Worker(client, hardening.registry, settings)
+        # The deadline as the claim set it: a re-sent claim's jobs get a heartbeat at once
+        # (04a1b08), which may extend it before the test reads _held.
+        set_at_claim: list[float] = []
+        real_start = w._start
+
+        def start(queue: str, job: Any, *args: Any, **kwargs: Any) -> None:
+            real_start(queue, job, *args, **kwargs)
+            set_at_claim.append(w._held[(queue, job.id)].lease_deadline_s)
+
+        w._start = start  # type: ignore[method-assign]
         task = asyncio.create_task(w.run(install_signals=False))
-        await poll(lambda: bool(w._held), what="job held")
-        (r,) = w._held.values()
-        deadline, first_sent = r.lease_deadline_s, client.sent[0]
+        await poll(lambda: bool(set_at_claim), what="job held")
+        deadline, first_sent = set_at_claim[0], client.sent[0]
         admin.set(gate_key(job), 1)
         await poll(lambda: q.status(job) == "done", what="done")
         w.request_stop()
