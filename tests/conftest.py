@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from scheduler import Queue
+from scheduler import JobNotFound, JobState, Queue
 from scheduler._spawn_cluster import LocalCluster
 from scheduler.core.connection import connect
 from tests.redis_server import (
@@ -175,3 +175,24 @@ def job_keys(client: redis.Redis, queue: Queue, job_id: str) -> list[str]:
         for k in client.scan_iter(match=queue.keys.pattern(), count=1000)
         if k.endswith(":" + job_id)
     ]
+
+
+def assert_no_husk(client: redis.Redis, queue: Queue, job_id: str) -> None:
+    """No key of the id is left without an expiry, and neither its hash nor its spec is left."""
+    for key in job_keys(client, queue, job_id):
+        assert client.pttl(key) != -1, (key, client.type(key))
+    assert client.hgetall(queue.keys.job(job_id)) == {}
+    assert client.exists(queue.keys.spec(job_id)) == 0
+
+
+def assert_id_free(client: redis.Redis, queue: Queue, job_id: str) -> None:
+    """status() reads the id as gone (or dead), and a new enqueue under it queues a job."""
+    try:
+        state = queue.status(job_id)
+    except JobNotFound:
+        pass
+    else:
+        assert state == JobState.DEAD
+    assert queue.enqueue("t", {"again": 1}, job_id=job_id) == job_id
+    assert client.zscore(queue.keys.due, job_id) is not None
+    assert queue.status(job_id) == JobState.DUE

@@ -10,27 +10,7 @@ import pytest
 import redis
 
 from scheduler import JobNotFound, JobState, Queue
-from tests.conftest import Clock, job_keys
-
-
-def _assert_no_husk(client: redis.Redis, q: Queue, job_id: str) -> None:
-    for key in job_keys(client, q, job_id):
-        assert client.pttl(key) != -1, (key, client.type(key))
-    assert client.hgetall(q.keys.job(job_id)) == {}
-    assert client.exists(q.keys.spec(job_id)) == 0
-
-
-def _assert_id_free(client: redis.Redis, q: Queue, job_id: str) -> None:
-    """status() reads the id as gone, and a new enqueue under it queues a job."""
-    try:
-        state = q.status(job_id)
-    except JobNotFound:
-        pass
-    else:
-        assert state == JobState.DEAD
-    assert q.enqueue("t", {"again": 1}, job_id=job_id) == job_id
-    assert client.zscore(q.keys.due, job_id) is not None
-    assert q.status(job_id) == JobState.DUE
+from tests.conftest import Clock, assert_id_free, assert_no_husk
 
 
 def test_park_trimmed_by_max_count_zero_leaves_nothing(client: redis.Redis, q: Queue) -> None:
@@ -39,7 +19,7 @@ def test_park_trimmed_by_max_count_zero_leaves_nothing(client: redis.Redis, q: Q
     j = q.claim("w", limit=10).jobs[0]
     out = q.fail(j.id, j.token, ("E", "m", "tb"))
     assert (out.status, out.dead_reason) == ("dead", "attempts exhausted")
-    _assert_no_husk(client, q, "a")
+    assert_no_husk(client, q, "a")
     assert client.zcard(q.keys.dead) == 0
     # Re-sent: the record is gone by the queue's own retention; a refusal, never a new state.
     try:
@@ -48,8 +28,8 @@ def test_park_trimmed_by_max_count_zero_leaves_nothing(client: redis.Redis, q: Q
         pass
     else:
         assert again.status == "dead"
-    _assert_no_husk(client, q, "a")
-    _assert_id_free(client, q, "a")
+    assert_no_husk(client, q, "a")
+    assert_id_free(client, q, "a")
 
 
 def test_non_retryable_park_trimmed_leaves_nothing(client: redis.Redis, q: Queue) -> None:
@@ -58,8 +38,8 @@ def test_non_retryable_park_trimmed_leaves_nothing(client: redis.Redis, q: Queue
     j = q.claim("w", limit=10).jobs[0]
     out = q.fail(j.id, j.token, ("E", "m", "tb"), retryable=False)
     assert (out.status, out.dead_reason) == ("dead", "non-retryable error")
-    _assert_no_husk(client, q, "nr")
-    _assert_id_free(client, q, "nr")
+    assert_no_husk(client, q, "nr")
+    assert_id_free(client, q, "nr")
 
 
 def test_park_trimmed_in_a_same_ms_tie_leaves_nothing(
@@ -77,8 +57,8 @@ def test_park_trimmed_in_a_same_ms_tie_leaves_nothing(
     assert q.fail("a", jobs["a"].token, ("E", "m", "")).status == "dead"
     assert client.zrange(q.keys.dead, 0, -1) == ["b"]
     assert q.status("b") == JobState.DEAD
-    _assert_no_husk(client, q, "a")
-    _assert_id_free(client, q, "a")
+    assert_no_husk(client, q, "a")
+    assert_id_free(client, q, "a")
 
 
 @pytest.mark.parametrize("n", [0, 3, 9, 10, 11, 5000])

@@ -7,28 +7,12 @@ from __future__ import annotations
 
 import redis
 
-from scheduler import JobNotFound, JobSpec, JobState, Queue
+from scheduler import JobSpec, JobState, Queue
 from scheduler.admin.doctor import repair_queue
 from scheduler.admin.inspection import server_now_ms
-from tests.conftest import Clock, job_keys
+from tests.conftest import Clock, assert_id_free, assert_no_husk
 
 HOUR_MS = 3_600_000
-
-
-def _assert_gone(client: redis.Redis, q: Queue, job_id: str) -> None:
-    """No key of the id is left without an expiry, and a new enqueue under it queues a job."""
-    for key in job_keys(client, q, job_id):
-        assert client.pttl(key) != -1, (key, client.type(key))
-    assert client.hgetall(q.keys.job(job_id)) == {}
-    assert client.exists(q.keys.spec(job_id)) == 0
-    try:
-        state = q.status(job_id)
-    except JobNotFound:
-        pass
-    else:
-        assert state == JobState.DEAD
-    assert q.enqueue("t", {"again": 1}, job_id=job_id) == job_id
-    assert q.status(job_id) == JobState.DUE
 
 
 def _park(q: Queue, job_id: str) -> None:
@@ -57,8 +41,10 @@ def test_child_of_a_parent_trimmed_in_the_same_batch_is_parked(
     assert client.zcard(q.keys.prefix + "flow:held") == 0
     assert client.exists(q.keys.prefix + "flow:children:p") == 0
     assert client.zcard(q.keys.dead) == 0  # q too was parked, then trimmed
-    _assert_gone(client, q, "p")
-    _assert_gone(client, q, "q")
+    assert_no_husk(client, q, "p")
+    assert_id_free(client, q, "p")
+    assert_no_husk(client, q, "q")
+    assert_id_free(client, q, "q")
 
 
 def test_child_of_a_parent_trimmed_in_a_same_ms_tie_is_parked(
@@ -77,8 +63,10 @@ def test_child_of_a_parent_trimmed_in_a_same_ms_tie_is_parked(
     assert client.exists(q.keys.prefix + "flow:children:p") == 0
     assert client.zrange(q.keys.dead, 0, -1) == ["x"]  # q parked, trimmed in its own tie
     assert q.get_job("x").state == JobState.DEAD
-    _assert_gone(client, q, "p")
-    _assert_gone(client, q, "q")
+    assert_no_husk(client, q, "p")
+    assert_id_free(client, q, "p")
+    assert_no_husk(client, q, "q")
+    assert_id_free(client, q, "q")
 
 
 def test_repair_dead_of_a_trimmed_job_frees_its_key_slot(client: redis.Redis, q: Queue) -> None:
