@@ -156,7 +156,11 @@ def test_a_hung_heartbeat_does_not_hold_back_the_expiry(
 
             a._beat_workers = hanging_beat  # type: ignore[method-assign]
         run_a = asyncio.create_task(a.run(install_signals=False))
-        await asyncio.sleep(0.05)  # A holds the job
+        # B starts only once A's run began (a fixed sleep raced A's start under load).
+        deadline = time.monotonic() + 10
+        while not starts and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        assert starts, "worker A never started the job"
         b = _worker(module_server, name, lease_ms=5_000, heartbeat_ms=1_000)
         run_b = asyncio.create_task(b.run(install_signals=False))
         await asyncio.sleep(1.2)
