@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import redis
 
 from scheduler.admin.inspection import queue_exists, server_now_ms
 from scheduler.client.partitioned_merge import (
+    by_partition,
     expand_queues,
     expand_queues_async,
+    group_ids,
+    ids_in_call_order,
+    jobs_in_order,
     merge_counts,
     merge_dead,
-    merge_jobs,
+    merge_scored,
+    place,
     read_layout,
 )
 from scheduler.client.queue import Queue
@@ -32,6 +36,8 @@ from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
 from scheduler.core.scripts import Scripts, run_sync
+from scheduler.operations.browsing import listed_scored
+from scheduler.operations.inspecting import check_page
 from scheduler.operations.ops import Op, Request
 from scheduler.schedules.recurring import Schedule
 
@@ -42,7 +48,6 @@ __all__ = [
     "expand_queues_async",
     "merge_counts",
     "merge_dead",
-    "merge_jobs",
     "open_queue",
     "read_layout",
 ]
@@ -97,9 +102,10 @@ class PartitionedQueue:
         return self.parts[self.layout.partition_of_id(job_id)]
 
     # -- several partitions in one driver call -----------------------------------------------
-    def _run_many(self, ops: Sequence[tuple[Queue, Op[Any]]]) -> list[Any]:
+    def _run_many(self, ops: Sequence[tuple[Queue, Op[Any]]], *, errors: bool = False) -> list[Any]:
         """Drive one operation per partition together: each round sends every operation's
-        next request in one call (one pipeline per node). Errors are raised after all ran."""
+        next request in one call (one pipeline per node). The first error is raised after all
+        ran; with `errors`, each operation's error is returned in its place instead."""
         results: list[Any] = [None] * len(ops)
         pending: dict[int, Request] = {}
         for i, (_, op) in enumerate(ops):
@@ -120,36 +126,29 @@ class PartitionedQueue:
                 except Exception as exc:
                     results[i] = exc
         for r in results:
-            if isinstance(r, BaseException):
+            if isinstance(r, BaseException) and not errors:
                 raise r
         return results
 
     # -- producers ---------------------------------------------------------------------------
-    def _place(self, spec: JobSpec) -> tuple[int, JobSpec]:
-        k, job_id = self.layout.route(spec.key, spec.job_id, next(self._spread))
-        return k, replace(spec, job_id=job_id)
-
     def enqueue(self, task: str, payload: Any = None, **kwargs: Any) -> str:
-        """`Queue.enqueue` on the job's partition (by key, else by id)."""
+        """`Queue.enqueue` on the job's partition (by key, else by id, else its parents')."""
         return self.enqueue_many([JobSpec(task, payload, **kwargs)])[0]
 
     def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
-        """`Queue.enqueue_many`: the jobs grouped by partition, one driver call for all."""
-        placed = [self._place(s) for s in specs]
-        by_part: dict[int, list[JobSpec]] = {}
-        for k, spec in placed:
-            by_part.setdefault(k, []).append(spec)
+        """`Queue.enqueue_many`: the jobs grouped by partition, one driver call for all.
+        Every spec is checked before anything is sent. Each partition's jobs are batches of
+        their own: a batch the server refuses (a parent missing) writes nothing, the other
+        partitions' are written, as across the batches of one plain call; the error's
+        `written_ids` lists them (call order). NotDurable carries every id of the call."""
+        placed = place(self.layout, specs, self._spread)
+        groups = by_partition(placed)
         ops = [
-            (self.parts[k], self.parts[k].ops.enqueue_many(ss, batch_size))
-            for k, ss in by_part.items()
+            (self.parts[k], self.parts[k].ops.enqueue_many(g, batch_size))
+            for k, g in groups.items()
         ]
-        got = dict(zip(by_part, self._run_many(ops), strict=True))
-        pos = dict.fromkeys(by_part, 0)
-        out = []
-        for k, _ in placed:
-            out.append(got[k][pos[k]])
-            pos[k] += 1
-        return out
+        got = self._run_many(ops, errors=True)
+        return ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
 
     # -- one job: straight to its partition --------------------------------------------------
     def status(self, job_id: str) -> JobState:
@@ -164,16 +163,27 @@ class PartitionedQueue:
     def complete(self, job_id: str, token: str, result: Any = None) -> None:
         self.part_of(job_id).complete(job_id, token, result)
 
+    def result(self, job_id: str, *, timeout_s: float) -> Any:
+        """`Queue.result` on the job's partition."""
+        return self.part_of(job_id).result(job_id, timeout_s=timeout_s)
+
     # -- merged views ------------------------------------------------------------------------
     def counts(self) -> QueueCounts:
         """Every partition's counts in one driver call, summed."""
         return merge_counts(self._run_many([(p, p.ops.counts()) for p in self.parts]))
 
     def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> list[Job]:
-        """`Queue.list_jobs` merged: each partition's first offset + limit jobs in one driver
-        call, in one queue's order (dead newest first, else oldest first)."""
-        ops = [(p, p.ops.list_jobs(state, offset=0, limit=offset + limit)) for p in self.parts]
-        return merge_jobs(state, self._run_many(ops), offset, limit)
+        """`Queue.list_jobs` merged: each partition's first offset + limit (score, id) pairs
+        in one driver call, merged in one queue's index order, then the page's records only
+        (a second call). BadArgument for a page a plain queue refuses."""
+        check_page(state, offset, limit)
+        ops = [(p, listed_scored(p.ops, state, 0, offset + limit)) for p in self.parts]
+        chosen = merge_scored(state, self._run_many(ops), offset, limit)
+        groups = group_ids(chosen)
+        read = self._run_many(
+            [(self.parts[k], self.parts[k].ops.get_jobs(g)) for k, g in groups.items()]
+        )
+        return jobs_in_order(chosen, read)
 
     def dead_ids(self, **filters: Any) -> list[str]:
         """`Queue.dead_ids` over every partition, merged newest first by the time they died:

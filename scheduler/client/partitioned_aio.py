@@ -6,20 +6,28 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Any
 
+from scheduler.admin.inspection import existence_keys
 from scheduler.client.aio import AsyncQueue
 from scheduler.client.partitioned_merge import (
+    by_partition,
+    group_ids,
+    ids_in_call_order,
+    jobs_in_order,
     merge_counts,
     merge_dead,
-    merge_jobs,
+    merge_scored,
+    place,
     read_layout_async,
 )
 from scheduler.core.connection import connect_async
+from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
 from scheduler.core.scripts import Scripts, run_async
+from scheduler.operations.browsing import listed_scored
+from scheduler.operations.inspecting import check_page
 from scheduler.operations.ops import Op, Request
 from scheduler.schedules.recurring import Schedule
 
@@ -37,11 +45,20 @@ class AsyncPartitionedQueue:
     async def create(
         cls, client: Any, name: str, *, partitions: int, **queue_kwargs: Any
     ) -> AsyncPartitionedQueue:
-        """As PartitionedQueue.create (PartitionMismatch for another stored count). A plain
-        queue of that name is not checked here: create it with the sync client."""
+        """As PartitionedQueue.create: PartitionMismatch when `name` exists with another
+        count, or as a plain queue that holds anything (its jobs would never be claimed
+        again: workers and open_queue go by the layout)."""
         check_count(partitions)
-        await client.set(meta_key(name), Layout.create(name, partitions).record(), nx=True)
+        wanted = Layout.create(name, partitions)
         stored = await read_layout_async(client, name)
+        if stored is None:
+            if await _queue_exists(client, name):
+                raise PartitionMismatch(
+                    f"queue {name!r} exists unpartitioned: drain it into a new partitioned "
+                    "queue (README 'Partitioned queues')"
+                )
+            await client.set(meta_key(name), wanted.record(), nx=True)  # the first creator wins
+            stored = await read_layout_async(client, name)
         assert stored is not None
         if stored.n != partitions:
             raise stored.mismatch(partitions)
@@ -61,7 +78,10 @@ class AsyncPartitionedQueue:
     def part_of(self, job_id: str) -> AsyncQueue:
         return self.parts[self.layout.partition_of_id(job_id)]
 
-    async def _run_many(self, ops: Sequence[tuple[AsyncQueue, Op[Any]]]) -> list[Any]:
+    async def _run_many(
+        self, ops: Sequence[tuple[AsyncQueue, Op[Any]]], *, errors: bool = False
+    ) -> list[Any]:
+        """PartitionedQueue._run_many for asyncio."""
         results: list[Any] = [None] * len(ops)
         pending: dict[int, Request] = {i: next(op) for i, (_, op) in enumerate(ops)}
         while pending:
@@ -79,7 +99,7 @@ class AsyncPartitionedQueue:
                 except Exception as exc:
                     results[i] = exc
         for r in results:
-            if isinstance(r, BaseException):
+            if isinstance(r, BaseException) and not errors:
                 raise r
         return results
 
@@ -87,24 +107,15 @@ class AsyncPartitionedQueue:
         return (await self.enqueue_many([JobSpec(task, payload, **kwargs)]))[0]
 
     async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
-        placed = []
-        for spec in specs:
-            k, job_id = self.layout.route(spec.key, spec.job_id, next(self._spread))
-            placed.append((k, replace(spec, job_id=job_id)))
-        by_part: dict[int, list[JobSpec]] = {}
-        for k, spec in placed:
-            by_part.setdefault(k, []).append(spec)
+        """PartitionedQueue.enqueue_many for asyncio."""
+        placed = place(self.layout, specs, self._spread)
+        groups = by_partition(placed)
         ops = [
-            (self.parts[k], self.parts[k].ops.enqueue_many(v, batch_size))
-            for k, v in by_part.items()
+            (self.parts[k], self.parts[k].ops.enqueue_many(g, batch_size))
+            for k, g in groups.items()
         ]
-        got = dict(zip(by_part, await self._run_many(ops), strict=True))
-        pos = dict.fromkeys(by_part, 0)
-        out = []
-        for k, _ in placed:
-            out.append(got[k][pos[k]])
-            pos[k] += 1
-        return out
+        got = await self._run_many(ops, errors=True)
+        return ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
 
     async def status(self, job_id: str) -> JobState:
         return await self.part_of(job_id).status(job_id)
@@ -118,12 +129,21 @@ class AsyncPartitionedQueue:
     async def complete(self, job_id: str, token: str, result: Any = None) -> None:
         await self.part_of(job_id).complete(job_id, token, result)
 
+    async def result(self, job_id: str, *, timeout_s: float) -> Any:
+        """`AsyncQueue.result` on the job's partition."""
+        return await self.part_of(job_id).result(job_id, timeout_s=timeout_s)
+
     async def counts(self) -> QueueCounts:
         return merge_counts(await self._run_many([(p, p.ops.counts()) for p in self.parts]))
 
     async def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> list[Job]:
-        ops = [(p, p.ops.list_jobs(state, offset=0, limit=offset + limit)) for p in self.parts]
-        return merge_jobs(state, await self._run_many(ops), offset, limit)
+        """PartitionedQueue.list_jobs for asyncio."""
+        check_page(state, offset, limit)
+        ops = [(p, listed_scored(p.ops, state, 0, offset + limit)) for p in self.parts]
+        chosen = merge_scored(state, await self._run_many(ops), offset, limit)
+        groups = group_ids(chosen)
+        reads = [(self.parts[k], self.parts[k].ops.get_jobs(g)) for k, g in groups.items()]
+        return jobs_in_order(chosen, await self._run_many(reads))
 
     async def dead_ids(self, **filters: Any) -> list[str]:
         merged = merge_dead(await self.dead_scored(**filters))
@@ -180,3 +200,11 @@ async def open_queue_async(
     if layout is None:
         return AsyncQueue(client, name, **queue_kwargs)
     return AsyncPartitionedQueue(client, layout, **queue_kwargs)
+
+
+async def _queue_exists(client: Any, name: str) -> bool:
+    """admin/inspection.queue_exists for asyncio: the clock from the queue's own script (its
+    node's, on a cluster), then one EXISTS over its fixed names (one slot)."""
+    keys = QueueKeys(name)
+    now_ms = (await AsyncQueue(client, name).counts()).now_ms
+    return int(await client.exists(*existence_keys(keys, now_ms))) > 0

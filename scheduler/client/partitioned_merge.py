@@ -1,18 +1,23 @@
 """What the sync and asyncio partitioned clients share (client/partitioned.py,
 partitioned_aio.py), sans-I/O but for the layout reads: reading the stored layout, expanding a
 worker's queue list, and merging the partitions' counts, dead lists and job pages into one
-queue's."""
+queue's; placing the jobs of an enqueue_many and putting their ids back in call order."""
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import redis
 
-from scheduler.core.models import Job, QueueCounts
+from scheduler.core.errors import BadArgument, NotDurable
+from scheduler.core.models import Job, JobSpec, QueueCounts
 from scheduler.core.partitions import Layout, meta_key
+
+# A job of a partitioned enqueue_many: its partition, and its spec with its id filled in.
+Placed = tuple[int, JobSpec]
 
 
 def read_layout(client: redis.Redis, queue: str) -> Layout | None:
@@ -78,18 +83,77 @@ def merge_dead(per: Sequence[Sequence[tuple[float, str]]]) -> list[str]:
     return [i for _, i in heapq.merge(*per, reverse=True)]
 
 
-def _order(state: str) -> tuple[Callable[[Job], int], bool]:
-    """How one queue's index orders `state` (operations/inspecting.py): key, newest first."""
-    if state == "dead":
-        return (lambda j: int(j.fields.get("dead_ms") or 0)), True
-    if state == "leased":
-        return (lambda j: j.lease_until_ms or 0), False
-    return (lambda j: j.run_at_ms or 0), False
+def merge_scored(
+    state: str, per: Sequence[Sequence[tuple[float, str]]], offset: int, limit: int
+) -> list[tuple[int, str]]:
+    """(partition, id) of the [offset, offset + limit) slice of the partitions' first
+    offset + limit (score, id) pairs (browsing.listed_scored), merged by the index score each
+    partition pages by, ties by id, as one ZSET orders them (dead: newest first)."""
+    tagged = [(score, i, k) for k, page in enumerate(per) for score, i in page]
+    tagged.sort(key=lambda t: (t[0], t[1]), reverse=state == "dead")
+    return [(k, i) for _, i, k in tagged[offset : offset + limit]]
 
 
-def merge_jobs(state: str, pages: Sequence[Sequence[Job]], offset: int, limit: int) -> list[Job]:
-    """The [offset, offset + limit) slice of the partitions' first offset + limit jobs,
-    merged in the order one queue's index has (dead: newest first; else oldest first)."""
-    key, newest_first = _order(state)
-    merged = sorted((j for page in pages for j in page), key=key, reverse=newest_first)
-    return merged[offset : offset + limit]
+def group_ids(chosen: Sequence[tuple[int, str]]) -> dict[int, list[str]]:
+    """The ids of `chosen` by partition, for one get_jobs per partition."""
+    by_part: dict[int, list[str]] = {}
+    for k, i in chosen:
+        by_part.setdefault(k, []).append(i)
+    return by_part
+
+
+def jobs_in_order(chosen: Sequence[tuple[int, str]], read: Sequence[Sequence[Job]]) -> list[Job]:
+    """The jobs read for `chosen`, in its order (a job gone between the two reads left out)."""
+    found = {j.id: j for jobs in read for j in jobs}
+    return [found[i] for _, i in chosen if i in found]
+
+
+def place(layout: Layout, specs: Iterable[JobSpec], spread: Iterator[int]) -> list[Placed]:
+    """Each job's partition and id (Layout.route: by key, id or parents, else round robin)."""
+    placed = []
+    for spec in specs:
+        if not isinstance(spec, JobSpec):
+            raise BadArgument(f"expected JobSpec, got {spec!r}")
+        k, job_id = layout.route(spec.key, spec.job_id, next(spread), spec.after)
+        placed.append((k, replace(spec, job_id=job_id)))
+    return placed
+
+
+def by_partition(placed: Sequence[Placed]) -> dict[int, list[JobSpec]]:
+    out: dict[int, list[JobSpec]] = {}
+    for k, spec in placed:
+        out.setdefault(k, []).append(spec)
+    return out
+
+
+def ids_in_call_order(placed: Sequence[Placed], got: dict[int, Any]) -> list[str]:
+    """The ids of a partitioned enqueue_many in the order of its specs, from each partition's
+    outcome (its ids, or the error it raised). A refused partition's error is raised (its
+    batch wrote nothing; the others are written, as the batches of one plain call: README
+    'Partitioned queues'), with `written_ids`: the ids written, in call order. NotDurable
+    from some partitions is raised once, with every id of the call (the ids to re-send with)
+    and the fewest acknowledgements."""
+    short = [e for e in got.values() if isinstance(e, NotDurable)]
+    each = {k: (e.job_ids if isinstance(e, NotDurable) else e) for k, e in got.items()}
+    pos = dict.fromkeys(each, 0)
+    out = []
+    for k, _ in placed:
+        ids = each[k]
+        out.append("" if isinstance(ids, BaseException) else ids[pos[k]])
+        pos[k] += 1
+    refused = [e for e in each.values() if isinstance(e, BaseException)]
+    if refused:
+        # The caller needs the ids written elsewhere: re-sending the whole call would enqueue
+        # those jobs a second time under new ids.
+        written = [i for i in out if i]
+        err = refused[0]
+        if written:
+            err.add_note(
+                f"{len(written)} job(s) of this call in other partitions were written "
+                "(their ids: the error's written_ids); re-send only the refused ones"
+            )
+        setattr(err, "written_ids", written)  # noqa: B010 - an attribute of any exception
+        raise err
+    if short:
+        raise NotDurable(out, min(e.acked for e in short), short[0].wanted)
+    return out

@@ -10,20 +10,24 @@ partition. The client that uses it is scheduler/client/partitioned.py.
 - A job's id tells its partition: a generated id is `p<k>.` + ids.new_job_id() (the prefix the
   id alphabet reserves for it); any other id (chosen by the caller) goes to crc32(id) % N.
   A job with an idempotency key goes to crc32(key) % N, so the key stays unique; a caller's
-  job_id must then route to the same partition (BadArgument otherwise).
+  job_id must then route to the same partition (BadArgument otherwise). A job with parents
+  (`after=`) goes to their partition (a flow's keys are one partition's), which its key or id
+  must then name too; parents in different partitions are refused (BadArgument).
 - A schedule lives in one partition: crc32(name) % N (exactly one pending run still holds)."""
 
 from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from redis.crc import key_slot
 
 from scheduler.core.codec import new_job_id
 from scheduler.core.errors import BadArgument
-from scheduler.core.keys import QueueKeys, check_queue_name
+from scheduler.core.keys import QueueKeys, check_job_id, check_queue_name
 
 MAX_PARTITIONS = 1024
 SLOTS = 16384
@@ -107,21 +111,30 @@ class Layout:
         return cls(queue, names)
 
     def partition_of_id(self, job_id: str) -> int:
-        """The partition a job id belongs to (module docstring)."""
-        m = _TAGGED.match(job_id)
+        """The partition a job id belongs to (module docstring); BadArgument for a non-id."""
+        m = _TAGGED.match(check_job_id(job_id))
         if m is not None and int(m.group(1)) < self.n:
             return int(m.group(1))
         return _hash(job_id) % self.n
 
     def partition_of_key(self, key: str) -> int:
-        return _hash("key:" + key) % self.n
+        if not isinstance(key, str) or not 1 <= len(key) <= 512:
+            raise BadArgument("key must be a string of 1-512 characters")
+        try:
+            return _hash("key:" + key) % self.n
+        except UnicodeEncodeError as exc:
+            raise BadArgument(f"key is not valid Unicode text: {exc.reason}") from None
 
     def partition_of_schedule(self, name: str) -> int:
         return _hash("schedule:" + name) % self.n
 
-    def route(self, key: str | None, job_id: str | None, spread: int) -> tuple[int, str]:
+    def route(
+        self, key: str | None, job_id: str | None, spread: int, after: Any = None
+    ) -> tuple[int, str]:
         """(partition, job id) of a new job; `spread` picks the partition of a job with
-        neither key nor id (the caller's round robin), so batches fill every partition."""
+        neither key, id nor parents (the caller's round robin), so batches fill every
+        partition. `after`: the job's parents, whose partition it must be in."""
+        home = self._parents_home(after)
         if key is not None:
             k = self.partition_of_key(key)
             if job_id is not None and self.partition_of_id(job_id) != k:
@@ -129,11 +142,36 @@ class Layout:
                     f"job_id {job_id!r} and key {key!r} route to different partitions of "
                     f"{self.queue!r}: give only one, or an id tagged 'p{k}.'"
                 )
+            self._check_home(home, k, f"key {key!r}")
             return k, job_id or f"p{k}.{new_job_id()}"
         if job_id is not None:
-            return self.partition_of_id(job_id), job_id
-        k = spread % self.n
+            k = self.partition_of_id(job_id)
+            self._check_home(home, k, f"job_id {job_id!r}")
+            return k, job_id
+        k = spread % self.n if home is None else home
         return k, f"p{k}.{new_job_id()}"
+
+    def _parents_home(self, after: Any) -> int | None:
+        """The one partition of the parents, None without any. A malformed `after` is left to
+        the job's own check (core/flow.py check_flow), which refuses it before anything is
+        sent."""
+        if after is None or isinstance(after, str) or not isinstance(after, Sequence):
+            return None
+        homes = {self.partition_of_id(p) for p in after}
+        if len(homes) > 1:
+            raise BadArgument(
+                f"after= names jobs of different partitions of {self.queue!r} "
+                f"({', '.join(f'p{k}' for k in sorted(homes))}): a job and its parents must "
+                "share one partition"
+            )
+        return homes.pop() if homes else None
+
+    def _check_home(self, home: int | None, k: int, what: str) -> None:
+        if home is not None and home != k:
+            raise BadArgument(
+                f"{what} routes to partition p{k} of {self.queue!r}, its parents (after=) are "
+                f"in p{home}: a job and its parents must share one partition"
+            )
 
     def mismatch(self, asked: int) -> PartitionMismatch:
         return PartitionMismatch(

@@ -15,7 +15,7 @@ from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, QueueCounts
 from scheduler.core.vocabulary import STAT_FIELDS, stat_field
 from scheduler.operations.dead_letters import dead_converted, scored_pairs
-from scheduler.operations.inspecting import LISTABLE
+from scheduler.operations.inspecting import LISTABLE, check_page
 from scheduler.operations.ops import Ops
 from scheduler.operations.requests import Commands, Op
 
@@ -209,3 +209,12 @@ def sum_series(per_part: Sequence[list[dict[str, int]]]) -> list[dict[str, int]]
                 )
         out.append(row)
     return out
+
+
+def listed_scored(ops: Ops, state: str, offset: int, limit: int) -> Op[list[tuple[float, str]]]:
+    """`list_ids` with each id's index score (scored_ids), due / scheduled split at this
+    queue's own server clock, as list_ids splits them: a partitioned queue's merged
+    `list_jobs` orders the partitions' pages by these scores, the order each one pages in."""
+    check_page(state, offset, limit)
+    now_ms = (yield from ops.counts()).now_ms if state in ("due", "scheduled") else 0
+    return (yield from scored_ids(ops, state, now_ms, offset, limit))

@@ -22,6 +22,14 @@ MAX_RESULT_WAIT_S = 86_400.0
 RESULT_BLOCK_SLICE_S = 1.0
 
 
+def check_page(state: str, offset: int, limit: int) -> None:
+    """A page of `list_jobs` / `list_ids`: BadArgument before anything is read."""
+    if state not in LISTABLE:
+        raise BadArgument(f"state must be one of {', '.join(LISTABLE)}, got {state!r}")
+    codec._int(offset, "offset", minimum=0)
+    codec._int(limit, "limit", minimum=1)
+
+
 class InspectingOps(OpsBase):
     """Reads and cancel; documented for users on Queue (get_job, status, list_jobs, counts,
     cancel, result)."""
@@ -74,10 +82,7 @@ class InspectingOps(OpsBase):
 
     def list_ids(self, state: str, *, offset: int = 0, limit: int = 50) -> Op[list[str]]:
         """Ids in one place, oldest first for due/scheduled/leased, newest first for dead."""
-        if state not in LISTABLE:
-            raise BadArgument(f"state must be one of {', '.join(LISTABLE)}, got {state!r}")
-        codec._int(offset, "offset", minimum=0)
-        codec._int(limit, "limit", minimum=1)
+        check_page(state, offset, limit)
         k = self.keys
         if state == "dead":
             return (yield from dead_page(k, offset, limit))
