@@ -1,25 +1,70 @@
 """Chains on top of dependencies (docs/flow-control.md): each step is enqueued `after` the one
 before it, so it runs once that one is done; a step reads its parent's result with
-`Queue.result(parent_id, ...)` (the parent's id is in the step's payload as `parent`)."""
+`Queue.result(parent_id, ...)` (the parent's id is in the step's payload as `parent`).
+
+A chain is one `enqueue_many` call (one script call): every step is checked first and all are
+written or none, and the ids are made here, so a chain re-sent after a lost reply is not
+enqueued twice."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from scheduler.client.aio import AsyncQueue
 from scheduler.client.queue import Queue
+from scheduler.core.codec import LIMITS, new_job_id
+from scheduler.core.errors import BadArgument
+from scheduler.core.models import JobSpec
+
+# Options that name one job cannot apply to every step.
+_PER_JOB = ("key", "job_id", "after")
 
 
 def chain(queue: Queue, steps: Sequence[tuple[str, Any]], **options: Any) -> list[str]:
     """Enqueue (task, payload) steps, each after the previous; returns their ids in order.
     A step's payload is sent as {"payload": payload, "parent": <previous id or None>};
-    `options` (priority, max_attempts, ...) apply to every step. If a step ends dead or
-    cancelled, the steps after it are parked with the reason."""
-    ids: list[str] = []
-    for task, payload in steps:
-        parent = ids[-1] if ids else None
-        after = [parent] if parent else None
-        ids.append(
-            queue.enqueue(task, {"payload": payload, "parent": parent}, after=after, **options)
+    `options` (priority, max_attempts, ...) apply to every step (not key, job_id, after:
+    BadArgument). All steps are written or none. If a step ends dead or cancelled, the steps
+    after it are parked with the reason."""
+    if not isinstance(queue, Queue):
+        raise BadArgument(f"chain() takes a Queue (achain() an AsyncQueue), got {queue!r}")
+    specs = chain_specs(steps, options)
+    return queue.enqueue_many(specs, batch_size=max(len(specs), 1))
+
+
+async def achain(queue: AsyncQueue, steps: Sequence[tuple[str, Any]], **options: Any) -> list[str]:
+    """`chain` for an AsyncQueue."""
+    if not isinstance(queue, AsyncQueue):
+        raise BadArgument(f"achain() takes an AsyncQueue (chain() a Queue), got {queue!r}")
+    specs = chain_specs(steps, options)
+    return await queue.enqueue_many(specs, batch_size=max(len(specs), 1))
+
+
+def chain_specs(steps: Sequence[tuple[str, Any]], options: dict[str, Any]) -> list[JobSpec]:
+    """The steps as JobSpecs with ids made here, each `after` the one before."""
+    given = [k for k in _PER_JOB if k in options]
+    if given:
+        raise BadArgument(f"chain() options apply to every step: {', '.join(given)} cannot")
+    if isinstance(steps, str | bytes) or not isinstance(steps, Sequence):
+        raise BadArgument(f"steps must be a list of (task, payload), got {steps!r:.100}")
+    if len(steps) > LIMITS["batch_size"][1]:
+        raise BadArgument(f"a chain has at most {LIMITS['batch_size'][1]} steps")
+    specs: list[JobSpec] = []
+    parent: str | None = None
+    for step in steps:
+        if not (isinstance(step, tuple | list) and len(step) == 2):
+            raise BadArgument(f"a step is a (task, payload) pair, got {step!r:.100}")
+        task, payload = step
+        job_id = new_job_id()
+        specs.append(
+            JobSpec(
+                task,
+                {"payload": payload, "parent": parent},
+                job_id=job_id,
+                after=None if parent is None else [parent],
+                **options,
+            )
         )
-    return ids
+        parent = job_id
+    return specs

@@ -24,11 +24,7 @@ class Backoff:
     def __post_init__(self) -> None:
         if not isinstance(self.base_ms, int) or self.base_ms < 0:
             raise BadArgument(f"backoff base_ms must be an int >= 0, got {self.base_ms!r}")
-        if (
-            not isinstance(self.factor, int | float)
-            or not math.isfinite(self.factor)
-            or (self.factor < 1)
-        ):
+        if not _finite_at_least_1(self.factor):
             raise BadArgument(f"backoff factor must be a number >= 1, got {self.factor!r}")
         if not isinstance(self.cap_ms, int) or self.cap_ms < 0:
             raise BadArgument(f"backoff cap_ms must be an int >= 0, got {self.cap_ms!r}")
@@ -45,3 +41,12 @@ class Backoff:
         except OverflowError:
             raw = float(self.cap_ms)
         return math.floor(raw * (1 - self.jitter * u))
+
+
+def _finite_at_least_1(x: object) -> bool:
+    if not isinstance(x, int | float):
+        return False
+    try:
+        return math.isfinite(x) and x >= 1
+    except OverflowError:  # an int too large for a float (10**400)
+        return False

@@ -44,6 +44,7 @@ from scheduler.core.limits import SCHEDULE_NAME_RE as SCHEDULE_NAME_RE
 from scheduler.core.limits import TASK_RE as TASK_RE
 from scheduler.core.limits import _int as _int
 from scheduler.core.limits import check_int as check_int
+from scheduler.core.limits import check_lease as check_lease
 from scheduler.core.limits import s as s
 from scheduler.core.limits import stored_int as stored_int
 from scheduler.core.limits import stored_int_in as stored_int_in
@@ -220,6 +221,7 @@ def parse_enqueue(reply: Any, args: list[str]) -> list[str]:
 def lease_pairs(leases: Sequence[tuple[str, str]]) -> list[str]:
     out: list[str] = []
     for job_id, token in leases:
+        check_lease(job_id, token)
         out.extend((job_id, token))
     return out
 
@@ -238,6 +240,7 @@ def complete_args(
 ) -> list[str]:
     args = [str(check_int(result_ttl_ms, "result_ttl_ms"))]
     for job_id, token, result in items:
+        check_lease(job_id, token)
         # Most handlers return None: no encoder call for it (issue 16, drain).
         text = "null" if result is None else encode_json(result, "result", max_bytes)
         args.extend((job_id, token, text))

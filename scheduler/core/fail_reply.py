@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from scheduler.core.errors import SchedulerError, raise_for_status
-from scheduler.core.limits import check_int, s, stored_int_in
+from scheduler.core.errors import BadArgument, SchedulerError, raise_for_status
+from scheduler.core.limits import check_int, check_lease, s, stored_int_in
 from scheduler.core.models import FailOutcome
 
 _MAX_MESSAGE = 2_000
@@ -27,13 +27,23 @@ def fail_args(
     retryable: bool,
     delay_ms: int | None,
 ) -> list[str]:
+    check_lease(job_id, token)
     if isinstance(error, BaseException):
         import traceback
 
         etype, message = type(error).__name__, str(error)
         tb = "".join(traceback.format_exception(error))
-    else:
+    elif (
+        isinstance(error, tuple | list)
+        and len(error) == 3
+        and all(isinstance(x, str) for x in error)
+    ):
         etype, message, tb = error
+    else:
+        raise BadArgument(
+            f"error must be an exception or a (type, message, traceback) tuple of str, "
+            f"got {error!r:.200}"
+        )
     delay = "" if delay_ms is None else str(check_int(delay_ms, "delay_ms"))
     return [
         job_id,

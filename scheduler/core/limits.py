@@ -44,6 +44,10 @@ LIMITS: dict[str, tuple[int, int]] = {
     "backoff.cap_ms": (0, MAX_DELAY_MS),
     "every_ms": (1, MAX_DELAY_MS),
     "batch_size": (1, 10_000),  # jobs per enqueue script call
+    # Queue / AsyncQueue settings (operations/requests.py Settings): checked at construction.
+    "max_payload_bytes": (1, 512 * 1024 * 1024),  # Redis's own largest string (proto-max-bulk-len)
+    "wait_replicas": (0, 10_000),
+    "wait_timeout_ms": (1, DAY_MS),  # WAIT 0 would block the enqueue forever
     "fence": (0, MAX_SAFE_INT - 1),  # stored only
 }
 FLOAT_LIMITS: dict[str, tuple[float, float]] = {
@@ -75,6 +79,13 @@ def check_int(value: Any, name: str, limit: str | None = None) -> int:
     if not lo <= value <= hi:
         raise BadArgument(f"{name} must be in [{lo}, {hi}], got {value}")
     return value
+
+
+def check_lease(job_id: Any, token: Any) -> None:
+    """A (job id, token) a worker call sends: both text, else BadArgument (the scripts answer
+    a malformed one as a stale or missing lease). Only a type check: it runs per job."""
+    if type(job_id) is not str or type(token) is not str:
+        raise BadArgument(f"job id and token must be str, got {job_id!r:.140}, {token!r:.80}")
 
 
 _INT_TEXT = re.compile(r"-?[0-9]{1,16}")

@@ -63,6 +63,14 @@ class Settings:
     wait_replicas: int = 0
     wait_timeout_ms: int = 1_000
 
+    def __post_init__(self) -> None:
+        # Checked here, not at the first enqueue: a bad WAIT argument was refused by Redis
+        # only after the enqueue it follows had written the job (its id never returned).
+        codec.check_int(self.result_ttl_ms, "result_ttl_ms")
+        codec.check_int(self.max_payload_bytes, "max_payload_bytes")
+        codec.check_int(self.wait_replicas, "wait_replicas")
+        codec.check_int(self.wait_timeout_ms, "wait_timeout_ms")
+
 
 class OpsBase:
     """What every operation module needs: the queue's keys, the settings, and the server's

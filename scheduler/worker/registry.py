@@ -103,8 +103,8 @@ class Registry:
             BadArgument: an argument is refused, or the name is already registered."""
         if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
             raise BadArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-        if timeout_s is not None and not (isinstance(timeout_s, int | float) and timeout_s > 0):
-            raise BadArgument(f"timeout_s must be a number > 0, got {timeout_s!r}")
+        if timeout_s is not None:
+            _check_timeout_s(timeout_s)
         if backoff is not None and not isinstance(backoff, Backoff):
             raise BadArgument(f"backoff must be a Backoff, got {backoff!r}")
         if result_ttl_ms is not None:
@@ -166,10 +166,22 @@ class Registry:
         return sorted(self._tasks)
 
     def job_spec(self, name: str, payload: Any = None, **overrides: Any) -> JobSpec:
-        """A JobSpec carrying the task's defaults (max_attempts, backoff, timeout)."""
+        """`TaskHandle.job_spec` of task `name`: its defaults (max_attempts, backoff, timeout,
+        retention, flow options) and its payload_type's check and encoding."""
         spec = self.get(name)
-        fields: dict[str, Any] = {"max_attempts": spec.max_attempts, "backoff": spec.backoff}
-        if spec.timeout_s is not None:
-            fields["timeout_ms"] = round(spec.timeout_s * 1000)
-        fields.update(overrides)
-        return JobSpec(name, payload, **fields)
+        return TaskHandle(spec.fn, spec).job_spec(payload, **overrides)
+
+
+def _check_timeout_s(timeout_s: object) -> None:
+    """A finite number of seconds whose milliseconds are a job's timeout_ms (at least 1 ms:
+    a smaller one would round to 0, which means no timeout)."""
+    hi = codec.LIMITS["timeout_ms"][1]
+    ok = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+    try:
+        ok = ok and 1 <= round(timeout_s * 1000) <= hi  # type: ignore[operator]
+    except (OverflowError, ValueError):  # inf, nan
+        ok = False
+    if not ok:
+        raise BadArgument(
+            f"timeout_s must be a number of seconds in [0.001, {hi // 1000}], got {timeout_s!r}"
+        )
