@@ -1,9 +1,9 @@
 """Read-only views for operators (the CLI and the doctor): queue discovery, recent outcome
-counts from the per-minute stats hashes, live workers, key listings. Nothing here writes."""
+counts from the per-minute stats hashes, key listings; live workers in admin/workers.py.
+Nothing here writes."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -11,6 +11,9 @@ from typing import Any
 
 import redis
 
+# Where the doctor, the CLI and the dashboard have always imported them from.
+from scheduler.admin.workers import WorkerInfo as WorkerInfo
+from scheduler.admin.workers import live_workers as live_workers
 from scheduler.core.codec import parse_job
 from scheduler.core.connection import node_for_key, primaries
 from scheduler.core.errors import BadArgument
@@ -132,75 +135,6 @@ def window_counts(
                     continue
         out[f"{n}m"] = totals
     return out
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    id: str
-    queue: str
-    last_seen_ms: int
-    host: str
-    pid: int | None
-    queues: list[str]
-    started_ms: int | None
-    last_heartbeat_ms: int | None
-    in_flight: int | None
-    concurrency: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return self.__dict__.copy()
-
-
-def _opt_int(v: Any) -> int | None:
-    try:
-        return int(v)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: a score of inf
-        return None
-
-
-def _queues_field(raw: str | None) -> list[str]:
-    if not raw:
-        return []
-    if raw.startswith("["):
-        try:
-            data = json.loads(raw)
-            return [str(x) for x in data] if isinstance(data, list) else [raw]
-        except ValueError:
-            return [raw]
-    return [p.strip() for p in raw.split(",") if p.strip()]
-
-
-def live_workers(client: redis.Redis, keys: QueueKeys) -> tuple[list[WorkerInfo], list[str]]:
-    """(live workers, ids whose hash has expired). A worker's hash expires when it stops
-    heart-beating, so presence of the hash is liveness; the ZSET only lists candidates."""
-    members: list[Any] = client.zrange(keys.workers, 0, -1, withscores=True)
-    if not members:
-        return [], []
-    pipe = client.pipeline(transaction=False)
-    for wid, _ in members:
-        pipe.hgetall(keys.worker(str(wid)))
-    hashes: list[dict[str, str]] = pipe.execute()
-    live: list[WorkerInfo] = []
-    gone: list[str] = []
-    for (wid, seen), h in zip(members, hashes, strict=True):
-        if not h:
-            gone.append(str(wid))
-            continue
-        live.append(
-            WorkerInfo(
-                id=str(wid),
-                queue=keys.queue,
-                last_seen_ms=_opt_int(seen) or 0,
-                host=h.get("host", ""),
-                pid=_opt_int(h.get("pid")),
-                queues=_queues_field(h.get("queues")),
-                started_ms=_opt_int(h.get("started_ms")),
-                last_heartbeat_ms=_opt_int(h.get("last_heartbeat_ms")),
-                in_flight=_opt_int(h.get("in_flight")),
-                concurrency=_opt_int(h.get("concurrency")),
-            )
-        )
-    return live, gone
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """The actions (POST only): cancel or requeue a job, pause / resume / remove a schedule. Each
 one first checks the read-only switch, the CSRF token and the Origin, so a refused request
-changes nothing; then redirects (303) to a page that names what was done."""
+changes nothing; then redirects (303) to a page that names what was done, or that nothing was
+(the call's answer decides the notice, never the button pressed)."""
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -15,9 +16,22 @@ from scheduler.core.keys import check_job_id
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.security import SESSION_COOKIE
 from scheduler.dashboard.store import Store
+from scheduler.schedules.recurring import check_schedule_name
 
 MAX_FORM_FIELDS = 600  # a page of 500 selected ids and the other fields
 MAX_FORM_BYTES = 100_000
+# Queue.cancel answers the state the job was in: these were cancelled, others left as they were.
+CANCELLABLE = frozenset({"due", "scheduled", "leased"})
+# What a schedule call answered -> the notice shown (render.NOTICES).
+SCHEDULE_NOTICES = {
+    "paused": "paused",
+    "resumed": "resumed",
+    "removed": "removed",
+    "already": "already-paused",  # pause of a paused schedule
+    "active": "not-paused",  # resume of an active one
+    "missing": "no-schedule",
+    "stale": "schedule-changed",  # resume raced a change of the definition
+}
 
 
 class ActionRefused(Exception):
@@ -77,14 +91,15 @@ class Actions:
 
     def _back(self, request: Request, path: str, notice: str, **extra: str | int) -> Response:
         base = request.scope.get("root_path", "")
-        query = "&".join([f"notice={notice}", *(f"{k}={v}" for k, v in extra.items())])
+        query = urlencode({"notice": notice, **extra})  # a state comes from Redis: encoded
         return RedirectResponse(f"{base}{path}?{query}", status_code=303)
 
     async def cancel(self, request: Request) -> Response:
         name, job_id = request.path_params["queue"], check_job_id(request.path_params["job_id"])
         await self.form(request)
         state = await run_in_threadpool(self.store.view(name).holder(job_id).cancel, job_id)
-        return self._back(request, f"/queues/{name}/jobs/{job_id}", "cancelled", state=state)
+        notice = "cancelled" if state in CANCELLABLE else "not-cancelled"
+        return self._back(request, f"/queues/{name}/jobs/{job_id}", notice, state=state)
 
     async def requeue(self, request: Request) -> Response:
         name, job_id = request.path_params["queue"], check_job_id(request.path_params["job_id"])
@@ -98,12 +113,15 @@ class Actions:
         await self.form(request)
         q = self.store.queue(name)
         calls = {
-            "pause": (q.pause_schedule, "paused"),
-            "resume": (q.resume_schedule, "resumed"),
-            "remove": (q.remove_schedule, "removed"),
+            "pause": q.pause_schedule,
+            "resume": q.resume_schedule,
+            "remove": q.remove_schedule,
         }
-        if verb not in calls:
+        call = calls.get(verb)
+        if call is None:
             raise BadArgument("the action must be pause, resume or remove")
-        call, notice = calls[verb]
-        await run_in_threadpool(call, sched)
+        answer = await run_in_threadpool(call, check_schedule_name(sched))
+        notice = SCHEDULE_NOTICES.get(answer)
+        if notice is None:  # an answer this version does not know: claim nothing
+            raise BadArgument(f"the schedule could not be {verb}d: the call answered {answer!r}")
         return self._back(request, "/schedules", notice)

@@ -4,7 +4,7 @@ Django project's ASGI router (docs/dashboard.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import redis
 from starlette.applications import Starlette
@@ -26,8 +26,10 @@ from scheduler.dashboard.store import Store
 class DashboardApp(GuardMiddleware):
     """The ASGI app create_app returns; `store` is its Redis reader (tests, embedding)."""
 
-    def __init__(self, app: Starlette, auth: Auth, store: Store) -> None:
-        super().__init__(app, auth)
+    def __init__(
+        self, app: Starlette, auth: Auth, store: Store, allowed_hosts: Collection[str] | None
+    ) -> None:
+        super().__init__(app, auth, allowed_hosts)
         self.store = store
 
 
@@ -40,6 +42,7 @@ def create_app(
     auth: Auth | None = None,
     secret: str | None = None,
     sample_every_s: float = 0.0,
+    allowed_hosts: Collection[str] | None = None,
 ) -> DashboardApp:
     """The dashboard app.
 
@@ -54,11 +57,16 @@ def create_app(
             unset, so several processes behind one balancer need it set).
         sample_every_s: ignored (kept for callers): the lateness chart reads the per-minute
             start lateness that claim stores in Redis, nothing is sampled.
+        allowed_hosts: the host names (no port) a request's Host header may name, else 400;
+            None: any. Without auth, a loopback address alone does not stop DNS rebinding,
+            so `scheduler dashboard` passes the loopback names and --host then.
     """
     if client is None:
         if url is None:
             raise BadArgument("create_app needs a Redis url or a client")
-        client = connect(url)  # one server or a Redis Cluster (core/connection.py)
+        # One server or a Redis Cluster (core/connection.py). Stored bytes that are not UTF-8
+        # are read as escapes (\xff), as the CLI reads them, instead of failing the page.
+        client = connect(url, encoding_errors="backslashreplace")
     store = Store(client, queues)
     render = Renderer(Csrf(secret), read_only)
     pages = Pages(store, render)
@@ -96,4 +104,4 @@ def create_app(
             ActionRefused: refused,
         },
     )
-    return DashboardApp(app, Auth.from_env() if auth is None else auth, store)
+    return DashboardApp(app, Auth.from_env() if auth is None else auth, store, allowed_hosts)

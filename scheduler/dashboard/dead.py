@@ -4,7 +4,12 @@ ones or all matching, after a confirmation page that states the count.
 The page itself is O(page): no filter is a ZRANGE page, an age filter a BYSCORE page (the dead
 ZSET's score is dead_ms), a task / error type filter a bounded scan that resumes from where
 the last page stopped. Only an action on "all matching" with a task / error filter walks every
-dead letter, and only after the operator asked for it (POST)."""
+dead letter, and only after the operator asked for it (POST).
+
+"All matching" is fixed when the confirmation page counts it: that page carries the highest
+dead_ms it counted (`upto_ms`) and the count, and the apply selects with the same cutoff, so a
+job that dies while the operator reads the page is not acted on; should more match anyway (a
+hand-written score, clocks of several cluster nodes), nothing is done and the page says so."""
 
 from __future__ import annotations
 
@@ -24,9 +29,11 @@ from scheduler.dashboard.actions import Actions, Form
 from scheduler.dashboard.logical import merge_jobs, merged_window
 from scheduler.dashboard.pages import DEFAULT_LIMIT, int_param
 from scheduler.operations import browsing
+from scheduler.operations.dead_letters import dead_converted, scan_dead
 from scheduler.operations.requests import Op
 
 _AGE = re.compile(r"([0-9]{1,9})\s*(s|m|h|d)")
+_FORM_INT = re.compile(r"[0-9]{1,15}")  # ASCII digits: '²'.isdigit() is True too
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
@@ -78,6 +85,24 @@ class DeadFilter:
 def _jobs_died_before(q: Queue, max_dead_ms: int, offset: int, limit: int) -> Op[list[Job]]:
     ids = yield from browsing.dead_ids_before(q.keys, max_dead_ms, offset, limit)
     return (yield from q.ops.get_jobs(ids))
+
+
+def _dead_upto(q: Queue, max_dead_ms: int, f: DeadFilter) -> Op[list[str]]:
+    """Ids of the dead letters that died at or before `max_dead_ms` and match `f`."""
+    yield from dead_converted()
+    found = yield from scan_dead(
+        q.keys, max_dead_ms=max_dead_ms, task=f.task, error_type=f.error_type
+    )
+    return [i for _, i in found]
+
+
+def _form_int(form: Form, name: str) -> int | None:
+    raw = form.get(name)
+    if raw == "":
+        return None
+    if not _FORM_INT.fullmatch(raw):
+        raise BadArgument(f"{name} must be a whole number")
+    return int(raw)
 
 
 class DeadPages(Actions):
@@ -152,30 +177,32 @@ class DeadPages(Actions):
         self.store.view(name)  # the queue name is checked before anything is counted
         return action, scope, f, ids
 
-    def _matching_ids(self, name: str, f: DeadFilter) -> list[str]:
-        age = parse_age_ms(f.older_than)
-        view = self.store.view(name)
-        return view.dead_ids(task=f.task, error_type=f.error_type, older_than_ms=age)
+    def _cutoff(self, name: str, f: DeadFilter) -> int:
+        """The highest dead_ms "all matching" takes now: the age filter's, else the ms before
+        the server's now (a job dying after this read is not counted)."""
+        age = parse_age_ms(f.older_than) or 0
+        return self.store.now_ms(name) - max(age, 1)
 
-    def _matching_count(self, name: str, f: DeadFilter) -> int:
+    def _matching_ids(self, name: str, f: DeadFilter, cutoff: int) -> list[str]:
+        found = self.store.view(name).run_each(lambda q: _dead_upto(q, cutoff, f))
+        return [i for ids in found for i in ids]
+
+    def _matching_count(self, name: str, f: DeadFilter, cutoff: int) -> int:
         if f.by_record:
-            return len(self._matching_ids(name, f))
-        counts = self.store.counts(name)
-        max_dead_ms = f.max_dead_ms(counts.now_ms)
-        if max_dead_ms is None:
-            return counts.dead
-        cutoff = max_dead_ms
-        return sum(
-            self.store.view(name).run_each(lambda q: browsing.dead_count_before(q.keys, cutoff))
-        )
+            return len(self._matching_ids(name, f, cutoff))
+        view = self.store.view(name)
+        return sum(view.run_each(lambda q: browsing.dead_count_before(q.keys, cutoff)))
 
     async def confirm(self, request: Request) -> Response:
         name = request.path_params["queue"]
         form = await self.form(request)
         action, scope, f, ids = self._selection(name, form)
-        count = len(ids) if scope == "selected" else None
-        if count is None:
-            count = await run_in_threadpool(self._matching_count, name, f)
+        upto_ms = None
+        if scope == "selected":
+            count = len(ids)
+        else:
+            upto_ms = await run_in_threadpool(self._cutoff, name, f)
+            count = await run_in_threadpool(self._matching_count, name, f, upto_ms)
         return self.render.page(
             request,
             "confirm.html",
@@ -185,6 +212,7 @@ class DeadPages(Actions):
             ids=ids,
             filters=f.as_dict(),
             count=count,
+            upto_ms=upto_ms,
         )
 
     async def apply(self, request: Request) -> Response:
@@ -192,9 +220,20 @@ class DeadPages(Actions):
         form = await self.form(request)
         action, scope, f, ids = self._selection(name, form)
 
+        # From the confirmation page: the cutoff it counted with and the count it stated.
+        upto_ms, confirmed = _form_int(form, "upto_ms"), _form_int(form, "count")
+
         def run() -> int:
             view = self.store.view(name)
-            chosen = ids if scope == "selected" else self._matching_ids(name, f)
+            chosen = ids
+            if scope == "matching":
+                cutoff = self._cutoff(name, f) if upto_ms is None else upto_ms
+                chosen = self._matching_ids(name, f, cutoff)
+                if confirmed is not None and len(chosen) > confirmed:
+                    raise BadArgument(
+                        f"{len(chosen)} dead letters match now, the confirmation stated "
+                        f"{confirmed}: nothing was done; confirm again from the dead letters page"
+                    )
             return view.requeue_dead(chosen) if action == "requeue" else view.purge_dead(chosen)
 
         n = await run_in_threadpool(run)

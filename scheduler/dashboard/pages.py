@@ -3,6 +3,7 @@ the live refresh polls. Nothing here writes job state."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -11,13 +12,13 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from scheduler.admin.health import at_node, check_server, read_server, server_nodes
 from scheduler.core.errors import BadArgument, JobNotFound
 from scheduler.core.keys import check_job_id
-from scheduler.core.models import JobState
+from scheduler.core.models import Job, JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.logical import merge_jobs, merged_window
 from scheduler.dashboard.reasons import flow_settings, why_not_running
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import schedule_rows
-from scheduler.dashboard.store import Store
+from scheduler.dashboard.store import WORKERS_LISTED, Store
 from scheduler.operations import browsing
 from scheduler.operations.inspecting import LISTABLE
 
@@ -31,13 +32,15 @@ SERVER_FACTS = (
     "rdb_last_bgsave_status",
     "rdb_changes_since_last_save",
 )
+# Only ASCII digits: str.isdigit() also accepts '²' and other digits int() refuses.
+_WHOLE = re.compile(r"[0-9]{1,12}")
 
 
 def int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
     raw = request.query_params.get(name, "")
     if raw == "":
         return default
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
+    if not _WHOLE.fullmatch(raw) or not lo <= int(raw) <= hi:
         raise BadArgument(f"{name} must be a whole number in [{lo}, {hi}]")
     return int(raw)
 
@@ -47,6 +50,12 @@ def text_param(request: Request, name: str, max_len: int = 200) -> str | None:
     if len(value) > max_len:
         raise BadArgument(f"{name} is longer than {max_len} characters")
     return value or None
+
+
+def error_entries(job: Job) -> list[dict[str, Any]]:
+    """The error history, newest first: only its objects (the stored list may be written by
+    hand and hold anything; the template reads each entry's fields)."""
+    return [e for e in reversed(job.errors) if isinstance(e, dict)]
 
 
 class Pages:
@@ -136,7 +145,7 @@ class Pages:
                 request, "missing.html", status_code=404, queue=name, job_id=job_id
             )
         now_ms = self.store.now_ms(q.name)  # one TIME, not the counts script
-        workers = self.store.workers(name)
+        workers = self.store.live_worker_count(name)  # bounded: not the whole workers ZSET
         token = job.token or ""
         fence = token.split("-", 1)[0] if token else ""
         lease_left = None
@@ -150,9 +159,9 @@ class Pages:
             now_ms=now_ms,
             fence=fence,
             lease_left_ms=lease_left,
-            reasons=why_not_running(job, now_ms, len(workers)),
+            reasons=why_not_running(job, now_ms, workers),
             flow=flow_settings(job),
-            errors=list(reversed(job.errors)),  # newest first
+            errors=error_entries(job),
             fields=sorted(job.fields.items()),
             can_cancel=job.state in (JobState.DUE, JobState.SCHEDULED, JobState.LEASED),
             can_requeue=job.state == JobState.DEAD,
@@ -166,11 +175,15 @@ class Pages:
         return self.render.page(request, "schedules.html", schedules=rows)
 
     def workers(self, request: Request) -> Response:
-        rows = []
+        rows, cut = [], False
         for name in self.store.queue_names():
-            rows += self.store.workers(name)
+            found, more = self.store.workers(name)
+            rows += found
+            cut = cut or more
         now_ms = self.store.now_ms()  # one TIME, not a counts script of the first queue
-        return self.render.page(request, "workers.html", workers=rows, now_ms=now_ms)
+        return self.render.page(
+            request, "workers.html", workers=rows, now_ms=now_ms, cut=cut, listed=WORKERS_LISTED
+        )
 
     def health(self, request: Request) -> Response:
         findings, facts = [], []

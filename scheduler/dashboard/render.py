@@ -4,9 +4,11 @@ attacker-controlled text), the display filters, and the CSRF session each page c
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jinja2
@@ -17,6 +19,8 @@ from scheduler.core.safety import clean
 from scheduler.dashboard.security import SESSION_COOKIE, Csrf
 
 HERE = Path(__file__).resolve().parent
+# Only ASCII digits: str.isdigit() also accepts '²' and other digits int() refuses.
+_COUNT = re.compile(r"[0-9]{1,9}")
 
 
 def fmt_time(ms: int | None, tz: str = "UTC") -> str:
@@ -66,6 +70,12 @@ def _clean(text: Any) -> str:
     return clean(text, keep_newlines=True)
 
 
+def url_part(text: Any) -> str:
+    # One path segment: '/', '?', '#' and '%' encoded too (Jinja's urlencode keeps '/'), so a
+    # stored name cannot move a link or a form's action to another route.
+    return quote(str(text), safe="")
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -74,7 +84,9 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(time=fmt_time, duration=fmt_duration, pretty=pretty_json, clean=_clean)
+    env.filters.update(
+        time=fmt_time, duration=fmt_duration, pretty=pretty_json, clean=_clean, url_part=url_part
+    )
     return env
 
 
@@ -84,9 +96,14 @@ NOTICES = {
     "requeued": "Requeued {n} dead job(s).",
     "purged": "Purged {n} dead job(s).",
     "cancelled": "Cancelled the job (it was {state}).",
+    "not-cancelled": "Nothing cancelled: the job was already {state}.",
     "paused": "Paused the schedule.",
     "resumed": "Resumed the schedule.",
     "removed": "Removed the schedule.",
+    "already-paused": "Nothing changed: the schedule was already paused.",
+    "not-paused": "Nothing changed: the schedule was not paused.",
+    "no-schedule": "Nothing changed: there is no such schedule (removed meanwhile?).",
+    "schedule-changed": "Nothing changed: the schedule was changed meanwhile; try again.",
 }
 STATES = {"due", "scheduled", "leased", "done", "dead", "cancelled", "missing"}
 
@@ -96,7 +113,7 @@ def notice_text(request: Request) -> str:
     if template is None:
         return ""
     raw_n = request.query_params.get("n", "0")
-    n = int(raw_n) if raw_n.isdigit() and len(raw_n) < 10 else 0
+    n = int(raw_n) if _COUNT.fullmatch(raw_n) else 0
     state = request.query_params.get("state", "")
     return template.format(n=n, state=state if state in STATES else "?")
 

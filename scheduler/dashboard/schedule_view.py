@@ -3,22 +3,39 @@ the occurrence before the pending one (its job, read by id: O(1) per schedule)."
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from scheduler.core.errors import SchedulerError
+from scheduler.core.errors import BadArgument, SchedulerError
 from scheduler.dashboard.store import Store
 from scheduler.schedules.cron_slots import cron_slots_after, cron_slots_upto
-from scheduler.schedules.recurring import Schedule
+from scheduler.schedules.recurring import Schedule, check_schedule_name
 
 NEXT_RUNS = 3
 # An occurrence's job id is 'schedule:<name>:<slot ms>' (lua/lib/schedule.lua occurrence_id).
 OCCURRENCE_PREFIX = "schedule:"
+# A slot is a server time in ms: ASCII digits only ('²'.isdigit() is True, int('²') fails),
+# and short enough for a date (a longer one overflows the cron arithmetic).
+_SLOT = re.compile(r"[0-9]{1,15}")
+# Stored text is hostile input: a cron/time computation on it may raise any of these.
+_UNREADABLE = (SchedulerError, ValueError, KeyError, OverflowError)
 
 
 def _slot_of(pending: str, name: str) -> int | None:
     head = f"{OCCURRENCE_PREFIX}{name}:"
     tail = pending[len(head) :] if pending.startswith(head) else ""
-    return int(tail) if tail.isdigit() else None
+    return int(tail) if _SLOT.fullmatch(tail) else None
+
+
+def actionable(name: str) -> bool:
+    """A name the buttons may put in a URL path: a valid schedule name (the set of names is
+    writable by any producer) other than '.' and '..' (a browser resolves those as dot
+    segments: the form would post elsewhere)."""
+    try:
+        check_schedule_name(name)
+    except BadArgument:
+        return False
+    return name not in (".", "..")
 
 
 def next_runs(s: Schedule, now_ms: int) -> list[int]:
@@ -30,7 +47,7 @@ def next_runs(s: Schedule, now_ms: int) -> list[int]:
             rest = cron_slots_after(s.cron, s.tz or "UTC", after, NEXT_RUNS)
             runs = ([first] if first is not None else []) + [r + s.offset_ms for r in rest]
             return runs[:NEXT_RUNS]
-    except (SchedulerError, ValueError, KeyError):
+    except _UNREADABLE:
         return [first] if first is not None else []
     if first is None or s.every_ms <= 0:
         return [first] if first is not None else []
@@ -46,7 +63,7 @@ def previous_slot(s: Schedule, now_ms: int) -> int | None:
             upto = (slot - 1) if slot is not None else now_ms
             found = cron_slots_upto(s.cron, s.tz or "UTC", upto, 1)
             return found[-1] if found else None
-    except (SchedulerError, ValueError, KeyError):
+    except _UNREADABLE:
         return None
     if slot is not None and s.every_ms > 0:
         return slot - s.every_ms
@@ -61,6 +78,8 @@ def schedule_rows(store: Store, name: str) -> list[dict[str, Any]]:
     now_ms = q.counts().now_ms
     prev_ids: dict[str, str] = {}
     for s in schedules:
+        if not actionable(s.name):
+            continue  # no occurrence id is built from a name that is not one
         slot = previous_slot(s, now_ms)
         if slot is not None and slot >= 0:
             prev_ids[s.name] = f"{OCCURRENCE_PREFIX}{s.name}:{slot}"
@@ -74,6 +93,7 @@ def schedule_rows(store: Store, name: str) -> list[dict[str, Any]]:
             {
                 "queue": q.name,
                 "s": s,
+                "valid": actionable(s.name),  # else shown flagged, without buttons
                 "tz": s.tz or "UTC",
                 "next_runs": next_runs(s, now_ms),
                 "last_id": prev.id if prev else None,

@@ -1,6 +1,7 @@
-"""The dashboard's guards: who may connect (bind address vs auth), who may look and act (basic
-auth or a token from the environment), CSRF tokens on every POST, and the response headers
-(a strict content security policy: no inline script or style, nothing from elsewhere)."""
+"""The dashboard's guards: who may connect (bind address vs auth), which Host names it answers
+(DNS rebinding), who may look and act (basic auth or a token from the environment), CSRF tokens
+on every POST, and the response headers (a strict content security policy: no inline script or
+style, nothing from elsewhere)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import base64
 import hashlib
 import hmac
 import os
+import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,6 +22,8 @@ ENV_AUTH = "SCHEDULER_DASHBOARD_AUTH"  # "user:password" for HTTP basic auth
 ENV_TOKEN = "SCHEDULER_DASHBOARD_TOKEN"  # a bearer token (or the basic-auth password)
 ENV_SECRET = "SCHEDULER_DASHBOARD_SECRET"  # signs CSRF tokens; shared by several processes
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+# A Host header: a name or IPv4 address, or a bracketed IPv6 address; an optional port.
+_HOST_HEADER = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\[\]:]+)(?::[0-9]{1,5})?")
 SESSION_COOKIE = "sched_dash_session"
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -94,6 +98,22 @@ def check_bind(host: str, auth: Auth) -> None:
         )
 
 
+def _host_key(name: str) -> str:
+    return name.strip().strip("[]").lower()  # '[::1]' and '::1' are one address
+
+
+def local_hosts(host: str, extra: Collection[str] = ()) -> frozenset[str]:
+    """The Host names a loopback dashboard without auth answers: the loopback names, the bind
+    address and `extra` (e.g. the name a local proxy forwards)."""
+    return frozenset(map(_host_key, (*LOCAL_HOSTS, host, *extra)))
+
+
+def host_name(header: str) -> str | None:
+    """The host part of a Host header, lower case, IPv6 without brackets; None if malformed."""
+    m = _HOST_HEADER.fullmatch(header.strip())
+    return _host_key(m.group(1)) if m else None
+
+
 class Csrf:
     """CSRF tokens bound to a random per-browser session cookie: token = HMAC(secret, session).
     A cross-site form post has neither the cookie (SameSite=Strict) nor the token."""
@@ -115,32 +135,45 @@ class Csrf:
         return hmac.compare_digest(self.token(session), token)
 
 
-class GuardMiddleware:
-    """Pure ASGI: the auth check before anything else, and the security headers on every
-    response (also on errors and static files)."""
+async def _refuse(send: Send, status: int, body: bytes, *extra: tuple[bytes, bytes]) -> None:
+    headers = [*extra, (b"content-type", b"text/plain; charset=utf-8"), *HEADERS]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
-    def __init__(self, app: ASGIApp, auth: Auth) -> None:
+
+class GuardMiddleware:
+    """Pure ASGI: the Host check (when `allowed_hosts` is set) and the auth check before
+    anything else, and the security headers on every response (also on errors and static
+    files).
+
+    Without auth, a loopback address alone does not keep other sites out: a page of
+    attacker.example whose name the attacker re-points to 127.0.0.1 (DNS rebinding) is
+    same-origin with itself, reads the pages and their CSRF token and posts; its requests
+    carry `Host: attacker.example`, hence the Host check."""
+
+    def __init__(
+        self, app: ASGIApp, auth: Auth, allowed_hosts: Collection[str] | None = None
+    ) -> None:
         self.app = app
         self.auth = auth
+        self.allowed_hosts = (
+            None if allowed_hosts is None else frozenset(map(_host_key, allowed_hosts))
+        )
+
+    def host_allowed(self, header: str) -> bool:
+        return self.allowed_hosts is None or host_name(header) in self.allowed_hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if not self.host_allowed(headers.get("host", "")):
+            await _refuse(send, 400, b"unknown Host header: use an address the dashboard serves\n")
+            return
         if not self.auth.allows(headers.get("authorization", "")):
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [
-                        (b"www-authenticate", b'Basic realm="scheduler dashboard"'),
-                        (b"content-type", b"text/plain; charset=utf-8"),
-                        *HEADERS,
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": b"authentication required\n"})
+            realm = (b"www-authenticate", b'Basic realm="scheduler dashboard"')
+            await _refuse(send, 401, b"authentication required\n", realm)
             return
 
         async def with_headers(message: Message) -> None:

@@ -27,6 +27,10 @@ T = TypeVar("T")
 DISCOVER_EVERY_S = 60.0  # a SCAN of the keyspace: at most once a minute, never per page
 SERIES_FIELDS = (*STAT_FIELDS, *browsing.LATENESS_FIELDS)
 MAX_CACHED = 10_000  # queue names a cache keeps: they come from URLs, so any number may come
+# The workers ZSET is written by every worker (and by anyone holding the app role): read a
+# bounded number of its newest entries, never all of it, per page.
+WORKERS_LISTED = 200  # per queue (partition) on /workers: one HGETALL each
+WORKERS_PROBED = 20  # per queue (partition) on a job page: one EXISTS for all of them
 
 
 class Store:
@@ -177,12 +181,29 @@ class Store:
             "late_mean_ms": [lateness_mean(r) for r in series],
         }
 
-    def workers(self, name: str) -> list[dict[str, Any]]:
-        """Live workers of the queue (of any of its partitions), each once."""
+    def workers(self, name: str) -> tuple[list[dict[str, Any]], bool]:
+        """(live workers of the queue, of any of its partitions, each once; whether a
+        partition's list was cut at WORKERS_LISTED most recently seen entries)."""
         rows: dict[str, dict[str, Any]] = {}
+        cut = False
         for q in self.view(name).parts:
-            live, _gone = live_workers(self.client, q.keys)
+            live, gone = live_workers(self.client, q.keys, limit=WORKERS_LISTED)
+            cut = cut or len(live) + len(gone) >= WORKERS_LISTED
             for w in live:
-                row = w.to_json()
-                rows.setdefault(w.id, row)
-        return list(rows.values())
+                rows.setdefault(w.id, w.to_json())
+        return list(rows.values()), cut
+
+    def live_worker_count(self, name: str) -> int:
+        """Live workers among each partition's WORKERS_PROBED most recently seen, whatever the
+        size of the workers ZSET: one ZRANGE and one EXISTS each (a job page only asks whether
+        any is alive). A live worker beats every few seconds, so it is among the newest."""
+        n = 0
+        for q in self.view(name).parts:
+            ids = [str(i) for i in _newest_workers(self.client, q.keys, WORKERS_PROBED)]
+            n += int(self.client.exists(*map(q.keys.worker, ids))) if ids else 0
+        return n
+
+
+def _newest_workers(client: redis.Redis, keys: QueueKeys, n: int) -> list[Any]:
+    # BYSCORE REV: the ACL roles of docs/security.md allow ZRANGE, not ZREVRANGE.
+    return client.zrange(keys.workers, "+inf", "-inf", desc=True, byscore=True, offset=0, num=n)

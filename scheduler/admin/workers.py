@@ -1,0 +1,85 @@
+"""The live workers of a queue, as operators see them (`scheduler workers`, the doctor, the
+dashboard): read from the workers ZSET and each worker's presence hash. Nothing here writes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from scheduler.core.keys import QueueKeys
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    queue: str
+    last_seen_ms: int
+    host: str
+    pid: int | None
+    queues: list[str]
+    started_ms: int | None
+    last_heartbeat_ms: int | None
+    in_flight: int | None
+    concurrency: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def _opt_int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a score of inf
+        return None
+
+
+def _queues_field(raw: str | None) -> list[str]:
+    if not raw:
+        return []
+    if raw.startswith("["):
+        try:
+            data = json.loads(raw)
+            return [str(x) for x in data] if isinstance(data, list) else [raw]
+        except ValueError:
+            return [raw]
+    return [p.strip() for p in raw.split(",") if p.strip()]
+
+
+def live_workers(
+    client: redis.Redis, keys: QueueKeys, limit: int = -1
+) -> tuple[list[WorkerInfo], list[str]]:
+    """(live workers, ids whose hash has expired) of the newest `limit` entries (-1: all). A
+    worker's hash expires when it stops heart-beating: its presence is liveness."""
+    members: list[Any] = client.zrange(  # BYSCORE REV: the ACL roles have ZRANGE, not ZREVRANGE
+        keys.workers, "+inf", "-inf", desc=True, byscore=True, offset=0, num=limit, withscores=True
+    )
+    if not members:
+        return [], []
+    pipe = client.pipeline(transaction=False)
+    for wid, _ in members:
+        pipe.hgetall(keys.worker(str(wid)))
+    hashes: list[dict[str, str]] = pipe.execute()
+    live: list[WorkerInfo] = []
+    gone: list[str] = []
+    for (wid, seen), h in zip(members, hashes, strict=True):
+        if not h:
+            gone.append(str(wid))
+            continue
+        live.append(
+            WorkerInfo(
+                id=str(wid),
+                queue=keys.queue,
+                last_seen_ms=_opt_int(seen) or 0,
+                host=h.get("host", ""),
+                pid=_opt_int(h.get("pid")),
+                queues=_queues_field(h.get("queues")),
+                started_ms=_opt_int(h.get("started_ms")),
+                last_heartbeat_ms=_opt_int(h.get("last_heartbeat_ms")),
+                in_flight=_opt_int(h.get("in_flight")),
+                concurrency=_opt_int(h.get("concurrency")),
+            )
+        )
+    return live, gone
