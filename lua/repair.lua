@@ -1,27 +1,34 @@
 --[[ repair: doctor --fix's job moves, made by the same lib/job.lua moves as the transitions,
   so a repair and a claim park a job identically. Each move first checks, in the same atomic
   step, that the id is still where doctor's plan found it (ARGV[3], and its lease ARGV[4]): a job
-  claimed, reaped, finished or requeued since the check is not moved (reply 0). Sent by
+  claimed, reaped, finished or requeued since the check is not moved (reply 0). A job set aside
+  by flow control (in flow:held: a key limit, a rate window, parents not done) is in due, as
+  doctor reads it; no move takes it out of its hold but 'unlist' of due. Sent by
   scheduler/admin/doctor.py inside its WATCH/MULTI (it re-read the job first), with doctor's
   server-time reading as now.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held, flow:waiting, flow:children:<id>
-  ARGV[1] move   ARGV[2] id
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
+  ARGV[1] move   ARGV[2] id: any id stored in a place, up to STORED_ID_MAX bytes (a hand-written
+          id no API would make, e.g. with a space, is still an id doctor must be able to move)
   ARGV[3] expect: the places the id is in now, in the order due,leased,dead, comma-joined
           ('' = none of them)
   ARGV[4] lease_until_ms: the id's score in leased must be this ('' = not checked)
   ARGV[5] now_ms
   ARGV[6..] by move:
-    'dead'    park the job (lib dead_letter): ARGV[6] reason, ARGV[7] dead_ms (when it died);
-              as fail's park, its key slot is freed and its waiting children parked (lib/flow.lua)
+    'dead'    park the job (lib dead_letter): ARGV[6] reason (1..200 bytes), ARGV[7] dead_ms
+              (when it died); as fail's park, its key slot is freed and its waiting children
+              parked (lib/flow.lua). Not a held job (reply 0): claim parks it when it runs.
     'due'     into due (lib flow_to_due, off leased: its key slot freed, back into its priority
               index) at ARGV[6] run_at_ms; state 'due', no worker, no expiry, wake idle workers
               (as claim's reaper and release do)
-    'unlist'  off the places in ARGV[6] (comma-joined; dead through lib dead_unlist), then
+    'unlist'  off the places in ARGV[6] (comma-joined; dead through lib dead_unlist; due, for
+              a held job, out of its hold sets: flow:held, flow:rheld, flow:waiting and its
+              key's flow:ckheld, the reason fields dropped; not its key's leases), then
               state := ARGV[7]; ARGV[7] '' = the job is gone: only while neither its hash nor
               its spec record exists (lib job_exists: a pending job is its spec alone)
     'state'   state := ARGV[6], the one expected place; worker dropped unless 'leased'
-    'score'   its score in the one expected place (due or leased) := now_ms
+    'score'   its score in the one expected place (due or leased; flow:held for a held job)
+              := now_ms
     'persist' drop the expiry of a job in a place (its hash and its spec record)
     'expire'  a record in no place expires in ARGV[6] ttl_ms (its hash and its spec record)
   A job that is its spec record alone gets no hash from 'due' or 'state' due (claim creates
@@ -40,8 +47,11 @@ local move, id, expect, lease_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local MOVES = { dead = true, due = true, unlist = true, state = true, score = true,
   persist = true, expire = true }
 local PLACE_KEY = { due = due, leased = leased, dead = dead }
+local STORED_ID_MAX = 1024
 if not MOVES[move] then return redis.error_reply('BAD_ARGUMENT move=' .. tostring(move)) end
-if not job_id_ok(id) then return redis.error_reply('BAD_ARGUMENT id=') end
+if type(id) ~= 'string' or id == '' or #id > STORED_ID_MAX then
+  return redis.error_reply('BAD_ARGUMENT id=')
+end
 if type(expect) ~= 'string' or not string.find(expect, '^[a-z,]*$') then
   return redis.error_reply('BAD_ARGUMENT expect=')
 end
@@ -84,9 +94,15 @@ if err then return err end
 -- Where the id is now; dead_migrate first, so the dead key is the ZSET (doctor converts an
 -- older LIST before it checks: a conversion still under way means its plan is not current).
 if dead_migrate(prefix, now) > 0 then return 0 end
-local here = {}
+local here, held = {}, false
 for _, p in ipairs({ 'due', 'leased', 'dead' }) do
-  if redis.call('ZSCORE', PLACE_KEY[p], id) then here[#here + 1] = p end
+  local at = redis.call('ZSCORE', PLACE_KEY[p], id)
+  if not at and p == 'due' then
+    -- Set aside by flow control: due, as doctor reads it (flow:held of another type: not held).
+    held = type(redis.pcall('ZSCORE', prefix .. 'flow:held', id)) == 'string'
+    at = held
+  end
+  if at then here[#here + 1] = p end
 end
 if table.concat(here, ',') ~= expect then return 0 end
 if lease_until ~= nil and tonumber(redis.call('ZSCORE', leased, id)) ~= lease_until then
@@ -94,7 +110,20 @@ if lease_until ~= nil and tonumber(redis.call('ZSCORE', leased, id)) ~= lease_un
 end
 
 local jk = job_key(prefix, id)
+
+-- A held job leaves its hold sets (not its key's leases: a job also leased keeps its slot).
+local function unhold()
+  local ckey = flow_load(jk).ckey
+  for _, set in ipairs({ 'flow:held', 'flow:rheld', 'flow:waiting' }) do
+    redis.call('ZREM', prefix .. set, id)
+  end
+  if ckey ~= '' then redis.call('ZREM', prefix .. 'flow:ckheld:' .. ckey, id) end
+  redis.call('HDEL', jk, 'flow_reason', 'waiting_for', 'parents')
+end
+
 if move == 'dead' then
+  -- Never out of a hold (a waiting child stays waiting): claim parks it once it is released.
+  if held then return 0 end
   -- As claim's park: a schedule's pending occurrence parked here arms the schedule's next one.
   local name = redis.pcall('HGET', jk, 'schedule')
   if not schedule_name_ok(name) then name = string.match(id, '^schedule:([%w_.%-]+):%d+$') end
@@ -117,7 +146,13 @@ elseif move == 'due' then
 elseif move == 'unlist' then
   if (state == '') == job_exists(prefix, id) then return 0 end
   for _, p in ipairs(drop) do
-    if p == 'dead' then dead_unlist(prefix, id, now) else redis.call('ZREM', PLACE_KEY[p], id) end
+    if p == 'dead' then
+      dead_unlist(prefix, id, now)
+    elseif p == 'due' and held then
+      unhold()
+    else
+      redis.call('ZREM', PLACE_KEY[p], id)
+    end
   end
   if state ~= '' then redis.call('HSET', jk, 'state', state) end
 elseif move == 'state' then
@@ -125,7 +160,7 @@ elseif move == 'state' then
   redis.call('HSET', jk, 'state', state)
   if state ~= 'leased' then redis.call('HDEL', jk, 'worker') end
 elseif move == 'score' then
-  redis.call('ZADD', PLACE_KEY[expect], 'XX', now, id)
+  redis.call('ZADD', held and (prefix .. 'flow:held') or PLACE_KEY[expect], 'XX', now, id)
 elseif move == 'persist' then
   if expect == '' then return 0 end
   redis.call('PERSIST', jk)

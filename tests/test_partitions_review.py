@@ -178,3 +178,23 @@ def test_result_waits_on_the_jobs_partition(pq: PartitionedQueue) -> None:
     part.complete(job.id, job.token, {"ok": 1})
     assert hasattr(pq, "result"), "PartitionedQueue has no result()"
     assert pq.result(jid, timeout_s=2) == {"ok": 1}
+
+
+def test_purge_dead_of_a_str_is_refused_not_split(pq: PartitionedQueue) -> None:
+    """A str would be read as one-letter ids, each routed and purged if dead: refused."""
+    with pytest.raises(BadArgument, match="list of job ids"):
+        pq.purge_dead("ab")
+    with pytest.raises(BadArgument, match="list of job ids"):
+        pq.requeue_dead("ab")
+
+
+def test_a_dead_id_no_api_would_make_still_routes_for_purge(
+    client: redis.Redis, pq: PartitionedQueue
+) -> None:
+    """The dead list may hold ids claim parked as invalid (a space in a hand-written id): the
+    partitioned purge routes any str by its hash, as before, instead of refusing it."""
+    bad = "bad id"
+    part = pq.parts[pq.layout.partition_of_id(bad)]
+    client.zadd(part.keys.dead, {bad: 1})
+    assert pq.purge_dead([bad]) == 1
+    assert client.zscore(part.keys.dead, bad) is None

@@ -344,9 +344,10 @@ local function flow_fill(prefix, due, now, limit, examine)
 end
 
 -- Dependencies (enqueue after=[ids]). A waiting job is due-but-held: in flow:held and
--- flow:waiting (id -> run_at_ms), not in due, with `waiting_for` (parents not done yet) and
--- the reason; each parent not done lists it in flow:children:<parent> and carries `kids` = '1'
--- (so complete finds children without an extra read on the plain path).
+-- flow:waiting (id -> run_at_ms), not in due, with `waiting_for` (parents not done yet),
+-- `parents` (the ids it was set waiting for, space-separated) and the reason; each parent not
+-- done lists it in flow:children:<parent> and carries `kids` = '1' (so complete finds children
+-- without an extra read on the plain path).
 
 -- Where each parent stands, checked before enqueue writes anything: a list of
 -- {id, 'done' | 'pending' | 'dead' | 'cancelled'}, one per distinct parent, or nil and the
@@ -404,8 +405,22 @@ local function flow_wait(prefix, id, jk, run_at, parents, now)
   redis.call('ZADD', prefix .. 'flow:held', run_at, id)
   redis.call('ZADD', prefix .. 'flow:waiting', run_at, id)
   redis.call('HSET', jk, 'waiting_for', fmt(#pending), 'flow_reason',
-    'waiting for ' .. fmt(#pending) .. ' jobs')
+    'waiting for ' .. fmt(#pending) .. ' jobs', 'parents', table.concat(pending, ' '))
   return true
+end
+
+-- Does the waiting child whose `parents` field is `listed` (HGET/HMGET value) wait for `pid`?
+-- A child that left its wait another way (parked by another parent, cancelled) stays in its
+-- other parents' flow:children sets until they end, and once its record is gone (purged,
+-- trimmed, expired) its id may be enqueued again to wait for other jobs: a parent's end counts
+-- only for a child that lists it. Checked here, where a parent ends, not by cleaning every
+-- parent's set when a child leaves: one field more in a read the parent's end makes anyway,
+-- and it covers every way out (none of them, nor the plain path, pays for it). A child of an
+-- older version (no field), or one whose field is no list of ids (edited by hand, an error
+-- reply), is taken as listed: the set is trusted, as before.
+local function flow_lists(listed, pid)
+  if type(listed) ~= 'string' or not string.find(listed, '^[%w_.:%- ]+$') then return true end
+  return string.find(' ' .. listed .. ' ', ' ' .. pid .. ' ', 1, true) ~= nil
 end
 
 -- A parent's waiting children (flow:children:<id>): none when the key was made another type by
@@ -416,28 +431,28 @@ local function flow_children(ck)
   return ids
 end
 
--- A parent is done: each waiting child counts it; one with no parent left is due (at its own
--- run_at: never early). Reached from complete after its first write (leased ZREMed), so no
--- hand-edited child may make it raise (Redis keeps the partial writes: the parent, and every
--- later job of the call, would be left in neither leased nor due): the count is read with the
--- strict reader and written back with HSET (no HINCRBY, which errors on a non-integer), and a
--- child key of another type is skipped (left waiting and held, for doctor: it cannot take the
--- hash fields flow_unhold writes).
+-- A parent is done: each waiting child that lists it (flow_lists) counts it; one with no
+-- parent left is due (at its own run_at: never early). Reached from complete after its first
+-- write (leased ZREMed), so no hand-edited child may make it raise (Redis keeps the partial
+-- writes: the parent, and every later job of the call, would be left in neither leased nor
+-- due): the count is read with the strict reader and written back with HSET (no HINCRBY, which
+-- errors on a non-integer), and a child key of another type is skipped (left waiting and held,
+-- for doctor: it cannot take the hash fields flow_unhold writes).
 local function flow_parent_done(prefix, id)
   local ck = prefix .. 'flow:children:' .. id
   for _, cid in ipairs(flow_children(ck)) do
     local run_at = redis.call('ZSCORE', prefix .. 'flow:waiting', cid)
     local cjk = job_key(prefix, cid)
-    local n = run_at and redis.pcall('HGET', cjk, 'waiting_for')
-    if run_at and type(n) ~= 'table' then
+    local v = run_at and redis.pcall('HMGET', cjk, 'waiting_for', 'parents')
+    if run_at and not v.err and flow_lists(v[2], id) then
       -- An unreadable count (edited by hand, or gone) counts as this parent alone, so the child
       -- becomes due now: no parent's end could ever bring a count nobody can read to 0 (the
-      -- child does not list its parents to recount them, and doctor does not recount), and a
-      -- child run early is the lesser harm than one waiting forever.
-      local left = (parse_int(n, 1, FLOW_LIM.after) or 1) - 1
+      -- count is not rebuilt from `parents`, which does not say which are done, and doctor
+      -- does not recount), and a child run early is the lesser harm than one waiting forever.
+      local left = (parse_int(v[1], 1, FLOW_LIM.after) or 1) - 1
       if left <= 0 then
         redis.call('ZREM', prefix .. 'flow:waiting', cid)
-        redis.call('HDEL', cjk, 'waiting_for')
+        redis.call('HDEL', cjk, 'waiting_for', 'parents')
         flow_unhold(prefix, cid, run_at)
       else
         redis.call('HSET', cjk, 'waiting_for', fmt(left), 'flow_reason',
@@ -449,11 +464,11 @@ local function flow_parent_done(prefix, id)
   redis.call('HDEL', job_key(prefix, id), 'kids')
 end
 
--- A parent ended dead or cancelled (`word`): its waiting children are parked with the reason,
--- and theirs in turn ('parent dead: <child>'), the whole subtree in this script. Reached after
--- the callers' first writes (fail, cancel, claim's reaper and parks): a child key of another
--- type is parked by its id alone, as claim parks a key that is not a hash, instead of raising
--- on its hash writes.
+-- A parent ended dead or cancelled (`word`): its waiting children (those that list it:
+-- flow_lists) are parked with the reason, and theirs in turn ('parent dead: <child>'), the
+-- whole subtree in this script. Reached after the callers' first writes (fail, cancel, claim's
+-- reaper and parks): a child key of another type is parked by its id alone, as claim parks a
+-- key that is not a hash, instead of raising on its hash writes.
 local function flow_parent_ended(prefix, id, word, now)
   local work = { { id, word } }
   local i = 1
@@ -462,9 +477,11 @@ local function flow_parent_ended(prefix, id, word, now)
     i = i + 1
     local ck = prefix .. 'flow:children:' .. pid
     for _, cid in ipairs(flow_children(ck)) do
-      if redis.call('ZREM', prefix .. 'flow:waiting', cid) == 1 then
+      if flow_lists(redis.pcall('HGET', job_key(prefix, cid), 'parents'), pid)
+          and redis.call('ZREM', prefix .. 'flow:waiting', cid) == 1 then
         redis.call('ZREM', prefix .. 'flow:held', cid)
-        local r = redis.pcall('HDEL', job_key(prefix, cid), 'waiting_for', 'flow_reason')
+        local r = redis.pcall('HDEL', job_key(prefix, cid), 'waiting_for', 'flow_reason',
+          'parents')
         if type(r) == 'table' then
           dead_letter_id(prefix, cid, now)
         else

@@ -108,11 +108,14 @@ local function dead_zset(prefix, now)
   return prefix .. 'dead'
 end
 
--- Delete a trimmed job for good: its hash and its dead entry.
+-- Delete trimmed jobs for good: each id leaves the dead ZSET, and its keys go only while its
+-- hash says 'dead'. A dead entry whose keys were deleted by hand frees the id, which enqueue
+-- may take again: that live job is not the retention's to delete. An id parked by its id alone
+-- (a key that is not a hash) keeps its key, as purge leaves it (doctor reports it).
 local function dead_drop(prefix, zset, ids)
   for _, id in ipairs(ids) do
     redis.call('ZREM', zset, id)
-    job_del(prefix, id)
+    if redis.pcall('HGET', job_key(prefix, id), 'state') == 'dead' then job_del(prefix, id) end
   end
   return #ids
 end

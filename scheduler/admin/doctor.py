@@ -12,10 +12,14 @@ Invariants (membership in due / leased / dead is the truth; the hash's `state` i
   lone surrogates and is reported, with the job id and the fields, instead of crashing the check).
 
 Checking reads in pages (SCAN / ZSCAN, pipelined), then re-reads each suspect inside one MULTI,
-so a job moving under a live worker is not reported. A repair re-reads its job under WATCH and
-re-plans from those reads, so it never acts on a stale view. A dead LIST left by an older version
-is first converted to the dead ZSET by lua/dead_migrate.lua (what any script touching it does)."""
+so a job moving under a live worker is not reported. A repair re-reads its job under WATCH (the
+same reads, `snapshot_reads`) and re-plans from those reads, so it never acts on a stale view;
+it counts as done only when lua/repair.lua answers 1, and one Redis refuses is reported, not
+raised. A job set aside by flow control (flow:held) is read as due; a key of the wrong type
+reads as empty and is a finding. A dead LIST left by an older version is first converted to
+the dead ZSET by lua/dead_migrate.lua (what any script touching it does)."""
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,14 +38,18 @@ from scheduler.admin.doctor_model import (
     Context,
     Issue,
     Snapshot,
+    _hash_reply,
     _score_ms,
+    _ttl,
+    _with_spec,
+    snapshot_from,
+    snapshot_reads,
     undecodable_fields,
 )
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
 from scheduler.client.queue import Queue
 from scheduler.core import connection, scripts
 from scheduler.core.keys import QueueKeys
-from scheduler.core.spec_record import with_spec
 from scheduler.operations.dead_letters import dead_converted
 
 # The doctor's public names, wherever they live (doctor_model / doctor_checks hold the parts).
@@ -75,67 +83,26 @@ def convert_dead(client: redis.Redis, keys: QueueKeys) -> None:
     Queue(client, keys.queue)._run(dead_converted())
 
 
-def _hash_reply(reply: Any) -> dict[str, str]:
-    return {} if isinstance(reply, ResponseError) else {str(a): str(b) for a, b in reply.items()}
-
-
-def _ttl(pttl: Any, spec_pttl: Any = -2) -> int | None:
-    """The job's expiry: its hash's, or its spec record's (a pending job is the spec alone)."""
-    left = [int(t) for t in (pttl, spec_pttl) if not isinstance(t, ResponseError) and int(t) >= 0]
-    return min(left) if left else None
-
-
 def read_snapshots(
     client: redis.Redis, keys: QueueKeys, ids: Sequence[str]
 ) -> tuple[int, list[Snapshot]]:
     """(server now_ms, one consistent snapshot per id): each batch is read inside one MULTI."""
     now_ms = server_now_ms(client)
     out: list[Snapshot] = []
+    n = len(snapshot_reads(keys, ""))
     for chunk in iter_chunks(ids, _CONFIRM_BATCH):
         pipe = connection.node_for_key(client, keys.prefix).pipeline(transaction=True)
         pipe.time()
         for jid in chunk:
-            jk = keys.job(jid)
-            pipe.type(jk)
-            pipe.hgetall(jk)
-            pipe.pttl(jk)
-            pipe.zscore(keys.due, jid)
-            pipe.zscore(keys.leased, jid)
-            pipe.zscore(keys.dead, jid)
-            pipe.get(keys.spec(jid))
-            pipe.pttl(keys.spec(jid))
-            pipe.zscore(keys.flow_held, jid)
+            for cmd in snapshot_reads(keys, jid):
+                pipe.execute_command(*cmd)  # type: ignore[no-untyped-call]
         reply = pipe.execute(raise_on_error=False)
         sec, usec = reply[0]
         now_ms = int(sec) * 1000 + int(usec) // 1000
-        for n, jid in enumerate(chunk):
-            t, h, pttl, due, leased, dead, spec, spec_pttl, held = reply[1 + 9 * n : 10 + 9 * n]
-            # A job set aside by flow control (lua/lib/flow.lua) is due, in flow:held instead.
-            due = due if due is not None else held
-            due_ms = None if due is None else _score_ms(due)
-            t, fields = _with_spec(str(t), _hash_reply(h), spec, due_ms)
-            out.append(
-                Snapshot(
-                    jid,
-                    t,
-                    fields,
-                    _ttl(pttl, spec_pttl),
-                    due_ms,
-                    None if leased is None else _score_ms(leased),
-                    0 if dead is None or isinstance(dead, ResponseError) else 1,
-                )
-            )
+        out += [
+            snapshot_from(jid, reply[1 + n * i : 1 + n * (i + 1)]) for i, jid in enumerate(chunk)
+        ]
     return now_ms, out
-
-
-def _with_spec(
-    t: str, fields: dict[str, str], spec: Any, due_ms: int | None
-) -> tuple[str, dict[str, str]]:
-    """A job of this version is its spec record (STRING spec:<id>) until its first claim, then
-    the spec plus the hash (lua/lib/job.lua): read as the one hash claim sees."""
-    if not isinstance(spec, str) or t not in ("hash", "none"):
-        return t, fields
-    return "hash", with_spec(fields, spec, due_ms)
 
 
 def _live(client: redis.Redis, keys: QueueKeys) -> frozenset[str]:
@@ -148,7 +115,8 @@ def check_queue(
     """Every finding for one queue. Read-only, but for converting an old dead LIST first."""
     keys = QueueKeys(queue)
     convert_dead(client, keys)
-    due = _load_zset(client, keys.due)
+    held, damaged = _load_held(client, keys)
+    due = held | _load_zset(client, keys.due)  # a job set aside by flow control is due
     leased = _load_zset(client, keys.leased)
     dead = _load_zset(client, keys.dead)
     ctx = Context(keys, server_now_ms(client), _live(client, keys), stale_lease_ms)
@@ -171,10 +139,24 @@ def check_queue(
         if jid not in seen and jid not in due and jid not in leased and jid not in dead:
             suspects.append(jid)
     if not suspects:
-        return []
+        return damaged
     now_ms, snaps = read_snapshots(client, keys, suspects)
     ctx = replace(ctx, now_ms=now_ms)
-    return [i for s in snaps for i in diagnose(s, ctx)]
+    return damaged + [i for s in snaps for i in diagnose(s, ctx)]
+
+
+def _load_held(client: redis.Redis, keys: QueueKeys) -> tuple[dict[str, int], list[Issue]]:
+    """flow:held, or when it is of another type (written by hand) nothing, and that finding."""
+    key = keys.flow_held
+    t = str(client.type(key))
+    if t in ("zset", "none"):
+        return _load_zset(client, key), []
+    msg = f"{key} is a {t}, not a ZSET: no job can be set aside by flow control or read as held"
+    return {}, [
+        Issue(
+            "wrong-type", "error", msg, f"inspect it: redis-cli TYPE {shlex.quote(key)}", keys.queue
+        )
+    ]
 
 
 def _first_pass(
@@ -219,47 +201,49 @@ def _first_pass(
 
 
 # -- repairing -------------------------------------------------------------------------------
+def _quiet(pipe: Any, cmd: tuple[str, ...]) -> Any:
+    """One read under WATCH; an error reply (a key of another type) is returned, not raised."""
+    try:
+        return pipe.execute_command(*cmd)
+    except ResponseError as exc:
+        return exc
+
+
 def repair_job(client: redis.Redis, ctx: Context, job_id: str) -> Issue | None:
     """Apply the first safe repair this job needs, re-read under WATCH; returns what was fixed
-    (None when nothing needed fixing, or the job kept changing under live workers)."""
+    (None when nothing needed fixing, the job kept changing under live workers, or the repair
+    did not apply: lua/repair.lua answered 0, or Redis refused it)."""
+    return _attempt(client, ctx, job_id)[0]
+
+
+def _attempt(client: redis.Redis, ctx: Context, job_id: str) -> tuple[Issue | None, str | None]:
+    """(what was fixed, why Redis refused the repair): repair_job, with the refusal kept."""
     k = ctx.keys
-    jk = k.job(job_id)
     with connection.node_for_key(client, k.prefix).pipeline(transaction=True) as pipe:
         for _ in range(_WATCH_TRIES):
             try:
-                pipe.watch(jk, k.spec(job_id), k.due, k.leased, k.dead)  # type: ignore[no-untyped-call]
+                pipe.watch(k.job(job_id), k.spec(job_id), k.due, k.leased, k.dead, k.flow_held)  # type: ignore[no-untyped-call]
                 sec, usec = pipe.time()
-                t = str(pipe.type(jk))
-                fields = _hash_reply(pipe.hgetall(jk)) if t == "hash" else {}
-                dead = pipe.zscore(k.dead, job_id)
-                due_ms, lease_ms = pipe.zscore(k.due, job_id), pipe.zscore(k.leased, job_id)
-                due_at = None if due_ms is None else _score_ms(due_ms)
-                spec = pipe.get(k.spec(job_id)) if t in ("hash", "none") else None
-                t, fields = _with_spec(t, fields, spec, due_at)
-                snap = Snapshot(
-                    job_id,
-                    t,
-                    fields,
-                    _ttl(pipe.pttl(jk), pipe.pttl(k.spec(job_id))),
-                    due_at,
-                    None if lease_ms is None else _score_ms(lease_ms),
-                    0 if dead is None else 1,
+                snap = snapshot_from(
+                    job_id, [_quiet(pipe, cmd) for cmd in snapshot_reads(k, job_id)]
                 )
                 now = replace(ctx, now_ms=int(sec) * 1000 + int(usec) // 1000)
                 todo = next((i for i in diagnose(snap, now) if i.repair), None)
                 if todo is None:
                     pipe.unwatch()
-                    return None
+                    return None, None
                 pipe.multi()
                 for cmd in todo.repair:
                     pipe.execute_command(*cmd)  # type: ignore[no-untyped-call]
-                pipe.execute()
-                return todo
+                # Each repair is one repair.lua call: 1 moved, 0 the job was not where planned.
+                return (todo if pipe.execute() == [1] else None), None
             except WatchError:
                 continue
             except NoScriptError:  # the plan (one repair.lua call) did not run: load it once
                 connection.node_for_key(client, k.prefix).script_load(scripts.source("repair"))
-    return None
+            except ResponseError as exc:  # refused (hand-written data it cannot take): reported
+                return None, str(exc).rpartition("caused error: ")[2]  # redis-py's prefix off
+    return None, None
 
 
 @dataclass(frozen=True)
@@ -277,21 +261,35 @@ def repair_queue(
     passes: int = 4,
 ) -> Report:
     """Check, repair each fixable job once per pass (a job may need a few steps, e.g. back into
-    due, then its state field), until nothing fixable remains; then check again."""
+    due, then its state field), until nothing fixable remains; then check again. A job whose
+    repair Redis refused is not tried again: its finding says so."""
     keys = QueueKeys(queue)
     fixed: list[Issue] = []
+    refused: dict[str, str] = {}
     issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)
     for _ in range(passes):
-        todo = sorted({i.job_id for i in issues if i.repair and i.job_id is not None})
+        todo = sorted(
+            {j for i in issues if i.repair and (j := i.job_id) is not None} - set(refused)
+        )
         if not todo:
             break
         ctx = Context(keys, server_now_ms(client), _live(client, keys), stale_lease_ms)
         for jid in todo:
-            done = repair_job(client, ctx, jid)
-            if done is not None:
-                fixed.append(done)
+            done, why = _attempt(client, ctx, jid)
+            fixed += [done] if done is not None else []
+            refused |= {jid: why} if why is not None else {}
         issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)
-    return Report(queue, fixed, issues)
+    return Report(queue, fixed, [_refusal(i, refused) for i in issues])
+
+
+def _refusal(issue: Issue, refused: dict[str, str]) -> Issue:
+    """A finding whose repair Redis refused says so (the job is the operator's to look at)."""
+    why = refused.get(issue.job_id or "") if issue.repair else None
+    if why is None:
+        return issue
+    return replace(
+        issue, message=f"{issue.message} (--fix was refused: {why})", fix="repair it by hand"
+    )
 
 
 def check_server_settings(client: redis.Redis) -> list[Issue]:

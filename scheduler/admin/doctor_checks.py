@@ -18,6 +18,7 @@ from scheduler.admin.doctor_model import (
     _repair,
     _to_due,
     _unreadable,
+    cut_bytes,
     undecodable_fields,
 )
 from scheduler.core.codec import stored_int_in
@@ -62,6 +63,8 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
         return Issue(code, severity, message, how or fix, k.queue, jid, tuple(repair))
 
     places = s.places
+    # Where an operator looks: a held job is due in flow:held, not in the due ZSET.
+    where = " and ".join(f"{p} (flow:held)" if p == "due" and s.held else p for p in places)
     if s.key_type not in ("hash", "none"):
         return [
             issue(
@@ -78,7 +81,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
             issue(
                 "missing-hash",
                 "error",
-                f"id is in {' and '.join(places)} but its hash is gone (task and payload "
+                f"id is in {where} but its hash is gone (task and payload "
                 "lost): fix removes the id",
                 _remove_from(k, s, ctx.now_ms, places),
             )
@@ -106,7 +109,11 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                     "error",
                     "dead job is missing from the dead list: fix puts it back there",
                     _dead_letter(
-                        k, s, ctx.now_ms, reason[:200], ctx.now_ms if died_ms is None else died_ms
+                        k,
+                        s,
+                        ctx.now_ms,
+                        cut_bytes(reason),
+                        ctx.now_ms if died_ms is None else died_ms,
                     ),
                 )
             ]
@@ -133,19 +140,47 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
             issue(
                 "two-places",
                 "error",
-                f"job is in {' and '.join(places)} at once (state {state!r}): fix keeps "
-                f"it in {keep}",
+                f"job is in {where} at once (state {state!r}): fix keeps it in {keep}",
                 plan,
             )
         ]
     place = places[0]
+
+    def unusable(code: str, reason: str) -> Issue:
+        """A job no worker can run, parked as claim would (lua/claim.lua read_claimable)."""
+        if place == "leased":
+            return issue(
+                code,
+                "error",
+                f"{reason}; the worker holding it will fail it",
+                how=f"wait for the lease to end, then {fix}",
+            )
+        if s.held:  # --fix never takes a job out of its hold: a waiting child stays waiting
+            return issue(
+                code,
+                "error",
+                f"{reason}: no worker can run it; it is set aside by flow control (flow:held)",
+                how="nothing to type: the claim that meets it once flow control lets it run "
+                "parks it on the dead list",
+            )
+        return issue(
+            code,
+            "error",
+            f"{reason}: no worker can run it; fix parks it on the dead list for a human",
+            _dead_letter(k, s, ctx.now_ms, reason, ctx.now_ms),
+        )
+
+    if state == "" and "spec_unreadable" in s.fields and place == "due":
+        # Never claimed and its record unreadable: the state it has (due) is read from that
+        # record too, so this is no state mismatch; claim parks it ('invalid job: record').
+        return [unusable("invalid-job", "invalid job: record")]
     if state != place:
         plan = _repair(k, s, ctx.now_ms, "state", place)  # drops `worker` unless leased
         return [
             issue(
                 "state-mismatch",
                 "error",
-                f"state field says {state!r} but the job is in {place}: fix sets it to {place!r}",
+                f"state field says {state!r} but the job is in {where}: fix sets it to {place!r}",
                 plan,
             )
         ]
@@ -166,7 +201,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
             issue(
                 "expiring-job",
                 "error",
-                f"job in {place} has an expiry ({s.ttl_ms} ms left): it would vanish",
+                f"job in {where} has an expiry ({s.ttl_ms} ms left): it would vanish",
                 _repair(k, s, ctx.now_ms, "persist"),
             )
         ]
@@ -201,24 +236,5 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
     if place in ("due", "leased"):
         bad = _unreadable(s.fields)
         if bad is not None:
-            code, reason = bad
-            if place == "due":
-                out.append(
-                    issue(
-                        code,
-                        "error",
-                        f"{reason}: no worker can run it; fix parks it "
-                        "on the dead list for a human",
-                        _dead_letter(k, s, ctx.now_ms, reason, ctx.now_ms),
-                    )
-                )
-            else:
-                out.append(
-                    issue(
-                        code,
-                        "error",
-                        f"{reason}; the worker holding it will fail it",
-                        how=f"wait for the lease to end, then {fix}",
-                    )
-                )
+            out.append(unusable(*bad))
     return out

@@ -1,20 +1,24 @@
 """The doctor's vocabulary: findings (`Issue`), what is stored about one job (`Snapshot`), the
-check's `Context`, the repair plans (each one lua/repair.lua move: the lib/job.lua moves of the
-transitions, done only while the job is where the check found it) and the strict readers of
-stored numbers and fields."""
+check's `Context`, the reads a snapshot is made of (`snapshot_reads`, `snapshot_from`: the check
+and a repair read a job alike), the repair plans (each one lua/repair.lua move: the lib/job.lua
+moves of the transitions, done only while the job is where the check found it) and the strict
+readers of stored numbers and fields."""
 
 import functools
 import hashlib
 import json
 import math
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from scheduler.core import scripts
 from scheduler.core.codec import RESULT_TTL_MS, stored_int, stored_int_in
 from scheduler.core.keys import QueueKeys
+from scheduler.core.spec_record import with_spec
 
 DEFAULT_STALE_LEASE_MS = 5 * 60_000
 _PAGE = 500
@@ -64,6 +68,8 @@ class Snapshot:
     due_ms: int | None
     lease_until_ms: int | None
     dead_count: int  # 1 when in the dead ZSET, else 0
+    # Set aside by flow control (in flow:held, not in due): read as due, at its held score.
+    held: bool = False
 
     @property
     def places(self) -> list[str]:
@@ -92,6 +98,54 @@ def _by_hand(cmd: Command) -> str:
 def repair_sha() -> str:
     """lua/repair.lua's SHA1, computed on first use (not at import: the CLI imports this)."""
     return hashlib.sha1(scripts.source("repair").encode()).hexdigest()
+
+
+# -- reading one job: its keys, its places (flow:held read as due) ---------------------------
+def _hash_reply(reply: Any) -> dict[str, str]:
+    return {} if isinstance(reply, ResponseError) else {str(a): str(b) for a, b in reply.items()}
+
+
+def _ttl(pttl: Any, spec_pttl: Any = -2) -> int | None:
+    """The job's expiry: its hash's, or its spec record's (a pending job is the spec alone)."""
+    left = [int(t) for t in (pttl, spec_pttl) if not isinstance(t, ResponseError) and int(t) >= 0]
+    return min(left) if left else None
+
+
+def _at(score: Any) -> int | None:
+    """A ZSCORE reply as ms; an error reply (a key of another type) reads as not there."""
+    return None if score is None or isinstance(score, ResponseError) else _score_ms(score)
+
+
+def snapshot_reads(keys: QueueKeys, jid: str) -> list[tuple[str, ...]]:
+    """What one job's snapshot is read from, in `snapshot_from`'s order."""
+    jk, sk = keys.job(jid), keys.spec(jid)
+    return [("TYPE", jk), ("HGETALL", jk), ("PTTL", jk), ("ZSCORE", keys.due, jid),
+            ("ZSCORE", keys.leased, jid), ("ZSCORE", keys.dead, jid), ("GET", sk), ("PTTL", sk),
+            ("ZSCORE", keys.flow_held, jid)]  # fmt: skip
+
+
+def snapshot_from(jid: str, reply: Sequence[Any]) -> Snapshot:
+    """The snapshot from the replies to `snapshot_reads` (error replies kept, not raised)."""
+    t, h, pttl, due, leased, dead, spec, spec_pttl, held = reply
+    due_ms, held_ms = _at(due), _at(held)
+    # A job set aside by flow control (lua/lib/flow.lua) is due, in flow:held instead.
+    at = held_ms if due_ms is None else due_ms
+    t, fields = _with_spec(str(t), _hash_reply(h), spec, at)
+    in_dead = 0 if _at(dead) is None else 1
+    ttl = _ttl(pttl, spec_pttl)
+    return Snapshot(
+        jid, t, fields, ttl, at, _at(leased), in_dead, due_ms is None and at is not None
+    )
+
+
+def _with_spec(
+    t: str, fields: dict[str, str], spec: Any, due_ms: int | None
+) -> tuple[str, dict[str, str]]:
+    """A job of this version is its spec record (STRING spec:<id>) until its first claim, then
+    the spec plus the hash (lua/lib/job.lua): read as the one hash claim sees."""
+    if not isinstance(spec, str) or t not in ("hash", "none"):
+        return t, fields
+    return "hash", with_spec(fields, spec, due_ms)
 
 
 # -- repair plans: each one lua/repair.lua move, guarded by where the plan found the job ------
@@ -160,6 +214,9 @@ def _score_ms(score: Any) -> int:
 
 def _unreadable(fields: dict[str, str]) -> tuple[str, str] | None:
     """(code, dead reason) when a claim or a worker could not use this job (as claim.lua checks)."""
+    # claim reads the spec record when the hash lacks the payload or the state.
+    if "spec_unreadable" in fields and not ("payload" in fields and "state" in fields):
+        return "invalid-job", "invalid job: record"
     if not fields.get("task"):
         return "invalid-job", "invalid job: task"
     payload = fields.get("payload")
@@ -176,6 +233,30 @@ def _unreadable(fields: dict[str, str]) -> tuple[str, str] | None:
     if stored_int_in(fields.get("run_at_ms"), "run_at_ms") is None:
         return "invalid-job", "invalid job: run_at_ms"
     return None
+
+
+# lua/repair.lua refuses a dead reason over this many bytes (UTF-8, as Redis stores it).
+REASON_MAX_BYTES = 200
+
+
+def cut_bytes(text: str, limit: int = REASON_MAX_BYTES) -> str:
+    """`text` cut to at most `limit` bytes of UTF-8 (undecodable bytes, read as lone
+    surrogates, count as the one byte each they are stored as), never inside a character."""
+    if text.isascii():
+        return text[:limit]
+    size = 0
+    for n, ch in enumerate(text):
+        size += _utf8_size(ch)
+        if size > limit:
+            return text[:n]
+    return text
+
+
+def _utf8_size(ch: str) -> int:
+    try:
+        return len(ch.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # a lone surrogate no byte was read as: the client's 3 bytes
+        return 3
 
 
 def _has_undecodable(text: str) -> bool:

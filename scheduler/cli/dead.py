@@ -222,7 +222,8 @@ def _bulk(
         for chunk in iter_chunks(selected, _BATCH):
             done += action(chunk)
             progress.advance(step, len(chunk))
-    # A job that left the dead list meanwhile (another operator) is skipped, not an error.
+    # A job that is no longer dead (another operator requeued it, or its id was taken again) is
+    # skipped, not an error; purge removes an entry whose job keys are gone, requeue skips it.
     result: dict[str, Any] = {
         "queue": queue,
         "action": verb,
@@ -233,14 +234,12 @@ def _bulk(
     if as_json:
         emit_json(result)
     else:
-        click.echo(
-            f"{verb}: {done} of {len(selected)} dead job(s) in {queue!r}"
-            + (
-                f" ({result['skipped']} had already left the dead list)"
-                if result["skipped"]
-                else ""
-            )
-        )
+        why = f" ({result['skipped']} skipped: {_SKIPPED[verb]})" if result["skipped"] else ""
+        click.echo(f"{verb}: {done} of {len(selected)} dead job(s) in {queue!r}{why}")
+
+
+# Why a selected id was not acted on (purge_dead.lua / requeue_dead.lua skip it).
+_SKIPPED = {"requeued": "no longer dead, or no job left to run", "purged": "no longer dead"}
 
 
 _yes = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")

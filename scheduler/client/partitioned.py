@@ -37,6 +37,7 @@ from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
 from scheduler.core.scripts import Scripts, run_sync
 from scheduler.operations.browsing import listed_scored
+from scheduler.operations.dead_letters import check_id_list
 from scheduler.operations.inspecting import check_page
 from scheduler.operations.ops import Op, Request
 from scheduler.schedules.recurring import Schedule
@@ -207,7 +208,7 @@ class PartitionedQueue:
 
     def _by_part(self, ids: Sequence[str]) -> list[tuple[Queue, list[str]]]:
         groups: dict[int, list[str]] = {}
-        for i in ids:
+        for i in check_id_list(ids):  # a str would be split into one-letter ids
             groups.setdefault(self.layout.partition_of_id(i), []).append(i)
         return [(self.parts[k], g) for k, g in groups.items()]
 

@@ -27,7 +27,7 @@ from redis.crc import key_slot
 
 from scheduler.core.codec import new_job_id
 from scheduler.core.errors import BadArgument
-from scheduler.core.keys import QueueKeys, check_job_id, check_queue_name
+from scheduler.core.keys import QueueKeys, check_queue_name
 
 MAX_PARTITIONS = 1024
 SLOTS = 16384
@@ -111,8 +111,12 @@ class Layout:
         return cls(queue, names)
 
     def partition_of_id(self, job_id: str) -> int:
-        """The partition a job id belongs to (module docstring); BadArgument for a non-id."""
-        m = _TAGGED.match(check_job_id(job_id))
+        """The partition a job id belongs to (module docstring); BadArgument for a non-str.
+        Any str routes (the dead list may hold ids no API would make: requeue and purge of
+        those still go to their partition); what the call does checks the id further."""
+        if not isinstance(job_id, str):
+            raise BadArgument(f"invalid job id {job_id!r:.80}: a job id is a str")
+        m = _TAGGED.match(job_id)
         if m is not None and int(m.group(1)) < self.n:
             return int(m.group(1))
         return _hash(job_id) % self.n

@@ -211,6 +211,17 @@ def _matching(
     return kept
 
 
+def check_id_list(ids: Sequence[str]) -> Sequence[str]:
+    """The ids of a requeue or purge, as given: a str would be read character by character, each
+    a dead id nobody named. Any str is an id (the dead list may hold ids no API would make)."""
+    if isinstance(ids, str) or not isinstance(ids, Sequence):
+        raise BadArgument(f"ids must be a list of job ids, got {ids!r:.80}")
+    bad = next((i for i in ids if not isinstance(i, str)), None)
+    if bad is not None:
+        raise BadArgument(f"a job id is a str, got {bad!r:.80}")
+    return ids
+
+
 def _retention_arg(value: int | None, name: str, lo: int, hi: int) -> str:
     if value is None:
         return ""
@@ -273,13 +284,16 @@ class DeadLetterOps(OpsBase):
 
     def requeue_dead(self, ids: Sequence[str], batch_size: int = 500) -> Op[int]:
         """Move these dead jobs back to due with a fresh attempt budget; returns how many."""
+        ids = check_id_list(ids)
         moved = 0
         for i in range(0, len(ids), batch_size):
             moved += int((yield Script("requeue_dead", list(ids[i : i + batch_size]))))
         return moved
 
     def purge_dead(self, ids: Sequence[str], batch_size: int = 500) -> Op[int]:
-        """Delete these dead jobs for good; returns how many."""
+        """Delete these dead jobs for good (an id whose job keys are gone just leaves the dead
+        list); returns how many ids left it."""
+        ids = check_id_list(ids)
         purged = 0
         for i in range(0, len(ids), batch_size):
             purged += int((yield Script("purge_dead", list(ids[i : i + batch_size]))))
