@@ -1,5 +1,6 @@
 --[[ schedule_remove: delete a schedule and its pending occurrence (not yet claimed). A run
-  already leased finishes normally and inserts nothing.
+  already leased finishes normally and inserts nothing. A schedule hash that cannot be read
+  whole (hand-edited) is removed too (lib/schedule.lua sched_husk).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, schedules, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting
   ARGV[1] name
@@ -9,7 +10,7 @@
 -- @include "lib/rearm.lua"
 
 local prefix, name = KEYS[1], ARGV[1]
-local h = sched_load(prefix, name)
+local h = sched_load(prefix, name) or sched_husk(prefix, name)
 if h == nil then return 'missing' end
 sched_unpend(prefix, h, now_ms())
 redis.call('DEL', sched_key(prefix, name), sched_slots_key(prefix, name))

@@ -1,11 +1,14 @@
 --[[ schedule_resume: restart a paused schedule at its first slot after now (the slots that
-  passed while paused were not missed: they do not count for the misfire policy).
+  passed while paused were not missed: they do not count for the misfire policy), and after
+  the last slot that left due (ran_ms, lib/rearm.lua).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, schedule:<name>, schedules:refill, flow:levels, flow:pdue:<p>
   ARGV[1] name  ARGV[2] digest the client computed the slots for
   ARGV[3..] cron only: the next slots (ms, ascending) after now - offset_ms
   Returns: {status, pending id or ''}: 'resumed' | 'active' (was not paused: nothing written) |
-    'stale' (the definition changed under the client: nothing written, retry) | 'missing'
+    'stale' (the definition changed under the client: nothing written, retry) | 'missing' |
+    'unreadable' (a hash lib/schedule.lua sched_load cannot read whole, or without a digest:
+    nothing written)
   Errors:  BAD_ARGUMENT <field>=<value> ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
@@ -15,10 +18,15 @@ local prefix, name, digest = KEYS[1], ARGV[1], ARGV[2]
 local slots, err = int_args(3, 'slot', 0, LIM.time_ms)
 if err then return err end
 local h = sched_load(prefix, name)
-if h == nil then return { 'missing', '' } end
+if h == nil then
+  if sched_husk(prefix, name) then return { 'unreadable', '' } end
+  return { 'missing', '' }
+end
 if h.paused ~= '1' then return { 'active', h.pending } end
 local sk = sched_key(prefix, name)
-if redis.call('HGET', sk, 'digest') ~= digest then return { 'stale', '' } end
+local stored = redis.call('HGET', sk, 'digest')
+if not stored or stored == '' then return { 'unreadable', '' } end  -- no client can match it
+if stored ~= digest then return { 'stale', '' } end
 if h.kind == 'cron' and #slots == 0 then return redis.error_reply('BAD_ARGUMENT slots=') end
 local now = now_ms()
 local slots_key = sched_slots_key(prefix, name)
@@ -26,5 +34,5 @@ redis.call('DEL', slots_key)
 for _, v in ipairs(slots) do redis.call('ZADD', slots_key, v, fmt(v)) end
 redis.call('HSET', sk, 'paused', '0', 'pending', '', 'starved', '0')
 h.paused, h.pending = '0', ''
-sched_place(prefix, h, now - h.offset_ms, 0, now)
+sched_place(prefix, h, sched_from(h, now), 0, now)
 return { 'resumed', h.pending }

@@ -10,16 +10,19 @@
     enqueue's, without parents: scheduler/core/flow.py flow_field), stored on the schedule and
     given to every occurrence it inserts (lib/rearm.lua sched_insert)
   ARGV[17..] cron only: the next slots (ms, ascending) after now - offset_ms, from the client
-  Returns: {status, pending id or ''}; status 'unchanged' (same digest: nothing written),
-    'repaired' (same digest, but its pending occurrence had gone, e.g. cancelled by hand),
-    'created' or 'updated' (the old pending occurrence is replaced by the first slot after now).
-    A paused schedule stays paused. Exactly one pending occurrence afterwards (none if paused).
+  Returns: {status, pending id or ''}; status 'unchanged' (same digest and its pending
+    occurrence still waits, in due or set aside by flow control: nothing written), 'repaired'
+    (same digest, but its pending occurrence had gone, e.g. cancelled by hand), 'created' or
+    'updated' (the old pending occurrence is replaced by the first slot after now, and after
+    the last slot that left due: ran_ms, lib/rearm.lua). A hash that cannot be read whole
+    (hand-edited) is redefined ('updated'). A paused schedule stays paused. Exactly one pending
+    occurrence afterwards (none if paused).
   Errors:  BAD_ARGUMENT <field>=<value> (nothing written) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/rearm.lua"
 
-local prefix, due = KEYS[1], KEYS[2]
+local prefix = KEYS[1]
 local name, digest, kind = ARGV[1], ARGV[2], ARGV[3]
 local err
 if name == '' then return redis.error_reply('BAD_ARGUMENT name=') end
@@ -30,7 +33,7 @@ every_ms, err = int_arg(ARGV[6], 'every_ms', 0, LIM.delay_ms); if err then retur
 if kind == 'every' and every_ms < 1 then return redis.error_reply('BAD_ARGUMENT every_ms=0') end
 jitter_ms, err = int_arg(ARGV[7], 'jitter_ms', 0, LIM.delay_ms); if err then return err end
 offset_ms, err = int_arg(ARGV[8], 'offset_ms', 0, LIM.delay_ms); if err then return err end
-misfire_n, err = int_arg(ARGV[10], 'misfire_n', 0, LIM.attempts); if err then return err end
+misfire_n, err = int_arg(ARGV[10], 'misfire_n', 0, SCHED_CATCH_UP_MAX); if err then return err end
 max_attempts, err = int_arg(ARGV[13], 'max_attempts', 1, LIM.attempts); if err then return err end
 timeout_ms, err = int_arg(ARGV[15], 'timeout_ms', 0, LIM.timeout_ms); if err then return err end
 if not schedule_name_ok(name) then return redis.error_reply('BAD_ARGUMENT name=') end
@@ -61,17 +64,18 @@ end
 
 if old and redis.call('HGET', sk, 'digest') == digest then
   local starved = redis.call('HGET', sk, 'starved') == '1'
-  if old.paused == '1' or starved or (old.pending ~= '' and redis.call('ZSCORE', due, old.pending)) then
+  if old.paused == '1' or starved or sched_waiting(prefix, old) then
     return { 'unchanged', old.pending }
   end
   sched_unpend(prefix, old, now)
   if kind == 'cron' then store_slots() end
-  sched_place(prefix, old, now - old.offset_ms, 0, now)
+  sched_place(prefix, old, sched_from(old, now), 0, now)
   return { 'repaired', old.pending }
 end
 
 local status = 'created'
 local paused = '0'
+old = old or sched_husk(prefix, name)
 if old then
   status, paused = 'updated', old.paused or '0'
   sched_unpend(prefix, old, now)
@@ -91,5 +95,5 @@ redis.pcall('SREM', sched_refill_key(prefix), name)
 redis.call('DEL', slots_key)
 if kind == 'cron' then store_slots() end
 local h = sched_load(prefix, name)
-if paused ~= '1' then sched_place(prefix, h, now - offset_ms, 0, now) end
+if paused ~= '1' then sched_place(prefix, h, sched_from(h, now), 0, now) end
 return { status, h.pending }

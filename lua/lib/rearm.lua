@@ -11,7 +11,9 @@
 -- Schedule hash fields read here: kind, every_ms, offset_ms, misfire_n (how many overdue slots
 -- may run: 0 skip, 1 run once, N catch up), paused, pending (the id of the one occurrence in
 -- due, '' when none), cursor_ms (slot of the pending occurrence, or the last one placed),
--- task, payload, max_attempts, backoff, timeout_ms; and the flow fields of every occurrence
+-- ran_ms (slot of the last occurrence that left due by claim, park or cancel: no placing goes
+-- back to it, whatever the definition; kept by a redefinition), task, payload, max_attempts,
+-- backoff, timeout_ms; and the flow fields of every occurrence
 -- (priority, ckey, climit, rkey, rcount, rwindow: lib/flow.lua, read with flow_load).
 
 -- @include "lib/util.lua"
@@ -71,11 +73,25 @@ local function sched_insert(prefix, h, slot, now)
   return id
 end
 
+-- Where placing starts when no occurrence just ended (create, redefine, resume): the first slot
+-- not yet due, but never back at or before the last slot that left due (ran_ms). Its job record
+-- guards that slot only until it expires, and a redefinition with a larger offset (jitter)
+-- would otherwise place it again.
+local function sched_from(h, now)
+  return math.max(now - h.offset_ms, h.ran_ms)
+end
+
 -- Make the occurrence that follows slot `after` pending, under the misfire policy: at most
 -- `budget` of the slots already overdue (slot + offset <= now) may still run, the latest ones.
 -- Returns the id, or nil when the cron buffer does not reach past now (the schedule is then
 -- marked starved and queued for a refill, which calls this again with the same budget).
+-- A pending occurrence still named in `h` is the one that just left due (claimed, parked,
+-- cancelled): its slot becomes ran_ms.
 local function sched_place(prefix, h, after, budget, now)
+  if h.pending ~= '' and h.cursor_ms > h.ran_ms then
+    redis.call('HSET', sched_key(prefix, h.name), 'ran_ms', fmt(h.cursor_ms))
+    h.ran_ms = h.cursor_ms
+  end
   local eff = now - h.offset_ms
   local m = slots_between(prefix, h, after, eff)
   local slot
@@ -92,18 +108,34 @@ local function sched_place(prefix, h, after, budget, now)
   return sched_insert(prefix, h, slot, now)
 end
 
+-- Is the pending occurrence still waiting: in due, or set aside by flow control (its key's
+-- limit or its rate window is full: flow:held)?
+local function sched_waiting(prefix, h)
+  if h.pending == '' then return false end
+  return redis.call('ZSCORE', prefix .. 'due', h.pending) ~= false
+    or redis.call('ZSCORE', prefix .. 'flow:held', h.pending) ~= false
+end
+
+-- Take occurrence `id` out of due, its priority index and every flow set (`f`: its flow).
+local function sched_withdraw(prefix, id, f, now)
+  redis.call('ZREM', prefix .. 'due', id)
+  if f.priority > 0 then redis.call('ZREM', prefix .. 'flow:pdue:' .. f.priority, id) end
+  flow_forget(prefix, id, now, f)
+end
+
 -- Remove the pending occurrence if it is still waiting in due, or set aside by flow control
 -- (pause, remove, redefine): out of due, its priority index and every flow set.
 local function sched_unpend(prefix, h, now)
   if h.pending == '' then return end
-  local jk = job_key(prefix, h.pending)
   -- The state and the flow fields (FLOW_READ) in one read; flow_forget takes the parsed flow.
-  local v = redis.call('HMGET', jk, 'state', unpack(FLOW_READ))
-  if v[1] == 'due' then
-    redis.call('ZREM', prefix .. 'due', h.pending)
-    local f = flow_from(v, 2)
-    if f.priority > 0 then redis.call('ZREM', prefix .. 'flow:pdue:' .. f.priority, h.pending) end
-    flow_forget(prefix, h.pending, now, f)
+  -- pcall: an occurrence key of another type (hand-edited) is left for doctor, but its id
+  -- still leaves due and the flow sets (with the flow the schedule gives its occurrences), so
+  -- pause, remove and redefine go on.
+  local v = redis.pcall('HMGET', job_key(prefix, h.pending), 'state', unpack(FLOW_READ))
+  if v.err then
+    sched_withdraw(prefix, h.pending, flow_load(sched_key(prefix, h.name)), now)
+  elseif v[1] == 'due' then
+    sched_withdraw(prefix, h.pending, flow_from(v, 2), now)
     job_del(prefix, h.pending)
   end
   redis.call('HSET', sched_key(prefix, h.name), 'pending', '')

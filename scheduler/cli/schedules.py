@@ -53,7 +53,8 @@ def cron_field_error(expr: str) -> str | None:
     for field, (name, low, high) in zip(expr.split(), _CRON_FIELDS, strict=False):
         for part in field.split(","):
             for number in part.split("/", 1)[0].split("-"):
-                if number.isdigit() and not low <= int(number) <= high:
+                # ASCII only: '²'.isdigit() is True, but int('²') raises.
+                if number.isascii() and number.isdigit() and not low <= int(number) <= high:
                     return f"{name} field: {number} is out of range {low}-{high}"
     return None
 

@@ -6,43 +6,132 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
-from scheduler.core.errors import BadArgument
+from scheduler.core.errors import BadArgument, SchedulerError
 from scheduler.core.flow import check_flow, flow_field
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
 from scheduler.schedules import recurring
 
+Fields = dict[str, str]
+Cmd = tuple[Any, ...]
+# What a stored definition a hand edit broke raises while computing slots (croniter's errors
+# and BadArgument are ValueErrors; a far-off instant overflows datetime).
+_UNREADABLE = (ValueError, KeyError, OverflowError, OSError)
+
+
+def _fields(raw: Any) -> Fields:
+    return {codec.s(k): codec.s(v) for k, v in raw.items()}
+
+
+def _wrong_type(exc: ResponseError) -> bool:
+    """WRONGTYPE: a key of another type (a hand edit). Any other refusal (an ACL's NOPERM, ...)
+    is the caller's to see."""
+    return str(exc).startswith("WRONGTYPE")
+
+
+def _read_each(groups: list[list[Cmd]]) -> Op[list[list[Any] | None]]:
+    """Each group's replies, None for a group that reads a key of another type. A Commands reply
+    is all or nothing (scheduler/core/scripts.py drive), so: one pipeline, and only when a key
+    of another type fails it, one per group, so that the bad key fails alone."""
+    try:
+        reply = yield Commands([c for g in groups for c in g])
+    except ResponseError as exc:
+        if not _wrong_type(exc):
+            raise
+        reply = None
+    if reply is not None:
+        it = iter(reply)
+        return [[next(it) for _ in g] for g in groups]
+    out: list[list[Any] | None] = []
+    for g in groups:
+        try:
+            out.append((yield Commands(g)))
+        except ResponseError as exc:
+            if not _wrong_type(exc):
+                raise
+            out.append(None)
+    return out
+
 
 def refill(keys: QueueKeys, now_ms: int, *, most: int = 20) -> Op[int | None]:
     """Top up the cron buffers that lua/lib/rearm.lua asked for; idempotent, so any client
     may do it (claim does, when the claim reply asks). Returns when the earliest occurrence
-    this placed is due (a starved schedule gets its next one here), or None."""
+    this placed is due (a starved schedule gets its next one here), or None. Each name on its
+    own: one whose keys or definition a hand edit broke is dropped from the request set by
+    the script and fails alone."""
     (names,) = yield Commands([("SRANDMEMBER", keys.schedules_refill, most)])
     names = [codec.s(n) for n in names]
     if not names:
         return None
-    cmds: list[tuple[Any, ...]] = []
-    for n in names:
-        cmds += [("HGETALL", keys.schedule(n)), ("ZRANGE", keys.schedule_slots(n), -1, -1)]
-    reply = yield Commands(cmds)
+    reads = yield from _read_each(
+        [[("HGETALL", keys.schedule(n)), ("ZRANGE", keys.schedule_slots(n), -1, -1)] for n in names]
+    )
     earliest: int | None = None
-    for i, n in enumerate(names):
-        f = {codec.s(k): codec.s(v) for k, v in reply[2 * i].items()}
-        tail = reply[2 * i + 1]
-        slots: list[int] = []
-        if f.get("kind") == "cron":
-            try:
-                slots = recurring.refill_slots(f, int(codec.s(tail[0])) if tail else None, now_ms)
-            except (BadArgument, ValueError, KeyError):
-                continue  # a hand-edited definition: leave it for an operator
-        out = yield Script("schedule_refill", [n, f.get("digest", ""), *map(str, slots)])
-        placed = codec.s(out[1])
-        if placed and placed != f.get("pending"):
-            due_ms = int(placed.rsplit(":", 1)[1]) + int(f.get("offset_ms") or 0)
+    for n, read in zip(names, reads, strict=True):
+        due_ms = yield from _refill_one(n, read, now_ms)
+        if due_ms is not None:
             earliest = due_ms if earliest is None else min(earliest, due_ms)
     return earliest
+
+
+def _refill_args(name: str, read: list[Any] | None, now_ms: int) -> tuple[list[str], Fields]:
+    """schedule_refill's ARGV for one name, and its fields. No digest when its keys could not
+    be read; no slots when its definition cannot be computed or none are left (2200): the
+    script then drops the request (lua/schedule_refill.lua)."""
+    if read is None:
+        return [name, ""], {}
+    f, tail = _fields(read[0]), read[1]
+    slots: list[int] = []
+    if f.get("kind") == "cron":
+        last = codec.stored_int(codec.s(tail[0])) if tail else None
+        try:
+            slots = recurring.refill_slots(f, last, now_ms)
+        except _UNREADABLE:
+            slots = []
+    return [name, f.get("digest", ""), *map(str, slots)], f
+
+
+def _refill_one(name: str, read: list[Any] | None, now_ms: int) -> Op[int | None]:
+    """Refill one schedule; when the occurrence this placed is due, or None."""
+    args, f = _refill_args(name, read, now_ms)
+    try:
+        out = yield Script("schedule_refill", args)
+    except (ResponseError, SchedulerError):
+        return None  # this name alone: the others are still refilled
+    placed = codec.s(out[1])
+    if not placed or placed == f.get("pending"):
+        return None
+    slot = codec.stored_int(placed.rsplit(":", 1)[1])
+    return None if slot is None else slot + (codec.stored_int(f.get("offset_ms")) or 0)
+
+
+def _resume_slots(name: str, f: Fields, now_ms: int) -> list[int]:
+    """A paused cron schedule's buffer from now; BadArgument when its stored definition cannot
+    be read (a hand edit) or has no time left before 2200."""
+    offset = codec.stored_int(f.get("offset_ms", "0"), 0)
+    try:
+        if offset is None:
+            raise ValueError(f"offset_ms={f.get('offset_ms')!r}")
+        slots = recurring.cron_slots_after(
+            f["cron"], f["tz"], now_ms - offset - 1, recurring.BUFFER_SLOTS
+        )
+    except _UNREADABLE as exc:
+        raise _unreadable(name, exc) from None
+    if not slots:
+        raise BadArgument(f"schedule {name!r}: no time left before 2200-01-01 UTC")
+    return slots
+
+
+def _unreadable(name: str, why: Exception | None = None) -> BadArgument:
+    detail = f" ({type(why).__name__}: {str(why)[:120]})" if why else ""
+    return BadArgument(
+        f"schedule {name!r} definition unreadable{detail}: define it again (schedule()) or "
+        "remove it"
+    )
 
 
 class ScheduleOps(OpsBase):
@@ -102,8 +191,12 @@ class ScheduleOps(OpsBase):
             if "1" in (codec.s(paused or ""), codec.s(starved or "")):
                 return "unchanged"
             if pending:
-                (score,) = yield Commands([("ZSCORE", self.keys.due, codec.s(pending))])
-                if score is not None:
+                # Still waiting: in due, or set aside by its concurrency key or rate window.
+                p = codec.s(pending)
+                scores = yield Commands(
+                    [("ZSCORE", self.keys.due, p), ("ZSCORE", self.keys.flow_held, p)]
+                )
+                if any(score is not None for score in scores):
                     return "unchanged"
         counts = yield from self.counts()
         reply = yield Script("schedule_upsert", d.upsert_args(d.first_slots(counts.now_ms)))
@@ -119,15 +212,15 @@ class ScheduleOps(OpsBase):
         return found
 
     def list_schedules(self) -> Op[list[recurring.Schedule]]:
-        """Every readable schedule, sorted by name."""
+        """Every readable schedule, sorted by name (a key of another type is left out)."""
         (names,) = yield Commands([("SMEMBERS", self.keys.schedules)])
         names = sorted(codec.s(n) for n in names)
         if not names:
             return []
-        raws = yield Commands([("HGETALL", self.keys.schedule(n)) for n in names])
+        raws = yield from _read_each([[("HGETALL", self.keys.schedule(n))] for n in names])
         out = []
         for n, raw in zip(names, raws, strict=True):
-            sch = recurring.parse_schedule(n, {codec.s(k): codec.s(v) for k, v in raw.items()})
+            sch = None if raw is None else recurring.parse_schedule(n, _fields(raw[0]))
             if sch is not None:
                 out.append(sch)
         return out
@@ -143,22 +236,27 @@ class ScheduleOps(OpsBase):
         return codec.s((yield Script("schedule_remove", [name])))
 
     def resume_schedule(self, name: str) -> Op[str]:
-        """'resumed' | 'active' (was not paused) | 'missing'."""
+        """'resumed' | 'active' (was not paused) | 'missing'; BadArgument when the stored
+        definition cannot be read (hand-edited): nothing changed."""
         recurring.check_schedule_name(name)
         for _ in range(5):
-            (fields,) = yield Commands([("HGETALL", self.keys.schedule(name))])
-            f = {codec.s(k): codec.s(v) for k, v in fields.items()}
+            try:
+                (fields,) = yield Commands([("HGETALL", self.keys.schedule(name))])
+            except ResponseError as exc:
+                if not _wrong_type(exc):
+                    raise
+                raise _unreadable(name, exc) from None
+            f = _fields(fields)
             if not f:
                 return "missing"
             slots: list[int] = []
             if f.get("kind") == "cron" and f.get("paused") == "1":
                 counts = yield from self.counts()
-                offset = int(f.get("offset_ms") or 0)
-                slots = recurring.cron_slots_after(
-                    f["cron"], f["tz"], counts.now_ms - offset - 1, recurring.BUFFER_SLOTS
-                )
+                slots = _resume_slots(name, f, counts.now_ms)
             args = [name, f.get("digest", ""), *map(str, slots)]
             status = codec.s((yield Script("schedule_resume", args))[0])
+            if status == "unreadable":
+                raise _unreadable(name)
             if status != "stale":
                 return status
         return "stale"

@@ -10,6 +10,9 @@ local time in winter (08:00 UTC) and in summer (07:00 UTC). At the two yearly ch
 - a local time that exists twice (fall back, e.g. 02:30 on the last Sunday of October) fires
   once, at its first occurrence (02:30 summer time); "30 * * * *" thus skips the repeated hour,
   as classic cron does. Use `every_ms` for runs evenly spaced in absolute time.
+
+Slots stop at MAX_TIME_MS (2200-01-01 UTC, the latest instant the scripts store): a buffer may
+hold fewer than BUFFER_SLOTS, and a schedule with no slot left has ended.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
-from croniter.croniter import CroniterBadCronError
+from croniter.croniter import CroniterBadCronError, CroniterBadDateError
 
-from scheduler.core.codec import stored_int
+from scheduler.core.codec import MAX_TIME_MS, stored_int
 from scheduler.core.errors import BadArgument
 
 BUFFER_SLOTS = 64  # cron slots stored ahead; lua/lib/rearm.lua asks for more below 16
+MAX_CATCH_UP = 1_000  # catch_up:N's largest N (lua/lib/schedule.lua SCHED_CATCH_UP_MAX)
 
 _GAP_SAMPLE = 64  # cron slots examined to find the smallest gap (for the jitter check)
 # A fixed start for the jitter check: validation must not depend on the time of the call.
@@ -50,14 +54,53 @@ def _local(ms: int, zone: ZoneInfo) -> datetime:
     return datetime.fromtimestamp(ms / 1000, zone).replace(tzinfo=None)
 
 
+def _refuse_hashed(expr: str) -> None:
+    """croniter's `R` (random) and `H` (hashed) fields draw their value at each computation
+    (upsert, resume, every refill), so the slots would move: refused. No month or weekday
+    name starts with either letter."""
+    for field in expr.split():
+        if any(part[:1] in "hHrR" for part in field.split(",")):
+            raise BadArgument(
+                f"cron {expr!r}: random (R) and hashed (H) fields are not supported; "
+                "use a fixed value (jitter_ms spreads start times)"
+            )
+
+
+def _search_start(after_ms: int, zone: ZoneInfo) -> datetime:
+    """The wall time to search forward from for slots after `after_ms`: its own, except in the
+    second pass of a repeated hour (fall back). Every wall time from there to the end of the
+    repeated span maps to its first pass (_to_ms), before `after_ms`: a seconds-level cron
+    would spend the whole search there. Then the span's end, found by bisection to 1 s (the
+    one candidate it may leave before the end is skipped as not after `after_ms`)."""
+    at = datetime.fromtimestamp(after_ms / 1000, zone)
+    local = at.replace(tzinfo=None)
+    if not at.fold:
+        return local
+    first, second = (local.replace(tzinfo=zone, fold=f).utcoffset() or timedelta() for f in (0, 1))
+    lo, hi = local, local + first - second  # the span ends at or before hi
+    while hi - lo > timedelta(seconds=1):
+        mid = lo + (hi - lo) / 2
+        if _to_ms(mid, zone) > after_ms:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
 def cron_slots_after(expr: str, tz: str, after_ms: int, count: int) -> list[int]:
-    """The next `count` slots strictly after `after_ms`, ascending."""
+    """The next `count` slots strictly after `after_ms`, ascending; fewer near MAX_TIME_MS."""
+    _refuse_hashed(expr)
     zone = zone_named(tz)
-    it = croniter(expr, _local(after_ms, zone))
+    it = croniter(expr, _search_start(after_ms, zone))
     out: list[int] = []
     last = after_ms
     for _ in range(count * 4 + 1000):
-        ms = _to_ms(it.get_next(datetime), zone)
+        try:
+            ms = _to_ms(it.get_next(datetime), zone)
+        except CroniterBadDateError:  # no further date within croniter's search range
+            break
+        if ms > MAX_TIME_MS:
+            break
         if ms > last:
             out.append(ms)
             last = ms
@@ -68,6 +111,7 @@ def cron_slots_after(expr: str, tz: str, after_ms: int, count: int) -> list[int]
 
 def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
     """The latest `count` slots at or before `upto_ms`, ascending."""
+    _refuse_hashed(expr)
     zone = zone_named(tz)
     it = croniter(expr, _local(upto_ms, zone) + timedelta(seconds=1))
     found: list[int] = []
@@ -83,6 +127,7 @@ def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
 def check_cron(expr: str, tz: str) -> list[int]:
     if not isinstance(expr, str) or len(expr.split()) not in (5, 6):
         raise BadArgument(f"cron must have 5 fields (or 6 with seconds), got {expr!r}")
+    _refuse_hashed(expr)  # before croniter's own check: say why
     try:
         if not croniter.is_valid(expr):
             raise BadArgument(f"malformed cron expression {expr!r}")
@@ -120,6 +165,7 @@ def refill_slots(fields: dict[str, str], slots_tail: int | None, now_ms: int) ->
     eff = now_ms - (stored_int(fields.get("offset_ms")) or 0)
     if after >= eff:
         return cron_slots_after(expr, tz, after, BUFFER_SLOTS)
-    keep = (stored_int(fields.get("misfire_n")) or 0) + 1
+    # A hand-edited misfire_n reads as at most MAX_CATCH_UP (as lua/lib/schedule.lua does).
+    keep = min(stored_int(fields.get("misfire_n"), 0) or 0, MAX_CATCH_UP) + 1
     overdue = [s for s in cron_slots_upto(expr, tz, eff, keep) if s > after]
     return overdue + cron_slots_after(expr, tz, eff, BUFFER_SLOTS)

@@ -33,6 +33,7 @@ from scheduler.core import codec
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
 from scheduler.schedules.cron_slots import BUFFER_SLOTS as BUFFER_SLOTS
+from scheduler.schedules.cron_slots import MAX_CATCH_UP as MAX_CATCH_UP
 from scheduler.schedules.cron_slots import check_cron, zone_named
 from scheduler.schedules.cron_slots import cron_slots_after as cron_slots_after
 from scheduler.schedules.cron_slots import refill_requested as refill_requested
@@ -41,7 +42,6 @@ from scheduler.schedules.cron_slots import utc_ms as utc_ms
 from scheduler.schedules.stored import Schedule as Schedule
 from scheduler.schedules.stored import parse_schedule as parse_schedule
 
-MAX_CATCH_UP = 1_000
 _MISFIRE_RE = re.compile(r"(skip|run_once|catch_up:([0-9]{1,4}))")
 
 
@@ -125,10 +125,14 @@ class ScheduleDef:
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def first_slots(self, now_ms: int) -> list[int]:
-        """The buffer to store at upsert / resume (empty for interval schedules)."""
+        """The buffer to store at upsert (empty for interval schedules); BadArgument when a
+        cron has no slot left before 2200 (cron_slots.py)."""
         if self.kind != "cron":
             return []
-        return cron_slots_after(self.cron, self.tz, now_ms - self.offset_ms - 1, BUFFER_SLOTS)
+        slots = cron_slots_after(self.cron, self.tz, now_ms - self.offset_ms - 1, BUFFER_SLOTS)
+        if not slots:
+            raise BadArgument(f"cron {self.cron!r} has no time left before 2200-01-01 UTC")
+        return slots
 
     def upsert_args(self, slots: list[int]) -> list[str]:
         return [
