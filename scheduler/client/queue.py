@@ -602,7 +602,13 @@ class Queue:
             name: the schedule's name.
 
         Returns:
-            `'resumed'` | `'active'` (was not paused) | `'missing'`."""
+            `'resumed'` | `'active'` (was not paused) | `'missing'` | `'stale'` (the
+            definition kept changing while it resumed: five tries).
+
+        Raises:
+            BadArgument: the stored definition cannot be read (edited by hand: a field
+                missing, a bad cron or time zone, a key of another type); nothing changed.
+                Define it again with `schedule(...)`."""
         return self._run(self.ops.resume_schedule(name))
 
     def remove_schedule(self, name: str) -> str:

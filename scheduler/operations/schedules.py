@@ -236,8 +236,9 @@ class ScheduleOps(OpsBase):
         return codec.s((yield Script("schedule_remove", [name])))
 
     def resume_schedule(self, name: str) -> Op[str]:
-        """'resumed' | 'active' (was not paused) | 'missing'; BadArgument when the stored
-        definition cannot be read (hand-edited): nothing changed."""
+        """'resumed' | 'active' (was not paused) | 'missing' | 'stale' (redefined meanwhile,
+        five times); BadArgument when the stored definition cannot be read (hand-edited):
+        nothing changed."""
         recurring.check_schedule_name(name)
         for _ in range(5):
             try:
