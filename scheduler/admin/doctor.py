@@ -19,7 +19,6 @@ raised. A job set aside by flow control (flow:held) is read as due; a key of the
 reads as empty and is a finding. A dead LIST left by an older version is first converted to
 the dead ZSET by lua/dead_migrate.lua (what any script touching it does)."""
 
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,7 +27,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from scheduler.admin import health
-from scheduler.admin.doctor_checks import diagnose
+from scheduler.admin.doctor_checks import diagnose, wrong_type_place
 from scheduler.admin.doctor_model import (
     _CONFIRM_BATCH,
     _PAGE,
@@ -115,10 +114,12 @@ def check_queue(
     """Every finding for one queue. Read-only, but for converting an old dead LIST first."""
     keys = QueueKeys(queue)
     convert_dead(client, keys)
-    held, damaged = _load_held(client, keys)
-    due = held | _load_zset(client, keys.due)  # a job set aside by flow control is due
-    leased = _load_zset(client, keys.leased)
-    dead = _load_zset(client, keys.dead)
+    # A place of another type (written by hand) reads as empty and is a finding.
+    held, damaged = _load_place(client, keys, "flow_held")
+    due, damaged = _load_place(client, keys, "due", damaged)
+    due = held | due  # a job set aside by flow control is due
+    leased, damaged = _load_place(client, keys, "leased", damaged)
+    dead, damaged = _load_place(client, keys, "dead", damaged)
     ctx = Context(keys, server_now_ms(client), _live(client, keys), stale_lease_ms)
     suspects: list[str] = []
     seen: set[str] = set()
@@ -145,18 +146,16 @@ def check_queue(
     return damaged + [i for s in snaps for i in diagnose(s, ctx)]
 
 
-def _load_held(client: redis.Redis, keys: QueueKeys) -> tuple[dict[str, int], list[Issue]]:
-    """flow:held, or when it is of another type (written by hand) nothing, and that finding."""
-    key = keys.flow_held
+def _load_place(
+    client: redis.Redis, keys: QueueKeys, place: str, found: Sequence[Issue] = ()
+) -> tuple[dict[str, int], list[Issue]]:
+    """The ZSET `place` (due, leased, dead, flow_held) of the queue, and `found` plus a finding
+    when it is a key of another type: read as empty, so the check of the rest goes on."""
+    key = getattr(keys, place)
     t = str(client.type(key))
     if t in ("zset", "none"):
-        return _load_zset(client, key), []
-    msg = f"{key} is a {t}, not a ZSET: no job can be set aside by flow control or read as held"
-    return {}, [
-        Issue(
-            "wrong-type", "error", msg, f"inspect it: redis-cli TYPE {shlex.quote(key)}", keys.queue
-        )
-    ]
+        return _load_zset(client, key), list(found)
+    return {}, [*found, wrong_type_place(keys.queue, place, key, t)]
 
 
 def _first_pass(

@@ -22,6 +22,7 @@ from scheduler.admin.doctor_model import (
     undecodable_fields,
 )
 from scheduler.core.codec import stored_int_in
+from scheduler.core.partitions import meta_key
 
 
 def diagnose(s: Snapshot, ctx: Context) -> list[Issue]:
@@ -238,3 +239,39 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
         if bad is not None:
             out.append(unusable(*bad))
     return out
+
+
+# -- queue-level findings: a place or a record no job check can read -------------------------
+# What a key of another type in each place stops (a claim, a report, a listing fails on it).
+_PLACE_ROLE = {
+    "due": "no job can be enqueued to or claimed from it",
+    "leased": "claims and reports of this queue fail on it",
+    "dead": "no job can be dead-lettered, listed dead or requeued",
+    "flow_held": "no job can be set aside by flow control or read as held",
+}
+
+
+def wrong_type_place(queue: str, place: str, key: str, key_type: str) -> Issue:
+    """A queue's due / leased / dead / flow:held key of another type (written by hand): read
+    as empty, so the jobs it should list show up as other findings."""
+    return Issue(
+        "wrong-type",
+        "error",
+        f"{key} is a {key_type}, not a ZSET: {_PLACE_ROLE[place]}",
+        f"inspect it: redis-cli TYPE {shlex.quote(key)}",
+        queue,
+    )
+
+
+def unreadable_layout(queue: str, why: str) -> Issue:
+    """A partition record this version cannot read: the queue's own keys are checked as a
+    plain queue's, its partitions (found by SCAN) each as a queue of their own."""
+    key = meta_key(queue)
+    return Issue(
+        "unreadable-layout",
+        "error",
+        f"{why}: clients and workers refuse this queue",
+        f"inspect it (redis-cli GET {shlex.quote(key)}): restore it as 1|<n>|<names>, or "
+        "delete it if the queue was never partitioned",
+        queue,
+    )

@@ -16,7 +16,7 @@ from scheduler.admin.workers import WorkerInfo as WorkerInfo
 from scheduler.admin.workers import live_workers as live_workers
 from scheduler.core.codec import parse_job
 from scheduler.core.connection import node_for_key, primaries
-from scheduler.core.errors import BadArgument
+from scheduler.core.errors import BadArgument, UnreadableRecord
 from scheduler.core.keys import ROOT, QueueKeys, check_queue_name
 from scheduler.core.models import Job
 from scheduler.core.partitions import PARTITION_NAME, Layout, meta_key
@@ -52,8 +52,14 @@ def discover_queues(client: redis.Redis) -> list[str]:
 
 
 def stored_layout(client: redis.Redis, queue: str) -> Layout | None:
-    """`queue`'s partition layout (core/partitions.py), None for a plain queue: one GET."""
-    raw = client.get(meta_key(queue))
+    """`queue`'s partition layout (core/partitions.py), None for a plain queue: one GET.
+    UnreadableRecord when the record is not one this version wrote, or not a string."""
+    try:
+        raw = client.get(meta_key(queue))
+    except redis.ResponseError as exc:
+        if not str(exc).startswith("WRONGTYPE"):
+            raise
+        raise UnreadableRecord(f"the partition record of queue {queue!r} is not a string") from None
     return None if raw is None else Layout.parse(queue, str(raw))
 
 
@@ -80,12 +86,22 @@ def logical_queues(client: redis.Redis) -> list[str]:
     return group_partitions(client, discover_queues(client))
 
 
-def physical_queues(client: redis.Redis, names: Sequence[str]) -> list[str]:
+def physical_queues(
+    client: redis.Redis, names: Sequence[str], damaged: dict[str, str] | None = None
+) -> list[str]:
     """`names` with each partitioned queue replaced by its partitions (each an ordinary
-    queue: what the doctor checks and where workers register)."""
+    queue: what the doctor checks and where workers register). A queue whose partition record
+    cannot be read raises UnreadableRecord; given `damaged`, it is listed as itself (its own
+    keys) and named there with the reason, so one hand edit does not hide every queue."""
     out: list[str] = []
     for name in names:
-        out.extend(layout.names if (layout := stored_layout(client, name)) else [name])
+        try:
+            layout = stored_layout(client, name)
+        except UnreadableRecord as exc:
+            if damaged is None:
+                raise
+            damaged[name], layout = str(exc), None
+        out.extend(layout.names if layout else [name])
     return list(dict.fromkeys(out))
 
 

@@ -1,10 +1,10 @@
-"""Operator commands: `stats`, `workers`, `keys`; registers the other admin modules too
-(`jobs` and `enqueue`, `dead`, `doctor`)."""
+"""Operator commands: `stats`, `workers`; registers the other admin modules too (`keys`,
+`jobs` and `enqueue`, `dead`, `doctor`)."""
 
 from __future__ import annotations
 
 import json
-import shlex
+import sys
 import time
 from typing import Any
 
@@ -14,19 +14,14 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from scheduler.admin.inspection import (
-    WINDOWS_MIN,
-    fixed_keys,
-    key_families,
-    live_workers,
-    logical_queues,
-    queue_exists,
-    server_now_ms,
-)
+from scheduler.admin.inspection import WINDOWS_MIN, live_workers, logical_queues, server_now_ms
+from scheduler.admin.startup import is_permission_error
 from scheduler.cli import dead, doctor, jobs
 from scheduler.cli.common import (
     EXIT_CODES_HELP,
+    EXIT_FAILED,
     AdminCommand,
+    Seconds,
     cell,
     connect,
     console,
@@ -36,16 +31,21 @@ from scheduler.cli.common import (
     json_option,
     markup_safe,
     physical_queues,
-    queue_option,
     queues_option,
     resolve_queues,
     url_option,
 )
+from scheduler.cli.keys import keys_command
 from scheduler.client.partitioned import PartitionedQueue, merge_counts, open_queue
+from scheduler.core.errors import SchedulerError
 from scheduler.core.keys import QueueKeys
+from scheduler.core.safety import safe
 from scheduler.operations import browsing
 
 _REDISCOVER_EVERY = 15  # refreshes between SCANs for new queues in `stats --watch`
+_MAX_INTERVAL_S = 86_400.0
+# What one queue's unreadable stored data raises (a key of another type: ResponseError).
+_ROW_ERRORS = (redis.ResponseError, SchedulerError, OverflowError, UnicodeError, ValueError)
 
 
 def register(main: click.Group) -> None:
@@ -97,7 +97,20 @@ def _sum(each: list[dict[str, int]]) -> dict[str, int]:
     return out
 
 
-def _stats_table(rows: list[dict[str, Any]]) -> Table:
+def stats_row(client: redis.Redis, name: str) -> dict[str, Any]:
+    """queue_stats, or when the queue's stored data cannot be read (a key of another type, a
+    hand-edited record) a row naming the error: one damaged queue does not hide the others.
+    An unreachable server or a refused permission still stops the command."""
+    try:
+        return {**queue_stats(client, name), "error": None}
+    except _ROW_ERRORS as exc:
+        if is_permission_error(exc):
+            raise
+        what = "Redis refused" if isinstance(exc, redis.ResponseError) else "unreadable stored data"
+        return {"queue": name, "error": safe(f"{what}: {exc} (see scheduler doctor -q {name})")}
+
+
+def _stats_table(rows: list[dict[str, Any]]) -> Group:
     spans = "/".join(f"{n}m" for n in WINDOWS_MIN)
     t = Table(title="queues", caption=f"done, failed, dead-lettered: last {spans}")
     for col in ("queue", "due", "scheduled", "leased", "dead", "late by", "done", "failed", "died"):
@@ -107,6 +120,9 @@ def _stats_table(rows: list[dict[str, Any]]) -> Table:
         return "/".join(str(row["windows"][f"{n}m"].get(name, 0)) for n in WINDOWS_MIN)
 
     for r in rows:
+        if r["error"] is not None:
+            t.add_row(cell(r["queue"]), "[red]error[/]", *[""] * 7)
+            continue
         leased = f"{r['leased']}" + (f" ({r['lapsed']} lapsed)" if r["lapsed"] else "")
         parts = f" ({r['partitions']} partitions)" if r.get("partitions") else ""
         t.add_row(
@@ -123,7 +139,8 @@ def _stats_table(rows: list[dict[str, Any]]) -> Table:
         )
     if not rows:
         t.add_row("(no queues)", *[""] * 8)
-    return t
+    errors = [cell(f"{r['queue']}: {r['error']}") for r in rows if r["error"] is not None]
+    return Group(t, *errors)
 
 
 @click.command(cls=AdminCommand)
@@ -133,10 +150,10 @@ def _stats_table(rows: list[dict[str, Any]]) -> Table:
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.0),
+    type=Seconds(min=0.0, max=_MAX_INTERVAL_S),
     default=2.0,
     show_default=True,
-    help="Seconds between refreshes with --watch.",
+    help="Seconds between refreshes with --watch (at most a day).",
 )
 @click.option(
     "--count",
@@ -148,31 +165,43 @@ def stats(
     url: str, queues: tuple[str, ...], as_json: bool, watch: bool, interval: float, count: int
 ) -> None:
     """Per queue: due now, scheduled later, leased, dead, the oldest overdue job and how late it
-    is, and done / failed / dead-lettered counts over the last 1, 5 and 60 minutes."""
+    is, and done / failed / dead-lettered counts over the last 1, 5 and 60 minutes. A queue
+    whose stored data cannot be read is shown with its error (exit 1)."""
     client = connect(url)
     if not watch:
-        rows = [queue_stats(client, n) for n in resolve_queues(client, queues)]
+        rows = [stats_row(client, n) for n in resolve_queues(client, queues)]
         if as_json:
             emit_json({"queues": rows})
         else:
             console().print(_stats_table(rows))
-        return
-    # Watching: an explicit queue may be empty for now; discovery is redone every refresh.
-    out = console()
+    else:
+        try:
+            rows = _watch(client, queues, as_json, interval, count)
+        except KeyboardInterrupt:  # Ctrl-C is how a watch ends: a clean stop, not "Aborted!"
+            return
+    if any(r["error"] is not None for r in rows):
+        sys.exit(EXIT_FAILED)
+
+
+def _watch(
+    client: redis.Redis, queues: tuple[str, ...], as_json: bool, interval: float, count: int
+) -> list[dict[str, Any]]:
+    """Refresh until --count refreshes (the last rows returned) or Ctrl-C. An explicit queue
+    may be empty for now; discovery is redone every _REDISCOVER_EVERY refreshes."""
     refreshes = 0
     names = list(queues) or logical_queues(client)
-    with Live(console=out, auto_refresh=False, transient=False) as live:
+    with Live(console=console(), auto_refresh=False, transient=False) as live:
         while True:
             if not queues and refreshes and refreshes % _REDISCOVER_EVERY == 0:
                 names = logical_queues(client)  # a full SCAN: not on every refresh
-            rows = [queue_stats(client, n) for n in names]
+            rows = [stats_row(client, n) for n in names]
             if as_json:
                 click.echo(json.dumps({"queues": rows}, sort_keys=True))
             else:
                 live.update(_stats_table(rows), refresh=True)
             refreshes += 1
             if count and refreshes >= count:
-                return
+                return rows
             time.sleep(interval)
 
 
@@ -192,15 +221,20 @@ def workers(url: str, queues: tuple[str, ...], as_json: bool) -> None:
     found: list[dict[str, Any]] = []
     gone: dict[str, list[str]] = {}
     seen: set[str] = set()
+    damaged: dict[str, str] = {}  # an unreadable partition record: its own keys are read
     for logical in resolve_queues(client, queues):
         # A worker on a partitioned queue registers in every partition: listed once, under
         # the logical name.
-        for name in physical_queues(client, [logical]):
+        for name in physical_queues(client, [logical], damaged):
             live, expired = live_workers(client, QueueKeys(name))
             found += [{**w.to_json(), "queue": logical} for w in live if w.id not in seen]
             seen.update(w.id for w in live)
             if expired:
                 gone[name] = expired
+    for name, why in damaged.items():
+        click.echo(
+            safe(f"warning: {why}; read as a plain queue (scheduler doctor -q {name})"), err=True
+        )
     if as_json:
         emit_json({"now_ms": now_ms, "workers": found, "expired": gone})
         return
@@ -232,49 +266,3 @@ def workers(url: str, queues: tuple[str, ...], as_json: bool) -> None:
     for name, ids in gone.items():
         gone_line = f"{markup_safe(name)}: {len(ids)} expired worker record(s) not yet pruned"
         out.print(f"[dim]{gone_line}[/dim]")
-
-
-# -- keys ------------------------------------------------------------------------------------
-@click.command("keys", cls=AdminCommand)
-@url_option
-@queue_option
-@json_option
-def keys_command(url: str, queue: str, as_json: bool) -> None:
-    """The key names of a queue, ready to paste into redis-cli, with their types and sizes."""
-    client = connect(url)
-    k = QueueKeys(queue)
-    fixed = fixed_keys(client, k)
-    families = key_families(client, k)
-    q = shlex.quote
-    examples = [
-        f"redis-cli ZRANGE {q(k.due)} 0 9 WITHSCORES",
-        f"redis-cli ZRANGE {q(k.leased)} 0 9 WITHSCORES",
-        f"redis-cli ZRANGE {q(k.dead)} 0 9 REV WITHSCORES",
-        f"redis-cli HGETALL {q(k.job('<id>'))}",
-        f"redis-cli --scan --pattern {q(k.pattern())}",
-    ]
-    exists = queue_exists(client, k, server_now_ms(client))
-    if as_json:
-        emit_json(
-            {
-                "queue": queue,
-                "prefix": k.prefix,
-                "exists": exists,
-                "keys": [i.to_json() for i in fixed],
-                "families": [f.to_json() for f in families],
-                "examples": examples,
-            }
-        )
-        return
-    t = Table(title=f"keys of queue {queue!r}" + ("" if exists else " (no keys yet)"))
-    for col in ("key", "type", "size", "ttl", "contents"):
-        t.add_column(col, overflow="fold", no_wrap=col == "key")
-    for i in fixed:
-        ttl = "-" if i.ttl_ms is None else fmt_ms(i.ttl_ms)
-        t.add_row(cell(q(i.key)), cell(i.type), str(i.size), ttl, i.about)
-    f = Table(title="per-item keys")
-    for col in ("pattern", "count", "contents"):
-        f.add_column(col, overflow="fold", no_wrap=col == "pattern")
-    for fam in families:
-        f.add_row(cell(q(fam.pattern)), str(fam.count), fam.about)
-    console().print(Group(t, f, cell("\n".join(examples), keep_newlines=True)))

@@ -21,6 +21,7 @@ from scheduler.admin.startup import OPERATOR_ROLE_HINT, is_permission_error, per
 from scheduler.cli.output import (
     PIPE_WIDTH,
     Duration,
+    Seconds,
     cell,
     console,
     decoded_payload,
@@ -31,11 +32,12 @@ from scheduler.cli.output import (
     markup_safe,
     parse_at,
     parse_duration_ms,
+    timeout_option,
 )
 from scheduler.core import connection, exits
 from scheduler.core.backoff import Backoff
 from scheduler.core.backoff_text import parse_backoff_text
-from scheduler.core.errors import BadArgument, JobNotFound, SchedulerError
+from scheduler.core.errors import BadArgument, JobNotFound, SchedulerError, UnreadableRecord
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.safety import redact, safe
 
@@ -56,6 +58,7 @@ __all__ = [
     "Duration",
     "Forbidden",
     "Refused",
+    "Seconds",
     "Unreachable",
     "backoff_option",
     "cell",
@@ -114,6 +117,8 @@ class AdminCommand(click.Command):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except UnreadableRecord as exc:  # the stored data is at fault, not the command line
+            raise Refused(safe(f"unreadable stored data: {exc}")) from None
         except BadArgument as exc:
             raise BadInput(safe(exc)) from None
         except JobNotFound as exc:
@@ -217,43 +222,6 @@ def backoff_option(f: F) -> F:
     )(f)
 
 
-def _timeout_given(ctx: click.Context, name: str, value: int | None) -> int | None:
-    # --timeout (a duration) and --timeout-ms (ms) set one value; an option not on the command
-    # line is processed after those that are, so the given one is always seen first.
-    if value is None:
-        return None
-    other = ctx.meta.setdefault("timeout_option", name)
-    if other != name:
-        raise click.UsageError("give --timeout or --timeout-ms, not both")
-    ctx.meta["timeout_ms"] = value
-    return value
-
-
-def timeout_option(f: F) -> F:
-    def ms(ctx: click.Context, _: click.Parameter, value: int | None) -> int:
-        if _timeout_given(ctx, "--timeout-ms", value) is None:
-            return int(ctx.meta.get("timeout_ms", 0))
-        return int(value or 0)
-
-    def duration(ctx: click.Context, _: click.Parameter, value: int | None) -> None:
-        _timeout_given(ctx, "--timeout", value)
-
-    f = click.option(
-        "--timeout-ms",
-        type=click.IntRange(min=0),
-        default=None,
-        callback=ms,
-        help="A run longer than this many ms is stopped and retried (0, the default: none).",
-    )(f)
-    return click.option(
-        "--timeout",
-        type=Duration(),
-        expose_value=False,
-        callback=duration,
-        help="--timeout-ms as a duration: 30s, 5m, 1h.",
-    )(f)
-
-
 # -- connection and output -------------------------------------------------------------------
 def connect(url: str, *, encoding_errors: str = "backslashreplace") -> redis.Redis:
     """A client that fails fast (exit 3) when the server does not answer. Stored bytes that are
@@ -280,8 +248,11 @@ def require_queue(client: redis.Redis, queue: str) -> QueueKeys:
     command that reads or changes an existing queue calls this (only enqueue and the worker
     create queues), so a typo is the same refusal everywhere."""
     keys = QueueKeys(queue)
-    if stored_layout(client, queue) is not None:
-        return keys  # a partitioned queue: its jobs live in its partitions' keys
+    try:
+        if stored_layout(client, queue) is not None:
+            return keys  # a partitioned queue: its jobs live in its partitions' keys
+    except UnreadableRecord:
+        return keys  # its (damaged) record is a key of it: what reads it next says what is wrong
     if not queue_exists(client, keys, server_now_ms(client, keys)):
         known = ", ".join(logical_queues(client)[:20]) or "none"
         raise Refused(f"no queue named {queue!r} (no keys under {keys.pattern()}); known: {known}")

@@ -23,13 +23,15 @@ from scheduler.admin.inspection import live_workers
 from scheduler.cli.demo_tasks import FLAKY_BACKOFF, LEDGER, QUEUE
 from scheduler.cli.embedded import NoServerBinary, PrivateRedis
 from scheduler.client.queue import Queue
-from scheduler.core.safety import clean
+from scheduler.core.safety import clean, redact, safe
 
 LEASE_MS, HEARTBEAT_MS = 2_000, 500
 TASKS = "scheduler.cli.demo_tasks:registry"
 
 
 def _spawn(url: str) -> subprocess.Popen[bytes]:
+    # The URL only in the environment (the worker's --url reads REDIS_URL): a password in argv
+    # would be in every process listing.
     env = dict(os.environ, SCHEDULER_DEMO_URL=url, REDIS_URL=url)
     cmd = [
         sys.executable,
@@ -37,8 +39,6 @@ def _spawn(url: str) -> subprocess.Popen[bytes]:
         "from scheduler.cli.main import main; main()",
         "worker",
         TASKS,
-        "--url",
-        url,
         "--queue",
         QUEUE,
         "--concurrency",
@@ -89,15 +89,17 @@ def run_demo(
 
 
 def _explore(console: Console, url: str, kept: PrivateRedis | None) -> None:
-    """The commands to try on what the demo left behind (plain text: copy-pasteable)."""
-    u = shlex.quote(url)
+    """The commands to try on what the demo left behind (plain text: copy-pasteable). A URL
+    with a password is never printed: the commands then read it from REDIS_URL."""
+    secret = redact(url) != url
+    where = "" if secret else f" --url {shlex.quote(url)}"
     lines = [
-        f"scheduler stats --url {u} --queue {QUEUE}",
-        f"scheduler jobs list --url {u} --queue {QUEUE}",
-        f"scheduler dead list --url {u} --queue {QUEUE}",
-        f"scheduler workers --url {u} --queue {QUEUE}",
-        f"scheduler dashboard --url {u} --queue {QUEUE}",  # http://127.0.0.1:8080/
-        f"scheduler worker {TASKS} --url {u} --queue {QUEUE}",
+        f"scheduler stats{where} --queue {QUEUE}",
+        f"scheduler jobs list{where} --queue {QUEUE}",
+        f"scheduler dead list{where} --queue {QUEUE}",
+        f"scheduler workers{where} --queue {QUEUE}",
+        f"scheduler dashboard{where} --queue {QUEUE}",  # http://127.0.0.1:8080/
+        f"scheduler worker {TASKS}{where} --queue {QUEUE}",
     ]
     console.print("")
     if kept is not None and kept.proc is not None:
@@ -106,10 +108,16 @@ def _explore(console: Console, url: str, kept: PrivateRedis | None) -> None:
             markup=False,
             highlight=False,
         )
-    console.print(f"URL: {url}", markup=False, highlight=False)
+    console.print(f"URL: {safe(url)}", markup=False, highlight=False)
+    if secret:
+        console.print(
+            "Its password is not printed: export REDIS_URL=<the URL you gave> first.",
+            markup=False,
+            highlight=False,
+        )
     console.print("Try (the last one runs the demo's tasks as-is):", markup=False)
     for line in lines:
-        console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"  {clean(line)}", markup=False, highlight=False, soft_wrap=True)
     if kept is not None and kept.proc is not None:
         console.print(
             f"Stop it: kill {kept.proc.pid} && rm -rf {shlex.quote(kept.dir)}",

@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 
 from scheduler.admin import doctor as checks
+from scheduler.admin.doctor_checks import unreadable_layout
 from scheduler.cli.common import (
     EXIT_FINDINGS,
     AdminCommand,
@@ -84,10 +85,13 @@ def doctor(
     what is safe. Exits 1 when errors (with --strict: any finding) remain."""
     # surrogateescape: undecodable bytes become findings, and --fix writes keys back exactly.
     client = connect(url, encoding_errors="surrogateescape")
-    # A partitioned queue is checked partition by partition (each an ordinary queue).
-    names = physical_queues(client, resolve_queues(client, queues))
+    # A partitioned queue is checked partition by partition (each an ordinary queue); one
+    # whose partition record cannot be read is a finding, and its own keys are checked.
+    damaged: dict[str, str] = {}
+    names = physical_queues(client, resolve_queues(client, queues), damaged)
     fixed: list[checks.Issue] = []
     remaining: list[checks.Issue] = [] if no_server else checks.check_server_settings(client)
+    remaining += [unreadable_layout(queue, why) for queue, why in damaged.items()]
     for name in names:
         if fix:
             report = checks.repair_queue(client, name, stale_lease_ms=stale_lease_ms)

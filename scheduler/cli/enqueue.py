@@ -38,6 +38,8 @@ def parse_payload(text: str) -> Any:
         return json.loads(text, parse_constant=_reject_constant)
     except ValueError as exc:
         raise BadInput(f"--payload is not valid JSON: {exc}") from None
+    except RecursionError:  # Python's parser gives up near 1,000 levels; no payload needs them
+        raise BadInput("--payload is nested too deeply") from None
 
 
 @click.command(cls=AdminCommand)
@@ -129,4 +131,4 @@ def enqueue(
     if as_json:
         emit_json({"id": job_id, "queue": queue, "task": task})
     else:
-        click.echo(job_id)
+        click.echo(safe(job_id))  # with --key: the id stored under it, possibly hand-edited

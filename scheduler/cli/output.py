@@ -1,15 +1,17 @@
-"""The CLI's text in and out: durations and times (parsed and shown), and the output helpers
-that keep stored (untrusted) text inert on a terminal: JSON, table cells, the console."""
+"""The CLI's text in and out: durations, seconds and times (parsed and shown; the --timeout
+options), and the output helpers that keep stored (untrusted) text inert on a terminal: JSON,
+table cells, the console."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -19,6 +21,8 @@ from rich.text import Text
 
 from scheduler.core.errors import BadArgument
 from scheduler.core.safety import clean, visible_bytes
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # -- durations and times ---------------------------------------------------------------------
 _DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
@@ -45,6 +49,56 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic from click
             return parse_duration_ms(str(value))
         except BadArgument as exc:
             self.fail(str(exc), param, ctx)
+
+
+def _timeout_given(ctx: click.Context, name: str, value: int | None) -> int | None:
+    # --timeout (a duration) and --timeout-ms (ms) set one value; an option not on the command
+    # line is processed after those that are, so the given one is always seen first.
+    if value is None:
+        return None
+    other = ctx.meta.setdefault("timeout_option", name)
+    if other != name:
+        raise click.UsageError("give --timeout or --timeout-ms, not both")
+    ctx.meta["timeout_ms"] = value
+    return value
+
+
+def timeout_option(f: F) -> F:
+    def ms(ctx: click.Context, _: click.Parameter, value: int | None) -> int:
+        if _timeout_given(ctx, "--timeout-ms", value) is None:
+            return int(ctx.meta.get("timeout_ms", 0))
+        return int(value or 0)
+
+    def duration(ctx: click.Context, _: click.Parameter, value: int | None) -> None:
+        _timeout_given(ctx, "--timeout", value)
+
+    f = click.option(
+        "--timeout-ms",
+        type=click.IntRange(min=0),
+        default=None,
+        callback=ms,
+        help="A run longer than this many ms is stopped and retried (0, the default: none).",
+    )(f)
+    return click.option(
+        "--timeout",
+        type=Duration(),
+        expose_value=False,
+        callback=duration,
+        help="--timeout-ms as a duration: 30s, 5m, 1h.",
+    )(f)
+
+
+class Seconds(click.FloatRange):
+    """A finite number of seconds within [min, max]: FloatRange alone lets nan and inf through
+    (every comparison with nan is false), and time.sleep refuses them later, mid-output."""
+
+    name = "SECONDS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return rv
 
 
 def parse_at(text: str) -> datetime:

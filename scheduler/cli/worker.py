@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
-import os
 import sys
 from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any
 
 import click
+import redis
 from redis.exceptions import RedisClusterException, RedisError
 
 from scheduler.admin.startup import (
@@ -24,8 +23,10 @@ from scheduler.admin.startup import (
     permission_message,
 )
 from scheduler.cli.common import url_option
+from scheduler.cli.worker_start import RegistryImportError, load_registry, start_failure
 from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async, parse_url
+from scheduler.core.errors import SchedulerError
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN
 from scheduler.core.keys import check_job_id
 from scheduler.core.safety import redact, safe
@@ -42,33 +43,14 @@ from scheduler.worker import (
 from scheduler.worker.execution import TRANSIENT
 from scheduler.worker.registry import Registry
 
-_START_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT, RedisError, RedisClusterException)
-
-
-class RegistryImportError(Exception):
-    pass
-
-
-def load_registry(target: str) -> Registry:
-    """Import `module:attribute` (the current directory is importable, as with uvicorn)."""
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise RegistryImportError(f"expected module:attribute, got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise RegistryImportError(
-            f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
-    obj = getattr(module, attr, None)
-    if not isinstance(obj, Registry):
-        raise RegistryImportError(
-            f"{target!r} is {type(obj).__name__ if obj is not None else 'missing'}, "
-            "not a scheduler.worker.registry.Registry"
-        )
-    return obj
+# Each one line and an exit code (worker_start.start_failure); a hand-edited partition record
+# is an UnreadableRecord (a SchedulerError).
+_START_ERRORS: tuple[type[BaseException], ...] = (
+    *TRANSIENT,
+    RedisError,
+    RedisClusterException,
+    SchedulerError,
+)
 
 
 async def _serve(
@@ -94,14 +76,9 @@ async def _serve(
         click.echo(f"error: {exc}", err=True)
         await client.aclose()
         return EXIT_FORBIDDEN
-    except _START_ERRORS as exc:
+    except _START_ERRORS as exc:  # what the first reads and script loads can meet
         await client.aclose()
-        if is_permission_error(exc):  # e.g. SCRIPT LOAD refused
-            click.echo(f"error: {permission_message(exc, APP_ROLE_HINT)}", err=True)
-            return EXIT_FORBIDDEN
-        # The URL may carry the password: never print it.
-        click.echo(safe(f"error: cannot reach Redis at {redact(url)}: {exc}"), err=True)
-        return EXIT_REDIS
+        return start_failure(exc, url)
     try:
         await check_or_warn_async(client, strict=strict, log=worker.log.warning)
     except UnsafeServer as exc:  # a refusal, as with `enqueue --strict`
@@ -155,7 +132,7 @@ def register(main: click.Group) -> None:
     "--lease-ms",
     default=30_000,
     show_default=True,
-    help="Lease length; a crashed worker's jobs are re-run after it.",
+    help="Lease length (1 ms .. 1 day); a crashed worker's jobs are re-run after it.",
 )
 @click.option(
     "--heartbeat-ms",
@@ -171,7 +148,7 @@ def register(main: click.Group) -> None:
     "grace_s",
     default=25.0,
     show_default=True,
-    help="Seconds to let running jobs finish on SIGTERM before releasing them.",
+    help="Seconds to let running jobs finish on SIGTERM before releasing them (0..86400).",
 )
 @click.option(
     "--log-level",
@@ -181,7 +158,10 @@ def register(main: click.Group) -> None:
 )
 @click.option("--json-logs", is_flag=True, help="One JSON object per log line.")
 @click.option(
-    "--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port."
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (0: any free one).",
 )
 @click.option(
     "--strict",
@@ -227,9 +207,10 @@ def worker_cmd(
 ) -> None:
     """Run handlers from REGISTRY (module:attribute, a scheduler.worker.registry.Registry).
 
-    Exit codes: the table of `scheduler --help` (0 stopped cleanly, 1 crashed or --strict
-    refused unsafe Redis settings, 2 invalid settings, 3 Redis unreachable at start, 4 registry
-    not importable, 5 the Redis user may not work a queue, 130 forced by a second signal).
+    Exit codes: the table of `scheduler --help` (0 stopped cleanly, 1 crashed, --strict refused
+    unsafe Redis settings, or a queue key edited by hand at start, 2 invalid settings, 3 Redis
+    unreachable at start, 4 registry not importable, 5 the Redis user may not work a queue, 130
+    forced by a second signal).
     """
     logs.setup(log_level, json_logs)
     settings = WorkerSettings(
@@ -287,6 +268,12 @@ def demo_cmd(url: str | None, keep: bool) -> None:
     """Watch the scheduler at work in ~15 s: on-time, delayed, failing and crashing jobs."""
     from scheduler.cli.demo import run_demo
 
+    try:
+        if url is not None:
+            redis.Redis.from_url(url).close()  # redis-py's own URL refusals, before any I/O
+    except ValueError as exc:
+        click.echo(safe(f"error: invalid --url {redact(url or '')}: {exc}"), err=True)
+        sys.exit(EXIT_USAGE)
     try:
         code = run_demo(url, keep=keep)
     except RedisError as exc:  # a --url whose server or user will not do: one line, no trace

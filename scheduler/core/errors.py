@@ -13,6 +13,11 @@ class BadArgument(SchedulerError, ValueError):
     """A call's arguments were refused at the boundary; nothing was changed."""
 
 
+class UnreadableRecord(BadArgument):
+    """A record read from Redis is not one this version wrote (edited by hand, or by another
+    tool): the stored data is at fault, not the call. A BadArgument, as callers caught before."""
+
+
 class InvalidPayload(BadArgument):
     """The payload is not JSON-serialisable, or is larger than the limit."""
 

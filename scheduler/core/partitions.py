@@ -26,7 +26,7 @@ from typing import Any
 from redis.crc import key_slot
 
 from scheduler.core.codec import new_job_id
-from scheduler.core.errors import BadArgument
+from scheduler.core.errors import BadArgument, UnreadableRecord
 from scheduler.core.keys import QueueKeys, check_queue_name
 
 MAX_PARTITIONS = 1024
@@ -52,6 +52,10 @@ def check_count(n: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PARTITIONS:
         raise BadArgument(f"partitions must be an int in [1, {MAX_PARTITIONS}], got {n!r}")
     return n
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # str.isdigit alone takes '²', which int() refuses
 
 
 def _hash(text: str) -> int:
@@ -99,15 +103,19 @@ class Layout:
 
     @classmethod
     def parse(cls, queue: str, text: str) -> Layout:
-        """The stored record; BadArgument when it is not one this version wrote."""
+        """The stored record; UnreadableRecord (a BadArgument) when it is not one this version
+        wrote."""
         parts = str(text).split("|")
-        if len(parts) != 3 or parts[0] != _VERSION or not parts[1].isdigit():
-            raise BadArgument(f"unreadable partition record of queue {queue!r}: {text!r}")
+        if len(parts) != 3 or parts[0] != _VERSION or not _digits(parts[1]):
+            raise UnreadableRecord(f"unreadable partition record of queue {queue!r}: {text!r:.200}")
         names = tuple(parts[2].split(","))
         if len(names) != int(parts[1]):
-            raise BadArgument(f"partition record of {queue!r} lists {len(names)} names")
-        for name in names:
-            check_queue_name(name)
+            raise UnreadableRecord(f"partition record of {queue!r} lists {len(names)} names")
+        try:
+            for name in names:
+                check_queue_name(name)
+        except BadArgument as exc:
+            raise UnreadableRecord(f"partition record of {queue!r}: {exc}") from None
         return cls(queue, names)
 
     def partition_of_id(self, job_id: str) -> int:

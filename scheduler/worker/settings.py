@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from scheduler.core import codec, exits
@@ -23,6 +24,7 @@ _WAKE_BLOCK_S = 1  # BLPOP timeout; the due-time timer is local, so precision do
 _LEASE_MARGIN_S = 0.05  # local lease view ends this much before the server's
 _STOP_LOOP_S = 1.0  # how long shutdown waits for one loop to notice its stop flag
 _SETTLE_S = 5.0  # shutdown budget for flushing outcomes and releasing when Redis is slow
+MAX_GRACE_S = 86_400.0  # a day, as the longest lease: a finite wait the event loop can arm
 
 
 class SettingsError(BadArgument):
@@ -36,11 +38,12 @@ class WorkerSettings:
     Attributes:
         queues: the queues to claim from, at least one.
         concurrency: handlers running at once, >= 1.
-        lease_ms: lease length given at claim and at each heartbeat, >= 3 x heartbeat_ms.
+        lease_ms: lease length given at claim and at each heartbeat, >= 3 x heartbeat_ms and
+            within [1 ms, 1 day] (codec.LIMITS).
         heartbeat_ms: interval between heartbeats, >= 10 ms.
         batch_size: most jobs per claim call, in [1, 1000].
         grace_s: on shutdown, how long running handlers may finish before their jobs are
-            released, >= 0 s.
+            released, a finite number in [0 s, 1 day].
         reap_limit: most lapsed leases one claim reaps, in [0, 10,000].
         prefetch: jobs claimed beyond the free slots while jobs are short, >= 0.
         max_abandoned_threads: sync handlers abandoned (timeout, lost lease) that may still
@@ -86,6 +89,10 @@ class WorkerSettings:
             raise SettingsError(f"batch size must be within 1..1000, got {self.batch_size}")
         if self.heartbeat_ms < 10:
             raise SettingsError(f"heartbeat must be >= 10 ms, got {self.heartbeat_ms}")
+        # The claim and heartbeat scripts refuse a lease outside LIMITS: refused here, at start,
+        # rather than by the first claim (a crash). heartbeat <= lease / 3 bounds it too.
+        _within(self.lease_ms, "lease_ms")
+        _within(self.reap_limit, "reap_limit")
         if self.lease_ms < 3 * self.heartbeat_ms:
             raise SettingsError(
                 f"unsafe: lease {self.lease_ms} ms is less than 3 heartbeat intervals "
@@ -94,14 +101,20 @@ class WorkerSettings:
             )
         if self.prefetch < 0:
             raise SettingsError(f"prefetch must be >= 0, got {self.prefetch}")
-        if self.grace_s < 0:
-            raise SettingsError(f"grace must be >= 0, got {self.grace_s}")
+        # not (0 <= nan): a nan or inf grace would fail only at the SIGTERM it is for.
+        if not (math.isfinite(self.grace_s) and 0 <= self.grace_s <= MAX_GRACE_S):
+            raise SettingsError(f"grace must be within 0..{MAX_GRACE_S:g} s, got {self.grace_s}")
         if self.result_ttl_ms is not None:
-            try:
-                codec.check_int(self.result_ttl_ms, "result_ttl_ms")
-            except BadArgument as exc:
-                raise SettingsError(str(exc)) from None
+            _within(self.result_ttl_ms, "result_ttl_ms")
         if self.max_abandoned_threads is not None and self.max_abandoned_threads < 1:
             raise SettingsError(
                 f"max_abandoned_threads must be >= 1, got {self.max_abandoned_threads}"
             )
+
+
+def _within(value: int, name: str) -> None:
+    """SettingsError unless `value` is an int within codec.LIMITS[name]."""
+    try:
+        codec.check_int(value, name)
+    except BadArgument as exc:
+        raise SettingsError(str(exc)) from None

@@ -1,0 +1,111 @@
+"""`scheduler keys`: a queue's key names, types and sizes, ready to paste into redis-cli. A
+partitioned queue keeps its jobs in its partitions (each an ordinary queue): its layout record
+is shown, then each partition's keys."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import click
+import redis
+from rich.console import Group
+from rich.table import Table
+
+from scheduler.admin.inspection import (
+    fixed_keys,
+    key_families,
+    queue_exists,
+    server_now_ms,
+    stored_layout,
+)
+from scheduler.cli.common import (
+    AdminCommand,
+    cell,
+    connect,
+    console,
+    emit_json,
+    fmt_ms,
+    json_option,
+    queue_option,
+    url_option,
+)
+from scheduler.core.keys import QueueKeys
+from scheduler.core.partitions import meta_key
+
+
+def queue_keys(client: redis.Redis, name: str) -> dict[str, Any]:
+    """One ordinary queue's keys (a plain queue, or one partition): the --json shape."""
+    k, q = QueueKeys(name), shlex.quote
+    return {
+        "queue": name,
+        "prefix": k.prefix,
+        "exists": queue_exists(client, k, server_now_ms(client, k)),
+        "keys": [i.to_json() for i in fixed_keys(client, k)],
+        "families": [f.to_json() for f in key_families(client, k)],
+        "examples": [
+            f"redis-cli ZRANGE {q(k.due)} 0 9 WITHSCORES",
+            f"redis-cli ZRANGE {q(k.leased)} 0 9 WITHSCORES",
+            f"redis-cli ZRANGE {q(k.dead)} 0 9 REV WITHSCORES",
+            f"redis-cli HGETALL {q(k.job('<id>'))}",
+            f"redis-cli --scan --pattern {q(k.pattern())}",
+        ],
+    }
+
+
+def partitioned_keys(name: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A partitioned queue: its own prefix holds only the layout record; `partitions` holds
+    each partition's queue_keys, and `exists` says whether any of them has keys."""
+    record = meta_key(name)
+    return {
+        "queue": name,
+        "prefix": QueueKeys(name).prefix,
+        "exists": any(p["exists"] for p in parts),
+        "layout_key": record,
+        "keys": [],
+        "families": [],
+        "examples": [f"redis-cli GET {shlex.quote(record)}"],
+        "partitions": parts,
+    }
+
+
+def _tables(view: dict[str, Any], title: str) -> Group:
+    q = shlex.quote
+    t = Table(title=title + ("" if view["exists"] else " (no keys yet)"))
+    for col in ("key", "type", "size", "ttl", "contents"):
+        t.add_column(col, overflow="fold", no_wrap=col == "key")
+    for i in view["keys"]:
+        ttl = "-" if i["ttl_ms"] is None else fmt_ms(i["ttl_ms"])
+        t.add_row(cell(q(i["key"])), cell(i["type"]), str(i["size"]), ttl, i["about"])
+    f = Table(title="per-item keys")
+    for col in ("pattern", "count", "contents"):
+        f.add_column(col, overflow="fold", no_wrap=col == "pattern")
+    for fam in view["families"]:
+        f.add_row(cell(q(fam["pattern"])), str(fam["count"]), fam["about"])
+    return Group(t, f, cell("\n".join(view["examples"]), keep_newlines=True))
+
+
+@click.command("keys", cls=AdminCommand)
+@url_option
+@queue_option
+@json_option
+def keys_command(url: str, queue: str, as_json: bool) -> None:
+    """The key names of a queue, ready to paste into redis-cli, with their types and sizes
+    (of each partition, for a partitioned queue)."""
+    client = connect(url)
+    layout = stored_layout(client, queue)
+    if layout is None:
+        view = queue_keys(client, queue)
+    else:
+        view = partitioned_keys(queue, [queue_keys(client, p) for p in layout.names])
+    if as_json:
+        emit_json({"partitions": None, **view})
+        return
+    out = console()
+    if layout is None:
+        out.print(_tables(view, f"keys of queue {queue!r}"))
+        return
+    out.print(cell(f"queue {queue!r}: {layout.n} partitions, layout record {view['layout_key']}"))
+    out.print(cell(f"  {view['examples'][0]}"), soft_wrap=True)
+    for part in view["partitions"]:
+        out.print(_tables(part, f"keys of partition {part['queue']!r} of queue {queue!r}"))

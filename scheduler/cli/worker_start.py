@@ -1,0 +1,64 @@
+"""The worker's start, before its first claim: importing its registry, and the one line and
+exit code (scheduler/core/exits.py) of each way the start can fail."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+from redis.exceptions import RedisClusterException
+
+from scheduler.admin.startup import APP_ROLE_HINT, is_permission_error, permission_message
+from scheduler.core.errors import SchedulerError
+from scheduler.core.safety import redact, safe
+from scheduler.worker import EXIT_ERROR, EXIT_REDIS, EXIT_REDIS_REFUSED, EXIT_USAGE, SettingsError
+from scheduler.worker.execution import TRANSIENT, classify
+from scheduler.worker.registry import Registry
+
+
+class RegistryImportError(Exception):
+    pass
+
+
+def load_registry(target: str) -> Registry:
+    """Import `module:attribute` (the current directory is importable, as with uvicorn)."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise RegistryImportError(f"expected module:attribute, got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise RegistryImportError(
+            f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    obj = getattr(module, attr, None)
+    if not isinstance(obj, Registry):
+        raise RegistryImportError(
+            f"{target!r} is {type(obj).__name__ if obj is not None else 'missing'}, "
+            "not a scheduler.worker.registry.Registry"
+        )
+    return obj
+
+
+def start_failure(exc: BaseException, url: str) -> int:
+    """Print why the start failed (one line; the URL's password never) and return its exit
+    code. Only a server that cannot be reached or cannot serve yet (LOADING, BUSY, a cluster
+    failover: classify's 'transient') is 3, which a supervisor retries; a key of another type or
+    an unreadable stored record is 1: restarting cannot help, `scheduler doctor` says what."""
+    if is_permission_error(exc):  # e.g. SCRIPT LOAD refused
+        line, code = permission_message(exc, APP_ROLE_HINT), EXIT_REDIS_REFUSED
+    elif isinstance(exc, (*TRANSIENT, RedisClusterException)) or classify(exc) == "transient":
+        line, code = f"cannot reach Redis at {redact(url)}: {exc}", EXIT_REDIS
+    elif isinstance(exc, SettingsError):
+        line, code = str(exc), EXIT_USAGE
+    elif isinstance(exc, SchedulerError):
+        line, code = f"unreadable stored data: {exc} (run scheduler doctor)", EXIT_ERROR
+    else:
+        name = type(exc).__name__
+        line, code = f"Redis refused the start: {name}: {exc} (run scheduler doctor)", EXIT_ERROR
+    click.echo(safe(f"error: {line}"), err=True)
+    return code
