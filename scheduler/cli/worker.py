@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
-from collections.abc import Coroutine
 from dataclasses import replace
-from typing import Any
 
 import click
 import redis
@@ -23,7 +20,12 @@ from scheduler.admin.startup import (
     permission_message,
 )
 from scheduler.cli.common import url_option
-from scheduler.cli.worker_start import RegistryImportError, load_registry, start_failure
+from scheduler.cli.worker_start import (
+    RegistryImportError,
+    load_registry,
+    run_loop,
+    start_failure,
+)
 from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async, parse_url
 from scheduler.core.errors import SchedulerError
@@ -92,16 +94,6 @@ async def _serve(
         return await worker.run()
     finally:
         await client.aclose()
-
-
-def run_loop(main: Coroutine[Any, Any, int]) -> int:
-    """uvloop when installed (a faster event loop: fewer microseconds per job in the claim /
-    report cycle), else asyncio's own."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 def register(main: click.Group) -> None:

@@ -1,11 +1,14 @@
-"""The worker's start, before its first claim: importing its registry, and the one line and
-exit code (scheduler/core/exits.py) of each way the start can fail."""
+"""The worker's process around its run: importing its registry, the one line and exit code
+(scheduler/core/exits.py) of each way the start can fail, and the event loop it runs on."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 import click
 from redis.exceptions import RedisClusterException
@@ -62,3 +65,45 @@ def start_failure(exc: BaseException, url: str) -> int:
         line, code = f"Redis refused the start: {name}: {exc} (run scheduler doctor)", EXIT_ERROR
     click.echo(safe(f"error: {line}"), err=True)
     return code
+
+
+# After the worker returned, how long its leftover tasks may take to end once cancelled: a
+# handler that ignores its cancellation (its job already released at the end of --grace) must
+# not hold the process, as asyncio.run's own unbounded wait for every task would.
+_LEFTOVER_WAIT_S = 1.0
+
+
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """Run the worker on uvloop when installed (a faster event loop: fewer microseconds per
+    job in the claim / report cycle), else asyncio's own; as asyncio.run, but the tasks left
+    when it returns get a bounded wait (_LEFTOVER_WAIT_S), not an unbounded one."""
+    try:
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            _end_leftovers(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in left:
+        t.cancel()
+    if left:
+        loop.run_until_complete(asyncio.wait(left, timeout=_LEFTOVER_WAIT_S))
+    for t in left:
+        if not t.done():
+            # Known and given up on: no "Task was destroyed but it is pending" at exit.
+            t._log_destroy_pending = False  # type: ignore[attr-defined]
+        elif not t.cancelled():
+            t.exception()  # retrieved: a handler's late error is not the worker's outcome

@@ -20,8 +20,8 @@ EXIT_REDIS_REFUSED = EXIT_FORBIDDEN
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "ok; the worker stopped cleanly (SIGTERM/SIGINT)"),
     (EXIT_FAILED, "findings (doctor), a refusal (unknown queue, job or schedule; declined "
-                  "confirmation; --strict and Redis settings that can lose jobs), or the worker "
-                  "crashed"),
+                  "confirmation; --strict and Redis settings that can lose jobs; a key edited "
+                  "into something no version wrote), or the worker crashed"),
     (EXIT_USAGE, "bad usage, input or settings; nothing was written"),
     (EXIT_UNREACHABLE, "cannot reach Redis"),
     (EXIT_IMPORT, "the worker's registry cannot be imported"),

@@ -79,6 +79,9 @@ class WorkerSettings:
 
     def check(self) -> None:
         """Raise SettingsError (a BadArgument) on values the worker must not start with."""
+        if isinstance(self.queues, str) or not all(isinstance(q, str) for q in self.queues):
+            # A bare str is iterated letter by letter: a worker of queues 'e', 'm', 'a', ...
+            raise SettingsError(f"queues must be a tuple of queue names, got {self.queues!r:.80}")
         if not self.queues:
             raise SettingsError("give at least one queue")
         for q in self.queues:
