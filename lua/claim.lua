@@ -231,22 +231,29 @@ local lease_until = now + lease_ms
 local took = {}
 local now_s = fmt(now)
 if limit > 0 then
-  flow_rate_due(prefix, now, limit + 100)
+  flow_rate_due(prefix, now, limit)
   local leases = {}
+  -- A candidate claim cannot hand out is parked ('gone').
+  local function drop(id, jk, bad, r)
+    park(id, jk, bad, r and r.schedule or '')
+    parked = parked + 1
+    -- A parked job of a key frees nothing it held, but a held job may wait for this slot.
+    if r and r.flow.ckey ~= '' then flow_release(prefix, id, now, r.flow) end
+    return 'gone'
+  end
   local function examine(id, score)
     local jk = job_key(prefix, id)
     local r, bad = read_claimable(id, jk, fmt(score_ms(score)))
     if r and r.attempts >= r.max_attempts then bad = 'attempts exhausted' end
-    if bad then
-      park(id, jk, bad, r and r.schedule or '')
-      parked = parked + 1
-      -- A parked job of a key frees nothing it held, but a held job may wait for this slot.
-      if r and r.flow.ckey ~= '' then flow_release(prefix, id, now, r.flow) end
-      return 'gone'
-    end
+    if bad then return drop(id, jk, bad, r) end
     local fl = r.flow
     local flowing = flow_used(fl)
-    if flowing and not flow_admit(prefix, id, jk, fl, r.run_at_ms, now) then return 'held' end
+    if flowing then
+      -- Set aside (false), or parked when a flow key it needs is of another type (nil).
+      local ok, why = flow_admit(prefix, id, jk, fl, r.run_at_ms, now)
+      if ok == nil then return drop(id, jk, why, r) end
+      if not ok then return 'held' end
+    end
     if r.schedule ~= '' and not sched_rearm(prefix, r.schedule, id, now) then
       -- A schedule's occurrence: the next one was inserted above; this late one was dropped
       -- by the schedule's misfire policy (lib/rearm.lua).
@@ -255,13 +262,12 @@ if limit > 0 then
     local attempts = r.attempts + 1
     -- The last settlement moves to the replay log before a new one can overwrite it.
     if r.settled_token then log_settlement(jk, r.settled_token, r.settled, r.settled_log) end
-    local token, fence
+    local token
     if r.first then
       -- First claim: the hash is born with the lease and the spec fields its readers need
       -- once the spec is gone (a lean finished job: task, max_attempts if not 5) or that change
       -- (run_at_ms; enqueued_ms, a copy of the first run_at); backoff and timeout_ms are read
       -- from the spec, which lives as long as the job is not done (lib/job.lua).
-      fence = 1
       token = '1-' .. nonce
       local sp = r.spec
       redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
@@ -273,8 +279,7 @@ if limit > 0 then
       if sp.result_ttl_ms ~= '' then redis.call('HSET', jk, 'result_ttl_ms', sp.result_ttl_ms) end
       if sp.flags == 'k' then redis.call('HSET', jk, 'keep_payload', '1') end
     else
-      fence = redis.call('HINCRBY', jk, 'fence', 1)
-      token = fmt(fence) .. '-' .. nonce
+      token = fmt(redis.call('HINCRBY', jk, 'fence', 1)) .. '-' .. nonce
       redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
         'attempts', fmt(attempts), 'claimed_ms', now_s)
     end
@@ -282,11 +287,12 @@ if limit > 0 then
     leases[#leases + 1] = lease_until
     leases[#leases + 1] = id
     n = n + 1
-    if flowing then flow_leased(prefix, id, fl, now, lease_until, fence) end
+    if flowing then flow_leased(prefix, id, fl, now, lease_until, token) end
     pack_job(out, id, token, attempts, r)
     return 'took'
   end
   flow_fill(prefix, due, now, limit, examine)
+  flow_rate_settle(now)  -- trims and expiry of the rate logs written above, once each
   if n > 0 then
     call_chunked('ZREM', due, took)
     call_chunked('ZADD', leased, leases)

@@ -1,6 +1,6 @@
 --[[ heartbeat: extend the leases the caller still holds, many in one call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, flow:ck:<key>
   ARGV[1] lease_ms, then pairs: id, token
   Returns: {lease_until_ms, status per pair}; status is
     'held'       extended to lease_until_ms
@@ -8,13 +8,19 @@
     'stale'      another claim holds the job, or the lapsed lease was reaped
     'cancelled'  the job was cancelled
     'missing'    no such job (or it already finished, or this token already settled it)
-  A re-sent call only extends the same leases again.
+  A re-sent call only extends the same leases again. A job of a concurrency key (hash field
+    ckey) whose lease a call shortens has its slot's end in flow:ck:<key> lowered with it
+    (lib/flow.lua flow_beat).
   Errors:  BAD_ARGUMENT <field>=<value> ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/lease.lua"
+-- @include "lib/flow.lua"
 
 local prefix, leased = KEYS[1], KEYS[3]
+-- lease_check's fields and the job's concurrency key, in the one HMGET it makes per job (a
+-- plain job has none: no more commands than before).
+local READ = { 'token', 'state', 'settled_token', 'settled', 'settled_log', 'ckey' }
 local lease_ms, err = int_arg(ARGV[1], 'lease_ms', 1, LIM.lease_ms)
 if err then return err end
 if #ARGV % 2 ~= 1 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
@@ -23,7 +29,7 @@ local lease_until = now + lease_ms
 local out = { fmt(lease_until) }
 for i = 2, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
-  local status = lease_check(prefix, id, token)
+  local status, _, f = lease_check(prefix, id, token, READ)
   if status == 'settled' then
     status = 'missing'
   elseif status == 'held' then
@@ -32,6 +38,8 @@ for i = 2, #ARGV, 2 do
       status = 'expired'
     else
       redis.call('ZADD', leased, 'XX', lease_until, id)
+      -- A shorter lease than before: its key's slot ends no later (lib/flow.lua).
+      if f[6] and lease_until < tonumber(until_ms) then flow_beat(prefix, id, f[6], lease_until) end
     end
   end
   out[#out + 1] = status

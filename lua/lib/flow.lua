@@ -4,7 +4,7 @@
 --   flow:pdue:<p>      ZSET  id -> run_at_ms of due jobs of priority p (advisory: claim checks due)
 --   flow:ck:<key>      ZSET  id -> lease_until_ms granted by claim: the key's leases
 --   flow:ckheld:<key>  ZSET  id -> run_at_ms: set aside because the key was full
---   flow:rate:<key>    ZSET  '<id>:<fence>' -> claim ms: the sliding log of starts
+--   flow:rate:<key>    ZSET  '<window>:<count>:<id>:<token>' -> claim ms: the log of starts
 --   flow:rheld         ZSET  id -> the next slot's ms: set aside by a full rate window
 --   flow:held          ZSET  id -> run_at_ms: every job set aside (counts, cancel, doctor)
 -- A job set aside keeps state 'due' and says why in its `flow_reason` field.
@@ -16,6 +16,8 @@ local FLOW_LIM = { priority = 9, climit = 10000, rate_count = 100000, rate_windo
   after = 100 }
 -- Jobs one claim may set aside beyond its batch: bounds a claim's work behind a hot key.
 local FLOW_HOLD_BUDGET = 1000
+-- A job claim parks because a flow key it needs is of another type (written by hand).
+local FLOW_BAD = 'invalid flow key: '
 local FLOW_AGING_MS = 60000  -- default priority_aging_ms (config hash), the starvation bound
 local FLOW_READ = { 'priority', 'ckey', 'climit', 'rkey', 'rcount', 'rwindow' }
 
@@ -132,31 +134,37 @@ local function flow_keyed(jk, ckey)
   return flow_from({ v[1], ckey, v[2], v[3], v[4], v[5] }, 1)
 end
 
--- Put a due job of priority p > 0 into its level's index.
+-- Put a due job of priority p > 0 into its level's index. pcall: the index is advisory (the job
+-- is in due, where claim's last pass finds it), and a key of another type (written by hand)
+-- must not make a move into due raise after its first write.
 local function flow_index(prefix, id, priority, run_at)
   if priority > 0 then
-    redis.call('ZADD', prefix .. 'flow:pdue:' .. priority, run_at, id)
-    redis.call('SADD', prefix .. 'flow:levels', priority)
+    redis.pcall('ZADD', prefix .. 'flow:pdue:' .. priority, run_at, id)
+    redis.pcall('SADD', prefix .. 'flow:levels', priority)
   end
 end
 
 -- Back into due from a hold set at its own run_at (order within a key is kept). Only a job
 -- still in flow:held moves: a stale hold entry (the job was cancelled or repaired since) must
--- never put a leased or finished job back into due.
+-- never put a leased or finished job back into due. A job key of another type (written by
+-- hand) cannot take the hash writes: it goes into due alone, where claim parks it, instead of
+-- raising in the script that freed its slot (complete, fail, ...) after that one's first write.
 local function flow_unhold(prefix, id, run_at)
-  if redis.call('ZREM', prefix .. 'flow:held', id) == 0 then return end
+  if redis.pcall('ZREM', prefix .. 'flow:held', id) ~= 1 then return end
   redis.call('ZADD', prefix .. 'due', run_at, id)
   local jk = job_key(prefix, id)
-  redis.call('HDEL', jk, 'flow_reason')
+  if type(redis.pcall('HDEL', jk, 'flow_reason')) ~= 'number' then return end
   flow_index(prefix, id, flow_load(jk).priority, run_at)
 end
 
--- Live leases of a key: a member whose claim-time lease has passed is checked against leased
--- (a heartbeat may have extended it: refreshed) or dropped (lapsed or gone): a lapsed lease
--- frees its slot at that instant.
+-- Live leases of a key, or nil when its slot set is of another type (written by hand). A member
+-- whose score (claim's lease end, lowered by a heartbeat that shortens the lease: flow_beat)
+-- has passed is checked against leased (a heartbeat may have extended it: refreshed) or
+-- dropped (lapsed or gone): a lapsed lease frees its slot at that instant.
 local function flow_ck_live(prefix, key, now)
   local ck = prefix .. 'flow:ck:' .. key
-  local old = redis.call('ZRANGE', ck, '-inf', now, 'BYSCORE')
+  local old = redis.pcall('ZRANGE', ck, '-inf', now, 'BYSCORE')
+  if old.err then return nil end
   for _, id in ipairs(old) do
     local s = redis.call('ZSCORE', prefix .. 'leased', id)
     if s and tonumber(s) > now then redis.call('ZADD', ck, s, id) else redis.call('ZREM', ck, id) end
@@ -168,7 +176,8 @@ end
 local function flow_ck_promote(prefix, key, n)
   if n <= 0 then return end
   local hk = prefix .. 'flow:ckheld:' .. key
-  local ids = redis.call('ZRANGE', hk, 0, n - 1, 'WITHSCORES')
+  local ids = redis.pcall('ZRANGE', hk, 0, n - 1, 'WITHSCORES')
+  if ids.err then return end  -- a hold set of another type: nothing to promote
   for i = 1, #ids, 2 do
     redis.call('ZREM', hk, ids[i])
     flow_unhold(prefix, ids[i], ids[i + 1])
@@ -181,12 +190,14 @@ end
 -- free, and the key's held jobs may run in the free slots. `f`: the job's flow when the caller
 -- read it in this script (no move writes the flow fields; a dead-letter trim may delete the
 -- whole hash, so a flow read before the move is the one to trust), else read here; so with
--- the helpers below.
+-- the helpers below. A slot set of another type (written by hand) frees and promotes nothing,
+-- rather than raise after the caller's first write.
 local function flow_release(prefix, id, now, f)
   f = f or flow_load(job_key(prefix, id))
   if f.ckey == '' then return end
-  redis.call('ZREM', prefix .. 'flow:ck:' .. f.ckey, id)
-  flow_ck_promote(prefix, f.ckey, f.climit - flow_ck_live(prefix, f.ckey, now))
+  redis.pcall('ZREM', prefix .. 'flow:ck:' .. f.ckey, id)
+  local live = flow_ck_live(prefix, f.ckey, now)
+  if live then flow_ck_promote(prefix, f.ckey, f.climit - live) end
 end
 
 -- to_due (lib/job.lua) for every move into due: the slot it held is freed and a prioritized job
@@ -198,35 +209,128 @@ local function flow_to_due(prefix, id, run_at, now, f)
   flow_index(prefix, id, f.priority, run_at)
 end
 
--- Set a due job aside: out of due, into its hold set and flow:held, with the reason.
+-- Set a due job aside: out of due, into its hold set (`set`, a key name after the prefix) and
+-- flow:held, with the reason; true. A hold set of another type (written by hand) cannot take
+-- it (held there, nothing would bring it back): nothing is written, and nil and the reason to
+-- park it with are returned.
 local function flow_hold(prefix, id, jk, run_at, set, score, reason)
+  if type(redis.pcall('ZADD', prefix .. set, score, id)) ~= 'number' then
+    return nil, FLOW_BAD .. set
+  end
+  if type(redis.pcall('ZADD', prefix .. 'flow:held', run_at, id)) ~= 'number' then
+    redis.call('ZREM', prefix .. set, id)
+    return nil, FLOW_BAD .. 'flow:held'
+  end
   redis.call('ZREM', prefix .. 'due', id)
-  redis.call('ZADD', set, score, id)
-  redis.call('ZADD', prefix .. 'flow:held', run_at, id)
   redis.call('HSET', jk, 'flow_reason', reason)
+  return true
 end
 
--- May claim lease this due job now? If not, it is set aside (still due) and false returned.
--- `f` is the job's parsed flow, `run_at` its run_at_ms.
+-- The rate log flow:rate:<key>: member '<window>:<count>:<id>:<token>' -> claim ms, one per
+-- start (the token is unique per claim: a reused id adds a start, never overwrites one). The
+-- newest member carries the log's span: the largest window and count of the key's jobs that
+-- started or were set aside since the log was last empty. The log keeps the latest <count>
+-- starts of the last <window> and lives <window> + 1 s after its last write, so a job of a
+-- shorter window or smaller count never trims nor expires a start a longer one still counts.
+-- Fixed width: among the starts of one ms (one claim) the member sorted last carries the
+-- largest span. Claim reads a log's span once and settles the log (trim, expiry) once, after
+-- its last start: the logs it touched (rk -> {w, n, wrote, carried}), in the order met.
+local FLOW_RATE_LOGS = {}
+local FLOW_RATE_ORDER = {}
+
+local function flow_rate_member(w, n, rest)
+  return string.format('%08d:%06d:%s', w, n, rest)
+end
+
+-- A log's span ({w = 0, n = 0}: empty, or a newest member of another form), read once.
+local function flow_rate_span(rk)
+  local sp = FLOW_RATE_LOGS[rk]
+  if sp then return sp end
+  local top = redis.call('ZRANGE', rk, -1, -1)
+  local w, n = string.match(top[1] or '', '^(%d+):(%d+):')
+  sp = { w = parse_int(w, 0, FLOW_LIM.rate_window_ms) or 0,
+    n = parse_int(n, 0, FLOW_LIM.rate_count) or 0, wrote = false, carried = true }
+  FLOW_RATE_LOGS[rk] = sp
+  FLOW_RATE_ORDER[#FLOW_RATE_ORDER + 1] = rk
+  return sp
+end
+
+-- The span grows to a job's window and count (a job set aside widens it at once, so the starts
+-- until its slot are kept for it); the log's newest member no longer carries it.
+local function flow_rate_widen(rk, f)
+  local sp = flow_rate_span(rk)
+  if f.rwindow <= sp.w and f.rcount <= sp.n then return sp end
+  sp.w, sp.n = math.max(sp.w, f.rwindow), math.max(sp.n, f.rcount)
+  sp.wrote, sp.carried = true, false
+  return sp
+end
+
+-- Claim's last rate step: each log it wrote has its newest member carry the span (rewritten
+-- when a job set aside after the last start widened it), keeps the latest <count> starts
+-- inside <window> (a start at or before now - window is outside every job's window) and lives
+-- <window> + 1 s (never lowered: the span only grows). Nothing on the plain path.
+local function flow_rate_settle(now)
+  for _, rk in ipairs(FLOW_RATE_ORDER) do
+    local sp = FLOW_RATE_LOGS[rk]
+    if sp.wrote then
+      if not sp.carried then
+        local top = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
+        redis.call('ZREM', rk, top[1])
+        redis.call('ZADD', rk, top[2],
+          flow_rate_member(sp.w, sp.n, string.match(top[1], '^%d+:%d+:(.*)$') or top[1]))
+      end
+      -- One trim for both bounds: the starts older than the count-th latest (its ties kept; by
+      -- score, so the app role's ACL in docs/security.md needs no ZREMRANGEBYRANK) and those at
+      -- or before now - window.
+      local cut = redis.call('ZRANGE', rk, -sp.n, -sp.n, 'WITHSCORES')
+      local s = tonumber(cut[2])
+      if s and s > now - sp.w then
+        redis.call('ZREMRANGEBYSCORE', rk, '-inf', '(' .. cut[2])
+      else
+        redis.call('ZREMRANGEBYSCORE', rk, '-inf', now - sp.w)
+      end
+      redis.call('PEXPIRE', rk, sp.w + 1000)
+    end
+  end
+end
+
+-- The slot at which a job's rate window has room again, or false when it has room now, or nil
+-- when the log is of another type (written by hand). The window is full while the job's
+-- count-th latest start is inside it: one read, whatever other windows the key's log serves.
+local function flow_rate_slot(rk, f, now)
+  local nth = redis.pcall('ZRANGE', rk, -f.rcount, -f.rcount, 'WITHSCORES')
+  if nth.err then return nil end
+  local s = tonumber(nth[2])
+  if not s or s <= now - f.rwindow then return false end
+  -- A start stamped later than now (a clock step back, an edit) holds the job one window.
+  return math.min(math.floor(s), now) + f.rwindow
+end
+
+-- May claim lease this due job now? true: yes; false: it is set aside (still due); nil and a
+-- reason: a flow key it needs is of another type (written by hand), and claim parks it, as it
+-- parks a job key that is not a hash, rather than run it past a limit it cannot read or set it
+-- aside where nothing would bring it back. `f` is the job's parsed flow, `run_at` its run_at_ms.
 local function flow_admit(prefix, id, jk, f, run_at, now)
   local live = 0
   if f.ckey ~= '' then
     live = flow_ck_live(prefix, f.ckey, now)
+    if live == nil then return nil, FLOW_BAD .. 'flow:ck:' .. f.ckey end
     if live >= f.climit then
-      flow_hold(prefix, id, jk, run_at, prefix .. 'flow:ckheld:' .. f.ckey, run_at,
+      local ok, bad = flow_hold(prefix, id, jk, run_at, 'flow:ckheld:' .. f.ckey, run_at,
         'limited by key ' .. f.ckey .. ' (' .. fmt(f.climit) .. ' leased)')
-      return false
+      return ok and false, bad
     end
   end
   if f.rkey ~= '' then
     local rk = prefix .. 'flow:rate:' .. f.rkey
-    redis.call('ZREMRANGEBYSCORE', rk, '-inf', now - f.rwindow)
-    if redis.call('ZCARD', rk) >= f.rcount then
-      local oldest = redis.call('ZRANGE', rk, 0, 0, 'WITHSCORES')
-      local slot = math.max(math.floor(tonumber(oldest[2]) or now), now - f.rwindow) + f.rwindow
-      flow_hold(prefix, id, jk, run_at, prefix .. 'flow:rheld', slot,
+    local slot = flow_rate_slot(rk, f, now)
+    if slot == nil then return nil, FLOW_BAD .. 'flow:rate:' .. f.rkey end
+    if slot then
+      local ok, bad = flow_hold(prefix, id, jk, run_at, 'flow:rheld', slot,
         'rate window ' .. f.rkey .. ' (' .. fmt(f.rcount) .. ' per ' .. fmt(f.rwindow) ..
         ' ms) until ' .. fmt(slot))
+      if not ok then return nil, bad end
+      flow_rate_widen(rk, f)
       -- The key's free slot is not taken by this job: its held jobs may use it (a job is
       -- held by its key only while the key is full).
       if f.ckey ~= '' then flow_ck_promote(prefix, f.ckey, f.climit - live) end
@@ -236,53 +340,89 @@ local function flow_admit(prefix, id, jk, f, run_at, now)
   return true
 end
 
--- Claim leased the job: it takes a slot of its key and a start in its rate window.
-local function flow_leased(prefix, id, f, now, lease_until, fence)
+-- Claim leased the job (flow_admit read both keys: they are of the right type): it takes a slot
+-- of its key and a start in its rate log (settled by flow_rate_settle after claim's last).
+local function flow_leased(prefix, id, f, now, lease_until, token)
   if f.ckey ~= '' then redis.call('ZADD', prefix .. 'flow:ck:' .. f.ckey, lease_until, id) end
   if f.rkey ~= '' then
     local rk = prefix .. 'flow:rate:' .. f.rkey
-    redis.call('ZADD', rk, now, id .. ':' .. fmt(fence))
-    redis.call('PEXPIRE', rk, f.rwindow + 1000)
+    local sp = flow_rate_widen(rk, f)
+    redis.call('ZADD', rk, now, flow_rate_member(sp.w, sp.n, id .. ':' .. token))
+    sp.wrote, sp.carried = true, true
   end
 end
 
--- Rate-held jobs whose slot has come go back into due (at most `n` per call).
-local function flow_rate_due(prefix, now, n)
+-- A heartbeat shortened a lease (to `lease_until`): a slot's score in flow:ck:<key> must never
+-- be later than its lease's end, or the slot would be counted after the lease lapsed
+-- (flow_ck_live checks leased only once the score has passed); a longer lease needs nothing (a
+-- passed score is refreshed there). LT: only ever lowered; XX: a slot already freed stays
+-- free; pcall: a slot set of another type (written by hand) is left alone.
+local function flow_beat(prefix, id, ckey, lease_until)
+  redis.pcall('ZADD', prefix .. 'flow:ck:' .. ckey, 'XX', 'LT', lease_until, id)
+end
+
+-- Rate-held jobs whose slot has come go back into due, earliest slot first: every one, up to
+-- as many as one claim may examine (its batch and the hold budget), so claim's order (aged,
+-- priority, run_at) picks which of them takes the window's free starts. A later slot is never served
+-- before an earlier one and a job set aside again gets a later slot, so none waits for ever.
+-- flow:rheld of another type (written by hand) reads as empty.
+local function flow_rate_due(prefix, now, limit)
   local rh = prefix .. 'flow:rheld'
-  local ids = redis.call('ZRANGE', rh, '-inf', now, 'BYSCORE', 'LIMIT', 0, n)
+  local ids = redis.pcall('ZRANGE', rh, '-inf', now, 'BYSCORE', 'LIMIT', 0,
+    limit + FLOW_HOLD_BUDGET)
+  if ids.err then return end
   for _, id in ipairs(ids) do
-    local run_at = redis.call('ZSCORE', prefix .. 'flow:held', id) or fmt(now)
+    local run_at = redis.pcall('ZSCORE', prefix .. 'flow:held', id)
+    if type(run_at) ~= 'string' then run_at = fmt(now) end
     redis.call('ZREM', rh, id)
     flow_unhold(prefix, id, run_at)
   end
 end
 
--- The earliest rate slot, or nil: part of claim's next_ms, so a worker sleeps until then.
+-- The earliest rate slot, or nil: part of claim's next_ms, so a worker sleeps until then
+-- (flow:rheld of another type, an error reply, has no h[2]: nil).
 local function flow_next_slot(prefix)
-  local h = redis.call('ZRANGE', prefix .. 'flow:rheld', 0, 0, 'WITHSCORES')
+  local h = redis.pcall('ZRANGE', prefix .. 'flow:rheld', 0, 0, 'WITHSCORES')
   if h[2] then return math.max(0, math.min(math.floor(tonumber(h[2]) or 0), LIM.time_ms)) end
   return nil
 end
 
--- A job leaves every flow set (cancel): out of the holds and the key's leases.
+-- A job leaves every flow set (cancel): out of the holds and the key's leases (pcall: a hold
+-- set of another type, written by hand, must not make cancel raise after its first write).
 local function flow_forget(prefix, id, now, f)
   f = f or flow_load(job_key(prefix, id))
-  redis.call('ZREM', prefix .. 'flow:held', id)
-  redis.call('ZREM', prefix .. 'flow:rheld', id)
-  redis.call('ZREM', prefix .. 'flow:waiting', id)
+  redis.pcall('ZREM', prefix .. 'flow:held', id)
+  redis.pcall('ZREM', prefix .. 'flow:rheld', id)
+  redis.pcall('ZREM', prefix .. 'flow:waiting', id)
   if f.ckey ~= '' then
-    redis.call('ZREM', prefix .. 'flow:ckheld:' .. f.ckey, id)
+    redis.pcall('ZREM', prefix .. 'flow:ckheld:' .. f.ckey, id)
     flow_release(prefix, id, now, f)
   end
+end
+
+-- The priority levels in flow:levels, highest first. The set is advisory: a member that is no
+-- level's canonical text (written by hand) is dropped from it, and a key of another type reads
+-- as no level (claim is FIFO), rather than raise after the reaper's writes on every claim.
+local function flow_levels(prefix)
+  local key = prefix .. 'flow:levels'
+  local raw = redis.pcall('SMEMBERS', key)
+  if raw.err then return {} end
+  local levels = {}
+  for _, p in ipairs(raw) do
+    local n = parse_int(p, 1, FLOW_LIM.priority)
+    if n and fmt(n) == p then levels[#levels + 1] = n else redis.call('SREM', key, p) end
+  end
+  table.sort(levels, function(a, b) return a > b end)
+  return levels
 end
 
 -- Fill a claim batch in flow order: aged jobs FIFO, then each priority level high to low, then
 -- the rest of due FIFO (docs/flow-control.md). `examine(id, due_score)` leases ('took'), sets
 -- aside ('held') or parks/drops ('gone') one candidate; ids it takes stay in due until claim's
 -- end. Without priority levels this is the plain FIFO scan (one ZRANGE), with one more round
--- only after holds.
+-- only after a candidate was not taken.
 local function flow_fill(prefix, due, now, limit, examine)
-  local seen, took, budget = {}, 0, limit + FLOW_HOLD_BUDGET
+  local seen, took, aside, budget = {}, 0, 0, limit + FLOW_HOLD_BUDGET
   local function one(src, in_due, id, s)
     seen[id] = true
     budget = budget - 1
@@ -291,42 +431,43 @@ local function flow_fill(prefix, due, now, limit, examine)
       -- A stale index entry (the job left due, or is due later): dropped, nothing else.
       if s == false or tonumber(s) > now then return 'stale' end
     end
-    return examine(id, s)
+    local v = examine(id, s)
+    if v == 'took' then took = took + 1 else aside = aside + 1 end
+    return v
   end
   local function pass(src, hi, in_due)
     while took < limit and budget > 0 do
-      -- Ids taken so far stay in due and in their priority index (an aged job taken from due
-      -- is still in its level's index), so every source may hand back up to `took` seen ids.
-      local want = limit
+      -- Seen ids may still be in src: in due, those taken (they leave due at claim's end); in
+      -- an index also those the aged pass set aside or parked (an entry is dropped only when
+      -- a scan of its own index meets it). The window is widened by as many, so they never
+      -- hide the level's other jobs.
+      local want = in_due and limit or limit + aside
       local fresh, again = 0, false
+      local ids
       if in_due then
-        local ids = redis.call('ZRANGE', src, '-inf', hi, 'BYSCORE', 'LIMIT', 0, want,
-          'WITHSCORES')
-        for k = 1, #ids, 2 do
-          if took >= limit or budget <= 0 then break end
-          if not seen[ids[k]] then
-            fresh = fresh + 1
-            local v = one(src, true, ids[k], ids[k + 1])
-            if v == 'took' then took = took + 1 elseif v == 'held' then again = true end
-          end
-        end
+        ids = redis.call('ZRANGE', src, '-inf', hi, 'BYSCORE', 'LIMIT', 0, want, 'WITHSCORES')
       else
-        local ids = redis.call('ZRANGE', src, '-inf', hi, 'BYSCORE', 'LIMIT', 0, want)
-        for _, id in ipairs(ids) do
-          if took >= limit or budget <= 0 then break end
-          if not seen[id] then
-            fresh = fresh + 1
-            local v = one(src, false, id, redis.call('ZSCORE', due, id))
-            if v == 'took' then took = took + 1 elseif v ~= 'gone' then again = true end
-          end
+        -- An index of another type (written by hand) reads as empty: due still has its jobs.
+        ids = redis.pcall('ZRANGE', src, '-inf', hi, 'BYSCORE', 'LIMIT', 0, want)
+        if ids.err then return end
+      end
+      local step = in_due and 2 or 1
+      for k = 1, #ids, step do
+        if took >= limit or budget <= 0 then break end
+        local id = ids[k]
+        if not seen[id] then
+          fresh = fresh + 1
+          local s = in_due and ids[k + 1] or redis.call('ZSCORE', due, id)
+          -- Anything not taken (set aside, parked, a stale entry dropped) may leave room the
+          -- window did not show, or promote a key's held job into due: another round.
+          if one(src, in_due, id, s) ~= 'took' then again = true end
         end
       end
-      -- Another round only after a hold (it may have promoted a key's held job into due);
-      -- a round that meets nothing new ends the pass.
+      -- A round that meets nothing new ends the pass.
       if not again or fresh == 0 then return end
     end
   end
-  local levels = redis.call('SMEMBERS', prefix .. 'flow:levels')
+  local levels = flow_levels(prefix)
   if #levels == 0 then
     pass(due, now, true)
     return
@@ -334,11 +475,10 @@ local function flow_fill(prefix, due, now, limit, examine)
   local aging = parse_int(redis.pcall('HGET', prefix .. 'config', 'priority_aging_ms'), 0,
     LIM.delay_ms) or FLOW_AGING_MS
   pass(due, now - aging, true)
-  table.sort(levels, function(a, b) return tonumber(a) > tonumber(b) end)
   for _, p in ipairs(levels) do
-    local src = prefix .. 'flow:pdue:' .. p
+    local src = prefix .. 'flow:pdue:' .. fmt(p)
     pass(src, now, false)
-    if redis.call('EXISTS', src) == 0 then redis.call('SREM', prefix .. 'flow:levels', p) end
+    if redis.call('EXISTS', src) == 0 then redis.call('SREM', prefix .. 'flow:levels', fmt(p)) end
   end
   pass(due, now, true)
 end
