@@ -12,9 +12,15 @@ local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms()
 -- Jobs set aside by flow control (lib/flow.lua) are due too, only not in the due set.
 local in_due = redis.call('ZCOUNT', due, '-inf', now)
-local held = redis.call('ZCARD', prefix .. 'flow:held')
-local rheld = redis.call('ZCARD', prefix .. 'flow:rheld')
-local waiting = redis.call('ZCARD', prefix .. 'flow:waiting')
+-- An advisory flow set edited into another type counts as empty (doctor reports the key): the
+-- counts, and every listing and status that reads the clock from them, stay readable.
+local function card(key)
+  local n = redis.pcall('ZCARD', key)
+  return type(n) == 'number' and n or 0
+end
+local held = card(prefix .. 'flow:held')
+local rheld = card(prefix .. 'flow:rheld')
+local waiting = card(prefix .. 'flow:waiting')
 local due_now = in_due + held
 local total = redis.call('ZCARD', due)
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')

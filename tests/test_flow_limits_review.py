@@ -192,3 +192,22 @@ def test_a_lease_shortened_by_a_heartbeat_frees_its_slot_when_it_lapses(
     # live until the reaper gets to it (reap_limit=0 here: a backlog of lapsed leases).
     got = [j.id for j in q.claim("w", limit=5, lease_ms=60_000, reap_limit=0).jobs]
     assert got == [b]
+
+
+def test_counts_read_a_flow_set_of_another_type_as_empty(q: Queue, client: redis.Redis) -> None:
+    """counts (and the listings that read the server clock from it) must not fail on one
+    advisory flow set edited into another type: doctor reports the key."""
+    job = q.enqueue("t", {})
+    for name in ("held", "rheld", "waiting"):
+        client.set(q.keys.prefix + "flow:" + name, "x")
+    assert q.counts().due == 1
+    assert [j.id for j in q.list_jobs("due")] == [job]
+
+
+def test_removing_a_schedule_survives_a_priority_index_of_another_type(
+    q: Queue, client: redis.Redis
+) -> None:
+    q.schedule("s", "t", every_ms=60_000, priority=3)
+    client.set(q.keys.prefix + "flow:pdue:3", "x")
+    assert q.remove_schedule("s") == "removed"
+    assert q.counts().due == 0

@@ -119,7 +119,9 @@ end
 -- Take occurrence `id` out of due, its priority index and every flow set (`f`: its flow).
 local function sched_withdraw(prefix, id, f, now)
   redis.call('ZREM', prefix .. 'due', id)
-  if f.priority > 0 then redis.call('ZREM', prefix .. 'flow:pdue:' .. f.priority, id) end
+  -- pcall: the level's index is advisory, one edited into another type must not fail pause,
+  -- remove or a redefinition after its first write.
+  if f.priority > 0 then redis.pcall('ZREM', prefix .. 'flow:pdue:' .. f.priority, id) end
   flow_forget(prefix, id, now, f)
 end
 
