@@ -145,6 +145,11 @@ async def _node_async(
             cmds.append(PipelineCommand(-pos - 1, "ASKING"))
         cmds.append(PipelineCommand(pos, *cmd))
     await node.execute_pipeline(cmds)
+    # redis-py stores a reply lost on the way back (a read error) as the command's result:
+    # raised, as the blocking pipeline raises it, so the batch marks the topology stale.
+    lost = [c.result for c in cmds if isinstance(c.result, _DROPPED)]
+    if lost:
+        raise lost[0]
     return [c.result for c in cmds if c.position >= 0]
 
 

@@ -10,48 +10,113 @@ CLI command, `doctor`):
     redis://host:port/?cluster=1  (also rediss://)           the same, one seed node
 
 User and password go in the URL as usual (`redis+cluster://user:pw@h:p,h:p/`). A cluster has
-only database 0 and needs TCP: `unix://` with cluster, or `/1`, is refused (BadArgument)."""
+only database 0 and needs TCP: `unix://` with cluster, or `/1`, is refused (BadArgument).
+Query options (`?socket_timeout=5`) are the names in _OPTIONS, converted here; any other name, a
+bad value, port or database is refused (BadArgument) rather than failing at the first command."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import difflib
+import math
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 import redis.asyncio as aredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import parse_ssl_verify_flags
 
 from scheduler.core.errors import BadArgument
-from scheduler.core.safety import redact
+from scheduler.core.safety import REDACTED, is_secret_name, redact
 
-__all__ = [
-    "Target",
-    "connect",
-    "connect_async",
-    "is_cluster",
-    "parse_url",
-    "primaries",
-]
+__all__ = ["Target", "connect", "connect_async", "is_cluster", "parse_url", "primaries"]
 
 _SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
+_BOOLS = dict.fromkeys(("1", "true", "yes", "on"), True)
+_BOOLS.update(dict.fromkeys(("0", "false", "no", "off", ""), False))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Target:
-    """A parsed URL. `url` is a plain single-server URL (for a cluster: its first seed node,
-    without the cluster marker), `seeds` the cluster's seed nodes (empty: not a cluster)."""
+    """A parsed URL. `url`: a single-server URL (a cluster's first seed node, without the marker),
+    `seeds`: a cluster's seed nodes (empty: one server), `options`: the query options, converted."""
 
     url: str
     seeds: tuple[tuple[str, int], ...] = ()
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def cluster(self) -> bool:
         return bool(self.seeds)
+
+    @property
+    def address(self) -> str:  # what a client is built from: `options` carry query and db
+        base = self.url.split("?", 1)[0]
+        return base if base.startswith("unix://") else "/".join(base.split("/", 3)[:3])
+
+    def __repr__(self) -> str:  # the URL and options may hold the password
+        options = {k: REDACTED if is_secret_name(k) else v for k, v in self.options.items()}
+        return f"Target(url={redact(self.url)!r}, seeds={self.seeds!r}, options={options!r})"
+
+
+Parse = Callable[[str], Any]
+
+
+def _value(convert: Parse, why: str, ok: Callable[[Any], bool] = lambda v: True) -> Parse:
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except (AttributeError, KeyError, ValueError):
+            raise ValueError(why) from None
+        if not ok(value):
+            raise ValueError(why)
+        return value
+
+    return parse  # raises ValueError(why) on text it does not take
+
+
+def _whole(low: int) -> Parse:
+    return _value(int, f"expected a whole number >= {low}", lambda v: v >= low)
+
+
+_FLAG = _value(lambda t: _BOOLS[t.strip().lower()], "expected 1 or 0")
+_SECONDS = _value(float, "expected seconds > 0", lambda v: math.isfinite(v) and v > 0)
+_VERIFY = _value(parse_ssl_verify_flags, "expected ssl.VerifyFlags names, comma-separated")
+_CERT_REQS = ("none", "optional", "required")
+# The query options: redis-py's URL_QUERY_ARGUMENT_PARSERS and the connection keyword arguments
+# that every client (blocking and asyncio, redis-py 7.3 and 8.x) accepts, converted here: redis-py
+# passes an unknown name on (TypeError at the first command), 7.3 passes `protocol` as text.
+# ssl_* need rediss://, socket_keepalive TCP. These both cluster clients hand to every node:
+_CLUSTER_OPTIONS: dict[str, Parse] = {
+    "db": _whole(0),  # 0 only, on a cluster
+    "socket_timeout": _SECONDS,
+    "socket_connect_timeout": _SECONDS,
+    "socket_keepalive": _FLAG,
+    "max_connections": _whole(1),
+    "protocol": _value(lambda t: {"2": 2, "3": 3}[t], "expected 2 or 3"),
+    **dict.fromkeys(("client_name", "username", "password"), str),
+    **dict.fromkeys(("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"), str),
+    "ssl_cert_reqs": _value(str.lower, f"expected one of {_CERT_REQS}", _CERT_REQS.__contains__),
+    "ssl_check_hostname": _FLAG,
+    "ssl_include_verify_flags": _VERIFY,
+    "ssl_exclude_verify_flags": _VERIFY,
+}
+# One server only: the blocking RedisCluster drops a name outside its REDIS_ALLOWED_KEYS
+# (health_check_interval, ssl_min_version), the asyncio one raises TypeError on a name it lacks
+# (ssl_password, ssl_ca_path): refused on a cluster, never dropped.
+_SINGLE_OPTIONS: dict[str, Parse] = {
+    "socket_read_size": _whole(1),
+    "health_check_interval": _whole(0),
+    **dict.fromkeys(("ssl_ca_path", "ssl_password", "ssl_ciphers"), str),
+    "ssl_min_version": _value(lambda t: ssl.TLSVersion[t], "expected TLSv1_2 or TLSv1_3"),
+}
+_OPTIONS = {**_CLUSTER_OPTIONS, **_SINGLE_OPTIONS}
 
 
 def _fail(url: str, why: str) -> BadArgument:
@@ -59,72 +124,148 @@ def _fail(url: str, why: str) -> BadArgument:
 
 
 def parse_url(url: str) -> Target:
-    """Read one URL (module docstring); BadArgument when it cannot name a server."""
+    """Read one URL (module docstring); BadArgument when it cannot name a server, or names an
+    option, port or database no client would take."""
     if not isinstance(url, str) or "://" not in url:
         raise BadArgument(f"invalid Redis URL {redact(str(url))}: expected scheme://...")
     scheme, rest = url.split("://", 1)
-    scheme = scheme.lower()
-    cluster = scheme in _SCHEMES
+    scheme = scheme.lower()  # REDIS:// too: redis-py itself reads only lower case
     plain = _SCHEMES.get(scheme, scheme)
     if plain not in ("redis", "rediss", "unix"):
         raise _fail(url, f"unknown scheme {scheme!r} (redis, rediss, unix, redis+cluster)")
-    parts = urlsplit(f"{plain}://{rest}")
+    parts = _split(url, f"{plain}://{rest}")
     query = parse_qsl(parts.query, keep_blank_values=True)
-    flag = [v.strip().lower() for k, v in query if k == "cluster"]
-    for value in flag:
-        if value not in _TRUE + _FALSE:
-            raise _fail(url, f"cluster={value!r}: expected 1 or 0")
-    cluster = cluster or any(v in _TRUE for v in flag)
-    query_text = urlencode([(k, v) for k, v in query if k != "cluster"])
-    if not cluster:  # passed on as given, unless it said cluster=0
-        return Target(urlunsplit(parts._replace(query=query_text)) if flag else url)
-    if plain == "unix":
+    flag = [_convert(url, "cluster", v, _FLAG) for k, v in query if k == "cluster"]
+    cluster = scheme in _SCHEMES or any(flag)
+    if cluster and plain == "unix":
         raise _fail(url, "a Redis Cluster needs TCP (redis+cluster://host:port,...)")
+    pairs = [(k, v) for k, v in query if k != "cluster"]
+    options = _options(url, pairs, plain, cluster)
+    db = _database(url, plain, parts.path, options.pop("db", None))
+    # Target.url by hand: urlunsplit writes unix:/path, which redis-py refuses
+    text = urlencode(pairs) if flag else parts.query
+    tail = f"?{text}" if text else ""
+    if cluster:
+        return _cluster_target(url, parts, tail, options, db)
+    if plain == "unix" and not parts.path:
+        raise _fail(url, "no socket path (unix:///path/to/redis.sock)")
+    if plain != "unix":
+        _check_port(url, parts)
+    if db is not None:
+        options["db"] = db
+    return Target(f"{plain}://{parts.netloc}{parts.path}{tail}", (), options)
+
+
+def _split(url: str, text: str) -> SplitResult:
+    """urlsplit, refusing a password's unencoded '/', '?' or '#': they cut the URL in it."""
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # urllib's message may quote the host part
+        raise _fail(url, "not a URL (scheme://[user:password@]host:port/db)") from None
+    if "#" in text or "@" in parts.path + parts.query:
+        why = "'#', or '@' after the host: in a password, percent-encode / ? # @ (%2F %3F %23 %40)"
+        raise _fail(url, why)
+    return parts
+
+
+def _convert(url: str, name: str, text: str, parse: Parse) -> Any:
+    try:
+        return parse(text)
+    except ValueError as exc:
+        shown = REDACTED if is_secret_name(name) else repr(text)
+        raise _fail(url, f"{name}={shown}: {exc}") from None
+
+
+def _options(url: str, query: list[tuple[str, str]], plain: str, cluster: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for name, text in query:
+        parse = _option(url, name, plain, cluster)
+        if name in options:
+            raise _fail(url, f"option {name!r} given twice")
+        if text == "":  # ignored, as redis-py does
+            continue
+        options[name] = _convert(url, name, text, parse)
+    return options
+
+
+def _option(url: str, name: str, plain: str, cluster: bool) -> Parse:
+    parse = _OPTIONS.get(name)
+    if parse is None:
+        near = difflib.get_close_matches(name, _OPTIONS, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise _fail(url, f"unknown option {name!r}{hint}")
+    if cluster and name not in _CLUSTER_OPTIONS:
+        raise _fail(url, f"option {name!r} is not supported on a Redis Cluster")
+    if name.startswith("ssl_") and plain != "rediss":
+        raise _fail(url, f"option {name!r} needs TLS (rediss://)")
+    if name == "socket_keepalive" and plain == "unix":
+        raise _fail(url, f"option {name!r} needs TCP")
+    return parse
+
+
+def _database(url: str, plain: str, path: str, query_db: int | None) -> int | None:
+    """The database: `?db=` over the path's (as redis-py); unix:// has only `?db=`."""
+    if plain == "unix":
+        return query_db
+    text = unquote(path).strip("/")
+    db = _convert(url, "database", text, _whole(0)) if text else None
+    return query_db if query_db is not None else db
+
+
+def _cluster_target(
+    url: str, parts: SplitResult, tail: str, options: dict[str, Any], db: int | None
+) -> Target:
+    if db not in (None, 0):
+        raise _fail(url, "a Redis Cluster has only database 0")
     creds, _, hosts = parts.netloc.rpartition("@")
     seeds = tuple(_host_port(url, h) for h in hosts.split(",") if h.strip())
     if not seeds:
         raise _fail(url, "no host:port given")
-    db = parts.path.strip("/")
-    if db not in ("", "0") or any(k == "db" and v not in ("", "0") for k, v in query):
-        raise _fail(url, "a Redis Cluster has only database 0")
     host, port = seeds[0]
     netloc = (creds + "@" if creds else "") + (f"[{host}]" if ":" in host else host) + f":{port}"
-    return Target(urlunsplit((plain, netloc, "/0", query_text, "")), seeds)
+    return Target(f"{parts.scheme}://{netloc}/0{tail}", seeds, options)
+
+
+# Node text is quoted in messages: it follows the URL's last '@' (_split refused any later '@'),
+# so it holds no part of a password.
+def _check_port(url: str, parts: SplitResult) -> None:
+    with contextlib.suppress(ValueError):  # urllib's: not a number, out of range (quotes it)
+        if parts.port != 0:  # None: redis-py's 6379
+            return
+    raise _fail(url, f"bad port in {parts.netloc.rpartition('@')[2]!r}: expected host:port")
 
 
 def _host_port(url: str, text: str) -> tuple[str, int]:
     text = text.strip()
     host, sep, port = text.rpartition(":")
-    if not sep:
+    if not sep or text.endswith("]"):  # no port: host, [IPv6]
         host, port = text, "6379"
     host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise _fail(url, f"bad node {text!r}: expected host:port")
     return host, int(port)
+
+
+def _client(url: str, kwargs: dict[str, Any], one: Any, cluster: Any, node: Any) -> Any:
+    target = parse_url(url)
+    # The URL's options over the caller's, as redis-py's from_url does.
+    args = {"decode_responses": True, **kwargs, **target.options}
+    if not target.cluster:
+        return one.from_url(target.address, **args)
+    others = [node(h, p) for h, p in target.seeds[1:]]
+    return cluster.from_url(target.address, startup_nodes=others, **args)
 
 
 def connect(url: str, **kwargs: Any) -> redis.Redis:
     """A blocking client for `url`: redis.Redis, or RedisCluster (typed as redis.Redis: it
     answers the same commands; the driver routes scripts by slot). Replies decoded unless
     `decode_responses=False` is given."""
-    target = parse_url(url)
-    kwargs.setdefault("decode_responses", True)
-    if not target.cluster:
-        return redis.Redis.from_url(target.url, **kwargs)
-    others = [ClusterNode(h, p) for h, p in target.seeds[1:]]  # type: ignore[no-untyped-call]
-    rc = RedisCluster.from_url(target.url, startup_nodes=others, **kwargs)
-    return rc  # type: ignore[return-value]  # a RedisCluster answers the commands we send
+    return _client(url, kwargs, redis.Redis, RedisCluster, ClusterNode)  # type: ignore[no-any-return]
 
 
 def connect_async(url: str, **kwargs: Any) -> aredis.Redis:
     """The asyncio counterpart of connect()."""
-    target = parse_url(url)
-    kwargs.setdefault("decode_responses", True)
-    if not target.cluster:
-        return aredis.Redis.from_url(target.url, **kwargs)
-    others = [AsyncClusterNode(h, p) for h, p in target.seeds[1:]]
-    rc = AsyncRedisCluster.from_url(target.url, startup_nodes=others, **kwargs)
-    return rc  # type: ignore[return-value]
+    return _client(url, kwargs, aredis.Redis, AsyncRedisCluster, AsyncClusterNode)  # type: ignore[no-any-return]
 
 
 # Per client class: the isinstance check costs ~3 us (AsyncRedisCluster's ABC/typing

@@ -49,20 +49,45 @@ def visible_bytes(value: Any) -> Any:
     return value
 
 
-# scheme://user:password@ (the password may hold '@', up to the last one before the path) and
-# a password=... query argument, which redis-py's from_url accepts too.
-_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^:/?#@\s]*:)[^/?#\s]*@")
-_QUERY_PASSWORD = re.compile(r"(?i)([?&](?:password|pass|pwd)=)[^&\s#]*")
+# Any argument named like a secret (password=, ssl_password=, auth_token=, ...): redis-py passes
+# unknown query arguments on to the connection. The name is matched possessively and checked
+# afterwards, and a URL's password found with find/rfind, so hostile text (a handler's error
+# message in a log line) costs linear time, never a regex backtracking over it.
+_SECRET_NAME = re.compile(r"(?i)pass|pwd|secret|token")
+_QUERY_ARG = re.compile(r"([?&;][^=&;\s#?]*+=)[^&;\s]*+")
+_TOKENS = re.compile(r"(\s+)")
 REDACTED = "***"
+
+
+def is_secret_name(name: str) -> bool:
+    """True for an option name whose value must never be shown (`ssl_password`, `token`)."""
+    return _SECRET_NAME.search(name) is not None
+
+
+def _hide_password(token: str) -> str:
+    """scheme://user:password@: everything from the password up to the LAST '@' of the token,
+    so a password holding '@', or an unencoded '/', '?' or '#', is hidden whole (a URL with no
+    password but a later '@' may lose some host text too: over-redacting is fine)."""
+    start, at = token.find("://") + 3, token.rfind("@")
+    user, colon, _ = token[start:at].partition(":")
+    if start < 3 or at < start or not colon:  # no URL, or no password
+        return token
+    if any(c in user for c in "/?#"):  # not a user name: hide it all
+        return f"{token[:start]}{REDACTED}{token[at:]}"
+    return f"{token[:start]}{user}:{REDACTED}{token[at:]}"
+
+
+def _hide_query(m: re.Match[str]) -> str:
+    return f"{m.group(1)}{REDACTED}" if is_secret_name(m.group(1)) else m.group()
 
 
 def redact(text: str) -> str:
     """`text` with every URL password replaced by ***: `rediss://app:s3cret@host` ->
-    `rediss://app:***@host`. For URLs and for whole messages that may quote one."""
-    if "@" not in text and "=" not in text:
-        return text
-    text = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
-    return _QUERY_PASSWORD.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+    `rediss://app:***@host`, `?ssl_password=s3cret` -> `?ssl_password=***`. For URLs and
+    for whole messages that may quote one."""
+    if "@" in text and "://" in text:
+        text = "".join(_hide_password(t) if "@" in t else t for t in _TOKENS.split(text))
+    return _QUERY_ARG.sub(_hide_query, text) if "=" in text else text
 
 
 def safe(text: object) -> str:
