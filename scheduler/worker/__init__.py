@@ -14,10 +14,12 @@ treats each Redis error as worker.execution.classify says (transient: log, count
 fatal: stop the worker with EXIT_REDIS_REFUSED), and a loop that dies of anything else stops
 the worker with EXIT_ERROR: never a silently dead task.
 
-Shutdown (first SIGTERM/SIGINT), each wait bounded: stop claiming; give back jobs never
+Shutdown (first SIGTERM/SIGINT), each wait bounded: stop claiming; re-send a claim whose
+answer was lost (its nonce replays the same jobs) and give back those jobs with the ones never
 started; wait up to the grace period for running handlers; stop the reporter and flush every
 outcome known (also those of a call still in flight); release the jobs still running; only
-then stop heartbeats; remove the presence entry; exit."""
+then stop heartbeats; remove the presence entry; exit. Cancelling the task of an embedded
+`run()` runs the same shutdown without the grace period, then raises CancelledError."""
 
 from scheduler.worker.runtime import Worker
 from scheduler.worker.settings import (

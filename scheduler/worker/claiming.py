@@ -11,11 +11,13 @@ import random
 import time
 
 from scheduler.core import codec
-from scheduler.core.models import ClaimBatch, ClaimedJob
+from scheduler.core.models import ClaimBatch
+from scheduler.worker.core import _Deadline, _Queue, _within
 from scheduler.worker.dispatch import Dispatch
-from scheduler.worker.execution import RetryDelay, Running
+from scheduler.worker.execution import RetryDelay, Running, classify
 from scheduler.worker.registry import JobContext
 from scheduler.worker.settings import (
+    _LEASE_MARGIN_S,
     _MAX_IDLE_SLEEP_S,
     _WAKE_BLOCK_S,
     CLAIM_MIN_FREE,
@@ -154,27 +156,6 @@ class Claiming(Dispatch):
         for job_id, token, reason in batch.unreadable:
             self._fail_unreadable(queue, job_id, token, reason)
 
-    def _fail_unreadable(self, queue: str, job_id: str, token: str, reason: str) -> None:
-        """A job of a claim reply the client could not read: failed non-retryably (parked)."""
-        job = ClaimedJob(
-            id=job_id,
-            token=token,
-            attempts=0,
-            max_attempts=0,
-            task="?",
-            payload_json="null",
-            run_at_ms=0,
-            claimed_ms=0,
-            backoff=codec.stored_backoff(""),
-            timeout_ms=0,
-            schedule="",
-        )
-        ctx = JobContext(job_id, "?", queue, 0, 0, token, 0, 0, 0)
-        r = Running(queue, job, ctx, None, time.monotonic(), time.monotonic() + 1.0)
-        r.finished = True
-        self._held[(queue, job_id)] = r
-        self._queue_fail(r, ("InvalidJob", f"unreadable job: {reason}", ""), retryable=False)
-
     def _short_jobs(self) -> bool:
         return self._mean_run_s is not None and self._mean_run_s < PREFETCH_MAX_RUN_S
 
@@ -205,8 +186,13 @@ class Claiming(Dispatch):
             self._capped = False
             self.metrics.claim_paused.labels("abandoned_threads").set(0)
             self.log.info("claiming again: abandoned handler threads below the cap")
+        if self._no_claim_until:  # a handler thread could not start (Starting._cannot_start)
+            if time.monotonic() < self._no_claim_until:
+                return 0
+            self._no_claim_until = 0.0
         ahead = s.prefetch if self._short_jobs() else 0
-        return s.concurrency + ahead - len(self.running) - len(self._backlog) - len(self._behind)
+        held = len(self._backlog) + len(self._behind) + len(self._give_back)
+        return s.concurrency + ahead - len(self.running) - held
 
     async def _idle_wait(self, sleep_s: float) -> None:
         """Sleep until the next due time (a local timer) or an enqueue's wake-up, whichever
@@ -244,6 +230,47 @@ class Claiming(Dispatch):
                         self._skips().pop(q.name, None)
             if got is not None and self._idle.is_set():
                 self._wake.set()
+
+    async def _replay_claims(self, deadline: float) -> list[Running]:
+        """Shutdown: the jobs of each claim whose answer was lost (its nonce still pending),
+        to be released with the rest instead of staying leased until the lease lapses. The
+        nonce is re-sent with limit 0: a replay names the first call's jobs, and a call that
+        never reached Redis leases nothing now."""
+        out: list[Running] = []
+        for qn, (nonce, t_sent) in list(self._nonce.items()):
+            batch = await self._replay(self._by_name[qn], nonce, deadline)
+            if batch is None:
+                continue
+            del self._nonce[qn]
+            lease_end = t_sent - _LEASE_MARGIN_S + self.settings.lease_ms / 1000
+            for job in batch.jobs:
+                ctx = JobContext(job.id, job.task, qn, job.attempts, job.max_attempts,
+                                 job.token, job.fence, job.run_at_ms, job.claimed_ms)  # fmt: skip
+                r = Running(qn, job, ctx, None, time.monotonic(), lease_end, finished=True)
+                out.append(r)
+            for job_id, token, reason in batch.unreadable:
+                self._fail_unreadable(qn, job_id, token, reason)
+        return out
+
+    async def _replay(self, q: _Queue, nonce: str, deadline: float) -> ClaimBatch | None:
+        backoff = RetryDelay()
+        while True:
+            call = q.aq.claim(self.id, limit=0, lease_ms=self.settings.lease_ms, reap_limit=0,
+                              nonce=nonce)  # fmt: skip
+            try:
+                batch: ClaimBatch = await _within(call, deadline - time.monotonic())
+                return batch
+            except Exception as exc:
+                if (
+                    isinstance(exc, _Deadline)
+                    or classify(exc) != "transient"
+                    or (time.monotonic() + backoff.next_s >= deadline)
+                ):
+                    self.log.warning("a lost claim of %s could not be re-sent (%s); its jobs' "
+                                     "leases lapse on their own", q.name, repr(exc))  # fmt: skip
+                    return None
+                self._redis_error("claim", exc)
+            await asyncio.sleep(backoff())
 
     async def _sleep_or_stop(self, delay_s: float) -> None:
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):

@@ -126,6 +126,12 @@ class WorkerCore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.claimed = 0
         self._backlog: deque[Running] = deque()
+        # Runs that could not start for a reason of this process (no thread): released by the
+        # heartbeat loop; claiming pauses until _no_claim_until (monotonic, 0: not paused).
+        self._give_back: list[Running] = []
+        self._no_claim_until = 0.0
+        self._loops: dict[str, asyncio.Task[None]] = {}  # the runtime's background loops
+        self._no_grace = False  # run() was cancelled: shut down as after a fatal error
         self._mean_run_s: float | None = None  # EWMA of handler run time
         # claim nonce per queue, kept across a failed call (claim.lua replays by nonce), and
         # when that nonce's first call was sent (the lease counts from then)
@@ -157,15 +163,17 @@ class WorkerCore:
     def _loop_error(self, what: str, exc: BaseException) -> None:
         """A loop's call failed: transient -> log, count (the caller backs off and retries);
         anything else -> raise _Fatal, which ends the loop and stops the worker."""
-        if isinstance(exc, _Fatal) or not isinstance(exc, RedisError | OSError):
-            raise exc  # not Redis's: a bug; the loop dies and the runtime stops (EXIT_ERROR)
-        kind = classify(exc)
-        if kind != "transient":
-            raise _Fatal(
-                EXIT_REDIS_REFUSED,
-                f"redis refused the worker's {what} call: {type(exc).__name__}: {exc}",
-            )
-        self._redis_error(what, exc)
+        if isinstance(exc, _Fatal):
+            raise exc
+        if classify(exc) == "transient":  # also redis-py's cluster errors, not RedisErrors
+            self._redis_error(what, exc)
+            return
+        if not isinstance(exc, RedisError | OSError):
+            raise exc  # not Redis's (a cross-slot call too): a bug; the runtime stops (EXIT_ERROR)
+        raise _Fatal(
+            EXIT_REDIS_REFUSED,
+            f"redis refused the worker's {what} call: {type(exc).__name__}: {exc}",
+        )
 
     def _redis_error(self, what: str, exc: BaseException) -> None:
         self.metrics.redis_errors.inc()

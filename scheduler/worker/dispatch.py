@@ -9,26 +9,21 @@ import functools
 import json
 import logging
 import time
-import traceback
 from typing import Any
 
 from scheduler.core import codec
-from scheduler.core.errors import InvalidPayload, UnknownTask
+from scheduler.core.errors import UnknownTask
 from scheduler.core.models import ClaimedJob
-from scheduler.worker.core import (
-    WorkerCore,
-)
-from scheduler.worker.execution import Running, _Slot
+from scheduler.worker.execution import Running, _Slot, error_text, failure_of
 from scheduler.worker.registry import JobContext
-from scheduler.worker.settings import (
-    _LEASE_MARGIN_S,
-)
+from scheduler.worker.settings import _LEASE_MARGIN_S
+from scheduler.worker.starting import Starting
 
 # A handler slot lets the loop run at least once every this many jobs (_run_async).
 _SLOT_YIELD_EVERY = 8
 
 
-class Dispatch(WorkerCore):
+class Dispatch(Starting):
     """Starting, timing out and stopping handlers; the backlog and the abandoned threads."""
 
     # Set only while a handler slot reports the run that just ended: _run hands it the next.
@@ -68,16 +63,7 @@ class Dispatch(WorkerCore):
             self._held[key] = r
             self._prepare(r, now_ms, now_s, log)
         except Exception as exc:  # one job's data must never take the worker down
-            msg = f"the worker could not start this job: {type(exc).__name__}: {exc}"
-            self.log.error("job %s: %s", job.id, msg)
-            if r is not None and self.running.get(key) is r:
-                del self.running[key]
-            if r is None:
-                ctx = JobContext(job.id, job.task, queue, 0, 0, job.token, 0, 0, 0)
-                r = Running(queue, job, ctx, None, now_s, lease_end)
-                self._held[key] = r
-            r.finished = True
-            self._queue_fail(r, ("InvalidJob", msg, traceback.format_exc()), retryable=False)
+            self._start_failed(queue, job, r, exc, (now_s, lease_end))
 
     def _prepare(self, r: Running, now_ms: int, now_s: float, log: bool) -> None:
         job, queue, spec = r.job, r.queue, r.spec
@@ -110,13 +96,6 @@ class Dispatch(WorkerCore):
         else:
             self._backlog.append(r)
 
-    def _can_start(self) -> bool:
-        return (
-            len(self.running) < self.settings.concurrency
-            and not self._backlog
-            and len(self._abandoned) < self.settings.abandoned_cap
-        )
-
     def _run(self, r: Running, now_s: float) -> None:
         spec, job, ctx, payload = r.spec, r.job, r.ctx, r.payload
         assert spec is not None
@@ -148,7 +127,10 @@ class Dispatch(WorkerCore):
                 with contextlib.suppress(RuntimeError):  # the loop is gone: we exited
                     loop.call_soon_threadsafe(self._thread_done, r, *out)
 
-            self._threads.submit(call)
+            try:
+                self._threads.submit(call)
+            except Exception as exc:  # no thread could start (a pids limit): not the job's fault
+                self._cannot_start(r, exc)
 
     def _thread_done(self, r: Running, result: Any, exc: BaseException | None) -> None:
         self._gone(r)
@@ -183,12 +165,15 @@ class Dispatch(WorkerCore):
                     # suspend would otherwise run the whole backlog in one step.
                     await asyncio.sleep(0)
                 result = await r.spec.fn(r.payload, r.ctx)
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as exc:
                 if r.finished:  # we cancelled it (lease lost, timeout, shutdown)
                     return
-                raise
-            except BaseException as exc:
+                if task.cancelling():  # aimed at this task, not at the job: pass it on
+                    raise
+                # The handler's own (it awaited a task someone else cancelled): it failed.
                 out: tuple[Any, BaseException | None] = (None, exc)
+            except BaseException as exc:
+                out = (None, exc)
             else:
                 out = (result, None)
             if r.finished or task.cancelling():
@@ -241,27 +226,33 @@ class Dispatch(WorkerCore):
         ):
             nxt = self._backlog.popleft()
             if not nxt.finished:
-                self._run(nxt, now_s)
+                try:
+                    self._run(nxt, now_s)
+                except Exception as exc:  # never out of here: we are inside another job's end
+                    self._cannot_start(nxt, exc)
         self._slot_free.set()
 
     def _finish(self, r: Running, result: Any, exc: BaseException | None) -> None:
         if r.finished:
             return  # stopped earlier: its outcome is not ours to report
-        self._end(r)
-        if exc is None:
-            if result is not None:
+        try:
+            if exc is None:
                 try:
-                    codec.encode_json(result, "result", codec.MAX_PAYLOAD_BYTES)
-                except InvalidPayload as bad:
-                    self._queue_fail(r, ("InvalidResult", str(bad), ""), retryable=False)
+                    if result is not None:
+                        codec.encode_json(result, "result", codec.MAX_PAYLOAD_BYTES)
+                except Exception as bad:  # InvalidPayload; a result's own method may raise
+                    err, retryable = ("InvalidResult", error_text(bad), ""), False
+                else:
+                    self._end(r)
+                    self._completes.append((r, result))
+                    self._report.set()
                     return
-            self._completes.append((r, result))
-            self._report.set()
-            return
-        assert r.spec is not None
-        retryable = not isinstance(exc, r.spec.non_retryable)
-        tb = "".join(traceback.format_exception(exc))
-        self._queue_fail(r, (type(exc).__name__, str(exc), tb), retryable=retryable)
+            else:  # read before _end: an error that cannot be described must still be sent
+                err, retryable = failure_of(exc, r.spec)
+            self._end(r)
+            self._queue_fail(r, err, retryable=retryable)
+        except Exception as bug:  # ours: the run still gets an outcome, never a lease for good
+            self._end_failed(r, bug)
 
     def _on_timeout(self, r: Running, timeout_s: float) -> None:
         if r.finished:
@@ -292,7 +283,3 @@ class Dispatch(WorkerCore):
             self._log_job(reason, r, level=logging.WARNING)
         if reason in ("expired", "cancelled"):
             self._forget(r)
-
-    def _queue_fail(self, r: Running, err: tuple[str, str, str], *, retryable: bool) -> None:
-        self._fails.append((r, err, retryable))
-        self._report.set()

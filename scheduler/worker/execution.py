@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +16,15 @@ from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
     ClusterDownError,
+    ClusterError,
+    CrossSlotTransactionError,
     NoPermissionError,
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
+    RedisClusterException,
     ResponseError,
+    SlotNotCoveredError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -38,10 +43,14 @@ TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeout
 #   transient  the server cannot serve the call now: a dropped connection, a timeout, OOM
 #              (maxmemory with noeviction), BUSY (a slow script), LOADING, READONLY (a failover
 #              in progress), TRYAGAIN / CLUSTERDOWN / MASTERDOWN, MISCONF (a failed RDB save),
-#              NOSCRIPT left after the driver's reloads: log, count, back off, retry.
+#              NOSCRIPT left after the driver's reloads; on a cluster, redis-py's own errors
+#              when no node answers or the slot map is being rebuilt (RedisClusterException
+#              "cannot be connected", SlotNotCoveredError, ClusterError "TTL exhausted"):
+#              log, count, back off, retry.
 #   fatal      retrying cannot help: authentication / ACL permission (NOPERM), and any other
 #              error where a call of the worker's own loop is refused (a bug, an unknown
-#              command): the worker stops with EXIT_REDIS_REFUSED and says why.
+#              command): the worker stops with EXIT_REDIS_REFUSED and says why. A cross-slot
+#              call refused by redis-py itself is a bug of ours (WorkerCore._loop_error).
 #   refused    (replies to one job's report only) that job's outcome was refused: logged, the
 #              lease lapses and the job is retried by the server's rules.
 _TRANSIENT_REPLIES = (
@@ -79,7 +88,42 @@ def classify(exc: BaseException) -> str:
         if code in ("NOPERM", "NOAUTH", "WRONGPASS"):
             return "fatal"
         return "refused"
+    if _cluster_unreachable(exc):
+        return "transient"
     return "fatal"
+
+
+def _cluster_unreachable(exc: BaseException) -> bool:
+    """redis-py's own cluster errors (raised by the client, not replies) but a cross-slot
+    call: no node answered while it re-read the slot map after a dropped connection (every
+    node down a moment, a restart), a slot not yet covered, redirections used up."""
+    if isinstance(exc, ClusterError | SlotNotCoveredError):
+        return True
+    if not isinstance(exc, RedisClusterException) or isinstance(exc, CrossSlotTransactionError):
+        return False
+    return "same key slot" not in str(exc)
+
+
+def error_text(exc: BaseException) -> str:
+    """str(exc), or a stand-in when its __str__ raises (reporting it must not fail too)."""
+    try:
+        return str(exc)
+    except Exception as bad:
+        return f"<{type(exc).__name__} message could not be read: {type(bad).__name__}>"
+
+
+def failure_of(exc: BaseException, spec: TaskSpec | None) -> tuple[tuple[str, str, str], bool]:
+    """A handler's exception as fail's (type, message, traceback), and whether it is retried.
+    Never raises: the job's run has to get an outcome whatever the exception does."""
+    try:
+        retryable = spec is None or not isinstance(exc, spec.non_retryable)
+    except Exception:  # a metaclass __instancecheck__ that raises: retried, as any error
+        retryable = True
+    try:
+        tb = "".join(traceback.format_exception(exc))
+    except Exception:
+        tb = ""
+    return (type(exc).__name__, error_text(exc), tb), retryable
 
 
 @dataclass(eq=False)
@@ -135,7 +179,11 @@ class ThreadRunner:
                 self._idle -= 1  # reserve an idle thread
             else:
                 self.threads += 1
-                threading.Thread(target=self._loop, name="sched-job", daemon=True).start()
+                try:
+                    threading.Thread(target=self._loop, name="sched-job", daemon=True).start()
+                except BaseException:  # "can't start new thread" (a pids limit): none added
+                    self.threads -= 1
+                    raise
         self._work.put(fn)
 
     def _loop(self) -> None:

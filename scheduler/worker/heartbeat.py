@@ -53,13 +53,17 @@ class Heartbeats(Dispatch, Reporting):
             await self._bounded("presence", self._beat_workers(), lease_s)
             self._expire_leases()
             # A job held back behind its own abandoned run: give it back after one lease, so
-            # a thread that never ends does not hide the job for good.
+            # a thread that never ends does not hide the job for good. With them the jobs
+            # that could not start (Starting._cannot_start).
             now = time.monotonic()
             stale = [r for r in self._behind.values() if now - r.started_s > lease_s]
+            for r in stale:
+                del self._behind[(r.queue, r.job.id)]
+                r.finished = True
+            if self._give_back:
+                stale += self._give_back
+                self._give_back = []
             if stale:
-                for r in stale:
-                    del self._behind[(r.queue, r.job.id)]
-                    r.finished = True
                 await self._release(stale, time.monotonic() + _SETTLE_S)
 
     async def _bounded(self, what: str, call: Coroutine[Any, Any, None], lease_s: float) -> None:

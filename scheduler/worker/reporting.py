@@ -10,7 +10,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from scheduler.core.errors import SchedulerError
+from scheduler.core.errors import (
+    JobCancelled,
+    JobNotFound,
+    LeaseExpired,
+    LeaseRefused,
+    SchedulerError,
+)
 from scheduler.core.models import FailOutcome
 from scheduler.worker.core import (
     WorkerCore,
@@ -22,6 +28,21 @@ from scheduler.worker.execution import RetryDelay, Running, classify
 from scheduler.worker.settings import (
     EXIT_REDIS_REFUSED,
 )
+
+
+def _word(status: str) -> str:
+    """The glossary word of a refused report (docs/glossary.md): the job was cancelled, its
+    lease ran out, or another claim holds it (stale; also a job gone: 'missing')."""
+    return status if status in ("cancelled", "expired") else "stale"
+
+
+def _status_of(refusal: LeaseRefused | JobNotFound) -> str:
+    """The status behind fail's refusal (codec.parse_fail raises it as an exception)."""
+    if isinstance(refusal, JobCancelled):
+        return "cancelled"
+    if isinstance(refusal, LeaseExpired):
+        return "expired"
+    return "missing" if isinstance(refusal, JobNotFound) else "stale"
 
 
 class Reporting(WorkerCore):
@@ -112,11 +133,16 @@ class Reporting(WorkerCore):
                 if log_info:
                     self._log_job("done", r)
             else:
-                self.metrics.outcome(
-                    r.queue, r.job.task, "cancelled" if st == "cancelled" else "stale"
-                )
-                self._log_job("refused", r, level=logging.WARNING, status=st)
+                self._refused(r, "complete", st)
         return None
+
+    def _refused(self, r: Running, call: str, status: str) -> None:
+        """The server refused r's complete / fail / release: counted and logged under its
+        word; `refused` names the call."""
+        self._forget(r)
+        word = _word(status)
+        self.metrics.outcome(r.queue, r.job.task, word)
+        self._log_job(word, r, level=logging.WARNING, refused=call, status=status)
 
     def _failed(
         self, r: Running, err: tuple[str, str, str], retryable: bool, out: Any
@@ -132,11 +158,13 @@ class Reporting(WorkerCore):
             else:
                 extra["reason"] = out.dead_reason
             self._log_job(out.status, r, level=logging.WARNING, **extra)
-        elif isinstance(out, SchedulerError):
-            self._forget(r)
-            self.metrics.outcome(r.queue, r.job.task, "stale")
-            self._log_job("refused", r, level=logging.WARNING, status=str(out))
-        elif isinstance(out, BaseException) and self._reply_error("fail", out):
+        elif isinstance(out, LeaseRefused | JobNotFound):
+            self._refused(r, "fail", _status_of(out))
+        elif (
+            isinstance(out, BaseException)
+            and not isinstance(out, SchedulerError)  # an answer read as an error: no retry
+            and self._reply_error("fail", out)
+        ):
             self._fails.insert(0, (r, err, retryable))
             return out
         else:
@@ -151,6 +179,7 @@ class Reporting(WorkerCore):
         for r in rs:
             by_queue.setdefault(r.queue, []).append(r)
         backoff = RetryDelay()
+        replies: list[Any] = []
         while True:
             items = [
                 (
@@ -161,19 +190,32 @@ class Reporting(WorkerCore):
             ]
             try:
                 replies = await _within(self._pipe.run(items), deadline - time.monotonic())
-                err = next((x for x in replies if isinstance(x, BaseException)), None)
-                if err is None or classify(err) != "transient":
-                    break
-                raise err
-            except _Deadline:
-                break
             except Exception as exc:
-                if classify(exc) != "transient" or time.monotonic() >= deadline:
-                    self.log.warning("release failed (%s); leases lapse on their own", exc)
-                    break
-                self._redis_error("release", exc)
-                await asyncio.sleep(min(backoff(), max(deadline - time.monotonic(), 0)))
-        for r in rs:
+                replies = [exc] * len(items)  # no answer (_Deadline too): none was released
+            err = next((x for x in replies if isinstance(x, BaseException)), None)
+            if err is None or classify(err) != "transient" or time.monotonic() >= deadline:
+                break
+            self._redis_error("release", err)  # a re-sent release answers 'released' again
+            await asyncio.sleep(min(backoff(), max(deadline - time.monotonic(), 0)))
+        for g, reply in zip(by_queue.values(), replies, strict=True):
+            self._released(g, reply)
+
+    def _released(self, rs: list[Running], reply: Any) -> None:
+        """Each job by what the server answered; a call that failed released none of them."""
+        if isinstance(reply, BaseException):
+            for r in rs:
+                self._forget(r)
+            self.log.warning(
+                "release of %d jobs of %s failed (%s); their leases lapse on their own",
+                len(rs),
+                rs[0].queue,
+                "no answer in time" if isinstance(reply, _Deadline) else repr(reply),
+            )
+            return
+        for r, st in zip(rs, reply, strict=True):
+            if st != "released":
+                self._refused(r, "release", st)
+                continue
             self._forget(r)
             self.metrics.outcome(r.queue, r.job.task, "released")
             self._log_job("released", r)

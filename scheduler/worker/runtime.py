@@ -13,11 +13,8 @@ from typing import Any
 
 from scheduler.core.connection import is_cluster
 from scheduler.worker.claiming import Claiming
-from scheduler.worker.core import (
-    _Deadline,
-    _Fatal,
-    _within,
-)
+from scheduler.worker.core import _Deadline, _Fatal, _within
+from scheduler.worker.execution import error_text
 from scheduler.worker.heartbeat import Heartbeats
 from scheduler.worker.settings import (
     _SETTLE_S,
@@ -52,7 +49,7 @@ class Worker(Claiming, Heartbeats):
         self.log.warning(
             "asyncio: %s%s",
             context.get("message", "unhandled"),
-            f": {type(exc).__name__}: {exc}" if exc else "",
+            f": {type(exc).__name__}: {error_text(exc)}" if exc else "",
         )
 
     async def run(self, *, install_signals: bool = True) -> int:
@@ -61,6 +58,8 @@ class Worker(Claiming, Heartbeats):
         Stops on `request_stop()`, the first SIGTERM/SIGINT (a second one exits at once and
         leaves the leases to lapse) or a fatal error. Shutdown lets running handlers finish
         for `grace_s`, reports their outcomes and releases the jobs it did not finish.
+        Cancelling the task running it shuts down the same way without the grace period,
+        then raises CancelledError.
 
         Args:
             install_signals: handle SIGTERM/SIGINT on the running loop (False when embedding
@@ -70,8 +69,11 @@ class Worker(Claiming, Heartbeats):
             The process exit code: 0 after a clean stop, non-zero after a fatal error (see
             scheduler/core/exits.py)."""
         self._loop = loop = asyncio.get_running_loop()
-        previous_handler = loop.get_exception_handler()
-        loop.set_exception_handler(self._on_loop_exception)
+        # asyncio's reports through our log, on a loop with no handler of its own (the CLI):
+        # an application's handler (its error reporter) stays in charge.
+        ours = loop.get_exception_handler() is None
+        if ours:
+            loop.set_exception_handler(self._on_loop_exception)
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal, sig)
@@ -84,48 +86,85 @@ class Worker(Claiming, Heartbeats):
             self.settings.heartbeat_ms,
         )
         try:
-            await self._guarded("presence", self._beat_workers(), deadline_s=_SETTLE_S)
-            hb = self._spawn(self._heartbeat_loop(), "heartbeat")
-            reporter = self._spawn(self._reporter_loop(), "reporter")
-            # One blocking pop for every queue's wake-up key on one server: a pop per queue held
-            # a pooled connection each while idle, and redis-py 8's pool has 100, so a worker on
-            # ~100 partitions had none left for its claims and heartbeats (MaxConnectionsError).
-            # On a cluster the keys live in different slots: one pop per queue (per-node pools).
-            if is_cluster(self.client):
-                groups = [[q.keys.wake] for q in self.queues]
-            else:
-                groups = [[q.keys.wake for q in self.queues]]
-            wakers = [self._spawn(self._waker_loop(keys), f"waker:{keys[0]}") for keys in groups]
-            claim = self._spawn(self._claim_loop(), "claim")
-            await self._stop_claiming.wait()
-            fast = self._exit_code != EXIT_OK  # a fatal error: no grace period
-            grace_end = time.monotonic() + (0.0 if fast else self.settings.grace_s)
-            # a claim in flight may finish (its jobs are then given back), within the grace
-            await self._wait_bounded([claim], max(grace_end - time.monotonic(), _STOP_LOOP_S))
-            self._closed = True
-            self._idle.set()  # lets the wakers see _closed
-            for t in wakers:  # a wake-up pop holds nothing: cancel it now
-                t.cancel()
-            await self._shutdown(reporter, grace_end)
-            self._stop_heartbeat.set()
-            self._beat_now.set()
-            await self._wait_bounded([hb, *wakers], _STOP_LOOP_S)
-            await self._guarded("presence", self._beat_workers(remove=True), deadline_s=2.0)
+            await self._serve()
+        except asyncio.CancelledError:
+            # An app stops what it started by cancelling it (a lifespan exit, a TaskGroup,
+            # wait_for): the shutdown still runs, without grace (from the top if it was under
+            # way), so no loop outlives run() and the jobs held are given back.
+            self.log.warning("worker %s: run() cancelled; stopping without grace", self.id)
+            self._no_grace = True
+            await self._stop_sequence()
+            raise
         finally:
-            self._closed = True
-            self._shutting_down = True
+            self._end_loops()
             self._threads.close()
-            loop.set_exception_handler(previous_handler)
+            if ours and loop.get_exception_handler() == self._on_loop_exception:
+                loop.set_exception_handler(None)
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
         self.log.info("worker %s stopped", self.id)
         return self._exit_code
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+    async def _serve(self) -> None:
+        await self._guarded("presence", self._beat_workers(), deadline_s=_SETTLE_S)
+        self._spawn(self._heartbeat_loop(), "heartbeat")
+        self._spawn(self._reporter_loop(), "reporter")
+        # One blocking pop for every queue's wake-up key on one server: a pop per queue held
+        # a pooled connection each while idle, and redis-py 8's pool has 100, so a worker on
+        # ~100 partitions had none left for its claims and heartbeats (MaxConnectionsError).
+        # On a cluster the keys live in different slots: one pop per queue (per-node pools).
+        if is_cluster(self.client):
+            groups = [[q.keys.wake] for q in self.queues]
+        else:
+            groups = [[q.keys.wake for q in self.queues]]
+        for keys in groups:
+            self._spawn(self._waker_loop(keys), f"waker:{keys[0]}")
+        self._spawn(self._claim_loop(), "claim")
+        await self._stop_claiming.wait()
+        await self._stop_sequence()
+
+    async def _stop_sequence(self) -> None:
+        """The shutdown (package docstring). Each step takes what is left, so a second run
+        (run() cancelled meanwhile) finishes the first."""
+        self.request_stop()
+        fast = self._exit_code != EXIT_OK or self._no_grace  # no grace period
+        grace_end = time.monotonic() + (0.0 if fast else self.settings.grace_s)
+        wakers = self._tasks("waker")
+        # a claim in flight may finish (its jobs are then given back), within the grace
+        await self._wait_bounded(
+            self._tasks("claim"), max(grace_end - time.monotonic(), _STOP_LOOP_S)
+        )
+        self._closed = True
+        self._idle.set()  # lets the wakers see _closed
+        for t in wakers:  # a wake-up pop holds nothing: cancel it now
+            t.cancel()
+        await self._shutdown(grace_end)
+        self._stop_heartbeat.set()
+        self._beat_now.set()
+        await self._wait_bounded(self._tasks("heartbeat", "waker"), _STOP_LOOP_S)
+        await self._guarded("presence", self._beat_workers(remove=True), deadline_s=2.0)
+
+    def _end_loops(self) -> None:
+        """run() is leaving: nothing it started may go on (a second cancellation can cut the
+        shutdown short): every stop flag set, each loop and running handler cancelled."""
+        self._closed = self._shutting_down = True
+        self.request_stop()
+        for flag in (self._stop_reporter, self._stop_heartbeat, self._beat_now, self._idle):
+            flag.set()
+        for r in list(self.running.values()):
+            self._stop(r, "shutdown")
+        for t in self._loops.values():
+            t.cancel()
+
+    def _tasks(self, *kinds: str) -> list[asyncio.Task[None]]:
+        """The loops of these kinds started so far (a waker's name is waker:<key>)."""
+        return [t for name, t in self._loops.items() if name.split(":")[0] in kinds]
+
+    def _spawn(self, coro: Any, name: str) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
         task.add_done_callback(self._loop_ended)
-        return task
+        self._loops[name] = task
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         """A background loop ended: expected only once shutdown asked it to."""
@@ -174,16 +213,18 @@ class Worker(Claiming, Heartbeats):
                 self.log.error("%s failed", what, exc_info=bug)
                 self._fatal(EXIT_ERROR, f"{what} failed: {type(bug).__name__}: {bug}")
 
-    async def _shutdown(self, reporter: asyncio.Task[None], deadline: float) -> None:
+    async def _shutdown(self, deadline: float) -> None:
         """After claiming stopped. See the module docstring for the order."""
-        if self._exit_code != EXIT_OK:
-            deadline = time.monotonic()  # a fatal error met meanwhile: no more grace
-        never = list(self._backlog) + list(self._behind.values())
+        if self._exit_code != EXIT_OK or self._no_grace:
+            deadline = time.monotonic()  # a fatal error (or a cancel) met meanwhile: no grace
+        settle = time.monotonic() + _SETTLE_S
+        lost = await self._replay_claims(settle)  # claims whose answer was lost: their jobs
+        never = [*self._backlog, *self._behind.values(), *self._give_back, *lost]
         self._backlog.clear()
         self._behind.clear()
+        self._give_back.clear()
         for r in never:  # never started: give them back at once
             r.finished = True
-        settle = time.monotonic() + _SETTLE_S
         await self._release(never, settle)
         while self.running and time.monotonic() < deadline:
             self._slot_free.clear()
@@ -192,7 +233,7 @@ class Worker(Claiming, Heartbeats):
         # Reporter: stop it by its flag, let its call in flight end (bounded), then flush all.
         self._stop_reporter.set()
         self._report.set()
-        await self._wait_bounded([reporter], _STOP_LOOP_S)
+        await self._wait_bounded(self._tasks("reporter"), _STOP_LOOP_S)
         self._restore_sending()  # a call that never returned: its reports are sent again here
         settle = time.monotonic() + _SETTLE_S
         await self._flush(settle)
@@ -200,10 +241,10 @@ class Worker(Claiming, Heartbeats):
         for r in leftover:
             self._stop(r, "shutdown")
         await self._release(leftover, settle)
-        lost = len(self._completes) + len(self._fails)
-        if lost:
+        unsent = len(self._completes) + len(self._fails)
+        if unsent:
             self.log.error(
                 "%d outcomes could not be reported before exit; their jobs run "
                 "again after the lease",
-                lost,
+                unsent,
             )
