@@ -140,6 +140,17 @@ def tq(client: redis.Redis, queue_name: str) -> Iterator[tuple[Queue, Clock]]:
     delete_queue(client, queue)
 
 
+FLOW_T0 = 1_000_000
+
+
+@pytest.fixture
+def fq(tq: tuple[Queue, Clock]) -> tuple[Queue, Clock]:
+    """tq with its clock at FLOW_T0 (the flow-control tests)."""
+    q, clock = tq
+    clock.set_ms(FLOW_T0)
+    return q, clock
+
+
 def delete_queue(client: redis.Redis, queue: Queue) -> None:
     keys = list(client.scan_iter(match=queue.keys.pattern(), count=1000))
     for i in range(0, len(keys), 500):

@@ -14,16 +14,8 @@ from scheduler import BadArgument, Queue
 from scheduler.cli.main import main as cli
 from scheduler.client.chain import chain
 from scheduler.operations.ops import Script
+from tests.conftest import FLOW_T0 as T0
 from tests.conftest import Clock, dump_queue
-
-T0 = 1_000_000
-
-
-@pytest.fixture
-def fq(tq: tuple[Queue, Clock]) -> tuple[Queue, Clock]:
-    q, clock = tq
-    clock.set_ms(T0)
-    return q, clock
 
 
 def ids(q: Queue, limit: int = 100, lease_ms: int = 10_000) -> list[str]:

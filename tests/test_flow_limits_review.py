@@ -9,16 +9,8 @@ import pytest
 import redis
 
 from scheduler import Queue
+from tests.conftest import FLOW_T0 as T0
 from tests.conftest import Clock
-
-T0 = 1_000_000
-
-
-@pytest.fixture
-def fq(tq: tuple[Queue, Clock]) -> tuple[Queue, Clock]:
-    q, clock = tq
-    clock.set_ms(T0)
-    return q, clock
 
 
 def ids(q: Queue, limit: int = 100, lease_ms: int = 600_000) -> list[str]:
