@@ -18,6 +18,7 @@ from scheduler.core.errors import (
     SchedulerError,
     StaleToken,
     UnknownTask,
+    UnreadableRecord,
 )
 from scheduler.core.models import (
     ClaimBatch,
@@ -56,6 +57,7 @@ __all__ = [
     "StaleToken",
     "TaskHandle",
     "UnknownTask",
+    "UnreadableRecord",
     "open_queue",
     "open_queue_async",
 ]
