@@ -632,18 +632,25 @@ OTHER_FIGURES = [
     "387 B per retained job (82.5 MB / 939 B with keep_payload); `python bench/retention_soak.py "
     "--rate 1500 --seconds 300 --workers 2 --result-ttl-ms 60000` (docs/performance.md section "
     "11; bench/results/retention_soak_*.json; measured 2026-12-01)",
-    "- 2,000 due at once by worker concurrency 16 / 64 / 256, p99: ours 448 / 428 / 726 ms, "
-    "bullmq-node 558 / 433 / 420 ms, 0 early; the bench handler alone in one process, no "
-    "scheduler (handler-floor: the least any one-process Python worker can do here) 282 / 290 / "
-    "520 ms: `cd bench && python spike_concurrency.py --concurrency 16,64,256 --repeat 2` "
-    "(section 14; spike_concurrency_20261201T1728.json)",
+    "- 2,000 due at once by worker concurrency 16 / 64 / 256, p99 (medians of 2; the machine "
+    "noisy: the floor at 16 measured 278 and 607 ms in the two repeats): ours 373 / 370 / 538 "
+    "ms, bullmq-node 790 / 370 / 481 ms, 0 early; the bench handler alone in one process, no "
+    "scheduler (handler-floor: the least any one-process Python worker can do here) 442 / 156 / "
+    "466 ms: `cd bench && python spike_concurrency.py --concurrency 16,64,256 --repeat 2` "
+    "(section 15; spike_concurrency_20261201T2253.json)",
     "- Drain per job, ours vs bullmq-node, 3 interleaved pairs: 1.19-1.25x jobs/s, worker CPU "
     "50.5-56 vs 62-68 us/job, Redis CPU 42.5-45 vs 52.8-59.5: `python bench/profile_drain.py "
     "drain --system ours|bullmq-node --n 20000`; server time per transition: `python "
     "bench/claim_ab.py --rev <rev>`, `python bench/lua_ab.py --rev <rev>` (section 13)",
-    "- Memory per pending job, tiny payload: 280 B (target 250: not met; one hash of records "
-    "per queue would take 255); `python bench/memory_layouts.py --api-only --n 10000` "
-    "(sections 8, 14)",
+    "- Memory per pending job, tiny payload: 278 B (target 250: not met; one hash of records "
+    "per queue would take 253); `python bench/memory_layouts.py --api-only --n 10000` "
+    "(sections 8, 14, 15)",
+    "- Issue 16's targets over three quick runs at 7d5fa25 (unix / tcp each): drain 1.08-1.17x "
+    "bullmq-node, single enqueue 0.58-0.95x huey, bulk 0.71-1.24x the pipelined model, 2,000 at "
+    "once p99 154-279 ms (<= 200 in four of six), 354 B per pending job: `python bench/run.py "
+    "--quick --systems ours,bullmq-node,huey --transport both --sizes drain=20000,"
+    "simultaneous=2000,enqueue_single=5000,enqueue_bulk=20000,memory=10000` (section 15; "
+    "bench/results/20261201T224341.json, ...224519.json, ...224657.json)",
 ]
 
 
