@@ -114,10 +114,11 @@ local jk = job_key(prefix, id)
 -- A held job leaves its hold sets (not its key's leases: a job also leased keeps its slot).
 local function unhold()
   local ckey = flow_load(jk).ckey
+  -- pcall: a hold set edited into another type must not fail the repair after its first write.
   for _, set in ipairs({ 'flow:held', 'flow:rheld', 'flow:waiting' }) do
-    redis.call('ZREM', prefix .. set, id)
+    redis.pcall('ZREM', prefix .. set, id)
   end
-  if ckey ~= '' then redis.call('ZREM', prefix .. 'flow:ckheld:' .. ckey, id) end
+  if ckey ~= '' then redis.pcall('ZREM', prefix .. 'flow:ckheld:' .. ckey, id) end
   redis.call('HDEL', jk, 'flow_reason', 'waiting_for', 'parents')
 end
 

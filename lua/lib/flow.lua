@@ -150,7 +150,9 @@ end
 -- hand) cannot take the hash writes: it goes into due alone, where claim parks it, instead of
 -- raising in the script that freed its slot (complete, fail, ...) after that one's first write.
 local function flow_unhold(prefix, id, run_at)
-  if redis.pcall('ZREM', prefix .. 'flow:held', id) ~= 1 then return end
+  -- 0: not held (already moved). An error (flow:held edited into another type): the caller just
+  -- took it out of its own hold set, so it was held: it goes to due rather than nowhere.
+  if redis.pcall('ZREM', prefix .. 'flow:held', id) == 0 then return end
   redis.call('ZADD', prefix .. 'due', run_at, id)
   local jk = job_key(prefix, id)
   if type(redis.pcall('HDEL', jk, 'flow_reason')) ~= 'number' then return end

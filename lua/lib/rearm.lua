@@ -11,7 +11,7 @@
 -- Schedule hash fields read here: kind, every_ms, offset_ms, misfire_n (how many overdue slots
 -- may run: 0 skip, 1 run once, N catch up), paused, pending (the id of the one occurrence in
 -- due, '' when none), cursor_ms (slot of the pending occurrence, or the last one placed),
--- ran_ms (slot of the last occurrence that left due by claim, park or cancel: no placing goes
+-- ran_ms (slot of the last due occurrence that left due by claim, park or cancel: no placing goes
 -- back to it, whatever the definition; kept by a redefinition), task, payload, max_attempts,
 -- backoff, timeout_ms; and the flow fields of every occurrence
 -- (priority, ckey, climit, rkey, rcount, rwindow: lib/flow.lua, read with flow_load).
@@ -86,9 +86,11 @@ end
 -- Returns the id, or nil when the cron buffer does not reach past now (the schedule is then
 -- marked starved and queued for a refill, which calls this again with the same budget).
 -- A pending occurrence still named in `h` is the one that just left due (claimed, parked,
--- cancelled): its slot becomes ran_ms.
+-- cancelled): its slot becomes ran_ms if it was due by then.
 local function sched_place(prefix, h, after, budget, now)
-  if h.pending ~= '' and h.cursor_ms > h.ran_ms then
+  -- Only a slot that was due: a run cancelled before its time must not hold a redefinition's
+  -- first run back until then.
+  if h.pending ~= '' and h.cursor_ms > h.ran_ms and h.cursor_ms + h.offset_ms <= now then
     redis.call('HSET', sched_key(prefix, h.name), 'ran_ms', fmt(h.cursor_ms))
     h.ran_ms = h.cursor_ms
   end
