@@ -14,7 +14,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import KWARGS_DISABLED_KEYS, REDIS_ALLOWED_KEYS
 
 from scheduler import BadArgument, Queue
-from scheduler.core import connection
+from scheduler.core import url_options
 from scheduler.core.connection import parse_url
 from scheduler.core.safety import redact
 
@@ -77,7 +77,7 @@ def test_every_cluster_option_reaches_the_nodes_of_both_cluster_clients() -> Non
     parameters: a name outside either would be dropped or fail there (this redis-py)."""
     blocking = set(REDIS_ALLOWED_KEYS) - set(KWARGS_DISABLED_KEYS)
     asyncio_ = set(inspect.signature(AsyncRedisCluster.__init__).parameters)
-    assert set(connection._CLUSTER_OPTIONS) <= blocking & asyncio_
+    assert set(url_options.CLUSTER_OPTIONS) <= blocking & asyncio_
 
 
 def test_an_uppercase_scheme_is_read(redis_url: str) -> None:

@@ -11,16 +11,15 @@ CLI command, `doctor`):
 
 User and password go in the URL as usual (`redis+cluster://user:pw@h:p,h:p/`). A cluster has
 only database 0 and needs TCP: `unix://` with cluster, or `/1`, is refused (BadArgument).
-Query options (`?socket_timeout=5`) are the names in _OPTIONS, converted here; any other name, a
-bad value, port or database is refused (BadArgument) rather than failing at the first command."""
+Query options (`?socket_timeout=5`) are the names in core/url_options.py, converted there; any
+other name, a bad value, port or database is refused (BadArgument) rather than failing at the
+first command."""
 
 from __future__ import annotations
 
 import contextlib
 import difflib
-import math
-import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit
@@ -30,16 +29,14 @@ import redis.asyncio as aredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterNode, RedisCluster
-from redis.connection import parse_ssl_verify_flags
 
 from scheduler.core.errors import BadArgument
 from scheduler.core.safety import REDACTED, is_secret_name, redact
+from scheduler.core.url_options import CLUSTER_OPTIONS, FLAG, OPTIONS, Parse, whole
 
 __all__ = ["Target", "connect", "connect_async", "is_cluster", "parse_url", "primaries"]
 
 _SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
-_BOOLS = dict.fromkeys(("1", "true", "yes", "on"), True)
-_BOOLS.update(dict.fromkeys(("0", "false", "no", "off", ""), False))
 
 
 @dataclass(frozen=True, repr=False)
@@ -65,60 +62,6 @@ class Target:
         return f"Target(url={redact(self.url)!r}, seeds={self.seeds!r}, options={options!r})"
 
 
-Parse = Callable[[str], Any]
-
-
-def _value(convert: Parse, why: str, ok: Callable[[Any], bool] = lambda v: True) -> Parse:
-    def parse(text: str) -> Any:
-        try:
-            value = convert(text)
-        except (AttributeError, KeyError, ValueError):
-            raise ValueError(why) from None
-        if not ok(value):
-            raise ValueError(why)
-        return value
-
-    return parse  # raises ValueError(why) on text it does not take
-
-
-def _whole(low: int) -> Parse:
-    return _value(int, f"expected a whole number >= {low}", lambda v: v >= low)
-
-
-_FLAG = _value(lambda t: _BOOLS[t.strip().lower()], "expected 1 or 0")
-_SECONDS = _value(float, "expected seconds > 0", lambda v: math.isfinite(v) and v > 0)
-_VERIFY = _value(parse_ssl_verify_flags, "expected ssl.VerifyFlags names, comma-separated")
-_CERT_REQS = ("none", "optional", "required")
-# The query options: redis-py's URL_QUERY_ARGUMENT_PARSERS and the connection keyword arguments
-# that every client (blocking and asyncio, redis-py 7.3 and 8.x) accepts, converted here: redis-py
-# passes an unknown name on (TypeError at the first command), 7.3 passes `protocol` as text.
-# ssl_* need rediss://, socket_keepalive TCP. These both cluster clients hand to every node:
-_CLUSTER_OPTIONS: dict[str, Parse] = {
-    "db": _whole(0),  # 0 only, on a cluster
-    "socket_timeout": _SECONDS,
-    "socket_connect_timeout": _SECONDS,
-    "socket_keepalive": _FLAG,
-    "max_connections": _whole(1),
-    "protocol": _value(lambda t: {"2": 2, "3": 3}[t], "expected 2 or 3"),
-    **dict.fromkeys(("client_name", "username", "password"), str),
-    **dict.fromkeys(("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"), str),
-    "ssl_cert_reqs": _value(str.lower, f"expected one of {_CERT_REQS}", _CERT_REQS.__contains__),
-    "ssl_check_hostname": _FLAG,
-    "ssl_include_verify_flags": _VERIFY,
-    "ssl_exclude_verify_flags": _VERIFY,
-}
-# One server only: the blocking RedisCluster drops a name outside its REDIS_ALLOWED_KEYS
-# (health_check_interval, ssl_min_version), the asyncio one raises TypeError on a name it lacks
-# (ssl_password, ssl_ca_path): refused on a cluster, never dropped.
-_SINGLE_OPTIONS: dict[str, Parse] = {
-    "socket_read_size": _whole(1),
-    "health_check_interval": _whole(0),
-    **dict.fromkeys(("ssl_ca_path", "ssl_password", "ssl_ciphers"), str),
-    "ssl_min_version": _value(lambda t: ssl.TLSVersion[t], "expected TLSv1_2 or TLSv1_3"),
-}
-_OPTIONS = {**_CLUSTER_OPTIONS, **_SINGLE_OPTIONS}
-
-
 def _fail(url: str, why: str) -> BadArgument:
     return BadArgument(f"invalid Redis URL {redact(url)}: {why}")
 
@@ -135,7 +78,7 @@ def parse_url(url: str) -> Target:
         raise _fail(url, f"unknown scheme {scheme!r} (redis, rediss, unix, redis+cluster)")
     parts = _split(url, f"{plain}://{rest}")
     query = parse_qsl(parts.query, keep_blank_values=True)
-    flag = [_convert(url, "cluster", v, _FLAG) for k, v in query if k == "cluster"]
+    flag = [_convert(url, "cluster", v, FLAG) for k, v in query if k == "cluster"]
     cluster = scheme in _SCHEMES or any(flag)
     if cluster and plain == "unix":
         raise _fail(url, "a Redis Cluster needs TCP (redis+cluster://host:port,...)")
@@ -162,7 +105,10 @@ def _split(url: str, text: str) -> SplitResult:
         parts = urlsplit(text)
     except ValueError:  # urllib's message may quote the host part
         raise _fail(url, "not a URL (scheme://[user:password@]host:port/db)") from None
-    if "#" in text or "@" in parts.path + parts.query:
+    # '@' after the host only where a password cut short puts it: a redis:// path, or a query
+    # before its first '=' (a query value may hold '@': ?client_name=w@h; a socket path too).
+    cut = parts.scheme != "unix" and "@" in parts.path
+    if "#" in text or cut or "@" in parts.query.partition("=")[0]:
         why = "'#', or '@' after the host: in a password, percent-encode / ? # @ (%2F %3F %23 %40)"
         raise _fail(url, why)
     return parts
@@ -189,12 +135,12 @@ def _options(url: str, query: list[tuple[str, str]], plain: str, cluster: bool) 
 
 
 def _option(url: str, name: str, plain: str, cluster: bool) -> Parse:
-    parse = _OPTIONS.get(name)
+    parse = OPTIONS.get(name)
     if parse is None:
-        near = difflib.get_close_matches(name, _OPTIONS, n=1)
+        near = difflib.get_close_matches(name, OPTIONS, n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise _fail(url, f"unknown option {name!r}{hint}")
-    if cluster and name not in _CLUSTER_OPTIONS:
+    if cluster and name not in CLUSTER_OPTIONS:
         raise _fail(url, f"option {name!r} is not supported on a Redis Cluster")
     if name.startswith("ssl_") and plain != "rediss":
         raise _fail(url, f"option {name!r} needs TLS (rediss://)")
@@ -208,7 +154,7 @@ def _database(url: str, plain: str, path: str, query_db: int | None) -> int | No
     if plain == "unix":
         return query_db
     text = unquote(path).strip("/")
-    db = _convert(url, "database", text, _whole(0)) if text else None
+    db = _convert(url, "database", text, whole(0)) if text else None
     return query_db if query_db is not None else db
 
 

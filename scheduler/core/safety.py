@@ -64,30 +64,50 @@ def is_secret_name(name: str) -> bool:
     return _SECRET_NAME.search(name) is not None
 
 
-def _hide_password(token: str) -> str:
-    """scheme://user:password@: everything from the password up to the LAST '@' of the token,
-    so a password holding '@', or an unencoded '/', '?' or '#', is hidden whole (a URL with no
+def _password_span(token: str) -> tuple[int, int] | None:
+    """scheme://user:password@: from the password up to the LAST '@' of the token, so a
+    password holding '@', or an unencoded '/', '?' or '#', is hidden whole (a URL with no
     password but a later '@' may lose some host text too: over-redacting is fine)."""
     start, at = token.find("://") + 3, token.rfind("@")
     user, colon, _ = token[start:at].partition(":")
     if start < 3 or at < start or not colon:  # no URL, or no password
-        return token
+        return None
     if any(c in user for c in "/?#"):  # not a user name: hide it all
-        return f"{token[:start]}{REDACTED}{token[at:]}"
-    return f"{token[:start]}{user}:{REDACTED}{token[at:]}"
+        return start, at
+    return start + len(user) + 1, at
 
 
-def _hide_query(m: re.Match[str]) -> str:
-    return f"{m.group(1)}{REDACTED}" if is_secret_name(m.group(1)) else m.group()
+def _hide_secrets(token: str) -> str:
+    """The token with the union of its secret spans replaced by ***: the URL's password and
+    each secret query value, both found on the original text (one pass must not hide what the
+    other needs to see: a query password holding '@' looked like a URL password's end)."""
+    spans = [(m.end(1), m.end()) for m in _QUERY_ARG.finditer(token) if is_secret_name(m[1])]
+    pw = _password_span(token) if "@" in token else None
+    if pw is not None:
+        spans.append(pw)
+    if not spans:
+        return token
+    out: list[str] = []
+    pos = 0
+    for lo, hi in sorted(spans):
+        if hi <= pos:
+            continue
+        lo = max(lo, pos)
+        if lo > pos or not out:
+            out.append(token[pos:lo])
+            out.append(REDACTED)
+        pos = hi
+    out.append(token[pos:])
+    return "".join(out)
 
 
 def redact(text: str) -> str:
     """`text` with every URL password replaced by ***: `rediss://app:s3cret@host` ->
     `rediss://app:***@host`, `?ssl_password=s3cret` -> `?ssl_password=***`. For URLs and
     for whole messages that may quote one."""
-    if "@" in text and "://" in text:
-        text = "".join(_hide_password(t) if "@" in t else t for t in _TOKENS.split(text))
-    return _QUERY_ARG.sub(_hide_query, text) if "=" in text else text
+    if "=" not in text and not ("@" in text and "://" in text):
+        return text
+    return "".join(_hide_secrets(t) if ("=" in t or "@" in t) else t for t in _TOKENS.split(text))
 
 
 def safe(text: object) -> str:

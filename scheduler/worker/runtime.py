@@ -218,13 +218,15 @@ class Worker(Claiming, Heartbeats):
         if self._exit_code != EXIT_OK or self._no_grace:
             deadline = time.monotonic()  # a fatal error (or a cancel) met meanwhile: no grace
         settle = time.monotonic() + _SETTLE_S
-        lost = await self._replay_claims(settle)  # claims whose answer was lost: their jobs
-        never = [*self._backlog, *self._behind.values(), *self._give_back, *lost]
+        # The jobs never started are taken before the first await: a run ending meanwhile must
+        # not start one of them (_pump) after the stop.
+        never = [*self._backlog, *self._behind.values(), *self._give_back]
         self._backlog.clear()
         self._behind.clear()
         self._give_back.clear()
         for r in never:  # never started: give them back at once
             r.finished = True
+        never += await self._replay_claims(settle)  # claims whose answer was lost: their jobs
         await self._release(never, settle)
         while self.running and time.monotonic() < deadline:
             self._slot_free.clear()

@@ -1,0 +1,74 @@
+"""The query options a connection URL may carry (`?socket_timeout=5`), each with its converter:
+redis-py's URL_QUERY_ARGUMENT_PARSERS and the connection keyword arguments every client
+(blocking and asyncio, redis-py 7.3 and 8.x) accepts. core/connection.py refuses any other name,
+and a value its converter does not take (BadArgument), rather than fail at the first command."""
+
+from __future__ import annotations
+
+import math
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from redis.connection import parse_ssl_verify_flags
+
+_BOOLS = dict.fromkeys(("1", "true", "yes", "on"), True)
+_BOOLS.update(dict.fromkeys(("0", "false", "no", "off", ""), False))
+
+Parse = Callable[[str], Any]
+
+
+def _value(convert: Parse, why: str, ok: Callable[[Any], bool] = lambda v: True) -> Parse:
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except (AttributeError, KeyError, ValueError):
+            raise ValueError(why) from None
+        if not ok(value):
+            raise ValueError(why)
+        return value
+
+    return parse  # raises ValueError(why) on text it does not take
+
+
+def _tls_version(text: str) -> ssl.TLSVersion:
+    return ssl.TLSVersion(int(text)) if text.isdecimal() else ssl.TLSVersion[text]
+
+
+def whole(low: int) -> Parse:
+    return _value(int, f"expected a whole number >= {low}", lambda v: v >= low)
+
+
+FLAG = _value(lambda t: _BOOLS[t.strip().lower()], "expected 1 or 0")
+_SECONDS = _value(float, "expected seconds > 0", lambda v: math.isfinite(v) and v > 0)
+_VERIFY = _value(parse_ssl_verify_flags, "expected ssl.VerifyFlags names, comma-separated")
+_CERT_REQS = ("none", "optional", "required")
+# The query options: redis-py's URL_QUERY_ARGUMENT_PARSERS and the connection keyword arguments
+# that every client (blocking and asyncio, redis-py 7.3 and 8.x) accepts, converted here: redis-py
+# passes an unknown name on (TypeError at the first command), 7.3 passes `protocol` as text.
+# ssl_* need rediss://, socket_keepalive TCP. These both cluster clients hand to every node:
+CLUSTER_OPTIONS: dict[str, Parse] = {
+    "db": whole(0),  # 0 only, on a cluster
+    "socket_timeout": _SECONDS,
+    "socket_connect_timeout": _SECONDS,
+    "socket_keepalive": FLAG,
+    "max_connections": whole(1),
+    "protocol": _value(lambda t: {"2": 2, "3": 3}[t], "expected 2 or 3"),
+    **dict.fromkeys(("client_name", "username", "password"), str),
+    **dict.fromkeys(("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"), str),
+    "ssl_cert_reqs": _value(str.lower, f"expected one of {_CERT_REQS}", _CERT_REQS.__contains__),
+    "ssl_check_hostname": FLAG,
+    "ssl_include_verify_flags": _VERIFY,
+    "ssl_exclude_verify_flags": _VERIFY,
+}
+# One server only: the blocking RedisCluster drops a name outside its REDIS_ALLOWED_KEYS
+# (health_check_interval, ssl_min_version), the asyncio one raises TypeError on a name it lacks
+# (ssl_password, ssl_ca_path): refused on a cluster, never dropped.
+SINGLE_OPTIONS: dict[str, Parse] = {
+    "socket_read_size": whole(1),
+    "health_check_interval": whole(0),
+    **dict.fromkeys(("ssl_ca_path", "ssl_password", "ssl_ciphers"), str),
+    # A name, or redis-py's own form: the whole number of an ssl.TLSVersion (771 = TLSv1_2).
+    "ssl_min_version": _value(_tls_version, "expected TLSv1_2, TLSv1_3 or its number (771, 772)"),
+}
+OPTIONS = {**CLUSTER_OPTIONS, **SINGLE_OPTIONS}
