@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis.asyncio as aredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -156,3 +157,25 @@ def test_no_backlog_job_starts_while_shutdown_resends_a_lost_claim(
     finally:
         for key in q.client.scan_iter(match=q.keys.pattern()):
             q.client.delete(key)
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        (
+            "Redis Cluster cannot be connected. Please provide at least one reachable node",
+            "transient",
+        ),
+        ("All slots are not covered after query all startup_nodes.", "transient"),
+        ("Invalid args in command: ('GET',)", "fatal"),
+        ("No targets were found to execute ('X',) command on", "fatal"),
+    ],
+)
+def test_only_a_cluster_remapping_is_retried(message: str, kind: str) -> None:
+    """redis-py's client-side cluster errors: while no node answers or the slot map is rebuilt,
+    retried; its other ones (a bug in the call) stop the loop, not a retry for good."""
+    from redis.exceptions import RedisClusterException
+
+    from scheduler.worker.execution import classify
+
+    assert classify(RedisClusterException(message)) == kind

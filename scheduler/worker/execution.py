@@ -93,15 +93,25 @@ def classify(exc: BaseException) -> str:
     return "fatal"
 
 
+# redis-py's messages while it cannot (re)build the slot map: nodes down, or mid-failover.
+_CLUSTER_REMAPPING = (
+    "cannot be connected",
+    "could not agree on a valid",
+    "slots are not covered",
+    "has no redis_connection",
+)
+
+
 def _cluster_unreachable(exc: BaseException) -> bool:
-    """redis-py's own cluster errors (raised by the client, not replies) but a cross-slot
-    call: no node answered while it re-read the slot map after a dropped connection (every
-    node down a moment, a restart), a slot not yet covered, redirections used up."""
+    """redis-py's own cluster errors (raised by the client, not replies) that mean no node
+    answered while it re-read the slot map after a dropped connection (every node down a
+    moment, a restart), a slot not yet covered, redirections used up. Its other ones (a
+    cross-slot call, "Missing key", "Invalid args", no target found) are bugs: not retried."""
     if isinstance(exc, ClusterError | SlotNotCoveredError):
         return True
     if not isinstance(exc, RedisClusterException) or isinstance(exc, CrossSlotTransactionError):
         return False
-    return "same key slot" not in str(exc)
+    return any(m in str(exc) for m in _CLUSTER_REMAPPING)
 
 
 def error_text(exc: BaseException) -> str:
