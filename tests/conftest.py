@@ -98,6 +98,16 @@ def module_server() -> Iterator[RedisProcess]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def cluster_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A Redis Cluster: the run's own on a cluster run, else a local one for the module."""
+    if is_cluster_run():
+        yield request.getfixturevalue("redis_url")
+        return
+    with LocalCluster(require_server("a local Redis Cluster")) as cluster:
+        yield cluster.url
+
+
 @pytest.fixture
 def client(redis_url: str) -> Iterator[redis.Redis]:
     c = connect(redis_url)  # a RedisCluster on a cluster run

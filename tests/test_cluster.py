@@ -18,11 +18,9 @@ from click.testing import CliRunner
 from redis.cluster import RedisCluster
 
 from scheduler import AsyncQueue, BadArgument, JobSpec, Queue
-from scheduler._spawn_cluster import LocalCluster
 from scheduler.admin.inspection import discover_queues
 from scheduler.cli.main import main
 from scheduler.core.connection import connect, connect_async, is_cluster, parse_url
-from tests.redis_server import is_cluster_run, require_server
 from tests.workers.procs import spawn_worker, stop_all, wait_for
 
 
@@ -74,15 +72,6 @@ def test_cli_refuses_a_bad_cluster_url_as_usage() -> None:
 
 
 # -- on a cluster ----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cluster_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    if is_cluster_run():
-        yield request.getfixturevalue("redis_url")
-        return
-    with LocalCluster(require_server("a local Redis Cluster")) as cluster:
-        yield cluster.url
-
-
 @pytest.fixture
 def rc(cluster_url: str) -> Iterator[Any]:
     client = connect(cluster_url)

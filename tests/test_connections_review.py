@@ -16,13 +16,12 @@ from redis.asyncio.cluster import ClusterNode
 
 from scheduler import AsyncQueue, BadArgument, Queue
 from scheduler._spawn import RedisProcess
-from scheduler._spawn_cluster import LocalCluster
 from scheduler.cli.main import main
 from scheduler.core import cluster_io
 from scheduler.core.connection import connect, parse_url
 from scheduler.core.safety import redact
 from scheduler.core.scripts import Batch
-from tests.redis_server import is_cluster_run, require_server
+from tests.redis_server import require_server
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULER = str(Path(sys.executable).parent / "scheduler")
@@ -97,15 +96,6 @@ def test_the_cli_refuses_a_malformed_url_as_usage() -> None:
 
 
 # -- a query option on a blocking RedisCluster ---------------------------------------------------
-@pytest.fixture(scope="module")
-def cluster_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    if is_cluster_run():
-        yield request.getfixturevalue("redis_url")
-        return
-    with LocalCluster(require_server("a local Redis Cluster")) as cluster:
-        yield cluster.url
-
-
 def _with(url: str, option: str) -> str:
     return url + ("&" if "?" in url else "?") + option
 
