@@ -8,7 +8,8 @@
   flow control (flow:held) is cancelled as a due one.
   Returns: the state before the call: 'due' | 'leased' (now cancelled), or 'done' | 'dead' |
     'cancelled' (unchanged), or 'missing'. A re-sent call answers 'cancelled' and changes nothing.
-  Errors:  BAD_ARGUMENT <field>=<value> ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT dead (a job with waiting children, when the
+    dead set is of another type: nothing written) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -21,15 +22,25 @@ local id = ARGV[1]
 local ttl, err = int_arg(ARGV[2], 'record_ttl_ms', 1, LIM.ttl_ms)
 if err then return err end
 local jk = job_key(prefix, id)
-local state = redis.call('HGET', jk, 'state')
--- A job set aside by flow control (lib/flow.lua) is due too, only not in the due set.
-local in_due = redis.call('ZSCORE', due, id) or redis.call('ZSCORE', prefix .. 'flow:held', id)
+local state, kids = unpack(redis.call('HMGET', jk, 'state', 'kids'))
+-- A job set aside by flow control (lib/flow.lua) is due too, only not in the due set. A
+-- flow:held of another type (edited by hand) holds nothing.
+local in_due = redis.call('ZSCORE', due, id)
+if not in_due then
+  in_due = redis.pcall('ZSCORE', prefix .. 'flow:held', id)
+  if type(in_due) ~= 'string' then in_due = false end
+end
 local in_leased = redis.call('ZSCORE', leased, id)
 -- A job never claimed has no hash yet: its spec and its place in due say it waits.
 local fresh = not state
 if fresh and in_due and redis.call('EXISTS', spec_key(prefix, id)) == 1 then state = 'due' end
 if not state then return 'missing' end
 if not in_due and not in_leased then return state end
+-- Its waiting children are parked below (flow_parent_ended), after this script's first write.
+if kids then
+  local bad = key_type_err(KEYS[4], 'dead', 'zset')
+  if bad then return bad end
+end
 local now = now_ms()
 -- Cancelling a schedule's pending occurrence cancels that run, not the schedule: the next
 -- occurrence takes its place in the same step (exactly one pending, as lib/rearm.lua keeps it).

@@ -7,6 +7,7 @@ from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import (
     BadArgument,
+    CorruptKey,
     InvalidPayload,
     JobCancelled,
     JobDead,
@@ -37,6 +38,7 @@ __all__ = [
     "BadArgument",
     "ClaimBatch",
     "ClaimedJob",
+    "CorruptKey",
     "FailOutcome",
     "InvalidPayload",
     "Job",

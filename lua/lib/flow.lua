@@ -149,14 +149,22 @@ end
 -- never put a leased or finished job back into due. A job key of another type (written by
 -- hand) cannot take the hash writes: it goes into due alone, where claim parks it, instead of
 -- raising in the script that freed its slot (complete, fail, ...) after that one's first write.
+-- Returns false only when `due` is of another type (edited by hand): the job stays held, and
+-- the caller keeps it in its own set (a job in no set would be lost; this runs after the
+-- caller's first write, so it may not raise).
 local function flow_unhold(prefix, id, run_at)
-  -- 0: not held (already moved). An error (flow:held edited into another type): the caller just
-  -- took it out of its own hold set, so it was held: it goes to due rather than nowhere.
-  if redis.pcall('ZREM', prefix .. 'flow:held', id) == 0 then return end
-  redis.call('ZADD', prefix .. 'due', run_at, id)
+  -- 0: not held (already moved). An error (flow:held edited into another type): the caller's
+  -- own hold set had it, so it was held: it goes to due rather than nowhere.
+  local held = redis.pcall('ZREM', prefix .. 'flow:held', id)
+  if held == 0 then return true end
+  if type(redis.pcall('ZADD', prefix .. 'due', run_at, id)) ~= 'number' then
+    if held == 1 then redis.call('ZADD', prefix .. 'flow:held', run_at, id) end
+    return false
+  end
   local jk = job_key(prefix, id)
-  if type(redis.pcall('HDEL', jk, 'flow_reason')) ~= 'number' then return end
+  if type(redis.pcall('HDEL', jk, 'flow_reason')) ~= 'number' then return true end
   flow_index(prefix, id, flow_load(jk).priority, run_at)
+  return true
 end
 
 -- Live leases of a key, or nil when its slot set is of another type (written by hand). A member
@@ -181,8 +189,7 @@ local function flow_ck_promote(prefix, key, n)
   local ids = redis.pcall('ZRANGE', hk, 0, n - 1, 'WITHSCORES')
   if ids.err then return end  -- a hold set of another type: nothing to promote
   for i = 1, #ids, 2 do
-    redis.call('ZREM', hk, ids[i])
-    flow_unhold(prefix, ids[i], ids[i + 1])
+    if flow_unhold(prefix, ids[i], ids[i + 1]) then redis.call('ZREM', hk, ids[i]) end
   end
   -- An idle worker may be sleeping until a lease ends: this job is due now.
   if #ids > 0 then wake(prefix .. 'wake') end
@@ -376,8 +383,7 @@ local function flow_rate_due(prefix, now, limit)
   for _, id in ipairs(ids) do
     local run_at = redis.pcall('ZSCORE', prefix .. 'flow:held', id)
     if type(run_at) ~= 'string' then run_at = fmt(now) end
-    redis.call('ZREM', rh, id)
-    flow_unhold(prefix, id, run_at)
+    if flow_unhold(prefix, id, run_at) then redis.call('ZREM', rh, id) end
   end
 end
 
@@ -502,7 +508,12 @@ local function flow_parents(prefix, after, batch, alias)
     if not seen[pid] then
       seen[pid] = true
       local state = redis.pcall('HGET', job_key(prefix, pid), 'state')
-      if type(state) == 'table' then state = nil end
+      if type(state) == 'table' then  -- flow_wait would write its `kids` field
+        local jk = job_key(prefix, pid)
+        local name = string.sub(jk, #prefix + 1)
+        return nil, key_type_err(jk, name, 'hash')
+          or redis.error_reply('CORRUPT ' .. name .. ' unreadable (nothing written)')
+      end
       if not state and (batch[pid] or redis.call('EXISTS', spec_key(prefix, pid)) == 1) then
         state = 'pending'
       end
@@ -512,7 +523,15 @@ local function flow_parents(prefix, after, batch, alias)
         return nil, redis.error_reply('BAD_ARGUMENT after=' .. named .. via .. ' (no such job)')
       end
       out[#out + 1] = { pid, state }
+      -- The keys flow_wait may write, checked before enqueue's first write.
+      local bad = state == 'pending' and key_type_err(prefix .. 'flow:children:' .. pid,
+        'flow:children:' .. pid, 'set')
+      if bad then return nil, bad end
     end
+  end
+  for _, name in ipairs({ 'flow:held', 'flow:waiting', 'dead' }) do
+    local bad = key_type_err(prefix .. name, name, 'zset')
+    if bad then return nil, bad end
   end
   return out
 end
@@ -583,7 +602,11 @@ end
 local function flow_parent_done(prefix, id)
   local ck = prefix .. 'flow:children:' .. id
   for _, cid in ipairs(flow_children(ck)) do
-    local run_at = redis.call('ZSCORE', prefix .. 'flow:waiting', cid)
+    -- flow:waiting of another type (edited by hand): the child's place in flow:held says it
+    -- still waits, and its score is the same run_at.
+    local run_at = redis.pcall('ZSCORE', prefix .. 'flow:waiting', cid)
+    if type(run_at) == 'table' then run_at = redis.pcall('ZSCORE', prefix .. 'flow:held', cid) end
+    if type(run_at) ~= 'string' then run_at = false end
     local cjk = job_key(prefix, cid)
     local v = run_at and redis.pcall('HMGET', cjk, 'waiting_for', 'parents')
     if run_at and not v.err and flow_lists(v[2], id) then
@@ -593,9 +616,10 @@ local function flow_parent_done(prefix, id)
       -- does not recount), and a child run early is the lesser harm than one waiting forever.
       local left = (parse_int(v[1], 1, FLOW_LIM.after) or 1) - 1
       if left <= 0 then
-        redis.call('ZREM', prefix .. 'flow:waiting', cid)
-        redis.call('HDEL', cjk, 'waiting_for', 'parents')
-        flow_unhold(prefix, cid, run_at)
+        if flow_unhold(prefix, cid, run_at) then
+          redis.pcall('ZREM', prefix .. 'flow:waiting', cid)
+          redis.call('HDEL', cjk, 'waiting_for', 'parents')
+        end
       else
         redis.call('HSET', cjk, 'waiting_for', fmt(left), 'flow_reason',
           'waiting for ' .. fmt(left) .. ' jobs')
@@ -619,9 +643,13 @@ local function flow_parent_ended(prefix, id, word, now)
     i = i + 1
     local ck = prefix .. 'flow:children:' .. pid
     for _, cid in ipairs(flow_children(ck)) do
-      if flow_lists(redis.pcall('HGET', job_key(prefix, cid), 'parents'), pid)
-          and redis.call('ZREM', prefix .. 'flow:waiting', cid) == 1 then
-        redis.call('ZREM', prefix .. 'flow:held', cid)
+      -- flow:waiting of another type (edited by hand): a child still waits when its hash has
+      -- the count (every way out of the wait deletes it).
+      local v = redis.pcall('HMGET', job_key(prefix, cid), 'parents', 'waiting_for')
+      local listed = v.err and v or v[1]
+      local w = flow_lists(listed, pid) and redis.pcall('ZREM', prefix .. 'flow:waiting', cid)
+      if w == 1 or (type(w) == 'table' and not v.err and v[2]) then
+        redis.pcall('ZREM', prefix .. 'flow:held', cid)
         local r = redis.pcall('HDEL', job_key(prefix, cid), 'waiting_for', 'flow_reason',
           'parents')
         if type(r) == 'table' then

@@ -17,6 +17,17 @@ local LIM = {
   fence = 9007199254740991,     -- 2^53 - 1: the largest integer a Lua number holds exactly
 }
 
+-- For a check before a script's first write: a CORRUPT error reply (a typed CorruptKey in
+-- Python) when `key` (`name`: after the prefix) holds another type than `want` (edited by
+-- hand), else nil. Redis does not undo a script's writes when it raises later.
+local function key_type_err(key, name, want)
+  local t = redis.call('TYPE', key)
+  t = type(t) == 'table' and t.ok or t
+  if t == 'none' or t == want then return nil end
+  return redis.error_reply('CORRUPT ' .. name .. ' is a ' .. t .. ', not a ' .. want
+    .. ' (nothing written)')
+end
+
 -- The one strict integer reader for ARGV and stored fields: optional '-' and decimal digits only
 -- (tonumber would also take hex, exponents, 'inf', 'nan' and fractions), within [lo, hi].
 local function parse_int(v, lo, hi)

@@ -95,6 +95,12 @@ class UnknownTask(SchedulerError, LookupError):
     """No handler is registered under that task name."""
 
 
+class CorruptKey(SchedulerError, ResponseError):
+    """A key of the queue holds another type than the one the call needs (edited by hand, or
+    by another tool): the call was refused and nothing was written. `scheduler doctor` shows the
+    queue's state. Still a redis ResponseError, as callers caught before."""
+
+
 def raise_for_status(status: str, job_id: str, token: str) -> None:
     """Map a per-job status from a token-guarded script to an exception (or return on success)."""
     if status in ("done", "retry", "dead", "released", "held"):
@@ -117,4 +123,6 @@ def translate(exc: ResponseError) -> SchedulerError | ResponseError:
         detail = text.split(" ", 1)[1] if " " in text else text
         detail = detail.split(" script:", 1)[0]
         return BadArgument(f"refused by the server: {detail}")
+    if text.startswith("CORRUPT "):
+        return CorruptKey(text[len("CORRUPT ") :].split(" script:", 1)[0])
     return exc
