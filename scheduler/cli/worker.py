@@ -88,7 +88,13 @@ async def _serve(
         await client.aclose()
         return EXIT_FAILED
     if port is not None:
-        bound = worker.metrics.serve(port)
+        try:
+            bound = worker.metrics.serve(port)
+        except OSError as exc:  # the port is taken, or not ours to bind: one line, no trace
+            why = exc.strerror or exc
+            click.echo(f"error: cannot serve metrics on port {port}: {why}", err=True)
+            await client.aclose()
+            return EXIT_FAILED
         worker.log.info("metrics on :%d/metrics", bound)
     try:
         return await worker.run()
@@ -200,9 +206,9 @@ def worker_cmd(
     """Run handlers from REGISTRY (module:attribute, a scheduler.worker.registry.Registry).
 
     Exit codes: the table of `scheduler --help` (0 stopped cleanly, 1 crashed, --strict refused
-    unsafe Redis settings, or a queue key edited by hand at start, 2 invalid settings, 3 Redis
-    unreachable at start, 4 registry not importable, 5 the Redis user may not work a queue, 130
-    forced by a second signal).
+    unsafe Redis settings, a queue key edited by hand at start, or --metrics-port could not be
+    bound, 2 invalid settings, 3 Redis unreachable at start, 4 registry not importable, 5 the
+    Redis user may not work a queue, 130 forced by a second signal).
     """
     logs.setup(log_level, json_logs)
     settings = WorkerSettings(
