@@ -38,7 +38,7 @@ if not state then return 'missing' end
 if not in_due and not in_leased then return state end
 -- Its waiting children are parked below (flow_parent_ended), after this script's first write.
 if kids then
-  local bad = key_type_err(KEYS[4], 'dead', 'zset')
+  local bad = dead_err(prefix)
   if bad then return bad end
 end
 local now = now_ms()

@@ -12,7 +12,8 @@
     once (lib/job.lua dead_trim) leaves no key of the job (a re-sent call answers 'missing').
   Returns: {status, run_at_ms or dead reason}; status is 'retry' | 'dead' | 'stale' |
     'cancelled' | 'missing'. A re-sent call with the same token gives the same answer.
-  Errors:  BAD_ARGUMENT <field>=<value> ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | dead | dead:migrating is not a zset
+    (nothing written: the key was edited by hand into another type) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -47,18 +48,24 @@ local jk = job_key(prefix, id)
 -- flow_to_due take it instead of reading the job again.
 local fl = FLOW_PLAIN
 if f[9] or f[10] or f[11] then fl = flow_rest(jk, f[9], f[10], f[11]) end
--- First write frees memory, so a full server still lets a worker settle (see complete.lua).
-redis.call('ZREM', leased, id)
 -- Read strictly (claim checked them when it leased the job; a later hand edit counts as 1).
 -- A job of this version's layout keeps backoff and a default max_attempts in the spec.
 local sp = false
 if not f[7] or not f[8] then sp = job_spec(prefix, id, '0') end
 local attempts = parse_int(f[6], 0, LIM.attempts) or 1
 local max_attempts = parse_int(f[7] or (sp and sp.max_attempts), 1, LIM.attempts) or 1
-push_error(jk, ARGV[4], ARGV[5], ARGV[6], attempts, now)
-redis.call('HDEL', jk, 'worker')
-if retryable ~= '1' or attempts >= max_attempts then
+local parks = retryable ~= '1' or attempts >= max_attempts
+-- Before the first write, the sets this call writes that may have been edited into another
+-- type: due (the retry's ZADD, the park's ZREM) and, for a park, dead. leased needs no check:
+-- its ZREM is the first write, so an error there has written nothing.
+local bad = zset_err(prefix, 'due') or (parks and dead_err(prefix))
+if bad then return bad end
+if parks then
   local reason = (retryable ~= '1') and 'non-retryable error' or 'attempts exhausted'
+  -- First write frees memory, so a full server still lets a worker settle (see complete.lua).
+  redis.call('ZREM', leased, id)
+  push_error(jk, ARGV[4], ARGV[5], ARGV[6], attempts, now)
+  redis.call('HDEL', jk, 'worker')
   -- Settled before the park: dead_letter's retention may delete this very job (max_count 0,
   -- or a same-ms tie broken by id), and nothing may write into its key after that (a write
   -- would re-create a hash of two fields, no spec, no expiry, the id blocked for good). A
@@ -83,7 +90,11 @@ if delay == nil then
   delay = math.floor(delay * (1 - jitter * u))
 end
 local run_at = now + delay
+-- The first write: out of leased (it frees memory, so a full server still lets a worker settle:
+-- see complete.lua), then into due (checked above).
 flow_to_due(prefix, id, run_at, now, fl)
+push_error(jk, ARGV[4], ARGV[5], ARGV[6], attempts, now)
+redis.call('HDEL', jk, 'worker')
 redis.call('HSET', jk, 'state', 'due', 'run_at_ms', fmt(run_at))
 settle(jk, token, 'retry:' .. fmt(run_at))
 bump_stat(prefix, now, 'fail', 1)

@@ -4,7 +4,8 @@
   ARGV pairs: id, token
   Returns: one status per job: 'released' | 'stale' | 'cancelled' | 'missing'. The job is due
     again at once, with its attempt count given back. A re-sent call answers 'released' again.
-  Errors:  BAD_ARGUMENT argc=<n> ]]
+  Errors:  BAD_ARGUMENT argc=<n>; CORRUPT due is not a zset (nothing written: the key was
+    edited by hand into another type) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -15,14 +16,23 @@ local prefix, wake_key = KEYS[1], KEYS[5]
 if #ARGV % 2 ~= 0 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 local now = now_ms()
 local out, released = {}, 0
+-- lease_check's fields, then the attempt count: one HMGET of the job.
+local READ = { 'token', 'state', 'settled_token', 'settled', 'settled_log', 'attempts' }
 for i = 1, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
-  local status, outcome = lease_check(prefix, id, token)
+  local status, outcome, f = lease_check(prefix, id, token, READ)
   if status == 'settled' then
     status = (outcome == 'released') and 'released' or 'stale'
   elseif status == 'held' then
+    -- The call's first write is the first held job's: due checked once before it, so no later
+    -- job's ZADD can fail after the earlier jobs' writes (leased needs no check: its ZREM comes
+    -- first, and an error there has written nothing).
+    if released == 0 then
+      local bad = zset_err(prefix, 'due')
+      if bad then return bad end
+    end
     local jk = job_key(prefix, id)
-    local attempts = parse_int(redis.call('HGET', jk, 'attempts'), 0, LIM.attempts) or 1
+    local attempts = parse_int(f[6], 0, LIM.attempts) or 1
     flow_to_due(prefix, id, now, now)
     redis.call('HSET', jk, 'state', 'due', 'attempts', fmt(math.max(attempts - 1, 0)))
     redis.call('HDEL', jk, 'worker')

@@ -3,7 +3,9 @@
   Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held
   ARGV ids (the client picks them from the dead list: one, all, or by task / error / age)
   Returns: the number of jobs requeued. An id that is not dead is skipped, so a re-sent call
-    changes nothing more. ]]
+    changes nothing more.
+  Errors:  CORRUPT due | leased is not a zset (nothing written: the key was edited by hand into
+    another type) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -11,11 +13,20 @@
 
 local prefix, wake_key = KEYS[1], KEYS[5]
 local now = now_ms()
-local moved = 0
+local moved, checked = 0, false
 for _, id in ipairs(ARGV) do
   local jk = job_key(prefix, id)
   -- pcall: an id claim parked because its key is not a hash stays parked (nothing to run).
-  if redis.pcall('HGET', jk, 'state') == 'dead' and dead_unlist(prefix, id, now) > 0 then
+  local dead = redis.pcall('HGET', jk, 'state') == 'dead'
+  -- The call's first write is the first dead job's (dead_unlist): due and leased, which its
+  -- move writes after that, checked once before it (dead_unlist's own first write, on the dead
+  -- key, refuses the call while nothing is written).
+  if dead and not checked then
+    local bad = zset_err(prefix, 'due') or zset_err(prefix, 'leased')
+    if bad then return bad end
+    checked = true
+  end
+  if dead and dead_unlist(prefix, id, now) > 0 then
     flow_to_due(prefix, id, now, now)
     redis.call('HSET', jk, 'state', 'due', 'attempts', 0, 'run_at_ms', fmt(now))
     redis.call('HDEL', jk, 'dead_reason', 'dead_ms')

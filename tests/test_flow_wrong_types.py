@@ -55,7 +55,7 @@ def test_a_parent_whose_hash_is_another_type_refuses_its_child_whole(
     pid = q.enqueue("t", delay_ms=HOUR_MS)
     client.set(q.keys.job(pid), "hand-edited")  # its spec is still there: 'pending'
     before = dump_queue(client, q)
-    with pytest.raises(CorruptKey, match="is a string, not a hash"):
+    with pytest.raises(CorruptKey, match="is not a hash"):
         q.enqueue("t", after=[pid])
     assert dump_queue(client, q) == before
 
@@ -81,7 +81,7 @@ def test_cancelling_a_parent_with_the_dead_set_of_another_type_writes_nothing(
     q.enqueue("t", after=[pid])
     client.set(q.keys.dead, "hand-edited")
     before = _no_stats(dump_queue(client, q))
-    with pytest.raises(CorruptKey, match="dead is a string"):
+    with pytest.raises(CorruptKey, match="dead is not a zset"):
         q.cancel(pid)
     assert _no_stats(dump_queue(client, q)) == before
 
@@ -134,4 +134,30 @@ def test_corrupt_key_is_typed_and_still_a_response_error(q: Queue, client: redis
         q.enqueue("t", after=[pid])
     assert isinstance(info.value, SchedulerError)
     assert isinstance(info.value, redis.ResponseError)
-    assert str(info.value).startswith("flow:held is a string, not a zset")
+    assert str(info.value).startswith("flow:held is not a zset (nothing written)")
+
+
+def test_an_older_versions_dead_list_is_no_corrupt_key(q: Queue, client: redis.Redis) -> None:
+    """The dead check takes an older version's dead LIST (converted on the next park), as
+    every park does: a child and its parent's cancel go through."""
+    pid, _token = _leased_parent(q)
+    client.rpush(q.keys.dead, "old-dead-id")
+    child = q.enqueue("t", after=[pid])
+    assert q.cancel(pid) == "leased"
+    assert client.type(q.keys.dead) == "zset"
+    assert _place(client, q, child) == ["dead"]
+
+
+def test_a_result_wake_up_of_another_type_is_replaced_not_raised(
+    q: Queue, client: redis.Redis
+) -> None:
+    """Before: complete wrote the outcome, then result_wake's LPUSH raised WRONGTYPE (a waiter
+    was there): the call failed after its writes."""
+    q.enqueue("t")
+    (lease,) = q.claim("w", limit=10, lease_ms=HOUR_MS).jobs
+    client.set(q.keys.result_wait(lease.id), "1", px=60_000)
+    client.set(q.keys.result_wake(lease.id), "hand-edited")
+    q.complete(lease.id, lease.token, 7)
+    assert q.status(lease.id) == "done"
+    assert client.lrange(q.keys.result_wake(lease.id), 0, -1) == ["done"]
+    assert q.result(lease.id, timeout_s=1) == 7

@@ -529,10 +529,8 @@ local function flow_parents(prefix, after, batch, alias)
       if bad then return nil, bad end
     end
   end
-  for _, name in ipairs({ 'flow:held', 'flow:waiting', 'dead' }) do
-    local bad = key_type_err(prefix .. name, name, 'zset')
-    if bad then return nil, bad end
-  end
+  local bad = zset_err(prefix, 'flow:held') or zset_err(prefix, 'flow:waiting') or dead_err(prefix)
+  if bad then return nil, bad end
   return out
 end
 

@@ -166,6 +166,21 @@ local function dead_size(prefix, now)
   return redis.call('LLEN', prefix .. 'dead') + redis.call('ZCARD', prefix .. 'dead:migrating')
 end
 
+-- Checks before a script's first write (lib/util.lua key_type_err): nil, or the CORRUPT reply.
+local function zset_err(prefix, name)
+  return key_type_err(prefix .. name, name, 'zset')
+end
+
+-- The same for the dead key(s) a park writes: `dead` a ZSET, or (an older version's data) a
+-- LIST being converted through the ZSET dead:migrating.
+local function dead_err(prefix)
+  if type(redis.pcall('ZCARD', prefix .. 'dead')) == 'number' then return nil end
+  if type(redis.pcall('LLEN', prefix .. 'dead')) ~= 'number' then
+    return redis.error_reply('CORRUPT dead is not a zset (nothing written)')
+  end
+  return zset_err(prefix, 'dead:migrating')
+end
+
 -- Out of leased (if there), into due at run_at: retry, release, a reaped lease, a requeue.
 local function to_due(prefix, id, run_at)
   redis.call('ZREM', prefix .. 'leased', id)

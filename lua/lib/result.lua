@@ -13,7 +13,12 @@ local RESULT_WAKE_DEAD_TTL_MS = 3600000
 local function result_wake(prefix, id, outcome, ttl_ms)
   if redis.call('EXISTS', prefix .. 'result_wait:' .. id) == 0 then return end
   local k = prefix .. 'result:' .. id
-  redis.call('LPUSH', k, outcome)
+  -- Ours alone, and only a wake-up: one edited into another type (by hand) is replaced, since
+  -- the callers (complete, fail's park, cancel) have written already and may not raise.
+  if type(redis.pcall('LPUSH', k, outcome)) ~= 'number' then
+    redis.call('DEL', k)
+    redis.call('LPUSH', k, outcome)
+  end
   redis.call('LTRIM', k, 0, 0)
   redis.call('PEXPIRE', k, ttl_ms)
 end
