@@ -4,7 +4,10 @@
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting
   ARGV[1] name
-  Returns: 'paused' | 'already' (was paused: nothing written) | 'missing' ]]
+  Returns: 'paused' | 'already' (was paused: nothing written) | 'missing'
+  Errors:  CORRUPT <key> is not a <type> (due, or leased for a pending occurrence with a
+    concurrency key, edited by hand into another type: lib/rearm.lua sched_unpend); nothing
+    written ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/rearm.lua"
@@ -13,7 +16,8 @@ local prefix, name = KEYS[1], ARGV[1]
 local h = sched_load(prefix, name) or sched_husk(prefix, name)
 if h == nil then return 'missing' end
 if h.paused == '1' then return 'already' end
-sched_unpend(prefix, h, now_ms())
+local bad = sched_unpend(prefix, h, now_ms())
+if bad then return bad end
 redis.call('HSET', sched_key(prefix, name), 'paused', '1', 'starved', '0')
 redis.pcall('SREM', sched_refill_key(prefix), name)
 return 'paused'

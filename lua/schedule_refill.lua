@@ -13,9 +13,10 @@
     nothing to do) | 'paused' | 'unreadable' (the hash cannot be read whole or has no digest,
     or the slots key is of another type: left for an operator). The name leaves
     schedules:refill in every case but a digest that differs from ARGV[2] (the next claim's
-    client reads the new definition), so a schedule no client can refill does not make every
-    claim ask again.
-  Errors:  BAD_ARGUMENT <field>=<value> ]]
+    client reads the new definition) and the CORRUPT error below, so a schedule no client can
+    refill does not make every claim ask again.
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due is not a zset (edited by hand into
+    another type, when a starved schedule's occurrence is to be placed): nothing written ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/rearm.lua"
@@ -39,13 +40,17 @@ if not stored or stored == '' or type(redis.pcall('ZCARD', slots_key)) ~= 'numbe
   return { 'unreadable', '' }
 end
 if stored ~= digest then return { 'stale', '' } end
+-- No slots: nothing more can be placed (a starved schedule stays so until redefined).
+local place = h.paused ~= '1' and #slots > 0 and redis.call('HGET', sk, 'starved') == '1'
+-- due takes that occurrence (lib/rearm.lua sched_insert, after the writes below).
+local bad = place and key_type_err(prefix .. 'due', 'due', 'zset')
+if bad then return bad end
 for _, v in ipairs(slots) do
   if v > h.cursor_ms then redis.call('ZADD', slots_key, v, fmt(v)) end
 end
 redis.pcall('SREM', refill, name)
 if h.paused == '1' then return { 'paused', '' } end
--- No slots: nothing more can be placed (a starved schedule stays so until redefined).
-if #slots > 0 and redis.call('HGET', sk, 'starved') == '1' then
+if place then
   local now = now_ms()
   local budget = parse_int(redis.call('HGET', sk, 'budget'), 0, LIM.attempts) or 0
   sched_place(prefix, h, h.cursor_ms, budget, now)

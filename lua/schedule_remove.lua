@@ -4,7 +4,10 @@
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, schedules, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting
   ARGV[1] name
-  Returns: 'removed' | 'missing' ]]
+  Returns: 'removed' | 'missing'
+  Errors:  CORRUPT <key> is not a <type> (due, or leased for a pending occurrence with a
+    concurrency key, edited by hand into another type: lib/rearm.lua sched_unpend); nothing
+    written. The schedules index is advisory: one of another type is left as it is. ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/rearm.lua"
@@ -12,8 +15,11 @@
 local prefix, name = KEYS[1], ARGV[1]
 local h = sched_load(prefix, name) or sched_husk(prefix, name)
 if h == nil then return 'missing' end
-sched_unpend(prefix, h, now_ms())
+local bad = sched_unpend(prefix, h, now_ms())
+if bad then return bad end
 redis.call('DEL', sched_key(prefix, name), sched_slots_key(prefix, name))
-redis.call('SREM', prefix .. 'schedules', name)
+-- pcall: the schedules SET is an index for listing alone (schedule_upsert.lua); one of another
+-- type must not fail a removal after its first write.
+redis.pcall('SREM', prefix .. 'schedules', name)
 redis.pcall('SREM', sched_refill_key(prefix), name)
 return 'removed'

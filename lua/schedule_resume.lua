@@ -9,7 +9,8 @@
     'stale' (the definition changed under the client: nothing written, retry) | 'missing' |
     'unreadable' (a hash lib/schedule.lua sched_load cannot read whole, or without a digest:
     nothing written)
-  Errors:  BAD_ARGUMENT <field>=<value> ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due is not a zset (edited by hand into
+    another type: the first occurrence cannot be placed); nothing written ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/rearm.lua"
@@ -28,6 +29,9 @@ local stored = redis.call('HGET', sk, 'digest')
 if not stored or stored == '' then return { 'unreadable', '' } end  -- no client can match it
 if stored ~= digest then return { 'stale', '' } end
 if h.kind == 'cron' and #slots == 0 then return redis.error_reply('BAD_ARGUMENT slots=') end
+-- due takes the first occurrence (lib/rearm.lua sched_insert, after the writes below).
+local bad = key_type_err(prefix .. 'due', 'due', 'zset')
+if bad then return bad end
 local now = now_ms()
 local slots_key = sched_slots_key(prefix, name)
 redis.call('DEL', slots_key)

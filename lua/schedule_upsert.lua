@@ -17,7 +17,10 @@
     the last slot that left due: ran_ms, lib/rearm.lua). A hash that cannot be read whole
     (hand-edited) is redefined ('updated'). A paused schedule stays paused. Exactly one pending
     occurrence afterwards (none if paused).
-  Errors:  BAD_ARGUMENT <field>=<value> (nothing written) ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT <key> is not a <type> (a key edited by hand
+    into another type: due, schedule:<name>, or leased for a pending occurrence with a
+    concurrency key, lib/rearm.lua sched_unpend); nothing written. The schedules index is
+    advisory: one of another type is left as it is. ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/rearm.lua"
@@ -51,7 +54,15 @@ if kind == 'cron' and #slots == 0 then return redis.error_reply('BAD_ARGUMENT sl
 local now = now_ms()
 local sk = sched_key(prefix, name)
 local slots_key = sched_slots_key(prefix, name)
+-- due is the truth of what runs: placing (or keeping) an occurrence needs it. Refused before
+-- anything is written.
+local bad = key_type_err(prefix .. 'due', 'due', 'zset')
+if bad then return bad end
 local old = sched_load(prefix, name)
+-- A schedule key of another type (sched_husk reads it as no hash): HSET would be refused.
+if not old and not sched_husk(prefix, name) and redis.call('EXISTS', sk) == 1 then
+  return redis.error_reply('CORRUPT schedule:' .. name .. ' is not a hash (nothing written)')
+end
 
 local function store_slots()
   redis.call('DEL', slots_key)
@@ -67,7 +78,8 @@ if old and redis.call('HGET', sk, 'digest') == digest then
   if old.paused == '1' or starved or sched_waiting(prefix, old) then
     return { 'unchanged', old.pending }
   end
-  sched_unpend(prefix, old, now)
+  bad = sched_unpend(prefix, old, now)
+  if bad then return bad end
   if kind == 'cron' then store_slots() end
   sched_place(prefix, old, sched_from(old, now), 0, now)
   return { 'repaired', old.pending }
@@ -78,7 +90,8 @@ local paused = '0'
 old = old or sched_husk(prefix, name)
 if old then
   status, paused = 'updated', old.paused or '0'
-  sched_unpend(prefix, old, now)
+  bad = sched_unpend(prefix, old, now)
+  if bad then return bad end
 else
   redis.call('HSET', sk, 'created_ms', fmt(now))
 end
@@ -90,7 +103,10 @@ redis.call('HSET', sk, 'name', name, 'digest', digest, 'kind', kind, 'cron', ARG
   'paused', paused, 'pending', '', 'starved', '0', 'budget', 0, 'updated_ms', fmt(now))
 redis.call('HDEL', sk, 'cursor_ms', unpack(FLOW_READ))
 flow_store(sk, flow)
-redis.call('SADD', prefix .. 'schedules', name)
+-- pcall: the schedules SET is an index for listing alone (list_schedules; no script reads it,
+-- a schedule is found by its hash). One edited into another type already lists nothing, so
+-- leaving this name out of it loses nothing more; refusing would stop the definition.
+redis.pcall('SADD', prefix .. 'schedules', name)
 redis.pcall('SREM', sched_refill_key(prefix), name)
 redis.call('DEL', slots_key)
 if kind == 'cron' then store_slots() end

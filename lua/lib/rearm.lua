@@ -111,11 +111,24 @@ local function sched_place(prefix, h, after, budget, now)
 end
 
 -- Is the pending occurrence still waiting: in due, or set aside by flow control (its key's
--- limit or its rate window is full: flow:held)?
+-- limit or its rate window is full: flow:held)? The caller checked that due is a ZSET.
 local function sched_waiting(prefix, h)
   if h.pending == '' then return false end
-  return redis.call('ZSCORE', prefix .. 'due', h.pending) ~= false
-    or redis.call('ZSCORE', prefix .. 'flow:held', h.pending) ~= false
+  if redis.call('ZSCORE', prefix .. 'due', h.pending) then return true end
+  -- pcall: flow:held is the list of every job set aside (counts, cancel, doctor read it); one
+  -- edited into another type must not fail an upsert of the same definition (every start-up).
+  local held = redis.pcall('ZSCORE', prefix .. 'flow:held', h.pending)
+  if type(held) ~= 'table' then return held ~= false end
+  -- Then the occurrence's own hold set, the one claim takes it back from, says it: its key's
+  -- (flow:ckheld:<key>, the key in its hash) or the rate one (flow:rheld). An error is no.
+  local v = redis.pcall('HMGET', job_key(prefix, h.pending), unpack(FLOW_READ))
+  if v.err then return false end
+  local f = flow_from(v, 1)
+  if type(redis.pcall('ZSCORE', prefix .. 'flow:rheld', h.pending)) == 'string' then
+    return true
+  end
+  return f.ckey ~= ''
+    and type(redis.pcall('ZSCORE', prefix .. 'flow:ckheld:' .. f.ckey, h.pending)) == 'string'
 end
 
 -- Take occurrence `id` out of due, its priority index and every flow set (`f`: its flow).
@@ -128,22 +141,31 @@ local function sched_withdraw(prefix, id, f, now)
 end
 
 -- Remove the pending occurrence if it is still waiting in due, or set aside by flow control
--- (pause, remove, redefine): out of due, its priority index and every flow set.
+-- (pause, remove, redefine): out of due, its priority index and every flow set. Called before
+-- the caller's first write: returns nil, or a CORRUPT error reply (nothing written, the caller
+-- returns it) when a key the withdrawal needs is of another type (edited by hand): `due` (the
+-- truth of "due": the occurrence cannot leave it), and for an occurrence with a concurrency key
+-- `leased` (lib/flow.lua flow_release reads the key's lapsed leases in it, with redis.call).
 local function sched_unpend(prefix, h, now)
-  if h.pending == '' then return end
+  if h.pending == '' then return nil end
   -- The state and the flow fields (FLOW_READ) in one read; flow_forget takes the parsed flow.
   -- pcall: an occurrence key of another type (hand-edited) is left for doctor, but its id
   -- still leaves due and the flow sets (with the flow the schedule gives its occurrences), so
   -- pause, remove and redefine go on.
   local v = redis.pcall('HMGET', job_key(prefix, h.pending), 'state', unpack(FLOW_READ))
-  if v.err then
-    sched_withdraw(prefix, h.pending, flow_load(sched_key(prefix, h.name)), now)
-  elseif v[1] == 'due' then
-    sched_withdraw(prefix, h.pending, flow_from(v, 2), now)
-    job_del(prefix, h.pending)
+  local f
+  if v.err then f = flow_load(sched_key(prefix, h.name))
+  elseif v[1] == 'due' then f = flow_from(v, 2) end
+  if f then
+    local bad = key_type_err(prefix .. 'due', 'due', 'zset')
+      or (f.ckey ~= '' and key_type_err(prefix .. 'leased', 'leased', 'zset'))
+    if bad then return bad end
+    sched_withdraw(prefix, h.pending, f, now)
+    if not v.err then job_del(prefix, h.pending) end
   end
   redis.call('HSET', sched_key(prefix, h.name), 'pending', '')
   h.pending = ''
+  return nil
 end
 
 -- Called by claim for a due job that names a schedule, in the same script, before leasing it.

@@ -183,24 +183,36 @@ class ScheduleOps(OpsBase):
             timeout_ms=timeout_ms,
         )
         d = dataclasses.replace(d, flow=flow_field(flow))
-        sk = self.keys.schedule(name)
-        ((digest, pending, paused, starved),) = yield Commands(
-            [("HMGET", sk, "digest", "pending", "paused", "starved")]
-        )
-        if digest is not None and codec.s(digest) == d.digest:
-            if "1" in (codec.s(paused or ""), codec.s(starved or "")):
-                return "unchanged"
-            if pending:
-                # Still waiting: in due, or set aside by its concurrency key or rate window.
-                p = codec.s(pending)
-                scores = yield Commands(
-                    [("ZSCORE", self.keys.due, p), ("ZSCORE", self.keys.flow_held, p)]
-                )
-                if any(score is not None for score in scores):
-                    return "unchanged"
+        if (yield from self._unchanged(name, d.digest)):
+            return "unchanged"
         counts = yield from self.counts()
         reply = yield Script("schedule_upsert", d.upsert_args(d.first_slots(counts.now_ms)))
         return codec.s(reply[0])
+
+    def _unchanged(self, name: str, digest_now: str) -> Op[bool]:
+        """The shortcut of schedule(): the same definition, and its pending occurrence still
+        waits (in due, or set aside by its concurrency key or rate window), so nothing is sent.
+        A key of another type (a hand edit) is no answer: the script decides (lua/lib/rearm.lua
+        sched_waiting reads the occurrence's own hold set when flow:held is one)."""
+        try:
+            ((digest, pending, paused, starved),) = yield Commands(
+                [("HMGET", self.keys.schedule(name), "digest", "pending", "paused", "starved")]
+            )
+            if digest is None or codec.s(digest) != digest_now:
+                return False
+            if "1" in (codec.s(paused or ""), codec.s(starved or "")):
+                return True
+            if not pending:
+                return False
+            p = codec.s(pending)
+            scores = yield Commands(
+                [("ZSCORE", self.keys.due, p), ("ZSCORE", self.keys.flow_held, p)]
+            )
+        except ResponseError as exc:
+            if not _wrong_type(exc):
+                raise
+            return False
+        return any(score is not None for score in scores)
 
     def get_schedule(self, name: str) -> Op[recurring.Schedule]:
         """One schedule; BadArgument for a malformed name or when there is none."""
