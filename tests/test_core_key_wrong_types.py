@@ -263,3 +263,41 @@ def test_purging_an_occurrence_still_arms_the_next(
     assert nxt and nxt != occurrence
     assert client.zscore(q.keys.due, nxt) is not None
     assert not client.exists(q.keys.job(occurrence))
+
+
+# -- claim: the reaper's moves and the parks ---------------------------------------------------
+def test_a_claim_that_would_reap_into_a_due_of_another_type_writes_nothing(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Before: the reaper ZREMed the lapsed lease, then its ZADD into due raised."""
+    q, clock = tq
+    _leased(q, clock, 2)
+    clock.set_ms(T0 + 2 * HOUR_MS)
+    _spoil(client, q.keys.due)
+    refused_unchanged(client, q, lambda: q.claim("w", limit=10, lease_ms=HOUR_MS), "due is not")
+
+
+def test_a_claim_that_would_park_into_a_dead_of_another_type_writes_nothing(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Before: the reaper moved the first lapsed job back to due, then the second one's park
+    (its last attempt) raised on dead: half a reap."""
+    q, clock = tq
+    _leased(q, clock, 1)
+    _leased(q, clock, 1, max_attempts=1)
+    clock.set_ms(T0 + 2 * HOUR_MS)
+    _spoil(client, q.keys.dead)
+    refused_unchanged(client, q, lambda: q.claim("w", limit=10, lease_ms=HOUR_MS), "dead is not")
+
+
+def test_a_claim_that_would_park_an_unreadable_job_writes_nothing_with_dead_spoiled(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Step 2's park (a record edited by hand) after an earlier job of the call was leased."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t")
+    bad = q.enqueue("t")
+    client.set(q.keys.spec(bad), "not a record")
+    _spoil(client, q.keys.dead)
+    refused_unchanged(client, q, lambda: q.claim("w", limit=10, lease_ms=HOUR_MS), "dead is not")

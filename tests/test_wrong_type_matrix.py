@@ -31,13 +31,14 @@ HOUR_MS = 3_600_000
 class World:
     q: Queue
     client: redis.Redis
+    clock: Clock
     ids: dict[str, str] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)  # ids, and the key names below use
 
 
 def populate(q: Queue, clock: Clock, client: redis.Redis) -> World:
-    w = World(q, client)
+    w = World(q, client, clock)
     clock.set_ms(T0)
     w.ids["x"] = q.enqueue("t", max_attempts=1)
     w.ids["l"] = q.enqueue("t")
@@ -105,6 +106,20 @@ def places(w: World) -> dict[str, set[str]]:
     return out
 
 
+def _claim_late(w: World) -> Any:
+    """Two hours on: every lease has lapsed (the reaper's moves), every delayed job is due,
+    the rate window has passed and the schedules' slots are due (claim re-arms them)."""
+    w.clock.set_ms(T0 + 2 * HOUR_MS)
+    return w.q.claim("w", limit=100, lease_ms=HOUR_MS)
+
+
+def _reap_late(w: World) -> Any:
+    """Lapsed leases reaped, nothing leased (limit 1 of a far-future-only view is not
+    possible: the smallest claim that still reaps)."""
+    w.clock.set_ms(T0 + 2 * HOUR_MS)
+    return w.q.claim("w", limit=1, lease_ms=HOUR_MS)
+
+
 def _enqueue_child(w: World) -> Any:
     return w.q.enqueue("t", after=[w.ids["p"]])
 
@@ -119,6 +134,8 @@ OPS: dict[str, Callable[[World], Any]] = {
     "enqueue_rate": lambda w: w.q.enqueue("t", rate_limit="1/1h", rate_key="rk"),
     "enqueue_priority": lambda w: w.q.enqueue("t", priority=5),
     "claim": lambda w: w.q.claim("w", limit=100, lease_ms=HOUR_MS),
+    "claim_late": _claim_late,
+    "reap_late": _reap_late,
     "heartbeat": lambda w: w.q.heartbeat([(w.ids["l"], w.tokens["l"])], lease_ms=HOUR_MS),
     "heartbeat_ck": lambda w: w.q.heartbeat([(w.ids["c1"], w.tokens["c1"])], lease_ms=HOUR_MS),
     "complete": lambda w: w.q.complete(w.ids["l"], w.tokens["l"], 1),
