@@ -15,6 +15,7 @@ import redis.asyncio as aredis
 from redis.exceptions import OutOfMemoryError, RedisError
 
 from scheduler.client.aio import AsyncQueue
+from scheduler.core.errors import CorruptKey
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.ops import Ops, Settings
 from scheduler.worker import logs
@@ -178,7 +179,11 @@ class WorkerCore:
     def _redis_error(self, what: str, exc: BaseException) -> None:
         self.metrics.redis_errors.inc()
         self.metrics.redis_backoffs.labels(what, type(exc).__name__).inc()
-        hint = "the server is full (maxmemory); " if isinstance(exc, OutOfMemoryError) else ""
+        hint = ""
+        if isinstance(exc, OutOfMemoryError):
+            hint = "the server is full (maxmemory); "
+        elif isinstance(exc, CorruptKey):
+            hint = "a queue key was edited by hand: see `scheduler doctor`; "
         self.log.warning(
             "redis error during %s: %s: %s (%sbacking off, retrying)",
             what,

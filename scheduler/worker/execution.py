@@ -30,6 +30,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from scheduler.core.errors import CorruptKey
 from scheduler.core.models import ClaimedJob
 from scheduler.core.scripts import Scripts, run_async
 from scheduler.operations.ops import Op, Request, Script
@@ -45,8 +46,9 @@ TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeout
 #              in progress), TRYAGAIN / CLUSTERDOWN / MASTERDOWN, MISCONF (a failed RDB save),
 #              NOSCRIPT left after the driver's reloads; on a cluster, redis-py's own errors
 #              when no node answers or the slot map is being rebuilt (RedisClusterException
-#              "cannot be connected", SlotNotCoveredError, ClusterError "TTL exhausted"):
-#              log, count, back off, retry.
+#              "cannot be connected", SlotNotCoveredError, ClusterError "TTL exhausted");
+#              a CorruptKey (a queue key edited by hand into another type: the script
+#              refused, nothing written, until the key is fixed): log, count, back off, retry.
 #   fatal      retrying cannot help: authentication / ACL permission (NOPERM), and any other
 #              error where a call of the worker's own loop is refused (a bug, an unknown
 #              command): the worker stops with EXIT_REDIS_REFUSED and says why. A cross-slot
@@ -80,6 +82,10 @@ def classify(exc: BaseException) -> str:
     if isinstance(exc, _FATAL):
         return "fatal"
     if isinstance(exc, TRANSIENT):
+        return "transient"
+    if isinstance(exc, CorruptKey):
+        # A queue key edited by hand into another type, refused with nothing written: that
+        # queue waits for the fix (`scheduler doctor`), the worker's other queues go on.
         return "transient"
     if isinstance(exc, ResponseError):
         code = str(getattr(exc, "status_code", "") or str(exc).split(" ", 1)[0]).upper()
