@@ -1,0 +1,48 @@
+"""CLI edges found this session: `scheduler worker --metrics-port` on a port already taken (one
+line and exit 1, not a traceback: the OSError of prometheus-client's bind ended the worker as a
+crash), and doctor on a queue left with job records but none of the keys queue_exists reads."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import redis
+from click.testing import CliRunner
+
+from scheduler import Queue
+from scheduler.cli.main import main
+
+
+def test_a_taken_metrics_port_is_one_line_and_exit_1(redis_url: str) -> None:
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        cmd = [sys.executable, "-c", "from scheduler.cli.main import main; main()", "worker",
+               "tests.workers.basic:registry", "--url", redis_url, "-q", "metricsport",
+               "--metrics-port", str(port)]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert f"error: cannot serve metrics on port {port}" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_doctor_takes_a_queue_whose_sets_are_gone_and_puts_its_job_back(
+    redis_url: str, client: redis.Redis, q: Queue
+) -> None:
+    """Before: with due deleted by hand, the queue's pending job (its spec alone) made no key
+    queue_exists looks at, and doctor refused 'no queue named ... known: <that queue>'."""
+    job = q.enqueue("t")
+    client.delete(q.keys.due)
+    for stats in client.scan_iter(match=q.keys.prefix + "stats:*"):
+        client.delete(stats)
+    runner = CliRunner()
+    found = runner.invoke(main, ["doctor", "--url", redis_url, "-q", q.name])
+    assert "orphan-spec" in found.output, found.output
+    fixed = runner.invoke(main, ["doctor", "--fix", "--url", redis_url, "-q", q.name])
+    assert "1 repaired" in fixed.output, fixed.output  # (the test server's settings remain)
+    assert client.zscore(q.keys.due, job) is not None
+    gone = runner.invoke(main, ["doctor", "--url", redis_url, "-q", "no-such-queue-xyz"])
+    assert gone.exit_code == 1 and "no queue named 'no-such-queue-xyz'" in gone.output
