@@ -161,3 +161,14 @@ def test_a_result_wake_up_of_another_type_is_replaced_not_raised(
     assert q.status(lease.id) == "done"
     assert client.lrange(q.keys.result_wake(lease.id), 0, -1) == ["done"]
     assert q.result(lease.id, timeout_s=1) == 7
+
+
+def test_reading_a_job_when_due_is_of_another_type_is_a_corrupt_key(
+    q: Queue, client: redis.Redis
+) -> None:
+    """Before: get_job / status raised Redis's bare WRONGTYPE reply."""
+    job = q.enqueue("t")
+    client.delete(q.keys.due)
+    client.set(q.keys.due, "hand-edited")
+    with pytest.raises(CorruptKey, match="scheduler doctor"):
+        q.status(job)

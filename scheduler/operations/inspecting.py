@@ -11,7 +11,14 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from scheduler.core import codec
-from scheduler.core.errors import BadArgument, JobCancelled, JobDead, JobNotFound, ResultTimeout
+from scheduler.core.errors import (
+    BadArgument,
+    CorruptKey,
+    JobCancelled,
+    JobDead,
+    JobNotFound,
+    ResultTimeout,
+)
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job, JobState
 from scheduler.operations.dead_letters import dead_page
@@ -71,7 +78,16 @@ class InspectingOps(OpsBase):
         except ResponseError as exc:
             if not str(exc).startswith("WRONGTYPE"):
                 raise
-        reply = yield Commands([c for i in ids for c in self._job_reads(i)[:4]])
+        try:
+            reply = yield Commands([c for i in ids for c in self._job_reads(i)[:4]])
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            # due, leased, or a job's own key edited by hand: the typed error scripts give.
+            raise CorruptKey(
+                f"a key of queue {self.keys.queue!r} is of another type (edited by hand), "
+                f"reading {len(ids)} job(s): see `scheduler doctor`"
+            ) from None
         return [self._parse(i, [*reply[4 * n : 4 * n + 4], None]) for n, i in enumerate(ids)]
 
     def get_job(self, job_id: str) -> Op[Job]:
