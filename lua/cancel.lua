@@ -8,8 +8,8 @@
   flow control (flow:held) is cancelled as a due one.
   Returns: the state before the call: 'due' | 'leased' (now cancelled), or 'done' | 'dead' |
     'cancelled' (unchanged), or 'missing'. A re-sent call answers 'cancelled' and changes nothing.
-  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT dead (a job with waiting children, when the
-    dead set is of another type: nothing written) ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | dead is not a zset (dead: for
+    a job with waiting children; edited by hand into another type: nothing written) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -25,12 +25,18 @@ local jk = job_key(prefix, id)
 local state, kids = unpack(redis.call('HMGET', jk, 'state', 'kids'))
 -- A job set aside by flow control (lib/flow.lua) is due too, only not in the due set. A
 -- flow:held of another type (edited by hand) holds nothing.
-local in_due = redis.call('ZSCORE', due, id)
+local in_due = redis.pcall('ZSCORE', due, id)
+if type(in_due) == 'table' then
+  return redis.error_reply('CORRUPT due is not a zset (nothing written)')
+end
 if not in_due then
   in_due = redis.pcall('ZSCORE', prefix .. 'flow:held', id)
   if type(in_due) ~= 'string' then in_due = false end
 end
-local in_leased = redis.call('ZSCORE', leased, id)
+local in_leased = redis.pcall('ZSCORE', leased, id)
+if type(in_leased) == 'table' then
+  return redis.error_reply('CORRUPT leased is not a zset (nothing written)')
+end
 -- A job never claimed has no hash yet: its spec and its place in due say it waits.
 local fresh = not state
 if fresh and in_due and redis.call('EXISTS', spec_key(prefix, id)) == 1 then state = 'due' end

@@ -26,8 +26,8 @@
     payload, backoff, timeout_ms and the default max_attempts stay in the spec. A record
     that cannot be read parks that job alone ('invalid job: record').
     Parking a schedule's pending occurrence arms the schedule's next one.
-  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT dead | dead:migrating | due is not a zset
-    (a key edited by hand into another type; nothing written) ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | dead | dead:migrating is not a
+    zset (a key edited by hand into another type; nothing written) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -187,12 +187,14 @@ end
 
 -- 1. Reap lapsed leases: due again now, or parked when the crashes used up the attempts. A job
 --    whose counts cannot be read goes back to due, where step 2 parks it with the reason.
-local lapsed = redis.call('ZRANGE', leased, '-inf', now, 'BYSCORE', 'LIMIT', 0, reap_limit,
+local lapsed = redis.pcall('ZRANGE', leased, '-inf', now, 'BYSCORE', 'LIMIT', 0, reap_limit,
   'WITHSCORES')
--- Before the first write (Redis keeps a script's writes made before an error): the dead set
--- any park writes (one ZCARD per call), and due when a lapsed lease goes back to it. A key
--- edited into another type refuses the claim whole (CorruptKey): nothing half-reaped.
-local bad = dead_err(prefix) or (#lapsed > 0 and zset_err(prefix, 'due'))
+if lapsed.err then return redis.error_reply('CORRUPT leased is not a zset (nothing written)') end
+-- Before the first write (Redis keeps a script's writes made before an error): due, which the
+-- reaper and the held jobs a freed slot lets go write, and the dead set any park writes (one
+-- ZCARD each per call). A key edited into another type refuses the claim whole (CorruptKey,
+-- which a worker backs off from): nothing half-reaped.
+local bad = zset_err(prefix, 'due') or dead_err(prefix)
 if bad then return bad end
 local parked = 0
 for i = 1, #lapsed, 2 do

@@ -13,7 +13,8 @@
   then triples: id, token, result (JSON text)
   Returns: one status per job: 'done' | 'stale' | 'cancelled' | 'missing'.
     A stale token changes nothing. A re-sent call with the same token answers 'done' again.
-  Errors:  BAD_ARGUMENT <field>=<value> ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due is not a zset (a job with a concurrency key
+    or children, when due was edited by hand into another type: nothing written) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -55,6 +56,15 @@ for i = 2, #ARGV, 3 do
     status = 'done'
   end
   out[#out + 1] = status
+end
+-- A freed key slot or a parent's end moves held jobs into due after the first write below:
+-- due checked before it (a key edited by hand refuses the call, nothing written).
+for _, i in ipairs(took) do
+  if held[i][8] or held[i][9] then
+    local bad = zset_err(prefix, 'due')
+    if bad then return bad end
+    break
+  end
 end
 if #took > 0 then
   -- First write frees memory: on a full server (noeviction) Redis refuses a script whose first

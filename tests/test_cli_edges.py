@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import redis
 from click.testing import CliRunner
 
@@ -46,3 +47,19 @@ def test_doctor_takes_a_queue_whose_sets_are_gone_and_puts_its_job_back(
     assert client.zscore(q.keys.due, job) is not None
     gone = runner.invoke(main, ["doctor", "--url", redis_url, "-q", "no-such-queue-xyz"])
     assert gone.exit_code == 1 and "no queue named 'no-such-queue-xyz'" in gone.output
+
+
+def test_a_corrupt_key_at_worker_start_is_exit_1_not_cannot_reach(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """CorruptKey is transient to a running worker (it backs off until the key is fixed), but a
+    start that meets one must not say 'cannot reach Redis' with exit 3, the code a supervisor
+    restarts on: restarting cannot fix a key edited by hand."""
+    from scheduler import CorruptKey
+    from scheduler.cli.worker_start import start_failure
+    from scheduler.core.exits import EXIT_ERROR
+
+    spoiled = CorruptKey("due is not a zset (nothing written)")
+    assert start_failure(spoiled, "redis://h") == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "edited by hand" in err and "scheduler doctor" in err and "cannot reach" not in err

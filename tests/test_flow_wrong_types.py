@@ -103,17 +103,21 @@ def test_a_parent_done_frees_its_child_when_flow_waiting_is_of_another_type(
 
 def test_a_held_job_stays_held_when_due_is_of_another_type(q: Queue, client: redis.Redis) -> None:
     """Before: flow_unhold's ZADD into due raised after complete had freed the slot and taken
-    the held job out of flow:ckheld and flow:held: that job was in no set."""
+    the held job out of flow:ckheld and flow:held: that job was in no set. complete now checks
+    due first when its job frees a slot: refused whole, and sent again once due is fixed."""
     holder = q.enqueue("t", concurrency_key="k", concurrency_limit=1)
     (lease,) = q.claim("w", limit=10, lease_ms=HOUR_MS).jobs
     waiter = q.enqueue("t", concurrency_key="k", concurrency_limit=1)
     assert q.claim("w", limit=10, lease_ms=HOUR_MS).jobs == []
     client.delete(q.keys.due)
     client.set(q.keys.due, "hand-edited")
+    before = _no_stats(dump_queue(client, q))
+    with pytest.raises(CorruptKey, match="due is not a zset"):
+        q.complete(holder, lease.token, 1)
+    assert _no_stats(dump_queue(client, q)) == before
+    client.delete(q.keys.due)
     q.complete(holder, lease.token, 1)
-    assert client.hget(q.keys.job(holder), "state") == "done"  # (status reads due: refused)
-    assert client.zscore(q.keys.flow_held, waiter) is not None
-    assert client.zscore(q.keys.prefix + "flow:ckheld:k", waiter) is not None
+    assert client.zscore(q.keys.due, waiter) is not None
 
 
 def test_a_leased_job_is_cancelled_when_flow_held_is_of_another_type(

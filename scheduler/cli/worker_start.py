@@ -14,7 +14,7 @@ import click
 from redis.exceptions import RedisClusterException
 
 from scheduler.admin.startup import APP_ROLE_HINT, is_permission_error, permission_message
-from scheduler.core.errors import SchedulerError
+from scheduler.core.errors import CorruptKey, SchedulerError
 from scheduler.core.safety import redact, safe
 from scheduler.worker import EXIT_ERROR, EXIT_REDIS, EXIT_REDIS_REFUSED, EXIT_USAGE, SettingsError
 from scheduler.worker.execution import TRANSIENT, classify
@@ -54,6 +54,8 @@ def start_failure(exc: BaseException, url: str) -> int:
     an unreadable stored record is 1: restarting cannot help, `scheduler doctor` says what."""
     if is_permission_error(exc):  # e.g. SCRIPT LOAD refused
         line, code = permission_message(exc, APP_ROLE_HINT), EXIT_REDIS_REFUSED
+    elif isinstance(exc, CorruptKey):  # transient to a running worker, but no reason to start
+        line, code = f"a queue key was edited by hand: {exc} (run scheduler doctor)", EXIT_ERROR
     elif isinstance(exc, (*TRANSIENT, RedisClusterException)) or classify(exc) == "transient":
         line, code = f"cannot reach Redis at {redact(url)}: {exc}", EXIT_REDIS
     elif isinstance(exc, SettingsError):

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from scheduler.core.errors import (
+    CorruptKey,
     JobCancelled,
     JobNotFound,
     LeaseExpired,
@@ -162,7 +163,8 @@ class Reporting(WorkerCore):
             self._refused(r, "fail", _status_of(out))
         elif (
             isinstance(out, BaseException)
-            and not isinstance(out, SchedulerError)  # an answer read as an error: no retry
+            # an answer read as an error: no retry; a key edited by hand: sent again once fixed
+            and (not isinstance(out, SchedulerError) or isinstance(out, CorruptKey))
             and self._reply_error("fail", out)
         ):
             self._fails.insert(0, (r, err, retryable))
