@@ -11,7 +11,8 @@
   A re-sent call only extends the same leases again. A job of a concurrency key (hash field
     ckey) whose lease a call shortens has its slot's end in flow:ck:<key> lowered with it
     (lib/flow.lua flow_beat).
-  Errors:  BAD_ARGUMENT <field>=<value> ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT leased is not a zset (edited by hand into
+    another type: nothing written) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/lease.lua"
@@ -33,7 +34,11 @@ for i = 2, #ARGV, 2 do
   if status == 'settled' then
     status = 'missing'
   elseif status == 'held' then
-    local until_ms = redis.call('ZSCORE', leased, id)
+    -- leased edited by hand into another type: met at the first held job, before any write.
+    local until_ms = redis.pcall('ZSCORE', leased, id)
+    if type(until_ms) == 'table' then
+      return redis.error_reply('CORRUPT leased is not a zset (nothing written)')
+    end
     if not until_ms or tonumber(until_ms) <= now then
       status = 'expired'
     else

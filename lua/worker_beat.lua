@@ -9,7 +9,8 @@
     queues, started_ms (first beat), last_heartbeat_ms, in_flight, concurrency. Entries not
     seen for 10 ttls are pruned from the ZSET.
   Returns: now_ms
-  Errors:  BAD_ARGUMENT <field>=<value> ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; a refusal of its first write (OOM). A key of it edited
+    by hand into another type is written around (pcall): the entry is only a listing. ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 
@@ -20,16 +21,22 @@ if err then return err end
 if id == '' then return redis.error_reply('BAD_ARGUMENT worker=') end
 local zkey, hkey = prefix .. 'workers', prefix .. 'worker:' .. id
 local now = now_ms()
+-- pcall throughout: the entry is a listing for `scheduler workers` alone, so a key of it edited
+-- by hand into another type must not stop a worker that beats (its jobs' leases are elsewhere).
 if mode == 'remove' then
-  redis.call('ZREM', zkey, id)
-  redis.call('DEL', hkey)
+  redis.pcall('ZREM', zkey, id)
+  redis.pcall('DEL', hkey)
   return fmt(now)
 end
 if mode ~= 'beat' then return redis.error_reply('BAD_ARGUMENT mode=' .. mode) end
-redis.call('ZADD', zkey, now, id)
-redis.call('HSETNX', hkey, 'started_ms', fmt(now))
-redis.call('HSET', hkey, 'host', ARGV[4], 'pid', ARGV[5], 'queues', ARGV[6],
+-- The first write: a full server's refusal (OOM) is still the caller's error to back off from.
+local first = redis.pcall('ZADD', zkey, now, id)
+if type(first) == 'table' and not string.find(first.err, 'WRONGTYPE', 1, true) then
+  return first
+end
+redis.pcall('HSETNX', hkey, 'started_ms', fmt(now))
+redis.pcall('HSET', hkey, 'host', ARGV[4], 'pid', ARGV[5], 'queues', ARGV[6],
   'last_heartbeat_ms', fmt(now), 'in_flight', ARGV[7], 'concurrency', ARGV[8])
-redis.call('PEXPIRE', hkey, ttl)
-redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now - 10 * ttl)
+redis.pcall('PEXPIRE', hkey, ttl)
+redis.pcall('ZREMRANGEBYSCORE', zkey, '-inf', now - 10 * ttl)
 return fmt(now)

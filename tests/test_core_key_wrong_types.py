@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import Queue, SchedulerError
+from scheduler import CorruptKey, Queue, SchedulerError
 from tests.conftest import Clock, dump_queue
 
 T0 = 10_000_000_000
@@ -301,3 +301,15 @@ def test_a_claim_that_would_park_an_unreadable_job_writes_nothing_with_dead_spoi
     client.set(q.keys.spec(bad), "not a record")
     _spoil(client, q.keys.dead)
     refused_unchanged(client, q, lambda: q.claim("w", limit=10, lease_ms=HOUR_MS), "dead is not")
+
+
+def test_a_heartbeat_with_leased_of_another_type_is_a_corrupt_key(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Before: Redis's bare WRONGTYPE, which a worker's heartbeat loop took as a refusal and
+    stopped on; CorruptKey is one it backs off from (the key is fixed, the beats go on)."""
+    q, clock = tq
+    ((jid, token),) = _leased(q, clock)
+    _spoil(client, q.keys.leased)
+    with pytest.raises(CorruptKey, match="leased is not a zset"):
+        q.heartbeat([(jid, token)], lease_ms=HOUR_MS)

@@ -59,3 +59,29 @@ def test_a_spoiled_queue_waits_for_its_fix_and_the_others_go_on(
     assert spoiled.status(lapsed) == "dead"
     assert any("CorruptKey: dead is not a zset" in m and "scheduler doctor" in m for m in records)
     admin.close()
+
+
+def test_a_spoiled_workers_listing_does_not_stop_a_worker(module_server: RedisProcess) -> None:
+    """Before: worker_beat's ZADD into a `workers` key of another type raised WRONGTYPE, which
+    the presence loop took as a refusal: the worker stopped (its jobs fine, its listing not)."""
+    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
+    q = Queue(admin, "ck-" + uuid.uuid4().hex[:8])
+    admin.set(q.keys.workers, "hand-edited")
+    log, _records = capture()
+
+    async def main() -> int:
+        client = aredis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
+        w = Worker(client, hardening.registry, WorkerSettings(
+            queues=(q.name,), lease_ms=3000, heartbeat_ms=100, grace_s=1), logger=log)  # fmt: skip
+        task = asyncio.create_task(w.run(install_signals=False))
+        job = q.enqueue("noop")
+        await poll(lambda: q.status(job) == "done", what="a job served")
+        assert not task.done()
+        w.request_stop()
+        code = await task
+        await client.aclose()
+        return code
+
+    assert asyncio.run(main()) == EXIT_OK
+    assert admin.get(q.keys.workers) == "hand-edited"  # left for an operator
+    admin.close()
