@@ -7,7 +7,8 @@ occurrence); one of its keys is then replaced by a value of another type, and on
 runs. Whatever the operation does, two things must hold:
 
 - a call that raises writes nothing (Redis does not roll a script back: an error after its
-  first write leaves half a transition, e.g. a spec in no place);
+  first write leaves half a transition, e.g. a spec in no place), and raises a typed error
+  (scheduler.CorruptKey, not Redis's bare WRONGTYPE, which a worker took as fatal);
 - no job loses its place, unless its only place was the edited key (that one is doctor's).
 """
 
@@ -165,6 +166,7 @@ OPS: dict[str, Callable[[World], Any]] = {
     "counts": lambda w: w.q.counts(),
     "list_due": lambda w: w.q.list_jobs("due"),
     "list_dead": lambda w: w.q.list_jobs("dead"),
+    "list_leased": lambda w: w.q.list_jobs("leased"),
     "get_jobs": lambda w: [w.q.get_job(j) for j in w.ids.values()],
 }
 
@@ -229,6 +231,8 @@ def test_a_hand_edited_key_neither_half_writes_nor_loses_a_job(
         try:
             op(w)
         except (SchedulerError, redis.ResponseError) as exc:
+            if not isinstance(exc, SchedulerError):  # a typed error (CorruptKey), not Redis's text
+                problems.append(f"{op_name}: untyped {type(exc).__name__}: {str(exc)[:50]!r}")
             diff = _changed(before, dump_queue(client, q))
             if diff:
                 short = [k[len(q.keys.prefix) :] for k in diff]

@@ -125,4 +125,13 @@ def translate(exc: ResponseError) -> SchedulerError | ResponseError:
         return BadArgument(f"refused by the server: {detail}")
     if text.startswith("CORRUPT "):
         return CorruptKey(text[len("CORRUPT ") :].split(" script:", 1)[0])
+    if text.startswith("WRONGTYPE") and " script: " in text:
+        # A key a script reads before its first write holds another type (the scripts check
+        # what they write after it: tests/test_wrong_type_matrix.py). A plain command's
+        # WRONGTYPE stays Redis's: the readers that tolerate one look for it.
+        where = text.split(" script: ", 1)[1].strip()
+        return CorruptKey(
+            "a key of the queue holds another type than the script reads (edited by hand; "
+            f"nothing written) at script {where}: see `scheduler doctor`"
+        )
     return exc

@@ -113,6 +113,17 @@ class InspectingOps(OpsBase):
     def list_ids(self, state: str, *, offset: int = 0, limit: int = 50) -> Op[list[str]]:
         """Ids in one place, oldest first for due/scheduled/leased, newest first for dead."""
         check_page(state, offset, limit)
+        try:
+            return (yield from self._list_ids(state, offset, limit))
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            raise CorruptKey(
+                f"the {state} set of queue {self.keys.queue!r} is of another type (edited by "
+                "hand): see `scheduler doctor`"
+            ) from None
+
+    def _list_ids(self, state: str, offset: int, limit: int) -> Op[list[str]]:
         k = self.keys
         if state == "dead":
             return (yield from dead_page(k, offset, limit))
