@@ -131,7 +131,7 @@ def translate(exc: ResponseError) -> SchedulerError | ResponseError:
         # WRONGTYPE stays Redis's: the readers that tolerate one look for it.
         where = text.split(" script: ", 1)[1].strip()
         return CorruptKey(
-            "a key of the queue holds another type than the script reads (edited by hand; "
-            f"nothing written) at script {where}: see `scheduler doctor`"
+            "a key of the queue holds another type than the script reads (edited by hand) "
+            f"at script {where}: see `scheduler doctor`"
         )
     return exc
