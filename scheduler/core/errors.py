@@ -117,7 +117,8 @@ def raise_for_status(status: str, job_id: str, token: str) -> None:
 
 
 def translate(exc: ResponseError) -> SchedulerError | ResponseError:
-    """Turn a script's `CODE detail` error into our exception; leave Redis's own errors alone."""
+    """Turn a script's `CODE detail` error into our exception, and a script's WRONGTYPE into
+    CorruptKey; leave Redis's other errors alone."""
     text = str(exc)
     if text.startswith("BAD_ARGUMENT"):
         detail = text.split(" ", 1)[1] if " " in text else text
