@@ -27,7 +27,7 @@ local state, kids = unpack(redis.call('HMGET', jk, 'state', 'kids'))
 -- flow:held of another type (edited by hand) holds nothing.
 local in_due = redis.pcall('ZSCORE', due, id)
 if type(in_due) == 'table' then
-  return redis.error_reply('CORRUPT due is not a zset (nothing written)')
+  return corrupt_err('due', 'zset')
 end
 if not in_due then
   in_due = redis.pcall('ZSCORE', prefix .. 'flow:held', id)
@@ -35,7 +35,7 @@ if not in_due then
 end
 local in_leased = redis.pcall('ZSCORE', leased, id)
 if type(in_leased) == 'table' then
-  return redis.error_reply('CORRUPT leased is not a zset (nothing written)')
+  return corrupt_err('leased', 'zset')
 end
 -- A job never claimed has no hash yet: its spec and its place in due say it waits.
 local fresh = not state

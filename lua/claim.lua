@@ -189,7 +189,7 @@ end
 --    whose counts cannot be read goes back to due, where step 2 parks it with the reason.
 local lapsed = redis.pcall('ZRANGE', leased, '-inf', now, 'BYSCORE', 'LIMIT', 0, reap_limit,
   'WITHSCORES')
-if lapsed.err then return redis.error_reply('CORRUPT leased is not a zset (nothing written)') end
+if lapsed.err then return corrupt_err('leased', 'zset') end
 -- Before the first write (Redis keeps a script's writes made before an error): due, which the
 -- reaper and the held jobs a freed slot lets go write, and the dead set any park writes (one
 -- ZCARD each per call). A key edited into another type refuses the claim whole (CorruptKey,

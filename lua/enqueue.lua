@@ -97,7 +97,7 @@ for _, j in ipairs(jobs) do
   if j[8] ~= '' then
     local r = redis.pcall('GET', prefix .. 'idem:' .. j[8])
     if type(r) == 'table' and r.err then
-      return redis.error_reply('CORRUPT idem:' .. j[8] .. ' is not a string (nothing written)')
+      return corrupt_err('idem:' .. j[8], 'string')
     end
     j.first = r or keyed[j[8]]
     -- Two one-key EXISTS, as in the write loop below (a job already there takes no key).

@@ -37,7 +37,7 @@ for i = 2, #ARGV, 2 do
     -- leased edited by hand into another type: met at the first held job, before any write.
     local until_ms = redis.pcall('ZSCORE', leased, id)
     if type(until_ms) == 'table' then
-      return redis.error_reply('CORRUPT leased is not a zset (nothing written)')
+      return corrupt_err('leased', 'zset')
     end
     if not until_ms or tonumber(until_ms) <= now then
       status = 'expired'

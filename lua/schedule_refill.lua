@@ -43,7 +43,7 @@ if stored ~= digest then return { 'stale', '' } end
 -- No slots: nothing more can be placed (a starved schedule stays so until redefined).
 local place = h.paused ~= '1' and #slots > 0 and redis.call('HGET', sk, 'starved') == '1'
 -- due takes that occurrence (lib/rearm.lua sched_insert, after the writes below).
-local bad = place and key_type_err(prefix .. 'due', 'due', 'zset')
+local bad = place and zset_err(prefix, 'due')
 if bad then return bad end
 for _, v in ipairs(slots) do
   if v > h.cursor_ms then redis.call('ZADD', slots_key, v, fmt(v)) end

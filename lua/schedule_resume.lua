@@ -30,7 +30,7 @@ if not stored or stored == '' then return { 'unreadable', '' } end  -- no client
 if stored ~= digest then return { 'stale', '' } end
 if h.kind == 'cron' and #slots == 0 then return redis.error_reply('BAD_ARGUMENT slots=') end
 -- due takes the first occurrence (lib/rearm.lua sched_insert, after the writes below).
-local bad = key_type_err(prefix .. 'due', 'due', 'zset')
+local bad = zset_err(prefix, 'due')
 if bad then return bad end
 local now = now_ms()
 local slots_key = sched_slots_key(prefix, name)

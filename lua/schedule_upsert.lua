@@ -56,12 +56,12 @@ local sk = sched_key(prefix, name)
 local slots_key = sched_slots_key(prefix, name)
 -- due is the truth of what runs: placing (or keeping) an occurrence needs it. Refused before
 -- anything is written.
-local bad = key_type_err(prefix .. 'due', 'due', 'zset')
+local bad = zset_err(prefix, 'due')
 if bad then return bad end
 local old = sched_load(prefix, name)
 -- A schedule key of another type (sched_husk reads it as no hash): HSET would be refused.
 if not old and not sched_husk(prefix, name) and redis.call('EXISTS', sk) == 1 then
-  return redis.error_reply('CORRUPT schedule:' .. name .. ' is not a hash (nothing written)')
+  return corrupt_err('schedule:' .. name, 'hash')
 end
 
 local function store_slots()

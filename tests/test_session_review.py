@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -15,10 +14,13 @@ import redis.asyncio as aredis
 from scheduler import CorruptKey, Queue
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.execution import classify
+from tests import test_worker_hardening
 from tests.conftest import Clock
 from tests.redis_server import RedisProcess
 from tests.test_worker_hardening import capture, poll
 from tests.workers import hardening
+
+admin = test_worker_hardening.admin  # its fixture (a private server's admin client), shared
 
 T0 = 10_000_000_000
 HOUR_MS = 3_600_000
@@ -110,16 +112,6 @@ def test_claim_with_due_or_leased_spoiled_is_not_a_passing_error(
     with pytest.raises(redis.ResponseError) as exc:
         q.claim("w", limit=10, lease_ms=HOUR_MS)
     assert classify(exc.value) == "transient", f"{type(exc.value).__name__}: {exc.value}"
-
-
-@pytest.fixture
-def admin(module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
-    monkeypatch.setenv("TEST_REDIS_URL", module_server.url)
-    hardening._client = None
-    c = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
-    yield c
-    c.close()
-    hardening._client = None
 
 
 def test_a_fail_refused_with_corrupt_key_is_dropped_not_retried(

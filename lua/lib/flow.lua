@@ -512,7 +512,7 @@ local function flow_parents(prefix, after, batch, alias)
         local jk = job_key(prefix, pid)
         local name = string.sub(jk, #prefix + 1)
         return nil, key_type_err(jk, name, 'hash')
-          or redis.error_reply('CORRUPT ' .. name .. ' unreadable (nothing written)')
+          or corrupt_err(name, 'hash')
       end
       if not state and (batch[pid] or redis.call('EXISTS', spec_key(prefix, pid)) == 1) then
         state = 'pending'

@@ -176,7 +176,7 @@ end
 local function dead_err(prefix)
   if type(redis.pcall('ZCARD', prefix .. 'dead')) == 'number' then return nil end
   if type(redis.pcall('LLEN', prefix .. 'dead')) ~= 'number' then
-    return redis.error_reply('CORRUPT dead is not a zset (nothing written)')
+    return corrupt_err('dead', 'zset')
   end
   return zset_err(prefix, 'dead:migrating')
 end

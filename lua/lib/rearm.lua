@@ -157,8 +157,8 @@ local function sched_unpend(prefix, h, now)
   if v.err then f = flow_load(sched_key(prefix, h.name))
   elseif v[1] == 'due' then f = flow_from(v, 2) end
   if f then
-    local bad = key_type_err(prefix .. 'due', 'due', 'zset')
-      or (f.ckey ~= '' and key_type_err(prefix .. 'leased', 'leased', 'zset'))
+    local bad = zset_err(prefix, 'due')
+      or (f.ckey ~= '' and zset_err(prefix, 'leased'))
     if bad then return bad end
     sched_withdraw(prefix, h.pending, f, now)
     if not v.err then job_del(prefix, h.pending) end

@@ -21,6 +21,9 @@ local LIM = {
 -- 'CORRUPT <name> is not a <want> (nothing written)' error reply (a typed CorruptKey in
 -- Python) when `key` (`name`: after the prefix) holds another type (edited by hand), else nil.
 -- A read of that type, not TYPE: the app ACL role has no TYPE (docs/security.md).
+local function corrupt_err(name, want)
+  return redis.error_reply('CORRUPT ' .. name .. ' is not a ' .. want .. ' (nothing written)')
+end
 local KEY_PROBE = { zset = 'ZCARD', set = 'SCARD' }
 local function key_type_err(key, name, want)
   local r
@@ -30,7 +33,7 @@ local function key_type_err(key, name, want)
     r = redis.pcall(KEY_PROBE[want], key)
   end
   if type(r) ~= 'table' then return nil end
-  return redis.error_reply('CORRUPT ' .. name .. ' is not a ' .. want .. ' (nothing written)')
+  return corrupt_err(name, want)
 end
 
 -- The one strict integer reader for ARGV and stored fields: optional '-' and decimal digits only
