@@ -20,6 +20,8 @@ from scheduler.admin.startup import (
     permission_message,
 )
 from scheduler.cli.common import url_option
+from scheduler.cli.worker_pool import notify_ready
+from scheduler.cli.worker_pool_start import pool_size, run_pool
 from scheduler.cli.worker_start import (
     RegistryImportError,
     load_registry,
@@ -30,14 +32,12 @@ from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async, parse_url
 from scheduler.core.errors import SchedulerError
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN
-from scheduler.core.keys import check_job_id
 from scheduler.core.safety import redact, safe
 from scheduler.worker import (
     EXIT_ERROR,
     EXIT_IMPORT,
     EXIT_REDIS,
     EXIT_USAGE,
-    SettingsError,
     Worker,
     WorkerSettings,
     logs,
@@ -96,6 +96,7 @@ async def _serve(
             await client.aclose()
             return EXIT_FAILED
         worker.log.info("metrics on :%d/metrics", bound)
+    notify_ready()  # to a pool's supervisor (--processes): this child started
     try:
         return await worker.run()
     finally:
@@ -125,6 +126,15 @@ def register(main: click.Group) -> None:
     default=16,
     show_default=True,
     help="Jobs run at once (async on the loop, sync in threads).",
+)
+@click.option(
+    "--processes",
+    "-p",
+    type=click.IntRange(0, 256),
+    default=1,
+    show_default=True,
+    help="Worker processes (0: one per core), each with --concurrency slots, under a "
+    "supervisor that restarts a dead one; process i serves --metrics-port + i - 1.",
 )
 @click.option(
     "--lease-ms",
@@ -202,6 +212,7 @@ def worker_cmd(
     max_abandoned_threads: int | None,
     result_ttl_ms: int | None,
     worker_id: str | None,
+    processes: int,
 ) -> None:
     """Run handlers from REGISTRY (module:attribute, a scheduler.worker.registry.Registry).
 
@@ -224,12 +235,8 @@ def worker_cmd(
     try:
         settings.check()
         parse_url(url)  # a bad URL (or cluster form) is a usage error, before any I/O
-        if worker_id is not None:
-            check_job_id(worker_id)  # the same safe alphabet: it becomes part of a key name
-    except SettingsError as exc:
-        click.echo(safe(f"error: {exc}"), err=True)
-        sys.exit(EXIT_USAGE)
-    except Exception as exc:
+        n = pool_size(processes, metrics_port, worker_id)
+    except Exception as exc:  # SettingsError, BadArgument, a URL redis-py refuses
         click.echo(safe(f"error: {exc}"), err=True)
         sys.exit(EXIT_USAGE)
     try:
@@ -237,6 +244,8 @@ def worker_cmd(
     except RegistryImportError as exc:
         click.echo(safe(f"error: {exc}"), err=True)
         sys.exit(EXIT_IMPORT)
+    if n > 1:
+        sys.exit(run_pool(n, registry, url, metrics_port, worker_id))
     try:
         code = run_loop(
             _serve(url, reg, settings, metrics_port, strict=strict, worker_id=worker_id)

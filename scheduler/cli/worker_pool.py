@@ -1,0 +1,276 @@
+"""`scheduler worker --processes N`: N worker processes under one supervisor.
+
+Why processes: one worker is one Python process, so its handlers and its claim/complete work
+share one core (the GIL). N processes use N cores. Each child is a whole `scheduler worker`
+(its own connection, leases, heartbeat and worker id), so a child that dies takes nothing from
+its siblings: its leases lapse and its jobs run again, as with any crashed worker.
+
+The supervisor holds no Redis connection and runs no job. It:
+- starts each child in a process group of its own, so a terminal's Ctrl-C reaches a child once
+  (forwarded here), not twice (to a worker, a second signal means "exit now");
+- forwards SIGTERM/SIGINT, a second one too (the children then exit at once, code 130), and
+  exits when every child has;
+- stops everything and exits with a child's code when a child of the first start fails before it
+  is ready (the one-process codes: 3 Redis unreachable, 5 forbidden, ...), so a misconfigured
+  pool fails as one worker would;
+- restarts a child that exits once ready (the OOM killer, a crash), after 1 s doubling to 30 s,
+  the wait reset once a child has run 60 s;
+- on Linux, asks the kernel to SIGTERM the children if the supervisor itself dies (kill -9):
+  no orphaned worker keeps claiming unsupervised.
+
+A child says it is ready (Redis reached, scripts loaded, metrics port bound) by writing one byte
+to the pipe named by READY_FD_ENV (`notify_ready`)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from scheduler.core.exits import EXIT_FAILED, EXIT_FORCED, EXIT_OK
+
+READY_FD_ENV = "SCHEDULER_WORKER_READY_FD"
+
+RESTART_FIRST_S = 1.0
+RESTART_MAX_S = 30.0
+RESTART_RESET_S = 60.0  # a child that ran this long restarts after RESTART_FIRST_S again
+_POLL_S = 0.2
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+log = logging.getLogger("scheduler.worker")
+
+
+def notify_ready() -> None:
+    """In a pool's child: tell the supervisor this worker started (no-op otherwise)."""
+    fd = os.environ.pop(READY_FD_ENV, None)
+    if fd is None:
+        return
+    try:
+        os.write(int(fd), b"1")
+        os.close(int(fd))
+    except (OSError, ValueError):  # the supervisor is gone; PDEATHSIG stops us
+        pass
+
+
+def exit_code(returncode: int) -> int:
+    """A child's exit status as a shell shows it (killed by signal N: 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class _Child:
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    ready_fd: int | None = None
+    ready: bool = False
+    first_start: bool = True
+    started_at: float = 0.0
+    restart_at: float | None = None
+    backoff_s: float = RESTART_FIRST_S
+    exits: list[int] = field(default_factory=list)
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+class Pool:
+    """The supervisor of `n` children; `argv(i)` and `env(i)` make child i's command line."""
+
+    def __init__(
+        self, n: int, argv: Sequence[Sequence[str]], env: Sequence[dict[str, str]]
+    ) -> None:
+        if not (len(argv) == len(env) == n >= 1):
+            raise ValueError("one command line and one environment per process")
+        self.children = [_Child(i) for i in range(n)]
+        self._argv, self._env = argv, env
+        self._signals = 0
+        self._forwarded = 0
+        self._prctl = _libc_prctl()
+        self._parent_pid = os.getpid()
+
+    # -- starting -------------------------------------------------------------------------
+
+    def _child_setup(self) -> None:  # runs in the child between fork and exec
+        os.setpgid(0, 0)
+        if self._prctl is not None:
+            self._prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != self._parent_pid:  # the supervisor died before prctl took effect
+            os._exit(EXIT_FAILED)
+
+    def _start(self, child: _Child) -> None:
+        r, w = os.pipe()
+        env = dict(self._env[child.index], **{READY_FD_ENV: str(w)})
+        try:
+            child.proc = subprocess.Popen(
+                list(self._argv[child.index]),
+                env=env,
+                pass_fds=(w,),
+                stdin=subprocess.DEVNULL,
+                preexec_fn=self._child_setup,  # safe: the supervisor runs no threads
+            )
+        except OSError:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        child.ready_fd, child.ready = r, False
+        child.started_at, child.restart_at = time.monotonic(), None
+        log.info(
+            "worker process %d started (pid %d)", child.index + 1, child.proc.pid,
+            extra={"worker_process": child.index + 1, "pid": child.proc.pid},
+        )  # fmt: skip
+
+    # -- signals ------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals += 1
+
+    def _forward(self) -> None:
+        while self._forwarded < self._signals:
+            self._forwarded += 1
+            if self._forwarded == 1:
+                log.info("signal: stopping %d worker processes", len(self.children))
+            for c in self.children:
+                c.restart_at = None
+                if c.proc is not None and c.proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        c.proc.send_signal(signal.SIGTERM)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        old_wakeup = signal.set_wakeup_fd(wake_w)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for c in self.children:
+                self._start(c)
+            return self._supervise(wake_r)
+        finally:
+            for c in self.children:  # an exception here must not leave children running
+                if c.proc is not None and c.proc.poll() is None:
+                    c.proc.kill()
+                    c.proc.wait()
+                self._close_ready(c)
+            for s, h in old.items():
+                signal.signal(s, h)
+            signal.set_wakeup_fd(old_wakeup)
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _supervise(self, wake_r: int) -> int:
+        failed: int | None = None  # a first start's failure: the pool's exit code
+        while True:
+            self._forward()
+            stopping = self._signals > 0 or failed is not None
+            now = time.monotonic()
+            for c in self.children:
+                if c.proc is not None and c.proc.poll() is not None:
+                    code = self._reap(c, stopping, now)
+                    if code is not None and failed is None:
+                        failed = code
+                        log.error(
+                            "worker process %d failed to start (exit %d): stopping the others",
+                            c.index + 1, code,
+                        )  # fmt: skip
+                        self._signals += 1
+                        self._forward()
+                        stopping = True
+                if c.proc is None and c.restart_at is not None and now >= c.restart_at:
+                    if stopping:
+                        c.restart_at = None
+                    else:
+                        self._restart(c, now)
+            if stopping and all(c.proc is None for c in self.children):
+                return failed if failed is not None else self._final_code()
+            self._wait(wake_r)
+
+    def _restart(self, c: _Child, now: float) -> None:
+        try:
+            self._start(c)
+        except OSError as exc:  # no fork now (EAGAIN, ENOMEM): try again later, as for an exit
+            c.restart_at = now + c.backoff_s
+            log.error("worker process %d could not start: %s; retrying in %.1f s",
+                      c.index + 1, exc, c.backoff_s)  # fmt: skip
+            c.backoff_s = min(c.backoff_s * 2, RESTART_MAX_S)
+
+    def _reap(self, c: _Child, stopping: bool, now: float) -> int | None:
+        """Child c exited: record it; plan its restart; return its code if it was a first
+        start that failed before ready (the pool then stops)."""
+        assert c.proc is not None
+        self._read_ready(c)
+        code = exit_code(c.proc.returncode)
+        if stopping and c.proc.returncode == -signal.SIGTERM:
+            code = EXIT_OK  # stopped by our SIGTERM before it could handle signals (starting)
+        c.exits.append(code)
+        was_ready, first = c.ready, c.first_start
+        pid = c.proc.pid
+        c.proc, c.first_start = None, False
+        self._close_ready(c)
+        if stopping:
+            return None
+        if first and not was_ready:
+            return code if code != EXIT_OK else EXIT_FAILED
+        if now - c.started_at >= RESTART_RESET_S:
+            c.backoff_s = RESTART_FIRST_S
+        c.restart_at = now + c.backoff_s
+        log.warning(
+            "worker process %d (pid %d) exited with code %d; restarting in %.1f s",
+            c.index + 1, pid, code, c.backoff_s,
+            extra={"worker_process": c.index + 1, "pid": pid, "exit_code": code},
+        )  # fmt: skip
+        c.backoff_s = min(c.backoff_s * 2, RESTART_MAX_S)
+        return None
+
+    def _final_code(self) -> int:
+        """After a stop: 130 if any child was forced, else the first failure, else 0."""
+        last = [c.exits[-1] for c in self.children if c.exits]
+        if EXIT_FORCED in last:
+            return EXIT_FORCED
+        return next((code for code in last if code != EXIT_OK), EXIT_OK)
+
+    def _wait(self, wake_r: int) -> None:
+        fds = [c.ready_fd for c in self.children if c.ready_fd is not None]
+        try:
+            readable, _, _ = select.select([wake_r, *fds], [], [], _POLL_S)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries; a signal handler ran
+            return
+        if wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 512)
+        for c in self.children:
+            if c.ready_fd is not None and c.ready_fd in readable:
+                self._read_ready(c)
+
+    def _read_ready(self, c: _Child) -> None:
+        if c.ready_fd is None:
+            return
+        r, _, _ = select.select([c.ready_fd], [], [], 0)
+        if not r:
+            return
+        data = os.read(c.ready_fd, 16)
+        if data:
+            c.ready = True
+        self._close_ready(c)  # ready, or EOF: the pipe has nothing more to say
+
+    @staticmethod
+    def _close_ready(c: _Child) -> None:
+        if c.ready_fd is not None:
+            os.close(c.ready_fd)
+            c.ready_fd = None

@@ -1,0 +1,221 @@
+"""`scheduler worker --processes N` against a real Redis: the supervisor, its children, and what
+happens when either dies (scheduler/cli/worker_pool.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from scheduler import Queue
+from scheduler.admin.workers import live_workers
+from scheduler.cli.main import main
+from scheduler.cli.worker_pool import READY_FD_ENV, exit_code
+from scheduler.cli.worker_pool_start import child_commands
+from tests.workers.basic import LEDGER
+from tests.workers.procs import ROOT, SCHEDULER, wait_for
+
+FAST_LEASE = ("--lease-ms", "1200", "--heartbeat-ms", "300")
+
+
+def spawn_pool(url: str, queue: str, *args: str, log: Path) -> subprocess.Popen[bytes]:
+    """The supervisor, with the URL in the environment (as a pool passes it on)."""
+    env = dict(os.environ, TEST_REDIS_URL=url, REDIS_URL=url, PYTHONPATH=str(ROOT))
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [SCHEDULER, "worker", "tests.workers.basic:registry", "--queue", queue, *args],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+
+def children(pid: int) -> list[int]:
+    """Live processes whose parent is `pid` (zombies, dead and unreaped, left out)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # state, ppid, ...
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry))
+    return sorted(out)
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def ledger_pids(client: redis.Redis, q: Queue) -> list[int]:
+    entries: list[str] = client.lrange(f"{LEDGER}:{q.name}", 0, -1)  # type: ignore[assignment]
+    return [int(e.split("|")[4]) for e in entries]
+
+
+@pytest.fixture
+def pool_log(tmp_path: Path) -> Iterator[Path]:
+    log = tmp_path / "pool.log"
+    yield log
+    # Whatever a failed test left: the supervisor's children are SIGKILLed too.
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if "started (pid " in line:
+            pid = int(line.split("started (pid ")[1].split(")")[0])
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def stop(pool: subprocess.Popen[bytes], log: Path) -> int:
+    if pool.poll() is None:
+        pool.send_signal(signal.SIGTERM)
+    try:
+        return pool.wait(30)
+    except subprocess.TimeoutExpired:
+        pool.kill()
+        raise AssertionError(
+            "pool did not stop: " + log.read_text(errors="replace")[-3000:]
+        ) from None
+
+
+def test_two_processes_share_the_work_and_stop_together(
+    redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
+) -> None:
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--worker-id", "pw", "--batch", "5",
+                      "--concurrency", "2", log=pool_log)  # fmt: skip
+    try:
+        wait_for(lambda: len(children(pool.pid)) == 2, what="two children")
+        kids = children(pool.pid)
+        # The URL never reaches a child's argv (`ps` shows it to every user).
+        for pid in kids:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+            assert redis_url not in cmdline and "--url" not in cmdline, cmdline
+        ids = [q.enqueue("sync_sleep", {"s": 0.05}) for _ in range(40)]
+        wait_for(lambda: all(q.status(i) == "done" for i in ids), timeout_s=60, what="all done")
+        ran = set(ledger_pids(client, q))
+        assert ran <= set(kids)
+        assert ran == set(kids), f"only {ran} of {kids} ran jobs"
+        live, _ = live_workers(client, q.keys)
+        assert {(w.id, w.pid) for w in live} == {("pw.1", kids[0]), ("pw.2", kids[1])}
+    finally:
+        code = stop(pool, pool_log)
+    assert code == 0, pool_log.read_text()[-2000:]
+    assert not any(alive(pid) for pid in kids)
+
+
+def test_a_killed_child_is_restarted_and_its_job_still_completes(
+    redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
+) -> None:
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", *FAST_LEASE, log=pool_log)
+    try:
+        wait_for(lambda: len(children(pool.pid)) == 2, what="two children")
+        before = children(pool.pid)
+        job = q.enqueue("sleep", {"s": 1.0})
+        wait_for(lambda: len(ledger_pids(client, q)) == 1, what="the job started")
+        holder = ledger_pids(client, q)[0]
+        assert holder in before
+        os.kill(holder, signal.SIGKILL)  # mid-job
+        wait_for(lambda: q.status(job) == "done", timeout_s=30, what="the job done elsewhere")
+        wait_for(lambda: len(children(pool.pid)) == 2 and holder not in children(pool.pid),
+                 timeout_s=15, what="the killed child replaced")  # fmt: skip
+        assert pool.poll() is None
+        assert q.get_job(job).attempts == 2
+        log = pool_log.read_text()
+        assert f"(pid {holder}) exited with code 137; restarting" in log, log[-2000:]
+    finally:
+        code = stop(pool, pool_log)
+    assert code == 0
+
+
+def test_first_start_failure_stops_the_pool_with_its_code(tmp_path: Path, pool_log: Path) -> None:
+    missing = f"unix://{tmp_path}/no-such.sock"
+    pool = spawn_pool(missing, "pq", "--processes", "3", log=pool_log)
+    code = pool.wait(60)
+    assert code == 3, pool_log.read_text()  # EXIT_UNREACHABLE, as one process would
+    log = pool_log.read_text()
+    assert "failed to start (exit 3): stopping the others" in log
+    assert "restarting" not in log
+    assert children(pool.pid) == []
+
+
+def test_supervisor_killed_takes_its_children_with_it(
+    redis_url: str, q: Queue, pool_log: Path
+) -> None:
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", log=pool_log)
+    wait_for(lambda: len(children(pool.pid)) == 2, what="two children")
+    kids = children(pool.pid)
+    wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+    pool.kill()
+    pool.wait(10)
+    # PR_SET_PDEATHSIG: each child gets SIGTERM and stops gracefully (no orphan claiming).
+    wait_for(lambda: not any(alive(pid) for pid in kids), timeout_s=30, what="children gone")
+    assert pool_log.read_text().count(" stopped") == 2, pool_log.read_text()
+
+
+def test_second_signal_forces_the_children(redis_url: str, q: Queue, pool_log: Path) -> None:
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "60", *FAST_LEASE,
+                      log=pool_log)  # fmt: skip
+    try:
+        wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+        job = q.enqueue("sync_sleep", {"s": 30})
+        wait_for(lambda: q.status(job) == "leased", what="the job running")
+        pool.send_signal(signal.SIGTERM)
+        wait_for(lambda: pool_log.read_text().count("stopping (grace") == 2, what="first signal")
+        assert pool.poll() is None  # the grace period: the running job may finish
+        pool.send_signal(signal.SIGTERM)
+        assert pool.wait(30) == 130
+    finally:
+        if pool.poll() is None:
+            pool.kill()
+
+
+def test_bad_settings_are_refused_before_any_child(redis_url: str) -> None:
+    runner = CliRunner()
+    res = runner.invoke(main, ["worker", "tests.workers.basic:registry", "--url", redis_url,
+                               "--processes", "4", "--metrics-port", "65534"])  # fmt: skip
+    assert res.exit_code == 2 and "passes 65535" in res.output
+    res = runner.invoke(main, ["worker", "tests.workers.basic:registry", "--url", redis_url,
+                               "--processes", "2", "--worker-id", "x" * 127])  # fmt: skip
+    assert res.exit_code == 2 and "invalid job id" in res.output  # 'x...x.2' is 129 characters
+    res = runner.invoke(main, ["worker", "no_such_module:registry", "--url", redis_url,
+                               "--processes", "2"])  # fmt: skip
+    assert res.exit_code == 4
+    res = runner.invoke(main, ["worker", "tests.workers.basic:registry", "--processes", "-1"])
+    assert res.exit_code == 2
+
+
+def test_child_commands_pass_every_option_but_the_url() -> None:
+    argv, env = child_commands(
+        3, ["--queue", "a", "--queue", "b", "--json-logs"], url="redis://:pw@h:1/0",
+        registry="m:r", metrics_port=9100, worker_id="w",
+    )  # fmt: skip
+    assert [a[a.index("--metrics-port") + 1] for a in argv] == ["9100", "9101", "9102"]
+    assert [a[a.index("--worker-id") + 1] for a in argv] == ["w.1", "w.2", "w.3"]
+    assert all("redis://:pw@h:1/0" not in " ".join(a) for a in argv)
+    assert all(e["REDIS_URL"] == "redis://:pw@h:1/0" for e in env)
+    assert argv[0][1:7] == ["-m", "scheduler", "worker", "m:r", "--queue", "a"]
+    argv, _ = child_commands(2, [], url="u", registry="m:r", metrics_port=0, worker_id=None)
+    assert [a[a.index("--metrics-port") + 1] for a in argv] == ["0", "0"]
+    assert all("--worker-id" not in a for a in argv)
+    assert READY_FD_ENV not in env[0]
+    assert (exit_code(-9), exit_code(3), exit_code(0)) == (137, 3, 0)
+
+
+def test_a_stop_while_children_start_is_a_clean_stop(
+    redis_url: str, q: Queue, pool_log: Path
+) -> None:
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", log=pool_log)
+    wait_for(lambda: len(children(pool.pid)) == 2, what="two children")
+    kids = children(pool.pid)
+    pool.send_signal(signal.SIGTERM)  # most likely before a child handles signals
+    assert stop(pool, pool_log) == 0, pool_log.read_text()
+    assert not any(alive(pid) for pid in kids)
