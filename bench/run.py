@@ -64,6 +64,8 @@ PEERS: dict[str, Peer] = {
 NODE_PEERS: dict[str, Path] = {"bullmq-node": BENCH / "systems" / "bullmq_node"}
 ALL_PEERS = [*NODE_PEERS, *PEERS]
 SYSTEMS = ["ours", *ALL_PEERS]
+# Our own variants: run in this interpreter like "ours", only when named in --systems.
+OURS_VARIANTS = ["ours-2p"]
 TRANSPORTS = {"unix": ["unix"], "tcp": ["tcp"], "both": ["unix", "tcp"]}
 
 FULL = {
@@ -808,9 +810,9 @@ def main() -> int:
     if opts.drain_rounds < 1:
         ap.error("--drain-rounds must be >= 1")
     wanted = [s.strip() for s in opts.systems.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in SYSTEMS]
+    unknown = [s for s in wanted if s not in SYSTEMS + OURS_VARIANTS]
     if unknown:
-        ap.error(f"unknown systems: {unknown}; known: {SYSTEMS}")
+        ap.error(f"unknown systems: {unknown}; known: {SYSTEMS + OURS_VARIANTS}")
     sizes = dict(QUICK if opts.quick else FULL)
     for item in filter(None, (x.strip() for x in opts.sizes.split(","))):
         key, _, val = item.partition("=")
@@ -880,7 +882,7 @@ def main() -> int:
             pythons: dict[str, str] = {}
             for name in wanted:
                 log(f"system {name} over {transport}")
-                if name == "ours":
+                if name == "ours" or name in OURS_VARIANTS:
                     if not (BENCH / "systems" / "ours.py").exists():
                         systems[name] = {
                             "status": "skipped",
@@ -912,7 +914,7 @@ def main() -> int:
                     pidfile,
                     opts.concurrency,
                     transport,
-                    ours_env if name == "ours" else None,
+                    ours_env if name == "ours" or name in OURS_VARIANTS else None,
                 )
             # One drain per system is too few on this shared machine (bullmq-node's own drain
             # moved 7.8k-11.4k jobs/s between back-to-back runs): N-1 more drain-only rounds,
@@ -934,7 +936,7 @@ def main() -> int:
                         pidfile,
                         opts.concurrency,
                         transport,
-                        ours_env if name == "ours" else None,
+                        ours_env if name == "ours" or name in OURS_VARIANTS else None,
                     )
                     rounds[name].append(extra["workloads"]["drain"])
             if opts.drain_rounds > 1:

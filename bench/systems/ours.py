@@ -21,6 +21,7 @@ from scheduler.worker.registry import JobContext, Registry
 registry = Registry()
 _R: aredis.Redis | None = None
 CONCURRENCY = 16
+PROCESSES = 1  # systems/ours_2p.py sets 2: `scheduler worker --processes 2`
 
 
 @registry.task(name="task")
@@ -59,7 +60,12 @@ def meta() -> dict[str, Any]:
             "enqueue": "Queue.enqueue('task', payload)",
             "bulk": "Queue.enqueue_many([JobSpec...]) (one EVALSHA per 1000 jobs)",
             "worker": "scheduler worker systems.ours:registry --log-level WARNING "
-            "(1 process, asyncio, claim batch 100)",
+            + (
+                "(1 process, asyncio, claim batch 100)"
+                if PROCESSES == 1
+                else f"--processes {PROCESSES} (a supervisor and {PROCESSES} worker processes, "
+                "each asyncio, claim batch 100, --concurrency each)"
+            ),
             "scheduler": "enqueue(..., run_at=<datetime>)",
             "concurrency": CONCURRENCY,
             "handler client": f"redis.asyncio.Redis.from_url (redis-py {redis.__version__}, "
@@ -94,7 +100,7 @@ def pending(url: str, n: int) -> None:
 def _worker_cmd(url: str, concurrency: int | None) -> list[str]:
     return [c.bin_path("scheduler"), "worker", "systems.ours:registry", "--url", url,
             "--queue", c.QUEUE, "--concurrency", str(concurrency or CONCURRENCY),
-            "--log-level", "WARNING"]  # fmt: skip
+            "--log-level", "WARNING", "--processes", str(PROCESSES)]  # fmt: skip
 
 
 def drain(url: str, n: int, concurrency: int | None) -> float:
