@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import hiredis
 import pytest
 import redis
 from click.testing import CliRunner
@@ -27,8 +28,8 @@ TEST_SHA = Scripts(clock="test").sha
 
 
 class Counter:
-    """What a counting client sent: each command's arguments, and its round trips (one per
-    socket write: a pipeline is one)."""
+    """What a counting client sent: each command's arguments, and its round trips (a pipeline
+    is one)."""
 
     def __init__(self) -> None:
         self.cmds: list[tuple[Any, ...]] = []
@@ -48,29 +49,41 @@ class Counter:
 
 
 def counting_client(url: str) -> tuple[redis.Redis, Counter]:
+    """A client whose connections record every command as sent on the wire (parsed back from
+    the packed bytes, so redis-py's pipelines and the driver's direct calls, direct_io, are
+    seen alike; arguments come back as text) and count a round trip per burst of writes
+    sent with no reply outstanding."""
     client = redis.Redis.from_url(url, decode_responses=True)
     counter = Counter()
     base = client.connection_pool.connection_class
 
     class Counting(base):  # type: ignore[valid-type,misc]
-        handshake = False  # the packet about to be sent is the connection's own set-up
-
-        def send_command(self, *args: Any, **kwargs: Any) -> None:
-            self.handshake = str(args[0]).upper() in _HANDSHAKE
-            if not self.handshake:
-                counter.cmds.append(args)
-            super().send_command(*args, **kwargs)
-
-        def pack_commands(self, commands: Any) -> Any:
-            commands = list(commands)
-            self.handshake = False
-            counter.cmds.extend(commands)
-            return super().pack_commands(commands)
+        outstanding = 0  # replies not yet read
 
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            if not self.handshake:
+            chunks = [command] if isinstance(command, (bytes, str)) else list(command)
+            reader = hiredis.Reader(encoding="utf-8", errors="replace")
+            for chunk in chunks:
+                reader.feed(chunk.encode() if isinstance(chunk, str) else bytes(chunk))
+            sent: list[tuple[Any, ...]] = []
+            while (item := reader.gets()) is not False:
+                sent.append(tuple(item))
+            mine = [c for c in sent if str(c[0]).upper() not in _HANDSHAKE]
+            if mine and self.outstanding == 0:
                 counter.trips += 1
-            super().send_packed_command(command, check_health)
+            counter.cmds.extend(mine)
+            self.outstanding += len(sent)
+            super().send_packed_command(chunks, check_health)
+
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().read_response(*args, **kwargs)
+            finally:
+                self.outstanding = max(0, self.outstanding - 1)
+
+        def disconnect(self, *args: Any, **kwargs: Any) -> None:
+            self.outstanding = 0
+            super().disconnect(*args, **kwargs)
 
     client.connection_pool.connection_class = Counting
     client.ping()

@@ -23,6 +23,7 @@ LAYER_BY_PREFIX = {
     "scheduler.worker": 5,
     "scheduler.dashboard": 5,
     "scheduler.cli": 6,
+    "scheduler.__main__": 6,  # `python -m scheduler`: the CLI
 }
 
 

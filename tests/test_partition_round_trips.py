@@ -17,6 +17,7 @@ from scheduler.admin.inspection import server_now_ms
 from scheduler.cli.admin import queue_stats
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
+from scheduler.core import direct_io
 from tests.conftest import delete_queue
 from tests.redis_server import RedisProcess
 from tests.test_dead_paths import Counter, counting_client
@@ -77,10 +78,15 @@ def test_a_limit_is_the_merged_lists_length(counted: tuple[PartitionedQueue, Cou
 
 
 def test_the_async_client_batches_them_too(
-    module_server: RedisProcess, counted: tuple[PartitionedQueue, Counter]
+    module_server: RedisProcess,
+    counted: tuple[PartitionedQueue, Counter],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pq, _ = counted
     died = kill_per_partition(pq, 2)
+    # Every call through the client's execute_command / pipeline, counted there (the direct
+    # path, direct_io, would bypass both).
+    monkeypatch.setattr(direct_io, "_ENABLED", False)
 
     async def go() -> tuple[list[str], int, int]:  # driver calls: one each, or a pipeline
         client = redis.asyncio.Redis.from_url(module_server.url, decode_responses=True)

@@ -196,18 +196,14 @@ def run_sync(client: Any, drive: Drive) -> list[Any]:
                 except ResponseError as exc:
                     replies = [exc]
             else:
-                with client.pipeline(transaction=False) as pipe:
-                    for cmd in batch.cmds:
-                        pipe.execute_command(*cmd)
-                    replies = pipe.execute(raise_on_error=False)
+                replies = direct_io.pipeline_sync(client, batch.cmds)
             batch = drive.send(replies)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
 
 async def run_async(client: Any, drive: Drive) -> list[Any]:
-    """Drive on a redis.asyncio client. The pipeline is always reset (async with), also when
-    the connection drops mid-call: a pipeline left holding a connection warns at GC."""
+    """Drive on a redis.asyncio client (direct_io.pipeline_async for several commands)."""
     if is_cluster(client):
         return await cluster_io.run_async(client, drive)
     try:
@@ -221,10 +217,7 @@ async def run_async(client: Any, drive: Drive) -> list[Any]:
                 except ResponseError as exc:
                     replies = [exc]
             else:
-                async with client.pipeline(transaction=False) as pipe:
-                    for cmd in batch.cmds:
-                        pipe.execute_command(*cmd)
-                    replies = await pipe.execute(raise_on_error=False)
+                replies = await direct_io.pipeline_async(client, batch.cmds)
             batch = drive.send(replies)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

@@ -1,0 +1,137 @@
+"""Several script calls in one round trip on a plain client (direct_io.pipeline_sync/_async):
+the same replies as redis-py's `pipeline(transaction=False).execute(raise_on_error=False)`,
+without redis-py's pipeline object, and the same bytes on the wire."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aredis
+from redis.exceptions import NoScriptError, ResponseError
+
+from scheduler import AsyncQueue, JobSpec, Queue
+from scheduler.core import direct_io
+from tests.redis_server import is_cluster_run
+
+pytestmark = pytest.mark.skipif(is_cluster_run(), reason="plain clients only (cluster: cluster_io)")
+
+BULK = 2_500  # three script calls of enqueue_many (1,000 jobs each)
+
+
+@pytest.fixture
+def name() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def plain(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+def _refuse(*_a: Any, **_k: Any) -> Any:
+    raise AssertionError("redis-py's pipeline or execute_command was used")
+
+
+def _shape(replies: list[Any]) -> list[Any]:
+    return [(type(r).__name__, str(r)) if isinstance(r, Exception) else r for r in replies]
+
+
+def test_bulk_enqueue_goes_direct_and_every_job_is_stored(
+    plain: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = Queue(plain, name)
+    q.enqueue("t", 0)  # scripts loaded
+    monkeypatch.setattr(plain, "pipeline", _refuse)
+    monkeypatch.setattr(plain, "execute_command", _refuse)
+    ids = q.enqueue_many([JobSpec("t", {"i": i, "text": "é" * (i % 3)}) for i in range(BULK)])
+    monkeypatch.undo()
+    assert len(set(ids)) == BULK
+    assert plain.zcard(q.keys.due) == BULK + 1
+    assert q.get_job(ids[-1]).payload() == {"i": BULK - 1, "text": "é" * ((BULK - 1) % 3)}
+    pool = plain.connection_pool
+    assert (len(pool._in_use_connections), len(pool._available_connections)) == (0, 1)
+
+
+def test_replies_and_error_replies_match_redis_py_pipeline(plain: redis.Redis) -> None:
+    ok = plain.script_load("return {KEYS[1], ARGV[1], 7}")
+    bad = plain.script_load("return redis.error_reply('BAD_ARGUMENT x=1')")
+    cmds: list[tuple[Any, ...]] = [
+        ("EVALSHA", ok, 1, "k{p}", "a"),
+        ("EVALSHA", bad, 0),
+        ("EVALSHA", "0" * 40, 0),  # unknown: NOSCRIPT, which Scripts.drive loads and resends
+        ("EVALSHA", ok, 1, "k{p}", "é"),
+        ("WAIT", 0, 0),
+    ]
+    with plain.pipeline(transaction=False) as pipe:
+        for cmd in cmds:
+            pipe.execute_command(*cmd)  # type: ignore[no-untyped-call]
+        expected = pipe.execute(raise_on_error=False)
+    got = direct_io.pipeline_sync(plain, cmds)
+    assert _shape(got) == _shape(expected)
+    assert isinstance(got[1], ResponseError) and isinstance(got[2], NoScriptError)
+    assert got[3] == [b"k{p}", "é".encode(), 7] and got[4] == 0
+
+
+def test_other_commands_keep_redis_py_parsing(plain: redis.Redis, name: str) -> None:
+    key = f"{name}:h"
+    plain.hset(key, "f", "v")
+    replies = direct_io.pipeline_sync(plain, [("HGETALL", key), ("EXISTS", key)])
+    assert replies == [{b"f": b"v"}, 1]  # HGETALL's callback made the dict
+    plain.delete(key)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_packed_bytes_are_redis_py_own(redis_url: str, encoding: str) -> None:
+    c = redis.Redis.from_url(redis_url, encoding=encoding)
+    conn = c.connection_pool.get_connection()
+    try:
+        cmd = ("EVALSHA", "a" * 40, 2, "sched:{q}:", "sched:{q}:due", "1", 0, -5, "é \x00 x", 1.5)
+        theirs: list[bytes] = conn.pack_command(*cmd)  # type: ignore[no-untyped-call]
+        assert b"".join(direct_io._pack(cmd)) == b"".join(theirs)
+    finally:
+        c.connection_pool.release(conn)
+        c.close()
+
+
+def test_a_dropped_connection_is_replaced_before_a_bulk_enqueue(redis_url: str, name: str) -> None:
+    c = redis.Redis.from_url(redis_url, client_name="direct-pipe-drop")
+    q = Queue(c, name)
+    q.enqueue("t", 0)
+    with redis.Redis.from_url(redis_url) as admin:
+        killed = [
+            admin.client_kill_filter(_id=k["id"])
+            for k in admin.client_list()
+            if k.get("name") == "direct-pipe-drop"
+        ]
+    assert killed
+    ids = q.enqueue_many([JobSpec("t", i) for i in range(BULK)])
+    assert c.zcard(q.keys.due) == BULK + 1 and len(ids) == BULK
+    c.close()
+
+
+def test_asyncio_bulk_enqueue_goes_direct(redis_url: str, name: str) -> None:
+    async def main() -> None:
+        c = aredis.Redis.from_url(redis_url)
+        q = AsyncQueue(c, name)
+        await q.enqueue("t", 0)
+        c.pipeline = _refuse  # type: ignore[method-assign]
+        c.execute_command = _refuse  # type: ignore[method-assign]
+        ids = await q.enqueue_many([JobSpec("t", {"i": i}) for i in range(BULK)])
+        del c.pipeline, c.execute_command
+        assert len(set(ids)) == BULK
+        assert await c.zcard(q.keys.due) == BULK + 1
+        assert (await q.get_job(ids[0])).payload() == {"i": 0}
+        bad = await c.script_load("return redis.error_reply('BAD_ARGUMENT y=2')")
+        got = await direct_io.pipeline_async(c, [("EVALSHA", bad, 0), ("WAIT", 0, 0)])
+        assert isinstance(got[0], ResponseError) and "y=2" in str(got[0]) and got[1] == 0
+        assert len(c.connection_pool._in_use_connections) == 0
+        await c.aclose()
+
+    asyncio.run(main())
