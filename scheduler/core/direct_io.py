@@ -80,7 +80,9 @@ def call_sync(client: Any, cmd: tuple[Any, ...]) -> Any:
 def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
     """`client.pipeline(transaction=False)` of cmds, `execute(raise_on_error=False)`: each
     reply, an error reply as its exception. A dropped connection sends them all again, as
-    redis-py's pipeline does (retry object permitting)."""
+    redis-py's pipeline does (retry object permitting). Replies left unread by an interrupt
+    never reach the connection's next user: the pool reconnects a connection that has data
+    waiting when it hands it out (both pools, as for redis-py's own pipelines)."""
     if not _direct_pipeline(client, redis.Redis, cmds):
         with client.pipeline(transaction=False) as pipe:
             for cmd in cmds:
