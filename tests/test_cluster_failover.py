@@ -86,8 +86,14 @@ def test_primary_killed_producer_and_worker_recover_and_no_acked_job_is_lost(
             assert producer.answers[-1][1] == "not_durable"
             # The worker drains what the new primary took meanwhile.
             after_kill = [j for t, j in _answers_with_ids(producer) if t > killed_s]
-            wait_for(lambda: _quiet(lambda: check.status(after_kill[0]) == "done"), 60,
-                     what="the worker recovered")  # fmt: skip
+            try:
+                wait_for(lambda: _quiet(lambda: check.status(after_kill[0]) == "done"), 60,
+                         what="the worker recovered")  # fmt: skip
+            except AssertionError as exc:  # once seen under CI load: say what the worker did
+                log = (tmp_path / "worker.log").read_text(errors="replace")[-4000:]
+                raise AssertionError(f"{exc}; worker alive: {worker.poll() is None}; "
+                                     f"status: {_said(lambda: check.status(after_kill[0]))}; "
+                                     f"counts: {_said(check.counts)}\n{log}") from None  # fmt: skip
             worker_s = time.monotonic() - killed_s
             # The old primary comes back as a replica of the new one: durable again.
             primary.start()
@@ -138,6 +144,13 @@ def _quiet(pred: Callable[[], bool]) -> bool:
         return pred()
     except Exception:
         return False
+
+
+def _said(call: Callable[[], object]) -> str:
+    try:
+        return repr(call())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 def _answered_after(producer: Producer, t: float) -> bool:
