@@ -135,3 +135,32 @@ def test_asyncio_bulk_enqueue_goes_direct(redis_url: str, name: str) -> None:
         await c.aclose()
 
     asyncio.run(main())
+
+
+SLOW_SCRIPT = (  # busy ~300 ms: its reply cannot have arrived when the connection is next used
+    "local t = redis.call('TIME'); local s = t[1] * 1000000 + t[2]; "
+    "while true do local n = redis.call('TIME'); "
+    "if n[1] * 1000000 + n[2] - s > 300000 then break end end; return 'slow-reply'"
+)
+
+
+def test_an_interrupt_before_the_replies_leaves_none_to_come(
+    plain: redis.Redis, name: str
+) -> None:
+    """redis-py's pool reconnects a connection handed out with data waiting, but not one whose
+    reply is still to come: the pipeline disconnects on any exception itself."""
+    echo, slow = plain.script_load("return ARGV[1]"), plain.script_load(SLOW_SCRIPT)
+    plain.set(name, "before")
+    assert direct_io.pipeline_sync(plain, [("EVALSHA", echo, 0, "warm")]) == [b"warm"]
+    (conn,) = plain.connection_pool._available_connections
+
+    def interrupted(*a: Any, **k: Any) -> Any:
+        raise KeyboardInterrupt  # before the first reply: the slow script is still running
+
+    conn.read_response = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        direct_io.pipeline_sync(plain, [("EVALSHA", slow, 0), ("EVALSHA", echo, 0, "a")])
+    del conn.read_response
+    assert plain.get(name) == b"before"
+    assert direct_io.call_sync(plain, ("EVALSHA", echo, 0, "e")) == b"e"
+    plain.delete(name)

@@ -12,10 +12,10 @@ EVALSHA: it has no response callback in any redis-py version or protocol, so the
 what execute_command would return; other commands (HGETALL, ZSCORE, SMEMBERS ...) are parsed by
 callbacks that differ between RESP2 and RESP3, and keep execute_command. A pipeline of EVALSHA
 calls (and the WAIT after them, whose integer reply has no callback either) goes the same way
-(`pipeline_sync` / `pipeline_async`): each command is packed and sent in turn, so the server runs
-the first batch of an `enqueue_many` while the next is packed (bulk enqueue +12%, docs/
-performance.md section 17), and every reply is read, an error reply as a value, as redis-py's
-`pipe.execute(raise_on_error=False)` answers.
+(`pipeline_sync` / `pipeline_async`): all packed first (one that cannot be packed sends none, as
+redis-py's pipeline), sent, and every reply read, an error reply as a value, as redis-py's
+`pipe.execute(raise_on_error=False)` answers (bulk enqueue +16%, docs/performance.md section
+17).
 
 Commands are packed with hiredis (a declared dependency), the bytes redis-py's own packer sends
 with hiredis installed, without its per-argument type checks in Python (~3 us of a 23-argument
@@ -36,7 +36,7 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from hiredis import pack_command as _hiredis_pack  # redis[hiredis]: a declared dependency
-from redis.exceptions import ResponseError
+from redis.exceptions import DataError, ResponseError
 
 _ENABLED = os.environ.get("SCHEDULER_REDIS_DIRECT", "1") != "0"
 _RAW_REPLIES = frozenset(("EVALSHA", "WAIT"))  # no response callback in any redis-py
@@ -80,26 +80,31 @@ def call_sync(client: Any, cmd: tuple[Any, ...]) -> Any:
 def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
     """`client.pipeline(transaction=False)` of cmds, `execute(raise_on_error=False)`: each
     reply, an error reply as its exception. A dropped connection sends them all again, as
-    redis-py's pipeline does (retry object permitting). Replies left unread by an interrupt
-    never reach the connection's next user: the pool reconnects a connection that has data
-    waiting when it hands it out (both pools, as for redis-py's own pipelines)."""
+    redis-py's pipeline does (retry object permitting); any other exception on the way
+    disconnects, so no reply left unread reaches the connection's next user."""
     if not _direct_pipeline(client, redis.Redis, cmds):
         with client.pipeline(transaction=False) as pipe:
             for cmd in cmds:
                 pipe.execute_command(*cmd)
             return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+    packed = [chunk for cmd in cmds for chunk in _pack(cmd)]  # one that cannot be: none sent
     pool = client.connection_pool
     conn = pool.get_connection()
 
     def send() -> list[Any]:
-        for i, cmd in enumerate(cmds):
-            conn.send_packed_command(_pack(cmd), check_health=i == 0)
         out: list[Any] = []
-        for _ in cmds:
-            try:
-                out.append(conn.read_response())
-            except ResponseError as exc:
-                out.append(exc)
+        try:
+            conn.send_packed_command(packed)
+            for _ in cmds:
+                try:
+                    out.append(conn.read_response())
+                except ResponseError as exc:
+                    out.append(exc)
+        except BaseException:
+            # An interrupt between two reads: replies still to come must not reach the
+            # connection's next user (the pool's check sees only those already arrived).
+            conn.disconnect()
+            raise
         return out
 
     try:
@@ -110,8 +115,12 @@ def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
 
 def _pack(cmd: tuple[Any, ...]) -> list[bytes]:
     # What redis-py's own packer sends when hiredis is installed (HiredisRespSerializer, strings
-    # as UTF-8 whatever the client's encoding), without its per-argument checks in Python.
-    return [_hiredis_pack(cmd)]
+    # as UTF-8 whatever the client's encoding), without its per-argument checks in Python;
+    # an argument it cannot encode is redis-py's DataError, as there.
+    try:
+        return [_hiredis_pack(cmd)]
+    except TypeError as exc:
+        raise DataError(str(exc)) from exc
 
 
 async def call_async(client: Any, cmd: tuple[Any, ...]) -> Any:
@@ -143,18 +152,22 @@ async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[A
             for cmd in cmds:
                 pipe.execute_command(*cmd)
             return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+    packed = [chunk for cmd in cmds for chunk in _pack(cmd)]
     pool = client.connection_pool
     conn = await pool.get_connection()
 
     async def send() -> list[Any]:
-        for i, cmd in enumerate(cmds):
-            await conn.send_packed_command(_pack(cmd), check_health=i == 0)
         out: list[Any] = []
-        for _ in cmds:
-            try:
-                out.append(await conn.read_response())
-            except ResponseError as exc:
-                out.append(exc)
+        try:
+            await conn.send_packed_command(packed)
+            for _ in cmds:
+                try:
+                    out.append(await conn.read_response())
+                except ResponseError as exc:
+                    out.append(exc)
+        except BaseException:  # as pipeline_sync
+            await conn.disconnect(nowait=True)
+            raise
         return out
 
     async def fail(_error: BaseException) -> None:
