@@ -20,7 +20,7 @@ from scheduler.admin.startup import (
     permission_message,
 )
 from scheduler.cli.common import url_option
-from scheduler.cli.worker_pool import notify_ready
+from scheduler.cli.worker_pool import join_pool, notify_ready
 from scheduler.cli.worker_pool_start import pool_size, run_pool
 from scheduler.cli.worker_start import (
     RegistryImportError,
@@ -221,6 +221,7 @@ def worker_cmd(
     bound, 2 invalid settings, 3 Redis unreachable at start, 4 registry not importable, 5 the
     Redis user may not work a queue, 130 forced by a second signal).
     """
+    join_pool()  # a child of --processes: stop with the supervisor
     logs.setup(log_level, json_logs)
     settings = WorkerSettings(
         tuple(queues),
@@ -239,13 +240,13 @@ def worker_cmd(
     except Exception as exc:  # SettingsError, BadArgument, a URL redis-py refuses
         click.echo(safe(f"error: {exc}"), err=True)
         sys.exit(EXIT_USAGE)
+    if n > 1:  # the children import the registry; the supervisor runs none of the user's code
+        sys.exit(run_pool(n, registry, url, metrics_port, worker_id))
     try:
         reg = load_registry(registry)
     except RegistryImportError as exc:
         click.echo(safe(f"error: {exc}"), err=True)
         sys.exit(EXIT_IMPORT)
-    if n > 1:
-        sys.exit(run_pool(n, registry, url, metrics_port, worker_id))
     try:
         code = run_loop(
             _serve(url, reg, settings, metrics_port, strict=strict, worker_id=worker_id)

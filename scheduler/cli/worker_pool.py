@@ -5,18 +5,20 @@ share one core (the GIL). N processes use N cores. Each child is a whole `schedu
 (its own connection, leases, heartbeat and worker id), so a child that dies takes nothing from
 its siblings: its leases lapse and its jobs run again, as with any crashed worker.
 
-The supervisor holds no Redis connection and runs no job. It:
+The supervisor holds no Redis connection, runs no job and imports none of the user's code (a
+registry that cannot be imported fails each child's first start: exit 4). It:
 - starts each child in a process group of its own, so a terminal's Ctrl-C reaches a child once
   (forwarded here), not twice (to a worker, a second signal means "exit now");
 - forwards SIGTERM/SIGINT, a second one too (the children then exit at once, code 130), and
-  exits when every child has;
+  exits when every child has. Under systemd, use `KillMode=mixed` (as for gunicorn): the
+  default, control-group, also signals every child directly, which is then its second signal;
 - stops everything and exits with a child's code when a child of the first start fails before it
   is ready (the one-process codes: 3 Redis unreachable, 5 forbidden, ...), so a misconfigured
   pool fails as one worker would;
 - restarts a child that exits once ready (the OOM killer, a crash), after 1 s doubling to 30 s,
   the wait reset once a child has run 60 s;
-- on Linux, asks the kernel to SIGTERM the children if the supervisor itself dies (kill -9):
-  no orphaned worker keeps claiming unsupervised.
+- on Linux, has each child ask the kernel to SIGTERM it if the supervisor dies (kill -9;
+  `join_pool`): no orphaned worker keeps claiming unsupervised.
 
 A child says it is ready (Redis reached, scripts loaded, metrics port bound) by writing one byte
 to the pipe named by READY_FD_ENV (`notify_ready`)."""
@@ -32,12 +34,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORCED, EXIT_OK
 
 READY_FD_ENV = "SCHEDULER_WORKER_READY_FD"
+POOL_PID_ENV = "SCHEDULER_WORKER_POOL_PID"
 
 RESTART_FIRST_S = 1.0
 RESTART_MAX_S = 30.0
@@ -78,14 +81,18 @@ class _Child:
     exits: list[int] = field(default_factory=list)
 
 
-def _libc_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return prctl
+def join_pool() -> None:
+    """First thing in a pool's child: ask the kernel (Linux) to SIGTERM this process when the
+    supervisor dies, and leave if it already has. Done here, not between fork and exec: the
+    supervisor's fork then runs no Python (subprocess's preexec_fn is unsafe with threads)."""
+    pid = os.environ.pop(POOL_PID_ENV, None)
+    if pid is None:
+        return
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # a libc without prctl
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if str(os.getppid()) != pid:  # the supervisor died before prctl took effect
+        sys.exit(EXIT_FAILED)
 
 
 class Pool:
@@ -98,30 +105,21 @@ class Pool:
             raise ValueError("one command line and one environment per process")
         self.children = [_Child(i) for i in range(n)]
         self._argv, self._env = argv, env
-        self._signals = 0
-        self._forwarded = 0
-        self._prctl = _libc_prctl()
-        self._parent_pid = os.getpid()
+        self._signals = 0  # SIGTERM/SIGINT received
+        self._sent = 0  # SIGTERMs sent to the children (the pool's own stop sends one too)
 
     # -- starting -------------------------------------------------------------------------
 
-    def _child_setup(self) -> None:  # runs in the child between fork and exec
-        os.setpgid(0, 0)
-        if self._prctl is not None:
-            self._prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != self._parent_pid:  # the supervisor died before prctl took effect
-            os._exit(EXIT_FAILED)
-
     def _start(self, child: _Child) -> None:
         r, w = os.pipe()
-        env = dict(self._env[child.index], **{READY_FD_ENV: str(w)})
+        env = dict(self._env[child.index], **{READY_FD_ENV: str(w), POOL_PID_ENV: str(os.getpid())})
         try:
             child.proc = subprocess.Popen(
                 list(self._argv[child.index]),
                 env=env,
                 pass_fds=(w,),
                 stdin=subprocess.DEVNULL,
-                preexec_fn=self._child_setup,  # safe: the supervisor runs no threads
+                process_group=0,  # a terminal's Ctrl-C reaches the supervisor only
             )
         except OSError:
             os.close(r)
@@ -141,15 +139,20 @@ class Pool:
         self._signals += 1
 
     def _forward(self) -> None:
-        while self._forwarded < self._signals:
-            self._forwarded += 1
-            if self._forwarded == 1:
-                log.info("signal: stopping %d worker processes", len(self.children))
-            for c in self.children:
-                c.restart_at = None
-                if c.proc is not None and c.proc.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        c.proc.send_signal(signal.SIGTERM)
+        """One SIGTERM to the children per signal received, counting the one the pool's own
+        stop sent: a user's first signal after that is not the children's second."""
+        while self._sent < self._signals:
+            self._terminate()
+
+    def _terminate(self) -> None:
+        self._sent += 1
+        if self._sent == 1:
+            log.info("stopping %d worker processes", len(self.children))
+        for c in self.children:
+            c.restart_at = None
+            if c.proc is not None and c.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    c.proc.send_signal(signal.SIGTERM)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -178,7 +181,7 @@ class Pool:
         failed: int | None = None  # a first start's failure: the pool's exit code
         while True:
             self._forward()
-            stopping = self._signals > 0 or failed is not None
+            stopping = self._sent > 0
             now = time.monotonic()
             for c in self.children:
                 if c.proc is not None and c.proc.poll() is not None:
@@ -189,8 +192,8 @@ class Pool:
                             "worker process %d failed to start (exit %d): stopping the others",
                             c.index + 1, code,
                         )  # fmt: skip
-                        self._signals += 1
-                        self._forward()
+                        if self._sent == 0:
+                            self._terminate()
                         stopping = True
                 if c.proc is None and c.restart_at is not None and now >= c.restart_at:
                     if stopping:

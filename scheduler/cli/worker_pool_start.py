@@ -18,12 +18,20 @@ from scheduler.worker import SettingsError
 def pool_size(processes: int, metrics_port: int | None, worker_id: str | None) -> int:
     """How many processes `--processes` asks for (0: one per core); settings the pool cannot
     honour raise, before any child starts."""
-    n = processes or os.cpu_count() or 1
+    n = processes or _cores()
     if worker_id is not None:  # the same safe alphabet: it becomes part of a key name
         check_job_id(worker_id if n == 1 else f"{worker_id}.{n}")
     if n > 1 and metrics_port and metrics_port + n - 1 > 65535:
         raise SettingsError(f"--metrics-port {metrics_port} + {n} processes passes 65535")
     return n
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity mask, which containers narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 def child_commands(
