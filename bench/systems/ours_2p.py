@@ -9,6 +9,7 @@ from typing import Any
 from systems import ours
 
 ours.PROCESSES = 2
+BASE = ours  # whose settings (CONCURRENCY) a bench sets
 
 
 def __getattr__(name: str) -> Any:
