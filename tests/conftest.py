@@ -116,6 +116,14 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
+def plain(redis_url: str) -> Iterator[redis.Redis]:
+    """An exact redis.Redis on redis_url, bytes replies (the direct I/O path's client)."""
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture
 def queue_name() -> str:
     return "t-" + uuid.uuid4().hex[:12]
 

@@ -29,13 +29,6 @@ def name() -> str:
     return "t-" + uuid.uuid4().hex[:12]
 
 
-@pytest.fixture
-def plain(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
-
-
 def _refuse(*_a: Any, **_k: Any) -> Any:
     raise AssertionError("execute_command was called")
 

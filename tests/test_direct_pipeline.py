@@ -5,8 +5,6 @@ without redis-py's pipeline object, and the same bytes on the wire."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,26 +15,11 @@ from redis.exceptions import NoScriptError, ResponseError
 from scheduler import AsyncQueue, JobSpec, Queue
 from scheduler.core import direct_io
 from tests.redis_server import is_cluster_run
+from tests.test_direct_io import _refuse
 
 pytestmark = pytest.mark.skipif(is_cluster_run(), reason="plain clients only (cluster: cluster_io)")
 
 BULK = 2_500  # three script calls of enqueue_many (1,000 jobs each)
-
-
-@pytest.fixture
-def name() -> str:
-    return "t-" + uuid.uuid4().hex[:12]
-
-
-@pytest.fixture
-def plain(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
-
-
-def _refuse(*_a: Any, **_k: Any) -> Any:
-    raise AssertionError("redis-py's pipeline or execute_command was used")
 
 
 def _shape(replies: list[Any]) -> list[Any]:
@@ -44,9 +27,9 @@ def _shape(replies: list[Any]) -> list[Any]:
 
 
 def test_bulk_enqueue_goes_direct_and_every_job_is_stored(
-    plain: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+    plain: redis.Redis, queue_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    q = Queue(plain, name)
+    q = Queue(plain, queue_name)
     q.enqueue("t", 0)  # scripts loaded
     monkeypatch.setattr(plain, "pipeline", _refuse)
     monkeypatch.setattr(plain, "execute_command", _refuse)
@@ -79,8 +62,8 @@ def test_replies_and_error_replies_match_redis_py_pipeline(plain: redis.Redis) -
     assert got[3] == [b"k{p}", "é".encode(), 7] and got[4] == 0
 
 
-def test_other_commands_keep_redis_py_parsing(plain: redis.Redis, name: str) -> None:
-    key = f"{name}:h"
+def test_other_commands_keep_redis_py_parsing(plain: redis.Redis, queue_name: str) -> None:
+    key = f"{queue_name}:h"
     plain.hset(key, "f", "v")
     replies = direct_io.pipeline_sync(plain, [("HGETALL", key), ("EXISTS", key)])
     assert replies == [{b"f": b"v"}, 1]  # HGETALL's callback made the dict
@@ -100,9 +83,11 @@ def test_packed_bytes_are_redis_py_own(redis_url: str, encoding: str) -> None:
         c.close()
 
 
-def test_a_dropped_connection_is_replaced_before_a_bulk_enqueue(redis_url: str, name: str) -> None:
+def test_a_dropped_connection_is_replaced_before_a_bulk_enqueue(
+    redis_url: str, queue_name: str
+) -> None:
     c = redis.Redis.from_url(redis_url, client_name="direct-pipe-drop")
-    q = Queue(c, name)
+    q = Queue(c, queue_name)
     q.enqueue("t", 0)
     with redis.Redis.from_url(redis_url) as admin:
         killed = [
@@ -116,10 +101,10 @@ def test_a_dropped_connection_is_replaced_before_a_bulk_enqueue(redis_url: str, 
     c.close()
 
 
-def test_asyncio_bulk_enqueue_goes_direct(redis_url: str, name: str) -> None:
+def test_asyncio_bulk_enqueue_goes_direct(redis_url: str, queue_name: str) -> None:
     async def main() -> None:
         c = aredis.Redis.from_url(redis_url)
-        q = AsyncQueue(c, name)
+        q = AsyncQueue(c, queue_name)
         await q.enqueue("t", 0)
         c.pipeline = _refuse  # type: ignore[method-assign]
         c.execute_command = _refuse  # type: ignore[method-assign]
@@ -145,12 +130,12 @@ SLOW_SCRIPT = (  # busy ~300 ms: its reply cannot have arrived when the connecti
 
 
 def test_an_interrupt_before_the_replies_leaves_none_to_come(
-    plain: redis.Redis, name: str
+    plain: redis.Redis, queue_name: str
 ) -> None:
     """redis-py's pool reconnects a connection handed out with data waiting, but not one whose
     reply is still to come: the pipeline disconnects on any exception itself."""
     echo, slow = plain.script_load("return ARGV[1]"), plain.script_load(SLOW_SCRIPT)
-    plain.set(name, "before")
+    plain.set(queue_name, "before")
     assert direct_io.pipeline_sync(plain, [("EVALSHA", echo, 0, "warm")]) == [b"warm"]
     (conn,) = plain.connection_pool._available_connections
 
@@ -161,6 +146,6 @@ def test_an_interrupt_before_the_replies_leaves_none_to_come(
     with pytest.raises(KeyboardInterrupt):
         direct_io.pipeline_sync(plain, [("EVALSHA", slow, 0), ("EVALSHA", echo, 0, "a")])
     del conn.read_response
-    assert plain.get(name) == b"before"
+    assert plain.get(queue_name) == b"before"
     assert direct_io.call_sync(plain, ("EVALSHA", echo, 0, "e")) == b"e"
-    plain.delete(name)
+    plain.delete(queue_name)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from redis.exceptions import DataError
 from scheduler import Queue
 from scheduler.core import direct_io
 from tests.redis_server import is_cluster_run
+from tests.test_worker_pool import alive
 from tests.workers.procs import ROOT, wait_for
 
 plain_only = pytest.mark.skipif(is_cluster_run(), reason="plain clients only (cluster: cluster_io)")
@@ -36,13 +36,6 @@ SLOW_SCRIPT = (
     "if n[1] * 1000000 + n[2] - s > 300000 then break end end; return 'slow-reply'"
 )
 ECHO_SCRIPT = "return ARGV[1]"
-
-
-@pytest.fixture
-def plain(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
 
 
 # -- direct_io.pipeline_sync / pipeline_async -----------------------------------------------
@@ -143,14 +136,6 @@ sys.exit(3)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _started_pids(log: Path) -> list[int]:
     text = log.read_text(errors="replace") if log.exists() else ""
     return [
@@ -165,10 +150,10 @@ def _kill_all(sup: subprocess.Popen[bytes], log: Path) -> None:
         sup.kill()
     sup.wait(10)
     for pid in _started_pids(log):
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in _started_pids(log)) and time.monotonic() < deadline:
+    while any(alive(p) for p in _started_pids(log)) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
