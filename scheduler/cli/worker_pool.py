@@ -96,7 +96,8 @@ def join_pool() -> None:
 
 
 class Pool:
-    """The supervisor of `n` children; `argv(i)` and `env(i)` make child i's command line."""
+    """The supervisor of `n` children: argv[i] and env[i] are child i's command line and
+    environment (worker_pool_start.child_commands)."""
 
     def __init__(
         self, n: int, argv: Sequence[Sequence[str]], env: Sequence[dict[str, str]]
