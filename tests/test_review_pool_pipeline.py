@@ -23,7 +23,7 @@ from redis.exceptions import DataError
 from scheduler import Queue
 from scheduler.core import direct_io
 from tests.redis_server import is_cluster_run
-from tests.test_worker_pool import alive
+from tests.test_worker_pool import alive, kill_leftovers
 from tests.workers.procs import ROOT, wait_for
 
 plain_only = pytest.mark.skipif(is_cluster_run(), reason="plain clients only (cluster: cluster_io)")
@@ -149,9 +149,7 @@ def _kill_all(sup: subprocess.Popen[bytes], log: Path) -> None:
     if sup.poll() is None:
         sup.kill()
     sup.wait(10)
-    for pid in _started_pids(log):
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    kill_leftovers(log, {sup.pid})
     deadline = time.monotonic() + 10
     while any(alive(p) for p in _started_pids(log)) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -24,14 +24,36 @@ from tests.workers.procs import ROOT, SCHEDULER, wait_for
 FAST_LEASE = ("--lease-ms", "1200", "--heartbeat-ms", "300")
 
 
+SUPERVISORS: set[int] = set()  # pids of the supervisors these tests started
+
+
 def spawn_pool(url: str, queue: str, *args: str, log: Path) -> subprocess.Popen[bytes]:
     """The supervisor, with the URL in the environment (as a pool passes it on)."""
     env = dict(os.environ, TEST_REDIS_URL=url, REDIS_URL=url, PYTHONPATH=str(ROOT))
     with open(log, "ab") as out:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [SCHEDULER, "worker", "tests.workers.basic:registry", "--queue", queue, *args],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
+    SUPERVISORS.add(proc.pid)
+    return proc
+
+
+def kill_leftovers(log: Path, supervisors: set[int]) -> None:
+    """SIGKILL what a failed test left of the children its supervisor log names: only a
+    process still a child of one of `supervisors`, or orphaned (ppid 1), so a pid reused by
+    another test's process is never touched."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    for line in text.splitlines():
+        if "started (pid " not in line:
+            continue
+        pid = int(line.split("started (pid ")[1].split(")")[0])
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[1]) in supervisors | {1}:
+            os.kill(pid, signal.SIGKILL)
 
 
 def children(pid: int) -> list[int]:
@@ -67,12 +89,7 @@ def ledger_pids(client: redis.Redis, q: Queue) -> list[int]:
 def pool_log(tmp_path: Path) -> Iterator[Path]:
     log = tmp_path / "pool.log"
     yield log
-    # Whatever a failed test left: the supervisor's children are SIGKILLed too.
-    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
-        if "started (pid " in line:
-            pid = int(line.split("started (pid ")[1].split(")")[0])
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    kill_leftovers(log, SUPERVISORS)
 
 
 def stop(pool: subprocess.Popen[bytes], log: Path) -> int:
@@ -221,5 +238,27 @@ def test_a_stop_while_children_start_is_a_clean_stop(
     wait_for(lambda: len(children(pool.pid)) == 2, what="two children")
     kids = children(pool.pid)
     pool.send_signal(signal.SIGTERM)  # most likely before a child handles signals
-    assert stop(pool, pool_log) == 0, pool_log.read_text()
+    assert pool.wait(30) == 0, pool_log.read_text()  # one signal: nothing more sent
     assert not any(alive(pid) for pid in kids)
+
+
+def test_a_service_manager_signalling_every_process_still_gives_the_grace(
+    redis_url: str, q: Queue, pool_log: Path
+) -> None:
+    """systemd's default KillMode (control-group) sends SIGTERM to the supervisor and to every
+    child at once: a child must not take the supervisor's stop as a second signal."""
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "30", *FAST_LEASE,
+                      log=pool_log)  # fmt: skip
+    try:
+        wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+        job = q.enqueue("sync_sleep", {"s": 2})
+        wait_for(lambda: q.status(job) == "leased", what="the job running")
+        for pid in [pool.pid, *children(pool.pid)]:
+            os.kill(pid, signal.SIGTERM)
+        code = pool.wait(30)  # one signal each: nothing more sent
+        assert code == 0, f"exit {code}\n" + pool_log.read_text()[-3000:]
+        assert q.status(job) == "done"  # finished within the grace
+        assert "second signal" not in pool_log.read_text()
+    finally:
+        if pool.poll() is None:
+            pool.kill()

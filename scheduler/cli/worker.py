@@ -1,106 +1,34 @@
-"""`scheduler worker` and `scheduler demo`."""
+"""`scheduler worker` and `scheduler demo` (the worker's start sequence: worker_start.py)."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import replace
 
 import click
 import redis
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisError
 
 from scheduler.admin.startup import (
     APP_ROLE_HINT,
-    AccessDenied,
-    UnsafeServer,
-    check_access_async,
-    check_or_warn_async,
     is_permission_error,
     permission_message,
 )
 from scheduler.cli.common import url_option
-from scheduler.cli.worker_pool import join_pool, notify_ready
+from scheduler.cli.worker_pool import join_pool
 from scheduler.cli.worker_pool_start import pool_size, run_pool
-from scheduler.cli.worker_start import (
-    RegistryImportError,
-    load_registry,
-    run_loop,
-    start_failure,
-)
-from scheduler.client.partitioned_merge import expand_labelled_async
-from scheduler.core.connection import connect_async, parse_url
-from scheduler.core.errors import SchedulerError
-from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN
+from scheduler.cli.worker_start import RegistryImportError, load_registry, run_loop, serve
+from scheduler.core.connection import parse_url
+from scheduler.core.exits import EXIT_FORBIDDEN
 from scheduler.core.safety import redact, safe
 from scheduler.worker import (
     EXIT_ERROR,
     EXIT_IMPORT,
     EXIT_REDIS,
     EXIT_USAGE,
-    Worker,
     WorkerSettings,
     logs,
 )
-from scheduler.worker.execution import TRANSIENT
-from scheduler.worker.registry import Registry
-
-# Each one line and an exit code (worker_start.start_failure); a hand-edited partition record
-# is an UnreadableRecord (a SchedulerError).
-_START_ERRORS: tuple[type[BaseException], ...] = (
-    *TRANSIENT,
-    RedisError,
-    RedisClusterException,
-    SchedulerError,
-)
-
-
-async def _serve(
-    url: str,
-    registry: Registry,
-    settings: WorkerSettings,
-    port: int | None,
-    *,
-    strict: bool,
-    worker_id: str | None,
-) -> int:
-    client = connect_async(url, socket_connect_timeout=5, socket_timeout=30)
-    try:
-        # The names asked for first: expand_queues reads each one's partitions record, and a
-        # queue the user's ACL leaves out must be refused naming it (docs/security.md).
-        await check_access_async(client, settings.queues)
-        queues, logical = await expand_labelled_async(client, settings.queues)
-        worker = Worker(client, registry, replace(settings, queues=queues), worker_id=worker_id)
-        worker.metrics.logical = logical  # a partition is labelled by its logical queue
-        await worker.preflight()
-        await check_access_async(client, queues)
-    except AccessDenied as exc:
-        click.echo(f"error: {exc}", err=True)
-        await client.aclose()
-        return EXIT_FORBIDDEN
-    except _START_ERRORS as exc:  # what the first reads and script loads can meet
-        await client.aclose()
-        return start_failure(exc, url)
-    try:
-        await check_or_warn_async(client, strict=strict, log=worker.log.warning)
-    except UnsafeServer as exc:  # a refusal, as with `enqueue --strict`
-        click.echo(safe(f"error: {exc}"), err=True)
-        await client.aclose()
-        return EXIT_FAILED
-    if port is not None:
-        try:
-            bound = worker.metrics.serve(port)
-        except OSError as exc:  # the port is taken, or not ours to bind: one line, no trace
-            why = exc.strerror or exc
-            click.echo(f"error: cannot serve metrics on port {port}: {why}", err=True)
-            await client.aclose()
-            return EXIT_FAILED
-        worker.log.info("metrics on :%d/metrics", bound)
-    notify_ready()  # to a pool's supervisor (--processes): this child started
-    try:
-        return await worker.run()
-    finally:
-        await client.aclose()
 
 
 def register(main: click.Group) -> None:
@@ -221,7 +149,7 @@ def worker_cmd(
     bound, 2 invalid settings, 3 Redis unreachable at start, 4 registry not importable, 5 the
     Redis user may not work a queue, 130 forced by a second signal).
     """
-    join_pool()  # a child of --processes: stop with the supervisor
+    in_pool = join_pool()  # a child of --processes: stop with the supervisor
     logs.setup(log_level, json_logs)
     settings = WorkerSettings(
         tuple(queues),
@@ -249,7 +177,15 @@ def worker_cmd(
         sys.exit(EXIT_IMPORT)
     try:
         code = run_loop(
-            _serve(url, reg, settings, metrics_port, strict=strict, worker_id=worker_id)
+            serve(
+                url,
+                reg,
+                settings,
+                metrics_port,
+                strict=strict,
+                worker_id=worker_id,
+                in_pool=in_pool,
+            )
         )
     except Exception as exc:
         if is_permission_error(exc):  # a permission revoked while running: one line

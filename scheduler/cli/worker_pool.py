@@ -7,11 +7,11 @@ its siblings: its leases lapse and its jobs run again, as with any crashed worke
 
 The supervisor holds no Redis connection, runs no job and imports none of the user's code (a
 registry that cannot be imported fails each child's first start: exit 4). It:
-- starts each child in a process group of its own, so a terminal's Ctrl-C reaches a child once
-  (forwarded here), not twice (to a worker, a second signal means "exit now");
-- forwards SIGTERM/SIGINT, a second one too (the children then exit at once, code 130), and
-  exits when every child has. Under systemd, use `KillMode=mixed` (as for gunicorn): the
-  default, control-group, also signals every child directly, which is then its second signal;
+- starts each child in a process group of its own: a terminal's Ctrl-C reaches the supervisor
+  only, which stops the children as below;
+- on SIGTERM/SIGINT asks every child to stop gracefully (STOP_SIGNAL: idempotent, so a child
+  that also got the service manager's own SIGTERM still has its grace period); on a second one
+  kills them (their leases lapse; exit 130); exits when every child has;
 - stops everything and exits with a child's code when a child of the first start fails before it
   is ready (the one-process codes: 3 Redis unreachable, 5 forbidden, ...), so a misconfigured
   pool fails as one worker would;
@@ -41,6 +41,11 @@ from scheduler.core.exits import EXIT_FAILED, EXIT_FORCED, EXIT_OK
 
 READY_FD_ENV = "SCHEDULER_WORKER_READY_FD"
 POOL_PID_ENV = "SCHEDULER_WORKER_POOL_PID"
+# The supervisor's "stop gracefully" to its children: not SIGTERM, which a child may also get
+# from a service manager signalling the whole group (systemd's default KillMode), and whose
+# second arrival means "exit now" to a worker. A child handles this one as a stop request that
+# never counts as a signal (cli/worker.py); the user's second signal is sent on as SIGKILL.
+STOP_SIGNAL = signal.SIGUSR1
 
 RESTART_FIRST_S = 1.0
 RESTART_MAX_S = 30.0
@@ -81,18 +86,19 @@ class _Child:
     exits: list[int] = field(default_factory=list)
 
 
-def join_pool() -> None:
-    """First thing in a pool's child: ask the kernel (Linux) to SIGTERM this process when the
-    supervisor dies, and leave if it already has. Done here, not between fork and exec: the
-    supervisor's fork then runs no Python (subprocess's preexec_fn is unsafe with threads)."""
+def join_pool() -> bool:
+    """First thing in a pool's child (False elsewhere): ask the kernel (Linux) to SIGTERM this
+    process when the supervisor dies, and leave if it already has. Done here, not between fork
+    and exec: the supervisor's fork then runs no Python (preexec_fn is unsafe with threads)."""
     pid = os.environ.pop(POOL_PID_ENV, None)
     if pid is None:
-        return
+        return False
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):  # a libc without prctl
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if str(os.getppid()) != pid:  # the supervisor died before prctl took effect
         sys.exit(EXIT_FAILED)
+    return True
 
 
 class Pool:
@@ -107,7 +113,8 @@ class Pool:
         self.children = [_Child(i) for i in range(n)]
         self._argv, self._env = argv, env
         self._signals = 0  # SIGTERM/SIGINT received
-        self._sent = 0  # SIGTERMs sent to the children (the pool's own stop sends one too)
+        self._sent = 0  # stops sent to the children (the pool's own stop sends one too)
+        self._forced = False  # the children were killed (a second signal)
 
     # -- starting -------------------------------------------------------------------------
 
@@ -146,14 +153,21 @@ class Pool:
             self._terminate()
 
     def _terminate(self) -> None:
+        """The first stop asks each child to stop gracefully (STOP_SIGNAL); a later one (the
+        user's second signal) kills them: their leases lapse, as a worker's own second signal
+        leaves them."""
         self._sent += 1
+        sig = STOP_SIGNAL if self._sent == 1 else signal.SIGKILL
         if self._sent == 1:
             log.info("stopping %d worker processes", len(self.children))
+        else:
+            self._forced = True
+            log.warning("second signal: killing the worker processes, leases lapse on their own")
         for c in self.children:
             c.restart_at = None
             if c.proc is not None and c.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    c.proc.send_signal(signal.SIGTERM)
+                    c.proc.send_signal(sig)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -220,8 +234,8 @@ class Pool:
         assert c.proc is not None
         self._read_ready(c)
         code = exit_code(c.proc.returncode)
-        if stopping and c.proc.returncode == -signal.SIGTERM:
-            code = EXIT_OK  # stopped by our SIGTERM before it could handle signals (starting)
+        if stopping and c.proc.returncode in (-STOP_SIGNAL, -signal.SIGTERM):
+            code = EXIT_OK  # stopped before it handled signals (starting)
         c.exits.append(code)
         was_ready, first = c.ready, c.first_start
         pid = c.proc.pid
@@ -243,9 +257,9 @@ class Pool:
         return None
 
     def _final_code(self) -> int:
-        """After a stop: 130 if any child was forced, else the first failure, else 0."""
+        """After a stop: 130 if the children were forced, else the first failure, else 0."""
         last = [c.exits[-1] for c in self.children if c.exits]
-        if EXIT_FORCED in last:
+        if self._forced or EXIT_FORCED in last:
             return EXIT_FORCED
         return next((code for code in last if code != EXIT_OK), EXIT_OK)
 

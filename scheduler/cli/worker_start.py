@@ -1,4 +1,5 @@
-"""The worker's process around its run: importing its registry, the one line and exit code
+"""The worker's process around its run: importing its registry, the start sequence (`serve`:
+connect, check access, preflight, metrics, then run), the one line and exit code
 (scheduler/core/exits.py) of each way the start can fail, and the event loop it runs on."""
 
 from __future__ import annotations
@@ -8,15 +9,36 @@ import importlib
 import os
 import sys
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Any
 
 import click
-from redis.exceptions import RedisClusterException
+from redis.exceptions import RedisClusterException, RedisError
 
-from scheduler.admin.startup import APP_ROLE_HINT, is_permission_error, permission_message
+from scheduler.admin.startup import (
+    APP_ROLE_HINT,
+    AccessDenied,
+    UnsafeServer,
+    check_access_async,
+    check_or_warn_async,
+    is_permission_error,
+    permission_message,
+)
+from scheduler.cli.worker_pool import STOP_SIGNAL, notify_ready
+from scheduler.client.partitioned_merge import expand_labelled_async
+from scheduler.core.connection import connect_async
 from scheduler.core.errors import CorruptKey, SchedulerError
+from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN
 from scheduler.core.safety import redact, safe
-from scheduler.worker import EXIT_ERROR, EXIT_REDIS, EXIT_REDIS_REFUSED, EXIT_USAGE, SettingsError
+from scheduler.worker import (
+    EXIT_ERROR,
+    EXIT_REDIS,
+    EXIT_REDIS_REFUSED,
+    EXIT_USAGE,
+    SettingsError,
+    Worker,
+    WorkerSettings,
+)
 from scheduler.worker.execution import TRANSIENT, classify
 from scheduler.worker.registry import Registry
 
@@ -109,3 +131,70 @@ def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
             t._log_destroy_pending = False  # type: ignore[attr-defined]
         elif not t.cancelled():
             t.exception()  # retrieved: a handler's late error is not the worker's outcome
+
+
+# Each one line and an exit code (worker_start.start_failure); a hand-edited partition record
+# is an UnreadableRecord (a SchedulerError).
+_START_ERRORS: tuple[type[BaseException], ...] = (
+    *TRANSIENT,
+    RedisError,
+    RedisClusterException,
+    SchedulerError,
+)
+
+
+async def serve(
+    url: str,
+    registry: Registry,
+    settings: WorkerSettings,
+    port: int | None,
+    *,
+    strict: bool,
+    worker_id: str | None,
+    in_pool: bool = False,
+) -> int:
+    client = connect_async(url, socket_connect_timeout=5, socket_timeout=30)
+    try:
+        # The names asked for first: expand_queues reads each one's partitions record, and a
+        # queue the user's ACL leaves out must be refused naming it (docs/security.md).
+        await check_access_async(client, settings.queues)
+        queues, logical = await expand_labelled_async(client, settings.queues)
+        worker = Worker(client, registry, replace(settings, queues=queues), worker_id=worker_id)
+        worker.metrics.logical = logical  # a partition is labelled by its logical queue
+        await worker.preflight()
+        await check_access_async(client, queues)
+    except AccessDenied as exc:
+        click.echo(f"error: {exc}", err=True)
+        await client.aclose()
+        return EXIT_FORBIDDEN
+    except _START_ERRORS as exc:  # what the first reads and script loads can meet
+        await client.aclose()
+        return start_failure(exc, url)
+    try:
+        await check_or_warn_async(client, strict=strict, log=worker.log.warning)
+    except UnsafeServer as exc:  # a refusal, as with `enqueue --strict`
+        click.echo(safe(f"error: {exc}"), err=True)
+        await client.aclose()
+        return EXIT_FAILED
+    if port is not None:
+        try:
+            bound = worker.metrics.serve(port)
+        except OSError as exc:  # the port is taken, or not ours to bind: one line, no trace
+            why = exc.strerror or exc
+            click.echo(f"error: cannot serve metrics on port {port}: {why}", err=True)
+            await client.aclose()
+            return EXIT_FAILED
+        worker.log.info("metrics on :%d/metrics", bound)
+    if in_pool:  # the supervisor's stop: a request, never a (second) signal
+        asyncio.get_running_loop().add_signal_handler(STOP_SIGNAL, _pool_stop, worker)
+    notify_ready()  # to a pool's supervisor (--processes): this child started
+    try:
+        return await worker.run()
+    finally:
+        await client.aclose()
+
+
+def _pool_stop(worker: Worker) -> None:
+    worker.log.info("stop asked by the pool's supervisor: stopping (grace %.1fs)",
+                    worker.settings.grace_s)  # fmt: skip
+    worker.request_stop()
