@@ -119,11 +119,14 @@ def test_the_lowest_redis_venv_gets_the_floor_of_pyproject(make: str) -> None:
 def test_a_stage_that_runs_no_test_fails_loudly(make: str) -> None:
     # -o install-test: no pip here; this interpreter's venv; WORKERS=0: no xdist for an empty run.
     run = subprocess.run([make, "-o", "install-test", "test-valkey", f"VENV={sys.prefix}",
-                          "WORKERS=0", "CONFORMANCE=tests/__init__.py"], cwd=ROOT,
+                          "WORKERS=0", "CONFORMANCE=tests/__init__.py", "HAND_EDITS="], cwd=ROOT,
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode != 0
     # The message itself, not make's echo of the recipe that contains it.
-    assert "FAILED: pytest ran no test (conformance on Valkey)" in run.stdout.splitlines()
+    assert (
+        "FAILED: pytest ran no test (conformance and hand edits on Valkey)"
+        in run.stdout.splitlines()
+    )
 
 
 def test_ci_script_runs_make_test() -> None:
