@@ -15,7 +15,7 @@ from scheduler.admin.startup import (
     permission_message,
 )
 from scheduler.cli.common import url_option
-from scheduler.cli.worker_pool import join_pool
+from scheduler.cli.worker_pool_child import join_pool
 from scheduler.cli.worker_pool_start import pool_size, run_pool
 from scheduler.cli.worker_start import RegistryImportError, load_registry, run_loop, serve
 from scheduler.core.connection import parse_url

@@ -21,84 +21,27 @@ registry that cannot be imported fails each child's first start: exit 4). It:
   `join_pool`): no orphaned worker keeps claiming unsupervised.
 
 A child says it is ready (Redis reached, scripts loaded, metrics port bound) by writing one byte
-to the pipe named by READY_FD_ENV (`notify_ready`)."""
+to the pipe named by READY_FD_ENV (worker_pool_child.py: the child's side)."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import select
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from scheduler.cli.worker_pool_child import STOP_SIGNAL
+from scheduler.cli.worker_pool_proc import RESTART_FIRST_S, Child, exit_code
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORCED, EXIT_OK
 
-READY_FD_ENV = "SCHEDULER_WORKER_READY_FD"
-POOL_PID_ENV = "SCHEDULER_WORKER_POOL_PID"
-# The supervisor's "stop gracefully" to its children: not SIGTERM, which a child may also get
-# from a service manager signalling the whole group (systemd's default KillMode), and whose
-# second arrival means "exit now" to a worker. A child handles this one as a stop request that
-# never counts as a signal (cli/worker.py); the user's second signal is sent on as SIGKILL.
-STOP_SIGNAL = signal.SIGUSR1
-
-RESTART_FIRST_S = 1.0
 RESTART_MAX_S = 30.0
 RESTART_RESET_S = 60.0  # a child that ran this long restarts after RESTART_FIRST_S again
 _POLL_S = 0.2
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 log = logging.getLogger("scheduler.worker")
-
-
-def notify_ready() -> None:
-    """In a pool's child: tell the supervisor this worker started (no-op otherwise)."""
-    fd = os.environ.pop(READY_FD_ENV, None)
-    if fd is None:
-        return
-    try:
-        os.write(int(fd), b"1")
-        os.close(int(fd))
-    except (OSError, ValueError):  # the supervisor is gone; PDEATHSIG stops us
-        pass
-
-
-def exit_code(returncode: int) -> int:
-    """A child's exit status as a shell shows it (killed by signal N: 128 + N)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-@dataclass
-class _Child:
-    index: int
-    proc: subprocess.Popen[bytes] | None = None
-    ready_fd: int | None = None
-    ready: bool = False
-    first_start: bool = True
-    started_at: float = 0.0
-    restart_at: float | None = None
-    backoff_s: float = RESTART_FIRST_S
-    exits: list[int] = field(default_factory=list)
-
-
-def join_pool() -> bool:
-    """First thing in a pool's child (False elsewhere): ask the kernel (Linux) to SIGTERM this
-    process when the supervisor dies, and leave if it already has. Done here, not between fork
-    and exec: the supervisor's fork then runs no Python (preexec_fn is unsafe with threads)."""
-    pid = os.environ.pop(POOL_PID_ENV, None)
-    if pid is None:
-        return False
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):  # a libc without prctl
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if str(os.getppid()) != pid:  # the supervisor died before prctl took effect
-        sys.exit(EXIT_FAILED)
-    return True
 
 
 class Pool:
@@ -110,36 +53,14 @@ class Pool:
     ) -> None:
         if not (len(argv) == len(env) == n >= 1):
             raise ValueError("one command line and one environment per process")
-        self.children = [_Child(i) for i in range(n)]
+        self.children = [Child(i) for i in range(n)]
         self._argv, self._env = argv, env
         self._signals = 0  # SIGTERM/SIGINT received
         self._sent = 0  # stops sent to the children (the pool's own stop sends one too)
         self._forced = False  # the children were killed (a second signal)
 
-    # -- starting -------------------------------------------------------------------------
-
-    def _start(self, child: _Child) -> None:
-        r, w = os.pipe()
-        env = dict(self._env[child.index], **{READY_FD_ENV: str(w), POOL_PID_ENV: str(os.getpid())})
-        try:
-            child.proc = subprocess.Popen(
-                list(self._argv[child.index]),
-                env=env,
-                pass_fds=(w,),
-                stdin=subprocess.DEVNULL,
-                process_group=0,  # a terminal's Ctrl-C reaches the supervisor only
-            )
-        except OSError:
-            os.close(r)
-            raise
-        finally:
-            os.close(w)
-        child.ready_fd, child.ready = r, False
-        child.started_at, child.restart_at = time.monotonic(), None
-        log.info(
-            "worker process %d started (pid %d)", child.index + 1, child.proc.pid,
-            extra={"worker_process": child.index + 1, "pid": child.proc.pid},
-        )  # fmt: skip
+    def _start(self, child: Child) -> None:
+        child.start(self._argv[child.index], self._env[child.index])
 
     # -- signals ------------------------------------------------------------------------
 
@@ -165,9 +86,7 @@ class Pool:
             log.warning("second signal: killing the worker processes, leases lapse on their own")
         for c in self.children:
             c.restart_at = None
-            if c.proc is not None and c.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    c.proc.send_signal(sig)
+            c.send(sig)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -182,10 +101,7 @@ class Pool:
             return self._supervise(wake_r)
         finally:
             for c in self.children:  # an exception here must not leave children running
-                if c.proc is not None and c.proc.poll() is None:
-                    c.proc.kill()
-                    c.proc.wait()
-                self._close_ready(c)
+                c.kill()
             for s, h in old.items():
                 signal.signal(s, h)
             signal.set_wakeup_fd(old_wakeup)
@@ -219,7 +135,7 @@ class Pool:
                 return failed if failed is not None else self._final_code()
             self._wait(wake_r)
 
-    def _restart(self, c: _Child, now: float) -> None:
+    def _restart(self, c: Child, now: float) -> None:
         try:
             self._start(c)
         except OSError as exc:  # no fork now (EAGAIN, ENOMEM): try again later, as for an exit
@@ -228,11 +144,11 @@ class Pool:
                       c.index + 1, exc, c.backoff_s)  # fmt: skip
             c.backoff_s = min(c.backoff_s * 2, RESTART_MAX_S)
 
-    def _reap(self, c: _Child, stopping: bool, now: float) -> int | None:
+    def _reap(self, c: Child, stopping: bool, now: float) -> int | None:
         """Child c exited: record it; plan its restart; return its code if it was a first
         start that failed before ready (the pool then stops)."""
         assert c.proc is not None
-        self._read_ready(c)
+        c.read_ready()
         code = exit_code(c.proc.returncode)
         if stopping and c.proc.returncode in (-STOP_SIGNAL, -signal.SIGTERM):
             code = EXIT_OK  # stopped before it handled signals (starting)
@@ -240,7 +156,7 @@ class Pool:
         was_ready, first = c.ready, c.first_start
         pid = c.proc.pid
         c.proc, c.first_start = None, False
-        self._close_ready(c)
+        c.close_ready()
         if stopping:
             return None
         if first and not was_ready:
@@ -274,21 +190,4 @@ class Pool:
                 os.read(wake_r, 512)
         for c in self.children:
             if c.ready_fd is not None and c.ready_fd in readable:
-                self._read_ready(c)
-
-    def _read_ready(self, c: _Child) -> None:
-        if c.ready_fd is None:
-            return
-        r, _, _ = select.select([c.ready_fd], [], [], 0)
-        if not r:
-            return
-        data = os.read(c.ready_fd, 16)
-        if data:
-            c.ready = True
-        self._close_ready(c)  # ready, or EOF: the pipe has nothing more to say
-
-    @staticmethod
-    def _close_ready(c: _Child) -> None:
-        if c.ready_fd is not None:
-            os.close(c.ready_fd)
-            c.ready_fd = None
+                c.read_ready()

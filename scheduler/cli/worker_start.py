@@ -24,7 +24,7 @@ from scheduler.admin.startup import (
     is_permission_error,
     permission_message,
 )
-from scheduler.cli.worker_pool import STOP_SIGNAL, notify_ready
+from scheduler.cli.worker_pool_child import STOP_SIGNAL, notify_ready
 from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async
 from scheduler.core.errors import CorruptKey, SchedulerError

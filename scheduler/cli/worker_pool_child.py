@@ -1,0 +1,49 @@
+"""The child's side of `scheduler worker --processes N` (worker_pool.py is the supervisor's):
+joining the pool at start, saying when it is ready, and the signal the supervisor stops it with."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+
+from scheduler.core.exits import EXIT_FAILED
+
+READY_FD_ENV = "SCHEDULER_WORKER_READY_FD"
+POOL_PID_ENV = "SCHEDULER_WORKER_POOL_PID"
+# The supervisor's "stop gracefully" to its children: not SIGTERM, which a child may also get
+# from a service manager signalling the whole group (systemd's default KillMode), and whose
+# second arrival means "exit now" to a worker. A child handles this one as a stop request that
+# never counts as a signal (cli/worker.py); the user's second signal is sent on as SIGKILL.
+STOP_SIGNAL = signal.SIGUSR1
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def join_pool() -> bool:
+    """First thing in a pool's child (False elsewhere): ask the kernel (Linux) to SIGTERM this
+    process when the supervisor dies, and leave if it already has. Done here, not between fork
+    and exec: the supervisor's fork then runs no Python (preexec_fn is unsafe with threads)."""
+    pid = os.environ.pop(POOL_PID_ENV, None)
+    if pid is None:
+        return False
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # a libc without prctl
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if str(os.getppid()) != pid:  # the supervisor died before prctl took effect
+        sys.exit(EXIT_FAILED)
+    return True
+
+
+def notify_ready() -> None:
+    """In a pool's child: tell the supervisor this worker started (no-op otherwise)."""
+    fd = os.environ.pop(READY_FD_ENV, None)
+    if fd is None:
+        return
+    try:
+        os.write(int(fd), b"1")
+        os.close(int(fd))
+    except (OSError, ValueError):  # the supervisor is gone; PDEATHSIG stops us
+        pass

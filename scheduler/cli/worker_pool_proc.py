@@ -1,0 +1,92 @@
+"""One child process of a worker pool, as the supervisor sees it (worker_pool.py): its process,
+the pipe it says "ready" on, and its restart plan."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from scheduler.cli.worker_pool_child import POOL_PID_ENV, READY_FD_ENV
+
+RESTART_FIRST_S = 1.0
+
+log = logging.getLogger("scheduler.worker")
+
+
+def exit_code(returncode: int) -> int:
+    """A child's exit status as a shell shows it (killed by signal N: 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class Child:
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    ready_fd: int | None = None
+    ready: bool = False
+    first_start: bool = True
+    started_at: float = 0.0
+    restart_at: float | None = None
+    backoff_s: float = RESTART_FIRST_S
+    exits: list[int] = field(default_factory=list)
+
+    def start(self, argv: Sequence[str], env: dict[str, str]) -> None:
+        r, w = os.pipe()
+        env = dict(env, **{READY_FD_ENV: str(w), POOL_PID_ENV: str(os.getpid())})
+        try:
+            self.proc = subprocess.Popen(
+                list(argv),
+                env=env,
+                pass_fds=(w,),
+                stdin=subprocess.DEVNULL,
+                process_group=0,  # a terminal's Ctrl-C reaches the supervisor only
+            )
+        except OSError:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        self.ready_fd, self.ready = r, False
+        self.started_at, self.restart_at = time.monotonic(), None
+        log.info(
+            "worker process %d started (pid %d)", self.index + 1, self.proc.pid,
+            extra={"worker_process": self.index + 1, "pid": self.proc.pid},
+        )  # fmt: skip
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def send(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+
+    def read_ready(self) -> None:
+        """Take the child's "ready" byte if it is there (or the pipe's end)."""
+        if self.ready_fd is None:
+            return
+        r, _, _ = select.select([self.ready_fd], [], [], 0)
+        if not r:
+            return
+        if os.read(self.ready_fd, 16):
+            self.ready = True
+        self.close_ready()  # ready, or EOF: the pipe has nothing more to say
+
+    def close_ready(self) -> None:
+        if self.ready_fd is not None:
+            os.close(self.ready_fd)
+            self.ready_fd = None
+
+    def kill(self) -> None:
+        """SIGKILL and reap, for the supervisor's own failure: no child may outlive it."""
+        if self.running():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait()
+        self.close_ready()
