@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from scheduler import Queue
 from scheduler.admin.workers import live_workers
 from scheduler.cli.main import main
-from scheduler.cli.worker_pool_proc import exit_code
 from scheduler.cli.worker_pool_child import READY_FD_ENV
+from scheduler.cli.worker_pool_proc import exit_code
 from scheduler.cli.worker_pool_start import child_commands
 from tests.workers.basic import LEDGER
 from tests.workers.procs import ROOT, SCHEDULER, wait_for
