@@ -28,12 +28,21 @@ FAST_LEASE = ("--lease-ms", "1200", "--heartbeat-ms", "300")
 SUPERVISORS: set[int] = set()  # pids of the supervisors these tests started
 
 
-def spawn_pool(url: str, queue: str, *args: str, log: Path) -> subprocess.Popen[bytes]:
+def spawn_pool(
+    url: str,
+    queue: str,
+    *args: str,
+    log: Path,
+    registry: str = "tests.workers.basic:registry",
+    pythonpath: str = str(ROOT),
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
     """The supervisor, with the URL in the environment (as a pool passes it on)."""
-    env = dict(os.environ, TEST_REDIS_URL=url, REDIS_URL=url, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TEST_REDIS_URL=url, REDIS_URL=url, PYTHONPATH=pythonpath)
+    env.update(extra_env or {})
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [SCHEDULER, "worker", "tests.workers.basic:registry", "--queue", queue, *args],
+            [SCHEDULER, "worker", registry, "--queue", queue, *args],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
     SUPERVISORS.add(proc.pid)
@@ -263,3 +272,57 @@ def test_a_service_manager_signalling_every_process_still_gives_the_grace(
     finally:
         if pool.poll() is None:
             pool.kill()
+
+
+def test_sighup_replaces_every_child_and_no_running_job_is_cut(
+    redis_url: str, q: Queue, pool_log: Path
+) -> None:
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "30", *FAST_LEASE,
+                      log=pool_log)  # fmt: skip
+    try:
+        wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+        old = children(pool.pid)
+        job = q.enqueue("sync_sleep", {"s": 2})
+        wait_for(lambda: q.status(job) == "leased", what="the job running")
+        pool.send_signal(signal.SIGHUP)
+        wait_for(lambda: len(children(pool.pid)) == 2 and not set(children(pool.pid)) & set(old),
+                 timeout_s=40, what="both children replaced")  # fmt: skip
+        wait_for(lambda: not any(alive(pid) for pid in old), timeout_s=30, what="old ones gone")
+        assert q.status(job) == "done" and q.get_job(job).attempts == 1  # finished, not re-run
+        assert pool_log.read_text().count("concurrency=16") == 4
+        assert "second signal" not in pool_log.read_text() and pool.poll() is None
+        after = q.enqueue("echo", {"n": 1})
+        wait_for(lambda: q.status(after) == "done", what="the new ones working")
+    finally:
+        code = stop(pool, pool_log)
+    assert code == 0, pool_log.read_text()[-3000:]
+
+
+def test_a_reload_whose_new_process_cannot_start_leaves_the_old_ones(
+    redis_url: str, q: Queue, pool_log: Path, tmp_path: Path
+) -> None:
+    """A deploy that breaks the registry: the reload ends at the first new process, the old
+    ones keep working."""
+    flag = tmp_path / "broken"
+    (tmp_path / "hup_registry.py").write_text(
+        "import os\n"
+        "from tests.workers.basic import registry\n"
+        "if os.path.exists(os.environ['HUP_FLAG']):\n"
+        "    raise ImportError('a broken deploy')\n"
+    )
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", log=pool_log,
+                      registry="hup_registry:registry", pythonpath=f"{tmp_path}:{ROOT}",
+                      extra_env={"HUP_FLAG": str(flag)})  # fmt: skip
+    try:
+        wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+        old = children(pool.pid)
+        flag.touch()
+        pool.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reload ended: the new worker process 1 failed to start (exit 4)"
+                 in pool_log.read_text(), timeout_s=30, what="the reload refused")  # fmt: skip
+        assert children(pool.pid) == old and pool.poll() is None
+        job = q.enqueue("echo", {"n": 1})
+        wait_for(lambda: q.status(job) == "done", what="the old ones still working")
+    finally:
+        code = stop(pool, pool_log)
+    assert code == 0, pool_log.read_text()[-3000:]

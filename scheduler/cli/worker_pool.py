@@ -17,6 +17,8 @@ registry that cannot be imported fails each child's first start: exit 4). It:
   pool fails as one worker would;
 - restarts a child that exits once ready (the OOM killer, a crash), after 1 s doubling to 30 s,
   the wait reset once a child has run 60 s;
+- on SIGHUP replaces the children one at a time with new processes (new code on disk), each
+  old one stopping gracefully once its replacement is ready (`_reload`);
 - on Linux, has each child ask the kernel to SIGTERM it if the supervisor dies (kill -9;
   `join_pool`): no orphaned worker keeps claiming unsupervised.
 
@@ -58,6 +60,10 @@ class Pool:
         self._signals = 0  # SIGTERM/SIGINT received
         self._sent = 0  # stops sent to the children (the pool's own stop sends one too)
         self._forced = False  # the children were killed (a second signal)
+        self._hups = 0  # SIGHUP received: replace the children one at a time
+        self._queue: list[int] = []  # the reload's children still to replace
+        self._incoming: Child | None = None  # the reload's new child, until it is ready
+        self._retiring: list[Child] = []  # replaced children finishing their jobs
 
     def _start(self, child: Child) -> None:
         child.start(self._argv[child.index], self._env[child.index])
@@ -65,7 +71,10 @@ class Pool:
     # -- signals ------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        self._signals += 1
+        if signum == signal.SIGHUP:
+            self._hups += 1
+        else:
+            self._signals += 1
 
     def _forward(self) -> None:
         """One SIGTERM to the children per signal received, counting the one the pool's own
@@ -84,9 +93,14 @@ class Pool:
         else:
             self._forced = True
             log.warning("second signal: killing the worker processes, leases lapse on their own")
-        for c in self.children:
+        self._queue.clear()
+        for c in self._everyone():
             c.restart_at = None
             c.send(sig)
+
+    def _everyone(self) -> list[Child]:
+        extra = [self._incoming] if self._incoming is not None else []
+        return [*self.children, *extra, *self._retiring]
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -94,13 +108,14 @@ class Pool:
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         old_wakeup = signal.set_wakeup_fd(wake_w)
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        old = {s: signal.signal(s, self._on_signal) for s in sigs}
         try:
             for c in self.children:
                 self._start(c)
             return self._supervise(wake_r)
         finally:
-            for c in self.children:  # an exception here must not leave children running
+            for c in self._everyone():  # an exception here must not leave children running
                 c.kill()
             for s, h in old.items():
                 signal.signal(s, h)
@@ -131,9 +146,54 @@ class Pool:
                         c.restart_at = None
                     else:
                         self._restart(c, now)
-            if stopping and all(c.proc is None for c in self.children):
+            self._reload(stopping)
+            if stopping and all(c.proc is None for c in self._everyone()):
                 return failed if failed is not None else self._final_code()
             self._wait(wake_r)
+
+    # -- reload (SIGHUP) ---------------------------------------------------------------------
+
+    def _reload(self, stopping: bool) -> None:
+        """A rolling replacement, one child at a time: a new process (the code on disk now)
+        starts beside the old one; once it is ready the old one is asked to stop (it finishes
+        its running jobs within --grace). A new one that fails to start ends the reload and
+        leaves the old ones working, so a bad deploy does not take the pool down."""
+        for c in list(self._retiring):
+            if not c.running():
+                c.close_ready()
+                self._retiring.remove(c)
+        if self._hups and not stopping:
+            self._hups = 0
+            self._queue = [c.index for c in self.children]
+            log.info("reload: replacing %d worker processes one at a time", len(self.children))
+        inc = self._incoming
+        if inc is not None:
+            inc.read_ready()
+            if inc.running() and inc.ready and not stopping:
+                old, self.children[inc.index] = self.children[inc.index], inc
+                inc.first_start = False  # from now on, an exit is restarted like any other
+                old.send(STOP_SIGNAL)
+                self._retiring.append(old)
+                self._incoming = None
+            elif not inc.running():
+                assert inc.proc is not None
+                if not stopping:
+                    log.error("reload ended: the new worker process %d failed to start (exit "
+                              "%d); the running ones carry on", inc.index + 1,
+                              exit_code(inc.proc.returncode))  # fmt: skip
+                inc.close_ready()
+                self._incoming, self._queue = None, []
+            return
+        while self._queue and not stopping:
+            i = self._queue.pop(0)
+            if self.children[i].running():  # one waiting for its restart gets the new code
+                self._incoming = Child(i, first_start=False)
+                try:
+                    self._start(self._incoming)
+                except OSError as exc:
+                    log.error("reload ended: worker process %d could not start: %s", i + 1, exc)
+                    self._incoming, self._queue = None, []
+                return
 
     def _restart(self, c: Child, now: float) -> None:
         try:
@@ -180,7 +240,7 @@ class Pool:
         return next((code for code in last if code != EXIT_OK), EXIT_OK)
 
     def _wait(self, wake_r: int) -> None:
-        fds = [c.ready_fd for c in self.children if c.ready_fd is not None]
+        fds = [c.ready_fd for c in self._everyone() if c.ready_fd is not None]
         try:
             readable, _, _ = select.select([wake_r, *fds], [], [], _POLL_S)
         except InterruptedError:  # pragma: no cover - PEP 475 retries; a signal handler ran
@@ -188,6 +248,6 @@ class Pool:
         if wake_r in readable:
             with contextlib.suppress(BlockingIOError):
                 os.read(wake_r, 512)
-        for c in self.children:
+        for c in self._everyone():
             if c.ready_fd is not None and c.ready_fd in readable:
                 c.read_ready()
