@@ -7,7 +7,8 @@
   ARGV[8] concurrency
   Writes: ZSET prefix..'workers' id -> last_seen_ms; HASH prefix..'worker:'..id with host, pid,
     queues, started_ms (first beat), last_heartbeat_ms, in_flight, concurrency. Entries not
-    seen for 10 ttls are pruned from the ZSET.
+    seen for 10 ttls are pruned from the ZSET. 'remove' removes the entry only while its host
+    and pid are the caller's (another process may have taken the id).
   Returns: now_ms
   Errors:  BAD_ARGUMENT <field>=<value>; a refusal of its first write (OOM). A key of it edited
     by hand into another type is written around (pcall): the entry is only a listing. ]]
@@ -24,6 +25,13 @@ local now = now_ms()
 -- pcall throughout: the entry is a listing for `scheduler workers` alone, so a key of it edited
 -- by hand into another type must not stop a worker that beats (its jobs' leases are elsewhere).
 if mode == 'remove' then
+  -- Only this process's entry: a process started with the same id (a pool's reload starts the
+  -- replacement before the old one stops) has written its own by now.
+  local owner = redis.pcall('HMGET', hkey, 'host', 'pid')
+  if type(owner) == 'table' and not owner.err and owner[2]
+      and (owner[1] ~= ARGV[4] or owner[2] ~= ARGV[5]) then
+    return fmt(now)
+  end
   redis.pcall('ZREM', zkey, id)
   redis.pcall('DEL', hkey)
   return fmt(now)

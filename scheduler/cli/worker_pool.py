@@ -63,6 +63,8 @@ class Pool:
         self._hups = 0  # SIGHUP received: replace the children one at a time
         self._queue: list[int] = []  # the reload's children still to replace
         self._incoming: Child | None = None  # the reload's new child, until it is ready
+        self._reloads = 0  # reloads begun; _incoming_of: the one the new child belongs to
+        self._incoming_of = 0
         self._retiring: list[Child] = []  # replaced children finishing their jobs
 
     def _start(self, child: Child) -> None:
@@ -89,7 +91,8 @@ class Pool:
         self._sent += 1
         sig = STOP_SIGNAL if self._sent == 1 else signal.SIGKILL
         if self._sent == 1:
-            log.info("stopping %d worker processes", len(self.children))
+            running = sum(1 for c in self._everyone() if c.running())
+            log.info("stopping %d worker processes", running)
         else:
             self._forced = True
             log.warning("second signal: killing the worker processes, leases lapse on their own")
@@ -163,7 +166,7 @@ class Pool:
                 c.close_ready()
                 self._retiring.remove(c)
         if self._hups and not stopping:
-            self._hups = 0
+            self._hups, self._reloads = 0, self._reloads + 1
             self._queue = [c.index for c in self.children]
             log.info("reload: replacing %d worker processes one at a time", len(self.children))
         inc = self._incoming
@@ -177,17 +180,21 @@ class Pool:
                 self._incoming = None
             elif not inc.running():
                 assert inc.proc is not None
+                newer = self._incoming_of != self._reloads  # a SIGHUP came since: it goes on
                 if not stopping:
-                    log.error("reload ended: the new worker process %d failed to start (exit "
-                              "%d); the running ones carry on", inc.index + 1,
-                              exit_code(inc.proc.returncode))  # fmt: skip
+                    log.error("%sreload ended: the new worker process %d failed to start "
+                              "(exit %d); %s", "an earlier " if newer else "", inc.index + 1,
+                              exit_code(inc.proc.returncode), "the newer reload goes on"
+                              if newer else "the running ones carry on")  # fmt: skip
                 inc.close_ready()
-                self._incoming, self._queue = None, []
+                self._incoming = None
+                if not newer:
+                    self._queue = []
             return
         while self._queue and not stopping:
             i = self._queue.pop(0)
             if self.children[i].running():  # one waiting for its restart gets the new code
-                self._incoming = Child(i, first_start=False)
+                self._incoming, self._incoming_of = Child(i, first_start=False), self._reloads
                 try:
                     self._start(self._incoming)
                 except OSError as exc:

@@ -178,7 +178,7 @@ async def serve(
         return EXIT_FAILED
     if port is not None:
         try:
-            bound = worker.metrics.serve(port)
+            bound = worker.metrics.serve(port, share_port=in_pool)
         except OSError as exc:  # the port is taken, or not ours to bind: one line, no trace
             why = exc.strerror or exc
             click.echo(f"error: cannot serve metrics on port {port}: {why}", err=True)

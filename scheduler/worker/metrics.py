@@ -8,11 +8,15 @@ published as metric families when scraped (_JobCollector): a prometheus-client c
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
 from collections.abc import Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app, start_http_server
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from scheduler.client.partitioned_merge import merge_counts
@@ -178,7 +182,25 @@ class WorkerMetrics:
         for reason, n in counts.held.items():
             self.held.labels(queue, reason).set(n)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Serve /metrics in a daemon thread; returns the bound port (0 picks a free one)."""
-        server, _ = start_http_server(port, addr=addr, registry=self.registry)
-        return int(server.server_address[1])
+    def serve(self, port: int, addr: str = "0.0.0.0", *, share_port: bool = False) -> int:
+        """Serve /metrics in a daemon thread; returns the bound port (0 picks a free one).
+
+        share_port (a pool's child): SO_REUSEPORT, so the replacement a reload starts binds the
+        port while the process it replaces still serves it (both set it; for that moment the
+        kernel hands each scrape to one of them)."""
+        if not share_port:
+            server, _ = start_http_server(port, addr=addr, registry=self.registry)
+            return int(server.server_address[1])
+        httpd = make_server(addr, port, make_wsgi_app(self.registry), _SharedPortServer,
+                            handler_class=_QuietHandler)  # fmt: skip
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        return int(httpd.server_address[1])
+
+
+class _SharedPortServer(ThreadingWSGIServer):
+    allow_reuse_port = True  # Python 3.11+: SO_REUSEPORT before bind
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log on stderr, as prometheus_client's own server."""
