@@ -326,3 +326,19 @@ def test_a_reload_whose_new_process_cannot_start_leaves_the_old_ones(
     finally:
         code = stop(pool, pool_log)
     assert code == 0, pool_log.read_text()[-3000:]
+
+
+def test_a_stop_while_a_crashed_child_waits_for_its_restart_is_clean(
+    redis_url: str, q: Queue, pool_log: Path
+) -> None:
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", log=pool_log)
+    try:
+        wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+        os.kill(children(pool.pid)[0], signal.SIGKILL)
+        wait_for(lambda: "exited with code 137; restarting" in pool_log.read_text(),
+                 what="the crash seen")  # fmt: skip
+        pool.send_signal(signal.SIGTERM)  # before the 1 s restart
+        assert pool.wait(30) == 0, pool_log.read_text()[-3000:]  # the stop itself was clean
+    finally:
+        if pool.poll() is None:
+            pool.kill()

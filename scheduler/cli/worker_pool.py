@@ -60,6 +60,7 @@ class Pool:
         self._signals = 0  # SIGTERM/SIGINT received
         self._sent = 0  # stops sent to the children (the pool's own stop sends one too)
         self._forced = False  # the children were killed (a second signal)
+        self._stop_exits: list[int] = []  # the children's codes once the stop began
         self._hups = 0  # SIGHUP received: replace the children one at a time
         self._queue: list[int] = []  # the reload's children still to replace
         self._incoming: Child | None = None  # the reload's new child, until it is ready
@@ -219,12 +220,12 @@ class Pool:
         code = exit_code(c.proc.returncode)
         if stopping and c.proc.returncode in (-STOP_SIGNAL, -signal.SIGTERM):
             code = EXIT_OK  # stopped before it handled signals (starting)
-        c.exits.append(code)
         was_ready, first = c.ready, c.first_start
         pid = c.proc.pid
         c.proc, c.first_start = None, False
         c.close_ready()
         if stopping:
+            self._stop_exits.append(code)
             return None
         if first and not was_ready:
             return code if code != EXIT_OK else EXIT_FAILED
@@ -240,11 +241,12 @@ class Pool:
         return None
 
     def _final_code(self) -> int:
-        """After a stop: 130 if the children were forced, else the first failure, else 0."""
-        last = [c.exits[-1] for c in self.children if c.exits]
-        if self._forced or EXIT_FORCED in last:
+        """After a stop: 130 if the children were forced, else the first child that did not
+        stop cleanly, else 0. A crash before the stop (its restart still pending) was logged
+        and does not make a clean stop a failure."""
+        if self._forced or EXIT_FORCED in self._stop_exits:
             return EXIT_FORCED
-        return next((code for code in last if code != EXIT_OK), EXIT_OK)
+        return next((code for code in self._stop_exits if code != EXIT_OK), EXIT_OK)
 
     def _wait(self, wake_r: int) -> None:
         fds = [c.ready_fd for c in self._everyone() if c.ready_fd is not None]

@@ -10,7 +10,7 @@ import select
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from scheduler.cli.worker_pool_child import POOL_PID_ENV, READY_FD_ENV
 
@@ -34,7 +34,6 @@ class Child:
     started_at: float = 0.0
     restart_at: float | None = None
     backoff_s: float = RESTART_FIRST_S
-    exits: list[int] = field(default_factory=list)
 
     def start(self, argv: Sequence[str], env: dict[str, str]) -> None:
         r, w = os.pipe()
