@@ -23,7 +23,7 @@ from redis.exceptions import DataError
 from scheduler import Queue
 from scheduler.core import direct_io
 from tests.redis_server import is_cluster_run
-from tests.test_worker_pool import alive, kill_leftovers
+from tests.test_worker_pool import alive, children, kill_leftovers
 from tests.workers.procs import ROOT, wait_for
 
 plain_only = pytest.mark.skipif(is_cluster_run(), reason="plain clients only (cluster: cluster_io)")
@@ -192,5 +192,6 @@ def test_one_signal_after_a_failed_first_start_is_not_a_second_signal(
             time.sleep(0.05)
         assert "second signal" not in text(), text()[-2000:]
         assert q.status(job) == "leased"  # still in its grace period
+        assert len(children(sup.pid)) == 1  # child 1 not killed (a second stop now kills)
     finally:
         _kill_all(sup, log)

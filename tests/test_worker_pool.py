@@ -90,6 +90,13 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def wait_started(log: Path, n: int = 2) -> None:
+    """Until n worker processes of the pool logging to `log` have started (each logs its
+    settings once running)."""
+    wait_for(lambda: log.read_text(errors="replace").count("concurrency=16") == n,
+             what=f"{n} worker processes started")  # fmt: skip
+
+
 def ledger_pids(client: redis.Redis, q: Queue) -> list[int]:
     entries: list[str] = client.lrange(f"{LEDGER}:{q.name}", 0, -1)  # type: ignore[assignment]
     return [int(e.split("|")[4]) for e in entries]
@@ -180,7 +187,7 @@ def test_supervisor_killed_takes_its_children_with_it(
     pool = spawn_pool(redis_url, q.name, "--processes", "2", log=pool_log)
     wait_for(lambda: len(children(pool.pid)) == 2, what="two children")
     kids = children(pool.pid)
-    wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+    wait_started(pool_log)
     pool.kill()
     pool.wait(10)
     # PR_SET_PDEATHSIG: each child gets SIGTERM and stops gracefully (no orphan claiming).
@@ -192,7 +199,7 @@ def test_second_signal_forces_the_children(redis_url: str, q: Queue, pool_log: P
     pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "60", *FAST_LEASE,
                       log=pool_log)  # fmt: skip
     try:
-        wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+        wait_started(pool_log)
         job = q.enqueue("sync_sleep", {"s": 30})
         wait_for(lambda: q.status(job) == "leased", what="the job running")
         pool.send_signal(signal.SIGTERM)
@@ -260,7 +267,7 @@ def test_a_service_manager_signalling_every_process_still_gives_the_grace(
     pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "30", *FAST_LEASE,
                       log=pool_log)  # fmt: skip
     try:
-        wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+        wait_started(pool_log)
         job = q.enqueue("sync_sleep", {"s": 2})
         wait_for(lambda: q.status(job) == "leased", what="the job running")
         for pid in [pool.pid, *children(pool.pid)]:
@@ -280,7 +287,7 @@ def test_sighup_replaces_every_child_and_no_running_job_is_cut(
     pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "30", *FAST_LEASE,
                       log=pool_log)  # fmt: skip
     try:
-        wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+        wait_started(pool_log)
         old = children(pool.pid)
         job = q.enqueue("sync_sleep", {"s": 2})
         wait_for(lambda: q.status(job) == "leased", what="the job running")
@@ -314,7 +321,7 @@ def test_a_reload_whose_new_process_cannot_start_leaves_the_old_ones(
                       registry="hup_registry:registry", pythonpath=f"{tmp_path}:{ROOT}",
                       extra_env={"HUP_FLAG": str(flag)})  # fmt: skip
     try:
-        wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+        wait_started(pool_log)
         old = children(pool.pid)
         flag.touch()
         pool.send_signal(signal.SIGHUP)
@@ -333,7 +340,7 @@ def test_a_stop_while_a_crashed_child_waits_for_its_restart_is_clean(
 ) -> None:
     pool = spawn_pool(redis_url, q.name, "--processes", "2", log=pool_log)
     try:
-        wait_for(lambda: pool_log.read_text().count("concurrency=16") == 2, what="both started")
+        wait_started(pool_log)
         os.kill(children(pool.pid)[0], signal.SIGKILL)
         wait_for(lambda: "exited with code 137; restarting" in pool_log.read_text(),
                  what="the crash seen")  # fmt: skip
