@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 import redis
@@ -25,6 +25,7 @@ from tests.redis_server import (
     require_server,
     server_kind,
 )
+from tests.workers.procs import forget_logs, log_tails
 
 
 def _docker_redis() -> tuple[str, Callable[[], None]] | None:
@@ -51,6 +52,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked slow first (a stable sort: the order is otherwise the collection order), so
     under pytest-xdist the long ones start at once and the short ones fill the other workers."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report carries the tail of each worker log it spawned."""
+    report = yield
+    if report.failed and (tails := log_tails()):
+        report.sections.append(("worker logs", tails))
+    if report.when == "teardown":
+        forget_logs()
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -61,6 +61,10 @@ class Claiming(Dispatch):
                 if free <= 0 or self._hold_claim(free):
                     await self._slot_free.wait()  # set by every job end (_pump) and stop
                 continue
+            # Cleared before the round's claims are sent, never on the way into the wait: a
+            # wake-up set while a claim is in flight (a retry's fail answered after a claim the
+            # server ran first, which saw nothing due) must end the wait, not be wiped by it.
+            self._wake.clear()
             full = False
             claimed = 0
             sleep_s = _MAX_IDLE_SLEEP_S
@@ -196,8 +200,8 @@ class Claiming(Dispatch):
 
     async def _idle_wait(self, sleep_s: float) -> None:
         """Sleep until the next due time (a local timer) or an enqueue's wake-up, whichever
-        comes first. The waker task does the BLPOP so no blocking call is ever cancelled."""
-        self._wake.clear()
+        comes first, or at once when one came since the round began. The waker task does the
+        BLPOP so no blocking call is ever cancelled."""
         self._idle.set()
         try:
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):

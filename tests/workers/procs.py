@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,19 +13,44 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULER = str(Path(sys.executable).parent / "scheduler")
 
+# Every worker log of the running test: conftest shows their tails when the test fails, so a
+# timeout in CI says what the worker was doing (a worker's output used to go to /dev/null).
+SPAWNED_LOGS: list[str] = []
+
 
 def spawn_worker(url: str, queue: str, *args: str, registry: str = "tests.workers.basic:registry",
                  log: str | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
     env = dict(os.environ, TEST_REDIS_URL=url, PYTHONPATH=str(ROOT))
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
-    try:
+    if log is None:
+        fd, log = tempfile.mkstemp(prefix="worker-", suffix=".log")
+        os.close(fd)
+    SPAWNED_LOGS.append(log)
+    with open(log, "ab") as out:
         return subprocess.Popen(
             [SCHEDULER, "worker", registry, "--url", url, "--queue", queue, "--json-logs", *args],
             cwd=ROOT, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
         )  # fmt: skip
-    finally:
-        if log and not isinstance(out, int):
-            out.close()
+
+
+def log_tails(lines: int = 40) -> str:
+    """The last lines of each worker log of the running test, for a failure report."""
+    parts = []
+    for path in SPAWNED_LOGS:
+        try:
+            text = Path(path).read_text(errors="replace").splitlines()[-lines:]
+        except OSError as e:
+            text = [f"(unreadable: {e})"]
+        parts.append(f"--- {path}\n" + "\n".join(text))
+    return "\n".join(parts)
+
+
+def forget_logs() -> None:
+    """Drop the running test's worker logs; the temporary ones are deleted."""
+    tmp = tempfile.gettempdir()
+    for path in SPAWNED_LOGS:
+        if path.startswith(os.path.join(tmp, "worker-")):
+            Path(path).unlink(missing_ok=True)
+    SPAWNED_LOGS.clear()
 
 
 def wait_for(pred: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:

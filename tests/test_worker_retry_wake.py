@@ -1,0 +1,104 @@
+"""A retry's wake-up is not lost to a claim in flight.
+
+fail.lua pushes no wake-up: the worker re-plans its sleep around the retry's run_at by setting
+its local wake flag when the fail's answer arrives. A claim sent before that fail, and answered
+after it, saw no due job; the claim loop then cleared the flag on its way into the idle wait and
+slept the 30 s safety net, so the retry ran ~30 s late (a CI flake of
+test_retries_with_backoff_then_dead on Valkey). The race is forced here: the handler raises
+only once a claim has been answered by the server, and that claim's answer is handed to the
+claim loop only after the fail's answer was read. One private redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from scheduler import Backoff, Queue
+from scheduler.core.connection import connect_async
+from scheduler.core.models import ClaimBatch
+from scheduler.worker import Worker, WorkerSettings
+from scheduler.worker import claiming as claiming_module
+from scheduler.worker import settings as settings_module
+from scheduler.worker.context import JobContext
+from scheduler.worker.registry import Registry
+from tests.redis_server import RedisProcess
+
+registry = Registry()
+handler_waiting = asyncio.Event()  # bound to the running loop on first wait (Python >= 3.10)
+release = asyncio.Event()
+
+
+@registry.task(name="retry-wake-flaky", backoff=Backoff(100, 2.0, 1000, 0.0), max_attempts=3)
+async def flaky(payload: object, ctx: JobContext) -> str:
+    if ctx.attempt == 1:
+        handler_waiting.set()
+        await release.wait()
+        raise RuntimeError("first attempt fails")
+    return "ok"
+
+
+async def poll(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def test_a_retry_answered_during_a_claim_is_claimed_at_its_run_at(
+    module_server: RedisProcess, monkeypatch: Any
+) -> None:
+    # No safety net to hide behind: a lost wake-up would sleep an hour, not 30 s.
+    monkeypatch.setattr(claiming_module, "_MAX_IDLE_SLEEP_S", 3600.0)
+    monkeypatch.setattr(settings_module, "_MAX_IDLE_SLEEP_S", 3600.0)
+    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
+    q = Queue(admin, "wake-" + uuid.uuid4().hex[:8])
+    job = q.enqueue("retry-wake-flaky", None)
+    admin.delete(q.keys.wake)  # no stray wake-up: only the one below makes the racing claim
+
+    async def main() -> None:
+        handler_waiting.clear()
+        release.clear()
+        client = connect_async(module_server.url)
+        w = Worker(client, registry, WorkerSettings(queues=(q.name,), concurrency=4, grace_s=0))
+        aq = w._by_name[q.name].aq
+        real_claim = aq.claim
+        real_failed = w._failed
+        failed: list[str] = []
+        raced: list[ClaimBatch] = []
+
+        def seen_failed(r: Any, *args: Any) -> Any:
+            out = real_failed(r, *args)
+            failed.append(r.job.id)
+            return out
+
+        async def claim(*args: Any, **kwargs: Any) -> ClaimBatch:
+            batch = await real_claim(*args, **kwargs)  # executed by the server: no due job
+            if handler_waiting.is_set() and not release.is_set():
+                release.set()  # the handler raises; its fail runs after this claim
+                await poll(lambda: bool(failed), "the fail's answer")
+                raced.append(batch)
+            return batch
+
+        monkeypatch.setattr(w, "_failed", seen_failed)
+        monkeypatch.setattr(aq, "claim", claim)
+        task = asyncio.create_task(w.run(install_signals=False))
+        try:
+            await poll(handler_waiting.is_set, "the first attempt to start")
+            await poll(w._idle.is_set, "the claim loop to wait")
+            w._wake.set()  # as the waker does: a claim while the first attempt waits
+            await poll(lambda: bool(raced), "a claim answered across the fail")
+            assert raced[0].jobs == []
+            await poll(lambda: q.status(job) == "done", "the retry to run")
+        finally:
+            w.request_stop()
+            await asyncio.wait_for(task, 10)
+            await client.aclose()
+
+    asyncio.run(main())
+    assert q.get_job(job).attempts == 2
