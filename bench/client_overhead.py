@@ -2,8 +2,10 @@
 
     python bench/client_overhead.py [--n 20000] [--rounds 3]
 
-- `PING` through redis-py's `execute_command` against the same command on a connection of the
-  client's pool taken directly (what scheduler/core/direct_io.py does for EVALSHA), and on a
+- `PING` through redis-py's `execute_command` against the same command on a connection taken
+  with the pool's `get_connection` / `release` (what scheduler/core/direct_io.py did for EVALSHA
+  until it took connections from the pool's list itself), on one taken from the list as
+  direct_io does now (`_take` / `_give`: the pool's checks without its recorders), and on a
   connection held for the whole loop (no pool at all);
 - building one `JobSpec` (the written-out `__init__` of scheduler/core/job_spec.py) against the
   dataclass-generated frozen `__init__` it replaced (an equivalent class built here).
@@ -30,6 +32,7 @@ import redis  # noqa: E402
 
 from bench.redis_server import private_server  # noqa: E402
 from scheduler import JobSpec  # noqa: E402
+from scheduler.core import direct_io  # noqa: E402
 
 # The generated frozen __init__ JobSpec had before (same fields and defaults).
 GeneratedSpec = dataclasses.make_dataclass(
@@ -66,6 +69,14 @@ def main() -> None:
             finally:
                 pool.release(conn)
 
+        def listed() -> Any:
+            conn, from_list = direct_io._take(pool)
+            try:
+                conn.send_command("PING")
+                return conn.read_response()
+            finally:
+                direct_io._give(pool, conn, from_list)
+
         held = pool.get_connection()
 
         def on_held() -> Any:
@@ -74,7 +85,8 @@ def main() -> None:
 
         variants: dict[str, Callable[[], Any]] = {
             "PING via execute_command": lambda: r.execute_command("PING"),
-            "PING on a pooled connection (direct_io)": pooled,
+            "PING on a pooled connection (get_connection/release)": pooled,
+            "PING on a connection from the pool's list (direct_io)": listed,
             "PING on a held connection": on_held,
             "JobSpec(...) written-out __init__": lambda: JobSpec("task", {"i": 1}),
             "frozen dataclass __init__ (before)": lambda: GeneratedSpec("task", {"i": 1}),

@@ -21,6 +21,16 @@ Commands are packed with hiredis (a declared dependency), the bytes redis-py's o
 with hiredis installed, without its per-argument type checks in Python (~3 us of a 23-argument
 EVALSHA).
 
+The connection is taken from the pool's list and put back under the pool's own lock, with the
+checks `get_connection` makes (the pid after a fork, connect, data left on the socket or a
+closed socket: reconnect) but without redis-py 8's per-call connection-count recorders and
+release event: a PING costs 41 us of client CPU that way against 49 through `get_connection` /
+`release` (medians of 7 rounds, `python bench/client_overhead.py --rounds 7`; 35 on a
+connection held throughout). Only for an exact `ConnectionPool` with no client-side cache, no
+maintenance notifications and no credential provider (whose re-authentication rides on the
+release event); a connection the pool has to create is taken and given back by the pool's own
+calls, so its accounting stays balanced.
+
 Only an exact `redis.Redis` / `redis.asyncio.Redis` without a dedicated single connection is
 served here; anything else (a subclass such as fakeredis or an instrumented client, a
 single-connection client, a cluster client) goes through its own execute_command. APM tools
@@ -36,7 +46,9 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from hiredis import pack_command as _hiredis_pack  # redis[hiredis]: a declared dependency
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _ENABLED = os.environ.get("SCHEDULER_REDIS_DIRECT", "1") != "0"
 _RAW_REPLIES = frozenset(("EVALSHA", "WAIT"))  # no response callback in any redis-py
@@ -60,12 +72,101 @@ def _client_ok(client: Any, cls: type) -> bool:
     return not single and getattr(client, "connection", None) is None
 
 
+def _plain_pool(pool: Any, cls: type[Any]) -> bool:
+    """A pool whose connections may be taken from its list directly (see the docstring)."""
+    if type(pool) is not cls or getattr(pool, "cache", None) is not None:
+        return False
+    if pool.connection_kwargs.get("credential_provider") is not None:
+        return False
+    enabled = getattr(pool, "maint_notifications_enabled", None)
+    return not (enabled and enabled())
+
+
+def _take(pool: Any) -> tuple[Any, bool]:
+    """A ready connection of the pool, and whether it came from the list (give it back with
+    `_give`). As `ConnectionPool.get_connection`, without its recorders."""
+    if not _plain_pool(pool, redis.ConnectionPool):
+        return pool.get_connection(), False
+    pool._checkpid()
+    with pool._lock:
+        if not pool._available_connections:
+            conn = None
+        else:
+            conn = pool._available_connections.pop()
+            pool._in_use_connections.add(conn)
+    if conn is None:  # the pool makes one, counted by its own recorders
+        return pool.get_connection(), False
+    try:
+        conn.connect()
+        try:
+            if conn.can_read():  # a reply left unread, or closed by the server
+                raise RedisConnectionError("Connection has data")
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            conn.disconnect()
+            conn.connect()
+            if conn.can_read():
+                raise RedisConnectionError("Connection not ready") from None
+    except BaseException:
+        _give(pool, conn, True)
+        raise
+    return conn, True
+
+
+def _give(pool: Any, conn: Any, listed: bool) -> None:
+    if not listed:
+        pool.release(conn)
+        return
+    with pool._lock:
+        if conn not in pool._in_use_connections:  # the pool was reset meanwhile (a fork)
+            return
+        pool._in_use_connections.remove(conn)
+        if not pool.owns_connection(conn):
+            conn.disconnect()
+            return
+        if conn.should_reconnect():
+            conn.disconnect()
+        pool._available_connections.append(conn)
+
+
+async def _take_async(pool: Any) -> tuple[Any, bool]:
+    """The asyncio twin of _take; `ensure_connection` is the pool's own check."""
+    if not _plain_pool(pool, aredis.ConnectionPool):
+        return await pool.get_connection(), False
+    async with pool._lock:
+        if not pool._available_connections:
+            conn = None
+        else:
+            conn = pool._available_connections.pop()
+            pool._in_use_connections.add(conn)
+    if conn is None:
+        return await pool.get_connection(), False
+    try:
+        await pool.ensure_connection(conn)
+    except BaseException:
+        await _give_async(pool, conn, True)
+        raise
+    return conn, True
+
+
+async def _give_async(pool: Any, conn: Any, listed: bool) -> None:
+    if not listed:
+        await pool.release(conn)
+        return
+    async with pool._lock:
+        if conn not in pool._in_use_connections:
+            return
+        pool._in_use_connections.remove(conn)
+        if conn.should_reconnect():
+            await conn.disconnect()
+        pool._available_connections.append(conn)
+
+
 def call_sync(client: Any, cmd: tuple[Any, ...]) -> Any:
     """`client.execute_command(*cmd)`; a reply error is raised (a ResponseError subclass)."""
     if not _direct(client, redis.Redis, cmd):
         return client.execute_command(*cmd)
     pool = client.connection_pool
-    conn = pool.get_connection()
+    conn, listed = _take(pool)
 
     def send() -> Any:
         conn.send_packed_command(_pack(cmd))
@@ -74,7 +175,7 @@ def call_sync(client: Any, cmd: tuple[Any, ...]) -> Any:
     try:
         return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())
     finally:
-        pool.release(conn)
+        _give(pool, conn, listed)
 
 
 def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
@@ -89,7 +190,7 @@ def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
             return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
     packed = [chunk for cmd in cmds for chunk in _pack(cmd)]  # one that cannot be: none sent
     pool = client.connection_pool
-    conn = pool.get_connection()
+    conn, listed = _take(pool)
 
     def send() -> list[Any]:
         out: list[Any] = []
@@ -110,7 +211,7 @@ def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
     try:
         return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())  # type: ignore[no-any-return]
     finally:
-        pool.release(conn)
+        _give(pool, conn, listed)
 
 
 def _pack(cmd: tuple[Any, ...]) -> list[bytes]:
@@ -128,7 +229,7 @@ async def call_async(client: Any, cmd: tuple[Any, ...]) -> Any:
     if not _direct(client, aredis.Redis, cmd):
         return await client.execute_command(*cmd)
     pool = client.connection_pool
-    conn = await pool.get_connection()
+    conn, listed = await _take_async(pool)
 
     async def send() -> Any:
         await conn.send_packed_command(_pack(cmd))
@@ -140,7 +241,7 @@ async def call_async(client: Any, cmd: tuple[Any, ...]) -> Any:
     try:
         return await conn.retry.call_with_retry(send, fail)
     finally:
-        await pool.release(conn)
+        await _give_async(pool, conn, listed)
 
 
 async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
@@ -154,7 +255,7 @@ async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[A
             return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
     packed = [chunk for cmd in cmds for chunk in _pack(cmd)]
     pool = client.connection_pool
-    conn = await pool.get_connection()
+    conn, listed = await _take_async(pool)
 
     async def send() -> list[Any]:
         out: list[Any] = []
@@ -176,4 +277,4 @@ async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[A
     try:
         return await conn.retry.call_with_retry(send, fail)  # type: ignore[no-any-return]
     finally:
-        await pool.release(conn)
+        await _give_async(pool, conn, listed)
