@@ -29,15 +29,25 @@ from scheduler.worker.registry import Registry
 from tests.redis_server import RedisProcess
 
 registry = Registry()
-handler_waiting = asyncio.Event()  # bound to the running loop on first wait (Python >= 3.10)
-release = asyncio.Event()
+
+
+class Gate:
+    """The first attempt's events, made afresh in each test's event loop (an asyncio.Event is
+    bound to the loop it was first awaited in)."""
+
+    handler_waiting: asyncio.Event
+    release: asyncio.Event
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.handler_waiting, cls.release = asyncio.Event(), asyncio.Event()
 
 
 @registry.task(name="retry-wake-flaky", backoff=Backoff(100, 2.0, 1000, 0.0), max_attempts=3)
 async def flaky(payload: object, ctx: JobContext) -> str:
     if ctx.attempt == 1:
-        handler_waiting.set()
-        await release.wait()
+        Gate.handler_waiting.set()
+        await Gate.release.wait()
         raise RuntimeError("first attempt fails")
     return "ok"
 
@@ -62,8 +72,7 @@ def test_a_retry_answered_during_a_claim_is_claimed_at_its_run_at(
     admin.delete(q.keys.wake)  # no stray wake-up: only the one below makes the racing claim
 
     async def main() -> None:
-        handler_waiting.clear()
-        release.clear()
+        Gate.reset()
         client = connect_async(module_server.url)
         w = Worker(client, registry, WorkerSettings(queues=(q.name,), concurrency=4, grace_s=0))
         aq = w._by_name[q.name].aq
@@ -79,8 +88,8 @@ def test_a_retry_answered_during_a_claim_is_claimed_at_its_run_at(
 
         async def claim(*args: Any, **kwargs: Any) -> ClaimBatch:
             batch = await real_claim(*args, **kwargs)  # executed by the server: no due job
-            if handler_waiting.is_set() and not release.is_set():
-                release.set()  # the handler raises; its fail runs after this claim
+            if Gate.handler_waiting.is_set() and not Gate.release.is_set():
+                Gate.release.set()  # the handler raises; its fail runs after this claim
                 await poll(lambda: bool(failed), "the fail's answer")
                 raced.append(batch)
             return batch
@@ -89,7 +98,7 @@ def test_a_retry_answered_during_a_claim_is_claimed_at_its_run_at(
         monkeypatch.setattr(aq, "claim", claim)
         task = asyncio.create_task(w.run(install_signals=False))
         try:
-            await poll(handler_waiting.is_set, "the first attempt to start")
+            await poll(Gate.handler_waiting.is_set, "the first attempt to start")
             await poll(w._idle.is_set, "the claim loop to wait")
             w._wake.set()  # as the waker does: a claim while the first attempt waits
             await poll(lambda: bool(raced), "a claim answered across the fail")
@@ -102,3 +111,40 @@ def test_a_retry_answered_during_a_claim_is_claimed_at_its_run_at(
 
     asyncio.run(main())
     assert q.get_job(job).attempts == 2
+
+
+def test_a_retry_ends_its_queues_skip_on_a_worker_of_several_queues(
+    module_server: RedisProcess, monkeypatch: Any
+) -> None:
+    """Several queues: a queue whose claim took nothing sits out until its next due time (here
+    the running job's lease end) or _SKIP_MAX_S. A retry of one of its jobs ends that skip, as
+    its own wake-up token would (fail.lua pushes none)."""
+    monkeypatch.setattr(claiming_module, "_MAX_IDLE_SLEEP_S", 3600.0)
+    monkeypatch.setattr(claiming_module, "_SKIP_MAX_S", 3600.0)
+    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
+    tag = uuid.uuid4().hex[:8]
+    qa, qb = Queue(admin, f"wake-a-{tag}"), Queue(admin, f"wake-b-{tag}")
+    job = qa.enqueue("retry-wake-flaky", None)
+    admin.delete(qa.keys.wake)
+
+    async def main() -> None:
+        Gate.reset()
+        client = connect_async(module_server.url)
+        settings = WorkerSettings(queues=(qa.name, qb.name), concurrency=4, grace_s=0)
+        w = Worker(client, registry, settings)
+        task = asyncio.create_task(w.run(install_signals=False))
+        try:
+            await poll(Gate.handler_waiting.is_set, "the first attempt to start")
+            await poll(w._idle.is_set, "the claim loop to wait")
+            w._skip_until.pop(qa.name, None)
+            w._wake.set()  # a round while the job runs: its queue's claim takes nothing
+            await poll(lambda: qa.name in w._skip_until, "the job's queue to sit out")
+            Gate.release.set()
+            await poll(lambda: qa.status(job) == "done", "the retry to run")
+        finally:
+            w.request_stop()
+            await asyncio.wait_for(task, 10)
+            await client.aclose()
+
+    asyncio.run(main())
+    assert qa.get_job(job).attempts == 2

@@ -30,16 +30,6 @@ _SKIP_MAX_S = 1.0
 class Claiming(Dispatch):
     """The claim loop and the wake-up pops (one per queue)."""
 
-    # Several queues (a partitioned queue's partitions): a queue whose claim took nothing is
-    # skipped until its next due time, its own wake-up or _SKIP_MAX_S, so an empty partition
-    # costs about one claim a second instead of one per claim of the others.
-    _skip_until: dict[str, float]
-
-    def _skips(self) -> dict[str, float]:
-        if not hasattr(self, "_skip_until"):
-            self._skip_until = {}
-        return self._skip_until
-
     async def _claim_loop(self) -> None:
         s = self.settings
         backoff = RetryDelay()
@@ -51,7 +41,7 @@ class Claiming(Dispatch):
         # 2.5 batches apart at any moment, the 1.26x low side measured at 12 partitions.)
         rr = random.randrange(len(self.queues))
         owed = 0  # what is left of queues[rr]'s turn (0: a full batch)
-        skips = self._skips()
+        skips = self._skip_until  # WorkerCore: which queue sits out until when
         failing: dict[str, RetryDelay] = {}  # queue -> its delay while its claims fail
         while not self._stop_claiming.is_set():
             free = self._room()
@@ -231,7 +221,7 @@ class Claiming(Dispatch):
                 woke = got[0].decode() if isinstance(got[0], bytes) else got[0]
                 for q in self.queues:  # a wake-up of its own ends a queue's skip
                     if q.keys.wake == woke:
-                        self._skips().pop(q.name, None)
+                        self._skip_until.pop(q.name, None)
             if got is not None and self._idle.is_set():
                 self._wake.set()
 

@@ -137,8 +137,20 @@ class WorkerCore:
         # claim nonce per queue, kept across a failed call (claim.lua replays by nonce), and
         # when that nonce's first call was sent (the lease counts from then)
         self._nonce: dict[str, tuple[str, float]] = {}
+        # Several queues (a partitioned queue's partitions): a queue whose claim took nothing
+        # is skipped until this monotonic time (its next due time, its own wake-up, a retry of
+        # one of its jobs, or claiming._SKIP_MAX_S), so an empty partition costs about one
+        # claim a second instead of one per claim of the others.
+        self._skip_until: dict[str, float] = {}
         self.metrics.in_flight.set_function(lambda: len(self.running))
         self.metrics.abandoned_threads.set_function(lambda: len(self._abandoned))
+
+    def _due_soon(self, queue: str) -> None:
+        """A job of `queue` is due again without a wake-up token (fail.lua's retry pushes
+        none): end the idle wait and the queue's skip, so the claim loop re-plans its sleep
+        around the job's run_at instead of the skip's end or the idle safety net."""
+        self._skip_until.pop(queue, None)
+        self._wake.set()
 
     def request_stop(self) -> None:
         """Stop claiming and shut down gracefully (what the first SIGTERM/SIGINT does)."""

@@ -154,8 +154,7 @@ class Reporting(WorkerCore):
             extra: dict[str, Any] = {"error_type": err[0], "error": err[1][:200]}
             if out.status == "retry":
                 extra["retry_at_ms"] = out.run_at_ms
-                # fail.lua pushes no wake-up: re-plan our sleep around the retry's run_at.
-                self._wake.set()
+                self._due_soon(r.queue)  # fail.lua pushes no wake-up
             else:
                 extra["reason"] = out.dead_reason
             self._log_job(out.status, r, level=logging.WARNING, **extra)
