@@ -15,7 +15,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from scheduler import AsyncQueue, JobSpec, Queue
 from scheduler.core import direct_io
 from tests.redis_server import is_cluster_run
-from tests.test_direct_io import _refuse
+from tests.test_direct_io import _kill_others, _refuse
 
 pytestmark = pytest.mark.skipif(is_cluster_run(), reason="plain clients only (cluster: cluster_io)")
 
@@ -89,13 +89,7 @@ def test_a_dropped_connection_is_replaced_before_a_bulk_enqueue(
     c = redis.Redis.from_url(redis_url, client_name="direct-pipe-drop")
     q = Queue(c, queue_name)
     q.enqueue("t", 0)
-    with redis.Redis.from_url(redis_url) as admin:
-        killed = [
-            admin.client_kill_filter(_id=k["id"])
-            for k in admin.client_list()
-            if k.get("name") == "direct-pipe-drop"
-        ]
-    assert killed
+    assert _kill_others(redis_url, "direct-pipe-drop") == 1
     ids = q.enqueue_many([JobSpec("t", i) for i in range(BULK)])
     assert c.zcard(q.keys.due) == BULK + 1 and len(ids) == BULK
     c.close()

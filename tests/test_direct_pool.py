@@ -22,6 +22,7 @@ from redis.retry import Retry
 
 from scheduler.core import direct_io
 from tests.redis_server import is_cluster_run
+from tests.test_direct_io import _kill_others
 
 pytestmark = pytest.mark.skipif(is_cluster_run(), reason="plain clients only (cluster: cluster_io)")
 
@@ -90,13 +91,7 @@ def test_a_connection_closed_by_the_server_is_reconnected_with_retries_off(
     c = redis.Redis.from_url(redis_url, client_name="direct-pool-kill", retry=Retry(NoBackoff(), 0))
     echo = c.script_load(ECHO)
     assert direct_io.call_sync(c, ("EVALSHA", echo, 0, "a")) == b"a"
-    with redis.Redis.from_url(redis_url) as admin:
-        killed = [
-            admin.client_kill_filter(_id=k["id"])
-            for k in admin.client_list()
-            if k.get("name") == "direct-pool-kill"
-        ]
-    assert killed
+    assert _kill_others(redis_url, "direct-pool-kill") == 1
     assert direct_io.call_sync(c, ("EVALSHA", echo, 0, "b")) == b"b"
     c.close()
 

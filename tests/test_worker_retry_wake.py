@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
@@ -60,6 +60,32 @@ async def poll(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> 
         await asyncio.sleep(0.01)
 
 
+def run_worker(
+    url: str,
+    queues: tuple[str, ...],
+    prepare: Callable[[Worker], None],
+    steps: Callable[[Worker], Awaitable[None]],
+) -> None:
+    """A worker on `queues` (patched by `prepare` before it runs) while `steps` run, once its
+    job's first attempt has started and waits on Gate.release; then stopped."""
+
+    async def main() -> None:
+        Gate.reset()
+        client = connect_async(url)
+        w = Worker(client, registry, WorkerSettings(queues=queues, concurrency=4, grace_s=0))
+        prepare(w)
+        task = asyncio.create_task(w.run(install_signals=False))
+        try:
+            await poll(Gate.handler_waiting.is_set, "the first attempt to start")
+            await steps(w)
+        finally:
+            w.request_stop()
+            await asyncio.wait_for(task, 10)
+            await client.aclose()
+
+    asyncio.run(main())
+
+
 def test_a_retry_answered_during_a_claim_is_claimed_at_its_run_at(
     module_server: RedisProcess, monkeypatch: Any
 ) -> None:
@@ -71,15 +97,11 @@ def test_a_retry_answered_during_a_claim_is_claimed_at_its_run_at(
     job = q.enqueue("retry-wake-flaky", None)
     admin.delete(q.keys.wake)  # no stray wake-up: only the one below makes the racing claim
 
-    async def main() -> None:
-        Gate.reset()
-        client = connect_async(module_server.url)
-        w = Worker(client, registry, WorkerSettings(queues=(q.name,), concurrency=4, grace_s=0))
+    def prepare(w: Worker) -> None:
         aq = w._by_name[q.name].aq
         real_claim = aq.claim
         real_failed = w._failed
         failed: list[str] = []
-        raced: list[ClaimBatch] = []
 
         def seen_failed(r: Any, *args: Any) -> Any:
             out = real_failed(r, *args)
@@ -96,20 +118,16 @@ def test_a_retry_answered_during_a_claim_is_claimed_at_its_run_at(
 
         monkeypatch.setattr(w, "_failed", seen_failed)
         monkeypatch.setattr(aq, "claim", claim)
-        task = asyncio.create_task(w.run(install_signals=False))
-        try:
-            await poll(Gate.handler_waiting.is_set, "the first attempt to start")
-            await poll(w._idle.is_set, "the claim loop to wait")
-            w._wake.set()  # as the waker does: a claim while the first attempt waits
-            await poll(lambda: bool(raced), "a claim answered across the fail")
-            assert raced[0].jobs == []
-            await poll(lambda: q.status(job) == "done", "the retry to run")
-        finally:
-            w.request_stop()
-            await asyncio.wait_for(task, 10)
-            await client.aclose()
 
-    asyncio.run(main())
+    async def steps(w: Worker) -> None:
+        await poll(w._idle.is_set, "the claim loop to wait")
+        w._wake.set()  # as the waker does: a claim while the first attempt waits
+        await poll(lambda: bool(raced), "a claim answered across the fail")
+        assert raced[0].jobs == []
+        await poll(lambda: q.status(job) == "done", "the retry to run")
+
+    raced: list[ClaimBatch] = []
+    run_worker(module_server.url, (q.name,), prepare, steps)
     assert q.get_job(job).attempts == 2
 
 
@@ -127,24 +145,13 @@ def test_a_retry_ends_its_queues_skip_on_a_worker_of_several_queues(
     job = qa.enqueue("retry-wake-flaky", None)
     admin.delete(qa.keys.wake)
 
-    async def main() -> None:
-        Gate.reset()
-        client = connect_async(module_server.url)
-        settings = WorkerSettings(queues=(qa.name, qb.name), concurrency=4, grace_s=0)
-        w = Worker(client, registry, settings)
-        task = asyncio.create_task(w.run(install_signals=False))
-        try:
-            await poll(Gate.handler_waiting.is_set, "the first attempt to start")
-            await poll(w._idle.is_set, "the claim loop to wait")
-            w._skip_until.pop(qa.name, None)
-            w._wake.set()  # a round while the job runs: its queue's claim takes nothing
-            await poll(lambda: qa.name in w._skip_until, "the job's queue to sit out")
-            Gate.release.set()
-            await poll(lambda: qa.status(job) == "done", "the retry to run")
-        finally:
-            w.request_stop()
-            await asyncio.wait_for(task, 10)
-            await client.aclose()
+    async def steps(w: Worker) -> None:
+        await poll(w._idle.is_set, "the claim loop to wait")
+        w._skip_until.pop(qa.name, None)
+        w._wake.set()  # a round while the job runs: its queue's claim takes nothing
+        await poll(lambda: qa.name in w._skip_until, "the job's queue to sit out")
+        Gate.release.set()
+        await poll(lambda: qa.status(job) == "done", "the retry to run")
 
-    asyncio.run(main())
+    run_worker(module_server.url, (qa.name, qb.name), lambda w: None, steps)
     assert qa.get_job(job).attempts == 2
