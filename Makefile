@@ -28,6 +28,8 @@ HAND_EDITS = tests/test_wrong_type_matrix.py tests/test_field_edit_matrix.py
 # The crash/chaos tests, run a second time with the lowest redis-py.
 CRASH = tests/test_worker_crash.py tests/faults/test_crash.py tests/faults/test_restarts.py \
         tests/faults/test_proxy.py
+# The direct I/O path, which reaches into redis-py's connections and pools: on the lowest too.
+DIRECT = tests/test_direct_io.py tests/test_direct_pipeline.py tests/test_direct_pool.py
 
 # $(call pytest,title,python command,paths): exit 5 ("no tests ran") is named, and fails like any.
 define pytest
@@ -120,7 +122,7 @@ test-cluster: install-test
 	$(call pytest,conformance on a local Redis Cluster,SCHEDULER_TEST_SERVER=cluster $(BIN)/python,$(CONFORMANCE) tests/test_cluster.py tests/test_cluster_failover.py tests/test_partitions.py tests/test_partitions_cli.py tests/test_dashboard_cluster.py)
 
 test-lowest-redis: $(VENV_LOWEST)/.installed-test redis-server
-	$(call pytest,crash/chaos on redis-py $(REDIS_LOWEST),$(VENV_LOWEST)/bin/python,$(CRASH))
+	$(call pytest,crash/chaos and direct I/O on redis-py $(REDIS_LOWEST),$(VENV_LOWEST)/bin/python,$(CRASH) $(DIRECT))
 
 bench: install
 	$(BIN)/python bench/run.py --quick

@@ -171,7 +171,8 @@ def test_asyncio_a_dropped_connection_fails_as_execute_command_does(redis_url: s
 
 
 # redis-py 7.x cannot open a RESP3 connection over a unix socket (maintenance notifications
-# want a host); the lowest-redis CI run does not include this file, the main run (8.x) does.
+# want a host): the lowest-redis CI stage runs this file with RESP2 only, the main run (8.x)
+# with both.
 _RESP3_OK = int(redis.__version__.split(".")[0]) >= 8
 
 

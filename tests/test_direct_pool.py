@@ -133,9 +133,13 @@ def test_other_pools_go_through_their_own_calls(
     if kind == "blocking":
         pool: Any = redis.BlockingConnectionPool.from_url(redis_url)
     else:
-        pool = redis.ConnectionPool.from_url(
-            redis_url, credential_provider=UsernamePasswordCredentialProvider()
+        # The URL's own user, else the default user (`nopass` on a private server: any
+        # password is taken; redis-py 7 sends one even when none is given).
+        kw = redis.ConnectionPool.from_url(redis_url).connection_kwargs
+        provider = UsernamePasswordCredentialProvider(
+            kw.get("username") or "default", kw.get("password") or "any"
         )
+        pool = redis.ConnectionPool.from_url(redis_url, credential_provider=provider)
     c = redis.Redis(connection_pool=pool)
     echo = c.script_load(ECHO)
     calls = _count(pool, monkeypatch)

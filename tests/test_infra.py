@@ -104,6 +104,8 @@ def test_make_test_runs_every_stage(make: str) -> None:
     assert ".venv/bin/python -m pytest -n " in out
     assert "SCHEDULER_TEST_SERVER=valkey" in out and "tests/test_walkthrough.py" in out
     assert ".venv-lowest-redis/bin/python -m pytest" in out and "tests/faults/test_crash.py" in out
+    lowest = next(ln for ln in out.splitlines() if ".venv-lowest-redis/bin/python -m pytest" in ln)
+    assert "tests/test_direct_pool.py" in lowest  # the direct I/O path on the lowest redis-py
 
 
 def test_the_lowest_redis_venv_gets_the_floor_of_pyproject(make: str) -> None:
