@@ -599,6 +599,7 @@ end
 -- for doctor: it cannot take the hash fields flow_unhold writes).
 local function flow_parent_done(prefix, id)
   local ck = prefix .. 'flow:children:' .. id
+  local freed = false
   for _, cid in ipairs(flow_children(ck)) do
     -- flow:waiting of another type (edited by hand): the child's place in flow:held says it
     -- still waits, and its score is the same run_at.
@@ -617,6 +618,7 @@ local function flow_parent_done(prefix, id)
         if flow_unhold(prefix, cid, run_at) then
           redis.pcall('ZREM', prefix .. 'flow:waiting', cid)
           redis.call('HDEL', cjk, 'waiting_for', 'parents')
+          freed = true
         end
       else
         redis.call('HSET', cjk, 'waiting_for', fmt(left), 'flow_reason',
@@ -626,6 +628,8 @@ local function flow_parent_done(prefix, id)
   end
   redis.call('DEL', ck)
   redis.call('HDEL', job_key(prefix, id), 'kids')
+  -- An idle worker may be sleeping until the parent's lease end: a child is due again.
+  if freed then wake(prefix .. 'wake') end
 end
 
 -- A parent ended dead or cancelled (`word`): its waiting children (those that list it:

@@ -72,6 +72,7 @@ class Claiming(Dispatch):
                 resent = q.name in self._nonce  # the answer to its first send was lost
                 nonce, t_sent = self._nonce.get(q.name) or (codec.new_nonce(), time.monotonic())
                 self._nonce[q.name] = (nonce, t_sent)
+                self._due_again.discard(q.name)
                 try:
                     batch = await q.aq.claim(
                         self.id,
@@ -111,7 +112,8 @@ class Claiming(Dispatch):
                 rr = rr if owed else (rr + 1) % len(self.queues)
                 if batch.next_ms >= 0:
                     sleep_s = min(sleep_s, (batch.next_ms - batch.now_ms) / 1000)
-                if n == 0 and len(self.queues) > 1:
+                # No skip when a retry of this queue was answered while the claim was out.
+                if n == 0 and len(self.queues) > 1 and q.name not in self._due_again:
                     wait_s = _SKIP_MAX_S
                     if batch.next_ms >= 0:
                         wait_s = min(wait_s, (batch.next_ms - batch.now_ms) / 1000)

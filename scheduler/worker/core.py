@@ -142,6 +142,9 @@ class WorkerCore:
         # one of its jobs, or claiming._SKIP_MAX_S), so an empty partition costs about one
         # claim a second instead of one per claim of the others.
         self._skip_until: dict[str, float] = {}
+        # Queues _due_soon named since their claim now in flight was sent: that claim's answer
+        # (it ran before the retry) must not set a skip.
+        self._due_again: set[str] = set()
         self.metrics.in_flight.set_function(lambda: len(self.running))
         self.metrics.abandoned_threads.set_function(lambda: len(self._abandoned))
 
@@ -150,6 +153,7 @@ class WorkerCore:
         none): end the idle wait and the queue's skip, so the claim loop re-plans its sleep
         around the job's run_at instead of the skip's end or the idle safety net."""
         self._skip_until.pop(queue, None)
+        self._due_again.add(queue)
         self._wake.set()
 
     def request_stop(self) -> None:
