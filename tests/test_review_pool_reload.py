@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from tests.test_worker_pool import (
     spawn_pool,
     wait_started,
 )
+from tests.test_worker_pool_metrics import answering, free_port, in_flight, scrape
 from tests.workers.procs import ROOT, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -76,43 +76,33 @@ def _replaced(pool: subprocess.Popen[bytes], old: list[int]) -> bool:
     return len(now) == len(old) and not set(now) & set(old)
 
 
-def _two_free_ports() -> int:
-    """A port p with p and p + 1 free (the metrics ports of a pool of 2)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("0.0.0.0", 0))
-            port = int(s.getsockname()[1])
-        if port >= 65535:
-            continue
-        try:
-            with socket.socket() as s2:
-                s2.bind(("0.0.0.0", port + 1))
-        except OSError:
-            continue
-        return port
-    raise AssertionError("no two consecutive free ports")
-
-
 def test_a_reload_with_a_fixed_metrics_port_replaces_the_children(
     redis_url: str, q: Queue, rlog: Path
 ) -> None:
-    """Defect: with --metrics-port P, child i serves P + i (worker_pool_start.child_commands)
-    and the reload starts child i's replacement with the same command line beside the old one
-    (Pool._reload), which still holds P + i: the new process cannot bind it ("cannot serve
-    metrics on port ...: Address already in use", worker_start.serve, exit 1) and the reload
-    ends at the first child. SIGHUP never replaces anything in a pool that serves metrics on a
-    fixed port."""
-    port = _two_free_ports()
+    """Defect (before the supervisor served the pool's metrics): with --metrics-port P, child i
+    served P + i and a reload started child i's replacement beside the old one, which still held
+    that port: the new process could not bind it and the reload ended at the first child. Now
+    the supervisor holds P and each child a free loopback port: the reload replaces every child,
+    and P answers every scrape throughout, with both slots once it is over."""
+    port = free_port()
     pool = spawn_pool(redis_url, q.name, "--processes", "2", "--metrics-port", str(port),
                       log=rlog)  # fmt: skip
+    scrapes: list[set[str]] = []
+
+    def replaced_while_scraped(old: list[int]) -> bool:
+        scrapes.append(in_flight(scrape(port)))  # raises if the endpoint does not answer
+        return "reload ended" in _text(rlog) or _replaced(pool, old)
+
     try:
         wait_started(rlog)
+        wait_for(lambda: answering(port) == {"0", "1"}, what="both slots scraped")
         old = children(pool.pid)
         pool.send_signal(signal.SIGHUP)
-        wait_for(lambda: "reload ended" in _text(rlog) or _replaced(pool, old),
-                 timeout_s=30, what="the reload over")  # fmt: skip
+        wait_for(lambda: replaced_while_scraped(old), timeout_s=30, what="the reload over")
         assert "reload ended" not in _text(rlog), _text(rlog)[-2000:]
-        assert pool.poll() is None
+        wait_for(lambda: not any(alive(pid) for pid in old), what="the old ones gone")
+        assert in_flight(scrape(port)) == {"0", "1"}, _text(rlog)[-2000:]
+        assert scrapes and pool.poll() is None
     finally:
         code = _end(pool)
     assert code == 0, _text(rlog)[-2000:]

@@ -62,7 +62,8 @@ def register(main: click.Group) -> None:
     default=1,
     show_default=True,
     help="Worker processes (0: one per core), each with --concurrency slots, under a "
-    "supervisor that restarts a dead one; process i serves --metrics-port + i - 1.",
+    "supervisor that restarts a dead one and serves all their metrics on --metrics-port "
+    '(label process="0".."N-1").',
 )
 @click.option(
     "--lease-ms",
@@ -164,7 +165,7 @@ def worker_cmd(
     try:
         settings.check()
         parse_url(url)  # a bad URL (or cluster form) is a usage error, before any I/O
-        n = pool_size(processes, metrics_port, worker_id)
+        n = pool_size(processes, worker_id)
     except Exception as exc:  # SettingsError, BadArgument, a URL redis-py refuses
         click.echo(safe(f"error: {exc}"), err=True)
         sys.exit(EXIT_USAGE)

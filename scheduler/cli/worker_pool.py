@@ -22,8 +22,11 @@ registry that cannot be imported fails each child's first start: exit 4). It:
 - on Linux, has each child ask the kernel to SIGTERM it if the supervisor dies (kill -9;
   `join_pool`): no orphaned worker keeps claiming unsupervised.
 
-A child says it is ready (Redis reached, scripts loaded, metrics port bound) by writing one byte
-to the pipe named by READY_FD_ENV (worker_pool_child.py: the child's side)."""
+A child says it is ready (Redis reached, scripts loaded, metrics port bound) by writing
+`ready [<metrics port>]` to the pipe named by READY_FD_ENV (worker_pool_child.py: the child's
+side). With --metrics-port, the supervisor serves every ready child's metrics on that one port,
+each sample labelled process="<index>" (worker_pool_metrics.py); the children serve theirs on
+127.0.0.1 only."""
 
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ import time
 from collections.abc import Sequence
 
 from scheduler.cli.worker_pool_child import STOP_SIGNAL
+from scheduler.cli.worker_pool_metrics import PoolMetrics
 from scheduler.cli.worker_pool_proc import RESTART_FIRST_S, Child, exit_code
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORCED, EXIT_OK
 
@@ -48,15 +52,20 @@ log = logging.getLogger("scheduler.worker")
 
 class Pool:
     """The supervisor of `n` children: argv[i] and env[i] are child i's command line and
-    environment (worker_pool_start.child_commands)."""
+    environment (worker_pool_start.child_commands); `metrics`, if given, serves the children's
+    metrics (the pool tells it where they are)."""
 
     def __init__(
-        self, n: int, argv: Sequence[Sequence[str]], env: Sequence[dict[str, str]]
+        self,
+        n: int,
+        argv: Sequence[Sequence[str]],
+        env: Sequence[dict[str, str]],
+        metrics: PoolMetrics | None = None,
     ) -> None:
         if not (len(argv) == len(env) == n >= 1):
             raise ValueError("one command line and one environment per process")
         self.children = [Child(i) for i in range(n)]
-        self._argv, self._env = argv, env
+        self._argv, self._env, self._metrics = argv, env, metrics
         self._signals = 0  # SIGTERM/SIGINT received
         self._sent = 0  # stops sent to the children (the pool's own stop sends one too)
         self._forced = False  # the children were killed (a second signal)
@@ -153,7 +162,18 @@ class Pool:
             self._reload(stopping)
             if stopping and all(c.proc is None for c in self._everyone()):
                 return failed if failed is not None else self._final_code()
+            self._publish()
             self._wait(wake_r)
+
+    def _publish(self) -> None:
+        """Tell the metrics server each slot's current ready child: self.children holds the
+        newest ready process of each slot (a reload's new one once it is ready, never the one
+        it replaces). A new dict each time, never edited: its scrape threads read it as is."""
+        if self._metrics is not None:
+            self._metrics.targets = {
+                c.index: c.metrics_port if c.proc is not None and c.ready else None
+                for c in self.children
+            }
 
     # -- reload (SIGHUP) ---------------------------------------------------------------------
 

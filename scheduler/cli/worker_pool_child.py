@@ -1,5 +1,6 @@
 """The child's side of `scheduler worker --processes N` (worker_pool.py is the supervisor's):
-joining the pool at start, saying when it is ready, and the signal the supervisor stops it with."""
+joining the pool at start, saying when it is ready (and where its metrics are), and the signal
+the supervisor stops it with."""
 
 from __future__ import annotations
 
@@ -37,13 +38,28 @@ def join_pool() -> bool:
     return True
 
 
-def notify_ready() -> None:
-    """In a pool's child: tell the supervisor this worker started (no-op otherwise)."""
+def notify_ready(metrics_port: int | None) -> None:
+    """In a pool's child: tell the supervisor this worker started, and the loopback port of its
+    metrics if it serves them (no-op outside a pool)."""
     fd = os.environ.pop(READY_FD_ENV, None)
     if fd is None:
         return
     try:
-        os.write(int(fd), b"1")
+        os.write(int(fd), ready_message(metrics_port))
         os.close(int(fd))
     except (OSError, ValueError):  # the supervisor is gone; PDEATHSIG stops us
         pass
+
+
+def ready_message(metrics_port: int | None) -> bytes:
+    """`ready\n` or `ready <port>\n`: one write under PIPE_BUF, so the supervisor's one read
+    gets it whole."""
+    return b"ready\n" if metrics_port is None else b"ready %d\n" % metrics_port
+
+
+def parse_ready(message: bytes) -> int | None:
+    """The metrics port a ready message names (None: no metrics, or a message without one)."""
+    words = message.split()
+    if len(words) == 2 and words[0] == b"ready" and words[1].isdigit():
+        return int(words[1])
+    return None

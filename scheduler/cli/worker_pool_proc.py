@@ -1,5 +1,5 @@
 """One child process of a worker pool, as the supervisor sees it (worker_pool.py): its process,
-the pipe it says "ready" on, and its restart plan."""
+the pipe it says "ready" on (with its metrics port), and its restart plan."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scheduler.cli.worker_pool_child import POOL_PID_ENV, READY_FD_ENV
+from scheduler.cli.worker_pool_child import POOL_PID_ENV, READY_FD_ENV, parse_ready
 
 RESTART_FIRST_S = 1.0
 
@@ -30,6 +30,7 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     ready_fd: int | None = None
     ready: bool = False
+    metrics_port: int | None = None  # on 127.0.0.1, said with "ready"
     first_start: bool = True
     started_at: float = 0.0
     restart_at: float | None = None
@@ -51,7 +52,7 @@ class Child:
             raise
         finally:
             os.close(w)
-        self.ready_fd, self.ready = r, False
+        self.ready_fd, self.ready, self.metrics_port = r, False, None
         self.started_at, self.restart_at = time.monotonic(), None
         log.info(
             "worker process %d started (pid %d)", self.index + 1, self.proc.pid,
@@ -67,14 +68,15 @@ class Child:
                 self.proc.send_signal(sig)
 
     def read_ready(self) -> None:
-        """Take the child's "ready" byte if it is there (or the pipe's end)."""
+        """Take the child's "ready" message if it is there (or the pipe's end)."""
         if self.ready_fd is None:
             return
         r, _, _ = select.select([self.ready_fd], [], [], 0)
         if not r:
             return
-        if os.read(self.ready_fd, 16):
-            self.ready = True
+        message = os.read(self.ready_fd, 64)
+        if message:
+            self.ready, self.metrics_port = True, parse_ready(message)
         self.close_ready()  # ready, or EOF: the pipe has nothing more to say
 
     def close_ready(self) -> None:

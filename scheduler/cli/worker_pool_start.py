@@ -4,6 +4,7 @@ without a change here."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -11,18 +12,20 @@ from collections.abc import Sequence
 import click
 
 from scheduler.cli.worker_pool import Pool
+from scheduler.cli.worker_pool_metrics import PoolMetrics
+from scheduler.cli.worker_start import metrics_port_failure
 from scheduler.core.keys import check_job_id
-from scheduler.worker import SettingsError
+from scheduler.worker.logs import LOGGER
+
+log = logging.getLogger(LOGGER)
 
 
-def pool_size(processes: int, metrics_port: int | None, worker_id: str | None) -> int:
+def pool_size(processes: int, worker_id: str | None) -> int:
     """How many processes `--processes` asks for (0: one per core); settings the pool cannot
     honour raise, before any child starts."""
     n = processes or _cores()
     if worker_id is not None:  # the same safe alphabet: it becomes part of a key name
         check_job_id(worker_id if n == 1 else f"{worker_id}.{n}")
-    if n > 1 and metrics_port and metrics_port + n - 1 > 65535:
-        raise SettingsError(f"--metrics-port {metrics_port} + {n} processes passes 65535")
     return n
 
 
@@ -44,13 +47,14 @@ def child_commands(
     worker_id: str | None,
 ) -> tuple[list[list[str]], list[dict[str, str]]]:
     """Each child's command line and environment. The URL goes through REDIS_URL, never argv
-    (`ps` shows argv to every user, and the URL may hold a password). Child i (from 0) serves
-    metrics on metrics_port + i (0: a free port each) and is named worker_id.(i+1)."""
+    (`ps` shows argv to every user, and the URL may hold a password). With metrics_port, each
+    child serves its metrics on a free port of 127.0.0.1 (`--metrics-port 0` in a pool), which
+    the supervisor serves on metrics_port; child i (from 0) is named worker_id.(i+1)."""
     argvs, envs = [], []
     for i in range(n):
         argv = [sys.executable, "-m", "scheduler", "worker", registry, *options]
         if metrics_port is not None:
-            argv += ["--metrics-port", str(metrics_port + i if metrics_port else 0)]
+            argv += ["--metrics-port", "0"]
         if worker_id is not None:
             argv += ["--worker-id", f"{worker_id}.{i + 1}"]
         argvs.append(argv)
@@ -58,8 +62,8 @@ def child_commands(
     return argvs, envs
 
 
-# Options a pool passes on to each child unchanged; --url goes through the environment, and
-# --metrics-port and --worker-id differ per child (child_commands).
+# Options a pool passes on to each child unchanged; --url goes through the environment, the
+# supervisor serves --metrics-port itself, and --worker-id differs per child (child_commands).
 _PER_CHILD = {"url", "processes", "metrics_port", "worker_id"}
 
 
@@ -67,7 +71,8 @@ def run_pool(
     n: int, registry: str, url: str, metrics_port: int | None, worker_id: str | None
 ) -> int:
     """Run `scheduler worker`'s pool: its options (this click context's) passed on to each of
-    n children."""
+    n children; with metrics_port, the children's metrics served there, bound before any child
+    starts (a port that cannot be bound: exit 1, as for one worker)."""
     ctx = click.get_current_context()
     options: list[str] = []
     for param in ctx.command.params:
@@ -84,4 +89,15 @@ def run_pool(
     argv, env = child_commands(
         n, options, url=url, registry=registry, metrics_port=metrics_port, worker_id=worker_id
     )
-    return Pool(n, argv, env).run()
+    metrics = None
+    if metrics_port is not None:
+        try:
+            metrics = PoolMetrics(metrics_port)
+        except OSError as exc:
+            return metrics_port_failure(metrics_port, exc)
+        log.info("metrics on :%d/metrics", metrics.port)
+    try:
+        return Pool(n, argv, env, metrics).run()
+    finally:
+        if metrics is not None:
+            metrics.close()

@@ -40,6 +40,7 @@ from scheduler.worker import (
     WorkerSettings,
 )
 from scheduler.worker.execution import TRANSIENT, classify
+from scheduler.worker.metrics import METRICS_ADDR
 from scheduler.worker.registry import Registry
 
 
@@ -133,6 +134,12 @@ def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
             t.exception()  # retrieved: a handler's late error is not the worker's outcome
 
 
+def metrics_port_failure(port: int, exc: OSError) -> int:
+    """--metrics-port taken, or not ours to bind (a worker's or a pool's): one line, no trace."""
+    click.echo(f"error: cannot serve metrics on port {port}: {exc.strerror or exc}", err=True)
+    return EXIT_FAILED
+
+
 # Each one line and an exit code (worker_start.start_failure); a hand-edited partition record
 # is an UnreadableRecord (a SchedulerError).
 _START_ERRORS: tuple[type[BaseException], ...] = (
@@ -176,18 +183,20 @@ async def serve(
         click.echo(safe(f"error: {exc}"), err=True)
         await client.aclose()
         return EXIT_FAILED
+    bound: int | None = None
     if port is not None:
+        # A pool's child serves only its supervisor, which relabels and serves every child's
+        # metrics on the pool's port (worker_pool_metrics.py): loopback, any free port.
+        addr, port = ("127.0.0.1", 0) if in_pool else (METRICS_ADDR, port)
         try:
-            bound = worker.metrics.serve(port, share_port=in_pool)
-        except OSError as exc:  # the port is taken, or not ours to bind: one line, no trace
-            why = exc.strerror or exc
-            click.echo(f"error: cannot serve metrics on port {port}: {why}", err=True)
+            bound = worker.metrics.serve(port, addr=addr)
+        except OSError as exc:
             await client.aclose()
-            return EXIT_FAILED
-        worker.log.info("metrics on :%d/metrics", bound)
+            return metrics_port_failure(port, exc)
+        worker.log.info("metrics on %s:%d/metrics", addr if in_pool else "", bound)
     if in_pool:  # the supervisor's stop: a request, never a (second) signal
         asyncio.get_running_loop().add_signal_handler(STOP_SIGNAL, _pool_stop, worker)
-    notify_ready()  # to a pool's supervisor (--processes): this child started
+    notify_ready(bound)  # to a pool's supervisor (--processes): this child started
     try:
         return await worker.run()
     finally:

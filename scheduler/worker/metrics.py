@@ -8,21 +8,18 @@ published as metric families when scraped (_JobCollector): a prometheus-client c
 
 from __future__ import annotations
 
-import threading
 from bisect import bisect_left
 from collections.abc import Iterator
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from scheduler.client.partitioned_merge import merge_counts
 from scheduler.core.models import QueueCounts
 from scheduler.core.vocabulary import OUTCOMES
 
+METRICS_ADDR = "0.0.0.0"  # --metrics-port: a worker's, or a pool supervisor's (all interfaces)
 # Lateness and run time span a few ms (on-time claims) to minutes (slow handlers).
 _BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _LE = [repr(float(b)) for b in _BUCKETS_S] + ["+Inf"]  # as prometheus-client writes them
@@ -182,25 +179,7 @@ class WorkerMetrics:
         for reason, n in counts.held.items():
             self.held.labels(queue, reason).set(n)
 
-    def serve(self, port: int, addr: str = "0.0.0.0", *, share_port: bool = False) -> int:
-        """Serve /metrics in a daemon thread; returns the bound port (0 picks a free one).
-
-        share_port (a pool's child): SO_REUSEPORT, so the replacement a reload starts binds the
-        port while the process it replaces still serves it (both set it; for that moment the
-        kernel hands each scrape to one of them)."""
-        if not share_port:
-            server, _ = start_http_server(port, addr=addr, registry=self.registry)
-            return int(server.server_address[1])
-        httpd = make_server(addr, port, make_wsgi_app(self.registry), _SharedPortServer,
-                            handler_class=_QuietHandler)  # fmt: skip
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        return int(httpd.server_address[1])
-
-
-class _SharedPortServer(ThreadingWSGIServer):
-    allow_reuse_port = True  # Python 3.11+: SO_REUSEPORT before bind
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """No access log on stderr, as prometheus_client's own server."""
+    def serve(self, port: int, addr: str = METRICS_ADDR) -> int:
+        """Serve /metrics in a daemon thread; returns the bound port (0 picks a free one)."""
+        server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        return int(server.server_address[1])

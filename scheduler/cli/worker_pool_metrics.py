@@ -1,0 +1,128 @@
+"""The one metrics endpoint of `scheduler worker --processes N --metrics-port P`: the supervisor
+serves P; each scrape fetches every ready child's /metrics (on 127.0.0.1, at the port its ready
+message named: worker_pool_child.py) at once, labels every sample process="<slot>" (the child's
+index 0..N-1, which a restart or a reload keeps), merges the families of one name and renders
+them. prometheus_client parses and renders; the supervisor still runs none of the user's code
+and holds no Redis connection."""
+
+from __future__ import annotations
+
+import logging
+import urllib.request
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from scheduler.worker.logs import LOGGER
+from scheduler.worker.metrics import METRICS_ADDR
+
+FETCH_TIMEOUT_S = 2.0  # a child that has not answered by then is left out of the scrape
+LABEL = "process"
+
+log = logging.getLogger(LOGGER)
+
+# A loopback fetch never goes through the environment's http_proxy.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class PoolMetrics:
+    """The supervisor's /metrics server, in a daemon thread (prometheus_client's): each request
+    is a thread of its own, so a slow child delays that scrape only, never the pool's loop or
+    its signal handling. Binds at construction (OSError: the port is taken)."""
+
+    def __init__(self, port: int) -> None:
+        # slot -> its ready child's metrics port (None: no ready child now). Pool replaces the
+        # whole dict, never edits it, so a scrape reads one consistent snapshot without a lock.
+        self.targets: dict[int, int | None] = {}
+        registry = CollectorRegistry(support_collectors_without_names=True)  # ?name[]= too
+        registry.register(self)
+        self._server, _ = start_http_server(port, addr=METRICS_ADDR, registry=registry)
+        self.port = int(self._server.server_address[1])
+
+    def collect(self) -> Iterator[Metric]:
+        targets = self.targets
+        texts = fetch_all(targets)
+        yield from relabel_merge(texts)
+        up = GaugeMetricFamily(
+            "scheduler_pool_process_up",
+            "1 if the worker process of this slot answered this scrape, else 0 (starting, "
+            "restarting, or no answer within 2 s: its series are missing from this scrape)",
+            labels=[LABEL],
+        )
+        for slot in sorted(targets):
+            up.add_metric([str(slot)], 1 if slot in texts else 0)
+        yield up
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def fetch_all(targets: Mapping[int, int | None]) -> dict[int, str]:
+    """Each slot's /metrics text, fetched concurrently; a child that fails or does not answer
+    within FETCH_TIMEOUT_S (stopped, stuck, just exited) is logged and left out."""
+    ports = {slot: port for slot, port in targets.items() if port is not None}
+    if not ports:
+        return {}
+    pool = ThreadPoolExecutor(len(ports), thread_name_prefix="pool-metrics")
+    try:
+        futures = {pool.submit(_fetch, port): slot for slot, port in ports.items()}
+        done, _ = wait(futures, timeout=FETCH_TIMEOUT_S)
+    finally:  # a fetch still running ends at its own socket timeout: the scrape does not wait
+        pool.shutdown(wait=False, cancel_futures=True)
+    texts = {}
+    for future, slot in futures.items():
+        error = future.exception() if future in done else "no answer"
+        if error is None:
+            texts[slot] = future.result()
+        else:
+            log.warning("metrics of worker process %d left out of this scrape: %s",
+                        slot + 1, error)  # fmt: skip
+    return texts
+
+
+def _fetch(port: int) -> str:
+    url = f"http://127.0.0.1:{port}/metrics"
+    with _OPENER.open(url, timeout=FETCH_TIMEOUT_S) as resp:
+        return str(resp.read().decode())
+
+
+def relabel_merge(texts: Mapping[int, str]) -> list[Metric]:
+    """Each slot's exposition text parsed, every sample labelled process="<slot>", the families
+    of one name merged into one (the first slot's help and type). A text that does not parse, or
+    a family whose type differs from the first one of its name (a process on other code during a
+    reload), is left out rather than mixed in: the exposition must stay valid."""
+    merged: dict[str, Metric] = {}
+    for slot, text in sorted(texts.items()):
+        try:
+            families = list(text_string_to_metric_families(text))
+        except ValueError as exc:
+            log.warning("metrics of worker process %d unreadable: %s", slot + 1, exc)
+            continue
+        for fam in families:
+            samples = [_relabel(s, str(slot)) for s in fam.samples]
+            into = merged.setdefault(fam.name, fam)
+            if into is fam:
+                fam.samples = samples
+            elif into.type == fam.type:
+                into.samples += samples
+    return list(merged.values())
+
+
+def _relabel(sample: Sample, slot: str) -> Sample:
+    """The sample with process="<slot>". A `process` label of the child's own (a collector of
+    the user's, say) is neither overwritten nor overwrites ours: it is kept as
+    `exported_process`, as Prometheus itself keeps a label that clashes with a target label
+    (honor_labels: false), prefixed again while that name is taken too."""
+    labels = dict(sample.labels)
+    if LABEL in labels:
+        kept = "exported_" + LABEL
+        while kept in labels:
+            kept = "exported_" + kept
+        labels[kept] = labels.pop(LABEL)
+    labels[LABEL] = slot
+    return sample._replace(labels=labels)
