@@ -23,7 +23,7 @@ from scheduler.worker import claiming as claiming_module
 from scheduler.worker import settings as settings_module
 from scheduler.worker.registry import Registry
 from tests.redis_server import RedisProcess
-from tests.test_worker_retry_wake import Gate, poll, run_worker
+from tests.test_worker_retry_wake import poll, race_claim_with_fail, run_worker
 
 
 def _no_safety_nets(monkeypatch: Any) -> None:
@@ -52,25 +52,7 @@ def test_a_retry_answered_during_its_own_queues_claim_ends_that_queues_skip(
     def prepare(w: Worker) -> None:
         # The skip a stale answer writes back is the running job's lease head: make it far.
         w.settings = dataclasses.replace(w.settings, lease_ms=600_000)
-        aq = w._by_name[qa.name].aq
-        real_claim, real_failed = aq.claim, w._failed
-        failed: list[str] = []
-
-        def seen_failed(r: Any, *args: Any) -> Any:
-            out = real_failed(r, *args)
-            failed.append(r.job.id)
-            return out
-
-        async def claim(*args: Any, **kwargs: Any) -> ClaimBatch:
-            batch = await real_claim(*args, **kwargs)  # run by the server: nothing due in qa
-            if Gate.handler_waiting.is_set() and not Gate.release.is_set():
-                Gate.release.set()  # the handler raises; its fail is answered before this claim
-                await poll(lambda: bool(failed), "the fail's answer")
-                raced.append(batch)
-            return batch
-
-        monkeypatch.setattr(w, "_failed", seen_failed)
-        monkeypatch.setattr(aq, "claim", claim)
+        race_claim_with_fail(w, qa.name, monkeypatch, raced)
 
     async def steps(w: Worker) -> None:
         await poll(w._idle.is_set, "the claim loop to wait")

@@ -203,6 +203,21 @@ def listening(port: int) -> set[str]:
     return out
 
 
+def pool_of_two(redis_url: str, q: Queue, pool_log: Path) -> tuple[int, subprocess.Popen[bytes]]:
+    """A pool of 2 on a free metrics port, once both slots answer a scrape (stopped by the
+    caller)."""
+    port = free_port()
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--metrics-port", str(port),
+                      log=pool_log)  # fmt: skip
+    try:
+        wait_started(pool_log)
+        wait_for(lambda: answering(port) == {"0", "1"}, what="both slots scraped")
+    except BaseException:
+        stop(pool, pool_log)
+        raise
+    return port, pool
+
+
 @linux_only
 def test_one_scrape_of_the_pool_has_every_processs_jobs(
     redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
@@ -246,13 +261,9 @@ def test_one_scrape_of_the_pool_has_every_processs_jobs(
 def test_after_a_reload_the_endpoint_serves_the_new_processes(
     redis_url: str, q: Queue, pool_log: Path
 ) -> None:
-    port = free_port()
-    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--metrics-port", str(port),
-                      log=pool_log)  # fmt: skip
+    port, pool = pool_of_two(redis_url, q, pool_log)
     try:
-        wait_started(pool_log)
         old = children(pool.pid)
-        wait_for(lambda: answering(port) == {"0", "1"}, what="both slots scraped")
         pool.send_signal(signal.SIGHUP)
         wait_for(lambda: len(children(pool.pid)) == 2 and not set(children(pool.pid)) & set(old),
                  timeout_s=40, what="both children replaced")  # fmt: skip
@@ -276,12 +287,8 @@ def test_after_a_reload_the_endpoint_serves_the_new_processes(
 def test_a_process_that_does_not_answer_is_left_out_of_the_scrape(
     redis_url: str, q: Queue, pool_log: Path
 ) -> None:
-    port = free_port()
-    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--metrics-port", str(port),
-                      log=pool_log)  # fmt: skip
+    port, pool = pool_of_two(redis_url, q, pool_log)
     try:
-        wait_started(pool_log)
-        wait_for(lambda: answering(port) == {"0", "1"}, what="both slots scraped")
         stopped = next(pid for pid, slot in slots(pool_log).items() if slot == 0)
         os.kill(stopped, signal.SIGSTOP)
         try:

@@ -86,6 +86,31 @@ def run_worker(
     asyncio.run(main())
 
 
+def race_claim_with_fail(w: Worker, queue: str, monkeypatch: Any, raced: list[ClaimBatch]) -> None:
+    """Patch w so that the first claim of `queue` sent while the first attempt waits is run by
+    the server, then the attempt fails, and that claim's answer (it saw nothing due) reaches
+    the claim loop only after the fail's answer was read; the answer is put in `raced`."""
+    aq = w._by_name[queue].aq
+    real_claim, real_failed = aq.claim, w._failed
+    failed: list[str] = []
+
+    def seen_failed(r: Any, *args: Any) -> Any:
+        out = real_failed(r, *args)
+        failed.append(r.job.id)
+        return out
+
+    async def claim(*args: Any, **kwargs: Any) -> ClaimBatch:
+        batch = await real_claim(*args, **kwargs)  # executed by the server: no due job
+        if Gate.handler_waiting.is_set() and not Gate.release.is_set():
+            Gate.release.set()  # the handler raises; its fail runs after this claim
+            await poll(lambda: bool(failed), "the fail's answer")
+            raced.append(batch)
+        return batch
+
+    monkeypatch.setattr(w, "_failed", seen_failed)
+    monkeypatch.setattr(aq, "claim", claim)
+
+
 def test_a_retry_answered_during_a_claim_is_claimed_at_its_run_at(
     module_server: RedisProcess, monkeypatch: Any
 ) -> None:
@@ -98,26 +123,7 @@ def test_a_retry_answered_during_a_claim_is_claimed_at_its_run_at(
     admin.delete(q.keys.wake)  # no stray wake-up: only the one below makes the racing claim
 
     def prepare(w: Worker) -> None:
-        aq = w._by_name[q.name].aq
-        real_claim = aq.claim
-        real_failed = w._failed
-        failed: list[str] = []
-
-        def seen_failed(r: Any, *args: Any) -> Any:
-            out = real_failed(r, *args)
-            failed.append(r.job.id)
-            return out
-
-        async def claim(*args: Any, **kwargs: Any) -> ClaimBatch:
-            batch = await real_claim(*args, **kwargs)  # executed by the server: no due job
-            if Gate.handler_waiting.is_set() and not Gate.release.is_set():
-                Gate.release.set()  # the handler raises; its fail runs after this claim
-                await poll(lambda: bool(failed), "the fail's answer")
-                raced.append(batch)
-            return batch
-
-        monkeypatch.setattr(w, "_failed", seen_failed)
-        monkeypatch.setattr(aq, "claim", claim)
+        race_claim_with_fail(w, q.name, monkeypatch, raced)
 
     async def steps(w: Worker) -> None:
         await poll(w._idle.is_set, "the claim loop to wait")
