@@ -2,6 +2,7 @@
 
     python bench/run.py [--quick] [--systems a,b] [--transport unix|tcp|both] [--sizes k=n,...]
                         [--out bench/results] [--chart docs/bench.png] [--drain-rounds N]
+                        [--enqueue-rounds N]
 
 Standard library only: the Python peer libraries live in their own virtualenv(s) under bench/
 (created here on first use), the Node.js peer in bench/systems/bullmq_node/node_modules
@@ -359,10 +360,10 @@ def metric(entry: dict[str, Any], workload: str, key: str) -> float | None:
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
 
-def merge_drain_rounds(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One drain entry from the driver rows of every round (the normal pass first): jobs_per_s
-    is the median of the rounds that succeeded; each round's value stays in result["rounds"]
-    (None for a failed round, whose error goes to result["failed_rounds"])."""
+def merge_drain_rounds(rows: list[dict[str, Any]], workload: str = "drain") -> dict[str, Any]:
+    """One drain (or single-enqueue) entry from the driver rows of every round (the normal pass
+    first): jobs_per_s is the median of the rounds that succeeded; each round's value stays in
+    result["rounds"] (None for a failed round, whose error goes to result["failed_rounds"])."""
     values: list[float | None] = []
     failed: list[dict[str, Any]] = []
     for i, row in enumerate(rows, 1):
@@ -375,7 +376,7 @@ def merge_drain_rounds(rows: list[dict[str, Any]]) -> dict[str, Any]:
     good = [v for v in values if v is not None]
     first = next((r for r in rows if r.get("ok")), rows[0])
     if not good:
-        return {**first, "ok": False, "error": "every drain round failed",
+        return {**first, "ok": False, "error": f"every {workload} round failed",
                 "result": {"rounds": values, "failed_rounds": failed}}  # fmt: skip
     result = {**first.get("result", {}), "jobs_per_s": statistics.median(good)}
     result.update(rounds=values, median_of=len(good))
@@ -384,11 +385,15 @@ def merge_drain_rounds(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {**first, "ok": True, "result": result}
 
 
-def drain_rounds_lines(systems: dict[str, Any]) -> list[str]:
-    """One line: each system's drain rounds (jobs/s, in run order) and their median."""
+ROUNDS_LABEL = {"drain": ("Drain", "drain"), "enqueue_single": ("Single enqueue", "single enqueue")}
+
+
+def drain_rounds_lines(systems: dict[str, Any], workload: str = "drain") -> list[str]:
+    """One line: each system's rounds of the workload (jobs/s, in run order) and their median."""
+    title, word = ROUNDS_LABEL[workload]
     parts, n = [], 0
     for name, e in systems.items():
-        res = e.get("workloads", {}).get("drain", {}).get("result", {})
+        res = e.get("workloads", {}).get(workload, {}).get("result", {})
         rounds = res.get("rounds")
         if not isinstance(rounds, list) or len(rounds) < 2:
             continue
@@ -399,8 +404,8 @@ def drain_rounds_lines(systems: dict[str, Any]) -> list[str]:
     if not parts:
         return []
     return [
-        f"Drain jobs/s per round, in run order (drain: median of {n} interleaved rounds; every "
-        "drain figure of this transport is that median): " + "; ".join(parts),
+        f"{title} jobs/s per round, in run order ({word}: median of {n} interleaved rounds; "
+        f"every {word} figure of this transport is that median): " + "; ".join(parts),
         "",
     ]
 
@@ -568,8 +573,14 @@ def markdown(results: dict[str, Any]) -> str:
         + ", ".join(f"{k} n={v}" for k, v in results["sizes"].items())
         + f"; simultaneous jobs due {DELAY_S:g} s ahead (rounded up to a whole second)"
         + (
-            f"; drain: median of {results['drain_rounds']} interleaved rounds per system."
+            f"; drain: median of {results['drain_rounds']} interleaved rounds per system"
             if results.get("drain_rounds", 1) > 1
+            else ""
+        )
+        + (
+            f"; single enqueue: median of {results['enqueue_rounds']} interleaved rounds per "
+            "system."
+            if results.get("enqueue_rounds", 1) > 1
             else "."
         ),
         "",
@@ -579,6 +590,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [f"## Over {label}", ""]
         lines += system_table(run["systems"], run["ratios"])
         lines += drain_rounds_lines(run["systems"])
+        lines += drain_rounds_lines(run["systems"], "enqueue_single")
         lines += versus_lines(run["systems"], label)
     lines += ["## Ceiling (same server, same run)", ""]
     if loop:
@@ -806,9 +818,19 @@ def main() -> int:
         "each system in turn); the reported drain jobs/s is the median of the rounds. 1 = one "
         "drain per system",
     )
+    ap.add_argument(
+        "--enqueue-rounds",
+        type=int,
+        default=3,
+        help="single-enqueue runs per system per transport (default 3), interleaved as the "
+        "drain rounds; the reported single enqueue jobs/s is their median (one run moved 2x "
+        "between minutes here). 1 = one run per system",
+    )
     opts = ap.parse_args()
     if opts.drain_rounds < 1:
         ap.error("--drain-rounds must be >= 1")
+    if opts.enqueue_rounds < 1:
+        ap.error("--enqueue-rounds must be >= 1")
     wanted = [s.strip() for s in opts.systems.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in SYSTEMS + OURS_VARIANTS]
     if unknown:
@@ -859,6 +881,7 @@ def main() -> int:
         "sizes": {k: v for k, v in sizes.items()},
         "delay_s": DELAY_S,
         "drain_rounds": opts.drain_rounds,
+        "enqueue_rounds": opts.enqueue_rounds,
         "transports": transports,
         "ours_src": str(Path(opts.ours_src).resolve()) if opts.ours_src else "",
         "install": install,
@@ -916,35 +939,38 @@ def main() -> int:
                     transport,
                     ours_env if name == "ours" or name in OURS_VARIANTS else None,
                 )
-            # One drain per system is too few on this shared machine (bullmq-node's own drain
-            # moved 7.8k-11.4k jobs/s between back-to-back runs): N-1 more drain-only rounds,
-            # interleaved so that every system sees the same minutes; the median is reported.
-            drained = [
-                n for n in pythons if systems[n].get("workloads", {}).get("drain", {}).get("ok")
-            ]
-            rounds = {n: [systems[n]["workloads"]["drain"]] for n in drained}
-            for r in range(2, opts.drain_rounds + 1):
-                for name in drained:
-                    log(f"drain round {r}/{opts.drain_rounds}: {name} over {transport}")
-                    extra = run_system(
-                        name,
-                        pythons[name],
-                        [["drain"]],
-                        sizes,
-                        server,
-                        timeout,
-                        pidfile,
-                        opts.concurrency,
-                        transport,
-                        ours_env if name == "ours" or name in OURS_VARIANTS else None,
-                    )
-                    rounds[name].append(extra["workloads"]["drain"])
-            if opts.drain_rounds > 1:
-                for name, rows in rounds.items():
-                    merged = merge_drain_rounds(rows)
-                    systems[name]["workloads"]["drain"] = merged
-                    vals = merged["result"]["rounds"]
-                    log(f"  {name}[{transport}].drain rounds (jobs/s): {vals}")
+            # One drain or single-enqueue figure per system is too few on this shared machine
+            # (bullmq-node's own drain moved 7.8k-11.4k jobs/s between back-to-back runs; our
+            # single enqueue 2.1k-4.0k within one run): N-1 more rounds of each, interleaved so
+            # that every system sees the same minutes; the median is reported.
+            for workload, n_rounds in (
+                ("drain", opts.drain_rounds),
+                ("enqueue_single", opts.enqueue_rounds),
+            ):
+                done = [n for n in pythons if systems[n]["workloads"].get(workload, {}).get("ok")]
+                rounds = {n: [systems[n]["workloads"][workload]] for n in done}
+                for r in range(2, n_rounds + 1):
+                    for name in done:
+                        log(f"{workload} round {r}/{n_rounds}: {name} over {transport}")
+                        extra = run_system(
+                            name,
+                            pythons[name],
+                            [[workload]],
+                            sizes,
+                            server,
+                            timeout,
+                            pidfile,
+                            opts.concurrency,
+                            transport,
+                            ours_env if name == "ours" or name in OURS_VARIANTS else None,
+                        )
+                        rounds[name].append(extra["workloads"][workload])
+                if n_rounds > 1:
+                    for name, rows in rounds.items():
+                        merged = merge_drain_rounds(rows, workload)
+                        systems[name]["workloads"][workload] = merged
+                        vals = merged["result"]["rounds"]
+                        log(f"  {name}[{transport}].{workload} rounds (jobs/s): {vals}")
         if not opts.no_ceiling:
             log("ceiling: redis-benchmark")
             server.cli("FLUSHALL")

@@ -210,3 +210,20 @@ def test_report_shows_drain_rounds_and_uses_their_median(run: Any) -> None:
     # One round (--drain-rounds 1, or an old results file): no rounds line.
     single = results(run, {"unix": {"ours": system(1, 1, 1, 1, 1, 1)}})
     assert "Drain jobs/s per round" not in run.markdown(single)
+
+
+def test_report_shows_single_enqueue_rounds_and_uses_their_median(run: Any) -> None:
+    rows = [{"ok": True, "result": {"jobs_per_s": v}} for v in (2_100.0, 4_000.0, 3_900.0)]
+    ours = system(1, 20_000, 90_000, 150, 190, 380)
+    ours["workloads"]["enqueue_single"] = run.merge_drain_rounds(rows, "enqueue_single")
+    node = system(1, 3_000, 20_000, 300, 320, 700)
+    res = results(run, {"unix": {"ours": ours, "bullmq-node": node}})
+    res["enqueue_rounds"] = 3
+    md = run.markdown(res)
+    assert "single enqueue: median of 3 interleaved rounds per system" in md
+    assert "Single enqueue jobs/s per round" in md
+    assert "ours 2,100 / 4,000 / 3,900 (median 3,900)" in md
+    # The ours-vs-bullmq-node row reads the median, not the first (slow) round: 3,900 / 3,000.
+    assert versus_row(md.splitlines(), "single enqueue jobs/s")[1:4] == ["3,900", "3,000", "1.30x"]
+    failed = run.merge_drain_rounds([{"ok": False, "error": "x"}], "enqueue_single")
+    assert failed["ok"] is False and failed["error"] == "every enqueue_single round failed"
