@@ -360,7 +360,7 @@ def metric(entry: dict[str, Any], workload: str, key: str) -> float | None:
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
 
-def merge_drain_rounds(rows: list[dict[str, Any]], workload: str = "drain") -> dict[str, Any]:
+def merge_rounds(rows: list[dict[str, Any]], workload: str = "drain") -> dict[str, Any]:
     """One drain (or single-enqueue) entry from the driver rows of every round (the normal pass
     first): jobs_per_s is the median of the rounds that succeeded; each round's value stays in
     result["rounds"] (None for a failed round, whose error goes to result["failed_rounds"])."""
@@ -388,7 +388,7 @@ def merge_drain_rounds(rows: list[dict[str, Any]], workload: str = "drain") -> d
 ROUNDS_LABEL = {"drain": ("Drain", "drain"), "enqueue_single": ("Single enqueue", "single enqueue")}
 
 
-def drain_rounds_lines(systems: dict[str, Any], workload: str = "drain") -> list[str]:
+def rounds_lines(systems: dict[str, Any], workload: str = "drain") -> list[str]:
     """One line: each system's rounds of the workload (jobs/s, in run order) and their median."""
     title, word = ROUNDS_LABEL[workload]
     parts, n = [], 0
@@ -589,8 +589,8 @@ def markdown(results: dict[str, Any]) -> str:
         label = TRANSPORT_LABEL.get(transport, transport)
         lines += [f"## Over {label}", ""]
         lines += system_table(run["systems"], run["ratios"])
-        lines += drain_rounds_lines(run["systems"])
-        lines += drain_rounds_lines(run["systems"], "enqueue_single")
+        lines += rounds_lines(run["systems"])
+        lines += rounds_lines(run["systems"], "enqueue_single")
         lines += versus_lines(run["systems"], label)
     lines += ["## Ceiling (same server, same run)", ""]
     if loop:
@@ -903,6 +903,28 @@ def main() -> int:
             systems: dict[str, Any] = {}
             results["by_transport"][transport] = {"systems": systems}
             pythons: dict[str, str] = {}
+
+            def run_groups(
+                name: str,
+                wls: list[list[str]],
+                pythons: dict[str, str] = pythons,
+                transport: str = transport,
+            ) -> dict[str, Any]:
+                """run_system for `name` (its interpreter in `pythons`) over this transport
+                (bound as defaults: this function is made anew for each transport)."""
+                return run_system(
+                    name,
+                    pythons[name],
+                    wls,
+                    sizes,
+                    server,
+                    timeout,
+                    pidfile,
+                    opts.concurrency,
+                    transport,
+                    ours_env if name == "ours" or name in OURS_VARIANTS else None,
+                )
+
             for name in wanted:
                 log(f"system {name} over {transport}")
                 if name == "ours" or name in OURS_VARIANTS:
@@ -927,18 +949,7 @@ def main() -> int:
                 else:
                     py = str(venv_python(PEERS[name].venv))
                 pythons[name] = py
-                systems[name] = run_system(
-                    name,
-                    py,
-                    groups,
-                    sizes,
-                    server,
-                    timeout,
-                    pidfile,
-                    opts.concurrency,
-                    transport,
-                    ours_env if name == "ours" or name in OURS_VARIANTS else None,
-                )
+                systems[name] = run_groups(name, groups)
             # One drain or single-enqueue figure per system is too few on this shared machine
             # (bullmq-node's own drain moved 7.8k-11.4k jobs/s between back-to-back runs; our
             # single enqueue 2.1k-4.0k within one run): N-1 more rounds of each, interleaved so
@@ -952,22 +963,11 @@ def main() -> int:
                 for r in range(2, n_rounds + 1):
                     for name in done:
                         log(f"{workload} round {r}/{n_rounds}: {name} over {transport}")
-                        extra = run_system(
-                            name,
-                            pythons[name],
-                            [[workload]],
-                            sizes,
-                            server,
-                            timeout,
-                            pidfile,
-                            opts.concurrency,
-                            transport,
-                            ours_env if name == "ours" or name in OURS_VARIANTS else None,
-                        )
+                        extra = run_groups(name, [[workload]])
                         rounds[name].append(extra["workloads"][workload])
                 if n_rounds > 1:
                     for name, rows in rounds.items():
-                        merged = merge_drain_rounds(rows, workload)
+                        merged = merge_rounds(rows, workload)
                         systems[name]["workloads"][workload] = merged
                         vals = merged["result"]["rounds"]
                         log(f"  {name}[{transport}].{workload} rounds (jobs/s): {vals}")

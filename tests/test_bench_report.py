@@ -169,7 +169,7 @@ def test_drain_rounds_median_leaves_a_failed_round_out(run: Any) -> None:
     def ok(v: float) -> dict[str, Any]:
         return {"ok": True, "result": {"n": 10, "jobs_per_s": v, "concurrency": None}}
 
-    merged = run.merge_drain_rounds(
+    merged = run.merge_rounds(
         [ok(9_000), {"ok": False, "error": "timed out after 45s"}, ok(13_000), ok(10_000)]
     )
     assert merged["ok"] is True
@@ -180,8 +180,8 @@ def test_drain_rounds_median_leaves_a_failed_round_out(run: Any) -> None:
     assert merged["result"]["failed_rounds"] == [{"round": 2, "error": "timed out after 45s"}]
     assert merged["result"]["n"] == 10
     # Even count: the mean of the middle two.
-    assert run.merge_drain_rounds([ok(8_000), ok(12_000)])["result"]["jobs_per_s"] == 10_000
-    every_one_failed = run.merge_drain_rounds([{"ok": False, "error": "x"}] * 2)
+    assert run.merge_rounds([ok(8_000), ok(12_000)])["result"]["jobs_per_s"] == 10_000
+    every_one_failed = run.merge_rounds([{"ok": False, "error": "x"}] * 2)
     assert every_one_failed["ok"] is False
     assert run.metric({"workloads": {"drain": every_one_failed}}, "drain", "jobs_per_s") is None
 
@@ -194,7 +194,7 @@ def test_report_shows_drain_rounds_and_uses_their_median(run: Any) -> None:
             else {"ok": True, "result": {"jobs_per_s": v}}
             for v in values
         ]
-        entry["workloads"]["drain"] = run.merge_drain_rounds(rows)
+        entry["workloads"]["drain"] = run.merge_rounds(rows)
         return entry
 
     ours = with_rounds(system(1, 20_000, 90_000, 150, 190, 380), 11_000, 14_000, 12_000)
@@ -215,7 +215,7 @@ def test_report_shows_drain_rounds_and_uses_their_median(run: Any) -> None:
 def test_report_shows_single_enqueue_rounds_and_uses_their_median(run: Any) -> None:
     rows = [{"ok": True, "result": {"jobs_per_s": v}} for v in (2_100.0, 4_000.0, 3_900.0)]
     ours = system(1, 20_000, 90_000, 150, 190, 380)
-    ours["workloads"]["enqueue_single"] = run.merge_drain_rounds(rows, "enqueue_single")
+    ours["workloads"]["enqueue_single"] = run.merge_rounds(rows, "enqueue_single")
     node = system(1, 3_000, 20_000, 300, 320, 700)
     res = results(run, {"unix": {"ours": ours, "bullmq-node": node}})
     res["enqueue_rounds"] = 3
@@ -225,5 +225,5 @@ def test_report_shows_single_enqueue_rounds_and_uses_their_median(run: Any) -> N
     assert "ours 2,100 / 4,000 / 3,900 (median 3,900)" in md
     # The ours-vs-bullmq-node row reads the median, not the first (slow) round: 3,900 / 3,000.
     assert versus_row(md.splitlines(), "single enqueue jobs/s")[1:4] == ["3,900", "3,000", "1.30x"]
-    failed = run.merge_drain_rounds([{"ok": False, "error": "x"}], "enqueue_single")
+    failed = run.merge_rounds([{"ok": False, "error": "x"}], "enqueue_single")
     assert failed["ok"] is False and failed["error"] == "every enqueue_single round failed"

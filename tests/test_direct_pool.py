@@ -79,8 +79,9 @@ def test_a_connection_left_with_a_reply_unread_is_reconnected(plain: redis.Redis
     echo = plain.script_load(ECHO)
     conn = plain.connection_pool.get_connection()
     conn.send_command("PING")  # type: ignore[no-untyped-call]  # its PONG is never read
+    # Wait for it to arrive (the check sees data waiting, not a reply still to come).
+    assert conn.can_read(timeout=10)
     plain.connection_pool.release(conn)
-    time.sleep(0.1)  # arrived: the check sees data waiting (one still to come it cannot see)
     assert direct_io.call_sync(plain, ("EVALSHA", echo, 0, "mine")) == b"mine"
     assert direct_io.pipeline_sync(plain, [("EVALSHA", echo, 0, "next")]) == [b"next"]
 
@@ -149,6 +150,17 @@ def test_other_pools_go_through_their_own_calls(
     c.close()
 
 
+async def _arrived(conn: Any, timeout_s: float = 10.0) -> None:
+    """Until the reply sent to conn is in its buffer (read in, not consumed: what the pool's
+    check sees as data waiting)."""
+    deadline = time.monotonic() + timeout_s
+    # redis-py 8: can_read (can_read_destructive deprecated); 7.3 has only the latter.
+    check = getattr(conn, "can_read", None) or conn.can_read_destructive
+    while not await check():
+        assert time.monotonic() < deadline, "the PONG never arrived"
+        await asyncio.sleep(0.005)
+
+
 def test_asyncio_reuses_its_connection_and_reconnects_one_left_unread(redis_url: str) -> None:
     async def main() -> None:
         c = aredis.Redis.from_url(redis_url)
@@ -158,7 +170,7 @@ def test_asyncio_reuses_its_connection_and_reconnects_one_left_unread(redis_url:
             assert await direct_io.call_async(c, ("EVALSHA", echo, 0, i)) == str(i).encode()
         (conn,) = pool._available_connections
         await conn.send_command("PING")  # its PONG is never read
-        await asyncio.sleep(0.1)  # arrived (as above)
+        await _arrived(conn)
         got = await direct_io.pipeline_async(c, [("EVALSHA", echo, 0, "mine")])
         assert got == [b"mine"]
         assert len(pool._available_connections) == 1 and not pool._in_use_connections

@@ -16,6 +16,7 @@ SCHEDULER = str(Path(sys.executable).parent / "scheduler")
 # Every worker log of the running test: conftest shows their tails when the test fails, so a
 # timeout in CI says what the worker was doing (a worker's output used to go to /dev/null).
 SPAWNED_LOGS: list[str] = []
+_TEMP_LOGS: set[str] = set()  # those spawn_worker made (deleted after the test)
 
 
 def spawn_worker(url: str, queue: str, *args: str, registry: str = "tests.workers.basic:registry",
@@ -24,6 +25,7 @@ def spawn_worker(url: str, queue: str, *args: str, registry: str = "tests.worker
     if log is None:
         fd, log = tempfile.mkstemp(prefix="worker-", suffix=".log")
         os.close(fd)
+        _TEMP_LOGS.add(log)
     SPAWNED_LOGS.append(log)
     with open(log, "ab") as out:
         return subprocess.Popen(
@@ -46,10 +48,9 @@ def log_tails(lines: int = 40) -> str:
 
 def forget_logs() -> None:
     """Drop the running test's worker logs; the temporary ones are deleted."""
-    tmp = tempfile.gettempdir()
-    for path in SPAWNED_LOGS:
-        if path.startswith(os.path.join(tmp, "worker-")):
-            Path(path).unlink(missing_ok=True)
+    for path in _TEMP_LOGS:
+        Path(path).unlink(missing_ok=True)
+    _TEMP_LOGS.clear()
     SPAWNED_LOGS.clear()
 
 
