@@ -209,6 +209,23 @@ def test_noscript_is_reloaded_on_the_node_that_lost_its_scripts(rc: Any, queue_n
         _drop(rc, [queue_name])
 
 
+def test_a_flush_racing_every_load_is_answered_by_eval_on_each_node(
+    rc: Any, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loads made no-ops (as if a flush followed each): the driver's second resend is EVAL with
+    the text, per node, and the WAIT after it still follows its writes."""
+    q = Queue(rc, queue_name, wait_replicas=1)
+    q.enqueue("t", None)
+    for node in rc.get_primaries():
+        _cmd(rc.get_redis_connection(node), "SCRIPT", "FLUSH")
+    monkeypatch.setattr(redis.Redis, "script_load", lambda self, script: "0" * 40)
+    try:
+        q.enqueue_many([JobSpec("t", None) for _ in range(3)], batch_size=1)
+        assert q.counts().due == 4
+    finally:
+        _drop(rc, [queue_name])
+
+
 def test_doctor_and_the_startup_checks_read_every_primary(rc: Any, cluster_url: str) -> None:
     """The test cluster runs without persistence: each primary is reported, by name."""
     from scheduler.admin.startup import check_or_warn

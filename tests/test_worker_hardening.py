@@ -185,6 +185,23 @@ def test_driver_reloads_and_resends_only_what_got_noscript() -> None:
     assert done.value.value == ["c", ["r", "ok", 1], ["x"]]
 
 
+def test_driver_sends_the_text_when_a_flush_races_its_load_too() -> None:
+    """A second NOSCRIPT (a flush between the load and the resend): EVAL with the script's
+    text, which cannot answer NOSCRIPT, so a busy flusher cannot win every round."""
+    scripts = Scripts()
+    d = scripts.drive([(["k1"], ScriptPipeline([Script("release", ["a"])], wait=(1, 10)))])
+    first = next(d)
+    text = scripts._text[scripts.sha["release"]]
+    nos = NoScriptError("No matching script")
+    again = d.send([nos, 0])
+    assert again.loads == [text] and again.cmds == first.cmds
+    third = d.send([nos, 0])
+    assert third.loads == [] and third.cmds == [("EVAL", text, *first.cmds[0][2:]), first.cmds[1]]
+    with pytest.raises(StopIteration) as done:
+        d.send(["ok", 1])
+    assert done.value.value == [["ok", 1]]
+
+
 def test_script_flush_between_claim_and_report_loses_no_outcome(
     module_server: RedisProcess, admin: redis.Redis
 ) -> None:

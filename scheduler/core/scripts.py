@@ -87,10 +87,12 @@ def source(name: str, clock: str = "server") -> str:
 
 
 Wire = tuple[Any, ...]  # one command as sent: ("EVALSHA", sha, nkeys, *keys, *args)
-# Loads before giving up on NOSCRIPT: each covers one SCRIPT FLUSH or restart racing the call.
-# 4 was too few under CI load: a flush every 3 ms (tests/faults/test_durability.py) beat four
-# load-then-send round trips in a row. A retry costs nothing unless a flush keeps racing.
-_NOSCRIPT_LOADS = 12
+# NOSCRIPT (a restart, a failover, SCRIPT FLUSH): the calls that got it are sent again after a
+# SCRIPT LOAD, then, if a flush raced that load too, as EVAL with the script's text, which
+# cannot answer NOSCRIPT. Retrying loads alone was a race a busy flusher could win every time:
+# a flush every 3 ms beat 12 load-then-send round trips in a row under CI load
+# (tests/faults/test_durability.py).
+_NOSCRIPT_RETRIES = 2  # a load and resend, then EVAL
 
 
 @dataclass(frozen=True)
@@ -155,19 +157,24 @@ class Scripts:
             routes.extend([keys[0] if keys else ""] * (len(cmds) - len(routes)))
             spans.append((first, len(cmds), not isinstance(req, Script)))
         replies = yield Batch([], cmds, routes)
-        for _ in range(_NOSCRIPT_LOADS):
+        for attempt in range(_NOSCRIPT_RETRIES):
             missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
             if not missing:
                 break
             # Those calls did not run, so sending them again is safe. A WAIT must follow the
             # writes it waits for: send it again after them.
             missing += [i for i, c in enumerate(cmds) if c[0] == "WAIT" and i > missing[0]]
-            shas = list(dict.fromkeys(str(cmds[i][1]) for i in missing if cmds[i][0] == "EVALSHA"))
-            again = yield Batch(
-                [self._text[s] for s in shas],
-                [cmds[i] for i in missing],
-                [routes[i] for i in missing],
-            )
+            resend = [cmds[i] for i in missing]
+            if attempt == 0:
+                shas = dict.fromkeys(str(c[1]) for c in resend if c[0] == "EVALSHA")
+                loads = [self._text[s] for s in shas]
+            else:  # a flush raced the load too: the text itself (it also caches the script)
+                loads = []
+                resend = [
+                    ("EVAL", self._text[str(c[1])], *c[2:]) if c[0] == "EVALSHA" else c
+                    for c in resend
+                ]
+            again = yield Batch(loads, resend, [routes[i] for i in missing])
             for i, r in zip(missing, again, strict=True):
                 replies[i] = r
         out: list[Any] = []
