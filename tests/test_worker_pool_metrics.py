@@ -19,6 +19,7 @@ import redis
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from scheduler import Queue
 from scheduler.cli.worker_pool_child import parse_ready, ready_message
@@ -115,6 +116,39 @@ def test_relabel_merge_leaves_out_what_would_make_the_exposition_invalid() -> No
     fams = {f.name: f for f in relabel_merge({0: SLOT0, 1: other_type, 2: "not { metrics"})}
     assert _samples(fams["in_flight"]) == {("in_flight", (("process", "0"),)): 1.0}
     assert {s.labels["process"] for s in fams["jobs"].samples} == {"0"}
+
+
+QUEUE_SLOT0 = """\
+# HELP scheduler_queue_jobs Jobs per place
+# TYPE scheduler_queue_jobs gauge
+scheduler_queue_jobs{queue="a",state="due"} 3.0
+scheduler_queue_jobs{queue="a",state="leased"} 1.0
+# HELP scheduler_queue_held_jobs Held
+# TYPE scheduler_queue_held_jobs gauge
+"""
+QUEUE_SLOT1 = """\
+# HELP scheduler_queue_jobs Jobs per place
+# TYPE scheduler_queue_jobs gauge
+scheduler_queue_jobs{queue="a",state="due"} 4.0
+scheduler_queue_jobs{queue="a",state="leased"} 2.0
+# HELP scheduler_queue_held_jobs Held
+# TYPE scheduler_queue_held_jobs gauge
+scheduler_queue_held_jobs{queue="a",reason="waiting"} 6.0
+"""
+
+
+def test_queue_gauges_are_served_once_without_a_process_label() -> None:
+    # Every process reads the same queue: summing N copies would count its jobs N times. The
+    # lowest slot with samples answers (slot 0 has no held sample yet: slot 1's is taken).
+    fams = {f.name: f for f in relabel_merge({1: QUEUE_SLOT1, 0: QUEUE_SLOT0 + SLOT0})}
+    assert _samples(fams["scheduler_queue_jobs"]) == {
+        ("scheduler_queue_jobs", (("queue", "a"), ("state", "due"))): 3.0,
+        ("scheduler_queue_jobs", (("queue", "a"), ("state", "leased"))): 1.0,
+    }
+    assert _samples(fams["scheduler_queue_held_jobs"]) == {
+        ("scheduler_queue_held_jobs", (("queue", "a"), ("reason", "waiting"))): 6.0,
+    }
+    assert {s.labels["process"] for s in fams["jobs"].samples} == {"0"}  # others still labelled
 
 
 def test_the_ready_message_names_the_metrics_port_or_none() -> None:
@@ -246,6 +280,16 @@ def test_one_scrape_of_the_pool_has_every_processs_jobs(
         fams = scrape(port)
         up = per_process(fams, "scheduler_pool_process_up", "scheduler_pool_process_up")
         assert up == {"0": 1.0, "1": 1.0}
+
+        # The queue's own gauges once, unlabelled: one sample per state (due, leased, ...).
+        def depth_now() -> list[Sample]:
+            fam = scrape(port).get("scheduler_queue_jobs")
+            return [s for s in fam.samples if s.labels["queue"] == q.name] if fam else []
+
+        wait_for(lambda: bool(depth_now()), what="the queue's depth read once")
+        depth = depth_now()
+        assert all("process" not in s.labels for s in depth), depth
+        assert len({s.labels["state"] for s in depth}) == len(depth), depth
         # The children: loopback only, each on a port of its own, not the pool's.
         ports = child_ports(pool_log)
         assert len(set(ports)) == 2 and port not in ports, ports

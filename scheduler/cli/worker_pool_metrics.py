@@ -22,6 +22,10 @@ from scheduler.worker.metrics import METRICS_ADDR
 
 FETCH_TIMEOUT_S = 2.0  # a child that has not answered by then is left out of the scrape
 LABEL = "process"
+# Gauges of the queue itself, which every process reads from Redis (the same numbers): served
+# once, from the lowest slot that has them and without a `process` label, so a sum over the
+# endpoint is the queue's depth, not N times it (scheduler/worker/metrics.py).
+QUEUE_LEVEL = frozenset(("scheduler_queue_jobs", "scheduler_queue_held_jobs"))
 
 log = logging.getLogger(LOGGER)
 
@@ -93,7 +97,8 @@ def _fetch(port: int) -> str:
 
 def relabel_merge(texts: Mapping[int, str]) -> list[Metric]:
     """Each slot's exposition text parsed, every sample labelled process="<slot>", the families
-    of one name merged into one (the first slot's help and type). A text that does not parse, or
+    of one name merged into one (the first slot's help and type); a QUEUE_LEVEL family is the
+    lowest slot's with samples, unlabelled. A text that does not parse, or
     a family whose type differs from the first one of its name (a process on other code during a
     reload), is left out rather than mixed in: the exposition must stay valid."""
     merged: dict[str, Metric] = {}
@@ -104,6 +109,11 @@ def relabel_merge(texts: Mapping[int, str]) -> list[Metric]:
             log.warning("metrics of worker process %d unreadable: %s", slot + 1, exc)
             continue
         for fam in families:
+            if fam.name in QUEUE_LEVEL:
+                into = merged.get(fam.name)
+                if into is None or (not into.samples and fam.samples):
+                    merged[fam.name] = fam
+                continue
             samples = [_relabel(s, str(slot)) for s in fam.samples]
             into = merged.setdefault(fam.name, fam)
             if into is fam:
