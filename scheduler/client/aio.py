@@ -12,7 +12,7 @@ from scheduler.core.backoff import Backoff
 from scheduler.core.connection import connect_async
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
-from scheduler.core.scripts import Scripts, run_async
+from scheduler.core.scripts import Scripts, run_one_async
 from scheduler.operations.ops import Op, Ops, Request, Settings
 from scheduler.schedules.recurring import Schedule
 
@@ -82,10 +82,7 @@ class AsyncQueue:
 
     async def _execute(self, req: Request) -> Any:
         # The one driver (scheduler.core.scripts): NOSCRIPT reload-and-resend, error translation.
-        (reply,) = await run_async(self.client, self._scripts.drive([(self._script_keys, req)]))
-        if isinstance(reply, BaseException):
-            raise reply
-        return reply
+        return await run_one_async(self.client, self._scripts, self._script_keys, req)
 
     async def preload(self) -> None:
         """SCRIPT LOAD every Lua transition, so that a broken script fails here, at start-up.

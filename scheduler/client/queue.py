@@ -12,7 +12,7 @@ from scheduler.core.backoff import Backoff
 from scheduler.core.connection import connect
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
-from scheduler.core.scripts import Scripts, run_sync
+from scheduler.core.scripts import Scripts, run_one_sync
 from scheduler.operations.ops import Op, Ops, Request, Settings
 from scheduler.schedules.recurring import Schedule
 
@@ -85,10 +85,7 @@ class Queue:
 
     def _execute(self, req: Request) -> Any:
         # The one driver (scheduler.core.scripts): NOSCRIPT reload-and-resend, error translation.
-        (reply,) = run_sync(self.client, self._scripts.drive([(self._script_keys, req)]))
-        if isinstance(reply, BaseException):
-            raise reply
-        return reply
+        return run_one_sync(self.client, self._scripts, self._script_keys, req)
 
     def preload(self) -> None:
         """SCRIPT LOAD every Lua transition, so that a broken script fails here, at start-up.

@@ -209,6 +209,39 @@ def run_sync(client: Any, drive: Drive) -> list[Any]:
         return done.value  # type: ignore[no-any-return]
 
 
+def run_one_sync(client: Any, scripts: Scripts, keys: Sequence[str], req: Request) -> Any:
+    """One request's reply on a blocking client; an error reply is raised, translated. A single
+    script call on a non-cluster client is sent straight, without the driver's batch
+    bookkeeping (a Queue.enqueue's ~11 us of client CPU, issue 16); a NOSCRIPT reply (the call
+    did not run) and every other request go through `drive`, which loads and sends again."""
+    if type(req) is Script and not is_cluster(client):
+        try:
+            return direct_io.call_sync(client, scripts.evalsha(keys, req))
+        except NoScriptError:
+            pass
+        except ResponseError as exc:
+            raise translate(exc) from None
+    (reply,) = run_sync(client, scripts.drive([(keys, req)]))
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
+
+
+async def run_one_async(client: Any, scripts: Scripts, keys: Sequence[str], req: Request) -> Any:
+    """The asyncio twin of run_one_sync."""
+    if type(req) is Script and not is_cluster(client):
+        try:
+            return await direct_io.call_async(client, scripts.evalsha(keys, req))
+        except NoScriptError:
+            pass
+        except ResponseError as exc:
+            raise translate(exc) from None
+    (reply,) = await run_async(client, scripts.drive([(keys, req)]))
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
+
+
 async def run_async(client: Any, drive: Drive) -> list[Any]:
     """Drive on a redis.asyncio client (direct_io.pipeline_async for several commands)."""
     if is_cluster(client):
