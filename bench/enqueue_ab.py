@@ -5,7 +5,8 @@
 One private redis-server (unix socket); each round runs both trees in a shuffled order, each in
 its own process importing `scheduler` from its tree (the revision's from a `git archive`
 snapshot): `Queue.enqueue_many` of --bulk JobSpecs built inside the timing (as bench/run.py's
-bulk workload), then --single calls of `Queue.enqueue`, the bench payload (bench/common.py).
+bulk workload), then --single calls of `Queue.enqueue` and --single of `AsyncQueue.enqueue`
+(awaited one at a time), the bench payload (bench/common.py).
 The server is flushed between runs. Prints jobs/s per round and the medians, client and server
 together: what a producer sees.
 """
@@ -13,6 +14,7 @@ together: what a producer sees.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -42,7 +44,24 @@ def child(url: str, bulk: int, single: int) -> None:
     for i in range(single):
         q.enqueue("task", c.payload(i))
     single_s = time.perf_counter() - t0
-    print(json.dumps({"bulk": bulk / bulk_s, "single": single / single_s}))
+    async_s = asyncio.run(_async_single(url, single))
+    print(json.dumps({"bulk": bulk / bulk_s, "single": single / single_s,
+                      "async_single": single / async_s}))  # fmt: skip
+
+
+async def _async_single(url: str, single: int) -> float:
+    import common as c
+
+    from scheduler import AsyncQueue
+
+    q = AsyncQueue.from_url(url, "ab-async")
+    await q.enqueue("task", c.payload(0))  # scripts, connection
+    t0 = time.perf_counter()
+    for i in range(single):
+        await q.enqueue("task", c.payload(i))
+    took = time.perf_counter() - t0
+    await q.aclose()
+    return took
 
 
 def snapshot(rev: str) -> Path:
@@ -72,7 +91,8 @@ def main() -> None:
     from bench.redis_server import private_server
 
     trees = {opts.rev: snapshot(opts.rev), "this checkout": ROOT}
-    rows: dict[str, dict[str, list[float]]] = {t: {"bulk": [], "single": []} for t in trees}
+    kinds = ("bulk", "single", "async_single")
+    rows: dict[str, dict[str, list[float]]] = {t: {k: [] for k in kinds} for t in trees}
     with private_server() as srv:
         admin = redis.Redis.from_url(srv.url)
         for r in range(opts.rounds):
@@ -87,10 +107,11 @@ def main() -> None:
                     env=env, capture_output=True, text=True, check=True,
                 )  # fmt: skip
                 got = json.loads(out.stdout)
-                for k in ("bulk", "single"):
+                for k in kinds:
                     rows[name][k].append(got[k])
                 print(f"round {r + 1}: {name}: bulk {got['bulk']:,.0f}/s "
-                      f"single {got['single']:,.0f}/s", file=sys.stderr)  # fmt: skip
+                      f"single {got['single']:,.0f}/s async single {got['async_single']:,.0f}/s",
+                      file=sys.stderr)  # fmt: skip
     med = {n: {k: round(statistics.median(v)) for k, v in d.items()} for n, d in rows.items()}
     after, before = med["this checkout"], med[opts.rev]
     print(json.dumps({

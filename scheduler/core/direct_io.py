@@ -31,6 +31,12 @@ maintenance notifications and no credential provider (whose re-authentication ri
 release event); a connection the pool has to create is taken and given back by the pool's own
 calls, so its accounting stays balanced.
 
+On asyncio, redis-py sends every command inside `asyncio.wait_for` when the connection has a
+socket timeout (redis-py 8's default: 5 s), a new Task per send on Python 3.11. A send that
+cannot wait (an empty transport buffer, a command under its high-water mark: `drain` returns at
+once) goes without it: `AsyncQueue.enqueue` 122 -> 94 us wall, 79 -> 53 us CPU per call
+(docs/performance.md section 19). Every other send keeps the timeout.
+
 Only an exact `redis.Redis` / `redis.asyncio.Redis` without a dedicated single connection is
 served here; anything else (a subclass such as fakeredis or an instrumented client, a
 single-connection client, a cluster client) goes through its own execute_command. APM tools
@@ -224,6 +230,28 @@ def _pack(cmd: tuple[Any, ...]) -> list[bytes]:
         raise DataError(str(exc)) from exc
 
 
+async def _send_async(conn: Any, packed: list[bytes]) -> None:
+    """`conn.send_packed_command(packed)`, without its `asyncio.wait_for` (on Python 3.11 a new
+    Task per send, ~10 us) when the write cannot wait: the transport's buffer is empty and the
+    command fits under its high-water mark, so the bytes go to the socket or the buffer at once
+    and `drain` returns without pausing. The socket timeout stays for every other send."""
+    writer = getattr(conn, "_writer", None)
+    if conn.socket_timeout and writer is not None:
+        transport = writer.transport
+        if (
+            transport.get_write_buffer_size() == 0
+            and sum(map(len, packed)) <= transport.get_write_buffer_limits()[1]
+        ):
+            await conn.check_health()  # its PING (health_check_interval) under the timeout
+            timeout, conn.socket_timeout = conn.socket_timeout, None
+            try:
+                await conn.send_packed_command(packed, check_health=False)
+            finally:
+                conn.socket_timeout = timeout
+            return
+    await conn.send_packed_command(packed)
+
+
 async def call_async(client: Any, cmd: tuple[Any, ...]) -> Any:
     """`await client.execute_command(*cmd)`, the asyncio twin of call_sync."""
     if not _direct(client, aredis.Redis, cmd):
@@ -232,7 +260,7 @@ async def call_async(client: Any, cmd: tuple[Any, ...]) -> Any:
     conn, listed = await _take_async(pool)
 
     async def send() -> Any:
-        await conn.send_packed_command(_pack(cmd))
+        await _send_async(conn, _pack(cmd))
         return await conn.read_response()
 
     async def fail(_error: BaseException) -> None:
@@ -260,7 +288,7 @@ async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[A
     async def send() -> list[Any]:
         out: list[Any] = []
         try:
-            await conn.send_packed_command(packed)
+            await _send_async(conn, packed)
             for _ in cmds:
                 try:
                     out.append(await conn.read_response())

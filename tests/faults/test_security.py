@@ -7,6 +7,7 @@ from another CA is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import re
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from click.testing import CliRunner, Result
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from scheduler import JobSpec, Queue, ResultTimeout, StaleToken
+from scheduler import AsyncQueue, JobSpec, Queue, ResultTimeout, StaleToken
 from scheduler.cli.main import main
 from tests.faults.conftest import Server, Tls, free_port
 
@@ -146,6 +147,24 @@ def test_tls_with_a_self_signed_ca(tls_server: tuple[Server, int], tls_certs: Tl
     # Through the IP address too: the certificate names it.
     ip_url = url.replace("localhost", "127.0.0.1")
     assert Queue.from_url(ip_url, QUEUE).counts().dead == 0
+
+
+def test_tls_asyncio_small_and_large_sends(tls_server: tuple[Server, int], tls_certs: Tls) -> None:
+    """redis.asyncio over TLS: small sends (direct_io's, without wait_for, on the SSL transport's
+    buffer) and a pipeline over its high-water mark (with it) store every job."""
+    _, port = tls_server
+    url = f"rediss://sched-app:{PASSWORD}@localhost:{port}/0?ssl_ca_certs={tls_certs.ca}"
+
+    async def main() -> None:
+        q = AsyncQueue.from_url(url, QUEUE)
+        ids = [await q.enqueue("t", {"n": i}) for i in range(20)]
+        many = await q.enqueue_many([JobSpec("t", {"pad": "x" * 2_000}) for _ in range(1_500)])
+        counts = await q.counts()
+        assert counts.due == 1_520 and len(set(ids + many)) == 1_520
+        assert (await q.get_job(ids[-1])).payload() == {"n": 19}
+        await q.aclose()
+
+    asyncio.run(main())
 
 
 def test_tls_refuses_a_certificate_from_another_ca(
