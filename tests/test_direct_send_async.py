@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import redis.asyncio as aredis
-import redis.asyncio.connection as aconn
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler import AsyncQueue, JobSpec
@@ -28,7 +28,7 @@ def count_wait_for(monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
         calls.append(timeout)
         return await real(aw, timeout)
 
-    monkeypatch.setattr(aconn.asyncio, "wait_for", wait_for)
+    monkeypatch.setattr(asyncio, "wait_for", wait_for)  # the module redis-py's connection calls
     return calls
 
 
@@ -65,6 +65,7 @@ def test_a_send_behind_a_full_buffer_keeps_the_timeout(
         q = AsyncQueue(c, queue_name)
         await q.enqueue("t", 0)
         (conn,) = c.connection_pool._available_connections
+        assert conn._writer is not None
         conn._writer.transport.set_write_buffer_limits(high=1_000)
         waits = count_wait_for(monkeypatch)
         assert module_server.proc is not None
@@ -93,7 +94,7 @@ def test_the_health_check_ping_keeps_the_timeout(
         q = AsyncQueue(c, queue_name)
         await q.enqueue("t", 0)
         (conn,) = c.connection_pool._available_connections
-        real = conn.check_health
+        real: Callable[[], Awaitable[None]] = conn.check_health
 
         async def check_health() -> None:
             seen.append(conn.socket_timeout)
