@@ -215,14 +215,16 @@ class Dispatch(Starting):
         self._pump(now_s)
 
     def _pump(self, now_s: float) -> None:
-        """Start backlog jobs while there are free slots (and the thread cap allows); now_s:
-        monotonic, when the job that freed the slot ended."""
+        """Start backlog jobs while there are free slots (and the thread cap allows), never
+        after the stop (shutdown gives them back); now_s: monotonic, when the job that freed
+        the slot ended."""
         cap = self.settings.abandoned_cap
         while (
             self._backlog
             and len(self.running) < self.settings.concurrency
             and len(self._abandoned) < cap
             and not self._shutting_down
+            and not self._stop_claiming.is_set()
         ):
             nxt = self._backlog.popleft()
             if not nxt.finished:

@@ -49,6 +49,9 @@ class Heartbeats(Dispatch, Reporting):
                 continue
             next_beat_s = time.monotonic() + interval_s
             await self._bounded("heartbeat", self._heartbeat(), lease_s)
+            # A heartbeat cut at a lease end: stop that run now, not after the presence call
+            # (bounded by the same, past end, that is _within's 50 ms: the whole margin).
+            self._expire_leases()
             # presence: its own error handling, so a refused beat never skips the above
             await self._bounded("presence", self._beat_workers(), lease_s)
             self._expire_leases()

@@ -228,7 +228,9 @@ class Worker(Claiming, Heartbeats):
             r.finished = True
         never += await self._replay_claims(settle)  # claims whose answer was lost: their jobs
         await self._release(never, settle)
-        while self.running and time.monotonic() < deadline:
+        # A fatal error met during the grace ends it (_fatal wakes this wait): the loop that
+        # died may be the heartbeat loop, which also stops the runs whose lease ran out.
+        while self.running and time.monotonic() < deadline and self._exit_code == EXIT_OK:
             self._slot_free.clear()
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                 await asyncio.wait_for(self._slot_free.wait(), deadline - time.monotonic())

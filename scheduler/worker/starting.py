@@ -23,8 +23,11 @@ class Starting(WorkerCore):
     """The slot check before a start, and the two ways a start fails."""
 
     def _can_start(self) -> bool:
+        """A slot is free and the worker is not stopping: a job claimed by a call answered
+        after the stop waits in the backlog, which shutdown gives back, instead of starting."""
         return (
-            len(self.running) < self.settings.concurrency
+            not self._stop_claiming.is_set()
+            and len(self.running) < self.settings.concurrency
             and not self._backlog
             and len(self._abandoned) < self.settings.abandoned_cap
         )
