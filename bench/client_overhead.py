@@ -5,8 +5,8 @@
 - `PING` through redis-py's `execute_command` against the same command on a connection taken
   with the pool's `get_connection` / `release` (what scheduler/core/direct_io.py did for EVALSHA
   until it took connections from the pool's list itself), on one taken from the list as
-  direct_io does now (`_take` / `_give`: the pool's checks without its recorders), and on a
-  connection held for the whole loop (no pool at all);
+  direct_io does now (`direct_pool.take` / `give`: the pool's checks without its recorders),
+  and on a connection held for the whole loop (no pool at all);
 - building one `JobSpec` (the written-out `__init__` of scheduler/core/job_spec.py) against the
   dataclass-generated frozen `__init__` it replaced (an equivalent class built here).
 
@@ -32,7 +32,7 @@ import redis  # noqa: E402
 
 from bench.redis_server import private_server  # noqa: E402
 from scheduler import JobSpec  # noqa: E402
-from scheduler.core import direct_io  # noqa: E402
+from scheduler.core import direct_pool  # noqa: E402
 
 # The generated frozen __init__ JobSpec had before (same fields and defaults).
 GeneratedSpec = dataclasses.make_dataclass(
@@ -70,12 +70,12 @@ def main() -> None:
                 pool.release(conn)
 
         def listed() -> Any:
-            conn, from_list = direct_io._take(pool)
+            conn, from_list = direct_pool.take(pool)
             try:
                 conn.send_command("PING")
                 return conn.read_response()
             finally:
-                direct_io._give(pool, conn, from_list)
+                direct_pool.give(pool, conn, from_list)
 
         held = pool.get_connection()
 

@@ -1,5 +1,5 @@
-"""The direct path takes its connection from the pool's list itself (direct_io._take /
-_take_async), skipping redis-py 8's per-call recorders but none of the pool's checks: one
+"""The direct path takes its connection from the pool's list itself (direct_pool.take /
+take_async), skipping redis-py 8's per-call recorders but none of the pool's checks: one
 connection is reused and always given back; one left with a reply unread, or closed by the
 server, is reconnected before use (with retries off too); a forked child never writes on its
 parent's socket; pools it cannot serve that way (blocking, credential provider) go through

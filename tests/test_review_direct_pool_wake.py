@@ -1,5 +1,5 @@
 """Review of the claim loop's wake-ups (401b30d, fc1b2a0). The direct pool path
-(direct_io._take/_give, ba64db0) was stress-tested against redis-py's own get_connection /
+(direct_pool.take/give, ba64db0) was stress-tested against redis-py's own get_connection /
 release and showed no defect, so it has no test here.
 
 Each test here failed on the code under review. One private redis-server per

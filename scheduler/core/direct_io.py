@@ -21,15 +21,8 @@ Commands are packed with hiredis (a declared dependency), the bytes redis-py's o
 with hiredis installed, without its per-argument type checks in Python (~3 us of a 23-argument
 EVALSHA).
 
-The connection is taken from the pool's list and put back under the pool's own lock, with the
-checks `get_connection` makes (the pid after a fork, connect, data left on the socket or a
-closed socket: reconnect) but without redis-py 8's per-call connection-count recorders and
-release event: a PING costs 41 us of client CPU that way against 49 through `get_connection` /
-`release` (medians of 7 rounds, `python bench/client_overhead.py --rounds 7`; 35 on a
-connection held throughout). Only for an exact `ConnectionPool` with no client-side cache, no
-maintenance notifications and no credential provider (whose re-authentication rides on the
-release event); a connection the pool has to create is taken and given back by the pool's own
-calls, so its accounting stays balanced.
+The connection is taken from the pool's list and put back by `direct_pool.py`, without
+redis-py 8's per-call connection-count recorders.
 
 On asyncio, redis-py sends every command inside `asyncio.wait_for` when the connection has a
 socket timeout (redis-py 8's default: 5 s), a new Task per send on Python 3.11. A send that
@@ -52,9 +45,9 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from hiredis import pack_command as _hiredis_pack  # redis[hiredis]: a declared dependency
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from scheduler.core.direct_pool import give, give_async, take, take_async
 
 _ENABLED = os.environ.get("SCHEDULER_REDIS_DIRECT", "1") != "0"
 _RAW_REPLIES = frozenset(("EVALSHA", "WAIT"))  # no response callback in any redis-py
@@ -78,101 +71,12 @@ def _client_ok(client: Any, cls: type) -> bool:
     return not single and getattr(client, "connection", None) is None
 
 
-def _plain_pool(pool: Any, cls: type[Any]) -> bool:
-    """A pool whose connections may be taken from its list directly (see the docstring)."""
-    if type(pool) is not cls or getattr(pool, "cache", None) is not None:
-        return False
-    if pool.connection_kwargs.get("credential_provider") is not None:
-        return False
-    enabled = getattr(pool, "maint_notifications_enabled", None)
-    return not (enabled and enabled())
-
-
-def _take(pool: Any) -> tuple[Any, bool]:
-    """A ready connection of the pool, and whether it came from the list (give it back with
-    `_give`). As `ConnectionPool.get_connection`, without its recorders."""
-    if not _plain_pool(pool, redis.ConnectionPool):
-        return pool.get_connection(), False
-    pool._checkpid()
-    with pool._lock:
-        if not pool._available_connections:
-            conn = None
-        else:
-            conn = pool._available_connections.pop()
-            pool._in_use_connections.add(conn)
-    if conn is None:  # the pool makes one, counted by its own recorders
-        return pool.get_connection(), False
-    try:
-        conn.connect()
-        try:
-            if conn.can_read():  # a reply left unread, or closed by the server
-                raise RedisConnectionError("Connection has data")
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            conn.disconnect()
-            conn.connect()
-            if conn.can_read():
-                raise RedisConnectionError("Connection not ready") from None
-    except BaseException:
-        _give(pool, conn, True)
-        raise
-    return conn, True
-
-
-def _give(pool: Any, conn: Any, listed: bool) -> None:
-    if not listed:
-        pool.release(conn)
-        return
-    with pool._lock:
-        if conn not in pool._in_use_connections:  # the pool was reset meanwhile (a fork)
-            return
-        pool._in_use_connections.remove(conn)
-        if not pool.owns_connection(conn):
-            conn.disconnect()
-            return
-        if conn.should_reconnect():
-            conn.disconnect()
-        pool._available_connections.append(conn)
-
-
-async def _take_async(pool: Any) -> tuple[Any, bool]:
-    """The asyncio twin of _take; `ensure_connection` is the pool's own check."""
-    if not _plain_pool(pool, aredis.ConnectionPool):
-        return await pool.get_connection(), False
-    async with pool._lock:
-        if not pool._available_connections:
-            conn = None
-        else:
-            conn = pool._available_connections.pop()
-            pool._in_use_connections.add(conn)
-    if conn is None:
-        return await pool.get_connection(), False
-    try:
-        await pool.ensure_connection(conn)
-    except BaseException:
-        await _give_async(pool, conn, True)
-        raise
-    return conn, True
-
-
-async def _give_async(pool: Any, conn: Any, listed: bool) -> None:
-    if not listed:
-        await pool.release(conn)
-        return
-    async with pool._lock:
-        if conn not in pool._in_use_connections:
-            return
-        pool._in_use_connections.remove(conn)
-        if conn.should_reconnect():
-            await conn.disconnect()
-        pool._available_connections.append(conn)
-
-
 def call_sync(client: Any, cmd: tuple[Any, ...]) -> Any:
     """`client.execute_command(*cmd)`; a reply error is raised (a ResponseError subclass)."""
     if not _direct(client, redis.Redis, cmd):
         return client.execute_command(*cmd)
     pool = client.connection_pool
-    conn, listed = _take(pool)
+    conn, listed = take(pool)
 
     def send() -> Any:
         conn.send_packed_command(_pack(cmd))
@@ -181,7 +85,7 @@ def call_sync(client: Any, cmd: tuple[Any, ...]) -> Any:
     try:
         return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())
     finally:
-        _give(pool, conn, listed)
+        give(pool, conn, listed)
 
 
 def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
@@ -196,7 +100,7 @@ def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
             return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
     packed = [chunk for cmd in cmds for chunk in _pack(cmd)]  # one that cannot be: none sent
     pool = client.connection_pool
-    conn, listed = _take(pool)
+    conn, listed = take(pool)
 
     def send() -> list[Any]:
         out: list[Any] = []
@@ -217,7 +121,7 @@ def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
     try:
         return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())  # type: ignore[no-any-return]
     finally:
-        _give(pool, conn, listed)
+        give(pool, conn, listed)
 
 
 def _pack(cmd: tuple[Any, ...]) -> list[bytes]:
@@ -257,7 +161,7 @@ async def call_async(client: Any, cmd: tuple[Any, ...]) -> Any:
     if not _direct(client, aredis.Redis, cmd):
         return await client.execute_command(*cmd)
     pool = client.connection_pool
-    conn, listed = await _take_async(pool)
+    conn, listed = await take_async(pool)
 
     async def send() -> Any:
         await _send_async(conn, _pack(cmd))
@@ -269,7 +173,7 @@ async def call_async(client: Any, cmd: tuple[Any, ...]) -> Any:
     try:
         return await conn.retry.call_with_retry(send, fail)
     finally:
-        await _give_async(pool, conn, listed)
+        await give_async(pool, conn, listed)
 
 
 async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
@@ -283,7 +187,7 @@ async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[A
             return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
     packed = [chunk for cmd in cmds for chunk in _pack(cmd)]
     pool = client.connection_pool
-    conn, listed = await _take_async(pool)
+    conn, listed = await take_async(pool)
 
     async def send() -> list[Any]:
         out: list[Any] = []
@@ -305,4 +209,4 @@ async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[A
     try:
         return await conn.retry.call_with_retry(send, fail)  # type: ignore[no-any-return]
     finally:
-        await _give_async(pool, conn, listed)
+        await give_async(pool, conn, listed)
