@@ -305,8 +305,6 @@ if limit > 0 then
     call_chunked('ZREM', due, took)
     call_chunked('ZADD', leased, leases)
   end
-  -- A full batch means more may be waiting: pass the wake-up on to another idle worker.
-  if n == limit and redis.call('ZCOUNT', due, '-inf', now) > 0 then wake(wake_key) end
 end
 bump_stat(prefix, now, 'dead', parked)
 bump_stat(prefix, now, 'claim', n)
@@ -315,6 +313,11 @@ record_lateness(prefix, now, out)  -- per call: the minute's start lateness (lib
 local next_ms = -1
 local dh = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 if dh[2] then next_ms = score_ms(dh[2]) end
+-- A full batch means more may be waiting: pass the wake-up on to another idle worker, also
+-- for a job due soon (that worker planned its sleep before this call). Due later than the
+-- workers' idle safety net (scheduler/worker/settings.py _MAX_IDLE_SLEEP_S), its next claim
+-- sees it anyway.
+if limit > 0 and n == limit and next_ms ~= -1 and next_ms <= now + 30000 then wake(wake_key) end
 local lh = redis.call('ZRANGE', leased, 0, 0, 'WITHSCORES')
 if lh[2] and (next_ms == -1 or score_ms(lh[2]) < next_ms) then next_ms = score_ms(lh[2]) end
 -- A rate-limited job's next slot: the worker sleeps until then instead of polling.

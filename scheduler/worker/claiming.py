@@ -43,6 +43,7 @@ class Claiming(Dispatch):
         owed = 0  # what is left of queues[rr]'s turn (0: a full batch)
         skips = self._skip_until  # WorkerCore: which queue sits out until when
         failing: dict[str, RetryDelay] = {}  # queue -> its delay while its claims fail
+        due_at: dict[str, float] = {}  # queue -> its last answer's next_ms, in monotonic time
         while not self._stop_claiming.is_set():
             free = self._room()
             if free <= 0 or self._hold_claim(free):
@@ -89,6 +90,7 @@ class Claiming(Dispatch):
                     # it: it failed first every round and no queue was claimed from.)
                     self._loop_error("claim", exc)
                     failed += 1
+                    due_at.pop(q.name, None)
                     if len(self.queues) > 1:
                         delay_s = failing.setdefault(q.name, RetryDelay(cap_s=_SKIP_MAX_S))()
                         skips[q.name] = time.monotonic() + delay_s
@@ -104,7 +106,9 @@ class Claiming(Dispatch):
                 n = len(batch.jobs)
                 claimed += n
                 free -= n
-                full = full or n == limit
+                # A replay answers the first call's now_ms and next_ms, from before the gap:
+                # no plan from it; the next round claims afresh.
+                full = full or n == limit or resent
                 # The next round starts at this queue while its turn is unfinished (the
                 # slots ran out, not its jobs), else at the next one. One queue: no turns.
                 rr = self.queues.index(q)
@@ -112,6 +116,9 @@ class Claiming(Dispatch):
                 rr = rr if owed else (rr + 1) % len(self.queues)
                 if batch.next_ms >= 0:
                     sleep_s = min(sleep_s, (batch.next_ms - batch.now_ms) / 1000)
+                    due_at[q.name] = now_s + (batch.next_ms - batch.now_ms) / 1000
+                else:
+                    due_at.pop(q.name, None)
                 # No skip when a retry of this queue was answered while the claim was out.
                 if n == 0 and len(self.queues) > 1 and q.name not in self._due_again:
                     wait_s = _SKIP_MAX_S
@@ -130,6 +137,13 @@ class Claiming(Dispatch):
                     await self._sleep_or_stop(backoff())
                 continue
             backoff.reset()
+            # A queue that sat this round out is due again at its own next_ms (no wake-up
+            # comes for a job already enqueued): the round's sleep ends by then too.
+            if len(order) < len(self.queues):
+                sent = {q.name for q in order}
+                for name, at in due_at.items():
+                    if name not in sent:
+                        sleep_s = min(sleep_s, max(at - time.monotonic(), 0.001))
             if failing:  # no wake-up ends a failing queue's skip: sleep no longer than it
                 until_s = min(skips.get(n, 0.0) for n in failing)
                 sleep_s = min(sleep_s, max(until_s - time.monotonic(), 0.001))
@@ -203,6 +217,9 @@ class Claiming(Dispatch):
 
     async def _waker_loop(self, keys: list[str]) -> None:
         backoff = RetryDelay()
+        # A pop that failed may have taken a token (the server ran it, its reply was lost):
+        # once a pop is answered again, the claim loop claims as if woken.
+        missed = False
         while not self._closed:
             await self._idle.wait()
             if self._closed:
@@ -216,15 +233,17 @@ class Claiming(Dispatch):
                 if self._closed:  # redis-py turns a cancelled BLPOP into a ConnectionError
                     return
                 self._loop_error("wake", exc)
+                missed = True
                 await asyncio.sleep(backoff())
                 continue
             backoff.reset()
-            if got is not None:
-                woke = got[0].decode() if isinstance(got[0], bytes) else got[0]
-                for q in self.queues:  # a wake-up of its own ends a queue's skip
-                    if q.keys.wake == woke:
-                        self._skip_until.pop(q.name, None)
-            if got is not None and self._idle.is_set():
+            woken = [got[0].decode() if isinstance(got[0], bytes) else got[0]] if got else []
+            if missed and self._idle.is_set():
+                woken, missed = keys, False
+            for q in self.queues:  # a wake-up of its own ends a queue's skip
+                if q.keys.wake in woken:
+                    self._skip_until.pop(q.name, None)
+            if woken and self._idle.is_set():
                 self._wake.set()
 
     async def _replay_claims(self, deadline: float) -> list[Running]:
