@@ -45,6 +45,7 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from hiredis import pack_command as _hiredis_pack  # redis[hiredis]: a declared dependency
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, ResponseError
 
 from scheduler.core.direct_pool import give, give_async, take, take_async
@@ -134,7 +135,37 @@ def _pack(cmd: tuple[Any, ...]) -> list[bytes]:
         raise DataError(str(exc)) from exc
 
 
+# Where a write on an asyncio connection the peer closed (or a concurrent disconnect closed)
+# raises AttributeError / TypeError from the transport's torn-down internals instead of an
+# OSError, on some Pythons (redis-py issues 3546, 4287): the frames such an error ends in.
+_TRANSPORT_FILES = ("asyncio/streams.py", "asyncio/selector_events.py", "asyncio/sslproto.py",
+                    "redis/asyncio/connection.py")  # fmt: skip
+
+
+def transport_race(exc: BaseException) -> bool:
+    """An AttributeError / TypeError raised inside asyncio's or redis-py's connection code: a
+    dropped connection, not a bug of the caller's."""
+    if not isinstance(exc, AttributeError | TypeError) or exc.__traceback__ is None:
+        return False
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith(_TRANSPORT_FILES)
+
+
 async def _send_async(conn: Any, packed: list[bytes]) -> None:
+    try:
+        await _send_async_raw(conn, packed)
+    except (AttributeError, TypeError) as exc:
+        if not transport_race(exc):
+            raise
+        # As redis-py's own OSError path: the connection is dropped, the error is its
+        # ConnectionError, so the call's retry (and the worker's backoff) applies.
+        await conn.disconnect(nowait=True)
+        raise RedisConnectionError(f"Connection lost while writing: {exc!r}") from exc
+
+
+async def _send_async_raw(conn: Any, packed: list[bytes]) -> None:
     """`conn.send_packed_command(packed)`, without its `asyncio.wait_for` (on Python 3.11 a new
     Task per send, ~10 us) when the write cannot wait: the transport's buffer is empty and the
     command fits under its high-water mark, so the bytes go to the socket or the buffer at once

@@ -30,6 +30,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from scheduler.core.direct_io import transport_race
 from scheduler.core.errors import CorruptKey
 from scheduler.core.models import ClaimedJob
 from scheduler.core.scripts import Scripts, run_async
@@ -47,8 +48,10 @@ TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeout
 #              NOSCRIPT left after the driver's reloads; on a cluster, redis-py's own errors
 #              when no node answers or the slot map is being rebuilt (RedisClusterException
 #              "cannot be connected", SlotNotCoveredError, ClusterError "TTL exhausted");
-#              a CorruptKey (a queue key edited by hand into another type: the script
-#              refused, nothing written, until the key is fixed): log, count, back off, retry.
+#              an AttributeError / TypeError from asyncio's transport on a dropped connection
+#              (direct_io.transport_race); a CorruptKey (a queue key edited by hand into
+#              another type: the script refused, nothing written, until the key is fixed):
+#              log, count, back off, retry.
 #   fatal      retrying cannot help: authentication / ACL permission (NOPERM), and any other
 #              error where a call of the worker's own loop is refused (a bug, an unknown
 #              command): the worker stops with EXIT_REDIS_REFUSED and says why. A cross-slot
@@ -94,8 +97,8 @@ def classify(exc: BaseException) -> str:
         if code in ("NOPERM", "NOAUTH", "WRONGPASS"):
             return "fatal"
         return "refused"
-    if _cluster_unreachable(exc):
-        return "transient"
+    if _cluster_unreachable(exc) or transport_race(exc):  # redis-py's cluster path has no
+        return "transient"  # direct_io to turn the race into a ConnectionError
     return "fatal"
 
 
