@@ -1,7 +1,7 @@
 --[[ claim: lease up to `limit` due jobs to one worker. Lapsed leases are reaped on the same
   path first, so a job whose worker died is due again without any janitor process.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, isolated
   ARGV[1] worker id
   ARGV[2] limit          jobs to lease at most (>= 0)
   ARGV[3] lease_ms       lease length (> 0)
@@ -10,7 +10,8 @@
   Returns: {now_ms, next_ms, n, then 10 fields per job: id, token, attempts, max_attempts, task,
     payload, run_at_ms, backoff ('base_ms,factor,cap_ms,jitter' or ''), timeout_ms, schedule}. next_ms is the earliest time something may become claimable
     (head of due or of leased), or -1 when both are empty. After the jobs, one more number:
-    how many schedules wait for a cron-buffer refill (advisory: read now, also in a replay).
+    how many schedules wait for a cron-buffer refill (advisory: read now, also in a replay);
+    then, when this call leased a suspect (below), its id.
     Claiming a schedule's pending occurrence inserts the next one in this same call, or drops
     a late one by the misfire policy (lib/rearm.lua).
     The token is '<fence>-<nonce>': the fence is a per-job counter bumped at every claim, and
@@ -26,6 +27,12 @@
     payload, backoff, timeout_ms and the default max_attempts stay in the spec. A record
     that cannot be read parks that job alone ('invalid job: record').
     Parking a schedule's pending occurrence arms the schedule's next one.
+    The reaper counts each lapse it puts back in due (`lapses`, parsed strictly: a hand-edited
+    value reads as 0). A job with 2 or more is a suspect (it was in two crashed batches): a
+    worker holds at most one suspect lease at a time (`isolated`: worker id -> job id, checked
+    lazily), so a job that kills its worker ends up alone; a suspect it may not take stays due
+    for another worker (a call that took one and left others pushes a wake-up), and next_ms
+    does not count it: the worker claims again when its suspect ends (docs/durability.md).
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | dead | dead:migrating is not a
     zset (a key edited by hand into another type; nothing written) ]]
 -- @include "lib/clock.lua"
@@ -53,7 +60,7 @@ if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT wor
 -- schedule, state, token, settled_token, settled, settled_log}, or nil and a dead reason.
 local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
   'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log',
-  'priority', 'ckey', 'rkey' }
+  'priority', 'ckey', 'rkey', 'lapses' }
 -- Most jobs of a call share one task name, backoff text and timeout: each distinct one is
 -- checked once per call (as enqueue.lua does).
 local task_seen, backoff_seen, timeout_seen = {}, {}, {}
@@ -62,7 +69,7 @@ local function read_claimable(id, jk, run_at_s)
   -- a 17-field HMGET of nothing; a job with a hash (a retry, a flow job, a schedule's
   -- occurrence) pays the EXISTS on top (~1%). f then reads as that HMGET's reply would.
   local f = { false, false, false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false }  -- #READ falses (a constructor: no rehashing)
+    false, false, false, false, false, false, false }  -- #READ falses (a constructor: no rehashing)
   if redis.call('EXISTS', jk) == 1 then
     f = redis.pcall('HMGET', jk, unpack(READ))
     if f.err then return nil, 'invalid job: not a hash' end
@@ -102,7 +109,8 @@ local function read_claimable(id, jk, run_at_s)
   end
   local r = { task = f[1], payload = f[2], backoff = f[6] or '', timeout_ms = f[7] or '0',
     schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
-    settled_log = f[14], fresh = fresh, first = first, spec = sp }
+    settled_log = f[14], fresh = fresh, first = first, spec = sp,
+    lapses = parse_int(f[18], 0, LIM.fence) or 0 }  -- advisory: a hand edit reads as 0
   -- Flow fields are advisory: one edited by hand reads as unset (lib/flow.lua). A plain job
   -- has none of the three, and its flow is read no further; a flow job reads only the limits
   -- its key or rate window needs (flow_rest): the plain path's HMGET stays as it was.
@@ -170,18 +178,20 @@ local now = now_ms()
 if replay then
   local words = {}
   for w in string.gmatch(replay, '%S+') do words[#words + 1] = w end
-  local out = {}
+  local out, suspect = {}, nil
   for i = 3, #words do
     local id = words[i]
     local r = read_claimable(id, job_key(prefix, id))
     if r and r.state == 'leased' and r.token and string.sub(r.token, -#nonce - 1) == '-' .. nonce
       and string.find(r.token, '^%d+%-%w+$') then
       pack_job(out, id, r.token, r.attempts, r)
+      if r.lapses >= 2 then suspect = id end
     end
   end
   local reply = { words[1], words[2], #out / 10 }
   for _, v in ipairs(out) do reply[#reply + 1] = v end
   reply[#reply + 1] = scard_or_0(sched_refill_key(prefix))
+  if suspect then reply[#reply + 1] = suspect end
   return reply
 end
 
@@ -201,8 +211,9 @@ for i = 1, #lapsed, 2 do
   local id = lapsed[i]
   local until_ms = score_ms(lapsed[i + 1])
   local jk = job_key(prefix, id)
-  -- The flow fields too (f[3] .. f[8]): the moves below need them, read once here.
-  local f = redis.pcall('HMGET', jk, 'attempts', 'max_attempts', unpack(FLOW_READ))
+  -- The lapse count (f[3]) and the flow fields (f[4] .. f[9]): the moves below need them,
+  -- read once here.
+  local f = redis.pcall('HMGET', jk, 'attempts', 'max_attempts', 'lapses', unpack(FLOW_READ))
   if f.err then
     park(id, jk, 'invalid job: not a hash', '')
     parked = parked + 1
@@ -215,7 +226,7 @@ for i = 1, #lapsed, 2 do
     local attempts = parse_int(f[1], 0, LIM.attempts)
     local max_attempts = parse_int(f[2], 1, LIM.attempts)
     local fl = FLOW_PLAIN
-    if f[3] or f[4] or f[6] then fl = flow_from(f, 3) end
+    if f[4] or f[5] or f[7] then fl = flow_from(f, 4) end
     if attempts ~= nil and max_attempts ~= nil and attempts >= max_attempts then
       dead_letter(prefix, id, 'lease expired', now)
       flow_release(prefix, id, now, fl)
@@ -223,7 +234,9 @@ for i = 1, #lapsed, 2 do
       parked = parked + 1
     else
       flow_to_due(prefix, id, until_ms, now, fl)
-      redis.call('HSET', jk, 'state', 'due')
+      -- Counted with HSET of the strictly parsed value (HINCRBY would raise on a hand edit).
+      redis.call('HSET', jk, 'state', 'due', 'lapses', fmt((parse_int(f[3], 0, LIM.fence - 1)
+        or 0) + 1))
       redis.call('HDEL', jk, 'worker')
     end
   end
@@ -238,9 +251,27 @@ local n = 0
 local lease_until = now + lease_ms
 local took = {}
 local now_s = fmt(now)
+local isolated_key = prefix .. 'isolated'
+local suspect_taken = false  -- the suspect this call leased (its id)
+local skipped = {}  -- suspects left due: this worker holds one already
 if limit > 0 then
   flow_rate_due(prefix, now, limit)
   local leases = {}
+  -- The suspect this worker holds (isolated: worker -> job id) counts only while that job is
+  -- still leased to it (a completed, failed or lapsed one frees the worker): read once, on the
+  -- first suspect met. A key of another type (edited by hand) reads as empty.
+  local held_suspect
+  local function suspect_held()
+    if held_suspect == nil then
+      held_suspect = false
+      local jid = redis.pcall('HGET', isolated_key, worker)
+      if type(jid) == 'string' and redis.call('ZSCORE', leased, jid)
+          and redis.pcall('HGET', job_key(prefix, jid), 'worker') == worker then
+        held_suspect = true
+      end
+    end
+    return held_suspect
+  end
   -- A candidate claim cannot hand out is parked ('gone').
   local function drop(id, jk, bad, r)
     park(id, jk, bad, r and r.schedule or '')
@@ -254,6 +285,16 @@ if limit > 0 then
     local r, bad = read_claimable(id, jk, fmt(score_ms(score)))
     if r and r.attempts >= r.max_attempts then bad = 'attempts exhausted' end
     if bad then return drop(id, jk, bad, r) end
+    -- A suspect (lapsed twice): one per worker at a time; else it stays due for another.
+    if r.lapses >= 2 then
+      if suspect_taken or suspect_held() then
+        skipped[#skipped + 1] = id
+        -- Met through its priority index, which flow_fill dropped it from: back in it.
+        flow_index(prefix, id, r.flow.priority, score)
+        return 'skip'
+      end
+      suspect_taken = id
+    end
     local fl = r.flow
     local flowing = flow_used(fl)
     if flowing then
@@ -305,13 +346,31 @@ if limit > 0 then
     call_chunked('ZREM', due, took)
     call_chunked('ZADD', leased, leases)
   end
+  if suspect_taken then
+    -- Advisory (pcall): a key of another type only loses the one-suspect rule for a while.
+    redis.pcall('HSET', isolated_key, worker, suspect_taken)
+    redis.pcall('PEXPIRE', isolated_key, 86400000)  -- dead workers' entries do not pile up
+    -- Suspects left due: another idle worker may take one. Only a call that took one pushes
+    -- this, so workers that each hold one do not wake each other in turn.
+    if #skipped > 0 then wake(wake_key) end
+  end
 end
 bump_stat(prefix, now, 'dead', parked)
 bump_stat(prefix, now, 'claim', n)
 record_lateness(prefix, now, out)  -- per call: the minute's start lateness (lib/lateness.lua)
 
 local next_ms = -1
-local dh = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+-- The due head, past the suspects this worker may not take: they are no reason for it to come
+-- back before its own suspect's lease ends (the leased head below bounds that wait), else an
+-- idle worker would claim in a loop. Among the first #skipped + 1 the first other one is it.
+local dh = redis.call('ZRANGE', due, 0, #skipped, 'WITHSCORES')
+if #skipped > 0 then
+  local skip = {}
+  for _, id in ipairs(skipped) do skip[id] = true end
+  local k = 1
+  while dh[k] and skip[dh[k]] do k = k + 2 end
+  dh = { dh[k], dh[k + 1] }
+end
 if dh[2] then next_ms = score_ms(dh[2]) end
 -- A full batch means more may be waiting: pass the wake-up on to another idle worker, also
 -- for a job due soon (that worker planned its sleep before this call). Due later than the
@@ -333,4 +392,6 @@ local reply = { now_s, fmt(next_ms), n }
 for _, v in ipairs(out) do reply[#reply + 1] = v end
 -- Trailing flag: schedules wait for the client to refill their cron buffers (lib/rearm.lua).
 reply[#reply + 1] = scard_or_0(sched_refill_key(prefix))
+-- Then the suspect this call leased: the worker claims again when it ends.
+if suspect_taken then reply[#reply + 1] = suspect_taken end
 return reply

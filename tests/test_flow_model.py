@@ -43,6 +43,7 @@ class MJob:
     token: str = ""
     until: int = 0
     completed: int = 0
+    lapses: int = 0  # claim's reaper counts them; 2+ is a suspect (one per worker at a time)
 
 
 class Model:
@@ -54,7 +55,7 @@ class Model:
         # Claim reaps lapsed leases first: due again at their lease's end.
         for j in self.jobs.values():
             if j.state == "leased" and j.until <= now:
-                j.state, j.run_at = "due", j.until
+                j.state, j.run_at, j.lapses = "due", j.until, j.lapses + 1
 
     def live(self, key: str, now: int) -> int:
         return sum(
@@ -118,7 +119,10 @@ class Run:
                 continue
             key_full = u.ckey is not None and m.live(u.ckey, now) >= KEY_LIMITS[u.ckey]
             rate_full = u.rated and m.window(now) >= RATE[0]
-            if key_full or rate_full:
+            # A suspect waits while the worker holds one (tests/test_poison_containment.py).
+            holds = any(v.state == "leased" and v.until > now and v.lapses >= 2
+                        for v in m.jobs.values())  # fmt: skip
+            if key_full or rate_full or (u.lapses >= 2 and holds):
                 continue
             assert len(got) == limit, f"{u.id} due, not blocked, batch not full"
             worst = min(rank(j, now) for j in got)

@@ -36,6 +36,7 @@ _BUILDERS = {
     "flow:held": "'flow:held'",
     "flow:waiting": "'flow:waiting'",
     "flow:children:<id>": "'flow:children:'",
+    "isolated": "'isolated'",  # claim.lua: the one suspect job each worker holds
 }
 _KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
 

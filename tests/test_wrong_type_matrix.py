@@ -67,6 +67,9 @@ def populate(q: Queue, clock: Clock, client: redis.Redis) -> World:
     q.schedule("c", "t", cron="*/5 * * * *")
     w.ids["sc"] = q.get_schedule("c").pending or ""
     assert w.ids["s"] and w.ids["sc"]
+    # A suspect (lapsed twice, lua/claim.lua): claim_late reaps it and leases it alone.
+    client.hset(q.keys.job(w.ids["l"]), "lapses", "2")
+    client.hset(q.keys.isolated, "w", w.ids["l"])
     (idem,) = client.scan_iter(match=q.keys.prefix + "idem:*")
     w.names = {**w.ids, "idem": idem[len(q.keys.prefix) :], "minute": str((T0 + 2) // 60_000)}
     return w
@@ -77,7 +80,7 @@ KEYS = [
     "due", "leased", "dead", "wake", "dead:migrating", "config", "flow:held", "flow:rheld",
     "flow:waiting", "flow:levels", "flow:pdue:5", "flow:ck:k", "flow:ckheld:k", "flow:rate:rk",
     "flow:children:{p}", "schedules", "schedules:refill", "schedule:s", "schedule:c:slots",
-    "workers", "{idem}", "stats:{minute}", "result:{l}", "result_wait:{l}",
+    "workers", "{idem}", "stats:{minute}", "result:{l}", "result_wait:{l}", "isolated",
     # one job's own keys: that job may be parked (claim does), no other may suffer
     "job:{l}", "job:{p}", "job:{c1}", "job:{c2}", "job:{ch}", "job:{x}", "spec:{d}", "spec:{ch}",
     "spec:{p}", "job:{s}",

@@ -428,9 +428,10 @@ end
 -- the rest of due FIFO (docs/flow-control.md). `examine(id, due_score)` leases ('took'), sets
 -- aside ('held') or parks/drops ('gone') one candidate; ids it takes stay in due until claim's
 -- end. Without priority levels this is the plain FIFO scan (one ZRANGE), with one more round
--- only after a candidate was not taken.
+-- only after a candidate was not taken. 'skip' (a suspect this worker may not take: claim.lua)
+-- leaves it in due: the due window is widened by as many.
 local function flow_fill(prefix, due, now, limit, examine)
-  local seen, took, aside, budget = {}, 0, 0, limit + FLOW_HOLD_BUDGET
+  local seen, took, aside, skipped, budget = {}, 0, 0, 0, limit + FLOW_HOLD_BUDGET
   local function one(src, in_due, id, s)
     seen[id] = true
     budget = budget - 1
@@ -441,6 +442,7 @@ local function flow_fill(prefix, due, now, limit, examine)
     end
     local v = examine(id, s)
     if v == 'took' then took = took + 1 else aside = aside + 1 end
+    if v == 'skip' then skipped = skipped + 1 end
     return v
   end
   local function pass(src, hi, in_due)
@@ -449,7 +451,7 @@ local function flow_fill(prefix, due, now, limit, examine)
       -- an index also those the aged pass set aside or parked (an entry is dropped only when
       -- a scan of its own index meets it). The window is widened by as many, so they never
       -- hide the level's other jobs.
-      local want = in_due and limit or limit + aside
+      local want = in_due and limit + skipped or limit + aside
       local fresh, again = 0, false
       local ids
       if in_due then

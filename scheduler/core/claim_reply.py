@@ -186,4 +186,7 @@ def parse_claim(reply: Any) -> ClaimBatch:
             unreadable.append(
                 (_lossy(raw[0]) if raw else "", _lossy(raw[1]) if len(raw) > 1 else "", reason)
             )
-    return ClaimBatch(now_ms=now_ms, next_ms=next_ms, jobs=jobs, unreadable=unreadable)
+    # After the jobs: the schedules' refill flag (cron_slots.refill_requested), then the
+    # suspect leased by this call, when one was.
+    suspect = _lossy(reply[base + 1]) if len(reply) > base + 1 else None
+    return ClaimBatch(now_ms, next_ms, jobs, unreadable, suspect)

@@ -83,6 +83,11 @@ class QueueKeys:
         """The part of flow_held waiting for parent jobs (enqueue after=), id -> run_at_ms."""
         return self.prefix + "flow:waiting"
 
+    @property
+    def isolated(self) -> str:
+        """HASH worker id -> the one suspect job (lapsed twice) it holds (lua/claim.lua)."""
+        return self.prefix + "isolated"
+
     def spec(self, job_id: str) -> str:
         """A job's spec record until and after its first claim (lua/lib/job.lua)."""
         return self.prefix + "spec:" + job_id

@@ -81,6 +81,8 @@ class ClaimBatch:
         jobs: the leased jobs, in due order.
         unreadable: leased jobs whose fields this client cannot decode, as (job id, token,
             reason): fail them non-retryably, they would fail the same way at every attempt.
+        suspect: the one job of `jobs` that lapsed twice (in two crashed workers' batches):
+            this worker holds no other suspect until it ends (docs/durability.md); else None.
     """
 
     now_ms: int
@@ -89,6 +91,7 @@ class ClaimBatch:
     # Leased jobs whose fields this client cannot read: (job id, token, reason). The worker
     # fails them non-retryably (they would fail the same way at every attempt).
     unreadable: list[tuple[str, str, str]] = field(default_factory=list)
+    suspect: str | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +36,7 @@ class LeasingOps(OpsBase):
         reply = yield Script("claim", args)
         batch = codec.parse_claim(reply)
         # Cron schedules running low on precomputed slots: refill on this same call.
-        if recurring.refill_requested(reply, len(batch.jobs), codec.CLAIM_FIELDS):
+        if recurring.refill_requested(reply, int(reply[2]), codec.CLAIM_FIELDS):
             try:
                 placed_ms = yield from refill_schedules(self.keys, batch.now_ms)
             except (RedisError, SchedulerError):
@@ -43,7 +44,7 @@ class LeasingOps(OpsBase):
                 # Redis, and the next claim (by any client) tries again.
                 return batch
             if placed_ms is not None and not 0 <= batch.next_ms <= placed_ms:
-                batch = ClaimBatch(batch.now_ms, placed_ms, batch.jobs)
+                batch = dataclasses.replace(batch, next_ms=placed_ms)
         return batch
 
     def heartbeat(

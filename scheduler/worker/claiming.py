@@ -159,6 +159,8 @@ class Claiming(Dispatch):
         # One clock read and one log-level check per batch: its jobs start in this call.
         now_s = time.monotonic()
         log = self.log.isEnabledFor(logging.INFO)
+        if batch.suspect is not None:
+            self._suspects.add((queue, batch.suspect))
         for job in batch.jobs:
             self._start(queue, job, batch.now_ms, t_sent, now_s, log, resent)
         # Jobs in the reply the client could not read (id, token, reason): failed

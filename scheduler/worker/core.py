@@ -111,6 +111,9 @@ class WorkerCore:
         self._abandoned: dict[tuple[str, str], Running] = {}
         self._behind: dict[tuple[str, str], Running] = {}
         self._capped = False
+        # (queue, job id) of the suspects leased (ClaimBatch.suspect): the claim loop claims
+        # again when one ends, since the suspects it skipped meanwhile sent it no wake-up.
+        self._suspects: set[tuple[str, str]] = set()
         self._stop_claiming = asyncio.Event()
         self._stop_reporter = asyncio.Event()
         self._stop_heartbeat = asyncio.Event()
