@@ -27,8 +27,9 @@ redis-py 8's per-call connection-count recorders.
 On asyncio, redis-py sends every command inside `asyncio.wait_for` when the connection has a
 socket timeout (redis-py 8's default: 5 s), a new Task per send on Python 3.11. A send that
 cannot wait (an empty transport buffer, a command under its high-water mark: `drain` returns at
-once) goes without it: `AsyncQueue.enqueue` 122 -> 94 us wall, 79 -> 53 us CPU per call
-(docs/performance.md section 19). Every other send keeps the timeout.
+once) goes without it: `AsyncQueue.enqueue` -13 to -20% wall, -23 to -28% CPU per call
+(`python bench/single_call_ab.py`, docs/performance.md section 19). Every other send keeps the
+timeout.
 
 Only an exact `redis.Redis` / `redis.asyncio.Redis` without a dedicated single connection is
 served here; anything else (a subclass such as fakeredis or an instrumented client, a
