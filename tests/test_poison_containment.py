@@ -18,12 +18,10 @@ from scheduler.core.connection import connect_async
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.ops import Commands, Ops, Settings
 from scheduler.worker import Worker, WorkerSettings
-from scheduler.worker import claiming as claiming_module
-from scheduler.worker import settings as settings_module
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import Clock
 from tests.redis_server import RedisProcess
-from tests.test_worker_retry_wake import poll
+from tests.test_worker_retry_wake import no_safety_nets, poll
 from tests.workers.procs import spawn_worker, stop_all, wait_for
 
 POISON_REGISTRY = "tests.workers.poison:registry"
@@ -211,8 +209,7 @@ def test_a_worker_claims_the_next_suspect_when_its_own_ends(
     """The suspects a worker skips send it no wake-up, and its claim answers next_ms past them
     (its own suspect's lease end, an hour here, with the idle safety net an hour too): only the
     end of its suspect (ClaimBatch.suspect) makes it claim the next one."""
-    monkeypatch.setattr(claiming_module, "_MAX_IDLE_SLEEP_S", 3600.0)
-    monkeypatch.setattr(settings_module, "_MAX_IDLE_SLEEP_S", 3600.0)
+    no_safety_nets(monkeypatch)
     admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
     q = Queue(admin, f"pc-next-{uuid.uuid4().hex[:8]}", _clock="test")
     clock = Clock(admin, q)

@@ -19,17 +19,9 @@ from scheduler import Queue
 from scheduler.core.connection import connect_async
 from scheduler.core.models import ClaimBatch
 from scheduler.worker import Worker, WorkerSettings
-from scheduler.worker import claiming as claiming_module
-from scheduler.worker import settings as settings_module
 from scheduler.worker.registry import Registry
 from tests.redis_server import RedisProcess
-from tests.test_worker_retry_wake import poll, race_claim_with_fail, run_worker
-
-
-def _no_safety_nets(monkeypatch: Any) -> None:
-    monkeypatch.setattr(claiming_module, "_MAX_IDLE_SLEEP_S", 3600.0)
-    monkeypatch.setattr(settings_module, "_MAX_IDLE_SLEEP_S", 3600.0)
-    monkeypatch.setattr(claiming_module, "_SKIP_MAX_S", 3600.0)
+from tests.test_worker_retry_wake import no_safety_nets, poll, race_claim_with_fail, run_worker
 
 
 def test_a_retry_answered_during_its_own_queues_claim_ends_that_queues_skip(
@@ -41,7 +33,7 @@ def test_a_retry_answered_during_its_own_queues_claim_ends_that_queues_skip(
     answer (claiming.py: `skips[q.name] = now_s + wait_s` for n == 0, after the await). The
     wake flag only buys one more round, which skips qa: the retry waits out the skip (the old
     lease head, or _SKIP_MAX_S = 1 s in production) instead of its own run_at."""
-    _no_safety_nets(monkeypatch)
+    no_safety_nets(monkeypatch)
     admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
     tag = uuid.uuid4().hex[:8]
     qa, qb = Queue(admin, f"rv-wake-a-{tag}"), Queue(admin, f"rv-wake-b-{tag}")
@@ -90,7 +82,7 @@ def test_a_child_made_due_by_its_parents_complete_is_claimed_without_a_safety_ne
     does, WorkerCore._due_soon). The worker that ran the parent planned its idle sleep around
     the parent's own lease end (claim's next_ms = head of leased): the child starts only when
     that lease would have ended or at the 30 s safety net (measured: ~31 s with defaults)."""
-    _no_safety_nets(monkeypatch)
+    no_safety_nets(monkeypatch)
     admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
     q = Queue(admin, "rv-dep-" + uuid.uuid4().hex[:8])
     parent = q.enqueue("review-dep-task", "parent")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aredis
@@ -17,6 +16,7 @@ from scheduler.core.scripts import Scripts
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
 from tests.redis_server import RedisProcess
+from tests.test_worker_runtime_review import poll
 
 registry = Registry()
 STARTED: list[str] = []
@@ -46,14 +46,6 @@ def new_queue(server: RedisProcess) -> Queue:
 def drop_queue(q: Queue) -> None:
     for key in q.client.scan_iter(match=q.keys.pattern()):
         q.client.delete(key)
-
-
-async def poll(cond: Callable[[], bool], timeout_s: float, what: Callable[[], str]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what()}")
-        await asyncio.sleep(0.02)
 
 
 class HoldClaimReplies(aredis.Redis):

@@ -18,12 +18,10 @@ from scheduler import JobSpec, Queue
 from scheduler.core.connection import connect_async
 from scheduler.core.models import ClaimBatch
 from scheduler.worker import Worker, WorkerSettings
-from scheduler.worker import claiming as claiming_module
-from scheduler.worker import settings as settings_module
 from scheduler.worker.registry import Registry
 from tests.conftest import Clock
 from tests.redis_server import RedisProcess
-from tests.test_worker_retry_wake import poll
+from tests.test_worker_retry_wake import no_safety_nets, poll
 
 registry = Registry()
 
@@ -45,12 +43,6 @@ async def gated(payload: object, ctx: Any) -> str:
     return "ok"
 
 
-def _no_safety_nets(monkeypatch: Any) -> None:
-    monkeypatch.setattr(claiming_module, "_MAX_IDLE_SLEEP_S", 3600.0)
-    monkeypatch.setattr(settings_module, "_MAX_IDLE_SLEEP_S", 3600.0)
-    monkeypatch.setattr(claiming_module, "_SKIP_MAX_S", 3600.0)
-
-
 def test_a_skipped_queues_next_due_time_bounds_the_sleep_of_a_round_without_it(
     module_server: RedisProcess, monkeypatch: Any
 ) -> None:
@@ -58,7 +50,7 @@ def test_a_skipped_queues_next_due_time_bounds_the_sleep_of_a_round_without_it(
     qa sits out until then. A wake-up of qb before that starts a round of qb alone (qa skipped),
     and that round's sleep was planned from qb's answer only (here its job's lease end, else
     the 30 s safety net): qa's job, due meanwhile, waited for it."""
-    _no_safety_nets(monkeypatch)
+    no_safety_nets(monkeypatch)
     admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
     tag = uuid.uuid4().hex[:8]
     qa, qb = Queue(admin, f"tl-skip-a-{tag}"), Queue(admin, f"tl-skip-b-{tag}")
@@ -102,7 +94,7 @@ def test_a_wake_up_popped_by_a_call_whose_reply_was_lost_still_wakes_the_worker(
     30 s safety net, an hour here): the job, due now, waited for it. The fault is injected
     into the worker's client: the real BLPOP runs, then its reply is replaced by the
     ConnectionError redis-py raises for a connection closed before the reply."""
-    _no_safety_nets(monkeypatch)
+    no_safety_nets(monkeypatch)
     admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
     q = Queue(admin, f"tl-lost-pop-{uuid.uuid4().hex[:8]}")
 
@@ -144,7 +136,7 @@ def test_a_full_batch_passes_a_future_jobs_due_time_on_to_an_idle_worker(
     *now*: the other worker never learns the second job's run_at and sleeps its old plan (the
     30 s safety net, an hour here), while the first is busy. The job waited though a worker was
     idle."""
-    _no_safety_nets(monkeypatch)
+    no_safety_nets(monkeypatch)
     admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
     q = Queue(admin, f"tl-full-{uuid.uuid4().hex[:8]}")
 
@@ -182,7 +174,7 @@ def test_a_replayed_claims_old_plan_does_not_set_the_sleep(
     next_ms - now_ms from the replay, so a job that fell due during the gap waited that much
     longer (up to the 30 s safety net). The gap is made with the test clock: the server's time
     moves an hour on between the first send and its re-send."""
-    _no_safety_nets(monkeypatch)
+    no_safety_nets(monkeypatch)
     admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
     q = Queue(admin, f"tl-replay-{uuid.uuid4().hex[:8]}", _clock="test")
     clock = Clock(admin, q)

@@ -60,6 +60,14 @@ async def poll(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> 
         await asyncio.sleep(0.01)
 
 
+def no_safety_nets(monkeypatch: Any) -> None:
+    """The worker's idle safety nets out of the way (an hour): a lost wake-up shows as a job
+    that does not run within a test's timeout, not as a late one."""
+    monkeypatch.setattr(claiming_module, "_MAX_IDLE_SLEEP_S", 3600.0)
+    monkeypatch.setattr(settings_module, "_MAX_IDLE_SLEEP_S", 3600.0)
+    monkeypatch.setattr(claiming_module, "_SKIP_MAX_S", 3600.0)
+
+
 def run_worker(
     url: str,
     queues: tuple[str, ...],
@@ -114,9 +122,7 @@ def race_claim_with_fail(w: Worker, queue: str, monkeypatch: Any, raced: list[Cl
 def test_a_retry_answered_during_a_claim_is_claimed_at_its_run_at(
     module_server: RedisProcess, monkeypatch: Any
 ) -> None:
-    # No safety net to hide behind: a lost wake-up would sleep an hour, not 30 s.
-    monkeypatch.setattr(claiming_module, "_MAX_IDLE_SLEEP_S", 3600.0)
-    monkeypatch.setattr(settings_module, "_MAX_IDLE_SLEEP_S", 3600.0)
+    no_safety_nets(monkeypatch)  # a lost wake-up would sleep an hour, not 30 s
     admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
     q = Queue(admin, "wake-" + uuid.uuid4().hex[:8])
     job = q.enqueue("retry-wake-flaky", None)
@@ -143,8 +149,7 @@ def test_a_retry_ends_its_queues_skip_on_a_worker_of_several_queues(
     """Several queues: a queue whose claim took nothing sits out until its next due time (here
     the running job's lease end) or _SKIP_MAX_S. A retry of one of its jobs ends that skip, as
     its own wake-up token would (fail.lua pushes none)."""
-    monkeypatch.setattr(claiming_module, "_MAX_IDLE_SLEEP_S", 3600.0)
-    monkeypatch.setattr(claiming_module, "_SKIP_MAX_S", 3600.0)
+    no_safety_nets(monkeypatch)
     admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
     tag = uuid.uuid4().hex[:8]
     qa, qb = Queue(admin, f"wake-a-{tag}"), Queue(admin, f"wake-b-{tag}")
