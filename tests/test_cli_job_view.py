@@ -11,6 +11,7 @@ from click.testing import CliRunner, Result
 
 from scheduler import Queue
 from scheduler.cli.main import main
+from tests.conftest import Clock
 
 Run = Callable[..., Result]
 
@@ -53,3 +54,20 @@ def test_no_time_limit_reads_no_timeout(cli: Run, q: Queue) -> None:
     assert "no timeout" in cli("jobs", "show", "-q", q.name, plain).stdout
     human = cli("jobs", "show", "-q", q.name, limited).stdout
     assert "no timeout" not in human and "1m30s" in human
+
+
+def test_lapses_are_shown(cli: Run, tq: tuple[Queue, Clock]) -> None:
+    """A job whose lease lapsed twice (a suspect: docs/durability.md) says so; a hand-edited
+    count reads as 0."""
+    q, clock = tq
+    clock.set_ms(1_000_000)
+    job_id = q.enqueue("t", 1)
+    for _ in range(2):
+        q.claim("crashed", limit=1, lease_ms=1_000)
+        clock.set_ms(int(q.client.get(q.keys.test_clock) or 0) + 1_001)
+        q.claim("reaper", limit=0)
+    data = json.loads(cli("jobs", "show", "--json", "-q", q.name, job_id).stdout)
+    assert data["lapses"] == 2 and data["attempts"] == 2
+    assert "lapses" in cli("jobs", "show", "-q", q.name, job_id).stdout
+    q.client.hset(q.keys.job(job_id), "lapses", "nonsense")
+    assert json.loads(cli("jobs", "show", "--json", "-q", q.name, job_id).stdout)["lapses"] == 0

@@ -70,6 +70,9 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
         "payload_dropped": job.payload_dropped,
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
+        # Leases that lapsed (its worker died or stalled); 2+: a suspect, run alone
+        # (docs/durability.md). Unset reads 0.
+        "lapses": _int(f.get("lapses")) or 0,
         "run_at_ms": run_at,
         "run_in_ms": None if run_at is None else run_at - now_ms,
         "token": token,
