@@ -286,14 +286,11 @@ if limit > 0 then
     if r and r.attempts >= r.max_attempts then bad = 'attempts exhausted' end
     if bad then return drop(id, jk, bad, r) end
     -- A suspect (lapsed twice): one per worker at a time; else it stays due for another.
-    if r.lapses >= 2 then
-      if suspect_taken or suspect_held() then
-        skipped[#skipped + 1] = id
-        -- Met through its priority index, which flow_fill dropped it from: back in it.
-        flow_index(prefix, id, r.flow.priority, score)
-        return 'skip'
-      end
-      suspect_taken = id
+    if r.lapses >= 2 and (suspect_taken or suspect_held()) then
+      skipped[#skipped + 1] = id
+      -- Met through its priority index, which flow_fill dropped it from: back in it.
+      flow_index(prefix, id, r.flow.priority, score)
+      return 'skip'
     end
     local fl = r.flow
     local flowing = flow_used(fl)
@@ -308,6 +305,8 @@ if limit > 0 then
       -- by the schedule's misfire policy (lib/rearm.lua).
       return 'gone'
     end
+    -- Leased below: the worker's one suspect (one set aside, parked or dropped above is not).
+    if r.lapses >= 2 then suspect_taken = id end
     local attempts = r.attempts + 1
     -- The last settlement moves to the replay log before a new one can overwrite it.
     if r.settled_token then log_settlement(jk, r.settled_token, r.settled, r.settled_log) end

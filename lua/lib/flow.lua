@@ -101,8 +101,12 @@ local function flow_from(v, i)
   local fp = flow_parse(p, nil, nil, nil, nil, nil) or FLOW_PLAIN
   local fk = flow_parse(nil, ck, cl, nil, nil, nil) or FLOW_PLAIN
   local fr = flow_parse(nil, nil, nil, rk, rc, rw) or FLOW_PLAIN
+  -- A good key with a limit edited by hand: claim reads the job as plain, but a slot it took
+  -- before the edit is still freed when its lease ends, or the key's held jobs would wait for
+  -- ever.
+  local lost = fk.ckey == '' and ck and task_ok(ck) and ck or nil
   return { priority = fp.priority, ckey = fk.ckey, climit = fk.climit, rkey = fr.rkey,
-    rcount = fr.rcount, rwindow = fr.rwindow }
+    rcount = fr.rcount, rwindow = fr.rwindow, ckey_lost = lost }
 end
 
 local function flow_load(jk)
@@ -203,10 +207,14 @@ end
 -- rather than raise after the caller's first write.
 local function flow_release(prefix, id, now, f)
   f = f or flow_load(job_key(prefix, id))
-  if f.ckey == '' then return end
-  redis.pcall('ZREM', prefix .. 'flow:ck:' .. f.ckey, id)
-  local live = flow_ck_live(prefix, f.ckey, now)
-  if live then flow_ck_promote(prefix, f.ckey, f.climit - live) end
+  -- A key whose limit cannot be read (flow_from): one held job may go while none is leased
+  -- (claim checks it against its own limit), so the key's held jobs are never stranded.
+  local key, limit = f.ckey, f.climit
+  if key == '' and f.ckey_lost then key, limit = f.ckey_lost, 1 end
+  if key == '' then return end
+  redis.pcall('ZREM', prefix .. 'flow:ck:' .. key, id)
+  local live = flow_ck_live(prefix, key, now)
+  if live then flow_ck_promote(prefix, key, limit - live) end
 end
 
 -- to_due (lib/job.lua) for every move into due: the slot it held is freed and a prioritized job
@@ -214,7 +222,7 @@ end
 local function flow_to_due(prefix, id, run_at, now, f)
   to_due(prefix, id, run_at)
   f = f or flow_load(job_key(prefix, id))
-  if f.ckey ~= '' then flow_release(prefix, id, now, f) end
+  if f.ckey ~= '' or f.ckey_lost then flow_release(prefix, id, now, f) end
   flow_index(prefix, id, f.priority, run_at)
 end
 
@@ -402,8 +410,8 @@ local function flow_forget(prefix, id, now, f)
   redis.pcall('ZREM', prefix .. 'flow:held', id)
   redis.pcall('ZREM', prefix .. 'flow:rheld', id)
   redis.pcall('ZREM', prefix .. 'flow:waiting', id)
-  if f.ckey ~= '' then
-    redis.pcall('ZREM', prefix .. 'flow:ckheld:' .. f.ckey, id)
+  if f.ckey ~= '' or f.ckey_lost then
+    redis.pcall('ZREM', prefix .. 'flow:ckheld:' .. (f.ckey_lost or f.ckey), id)
     flow_release(prefix, id, now, f)
   end
 end
