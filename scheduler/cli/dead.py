@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import click
@@ -86,9 +87,11 @@ def select(
     error_type: str | None,
     older_than_ms: int | None,
     ids: Sequence[str],
+    *,
+    refuse: bool = True,
 ) -> list[str]:
-    """Dead ids matching every filter; an --id that is not dead (or fails a filter) refuses.
-    With --id, only those ids are read (each in its partition), not the dead set."""
+    """Dead ids matching every filter; an --id that is not dead (or fails a filter) refuses
+    (refuse=False: left out). With --id, only those ids are read (each in its partition)."""
     if not ids:
         return q.dead_ids(task=task, error_type=error_type, older_than_ms=older_than_ms)
     wanted = list(dict.fromkeys(ids))
@@ -99,9 +102,9 @@ def select(
         per = [q._run(dead_selected(q.keys, wanted, **args))]
     found = {i for group in per for i in group}
     missing = [i for i in ids if i not in found]
-    if missing:
+    if missing and refuse:
         raise Refused(f"not on the dead list of {q.name!r} (or filtered out): {', '.join(missing)}")
-    return list(dict.fromkeys(ids))
+    return [i for i in wanted if i in found]
 
 
 def _jobs(q: Queue | PartitionedQueue, ids: Sequence[str]) -> list[Job]:
@@ -199,6 +202,7 @@ def _bulk(
     selected: list[str],
     yes: bool,
     as_json: bool,
+    recheck: Callable[[Sequence[str]], list[str]],
 ) -> None:
     if not selected:
         if as_json:
@@ -219,11 +223,12 @@ def _bulk(
     )
     with progress:
         step = progress.add_task(queue, total=len(selected))
-        for chunk in iter_chunks(selected, _BATCH):
-            done += action(chunk)
+        for n, chunk in enumerate(iter_chunks(selected, _BATCH)):
+            # Re-checked (selected before the confirmation: a job may have died again since).
+            done += action(chunk if yes and n == 0 else recheck(chunk))
             progress.advance(step, len(chunk))
-    # A job that is no longer dead (another operator requeued it, or its id was taken again) is
-    # skipped, not an error; purge removes an entry whose job keys are gone, requeue skips it.
+    # A job no longer dead (requeued, or its id taken again) or no longer matching is skipped,
+    # not an error; purge removes an entry whose job keys are gone, requeue skips it.
     result: dict[str, Any] = {
         "queue": queue,
         "action": verb,
@@ -266,7 +271,8 @@ def requeue_dead(
     require_queue(client, queue)
     q = open_queue(client, queue)  # a partitioned queue: each id to its partition
     selected = select(q, task, error_type, older_than_ms, ids)
-    _bulk("requeued", q.requeue_dead, queue, selected, yes, as_json)
+    recheck = partial(select, q, task, error_type, older_than_ms, refuse=False)
+    _bulk("requeued", q.requeue_dead, queue, selected, yes, as_json, recheck)
 
 
 @dead.command("purge")
@@ -290,4 +296,5 @@ def purge_dead(
     require_queue(client, queue)
     q = open_queue(client, queue)
     selected = select(q, task, error_type, older_than_ms, ids)
-    _bulk("purged", q.purge_dead, queue, selected, yes, as_json)
+    recheck = partial(select, q, task, error_type, older_than_ms, refuse=False)
+    _bulk("purged", q.purge_dead, queue, selected, yes, as_json, recheck)

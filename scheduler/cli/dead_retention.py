@@ -29,7 +29,7 @@ from scheduler.client.queue import Queue
 from scheduler.core.codec import MAX_SAFE_INT, MAX_TIME_MS, stored_int
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.dead_letters import dead_cut
-from scheduler.operations.requests import Commands, Op
+from scheduler.operations.requests import Commands, Op, Script
 
 OFF = "off"
 Limits = tuple[int | None, int | None]  # (max_age_ms, max_count); None: no limit
@@ -78,6 +78,17 @@ def beyond(q: Queue, limits: Limits, dead: int) -> int:
     by_count = max(dead - max_count, 0) if max_count is not None else 0
     by_age = q._run(_count_older(q, max_age)) if max_age is not None and dead else 0
     return max(by_count, by_age)
+
+
+def _arg(given: int | str | None, wanted: int | None) -> str:
+    """The script's argument for one limit: 'keep' when not given, '' for no limit."""
+    if given is None:
+        return "keep"
+    return "" if wanted is None else str(wanted)
+
+
+def _set(args: list[str]) -> Op[None]:
+    yield Script("dead_retention", args)
 
 
 def _describe(limits: Limits) -> str:
@@ -158,7 +169,11 @@ def retention(
                 " they are deleted for good as jobs die. Set it?",
                 abort=True,
             )
-        q.set_dead_retention(*wanted)
+        # A limit not given is kept as stored when written ('keep'), not as read above: another
+        # operator's change of it meanwhile stays (lua/dead_retention.lua).
+        given = (OFF, OFF) if off else (max_age, max_count)
+        q._run(_set([_arg(v, w) for v, w in zip(given, wanted, strict=True)]))
+        wanted = read_limits(client, keys)
     result: dict[str, Any] = {
         "queue": queue,
         "max_age_ms": wanted[0],

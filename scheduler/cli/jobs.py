@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import click
+import redis
+from redis.exceptions import WatchError
 from rich.console import Console
 from rich.table import Table
 
@@ -29,6 +31,7 @@ from scheduler.cli.enqueue import enqueue, parse_payload
 from scheduler.cli.job_view import UNREADABLE_LEASE, job_json, placement, print_job
 from scheduler.client.partitioned import PartitionedQueue, open_queue
 from scheduler.client.queue import Queue
+from scheduler.core import connection
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job
@@ -170,6 +173,29 @@ def _job_id(_: click.Context, __: click.Parameter, value: str) -> str:
         raise click.BadParameter(str(exc)) from None
 
 
+def _shown(client: redis.Redis, q: Queue, job_id: str) -> tuple[Job, dict[str, Any]]:
+    """The job's record and where it is stored, as of one moment: both read under WATCH of its
+    hash and spec record (every move of a job writes one of them), again when it moved between
+    the reads (a worker completing it must not show a leased job in no place); a job that
+    keeps moving is shown as last read."""
+    with connection.node_for_key(client, q.keys.prefix).pipeline(transaction=True) as pipe:
+        for _ in range(_SHOW_TRIES):
+            pipe.watch(q.keys.job(job_id), q.keys.spec(job_id))  # type: ignore[no-untyped-call]
+            job = q.get_job(job_id)  # JobNotFound: exit 1
+            data = job_json(job, server_now_ms(client))
+            data.update(placement(client, q, job_id))
+            try:
+                pipe.multi()
+                pipe.execute()  # an empty MULTI/EXEC: refused when the job moved meanwhile
+                break
+            except WatchError:
+                continue
+    return job, data
+
+
+_SHOW_TRIES = 5
+
+
 @jobs.command("show")
 @url_option
 @queue_option
@@ -182,9 +208,7 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
     opened = open_queue(client, queue)
     # A partitioned queue: the id names its partition, which holds the job.
     q = opened.part_of(job_id) if isinstance(opened, PartitionedQueue) else opened
-    job = q.get_job(job_id)  # JobNotFound: exit 1
-    data = job_json(job, server_now_ms(client))
-    data.update(placement(client, q, job_id))
+    job, data = _shown(client, q, job_id)
     data["queue"] = queue
     if q.name != queue:
         data["partition"] = q.name

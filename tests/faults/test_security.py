@@ -296,7 +296,7 @@ def test_each_refused_cli_command_is_one_line_naming_it(
     # doctor -q reads flow:held's TYPE first (a key of another type is a finding).
     expected = {
         ("stats",): "SCAN", ("workers",): "SCAN", ("doctor",): "SCAN", ("keys", *q): "TYPE",
-        ("jobs", "show", *q, ids["dead"]): "MULTI", ("doctor", *q, "--json"): "TYPE",
+        ("jobs", "show", *q, ids["dead"]): "WATCH", ("doctor", *q, "--json"): "TYPE",
     }  # fmt: skip
     for args, command in expected.items():
         result = cli(url, *args)
