@@ -212,8 +212,8 @@ def run_sync(client: Any, drive: Drive) -> list[Any]:
 def run_one_sync(client: Any, scripts: Scripts, keys: Sequence[str], req: Request) -> Any:
     """One request's reply on a blocking client; an error reply is raised, translated. A single
     script call on a non-cluster client is sent straight, without the driver's batch
-    bookkeeping (a Queue.enqueue's ~11 us of client CPU, issue 16); a NOSCRIPT reply (the call
-    did not run) and every other request go through `drive`, which loads and sends again."""
+    bookkeeping (issue 16; `python bench/single_call_ab.py`); a NOSCRIPT reply (the call did
+    not run) and every other request go through `drive`, which loads and sends again."""
     if type(req) is Script and not is_cluster(client):
         try:
             return direct_io.call_sync(client, scripts.evalsha(keys, req))
