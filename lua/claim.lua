@@ -363,7 +363,12 @@ local next_ms = -1
 -- back before its own suspect's lease ends (the leased head below bounds that wait), else an
 -- idle worker would claim in a loop. Among the first #skipped + 1 the first other one is it.
 local dh = redis.call('ZRANGE', due, 0, #skipped, 'WITHSCORES')
-if #skipped > 0 then
+if #skipped > 0 and n == 0 then
+  -- Nothing this worker may take within the scan's budget (suspects all of it, e.g. after a
+  -- fleet crashed twice): the due head is no reason to come back, its own lease end (or a
+  -- wake-up, or its suspect's end) is; else every claim would be answered "due now" at once.
+  dh = {}
+elseif #skipped > 0 then
   local skip = {}
   for _, id in ipairs(skipped) do skip[id] = true end
   local k = 1

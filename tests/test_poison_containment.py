@@ -13,7 +13,7 @@ from functools import partial
 import pytest
 import redis
 
-from scheduler import Queue
+from scheduler import JobSpec, Queue
 from scheduler.core.connection import connect_async
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.ops import Commands, Ops, Settings
@@ -259,3 +259,24 @@ def test_the_refill_flag_is_read_past_unreadable_jobs_and_keeps_them() -> None:
         op.send([[]])  # no schedule to refill after all
     batch = done.value.value
     assert [u[0] for u in batch.unreadable] == ["job-1"] and batch.suspect == "job-1"
+
+
+def test_suspects_beyond_the_scan_budget_do_not_make_a_worker_claim_in_a_loop(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """More suspects than one claim may look at (limit + FLOW_HOLD_BUDGET, 1,000): a worker
+    holding one takes nothing, and is told to come back at its lease end, not "due now" (it
+    claimed again every millisecond, each call reading ~1,000 job hashes)."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue_many([JobSpec("t") for _ in range(1_100)])
+    for _ in range(2):
+        now = int(q.client.get(q.keys.test_clock) or 0)
+        assert len(q.claim("crashed", limit=1_000, lease_ms=LEASE).jobs) == 1_000
+        assert len(q.claim("crashed", limit=1_000, lease_ms=LEASE).jobs) == 100
+        clock.set_ms(now + LEASE + 1)
+        q.claim("reaper", limit=0, lease_ms=LEASE, reap_limit=10_000)
+    first = q.claim("w1", limit=1, lease_ms=LEASE)
+    assert len(first.jobs) == 1 and first.suspect == first.jobs[0].id
+    again = q.claim("w1", limit=1, lease_ms=LEASE)
+    assert again.jobs == [] and again.next_ms == first.now_ms + LEASE > again.now_ms
