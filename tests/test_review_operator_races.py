@@ -4,39 +4,24 @@ was written against and names the promise it checks."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 import click
 import pytest
 import redis
-from click.testing import CliRunner, Result
 
 from scheduler import Queue
 from scheduler.admin.inspection import server_now_ms
 from scheduler.cli import dead as dead_cli
 from scheduler.cli import dead_retention as retention_cli
 from scheduler.cli import jobs as jobs_cli
-from scheduler.cli.main import main
+from tests import test_cli_write
+from tests.test_cli_write import Run, ok_json
 
-Run = Callable[..., Result]
+cli = test_cli_write.cli  # the fixture: the CLI on the test's server
+
 HOUR_MS = 3_600_000
-
-
-@pytest.fixture
-def cli(redis_url: str) -> Run:
-    runner = CliRunner(env={"COLUMNS": "200"})
-
-    def run(*args: str, input: str | None = None) -> Result:
-        return runner.invoke(main, [*args, "--url", redis_url], input=input, catch_exceptions=False)
-
-    return run
-
-
-def ok_json(result: Result) -> Any:
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
 
 
 def _park(q: Queue, job_id: str, error: BaseException) -> None:
