@@ -1,4 +1,5 @@
---[[ requeue_dead: move parked jobs back to due, with a fresh attempt budget.
+--[[ requeue_dead: move parked jobs back to due, with a fresh attempt budget (attempts 0, no
+  lapses: not a suspect).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held
   ARGV ids (the client picks them from the dead list: one, all, or by task / error / age)
@@ -29,7 +30,9 @@ for _, id in ipairs(ARGV) do
   if dead and dead_unlist(prefix, id, now) > 0 then
     flow_to_due(prefix, id, now, now)
     redis.call('HSET', jk, 'state', 'due', 'attempts', 0, 'run_at_ms', fmt(now))
-    redis.call('HDEL', jk, 'dead_reason', 'dead_ms')
+    -- A fresh start: the lapse count goes with the attempts, or a requeued job that once
+    -- lapsed twice (its handler since fixed) would run as a suspect, one per worker.
+    redis.call('HDEL', jk, 'dead_reason', 'dead_ms', 'lapses')
     moved = moved + 1
   end
 end

@@ -280,3 +280,23 @@ def test_suspects_beyond_the_scan_budget_do_not_make_a_worker_claim_in_a_loop(
     assert len(first.jobs) == 1 and first.suspect == first.jobs[0].id
     again = q.claim("w1", limit=1, lease_ms=LEASE)
     assert again.jobs == [] and again.next_ms == first.now_ms + LEASE > again.now_ms
+
+
+def test_a_requeued_dead_suspect_starts_afresh(tq: tuple[Queue, Clock]) -> None:
+    # A suspect parked after its last attempt, requeued once its handler is fixed, is no
+    # suspect any more: its worker may take other jobs' leases alongside it.
+    q, clock = tq
+    clock.set_ms(T0)
+    a = q.enqueue("t", max_attempts=3)
+    _lapse(q, clock)
+    _lapse(q, clock)
+    (j,) = q.claim("w", limit=1, lease_ms=LEASE).jobs
+    assert q.fail(j.id, j.token, ("E", "boom", "")).status == "dead"
+    assert q.client.hget(q.keys.job(a), "lapses") == "2"
+    assert q.requeue_dead([a]) == 1
+    assert q.client.hget(q.keys.job(a), "lapses") is None
+    b, c = q.enqueue("t"), q.enqueue("t")
+    q.client.hset(q.keys.job(b), "lapses", "2")  # a suspect beside it
+    batch = q.claim("w1", limit=100, lease_ms=LEASE)
+    assert sorted(j.id for j in batch.jobs) == sorted([a, b, c])
+    assert batch.suspect == b
