@@ -8,14 +8,18 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import uuid
+from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 import pytest
 import redis
 
 from scheduler import JobSpec, Queue
+from scheduler.core import claim_reply
 from scheduler.core.connection import connect_async
 from scheduler.core.keys import QueueKeys
+from scheduler.core.models import ClaimedJob
 from scheduler.operations.ops import Commands, Ops, Settings
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
@@ -300,3 +304,49 @@ def test_a_requeued_dead_suspect_starts_afresh(tq: tuple[Queue, Clock]) -> None:
     batch = q.claim("w1", limit=100, lease_ms=LEASE)
     assert sorted(j.id for j in batch.jobs) == sorted([a, b, c])
     assert batch.suspect == b
+
+
+def test_an_unreadable_suspect_frees_its_worker_once_failed(
+    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A suspect the worker cannot read is failed (parked) at once, never started: that end
+    must free the worker for the next suspect as a handler's end does (it claimed no more:
+    the suspect it skipped sends no wake-up, and its next_ms was its lease end, an hour)."""
+    no_safety_nets(monkeypatch)
+    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
+    q = Queue(admin, f"pc-bad-{uuid.uuid4().hex[:8]}", _clock="test")
+    clock = Clock(admin, q)
+    clock.set_ms(T0)
+    bad = q.enqueue("pc-gated", job_id="a-bad")
+    good = q.enqueue("pc-gated", job_id="b-good")
+    _lapse(q, clock)
+    _lapse(q, clock)
+    # One field this client cannot read that claim.lua let through (another server version):
+    real = claim_reply._claimed_job
+
+    def unreadable(raw: Sequence[Any], now_ms: int) -> ClaimedJob:
+        if raw[0] == bad:
+            raise claim_reply._Unreadable("task")
+        return real(raw, now_ms)
+
+    monkeypatch.setattr(claim_reply, "_claimed_job", unreadable)
+    admin.zadd(q.keys.due, {bad: T0 - 1})  # claimed first
+
+    async def main() -> None:
+        Gate.release = asyncio.Event()
+        Gate.release.set()
+        client = connect_async(module_server.url)
+        settings = WorkerSettings(queues=(q.name,), concurrency=4, grace_s=0, lease_ms=3_600_000)
+        w = Worker(client, registry, settings, _clock="test")
+        task = asyncio.create_task(w.run(install_signals=False))
+        try:
+            await poll(lambda: q.status(bad) == "dead", "the unreadable suspect parked")
+            await poll(lambda: q.status(good) == "done", "the next suspect", timeout_s=10.0)
+            assert admin.hget(q.keys.job(bad), "dead_reason") == "non-retryable error"
+            assert not w._suspects  # the unreadable one's entry is not kept for ever
+        finally:
+            w.request_stop()
+            await asyncio.wait_for(task, 10)
+            await client.aclose()
+
+    asyncio.run(main())

@@ -160,7 +160,10 @@ class Claiming(Dispatch):
         now_s = time.monotonic()
         log = self.log.isEnabledFor(logging.INFO)
         if batch.suspect is not None:
-            self._suspects.add((queue, batch.suspect))
+            if any(u[0] == batch.suspect for u in batch.unreadable):
+                self._due_soon(queue)  # failed below, never started: that is its end
+            else:
+                self._suspects.add((queue, batch.suspect))
         for job in batch.jobs:
             self._start(queue, job, batch.now_ms, t_sent, now_s, log, resent)
         # Jobs in the reply the client could not read (id, token, reason): failed
