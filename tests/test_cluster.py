@@ -156,6 +156,30 @@ def test_cli_stats_and_workers_cover_every_primary(
         _drop(rc, names)
 
 
+def test_cli_jobs_show_reads_under_watch_on_every_primary(
+    rc: Any, cluster_url: str, queue_name: str
+) -> None:
+    """`jobs show` WATCHes the job's keys on the node that owns them (a WATCH sent to another
+    node would answer MOVED, or watch nothing): a due and a leased job on each primary."""
+    names = _queues_on_every_primary(rc, queue_name)
+    try:
+        for name in names:
+            q = Queue(rc, name)
+            waiting, held = q.enqueue("t", job_id="a-due", delay_ms=60_000), q.enqueue("t")
+            (job,) = q.claim("w1", limit=1, lease_ms=60_000).jobs
+            assert job.id == held
+            for jid, state, place in ((waiting, "scheduled", "due"), (held, "leased", "leased")):
+                res = CliRunner().invoke(
+                    main, ["jobs", "show", jid, "--url", cluster_url, "--queue", name, "--json"]
+                )
+                assert res.exit_code == 0, res.output
+                shown = json.loads(res.output)
+                assert (shown["id"], shown["state"], shown["places"]) == (jid, state, [place])
+                assert shown["queue"] == name, shown
+    finally:
+        _drop(rc, names)
+
+
 def test_a_moved_slot_is_followed_by_an_old_client(cluster_url: str, queue_name: str) -> None:
     """Move the queue's slot to another primary behind the client's back: its next script
     call answers MOVED, the driver re-reads the topology and sends it again."""
