@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 
 from scheduler import Queue
 from scheduler.dashboard import Auth, create_app
+from tests.conftest import Clock
 
 
 @pytest.fixture
@@ -76,3 +77,17 @@ def test_waiting_for_parents_then_parked_when_one_dies(q: Queue, web: TestClient
     assert f"parked because its parent job {parent} ended dead" in page
     assert '<td class="mono" data-flow="priority">0</td>' in page
     assert web.get(f"/queues/{q.name}/api").json()["held"] == 0
+
+
+def test_a_due_suspect_says_so_on_its_page(tq: tuple[Queue, Clock], client: redis.Redis) -> None:
+    q, clock = tq
+    clock.set_ms(1_000_000)
+    jid = q.enqueue("sync")
+    for lapse in range(1, 3):  # a worker dies holding it, twice; the reaper puts it back
+        assert [j.id for j in q.claim("crashed", limit=1, lease_ms=1_000).jobs] == [jid]
+        clock.set_ms(1_000_000 + lapse * 1_001)
+        q.claim("reaper", limit=0, lease_ms=1_000)
+    with TestClient(create_app(client=client, queues=[q.name], auth=Auth())) as web:
+        page = job_page(web, q, jid)
+    assert 'data-reason="suspect"' in page
+    assert "its lease lapsed 2 times" in page

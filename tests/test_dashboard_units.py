@@ -65,3 +65,14 @@ def test_durations_and_reasons() -> None:
     due = Job("j2", "due", "t", "{}", {"state": "due", "run_at_ms": "0"})
     assert [r.code for r in why_not_running(due, 10, 0)] == ["no-live-worker"]
     assert [r.code for r in why_not_running(due, 10, 2)] == ["waiting-for-worker"]
+
+
+def test_a_due_suspect_says_why_it_may_wait() -> None:
+    def due(lapses: str) -> Job:
+        return Job("j3", "due", "t", "{}", {"state": "due", "run_at_ms": "0", "lapses": lapses})
+
+    codes = [r.code for r in why_not_running(due("2"), 10, 2)]
+    assert codes == ["waiting-for-worker", "suspect"]
+    assert "lapsed 2 times" in why_not_running(due("2"), 10, 2)[1].text
+    for innocent in ("1", "", "x2", "\u0662"):  # one lapse, unset, garbage: not a suspect
+        assert [r.code for r in why_not_running(due(innocent), 10, 2)] == ["waiting-for-worker"]

@@ -65,11 +65,15 @@ def why_not_running(job: Job, now_ms: int, live_workers: int) -> list[Reason]:
         return [Reason("scheduled", f"its run time has not come yet (due{wait})"), *held]
     if state == JobState.DUE:
         if live_workers == 0:
-            return [
+            waits = [
                 *held,
                 Reason("no-live-worker", "it is due, but no worker of this queue is alive"),
             ]
-        return held or [Reason("waiting-for-worker", "it is due and waits for a free worker slot")]
+        else:
+            waits = held or [
+                Reason("waiting-for-worker", "it is due and waits for a free worker slot")
+            ]
+        return [*waits, *_suspect(job)]
     if state == JobState.DEAD:
         why = job.dead_reason or "unknown"
         if m := _PARENT.fullmatch(why):
@@ -81,6 +85,20 @@ def why_not_running(job: Job, now_ms: int, live_workers: int) -> list[Reason]:
     if state == JobState.CANCELLED:
         return [Reason("cancelled", "it was cancelled")]
     return [Reason("unknown-state", f"its stored state {state!r} is not one this version knows")]
+
+
+def _suspect(job: Job) -> list[Reason]:
+    """A job whose lease lapsed twice or more (its worker died running it) is claimed by a
+    worker holding no other such job (docs/durability.md): it may wait for one."""
+    raw = job.fields.get("lapses") or ""
+    n = int(raw) if raw.isascii() and raw.isdigit() else 0  # claim.lua reads garbage as 0
+    if n < 2:
+        return []
+    text = (
+        f"its lease lapsed {n} times (a worker died or stalled running it): it runs as a "
+        "suspect, on a worker holding no other suspect"
+    )
+    return [Reason("suspect", text)]
 
 
 def flow_settings(job: Job) -> list[tuple[str, str]]:
