@@ -2,11 +2,12 @@
   A run already leased finishes normally. A schedule hash that cannot be read whole
   (hand-edited) is paused too (lib/schedule.lua sched_husk).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] name
   Returns: 'paused' | 'already' (was paused: nothing written) | 'missing'
-  Errors:  CORRUPT <key> is not a <type> (due, or leased for a pending occurrence with a
-    concurrency key, edited by hand into another type: lib/rearm.lua sched_unpend); nothing
+  Errors:  CORRUPT <key> is not a <type> (due, leased for a pending occurrence with a
+    concurrency key, or dead for one with waiting children: its withdrawal parks them, as a
+    cancel does; edited by hand into another type: lib/rearm.lua sched_unpend); nothing
     written ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"

@@ -1,6 +1,6 @@
 --[[ schedule_upsert: create or redefine a recurring schedule by name, idempotently.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, schedules, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, schedules, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] name   ARGV[2] digest (of the whole definition)   ARGV[3] kind ('cron' | 'every')
   ARGV[4] cron   ARGV[5] tz   ARGV[6] every_ms   ARGV[7] jitter_ms   ARGV[8] offset_ms
   ARGV[9] misfire (text)   ARGV[10] misfire_n (overdue slots that may run: 0 skip, 1, N)
@@ -18,8 +18,9 @@
     (hand-edited) is redefined ('updated'). A paused schedule stays paused. Exactly one pending
     occurrence afterwards (none if paused).
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT <key> is not a <type> (a key edited by hand
-    into another type: due, schedule:<name>, or leased for a pending occurrence with a
-    concurrency key, lib/rearm.lua sched_unpend); nothing written. The schedules index is
+    into another type: due, schedule:<name>, leased for a pending occurrence with a
+    concurrency key, or dead for one with waiting children, lib/rearm.lua sched_unpend);
+    nothing written. The schedules index is
     advisory: one of another type is left as it is. ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"

@@ -144,23 +144,27 @@ end
 -- (pause, remove, redefine): out of due, its priority index and every flow set. Called before
 -- the caller's first write: returns nil, or a CORRUPT error reply (nothing written, the caller
 -- returns it) when a key the withdrawal needs is of another type (edited by hand): `due` (the
--- truth of "due": the occurrence cannot leave it), and for an occurrence with a concurrency key
--- `leased` (lib/flow.lua flow_release reads the key's lapsed leases in it, with redis.call).
+-- truth of "due": the occurrence cannot leave it), for an occurrence with a concurrency key
+-- `leased` (lib/flow.lua flow_release reads the key's lapsed leases in it, with redis.call),
+-- and for one with waiting children the dead key (they are parked: it will never be done).
 local function sched_unpend(prefix, h, now)
   if h.pending == '' then return nil end
   -- The state and the flow fields (FLOW_READ) in one read; flow_forget takes the parsed flow.
   -- pcall: an occurrence key of another type (hand-edited) is left for doctor, but its id
   -- still leaves due and the flow sets (with the flow the schedule gives its occurrences), so
-  -- pause, remove and redefine go on.
-  local v = redis.pcall('HMGET', job_key(prefix, h.pending), 'state', unpack(FLOW_READ))
+  -- pause, remove and redefine go on. `kids`: jobs enqueued after=[it] wait for it.
+  local v = redis.pcall('HMGET', job_key(prefix, h.pending), 'kids', 'state', unpack(FLOW_READ))
+  local kids = not v.err and v[1]
   local f
   if v.err then f = flow_load(sched_key(prefix, h.name))
-  elseif v[1] == 'due' then f = flow_from(v, 2) end
+  elseif v[2] == 'due' then f = flow_from(v, 3) end
   if f then
     local bad = zset_err(prefix, 'due')
-      or (f.ckey ~= '' and zset_err(prefix, 'leased'))
+      or (f.ckey ~= '' and zset_err(prefix, 'leased')) or (kids and dead_err(prefix))
     if bad then return bad end
     sched_withdraw(prefix, h.pending, f, now)
+    -- Deleted, it can never end done: its waiting children are parked as by a cancel.
+    if kids then flow_parent_ended(prefix, h.pending, 'cancelled', now) end
     if not v.err then job_del(prefix, h.pending) end
   end
   redis.call('HSET', sched_key(prefix, h.name), 'pending', '')
@@ -188,6 +192,8 @@ local function sched_rearm(prefix, name, id, now)
     redis.call('ZREM', prefix .. 'due', id)
     redis.call('HSET', jk, 'state', 'cancelled', 'skipped', 'misfire', 'finished_ms', fmt(now))
     redis.call('PEXPIRE', jk, SCHED_DROP_TTL_MS)
+    -- Cancelled: jobs waiting for it are parked (claim checked the dead key before its writes).
+    if redis.call('HGET', jk, 'kids') then flow_parent_ended(prefix, id, 'cancelled', now) end
     bump_stat(prefix, now, 'misfire_skip', 1)
   end
   sched_place(prefix, h, cur, budget, now)
