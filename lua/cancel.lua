@@ -4,7 +4,8 @@
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record, and its result wake-up
     `result:<id>` of lib/result.lua, are kept)
-  A schedule's pending occurrence is replaced by the schedule's next one. A job set aside by
+  A schedule's pending occurrence is replaced by the schedule's next one, under its misfire
+  policy (a late one: the missed runs the policy runs still run). A job set aside by
   flow control (flow:held) is cancelled as a due one.
   Returns: the state before the call: 'due' | 'leased' (now cancelled), or 'done' | 'dead' |
     'cancelled' (unchanged), or 'missing'. A re-sent call answers 'cancelled' and changes nothing.
@@ -51,12 +52,7 @@ local now = now_ms()
 -- Cancelling a schedule's pending occurrence cancels that run, not the schedule: the next
 -- occurrence takes its place in the same step (exactly one pending, as lib/rearm.lua keeps it).
 local schedule = redis.call('HGET', jk, 'schedule')
-if schedule and in_due then
-  local h = sched_load(prefix, schedule)
-  if h ~= nil and h.pending == id and h.paused ~= '1' then
-    sched_place(prefix, h, h.cursor_ms, 0, now)
-  end
-end
+if schedule and in_due then sched_ended(prefix, schedule, id, now) end
 redis.call('ZREM', due, id)
 redis.call('ZREM', leased, id)
 -- Out of the flow holds, and a leased job's key slot is free (its held jobs may run).

@@ -13,7 +13,8 @@
     how many schedules wait for a cron-buffer refill (advisory: read now, also in a replay);
     then, when this call leased a suspect (below), its id.
     Claiming a schedule's pending occurrence inserts the next one in this same call, or drops
-    a late one by the misfire policy (lib/rearm.lua).
+    a late one by the misfire policy (lib/rearm.lua); one whose cron buffer ends before now
+    (a long outage) stays due, once, until the refill this reply asks for.
     The token is '<fence>-<nonce>': the fence is a per-job counter bumped at every claim, and
     the nonce makes a token unique even if a failover loses the last increment.
     A re-sent call with the same nonce returns the first call's jobs (those it still holds) and
@@ -300,10 +301,17 @@ if limit > 0 then
       if ok == nil then return drop(id, jk, why, r) end
       if not ok then return 'held' end
     end
-    if r.schedule ~= '' and not sched_rearm(prefix, r.schedule, id, now) then
+    if r.schedule ~= '' then
+      local go = sched_rearm(prefix, r.schedule, id, now)
+      if go == nil then
+        -- Its cron buffer ends before now: it stays due until the refill this reply asks for
+        -- (lib/rearm.lua), back in its priority index as a skipped suspect is.
+        flow_index(prefix, id, r.flow.priority, score)
+        return 'skip'
+      end
       -- A schedule's occurrence: the next one was inserted above; this late one was dropped
       -- by the schedule's misfire policy (lib/rearm.lua).
-      return 'gone'
+      if not go then return 'gone' end
     end
     -- Leased below: the worker's one suspect (one set aside, parked or dropped above is not).
     if r.lapses >= 2 then suspect_taken = id end

@@ -12,7 +12,8 @@
 -- may run: 0 skip, 1 run once, N catch up), paused, pending (the id of the one occurrence in
 -- due, '' when none), cursor_ms (slot of the pending occurrence, or the last one placed),
 -- ran_ms (slot of the last due occurrence that left due by claim, park or cancel: no placing goes
--- back to it, whatever the definition; kept by a redefinition), task, payload, max_attempts,
+-- back to it, whatever the definition; kept by a redefinition), deferred_ms (the pending slot
+-- whose claim waited once for a refill: sched_rearm), task, payload, max_attempts,
 -- backoff, timeout_ms; and the flow fields of every occurrence
 -- (priority, ckey, climit, rkey, rcount, rwindow: lib/flow.lua, read with flow_load).
 
@@ -29,9 +30,13 @@ local function sched_insert(prefix, h, slot, now)
   local id = occurrence_id(h.name, slot)
   local jk = job_key(prefix, id)
   -- An id that exists and is not waiting in due already ran (a definition change moved the
-  -- cursor back): never run a slot twice, take the one after it.
+  -- cursor back): never run a slot twice, take the one after it. One waiting in due that was
+  -- claimed before (a fence) is a retry or a requeued run, e.g. of a schedule removed and
+  -- defined again: it stays that, never the pending one a pause or redefinition deletes.
   local guard = 0
-  while redis.call('EXISTS', jk) == 1 and redis.pcall('HGET', jk, 'state') ~= 'due' do
+  while redis.call('EXISTS', jk) == 1 do
+    local v = redis.pcall('HMGET', jk, 'state', 'fence')
+    if not v.err and v[1] == 'due' and not v[2] then break end  -- never claimed: adopt it
     local later = slot_after(prefix, h, slot)
     guard = guard + 1
     if later == nil or guard > 100 then return nil end
@@ -176,7 +181,8 @@ end
 -- When it is the schedule's pending occurrence, the next one is inserted right here, so a
 -- worker dying at any later point can neither skip nor double a run. A retry, or an occurrence
 -- of a removed or redefined schedule, is simply run. Returns false when the misfire policy
--- drops this late occurrence (it is then marked cancelled with skipped='misfire', not leased).
+-- drops this late occurrence (it is then marked cancelled with skipped='misfire', not leased);
+-- nil when the decision waits for a refill (below): it stays pending in due, untouched.
 local function sched_rearm(prefix, name, id, now)
   local h = sched_load(prefix, name)
   if h == nil or h.pending ~= id then return true end
@@ -184,6 +190,15 @@ local function sched_rearm(prefix, name, id, now)
   local n = h.misfire_n
   -- Overdue slots after this one: the runs missed while nothing claimed.
   local m = slots_between(prefix, h, cur, now - h.offset_ms)
+  -- A cron buffer that ends before now (an outage longer than it) counts only the missed
+  -- slots it holds: when that count would run this stale one (catch_up:N above it), wait for
+  -- the refill this claim's reply asks for, once per slot (deferred_ms), then decide.
+  if h.kind == 'cron' and m > 0 and m < n and slot_after(prefix, h, now - h.offset_ms) == nil
+    and redis.call('HGET', sched_key(prefix, name), 'deferred_ms') ~= fmt(cur) then
+    redis.call('HSET', sched_key(prefix, name), 'deferred_ms', fmt(cur))
+    redis.pcall('SADD', sched_refill_key(prefix), name)
+    return nil
+  end
   local run = (m == 0) or (m < n)
   local budget = n
   if run then budget = math.max(n - 1, 0) end
@@ -201,10 +216,12 @@ local function sched_rearm(prefix, name, id, now)
 end
 
 -- The pending occurrence `id` of schedule `name` ended without running (parked by claim or by
--- hand, purged): arm the next one, as cancel does, so the schedule goes on. Anything else (a
--- retry, a run that already re-armed at claim, a paused or removed schedule) changes nothing.
+-- hand, purged, cancelled): arm the next one, so the schedule goes on. Under its own misfire
+-- policy: that run alone is skipped, the missed ones the policy runs still run (a budget of 0
+-- would skip them all). Anything else (a retry, a run that already re-armed at claim, a paused
+-- or removed schedule) changes nothing.
 local function sched_ended(prefix, name, id, now)
   local h = sched_load(prefix, name)
   if h == nil or h.pending ~= id or h.paused == '1' then return end
-  sched_place(prefix, h, h.cursor_ms, 0, now)
+  sched_place(prefix, h, h.cursor_ms, h.misfire_n, now)
 end
