@@ -1,12 +1,13 @@
 --[[ requeue_dead: move parked jobs back to due, with a fresh attempt budget (attempts 0, no
-  lapses: not a suspect).
+  lapses: not a suspect). A child parked by a parent (`parents` kept) waits again for those of
+  its parents still pending, one requeued by the same call included (lib/flow.lua flow_rewait).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, stats:<minute>, dead:migrating, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held, flow:waiting, flow:children:<id>
   ARGV ids (the client picks them from the dead list: one, all, or by task / error / age)
   Returns: the number of jobs requeued. An id that is not dead is skipped, so a re-sent call
     changes nothing more.
-  Errors:  CORRUPT due | leased is not a zset (nothing written: the key was edited by hand into
-    another type) ]]
+  Errors:  CORRUPT due | leased | flow:held | flow:waiting is not a zset (nothing written: the
+    key was edited by hand into another type; the flow sets only checked for a job with parents) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -14,28 +15,40 @@
 
 local prefix, wake_key = KEYS[1], KEYS[5]
 local now = now_ms()
-local moved, checked = 0, false
+-- Read every id before the first write (dead_unlist): the keys the moves write are checked
+-- once, and only when a dead job needs them: due and leased for any, and the sets a child
+-- waits in again (flow_rewait) for one with parents. dead_unlist's own first write, on the
+-- dead key, refuses the call while nothing is written.
+local dead, need_due, need_flow = {}, false, false
 for _, id in ipairs(ARGV) do
-  local jk = job_key(prefix, id)
   -- pcall: an id claim parked because its key is not a hash stays parked (nothing to run).
-  local dead = redis.pcall('HGET', jk, 'state') == 'dead'
-  -- The call's first write is the first dead job's (dead_unlist): due and leased, which its
-  -- move writes after that, checked once before it (dead_unlist's own first write, on the dead
-  -- key, refuses the call while nothing is written).
-  if dead and not checked then
-    local bad = zset_err(prefix, 'due') or zset_err(prefix, 'leased')
-    if bad then return bad end
-    checked = true
-  end
-  if dead and dead_unlist(prefix, id, now) > 0 then
-    flow_to_due(prefix, id, now, now)
-    redis.call('HSET', jk, 'state', 'due', 'attempts', 0, 'run_at_ms', fmt(now))
-    -- A fresh start: the lapse count goes with the attempts, or a requeued job that once
-    -- lapsed twice (its handler since fixed) would run as a suspect, one per worker.
-    redis.call('HDEL', jk, 'dead_reason', 'dead_ms', 'lapses')
-    moved = moved + 1
+  local st = redis.pcall('HMGET', job_key(prefix, id), 'state', 'parents')
+  if type(st) == 'table' and not st.err and st[1] == 'dead' then
+    dead[#dead + 1] = id
+    need_due = true
+    if st[2] then need_flow = true end
   end
 end
-if moved > 0 then wake(wake_key) end
-bump_stat(prefix, now, 'requeue_dead', moved)
-return moved
+local bad = need_due and (zset_err(prefix, 'due') or zset_err(prefix, 'leased'))
+  or need_flow and (zset_err(prefix, 'flow:held') or zset_err(prefix, 'flow:waiting'))
+if bad then return bad end
+local moved = {}
+for _, id in ipairs(dead) do
+  if dead_unlist(prefix, id, now) > 0 then
+    -- A fresh start: the lapse count goes with the attempts, or a requeued job that once
+    -- lapsed twice (its handler since fixed) would run as a suspect, one per worker.
+    local jk = job_key(prefix, id)
+    redis.call('HSET', jk, 'state', 'due', 'attempts', 0, 'run_at_ms', fmt(now))
+    redis.call('HDEL', jk, 'dead_reason', 'dead_ms', 'lapses')
+    moved[#moved + 1] = id
+  end
+end
+-- Every job of the call is back (state 'due') before any is placed: a child parked by its
+-- parent, requeued with it in any order, waits for it again (flow_rewait) instead of running
+-- beside it.
+for _, id in ipairs(moved) do
+  if not flow_rewait(prefix, id, job_key(prefix, id), now) then flow_to_due(prefix, id, now, now) end
+end
+if #moved > 0 then wake(wake_key) end
+bump_stat(prefix, now, 'requeue_dead', #moved)
+return #moved

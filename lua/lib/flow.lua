@@ -547,7 +547,10 @@ end
 -- A new job with parents: parked at once when one already ended dead or cancelled (returns
 -- true), set waiting when some are not done (returns true), else false (due as usual).
 local function flow_wait(prefix, id, jk, run_at, parents, now)
-  local pending = {}
+  local pending, open = {}, {}
+  for _, pr in ipairs(parents) do
+    if pr[2] ~= 'done' then open[#open + 1] = pr[1] end
+  end
   for _, pr in ipairs(parents) do
     if pr[2] == 'pending' then
       -- A parent earlier in this batch may have been parked at once since flow_parents read
@@ -561,6 +564,9 @@ local function flow_wait(prefix, id, jk, run_at, parents, now)
       if st == 'dead' or st == 'cancelled' then pr = { pr[1], st } end
     end
     if pr[2] == 'dead' or pr[2] == 'cancelled' then
+      -- `parents` stays with the parked child: requeue_dead waits again for those still
+      -- pending then (flow_rewait), instead of running it beside them.
+      redis.call('HSET', jk, 'parents', table.concat(open, ' '))
       dead_letter(prefix, id, 'parent ' .. pr[2] .. ': ' .. pr[1], now)
       return true
     end
@@ -662,8 +668,9 @@ local function flow_parent_ended(prefix, id, word, now)
       local w = flow_lists(listed, pid) and redis.pcall('ZREM', prefix .. 'flow:waiting', cid)
       if w == 1 or (type(w) == 'table' and not v.err and v[2]) then
         redis.pcall('ZREM', prefix .. 'flow:held', cid)
-        local r = redis.pcall('HDEL', job_key(prefix, cid), 'waiting_for', 'flow_reason',
-          'parents')
+        -- `parents` stays for requeue_dead (flow_rewait); flow_lists ignores a child that
+        -- waits no more (not in flow:waiting, no count).
+        local r = redis.pcall('HDEL', job_key(prefix, cid), 'waiting_for', 'flow_reason')
         if type(r) == 'table' then
           dead_letter_id(prefix, cid, now)
         else
@@ -674,4 +681,28 @@ local function flow_parent_ended(prefix, id, word, now)
     end
     redis.call('DEL', ck)
   end
+end
+
+-- A parked child being requeued (requeue_dead, after every job of the call is back to state
+-- 'due'): set waiting again for the parents it lists that are still pending (waiting, due or
+-- leased: one requeued by the same call too), so it never runs beside them; a parent that
+-- ended dead or cancelled, or is gone, is not waited for (the operator runs the child anyway).
+-- True when it waits. A parent's flow:children key of another type (edited by hand) is not
+-- waited for either: the child runs rather than waiting on a key no end would read.
+local function flow_rewait(prefix, id, jk, now)
+  local listed = redis.pcall('HGET', jk, 'parents')
+  redis.pcall('HDEL', jk, 'parents')
+  if type(listed) ~= 'string' or not string.find(listed, '^[%w_.:%- ]+$') then return false end
+  local pending = {}
+  for pid in string.gmatch(listed, '%S+') do
+    local st = redis.pcall('HGET', job_key(prefix, pid), 'state')
+    if type(st) == 'table' then st = 'unreadable' end
+    if not st and redis.call('EXISTS', spec_key(prefix, pid)) == 1 then st = 'due' end
+    if (st == 'due' or st == 'leased') and #pending < FLOW_LIM.after
+        and not key_type_err(prefix .. 'flow:children:' .. pid, 'flow:children:' .. pid, 'set')
+    then
+      pending[#pending + 1] = { pid, 'pending' }
+    end
+  end
+  return #pending > 0 and flow_wait(prefix, id, jk, now, pending, now)
 end
