@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -65,9 +66,13 @@ class AsyncQueue:
         """The queue's name, as given at construction."""
         return self.keys.queue
 
-    async def _run(self, op: Op[T]) -> T:
+    async def _run(self, op: Op[T], *, watch: asyncio.Task[Any] | None = None) -> T:
         # An error is thrown back into the operation, so it can decide (claim keeps the jobs
         # it leased when a follow-up step fails); uncaught, it propagates from here.
+        # `watch`: a long wait's task. redis-py sends inside asyncio.wait_for, which on Python
+        # 3.11 drops a cancel landing as the send completes; without this check result() ran
+        # on to its timeout_s (and an asyncio.timeout around it waited as long).
+        asked = watch.cancelling() if watch is not None else 0
         try:
             req = next(op)
             while True:
@@ -76,6 +81,9 @@ class AsyncQueue:
                 except Exception as exc:
                     req = op.throw(exc)
                 else:
+                    if watch is not None and watch.cancelling() > asked:
+                        op.close()
+                        raise asyncio.CancelledError
                     req = op.send(reply)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
@@ -403,7 +411,7 @@ class AsyncQueue:
             ResultTimeout: not finished within timeout_s (a TimeoutError).
             BadArgument: a malformed job_id or timeout_s.
         """
-        return await self._run(self.ops.result(job_id, timeout_s))
+        return await self._run(self.ops.result(job_id, timeout_s), watch=asyncio.current_task())
 
     async def counts(self) -> QueueCounts:
         """How many jobs are in each place, by the server's clock.

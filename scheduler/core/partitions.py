@@ -59,7 +59,12 @@ def _digits(text: str) -> bool:
 
 
 def _hash(text: str) -> int:
-    return zlib.crc32(text.encode("utf-8"))
+    # A lone surrogate cannot be encoded: the id / key / name check's typed error, not
+    # UnicodeEncodeError from the routing that runs before it.
+    try:
+        return zlib.crc32(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise BadArgument(f"{text!r:.80} is not valid Unicode text: {exc.reason}") from None
 
 
 def sub_queue_names(queue: str, n: int) -> list[str]:
@@ -132,12 +137,11 @@ class Layout:
     def partition_of_key(self, key: str) -> int:
         if not isinstance(key, str) or not 1 <= len(key) <= 512:
             raise BadArgument("key must be a string of 1-512 characters")
-        try:
-            return _hash("key:" + key) % self.n
-        except UnicodeEncodeError as exc:
-            raise BadArgument(f"key is not valid Unicode text: {exc.reason}") from None
+        return _hash("key:" + key) % self.n
 
     def partition_of_schedule(self, name: str) -> int:
+        if not isinstance(name, str):
+            raise BadArgument(f"invalid schedule name {name!r:.80}: a name is a str")
         return _hash("schedule:" + name) % self.n
 
     def route(

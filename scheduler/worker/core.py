@@ -13,8 +13,10 @@ from typing import Any
 
 import redis.asyncio as aredis
 from redis.exceptions import OutOfMemoryError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.client.aio import AsyncQueue
+from scheduler.core.connection import is_cluster
 from scheduler.core.errors import CorruptKey
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.ops import Ops, Settings
@@ -23,6 +25,7 @@ from scheduler.worker.execution import Pipeline, Running, ThreadRunner, classify
 from scheduler.worker.metrics import WorkerMetrics
 from scheduler.worker.registry import Registry
 from scheduler.worker.settings import (
+    _CLAIM_WAIT_S,
     EXIT_OK,
     EXIT_REDIS_REFUSED,
     WorkerSettings,
@@ -69,6 +72,17 @@ async def _within(coro: Any, timeout_s: float) -> Any:
         task.cancel()
         raise _Deadline
     return task.result()
+
+
+async def _or_timeout(coro: Any, timeout_s: float | None) -> Any:
+    """Await coro; with timeout_s, at most that long, then cancel it and raise a redis
+    TimeoutError (transient, as a socket timeout is)."""
+    if timeout_s is None:
+        return await coro
+    try:
+        return await _within(coro, timeout_s)
+    except _Deadline:
+        raise RedisTimeoutError(f"no answer in {timeout_s:g} s") from None
 
 
 class WorkerCore:
@@ -145,6 +159,10 @@ class WorkerCore:
         # one of its jobs, or claiming._SKIP_MAX_S), so an empty partition costs about one
         # claim a second instead of one per claim of the others.
         self._skip_until: dict[str, float] = {}
+        # Partitions on several cluster nodes: a claim on a node that hangs (no answer, no
+        # error: 20 s and more with redis-py's retries) must not hold up the others' claims.
+        # Its lost answer is replayed by its nonce, as after any failed claim.
+        self._claim_wait_s = _CLAIM_WAIT_S if is_cluster(client) and len(self.queues) > 1 else None
         # Queues _due_soon named since their claim now in flight was sent: that claim's answer
         # (it ran before the retry) must not set a skip.
         self._due_again: set[str] = set()

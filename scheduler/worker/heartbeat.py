@@ -11,6 +11,8 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from scheduler.core.connection import is_cluster
 from scheduler.operations.ops import Request, Script
 from scheduler.worker.core import _Deadline, _within
@@ -53,7 +55,8 @@ class Heartbeats(Dispatch, Reporting):
             # (bounded by the same, past end, that is _within's 50 ms: the whole margin).
             self._expire_leases()
             # presence: its own error handling, so a refused beat never skips the above
-            await self._bounded("presence", self._beat_workers(), lease_s)
+            # One interval at most: a node that hangs must not hold up the next heartbeat.
+            await self._bounded("presence", self._beat_workers(), lease_s, interval_s)
             self._expire_leases()
             # A job held back behind its own abandoned run: give it back after one lease, so
             # a thread that never ends does not hide the job for good. With them the jobs
@@ -69,13 +72,18 @@ class Heartbeats(Dispatch, Reporting):
             if stale:
                 await self._release(stale, time.monotonic() + _SETTLE_S)
 
-    async def _bounded(self, what: str, call: Coroutine[Any, Any, None], lease_s: float) -> None:
+    async def _bounded(
+        self, what: str, call: Coroutine[Any, Any, None], lease_s: float, most_s: float = 0.0
+    ) -> None:
         """Await a call of this loop for at most the earliest lease end (with none held, the
-        earliest a job claimed meanwhile can end): a call that hangs (a stalled server, a
-        socket timeout as long as the lease) must not keep the expiry check waiting."""
+        earliest a job claimed meanwhile can end), and at most `most_s` when given: a call that
+        hangs (a stalled server, a socket timeout as long as the lease) must not keep the
+        expiry check waiting."""
         end_s = self._earliest_lease_end()
         if end_s is None:
             end_s = time.monotonic() + lease_s - 2 * _LEASE_MARGIN_S
+        if most_s:
+            end_s = min(end_s, time.monotonic() + most_s)
         try:
             await _within(call, end_s - time.monotonic())
         except _Deadline:
@@ -152,7 +160,20 @@ class Heartbeats(Dispatch, Reporting):
         for i, part in enumerate(parts):
             groups.setdefault(self._node_of(part[0][0][0]), []).append(i)
         calls = [[c for i in idx for c in parts[i]] for idx in groups.values()]
-        got = await asyncio.gather(*(self._pipe.run(c) for c in calls), return_exceptions=True)
+        # A node that hangs must not hold back the others' replies until _bounded drops them
+        # all at the earliest lease end: each node gets one interval (and ends before that).
+        wait_s = self.settings.heartbeat_ms / 1000
+        end_s = self._earliest_lease_end()
+        if end_s is not None:
+            wait_s = min(wait_s, end_s - time.monotonic() - _LEASE_MARGIN_S)
+        tasks = [asyncio.ensure_future(self._pipe.run(c)) for c in calls]
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=max(wait_s, 0.001))
+        finally:
+            for t in tasks:
+                t.cancel()  # a no-op on those that ended
+        late = RedisTimeoutError("no answer from the node within a heartbeat interval")
+        got = [(t.exception() or t.result()) if t in done else late for t in tasks]
         by_part: list[list[Any]] = [[] for _ in parts]
         for idx, res in zip(groups.values(), got, strict=True):
             pos = 0

@@ -21,6 +21,9 @@ PREFETCH_MAX_RUN_S = 0.02
 # a batch rather than a job or two. An idle worker claims at once, whatever is free.
 CLAIM_MIN_FREE = 48
 _WAKE_BLOCK_S = 1  # BLPOP timeout; the due-time timer is local, so precision does not matter
+# Several partitions on a cluster: a claim unanswered this long fails (its node hangs), so
+# the others are claimed from; claims take milliseconds, a lost answer is replayed by nonce.
+_CLAIM_WAIT_S = 1.0
 _LEASE_MARGIN_S = 0.05  # local lease view ends this much before the server's
 _STOP_LOOP_S = 1.0  # how long shutdown waits for one loop to notice its stop flag
 _SETTLE_S = 5.0  # shutdown budget for flushing outcomes and releasing when Redis is slow
