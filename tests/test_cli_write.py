@@ -122,6 +122,8 @@ def test_dead_list_filters(cli: Run, q: Queue, dead3: dict[str, str]) -> None:
     assert listed("--id", dead3["x2"]) == [dead3["x2"]]
     row = ok_json(cli("dead", "list", "--json", "-q", q.name, "--id", dead3["x1"]))["jobs"][0]
     assert (row["dead_reason"], row["last_error_type"]) == ("attempts exhausted", "ValueError")
+    # The payload is in the job's spec record (lua/lib/job.lua), not its hash: read it there.
+    assert (row["payload"], row["payload_error"], row["task"]) == ({"n": "x1"}, None, "x")
     human = cli("dead", "list", "-q", q.name)
     assert human.exit_code == 0 and dead3["y1"] in human.stdout and "KeyError" in human.stdout
 

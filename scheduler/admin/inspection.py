@@ -14,11 +14,9 @@ import redis
 # Where the doctor, the CLI and the dashboard have always imported them from.
 from scheduler.admin.workers import WorkerInfo as WorkerInfo
 from scheduler.admin.workers import live_workers as live_workers
-from scheduler.core.codec import parse_job
 from scheduler.core.connection import node_for_key, primaries
 from scheduler.core.errors import BadArgument, UnreadableRecord
 from scheduler.core.keys import ROOT, QueueKeys, check_queue_name
-from scheduler.core.models import Job
 from scheduler.core.partitions import PARTITION_NAME, Layout, meta_key
 from scheduler.core.vocabulary import STAT_FIELDS, stat_field
 
@@ -241,14 +239,3 @@ def key_families(
 def iter_chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
-
-
-def get_jobs(client: redis.Redis, keys: QueueKeys, ids: Sequence[str]) -> list[Job]:
-    """Many jobs in one pipelined round trip; ids without a hash are left out."""
-    pipe = client.pipeline(transaction=False)
-    for job_id in ids:
-        pipe.hgetall(keys.job(job_id))
-        pipe.zscore(keys.leased, job_id)
-    reply = pipe.execute() if ids else []
-    jobs = [parse_job(i, reply[2 * n], reply[2 * n + 1]) for n, i in enumerate(ids)]
-    return [j for j in jobs if j is not None]

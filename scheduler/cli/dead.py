@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from scheduler.admin.inspection import get_jobs, iter_chunks, server_now_ms
+from scheduler.admin.inspection import iter_chunks, server_now_ms
 from scheduler.cli.common import (
     EXIT_CODES_HELP,
     AdminGroup,
@@ -33,7 +33,7 @@ from scheduler.cli.jobs import job_json
 from scheduler.client.partitioned import PartitionedQueue, merge_dead, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
-from scheduler.core.keys import QueueKeys, check_job_id
+from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job
 from scheduler.operations.dead_letters import dead_listing, dead_selected
 
@@ -108,13 +108,15 @@ def select(
 
 
 def _jobs(q: Queue | PartitionedQueue, ids: Sequence[str]) -> list[Job]:
-    """The jobs of `ids`, in that order (a partitioned queue: read from each one's partition)."""
+    """The jobs of `ids`, in that order (a partitioned queue: read from each one's partition),
+    through the one reader of job records (hash and spec: the payload is in the spec)."""
     if not isinstance(q, PartitionedQueue):
-        return get_jobs(q.client, q.keys, ids)
-    groups: dict[str, list[str]] = {}
+        return q._run(q.ops.get_jobs(ids))
+    groups: dict[str, tuple[Queue, list[str]]] = {}
     for i in ids:
-        groups.setdefault(q.part_of(i).name, []).append(i)
-    found = {j.id: j for name, g in groups.items() for j in get_jobs(q.client, QueueKeys(name), g)}
+        part = q.part_of(i)
+        groups.setdefault(part.name, (part, []))[1].append(i)
+    found = {j.id: j for part, g in groups.values() for j in part._run(part.ops.get_jobs(g))}
     return [found[i] for i in ids if i in found]
 
 
