@@ -202,7 +202,8 @@ def worker_cmd(
     "--url",
     envvar="REDIS_URL",
     default=None,
-    help="Use this Redis (default: start a private one and stop it afterwards).",
+    help="Use this Redis (default: env REDIS_URL, else start a private one and stop it "
+    "afterwards).",
 )
 @click.option(
     "--keep",
