@@ -279,6 +279,7 @@ if limit > 0 then
     parked = parked + 1
     -- A parked job of a key frees nothing it held, but a held job may wait for this slot.
     if r and r.flow.ckey ~= '' then flow_release(prefix, id, now, r.flow) end
+    if r then flow_unindex(prefix, id, r.flow.priority) end
     return 'gone'
   end
   local function examine(id, score)
@@ -311,7 +312,10 @@ if limit > 0 then
       end
       -- A schedule's occurrence: the next one was inserted above; this late one was dropped
       -- by the schedule's misfire policy (lib/rearm.lua).
-      if not go then return 'gone' end
+      if not go then
+        flow_unindex(prefix, id, r.flow.priority)
+        return 'gone'
+      end
     end
     -- Leased below: the worker's one suspect (one set aside, parked or dropped above is not).
     if r.lapses >= 2 then suspect_taken = id end
@@ -355,8 +359,20 @@ if limit > 0 then
   end
   if suspect_taken then
     -- Advisory (pcall): a key of another type only loses the one-suspect rule for a while.
+    -- Entries whose suspect ended go first: a worker killed by its suspect never comes back to
+    -- free its own (worker ids are per process), and the expiry below is refreshed by every
+    -- suspect taken, so the hash would grow with every process that ever held one. Left: the
+    -- workers holding one now (suspect_held's check).
+    local entries = redis.pcall('HGETALL', isolated_key)
+    for i = 1, (entries.err and 0 or #entries), 2 do
+      local w, jid = entries[i], entries[i + 1]
+      if w ~= worker and not (redis.call('ZSCORE', leased, jid)
+          and redis.pcall('HGET', job_key(prefix, jid), 'worker') == w) then
+        redis.call('HDEL', isolated_key, w)
+      end
+    end
     redis.pcall('HSET', isolated_key, worker, suspect_taken)
-    redis.pcall('PEXPIRE', isolated_key, 86400000)  -- dead workers' entries do not pile up
+    redis.pcall('PEXPIRE', isolated_key, 86400000)  -- and once no suspect is taken, all go
     -- Suspects left due: another idle worker may take one. Only a call that took one pushes
     -- this, so workers that each hold one do not wake each other in turn.
     if #skipped > 0 then wake(wake_key) end

@@ -7,8 +7,9 @@
   ARGV[8] concurrency
   Writes: ZSET prefix..'workers' id -> last_seen_ms; HASH prefix..'worker:'..id with host, pid,
     queues, started_ms (first beat), last_heartbeat_ms, in_flight, concurrency. Entries not
-    seen for 10 ttls are pruned from the ZSET. 'remove' removes the entry only while its host
-    and pid are the caller's (another process may have taken the id).
+    seen for 10 ttls are pruned from the ZSET, which itself expires 10 ttls after the last
+    beat (a killed last worker never removes its entry). 'remove' removes the entry only
+    while its host and pid are the caller's (another process may have taken the id).
   Returns: now_ms
   Errors:  BAD_ARGUMENT <field>=<value>; a refusal of its first write (OOM). A key of it edited
     by hand into another type is written around (pcall): the entry is only a listing. ]]
@@ -47,4 +48,6 @@ redis.pcall('HSET', hkey, 'host', ARGV[4], 'pid', ARGV[5], 'queues', ARGV[6],
   'last_heartbeat_ms', fmt(now), 'in_flight', ARGV[7], 'concurrency', ARGV[8])
 redis.pcall('PEXPIRE', hkey, ttl)
 redis.pcall('ZREMRANGEBYSCORE', zkey, '-inf', now - 10 * ttl)
+-- Not on a key of another type: that one is left for an operator as it is.
+if type(first) == 'number' then redis.pcall('PEXPIRE', zkey, 10 * ttl) end
 return fmt(now)

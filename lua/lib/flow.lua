@@ -148,6 +148,13 @@ local function flow_index(prefix, id, priority, run_at)
   end
 end
 
+-- Out of its level's index (pcall, as for the ZADD above): a job that leaves due another way
+-- than through its index's own scan. Claim drops an entry only when that scan meets it, which
+-- a full batch never gets to, nor to an entry due later: it would stay.
+local function flow_unindex(prefix, id, priority)
+  if priority > 0 then redis.pcall('ZREM', prefix .. 'flow:pdue:' .. priority, id) end
+end
+
 -- Back into due from a hold set at its own run_at (order within a key is kept). Only a job
 -- still in flow:held moves: a stale hold entry (the job was cancelled or repaired since) must
 -- never put a leased or finished job back into due. A job key of another type (written by
@@ -358,8 +365,10 @@ local function flow_admit(prefix, id, jk, f, run_at, now)
 end
 
 -- Claim leased the job (flow_admit read both keys: they are of the right type): it takes a slot
--- of its key and a start in its rate log (settled by flow_rate_settle after claim's last).
+-- of its key and a start in its rate log (settled by flow_rate_settle after claim's last), and
+-- leaves its priority index (taken by the aged or the last pass, its entry would stay).
 local function flow_leased(prefix, id, f, now, lease_until, token)
+  flow_unindex(prefix, id, f.priority)
   if f.ckey ~= '' then redis.call('ZADD', prefix .. 'flow:ck:' .. f.ckey, lease_until, id) end
   if f.rkey ~= '' then
     local rk = prefix .. 'flow:rate:' .. f.rkey
@@ -403,10 +412,12 @@ local function flow_next_slot(prefix)
   return nil
 end
 
--- A job leaves every flow set (cancel): out of the holds and the key's leases (pcall: a hold
--- set of another type, written by hand, must not make cancel raise after its first write).
+-- A job leaves every flow set (cancel): out of its priority index, the holds and the key's
+-- leases (pcall: a set of another type, written by hand, must not make cancel raise after its
+-- first write).
 local function flow_forget(prefix, id, now, f)
   f = f or flow_load(job_key(prefix, id))
+  flow_unindex(prefix, id, f.priority)
   redis.pcall('ZREM', prefix .. 'flow:held', id)
   redis.pcall('ZREM', prefix .. 'flow:rheld', id)
   redis.pcall('ZREM', prefix .. 'flow:waiting', id)

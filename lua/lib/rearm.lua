@@ -136,12 +136,10 @@ local function sched_waiting(prefix, h)
     and type(redis.pcall('ZSCORE', prefix .. 'flow:ckheld:' .. f.ckey, h.pending)) == 'string'
 end
 
--- Take occurrence `id` out of due, its priority index and every flow set (`f`: its flow).
+-- Take occurrence `id` out of due, its priority index and every flow set (`f`: its flow;
+-- flow_forget takes it out of the index).
 local function sched_withdraw(prefix, id, f, now)
   redis.call('ZREM', prefix .. 'due', id)
-  -- pcall: the level's index is advisory, one edited into another type must not fail pause,
-  -- remove or a redefinition after its first write.
-  if f.priority > 0 then redis.pcall('ZREM', prefix .. 'flow:pdue:' .. f.priority, id) end
   flow_forget(prefix, id, now, f)
 end
 
