@@ -47,6 +47,8 @@ for i = 0, n - 1 do
   local b = 1 + i * W
   local id, task, when, backoff = ARGV[b + 1], ARGV[b + 2], ARGV[b + 4], ARGV[b + 7]
   if not job_id_ok(id) then return redis.error_reply('BAD_ARGUMENT id=' .. string.sub(id, 1, 40)) end
+  -- Schedules' runs only (lib/rearm.lua): one enqueued there would be taken over by its run.
+  if string.find(id, '^schedule:') then return redis.error_reply('BAD_ARGUMENT id=' .. string.sub(id, 1, 40)) end
   if #ARGV[b + 9] > 128 or (ARGV[b + 9] ~= '' and not string.find(ARGV[b + 9], '^%w+$')) then
     return redis.error_reply('BAD_ARGUMENT idem=')
   end

@@ -33,10 +33,16 @@ local function sched_insert(prefix, h, slot, now)
   -- cursor back): never run a slot twice, take the one after it. One waiting in due that was
   -- claimed before (a fence) is a retry or a requeued run, e.g. of a schedule removed and
   -- defined again: it stays that, never the pending one a pause or redefinition deletes.
+  -- A spec record is an enqueued job's (enqueue refuses 'schedule:' ids since; one accepted
+  -- before) and is never adopted either: a pause would delete it. Two one-key EXISTS, as in
+  -- enqueue.lua.
   local guard = 0
-  while redis.call('EXISTS', jk) == 1 do
+  while redis.call('EXISTS', jk) == 1 or redis.call('EXISTS', spec_key(prefix, id)) == 1 do
     local v = redis.pcall('HMGET', jk, 'state', 'fence')
-    if not v.err and v[1] == 'due' and not v[2] then break end  -- never claimed: adopt it
+    if not v.err and v[1] == 'due' and not v[2]
+        and redis.call('EXISTS', spec_key(prefix, id)) == 0 then
+      break  -- its own occurrence, never claimed: adopt it
+    end
     local later = slot_after(prefix, h, slot)
     guard = guard + 1
     if later == nil or guard > 100 then return nil end

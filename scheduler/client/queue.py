@@ -133,7 +133,8 @@ class Queue:
             jitter_ms: spread the run time by a random [0, jitter_ms] (same range as delay_ms).
             timeout_ms: how long one attempt may run before the worker stops it, in
                 [0, 7 days]; 0 = no timeout.
-            job_id: choose the id yourself (re-sending the same id is idempotent).
+            job_id: choose the id yourself (re-sending the same id is idempotent; not one
+                starting `schedule:`, the runs of recurring schedules).
             result_ttl_ms: how long this job's outcome is kept once done, in [1 ms, 366 days]
                 (over the task's and the worker's setting; default: theirs, else 1 h).
             keep_payload: keep the payload (and spec) with the outcome; by default a done

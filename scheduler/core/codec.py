@@ -29,7 +29,7 @@ from scheduler.core.fail_reply import fail_args as fail_args
 from scheduler.core.fail_reply import parse_fail as parse_fail
 from scheduler.core.flow import check_flow, flow_field
 from scheduler.core.ids import new_job_id as new_job_id
-from scheduler.core.keys import check_job_id
+from scheduler.core.keys import check_new_job_id
 from scheduler.core.limits import DAY_MS as DAY_MS
 from scheduler.core.limits import DEFAULT_BACKOFF as DEFAULT_BACKOFF
 from scheduler.core.limits import FLOAT_LIMITS as FLOAT_LIMITS
@@ -103,7 +103,7 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
     if not isinstance(spec.task, str) or not TASK_RE.fullmatch(spec.task):
         raise BadArgument(f"invalid task name {spec.task!r}: use 1-200 of A-Z a-z 0-9 _ . : / -")
     payload = encode_json(spec.payload, "payload", max_payload_bytes)
-    job_id = check_job_id(spec.job_id) if spec.job_id is not None else new_job_id()
+    job_id = check_new_job_id(spec.job_id) if spec.job_id is not None else new_job_id()
     jitter = check_int(spec.jitter_ms, "jitter_ms")
     offset = random.randint(0, jitter) if jitter else 0
     if spec.run_at is not None and spec.delay_ms is not None:

@@ -28,6 +28,22 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+# The ids of recurring schedules' runs (lua/lib/rearm.lua): a job enqueued with one would be
+# taken over by its schedule's run (and deleted by a pause), so enqueue refuses them.
+OCCURRENCE_PREFIX = "schedule:"
+
+
+def check_new_job_id(job_id: str) -> str:
+    """A caller-chosen id for a new job: check_job_id, and not a schedule run's."""
+    check_job_id(job_id)
+    if job_id.startswith(OCCURRENCE_PREFIX):
+        raise BadArgument(
+            f"invalid job id {job_id!r}: ids starting with {OCCURRENCE_PREFIX!r} are the runs "
+            "of recurring schedules"
+        )
+    return job_id
+
+
 @dataclass(frozen=True)
 class QueueKeys:
     queue: str
