@@ -108,16 +108,9 @@ def select(
 
 
 def _jobs(q: Queue | PartitionedQueue, ids: Sequence[str]) -> list[Job]:
-    """The jobs of `ids`, in that order (a partitioned queue: read from each one's partition),
-    through the one reader of job records (hash and spec: the payload is in the spec)."""
-    if not isinstance(q, PartitionedQueue):
-        return q._run(q.ops.get_jobs(ids))
-    groups: dict[str, tuple[Queue, list[str]]] = {}
-    for i in ids:
-        part = q.part_of(i)
-        groups.setdefault(part.name, (part, []))[1].append(i)
-    found = {j.id: j for part, g in groups.values() for j in part._run(part.ops.get_jobs(g))}
-    return [found[i] for i in ids if i in found]
+    """The jobs of `ids`, in that order, through the one reader of job records (hash and spec:
+    the payload is in the spec); a partitioned queue's from each one's partition."""
+    return q._jobs(ids) if isinstance(q, PartitionedQueue) else q._run(q.ops.get_jobs(ids))
 
 
 def _listing(

@@ -186,6 +186,14 @@ class PartitionedQueue:
         )
         return jobs_in_order(chosen, read)
 
+    def _jobs(self, ids: Sequence[str]) -> list[Job]:
+        """These jobs in `ids`' order (missing ones left out), every partition's in one call."""
+        chosen = [(self.layout.partition_of_id(i), i) for i in ids]
+        reads = [
+            (self.parts[k], self.parts[k].ops.get_jobs(g)) for k, g in group_ids(chosen).items()
+        ]
+        return jobs_in_order(chosen, self._run_many(reads))
+
     def dead_ids(self, **filters: Any) -> list[str]:
         """`Queue.dead_ids` over every partition, merged newest first by the time they died:
         one driver call for all partitions, their scans carrying the dead_ms they merge by.
