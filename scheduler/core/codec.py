@@ -48,7 +48,7 @@ from scheduler.core.limits import check_lease as check_lease
 from scheduler.core.limits import s as s
 from scheduler.core.limits import stored_int as stored_int
 from scheduler.core.limits import stored_int_in as stored_int_in
-from scheduler.core.models import Job, JobSpec, QueueCounts
+from scheduler.core.models import Job, JobSpec, QueueCounts, _EncodedResult
 from scheduler.core.spec_record import with_spec
 
 ENQUEUE_FIELDS = 13
@@ -241,9 +241,11 @@ def complete_args(
     args = [str(check_int(result_ttl_ms, "result_ttl_ms"))]
     for job_id, token, result in items:
         check_lease(job_id, token)
-        # Most handlers return None: no encoder call for it (issue 16, drain).
-        text = "null" if result is None else encode_json(result, "result", max_bytes)
-        args.extend((job_id, token, text))
+        # Most handlers return None: no encoder call for it (issue 16, drain); the worker's
+        # results come encoded already (_EncodedResult, checked when their handler returned).
+        if type(result) is not _EncodedResult:
+            result = "null" if result is None else encode_json(result, "result", max_bytes)
+        args.extend((job_id, token, result))
     return args
 
 

@@ -30,6 +30,14 @@ DEFAULT_MAX_ATTEMPTS = 5
 LEAN_DROPPED = ("payload", "backoff", "timeout_ms", "enqueued_ms", "errors")
 
 
+class _EncodedResult(str):
+    """A result as JSON text, checked and encoded once (the worker's, when its handler returned):
+    complete sends it as is, so an object changed since (state the handler shares) cannot make
+    the report fail, nor be stored as other than what was checked."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class ClaimedJob:
     """A job leased to this worker. `token` must accompany heartbeat / complete / fail / release.

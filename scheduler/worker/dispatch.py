@@ -12,9 +12,10 @@ import time
 from typing import Any
 
 from scheduler.core import codec
-from scheduler.core.errors import UnknownTask
-from scheduler.core.models import ClaimedJob
-from scheduler.worker.execution import Running, _Slot, error_text, failure_of
+from scheduler.core.errors import InvalidPayload, UnknownTask
+from scheduler.core.models import ClaimedJob, _EncodedResult
+from scheduler.worker.execution import Running, _Slot
+from scheduler.worker.failures import error_text, failure_of, type_name
 from scheduler.worker.registry import JobContext
 from scheduler.worker.settings import _LEASE_MARGIN_S
 from scheduler.worker.starting import Starting
@@ -243,10 +244,16 @@ class Dispatch(Starting):
         try:
             if exc is None:
                 try:
-                    if result is not None:
-                        codec.encode_json(result, "result", codec.MAX_PAYLOAD_BYTES)
-                except Exception as bad:  # InvalidPayload; a result's own method may raise
-                    err, retryable = ("InvalidResult", error_text(bad), ""), False
+                    if result is not None:  # encoded once: what is checked is what is sent
+                        text = codec.encode_json(result, "result", codec.MAX_PAYLOAD_BYTES)
+                        result = _EncodedResult(text)
+                except KeyboardInterrupt:  # Ctrl-C of an embedded worker: not the result's fault
+                    raise
+                except BaseException as bad:  # InvalidPayload; a result's own method may raise
+                    why = error_text(bad)
+                    if not isinstance(bad, InvalidPayload):
+                        why = f"result could not be encoded: {type_name(bad)}: {why}"
+                    err, retryable = ("InvalidResult", why, ""), False
                 else:
                     self._end(r)
                     self._completes.append((r, result))

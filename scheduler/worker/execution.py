@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -121,28 +120,6 @@ def _cluster_unreachable(exc: BaseException) -> bool:
     if not isinstance(exc, RedisClusterException) or isinstance(exc, CrossSlotTransactionError):
         return False
     return any(m in str(exc) for m in _CLUSTER_REMAPPING)
-
-
-def error_text(exc: BaseException) -> str:
-    """str(exc), or a stand-in when its __str__ raises (reporting it must not fail too)."""
-    try:
-        return str(exc)
-    except Exception as bad:
-        return f"<{type(exc).__name__} message could not be read: {type(bad).__name__}>"
-
-
-def failure_of(exc: BaseException, spec: TaskSpec | None) -> tuple[tuple[str, str, str], bool]:
-    """A handler's exception as fail's (type, message, traceback), and whether it is retried.
-    Never raises: the job's run has to get an outcome whatever the exception does."""
-    try:
-        retryable = spec is None or not isinstance(exc, spec.non_retryable)
-    except Exception:  # a metaclass __instancecheck__ that raises: retried, as any error
-        retryable = True
-    try:
-        tb = "".join(traceback.format_exception(exc))
-    except Exception:
-        tb = ""
-    return (type(exc).__name__, error_text(exc), tb), retryable
 
 
 @dataclass(eq=False)

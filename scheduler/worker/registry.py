@@ -19,7 +19,7 @@ the task's defaults do not apply (they live here, not in Redis)."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from scheduler.core import codec
@@ -82,7 +82,8 @@ class Registry:
             max_attempts: default attempt budget of its jobs, >= 1.
             backoff: default retry delays (`Backoff()` when None).
             timeout_s: default time limit of one attempt, > 0 s; None = no limit.
-            non_retryable: exception classes that park the job at once instead of retrying.
+            non_retryable: a tuple of exception classes that park the job at once instead of
+                retrying (a bare class is refused).
             result_ttl_ms: how long a completed job's record and result are kept, in
                 [1 ms, 366 days] (default: the worker's `--result-ttl-ms`).
             payload_type: a dataclass, TypedDict or pydantic model: checked at enqueue,
@@ -109,6 +110,11 @@ class Registry:
             raise BadArgument(f"backoff must be a Backoff, got {backoff!r}")
         if result_ttl_ms is not None:
             codec.check_int(result_ttl_ms, "result_ttl_ms")
+        if isinstance(non_retryable, type | str) or not isinstance(non_retryable, Iterable):
+            raise BadArgument(
+                f"non_retryable must be a tuple of exception classes, got {non_retryable!r}"
+            )
+        non_retryable = tuple(non_retryable)  # read once: a generator is empty the second time
         for exc in non_retryable:
             if not (isinstance(exc, type) and issubclass(exc, BaseException)):
                 raise BadArgument(f"non_retryable must hold exception classes, got {exc!r}")

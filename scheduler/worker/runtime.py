@@ -14,7 +14,7 @@ from typing import Any
 from scheduler.core.connection import is_cluster
 from scheduler.worker.claiming import Claiming
 from scheduler.worker.core import _Deadline, _Fatal, _within
-from scheduler.worker.execution import error_text
+from scheduler.worker.failures import error_text
 from scheduler.worker.heartbeat import Heartbeats
 from scheduler.worker.settings import (
     _SETTLE_S,

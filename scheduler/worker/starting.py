@@ -11,7 +11,8 @@ import traceback
 from scheduler.core import codec
 from scheduler.core.models import ClaimedJob
 from scheduler.worker.core import WorkerCore
-from scheduler.worker.execution import Running, error_text
+from scheduler.worker.execution import Running
+from scheduler.worker.failures import error_text
 from scheduler.worker.registry import JobContext
 
 # Claiming pauses this long after a handler thread could not start (a pids limit): the job

@@ -1,0 +1,44 @@
+"""A handler's exception described for `fail` (type, message, traceback) and whether it is
+retried: never raising, whatever the exception's own methods do, so its job always gets an
+outcome."""
+
+from __future__ import annotations
+
+import traceback
+
+from scheduler.worker.registry import TaskSpec
+
+
+def error_text(exc: BaseException) -> str:
+    """str(exc) as a plain str (a subclass's slicing may raise), or a stand-in when its __str__
+    raises (reporting it must not fail too)."""
+    try:
+        return str.__str__(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C of an embedded worker stops it, wherever it lands
+        raise
+    except BaseException as bad:
+        return f"<{type_name(exc)} message could not be read: {type(bad).__name__}>"
+
+
+def type_name(exc: BaseException) -> str:
+    """The class's own name (a metaclass may make type(exc).__name__ a non-str, or raise)."""
+    name: str = type.__dict__["__name__"].__get__(type(exc))
+    return name
+
+
+def failure_of(exc: BaseException, spec: TaskSpec | None) -> tuple[tuple[str, str, str], bool]:
+    """A handler's exception as fail's (type, message, traceback), and whether it is retried.
+    Never raises (not even SystemExit): the job gets an outcome whatever its exception does."""
+    try:
+        retryable = spec is None or not isinstance(exc, spec.non_retryable)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # a metaclass __instancecheck__ that raises: retried, as any error
+        retryable = True
+    try:
+        tb = "".join(traceback.format_exception(exc))
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        tb = ""
+    return (type_name(exc), error_text(exc), tb), retryable
