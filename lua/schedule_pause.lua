@@ -6,7 +6,7 @@
   ARGV[1] name
   Returns: 'paused' | 'already' (was paused: nothing written) | 'missing'
   Errors:  CORRUPT <key> is not a <type> (due, leased for a pending occurrence with a
-    concurrency key, or dead for one with waiting children: its withdrawal parks them, as a
+    concurrency key, or dead or leased for one with waiting children: its withdrawal parks them, as a
     cancel does; edited by hand into another type: lib/rearm.lua sched_unpend); nothing
     written ]]
 -- @include "lib/clock.lua"

@@ -19,7 +19,7 @@
     occurrence afterwards (none if paused).
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT <key> is not a <type> (a key edited by hand
     into another type: due, schedule:<name>, leased for a pending occurrence with a
-    concurrency key, or dead for one with waiting children, lib/rearm.lua sched_unpend);
+    concurrency key, or dead or leased for one with waiting children, lib/rearm.lua sched_unpend);
     nothing written. The schedules index is
     advisory: one of another type is left as it is. ]]
 -- @include "lib/clock.lua"

@@ -155,7 +155,8 @@ end
 -- returns it) when a key the withdrawal needs is of another type (edited by hand): `due` (the
 -- truth of "due": the occurrence cannot leave it), for an occurrence with a concurrency key
 -- `leased` (lib/flow.lua flow_release reads the key's lapsed leases in it, with redis.call),
--- and for one with waiting children the dead key (they are parked: it will never be done).
+-- and for one with waiting children the dead key and `leased` (they are parked, dead_letter
+-- takes each out of both: it will never be done).
 local function sched_unpend(prefix, h, now)
   if h.pending == '' then return nil end
   -- The state and the flow fields (FLOW_READ) in one read; flow_forget takes the parsed flow.
@@ -169,7 +170,7 @@ local function sched_unpend(prefix, h, now)
   elseif v[2] == 'due' then f = flow_from(v, 3) end
   if f then
     local bad = zset_err(prefix, 'due')
-      or (f.ckey ~= '' and zset_err(prefix, 'leased')) or (kids and dead_err(prefix))
+      or ((f.ckey ~= '' or kids) and zset_err(prefix, 'leased')) or (kids and dead_err(prefix))
     if bad then return bad end
     sched_withdraw(prefix, h.pending, f, now)
     -- Deleted, it can never end done: its waiting children are parked as by a cancel.
