@@ -14,7 +14,7 @@
     then, when this call leased a suspect (below), its id.
     Claiming a schedule's pending occurrence inserts the next one in this same call, or drops
     a late one by the misfire policy (lib/rearm.lua); one whose cron buffer ends before now
-    (a long outage) stays due, once, until the refill this reply asks for.
+    (a long outage) stays due while the refill this reply asks for is outstanding.
     The token is '<fence>-<nonce>': the fence is a per-job counter bumped at every claim, and
     the nonce makes a token unique even if a failover loses the last increment.
     A re-sent call with the same nonce returns the first call's jobs (those it still holds) and

@@ -12,8 +12,8 @@
 -- may run: 0 skip, 1 run once, N catch up), paused, pending (the id of the one occurrence in
 -- due, '' when none), cursor_ms (slot of the pending occurrence, or the last one placed),
 -- ran_ms (slot of the last due occurrence that left due by claim, park or cancel: no placing goes
--- back to it, whatever the definition; kept by a redefinition), deferred_ms (the pending slot
--- whose claim waited once for a refill: sched_rearm), task, payload, max_attempts,
+-- back to it, whatever the definition; kept by a redefinition), deferred_ms and deferrals (the
+-- pending slot whose claims waited for a refill, and how many times: sched_rearm), task, payload, max_attempts,
 -- backoff, timeout_ms; and the flow fields of every occurrence
 -- (priority, ckey, climit, rkey, rcount, rwindow: lib/flow.lua, read with flow_load).
 
@@ -197,12 +197,22 @@ local function sched_rearm(prefix, name, id, now)
   local m = slots_between(prefix, h, cur, now - h.offset_ms)
   -- A cron buffer that ends before now (an outage longer than it) counts only the missed
   -- slots it holds: when that count would run this stale one (catch_up:N above it), wait for
-  -- the refill this claim's reply asks for, once per slot (deferred_ms), then decide.
-  if h.kind == 'cron' and m > 0 and m < n and slot_after(prefix, h, now - h.offset_ms) == nil
-    and redis.call('HGET', sched_key(prefix, name), 'deferred_ms') ~= fmt(cur) then
-    redis.call('HSET', sched_key(prefix, name), 'deferred_ms', fmt(cur))
-    redis.pcall('SADD', sched_refill_key(prefix), name)
-    return nil
+  -- the refill this claim's reply asks for, then decide. The first claim of the slot waits;
+  -- later ones while that refill is still asked for (a claim's refill tops up at most 20
+  -- schedules, and another worker may claim before the asking one refills), at most
+  -- SCHED_DEFER_MOST times per slot (deferred_ms, deferrals), so a refill that keeps failing
+  -- cannot make workers claim it in a loop: each deferring claim refills one round of 20.
+  if h.kind == 'cron' and m > 0 and m < n and slot_after(prefix, h, now - h.offset_ms) == nil then
+    local sk = sched_key(prefix, name)
+    local d = redis.call('HMGET', sk, 'deferred_ms', 'deferrals')
+    local k = 0
+    if d[1] == fmt(cur) then k = tonumber(d[2]) or 1 end
+    local refill = sched_refill_key(prefix)
+    if k == 0 or (k < SCHED_DEFER_MOST and redis.pcall('SISMEMBER', refill, name) == 1) then
+      redis.call('HSET', sk, 'deferred_ms', fmt(cur), 'deferrals', fmt(k + 1))
+      if k == 0 then redis.pcall('SADD', refill, name) end
+      return nil
+    end
   end
   local run = (m == 0) or (m < n)
   local budget = n

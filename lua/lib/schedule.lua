@@ -5,6 +5,9 @@
 
 local SCHED_BUFFER_LOW = 16
 local SCHED_DROP_TTL_MS = 3600000
+-- Claims of one stale pending slot that wait for its refill (lib/rearm.lua sched_rearm): each
+-- refills up to 20 schedules, so 50 cover 1,000 starved at once.
+local SCHED_DEFER_MOST = 50
 -- catch_up:N's largest N (scheduler/schedules MAX_CATCH_UP): a hand-edited misfire_n above it
 -- reads as it, so no refill computes more overdue slots than the policy allows.
 local SCHED_CATCH_UP_MAX = 1000
