@@ -6,6 +6,9 @@ against. In-process workers on the module's private redis-server."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
+import warnings
 from typing import Any
 
 import pytest
@@ -108,6 +111,16 @@ async def result(payload: Any, ctx: JobContext) -> Any:
 @registry.task(name="ho-result-sync")
 def result_sync(payload: Any, ctx: JobContext) -> Any:
     return Raising({"exit": SystemExit(3), "custom": Custom()}[payload])
+
+
+async def _work(payload: Any, ctx: JobContext) -> Any:
+    return {"ran": True}
+
+
+@registry.task(name="ho-wrapped")
+@functools.wraps(_work)
+def wrapped(payload: Any, ctx: JobContext) -> Any:
+    return _work(payload, ctx)  # a sync wrapper of an async def (a decorator's usual slip)
 
 
 def _settled(q: Queue, ids: list[str]) -> bool:
@@ -239,3 +252,20 @@ def test_non_retryable_given_as_a_generator_keeps_its_classes() -> None:
         return None
 
     assert reg.get("t").non_retryable == (ValueError, KeyError)
+
+
+def test_a_sync_handler_returning_a_coroutine_says_so_and_closes_it(
+    module_server: RedisProcess, hq: Queue
+) -> None:
+    """An async def behind a sync wrapper runs in a thread and hands back its coroutine,
+    never awaited. Before: parked with "result is not JSON-serialisable: Object of type
+    coroutine ...", and Python's "coroutine was never awaited" warning at garbage collection."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        job = run_jobs(module_server, hq, "ho-wrapped", None)
+        gc.collect()
+    got = hq.get_job(job)
+    assert got is not None and got.state == "dead"
+    assert got.fields["last_error_type"] == "InvalidResult"
+    assert "returned a coroutine" in got.fields["last_error"]
+    assert not [w for w in seen if "never awaited" in str(w.message)]

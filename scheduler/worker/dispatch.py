@@ -11,11 +11,10 @@ import logging
 import time
 from typing import Any
 
-from scheduler.core import codec
 from scheduler.core.errors import InvalidPayload, UnknownTask
 from scheduler.core.models import ClaimedJob, _EncodedResult
 from scheduler.worker.execution import Running, _Slot
-from scheduler.worker.failures import error_text, failure_of, type_name
+from scheduler.worker.failures import error_text, failure_of, result_text, type_name
 from scheduler.worker.registry import JobContext
 from scheduler.worker.settings import _LEASE_MARGIN_S
 from scheduler.worker.starting import Starting
@@ -245,8 +244,7 @@ class Dispatch(Starting):
             if exc is None:
                 try:
                     if result is not None:  # encoded once: what is checked is what is sent
-                        text = codec.encode_json(result, "result", codec.MAX_PAYLOAD_BYTES)
-                        result = _EncodedResult(text)
+                        result = _EncodedResult(result_text(result))
                 except KeyboardInterrupt:  # Ctrl-C of an embedded worker: not the result's fault
                     raise
                 except BaseException as bad:  # InvalidPayload; a result's own method may raise

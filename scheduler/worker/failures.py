@@ -4,8 +4,12 @@ outcome."""
 
 from __future__ import annotations
 
+import inspect
 import traceback
+from typing import Any
 
+from scheduler.core import codec
+from scheduler.core.errors import InvalidPayload
 from scheduler.worker.registry import TaskSpec
 
 
@@ -42,3 +46,16 @@ def failure_of(exc: BaseException, spec: TaskSpec | None) -> tuple[tuple[str, st
     except BaseException:
         tb = ""
     return (type_name(exc), error_text(exc), tb), retryable
+
+
+def result_text(result: Any) -> str:
+    """A handler's return value as the JSON text `complete` stores; InvalidPayload when it
+    cannot be. A coroutine means an async handler was registered through a sync wrapper (run
+    in a thread, never awaited): said so, and closed, so no "never awaited" warning follows."""
+    if inspect.iscoroutine(result):
+        result.close()
+        raise InvalidPayload(
+            "the handler returned a coroutine: it was registered as a sync function (a wrapper"
+            " hides the async def); register the async function itself"
+        )
+    return codec.encode_json(result, "result", codec.MAX_PAYLOAD_BYTES)
