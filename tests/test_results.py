@@ -123,6 +123,34 @@ def test_dead_raises_job_dead_with_the_last_error(redis_url: str, q: Queue) -> N
     assert info.value.error_message == "it broke"
 
 
+def test_a_job_parked_and_deleted_at_once_raises_job_dead_to_its_waiter(
+    q: Queue, client: redis.Redis
+) -> None:
+    # A dead retention of max_count=0 deletes a job as it is parked; a waiter already blocked
+    # on it was told JobNotFound ("no such job"), though the park's wake-up said "dead".
+    q.set_dead_retention(max_count=0)
+    job_id = q.enqueue("t", {}, max_attempts=1)
+    (job,) = q.claim("w1", limit=1).jobs
+    got: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            q.result(job_id, timeout_s=30)
+        except (JobDead, JobNotFound) as exc:
+            got.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_for(lambda: any(c.get("cmd") == "blmove" for c in client.client_list()),
+             what="the waiter blocked on its wake-up")  # fmt: skip
+    q.fail(job_id, job.token, ("E", "bad", ""), retryable=False)
+    waiter.join(30)
+    with pytest.raises(JobNotFound):  # deleted with the park
+        q.get_job(job_id)
+    assert len(got) == 1 and isinstance(got[0], JobDead), got
+    assert got[0].reason == "deleted by the dead-letter retention"
+
+
 def test_cancelled_raises_job_cancelled(q: Queue, client: redis.Redis) -> None:
     job_id = q.enqueue("t", {}, delay_ms=60_000)
     announce(client, q, job_id)

@@ -173,7 +173,18 @@ class InspectingOps(OpsBase):
         stale = False
         announced = False
         while True:
-            job = yield from self.get_job(job_id)
+            try:
+                job = yield from self.get_job(job_id)
+            except JobNotFound:
+                # Parked and deleted at once (a dead retention of max_count=0): the wake-up
+                # that park pushed for this waiter still says how it ended.
+                word = None
+                if announced:
+                    (word,) = yield Commands([("LINDEX", wake_key, 0)])
+                if word is not None and codec.s(word) == "dead":
+                    why = "deleted by the dead-letter retention"
+                    raise JobDead(job_id, why, None, None) from None
+                raise
             if job.state == JobState.DONE:
                 raw = job.result_json
                 return None if raw is None else json.loads(raw)
