@@ -8,9 +8,15 @@ to every node of the batch.
 
 MOVED / ASK (a failover or a resharding moved the slot): the command did not run, so it is sent
 again, MOVED after a topology refresh, ASK to the node named with ASKING first; a WAIT after a
-redirected write is sent again after it. A dropped connection propagates (as on one server: the
-caller decides whether to retry) and marks the topology stale, so the next batch re-reads it
-first instead of going to a dead primary again.
+redirected write is sent again after it. TRYAGAIN (the slot is being migrated: a script's
+declared prefix key never exists, so every script call of the queue is refused whole until
+CLUSTER SETSLOT NODE ends the move) did not run either: sent again to the same node, ASKING as
+before, every _PAUSE_S for at most _TRYAGAIN_ROUNDS pauses (about 0.5 s, as redis-py's own
+RedisCluster retries it), then handed back as the reply (TryAgainError). Never when a later
+command of the same slot in the batch ran (the importing node took over between the two): the
+re-send would run after it, out of order. A dropped connection propagates (as on one server:
+the caller decides whether to retry) and marks the topology stale, so the next batch re-reads
+it first instead of going to a dead primary again.
 
 A batch over several nodes that loses one node raises, and the replies of the nodes that
 answered are dropped with it, as a dropped connection loses a pipeline's replies on one server:
@@ -24,16 +30,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Generator, Sequence
 from typing import Any
 
 from redis.asyncio.cluster import PipelineCommand
-from redis.exceptions import AskError, MovedError, RedisError
+from redis.exceptions import AskError, MovedError, RedisError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # Redirections followed for one batch before the last one is handed back as the reply.
 _REDIRECTS = 5
+# TRYAGAIN: pauses before a refused command is sent again, and how many before it is handed
+# back (a 10,000-key slot moves in ~0.4 s at redis-cli's 10 keys per MIGRATE: docs/cluster.md).
+_PAUSE_S = 0.05
+_TRYAGAIN_ROUNDS = 10
 # Cluster clients whose topology must be re-read before their next batch (by id: the asyncio
 # RedisCluster has __slots__, no attribute of ours fits on it).
 _STALE: set[int] = set()
@@ -53,30 +64,51 @@ def _plan(rc: Any, routes: Sequence[str], cmds: Sequence[Wire], idx: Sequence[in
     return list(by_node.values())
 
 
-def _redirects(
-    rc: Any, routes: Sequence[str], cmds: Sequence[Wire], replies: list[Any], sent: Sequence[int]
-) -> tuple[list[int], Plan | None]:
-    """The indices to send again, and for ASK a ready plan (None: plan after a refresh)."""
-    moved = [i for i in sent if isinstance(replies[i], AskError)]
-    if not moved:
-        return [], None
+def _again(
+    rc: Any, routes: Sequence[str], cmds: Sequence[Wire], replies: list[Any], sent: Plan
+) -> tuple[list[int], Plan | None, bool]:
+    """The indices to send again; their plan (None: refresh the topology, then route by slot);
+    whether to pause first (TRYAGAIN)."""
+    where = {i: (node, asking) for node, items in sent for i, asking, _ in items}
+    unrun = (AskError, TryAgainError)  # MovedError is an AskError
     first: dict[str, int] = {}
-    for i in moved:
-        first.setdefault(routes[i], i)
+    for i in sorted(where):
+        if isinstance(replies[i], unrun):
+            first.setdefault(routes[i], i)
+    # A slot where a command after the first refused one ran: its TRYAGAINs stay the replies.
+    ran_after = {
+        routes[i]
+        for i in where
+        if i > first.get(routes[i], len(cmds))
+        and cmds[i][0] != "WAIT"
+        and not isinstance(replies[i], unrun)
+    }
+    redirected = [i for i in where if isinstance(replies[i], AskError)]
+    retried = [
+        i for i in where if isinstance(replies[i], TryAgainError) and routes[i] not in ran_after
+    ]
+    if not redirected and not retried:
+        return [], None, False
+    heads = {routes[i]: i for i in sorted(redirected + retried, reverse=True)}
     again = sorted(
-        set(moved)
-        | {i for i in sent if cmds[i][0] == "WAIT" and i > first.get(routes[i], len(cmds))}
+        {*redirected, *retried}
+        | {i for i in where if cmds[i][0] == "WAIT" and i > heads.get(routes[i], len(cmds))}
     )
-    if any(isinstance(replies[i], MovedError) for i in moved):
-        return again, None
+    pause = bool(retried)
+    if any(isinstance(replies[i], MovedError) for i in redirected):
+        return again, None, pause
     plan: dict[str, tuple[Any, list[tuple[int, bool, Wire]]]] = {}
     for i in again:
-        err = replies[i] if isinstance(replies[i], AskError) else replies[first[routes[i]]]
-        node = rc.get_node(host=err.host, port=err.port)
-        if node is None:  # a node we do not know yet: refresh, then route by slot
-            return again, None
-        plan.setdefault(node.name, (node, []))[1].append((i, True, cmds[i]))
-    return again, list(plan.values())
+        head = i if i in redirected or i in retried else heads[routes[i]]
+        err = replies[head]
+        if isinstance(err, AskError):
+            node, asking = rc.get_node(host=err.host, port=err.port), True
+            if node is None:  # a node we do not know yet: refresh, then route by slot
+                return again, None, pause
+        else:  # TRYAGAIN: the same node, as sent
+            node, asking = where[head]
+        plan.setdefault(node.name, (node, []))[1].append((i, asking, cmds[i]))
+    return again, list(plan.values()), pause
 
 
 def run_sync(rc: Any, drive: Drive) -> list[Any]:
@@ -95,7 +127,8 @@ def _batch_sync(rc: Any, batch: Any) -> list[Any]:
     replies: list[Any] = [None] * len(batch.cmds)
     todo, plan = list(range(len(batch.cmds))), None
     loaded: set[str] = set()
-    for attempt in range(_REDIRECTS + 1):
+    redirects = pauses = 0
+    while True:
         plan = plan or _plan(rc, batch.routes, batch.cmds, todo)
         try:
             for node, items in plan:
@@ -116,9 +149,14 @@ def _batch_sync(rc: Any, batch: Any) -> list[Any]:
         except _DROPPED:
             _STALE.add(id(rc))
             raise
-        todo, plan = _redirects(rc, batch.routes, batch.cmds, replies, todo)
-        if not todo or attempt == _REDIRECTS:
+        todo, plan, pause = _again(rc, batch.routes, batch.cmds, replies, plan)
+        if not todo or (pauses if pause else redirects) == _bound(pause):
             break
+        if pause:
+            pauses += 1
+            _wait_sync()
+        else:
+            redirects += 1
         if plan is None:
             _refresh_sync(rc, force=True)
     return replies
@@ -159,9 +197,10 @@ async def _batch_async(rc: Any, batch: Any) -> list[Any]:
         await _refresh_async(rc)
     replies: list[Any] = [None] * len(batch.cmds)
     todo, plan = list(range(len(batch.cmds))), None
-    for attempt in range(_REDIRECTS + 1):
+    redirects = pauses = 0
+    while True:
         plan = plan or _plan(rc, batch.routes, batch.cmds, todo)
-        loads = batch.loads if attempt == 0 else []
+        loads = batch.loads if redirects + pauses == 0 else []
         # Every node's pipeline ends before an error is raised: the caller's retry never runs
         # while the batch's other nodes still have it in flight.
         results: list[Any] = await asyncio.gather(
@@ -175,12 +214,29 @@ async def _batch_async(rc: Any, batch: Any) -> list[Any]:
         for (_, items), got in zip(plan, results, strict=True):
             for (i, _, _), r in zip(items, got, strict=True):
                 replies[i] = r
-        todo, plan = _redirects(rc, batch.routes, batch.cmds, replies, todo)
-        if not todo or attempt == _REDIRECTS:
+        todo, plan, pause = _again(rc, batch.routes, batch.cmds, replies, plan)
+        if not todo or (pauses if pause else redirects) == _bound(pause):
             break
+        if pause:
+            pauses += 1
+            await _wait_async()
+        else:
+            redirects += 1
         if plan is None:
             await _refresh_async(rc, force=True)
     return replies
+
+
+def _bound(pause: bool) -> int:
+    return _TRYAGAIN_ROUNDS if pause else _REDIRECTS
+
+
+def _wait_sync() -> None:
+    time.sleep(_PAUSE_S)
+
+
+async def _wait_async() -> None:
+    await asyncio.sleep(_PAUSE_S)
 
 
 def _drop_asking(items: list[tuple[int, bool, Wire]], got: list[Any]) -> list[Any]:
