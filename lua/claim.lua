@@ -32,8 +32,10 @@
     value reads as 0). A job with 2 or more is a suspect (it was in two crashed batches): a
     worker holds at most one suspect lease at a time (`isolated`: worker id -> job id, checked
     lazily), so a job that kills its worker ends up alone; a suspect it may not take stays due
-    for another worker (a call that took one and left others pushes a wake-up), and next_ms
-    does not count it: the worker claims again when its suspect ends (docs/durability.md).
+    for another worker (a call that took one and left others pushes a wake-up), re-scored in
+    due (and its priority index) to this call's time, never earlier than its score: behind the
+    jobs due before it, so more suspects than a scan's budget cannot starve them. next_ms does
+    not count it: the worker claims again when its suspect ends (docs/durability.md).
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | dead | dead:migrating is not a
     zset (a key edited by hand into another type; nothing written) ]]
 -- @include "lib/clock.lua"
@@ -287,11 +289,18 @@ if limit > 0 then
     local r, bad = read_claimable(id, jk, fmt(score_ms(score)))
     if r and r.attempts >= r.max_attempts then bad = 'attempts exhausted' end
     if bad then return drop(id, jk, bad, r) end
-    -- A suspect (lapsed twice): one per worker at a time; else it stays due for another.
+    -- A suspect (lapsed twice): one per worker at a time; else it stays due for another,
+    -- re-scored to now (never before its score): behind every job due before now, so more
+    -- suspects than a scan's budget at the head of due cannot use up every claim's scan and
+    -- starve the jobs behind them; still due, for any worker that may take it.
     if r.lapses >= 2 and (suspect_taken or suspect_held()) then
       skipped[#skipped + 1] = id
+      local later = now
+      local s = tonumber(score)
+      if s and s > later then later = s end
+      redis.call('ZADD', due, 'XX', later, id)
       -- Met through its priority index, which flow_fill dropped it from: back in it.
-      flow_index(prefix, id, r.flow.priority, score)
+      flow_index(prefix, id, r.flow.priority, later)
       return 'skip'
     end
     local fl = r.flow
