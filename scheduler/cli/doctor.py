@@ -6,6 +6,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from scheduler.admin import doctor as checks
 from scheduler.admin.doctor_checks import unreadable_layout
@@ -18,7 +19,6 @@ from scheduler.cli.common import (
     console,
     emit_json,
     json_option,
-    markup_safe,
     physical_queues,
     queues_option,
     resolve_queues,
@@ -36,20 +36,16 @@ def _print(out: Console, title: str, issues: list[checks.Issue]) -> None:
     out.print(f"[bold]{title}[/]")
     for i in issues:
         style = "red" if i.severity == "error" else "yellow"
-        where = markup_safe(i.queue or "server")
-        job = f" job {markup_safe(i.job_id)}" if i.job_id else ""
-        out.print(
-            f"[{style}]{i.severity}[/] {where} [bold]{markup_safe(i.code)}[/]{job}: "
-            f"{markup_safe(i.message)}"
-        )
+        job = f" job {i.job_id}" if i.job_id else ""
+        # A Text, not markup: an escaped id ending in '\' was shown with one '\' more.
+        line = Text.assemble((i.severity, style), f" {i.queue or 'server'} ", (i.code, "bold"))
+        out.print(line + cell(f"{job}: {i.message}"))
         out.print(cell(f"  fix: {i.fix}"), soft_wrap=True)
         if i.repair:
-            out.print(
-                "  by hand:",
-                cell("\n".join(f"    {c}" for c in i.redis_cli()), keep_newlines=True),
-                sep="\n",
-                soft_wrap=True,
-            )
+            # One line per command, each cleaned whole: a stored id holding '\n' must not
+            # end the '# runs ...' comment and put a line of its own into a pasted shell.
+            by_hand = (cell(f"    {c}") for c in i.redis_cli())
+            out.print("  by hand:", *by_hand, sep="\n", soft_wrap=True)
 
 
 @click.command(cls=AdminCommand)

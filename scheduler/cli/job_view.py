@@ -104,7 +104,7 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
 def print_job(data: dict[str, Any], job_id: str, queue: str) -> None:
     """`jobs show` as a table: the readable fields, the payload and result as JSON, then the
     error history and the last traceback."""
-    t = Table(title=f"job {job_id} in {queue!r}", show_header=False)
+    t = Table(title=cell(f"job {job_id} in {queue!r}"), show_header=False)
     t.add_column("field", style="bold")
     t.add_column("value", overflow="fold")
     skip = {"fields", "errors", "payload", "result", "lease_unreadable", "payload_dropped"}

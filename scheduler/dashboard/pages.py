@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from scheduler.admin.health import at_node, check_server, read_server, server_nodes
 from scheduler.core.errors import BadArgument, JobNotFound
 from scheduler.core.keys import check_job_id
-from scheduler.core.models import Job, JobState
+from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.logical import merge_jobs, merged_window
 from scheduler.dashboard.reasons import flow_settings, why_not_running
@@ -34,6 +34,10 @@ SERVER_FACTS = (
 )
 # Only ASCII digits: str.isdigit() also accepts '²' and other digits int() refuses.
 _WHOLE = re.compile(r"[0-9]{1,12}")
+# A hand-written job hash may hold any number of fields and history entries: the page shows
+# this many (a worker keeps 10 entries; a job has ~30 fields).
+ERRORS_SHOWN = 10
+FIELDS_SHOWN = 100
 
 
 def int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
@@ -52,10 +56,10 @@ def text_param(request: Request, name: str, max_len: int = 200) -> str | None:
     return value or None
 
 
-def error_entries(job: Job) -> list[dict[str, Any]]:
+def error_entries(history: list[Any]) -> list[dict[str, Any]]:
     """The error history, newest first: only its objects (the stored list may be written by
     hand and hold anything; the template reads each entry's fields)."""
-    return [e for e in reversed(job.errors) if isinstance(e, dict)]
+    return [e for e in reversed(history) if isinstance(e, dict)][:ERRORS_SHOWN]
 
 
 class Pages:
@@ -146,6 +150,7 @@ class Pages:
             )
         now_ms = self.store.now_ms(q.name)  # one TIME, not the counts script
         workers = self.store.live_worker_count(name)  # bounded: not the whole workers ZSET
+        history = job.errors  # parsed once: a hand-written one may be long
         token = job.token or ""
         fence = token.split("-", 1)[0] if token else ""
         lease_left = None
@@ -161,8 +166,10 @@ class Pages:
             lease_left_ms=lease_left,
             reasons=why_not_running(job, now_ms, workers),
             flow=flow_settings(job),
-            errors=error_entries(job),
-            fields=sorted(job.fields.items()),
+            errors=error_entries(history),
+            errors_cut=len(history) if len(history) > ERRORS_SHOWN else 0,
+            fields=sorted(job.fields.items())[:FIELDS_SHOWN],
+            fields_cut=len(job.fields) if len(job.fields) > FIELDS_SHOWN else 0,
             can_cancel=job.state in (JobState.DUE, JobState.SCHEDULED, JobState.LEASED),
             can_requeue=job.state == JobState.DEAD,
         )

@@ -21,6 +21,10 @@ from scheduler.dashboard.security import SESSION_COOKIE, Csrf
 HERE = Path(__file__).resolve().parent
 # Only ASCII digits: str.isdigit() also accepts '²' and other digits int() refuses.
 _COUNT = re.compile(r"[0-9]{1,9}")
+# Characters of one stored value a page shows: a producer may store megabytes in any field
+# (a hand-written hash is not checked at enqueue), which must not become a page of megabytes.
+CELL_SHOWN = 2_000  # a table cell, a name, an id
+BLOCK_SHOWN = 100_000  # a payload, result, error message or traceback on the job page
 
 
 def fmt_time(ms: int | None, tz: str = "UTC") -> str:
@@ -58,16 +62,26 @@ def pretty_json(text: str | None) -> str:
     """Stored JSON re-indented for reading; anything else shown as it is (escaped later)."""
     if text is None:
         return "-"
+    if len(text) > BLOCK_SHOWN:  # cut when shown anyway: not worth parsing megabytes
+        return text
     try:
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
     except ValueError:
         return text
 
 
-def _clean(text: Any) -> str:
+def shown(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, saying how many more are stored."""
+    if len(text) <= limit:
+        return text
+    more = len(text) - limit
+    return f"{text[:limit]} … ({more} more characters not shown: scheduler jobs show --json)"
+
+
+def _clean(text: Any, limit: int = CELL_SHOWN) -> str:
     # Control characters (terminal escapes, bidi overrides) made visible; HTML escaping is
-    # Jinja's autoescape, which runs on the result.
-    return clean(text, keep_newlines=True)
+    # Jinja's autoescape, which runs on the result. Cut first: a stored value may be huge.
+    return clean(shown(text if isinstance(text, str) else str(text), limit), keep_newlines=True)
 
 
 def url_part(text: Any) -> str:
@@ -87,6 +101,7 @@ def environment() -> jinja2.Environment:
     env.filters.update(
         time=fmt_time, duration=fmt_duration, pretty=pretty_json, clean=_clean, url_part=url_part
     )
+    env.globals["BLOCK"] = BLOCK_SHOWN  # `|clean(BLOCK)`: the job page's long values
     return env
 
 

@@ -132,7 +132,8 @@ class Csrf:
     def valid(self, session: str | None, token: str | None) -> bool:
         if not session or not token:
             return False
-        return hmac.compare_digest(self.token(session), token)
+        # As bytes: compare_digest raises TypeError on a non-ASCII str (a 500, not a 403).
+        return hmac.compare_digest(self.token(session).encode(), token.encode())
 
 
 async def _refuse(send: Send, status: int, body: bytes, *extra: tuple[bytes, bytes]) -> None:
