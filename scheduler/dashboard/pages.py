@@ -38,6 +38,7 @@ _WHOLE = re.compile(r"[0-9]{1,12}")
 # this many (a worker keeps 10 entries; a job has ~30 fields).
 ERRORS_SHOWN = 10
 FIELDS_SHOWN = 100
+SCHEDULES_SHOWN = 500  # rows of /schedules, all queues: its set is a key anyone may fill
 
 
 def int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
@@ -175,11 +176,14 @@ class Pages:
         )
 
     def schedules(self, request: Request) -> Response:
-        rows = []
+        rows: list[dict[str, Any]] = []
+        total = 0
         for name in self.store.queue_names():
             for part in self.store.view(name).part_names:  # a schedule lives in one partition
-                rows += schedule_rows(self.store, part)
-        return self.render.page(request, "schedules.html", schedules=rows)
+                found, count = schedule_rows(self.store, part, SCHEDULES_SHOWN - len(rows))
+                rows, total = rows + found, total + count
+        cut = total if total > len(rows) else 0
+        return self.render.page(request, "schedules.html", schedules=rows, cut=cut)
 
     def workers(self, request: Request) -> Response:
         rows, cut = [], False

@@ -70,11 +70,14 @@ def previous_slot(s: Schedule, now_ms: int) -> int | None:
     return None
 
 
-def schedule_rows(store: Store, name: str) -> list[dict[str, Any]]:
+def schedule_rows(store: Store, name: str, limit: int) -> tuple[list[dict[str, Any]], int]:
+    """(the rows of the first `limit` schedules by name, how many the queue has)."""
     q = store.queue(name)
-    schedules = q.list_schedules()
+    found = q.list_schedules()
+    # Cut before the per-row work: the schedules set is a plain key a producer can fill.
+    schedules = found[: max(limit, 0)]
     if not schedules:
-        return []
+        return [], len(found)
     now_ms = q.counts().now_ms
     prev_ids: dict[str, str] = {}
     for s in schedules:
@@ -101,4 +104,4 @@ def schedule_rows(store: Store, name: str) -> list[dict[str, Any]]:
                 "last_error": prev.fields.get("last_error_type") if prev else None,
             }
         )
-    return rows
+    return rows, len(found)
