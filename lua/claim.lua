@@ -35,7 +35,8 @@
     for another worker (a call that took one and left others pushes a wake-up), re-scored in
     due (and its priority index) to this call's time, never earlier than its score: behind the
     jobs due before it, so more suspects than a scan's budget cannot starve them. next_ms does
-    not count it: the worker claims again when its suspect ends (docs/durability.md).
+    not count it: the worker claims again when its suspect ends (docs/durability.md), or at
+    once while its scans move suspects due before it took its own and older jobs are left.
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | dead | dead:migrating is not a
     zset (a key edited by hand into another type; nothing written) ]]
 -- @include "lib/clock.lua"
@@ -257,6 +258,9 @@ local now_s = fmt(now)
 local isolated_key = prefix .. 'isolated'
 local suspect_taken = false  -- the suspect this call leased (its id)
 local skipped = {}  -- suspects left due: this worker holds one already
+-- When the suspect this worker holds was leased (its claimed_ms), and whether this call met a
+-- due job older than that: next_ms below.
+local held_since, met_older = nil, false
 if limit > 0 then
   flow_rate_due(prefix, now, limit)
   local leases = {}
@@ -271,6 +275,8 @@ if limit > 0 then
       if type(jid) == 'string' and redis.call('ZSCORE', leased, jid)
           and redis.pcall('HGET', job_key(prefix, jid), 'worker') == worker then
         held_suspect = true
+        held_since = parse_int(redis.pcall('HGET', job_key(prefix, jid), 'claimed_ms'), 0,
+          LIM.time_ms)
       end
     end
     return held_suspect
@@ -295,6 +301,7 @@ if limit > 0 then
     -- starve the jobs behind them; still due, for any worker that may take it.
     if r.lapses >= 2 and (suspect_taken or suspect_held()) then
       skipped[#skipped + 1] = id
+      if held_since and score_ms(score) < held_since then met_older = true end
       local later = now
       local s = tonumber(score)
       if s and s > later then later = s end
@@ -401,6 +408,14 @@ if #skipped > 0 and n == 0 then
   -- fleet crashed twice): the due head is no reason to come back, its own lease end (or a
   -- wake-up, or its suspect's end) is; else every claim would be answered "due now" at once.
   dh = {}
+  -- Unless its scan moved suspects due before it took its own and jobs due before then are
+  -- left: those its scans have not met since (a skipped suspect's new score is later), maybe
+  -- plain ones: it comes back at once. Each such call moves a scan's worth out of that span
+  -- and none come in, so this ends; a scan that met none (all since) sleeps as above.
+  if met_older then
+    local h = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+    if h[2] and score_ms(h[2]) < held_since then dh = h end
+  end
 elseif #skipped > 0 then
   local skip = {}
   for _, id in ipairs(skipped) do skip[id] = true end

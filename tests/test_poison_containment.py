@@ -269,8 +269,10 @@ def test_suspects_beyond_the_scan_budget_do_not_make_a_worker_claim_in_a_loop(
     tq: tuple[Queue, Clock],
 ) -> None:
     """More suspects than one claim may look at (limit + FLOW_HOLD_BUDGET, 1,000): a worker
-    holding one takes nothing, and is told to come back at its lease end, not "due now" (it
-    claimed again every millisecond, each call reading ~1,000 job hashes)."""
+    holding one takes nothing; it comes back at once only while its scans still move suspects
+    due before it took its own (jobs behind them may be plain), then at its lease end, not
+    "due now" for ever (it claimed again every millisecond, each call reading ~1,000 job
+    hashes)."""
     q, clock = tq
     clock.set_ms(T0)
     q.enqueue_many([JobSpec("t") for _ in range(1_100)])
@@ -282,8 +284,17 @@ def test_suspects_beyond_the_scan_budget_do_not_make_a_worker_claim_in_a_loop(
         q.claim("reaper", limit=0, lease_ms=LEASE, reap_limit=10_000)
     first = q.claim("w1", limit=1, lease_ms=LEASE)
     assert len(first.jobs) == 1 and first.suspect == first.jobs[0].id
-    again = q.claim("w1", limit=1, lease_ms=LEASE)
-    assert again.jobs == [] and again.next_ms == first.now_ms + LEASE > again.now_ms
+    calls = 0
+    while True:  # the clock stands still: only the scans' moves can end this
+        calls += 1
+        again = q.claim("w1", limit=1, lease_ms=LEASE)
+        assert again.jobs == []
+        if again.next_ms > again.now_ms:
+            break
+        assert calls < 3, "a worker holding a suspect claims in a loop"
+    assert calls == 2  # 1,099 suspects ahead: one budget's scan, then the 98 left
+    assert again.next_ms == first.now_ms + LEASE
+    assert q.claim("w1", limit=1, lease_ms=LEASE).next_ms == first.now_ms + LEASE
 
 
 def test_a_requeued_dead_suspect_starts_afresh(tq: tuple[Queue, Clock]) -> None:

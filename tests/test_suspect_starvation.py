@@ -155,3 +155,18 @@ def test_skipped_suspects_with_a_priority_are_re_indexed_at_their_new_score(
     for i in set(ids) - {got.id}:
         assert q.client.zscore(index, i) == q.client.zscore(q.keys.due, i) == _now(q)
     assert {j.id for j in q.claim("w2", limit=1, lease_ms=LEASE).jobs} < set(ids)
+
+
+def test_a_worker_whose_scan_met_only_suspects_comes_back_at_once_while_older_jobs_wait(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """Its scan moved suspects due before it took its own, and jobs due before then are left
+    (the plain ones among them): it is told "due now", not its lease end (60 s here, the
+    worker slept that long while every worker held a suspect)."""
+    q, clock = tq
+    suspects, plain = _setup(q, clock)
+    first = q.claim("w1", limit=1, lease_ms=60_000)
+    assert first.suspect in suspects
+    b = q.claim("w1", limit=100, lease_ms=60_000)
+    assert b.jobs == [] and b.next_ms <= b.now_ms
+    assert {j.id for j in q.claim("w1", limit=100, lease_ms=60_000).jobs} == plain
