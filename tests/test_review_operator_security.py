@@ -152,3 +152,20 @@ def test_many_planted_schedules_do_not_make_a_huge_schedules_page(
     assert r.status_code == 200
     assert len(r.content) < PAGE_MAX, f"a schedules page of {len(r.content)} bytes"
     assert 'id="schedules-cut"' in r.text and "20000" in r.text, "the cut is not said"
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_the_session_cookie_is_secure_when_the_dashboard_is_served_over_https(
+    client: redis.Redis, q: Queue, scheme: str
+) -> None:
+    """Over https the session cookie (it binds the CSRF token) is marked Secure, so a browser
+    never sends it over plain http; over http (localhost) it cannot be, or it would be lost."""
+    from starlette.testclient import TestClient
+
+    from scheduler.dashboard import Auth, create_app
+
+    app = create_app(client=client, queues=[q.name], auth=Auth())
+    with TestClient(app, base_url=f"{scheme}://localhost") as web:
+        cookie = web.get("/").headers["set-cookie"]
+    assert "samesite=strict" in cookie.lower() and "httponly" in cookie.lower()
+    assert ("secure" in cookie.lower().replace("samesite", "")) == (scheme == "https")

@@ -166,6 +166,7 @@ class Renderer:
                 sid,
                 httponly=True,
                 samesite="strict",
+                secure=request.url.scheme == "https",  # never sent back over plain http then
                 path=request.scope.get("root_path", "") or "/",
             )
         return response
