@@ -206,7 +206,8 @@ local function sched_rearm(prefix, name, id, now)
     local sk = sched_key(prefix, name)
     local d = redis.call('HMGET', sk, 'deferred_ms', 'deferrals')
     local k = 0
-    if d[1] == fmt(cur) then k = tonumber(d[2]) or 1 end
+    -- Strictly: read by tonumber, a hand edit ('-inf', '-1e300') never reached the bound.
+    if d[1] == fmt(cur) then k = parse_int(d[2], 1, SCHED_DEFER_MOST) or 1 end
     local refill = sched_refill_key(prefix)
     if k == 0 or (k < SCHED_DEFER_MOST and redis.pcall('SISMEMBER', refill, name) == 1) then
       redis.call('HSET', sk, 'deferred_ms', fmt(cur), 'deferrals', fmt(k + 1))
