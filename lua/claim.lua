@@ -33,8 +33,8 @@
     worker holds at most one suspect lease at a time (`isolated`: worker id -> job id, checked
     lazily), so a job that kills its worker ends up alone; a suspect it may not take stays due
     for another worker (a call that took one and left others pushes a wake-up), re-scored in
-    due (and its priority index) to this call's time, never earlier than its score: behind the
-    jobs due before it, so more suspects than a scan's budget cannot starve them. next_ms does
+    due to this call's time, never earlier than its score, and out of its priority index:
+    behind the jobs due before it, so more suspects than a scan's budget cannot starve them. next_ms does
     not count it: the worker claims again when its suspect ends (docs/durability.md), or at
     once while its scans move suspects due before it took its own and older jobs are left.
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | dead | dead:migrating is not a
@@ -306,8 +306,10 @@ if limit > 0 then
       local s = tonumber(score)
       if s and s > later then later = s end
       redis.call('ZADD', due, 'XX', later, id)
-      -- Met through its priority index, which flow_fill dropped it from: back in it.
-      flow_index(prefix, id, r.flow.priority, later)
+      -- Out of its priority index (flow_fill dropped it when met there): each claim's level
+      -- pass would meet it again and spend its budget before the lower levels; due's last
+      -- pass still reaches it, for a worker that may take it (it waits at no priority).
+      flow_unindex(prefix, id, r.flow.priority)
       return 'skip'
     end
     local fl = r.flow
