@@ -50,12 +50,12 @@ def failure_of(exc: BaseException, spec: TaskSpec | None) -> tuple[tuple[str, st
 
 def result_text(result: Any) -> str:
     """A handler's return value as the JSON text `complete` stores; InvalidPayload when it
-    cannot be. A coroutine means an async handler was registered through a sync wrapper (run
-    in a thread, never awaited): said so, and closed, so no "never awaited" warning follows."""
+    cannot be. A coroutine means an async def behind a sync wrapper (run in a thread) or a
+    missing `await`: said so, and closed, so no "never awaited" warning follows."""
     if inspect.iscoroutine(result):
         result.close()
         raise InvalidPayload(
-            "the handler returned a coroutine: it was registered as a sync function (a wrapper"
-            " hides the async def); register the async function itself"
+            "the handler returned a coroutine, never awaited: register the async function"
+            " itself (a sync wrapper hides the async def), or await it in the handler"
         )
     return codec.encode_json(result, "result", codec.MAX_PAYLOAD_BYTES)
