@@ -34,9 +34,10 @@
     lazily), so a job that kills its worker ends up alone; a suspect it may not take stays due
     for another worker (a call that took one and left others pushes a wake-up), re-scored in
     due to this call's time, never earlier than its score, and out of its priority index:
-    behind the jobs due before it, so more suspects than a scan's budget cannot starve them. next_ms does
-    not count it: the worker claims again when its suspect ends (docs/durability.md), or at
-    once while its scans move suspects due before it took its own and older jobs are left.
+    behind the jobs due before it, so more suspects than a scan's budget cannot starve them.
+    next_ms does not count it: the worker claims again when its suspect ends
+    (docs/durability.md), or at once while its scans move suspects due before it took its own
+    and older jobs are left.
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | dead | dead:migrating is not a
     zset (a key edited by hand into another type; nothing written) ]]
 -- @include "lib/clock.lua"

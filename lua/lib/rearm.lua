@@ -13,8 +13,8 @@
 -- due, '' when none), cursor_ms (slot of the pending occurrence, or the last one placed),
 -- ran_ms (slot of the last due occurrence that left due by claim, park or cancel: no placing goes
 -- back to it, whatever the definition; kept by a redefinition), deferred_ms and deferrals (the
--- pending slot whose claims waited for a refill, and how many times: sched_rearm), task, payload, max_attempts,
--- backoff, timeout_ms; and the flow fields of every occurrence
+-- pending slot whose claims waited for a refill, and how many times: sched_rearm), task,
+-- payload, max_attempts, backoff, timeout_ms; and the flow fields of every occurrence
 -- (priority, ckey, climit, rkey, rcount, rwindow: lib/flow.lua, read with flow_load).
 
 -- @include "lib/util.lua"
