@@ -12,6 +12,7 @@ from scheduler import Queue
 from scheduler.core.errors import CorruptKey
 from scheduler.operations import leasing
 from tests.conftest import Clock, dump_queue
+from tests.test_review_schedule_crashes import _work
 
 T0 = 1_000_000
 MIN_MS = 60_000
@@ -43,17 +44,6 @@ def test_a_withdrawal_that_would_park_children_with_leased_of_another_type_write
         else:
             q.pause_schedule("s")
     assert dump_queue(q.client, q) == before
-
-
-def _work(q: Queue, clock: Clock, now_ms: int, done: Counter[str]) -> None:
-    clock.set_ms(now_ms)
-    while True:
-        batch = q.claim("w", limit=50, lease_ms=30_000)
-        for job in batch.jobs:
-            q.complete(job.id, job.token)
-            done[job.id] += 1
-        if len(batch.jobs) < 50 and not (0 <= batch.next_ms <= now_ms):
-            return
 
 
 def test_catch_up_after_a_long_outage_runs_the_latest_n_of_more_cron_schedules_than_one_refill(
