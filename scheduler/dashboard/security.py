@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler.core.errors import BadArgument
+from scheduler.dashboard.throttle import LoginThrottle
 
 ENV_AUTH = "SCHEDULER_DASHBOARD_AUTH"  # "user:password" for HTTP basic auth
 ENV_TOKEN = "SCHEDULER_DASHBOARD_TOKEN"  # a bearer token (or the basic-auth password)
@@ -153,10 +154,15 @@ class GuardMiddleware:
     carry `Host: attacker.example`, hence the Host check."""
 
     def __init__(
-        self, app: ASGIApp, auth: Auth, allowed_hosts: Collection[str] | None = None
+        self,
+        app: ASGIApp,
+        auth: Auth,
+        allowed_hosts: Collection[str] | None = None,
+        throttle: LoginThrottle | None = None,
     ) -> None:
         self.app = app
         self.auth = auth
+        self.throttle = LoginThrottle() if throttle is None else throttle
         self.allowed_hosts = (
             None if allowed_hosts is None else frozenset(map(_host_key, allowed_hosts))
         )
@@ -172,9 +178,7 @@ class GuardMiddleware:
         if not self.host_allowed(headers.get("host", "")):
             await _refuse(send, 400, b"unknown Host header: use an address the dashboard serves\n")
             return
-        if not self.auth.allows(headers.get("authorization", "")):
-            realm = (b"www-authenticate", b'Basic realm="scheduler dashboard"')
-            await _refuse(send, 401, b"authentication required\n", realm)
+        if self.auth.enabled and not await self._authenticated(scope, headers, send):
             return
 
         async def with_headers(message: Message) -> None:
@@ -185,3 +189,21 @@ class GuardMiddleware:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+    async def _authenticated(self, scope: Scope, headers: dict[str, str], send: Send) -> bool:
+        """Check the credentials, or refuse (401; 429 while this client is throttled)."""
+        client = scope.get("client")
+        host = client[0] if client else None
+        wait_s = self.throttle.retry_after_s(host)
+        if wait_s:
+            retry = (b"retry-after", str(wait_s).encode())
+            await _refuse(send, 429, b"too many failed logins: try again later\n", retry)
+            return False
+        authorization = headers.get("authorization", "")
+        if self.auth.allows(authorization):
+            return True
+        if authorization:  # a browser's first request carries none: no guess, no count
+            self.throttle.failed(host)
+        realm = (b"www-authenticate", b'Basic realm="scheduler dashboard"')
+        await _refuse(send, 401, b"authentication required\n", realm)
+        return False
