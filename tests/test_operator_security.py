@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -276,6 +277,11 @@ def test_clean_and_redact_units() -> None:
     assert clean("tb\n  at\tx\r\n", keep_newlines=True) == "tb\n  at\tx\\x0d\n"
     assert clean("byte \udcff") == "byte \\xff"  # surrogateescape: the original byte
     assert clean("ok é ü 漢字 [x]") == "ok é ü 漢字 [x]"
+    # Invisible format characters: "job\u200b1" must not print as "job1".
+    assert clean("job\u200b1\ufeff\xad") == "job\\u200b1\\ufeff\\xad"
+    assert clean("a\U000e0041b") == "a\\U000e0041b"  # a tag character (hidden text)
+    every_cf = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"]
+    assert [c for c in every_cf if clean(c) == c] == []
     assert redact("at rediss://app:pa@ss@h:6380/0 x") == "at rediss://app:***@h:6380/0 x"
     assert redact("unix://:pw@/run/redis.sock") == "unix://:***@/run/redis.sock"
     assert redact("redis://h:6379/0?password=pw&db=1") == "redis://h:6379/0?password=***&db=1"

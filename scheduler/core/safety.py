@@ -11,8 +11,15 @@ import re
 from typing import Any
 
 # C0 and C1 controls, DEL, bidi embeddings / overrides / isolates and marks, line and paragraph
-# separators, and surrogates (undecodable bytes read with errors='surrogateescape').
-_UNSAFE = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
+# separators, surrogates (undecodable bytes read with errors='surrogateescape'), and the
+# invisible format characters (Unicode category Cf: soft hyphen, zero-width space / joiners,
+# word joiner, BOM, tag characters): no invisible character makes two ids print alike.
+_UNSAFE = (
+    "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
+    "\xad\u0600-\u0605\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200d\u2060-\u2064"
+    "\u206a-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+)
 _UNSAFE_RE = re.compile(f"[{_UNSAFE}]")
 _UNSAFE_KEEP_LINES_RE = re.compile("[\x00-\x08\x0b-\x1f" + _UNSAFE[len("\x00-\x1f") :] + "]")
 
@@ -21,7 +28,9 @@ def _visible(m: re.Match[str]) -> str:
     code = ord(m.group())
     if 0xDC80 <= code <= 0xDCFF:  # surrogateescape: the original undecodable byte
         return f"\\x{code - 0xDC00:02x}"
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def clean(text: object, *, keep_newlines: bool = False) -> str:
