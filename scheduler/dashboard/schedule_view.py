@@ -71,13 +71,12 @@ def previous_slot(s: Schedule, now_ms: int) -> int | None:
 
 
 def schedule_rows(store: Store, name: str, limit: int) -> tuple[list[dict[str, Any]], int]:
-    """(the rows of the first `limit` schedules by name, how many the queue has)."""
+    """(the rows of the first `limit` schedules by name, how many names the queue holds)."""
     q = store.queue(name)
-    found = q.list_schedules()
-    # Cut before the per-row work: the schedules set is a plain key a producer can fill.
-    schedules = found[: max(limit, 0)]
+    # Cut before reading the definitions: the schedules set is a plain key a producer can fill.
+    schedules, total = store.run(q, q.ops.first_schedules(limit))
     if not schedules:
-        return [], len(found)
+        return [], total
     now_ms = q.counts().now_ms
     prev_ids: dict[str, str] = {}
     for s in schedules:
@@ -104,4 +103,4 @@ def schedule_rows(store: Store, name: str, limit: int) -> tuple[list[dict[str, A
                 "last_error": prev.fields.get("last_error_type") if prev else None,
             }
         )
-    return rows, len(found)
+    return rows, total

@@ -225,17 +225,25 @@ class ScheduleOps(OpsBase):
 
     def list_schedules(self) -> Op[list[recurring.Schedule]]:
         """Every readable schedule, sorted by name (a key of another type is left out)."""
+        found, _ = yield from self.first_schedules(None)
+        return found
+
+    def first_schedules(self, limit: int | None) -> Op[tuple[list[recurring.Schedule], int]]:
+        """(the readable ones of the first `limit` names in name order (None: all), how many
+        names the set holds): a page reads `limit` definitions, not every one a producer set."""
         (names,) = yield Commands([("SMEMBERS", self.keys.schedules)])
         names = sorted(codec.s(n) for n in names)
+        total = len(names)
+        names = names if limit is None else names[: max(limit, 0)]
         if not names:
-            return []
+            return [], total
         raws = yield from _read_each([[("HGETALL", self.keys.schedule(n))] for n in names])
         out = []
         for n, raw in zip(names, raws, strict=True):
             sch = None if raw is None else recurring.parse_schedule(n, _fields(raw[0]))
             if sch is not None:
                 out.append(sch)
-        return out
+        return out, total
 
     def pause_schedule(self, name: str) -> Op[str]:
         """'paused' | 'already' | 'missing'."""
