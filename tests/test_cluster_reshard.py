@@ -12,6 +12,7 @@ this module (~8 s). Times are printed (`pytest -s`), never asserted."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import threading
@@ -26,6 +27,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import TryAgainError
 
 from scheduler import AsyncQueue, JobNotFound, JobSpec, Queue
+from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core import cluster_io
 from scheduler.core.connection import connect, connect_async
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
@@ -246,6 +248,70 @@ def test_a_queue_survives_a_live_reshard_of_its_slot(
         producer.stop.set()
         log.removeHandler(warned)
         _drop(rc, q)
+
+
+def test_a_partitioned_worker_does_not_wait_out_a_moving_partitions_resends(
+    rc: Any, cluster_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker over two partitions while one's slot is split: its claims there are refused
+    (TRYAGAIN) and fail at once, without the driver's ~0.5 s of re-sends the other partition's
+    claims would wait behind; the other is drained meanwhile, the moved one after the move."""
+    RUNS.clear()
+    pq = PartitionedQueue.create(rc, queue_name, partitions=2)
+    moving, other = pq.parts
+    moving.enqueue("rs-record", None, job_id="m0")
+    drained = set(other.enqueue_many([JobSpec("rs-record", None) for _ in range(20)]))
+    move = SlotMove(rc, moving.keys.prefix)
+    move.split()
+    move.migrate(batch=1, most=1)  # some keys on each node: TRYAGAIN from the source
+    claim_pauses: list[int] = []
+
+    async def apause() -> None:  # a re-send's pause, counted when a claim call waits it out
+        if any(f.function == "claim" for f in inspect.stack()):
+            claim_pauses.append(1)
+        await asyncio.sleep(cluster_io._PAUSE_S)
+
+    monkeypatch.setattr(cluster_io, "_wait_async", apause)
+    log = logging.getLogger(f"test-reshard-{queue_name}")
+    warned = _Warnings()
+    log.addHandler(warned)
+
+    async def main() -> None:
+        client = connect_async(cluster_url)
+        settings = WorkerSettings(queues=(moving.name, other.name), concurrency=8, grace_s=1)
+        w = Worker(client, registry, settings, logger=log)
+        run = asyncio.create_task(w.run(install_signals=False))
+        try:
+            await asyncio.to_thread(
+                wait_for, lambda: drained <= {r[0] for r in RUNS} or run.done(), 20,
+                "the other partition drained",
+            )  # fmt: skip
+            await asyncio.sleep(1.5)  # a few more refused claims (the skip grows to 1 s)
+            assert "m0" not in {r[0] for r in RUNS}
+            await asyncio.to_thread(move.migrate, 100)
+            await asyncio.to_thread(move.finish)
+            await asyncio.to_thread(wait_for, lambda: "m0" in {r[0] for r in RUNS}, 20, "m0")
+        finally:
+            w.request_stop()
+            code = await asyncio.wait_for(run, 20)
+            await client.aclose()
+        assert code == EXIT_OK
+
+    try:
+        asyncio.run(main())
+        claims = "redis error during claim: TryAgainError"
+        refused = sum(n for text, n in warned.seen.items() if text.startswith(claims))
+        assert refused >= 2, dict(warned.seen)
+        assert claim_pauses == [], f"{len(claim_pauses)} claim re-send pauses"
+        assert {other.status(j) for j in drained} == {moving.status("m0")} == {"done"}
+    finally:
+        log.removeHandler(warned)
+        if move.count(move.src):
+            move.migrate(batch=100)
+            move.finish()
+        for part in pq.parts:
+            _drop(rc, part)
+        rc.delete(f"sched:{{{queue_name}}}:partitions")
 
 
 # -- cluster_io sends a TRYAGAIN-refused call again (the pause is the test's hook) -----------

@@ -12,9 +12,10 @@ redirected write is sent again after it. TRYAGAIN (the slot is being migrated: a
 declared prefix key never exists, so every script call of the queue is refused whole until
 CLUSTER SETSLOT NODE ends the move) did not run either: sent again to the same node, ASKING as
 before, every _PAUSE_S for at most _TRYAGAIN_ROUNDS pauses (about 0.5 s, as redis-py's own
-RedisCluster retries it), then handed back as the reply (TryAgainError). Never when a later
-command of the same slot in the batch ran (the importing node took over between the two): the
-re-send would run after it, out of order. A dropped connection propagates (as on one server:
+RedisCluster retries it; the context variable TRYAGAIN_ROUNDS sets another bound for one
+task's calls), then handed back as the reply (TryAgainError). Never when a later command of the
+same slot in the batch ran (the importing node took over between the two): the re-send would
+run after it, out of order. A dropped connection propagates (as on one server:
 the caller decides whether to retry) and marks the topology stale, so the next batch re-reads
 it first instead of going to a dead primary again.
 
@@ -32,6 +33,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Generator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from redis.asyncio.cluster import PipelineCommand
@@ -45,6 +47,10 @@ _REDIRECTS = 5
 # back (a 10,000-key slot moves in ~0.4 s at redis-cli's 10 keys per MIGRATE: docs/cluster.md).
 _PAUSE_S = 0.05
 _TRYAGAIN_ROUNDS = 10
+# The pauses of the calls made in this context (a task): a worker claiming from several
+# partitions sets 0, so a claim on the one being moved fails at once and the others' claims
+# do not wait behind its re-sends (worker/claiming.py).
+TRYAGAIN_ROUNDS: ContextVar[int] = ContextVar("TRYAGAIN_ROUNDS", default=_TRYAGAIN_ROUNDS)
 # Cluster clients whose topology must be re-read before their next batch (by id: the asyncio
 # RedisCluster has __slots__, no attribute of ours fits on it).
 _STALE: set[int] = set()
@@ -228,7 +234,7 @@ async def _batch_async(rc: Any, batch: Any) -> list[Any]:
 
 
 def _bound(pause: bool) -> int:
-    return _TRYAGAIN_ROUNDS if pause else _REDIRECTS
+    return TRYAGAIN_ROUNDS.get() if pause else _REDIRECTS
 
 
 def _wait_sync() -> None:

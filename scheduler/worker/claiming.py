@@ -12,7 +12,7 @@ import time
 
 from scheduler.core import codec
 from scheduler.core.models import ClaimBatch
-from scheduler.worker.core import _Deadline, _or_timeout, _Queue, _within
+from scheduler.worker.core import _Deadline, _Queue, _within
 from scheduler.worker.dispatch import Dispatch
 from scheduler.worker.execution import RetryDelay, Running, classify
 from scheduler.worker.registry import JobContext
@@ -77,7 +77,7 @@ class Claiming(Dispatch):
                 call = q.aq.claim(self.id, limit=limit, lease_ms=s.lease_ms,
                                   reap_limit=s.reap_limit, nonce=nonce)  # fmt: skip
                 try:
-                    batch = await _or_timeout(call, self._claim_wait_s)  # core.py: a hung node
+                    batch = await self._claim_call(call)
                 except Exception as exc:
                     # The nonce stays: a call whose answer was lost is replayed, not claimed
                     # twice. Several queues: this one (its cluster node down, say) sits out a

@@ -16,6 +16,7 @@ from redis.exceptions import OutOfMemoryError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.client.aio import AsyncQueue
+from scheduler.core import cluster_io
 from scheduler.core.connection import is_cluster
 from scheduler.core.errors import CorruptKey
 from scheduler.core.keys import QueueKeys
@@ -163,11 +164,26 @@ class WorkerCore:
         # error: 20 s and more with redis-py's retries) must not hold up the others' claims.
         # Its lost answer is replayed by its nonce, as after any failed claim.
         self._claim_wait_s = _CLAIM_WAIT_S if is_cluster(client) and len(self.queues) > 1 else None
+        # There too, a claim refused while its partition's slot moves (TRYAGAIN) fails at once
+        # and that partition sits out its skip: the others' claims do not wait out its ~0.5 s
+        # of re-sends (cluster_io; docs/cluster.md). None: the driver's default.
+        self._claim_resends = None if self._claim_wait_s is None else 0
         # Queues _due_soon named since their claim now in flight was sent: that claim's answer
         # (it ran before the retry) must not set a skip.
         self._due_again: set[str] = set()
         self.metrics.in_flight.set_function(lambda: len(self.running))
         self.metrics.abandoned_threads.set_function(lambda: len(self._abandoned))
+
+    async def _claim_call(self, call: Any) -> Any:
+        """Await one claim call with this worker's wait and TRYAGAIN re-sends (set for this
+        call only: the handlers the claim loop starts keep the driver's default)."""
+        if self._claim_resends is None:
+            return await _or_timeout(call, self._claim_wait_s)
+        resending = cluster_io.TRYAGAIN_ROUNDS.set(self._claim_resends)
+        try:
+            return await _or_timeout(call, self._claim_wait_s)
+        finally:
+            cluster_io.TRYAGAIN_ROUNDS.reset(resending)
 
     def _due_soon(self, queue: str) -> None:
         """A job of `queue` is due again without a wake-up token (fail.lua's retry pushes
