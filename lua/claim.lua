@@ -9,7 +9,8 @@
   ARGV[5] reap_limit     lapsed leases handled per call at most
   Returns: {now_ms, next_ms, n, then 10 fields per job: id, token, attempts, max_attempts, task,
     payload, run_at_ms, backoff ('base_ms,factor,cap_ms,jitter' or ''), timeout_ms, schedule}. next_ms is the earliest time something may become claimable
-    (head of due or of leased), or -1 when both are empty. After the jobs, one more number:
+    (head of due or of leased), or -1 when both are empty. While the queue is paused
+    (queue_pause.lua: config's paused_ms) it leases nothing and next_ms is the leased head's. After the jobs, one more number:
     how many schedules wait for a cron-buffer refill (advisory: read now, also in a replay);
     then, when this call leased a suspect (below), its id.
     Claiming a schedule's pending occurrence inserts the next one in this same call, or drops
@@ -248,6 +249,11 @@ for i = 1, #lapsed, 2 do
 end
 bump_stat(prefix, now, 'expired', #lapsed / 2)
 
+-- A paused queue (queue_pause.lua) leases nothing; the reaper above still runs. A config key
+-- of another type (edited by hand) is no pause: doctor reports the key.
+local paused = redis.pcall('HEXISTS', prefix .. 'config', 'paused_ms') == 1
+if paused then limit = 0 end
+
 -- 2. Lease due jobs in flow order (lib/flow.lua flow_fill): aged first, then by priority, oldest
 --    run_at first; a job whose key or rate window is full is set aside, still due. With no flow
 --    in use this is the plain FIFO scan.
@@ -405,7 +411,7 @@ local next_ms = -1
 -- The due head, past the suspects this worker may not take: they are no reason for it to come
 -- back before its own suspect's lease ends (the leased head below bounds that wait), else an
 -- idle worker would claim in a loop. Among the first #skipped + 1 the first other one is it.
-local dh = redis.call('ZRANGE', due, 0, #skipped, 'WITHSCORES')
+local dh = paused and {} or redis.call('ZRANGE', due, 0, #skipped, 'WITHSCORES')
 if #skipped > 0 and n == 0 then
   -- Nothing this worker may take within the scan's budget (suspects all of it, e.g. after a
   -- fleet crashed twice): the due head is no reason to come back, its own lease end (or a
@@ -435,7 +441,7 @@ if limit > 0 and n == limit and next_ms ~= -1 and next_ms <= now + 30000 then wa
 local lh = redis.call('ZRANGE', leased, 0, 0, 'WITHSCORES')
 if lh[2] and (next_ms == -1 or score_ms(lh[2]) < next_ms) then next_ms = score_ms(lh[2]) end
 -- A rate-limited job's next slot: the worker sleeps until then instead of polling.
-local slot = flow_next_slot(prefix)
+local slot = not paused and flow_next_slot(prefix)
 if slot and (next_ms == -1 or slot < next_ms) then next_ms = slot end
 
 if n > 0 then

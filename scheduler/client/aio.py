@@ -494,6 +494,21 @@ class AsyncQueue:
             BadArgument: a value out of range; nothing was changed."""
         await self._run(self.ops.set_dead_retention(max_age_ms, max_count))
 
+    # The whole queue -------------------------------------------------------------------------
+    async def pause(self) -> str:
+        """Queue.pause for asyncio: no worker claims this queue's jobs until `resume()`.
+
+        Returns:
+            `'paused'` | `'already'` (it was paused: nothing changed)."""
+        return await self._run(self.ops.pause())
+
+    async def resume(self) -> str:
+        """Queue.resume for asyncio: claims lease again, idle workers are woken at once.
+
+        Returns:
+            `'resumed'` | `'active'` (it was not paused: nothing changed)."""
+        return await self._run(self.ops.resume())
+
     # Recurring schedules (scheduler/schedules/recurring.py) ---------------------------------
     async def schedule(
         self,

@@ -27,8 +27,10 @@ from scheduler.client.partitioned_merge import (
     merge_counts,
     merge_dead,
     merge_scored,
+    pause_word,
     place,
     read_layout,
+    resume_word,
 )
 from scheduler.client.queue import Queue
 from scheduler.core.connection import connect
@@ -241,6 +243,15 @@ class PartitionedQueue:
 
     def list_schedules(self) -> list[Schedule]:
         return sorted((s for p in self.parts for s in p.list_schedules()), key=lambda s: s.name)
+
+    # -- the whole queue: every partition ----------------------------------------------------
+    def pause(self) -> str:
+        """Queue.pause on every partition: 'paused' when any was not yet, else 'already'."""
+        return pause_word(self._run_many([(p, p.ops.pause()) for p in self.parts]))
+
+    def resume(self) -> str:
+        """Queue.resume on every partition: 'resumed' when any was paused, else 'active'."""
+        return resume_word(self._run_many([(p, p.ops.resume()) for p in self.parts]))
 
 
 def open_queue(

@@ -18,8 +18,10 @@ from scheduler.client.partitioned_merge import (
     merge_counts,
     merge_dead,
     merge_scored,
+    pause_word,
     place,
     read_layout_async,
+    resume_word,
 )
 from scheduler.core.connection import connect_async
 from scheduler.core.keys import QueueKeys
@@ -188,6 +190,14 @@ class AsyncPartitionedQueue:
     async def list_schedules(self) -> list[Schedule]:
         found = [s for p in self.parts for s in await p.list_schedules()]
         return sorted(found, key=lambda s: s.name)
+
+    async def pause(self) -> str:
+        """PartitionedQueue.pause for asyncio."""
+        return pause_word(await self._run_many([(p, p.ops.pause()) for p in self.parts]))
+
+    async def resume(self) -> str:
+        """PartitionedQueue.resume for asyncio."""
+        return resume_word(await self._run_many([(p, p.ops.resume()) for p in self.parts]))
 
 
 async def open_queue_async(

@@ -61,8 +61,11 @@ async def expand_labelled_async(
 
 
 def merge_counts(each: Sequence[QueueCounts]) -> QueueCounts:
-    """The partitions' counts as one queue's: sums, the latest clock, the oldest due time."""
+    """The partitions' counts as one queue's: sums, the latest clock, the oldest due time;
+    paused since the earliest pause when any partition is (a pause cut short part-way shows,
+    and pausing again completes it)."""
     oldest = [c.oldest_due_ms for c in each if c.oldest_due_ms is not None]
+    paused = [c.paused_ms for c in each if c.paused_ms is not None]
     return QueueCounts(
         now_ms=max(c.now_ms for c in each),
         due=sum(c.due for c in each),
@@ -74,7 +77,18 @@ def merge_counts(each: Sequence[QueueCounts]) -> QueueCounts:
         held_key_limit=sum(c.held_key_limit for c in each),
         held_rate_window=sum(c.held_rate_window for c in each),
         held_waiting=sum(c.held_waiting for c in each),
+        paused_ms=min(paused) if paused else None,
     )
+
+
+def pause_word(each: Sequence[str]) -> str:
+    """The partitions' queue_pause replies as one queue's."""
+    return "paused" if "paused" in each else "already"
+
+
+def resume_word(each: Sequence[str]) -> str:
+    """The partitions' queue_resume replies as one queue's."""
+    return "resumed" if "resumed" in each else "active"
 
 
 def merge_dead(per: Sequence[Sequence[tuple[float, str]]]) -> list[str]:

@@ -488,6 +488,25 @@ class Queue:
             BadArgument: a value out of range; nothing was changed."""
         self._run(self.ops.set_dead_retention(max_age_ms, max_count))
 
+    # The whole queue -------------------------------------------------------------------------
+    def pause(self) -> str:
+        """Pause the queue: from now on no worker claims any of its jobs until `resume()`.
+
+        Jobs are still accepted (and wait, due, as if no worker ran); jobs already claimed run
+        on and are completed, failed and extended as usual; a lapsed lease still makes its job
+        due again (and parks it when its attempts are used up). `counts().paused` says it.
+
+        Returns:
+            `'paused'` | `'already'` (it was paused: nothing changed)."""
+        return self._run(self.ops.pause())
+
+    def resume(self) -> str:
+        """End a `pause()`: claims lease again, and idle workers are woken at once.
+
+        Returns:
+            `'resumed'` | `'active'` (it was not paused: nothing changed)."""
+        return self._run(self.ops.resume())
+
     # Recurring schedules (scheduler/schedules/recurring.py) ---------------------------------
     def schedule(
         self,

@@ -78,7 +78,7 @@ class QueueKeys:
 
     @property
     def config(self) -> str:
-        """Per-queue settings (HASH): the opt-in dead-letter retention."""
+        """Per-queue settings (HASH): the opt-in dead-letter retention, paused_ms (a pause)."""
         return self.prefix + "config"
 
     def job(self, job_id: str) -> str:

@@ -130,6 +130,8 @@ class QueueCounts:
         oldest_due_ms: the run time of the oldest due job; None when none is due.
         lapsed: leases past their end, not yet reaped.
         held_key_limit, held_rate_window, held_waiting: of `due`, set aside by flow control.
+        paused_ms: when the queue was paused (`Queue.pause`; 0: a stored value that is no
+            time); None while it is not: a paused queue's claims lease nothing.
     """
 
     now_ms: int
@@ -142,6 +144,7 @@ class QueueCounts:
     held_key_limit: int = 0
     held_rate_window: int = 0
     held_waiting: int = 0
+    paused_ms: int | None = None
 
     @property
     def held(self) -> dict[str, int]:
@@ -151,6 +154,11 @@ class QueueCounts:
             "rate_window": self.held_rate_window,
             "waiting": self.held_waiting,
         }
+
+    @property
+    def paused(self) -> bool:
+        """The queue is paused: nothing is claimed until `Queue.resume`."""
+        return self.paused_ms is not None
 
     @property
     def oldest_overdue_ms(self) -> int:

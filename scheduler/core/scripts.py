@@ -45,6 +45,8 @@ TRANSITIONS = (
     "repair",  # doctor --fix's entry to lib/job.lua's moves (lua/repair.lua)
     "dead_migrate",  # one bounded step of converting an old dead LIST (lib/job.lua)
     "dead_retention",  # the opt-in dead-letter retention settings
+    "queue_pause",
+    "queue_resume",
 )
 _INCLUDE = re.compile(r'^-- @include "([^"]+)"\s*$', re.MULTILINE)
 

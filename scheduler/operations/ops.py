@@ -6,6 +6,7 @@
 - inspecting.py: get_job, status, list, counts, cancel
 - dead_letters.py: dead_ids, requeue_dead, purge_dead
 - schedules.py: recurring schedules (define, pause, resume, remove, refill)
+- pausing.py: pause and resume the whole queue
 
 Every operation is written once, as a generator that yields Redis requests and returns the
 parsed result ("sans-I/O"): Queue, AsyncQueue and the worker only drive them."""
@@ -15,6 +16,7 @@ from __future__ import annotations
 from scheduler.operations.dead_letters import DeadLetterOps
 from scheduler.operations.inspecting import InspectingOps
 from scheduler.operations.leasing import LeasingOps
+from scheduler.operations.pausing import PausingOps
 from scheduler.operations.producing import ProducingOps
 from scheduler.operations.requests import (
     Commands,
@@ -29,5 +31,5 @@ from scheduler.operations.schedules import ScheduleOps
 __all__ = ["Commands", "Op", "Ops", "Request", "Script", "ScriptPipeline", "Settings"]
 
 
-class Ops(ProducingOps, LeasingOps, InspectingOps, DeadLetterOps, ScheduleOps):
+class Ops(ProducingOps, LeasingOps, InspectingOps, DeadLetterOps, ScheduleOps, PausingOps):
     """The operations of one queue. Holds no connection: see Queue and AsyncQueue."""

@@ -1,0 +1,16 @@
+--[[ queue_pause: stop the queue's claims until queue_resume. Every claim leases nothing while
+  the queue's `config` hash holds `paused_ms` (the server time it was paused); enqueues are
+  still accepted, leases already held run, heartbeat and settle as usual, and claims still reap
+  lapsed leases (a lapsed job waits in due like the rest).
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): config
+  Returns: 'paused' | 'already' (it was: paused_ms kept, nothing written)
+  Errors:  CORRUPT config is not a hash (edited by hand; nothing written) ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+
+local cfg = KEYS[1] .. 'config'
+local set = redis.pcall('HSETNX', cfg, 'paused_ms', fmt(now_ms()))
+if type(set) == 'table' and set.err then return corrupt_err('config', 'hash') end
+if set == 0 then return 'already' end
+return 'paused'

@@ -1,0 +1,123 @@
+"""Pausing a whole queue (lua/queue_pause.lua, lua/queue_resume.lua, claim.lua's check), on a
+real Redis: a paused queue's claims lease nothing, while enqueues are accepted, held leases
+settle and lapsed leases are still reaped; resume wakes idle workers; a hand-edited config is
+refused with a typed error and changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from scheduler import AsyncQueue, JobSpec, Queue
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.core.connection import connect_async
+from scheduler.core.errors import CorruptKey
+from tests.conftest import delete_queue
+from tests.workers.procs import spawn_worker, stop_all, wait_for
+
+
+def test_a_paused_queue_leases_nothing_until_resumed(q: Queue) -> None:
+    ids = q.enqueue_many([JobSpec("echo", {"i": i}) for i in range(3)])
+    assert q.counts().paused is False
+    assert q.pause() == "paused"
+    before = q.counts()
+    assert q.pause() == "already"
+    assert q.counts().paused_ms == before.paused_ms  # the first pause's time is kept
+    assert before.paused and abs(before.paused_ms - before.now_ms) < 1_000  # type: ignore[operator]
+    batch = q.claim("w1", limit=10)
+    assert batch.jobs == [] and batch.next_ms == -1  # nothing to come back for
+    later = q.enqueue("echo", {"i": 3})  # still accepted, and waits
+    assert {q.status(j) for j in [*ids, later]} == {"due"}
+    assert q.resume() == "resumed"
+    assert q.resume() == "active"
+    assert q.counts().paused is False
+    assert sorted(j.id for j in q.claim("w1", limit=10).jobs) == sorted([*ids, later])
+
+
+def test_held_leases_settle_and_lapsed_ones_are_reaped_while_paused(q: Queue) -> None:
+    a, b = q.enqueue("echo", None), q.enqueue("echo", None, max_attempts=1)
+    c = q.enqueue("echo", None)
+    held = {j.id: j for j in q.claim("w1", limit=3, lease_ms=200).jobs}
+    assert set(held) == {a, b, c}
+    q.pause()
+    _, beat = q.heartbeat([(c, held[c].token)], lease_ms=60_000)
+    assert beat == {c: "held"}
+    q.complete(c, held[c].token, "ok")  # a job already running finishes as usual
+    time.sleep(0.3)  # a's and b's leases lapse
+    batch = q.claim("w2", limit=10)
+    assert batch.jobs == []
+    assert q.status(c) == "done"
+    assert q.status(a) == "due" and q.get_job(a).fields["lapses"] == "1"  # reaped, not leased
+    assert q.status(b) == "dead"  # its only attempt was used up
+    q.resume()
+    assert [j.id for j in q.claim("w2", limit=10).jobs] == [a]
+
+
+def test_a_hand_edited_config_is_refused_whole(client: redis.Redis, q: Queue) -> None:
+    job = q.enqueue("echo", None)
+    client.set(q.keys.config, "not a hash")
+    with pytest.raises(CorruptKey):
+        q.pause()
+    with pytest.raises(CorruptKey):
+        q.resume()
+    assert client.get(q.keys.config) == "not a hash"
+    # An unreadable config is no pause (doctor reports the key): the queue keeps running.
+    assert q.counts().paused is False
+    assert [j.id for j in q.claim("w1").jobs] == [job]
+    client.delete(q.keys.config)
+    client.hset(q.keys.config, "paused_ms", "soon")  # a value that is no time still pauses
+    assert q.counts().paused_ms == 0
+    q.enqueue("echo", None, job_id="j2")
+    assert q.claim("w1").jobs == []
+    assert q.resume() == "resumed"
+
+
+def test_a_worker_idles_on_a_paused_queue_and_resume_wakes_it(redis_url: str, q: Queue) -> None:
+    q.pause()
+    ids = q.enqueue_many([JobSpec("echo", {"i": i}) for i in range(20)])
+    w = spawn_worker(redis_url, q.name)
+    try:
+        wait_for(lambda: q.client.exists(q.keys.workers) == 1, what="the worker up")
+        time.sleep(1.0)  # it claims (and is answered nothing) meanwhile
+        assert {q.status(j) for j in ids} == {"due"}, "a paused queue's job ran"
+        assert q.resume() == "resumed"
+        # Woken by the resume (its idle safety net is 30 s): well within the wait below.
+        wait_for(lambda: {q.status(j) for j in ids} == {"done"}, 15, "all done after resume")
+    finally:
+        stop_all([w])
+
+
+def test_async_and_partitioned_queues_pause_every_part(
+    client: redis.Redis, redis_url: str, queue_name: str
+) -> None:
+    pq = PartitionedQueue.create(client, queue_name, partitions=3)
+    try:
+        pq.parts[1].pause()  # a pause cut short part-way shows, and pausing again completes it
+        assert pq.counts().paused_ms == pq.parts[1].counts().paused_ms is not None
+        assert pq.pause() == "paused"
+        assert [p.counts().paused for p in pq.parts] == [True, True, True]
+        assert pq.pause() == "already"
+        pq.enqueue_many([JobSpec("echo", None) for _ in range(6)])
+        assert all(p.claim("w1").jobs == [] for p in pq.parts)
+
+        async def main() -> tuple[str, str, bool]:
+            aclient = connect_async(redis_url)
+            try:
+                aq = AsyncQueue(aclient, pq.parts[0].name)
+                first = await aq.resume()
+                again = await aq.resume()
+                return first, again, (await aq.counts()).paused
+            finally:
+                await aclient.aclose()
+
+        assert asyncio.run(main()) == ("resumed", "active", False)
+        assert pq.counts().paused  # the other two still are
+        assert pq.resume() == "resumed" and pq.resume() == "active"
+        assert sum(len(p.claim("w1").jobs) for p in pq.parts) == 6
+    finally:
+        for p in pq.parts:
+            delete_queue(client, p)
+        client.delete(f"sched:{{{queue_name}}}:partitions")
