@@ -6,12 +6,16 @@ refused with a typed error and changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from pathlib import Path
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from scheduler import AsyncQueue, JobSpec, Queue
+from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import connect_async
 from scheduler.core.errors import CorruptKey
@@ -75,14 +79,19 @@ def test_a_hand_edited_config_is_refused_whole(client: redis.Redis, q: Queue) ->
     assert q.resume() == "resumed"
 
 
-def test_a_worker_idles_on_a_paused_queue_and_resume_wakes_it(redis_url: str, q: Queue) -> None:
+def test_a_worker_idles_on_a_paused_queue_and_resume_wakes_it(
+    redis_url: str, q: Queue, tmp_path: Path
+) -> None:
     q.pause()
     ids = q.enqueue_many([JobSpec("echo", {"i": i}) for i in range(20)])
-    w = spawn_worker(redis_url, q.name)
+    log = tmp_path / "worker.log"
+    w = spawn_worker(redis_url, q.name, log=str(log))
     try:
         wait_for(lambda: q.client.exists(q.keys.workers) == 1, what="the worker up")
         time.sleep(1.0)  # it claims (and is answered nothing) meanwhile
         assert {q.status(j) for j in ids} == {"due"}, "a paused queue's job ran"
+        said = [json.loads(line) for line in log.read_text().splitlines() if "paused" in line]
+        assert [(m["level"], m["msg"].endswith(q.name)) for m in said] == [("warning", True)]
         assert q.resume() == "resumed"
         # Woken by the resume (its idle safety net is 30 s): well within the wait below.
         wait_for(lambda: {q.status(j) for j in ids} == {"done"}, 15, "all done after resume")
@@ -121,3 +130,27 @@ def test_async_and_partitioned_queues_pause_every_part(
         for p in pq.parts:
             delete_queue(client, p)
         client.delete(f"sched:{{{queue_name}}}:partitions")
+
+
+def test_the_cli_pauses_and_resumes_and_stats_says_so(redis_url: str, q: Queue) -> None:
+    q.enqueue("echo", None)
+    run = CliRunner().invoke
+    base = ["--url", redis_url, "-q", q.name]
+    r = run(main, ["pause", *base])
+    assert (r.exit_code, r.output) == (0, f"{q.name}: paused\n")
+    r = run(main, ["pause", *base, "--json"])
+    assert (r.exit_code, json.loads(r.output)) == (0, {"queue": q.name, "status": "already"})
+    r = run(main, ["stats", *base])
+    assert r.exit_code == 0 and f"{q.name} (paused)" in r.output
+    row = json.loads(run(main, ["stats", *base, "--json"]).output)["queues"][0]
+    assert row["paused_ms"] == q.counts().paused_ms is not None
+    assert q.claim("w1").jobs == []
+    r = run(main, ["resume", *base])
+    assert (r.exit_code, r.output) == (0, f"{q.name}: resumed\n")
+    assert run(main, ["resume", *base]).output == f"{q.name}: active\n"
+    assert (
+        json.loads(run(main, ["stats", *base, "--json"]).output)["queues"][0]["paused_ms"] is None
+    )
+    r = run(main, ["pause", "--url", redis_url, "-q", q.name + "-typo"])
+    assert r.exit_code == 1 and "no queue named" in r.output
+    assert len(q.claim("w1").jobs) == 1

@@ -1,5 +1,5 @@
 """Operator commands: `stats`, `workers`; registers the other admin modules too (`keys`,
-`jobs` and `enqueue`, `dead`, `doctor`)."""
+`jobs` and `enqueue`, `dead`, `doctor`, `pause` and `resume`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from rich.table import Table
 
 from scheduler.admin.inspection import WINDOWS_MIN, live_workers, logical_queues, server_now_ms
 from scheduler.admin.startup import is_permission_error
-from scheduler.cli import dead, doctor, jobs
+from scheduler.cli import dead, doctor, jobs, pausing
 from scheduler.cli.common import (
     EXIT_CODES_HELP,
     EXIT_FAILED,
@@ -54,6 +54,7 @@ def register(main: click.Group) -> None:
     jobs.register(main)
     dead.register(main)
     doctor.register(main)
+    pausing.register(main)
     if EXIT_CODES_HELP not in (main.epilog or ""):
         main.epilog = f"{main.epilog}\n\n{EXIT_CODES_HELP}" if main.epilog else EXIT_CODES_HELP
 
@@ -86,6 +87,7 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
         "windows": {w: _sum([ws[w] for ws in windows]) for w in windows[0]},
         # Due but set aside by flow control (docs/flow-control.md): by key limit / rate window.
         "held": counts.held,
+        "paused_ms": counts.paused_ms,  # None: not paused (Queue.pause, `scheduler pause`)
     }
 
 
@@ -125,6 +127,7 @@ def _stats_table(rows: list[dict[str, Any]]) -> Group:
             continue
         leased = f"{r['leased']}" + (f" ({r['lapsed']} lapsed)" if r["lapsed"] else "")
         parts = f" ({r['partitions']} partitions)" if r.get("partitions") else ""
+        parts += " (paused)" if r.get("paused_ms") is not None else ""
         t.add_row(
             cell(r["queue"] + parts),
             str(r["due"])

@@ -11,7 +11,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from scheduler.core.connection import is_cluster
+from scheduler.core.errors import SchedulerError
 from scheduler.worker.claiming import Claiming
 from scheduler.worker.core import _Deadline, _Fatal, _within
 from scheduler.worker.failures import error_text
@@ -33,6 +36,21 @@ class Worker(Claiming, Heartbeats):
         await self.client.ping()
         for _, text in self._pipe.scripts.preload_commands():
             await self.client.script_load(text)
+        await self._warn_paused()
+
+    async def _warn_paused(self) -> None:
+        """Say at start which queues are paused (Queue.pause): else a worker that claims
+        nothing looks broken. Best effort: a queue that cannot be read is the claims' to say."""
+        paused = []
+        for q in self.queues:
+            with contextlib.suppress(RedisError, SchedulerError):
+                if (await q.aq.counts()).paused:
+                    paused.append(q.name)
+        if paused:
+            self.log.warning(
+                "paused, so nothing is claimed from it until resumed (`scheduler resume -q`): %s",
+                ", ".join(paused),
+            )
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
