@@ -6,6 +6,7 @@ refused with a typed error and changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -16,9 +17,11 @@ from click.testing import CliRunner
 
 from scheduler import AsyncQueue, JobSpec, Queue
 from scheduler.cli.main import main
+from scheduler.cli.worker_pool_metrics import QUEUE_LEVEL
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import connect_async
 from scheduler.core.errors import CorruptKey
+from scheduler.worker.metrics import WorkerMetrics
 from tests.conftest import delete_queue
 from tests.workers.procs import spawn_worker, stop_all, wait_for
 
@@ -154,3 +157,19 @@ def test_the_cli_pauses_and_resumes_and_stats_says_so(redis_url: str, q: Queue) 
     r = run(main, ["pause", "--url", redis_url, "-q", q.name + "-typo"])
     assert r.exit_code == 1 and "no queue named" in r.output
     assert len(q.claim("w1").jobs) == 1
+
+
+def test_the_worker_metrics_export_the_pause(q: Queue) -> None:
+    m = WorkerMetrics()
+    paused = {"queue": q.name}
+    m.set_depth(q.name, q.counts())
+    assert m.registry.get_sample_value("scheduler_queue_paused", paused) == 0.0
+    q.pause()
+    m.set_depth(q.name, q.counts())
+    assert m.registry.get_sample_value("scheduler_queue_paused", paused) == 1.0
+    # A partitioned queue is one series: paused while any partition is.
+    m.logical = {"jobs.p0": "jobs", "jobs.p1": "jobs"}
+    m.set_depth("jobs.p0", q.counts())
+    m.set_depth("jobs.p1", dataclasses.replace(q.counts(), paused_ms=None))
+    assert m.registry.get_sample_value("scheduler_queue_paused", {"queue": "jobs"}) == 1.0
+    assert "scheduler_queue_paused" in QUEUE_LEVEL  # served once by a pool, not per process

@@ -25,7 +25,9 @@ LABEL = "process"
 # Gauges of the queue itself, which every process reads from Redis (the same numbers): served
 # once, from the lowest slot that has them and without a `process` label, so a sum over the
 # endpoint is the queue's depth, not N times it (scheduler/worker/metrics.py).
-QUEUE_LEVEL = frozenset(("scheduler_queue_jobs", "scheduler_queue_held_jobs"))
+QUEUE_LEVEL = frozenset(
+    ("scheduler_queue_jobs", "scheduler_queue_held_jobs", "scheduler_queue_paused")
+)
 
 log = logging.getLogger(LOGGER)
 

@@ -119,6 +119,13 @@ class WorkerMetrics:
             ["queue", "reason"],
             registry=r,
         )
+        self.paused = Gauge(
+            "scheduler_queue_paused",
+            "1 while the queue is paused (Queue.pause, scheduler pause): none of its jobs is "
+            "claimed; a partitioned queue: while any partition is",
+            ["queue"],
+            registry=r,
+        )
         self.redis_errors = Counter(
             "scheduler_redis_errors", "Redis calls that failed and were retried", registry=r
         )
@@ -178,6 +185,7 @@ class WorkerMetrics:
         self.depth.labels(queue, "oldest_overdue_ms").set(counts.oldest_overdue_ms)
         for reason, n in counts.held.items():
             self.held.labels(queue, reason).set(n)
+        self.paused.labels(queue).set(1 if counts.paused else 0)
 
     def serve(self, port: int, addr: str = METRICS_ADDR) -> int:
         """Serve /metrics in a daemon thread; returns the bound port (0 picks a free one)."""
