@@ -105,6 +105,7 @@ class Fuzz:
         self.first_slots: dict[str, int] = {}  # schedule -> last first-claimed slot
         self.starts: dict[str, list[int]] = {k: [] for k in RATES}
         self.retention = False
+        self.paused = False  # the whole queue (Queue.pause)
         self.trimmed_total = 0
         self.n = 0
         self.log: list[str] = []
@@ -263,6 +264,8 @@ class Fuzz:
             self.fail_(f"claim's now {batch.now_ms} is not the test clock {self.now}")
         if len(batch.jobs) > limit:
             self.fail_("claim returned more than its limit")
+        if self.paused and batch.jobs:
+            self.fail_("a paused queue's claim leased jobs")
         if batch.unreadable:
             self.fail_(f"unreadable jobs: {batch.unreadable}")
         claimed_jobs = {
@@ -507,6 +510,21 @@ class Fuzz:
             self.schedules.pop(name, None)
             self.first_slots.pop(name, None)
 
+    def op_pause(self) -> None:
+        """Pause or resume the whole queue: a paused queue's claims lease nothing."""
+        if self.paused:
+            out = self.q.resume()
+            if out != "resumed":
+                self.fail_(f"resume of a paused queue said {out!r}")
+        else:
+            out = self.q.pause()
+            if out != "paused":
+                self.fail_(f"pause of a running queue said {out!r}")
+        self.paused = not self.paused
+        self.log.append(f"{out}")
+        if self.q.counts().paused is not self.paused:
+            self.fail_(f"counts().paused is not {self.paused} after {out}")
+
     def op_tick(self) -> None:
         ms = self.rng.choice([1, 10, 100, 300, 700, 1_500, 5_000, 40_000, 120_000])
         self.log.append(f"tick {ms}")
@@ -515,7 +533,7 @@ class Fuzz:
     OPS = (
         ("enqueue", 6), ("enqueue_many", 2), ("claim", 7), ("complete", 4), ("fail", 3),
         ("heartbeat", 2), ("release", 1), ("crash", 1), ("cancel", 2), ("requeue", 2),
-        ("purge", 1), ("retention", 1), ("schedule", 2), ("tick", 5),
+        ("purge", 1), ("retention", 1), ("schedule", 2), ("tick", 5), ("pause", 1),
     )  # fmt: skip
 
     def step(self) -> None:
@@ -721,6 +739,9 @@ class Fuzz:
 
     # -- the end ----------------------------------------------------------------------------
     def drain(self) -> None:
+        if self.paused:
+            self.q.resume()
+            self.paused = False
         self.step_kind = "schedule"
         for name in SCHEDULES:
             self.q.remove_schedule(name)
