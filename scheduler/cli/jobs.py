@@ -1,4 +1,4 @@
-"""`scheduler jobs list | show` and `scheduler enqueue`."""
+"""`scheduler jobs list | show | reschedule` and `scheduler enqueue`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from rich.table import Table
 from scheduler.admin.inspection import server_now_ms
 from scheduler.cli.common import (
     EXIT_CODES_HELP,
+    EXIT_FAILED,
     AdminGroup,
+    BadInput,
+    Duration,
     cell,
     connect,
     console,
@@ -23,6 +26,7 @@ from scheduler.cli.common import (
     id_column,
     json_option,
     markup_safe,
+    parse_at,
     queue_option,
     require_queue,
     url_option,
@@ -217,3 +221,35 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
         emit_json(data)
         return
     print_job(data, job_id, queue)
+
+
+@jobs.command("reschedule")
+@url_option
+@queue_option
+@json_option
+@click.argument("job_id", metavar="ID", callback=_job_id)
+@click.option("--now", is_flag=True, help="Run it now.")
+@click.option("--in", "in_ms", type=Duration(), help="Run after this delay: 30s, 5m, 1h30m.")
+@click.option("--at", "at_text", metavar="ISO8601", help="Run at this time: 2030-01-01T09:00Z.")
+def reschedule_job(
+    url: str, queue: str, as_json: bool, job_id: str, now: bool, in_ms: int | None,
+    at_text: str | None,
+) -> None:  # fmt: skip
+    """Move a waiting job's run time (scheduled, due, or waiting out a retry): --now, --in or
+    --at. Prints `rescheduled`, or why it did not move (exit 1): leased, done, dead,
+    cancelled, held (flow control), schedule (a schedule's run)."""
+    if sum((now, in_ms is not None, at_text is not None)) != 1:
+        raise BadInput("give one of --now, --in, --at")
+    try:
+        run_at = parse_at(at_text) if at_text is not None else None
+    except BadArgument as exc:
+        raise BadInput(str(exc)) from None
+    delay_ms = 0 if now else in_ms
+    # A partitioned queue: the id names its partition (PartitionedQueue.reschedule).
+    status = open_queue(connect(url), queue).reschedule(job_id, delay_ms=delay_ms, run_at=run_at)
+    if as_json:
+        emit_json({"queue": queue, "job": job_id, "status": status})
+    else:
+        click.echo(f"{job_id}: {status}")
+    if status != "rescheduled":
+        raise SystemExit(EXIT_FAILED)

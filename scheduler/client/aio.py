@@ -347,6 +347,29 @@ class AsyncQueue:
             `'missing'`. A re-sent call answers `'released'` again."""
         return await self._run(self.ops.release(leases))
 
+    async def reschedule(
+        self, job_id: str, *, delay_ms: int | None = None, run_at: datetime | None = None
+    ) -> str:
+        """Queue.reschedule for asyncio: move a waiting job's run time.
+
+        Args:
+            job_id: the job's id.
+            delay_ms: the new run time, this many ms from the Redis server's clock, in
+                [0, 3650 days] (0: now).
+            run_at: or an aware datetime in 1970..2200 UTC (a past one: due now). Give
+                exactly one of the two.
+
+        Returns:
+            `'rescheduled'`, or why it did not move (nothing changed): `'leased'` (running),
+            `'done'`, `'dead'`, `'cancelled'`, `'held'` (set aside by flow control: a key or
+            rate limit, or parents not done; it runs when let go), `'schedule'` (a schedule's
+            occurrence: redefine or pause the schedule instead).
+
+        Raises:
+            JobNotFound: no such job (or its record expired).
+            BadArgument: a malformed id, both or neither time given, a time out of range."""
+        return await self._run(self.ops.reschedule(job_id, delay_ms=delay_ms, run_at=run_at))
+
     async def cancel(self, job_id: str) -> str:
         """Cancel a waiting or leased job; a worker holding it is refused its result.
 

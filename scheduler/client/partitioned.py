@@ -163,6 +163,9 @@ class PartitionedQueue:
     def cancel(self, job_id: str) -> str:
         return self.part_of(job_id).cancel(job_id)
 
+    def reschedule(self, job_id: str, **when: Any) -> str:
+        return self.part_of(job_id).reschedule(job_id, **when)
+
     def complete(self, job_id: str, token: str, result: Any = None) -> None:
         self.part_of(job_id).complete(job_id, token, result)
 

@@ -129,6 +129,9 @@ class AsyncPartitionedQueue:
     async def cancel(self, job_id: str) -> str:
         return await self.part_of(job_id).cancel(job_id)
 
+    async def reschedule(self, job_id: str, **when: Any) -> str:
+        return await self.part_of(job_id).reschedule(job_id, **when)
+
     async def complete(self, job_id: str, token: str, result: Any = None) -> None:
         await self.part_of(job_id).complete(job_id, token, result)
 

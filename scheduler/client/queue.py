@@ -356,6 +356,30 @@ class Queue:
             BadArgument: a malformed id."""
         return self._run(self.ops.cancel(job_id))
 
+    def reschedule(
+        self, job_id: str, *, delay_ms: int | None = None, run_at: datetime | None = None
+    ) -> str:
+        """Move a waiting job's run time: earlier (`delay_ms=0` runs it now) or later. Its
+        attempts and payload stay; an idempotency key keeps the window it got at enqueue.
+
+        Args:
+            job_id: the job's id.
+            delay_ms: the new run time, this many ms from the Redis server's clock, in
+                [0, 3650 days] (0: now).
+            run_at: or an aware datetime in 1970..2200 UTC (a past one: due now). Give
+                exactly one of the two.
+
+        Returns:
+            `'rescheduled'`, or why it did not move (nothing changed): `'leased'` (running),
+            `'done'`, `'dead'`, `'cancelled'`, `'held'` (set aside by flow control: a key or
+            rate limit, or parents not done; it runs when let go), `'schedule'` (a schedule's
+            occurrence: redefine or pause the schedule instead).
+
+        Raises:
+            JobNotFound: no such job (or its record expired).
+            BadArgument: a malformed id, both or neither time given, a time out of range."""
+        return self._run(self.ops.reschedule(job_id, delay_ms=delay_ms, run_at=run_at))
+
     def get_job(self, job_id: str) -> Job:
         """Read one job's record.
 

@@ -82,7 +82,8 @@ def encode_json(value: Any, what: str, limit: int) -> str:
     return text
 
 
-def _epoch_ms(at: datetime) -> int:
+def epoch_ms(at: datetime) -> int:
+    """An aware datetime as epoch ms in 1970..2200 (rounded up), else BadArgument."""
     if not isinstance(at, datetime):
         raise BadArgument(f"run_at must be a datetime, got {at!r}")
     if at.tzinfo is None or at.utcoffset() is None:
@@ -109,7 +110,7 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
     if spec.run_at is not None and spec.delay_ms is not None:
         raise BadArgument("give run_at or delay_ms, not both")
     if spec.run_at is not None:
-        when, time_ms = "at", _epoch_ms(spec.run_at) + offset
+        when, time_ms = "at", epoch_ms(spec.run_at) + offset
         # Checked with the whole jitter range, not the drawn offset: the same call always
         # gets the same answer.
         if time_ms - offset + jitter > MAX_TIME_MS:

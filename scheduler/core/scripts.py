@@ -47,6 +47,7 @@ TRANSITIONS = (
     "dead_retention",  # the opt-in dead-letter retention settings
     "queue_pause",
     "queue_resume",
+    "reschedule",
 )
 _INCLUDE = re.compile(r'^-- @include "([^"]+)"\s*$', re.MULTILINE)
 

@@ -7,6 +7,7 @@
 - dead_letters.py: dead_ids, requeue_dead, purge_dead
 - schedules.py: recurring schedules (define, pause, resume, remove, refill)
 - pausing.py: pause and resume the whole queue
+- rescheduling.py: move a waiting job's run time
 
 Every operation is written once, as a generator that yields Redis requests and returns the
 parsed result ("sans-I/O"): Queue, AsyncQueue and the worker only drive them."""
@@ -26,10 +27,14 @@ from scheduler.operations.requests import (
     ScriptPipeline,
     Settings,
 )
+from scheduler.operations.rescheduling import ReschedulingOps
 from scheduler.operations.schedules import ScheduleOps
 
 __all__ = ["Commands", "Op", "Ops", "Request", "Script", "ScriptPipeline", "Settings"]
 
 
-class Ops(ProducingOps, LeasingOps, InspectingOps, DeadLetterOps, ScheduleOps, PausingOps):
+class Ops(
+    ProducingOps, LeasingOps, InspectingOps, DeadLetterOps, ScheduleOps, PausingOps,
+    ReschedulingOps,
+):  # fmt: skip
     """The operations of one queue. Holds no connection: see Queue and AsyncQueue."""

@@ -1,0 +1,59 @@
+--[[ reschedule: move a waiting job's run time (a reminder moved to 10:00; "run it now"). Only
+  a job in due moves (scheduled, due, or waiting out a retry's backoff); its attempts, token
+  and payload stay. Not a schedule's occurrence (its slot is its id: redefine or pause the
+  schedule instead), and not a job flow control holds (a key or rate limit, or parents not
+  done: it runs when let go). An idempotency key keeps the window it got at enqueue.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, flow:levels, flow:pdue:<p>, flow:held
+  ARGV[1] id  ARGV[2] when ('at' | 'in')  ARGV[3] time_ms (run_at_ms for 'at'; for 'in', a delay
+    from the server's now)
+  Returns: {'rescheduled', run_at_ms} | {word}: the job did not move, word = 'schedule' (a
+    schedule's occurrence), 'held' (set aside by flow control), its state ('leased', 'done',
+    'dead', 'cancelled'), or 'missing'.
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due is not a zset | job:<id> is not a hash
+    (edited by hand; nothing written) ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+-- @include "lib/job.lua"
+-- @include "lib/flow.lua"
+
+local prefix, due, wake_key = KEYS[1], KEYS[2], KEYS[5]
+local id, when = ARGV[1], ARGV[2]
+if id == '' or #id > 1024 then return redis.error_reply('BAD_ARGUMENT id=') end
+local now = now_ms()
+local run_at, err
+if when == 'in' then
+  run_at, err = int_arg(ARGV[3], 'time_ms', 0, LIM.delay_ms); if err then return err end
+  run_at = now + run_at
+elseif when == 'at' then
+  run_at, err = int_arg(ARGV[3], 'time_ms', 0, LIM.time_ms); if err then return err end
+else
+  return redis.error_reply('BAD_ARGUMENT when=' .. string.sub(when, 1, 40))
+end
+if run_at > LIM.time_ms then return redis.error_reply('BAD_ARGUMENT time_ms=' .. fmt(run_at)) end
+
+local jk = job_key(prefix, id)
+local f = redis.pcall('HMGET', jk, 'state', 'schedule', 'priority')
+if f.err then return corrupt_err(string.sub(jk, #prefix + 1), 'hash') end
+local score = redis.pcall('ZSCORE', due, id)
+if type(score) == 'table' then return corrupt_err('due', 'zset') end
+if not score then
+  local held = redis.pcall('ZSCORE', prefix .. 'flow:held', id)
+  if type(held) == 'string' then return { 'held' } end
+  if f[1] then return { f[1] } end
+  return { 'missing' }
+end
+if f[2] or string.find(id, '^schedule:') then return { 'schedule' } end
+-- A job in due with neither a hash nor a spec record is a stray id: doctor's to report.
+if not f[1] and redis.call('EXISTS', spec_key(prefix, id)) == 0 then return { 'missing' } end
+
+local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+local run_at_s = fmt(run_at)
+redis.call('ZADD', due, 'XX', run_at_s, id)
+-- A job with a hash (claimed before, or a flow job) reads its run time from it at claim.
+if f[1] then redis.call('HSET', jk, 'run_at_ms', run_at_s) end
+local priority = parse_int(f[3], 0, FLOW_LIM.priority)
+if priority then flow_index(prefix, id, priority, run_at) end
+-- Earlier than every job idle workers sleep towards: wake them.
+if run_at <= now or (head[2] and run_at < tonumber(head[2])) then wake(wake_key) end
+return { 'rescheduled', run_at_s }
