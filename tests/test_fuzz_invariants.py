@@ -425,6 +425,22 @@ class Fuzz:
             before = "missing"
         self.log.append(f"cancel {ids[0]} -> {before}")
 
+    def op_reschedule(self) -> None:
+        ids = self.some_ids(1)
+        if not ids:
+            return
+        delay = self.rng.choice([0, 0, 50, 1_000, 60_000])
+        try:
+            out = self.q.reschedule(ids[0], delay_ms=delay)
+        except JobNotFound:
+            out = "missing"
+        self.log.append(f"reschedule {ids[0]} +{delay} -> {out}")
+        if out == "rescheduled":
+            info = self.info[ids[0]]
+            if info.occurrence:
+                self.fail_(f"a schedule's occurrence {ids[0]} was rescheduled")
+            info.not_before = self.now + delay  # earlier or later than asked at enqueue
+
     def op_requeue(self) -> None:
         dead = self.q.dead_ids()
         ids = self.rng.sample(dead, min(len(dead), self.rng.randint(1, 3))) if dead else []
@@ -534,6 +550,7 @@ class Fuzz:
         ("enqueue", 6), ("enqueue_many", 2), ("claim", 7), ("complete", 4), ("fail", 3),
         ("heartbeat", 2), ("release", 1), ("crash", 1), ("cancel", 2), ("requeue", 2),
         ("purge", 1), ("retention", 1), ("schedule", 2), ("tick", 5), ("pause", 1),
+        ("reschedule", 2),
     )  # fmt: skip
 
     def step(self) -> None:
