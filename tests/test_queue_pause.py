@@ -159,6 +159,16 @@ def test_the_cli_pauses_and_resumes_and_stats_says_so(redis_url: str, q: Queue) 
     assert len(q.claim("w1").jobs) == 1
 
 
+def test_the_cli_resumes_a_paused_queue_whose_only_key_is_its_config(
+    redis_url: str, q: Queue
+) -> None:
+    assert q.pause() == "paused"  # an empty queue: its config is its only key
+    run = CliRunner().invoke
+    r = run(main, ["resume", "--url", redis_url, "-q", q.name])
+    assert (r.exit_code, r.output) == (0, f"{q.name}: resumed\n")
+    assert q.counts().paused is False
+
+
 def test_the_worker_metrics_export_the_pause(q: Queue) -> None:
     m = WorkerMetrics()
     paused = {"queue": q.name}

@@ -112,7 +112,8 @@ def _valid_queue(name: str) -> bool:
 
 
 def queue_exists(client: redis.Redis, keys: QueueKeys, now_ms: int) -> bool:
-    """Anything of this queue alive: its sets, workers, schedules, or a recent stats minute.
+    """Anything of this queue alive: its sets, workers, schedules, its config (a paused empty
+    queue has only that), or a recent stats minute.
     One EXISTS over fixed names (all in one slot), so it costs the same on any keyspace."""
     return int(client.exists(*existence_keys(keys, now_ms))) > 0
 
@@ -120,7 +121,7 @@ def queue_exists(client: redis.Redis, keys: QueueKeys, now_ms: int) -> bool:
 def existence_keys(keys: QueueKeys, now_ms: int) -> list[str]:
     """The names queue_exists looks at (all in the queue's slot)."""
     minute = now_ms // 60_000
-    names = [keys.due, keys.leased, keys.dead, keys.workers, keys.schedules]
+    names = [keys.due, keys.leased, keys.dead, keys.workers, keys.schedules, keys.config]
     return names + [keys.stats(minute - i) for i in range(STATS_KEEP_MINUTES + 1)]
 
 
