@@ -1,4 +1,5 @@
-"""The actions (POST only): cancel or requeue a job, pause / resume / remove a schedule. Each
+"""The actions (POST only): cancel or requeue a job, pause / resume / remove a schedule, pause /
+resume a whole queue (a partitioned queue: every partition). Each
 one first checks the read-only switch, the CSRF token and the Origin, so a refused request
 changes nothing; then redirects (303) to a page that names what was done, or that nothing was
 (the call's answer decides the notice, never the button pressed)."""
@@ -31,6 +32,14 @@ SCHEDULE_NOTICES = {
     "active": "not-paused",  # resume of an active one
     "missing": "no-schedule",
     "stale": "schedule-changed",  # resume raced a change of the definition
+}
+
+# What Queue.pause / Queue.resume answered -> the notice shown on the queue page.
+QUEUE_NOTICES = {
+    "paused": "queue-paused",
+    "already": "queue-already-paused",
+    "resumed": "queue-resumed",
+    "active": "queue-not-paused",  # resume of a queue that was not paused
 }
 
 
@@ -125,3 +134,27 @@ class Actions:
         if notice is None:  # an answer this version does not know: claim nothing
             raise BadArgument(f"the schedule could not be {verb}d: the call answered {answer!r}")
         return self._back(request, "/schedules", notice)
+
+    async def pause_queue(self, request: Request) -> Response:
+        return await self._pause_or_resume(request, "pause")
+
+    async def resume_queue(self, request: Request) -> Response:
+        return await self._pause_or_resume(request, "resume")
+
+    async def _pause_or_resume(self, request: Request, verb: str) -> Response:
+        name = request.path_params["queue"]
+        await self.form(request)
+
+        def run() -> str:
+            view = self.store.view(name)  # BadArgument for an invalid name
+            if verb == "resume":
+                return view.resume()  # writes nothing unless it was paused
+            if not self.store.known(name):  # a pause would write a stray key of a typo
+                raise BadArgument(f"no queue named {name!r} (it has no keys): nothing paused")
+            return view.pause()
+
+        answer = await run_in_threadpool(run)
+        notice = QUEUE_NOTICES.get(answer)
+        if notice is None:  # an answer this version does not know: claim nothing
+            raise BadArgument(f"the queue could not be {verb}d: the call answered {answer!r}")
+        return self._back(request, f"/queues/{name}", notice)

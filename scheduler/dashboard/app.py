@@ -84,6 +84,8 @@ def create_app(
         Route("/api/overview", pages.api_overview),
         Route(q + "/api", pages.api_queue),
         Route(q, pages.queue, name="queue"),
+        Route(q + "/pause", dead.pause_queue, methods=["POST"]),
+        Route(q + "/resume", dead.resume_queue, methods=["POST"]),
         Route(q + "/jobs/{job_id}", pages.job, name="job"),
         Route(q + "/jobs/{job_id}/cancel", dead.cancel, methods=["POST"]),
         Route(q + "/jobs/{job_id}/requeue", dead.requeue, methods=["POST"]),

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.partitioned_merge import merge_counts
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument, JobNotFound
 from scheduler.core.models import Job, QueueCounts
@@ -117,6 +118,16 @@ class View:
     def counts(self) -> QueueCounts:
         return self.parts[0].counts() if self.pq is None else self.pq.counts()
 
+    def counts_and_paused(self) -> tuple[QueueCounts, list[str]]:
+        """(counts(), the partitions that are paused: [] for a plain queue), from the same
+        one driver call: merged, a partitioned queue is paused when ANY partition is."""
+        each: list[QueueCounts] = self.run_each(lambda q: q.ops.counts())
+        if self.pq is None:
+            return each[0], []
+        return merge_counts(each), [
+            p.name for p, c in zip(self.parts, each, strict=True) if c.paused
+        ]
+
     def run_each(self, make: Callable[[Queue], Op[Any]]) -> list[Any]:
         if self.pq is None:
             return [self._drive(self.parts[0], make(self.parts[0]))]
@@ -127,6 +138,14 @@ class View:
 
     def purge_dead(self, ids: Sequence[str]) -> int:
         return self.parts[0].purge_dead(ids) if self.pq is None else self.pq.purge_dead(ids)
+
+    def pause(self) -> str:
+        """Queue.pause ('paused' | 'already'); a partitioned queue: every partition."""
+        return self.parts[0].pause() if self.pq is None else self.pq.pause()
+
+    def resume(self) -> str:
+        """Queue.resume ('resumed' | 'active'); a partitioned queue: every partition."""
+        return self.parts[0].resume() if self.pq is None else self.pq.resume()
 
     def dead_ids(self, **filters: Any) -> list[str]:
         if self.pq is None:

@@ -119,6 +119,10 @@ NOTICES = {
     "not-paused": "Nothing changed: the schedule was not paused.",
     "no-schedule": "Nothing changed: there is no such schedule (removed meanwhile?).",
     "schedule-changed": "Nothing changed: the schedule was changed meanwhile; try again.",
+    "queue-paused": "Paused the queue: workers claim none of its jobs until it is resumed.",
+    "queue-already-paused": "Nothing changed: the queue was already paused.",
+    "queue-resumed": "Resumed the queue: workers claim its jobs again.",
+    "queue-not-paused": "Nothing changed: the queue was not paused.",
 }
 STATES = {"due", "scheduled", "leased", "done", "dead", "cancelled", "missing"}
 

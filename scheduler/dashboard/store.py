@@ -11,7 +11,12 @@ from typing import Any, TypeVar
 
 import redis
 
-from scheduler.admin.inspection import discover_queues, live_workers, server_now_ms
+from scheduler.admin.inspection import (
+    discover_queues,
+    existence_keys,
+    live_workers,
+    server_now_ms,
+)
 from scheduler.client.partitioned import PartitionedQueue, read_layout
 from scheduler.client.queue import Queue
 from scheduler.core.keys import QueueKeys, check_queue_name
@@ -145,11 +150,21 @@ class Store:
     def counts(self, name: str) -> QueueCounts:
         return self.view(name).counts()
 
+    def known(self, name: str) -> bool:
+        """Queue `name` is one the pages list, a partitioned queue, or has keys (its sets,
+        workers, schedules, a recent stats minute, its config): an action that would create
+        its first key (a pause) is refused on any other name, most likely a typo in a URL."""
+        if self.view(name).partitioned or name in self.queue_names():
+            return True
+        keys = QueueKeys(name)
+        names = existence_keys(keys, self.now_ms(name))  # one slot: one EXISTS
+        return int(self.client.exists(*names)) > 0
+
     def queue_summary(self, name: str, minutes: int = 60) -> dict[str, Any]:
         """Counts, per-minute outcomes and start lateness of one queue: one script call and
         one pipeline of `minutes` small stats hashes (per partition)."""
         view = self.view(name)
-        c = self.counts(name)
+        c, paused_parts = view.counts_and_paused()
         series = browsing.sum_series(
             view.run_each(
                 lambda q: browsing.minute_series(q.keys, c.now_ms, minutes, SERIES_FIELDS)
@@ -169,6 +184,10 @@ class Store:
             "dead": c.dead,
             "lapsed": c.lapsed,
             "oldest_overdue_ms": c.oldest_overdue_ms,
+            # Since when its claims lease nothing (Queue.pause); None while it is not paused.
+            # Merged: the earliest pause when any partition is paused; which ones are, here.
+            "paused_ms": c.paused_ms,
+            "paused_partitions": paused_parts,
             "done_per_min": last.get("done", 0),
             "failed_per_min": last.get("fail", 0),
             "minutes": [r["minute_ms"] for r in series],

@@ -28,6 +28,31 @@
     });
   }
 
+  function utc(ms) {  // as the pages show times (render.fmt_time): 2026-01-02 03:04:05 UTC
+    if (!ms) return "an unknown time";  // 0: a stored value that is no time
+    const d = new Date(ms);
+    return isNaN(d.getTime()) ? String(ms) : d.toISOString().slice(0, 19).replace("T", " ") + " UTC";
+  }
+
+  // A queue's pause (paused_ms: null while it is not): its badge, notice and buttons follow.
+  // A partitioned queue is paused when any partition is; "partly" while not all of them are.
+  function paused(scope, data) {
+    if (!("paused_ms" in data)) return;
+    const on = data.paused_ms !== null;
+    const parts = data.partitions || [], stopped = data.paused_partitions || [];
+    const partly = on && parts.length > 0 && stopped.length < parts.length;
+    function hide(selector, yes) { scope.querySelectorAll(selector).forEach(function (e) { e.hidden = yes; }); }
+    hide("[data-paused-show]", !on);
+    hide("[data-paused-hide]", on && !partly);
+    hide("[data-paused-whole]", partly);
+    hide("[data-paused-partly]", !partly);
+    if (!on) return;
+    scope.querySelectorAll("[data-paused-count]").forEach(function (e) { e.textContent = String(stopped.length); });
+    const since = utc(data.paused_ms);
+    scope.querySelectorAll("[data-paused-since]").forEach(function (e) { e.textContent = since; });
+    scope.querySelectorAll("[data-paused-title]").forEach(function (e) { e.title = "paused since " + since; });
+  }
+
   function el(name, attrs, parent) {
     const e = document.createElementNS(SVG, name);
     Object.keys(attrs).forEach(function (k) { e.setAttribute(k, String(attrs[k])); });
@@ -90,7 +115,7 @@
   function overview(data) {
     data.queues.forEach(function (q) {
       const row = document.querySelector('tr[data-queue="' + CSS.escape(q.queue) + '"]');
-      if (row) fill(row, q);
+      if (row) { fill(row, q); paused(row, q); }
       const spark = document.querySelector('svg[data-spark="' + CSS.escape(q.queue) + '"]');
       if (spark) draw(spark, [{ values: q.done, cls: "done" }, { values: q.failed, cls: "failed" }], {});
     });
@@ -118,7 +143,7 @@
 
   if (document.getElementById("queues")) poll(base + "/api/overview", overview);
   const cards = document.querySelector("[data-queue-api]");
-  if (cards) poll(cards.dataset.queueApi, function (q) { fill(cards, q); });
+  if (cards) poll(cards.dataset.queueApi, function (q) { fill(cards, q); paused(document, q); });
 
   const all = document.getElementById("select-all");
   if (all) all.addEventListener("change", function () {
