@@ -1,14 +1,16 @@
 """A write on an asyncio connection the peer closed (or a concurrent disconnect closed) raises
 AttributeError / TypeError from the transport's torn-down internals on some Pythons (redis-py
-issues 3546, 4287). direct_io turns it into redis-py's ConnectionError (the call's retry
-applies) and the worker classifies it as transient, never as a bug that stops the worker. The
-transport's error is simulated by code compiled under asyncio's file name, as the real one's
-innermost frame is. A private server."""
+issues 3546, 4287); on uvloop (the worker's loop) it raises RuntimeError "the handler is
+closed" (met in CI: a killed cluster primary stopped a worker). direct_io and the cluster
+driver turn it into redis-py's ConnectionError (the call's retry applies) and the worker
+classifies it as transient, never as a bug that stops the worker. asyncio's error is simulated
+by code compiled under asyncio's file name, as the real one's innermost frame is; uvloop's is
+real. Private servers."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from scheduler import AsyncQueue
 from scheduler.core.direct_io import transport_race
 from scheduler.worker.execution import classify
-from tests.redis_server import RedisProcess
+from tests.redis_server import RedisProcess, require_server
 
 
 def raiser(filename: str, error: str) -> Callable[..., Any]:
@@ -91,3 +93,86 @@ def test_an_asyncio_send_on_a_dropped_transport_is_a_connection_error(
         await c.aclose()
 
     asyncio.run(main())
+
+
+def uvloop_closed_write() -> BaseException:
+    """The real error uvloop raises for a write on a transport already closed (asyncio's own
+    loop drops such a write): what redis-py's send met when a cluster node was killed."""
+    import uvloop
+
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def main() -> BaseException:
+        server = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.transport.close()
+        await asyncio.sleep(0.01)  # the close completes: the handle is closed
+        try:
+            writer.writelines([b"PING\r\n"])
+        except BaseException as exc:  # the test inspects it
+            return exc
+        finally:
+            for w in accepted:
+                w.close()
+            server.close()
+            await server.wait_closed()
+        raise AssertionError("uvloop accepted a write on a closed transport")
+
+    return uvloop.run(main())
+
+
+def test_uvloops_write_on_a_closed_transport_is_a_dropped_connection() -> None:
+    exc = uvloop_closed_write()
+    assert isinstance(exc, RuntimeError) and "closed" in str(exc)
+    assert transport_race(exc) and classify(exc) == "transient"
+    mine = caught(raiser("/app/handlers.py", "RuntimeError('the handler is closed')"))
+    assert not transport_race(mine) and classify(mine) == "fatal"
+
+
+@pytest.fixture(scope="module")
+def tcp_server() -> Iterator[RedisProcess]:
+    """TCP, as on the cluster where it was met: uvloop's unix transport took the write."""
+    with RedisProcess(require_server("a TCP server"), tcp=True) as server:
+        yield server
+
+
+@pytest.mark.parametrize("retries", [3, 0])
+def test_a_send_on_a_transport_uvloop_closed_is_a_connection_error(
+    tcp_server: RedisProcess, queue_name: str, retries: int
+) -> None:
+    import uvloop
+
+    async def main() -> None:
+        c = aredis.Redis.from_url(tcp_server.tcp_url, retry=Retry(NoBackoff(), retries))
+        q = AsyncQueue(c, queue_name)
+        await q.enqueue("t", 0)
+        (conn,) = c.connection_pool._available_connections
+        writer = conn._writer
+        assert writer is not None
+        writer.transport.close()  # as the peer's close does, under redis-py's feet
+        await asyncio.sleep(0.01)
+        if retries:
+            job = await q.enqueue("t", {"n": 1})  # sent again on a new connection
+            assert (await q.get_job(job)).payload() == {"n": 1}
+        else:
+            with pytest.raises(RedisConnectionError, match="lost while writing"):
+                await q.enqueue("t", {"n": 1})
+        assert await c.zcard(q.keys.due) == (2 if retries else 1)
+        await c.aclose()
+
+    uvloop.run(main())
+
+
+def test_a_cluster_nodes_send_on_a_closed_transport_is_a_connection_error() -> None:
+    from scheduler.core import cluster_io
+
+    exc = uvloop_closed_write()
+
+    class Node:  # a cluster node whose pipeline write meets the closed transport
+        async def execute_pipeline(self, cmds: Any) -> None:
+            raise exc
+
+    with pytest.raises(RedisConnectionError, match="lost while writing") as got:
+        asyncio.run(cluster_io._node_async(Node(), [(0, False, ("PING",))], []))
+    assert got.value.__cause__ is exc

@@ -41,6 +41,8 @@ from redis.exceptions import AskError, MovedError, RedisError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from scheduler.core.direct_io import transport_race
+
 # Redirections followed for one batch before the last one is handed back as the reply.
 _REDIRECTS = 5
 # TRYAGAIN: pauses before a refused command is sent again, and how many before it is handed
@@ -188,7 +190,14 @@ async def _node_async(
         if asking:
             cmds.append(PipelineCommand(-pos - 1, "ASKING"))
         cmds.append(PipelineCommand(pos, *cmd))
-    await node.execute_pipeline(cmds)
+    try:
+        await node.execute_pipeline(cmds)
+    except (AttributeError, TypeError, RuntimeError) as exc:
+        if not transport_race(exc):  # a write on a connection the peer closed (uvloop)
+            raise
+        # redis-py dropped the connection already: its ConnectionError, so the slot map is
+        # re-read and the caller's retry (the worker's backoff) applies.
+        raise RedisConnectionError(f"Connection lost while writing: {exc!r}") from exc
     # redis-py stores a reply lost on the way back (a read error) as the command's result:
     # raised, as the blocking pipeline raises it, so the batch marks the topology stale.
     lost = [c.result for c in cmds if isinstance(c.result, _DROPPED)]

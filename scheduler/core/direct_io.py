@@ -138,15 +138,18 @@ def _pack(cmd: tuple[Any, ...]) -> list[bytes]:
 
 # Where a write on an asyncio connection the peer closed (or a concurrent disconnect closed)
 # raises AttributeError / TypeError from the transport's torn-down internals instead of an
-# OSError, on some Pythons (redis-py issues 3546, 4287): the frames such an error ends in.
+# OSError, on some Pythons (redis-py issues 3546, 4287), or uvloop's RuntimeError "the handler
+# is closed" (asyncio's own loop drops such a write; uvloop raises): the frames it ends in.
 _TRANSPORT_FILES = ("asyncio/streams.py", "asyncio/selector_events.py", "asyncio/sslproto.py",
-                    "redis/asyncio/connection.py")  # fmt: skip
+                    "redis/asyncio/connection.py", "uvloop/handles/handle.pyx",
+                    "uvloop/handles/stream.pyx")  # fmt: skip
+_RACE_TYPES = (AttributeError, TypeError, RuntimeError)
 
 
 def transport_race(exc: BaseException) -> bool:
-    """An AttributeError / TypeError raised inside asyncio's or redis-py's connection code: a
-    dropped connection, not a bug of the caller's."""
-    if not isinstance(exc, AttributeError | TypeError) or exc.__traceback__ is None:
+    """An AttributeError / TypeError / RuntimeError raised inside asyncio's, uvloop's or
+    redis-py's connection code: a dropped connection, not a bug of the caller's."""
+    if not isinstance(exc, _RACE_TYPES) or exc.__traceback__ is None:
         return False
     tb = exc.__traceback__
     while tb.tb_next is not None:
@@ -157,7 +160,7 @@ def transport_race(exc: BaseException) -> bool:
 async def _send_async(conn: Any, packed: list[bytes]) -> None:
     try:
         await _send_async_raw(conn, packed)
-    except (AttributeError, TypeError) as exc:
+    except _RACE_TYPES as exc:
         if not transport_race(exc):
             raise
         # As redis-py's own OSError path: the connection is dropped, the error is its

@@ -47,9 +47,10 @@ TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeout
 #              NOSCRIPT left after the driver's reloads; on a cluster, redis-py's own errors
 #              when no node answers or the slot map is being rebuilt (RedisClusterException
 #              "cannot be connected", SlotNotCoveredError, ClusterError "TTL exhausted");
-#              an AttributeError / TypeError from asyncio's transport on a dropped connection
-#              (direct_io.transport_race); a CorruptKey (a queue key edited by hand into
-#              another type: the script refused, nothing written, until the key is fixed):
+#              an AttributeError / TypeError from asyncio's transport, or uvloop's RuntimeError
+#              "the handler is closed", on a dropped connection (direct_io.transport_race);
+#              a CorruptKey (a queue key edited by hand into another type: the script
+#              refused, nothing written, until the key is fixed):
 #              log, count, back off, retry.
 #   fatal      retrying cannot help: authentication / ACL permission (NOPERM), and any other
 #              error where a call of the worker's own loop is refused (a bug, an unknown
