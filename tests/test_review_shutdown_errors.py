@@ -137,8 +137,12 @@ def test_no_backlog_job_starts_while_shutdown_waits_for_a_claim_in_flight(
             GATES[a] = asyncio.Event()
             q.enqueue("rs-gate", job_id=a)
             q.enqueue("rs-mark", job_id=b)
-            await poll(lambda: any(r.job.id == b for r in w._backlog), 5, lambda: "B backlogged")
-            assert a in STARTED
+            # A's handler starts on the loop's next turn after B is backlogged: wait for both.
+            await poll(
+                lambda: a in STARTED and any(r.job.id == b for r in w._backlog),
+                5,
+                lambda: f"A started ({STARTED}) and B backlogged",
+            )
             client.hold = True
             q.enqueue("rs-mark", job_id=c)  # its claim is in flight when the stop comes
             await poll(client.held.is_set, 5, lambda: "a claim in flight")
