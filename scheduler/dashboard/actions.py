@@ -1,5 +1,6 @@
-"""The actions (POST only): cancel or requeue a job, pause / resume / remove a schedule, pause /
-resume a whole queue (a partitioned queue: every partition). Each
+"""The actions (POST only): cancel, requeue or run now (reschedule to now) a job, pause /
+resume / remove a schedule, pause / resume a whole queue (a partitioned queue: every
+partition). Each
 one first checks the read-only switch, the CSRF token and the Origin, so a refused request
 changes nothing; then redirects (303) to a page that names what was done, or that nothing was
 (the call's answer decides the notice, never the button pressed)."""
@@ -12,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from scheduler.core.errors import BadArgument
+from scheduler.core.errors import BadArgument, JobNotFound
 from scheduler.core.keys import check_job_id
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.security import SESSION_COOKIE
@@ -23,6 +24,17 @@ MAX_FORM_FIELDS = 600  # a page of 500 selected ids and the other fields
 MAX_FORM_BYTES = 100_000
 # Queue.cancel answers the state the job was in: these were cancelled, others left as they were.
 CANCELLABLE = frozenset({"due", "scheduled", "leased"})
+# What Queue.reschedule answered -> the notice shown (render.NOTICES); the state words go in
+# `state` of "not-moved" ("the job is leased").
+RUN_NOW_NOTICES = {
+    "rescheduled": "moved-now",
+    "held": "not-moved-held",
+    "schedule": "not-moved-schedule",
+    "leased": "not-moved",
+    "done": "not-moved",
+    "dead": "not-moved",
+    "cancelled": "not-moved",
+}
 # What a schedule call answered -> the notice shown (render.NOTICES).
 SCHEDULE_NOTICES = {
     "paused": "paused",
@@ -109,6 +121,22 @@ class Actions:
         state = await run_in_threadpool(self.store.view(name).holder(job_id).cancel, job_id)
         notice = "cancelled" if state in CANCELLABLE else "not-cancelled"
         return self._back(request, f"/queues/{name}/jobs/{job_id}", notice, state=state)
+
+    async def run_now(self, request: Request) -> Response:
+        name, job_id = request.path_params["queue"], check_job_id(request.path_params["job_id"])
+        await self.form(request)
+
+        def run() -> str:
+            try:
+                return self.store.view(name).holder(job_id).reschedule(job_id, delay_ms=0)
+            except JobNotFound:  # gone meanwhile (purged, expired)
+                return "missing"
+
+        answer = await run_in_threadpool(run)
+        notice = RUN_NOW_NOTICES.get(answer, "not-moved" if answer == "missing" else None)
+        if notice is None:  # an answer this version does not know: claim nothing
+            raise BadArgument(f"the job could not be moved: the call answered {answer!r}")
+        return self._back(request, f"/queues/{name}/jobs/{job_id}", notice, state=answer)
 
     async def requeue(self, request: Request) -> Response:
         name, job_id = request.path_params["queue"], check_job_id(request.path_params["job_id"])

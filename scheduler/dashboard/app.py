@@ -89,6 +89,7 @@ def create_app(
         Route(q + "/jobs/{job_id}", pages.job, name="job"),
         Route(q + "/jobs/{job_id}/cancel", dead.cancel, methods=["POST"]),
         Route(q + "/jobs/{job_id}/requeue", dead.requeue, methods=["POST"]),
+        Route(q + "/jobs/{job_id}/run-now", dead.run_now, methods=["POST"]),
         Route(q + "/dead", dead.dead, name="dead"),
         Route(q + "/dead/confirm", dead.confirm, methods=["POST"]),
         Route(q + "/dead/apply", dead.apply, methods=["POST"]),

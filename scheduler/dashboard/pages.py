@@ -173,6 +173,8 @@ class Pages:
             fields_cut=len(job.fields) if len(job.fields) > FIELDS_SHOWN else 0,
             can_cancel=job.state in (JobState.DUE, JobState.SCHEDULED, JobState.LEASED),
             can_requeue=job.state == JobState.DEAD,
+            # A waiting job's time can be moved to now; a schedule's run keeps its time.
+            can_run_now=job.state == JobState.SCHEDULED and not job.id.startswith("schedule:"),
         )
 
     def schedules(self, request: Request) -> Response:

@@ -112,6 +112,11 @@ NOTICES = {
     "purged": "Purged {n} dead job(s).",
     "cancelled": "Cancelled the job (it was {state}).",
     "not-cancelled": "Nothing cancelled: the job was already {state}.",
+    "moved-now": "Moved the job's run time to now: a worker takes it at its next claim.",
+    "not-moved": "Nothing changed: the job is {state}.",
+    "not-moved-held": "Nothing changed: flow control holds the job (a key limit, a rate window"
+    " or its parents); it runs when released.",
+    "not-moved-schedule": "Nothing changed: a schedule's run keeps its schedule's time.",
     "paused": "Paused the schedule.",
     "resumed": "Resumed the schedule.",
     "removed": "Removed the schedule.",
