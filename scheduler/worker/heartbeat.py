@@ -50,7 +50,9 @@ class Heartbeats(Dispatch, Reporting):
             elif time.monotonic() < next_beat_s:
                 continue
             next_beat_s = time.monotonic() + interval_s
-            await self._bounded("heartbeat", self._heartbeat(), lease_s)
+            # Per node on a cluster, each call is bounded by its own leases' end (_send_parts).
+            by_node = is_cluster(self.client) and len(self.queues) > 1
+            await self._bounded("heartbeat", self._heartbeat(), lease_s, by_node=by_node)
             # A heartbeat cut at a lease end: stop that run now, not after the presence call
             # (bounded by the same, past end, that is _within's 50 ms: the whole margin).
             self._expire_leases()
@@ -73,15 +75,24 @@ class Heartbeats(Dispatch, Reporting):
                 await self._release(stale, time.monotonic() + _SETTLE_S)
 
     async def _bounded(
-        self, what: str, call: Coroutine[Any, Any, None], lease_s: float, most_s: float = 0.0
+        self,
+        what: str,
+        call: Coroutine[Any, Any, None],
+        lease_s: float,
+        most_s: float = 0.0,
+        *,
+        by_node: bool = False,
     ) -> None:
         """Await a call of this loop for at most the earliest lease end (with none held, the
         earliest a job claimed meanwhile can end), and at most `most_s` when given: a call that
         hangs (a stalled server, a socket timeout as long as the lease) must not keep the
-        expiry check waiting."""
+        expiry check waiting. by_node: the call bounds each node's part by that node's own
+        leases and expires them as they end; here only a backstop of two intervals."""
         end_s = self._earliest_lease_end()
-        if end_s is None:
-            end_s = time.monotonic() + lease_s - 2 * _LEASE_MARGIN_S
+        if by_node or end_s is None:
+            end_s = time.monotonic() + (
+                2 * self.settings.heartbeat_ms / 1000 if by_node else lease_s - 2 * _LEASE_MARGIN_S
+            )
         if most_s:
             end_s = min(end_s, time.monotonic() + most_s)
         try:
@@ -106,9 +117,13 @@ class Heartbeats(Dispatch, Reporting):
     async def _heartbeat(self) -> None:
         held = list(self._held.values())
         by_queue: dict[str, list[Running]] = {q.name: [] for q in self.queues}
+        # Each queue's earliest local lease end, as _earliest_lease_end: a re-sent claim's
+        # runs (no beat sent yet) learn their lease from this call, so they bound nothing.
+        for r in held:
+            by_queue[r.queue].append(r)
+        ends_s = {qn: self._end_of(rs) for qn, rs in by_queue.items()}
         for r in held:
             r.beat_sent = True
-            by_queue[r.queue].append(r)
         parts: list[list[tuple[list[str], Any]]] = []
         for qn, rs in by_queue.items():
             q = self._by_name[qn]
@@ -121,7 +136,7 @@ class Heartbeats(Dispatch, Reporting):
             part.append((q.script_keys, q.ops.counts()))
             parts.append(part)
         t_sent = time.monotonic()
-        replies = await self._send_parts(parts)
+        replies = await self._send_parts(parts, [ends_s[q.name] for q in self.queues])
         i = 0
         error: BaseException | None = None
         for qn, rs in by_queue.items():
@@ -149,31 +164,50 @@ class Heartbeats(Dispatch, Reporting):
         if error is not None:
             raise error
 
-    async def _send_parts(self, parts: list[list[tuple[list[str], Any]]]) -> list[Any]:
+    async def _send_parts(
+        self, parts: list[list[tuple[list[str], Any]]], ends_s: list[float | None]
+    ) -> list[Any]:
         """Every queue's calls in one round trip; on a cluster, one call per node (queues
         grouped by the node of their slot), so a node that does not answer fails only its own
         queues' heartbeats (its error stands in for their replies), not the leases held on the
-        healthy nodes."""
+        healthy nodes. ends_s: each part's earliest local lease end."""
         if not is_cluster(self.client) or len(parts) < 2:
             return await self._pipe.run([c for part in parts for c in part])
         groups: dict[str, list[int]] = {}
         for i, part in enumerate(parts):
             groups.setdefault(self._node_of(part[0][0][0]), []).append(i)
         calls = [[c for i in idx for c in parts[i]] for idx in groups.values()]
-        # A node that hangs must not hold back the others' replies until _bounded drops them
-        # all at the earliest lease end: each node gets one interval (and ends before that).
-        wait_s = self.settings.heartbeat_ms / 1000
-        end_s = self._earliest_lease_end()
-        if end_s is not None:
-            wait_s = min(wait_s, end_s - time.monotonic() - _LEASE_MARGIN_S)
+        # Each node gets one interval, and ends before its own leases do: not before the
+        # earliest lease of all, which a failing node's (never extended) holds; a healthy
+        # but slow node's answers were cut there and its leases lapsed too (CI, loaded).
+        now_s = time.monotonic()
+        until_s = []
+        for idx in groups.values():
+            end_s = now_s + self.settings.heartbeat_ms / 1000
+            for e in (ends_s[i] for i in idx):
+                if e is not None:
+                    end_s = min(end_s, e - _LEASE_MARGIN_S)
+            until_s.append(max(end_s, now_s + 0.001))
         tasks = [asyncio.ensure_future(self._pipe.run(c)) for c in calls]
+        waiting = set(tasks)
         try:
-            done, _ = await asyncio.wait(tasks, timeout=max(wait_s, 0.001))
+            while waiting:
+                now_s = time.monotonic()
+                for t, u in zip(tasks, until_s, strict=True):
+                    if t in waiting and u <= now_s:
+                        waiting.discard(t)  # late: its leases end as they would have
+                if not waiting:
+                    break
+                soonest_s = min(u for t, u in zip(tasks, until_s, strict=True) if t in waiting)
+                _, waiting = await asyncio.wait(waiting, timeout=soonest_s - now_s)
+                self._expire_leases()  # a late node's leases end on time meanwhile
         finally:
             for t in tasks:
                 t.cancel()  # a no-op on those that ended
         late = RedisTimeoutError("no answer from the node within a heartbeat interval")
-        got = [(t.exception() or t.result()) if t in done else late for t in tasks]
+        got = [
+            (t.exception() or t.result()) if t.done() and not t.cancelled() else late for t in tasks
+        ]
         by_part: list[list[Any]] = [[] for _ in parts]
         for idx, res in zip(groups.values(), got, strict=True):
             pos = 0
@@ -182,6 +216,11 @@ class Heartbeats(Dispatch, Reporting):
                 by_part[i] = [res] * n if isinstance(res, BaseException) else res[pos : pos + n]
                 pos += n
         return [x for replies in by_part for x in replies]
+
+    @staticmethod
+    def _end_of(rs: list[Running]) -> float | None:
+        ends = [r.lease_deadline_s for r in rs if r.beat_sent and not r.finished]
+        return min(ends) if ends else None
 
     def _node_of(self, key: str) -> str:
         client: Any = self.client  # a redis.asyncio RedisCluster here
