@@ -49,6 +49,7 @@ if not f[1] and redis.call('EXISTS', spec_key(prefix, id)) == 0 then return { 'm
 
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local run_at_s = fmt(run_at)
+if not f[1] then spec_pin_enqueued(prefix, id, fmt(tonumber(score))) end
 redis.call('ZADD', due, 'XX', run_at_s, id)
 -- A job with a hash (claimed before, or a flow job) reads its run time from it at claim.
 if f[1] then redis.call('HSET', jk, 'run_at_ms', run_at_s) end

@@ -161,3 +161,25 @@ def test_the_cli_reschedules_and_says_why_not(redis_url: str, q: Queue) -> None:
     assert (r.exit_code, r.output) == (1, f"{job_id}: leased\n")
     r = run(main, [*base, "no-such-job", "--now"])
     assert r.exit_code == 1 and "no job" in r.output
+
+
+@pytest.mark.parametrize("claimed_before", [False, True])
+def test_the_time_it_was_enqueued_stays_when_the_run_time_moves(
+    q: Queue, claimed_before: bool
+) -> None:
+    # A job enqueued to run at once keeps no enqueued_ms in its spec record: it is read as the
+    # due score, its first run time. Moving that score must not move when it was enqueued
+    # (before: `jobs show` said it was enqueued an hour from now).
+    job_id = q.enqueue("echo", None, max_attempts=3)
+    enqueued_ms = q.get_job(job_id).fields["enqueued_ms"]
+    if claimed_before:  # a retry: the hash holds enqueued_ms; it stays as well
+        (job,) = q.claim("w1").jobs
+        q.fail(job_id, job.token, ("E", "boom", ""), delay_ms=1)
+    assert q.reschedule(job_id, delay_ms=HOUR_MS) == "rescheduled"
+    moved = q.get_job(job_id)
+    assert moved.fields["enqueued_ms"] == enqueued_ms, (enqueued_ms, moved.fields)
+    assert moved.run_at_ms is not None and moved.run_at_ms > int(enqueued_ms) + HOUR_MS - 5_000
+    assert q.reschedule(job_id, delay_ms=0) == "rescheduled"
+    (again,) = q.claim("w1").jobs
+    assert q.get_job(job_id).fields["enqueued_ms"] == enqueued_ms
+    assert again.attempts == (2 if claimed_before else 1)

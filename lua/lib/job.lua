@@ -54,6 +54,17 @@ local function job_spec(prefix, id, run_at_s)
   return read_spec(text, run_at_s)
 end
 
+-- Before a pending job's due score moves (reschedule): a spec record that leaves enqueued_ms
+-- out reads it as that score, so write the current one in. A record that cannot be read is
+-- left as it is (claim parks it).
+local function spec_pin_enqueued(prefix, id, run_at_s)
+  local sk = spec_key(prefix, id)
+  local text = redis.pcall('GET', sk)
+  if type(text) ~= 'string' then return end
+  local head, enq, tail = string.match(text, '^(2|[^|]*|[^|]*|[^|]*|[^|]*|)([^|]*)(|.*)$')
+  if head and enq == '' then redis.call('SET', sk, head .. run_at_s .. tail, 'KEEPTTL') end
+end
+
 -- Does job `id` exist: its hash, or (pending, never claimed) its spec record alone.
 local function job_exists(prefix, id)
   return redis.call('EXISTS', job_key(prefix, id), spec_key(prefix, id)) > 0
