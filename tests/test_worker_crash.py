@@ -32,14 +32,16 @@ def test_crash_chaos(redis_url: str, client: redis.Redis, q: Queue,
 
     procs = [spawn() for _ in range(N_WORKERS)]
     stop = threading.Event()
+    lock = threading.Lock()  # no restart after stop: a worker spawned then was never killed
     restarts = [0]
 
     def supervise() -> None:
         while not stop.is_set():
             for i, p in enumerate(procs):
-                if p.poll() is not None and not stop.is_set():
-                    restarts[0] += 1
-                    procs[i] = spawn()
+                with lock:
+                    if p.poll() is not None and not stop.is_set():
+                        restarts[0] += 1
+                        procs[i] = spawn()
             time.sleep(0.05)
 
     sup = threading.Thread(target=supervise, daemon=True)
@@ -52,7 +54,8 @@ def test_crash_chaos(redis_url: str, client: redis.Redis, q: Queue,
         wait_for(lambda: (c := q.counts()).due + c.scheduled + c.leased == 0,
                  timeout_s=300, what="every job settled")  # fmt: skip
     finally:
-        stop.set()
+        with lock:
+            stop.set()
         sup.join(5)
         for p in procs:
             p.kill()
