@@ -229,12 +229,17 @@ def test_a_pause_of_a_queue_with_no_keys_is_refused_and_writes_nothing(
     client: redis.Redis, q: Queue, web: TestClient
 ) -> None:
     q.enqueue("mail.send", None)
-    token = csrf_of(web.get(f"/queues/{q.name}").text)
     typo = Queue(client, q.name + "-typo")
-    r = web.post(f"/queues/{typo.name}/pause", data={"csrf": token})
-    assert r.status_code == 400 and "no queue named" in r.text
-    assert dump_queue(client, typo) == {}
-    assert post(web, f"/queues/{typo.name}/resume", token)[0] == 303  # writes nothing either
+    # Outside the dashboard's queue list: 404 (tests/test_dashboard_queue_scope.py).
+    token = csrf_of(web.get(f"/queues/{q.name}").text)
+    assert post(web, f"/queues/{typo.name}/pause", token)[0] == 404
+    # A dashboard of every queue: a name with no keys is refused, not paused.
+    with TestClient(create_app(client=client, auth=Auth())) as every:
+        token = csrf_of(every.get(f"/queues/{q.name}").text)
+        r = every.post(f"/queues/{typo.name}/pause", data={"csrf": token})
+        assert r.status_code == 400 and "no queue named" in r.text
+        assert dump_queue(client, typo) == {}
+        assert post(every, f"/queues/{typo.name}/resume", token)[0] == 303  # writes nothing
     assert dump_queue(client, typo) == {}
     # A queue the dashboard was told to show is paused even before its first job.
     empty = Queue(client, q.name + "-empty")

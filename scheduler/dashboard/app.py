@@ -20,7 +20,7 @@ from scheduler.dashboard.dead import DeadPages
 from scheduler.dashboard.pages import Pages
 from scheduler.dashboard.render import HERE, Renderer
 from scheduler.dashboard.security import Auth, Csrf, GuardMiddleware
-from scheduler.dashboard.store import Store
+from scheduler.dashboard.store import QueueNotServed, Store
 
 
 class DashboardApp(GuardMiddleware):
@@ -48,7 +48,8 @@ def create_app(
 
     Args:
         url: the Redis URL (or pass `client`, a redis-py client with decode_responses=True).
-        queues: the queues to show; empty: every queue found by SCAN (cached for a minute).
+        queues: the queues it serves (with their partitions; any other answers 404);
+            empty: every queue, listed by a SCAN (cached for a minute).
         read_only: no actions at all (every POST is refused, no buttons shown).
         auth: credentials every request must carry; default `Auth.from_env()`
             (SCHEDULER_DASHBOARD_AUTH=user:password, SCHEDULER_DASHBOARD_TOKEN=...). When the
@@ -74,6 +75,9 @@ def create_app(
 
     async def bad_input(request: Request, exc: Exception) -> Response:
         return render.page(request, "error.html", status_code=400, message=str(exc))
+
+    async def not_served(request: Request, exc: Exception) -> Response:
+        return render.page(request, "error.html", status_code=404, message=str(exc))
 
     async def refused(request: Request, exc: Exception) -> Response:
         return PlainTextResponse(f"refused: {exc}\n", status_code=403)
@@ -102,6 +106,7 @@ def create_app(
     app = Starlette(
         routes=routes,
         exception_handlers={
+            QueueNotServed: not_served,
             BadArgument: bad_input,
             SchedulerError: bad_input,
             ActionRefused: refused,

@@ -19,6 +19,7 @@ from scheduler.admin.inspection import (
 )
 from scheduler.client.partitioned import PartitionedQueue, read_layout
 from scheduler.client.queue import Queue
+from scheduler.core.errors import SchedulerError
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.models import QueueCounts
 from scheduler.core.partitions import Layout
@@ -36,6 +37,10 @@ MAX_CACHED = 10_000  # queue names a cache keeps: they come from URLs, so any nu
 # bounded number of its newest entries, never all of it, per page.
 WORKERS_LISTED = 200  # per queue (partition) on /workers: one HGETALL each
 WORKERS_PROBED = 20  # per queue (partition) on a job page: one EXISTS for all of them
+
+
+class QueueNotServed(SchedulerError):
+    """A queue outside the dashboard's `queues` list: its pages and actions answer 404."""
 
 
 class Store:
@@ -56,9 +61,22 @@ class Store:
         self._discovered_at: float | None = None  # never
         self._discover_lock = threading.Lock()
 
-    def queue(self, name: str) -> Queue:
-        """The client of queue `name` (raises BadArgument for an invalid name)."""
+    def served(self, name: str) -> str:
+        """`name` (a queue or one of its partitions) when this dashboard serves it: every
+        queue, or only those it was started with (so a dashboard given to one team cannot
+        read or act on another's queue by editing a URL); else QueueNotServed."""
         check_queue_name(name)
+        if not self.fixed_queues or name in self.fixed_queues:
+            return name
+        m = PARTITION_NAME.match(name)
+        if m is not None and m.group(1) in self.fixed_queues:
+            return name
+        raise QueueNotServed(f"this dashboard does not serve queue {name[:100]!r}")
+
+    def queue(self, name: str) -> Queue:
+        """The client of queue `name` (raises BadArgument for an invalid name, QueueNotServed
+        for one outside the list)."""
+        self.served(name)
         with self._lock:
             q = self._queues.get(name)
             if q is None:
@@ -75,7 +93,7 @@ class Store:
     def view(self, name: str) -> View:
         """Queue `name` as the pages show it: a partitioned queue's partitions merged (its
         stored layout is one GET, remembered once found), else the plain queue."""
-        check_queue_name(name)
+        self.served(name)
         found = self._views.get(name)
         if found is not None:
             return found
