@@ -1,7 +1,9 @@
 """Property-based test: random sequences of API calls and clock moves, run against the real
 scripts (with the test clock) and against a small reference model (the seed design's toy model,
 extended: attempts counted at claim, dead-letter on exhausted attempts including lapsed leases,
-backoff with jitter=0, release, cancel, requeue_dead, settled-answer replay). After every step
+backoff with jitter=0, release, cancel, requeue_dead, settled-answer replay, pausing the whole
+queue (claims lease nothing, the reaper still runs) and moving a waiting job's run time
+(reschedule)). After every step
 the observable outcomes must agree: returned values, claimed ids and their order, every job's
 state and attempts, the due / leased sets with their scores, the dead list, and the counts.
 A call refused for bad arguments must change nothing."""
@@ -54,6 +56,7 @@ class Model:
         self.leased: dict[str, int] = {}
         self.dead: dict[str, int] = {}  # id -> dead_ms, as the dead ZSET
         self.keys: dict[str, str] = {}
+        self.paused_ms: int | None = None  # Queue.pause: claims lease nothing until resume
 
     def _dead_letter(self, jid: str, reason: str, now: int) -> None:
         self.due.pop(jid, None)
@@ -83,7 +86,7 @@ class Model:
                 self.due[jid] = until
                 j.state = "due"
         out: list[tuple[str, int]] = []
-        if limit > 0:
+        if limit > 0 and self.paused_ms is None:
             window = sorted((s, jid) for jid, s in self.due.items() if s <= now)[:limit]
             for _, jid in window:
                 j = self.jobs[jid]
@@ -100,8 +103,31 @@ class Model:
                 del self.due[jid]
                 self.leased[jid] = now + lease_ms
                 out.append((jid, j.fence))
-        heads = [min(m.values()) for m in (self.due, self.leased) if m]
+        # Paused: the due head is no reason to come back (a resume wakes the workers).
+        sets = (self.leased,) if self.paused_ms is not None else (self.due, self.leased)
+        heads = [min(m.values()) for m in sets if m]
         return out, min(heads) if heads else -1
+
+    def pause(self, now: int) -> str:
+        if self.paused_ms is not None:
+            return "already"
+        self.paused_ms = now
+        return "paused"
+
+    def resume(self) -> str:
+        if self.paused_ms is None:
+            return "active"
+        self.paused_ms = None
+        return "resumed"
+
+    def reschedule(self, now: int, jid: str, delay_ms: int) -> str:
+        j = self.jobs.get(jid)
+        if j is None:
+            return "missing"
+        if jid not in self.due:
+            return j.state
+        self.due[jid] = now + delay_ms
+        return "rescheduled"
 
     def check(self, jid: str, token: str) -> tuple[str, str | None]:
         j = self.jobs.get(jid)
@@ -226,7 +252,10 @@ STEP = st.one_of(
     st.tuples(st.just("release"), IDX),
     st.tuples(st.just("cancel"), IDX),
     st.tuples(st.just("requeue_dead"), IDX),
-    st.tuples(st.just("bad"), st.integers(0, 8)),
+    st.tuples(st.just("pause")),
+    st.tuples(st.just("resume")),
+    st.tuples(st.just("reschedule"), IDX, st.sampled_from([0, 40_000, 500])),
+    st.tuples(st.just("bad"), st.integers(0, 10)),
 )  # fmt: skip
 # A few jobs first, so the random steps have something to act on. Every sampled_from lists
 # the most telling value first: hypothesis favours (and shrinks towards) it.
@@ -247,6 +276,8 @@ def bad_call(q: Queue, i: int, token: tuple[str, str] | None) -> None:
         lambda: q.fail(jid, tok, ("E", "m", ""), delay_ms=-1),
         lambda: q.cancel("a{b}"),
         lambda: q.complete(jid, tok, {"x": object()}),
+        lambda: q.reschedule(jid, delay_ms=-1),
+        lambda: q.reschedule(jid),
     ]
     calls[i]()
 
@@ -333,6 +364,17 @@ class Run:
         elif kind == "requeue_dead":
             jid = self.pick_job(op[1])
             assert q.requeue_dead([jid]) == m.requeue_dead(now, jid)
+        elif kind == "pause":
+            assert q.pause() == m.pause(now)
+        elif kind == "resume":
+            assert q.resume() == m.resume()
+        elif kind == "reschedule":
+            jid = self.pick_job(op[1])
+            try:
+                got_word = q.reschedule(jid, delay_ms=op[2])
+            except JobNotFound:
+                got_word = "missing"
+            assert got_word == m.reschedule(now, jid, op[2]), jid
         elif kind == "tick":
             self.now += op[1]
             self.clock.set_ms(self.now)
@@ -365,6 +407,7 @@ class Run:
         assert counts.leased == len(m.leased) and counts.dead == len(m.dead)
         assert counts.lapsed == sum(u <= self.now for u in m.leased.values())
         assert counts.oldest_due_ms == (min(m.due.values()) if m.due else None)
+        assert counts.paused_ms == m.paused_ms
 
 
 @settings(
