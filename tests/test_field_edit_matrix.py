@@ -38,10 +38,13 @@ TARGETS: dict[str, list[str]] = {
     "c1": ["heartbeat_ck", "complete_ck", "fail_ck", "release_ck"],
     "p": ["complete_parent", "fail_parent", "cancel_parent", "enqueue_child"],
     "c2": ["cancel_held", "complete_ck"],
-    "ch": ["cancel_child", "complete_parent", "cancel_parent"],
+    "ch": ["cancel_child", "complete_parent", "cancel_parent", "reschedule_child"],
     "x": ["requeue_dead", "purge_dead"],
     "dn": [],
-    "s": ["cancel_occurrence", "pause", "remove", "schedule_redefine"],
+    "s": ["cancel_occurrence", "pause", "remove", "schedule_redefine", "reschedule_occurrence"],
+    "d": ["cancel_due", "reschedule_due"],
+    "f": ["reschedule_future"],
+    "pr": ["reschedule_priority"],
 }
 GONE_BY_DESIGN = {("purge_dead", "x"), ("pause", "s"), ("remove", "s"), ("schedule_redefine", "s")}
 

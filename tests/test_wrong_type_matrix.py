@@ -14,6 +14,7 @@ runs. Whatever the operation does, two things must hold:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,6 +129,13 @@ def _enqueue_child(w: World) -> Any:
     return w.q.enqueue("t", after=[w.ids["p"]])
 
 
+def _queue_resume(w: World) -> Any:
+    # Paused first (unless config is the key edited into another type), then resumed.
+    with contextlib.suppress(redis.ResponseError):
+        w.client.hset(w.q.keys.config, "paused_ms", str(T0))
+    return w.q.resume()
+
+
 OPS: dict[str, Callable[[World], Any]] = {
     "enqueue": lambda w: w.q.enqueue("t"),
     "enqueue_future": lambda w: w.q.enqueue("t", delay_ms=HOUR_MS),
@@ -166,6 +174,13 @@ OPS: dict[str, Callable[[World], Any]] = {
     "pause": lambda w: w.q.pause_schedule("s"),
     "resume": lambda w: w.q.resume_schedule("s"),
     "remove": lambda w: w.q.remove_schedule("s"),
+    "queue_pause": lambda w: w.q.pause(),
+    "queue_resume": _queue_resume,
+    "reschedule_due": lambda w: w.q.reschedule(w.ids["d"], delay_ms=HOUR_MS),
+    "reschedule_future": lambda w: w.q.reschedule(w.ids["f"], delay_ms=0),
+    "reschedule_priority": lambda w: w.q.reschedule(w.ids["pr"], delay_ms=0),
+    "reschedule_child": lambda w: w.q.reschedule(w.ids["ch"], delay_ms=0),
+    "reschedule_occurrence": lambda w: w.q.reschedule(w.ids["s"], delay_ms=0),
     "counts": lambda w: w.q.counts(),
     "list_due": lambda w: w.q.list_jobs("due"),
     "list_dead": lambda w: w.q.list_jobs("dead"),
