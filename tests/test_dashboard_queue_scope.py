@@ -85,13 +85,18 @@ def test_a_partitioned_queue_in_the_list_is_served_with_its_partitions(
             )
             assert r.status_code == 303, r.text
             assert pq.get_schedule("nightly").paused is True
-            # A partition-like name of a queue not in the list is still refused.
-            r = web.post(
-                f"/queues/{queue_name}x.p0/schedules/nightly/pause",
-                data={"csrf": token},
-                follow_redirects=False,
-            )
-            assert r.status_code == 404
+            # A partition-like name of a queue not in the list is still refused, and so is a
+            # plain queue named like a partition of a listed queue it is not one of.
+            lookalike = Queue(client, f"{queue_name}.p7")
+            lookalike.enqueue("mail.send", None, job_id="own")
+            for name in (f"{queue_name}x.p0", lookalike.name):
+                r = web.post(
+                    f"/queues/{name}/schedules/nightly/pause",
+                    data={"csrf": token},
+                    follow_redirects=False,
+                )
+                assert r.status_code == 404, name
+            delete_queue(client, lookalike)
     finally:
         for each in pq.parts:
             delete_queue(client, each)

@@ -69,7 +69,9 @@ class Store:
         if not self.fixed_queues or name in self.fixed_queues:
             return name
         m = PARTITION_NAME.match(name)
-        if m is not None and m.group(1) in self.fixed_queues:
+        # A partition of a listed queue (not a plain queue that is only named like one).
+        listed = m is not None and m.group(1) in self.fixed_queues
+        if listed and m is not None and name in self.view(m.group(1)).part_names:
             return name
         raise QueueNotServed(f"this dashboard does not serve queue {name[:100]!r}")
 
