@@ -70,8 +70,8 @@ class Store:
             return name
         m = PARTITION_NAME.match(name)
         # A partition of a listed queue (not a plain queue that is only named like one).
-        listed = m is not None and m.group(1) in self.fixed_queues
-        if listed and m is not None and name in self.view(m.group(1)).part_names:
+        owner = m.group(1) if m is not None else None
+        if owner in self.fixed_queues and name in self.view(str(owner)).part_names:
             return name
         raise QueueNotServed(f"this dashboard does not serve queue {name[:100]!r}")
 
