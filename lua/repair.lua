@@ -17,18 +17,20 @@
   ARGV[6..] by move:
     'dead'    park the job (lib dead_letter): ARGV[6] reason (1..200 bytes), ARGV[7] dead_ms
               (when it died); as fail's park, its key slot is freed and its waiting children
-              parked (lib/flow.lua). Not a held job (reply 0): claim parks it when it runs.
+              parked (lib/flow.lua), and it leaves its priority index. Not a held job
+              (reply 0): claim parks it when it runs.
     'due'     into due (lib flow_to_due, off leased: its key slot freed, back into its priority
               index) at ARGV[6] run_at_ms; state 'due', no worker, no expiry, wake idle workers
               (as claim's reaper and release do)
     'unlist'  off the places in ARGV[6] (comma-joined; dead through lib dead_unlist; due, for
               a held job, out of its hold sets: flow:held, flow:rheld, flow:waiting and its
-              key's flow:ckheld, the reason fields dropped; not its key's leases), then
-              state := ARGV[7]; ARGV[7] '' = the job is gone: only while neither its hash nor
-              its spec record exists (lib job_exists: a pending job is its spec alone)
+              key's flow:ckheld, the reason fields dropped; not its key's leases; else out of
+              its priority index), then state := ARGV[7]; ARGV[7] '' = the job is gone: only
+              while neither its hash nor its spec record exists (lib job_exists: a pending job
+              is its spec alone)
     'state'   state := ARGV[6], the one expected place; worker dropped unless 'leased'
     'score'   its score in the one expected place (due or leased; flow:held for a held job)
-              := now_ms
+              := now_ms (due: its priority index entry too)
     'persist' drop the expiry of a job in a place (its hash and its spec record)
     'expire'  a record in no place expires in ARGV[6] ttl_ms (its hash and its spec record)
   A job that is its spec record alone gets no hash from 'due' or 'state' due (claim creates
@@ -133,6 +135,7 @@ if move == 'dead' then
   -- 0, a same-ms tie), and a read after it finds no key slot to free (as fail does).
   local fl = flow_load(jk)
   dead_letter(prefix, id, reason, at)
+  flow_unindex(prefix, id, fl.priority)  -- out of due: out of its level's index too
   flow_release(prefix, id, now, fl)
   flow_parent_ended(prefix, id, 'dead', now)
 elseif move == 'due' then
@@ -146,6 +149,7 @@ elseif move == 'due' then
   wake(wake_key)
 elseif move == 'unlist' then
   if (state == '') == job_exists(prefix, id) then return 0 end
+  local priority = flow_load(jk).priority  -- read before the first write
   for _, p in ipairs(drop) do
     if p == 'dead' then
       dead_unlist(prefix, id, now)
@@ -153,6 +157,7 @@ elseif move == 'unlist' then
       unhold()
     else
       redis.call('ZREM', PLACE_KEY[p], id)
+      if p == 'due' then flow_unindex(prefix, id, priority) end
     end
   end
   if state ~= '' then redis.call('HSET', jk, 'state', state) end
@@ -161,7 +166,10 @@ elseif move == 'state' then
   redis.call('HSET', jk, 'state', state)
   if state ~= 'leased' then redis.call('HDEL', jk, 'worker') end
 elseif move == 'score' then
+  local priority = flow_load(jk).priority  -- read before the first write
   redis.call('ZADD', held and (prefix .. 'flow:held') or PLACE_KEY[expect], 'XX', now, id)
+  -- Its level's index at the same time (else the priority pass waits for the old score).
+  if expect == 'due' and not held then flow_index(prefix, id, priority, now) end
 elseif move == 'persist' then
   if expect == '' then return 0 end
   redis.call('PERSIST', jk)

@@ -51,3 +51,40 @@ def test_a_parent_parked_by_doctor_parks_its_waiting_child(q: Queue, client: red
     assert job.state == "dead"  # before: waiting for a parent that will never be done
     assert job.dead_reason == f"parent dead: {parent}"
     assert client.zscore(q.keys.flow_waiting, child) is None
+
+
+def _pdue(client: redis.Redis, q: Queue, job_id: str) -> float | None:
+    score = client.zscore(q.keys.prefix + "flow:pdue:5", job_id)
+    return None if score is None else float(score)
+
+
+def test_a_repair_that_takes_a_job_out_of_due_takes_it_out_of_its_priority_index(
+    q: Queue, client: redis.Redis
+) -> None:
+    # Parked (its record unusable) or kept in its other place (in two at once): out of due, so
+    # out of its level's index too. Before, the entry stayed until a claim's scan met it.
+    parked = q.enqueue("sync", 1, priority=5, delay_ms=HOUR_MS)
+    doubled = q.enqueue("sync", 2, priority=5, delay_ms=HOUR_MS)
+    assert _pdue(client, q, parked) is not None and _pdue(client, q, doubled) is not None
+    client.hset(q.keys.job(parked), "max_attempts", "many")  # no worker can run it
+    client.zadd(q.keys.leased, {doubled: server_now_ms(client) + HOUR_MS})
+    client.hset(q.keys.job(doubled), "state", "leased")
+    codes = {i.job_id: i.code for i in check_queue(client, q.name)}
+    assert codes == {parked: "invalid-job", doubled: "two-places"}, codes
+    repair_queue(client, q.name)
+    assert q.status(parked) == "dead" and client.zscore(q.keys.due, doubled) is None
+    assert _pdue(client, q, parked) is None and _pdue(client, q, doubled) is None
+
+
+def test_a_bad_due_score_set_to_now_moves_its_priority_index_entry_too(
+    q: Queue, client: redis.Redis
+) -> None:
+    job_id = q.enqueue("sync", 1, priority=5, delay_ms=HOUR_MS)
+    client.zadd(q.keys.due, {job_id: float("inf")})
+    assert [i.code for i in check_queue(client, q.name)] == ["bad-score"]
+    repair_queue(client, q.name)
+    due_ms = client.zscore(q.keys.due, job_id)
+    assert due_ms is not None and due_ms <= server_now_ms(client)
+    # The priority pass takes it now, not an hour from now (its old entry).
+    assert _pdue(client, q, job_id) == due_ms
+    assert [j.id for j in q.claim("w", limit=1).jobs] == [job_id]
