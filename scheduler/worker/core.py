@@ -185,6 +185,15 @@ class WorkerCore:
         finally:
             cluster_io.TRYAGAIN_ROUNDS.reset(resending)
 
+    def _node_of(self, key: str) -> str:
+        """The cluster node holding `key` (calls are grouped by it: a node that fails fails
+        only its own queues' calls)."""
+        client: Any = self.client  # a redis.asyncio RedisCluster here
+        try:
+            return str(client.get_node_from_key(key).name)
+        except Exception:  # no slot map yet (a node down, a refresh): the key alone
+            return key
+
     def _due_soon(self, queue: str) -> None:
         """A job of `queue` is due again without a wake-up token (fail.lua's retry pushes
         none): end the idle wait and the queue's skip, so the claim loop re-plans its sleep

@@ -222,13 +222,6 @@ class Heartbeats(Dispatch, Reporting):
         ends = [r.lease_deadline_s for r in rs if r.beat_sent and not r.finished]
         return min(ends) if ends else None
 
-    def _node_of(self, key: str) -> str:
-        client: Any = self.client  # a redis.asyncio RedisCluster here
-        try:
-            return str(client.get_node_from_key(key).name)
-        except Exception:  # no slot map yet (a node down, a refresh): the key alone
-            return key
-
     def _lost(self, r: Running, reason: str) -> None:
         if r.finished:  # finished, outcome not yet acked: the report will be refused
             self._forget(r)

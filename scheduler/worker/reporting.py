@@ -10,6 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from scheduler.core.errors import (
     CorruptKey,
     JobCancelled,
@@ -91,7 +93,7 @@ class Reporting(WorkerCore):
                 calls.append(
                     (q.script_keys, q.ops.fail(r.job.id, r.job.token, err, retryable=retryable))
                 )
-            replies = await self._pipe.run(calls)
+            replies = await self._run_by_node(calls)
         except BaseException:
             # Not sent (or unknown): try again; complete and fail are idempotent per token.
             if gen == self._report_gen:
@@ -109,6 +111,34 @@ class Reporting(WorkerCore):
             retry = self._failed(r, err, ok, out) or retry
         if retry is not None:
             raise retry  # the loop backs off, then sends what was put back
+
+    async def _run_by_node(self, calls: list[tuple[list[str], Any]]) -> list[Any]:
+        """The report calls in one round trip; on a cluster worker of several queues, one call
+        per node, all at once: a node that fails or does not answer within the claims' wait
+        gives its error as the reply of each of its calls (they are sent again: complete and
+        fail are idempotent per token), and the healthy nodes' replies stand. Before, one
+        failing node failed every report, and the jobs of every node stayed unacknowledged."""
+        if self._claim_wait_s is None or len(calls) < 2:
+            return await self._pipe.run(calls)
+        groups: dict[str, list[int]] = {}
+        for i, (keys, _) in enumerate(calls):
+            groups.setdefault(self._node_of(keys[0]), []).append(i)
+        if len(groups) < 2:
+            return await self._pipe.run(calls)
+        sent = [self._pipe.run([calls[i] for i in idx]) for idx in groups.values()]
+        tasks = [asyncio.ensure_future(c) for c in sent]
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=self._claim_wait_s)
+        finally:
+            for t in tasks:
+                t.cancel()  # a no-op on those that ended
+        late = RedisTimeoutError("no answer from the node in time")
+        replies: list[Any] = [late] * len(calls)
+        for idx, t in zip(groups.values(), tasks, strict=True):
+            got = (t.exception() or t.result()) if t in done else late
+            for pos, i in enumerate(idx):
+                replies[i] = got if isinstance(got, BaseException) else got[pos]
+        return replies
 
     def _reply_error(self, what: str, exc: BaseException) -> bool:
         """True when the call is to be sent again (transient); raises _Fatal when fatal."""

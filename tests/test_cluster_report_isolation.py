@@ -1,0 +1,84 @@
+"""On a cluster, a node that is down fails only its own queues' reports: the outcomes of jobs
+on the healthy nodes are written (before, one complete call for every queue failed whole and was
+sent again whole, so while one node was down no job of any node was marked done). One private
+redis-server, the cluster path forced (as tests/test_worker_lease_loss.py does), an in-process
+worker over two queues whose calls to the "bad" one fail or hang."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from scheduler import Queue
+from scheduler.core.connection import connect_async
+from scheduler.worker import Worker, WorkerSettings
+from scheduler.worker.registry import JobContext, Registry
+from tests.redis_server import RedisProcess
+
+registry = Registry()
+ran: list[str] = []
+
+
+@registry.task(name="iso-quick")
+async def quick(payload: Any, ctx: JobContext) -> None:
+    ran.append(ctx.job_id)
+    await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("bad_hangs", [False, True])
+def test_a_node_that_is_down_does_not_hold_back_the_others_outcomes(
+    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch, bad_hangs: bool
+) -> None:
+    from scheduler.worker import core as core_module
+    from scheduler.worker import heartbeat as heartbeat_module
+
+    ran.clear()
+    tag = uuid.uuid4().hex[:8]
+    good, bad = f"iso-good-{tag}", f"iso-bad-{tag}"
+    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
+    qg, qb = Queue(admin, good), Queue(admin, bad)
+    qb.enqueue("iso-quick", None, job_id="b1")
+    # Due after the bad job's report has failed once: sent again with it, before, forever.
+    later = [qg.enqueue("iso-quick", None, job_id=f"g{i}", delay_ms=300 + 50 * i) for i in range(3)]
+    for module in (core_module, heartbeat_module):
+        monkeypatch.setattr(module, "is_cluster", lambda client: True, raising=False)
+    down = False
+
+    async def main() -> None:
+        nonlocal down
+        settings = WorkerSettings(queues=(good, bad), concurrency=4, grace_s=0)
+        w = Worker(connect_async(module_server.url), registry, settings)
+        real = w._pipe.run
+        bad_keys = w._by_name[bad].script_keys
+
+        async def run(items: Any) -> list[Any]:
+            if down and any(keys == bad_keys for keys, _ in items):
+                if bad_hangs:
+                    await asyncio.sleep(60)
+                raise RedisConnectionError("node of the bad queue is down")
+            return await real(items)
+
+        monkeypatch.setattr(w._pipe, "run", run)
+        task = asyncio.create_task(w.run(install_signals=False))
+        for _ in range(200):  # the bad job started: its node goes down before its report
+            if "b1" in ran:
+                break
+            await asyncio.sleep(0.01)
+        down = True
+        for _ in range(300):
+            if all(qg.status(j) == "done" for j in later):
+                break
+            await asyncio.sleep(0.02)
+        w.request_stop()
+        await task
+        await w.client.aclose()
+
+    asyncio.run(main())
+    assert "b1" in ran and all(j in ran for j in later), ran
+    assert [qg.status(j) for j in later] == ["done"] * 3
+    assert qb.status("b1") == "leased"  # its outcome never reached its node: the lease lapses
