@@ -82,3 +82,56 @@ def test_a_node_that_is_down_does_not_hold_back_the_others_outcomes(
     assert "b1" in ran and all(j in ran for j in later), ran
     assert [qg.status(j) for j in later] == ["done"] * 3
     assert qb.status("b1") == "leased"  # its outcome never reached its node: the lease lapses
+
+
+@registry.task(name="iso-slow")
+async def slow(payload: Any, ctx: JobContext) -> None:
+    ran.append(ctx.job_id)
+    await asyncio.sleep(30)
+
+
+def test_at_shutdown_the_healthy_nodes_jobs_are_given_back(
+    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both queues' jobs are running when the worker stops; the bad node is down. The good
+    # node's job is released (due again at once), not left to its lease's end (before: one
+    # release call for every queue failed whole).
+    from scheduler.worker import core as core_module
+    from scheduler.worker import heartbeat as heartbeat_module
+
+    ran.clear()
+    tag = uuid.uuid4().hex[:8]
+    good, bad = f"iso-good-{tag}", f"iso-bad-{tag}"
+    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
+    qg, qb = Queue(admin, good), Queue(admin, bad)
+    qg.enqueue("iso-slow", None, job_id="g1")
+    qb.enqueue("iso-slow", None, job_id="b1")
+    for module in (core_module, heartbeat_module):
+        monkeypatch.setattr(module, "is_cluster", lambda client: True, raising=False)
+
+    async def main() -> None:
+        settings = WorkerSettings(queues=(good, bad), concurrency=4, grace_s=0)
+        w = Worker(connect_async(module_server.url), registry, settings)
+        real = w._pipe.run
+        bad_keys = w._by_name[bad].script_keys
+        down = False
+
+        async def run(items: Any) -> list[Any]:
+            if down and any(keys == bad_keys for keys, _ in items):
+                raise RedisConnectionError("node of the bad queue is down")
+            return await real(items)
+
+        monkeypatch.setattr(w._pipe, "run", run)
+        task = asyncio.create_task(w.run(install_signals=False))
+        for _ in range(300):
+            if {"g1", "b1"} <= set(ran):
+                break
+            await asyncio.sleep(0.01)
+        down = True
+        w.request_stop()
+        await task
+        await w.client.aclose()
+
+    asyncio.run(main())
+    assert {"g1", "b1"} <= set(ran), ran
+    assert qg.status("g1") == "due" and qb.status("b1") == "leased"

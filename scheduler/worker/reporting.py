@@ -113,11 +113,11 @@ class Reporting(WorkerCore):
             raise retry  # the loop backs off, then sends what was put back
 
     async def _run_by_node(self, calls: list[tuple[list[str], Any]]) -> list[Any]:
-        """The report calls in one round trip; on a cluster worker of several queues, one call
-        per node, all at once: a node that fails or does not answer within the claims' wait
-        gives its error as the reply of each of its calls (they are sent again: complete and
-        fail are idempotent per token), and the healthy nodes' replies stand. Before, one
-        failing node failed every report, and the jobs of every node stayed unacknowledged."""
+        """Report (or release) calls in one round trip; on a cluster worker of several queues,
+        one call per node, all at once: a node that fails or does not answer within the claims'
+        wait gives its error as the reply of each of its calls (they are sent again: complete,
+        fail and release are idempotent per token), and the healthy nodes' replies stand.
+        Before, one failing node failed every report, and no node's jobs were acknowledged."""
         if self._claim_wait_s is None or len(calls) < 2:
             return await self._pipe.run(calls)
         groups: dict[str, list[int]] = {}
@@ -220,7 +220,8 @@ class Reporting(WorkerCore):
                 for qn, g in by_queue.items()
             ]
             try:
-                replies = await _within(self._pipe.run(items), deadline - time.monotonic())
+                left_s = deadline - time.monotonic()
+                replies = await _within(self._run_by_node(items), left_s)
             except Exception as exc:
                 replies = [exc] * len(items)  # no answer (_Deadline too): none was released
             err = next((x for x in replies if isinstance(x, BaseException)), None)
