@@ -135,3 +135,47 @@ def test_at_shutdown_the_healthy_nodes_jobs_are_given_back(
     asyncio.run(main())
     assert {"g1", "b1"} <= set(ran), ran
     assert qg.status("g1") == "due" and qb.status("b1") == "leased"
+
+
+def test_the_presence_beat_on_the_healthy_nodes_goes_on(
+    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker's entry on the good queue (`scheduler workers`, the dashboard) is refreshed
+    # while the bad node is down; before, one presence call for every queue failed whole and
+    # the entry expired after 3 heartbeats.
+    from scheduler.worker import core as core_module
+    from scheduler.worker import heartbeat as heartbeat_module
+
+    tag = uuid.uuid4().hex[:8]
+    good, bad = f"iso-good-{tag}", f"iso-bad-{tag}"
+    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
+    qg = Queue(admin, good)
+    for module in (core_module, heartbeat_module):
+        monkeypatch.setattr(module, "is_cluster", lambda client: True, raising=False)
+    seen: list[bool] = []
+
+    async def main() -> None:
+        settings = WorkerSettings(
+            queues=(good, bad), concurrency=4, grace_s=0, lease_ms=300, heartbeat_ms=100
+        )
+        w = Worker(connect_async(module_server.url), registry, settings)
+        real = w._pipe.requests
+        bad_keys = w._by_name[bad].script_keys
+
+        async def requests(items: Any) -> list[Any]:
+            if any(tuple(keys) == tuple(bad_keys) for keys, _ in items):
+                raise RedisConnectionError("node of the bad queue is down")
+            return await real(items)
+
+        monkeypatch.setattr(w._pipe, "requests", requests)
+        task = asyncio.create_task(w.run(install_signals=False))
+        await asyncio.sleep(0.3)
+        for _ in range(8):  # 3 heartbeats is the entry's life: look over 8
+            await asyncio.sleep(0.1)
+            seen.append(admin.exists(qg.keys.prefix + f"worker:{w.id}") == 1)
+        w.request_stop()
+        await task
+        await w.client.aclose()
+
+    asyncio.run(main())
+    assert seen and all(seen), seen

@@ -249,6 +249,8 @@ class Heartbeats(Dispatch, Reporting):
             )
             for q in self.queues
         ]
-        for reply in await self._pipe.requests(reqs):
+        # Per node on a cluster (Reporting._run_by_node): a node that is down must not keep
+        # this worker's entry on the healthy ones from being refreshed (it expires).
+        for reply in await self._run_by_node(reqs, self._pipe.requests):
             if isinstance(reply, BaseException):
                 raise reply

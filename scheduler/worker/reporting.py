@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -112,20 +112,26 @@ class Reporting(WorkerCore):
         if retry is not None:
             raise retry  # the loop backs off, then sends what was put back
 
-    async def _run_by_node(self, calls: list[tuple[list[str], Any]]) -> list[Any]:
+    async def _run_by_node(
+        self,
+        calls: Sequence[tuple[Sequence[str], Any]],
+        send: Callable[[Any], Awaitable[list[Any]]] | None = None,
+    ) -> list[Any]:
         """Report (or release) calls in one round trip; on a cluster worker of several queues,
         one call per node, all at once: a node that fails or does not answer within the claims'
         wait gives its error as the reply of each of its calls (they are sent again: complete,
         fail and release are idempotent per token), and the healthy nodes' replies stand.
-        Before, one failing node failed every report, and no node's jobs were acknowledged."""
+        Before, one failing node failed every report, and no node's jobs were acknowledged.
+        send: how the calls go (default: Pipeline.run of operations)."""
+        run: Callable[[Any], Awaitable[list[Any]]] = send or self._pipe.run
         if self._claim_wait_s is None or len(calls) < 2:
-            return await self._pipe.run(calls)
+            return await run(calls)
         groups: dict[str, list[int]] = {}
         for i, (keys, _) in enumerate(calls):
             groups.setdefault(self._node_of(keys[0]), []).append(i)
         if len(groups) < 2:
-            return await self._pipe.run(calls)
-        sent = [self._pipe.run([calls[i] for i in idx]) for idx in groups.values()]
+            return await run(calls)
+        sent = [run([calls[i] for i in idx]) for idx in groups.values()]
         tasks = [asyncio.ensure_future(c) for c in sent]
         try:
             done, _ = await asyncio.wait(tasks, timeout=self._claim_wait_s)
