@@ -212,12 +212,15 @@ async def gated(payload: object, ctx: JobContext) -> str:
     return "ok"
 
 
+@pytest.mark.parametrize("report_delay_s", [0.0, 0.3])
 def test_a_worker_claims_the_next_suspect_when_its_own_ends(
-    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch, report_delay_s: float
 ) -> None:
     """The suspects a worker skips send it no wake-up, and its claim answers next_ms past them
     (its own suspect's lease end, an hour here, with the idle safety net an hour too): only the
-    end of its suspect (ClaimBatch.suspect) makes it claim the next one."""
+    end of its suspect (ClaimBatch.suspect) makes it claim the next one. Second case, the
+    outcome lands 0.3 s after the handler ended (a loaded machine; CI failed on it): a claim
+    sent at the handler's end still found the suspect leased and slept for the hour."""
     no_safety_nets(monkeypatch)
     admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
     q = Queue(admin, f"pc-next-{uuid.uuid4().hex[:8]}", _clock="test")
@@ -232,6 +235,13 @@ def test_a_worker_claims_the_next_suspect_when_its_own_ends(
         client = connect_async(module_server.url)
         settings = WorkerSettings(queues=(q.name,), concurrency=4, grace_s=0, lease_ms=3_600_000)
         w = Worker(client, registry, settings, _clock="test")
+        real_send = w._send_reports
+
+        async def late_send() -> None:
+            await asyncio.sleep(report_delay_s)
+            await real_send()
+
+        monkeypatch.setattr(w, "_send_reports", late_send)
         task = asyncio.create_task(w.run(install_signals=False))
         try:
             await poll(lambda: sum(q.status(i) == "leased" for i in ids) == 1, "one suspect")

@@ -127,7 +127,8 @@ class WorkerCore:
         self._behind: dict[tuple[str, str], Running] = {}
         self._capped = False
         # (queue, job id) of the suspects leased (ClaimBatch.suspect): the claim loop claims
-        # again when one ends, since the suspects it skipped meanwhile sent it no wake-up.
+        # again when one's lease is gone (_forget), since the suspects it skipped meanwhile
+        # sent it no wake-up.
         self._suspects: set[tuple[str, str]] = set()
         self._stop_claiming = asyncio.Event()
         self._stop_reporter = asyncio.Event()
@@ -222,6 +223,12 @@ class WorkerCore:
         key = (r.queue, r.job.id)
         if self._held.get(key) is r:
             del self._held[key]
+            if self._suspects and key in self._suspects:
+                # Its suspect's lease is gone (settled, lost, released): claim the next one
+                # now. Not when the handler ended: a claim sent before the outcome landed
+                # still found the suspect leased, skipped the next, and slept (CI, loaded).
+                self._suspects.discard(key)
+                self._due_soon(r.queue)
 
     def _loop_error(self, what: str, exc: BaseException) -> None:
         """A loop's call failed: transient -> log, count (the caller backs off and retries);

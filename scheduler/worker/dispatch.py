@@ -205,9 +205,6 @@ class Dispatch(Starting):
             r.timer.cancel()
         now_s = time.monotonic()  # the job's one clock read after its claim's batch
         key = (r.queue, r.job.id)
-        if self._suspects and key in self._suspects:
-            self._suspects.discard(key)
-            self._due_soon(r.queue)  # the next suspect may be claimed now
         if self.running.get(key) is r:
             del self.running[key]
             run_s = now_s - r.started_s
