@@ -10,7 +10,12 @@ real. Private servers."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +28,8 @@ from scheduler import AsyncQueue
 from scheduler.core.direct_io import transport_race
 from scheduler.worker.execution import classify
 from tests.redis_server import RedisProcess, require_server
+
+CHILD = Path(__file__).parent / "workers" / "uvloop_closed_transport.py"
 
 
 def raiser(filename: str, error: str) -> Callable[..., Any]:
@@ -141,27 +148,31 @@ def tcp_server() -> Iterator[RedisProcess]:
 def test_a_send_on_a_transport_uvloop_closed_is_a_connection_error(
     tcp_server: RedisProcess, queue_name: str, retries: int
 ) -> None:
-    import uvloop
-
-    async def main() -> None:
-        c = aredis.Redis.from_url(tcp_server.tcp_url, retry=Retry(NoBackoff(), retries))
-        q = AsyncQueue(c, queue_name)
-        await q.enqueue("t", 0)
-        (conn,) = c.connection_pool._available_connections
-        writer = conn._writer
-        assert writer is not None
-        writer.transport.close()  # as the peer's close does, under redis-py's feet
-        await asyncio.sleep(0.01)
-        if retries:
-            job = await q.enqueue("t", {"n": 1})  # sent again on a new connection
-            assert (await q.get_job(job)).payload() == {"n": 1}
-        else:
-            with pytest.raises(RedisConnectionError, match="lost while writing"):
-                await q.enqueue("t", {"n": 1})
-        assert await c.zcard(q.keys.due) == (2 if retries else 1)
-        await c.aclose()
-
-    uvloop.run(main())
+    # In a child process (tests/workers/uvloop_closed_transport.py): once in CI uvloop's
+    # loop.close() never returned after this scenario had passed, and hung the suite.
+    child = subprocess.Popen(
+        [sys.executable, str(CHILD), tcp_server.tcp_url, queue_name, str(retries)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+    lines = out.splitlines()
+    assert lines, f"the scenario did not finish: {err[-2000:]}"
+    got = json.loads(lines[0])
+    if retries:
+        assert got.get("payload") == {"n": 1}, got  # sent again on a new connection
+    else:
+        assert "lost while writing" in got.get("error", ""), got
+    assert got["due"] == (2 if retries else 1)
+    if lines[-1] != "closed":  # the scenario held; uvloop's own close hung: said, not hidden
+        warnings.warn(
+            f"uvloop's loop.close() did not return within 60 s: {err[-500:]}", stacklevel=1
+        )
 
 
 def test_a_cluster_nodes_send_on_a_closed_transport_is_a_connection_error() -> None:
