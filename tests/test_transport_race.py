@@ -166,8 +166,9 @@ def test_a_send_on_a_transport_uvloop_closed_is_a_connection_error(
     got = json.loads(lines[0])
     if retries:
         assert got.get("payload") == {"n": 1}, got  # sent again on a new connection
-    else:
-        assert "lost while writing" in got.get("error", ""), got
+    else:  # ours (uvloop's RuntimeError converted), or redis-py's check when it saw the EOF
+        error = got.get("error", "")
+        assert "lost while writing" in error or "closed by the server before write" in error, got
     assert got["due"] == (2 if retries else 1)
     if lines[-1] != "closed":  # the scenario held; uvloop's own close hung: said, not hidden
         warnings.warn(
