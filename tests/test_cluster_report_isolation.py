@@ -30,23 +30,28 @@ async def quick(payload: Any, ctx: JobContext) -> None:
     await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize("bad_hangs", [False, True])
-def test_a_node_that_is_down_does_not_hold_back_the_others_outcomes(
-    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch, bad_hangs: bool
-) -> None:
+def _two_nodes(server: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> tuple[Queue, Queue]:
+    """Queues "good" and "bad", as on two cluster nodes: the worker's cluster path forced."""
     from scheduler.worker import core as core_module
     from scheduler.worker import heartbeat as heartbeat_module
 
     ran.clear()
     tag = uuid.uuid4().hex[:8]
-    good, bad = f"iso-good-{tag}", f"iso-bad-{tag}"
-    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
-    qg, qb = Queue(admin, good), Queue(admin, bad)
+    admin = redis.Redis(unix_socket_path=server.socket, decode_responses=True)
+    for module in (core_module, heartbeat_module):
+        monkeypatch.setattr(module, "is_cluster", lambda client: True, raising=False)
+    return Queue(admin, f"iso-good-{tag}"), Queue(admin, f"iso-bad-{tag}")
+
+
+@pytest.mark.parametrize("bad_hangs", [False, True])
+def test_a_node_that_is_down_does_not_hold_back_the_others_outcomes(
+    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch, bad_hangs: bool
+) -> None:
+    qg, qb = _two_nodes(module_server, monkeypatch)
+    good, bad = qg.name, qb.name
     qb.enqueue("iso-quick", None, job_id="b1")
     # Due after the bad job's report has failed once: sent again with it, before, forever.
     later = [qg.enqueue("iso-quick", None, job_id=f"g{i}", delay_ms=300 + 50 * i) for i in range(3)]
-    for module in (core_module, heartbeat_module):
-        monkeypatch.setattr(module, "is_cluster", lambda client: True, raising=False)
     down = False
 
     async def main() -> None:
@@ -96,18 +101,10 @@ def test_at_shutdown_the_healthy_nodes_jobs_are_given_back(
     # Both queues' jobs are running when the worker stops; the bad node is down. The good
     # node's job is released (due again at once), not left to its lease's end (before: one
     # release call for every queue failed whole).
-    from scheduler.worker import core as core_module
-    from scheduler.worker import heartbeat as heartbeat_module
-
-    ran.clear()
-    tag = uuid.uuid4().hex[:8]
-    good, bad = f"iso-good-{tag}", f"iso-bad-{tag}"
-    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
-    qg, qb = Queue(admin, good), Queue(admin, bad)
+    qg, qb = _two_nodes(module_server, monkeypatch)
+    good, bad = qg.name, qb.name
     qg.enqueue("iso-slow", None, job_id="g1")
     qb.enqueue("iso-slow", None, job_id="b1")
-    for module in (core_module, heartbeat_module):
-        monkeypatch.setattr(module, "is_cluster", lambda client: True, raising=False)
 
     async def main() -> None:
         settings = WorkerSettings(queues=(good, bad), concurrency=4, grace_s=0)
@@ -143,15 +140,8 @@ def test_the_presence_beat_on_the_healthy_nodes_goes_on(
     # The worker's entry on the good queue (`scheduler workers`, the dashboard) is refreshed
     # while the bad node is down; before, one presence call for every queue failed whole and
     # the entry expired after 3 heartbeats.
-    from scheduler.worker import core as core_module
-    from scheduler.worker import heartbeat as heartbeat_module
-
-    tag = uuid.uuid4().hex[:8]
-    good, bad = f"iso-good-{tag}", f"iso-bad-{tag}"
-    admin = redis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
-    qg = Queue(admin, good)
-    for module in (core_module, heartbeat_module):
-        monkeypatch.setattr(module, "is_cluster", lambda client: True, raising=False)
+    qg, qb = _two_nodes(module_server, monkeypatch)
+    good, bad = qg.name, qb.name
     seen: list[bool] = []
 
     async def main() -> None:
@@ -172,7 +162,7 @@ def test_the_presence_beat_on_the_healthy_nodes_goes_on(
         await asyncio.sleep(0.3)
         for _ in range(8):  # 3 heartbeats is the entry's life: look over 8
             await asyncio.sleep(0.1)
-            seen.append(admin.exists(qg.keys.prefix + f"worker:{w.id}") == 1)
+            seen.append(qg.client.exists(qg.keys.prefix + f"worker:{w.id}") == 1)
         w.request_stop()
         await task
         await w.client.aclose()
