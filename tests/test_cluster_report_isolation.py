@@ -159,10 +159,14 @@ def test_the_presence_beat_on_the_healthy_nodes_goes_on(
 
         monkeypatch.setattr(w._pipe, "requests", requests)
         task = asyncio.create_task(w.run(install_signals=False))
-        await asyncio.sleep(0.3)
-        for _ in range(8):  # 3 heartbeats is the entry's life: look over 8
+        entry = qg.keys.prefix + f"worker:{w.id}"
+        for _ in range(1000):  # its first beat (not a fixed wait: the start may be slow)
+            if qg.client.exists(entry):
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(8):  # then 3 heartbeats is the entry's life: look over 8
+            seen.append(qg.client.exists(entry) == 1)
             await asyncio.sleep(0.1)
-            seen.append(qg.client.exists(qg.keys.prefix + f"worker:{w.id}") == 1)
         w.request_stop()
         await task
         await w.client.aclose()
