@@ -267,7 +267,9 @@ def stats_between(client: redis.Redis, q: Queue, first_ms: int, last_ms: int) ->
 
 
 def test_a_claim_records_its_start_lateness_once_per_call(client: redis.Redis, q: Queue) -> None:
-    late = datetime.now(UTC) - timedelta(seconds=5)
+    # 6 s: the run time is this process's clock, the lateness the server's; at exactly 5 s a
+    # clock 1 ms ahead of Redis's read 4,999 ms (CI).
+    late = datetime.now(UTC) - timedelta(seconds=6)
     ids = [q.enqueue("mail.send", {"n": i}, run_at=late) for i in range(3)]
     q.enqueue("mail.send", {"n": 9})  # on time: at most a few ms late
     before = q.counts().now_ms
@@ -281,7 +283,8 @@ def test_a_claim_records_its_start_lateness_once_per_call(client: redis.Redis, q
 
 
 def test_the_lateness_chart_reads_what_a_real_claim_recorded(client: redis.Redis, q: Queue) -> None:
-    q.enqueue("mail.send", {}, run_at=datetime.now(UTC) - timedelta(seconds=5))
+    # 6 s late by this process's clock: 5 s read 4,999 ms by the server's once (CI).
+    q.enqueue("mail.send", {}, run_at=datetime.now(UTC) - timedelta(seconds=6))
     q.claim("w-late", limit=1)
     # A dashboard started after the claim (no process saw it happen) shows it.
     with make_client(client, q) as web:
