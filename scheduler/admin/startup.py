@@ -17,6 +17,7 @@ from scheduler.admin.health import (
     read_server_async,
     server_nodes,
 )
+from scheduler.core.connection import key_nodes
 from scheduler.core.errors import SchedulerError
 from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import safe
@@ -98,11 +99,13 @@ def check_or_warn(client: Any, *, strict: bool, log: Callable[[str], object]) ->
 
 
 async def check_or_warn_async(
-    client: Any, *, strict: bool, log: Callable[[str], object]
+    client: Any, *, strict: bool, log: Callable[[str], object], keys: Sequence[str] = ()
 ) -> list[Finding]:
-    """check_or_warn for a redis.asyncio client (the worker's)."""
+    """check_or_warn for a redis.asyncio client (the worker's). With `keys` (a worker's
+    queues), a cluster's primaries holding them only: the others' durability is not the
+    worker's, and one of them being down must not slow its start."""
     found: list[Finding] = []
-    for node in server_nodes(client):
+    for node in key_nodes(client, keys) if keys else server_nodes(client):
         try:
             found += at_node(node, check_server(*await read_server_async(client, node)))
         except RedisError as exc:

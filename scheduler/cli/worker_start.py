@@ -178,7 +178,9 @@ async def serve(
         await client.aclose()
         return start_failure(exc, url)
     try:
-        await check_or_warn_async(client, strict=strict, log=worker.log.warning)
+        await check_or_warn_async(
+            client, strict=strict, log=worker.log.warning, keys=[q.keys.due for q in worker.queues]
+        )
     except UnsafeServer as exc:  # a refusal, as with `enqueue --strict`
         click.echo(safe(f"error: {exc}"), err=True)
         await client.aclose()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit
@@ -234,6 +234,19 @@ def primaries(client: redis.Redis) -> list[redis.Redis]:
     if not isinstance(client, RedisCluster):
         return [client]
     return [client.get_redis_connection(n) for n in client.get_primaries()]
+
+
+def key_nodes(client: Any, keys: Iterable[str]) -> list[Any]:
+    """The primaries (ClusterNode) holding `keys` on a cluster client, each once, in the keys'
+    order; [None] (the one server) for a plain client. An asyncio cluster client must have
+    made its first call (its slot map is read then)."""
+    if not is_cluster(client):
+        return [None]
+    nodes: dict[str, Any] = {}
+    for key in keys:
+        node = client.get_node_from_key(key)
+        nodes.setdefault(node.name, node)
+    return list(nodes.values())
 
 
 def node_for_key(client: redis.Redis, key: str) -> redis.Redis:

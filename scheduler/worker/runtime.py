@@ -13,7 +13,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from scheduler.core.connection import is_cluster
+from scheduler.core.connection import is_cluster, key_nodes
 from scheduler.core.errors import SchedulerError
 from scheduler.worker.claiming import Claiming
 from scheduler.worker.core import _Deadline, _Fatal, _within
@@ -32,10 +32,22 @@ class Worker(Claiming, Heartbeats):
     """One worker process's runtime (see the package docstring)."""
 
     async def preflight(self) -> None:
-        """Raise (redis ConnectionError etc.) when Redis cannot be reached; load the scripts."""
-        await self.client.ping()
-        for _, text in self._pipe.scripts.preload_commands():
-            await self.client.script_load(text)
+        """Raise (redis ConnectionError etc.) when Redis cannot be reached; load the scripts.
+        On a cluster, only on the primaries holding this worker's queues: a node of other
+        queues being down must not keep it from starting, as it does not stop a running
+        worker (its calls go one per node)."""
+        texts = [text for _, text in self._pipe.scripts.preload_commands()]
+        client: Any = self.client
+        if not is_cluster(client):
+            await client.ping()
+            for text in texts:
+                await client.script_load(text)
+        else:
+            await client.initialize()  # the slot map key_nodes reads
+            for node in key_nodes(client, [q.keys.due for q in self.queues]):
+                await client.execute_command("PING", target_nodes=node)
+                for text in texts:
+                    await client.execute_command("SCRIPT LOAD", text, target_nodes=node)
         await self._warn_paused()
 
     async def _warn_paused(self) -> None:
