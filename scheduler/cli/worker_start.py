@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any
@@ -38,6 +41,7 @@ from scheduler.worker import (
     SettingsError,
     Worker,
     WorkerSettings,
+    logs,
 )
 from scheduler.worker.execution import TRANSIENT, classify
 from scheduler.worker.metrics import METRICS_ADDR
@@ -109,15 +113,42 @@ def run_loop(main: Coroutine[Any, Any, int]) -> int:
     except ImportError:
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    code = EXIT_ERROR  # main raised: cli/worker.py logs the crash and exits with this
     try:
-        return loop.run_until_complete(main)
+        code = loop.run_until_complete(main)
+        return code
     finally:
+        arm_exit_watchdog(code)
         try:
             _end_leftovers(loop)
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+
+
+# Once the worker has returned (its jobs finished or given back), how long the rest of the exit
+# may take: the loop's close, the interpreter's join of non-daemon threads (a handler's own),
+# atexit. uvloop's close was once seen never to return (tests/test_transport_race.py); a worker
+# that hangs there holds its supervisor's stop until it is killed.
+_EXIT_WATCHDOG_S = 10.0
+
+
+def arm_exit_watchdog(code: int) -> None:
+    """End the process with `code` if it is still alive _EXIT_WATCHDOG_S from now (a daemon
+    thread: a normal exit ends it with the process)."""
+
+    def force() -> None:
+        time.sleep(_EXIT_WATCHDOG_S)
+        logging.getLogger(logs.LOGGER).warning(
+            "the exit did not end within %.0fs of the worker's stop (the event loop's close, "
+            "a non-daemon thread, an atexit hook): exiting now with code %d",
+            _EXIT_WATCHDOG_S,
+            code,
+        )
+        os._exit(code)
+
+    threading.Thread(target=force, name="sched-exit-watchdog", daemon=True).start()
 
 
 def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
