@@ -1,7 +1,8 @@
 """After the worker has stopped (its exit code decided, its jobs finished or given back), the
 rest of the exit cannot hold the process: a loop close that never returns, or a handler's
 non-daemon thread that never ends, is cut after the watchdog's delay with the same exit code
-(scheduler/cli/worker_start.py arm_exit_watchdog). Each case runs in a child process."""
+(scheduler/cli/exit_watchdog.py); a caller that goes on after the worker returned (the CLI run
+in-process) is left alone. Each case runs in a child process."""
 
 from __future__ import annotations
 
@@ -33,3 +34,9 @@ def test_an_exit_that_does_not_hang_is_not_cut() -> None:
     done = _child(5, 20.0, "none")
     assert done.returncode == 5, done.stderr
     assert _FORCED not in done.stderr
+
+
+def test_a_caller_that_goes_on_after_the_worker_is_left_alone() -> None:
+    done = _child(7, 0.5, "inprocess")
+    assert done.returncode == 0, done.stderr
+    assert "went on" in done.stdout and _FORCED not in done.stderr

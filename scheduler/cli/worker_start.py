@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 import os
 import sys
-import threading
-import time
 from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any
@@ -27,6 +24,7 @@ from scheduler.admin.startup import (
     is_permission_error,
     permission_message,
 )
+from scheduler.cli.exit_watchdog import ExitWatchdog
 from scheduler.cli.worker_pool_child import STOP_SIGNAL, notify_ready
 from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async
@@ -41,7 +39,6 @@ from scheduler.worker import (
     SettingsError,
     Worker,
     WorkerSettings,
-    logs,
 )
 from scheduler.worker.execution import TRANSIENT, classify
 from scheduler.worker.metrics import METRICS_ADDR
@@ -118,37 +115,15 @@ def run_loop(main: Coroutine[Any, Any, int]) -> int:
         code = loop.run_until_complete(main)
         return code
     finally:
-        arm_exit_watchdog(code)
+        watchdog = ExitWatchdog(code)
+        watchdog.arm()
         try:
             _end_leftovers(loop)
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             asyncio.set_event_loop(None)
             loop.close()
-
-
-# Once the worker has returned (its jobs finished or given back), how long the rest of the exit
-# may take: the loop's close, the interpreter's join of non-daemon threads (a handler's own),
-# atexit. uvloop's close was once seen never to return (tests/test_transport_race.py); a worker
-# that hangs there holds its supervisor's stop until it is killed.
-_EXIT_WATCHDOG_S = 10.0
-
-
-def arm_exit_watchdog(code: int) -> None:
-    """End the process with `code` if it is still alive _EXIT_WATCHDOG_S from now (a daemon
-    thread: a normal exit ends it with the process)."""
-
-    def force() -> None:
-        time.sleep(_EXIT_WATCHDOG_S)
-        logging.getLogger(logs.LOGGER).warning(
-            "the exit did not end within %.0fs of the worker's stop (the event loop's close, "
-            "a non-daemon thread, an atexit hook): exiting now with code %d",
-            _EXIT_WATCHDOG_S,
-            code,
-        )
-        os._exit(code)
-
-    threading.Thread(target=force, name="sched-exit-watchdog", daemon=True).start()
+            watchdog.closed()
 
 
 def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
