@@ -1,61 +1,124 @@
 """A cluster node down for good (its primary and replica killed, `cluster-require-full-coverage
-no`, so the other slots stay served): a worker of queues on the other nodes still starts and
-runs their jobs. Its start used to load the scripts on every primary, so it exited 3 until the
-dead node came back. Own cluster (the kill would break a shared one), ~8 s."""
+no`, so the other slots stay served): the queues of the other nodes go on. A worker of theirs
+still starts and runs their jobs (its start used to load the scripts on every primary, so it
+exited 3 until the dead node came back), and the dashboard shows them with the dead node named
+(its pages answered 500), and so does `scheduler stats`. Own cluster for the module (the kill
+would break a shared one), ~8 s."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from starlette.testclient import TestClient
 
 from scheduler import Queue
+from scheduler._spawn import RedisProcess
 from scheduler._spawn_cluster import LocalCluster
+from scheduler.cli.main import main
 from scheduler.core.keys import QueueKeys
 from scheduler.core.scripts import Scripts
+from scheduler.dashboard import Auth, create_app
 from tests.redis_server import require_server
 from tests.workers.procs import spawn_worker, stop_all, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def _queues_on_two_primaries(cluster: LocalCluster) -> tuple[str, str]:
-    by_port: dict[int, str] = {}
-    for i in range(200):
-        name = f"nd{i}"
-        by_port.setdefault(cluster.primary_for(QueueKeys(name).prefix).port, name)
-        if len(by_port) == 2:
-            break
-    good, gone = by_port.values()
-    return good, gone
+@dataclass
+class Down:
+    cluster: LocalCluster
+    good: str  # a queue on a live primary
+    gone: str  # a queue on the dead one
+    live: RedisProcess
+    dead: RedisProcess
 
 
-def test_a_worker_starts_and_runs_while_another_queues_node_is_down(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def down() -> Iterator[Down]:
     with LocalCluster(require_server("a local Redis Cluster"), node_timeout_ms=1000) as cluster:
         for node in cluster.nodes:
             with cluster.node_client(node) as c:
                 c.config_set("cluster-require-full-coverage", "no")
-        good, gone = _queues_on_two_primaries(cluster)
+        by_port: dict[int, str] = {}
+        for i in range(200):
+            name = f"nd{i}"
+            by_port.setdefault(cluster.primary_for(QueueKeys(name).prefix).port, name)
+            if len(by_port) == 2:
+                break
+        good, gone = by_port.values()
+        for name in (good, gone):
+            Queue.from_url(cluster.url, name).enqueue("noop", None)
         dead = cluster.primary_for(QueueKeys(gone).prefix)
         live = cluster.primary_for(QueueKeys(good).prefix)
         # LocalCluster makes node i + primaries the replica of primary i: no failover.
         cluster.nodes[cluster.nodes.index(dead) + cluster.primaries].kill()
         dead.kill()
-        q = Queue.from_url(cluster.url, good)
-        job_id = q.enqueue("noop", None)
-        log = tmp_path / "worker.log"
-        worker = spawn_worker(cluster.url, good, log=str(log))
-        try:
-            wait_for(lambda: q.status(job_id) == "done" or worker.poll() is not None,
-                     timeout_s=60, what="the job done or the worker gone")  # fmt: skip
-            assert worker.poll() is None, log.read_text()[-2000:]
-            assert q.status(job_id) == "done"
-            # The scripts were loaded where the queue lives, and the settings read there only
-            # (a warning naming the dead node would say its durability is unchecked).
-            with cluster.node_client(live) as c:
-                scripts = Scripts()
-                assert all(c.script_exists(*(scripts.sha[name] for name, _ in
-                                              scripts.preload_commands())))  # fmt: skip
-            assert f":{dead.port}" not in log.read_text()
-        finally:
-            stop_all([worker])
+        yield Down(cluster, good, gone, live, dead)
+
+
+def test_a_worker_starts_and_runs_while_another_queues_node_is_down(
+    down: Down, tmp_path: Path
+) -> None:
+    q = Queue.from_url(down.cluster.url, down.good)
+    job_id = q.enqueue("noop", None)
+    log = tmp_path / "worker.log"
+    worker = spawn_worker(down.cluster.url, down.good, log=str(log))
+    try:
+        wait_for(lambda: q.status(job_id) == "done" or worker.poll() is not None,
+                 timeout_s=60, what="the job done or the worker gone")  # fmt: skip
+        assert worker.poll() is None, log.read_text()[-2000:]
+        assert q.status(job_id) == "done"
+        # The scripts were loaded where the queue lives, and the settings read there only
+        # (a warning naming the dead node would say its durability is unchecked).
+        with down.cluster.node_client(down.live) as c:
+            scripts = Scripts()
+            names = [name for name, _ in scripts.preload_commands()]
+            assert all(c.script_exists(*(scripts.sha[name] for name in names)))
+        assert f":{down.dead.port}" not in log.read_text()
+    finally:
+        stop_all([worker])
+
+
+def test_the_dashboard_shows_the_live_nodes_queues_and_names_the_dead_one(down: Down) -> None:
+    dead_at = f"127.0.0.1:{down.dead.port}"
+    # Discovered by SCAN: the dead node's queues cannot be listed; the node is named.
+    with TestClient(create_app(url=down.cluster.url, auth=Auth())) as web:
+        for path in ("/", "/schedules", "/workers", "/health"):
+            page = web.get(path)
+            assert page.status_code == 200, (path, page.text[-500:])
+            assert 'id="unreachable"' in page.text and dead_at in page.text, path
+        data = web.get("/api/overview").json()
+        assert [r["queue"] for r in data["queues"]] == [down.good]
+        assert any(dead_at in u for u in data["unreachable"])
+        health = web.get("/health").text
+        assert "node-unreachable" in health and f"node {dead_at}" in health
+        assert web.get(f"/queues/{down.good}").status_code == 200
+        gone = web.get(f"/queues/{down.gone}")
+        assert gone.status_code == 503 and "Redis unreachable" in gone.text
+    # Listed by name: the dead node's queue is named as not read, the other one shown.
+    app = create_app(url=down.cluster.url, queues=(down.good, down.gone), auth=Auth())
+    with TestClient(app) as web:
+        data = web.get("/api/overview").json()
+        assert [r["queue"] for r in data["queues"]] == [down.good]
+        assert [u.split(":")[0] for u in data["unreachable"]] == [f"queue {down.gone}"]
+        assert f"queue {down.gone}" in web.get("/").text
+
+
+def test_stats_shows_the_live_nodes_queues_and_exits_3(down: Down) -> None:
+    dead_at = f"127.0.0.1:{down.dead.port}"
+    res = CliRunner().invoke(main, ["stats", "--url", down.cluster.url, "--json"])
+    assert res.exit_code == 3, res.output  # EXIT_UNREACHABLE: the figures are not all there
+    data = json.loads(res.output)
+    assert [r["queue"] for r in data["queues"]] == [down.good]
+    assert data["queues"][0]["error"] is None and data["queues"][0]["due"] >= 0
+    assert [u.split(": ")[0] for u in data["unreachable"]] == [dead_at]
+    table = CliRunner().invoke(main, ["stats", "--url", down.cluster.url])
+    assert table.exit_code == 3 and down.good in table.output
+    assert f"node {dead_at}: " in table.output and "(its queues are not listed)" in table.output
+    one = CliRunner().invoke(main, ["stats", "--url", down.cluster.url, "-q", down.good])
+    assert one.exit_code == 0, one.output

@@ -124,6 +124,16 @@ def read_server(client: Any, node: Any = None) -> tuple[dict[str, Any], dict[str
     return info, config
 
 
+def unreachable_finding(exc: Exception) -> Finding:
+    """A cluster node that does not answer (the others are read): its queues wait for it."""
+    return Finding(
+        "node-unreachable",
+        "error",
+        f"does not answer ({exc}): its queues' jobs wait until it is back",
+        "restart the node, or let its replica take over (CLUSTER FAILOVER on the replica)",
+    )
+
+
 def server_nodes(client: Any) -> list[Any]:
     """The primaries of a cluster client (None: the one server of a plain client)."""
     return list(client.get_primaries()) if is_cluster(client) else [None]

@@ -14,7 +14,7 @@ import redis
 # Where the doctor, the CLI and the dashboard have always imported them from.
 from scheduler.admin.workers import WorkerInfo as WorkerInfo
 from scheduler.admin.workers import live_workers as live_workers
-from scheduler.core.connection import node_for_key, primaries
+from scheduler.core.connection import UNREACHABLE, named_primaries, node_for_key
 from scheduler.core.errors import BadArgument, UnreadableRecord
 from scheduler.core.keys import ROOT, QueueKeys, check_queue_name
 from scheduler.core.partitions import PARTITION_NAME, Layout, meta_key
@@ -33,19 +33,29 @@ def server_now_ms(client: redis.Redis, keys: QueueKeys | None = None) -> int:
     return int(sec) * 1000 + int(usec) // 1000
 
 
-def discover_queues(client: redis.Redis) -> list[str]:
+def discover_queues(client: redis.Redis, unreachable: list[str] | None = None) -> list[str]:
     """Queue names that hold jobs, workers or schedules, found with SCAN (never KEYS).
     Typed scans skip the job hashes, so the transfer stays small on a large keyspace. A key
     whose queue part is not a valid queue name (written by hand, or hostile) is skipped. On a
-    Redis Cluster every primary is scanned (each holds the queues of its slots)."""
+    Redis Cluster every primary is scanned (each holds the queues of its slots). With
+    `unreachable` (a list), a cluster node that cannot answer is skipped, its queues unlisted,
+    and named there ("host:port: error"); one server, or every node, unreachable raises."""
     names: set[str] = set()
-    for node in primaries(client):
-        for key_type in ("zset", "list"):
-            match = f"{ROOT}:{{*}}:*"
-            for key in node.scan_iter(match=match, count=_SCAN_COUNT, _type=key_type):
-                m = _QUEUE_IN_KEY.match(str(key))
-                if m:
-                    names.add(m.group(1))
+    nodes = named_primaries(client)
+    for name, node in nodes:
+        try:
+            for key_type in ("zset", "list"):
+                match = f"{ROOT}:{{*}}:*"
+                for key in node.scan_iter(match=match, count=_SCAN_COUNT, _type=key_type):
+                    m = _QUEUE_IN_KEY.match(str(key))
+                    if m:
+                        names.add(m.group(1))
+        except UNREACHABLE as exc:
+            if unreachable is None or len(nodes) == 1:
+                raise
+            unreachable.append(f"{name}: {exc}")
+            if len(unreachable) == len(nodes):
+                raise
     return sorted(n for n in names if _valid_queue(n))
 
 
@@ -79,9 +89,10 @@ def group_partitions(client: redis.Redis, names: Sequence[str]) -> list[str]:
     return sorted(out)
 
 
-def logical_queues(client: redis.Redis) -> list[str]:
-    """discover_queues with each partitioned queue listed once, under its logical name."""
-    return group_partitions(client, discover_queues(client))
+def logical_queues(client: redis.Redis, unreachable: list[str] | None = None) -> list[str]:
+    """discover_queues (`unreachable` as there) with each partitioned queue listed once,
+    under its logical name."""
+    return group_partitions(client, discover_queues(client, unreachable))
 
 
 def physical_queues(

@@ -20,6 +20,7 @@ from scheduler.cli import dead, doctor, jobs, pausing
 from scheduler.cli.common import (
     EXIT_CODES_HELP,
     EXIT_FAILED,
+    EXIT_UNREACHABLE,
     AdminCommand,
     Seconds,
     cell,
@@ -37,6 +38,7 @@ from scheduler.cli.common import (
 )
 from scheduler.cli.keys import keys_command
 from scheduler.client.partitioned import PartitionedQueue, merge_counts, open_queue
+from scheduler.core.connection import UNREACHABLE, is_cluster
 from scheduler.core.errors import SchedulerError
 from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import safe
@@ -102,9 +104,14 @@ def _sum(each: list[dict[str, int]]) -> dict[str, int]:
 def stats_row(client: redis.Redis, name: str) -> dict[str, Any]:
     """queue_stats, or when the queue's stored data cannot be read (a key of another type, a
     hand-edited record) a row naming the error: one damaged queue does not hide the others.
-    An unreachable server or a refused permission still stops the command."""
+    An unreachable server or a refused permission still stops the command; on a cluster, a
+    node that does not answer is that queue's row (the other nodes' queues are shown)."""
     try:
         return {**queue_stats(client, name), "error": None}
+    except UNREACHABLE as exc:
+        if not is_cluster(client):
+            raise
+        return {"queue": name, "error": safe(f"its node does not answer: {exc}"), "down": True}
     except _ROW_ERRORS as exc:
         if is_permission_error(exc):
             raise
@@ -112,7 +119,7 @@ def stats_row(client: redis.Redis, name: str) -> dict[str, Any]:
         return {"queue": name, "error": safe(f"{what}: {exc} (see scheduler doctor -q {name})")}
 
 
-def _stats_table(rows: list[dict[str, Any]]) -> Group:
+def _stats_table(rows: list[dict[str, Any]], nodes_down: list[str]) -> Group:
     spans = "/".join(f"{n}m" for n in WINDOWS_MIN)
     t = Table(title="queues", caption=f"done, failed, dead-lettered: last {spans}")
     for col in ("queue", "due", "scheduled", "leased", "dead", "late by", "done", "failed", "died"):
@@ -143,6 +150,7 @@ def _stats_table(rows: list[dict[str, Any]]) -> Group:
     if not rows:
         t.add_row("(no queues)", *[""] * 8)
     errors = [cell(f"{r['queue']}: {r['error']}") for r in rows if r["error"] is not None]
+    errors += [cell(f"node {u} (its queues are not listed)") for u in nodes_down]
     return Group(t, *errors)
 
 
@@ -169,42 +177,50 @@ def stats(
 ) -> None:
     """Per queue: due now, scheduled later, leased, dead, the oldest overdue job and how late it
     is, and done / failed / dead-lettered counts over the last 1, 5 and 60 minutes. A queue
-    whose stored data cannot be read is shown with its error (exit 1)."""
+    whose stored data cannot be read is shown with its error (exit 1); on a cluster, a node
+    that does not answer is named and the others' queues shown (exit 3)."""
     client = connect(url)
+    down: list[str] = []
     if not watch:
-        rows = [stats_row(client, n) for n in resolve_queues(client, queues)]
+        rows = [stats_row(client, n) for n in resolve_queues(client, queues, down)]
         if as_json:
-            emit_json({"queues": rows})
+            emit_json({"queues": rows, **({"unreachable": down} if down else {})})
         else:
-            console().print(_stats_table(rows))
+            console().print(_stats_table(rows, down))
     else:
         try:
-            rows = _watch(client, queues, as_json, interval, count)
+            rows, down = _watch(client, queues, as_json, interval, count)
         except KeyboardInterrupt:  # Ctrl-C is how a watch ends: a clean stop, not "Aborted!"
             return
+    if down or any(r.get("down") for r in rows):
+        sys.exit(EXIT_UNREACHABLE)
     if any(r["error"] is not None for r in rows):
         sys.exit(EXIT_FAILED)
 
 
 def _watch(
     client: redis.Redis, queues: tuple[str, ...], as_json: bool, interval: float, count: int
-) -> list[dict[str, Any]]:
-    """Refresh until --count refreshes (the last rows returned) or Ctrl-C. An explicit queue
-    may be empty for now; discovery is redone every _REDISCOVER_EVERY refreshes."""
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Refresh until --count refreshes (the last rows and unreachable nodes returned) or
+    Ctrl-C. An explicit queue may be empty for now; discovery is redone every
+    _REDISCOVER_EVERY refreshes, or on every one while a cluster node did not answer."""
     refreshes = 0
-    names = list(queues) or logical_queues(client)
+    down: list[str] = []
+    names = list(queues) or logical_queues(client, down)
     with Live(console=console(), auto_refresh=False, transient=False) as live:
         while True:
-            if not queues and refreshes and refreshes % _REDISCOVER_EVERY == 0:
-                names = logical_queues(client)  # a full SCAN: not on every refresh
+            if not queues and refreshes and (down or refreshes % _REDISCOVER_EVERY == 0):
+                down = []
+                names = logical_queues(client, down)  # a full SCAN: not on every refresh
             rows = [stats_row(client, n) for n in names]
             if as_json:
-                click.echo(json.dumps({"queues": rows}, sort_keys=True))
+                click.echo(json.dumps({"queues": rows, **({"unreachable": down} if down else {})},
+                                      sort_keys=True))  # fmt: skip
             else:
-                live.update(_stats_table(rows), refresh=True)
+                live.update(_stats_table(rows, down), refresh=True)
             refreshes += 1
             if count and refreshes >= count:
-                return rows
+                return rows, down
             time.sleep(interval)
 
 

@@ -262,9 +262,13 @@ def require_queue(client: redis.Redis, queue: str) -> QueueKeys:
     return keys
 
 
-def resolve_queues(client: redis.Redis, given: tuple[str, ...]) -> list[str]:
+def resolve_queues(
+    client: redis.Redis, given: tuple[str, ...], unreachable: list[str] | None = None
+) -> list[str]:
+    """The queues named, each checked to exist, else every queue found (`unreachable`: see
+    inspection.discover_queues)."""
     if given:
         for name in given:
             require_queue(client, name)
         return list(dict.fromkeys(given))
-    return logical_queues(client)
+    return logical_queues(client, unreachable)

@@ -29,6 +29,7 @@ import redis.asyncio as aredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ClusterError, RedisClusterException
 
 from scheduler.core.errors import BadArgument
 from scheduler.core.safety import REDACTED, is_secret_name, redact
@@ -214,6 +215,17 @@ def connect_async(url: str, **kwargs: Any) -> aredis.Redis:
     return _client(url, kwargs, aredis.Redis, AsyncRedisCluster, AsyncClusterNode)  # type: ignore[no-any-return]
 
 
+# What a read meets while its server, or one cluster node, cannot answer (refused, timed out,
+# down, its slots being remapped): the dashboard answers 503 for it, and reads a cluster's
+# other nodes and queues (redis-py's own cluster errors are not ConnectionErrors).
+UNREACHABLE: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    RedisClusterException,
+    ClusterError,
+)
+
+
 # Per client class: the isinstance check costs ~3 us (AsyncRedisCluster's ABC/typing
 # instancecheck) and the driver asks it on every call (issue 16: single enqueue).
 _CLUSTER_TYPES: dict[type, bool] = {}
@@ -231,9 +243,7 @@ def is_cluster(client: Any) -> bool:
 def primaries(client: redis.Redis) -> list[redis.Redis]:
     """One plain client per primary of a cluster (for SCAN, INFO, CONFIG: per-node commands),
     or [client] for a single server. The clients belong to the cluster client (not closed)."""
-    if not isinstance(client, RedisCluster):
-        return [client]
-    return [client.get_redis_connection(n) for n in client.get_primaries()]
+    return [c for _, c in named_primaries(client)]
 
 
 def key_nodes(client: Any, keys: Iterable[str]) -> list[Any]:
@@ -247,6 +257,13 @@ def key_nodes(client: Any, keys: Iterable[str]) -> list[Any]:
         node = client.get_node_from_key(key)
         nodes.setdefault(node.name, node)
     return list(nodes.values())
+
+
+def named_primaries(client: redis.Redis) -> list[tuple[str, redis.Redis]]:
+    """primaries(), each with its node's host:port ("" for a single server)."""
+    if not isinstance(client, RedisCluster):
+        return [("", client)]
+    return [(n.name, client.get_redis_connection(n)) for n in client.get_primaries()]
 
 
 def node_for_key(client: redis.Redis, key: str) -> redis.Redis:

@@ -13,7 +13,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from scheduler.core.connection import connect
+from scheduler.core.connection import UNREACHABLE, connect
 from scheduler.core.errors import BadArgument, SchedulerError
 from scheduler.dashboard.actions import ActionRefused
 from scheduler.dashboard.dead import DeadPages
@@ -79,6 +79,18 @@ def create_app(
     async def not_served(request: Request, exc: Exception) -> Response:
         return render.page(request, "error.html", status_code=404, message=str(exc))
 
+    async def unreachable(request: Request, exc: Exception) -> Response:
+        # A server (or the queue's cluster node) down: say so, not a bare 500. An action's
+        # call may have reached Redis before its answer was lost.
+        outcome = (
+            "The action's outcome is unknown: reload the page once Redis answers."
+            if request.method == "POST"
+            else "Reload the page once it answers."
+        )
+        message = f"Redis did not answer: {type(exc).__name__}: {str(exc).rstrip('.')}. {outcome}"
+        return render.page(request, "error.html", status_code=503, title="Redis unreachable",
+                           message=message)  # fmt: skip
+
     async def refused(request: Request, exc: Exception) -> Response:
         return PlainTextResponse(f"refused: {exc}\n", status_code=403)
 
@@ -110,6 +122,7 @@ def create_app(
             BadArgument: bad_input,
             SchedulerError: bad_input,
             ActionRefused: refused,
+            **{kind: unreachable for kind in UNREACHABLE},
         },
     )
     return DashboardApp(app, Auth.from_env() if auth is None else auth, store, allowed_hosts)

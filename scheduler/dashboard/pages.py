@@ -4,12 +4,20 @@ the live refresh polls. Nothing here writes job state."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from scheduler.admin.health import at_node, check_server, read_server, server_nodes
+from scheduler.admin.health import (
+    at_node,
+    check_server,
+    read_server,
+    server_nodes,
+    unreachable_finding,
+)
+from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import BadArgument, JobNotFound
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
@@ -22,6 +30,7 @@ from scheduler.dashboard.store import WORKERS_LISTED, Store
 from scheduler.operations import browsing
 from scheduler.operations.inspecting import LISTABLE
 
+T = TypeVar("T")
 DEFAULT_LIMIT = 50
 SERVER_FACTS = (
     "redis_version",
@@ -68,17 +77,39 @@ class Pages:
         self.store = store
         self.render = render
 
-    def _summaries(self) -> list[dict[str, Any]]:
-        return [self.store.queue_summary(q) for q in self.store.queue_names()]
+    def _each(self, read: Callable[[str], T]) -> tuple[list[tuple[str, T]], list[str]]:
+        """`read` of every queue the pages list, and what could not be read: a cluster node the
+        queue discovery could not scan, a queue whose node does not answer. The other queues
+        are shown (one node down must not blank the page); when none answers, the error
+        propagates (the app's 503)."""
+        names = self.store.queue_names()  # first: the discovery sets store.unreachable
+        out: list[tuple[str, T]] = []
+        missing = [f"node {u} (its queues are not listed)" for u in self.store.unreachable]
+        last: Exception | None = None
+        for name in names:
+            try:
+                out.append((name, read(name)))
+            except UNREACHABLE as exc:
+                missing.append(f"queue {name}: {exc}")
+                last = exc
+        if last is not None and not out:
+            raise last
+        return out, missing
+
+    def _summaries(self) -> tuple[list[dict[str, Any]], list[str]]:
+        found, missing = self._each(self.store.queue_summary)
+        return [row for _, row in found], missing
 
     def overview(self, request: Request) -> Response:
-        return self.render.page(request, "overview.html", queues=self._summaries())
+        rows, missing = self._summaries()
+        return self.render.page(request, "overview.html", queues=rows, unreachable=missing)
 
     def api_overview(self, request: Request) -> Response:
-        rows = self._summaries()
+        rows, missing = self._summaries()
         return JSONResponse(
             {
                 "queues": rows,
+                "unreachable": missing,
                 # The worst queue's, per minute (a start lateness recorded by each claim).
                 "late_p99_ms": merge_max([r["late_p99_ms"] for r in rows]),
                 "late_max_ms": merge_max([r["late_max_ms"] for r in rows]),
@@ -180,34 +211,44 @@ class Pages:
     def schedules(self, request: Request) -> Response:
         rows: list[dict[str, Any]] = []
         total = 0
-        for name in self.store.queue_names():
+
+        def read(name: str) -> None:
+            nonlocal rows, total
             for part in self.store.view(name).part_names:  # a schedule lives in one partition
                 found, count = schedule_rows(self.store, part, SCHEDULES_SHOWN - len(rows))
                 rows, total = rows + found, total + count
+
+        _, missing = self._each(read)
         cut = total if total > len(rows) else 0
-        return self.render.page(request, "schedules.html", schedules=rows, cut=cut)
+        return self.render.page(
+            request, "schedules.html", schedules=rows, cut=cut, unreachable=missing
+        )
 
     def workers(self, request: Request) -> Response:
-        rows, cut = [], False
-        for name in self.store.queue_names():
-            found, more = self.store.workers(name)
-            rows += found
-            cut = cut or more
-        now_ms = self.store.now_ms()  # one TIME, not a counts script of the first queue
-        return self.render.page(
-            request, "workers.html", workers=rows, now_ms=now_ms, cut=cut, listed=WORKERS_LISTED
-        )
+        found, missing = self._each(self.store.workers)
+        rows = [w for _, (ws, _) in found for w in ws]
+        cut = any(more for _, (_, more) in found)
+        # One TIME (not a counts script), on a node that answered.
+        now_ms = self.store.now_ms(found[0][0] if found else None)
+        return self.render.page(request, "workers.html", workers=rows, now_ms=now_ms, cut=cut,
+                                listed=WORKERS_LISTED, unreachable=missing)  # fmt: skip
 
     def health(self, request: Request) -> Response:
         findings, facts = [], []
         for node in server_nodes(self.store.client):  # every primary of a cluster
-            info, config = read_server(self.store.client, node)
+            try:
+                info, config = read_server(self.store.client, node)
+            except UNREACHABLE as exc:
+                if node is None:  # the one server: the app's 503
+                    raise
+                findings += at_node(node, [unreachable_finding(exc)])
+                continue
             findings += at_node(node, check_server(info, config))
             at = f"{node.name} " if node is not None else ""
             facts += [(at + k, info.get(k, "-")) for k in SERVER_FACTS]
             facts.append((at + "save (config)", config.get("save", "not readable")))
             facts.append((at + "appendfsync (config)", config.get("appendfsync", "not readable")))
-        lapsed = [(n, self.store.counts(n).lapsed) for n in self.store.queue_names()]
-        return self.render.page(
-            request, "health.html", findings=findings, facts=facts, lapsed=lapsed
-        )
+        found, missing = self._each(self.store.counts)
+        lapsed = [(n, c.lapsed) for n, c in found]
+        return self.render.page(request, "health.html", findings=findings, facts=facts,
+                                lapsed=lapsed, unreachable=missing)  # fmt: skip

@@ -31,6 +31,7 @@ from scheduler.operations.requests import Op
 
 T = TypeVar("T")
 DISCOVER_EVERY_S = 60.0  # a SCAN of the keyspace: at most once a minute, never per page
+REDISCOVER_UNREACHABLE_S = 5.0  # sooner while a cluster node could not be read
 SERIES_FIELDS = (*STAT_FIELDS, *browsing.LATENESS_FIELDS)
 MAX_CACHED = 10_000  # queue names a cache keeps: they come from URLs, so any number may come
 # The workers ZSET is written by every worker (and by anyone holding the app role): read a
@@ -59,6 +60,9 @@ class Store:
         self._lock = threading.Lock()
         self._discovered: list[str] = []
         self._discovered_at: float | None = None  # never
+        # Cluster nodes the last SCAN could not read ("host:port: error"): the overview says
+        # their queues are missing, and the next SCAN comes sooner.
+        self.unreachable: list[str] = []
         self._discover_lock = threading.Lock()
 
     def served(self, name: str) -> str:
@@ -144,15 +148,16 @@ class Store:
             with self._discover_lock:
                 if self._discovered_at is None:
                     self._discover()
-        elif (
-            time.monotonic() - self._discovered_at >= DISCOVER_EVERY_S
-            and self._discover_lock.acquire(blocking=False)
-        ):
+        elif time.monotonic() - self._discovered_at >= (
+            REDISCOVER_UNREACHABLE_S if self.unreachable else DISCOVER_EVERY_S
+        ) and self._discover_lock.acquire(blocking=False):
             threading.Thread(target=self._discover_in_background, daemon=True).start()
         return list(self._discovered)
 
     def _discover(self) -> None:
-        self._discovered = self._logical(discover_queues(self.client))
+        unreachable: list[str] = []
+        self._discovered = self._logical(discover_queues(self.client, unreachable))
+        self.unreachable = unreachable
         self._discovered_at = time.monotonic()
 
     def _discover_in_background(self) -> None:

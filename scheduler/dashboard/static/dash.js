@@ -113,6 +113,13 @@
   }
 
   function overview(data) {
+    // A queue whose node did not answer this time keeps its last figures, greyed out.
+    const read = new Set(data.queues.map(function (q) { return q.queue; }));
+    document.querySelectorAll("#queues tr[data-queue]").forEach(function (row) {
+      row.classList.toggle("stale", !read.has(row.dataset.queue));
+    });
+    if (status && data.unreachable && data.unreachable.length) status.dataset.partly = "1";
+    else if (status) delete status.dataset.partly;
     data.queues.forEach(function (q) {
       const row = document.querySelector('tr[data-queue="' + CSS.escape(q.queue) + '"]');
       if (row) { fill(row, q); paused(row, q); }
@@ -133,7 +140,10 @@
         .then(function (r) { if (!r.ok) throw new Error(String(r.status)); return r.json(); })
         .then(function (data) {
           apply(data);
-          if (status) { status.textContent = "live · " + new Date().toLocaleTimeString(); status.classList.remove("off"); }
+          if (status) {
+            status.textContent = (status.dataset.partly ? "partly unreadable · " : "live · ") + new Date().toLocaleTimeString();
+            status.classList.toggle("off", Boolean(status.dataset.partly));
+          }
         })
         .catch(function () { if (status) { status.textContent = "offline"; status.classList.add("off"); } })
         .finally(function () { window.setTimeout(tick, POLL_MS); });
