@@ -122,3 +122,20 @@ def test_stats_shows_the_live_nodes_queues_and_exits_3(down: Down) -> None:
     assert f"node {dead_at}: " in table.output and "(its queues are not listed)" in table.output
     one = CliRunner().invoke(main, ["stats", "--url", down.cluster.url, "-q", down.good])
     assert one.exit_code == 0, one.output
+
+
+def test_doctor_checks_the_live_nodes_and_names_the_dead_one(down: Down) -> None:
+    dead_at = f"127.0.0.1:{down.dead.port}"
+    for extra in ([], ["--no-server"]):
+        res = CliRunner().invoke(main, ["doctor", "--url", down.cluster.url, "--json", *extra])
+        assert res.exit_code == 3, res.output  # the check is not whole
+        data = json.loads(res.output)
+        assert data["queues"] == [down.good]
+        down_nodes = [f for f in data["findings"] if f["code"] == "node-unreachable"]
+        assert len(down_nodes) == 1 and dead_at in down_nodes[0]["message"], extra
+    # A queue named on the command line whose node is down is refused as unreachable.
+    gone = CliRunner().invoke(main, ["doctor", "--url", down.cluster.url, "-q", down.gone])
+    assert gone.exit_code == 3
+    one = CliRunner().invoke(main, ["doctor", "--url", down.cluster.url, "-q", down.good,
+                                    "--no-server"])  # fmt: skip
+    assert one.exit_code in (0, 1), one.output  # persistence-off warnings at most

@@ -86,7 +86,7 @@ def read_snapshots(
     client: redis.Redis, keys: QueueKeys, ids: Sequence[str]
 ) -> tuple[int, list[Snapshot]]:
     """(server now_ms, one consistent snapshot per id): each batch is read inside one MULTI."""
-    now_ms = server_now_ms(client)
+    now_ms = server_now_ms(client, keys)
     out: list[Snapshot] = []
     n = len(snapshot_reads(keys, ""))
     for chunk in iter_chunks(ids, _CONFIRM_BATCH):
@@ -120,11 +120,13 @@ def check_queue(
     due = held | due  # a job set aside by flow control is due
     leased, damaged = _load_place(client, keys, "leased", damaged)
     dead, damaged = _load_place(client, keys, "dead", damaged)
-    ctx = Context(keys, server_now_ms(client), _live(client, keys), stale_lease_ms)
+    ctx = Context(keys, server_now_ms(client, keys), _live(client, keys), stale_lease_ms)
+    # The queue's node only (its keys share one slot): a cluster client's SCAN asks every one.
+    node = connection.node_for_key(client, keys.prefix)
     suspects: list[str] = []
     seen: set[str] = set()
     job_prefix = keys.prefix + "job:"
-    scan = client.scan_iter(match=job_prefix + "*", count=_PAGE)
+    scan = node.scan_iter(match=job_prefix + "*", count=_PAGE)
     page: list[str] = []
     for key in scan:
         page.append(str(key))
@@ -135,7 +137,7 @@ def check_queue(
     suspects += sorted((set(due) | set(leased) | set(dead)) - seen)
     # A spec record in no place and with no hash (an orphan spec) has no job: key to scan.
     spec_prefix = keys.prefix + "spec:"
-    for key in client.scan_iter(match=spec_prefix + "*", count=_PAGE):
+    for key in node.scan_iter(match=spec_prefix + "*", count=_PAGE):
         jid = str(key)[len(spec_prefix) :]
         if jid not in seen and jid not in due and jid not in leased and jid not in dead:
             suspects.append(jid)
@@ -272,7 +274,7 @@ def repair_queue(
         )
         if not todo:
             break
-        ctx = Context(keys, server_now_ms(client), _live(client, keys), stale_lease_ms)
+        ctx = Context(keys, server_now_ms(client, keys), _live(client, keys), stale_lease_ms)
         for jid in todo:
             done, why = _attempt(client, ctx, jid)
             fixed += [done] if done is not None else []
@@ -293,5 +295,6 @@ def _refusal(issue: Issue, refused: dict[str, str]) -> Issue:
 
 def check_server_settings(client: redis.Redis) -> list[Issue]:
     """The server settings that break the product's promises (see scheduler.admin.health), on
-    every primary of a Redis Cluster."""
-    return [Issue(f.code, f.severity, f.message, f.fix) for f in health.check_servers(client)]
+    every primary of a Redis Cluster (one that does not answer: a node-unreachable finding)."""
+    found = health.check_servers(client, down_ok=True)
+    return [Issue(f.code, f.severity, f.message, f.fix) for f in found]

@@ -8,7 +8,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from scheduler.core.connection import is_cluster
+from scheduler.core.connection import UNREACHABLE, is_cluster
 
 MIN_VERSION = (7, 0)
 SAFE_EVICTION = "noeviction"
@@ -124,14 +124,14 @@ def read_server(client: Any, node: Any = None) -> tuple[dict[str, Any], dict[str
     return info, config
 
 
+NODE_UNREACHABLE = "node-unreachable"
+NODE_BACK = "restart the node, or let its replica take over (CLUSTER FAILOVER on the replica)"
+
+
 def unreachable_finding(exc: Exception) -> Finding:
     """A cluster node that does not answer (the others are read): its queues wait for it."""
-    return Finding(
-        "node-unreachable",
-        "error",
-        f"does not answer ({exc}): its queues' jobs wait until it is back",
-        "restart the node, or let its replica take over (CLUSTER FAILOVER on the replica)",
-    )
+    message = f"does not answer ({exc}): its queues' jobs wait until it is back"
+    return Finding(NODE_UNREACHABLE, "error", message, NODE_BACK)
 
 
 def server_nodes(client: Any) -> list[Any]:
@@ -146,12 +146,20 @@ def at_node(node: Any, found: list[Finding]) -> list[Finding]:
     return [replace(f, message=f"node {node.name}: {f.message}") for f in found]
 
 
-def check_servers(client: Any) -> list[Finding]:
+def check_servers(client: Any, *, down_ok: bool = False) -> list[Finding]:
     """check_server on every primary of a cluster (the one server otherwise); RedisError
-    propagates (the doctor reports it)."""
-    return [
-        f for n in server_nodes(client) for f in at_node(n, check_server(*read_server(client, n)))
-    ]
+    propagates (the doctor reports it). With `down_ok`, a cluster node that does not answer
+    is a finding of its own and the others are read."""
+    out: list[Finding] = []
+    for node in server_nodes(client):
+        try:
+            found = check_server(*read_server(client, node))
+        except UNREACHABLE as exc:
+            if node is None or not down_ok:
+                raise
+            found = [unreachable_finding(exc)]
+        out += at_node(node, found)
+    return out
 
 
 async def read_server_async(client: Any, node: Any = None) -> tuple[dict[str, Any], dict[str, str]]:

@@ -33,7 +33,7 @@ from scheduler.cli.jobs import job_json
 from scheduler.client.partitioned import PartitionedQueue, merge_dead, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
-from scheduler.core.keys import check_job_id
+from scheduler.core.keys import QueueKeys, check_job_id
 from scheduler.core.models import Job
 from scheduler.operations.dead_letters import dead_listing, dead_selected
 
@@ -167,7 +167,7 @@ def list_dead(
         found, total = _listing(q, task, error_type, older_than_ms, offset + limit + beyond)
         page = found[offset : offset + limit]
         more = len(found) > offset + limit if total is None else offset + limit < total
-    now_ms = server_now_ms(client)
+    now_ms = server_now_ms(client, QueueKeys(queue))  # the queue's node: its scripts' clock
     rows = [job_json(j, now_ms) for j in _jobs(q, page)]
     if as_json:
         paged = {"offset": offset, "limit": limit, "jobs": rows}

@@ -10,8 +10,10 @@ from rich.text import Text
 
 from scheduler.admin import doctor as checks
 from scheduler.admin.doctor_checks import unreadable_layout
+from scheduler.admin.health import NODE_BACK, NODE_UNREACHABLE
 from scheduler.cli.common import (
     EXIT_FINDINGS,
+    EXIT_UNREACHABLE,
     AdminCommand,
     Duration,
     cell,
@@ -24,6 +26,7 @@ from scheduler.cli.common import (
     resolve_queues,
     url_option,
 )
+from scheduler.core.connection import UNREACHABLE, is_cluster
 
 
 def register(main: click.Group) -> None:
@@ -84,17 +87,25 @@ def doctor(
     # A partitioned queue is checked partition by partition (each an ordinary queue); one
     # whose partition record cannot be read is a finding, and its own keys are checked.
     damaged: dict[str, str] = {}
-    names = physical_queues(client, resolve_queues(client, queues), damaged)
+    down: list[str] = []  # cluster nodes the discovery could not scan: "host:port: error"
+    names = physical_queues(client, resolve_queues(client, queues, down), damaged)
     fixed: list[checks.Issue] = []
     remaining: list[checks.Issue] = [] if no_server else checks.check_server_settings(client)
+    if no_server:  # else the server check names every node that does not answer
+        remaining += [_node_down(*u.split(": ", 1)) for u in down]
     remaining += [unreadable_layout(queue, why) for queue, why in damaged.items()]
     for name in names:
-        if fix:
-            report = checks.repair_queue(client, name, stale_lease_ms=stale_lease_ms)
-            fixed += report.fixed
-            remaining += report.remaining
-        else:
-            remaining += checks.check_queue(client, name, stale_lease_ms=stale_lease_ms)
+        try:
+            if fix:
+                report = checks.repair_queue(client, name, stale_lease_ms=stale_lease_ms)
+                fixed += report.fixed
+                remaining += report.remaining
+            else:
+                remaining += checks.check_queue(client, name, stale_lease_ms=stale_lease_ms)
+        except UNREACHABLE as exc:
+            if not is_cluster(client):
+                raise  # the one server: exit 3 (AdminCommand)
+            remaining.append(_queue_down(name, exc))
     failing = [i for i in remaining if strict or i.severity == "error"]
     if as_json:
         emit_json(
@@ -116,5 +127,20 @@ def doctor(
             + ("" if no_server else " and the server")
             + f": {len(fixed)} repaired, {len(remaining)} finding(s) remain"
         )
+    if any(i.code in (NODE_DOWN, QUEUE_DOWN) for i in remaining):
+        sys.exit(EXIT_UNREACHABLE)  # a cluster node did not answer: the check is not whole
     if failing:
         sys.exit(EXIT_FINDINGS)
+
+
+NODE_DOWN, QUEUE_DOWN = NODE_UNREACHABLE, "queue-unreachable"
+
+
+def _node_down(node: str, error: str) -> checks.Issue:
+    return checks.Issue(NODE_DOWN, "error", f"node {node}: does not answer ({error}): its queues "
+                        "were not checked", NODE_BACK)  # fmt: skip
+
+
+def _queue_down(name: str, exc: Exception) -> checks.Issue:
+    return checks.Issue(QUEUE_DOWN, "error", f"its node does not answer ({exc}): not checked",
+                        NODE_BACK, queue=name)  # fmt: skip

@@ -37,7 +37,7 @@ from scheduler.client.partitioned import PartitionedQueue, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core import connection
 from scheduler.core.errors import BadArgument
-from scheduler.core.keys import check_job_id
+from scheduler.core.keys import QueueKeys, check_job_id
 from scheduler.core.models import Job
 
 # job_json and parse_payload live in job_view.py / enqueue.py; dead.py and schedules.py import
@@ -85,7 +85,7 @@ def list_jobs(
         found = q.list_jobs(state, offset=offset, limit=limit)
     else:
         found, scanned = _filter_by_task(q, state, task, offset, limit)
-    now_ms = server_now_ms(client)
+    now_ms = server_now_ms(client, QueueKeys(queue))  # the queue's node: its scripts' clock
     rows = [job_json(j, now_ms) for j in found]
     if as_json:
         emit_json(
@@ -186,7 +186,7 @@ def _shown(client: redis.Redis, q: Queue, job_id: str) -> tuple[Job, dict[str, A
         for _ in range(_SHOW_TRIES):
             pipe.watch(q.keys.job(job_id), q.keys.spec(job_id))  # type: ignore[no-untyped-call]
             job = q.get_job(job_id)  # JobNotFound: exit 1
-            data = job_json(job, server_now_ms(client))
+            data = job_json(job, server_now_ms(client, q.keys))
             data.update(placement(client, q, job_id))
             try:
                 pipe.multi()
