@@ -23,6 +23,7 @@ from scheduler.core.keys import QueueKeys
 from scheduler.operations.ops import Ops, Settings
 from scheduler.worker import logs
 from scheduler.worker.execution import Pipeline, Running, ThreadRunner, classify
+from scheduler.worker.log_limit import LogLimit
 from scheduler.worker.metrics import WorkerMetrics
 from scheduler.worker.registry import Registry
 from scheduler.worker.settings import (
@@ -113,6 +114,7 @@ class WorkerCore:
         self._by_name = {q.name: q for q in self.queues}
         self._pipe = Pipeline(client, _clock)
         self._threads = ThreadRunner()
+        self._log_limit = LogLimit()  # repeated "redis error during ..." lines
         self.running: dict[tuple[str, str], Running] = {}  # handler still running
         self._held: dict[tuple[str, str], Running] = {}  # leased until the outcome is acked
         self._completes: list[tuple[Running, Any]] = []
@@ -253,12 +255,16 @@ class WorkerCore:
             hint = "the server is full (maxmemory); "
         elif isinstance(exc, CorruptKey):
             hint = "a queue key was edited by hand: see `scheduler doctor`; "
+        note = self._log_limit.admit((what, type(exc).__name__))
+        if note is None:
+            return
         self.log.warning(
-            "redis error during %s: %s: %s (%sbacking off, retrying)",
+            "redis error during %s: %s: %s (%sbacking off, retrying%s)",
             what,
             type(exc).__name__,
             exc,
             hint,
+            note,
         )
 
     def _ttl_for(self, r: Running) -> int:
