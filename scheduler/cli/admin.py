@@ -203,13 +203,13 @@ def _watch(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Refresh until --count refreshes (the last rows and unreachable nodes returned) or
     Ctrl-C. An explicit queue may be empty for now; discovery is redone every
-    _REDISCOVER_EVERY refreshes, or on every one while a cluster node did not answer."""
+    _REDISCOVER_EVERY refreshes."""
     refreshes = 0
     down: list[str] = []
     names = list(queues) or logical_queues(client, down)
     with Live(console=console(), auto_refresh=False, transient=False) as live:
         while True:
-            if not queues and refreshes and (down or refreshes % _REDISCOVER_EVERY == 0):
+            if not queues and refreshes and refreshes % _REDISCOVER_EVERY == 0:
                 down = []
                 names = logical_queues(client, down)  # a full SCAN: not on every refresh
             rows = [stats_row(client, n) for n in names]

@@ -31,7 +31,7 @@ from scheduler.operations.requests import Op
 
 T = TypeVar("T")
 DISCOVER_EVERY_S = 60.0  # a SCAN of the keyspace: at most once a minute, never per page
-REDISCOVER_UNREACHABLE_S = 5.0  # sooner while a cluster node could not be read
+REDISCOVER_UNREACHABLE_S = 15.0  # sooner while a cluster node could not be read
 SERIES_FIELDS = (*STAT_FIELDS, *browsing.LATENESS_FIELDS)
 MAX_CACHED = 10_000  # queue names a cache keeps: they come from URLs, so any number may come
 # The workers ZSET is written by every worker (and by anyone holding the app role): read a
