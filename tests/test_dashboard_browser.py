@@ -21,6 +21,7 @@ import uvicorn
 
 from scheduler import Queue
 from scheduler.dashboard import Auth, create_app
+from tests.conftest import delete_queue
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -139,3 +140,46 @@ def test_pause_a_schedule_through_the_ui(page: Page, served: str, q: Queue) -> N
     page.goto(served + "/health")
     expect(page.locator("h1")).to_have_text("Server health")
     page.goto(served + "/workers")
+
+
+def test_the_live_overview_greys_out_a_queue_it_could_not_read(
+    page: Page, client: redis.Redis, q: Queue
+) -> None:
+    """A queue whose node stops answering (a cluster node down: stood in for here by its
+    summary raising redis' ConnectionError) keeps its row, greyed, and the status says so."""
+    other = Queue(client, q.name + "-b")
+    q.enqueue("reports.build", {})
+    other.enqueue("reports.build", {})
+    app = create_app(client=client, queues=[q.name, other.name], auth=Auth())
+    summary, down = app.store.queue_summary, threading.Event()
+
+    def flaky(name: str, minutes: int = 60) -> dict[str, object]:
+        if down.is_set() and name == other.name:
+            raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:7001")
+        return summary(name, minutes)
+
+    app.store.queue_summary = flaky  # type: ignore[method-assign]
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        page.goto(f"http://127.0.0.1:{port}/")
+        row = page.locator(f'tr[data-queue="{other.name}"]')
+        expect(page.locator("#live-status")).to_contain_text("live ·", timeout=10_000)
+        expect(row).not_to_have_class(re.compile("stale"))
+        down.set()
+        expect(row).to_have_class(re.compile("stale"), timeout=10_000)
+        expect(page.locator(f'tr[data-queue="{q.name}"]')).not_to_have_class(re.compile("stale"))
+        expect(page.locator("#live-status")).to_contain_text("partly unreadable")
+        down.clear()
+        expect(row).not_to_have_class(re.compile("stale"), timeout=10_000)
+        expect(page.locator("#live-status")).to_contain_text("live ·")
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        delete_queue(client, other)
