@@ -106,6 +106,9 @@ def test_the_dashboard_shows_the_live_nodes_queues_and_names_the_dead_one(down: 
         data = web.get("/api/overview").json()
         assert [r["queue"] for r in data["queues"]] == [down.good]
         assert [u.split(":")[0] for u in data["unreachable"]] == [f"queue {down.gone}"]
+        # Not asked again at once (redis-py's retries of a dead node take seconds a request).
+        again = web.get("/api/overview").json()["unreachable"]
+        assert len(again) == 1 and "asked again within" in again[0]
         assert f"queue {down.gone}" in web.get("/").text
 
 

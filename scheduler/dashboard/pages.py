@@ -26,7 +26,7 @@ from scheduler.dashboard.logical import merge_jobs, merged_window
 from scheduler.dashboard.reasons import flow_settings, why_not_running
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import schedule_rows
-from scheduler.dashboard.store import WORKERS_LISTED, Store
+from scheduler.dashboard.store import QUEUE_RETRY_S, WORKERS_LISTED, Store
 from scheduler.operations import browsing
 from scheduler.operations.inspecting import LISTABLE
 
@@ -81,17 +81,23 @@ class Pages:
         """`read` of every queue the pages list, and what could not be read: a cluster node the
         queue discovery could not scan, a queue whose node does not answer. The other queues
         are shown (one node down must not blank the page); when none answers, the error
-        propagates (the app's 503)."""
+        propagates (the app's 503). A cluster queue that failed is not asked again for
+        QUEUE_RETRY_S: redis-py's retries of a dead node cost 3-4 s a request."""
         names = self.store.queue_names()  # first: the discovery sets store.unreachable
         out: list[tuple[str, T]] = []
         missing = [f"node {u} (its queues are not listed)" for u in self.store.unreachable]
         last: Exception | None = None
         for name in names:
+            failed = self.store.failed_recently(name)
+            if failed is not None:
+                missing.append(f"queue {name}: {failed} (asked again within {QUEUE_RETRY_S:.0f}s)")
+                continue
             try:
                 out.append((name, read(name)))
             except UNREACHABLE as exc:
                 missing.append(f"queue {name}: {exc}")
                 last = exc
+                self.store.failed(name, exc)
         if last is not None and not out:
             raise last
         return out, missing

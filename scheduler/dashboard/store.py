@@ -19,6 +19,7 @@ from scheduler.admin.inspection import (
 )
 from scheduler.client.partitioned import PartitionedQueue, read_layout
 from scheduler.client.queue import Queue
+from scheduler.core.connection import is_cluster
 from scheduler.core.errors import SchedulerError
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.models import QueueCounts
@@ -32,6 +33,7 @@ from scheduler.operations.requests import Op
 T = TypeVar("T")
 DISCOVER_EVERY_S = 60.0  # a SCAN of the keyspace: at most once a minute, never per page
 REDISCOVER_UNREACHABLE_S = 15.0  # sooner while a cluster node could not be read
+QUEUE_RETRY_S = 15.0  # a cluster queue whose node did not answer: not asked again until then
 SERIES_FIELDS = (*STAT_FIELDS, *browsing.LATENESS_FIELDS)
 MAX_CACHED = 10_000  # queue names a cache keeps: they come from URLs, so any number may come
 # The workers ZSET is written by every worker (and by anyone holding the app role): read a
@@ -63,6 +65,7 @@ class Store:
         # Cluster nodes the last SCAN could not read ("host:port: error"): the overview says
         # their queues are missing, and the next SCAN comes sooner.
         self.unreachable: list[str] = []
+        self._failed: dict[str, tuple[float, str]] = {}  # queue -> (asked again after, error)
         self._discover_lock = threading.Lock()
 
     def served(self, name: str) -> str:
@@ -153,6 +156,20 @@ class Store:
         ) and self._discover_lock.acquire(blocking=False):
             threading.Thread(target=self._discover_in_background, daemon=True).start()
         return list(self._discovered)
+
+    def failed(self, name: str, exc: Exception) -> None:
+        """A read of cluster queue `name` met a node that does not answer (on one server the
+        page is a 503 and the next request asks again)."""
+        if is_cluster(self.client):
+            self._failed[name] = (time.monotonic() + QUEUE_RETRY_S, str(exc))
+
+    def failed_recently(self, name: str) -> str | None:
+        """The error of `name`'s last read while within QUEUE_RETRY_S of it, else None."""
+        until_s, error = self._failed.get(name, (0.0, ""))
+        if until_s <= time.monotonic():
+            self._failed.pop(name, None)
+            return None
+        return error
 
     def _discover(self) -> None:
         unreachable: list[str] = []
