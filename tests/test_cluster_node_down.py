@@ -1,9 +1,10 @@
 """A cluster node down for good (its primary and replica killed, `cluster-require-full-coverage
 no`, so the other slots stay served): the queues of the other nodes go on. A worker of theirs
 still starts and runs their jobs (its start used to load the scripts on every primary, so it
-exited 3 until the dead node came back), and the dashboard shows them with the dead node named
-(its pages answered 500), and so does `scheduler stats`. Own cluster for the module (the kill
-would break a shared one), ~8 s."""
+exited 3 until the dead node came back), as does one of a queue partitioned over both nodes.
+The dashboard, `scheduler stats` and `doctor` show them with the dead node named (its pages
+answered 500, the commands exit 3 with nothing). Own cluster for the module (the kill would
+break a shared one), ~8 s."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from scheduler import Queue
 from scheduler._spawn import RedisProcess
 from scheduler._spawn_cluster import LocalCluster
 from scheduler.cli.main import main
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.core.connection import connect
 from scheduler.core.keys import QueueKeys
 from scheduler.core.scripts import Scripts
 from scheduler.dashboard import Auth, create_app
@@ -36,6 +39,7 @@ class Down:
     gone: str  # a queue on the dead one
     live: RedisProcess
     dead: RedisProcess
+    spread: str  # a partitioned queue: its record on `live`, partitions on `live` and `dead`
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +59,24 @@ def down() -> Iterator[Down]:
             Queue.from_url(cluster.url, name).enqueue("noop", None)
         dead = cluster.primary_for(QueueKeys(gone).prefix)
         live = cluster.primary_for(QueueKeys(good).prefix)
+        spread = _spread_over(cluster, live, dead)
+        PartitionedQueue.create(connect(cluster.url), spread, partitions=4)
         # LocalCluster makes node i + primaries the replica of primary i: no failover.
         cluster.nodes[cluster.nodes.index(dead) + cluster.primaries].kill()
         dead.kill()
-        yield Down(cluster, good, gone, live, dead)
+        yield Down(cluster, good, gone, live, dead, spread)
+
+
+def _spread_over(cluster: LocalCluster, live: RedisProcess, dead: RedisProcess) -> str:
+    """A name whose partition record lives on `live` and whose 4 partitions use both nodes."""
+    for i in range(500):
+        name = f"sp{i}"
+        if cluster.primary_for(QueueKeys(name).prefix) is not live:
+            continue
+        ports = {cluster.primary_for(QueueKeys(f"{name}.p{k}").prefix).port for k in range(4)}
+        if {live.port, dead.port} <= ports:
+            return name
+    raise AssertionError("no name spread over both nodes")
 
 
 def test_a_worker_starts_and_runs_while_another_queues_node_is_down(
@@ -80,6 +98,24 @@ def test_a_worker_starts_and_runs_while_another_queues_node_is_down(
             names = [name for name, _ in scripts.preload_commands()]
             assert all(c.script_exists(*(scripts.sha[name] for name in names)))
         assert f":{down.dead.port}" not in log.read_text()
+    finally:
+        stop_all([worker])
+
+
+def test_a_worker_of_a_queue_partly_on_the_dead_node_starts_and_runs_the_rest(
+    down: Down, tmp_path: Path
+) -> None:
+    pq = PartitionedQueue.open(connect(down.cluster.url), down.spread)
+    on_live = [p for p in pq.parts if down.cluster.primary_for(p.keys.prefix) is down.live]
+    job_id = on_live[0].enqueue("noop", None)
+    log = tmp_path / "worker.log"
+    worker = spawn_worker(down.cluster.url, down.spread, log=str(log))
+    try:
+        wait_for(lambda: on_live[0].status(job_id) == "done" or worker.poll() is not None,
+                 timeout_s=90, what="the job done or the worker gone")  # fmt: skip
+        assert worker.poll() is None, log.read_text()[-2000:]
+        assert "not answering at start" in log.read_text()
+        assert f"127.0.0.1:{down.dead.port}" in log.read_text()
     finally:
         stop_all([worker])
 
@@ -117,8 +153,11 @@ def test_stats_shows_the_live_nodes_queues_and_exits_3(down: Down) -> None:
     res = CliRunner().invoke(main, ["stats", "--url", down.cluster.url, "--json"])
     assert res.exit_code == 3, res.output  # EXIT_UNREACHABLE: the figures are not all there
     data = json.loads(res.output)
-    assert [r["queue"] for r in data["queues"]] == [down.good]
-    assert data["queues"][0]["error"] is None and data["queues"][0]["due"] >= 0
+    rows = {r["queue"]: r for r in data["queues"]}
+    assert sorted(rows) == sorted([down.good, down.spread])
+    assert rows[down.good]["error"] is None and rows[down.good]["due"] >= 0
+    # Partly on the dead node: its row names the error.
+    assert rows[down.spread].get("down") is True and "does not answer" in rows[down.spread]["error"]
     assert [u.split(": ")[0] for u in data["unreachable"]] == [dead_at]
     table = CliRunner().invoke(main, ["stats", "--url", down.cluster.url])
     assert table.exit_code == 3 and down.good in table.output
@@ -133,9 +172,14 @@ def test_doctor_checks_the_live_nodes_and_names_the_dead_one(down: Down) -> None
         res = CliRunner().invoke(main, ["doctor", "--url", down.cluster.url, "--json", *extra])
         assert res.exit_code == 3, res.output  # the check is not whole
         data = json.loads(res.output)
-        assert data["queues"] == [down.good]
+        parts = PartitionedQueue.open(connect(down.cluster.url), down.spread).parts
+        on_dead = {p.name for p in parts if down.cluster.primary_for(p.keys.prefix) is down.dead}
+        assert sorted(data["queues"]) == sorted([down.good, *(p.name for p in parts)])
         down_nodes = [f for f in data["findings"] if f["code"] == "node-unreachable"]
         assert len(down_nodes) == 1 and dead_at in down_nodes[0]["message"], extra
+        # The partitions on the dead node are named, the others checked.
+        not_checked = {f["queue"] for f in data["findings"] if f["code"] == "queue-unreachable"}
+        assert not_checked == on_dead, extra
     # A queue named on the command line whose node is down is refused as unreachable.
     gone = CliRunner().invoke(main, ["doctor", "--url", down.cluster.url, "-q", down.gone])
     assert gone.exit_code == 3

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import NoPermissionError, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
 from scheduler.admin.health import (
     Finding,
@@ -17,7 +17,7 @@ from scheduler.admin.health import (
     read_server_async,
     server_nodes,
 )
-from scheduler.core.connection import key_nodes
+from scheduler.core.connection import UNREACHABLE, is_cluster, key_nodes
 from scheduler.core.errors import SchedulerError
 from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import safe
@@ -56,15 +56,26 @@ class AccessDenied(SchedulerError):
     """The Redis user may not do what the worker needs on one of its queues."""
 
 
-async def check_access_async(client: Any, queues: Sequence[str]) -> None:
+async def check_access_async(
+    client: Any, queues: Sequence[str], down: list[str] | None = None
+) -> None:
     """Touch each queue's keys as a worker will, before it runs: a read, and a write that
     changes nothing (no job id is empty). A user whose ACL leaves a queue out is refused here
-    with one line instead of a crash in the claim loop. Raises AccessDenied."""
+    with one line instead of a crash in the claim loop. Raises AccessDenied. With `down` (a
+    list), on a cluster, a queue whose node does not answer is named there and skipped; every
+    queue unreachable raises."""
     for name in queues:
         k = QueueKeys(name)
         try:
             await client.exists(k.due, k.leased, k.dead, k.wake)
             await client.zrem(k.due, "")
+        except UNREACHABLE as exc:
+            # A refused password is no node down (it is a ConnectionError in redis-py).
+            if down is None or not is_cluster(client) or isinstance(exc, AuthenticationError):
+                raise
+            down.append(name)
+            if len(down) == len(queues):
+                raise
         except RedisError as exc:
             if is_permission_error(exc):
                 raise AccessDenied(

@@ -175,7 +175,9 @@ async def serve(
         worker = Worker(client, registry, replace(settings, queues=queues), worker_id=worker_id)
         worker.metrics.logical = logical  # a partition is labelled by its logical queue
         await worker.preflight()
-        await check_access_async(client, queues)
+        # A partition on a cluster node that does not answer is skipped here, while others
+        # answer (its claims retry until it does); the names asked for were read above.
+        await check_access_async(client, queues, down=[])
     except AccessDenied as exc:
         click.echo(f"error: {exc}", err=True)
         await client.aclose()

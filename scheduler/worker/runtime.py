@@ -11,9 +11,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError
 
-from scheduler.core.connection import is_cluster, key_nodes
+from scheduler.core.connection import UNREACHABLE, is_cluster, key_nodes
 from scheduler.core.errors import SchedulerError
 from scheduler.worker.claiming import Claiming
 from scheduler.worker.core import _Deadline, _Fatal, _within
@@ -35,7 +35,9 @@ class Worker(Claiming, Heartbeats):
         """Raise (redis ConnectionError etc.) when Redis cannot be reached; load the scripts.
         On a cluster, only on the primaries holding this worker's queues: a node of other
         queues being down must not keep it from starting, as it does not stop a running
-        worker (its calls go one per node)."""
+        worker (its calls go one per node). A node of its own queues that does not answer is
+        skipped too, while another answers: those queues are claimed once it does (their
+        scripts are loaded then, on NOSCRIPT)."""
         texts = [text for _, text in self._pipe.scripts.preload_commands()]
         client: Any = self.client
         if not is_cluster(client):
@@ -44,10 +46,22 @@ class Worker(Claiming, Heartbeats):
                 await client.script_load(text)
         else:
             await client.initialize()  # the slot map key_nodes reads
-            for node in key_nodes(client, [q.keys.due for q in self.queues]):
-                await client.execute_command("PING", target_nodes=node)
-                for text in texts:
-                    await client.execute_command("SCRIPT LOAD", text, target_nodes=node)
+            nodes = key_nodes(client, [q.keys.due for q in self.queues])
+            down: list[str] = []
+            for node in nodes:
+                try:
+                    await client.execute_command("PING", target_nodes=node)
+                    for text in texts:
+                        await client.execute_command("SCRIPT LOAD", text, target_nodes=node)
+                except UNREACHABLE as exc:
+                    if isinstance(exc, AuthenticationError) or len(down) + 1 == len(nodes):
+                        raise
+                    down.append(f"{node.name} ({type(exc).__name__}: {exc})")
+            if down:
+                self.log.warning(
+                    "not answering at start, claimed from once they answer: the queues of %s",
+                    ", ".join(down),
+                )
         await self._warn_paused()
 
     async def _warn_paused(self) -> None:
