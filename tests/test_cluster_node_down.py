@@ -186,3 +186,19 @@ def test_doctor_checks_the_live_nodes_and_names_the_dead_one(down: Down) -> None
     one = CliRunner().invoke(main, ["doctor", "--url", down.cluster.url, "-q", down.good,
                                     "--no-server"])  # fmt: skip
     assert one.exit_code in (0, 1), one.output  # persistence-off warnings at most
+
+
+def test_workers_lists_what_answers_and_names_the_rest(down: Down) -> None:
+    dead_at = f"127.0.0.1:{down.dead.port}"
+    res = CliRunner().invoke(main, ["workers", "--url", down.cluster.url, "--json"])
+    assert res.exit_code == 3, res.output
+    data = json.loads(res.output)
+    assert isinstance(data["workers"], list) and data["now_ms"] > 0
+    parts = PartitionedQueue.open(connect(down.cluster.url), down.spread).parts
+    on_dead = {p.name for p in parts if down.cluster.primary_for(p.keys.prefix) is down.dead}
+    named = {u.split(": ")[0] for u in data["unreachable"]}
+    assert named == {dead_at, *(f"queue {p}" for p in on_dead)}
+    table = CliRunner().invoke(main, ["workers", "--url", down.cluster.url])
+    assert table.exit_code == 3 and f"not read: node {dead_at}" in table.output
+    one = CliRunner().invoke(main, ["workers", "--url", down.cluster.url, "-q", down.good])
+    assert one.exit_code == 0, one.output

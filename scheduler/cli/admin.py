@@ -1,4 +1,4 @@
-"""Operator commands: `stats`, `workers`; registers the other admin modules too (`keys`,
+"""Operator command `stats`; registers the other admin modules too (`workers`, `keys`,
 `jobs` and `enqueue`, `dead`, `doctor`, `pause` and `resume`)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from scheduler.admin.inspection import WINDOWS_MIN, live_workers, logical_queues, server_now_ms
+from scheduler.admin.inspection import WINDOWS_MIN, logical_queues
 from scheduler.admin.startup import is_permission_error
 from scheduler.cli import dead, doctor, jobs, pausing
 from scheduler.cli.common import (
@@ -28,19 +28,16 @@ from scheduler.cli.common import (
     console,
     emit_json,
     fmt_ms,
-    fmt_time,
     json_option,
-    markup_safe,
-    physical_queues,
     queues_option,
     resolve_queues,
     url_option,
 )
 from scheduler.cli.keys import keys_command
+from scheduler.cli.workers import workers_command
 from scheduler.client.partitioned import PartitionedQueue, merge_counts, open_queue
 from scheduler.core.connection import UNREACHABLE, is_cluster
 from scheduler.core.errors import SchedulerError
-from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import safe
 from scheduler.operations import browsing
 
@@ -51,7 +48,7 @@ _ROW_ERRORS = (redis.ResponseError, SchedulerError, OverflowError, UnicodeError,
 
 
 def register(main: click.Group) -> None:
-    for command in (stats, workers, keys_command):
+    for command in (stats, workers_command, keys_command):
         main.add_command(command)
     jobs.register(main)
     dead.register(main)
@@ -222,66 +219,3 @@ def _watch(
             if count and refreshes >= count:
                 return rows, down
             time.sleep(interval)
-
-
-# -- workers ---------------------------------------------------------------------------------
-_WORKERS_TABLE_MIN_WIDTH = 120  # narrower: one block per worker, nothing cut to "…"
-
-
-@click.command(cls=AdminCommand)
-@url_option
-@queues_option
-@json_option
-def workers(url: str, queues: tuple[str, ...], as_json: bool) -> None:
-    """Live worker processes: id, host, pid, queues, started, last heartbeat, jobs in flight.
-    A worker's record expires when it stops heart-beating, so a dead one drops out by itself."""
-    client = connect(url)
-    now_ms = server_now_ms(client)
-    found: list[dict[str, Any]] = []
-    gone: dict[str, list[str]] = {}
-    seen: set[str] = set()
-    damaged: dict[str, str] = {}  # an unreadable partition record: its own keys are read
-    for logical in resolve_queues(client, queues):
-        # A worker on a partitioned queue registers in every partition: listed once, under
-        # the logical name.
-        for name in physical_queues(client, [logical], damaged):
-            live, expired = live_workers(client, QueueKeys(name))
-            found += [{**w.to_json(), "queue": logical} for w in live if w.id not in seen]
-            seen.update(w.id for w in live)
-            if expired:
-                gone[name] = expired
-    for name, why in damaged.items():
-        click.echo(
-            safe(f"warning: {why}; read as a plain queue (scheduler doctor -q {name})"), err=True
-        )
-    if as_json:
-        emit_json({"now_ms": now_ms, "workers": found, "expired": gone})
-        return
-    t = Table(title="live workers")
-    for col in ("queue", "id", "host", "pid", "queues", "started", "last heartbeat", "in flight"):
-        t.add_column(col, no_wrap=col in ("queue", "id"))
-    out = console()
-    for w in found:
-        beat = w["last_heartbeat_ms"] or w["last_seen_ms"]
-        flight = "-" if w["in_flight"] is None else str(w["in_flight"])
-        if w["concurrency"] is not None:
-            flight += f" / {w['concurrency']}"
-        last = f"{fmt_ms(now_ms - beat)} ago" if beat else "-"
-        started = fmt_time(w["started_ms"])
-        names = ",".join(w["queues"])
-        row = (w["queue"], w["id"], w["host"], str(w["pid"] or "-"), names, started, last, flight)
-        if out.width < _WORKERS_TABLE_MIN_WIDTH:
-            # Eight columns at 80 would cut queues and times to "…": one block per worker.
-            head = f"{w['id']}  on {w['queue']}  host {w['host']} pid {row[3]}"
-            out.print(cell(head), style="bold")
-            out.print(cell(f"  queues {names}  started {started}"))
-            out.print(cell(f"  last heartbeat {last}  in flight {flight}"))
-        else:
-            t.add_row(*(cell(v) for v in row))
-    if not found:
-        out.print("no live workers")
-    elif out.width >= _WORKERS_TABLE_MIN_WIDTH:
-        out.print(t)
-    for name, ids in gone.items():
-        gone_line = f"{markup_safe(name)}: {len(ids)} expired worker record(s) not yet pruned"
-        out.print(f"[dim]{gone_line}[/dim]")

@@ -1,0 +1,126 @@
+"""`scheduler workers`: the live worker processes of every queue (or of those named), read from
+each queue's presence records (scheduler/admin/workers.py)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+from rich.table import Table
+
+from scheduler.admin.inspection import live_workers, server_now_ms
+from scheduler.cli.common import (
+    EXIT_UNREACHABLE,
+    AdminCommand,
+    cell,
+    connect,
+    console,
+    emit_json,
+    fmt_ms,
+    fmt_time,
+    json_option,
+    markup_safe,
+    physical_queues,
+    queues_option,
+    resolve_queues,
+    url_option,
+)
+from scheduler.core.connection import UNREACHABLE, is_cluster
+from scheduler.core.keys import QueueKeys
+from scheduler.core.safety import safe
+
+_WORKERS_TABLE_MIN_WIDTH = 120  # narrower: one block per worker, nothing cut to "…"
+
+
+@click.command("workers", cls=AdminCommand)
+@url_option
+@queues_option
+@json_option
+def workers_command(url: str, queues: tuple[str, ...], as_json: bool) -> None:
+    """Live worker processes: id, host, pid, queues, started, last heartbeat, jobs in flight.
+    A worker's record expires when it stops heart-beating, so a dead one drops out by itself.
+    On a cluster, a node that does not answer is named and the others' workers listed (exit 3)."""
+    client = connect(url)
+    found: list[dict[str, Any]] = []
+    gone: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    damaged: dict[str, str] = {}  # an unreadable partition record: its own keys are read
+    down: list[str] = []  # "host:port: error" of a node, or "queue <name>: error"
+    answered: list[str] = []  # queues whose node answered: the clock is read on the first
+    for logical in resolve_queues(client, queues, down):
+        # A worker on a partitioned queue registers in every partition: listed once, under
+        # the logical name.
+        try:
+            for name in physical_queues(client, [logical], damaged):
+                live, expired = _live_on(client, name, down, answered)
+                found += [{**w.to_json(), "queue": logical} for w in live if w.id not in seen]
+                seen.update(w.id for w in live)
+                if expired:
+                    gone[name] = expired
+        except UNREACHABLE as exc:  # its partition record's node
+            if not is_cluster(client):
+                raise
+            down.append(f"queue {logical}: {exc}")
+    now_ms = server_now_ms(client, QueueKeys(answered[0]) if answered else None)
+    for name, why in damaged.items():
+        click.echo(
+            safe(f"warning: {why}; read as a plain queue (scheduler doctor -q {name})"), err=True
+        )
+    if as_json:
+        emit_json({"now_ms": now_ms, "workers": found, "expired": gone,
+                   **({"unreachable": down} if down else {})})  # fmt: skip
+    else:
+        _print(found, gone, down, now_ms)
+    if down:
+        sys.exit(EXIT_UNREACHABLE)
+
+
+def _live_on(
+    client: Any, name: str, down: list[str], answered: list[str]
+) -> tuple[list[Any], list[str]]:
+    """live_workers of one (physical) queue; on a cluster, nothing when its node does not
+    answer (named in `down`)."""
+    try:
+        found = live_workers(client, QueueKeys(name))
+    except UNREACHABLE as exc:
+        if not is_cluster(client):
+            raise
+        down.append(f"queue {name}: {exc}")
+        return [], []
+    answered.append(name)
+    return found
+
+
+def _print(found: list[dict[str, Any]], gone: dict[str, list[str]], down: list[str],
+           now_ms: int) -> None:  # fmt: skip
+    t = Table(title="live workers")
+    for col in ("queue", "id", "host", "pid", "queues", "started", "last heartbeat", "in flight"):
+        t.add_column(col, no_wrap=col in ("queue", "id"))
+    out = console()
+    for w in found:
+        beat = w["last_heartbeat_ms"] or w["last_seen_ms"]
+        flight = "-" if w["in_flight"] is None else str(w["in_flight"])
+        if w["concurrency"] is not None:
+            flight += f" / {w['concurrency']}"
+        last = f"{fmt_ms(now_ms - beat)} ago" if beat else "-"
+        started = fmt_time(w["started_ms"])
+        names = ",".join(w["queues"])
+        row = (w["queue"], w["id"], w["host"], str(w["pid"] or "-"), names, started, last, flight)
+        if out.width < _WORKERS_TABLE_MIN_WIDTH:
+            # Eight columns at 80 would cut queues and times to "…": one block per worker.
+            head = f"{w['id']}  on {w['queue']}  host {w['host']} pid {row[3]}"
+            out.print(cell(head), style="bold")
+            out.print(cell(f"  queues {names}  started {started}"))
+            out.print(cell(f"  last heartbeat {last}  in flight {flight}"))
+        else:
+            t.add_row(*(cell(v) for v in row))
+    if not found:
+        out.print("no live workers")
+    elif out.width >= _WORKERS_TABLE_MIN_WIDTH:
+        out.print(t)
+    for name, ids in gone.items():
+        gone_line = f"{markup_safe(name)}: {len(ids)} expired worker record(s) not yet pruned"
+        out.print(f"[dim]{gone_line}[/dim]")
+    for u in down:
+        out.print(cell(f"not read: {u}" if u.startswith("queue ") else f"not read: node {u}"))
