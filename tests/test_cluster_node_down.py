@@ -202,3 +202,9 @@ def test_workers_lists_what_answers_and_names_the_rest(down: Down) -> None:
     assert table.exit_code == 3 and f"not read: node {dead_at}" in table.output
     one = CliRunner().invoke(main, ["workers", "--url", down.cluster.url, "-q", down.good])
     assert one.exit_code == 0, one.output
+
+
+def test_a_typo_in_a_queue_name_is_still_a_typo(down: Down) -> None:
+    res = CliRunner().invoke(main, ["stats", "--url", down.cluster.url, "-q", "no-such-q"])
+    assert res.exit_code == 1, res.output  # refused (was 3: the list of known queues failed)
+    assert "no queue named 'no-such-q'" in res.output and down.good in res.output

@@ -254,7 +254,7 @@ def require_queue(client: redis.Redis, queue: str) -> QueueKeys:
     except UnreadableRecord:
         return keys  # its (damaged) record is a key of it: what reads it next says what is wrong
     if not queue_exists(client, keys, server_now_ms(client, keys)):
-        named = logical_queues(client)
+        named = logical_queues(client, [])  # a cluster node down: the others' queues
         if queue in named:  # only other keys of it are left (specs, flow sets): doctor's case
             return keys
         known = ", ".join(named[:20]) or "none"
