@@ -57,13 +57,14 @@ class AccessDenied(SchedulerError):
 
 
 async def check_access_async(
-    client: Any, queues: Sequence[str], down: list[str] | None = None
+    client: Any, queues: Sequence[str], *, skip_down: bool = False
 ) -> None:
     """Touch each queue's keys as a worker will, before it runs: a read, and a write that
     changes nothing (no job id is empty). A user whose ACL leaves a queue out is refused here
-    with one line instead of a crash in the claim loop. Raises AccessDenied. With `down` (a
-    list), on a cluster, a queue whose node does not answer is named there and skipped; every
-    queue unreachable raises."""
+    with one line instead of a crash in the claim loop. Raises AccessDenied. With `skip_down`,
+    on a cluster, a queue whose node does not answer is skipped; every queue unreachable
+    raises."""
+    down = 0
     for name in queues:
         k = QueueKeys(name)
         try:
@@ -71,10 +72,10 @@ async def check_access_async(
             await client.zrem(k.due, "")
         except UNREACHABLE as exc:
             # A refused password is no node down (it is a ConnectionError in redis-py).
-            if down is None or not is_cluster(client) or isinstance(exc, AuthenticationError):
+            if not skip_down or not is_cluster(client) or isinstance(exc, AuthenticationError):
                 raise
-            down.append(name)
-            if len(down) == len(queues):
+            down += 1
+            if down == len(queues):
                 raise
         except RedisError as exc:
             if is_permission_error(exc):

@@ -177,7 +177,7 @@ async def serve(
         await worker.preflight()
         # A partition on a cluster node that does not answer is skipped here, while others
         # answer (its claims retry until it does); the names asked for were read above.
-        await check_access_async(client, queues, down=[])
+        await check_access_async(client, queues, skip_down=True)
     except AccessDenied as exc:
         click.echo(f"error: {exc}", err=True)
         await client.aclose()
