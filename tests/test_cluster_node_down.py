@@ -60,7 +60,9 @@ def down() -> Iterator[Down]:
         dead = cluster.primary_for(QueueKeys(gone).prefix)
         live = cluster.primary_for(QueueKeys(good).prefix)
         spread = _spread_over(cluster, live, dead)
-        PartitionedQueue.create(connect(cluster.url), spread, partitions=4)
+        # A job in each partition: the queue has keys a discovery finds, whatever test runs first.
+        for part in PartitionedQueue.create(connect(cluster.url), spread, partitions=4).parts:
+            part.enqueue("noop", None)
         # LocalCluster makes node i + primaries the replica of primary i: no failover.
         cluster.nodes[cluster.nodes.index(dead) + cluster.primaries].kill()
         dead.kill()
