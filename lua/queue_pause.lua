@@ -5,12 +5,14 @@
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): config
   Returns: 'paused' | 'already' (it was: paused_ms kept, nothing written)
-  Errors:  CORRUPT config is not a hash (edited by hand; nothing written) ]]
+  Errors:  CORRUPT config is not a hash (edited by hand; nothing written); the server's own
+    refusal of the write (OOM, READONLY, NOREPLICAS, ...) as it came, nothing written ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 
 local cfg = KEYS[1] .. 'config'
 local set = redis.pcall('HSETNX', cfg, 'paused_ms', fmt(now_ms()))
-if type(set) == 'table' and set.err then return corrupt_err('config', 'hash') end
+local refused = write_refused(set, 'config', 'hash')
+if refused then return refused end
 if set == 0 then return 'already' end
 return 'paused'

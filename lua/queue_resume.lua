@@ -3,12 +3,14 @@
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): config
   Returns: 'resumed' | 'active' (was not paused: nothing written)
-  Errors:  CORRUPT config is not a hash (edited by hand; nothing written) ]]
+  Errors:  CORRUPT config is not a hash (edited by hand; nothing written); the server's own
+    refusal of the write (OOM, READONLY, NOREPLICAS, ...) as it came, nothing written ]]
 -- @include "lib/util.lua"
 
 local cfg, wake_key = KEYS[1] .. 'config', KEYS[5]
 local gone = redis.pcall('HDEL', cfg, 'paused_ms')
-if type(gone) == 'table' and gone.err then return corrupt_err('config', 'hash') end
+local refused = write_refused(gone, 'config', 'hash')
+if refused then return refused end
 if gone == 0 then return 'active' end
 wake(wake_key)
 return 'resumed'

@@ -24,6 +24,14 @@ local LIM = {
 local function corrupt_err(name, want)
   return redis.error_reply('CORRUPT ' .. name .. ' is not a ' .. want .. ' (nothing written)')
 end
+-- A pcall'd first write's error reply `r` (nil when it is not one): CORRUPT for WRONGTYPE (a key
+-- edited by hand), else the server's own refusal as it came (OOM, READONLY, NOREPLICAS, MISCONF:
+-- nothing written, and the caller must see why; they are not a corrupt key).
+local function write_refused(r, name, want)
+  if type(r) ~= 'table' or not r.err then return nil end
+  if string.find(r.err, '^WRONGTYPE') then return corrupt_err(name, want) end
+  return r
+end
 local KEY_PROBE = { zset = 'ZCARD', set = 'SCARD' }
 local function key_type_err(key, name, want)
   local r

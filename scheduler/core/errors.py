@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from redis.exceptions import ResponseError
+from redis.exceptions import (
+    ClusterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 
 
 class SchedulerError(Exception):
@@ -136,3 +142,22 @@ def translate(exc: ResponseError) -> SchedulerError | ResponseError:
             f"at script {where}: see `scheduler doctor`"
         )
     return exc
+
+
+# Replies with which a server refuses a call for now, never for good: OOM (maxmemory with
+# noeviction), BUSY (a slow script), LOADING, READONLY (a failover in progress), MISCONF (a
+# failed RDB save), NOREPLICAS, a slot being moved (TRYAGAIN) or a cluster remapping. The call
+# ran nothing; the same call later can succeed (the worker retries, the dashboard answers 503).
+_REFUSED_FOR_NOW = (OutOfMemoryError, ReadOnlyError, ClusterDownError, TryAgainError)
+_REFUSED_FOR_NOW_CODES = frozenset(
+    {"BUSY", "MISCONF", "NOREPLICAS", "LOADING", "OOM", "READONLY", "TRYAGAIN", "CLUSTERDOWN",
+     "MASTERDOWN", "UNBLOCKED"}
+)  # fmt: skip
+
+
+def refused_for_now(exc: ResponseError) -> bool:
+    """Whether Redis refused the call only for now (see above), by class or by error code."""
+    if isinstance(exc, _REFUSED_FOR_NOW):
+        return True
+    code = str(getattr(exc, "status_code", "") or str(exc).split(" ", 1)[0]).upper()
+    return code in _REFUSED_FOR_NOW_CODES

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 import redis
+from redis.exceptions import ResponseError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -14,7 +15,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from scheduler.core.connection import UNREACHABLE, connect
-from scheduler.core.errors import BadArgument, SchedulerError
+from scheduler.core.errors import BadArgument, SchedulerError, refused_for_now
 from scheduler.dashboard.actions import ActionRefused
 from scheduler.dashboard.dead import DeadPages
 from scheduler.dashboard.pages import Pages
@@ -91,6 +92,20 @@ def create_app(
         return render.page(request, "error.html", status_code=503, title="Redis unreachable",
                            message=message)  # fmt: skip
 
+    async def refused_now(request: Request, exc: Exception) -> Response:
+        # OOM, READONLY mid-failover, a slot being moved, LOADING, ...: the server ran nothing
+        # of the refused call and may take it in a moment. Any other Redis error stays a 500.
+        if not (isinstance(exc, ResponseError) and refused_for_now(exc)):
+            raise exc
+        outcome = (
+            "The refused call changed nothing; reload the page to see how far the action got."
+            if request.method == "POST"
+            else "Reload the page in a moment."
+        )
+        message = f"Redis refused the request for now: {type(exc).__name__}: {exc}. {outcome}"
+        return render.page(request, "error.html", status_code=503, title="Redis busy",
+                           message=message)  # fmt: skip
+
     async def refused(request: Request, exc: Exception) -> Response:
         return PlainTextResponse(f"refused: {exc}\n", status_code=403)
 
@@ -123,6 +138,7 @@ def create_app(
             SchedulerError: bad_input,
             ActionRefused: refused,
             **{kind: unreachable for kind in UNREACHABLE},
+            ResponseError: refused_now,
         },
     )
     return DashboardApp(app, Auth.from_env() if auth is None else auth, store, allowed_hosts)

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from redis.exceptions import ResponseError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
@@ -18,7 +19,7 @@ from scheduler.admin.health import (
     unreachable_finding,
 )
 from scheduler.core.connection import UNREACHABLE
-from scheduler.core.errors import BadArgument, JobNotFound
+from scheduler.core.errors import BadArgument, JobNotFound, refused_for_now
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
@@ -98,6 +99,11 @@ class Pages:
                 missing.append(f"queue {name}: {exc}")
                 last = exc
                 self.store.failed(name, exc)
+            except ResponseError as exc:  # its slot being moved, its node loading, ...
+                if not refused_for_now(exc):
+                    raise
+                missing.append(f"queue {name}: {exc}")  # asked again at the next read
+                last = exc
         if last is not None and not out:
             raise last
         return out, missing

@@ -14,23 +14,19 @@ import redis.asyncio as aredis
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
-    ClusterDownError,
     ClusterError,
     CrossSlotTransactionError,
     NoPermissionError,
     NoScriptError,
-    OutOfMemoryError,
-    ReadOnlyError,
     RedisClusterException,
     ResponseError,
     SlotNotCoveredError,
-    TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.core.direct_io import transport_race
-from scheduler.core.errors import CorruptKey
+from scheduler.core.errors import CorruptKey, refused_for_now
 from scheduler.core.models import ClaimedJob
 from scheduler.core.scripts import Scripts, run_async
 from scheduler.operations.ops import Op, Request, Script
@@ -58,25 +54,6 @@ TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeout
 #              call refused by redis-py itself is a bug of ours (WorkerCore._loop_error).
 #   refused    (replies to one job's report only) that job's outcome was refused: logged, the
 #              lease lapses and the job is retried by the server's rules.
-_TRANSIENT_REPLIES = (
-    OutOfMemoryError,
-    ReadOnlyError,
-    NoScriptError,
-    ClusterDownError,
-    TryAgainError,
-)
-_TRANSIENT_CODES = (
-    "BUSY",
-    "MISCONF",
-    "NOREPLICAS",
-    "LOADING",
-    "OOM",
-    "READONLY",
-    "TRYAGAIN",
-    "CLUSTERDOWN",
-    "MASTERDOWN",
-    "UNBLOCKED",
-)
 _FATAL = (AuthenticationError, AuthorizationError, NoPermissionError)
 
 
@@ -91,9 +68,9 @@ def classify(exc: BaseException) -> str:
         # queue waits for the fix (`scheduler doctor`), the worker's other queues go on.
         return "transient"
     if isinstance(exc, ResponseError):
-        code = str(getattr(exc, "status_code", "") or str(exc).split(" ", 1)[0]).upper()
-        if isinstance(exc, _TRANSIENT_REPLIES) or code in _TRANSIENT_CODES:
+        if isinstance(exc, NoScriptError) or refused_for_now(exc):
             return "transient"
+        code = str(getattr(exc, "status_code", "") or str(exc).split(" ", 1)[0]).upper()
         if code in ("NOPERM", "NOAUTH", "WRONGPASS"):
             return "fatal"
         return "refused"

@@ -1,0 +1,169 @@
+"""A server that refuses writes for now (min-replicas-to-write with no replica: NOREPLICAS on
+every write; maxmemory reached: OOM on a script's first write). Every mutating call says so with
+Redis's own error, which the worker and the dashboard take as "for now" (`refused_for_now`),
+and changes nothing. Before, `pause` / `resume` reported the refusal as a corrupt `config` key
+("edited by hand"), sending an operator to `scheduler doctor` for a full server.
+A private server: these tests reconfigure it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.exceptions import OutOfMemoryError, ResponseError, TryAgainError
+from starlette.testclient import TestClient
+
+from scheduler import JobSpec, Queue
+from scheduler._spawn import RedisProcess
+from scheduler.core.errors import SchedulerError, refused_for_now
+from scheduler.dashboard import Auth, create_app
+from scheduler.dashboard.store import Store
+from tests.conftest import dump_queue
+
+
+@pytest.fixture
+def server(module_server: RedisProcess) -> Iterator[RedisProcess]:
+    module_server.client().flushall()
+    yield module_server
+    off = module_server.client()
+    off.config_set("min-replicas-to-write", 0)
+    off.config_set("maxmemory", 0)
+
+
+def _state(server: RedisProcess) -> tuple[Queue, dict[str, Any]]:
+    """A queue with something for every mutating call to do: a leased job, a waiting one, a
+    dead one, a due one, a schedule."""
+    q = Queue.from_url(server.url, "m")
+    leased_id = q.enqueue("t", {"a": 1})
+    dead_id = q.enqueue("t", {"a": 2}, max_attempts=1)
+    batch = q.claim("w1", limit=2, lease_ms=60_000).jobs
+    by_id = {j.id: j for j in batch}
+    q.fail(dead_id, by_id[dead_id].token, RuntimeError("boom"))
+    return q, {
+        "leased": by_id[leased_id],
+        "dead": dead_id,
+        "later": q.enqueue("t", {"a": 3}, delay_ms=600_000),
+        "due": q.enqueue("t", {"a": 4}),
+        "schedule": q.schedule("nightly", "t", {}, cron="0 3 * * *"),
+    }
+
+
+def _calls(q: Queue, s: dict[str, Any]) -> dict[str, Callable[[], object]]:
+    job = s["leased"]
+    return {
+        "enqueue": lambda: q.enqueue("t", {"b": 1}, key="k1"),
+        "enqueue_many": lambda: q.enqueue_many([JobSpec("t", {"c": i}) for i in range(3)]),
+        "claim": lambda: q.claim("w2", limit=1, lease_ms=1_000),
+        "heartbeat": lambda: q.heartbeat([(job.id, job.token)], lease_ms=60_000),
+        "complete": lambda: q.complete(job.id, job.token, {"ok": 1}),
+        "fail": lambda: q.fail(job.id, job.token, RuntimeError("x")),
+        "release": lambda: q.release([(job.id, job.token)]),
+        "cancel": lambda: q.cancel(s["later"]),
+        "reschedule": lambda: q.reschedule(s["later"], delay_ms=0),
+        "requeue_dead": lambda: q.requeue_dead([s["dead"]]),
+        "purge_dead": lambda: q.purge_dead([s["dead"]]),
+        "set_dead_retention": lambda: q.set_dead_retention(max_age_ms=3_600_000),
+        "pause": q.pause,
+        "schedule": lambda: q.schedule("hourly", "t", {}, cron="0 * * * *"),
+        "pause_schedule": lambda: q.pause_schedule("nightly"),
+        "remove_schedule": lambda: q.remove_schedule("nightly"),
+    }
+
+
+def test_every_write_refused_for_now_raises_redis_own_error_and_changes_nothing(
+    server: RedisProcess,
+) -> None:
+    q, s = _state(server)
+    raw = server.client()
+    before = dump_queue(raw, q)
+    raw.config_set("min-replicas-to-write", 1)  # no replica: every write refused
+    seen: dict[str, str] = {}
+    for name, call in _calls(q, s).items():
+        with pytest.raises(ResponseError) as caught:
+            call()
+        assert not isinstance(caught.value, SchedulerError), (name, caught.value)
+        assert refused_for_now(caught.value), (name, caught.value)
+        seen[name] = str(caught.value).split(" ", 1)[0]
+    assert set(seen.values()) == {"NOREPLICAS"}, seen
+    raw.config_set("min-replicas-to-write", 0)
+    assert dump_queue(raw, q) == before
+    # resume, of a paused queue (pause was refused above: pause it for real first).
+    assert q.pause() == "paused"
+    paused = dump_queue(raw, q)
+    raw.config_set("min-replicas-to-write", 1)
+    with pytest.raises(ResponseError, match=r"^NOREPLICAS") as refused:
+        q.resume()
+    assert not isinstance(refused.value, SchedulerError)
+    raw.config_set("min-replicas-to-write", 0)
+    assert dump_queue(raw, q) == paused
+    assert q.resume() == "resumed"
+
+
+def test_pause_refused_at_maxmemory_is_an_oom_not_a_corrupt_key(server: RedisProcess) -> None:
+    q = Queue.from_url(server.url, "m")
+    q.enqueue("t", {"a": 1})
+    raw = server.client()
+    raw.config_set("maxmemory", 1)
+    with pytest.raises(OutOfMemoryError):
+        q.pause()
+    raw.config_set("maxmemory", 0)
+    assert q.counts().paused is False
+    assert q.pause() == "paused"
+
+
+def test_dashboard_answers_503_when_redis_refuses_an_action_for_now(
+    server: RedisProcess,
+) -> None:
+    Queue.from_url(server.url, "mail").enqueue("send", {"to": "a"})
+    with TestClient(create_app(url=server.url, auth=Auth())) as web:
+        page = web.get("/queues/mail")
+        m = re.search(r'name="csrf" value="([0-9a-f]{64})"', page.text)
+        assert m is not None
+        raw = server.client()
+        raw.config_set("min-replicas-to-write", 1)
+        assert web.get("/queues/mail").status_code == 200  # reads go on
+        acted = web.post("/queues/mail/pause", data={"csrf": m.group(1)},
+                         headers={"Origin": "http://testserver"})  # fmt: skip
+        raw.config_set("min-replicas-to-write", 0)
+        assert acted.status_code == 503, acted.text
+        assert "Redis busy" in acted.text and "NOREPLICAS" in acted.text
+        assert "changed nothing" in acted.text
+        assert Queue.from_url(server.url, "mail").counts().paused is False
+
+
+def test_dashboard_lists_a_queue_whose_slot_is_moving_and_shows_the_others(
+    server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TRYAGAIN (its slot being resharded) on one queue's read: the overview shows the other
+    queues and names that one; any other Redis error on a read stays a 500."""
+    for name in ("a", "b"):
+        Queue.from_url(server.url, name).enqueue("t", {})
+    real = Store.queue_summary
+    error: list[Exception] = [TryAgainError("Multiple keys request during rehashing of slot")]
+
+    def summary(self: Store, name: str) -> dict[str, Any]:
+        if name == "b":
+            raise error[0]
+        return real(self, name)
+
+    monkeypatch.setattr(Store, "queue_summary", summary)
+    with TestClient(create_app(url=server.url, auth=Auth()), raise_server_exceptions=False) as web:
+        got = web.get("/api/overview").json()
+        assert [row["queue"] for row in got["queues"]] == ["a"]
+        assert len(got["unreachable"]) == 1 and got["unreachable"][0].startswith("queue b:")
+        page = web.get("/")
+        assert page.status_code == 200 and "queue b:" in page.text
+        error[0] = ResponseError("ERR something else")
+        assert web.get("/").status_code == 500
+
+
+def test_refused_for_now_tells_a_refusal_from_a_bug() -> None:
+    codes = ("BUSY", "MISCONF", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY")
+    for text in [f"{code} detail" for code in (*codes, "NOREPLICAS", "OOM")]:
+        assert refused_for_now(ResponseError(text)), text
+    for text in ("ERR unknown command", "WRONGTYPE Operation", "NOSCRIPT No matching script"):
+        assert not refused_for_now(ResponseError(text)), text
+    assert refused_for_now(redis.exceptions.ReadOnlyError("You can't write"))
