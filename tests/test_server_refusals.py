@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 from redis.exceptions import OutOfMemoryError, ResponseError, TryAgainError
 from starlette.testclient import TestClient
 
 from scheduler import JobSpec, Queue
 from scheduler._spawn import RedisProcess
+from scheduler.cli.main import main
 from scheduler.core.errors import SchedulerError, refused_for_now
 from scheduler.dashboard import Auth, create_app
 from scheduler.dashboard.store import Store
@@ -167,3 +169,21 @@ def test_refused_for_now_tells_a_refusal_from_a_bug() -> None:
     for text in ("ERR unknown command", "WRONGTYPE Operation", "NOSCRIPT No matching script"):
         assert not refused_for_now(ResponseError(text)), text
     assert refused_for_now(redis.exceptions.ReadOnlyError("You can't write"))
+
+
+def test_cli_exits_3_when_redis_refuses_for_now(server: RedisProcess) -> None:
+    """Exit 3 (try again), the refusal named; it was exit 1, "a refusal", like a typo."""
+    Queue.from_url(server.url, "m").enqueue("t", {})
+    raw = server.client()
+    raw.config_set("min-replicas-to-write", 1)
+    try:
+        for args in (["pause"], ["enqueue", "t"], ["dead", "purge", "--yes"]):
+            got = CliRunner().invoke(main, [*args, "--url", server.url, "-q", "m"])
+            if args[0] == "dead":  # nothing dead: nothing to write, nothing refused
+                assert got.exit_code == 0, got.output
+                continue
+            assert got.exit_code == 3, (args, got.output)
+            assert "Redis refused the command for now: NOREPLICAS" in got.stderr
+    finally:
+        raw.config_set("min-replicas-to-write", 0)
+    assert Queue.from_url(server.url, "m").counts().due == 1

@@ -37,7 +37,13 @@ from scheduler.cli.output import (
 from scheduler.core import connection, exits
 from scheduler.core.backoff import Backoff
 from scheduler.core.backoff_text import parse_backoff_text
-from scheduler.core.errors import BadArgument, JobNotFound, SchedulerError, UnreadableRecord
+from scheduler.core.errors import (
+    BadArgument,
+    JobNotFound,
+    SchedulerError,
+    UnreadableRecord,
+    refused_for_now,
+)
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.safety import redact, safe
 
@@ -128,6 +134,8 @@ class AdminCommand(click.Command):
         except redis.ResponseError as exc:
             if is_permission_error(exc):
                 raise Forbidden(permission_message(exc, OPERATOR_ROLE_HINT)) from None
+            if refused_for_now(exc):  # OOM, NOREPLICAS, READONLY, ...: a retry may pass
+                raise Unreachable(safe(f"Redis refused the command for now: {exc}")) from None
             raise Refused(safe(f"Redis refused the command: {exc}")) from None
         except SchedulerError as exc:
             raise Refused(safe(exc)) from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILED = 1  # findings, a refusal, or (the worker) a crash
 EXIT_USAGE = 2  # bad usage, input or settings; nothing was written
-EXIT_UNREACHABLE = 3  # cannot reach Redis
+EXIT_UNREACHABLE = 3  # cannot reach Redis, or it refuses for now (try again later)
 EXIT_IMPORT = 4  # the worker's registry cannot be imported
 EXIT_FORBIDDEN = 5  # the Redis user lacks a permission (ACL), or Redis refused for good
 EXIT_FORCED = 130  # the worker was stopped by a second signal without waiting
@@ -23,7 +23,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
                   "confirmation; --strict and Redis settings that can lose jobs; a key edited "
                   "into something no version wrote), or the worker crashed"),
     (EXIT_USAGE, "bad usage, input or settings; nothing was written"),
-    (EXIT_UNREACHABLE, "cannot reach Redis"),
+    (EXIT_UNREACHABLE, "cannot reach Redis, or it refuses for now (maxmemory, NOREPLICAS, a "
+                      "failover, a slot being moved; the refused call wrote nothing): try again"),
     (EXIT_IMPORT, "the worker's registry cannot be imported"),
     (EXIT_FORBIDDEN, "the Redis user lacks a permission (ACL); see docs/security.md"),
     (EXIT_FORCED, "the worker was forced to stop by a second signal"),
