@@ -49,7 +49,9 @@ def test_refuses_unreachable_redis(tmp_path: Path) -> None:
 def test_unknown_task_and_pickled_payload_are_dead_lettered(
     redis_url: str, client: redis.Redis, q: Queue
 ) -> None:
-    unknown = q.enqueue("no.such.task", {"x": 1})
+    """A pickled payload is parked at once. An unknown task is retried by its backoff (a worker
+    with the handler may take it: tests/test_unknown_task.py), then parked."""
+    unknown = q.enqueue("ecko", {"x": 1}, max_attempts=2, backoff=Backoff(50, 1.0, 50, 0.0))
     pickled = q.enqueue("echo", {"x": 1})
     # A hand-written pickle (would run code if unpickled): must only ever be refused.
     client.hset(q.keys.job(pickled), "payload", pickle.dumps({"evil": True}).hex())
@@ -60,12 +62,14 @@ def test_unknown_task_and_pickled_payload_are_dead_lettered(
     finally:
         stop_all([w])
     j = q.get_job(unknown)
-    assert (j.state, j.dead_reason, j.fields["last_error_type"]) == (
+    assert (j.state, j.dead_reason, j.fields["last_error_type"], j.attempts) == (
         "dead",
-        "non-retryable error",
+        "attempts exhausted",
         "UnknownTask",
+        2,
     )
-    assert "no.such.task" in j.fields["last_error"]
+    assert "task 'ecko'" in j.fields["last_error"]
+    assert "did you mean echo?" in j.fields["last_error"]
     j = q.get_job(pickled)
     assert (j.state, j.fields["last_error_type"]) == ("dead", "InvalidPayload")
     assert j.attempts == 1

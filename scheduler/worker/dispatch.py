@@ -14,7 +14,13 @@ from typing import Any
 from scheduler.core.errors import InvalidPayload, UnknownTask
 from scheduler.core.models import ClaimedJob, _EncodedResult
 from scheduler.worker.execution import Running, _Slot
-from scheduler.worker.failures import error_text, failure_of, result_text, type_name
+from scheduler.worker.failures import (
+    error_text,
+    failure_of,
+    result_text,
+    type_name,
+    unknown_task_text,
+)
 from scheduler.worker.registry import JobContext
 from scheduler.worker.settings import _LEASE_MARGIN_S
 from scheduler.worker.starting import Starting
@@ -72,8 +78,10 @@ class Dispatch(Starting):
         if log:
             self._log_job("claimed", r, late_ms=now_ms - job.run_at_ms)
         if spec is None:
-            err = UnknownTask(f"no handler registered for task {job.task!r}")
-            self._queue_fail(r, ("UnknownTask", str(err), ""), retryable=False)
+            # Retried by the job's backoff, then parked: during a rolling deploy a new task's
+            # job an old worker claims is run by a new one on a later attempt.
+            err = UnknownTask(unknown_task_text(job.task, self.registry.names()))
+            self._queue_fail(r, ("UnknownTask", str(err), ""), retryable=True)
             return
         try:
             payload = json.loads(job.payload_json)

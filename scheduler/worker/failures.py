@@ -4,6 +4,7 @@ outcome."""
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import traceback
 from typing import Any
@@ -59,3 +60,16 @@ def result_text(result: Any) -> str:
             " itself (a sync wrapper hides the async def), or await it in the handler"
         )
     return codec.encode_json(result, "result", codec.MAX_PAYLOAD_BYTES)
+
+
+def unknown_task_text(task: str, known: list[str]) -> str:
+    """The UnknownTask message: the nearest registered names, else the first few."""
+    near = difflib.get_close_matches(task, known, n=3)
+    listed = f"did you mean {', '.join(near)}?" if near else f"it knows {', '.join(known[:5])}"
+    listed = listed if known else "it knows no task"
+    more = f" (+{len(known) - 5} more)" if not near and len(known) > 5 else ""
+    return (
+        f"no handler registered for task {task!r} in this worker ({listed}{more}); "
+        "retried by the job's backoff (a worker with the handler may take it), parked after "
+        "its last attempt"
+    )

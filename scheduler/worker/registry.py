@@ -26,6 +26,7 @@ from scheduler.core import codec
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument, UnknownTask
 from scheduler.core.flow import check_flow
+from scheduler.core.limits import TASK_RE
 from scheduler.core.models import JobSpec
 
 # Re-exported: the registry's public names stay importable from here.
@@ -48,6 +49,35 @@ __all__ = [
     "decode_payload",
     "encode_payload",
 ]
+
+
+def _check_task_name(task_name: Any, *, given: bool) -> None:
+    """Refused at registration, not at the first enqueue (or never, for a name only ever
+    enqueued by handle)."""
+    if isinstance(task_name, str) and TASK_RE.fullmatch(task_name):
+        return
+    hint = "" if given else " (the default name of this function: give name=)"
+    raise BadArgument(
+        f"invalid task name {task_name!r}{hint}: 1-200 characters of A-Z a-z 0-9 _ . : / -"
+    )
+
+
+def _check_handler(fn: Any) -> None:
+    """A handler is called as fn(payload, ctx): one that cannot take that would fail every
+    attempt, so it is refused here."""
+    if not callable(fn):
+        raise BadArgument(f"a task handler must be callable, got {fn!r}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable without one: left to the call
+        return
+    try:
+        sig.bind(None, None)
+    except TypeError:
+        raise BadArgument(
+            f"task handler {getattr(fn, '__qualname__', fn)}{sig} must accept "
+            "(payload, ctx): it is called with the job's payload and its JobContext"
+        ) from None
 
 
 class Registry:
@@ -88,7 +118,8 @@ class Registry:
                 [1 ms, 366 days] (default: the worker's `--result-ttl-ms`).
             payload_type: a dataclass, TypedDict or pydantic model: checked at enqueue,
                 decoded for the handler (still JSON on the wire).
-            queue: the queue the task handle enqueues on by default.
+            queue: the one queue its jobs may be enqueued on: `enqueue` on another queue is
+                refused (the queue is still passed to `enqueue`; workers are not routed).
             keep_payload: its jobs keep their payload once done (default: a finished job
                 keeps only what status and result need); a job's own `keep_payload` wins.
             priority: default priority of its jobs, 0..9 (docs/flow-control.md).
@@ -101,7 +132,8 @@ class Registry:
             `aenqueue` and `job_spec` apply the defaults above).
 
         Raises:
-            BadArgument: an argument is refused, or the name is already registered."""
+            BadArgument: an argument is refused, the name is invalid or already registered,
+                or the function cannot be called as `fn(payload, ctx)`."""
         if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
             raise BadArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         if timeout_s is not None:
@@ -129,7 +161,9 @@ class Registry:
             raise BadArgument(f"queue must be a non-empty str, got {queue!r}")
 
         def register(fn: F) -> TaskHandle[F]:
-            task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            task_name = f"{fn.__module__}.{fn.__qualname__}" if name is None else name
+            _check_task_name(task_name, given=name is not None)
+            _check_handler(fn)
             flow: dict[str, Any] = {"priority": priority, "rate_limit": rate_limit}
             if concurrency_limit is not None:
                 flow |= {"concurrency_key": task_name, "concurrency_limit": concurrency_limit}
