@@ -224,7 +224,7 @@ def _unreadable(fields: dict[str, str]) -> tuple[str, str] | None:
         return "bad-payload", "invalid job: payload"
     try:
         json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than it parses
         return "bad-payload", "invalid payload: not JSON"
     if stored_int_in(fields.get("attempts"), "attempts") is None:
         return "invalid-job", "invalid job: attempts"

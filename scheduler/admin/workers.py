@@ -43,7 +43,7 @@ def _queues_field(raw: str | None) -> list[str]:
         try:
             data = json.loads(raw)
             return [str(x) for x in data] if isinstance(data, list) else [raw]
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser's depth: as written
             return [raw]
     return [p.strip() for p in raw.split(",") if p.strip()]
 

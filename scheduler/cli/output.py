@@ -187,5 +187,5 @@ def decoded_payload(raw: str | None) -> tuple[Any, str | None]:
         return None, "missing"
     try:
         return json.loads(raw), None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than it parses
         return raw, f"not JSON: {exc}"

@@ -434,6 +434,7 @@ class AsyncQueue:
             JobNotFound: no such job (or its record expired).
             ResultTimeout: not finished within timeout_s (a TimeoutError).
             BadArgument: a malformed job_id or timeout_s.
+            UnreadableRecord: the stored result is not JSON (edited by hand).
         """
         return await self._run(self.ops.result(job_id, timeout_s), watch=asyncio.current_task())
 

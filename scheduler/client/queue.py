@@ -429,6 +429,7 @@ class Queue:
             JobNotFound: no such job (or its record expired).
             ResultTimeout: not finished within timeout_s (a TimeoutError).
             BadArgument: a malformed job_id or timeout_s.
+            UnreadableRecord: the stored result is not JSON (edited by hand).
         """
         return self._run(self.ops.result(job_id, timeout_s))
 

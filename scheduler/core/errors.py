@@ -44,7 +44,9 @@ class LeaseRefused(SchedulerError):
     """
 
     def __init__(self, job_id: str, token: str, message: str) -> None:
-        super().__init__(f"{message} (job {job_id}, token {token})")
+        super().__init__(
+            f"{message} (job {job_id}, token {token})" if token else f"{message} (job {job_id})"
+        )
         self.job_id = job_id
         self.token = token
 

@@ -244,7 +244,7 @@ class Job:
             return []
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return []
         # cjson encodes an empty table as {}.
         return list(data) if isinstance(data, list) else []

@@ -66,7 +66,7 @@ def pretty_json(text: str | None) -> str:
         return text
     try:
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than it parses
         return text
 
 

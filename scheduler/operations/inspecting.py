@@ -18,6 +18,7 @@ from scheduler.core.errors import (
     JobDead,
     JobNotFound,
     ResultTimeout,
+    UnreadableRecord,
 )
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job, JobState
@@ -187,7 +188,10 @@ class InspectingOps(OpsBase):
                 raise
             if job.state == JobState.DONE:
                 raw = job.result_json
-                return None if raw is None else json.loads(raw)
+                try:
+                    return None if raw is None else json.loads(raw)
+                except (ValueError, RecursionError) as exc:  # edited by hand: the worker's is
+                    raise UnreadableRecord(f"job {job_id!r}: result is not JSON ({exc})") from None
             if job.state == JobState.DEAD:
                 f = job.fields
                 raise JobDead(

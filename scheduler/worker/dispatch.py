@@ -85,7 +85,7 @@ class Dispatch(Starting):
             return
         try:
             payload = json.loads(job.payload_json)
-        except ValueError as exc:  # never anything but JSON: a hand-written pickle lands here
+        except (ValueError, RecursionError) as exc:  # never anything but JSON (a pickle)
             msg = f"payload is not valid JSON ({exc}); it was not decoded further"
             self._queue_fail(r, ("InvalidPayload", msg, ""), retryable=False)
             return
