@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aredis
+from redis.exceptions import NoScriptError
 
 from scheduler import AsyncQueue, JobSpec, Queue
+from scheduler.worker.execution import classify
 from tests.redis_server import RedisProcess
 
 
@@ -51,3 +53,25 @@ def test_asyncio_enqueue_goes_through_eval(
         await c.aclose()
 
     asyncio.run(main())
+
+
+def test_a_user_without_eval_gets_the_noscript_not_a_permission_error(
+    module_server: RedisProcess, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/security.md's roles have EVALSHA, not EVAL: when the last resort is refused so, the
+    call raises its NOSCRIPT, which the worker retries (a NOPERM stops it with exit 5)."""
+    admin = redis.Redis.from_url(module_server.url)
+    admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "noeval", "on", ">pw", "resetkeys", "~*", "+@all", "-eval"
+    )
+    try:
+        c = redis.Redis(unix_socket_path=module_server.socket, username="noeval", password="pw")
+        admin.script_flush()
+        monkeypatch.setattr(redis.Redis, "script_load", lambda self, script: "0" * 40)
+        with pytest.raises(NoScriptError):
+            Queue(c, queue_name).enqueue("t", {"n": 1})
+        assert classify(NoScriptError("NOSCRIPT")) == "transient"
+        assert admin.zcard(Queue(admin, queue_name).keys.due) == 0
+        c.close()
+    finally:
+        admin.execute_command("ACL", "DELUSER", "noeval")  # type: ignore[no-untyped-call]
