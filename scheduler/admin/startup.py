@@ -24,6 +24,7 @@ from scheduler.core.safety import safe
 
 APP_ROLE_HINT = "connect as a user with the app role of docs/security.md"
 OPERATOR_ROLE_HINT = "connect as a user with the operator role of docs/security.md"
+CREDENTIALS_HINT = "check the URL's user and password (redis://user:password@host/)"
 _NOPERM_COMMAND = re.compile(r"permissions? to run the '([^']+)' command")
 # Inside a script Redis 7.0 answers "ERR The user executing the script can't run this command
 # or subcommand" (no NOPERM code); later versions say NOPERM.

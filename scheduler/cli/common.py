@@ -17,7 +17,12 @@ from scheduler.admin.inspection import (
     server_now_ms,
     stored_layout,
 )
-from scheduler.admin.startup import OPERATOR_ROLE_HINT, is_permission_error, permission_message
+from scheduler.admin.startup import (
+    CREDENTIALS_HINT,
+    OPERATOR_ROLE_HINT,
+    is_permission_error,
+    permission_message,
+)
 from scheduler.cli.output import (
     PIPE_WIDTH,
     Duration,
@@ -129,6 +134,10 @@ class AdminCommand(click.Command):
             raise BadInput(safe(exc)) from None
         except JobNotFound as exc:
             raise Refused(safe(exc)) from None
+        except redis.AuthenticationError as exc:  # a ConnectionError, but retrying cannot help
+            raise Forbidden(
+                safe(f"Redis refused the credentials: {exc}; {CREDENTIALS_HINT}")
+            ) from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise Unreachable(safe(f"cannot reach Redis: {exc}")) from None
         except redis.ResponseError as exc:

@@ -13,10 +13,11 @@ from dataclasses import replace
 from typing import Any
 
 import click
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 
 from scheduler.admin.startup import (
     APP_ROLE_HINT,
+    CREDENTIALS_HINT,
     AccessDenied,
     UnsafeServer,
     check_access_async,
@@ -78,6 +79,9 @@ def start_failure(exc: BaseException, url: str) -> int:
     an unreadable stored record is 1: restarting cannot help, `scheduler doctor` says what."""
     if is_permission_error(exc):  # e.g. SCRIPT LOAD refused
         line, code = permission_message(exc, APP_ROLE_HINT), EXIT_REDIS_REFUSED
+    elif isinstance(exc, AuthenticationError):  # a ConnectionError, but retrying cannot help
+        line = f"Redis at {redact(url)} refused the credentials: {exc}; {CREDENTIALS_HINT}"
+        code = EXIT_REDIS_REFUSED
     elif isinstance(exc, CorruptKey):  # transient to a running worker, but no reason to start
         line, code = f"a queue key was edited by hand: {exc} (run scheduler doctor)", EXIT_ERROR
     elif isinstance(exc, (*TRANSIENT, RedisClusterException)) or classify(exc) == "transient":

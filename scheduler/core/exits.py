@@ -26,6 +26,7 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_UNREACHABLE, "cannot reach Redis, or it refuses for now (maxmemory, NOREPLICAS, a "
                       "failover, a slot being moved; the refused call wrote nothing): try again"),
     (EXIT_IMPORT, "the worker's registry cannot be imported"),
-    (EXIT_FORBIDDEN, "the Redis user lacks a permission (ACL); see docs/security.md"),
+    (EXIT_FORBIDDEN, "the Redis user lacks a permission (ACL), or its password was refused; "
+                    "see docs/security.md"),
     (EXIT_FORCED, "the worker was forced to stop by a second signal"),
 )  # fmt: skip

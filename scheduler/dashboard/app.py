@@ -7,13 +7,19 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 import redis
-from redis.exceptions import ResponseError
+from redis.exceptions import AuthenticationError, ResponseError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from scheduler.admin.startup import (
+    CREDENTIALS_HINT,
+    OPERATOR_ROLE_HINT,
+    is_permission_error,
+    permission_message,
+)
 from scheduler.core.connection import UNREACHABLE, connect
 from scheduler.core.errors import BadArgument, SchedulerError, refused_for_now
 from scheduler.dashboard.actions import ActionRefused
@@ -92,9 +98,20 @@ def create_app(
         return render.page(request, "error.html", status_code=503, title="Redis unreachable",
                            message=message)  # fmt: skip
 
+    async def credentials(request: Request, exc: Exception) -> Response:
+        # A ConnectionError to redis-py, but no retry helps: say so, not "did not answer".
+        message = f"Redis refused the dashboard's credentials: {exc}; {CREDENTIALS_HINT}."
+        return render.page(request, "error.html", status_code=500, title="Redis refused the login",
+                           message=message)  # fmt: skip
+
     async def refused_now(request: Request, exc: Exception) -> Response:
         # OOM, READONLY mid-failover, a slot being moved, LOADING, ...: the server ran nothing
-        # of the refused call and may take it in a moment. Any other Redis error stays a 500.
+        # of the refused call and may take it in a moment. An ACL refusal names the role the
+        # dashboard needs. Any other Redis error stays a 500.
+        if isinstance(exc, ResponseError) and is_permission_error(exc):
+            return render.page(request, "error.html", status_code=500,
+                               title="Redis permission denied",
+                               message=permission_message(exc, OPERATOR_ROLE_HINT))  # fmt: skip
         if not (isinstance(exc, ResponseError) and refused_for_now(exc)):
             raise exc
         outcome = (
@@ -138,6 +155,7 @@ def create_app(
             SchedulerError: bad_input,
             ActionRefused: refused,
             **{kind: unreachable for kind in UNREACHABLE},
+            AuthenticationError: credentials,
             ResponseError: refused_now,
         },
     )
