@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import redis
 
+from scheduler import Queue
+
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 30.0
 
@@ -73,6 +75,7 @@ def test_flask_enqueues_in_a_request_and_the_worker_runs_it(
     assert resp.status_code == 202
     job_id = resp.get_json()["job_id"]
     assert http.get(f"/jobs/{job_id}").get_json()["state"] == "due"
+    assert Queue(client, queue_name).get_job(job_id).max_attempts == 3  # the task's default
     worker("examples.flask_app.tasks")
     key = f"examples:{queue_name}:welcome:a@example.com"
     assert _until(lambda: client.get(key)) == job_id
@@ -94,6 +97,7 @@ def test_fastapi_lifespan_queue_async_enqueue_and_job_state(
         resp = http.post("/images", json={"image": "cat", "width": 64})
         assert resp.status_code == 202
         job_id = resp.json()["job_id"]
+        assert Queue(client, queue_name).get_job(job_id).max_attempts == 3  # the task's default
         key = f"examples:{queue_name}:thumbnail:cat"
         assert _until(lambda: client.get(key)) == job_id
         shown = _until(lambda: (j := http.get(f"/jobs/{job_id}").json())["state"] == "done" and j)
@@ -133,6 +137,7 @@ def test_django_enqueues_only_after_the_transaction_commits(
     order_id = resp.json()["order_id"]
     job_id = http.get(f"/orders/{order_id}").json()["job_id"]
     assert job_id and q.status(job_id) == "due"  # enqueued by on_commit, before the response
+    assert q.get_job(job_id).max_attempts == 3  # the task's default, by its handle
     worker("examples.django_app.tasks")
     assert _until(lambda: client.get(f"examples:{queue_name}:confirmed:{order_id}")) == job_id
     assert _until(lambda: http.get(f"/orders/{order_id}").json()["state"] == "done")

@@ -15,6 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from examples.django_app.models import Order
+from examples.django_app.tasks import confirm_order
 from scheduler import JobNotFound, Queue
 
 
@@ -26,7 +27,8 @@ def queue() -> Queue:
 
 
 def _enqueue_confirmation(order_id: int) -> None:
-    job_id = queue().enqueue("django_app.confirm_order", {"order_id": order_id})
+    # By its handle: the task's own defaults (max_attempts=3) apply (not by name).
+    job_id = confirm_order.enqueue(queue(), {"order_id": order_id})
     Order.objects.filter(pk=order_id).update(job_id=job_id)
 
 

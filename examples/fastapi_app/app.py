@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from examples.fastapi_app.tasks import resize_image
 from scheduler import AsyncQueue, JobNotFound
 
 
@@ -50,13 +51,16 @@ def _queue(request: Request) -> AsyncQueue:
 
 @app.post("/images", status_code=202)
 async def submit(body: ImageIn, request: Request) -> dict[str, str]:
-    job_id = await _queue(request).enqueue("fastapi_app.resize_image", body.model_dump())
+    # By its handle: the task's own defaults (max_attempts=3) apply. By name,
+    # `q.enqueue("fastapi_app.resize_image", ...)` would not know them.
+    job_id = await resize_image.aenqueue(_queue(request), body.model_dump())
     return {"job_id": job_id}
 
 
 @app.get("/jobs/{job_id}")
 async def job(job_id: str, request: Request) -> dict[str, Any]:
-    # Waiting for a result without polling is later work (q.result); today: read the job.
+    # Answers at once with the job's state; a request that should wait for the outcome can
+    # `await q.result(job_id, timeout_s=...)` (no polling: the worker's complete wakes it).
     try:
         j = await _queue(request).get_job(job_id)
     except JobNotFound:

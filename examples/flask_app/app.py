@@ -14,6 +14,7 @@ from typing import Any
 import redis
 from flask import Flask, abort, request
 
+from examples.flask_app.tasks import send_welcome
 from scheduler import JobNotFound, Queue
 
 
@@ -32,7 +33,8 @@ def create_app(redis_url: str | None = None, queue: str | None = None) -> Flask:
         email = body.get("email")
         if not isinstance(email, str) or "@" not in email:
             abort(400, "email required")
-        job_id = q.enqueue("flask_app.send_welcome", {"email": email}, max_attempts=3)
+        # By its handle: the task's own defaults (max_attempts=3) apply (not by name).
+        job_id = send_welcome.enqueue(q, {"email": email})
         return {"job_id": job_id}, 202
 
     @app.get("/jobs/<job_id>")

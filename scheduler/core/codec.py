@@ -48,6 +48,7 @@ from scheduler.core.limits import check_lease as check_lease
 from scheduler.core.limits import s as s
 from scheduler.core.limits import stored_int as stored_int
 from scheduler.core.limits import stored_int_in as stored_int_in
+from scheduler.core.limits import task_name_hint
 from scheduler.core.models import Job, JobSpec, QueueCounts, _EncodedResult
 from scheduler.core.spec_record import with_spec
 
@@ -102,7 +103,7 @@ def epoch_ms(at: datetime) -> int:
 def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
     """The 12 ARGV fields of one job in lua/enqueue.lua, after checking everything."""
     if not isinstance(spec.task, str) or not TASK_RE.fullmatch(spec.task):
-        raise BadArgument(f"invalid task name {spec.task!r}: use 1-200 of A-Z a-z 0-9 _ . : / -")
+        raise BadArgument(f"invalid task name {spec.task!r}: {task_name_hint(spec.task)}")
     payload = encode_json(spec.payload, "payload", max_payload_bytes)
     job_id = check_new_job_id(spec.job_id) if spec.job_id is not None else new_job_id()
     jitter = check_int(spec.jitter_ms, "jitter_ms")

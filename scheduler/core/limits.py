@@ -115,3 +115,17 @@ def stored_int_in(value: Any, name: str) -> int | None:
     """stored_int within LIMITS[name]."""
     lo, hi = LIMITS[name]
     return stored_int(value, lo, hi)
+
+
+def task_name_hint(task: Any) -> str:
+    """What to say of a task name TASK_RE refused: a task handle or another object passed as
+    the name gets told what a name is."""
+    if isinstance(task, str):
+        return "use 1-200 of A-Z a-z 0-9 _ . : / -"
+    name = getattr(task, "name", None)
+    if hasattr(task, "spec") and isinstance(name, str):  # a TaskHandle
+        return (
+            f"a task name is a str: enqueue a task handle as handle.enqueue(q, payload) "
+            f"(its defaults apply), or by its name {name!r}"
+        )
+    return f"a task name is a str, not {type(task).__name__}"
