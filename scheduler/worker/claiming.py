@@ -94,8 +94,14 @@ class Claiming(Dispatch):
                     continue
                 del self._nonce[q.name]  # answered: the next call gets a fresh nonce
                 failing.pop(q.name, None)
-                self._take(q.name, batch, t_sent, resent)
-                if resent and batch.jobs:
+                # Answered after more than a heartbeat interval (a server stall, CLIENT PAUSE):
+                # the server may have run it at any time since t_sent, so a lease end counted
+                # from t_sent may be long past while the server's runs on. As for a re-sent
+                # claim, the heartbeat sent now learns each lease (it stopped them all at once
+                # as expired, their results thrown away: at max_attempts 1, parked).
+                unsure = resent or time.monotonic() - t_sent > s.heartbeat_ms / 1000
+                self._take(q.name, batch, t_sent, unsure)
+                if unsure and batch.jobs:
                     # Their lease may be nearly over (it counts from the first send): a
                     # heartbeat now tells, and starts their local lease end (beat_sent).
                     self._beat_now.set()

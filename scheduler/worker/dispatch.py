@@ -46,7 +46,7 @@ class Dispatch(Starting):
         resent: bool = False,
     ) -> None:
         """now_s: monotonic, read once per claimed batch; log: INFO is enabled; resent: by a
-        claim re-sent after a lost answer (Running.beat_sent)."""
+        claim re-sent after a lost answer, or answered too late (Running.beat_sent)."""
         self.claimed += 1
         # The lease counts from when the server ran the claim, which is after we sent it.
         lease_end = t_sent - _LEASE_MARGIN_S + self.settings.lease_ms / 1000
