@@ -16,6 +16,7 @@ from scheduler.worker.core import _Deadline, _Queue, _within
 from scheduler.worker.dispatch import Dispatch
 from scheduler.worker.execution import RetryDelay, Running, classify
 from scheduler.worker.registry import JobContext
+from scheduler.worker.reporting import Reporting
 from scheduler.worker.settings import (
     _LEASE_MARGIN_S,
     _MAX_IDLE_SLEEP_S,
@@ -27,7 +28,7 @@ from scheduler.worker.settings import (
 _SKIP_MAX_S = 1.0
 
 
-class Claiming(Dispatch):
+class Claiming(Dispatch, Reporting):
     """The claim loop and the wake-up pops (one per queue)."""
 
     async def _claim_loop(self) -> None:
@@ -52,6 +53,7 @@ class Claiming(Dispatch):
                 if free <= 0 or self._hold_claim(free):
                     await self._slot_free.wait()  # set by every job end (_pump) and stop
                 continue
+            await self._reports_first()  # after an outage: this worker's outcomes go first
             # Cleared before the round's claims are sent, never on the way into the wait: a
             # wake-up set while a claim is in flight (a retry's fail answered after a claim the
             # server ran first, which saw nothing due) must end the wait, not be wiped by it.
@@ -94,11 +96,9 @@ class Claiming(Dispatch):
                     continue
                 del self._nonce[q.name]  # answered: the next call gets a fresh nonce
                 failing.pop(q.name, None)
-                # Answered after more than a heartbeat interval (a server stall, CLIENT PAUSE):
-                # the server may have run it at any time since t_sent, so a lease end counted
-                # from t_sent may be long past while the server's runs on. As for a re-sent
-                # claim, the heartbeat sent now learns each lease (it stopped them all at once
-                # as expired, their results thrown away: at max_attempts 1, parked).
+                # Answered over a heartbeat interval late (a server stall): it may have run any
+                # time since t_sent, so, as for a re-sent claim, a heartbeat now learns the
+                # leases (they were stopped at once as expired, their results thrown away).
                 unsure = resent or time.monotonic() - t_sent > s.heartbeat_ms / 1000
                 self._take(q.name, batch, t_sent, unsure)
                 if unsure and batch.jobs:

@@ -140,6 +140,10 @@ class WorkerCore:
         self._slot_free = asyncio.Event()
         self._wake = asyncio.Event()
         self._report = asyncio.Event()
+        # The reporter's last call failed; _report_retry ends its backoff (and is set with
+        # _stop_reporter), _report_tried is set after each of its calls (_reports_first).
+        self._report_failing = False
+        self._report_retry, self._report_tried = asyncio.Event(), asyncio.Event()
         self._idle = asyncio.Event()
         self._signals = 0
         self._closed = False

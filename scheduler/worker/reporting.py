@@ -28,9 +28,9 @@ from scheduler.worker.core import (
     _within,
 )
 from scheduler.worker.execution import RetryDelay, Running, classify
-from scheduler.worker.settings import (
-    EXIT_REDIS_REFUSED,
-)
+from scheduler.worker.settings import EXIT_REDIS_REFUSED
+
+_REPORTS_FIRST_S = 1.0
 
 
 def _word(status: str) -> str:
@@ -62,10 +62,24 @@ class Reporting(WorkerCore):
                 try:
                     await self._send_reports()
                     backoff.reset()
+                    self._report_failing = False
                 except Exception as exc:
                     self._loop_error("report", exc)
+                    self._report_failing = True
+                    self._report_tried.set()
+                    self._report_retry.clear()
                     with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                        await asyncio.wait_for(self._stop_reporter.wait(), backoff())
+                        await asyncio.wait_for(self._report_retry.wait(), backoff())
+                self._report_tried.set()
+
+    async def _reports_first(self) -> None:
+        """While the reporter fails (an outage), its outcomes go before the next claim (at most
+        _REPORTS_FIRST_S late), which would reap their lapsed leases: they would run again."""
+        if self._report_failing and (self._completes or self._fails):
+            self._report_tried.clear()
+            self._report_retry.set()
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._report_tried.wait(), _REPORTS_FIRST_S)
 
     async def _send_reports(self) -> None:
         completes, self._completes = self._completes, []

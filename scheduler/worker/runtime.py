@@ -194,7 +194,8 @@ class Worker(Claiming, Heartbeats):
         shutdown short): every stop flag set, each loop and running handler cancelled."""
         self._closed = self._shutting_down = True
         self.request_stop()
-        for flag in (self._stop_reporter, self._stop_heartbeat, self._beat_now, self._idle):
+        for flag in (self._stop_reporter, self._report_retry, self._stop_heartbeat,
+                     self._beat_now, self._idle):  # fmt: skip
             flag.set()
         for r in list(self.running.values()):
             self._stop(r, "shutdown")
@@ -280,6 +281,7 @@ class Worker(Claiming, Heartbeats):
                 await asyncio.wait_for(self._slot_free.wait(), deadline - time.monotonic())
         # Reporter: stop it by its flag, let its call in flight end (bounded), then flush all.
         self._stop_reporter.set()
+        self._report_retry.set()  # out of its backoff
         self._report.set()
         await self._wait_bounded(self._tasks("reporter"), _STOP_LOOP_S)
         self._restore_sending()  # a call that never returned: its reports are sent again here
