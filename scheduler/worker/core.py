@@ -72,6 +72,9 @@ async def _within(coro: Any, timeout_s: float) -> Any:
     done, _ = await asyncio.wait({task}, timeout=max(timeout_s, 0.05))
     if not done:
         task.cancel()
+        # A call that swallows the cancellation may still end in an error: read it, or asyncio
+        # prints "Task exception was never retrieved" and a traceback past the logs (JSON too).
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
         raise _Deadline
     return task.result()
 

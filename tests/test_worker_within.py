@@ -1,0 +1,36 @@
+"""_within (the worker's bounded await) on a call that swallows its cancellation and then
+fails (redis-py's retry around a read cut by a stalled server): the error is read, so asyncio
+reports no "Task exception was never retrieved" with a traceback into the worker's log stream
+(which broke --json-logs at a SIGTERM while Redis hung, an audit found)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from typing import Any
+
+import pytest
+
+from scheduler.worker.core import _Deadline, _within
+
+
+def test_a_call_that_fails_after_its_deadline_leaves_no_unretrieved_error() -> None:
+    reported: list[dict[str, Any]] = []
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # swallows the cancellation, then fails
+        raise ConnectionError("Connection closed by server.")
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: reported.append(ctx))
+        with pytest.raises(_Deadline):
+            await _within(stubborn(), 0.05)
+        await asyncio.sleep(0.2)  # the call ends with its error meanwhile
+        gc.collect()  # a dropped task's unread error is reported when it is collected
+
+    asyncio.run(main())
+    gc.collect()
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
