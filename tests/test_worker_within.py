@@ -34,3 +34,19 @@ def test_a_call_that_fails_after_its_deadline_leaves_no_unretrieved_error() -> N
     asyncio.run(main())
     gc.collect()
     assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
+
+
+def test_a_refused_loop_call_stops_the_worker_and_points_to_doctor() -> None:
+    """An ACL edited mid-run can refuse a script part-way; Redis keeps its earlier writes, so
+    the worker's last line says to run `scheduler doctor` once the user is fixed."""
+    from redis.exceptions import NoPermissionError
+
+    from scheduler import Registry
+    from scheduler.core.connection import connect_async
+    from scheduler.worker import Worker, WorkerSettings
+    from scheduler.worker.core import _Fatal
+
+    w = Worker(connect_async("redis://127.0.0.1:1/0"), Registry(), WorkerSettings(queues=("q",)))
+    with pytest.raises(_Fatal) as fatal:
+        w._loop_error("claim", NoPermissionError("no permissions to run the 'hset' command"))
+    assert fatal.value.code == 5 and "scheduler doctor" in str(fatal.value)

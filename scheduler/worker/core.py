@@ -249,9 +249,12 @@ class WorkerCore:
             return
         if not isinstance(exc, RedisError | OSError):
             raise exc  # not Redis's (a cross-slot call too): a bug; the runtime stops (EXIT_ERROR)
+        # Redis keeps a script's writes made before a command it refused (an ACL edited
+        # mid-run): `scheduler doctor` finds and repairs what such a call left half-done.
         raise _Fatal(
             EXIT_REDIS_REFUSED,
-            f"redis refused the worker's {what} call: {type(exc).__name__}: {exc}",
+            f"redis refused the worker's {what} call: {type(exc).__name__}: {exc} (once fixed, "
+            "run `scheduler doctor`: a script refused part-way may leave a job to repair)",
         )
 
     def _redis_error(self, what: str, exc: BaseException) -> None:
