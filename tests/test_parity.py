@@ -14,8 +14,10 @@ import redis.asyncio as aredis
 import scheduler
 from scheduler import AsyncQueue, JobSpec, Queue
 
-# Methods only the asyncio client needs (closing a redis.asyncio connection is itself async).
+# Methods only the asyncio client needs (closing a redis.asyncio connection is itself async),
+# and their sync counterparts.
 ASYNC_ONLY = {"aclose"}
+SYNC_ONLY = {"close"}
 
 
 def _public(cls: type) -> dict[str, Any]:
@@ -38,7 +40,8 @@ def _params(attr: Any) -> list[tuple[str, Any, Any]]:
 def parity_problems(sync_cls: type, async_cls: type) -> list[str]:
     """Every way async_cls falls short of being the asyncio twin of sync_cls."""
     sync, aio = _public(sync_cls), _public(async_cls)
-    problems = [f"{n}: missing from {async_cls.__name__}" for n in sorted(set(sync) - set(aio))]
+    missing = sorted(set(sync) - set(aio) - SYNC_ONLY)
+    problems = [f"{n}: missing from {async_cls.__name__}" for n in missing]
     problems += [
         f"{n}: only in {async_cls.__name__}" for n in sorted(set(aio) - set(sync) - ASYNC_ONLY)
     ]
@@ -143,3 +146,21 @@ def test_async_list_jobs_and_dead_ids_answer_as_queue_does(redis_url: str, q: Qu
     _, dead, none = asyncio.run(main())
     assert dead == q.dead_ids(error_type="ValueError") != []
     assert none == []
+
+
+def test_queues_close_their_connection_as_context_managers(module_server: Any) -> None:
+    admin = module_server.client()
+    clients = lambda: len(admin.client_list())  # noqa: E731
+
+    with Queue.from_url(module_server.url, "ctx") as q:
+        q.enqueue("t", {})
+        assert clients() == 2
+    assert clients() == 1  # closed on leaving the block
+
+    async def main() -> None:
+        async with AsyncQueue.from_url(module_server.url, "ctx") as aq:
+            await aq.enqueue("t", {})
+            assert clients() == 2
+        assert clients() == 1
+
+    asyncio.run(main())

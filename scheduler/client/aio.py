@@ -100,8 +100,14 @@ class AsyncQueue:
             await self.client.script_load(text)
 
     async def aclose(self) -> None:
-        """Close the underlying redis.asyncio connection (AsyncQueue only)."""
+        """Close the underlying redis.asyncio connection (`async with` the queue too)."""
         await self.client.aclose()
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def enqueue(
         self,

@@ -58,15 +58,25 @@ class Queue:
                 `max_payload_bytes`, `wait_replicas`, `wait_timeout_ms`).
 
         Returns:
-            The queue on a new connection (the caller closes it). Always a plain queue: the
-            partition layout is not read (no extra round trip); for a name that may be a
-            partitioned queue use `scheduler.open_queue` (client/partitioned.py)."""
+            The queue on a new connection (the caller closes it: `close()`, or `with`). Always
+            a plain queue: the partition layout is not read (no extra round trip); for a name
+            that may be a partitioned queue use `scheduler.open_queue` (client/partitioned.py)."""
         return cls(connect(url), name, **kwargs)
 
     @property
     def name(self) -> str:
         """The queue's name, as given at construction."""
         return self.keys.queue
+
+    def close(self) -> None:
+        """Close the underlying redis connection pool (`with Queue.from_url(...) as q:` too)."""
+        self.client.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _run(self, op: Op[T]) -> T:
         # An error is thrown back into the operation, so it can decide (claim keeps the jobs

@@ -1,8 +1,7 @@
 """One builder and one parser per transition, shared by every driver of the operations: only
-the I/O differs between them. Every argument is checked here, before anything is sent.
-The limits and stored-number reader (limits.py), the backoff text (backoff_text.py), claim's
-reply (claim_reply.py) and fail's (fail_reply.py) live next door; their names are re-exported
-here for callers."""
+the I/O differs between them. Every argument is checked here, before anything is sent. The
+limits and stored-number reader (limits.py), the backoff text (backoff_text.py), claim's reply
+(claim_reply.py) and fail's (fail_reply.py) live next door, their names re-exported here."""
 
 from __future__ import annotations
 
