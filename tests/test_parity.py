@@ -13,6 +13,7 @@ import redis.asyncio as aredis
 
 import scheduler
 from scheduler import AsyncQueue, JobSpec, Queue
+from scheduler._spawn import RedisProcess
 
 # Methods only the asyncio client needs (closing a redis.asyncio connection is itself async),
 # and their sync counterparts.
@@ -148,9 +149,11 @@ def test_async_list_jobs_and_dead_ids_answer_as_queue_does(redis_url: str, q: Qu
     assert none == []
 
 
-def test_queues_close_their_connection_as_context_managers(module_server: Any) -> None:
+def test_queues_close_their_connection_as_context_managers(module_server: RedisProcess) -> None:
     admin = module_server.client()
-    clients = lambda: len(admin.client_list())  # noqa: E731
+
+    def clients() -> int:
+        return len(admin.client_list())
 
     with Queue.from_url(module_server.url, "ctx") as q:
         q.enqueue("t", {})
