@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar
 
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
@@ -14,10 +14,34 @@ from scheduler.core.models import JobSpec
 from scheduler.worker.payloads import Handler, encode_payload
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack  # mypy's own dependency: only read by type checkers
+
     from scheduler.client.aio import AsyncQueue
     from scheduler.client.queue import Queue
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class JobOptions(TypedDict, total=False):
+    """The keyword arguments of `TaskHandle.job_spec`, so `enqueue(q, p, delay=5)` (a typo)
+    fails the caller's type check, not only its run."""
+
+    delay_ms: int | None
+    run_at: datetime | None
+    max_attempts: int | None
+    backoff: Backoff | None
+    key: str | None
+    jitter_ms: int
+    timeout_ms: int | None
+    job_id: str | None
+    result_ttl_ms: int | None
+    keep_payload: bool | None
+    priority: int | None
+    concurrency_key: str | None
+    concurrency_limit: int | None
+    rate_limit: Any
+    rate_key: str | None
+    after: Sequence[str] | None
 
 
 @dataclass(frozen=True)
@@ -58,8 +82,15 @@ class TaskHandle(Generic[F]):
         """The registered task name (what `enqueue` sends and the worker looks up)."""
         return self.spec.name
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
+    if TYPE_CHECKING:  # a call is checked against the function's own signature
+
+        @property
+        def __call__(self) -> F: ...
+
+    else:
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"TaskHandle({self.spec.name!r})"
@@ -127,13 +158,15 @@ class TaskHandle(Generic[F]):
                 f"task {self.spec.name!r} runs on queue {self.spec.queue!r}, not {name!r}"
             )
 
-    def enqueue(self, q: Queue, payload: Any = None, **overrides: Any) -> str:
+    def enqueue(self, q: Queue, payload: Any = None, **overrides: Unpack[JobOptions]) -> str:
         """Enqueue on `q` (a Queue) with the task's defaults; `overrides` are job_spec's
         keyword arguments. Returns the job id."""
         self._check_queue(q.name)
         return q.enqueue_many([self.job_spec(payload, **overrides)])[0]
 
-    async def aenqueue(self, aq: AsyncQueue, payload: Any = None, **overrides: Any) -> str:
+    async def aenqueue(
+        self, aq: AsyncQueue, payload: Any = None, **overrides: Unpack[JobOptions]
+    ) -> str:
         """`enqueue` for an AsyncQueue."""
         self._check_queue(aq.name)
         ids = await aq.enqueue_many([self.job_spec(payload, **overrides)])
