@@ -30,6 +30,7 @@ from scheduler.core.models import (
     JobState,
     QueueCounts,
 )
+from scheduler.schedules.stored import Schedule
 from scheduler.worker.registry import JobContext, Registry, TaskHandle
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "QueueCounts",
     "Registry",
     "ResultTimeout",
+    "Schedule",
     "SchedulerError",
     "StaleToken",
     "TaskHandle",

@@ -16,7 +16,8 @@ def test_every_public_error_and_model_is_exported() -> None:
         for name, obj in vars(module).items()
         if inspect.isclass(obj) and obj.__module__ == module.__name__ and not name.startswith("_")
     }
-    wanted |= {"Registry", "JobContext", "Queue", "AsyncQueue", "Backoff"}
+    # Schedule: what get_schedule / list_schedules return.
+    wanted |= {"Registry", "JobContext", "Queue", "AsyncQueue", "Backoff", "Schedule"}
     missing = sorted(n for n in wanted if n not in scheduler.__all__)
     assert missing == [], missing
 
