@@ -20,6 +20,7 @@ from scheduler import Queue
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-c", "from scheduler.cli.main import main; main()"]
+TASKS = "scheduler.cli.demo_tasks:registry"
 
 
 def _until_done(q: Queue, job_id: str, deadline_s: float = 30.0) -> str:
@@ -50,21 +51,26 @@ def test_demo_keep_leaves_a_running_redis_and_commands_that_work() -> None:
         assert (counts.dead, counts.due, counts.leased) == (1, 0, 0)
         url = f"unix://{sock}"
         assert f"URL: {url}" in text and f"Stop it: kill {pid} && rm -rf" in text
-        commands = [line.strip() for line in text.splitlines()
-                    if line.strip().startswith("scheduler ")]  # fmt: skip
+        # Each printed command is run as printed, from where the demo ran: `scheduler ...`
+        # when it is on PATH, else the venv's (.venv/bin/scheduler after `make demo`).
+        commands = [line.strip() for line in text.splitlines() if "--queue demo" in line]
+
+        def printed(name: str) -> str:
+            return next(c for c in commands if c.split(" --url")[0].endswith(f"scheduler {name}")
+                        or c.split(" --url")[0].endswith(f"scheduler {name} {TASKS}"))  # fmt: skip
+
         for name in ("stats", "jobs list", "dead list", "workers"):
-            line = next(c for c in commands if c.startswith(f"scheduler {name} "))
-            run = subprocess.run([*CLI, *shlex.split(line)[1:]], cwd=ROOT, env=env,
+            line = printed(name)
+            run = subprocess.run(shlex.split(line), cwd=ROOT, env=env,
                                  capture_output=True, text=True, timeout=60)  # fmt: skip
             assert run.returncode == 0, (line, run.stdout, run.stderr)
-        dead = next(c for c in commands if c.startswith("scheduler dead list "))
-        listed = subprocess.run([*CLI, *shlex.split(dead)[1:]], cwd=ROOT, env=env,
+        listed = subprocess.run(shlex.split(printed("dead list")), cwd=ROOT, env=env,
                                 capture_output=True, text=True, timeout=60)  # fmt: skip
         assert "demo.charge" in listed.stdout
         # The printed worker command runs the demo's tasks as-is (no REDIS_URL needed).
-        worker_line = next(c for c in commands if c.startswith("scheduler worker "))
+        worker_line = printed("worker")
         job_id = q.enqueue("demo.greet", {"name": "explorer"})
-        worker = subprocess.Popen([*CLI, *shlex.split(worker_line)[1:]], cwd=ROOT, env=env,
+        worker = subprocess.Popen(shlex.split(worker_line), cwd=ROOT, env=env,
                                   stdin=subprocess.DEVNULL)  # fmt: skip
         try:
             assert _until_done(q, job_id) == "done"

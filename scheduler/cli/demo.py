@@ -5,14 +5,17 @@ The tasks are real handlers in scheduler.cli.demo_tasks; the worker processes im
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 import redis
 from rich.console import Console
@@ -83,9 +86,24 @@ def run_demo(
         _explore(console, url, kept)
     else:
         console.print(
-            "Try: scheduler demo --keep (leaves the Redis to explore)  |  docs: README.md"
+            f"Try: {_command()} demo --keep (leaves the Redis to explore)  |  its tasks: "
+            "scheduler/cli/demo_tasks.py  |  docs: README.md",
+            markup=False,
+            highlight=False,
         )
     return code
+
+
+def _command() -> str:
+    """How to run `scheduler` from this shell: after `make demo` the venv's bin is not on PATH."""
+    if shutil.which("scheduler"):
+        return "scheduler"
+    beside = Path(sys.executable).with_name("scheduler")  # the venv's, unresolved
+    if not beside.exists():
+        return f"{shlex.quote(sys.executable)} -m scheduler"
+    with contextlib.suppress(ValueError):
+        return shlex.quote(str(beside.relative_to(Path.cwd())))
+    return shlex.quote(str(beside))
 
 
 def _explore(console: Console, url: str, kept: PrivateRedis | None) -> None:
@@ -93,13 +111,14 @@ def _explore(console: Console, url: str, kept: PrivateRedis | None) -> None:
     with a password is never printed: the commands then read it from REDIS_URL."""
     secret = redact(url) != url
     where = "" if secret else f" --url {shlex.quote(url)}"
+    cmd = _command()
     lines = [
-        f"scheduler stats{where} --queue {QUEUE}",
-        f"scheduler jobs list{where} --queue {QUEUE}",
-        f"scheduler dead list{where} --queue {QUEUE}",
-        f"scheduler workers{where} --queue {QUEUE}",
-        f"scheduler dashboard{where} --queue {QUEUE}",  # http://127.0.0.1:8080/
-        f"scheduler worker {TASKS}{where} --queue {QUEUE}",
+        f"{cmd} stats{where} --queue {QUEUE}",
+        f"{cmd} jobs list{where} --queue {QUEUE}",
+        f"{cmd} dead list{where} --queue {QUEUE}",
+        f"{cmd} workers{where} --queue {QUEUE}",
+        f"{cmd} dashboard{where} --queue {QUEUE}",  # http://127.0.0.1:8080/
+        f"{cmd} worker {TASKS}{where} --queue {QUEUE}",
     ]
     console.print("")
     if kept is not None and kept.proc is not None:
