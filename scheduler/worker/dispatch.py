@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import time
 from typing import Any
@@ -21,6 +20,7 @@ from scheduler.worker.failures import (
     type_name,
     unknown_task_text,
 )
+from scheduler.worker.payloads import load_stored
 from scheduler.worker.registry import JobContext
 from scheduler.worker.settings import _LEASE_MARGIN_S
 from scheduler.worker.starting import Starting
@@ -84,7 +84,7 @@ class Dispatch(Starting):
             self._queue_fail(r, ("UnknownTask", str(err), ""), retryable=True)
             return
         try:
-            payload = json.loads(job.payload_json)
+            payload = load_stored(job.payload_json)
         except (ValueError, RecursionError) as exc:  # never anything but JSON (a pickle)
             msg = f"payload is not valid JSON ({exc}); it was not decoded further"
             self._queue_fail(r, ("InvalidPayload", msg, ""), retryable=False)

@@ -4,6 +4,8 @@ enqueue (`encode_payload`) and decoded for the handler (`decode_payload`); the w
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from collections.abc import Callable
 from typing import Any, get_type_hints, is_typeddict
 
@@ -11,6 +13,23 @@ from scheduler.core.errors import BadArgument
 from scheduler.worker.context import JobContext
 
 Handler = Callable[[Any, JobContext], Any]
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (enqueue refuses it: written by hand?)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text[:40]} is out of a float's range (enqueue refuses it)")
+    return value
+
+
+# A stored payload is read as strictly as enqueue writes it: NaN, Infinity and a number past a
+# float's range (edited by hand) park the job as InvalidPayload instead of reaching the handler.
+_STORED = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite)
+load_stored = _STORED.decode
 
 
 def payload_kind(tp: type) -> str | None:
