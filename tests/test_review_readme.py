@@ -131,7 +131,7 @@ def test_strict_refuses_what_readme_says() -> None:
 # -- make demo -------------------------------------------------------------------------------
 def test_make_demo_installs_the_dashboard_demo_keep_prints() -> None:
     demo = (ROOT / "scheduler/cli/demo.py").read_text()
-    assert "scheduler dashboard" in demo  # printed by `scheduler demo --keep`
+    assert "{cmd} dashboard{where}" in demo  # printed by `scheduler demo --keep`
     makefile = (ROOT / "Makefile").read_text()
     (stamp,) = re.findall(r"^install: (\S+)$", makefile, re.M)
     rule = makefile.split(f"\n{stamp}:", 1)[1].split("\n\n", 1)[0]

@@ -26,6 +26,22 @@ class JobContext:
     stop_reason: str | None = None  # 'expired' | 'cancelled' | 'timeout' | 'shutdown'
     _event: threading.Event | None = field(default=None, repr=False)
 
+    @classmethod
+    def for_test(
+        cls,
+        task: str = "test.task",
+        *,
+        job_id: str = "test-job-0000001",
+        queue: str = "default",
+        attempt: int = 1,
+        max_attempts: int = 5,
+        fence: int = 1,
+    ) -> JobContext:
+        """A context to call a handler with in a unit test, without Redis or a worker:
+        `send_reminder(Reminder(user=42), JobContext.for_test("send_reminder"))`."""
+        token = f"{fence}-test"
+        return cls(job_id, task, queue, attempt, max_attempts, token, fence, 0, 0)
+
     @property
     def stopped(self) -> threading.Event:
         """Set when the run must stop; wait on it from a thread (made on first use: most
