@@ -288,8 +288,8 @@ class Claiming(Dispatch, Reporting):
                     or classify(exc) != "transient"
                     or (time.monotonic() + backoff.next_s >= deadline)
                 ):
-                    self.log.warning("a lost claim of %s could not be re-sent (%s); its jobs' "
-                                     "leases lapse on their own", q.name, repr(exc))  # fmt: skip
+                    self.log.warning("unanswered claim of %s not re-sent (%s); any job it "
+                                     "leased waits out its lease", q.name, repr(exc))  # fmt: skip
                     return None
                 self._redis_error("claim", exc)
             await asyncio.sleep(backoff())
