@@ -52,12 +52,23 @@ def _check_typeddict(tp: type, payload: Any) -> None:
     unknown = sorted(payload.keys() - required - optional)
     if missing or unknown:
         raise BadArgument(f"payload for {tp.__name__}: missing {missing}, unknown {unknown}")
-    # Shallow: plain classes are checked with isinstance; generics (list[int], ...) are not.
-    for key, hint in get_type_hints(tp).items():
-        if key in payload and isinstance(hint, type) and not isinstance(payload[key], hint):
-            raise BadArgument(
-                f"payload[{key!r}] must be {hint.__name__}, got {type(payload[key]).__name__}"
-            )
+    _check_fields(tp, payload)
+
+
+def _check_fields(tp: type, values: dict[str, Any]) -> None:
+    """Shallow: a field hinted with a plain class is checked with isinstance (an int passes
+    for a float, as JSON reads 1.0 back as 1); generics (list[int], ...) and unions are not."""
+    try:
+        hints = get_type_hints(tp)
+    except Exception:  # a hint naming what is not importable here: left unchecked
+        return
+    for key, hint in hints.items():
+        if key not in values or not isinstance(hint, type):
+            continue
+        value = values[key]
+        if isinstance(value, hint) or (hint is float and type(value) is int):
+            continue
+        raise BadArgument(f"payload[{key!r}] must be {hint.__name__}, got {type(value).__name__}")
 
 
 def encode_payload(tp: type, payload: Any) -> Any:
@@ -69,6 +80,7 @@ def encode_payload(tp: type, payload: Any) -> Any:
     if kind == "dataclass":
         if not isinstance(payload, tp):
             raise BadArgument(f"payload must be a {tp.__name__}, got {type(payload).__name__}")
+        _check_fields(tp, {f.name: getattr(payload, f.name) for f in dataclasses.fields(tp)})
         return dataclasses.asdict(payload)  # type: ignore[call-overload]
     if kind == "pydantic":
         if not isinstance(payload, tp):
@@ -87,6 +99,7 @@ def decode_payload(tp: type, payload: Any) -> Any:
     if not isinstance(payload, dict):
         raise BadArgument(f"payload for {tp.__name__} must be a JSON object")
     if kind == "dataclass":
+        _check_fields(tp, payload)
         try:
             return tp(**payload)
         except TypeError as exc:
