@@ -5,6 +5,7 @@ URL, and the new write options (`schedules add`, `enqueue --timeout-ms / --backo
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -216,3 +217,14 @@ def test_cron_errors_name_the_field_and_tell_never_fires_apart(cli: Run, q: Queu
     assert never.exit_code == exits.EXIT_USAGE and "never fires" in never.stderr
     malformed = add("0 9 * * * * *")
     assert malformed.exit_code == exits.EXIT_USAGE and "never fires" not in malformed.stderr
+
+
+def test_schedules_list_shows_a_cron_next_run_in_its_own_time_zone_too(cli: Run, q: Queue) -> None:
+    q.schedule("morning", "report", cron="0 9 * * *", tz="Europe/Berlin")
+    q.schedule("tick", "report", every_ms=60_000)
+    out = cli("schedules", "list", "-q", q.name)
+    assert out.exit_code == 0, out.output
+    line = next(x for x in out.stdout.splitlines() if x.startswith("morning"))
+    assert re.search(r"next \S+\+00:00 \(\S+T09:00:00\+0[12]:00 Europe/Berlin\)", line), line
+    tick = next(x for x in out.stdout.splitlines() if x.startswith("tick"))
+    assert "(" not in tick.split("next", 1)[1]  # UTC / every_ms: one time is enough

@@ -6,7 +6,9 @@ fields are stored data, so they are printed escaped."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import click
 from croniter import croniter
@@ -65,9 +67,20 @@ def _queue(url: str, name: str) -> Queue | PartitionedQueue:
     return open_queue(client, name)  # a partitioned queue: each schedule in its partition
 
 
+def _local(s: Schedule) -> str:
+    """The next run in the schedule's own time zone too (its cron is matched there)."""
+    if s.kind != "cron" or not s.tz or s.tz == "UTC" or s.next_run_ms is None:
+        return ""
+    try:
+        at = datetime.fromtimestamp(s.next_run_ms / 1000, tz=ZoneInfo(s.tz))
+    except (ValueError, OverflowError, OSError, LookupError):  # a hand-edited tz or time
+        return ""
+    return f" ({at.isoformat(timespec='seconds')} {s.tz})"
+
+
 def _line(s: Schedule) -> str:
     rule = f"cron '{s.cron}' {s.tz}" if s.kind == "cron" else f"every {s.every_ms} ms"
-    state = "paused" if s.paused else f"next {fmt_time(s.next_run_ms)}"
+    state = "paused" if s.paused else f"next {fmt_time(s.next_run_ms)}{_local(s)}"
     return clean(f"{s.name}  {s.task}  {rule}  jitter+{s.offset_ms}ms  {s.misfire}  {state}")
 
 
