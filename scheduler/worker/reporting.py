@@ -73,9 +73,9 @@ class Reporting(WorkerCore):
                 self._report_tried.set()
 
     async def _reports_first(self) -> None:
-        """While the reporter fails (an outage), its outcomes go before the next claim (at most
-        _REPORTS_FIRST_S late), which would reap their lapsed leases: they would run again."""
-        if self._report_failing and (self._completes or self._fails):
+        """While the reporter fails (an outage), its outcomes go before the next claim, which
+        would reap their lapsed leases (not on a cluster: one node must not slow the others)."""
+        if self._report_failing and self._claim_wait_s is None and (self._completes or self._fails):
             self._report_tried.clear()
             self._report_retry.set()
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
