@@ -387,20 +387,67 @@ local function flow_beat(prefix, id, ckey, lease_until)
   redis.pcall('ZADD', prefix .. 'flow:ck:' .. ckey, 'XX', 'LT', lease_until, id)
 end
 
--- Rate-held jobs whose slot has come go back into due, earliest slot first: every one, up to
--- as many as one claim may examine (its batch and the hold budget), so claim's order (aged,
--- priority, run_at) picks which of them takes the window's free starts. A later slot is never served
--- before an earlier one and a job set aside again gets a later slot, so none waits for ever.
--- flow:rheld of another type (written by hand) reads as empty.
+-- Rate-held jobs whose slot has come go back into due, earliest slot first, up to as many as
+-- one claim may examine (its batch and the hold budget), but no more of one key than its window
+-- has room for, picked in claim's order (aged by run_at, then priority, then run_at); the key's
+-- others get their slot one window on (the room is taken now). Before, a window's worth of
+-- set-asides came back every window at their old run_at, filled claim's budget ahead of the
+-- plain jobs due after them and were set aside again (a 20,000 backlog at 10/200ms starved
+-- every plain job and held Redis at 99% CPU). A job set aside again gets a later slot, so none
+-- waits for ever. flow:rheld of another type (written by hand) reads as empty; a job whose rate
+-- fields cannot be read goes back into due, where claim sees to it.
 local function flow_rate_due(prefix, now, limit)
   local rh = prefix .. 'flow:rheld'
   local ids = redis.pcall('ZRANGE', rh, '-inf', now, 'BYSCORE', 'LIMIT', 0,
     limit + FLOW_HOLD_BUDGET)
   if ids.err then return end
-  for _, id in ipairs(ids) do
+  local function back(id, run_at)
+    if flow_unhold(prefix, id, run_at) then redis.call('ZREM', rh, id) end
+  end
+  local by_key, keys = {}, {}
+  for i, id in ipairs(ids) do
+    local v = redis.pcall('HMGET', job_key(prefix, id), unpack(FLOW_READ))
+    local f = (not v.err) and flow_from(v, 1)
     local run_at = redis.pcall('ZSCORE', prefix .. 'flow:held', id)
     if type(run_at) ~= 'string' then run_at = fmt(now) end
-    if flow_unhold(prefix, id, run_at) then redis.call('ZREM', rh, id) end
+    if f and f.rkey ~= '' and f.rcount > 0 and f.rwindow > 0 then
+      local jobs = by_key[f.rkey]
+      if not jobs then
+        jobs = {}
+        by_key[f.rkey], keys[#keys + 1] = jobs, f.rkey
+      end
+      jobs[#jobs + 1] = { id = id, run_at = run_at, t = tonumber(run_at) or now, i = i, f = f }
+    else
+      back(id, run_at)
+    end
+  end
+  if #keys == 0 then return end
+  local aged_at = now - (parse_int(redis.pcall('HGET', prefix .. 'config', 'priority_aging_ms'),
+    0, LIM.delay_ms) or FLOW_AGING_MS)
+  local function first(a, b)
+    local aa, ab = a.t <= aged_at, b.t <= aged_at
+    if aa ~= ab then return aa end
+    if not aa and a.f.priority ~= b.f.priority then return a.f.priority > b.f.priority end
+    if a.t ~= b.t then return a.t < b.t end
+    return a.i < b.i
+  end
+  for _, key in ipairs(keys) do
+    local jobs, starts, went, rk = by_key[key], {}, 0, prefix .. 'flow:rate:' .. key
+    table.sort(jobs, first)
+    for _, j in ipairs(jobs) do
+      local w = j.f.rwindow
+      if starts[w] == nil then
+        local n = redis.pcall('ZCOUNT', rk, '(' .. fmt(now - w), '+inf')
+        starts[w] = type(n) == 'number' and n or 0  -- a log of another type: claim parks it
+      end
+      if starts[w] + went < j.f.rcount then
+        went = went + 1
+        back(j.id, j.run_at)
+      else  -- full already: when it has room again; full with these: one window on
+        local slot = starts[w] >= j.f.rcount and flow_rate_slot(rk, j.f, now)
+        redis.call('ZADD', rh, slot or (now + w), j.id)
+      end
+    end
   end
 end
 
