@@ -37,9 +37,11 @@ class Schedule:
     rate_key: str = ""
 
     def payload(self) -> Any:
+        """The payload every occurrence gets, decoded from its stored JSON."""
         return json.loads(self.payload_json)
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field as a JSON-able dict (`payload` as its stored JSON text)."""
         return {
             "name": self.name,
             "task": self.task,
