@@ -14,9 +14,10 @@
     occurrence still waits, in due or set aside by flow control: nothing written), 'repaired'
     (same digest, but its pending occurrence had gone, e.g. cancelled by hand), 'created' or
     'updated' (the old pending occurrence is replaced by the first slot after now, and after
-    the last slot that left due: ran_ms, lib/rearm.lua). A hash that cannot be read whole
-    (hand-edited) is redefined ('updated'). A paused schedule stays paused. Exactly one pending
-    occurrence afterwards (none if paused).
+    the last slot that left due: ran_ms, lib/rearm.lua; one already due and still waiting is
+    kept, and the new definition applies from the slot after it). A hash that cannot be read
+    whole (hand-edited) is redefined ('updated'). A paused schedule stays paused. Exactly one
+    pending occurrence afterwards (none if paused).
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT <key> is not a <type> (a key edited by hand
     into another type: due, schedule:<name>, leased for a pending occurrence with a
     concurrency key, or dead or leased for one with waiting children, lib/rearm.lua sched_unpend);
@@ -88,11 +89,19 @@ end
 
 local status = 'created'
 local paused = '0'
+-- An occurrence already due and still waiting (no worker took it yet: a deploy restarting the
+-- workers and the producer that redefines the schedule) is kept, and runs as it was placed,
+-- under the misfire policy; the new definition applies from the slot after it. Withdrawn, the
+-- run was lost whatever the policy (a daily one: a day without its run).
+local keep = old and old.paused ~= '1' and old.pending ~= ''
+  and old.cursor_ms + old.offset_ms <= now and sched_waiting(prefix, old) and old
 old = old or sched_husk(prefix, name)
 if old then
   status, paused = 'updated', old.paused or '0'
-  bad = sched_unpend(prefix, old, now)
-  if bad then return bad end
+  if not keep then
+    bad = sched_unpend(prefix, old, now)
+    if bad then return bad end
+  end
 else
   redis.call('HSET', sk, 'created_ms', fmt(now))
 end
@@ -111,6 +120,10 @@ redis.pcall('SADD', prefix .. 'schedules', name)
 redis.pcall('SREM', sched_refill_key(prefix), name)
 redis.call('DEL', slots_key)
 if kind == 'cron' then store_slots() end
+if keep then
+  redis.call('HSET', sk, 'pending', keep.pending, 'cursor_ms', fmt(keep.cursor_ms))
+  return { status, keep.pending }
+end
 local h = sched_load(prefix, name)
 if paused ~= '1' then sched_place(prefix, h, sched_from(h, now), 0, now) end
 return { status, h.pending }

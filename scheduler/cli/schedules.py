@@ -128,7 +128,11 @@ def register(main: click.Group) -> None:
     @click.argument("name")
     @click.argument("task")
     @_options
-    @click.option("--cron", help="5 fields (6 with seconds), matched in --tz: '0 9 * * 1-5'.")
+    @click.option(
+        "--cron",
+        help="5 fields (a 6th, seconds, goes last: '* * * * * */10' is every 10 s), matched "
+        "in --tz: '0 9 * * 1-5'.",
+    )
     @click.option("--every-ms", type=click.IntRange(min=1), help="An epoch-aligned interval.")
     @click.option("--tz", help="Time zone of --cron (IANA name; default UTC).")
     @click.option("--payload", default="null", show_default=True, help="Each run's JSON payload.")

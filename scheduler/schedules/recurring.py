@@ -107,7 +107,7 @@ class ScheduleDef:
         text = json.dumps(
             [
                 self.task,
-                self.payload_json,
+                _canonical(self.payload_json),
                 self.kind,
                 self.cron,
                 self.tz,
@@ -154,6 +154,18 @@ class ScheduleDef:
             self.flow,
             *map(str, slots),
         ]
+
+
+def _canonical(payload_json: str) -> str:
+    """The payload with its object keys sorted: a producer that builds the same payload in
+    another key order at each start-up defines the same schedule (it replaced the pending run
+    every time). A payload already sorted is unchanged, so its digest is too."""
+    try:
+        return json.dumps(
+            json.loads(payload_json), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        )
+    except (ValueError, RecursionError):  # not ours to judge here: compared as written
+        return payload_json
 
 
 def _int(value: Any, what: str) -> int:

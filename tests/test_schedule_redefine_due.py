@@ -1,0 +1,91 @@
+"""Redefining a schedule whose run is due and not yet taken (a deploy: the workers restart and
+the producer's start-up `q.schedule(...)` sends a changed payload). Upsert withdrew the pending
+occurrence and placed the first slot after now, so the run was lost whatever the misfire policy
+(a daily 09:00 run redefined at 09:00:30 next ran the day after). The due occurrence is kept
+now, and the new definition applies from the slot after it. And a payload built in another key
+order is the same definition (it replaced the pending run at every start-up). Server time is
+the test clock (tq)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from scheduler import Queue
+from tests.conftest import Clock
+
+HOUR_MS = 3_600_000
+
+
+def ms(year: int, month: int, day: int, hour: int, minute: int, second: int = 0) -> int:
+    return int(datetime(year, month, day, hour, minute, second, tzinfo=UTC).timestamp() * 1000)
+
+
+def pending_of(client: redis.Redis, q: Queue, name: str) -> str:
+    return str(client.hget(q.keys.schedule(name), "pending"))
+
+
+def claim_ids(q: Queue) -> list[Any]:
+    return [(j.id, j.payload()) for j in q.claim("w", limit=10, lease_ms=60_000).jobs]
+
+
+def test_a_due_daily_run_survives_a_redefinition(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    clock.set_ms(ms(2026, 1, 5, 8, 0))
+    assert q.schedule("daily", "report", {"v": 1}, cron="0 9 * * *") == "created"
+    nine = pending_of(client, q, "daily")
+    assert nine.endswith(str(ms(2026, 1, 5, 9, 0)))
+    clock.set_ms(ms(2026, 1, 5, 9, 0, 30))  # due, no worker took it yet
+    assert q.schedule("daily", "report", {"v": 2}, cron="0 9 * * *") == "updated"
+    assert pending_of(client, q, "daily") == nine  # kept
+    assert claim_ids(q) == [(nine, {"v": 1})]  # today's run, as it was placed
+    after = pending_of(client, q, "daily")
+    assert after.endswith(str(ms(2026, 1, 6, 9, 0)))  # tomorrow's, of the new definition
+    assert q.get_job(after).payload() == {"v": 2}
+
+
+def test_missed_interval_runs_keep_their_catch_up_across_a_redefinition(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    clock.set_ms(10 * HOUR_MS + 1)
+    q.schedule("hourly", "t", {"v": 1}, every_ms=HOUR_MS, misfire="catch_up:5")
+    clock.set_ms(13 * HOUR_MS + 10)  # the 11:00, 12:00 and 13:00 runs missed
+    assert q.schedule("hourly", "t", {"v": 2}, every_ms=HOUR_MS, misfire="catch_up:5") == "updated"
+    ran = []
+    for _ in range(5):
+        got = claim_ids(q)
+        if not got:
+            break
+        ran += got
+    assert [job_id.rsplit(":", 1)[1] for job_id, _ in ran] == [
+        str(h * HOUR_MS) for h in (11, 12, 13)
+    ]
+
+
+def test_a_future_pending_run_is_still_replaced(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    clock.set_ms(10 * HOUR_MS + 1)
+    q.schedule("hourly", "t", {"v": 1}, every_ms=HOUR_MS)
+    assert q.schedule("hourly", "t", {"v": 2}, every_ms=HOUR_MS) == "updated"
+    # Not due yet: replaced by the new definition's (same slot, same id, the new payload).
+    assert q.get_job(pending_of(client, q, "hourly")).payload() == {"v": 2}
+    clock.set_ms(11 * HOUR_MS)
+    assert [payload for _, payload in claim_ids(q)] == [{"v": 2}]
+
+
+def test_the_same_payload_in_another_key_order_is_the_same_definition(
+    tq: tuple[Queue, Clock],
+) -> None:
+    q, clock = tq
+    clock.set_ms(10 * HOUR_MS + 1)
+    assert q.schedule("s", "t", {"a": 1, "b": {"x": 1, "y": 2}}, every_ms=HOUR_MS) == "created"
+    again = q.schedule("s", "t", {"b": {"y": 2, "x": 1}, "a": 1}, every_ms=HOUR_MS)
+    assert again == "unchanged"
+    assert q.schedule("s", "t", {"a": 1, "b": {"x": 1, "y": 3}}, every_ms=HOUR_MS) == "updated"
