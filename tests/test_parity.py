@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import time
 from typing import Any
 
 import redis.asyncio as aredis
@@ -153,20 +154,27 @@ def test_async_list_jobs_and_dead_ids_answer_as_queue_does(redis_url: str, q: Qu
 def test_queues_close_their_connection_as_context_managers(module_server: RedisProcess) -> None:
     admin = module_server.client()
 
-    def clients() -> int:
-        return len(admin.client_list())
+    def clients(want: int) -> int:
+        """The server's client count, once it is `want` (or after 2 s): the server sees a
+        closed socket on its next loop turn, maybe after this call's CLIENT LIST."""
+        for _ in range(200):
+            n = len(admin.client_list())
+            if n == want:
+                return n
+            time.sleep(0.01)
+        return n
 
     gc.collect()  # another test's client dropped earlier closes now, not during the block
-    base = clients()  # this one, and any other test's client still open
+    base = len(admin.client_list())  # this one, and any other test's client still open
     with Queue.from_url(module_server.url, "ctx") as q:
         q.enqueue("t", {})
-        assert clients() == base + 1
-    assert clients() == base  # closed on leaving the block
+        assert clients(base + 1) == base + 1
+    assert clients(base) == base  # closed on leaving the block
 
     async def main() -> None:
         async with AsyncQueue.from_url(module_server.url, "ctx") as aq:
             await aq.enqueue("t", {})
-            assert clients() == base + 1
-        assert clients() == base
+            assert clients(base + 1) == base + 1
+        assert clients(base) == base
 
     asyncio.run(main())
