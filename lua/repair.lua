@@ -160,7 +160,11 @@ elseif move == 'unlist' then
       if p == 'due' then flow_unindex(prefix, id, priority) end
     end
   end
-  if state ~= '' then redis.call('HSET', jk, 'state', state) end
+  -- A pending job with no hash yet (its spec record alone) stays so: a hash of `state` alone
+  -- is a job no claim can read (the next check parked it as an invalid job).
+  if state ~= '' and not (state == 'due' and redis.call('EXISTS', jk) == 0) then
+    redis.call('HSET', jk, 'state', state)
+  end
 elseif move == 'state' then
   if state == 'due' and redis.call('EXISTS', jk) == 0 then return 0 end
   redis.call('HSET', jk, 'state', state)

@@ -146,8 +146,28 @@ def test_an_orphan_spec_record_is_found_and_put_back_in_due(q: Queue, client: re
     client.zrem(q.keys.due, job_id)
     issue = only(check_queue(client, q.name), "orphan-spec")
     assert q.keys.spec(job_id) in issue.message
+    # The spec record keeps no run time: a job meant for later runs at once, and says so.
+    assert issue.message.endswith("fix puts it in due, due now (its run time is not stored)")
     assert run_plan(client, issue) == [1]
     assert client.exists(q.keys.job(job_id)) == 0  # no half hash: claim creates it whole
     assert check_queue(client, q.name) == []
     (job,) = q.claim("w", limit=1).jobs
     assert job.id == job_id and job.payload_json == '{"x":2}' and job.task == "t"
+
+
+@pytest.mark.parametrize("also", ["dead", "leased"])
+def test_a_pending_job_with_no_hash_listed_twice_stays_a_pending_job(
+    q: Queue, client: redis.Redis, also: str
+) -> None:
+    """A never-claimed job (its spec record alone) also listed in dead or leased: --fix takes
+    it out of the other set and leaves it as it was, due at its run time. `unlist` wrote a hash
+    holding only `state`, which the next pass parked as an invalid job (an audit)."""
+    job_id = q.enqueue("t", {"x": 1}, delay_ms=60_000)
+    run_at = client.zscore(q.keys.due, job_id)
+    client.zadd(q.keys.dead if also == "dead" else q.keys.leased, {job_id: server_now_ms(client)})
+    report = repair_queue(client, q.name)
+    assert [i.code for i in report.fixed] == ["two-places"]
+    assert client.exists(q.keys.job(job_id)) == 0  # still its spec record alone
+    assert client.zscore(q.keys.due, job_id) == run_at
+    assert check_queue(client, q.name) == []
+    assert q.get_job(job_id).payload() == {"x": 1}

@@ -129,7 +129,8 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                     if spec_only
                     else f"job with state {state!r}"
                 )
-                + " is in none of due, leased, dead, so no worker will see it: fix puts it in due",
+                + " is in none of due, leased, dead, so no worker will see it: fix puts it in due"
+                + ("" if run_at is not None else ", due now (its run time is not stored)"),
                 _to_due(k, s, ctx.now_ms, run_at if run_at is not None else ctx.now_ms),
             )
         ]
