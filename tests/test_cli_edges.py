@@ -42,6 +42,8 @@ def test_doctor_takes_a_queue_whose_sets_are_gone_and_puts_its_job_back(
     runner = CliRunner()
     found = runner.invoke(main, ["doctor", "--url", redis_url, "-q", q.name])
     assert "orphan-spec" in found.output, found.output
+    # The repair is shown as what --fix runs (it was labelled "by hand:", which it is not).
+    assert "what --fix runs:" in found.output and "by hand:" not in found.output
     fixed = runner.invoke(main, ["doctor", "--fix", "--url", redis_url, "-q", q.name])
     assert "1 repaired" in fixed.output, fixed.output  # (the test server's settings remain)
     assert client.zscore(q.keys.due, job) is not None

@@ -47,8 +47,8 @@ def _print(out: Console, title: str, issues: list[checks.Issue]) -> None:
         if i.repair:
             # One line per command, each cleaned whole: a stored id holding '\n' must not
             # end the '# runs ...' comment and put a line of its own into a pasted shell.
-            by_hand = (cell(f"    {c}") for c in i.redis_cli())
-            out.print("  by hand:", *by_hand, sep="\n", soft_wrap=True)
+            steps = (cell(f"    {c}") for c in i.redis_cli())
+            out.print("  what --fix runs:", *steps, sep="\n", soft_wrap=True)
 
 
 @click.command(cls=AdminCommand)
