@@ -63,7 +63,57 @@ def test_a_claim_run_after_a_stall_runs_its_jobs_once_to_the_end(
             await asyncio.gather(task, return_exceptions=True)
             await client.aclose()
 
+    runs.clear()
     asyncio.run(main())
     states = {j: (q.get_job(j).state, q.get_job(j).dead_reason) for j in jobs}
     assert all(s == ("done", None) for s in states.values()), states
     assert sorted(runs) == sorted(jobs)  # each ran once
+
+
+def test_an_expiry_check_while_the_learning_heartbeat_is_out_stops_nothing(
+    module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat sent to learn such a batch's leases marked its runs as beaten before it
+    was answered; a cluster worker checks lease ends while its per-node calls are out, and it
+    stopped them at their stale end (an audit: every job of a partition back from a reshard ran
+    twice, one lease apart). Here every call the worker sends runs that check first."""
+    q = Queue.from_url(module_server.url, "stall2")
+    jobs = [q.enqueue("stall.once", {"n": i}, max_attempts=1) for i in range(3)]
+    real = Worker._claim_call
+    stalled: list[bool] = []
+
+    async def claim_call(self: Worker, call: Any) -> Any:
+        if not stalled:
+            stalled.append(True)
+            await asyncio.sleep(4.0)
+        return await real(self, call)
+
+    monkeypatch.setattr(Worker, "_claim_call", claim_call)
+
+    async def main() -> None:
+        client = connect_async(module_server.url)
+        settings = WorkerSettings(queues=("stall2",), lease_ms=3_000, heartbeat_ms=500, grace_s=0)
+        w = Worker(client, registry, settings)
+        sent = w._pipe.run
+
+        async def checked(items: Any) -> Any:
+            w._expire_leases()  # as _send_parts does while a node's call is out
+            return await sent(items)
+
+        monkeypatch.setattr(w._pipe, "run", checked)
+        task = asyncio.create_task(w.run(install_signals=False))
+        try:
+            for _ in range(300):
+                await asyncio.sleep(0.05)
+                if all(q.status(j) in ("done", "dead") for j in jobs):
+                    break
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.aclose()
+
+    runs.clear()
+    asyncio.run(main())
+    states = {j: (q.get_job(j).state, q.get_job(j).dead_reason) for j in jobs}
+    assert all(s == ("done", None) for s in states.values()), states
+    assert sorted(runs) == sorted(jobs)

@@ -122,8 +122,6 @@ class Heartbeats(Dispatch, Reporting):
         for r in held:
             by_queue[r.queue].append(r)
         ends_s = {qn: self._end_of(rs) for qn, rs in by_queue.items()}
-        for r in held:
-            r.beat_sent = True
         parts: list[list[tuple[list[str], Any]]] = []
         for qn, rs in by_queue.items():
             q = self._by_name[qn]
@@ -136,7 +134,15 @@ class Heartbeats(Dispatch, Reporting):
             part.append((q.script_keys, q.ops.counts()))
             parts.append(part)
         t_sent = time.monotonic()
-        replies = await self._send_parts(parts, [ends_s[q.name] for q in self.queues])
+        # Runs whose lease this call learns (a claim answered late or re-sent) count from it only
+        # once it is answered (or fails): an expiry check while it is out (_send_parts, per node)
+        # stopped them at their stale end, and the server's fresh lease ran them again later.
+        unsure = [r for r in held if not r.beat_sent]
+        try:
+            replies = await self._send_parts(parts, [ends_s[q.name] for q in self.queues])
+        finally:
+            for r in unsure:
+                r.beat_sent = True  # a 'held' below sets its fresh end; else the claim's stands
         i = 0
         error: BaseException | None = None
         for qn, rs in by_queue.items():
