@@ -7,6 +7,7 @@ A private server: these tests reconfigure it."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -187,3 +188,39 @@ def test_cli_exits_3_when_redis_refuses_for_now(server: RedisProcess) -> None:
     finally:
         raw.config_set("min-replicas-to-write", 0)
     assert Queue.from_url(server.url, "m").counts().due == 1
+
+
+def test_stats_and_keys_exit_3_while_a_slot_moves(
+    server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reshard on a cluster: `stats` shows the moving queue's row as refused for now and the
+    others (exit 3: it exited 1, as for damaged data); a command meeting redis-py's own cluster
+    error (its slot map being rebuilt: "TTL exhausted") exits 3 with one line (`keys` ended in
+    a traceback, an audit found)."""
+    from redis.exceptions import ClusterError
+
+    from scheduler.cli import admin, keys
+
+    for name in ("a", "b"):
+        Queue.from_url(server.url, name).enqueue("t", {})
+    real = admin.queue_stats
+
+    def moving(client: Any, name: str) -> dict[str, Any]:
+        if name == "b":
+            raise TryAgainError("Multiple keys request during rehashing of slot")
+        return real(client, name)
+
+    monkeypatch.setattr(admin, "queue_stats", moving)
+    got = CliRunner().invoke(main, ["stats", "--url", server.url, "--json"])
+    assert got.exit_code == 3, got.output
+    rows = {r["queue"]: r for r in json.loads(got.stdout)["queues"]}
+    assert rows["a"]["error"] is None and rows["b"]["down"] is True
+    assert "refused for now" in rows["b"]["error"]
+
+    def remapping(client: Any, queue: str) -> Any:
+        raise ClusterError("TTL exhausted.")
+
+    monkeypatch.setattr(keys, "stored_layout", remapping)
+    got = CliRunner().invoke(main, ["keys", "--url", server.url, "-q", "a"])
+    assert got.exit_code == 3 and "TTL exhausted" in got.stderr, got.output
+    assert got.exception is None or isinstance(got.exception, SystemExit)

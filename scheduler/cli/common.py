@@ -42,6 +42,7 @@ from scheduler.cli.output import (
 from scheduler.core import connection, exits
 from scheduler.core.backoff import Backoff
 from scheduler.core.backoff_text import parse_backoff_text
+from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import (
     BadArgument,
     JobNotFound,
@@ -138,7 +139,7 @@ class AdminCommand(click.Command):
             raise Forbidden(
                 safe(f"Redis refused the credentials: {exc}; {CREDENTIALS_HINT}")
             ) from None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNREACHABLE as exc:  # redis-py's cluster errors too (a slot map being rebuilt)
             raise Unreachable(safe(f"cannot reach Redis: {exc}")) from None
         except redis.ResponseError as exc:
             if is_permission_error(exc):
