@@ -10,7 +10,7 @@ import redis
 from redis.exceptions import AuthenticationError, ResponseError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -80,6 +80,14 @@ def create_app(
     pages = Pages(store, render)
     dead = DeadPages(store, render)
 
+    def failed(request: Request, status: int, title: str, message: str) -> Response:
+        # The JSON endpoints (the live refresh's, a script's) answer JSON, the pages a page.
+        path = request.url.path
+        if path.startswith("/api/") or path.endswith("/api"):
+            return JSONResponse({"error": title, "message": message}, status_code=status)
+        return render.page(request, "error.html", status_code=status, title=title,
+                           message=message)  # fmt: skip
+
     async def bad_input(request: Request, exc: Exception) -> Response:
         return render.page(request, "error.html", status_code=400, message=str(exc))
 
@@ -95,23 +103,20 @@ def create_app(
             else "Reload the page once it answers."
         )
         message = f"Redis did not answer: {type(exc).__name__}: {str(exc).rstrip('.')}. {outcome}"
-        return render.page(request, "error.html", status_code=503, title="Redis unreachable",
-                           message=message)  # fmt: skip
+        return failed(request, 503, "Redis unreachable", message)
 
     async def credentials(request: Request, exc: Exception) -> Response:
         # A ConnectionError to redis-py, but no retry helps: say so, not "did not answer".
         message = f"Redis refused the dashboard's credentials: {exc}; {CREDENTIALS_HINT}."
-        return render.page(request, "error.html", status_code=500, title="Redis refused the login",
-                           message=message)  # fmt: skip
+        return failed(request, 500, "Redis refused the login", message)
 
     async def refused_now(request: Request, exc: Exception) -> Response:
         # OOM, READONLY mid-failover, a slot being moved, LOADING, ...: the server ran nothing
         # of the refused call and may take it in a moment. An ACL refusal names the role the
         # dashboard needs. Any other Redis error stays a 500.
         if isinstance(exc, ResponseError) and is_permission_error(exc):
-            return render.page(request, "error.html", status_code=500,
-                               title="Redis permission denied",
-                               message=permission_message(exc, OPERATOR_ROLE_HINT))  # fmt: skip
+            return failed(request, 500, "Redis permission denied",
+                          permission_message(exc, OPERATOR_ROLE_HINT))  # fmt: skip
         if not (isinstance(exc, ResponseError) and refused_for_now(exc)):
             raise exc
         outcome = (
@@ -120,8 +125,7 @@ def create_app(
             else "Reload the page in a moment."
         )
         message = f"Redis refused the request for now: {type(exc).__name__}: {exc}. {outcome}"
-        return render.page(request, "error.html", status_code=503, title="Redis busy",
-                           message=message)  # fmt: skip
+        return failed(request, 503, "Redis busy", message)
 
     async def refused(request: Request, exc: Exception) -> Response:
         return PlainTextResponse(f"refused: {exc}\n", status_code=403)
