@@ -2,7 +2,7 @@
   already leased finishes normally and inserts nothing. A schedule hash that cannot be read
   whole (hand-edited) is removed too (lib/schedule.lua sched_husk).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, schedules, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, schedule_ran:<name>, schedules, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] name
   Returns: 'removed' | 'missing'
   Errors:  CORRUPT <key> is not a <type> (due, leased for a pending occurrence with a
@@ -18,6 +18,11 @@ local h = sched_load(prefix, name) or sched_husk(prefix, name)
 if h == nil then return 'missing' end
 local bad = sched_unpend(prefix, h, now_ms())
 if bad then return bad end
+-- The last slot that left due outlives the schedule for a while (schedule_ran:<name>): defined
+-- again, with a jitter that moves a slot later, it would place a slot that already ran.
+if (tonumber(h.ran_ms) or 0) > 0 then
+  redis.call('SET', prefix .. 'schedule_ran:' .. name, fmt(h.ran_ms), 'PX', SCHED_RAN_KEEP_MS)
+end
 redis.call('DEL', sched_key(prefix, name), sched_slots_key(prefix, name))
 -- pcall: the schedules SET is an index for listing alone (schedule_upsert.lua); one of another
 -- type must not fail a removal after its first write.

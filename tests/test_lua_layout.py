@@ -17,6 +17,7 @@ _BUILDERS = {
     "stats:<minute>": "'stats:'",
     "schedule:<name>": "'schedule:'",
     "schedules:refill": "'schedules:refill'",
+    "schedule_ran:<name>": "'schedule_ran:'",  # a removed schedule's last run, a month
     "schedules": "'schedules'",
     "claim:<nonce>": "'claim:'",
     "idem:<digest>": "'idem:'",

@@ -89,3 +89,25 @@ def test_the_same_payload_in_another_key_order_is_the_same_definition(
     again = q.schedule("s", "t", {"b": {"y": 2, "x": 1}, "a": 1}, every_ms=HOUR_MS)
     assert again == "unchanged"
     assert q.schedule("s", "t", {"a": 1, "b": {"x": 1, "y": 3}}, every_ms=HOUR_MS) == "updated"
+
+
+def test_remove_then_add_again_does_not_run_a_slot_that_already_ran(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Removed and defined again with a larger jitter (its offset moves the 10:00 slot to
+    10:36): the 10:00 slot, which already ran, ran again once its done record had expired, since
+    remove forgot the schedule's last run. It is kept a month now (schedule_ran:<name>)."""
+    q, clock = tq
+    clock.set_ms(10 * HOUR_MS - 1)
+    q.schedule("hr", "t", every_ms=HOUR_MS)
+    clock.set_ms(10 * HOUR_MS)
+    ((ten, _),) = claim_ids(q)
+    assert ten == f"schedule:hr:{10 * HOUR_MS}"
+    q.complete(ten, q.get_job(ten).token or "", None)
+    client.delete(q.keys.job(ten), q.keys.spec(ten))  # its done record expired
+    clock.set_ms(10 * HOUR_MS + 5 * 60_000)
+    assert q.remove_schedule("hr") == "removed"
+    assert q.schedule("hr", "t", every_ms=HOUR_MS, jitter_ms=3_500_000) == "created"
+    again = pending_of(client, q, "hr")
+    assert int(again.rsplit(":", 1)[1]) == 11 * HOUR_MS, again  # the next slot, not 10:00's
+    assert client.exists(q.keys.prefix + "schedule_ran:hr") == 0  # read and deleted
