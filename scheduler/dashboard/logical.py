@@ -10,10 +10,13 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_merge import merge_counts
 from scheduler.client.queue import Queue
-from scheduler.core.errors import BadArgument, JobNotFound
+from scheduler.core.connection import UNREACHABLE
+from scheduler.core.errors import BadArgument, JobNotFound, refused_for_now
 from scheduler.core.models import Job, QueueCounts
 from scheduler.operations import browsing
 from scheduler.operations.requests import Op
@@ -118,20 +121,33 @@ class View:
     def counts(self) -> QueueCounts:
         return self.parts[0].counts() if self.pq is None else self.pq.counts()
 
-    def counts_and_paused(self) -> tuple[QueueCounts, list[str]]:
-        """(counts(), the partitions that are paused: [] for a plain queue), from the same
-        one driver call: merged, a partitioned queue is paused when ANY partition is."""
-        each: list[QueueCounts] = self.run_each(lambda q: q.ops.counts())
+    def counts_and_paused(self) -> tuple[QueueCounts, list[str], list[str]]:
+        """(counts(), the partitions that are paused: [] for a plain queue, the partitions that
+        could not be read), from the same one driver call: merged, a partitioned queue is
+        paused when ANY partition is. A partition whose node does not answer or refuses for now
+        (its slot being moved) is left out of the counts and named, while another answers."""
+        each = self.run_each(lambda q: q.ops.counts(), partial=True)
         if self.pq is None:
-            return each[0], []
-        return merge_counts(each), [
-            p.name for p, c in zip(self.parts, each, strict=True) if c.paused
-        ]
+            return each[0], [], []
+        pairs = list(zip(self.parts, each, strict=True))
+        read = [(p, c) for p, c in pairs if not isinstance(c, BaseException)]
+        failed = [f"partition {p.name}: {c}" for p, c in pairs if isinstance(c, BaseException)]
+        return merge_counts([c for _, c in read]), [p.name for p, c in read if c.paused], failed
 
-    def run_each(self, make: Callable[[Queue], Op[Any]]) -> list[Any]:
+    def run_each(self, make: Callable[[Queue], Op[Any]], *, partial: bool = False) -> list[Any]:
+        """One result per part. `partial`: a part that does not answer, or refuses for now,
+        gives its error in its place while another part answered (else the first error)."""
         if self.pq is None:
             return [self._drive(self.parts[0], make(self.parts[0]))]
-        return self.pq._run_many([(p, make(p)) for p in self.parts])
+        out = self.pq._run_many([(p, make(p)) for p in self.parts], errors=partial)
+        errors = [r for r in out if isinstance(r, BaseException)]
+        for r in errors:
+            passing = isinstance(r, UNREACHABLE) or (
+                isinstance(r, ResponseError) and refused_for_now(r)
+            )
+            if not passing or len(errors) == len(out):
+                raise r
+        return out
 
     def requeue_dead(self, ids: Sequence[str]) -> int:
         return self.parts[0].requeue_dead(ids) if self.pq is None else self.pq.requeue_dead(ids)

@@ -110,6 +110,7 @@ class Pages:
 
     def _summaries(self) -> tuple[list[dict[str, Any]], list[str]]:
         found, missing = self._each(self.store.queue_summary)
+        missing += [f"queue {name} {u}" for name, row in found for u in row["unread_partitions"]]
         return [row for _, row in found], missing
 
     def overview(self, request: Request) -> Response:

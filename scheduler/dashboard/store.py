@@ -206,12 +206,12 @@ class Store:
         """Counts, per-minute outcomes and start lateness of one queue: one script call and
         one pipeline of `minutes` small stats hashes (per partition)."""
         view = self.view(name)
-        c, paused_parts = view.counts_and_paused()
-        series = browsing.sum_series(
-            view.run_each(
-                lambda q: browsing.minute_series(q.keys, c.now_ms, minutes, SERIES_FIELDS)
-            )
+        c, paused_parts, unread = view.counts_and_paused()
+        each = view.run_each(
+            lambda q: browsing.minute_series(q.keys, c.now_ms, minutes, SERIES_FIELDS),
+            partial=True,
         )
+        series = browsing.sum_series([s for s in each if not isinstance(s, BaseException)])
         last = series[-2] if len(series) > 1 else series[-1]  # the last whole minute
         return {
             "queue": name,
@@ -230,6 +230,9 @@ class Store:
             # Merged: the earliest pause when any partition is paused; which ones are, here.
             "paused_ms": c.paused_ms,
             "paused_partitions": paused_parts,
+            # A partitioned queue's partitions left out (node down, slot being moved): the
+            # counts are the others' (the overview names these under "not read").
+            "unread_partitions": unread,
             "done_per_min": last.get("done", 0),
             "failed_per_min": last.get("fail", 0),
             "minutes": [r["minute_ms"] for r in series],
