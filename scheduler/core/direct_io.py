@@ -86,6 +86,14 @@ def call_sync(client: Any, cmd: tuple[Any, ...]) -> Any:
 
     try:
         return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())
+    except ResponseError:
+        raise  # an error reply, read whole: the connection is in step
+    except BaseException:
+        # Interrupted between the send and the reply (a signal handler's KeyboardInterrupt or
+        # SystemExit): its reply, still to come, must not be read as the next call's (a
+        # counts() read an enqueue's). pipeline_sync does the same.
+        conn.disconnect()
+        raise
     finally:
         give(pool, conn, listed)
 
@@ -129,11 +137,24 @@ def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
 def _pack(cmd: tuple[Any, ...]) -> list[bytes]:
     # What redis-py's own packer sends when hiredis is installed (HiredisRespSerializer, strings
     # as UTF-8 whatever the client's encoding), without its per-argument checks in Python;
-    # an argument it cannot encode is redis-py's DataError, as there.
+    # an argument it cannot encode is redis-py's DataError, as there. Only str and bytes reach
+    # hiredis: it turns a number into text with a call that runs pending signal handlers, and
+    # one that raises there (Ctrl-C, a SIGTERM handler's sys.exit) crashed the interpreter
+    # (SIGSEGV in hiredis 3.5's pack_command). The scripts' calls (Scripts.evalsha) are all str.
+    if cmd[0] != "EVALSHA":
+        cmd = tuple(a if type(a) is str or type(a) is bytes else _text(a) for a in cmd)
     try:
         return [_hiredis_pack(cmd)]
     except TypeError as exc:
         raise DataError(str(exc)) from exc
+
+
+def _text(value: Any) -> Any:
+    """A number as redis-py's encoder writes it (int: str, float: repr); anything else as it
+    is, for hiredis to refuse (a DataError below)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 # Where a write on an asyncio connection the peer closed (or a concurrent disconnect closed)

@@ -136,7 +136,10 @@ class Scripts:
         return [(name, source(name, self.clock)) for name in TRANSITIONS]
 
     def evalsha(self, keys: Sequence[str], call: Script) -> Wire:
-        return ("EVALSHA", self.sha[call.name], len(keys), *keys, *call.args)
+        # Every argument a str: hiredis.pack_command turns an int into text with a call that
+        # runs pending signal handlers, and one that raises (Ctrl-C, a SIGTERM handler's
+        # sys.exit) crashed the interpreter there (SIGSEGV, hiredis 3.5; direct_io._pack).
+        return ("EVALSHA", self.sha[call.name], str(len(keys)), *keys, *call.args)
 
     def drive(self, items: Sequence[tuple[Sequence[str], Request]]) -> Drive:
         """items: (script KEYS, request). Returns, per request, its reply or the error its
