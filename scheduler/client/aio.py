@@ -69,9 +69,12 @@ class AsyncQueue:
     async def _run(self, op: Op[T], *, watch: asyncio.Task[Any] | None = None) -> T:
         # An error is thrown back into the operation, so it can decide (claim keeps the jobs
         # it leased when a follow-up step fails); uncaught, it propagates from here.
-        # `watch`: a long wait's task. redis-py sends inside asyncio.wait_for, which on Python
-        # 3.11 drops a cancel landing as the send completes; without this check result() ran
-        # on to its timeout_s (and an asyncio.timeout around it waited as long).
+        # The calling task (`watch`, default the current one): redis-py sends inside
+        # asyncio.wait_for, which on Python 3.11 drops a cancel landing as the send completes
+        # (a reconnect's handshake, a payload over 64 KiB): the call ran on and returned, and a
+        # cancelled producer loop kept enqueueing (asyncio.run's one shutdown cancel lost);
+        # result() ran on to its timeout_s. A cancel asked meanwhile is raised here.
+        watch = watch or asyncio.current_task()
         asked = watch.cancelling() if watch is not None else 0
         try:
             req = next(op)

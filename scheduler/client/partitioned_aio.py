@@ -4,6 +4,7 @@ driver call, so one pipeline per node on a cluster)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -87,10 +88,14 @@ class AsyncPartitionedQueue:
         """PartitionedQueue._run_many for asyncio."""
         results: list[Any] = [None] * len(ops)
         pending: dict[int, Request] = {i: next(op) for i, (_, op) in enumerate(ops)}
+        task = asyncio.current_task()  # a cancel Python 3.11's wait_for dropped: AsyncQueue._run
+        asked = task.cancelling() if task is not None else 0
         while pending:
             order = list(pending)
             items = [(ops[i][0].keys.script_keys(), pending[i]) for i in order]
             replies = await run_async(self.client, self._scripts.drive(items))
+            if task is not None and task.cancelling() > asked:
+                raise asyncio.CancelledError
             pending = {}
             for i, reply in zip(order, replies, strict=True):
                 op = ops[i][1]
