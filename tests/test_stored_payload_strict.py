@@ -4,7 +4,6 @@ used to reach the handler (whose result then failed to encode), an audit found."
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -12,8 +11,8 @@ import redis
 
 from scheduler import JobContext, Queue, Registry
 from scheduler._spawn import RedisProcess
-from scheduler.core.connection import connect_async
-from scheduler.worker import Worker, WorkerSettings
+from scheduler.worker import WorkerSettings
+from tests.embedded_worker import run_until
 
 registry = Registry()
 seen: list[Any] = []
@@ -35,22 +34,9 @@ def test_a_payload_enqueue_would_refuse_is_parked_not_run(
     fine = q.enqueue("strict.echo", {"x": 2.5})
     raw.hset(q.keys.job(bad), "payload", stored)  # the hash's payload wins over the spec's
 
-    async def main() -> None:
-        client = connect_async(module_server.url)
-        w = Worker(client, registry, WorkerSettings(queues=("strict",), grace_s=0))
-        task = asyncio.create_task(w.run(install_signals=False))
-        try:
-            for _ in range(400):
-                await asyncio.sleep(0.01)
-                if q.status(bad) == "dead" and q.status(fine) == "done":
-                    break
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await client.aclose()
-
     seen.clear()
-    asyncio.run(main())
+    run_until(module_server.url, registry, WorkerSettings(queues=("strict",), grace_s=0),
+              lambda: q.status(bad) == "dead" and q.status(fine) == "done")  # fmt: skip
     job = q.get_job(bad)
     assert (job.state, job.fields.get("last_error_type")) == ("dead", "InvalidPayload")
     assert seen == [{"x": 2.5}]  # only the other job reached the handler

@@ -8,31 +8,14 @@ a task name that cannot be enqueued, a handler that cannot be called as fn(paylo
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
 from scheduler import Backoff, BadArgument, JobContext, Queue, Registry
 from scheduler._spawn import RedisProcess
-from scheduler.core.connection import connect_async
-from scheduler.worker import Worker, WorkerSettings
-
-
-async def _run_until(url: str, registry: Registry, queue: str, done: Any) -> None:
-    client = connect_async(url)
-    w = Worker(client, registry, WorkerSettings(queues=(queue,), grace_s=0))
-    task = asyncio.create_task(w.run(install_signals=False))
-    try:
-        for _ in range(500):
-            if done():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("the worker did not get there in 5 s")
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await client.aclose()
+from scheduler.worker import WorkerSettings
+from tests.embedded_worker import run_until
 
 
 def test_a_job_an_old_worker_does_not_know_is_run_by_a_new_one(
@@ -49,13 +32,14 @@ def test_a_job_an_old_worker_does_not_know_is_run_by_a_new_one(
         return f"mailed {payload['to']}"
 
     job = q.enqueue("report.mail", {"to": "a"}, max_attempts=3, backoff=Backoff(200, 1.0, 200, 0))
-    asyncio.run(_run_until(module_server.url, old, "deploy", lambda: q.get_job(job).attempts == 1))
+    settings = WorkerSettings(queues=("deploy",), grace_s=0)
+    assert run_until(module_server.url, old, settings, lambda: q.get_job(job).attempts == 1)
     first = q.get_job(job)
     assert first.state in ("due", "scheduled")  # waiting out its backoff, not dead
     assert first.fields["last_error_type"] == "UnknownTask"
     assert "'report.mail'" in first.fields["last_error"]
     assert "it knows invoice.build" in first.fields["last_error"]
-    asyncio.run(_run_until(module_server.url, new, "deploy", lambda: q.status(job) == "done"))
+    assert run_until(module_server.url, new, settings, lambda: q.status(job) == "done")
     assert q.result(job, timeout_s=1) == "mailed a"
     assert q.get_job(job).attempts == 2
 

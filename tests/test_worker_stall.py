@@ -19,11 +19,29 @@ import pytest
 
 from scheduler import JobContext, Queue, Registry
 from scheduler._spawn import RedisProcess
-from scheduler.core.connection import connect_async
 from scheduler.worker import Worker, WorkerSettings
+from tests.embedded_worker import run_until
 
 registry = Registry()
 runs: list[str] = []
+
+
+def stall_first_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's first claim call waits 4 s (> the 3 s lease) before it is sent."""
+    real = Worker._claim_call
+    stalled: list[bool] = []
+
+    async def claim_call(self: Worker, call: Any) -> Any:
+        if not stalled:
+            stalled.append(True)
+            await asyncio.sleep(4.0)  # the server runs this claim 4 s after t_sent
+        return await real(self, call)
+
+    monkeypatch.setattr(Worker, "_claim_call", claim_call)
+
+
+def finished(q: Queue, jobs: list[str]) -> bool:
+    return all(q.status(j) in ("done", "dead") for j in jobs)
 
 
 @registry.task("stall.once")
@@ -38,33 +56,11 @@ def test_a_claim_run_after_a_stall_runs_its_jobs_once_to_the_end(
 ) -> None:
     q = Queue.from_url(module_server.url, "stall")
     jobs = [q.enqueue("stall.once", {"n": i}, max_attempts=1) for i in range(3)]
-    real = Worker._claim_call
-    stalled: list[bool] = []
+    stall_first_claim(monkeypatch)
 
-    async def claim_call(self: Worker, call: Any) -> Any:
-        if not stalled:
-            stalled.append(True)
-            await asyncio.sleep(4.0)  # > lease_ms: the server runs this claim 4 s late
-        return await real(self, call)
-
-    monkeypatch.setattr(Worker, "_claim_call", claim_call)
-
-    async def main() -> None:
-        client = connect_async(module_server.url)
-        settings = WorkerSettings(queues=("stall",), lease_ms=3_000, heartbeat_ms=500, grace_s=0)
-        task = asyncio.create_task(Worker(client, registry, settings).run(install_signals=False))
-        try:
-            for _ in range(300):
-                await asyncio.sleep(0.05)
-                if all(q.status(j) in ("done", "dead") for j in jobs):
-                    break
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await client.aclose()
-
+    settings = WorkerSettings(queues=("stall",), lease_ms=3_000, heartbeat_ms=500, grace_s=0)
     runs.clear()
-    asyncio.run(main())
+    run_until(module_server.url, registry, settings, lambda: finished(q, jobs))
     states = {j: (q.get_job(j).state, q.get_job(j).dead_reason) for j in jobs}
     assert all(s == ("done", None) for s in states.values()), states
     assert sorted(runs) == sorted(jobs)  # each ran once
@@ -79,21 +75,9 @@ def test_an_expiry_check_while_the_learning_heartbeat_is_out_stops_nothing(
     twice, one lease apart). Here every call the worker sends runs that check first."""
     q = Queue.from_url(module_server.url, "stall2")
     jobs = [q.enqueue("stall.once", {"n": i}, max_attempts=1) for i in range(3)]
-    real = Worker._claim_call
-    stalled: list[bool] = []
+    stall_first_claim(monkeypatch)
 
-    async def claim_call(self: Worker, call: Any) -> Any:
-        if not stalled:
-            stalled.append(True)
-            await asyncio.sleep(4.0)
-        return await real(self, call)
-
-    monkeypatch.setattr(Worker, "_claim_call", claim_call)
-
-    async def main() -> None:
-        client = connect_async(module_server.url)
-        settings = WorkerSettings(queues=("stall2",), lease_ms=3_000, heartbeat_ms=500, grace_s=0)
-        w = Worker(client, registry, settings)
+    def check_while_out(w: Worker) -> None:
         sent = w._pipe.run
 
         async def checked(items: Any) -> Any:
@@ -101,19 +85,11 @@ def test_an_expiry_check_while_the_learning_heartbeat_is_out_stops_nothing(
             return await sent(items)
 
         monkeypatch.setattr(w._pipe, "run", checked)
-        task = asyncio.create_task(w.run(install_signals=False))
-        try:
-            for _ in range(300):
-                await asyncio.sleep(0.05)
-                if all(q.status(j) in ("done", "dead") for j in jobs):
-                    break
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await client.aclose()
 
+    settings = WorkerSettings(queues=("stall2",), lease_ms=3_000, heartbeat_ms=500, grace_s=0)
     runs.clear()
-    asyncio.run(main())
+    run_until(module_server.url, registry, settings, lambda: finished(q, jobs),
+              setup=check_while_out)  # fmt: skip
     states = {j: (q.get_job(j).state, q.get_job(j).dead_reason) for j in jobs}
     assert all(s == ("done", None) for s in states.values()), states
     assert sorted(runs) == sorted(jobs)
