@@ -197,7 +197,7 @@ def test_stats_and_keys_exit_3_while_a_slot_moves(
     others (exit 3: it exited 1, as for damaged data); a command meeting redis-py's own cluster
     error (its slot map being rebuilt: "TTL exhausted") exits 3 with one line (`keys` ended in
     a traceback, an audit found)."""
-    from redis.exceptions import ClusterError
+    from redis.exceptions import ClusterError, RedisClusterException
 
     from scheduler.cli import admin, keys
 
@@ -224,6 +224,13 @@ def test_stats_and_keys_exit_3_while_a_slot_moves(
     got = CliRunner().invoke(main, ["keys", "--url", server.url, "-q", "a"])
     assert got.exit_code == 3 and "TTL exhausted" in got.stderr, got.output
     assert got.exception is None or isinstance(got.exception, SystemExit)
+
+    def bug(client: Any, queue: str) -> Any:
+        raise RedisClusterException("Invalid args in command")  # ours, not the cluster's
+
+    monkeypatch.setattr(keys, "stored_layout", bug)
+    got = CliRunner().invoke(main, ["keys", "--url", server.url, "-q", "a"])
+    assert isinstance(got.exception, RedisClusterException), got.output  # not "unreachable"
 
 
 def test_the_overview_shows_a_partitioned_queue_whose_one_partition_is_moving(

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 import redis
+from redis.exceptions import ClusterError, RedisClusterException
 
 from scheduler.admin.inspection import (
     logical_queues,
@@ -42,7 +43,7 @@ from scheduler.cli.output import (
 from scheduler.core import connection, exits
 from scheduler.core.backoff import Backoff
 from scheduler.core.backoff_text import parse_backoff_text
-from scheduler.core.connection import UNREACHABLE
+from scheduler.core.connection import cluster_unreachable
 from scheduler.core.errors import (
     BadArgument,
     JobNotFound,
@@ -139,7 +140,11 @@ class AdminCommand(click.Command):
             raise Forbidden(
                 safe(f"Redis refused the credentials: {exc}; {CREDENTIALS_HINT}")
             ) from None
-        except UNREACHABLE as exc:  # redis-py's cluster errors too (a slot map being rebuilt)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise Unreachable(safe(f"cannot reach Redis: {exc}")) from None
+        except (RedisClusterException, ClusterError) as exc:  # not ResponseErrors
+            if not cluster_unreachable(exc):  # a cross-slot call, ...: a bug, its traceback
+                raise
             raise Unreachable(safe(f"cannot reach Redis: {exc}")) from None
         except redis.ResponseError as exc:
             if is_permission_error(exc):

@@ -29,7 +29,12 @@ import redis.asyncio as aredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import ClusterError, RedisClusterException
+from redis.exceptions import (
+    ClusterError,
+    CrossSlotTransactionError,
+    RedisClusterException,
+    SlotNotCoveredError,
+)
 
 from scheduler.core.errors import BadArgument
 from scheduler.core.safety import REDACTED, is_secret_name, redact
@@ -224,6 +229,28 @@ UNREACHABLE: tuple[type[Exception], ...] = (
     RedisClusterException,
     ClusterError,
 )
+
+
+# redis-py's messages while it cannot (re)build the slot map: nodes down, or mid-failover.
+_CLUSTER_REMAPPING = (
+    "cannot be connected",
+    "could not agree on a valid",
+    "slots are not covered",
+    "has no redis_connection",
+)
+
+
+def cluster_unreachable(exc: BaseException) -> bool:
+    """redis-py's own cluster errors (raised by the client, not replies) that mean no node
+    answered while it re-read the slot map after a dropped connection (every node down a
+    moment, a restart), a slot not yet covered, redirections used up. Its other ones (a
+    cross-slot call, "Missing key", "Invalid args", no target found) are bugs: the worker does
+    not retry them, the CLI does not call them unreachable."""
+    if isinstance(exc, ClusterError | SlotNotCoveredError):
+        return True
+    if not isinstance(exc, RedisClusterException) or isinstance(exc, CrossSlotTransactionError):
+        return False
+    return any(m in str(exc) for m in _CLUSTER_REMAPPING)
 
 
 # Per client class: the isinstance check costs ~3 us (AsyncRedisCluster's ABC/typing

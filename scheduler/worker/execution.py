@@ -14,17 +14,14 @@ import redis.asyncio as aredis
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
-    ClusterError,
-    CrossSlotTransactionError,
     NoPermissionError,
     NoScriptError,
-    RedisClusterException,
     ResponseError,
-    SlotNotCoveredError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from scheduler.core.connection import cluster_unreachable
 from scheduler.core.direct_io import transport_race
 from scheduler.core.errors import CorruptKey, refused_for_now
 from scheduler.core.models import ClaimedJob
@@ -74,30 +71,9 @@ def classify(exc: BaseException) -> str:
         if code in ("NOPERM", "NOAUTH", "WRONGPASS"):
             return "fatal"
         return "refused"
-    if _cluster_unreachable(exc) or transport_race(exc):  # redis-py's cluster path has no
+    if cluster_unreachable(exc) or transport_race(exc):  # redis-py's cluster path has no
         return "transient"  # direct_io to turn the race into a ConnectionError
     return "fatal"
-
-
-# redis-py's messages while it cannot (re)build the slot map: nodes down, or mid-failover.
-_CLUSTER_REMAPPING = (
-    "cannot be connected",
-    "could not agree on a valid",
-    "slots are not covered",
-    "has no redis_connection",
-)
-
-
-def _cluster_unreachable(exc: BaseException) -> bool:
-    """redis-py's own cluster errors (raised by the client, not replies) that mean no node
-    answered while it re-read the slot map after a dropped connection (every node down a
-    moment, a restart), a slot not yet covered, redirections used up. Its other ones (a
-    cross-slot call, "Missing key", "Invalid args", no target found) are bugs: not retried."""
-    if isinstance(exc, ClusterError | SlotNotCoveredError):
-        return True
-    if not isinstance(exc, RedisClusterException) or isinstance(exc, CrossSlotTransactionError):
-        return False
-    return any(m in str(exc) for m in _CLUSTER_REMAPPING)
 
 
 @dataclass(eq=False)
