@@ -17,18 +17,23 @@ from scheduler.worker.core import _Deadline, _within
 def test_a_call_that_fails_after_its_deadline_leaves_no_unretrieved_error() -> None:
     reported: list[dict[str, Any]] = []
 
+    ended = asyncio.Event()
+
     async def stubborn() -> None:
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
             await asyncio.sleep(0.05)  # swallows the cancellation, then fails
+        ended.set()
         raise ConnectionError("Connection closed by server.")
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: reported.append(ctx))
         with pytest.raises(_Deadline):
             await _within(stubborn(), 0.05)
-        await asyncio.sleep(0.2)  # the call ends with its error meanwhile
+        await ended.wait()  # the call is about to end with its error
+        for _ in range(3):
+            await asyncio.sleep(0)  # its task finishes, its done callbacks run
         gc.collect()  # a dropped task's unread error is reported when it is collected
 
     asyncio.run(main())
