@@ -20,8 +20,13 @@ from scheduler.core.connection import connect_async
 from scheduler.core.scripts import run_async, run_one_async
 
 
-def swallowing(real: Any) -> Any:
+def swallowing(real: Any, inside: list[asyncio.Event]) -> Any:
+    """`real`, after a wait that swallows its cancellation; `inside[0]` is set once the call
+    is in that wait (the test cancels then, not after a guessed sleep)."""
+
     async def call(*args: Any, **kwargs: Any) -> Any:
+        if inside:
+            inside[0].set()
         # As wait_for on 3.11 when the cancel meets the send's completion: swallowed.
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(0.05)
@@ -33,12 +38,14 @@ def swallowing(real: Any) -> Any:
 def test_a_swallowed_cancel_of_enqueue_is_raised(
     redis_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(aio, "run_one_async", swallowing(run_one_async))
+    inside: list[asyncio.Event] = []
+    monkeypatch.setattr(aio, "run_one_async", swallowing(run_one_async, inside))
 
     async def main() -> None:
+        inside.append(asyncio.Event())
         async with AsyncQueue(connect_async(redis_url), queue_name) as aq:
             task = asyncio.create_task(aq.enqueue("t", {"n": 1}))
-            await asyncio.sleep(0.01)
+            await inside[0].wait()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -50,13 +57,15 @@ def test_a_swallowed_cancel_of_enqueue_is_raised(
 def test_a_swallowed_cancel_of_a_partitioned_call_is_raised(
     redis_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(partitioned_aio, "run_async", swallowing(run_async))
+    inside: list[asyncio.Event] = []
+    monkeypatch.setattr(partitioned_aio, "run_async", swallowing(run_async, inside))
 
     async def main() -> None:
         client = connect_async(redis_url)
         pq = await AsyncPartitionedQueue.create(client, queue_name + "-p", partitions=2)
+        inside.append(asyncio.Event())  # create's own calls went before
         task = asyncio.create_task(pq.enqueue_many([JobSpec("t", {"n": i}) for i in range(4)]))
-        await asyncio.sleep(0.01)
+        await inside[0].wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
