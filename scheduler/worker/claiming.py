@@ -54,6 +54,8 @@ class Claiming(Dispatch, Reporting):
                     await self._slot_free.wait()  # set by every job end (_pump) and stop
                 continue
             await self._reports_first()  # after an outage: this worker's outcomes go first
+            if self._stop_claiming.is_set():  # asked while it waited: no claim after a stop
+                continue
             # Cleared before the round's claims are sent, never on the way into the wait: a
             # wake-up set while a claim is in flight (a retry's fail answered after a claim the
             # server ran first, which saw nothing due) must end the wait, not be wiped by it.
@@ -96,9 +98,8 @@ class Claiming(Dispatch, Reporting):
                     continue
                 del self._nonce[q.name]  # answered: the next call gets a fresh nonce
                 failing.pop(q.name, None)
-                # Answered over a heartbeat interval late (a server stall): it may have run any
-                # time since t_sent, so, as for a re-sent claim, a heartbeat now learns the
-                # leases (they were stopped at once as expired, their results thrown away).
+                # Answered over a heartbeat interval late (a server stall): run any time since
+                # t_sent, its leases are learnt by a heartbeat now, as a re-sent claim's are.
                 unsure = resent or time.monotonic() - t_sent > s.heartbeat_ms / 1000
                 self._take(q.name, batch, t_sent, unsure)
                 if unsure and batch.jobs:

@@ -217,6 +217,7 @@ class WorkerCore:
         self._stop_claiming.set()
         self._wake.set()
         self._slot_free.set()
+        self._report_tried.set()  # ends the claim loop's wait for the reporter (_reports_first)
 
     def _fatal(self, code: int, message: str) -> None:
         """Stop the worker (no grace period) and exit with `code`; the first reason wins."""
