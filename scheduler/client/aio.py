@@ -66,15 +66,15 @@ class AsyncQueue:
         """The queue's name, as given at construction."""
         return self.keys.queue
 
-    async def _run(self, op: Op[T], *, watch: asyncio.Task[Any] | None = None) -> T:
+    async def _run(self, op: Op[T]) -> T:
         # An error is thrown back into the operation, so it can decide (claim keeps the jobs
         # it leased when a follow-up step fails); uncaught, it propagates from here.
-        # The calling task (`watch`, default the current one): redis-py sends inside
+        # The calling task (`watch`): redis-py sends inside
         # asyncio.wait_for, which on Python 3.11 drops a cancel landing as the send completes
         # (a reconnect's handshake, a payload over 64 KiB): the call ran on and returned, and a
         # cancelled producer loop kept enqueueing (asyncio.run's one shutdown cancel lost);
         # result() ran on to its timeout_s. A cancel asked meanwhile is raised here.
-        watch = watch or asyncio.current_task()
+        watch = asyncio.current_task()
         asked = watch.cancelling() if watch is not None else 0
         try:
             req = next(op)
@@ -445,7 +445,7 @@ class AsyncQueue:
             BadArgument: a malformed job_id or timeout_s.
             UnreadableRecord: the stored result is not JSON (edited by hand).
         """
-        return await self._run(self.ops.result(job_id, timeout_s), watch=asyncio.current_task())
+        return await self._run(self.ops.result(job_id, timeout_s))
 
     async def counts(self) -> QueueCounts:
         """How many jobs are in each place, by the server's clock.
