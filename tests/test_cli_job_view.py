@@ -1,5 +1,6 @@
 """`jobs show` on the spec-record layout: a lean finished job says its payload was dropped (not
-'missing'), and a job without a time limit reads 'no timeout' instead of '0ms'."""
+'missing'), and a job without a time limit of its own reads "task's timeout_s, else none"
+instead of '0ms'."""
 
 from __future__ import annotations
 
@@ -49,11 +50,11 @@ def test_a_kept_payload_is_shown(cli: Run, q: Queue) -> None:
     assert data["payload_dropped"] is False and data["payload"] == {"to": "x@example.org"}
 
 
-def test_no_time_limit_reads_no_timeout(cli: Run, q: Queue) -> None:
+def test_no_time_limit_reads_task_default(cli: Run, q: Queue) -> None:
     plain, limited = q.enqueue("t", 1), q.enqueue("t", 2, timeout_ms=90_000)
-    assert "no timeout" in cli("jobs", "show", "-q", q.name, plain).stdout
+    assert "task's timeout_s, else none" in cli("jobs", "show", "-q", q.name, plain).stdout
     human = cli("jobs", "show", "-q", q.name, limited).stdout
-    assert "no timeout" not in human and "1m30s" in human
+    assert "timeout_s, else none" not in human and "1m30s" in human
 
 
 def test_lapses_are_shown(cli: Run, tq: tuple[Queue, Clock]) -> None:

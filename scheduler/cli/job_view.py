@@ -157,7 +157,7 @@ def _readable(name: str, value: Any, state: str) -> list[tuple[str, object]]:
     if name == "lease_left_ms":
         return [("lease left", fmt_ms(value))] if state == "leased" else []
     if name == "timeout_ms" and value == 0:
-        return [("timeout", "no timeout")]  # 0 is the stored 'none', not a zero-length limit
+        return [("timeout", "task's timeout_s, else none")]  # 0: none of the job's own
     if name in _DURATION_FIELDS:
         return [(name.removesuffix("_ms"), fmt_ms(value))]
     return [(name, value)]

@@ -33,7 +33,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "jitter_ms": (0, MAX_DELAY_MS),
     "max_attempts": (1, 1_000_000),
     "attempts": (0, 1_000_000),  # stored only (claim counts it)
-    "timeout_ms": (0, 7 * DAY_MS),  # 0 = no timeout
+    "timeout_ms": (0, 7 * DAY_MS),  # 0 = none of its own (the task's timeout_s, else none)
     "lease_ms": (1, DAY_MS),
     "limit": (0, 1_000),  # jobs per claim
     "reap_limit": (0, 10_000),

@@ -52,7 +52,8 @@ class ClaimedJob:
         run_at_ms: when the job became due (server ms).
         claimed_ms: when this claim leased it (server ms).
         backoff: the job's retry delays.
-        timeout_ms: how long one attempt may run; 0 = no timeout.
+        timeout_ms: how long one attempt may run; 0 = none of its own (the task's
+            `timeout_s` applies, else none).
         schedule: the recurring schedule's name for an occurrence, else "".
     """
 

@@ -214,7 +214,7 @@ class Registry:
 
 def _check_timeout_s(timeout_s: object) -> None:
     """A finite number of seconds whose milliseconds are a job's timeout_ms (at least 1 ms:
-    a smaller one would round to 0, which means no timeout)."""
+    a smaller one would round to 0, which means none of the job's own)."""
     hi = codec.LIMITS["timeout_ms"][1]
     ok = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
     try:
