@@ -11,6 +11,7 @@ import redis.asyncio as aredis
 
 from scheduler.core.backoff import Backoff
 from scheduler.core.connection import connect_async
+from scheduler.core.errors import not_utf8
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
 from scheduler.core.scripts import Scripts, run_one_async
@@ -93,7 +94,10 @@ class AsyncQueue:
 
     async def _execute(self, req: Request) -> Any:
         # The one driver (scheduler.core.scripts): NOSCRIPT reload-and-resend, error translation.
-        return await run_one_async(self.client, self._scripts, self._script_keys, req)
+        try:
+            return await run_one_async(self.client, self._scripts, self._script_keys, req)
+        except UnicodeDecodeError as exc:  # the caller's client decodes strictly
+            raise not_utf8(self.keys.queue, exc) from None
 
     async def preload(self) -> None:
         """SCRIPT LOAD every Lua transition, so that a broken script fails here, at start-up.
@@ -149,7 +153,8 @@ class AsyncQueue:
                 the first job's id and enqueues nothing.
             jitter_ms: spread the run time by a random [0, jitter_ms] (same range as delay_ms).
             timeout_ms: how long one attempt may run before the worker stops it, in
-                [0, 7 days]; 0 = no timeout.
+                [0, 7 days]; 0 = none of its own (the task's `timeout_s`
+                applies, else none).
             job_id: choose the id yourself (re-sending the same id is idempotent; not one
                 starting `schedule:`, the runs of recurring schedules).
             result_ttl_ms: how long this job's outcome is kept once done, in [1 ms, 366 days]

@@ -200,8 +200,10 @@ def _host_port(url: str, text: str) -> tuple[str, int]:
 
 def _client(url: str, kwargs: dict[str, Any], one: Any, cluster: Any, node: Any) -> Any:
     target = parse_url(url)
-    # The URL's options over the caller's, as redis-py's from_url does.
-    args = {"decode_responses": True, **kwargs, **target.options}
+    # The URL's options over the caller's, as redis-py's from_url does. Stored bytes not UTF-8
+    # (a hand edit) read as `\xff` escapes, as in the CLI, not a UnicodeDecodeError for a page.
+    args = {"decode_responses": True, "encoding_errors": "backslashreplace", **kwargs}
+    args.update(target.options)
     if not target.cluster:
         return one.from_url(target.address, **args)
     others = [node(h, p) for h, p in target.seeds[1:]]
@@ -209,9 +211,8 @@ def _client(url: str, kwargs: dict[str, Any], one: Any, cluster: Any, node: Any)
 
 
 def connect(url: str, **kwargs: Any) -> redis.Redis:
-    """A blocking client for `url`: redis.Redis, or RedisCluster (typed as redis.Redis: it
-    answers the same commands; the driver routes scripts by slot). Replies decoded unless
-    `decode_responses=False` is given."""
+    """A blocking client for `url`: redis.Redis, or RedisCluster (typed as redis.Redis: the
+    driver routes scripts by slot). Replies decoded unless `decode_responses=False`."""
     return _client(url, kwargs, redis.Redis, RedisCluster, ClusterNode)  # type: ignore[no-any-return]
 
 
@@ -220,9 +221,8 @@ def connect_async(url: str, **kwargs: Any) -> aredis.Redis:
     return _client(url, kwargs, aredis.Redis, AsyncRedisCluster, AsyncClusterNode)  # type: ignore[no-any-return]
 
 
-# What a read meets while its server, or one cluster node, cannot answer (refused, timed out,
-# down, its slots being remapped): the dashboard answers 503 for it, and reads a cluster's
-# other nodes and queues (redis-py's own cluster errors are not ConnectionErrors).
+# A read's server or cluster node cannot answer (refused, timed out, down, slots remapped): the
+# dashboard answers 503, reads the other nodes (redis-py's cluster errors: not ConnectionErrors).
 UNREACHABLE: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,

@@ -24,6 +24,15 @@ class UnreadableRecord(BadArgument):
     tool): the stored data is at fault, not the call. A BadArgument, as callers caught before."""
 
 
+def not_utf8(queue: str, exc: UnicodeDecodeError) -> UnreadableRecord:
+    """A reply a client with strict decoding could not decode: a value written by hand (the
+    package writes UTF-8 only; its own clients read such bytes as `\\xff` escapes)."""
+    return UnreadableRecord(
+        f"queue {queue!r}: a stored value is not UTF-8 ({exc.reason} at byte {exc.start}; "
+        "edited by hand?): `scheduler doctor` finds it"
+    )
+
+
 class InvalidPayload(BadArgument):
     """The payload is not JSON-serialisable, or is larger than the limit."""
 
