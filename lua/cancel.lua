@@ -3,7 +3,7 @@
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record, and its result wake-up
-    `result:<id>` of lib/result.lua, are kept)
+    `result:<id>` of lib/result.lua, are kept, unless the job has a result_ttl_ms of its own)
   A schedule's pending occurrence is replaced by the schedule's next one, under its misfire
   policy (a late one: the missed runs the policy runs still run). A job set aside by
   flow control (flow:held) is cancelled as a due one.
@@ -23,7 +23,7 @@ local id = ARGV[1]
 local ttl, err = int_arg(ARGV[2], 'record_ttl_ms', 1, LIM.ttl_ms)
 if err then return err end
 local jk = job_key(prefix, id)
-local state, kids = unpack(redis.call('HMGET', jk, 'state', 'kids'))
+local state, kids, own_ttl = unpack(redis.call('HMGET', jk, 'state', 'kids', 'result_ttl_ms'))
 -- A job set aside by flow control (lib/flow.lua) is due too, only not in the due set. A
 -- flow:held of another type (edited by hand) holds nothing.
 local in_due = redis.pcall('ZSCORE', due, id)
@@ -40,7 +40,11 @@ if type(in_leased) == 'table' then
 end
 -- A job never claimed has no hash yet: its spec and its place in due say it waits.
 local fresh = not state
-if fresh and in_due and redis.call('EXISTS', spec_key(prefix, id)) == 1 then state = 'due' end
+if fresh and in_due and redis.call('EXISTS', spec_key(prefix, id)) == 1 then
+  state = 'due'
+  local spec = job_spec(prefix, id, in_due)
+  if spec then own_ttl = spec.result_ttl_ms end
+end
 if not state then return 'missing' end
 if not in_due and not in_leased then return state end
 -- Its waiting children are parked below (flow_parent_ended), after this script's first write.
@@ -49,6 +53,8 @@ if kids then
   if bad then return bad end
 end
 local now = now_ms()
+-- The job's own retention, as complete keeps a finished one (an unreadable one: the call's).
+ttl = own_ttl and parse_int(own_ttl, 1, LIM.ttl_ms) or ttl
 -- Cancelling a schedule's pending occurrence cancels that run, not the schedule: the next
 -- occurrence takes its place in the same step (exactly one pending, as lib/rearm.lua keeps it).
 local schedule = redis.call('HGET', jk, 'schedule')
