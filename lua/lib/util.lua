@@ -129,7 +129,13 @@ end
 -- Tell idle workers something became due earlier than they planned; the list stays tiny.
 -- Advisory too (workers also poll), hence pcall.
 local function wake(wake_key)
-  redis.pcall('LPUSH', wake_key, '1')
+  -- Advisory: a key of another type (a hand edit; it fails every worker's wake-up pop) is
+  -- replaced, not written around.
+  local r = redis.pcall('LPUSH', wake_key, '1')
+  if type(r) == 'table' and string.find(tostring(r.err), '^WRONGTYPE') then
+    redis.call('DEL', wake_key)
+    redis.call('LPUSH', wake_key, '1')
+  end
   redis.pcall('LTRIM', wake_key, 0, 7)
 end
 

@@ -1,5 +1,4 @@
-"""`scheduler doctor`: check a queue's stored state against the invariants, and repair what is
-safe to repair without losing a job.
+"""`scheduler doctor`: check a queue's stored state against the invariants, repair what is safe.
 
 Invariants (membership in due / leased / dead is the truth; the hash's `state` is a copy):
 - every job hash is in exactly one of due, leased, dead, or is a done / cancelled record with
@@ -16,8 +15,8 @@ so a job moving under a live worker is not reported. A repair re-reads its job u
 same reads, `snapshot_reads`) and re-plans from those reads, so it never acts on a stale view;
 it counts as done only when lua/repair.lua answers 1, and one Redis refuses is reported, not
 raised. A job set aside by flow control (flow:held) is read as due; a key of the wrong type
-reads as empty and is a finding. A dead LIST left by an older version is first converted to
-the dead ZSET by lua/dead_migrate.lua (what any script touching it does)."""
+reads as empty and is a finding (the wake-up LIST too). An old dead LIST is first converted to
+the dead ZSET by lua/dead_migrate.lua."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +26,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from scheduler.admin import health
-from scheduler.admin.doctor_checks import diagnose, wrong_type_place
+from scheduler.admin.doctor_checks import diagnose, wrong_type_place, wrong_type_wake
 from scheduler.admin.doctor_model import (
     _CONFIRM_BATCH,
     _PAGE,
@@ -120,6 +119,7 @@ def check_queue(
     due = held | due  # a job set aside by flow control is due
     leased, damaged = _load_place(client, keys, "leased", damaged)
     dead, damaged = _load_place(client, keys, "dead", damaged)
+    damaged += wrong_type_wake(keys, str(client.type(keys.wake)))
     ctx = Context(keys, server_now_ms(client, keys), _live(client, keys), stale_lease_ms)
     # The queue's node only (its keys share one slot): a cluster client's SCAN asks every one.
     node = connection.node_for_key(client, keys.prefix)

@@ -1,6 +1,5 @@
-"""Claiming: one loop over the queues, batches sized to the free slots, a local due-time
-timer plus one blocking wake-up pop per queue; a claim whose answer was lost is re-sent with
-the same nonce."""
+"""Claiming: one loop over the queues, batches sized to the free slots, a local due-time timer
+plus wake-up pops; a claim whose answer was lost is re-sent with the same nonce."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from scheduler.core import codec
 from scheduler.core.models import ClaimBatch
 from scheduler.worker.core import _Deadline, _Queue, _within
 from scheduler.worker.dispatch import Dispatch
-from scheduler.worker.execution import RetryDelay, Running, classify
+from scheduler.worker.execution import RetryDelay, Running, classify, wake_error
 from scheduler.worker.registry import JobContext
 from scheduler.worker.reporting import Reporting
 from scheduler.worker.settings import (
@@ -34,12 +33,10 @@ class Claiming(Dispatch, Reporting):
     async def _claim_loop(self) -> None:
         s = self.settings
         backoff = RetryDelay()
-        # A random first queue: many workers started together do not all drain the same
-        # partition first. Then a deficit round robin: each queue's turn is one batch; a turn
-        # cut short by the free slots resumes next round with what it is owed, so with a
-        # backlog everywhere every queue gets a batch per cycle. (Moving the start by one per
-        # round instead gave each queue its batches in a burst of consecutive rounds: up to
-        # 2.5 batches apart at any moment, the 1.26x low side measured at 12 partitions.)
+        # A random first queue: workers started together do not all drain one partition first.
+        # Then a deficit round robin: each queue's turn is one batch; a turn cut short by the
+        # free slots resumes next round with what it is owed (moving the start by one per round
+        # gave each queue its batches in bursts: 2.5 batches apart, 1.26x at 12 partitions).
         rr = random.randrange(len(self.queues))
         owed = 0  # what is left of queues[rr]'s turn (0: a full batch)
         skips = self._skip_until  # WorkerCore: which queue sits out until when
@@ -240,8 +237,11 @@ class Claiming(Dispatch, Reporting):
             except Exception as exc:
                 if self._closed:  # redis-py turns a cancelled BLPOP into a ConnectionError
                     return
-                self._loop_error("wake", exc)
+                bad_key = wake_error(exc)  # a wake-up key of another type, or None
+                self._loop_error("wake", bad_key or exc)
                 missed = True
+                if bad_key and self._idle.is_set():  # claim by polling until it is fixed
+                    self._wake.set()
                 await asyncio.sleep(backoff())
                 continue
             backoff.reset()

@@ -54,6 +54,15 @@ TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeout
 _FATAL = (AuthenticationError, AuthorizationError, NoPermissionError)
 
 
+def wake_error(exc: BaseException) -> CorruptKey | None:
+    """A wake-up pop refused as WRONGTYPE: a wake-up key edited by hand into another type. It
+    is advisory (the next enqueue's wake-up replaces it; doctor names it): the worker claims by
+    polling meanwhile instead of stopping (exit 5, which supervisors do not restart)."""
+    if isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE"):
+        return CorruptKey(f"a wake-up key is of another type: {exc}")
+    return None
+
+
 def classify(exc: BaseException) -> str:
     """'transient' | 'fatal' | 'refused' (see above)."""
     if isinstance(exc, _FATAL):
