@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from scheduler.admin.doctor_model import (
     _OUT_OF_RANGE_MS,
     MAX_SCORE_MS,
+    SPEC_WRONG_TYPE,
     Command,
     Context,
     Issue,
@@ -67,6 +68,10 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
     places = s.places
     # Where an operator looks: a held job is due in flow:held, not in the due ZSET.
     where = " and ".join(f"{p} (flow:held)" if p == "due" and s.held else p for p in places)
+    if s.key_type == SPEC_WRONG_TYPE:  # a claim parks the job as unreadable
+        sk = shlex.quote(k.spec(jid))
+        msg = f"{k.spec(jid)} is not a STRING spec record: the job cannot be read"
+        return [issue("wrong-type", "error", msg, how=f"redis-cli TYPE {sk}, then DEL it")]
     if s.key_type not in ("hash", "none"):
         return [
             issue(

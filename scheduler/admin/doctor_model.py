@@ -138,11 +138,17 @@ def snapshot_from(jid: str, reply: Sequence[Any]) -> Snapshot:
     )
 
 
+SPEC_WRONG_TYPE = "spec record of another type"  # a Snapshot.key_type: spec:<id> by hand
+
+
 def _with_spec(
     t: str, fields: dict[str, str], spec: Any, due_ms: int | None
 ) -> tuple[str, dict[str, str]]:
     """A job of this version is its spec record (STRING spec:<id>) until its first claim, then
-    the spec plus the hash (lua/lib/job.lua): read as the one hash claim sees."""
+    the spec plus the hash (lua/lib/job.lua): read as the one hash claim sees. A spec key of
+    another type (its GET refused) is SPEC_WRONG_TYPE, not a missing spec."""
+    if isinstance(spec, ResponseError) and t in ("hash", "none"):
+        return SPEC_WRONG_TYPE, fields
     if not isinstance(spec, str) or t not in ("hash", "none"):
         return t, fields
     return "hash", with_spec(fields, spec, due_ms)

@@ -465,7 +465,8 @@ class Queue:
             limit: page size, >= 1.
 
         Returns:
-            The `Job`s (a job that finished between the two reads is left out).
+            The `Job`s (a job that finished between the two reads is left out, and one whose
+            keys were edited by hand into another type: `scheduler doctor` names it).
 
         Raises:
             BadArgument: an unknown state or a bad offset/limit."""

@@ -84,12 +84,30 @@ class InspectingOps(OpsBase):
         except ResponseError as exc:
             if not str(exc).startswith("WRONGTYPE"):
                 raise
+            if len(ids) > 1:  # one job's key must not hide the others: each read alone
+                return (yield from self._read_each(ids))
             # due, leased, or a job's own key edited by hand: the typed error scripts give.
             raise CorruptKey(
                 f"a key of queue {self.keys.queue!r} is of another type (edited by hand), "
                 f"reading {len(ids)} job(s): see `scheduler doctor`"
             ) from None
         return [self._parse(i, [*reply[4 * n : 4 * n + 4], None]) for n, i in enumerate(ids)]
+
+    def _read_each(self, ids: Sequence[str]) -> Op[list[Job | None]]:
+        """_read_jobs one id at a time: a job whose own key is of another type reads as None
+        (left out, as a job gone; doctor names it), unless every one fails (due or leased
+        itself is of another type: CorruptKey)."""
+        out: list[Job | None] = []
+        failed: CorruptKey | None = None
+        for i in ids:
+            try:
+                out += yield from self._read_jobs([i])
+            except CorruptKey as exc:
+                failed = exc
+                out.append(None)
+        if failed is not None and all(j is None for j in out):
+            raise failed
+        return out
 
     def get_job(self, job_id: str) -> Op[Job]:
         """One job's record, a waiting job as SCHEDULED or DUE by the server's clock; raises

@@ -1,0 +1,50 @@
+"""One job's key edited by hand into another type (found by a fuzzing audit): doctor names the
+key that is wrong, and the other jobs of the queue stay listable."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from scheduler import CorruptKey, Queue
+from scheduler.admin.doctor import check_queue, repair_queue
+
+
+def spec_into_list(client: redis.Redis, q: Queue, job_id: str) -> str:
+    key = f"{q.keys.prefix}spec:{job_id}"
+    client.delete(key)
+    client.rpush(key, "x")
+    return key
+
+
+def test_doctor_names_a_spec_record_of_another_type(client: redis.Redis, q: Queue) -> None:
+    """It said 'its hash is gone (task and payload lost): fix removes the id', and --fix then
+    repaired nothing, run after run."""
+    bad, ok = q.enqueue("t", 1), q.enqueue("t", 2)
+    key = spec_into_list(client, q, bad)
+    (issue,) = check_queue(client, q.name)
+    assert issue.code == "wrong-type" and issue.job_id == bad and key in issue.message
+    assert issue.repair == ()  # nothing --fix could run safely: the operator looks
+    report = repair_queue(client, q.name)
+    assert report.fixed == [] and [i.code for i in report.remaining] == ["wrong-type"]
+    assert client.zscore(q.keys.due, ok) is not None
+
+
+def test_one_key_of_another_type_leaves_the_rest_of_a_page(client: redis.Redis, q: Queue) -> None:
+    """`list_jobs` (and so `jobs list`, `dead list`, the dashboard's pages) failed for every
+    job of the state: CorruptKey for the whole page."""
+    bad, *ok = (q.enqueue("t", i) for i in range(3))
+    spec_into_list(client, q, bad)
+    assert [j.id for j in q.list_jobs("due")] == ok  # the bad one left out (doctor names it)
+    hashed = q.enqueue("t", 4)
+    client.delete(q.keys.job(hashed), q.keys.spec(hashed))
+    client.set(q.keys.job(hashed), "x")  # its hash key edited into a STRING
+    assert [j.id for j in q.list_jobs("due")] == ok
+
+
+def test_leased_of_another_type_still_raises(client: redis.Redis, q: Queue) -> None:
+    """Every job's read fails then: the typed error, not an empty page."""
+    ids = [q.enqueue("t", i) for i in range(2)]
+    client.set(q.keys.leased, "x")
+    with pytest.raises(CorruptKey):
+        q._run(q.ops.get_jobs(ids))
