@@ -26,7 +26,8 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from scheduler.admin import health
-from scheduler.admin.doctor_checks import diagnose, wrong_type_place, wrong_type_wake
+from scheduler.admin.doctor_checks import diagnose, wrong_type_place
+from scheduler.admin.doctor_keys import queue_key_issues
 from scheduler.admin.doctor_model import (
     _CONFIRM_BATCH,
     _PAGE,
@@ -50,7 +51,6 @@ from scheduler.core import connection, scripts
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.dead_letters import dead_converted
 
-# The doctor's public names, wherever they live (doctor_model / doctor_checks hold the parts).
 __all__ = [
     "DEFAULT_STALE_LEASE_MS",
     "MAX_SCORE_MS",
@@ -119,7 +119,7 @@ def check_queue(
     due = held | due  # a job set aside by flow control is due
     leased, damaged = _load_place(client, keys, "leased", damaged)
     dead, damaged = _load_place(client, keys, "dead", damaged)
-    damaged += wrong_type_wake(keys, str(client.type(keys.wake)))
+    damaged += queue_key_issues(client, keys)
     ctx = Context(keys, server_now_ms(client, keys), _live(client, keys), stale_lease_ms)
     # The queue's node only (its keys share one slot): a cluster client's SCAN asks every one.
     node = connection.node_for_key(client, keys.prefix)

@@ -23,7 +23,6 @@ from scheduler.admin.doctor_model import (
     undecodable_fields,
 )
 from scheduler.core.codec import stored_int_in
-from scheduler.core.keys import QueueKeys
 from scheduler.core.partitions import meta_key
 
 
@@ -268,16 +267,6 @@ def wrong_type_place(queue: str, place: str, key: str, key_type: str) -> Issue:
         f"inspect it: redis-cli TYPE {shlex.quote(key)}",
         queue,
     )
-
-
-def wrong_type_wake(keys: QueueKeys, key_type: str) -> list[Issue]:
-    """The wake-up LIST of another type (by hand): every worker's wake-up pop on its server
-    fails, so they claim by polling; the next enqueue's wake-up replaces it."""
-    if key_type in ("list", "none"):
-        return []
-    msg = f"{keys.wake} is a {key_type}, not the wake-up LIST: idle workers poll until it is gone"
-    how = f"redis-cli DEL {shlex.quote(keys.wake)} (advisory: nothing is lost)"
-    return [Issue("wrong-type", "warning", msg, how, keys.queue)]
 
 
 def unreadable_layout(queue: str, why: str) -> Issue:

@@ -81,6 +81,8 @@ def _local(s: Schedule) -> str:
 def _line(s: Schedule) -> str:
     rule = f"cron '{s.cron}' {s.tz}" if s.kind == "cron" else f"every {s.every_ms} ms"
     state = "paused" if s.paused else f"next {fmt_time(s.next_run_ms)}{_local(s)}"
+    if s.unreadable:  # the scripts read it as absent: nothing arms its runs
+        state = f"UNREADABLE {s.unreadable} (edited by hand?): runs stopped, see doctor"
     return clean(f"{s.name}  {s.task}  {rule}  jitter+{s.offset_ms}ms  {s.misfire}  {state}")
 
 

@@ -10,7 +10,7 @@ from redis.exceptions import ResponseError
 
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
-from scheduler.core.errors import BadArgument, SchedulerError
+from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError
 from scheduler.core.flow import check_flow, flow_field
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
@@ -193,18 +193,18 @@ class ScheduleOps(OpsBase):
         """The shortcut of schedule(): the same definition, and its pending occurrence still
         waits (in due, or set aside by its concurrency key or rate window), so nothing is sent.
         A key of another type (a hand edit) is no answer: the script decides (lua/lib/rearm.lua
-        sched_waiting reads the occurrence's own hold set when flow:held is one)."""
+        sched_waiting reads the occurrence's own hold set when flow:held is one). Nor is a
+        stored definition the scripts cannot read (a hand edit): sending it again repairs it."""
         try:
-            ((digest, pending, paused, starved),) = yield Commands(
-                [("HMGET", self.keys.schedule(name), "digest", "pending", "paused", "starved")]
-            )
-            if digest is None or codec.s(digest) != digest_now:
+            (raw,) = yield Commands([("HGETALL", self.keys.schedule(name))])
+            f = _fields(raw)
+            if f.get("digest") != digest_now or recurring.unreadable_field(f):
                 return False
-            if "1" in (codec.s(paused or ""), codec.s(starved or "")):
+            if "1" in (f.get("paused", ""), f.get("starved", "")):
                 return True
-            if not pending:
+            p = f.get("pending", "")
+            if not p:
                 return False
-            p = codec.s(pending)
             scores = yield Commands(
                 [("ZSCORE", self.keys.due, p), ("ZSCORE", self.keys.flow_held, p)]
             )
@@ -231,7 +231,15 @@ class ScheduleOps(OpsBase):
     def first_schedules(self, limit: int | None) -> Op[tuple[list[recurring.Schedule], int]]:
         """(the readable ones of the first `limit` names in name order (None: all), how many
         names the set holds): a page reads `limit` definitions, not every one a producer set."""
-        (names,) = yield Commands([("SMEMBERS", self.keys.schedules)])
+        try:
+            (names,) = yield Commands([("SMEMBERS", self.keys.schedules)])
+        except ResponseError as exc:
+            if not _wrong_type(exc):
+                raise
+            raise CorruptKey(
+                f"{self.keys.schedules} is not the SET of schedule names (edited by hand into "
+                "another type): see `scheduler doctor`"
+            ) from None
         names = sorted(codec.s(n) for n in names)
         total = len(names)
         names = names if limit is None else names[: max(limit, 0)]

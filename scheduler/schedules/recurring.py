@@ -41,6 +41,7 @@ from scheduler.schedules.cron_slots import refill_slots as refill_slots
 from scheduler.schedules.cron_slots import utc_ms as utc_ms
 from scheduler.schedules.stored import Schedule as Schedule
 from scheduler.schedules.stored import parse_schedule as parse_schedule
+from scheduler.schedules.stored import unreadable_field as unreadable_field
 
 _MISFIRE_RE = re.compile(r"(skip|run_once|catch_up:([0-9]{1,4}))")
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.core import codec
+from scheduler.core.backoff_text import parse_stored_backoff
+from scheduler.core.limits import TASK_RE
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class Schedule:
     concurrency_limit: int = 0
     rate_limit: str = ""  # 'N/<window_ms>ms', as RateLimit.text() writes it
     rate_key: str = ""
+    # The first field the scripts cannot read ('' = none): such a schedule is treated as
+    # absent (lua/lib/schedule.lua sched_load), so its runs stop until it is defined again.
+    unreadable: str = ""
 
     def payload(self) -> Any:
         """The payload every occurrence gets, decoded from its stored JSON."""
@@ -63,6 +68,7 @@ class Schedule:
             "concurrency_limit": self.concurrency_limit,
             "rate_limit": self.rate_limit,
             "rate_key": self.rate_key,
+            "unreadable": self.unreadable,
         }
 
 
@@ -74,6 +80,27 @@ def _rate_text(fields: dict[str, str]) -> str:
     if not fields.get("rkey"):
         return ""
     return f"{_opt_int(fields.get('rcount'))}/{_opt_int(fields.get('rwindow'))}ms"
+
+
+def unreadable_field(f: dict[str, str]) -> str:
+    """The first field lua/lib/schedule.lua sched_load refuses, by the same rules ('' = none)."""
+    lim = codec.LIMITS
+    checks = (
+        ("kind", f.get("kind") in ("every", "cron")),
+        ("task", TASK_RE.fullmatch(f.get("task", "")) is not None),
+        ("payload", "payload" in f),
+        ("max_attempts", codec.stored_int_in(f.get("max_attempts"), "max_attempts") is not None),
+        ("backoff", parse_stored_backoff(f.get("backoff", "")) is not None),
+        ("every_ms", codec.stored_int(f.get("every_ms", "0"), 0, lim["delay_ms"][1]) is not None),
+        ("offset_ms", codec.stored_int(f.get("offset_ms", "0"), 0, lim["delay_ms"][1]) is not None),
+        ("misfire_n", codec.stored_int(f.get("misfire_n", "1"), 0, lim["attempts"][1]) is not None),
+        (
+            "cursor_ms",
+            codec.stored_int(f.get("cursor_ms", "0"), 0, lim["run_at_ms"][1]) is not None,
+        ),
+        ("every_ms", f.get("kind") != "every" or (codec.stored_int(f.get("every_ms")) or 0) >= 1),
+    )
+    return next((name for name, ok in checks if not ok), "")
 
 
 def parse_schedule(name: str, fields: dict[str, str]) -> Schedule | None:
@@ -103,4 +130,5 @@ def parse_schedule(name: str, fields: dict[str, str]) -> Schedule | None:
         concurrency_limit=_opt_int(fields.get("climit")) or 0,
         rate_limit=_rate_text(fields),
         rate_key=fields.get("rkey", ""),
+        unreadable=unreadable_field(fields),
     )
