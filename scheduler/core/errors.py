@@ -166,6 +166,11 @@ _REFUSED_FOR_NOW_CODES = frozenset(
 )  # fmt: skip
 
 
+def edited_by_hand(exc: ResponseError) -> bool:
+    """A key of another type: a script's CORRUPT (CorruptKey) or a plain read's WRONGTYPE."""
+    return isinstance(exc, CorruptKey) or str(exc).startswith("WRONGTYPE")
+
+
 def refused_for_now(exc: ResponseError) -> bool:
     """Whether Redis refused the call only for now (see above), by class or by error code."""
     if isinstance(exc, _REFUSED_FOR_NOW):

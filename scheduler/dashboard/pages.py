@@ -19,7 +19,7 @@ from scheduler.admin.health import (
     unreachable_finding,
 )
 from scheduler.core.connection import UNREACHABLE
-from scheduler.core.errors import BadArgument, JobNotFound, refused_for_now
+from scheduler.core.errors import BadArgument, JobNotFound, edited_by_hand, refused_for_now
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
@@ -86,7 +86,9 @@ class Pages:
         QUEUE_RETRY_S: redis-py's retries of a dead node cost 3-4 s a request."""
         names = self.store.queue_names()  # first: the discovery sets store.unreachable
         out: list[tuple[str, T]] = []
-        missing = [f"node {u} (its queues are not listed)" for u in self.store.unreachable]
+        missing = [
+            f"node {u} did not answer (its queues are not listed)" for u in self.store.unreachable
+        ]
         last: Exception | None = None
         for name in names:
             failed = self.store.failed_recently(name)
@@ -96,13 +98,16 @@ class Pages:
             try:
                 out.append((name, read(name)))
             except UNREACHABLE as exc:
-                missing.append(f"queue {name}: {exc}")
+                missing.append(f"queue {name}: Redis did not answer ({exc})")
                 last = exc
                 self.store.failed(name, exc)
             except ResponseError as exc:  # its slot being moved, its node loading, ...
+                if edited_by_hand(exc):  # one queue's key: shown as `stats` shows it, a row
+                    missing.append(f"queue {name}: a key edited by hand ({exc}): see doctor")
+                    continue
                 if not refused_for_now(exc):
                     raise
-                missing.append(f"queue {name}: {exc}")  # asked again at the next read
+                missing.append(f"queue {name}: Redis refused for now ({exc})")  # asked again
                 last = exc
         if last is not None and not out:
             raise last
