@@ -23,13 +23,19 @@ Placed = tuple[int, JobSpec]
 def read_layout(client: redis.Redis, queue: str) -> Layout | None:
     """The stored layout of `queue`, or None for a queue that is not partitioned."""
     raw = client.get(meta_key(queue))
-    return None if raw is None else Layout.parse(queue, str(raw))
+    return None if raw is None else Layout.parse(queue, _text(raw))
 
 
 async def read_layout_async(client: Any, queue: str) -> Layout | None:
     """read_layout for a redis.asyncio client."""
     raw = await client.get(meta_key(queue))
-    return None if raw is None else Layout.parse(queue, str(raw))
+    return None if raw is None else Layout.parse(queue, _text(raw))
+
+
+def _text(raw: Any) -> str:
+    """The record as text whatever the client's decode_responses (bytes by redis-py's default);
+    bytes that are not UTF-8 read as escapes, which Layout.parse then refuses."""
+    return raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else str(raw)
 
 
 def expand_queues(client: redis.Redis, queues: Sequence[str]) -> list[str]:
