@@ -626,6 +626,7 @@ local function flow_wait(prefix, id, jk, run_at, parents, now)
       -- pending then (flow_rewait), instead of running it beside them.
       redis.call('HSET', jk, 'parents', table.concat(open, ' '))
       dead_letter(prefix, id, 'parent ' .. pr[2] .. ': ' .. pr[1], now)
+      bump_stat(prefix, now, 'dead', 1)  -- a new dead job, counted as fail's park counts one
       return true
     end
     if pr[2] == 'pending' then pending[#pending + 1] = pr[1] end
@@ -714,6 +715,7 @@ end
 local function flow_parent_ended(prefix, id, word, now)
   local work = { { id, word } }
   local i = 1
+  local parked = 0
   while work[i] do
     local pid, why = work[i][1], work[i][2]
     i = i + 1
@@ -735,10 +737,13 @@ local function flow_parent_ended(prefix, id, word, now)
           dead_letter(prefix, cid, 'parent ' .. why .. ': ' .. pid, now)
         end
         work[#work + 1] = { cid, 'dead' }
+        parked = parked + 1
       end
     end
     redis.call('DEL', ck)
   end
+  -- Each child parked is a new dead job in the per-minute counts (stats' dead column).
+  if parked > 0 then bump_stat(prefix, now, 'dead', parked) end
 end
 
 -- A parked child being requeued (requeue_dead, after every job of the call is back to state
