@@ -111,6 +111,7 @@ class WorkerCore:
         self.registry = registry
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self.metrics = metrics or WorkerMetrics()
+        self.metrics.tasks = registry  # an unknown task's jobs: one series, not one per name
         self.log = logger or logging.getLogger(logs.LOGGER)
         self.queues = [_Queue(client, n, _clock) for n in self.settings.queues]
         self._result_ttl_ms = self.settings.result_ttl_ms or Settings.result_ttl_ms

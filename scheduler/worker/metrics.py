@@ -9,7 +9,7 @@ published as metric families when scraped (_JobCollector): a prometheus-client c
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -94,6 +94,9 @@ class _JobCollector(Collector):
             yield fam
 
 
+UNKNOWN_TASK = "(unknown)"  # the task label of jobs whose task this worker has no handler for
+
+
 class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -103,6 +106,9 @@ class WorkerMetrics:
         # A partition's `queue` label is its logical queue (client/partitioned.py), so a
         # partitioned queue is one series; set by `scheduler worker` after expanding names.
         self.logical: dict[str, str] = {}
+        # The registered tasks (the worker sets its Registry): a job of any other name counts
+        # under UNKNOWN_TASK, so names nobody registered cannot add series without a bound.
+        self.tasks: Container[str] | None = None
         self._depths: dict[str, QueueCounts] = {}  # per queue claimed, for the logical sums
         r.register(_JobCollector(self))
         self.in_flight = Gauge("scheduler_jobs_in_flight", "Jobs running now", registry=r)
@@ -152,6 +158,8 @@ class WorkerMetrics:
     def per_task(self, queue: str, task: str) -> TaskStats:
         """The (queue, task) numbers, created on first use."""
         queue = self.logical.get(queue, queue)
+        if self.tasks is not None and task not in self.tasks:
+            task = UNKNOWN_TASK
         st = self._tasks.get((queue, task))
         if st is None:
             st = self._tasks[(queue, task)] = TaskStats()
@@ -163,6 +171,8 @@ class WorkerMetrics:
         elif outcome not in OUTCOMES:  # a word outside the vocabulary is a bug, not a new label
             raise ValueError(f"unknown outcome {outcome!r}: not one of {OUTCOMES}")
         else:
+            if self.tasks is not None and task not in self.tasks:
+                task = UNKNOWN_TASK
             key = (self.logical.get(queue, queue), task, outcome)
             self._outcomes[key] = self._outcomes.get(key, 0) + n
 
