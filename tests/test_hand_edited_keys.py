@@ -48,3 +48,33 @@ def test_leased_of_another_type_still_raises(client: redis.Redis, q: Queue) -> N
     client.set(q.keys.leased, "x")
     with pytest.raises(CorruptKey):
         q._run(q.ops.get_jobs(ids))
+
+
+@pytest.mark.parametrize("edit", ["kids", "record"])
+def test_doctor_names_a_child_no_parent_can_release(
+    client: redis.Redis, q: Queue, edit: str
+) -> None:
+    """A parent's `kids` mark (or whole record) deleted by hand: the parent ended and its child
+    waited forever, and doctor said nothing."""
+    parent = q.enqueue("t", 1)
+    child = q.enqueue("t", 2, after=[parent])
+    other = q.enqueue("t", 3, after=[parent])
+    assert check_queue(client, q.name) == []  # waiting, as it should
+    if edit == "kids":
+        client.hdel(q.keys.job(parent), "kids")
+    (job,) = q.claim("w", limit=5).jobs
+    if edit == "record":
+        client.delete(q.keys.job(parent), q.keys.spec(parent))
+        client.zrem(q.keys.leased, parent)
+    else:
+        q.complete(job.id, job.token)
+    stuck = [i for i in check_queue(client, q.name) if i.code == "stuck-waiting"]
+    assert sorted(i.job_id or "" for i in stuck) == sorted([child, other])
+
+
+def test_a_child_half_released_is_not_reported(client: redis.Redis, q: Queue) -> None:
+    first, second = q.enqueue("t", 1), q.enqueue("t", 2, delay_ms=60_000)
+    q.enqueue("t", 3, after=[first, second])
+    (job,) = q.claim("w", limit=5).jobs
+    q.complete(job.id, job.token)  # one parent done: the child waits for the other
+    assert [i.code for i in check_queue(client, q.name)] == []

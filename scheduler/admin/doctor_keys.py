@@ -1,9 +1,11 @@
-"""The doctor's checks of a queue's own keys beside its jobs: the wake-up LIST and the recurring
-schedules (a definition the scripts cannot read stops its runs without a word elsewhere)."""
+"""The doctor's checks of a queue's own keys beside its jobs: the wake-up LIST, the recurring
+schedules (a definition the scripts cannot read stops its runs without a word elsewhere), and
+children waiting for parents that can no longer release them."""
 
 import shlex
 
 import redis
+from redis.exceptions import ResponseError
 
 from scheduler.admin.doctor_model import Issue
 from scheduler.core.keys import QueueKeys
@@ -41,4 +43,41 @@ def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
         elif key_type != "none":
             msg = f"{key} is a {key_type}, not a schedule hash: its runs stopped"
             out.append(Issue("wrong-type", "error", msg, redo, keys.queue))
+    return out + stuck_children(client, keys)
+
+
+def stuck_children(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
+    """Jobs in flow:waiting whose count of parents not done (`waiting_for`) exceeds the parents
+    that can still release them: pending, marked `kids`, the child in their flow:children set
+    (lua/lib/flow.lua flow_parent_done). A hand edit of a parent (its `kids` field, its
+    record) leaves the child waiting forever; no repair is safe, so it is reported."""
+    out: list[Issue] = []
+    try:
+        waiting = [str(m) for m, _ in client.zscan_iter(keys.flow_waiting)]
+    except ResponseError:
+        return []  # of another type: the jobs' own checks see them as held
+    for cid in waiting:
+        count, listed = client.hmget(keys.job(cid), ["waiting_for", "parents"])
+        need = int(str(count)) if str(count or "").isdigit() else 1
+        parents = str(listed or "").split()
+        pipe = client.pipeline(transaction=False)
+        for pid in parents:
+            pipe.sismember(f"{keys.prefix}flow:children:{pid}", cid)
+            pipe.hmget(keys.job(pid), ["kids", "state"])
+            pipe.exists(keys.spec(pid))
+        replies = pipe.execute(raise_on_error=False)
+        able = 0
+        for i in range(len(parents)):
+            member, fields, spec = replies[3 * i : 3 * i + 3]
+            if isinstance(fields, Exception):  # the parent's key of another type: no release
+                continue
+            kids, state = fields
+            ended = state in ("done", "dead", "cancelled") or (state is None and not spec)
+            able += bool(member is True or member == 1) and bool(kids) and not ended
+        if able < need:
+            msg = (f"job {cid} waits for {need} parent(s) of {listed or 'none'!s} but {able} "
+                   "can still release it (a parent's record or `kids` mark was edited by "
+                   "hand): it will never run")  # fmt: skip
+            how = f"scheduler jobs show {cid}; cancel it and enqueue its work again"
+            out.append(Issue("stuck-waiting", "error", msg, how, keys.queue, cid))
     return out
