@@ -78,3 +78,13 @@ def test_a_child_half_released_is_not_reported(client: redis.Redis, q: Queue) ->
     (job,) = q.claim("w", limit=5).jobs
     q.complete(job.id, job.token)  # one parent done: the child waits for the other
     assert [i.code for i in check_queue(client, q.name)] == []
+
+
+def test_doctor_checks_a_queue_whose_workers_index_is_of_another_type(
+    client: redis.Redis, q: Queue
+) -> None:
+    """doctor stopped at 'Redis refused the command: WRONGTYPE' and checked nothing."""
+    q.enqueue("t", 1)
+    client.set(q.keys.workers, "x")
+    (issue,) = check_queue(client, q.name)
+    assert issue.code == "wrong-type" and q.keys.workers in issue.message

@@ -27,7 +27,7 @@ from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from scheduler.admin import health
 from scheduler.admin.doctor_checks import diagnose, wrong_type_place
-from scheduler.admin.doctor_keys import queue_key_issues
+from scheduler.admin.doctor_keys import live_ids, queue_key_issues
 from scheduler.admin.doctor_model import (
     _CONFIRM_BATCH,
     _PAGE,
@@ -45,7 +45,7 @@ from scheduler.admin.doctor_model import (
     snapshot_reads,
     undecodable_fields,
 )
-from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
+from scheduler.admin.inspection import iter_chunks, server_now_ms
 from scheduler.client.queue import Queue
 from scheduler.core import connection, scripts
 from scheduler.core.keys import QueueKeys
@@ -103,10 +103,6 @@ def read_snapshots(
     return now_ms, out
 
 
-def _live(client: redis.Redis, keys: QueueKeys) -> frozenset[str]:
-    return frozenset(w.id for w in live_workers(client, keys)[0])
-
-
 def check_queue(
     client: redis.Redis, queue: str, *, stale_lease_ms: int = DEFAULT_STALE_LEASE_MS
 ) -> list[Issue]:
@@ -120,7 +116,7 @@ def check_queue(
     leased, damaged = _load_place(client, keys, "leased", damaged)
     dead, damaged = _load_place(client, keys, "dead", damaged)
     damaged += queue_key_issues(client, keys)
-    ctx = Context(keys, server_now_ms(client, keys), _live(client, keys), stale_lease_ms)
+    ctx = Context(keys, server_now_ms(client, keys), live_ids(client, keys), stale_lease_ms)
     # The queue's node only (its keys share one slot): a cluster client's SCAN asks every one.
     node = connection.node_for_key(client, keys.prefix)
     suspects: list[str] = []
@@ -274,7 +270,7 @@ def repair_queue(
         )
         if not todo:
             break
-        ctx = Context(keys, server_now_ms(client, keys), _live(client, keys), stale_lease_ms)
+        ctx = Context(keys, server_now_ms(client, keys), live_ids(client, keys), stale_lease_ms)
         for jid in todo:
             done, why = _attempt(client, ctx, jid)
             fixed += [done] if done is not None else []

@@ -8,6 +8,8 @@ import redis
 from redis.exceptions import ResponseError
 
 from scheduler.admin.doctor_model import Issue
+from scheduler.admin.inspection import live_workers
+from scheduler.core.errors import edited_by_hand
 from scheduler.core.keys import QueueKeys
 from scheduler.schedules.stored import unreadable_field
 
@@ -22,10 +24,26 @@ def wrong_type_wake(keys: QueueKeys, key_type: str) -> list[Issue]:
     return [Issue("wrong-type", "warning", msg, how, keys.queue)]
 
 
+def live_ids(client: redis.Redis, keys: QueueKeys) -> frozenset[str]:
+    """The live workers' ids; none known when the workers index is of another type (by hand:
+    reported below; it changes only a lease finding's wording, not its repair)."""
+    try:
+        return frozenset(w.id for w in live_workers(client, keys)[0])
+    except ResponseError as exc:
+        if not edited_by_hand(exc):
+            raise
+        return frozenset()
+
+
 def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
     """wrong_type_wake, then each schedule the scripts cannot read (lua/lib/schedule.lua
     sched_load treats it as absent: its pending run is the last one)."""
     out = wrong_type_wake(keys, str(client.type(keys.wake)))
+    workers_type = str(client.type(keys.workers))
+    if workers_type not in ("zset", "none"):
+        msg = f"{keys.workers} is a {workers_type}, not the workers index: no worker is listed"
+        how = f"redis-cli DEL {shlex.quote(keys.workers)} (workers add themselves again)"
+        out.append(Issue("wrong-type", "warning", msg, how, keys.queue))
     index_type = str(client.type(keys.schedules))
     if index_type not in ("set", "none"):
         msg = f"{keys.schedules} is a {index_type}, not the SET of schedule names"
