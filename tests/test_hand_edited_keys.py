@@ -88,3 +88,21 @@ def test_doctor_checks_a_queue_whose_workers_index_is_of_another_type(
     client.set(q.keys.workers, "x")
     (issue,) = check_queue(client, q.name)
     assert issue.code == "wrong-type" and q.keys.workers in issue.message
+
+
+def test_dead_list_of_a_job_without_counts_prints_no_none(
+    redis_url: str, client: redis.Redis, q: Queue
+) -> None:
+    """A job whose spec record was deleted is parked at its claim with no attempt counts:
+    `dead list` and `jobs list --state dead` printed 'attempts None/None'."""
+    from click.testing import CliRunner
+
+    from scheduler.cli.main import main
+
+    job_id = q.enqueue("t", 1)
+    client.delete(q.keys.spec(job_id))
+    assert q.claim("w", limit=5).jobs == []
+    for args in (["dead", "list"], ["jobs", "list", "--state", "dead"]):
+        out = CliRunner().invoke(main, [*args, "-q", q.name, "--url", redis_url])
+        assert out.exit_code == 0 and job_id in out.output, out.output
+        assert "None" not in out.output and "attempts -/-" in out.output

@@ -21,6 +21,7 @@ from scheduler.cli.common import (
     connect,
     console,
     emit_json,
+    fmt_attempts,
     fmt_ms,
     json_option,
     markup_safe,
@@ -184,7 +185,7 @@ def list_dead(
     for r in rows:
         age = fmt_ms(now_ms - r["dead_ms"]) if r["dead_ms"] is not None else "-"
         err = f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
-        head = f"{r['id']}  {r['task']}  attempts {r['attempts']}/{r['max_attempts']}"
+        head = f"{r['id']}  {r['task']}  {fmt_attempts(r)}"
         out.print(cell(f"{head}  dead for {age}"), style="bold")
         out.print(cell(f"  reason: {r['dead_reason'] or '-'}"))
         out.print(cell(f"  last error: {err}"))

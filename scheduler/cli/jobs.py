@@ -21,6 +21,7 @@ from scheduler.cli.common import (
     connect,
     console,
     emit_json,
+    fmt_attempts,
     fmt_ms,
     fmt_time,
     id_column,
@@ -113,7 +114,7 @@ def list_jobs(
             t.add_row(
                 cell(r["id"]),
                 cell(r["task"]),
-                f"{r['attempts']}/{r['max_attempts']}",
+                fmt_attempts(r).removeprefix("attempts "),
                 cell(_when(r, state)),
                 cell(r["worker"] or "-"),
                 cell(_error(r)),
@@ -148,7 +149,7 @@ def _error(r: dict[str, Any]) -> str:
 def _print_blocks(out: Console, title: str, rows: list[dict[str, Any]], state: str) -> None:
     out.print(cell(f"{title}: {len(rows)} shown"))
     for r in rows:
-        head = f"{r['id']}  {r['task']}  attempts {r['attempts']}/{r['max_attempts']}"
+        head = f"{r['id']}  {r['task']}  {fmt_attempts(r)}"
         out.print(cell(f"{head}  {_when(r, state)}"), style="bold")
         if r["worker"]:
             out.print(cell(f"  worker: {r['worker']}"))

@@ -134,6 +134,12 @@ def fmt_ms(ms: int | None) -> str:
     return f"{sign}{d}d{h:02d}h"
 
 
+def fmt_attempts(row: dict[str, Any]) -> str:
+    """'attempts N/M' of a job row; '-' for a count the record does not hold (never 'None')."""
+    used, most = (row.get(k) for k in ("attempts", "max_attempts"))
+    return f"attempts {'-' if used is None else used}/{'-' if most is None else most}"
+
+
 def fmt_time(ms: int | None) -> str:
     if ms is None:
         return "-"
