@@ -81,8 +81,9 @@ if parks then
 end
 local delay = delay_override
 if delay == nil then
-  -- 'base_ms,factor,cap_ms,jitter' as enqueue stored it; a hand-edited value means no delay.
-  local p = parse_backoff(f[8] or (sp and sp.backoff)) or { 0, 1, 0, 0 }
+  -- 'base_ms,factor,cap_ms,jitter' as enqueue stored it; none stored (the first layout's
+  -- backoff_* fields) is the default, as claim reports it; a hand-edited value means no delay.
+  local p = parse_backoff(f[8] or (sp and sp.backoff) or SPEC_BACKOFF) or { 0, 1, 0, 0 }
   local base, factor, cap, jitter = p[1], p[2], p[3], p[4]
   delay = 0
   -- factor ^ n may overflow to inf: min() then gives cap (0 * inf would be nan, so base > 0).
