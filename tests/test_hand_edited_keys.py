@@ -105,4 +105,17 @@ def test_dead_list_of_a_job_without_counts_prints_no_none(
     for args in (["dead", "list"], ["jobs", "list", "--state", "dead"]):
         out = CliRunner().invoke(main, [*args, "-q", q.name, "--url", redis_url])
         assert out.exit_code == 0 and job_id in out.output, out.output
-        assert "None" not in out.output and "attempts -/-" in out.output
+        assert "None" not in out.output and "-/-" in out.output
+
+
+def test_workers_command_points_to_doctor(redis_url: str, client: redis.Redis, q: Queue) -> None:
+    """`scheduler workers` on a workers index of another type said only 'WRONGTYPE ...'."""
+    from click.testing import CliRunner
+
+    from scheduler.cli.main import main
+
+    q.enqueue("t", 1)
+    client.set(q.keys.workers, "x")
+    out = CliRunner().invoke(main, ["workers", "-q", q.name, "--url", redis_url])
+    assert out.exit_code == 1 and "scheduler doctor" in out.output, out.output
+    assert "Traceback" not in out.output

@@ -50,6 +50,7 @@ from scheduler.core.errors import (
     JobNotFound,
     SchedulerError,
     UnreadableRecord,
+    edited_by_hand,
     refused_for_now,
 )
 from scheduler.core.keys import QueueKeys, check_queue_name
@@ -153,12 +154,12 @@ class AdminCommand(click.Command):
                 raise Forbidden(permission_message(exc, OPERATOR_ROLE_HINT)) from None
             if refused_for_now(exc):  # OOM, NOREPLICAS, READONLY, ...: a retry may pass
                 raise Unreachable(safe(f"Redis refused the command for now: {exc}")) from None
-            raise Refused(safe(f"Redis refused the command: {exc}")) from None
+            hint = "; a key edited by hand? `scheduler doctor`" if edited_by_hand(exc) else ""
+            raise Refused(safe(f"Redis refused the command: {exc}{hint}")) from None
         except SchedulerError as exc:
             raise Refused(safe(exc)) from None
         except (OverflowError, UnicodeError, ValueError) as exc:
-            # Stored fields are untrusted (hand-edited, or written by a hostile producer): a
-            # value no reader expects ends the command with one line, not a traceback.
+            # Stored fields are untrusted (hand edits, hostile producers): one line, no traceback.
             raise Refused(safe(f"unreadable stored data: {type(exc).__name__}: {exc}")) from None
 
 
