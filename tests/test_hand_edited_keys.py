@@ -119,3 +119,16 @@ def test_workers_command_points_to_doctor(redis_url: str, client: redis.Redis, q
     out = CliRunner().invoke(main, ["workers", "-q", q.name, "--url", redis_url])
     assert out.exit_code == 1 and "scheduler doctor" in out.output, out.output
     assert "Traceback" not in out.output
+
+
+def test_stuck_check_reads_around_a_waiting_child_of_another_type(
+    client: redis.Redis, q: Queue
+) -> None:
+    """A waiting child's own key edited into a STRING: the check leaves it to the job checks
+    (it stopped the whole doctor run with WRONGTYPE)."""
+    parent = q.enqueue("t", 1, delay_ms=60_000)
+    child = q.enqueue("t", 2, after=[parent])
+    client.delete(q.keys.job(child))
+    client.set(q.keys.job(child), "x")
+    codes = {i.code for i in check_queue(client, q.name)}
+    assert "stuck-waiting" not in codes and "wrong-type" in codes

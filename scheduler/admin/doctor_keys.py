@@ -7,8 +7,8 @@ import shlex
 import redis
 from redis.exceptions import ResponseError
 
-from scheduler.admin.doctor_model import Issue
-from scheduler.admin.inspection import live_workers
+from scheduler.admin.doctor_model import _PAGE, Issue
+from scheduler.admin.inspection import iter_chunks, live_workers
 from scheduler.core.errors import edited_by_hand
 from scheduler.core.keys import QueueKeys
 from scheduler.schedules.stored import unreadable_field
@@ -68,34 +68,72 @@ def stuck_children(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
     """Jobs in flow:waiting whose count of parents not done (`waiting_for`) exceeds the parents
     that can still release them: pending, marked `kids`, the child in their flow:children set
     (lua/lib/flow.lua flow_parent_done). A hand edit of a parent (its `kids` field, its
-    record) leaves the child waiting forever; no repair is safe, so it is reported."""
-    out: list[Issue] = []
+    record) leaves the child waiting forever; no repair is safe, so it is reported. Read in
+    pages; a suspect is read again inside one MULTI, so a child a parent releases meanwhile is
+    not reported."""
     try:
         waiting = [str(m) for m, _ in client.zscan_iter(keys.flow_waiting)]
     except ResponseError:
         return []  # of another type: the jobs' own checks see them as held
-    for cid in waiting:
-        count, listed = client.hmget(keys.job(cid), ["waiting_for", "parents"])
-        need = int(str(count)) if str(count or "").isdigit() else 1
-        parents = str(listed or "").split()
+    out: list[Issue] = []
+    for page in iter_chunks(waiting, _PAGE):
         pipe = client.pipeline(transaction=False)
-        for pid in parents:
-            pipe.sismember(f"{keys.prefix}flow:children:{pid}", cid)
-            pipe.hmget(keys.job(pid), ["kids", "state"])
-            pipe.exists(keys.spec(pid))
-        replies = pipe.execute(raise_on_error=False)
-        able = 0
-        for i in range(len(parents)):
-            member, fields, spec = replies[3 * i : 3 * i + 3]
-            if isinstance(fields, Exception):  # the parent's key of another type: no release
-                continue
-            kids, state = fields
-            ended = state in ("done", "dead", "cancelled") or (state is None and not spec)
-            able += bool(member is True or member == 1) and bool(kids) and not ended
-        if able < need:
-            msg = (f"job {cid} waits for {need} parent(s) of {listed or 'none'!s} but {able} "
+        for cid in page:
+            pipe.hget(keys.job(cid), "parents")
+        listed = pipe.execute(raise_on_error=False)
+        items = [
+            (c, str(v).split()) for c, v in zip(page, listed, strict=True) if isinstance(v, str)
+        ]
+        suspects = [(c, ps) for c, ps, _, _ in _stuck(client, keys, items, transaction=False)]
+        for cid, parents, need, able in _stuck(client, keys, suspects, transaction=True):
+            msg = (f"job {cid} waits for {need} parent(s) of {' '.join(parents)} but {able} "
                    "can still release it (a parent's record or `kids` mark was edited by "
                    "hand): it will never run")  # fmt: skip
             how = f"scheduler jobs show {cid}; cancel it and enqueue its work again"
             out.append(Issue("stuck-waiting", "error", msg, how, keys.queue, cid))
     return out
+
+
+def _stuck(
+    client: redis.Redis, keys: QueueKeys, items: list[tuple[str, list[str]]], *, transaction: bool
+) -> list[tuple[str, list[str], int, int]]:
+    """(id, parents, waiting_for, parents able to release it) of each (id, parents) still in
+    flow:waiting, still listing those parents, that no end of them would release."""
+    if not items:
+        return []
+    pipe = client.pipeline(transaction=transaction)
+    for cid, parents in items:
+        pipe.zscore(keys.flow_waiting, cid)
+        pipe.hmget(keys.job(cid), ["waiting_for", "parents"])
+        for pid in parents:
+            pipe.sismember(f"{keys.prefix}flow:children:{pid}", cid)
+            pipe.hmget(keys.job(pid), ["kids", "state"])
+            pipe.exists(keys.spec(pid))
+    replies = pipe.execute(raise_on_error=False)
+    out: list[tuple[str, list[str], int, int]] = []
+    i = 0
+    for cid, parents in items:
+        score, fields = replies[i], replies[i + 1]
+        reads = replies[i + 2 : i + 2 + 3 * len(parents)]
+        i += 2 + 3 * len(parents)
+        if score is None or any(isinstance(r, Exception) for r in (score, fields)):
+            continue  # released meanwhile, or its keys of another type (other checks)
+        count, now_listed = fields
+        if str(now_listed or "").split() != parents:
+            continue  # changed between the reads
+        need = int(str(count)) if str(count or "").isdigit() else 1
+        able = sum(_can_release(reads[3 * k : 3 * k + 3]) for k in range(len(parents)))
+        if able < need:
+            out.append((cid, parents, need, able))
+    return out
+
+
+def _can_release(reads: list[object]) -> bool:
+    """A parent's (SISMEMBER of the child, HMGET kids state, EXISTS spec): will its end count
+    the child down? Not when its key is of another type (by hand)."""
+    member, fields, spec = reads
+    if not isinstance(fields, list):
+        return False
+    kids, state = fields
+    ended = state in ("done", "dead", "cancelled") or (state is None and not spec)
+    return member in (True, 1) and bool(kids) and not ended
