@@ -28,6 +28,7 @@ _TIME_FIELDS = {
     "claimed_ms",
     "finished_ms",
     "dead_ms",
+    "progress_ms",
 }
 _DURATION_FIELDS = {"run_in_ms", "lease_left_ms", "ttl_ms", "timeout_ms"}
 UNREADABLE_LEASE = "unreadable (the stored lease score is not a time)"
@@ -89,6 +90,8 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
         "last_error_type": f.get("last_error_type"),
         "last_error": f.get("last_error"),
         "result": result,
+        "progress": job.progress,  # ctx.set_progress (docs/guide/workers.md)
+        "progress_ms": job.progress_ms,
         "errors": [e for e in job.errors if isinstance(e, dict)],  # hand-written: may be anything
         "timeout_ms": _int(f.get("timeout_ms")),
         "schedule": f.get("schedule"),
@@ -107,7 +110,8 @@ def print_job(data: dict[str, Any], job_id: str, queue: str) -> None:
     t = Table(title=cell(f"job {job_id} in {queue!r}"), show_header=False)
     t.add_column("field", style="bold")
     t.add_column("value", overflow="fold")
-    skip = {"fields", "errors", "payload", "result", "lease_unreadable", "payload_dropped"}
+    skip = {"fields", "errors", "payload", "result", "progress", "lease_unreadable"}
+    skip.add("payload_dropped")
     if data.get("lease_unreadable"):
         t.add_row("lease until", UNREADABLE_LEASE)
     for name, value in data.items():
@@ -121,8 +125,9 @@ def print_job(data: dict[str, Any], job_id: str, queue: str) -> None:
         t.add_row("payload", "dropped (finished; keep_payload=True keeps it)")
     else:
         t.add_row("payload", cell(json.dumps(data["payload"], indent=2), keep_newlines=True))
-    if data["result"] is not None:
-        t.add_row("result", cell(json.dumps(data["result"], indent=2), keep_newlines=True))
+    for name in ("progress", "result"):
+        if data[name] is not None:
+            t.add_row(name, cell(json.dumps(data[name], indent=2), keep_newlines=True))
     out = console()
     out.print(t)
     if data["errors"]:

@@ -276,6 +276,22 @@ class Queue:
             BadArgument: `lease_ms` out of range; nothing was extended."""
         return self._run(self.ops.heartbeat(leases, lease_ms=lease_ms))
 
+    def set_progress(self, job_id: str, token: str, progress: Any) -> str:
+        """Record how far a leased job has got (a worker does it for `ctx.set_progress`).
+
+        Args:
+            job_id, token: the lease, from `claim`.
+            progress: any JSON value, at most 4,096 bytes encoded (e.g. `{"done": 40,
+                "of": 100}`); `get_job(...).progress` reads it back.
+
+        Returns:
+            `'held'` (written) or, writing nothing, the refusal as `heartbeat` names it:
+            `'expired'`, `'stale'`, `'cancelled'` or `'missing'`.
+
+        Raises:
+            InvalidPayload: not JSON-serialisable, or too large; nothing was written."""
+        return (self._run(self.ops.progress([(job_id, token, progress)])))[job_id]
+
     def complete(self, job_id: str, token: str, result: Any = None) -> None:
         """Record the success of one leased job and store its result.
 

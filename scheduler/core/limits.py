@@ -13,6 +13,7 @@ DEFAULT_BACKOFF = Backoff()
 MAX_PAYLOAD_BYTES = 512 * 1024
 IDEMPOTENCY_TTL_MS = 24 * 3_600_000
 RESULT_TTL_MS = 3_600_000
+MAX_PROGRESS_BYTES = 4096  # ctx.set_progress; lua/progress.lua repeats it
 # The one task-name and schedule-name rules (schedules/recurring.py uses these too; Lua checks
 # the same in lib/util.lua).
 TASK_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,200}")

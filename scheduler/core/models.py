@@ -238,6 +238,21 @@ class Job:
         return self.fields.get("result")
 
     @property
+    def progress(self) -> Any:
+        """The latest `ctx.set_progress` value a run of it reported (any attempt; it stays on
+        the finished record), None when none did or the stored text is unreadable."""
+        raw = self.fields.get("progress")
+        try:
+            return None if raw is None else json.loads(raw)
+        except (ValueError, RecursionError):
+            return None
+
+    @property
+    def progress_ms(self) -> int | None:
+        """When that progress was written (server ms), None when never."""
+        return self._int("progress_ms")
+
+    @property
     def errors(self) -> list[dict[str, Any]]:
         """The last 10 failures, oldest first: type, message, traceback, attempt, at_ms."""
         raw = self.fields.get("errors")

@@ -29,6 +29,7 @@ TRANSITIONS = (
     "enqueue",
     "claim",
     "heartbeat",
+    "progress",  # a handler's ctx.set_progress, sent with the heartbeat (lua/progress.lua)
     "complete",
     "fail",
     "release",

@@ -11,6 +11,7 @@ from redis.exceptions import RedisError
 from scheduler.core import codec
 from scheduler.core.errors import SchedulerError, raise_for_status
 from scheduler.core.models import ClaimBatch, FailOutcome
+from scheduler.core.progress import ProgressText, encode_progress
 from scheduler.operations.requests import Op, OpsBase, Script
 from scheduler.operations.schedules import refill as refill_schedules
 from scheduler.schedules import recurring
@@ -54,6 +55,20 @@ class LeasingOps(OpsBase):
         'missing'})`; refusals are statuses, not exceptions."""
         reply = yield Script("heartbeat", codec.heartbeat_args(leases, lease_ms))
         return codec.parse_heartbeat(reply, leases)
+
+    def progress(self, items: Sequence[tuple[str, str, Any]]) -> Op[dict[str, str]]:
+        """{job_id: 'held' | 'expired' | 'stale' | 'cancelled' | 'missing'} for (job_id, token,
+        progress) items; a progress is JSON (ctx.set_progress's text, or any value to encode).
+        Written only while the token holds an unexpired lease (lua/progress.lua)."""
+        args: list[str] = []
+        for job_id, token, value in items:
+            codec.check_lease(job_id, token)
+            text = value if type(value) is ProgressText else encode_progress(value)
+            args.extend((job_id, token, text))
+        if not args:
+            return {}
+        reply = yield Script("progress", args)
+        return {job_id: codec.s(st) for (job_id, _, _), st in zip(items, reply, strict=True)}
 
     def complete_many(self, items: Sequence[tuple[str, str, Any]]) -> Op[list[str]]:
         """Statuses per job: 'done' | 'stale' | 'cancelled' | 'missing' (no exception)."""

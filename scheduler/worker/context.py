@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.core.errors import JobCancelled, LeaseExpired
+from scheduler.core.progress import ProgressText, encode_progress
 
 
 @dataclass
@@ -25,6 +28,9 @@ class JobContext:
     claimed_ms: int
     stop_reason: str | None = None  # 'expired' | 'cancelled' | 'timeout' | 'shutdown'
     _event: threading.Event | None = field(default=None, repr=False)
+    # The latest set_progress, and the one a heartbeat round trip carried last (heartbeat.py).
+    _progress: ProgressText | None = field(default=None, repr=False)
+    _progress_sent: ProgressText | None = field(default=None, repr=False)
 
     @classmethod
     def for_test(
@@ -51,6 +57,19 @@ class JobContext:
             if self.stop_reason is not None:
                 self._event.set()
         return self._event
+
+    def set_progress(self, progress: Any) -> None:
+        """Report how far the run has got: any JSON value up to 4,096 bytes encoded, e.g.
+        `{"done": 40, "of": 100}`. The worker writes the latest one to the job with its next
+        heartbeat (every `heartbeat_ms`, 5 s by default), while this run still holds the lease;
+        `get_job(id).progress` reads it. Cheap to call often: only the latest is sent. Raises
+        InvalidPayload (not JSON-serialisable, too large); safe from a sync handler's thread."""
+        self._progress = encode_progress(progress)
+
+    @property
+    def progress(self) -> Any:
+        """The value last given to `set_progress` in this run (None before the first)."""
+        return None if self._progress is None else json.loads(self._progress)
 
     @property
     def lease_expired(self) -> bool:

@@ -123,6 +123,7 @@ class Heartbeats(Dispatch, Reporting):
             by_queue[r.queue].append(r)
         ends_s = {qn: self._end_of(rs) for qn, rs in by_queue.items()}
         parts: list[list[tuple[list[str], Any]]] = []
+        with_progress: set[str] = set()
         for qn, rs in by_queue.items():
             q = self._by_name[qn]
             part: list[tuple[list[str], Any]] = []
@@ -132,6 +133,9 @@ class Heartbeats(Dispatch, Reporting):
                     (q.script_keys, q.ops.heartbeat(leases, lease_ms=self.settings.lease_ms))
                 )
             part.append((q.script_keys, q.ops.counts()))
+            if moved := self._progress_of(rs):
+                part.append((q.script_keys, q.ops.progress(moved)))
+                with_progress.add(qn)
             parts.append(part)
         t_sent = time.monotonic()
         # Runs whose lease this call learns (a claim answered late or re-sent) count from it only
@@ -167,6 +171,8 @@ class Heartbeats(Dispatch, Reporting):
             i += 1
             if not isinstance(counts, BaseException):
                 self.metrics.set_depth(qn, counts)
+            if qn in with_progress:
+                i += 1  # progress: a refusal is the heartbeat's status above, acted on there
         if error is not None:
             raise error
 
@@ -222,6 +228,19 @@ class Heartbeats(Dispatch, Reporting):
                 by_part[i] = [res] * n if isinstance(res, BaseException) else res[pos : pos + n]
                 pos += n
         return [x for replies in by_part for x in replies]
+
+    @staticmethod
+    def _progress_of(rs: list[Running]) -> list[tuple[str, str, Any]]:
+        """(id, token, progress) of the runs whose ctx.set_progress changed since the last
+        round trip carried it; marked carried now (a lost call is not sent again: the next
+        set_progress is)."""
+        out: list[tuple[str, str, Any]] = []
+        for r in rs:
+            text = r.ctx._progress
+            if text is not None and text is not r.ctx._progress_sent and not r.finished:
+                r.ctx._progress_sent = text
+                out.append((r.job.id, r.job.token, text))
+        return out
 
     @staticmethod
     def _end_of(rs: list[Running]) -> float | None:
