@@ -31,7 +31,7 @@ from scheduler.core.models import (
     QueueCounts,
 )
 from scheduler.schedules.stored import Schedule
-from scheduler.worker.registry import JobContext, Registry, TaskHandle
+from scheduler.worker.registry import JobContext, JobOutcome, Registry, TaskHandle
 
 __all__ = [
     "AsyncQueue",
@@ -47,6 +47,7 @@ __all__ = [
     "JobContext",
     "JobDead",
     "JobNotFound",
+    "JobOutcome",
     "JobSpec",
     "JobState",
     "LeaseExpired",

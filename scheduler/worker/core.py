@@ -21,17 +21,12 @@ from scheduler.core.connection import is_cluster
 from scheduler.core.errors import CorruptKey
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.ops import Ops, Settings
-from scheduler.worker import logs
+from scheduler.worker import logs, outcomes
 from scheduler.worker.execution import Pipeline, Running, ThreadRunner, classify
 from scheduler.worker.log_limit import LogLimit
 from scheduler.worker.metrics import WorkerMetrics
 from scheduler.worker.registry import Registry
-from scheduler.worker.settings import (
-    _CLAIM_WAIT_S,
-    EXIT_OK,
-    EXIT_REDIS_REFUSED,
-    WorkerSettings,
-)
+from scheduler.worker.settings import _CLAIM_WAIT_S, EXIT_OK, EXIT_REDIS_REFUSED, WorkerSettings
 
 
 class _Queue:
@@ -297,3 +292,5 @@ class WorkerCore:
             worker=self.id,
             **extra,
         )
+        if self.registry.outcome_hooks and event != "claimed":
+            outcomes.emit(self.registry.outcome_hooks, event, r, extra, self.log)

@@ -12,14 +12,8 @@ from typing import Any
 
 from scheduler.core.errors import InvalidPayload, UnknownTask
 from scheduler.core.models import ClaimedJob, _EncodedResult
+from scheduler.worker import failures
 from scheduler.worker.execution import Running, _Slot
-from scheduler.worker.failures import (
-    error_text,
-    failure_of,
-    result_text,
-    type_name,
-    unknown_task_text,
-)
 from scheduler.worker.payloads import load_stored
 from scheduler.worker.registry import JobContext
 from scheduler.worker.settings import _LEASE_MARGIN_S
@@ -80,7 +74,7 @@ class Dispatch(Starting):
         if spec is None:
             # Retried by the job's backoff, then parked: during a rolling deploy a new task's
             # job an old worker claims is run by a new one on a later attempt.
-            err = UnknownTask(unknown_task_text(job.task, self.registry.names()))
+            err = UnknownTask(failures.unknown_task_text(job.task, self.registry.names()))
             self._queue_fail(r, ("UnknownTask", str(err), ""), retryable=True)
             return
         try:
@@ -249,13 +243,13 @@ class Dispatch(Starting):
             if exc is None:
                 try:
                     if result is not None:  # encoded once: what is checked is what is sent
-                        result = _EncodedResult(result_text(result))
+                        result = _EncodedResult(failures.result_text(result))
                 except KeyboardInterrupt:  # Ctrl-C of an embedded worker: not the result's fault
                     raise
                 except BaseException as bad:  # InvalidPayload; a result's own method may raise
-                    why = error_text(bad)
+                    why = failures.error_text(bad)
                     if not isinstance(bad, InvalidPayload):
-                        why = f"result could not be encoded: {type_name(bad)}: {why}"
+                        why = f"result could not be encoded: {failures.type_name(bad)}: {why}"
                     err, retryable = ("InvalidResult", why, ""), False
                 else:
                     self._end(r)
@@ -263,7 +257,8 @@ class Dispatch(Starting):
                     self._report.set()
                     return
             else:  # read before _end: an error that cannot be described must still be sent
-                err, retryable = failure_of(exc, r.spec)
+                err, retryable = failures.failure_of(exc, r.spec)
+                r.error = exc
             self._end(r)
             self._queue_fail(r, err, retryable=retryable)
         except Exception as bug:  # ours: the run still gets an outcome, never a lease for good

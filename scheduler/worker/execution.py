@@ -104,6 +104,7 @@ class Running:
     finished: bool = False  # the handler's outcome is decided (or it was stopped)
     payload: Any = None
     timeout_s: float | None = None
+    error: BaseException | None = None  # the handler's, for the outcome hooks (outcomes.py)
     # Its (queue, task) metrics, looked up once at claim (lateness, duration, done).
     stats: TaskStats | None = None
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
@@ -31,6 +31,7 @@ from scheduler.core.models import JobSpec
 
 # Re-exported: the registry's public names stay importable from here.
 from scheduler.worker.context import JobContext
+from scheduler.worker.outcomes import JobOutcome, OutcomeHook
 from scheduler.worker.payloads import (
     Handler,
     decode_payload,
@@ -40,9 +41,12 @@ from scheduler.worker.payloads import (
 )
 from scheduler.worker.task_handle import F, TaskHandle, TaskSpec
 
+H = TypeVar("H", bound=OutcomeHook)
+
 __all__ = [
     "Handler",
     "JobContext",
+    "JobOutcome",
     "Registry",
     "TaskHandle",
     "TaskSpec",
@@ -85,6 +89,21 @@ class Registry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, TaskSpec] = {}
+        self.outcome_hooks: list[OutcomeHook] = []  # worker/outcomes.py
+
+    def on_outcome(self, fn: H) -> H:
+        """Decorator: call `fn(outcome: JobOutcome)` on each job outcome a worker running this
+        registry counts (`done`, `retry`, `dead`, `expired`, `cancelled`, `timeout`, `stale`,
+        `missing`, `released`; the metrics' and logs' words), after the server answered. It
+        runs on the worker's event loop: keep it quick. What it raises is logged and changes
+        nothing. Raises BadArgument for a coroutine function or a non-callable."""
+        if not callable(fn) or inspect.iscoroutinefunction(fn):
+            raise BadArgument(
+                f"an outcome hook must be a plain function taking one JobOutcome, got {fn!r}: "
+                "it runs on the worker's event loop (start a task there for async work)"
+            )
+        self.outcome_hooks.append(fn)
+        return fn
 
     def task(
         self,

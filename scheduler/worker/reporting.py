@@ -176,7 +176,7 @@ class Reporting(WorkerCore):
             for r, _ in items:
                 self._forget(r)
             return None
-        log_info = self.log.isEnabledFor(logging.INFO)
+        log_info = self.log.isEnabledFor(logging.INFO) or bool(self.registry.outcome_hooks)
         for (r, _), st in zip(items, statuses, strict=True):
             self._forget(r)
             if st == "done":

@@ -1,0 +1,69 @@
+"""Outcome hooks (`@registry.on_outcome`): the app's own callback on each outcome of a job this
+worker counts in its metrics and logs, under the same word (glossary.md): `done`, `retry`,
+`dead`, `expired`, `cancelled`, `timeout`, `stale`, `missing`, `released`. For an error
+tracker (Sentry's capture_exception), an alert on `dead`, the app's own metrics.
+
+A hook runs on the worker's event loop once the server has answered (a `retry` or `dead` is
+what fail.lua decided, never a guess), so it must be quick: hand slow work to a thread or a
+task. One that raises is logged (a few lines a minute at most) and changes nothing: the job's
+outcome stands and the other hooks still run."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from scheduler.worker.context import JobContext
+from scheduler.worker.log_limit import LogLimit
+
+if TYPE_CHECKING:
+    from scheduler.worker.execution import Running
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """One outcome of one run: `ctx` is the run's JobContext (job_id, task, queue, attempt,
+    token, fence)."""
+
+    outcome: str
+    ctx: JobContext
+    # The exception the handler raised, on the `retry` or `dead` it led to (None when the
+    # failure was the worker's: a timeout, an unknown task, an unreadable payload).
+    error: BaseException | None = None
+    error_type: str | None = None  # `retry` / `dead`: the recorded type name, e.g. JobTimeout
+    error_message: str | None = None  # its first 200 characters
+    retry_at_ms: int | None = None  # `retry`: when it runs again (server ms)
+    dead_reason: str | None = None  # `dead`: why it was parked
+
+
+OutcomeHook = Callable[[JobOutcome], Any]
+_LIMIT = LogLimit(burst=3)
+
+
+def emit(
+    hooks: Sequence[OutcomeHook], event: str, r: Running, extra: dict[str, Any], log: logging.Logger
+) -> None:
+    """Call every hook with `event` of run `r` (`extra`: what its log line carries)."""
+    failed = event in ("retry", "dead")
+    out = JobOutcome(
+        event,
+        r.ctx,
+        r.error if failed else None,
+        extra.get("error_type"),
+        extra.get("error"),
+        extra.get("retry_at_ms"),
+        extra.get("reason"),
+    )
+    for hook in hooks:
+        try:
+            hook(out)
+        except Exception as exc:
+            name = getattr(hook, "__qualname__", repr(hook))
+            note = _LIMIT.admit((name, type(exc).__name__))
+            if note is not None:
+                log.error(
+                    "outcome hook %s raised %s on job %s %s (the outcome stands)%s",
+                    name, type(exc).__name__, event, r.job.id, note, exc_info=exc,
+                )  # fmt: skip
