@@ -17,6 +17,7 @@ from typing import Any
 from scheduler.core import codec
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
+from scheduler.operations.dead_filter import matching
 from scheduler.operations.requests import Commands, Op, OpsBase, Script, ScriptPipeline
 
 
@@ -106,7 +107,7 @@ def scan_dead(
         ties = ties + len(raw) if top is not None and s_end == top else run
         top = s_end
         if by_record:
-            fresh = yield from _matching(keys, fresh, task, error_type)
+            fresh = yield from matching(keys, fresh, task, error_type)
         out.extend(fresh)
         if len(raw) < step + margin:
             break
@@ -155,7 +156,7 @@ def dead_among(
         if sc is not None and (max_dead_ms is None or float(sc) <= max_dead_ms)
     ]
     if task is not None or error_type is not None:
-        dead = yield from _matching(keys, dead, task, error_type)
+        dead = yield from matching(keys, dead, task, error_type)
     return [i for _, i in dead]
 
 
@@ -193,22 +194,6 @@ def dead_selected(
     return (
         yield from dead_among(keys, ids, max_dead_ms=max_dead_ms, task=task, error_type=error_type)
     )
-
-
-def _matching(
-    keys: QueueKeys, pairs: list[tuple[float, str]], task: str | None, error_type: str | None
-) -> Op[list[tuple[float, str]]]:
-    if not pairs:
-        return []
-    fields = yield Commands([("HMGET", keys.job(i), "task", "last_error_type") for _, i in pairs])
-    kept = []
-    for pair, (t, et) in zip(pairs, fields, strict=True):
-        if task is not None and (t is None or codec.s(t) != task):
-            continue
-        if error_type is not None and (et is None or codec.s(et) != error_type):
-            continue
-        kept.append(pair)
-    return kept
 
 
 def check_id_list(ids: Sequence[str]) -> Sequence[str]:
