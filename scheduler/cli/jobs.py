@@ -40,12 +40,13 @@ from scheduler.core import connection
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys, check_job_id
 from scheduler.core.models import Job
+from scheduler.operations.inspecting import LISTABLE
 
 # job_json and parse_payload live in job_view.py / enqueue.py; dead.py and schedules.py import
 # them from here.
 __all__ = ["enqueue", "job_json", "jobs", "parse_payload", "register"]
 
-_STATES = ("due", "scheduled", "leased", "dead")
+_STATES = LISTABLE
 _TASK_SCAN_MAX = 50_000  # ids examined per `jobs list --task` call at most (bounded work)
 _TASK_PAGE = 500
 
@@ -69,7 +70,8 @@ def jobs() -> None:
     type=click.Choice(_STATES),
     default="due",
     show_default=True,
-    help="due: runnable now; scheduled: later; leased: running; dead: parked.",
+    help="due: runnable now; scheduled: later; held: due, set aside by flow control; "
+    "leased: running; dead: dead-lettered.",
 )
 @click.option("--task", help="Only jobs of this task.")
 @click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True)
@@ -137,6 +139,8 @@ def _when(r: dict[str, Any], state: str) -> str:
         return f"lease left {fmt_ms(left)}" if left >= 0 else f"lease lapsed {fmt_ms(-left)} ago"
     if state == "dead":
         return f"dead {fmt_time(r['dead_ms'])}: {r['dead_reason'] or '?'}"
+    if state == "held":
+        return f"held: {r['flow'] or 'flow control'}"
     if (r["run_in_ms"] or 0) > 0:
         return f"run in {fmt_ms(r['run_in_ms'])}"
     return f"late {fmt_ms(-(r['run_in_ms'] or 0))}"

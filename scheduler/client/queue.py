@@ -476,7 +476,8 @@ class Queue:
         """One page of the jobs in one place.
 
         Args:
-            state: `'due'`, `'scheduled'`, `'leased'` (oldest first) or `'dead'` (newest first).
+            state: `'due'`, `'scheduled'`, `'held'` (due, set aside by flow control: counted
+                in `counts().due`), `'leased'` (oldest first) or `'dead'` (newest first).
             offset: jobs to skip, >= 0.
             limit: page size, >= 1.
 

@@ -116,8 +116,8 @@ def filtered_page(
 def scored_ids(
     ops: Ops, state: str, now_ms: int, offset: int, count: int, max_dead_ms: int | None = None
 ) -> Op[list[tuple[float, str]]]:
-    """(score, id) of `count` entries of `state` from `offset`, in list_ids' order (due and
-    scheduled by run_at, leased by lease end, dead newest first, `max_dead_ms` an age cut):
+    """(score, id) of `count` entries of `state` from `offset`, in list_ids' order (due,
+    scheduled and held by run_at, leased by lease end, dead newest first, `max_dead_ms` an age cut):
     one ZRANGE, no job record read (a partitioned queue's merged page reads the records of
     the merged page only)."""
     if state not in LISTABLE:
@@ -130,8 +130,8 @@ def scored_ids(
         yield from dead_converted()
         top = "+inf" if max_dead_ms is None else max_dead_ms
         cmd = ("ZRANGE", k.dead, top, "-inf", "BYSCORE", "REV", "LIMIT", offset, count)
-    elif state == "leased":
-        cmd = ("ZRANGE", k.leased, offset, offset + count - 1)
+    elif state in ("leased", "held"):
+        cmd = ("ZRANGE", k.leased if state == "leased" else k.flow_held, offset, offset + count - 1)
     else:
         lo, hi = ("-inf", now_ms) if state == "due" else (f"({now_ms}", "+inf")
         cmd = ("ZRANGE", k.due, lo, hi, "BYSCORE", "LIMIT", offset, count)

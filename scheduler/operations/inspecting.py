@@ -25,7 +25,9 @@ from scheduler.core.models import Job, JobState
 from scheduler.operations.dead_letters import dead_page
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
 
-LISTABLE = ("due", "scheduled", "leased", "dead")
+# held: due jobs flow control sets aside (a concurrency or rate limit, parents not done), by
+# run_at; counts() counts them in `due`, whose listing (the `due` index alone) leaves them out.
+LISTABLE = ("due", "scheduled", "held", "leased", "dead")
 MAX_RESULT_WAIT_S = 86_400.0
 # result() blocks in slices this long, re-reading the state between them: a client with a
 # socket_timeout (often 5 s) never times out mid-block, and a lost wake-up costs at most this.
@@ -146,8 +148,9 @@ class InspectingOps(OpsBase):
         k = self.keys
         if state == "dead":
             return (yield from dead_page(k, offset, limit))
-        if state == "leased":
-            cmd: tuple[Any, ...] = ("ZRANGE", k.leased, offset, offset + limit - 1)
+        if state in ("leased", "held"):
+            key = k.leased if state == "leased" else k.flow_held
+            cmd: tuple[Any, ...] = ("ZRANGE", key, offset, offset + limit - 1)
         else:
             counts = yield from self.counts()
             lo, hi = ("-inf", counts.now_ms) if state == "due" else (f"({counts.now_ms}", "+inf")
