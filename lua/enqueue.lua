@@ -4,7 +4,7 @@
   KEYS[3] leased   ZSET    id -> lease_until_ms
   KEYS[4] dead     ZSET    dead id -> dead_ms
   KEYS[5] wake     LIST    wake-up tokens for idle workers
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, idem:<digest>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:held, flow:waiting, flow:children:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, idem:<digest>, dead:migrating, config, partitions, flow:levels, flow:pdue:<p>, flow:held, flow:waiting, flow:children:<id>
   ARGV[1] n, then 13 fields per job (12, without flow, from an older client):
     id, task, payload (JSON text), when ('at' | 'in'), time_ms (absolute run_at_ms for 'at',
     delay_ms from server now for 'in'), max_attempts, backoff ('base_ms,factor,cap_ms,jitter'
@@ -34,6 +34,8 @@ local prefix, due, wake_key = KEYS[1], KEYS[2], KEYS[5]
 local MAX_BATCH = 10000  -- scheduler/codec.py LIMITS['batch_size']
 local now = now_ms()
 local n, err = int_arg(ARGV[1], 'n', 1, MAX_BATCH)
+if err then return err end
+err = partitioned_err(prefix)
 if err then return err end
 -- 13 fields per job; 12 (no flow field) from a client of the version before flow control.
 local W = 13

@@ -25,6 +25,7 @@ _BUILDERS = {
     "worker:<id>": "'worker:'",
     "dead:migrating": "'dead:migrating'",
     "config": "'config'",
+    "partitions": "'partitions'",  # a partitioned queue's layout (lib/util.lua partitioned_err)
     "result:<id>": "'result:'",  # lib/result.lua (issue 13, helper T1)
     "result_wait:<id>": "'result_wait:'",  # lib/result.lua: a Queue.result() waiter is there
     # lib/flow.lua (docs/flow-control.md): priority index, key leases and holds, rate log.

@@ -17,6 +17,15 @@ local LIM = {
   fence = 9007199254740991,     -- 2^53 - 1: the largest integer a Lua number holds exactly
 }
 
+-- A partitioned queue's own name holds only its layout record `partitions`
+-- (scheduler/core/partitions.py meta_key): a job or a schedule written under that name would
+-- wait where no worker looks (workers serve its partitions). nil, or the refusal.
+local function partitioned_err(prefix)
+  if redis.call('EXISTS', prefix .. 'partitions') == 0 then return nil end
+  return redis.error_reply('BAD_ARGUMENT queue=' .. string.sub(prefix, 1, 80) .. ' is partitioned:'
+    .. ' open it with scheduler.open_queue (a plain Queue would write where no worker looks)')
+end
+
 -- For a check before a script's first write (Redis keeps the writes made before an error): a
 -- 'CORRUPT <name> is not a <want> (nothing written)' error reply (a typed CorruptKey in
 -- Python) when `key` (`name`: after the prefix) holds another type (edited by hand), else nil.
