@@ -25,7 +25,7 @@ from scheduler.core.safety import clean, visible_bytes
 F = TypeVar("F", bound=Callable[..., Any])
 
 # -- durations and times ---------------------------------------------------------------------
-_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)", re.ASCII)  # ASCII digits only
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 

@@ -14,6 +14,7 @@ import click
 from scheduler.cli.worker_pool import Pool
 from scheduler.cli.worker_pool_metrics import PoolMetrics
 from scheduler.cli.worker_start import metrics_port_failure
+from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
 from scheduler.worker.logs import LOGGER
 
@@ -25,7 +26,13 @@ def pool_size(processes: int, worker_id: str | None) -> int:
     honour raise, before any child starts."""
     n = processes or _cores()
     if worker_id is not None:  # the same safe alphabet: it becomes part of a key name
-        check_job_id(worker_id if n == 1 else f"{worker_id}.{n}")
+        try:
+            check_job_id(worker_id if n == 1 else f"{worker_id}.{n}")
+        except BadArgument:
+            raise BadArgument(
+                f"invalid --worker-id {worker_id!r:.80}: 1-128 characters of A-Z a-z 0-9 _ . : -"
+                + ("" if n == 1 else f" with its process suffix .{n}")
+            ) from None
     return n
 
 

@@ -32,7 +32,8 @@ def check_backoff(b: Any) -> Backoff:
 @functools.lru_cache(maxsize=256)
 def backoff_text(b: Backoff) -> str:
     """'base_ms,factor,cap_ms,jitter', as the job and schedule hashes store it (the one writer)."""
-    return f"{b.base_ms},{float(b.factor)!r},{b.cap_ms},{float(b.jitter)!r}"
+    # + 0.0: a jitter of -0.0 (== 0.0, so in range) is written '0.0', which the scripts read.
+    return f"{b.base_ms},{float(b.factor)!r},{b.cap_ms},{float(b.jitter) + 0.0!r}"
 
 
 def parse_backoff_text(text: str) -> Backoff:
@@ -57,7 +58,7 @@ def parse_backoff_text(text: str) -> Backoff:
     for name, part in (("factor", parts[1]), ("jitter", parts[3])):
         lo_f, hi_f = FLOAT_LIMITS["backoff." + name]
         if len(part) > 32 or not _FLOAT_TEXT.fullmatch(part):
-            raise BadArgument(f"invalid backoff {text!r}: {name} must be a number")
+            raise BadArgument(f"invalid backoff {text!r}: {name} must be a decimal number >= 0")
         x = float(part)
         if not lo_f <= x <= hi_f:
             raise BadArgument(f"invalid backoff {text!r}: {name} must be in [{lo_f}, {hi_f}]")

@@ -20,16 +20,26 @@ from scheduler.core.limits import (
 from scheduler.core.models import ClaimBatch, ClaimedJob
 
 CLAIM_FIELDS = 10  # per job in claim.lua's reply
+_NONCE_RE = re.compile(r"[0-9A-Za-z]{1,64}")
 
 
-def claim_args(worker_id: str, limit: int, lease_ms: int, nonce: str, reap_limit: int) -> list[str]:
+def check_worker_id(worker_id: object) -> str:
+    """A worker id as claim.lua takes it (1-200 characters of valid Unicode), else BadArgument."""
     if not isinstance(worker_id, str) or not 1 <= len(worker_id) <= 200:
-        raise BadArgument("worker_id must be a string of 1-200 characters")
+        raise BadArgument(f"worker_id must be a string of 1-200 characters, got {worker_id!r:.80}")
     if not worker_id.isascii():
         try:
             worker_id.encode()
         except UnicodeEncodeError as exc:
             raise BadArgument(f"worker_id is not valid Unicode text: {exc.reason}") from None
+    return worker_id
+
+
+def claim_args(worker_id: str, limit: int, lease_ms: int, nonce: str, reap_limit: int) -> list[str]:
+    check_worker_id(worker_id)
+    # A re-sent claim's replay key (claim:<nonce>): claim.lua takes 1-64 ASCII letters/digits.
+    if not isinstance(nonce, str) or not _NONCE_RE.fullmatch(nonce):
+        raise BadArgument(f"nonce must be 1-64 ASCII letters and digits, got {nonce!r:.80}")
     check_int(limit, "limit")
     check_int(lease_ms, "lease_ms")
     check_int(reap_limit, "reap_limit")

@@ -44,6 +44,7 @@ from scheduler.core.limits import TASK_RE as TASK_RE
 from scheduler.core.limits import _int as _int
 from scheduler.core.limits import check_int as check_int
 from scheduler.core.limits import check_lease as check_lease
+from scheduler.core.limits import lease_pairs as lease_pairs
 from scheduler.core.limits import s as s
 from scheduler.core.limits import stored_int as stored_int
 from scheduler.core.limits import stored_int_in as stored_int_in
@@ -219,14 +220,6 @@ def parse_enqueue(reply: Any, args: list[str]) -> list[str]:
     return ids
 
 
-def lease_pairs(leases: Sequence[tuple[str, str]]) -> list[str]:
-    out: list[str] = []
-    for job_id, token in leases:
-        check_lease(job_id, token)
-        out.extend((job_id, token))
-    return out
-
-
 def heartbeat_args(leases: Sequence[tuple[str, str]], lease_ms: int) -> list[str]:
     return [str(check_int(lease_ms, "lease_ms")), *lease_pairs(leases)]
 
@@ -240,7 +233,10 @@ def complete_args(
     items: Sequence[tuple[str, str, Any]], result_ttl_ms: int, max_bytes: int
 ) -> list[str]:
     args = [str(check_int(result_ttl_ms, "result_ttl_ms"))]
-    for job_id, token, result in items:
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != 3:
+            raise BadArgument(f"a completion is (job_id, token, result), got {item!r:.80}")
+        job_id, token, result = item
         check_lease(job_id, token)
         # Most handlers return None: no encoder call for it (issue 16, drain); the worker's
         # results come encoded already (_EncodedResult, checked when their handler returned).

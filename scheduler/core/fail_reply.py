@@ -28,11 +28,21 @@ def fail_args(
     delay_ms: int | None,
 ) -> list[str]:
     check_lease(job_id, token)
+    if not isinstance(retryable, bool):  # None or 0 would park it, "no" retry it
+        raise BadArgument(f"retryable must be a bool, got {retryable!r:.40}")
     if isinstance(error, BaseException):
         import traceback
 
-        etype, message = type(error).__name__, str(error)
-        tb = "".join(traceback.format_exception(error))
+        etype = type(error).__name__
+        # The exception's own methods may raise: the job still gets its outcome.
+        try:
+            message = str(error)
+        except Exception as bad:
+            message = f"<{etype} message could not be read: {type(bad).__name__}>"
+        try:
+            tb = "".join(traceback.format_exception(error))
+        except Exception:
+            tb = ""
     elif (
         isinstance(error, tuple | list)
         and len(error) == 3

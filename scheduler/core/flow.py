@@ -25,7 +25,7 @@ DEFAULT_PRIORITY_AGING_MS = 60_000
 # A concurrency or rate key: the task-name alphabet, so it is safe inside a key name.
 FLOW_KEY_RE = TASK_RE
 _UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": DAY_MS}
-_RATE_RE = re.compile(r"\s*(\d{1,9})\s*/\s*(\d{0,12})\s*(ms|s|m|h|d)\s*")
+_RATE_RE = re.compile(r"\s*(\d{1,9})\s*/\s*(\d{0,12})\s*(ms|s|m|h|d)\s*", re.ASCII)
 
 
 def _bounded(value: Any, name: str) -> int:

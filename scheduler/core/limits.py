@@ -4,6 +4,7 @@ stored numbers: arguments are checked against these before anything is sent."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from scheduler.core.backoff import Backoff
@@ -87,6 +88,25 @@ def check_lease(job_id: Any, token: Any) -> None:
     a malformed one as a stale or missing lease). Only a type check: it runs per job."""
     if type(job_id) is not str or type(token) is not str:
         raise BadArgument(f"job id and token must be str, got {job_id!r:.140}, {token!r:.80}")
+    if not (job_id.isascii() and token.isascii()):  # a lone surrogate cannot be sent at all
+        try:
+            job_id.encode() + token.encode()
+        except UnicodeEncodeError as exc:
+            raise BadArgument(f"job id and token must be valid Unicode: {exc.reason}") from None
+
+
+def lease_pairs(leases: Sequence[tuple[str, str]]) -> list[str]:
+    """A list of (job_id, token) pairs as ARGV; a generator (read twice: args, then the reply),
+    a str or a bare id is refused."""
+    if isinstance(leases, str) or not isinstance(leases, Sequence):
+        raise BadArgument(f"leases must be a list of (job_id, token) pairs, got {leases!r:.80}")
+    out: list[str] = []
+    for pair in leases:
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise BadArgument(f"a lease is a (job_id, token) pair, got {pair!r:.80}")
+        check_lease(*pair)
+        out.extend(pair)
+    return out
 
 
 _INT_TEXT = re.compile(r"-?[0-9]{1,16}")

@@ -201,9 +201,14 @@ def check_id_list(ids: Sequence[str]) -> Sequence[str]:
     a dead id nobody named. Any str is an id (the dead list may hold ids no API would make)."""
     if isinstance(ids, str) or not isinstance(ids, Sequence):
         raise BadArgument(f"ids must be a list of job ids, got {ids!r:.80}")
-    bad = next((i for i in ids if not isinstance(i, str)), None)
-    if bad is not None:
-        raise BadArgument(f"a job id is a str, got {bad!r:.80}")
+    for i in ids:
+        if not isinstance(i, str):
+            raise BadArgument(f"a job id is a str, got {i!r:.80}")
+        if not i.isascii():
+            try:
+                i.encode()
+            except UnicodeEncodeError as exc:  # a lone surrogate cannot be sent
+                raise BadArgument(f"job id {i!r:.80} is not valid Unicode: {exc.reason}") from None
     return ids
 
 

@@ -70,6 +70,8 @@ class ProducingOps(OpsBase):
         """Ids in the order of `specs`. Every spec is checked before any batch is sent
         (BadArgument / InvalidPayload refuse the whole call); NotDurable when the asked
         replicas did not acknowledge in time."""
+        if isinstance(specs, str | bytes | dict) or not isinstance(specs, Iterable):
+            raise BadArgument(f"specs must be an iterable of JobSpec, got {specs!r:.80}")
         specs = list(specs)
         codec.check_int(batch_size, "batch_size")
         # Check every job before sending any batch: a bad job refuses the whole call.

@@ -27,6 +27,7 @@ from scheduler.worker.log_limit import LogLimit
 from scheduler.worker.metrics import WorkerMetrics
 from scheduler.worker.registry import Registry
 from scheduler.worker.settings import _CLAIM_WAIT_S, EXIT_OK, EXIT_REDIS_REFUSED, WorkerSettings
+from scheduler.worker.settings import check_worker_id as check_worker_id
 
 
 class _Queue:
@@ -102,6 +103,7 @@ class WorkerCore:
     ) -> None:
         self.settings = settings or WorkerSettings()
         self.settings.check()
+        check_worker_id(worker_id)
         self.client = client
         self.registry = registry
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"

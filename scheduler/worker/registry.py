@@ -24,8 +24,10 @@ from typing import Any, TypeVar
 
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
+from scheduler.core.backoff_text import check_backoff
 from scheduler.core.errors import BadArgument, UnknownTask
 from scheduler.core.flow import check_flow
+from scheduler.core.keys import check_queue_name
 from scheduler.core.limits import TASK_RE
 from scheduler.core.models import JobSpec
 
@@ -153,12 +155,13 @@ class Registry:
         Raises:
             BadArgument: an argument is refused, the name is invalid or already registered,
                 or the function cannot be called as `fn(payload, ctx)`."""
-        if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
-            raise BadArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+        # Each within the range its first enqueue checks (codec.LIMITS), so a registration the
+        # enqueue would refuse is refused here.
+        codec.check_int(max_attempts, "max_attempts")
         if timeout_s is not None:
             _check_timeout_s(timeout_s)
-        if backoff is not None and not isinstance(backoff, Backoff):
-            raise BadArgument(f"backoff must be a Backoff, got {backoff!r}")
+        if backoff is not None:
+            check_backoff(backoff)
         if result_ttl_ms is not None:
             codec.check_int(result_ttl_ms, "result_ttl_ms")
         if isinstance(non_retryable, type | str) or not isinstance(non_retryable, Iterable):
@@ -176,8 +179,8 @@ class Registry:
             )
         if not isinstance(keep_payload, bool):
             raise BadArgument(f"keep_payload must be a bool, got {keep_payload!r}")
-        if queue is not None and not (isinstance(queue, str) and queue):
-            raise BadArgument(f"queue must be a non-empty str, got {queue!r}")
+        if queue is not None:
+            check_queue_name(queue)
 
         def register(fn: F) -> TaskHandle[F]:
             task_name = f"{fn.__module__}.{fn.__qualname__}" if name is None else name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scheduler.core import codec, exits
+from scheduler.core import claim_reply, codec, exits
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
 
@@ -81,20 +81,22 @@ class WorkerSettings:
         return 2 * self.concurrency if m is None else m
 
     def check(self) -> None:
-        """Raise SettingsError (a BadArgument) on values the worker must not start with."""
-        if isinstance(self.queues, str) or not all(isinstance(q, str) for q in self.queues):
+        """Raise SettingsError (a BadArgument) on values the worker must not start with. Every
+        count is an int (not a bool, not a float: a nan passed every `<` test and stalled or
+        stopped the worker after it started)."""
+        queues = self.queues
+        if isinstance(queues, str) or not isinstance(queues, tuple | list):
             # A bare str is iterated letter by letter: a worker of queues 'e', 'm', 'a', ...
-            raise SettingsError(f"queues must be a tuple of queue names, got {self.queues!r:.80}")
-        if not self.queues:
+            raise SettingsError(f"queues must be a tuple of queue names, got {queues!r:.80}")
+        if not all(isinstance(q, str) for q in queues):
+            raise SettingsError(f"queues must be a tuple of queue names, got {queues!r:.80}")
+        if not queues:
             raise SettingsError("give at least one queue")
-        for q in self.queues:
+        for q in queues:
             QueueKeys(q)
-        if self.concurrency < 1:
-            raise SettingsError(f"concurrency must be >= 1, got {self.concurrency}")
-        if not 1 <= self.batch_size <= 1000:
-            raise SettingsError(f"batch size must be within 1..1000, got {self.batch_size}")
-        if self.heartbeat_ms < 10:
-            raise SettingsError(f"heartbeat must be >= 10 ms, got {self.heartbeat_ms}")
+        _count(self.concurrency, "concurrency", 1)
+        _count(self.batch_size, "batch size", 1, 1000)
+        _count(self.heartbeat_ms, "heartbeat_ms", 10)
         # The claim and heartbeat scripts refuse a lease outside LIMITS: refused here, at start,
         # rather than by the first claim (a crash). heartbeat <= lease / 3 bounds it too.
         _within(self.lease_ms, "lease_ms")
@@ -105,17 +107,31 @@ class WorkerSettings:
                 f"({3 * self.heartbeat_ms} ms); a single slow heartbeat would lose every lease. "
                 "Raise --lease-ms or lower --heartbeat-ms."
             )
-        if self.prefetch < 0:
-            raise SettingsError(f"prefetch must be >= 0, got {self.prefetch}")
+        _count(self.prefetch, "prefetch", 0)
         # not (0 <= nan): a nan or inf grace would fail only at the SIGTERM it is for.
-        if not (math.isfinite(self.grace_s) and 0 <= self.grace_s <= MAX_GRACE_S):
-            raise SettingsError(f"grace must be within 0..{MAX_GRACE_S:g} s, got {self.grace_s}")
+        grace = self.grace_s
+        if (
+            isinstance(grace, bool)
+            or not isinstance(grace, int | float)
+            or not (math.isfinite(grace) and 0 <= grace <= MAX_GRACE_S)
+        ):
+            raise SettingsError(f"grace must be within 0..{MAX_GRACE_S:g} s, got {grace!r:.40}")
         if self.result_ttl_ms is not None:
             _within(self.result_ttl_ms, "result_ttl_ms")
-        if self.max_abandoned_threads is not None and self.max_abandoned_threads < 1:
-            raise SettingsError(
-                f"max_abandoned_threads must be >= 1, got {self.max_abandoned_threads}"
-            )
+        if self.max_abandoned_threads is not None:
+            _count(self.max_abandoned_threads, "max_abandoned_threads", 1)
+
+
+def _count(value: object, name: str, lo: int, hi: int | None = None) -> None:
+    """SettingsError unless `value` is an int (not a bool) in [lo, hi]."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
+        want = f"an int >= {lo}" if hi is None else f"an int within {lo}..{hi}"
+        raise SettingsError(f"{name} must be {want}, got {value!r:.40}")
 
 
 def _within(value: int, name: str) -> None:
@@ -124,3 +140,12 @@ def _within(value: int, name: str) -> None:
         codec.check_int(value, name)
     except BadArgument as exc:
         raise SettingsError(str(exc)) from None
+
+
+def check_worker_id(worker_id: str | None) -> None:
+    """A worker id the first claim would refuse (a crash, exit 1): SettingsError at start."""
+    if worker_id is not None:
+        try:
+            claim_reply.check_worker_id(worker_id)
+        except BadArgument as exc:
+            raise SettingsError(str(exc)) from None
