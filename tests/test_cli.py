@@ -73,7 +73,8 @@ def test_stats_discovers_queues_and_renders_a_table(
     data = ok_json(cli("stats", "--json"))
     assert q.name in [r["queue"] for r in data["queues"]]
     result = cli("stats", "-q", q.name)
-    assert result.exit_code == 0 and q.name in result.stdout and "dead-lettered" in result.stdout
+    assert result.exit_code == 0 and q.name in result.stdout
+    assert "+dead (new dead letters)" in result.stdout
 
 
 def test_stats_watch_refreshes(cli: Run, q: Queue, busy: dict[str, str]) -> None:
@@ -156,7 +157,7 @@ def test_workers_shows_live_ones_only(cli: Run, q: Queue, client: redis.Redis) -
     assert (w["id"], w["host"], w["pid"], w["in_flight"], w["concurrency"]) == (
         "w-live", "box1", 4242, 3, 8)  # fmt: skip
     assert w["queues"] == [q.name, "other"] and w["started_ms"] == now - 5_000
-    assert data["expired"] == {q.name: ["w-gone"]}
+    assert data["gone"] == {q.name: ["w-gone"]}
     human = cli("workers", "-q", q.name)
     assert human.exit_code == 0 and "w-live" in human.stdout and "box1" in human.stdout
     # The hash expiring is how a dead worker drops out.

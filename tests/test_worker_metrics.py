@@ -85,6 +85,11 @@ def test_metrics_match_the_jobs_that_ran(
     assert v("scheduler_jobs_in_flight") == 0
     assert v("scheduler_queue_jobs", queue=qn, state="due") == 0
     assert v("scheduler_queue_jobs", queue=qn, state="leased") == 0
+    # Its own gauge in seconds: no `state` of scheduler_queue_jobs mixes ms into job counts.
+    assert ("scheduler_queue_oldest_overdue_seconds", (("queue", qn),)) in m
+    assert v("scheduler_queue_oldest_overdue_seconds", queue=qn) == 0
+    states = {dict(k[1]).get("state") for k in m if k[0] == "scheduler_queue_jobs"}
+    assert states == {"due", "scheduled", "leased", "dead", "lapsed"}
     assert bad  # both ids dead
     # The live-worker registry read by `scheduler workers`.
     assert client.zscore(q.keys.workers, w.id) is not None

@@ -120,8 +120,9 @@ def stats_row(client: redis.Redis, name: str) -> dict[str, Any]:
 
 def _stats_table(rows: list[dict[str, Any]], nodes_down: list[str]) -> Group:
     spans = "/".join(f"{n}m" for n in WINDOWS_MIN)
-    t = Table(title="queues", caption=f"done, failed, dead-lettered: last {spans}")
-    for col in ("queue", "due", "scheduled", "leased", "dead", "late by", "done", "failed", "died"):
+    # The stats counters' own words (glossary.md): done, fail, dead (+dead: new dead letters).
+    t = Table(title="queues", caption=f"done, fail, +dead (new dead letters): last {spans}")
+    for col in ("queue", "due", "scheduled", "leased", "dead", "late by", "done", "fail", "+dead"):
         t.add_column(col, justify="left" if col == "queue" else "right", no_wrap=col == "queue")
 
     def per_window(row: dict[str, Any], name: str) -> str:
@@ -175,7 +176,7 @@ def stats(
     url: str, queues: tuple[str, ...], as_json: bool, watch: bool, interval: float, count: int
 ) -> None:
     """Per queue: due now, scheduled later, leased, dead, the oldest overdue job and how late it
-    is, and done / failed / dead-lettered counts over the last 1, 5 and 60 minutes. A queue
+    is, and done / fail / new dead counts over the last 1, 5 and 60 minutes. A queue
     whose stored data cannot be read is shown with its error (exit 1); on a cluster, a node
     that does not answer is named and the others' queues shown (exit 3)."""
     client = connect(url)

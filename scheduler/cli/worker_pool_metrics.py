@@ -26,7 +26,12 @@ LABEL = "process"
 # once, from the lowest slot that has them and without a `process` label, so a sum over the
 # endpoint is the queue's depth, not N times it (scheduler/worker/metrics.py).
 QUEUE_LEVEL = frozenset(
-    ("scheduler_queue_jobs", "scheduler_queue_held_jobs", "scheduler_queue_paused")
+    (
+        "scheduler_queue_jobs",
+        "scheduler_queue_held_jobs",
+        "scheduler_queue_paused",
+        "scheduler_queue_oldest_overdue_seconds",
+    )
 )
 
 log = logging.getLogger(LOGGER)

@@ -68,7 +68,8 @@ def workers_command(url: str, queues: tuple[str, ...], as_json: bool) -> None:
             safe(f"warning: {why}; read as a plain queue (scheduler doctor -q {name})"), err=True
         )
     if as_json:
-        emit_json({"now_ms": now_ms, "workers": found, "expired": gone,
+        # "gone": records of workers that stopped beating (`expired` is a lease's word).
+        emit_json({"now_ms": now_ms, "workers": found, "gone": gone,
                    **({"unreachable": down} if down else {})})  # fmt: skip
     else:
         _print(found, gone, down, now_ms)
@@ -120,7 +121,10 @@ def _print(found: list[dict[str, Any]], gone: dict[str, list[str]], down: list[s
     elif out.width >= _WORKERS_TABLE_MIN_WIDTH:
         out.print(t)
     for name, ids in gone.items():
-        gone_line = f"{markup_safe(name)}: {len(ids)} expired worker record(s) not yet pruned"
+        gone_line = (
+            f"{markup_safe(name)}: {len(ids)} record(s) of workers gone (no beat within their "
+            "ttl), not yet pruned"
+        )
         out.print(f"[dim]{gone_line}[/dim]")
     for u in down:
         out.print(cell(f"not read: {u}" if u.startswith("queue ") else f"not read: node {u}"))

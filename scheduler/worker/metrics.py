@@ -62,8 +62,9 @@ class _JobCollector(Collector):
         other = list(self._m._outcomes.items())
         jobs = CounterMetricFamily(
             "scheduler_jobs",
-            "Job outcomes seen by this worker "
-            "(stale: a result the server refused; expired: the lease ran out before reporting)",
+            "Job outcomes seen by this worker (stale: a result the server refused; expired: "
+            "the lease ran out before reporting; timeout: the run was stopped, and its retry or "
+            "dead is counted too; task (unknown): a task this worker has no handler for)",
             labels=["queue", "task", "outcome"],
         )
         for (queue, task), st in per_task:
@@ -114,8 +115,17 @@ class WorkerMetrics:
         self.in_flight = Gauge("scheduler_jobs_in_flight", "Jobs running now", registry=r)
         self.depth = Gauge(
             "scheduler_queue_jobs",
-            "Jobs per place, from one counts script call per heartbeat",
+            "Jobs per place, from one counts script call per heartbeat (due includes the held "
+            "jobs; lapsed: leases past their end, a part of leased)",
             ["queue", "state"],
+            registry=r,
+        )
+        # Its own gauge, in seconds: as a `state` of scheduler_queue_jobs it made any sum over
+        # states mix milliseconds with job counts.
+        self.oldest_overdue = Gauge(
+            "scheduler_queue_oldest_overdue_seconds",
+            "How long the oldest due job has waited past its run_at (0 when none is due)",
+            ["queue"],
             registry=r,
         )
         self.held = Gauge(
@@ -192,7 +202,7 @@ class WorkerMetrics:
             ("lapsed", counts.lapsed),
         ):
             self.depth.labels(queue, state).set(value)
-        self.depth.labels(queue, "oldest_overdue_ms").set(counts.oldest_overdue_ms)
+        self.oldest_overdue.labels(queue).set(counts.oldest_overdue_ms / 1000)
         for reason, n in counts.held.items():
             self.held.labels(queue, reason).set(n)
         self.paused.labels(queue).set(1 if counts.paused else 0)
