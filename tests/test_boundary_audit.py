@@ -167,3 +167,15 @@ def test_rate_limits_take_ascii_digits_only(q: Queue) -> None:
     with pytest.raises(BadArgument, match="rate_limit"):
         q.enqueue("t", 1, rate_limit="\u0661\u0660/s")  # Arabic-Indic 10
     assert q.counts().due == 0
+
+
+def test_dead_filters_of_the_wrong_kind_are_refused(q: Queue) -> None:
+    parked = q.enqueue("t", 1, max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    q.fail(parked, job.token, ("E", "m", ""))
+    with pytest.raises(BadArgument, match="older_than_ms"):
+        q.dead_ids(older_than_ms=-1)
+    for kw in ({"task": 1}, {"error_type": ["E"]}):
+        with pytest.raises(BadArgument):
+            q.dead_ids(**kw)
+    assert q.dead_ids(task="t", error_type="E") == [parked]

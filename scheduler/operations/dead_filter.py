@@ -7,6 +7,7 @@ from __future__ import annotations
 from redis.exceptions import ResponseError
 
 from scheduler.core import codec
+from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
 from scheduler.core.spec_record import spec_fields
 from scheduler.operations.requests import Commands, Op
@@ -16,6 +17,9 @@ def matching(
     keys: QueueKeys, pairs: list[tuple[float, str]], task: str | None, error_type: str | None
 ) -> Op[list[tuple[float, str]]]:
     """The (dead_ms, id) pairs whose job matches every filter given."""
+    for name, value in (("task", task), ("error_type", error_type)):
+        if value is not None and not isinstance(value, str):
+            raise BadArgument(f"{name} must be a str or None, got {value!r:.80}")
     if not pairs:
         return []
     fields = yield Commands([("HMGET", keys.job(i), "task", "last_error_type") for _, i in pairs])

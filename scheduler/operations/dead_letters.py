@@ -130,7 +130,7 @@ def dead_cut(older_than_ms: int | None) -> Op[int | None]:
     if older_than_ms is None:
         yield from dead_converted()
         return None
-    codec._int(older_than_ms, "older_than_ms")
+    codec._int(older_than_ms, "older_than_ms", minimum=0)
     left, raw = yield ScriptPipeline([Script("dead_migrate", []), Script("counts", [])])
     if int(left) > 0:
         yield from dead_converted()
