@@ -33,11 +33,13 @@ def web(client: redis.Redis, q: Queue) -> Iterator[TestClient]:
 
 @pytest.fixture
 def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    p = PartitionedQueue.create(client, queue_name, partitions=3)
+    # Its own name: the plain `q` of a test beside it may not write under a partitioned one.
+    name = queue_name + "-p"
+    p = PartitionedQueue.create(client, name, partitions=3)
     yield p
     for part in p.parts:
         delete_queue(client, part)
-    client.delete(f"sched:{{{queue_name}}}:partitions")
+    client.delete(f"sched:{{{name}}}:partitions")
 
 
 def tag(html: str, pattern: str) -> str:
