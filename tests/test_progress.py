@@ -165,6 +165,10 @@ def test_jobs_show_and_the_dashboard_show_the_progress(
     assert "progress" in table and '"done": 3' in table
     with make_client(client, q) as web:
         page = web.get(f"/queues/{q.name}/jobs/{job_id}").text
+        listed = web.get(f"/queues/{q.name}?state=leased").text  # a column of the leased tab
+    cell = listed.split('class="mono progress">', 1)[1].split("</td>", 1)[0]
+    assert cell.startswith("{&#34;note&#34;:&#34;&lt;script&gt;") and cell.endswith("...")
+    assert not any(m in cell for m in RAW_MARKERS)
     row = page.split('id="job-progress"', 1)[1].split("</tr>", 1)[0]
     assert "&#34;done&#34;: 3" in row and "&lt;script&gt;" in row and "reported" in row
     assert not any(m in page for m in RAW_MARKERS)
