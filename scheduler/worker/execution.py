@@ -163,11 +163,16 @@ class ThreadRunner:
                 return
             fn()
             with self._lock:
+                if self._closed:  # a busy thread at close: it ends now, not after idle_s
+                    self.threads -= 1
+                    return
                 self._idle += 1
 
     def close(self) -> None:
-        """Ask idle threads to exit (busy ones finish their job first; they are daemons)."""
+        """Ask idle threads to exit, and busy ones to exit once their job returns (they are
+        daemons: one that never returns does not hold up the process's exit)."""
         with self._lock:
+            self._closed = True
             n, self._idle = self._idle, 0
         for _ in range(n):
             self._work.put(None)
