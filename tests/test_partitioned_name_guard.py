@@ -33,3 +33,14 @@ def test_a_plain_queue_cannot_write_under_a_partitioned_name(
         delete_queue(client, plain)
         for name in pq.layout.names:
             delete_queue(client, Queue(client, name))
+
+
+def test_the_refusal_names_the_queue(client: redis.Redis, queue_name: str) -> None:
+    PartitionedQueue.create(client, queue_name, partitions=2)
+    try:
+        with pytest.raises(BadArgument) as info:
+            Queue(client, queue_name).enqueue("t", 1)
+        assert f"queue={queue_name} is partitioned" in str(info.value)
+        assert "open_queue" in str(info.value)
+    finally:
+        client.delete(Queue(client, queue_name).keys.prefix + "partitions")

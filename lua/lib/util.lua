@@ -22,7 +22,8 @@ local LIM = {
 -- wait where no worker looks (workers serve its partitions). nil, or the refusal.
 local function partitioned_err(prefix)
   if redis.call('EXISTS', prefix .. 'partitions') == 0 then return nil end
-  return redis.error_reply('BAD_ARGUMENT queue=' .. string.sub(prefix, 1, 80) .. ' is partitioned:'
+  local name = string.match(prefix, '^sched:{(.*)}:$') or prefix
+  return redis.error_reply('BAD_ARGUMENT queue=' .. string.sub(name, 1, 80) .. ' is partitioned:'
     .. ' open it with scheduler.open_queue (a plain Queue would write where no worker looks)')
 end
 
