@@ -4,6 +4,7 @@ spec record alone: the dead-letter task filter (dead_ids, requeue and purge by t
 
 from __future__ import annotations
 
+import redis
 from click.testing import CliRunner
 
 from scheduler import Queue
@@ -28,3 +29,15 @@ def test_children_parked_with_their_parent_match_their_task(redis_url: str, q: Q
     purge = ["dead", "purge", "-q", q.name, "--task", "child.t", "--yes", "--url", redis_url]
     assert CliRunner().invoke(main, purge).exit_code == 0
     assert q.dead_ids() == [parent]
+
+
+def test_one_spec_record_edited_into_another_type_hides_only_itself(
+    client: redis.Redis, q: Queue
+) -> None:
+    parent = q.enqueue("parent.t", 1, max_attempts=1)
+    children = [q.enqueue("child.t", i, after=[parent]) for i in range(3)]
+    (job,) = q.claim("w", limit=5).jobs
+    q.fail(job.id, job.token, ("E", "m", ""))
+    client.delete(q.keys.spec(children[0]))
+    client.hset(q.keys.spec(children[0]), "by", "hand")
+    assert set(q.dead_ids(task="child.t")) == set(children[1:])

@@ -33,3 +33,14 @@ def test_held_jobs_are_listed_as_held(redis_url: str, client: redis.Redis, q: Qu
         page = web.get(f"/queues/{q.name}?state=held").text
         assert all(c in page for c in children)
         assert "?state=held" in web.get(f"/queues/{q.name}").text  # the tab
+
+
+def test_a_held_child_due_later_shows_why_it_is_held(redis_url: str, q: Queue) -> None:
+    parent = q.enqueue("t", 0, delay_ms=3_600_000)
+    child = q.enqueue("t", 1, after=[parent], delay_ms=7_200_000)
+    (held,) = q.list_jobs("held")
+    assert held.id == child and held.state == "scheduled"
+    args = ["jobs", "list", "-q", q.name, "--state", "held", "--url", redis_url, "--json"]
+    out = CliRunner().invoke(main, args, catch_exceptions=False)
+    (row,) = json.loads(out.stdout)["jobs"]
+    assert row["flow"] and "waiting" in row["flow"]

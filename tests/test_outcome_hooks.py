@@ -4,7 +4,9 @@ counts, with the metrics' word, after the server answered; the handler's own exc
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 from typing import Any
 
 import pytest
@@ -119,3 +121,45 @@ def test_only_a_plain_callable_is_taken() -> None:
     with pytest.raises(BadArgument):
         registry.on_outcome(42)  # type: ignore[type-var]
     assert registry.outcome_hooks == []
+
+
+def test_a_hook_that_exits_does_not_stop_the_worker(redis_url: str, q: Queue) -> None:
+    seen: list[JobOutcome] = []
+    registry = _registry(seen)
+
+    @registry.on_outcome
+    def leave(outcome: JobOutcome) -> None:
+        raise SystemExit(3)
+
+    ids = [q.enqueue("ok", {}) for _ in range(5)]
+    assert run_until(
+        redis_url, registry, _settings(q), lambda: all(q.status(i) == "done" for i in ids)
+    )
+    assert sorted(o.ctx.job_id for o in seen) == sorted(ids)
+
+
+class _Big:
+    pass
+
+
+def test_without_hooks_a_handler_s_exception_is_not_kept(redis_url: str, q: Queue) -> None:
+    """r.error (for the hooks) kept the exception, its traceback and the handler's frames alive
+    after the job was reported; an idle handler thread kept its last job's closure too."""
+    refs: list[weakref.ref[_Big]] = []
+    registry = Registry()
+
+    @registry.task("raises")
+    def raises(payload: Any, ctx: JobContext) -> None:
+        big = _Big()
+        refs.append(weakref.ref(big))
+        raise ValueError("boom")
+
+    ids = [q.enqueue("raises", {}, max_attempts=1) for _ in range(5)]
+
+    def released() -> bool:
+        if not all(q.status(i) == "dead" for i in ids):
+            return False
+        gc.collect()
+        return len(refs) == 5 and all(r() is None for r in refs)
+
+    assert run_until(redis_url, registry, _settings(q), released, timeout_s=5)

@@ -172,3 +172,65 @@ def test_jobs_show_and_the_dashboard_show_the_progress(
     row = page.split('id="job-progress"', 1)[1].split("</tr>", 1)[0]
     assert "&#34;done&#34;: 3" in row and "&lt;script&gt;" in row and "reported" in row
     assert not any(m in page for m in RAW_MARKERS)
+
+
+def test_the_progress_set_last_before_the_handler_returns_is_kept(redis_url: str, q: Queue) -> None:
+    """Sent ahead of the run's complete or fail: a job shorter than a heartbeat interval got no
+    progress at all, a longer one kept an older value."""
+    registry = Registry()
+
+    @registry.task("quick")
+    def quick(payload: dict[str, Any], ctx: JobContext) -> None:
+        ctx.set_progress("step 1 of 2")
+        ctx.set_progress("finished")
+
+    @registry.task("broken")
+    async def broken(payload: dict[str, Any], ctx: JobContext) -> None:
+        ctx.set_progress({"failed_at": 3})
+        raise RuntimeError("no")
+
+    done, dead = q.enqueue("quick", {}), q.enqueue("broken", {}, max_attempts=1)
+    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=5_000, lease_ms=30_000, grace_s=0)
+    assert run_until(
+        redis_url, registry, settings, lambda: (q.status(done), q.status(dead)) == ("done", "dead")
+    )
+    assert q.get_job(done).progress == "finished"
+    assert q.get_job(dead).progress == {"failed_at": 3}
+
+
+def test_a_failed_heartbeat_leaves_the_progress_for_the_next_one(redis_url: str, q: Queue) -> None:
+    """It was marked sent before the call: one round trip that failed lost it for the run."""
+    registry = Registry()
+    seen = threading.Event()
+
+    @registry.task("long")
+    async def long(payload: dict[str, Any], ctx: JobContext) -> None:
+        ctx.set_progress({"stage": "download"})
+        while not seen.is_set():
+            await asyncio.sleep(0.01)
+
+    failed: list[bool] = []
+
+    def fail_the_first_progress(worker: Any) -> None:
+        real = worker._send_parts
+
+        async def send(parts: Any, ends: Any) -> Any:
+            carries = any(len(p) > 2 for p in parts)  # heartbeat, counts, progress
+            if carries and not failed:
+                failed.append(True)
+                raise redis.ConnectionError("a blip")
+            return await real(parts, ends)
+
+        worker._send_parts = send
+
+    job_id = q.enqueue("long", {})
+
+    def progressed() -> bool:
+        job = q.get_job(job_id)
+        if job.state == "leased" and job.progress == {"stage": "download"}:
+            seen.set()
+        return q.status(job_id) == "done"
+
+    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=50, lease_ms=2_000, grace_s=0)
+    assert run_until(redis_url, registry, settings, progressed, setup=fail_the_first_progress)
+    assert failed and seen.is_set()  # written while it ran, by a heartbeat after the failed one

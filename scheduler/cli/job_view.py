@@ -96,7 +96,8 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
         "timeout_ms": _int(f.get("timeout_ms")),
         "schedule": f.get("schedule"),
         # Flow control (docs/flow-control.md): why a due job is not running, and its settings.
-        "flow": f.get("flow_reason") if state == "due" else None,
+        # A held job reads as due, or as scheduled when its run_at is later (a child waiting).
+        "flow": f.get("flow_reason") if state in ("due", "scheduled") else None,
         "priority": _int(f.get("priority")),
         "concurrency_key": f.get("ckey"),
         "concurrency_limit": _int(f.get("climit")),

@@ -28,8 +28,13 @@ def matching(
     if bare:
         try:
             specs = yield Commands([("GET", keys.spec(pairs[k][1])) for k in bare])
-        except ResponseError:  # a spec record edited by hand into another type: no task
-            specs = [None] * len(bare)
+        except ResponseError:  # one edited by hand into another type: read them one by one
+            specs = []
+            for k in bare:
+                try:
+                    specs += yield Commands([("GET", keys.spec(pairs[k][1]))])
+                except ResponseError:
+                    specs.append(None)  # that one: no task
         for k, text in zip(bare, specs, strict=True):
             read = None if text is None else spec_fields(codec.s(text), None)
             tasks[k] = None if read is None else read["task"]

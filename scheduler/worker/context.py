@@ -61,7 +61,8 @@ class JobContext:
     def set_progress(self, progress: Any) -> None:
         """Report how far the run has got: any JSON value up to 4,096 bytes encoded, e.g.
         `{"done": 40, "of": 100}`. The worker writes the latest one to the job with its next
-        heartbeat (every `heartbeat_ms`, 5 s by default), while this run still holds the lease;
+        heartbeat (every `heartbeat_ms`, 5 s by default) and ahead of the run's complete or
+        fail, while this run still holds the lease;
         `get_job(id).progress` reads it. Cheap to call often: only the latest is sent. Raises
         InvalidPayload (not JSON-serialisable, too large); safe from a sync handler's thread."""
         self._progress = encode_progress(progress)

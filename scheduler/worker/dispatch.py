@@ -258,7 +258,8 @@ class Dispatch(Starting):
                     return
             else:  # read before _end: an error that cannot be described must still be sent
                 err, retryable = failures.failure_of(exc, r.spec)
-                r.error = exc
+                if self.registry.outcome_hooks:  # else its frames are not kept alive
+                    r.error = exc
             self._end(r)
             self._queue_fail(r, err, retryable=retryable)
         except Exception as bug:  # ours: the run still gets an outcome, never a lease for good

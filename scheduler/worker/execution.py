@@ -162,6 +162,7 @@ class ThreadRunner:
                     self.threads -= 1
                 return
             fn()
+            fn = None  # its closure (the run, a raised exception's frames) is not kept while idle
             with self._lock:
                 if self._closed:  # a busy thread at close: it ends now, not after idle_s
                     self.threads -= 1

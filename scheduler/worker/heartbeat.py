@@ -15,6 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.core.connection import is_cluster
 from scheduler.operations.ops import Request, Script
+from scheduler.worker import progress_sends
 from scheduler.worker.core import _Deadline, _within
 from scheduler.worker.dispatch import Dispatch
 from scheduler.worker.execution import Running
@@ -123,7 +124,7 @@ class Heartbeats(Dispatch, Reporting):
             by_queue[r.queue].append(r)
         ends_s = {qn: self._end_of(rs) for qn, rs in by_queue.items()}
         parts: list[list[tuple[list[str], Any]]] = []
-        with_progress: set[str] = set()
+        carried: dict[str, progress_sends.Carried] = {}  # per queue, given back if not sent
         for qn, rs in by_queue.items():
             q = self._by_name[qn]
             part: list[tuple[list[str], Any]] = []
@@ -133,9 +134,9 @@ class Heartbeats(Dispatch, Reporting):
                     (q.script_keys, q.ops.heartbeat(leases, lease_ms=self.settings.lease_ms))
                 )
             part.append((q.script_keys, q.ops.counts()))
-            if moved := self._progress_of(rs):
-                part.append((q.script_keys, q.ops.progress(moved)))
-                with_progress.add(qn)
+            if moved := progress_sends.take(rs, finished_too=False):
+                part += progress_sends.calls(self._by_name, moved)
+                carried[qn] = moved
             parts.append(part)
         t_sent = time.monotonic()
         # Runs whose lease this call learns (a claim answered late or re-sent) count from it only
@@ -144,6 +145,10 @@ class Heartbeats(Dispatch, Reporting):
         unsure = [r for r in held if not r.beat_sent]
         try:
             replies = await self._send_parts(parts, [ends_s[q.name] for q in self.queues])
+        except BaseException:
+            for moved in carried.values():
+                progress_sends.give_back(moved)
+            raise
         finally:
             for r in unsure:
                 r.beat_sent = True  # a 'held' below sets its fresh end; else the claim's stands
@@ -171,8 +176,10 @@ class Heartbeats(Dispatch, Reporting):
             i += 1
             if not isinstance(counts, BaseException):
                 self.metrics.set_depth(qn, counts)
-            if qn in with_progress:
-                i += 1  # progress: a refusal is the heartbeat's status above, acted on there
+            if qn in carried:  # a refusal is the heartbeat's status above, acted on there
+                if isinstance(replies[i], BaseException):
+                    progress_sends.give_back(carried[qn])
+                i += 1
         if error is not None:
             raise error
 
@@ -228,19 +235,6 @@ class Heartbeats(Dispatch, Reporting):
                 by_part[i] = [res] * n if isinstance(res, BaseException) else res[pos : pos + n]
                 pos += n
         return [x for replies in by_part for x in replies]
-
-    @staticmethod
-    def _progress_of(rs: list[Running]) -> list[tuple[str, str, Any]]:
-        """(id, token, progress) of the runs whose ctx.set_progress changed since the last
-        round trip carried it; marked carried now (a lost call is not sent again: the next
-        set_progress is)."""
-        out: list[tuple[str, str, Any]] = []
-        for r in rs:
-            text = r.ctx._progress
-            if text is not None and text is not r.ctx._progress_sent and not r.finished:
-                r.ctx._progress_sent = text
-                out.append((r.job.id, r.job.token, text))
-        return out
 
     @staticmethod
     def _end_of(rs: list[Running]) -> float | None:

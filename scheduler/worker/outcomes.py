@@ -1,6 +1,6 @@
 """Outcome hooks (`@registry.on_outcome`): the app's own callback on each outcome of a job this
 worker counts in its metrics and logs, under the same word (glossary.md): `done`, `retry`,
-`dead`, `expired`, `cancelled`, `timeout`, `stale`, `missing`, `released`. For an error
+`dead`, `expired`, `cancelled`, `timeout`, `stale` (also a job gone), `released`. For an error
 tracker (Sentry's capture_exception), an alert on `dead`, the app's own metrics.
 
 A hook runs on the worker's event loop once the server has answered (a `retry` or `dead` is
@@ -56,10 +56,13 @@ def emit(
         extra.get("retry_at_ms"),
         extra.get("reason"),
     )
+    r.error = None  # delivered: its frames are not kept with the run
     for hook in hooks:
         try:
             hook(out)
-        except Exception as exc:
+        except KeyboardInterrupt:  # Ctrl-C of an embedded worker stops it, wherever it lands
+            raise
+        except BaseException as exc:  # SystemExit too: a hook never stops the worker
             name = getattr(hook, "__qualname__", repr(hook))
             note = _LIMIT.admit((name, type(exc).__name__))
             if note is not None:

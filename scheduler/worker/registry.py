@@ -95,8 +95,8 @@ class Registry:
 
     def on_outcome(self, fn: H) -> H:
         """Decorator: call `fn(outcome: JobOutcome)` on each job outcome a worker running this
-        registry counts (`done`, `retry`, `dead`, `expired`, `cancelled`, `timeout`, `stale`,
-        `missing`, `released`; the metrics' and logs' words), after the server answered. It
+        registry counts (`done`, `retry`, `dead`, `expired`, `cancelled`, `timeout`, `stale`
+        (also a job gone), `released`; the metrics' and logs' words), after the server answered. It
         runs on the worker's event loop: keep it quick. What it raises is logged and changes
         nothing. Raises BadArgument for a coroutine function or a non-callable."""
         if not callable(fn) or inspect.iscoroutinefunction(fn):

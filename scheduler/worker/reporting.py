@@ -21,12 +21,8 @@ from scheduler.core.errors import (
     SchedulerError,
 )
 from scheduler.core.models import FailOutcome
-from scheduler.worker.core import (
-    WorkerCore,
-    _Deadline,
-    _Fatal,
-    _within,
-)
+from scheduler.worker import progress_sends
+from scheduler.worker.core import WorkerCore, _Deadline, _Fatal, _within
 from scheduler.worker.execution import RetryDelay, Running, classify
 from scheduler.worker.settings import EXIT_REDIS_REFUSED
 
@@ -90,7 +86,11 @@ class Reporting(WorkerCore):
         by_queue: dict[tuple[str, int], list[tuple[Running, Any]]] = {}
         for r, result in completes:
             by_queue.setdefault((r.queue, self._ttl_for(r)), []).append((r, result))
-        calls: list[tuple[list[str], Any]] = []
+        # First the progress set since the last heartbeat: the leases are still held.
+        runs = [r for r, _ in completes] + [r for r, _, _ in fails]
+        carried = progress_sends.take(runs, finished_too=True)
+        calls = progress_sends.calls(self._by_name, carried)
+        skip = len(calls)
         try:
             for (qn, ttl_ms), items in by_queue.items():
                 q = self._by_name[qn]
@@ -110,6 +110,7 @@ class Reporting(WorkerCore):
             replies = await self._run_by_node(calls)
         except BaseException:
             # Not sent (or unknown): try again; complete and fail are idempotent per token.
+            progress_sends.give_back(carried)
             if gen == self._report_gen:
                 self._sending = ([], [])
                 self._completes[:0] = completes
@@ -119,9 +120,9 @@ class Reporting(WorkerCore):
             return  # shutdown took these over and sent them again
         self._sending = ([], [])
         retry: BaseException | None = None
-        for items, statuses in zip(by_queue.values(), replies, strict=False):
+        for items, statuses in zip(by_queue.values(), replies[skip:], strict=False):
             retry = self._completed(items, statuses) or retry
-        for (r, err, ok), out in zip(fails, replies[len(by_queue) :], strict=True):
+        for (r, err, ok), out in zip(fails, replies[skip + len(by_queue) :], strict=True):
             retry = self._failed(r, err, ok, out) or retry
         if retry is not None:
             raise retry  # the loop backs off, then sends what was put back
@@ -135,7 +136,6 @@ class Reporting(WorkerCore):
         one call per node, all at once: a node that fails or does not answer within the claims'
         wait gives its error as the reply of each of its calls (they are sent again: complete,
         fail and release are idempotent per token), and the healthy nodes' replies stand.
-        Before, one failing node failed every report, and no node's jobs were acknowledged.
         send: how the calls go (default: Pipeline.run of operations)."""
         run: Callable[[Any], Awaitable[list[Any]]] = send or self._pipe.run
         if self._claim_wait_s is None or len(calls) < 2:
