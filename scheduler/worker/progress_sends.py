@@ -14,7 +14,7 @@ from scheduler.worker.execution import Running
 Carried = list[tuple[Running, ProgressText, ProgressText | None]]
 
 
-class _Queue(Protocol):
+class _QueueCalls(Protocol):
     script_keys: list[str]
     ops: Any
 
@@ -40,7 +40,7 @@ def give_back(carried: Carried) -> None:
             r.ctx._progress_sent = before
 
 
-def calls(by_name: Mapping[str, _Queue], carried: Carried) -> list[tuple[list[str], Any]]:
+def calls(by_name: Mapping[str, _QueueCalls], carried: Carried) -> list[tuple[list[str], Any]]:
     """One `progress` call per queue for what `take` returned."""
     by_queue: dict[str, list[tuple[str, str, Any]]] = {}
     for r, text, _ in carried:
