@@ -139,3 +139,15 @@ def test_is_cluster_answer_is_per_client_class() -> None:
         pass
 
     assert is_cluster(NotAClient()) is False
+
+
+def test_ids_made_in_one_ms_sort_in_the_order_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 16-bit sequence from a random start wrapped within a ms (~5% of 3,000-id batches):
+    later ids sorted first, and jobs due at one instant were claimed out of enqueue order
+    (tests/test_flow_rate_backlog.py failed so). 70,000 ids in one frozen ms: past the
+    sequence's 65,536, the next ms is borrowed."""
+    monkeypatch.setattr(ids, "_time_ns", lambda: 1_700_000_000_000 * 1_000_000)
+    made = [ids.new_job_id() for _ in range(70_000)]
+    assert made == sorted(made) and len(set(made)) == len(made)
+    monkeypatch.setattr(ids, "_time_ns", lambda: 1_699_999_999_000 * 1_000_000)  # stepped back
+    assert ids.new_job_id() > made[-1]
