@@ -28,7 +28,7 @@ class JobContext:
     claimed_ms: int
     stop_reason: str | None = None  # 'expired' | 'cancelled' | 'timeout' | 'shutdown'
     _event: threading.Event | None = field(default=None, repr=False)
-    # The latest set_progress, and the one a heartbeat round trip carried last (heartbeat.py).
+    # The latest set_progress, and the one a call carried last (worker/progress_sends.py).
     _progress: ProgressText | None = field(default=None, repr=False)
     _progress_sent: ProgressText | None = field(default=None, repr=False)
 
@@ -62,9 +62,9 @@ class JobContext:
         """Report how far the run has got: any JSON value up to 4,096 bytes encoded, e.g.
         `{"done": 40, "of": 100}`. The worker writes the latest one to the job with its next
         heartbeat (every `heartbeat_ms`, 5 s by default) and ahead of the run's complete or
-        fail, while this run still holds the lease;
-        `get_job(id).progress` reads it. Cheap to call often: only the latest is sent. Raises
-        InvalidPayload (not JSON-serialisable, too large); safe from a sync handler's thread."""
+        fail, while this run still holds the lease; `get_job(id).progress` reads it. Cheap to
+        call often: only the latest is sent. Raises InvalidPayload (not JSON-serialisable, too
+        large); safe from a sync handler's thread."""
         self._progress = encode_progress(progress)
 
     @property
