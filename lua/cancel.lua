@@ -1,9 +1,10 @@
 --[[ cancel: withdraw a job that has not finished. A leased job's worker learns it at its next
   heartbeat, and its complete or fail is refused with 'cancelled'.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, finished
   ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record, and its result wake-up
-    `result:<id>` of lib/result.lua, are kept, unless the job has a result_ttl_ms of its own)
+    `result:<id>` of lib/result.lua, are kept, unless the job has a result_ttl_ms of its own;
+    its id is in the finished index as long)
   A schedule's pending occurrence is replaced by the schedule's next one, under its misfire
   policy (a late one: the missed runs the policy runs still run). A job set aside by
   flow control (flow:held) is cancelled as a due one.
@@ -68,5 +69,6 @@ redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', fmt(now))
 if fresh then redis.call('HSET', jk, 'attempts', '0') end
 job_expire(prefix, id, ttl)
 result_wake(prefix, id, 'cancelled', ttl)
+finished_add(prefix, now, { now + ttl, id })
 bump_stat(prefix, now, 'cancel', 1)
 return in_leased and 'leased' or 'due'

@@ -1,9 +1,10 @@
 --[[ complete: record success for leases the caller holds, many in one call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held, flow:waiting, flow:children:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held, flow:waiting, flow:children:<id>, finished
   ARGV[1] result_ttl_ms   how long the outcome record (state, result, finished_ms) is kept, and
     the result wake-up `result:<id>` (lib/result.lua) that Queue.result() waits on, unless the
-    job was enqueued with its own (hash field result_ttl_ms, copied from its spec at claim)
+    job was enqueued with its own (hash field result_ttl_ms, copied from its spec at claim);
+    the job's id joins the finished index (lib/result.lua) until then
   A finished job is lean: only what status/result and a re-sent complete need stay (state,
     result, finished_ms, settled_token/settled/settled_log, attempts, max_attempts (stored
     only when not the default 5: readers fill it in, models.Job.max_attempts), task,
@@ -73,6 +74,7 @@ if #took > 0 then
   local ids = {}
   for k, i in ipairs(took) do ids[k] = ARGV[i] end
   call_chunked('ZREM', leased, ids)
+  local finished = {}
   for _, i in ipairs(took) do
     local id = ARGV[i]
     local jk = job_key(prefix, id)
@@ -93,7 +95,10 @@ if #took > 0 then
     -- A lean job has no spec left to expire: one PEXPIRE, not lib job_expire's two.
     if lean then redis.call('PEXPIRE', jk, job_ttl) else job_expire(prefix, id, job_ttl) end
     result_wake(prefix, id, 'done', job_ttl)
+    finished[#finished + 1] = now + job_ttl
+    finished[#finished + 1] = id
   end
+  finished_add(prefix, now, finished)
 end
 local done = #took
 bump_stat(prefix, now, 'done', done)

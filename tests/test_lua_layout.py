@@ -39,6 +39,7 @@ _BUILDERS = {
     "flow:waiting": "'flow:waiting'",
     "flow:children:<id>": "'flow:children:'",
     "isolated": "'isolated'",  # claim.lua: the one suspect job each worker holds
+    "finished": "'finished'",  # lib/result.lua: done and cancelled ids, for listings
 }
 _KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
 

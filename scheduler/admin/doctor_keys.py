@@ -44,6 +44,11 @@ def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
         msg = f"{keys.workers} is a {workers_type}, not the workers index: no worker is listed"
         how = f"redis-cli DEL {shlex.quote(keys.workers)} (workers add themselves again)"
         out.append(Issue("wrong-type", "warning", msg, how, keys.queue))
+    finished_type = str(client.type(keys.finished))
+    if finished_type not in ("zset", "none"):
+        msg = f"{keys.finished} is a {finished_type}, not the finished index: none is listed"
+        how = f"redis-cli DEL {shlex.quote(keys.finished)} (jobs finishing from then are listed)"
+        out.append(Issue("wrong-type", "warning", msg, how, keys.queue))
     index_type = str(client.type(keys.schedules))
     if index_type not in ("set", "none"):
         msg = f"{keys.schedules} is a {index_type}, not the SET of schedule names"

@@ -71,7 +71,8 @@ def jobs() -> None:
     default="due",
     show_default=True,
     help="due: runnable now; scheduled: later; held: due, set aside by flow control; "
-    "leased: running; dead: dead-lettered.",
+    "leased: running; dead: dead-lettered; finished: done or cancelled, while its record "
+    "is kept.",
 )
 @click.option("--task", help="Only jobs of this task.")
 @click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True)
@@ -79,7 +80,8 @@ def jobs() -> None:
 def list_jobs(
     url: str, queue: str, as_json: bool, state: str, task: str | None, offset: int, limit: int
 ) -> None:
-    """Jobs in one state, oldest first (dead: newest first), paged with --offset / --limit."""
+    """Jobs in one state, oldest first (dead: newest first; finished: latest to expire first),
+    paged with --offset / --limit."""
     client = connect(url)
     require_queue(client, queue)
     q = open_queue(client, queue)  # a partitioned queue: its partitions merged
@@ -141,6 +143,8 @@ def _when(r: dict[str, Any], state: str) -> str:
         return f"dead {fmt_time(r['dead_ms'])}: {r['dead_reason'] or '?'}"
     if state == "held":
         return f"held: {r['flow'] or 'flow control'}"
+    if state == "finished":
+        return f"{r['state']} {fmt_time(r['finished_ms'])}"
     if (r["run_in_ms"] or 0) > 0:
         return f"run in {fmt_ms(r['run_in_ms'])}"
     return f"late {fmt_ms(-(r['run_in_ms'] or 0))}"

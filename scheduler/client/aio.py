@@ -481,7 +481,9 @@ class AsyncQueue:
 
         Args:
             state: `'due'`, `'scheduled'`, `'held'` (due, set aside by flow control: counted
-                in `counts().due`), `'leased'` (oldest first) or `'dead'` (newest first).
+                in `counts().due`), `'leased'` (oldest first), `'dead'` (newest first) or
+                `'finished'` (done or cancelled, while its record is kept: latest to expire
+                first, the order they finished in among jobs kept equally long).
             offset: jobs to skip, >= 0.
             limit: page size, >= 1.
 

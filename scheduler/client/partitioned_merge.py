@@ -108,9 +108,9 @@ def merge_scored(
 ) -> list[tuple[int, str]]:
     """(partition, id) of the [offset, offset + limit) slice of the partitions' first
     offset + limit (score, id) pairs (browsing.listed_scored), merged by the index score each
-    partition pages by, ties by id, as one ZSET orders them (dead: newest first)."""
+    partition pages by, ties by id, as one ZSET orders them (dead, finished: highest first)."""
     tagged = [(score, i, k) for k, page in enumerate(per) for score, i in page]
-    tagged.sort(key=lambda t: (t[0], t[1]), reverse=state == "dead")
+    tagged.sort(key=lambda t: (t[0], t[1]), reverse=state in ("dead", "finished"))
     return [(k, i) for _, i, k in tagged[offset : offset + limit]]
 
 

@@ -85,6 +85,11 @@ class QueueKeys:
         return self.prefix + "job:" + job_id
 
     @property
+    def finished(self) -> str:
+        """Done and cancelled ids -> the ms their record expires (lua/lib/result.lua)."""
+        return self.prefix + "finished"
+
+    @property
     def flow_held(self) -> str:
         """Due jobs set aside by flow control, id -> run_at_ms (lua/lib/flow.lua)."""
         return self.prefix + "flow:held"

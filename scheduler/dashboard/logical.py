@@ -30,6 +30,8 @@ def _order(state: str) -> tuple[Callable[[Job], Any], bool]:
     """How one queue's index orders `state` (inspecting.list_ids): key and reverse."""
     if state == "dead":
         return (lambda j: int(j.fields.get("dead_ms") or 0), True)  # newest first
+    if state == "finished":  # its index is by expiry: finish order for jobs kept equally long
+        return (lambda j: int(j.fields.get("finished_ms") or 0), True)
     if state == "leased":
         return (lambda j: j.lease_until_ms or 0), False
     return (lambda j: j.run_at_ms or 0), False
@@ -105,7 +107,7 @@ class View:
             lambda q: browsing.scored_ids(q.ops, state, now_ms, 0, window, max_dead_ms)
         )
         tagged = [(score, i, k) for k, page in enumerate(per) for score, i in page]
-        tagged.sort(key=lambda t: t[0], reverse=state == "dead")
+        tagged.sort(key=lambda t: t[0], reverse=state in ("dead", "finished"))
         chosen = tagged[offset : offset + limit]
         by_part: dict[int, list[str]] = {}
         for _, i, k in chosen:

@@ -117,7 +117,8 @@ def scored_ids(
     ops: Ops, state: str, now_ms: int, offset: int, count: int, max_dead_ms: int | None = None
 ) -> Op[list[tuple[float, str]]]:
     """(score, id) of `count` entries of `state` from `offset`, in list_ids' order (due,
-    scheduled and held by run_at, leased by lease end, dead newest first, `max_dead_ms` an age cut):
+    scheduled and held by run_at, leased by lease end, dead newest first, `max_dead_ms` an age cut,
+    finished by its record's expiry, latest first, `now_ms` leaving out the expired):
     one ZRANGE, no job record read (a partitioned queue's merged page reads the records of
     the merged page only)."""
     if state not in LISTABLE:
@@ -132,6 +133,8 @@ def scored_ids(
         cmd = ("ZRANGE", k.dead, top, "-inf", "BYSCORE", "REV", "LIMIT", offset, count)
     elif state in ("leased", "held"):
         cmd = ("ZRANGE", k.leased if state == "leased" else k.flow_held, offset, offset + count - 1)
+    elif state == "finished":
+        cmd = ("ZRANGE", k.finished, "+inf", f"({now_ms}", "BYSCORE", "REV", "LIMIT", offset, count)
     else:
         lo, hi = ("-inf", now_ms) if state == "due" else (f"({now_ms}", "+inf")
         cmd = ("ZRANGE", k.due, lo, hi, "BYSCORE", "LIMIT", offset, count)
@@ -216,5 +219,6 @@ def listed_scored(ops: Ops, state: str, offset: int, limit: int) -> Op[list[tupl
     queue's own server clock, as list_ids splits them: a partitioned queue's merged
     `list_jobs` orders the partitions' pages by these scores, the order each one pages in."""
     check_page(state, offset, limit)
-    now_ms = (yield from ops.counts()).now_ms if state in ("due", "scheduled") else 0
+    clocked = state in ("due", "scheduled", "finished")
+    now_ms = (yield from ops.counts()).now_ms if clocked else 0
     return (yield from scored_ids(ops, state, now_ms, offset, limit))

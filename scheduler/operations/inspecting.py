@@ -27,7 +27,8 @@ from scheduler.operations.requests import Commands, Op, OpsBase, Script
 
 # held: due jobs flow control sets aside (a concurrency or rate limit, parents not done), by
 # run_at; counts() counts them in `due`, whose listing (the `due` index alone) leaves them out.
-LISTABLE = ("due", "scheduled", "held", "leased", "dead")
+# finished: done and cancelled jobs whose record is kept (lua/lib/result.lua's index).
+LISTABLE = ("due", "scheduled", "held", "leased", "dead", "finished")
 MAX_RESULT_WAIT_S = 86_400.0
 # result() blocks in slices this long, re-reading the state between them: a client with a
 # socket_timeout (often 5 s) never times out mid-block, and a lost wake-up costs at most this.
@@ -132,7 +133,9 @@ class InspectingOps(OpsBase):
             raise BadArgument(f"job {job_id!r} has an unreadable state {job.state!r}") from None
 
     def list_ids(self, state: str, *, offset: int = 0, limit: int = 50) -> Op[list[str]]:
-        """Ids in one place, oldest first for due/scheduled/leased, newest first for dead."""
+        """Ids in one place, oldest first for due/scheduled/leased, newest first for dead;
+        finished: latest to expire first (the order they finished in, for jobs kept equally
+        long)."""
         check_page(state, offset, limit)
         try:
             return (yield from self._list_ids(state, offset, limit))
@@ -152,9 +155,13 @@ class InspectingOps(OpsBase):
             key = k.leased if state == "leased" else k.flow_held
             cmd: tuple[Any, ...] = ("ZRANGE", key, offset, offset + limit - 1)
         else:
-            counts = yield from self.counts()
-            lo, hi = ("-inf", counts.now_ms) if state == "due" else (f"({counts.now_ms}", "+inf")
-            cmd = ("ZRANGE", k.due, lo, hi, "BYSCORE", "LIMIT", offset, limit)
+            now_ms = (yield from self.counts()).now_ms  # the server's clock
+            if state == "finished":  # an id whose record expired (not yet trimmed): left out
+                cmd = ("ZRANGE", k.finished, "+inf", f"({now_ms}", "BYSCORE", "REV")
+            else:
+                lo, hi = ("-inf", now_ms) if state == "due" else (f"({now_ms}", "+inf")
+                cmd = ("ZRANGE", k.due, lo, hi, "BYSCORE")
+            cmd += ("LIMIT", offset, limit)
         (reply,) = yield Commands([cmd])
         return [codec.s(v) for v in reply]
 
