@@ -48,6 +48,8 @@ def test_done_and_cancelled_jobs_are_listed_latest_first(
     assert [j.id for j in listed] == [cancelled, *reversed(done)]
     assert [j.state for j in listed] == ["cancelled", "done", "done", "done"]
     assert json.loads(listed[1].result_json or "") == {"n": 2}
+    finished = [j.finished_ms or 0 for j in listed]
+    assert finished == sorted(finished, reverse=True) and finished[-1] > 0
     assert [j.id for j in q.list_jobs("finished", offset=1, limit=2)] == done[::-1][:2]
     assert [j.id for j in q.list_jobs("scheduled")] == [waiting]
     ttl_ms = client.pttl(q.keys.finished)

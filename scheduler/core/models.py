@@ -233,6 +233,11 @@ class Job:
         return self.fields.get("dead_reason")
 
     @property
+    def finished_ms(self) -> int | None:
+        """When it was done or cancelled (server ms), None until then."""
+        return self._int("finished_ms")
+
+    @property
     def result_json(self) -> str | None:
         """The handler's result as stored JSON text (None until done)."""
         return self.fields.get("result")
