@@ -5,11 +5,11 @@
   done: it runs when let go). An idempotency key keeps the window it got at enqueue.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, flow:levels, flow:pdue:<p>, flow:held
-  ARGV[1] id  ARGV[2] when ('at' | 'in')  ARGV[3] time_ms (run_at_ms for 'at'; for 'in', a delay
-    from the server's now)
+  ARGV[1] id  ARGV[2] when ('at' | 'in' | 'now')  ARGV[3] time_ms (run_at_ms for 'at'; for 'in', a
+    delay from the server's now; for 'now', ignored: the server's now, for a job due later only)
   Returns: {'rescheduled', run_at_ms} | {word}: the job did not move, word = 'schedule' (a
     schedule's occurrence), 'held' (set aside by flow control), its state ('leased', 'done',
-    'dead', 'cancelled'), or 'missing'.
+    'dead', 'cancelled'; 'due' for 'now': due already, it keeps its place), or 'missing'.
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due is not a zset | job:<id> is not a hash
     (edited by hand; nothing written) ]]
 -- @include "lib/clock.lua"
@@ -25,6 +25,8 @@ local run_at, err
 if when == 'in' then
   run_at, err = int_arg(ARGV[3], 'time_ms', 0, LIM.delay_ms); if err then return err end
   run_at = now + run_at
+elseif when == 'now' then
+  run_at = now
 elseif when == 'at' then
   run_at, err = int_arg(ARGV[3], 'time_ms', 0, LIM.time_ms); if err then return err end
 else
@@ -47,6 +49,7 @@ if f[2] or string.find(id, '^schedule:') then return { 'schedule' } end
 -- A job in due with neither a hash nor a spec record is a stray id: doctor's to report.
 if not f[1] and redis.call('EXISTS', spec_key(prefix, id)) == 0 then return { 'missing' } end
 
+if when == 'now' and tonumber(score) <= now then return { 'due' } end
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local run_at_s = fmt(run_at)
 if not f[1] then spec_pin_enqueued(prefix, id, fmt(tonumber(score))) end

@@ -128,6 +128,6 @@ def test_every_answer_of_reschedule_has_a_notice() -> None:
     from scheduler.dashboard.actions import RUN_NOW_NOTICES
 
     assert set(RUN_NOW_NOTICES) == {
-        "rescheduled", "held", "schedule", "leased", "done", "dead", "cancelled",
+        "rescheduled", "held", "schedule", "due", "leased", "done", "dead", "cancelled",
     }  # fmt: skip
     assert all(notice in NOTICES for notice in RUN_NOW_NOTICES.values())

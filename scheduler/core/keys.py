@@ -14,10 +14,16 @@ _QUEUE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _JOB_ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 
 
+# A URL path segment of only dots is a "dot segment" browsers resolve away: the dashboard
+# could never link to a queue or a job named so.
+_DOTS = frozenset({".", ".."})
+
+
 def check_queue_name(name: str) -> str:
-    if not isinstance(name, str) or not _QUEUE_RE.fullmatch(name):
+    if not isinstance(name, str) or not _QUEUE_RE.fullmatch(name) or name in _DOTS:
         raise BadArgument(
-            f"invalid queue name {name!r}: use 1-64 of A-Z a-z 0-9 _ . - (no braces or colons)"
+            f"invalid queue name {name!r}: use 1-64 of A-Z a-z 0-9 _ . - (no braces or colons; "
+            "not '.' or '..')"
         )
     return name
 
@@ -36,6 +42,8 @@ OCCURRENCE_PREFIX = "schedule:"
 def check_new_job_id(job_id: str) -> str:
     """A caller-chosen id for a new job: check_job_id, and not a schedule run's."""
     check_job_id(job_id)
+    if job_id in _DOTS:
+        raise BadArgument(f"invalid job id {job_id!r}: '.' and '..' cannot be linked to")
     if job_id.startswith(OCCURRENCE_PREFIX):
         raise BadArgument(
             f"invalid job id {job_id!r}: ids starting with {OCCURRENCE_PREFIX!r} are the runs "

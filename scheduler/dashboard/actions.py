@@ -7,7 +7,7 @@ changes nothing; then redirects (303) to a page that names what was done, or tha
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -15,7 +15,7 @@ from starlette.responses import RedirectResponse, Response
 
 from scheduler.core.errors import BadArgument, JobNotFound
 from scheduler.core.keys import check_job_id
-from scheduler.dashboard.render import Renderer
+from scheduler.dashboard.render import Renderer, notice_query
 from scheduler.dashboard.security import SESSION_COOKIE
 from scheduler.dashboard.store import Store
 from scheduler.schedules.recurring import check_schedule_name
@@ -30,6 +30,7 @@ RUN_NOW_NOTICES = {
     "rescheduled": "moved-now",
     "held": "not-moved-held",
     "schedule": "not-moved-schedule",
+    "due": "not-moved",
     "leased": "not-moved",
     "done": "not-moved",
     "dead": "not-moved",
@@ -112,7 +113,7 @@ class Actions:
 
     def _back(self, request: Request, path: str, notice: str, **extra: str | int) -> Response:
         base = request.scope.get("root_path", "")
-        query = urlencode({"notice": notice, **extra})  # a state comes from Redis: encoded
+        query = notice_query(self.render.csrf, request, notice, **extra)
         return RedirectResponse(f"{base}{path}?{query}", status_code=303)
 
     async def cancel(self, request: Request) -> Response:
@@ -127,8 +128,10 @@ class Actions:
         await self.form(request)
 
         def run() -> str:
-            try:
-                return self.store.view(name).holder(job_id).reschedule(job_id, delay_ms=0)
+            view = self.store.view(name)
+            try:  # a job due already keeps its place ('due'): a stale page's button
+                q = view.holder(job_id)
+                return str(view.drive(q, q.ops.run_now(job_id)))
             except JobNotFound:  # gone meanwhile (purged, expired)
                 return "missing"
 

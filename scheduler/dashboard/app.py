@@ -82,17 +82,18 @@ def create_app(
 
     def failed(request: Request, status: int, title: str, message: str) -> Response:
         # The JSON endpoints (the live refresh's, a script's) answer JSON, the pages a page.
-        path = request.url.path
+        # The path within the app: mounted under a prefix, url.path starts with it.
+        path = request.url.path.removeprefix(request.scope.get("root_path", ""))
         if path.startswith("/api/") or path.endswith("/api"):
             return JSONResponse({"error": title, "message": message}, status_code=status)
         return render.page(request, "error.html", status_code=status, title=title,
                            message=message)  # fmt: skip
 
     async def bad_input(request: Request, exc: Exception) -> Response:
-        return render.page(request, "error.html", status_code=400, message=str(exc))
+        return failed(request, 400, "Bad request", str(exc))
 
     async def not_served(request: Request, exc: Exception) -> Response:
-        return render.page(request, "error.html", status_code=404, message=str(exc))
+        return failed(request, 404, "Not found", str(exc))
 
     async def unreachable(request: Request, exc: Exception) -> Response:
         # A server (or the queue's cluster node) down: say so, not a bare 500. An action's

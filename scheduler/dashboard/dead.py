@@ -28,6 +28,7 @@ from scheduler.core.models import Job
 from scheduler.dashboard.actions import Actions, Form
 from scheduler.dashboard.logical import merge_jobs, merged_window
 from scheduler.dashboard.pages import DEFAULT_LIMIT, int_param
+from scheduler.dashboard.render import notice_query
 from scheduler.operations import browsing
 from scheduler.operations.dead_letters import dead_converted, scan_dead
 from scheduler.operations.requests import Op
@@ -141,11 +142,11 @@ class DeadPages(Actions):
             q = view.parts[0]
             jobs = self.store.run(q, _jobs_died_before(q, max_dead_ms, offset, limit))
             total = self.store.run(q, browsing.dead_count_before(q.keys, max_dead_ms))
-            next_offset = offset + limit if len(jobs) == limit else None
+            next_offset = offset + limit if offset + limit < total else None
         else:
             jobs = view.parts[0].list_jobs("dead", offset=offset, limit=limit)
             total = counts.dead
-            next_offset = offset + limit if len(jobs) == limit else None
+            next_offset = offset + limit if offset + limit < total else None
         return self.render.page(
             request,
             "dead.html",
@@ -158,7 +159,8 @@ class DeadPages(Actions):
             offset=offset,
             limit=limit,
             next_offset=next_offset,
-            prev_offset=max(offset - limit, 0) if offset else None,
+            # A filtered page's offset is a scan position: back means to the first page.
+            prev_offset=(0 if scanned is not None else max(offset - limit, 0)) if offset else None,
         )
 
     def _selection(self, name: str, form: Form) -> tuple[str, str, DeadFilter, list[str]]:
@@ -239,4 +241,5 @@ class DeadPages(Actions):
         n = await run_in_threadpool(run)
         notice = "requeued" if action == "requeue" else "purged"
         base = request.scope.get("root_path", "")
-        return RedirectResponse(f"{base}/queues/{name}/dead?notice={notice}&n={n}", status_code=303)
+        query = notice_query(self.render.csrf, request, notice, n=n)
+        return RedirectResponse(f"{base}/queues/{name}/dead?{query}", status_code=303)

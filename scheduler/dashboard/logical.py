@@ -82,6 +82,10 @@ class View:
         """The queue holding `job_id` (a partitioned queue's id names its partition)."""
         return self.parts[0] if self.pq is None else self.pq.part_of(job_id)
 
+    def drive(self, q: Queue, op: Op[Any]) -> Any:
+        """One operation on one of `parts`."""
+        return self._drive(q, op)
+
     def holder(self, job_id: str) -> Queue:
         """The partition holding `job_id`: the one its id names, else (a job written into a
         partition directly, with an id of its own) the first that has it; at most N reads."""

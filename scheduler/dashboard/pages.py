@@ -171,8 +171,10 @@ class Pages:
             jobs, more = view.merged_page(state, summary["now_ms"], offset, limit)
             next_offset = offset + limit if more else None
         else:
-            jobs = view.parts[0].list_jobs(state, offset=offset, limit=limit)
-            next_offset = offset + limit if len(jobs) == limit else None
+            # One more than the page: "more" only when there is more (not on a last full page).
+            jobs = view.parts[0].list_jobs(state, offset=offset, limit=limit + 1)
+            next_offset = offset + limit if len(jobs) > limit else None
+            jobs = jobs[:limit]
         return self.render.page(
             request,
             "queue.html",
@@ -183,7 +185,8 @@ class Pages:
             offset=offset,
             limit=limit,
             next_offset=next_offset,
-            prev_offset=max(offset - limit, 0) if offset else None,
+            # A filtered page's offset is a scan position: back means to the first page.
+            prev_offset=(0 if scanned is not None else max(offset - limit, 0)) if offset else None,
             task=task or "",
             scanned=scanned,
         )

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jinja2
@@ -106,7 +107,8 @@ def environment() -> jinja2.Environment:
 
 
 # A redirect after an action names one of these and a count; free text from the URL is never
-# shown (it would let a link put words on the operator's screen).
+# shown (it would let a link put words on the operator's screen), and a notice shows only with
+# the signature of the session that acted (a link cannot claim that anything was done).
 NOTICES = {
     "requeued": "Requeued {n} dead job(s).",
     "purged": "Purged {n} dead job(s).",
@@ -132,9 +134,23 @@ NOTICES = {
 STATES = {"due", "scheduled", "leased", "done", "dead", "cancelled", "missing"}
 
 
-def notice_text(request: Request) -> str:
-    template = NOTICES.get(request.query_params.get("notice", ""))
+def _notice_words(fields: Mapping[str, str]) -> str:
+    return "|".join(fields.get(k, "") for k in ("notice", "n", "state"))
+
+
+def notice_query(csrf: Csrf, request: Request, notice: str, **extra: str | int) -> str:
+    """The query of the redirect after an action: the notice, its words, their signature."""
+    fields = {"notice": notice, **{k: str(v) for k, v in extra.items()}}
+    fields["sig"] = csrf.sign(request.cookies.get(SESSION_COOKIE) or "", _notice_words(fields))
+    return urlencode(fields)  # a state comes from Redis: encoded
+
+
+def notice_text(request: Request, csrf: Csrf) -> str:
+    q = request.query_params
+    template = NOTICES.get(q.get("notice", ""))
     if template is None:
+        return ""
+    if not csrf.signed(request.cookies.get(SESSION_COOKIE), _notice_words(q), q.get("sig")):
         return ""
     raw_n = request.query_params.get("n", "0")
     n = int(raw_n) if _COUNT.fullmatch(raw_n) else 0
@@ -165,7 +181,7 @@ class Renderer:
             read_only=self.read_only,
             csrf=self.csrf.token(sid),
             nav=template.split(".")[0],
-            notice=notice_text(request),
+            notice=notice_text(request, self.csrf),
             **ctx,
         )
         response = HTMLResponse(html, status_code=status_code)

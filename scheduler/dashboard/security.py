@@ -130,6 +130,16 @@ class Csrf:
     def token(self, session: str) -> str:
         return hmac.new(self._key, session.encode(), hashlib.sha256).hexdigest()
 
+    def sign(self, session: str, text: str) -> str:
+        """A notice's signature: the words a redirect after an action shows, bound to the
+        session that acted (a link made anywhere else shows none)."""
+        return hmac.new(self._key, f"notice|{session}|{text}".encode(), hashlib.sha256).hexdigest()
+
+    def signed(self, session: str | None, text: str, sig: str | None) -> bool:
+        if not session or not sig:
+            return False
+        return hmac.compare_digest(self.sign(session, text).encode(), sig.encode())
+
     def valid(self, session: str | None, token: str | None) -> bool:
         if not session or not token:
             return False

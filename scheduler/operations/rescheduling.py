@@ -29,3 +29,12 @@ class ReschedulingOps(OpsBase):
         if word == "missing":
             raise JobNotFound(f"no job {job_id!r}")
         return word
+
+    def run_now(self, job_id: str) -> Op[str]:
+        """`reschedule(delay_ms=0)` for a job due later only: a job due already keeps its
+        place in line (the dashboard's "run now" posted from a stale page), answered 'due'."""
+        check_job_id(job_id)
+        word = codec.s((yield Script("reschedule", [job_id, "now", "0"]))[0])
+        if word == "missing":
+            raise JobNotFound(f"no job {job_id!r}")
+        return word
