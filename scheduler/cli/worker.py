@@ -186,7 +186,8 @@ def worker_cmd(
                 strict=strict,
                 worker_id=worker_id,
                 in_pool=in_pool,
-            )
+            ),
+            lease_s=settings.lease_ms / 1000,
         )
     except Exception as exc:
         if is_permission_error(exc):  # a permission revoked while running: one line

@@ -26,6 +26,7 @@ from scheduler.admin.startup import (
     permission_message,
 )
 from scheduler.cli.exit_watchdog import ExitWatchdog
+from scheduler.cli.stall_watchdog import StallWatchdog
 from scheduler.cli.worker_pool_child import STOP_SIGNAL, notify_ready
 from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async
@@ -103,10 +104,11 @@ def start_failure(exc: BaseException, url: str) -> int:
 _LEFTOVER_WAIT_S = 1.0
 
 
-def run_loop(main: Coroutine[Any, Any, int]) -> int:
+def run_loop(main: Coroutine[Any, Any, int], lease_s: float | None = None) -> int:
     """Run the worker on uvloop when installed (a faster event loop: fewer microseconds per
     job in the claim / report cycle), else asyncio's own; as asyncio.run, but the tasks left
-    when it returns get a bounded wait (_LEFTOVER_WAIT_S), not an unbounded one."""
+    when it returns get a bounded wait (_LEFTOVER_WAIT_S), not an unbounded one. With
+    `lease_s`, a loop that stops turning for longer ends the process (stall_watchdog.py)."""
     try:
         import uvloop
 
@@ -115,10 +117,15 @@ def run_loop(main: Coroutine[Any, Any, int]) -> int:
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     code = EXIT_ERROR  # main raised: cli/worker.py logs the crash and exits with this
+    stall = StallWatchdog(loop, lease_s) if lease_s is not None else None
+    if stall is not None:
+        stall.start()
     try:
         code = loop.run_until_complete(main)
         return code
     finally:
+        if stall is not None:
+            stall.stop()
         watchdog = ExitWatchdog(code)
         watchdog.arm()
         try:

@@ -59,7 +59,21 @@ def result_text(result: Any) -> str:
             "the handler returned a coroutine, never awaited: register the async function"
             " itself (a sync wrapper hides the async def), or await it in the handler"
         )
-    return codec.encode_json(result, "result", codec.MAX_PAYLOAD_BYTES)
+    limit = codec.MAX_PAYLOAD_BYTES
+    # Its JSON text has at least as many bytes: refused before an encode that would hold the
+    # event loop (100 MB: seconds) only to fail the same check.
+    if isinstance(result, str) and len(result) > limit:
+        raise InvalidPayload(f"result is over the {limit} byte limit ({len(result)} characters)")
+    return codec.encode_json(result, "result", limit)
+
+
+# A job claimed again while its previous run here still goes on (a sync handler's thread that
+# never returned after its timeout or a lost lease): after one lease held back, a failed attempt.
+STILL_RUNNING = "StillRunning"
+STILL_RUNNING_TEXT = (
+    "its previous run is still going on in this worker process (a handler that did not return "
+    "after its timeout or its lost lease): counted as a failed attempt, retried by its backoff"
+)
 
 
 def unknown_task_text(task: str, known: list[str]) -> str:

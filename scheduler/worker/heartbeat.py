@@ -19,6 +19,7 @@ from scheduler.worker import progress_sends
 from scheduler.worker.core import _Deadline, _within
 from scheduler.worker.dispatch import Dispatch
 from scheduler.worker.execution import Running
+from scheduler.worker.failures import STILL_RUNNING, STILL_RUNNING_TEXT
 from scheduler.worker.reporting import Reporting
 from scheduler.worker.settings import (
     _LEASE_MARGIN_S,
@@ -61,18 +62,17 @@ class Heartbeats(Dispatch, Reporting):
             # One interval at most: a node that hangs must not hold up the next heartbeat.
             await self._bounded("presence", self._beat_workers(), lease_s, interval_s)
             self._expire_leases()
-            # A job held back behind its own abandoned run: give it back after one lease, so
-            # a thread that never ends does not hide the job for good. With them the jobs
-            # that could not start (Starting._cannot_start).
+            # A job held back behind its own abandoned run for a lease: a failed attempt (a
+            # release would give the attempt back, so a handler that never returns would
+            # cycle for good, never parked), retried by its backoff, parked after its last.
             now = time.monotonic()
-            stale = [r for r in self._behind.values() if now - r.started_s > lease_s]
-            for r in stale:
+            for r in [r for r in self._behind.values() if now - r.started_s > lease_s]:
                 del self._behind[(r.queue, r.job.id)]
                 r.finished = True
+                self._queue_fail(r, (STILL_RUNNING, STILL_RUNNING_TEXT, ""), retryable=True)
+            # The jobs that could not start (Starting._cannot_start) go back as they are.
             if self._give_back:
-                stale += self._give_back
-                self._give_back = []
-            if stale:
+                stale, self._give_back = self._give_back, []
                 await self._release(stale, time.monotonic() + _SETTLE_S)
 
     async def _bounded(

@@ -7,8 +7,10 @@ log line or a terminal escape cannot be injected); the JSON one relies on ensure
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -56,8 +58,25 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    def handleError(self, record: logging.LogRecord) -> None:
+        # A line that cannot be written (its stream gone) must not raise into the worker.
+        with contextlib.suppress(Exception):
+            super().handleError(record)
+
+
+def _stderr() -> Any:
+    """A stream of our own on the process's stderr: a handler that closes sys.stderr (or
+    replaces it) does not take the worker's log, nor the worker, with it."""
+    try:
+        fd = os.dup(sys.stderr.fileno())
+    except (AttributeError, ValueError, OSError):  # no real stderr (embedded, captured)
+        return sys.stderr
+    return os.fdopen(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+
+
 def setup(level: str = "INFO", json_logs: bool = False, stream: Any = None) -> logging.Logger:
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = _Handler(stream or _stderr())
     handler.setFormatter(JsonFormatter() if json_logs else TextFormatter())
     root = logging.getLogger("scheduler")
     root.handlers[:] = [handler]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +14,7 @@ from redis.exceptions import AuthenticationError, RedisError
 
 from scheduler.core.connection import UNREACHABLE, is_cluster, key_nodes
 from scheduler.core.errors import SchedulerError
+from scheduler.worker import signals
 from scheduler.worker.claiming import Claiming
 from scheduler.worker.core import _Deadline, _Fatal, _within
 from scheduler.worker.failures import error_text
@@ -118,9 +118,8 @@ class Worker(Claiming, Heartbeats):
         ours = loop.get_exception_handler() is None
         if ours:
             loop.set_exception_handler(self._on_loop_exception)
-        if install_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._on_signal, sig)
+        if install_signals:  # and a forked child (a handler's helper) inherits none of it
+            signals.install(loop, self._on_signal)
         self.log.info(
             "worker %s started: queues=%s concurrency=%d lease=%dms heartbeat=%dms",
             self.id,
@@ -145,8 +144,7 @@ class Worker(Claiming, Heartbeats):
             if ours and loop.get_exception_handler() == self._on_loop_exception:
                 loop.set_exception_handler(None)
             if install_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
+                signals.remove(loop)
         self.log.info("worker %s stopped", self.id)
         return self._exit_code
 

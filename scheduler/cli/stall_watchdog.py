@@ -1,0 +1,75 @@
+"""A worker process whose event loop stops turning ends itself. An async handler that never
+awaits (a CPU loop, a blocking call in an `async def`) holds the loop: its timeout cannot fire,
+heartbeats, claims and signals all stop, and the process stays up doing nothing while its
+leases lapse. The lapsed job goes to the next worker, which it freezes in turn, so without this
+a queue's every worker ends up frozen and the job is never parked.
+
+A thread of its own watches a tick the loop writes every TICK_S. Stalled longer than the lease
+(at least STALL_MIN_S: a loaded machine's pause is no reason), the leases have lapsed already:
+the process logs the loop's stack (the handler to blame) and exits with EXIT_FAILED. The pool's
+supervisor (or systemd's Restart=on-failure) starts another; each lapse is counted on the job,
+so the job that did it is isolated, then parked after its last attempt (docs/durability.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+
+from scheduler.core.exits import EXIT_FAILED
+from scheduler.worker import logs
+
+STALL_MIN_S = 10.0
+TICK_S = 0.5
+_STACK_FRAMES = 8  # the innermost frames logged: where the loop is held
+
+
+class StallWatchdog:
+    """start() on the loop's thread before it runs; stop() once it is done."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, lease_s: float) -> None:
+        self.loop = loop
+        self.stall_s = max(lease_s, STALL_MIN_S)
+        self._tick = time.monotonic()
+        self._stopped = threading.Event()
+        self._loop_thread = threading.get_ident()
+
+    def start(self) -> None:
+        self.loop.call_soon(self._beat)
+        threading.Thread(target=self._watch, name="sched-stall-watchdog", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _beat(self) -> None:
+        self._tick = time.monotonic()
+        if not self._stopped.is_set():
+            self.loop.call_later(TICK_S, self._beat)
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(TICK_S):
+            stalled_s = time.monotonic() - self._tick
+            if stalled_s > self.stall_s and not self._stopped.is_set():
+                self._exit(stalled_s)
+
+    def _exit(self, stalled_s: float) -> None:
+        frame = sys._current_frames().get(self._loop_thread)
+        stack = traceback.format_stack(frame)[-_STACK_FRAMES:] if frame is not None else []
+        where = " <- ".join(
+            line.strip().splitlines()[0].removeprefix("File ") for line in reversed(stack)
+        )
+        try:
+            logging.getLogger(logs.LOGGER).critical(
+                "the event loop has not turned for %.1f s (longer than the lease): a handler "
+                "holds it (a CPU loop or a blocking call in an async def); exiting, so its "
+                "jobs go to other workers and the job that did it is parked after its last "
+                "attempt. The loop was at: %s",
+                stalled_s,
+                where or "(unknown)",
+            )
+        finally:
+            os._exit(EXIT_FAILED)

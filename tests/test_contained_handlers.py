@@ -1,0 +1,140 @@
+"""Contained failure against handlers that misbehave towards their own worker process (from an
+audit): a helper process forked and signalled stopped the worker (its signal reached the
+worker's wake-up fd); closing stderr crashed it; a sync handler that never returns cycled for
+good, its attempt given back each lease, never parked; an async def that never awaits froze the
+process for good; a 100 MB string result was encoded before the size check."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler import Queue
+from scheduler.core.backoff import Backoff
+from scheduler.core.connection import connect_async
+from scheduler.core.errors import InvalidPayload
+from scheduler.core.exits import EXIT_FAILED
+from scheduler.worker import EXIT_OK, Worker, WorkerSettings
+from scheduler.worker.failures import STILL_RUNNING, result_text
+from scheduler.worker.registry import JobContext, Registry
+from tests.test_worker_retry_wake import poll
+from tests.workers.procs import spawn_worker, stop_all, wait_for
+
+REG = "tests.workers.contain:registry"
+
+
+def _done(q: Queue, ids: list[str]) -> bool:
+    return all(q.get_job(i).state == "done" for i in ids)
+
+
+def _reaped(q: Queue, job_id: str) -> bool:
+    q.claim("reaper", limit=0)  # reaps lapsed leases
+    return q.get_job(job_id).state == "dead"
+
+
+def test_a_forked_helper_signalled_on_its_own_leaves_the_worker_running(
+    redis_url: str, q: Queue, tmp_path: Path
+) -> None:
+    log = tmp_path / "w.log"
+    w = spawn_worker(redis_url, q.name, "--grace", "5", registry=REG, log=str(log))
+    try:
+        job = q.enqueue("fork_helper")
+        wait_for(lambda: q.get_job(job).state in ("done", "dead"), timeout_s=30, what="the job")
+        # The helper died of its SIGTERM (-15), as a child of any process would; before, it
+        # ignored it and its signal stopped the worker instead.
+        assert q.get_job(job).result_json == "-15"
+        later = [q.enqueue("noop") for _ in range(5)]
+        wait_for(lambda: _done(q, later), timeout_s=30, what="the later jobs")
+        assert w.poll() is None, "the worker stopped"
+        assert "stopping" not in log.read_text()
+    finally:
+        stop_all([w])
+
+
+def test_a_handler_closing_stderr_leaves_the_worker_and_its_log_running(
+    redis_url: str, q: Queue, tmp_path: Path
+) -> None:
+    log = tmp_path / "w.log"
+    w = spawn_worker(redis_url, q.name, registry=REG, log=str(log))
+    try:
+        closer = q.enqueue("close_stdio")
+        wait_for(lambda: q.get_job(closer).state == "done", timeout_s=30, what="the closer")
+        later = [q.enqueue("noop") for _ in range(5)]
+        wait_for(lambda: _done(q, later), timeout_s=30, what="the later jobs")
+        assert w.poll() is None, "the worker crashed"
+        text = log.read_text()
+        assert all(i in text for i in later)  # still logged
+    finally:
+        stop_all([w])
+
+
+def test_an_async_handler_that_never_awaits_ends_its_process(
+    redis_url: str, q: Queue, tmp_path: Path
+) -> None:
+    log = tmp_path / "w.log"
+    w = spawn_worker(redis_url, q.name, "--lease-ms", "1000", "--heartbeat-ms", "200",
+                     registry=REG, log=str(log))  # fmt: skip
+    try:
+        wait_for(lambda: q.client.zcard(q.keys.workers) == 1, timeout_s=30, what="worker up")
+        job = q.enqueue("spin", {"s": 120}, max_attempts=1)
+        assert w.wait(timeout=60) == EXIT_FAILED
+        text = log.read_text()
+        assert "event loop has not turned" in text and "in spin" in text
+        # Its lease lapses; a claim parks it (max_attempts=1): the rest of the queue goes on.
+        wait_for(lambda: _reaped(q, job), timeout_s=30, what="the job parked")
+    finally:
+        stop_all([w])
+
+
+def test_a_sync_handler_that_never_returns_is_parked_after_its_attempts(
+    redis_url: str, q: Queue
+) -> None:
+    reg = Registry()
+    release = threading.Event()
+
+    @reg.task(name="hang", timeout_s=0.2)
+    def hang(payload: Any, ctx: JobContext) -> None:
+        release.wait(60)  # ignores its timeout and ctx.stopped
+
+    job = q.enqueue("hang", max_attempts=3, backoff=Backoff(10, 1.0, 10, 0.0))
+    settings = WorkerSettings(queues=(q.name,), concurrency=2, lease_ms=1000, heartbeat_ms=100,
+                              grace_s=0)  # fmt: skip
+
+    async def main() -> int:
+        client = connect_async(redis_url)
+        w = Worker(client, reg, settings)
+        task = asyncio.create_task(w.run(install_signals=False))
+        await poll(lambda: q.get_job(job).state == "dead", timeout_s=30, what="parked")
+        w.request_stop()
+        code = await task
+        await client.aclose()
+        return code
+
+    try:
+        assert asyncio.run(main()) == EXIT_OK
+    finally:
+        release.set()
+    parked = q.get_job(job)
+    assert parked.attempts == 3
+    assert parked.fields["last_error_type"] == STILL_RUNNING
+
+
+def test_a_huge_string_result_is_refused_before_it_is_encoded() -> None:
+    with pytest.raises(InvalidPayload, match="characters"):  # the encoder's own says "bytes"
+        result_text("x" * (600 * 1024))
+
+
+def test_the_worker_log_is_its_own_stream() -> None:
+    """stderr closed by a handler in-process: the log handler's stream is a dup, still open."""
+    code = (
+        "import sys; from scheduler.worker import logs; log = logs.setup(); "
+        "sys.stderr.close(); log.warning('still here')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "still here" in out.stderr
