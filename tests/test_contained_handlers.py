@@ -1,15 +1,20 @@
-"""Contained failure against handlers that misbehave towards their own worker process (from an
-audit): a helper process forked and signalled stopped the worker (its signal reached the
+"""Contained failure against handlers that misbehave towards their own worker process (from
+audits): a helper process forked and signalled stopped the worker (its signal reached the
 worker's wake-up fd); closing stderr crashed it; a sync handler that never returns cycled for
 good, its attempt given back each lease, never parked; an async def that never awaits froze the
-process for good; a 100 MB string result was encoded before the size check."""
+process for good; a 100 MB string result was encoded before the size check; and uvloop called
+a signal handler back twice for one signal."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import random
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +143,49 @@ def test_the_worker_log_is_its_own_stream() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "still here" in out.stderr
+
+
+def test_two_signals_at_once_are_each_called_back_once_on_uvloop() -> None:
+    """uvloop called a handler back twice for one signal when another's arrived in between (a
+    pool child's SIGTERM and its supervisor's stop: "second signal", exit 130). Sent 0-300 us
+    apart, round after round: each is called back exactly once (none twice, none lost). Without
+    the fix 3 of 4 runs of 400 rounds had doubles on this machine (a run can pass without it)."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tests.workers.signal_counter"],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert p.stdout is not None
+    try:
+        assert p.stdout.readline() == b"ready\n"
+
+        def counts() -> tuple[int, int]:
+            os.kill(p.pid, signal.SIGUSR2)
+            a, b = p.stdout.readline().split()  # type: ignore[union-attr]
+            return int(a), int(b)
+
+        before = counts()
+        bad = []
+        for k in range(400):
+            first, second = (signal.SIGUSR1, signal.SIGTERM)[:: 1 if k % 2 else -1]
+            os.kill(p.pid, first)
+            end = time.perf_counter() + random.uniform(0, 300e-6)
+            while time.perf_counter() < end:
+                pass
+            os.kill(p.pid, second)
+            deadline = time.monotonic() + 2
+            now = counts()
+            while now[0] <= before[0] or now[1] <= before[1]:
+                assert time.monotonic() < deadline, f"round {k}: a signal was lost"
+                time.sleep(0.002)
+                now = counts()
+            time.sleep(0.01)  # a double shows by now
+            now = counts()
+            if now != (before[0] + 1, before[1] + 1):
+                bad.append((k, now[0] - before[0], now[1] - before[1]))
+            before = now
+        assert bad == []
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()

@@ -42,6 +42,7 @@ from scheduler.worker import (
     Worker,
     WorkerSettings,
 )
+from scheduler.worker import signals as signals
 from scheduler.worker.execution import TRANSIENT, classify
 from scheduler.worker.metrics import METRICS_ADDR
 from scheduler.worker.registry import Registry
@@ -216,7 +217,7 @@ async def serve(
             return metrics_port_failure(port, exc)
         worker.log.info("metrics on %s:%d/metrics", addr if in_pool else "", bound)
     if in_pool:  # the supervisor's stop: a request, never a (second) signal
-        asyncio.get_running_loop().add_signal_handler(STOP_SIGNAL, _pool_stop, worker)
+        signals.add(asyncio.get_running_loop(), STOP_SIGNAL, _pool_stop, worker)
     notify_ready(bound)  # to a pool's supervisor (--processes): this child started
     try:
         return await worker.run()

@@ -3,7 +3,15 @@ keeps of them: nothing. asyncio (and uvloop) have the C-level handler write the 
 to a wake-up fd that a forked child shares with the worker, so a handler's helper process
 (multiprocessing's "fork" start method, os.fork) signalled on its own (`p.terminate()`) stopped
 the worker, and one SIGTERM to the process group counted twice ("second signal": exit 130,
-no grace); the helper itself ignored SIGTERM. A forked child gets Python's defaults back."""
+no grace); the helper itself ignored SIGTERM. A forked child gets Python's defaults back.
+
+And one callback per delivery: uvloop (0.23) calls a handler both for the signal's byte on the
+wake-up fd and for its own Python-level handler's record of it (Loop._invoke_signals), so when
+another signal's byte is read in between (a pool child gets SIGTERM and its supervisor's stop
+signal at once) one SIGTERM was called back twice, the second taken for an operator's second
+signal (exit 130, no grace: a rare CI failure of tests/test_worker_pool.py). A no-op
+Python-level handler leaves the byte, which CPython writes for any signal handled in Python,
+the one source, as on asyncio's own loop."""
 
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable
+from typing import Any
 
 _registered = False
 
@@ -21,10 +30,23 @@ def install(loop: asyncio.AbstractEventLoop, on_signal: Callable[[int], None]) -
     it (registered once per process: os.register_at_fork has no undo)."""
     global _registered
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
+        add(loop, sig, on_signal, sig)
     if not _registered:
         os.register_at_fork(after_in_child=_defaults_in_child)
         _registered = True
+
+
+def add(
+    loop: asyncio.AbstractEventLoop, sig: int, callback: Callable[..., None], *args: Any
+) -> None:
+    """loop.add_signal_handler, called back once per delivery (see above)."""
+    loop.add_signal_handler(sig, callback, *args)
+    if type(loop).__module__.startswith("uvloop"):
+        signal.signal(sig, _no_op)
+
+
+def _no_op(_signum: int, _frame: object) -> None:
+    pass
 
 
 def remove(loop: asyncio.AbstractEventLoop) -> None:
