@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from scheduler import Queue
+from scheduler.cli import stall_watchdog
+from scheduler.cli.stall_watchdog import StallWatchdog
 from scheduler.core.backoff import Backoff
 from scheduler.core.connection import connect_async
 from scheduler.core.errors import InvalidPayload
@@ -189,3 +192,112 @@ def test_two_signals_at_once_are_each_called_back_once_on_uvloop() -> None:
         p.kill()
         p.wait()
         p.stdout.close()
+
+
+def test_a_long_job_whose_lease_lapsed_waits_for_its_run_and_is_not_failed(
+    redis_url: str, client: redis.Redis, q: Queue
+) -> None:
+    """Its lease lapsed in a Redis stall while its run goes on, within the run's timeout: the
+    claim waiting behind that run is given back (its attempt too), not failed, so the job is
+    done, not parked with attempts it never used (a review of the StillRunning change)."""
+    reg = Registry()
+    runs: list[str] = []
+
+    @reg.task(name="long", timeout_s=60)
+    def long(payload: Any, ctx: JobContext) -> str:
+        runs.append(ctx.token)
+        time.sleep(payload["s"])
+        return "ok"
+
+    job = q.enqueue("long", {"s": 4}, max_attempts=3, backoff=Backoff(10, 1.0, 10, 0.0))
+    settings = WorkerSettings(queues=(q.name,), concurrency=2, lease_ms=1000, heartbeat_ms=100,
+                              grace_s=0)  # fmt: skip
+
+    async def main() -> int:
+        aclient = connect_async(redis_url)
+        w = Worker(aclient, reg, settings)
+        task = asyncio.create_task(w.run(install_signals=False))
+        await poll(lambda: len(runs) == 1, timeout_s=30, what="the first run")
+        client.client_pause(2500)  # its heartbeats fail: the lease lapses
+        await poll(lambda: q.get_job(job).state in ("done", "dead"), timeout_s=60, what="the end")
+        w.request_stop()
+        code = await task
+        await aclient.aclose()
+        return code
+
+    assert asyncio.run(main()) == EXIT_OK
+    ended = q.get_job(job)
+    assert ended.state == "done", ended.fields
+    assert (ended.attempts or 0) < 3
+
+
+def test_a_hand_written_score_in_the_finished_index_fails_no_complete(
+    client: redis.Redis, q: Queue
+) -> None:
+    client.zadd(q.keys.finished, {"by-hand": float("inf"), "huge": 1e20})
+    job_id = q.enqueue("t")
+    (job,) = q.claim("w", limit=1).jobs
+    q.complete(job.id, job.token, "ok")  # raised "value is not an integer" after its writes
+    other = q.enqueue("t")
+    assert q.cancel(other) == "due"
+    assert client.pttl(q.keys.finished) > 0
+    assert q.get_job(job_id).state == "done"
+    assert {job_id, other} <= set(client.zrange(q.keys.finished, 0, -1))
+
+
+_FORK_CHECK = """
+import asyncio, os, signal, sys
+from scheduler.worker import signals
+
+def child_sees():
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        term, intr = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+        fd = signal.set_wakeup_fd(-1)
+        seen = [term == signal.SIG_DFL, intr is signal.default_int_handler,
+                intr == signal.SIG_IGN, fd == -1]
+        os.write(w, "|".join(str(v) for v in seen).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return os.read(r, 1000).decode()
+
+async def main():
+    loop = asyncio.get_running_loop()
+    signals.install(loop, lambda signum: None)
+    print("installed", child_sees())
+    signals.remove(loop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the app's own, as a Pool's setup does
+    print("removed", child_sees())
+
+asyncio.run(main())
+"""
+
+
+def test_a_fork_resets_only_while_the_workers_handlers_are_installed() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _FORK_CHECK], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    # term default, int Python's default, int ignored, no wake-up fd:
+    assert lines["installed"] == "True|True|False|True"
+    assert lines["removed"].split("|")[2] == "True"  # the app's own, as without the worker
+
+
+def test_a_stale_tick_on_a_turning_loop_ends_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As after SIGSTOP/SIGCONT: the watchdog thread may read the tick before the loop has
+    turned again. It pokes the loop first and exits only when no answer comes."""
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setattr(StallWatchdog, "_beat", lambda self: None)  # only a poke refreshes it
+
+    async def main() -> None:
+        dog = StallWatchdog(asyncio.get_running_loop(), lease_s=0.0)
+        dog.start()
+        dog._tick = time.monotonic() - 60
+        await asyncio.sleep(3 * stall_watchdog.TICK_S + 0.5)
+        dog.stop()
+
+    asyncio.run(main())
+    assert exits == []

@@ -42,6 +42,9 @@ local function finished_add(prefix, now, entries)
   local excess = redis.call('ZCARD', k) - FINISHED_MAX
   if excess > 0 then redis.call('ZREMRANGEBYRANK', k, 0, excess - 1) end
   -- The index itself expires with the last record it lists: an idle queue keeps no key of it.
-  local last = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')[2]
-  if last then redis.call('PEXPIRE', k, math.max(tonumber(last) - now, 1)) end
+  -- Clamped: a score written by hand (inf, 1e20) must not fail the call after its writes.
+  local last = tonumber(redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')[2])
+  if last then
+    redis.call('PEXPIRE', k, fmt(math.min(math.max(last - now, 1), LIM.ttl_ms)))
+  end
 end

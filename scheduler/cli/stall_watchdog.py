@@ -13,6 +13,7 @@ so the job that did it is isolated, then parked after its last attempt (docs/dur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -50,10 +51,22 @@ class StallWatchdog:
         if not self._stopped.is_set():
             self.loop.call_later(TICK_S, self._beat)
 
+    def _poke(self) -> None:
+        self._tick = time.monotonic()
+
     def _watch(self) -> None:
         while not self._stopped.wait(TICK_S):
+            if time.monotonic() - self._tick <= self.stall_s:
+                continue
+            # Confirmed before anything is done: a loop that turns answers a poke within a
+            # tick, also right after the whole process was paused (SIGSTOP, a debugger), when
+            # the tick read is stale though the loop is fine.
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self.loop.call_soon_threadsafe(self._poke)
+            if self._stopped.wait(2 * TICK_S):
+                return
             stalled_s = time.monotonic() - self._tick
-            if stalled_s > self.stall_s and not self._stopped.is_set():
+            if stalled_s > self.stall_s:
                 self._exit(stalled_s)
 
     def _exit(self, stalled_s: float) -> None:

@@ -67,12 +67,12 @@ def result_text(result: Any) -> str:
     return codec.encode_json(result, "result", limit)
 
 
-# A job claimed again while its previous run here still goes on (a sync handler's thread that
-# never returned after its timeout or a lost lease): after one lease held back, a failed attempt.
+# A job claimed again while its previous run here still goes on past that run's timeout (a sync
+# handler's thread that never returned): after one lease held back, a failed attempt.
 STILL_RUNNING = "StillRunning"
 STILL_RUNNING_TEXT = (
-    "its previous run is still going on in this worker process (a handler that did not return "
-    "after its timeout or its lost lease): counted as a failed attempt, retried by its backoff"
+    "its previous run is still going on in this worker process, past its timeout (a handler "
+    "that does not return): counted as a failed attempt, retried by its backoff"
 )
 
 

@@ -62,18 +62,32 @@ class Heartbeats(Dispatch, Reporting):
             # One interval at most: a node that hangs must not hold up the next heartbeat.
             await self._bounded("presence", self._beat_workers(), lease_s, interval_s)
             self._expire_leases()
-            # A job held back behind its own abandoned run for a lease: a failed attempt (a
-            # release would give the attempt back, so a handler that never returns would
-            # cycle for good, never parked), retried by its backoff, parked after its last.
+            # A job held back behind its own abandoned run for a lease goes back. Released,
+            # its attempt given back, while that run is within its timeout (a long job whose
+            # lease lapsed in a stall: nothing failed); a failed attempt once that run has
+            # overrun its timeout (a handler that never returns would else cycle for good,
+            # never parked), retried by its backoff, parked after its last. With them the jobs
+            # that could not start (Starting._cannot_start).
             now = time.monotonic()
-            for r in [r for r in self._behind.values() if now - r.started_s > lease_s]:
+            stale = [r for r in self._behind.values() if now - r.started_s > lease_s]
+            for r in stale:
                 del self._behind[(r.queue, r.job.id)]
+            stale = [r for r in stale if not r.finished and not self._overran(r, now)]
+            for r in stale:
                 r.finished = True
-                self._queue_fail(r, (STILL_RUNNING, STILL_RUNNING_TEXT, ""), retryable=True)
-            # The jobs that could not start (Starting._cannot_start) go back as they are.
-            if self._give_back:
-                stale, self._give_back = self._give_back, []
+            stale += self._give_back
+            self._give_back = []
+            if stale:
                 await self._release(stale, time.monotonic() + _SETTLE_S)
+
+    def _overran(self, r: Running, now: float) -> bool:
+        """r waits behind a run of its job that has overrun its own timeout: r fails."""
+        old = self._abandoned.get((r.queue, r.job.id))
+        if old is None or old.timeout_s is None or now - old.started_s <= old.timeout_s:
+            return False
+        r.finished = True
+        self._queue_fail(r, (STILL_RUNNING, STILL_RUNNING_TEXT, ""), retryable=True)
+        return True
 
     async def _bounded(
         self,

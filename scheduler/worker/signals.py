@@ -23,14 +23,19 @@ from collections.abc import Callable
 from typing import Any
 
 _registered = False
+# While a worker's handlers are installed: the handler object each signal had then (asyncio's
+# or our no-op), so a child forked later is reset only where the worker's still is.
+_ours: dict[int, object] = {}
 
 
 def install(loop: asyncio.AbstractEventLoop, on_signal: Callable[[int], None]) -> None:
     """SIGTERM and SIGINT call on_signal(signum) on the loop; forked children do not inherit
-    it (registered once per process: os.register_at_fork has no undo)."""
+    it (registered once per process: os.register_at_fork has no undo, so the hook acts only
+    while these handlers are installed)."""
     global _registered
     for sig in (signal.SIGTERM, signal.SIGINT):
         add(loop, sig, on_signal, sig)
+        _ours[sig] = signal.getsignal(sig)
     if not _registered:
         os.register_at_fork(after_in_child=_defaults_in_child)
         _registered = True
@@ -50,14 +55,25 @@ def _no_op(_signum: int, _frame: object) -> None:
 
 
 def remove(loop: asyncio.AbstractEventLoop) -> None:
+    _ours.clear()  # an app's forks from now on inherit its own handlers again
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
 
 
+_DEFAULTS: dict[int, Any] = {
+    signal.SIGTERM: signal.SIG_DFL,
+    signal.SIGINT: signal.default_int_handler,
+}
+
+
 def _defaults_in_child() -> None:
+    if not _ours:
+        return
     # The forking thread is the child's main thread, which may set these; suppress: a child
-    # forked where that fails must still run.
+    # forked where that fails must still run. Only what is still the worker's is reset.
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig, handler in _ours.items():
+            if signal.getsignal(sig) is handler:
+                signal.signal(sig, _DEFAULTS[sig])
+    _ours.clear()
