@@ -59,6 +59,8 @@ class TextFormatter(logging.Formatter):
 
 
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    owned = False  # its stream is our dup of stderr (closed when replaced)
+
     def handleError(self, record: logging.LogRecord) -> None:
         # A line that cannot be written (its stream gone) must not raise into the worker.
         with contextlib.suppress(Exception):
@@ -77,8 +79,13 @@ def _stderr() -> Any:
 
 def setup(level: str = "INFO", json_logs: bool = False, stream: Any = None) -> logging.Logger:
     handler = _Handler(stream or _stderr())
+    handler.owned = stream is None and handler.stream is not sys.stderr
     handler.setFormatter(JsonFormatter() if json_logs else TextFormatter())
     root = logging.getLogger("scheduler")
+    for old in root.handlers:  # set up again (in-process): no dup of stderr left open
+        if isinstance(old, _Handler) and old.owned:
+            with contextlib.suppress(Exception):
+                old.stream.close()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
