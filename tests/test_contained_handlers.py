@@ -301,3 +301,58 @@ def test_a_stale_tick_on_a_turning_loop_ends_nothing(monkeypatch: pytest.MonkeyP
 
     asyncio.run(main())
     assert exits == []
+
+
+_TERMINATE_AT_ONCE = """
+import asyncio, multiprocessing, sys, threading, time
+from scheduler.worker import signals
+
+woken = []
+
+async def main():
+    signals.install(asyncio.get_running_loop(), woken.append)
+    survived = 0
+
+    def run():
+        nonlocal survived
+        for _ in range(50):
+            p = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+            p.start()
+            p.terminate()  # at once: before the child could reset anything itself
+            p.join(5)
+            if p.exitcode is None:
+                survived += 1
+                p.kill()
+                p.join()
+
+    t = threading.Thread(target=run)
+    t.start()
+    while t.is_alive():
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    print(survived, len(woken))
+
+if sys.argv[1] == "uvloop":
+    import uvloop
+    uvloop.new_event_loop().run_until_complete(main())
+else:
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_helper_terminated_right_after_its_start_dies_and_leaves_the_worker_be(
+    loop: str,
+) -> None:
+    """Blocked across the fork: a SIGTERM reaching the child before its handlers were reset
+    went to the worker's wake-up fd (the worker saw a SIGTERM, the helper lived on). Without
+    the block, 28 of 30 helpers survived and the parent was woken 30 times."""
+    out = subprocess.run(
+        [sys.executable, "-c", _TERMINATE_AT_ONCE, loop],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "0"]  # helpers that survived, worker wake-ups

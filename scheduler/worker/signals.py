@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,9 @@ def install(loop: asyncio.AbstractEventLoop, on_signal: Callable[[int], None]) -
         add(loop, sig, on_signal, sig)
         _ours[sig] = signal.getsignal(sig)
     if not _registered:
-        os.register_at_fork(after_in_child=_defaults_in_child)
+        os.register_at_fork(
+            before=_block, after_in_parent=_unblock, after_in_child=_defaults_in_child
+        )
         _registered = True
 
 
@@ -66,14 +69,33 @@ _DEFAULTS: dict[int, Any] = {
 }
 
 
+# The forking thread's signal mask before the fork (the child inherits the thread). Blocked
+# across the fork: a SIGTERM reaching the child before its handlers are reset would still be
+# written to the worker's wake-up fd (a terminate() right after start()); it waits, pending,
+# and lands on the defaults. The worker's own thread keeps them unblocked meanwhile.
+_mask = threading.local()
+
+
+def _block() -> None:
+    if _ours:
+        _mask.old = signal.pthread_sigmask(signal.SIG_BLOCK, _ours.keys())
+
+
+def _unblock() -> None:
+    old = getattr(_mask, "old", None)
+    if old is not None:
+        _mask.old = None
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _defaults_in_child() -> None:
-    if not _ours:
-        return
-    # The forking thread is the child's main thread, which may set these; suppress: a child
-    # forked where that fails must still run. Only what is still the worker's is reset.
-    with contextlib.suppress(ValueError, OSError):
-        signal.set_wakeup_fd(-1)
-        for sig, handler in _ours.items():
-            if signal.getsignal(sig) is handler:
-                signal.signal(sig, _DEFAULTS[sig])
-    _ours.clear()
+    if _ours:
+        # The forking thread is the child's main thread, which may set these; suppress: a
+        # child forked where that fails must still run. Only what is still the worker's.
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+            for sig, handler in _ours.items():
+                if signal.getsignal(sig) is handler:
+                    signal.signal(sig, _DEFAULTS[sig])
+        _ours.clear()
+    _unblock()
