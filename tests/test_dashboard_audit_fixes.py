@@ -7,7 +7,6 @@ HTML; and a link could make the page claim an action had been done."""
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -21,6 +20,7 @@ from scheduler.core.errors import BadArgument
 from scheduler.dashboard import Auth, create_app
 from tests.test_dashboard import csrf_of, make_client
 from tests.test_dashboard_pause import post
+from tests.test_worker_pool_metrics import free_port
 
 HOUR_MS = 3_600_000
 
@@ -87,7 +87,7 @@ def test_a_mounted_dashboards_json_errors_are_json(client: redis.Redis, q: Queue
         assert r.status_code == 404 and r.headers["content-type"] == "application/json"
         assert web.get("/ops/queues/no-such-queue").headers["content-type"].startswith("text/html")
     # Redis down: the overview's JSON (the live refresh's) answers JSON under the prefix too.
-    down = redis.Redis(host="127.0.0.1", port=_closed_port(), socket_connect_timeout=0.2)
+    down = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2)
     outer = Starlette(
         routes=[Mount("/ops", app=create_app(client=down, queues=["x"], auth=Auth()))]
     )
@@ -95,12 +95,6 @@ def test_a_mounted_dashboards_json_errors_are_json(client: redis.Redis, q: Queue
         r = web.get("/ops/api/overview")
         assert r.status_code == 503 and r.headers["content-type"] == "application/json"
         assert r.json()["error"] == "Redis unreachable"
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed again when this returns
 
 
 def test_a_notice_shows_only_with_the_acting_sessions_signature(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -18,8 +17,8 @@ from scheduler.admin.doctor import check_queue
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.errors import CorruptKey
-from tests.conftest import delete_queue
 from tests.test_dashboard import make_client
+from tests.test_partitions import pq as pq  # the fixture: 3 partitions, deleted after
 
 FINISHED_MAX = 10_000  # lua/lib/result.lua
 
@@ -113,15 +112,6 @@ def test_an_index_edited_into_another_type_never_fails_a_finish(
         q.list_jobs("finished")
     (issue,) = [i for i in check_queue(client, q.name) if q.keys.finished in i.message]
     assert issue.code == "wrong-type" and "DEL" in issue.fix
-
-
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    p = PartitionedQueue.create(client, queue_name, partitions=3)
-    yield p
-    for part in p.parts:
-        delete_queue(client, part)
-    client.delete(f"sched:{{{queue_name}}}:partitions")
 
 
 def test_a_partitioned_queue_lists_its_partitions_finished_merged(pq: PartitionedQueue) -> None:
