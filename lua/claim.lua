@@ -21,7 +21,8 @@
     A re-sent call with the same nonce returns the first call's jobs (those it still holds) and
     changes nothing.
   Side effects: attempts is counted here, at claim; a job whose attempts are used up is parked
-    with reason 'lease expired' (lapsed) or 'attempts exhausted'; a job hash that cannot be read
+    with reason 'lease expired' (lapsed) or 'attempts exhausted', one past its start deadline
+    (lib/job.lua spec_flags) with 'start deadline passed'; a job hash that cannot be read
     (edited by hand) is parked alone with reason 'invalid job: <field>': every field the reply
     carries is checked first (read_claimable), so the reply only holds values a client parses.
     A job never claimed is its spec record alone (lib/job.lua): its first claim creates the
@@ -301,6 +302,18 @@ if limit > 0 then
     local jk = job_key(prefix, id)
     local r, bad = read_claimable(id, jk, fmt(score_ms(score)))
     if r and r.attempts >= r.max_attempts then bad = 'attempts exhausted' end
+    -- No attempt starts after the job's start deadline (enqueue's start_within_ms): parked,
+    -- visibly, instead of run late; a lapsed lease reaped after it ends the same way.
+    if not bad and r.spec and r.spec.flags ~= '' and r.spec.flags ~= 'k' then
+      local _, deadline = spec_flags(r.spec.flags)
+      if deadline and now > deadline then
+        bad = 'start deadline passed'
+        -- Never claimed: its dead record says so, and when it was due (the spec alone did).
+        if r.fresh then
+          redis.call('HSET', jk, 'attempts', '0', 'run_at_ms', r.run_at_s, 'task', r.task)
+        end
+      end
+    end
     if bad then return drop(id, jk, bad, r) end
     -- A suspect (lapsed twice): one per worker at a time; else it stays due for another,
     -- re-scored to now (never before its score): behind every job due before now, so more
@@ -362,7 +375,7 @@ if limit > 0 then
       -- (models.Job.max_attempts), the others read the spec.
       if r.max_attempts ~= 5 then redis.call('HSET', jk, 'max_attempts', fmt(r.max_attempts)) end
       if sp.result_ttl_ms ~= '' then redis.call('HSET', jk, 'result_ttl_ms', sp.result_ttl_ms) end
-      if sp.flags == 'k' then redis.call('HSET', jk, 'keep_payload', '1') end
+      if spec_flags(sp.flags) then redis.call('HSET', jk, 'keep_payload', '1') end
     else
       token = fmt(redis.call('HINCRBY', jk, 'fence', 1)) .. '-' .. nonce
       redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,

@@ -10,7 +10,8 @@
     delay_ms from server now for 'in'), max_attempts, backoff ('base_ms,factor,cap_ms,jitter'
     with factor >= 1 and jitter in [0, 1]), timeout_ms (0 = none), idem (hex digest or ''),
     idem_ttl_ms, result_ttl_ms ('' = the completing worker's), flags ('' | 'k': keep the
-    payload once done), flow ('' = none, else 'priority|ckey|climit|rkey|rate_count|
+    payload once done; then optionally 'w' and a start window in ms, 1 .. LIM.delay_ms: the job
+    is parked, not run, when no attempt has started by run_at + window), flow ('' = none, else 'priority|ckey|climit|rkey|rate_count|
     rate_window_ms|parents', lib/flow.lua flow_arg; a flow job also gets a hash holding only its
     flow fields, and a priority > 0 puts it in its level's index). Parents (space-separated
     ids, earlier jobs of this queue or of this call; one of this call whose idempotency key was
@@ -82,13 +83,21 @@ for i = 0, n - 1 do
     local _, bad = int_arg(ARGV[b + 11], 'result_ttl_ms', 1, LIM.ttl_ms)
     if bad then return bad end
   end
-  if ARGV[b + 12] ~= '' and ARGV[b + 12] ~= 'k' then
-    return redis.error_reply('BAD_ARGUMENT flags=' .. string.sub(ARGV[b + 12], 1, 40))
+  -- flags: 'k' (keep the payload), then 'w' and a start window in ms: the spec stores the
+  -- deadline it makes, run_at + window (lib/job.lua spec_flags).
+  local flags = ARGV[b + 12]
+  if flags ~= '' and flags ~= 'k' then
+    local keep, window = string.match(flags, '^(k?)w(%d+)$')
+    window = window and parse_int(window, 1, LIM.delay_ms)
+    if not window then
+      return redis.error_reply('BAD_ARGUMENT flags=' .. string.sub(flags, 1, 40))
+    end
+    flags = keep .. 'd' .. fmt(math.min(t + window, LIM.time_ms))
   end
   local flow, bad_flow = flow_arg(W == 13 and ARGV[b + 13] or '')
   if flow == nil then return bad_flow end
   jobs[i + 1] = { id, task, ARGV[b + 3], t, max_attempts, backoff, timeout, ARGV[b + 9], idem_ttl,
-    ARGV[b + 11], ARGV[b + 12], flow }
+    ARGV[b + 11], flags, flow }
 end
 
 -- Idempotency keys are read before any write too (a key overwritten with another type would

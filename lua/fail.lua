@@ -7,7 +7,8 @@
   ARGV[7] u          uniform random number in [0, 1) drawn by the client, for the jitter
   ARGV[8] delay_ms   '' = the job's own backoff; else this delay
   Backoff: min(cap, base * factor ^ (attempts - 1)) * (1 - jitter * u), scheduled from server
-    time (attempts is already counted at claim). Parks when attempts >= max_attempts; a park
+    time (attempts is already counted at claim). Parks when attempts >= max_attempts, or when
+    the retry would start after the job's start deadline (lib/job.lua spec_flags); a park
     pushes the result wake-up (lib/result.lua). A park the queue's dead retention deletes at
     once (lib/job.lua dead_trim) leaves no key of the job (a re-sent call answers 'missing').
   Returns: {status, run_at_ms or dead reason}; status is 'retry' | 'dead' | 'stale' |
@@ -55,13 +56,34 @@ if not f[7] or not f[8] then sp = job_spec(prefix, id, '0') end
 local attempts = parse_int(f[6], 0, LIM.attempts) or 1
 local max_attempts = parse_int(f[7] or (sp and sp.max_attempts), 1, LIM.attempts) or 1
 local parks = retryable ~= '1' or attempts >= max_attempts
+local reason = (retryable ~= '1') and 'non-retryable error' or 'attempts exhausted'
+local run_at
+if not parks then
+  local delay = delay_override
+  if delay == nil then
+    -- 'base_ms,factor,cap_ms,jitter' as enqueue stored it; none stored (the first layout's
+    -- backoff_* fields) is the default, as claim reports it; a hand-edited value means no delay.
+    local p = parse_backoff(f[8] or (sp and sp.backoff) or SPEC_BACKOFF) or { 0, 1, 0, 0 }
+    local base, factor, cap, jitter = p[1], p[2], p[3], p[4]
+    delay = 0
+    -- factor ^ n may overflow to inf: min() then gives cap (0 * inf would be nan, so base > 0).
+    if base > 0 and cap > 0 then delay = math.min(cap, base * factor ^ (attempts - 1)) end
+    delay = math.floor(delay * (1 - jitter * u))
+  end
+  run_at = now + delay
+  -- A retry that could only start after the job's start deadline is parked now, not left to
+  -- wait for a claim to park it then (claim's check stays the rule: lib/job.lua spec_flags).
+  if sp and sp.flags ~= '' and sp.flags ~= 'k' then
+    local _, deadline = spec_flags(sp.flags)
+    if deadline and run_at > deadline then parks, reason = true, 'start deadline passed' end
+  end
+end
 -- Before the first write, the sets this call writes that may have been edited into another
 -- type: due (the retry's ZADD, the park's ZREM) and, for a park, dead. leased needs no check:
 -- its ZREM is the first write, so an error there has written nothing.
 local bad = zset_err(prefix, 'due') or (parks and dead_err(prefix))
 if bad then return bad end
 if parks then
-  local reason = (retryable ~= '1') and 'non-retryable error' or 'attempts exhausted'
   -- First write frees memory, so a full server still lets a worker settle (see complete.lua).
   redis.call('ZREM', leased, id)
   push_error(jk, ARGV[4], ARGV[5], ARGV[6], attempts, now)
@@ -79,18 +101,6 @@ if parks then
   bump_stat(prefix, now, 'dead', 1)
   return { 'dead', reason }
 end
-local delay = delay_override
-if delay == nil then
-  -- 'base_ms,factor,cap_ms,jitter' as enqueue stored it; none stored (the first layout's
-  -- backoff_* fields) is the default, as claim reports it; a hand-edited value means no delay.
-  local p = parse_backoff(f[8] or (sp and sp.backoff) or SPEC_BACKOFF) or { 0, 1, 0, 0 }
-  local base, factor, cap, jitter = p[1], p[2], p[3], p[4]
-  delay = 0
-  -- factor ^ n may overflow to inf: min() then gives cap (0 * inf would be nan, so base > 0).
-  if base > 0 and cap > 0 then delay = math.min(cap, base * factor ^ (attempts - 1)) end
-  delay = math.floor(delay * (1 - jitter * u))
-end
-local run_at = now + delay
 -- The first write: out of leased (it frees memory, so a full server still lets a worker settle:
 -- see complete.lua), then into due (checked above).
 flow_to_due(prefix, id, run_at, now, fl)

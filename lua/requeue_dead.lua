@@ -1,5 +1,5 @@
 --[[ requeue_dead: move parked jobs back to due, with a fresh attempt budget (attempts 0, no
-  lapses: not a suspect). A child parked by a parent (`parents` kept) waits again for those of
+  lapses: not a suspect) and no start deadline (lib/job.lua spec_flags). A child parked by a parent (`parents` kept) waits again for those of
   its parents still pending, one requeued by the same call included (lib/flow.lua flow_rewait).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held, flow:waiting, flow:children:<id>
@@ -40,6 +40,8 @@ for _, id in ipairs(dead) do
     local jk = job_key(prefix, id)
     redis.call('HSET', jk, 'state', 'due', 'attempts', 0, 'run_at_ms', fmt(now))
     redis.call('HDEL', jk, 'dead_reason', 'dead_ms', 'lapses')
+    -- A person's "run it again": its start deadline, which may be what parked it, goes too.
+    spec_move_deadline(prefix, id, nil)
     moved[#moved + 1] = id
   end
 end

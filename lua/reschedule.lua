@@ -2,7 +2,8 @@
   a job in due moves (scheduled, due, or waiting out a retry's backoff); its attempts, token
   and payload stay. Not a schedule's occurrence (its slot is its id: redefine or pause the
   schedule instead), and not a job flow control holds (a key or rate limit, or parents not
-  done: it runs when let go). An idempotency key keeps the window it got at enqueue.
+  done: it runs when let go). An idempotency key keeps the window it got at enqueue; a start
+  deadline (lib/job.lua spec_flags) moves by as much as the run time does.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, flow:levels, flow:pdue:<p>, flow:held
   ARGV[1] id  ARGV[2] when ('at' | 'in' | 'now')  ARGV[3] time_ms (run_at_ms for 'at'; for 'in', a
@@ -53,6 +54,10 @@ if when == 'now' and tonumber(score) <= now then return { 'due' } end
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local run_at_s = fmt(run_at)
 if not f[1] then spec_pin_enqueued(prefix, id, fmt(tonumber(score))) end
+-- A start deadline moves with the run time: the job keeps the window it was given (a score
+-- that is no time, edited by hand, moves nothing).
+local was = tonumber(score)
+if was >= 0 and was <= LIM.time_ms then spec_move_deadline(prefix, id, run_at - math.floor(was)) end
 redis.call('ZADD', due, 'XX', run_at_s, id)
 -- A job with a hash (claimed before, or a flow job) reads its run time from it at claim.
 if f[1] then redis.call('HSET', jk, 'run_at_ms', run_at_s) end

@@ -12,8 +12,10 @@ end
 --   2|task|max_attempts|backoff|timeout_ms|enqueued_ms|result_ttl_ms|flags|payload
 -- '2' is the layout version; an empty field is its default: max_attempts 5, backoff
 -- SPEC_BACKOFF, timeout_ms 0, enqueued_ms = run_at_ms (the due score), result_ttl_ms = the
--- completing worker's, flags '' ('k' = keep the payload once done). The payload (JSON) comes
--- last, so it may hold '|'. run_at_ms is the due score, the state is which set holds the id.
+-- completing worker's, flags '' (else 'k' = keep the payload once done, then 'd' and the ms
+-- of its start deadline: no attempt starts after it, claim parks the job instead; 'd' is new
+-- in this version: an older claim reads the flags as not 'k' and ignores the deadline). The
+-- payload (JSON) comes last, so it may hold '|'. run_at_ms is the due score, the state is which set holds the id.
 -- At first claim the hash `job:<id>` is born with the mutable state and the few spec fields a
 -- finished job keeps or that change (task, run_at_ms, enqueued_ms; max_attempts when not 5,
 -- result_ttl_ms and keep_payload when set); payload, backoff, timeout_ms (and the default
@@ -63,6 +65,33 @@ local function spec_pin_enqueued(prefix, id, run_at_s)
   if type(text) ~= 'string' then return end
   local head, enq, tail = string.match(text, '^(2|[^|]*|[^|]*|[^|]*|[^|]*|)([^|]*)(|.*)$')
   if head and enq == '' then redis.call('SET', sk, head .. run_at_s .. tail, 'KEEPTTL') end
+end
+
+-- The flags field: keep the payload ('k'), and the start deadline in ms (nil: none). A
+-- deadline that does not read as a plain number is no deadline (as a hand edit of another
+-- advisory field reads); the keep flag alone is never lost to it.
+local function spec_flags(flags)
+  local deadline = string.match(flags, '^k?d(%d+)$')
+  return string.sub(flags, 1, 1) == 'k', deadline and parse_int(deadline, 0, LIM.time_ms)
+end
+
+-- A pending job's spec record with its start deadline changed: shifted by `delta_ms` (a
+-- reschedule moves the deadline with the run time, so the job keeps its window), or dropped
+-- (delta_ms nil: a requeue from dead, whose deadline is what parked it). A record without one,
+-- or one that cannot be read, is left as it is.
+local SPEC_FLAGS_RE = '^(2|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|)(k?)d(%d+)(|.*)$'
+local function spec_move_deadline(prefix, id, delta_ms)
+  local sk = spec_key(prefix, id)
+  local text = redis.pcall('GET', sk)
+  if type(text) ~= 'string' then return end
+  local head, keep, deadline, tail = string.match(text, SPEC_FLAGS_RE)
+  local ms = deadline and parse_int(deadline, 0, LIM.time_ms)
+  if not ms then return end
+  local flags = keep
+  if delta_ms then
+    flags = keep .. 'd' .. fmt(math.max(0, math.min(ms + delta_ms, LIM.time_ms)))
+  end
+  redis.call('SET', sk, head .. flags .. tail, 'KEEPTTL')
 end
 
 -- Does job `id` exist: its hash, or (pending, never claimed) its spec record alone.

@@ -55,6 +55,12 @@ def parse_payload(text: str) -> Any:
     help="Run at this time, with an offset: 2030-01-01T09:00:00Z.",
 )
 @click.option("--in", "in_ms", type=Duration(), help="Run after this delay: 30s, 5m, 1h30m.")
+@click.option(
+    "--start-within",
+    "start_within_ms",
+    type=Duration(),
+    help="Start it within this long of its run time or not at all (parked: start deadline passed).",
+)
 @click.option("--key", help="Idempotency key: a second enqueue with it returns the first id.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
 @timeout_option
@@ -77,6 +83,7 @@ def enqueue(
     payload: str,
     at_text: str | None,
     in_ms: int | None,
+    start_within_ms: int | None,
     key: str | None,
     max_attempts: int,
     timeout_ms: int,
@@ -118,6 +125,7 @@ def enqueue(
         data,
         run_at=run_at,
         delay_ms=in_ms,
+        start_within_ms=start_within_ms,
         key=key,
         max_attempts=max_attempts,
         timeout_ms=timeout_ms,

@@ -28,6 +28,7 @@ _TIME_FIELDS = {
     "claimed_ms",
     "finished_ms",
     "dead_ms",
+    "start_by_ms",
     "progress_ms",
 }
 _DURATION_FIELDS = {"run_in_ms", "lease_left_ms", "ttl_ms", "timeout_ms"}
@@ -76,6 +77,7 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
         "lapses": _int(f.get("lapses")) or 0,
         "run_at_ms": run_at,
         "run_in_ms": None if run_at is None else run_at - now_ms,
+        "start_by_ms": job.start_by_ms,  # its start deadline (enqueue's start_within_ms)
         "token": token,
         "fence": fence,
         "worker": job.worker,

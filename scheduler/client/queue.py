@@ -130,6 +130,7 @@ class Queue:
         rate_limit: Any = None,
         rate_key: str | None = None,
         after: Sequence[str] | None = None,
+        start_within_ms: int | None = None,
     ) -> str:
         """Accept a job; returns its id.
 
@@ -165,6 +166,11 @@ class Queue:
             rate_key: what the rate limit counts (default: the task name).
             after: ids of jobs of this queue (up to 100) this one waits for: it runs once all
                 are done, and is parked as dead if one ends dead or cancelled.
+            start_within_ms: start it within this many ms of its run time, in [1 ms, 3650
+                days], or not at all: no attempt (a retry, a lapsed lease's rerun) starts
+                after run time + this; the job is parked as dead ('start deadline passed')
+                instead. A reschedule moves the deadline with the run time; a requeue from
+                dead drops it (docs/scheduling.md).
 
         Returns:
             The job's id.
@@ -194,6 +200,7 @@ class Queue:
                 rate_limit=rate_limit,
                 rate_key=rate_key,
                 after=after,
+                start_within_ms=start_within_ms,
             )
         )
 

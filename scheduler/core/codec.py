@@ -101,7 +101,7 @@ def epoch_ms(at: datetime) -> int:
 
 
 def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
-    """The 12 ARGV fields of one job in lua/enqueue.lua, after checking everything."""
+    """The 13 ARGV fields of one job in lua/enqueue.lua, after checking everything."""
     if not isinstance(spec.task, str) or not TASK_RE.fullmatch(spec.task):
         raise BadArgument(f"invalid task name {spec.task!r}: {task_name_hint(spec.task)}")
     payload = encode_json(spec.payload, "payload", max_payload_bytes)
@@ -172,7 +172,7 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         idem,
         _IDEM_TTL,
         "" if spec.result_ttl_ms is None else str(check_int(spec.result_ttl_ms, "result_ttl_ms")),
-        _keep_flag(spec.keep_payload),
+        _flags(spec),
         flow,
     ]
 
@@ -191,10 +191,12 @@ def _checked_backoff_text(b: Backoff) -> str:
     return backoff_text(check_backoff(b))  # frozen and hashable; a refused one is not cached
 
 
-def _keep_flag(keep: Any) -> str:
-    if not isinstance(keep, bool):
-        raise BadArgument(f"keep_payload must be True or False, got {keep!r}")
-    return "k" if keep else ""
+def _flags(spec: JobSpec) -> str:
+    """enqueue.lua's flags: 'k' keeps the payload once done, then 'w<ms>': the start window."""
+    if not isinstance(spec.keep_payload, bool):
+        raise BadArgument(f"keep_payload must be True or False, got {spec.keep_payload!r}")
+    flags, window = "k" if spec.keep_payload else "", spec.start_within_ms
+    return flags if window is None else f"{flags}w{check_int(window, 'start_within_ms')}"
 
 
 _IDEM_TTL = str(IDEMPOTENCY_TTL_MS)

@@ -33,6 +33,7 @@ class JobSpec:
     rate_limit: Any = None
     rate_key: str | None = None
     after: Sequence[str] | None = None
+    start_within_ms: int | None = None
 
     # Written out, not generated: a frozen dataclass's __init__ sets each of the 18 fields
     # through object.__setattr__: 1.9 us a spec, 0.7 written out (bench/client_overhead.py).
@@ -57,6 +58,7 @@ class JobSpec:
         rate_limit: Any = None,
         rate_key: str | None = None,
         after: Sequence[str] | None = None,
+        start_within_ms: int | None = None,
     ) -> None:
         self.__dict__.update(
             task=task,
@@ -77,4 +79,5 @@ class JobSpec:
             rate_limit=rate_limit,
             rate_key=rate_key,
             after=after,
+            start_within_ms=start_within_ms,
         )

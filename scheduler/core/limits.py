@@ -33,6 +33,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "run_at_ms": (0, MAX_TIME_MS),  # run_at: 1970-01-01 .. 2200-01-01 UTC; past means due now
     "delay_ms": (0, MAX_DELAY_MS),  # delay_ms (+ jitter), fail's delay_ms: up to 3650 days
     "jitter_ms": (0, MAX_DELAY_MS),
+    "start_within_ms": (1, MAX_DELAY_MS),  # no attempt starts after run_at + this
     "max_attempts": (1, 1_000_000),
     "attempts": (0, 1_000_000),  # stored only (claim counts it)
     "timeout_ms": (0, 7 * DAY_MS),  # 0 = none of its own (the task's timeout_s, else none)

@@ -110,7 +110,8 @@ class FailOutcome:
     Attributes:
         status: `'retry'` (due again at `run_at_ms`) or `'dead'` (parked in the dead letters).
         run_at_ms: server ms of the next attempt, for `'retry'`; else None.
-        dead_reason: `'attempts exhausted'` or `'non-retryable error'`, for `'dead'`.
+        dead_reason: `'attempts exhausted'`, `'non-retryable error'` or `'start deadline
+            passed'` (the retry would start after the job's `start_by_ms`), for `'dead'`.
     """
 
     status: str  # 'retry' | 'dead'
@@ -231,6 +232,12 @@ class Job:
     def dead_reason(self) -> str | None:
         """Why the job was parked (None unless dead)."""
         return self.fields.get("dead_reason")
+
+    @property
+    def start_by_ms(self) -> int | None:
+        """The job's start deadline (server ms; enqueue's `start_within_ms` after its run
+        time): no attempt starts after it. None when it has none."""
+        return self._int("start_by_ms")
 
     @property
     def finished_ms(self) -> int | None:

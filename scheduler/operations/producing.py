@@ -37,6 +37,7 @@ class ProducingOps(OpsBase):
         rate_limit: Any = None,
         rate_key: str | None = None,
         after: Sequence[str] | None = None,
+        start_within_ms: int | None = None,
     ) -> Op[str]:
         """One job: `enqueue_many` of one JobSpec; returns its id."""
         spec = JobSpec(
@@ -58,6 +59,7 @@ class ProducingOps(OpsBase):
             rate_limit,
             rate_key,
             after,
+            start_within_ms,
         )
         if self.settings.wait_replicas > 0:
             ids = yield from self.enqueue_many([spec])

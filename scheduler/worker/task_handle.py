@@ -115,6 +115,7 @@ class TaskHandle(Generic[F]):
         rate_limit: Any = None,
         rate_key: str | None = None,
         after: Sequence[str] | None = None,
+        start_within_ms: int | None = None,
     ) -> JobSpec:
         """A JobSpec with the task's defaults; an argument given here wins over its default.
         With a payload_type, `payload` must be of it (BadArgument otherwise).
@@ -149,6 +150,7 @@ class TaskHandle(Generic[F]):
             result_ttl_ms=result_ttl_ms,
             keep_payload=spec.keep_payload if keep_payload is None else keep_payload,
             after=after,
+            start_within_ms=start_within_ms,
             **flow,
         )
 
