@@ -196,6 +196,15 @@ def test_the_task_handle_and_the_cli_pass_the_window_on(
 
     spec = report.job_spec(None, start_within_ms=1_234)
     assert spec.start_within_ms == 1_234
+
+    @registry.task("reminder", start_within_ms=60_000)
+    def reminder(payload: object, ctx: object) -> None: ...
+
+    assert reminder.job_spec(None).start_within_ms == 60_000  # the task's default
+    assert reminder.job_spec(None, start_within_ms=5).start_within_ms == 5  # the job's wins
+    assert report.job_spec(None).start_within_ms is None
+    with pytest.raises(BadArgument, match="start_within_ms"):
+        registry.task("never", start_within_ms=0)
     result = CliRunner().invoke(
         main, ["enqueue", "--url", redis_url, "-q", q.name, "report", "--start-within", "15m"]
     )

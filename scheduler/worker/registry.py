@@ -122,6 +122,7 @@ class Registry:
         priority: int = 0,
         concurrency_limit: int | None = None,
         rate_limit: Any = None,
+        start_within_ms: int | None = None,
     ) -> Callable[[F], TaskHandle[F]]:
         """Decorator: register the function as the handler of task `name`.
 
@@ -147,6 +148,8 @@ class Registry:
             concurrency_limit: at most this many of its jobs leased at once (the task name
                 is the concurrency key); a job's own key and limit win.
             rate_limit: at most N starts of this task per window, e.g. '10/1s'.
+            start_within_ms: its jobs start within this many ms of their run time or not at
+                all (parked: 'start deadline passed'); a job's own `start_within_ms` wins.
 
         Returns:
             A decorator that returns a `TaskHandle` (callable as the function; `enqueue`,
@@ -164,6 +167,8 @@ class Registry:
             check_backoff(backoff)
         if result_ttl_ms is not None:
             codec.check_int(result_ttl_ms, "result_ttl_ms")
+        if start_within_ms is not None:
+            codec.check_int(start_within_ms, "start_within_ms")
         if isinstance(non_retryable, type | str) or not isinstance(non_retryable, Iterable):
             raise BadArgument(
                 f"non_retryable must be a tuple of exception classes, got {non_retryable!r}"
@@ -206,6 +211,7 @@ class Registry:
                 payload_type,
                 queue,
                 keep_payload=keep_payload,
+                start_within_ms=start_within_ms,
                 flow=tuple((k, v) for k, v in flow.items() if v is not None),
             )
             self._tasks[task_name] = spec

@@ -42,6 +42,7 @@ class JobOptions(TypedDict, total=False):
     rate_limit: Any
     rate_key: str | None
     after: Sequence[str] | None
+    start_within_ms: int | None
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class TaskSpec:
     payload_type: type | None = None  # checked at enqueue, decoded for the handler
     queue: str | None = None  # the queue this task's handle enqueues on (checked), None: any
     keep_payload: bool = False  # its jobs keep their payload once done (the job may say no)
+    start_within_ms: int | None = None  # its jobs' start window (the job's own wins)
     # Flow-control defaults of its jobs (docs/flow-control.md), as JobSpec field -> value.
     flow: tuple[tuple[str, Any], ...] = ()
 
@@ -150,7 +152,7 @@ class TaskHandle(Generic[F]):
             result_ttl_ms=result_ttl_ms,
             keep_payload=spec.keep_payload if keep_payload is None else keep_payload,
             after=after,
-            start_within_ms=start_within_ms,
+            start_within_ms=spec.start_within_ms if start_within_ms is None else start_within_ms,
             **flow,
         )
 
