@@ -4,6 +4,7 @@ dropped. On the test clock (tests/conftest.py tq): every decision reads the serv
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -235,3 +236,11 @@ def test_the_dashboard_job_page_shows_the_deadline(client: redis.Redis, q: Queue
         page = web.get(f"/queues/{q.name}/jobs/{with_deadline}").text
         assert 'id="job-start-by"' in page and shown in page
         assert 'id="job-start-by"' not in web.get(f"/queues/{q.name}/jobs/{without}").text
+        assert 'data-reason="start-deadline"' not in page  # its deadline is ahead
+        overdue = q.enqueue("t", None, start_within_ms=1)
+        time.sleep(0.01)
+        page = web.get(f"/queues/{q.name}/jobs/{overdue}").text
+        assert 'data-reason="start-deadline"' in page and "the next claim parks it" in page
+        assert q.claim("w", limit=10).jobs == []  # and so it does
+        page = web.get(f"/queues/{q.name}/jobs/{overdue}").text
+        assert 'data-reason="start-deadline"' in page and "requeue it to run it anyway" in page

@@ -73,9 +73,12 @@ def why_not_running(job: Job, now_ms: int, live_workers: int) -> list[Reason]:
             waits = held or [
                 Reason("waiting-for-worker", "it is due and waits for a free worker slot")
             ]
-        return [*waits, *_suspect(job)]
+        return [*waits, *_suspect(job), *_past_deadline(job, now_ms)]
     if state == JobState.DEAD:
         why = job.dead_reason or "unknown"
+        if why == "start deadline passed":
+            text = "it was not started by its start deadline (enqueue start_within_ms)"
+            return [Reason("start-deadline", f"{text}: requeue it to run it anyway")]
         if m := _PARENT.fullmatch(why):
             text = f"parked because its parent job {m.group(2)} ended {m.group(1)}"
             return [Reason("parked-by-parent", f"{text}: requeue it to run it anyway")]
@@ -99,6 +102,14 @@ def _suspect(job: Job) -> list[Reason]:
         "suspect, on a worker holding no other suspect"
     )
     return [Reason("suspect", text)]
+
+
+def _past_deadline(job: Job, now_ms: int) -> list[Reason]:
+    """A due job past its start deadline is not run: the next claim parks it."""
+    start_by = job.start_by_ms
+    if start_by is None or start_by >= now_ms:
+        return []
+    return [Reason("start-deadline", "its start deadline has passed: the next claim parks it")]
 
 
 def flow_settings(job: Job) -> list[tuple[str, str]]:
