@@ -1,7 +1,7 @@
 --[[ claim: lease up to `limit` due jobs to one worker. Lapsed leases are reaped on the same
   path first, so a job whose worker died is due again without any janitor process.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, isolated
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, isolated, finished
   ARGV[1] worker id
   ARGV[2] limit          jobs to lease at most (>= 0)
   ARGV[3] lease_ms       lease length (> 0)
@@ -50,6 +50,7 @@
 -- @include "lib/rearm.lua"
 -- @include "lib/flow.lua"
 -- @include "lib/lateness.lua"
+-- @include "lib/result.lua"
 
 local prefix, due, leased, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
 local worker, nonce = ARGV[1], ARGV[4]
@@ -352,6 +353,10 @@ if limit > 0 then
       -- by the schedule's misfire policy (lib/rearm.lua).
       if not go then
         flow_unindex(prefix, id, r.flow.priority)
+        -- Marked cancelled (skipped='misfire'): listed among the finished, as long as its
+        -- record is kept, and a result() waiting on it hears so.
+        finished_add(prefix, now, { now + SCHED_DROP_TTL_MS, id })
+        result_wake(prefix, id, 'cancelled', SCHED_DROP_TTL_MS)
         return 'gone'
       end
     end

@@ -17,6 +17,7 @@ from scheduler.admin.doctor import check_queue
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.errors import CorruptKey
+from tests.conftest import Clock
 from tests.test_dashboard import make_client
 from tests.test_partitions import pq as pq  # the fixture: 3 partitions, deleted after
 
@@ -126,3 +127,20 @@ def test_a_partitioned_queue_lists_its_partitions_finished_merged(pq: Partitione
     assert len({pq.layout.partition_of_id(i) for i in ids}) > 1
     assert [j.id for j in pq.list_jobs("finished")] == ids[::-1]
     assert [j.id for j in pq.list_jobs("finished", offset=2, limit=2)] == ids[::-1][2:4]
+
+
+def test_a_run_the_misfire_policy_skipped_is_listed_as_cancelled(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """A schedule's late occurrence dropped at claim (misfire='skip') is marked cancelled:
+    it is listed among the finished, as a cancel would list it."""
+    q, clock = tq
+    minute = 60_000
+    base = 10_000 * minute
+    clock.set_ms(base + 1)
+    q.schedule("m", "t", every_ms=minute, misfire="skip")  # first run at base + 1 min
+    clock.set_ms(base + 10 * minute + 30_000)  # an outage: that run is 9.5 min late
+    assert q.claim("w", limit=10, lease_ms=1_000).jobs == []
+    [skipped] = q.list_jobs("finished")
+    assert skipped.id.startswith("schedule:m:")
+    assert (skipped.state, skipped.fields.get("skipped")) == ("cancelled", "misfire")
