@@ -4,6 +4,7 @@ what they write, the confirmation, bulk work in batches, and bad input that writ
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -55,6 +56,30 @@ def test_enqueue_in_and_at(cli: Run, q: Queue) -> None:
     assert q.get_job(zulu["id"]).run_at_ms == expected
 
 
+def test_enqueue_takes_every_option_the_api_does(cli: Run, q: Queue) -> None:
+    parent = q.enqueue("t", None)
+    out = cli("enqueue", "t", "-q", q.name, "--job-id", "nightly-2031-01-01", "--after", parent,
+              "--result-ttl", "2h", "--keep-payload", "--jitter", "1s", "--payload", '{"a": 1}',
+              "--start-within", "10m")  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert out.stdout.strip() == "nightly-2031-01-01"
+    job = q.get_job("nightly-2031-01-01")
+    assert job.fields["parents"] == parent  # waits for it
+    [claimed] = q.claim("w", limit=5).jobs
+    assert claimed.id == parent
+    q.complete(parent, claimed.token)
+    assert 0 <= job.run_at_ms - int(job.fields["enqueued_ms"]) <= 1_000  # type: ignore[operator]
+    time.sleep(1.05)  # past its jitter
+    [child] = q.claim("w", limit=5).jobs
+    assert child.id == "nightly-2031-01-01"
+    q.complete(child.id, child.token, "ok")
+    done = q.get_job(child.id)
+    assert done.payload_json == '{"a":1}'  # --keep-payload
+    assert done.fields["result_ttl_ms"] == "7200000"
+    again = cli("enqueue", "t", "-q", q.name, "--job-id", "nightly-2031-01-01")
+    assert again.stdout.strip() == "nightly-2031-01-01"  # the same id: nothing more written
+
+
 def test_enqueue_with_a_key_is_idempotent(cli: Run, q: Queue) -> None:
     first = cli("enqueue", "t", "--key", "order-17", "-q", q.name).stdout.strip()
     again = cli("enqueue", "t", "--key", "order-17", "-q", q.name).stdout.strip()
@@ -72,6 +97,12 @@ BAD_ENQUEUE = {
     "both --at and --in": ["--at", "2031-01-01T00:00:00Z", "--in", "5m"],
     "zero attempts": ["--max-attempts", "0"],
     "task with a space": ["--payload", "1", "--", "bad task"],
+    "zero start window": ["--start-within", "0s"],
+    "bad job id": ["--job-id", "a b"],
+    "job id of a schedule's run": ["--job-id", "schedule:x:1"],
+    "zero result ttl": ["--result-ttl", "0s"],
+    "missing parent": ["--after", "no-such-job"],
+    "bad jitter": ["--jitter", "soon"],
 }
 
 

@@ -61,7 +61,14 @@ def parse_payload(text: str) -> Any:
     type=Duration(),
     help="Start it within this long of its run time or not at all (parked: start deadline passed).",
 )
+@click.option(
+    "--jitter", "jitter_ms", type=Duration(), default=0, help="Spread the run time by [0, this]."
+)
 @click.option("--key", help="Idempotency key: a second enqueue with it returns the first id.")
+@click.option("--job-id", help="Choose the id (re-sending the same id enqueues nothing more).")
+@click.option("--after", multiple=True, help="Run once this job (an id; repeatable) is done.")
+@click.option("--result-ttl", "result_ttl_ms", type=Duration(), help="Keep its outcome this long.")
+@click.option("--keep-payload", is_flag=True, help="Keep the payload with its outcome once done.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
 @timeout_option
 @backoff_option
@@ -84,7 +91,12 @@ def enqueue(
     at_text: str | None,
     in_ms: int | None,
     start_within_ms: int | None,
+    jitter_ms: int,
     key: str | None,
+    job_id: str | None,
+    after: tuple[str, ...],
+    result_ttl_ms: int | None,
+    keep_payload: bool,
     max_attempts: int,
     timeout_ms: int,
     backoff: Backoff | None,
@@ -103,6 +115,7 @@ def enqueue(
         "concurrency_limit": concurrency_limit,
         "rate_limit": rate_limit,
         "rate_key": rate_key,
+        "after": list(after) or None,
     }
     try:
         check_flow(task, **flow)  # docs/flow-control.md; refused before connecting
@@ -126,7 +139,11 @@ def enqueue(
         run_at=run_at,
         delay_ms=in_ms,
         start_within_ms=start_within_ms,
+        jitter_ms=jitter_ms,
         key=key,
+        job_id=job_id,
+        result_ttl_ms=result_ttl_ms,
+        keep_payload=keep_payload,
         max_attempts=max_attempts,
         timeout_ms=timeout_ms,
         backoff=backoff,
@@ -135,6 +152,7 @@ def enqueue(
         concurrency_limit=concurrency_limit,
         rate_limit=rate_limit,
         rate_key=rate_key,
+        after=list(after) or None,
     )
     if as_json:
         emit_json({"id": job_id, "queue": queue, "task": task})
