@@ -244,3 +244,42 @@ def test_the_dashboard_job_page_shows_the_deadline(client: redis.Redis, q: Queue
         assert q.claim("w", limit=10).jobs == []  # and so it does
         page = web.get(f"/queues/{q.name}/jobs/{overdue}").text
         assert 'data-reason="start-deadline"' in page and "requeue it to run it anyway" in page
+
+
+def test_a_worker_busy_past_a_jobs_deadline_never_runs_it(redis_url: str, q: Queue) -> None:
+    """End to end, on the server's real clock: one slot, held by a slow job; a job that had to
+    start within 50 ms of now waits behind it and is parked when the slot frees, never run."""
+    from scheduler import Registry
+    from scheduler.worker import WorkerSettings
+    from tests.embedded_worker import run_until
+
+    registry = Registry()
+    ran: list[str] = []
+
+    @registry.task("slow")
+    def slow(payload: object, ctx: object) -> None:
+        time.sleep(0.4)
+        ran.append("slow")
+
+    @registry.task("quick")
+    def quick(payload: object, ctx: object) -> None:
+        ran.append(str(payload))
+
+    q.enqueue("slow", None)
+    settings = WorkerSettings(queues=(q.name,), concurrency=1, prefetch=0)
+
+    enqueued: list[str] = []
+
+    def drained() -> bool:
+        if not enqueued:  # once the slow job holds the one slot, the two quick ones come
+            if q.counts().leased == 0:
+                return False
+            enqueued.append(q.enqueue("quick", "late", start_within_ms=50))
+            enqueued.append(q.enqueue("quick", "in-time", start_within_ms=60_000))
+        c = q.counts()
+        return c.due + c.leased == 0 and len(ran) == 2
+
+    assert run_until(redis_url, registry, settings, drained)
+    assert ran == ["slow", "in-time"]
+    late = q.get_job(enqueued[0])
+    assert (late.state, late.dead_reason) == (JobState.DEAD, REASON)
