@@ -398,7 +398,8 @@ class Queue:
         self, job_id: str, *, delay_ms: int | None = None, run_at: datetime | None = None
     ) -> str:
         """Move a waiting job's run time: earlier (`delay_ms=0` runs it now) or later. Its
-        attempts and payload stay; an idempotency key keeps the window it got at enqueue.
+        attempts and payload stay; an idempotency key keeps the window it got at enqueue; a
+        start deadline (`start_within_ms`) moves by as much as the run time does.
 
         Args:
             job_id: the job's id.
