@@ -13,11 +13,13 @@ from click.testing import CliRunner
 
 from scheduler import Queue
 from scheduler.cli.main import main
+from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.errors import BadArgument
 from scheduler.core.models import JobSpec, JobState
 from scheduler.core.spec_record import spec_fields
 from scheduler.operations.ops import Script
 from tests.conftest import Clock, dump_queue
+from tests.test_partitions import pq as pq  # the fixture: 3 partitions, deleted after
 
 REASON = "start deadline passed"
 
@@ -283,3 +285,11 @@ def test_a_worker_busy_past_a_jobs_deadline_never_runs_it(redis_url: str, q: Que
     assert ran == ["slow", "in-time"]
     late = q.get_job(enqueued[0])
     assert (late.state, late.dead_reason) == (JobState.DEAD, REASON)
+
+
+def test_a_partitioned_queue_passes_the_window_on(pq: PartitionedQueue) -> None:
+    ids = [pq.enqueue("t", n, start_within_ms=5_000) for n in range(6)]
+    for jid in ids:
+        job = pq.get_job(jid)
+        assert job.start_by_ms is not None and job.run_at_ms is not None
+        assert job.start_by_ms - job.run_at_ms == 5_000
