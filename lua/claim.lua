@@ -1,7 +1,7 @@
 --[[ claim: lease up to `limit` due jobs to one worker. Lapsed leases are reaped on the same
   path first, so a job whose worker died is due again without any janitor process.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, isolated, finished
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, isolated, finished
   ARGV[1] worker id
   ARGV[2] limit          jobs to lease at most (>= 0)
   ARGV[3] lease_ms       lease length (> 0)
@@ -255,6 +255,10 @@ bump_stat(prefix, now, 'expired', #lapsed / 2)
 -- of another type (edited by hand) is no pause: doctor reports the key.
 local paused = redis.pcall('HEXISTS', prefix .. 'config', 'paused_ms') == 1
 if paused then limit = 0 end
+
+-- Parents' ends left for later (a parent of more waiting children than one script may reach:
+-- lib/flow.lua FLOW_END_STEP): the next step, before leasing, so a child it frees may be leased.
+flow_ending_step(prefix, now)
 
 -- 2. Lease due jobs in flow order (lib/flow.lua flow_fill): aged first, then by priority, oldest
 --    run_at first; a job whose key or rate window is full is set aside, still due. With no flow

@@ -1,6 +1,6 @@
 --[[ purge_dead: delete parked jobs for good.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, dead:migrating, flow:levels, flow:pdue:<p>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>
   ARGV ids (picked by the client from the dead list)
   Returns: the number of dead ids removed. An id whose job is not dead (or not in the dead list)
     is skipped. An id whose key is not a hash (claim parked it by its id alone), or whose keys

@@ -38,6 +38,7 @@ _BUILDERS = {
     "flow:held": "'flow:held'",
     "flow:waiting": "'flow:waiting'",
     "flow:children:<id>": "'flow:children:'",
+    "flow:ending": "'flow:ending'",  # lib/flow.lua: parents' ends left for later steps
     "isolated": "'isolated'",  # claim.lua: the one suspect job each worker holds
     "finished": "'finished'",  # lib/result.lua: done and cancelled ids, for listings
 }

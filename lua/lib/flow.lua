@@ -657,12 +657,39 @@ local function flow_lists(listed, pid)
   return string.find(' ' .. listed .. ' ', ' ' .. pid .. ' ', 1, true) ~= nil
 end
 
--- A parent's waiting children (flow:children:<id>): none when the key was made another type by
--- hand (the callers DEL it after), rather than an error after the script's first write.
-local function flow_children(ck)
-  local ids = redis.pcall('SMEMBERS', ck)
-  if ids.err then return {} end
+-- A parent's end reaches at most FLOW_END_STEP of its waiting children per script (about 20 us
+-- each: a parent of 100k children would hold the server for 2 s, every client waiting). The
+-- rest stay in its flow:children set, and the parent in `flow:ending` (ZSET '<word>:<parent
+-- id>' -> when queued; word: done | dead | cancelled); the next claims go on with them
+-- (flow_ending_step), each waking an idle worker while any is left. The budget is per script.
+local FLOW_END_STEP = 500
+local flow_end_left = FLOW_END_STEP
+
+-- Up to the script's budget of a parent's waiting children, taken off its set (SPOP: the rest
+-- stay for a later step). None when the key was made another type by hand (the callers DEL
+-- it after), rather than an error after the script's first write.
+local function flow_take_children(ck)
+  if flow_end_left <= 0 then return {} end
+  local ids = redis.pcall('SPOP', ck, flow_end_left)
+  if type(ids) ~= 'table' or ids.err then return {} end
+  flow_end_left = flow_end_left - #ids
   return ids
+end
+
+-- After a step of parent `pid`'s end: are children left for a later step? The parent is queued
+-- in flow:ending then (advisory: one of another type, by hand, leaves them waiting: doctor's
+-- stuck-waiting), else its entry goes (`unqueue`: only a parent that may have one) and so does
+-- its set (an empty one, or one of another type no step could read).
+local function flow_end_step_done(prefix, word, pid, now, unqueue)
+  local ck = prefix .. 'flow:children:' .. pid
+  local n = redis.pcall('SCARD', ck)
+  if type(n) == 'number' and n > 0 then
+    redis.pcall('ZADD', prefix .. 'flow:ending', 'NX', now, word .. ':' .. pid)
+    return true
+  end
+  if unqueue then redis.pcall('ZREM', prefix .. 'flow:ending', word .. ':' .. pid) end
+  redis.call('DEL', ck)
+  return false
 end
 
 -- A parent is done: each waiting child that lists it (flow_lists) counts it; one with no
@@ -672,10 +699,10 @@ end
 -- due): the count is read with the strict reader and written back with HSET (no HINCRBY, which
 -- errors on a non-integer), and a child key of another type is skipped (left waiting and held,
 -- for doctor: it cannot take the hash fields flow_unhold writes).
-local function flow_parent_done(prefix, id)
+local function flow_parent_done(prefix, id, now)
   local ck = prefix .. 'flow:children:' .. id
   local freed = false
-  for _, cid in ipairs(flow_children(ck)) do
+  for _, cid in ipairs(flow_take_children(ck)) do
     -- flow:waiting of another type (edited by hand): the child's place in flow:held says it
     -- still waits, and its score is the same run_at.
     local run_at = redis.pcall('ZSCORE', prefix .. 'flow:waiting', cid)
@@ -701,15 +728,17 @@ local function flow_parent_done(prefix, id)
       end
     end
   end
-  redis.call('DEL', ck)
-  redis.call('HDEL', job_key(prefix, id), 'kids')
+  -- `kids` goes with the last step (doctor: a done parent marked so still releases children).
+  if not flow_end_step_done(prefix, 'done', id, now, true) then
+    redis.pcall('HDEL', job_key(prefix, id), 'kids')
+  end
   -- An idle worker may be sleeping until the parent's lease end: a child is due again.
   if freed then wake(prefix .. 'wake') end
 end
 
 -- A parent ended dead or cancelled (`word`): its waiting children (those that list it:
 -- flow_lists) are parked with the reason, and theirs in turn ('parent dead: <child>'), the
--- whole subtree in this script. Reached after the callers' first writes (fail, cancel, claim's
+-- subtree within the script's budget (FLOW_END_STEP; the rest in later steps). Reached after the callers' first writes (fail, cancel, claim's
 -- reaper and parks): a child key of another type is parked by its id alone, as claim parks a
 -- key that is not a hash, instead of raising on its hash writes.
 local function flow_parent_ended(prefix, id, word, now)
@@ -720,7 +749,7 @@ local function flow_parent_ended(prefix, id, word, now)
     local pid, why = work[i][1], work[i][2]
     i = i + 1
     local ck = prefix .. 'flow:children:' .. pid
-    for _, cid in ipairs(flow_children(ck)) do
+    for _, cid in ipairs(flow_take_children(ck)) do
       -- flow:waiting of another type (edited by hand): a child still waits when its hash has
       -- the count (every way out of the wait deletes it).
       local v = redis.pcall('HMGET', job_key(prefix, cid), 'parents', 'waiting_for')
@@ -740,10 +769,32 @@ local function flow_parent_ended(prefix, id, word, now)
         parked = parked + 1
       end
     end
-    redis.call('DEL', ck)
+    -- A child just parked has no entry (a stale one, of an earlier end, a step removes).
+    flow_end_step_done(prefix, why, pid, now, i == 2)
   end
   -- Each child parked is a new dead job in the per-minute counts (stats' dead column).
   if parked > 0 then bump_stat(prefix, now, 'dead', parked) end
+end
+
+-- The next steps of parents' ends left for later (flow_parent_done / _ended), within this
+-- script's budget, oldest first; claim runs it. While any is left an idle worker is woken, so
+-- the steps go on at once, each bounded. An entry this version does not write (by hand) goes.
+local function flow_ending_step(prefix, now)
+  local k = prefix .. 'flow:ending'
+  local entries = redis.pcall('ZRANGE', k, 0, 9)
+  if type(entries) ~= 'table' or entries.err or #entries == 0 then return end
+  for _, e in ipairs(entries) do
+    if flow_end_left <= 0 then break end
+    local word, pid = string.match(e, '^(%a+):(.+)$')
+    if word == 'done' then
+      flow_parent_done(prefix, pid, now)
+    elseif word == 'dead' or word == 'cancelled' then
+      flow_parent_ended(prefix, pid, word, now)
+    else
+      redis.call('ZREM', k, e)
+    end
+  end
+  if redis.call('ZCARD', k) > 0 then wake(prefix .. 'wake') end
 end
 
 -- A parked child being requeued (requeue_dead, after every job of the call is back to state

@@ -115,7 +115,7 @@ end
 -- progress both keys hold dead ids and every function below reads both (none is ever lost).
 local DEAD_MIGRATE_STEP = 1000
 -- Retention (opt-in, `config` hash: dead_max_age_ms, dead_max_count) trims at most this many of
--- the oldest per dead-letter move.
+-- the oldest per script that parks (dead_trim).
 local DEAD_TRIM_STEP = 100
 
 -- One bounded migration step; returns the number of ids still on the old LIST (0: done).
@@ -162,11 +162,15 @@ end
 
 -- Opt-in retention, off unless the queue's config sets it: drop at most DEAD_TRIM_STEP of the
 -- oldest dead jobs older than dead_max_age_ms or beyond dead_max_count; counted as dead_trimmed.
+-- The step is per script, not per park: a script that parks many (a parent's children) would
+-- otherwise trim a whole backlog in one call; the next parks trim the rest.
+local dead_trim_left = DEAD_TRIM_STEP
 local function dead_trim(prefix, zset, now)
+  if dead_trim_left <= 0 then return 0 end
   local cfg = redis.pcall('HMGET', prefix .. 'config', 'dead_max_age_ms', 'dead_max_count')
   if type(cfg) ~= 'table' or (not cfg[1] and not cfg[2]) then return 0 end
   local max_age, max_count = parse_int(cfg[1], 0, LIM.time_ms), parse_int(cfg[2], 0, LIM.fence)
-  local budget, trimmed = DEAD_TRIM_STEP, 0
+  local budget, trimmed = dead_trim_left, 0
   if max_count then
     local excess = math.min(redis.call('ZCARD', zset) - max_count, budget)
     if excess > 0 then
@@ -179,6 +183,7 @@ local function dead_trim(prefix, zset, now)
     trimmed = trimmed + dead_drop(prefix, zset, old)
   end
   bump_stat(prefix, now, 'dead_trimmed', trimmed)
+  dead_trim_left = dead_trim_left - trimmed
   return trimmed
 end
 

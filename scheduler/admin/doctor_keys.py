@@ -49,6 +49,12 @@ def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
         msg = f"{keys.finished} is a {finished_type}, not the finished index: none is listed"
         how = f"redis-cli DEL {shlex.quote(keys.finished)} (jobs finishing from then are listed)"
         out.append(Issue("wrong-type", "warning", msg, how, keys.queue))
+    ending_type = str(client.type(keys.flow_ending))
+    if ending_type not in ("zset", "none"):
+        msg = (f"{keys.flow_ending} is a {ending_type}, not the ZSET of parents' ends left for "
+               "later: children of a parent of more than 500 wait on (stuck-waiting)")  # fmt: skip
+        how = f"redis-cli DEL {shlex.quote(keys.flow_ending)}"
+        out.append(Issue("wrong-type", "error", msg, how, keys.queue))
     index_type = str(client.type(keys.schedules))
     if index_type not in ("set", "none"):
         msg = f"{keys.schedules} is a {index_type}, not the SET of schedule names"
@@ -114,31 +120,43 @@ def _stuck(
             pipe.sismember(f"{keys.prefix}flow:children:{pid}", cid)
             pipe.hmget(keys.job(pid), ["kids", "state"])
             pipe.exists(keys.spec(pid))
+            for word in _ENDS:  # its end queued for a later step (lua/lib/flow.lua)
+                pipe.zscore(keys.flow_ending, f"{word}:{pid}")
     replies = pipe.execute(raise_on_error=False)
     out: list[tuple[str, list[str], int, int]] = []
     i = 0
     for cid, parents in items:
         score, fields = replies[i], replies[i + 1]
-        reads = replies[i + 2 : i + 2 + 3 * len(parents)]
-        i += 2 + 3 * len(parents)
+        reads = replies[i + 2 : i + 2 + _READS * len(parents)]
+        i += 2 + _READS * len(parents)
         if score is None or any(isinstance(r, Exception) for r in (score, fields)):
             continue  # released meanwhile, or its keys of another type (other checks)
         count, now_listed = fields
         if str(now_listed or "").split() != parents:
             continue  # changed between the reads
         need = int(str(count)) if str(count or "").isdigit() else 1
-        able = sum(_can_release(reads[3 * k : 3 * k + 3]) for k in range(len(parents)))
+        able = sum(_can_release(reads[_READS * k : _READS * (k + 1)]) for k in range(len(parents)))
         if able < need:
             out.append((cid, parents, need, able))
     return out
 
 
+_ENDS = ("done", "dead", "cancelled")
+_READS = 3 + len(_ENDS)
+
+
 def _can_release(reads: list[object]) -> bool:
-    """A parent's (SISMEMBER of the child, HMGET kids state, EXISTS spec): will its end count
-    the child down? Not when its key is of another type (by hand)."""
-    member, fields, spec = reads
+    """A parent's (SISMEMBER of the child, HMGET kids state, EXISTS spec, its flow:ending
+    entries): will its end count the child down? Yes while it is pending, or while its ended
+    end is queued for a later step with the child still in its set; not when its key is of
+    another type (by hand)."""
+    member, fields, spec, *queued = reads
+    if member not in (True, 1):
+        return False
+    if any(isinstance(q, str | float | int) and not isinstance(q, bool) for q in queued):
+        return True  # its end goes on at the next claims (lua/lib/flow.lua flow_ending_step)
     if not isinstance(fields, list):
         return False
     kids, state = fields
-    ended = state in ("done", "dead", "cancelled") or (state is None and not spec)
-    return member in (True, 1) and bool(kids) and not ended
+    ended = state in _ENDS or (state is None and not spec)
+    return bool(kids) and not ended

@@ -113,6 +113,12 @@ class QueueKeys:
         return self.prefix + "flow:waiting"
 
     @property
+    def flow_ending(self) -> str:
+        """Parents whose end has waiting children left to reach ('<word>:<id>' -> queued ms:
+        lua/lib/flow.lua FLOW_END_STEP), continued by the next claims."""
+        return self.prefix + "flow:ending"
+
+    @property
     def isolated(self) -> str:
         """HASH worker id -> the one suspect job (lapsed twice) it holds (lua/claim.lua)."""
         return self.prefix + "isolated"
