@@ -10,13 +10,12 @@ Invariants (membership in due / leased / dead is the truth; the hash's `state` i
 - every field name and value is UTF-8 (read with errors='surrogateescape', so damage shows up as
   lone surrogates and is reported, with the job id and the fields, instead of crashing the check).
 
-Checking reads in pages (SCAN / ZSCAN, pipelined), then re-reads each suspect inside one MULTI,
-so a job moving under a live worker is not reported. A repair re-reads its job under WATCH (the
-same reads, `snapshot_reads`) and re-plans from those reads, so it never acts on a stale view;
-it counts as done only when lua/repair.lua answers 1, and one Redis refuses is reported, not
-raised. A job set aside by flow control (flow:held) is read as due; a key of the wrong type
-reads as empty and is a finding (the wake-up LIST too). An old dead LIST is first converted to
-the dead ZSET by lua/dead_migrate.lua."""
+Checking reads in pages (SCAN / ZSCAN, pipelined; a never-claimed job by a GET of its record,
+doctor_pending), then re-reads each suspect inside one MULTI, so a job moving under a live
+worker is not reported. A repair re-reads its job under WATCH (`snapshot_reads`) and re-plans
+from those reads; it counts as done only when lua/repair.lua answers 1, and one Redis refuses
+is reported, not raised. A job set aside by flow control (flow:held) is read as due; a key of
+the wrong type reads as empty and is a finding. An old dead LIST is first converted."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -45,6 +44,7 @@ from scheduler.admin.doctor_model import (
     snapshot_reads,
     undecodable_fields,
 )
+from scheduler.admin.doctor_pending import unclaimed_suspects
 from scheduler.admin.inspection import iter_chunks, server_now_ms
 from scheduler.client.queue import Queue
 from scheduler.core import connection, scripts
@@ -130,13 +130,17 @@ def check_queue(
             suspects += _first_pass(client, page, job_prefix, ctx, due, leased, dead, seen)
             page = []
     suspects += _first_pass(client, page, job_prefix, ctx, due, leased, dead, seen)
-    suspects += sorted((set(due) | set(leased) | set(dead)) - seen)
-    # A spec record in no place and with no hash (an orphan spec) has no job: key to scan.
+    # Spec records with no hash: in no place (orphan spec) a suspect; in due, read cheaply first.
     spec_prefix = keys.prefix + "spec:"
+    unclaimed: list[str] = []
     for key in node.scan_iter(match=spec_prefix + "*", count=_PAGE):
         jid = str(key)[len(spec_prefix) :]
-        if jid not in seen and jid not in due and jid not in leased and jid not in dead:
-            suspects.append(jid)
+        if jid in seen or jid in leased or jid in dead:
+            continue
+        (unclaimed if jid in due else suspects).append(jid)
+    seen.update(unclaimed)
+    suspects += unclaimed_suspects(node, keys, unclaimed, due)
+    suspects += sorted((set(due) | set(leased) | set(dead)) - seen)
     if not suspects:
         return damaged
     now_ms, snaps = read_snapshots(client, keys, suspects)
