@@ -8,12 +8,14 @@ CLI command, `doctor`):
     redis+cluster://host:port,host:port/                     a Redis Cluster (any node(s) of it)
     rediss+cluster://...                                     the same over TLS
     redis://host:port/?cluster=1  (also rediss://)           the same, one seed node
+    redis+sentinel://host:port,host:port/service_name[/db]   the master that Sentinel names
+    rediss+sentinel://...                    the same, TLS to the master (core/sentinel.py)
 
 User and password go in the URL as usual (`redis+cluster://user:pw@h:p,h:p/`). A cluster has
 only database 0 and needs TCP: `unix://` with cluster, or `/1`, is refused (BadArgument).
 Query options (`?socket_timeout=5`) are the names in core/url_options.py, converted there; any
 other name, a bad value, port or database is refused (BadArgument) rather than failing at the
-first command."""
+first command; on Sentinel URLs `?sentinel_username=` and `?sentinel_password=` too."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from redis.exceptions import (
 
 from scheduler.core.errors import BadArgument
 from scheduler.core.safety import REDACTED, is_secret_name, redact
+from scheduler.core.sentinel import SentinelSpec, parse_sentinel, sentinel_client
 from scheduler.core.url_options import CLUSTER_OPTIONS, FLAG, OPTIONS, Parse, whole
 
 __all__ = ["Target", "connect", "connect_async", "is_cluster", "parse_url", "primaries"]
@@ -53,6 +56,7 @@ class Target:
     url: str
     seeds: tuple[tuple[str, int], ...] = ()
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    sentinel: SentinelSpec | None = None  # a Sentinel URL's sentinels (`url`: the URL as given)
 
     @property
     def cluster(self) -> bool:
@@ -79,9 +83,11 @@ def parse_url(url: str) -> Target:
         raise BadArgument(f"invalid Redis URL {redact(str(url))}: expected scheme://...")
     scheme, rest = url.split("://", 1)
     scheme = scheme.lower()  # REDIS:// too: redis-py itself reads only lower case
+    if "sentinel" in scheme:  # also a wrong one (redis+cluster+sentinel): refused there
+        return Target(url, (), *parse_sentinel(url))
     plain = _SCHEMES.get(scheme, scheme)
     if plain not in ("redis", "rediss", "unix"):
-        raise _fail(url, f"unknown scheme {scheme!r} (redis, rediss, unix, redis+cluster)")
+        raise _fail(url, f"unknown scheme {scheme!r} (redis[s], unix, redis[s]+cluster/sentinel)")
     parts = _split(url, f"{plain}://{rest}")
     query = parse_qsl(parts.query, keep_blank_values=True)
     flag = [_convert(url, "cluster", v, FLAG) for k, v in query if k == "cluster"]
@@ -204,6 +210,8 @@ def _client(url: str, kwargs: dict[str, Any], one: Any, cluster: Any, node: Any)
     # (a hand edit) read as `\xff` escapes, as in the CLI, not a UnicodeDecodeError for a page.
     args = {"decode_responses": True, "encoding_errors": "backslashreplace", **kwargs}
     args.update(target.options)
+    if target.sentinel is not None:
+        return sentinel_client(target.sentinel, args, asyncio=one is aredis.Redis)
     if not target.cluster:
         return one.from_url(target.address, **args)
     others = [node(h, p) for h, p in target.seeds[1:]]
@@ -223,21 +231,13 @@ def connect_async(url: str, **kwargs: Any) -> aredis.Redis:
 
 # A read's server or cluster node cannot answer (refused, timed out, down, slots remapped): the
 # dashboard answers 503, reads the other nodes (redis-py's cluster errors: not ConnectionErrors).
-UNREACHABLE: tuple[type[Exception], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    RedisClusterException,
-    ClusterError,
-)
+UNREACHABLE: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError,
+                                             RedisClusterException, ClusterError)  # fmt: skip
 
 
 # redis-py's messages while it cannot (re)build the slot map: nodes down, or mid-failover.
-_CLUSTER_REMAPPING = (
-    "cannot be connected",
-    "could not agree on a valid",
-    "slots are not covered",
-    "has no redis_connection",
-)
+_CLUSTER_REMAPPING = ("cannot be connected", "could not agree on a valid",
+                      "slots are not covered", "has no redis_connection")  # fmt: skip
 
 
 def cluster_unreachable(exc: BaseException) -> bool:

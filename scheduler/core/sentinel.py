@@ -1,0 +1,191 @@
+"""Redis Sentinel URLs (core/connection.py hands them here) and their clients:
+
+    redis+sentinel://[user:pw@]host[:port],host[:port]/service_name[/db][?options]
+    rediss+sentinel://...            the same, TLS to the master (the sentinels: plain TCP)
+
+The hosts are sentinels (port 26379 when none is given), `service_name` the name they monitor
+the master under (`sentinel monitor <name> ...`). The user and password are the master's, as in
+a redis:// URL; the sentinels' own are options: `sentinel_username`, `sentinel_password`. Every
+other query option is core/url_options.py's and applies to the master's connections;
+socket_timeout, socket_connect_timeout and socket_keepalive to the sentinels' too. `?db=`
+overrides the path's database. A bad form (no service name, no host, a bad port, an unknown
+option, Sentinel with Cluster) is refused (BadArgument) with the password redacted.
+
+The client is redis-py's `Sentinel(...).master_for(service, redis_class=redis.Redis)` (or the
+asyncio twin): each new connection asks a sentinel for the master's address; after a failover
+a READONLY reply or a dropped connection becomes a ConnectionError ("The previous master is now
+a slave"), MasterNotFoundError (also a ConnectionError) while no master is known, and the next
+connection goes to the new master. The worker retries both as transient."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.sentinel import Sentinel
+
+from scheduler.core.errors import BadArgument
+from scheduler.core.safety import REDACTED, is_secret_name, redact
+from scheduler.core.url_options import OPTIONS, Parse, whole
+
+__all__ = ["SCHEMES", "SentinelSpec", "parse_sentinel", "sentinel_client"]
+
+SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
+DEFAULT_PORT = 26379
+# Options for the sentinel connections only (names as redis-py's, with the prefix).
+SENTINEL_OPTIONS: dict[str, Parse] = {"sentinel_username": str, "sentinel_password": str}
+# Options of the master's connections that the sentinels' take too.
+_SHARED = ("socket_timeout", "socket_connect_timeout", "socket_keepalive")
+_FORM = "redis+sentinel://host:port,host:port/service_name[/db]"
+
+
+@dataclass(frozen=True, repr=False)
+class SentinelSpec:
+    """What a Sentinel URL adds to connection.Target (whose `options` are then the master's
+    connections', with db, username and password): the `sentinels` (host, port), the monitored
+    `service` name, `tls` to the master, `sentinel_options` for the sentinels' connections."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    tls: bool = False
+    sentinel_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __repr__(self) -> str:  # the options may hold a password
+        shown = {k: REDACTED if is_secret_name(k) else v for k, v in self.sentinel_options.items()}
+        return (
+            f"SentinelSpec(sentinels={self.sentinels!r}, service={self.service!r}, "
+            f"tls={self.tls!r}, sentinel_options={shown!r})"
+        )
+
+
+def _fail(url: str, why: str) -> BadArgument:
+    return BadArgument(f"invalid Redis URL {redact(url)}: {why}")
+
+
+def parse_sentinel(url: str) -> tuple[dict[str, Any], SentinelSpec]:
+    """Read a redis+sentinel:// or rediss+sentinel:// URL (module docstring): the master's
+    connection options, and the rest; BadArgument for a bad form."""
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    if "cluster" in scheme:
+        raise _fail(url, "Sentinel and Redis Cluster cannot be combined (a cluster fails over "
+                    "by itself: redis+cluster://)")  # fmt: skip
+    plain = SCHEMES.get(scheme)
+    if plain is None:
+        raise _fail(url, f"unknown scheme {scheme!r} (redis+sentinel, rediss+sentinel)")
+    netloc, _, tail = rest.partition("/")
+    if "?" in netloc:  # no path at all: redis+sentinel://h:p?x=1
+        netloc, tail = netloc.split("?", 1)[0], "?"
+    path, _, query = tail.partition("?")
+    # As connection._split: a password's unencoded '/', '?', '#' or '@' cuts the URL in it.
+    if "#" in rest or "@" in path or "@" in query.partition("=")[0]:
+        why = "'#', or '@' after the host: in a password, percent-encode / ? # @ (%2F %3F %23 %40)"
+        raise _fail(url, why)
+    creds, _, hosts = netloc.rpartition("@")
+    sentinels = tuple(_host_port(url, h) for h in hosts.split(",") if h.strip())
+    if not sentinels:
+        raise _fail(url, f"no sentinel host:port given ({_FORM})")
+    service, _, db_text = (unquote(p) for p in path.partition("/"))
+    db_text = db_text.strip("/")
+    if not service:
+        raise _fail(url, f"no service name (the name the sentinels monitor): {_FORM}")
+    options, sentinel_options = _options(url, query, plain)
+    db = _convert(url, "database", db_text, whole(0)) if db_text else None
+    db = options.pop("db", db)
+    if db is not None:
+        options["db"] = db
+    user, sep, password = creds.partition(":")
+    if user:
+        options["username"] = unquote(user)
+    if sep:  # redis://user:pw@ and redis://:pw@ as redis-py reads them: the URL's win
+        options["password"] = unquote(password)
+    return options, SentinelSpec(sentinels, service, plain == "rediss", sentinel_options)
+
+
+def _convert(url: str, name: str, text: str, parse: Parse) -> Any:
+    try:
+        return parse(text)
+    except ValueError as exc:
+        shown = REDACTED if is_secret_name(name) else repr(text)
+        raise _fail(url, f"{name}={shown}: {exc}") from None
+
+
+def _options(url: str, query: str, plain: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    options: dict[str, Any] = {}
+    sentinel_options: dict[str, Any] = {}
+    seen: set[str] = set()
+    known = {**OPTIONS, **SENTINEL_OPTIONS}
+    for name, text in parse_qsl(query, keep_blank_values=True):
+        if name == "cluster":
+            raise _fail(url, "Sentinel and Redis Cluster cannot be combined (?cluster=)")
+        parse = known.get(name)
+        if parse is None:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise _fail(url, f"unknown option {name!r}{hint}")
+        if name.startswith("ssl_") and plain != "rediss":
+            raise _fail(url, f"option {name!r} needs TLS (rediss+sentinel://)")
+        if name in seen:
+            raise _fail(url, f"option {name!r} given twice")
+        seen.add(name)
+        if text == "":  # ignored, as redis-py does
+            continue
+        into = sentinel_options if name in SENTINEL_OPTIONS else options
+        into[name] = _convert(url, name, text, parse)
+    return options, sentinel_options
+
+
+# Host text is quoted in messages: it follows the URL's last '@' (refused after the host).
+def _host_port(url: str, text: str) -> tuple[str, int]:
+    text = text.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or text.endswith("]"):  # no port: host, [IPv6]
+        host, port = text, str(DEFAULT_PORT)
+    host = host.strip("[]")
+    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise _fail(url, f"bad sentinel {text!r}: expected host:port")
+    return host, int(port)
+
+
+class SyncSentinelManager(Sentinel):
+    """redis-py's Sentinel, closing its idle sentinel connections after each master lookup (one
+    per new master connection): closing the master client leaves no socket open."""
+
+    def discover_master(self, service_name: str) -> Any:
+        try:
+            return super().discover_master(service_name)
+        finally:
+            for s in self.sentinels:
+                s.connection_pool.disconnect(inuse_connections=False)
+
+
+class AsyncSentinelManager(AsyncSentinel):
+    """The asyncio twin of SyncSentinelManager (an unclosed asyncio transport warns at GC)."""
+
+    async def discover_master(self, service_name: str) -> Any:
+        try:
+            return await super().discover_master(service_name)
+        finally:
+            for s in self.sentinels:
+                await s.connection_pool.disconnect(inuse_connections=False)
+
+
+def sentinel_client(target: SentinelSpec, args: dict[str, Any], *, asyncio: bool) -> Any:
+    """A client of the master `target` names: redis.Redis (asyncio: redis.asyncio.Redis) on a
+    SentinelConnectionPool. `args`: the master connections' keyword arguments."""
+    extra = {k.removeprefix("sentinel_"): v for k, v in target.sentinel_options.items()}
+    sentinel_kwargs = {**{k: v for k, v in args.items() if k in _SHARED}, **extra}
+    master_args = {**args, "ssl": True} if target.tls else args
+    if asyncio:
+        manager: Any = AsyncSentinelManager(
+            target.sentinels, sentinel_kwargs=sentinel_kwargs, **master_args
+        )
+        return manager.master_for(target.service, redis_class=aredis.Redis)
+    manager = SyncSentinelManager(target.sentinels, sentinel_kwargs=sentinel_kwargs, **master_args)
+    return manager.master_for(target.service, redis_class=redis.Redis)
