@@ -187,8 +187,8 @@ def url_option(f: F) -> F:
         default=DEFAULT_URL,
         show_default=True,
         metavar="URL",
-        help="Redis URL (redis://, rediss:// for TLS, unix://; a Redis Cluster: "
-        "redis+cluster://host:port,host:port/ or ?cluster=1); env REDIS_URL.",
+        help="Redis URL (redis://, rediss:// for TLS, unix://; Cluster: redis+cluster://h:p,h:p/"
+        " or ?cluster=1; Sentinel: redis+sentinel://h:p,h:p/service_name); env REDIS_URL.",
     )(f)
 
 

@@ -26,6 +26,7 @@ from scheduler.admin.inspection import live_workers
 from scheduler.cli.demo_tasks import FLAKY_BACKOFF, LEDGER, QUEUE
 from scheduler.cli.embedded import NoServerBinary, PrivateRedis
 from scheduler.client.queue import Queue
+from scheduler.core.connection import connect
 from scheduler.core.safety import clean, redact, safe
 
 LEASE_MS, HEARTBEAT_MS = 2_000, 500
@@ -147,7 +148,7 @@ def _explore(console: Console, url: str, kept: PrivateRedis | None) -> None:
 
 
 def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int:
-    client = redis.Redis.from_url(url, decode_responses=True)
+    client = connect(url)  # any URL form the CLI takes (Sentinel, Cluster too)
     q = Queue(client, QUEUE)
     for key in client.scan_iter(match=q.keys.pattern()):
         client.delete(key)

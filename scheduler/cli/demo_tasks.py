@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from scheduler.core.backoff import Backoff
+from scheduler.core.connection import connect
 from scheduler.worker.registry import JobContext, Registry
 
 QUEUE = "demo"
@@ -30,7 +31,7 @@ def _note(ctx: JobContext, event: str) -> None:
     if url is None:
         return
     if _client is None:
-        _client = redis.Redis.from_url(url, decode_responses=True)
+        _client = connect(url)
     s, us = _client.time()
     _client.rpush(
         LEDGER,
