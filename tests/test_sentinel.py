@@ -81,12 +81,18 @@ def test_sentinel_urls_are_read() -> None:
         ("redis+sentinel://h:1/svc?db=1&db=2", "given twice"),
         ("redis+sentinel://h:1/svc?socket_timeout=-1", "expected seconds > 0"),
         ("redis+sentinel://u:p/w@h:1/svc", "percent-encode"),
+        ("redis+sentinel://app:hunter2?x@h:26379/svc", "percent-encode"),  # not quoted back
+        ("redis+sentinel://@::1/svc", "bad sentinel '::1'"),
+        ("redis+sentinel://@[::1/svc", "bad sentinel '[::1'"),
+        ("redis+sentinel://h:1/svc//", "trailing '/'"),
+        ("redis+sentinel://h1:1 , ,h2:2/svc", "an empty one"),
     ],
 )
 def test_bad_sentinel_urls_are_refused(url: str, why: str) -> None:
     with pytest.raises(BadArgument, match="invalid Redis URL") as err:
         parse_url(url)
     assert why in str(err.value)
+    assert "hunter2" not in str(err.value)
     with pytest.raises(BadArgument):
         connect(url)  # the client is never built
 

@@ -80,19 +80,22 @@ def parse_sentinel(url: str) -> tuple[dict[str, Any], SentinelSpec]:
     if plain is None:
         raise _fail(url, f"unknown scheme {scheme!r} (redis+sentinel, rediss+sentinel)")
     netloc, _, tail = rest.partition("/")
-    if "?" in netloc:  # no path at all: redis+sentinel://h:p?x=1
-        netloc, tail = netloc.split("?", 1)[0], "?"
+    if "?" in netloc:  # no path at all: redis+sentinel://h:p?x=1 (its query kept)
+        netloc, query_text = netloc.split("?", 1)
+        tail = "?" + query_text
     path, _, query = tail.partition("?")
     # As connection._split: a password's unencoded '/', '?', '#' or '@' cuts the URL in it.
     if "#" in rest or "@" in path or "@" in query.partition("=")[0]:
         why = "'#', or '@' after the host: in a password, percent-encode / ? # @ (%2F %3F %23 %40)"
         raise _fail(url, why)
     creds, _, hosts = netloc.rpartition("@")
-    sentinels = tuple(_host_port(url, h) for h in hosts.split(",") if h.strip())
-    if not sentinels:
-        raise _fail(url, f"no sentinel host:port given ({_FORM})")
+    entries = hosts.split(",")
+    if not hosts.strip() or any(not h.strip() for h in entries):
+        raise _fail(url, f"no sentinel host:port given, or an empty one ({_FORM})")
+    sentinels = tuple(_host_port(url, h) for h in entries)
     service, _, db_text = (unquote(p) for p in path.partition("/"))
-    db_text = db_text.strip("/")
+    if db_text.endswith("/"):
+        raise _fail(url, f"a trailing '/' after the database: {_FORM}")
     if not service:
         raise _fail(url, f"no service name (the name the sentinels monitor): {_FORM}")
     options, sentinel_options = _options(url, query, plain)
@@ -147,9 +150,12 @@ def _host_port(url: str, text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or text.endswith("]"):  # no port: host, [IPv6]
         host, port = text, str(DEFAULT_PORT)
-    host = host.strip("[]")
-    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise _fail(url, f"bad sentinel {text!r}: expected host:port")
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
+    # An IPv6 address needs its brackets ([::1]:26379); '[' or ']' elsewhere is no host.
+    odd = (":" in host and not bracketed) or "[" in host or "]" in host
+    if not host or odd or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise _fail(url, f"bad sentinel {text!r}: expected host:port ([::1]:port for IPv6)")
     return host, int(port)
 
 
