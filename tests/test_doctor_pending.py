@@ -13,6 +13,7 @@ import redis
 from scheduler import JobSpec, Queue
 from scheduler.admin import doctor
 from scheduler.admin.doctor import check_queue
+from scheduler.core.connection import connect
 
 
 @pytest.fixture
@@ -46,17 +47,20 @@ DAMAGE: dict[str, tuple[Damage, str]] = {
     "not a record": (lambda c, k: c.set(k, "garbage"), "invalid-job"),
     "payload not JSON": (lambda c, k: c.set(k, "2|t|||||||{nope"), "bad-payload"),
     "not a STRING": (lambda c, k: (c.delete(k), c.hset(k, "a", "1")), "wrong-type"),
+    "bytes not UTF-8": (lambda c, k: c.set(k, b"2|t\xff|||||||null"), "undecodable"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(DAMAGE))
 def test_each_damage_of_a_pending_record_is_still_found(
-    q: Queue, client: redis.Redis, snapshot_ids: list[str], case: str
+    q: Queue, client: redis.Redis, redis_url: str, snapshot_ids: list[str], case: str
 ) -> None:
     ids = q.enqueue_many([JobSpec("t", {"n": i}) for i in range(50)])
     damage, code = DAMAGE[case]
     damage(client, q.keys.spec(ids[7]))
-    found = check_queue(client, q.name)
+    # As `scheduler doctor` reads (scheduler/cli/doctor.py): undecodable bytes kept as such.
+    with connect(redis_url, encoding_errors="surrogateescape") as reader:
+        found = check_queue(reader, q.name)
     assert [(i.code, i.job_id) for i in found] == [(code, ids[7])], found
     assert snapshot_ids == [ids[7]]  # the suspect alone was re-read
 

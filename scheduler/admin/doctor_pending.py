@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from scheduler.admin.doctor_model import _PAGE, MAX_SCORE_MS, _unreadable
+from scheduler.admin.doctor_model import _PAGE, MAX_SCORE_MS, _has_undecodable, _unreadable
 from scheduler.admin.inspection import iter_chunks
 from scheduler.core.keys import QueueKeys
 from scheduler.core.spec_record import with_spec
@@ -18,20 +18,23 @@ def unclaimed_suspects(
     node: Any, keys: QueueKeys, ids: Sequence[str], due: dict[str, int]
 ) -> list[str]:
     """Of `ids` (in due, with a spec record and no job hash when scanned), those that may be
-    wrong: the record gone or not a STRING, unreadable, or unusable as claim would read it
-    (doctor_model._unreadable), an expiry on it, a due score that is no time. The rest are
+    wrong: the record gone or not a STRING, holding bytes that are not UTF-8, unreadable, or
+    unusable as claim would read it (doctor_model._unreadable), an expiry on it, a due score
+    that is no time. The rest are
     healthy pending jobs (a job claimed meanwhile is read as it was: claims keep its record)."""
     out: list[str] = []
     for page in iter_chunks(list(ids), _PAGE):
         pipe = node.pipeline(transaction=False)
         for jid in page:
-            pipe.get(keys.spec(jid))
+            # Raw bytes: a record holding bytes that are not UTF-8 is a finding (undecodable).
+            pipe.execute_command("GET", keys.spec(jid), NEVER_DECODE=True)
             pipe.pttl(keys.spec(jid))
         replies = pipe.execute(raise_on_error=False)
         for i, jid in enumerate(page):
-            text, ttl = replies[2 * i], replies[2 * i + 1]
+            raw, ttl = replies[2 * i], replies[2 * i + 1]
             score = due[jid]
-            odd = not isinstance(text, str) or ttl != -1 or not 0 <= score <= MAX_SCORE_MS
-            if odd or _unreadable(with_spec({}, str(text), score)) is not None:
+            odd = not isinstance(raw, bytes) or ttl != -1 or not 0 <= score <= MAX_SCORE_MS
+            text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else ""
+            if odd or _has_undecodable(text) or _unreadable(with_spec({}, text, score)):
                 out.append(jid)
     return out
