@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import secrets
 import statistics
 import subprocess
@@ -57,6 +58,14 @@ def job(i: int, flow: bool) -> list[str]:
     field = f"{random.randint(0, 9)}|tenant:1|10000||0|0|" if flow else ""
     return [f"j{i}-{secrets.token_hex(4)}", "t", PAYLOAD, "in", "0", "5",
             "1000,2.0,3600000,0.25", "0", "", "86400000", "", "", field]  # fmt: skip
+
+
+def claim_stride(rep: list, n: int) -> int:  # type: ignore[type-arg]
+    """Fields per job in a claim reply: 11 since start deadlines (the second job's token at
+    4 + 11), 10 in the revisions before, which these A/B runs also load."""
+    if n >= 2 and re.fullmatch(r"[0-9]+-[0-9A-Za-z]+", str(rep[4 + 11])):
+        return 11
+    return 10 if n >= 2 else 11
 
 
 def stats(c: redis.Redis) -> tuple[int, int, float]:
@@ -122,7 +131,8 @@ def main() -> int:
                 nonce = secrets.token_hex(8)
                 rep = timed(s, qn, "claim", "w", str(a.batch), "60000", nonce, "100")
                 n = int(rep[2])
-                pairs = [(rep[3 + 10 * k], rep[4 + 10 * k]) for k in range(n)]
+                w = claim_stride(rep, n)
+                pairs = [(rep[3 + w * k], rep[4 + w * k]) for k in range(n)]
                 if qn.endswith("_again"):
                     timed(s, qn, "release", *[v for p in pairs for v in p])
                 else:

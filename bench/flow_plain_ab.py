@@ -25,6 +25,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import redis  # noqa: E402
+from flow_claim_cpu import claim_stride  # noqa: E402
 from redis_server import private_server  # noqa: E402
 
 PAYLOAD = '{"pad":"' + "x" * 64 + '"}'
@@ -77,7 +78,8 @@ def main() -> int:
                 rep = c.evalsha(sha[s, "claim"], 5, *keys[s], "w", "100", "60000", nonce, "100")
                 times[s, "claim"].append(time.perf_counter() - t0)
                 n = int(rep[2])
-                triples = [v for k in range(n) for v in (rep[3 + 10 * k], rep[4 + 10 * k], "null")]
+                w = claim_stride(rep, n)
+                triples = [v for k in range(n) for v in (rep[3 + w * k], rep[4 + w * k], "null")]
                 t0 = time.perf_counter()
                 c.evalsha(sha[s, "complete"], 5, *keys[s], "1000", *triples)
                 times[s, "complete"].append(time.perf_counter() - t0)

@@ -34,7 +34,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import redis  # noqa: E402
-from flow_claim_cpu import stats  # noqa: E402  (one INFO read: EVALSHA usec, commands, CPU)
+from flow_claim_cpu import claim_stride, stats  # noqa: E402  (one INFO read: EVALSHA usec, commands, CPU)
 from redis_server import private_server  # noqa: E402
 
 PAYLOAD = '{"pad":"' + "x" * 64 + '"}'
@@ -115,7 +115,8 @@ def main() -> int:
                 n = int(rep[2])  # type: ignore[index]
                 if not n:
                     continue
-                pairs = [(rep[3 + 10 * j], rep[4 + 10 * j]) for j in range(n)]  # type: ignore[index]
+                w = claim_stride(rep, n)  # type: ignore[arg-type]
+                pairs = [(rep[3 + w * j], rep[4 + w * j]) for j in range(n)]  # type: ignore[index]
                 u0, c0, p0 = stats(c)
                 settle(k, pairs)
                 u1, c1, p1 = stats(c)

@@ -47,7 +47,8 @@ def reply(first: int) -> list[str]:
     out = ["1700000000000", "-1", str(BATCH)]
     for i in range(first, first + BATCH):
         payload = json.dumps({"i": i, "pad": "x" * 20})
-        out += [f"j{i}", f"{i + 1}-abcdef", "1", "5", "task", payload, "1699999999990", "", "0", ""]
+        out += [f"j{i}", f"{i + 1}-abcdef", "1", "5", "task", payload, "1699999999990", "", "0"]
+        out += ["", ""]  # schedule, start_by_ms
     return out
 
 

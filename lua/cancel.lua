@@ -1,7 +1,7 @@
 --[[ cancel: withdraw a job that has not finished. A leased job's worker learns it at its next
   heartbeat, and its complete or fail is refused with 'cancelled'.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, finished
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, finished
   ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record, and its result wake-up
     `result:<id>` of lib/result.lua, are kept, unless the job has a result_ttl_ms of its own;
     its id is in the finished index as long)

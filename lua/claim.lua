@@ -1,14 +1,15 @@
 --[[ claim: lease up to `limit` due jobs to one worker. Lapsed leases are reaped on the same
   path first, so a job whose worker died is due again without any janitor process.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, isolated, finished
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, isolated, finished
   ARGV[1] worker id
   ARGV[2] limit          jobs to lease at most (>= 0)
   ARGV[3] lease_ms       lease length (> 0)
   ARGV[4] nonce          random, unique per call: part of every token, and the replay key
   ARGV[5] reap_limit     lapsed leases handled per call at most
-  Returns: {now_ms, next_ms, n, then 10 fields per job: id, token, attempts, max_attempts, task,
-    payload, run_at_ms, backoff ('base_ms,factor,cap_ms,jitter' or ''), timeout_ms, schedule}. next_ms is the earliest time something may become claimable
+  Returns: {now_ms, next_ms, n, then 11 fields per job: id, token, attempts, max_attempts, task,
+    payload, run_at_ms, backoff ('base_ms,factor,cap_ms,jitter' or ''), timeout_ms, schedule,
+    start_by_ms ('' for none)}. next_ms is the earliest time something may become claimable
     (head of due or of leased), or -1 when both are empty. While the queue is paused
     (queue_pause.lua: config's paused_ms) it leases nothing and next_ms is the leased head's. After the jobs, one more number:
     how many schedules wait for a cron-buffer refill (advisory: read now, also in a replay);
@@ -196,7 +197,7 @@ if replay then
       if r.lapses >= 2 then suspect = id end
     end
   end
-  local reply = { words[1], words[2], #out / 10 }
+  local reply = { words[1], words[2], #out / CLAIM_FIELDS }
   for _, v in ipairs(out) do reply[#reply + 1] = v end
   reply[#reply + 1] = scard_or_0(sched_refill_key(prefix))
   if suspect then reply[#reply + 1] = suspect end

@@ -1,6 +1,6 @@
 --[[ fail: record a failed attempt; retry after a backoff, or park the job in the dead list.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held, flow:waiting, flow:children:<id>, flow:ending
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>
   ARGV[1] id  ARGV[2] token
   ARGV[3] retryable  '1' | '0' (a non-retryable error parks the job at once)
   ARGV[4] error type  ARGV[5] error message  ARGV[6] traceback (already truncated)

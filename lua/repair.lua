@@ -7,7 +7,7 @@
   scheduler/admin/doctor.py inside its WATCH/MULTI (it re-read the job first), with doctor's
   server-time reading as now.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>
   ARGV[1] move   ARGV[2] id: any id stored in a place, up to STORED_ID_MAX bytes (a hand-written
           id no API would make, e.g. with a space, is still an id doctor must be able to move)
   ARGV[3] expect: the places the id is in now, in the order due,leased,dead, comma-joined

@@ -38,7 +38,10 @@ def test_a_parents_completion_frees_its_children_in_bounded_steps(
     q.complete(parent, _lease(q, parent))
     assert _waiting(client, q) == 1_200 - STEP  # one step in complete's own script
     assert client.zrange(q.keys.flow_ending, 0, -1) == [f"done:{parent}"]
-    assert client.hget(q.keys.job(parent), "kids") == "1"  # until its last step
+    # The rest moved to the end's own set: the id's own set and mark are gone at once.
+    assert client.scard(f"{q.keys.flow_ending}:done:{parent}") == 1_200 - STEP
+    assert client.exists(f"{q.keys.prefix}flow:children:{parent}") == 0
+    assert client.hget(q.keys.job(parent), "kids") is None
     assert [i.code for i in check_queue(client, q.name) if i.code == "stuck-waiting"] == []
     batch = q.claim("w", limit=0)  # a claim takes the next step before it leases
     assert batch.jobs == []
@@ -46,8 +49,7 @@ def test_a_parents_completion_frees_its_children_in_bounded_steps(
     assert client.llen(q.keys.wake) >= 1  # and wakes an idle worker while any is left
     q.claim("w", limit=0)
     assert _waiting(client, q) == 0
-    assert client.exists(q.keys.flow_ending, f"{q.keys.prefix}flow:children:{parent}") == 0
-    assert client.hget(q.keys.job(parent), "kids") is None
+    assert client.exists(q.keys.flow_ending, f"{q.keys.flow_ending}:done:{parent}") == 0
     assert q.counts().due == 1_200
     leased = {j.id for _ in range(3) for j in q.claim("w", limit=1_000).jobs}
     assert leased == set(kids)
@@ -109,3 +111,34 @@ def test_a_hand_written_entry_is_dropped_by_the_next_step(q: Queue, client: redi
     client.zadd(q.keys.flow_ending, {"bogus": 1, "done:": 2})
     q.claim("w", limit=0)
     assert client.exists(q.keys.flow_ending) == 0
+
+
+def test_a_later_job_under_the_same_id_is_not_reached_by_the_old_end(
+    q: Queue, client: redis.Redis
+) -> None:
+    """The children a parent's end left for later steps move to that end's own set: a job that
+    takes the id again (its record expired) and its own children are not released by it."""
+    parent = q.enqueue("parent", None, job_id="nightly", result_ttl_ms=1)
+    q.enqueue_many([JobSpec("kid", i, after=[parent]) for i in range(700)])
+    q.complete(parent, _lease(q, parent))
+    client.delete(q.keys.job(parent), q.keys.spec(parent))  # its record expired
+    again = q.enqueue("parent", None, job_id="nightly")
+    child = q.enqueue("kid2", None, after=[again])
+    assert q.get_job(child).fields.get("waiting_for") == "1"
+    q.claim("w", limit=0)  # the old end's last step
+    assert client.exists(q.keys.flow_ending) == 0
+    assert q.get_job(child).fields.get("waiting_for") == "1"  # still waits for the new one
+    leased = {j.id for j in q.claim("w", limit=1_000).jobs}
+    assert again in leased and child not in leased
+
+
+def test_a_parent_requeued_from_dead_keeps_its_new_children(q: Queue, client: redis.Redis) -> None:
+    parent, kids = _fan_out(q, 700)
+    q.fail(parent, _lease(q, parent), ("E", "boom", ""), retryable=False)
+    assert q.requeue_dead([parent]) == 1
+    child = q.enqueue("kid2", None, after=[parent])
+    q.claim("w", limit=0)  # the dead end's last step parks the rest of the old children
+    assert {q.get_job(k).dead_reason for k in kids} == {f"parent dead: {parent}"}
+    fresh = q.get_job(child)
+    assert fresh.state == "due" and fresh.dead_reason is None  # waits for the requeued parent
+    assert fresh.fields.get("waiting_for") == "1"

@@ -161,7 +161,7 @@ def _job(job_id: str, **over: Any) -> list[Any]:
     f: dict[str, Any] = {
         "id": job_id, "token": "1-abc", "attempts": 1, "max_attempts": 3, "task": "ok.t",
         "payload": "{}", "run_at_ms": "1000", "backoff": "1000,2.0,60000,0.25",
-        "timeout_ms": "0", "schedule": "",
+        "timeout_ms": "0", "schedule": "", "start_by_ms": "",
     }  # fmt: skip
     f.update(over)
     return list(f.values())

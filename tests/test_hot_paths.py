@@ -43,7 +43,7 @@ def test_digit_fast_path_reads_what_stored_int_reads(name: str) -> None:
 
 def _raw(task: Any, **over: Any) -> list[Any]:
     raw: list[Any] = ["J1", "17-abc", "0", "5", task, "{}", "1000", "1000,2.0,3600000,0.25"]
-    raw += ["0", ""]
+    raw += ["0", "", ""]
     for i, v in over.items():
         raw[int(i[1:])] = v
     return raw

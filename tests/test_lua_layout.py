@@ -39,6 +39,7 @@ _BUILDERS = {
     "flow:waiting": "'flow:waiting'",
     "flow:children:<id>": "'flow:children:'",
     "flow:ending": "'flow:ending'",  # lib/flow.lua: parents' ends left for later steps
+    "flow:ending:<word>:<id>": "'flow:ending:'",  # lib/flow.lua: the children one end has left
     "isolated": "'isolated'",  # claim.lua: the one suspect job each worker holds
     "finished": "'finished'",  # lib/result.lua: done and cancelled ids, for listings
 }

@@ -263,7 +263,7 @@ def test_the_refill_flag_is_read_past_unreadable_jobs_and_keeps_them() -> None:
     unreadable one read a job field as the flag (a ValueError: the leased batch was lost to
     the caller); and a refill rebuilt the batch without its unreadable jobs and suspect."""
     ops = Ops(QueueKeys("pc-refill"), Settings())
-    bad_job = ["job-1", "no token", "1", "5", "t", "{}", "1000", "", "0", ""]  # token unreadable
+    bad_job = ["job-1", "no token", "1", "5", "t", "{}", "1000", "", "0", "", ""]  # bad token
     op = ops.claim("w", limit=1, lease_ms=1000)
     next(op)  # the claim script
     with pytest.raises(StopIteration) as done:

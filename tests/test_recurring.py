@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from scheduler import AsyncQueue, BadArgument, JobSpec, Queue, StaleToken
+from scheduler.core.claim_reply import CLAIM_FIELDS
 from scheduler.core.connection import connect_async
 from scheduler.schedules.recurring import BUFFER_SLOTS, stable_offset_ms
 from tests.conftest import Clock, dump_queue
@@ -81,7 +82,7 @@ def test_every_occurrence_runs_exactly_once_while_workers_crash(
             op = q.ops.claim("crasher", limit=5, lease_ms=30_000)
             reply = q._execute(next(op))  # the seam this test exists for
             op.close()
-            claimed_ids.update(str(reply[3 + 10 * i]) for i in range(int(reply[2])))
+            claimed_ids.update(str(reply[3 + CLAIM_FIELDS * i]) for i in range(int(reply[2])))
             continue
         batch = q.claim("w", limit=5, lease_ms=30_000)
         for job in batch.jobs:

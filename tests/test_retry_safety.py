@@ -8,6 +8,7 @@ from typing import Any
 import redis
 
 from scheduler import Queue
+from scheduler.core.claim_reply import CLAIM_FIELDS
 from scheduler.operations.ops import Script
 from tests.conftest import Clock, dump_queue
 
@@ -51,8 +52,8 @@ def test_each_transition_sent_twice_equals_once(
 
     clock.set_s(200)
     claim2, _ = twice(q, client, "claim", ["w", "10", "30000", "n0nce2", "100"])
-    ids = claim2[3::10][: claim2[2]]
-    tokens = dict(zip(ids, claim2[4::10], strict=False))
+    ids = claim2[3::CLAIM_FIELDS][: claim2[2]]
+    tokens = dict(zip(ids, claim2[4::CLAIM_FIELDS], strict=False))
     first, second = twice(q, client, "release", ["j2", tokens["j2"]])
     assert first == second == ["released"]
     assert q.get_job("j2").attempts == 0

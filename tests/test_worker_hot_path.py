@@ -53,7 +53,7 @@ def test_claimed_job_of_builds_what_the_constructor_builds() -> None:
 
 
 def test_parse_claim_builds_claimed_jobs_equal_to_the_constructor() -> None:
-    raw = ["j1", "7-abc", "2", "5", "t", '{"a": 1}', "10", "", "0", ""]
+    raw = ["j1", "7-abc", "2", "5", "t", '{"a": 1}', "10", "", "0", "", ""]
     batch = claim_reply.parse_claim(["20", "-1", "1", *raw])
     assert batch.jobs == [ClaimedJob(**_job_fields())]  # type: ignore[arg-type]
 
@@ -212,7 +212,7 @@ def test_handlers_that_never_suspend_still_let_the_loop_run_between_jobs() -> No
         n = 64
         raw = []
         for i in range(n):
-            raw += [f"j{i}", f"{i + 1}-abc", "1", "5", "instant", "{}", "0", "", "0", ""]
+            raw += [f"j{i}", f"{i + 1}-abc", "1", "5", "instant", "{}", "0", "", "0", "", ""]
         batch = claim_reply.parse_claim(["1", "-1", str(n), *raw])
         w._take("q", batch, time.monotonic())
         loop.call_soon(tick)

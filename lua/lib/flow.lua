@@ -659,9 +659,9 @@ end
 
 -- A parent's end reaches at most FLOW_END_STEP of its waiting children per script (about 20 us
 -- each: a parent of 100k children would hold the server for 2 s, every client waiting). The
--- rest stay in its flow:children set, and the parent in `flow:ending` (ZSET '<word>:<parent
--- id>' -> when queued; word: done | dead | cancelled); the next claims go on with them
--- (flow_ending_step), each waking an idle worker while any is left. The budget is per script.
+-- rest go to that end's own set (flow_end_step_done), and the end to `flow:ending` (ZSET
+-- '<word>:<parent id>' -> when queued; word: done | dead | cancelled); the next claims go on
+-- with them (flow_ending_step), each waking an idle worker while any is left. Per script.
 local FLOW_END_STEP = 500
 local flow_end_left = FLOW_END_STEP
 
@@ -676,18 +676,30 @@ local function flow_take_children(ck)
   return ids
 end
 
--- After a step of parent `pid`'s end: are children left for a later step? The parent is queued
--- in flow:ending then (advisory: one of another type, by hand, leaves them waiting: doctor's
--- stuck-waiting), else its entry goes (`unqueue`: only a parent that may have one) and so does
--- its set (an empty one, or one of another type no step could read).
-local function flow_end_step_done(prefix, word, pid, now, unqueue)
-  local ck = prefix .. 'flow:children:' .. pid
+-- After a step of parent `pid`'s end over the set `ck`: are children left for a later step?
+-- Then they go to that end's own set `flow:ending:<word>:<pid>` (RENAME; merged into it when an
+-- earlier end of the same id is still going) and the end is queued in flow:ending: the id's
+-- own flow:children set starts empty, so a job that takes the id again (its record expired,
+-- or it was requeued from dead) and children enqueued after it are never reached by this end.
+-- Else the end's entry goes (`ck` was that end's set) and so does the set (an empty one, or one
+-- of another type, by hand, no step could read). Advisory writes: a key of another type leaves
+-- children waiting (doctor: stuck-waiting), never raises after the script's first write.
+local function flow_end_step_done(prefix, word, pid, ck, now)
+  local endk = prefix .. 'flow:ending:' .. word .. ':' .. pid
   local n = redis.pcall('SCARD', ck)
   if type(n) == 'number' and n > 0 then
+    if ck ~= endk then
+      if redis.call('EXISTS', endk) == 1 then
+        redis.pcall('SUNIONSTORE', endk, endk, ck)
+        redis.call('DEL', ck)
+      else
+        redis.pcall('RENAME', ck, endk)
+      end
+    end
     redis.pcall('ZADD', prefix .. 'flow:ending', 'NX', now, word .. ':' .. pid)
     return true
   end
-  if unqueue then redis.pcall('ZREM', prefix .. 'flow:ending', word .. ':' .. pid) end
+  if ck == endk then redis.pcall('ZREM', prefix .. 'flow:ending', word .. ':' .. pid) end
   redis.call('DEL', ck)
   return false
 end
@@ -699,8 +711,8 @@ end
 -- due): the count is read with the strict reader and written back with HSET (no HINCRBY, which
 -- errors on a non-integer), and a child key of another type is skipped (left waiting and held,
 -- for doctor: it cannot take the hash fields flow_unhold writes).
-local function flow_parent_done(prefix, id, now)
-  local ck = prefix .. 'flow:children:' .. id
+local function flow_parent_done(prefix, id, now, endk)
+  local ck = endk or (prefix .. 'flow:children:' .. id)
   local freed = false
   for _, cid in ipairs(flow_take_children(ck)) do
     -- flow:waiting of another type (edited by hand): the child's place in flow:held says it
@@ -728,10 +740,10 @@ local function flow_parent_done(prefix, id, now)
       end
     end
   end
-  -- `kids` goes with the last step (doctor: a done parent marked so still releases children).
-  if not flow_end_step_done(prefix, 'done', id, now, true) then
-    redis.pcall('HDEL', job_key(prefix, id), 'kids')
-  end
+  flow_end_step_done(prefix, 'done', id, ck, now)
+  -- Its own set is handled or handed to its end: the mark goes (not in a later step, whose id
+  -- may be another job's by then).
+  if not endk then redis.pcall('HDEL', job_key(prefix, id), 'kids') end
   -- An idle worker may be sleeping until the parent's lease end: a child is due again.
   if freed then wake(prefix .. 'wake') end
 end
@@ -741,14 +753,14 @@ end
 -- subtree within the script's budget (FLOW_END_STEP; the rest in later steps). Reached after the callers' first writes (fail, cancel, claim's
 -- reaper and parks): a child key of another type is parked by its id alone, as claim parks a
 -- key that is not a hash, instead of raising on its hash writes.
-local function flow_parent_ended(prefix, id, word, now)
-  local work = { { id, word } }
+local function flow_parent_ended(prefix, id, word, now, endk)
+  local work = { { id, word, endk } }
   local i = 1
   local parked = 0
   while work[i] do
     local pid, why = work[i][1], work[i][2]
+    local ck = work[i][3] or (prefix .. 'flow:children:' .. pid)
     i = i + 1
-    local ck = prefix .. 'flow:children:' .. pid
     for _, cid in ipairs(flow_take_children(ck)) do
       -- flow:waiting of another type (edited by hand): a child still waits when its hash has
       -- the count (every way out of the wait deletes it).
@@ -769,8 +781,7 @@ local function flow_parent_ended(prefix, id, word, now)
         parked = parked + 1
       end
     end
-    -- A child just parked has no entry (a stale one, of an earlier end, a step removes).
-    flow_end_step_done(prefix, why, pid, now, i == 2)
+    flow_end_step_done(prefix, why, pid, ck, now)
   end
   -- Each child parked is a new dead job in the per-minute counts (stats' dead column).
   if parked > 0 then bump_stat(prefix, now, 'dead', parked) end
@@ -787,9 +798,9 @@ local function flow_ending_step(prefix, now)
     if flow_end_left <= 0 then break end
     local word, pid = string.match(e, '^(%a+):(.+)$')
     if word == 'done' then
-      flow_parent_done(prefix, pid, now)
+      flow_parent_done(prefix, pid, now, prefix .. 'flow:ending:' .. e)
     elseif word == 'dead' or word == 'cancelled' then
-      flow_parent_ended(prefix, pid, word, now)
+      flow_parent_ended(prefix, pid, word, now, prefix .. 'flow:ending:' .. e)
     else
       redis.call('ZREM', k, e)
     end

@@ -14,7 +14,8 @@ end
 -- SPEC_BACKOFF, timeout_ms 0, enqueued_ms = run_at_ms (the due score), result_ttl_ms = the
 -- completing worker's, flags '' (else 'k' = keep the payload once done, then 'd' and the ms
 -- of its start deadline: no attempt starts after it, claim parks the job instead; 'd' is new
--- in this version: an older claim reads the flags as not 'k' and ignores the deadline). The
+-- in this version: an older claim reads the flags as not 'k': it ignores the deadline and drops
+-- a kept payload; docs/guide/workers.md, Upgrading). The
 -- payload (JSON) comes last, so it may hold '|'. run_at_ms is the due score, the state is which set holds the id.
 -- At first claim the hash `job:<id>` is born with the mutable state and the few spec fields a
 -- finished job keeps or that change (task, run_at_ms, enqueued_ms; max_attempts when not 5,
@@ -67,12 +68,13 @@ local function spec_pin_enqueued(prefix, id, run_at_s)
   if head and enq == '' then redis.call('SET', sk, head .. run_at_s .. tail, 'KEEPTTL') end
 end
 
--- The flags field: keep the payload ('k'), and the start deadline in ms (nil: none). A
--- deadline that does not read as a plain number is no deadline (as a hand edit of another
--- advisory field reads); the keep flag alone is never lost to it.
+-- The flags field, '^(k?)(d<digits>)?$' (scheduler/core/spec_record.py reads the same): keep
+-- the payload ('k'), and the start deadline in ms (nil: none; one beyond LIM.time_ms is none).
+-- Any other text (a hand edit) is neither, for both readers.
 local function spec_flags(flags)
-  local deadline = string.match(flags, '^k?d(%d+)$')
-  return string.sub(flags, 1, 1) == 'k', deadline and parse_int(deadline, 0, LIM.time_ms)
+  local keep, deadline = string.match(flags, '^(k?)d(%d+)$')
+  if keep == nil then return flags == 'k', nil end
+  return keep == 'k', parse_int(deadline, 0, LIM.time_ms)
 end
 
 -- A pending job's spec record with its start deadline changed: shifted by `delta_ms` (a
@@ -240,13 +242,23 @@ local function dead_letter_id(prefix, id, now)
   redis.call('ZADD', dead_zset(prefix, now), now, id)
 end
 
--- The 10 reply fields of one leased job, in the order claim's contract header gives
--- (scheduler's codec reads them in this order): appended to `out`.
+-- The 11 reply fields of one leased job, in the order claim's contract header gives
+-- (scheduler's codec reads them in this order): appended to `out`. The last is its start
+-- deadline ('' for none): a worker that holds a claimed job back (prefetched behind others)
+-- gives it back instead of starting it after that.
+local CLAIM_FIELDS = 11
 local function pack_job(out, id, token, attempts, r)
   local b = #out
   out[b + 1] = id; out[b + 2] = token; out[b + 3] = attempts; out[b + 4] = r.max_attempts
   out[b + 5] = r.task; out[b + 6] = r.payload; out[b + 7] = r.run_at_s or fmt(r.run_at_ms)
   out[b + 8] = r.backoff; out[b + 9] = r.timeout_ms; out[b + 10] = r.schedule
+  local by = ''
+  local sp = r.spec
+  if sp and sp.flags ~= '' and sp.flags ~= 'k' then
+    local _, deadline = spec_flags(sp.flags)
+    if deadline then by = fmt(deadline) end
+  end
+  out[b + 11] = by
 end
 
 -- Append one entry to the job's error history (JSON array, newest last, at most 10 kept).

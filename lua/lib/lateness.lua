@@ -8,7 +8,7 @@
 -- Written once per claim call, not per job: the reply's jobs are tallied in Lua, then at most
 -- 2 + 7 HINCRBY, one HGET (+ HSET) and one PEXPIRE. Advisory (pcall), like bump_stat: a hand-
 -- edited field must not fail a claim after its writes.
--- Needs lib/util.lua (fmt).
+-- Needs lib/util.lua (fmt) and lib/job.lua (CLAIM_FIELDS).
 
 local LATE_BOUNDS_MS = { 10, 100, 1000, 10000, 60000, 600000 }
 local LATE_OVER = 'late_gt_600000'
@@ -16,13 +16,13 @@ local LATE_OVER = 'late_gt_600000'
 local LATE_FIELDS = { 'late_le_10', 'late_le_100', 'late_le_1000', 'late_le_10000',
   'late_le_60000', 'late_le_600000' }
 
--- `out` is claim's packed reply (lib/job.lua pack_job: 10 fields per job, run_at_ms the 7th).
+-- `out` is claim's packed reply (lib/job.lua pack_job: CLAIM_FIELDS per job, run_at_ms the 7th).
 local function record_lateness(prefix, now, out)
-  local n = #out / 10
+  local n = #out / CLAIM_FIELDS
   if n < 1 then return end
   local per, sum, max = {}, 0, 0
   for i = 0, n - 1 do
-    local late = now - (tonumber(out[i * 10 + 7]) or now)
+    local late = now - (tonumber(out[i * CLAIM_FIELDS + 7]) or now)
     if late < 0 then late = 0 end  -- a run time after now (a clock step): on time
     sum = sum + late
     if late > max then max = late end

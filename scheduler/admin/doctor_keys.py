@@ -120,8 +120,8 @@ def _stuck(
             pipe.sismember(f"{keys.prefix}flow:children:{pid}", cid)
             pipe.hmget(keys.job(pid), ["kids", "state"])
             pipe.exists(keys.spec(pid))
-            for word in _ENDS:  # its end queued for a later step (lua/lib/flow.lua)
-                pipe.zscore(keys.flow_ending, f"{word}:{pid}")
+            for word in _ENDS:  # the child in an end's set, left for later steps (lib/flow.lua)
+                pipe.sismember(f"{keys.flow_ending}:{word}:{pid}", cid)
     replies = pipe.execute(raise_on_error=False)
     out: list[tuple[str, list[str], int, int]] = []
     i = 0
@@ -146,15 +146,15 @@ _READS = 3 + len(_ENDS)
 
 
 def _can_release(reads: list[object]) -> bool:
-    """A parent's (SISMEMBER of the child, HMGET kids state, EXISTS spec, its flow:ending
-    entries): will its end count the child down? Yes while it is pending, or while its ended
-    end is queued for a later step with the child still in its set; not when its key is of
-    another type (by hand)."""
+    """A parent's (SISMEMBER of the child, HMGET kids state, EXISTS spec, SISMEMBER of the
+    child in each end's own set): will its end count the child down? Yes while the parent is
+    pending with the child in its set, or while an end of it has the child left for a later
+    step; not when its key is of another type (by hand)."""
     member, fields, spec, *queued = reads
+    if any(q in (True, 1) for q in queued):
+        return True  # that end goes on at the next claims (lua/lib/flow.lua flow_ending_step)
     if member not in (True, 1):
         return False
-    if any(isinstance(q, str | float | int) and not isinstance(q, bool) for q in queued):
-        return True  # its end goes on at the next claims (lua/lib/flow.lua flow_ending_step)
     if not isinstance(fields, list):
         return False
     kids, state = fields

@@ -55,6 +55,7 @@ class ClaimedJob:
         timeout_ms: how long one attempt may run; 0 = none of its own (the task's
             `timeout_s` applies, else none).
         schedule: the recurring schedule's name for an occurrence, else "".
+        start_by_ms: its start deadline (server ms; enqueue's start_within_ms), else None.
     """
 
     id: str
@@ -68,6 +69,7 @@ class ClaimedJob:
     backoff: Backoff
     timeout_ms: int
     schedule: str
+    start_by_ms: int | None = None
 
     @property
     def fence(self) -> int:

@@ -3,9 +3,15 @@ the fields its hash would hold, and merged with the hash the way claim.lua reads
 
 from __future__ import annotations
 
+import re
+
+from scheduler.core.limits import MAX_TIME_MS
+
 # A job's spec record (lua/lib/job.lua: `2|task|max_attempts|backoff|timeout_ms|enqueued_ms|
 # result_ttl_ms|flags|payload`, empty = default; flags: 'k' keep the payload, then 'd<ms>' the
 # start deadline) read into the fields its hash would hold.
+# 'k' keeps the payload, 'd<ms>' the start deadline; any other text (a hand edit) is neither.
+_FLAGS = re.compile(r"(k?)(?:d([0-9]+))?")
 _SPEC_DEFAULTS = ("", "5", "1000,2.0,3600000,0.25", "0", "", "")
 _SPEC_NAMES = ("task", "max_attempts", "backoff", "timeout_ms", "enqueued_ms", "result_ttl_ms")
 
@@ -20,11 +26,11 @@ def spec_fields(text: str, run_at_ms: str | None) -> dict[str, str] | None:
         del fields["result_ttl_ms"]
     if not fields["enqueued_ms"] and run_at_ms is not None:
         fields["enqueued_ms"] = run_at_ms
-    keep, _, deadline = parts[7].partition("d")
-    if keep == "k":
+    flags = _FLAGS.fullmatch(parts[7])  # as lua/lib/job.lua spec_flags reads it
+    if flags and flags[1] == "k":
         fields["keep_payload"] = "1"
-    if deadline:  # its start deadline (lua/lib/job.lua spec_flags); Job.start_by_ms reads it
-        fields["start_by_ms"] = deadline
+    if flags and flags[2] and int(flags[2]) <= MAX_TIME_MS:  # the start deadline
+        fields["start_by_ms"] = flags[2]
     fields["payload"] = parts[8]
     return fields
 

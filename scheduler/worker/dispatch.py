@@ -229,7 +229,7 @@ class Dispatch(Starting):
             and not self._stop_claiming.is_set()
         ):
             nxt = self._backlog.popleft()
-            if not nxt.finished:
+            if not nxt.finished and not self._late_to_start(nxt, now_s):
                 try:
                     self._run(nxt, now_s)
                 except Exception as exc:  # never out of here: we are inside another job's end

@@ -76,6 +76,21 @@ class Starting(WorkerCore):
         self._held[(queue, job_id)] = r
         self._queue_fail(r, ("InvalidJob", f"unreadable job: {reason}", ""), retryable=False)
 
+    def _late_to_start(self, r: Running, now_s: float) -> bool:
+        """A job held back here (prefetched behind others) whose start deadline (enqueue's
+        start_within_ms) has passed by the server's clock (its claim's, plus the time since):
+        given back unstarted at the next heartbeat, so the next claim parks it there."""
+        start_by = r.job.start_by_ms
+        if start_by is None or r.job.claimed_ms + (now_s - r.started_s) * 1000 <= start_by:
+            return False
+        r.finished = True
+        self._give_back.append(r)
+        self._beat_now.set()
+        self.log.info(
+            "job %s: its start deadline passed while it waited here; given back", r.job.id
+        )
+        return True
+
     def _cannot_start(self, r: Running, exc: Exception) -> None:
         """_run failed for a reason of this process, not of the job (a thread that cannot
         start: RuntimeError at a pids limit): the start is undone and the job released at the
