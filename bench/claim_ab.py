@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
+from bench.flow_claim_cpu import claim_stride  # noqa: E402
 from bench.redis_server import private_server  # noqa: E402
 from scheduler import JobSpec, Queue  # noqa: E402
 from scheduler.core import codec  # noqa: E402
@@ -89,7 +90,8 @@ def main() -> None:
                 if n == 0:
                     continue
                 per[f"{s} claim"].append(us / n)
-                jobs = [(rep[3 + i * 10], rep[4 + i * 10], None) for i in range(n)]
+                w = claim_stride(rep, n)  # 11 since start deadlines, 10 in older revisions
+                jobs = [(rep[3 + i * w], rep[4 + i * w], None) for i in range(n)]
                 us, _ = call_us(r, sha[s]["complete"], keys,
                                 codec.complete_args(jobs, 3_600_000, 1 << 20))  # fmt: skip
                 per[f"{s} complete"].append(us / n)
