@@ -750,9 +750,10 @@ end
 
 -- A parent ended dead or cancelled (`word`): its waiting children (those that list it:
 -- flow_lists) are parked with the reason, and theirs in turn ('parent dead: <child>'), the
--- subtree within the script's budget (FLOW_END_STEP; the rest in later steps). Reached after the callers' first writes (fail, cancel, claim's
--- reaper and parks): a child key of another type is parked by its id alone, as claim parks a
--- key that is not a hash, instead of raising on its hash writes.
+-- subtree within the script's budget (FLOW_END_STEP; the rest in later steps). Reached after
+-- the callers' first writes (fail, cancel, claim's reaper and parks): a child key of another
+-- type is parked by its id alone, as claim parks a key that is not a hash, instead of raising
+-- on its hash writes.
 local function flow_parent_ended(prefix, id, word, now, endk)
   local work = { { id, word, endk } }
   local i = 1

@@ -15,8 +15,8 @@ end
 -- completing worker's, flags '' (else 'k' = keep the payload once done, then 'd' and the ms
 -- of its start deadline: no attempt starts after it, claim parks the job instead; 'd' is new
 -- in this version: an older claim reads the flags as not 'k': it ignores the deadline and drops
--- a kept payload; docs/guide/workers.md, Upgrading). The
--- payload (JSON) comes last, so it may hold '|'. run_at_ms is the due score, the state is which set holds the id.
+-- a kept payload; docs/guide/workers.md, Upgrading). The payload (JSON) comes last, so it may
+-- hold '|'. run_at_ms is the due score, the state is which set holds the id.
 -- At first claim the hash `job:<id>` is born with the mutable state and the few spec fields a
 -- finished job keeps or that change (task, run_at_ms, enqueued_ms; max_attempts when not 5,
 -- result_ttl_ms and keep_payload when set); payload, backoff, timeout_ms (and the default
