@@ -42,6 +42,8 @@ from scheduler.core.errors import BadArgument
 from scheduler.core.safety import REDACTED, is_secret_name, redact
 from scheduler.core.sentinel import SentinelSpec, parse_sentinel, sentinel_client
 from scheduler.core.url_options import CLUSTER_OPTIONS, FLAG, OPTIONS, Parse, whole
+from scheduler.core.url_options import convert as _convert
+from scheduler.core.url_options import url_error as _fail
 
 __all__ = ["Target", "connect", "connect_async", "is_cluster", "parse_url", "primaries"]
 
@@ -70,10 +72,6 @@ class Target:
     def __repr__(self) -> str:  # the URL and options may hold the password
         options = {k: REDACTED if is_secret_name(k) else v for k, v in self.options.items()}
         return f"Target(url={redact(self.url)!r}, seeds={self.seeds!r}, options={options!r})"
-
-
-def _fail(url: str, why: str) -> BadArgument:
-    return BadArgument(f"invalid Redis URL {redact(url)}: {why}")
 
 
 def parse_url(url: str) -> Target:
@@ -124,14 +122,6 @@ def _split(url: str, text: str) -> SplitResult:
         why = "'#', or '@' after the host: in a password, percent-encode / ? # @ (%2F %3F %23 %40)"
         raise _fail(url, why)
     return parts
-
-
-def _convert(url: str, name: str, text: str, parse: Parse) -> Any:
-    try:
-        return parse(text)
-    except ValueError as exc:
-        shown = REDACTED if is_secret_name(name) else repr(text)
-        raise _fail(url, f"{name}={shown}: {exc}") from None
 
 
 def _options(url: str, query: list[tuple[str, str]], plain: str, cluster: bool) -> dict[str, Any]:
@@ -231,13 +221,21 @@ def connect_async(url: str, **kwargs: Any) -> aredis.Redis:
 
 # A read's server or cluster node cannot answer (refused, timed out, down, slots remapped): the
 # dashboard answers 503, reads the other nodes (redis-py's cluster errors: not ConnectionErrors).
-UNREACHABLE: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError,
-                                             RedisClusterException, ClusterError)  # fmt: skip
+UNREACHABLE: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    RedisClusterException,
+    ClusterError,
+)
 
 
 # redis-py's messages while it cannot (re)build the slot map: nodes down, or mid-failover.
-_CLUSTER_REMAPPING = ("cannot be connected", "could not agree on a valid",
-                      "slots are not covered", "has no redis_connection")  # fmt: skip
+_CLUSTER_REMAPPING = (
+    "cannot be connected",
+    "could not agree on a valid",
+    "slots are not covered",
+    "has no redis_connection",
+)
 
 
 def cluster_unreachable(exc: BaseException) -> bool:

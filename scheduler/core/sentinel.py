@@ -30,9 +30,10 @@ import redis.asyncio as aredis
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.sentinel import Sentinel
 
-from scheduler.core.errors import BadArgument
-from scheduler.core.safety import REDACTED, is_secret_name, redact
+from scheduler.core.safety import REDACTED, is_secret_name
 from scheduler.core.url_options import OPTIONS, Parse, whole
+from scheduler.core.url_options import convert as _convert
+from scheduler.core.url_options import url_error as _fail
 
 __all__ = ["SCHEMES", "SentinelSpec", "parse_sentinel", "sentinel_client"]
 
@@ -62,10 +63,6 @@ class SentinelSpec:
             f"SentinelSpec(sentinels={self.sentinels!r}, service={self.service!r}, "
             f"tls={self.tls!r}, sentinel_options={shown!r})"
         )
-
-
-def _fail(url: str, why: str) -> BadArgument:
-    return BadArgument(f"invalid Redis URL {redact(url)}: {why}")
 
 
 def parse_sentinel(url: str) -> tuple[dict[str, Any], SentinelSpec]:
@@ -109,14 +106,6 @@ def parse_sentinel(url: str) -> tuple[dict[str, Any], SentinelSpec]:
     if sep:  # redis://user:pw@ and redis://:pw@ as redis-py reads them: the URL's win
         options["password"] = unquote(password)
     return options, SentinelSpec(sentinels, service, plain == "rediss", sentinel_options)
-
-
-def _convert(url: str, name: str, text: str, parse: Parse) -> Any:
-    try:
-        return parse(text)
-    except ValueError as exc:
-        shown = REDACTED if is_secret_name(name) else repr(text)
-        raise _fail(url, f"{name}={shown}: {exc}") from None
 
 
 def _options(url: str, query: str, plain: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -12,6 +12,9 @@ from typing import Any
 
 from redis.connection import parse_ssl_verify_flags
 
+from scheduler.core.errors import BadArgument
+from scheduler.core.safety import REDACTED, is_secret_name, redact
+
 _BOOLS = dict.fromkeys(("1", "true", "yes", "on"), True)
 _BOOLS.update(dict.fromkeys(("0", "false", "no", "off", ""), False))
 
@@ -72,3 +75,18 @@ SINGLE_OPTIONS: dict[str, Parse] = {
     "ssl_min_version": _value(_tls_version, "expected TLSv1_2, TLSv1_3 or its number (771, 772)"),
 }
 OPTIONS = {**CLUSTER_OPTIONS, **SINGLE_OPTIONS}
+
+
+def url_error(url: str, why: str) -> BadArgument:
+    """The one refusal of a connection URL (core/connection.py, core/sentinel.py), redacted."""
+    return BadArgument(f"invalid Redis URL {redact(url)}: {why}")
+
+
+def convert(url: str, name: str, text: str, parse: Parse) -> Any:
+    """One query option's (or the database's) text converted, else url_error naming it (a
+    secret's value never shown)."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        shown = REDACTED if is_secret_name(name) else repr(text)
+        raise url_error(url, f"{name}={shown}: {exc}") from None
