@@ -226,26 +226,31 @@ _FAMILIES = (
 )
 
 
+MAX_KEYS = 1_000_000  # key_families' default bound: `scheduler keys --max-keys` changes it
+
+
 def key_families(
-    client: redis.Redis, keys: QueueKeys, *, max_keys: int = 1_000_000
-) -> list[KeyFamily]:
+    client: redis.Redis, keys: QueueKeys, *, max_keys: int = MAX_KEYS
+) -> tuple[list[KeyFamily], bool]:
     """Count the per-item keys of the queue by family with one SCAN over its pattern,
-    stopping after max_keys (bounded work on a huge queue)."""
+    stopping after max_keys (bounded work on a huge queue), and whether it stopped there with
+    keys left uncounted (the counts are then lower bounds)."""
     counts: dict[str, int] = {p: 0 for p, _ in _FAMILIES}
-    seen = 0
+    seen, cut = 0, False
     node = node_for_key(client, keys.prefix)  # a queue's keys share one slot: one node
     for key in node.scan_iter(match=keys.pattern(), count=_SCAN_COUNT):
+        if seen >= max_keys:  # one key beyond the bound: the listing is cut
+            cut = True
+            break
         rest = str(key)[len(keys.prefix) :]
         for p, _ in _FAMILIES:
             if rest.startswith(p):
                 counts[p] += 1
                 break
         seen += 1
-        if seen >= max_keys:
-            break
     out = [KeyFamily(keys.prefix + p + "*", about, counts[p]) for p, about in _FAMILIES]
     out.append(KeyFamily(keys.pattern(), "all keys of the queue", seen))
-    return out
+    return out, cut
 
 
 def iter_chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:

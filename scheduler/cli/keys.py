@@ -13,6 +13,7 @@ from rich.console import Group
 from rich.table import Table
 
 from scheduler.admin.inspection import (
+    MAX_KEYS,
     fixed_keys,
     key_families,
     queue_exists,
@@ -34,15 +35,20 @@ from scheduler.core.keys import QueueKeys
 from scheduler.core.partitions import meta_key
 
 
-def queue_keys(client: redis.Redis, name: str) -> dict[str, Any]:
-    """One ordinary queue's keys (a plain queue, or one partition): the --json shape."""
+def queue_keys(client: redis.Redis, name: str, max_keys: int = MAX_KEYS) -> dict[str, Any]:
+    """One ordinary queue's keys (a plain queue, or one partition): the --json shape.
+    `families_cut`: the count stopped at `max_keys` with keys left, so the family counts are
+    lower bounds."""
     k, q = QueueKeys(name), shlex.quote
+    families, cut = key_families(client, k, max_keys=max_keys)
     return {
         "queue": name,
         "prefix": k.prefix,
         "exists": queue_exists(client, k, server_now_ms(client, k)),
         "keys": [i.to_json() for i in fixed_keys(client, k)],
-        "families": [f.to_json() for f in key_families(client, k)],
+        "families": [f.to_json() for f in families],
+        "families_cut": cut,
+        "max_keys": max_keys,
         "examples": [
             f"redis-cli ZRANGE {q(k.due)} 0 9 WITHSCORES",
             f"redis-cli ZRANGE {q(k.leased)} 0 9 WITHSCORES",
@@ -64,6 +70,8 @@ def partitioned_keys(name: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
         "layout_key": record,
         "keys": [],
         "families": [],
+        "families_cut": any(p["families_cut"] for p in parts),
+        "max_keys": parts[0]["max_keys"] if parts else MAX_KEYS,
         "examples": [f"redis-cli GET {shlex.quote(record)}"],
         "partitions": parts,
     }
@@ -77,27 +85,51 @@ def _tables(view: dict[str, Any], title: str) -> Group:
     for i in view["keys"]:
         ttl = "-" if i["ttl_ms"] is None else fmt_ms(i["ttl_ms"])
         t.add_row(cell(q(i["key"])), cell(i["type"]), str(i["size"]), ttl, i["about"])
-    f = Table(title="per-item keys")
+    cut = cut_note(view)
+    f = Table(title="per-item keys" + (" (counts cut short)" if cut else ""))
     for col in ("pattern", "count", "contents"):
         f.add_column(col, overflow="fold", no_wrap=col == "pattern")
     for fam in view["families"]:
-        f.add_row(cell(q(fam["pattern"])), str(fam["count"]), fam["about"])
-    return Group(t, f, cell("\n".join(view["examples"]), keep_newlines=True))
+        count = str(fam["count"]) + ("+" if cut else "")
+        f.add_row(cell(q(fam["pattern"])), count, fam["about"])
+    notes = [cut] if cut else []
+    return Group(
+        t, f, *(cell(n) for n in notes), cell("\n".join(view["examples"]), keep_newlines=True)
+    )
+
+
+def cut_note(view: dict[str, Any]) -> str:
+    """The line that says a key count stopped at its bound ("" when it did not)."""
+    if not view["families_cut"]:
+        return ""
+    return (
+        f"the count stopped at {view['max_keys']:,} keys: the queue has more, not counted "
+        "(each count above is at least that); --max-keys N counts further"
+    )
 
 
 @click.command("keys", cls=AdminCommand)
 @url_option
 @queue_option
 @json_option
-def keys_command(url: str, queue: str, as_json: bool) -> None:
+@click.option(
+    "--max-keys",
+    type=click.IntRange(min=1),
+    default=MAX_KEYS,
+    show_default=True,
+    help="Stop counting the per-item keys after this many (per partition); a count cut "
+    "short says so.",
+)
+def keys_command(url: str, queue: str, as_json: bool, max_keys: int) -> None:
     """The key names of a queue, ready to paste into redis-cli, with their types and sizes
     (of each partition, for a partitioned queue)."""
     client = connect(url)
     layout = stored_layout(client, queue)
     if layout is None:
-        view = queue_keys(client, queue)
+        view = queue_keys(client, queue, max_keys)
     else:
-        view = partitioned_keys(queue, [queue_keys(client, p) for p in layout.names])
+        parts = [queue_keys(client, p, max_keys) for p in layout.names]
+        view = partitioned_keys(queue, parts)
     if as_json:
         emit_json({"partitions": None, **view})
         return
