@@ -1,5 +1,6 @@
-"""docs/guide/workers.md "Testing your handlers": both examples run as written (the unit test
-needs no Redis; the integration one runs an embedded worker on this run's Redis)."""
+"""docs/guide/workers.md "Testing your handlers": its examples run as written (the unit test
+needs no Redis; the integration ones run an embedded worker, one in burst mode, on this run's
+Redis)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def _blocks() -> list[str]:
 
 
 def test_the_testing_examples_run(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    unit, integration = _blocks()
+    unit, integration, burst = _blocks()
     monkeypatch.setenv("REDIS_URL", redis_url)
     ns: dict[str, object] = {"__name__": "testing_example"}
     exec(compile(unit, str(GUIDE), "exec"), ns)
@@ -28,6 +29,9 @@ def test_the_testing_examples_run(redis_url: str, monkeypatch: pytest.MonkeyPatc
     test_total()  # the doc's own unit test
     exec(compile(integration, str(GUIDE), "exec"), ns)  # its assert checks the job's result
     assert Queue.from_url(redis_url, "reports-test").counts().leased == 0
+    exec(compile(burst, str(GUIDE), "exec"), ns)  # a burst worker ran all three
+    left = Queue.from_url(redis_url, "reports-burst").counts()
+    assert (left.due, left.scheduled, left.leased) == (0, 0, 0)
 
 
 def test_for_test_makes_a_context_a_handler_can_use() -> None:

@@ -121,6 +121,12 @@ def register(main: click.Group) -> None:
     "result_ttl_ms (default: 3600000, 1 h).",
 )
 @click.option(
+    "--burst",
+    is_flag=True,
+    help="Run the jobs claimable now, then exit 0 once none is left (jobs due later stay); "
+    "one process only.",
+)
+@click.option(
     "--worker-id",
     default=None,
     help="Name shown by `scheduler workers` and in logs (default: host:pid:random).",
@@ -142,6 +148,7 @@ def worker_cmd(
     result_ttl_ms: int | None,
     worker_id: str | None,
     processes: int,
+    burst: bool,
 ) -> None:
     """Run handlers from REGISTRY (module:attribute, a scheduler.worker.registry.Registry).
 
@@ -161,9 +168,12 @@ def worker_cmd(
         grace_s,
         max_abandoned_threads=max_abandoned_threads,
         result_ttl_ms=result_ttl_ms,
+        burst=burst,
     )
     try:
         settings.check()
+        if burst and processes != 1:
+            raise BadArgument("--burst runs one process: drop --processes")
         parse_url(url)  # a bad URL (or cluster form) is a usage error, before any I/O
         n = pool_size(processes, worker_id)
     except Exception as exc:  # SettingsError, BadArgument, a URL redis-py refuses

@@ -11,6 +11,7 @@ import time
 
 from scheduler.core import codec
 from scheduler.core.models import ClaimBatch
+from scheduler.worker.burst import Burst
 from scheduler.worker.core import _Deadline, _Queue, _within
 from scheduler.worker.dispatch import Dispatch
 from scheduler.worker.execution import RetryDelay, Running, classify, wake_error
@@ -27,7 +28,7 @@ from scheduler.worker.settings import (
 _SKIP_MAX_S = 1.0
 
 
-class Claiming(Dispatch, Reporting):
+class Claiming(Burst, Dispatch, Reporting):
     """The claim loop and the wake-up pops (one per queue)."""
 
     async def _claim_loop(self) -> None:
@@ -147,7 +148,8 @@ class Claiming(Dispatch, Reporting):
             if failing:  # no wake-up ends a failing queue's skip: sleep no longer than it
                 until_s = min(skips.get(n, 0.0) for n in failing)
                 sleep_s = min(sleep_s, max(until_s - time.monotonic(), 0.001))
-            if full:
+            if full or (s.burst and not (claimed or failed) and self._burst_next(
+                    len(order) == len(self.queues))):  # fmt: skip
                 continue
             if sleep_s <= 0:
                 if claimed:
@@ -210,9 +212,8 @@ class Claiming(Dispatch, Reporting):
         return s.concurrency + ahead - len(self.running) - held
 
     async def _idle_wait(self, sleep_s: float) -> None:
-        """Sleep until the next due time (a local timer) or an enqueue's wake-up, whichever
-        comes first, or at once when one came since the round began. The waker task does the
-        BLPOP so no blocking call is ever cancelled."""
+        """Sleep until the next due time (a local timer) or an enqueue's wake-up, or at once
+        if one came since the round began (the waker's BLPOP is never cancelled)."""
         self._idle.set()
         try:
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
@@ -255,10 +256,9 @@ class Claiming(Dispatch, Reporting):
                 self._wake.set()
 
     async def _replay_claims(self, deadline: float) -> list[Running]:
-        """Shutdown: the jobs of each claim whose answer was lost (its nonce still pending),
-        to be released with the rest instead of staying leased until the lease lapses. The
-        nonce is re-sent with limit 0: a replay names the first call's jobs, and a call that
-        never reached Redis leases nothing now."""
+        """Shutdown: the jobs of each claim whose answer was lost (its nonce pending), released
+        with the rest rather than left to lapse. The nonce is re-sent with limit 0: a replay
+        names the first call's jobs; a call that never reached Redis leases nothing now."""
         out: list[Running] = []
         for qn, (nonce, t_sent) in list(self._nonce.items()):
             batch = await self._replay(self._by_name[qn], nonce, deadline)

@@ -53,6 +53,10 @@ class WorkerSettings:
             run before the worker stops claiming, >= 1; None: 2 x concurrency.
         result_ttl_ms: how long jobs this worker completes keep their record and result,
             in [1 ms, 366 days], unless the task says otherwise; None: 1 h.
+        burst: stop, as after a SIGTERM, once a round of claims over every queue takes
+            nothing and this worker holds no job (none running, none awaiting its outcome's
+            answer): what is claimable now runs, jobs due later (a retry's backoff too) and
+            jobs held back by flow control are left. For tests and one-off drains.
     """
 
     queues: tuple[str, ...] = ("default",)
@@ -73,6 +77,7 @@ class WorkerSettings:
     # How long a job this worker completes keeps its outcome record (status, result), unless
     # its task says otherwise (registry.task(result_ttl_ms=...)). None: codec.RESULT_TTL_MS.
     result_ttl_ms: int | None = None
+    burst: bool = False
 
     @property
     def abandoned_cap(self) -> int:
@@ -116,6 +121,8 @@ class WorkerSettings:
             or not (math.isfinite(grace) and 0 <= grace <= MAX_GRACE_S)
         ):
             raise SettingsError(f"grace must be within 0..{MAX_GRACE_S:g} s, got {grace!r:.40}")
+        if not isinstance(self.burst, bool):
+            raise SettingsError(f"burst must be True or False, got {self.burst!r:.40}")
         if self.result_ttl_ms is not None:
             _within(self.result_ttl_ms, "result_ttl_ms")
         if self.max_abandoned_threads is not None:

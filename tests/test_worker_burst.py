@@ -1,0 +1,189 @@
+"""Burst mode (`WorkerSettings.burst`, `scheduler worker --burst`, worker/burst.py): a worker
+that runs what is claimable now and then stops by itself, as after a SIGTERM, exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+import fakeredis
+import pytest
+
+from scheduler import AsyncQueue, JobContext, Queue, Registry
+from scheduler.core.backoff import Backoff
+from scheduler.core.connection import connect_async
+from scheduler.worker import EXIT_OK, EXIT_USAGE, SettingsError, Worker, WorkerSettings
+
+LATER = Backoff(base_ms=600_000, factor=1.0, cap_ms=600_000, jitter=0.0)
+
+
+def _registry(ran: list[str]) -> Registry:
+    registry = Registry()
+
+    @registry.task("ok")
+    async def ok(payload: Any, ctx: JobContext) -> str:
+        await asyncio.sleep(0.01)
+        ran.append(ctx.job_id)
+        return "ok"
+
+    @registry.task("slow.sync")
+    def slow(payload: Any, ctx: JobContext) -> None:
+        import time
+
+        time.sleep(0.3)
+        ran.append(ctx.job_id)
+
+    @registry.task("fails", max_attempts=3, backoff=LATER)
+    async def fails(payload: Any, ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+        raise RuntimeError("not now")
+
+    return registry
+
+
+def _burst(url: str, registry: Registry, *queues: str, timeout_s: float = 30.0) -> int:
+    async def main() -> int:
+        client = connect_async(url)
+        settings = WorkerSettings(queues=queues, heartbeat_ms=100, lease_ms=2_000, burst=True)
+        try:
+            worker = Worker(client, registry, settings)
+            return await asyncio.wait_for(worker.run(install_signals=False), timeout_s)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+def test_a_burst_worker_runs_what_is_due_and_stops(redis_url: str, q: Queue) -> None:
+    ran: list[str] = []
+    due = [q.enqueue("ok", {"i": i}) for i in range(30)]
+    slow = q.enqueue("slow.sync")  # still running when the claims find nothing more
+    parent = q.enqueue("ok")
+    child = q.enqueue("ok", after=[parent])  # released by its parent's complete, then run
+    later = q.enqueue("ok", delay_ms=600_000)
+    failing = q.enqueue("fails")
+    assert _burst(redis_url, _registry(ran), q.name) == EXIT_OK
+    assert sorted(ran) == sorted([*due, slow, parent, child, failing])
+    assert all(q.status(i) == "done" for i in [*due, slow, parent, child])
+    assert ran.index(child) > ran.index(parent)
+    assert q.status(later) == "scheduled"  # due later: left for another worker
+    job = q.get_job(failing)
+    assert (job.state, job.attempts) == ("scheduled", 1)  # its retry is due in 10 min
+    counts = q.counts()
+    assert counts.leased == 0 and counts.dead == 0
+
+
+def test_a_burst_worker_on_an_empty_queue_stops_at_once(redis_url: str, q: Queue) -> None:
+    assert _burst(redis_url, _registry([]), q.name, timeout_s=10.0) == EXIT_OK
+    assert q.counts().leased == 0
+
+
+def test_a_burst_covers_every_queue(redis_url: str, q: Queue) -> None:
+    """Several queues: one whose claim found nothing sits out the next rounds (a skip); jobs
+    enqueued on it meanwhile must not be left because the last round did not ask it."""
+    other = Queue.from_url(redis_url, q.name + "-b")
+    try:
+        ran: list[str] = []
+        ids = [q.enqueue("ok") for _ in range(5)]
+        ids += [other.enqueue("ok") for _ in range(5)]
+        assert _burst(redis_url, _registry(ran), q.name, other.name) == EXIT_OK
+        assert sorted(ran) == sorted(ids)
+    finally:
+        for key in other.client.scan_iter(match=other.keys.prefix + "*"):
+            other.client.delete(key)
+
+
+def test_burst_must_be_a_bool() -> None:
+    with pytest.raises(SettingsError, match="burst"):
+        WorkerSettings(burst="yes").check()  # type: ignore[arg-type]
+
+
+def test_the_cli_burst_exits_0_once_drained(redis_url: str, q: Queue) -> None:
+    ids = [q.enqueue("noop") for _ in range(20)]
+    cmd = [sys.executable, "-m", "scheduler", "worker", "tests.workers.basic:registry",
+           "--url", redis_url, "-q", q.name, "--burst"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    assert "burst: nothing claimable is left" in proc.stderr
+    assert all(q.status(i) == "done" for i in ids)
+
+
+def test_the_cli_refuses_burst_with_processes(redis_url: str) -> None:
+    cmd = [sys.executable, "-m", "scheduler", "worker", "tests.workers.basic:registry",
+           "--url", redis_url, "--burst", "--processes", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == EXIT_USAGE
+    assert "--burst runs one process" in proc.stderr
+
+
+def test_a_burst_worker_on_fakeredis() -> None:
+    """What an app's own unit tests may use: no server at all."""
+    server = fakeredis.FakeServer()
+    ran: list[str] = []
+
+    async def main() -> int:
+        client = fakeredis.FakeAsyncRedis(server=server)
+        q = AsyncQueue(client, "fake")
+        ids = [await q.enqueue("ok", {"i": i}) for i in range(5)]
+        code = await Worker(client, _registry(ran), WorkerSettings(
+            queues=("fake",), burst=True)).run(install_signals=False)  # fmt: skip
+        assert sorted(ran) == sorted(ids)
+        assert [await q.status(i) for i in ids] == ["done"] * 5
+        return code
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == EXIT_OK
+
+
+def test_a_job_ending_while_the_last_claim_is_out_is_not_the_end(redis_url: str, q: Queue) -> None:
+    """The round's claim was sent before the parent's complete landed, its answer (nothing)
+    read after: the child that complete released must still run."""
+    ran: list[str] = []
+    registry = _registry(ran)
+
+    @registry.task("parent")
+    async def parent(payload: Any, ctx: JobContext) -> None:
+        client = connect_async(redis_url)
+        try:
+            await client.lpush(q.keys.wake, "1")  # starts a round while this job runs
+        finally:
+            await client.aclose()
+        await asyncio.sleep(0.05)
+        ran.append(ctx.job_id)
+
+    first = q.enqueue("parent")
+    child = q.enqueue("ok", after=[first])
+
+    async def main() -> int:
+        client = connect_async(redis_url)
+        settings = WorkerSettings(queues=(q.name,), heartbeat_ms=100, lease_ms=2_000, burst=True)
+        worker = Worker(client, registry, settings)
+        claim_call = worker._claim_call
+
+        async def late_answer(call: Any) -> Any:
+            batch = await claim_call(call)
+            await asyncio.sleep(0.3)  # the parent ends and its complete lands meanwhile
+            return batch
+
+        worker._claim_call = late_answer  # type: ignore[method-assign]
+        try:
+            return await asyncio.wait_for(worker.run(install_signals=False), 30)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) == EXIT_OK
+    assert ran == [first, child]
+    assert q.status(child) == "done"
+
+
+def test_a_round_that_left_out_a_queue_is_followed_by_a_full_one() -> None:
+    """A queue whose last claim took nothing sits rounds out (its skip); a job may have come
+    to it since without a wake-up reaching this worker (another worker popped it)."""
+    worker = Worker(fakeredis.FakeAsyncRedis(), _registry([]),
+                    WorkerSettings(queues=("a", "b"), burst=True))  # fmt: skip
+    worker._skip_until["b"] = float("inf")
+    assert worker._burst_next(rounded=False) is True
+    assert worker._skip_until == {} and not worker._stop_claiming.is_set()
+    assert worker._burst_next(rounded=True) is True  # nothing held, nothing woke: stop
+    assert worker._stop_claiming.is_set()
