@@ -7,7 +7,7 @@
   scheduler/admin/doctor.py inside its WATCH/MULTI (it re-read the job first), with doctor's
   server-time reading as now.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, finished
   ARGV[1] move   ARGV[2] id: any id stored in a place, up to STORED_ID_MAX bytes (a hand-written
           id no API would make, e.g. with a space, is still an id doctor must be able to move)
   ARGV[3] expect: the places the id is in now, in the order due,leased,dead, comma-joined
@@ -35,6 +35,8 @@
     'expire'  a record in no place expires in ARGV[6] ttl_ms (its hash and its spec record)
   A job that is its spec record alone gets no hash from 'due' or 'state' due (claim creates
     it whole; a hash holding only `state` would park the job as unreadable).
+  Every move but 'expire' takes the id out of the finished index (lib/result.lua): a done or
+    cancelled record moved back into a place (or found gone) is no longer listed as finished.
   Returns: 1 moved, 0 not moved (the id is no longer where the plan found it, or an older
     dead LIST is still being converted). Parking a schedule's pending occurrence arms its next
     one (as claim does).
@@ -178,8 +180,11 @@ elseif move == 'persist' then
   if expect == '' then return 0 end
   redis.call('PERSIST', jk)
   redis.call('PERSIST', spec_key(prefix, id))
-else -- expire
+else -- expire: a record in no place (done or cancelled) stays listed as finished
   if expect ~= '' or not job_exists(prefix, id) then return 0 end
   job_expire(prefix, id, ttl)
+  return 1
 end
+-- pcall: an index edited into another type is left as it is (doctor reports it).
+redis.pcall('ZREM', prefix .. 'finished', id)
 return 1

@@ -1,0 +1,55 @@
+"""doctor --fix moving a finished job back into a place (due, leased, dead) takes its id out
+of the finished index (lua/lib/result.lua), so list_jobs('finished') and `jobs list
+finished` no longer show a job that is waiting or dead; a finished record it only gives an
+expiry ('expire') stays listed."""
+
+from __future__ import annotations
+
+import redis
+
+from scheduler import Queue
+from scheduler.admin.doctor import repair_queue
+
+
+def finished_ids(q: Queue) -> list[str]:
+    return [j.id for j in q.list_jobs("finished")]
+
+
+def finished(q: Queue) -> str:
+    job_id = q.enqueue("t", 1)
+    (job,) = q.claim("w", limit=1).jobs
+    q.complete(job_id, job.token, "ok")
+    assert finished_ids(q) == [job_id]
+    return job_id
+
+
+def test_a_done_job_put_back_in_due_leaves_the_finished_listing(
+    q: Queue, client: redis.Redis
+) -> None:
+    job_id = finished(q)
+    client.zadd(q.keys.due, {job_id: 0})  # listed in due again, its state says done
+    report = repair_queue(client, q.name, passes=1)  # its first step: state := due
+    assert [i.code for i in report.fixed] == ["state-mismatch"], report
+    assert client.zscore(q.keys.due, job_id) is not None
+    assert client.hget(q.keys.job(job_id), "state") == "due"
+    assert finished_ids(q) == []
+    repair_queue(client, q.name)  # the next steps park it (a finished record has no payload)
+    assert q.get_job(job_id).state == "dead" and finished_ids(q) == []
+
+
+def test_a_done_job_put_back_in_dead_leaves_the_finished_listing(
+    q: Queue, client: redis.Redis
+) -> None:
+    job_id = finished(q)
+    client.zadd(q.keys.dead, {job_id: 0})
+    repair_queue(client, q.name)
+    assert client.zscore(q.keys.dead, job_id) is not None
+    assert finished_ids(q) == []
+
+
+def test_a_done_record_given_an_expiry_stays_listed(q: Queue, client: redis.Redis) -> None:
+    job_id = finished(q)
+    client.persist(q.keys.job(job_id))  # kept forever: doctor's fix gives it an expiry
+    report = repair_queue(client, q.name)
+    assert [i.code for i in report.fixed] == ["record-no-ttl"]
+    assert finished_ids(q) == [job_id]
