@@ -26,7 +26,7 @@ from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job
 from scheduler.dashboard.actions import Actions, Form
-from scheduler.dashboard.logical import merge_jobs, merged_window
+from scheduler.dashboard.logical import merge_found, merged_window
 from scheduler.dashboard.pages import DEFAULT_LIMIT, int_param
 from scheduler.dashboard.render import notice_query
 from scheduler.operations import browsing
@@ -126,7 +126,7 @@ class DeadPages(Actions):
                     max_dead_ms=max_dead_ms, offset=start, limit=count,
                 )
             )  # fmt: skip
-            jobs = merge_jobs("dead", [p.jobs for p in found], offset - start, limit)
+            jobs = merge_found("dead", found, offset - start, limit)
             scanned, total = sum(p.scanned for p in found), None
             next_offset = found[0].next_offset if not view.partitioned else offset + limit
             if all(p.next_offset is None for p in found):

@@ -13,7 +13,12 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from scheduler.client.partitioned import PartitionedQueue
-from scheduler.client.partitioned_merge import merge_counts
+from scheduler.client.partitioned_merge import (
+    group_ids,
+    jobs_in_order,
+    merge_counts,
+    merge_scored,
+)
 from scheduler.client.queue import Queue
 from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import BadArgument, JobNotFound, refused_for_now
@@ -26,22 +31,13 @@ MAX_MERGED_WINDOW = 2_000  # offset + limit of a merged page (each partition rea
 PARTITION_NAME = re.compile(r"^(.+)\.p\d{1,4}(?:\.\d{1,6})?$")
 
 
-def _order(state: str) -> tuple[Callable[[Job], Any], bool]:
-    """How one queue's index orders `state` (inspecting.list_ids): key and reverse."""
-    if state == "dead":
-        return (lambda j: int(j.fields.get("dead_ms") or 0), True)  # newest first
-    if state == "finished":  # its index is by expiry: finish order for jobs kept equally long
-        return (lambda j: int(j.fields.get("finished_ms") or 0), True)
-    if state == "leased":
-        return (lambda j: j.lease_until_ms or 0), False
-    return (lambda j: j.run_at_ms or 0), False
-
-
-def merge_jobs(state: str, pages: Sequence[Sequence[Job]], offset: int, limit: int) -> list[Job]:
-    """The [offset, offset + limit) slice of the partitions' pages merged in index order."""
-    key, reverse = _order(state)
-    merged = sorted((j for page in pages for j in page), key=key, reverse=reverse)
-    return merged[offset : offset + limit]
+def merge_found(
+    state: str, found: Sequence[browsing.FilteredPage], offset: int, limit: int
+) -> list[Job]:
+    """The [offset, offset + limit) slice of the partitions' filtered pages, merged as their
+    unfiltered page is (merged_page): by each job's index score, ties by id, as one ZSET."""
+    per = [list(zip(f.scores, (j.id for j in f.jobs), strict=True)) for f in found]
+    return jobs_in_order(merge_scored(state, per, offset, limit), [f.jobs for f in found])
 
 
 def merged_window(offset: int, limit: int) -> int:
@@ -110,19 +106,15 @@ class View:
         per: list[list[tuple[float, str]]] = self.run_each(
             lambda q: browsing.scored_ids(q.ops, state, now_ms, 0, window, max_dead_ms)
         )
-        tagged = [(score, i, k) for k, page in enumerate(per) for score, i in page]
-        tagged.sort(key=lambda t: t[0], reverse=state in ("dead", "finished"))
-        chosen = tagged[offset : offset + limit]
-        by_part: dict[int, list[str]] = {}
-        for _, i, k in chosen:
-            by_part.setdefault(k, []).append(i)
-        found: dict[str, Job] = {}
-        if by_part and self.pq is not None:
-            reads = [(self.parts[k], self.parts[k].ops.get_jobs(ids)) for k, ids in by_part.items()]
-            for jobs in self.pq._run_many(reads):
-                found.update((j.id, j) for j in jobs)
-        more = len(tagged) > offset + limit or any(len(p) == window for p in per)
-        return [found[i] for _, i, _ in chosen if i in found], more
+        chosen = merge_scored(state, per, offset, limit)  # ties by id, as one ZSET
+        read: list[list[Job]] = []
+        if chosen and self.pq is not None:
+            reads = [
+                (self.parts[k], self.parts[k].ops.get_jobs(g)) for k, g in group_ids(chosen).items()
+            ]
+            read = self.pq._run_many(reads)
+        more = sum(map(len, per)) > offset + limit or any(len(p) == window for p in per)
+        return jobs_in_order(chosen, read), more
 
     def counts(self) -> QueueCounts:
         return self.parts[0].counts() if self.pq is None else self.pq.counts()

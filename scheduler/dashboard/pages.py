@@ -23,7 +23,7 @@ from scheduler.core.errors import BadArgument, JobNotFound, edited_by_hand, refu
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
-from scheduler.dashboard.logical import merge_jobs, merged_window
+from scheduler.dashboard.logical import merge_found, merged_window
 from scheduler.dashboard.reasons import flow_settings, why_not_running
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import schedule_rows
@@ -161,7 +161,7 @@ class Pages:
             found = view.run_each(
                 lambda q: browsing.filtered_page(q.ops, state, task=task, offset=start, limit=count)
             )
-            jobs = merge_jobs(state, [f.jobs for f in found], offset - start, limit)
+            jobs = merge_found(state, found, offset - start, limit)
             scanned = sum(f.scanned for f in found)
             more = any(f.next_offset is not None for f in found)
             next_offset = (

@@ -6,11 +6,13 @@ record's layout stays in one place."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from scheduler.core import codec
-from scheduler.core.errors import BadArgument
+from scheduler.core.errors import BadArgument, CorruptKey
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, QueueCounts
 from scheduler.core.vocabulary import STAT_FIELDS, stat_field
@@ -40,6 +42,9 @@ class FilteredPage:
     jobs: list[Job]
     next_offset: int | None
     scanned: int
+    # Each job's score in the index `state` pages by (scored_ids): a partitioned queue's
+    # filtered pages merge by it, as its unfiltered pages do (partitioned_merge.merge_scored).
+    scores: list[float] = field(default_factory=list)
 
 
 def _page_args(offset: int, limit: int) -> None:
@@ -88,29 +93,39 @@ def filtered_page(
     one request). `max_dead_ms` applies to dead letters only."""
     _page_args(offset, limit)
     found: list[Job] = []
+    scores: list[float] = []
     scanned = 0
     pos = offset
+    clocked = state in ("due", "scheduled", "finished")
+    now_ms = (yield from ops.counts()).now_ms if clocked else 0  # the server's clock
+    cut = max_dead_ms if state == "dead" else None
     while scanned < max_scan and len(found) < limit:
         step = min(limit * 4, max_scan - scanned, MAX_PAGE)
-        if state == "dead" and max_dead_ms is not None:
-            ids = yield from dead_ids_before(ops.keys, max_dead_ms, pos, step)
-        else:
-            ids = yield from ops.list_ids(state, offset=pos, limit=step)
-        if not ids:
-            return FilteredPage(found, None, scanned)
-        jobs = yield from ops.get_jobs(ids)
+        try:
+            pairs = yield from scored_ids(ops, state, now_ms, pos, step, cut)
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            raise CorruptKey(
+                f"the {state} set of queue {ops.keys.queue!r} is of another type (edited by "
+                "hand): see `scheduler doctor`"
+            ) from None
+        if not pairs:
+            return FilteredPage(found, None, scanned, scores)
+        jobs = yield from ops.get_jobs([i for _, i in pairs])
         by_id = {j.id: j for j in jobs}
-        for n, job_id in enumerate(ids):
+        for n, (score, job_id) in enumerate(pairs):
             job = by_id.get(job_id)
             if job is not None and _matches(job, task, error_type):
                 found.append(job)
+                scores.append(score)
                 if len(found) == limit:
-                    return FilteredPage(found, pos + n + 1, scanned + n + 1)
-        scanned += len(ids)
-        pos += len(ids)
-        if len(ids) < step:
-            return FilteredPage(found, None, scanned)
-    return FilteredPage(found, pos, scanned)
+                    return FilteredPage(found, pos + n + 1, scanned + n + 1, scores)
+        scanned += len(pairs)
+        pos += len(pairs)
+        if len(pairs) < step:
+            return FilteredPage(found, None, scanned, scores)
+    return FilteredPage(found, pos, scanned, scores)
 
 
 def scored_ids(
