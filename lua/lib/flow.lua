@@ -431,6 +431,20 @@ local function flow_rate_due(prefix, now, limit)
     if a.t ~= b.t then return a.t < b.t end
     return a.i < b.i
   end
+  -- A job whose concurrency key is full (with the ones sent back before it) goes back without
+  -- taking room: claim holds it by its key, and the room is left to a job that can start (it
+  -- was given to a job claim then held by key, and a job of another key waited a window more).
+  local ck_room = {}
+  local function key_full(f)
+    if f.ckey == '' then return false end
+    local room = ck_room[f.ckey]
+    if room == nil then
+      local live = flow_ck_live(prefix, f.ckey, now)
+      room = live and (f.climit - live) or f.climit  -- a set of another type: claim parks it
+    end
+    ck_room[f.ckey] = room - 1
+    return room <= 0
+  end
   for _, key in ipairs(keys) do
     local jobs, starts, went, rk = by_key[key], {}, 0, prefix .. 'flow:rate:' .. key
     table.sort(jobs, first)
@@ -440,7 +454,9 @@ local function flow_rate_due(prefix, now, limit)
         local n = redis.pcall('ZCOUNT', rk, '(' .. fmt(now - w), '+inf')
         starts[w] = type(n) == 'number' and n or 0  -- a log of another type: claim parks it
       end
-      if starts[w] + went < j.f.rcount then
+      if starts[w] + went < j.f.rcount and key_full(j.f) then
+        back(j.id, j.run_at)
+      elseif starts[w] + went < j.f.rcount then
         went = went + 1
         back(j.id, j.run_at)
       else  -- full already: when it has room again; full with these: one window on
