@@ -349,3 +349,26 @@ def test_a_stop_while_a_crashed_child_waits_for_its_restart_is_clean(
     finally:
         if pool.poll() is None:
             pool.kill()
+
+
+def test_a_child_that_used_up_its_max_jobs_is_replaced_at_once(
+    redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
+) -> None:
+    """--max-jobs recycles a process: each child exits 0 after 3 jobs and the supervisor starts
+    another at once (no crash backoff: 12 jobs over 2 children take 4 recyclings)."""
+    ids = [q.enqueue("echo", i) for i in range(12)]
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--max-jobs", "3",
+                      "--concurrency", "1", log=pool_log)  # fmt: skip
+    try:
+        wait_for(lambda: all(q.status(i) == "done" for i in ids), timeout_s=60,
+                 what="every job done")  # fmt: skip
+        assert stop(pool, pool_log) == 0
+    finally:
+        if pool.poll() is None:
+            pool.kill()
+    text = pool_log.read_text(errors="replace")
+    assert text.count("stopped cleanly (--max-jobs); starting another") >= 2, text[-3000:]
+    assert "restarting in" not in text  # not taken for a crash
+    pids = ledger_pids(client, q)
+    assert len(pids) == 12 and len(set(pids)) >= 4  # no process ran more than 3
+    assert max(pids.count(p) for p in set(pids)) <= 3

@@ -1,5 +1,6 @@
-"""Burst mode (`WorkerSettings.burst`, `scheduler worker --burst`, worker/burst.py): a worker
-that runs what is claimable now and then stops by itself, as after a SIGTERM, exit 0."""
+"""A worker that stops by itself, as after a SIGTERM, exit 0 (worker/self_stop.py): burst mode
+(`WorkerSettings.burst`, `scheduler worker --burst`: runs what is claimable now) and the job
+quota (`max_jobs`, `--max-jobs`: a process recycled after N jobs, restarted by the pool)."""
 
 from __future__ import annotations
 
@@ -43,10 +44,13 @@ def _registry(ran: list[str]) -> Registry:
     return registry
 
 
-def _burst(url: str, registry: Registry, *queues: str, timeout_s: float = 30.0) -> int:
+def _burst(
+    url: str, registry: Registry, *queues: str, timeout_s: float = 30.0, **options: Any
+) -> int:
     async def main() -> int:
         client = connect_async(url)
-        settings = WorkerSettings(queues=queues, heartbeat_ms=100, lease_ms=2_000, burst=True)
+        options.setdefault("burst", True)
+        settings = WorkerSettings(queues=queues, heartbeat_ms=100, lease_ms=2_000, **options)
         try:
             worker = Worker(client, registry, settings)
             return await asyncio.wait_for(worker.run(install_signals=False), timeout_s)
@@ -187,3 +191,31 @@ def test_a_round_that_left_out_a_queue_is_followed_by_a_full_one() -> None:
     assert worker._skip_until == {} and not worker._stop_claiming.is_set()
     assert worker._burst_next(rounded=True) is True  # nothing held, nothing woke: stop
     assert worker._stop_claiming.is_set()
+
+
+def test_max_jobs_claims_that_many_and_stops(redis_url: str, q: Queue) -> None:
+    ran: list[str] = []
+    ids = [q.enqueue("ok") for _ in range(12)]
+    code = _burst(redis_url, _registry(ran), q.name, burst=False, max_jobs=5)
+    assert code == EXIT_OK
+    assert len(ran) == 5 and set(ran) <= set(ids)  # never more than its quota, prefetch or not
+    assert sum(q.status(i) == "done" for i in ids) == 5
+    counts = q.counts()
+    assert (counts.due, counts.leased) == (7, 0)
+
+
+def test_max_jobs_lets_the_last_jobs_finish_whatever_the_grace(redis_url: str, q: Queue) -> None:
+    """A planned stop has no hurry: the job running when the quota is met ends as it would
+    (grace 0 would have released it at a SIGTERM)."""
+    ran: list[str] = []
+    slow = q.enqueue("slow.sync")
+    code = _burst(redis_url, _registry(ran), q.name, burst=False, max_jobs=1, grace_s=0)
+    assert code == EXIT_OK and ran == [slow]
+    job = q.get_job(slow)
+    assert (job.state, job.attempts) == ("done", 1)
+
+
+def test_max_jobs_must_be_a_positive_int() -> None:
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(SettingsError, match="max_jobs"):
+            WorkerSettings(max_jobs=bad).check()  # type: ignore[arg-type]

@@ -121,6 +121,13 @@ def register(main: click.Group) -> None:
     "result_ttl_ms (default: 3600000, 1 h).",
 )
 @click.option(
+    "--max-jobs",
+    type=click.IntRange(1, None),
+    default=None,
+    help="Exit 0 once this many jobs were claimed and have ended: a process recycled (a "
+    "handler's leak contained); under --processes the pool starts another at once.",
+)
+@click.option(
     "--burst",
     is_flag=True,
     help="Run the jobs claimable now, then exit 0 once none is left (jobs due later stay); "
@@ -149,6 +156,7 @@ def worker_cmd(
     worker_id: str | None,
     processes: int,
     burst: bool,
+    max_jobs: int | None,
 ) -> None:
     """Run handlers from REGISTRY (module:attribute, a scheduler.worker.registry.Registry).
 
@@ -169,6 +177,7 @@ def worker_cmd(
         max_abandoned_threads=max_abandoned_threads,
         result_ttl_ms=result_ttl_ms,
         burst=burst,
+        max_jobs=max_jobs,
     )
     try:
         settings.check()

@@ -16,7 +16,8 @@ registry that cannot be imported fails each child's first start: exit 4). It:
   is ready (the one-process codes: 3 Redis unreachable, 5 forbidden, ...), so a misconfigured
   pool fails as one worker would;
 - restarts a child that exits once ready (the OOM killer, a crash), after 1 s doubling to 30 s,
-  the wait reset once a child has run 60 s;
+  the wait reset once a child has run 60 s; one that stopped cleanly (exit 0: its --max-jobs
+  used up) at once;
 - on SIGHUP replaces the children one at a time with new processes (new code on disk), each
   old one stopping gracefully once its replacement is ready (`_reload`);
 - on Linux, has each child ask the kernel to SIGTERM it if the supervisor dies (kill -9;
@@ -249,6 +250,12 @@ class Pool:
             return None
         if first and not was_ready:
             return code if code != EXIT_OK else EXIT_FAILED
+        if code == EXIT_OK:  # a planned stop (--max-jobs, its own SIGTERM): no backoff
+            c.restart_at = now
+            log.info("worker process %d (pid %d) stopped cleanly (--max-jobs); starting "
+                     "another", c.index + 1, pid, extra={"worker_process": c.index + 1,
+                                                         "pid": pid})  # fmt: skip
+            return None
         if now - c.started_at >= RESTART_RESET_S:
             c.backoff_s = RESTART_FIRST_S
         c.restart_at = now + c.backoff_s

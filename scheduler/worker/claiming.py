@@ -11,12 +11,12 @@ import time
 
 from scheduler.core import codec
 from scheduler.core.models import ClaimBatch
-from scheduler.worker.burst import Burst
 from scheduler.worker.core import _Deadline, _Queue, _within
 from scheduler.worker.dispatch import Dispatch
 from scheduler.worker.execution import RetryDelay, Running, classify, wake_error
 from scheduler.worker.registry import JobContext
 from scheduler.worker.reporting import Reporting
+from scheduler.worker.self_stop import SelfStop
 from scheduler.worker.settings import (
     _LEASE_MARGIN_S,
     _MAX_IDLE_SLEEP_S,
@@ -28,7 +28,7 @@ from scheduler.worker.settings import (
 _SKIP_MAX_S = 1.0
 
 
-class Claiming(Burst, Dispatch, Reporting):
+class Claiming(SelfStop, Dispatch, Reporting):
     """The claim loop and the wake-up pops (one per queue)."""
 
     async def _claim_loop(self) -> None:
@@ -209,7 +209,7 @@ class Claiming(Burst, Dispatch, Reporting):
             self._no_claim_until = 0.0
         ahead = s.prefetch if self._short_jobs() else 0
         held = len(self._backlog) + len(self._behind) + len(self._give_back)
-        return s.concurrency + ahead - len(self.running) - held
+        return self._quota(s.concurrency + ahead - len(self.running) - held)
 
     async def _idle_wait(self, sleep_s: float) -> None:
         """Sleep until the next due time (a local timer) or an enqueue's wake-up, or at once

@@ -1,14 +1,20 @@
-"""Burst mode (`WorkerSettings.burst`, `scheduler worker --burst`): run what is claimable now,
-then stop as after a SIGTERM. For tests, one-off drains and cron-driven batches."""
+"""A worker that stops by itself, as after a SIGTERM (exit 0): burst mode (`burst`, run what
+is claimable now, for tests and one-off drains) and the job quota (`max_jobs`, a process
+recycled after N jobs, as Celery's max-tasks-per-child: a handler that leaks memory or file
+descriptors is contained; the pool or the service manager starts the next process)."""
 
 from __future__ import annotations
+
+import asyncio
 
 from scheduler.worker.core import WorkerCore
 from scheduler.worker.execution import Running
 
 
-class Burst(WorkerCore):
-    """When a burst worker is done: a full round of claims took nothing and it holds nothing."""
+class SelfStop(WorkerCore):
+    """When a burst worker is done, and when a worker's job quota is used up."""
+
+    _quota_met = False
 
     def _burst_next(self, rounded: bool) -> bool:
         """After a round of claims that took nothing and all answered. rounded: every queue
@@ -28,7 +34,27 @@ class Burst(WorkerCore):
         self.request_stop()
         return True
 
+    def _quota(self, room: int) -> int:
+        """`room` (what the next claim may take) within what is left of max_jobs. Used up:
+        no more claims; the worker stops once the jobs it holds have ended (not cut short by
+        the grace period: a planned stop has no hurry)."""
+        quota = self.settings.max_jobs
+        if quota is None:
+            return room
+        left = quota - self.claimed
+        if left <= 0 and not self._quota_met:
+            self._quota_met = True
+            self.log.info("max_jobs: %d jobs claimed; stopping once the %d held end",
+                          self.claimed, len(self._held))  # fmt: skip
+            if not self._held:  # after the claim loop's wait begins (it clears _slot_free)
+                asyncio.get_running_loop().call_soon(self.request_stop)
+        return min(room, left)
+
     def _forget(self, r: Running) -> None:
         super()._forget(r)
-        if self.settings.burst and not self._held:
+        if self._held:
+            return
+        if self._quota_met:
+            self.request_stop()
+        elif self.settings.burst:
             self._wake.set()  # the last job held ended: one more round decides

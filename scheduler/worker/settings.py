@@ -57,6 +57,8 @@ class WorkerSettings:
             nothing and this worker holds no job (none running, none awaiting its outcome's
             answer): what is claimable now runs, jobs due later (a retry's backoff too) and
             jobs held back by flow control are left. For tests and one-off drains.
+        max_jobs: stop, as after a SIGTERM, once this many jobs were claimed and have ended
+            (>= 1; None: no limit): a process recycled, as Celery's max-tasks-per-child.
     """
 
     queues: tuple[str, ...] = ("default",)
@@ -78,6 +80,7 @@ class WorkerSettings:
     # its task says otherwise (registry.task(result_ttl_ms=...)). None: codec.RESULT_TTL_MS.
     result_ttl_ms: int | None = None
     burst: bool = False
+    max_jobs: int | None = None
 
     @property
     def abandoned_cap(self) -> int:
@@ -125,6 +128,8 @@ class WorkerSettings:
             raise SettingsError(f"burst must be True or False, got {self.burst!r:.40}")
         if self.result_ttl_ms is not None:
             _within(self.result_ttl_ms, "result_ttl_ms")
+        if self.max_jobs is not None:
+            _count(self.max_jobs, "max_jobs", 1)
         if self.max_abandoned_threads is not None:
             _count(self.max_abandoned_threads, "max_abandoned_threads", 1)
 
