@@ -367,7 +367,8 @@ def test_a_child_that_used_up_its_max_jobs_is_replaced_at_once(
         if pool.poll() is None:
             pool.kill()
     text = pool_log.read_text(errors="replace")
-    assert text.count("stopped cleanly (--max-jobs); starting another") >= 2, text[-3000:]
+    recycled = "stopped cleanly (--max-jobs/-memory-mb); starting another"
+    assert text.count(recycled) >= 2, text[-3000:]
     assert "restarting in" not in text  # not taken for a crash
     pids = ledger_pids(client, q)
     assert len(pids) == 12 and len(set(pids)) >= 4  # no process ran more than 3

@@ -15,7 +15,7 @@ import pytest
 from scheduler import AsyncQueue, JobContext, Queue, Registry
 from scheduler.core.backoff import Backoff
 from scheduler.core.connection import connect_async
-from scheduler.worker import EXIT_OK, EXIT_USAGE, SettingsError, Worker, WorkerSettings
+from scheduler.worker import EXIT_OK, EXIT_USAGE, SettingsError, Worker, WorkerSettings, self_stop
 
 LATER = Backoff(base_ms=600_000, factor=1.0, cap_ms=600_000, jitter=0.0)
 
@@ -219,3 +219,29 @@ def test_max_jobs_must_be_a_positive_int() -> None:
     for bad in (0, -1, 2.5, True):
         with pytest.raises(SettingsError, match="max_jobs"):
             WorkerSettings(max_jobs=bad).check()  # type: ignore[arg-type]
+
+
+def test_max_memory_mb_stops_claiming_once_over(
+    redis_url: str, q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resident memory is read before each claim (here made to grow past the limit once
+    three jobs ran): the worker claims no more, lets what it holds end, exits 0."""
+    ran: list[str] = []
+    ids = [q.enqueue("ok") for _ in range(10)]
+    monkeypatch.setattr(self_stop, "rss_mb", lambda: 500.0 if len(ran) >= 3 else 50.0)
+    code = _burst(redis_url, _registry(ran), q.name, burst=False, max_memory_mb=100,
+                  concurrency=1, prefetch=0)  # fmt: skip
+    assert code == EXIT_OK
+    assert len(ran) == 3, ran  # one job per claim: the claim after the third is not sent
+    assert sum(q.status(i) == "done" for i in ids) == 3
+    assert (q.counts().due, q.counts().leased) == (7, 0)
+
+
+def test_rss_mb_reads_this_process() -> None:
+    before = self_stop.rss_mb()
+    block = bytearray(64 * 2**20)
+    block[::4096] = b"x" * len(block[::4096])  # touched: resident
+    after = self_stop.rss_mb()
+    assert before is not None and after is not None
+    assert after - before > 50, (before, after)
+    del block

@@ -128,6 +128,13 @@ def register(main: click.Group) -> None:
     "handler's leak contained); under --processes the pool starts another at once.",
 )
 @click.option(
+    "--max-memory-mb",
+    type=click.IntRange(1, None),
+    default=None,
+    help="Exit 0 the same way once this process's resident memory, read before each claim, "
+    "is over this many MB.",
+)
+@click.option(
     "--burst",
     is_flag=True,
     help="Run the jobs claimable now, then exit 0 once none is left (jobs due later stay); "
@@ -157,6 +164,7 @@ def worker_cmd(
     processes: int,
     burst: bool,
     max_jobs: int | None,
+    max_memory_mb: int | None,
 ) -> None:
     """Run handlers from REGISTRY (module:attribute, a scheduler.worker.registry.Registry).
 
@@ -178,6 +186,7 @@ def worker_cmd(
         result_ttl_ms=result_ttl_ms,
         burst=burst,
         max_jobs=max_jobs,
+        max_memory_mb=max_memory_mb,
     )
     try:
         settings.check()

@@ -1,11 +1,15 @@
 """A worker that stops by itself, as after a SIGTERM (exit 0): burst mode (`burst`, run what
 is claimable now, for tests and one-off drains) and the job quota (`max_jobs`, a process
-recycled after N jobs, as Celery's max-tasks-per-child: a handler that leaks memory or file
-descriptors is contained; the pool or the service manager starts the next process)."""
+recycled after N jobs, as Celery's max-tasks-per-child, or once over `max_memory_mb`, as its
+max-memory-per-child: a handler that leaks memory or file descriptors is contained; the pool or
+the service manager starts the next process)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
+import sys
 
 from scheduler.worker.core import WorkerCore
 from scheduler.worker.execution import Running
@@ -35,20 +39,28 @@ class SelfStop(WorkerCore):
         return True
 
     def _quota(self, room: int) -> int:
-        """`room` (what the next claim may take) within what is left of max_jobs. Used up:
-        no more claims; the worker stops once the jobs it holds have ended (not cut short by
-        the grace period: a planned stop has no hurry)."""
-        quota = self.settings.max_jobs
-        if quota is None:
+        """`room` (what the next claim may take) within what is left of max_jobs, or 0 once
+        the quota is used up or the process is over max_memory_mb (read before each claim,
+        so only while the option is set): no more claims; the worker stops once the jobs it
+        holds have ended (not cut short by the grace period: a planned stop has no hurry)."""
+        s = self.settings
+        if s.max_jobs is None and s.max_memory_mb is None:
             return room
-        left = quota - self.claimed
-        if left <= 0 and not self._quota_met:
+        if not self._quota_met:
+            why = None
+            if s.max_jobs is not None and self.claimed >= s.max_jobs:
+                why = f"max_jobs: {self.claimed} jobs claimed"
+            elif s.max_memory_mb is not None:
+                rss = rss_mb()
+                if rss is not None and rss > s.max_memory_mb:
+                    why = f"max_memory_mb: {rss:.0f} MB resident, over {s.max_memory_mb} MB"
+            if why is None:
+                return room if s.max_jobs is None else min(room, s.max_jobs - self.claimed)
             self._quota_met = True
-            self.log.info("max_jobs: %d jobs claimed; stopping once the %d held end",
-                          self.claimed, len(self._held))  # fmt: skip
+            self.log.info("%s; stopping once the %d jobs held end", why, len(self._held))
             if not self._held:  # after the claim loop's wait begins (it clears _slot_free)
                 asyncio.get_running_loop().call_soon(self.request_stop)
-        return min(room, left)
+        return 0
 
     def _forget(self, r: Running) -> None:
         super()._forget(r)
@@ -58,3 +70,18 @@ class SelfStop(WorkerCore):
             self.request_stop()
         elif self.settings.burst:
             self._wake.set()  # the last job held ended: one more round decides
+
+
+def rss_mb() -> float | None:
+    """This process's resident memory in MB: /proc/self/statm on Linux, else the peak
+    (getrusage, KB on Linux, bytes on macOS); None when neither can be read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (OSError, ValueError):
+        return None
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10

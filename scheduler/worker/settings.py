@@ -59,6 +59,8 @@ class WorkerSettings:
             jobs held back by flow control are left. For tests and one-off drains.
         max_jobs: stop, as after a SIGTERM, once this many jobs were claimed and have ended
             (>= 1; None: no limit): a process recycled, as Celery's max-tasks-per-child.
+        max_memory_mb: stop the same way once the process's resident memory, read before each
+            claim, is over this many MB (>= 1; None: no limit).
     """
 
     queues: tuple[str, ...] = ("default",)
@@ -81,6 +83,7 @@ class WorkerSettings:
     result_ttl_ms: int | None = None
     burst: bool = False
     max_jobs: int | None = None
+    max_memory_mb: int | None = None
 
     @property
     def abandoned_cap(self) -> int:
@@ -130,6 +133,8 @@ class WorkerSettings:
             _within(self.result_ttl_ms, "result_ttl_ms")
         if self.max_jobs is not None:
             _count(self.max_jobs, "max_jobs", 1)
+        if self.max_memory_mb is not None:
+            _count(self.max_memory_mb, "max_memory_mb", 1)
         if self.max_abandoned_threads is not None:
             _count(self.max_abandoned_threads, "max_abandoned_threads", 1)
 
