@@ -65,6 +65,12 @@ def parse_payload(text: str) -> Any:
     "--jitter", "jitter_ms", type=Duration(), default=0, help="Spread the run time by [0, this]."
 )
 @click.option("--key", help="Idempotency key: a second enqueue with it returns the first id.")
+@click.option(
+    "--key-ttl",
+    "key_ttl_ms",
+    type=Duration(),
+    help="How long --key is held past the run time (default 24h).",
+)
 @click.option("--job-id", help="Choose the id (re-sending the same id enqueues nothing more).")
 @click.option("--after", multiple=True, help="Run once this job (an id; repeatable) is done.")
 @click.option("--result-ttl", "result_ttl_ms", type=Duration(), help="Keep its outcome this long.")
@@ -93,6 +99,7 @@ def enqueue(
     start_within_ms: int | None,
     jitter_ms: int,
     key: str | None,
+    key_ttl_ms: int | None,
     job_id: str | None,
     after: tuple[str, ...],
     result_ttl_ms: int | None,
@@ -141,6 +148,7 @@ def enqueue(
         start_within_ms=start_within_ms,
         jitter_ms=jitter_ms,
         key=key,
+        key_ttl_ms=key_ttl_ms,
         job_id=job_id,
         result_ttl_ms=result_ttl_ms,
         keep_payload=keep_payload,

@@ -138,6 +138,7 @@ class AsyncQueue:
         rate_key: str | None = None,
         after: Sequence[str] | None = None,
         start_within_ms: int | None = None,
+        key_ttl_ms: int | None = None,
     ) -> str:
         """Accept a job; returns its id.
 
@@ -150,8 +151,9 @@ class AsyncQueue:
             run_at: an aware datetime in 1970..2200 UTC; a past one means due now.
             max_attempts: attempts before the job is parked as dead, in [1, 1,000,000].
             backoff: the retry delays after a failure (default `Backoff()`).
-            key: an idempotency key: a second call with the same key (within 24 h) returns
-                the first job's id and enqueues nothing.
+            key: an idempotency key: a second call with the same key (until `key_ttl_ms`
+                past the first job's run time) returns the first job's id and enqueues
+                nothing, even once the first job has run.
             jitter_ms: spread the run time by a random [0, jitter_ms] (same range as delay_ms).
             timeout_ms: how long one attempt may run before the worker stops it, in
                 [0, 7 days]; 0 = none of its own (the task's `timeout_s`
@@ -177,7 +179,9 @@ class AsyncQueue:
                 days], or not at all: no attempt (a retry, a lapsed lease's rerun) starts
                 after run time + this; the job is parked as dead ('start deadline passed')
                 instead. A reschedule moves the deadline with the run time; a requeue from
-                dead drops it (docs/scheduling.md).
+                dead drops it (README "Using it").
+            key_ttl_ms: how long `key` is held past the first job's run time, in [1 ms,
+                366 days] (default 24 h): a throttle window, as BullMQ's deduplication ttl.
 
         Returns:
             The job's id.
@@ -208,6 +212,7 @@ class AsyncQueue:
                 rate_key=rate_key,
                 after=after,
                 start_within_ms=start_within_ms,
+                key_ttl_ms=key_ttl_ms,
             )
         )
 

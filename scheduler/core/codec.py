@@ -170,7 +170,7 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         backoff,
         str(timeout_ms),
         idem,
-        _IDEM_TTL,
+        _IDEM_TTL if spec.key_ttl_ms is None else str(check_int(spec.key_ttl_ms, "key_ttl_ms")),
         "" if spec.result_ttl_ms is None else str(check_int(spec.result_ttl_ms, "result_ttl_ms")),
         _flags(spec),
         flow,

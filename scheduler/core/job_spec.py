@@ -34,8 +34,9 @@ class JobSpec:
     rate_key: str | None = None
     after: Sequence[str] | None = None
     start_within_ms: int | None = None
+    key_ttl_ms: int | None = None
 
-    # Written out, not generated: a frozen dataclass's __init__ sets each of the 18 fields
+    # Written out, not generated: a frozen dataclass's __init__ sets each of the 20 fields
     # through object.__setattr__: 1.9 us a spec, 0.7 written out (bench/client_overhead.py).
     # tests/test_models_fast_init.py checks the parameters match the fields and defaults.
     def __init__(
@@ -59,6 +60,7 @@ class JobSpec:
         rate_key: str | None = None,
         after: Sequence[str] | None = None,
         start_within_ms: int | None = None,
+        key_ttl_ms: int | None = None,
     ) -> None:
         self.__dict__.update(
             task=task,
@@ -80,4 +82,5 @@ class JobSpec:
             rate_key=rate_key,
             after=after,
             start_within_ms=start_within_ms,
+            key_ttl_ms=key_ttl_ms,
         )

@@ -42,7 +42,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "reap_limit": (0, 10_000),
     "result_ttl_ms": (1, 366 * DAY_MS),
     "record_ttl_ms": (1, 366 * DAY_MS),
-    "idem_ttl_ms": (1, 366 * DAY_MS),
+    "key_ttl_ms": (1, 366 * DAY_MS),  # how long an idempotency key is held past run_at
     "backoff.base_ms": (0, MAX_DELAY_MS),
     "backoff.cap_ms": (0, MAX_DELAY_MS),
     "every_ms": (1, MAX_DELAY_MS),

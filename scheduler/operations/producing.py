@@ -38,6 +38,7 @@ class ProducingOps(OpsBase):
         rate_key: str | None = None,
         after: Sequence[str] | None = None,
         start_within_ms: int | None = None,
+        key_ttl_ms: int | None = None,
     ) -> Op[str]:
         """One job: `enqueue_many` of one JobSpec; returns its id."""
         spec = JobSpec(
@@ -60,6 +61,7 @@ class ProducingOps(OpsBase):
             rate_key,
             after,
             start_within_ms,
+            key_ttl_ms,
         )
         if self.settings.wait_replicas > 0:
             ids = yield from self.enqueue_many([spec])

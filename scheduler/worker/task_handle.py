@@ -43,6 +43,7 @@ class JobOptions(TypedDict, total=False):
     rate_key: str | None
     after: Sequence[str] | None
     start_within_ms: int | None
+    key_ttl_ms: int | None
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class TaskHandle(Generic[F]):
         rate_key: str | None = None,
         after: Sequence[str] | None = None,
         start_within_ms: int | None = None,
+        key_ttl_ms: int | None = None,
     ) -> JobSpec:
         """A JobSpec with the task's defaults; an argument given here wins over its default.
         With a payload_type, `payload` must be of it (BadArgument otherwise).
@@ -153,6 +155,7 @@ class TaskHandle(Generic[F]):
             keep_payload=spec.keep_payload if keep_payload is None else keep_payload,
             after=after,
             start_within_ms=spec.start_within_ms if start_within_ms is None else start_within_ms,
+            key_ttl_ms=key_ttl_ms,
             **flow,
         )
 
