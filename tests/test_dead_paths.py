@@ -47,6 +47,11 @@ class Counter:
         shas = {SHA[name], TEST_SHA[name]}
         return sum(1 for c in self.named("EVALSHA") if c[1] in shas)
 
+    def matched(self) -> list[str]:
+        """The ids sent to dead_match (the filter's reads): EVALSHA sha 5 <KEYS> task error ids."""
+        shas = {SHA["dead_match"], TEST_SHA["dead_match"]}
+        return [i for c in self.named("EVALSHA") if c[1] in shas for i in c[10:]]
+
 
 def counting_client(url: str) -> tuple[redis.Redis, Counter]:
     """A client whose connections record every command as sent on the wire (parsed back from
@@ -144,7 +149,8 @@ def test_filters_read_the_records_of_the_aged_ids_only(counted: tuple[Queue, Cou
     c.reset()
     got = q._run(q.ops.dead_ids(task="a", older_than_ms=1_000_000, page=1000))
     assert sorted(got) == sorted(old[:40])
-    assert len(c.named("HMGET")) == 80  # the 80 old enough, not the 200 younger ones
+    # The 80 old enough are matched (one dead_match call), not the 200 younger ones.
+    assert len(c.matched()) == 80 and c.scripts("dead_match") == 1 and not c.named("HMGET")
 
 
 def drive_killing(q: Queue, op: Op[Any], between: Callable[[], None]) -> Any:
@@ -273,7 +279,7 @@ def test_an_id_given_is_checked_alone_not_by_a_scan(
     c.reset()
     out = dead_cmd(monkeypatch, q, "requeue", "--id", ids[7], "--task", "a", "--yes")
     assert (out["matched"], out["done"]) == (1, 1) and q.get_job(ids[7]).state != "dead"
-    assert dead_ids_read(c, q.keys.dead) == 0 and len(c.named("HMGET")) == 1
+    assert dead_ids_read(c, q.keys.dead) == 0 and c.matched() == [ids[7]]
     assert q.counts().dead == 299
 
 

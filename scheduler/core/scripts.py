@@ -46,6 +46,7 @@ TRANSITIONS = (
     "repair",  # doctor --fix's entry to lib/job.lua's moves (lua/repair.lua)
     "dead_migrate",  # one bounded step of converting an old dead LIST (lib/job.lua)
     "dead_retention",  # the opt-in dead-letter retention settings
+    "dead_match",  # the dead-letter task / error-type filter, a page per call (read only)
     "queue_pause",
     "queue_resume",
     "reschedule",

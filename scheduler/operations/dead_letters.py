@@ -59,8 +59,9 @@ def scan_dead(
     """(dead_ms, id) of the dead letters that died at or before `max_dead_ms` (all: None) and
     match `task` / `error_type`, newest first, at most `limit` of them (all: None). The
     caller has converted an old dead LIST first (dead_converted). Each page is one ZRANGE
-    BYSCORE REV from the cursor (plus one HMGET per id when filtering by task or error): the
-    age cut is the score, no job record is read for it. Never returns an id twice."""
+    BYSCORE REV from the cursor (plus one dead_match call per 1,000 ids when filtering by task
+    or error, dead_filter.py): the age cut is the score, no job record is read for it. Never
+    returns an id twice."""
     codec._int(page, "page", minimum=1)
     out: list[tuple[float, str]] = []
     top: float | None = None  # the cursor: the last (score, id) returned, and how many
@@ -146,7 +147,7 @@ def dead_among(
     error_type: str | None = None,
 ) -> Op[list[str]]:
     """Those of `ids` that are dead letters matching the filters (scan_dead's), in the order
-    given: one ZMSCORE (plus one HMGET per dead id with a record filter), not a scan."""
+    given: one ZMSCORE (plus dead_match over the dead ones with a record filter), not a scan."""
     if not ids:
         return []
     (scores,) = yield Commands([("ZMSCORE", keys.dead, *ids)])
