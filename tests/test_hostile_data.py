@@ -234,7 +234,7 @@ def test_the_scripts_use_the_same_limits_as_codec() -> None:
     }  # fmt: skip
     assert LIMITS["jitter_ms"] == LIMITS["delay_ms"] == LIMITS["backoff.base_ms"]
     assert LIMITS["backoff.cap_ms"] == LIMITS["delay_ms"]
-    assert LIMITS["result_ttl_ms"] == LIMITS["record_ttl_ms"] == LIMITS["idem_ttl_ms"]
+    assert LIMITS["result_ttl_ms"] == LIMITS["record_ttl_ms"] == LIMITS["key_ttl_ms"]
     enqueue = (Path(__file__).parent.parent / "lua" / "enqueue.lua").read_text()
     assert f"MAX_BATCH = {LIMITS['batch_size'][1]} " in enqueue
 
