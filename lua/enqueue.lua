@@ -9,9 +9,10 @@
     id, task, payload (JSON text), when ('at' | 'in'), time_ms (absolute run_at_ms for 'at',
     delay_ms from server now for 'in'), max_attempts, backoff ('base_ms,factor,cap_ms,jitter'
     with factor >= 1 and jitter in [0, 1]), timeout_ms (0 = none), idem (hex digest or ''),
-    idem_ttl_ms, result_ttl_ms ('' = the completing worker's), flags ('' | 'k': keep the
-    payload once done; then optionally 'w' and a start window in ms, 1 .. LIM.delay_ms: the job
-    is parked, not run, when no attempt has started by run_at + window), flow ('' = none, else 'priority|ckey|climit|rkey|rate_count|
+    idem_ttl_ms, result_ttl_ms ('' = the completing worker's), flags (optionally 'b': debounce,
+    with a key and no flow; then '' | 'k': keep the payload once done; then optionally 'w' and a
+    start window in ms, 1 .. LIM.delay_ms: the job is parked, not run, when no attempt has
+    started by run_at + window), flow ('' = none, else 'priority|ckey|climit|rkey|rate_count|
     rate_window_ms|parents', lib/flow.lua flow_arg; a flow job also gets a hash holding only its
     flow fields, and a priority > 0 puts it in its level's index). Parents (space-separated
     ids, earlier jobs of this queue or of this call; one of this call whose idempotency key was
@@ -23,7 +24,9 @@
   Returns: {flags, then (index, id) pairs}: flags has one character per job, 'c' created or 'e'
     already there (the client made the ids, so a re-sent call finds them: same state). When an
     idempotency key is already taken (it lasts idem_ttl_ms past the first job's run_at), the
-    first job's id is given as an (index, id) pair and nothing changes for that job.
+    first job's id is given as an (index, id) pair and nothing changes for that job; with the
+    'b' flag (debounce) that job, while never claimed, takes this call's spec and run time
+    instead ('u', its id in a pair), and once claimed the key moves to this call's new job.
   Errors:  BAD_ARGUMENT <field>=<value>, CORRUPT <key> (a stored key of the wrong type); nothing
     written either way ]]
 -- @include "lib/clock.lua"
@@ -83,9 +86,16 @@ for i = 0, n - 1 do
     local _, bad = int_arg(ARGV[b + 11], 'result_ttl_ms', 1, LIM.ttl_ms)
     if bad then return bad end
   end
-  -- flags: 'k' (keep the payload), then 'w' and a start window in ms: the spec stores the
-  -- deadline it makes, run_at + window (lib/job.lua spec_flags).
-  local flags = ARGV[b + 12]
+  -- flags: 'b' (debounce: replace the unstarted job the key names), then 'k' (keep the
+  -- payload), then 'w' and a start window in ms: the spec stores the deadline it makes,
+  -- run_at + window (lib/job.lua spec_flags).
+  local flags, debounce = ARGV[b + 12], false
+  if string.sub(flags, 1, 1) == 'b' then
+    flags, debounce = string.sub(flags, 2), true
+    if ARGV[b + 9] == '' or (W == 13 and ARGV[b + 13] ~= '') then
+      return redis.error_reply('BAD_ARGUMENT debounce=needs a key and no flow options')
+    end
+  end
   if flags ~= '' and flags ~= 'k' then
     local keep, window = string.match(flags, '^(k?)w(%d+)$')
     window = window and parse_int(window, 1, LIM.delay_ms)
@@ -97,7 +107,7 @@ for i = 0, n - 1 do
   local flow, bad_flow = flow_arg(W == 13 and ARGV[b + 13] or '')
   if flow == nil then return bad_flow end
   jobs[i + 1] = { id, task, ARGV[b + 3], t, max_attempts, backoff, timeout, ARGV[b + 9], idem_ttl,
-    ARGV[b + 11], flags, flow }
+    ARGV[b + 11], flags, flow, debounce = debounce }
 end
 
 -- Idempotency keys are read before any write too (a key overwritten with another type would
@@ -113,6 +123,17 @@ for _, j in ipairs(jobs) do
       return corrupt_err('idem:' .. j[8], 'string')
     end
     j.first = r or keyed[j[8]]
+    -- Debounce: the job the key names (an earlier call's) is replaced by this one while it has
+    -- never been claimed (a spec, no hash, waiting in due); once it has (running, finished,
+    -- gone), this call's job is written as new and the key names it.
+    if j.debounce and r and r ~= j[1] then
+      if redis.call('EXISTS', job_key(prefix, r)) == 0
+          and redis.call('EXISTS', spec_key(prefix, r)) == 1 and redis.call('ZSCORE', due, r) then
+        j.replace = r
+      else
+        j.first = nil
+      end
+    end
     -- Two one-key EXISTS, as in the write loop below (a job already there takes no key).
     if not j.first and not held[j[1]] and redis.call('EXISTS', job_key(prefix, j[1])) == 0
         and redis.call('EXISTS', spec_key(prefix, j[1])) == 0 then
@@ -150,7 +171,18 @@ for k, j in ipairs(jobs) do
   local jk = job_key(prefix, id)
   local ik = (idem ~= '') and (prefix .. 'idem:' .. idem) or nil
   local first = j.first
-  if first then
+  if j.replace then
+    -- The latest call wins: its spec, its run time (the key held from it), the same id.
+    redis.call('SET', spec_key(prefix, first), pack_spec(task, max_attempts, backoff, timeout,
+      now, run_at, j[10], j[11], payload))
+    adds[#adds + 1] = fmt(run_at)
+    adds[#adds + 1] = first
+    redis.call('SET', ik, first, 'PX', math.max(run_at - now, 0) + idem_ttl)
+    flags[k] = 'u'
+    subst[#subst + 1] = k
+    subst[#subst + 1] = first
+    if earliest == nil or run_at < earliest then earliest = run_at end
+  elseif first then
     -- The key is taken for its whole window, even after the first job finished and expired.
     flags[k] = 'e'
     subst[#subst + 1] = k

@@ -71,6 +71,11 @@ def parse_payload(text: str) -> Any:
     type=Duration(),
     help="How long --key is held past the run time (default 24h).",
 )
+@click.option(
+    "--debounce",
+    is_flag=True,
+    help="With --key: replace the job the key names while it has not started (same id).",
+)
 @click.option("--job-id", help="Choose the id (re-sending the same id enqueues nothing more).")
 @click.option("--after", multiple=True, help="Run once this job (an id; repeatable) is done.")
 @click.option("--result-ttl", "result_ttl_ms", type=Duration(), help="Keep its outcome this long.")
@@ -100,6 +105,7 @@ def enqueue(
     jitter_ms: int,
     key: str | None,
     key_ttl_ms: int | None,
+    debounce: bool,
     job_id: str | None,
     after: tuple[str, ...],
     result_ttl_ms: int | None,
@@ -149,6 +155,7 @@ def enqueue(
         jitter_ms=jitter_ms,
         key=key,
         key_ttl_ms=key_ttl_ms,
+        debounce=debounce,
         job_id=job_id,
         result_ttl_ms=result_ttl_ms,
         keep_payload=keep_payload,

@@ -139,6 +139,7 @@ class AsyncQueue:
         after: Sequence[str] | None = None,
         start_within_ms: int | None = None,
         key_ttl_ms: int | None = None,
+        debounce: bool = False,
     ) -> str:
         """Accept a job; returns its id.
 
@@ -182,6 +183,10 @@ class AsyncQueue:
                 dead drops it (README "Using it").
             key_ttl_ms: how long `key` is held past the first job's run time, in [1 ms,
                 366 days] (default 24 h): a throttle window, as BullMQ's deduplication ttl.
+            debounce: with `key`: while the job the key names has never been claimed, this
+                call replaces it (payload, run time, options; same id) instead of being
+                answered with it; once that job was claimed, this call's job is new and the
+                key names it. No flow options (priority, concurrency, rate, after).
 
         Returns:
             The job's id.
@@ -191,30 +196,14 @@ class AsyncQueue:
             InvalidPayload: the payload is not JSON-serialisable or too large.
             NotDurable: `wait_replicas` was set and fewer replicas acknowledged in time
                 (the job is accepted on the primary; its id is on the error)."""
-        return await self._run(
-            self.ops.enqueue(
-                task,
-                payload,
-                delay_ms=delay_ms,
-                run_at=run_at,
-                max_attempts=max_attempts,
-                backoff=backoff,
-                key=key,
-                jitter_ms=jitter_ms,
-                timeout_ms=timeout_ms,
-                job_id=job_id,
-                result_ttl_ms=result_ttl_ms,
-                keep_payload=keep_payload,
-                priority=priority,
-                concurrency_key=concurrency_key,
-                concurrency_limit=concurrency_limit,
-                rate_limit=rate_limit,
-                rate_key=rate_key,
-                after=after,
-                start_within_ms=start_within_ms,
-                key_ttl_ms=key_ttl_ms,
-            )
-        )
+        return await self._run(self.ops.enqueue(
+            task, payload, delay_ms=delay_ms, run_at=run_at, max_attempts=max_attempts,
+            backoff=backoff, key=key, jitter_ms=jitter_ms, timeout_ms=timeout_ms, job_id=job_id,
+            result_ttl_ms=result_ttl_ms, keep_payload=keep_payload, priority=priority,
+            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+            rate_limit=rate_limit, rate_key=rate_key, after=after,
+            start_within_ms=start_within_ms, key_ttl_ms=key_ttl_ms, debounce=debounce,
+        ))  # fmt: skip
 
     async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
         """Accept many jobs, one round trip per batch.

@@ -172,7 +172,7 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         idem,
         _IDEM_TTL if spec.key_ttl_ms is None else str(check_int(spec.key_ttl_ms, "key_ttl_ms")),
         "" if spec.result_ttl_ms is None else str(check_int(spec.result_ttl_ms, "result_ttl_ms")),
-        _flags(spec),
+        _flags(spec, flow),
         flow,
     ]
 
@@ -191,11 +191,13 @@ def _checked_backoff_text(b: Backoff) -> str:
     return backoff_text(check_backoff(b))  # frozen and hashable; a refused one is not cached
 
 
-def _flags(spec: JobSpec) -> str:
-    """enqueue.lua's flags: 'k' keeps the payload once done, then 'w<ms>': the start window."""
-    if not isinstance(spec.keep_payload, bool):
-        raise BadArgument(f"keep_payload must be True or False, got {spec.keep_payload!r}")
-    flags, window = "k" if spec.keep_payload else "", spec.start_within_ms
+def _flags(spec: JobSpec, flow: str) -> str:
+    """enqueue.lua's flags: 'b' debounce, 'k' keep the payload once done, 'w<ms>' start window."""
+    if not isinstance(spec.keep_payload, bool) or not isinstance(spec.debounce, bool):
+        raise BadArgument(f"keep_payload and debounce must be True or False, got {spec!r:.200}")
+    if spec.debounce and (spec.key is None or flow):
+        raise BadArgument("debounce needs a key, and takes no flow options (priority, ...)")
+    flags, window = "b" * spec.debounce + "k" * spec.keep_payload, spec.start_within_ms
     return flags if window is None else f"{flags}w{check_int(window, 'start_within_ms')}"
 
 

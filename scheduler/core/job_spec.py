@@ -35,8 +35,9 @@ class JobSpec:
     after: Sequence[str] | None = None
     start_within_ms: int | None = None
     key_ttl_ms: int | None = None
+    debounce: bool = False
 
-    # Written out, not generated: a frozen dataclass's __init__ sets each of the 20 fields
+    # Written out, not generated: a frozen dataclass's __init__ sets each of the 21 fields
     # through object.__setattr__: 1.9 us a spec, 0.7 written out (bench/client_overhead.py).
     # tests/test_models_fast_init.py checks the parameters match the fields and defaults.
     def __init__(
@@ -61,6 +62,7 @@ class JobSpec:
         after: Sequence[str] | None = None,
         start_within_ms: int | None = None,
         key_ttl_ms: int | None = None,
+        debounce: bool = False,
     ) -> None:
         self.__dict__.update(
             task=task,
@@ -83,4 +85,5 @@ class JobSpec:
             after=after,
             start_within_ms=start_within_ms,
             key_ttl_ms=key_ttl_ms,
+            debounce=debounce,
         )

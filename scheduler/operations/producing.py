@@ -39,6 +39,7 @@ class ProducingOps(OpsBase):
         after: Sequence[str] | None = None,
         start_within_ms: int | None = None,
         key_ttl_ms: int | None = None,
+        debounce: bool = False,
     ) -> Op[str]:
         """One job: `enqueue_many` of one JobSpec; returns its id."""
         spec = JobSpec(
@@ -62,6 +63,7 @@ class ProducingOps(OpsBase):
             after,
             start_within_ms,
             key_ttl_ms,
+            debounce,
         )
         if self.settings.wait_replicas > 0:
             ids = yield from self.enqueue_many([spec])

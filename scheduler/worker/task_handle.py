@@ -44,6 +44,7 @@ class JobOptions(TypedDict, total=False):
     after: Sequence[str] | None
     start_within_ms: int | None
     key_ttl_ms: int | None
+    debounce: bool
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class TaskHandle(Generic[F]):
         after: Sequence[str] | None = None,
         start_within_ms: int | None = None,
         key_ttl_ms: int | None = None,
+        debounce: bool = False,
     ) -> JobSpec:
         """A JobSpec with the task's defaults; an argument given here wins over its default.
         With a payload_type, `payload` must be of it (BadArgument otherwise).
@@ -156,6 +158,7 @@ class TaskHandle(Generic[F]):
             after=after,
             start_within_ms=spec.start_within_ms if start_within_ms is None else start_within_ms,
             key_ttl_ms=key_ttl_ms,
+            debounce=debounce,
             **flow,
         )
 

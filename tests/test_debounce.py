@@ -1,0 +1,135 @@
+"""Debounce (`enqueue(..., key=k, debounce=True)`, lua/enqueue.lua's 'b' flag): while the job the
+key names has never been claimed, a call replaces it (payload, run time, options; the same id);
+once it was claimed, the call's job is new and the key names it. The digest case: a job 5 min
+after the last activity, carrying the latest data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from scheduler import BadArgument, JobSpec, Queue
+from scheduler.cli.main import main
+from scheduler.core.codec import enqueue_args
+from scheduler.operations.ops import Script
+from tests.conftest import Clock
+
+T0 = 1_000_000
+
+
+def _due_ms(client: redis.Redis, q: Queue, job_id: str) -> int:
+    score = client.zscore(q.keys.due, job_id)
+    assert score is not None
+    return int(score)
+
+
+def test_a_debounced_call_replaces_the_unstarted_job(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    q, clock = tq
+    clock.set_ms(T0)
+    first = q.enqueue("digest", {"n": 1}, key="digest:7", debounce=True, delay_ms=300_000)
+    clock.set_ms(T0 + 60_000)
+    again = q.enqueue("digest", {"n": 2}, key="digest:7", debounce=True, delay_ms=300_000,
+                      max_attempts=2)  # fmt: skip
+    assert again == first
+    assert _due_ms(client, q, first) == T0 + 360_000  # 5 min after the last call
+    assert client.zcard(q.keys.due) == 1
+    job = q.get_job(first)
+    assert json.loads(job.payload_json) == {"n": 2} and job.max_attempts == 2
+    # The key is held from the new run time.
+    ttl = client.pttl(q.keys.idem(hashlib.sha256(b"digest:7").hexdigest()))
+    assert ttl > 300_000 + 86_000_000
+    clock.set_ms(T0 + 360_000)
+    (got,) = q.claim("w", limit=5, lease_ms=10_000).jobs
+    assert (got.id, json.loads(got.payload_json)) == (first, {"n": 2})
+
+
+def test_once_claimed_the_next_call_makes_a_new_job_and_the_key_follows(
+    tq: tuple[Queue, Clock],
+) -> None:
+    q, clock = tq
+    clock.set_ms(T0)
+    first = q.enqueue("digest", {"n": 1}, key="digest:8", debounce=True)
+    (got,) = q.claim("w", limit=5, lease_ms=10_000).jobs
+    second = q.enqueue("digest", {"n": 2}, key="digest:8", debounce=True, delay_ms=1_000)
+    assert second != first
+    third = q.enqueue("digest", {"n": 3}, key="digest:8", debounce=True, delay_ms=1_000)
+    assert third == second  # the key names the new job, which is replaced in turn
+    q.complete(first, got.token, None)
+    assert q.status(first) == "done"
+    assert json.loads(q.get_job(second).payload_json) == {"n": 3}
+
+
+def test_without_debounce_the_key_still_answers_with_the_first_job(
+    tq: tuple[Queue, Clock],
+) -> None:
+    q, clock = tq
+    clock.set_ms(T0)
+    first = q.enqueue("t", {"n": 1}, key="plain", delay_ms=1_000)
+    assert q.enqueue("t", {"n": 2}, key="plain", delay_ms=9_000) == first
+    assert json.loads(q.get_job(first).payload_json) == {"n": 1}
+
+
+def test_a_job_of_the_key_that_has_a_hash_is_not_replaced(tq: tuple[Queue, Clock]) -> None:
+    """A flow job (its hash holds its flow fields) or one claimed and released is not a bare
+    pending spec: the debounced call writes a new job."""
+    q, clock = tq
+    clock.set_ms(T0)
+    first = q.enqueue("t", {"n": 1}, key="k", priority=3, delay_ms=1_000)
+    second = q.enqueue("t", {"n": 2}, key="k", debounce=True, delay_ms=1_000)
+    assert second != first
+    assert {q.status(first), q.status(second)} == {"scheduled"}
+
+
+def test_one_call_with_the_key_twice_answers_the_second_with_the_first(
+    client: redis.Redis, q: Queue
+) -> None:
+    """Within one enqueue_many the key is taken by the call's first job: the second is
+    answered with its id (one job), as without debounce."""
+    ids = q.enqueue_many([JobSpec("t", {"n": i}, key="same", debounce=True) for i in (1, 2)])
+    assert ids[0] == ids[1]
+    assert client.zcard(q.keys.due) == 1
+    assert json.loads(q.get_job(ids[0]).payload_json) == {"n": 1}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"key": "k", "priority": 1}, {"key": "k", "after": ["x"]},
+     {"key": "k", "concurrency_key": "c", "concurrency_limit": 1}],
+)  # fmt: skip
+def test_debounce_needs_a_key_and_no_flow_options(
+    client: redis.Redis, q: Queue, kwargs: dict[str, Any]
+) -> None:
+    with pytest.raises(BadArgument, match="debounce"):
+        q.enqueue("t", debounce=True, **kwargs)
+    with pytest.raises(BadArgument, match="debounce"):
+        q.enqueue("t", debounce="yes", key="k")  # type: ignore[arg-type]
+    assert list(client.scan_iter(match=q.keys.prefix + "*")) == []
+
+
+def test_the_script_refuses_debounce_without_a_key(client: redis.Redis, q: Queue) -> None:
+    """The boundary holds on the server too (a client of its own sending the flag)."""
+    args = enqueue_args([JobSpec("t", key="k", debounce=True)], 1024)
+    args[9] = ""  # no key digest
+    with pytest.raises(BadArgument, match="debounce"):
+        q._execute(Script("enqueue", args))
+    assert list(client.scan_iter(match=q.keys.prefix + "*")) == []
+
+
+def test_the_cli_debounces(redis_url: str, client: redis.Redis, q: Queue) -> None:
+    runner = CliRunner()
+    base = ["enqueue", "--url", redis_url, "-q", q.name, "digest", "--key", "d", "--debounce",
+            "--in", "5m"]  # fmt: skip
+    first = runner.invoke(main, [*base, "--payload", '{"n": 1}'])
+    again = runner.invoke(main, [*base, "--payload", '{"n": 2}'])
+    assert first.exit_code == 0 and again.exit_code == 0, first.output + again.output
+    job_id = first.output.strip().splitlines()[-1]  # after the server-settings warning
+    assert again.output.strip().splitlines()[-1] == job_id
+    assert json.loads(q.get_job(job_id).payload_json) == {"n": 2}
+    assert client.zcard(q.keys.due) == 1
