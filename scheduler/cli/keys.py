@@ -40,12 +40,15 @@ def queue_keys(client: redis.Redis, name: str, max_keys: int = MAX_KEYS) -> dict
     `families_cut`: the count stopped at `max_keys` with keys left, so the family counts are
     lower bounds."""
     k, q = QueueKeys(name), shlex.quote
+    # In this order (what a user without the operator role is refused first: TYPE, not SCAN).
+    exists = queue_exists(client, k, server_now_ms(client, k))
+    fixed = [i.to_json() for i in fixed_keys(client, k)]
     families, cut = key_families(client, k, max_keys=max_keys)
     return {
         "queue": name,
         "prefix": k.prefix,
-        "exists": queue_exists(client, k, server_now_ms(client, k)),
-        "keys": [i.to_json() for i in fixed_keys(client, k)],
+        "exists": exists,
+        "keys": fixed,
         "families": [f.to_json() for f in families],
         "families_cut": cut,
         "max_keys": max_keys,
