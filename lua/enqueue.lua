@@ -48,7 +48,7 @@ if #ARGV ~= 1 + n * W then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARG
 
 -- Validate the whole batch before the first write (same ranges as scheduler/codec.py).
 -- A batch mostly repeats one task name and one backoff text: each distinct one is checked once.
-local jobs, task_seen, backoff_seen = {}, {}, {}
+local jobs, task_seen, backoff_seen, debounced = {}, {}, {}, {}
 for i = 0, n - 1 do
   local b = 1 + i * W
   local id, task, when, backoff = ARGV[b + 1], ARGV[b + 2], ARGV[b + 4], ARGV[b + 7]
@@ -95,6 +95,11 @@ for i = 0, n - 1 do
     if ARGV[b + 9] == '' or (W == 13 and ARGV[b + 13] ~= '') then
       return redis.error_reply('BAD_ARGUMENT debounce=needs a key and no flow options')
     end
+    -- One call debounces a key once: which of two would win is no order a caller could rely on.
+    if debounced[ARGV[b + 9]] then
+      return redis.error_reply('BAD_ARGUMENT debounce=one key twice in one call')
+    end
+    debounced[ARGV[b + 9]] = true
   end
   if flags ~= '' and flags ~= 'k' then
     local keep, window = string.match(flags, '^(k?)w(%d+)$')
@@ -114,7 +119,9 @@ end
 -- make GET fail half-way through the writes below): j.first = the job a taken key names, the id
 -- the reply gives for this job. A key taken earlier in this call names that call's job.
 -- `held`: ids an earlier job of this call writes or finds already there (the write loop answers
--- a repeat 'e', so a repeat takes no key either).
+-- a repeat 'e', so a repeat takes no key either). A key holds '<job id>', or '<job id> <call
+-- id>' once a debounced call replaced that job: the id the replacing call sent, so that call
+-- re-sent (its answer lost) is answered with the job, not run again as a new one.
 local keyed, held = {}, {}
 for _, j in ipairs(jobs) do
   if j[8] ~= '' then
@@ -122,11 +129,13 @@ for _, j in ipairs(jobs) do
     if type(r) == 'table' and r.err then
       return corrupt_err('idem:' .. j[8], 'string')
     end
+    local by
+    if r then r, by = string.match(r, '^(%S+) ?(%S*)$') end
     j.first = r or keyed[j[8]]
     -- Debounce: the job the key names (an earlier call's) is replaced by this one while it has
     -- never been claimed (a spec, no hash, waiting in due); once it has (running, finished,
     -- gone), this call's job is written as new and the key names it.
-    if j.debounce and r and r ~= j[1] then
+    if j.debounce and r and r ~= j[1] and by ~= j[1] then
       if redis.call('EXISTS', job_key(prefix, r)) == 0
           and redis.call('EXISTS', spec_key(prefix, r)) == 1 and redis.call('ZSCORE', due, r) then
         j.replace = r
@@ -177,7 +186,7 @@ for k, j in ipairs(jobs) do
       now, run_at, j[10], j[11], payload))
     adds[#adds + 1] = fmt(run_at)
     adds[#adds + 1] = first
-    redis.call('SET', ik, first, 'PX', math.max(run_at - now, 0) + idem_ttl)
+    redis.call('SET', ik, first .. ' ' .. id, 'PX', math.max(run_at - now, 0) + idem_ttl)
     flags[k] = 'u'
     subst[#subst + 1] = k
     subst[#subst + 1] = first

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from scheduler import BadArgument, JobSpec, Queue
 from scheduler.cli.main import main
+from scheduler.core import codec
 from scheduler.core.codec import enqueue_args
 from scheduler.operations.ops import Script
 from tests.conftest import Clock
@@ -87,17 +88,6 @@ def test_a_job_of_the_key_that_has_a_hash_is_not_replaced(tq: tuple[Queue, Clock
     assert {q.status(first), q.status(second)} == {"scheduled"}
 
 
-def test_one_call_with_the_key_twice_answers_the_second_with_the_first(
-    client: redis.Redis, q: Queue
-) -> None:
-    """Within one enqueue_many the key is taken by the call's first job: the second is
-    answered with its id (one job), as without debounce."""
-    ids = q.enqueue_many([JobSpec("t", {"n": i}, key="same", debounce=True) for i in (1, 2)])
-    assert ids[0] == ids[1]
-    assert client.zcard(q.keys.due) == 1
-    assert json.loads(q.get_job(ids[0]).payload_json) == {"n": 1}
-
-
 @pytest.mark.parametrize(
     "kwargs",
     [{}, {"key": "k", "priority": 1}, {"key": "k", "after": ["x"]},
@@ -133,3 +123,40 @@ def test_the_cli_debounces(redis_url: str, client: redis.Redis, q: Queue) -> Non
     assert again.output.strip().splitlines()[-1] == job_id
     assert json.loads(q.get_job(job_id).payload_json) == {"n": 2}
     assert client.zcard(q.keys.due) == 1
+
+
+def test_a_resent_debounced_call_is_answered_with_the_job_it_replaced(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    """Its answer lost, a call is sent again (redis-py's retry) after the job it replaced was
+    claimed: it is answered with that job and writes nothing (it made a second job with the
+    same payload, run twice)."""
+    q, clock = tq
+    clock.set_ms(T0)
+    first = q.enqueue("digest", {"n": 1}, key="d", debounce=True)
+    call = Script("enqueue", enqueue_args([JobSpec("digest", {"n": 2}, key="d", debounce=True)],
+                                          1024))  # fmt: skip
+    assert codec.parse_enqueue(q._execute(call), call.args) == [first]  # replaced it
+    (got,) = q.claim("w", limit=5, lease_ms=10_000).jobs
+    assert json.loads(got.payload_json) == {"n": 2}
+    assert codec.parse_enqueue(q._execute(call), call.args) == [first]  # the re-send
+    assert client.zcard(q.keys.due) == 0 and q.counts().leased == 1
+    # A later call of its own still makes a new job, the key then names it.
+    later = q.enqueue("digest", {"n": 3}, key="d", debounce=True)
+    assert later != first and q.status(later) == "due"
+
+
+def test_a_key_debounced_twice_in_one_call_is_refused(client: redis.Redis, q: Queue) -> None:
+    """Which of two would win is no order a caller could rely on: refused, nothing written,
+    also across the batches of one call, and by the script for a client of its own."""
+    two = [JobSpec("t", {"n": i}, key="same", debounce=True) for i in (1, 2)]
+    with pytest.raises(BadArgument, match="debounced once per call"):
+        q.enqueue_many(two)
+    with pytest.raises(BadArgument, match="debounced once per call"):
+        q.enqueue_many(two, batch_size=1)
+    with pytest.raises(BadArgument, match="one key twice"):
+        q._execute(Script("enqueue", enqueue_args(two, 1024)))
+    assert list(client.scan_iter(match=q.keys.prefix + "*")) == []
+    # Not debounced, the second is answered with the first, as before.
+    ids = q.enqueue_many([JobSpec("t", {"n": i}, key="same") for i in (1, 2)])
+    assert ids[0] == ids[1]

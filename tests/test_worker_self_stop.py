@@ -245,3 +245,33 @@ def test_rss_mb_reads_this_process() -> None:
     assert before is not None and after is not None
     assert after - before > 50, (before, after)
     del block
+
+
+def test_max_memory_mb_below_the_start_is_refused_before_any_job(
+    redis_url: str, q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the limit before its first job, every replacement would stop at once too (a
+    pool restarting it in a loop): exit 2, nothing claimed."""
+    ran: list[str] = []
+    ids = [q.enqueue("ok") for _ in range(3)]
+    monkeypatch.setattr(self_stop, "rss_mb", lambda: 500.0)
+    code = _burst(redis_url, _registry(ran), q.name, burst=False, max_memory_mb=100)
+    assert code == EXIT_USAGE and ran == []
+    assert all(q.status(i) == "due" for i in ids)
+
+
+def test_the_cli_refuses_a_max_memory_below_the_start_before_ready(
+    redis_url: str, q: Queue
+) -> None:
+    """A pool's first start then fails (exit 2) instead of restarting children in a loop."""
+    cmd = [sys.executable, "-m", "scheduler", "worker", "tests.workers.basic:registry",
+           "--url", redis_url, "-q", q.name, "--max-memory-mb", "1",
+           "--processes", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert "--max-memory-mb 1 is below this process's memory" in proc.stderr
+    assert (
+        proc.stderr.count("worker process 1 started")
+        + proc.stderr.count("worker process 2 started")
+        <= 2
+    )  # no restarts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Coroutine
@@ -44,8 +45,10 @@ from scheduler.worker import (
 )
 from scheduler.worker import signals as signals
 from scheduler.worker.execution import TRANSIENT, classify
+from scheduler.worker.logs import LOGGER
 from scheduler.worker.metrics import METRICS_ADDR
 from scheduler.worker.registry import Registry
+from scheduler.worker.self_stop import memory_at_start_error
 
 
 class RegistryImportError(Exception):
@@ -122,7 +125,7 @@ def run_loop(main: Coroutine[Any, Any, int], lease_s: float | None = None) -> in
     if stall is not None:
         stall.start()
     try:
-        code = loop.run_until_complete(main)
+        code = _run_through_stops(loop, loop.create_task(main))
         return code
     finally:
         if stall is not None:
@@ -135,7 +138,32 @@ def run_loop(main: Coroutine[Any, Any, int], lease_s: float | None = None) -> in
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+            _own_stdio()
             watchdog.closed()
+
+
+def _run_through_stops(loop: asyncio.AbstractEventLoop, task: asyncio.Task[int]) -> int:
+    """Run task to its end though a handler stops the loop (`loop.stop()`): before, the
+    worker died of "Event loop stopped before Future completed" (exit 1, a traceback, no
+    shutdown: every job it held waited for its lease to lapse). The loop runs on."""
+    while True:
+        try:
+            return loop.run_until_complete(task)
+        except RuntimeError:
+            if task.done() or loop.is_closed():
+                raise
+            logging.getLogger(LOGGER).warning(
+                "the event loop was stopped (a handler's loop.stop()?): the worker runs on"
+            )
+
+
+def _own_stdio() -> None:
+    """The interpreter's own sys.stdout / sys.stderr back for its exit: a handler that put a
+    stream of its own there (one whose flush fails) turned a clean stop's exit 0 into 120."""
+    for name in ("stdout", "stderr"):
+        own = getattr(sys, f"__{name}__")
+        if own is not None and getattr(sys, name) is not own:
+            setattr(sys, name, own)
 
 
 def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
@@ -205,6 +233,11 @@ async def serve(
         click.echo(safe(f"error: {exc}"), err=True)
         await client.aclose()
         return EXIT_FAILED
+    refused = memory_at_start_error(settings.max_memory_mb)
+    if refused:  # before ready: a pool's first start fails, not a restart loop
+        click.echo(f"error: {refused}", err=True)
+        await client.aclose()
+        return EXIT_USAGE
     bound: int | None = None
     if port is not None:
         # A pool's child serves only its supervisor, which relabels and serves every child's

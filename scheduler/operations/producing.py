@@ -80,6 +80,9 @@ class ProducingOps(OpsBase):
             raise BadArgument(f"specs must be an iterable of JobSpec, got {specs!r:.80}")
         specs = list(specs)
         codec.check_int(batch_size, "batch_size")
+        debounced = [s.key for s in specs if isinstance(s, JobSpec) and s.debounce is True]
+        if len(debounced) != len({repr(k) for k in debounced}):
+            raise BadArgument("debounce: a key may be debounced once per call")
         # Check every job before sending any batch: a bad job refuses the whole call.
         batches = [
             codec.enqueue_args(specs[i : i + batch_size], self.settings.max_payload_bytes)

@@ -13,6 +13,7 @@ import sys
 
 from scheduler.worker.core import WorkerCore
 from scheduler.worker.execution import Running
+from scheduler.worker.settings import EXIT_USAGE
 
 
 class SelfStop(WorkerCore):
@@ -54,6 +55,9 @@ class SelfStop(WorkerCore):
                 rss = rss_mb()
                 if rss is not None and rss > s.max_memory_mb:
                     why = f"max_memory_mb: {rss:.0f} MB resident, over {s.max_memory_mb} MB"
+                    if not self.claimed:  # a replacement would stop at once too, for ever
+                        self._fatal(EXIT_USAGE, f"{why} before its first job: raise it")
+                        return 0
             if why is None:
                 return room if s.max_jobs is None else min(room, s.max_jobs - self.claimed)
             self._quota_met = True
@@ -85,3 +89,13 @@ def rss_mb() -> float | None:
     except (OSError, ValueError):
         return None
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def memory_at_start_error(max_memory_mb: int | None) -> str | None:
+    """The refusal of a max_memory_mb this process is over before its first job (each
+    replacement would stop at once too); None when it is not."""
+    rss = rss_mb() if max_memory_mb is not None else None
+    if rss is None or max_memory_mb is None or rss <= max_memory_mb:
+        return None
+    return (f"--max-memory-mb {max_memory_mb} is below this process's memory before its "
+            f"first job ({rss:.0f} MB): raise it")  # fmt: skip
