@@ -91,7 +91,8 @@ def test_a_job_of_the_key_that_has_a_hash_is_not_replaced(tq: tuple[Queue, Clock
 @pytest.mark.parametrize(
     "kwargs",
     [{}, {"key": "k", "priority": 1}, {"key": "k", "after": ["x"]},
-     {"key": "k", "concurrency_key": "c", "concurrency_limit": 1}],
+     {"key": "k", "concurrency_key": "c", "concurrency_limit": 1},
+     {"key": "k", "job_id": "mine"}],  # a fixed id: every call would be a re-send
 )  # fmt: skip
 def test_debounce_needs_a_key_and_no_flow_options(
     client: redis.Redis, q: Queue, kwargs: dict[str, Any]

@@ -71,3 +71,9 @@ def test_the_cli_takes_key_ttl(redis_url: str, client: redis.Redis, q: Queue) ->
     assert 80_000 < client.pttl(q.keys.idem(hashlib.sha256(b"once").hexdigest())) <= 90_000
     bad = runner.invoke(main, [*args[:-1], "-5s"])
     assert bad.exit_code == 2
+
+
+def test_a_ttl_without_a_key_is_refused(client: redis.Redis, q: Queue) -> None:
+    with pytest.raises(BadArgument, match="need a key"):
+        q.enqueue("t", key_ttl_ms=1_000)
+    assert list(client.scan_iter(match=q.keys.prefix + "*")) == []

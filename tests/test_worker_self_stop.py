@@ -11,11 +11,20 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 
 from scheduler import AsyncQueue, JobContext, Queue, Registry
 from scheduler.core.backoff import Backoff
 from scheduler.core.connection import connect_async
-from scheduler.worker import EXIT_OK, EXIT_USAGE, SettingsError, Worker, WorkerSettings, self_stop
+from scheduler.worker import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    SettingsError,
+    Worker,
+    WorkerSettings,
+    self_stop,
+)
 
 LATER = Backoff(base_ms=600_000, factor=1.0, cap_ms=600_000, jitter=0.0)
 
@@ -275,3 +284,21 @@ def test_the_cli_refuses_a_max_memory_below_the_start_before_ready(
         + proc.stderr.count("worker process 2 started")
         <= 2
     )  # no restarts
+
+
+def test_a_burst_worker_whose_claims_keep_failing_stops_with_exit_1(
+    redis_url: str, client: redis.Redis, q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It would never find that queue empty, so never end: after BURST_FAILING_S of failed
+    claims of a queue (its due key edited into a string by hand) it stops, exit 1, the other
+    queue's jobs run."""
+    monkeypatch.setattr(self_stop, "BURST_FAILING_S", 0.5)
+    broken = Queue.from_url(redis_url, q.name + "-broken")
+    client.set(broken.keys.due, "edited by hand")
+    try:
+        ran: list[str] = []
+        ids = [q.enqueue("ok") for _ in range(3)]
+        assert _burst(redis_url, _registry(ran), q.name, broken.name) == EXIT_ERROR
+        assert sorted(ran) == sorted(ids)
+    finally:
+        client.delete(broken.keys.due)

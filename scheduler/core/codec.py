@@ -53,6 +53,7 @@ from scheduler.core.models import Job, JobSpec, QueueCounts, _EncodedResult
 from scheduler.core.spec_record import with_spec
 
 ENQUEUE_FIELDS = 13
+_IDEM_TTL = str(IDEMPOTENCY_TTL_MS)  # the default key window, written once
 
 
 def new_nonce() -> str:
@@ -129,11 +130,12 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
     backoff = _backoff_arg(spec.backoff if spec.backoff is not None else DEFAULT_BACKOFF)
     timeout_ms = check_int(spec.timeout_ms, "timeout_ms")
     idem = ""
+    if spec.key is None and (spec.key_ttl_ms is not None or spec.debounce is True):
+        raise BadArgument("key_ttl_ms and debounce need a key")
     if spec.key is not None:
         if not isinstance(spec.key, str) or not 1 <= len(spec.key) <= 512:
             raise BadArgument("key must be a string of 1-512 characters")
-        # Hashed, so any text is safe inside a key name.
-        try:
+        try:  # hashed, so any text is safe inside a key name
             idem = hashlib.sha256(spec.key.encode()).hexdigest()
         except UnicodeEncodeError as exc:
             raise BadArgument(f"key is not valid Unicode text: {exc.reason}") from None
@@ -195,13 +197,10 @@ def _flags(spec: JobSpec, flow: str) -> str:
     """enqueue.lua's flags: 'b' debounce, 'k' keep the payload once done, 'w<ms>' start window."""
     if not isinstance(spec.keep_payload, bool) or not isinstance(spec.debounce, bool):
         raise BadArgument(f"keep_payload and debounce must be True or False, got {spec!r:.200}")
-    if spec.debounce and (spec.key is None or flow):
-        raise BadArgument("debounce needs a key, and takes no flow options (priority, ...)")
+    if spec.debounce and (spec.job_id is not None or flow):  # job_id: each call a re-send
+        raise BadArgument("debounce takes no job_id and no flow options (priority, ...)")
     flags, window = "b" * spec.debounce + "k" * spec.keep_payload, spec.start_within_ms
     return flags if window is None else f"{flags}w{check_int(window, 'start_within_ms')}"
-
-
-_IDEM_TTL = str(IDEMPOTENCY_TTL_MS)
 
 
 def enqueue_args(specs: Sequence[JobSpec], max_payload_bytes: int) -> list[str]:

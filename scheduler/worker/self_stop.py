@@ -10,10 +10,13 @@ import asyncio
 import os
 import resource
 import sys
+import time
 
 from scheduler.worker.core import WorkerCore
 from scheduler.worker.execution import Running
-from scheduler.worker.settings import EXIT_USAGE
+from scheduler.worker.settings import EXIT_ERROR, EXIT_USAGE
+
+BURST_FAILING_S = 30.0  # a burst worker whose claims of a queue fail this long stops (exit 1)
 
 
 class SelfStop(WorkerCore):
@@ -65,6 +68,17 @@ class SelfStop(WorkerCore):
             if not self._held:  # after the claim loop's wait begins (it clears _slot_free)
                 asyncio.get_running_loop().call_soon(self.request_stop)
         return 0
+
+    def _loop_error(self, what: str, exc: BaseException) -> None:
+        """A burst worker whose claims of a queue have failed for BURST_FAILING_S (a queue
+        key edited by hand, a node gone) stops with exit 1: it would never find that queue
+        empty, so never end."""
+        super()._loop_error(what, exc)
+        if what != "claim" or not self.settings.burst or not self._nonce:
+            return
+        if time.monotonic() - min(t for _, t in self._nonce.values()) > BURST_FAILING_S:
+            self._fatal(EXIT_ERROR, f"burst: claims have failed for over {BURST_FAILING_S:g} "
+                                    f"s ({type(exc).__name__}: {exc})")  # fmt: skip
 
     def _forget(self, r: Running) -> None:
         super()._forget(r)
