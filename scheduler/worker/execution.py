@@ -4,6 +4,7 @@ and a driver that sends several sans-I/O operations in one pipeline."""
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from scheduler.core.errors import CorruptKey, refused_for_now
 from scheduler.core.models import ClaimedJob
 from scheduler.core.scripts import Scripts, run_async
 from scheduler.operations.ops import Op, Request, Script
+from scheduler.worker import fork_guard
 from scheduler.worker.metrics import TaskStats
 from scheduler.worker.registry import JobContext, TaskSpec
 
@@ -132,6 +134,7 @@ class ThreadRunner:
         self.threads = 0
         self._idle_s = idle_s
         self._closed = False
+        self._pid = os.getpid()
 
     def submit(self, fn: Callable[[], None]) -> None:
         with self._lock:
@@ -162,6 +165,8 @@ class ThreadRunner:
                     self.threads -= 1
                 return
             fn()
+            if os.getpid() != self._pid:  # a child the handler forked returned here
+                fork_guard.child_exit("returned from its handler")
             fn = None  # its closure (the run, a raised exception's frames) is not kept while idle
             with self._lock:
                 if self._closed:  # a busy thread at close: it ends now, not after idle_s

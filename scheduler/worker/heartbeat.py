@@ -15,7 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.core.connection import is_cluster
 from scheduler.operations.ops import Request, Script
-from scheduler.worker import progress_sends
+from scheduler.worker import fork_guard, progress_sends
 from scheduler.worker.core import _Deadline, _within
 from scheduler.worker.dispatch import Dispatch
 from scheduler.worker.execution import Running
@@ -31,6 +31,11 @@ class Heartbeats(Dispatch, Reporting):
     """The heartbeat loop (leases, queue depth metrics) and the presence beat."""
 
     async def _heartbeat_loop(self) -> None:
+        # For the worker's life: a process a handler forks never runs it (fork_guard.py).
+        with fork_guard.watching(asyncio.get_running_loop()):
+            await self._beat_loop()
+
+    async def _beat_loop(self) -> None:
         interval_s = self.settings.heartbeat_ms / 1000
         lease_s = self.settings.lease_ms / 1000
         next_beat_s = time.monotonic() + interval_s

@@ -11,7 +11,12 @@ another signal's byte is read in between (a pool child gets SIGTERM and its supe
 signal at once) one SIGTERM was called back twice, the second taken for an operator's second
 signal (exit 130, no grace: a rare CI failure of tests/test_worker_pool.py). A no-op
 Python-level handler leaves the byte, which CPython writes for any signal handled in Python,
-the one source, as on asyncio's own loop."""
+the one source, as on asyncio's own loop.
+
+And kept in place: a handler that changes them (`signal.signal(SIGTERM, SIG_IGN)` or a
+function of its own on the loop's thread, `loop.add_signal_handler` / `remove_signal_handler`)
+left a worker that SIGTERM could not stop, or killed without its shutdown; every CHECK_S the
+worker's own are put back (signal_guard.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ import signal
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from scheduler.worker import signal_guard
 
 _registered = False
 # While a worker's handlers are installed: the handler object each signal had then (asyncio's
@@ -37,6 +44,7 @@ def install(loop: asyncio.AbstractEventLoop, on_signal: Callable[[int], None]) -
     for sig in (signal.SIGTERM, signal.SIGINT):
         add(loop, sig, on_signal, sig)
         _ours[sig] = signal.getsignal(sig)
+    signal_guard.start(loop, on_signal, _restore)
     if not _registered:
         os.register_at_fork(
             before=_block, after_in_parent=_unblock, after_in_child=_defaults_in_child
@@ -57,7 +65,17 @@ def _no_op(_signum: int, _frame: object) -> None:
     pass
 
 
+def _restore(loop: asyncio.AbstractEventLoop, sig: int, on_signal: Callable[[int], None]) -> bool:
+    """Put the worker's handler of sig back if it is no longer in place; True if it was not."""
+    if signal_guard.intact(loop, sig, _ours.get(sig), on_signal):
+        return False
+    add(loop, sig, on_signal, sig)
+    _ours[sig] = signal.getsignal(sig)
+    return True
+
+
 def remove(loop: asyncio.AbstractEventLoop) -> None:
+    signal_guard.stop()
     _ours.clear()  # an app's forks from now on inherit its own handlers again
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
