@@ -321,13 +321,23 @@ end
 -- The slot at which a job's rate window has room again, or false when it has room now, or nil
 -- when the log is of another type (written by hand). The window is full while the job's
 -- count-th latest start is inside it: one read, whatever other windows the key's log serves.
+-- A start stamped later than now (the server clock stepped back, an edit) is moved to now, so
+-- it holds its key one window from here, not until the clock has caught up with it (a step
+-- back of an hour held a 1-per-second key for the hour). No reply: a log of another type is
+-- left to the caller's read. Nothing is written when no start is later than now.
+local function flow_rate_clamp(rk, now)
+  local late = redis.pcall('ZRANGE', rk, '(' .. fmt(now), '+inf', 'BYSCORE')
+  if late.err then return end
+  for _, m in ipairs(late) do redis.call('ZADD', rk, now, m) end
+end
+
 local function flow_rate_slot(rk, f, now)
+  flow_rate_clamp(rk, now)
   local nth = redis.pcall('ZRANGE', rk, -f.rcount, -f.rcount, 'WITHSCORES')
   if nth.err then return nil end
   local s = tonumber(nth[2])
   if not s or s <= now - f.rwindow then return false end
-  -- A start stamped later than now (a clock step back, an edit) holds the job one window.
-  return math.min(math.floor(s), now) + f.rwindow
+  return math.floor(s) + f.rwindow
 end
 
 -- May claim lease this due job now? true: yes; false: it is set aside (still due); nil and a
@@ -451,6 +461,7 @@ local function flow_rate_due(prefix, now, limit)
     for _, j in ipairs(jobs) do
       local w = j.f.rwindow
       if starts[w] == nil then
+        flow_rate_clamp(rk, now)
         local n = redis.pcall('ZCOUNT', rk, '(' .. fmt(now - w), '+inf')
         starts[w] = type(n) == 'number' and n or 0  -- a log of another type: claim parks it
       end
