@@ -136,7 +136,7 @@ if move == 'dead' then
   -- The flow read before the park: the dead retention may delete the job at once (max_count
   -- 0, a same-ms tie), and a read after it finds no key slot to free (as fail does).
   local fl = flow_load(jk)
-  dead_letter(prefix, id, reason, at)
+  dead_letter(prefix, id, reason, at, at)
   flow_unindex(prefix, id, fl.priority)  -- out of due: out of its level's index too
   flow_release(prefix, id, now, fl)
   flow_parent_ended(prefix, id, 'dead', now)

@@ -52,7 +52,7 @@ def test_dead_letters_are_a_zset_by_dead_ms_listed_newest_first(
     client: redis.Redis, tq: tuple[Queue, Clock]
 ) -> None:
     q, clock = tq
-    a, b, c = park(q, clock, 1_000), park(q, clock, 3_000), park(q, clock, 2_000)
+    a, c, b = park(q, clock, 1_000), park(q, clock, 2_000), park(q, clock, 3_000)
     assert client.type(q.keys.dead) == "zset"
     assert client.zrange(q.keys.dead, 0, -1, withscores=True) == [
         (a, 1000.0),

@@ -189,14 +189,23 @@ local function dead_trim(prefix, zset, now)
   return trimmed
 end
 
+-- A dead letter's score: now, but never below the newest one's. A server clock stepped back
+-- would otherwise put the job just parked first in the count retention's line (lowest score
+-- first): deleted at once, while the older ones stayed.
+local function dead_score(zset, now)
+  local top = tonumber(redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES')[2])
+  return (top and top > now) and top or now
+end
+
 -- Park a job for a human: out of due and leased, into the dead ZSET at now (newest last).
-local function dead_letter(prefix, id, reason, now)
+-- `at` (repair only): the time it died, kept as its age.
+local function dead_letter(prefix, id, reason, now, at)
   redis.call('ZREM', prefix .. 'due', id)
   redis.call('ZREM', prefix .. 'leased', id)
   redis.call('HSET', job_key(prefix, id), 'state', 'dead', 'dead_reason', reason,
-    'dead_ms', fmt(now))
+    'dead_ms', fmt(at or now))
   local zset = dead_zset(prefix, now)
-  redis.call('ZADD', zset, now, id)
+  redis.call('ZADD', zset, at or dead_score(zset, now), id)
   if zset == prefix .. 'dead' then dead_trim(prefix, zset, now) end
 end
 
@@ -239,7 +248,8 @@ end
 local function dead_letter_id(prefix, id, now)
   redis.call('ZREM', prefix .. 'due', id)
   redis.call('ZREM', prefix .. 'leased', id)
-  redis.call('ZADD', dead_zset(prefix, now), now, id)
+  local zset = dead_zset(prefix, now)
+  redis.call('ZADD', zset, dead_score(zset, now), id)
 end
 
 -- The 11 reply fields of one leased job, in the order claim's contract header gives
