@@ -64,6 +64,23 @@ def test_a_job_parked_after_a_step_back_is_kept_by_the_count_retention(
     assert q.get_job(new[0]).fields["dead_ms"] == str(T0 - HOUR)  # when it died, as it was
 
 
+def test_a_dead_score_written_by_hand_far_ahead_is_not_every_later_parks(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    """A park is scored no lower than the newest dead letter only up to a day ahead: a score
+    written by hand (inf, 1e15) would otherwise be every later park's, out of the age
+    retention's reach for good."""
+    q, clock = tq
+    clock.set_ms(T0)
+    for score in (float("inf"), 1e15):
+        client.zadd(q.keys.dead, {"by-hand": score})
+        job = _park(q)
+        assert client.zscore(q.keys.dead, job) == T0
+    clock.set_ms(T0 + 10)
+    client.zadd(q.keys.dead, {"by-hand": T0 + HOUR})  # a step back's worth ahead: kept
+    assert client.zscore(q.keys.dead, _park(q)) == T0 + HOUR
+
+
 def test_a_rate_window_holds_its_key_one_window_after_a_step_back(
     tq: tuple[Queue, Clock],
 ) -> None:
