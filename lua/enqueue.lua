@@ -90,7 +90,7 @@ for i = 0, n - 1 do
   -- payload), then 'w' and a start window in ms: the spec stores the deadline it makes,
   -- run_at + window (lib/job.lua spec_flags).
   local flags, debounce = ARGV[b + 12], false
-  if string.sub(flags, 1, 1) == 'b' then
+  if flags ~= '' and string.byte(flags) == 98 then  -- 98: 'b'
     flags, debounce = string.sub(flags, 2), true
     if ARGV[b + 9] == '' or (W == 13 and ARGV[b + 13] ~= '') then
       return redis.error_reply('BAD_ARGUMENT debounce=needs a key and no flow options')

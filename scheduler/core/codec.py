@@ -113,8 +113,7 @@ def enqueue_fields(spec: JobSpec, max_payload_bytes: int) -> list[str]:
         raise BadArgument("give run_at or delay_ms, not both")
     if spec.run_at is not None:
         when, time_ms = "at", epoch_ms(spec.run_at) + offset
-        # Checked with the whole jitter range, not the drawn offset: the same call always
-        # gets the same answer.
+        # Checked with the whole jitter range, not the drawn offset: one call, one answer.
         if time_ms - offset + jitter > MAX_TIME_MS:
             raise BadArgument(
                 f"run_at + jitter_ms must be before 2200-01-01 UTC ({MAX_TIME_MS} ms)"
@@ -195,6 +194,8 @@ def _checked_backoff_text(b: Backoff) -> str:
 
 def _flags(spec: JobSpec, flow: str) -> str:
     """enqueue.lua's flags: 'b' debounce, 'k' keep the payload once done, 'w<ms>' start window."""
+    if spec.debounce is False and spec.keep_payload is False and spec.start_within_ms is None:
+        return ""  # the common case, first (issue 16: single and bulk enqueue)
     if not isinstance(spec.keep_payload, bool) or not isinstance(spec.debounce, bool):
         raise BadArgument(f"keep_payload and debounce must be True or False, got {spec!r:.200}")
     if spec.debounce and (spec.job_id is not None or flow):  # job_id: each call a re-send
