@@ -12,12 +12,12 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from scheduler.core import codec
-from scheduler.core.errors import BadArgument, CorruptKey
+from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, QueueCounts
 from scheduler.core.vocabulary import STAT_FIELDS, stat_field
 from scheduler.operations.dead_letters import dead_converted, scored_pairs
-from scheduler.operations.inspecting import LISTABLE, check_page
+from scheduler.operations.inspecting import LISTABLE, check_page, wrong_type
 from scheduler.operations.ops import Ops
 from scheduler.operations.requests import Commands, Op
 
@@ -104,12 +104,7 @@ def filtered_page(
         try:
             pairs = yield from scored_ids(ops, state, now_ms, pos, step, cut)
         except ResponseError as exc:
-            if not str(exc).startswith("WRONGTYPE"):
-                raise
-            raise CorruptKey(
-                f"the {state} set of queue {ops.keys.queue!r} is of another type (edited by "
-                "hand): see `scheduler doctor`"
-            ) from None
+            raise wrong_type(exc, state, ops.keys.queue) from None
         if not pairs:
             return FilteredPage(found, None, scanned, scores)
         jobs = yield from ops.get_jobs([i for _, i in pairs])

@@ -43,6 +43,17 @@ def check_page(state: str, offset: int, limit: int) -> None:
     codec._int(limit, "limit", minimum=1)
 
 
+def wrong_type(exc: ResponseError, state: str, queue: str) -> Exception:
+    """What a read of one place (`state`'s set) raises for `exc`: CorruptKey for a WRONGTYPE
+    (the set edited by hand into another type), else `exc` itself."""
+    if not str(exc).startswith("WRONGTYPE"):
+        return exc
+    return CorruptKey(
+        f"the {state} set of queue {queue!r} is of another type (edited by hand): see "
+        "`scheduler doctor`"
+    )
+
+
 class InspectingOps(OpsBase):
     """Reads and cancel; documented for users on Queue (get_job, status, list_jobs, counts,
     cancel, result)."""
@@ -140,12 +151,7 @@ class InspectingOps(OpsBase):
         try:
             return (yield from self._list_ids(state, offset, limit))
         except ResponseError as exc:
-            if not str(exc).startswith("WRONGTYPE"):
-                raise
-            raise CorruptKey(
-                f"the {state} set of queue {self.keys.queue!r} is of another type (edited by "
-                "hand): see `scheduler doctor`"
-            ) from None
+            raise wrong_type(exc, state, self.keys.queue) from None
 
     def _list_ids(self, state: str, offset: int, limit: int) -> Op[list[str]]:
         k = self.keys
