@@ -119,26 +119,34 @@ end
 -- make GET fail half-way through the writes below): j.first = the job a taken key names, the id
 -- the reply gives for this job. A key taken earlier in this call names that call's job.
 -- `held`: ids an earlier job of this call writes or finds already there (the write loop answers
--- a repeat 'e', so a repeat takes no key either). A key holds '<job id>', or '<job id> <call
--- id>' once a debounced call replaced that job: the id the replacing call sent, so that call
--- re-sent (its answer lost) is answered with the job, not run again as a new one.
+-- a repeat 'e', so a repeat takes no key either). A key holds '<job id>', then the ids the
+-- last CALLS_KEPT debounced calls that replaced that job sent: such a call re-sent (its answer
+-- lost) is answered with the job, not run again as a new one nor over a newer call's data.
 local keyed, held = {}, {}
+local CALLS_KEPT = 8
+local function calls_after(calls, id)  -- the ids kept, this call's last
+  local ids = {}
+  for w in string.gmatch(calls, '%S+') do ids[#ids + 1] = w end
+  ids[#ids + 1] = id
+  return table.concat(ids, ' ', math.max(1, #ids - CALLS_KEPT + 1))
+end
 for _, j in ipairs(jobs) do
   if j[8] ~= '' then
     local r = redis.pcall('GET', prefix .. 'idem:' .. j[8])
     if type(r) == 'table' and r.err then
       return corrupt_err('idem:' .. j[8], 'string')
     end
-    local by
-    if r then r, by = string.match(r, '^(%S+) ?(%S*)$') end
+    local calls
+    if r then r, calls = string.match(r, '^(%S+) ?(.*)$') end
     j.first = r or keyed[j[8]]
     -- Debounce: the job the key names (an earlier call's) is replaced by this one while it has
     -- never been claimed (a spec, no hash, waiting in due); once it has (running, finished,
     -- gone), this call's job is written as new and the key names it.
-    if j.debounce and r and r ~= j[1] and by ~= j[1] then
+    if j.debounce and r and r ~= j[1]
+        and not string.find(' ' .. calls .. ' ', ' ' .. j[1] .. ' ', 1, true) then
       if redis.call('EXISTS', job_key(prefix, r)) == 0
           and redis.call('EXISTS', spec_key(prefix, r)) == 1 and redis.call('ZSCORE', due, r) then
-        j.replace = r
+        j.replace, j.calls = r, calls
       else
         j.first = nil
       end
@@ -186,7 +194,8 @@ for k, j in ipairs(jobs) do
       now, run_at, j[10], j[11], payload))
     adds[#adds + 1] = fmt(run_at)
     adds[#adds + 1] = first
-    redis.call('SET', ik, first .. ' ' .. id, 'PX', math.max(run_at - now, 0) + idem_ttl)
+    redis.call('SET', ik, first .. ' ' .. calls_after(j.calls, id), 'PX',
+      math.max(run_at - now, 0) + idem_ttl)
     flags[k] = 'u'
     subst[#subst + 1] = k
     subst[#subst + 1] = first

@@ -64,6 +64,27 @@ def test_a_job_parked_after_a_step_back_is_kept_by_the_count_retention(
     assert q.get_job(new[0]).fields["dead_ms"] == str(T0 - HOUR)  # when it died, as it was
 
 
+def test_a_job_enqueued_early_and_parked_after_a_step_back_is_kept(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """Parks after the step back tied at the newest score: the retention (lowest score, then
+    id, first) deleted the one with the smallest id, a job enqueued before the others (ids
+    sort by enqueue time) though parked last. Each park now scores after the newest one."""
+    q, clock = tq
+    q.set_dead_retention(max_count=3)
+    clock.set_ms(T0 - 10)
+    early = q.enqueue("t", None, max_attempts=1, job_id="0-early")  # sorts before the made ids
+    [held] = q.claim("w", limit=1, lease_ms=HOUR * 2).jobs
+    old = []
+    for i in range(3):
+        clock.set_ms(T0 + i)
+        old.append(_park(q))
+    clock.set_ms(T0 - HOUR)
+    later = [_park(q), _park(q)]
+    assert q.fail(early, held.token, ("E", "boom", ""), retryable=False).status == "dead"
+    assert q.dead_ids() == [early, later[1], later[0]]  # newest first, the three older trimmed
+
+
 def test_a_dead_score_written_by_hand_far_ahead_is_not_every_later_parks(
     client: redis.Redis, tq: tuple[Queue, Clock]
 ) -> None:
@@ -77,8 +98,8 @@ def test_a_dead_score_written_by_hand_far_ahead_is_not_every_later_parks(
         job = _park(q)
         assert client.zscore(q.keys.dead, job) == T0
     clock.set_ms(T0 + 10)
-    client.zadd(q.keys.dead, {"by-hand": T0 + HOUR})  # a step back's worth ahead: kept
-    assert client.zscore(q.keys.dead, _park(q)) == T0 + HOUR
+    client.zadd(q.keys.dead, {"by-hand": T0 + HOUR})  # a step back's worth ahead: after it
+    assert client.zscore(q.keys.dead, _park(q)) == T0 + HOUR + 1
 
 
 def test_a_rate_window_holds_its_key_one_window_after_a_step_back(

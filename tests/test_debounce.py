@@ -161,3 +161,24 @@ def test_a_key_debounced_twice_in_one_call_is_refused(client: redis.Redis, q: Qu
     # Not debounced, the second is answered with the first, as before.
     ids = q.enqueue_many([JobSpec("t", {"n": i}, key="same") for i in (1, 2)])
     assert ids[0] == ids[1]
+
+
+def test_a_stale_resend_does_not_undo_a_newer_call(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    """Call B replaced the job, then call C; B re-sent late (its answer lost) was taken for a
+    new call and put B's data back over C's. The key keeps the last 8 replacing calls' ids."""
+    q, clock = tq
+    clock.set_ms(T0)
+    first = q.enqueue("digest", {"n": 1}, key="d", debounce=True, delay_ms=60_000)
+    specs = [
+        JobSpec("digest", {"n": n}, key="d", debounce=True, delay_ms=60_000) for n in range(2, 12)
+    ]
+    calls = [Script("enqueue", enqueue_args([spec], 1024)) for spec in specs]
+    for call in calls:
+        assert codec.parse_enqueue(q._execute(call), call.args) == [first]
+    assert codec.parse_enqueue(q._execute(calls[5]), calls[5].args) == [first]  # stale re-send
+    assert json.loads(q.get_job(first).payload_json) == {"n": 11}  # the newest call's
+    value = client.get(q.keys.idem(hashlib.sha256(b"d").hexdigest()))
+    assert isinstance(value, str)
+    assert value.split() == [first, *(c.args[1] for c in calls[-8:])]  # the last 8 kept

@@ -141,3 +141,34 @@ def test_the_signal_handlers_are_put_back_on_asyncios_own_loop() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == str(sorted([signal.SIGINT, signal.SIGTERM]))
     assert "restored" in out.stderr
+
+
+def test_a_worker_built_before_a_fork_runs_sync_jobs_in_the_child(redis_url: str, q: Queue) -> None:
+    """The fork guard compares each handler thread's process with its own start's, not with
+    the process that built the worker: a Worker made, then forked (a preloading app server),
+    ran its first sync job and exited as 'forked by a handler'."""
+    import asyncio
+    import multiprocessing
+
+    from scheduler import Registry
+    from scheduler.core.connection import connect_async
+    from scheduler.worker import Worker, WorkerSettings
+
+    registry = Registry()
+
+    @registry.task("plain.sync")
+    def plain(payload: object, ctx: object) -> str:
+        return "ran"
+
+    job = q.enqueue("plain.sync")
+    worker = Worker(connect_async(redis_url), registry,
+                    WorkerSettings(queues=(q.name,), burst=True))  # fmt: skip
+
+    def child() -> None:
+        raise SystemExit(asyncio.run(worker.run(install_signals=False)))
+
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert q.get_job(job).state == "done"

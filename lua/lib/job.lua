@@ -189,13 +189,15 @@ local function dead_trim(prefix, zset, now)
   return trimmed
 end
 
--- A dead letter's score: now, but never below the newest one's. A server clock stepped back
--- would otherwise put the job just parked first in the count retention's line (lowest score
--- first): deleted at once, while the older ones stayed. Only up to a day ahead: a score
--- written by hand (inf, year 3000) must not be every later park's, out of the age retention.
+-- A dead letter's score: now, but after the newest one's while that is later than now. A
+-- server clock stepped back would otherwise put the job just parked first in the count
+-- retention's line (lowest score, then id, first): deleted at once, while the older ones
+-- stayed; one ms after it, not equal (a tie went by id: a job enqueued earlier, parked now,
+-- was the one deleted). Only up to a day ahead: a score written by hand (inf, year 3000) must
+-- not be every later park's, out of the age retention.
 local function dead_score(zset, now)
   local top = tonumber(redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES')[2])
-  return (top and top > now and top <= now + 86400000) and top or now
+  return (top and top > now and top <= now + 86400000) and math.floor(top) + 1 or now
 end
 
 -- Park a job for a human: out of due and leased, into the dead ZSET at now (newest last).

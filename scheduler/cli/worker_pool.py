@@ -17,7 +17,7 @@ registry that cannot be imported fails each child's first start: exit 4). It:
   pool fails as one worker would;
 - restarts a child that exits once ready (the OOM killer, a crash), after 1 s doubling to 30 s,
   the wait reset once a child has run 60 s; one that stopped cleanly (exit 0: its --max-jobs
-  or --max-memory-mb) at once, unless it had run less than 1 s;
+  or --max-memory-mb) at once, no sooner than 1 s after its start;
 - on SIGHUP replaces the children one at a time with new processes (new code on disk), each
   old one stopping gracefully once its replacement is ready (`_reload`);
 - on Linux, has each child ask the kernel to SIGTERM it if the supervisor dies (kill -9;
@@ -250,9 +250,10 @@ class Pool:
             return None
         if first and not was_ready:
             return code if code != EXIT_OK else EXIT_FAILED
-        # A planned stop (--max-jobs, its own SIGTERM): no backoff, unless it came at once.
-        if code == EXIT_OK and now - c.started_at >= RESTART_FIRST_S:
-            c.restart_at = now
+        # A planned stop (--max-jobs, its own SIGTERM): no backoff, but a process lives 1 s at
+        # least per round (the doubling held --max-jobs 1 to a job per 30 s).
+        if code == EXIT_OK:
+            c.restart_at = max(now, c.started_at + RESTART_FIRST_S)
             log.info("worker process %d (pid %d) stopped cleanly (--max-jobs/-memory-mb); starting "
                      "another", c.index + 1, pid, extra={"worker_process": c.index + 1,
                                                          "pid": pid})  # fmt: skip

@@ -134,7 +134,6 @@ class ThreadRunner:
         self.threads = 0
         self._idle_s = idle_s
         self._closed = False
-        self._pid = os.getpid()
 
     def submit(self, fn: Callable[[], None]) -> None:
         with self._lock:
@@ -150,6 +149,9 @@ class ThreadRunner:
         self._work.put(fn)
 
     def _loop(self) -> None:
+        # This thread's process: a child a handler forked returns here with another pid (not
+        # the process that built the runner: a worker built and then forked runs fine).
+        pid = os.getpid()
         while True:
             try:
                 fn = self._work.get(timeout=self._idle_s)
@@ -165,7 +167,7 @@ class ThreadRunner:
                     self.threads -= 1
                 return
             fn()
-            if os.getpid() != self._pid:  # a child the handler forked returned here
+            if os.getpid() != pid:  # a child the handler forked returned here
                 fork_guard.child_exit("returned from its handler")
             fn = None  # its closure (the run, a raised exception's frames) is not kept while idle
             with self._lock:
