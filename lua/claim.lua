@@ -53,6 +53,8 @@
 -- @include "lib/lateness.lua"
 -- @include "lib/result.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local prefix, due, leased, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
 local worker, nonce = ARGV[1], ARGV[4]
 local limit, lease_ms, reap_limit, err

@@ -23,6 +23,8 @@
 -- @include "lib/flow.lua"
 -- @include "lib/result.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local prefix, leased = KEYS[1], KEYS[3]
 -- What a lean finished job loses (scheduler/core/models.py LEAN_DROPPED names them for readers).
 -- max_attempts stays when claim stored it (not 5): status and inspection read attempts

@@ -8,4 +8,6 @@
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 return dead_migrate(KEYS[1], now_ms())

@@ -10,6 +10,8 @@
   Errors:  BAD_ARGUMENT <field>=<value> ]]
 -- @include "lib/util.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local cfg = KEYS[1] .. 'config'
 local fields = { { 'dead_max_age_ms', ARGV[1], 1, LIM.time_ms },
   { 'dead_max_count', ARGV[2], 0, LIM.fence } }

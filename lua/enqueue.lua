@@ -34,6 +34,8 @@
 -- @include "lib/job.lua"
 -- @include "lib/flow.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local prefix, due, wake_key = KEYS[1], KEYS[2], KEYS[5]
 local MAX_BATCH = 10000  -- scheduler/codec.py LIMITS['batch_size']
 local now = now_ms()

@@ -22,6 +22,8 @@
 -- @include "lib/flow.lua"
 -- @include "lib/result.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local id, token, retryable = ARGV[1], ARGV[2], ARGV[3]
 local u = parse_num(ARGV[7], 0, 1)

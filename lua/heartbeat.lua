@@ -1,6 +1,6 @@
 --[[ heartbeat: extend the leases the caller still holds, many in one call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, flow:ck:<key>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, flow:ck:<key>
   ARGV[1] lease_ms, then pairs: id, token
   Returns: {lease_until_ms, status per pair}; status is
     'held'       extended to lease_until_ms
@@ -17,6 +17,8 @@
 -- @include "lib/util.lua"
 -- @include "lib/lease.lua"
 -- @include "lib/flow.lua"
+
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, leased = KEYS[1], KEYS[3]
 -- lease_check's fields and the job's concurrency key, in the one HMGET it makes per job (a

@@ -1,6 +1,6 @@
 --[[ progress: record how far runs the caller still holds have got, many in one call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config
   ARGV triples: id, token, progress (JSON text from the handler's ctx.set_progress, at most
     MAX_PROGRESS_BYTES bytes)
   Writes: job:<id> fields progress and progress_ms (server now), only while the token holds an
@@ -12,6 +12,8 @@
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/lease.lua"
+
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, leased = KEYS[1], KEYS[3]
 local MAX_PROGRESS_BYTES = 4096  -- scheduler/core/limits.py MAX_PROGRESS_BYTES

@@ -14,6 +14,8 @@
 -- @include "lib/job.lua"
 -- @include "lib/rearm.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local prefix = KEYS[1]
 local purged = 0
 local now = now_ms()

@@ -10,6 +10,8 @@
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local cfg = KEYS[1] .. 'config'
 local set = redis.pcall('HSETNX', cfg, 'paused_ms', fmt(now_ms()))
 local refused = write_refused(set, 'config', 'hash')

@@ -7,6 +7,8 @@
     refusal of the write (OOM, READONLY, NOREPLICAS, ...) as it came, nothing written ]]
 -- @include "lib/util.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local cfg, wake_key = KEYS[1] .. 'config', KEYS[5]
 local gone = redis.pcall('HDEL', cfg, 'paused_ms')
 local refused = write_refused(gone, 'config', 'hash')

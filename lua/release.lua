@@ -1,6 +1,6 @@
 --[[ release: give claimed jobs back without spending their attempt (graceful shutdown).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held
   ARGV pairs: id, token
   Returns: one status per job: 'released' | 'stale' | 'cancelled' | 'missing'. The job is due
     again at once, with its attempt count given back. A re-sent call answers 'released' again.
@@ -11,6 +11,8 @@
 -- @include "lib/job.lua"
 -- @include "lib/lease.lua"
 -- @include "lib/flow.lua"
+
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, wake_key = KEYS[1], KEYS[5]
 if #ARGV % 2 ~= 0 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end

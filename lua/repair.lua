@@ -46,6 +46,8 @@
 -- @include "lib/rearm.lua"
 -- @include "lib/flow.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local prefix, due, leased, dead, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local move, id, expect, lease_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local MOVES = { dead = true, due = true, unlist = true, state = true, score = true,

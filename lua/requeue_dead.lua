@@ -13,6 +13,8 @@
 -- @include "lib/job.lua"
 -- @include "lib/flow.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local prefix, wake_key = KEYS[1], KEYS[5]
 local now = now_ms()
 -- Read every id before the first write (dead_unlist): the keys the moves write are checked

@@ -5,7 +5,7 @@
   done: it runs when let go). An idempotency key keeps the window it got at enqueue; a start
   deadline (lib/job.lua spec_flags) moves by as much as the run time does.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, flow:levels, flow:pdue:<p>, flow:held
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, flow:levels, flow:pdue:<p>, flow:held
   ARGV[1] id  ARGV[2] when ('at' | 'in' | 'now')  ARGV[3] time_ms (run_at_ms for 'at'; for 'in', a
     delay from the server's now; for 'now', ignored: the server's now, for a job due later only)
   Returns: {'rescheduled', run_at_ms} | {word}: the job did not move, word = 'schedule' (a
@@ -17,6 +17,8 @@
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 -- @include "lib/flow.lua"
+
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, due, wake_key = KEYS[1], KEYS[2], KEYS[5]
 local id, when = ARGV[1], ARGV[2]

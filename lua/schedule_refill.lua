@@ -3,7 +3,7 @@
   misfire budget recorded then. Idempotent: slots are a set, and the occurrence id is
   deterministic, so many clients refilling at once change nothing more than one.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, flow:levels, flow:pdue:<p>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, config, flow:levels, flow:pdue:<p>
   ARGV[1] name  ARGV[2] digest the client computed the slots for ('' when it could not read
     the schedule's keys)
   ARGV[3..] slots (ms, ascending) after the schedule's cursor; none when there are no more
@@ -20,6 +20,8 @@
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/rearm.lua"
+
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, name, digest = KEYS[1], ARGV[1], ARGV[2]
 local slots, err = int_args(3, 'slot', 0, LIM.time_ms)

@@ -13,6 +13,8 @@
 -- @include "lib/util.lua"
 -- @include "lib/rearm.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local prefix, name = KEYS[1], ARGV[1]
 local h = sched_load(prefix, name) or sched_husk(prefix, name)
 if h == nil then return 'missing' end

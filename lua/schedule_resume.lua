@@ -2,7 +2,7 @@
   passed while paused were not missed: they do not count for the misfire policy), and after
   the last slot that left due (ran_ms, lib/rearm.lua).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, flow:levels, flow:pdue:<p>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, config, flow:levels, flow:pdue:<p>
   ARGV[1] name  ARGV[2] digest the client computed the slots for
   ARGV[3..] cron only: the next slots (ms, ascending) after now - offset_ms
   Returns: {status, pending id or ''}: 'resumed' | 'active' (was not paused: nothing written) |
@@ -14,6 +14,8 @@
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/rearm.lua"
+
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, name, digest = KEYS[1], ARGV[1], ARGV[2]
 local slots, err = int_args(3, 'slot', 0, LIM.time_ms)

@@ -27,6 +27,8 @@
 -- @include "lib/util.lua"
 -- @include "lib/rearm.lua"
 
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
 local prefix = KEYS[1]
 local name, digest, kind = ARGV[1], ARGV[2], ARGV[3]
 local err

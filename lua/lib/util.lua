@@ -64,6 +64,21 @@ local function parse_int(v, lo, hi)
   return n
 end
 
+-- The storage generation this code reads and writes. A later version whose stored layout this
+-- one would misread sets the queue's `config` field `generation` to its own, higher number;
+-- every script that changes state calls this first and is refused, nothing written, instead
+-- of corrupting (docs/guide/workers.md "Upgrading"). A field that is not such a number (edited
+-- by hand) is not a generation: it refuses nothing (doctor names it).
+local STORAGE_GENERATION = 1
+local function newer_storage_err(prefix)
+  local g = redis.pcall('HGET', prefix .. 'config', 'generation')
+  if type(g) ~= 'string' then return nil end
+  local n = parse_int(g, STORAGE_GENERATION + 1, 1000000)
+  if n == nil then return nil end
+  return redis.error_reply('NEWER_STORAGE generation=' .. g .. ' (this version reads '
+    .. STORAGE_GENERATION .. ')')
+end
+
 -- A plain decimal (Python's float repr: '2.0', '0.25', '1e-05'); no hex, 'inf' or 'nan'.
 local function parse_num(v, lo, hi)
   if type(v) ~= 'string' or #v > 32 then return nil end

@@ -18,8 +18,8 @@ from scheduler.admin.health import (
     server_nodes,
 )
 from scheduler.core.connection import UNREACHABLE, is_cluster, key_nodes
-from scheduler.core.errors import SchedulerError
-from scheduler.core.keys import QueueKeys
+from scheduler.core.errors import NewerStorage, SchedulerError, edited_by_hand
+from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
 from scheduler.core.safety import safe
 
 APP_ROLE_HINT = "connect as a user with the app role of docs/security.md"
@@ -78,12 +78,33 @@ async def check_access_async(
             down += 1
             if down == len(queues):
                 raise
+            continue
         except RedisError as exc:
             if is_permission_error(exc):
                 raise AccessDenied(
                     permission_message(exc, APP_ROLE_HINT, where=f"queue {name!r} ({k.pattern()})")
                 ) from None
             raise
+        await _refuse_newer_storage(client, name, k)
+
+
+async def _refuse_newer_storage(client: Any, name: str, k: QueueKeys) -> None:
+    """NewerStorage when a newer version stores the queue (its claims would all be refused:
+    restarting cannot help, an upgrade can)."""
+    try:
+        generation = await client.hget(k.config, "generation")
+    except ResponseError as exc:
+        if edited_by_hand(exc):  # a config of another type holds no generation (doctor names it)
+            return
+        raise
+    # As lua/lib/util.lua newer_storage_err reads it: a plain decimal, above this version's.
+    text = generation.decode() if isinstance(generation, bytes) else generation
+    plain = isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 7
+    if plain and STORAGE_GENERATION < int(text) <= 1_000_000:
+        raise NewerStorage(
+            f"queue {name!r} is stored by a newer version of scheduler (generation {text}; "
+            f"this one reads {STORAGE_GENERATION}): upgrade this worker"
+        )
 
 
 class UnsafeServer(SchedulerError):

@@ -31,7 +31,7 @@ from scheduler.cli.stall_watchdog import StallWatchdog
 from scheduler.cli.worker_pool_child import STOP_SIGNAL, notify_ready
 from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async
-from scheduler.core.errors import CorruptKey, SchedulerError
+from scheduler.core.errors import CorruptKey, NewerStorage, SchedulerError
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN
 from scheduler.core.safety import redact, safe
 from scheduler.worker import (
@@ -89,6 +89,8 @@ def start_failure(exc: BaseException, url: str) -> int:
         code = EXIT_REDIS_REFUSED
     elif isinstance(exc, CorruptKey):  # transient to a running worker, but no reason to start
         line, code = f"a queue key was edited by hand: {exc} (run scheduler doctor)", EXIT_ERROR
+    elif isinstance(exc, NewerStorage):  # the same: an upgrade, not a restart, helps
+        line, code = str(exc), EXIT_ERROR
     elif isinstance(exc, (*TRANSIENT, RedisClusterException)) or classify(exc) == "transient":
         line, code = f"cannot reach Redis at {redact(url)}: {exc}", EXIT_REDIS
     elif isinstance(exc, SettingsError):

@@ -118,6 +118,18 @@ class CorruptKey(SchedulerError, ResponseError):
     queue's state. Still a redis ResponseError, as callers caught before."""
 
 
+class NewerStorage(SchedulerError, ResponseError):
+    """The queue is stored by a newer version of scheduler, whose layout this one would
+    misread (its `config` field `generation` is higher than this version's): the call was
+    refused and nothing was written. Upgrade this process (docs/guide/workers.md,
+    "Upgrading"). Still a redis ResponseError, as CorruptKey."""
+
+
+# Refusals that hold until someone acts (a key fixed, this process upgraded): nothing was
+# written, and the same call is sent again once they have (the worker backs off meanwhile).
+REFUSED_UNTIL_FIXED = (CorruptKey, NewerStorage)
+
+
 def raise_for_status(status: str, job_id: str, token: str) -> None:
     """Map a per-job status from a token-guarded script to an exception (or return on success)."""
     if status in ("done", "retry", "dead", "released", "held"):
@@ -141,6 +153,9 @@ def translate(exc: ResponseError) -> SchedulerError | ResponseError:
         detail = text.split(" ", 1)[1] if " " in text else text
         detail = detail.split(" script:", 1)[0]
         return BadArgument(f"refused by the server: {detail}")
+    if text.startswith("NEWER_STORAGE "):
+        detail = text[len("NEWER_STORAGE ") :].split(" script:", 1)[0]
+        return NewerStorage(f"the queue is stored by a newer version: {detail}; upgrade this one")
     if text.startswith("CORRUPT "):
         return CorruptKey(text[len("CORRUPT ") :].split(" script:", 1)[0])
     if text.startswith("WRONGTYPE") and " script: " in text:

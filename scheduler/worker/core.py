@@ -18,7 +18,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from scheduler.client.aio import AsyncQueue
 from scheduler.core import cluster_io
 from scheduler.core.connection import is_cluster
-from scheduler.core.errors import CorruptKey
+from scheduler.core.errors import CorruptKey, NewerStorage
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.ops import Ops, Settings
 from scheduler.worker import logs, outcomes
@@ -264,6 +264,8 @@ class WorkerCore:
             hint = "the server is full (maxmemory); "
         elif isinstance(exc, CorruptKey):
             hint = "a queue key was edited by hand: see `scheduler doctor`; "
+        elif isinstance(exc, NewerStorage):
+            hint = "upgrade this worker; "
         note = self._log_limit.admit((what, type(exc).__name__))
         if note is None:
             return

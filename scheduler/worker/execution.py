@@ -24,7 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.core.connection import cluster_unreachable
 from scheduler.core.direct_io import transport_race
-from scheduler.core.errors import CorruptKey, refused_for_now
+from scheduler.core.errors import REFUSED_UNTIL_FIXED, CorruptKey, refused_for_now
 from scheduler.core.models import ClaimedJob
 from scheduler.core.scripts import Scripts, run_async
 from scheduler.operations.ops import Op, Request, Script
@@ -45,7 +45,8 @@ TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeout
 #              an AttributeError / TypeError from asyncio's transport, or uvloop's RuntimeError
 #              "the handler is closed", on a dropped connection (direct_io.transport_race);
 #              a CorruptKey (a queue key edited by hand into another type: the script
-#              refused, nothing written, until the key is fixed):
+#              refused, nothing written, until the key is fixed), a NewerStorage (the queue
+#              is stored by a newer version: until this worker is upgraded):
 #              log, count, back off, retry.
 #   fatal      retrying cannot help: authentication / ACL permission (NOPERM), and any other
 #              error where a call of the worker's own loop is refused (a bug, an unknown
@@ -71,9 +72,10 @@ def classify(exc: BaseException) -> str:
         return "fatal"
     if isinstance(exc, TRANSIENT):
         return "transient"
-    if isinstance(exc, CorruptKey):
-        # A queue key edited by hand into another type, refused with nothing written: that
-        # queue waits for the fix (`scheduler doctor`), the worker's other queues go on.
+    if isinstance(exc, REFUSED_UNTIL_FIXED):
+        # A queue key edited by hand into another type, or a queue a newer version stores,
+        # refused with nothing written: that queue waits for the fix (`scheduler doctor`, or
+        # this worker's upgrade), the worker's other queues go on.
         return "transient"
     if isinstance(exc, ResponseError):
         if isinstance(exc, NoScriptError) or refused_for_now(exc):

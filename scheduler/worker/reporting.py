@@ -13,7 +13,7 @@ from typing import Any
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.core.errors import (
-    CorruptKey,
+    REFUSED_UNTIL_FIXED,
     JobCancelled,
     JobNotFound,
     LeaseExpired,
@@ -213,7 +213,7 @@ class Reporting(WorkerCore):
         elif (
             isinstance(out, BaseException)
             # an answer read as an error: no retry; a key edited by hand: sent again once fixed
-            and (not isinstance(out, SchedulerError) or isinstance(out, CorruptKey))
+            and (not isinstance(out, SchedulerError) or isinstance(out, REFUSED_UNTIL_FIXED))
             and self._reply_error("fail", out)
         ):
             self._fails.insert(0, (r, err, retryable))
