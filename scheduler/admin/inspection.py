@@ -1,6 +1,6 @@
 """Read-only views for operators (the CLI and the doctor): queue discovery, recent outcome
 counts from the per-minute stats hashes, key listings; live workers in admin/workers.py.
-Nothing here writes."""
+Nothing here writes, but for the queue index a listing fills after its first SCAN."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import redis
 # Where the doctor, the CLI and the dashboard have always imported them from.
 from scheduler.admin.workers import WorkerInfo as WorkerInfo
 from scheduler.admin.workers import live_workers as live_workers
-from scheduler.core.connection import UNREACHABLE, named_primaries, node_for_key
+from scheduler.core import queue_index
+from scheduler.core.connection import UNREACHABLE, is_cluster, named_primaries, node_for_key
 from scheduler.core.errors import BadArgument, UnreadableRecord
 from scheduler.core.keys import ROOT, QueueKeys, check_queue_name
 from scheduler.core.partitions import PARTITION_NAME, Layout, meta_key
@@ -34,12 +35,29 @@ def server_now_ms(client: redis.Redis, keys: QueueKeys | None = None) -> int:
 
 
 def discover_queues(client: redis.Redis, unreachable: list[str] | None = None) -> list[str]:
-    """Queue names that hold jobs, workers or schedules, found with SCAN (never KEYS).
+    """Queue names that hold jobs, workers or schedules: from the queue index (core/
+    queue_index.py), else found with SCAN (never KEYS), whose names then fill the index.
     Typed scans skip the job hashes, so the transfer stays small on a large keyspace. A key
     whose queue part is not a valid queue name (written by hand, or hostile) is skipped. On a
     Redis Cluster every primary is scanned (each holds the queues of its slots). With
     `unreachable` (a list), a cluster node that cannot answer is skipped, its queues unlisted,
     and named there ("host:port: error"); one server, or every node, unreachable raises."""
+    try:
+        indexed = queue_index.listed(client)
+    except UNREACHABLE:
+        if not is_cluster(client):
+            raise
+        indexed = None  # the index's node is down: the other nodes' queues, by SCAN
+    if indexed is not None:
+        return indexed
+    failed = len(unreachable) if unreachable is not None else 0
+    names = _scan_queues(client, unreachable)
+    if (len(unreachable) if unreachable is not None else 0) == failed:  # every node scanned
+        queue_index.add_scanned(client, names)
+    return names
+
+
+def _scan_queues(client: redis.Redis, unreachable: list[str] | None) -> list[str]:
     names: set[str] = set()
     nodes = named_primaries(client)
     for name, node in nodes:

@@ -211,7 +211,7 @@ def queues_option(f: F) -> F:
         "queues",
         multiple=True,
         callback=_check_queue,
-        help="Queue name (repeatable); default: every queue found with SCAN.",
+        help="Queue name (repeatable); default: every queue in the queue index (sched:queues).",
     )(f)
 
 

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 
+from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
 from scheduler.core.connection import connect_async
 from scheduler.core.errors import not_utf8
@@ -42,6 +43,7 @@ class AsyncQueue:
         )
         self._scripts = Scripts(clock=_clock)
         self._script_keys = self.keys.script_keys()
+        self._indexed = False  # its name is in the queue index (core/queue_index.py)
 
     @classmethod
     def from_url(cls, url: str, name: str = "default", **kwargs: Any) -> AsyncQueue:
@@ -196,6 +198,7 @@ class AsyncQueue:
             InvalidPayload: the payload is not JSON-serialisable or too large.
             NotDurable: `wait_replicas` was set and fewer replicas acknowledged in time
                 (the job is accepted on the primary; its id is on the error)."""
+        self._indexed = self._indexed or await queue_index.add_async(self.client, (self.name,))
         return await self._run(self.ops.enqueue(
             task, payload, delay_ms=delay_ms, run_at=run_at, max_attempts=max_attempts,
             backoff=backoff, key=key, jitter_ms=jitter_ms, timeout_ms=timeout_ms, job_id=job_id,
@@ -223,6 +226,7 @@ class AsyncQueue:
                 other batches of the call may be written, see docs/flow-control.md).
             InvalidPayload: a payload is not JSON-serialisable or too large.
             NotDurable: as for `enqueue`; `job_ids` holds every id of the call."""
+        self._indexed = self._indexed or await queue_index.add_async(self.client, (self.name,))
         return await self._run(self.ops.enqueue_many(specs, batch_size))
 
     async def claim(
@@ -622,6 +626,7 @@ class AsyncQueue:
             BadArgument: a malformed name, cron, time zone, flow option or argument; nothing
                 was written.
             InvalidPayload: the payload is not JSON-serialisable or too large."""
+        self._indexed = self._indexed or await queue_index.add_async(self.client, (self.name,))
         return await self._run(
             self.ops.schedule(
                 name,

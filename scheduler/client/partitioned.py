@@ -33,6 +33,7 @@ from scheduler.client.partitioned_merge import (
     resume_word,
 )
 from scheduler.client.queue import Queue
+from scheduler.core import queue_index
 from scheduler.core.connection import connect
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
@@ -150,6 +151,7 @@ class PartitionedQueue:
             (self.parts[k], self.parts[k].ops.enqueue_many(g, batch_size))
             for k, g in groups.items()
         ]
+        queue_index.add(self.client, self.layout.names)
         got = self._run_many(ops, errors=True)
         return ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
 

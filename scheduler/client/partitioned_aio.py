@@ -24,6 +24,7 @@ from scheduler.client.partitioned_merge import (
     read_layout_async,
     resume_word,
 )
+from scheduler.core import queue_index
 from scheduler.core.connection import connect_async
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
@@ -122,6 +123,7 @@ class AsyncPartitionedQueue:
             (self.parts[k], self.parts[k].ops.enqueue_many(g, batch_size))
             for k, g in groups.items()
         ]
+        await queue_index.add_async(self.client, self.layout.names)
         got = await self._run_many(ops, errors=True)
         return ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
 

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
 from scheduler.core.connection import connect
 from scheduler.core.errors import not_utf8
@@ -44,6 +45,7 @@ class Queue:
         )
         self._scripts = Scripts(clock=_clock)
         self._script_keys = self.keys.script_keys()
+        self._indexed = False  # its name is in the queue index (core/queue_index.py)
 
     @classmethod
     def from_url(cls, url: str, name: str = "default", **kwargs: Any) -> Queue:
@@ -189,6 +191,7 @@ class Queue:
             InvalidPayload: the payload is not JSON-serialisable or too large.
             NotDurable: `wait_replicas` was set and fewer replicas acknowledged in time
                 (the job is accepted on the primary; its id is on the error)."""
+        self._indexed = self._indexed or queue_index.add(self.client, (self.name,))
         return self._run(self.ops.enqueue(
             task, payload, delay_ms=delay_ms, run_at=run_at, max_attempts=max_attempts,
             backoff=backoff, key=key, jitter_ms=jitter_ms, timeout_ms=timeout_ms, job_id=job_id,
@@ -216,6 +219,7 @@ class Queue:
                 other batches of the call may be written, see docs/flow-control.md).
             InvalidPayload: a payload is not JSON-serialisable or too large.
             NotDurable: as for `enqueue`; `job_ids` holds every id of the call."""
+        self._indexed = self._indexed or queue_index.add(self.client, (self.name,))
         return self._run(self.ops.enqueue_many(specs, batch_size))
 
     # Workers --------------------------------------------------------------------------------
@@ -623,6 +627,7 @@ class Queue:
             BadArgument: a malformed name, cron, time zone, flow option or argument; nothing
                 was written.
             InvalidPayload: the payload is not JSON-serialisable or too large."""
+        self._indexed = self._indexed or queue_index.add(self.client, (self.name,))
         return self._run(
             self.ops.schedule(
                 name,

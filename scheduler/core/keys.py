@@ -37,6 +37,8 @@ def check_job_id(job_id: str) -> str:
 # The ids of recurring schedules' runs (lua/lib/rearm.lua): a job enqueued with one would be
 # taken over by its schedule's run (and deleted by a pause), so enqueue refuses them.
 OCCURRENCE_PREFIX = "schedule:"
+# A SET of the queue names ever written to (core/queue_index.py): listing without a SCAN.
+QUEUE_INDEX = f"{ROOT}:queues"
 # The storage generation this version reads and writes (lua/lib/util.lua STORAGE_GENERATION):
 # a later version that stores what this one would misread sets the queue's `config` field
 # `generation` higher, and this one refuses that queue (NewerStorage).

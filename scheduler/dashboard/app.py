@@ -56,7 +56,7 @@ def create_app(
     Args:
         url: the Redis URL (or pass `client`, a redis-py client with decode_responses=True).
         queues: the queues it serves (with their partitions; any other answers 404);
-            empty: every queue, listed by a SCAN (cached for a minute).
+            empty: every queue, listed from the queue index (cached for a minute).
         read_only: no actions at all (every POST is refused, no buttons shown).
         auth: credentials every request must carry; default `Auth.from_env()`
             (SCHEDULER_DASHBOARD_AUTH=user:password, SCHEDULER_DASHBOARD_TOKEN=...). When the

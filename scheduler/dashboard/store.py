@@ -31,7 +31,7 @@ from scheduler.operations import browsing
 from scheduler.operations.requests import Op
 
 T = TypeVar("T")
-DISCOVER_EVERY_S = 60.0  # a SCAN of the keyspace: at most once a minute, never per page
+DISCOVER_EVERY_S = 60.0  # the queue index (a SCAN the first time): once a minute at most
 REDISCOVER_UNREACHABLE_S = 15.0  # sooner while a cluster node could not be read
 QUEUE_RETRY_S = 15.0  # a cluster queue whose node did not answer: not asked again until then
 SERIES_FIELDS = (*STAT_FIELDS, *browsing.LATENESS_FIELDS)

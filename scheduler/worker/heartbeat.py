@@ -13,6 +13,7 @@ from typing import Any
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from scheduler.core import queue_index
 from scheduler.core.connection import is_cluster
 from scheduler.operations.ops import Request, Script
 from scheduler.worker import fork_guard, progress_sends
@@ -292,3 +293,5 @@ class Heartbeats(Dispatch, Reporting):
         for reply in await self._run_by_node(reqs, self._pipe.requests):
             if isinstance(reply, BaseException):
                 raise reply
+        if not remove:  # once per process (the index lists queues without a SCAN)
+            await queue_index.add_async(self.client, self.settings.queues)

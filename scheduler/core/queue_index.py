@@ -1,0 +1,103 @@
+"""The queue index `sched:queues`: a SET of the queue names that were ever written to, so that
+the CLI and the dashboard list queues without a SCAN of the whole keyspace (2.4 s of server
+time per listing at 2 million unrelated keys, measured: docs/guide/operating.md).
+
+Producers (enqueue, schedule) and workers (their first beat) add their queue's name once per
+process and client. The index is an advisory listing, never the truth about jobs: a failed
+addition is ignored (the call it precedes goes on), and a reader checks each name still has
+keys. Writers older than the index did not add names, so a reader scans the keyspace once and
+adds what it found, with the member `*` (no queue name) meaning "scanned"; deleting the key
+makes the next reader scan again."""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import RedisError, ResponseError
+
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import QUEUE_INDEX, QueueKeys, check_queue_name
+
+SCANNED = "*"  # the member saying a reader scanned the keyspace into the index
+
+# Names added through each client (weakly keyed: a client dropped takes its entry along).
+_added: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _new(client: Any, names: Sequence[str]) -> tuple[list[str], set[str]]:
+    try:
+        seen = _added.setdefault(client, set())
+    except TypeError:  # a client that cannot be weakly referenced: remembered by nothing
+        seen = set()
+    return [n for n in names if n not in seen], seen
+
+
+def add(client: Any, names: Sequence[str]) -> bool:
+    """SADD the names this client has not added yet; True once they are in (or refused). A
+    refusal (an ACL without SADD, a full server) is ignored and not tried again by this
+    process; an unreachable server (False) is tried again next time. The index is advisory:
+    the caller's own call tells the real story."""
+    new, seen = _new(client, names)
+    if new:
+        try:
+            client.sadd(QUEUE_INDEX, *new)
+        except ResponseError:
+            pass
+        except RedisError:
+            return False
+        seen.update(new)
+    return True
+
+
+async def add_async(client: Any, names: Sequence[str]) -> bool:
+    """`add` on an asyncio client."""
+    new, seen = _new(client, names)
+    if new:
+        try:
+            await client.sadd(QUEUE_INDEX, *new)
+        except ResponseError:
+            pass
+        except RedisError:
+            return False
+        seen.update(new)
+    return True
+
+
+def listed(client: Any) -> list[str] | None:
+    """The indexed names that still have keys (a queue emptied for good drops out of the
+    listing, not the index), or None when a reader has not scanned into the index yet (or it
+    is not a SET: edited by hand) or a node holding some of them does not answer. The index's
+    own node unreachable raises, as a SCAN would."""
+    try:
+        members = {str(m) for m in client.smembers(QUEUE_INDEX)}
+    except ResponseError:  # WRONGTYPE: the caller scans instead
+        return None
+    if SCANNED not in members:
+        return None
+    names = sorted(n for n in members if _valid(n))
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        k = QueueKeys(name)
+        pipe.exists(k.due, k.leased, k.dead, k.wake, k.workers, k.finished, k.schedules,
+                    k.flow_held, k.flow_waiting, k.dead_migrating)  # fmt: skip
+    found = pipe.execute(raise_on_error=False)
+    if any(isinstance(got, Exception) for got in found):  # a cluster node down: the caller's
+        return None  # SCAN names it, and lists the others' queues
+    return [n for n, got in zip(names, found, strict=True) if got]
+
+
+def add_scanned(client: Any, names: Sequence[str]) -> None:
+    """After a full SCAN: its names, and the member saying the index now lists every queue."""
+    with contextlib.suppress(RedisError):  # a read-only role: the next listing scans again
+        client.sadd(QUEUE_INDEX, SCANNED, *names)
+
+
+def _valid(name: str) -> bool:
+    try:
+        check_queue_name(name)
+    except BadArgument:
+        return False
+    return True
