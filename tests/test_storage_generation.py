@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from scheduler import JobSpec, NewerStorage, Queue
+from scheduler.cli.main import main
 from scheduler.core.keys import STORAGE_GENERATION
 from scheduler.core.scripts import lua_dir
 from tests.conftest import delete_queue, dump_queue
@@ -160,5 +162,26 @@ def test_a_worker_does_not_start_on_a_newer_queue(
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert f"queue {q.name!r} is stored by a newer version" in done.stderr
-    assert "upgrade this worker" in done.stderr
+    assert "upgrade this one" in done.stderr
     assert client.exists(q.keys.workers) == 0  # it never registered
+
+
+def test_the_doctor_reports_a_newer_generation_alone_and_a_hand_edit_as_a_warning(
+    client: redis.Redis, redis_url: str, q: Queue
+) -> None:
+    q.enqueue("echo", None)
+    run = CliRunner().invoke
+    args = ["doctor", "--url", redis_url, "--queue", q.name, "--json"]
+    client.hset(q.keys.config, "generation", NEWER)
+    for extra in ([], ["--fix"]):  # --fix repairs nothing there: its repairs would be refused
+        got = run(main, args + extra)
+        found = [i for i in json.loads(got.output)["findings"] if i["queue"] == q.name]
+        assert [i["code"] for i in found] == ["newer-storage"], got.output
+        assert got.exit_code == 1
+    client.hset(q.keys.config, "generation", "two")
+    found = json.loads(run(main, args).output)["findings"]
+    assert [(i["code"], i["severity"]) for i in found if i["queue"] == q.name] == [
+        ("unreadable-generation", "warning")
+    ]
+    client.hset(q.keys.config, "generation", str(STORAGE_GENERATION))
+    assert [i for i in json.loads(run(main, args).output)["findings"] if i["queue"] == q.name] == []

@@ -15,7 +15,8 @@ doctor_pending), then re-reads each suspect inside one MULTI, so a job moving un
 worker is not reported. A repair re-reads its job under WATCH (`snapshot_reads`) and re-plans
 from those reads; it counts as done only when lua/repair.lua answers 1, and one Redis refuses
 is reported, not raised. A job set aside by flow control (flow:held) is read as due; a key of
-the wrong type reads as empty and is a finding. An old dead LIST is first converted."""
+the wrong type reads as empty and is a finding. An old dead LIST is first converted. A queue a
+newer version stores is that one finding (`newer-storage`): the rest would be misread."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from scheduler.admin import health
 from scheduler.admin.doctor_checks import diagnose, wrong_type_place
-from scheduler.admin.doctor_keys import live_ids, queue_key_issues
+from scheduler.admin.doctor_keys import config_issues, convert_dead, live_ids, queue_key_issues
 from scheduler.admin.doctor_model import (
     _CONFIRM_BATCH,
     _PAGE,
@@ -46,10 +47,8 @@ from scheduler.admin.doctor_model import (
 )
 from scheduler.admin.doctor_pending import unclaimed_suspects
 from scheduler.admin.inspection import iter_chunks, server_now_ms
-from scheduler.client.queue import Queue
 from scheduler.core import connection, scripts
 from scheduler.core.keys import QueueKeys
-from scheduler.operations.dead_letters import dead_converted
 
 __all__ = [
     "DEFAULT_STALE_LEASE_MS",
@@ -72,13 +71,6 @@ __all__ = [
 # -- reading ---------------------------------------------------------------------------------
 def _load_zset(client: redis.Redis, key: str) -> dict[str, int]:
     return {str(m): _score_ms(sc) for m, sc in client.zscan_iter(key, count=_PAGE)}
-
-
-def convert_dead(client: redis.Redis, keys: QueueKeys) -> None:
-    """Finish converting a dead LIST of an older version into the ZSET, in the script's
-    bounded steps (lua/dead_migrate.lua); nothing to do on a ZSET. Through Queue's driver: by
-    EVALSHA, the script loaded only when the server lacks it (not on every check)."""
-    Queue(client, keys.queue)._run(dead_converted())
 
 
 def read_snapshots(
@@ -108,6 +100,8 @@ def check_queue(
 ) -> list[Issue]:
     """Every finding for one queue. Read-only, but for converting an old dead LIST first."""
     keys = QueueKeys(queue)
+    if newer := [i for i in config_issues(client, keys) if i.code == "newer-storage"]:
+        return newer
     convert_dead(client, keys)
     # A place of another type (written by hand) reads as empty and is a finding.
     held, damaged = _load_place(client, keys, "flow_held")

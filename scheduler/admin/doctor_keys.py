@@ -1,6 +1,7 @@
-"""The doctor's checks of a queue's own keys beside its jobs: the wake-up LIST, the recurring
-schedules (a definition the scripts cannot read stops its runs without a word elsewhere), and
-children waiting for parents that can no longer release them."""
+"""The doctor's checks of a queue's own keys beside its jobs (and the conversion of an old dead
+LIST before them): its config, the wake-up LIST, the recurring schedules (a definition the
+scripts cannot read stops its runs without a word elsewhere), and children waiting for parents
+that can no longer release them."""
 
 import shlex
 
@@ -9,8 +10,10 @@ from redis.exceptions import ResponseError
 
 from scheduler.admin.doctor_model import _PAGE, Issue
 from scheduler.admin.inspection import iter_chunks, live_workers
-from scheduler.core.errors import edited_by_hand
-from scheduler.core.keys import QueueKeys
+from scheduler.client.queue import Queue
+from scheduler.core.errors import edited_by_hand, newer_storage
+from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
+from scheduler.operations.dead_letters import dead_converted
 from scheduler.schedules.stored import unreadable_field
 
 
@@ -35,10 +38,43 @@ def live_ids(client: redis.Redis, keys: QueueKeys) -> frozenset[str]:
         return frozenset()
 
 
+def convert_dead(client: redis.Redis, keys: QueueKeys) -> None:
+    """Finish converting a dead LIST of an older version into the ZSET, in the script's
+    bounded steps (lua/dead_migrate.lua); nothing to do on a ZSET. Through Queue's driver: by
+    EVALSHA, the script loaded only when the server lacks it (not on every check)."""
+    Queue(client, keys.queue)._run(dead_converted())
+
+
+def config_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
+    """The queue's `config` hash: of another type, it holds no pause, dead-letter retention
+    or storage generation for the scripts (they read it with pcall); its `generation` field
+    (lua/lib/util.lua newer_storage_err) above this version's refuses every write to the queue;
+    one that is no plain number (by hand) refuses nothing."""
+    config_type = str(client.type(keys.config))
+    if config_type not in ("hash", "none"):
+        msg = (f"{keys.config} is a {config_type}, not the config hash: no pause, dead-letter "
+               "retention or storage generation is read from it")  # fmt: skip
+        how = f"inspect it: redis-cli TYPE {shlex.quote(keys.config)}"
+        return [Issue("wrong-type", "warning", msg, how, keys.queue)]
+    raw = client.hget(keys.config, "generation") if config_type == "hash" else None
+    if raw is None:
+        return []
+    newer = newer_storage(keys.queue, raw, STORAGE_GENERATION)
+    if newer is not None:
+        how = "upgrade scheduler (this doctor, every worker and producer of the queue)"
+        return [Issue("newer-storage", "error", str(newer), how, keys.queue)]
+    if str(raw).isascii() and str(raw).isdigit() and int(str(raw)) <= STORAGE_GENERATION:
+        return []
+    msg = f"{keys.config} field generation {str(raw)[:40]!r} is no storage generation (by hand)"
+    how = f"redis-cli HDEL {shlex.quote(keys.config)} generation (it refuses nothing)"
+    return [Issue("unreadable-generation", "warning", msg, how, keys.queue)]
+
+
 def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
-    """wrong_type_wake, then each schedule the scripts cannot read (lua/lib/schedule.lua
-    sched_load treats it as absent: its pending run is the last one)."""
-    out = wrong_type_wake(keys, str(client.type(keys.wake)))
+    """config_issues, wrong_type_wake, then each schedule the scripts cannot read
+    (lua/lib/schedule.lua sched_load treats it as absent: its pending run is the last one)."""
+    out = config_issues(client, keys)
+    out += wrong_type_wake(keys, str(client.type(keys.wake)))
     workers_type = str(client.type(keys.workers))
     if workers_type not in ("zset", "none"):
         msg = f"{keys.workers} is a {workers_type}, not the workers index: no worker is listed"

@@ -18,7 +18,7 @@ from scheduler.admin.health import (
     server_nodes,
 )
 from scheduler.core.connection import UNREACHABLE, is_cluster, key_nodes
-from scheduler.core.errors import NewerStorage, SchedulerError, edited_by_hand
+from scheduler.core.errors import SchedulerError, edited_by_hand, newer_storage
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
 from scheduler.core.safety import safe
 
@@ -97,14 +97,9 @@ async def _refuse_newer_storage(client: Any, name: str, k: QueueKeys) -> None:
         if edited_by_hand(exc):  # a config of another type holds no generation (doctor names it)
             return
         raise
-    # As lua/lib/util.lua newer_storage_err reads it: a plain decimal, above this version's.
-    text = generation.decode() if isinstance(generation, bytes) else generation
-    plain = isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 7
-    if plain and STORAGE_GENERATION < int(text) <= 1_000_000:
-        raise NewerStorage(
-            f"queue {name!r} is stored by a newer version of scheduler (generation {text}; "
-            f"this one reads {STORAGE_GENERATION}): upgrade this worker"
-        )
+    refused = newer_storage(name, generation, STORAGE_GENERATION)
+    if refused is not None:
+        raise refused
 
 
 class UnsafeServer(SchedulerError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.exceptions import (
     ClusterDownError,
     OutOfMemoryError,
@@ -123,6 +125,20 @@ class NewerStorage(SchedulerError, ResponseError):
     misread (its `config` field `generation` is higher than this version's): the call was
     refused and nothing was written. Upgrade this process (docs/guide/workers.md,
     "Upgrading"). Still a redis ResponseError, as CorruptKey."""
+
+
+def newer_storage(queue: str, generation: Any, reads: int) -> NewerStorage | None:
+    """NewerStorage when a `config` field `generation` read as lua/lib/util.lua
+    newer_storage_err reads it (a plain decimal, up to 1,000,000) is above `reads`."""
+    text = generation.decode() if isinstance(generation, bytes) else generation
+    if not (isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 7):
+        return None
+    if not reads < int(text) <= 1_000_000:
+        return None
+    return NewerStorage(
+        f"queue {queue!r} is stored by a newer version of scheduler (generation {int(text)}; "
+        f"this one reads {reads}): upgrade this one"
+    )
 
 
 # Refusals that hold until someone acts (a key fixed, this process upgraded): nothing was
