@@ -1,4 +1,4 @@
-"""`scheduler jobs list | show | reschedule` and `scheduler enqueue`."""
+"""`scheduler jobs list | show | reschedule` (`cancel`: job_cancel.py) and `scheduler enqueue`."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.enqueue import enqueue, parse_payload
+from scheduler.cli.job_cancel import cancel_jobs
 from scheduler.cli.job_view import UNREADABLE_LEASE, job_json, placement, print_job
 from scheduler.client.partitioned import PartitionedQueue, open_queue
 from scheduler.client.queue import Queue
@@ -58,7 +59,10 @@ def register(main: click.Group) -> None:
 
 @click.group(cls=AdminGroup, epilog=EXIT_CODES_HELP)
 def jobs() -> None:
-    """List jobs by state, or show everything about one job."""
+    """List jobs by state, show everything about one job, reschedule or cancel jobs."""
+
+
+jobs.add_command(cancel_jobs)
 
 
 @jobs.command("list")

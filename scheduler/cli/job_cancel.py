@@ -1,0 +1,152 @@
+"""`scheduler jobs cancel`: withdraw jobs by id, or every waiting job of a state (and task) at
+once, e.g. after a bad deploy enqueued thousands of wrong ones (lua/cancel.lua, one script
+call per job, pipelined)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from scheduler.admin.inspection import server_now_ms
+from scheduler.cli.common import (
+    EXIT_FAILED,
+    BadInput,
+    connect,
+    console,
+    emit_json,
+    json_option,
+    queue_option,
+    require_queue,
+    url_option,
+)
+from scheduler.client.partitioned import PartitionedQueue, open_queue
+from scheduler.client.queue import Queue
+from scheduler.core import codec
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import OCCURRENCE_PREFIX, check_job_id
+from scheduler.operations.requests import Op, Script, ScriptPipeline
+
+_BATCH = 200  # cancels per pipeline (one progress step each)
+_PAGE = 1_000  # ids read per ZRANGE while selecting
+WAITING = ("due", "scheduled", "held")
+# What cancel.lua answers: the state before. These two were cancelled by this call; an id
+# already cancelled (a re-run of the command) counts as cancelled too.
+_CANCELLED = frozenset({"due", "leased", "cancelled"})
+
+
+def _ids(_: click.Context, __: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        return tuple(check_job_id(v) for v in value)
+    except BadArgument as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _cancel_op(q: Queue, ids: Sequence[str]) -> Op[list[str]]:
+    ttl = str(q.ops.settings.result_ttl_ms)
+    replies = yield ScriptPipeline([Script("cancel", [i, ttl]) for i in ids])
+    return [codec.s(r) for r in replies]
+
+
+def _part(q: Queue | PartitionedQueue, job_id: str) -> Queue:
+    return q.part_of(job_id) if isinstance(q, PartitionedQueue) else q
+
+
+def _waiting(q: Queue, state: str, task: str | None) -> list[str]:
+    """The ids of `q`'s jobs in `state` now (of `task`), read by rank pages (O(log N) each,
+    not an offset walk). A job moving meanwhile (claimed, enqueued) may be left out."""
+    key = q.keys.flow_held if state == "held" else q.keys.due
+    first, end = 0, int(q.client.zcard(key))
+    if state != "held":
+        now_ms = server_now_ms(q.client, q.keys)
+        split = int(q.client.zcount(key, "-inf", now_ms))  # due now: scores up to the clock
+        first, end = (0, split) if state == "due" else (split, end)
+    out: list[str] = []
+    for start in range(first, end, _PAGE):
+        page = [str(i) for i in q.client.zrange(key, start, min(start + _PAGE, end) - 1)]
+        # A schedule's pending run is left: cancelling it arms the next (pause the schedule).
+        page = [i for i in page if not i.startswith(OCCURRENCE_PREFIX)]
+        if task is not None:
+            page = [j.id for j in q._run(q.ops.get_jobs(page)) if j.task == task]
+        out += page
+    return out
+
+
+@click.command("cancel")
+@url_option
+@queue_option
+@json_option
+@click.argument("job_ids", metavar="[ID]...", nargs=-1, callback=_ids)
+@click.option("--state", type=click.Choice(WAITING), help="Cancel every job in this state.")
+@click.option("--task", help="With --state: only the jobs of this task.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (with --state).")
+def cancel_jobs(
+    url: str, queue: str, as_json: bool, job_ids: tuple[str, ...], state: str | None,
+    task: str | None, yes: bool,
+) -> None:  # fmt: skip
+    """Cancel jobs that have not finished: the IDs given, or with --state every job waiting
+    in that state (due now, scheduled later, held by flow control), of --task only if given
+    (asks first unless --yes; a schedule's pending runs are left: pause the schedule). A
+    running job's worker learns it at its next heartbeat. Prints each id's state before
+    (--state: counts); exit 1 when an id was missing or already done or dead."""
+    if bool(job_ids) == bool(state):
+        raise BadInput("give job ids, or --state (not both)")
+    if task is not None and not state:
+        raise BadInput("--task goes with --state")
+    client = connect(url)
+    require_queue(client, queue)
+    q = open_queue(client, queue)
+    if job_ids:
+        before: dict[str, str] = {}
+        for job_id in dict.fromkeys(job_ids):
+            part = _part(q, job_id)
+            before[job_id] = part._run(_cancel_op(part, [job_id]))[0]
+        if as_json:
+            emit_json({"queue": queue, "jobs": before})
+        else:
+            for job_id, was in before.items():
+                word = "cancelled" if was in _CANCELLED else "not cancelled"
+                click.echo(f"{job_id}: {word} (was {was})")
+        if any(was not in _CANCELLED for was in before.values()):
+            raise SystemExit(EXIT_FAILED)
+        return
+    assert state is not None
+    parts = q.parts if isinstance(q, PartitionedQueue) else [q]
+    selected = [(p, i) for p in parts for i in _waiting(p, state, task)]
+    what = f"{state} job(s)" + (f" of task {task!r}" if task else "")
+    if selected and not yes:
+        click.confirm(f"Cancel {len(selected)} {what} of queue {queue!r}?", abort=True, err=True)
+    counts = _cancel_all(queue, selected)
+    done = sum(n for was, n in counts.items() if was in _CANCELLED)
+    if as_json:
+        emit_json({"queue": queue, "state": state, "task": task, "matched": len(selected),
+                   "cancelled": done, "before": counts})  # fmt: skip
+    else:
+        moved = len(selected) - done  # claimed, finished or gone since they were selected
+        why = f" ({moved} had moved on: {counts})" if moved else ""
+        click.echo(f"cancelled: {done} of {len(selected)} {what} in {queue!r}{why}")
+
+
+def _cancel_all(queue: str, selected: list[tuple[Queue, str]]) -> dict[str, int]:
+    """Each job's state before its cancel, counted."""
+    counts: dict[str, int] = {}
+    progress = Progress(
+        TextColumn("cancelling [progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console(stderr=True),
+        transient=True,
+    )
+    with progress:
+        step = progress.add_task(queue, total=len(selected))
+        for at in range(0, len(selected), _BATCH):
+            chunk = selected[at : at + _BATCH]
+            by_part: dict[int, tuple[Queue, list[str]]] = {}
+            for part, job_id in chunk:
+                by_part.setdefault(id(part), (part, []))[1].append(job_id)
+            for part, ids in by_part.values():
+                for was in part._run(_cancel_op(part, ids)):
+                    counts[was] = counts.get(was, 0) + 1
+            progress.advance(step, len(chunk))
+    return counts
