@@ -25,7 +25,7 @@ CONFORMANCE = tests/test_walkthrough.py tests/test_async.py tests/test_bad_input
               tests/test_queue_pause.py tests/test_reschedule.py tests/test_progress.py \
               tests/test_outcome_hooks.py tests/test_list_finished.py tests/test_start_deadline.py \
               tests/test_debounce.py tests/test_key_ttl.py tests/test_worker_self_stop.py \
-              tests/test_flow_rate_room.py tests/test_storage_generation.py
+              tests/test_flow_rate_room.py tests/test_storage_generation.py tests/test_cli_job_cancel.py
 # Keys and job fields edited by hand (every script's refusal before its first write), run on
 # Valkey too: its error texts and type checks are its own.
 HAND_EDITS = tests/test_wrong_type_matrix.py tests/test_field_edit_matrix.py
