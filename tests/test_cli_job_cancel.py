@@ -70,6 +70,8 @@ def test_a_state_and_task_select_only_their_jobs(redis_url: str, q: Queue) -> No
     assert q.get_schedule("nightly").pending != ""
     got = cancel(redis_url, q.name, "--state", "scheduled", "--yes", "--json")
     assert as_json(got)["cancelled"] == 1 and q.status(later) == "cancelled"
+    none = cancel(redis_url, q.name, "--state", "scheduled")  # nothing left: nothing asked
+    assert none.exit_code == 0 and "no scheduled job(s) in" in none.output
     assert q.get_schedule("nightly").pending != ""
 
 

@@ -122,6 +122,8 @@ def cancel_jobs(
     if as_json:
         emit_json({"queue": queue, "state": state, "task": task, "matched": len(selected),
                    "cancelled": done, "before": counts})  # fmt: skip
+    elif not selected:
+        click.echo(f"no {what} in {queue!r}: nothing to cancel")
     else:
         moved = len(selected) - done  # claimed, finished or gone since they were selected
         why = f" ({moved} had moved on: {counts})" if moved else ""
