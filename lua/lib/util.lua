@@ -72,7 +72,9 @@ end
 local STORAGE_GENERATION = 1
 local function newer_storage_err(prefix)
   local g = redis.pcall('HGET', prefix .. 'config', 'generation')
-  if type(g) ~= 'string' then return nil end
+  -- At most 7 characters, as the Python readers (worker start, doctor) take it: '00000002'
+  -- refused here but started on by `scheduler worker` left it claiming nothing, for good.
+  if type(g) ~= 'string' or #g > 7 then return nil end
   local n = parse_int(g, STORAGE_GENERATION + 1, 1000000)
   if n == nil then return nil end
   return redis.error_reply('NEWER_STORAGE generation=' .. g .. ' (this version reads '
