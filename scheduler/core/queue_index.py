@@ -12,13 +12,14 @@ makes the next reader scan again."""
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from scheduler.core.errors import BadArgument
+from scheduler.core.errors import BadArgument, refused_for_now
 from scheduler.core.keys import QUEUE_INDEX, QueueKeys, check_queue_name
 
 SCANNED = "*"  # the member saying a reader scanned the keyspace into the index
@@ -27,27 +28,49 @@ SCANNED = "*"  # the member saying a reader scanned the keyspace into the index
 _added: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
-def _new(client: Any, names: Sequence[str]) -> tuple[list[str], set[str]]:
+# An index that could not be reached through a client: not tried again through it before then
+# (monotonic s). Tried by every call, a cluster node down (the index's) held each enqueue to a
+# queue of a healthy node for the failed SADD's seconds of retries.
+_down_until: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+RETRY_AFTER_S = 60.0
+
+
+def _new(client: Any, names: Sequence[str]) -> tuple[list[str] | None, set[str]]:
+    """The names to add (None: the index is unreachable for now), and the set to note them in."""
     try:
         seen = _added.setdefault(client, set())
+        if _down_until.get(client, 0.0) > time.monotonic():
+            return None, seen
     except TypeError:  # a client that cannot be weakly referenced: remembered by nothing
         seen = set()
     return [n for n in names if n not in seen], seen
 
 
+def _failed(client: Any, exc: Exception) -> bool:
+    """After a failed SADD: True (refused for good: noted as added) for a refusal such as an
+    ACL's; False, tried again RETRY_AFTER_S later, for a server or cluster node that cannot
+    answer or refuses only for now (CLUSTERDOWN, TRYAGAIN, READONLY in a failover, OOM)."""
+    if isinstance(exc, ResponseError) and not refused_for_now(exc):
+        return True
+    with contextlib.suppress(TypeError):
+        _down_until[client] = time.monotonic() + RETRY_AFTER_S
+    return False
+
+
 def add(client: Any, names: Sequence[str]) -> bool:
     """SADD the names this client has not added yet; True once they are in (or refused). A
-    refusal (an ACL without SADD, a full server) is ignored and not tried again by this
-    process; an unreachable server (False) is tried again next time. The index is advisory:
-    the caller's own call tells the real story."""
+    refusal (an ACL without SADD) is ignored and not tried again by this process; an
+    unreachable server or one refusing for now (False) is tried again later (_failed). The
+    index is advisory: the caller's own call tells the real story."""
     new, seen = _new(client, names)
+    if new is None:
+        return False
     if new:
         try:
             client.sadd(QUEUE_INDEX, *new)
-        except ResponseError:
-            pass
-        except RedisError:
-            return False
+        except (RedisError, RedisClusterException) as exc:
+            if not _failed(client, exc):
+                return False
         seen.update(new)
     return True
 
@@ -55,13 +78,14 @@ def add(client: Any, names: Sequence[str]) -> bool:
 async def add_async(client: Any, names: Sequence[str]) -> bool:
     """`add` on an asyncio client."""
     new, seen = _new(client, names)
+    if new is None:
+        return False
     if new:
         try:
             await client.sadd(QUEUE_INDEX, *new)
-        except ResponseError:
-            pass
-        except RedisError:
-            return False
+        except (RedisError, RedisClusterException) as exc:
+            if not _failed(client, exc):
+                return False
         seen.update(new)
     return True
 
