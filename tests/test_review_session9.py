@@ -4,6 +4,7 @@ results encoded in the handler thread): each test failed before its fix."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from scheduler import JobSpec, NewerStorage, Queue
 from scheduler.admin.startup import check_access_async
 from scheduler.core import queue_index
-from scheduler.core.keys import QUEUE_INDEX
+from scheduler.core.keys import QUEUE_INDEX, STORAGE_GENERATION
+from tests.conftest import delete_queue
+from tests.workers.procs import spawn_worker, stop_all, wait_for
+
+NEWER = str(STORAGE_GENERATION + 1)
 
 
 def _python_refuses(redis_url: str, queue: str) -> bool:
@@ -100,3 +105,37 @@ def test_an_index_refused_for_now_fails_no_enqueue_and_is_added_later(
     assert q.name not in client.smembers(QUEUE_INDEX)
     q.enqueue("echo", None)
     assert q.name in client.smembers(QUEUE_INDEX)
+
+
+def test_a_running_worker_leaves_a_newer_queues_wake_ups_to_its_workers(
+    client: redis.Redis, redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """Before: a worker of this version went on popping the wake-up LIST of a queue a newer
+    version stores (a rolling upgrade), then had its claim refused: each wake-up an enqueue
+    pushed for the newer version's workers was lost, and they slept out their idle wait (up
+    to 30 s) before starting the job. Now the queue's wake-up key leaves the pop while its
+    claims are refused (a wake-up popped meanwhile is pushed back)."""
+    newer, other = Queue(client, queue_name + "-newer"), Queue(client, queue_name + "-other")
+    log = tmp_path / "worker.log"
+    w = spawn_worker(redis_url, newer.name, "--queue", other.name, log=str(log))
+
+    def refused() -> bool:
+        return "NewerStorage" in log.read_text()
+
+    def served() -> bool:
+        job = other.enqueue("echo", None)
+        wait_for(lambda: other.status(job) == "done", what="the other queue served")
+        return True
+
+    try:
+        wait_for(lambda: client.exists(newer.keys.workers) == 1, what="the worker up")
+        client.hset(newer.keys.config, "generation", NEWER)
+        wait_for(lambda: served() and refused(), what="a claim of the newer queue refused")
+        client.lpush(newer.keys.wake, "1")  # a newer producer's wake-up for its workers
+        assert served() and served()  # the worker idle and woken twice since
+        assert client.llen(newer.keys.wake) == 1
+        assert w.poll() is None
+    finally:
+        stop_all([w])
+        delete_queue(client, newer)
+        delete_queue(client, other)

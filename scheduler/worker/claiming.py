@@ -13,22 +13,22 @@ from scheduler.core import codec
 from scheduler.core.models import ClaimBatch
 from scheduler.worker.core import _Deadline, _Queue, _within
 from scheduler.worker.dispatch import Dispatch
-from scheduler.worker.execution import RetryDelay, Running, classify, wake_error
+from scheduler.worker.execution import RetryDelay, Running, classify
 from scheduler.worker.registry import JobContext
 from scheduler.worker.reporting import Reporting
 from scheduler.worker.self_stop import SelfStop
 from scheduler.worker.settings import (
     _LEASE_MARGIN_S,
     _MAX_IDLE_SLEEP_S,
-    _WAKE_BLOCK_S,
     CLAIM_MIN_FREE,
     PREFETCH_MAX_RUN_S,
 )
+from scheduler.worker.waking import Waking
 
 _SKIP_MAX_S = 1.0
 
 
-class Claiming(SelfStop, Dispatch, Reporting):
+class Claiming(SelfStop, Dispatch, Reporting, Waking):
     """The claim loop and the wake-up pops (one per queue)."""
 
     async def _claim_loop(self) -> None:
@@ -87,6 +87,7 @@ class Claiming(SelfStop, Dispatch, Reporting):
                     # round goes on; the next starts after it. (Aborting the round left rr on
                     # it: it failed first every round and no queue was claimed from.)
                     self._loop_error("claim", exc)
+                    self._note_claim(q.name, exc)
                     failed += 1
                     due_at.pop(q.name, None)
                     if len(self.queues) > 1:
@@ -95,6 +96,7 @@ class Claiming(SelfStop, Dispatch, Reporting):
                         rr, owed = (self.queues.index(q) + 1) % len(self.queues), 0
                     continue
                 del self._nonce[q.name]  # answered: the next call gets a fresh nonce
+                self._note_claim(q.name, None)
                 failing.pop(q.name, None)
                 # Answered over a heartbeat interval late (a server stall): run any time since
                 # t_sent, its leases are learnt by a heartbeat now, as a re-sent claim's are.
@@ -220,40 +222,6 @@ class Claiming(SelfStop, Dispatch, Reporting):
                 await asyncio.wait_for(self._wake.wait(), sleep_s)
         finally:
             self._idle.clear()
-
-    async def _waker_loop(self, keys: list[str]) -> None:
-        backoff = RetryDelay()
-        # A pop that failed may have taken a token (the server ran it, its reply was lost):
-        # once a pop is answered again, the claim loop claims as if woken.
-        missed = False
-        while not self._closed:
-            await self._idle.wait()
-            if self._closed:
-                return
-            try:
-                got = await self.client.blpop(keys, timeout=_WAKE_BLOCK_S)
-                if got is not None and not self._idle.is_set():
-                    # we got busy meanwhile: hand the wake-up on to an idle worker
-                    await self.client.lpush(got[0], "1")
-            except Exception as exc:
-                if self._closed:  # redis-py turns a cancelled BLPOP into a ConnectionError
-                    return
-                bad_key = wake_error(exc)  # a wake-up key of another type, or None
-                self._loop_error("wake", bad_key or exc)
-                missed = True
-                if bad_key and self._idle.is_set():  # claim by polling until it is fixed
-                    self._wake.set()
-                await asyncio.sleep(backoff())
-                continue
-            backoff.reset()
-            woken = [got[0].decode() if isinstance(got[0], bytes) else got[0]] if got else []
-            if missed and self._idle.is_set():
-                woken, missed = keys, False
-            for q in self.queues:  # a wake-up of its own ends a queue's skip
-                if q.keys.wake in woken:
-                    self._skip_until.pop(q.name, None)
-            if woken and self._idle.is_set():
-                self._wake.set()
 
     async def _replay_claims(self, deadline: float) -> list[Running]:
         """Shutdown: the jobs of each claim whose answer was lost (its nonce pending), released
