@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aredis
+from click.testing import CliRunner
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from scheduler import JobSpec, NewerStorage, Queue
 from scheduler.admin.startup import check_access_async
+from scheduler.cli.main import main
 from scheduler.core import queue_index
 from scheduler.core.keys import QUEUE_INDEX, STORAGE_GENERATION
 from tests.conftest import delete_queue
@@ -139,3 +141,17 @@ def test_a_running_worker_leaves_a_newer_queues_wake_ups_to_its_workers(
         stop_all([w])
         delete_queue(client, newer)
         delete_queue(client, other)
+
+
+def test_jobs_cancel_says_why_a_newer_queue_refused_it_in_one_line(
+    client: redis.Redis, redis_url: str, q: Queue
+) -> None:
+    """Before: `scheduler jobs cancel ID` (d3a9c7f, a plain click command, not an
+    AdminCommand) let NewerStorage (and any other refusal: a key edited by hand, OOM, Redis
+    down) out as a traceback; every other command meeting it says one line, exit 1."""
+    job = q.enqueue("echo", None, delay_ms=60_000)
+    client.hset(q.keys.config, "generation", NEWER)
+    got = CliRunner().invoke(main, ["jobs", "cancel", "--url", redis_url, "--queue", q.name, job])
+    assert isinstance(got.exception, SystemExit), got.exception
+    assert got.exit_code == 1
+    assert "stored by a newer version" in got.output

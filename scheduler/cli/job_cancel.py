@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from scheduler.admin.inspection import server_now_ms
 from scheduler.cli.common import (
     EXIT_FAILED,
+    AdminCommand,
     BadInput,
     connect,
     console,
@@ -73,7 +74,7 @@ def _waiting(q: Queue, state: str, task: str | None) -> list[str]:
     return out
 
 
-@click.command("cancel")
+@click.command("cancel", cls=AdminCommand)
 @url_option
 @queue_option
 @json_option
