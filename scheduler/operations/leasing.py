@@ -17,6 +17,15 @@ from scheduler.operations.schedules import refill as refill_schedules
 from scheduler.schedules import recurring
 
 
+def refill_most(claimed: int) -> int:
+    """Cron schedules one claim refills: 2 per job it claimed (at least 20, at most 1,000 or
+    as many as it claimed). Each claimed run asks for one refill at most (lib/rearm.lua), so
+    requests cannot outgrow refills. A fixed 20 let 400 cron schedules defined together,
+    claimed in one call a minute, run out of slots and lose runs
+    (tests/test_schedules_scale.py)."""
+    return min(max(20, 2 * claimed), max(1_000, claimed))
+
+
 class LeasingOps(OpsBase):
     """A worker's calls; documented for users on Queue (claim, heartbeat, complete, fail,
     release), which drives these."""
@@ -39,7 +48,8 @@ class LeasingOps(OpsBase):
         # Cron schedules running low on precomputed slots: refill on this same call.
         if recurring.refill_requested(reply, int(reply[2]), codec.CLAIM_FIELDS):
             try:
-                placed_ms = yield from refill_schedules(self.keys, batch.now_ms)
+                most = refill_most(len(batch.jobs))
+                placed_ms = yield from refill_schedules(self.keys, batch.now_ms, most=most)
             except (RedisError, SchedulerError):
                 # The jobs are leased already: hand them out. The refill request stays in
                 # Redis, and the next claim (by any client) tries again.
