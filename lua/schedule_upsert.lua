@@ -15,7 +15,9 @@
     (same digest, but its pending occurrence had gone, e.g. cancelled by hand), 'created' or
     'updated' (the old pending occurrence is replaced by the first slot after now, and after
     the last slot that left due: ran_ms, lib/rearm.lua; one already due and still waiting is
-    kept, and the new definition applies from the slot after it). A hash that cannot be read
+    kept, and the new definition applies from the slot after it; a starved schedule's owed
+    run, waiting for a refill after a long outage, is placed from its cursor under the new
+    definition, a cron one by that refill). A hash that cannot be read
     whole (hand-edited) is redefined ('updated'). A paused schedule stays paused. Exactly one
     pending occurrence afterwards (none if paused).
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT <key> is not a <type> (a key edited by hand
@@ -99,6 +101,13 @@ local paused = '0'
 -- run was lost whatever the policy (a daily one: a day without its run).
 local keep = old and old.paused ~= '1' and old.pending ~= ''
   and old.cursor_ms + old.offset_ms <= now and sched_waiting(prefix, old) and old
+-- A starved cron schedule (its buffer ran out before the run its misfire policy owes could be
+-- placed: an outage longer than the buffer, lib/rearm.lua sched_place) still owes that run when
+-- redefined (a deploy after the outage): placed from its cursor under the new definition, with
+-- the budget recorded then. Placed from now, it was lost.
+local owed = not keep and old and old.paused ~= '1' and old.pending == ''
+  and redis.call('HGET', sk, 'starved') == '1' and { cursor_ms = old.cursor_ms,
+    budget = parse_int(redis.call('HGET', sk, 'budget'), 0, LIM.attempts) or 0 }
 old = old or sched_husk(prefix, name)
 if old then
   status, paused = 'updated', old.paused or '0'
@@ -134,6 +143,18 @@ if keep then
   redis.call('HSET', sk, 'pending', keep.pending, 'cursor_ms', fmt(keep.cursor_ms))
   return { status, keep.pending }
 end
+if owed and kind == 'cron' then
+  -- The buffer just stored starts after now: the refill (asked for here, done by the next
+  -- claim) computes the overdue slots too when the buffer is empty (cron_slots.refill_slots).
+  redis.call('DEL', slots_key)
+  redis.call('HSET', sk, 'cursor_ms', fmt(owed.cursor_ms), 'starved', '1', 'budget', owed.budget)
+  redis.pcall('SADD', sched_refill_key(prefix), name)
+  return { status, '' }
+end
 local h = sched_load(prefix, name)
-if paused ~= '1' then sched_place(prefix, h, sched_from(h, now), 0, now) end
+if owed then
+  sched_place(prefix, h, owed.cursor_ms, owed.budget, now)
+elseif paused ~= '1' then
+  sched_place(prefix, h, sched_from(h, now), 0, now)
+end
 return { status, h.pending }

@@ -53,3 +53,38 @@ def test_cron_buffers_running_low_together_are_refilled_before_they_run_out(
     expected = {f"schedule:c{i:03d}:{slot}" for i in range(n) for slot in slots}
     assert len(expected - set(ran)) == 0
     assert set(ran) == expected
+
+
+def test_a_redefinition_keeps_the_run_a_starved_cron_schedule_owes(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Found by the audit (a deploy after an outage): after an outage longer than the cron
+    buffer, each schedule waits for a refill before its missed run can be placed ('starved'),
+    and one claim refills only some of many. A redefinition in that window placed the next
+    future slot and dropped the run the misfire policy owed (run_once: the latest missed one):
+    40 of 60 schedules lost it. Now the owed run is placed under the new definition."""
+    q, clock = tq
+    n = 30
+    clock.set_ms(T0)
+    names = [f"c{i:02d}" for i in range(n)]
+    for name in names:
+        q.schedule(name, "t", {"v": 1}, cron="* * * * *")
+    back = T0 + 2 * BUFFER_SLOTS * MIN_MS + 1_000  # past the whole buffer
+    clock.set_ms(back)
+    q.claim("w", limit=1, lease_ms=600_000)
+    starved = [s for s in names if client.hget(q.keys.schedule(s), "starved") == "1"]
+    assert starved  # the window this test is about
+    assert all(q.schedule(s, "t", {"v": 2}, cron="* * * * *") == "updated" for s in names)
+    ran: Counter[str] = Counter()
+    drain(q, clock, back, ran, limit=100)
+    owed_slot = back - 1_000
+    assert {f"schedule:{s}:{owed_slot}" for s in starved} <= set(ran)
+    assert set(ran.values()) == {1}
+    # Then each goes on at the next minute, once.
+    drain(q, clock, back + MIN_MS, ran, limit=100)
+    assert {f"schedule:{s}:{owed_slot + MIN_MS}" for s in names} <= set(ran)
+    assert set(ran.values()) == {1}
+    for s in names:  # the new definition goes on
+        pending = client.hget(q.keys.schedule(s), "pending")
+        assert pending == f"schedule:{s}:{owed_slot + 2 * MIN_MS}"
+        assert q.get_job(pending).payload() == {"v": 2}
