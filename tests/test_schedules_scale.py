@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import redis
 
-from scheduler import Queue
+from scheduler import BadArgument, Queue
 from scheduler.schedules.recurring import BUFFER_SLOTS
 from tests.conftest import Clock
 
@@ -88,3 +89,20 @@ def test_a_redefinition_keeps_the_run_a_starved_cron_schedule_owes(
         pending = client.hget(q.keys.schedule(s), "pending")
         assert pending == f"schedule:{s}:{owed_slot + 2 * MIN_MS}"
         assert q.get_job(pending).payload() == {"v": 2}
+
+
+def test_the_cached_cron_check_still_refuses_bad_input_with_a_typed_error(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """check_cron is cached (a deploy's sync of 10,000 schedules spent most of its time in
+    it): an unhashable or malformed expression is still a BadArgument, and nothing is stored."""
+    q, _ = tq
+    for bad in (["* * * * *"], "* * * *", "61 * * * *", "H * * * *"):
+        with pytest.raises(BadArgument):
+            q.schedule("x", "t", cron=bad)  # type: ignore[arg-type]
+        with pytest.raises(BadArgument):  # the second time from the cache's side
+            q.schedule("x", "t", cron=bad)  # type: ignore[arg-type]
+    with pytest.raises(BadArgument):
+        q.schedule("x", "t", cron="* * * * *", tz="Nowhere/City")
+    assert not client.exists(q.keys.schedule("x"))
+    assert q.schedule("x", "t", cron="* * * * *") == "created"

@@ -17,6 +17,7 @@ hold fewer than BUFFER_SLOTS, and a schedule with no slot left has ended.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -132,9 +133,16 @@ def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
     return sorted(found)
 
 
-def check_cron(expr: str, tz: str) -> list[int]:
+def check_cron(expr: str, tz: str) -> tuple[int, ...]:
     if not isinstance(expr, str) or len(expr.split()) not in (5, 6):
         raise BadArgument(f"cron must have 5 fields (or 6 with seconds), got {expr!r}")
+    return _checked_cron(expr, zone_named(tz).key)
+
+
+# Cached: the check does not depend on the time of the call, and an app that syncs 10,000
+# schedules at every deploy spent most of its time here (bench/schedules_scale.py).
+@functools.lru_cache(maxsize=1024)
+def _checked_cron(expr: str, tz: str) -> tuple[int, ...]:
     _refuse_hashed(expr)  # before croniter's own check: say why
     try:
         if not croniter.is_valid(expr):
@@ -147,7 +155,7 @@ def check_cron(expr: str, tz: str) -> list[int]:
         raise BadArgument(f"malformed cron expression {expr!r}: {exc}") from None
     if len(slots) < 2:
         raise BadArgument(f"cron expression {expr!r} (almost) never fires")
-    return slots
+    return tuple(slots)
 
 
 def utc_ms(at: datetime) -> int:
