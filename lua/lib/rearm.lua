@@ -198,10 +198,11 @@ local function sched_rearm(prefix, name, id, now)
   -- A cron buffer that ends before now (an outage longer than it) counts only the missed
   -- slots it holds: when that count would run this stale one (catch_up:N above it), wait for
   -- the refill this claim's reply asks for, then decide. The first claim of the slot waits;
-  -- later ones while that refill is still asked for (a claim's refill tops up at most 20
-  -- schedules, and another worker may claim before the asking one refills), at most
-  -- SCHED_DEFER_MOST times per slot (deferred_ms, deferrals), so a refill that keeps failing
-  -- cannot make workers claim it in a loop: each deferring claim refills one round of 20.
+  -- later ones while that refill is still asked for (a claim's refill tops up 20 schedules,
+  -- more when it claimed more: operations/leasing.py refill_most; another worker may claim
+  -- before the asking one refills), at most SCHED_DEFER_MOST times per slot (deferred_ms,
+  -- deferrals), so a refill that keeps failing cannot make workers claim it in a loop: each
+  -- deferring claim refills one round of at least 20.
   if h.kind == 'cron' and m > 0 and m < n and slot_after(prefix, h, now - h.offset_ms) == nil then
     local sk = sched_key(prefix, name)
     local d = redis.call('HMGET', sk, 'deferred_ms', 'deferrals')

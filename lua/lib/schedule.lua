@@ -8,7 +8,7 @@ local SCHED_DROP_TTL_MS = 3600000
 -- How long a removed schedule's last run is remembered (schedule_ran:<name>): a month.
 local SCHED_RAN_KEEP_MS = 2678400000
 -- Claims of one stale pending slot that wait for its refill (lib/rearm.lua sched_rearm): each
--- refills up to 20 schedules, so 50 cover 1,000 starved at once.
+-- refills at least 20 schedules, so 50 cover 1,000 starved at once.
 local SCHED_DEFER_MOST = 50
 -- catch_up:N's largest N (scheduler/schedules MAX_CATCH_UP): a hand-edited misfire_n above it
 -- reads as it, so no refill computes more overdue slots than the policy allows.
