@@ -84,6 +84,15 @@ def test_a_handler_that_cannot_take_payload_and_ctx_is_refused(fn: Any) -> None:
     assert "t" not in registry
 
 
+def test_a_bare_decorator_is_refused_not_a_silent_no_op() -> None:
+    """`@registry.task` without a call passed the function as the name: it came back as the
+    decorator itself, nothing was registered, and every job of the task failed UnknownTask."""
+    registry = Registry()
+    with pytest.raises(BadArgument, match=r"registry\.task\('name'\)"):
+        registry.task(one_arg)  # type: ignore[arg-type]
+    assert registry.names() == []
+
+
 @pytest.mark.parametrize("fn", [with_default, varargs, async_two])
 def test_handlers_that_can_take_payload_and_ctx_are_registered(fn: Any) -> None:
     registry = Registry()

@@ -158,6 +158,13 @@ class Registry:
         Raises:
             BadArgument: an argument is refused, the name is invalid or already registered,
                 or the function cannot be called as `fn(payload, ctx)`."""
+        if name is not None and not isinstance(name, str):
+            # A bare `@registry.task` passes the function as the name: the function would be
+            # replaced by the decorator and nothing registered (UnknownTask at every attempt).
+            raise BadArgument(
+                f"@registry.task takes the task's name, got {name!r}: write"
+                " @registry.task('name'), or @registry.task() for module.qualname"
+            )
         # Each within the range its first enqueue checks (codec.LIMITS), so a registration the
         # enqueue would refuse is refused here.
         codec.check_int(max_attempts, "max_attempts")
