@@ -3,6 +3,7 @@ returns: callable as the function, `enqueue` / `aenqueue` / `job_spec` with the 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # mypy's own dependency: only read by type checkers
 
     from scheduler.client.aio import AsyncQueue
+    from scheduler.client.partitioned import PartitionedQueue
+    from scheduler.client.partitioned_aio import AsyncPartitionedQueue
     from scheduler.client.queue import Queue
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -168,16 +171,27 @@ class TaskHandle(Generic[F]):
                 f"task {self.spec.name!r} runs on queue {self.spec.queue!r}, not {name!r}"
             )
 
-    def enqueue(self, q: Queue, payload: Any = None, **overrides: Unpack[JobOptions]) -> str:
-        """Enqueue on `q` (a Queue) with the task's defaults; `overrides` are job_spec's
-        keyword arguments. Returns the job id."""
+    def enqueue(
+        self, q: Queue | PartitionedQueue, payload: Any = None, **overrides: Unpack[JobOptions]
+    ) -> str:
+        """Enqueue on `q` (a Queue or PartitionedQueue) with the task's defaults; `overrides`
+        are job_spec's keyword arguments. Returns the job id. BadArgument for an asyncio
+        queue (use `aenqueue`), nothing sent."""
         self._check_queue(q.name)
+        if inspect.iscoroutinefunction(q.enqueue_many):  # else a TypeError, a coroutine unsent
+            raise BadArgument(f"{type(q).__name__} is async: await handle.aenqueue(aq, payload)")
         return q.enqueue_many([self.job_spec(payload, **overrides)])[0]
 
     async def aenqueue(
-        self, aq: AsyncQueue, payload: Any = None, **overrides: Unpack[JobOptions]
+        self,
+        aq: AsyncQueue | AsyncPartitionedQueue,
+        payload: Any = None,
+        **overrides: Unpack[JobOptions],
     ) -> str:
-        """`enqueue` for an AsyncQueue."""
+        """`enqueue` for an AsyncQueue or AsyncPartitionedQueue. BadArgument for a blocking
+        queue (use `enqueue`), nothing sent."""
         self._check_queue(aq.name)
+        if not inspect.iscoroutinefunction(aq.enqueue_many):  # it would write, then TypeError
+            raise BadArgument(f"{type(aq).__name__} is not async: call handle.enqueue(q, payload)")
         ids = await aq.enqueue_many([self.job_spec(payload, **overrides)])
         return ids[0]
