@@ -154,3 +154,33 @@ def test_pickle_in_payload_is_never_unpickled(q: Queue, client: redis.Redis) -> 
     (job,) = q.claim("w", limit=1).jobs
     with pytest.raises(ValueError):
         job.payload()
+
+
+def test_a_url_or_the_wrong_kind_of_client_is_refused_at_construction(redis_url: str) -> None:
+    """Each of these was accepted, then failed at its first call with a TypeError or an
+    AttributeError ('str' object has no attribute 'sadd', a coroutine never awaited); a
+    Worker on a blocking client started and exited 1 ('presence failed')."""
+    import asyncio
+
+    import redis.asyncio
+
+    from scheduler import AsyncQueue, Registry
+    from scheduler.worker import Worker
+
+    sync_client = redis.Redis.from_url(redis_url)
+    async_client = redis.asyncio.Redis.from_url(redis_url)
+    refused: list[tuple[Callable[[], object], str]] = [
+        (lambda: Queue(redis_url, "q"), r"not a URL: use Queue\.from_url\(url\)"),
+        (lambda: AsyncQueue(redis_url, "q"), r"not a URL: use AsyncQueue\.from_url\(url\)"),
+        (lambda: Queue(async_client, "q"), "Queue needs a blocking client"),
+        (lambda: AsyncQueue(sync_client, "q"), "AsyncQueue needs a redis.asyncio client"),
+        (lambda: Worker(sync_client, Registry()), "Worker needs a redis.asyncio client"),
+        (lambda: Worker(AsyncQueue(async_client, "q"), Registry()), r"pass q\.client"),
+    ]
+    for make, message in refused:
+        with pytest.raises(BadArgument, match=message):
+            make()
+    assert isinstance(Queue(sync_client, "q"), Queue)  # the right kinds still pass
+    assert isinstance(AsyncQueue(async_client, "q"), AsyncQueue)
+    sync_client.close()
+    asyncio.run(async_client.aclose())

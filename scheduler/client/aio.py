@@ -11,7 +11,7 @@ import redis.asyncio as aredis
 
 from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
-from scheduler.core.connection import connect_async
+from scheduler.core.connection import check_client, connect_async
 from scheduler.core.errors import not_utf8
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
@@ -36,6 +36,7 @@ class AsyncQueue:
         wait_timeout_ms: int = Settings.wait_timeout_ms,
         _clock: str = "server",
     ) -> None:
+        check_client(client, "AsyncQueue", is_async=True)
         self.client = client
         self.keys = QueueKeys(name)
         self.ops = Ops(

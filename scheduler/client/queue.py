@@ -10,7 +10,7 @@ import redis
 
 from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
-from scheduler.core.connection import connect
+from scheduler.core.connection import check_client, connect
 from scheduler.core.errors import not_utf8
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
@@ -38,6 +38,7 @@ class Queue:
         wait_timeout_ms: int = Settings.wait_timeout_ms,
         _clock: str = "server",
     ) -> None:
+        check_client(client, "Queue", is_async=False)
         self.client = client
         self.keys = QueueKeys(name)
         self.ops = Ops(
