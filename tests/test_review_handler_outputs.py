@@ -8,10 +8,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
-import json
-import threading
 import warnings
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import redis.asyncio as aredis
@@ -113,21 +111,6 @@ async def result(payload: Any, ctx: JobContext) -> Any:
 @registry.task(name="ho-result-sync")
 def result_sync(payload: Any, ctx: JobContext) -> Any:
     return Raising({"exit": SystemExit(3), "custom": Custom()}[payload])
-
-
-class Recorded(dict[str, Any]):
-    """A mapping whose items() (what the JSON encoder reads) notes the thread encoding it."""
-
-    threads: ClassVar[list[int]] = []
-
-    def items(self) -> Any:
-        Recorded.threads.append(threading.get_ident())
-        return super().items()
-
-
-@registry.task(name="ho-big-sync")
-def big_sync(payload: Any, ctx: JobContext) -> Any:
-    return Recorded(rows=[{"i": i, "text": "x" * 50} for i in range(payload)])
 
 
 async def _work(payload: Any, ctx: JobContext) -> Any:
@@ -293,18 +276,3 @@ def test_a_sync_handler_returning_a_coroutine_says_so_and_closes_it(
     assert got.fields["last_error_type"] == "InvalidResult"
     assert "returned a coroutine" in got.fields["last_error"]
     assert not [w for w in seen if "never awaited" in str(w.message)]
-
-
-def test_a_sync_handlers_result_is_encoded_in_its_thread_not_on_the_loop(
-    module_server: RedisProcess, hq: Queue
-) -> None:
-    """Before: every result was encoded on the event loop, after its handler's thread ended:
-    a sync handler returning 1 MB of JSON held the loop (heartbeats, other jobs' starts) for
-    the encoding. Now its own thread encodes it, once, and the loop sends that text."""
-    Recorded.threads.clear()
-    job = run_jobs(module_server, hq, "ho-big-sync", 5_000)
-    got = hq.get_job(job)
-    assert got is not None and got.state == "done"
-    assert got.result_json is not None and len(json.loads(got.result_json)["rows"]) == 5_000
-    assert len(Recorded.threads) == 1  # encoded once: what was checked is what was sent
-    assert Recorded.threads[0] != threading.main_thread().ident  # the loop runs in main here

@@ -125,7 +125,7 @@ class Dispatch(Starting):
                 except BaseException as exc:
                     out: tuple[Any, BaseException | None] = (None, exc)
                 else:
-                    out = (failures.encoded_in_thread(result), None)  # not on the loop
+                    out = (result, None)
                 with contextlib.suppress(RuntimeError):  # the loop is gone: we exited
                     loop.call_soon_threadsafe(self._thread_done, r, *out)
 
@@ -242,10 +242,8 @@ class Dispatch(Starting):
         try:
             if exc is None:
                 try:
-                    if isinstance(result, failures.NotEncodable):
-                        raise result.error
-                    if result is not None and type(result) is not _EncodedResult:
-                        result = _EncodedResult(failures.result_text(result))  # checked = sent
+                    if result is not None:  # encoded once: what is checked is what is sent
+                        result = _EncodedResult(failures.result_text(result))
                 except KeyboardInterrupt:  # Ctrl-C of an embedded worker: not the result's fault
                     raise
                 except BaseException as bad:  # InvalidPayload; a result's own method may raise

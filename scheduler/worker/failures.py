@@ -11,7 +11,6 @@ from typing import Any
 
 from scheduler.core import codec
 from scheduler.core.errors import InvalidPayload
-from scheduler.core.models import _EncodedResult
 from scheduler.worker.registry import TaskSpec
 
 
@@ -66,27 +65,6 @@ def result_text(result: Any) -> str:
     if isinstance(result, str) and len(result) > limit:
         raise InvalidPayload(f"result is over the {limit} byte limit ({len(result)} characters)")
     return codec.encode_json(result, "result", limit)
-
-
-class NotEncodable:
-    """A sync handler's result its own thread could not encode: the reason, for the loop."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-def encoded_in_thread(result: Any) -> Any:
-    """A sync handler's result encoded in its own thread, so that a big one does not hold the
-    event loop (1 MB of JSON is milliseconds, a 100 MB string is refused by its length):
-    None stays None, a failure comes back as NotEncodable."""
-    if result is None:
-        return None
-    try:
-        return _EncodedResult(result_text(result))
-    except BaseException as bad:  # a result's own method may raise anything
-        return NotEncodable(bad)
 
 
 # A job claimed again while its previous run here still goes on past that run's timeout (a sync
