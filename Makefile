@@ -109,7 +109,7 @@ test: install-test check docs test-suite test-valkey test-lowest-redis test-clus
 
 docs: $(VENV)/.installed-docs
 	@echo "== docs site (strict)"
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 examples: install-test
 	$(call pytest,framework examples,$(BIN)/python,tests/test_examples.py)

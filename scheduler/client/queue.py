@@ -286,7 +286,8 @@ class Queue:
         """Record how far a leased job has got (a worker does it for `ctx.set_progress`).
 
         Args:
-            job_id, token: the lease, from `claim`.
+            job_id: the leased job's id, from `claim`.
+            token: its lease's token, from `claim`.
             progress: any JSON value, at most 4,096 bytes encoded (e.g. `{"done": 40,
                 "of": 100}`); `get_job(...).progress` reads it back.
 
