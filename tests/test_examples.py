@@ -141,3 +141,18 @@ def test_django_enqueues_only_after_the_transaction_commits(
     worker("examples.django_app.tasks")
     assert _until(lambda: client.get(f"examples:{queue_name}:confirmed:{order_id}")) == job_id
     assert _until(lambda: http.get(f"/orders/{order_id}").json()["state"] == "done")
+
+
+@pytest.mark.parametrize(("module", "start"), [
+    ("examples.flask_app.app", "flask --app examples.flask_app.app run"),
+    ("examples.fastapi_app.app", "uvicorn examples.fastapi_app.app:app"),
+    ("examples.django_app.manage", "python -m examples.django_app.manage runserver"),
+])  # fmt: skip
+def test_each_app_docstring_says_how_to_start_and_try_it(module: str, start: str) -> None:
+    """docs/guide/examples.md: "Each app module's docstring has the commands to start it and
+    curl lines to try" (Django's named runserver only, and no curl line)."""
+    import importlib
+
+    doc = importlib.import_module(module).__doc__ or ""
+    assert start in doc and "REDIS_URL=" in doc
+    assert doc.count("curl ") >= 2  # one that enqueues, one that reads the job back

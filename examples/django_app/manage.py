@@ -1,4 +1,11 @@
-"""`python -m examples.django_app.manage migrate --run-syncdb` then `... runserver`."""
+"""Django: enqueue after the transaction commits (views.py). Run it with
+
+REDIS_URL=redis://localhost:6379/0 python -m examples.django_app.manage migrate --run-syncdb
+REDIS_URL=redis://localhost:6379/0 python -m examples.django_app.manage runserver
+curl -X POST localhost:8000/orders -d '{"item": "book"}'
+curl -X POST localhost:8000/orders -d '{"item": "book", "fail": true}'  # rolled back: no job
+curl localhost:8000/orders/<order_id>
+"""
 
 from __future__ import annotations
 
