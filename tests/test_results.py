@@ -238,3 +238,31 @@ def test_async_result(redis_url: str, q: Queue) -> None:
             await client.aclose()
 
     assert asyncio.run(go()) == {"ok": True}
+
+
+def test_the_blocking_result_is_refused_on_a_running_event_loop(redis_url: str, q: Queue) -> None:
+    """A sync `q.result` in async code blocked the loop for the whole wait: an embedded worker
+    on that loop could not run the job, and the caller got ResultTimeout after timeout_s, the
+    job still due. Refused at once now, naming AsyncQueue.result; off the loop it still works."""
+    reg = Registry()
+
+    @reg.task("results.add")
+    async def add(payload: Any, ctx: Any) -> int:
+        return int(payload["a"]) + int(payload["b"])
+
+    job_id = add.enqueue(q, {"a": 1, "b": 2})
+
+    async def go() -> Any:
+        async with AsyncQueue.from_url(redis_url, q.name) as aq:
+            worker = Worker(aq.client, reg, WorkerSettings(queues=(q.name,)))
+            running = asyncio.create_task(worker.run(install_signals=False))
+            try:
+                with pytest.raises(BadArgument, match=r"await AsyncQueue\.result"):
+                    q.result(job_id, timeout_s=5)
+                return await aq.result(job_id, timeout_s=10)
+            finally:
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
+
+    assert asyncio.run(go()) == 3
+    assert q.result(job_id, timeout_s=1) == 3  # no loop in this thread: the blocking wait

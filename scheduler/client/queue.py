@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -11,7 +12,7 @@ import redis
 from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
 from scheduler.core.connection import check_client, connect
-from scheduler.core.errors import not_utf8
+from scheduler.core.errors import BadArgument, not_utf8
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
 from scheduler.core.scripts import Scripts, run_one_sync
@@ -19,6 +20,15 @@ from scheduler.operations.ops import Op, Ops, Request, Settings
 from scheduler.schedules.recurring import Schedule
 
 T = TypeVar("T")
+
+
+def _loop_running() -> bool:
+    """This thread runs an asyncio event loop (a coroutine, or a callback of one, called us)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class Queue:
@@ -467,9 +477,16 @@ class Queue:
             JobCancelled: the job was cancelled.
             JobNotFound: no such job (or its record expired).
             ResultTimeout: not finished within timeout_s (a TimeoutError).
-            BadArgument: a malformed job_id or timeout_s.
+            BadArgument: a malformed job_id or timeout_s, or called on a thread that runs
+                an asyncio event loop (the wait would stall it, and an embedded worker on it
+                could never finish the job: use `await AsyncQueue.result(...)`).
             UnreadableRecord: the stored result is not JSON (edited by hand).
         """
+        if _loop_running():
+            raise BadArgument(
+                "Queue.result would block this thread's running event loop (an embedded worker"
+                " could not run the job): await AsyncQueue.result(...)"
+            )
         return self._run(self.ops.result(job_id, timeout_s))
 
     def counts(self) -> QueueCounts:
