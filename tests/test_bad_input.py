@@ -174,7 +174,7 @@ def test_a_url_or_the_wrong_kind_of_client_is_refused_at_construction(redis_url:
         (lambda: AsyncQueue(redis_url, "q"), r"not a URL: use AsyncQueue\.from_url\(url\)"),
         (lambda: Queue(async_client, "q"), "Queue needs a blocking client"),
         (lambda: AsyncQueue(sync_client, "q"), "AsyncQueue needs a redis.asyncio client"),
-        (lambda: Worker(sync_client, Registry()), "Worker needs a redis.asyncio client"),
+        (lambda: Worker(sync_client, Registry()), "needs a redis.asyncio client"),
         (lambda: Worker(AsyncQueue(async_client, "q"), Registry()), r"pass q\.client"),
     ]
     for make, message in refused:

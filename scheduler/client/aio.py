@@ -11,7 +11,8 @@ import redis.asyncio as aredis
 
 from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
-from scheduler.core.connection import check_client, connect_async
+from scheduler.core.client_kind import check_client
+from scheduler.core.connection import connect_async
 from scheduler.core.errors import not_utf8
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts

@@ -11,7 +11,8 @@ import redis
 
 from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
-from scheduler.core.connection import check_client, connect
+from scheduler.core.client_kind import check_client
+from scheduler.core.connection import connect
 from scheduler.core.errors import BadArgument, not_utf8
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts

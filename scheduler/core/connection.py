@@ -219,21 +219,6 @@ def connect_async(url: str, **kwargs: Any) -> aredis.Redis:
     return _client(url, kwargs, aredis.Redis, AsyncRedisCluster, AsyncClusterNode)  # type: ignore[no-any-return]
 
 
-def check_client(client: object, owner: str, *, is_async: bool) -> None:
-    """BadArgument for a URL or a client of the other kind given to `owner`'s constructor:
-    each failed only at the first call, with a TypeError (a coroutine never awaited, or an
-    int awaited after the call had already run). Other objects (wrappers, fakes) pass."""
-    kind = f"{type(client).__module__}.{type(client).__name__}"
-    if isinstance(client, str | bytes):
-        raise BadArgument(f"{owner} takes a redis client, not a URL: use {owner}.from_url(url)")
-    if hasattr(client, "ops") and hasattr(client, "client"):  # a Queue: its client was meant
-        raise BadArgument(f"{owner} takes a redis client, not a {kind}: pass q.client")
-    if is_async and isinstance(client, redis.Redis | RedisCluster):
-        raise BadArgument(f"{owner} needs a redis.asyncio client, got a blocking {kind}")
-    if not is_async and isinstance(client, aredis.Redis | AsyncRedisCluster):
-        raise BadArgument(f"{owner} needs a blocking client (AsyncQueue takes a {kind})")
-
-
 # A read's server or cluster node cannot answer (refused, timed out, down, slots remapped): the
 # dashboard answers 503, reads the other nodes (redis-py's cluster errors: not ConnectionErrors).
 UNREACHABLE: tuple[type[Exception], ...] = (

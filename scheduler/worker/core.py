@@ -17,7 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.client.aio import AsyncQueue
 from scheduler.core import cluster_io
-from scheduler.core.connection import check_client, is_cluster
+from scheduler.core.connection import is_cluster
 from scheduler.core.errors import CorruptKey, NewerStorage
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.ops import Ops, Settings
@@ -104,7 +104,6 @@ class WorkerCore:
         self.settings = settings or WorkerSettings()
         self.settings.check()
         check_worker_id(worker_id)
-        check_client(client, "Worker", is_async=True)
         self.client = client
         self.registry = registry
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"

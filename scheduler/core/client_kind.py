@@ -1,0 +1,26 @@
+"""The client a queue or worker is given is of the kind it drives: a URL, or a blocking client
+given where a redis.asyncio one is needed (or the reverse), failed only at the first call."""
+
+from __future__ import annotations
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+
+from scheduler.core.errors import BadArgument
+
+
+def check_client(client: object, owner: str, *, is_async: bool) -> None:
+    """BadArgument for a URL or a client of the other kind given to `owner`'s constructor:
+    each failed only at the first call, with a TypeError (a coroutine never awaited, or an
+    int awaited after the call had already run). Other objects (wrappers, fakes) pass."""
+    kind = f"{type(client).__module__}.{type(client).__name__}"
+    if isinstance(client, str | bytes):
+        raise BadArgument(f"{owner} takes a redis client, not a URL: use {owner}.from_url(url)")
+    if hasattr(client, "ops") and hasattr(client, "client"):  # a Queue: its client was meant
+        raise BadArgument(f"{owner} takes a redis client, not a {kind}: pass q.client")
+    if is_async and isinstance(client, redis.Redis | RedisCluster):
+        raise BadArgument(f"{owner} needs a redis.asyncio client, got a blocking {kind}")
+    if not is_async and isinstance(client, aredis.Redis | AsyncRedisCluster):
+        raise BadArgument(f"{owner} needs a blocking client (AsyncQueue takes a {kind})")
