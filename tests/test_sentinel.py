@@ -273,13 +273,13 @@ def test_the_sentinel_and_master_passwords(tmp_path: Any) -> None:
         with Queue.from_url(good, _name()) as q:
             job_id = q.enqueue("mail", None)
             assert q.status(job_id) == JobState.DUE
-        # No sentinel password: no sentinel answers, so no master is found (exit 3).
+        # No sentinel password, or a wrong one: the sentinel refuses it, which no retry changes
+        # (exit 5, as a master's; tests/test_sentinel_hardening.py has the rest).
         no_sentinel_pw = s.url().replace("://", "://:m-pw@")
         result = runner.invoke(main, ["stats", "--url", no_sentinel_pw])
-        assert result.exit_code == 3 and "No master found" in result.output, result.output
-        # A wrong sentinel password: the same (redis-py's message says why, redacted).
+        assert result.exit_code == 5 and "sentinel refused" in result.output, result.output
         result = runner.invoke(main, ["stats", "--url", good.replace("=s-pw", "=WRONGPW")])
-        assert result.exit_code == 3 and "AuthenticationError" in result.output, result.output
+        assert result.exit_code == 5 and "AuthenticationError" in result.output, result.output
         assert "WRONGPW" not in result.output and "m-pw" not in result.output
         # A wrong master password: refused by the master the sentinel named (exit 5).
         result = runner.invoke(main, ["stats", "--url", good.replace(":m-pw@", ":WRONGPW@")])

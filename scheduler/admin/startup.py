@@ -31,6 +31,13 @@ _NOPERM_COMMAND = re.compile(r"permissions? to run the '([^']+)' command")
 _NOPERM_TEXT = re.compile(r"\bNOPERM\b|no permissions to|user executing the script can't")
 
 
+def credentials_hint(exc: BaseException) -> str:
+    """What to check after a refused login: the URL's user and password, unless the error names
+    what itself (a sentinel's refusal: core/sentinel.py SentinelRefused.hint)."""
+    hint = getattr(exc, "hint", None)
+    return hint if isinstance(hint, str) else CREDENTIALS_HINT
+
+
 def is_permission_error(exc: BaseException) -> bool:
     """An ACL refusal, whether redis-py typed it (NoPermissionError) or it came back from inside
     a script or a MULTI as a plain ResponseError carrying the NOPERM code."""

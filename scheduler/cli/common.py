@@ -19,8 +19,8 @@ from scheduler.admin.inspection import (
     stored_layout,
 )
 from scheduler.admin.startup import (
-    CREDENTIALS_HINT,
     OPERATOR_ROLE_HINT,
+    credentials_hint,
     is_permission_error,
     permission_message,
 )
@@ -141,7 +141,7 @@ class AdminCommand(click.Command):
             raise Refused(safe(exc)) from None
         except redis.AuthenticationError as exc:  # a ConnectionError, but retrying cannot help
             raise Forbidden(
-                safe(f"Redis refused the credentials: {exc}; {CREDENTIALS_HINT}")
+                safe(f"Redis refused the credentials: {exc}; {credentials_hint(exc)}")
             ) from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise Unreachable(safe(f"cannot reach Redis: {exc}")) from None

@@ -14,15 +14,20 @@ from dataclasses import replace
 from typing import Any
 
 import click
-from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
+from redis.exceptions import (
+    AuthenticationError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from scheduler.admin.startup import (
     APP_ROLE_HINT,
-    CREDENTIALS_HINT,
     AccessDenied,
     UnsafeServer,
     check_access_async,
     check_or_warn_async,
+    credentials_hint,
     is_permission_error,
     permission_message,
 )
@@ -31,7 +36,7 @@ from scheduler.cli.stall_watchdog import StallWatchdog
 from scheduler.cli.worker_pool_child import STOP_SIGNAL, notify_ready
 from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async
-from scheduler.core.errors import CorruptKey, NewerStorage, SchedulerError
+from scheduler.core.errors import CorruptKey, NewerStorage, SchedulerError, refused_for_now
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN
 from scheduler.core.safety import redact, safe
 from scheduler.worker import (
@@ -85,12 +90,14 @@ def start_failure(exc: BaseException, url: str) -> int:
     if is_permission_error(exc):  # e.g. SCRIPT LOAD refused
         line, code = permission_message(exc, APP_ROLE_HINT), EXIT_REDIS_REFUSED
     elif isinstance(exc, AuthenticationError):  # a ConnectionError, but retrying cannot help
-        line = f"Redis at {redact(url)} refused the credentials: {exc}; {CREDENTIALS_HINT}"
+        line = f"Redis at {redact(url)} refused the credentials: {exc}; {credentials_hint(exc)}"
         code = EXIT_REDIS_REFUSED
     elif isinstance(exc, CorruptKey):  # transient to a running worker, but no reason to start
         line, code = f"a queue key was edited by hand: {exc} (run scheduler doctor)", EXIT_ERROR
     elif isinstance(exc, NewerStorage):  # the same: an upgrade, not a restart, helps
         line, code = str(exc), EXIT_ERROR
+    elif isinstance(exc, ResponseError) and refused_for_now(exc):  # NOREPLICAS, LOADING, ...
+        line, code = f"Redis at {redact(url)} refused the start for now: {exc}", EXIT_REDIS
     elif isinstance(exc, (*TRANSIENT, RedisClusterException)) or classify(exc) == "transient":
         line, code = f"cannot reach Redis at {redact(url)}: {exc}", EXIT_REDIS
     elif isinstance(exc, SettingsError):

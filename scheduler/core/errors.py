@@ -110,6 +110,15 @@ class NotDurable(SchedulerError):
         self.wanted = wanted
 
 
+class NoReplicas(ResponseError):
+    """Redis refused the write for now: the master has fewer good replicas than its
+    `min-replicas-to-write` (Redis's NOREPLICAS). Nothing was written and no job id was issued;
+    the same call can succeed once a replica is back (enqueue with the same job_id is
+    idempotent). The worker backs off and retries it. A redis ResponseError, as Redis's other
+    refusals for now (OutOfMemoryError, ReadOnlyError), not a SchedulerError: callers that
+    catch those catch this one too."""
+
+
 class UnknownTask(SchedulerError, LookupError):
     """No handler is registered under that task name."""
 
@@ -162,8 +171,8 @@ def raise_for_status(status: str, job_id: str, token: str) -> None:
 
 
 def translate(exc: ResponseError) -> SchedulerError | ResponseError:
-    """Turn a script's `CODE detail` error into our exception, and a script's WRONGTYPE into
-    CorruptKey; leave Redis's other errors alone."""
+    """Turn a script's `CODE detail` error into our exception, a script's WRONGTYPE into
+    CorruptKey and NOREPLICAS into NoReplicas; leave Redis's other errors alone."""
     text = str(exc)
     if text.startswith("BAD_ARGUMENT"):
         detail = text.split(" ", 1)[1] if " " in text else text
@@ -172,6 +181,10 @@ def translate(exc: ResponseError) -> SchedulerError | ResponseError:
     if text.startswith("NEWER_STORAGE "):
         detail = text[len("NEWER_STORAGE ") :].split(" script:", 1)[0]
         return NewerStorage(f"the queue is stored by a newer version: {detail}; upgrade this one")
+    if text.startswith("NOREPLICAS"):
+        detail = text.split(" script:", 1)[0].rstrip(".")
+        why = "fewer good replicas than the master's min-replicas-to-write; nothing was written"
+        return NoReplicas(f"{detail} ({why})")
     if text.startswith("CORRUPT "):
         return CorruptKey(text[len("CORRUPT ") :].split(" script:", 1)[0])
     if text.startswith("WRONGTYPE") and " script: " in text:
@@ -190,7 +203,7 @@ def translate(exc: ResponseError) -> SchedulerError | ResponseError:
 # noeviction), BUSY (a slow script), LOADING, READONLY (a failover in progress), MISCONF (a
 # failed RDB save), NOREPLICAS, a slot being moved (TRYAGAIN) or a cluster remapping. The call
 # ran nothing; the same call later can succeed (the worker retries, the dashboard answers 503).
-_REFUSED_FOR_NOW = (OutOfMemoryError, ReadOnlyError, ClusterDownError, TryAgainError)
+_REFUSED_FOR_NOW = (OutOfMemoryError, ReadOnlyError, ClusterDownError, TryAgainError, NoReplicas)
 _REFUSED_FOR_NOW_CODES = frozenset(
     {"BUSY", "MISCONF", "NOREPLICAS", "LOADING", "OOM", "READONLY", "TRYAGAIN", "CLUSTERDOWN",
      "MASTERDOWN", "UNBLOCKED"}

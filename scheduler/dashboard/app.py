@@ -15,8 +15,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from scheduler.admin.startup import (
-    CREDENTIALS_HINT,
     OPERATOR_ROLE_HINT,
+    credentials_hint,
     is_permission_error,
     permission_message,
 )
@@ -108,7 +108,7 @@ def create_app(
 
     async def credentials(request: Request, exc: Exception) -> Response:
         # A ConnectionError to redis-py, but no retry helps: say so, not "did not answer".
-        message = f"Redis refused the dashboard's credentials: {exc}; {CREDENTIALS_HINT}."
+        message = f"Redis refused the dashboard's credentials: {exc}; {credentials_hint(exc)}."
         return failed(request, 500, "Redis refused the login", message)
 
     async def refused_now(request: Request, exc: Exception) -> Response:
