@@ -162,13 +162,12 @@ def test_a_url_or_the_wrong_kind_of_client_is_refused_at_construction(redis_url:
     Worker on a blocking client started and exited 1 ('presence failed')."""
     import asyncio
 
-    import redis.asyncio
-
     from scheduler import AsyncQueue, Registry
+    from scheduler.core.connection import connect, connect_async
     from scheduler.worker import Worker
 
-    sync_client = redis.Redis.from_url(redis_url)
-    async_client = redis.asyncio.Redis.from_url(redis_url)
+    # Each kind as the run's server needs (a RedisCluster on a cluster run).
+    sync_client, async_client = connect(redis_url), connect_async(redis_url)
     refused: list[tuple[Callable[[], object], str]] = [
         (lambda: Queue(redis_url, "q"), r"not a URL: use Queue\.from_url\(url\)"),
         (lambda: AsyncQueue(redis_url, "q"), r"not a URL: use AsyncQueue\.from_url\(url\)"),
