@@ -486,7 +486,8 @@ class Queue:
         if _loop_running():
             raise BadArgument(
                 "Queue.result would block this thread's running event loop (an embedded worker"
-                " could not run the job): await AsyncQueue.result(...)"
+                " could not run the job): await AsyncQueue.result(...), in a Jupyter notebook"
+                " too (its cells run on an event loop; a top-level await works there)"
             )
         return self._run(self.ops.result(job_id, timeout_s))
 
