@@ -104,6 +104,25 @@ def test_an_emptied_queue_leaves_the_listing_not_the_index(r: redis.Redis) -> No
     assert r.sismember(QUEUE_INDEX, "gone")
 
 
+def test_a_paused_emptied_queue_stays_listed(r: redis.Redis) -> None:
+    """Its config hash (the pause) is all that is left: an operator who paused it must still
+    see it in `stats` and the dashboard, to resume it."""
+    q = Queue(r, "held-back")
+    job = q.enqueue("t", None)
+    assert q.pause() == "paused"
+    assert discover_queues(r) == ["held-back"]  # scanned: it still has a due job
+    assert q.cancel(job) == "due"  # cancelled while due
+    config = QueueKeys("held-back").config
+    for key in r.keys("sched:{held-back}:*"):  # its record, stats and wake-ups expired
+        if key != config:
+            r.delete(key)
+    assert r.exists(config)
+    assert discover_queues(r) == ["held-back"]
+    assert q.resume() == "resumed"
+    r.delete(*r.keys("sched:{held-back}:*"))  # its wake-up for idle workers, its config
+    assert discover_queues(r) == []
+
+
 def test_a_hand_edited_index_is_scanned_around_and_refuses_no_enqueue(r: redis.Redis) -> None:
     r.set(QUEUE_INDEX, "not a set")
     q = Queue(r, "q1")

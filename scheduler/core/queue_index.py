@@ -105,8 +105,10 @@ def listed(client: Any) -> list[str] | None:
     pipe = client.pipeline(transaction=False)
     for name in names:
         k = QueueKeys(name)
+        # The config hash too: a paused queue emptied of jobs has only that, and its operator
+        # must still find it to resume it (admin/inspection.py queue_exists agrees).
         pipe.exists(k.due, k.leased, k.dead, k.wake, k.workers, k.finished, k.schedules,
-                    k.flow_held, k.flow_waiting, k.dead_migrating)  # fmt: skip
+                    k.flow_held, k.flow_waiting, k.dead_migrating, k.config)  # fmt: skip
     found = pipe.execute(raise_on_error=False)
     if any(isinstance(got, Exception) for got in found):  # a cluster node down: the caller's
         return None  # SCAN names it, and lists the others' queues
