@@ -30,12 +30,9 @@ from scheduler.core.codec import enqueue_args  # noqa: E402
 from scheduler.core.ids import new_job_id  # noqa: E402
 from scheduler.core.scripts import source  # noqa: E402
 
-# The first line of each transition's own body (its libs come before it).
-BODY_STARTS = {
-    "enqueue": "local prefix, due, wake_key = KEYS[1]",
-    "claim": "local prefix, due, leased, wake_key = KEYS[1]",
-    "complete": "local prefix",
-}
+# The first line of each transition's own body (its libs come before it): the storage
+# generation check (lua/lib/util.lua newer_storage_err), which reads KEYS[1].
+BODY_STARTS = dict.fromkeys(("enqueue", "claim", "complete"), "local newer = newer_storage_err")
 
 
 # Where enqueue.lua's checks end and its reads and writes begin.
