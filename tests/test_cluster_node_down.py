@@ -22,8 +22,9 @@ from scheduler._spawn import RedisProcess
 from scheduler._spawn_cluster import LocalCluster
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
+from scheduler.core import queue_index
 from scheduler.core.connection import connect
-from scheduler.core.keys import QueueKeys
+from scheduler.core.keys import QUEUE_INDEX, QueueKeys
 from scheduler.core.scripts import Scripts
 from scheduler.dashboard import Auth, create_app
 from tests.redis_server import require_server
@@ -204,6 +205,32 @@ def test_workers_lists_what_answers_and_names_the_rest(down: Down) -> None:
     assert table.exit_code == 3 and f"not read: node {dead_at}" in table.output
     one = CliRunner().invoke(main, ["workers", "--url", down.cluster.url, "-q", down.good])
     assert one.exit_code == 0, one.output
+
+
+def test_enqueues_while_the_index_node_is_down_try_the_index_once_a_minute(down: Down) -> None:
+    """The queue index `sched:queues` lives on the dead node (its slot, 9072, is the dead
+    primary's here): a producer's jobs to a live node's queue are accepted, and the failed SADD
+    is not tried again on every call (each try costs redis-py's retries of a dead node, seconds:
+    2.8-4.5 s per enqueue measured before core/queue_index.py's RETRY_AFTER_S)."""
+    assert down.cluster.primary_for(QUEUE_INDEX) is down.dead  # the case this test is about
+    client = connect(down.cluster.url)
+    tries: list[tuple[str, ...]] = []
+    real_sadd = client.sadd
+
+    def counted_sadd(name: str, *values: str) -> int:
+        tries.append((name, *values))
+        return real_sadd(name, *values)
+
+    client.sadd = counted_sadd  # type: ignore[method-assign,assignment]
+    try:
+        q = Queue(client, down.good)
+        ids = [q.enqueue("noop", None) for _ in range(3)]
+        assert [q.status(i) for i in ids] == ["due"] * 3
+        assert tries == [(QUEUE_INDEX, down.good)]  # one try, not one per enqueue
+        assert not queue_index.add(client, (down.good,))  # still waiting out RETRY_AFTER_S
+        assert len(tries) == 1
+    finally:
+        client.close()
 
 
 def test_a_typo_in_a_queue_name_is_still_a_typo(down: Down) -> None:
