@@ -18,6 +18,7 @@ the task's defaults do not apply (they live here, not in Redis)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from scheduler.core.models import JobSpec
 
 # Re-exported: the registry's public names stay importable from here.
 from scheduler.worker.context import JobContext
+from scheduler.worker.middleware import Middleware, check_middleware, wrap
 from scheduler.worker.outcomes import JobOutcome, OutcomeHook
 from scheduler.worker.payloads import (
     Handler,
@@ -44,6 +46,7 @@ from scheduler.worker.payloads import (
 from scheduler.worker.task_handle import F, TaskHandle, TaskSpec
 
 H = TypeVar("H", bound=OutcomeHook)
+M = TypeVar("M", bound=Middleware)
 
 __all__ = [
     "Handler",
@@ -92,6 +95,22 @@ class Registry:
     def __init__(self) -> None:
         self._tasks: dict[str, TaskSpec] = {}
         self.outcome_hooks: list[OutcomeHook] = []  # worker/outcomes.py
+        self._middleware: list[tuple[Middleware, bool]] = []  # (fn, is_async), outermost first
+
+    def middleware(self, fn: M) -> M:
+        """Decorator: run `fn(call_next, payload, ctx)` around every run of every task of its
+        kind, registered before or after it: a plain function around the sync handlers (in
+        their thread), a coroutine function around the async ones (worker/middleware.py). It
+        must call `call_next(payload, ctx)` (awaited, when async) and return what the run
+        returns; what it raises is the run's failure. The first registered is the outermost.
+        Raises BadArgument for what cannot be called as fn(call_next, payload, ctx)."""
+        self._middleware.append((fn, check_middleware(fn)))
+        for name, spec in self._tasks.items():
+            handler = spec.fn if spec.unwrapped is None else spec.unwrapped
+            self._tasks[name] = dataclasses.replace(
+                spec, fn=wrap(handler, spec.is_async, self._middleware), unwrapped=handler
+            )
+        return fn
 
     def on_outcome(self, fn: H) -> H:
         """Decorator: call `fn(outcome: JobOutcome)` on each job outcome a worker running this
@@ -208,7 +227,7 @@ class Registry:
             run = fn if payload_type is None else decoding(fn, payload_type, is_async)
             spec = TaskSpec(
                 task_name,
-                run,
+                wrap(run, is_async, self._middleware),
                 is_async,
                 max_attempts,
                 backoff,
@@ -220,6 +239,7 @@ class Registry:
                 keep_payload=keep_payload,
                 start_within_ms=start_within_ms,
                 flow=tuple((k, v) for k, v in flow.items() if v is not None),
+                unwrapped=run if self._middleware else None,
             )
             self._tasks[task_name] = spec
             return TaskHandle(fn, spec)

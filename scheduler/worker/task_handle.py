@@ -66,6 +66,9 @@ class TaskSpec:
     start_within_ms: int | None = None  # its jobs' start window (the job's own wins)
     # Flow-control defaults of its jobs (docs/flow-control.md), as JobSpec field -> value.
     flow: tuple[tuple[str, Any], ...] = ()
+    # `fn` before the registry's middleware wrapped it (worker/middleware.py): rewrapped when
+    # a middleware is registered after the task. None: `fn` is not wrapped.
+    unwrapped: Handler | None = None
 
     def timeout_for(self, job_timeout_ms: int) -> float | None:
         """The job's own timeout wins; else the task default; None = no limit."""

@@ -1,0 +1,72 @@
+"""Handler middleware (`@registry.middleware`): the app's own code around every run of every
+task of one kind, for what a decorator on each handler would repeat: an error tracker's scope,
+a database session, a tracing span, a log context with the job id.
+
+    @registry.middleware
+    def scoped(call_next, payload, ctx):          # wraps the sync handlers, in their thread
+        with sentry_sdk.isolation_scope():
+            return call_next(payload, ctx)
+
+    @registry.middleware
+    async def ascoped(call_next, payload, ctx):   # wraps the async handlers, on the loop
+        async with db.session():
+            return await call_next(payload, ctx)
+
+A plain function wraps the sync handlers (it runs in the handler's thread, where thread-local
+state belongs), a coroutine function the async ones: an `async def` cannot wrap a call that
+blocks a thread, and a plain function around a coroutine would leave its `with` before the
+handler ran. What the middleware returns or raises is the run's outcome, exactly as if the
+handler had (a timeout covers it too). The first registered is the outermost; a middleware
+registered after a task still wraps it. Composed once at registration: a task without
+middleware runs its handler with no extra call (issue 16's per-job budget)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from scheduler.core.errors import BadArgument
+from scheduler.worker.payloads import Handler
+
+Middleware = Callable[[Handler, Any, Any], Any]
+
+
+def check_middleware(fn: Any) -> bool:
+    """True for an async middleware. Refused (BadArgument): anything that cannot be called as
+    fn(call_next, payload, ctx), which would fail every run of every task it wraps."""
+    if not callable(fn) or inspect.isclass(fn):
+        raise BadArgument(f"a middleware must be a function, got {fn!r}")
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except TypeError:
+        raise BadArgument(
+            f"middleware {getattr(fn, '__qualname__', fn)} must accept (call_next, payload, "
+            "ctx): it is called with the next layer (ending in the handler), the job's "
+            "payload and its JobContext"
+        ) from None
+    except ValueError:  # a builtin without a signature: left to the call
+        pass
+    return inspect.iscoroutinefunction(fn)
+
+
+def wrap(handler: Handler, is_async: bool, layers: Sequence[tuple[Middleware, bool]]) -> Handler:
+    """`handler` inside the middleware of its kind; the first of `layers` the outermost."""
+    for mw, mw_async in reversed(layers):
+        if mw_async == is_async:
+            handler = _layer(mw, handler, is_async)
+    return handler
+
+
+def _layer(mw: Middleware, inner: Handler, is_async: bool) -> Handler:
+    if is_async:
+
+        async def run_async(payload: Any, ctx: Any) -> Any:
+            return await mw(inner, payload, ctx)
+
+        return run_async
+
+    def run(payload: Any, ctx: Any) -> Any:
+        return mw(inner, payload, ctx)
+
+    return run
