@@ -16,8 +16,9 @@ A plain function wraps the sync handlers (it runs in the handler's thread, where
 state belongs), a coroutine function the async ones: an `async def` cannot wrap a call that
 blocks a thread, and a plain function around a coroutine would leave its `with` before the
 handler ran. What the middleware returns or raises is the run's outcome, exactly as if the
-handler had (a timeout covers it too). The first registered is the outermost; a middleware
-registered after a task still wraps it. Composed once at registration: a task without
+handler had (a timeout covers it too). It gets the payload as decoded from JSON, before a
+task's `payload_type` decoding (the innermost layer). The first registered is the outermost;
+one registered after a task still wraps it. Composed once at registration: a task without
 middleware runs its handler with no extra call (issue 16's per-job budget)."""
 
 from __future__ import annotations
