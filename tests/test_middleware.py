@@ -5,6 +5,7 @@ Through a real worker on a real Redis."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -98,6 +99,31 @@ def test_what_a_middleware_raises_is_the_runs_failure(redis_url: str, q: Queue) 
     assert dead.value.error_type == "PermissionError" and q.get_job(denied).attempts == 1
     assert q.status(flaky) == "done" and q.result(flaky, timeout_s=5) == "ran"
     assert seen == [2]  # the handler ran once: on the retry the middleware let through
+
+
+@dataclasses.dataclass
+class Order:
+    sku: str
+    qty: int
+
+
+def test_a_typed_task_decodes_inside_the_middleware(redis_url: str, q: Queue) -> None:
+    registry = Registry()
+    seen: list[Any] = []
+
+    @registry.middleware
+    async def look(call_next: Call, payload: Any, ctx: JobContext) -> Any:
+        seen.append(payload)
+        return await call_next(payload, ctx)
+
+    @registry.task("order", payload_type=Order)
+    async def order(payload: Order, ctx: JobContext) -> int:
+        return payload.qty * 2
+
+    job = order.enqueue(q, Order("a1", 3))
+    assert run_until(redis_url, registry, _settings(q), _done(q, job))
+    assert q.result(job, timeout_s=5) == 6
+    assert seen == [{"sku": "a1", "qty": 3}]  # the JSON, whatever the task's type
 
 
 @pytest.mark.parametrize(
