@@ -101,6 +101,36 @@ def test_what_a_middleware_raises_is_the_runs_failure(redis_url: str, q: Queue) 
     assert seen == [2]  # the handler ran once: on the retry the middleware let through
 
 
+class AsyncCallable:
+    """A middleware object whose __call__ is a coroutine function: async."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, call_next: Call, payload: Any, ctx: JobContext) -> Any:
+        self.calls += 1
+        return await call_next(payload, ctx)
+
+
+def test_an_object_with_an_async_call_wraps_the_async_handlers(redis_url: str, q: Queue) -> None:
+    registry = Registry()
+    mw = AsyncCallable()
+    registry.middleware(mw)
+
+    @registry.task("a")
+    async def a(payload: Any, ctx: JobContext) -> str:
+        return "a"
+
+    @registry.task("s")
+    def s(payload: Any, ctx: JobContext) -> str:
+        return "s"
+
+    ids = q.enqueue("a", None), q.enqueue("s", None)
+    assert run_until(redis_url, registry, _settings(q), _done(q, *ids))
+    assert [q.result(i, timeout_s=5) for i in ids] == ["a", "s"]
+    assert mw.calls == 1  # the async task's run only
+
+
 @dataclasses.dataclass
 class Order:
     sku: str

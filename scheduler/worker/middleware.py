@@ -48,7 +48,11 @@ def check_middleware(fn: Any) -> bool:
         ) from None
     except ValueError:  # a builtin without a signature: left to the call
         pass
-    return inspect.iscoroutinefunction(fn)
+    # An object whose __call__ is async is an async middleware too (else its coroutine would
+    # be returned, never awaited, from a sync handler's thread).
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004
+    )
 
 
 def wrap(handler: Handler, is_async: bool, layers: Sequence[tuple[Middleware, bool]]) -> Handler:
