@@ -131,6 +131,31 @@ def test_an_object_with_an_async_call_wraps_the_async_handlers(redis_url: str, q
     assert mw.calls == 1  # the async task's run only
 
 
+def test_a_handler_or_hook_object_with_an_async_call_is_taken_for_async(
+    redis_url: str, q: Queue
+) -> None:
+    """The same rule for what a Registry takes elsewhere: a handler object whose __call__ is a
+    coroutine function is run on the loop and awaited (it was run in a thread, its coroutine
+    the 'result'), and such an outcome hook is refused like a coroutine function."""
+    registry = Registry()
+
+    class Handler:
+        async def __call__(self, payload: Any, ctx: JobContext) -> int:
+            return 7
+
+    class Hook:
+        async def __call__(self, outcome: Any) -> None:
+            pass
+
+    registry.task("obj")(Handler())
+    assert registry.get("obj").is_async
+    with pytest.raises(BadArgument, match="plain function"):
+        registry.on_outcome(Hook())
+    job = q.enqueue("obj", None)
+    assert run_until(redis_url, registry, _settings(q), _done(q, job))
+    assert q.result(job, timeout_s=5) == 7
+
+
 @dataclasses.dataclass
 class Order:
     sku: str

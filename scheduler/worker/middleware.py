@@ -48,8 +48,12 @@ def check_middleware(fn: Any) -> bool:
         ) from None
     except ValueError:  # a builtin without a signature: left to the call
         pass
-    # An object whose __call__ is async is an async middleware too (else its coroutine would
-    # be returned, never awaited, from a sync handler's thread).
+    return is_async_callable(fn)
+
+
+def is_async_callable(fn: Any) -> bool:
+    """A coroutine function, or an object whose __call__ is one (a handler, hook or middleware
+    object taken for a plain function would have its coroutine returned, never awaited)."""
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004
     )

@@ -34,7 +34,7 @@ from scheduler.core.models import JobSpec
 
 # Re-exported: the registry's public names stay importable from here.
 from scheduler.worker.context import JobContext
-from scheduler.worker.middleware import Middleware, check_middleware, wrap
+from scheduler.worker.middleware import Middleware, check_middleware, is_async_callable, wrap
 from scheduler.worker.outcomes import JobOutcome, OutcomeHook
 from scheduler.worker.payloads import (
     Handler,
@@ -118,7 +118,7 @@ class Registry:
         (also a job gone), `released`; the metrics' and logs' words), after the server answered. It
         runs on the worker's event loop: keep it quick. What it raises is logged and changes
         nothing. Raises BadArgument for a coroutine function or a non-callable."""
-        if not callable(fn) or inspect.iscoroutinefunction(fn):
+        if not callable(fn) or is_async_callable(fn):
             raise BadArgument(
                 f"an outcome hook must be a plain function taking one JobOutcome, got {fn!r}: "
                 "it runs on the worker's event loop (start a task there for async work)"
@@ -223,7 +223,7 @@ class Registry:
             check_flow(task_name, **flow)  # refused at registration, not at the first enqueue
             if task_name in self._tasks:
                 raise BadArgument(f"task {task_name!r} is already registered")
-            is_async = inspect.iscoroutinefunction(fn)
+            is_async = is_async_callable(fn)
             run = fn if payload_type is None else decoding(fn, payload_type, is_async)
             spec = TaskSpec(
                 task_name,
