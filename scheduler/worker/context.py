@@ -15,7 +15,9 @@ from scheduler.core.progress import ProgressText, encode_progress
 class JobContext:
     """What a handler knows about its run. `stopped` is set (and async handlers are cancelled)
     when the worker must not report a result any more: lease expired, cancelled, timed out, or
-    shut down past the grace period. Key idempotent side effects on (job_id, fence)."""
+    shut down past the grace period. Deduplicate side effects on `job_id` (every run of the
+    job shares it); order overwrites by `fence` (it grows with every claim): docs/guide/
+    workers.md, "Making side effects idempotent"."""
 
     job_id: str
     task: str
