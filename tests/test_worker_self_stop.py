@@ -5,6 +5,7 @@ quota (`max_jobs`, `--max-jobs`: a process recycled after N jobs, restarted by t
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from typing import Any
@@ -214,10 +215,10 @@ def test_max_jobs_claims_that_many_and_stops(redis_url: str, q: Queue) -> None:
 
 
 def test_max_jobs_lets_the_last_jobs_finish_whatever_the_grace(redis_url: str, q: Queue) -> None:
-    """A planned stop has no hurry: the job running when the quota is met ends as it would
-    (grace 0 would have released it at a SIGTERM)."""
+    """A planned stop has no hurry for a job with a timeout: the job running when the quota
+    is met ends as it would, within its timeout (grace 0 would have released it at a SIGTERM)."""
     ran: list[str] = []
-    slow = q.enqueue("slow.sync")
+    slow = q.enqueue("slow.sync", timeout_ms=30_000)
     code = _burst(redis_url, _registry(ran), q.name, burst=False, max_jobs=1, grace_s=0)
     assert code == EXIT_OK and ran == [slow]
     job = q.get_job(slow)
@@ -302,3 +303,20 @@ def test_a_burst_worker_whose_claims_keep_failing_stops_with_exit_1(
         assert sorted(ran) == sorted(ids)
     finally:
         client.delete(broken.keys.due)
+
+
+def test_max_jobs_with_a_job_that_never_ends_stops_within_the_grace(
+    redis_url: str, q: Queue
+) -> None:
+    """The quota stop of a job with no timeout is a SIGTERM stop: --grace, then the job is
+    released to re-run elsewhere (it kept the process, and the pool's slot, for ever)."""
+    stuck = q.enqueue("sleep", {"s": 3600})
+    cmd = [sys.executable, "-m", "scheduler", "worker", "tests.workers.basic:registry",
+           "--url", redis_url, "-q", q.name, "--max-jobs", "1", "--grace", "0.5"]  # fmt: skip
+    env = {**os.environ, "TEST_REDIS_URL": redis_url}
+    # Before, the process never ended: the 60 s here only bounds the failure.
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    job = q.get_job(stuck)
+    assert (job.state, job.attempts) == ("due", 0), proc.stderr  # released, not lost
+    assert "job released" in proc.stderr

@@ -46,7 +46,8 @@ class SelfStop(WorkerCore):
         """`room` (what the next claim may take) within what is left of max_jobs, or 0 once
         the quota is used up or the process is over max_memory_mb (read before each claim,
         so only while the option is set): no more claims; the worker stops once the jobs it
-        holds have ended (not cut short by the grace period: a planned stop has no hurry)."""
+        holds have ended, each within its task's timeout; with a job that has none running,
+        at once as after a SIGTERM (its grace period, then the job is released)."""
         s = self.settings
         if s.max_jobs is None and s.max_memory_mb is None:
             return room
@@ -65,7 +66,10 @@ class SelfStop(WorkerCore):
                 return room if s.max_jobs is None else min(room, s.max_jobs - self.claimed)
             self._quota_met = True
             self.log.info("%s; stopping once the %d jobs held end", why, len(self._held))
-            if not self._held:  # after the claim loop's wait begins (it clears _slot_free)
+            # A running job with no timeout may never end: stop as a SIGTERM does (--grace,
+            # then its lease is released); one with a timeout ends by it.
+            untimed = any(r.timeout_s is None for r in self.running.values())
+            if not self._held or untimed:  # after the claim loop's wait begins
                 asyncio.get_running_loop().call_soon(self.request_stop)
         return 0
 
