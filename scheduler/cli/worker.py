@@ -137,8 +137,8 @@ def register(main: click.Group) -> None:
 @click.option(
     "--burst",
     is_flag=True,
-    help="Run the jobs claimable now, then exit 0 once none is left (jobs due later stay); "
-    "one process only.",
+    help="Run the jobs claimable now, then exit 0 once none is left and none is running; "
+    "jobs due later stay, however soon (a delay, a retry's backoff); one process only.",
 )
 @click.option(
     "--worker-id",
