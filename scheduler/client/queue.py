@@ -15,6 +15,7 @@ from scheduler.core.client_kind import check_client
 from scheduler.core.connection import connect
 from scheduler.core.errors import BadArgument, not_utf8
 from scheduler.core.keys import QueueKeys
+from scheduler.core.limits import DEFAULT_LEASE_MS
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
 from scheduler.core.scripts import Scripts, run_one_sync
 from scheduler.operations.ops import Op, Ops, Request, Settings
@@ -240,7 +241,7 @@ class Queue:
         worker_id: str,
         *,
         limit: int = 100,
-        lease_ms: int = 30_000,
+        lease_ms: int = DEFAULT_LEASE_MS,
         reap_limit: int = 100,
         nonce: str | None = None,
     ) -> ClaimBatch:
@@ -254,7 +255,8 @@ class Queue:
         Args:
             worker_id: who holds the leases (shown by `get_job` and the CLI).
             limit: most jobs to lease, in [0, 1,000].
-            lease_ms: how long the leases last unless extended by `heartbeat`, in [1 ms, 1 day].
+            lease_ms: how long the leases last unless extended by `heartbeat`, in [1 ms, 1 day]
+                (default 30 s, as `heartbeat`'s).
             reap_limit: most lapsed leases to reap on this call, in [0, 10,000].
             nonce: give the same nonce again when re-sending a call whose answer was lost:
                 the server then returns that call's jobs instead of leasing more (default: fresh).
@@ -267,20 +269,19 @@ class Queue:
 
         Raises:
             BadArgument: an argument is out of range; nothing was leased."""
-        return self._run(
-            self.ops.claim(
-                worker_id, limit=limit, lease_ms=lease_ms, reap_limit=reap_limit, nonce=nonce
-            )
-        )
+        return self._run(self.ops.claim(
+            worker_id, limit=limit, lease_ms=lease_ms, reap_limit=reap_limit, nonce=nonce
+        ))  # fmt: skip
 
     def heartbeat(
-        self, leases: Sequence[tuple[str, str]], *, lease_ms: int
+        self, leases: Sequence[tuple[str, str]], *, lease_ms: int = DEFAULT_LEASE_MS
     ) -> tuple[int, dict[str, str]]:
         """Extend the leases the caller still holds, many in one call.
 
         Args:
             leases: (job_id, token) pairs from `claim`.
-            lease_ms: the new lease length from the server's now, in [1 ms, 1 day].
+            lease_ms: the new lease length from the server's now, in [1 ms, 1 day] (default
+                30 s, as `claim`'s: a loop that gives neither keeps one lease length).
 
         Returns:
             `(lease_until_ms, {job_id: status})`. `lease_until_ms` is the server time the held

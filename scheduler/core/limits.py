@@ -14,6 +14,9 @@ DEFAULT_BACKOFF = Backoff()
 MAX_PAYLOAD_BYTES = 512 * 1024
 IDEMPOTENCY_TTL_MS = 24 * 3_600_000
 RESULT_TTL_MS = 3_600_000
+# claim's and heartbeat's lease length when none is given: one default, so a manual loop that
+# claims and heartbeats without lease_ms keeps one lease length.
+DEFAULT_LEASE_MS = 30_000
 MAX_PROGRESS_BYTES = 4096  # ctx.set_progress; lua/progress.lua repeats it
 # The one task-name and schedule-name rules (schedules/recurring.py uses these too; Lua checks
 # the same in lib/util.lua).

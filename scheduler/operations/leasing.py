@@ -10,6 +10,7 @@ from redis.exceptions import RedisError
 
 from scheduler.core import codec
 from scheduler.core.errors import SchedulerError, raise_for_status
+from scheduler.core.limits import DEFAULT_LEASE_MS
 from scheduler.core.models import ClaimBatch, FailOutcome
 from scheduler.core.progress import ProgressText, encode_progress
 from scheduler.operations.requests import Op, OpsBase, Script
@@ -35,7 +36,7 @@ class LeasingOps(OpsBase):
         worker_id: str,
         *,
         limit: int = 100,
-        lease_ms: int = 30_000,
+        lease_ms: int = DEFAULT_LEASE_MS,
         reap_limit: int = 100,
         nonce: str | None = None,
     ) -> Op[ClaimBatch]:
