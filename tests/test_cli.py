@@ -78,11 +78,11 @@ def test_stats_discovers_queues_and_renders_a_table(
 
 
 def test_stats_watch_refreshes(cli: Run, q: Queue, busy: dict[str, str]) -> None:
-    result = cli("stats", "--watch", "--count", "3", "--interval", "0", "--json", "-q", q.name)
+    result = cli("stats", "--watch", "--count", "3", "--interval", "0.1", "--json", "-q", q.name)
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert result.exit_code == 0 and len(lines) == 3
     assert all(one(d, q.name)["dead"] == 1 for d in lines)
-    table = cli("stats", "--watch", "--count", "2", "--interval", "0", "-q", q.name)
+    table = cli("stats", "--watch", "--count", "2", "--interval", "0.1", "-q", q.name)
     assert table.exit_code == 0 and q.name in table.stdout
 
 

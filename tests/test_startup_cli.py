@@ -90,7 +90,7 @@ def test_worker_and_stats_show_the_settings_finding_once_not_as_a_redis_error(
     assert text.count("[persistence-off]") == 1 and text.count("[eviction-policy]") == 1, text
     assert "redis error" not in text.lower() and "server settings (error)" in text
     runner = CliRunner()
-    for args in (["stats"], ["stats", "--watch", "--count", "3", "--interval", "0.05"]):
+    for args in (["stats"], ["stats", "--watch", "--count", "3", "--interval", "0.1"]):
         res = runner.invoke(main, [*args, "--url", volatile_url])
         assert res.exit_code == 0, res.output
         assert "[persistence-off]" not in res.output and "redis error" not in res.output.lower()

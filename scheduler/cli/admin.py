@@ -42,6 +42,9 @@ from scheduler.core.safety import safe
 from scheduler.operations import browsing
 
 _REDISCOVER_EVERY = 15  # refreshes between SCANs for new queues in `stats --watch`
+# --interval's floor: every refresh reads every queue (a SCAN too, every 15th), so 0 re-reads
+# them in a tight loop, hammering Redis; 10 refreshes a second is more than a person can read.
+_MIN_INTERVAL_S = 0.1
 _MAX_INTERVAL_S = 86_400.0
 # What one queue's unreadable stored data raises (a key of another type: ResponseError).
 _ROW_ERRORS = (redis.ResponseError, SchedulerError, OverflowError, UnicodeError, ValueError)
@@ -161,10 +164,10 @@ def _stats_table(rows: list[dict[str, Any]], nodes_down: list[str]) -> Group:
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
 @click.option(
     "--interval",
-    type=Seconds(min=0.0, max=_MAX_INTERVAL_S),
+    type=Seconds(min=_MIN_INTERVAL_S, max=_MAX_INTERVAL_S),
     default=2.0,
     show_default=True,
-    help="Seconds between refreshes with --watch (at most a day).",
+    help="Seconds between refreshes with --watch; each reads every queue (0.1 .. a day).",
 )
 @click.option(
     "--count",
