@@ -88,6 +88,37 @@ def timeout_option(f: F) -> F:
     )(f)
 
 
+def duration_option(
+    name: str, help: str, *, minimum_ms: int = 0, default: int | None = None
+) -> Callable[[F], F]:
+    """`name` (`--every`) as a Duration (30s, 5m), and `name`-ms (`--every-ms`), its older
+    spelling in ms, hidden and still working: one value, `<name>_ms` in ms (`default` when
+    neither is given). Both given is a usage error, under `minimum_ms` a bad value (exit 2)."""
+    old, dest = f"{name}-ms", name.lstrip("-").replace("-", "_") + "_ms"
+    key = f"duration_option:{dest}"
+
+    def given(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+        # As --timeout: an option not on the command line is processed after those that are,
+        # so a given one is always seen first.
+        if value is not None:
+            if ctx.meta.setdefault(key, param.opts[0]) != param.opts[0]:
+                raise click.UsageError(f"give {name} or {old}, not both")
+            if value < minimum_ms:
+                msg = f"must be at least {fmt_ms(minimum_ms)}, got {fmt_ms(value)}"
+                raise click.BadParameter(msg, ctx, param)
+            ctx.meta[f"{key}:ms"] = value
+        return ctx.meta.get(f"{key}:ms", default)
+
+    def decorate(f: F) -> F:
+        f = click.option(
+            old, dest, type=click.IntRange(min=0), hidden=True, callback=given, help=help
+        )(f)
+        also = f"{help} ({old} N: the same in ms, the older spelling.)"
+        return click.option(name, type=Duration(), expose_value=False, callback=given, help=also)(f)
+
+    return decorate
+
+
 class Seconds(click.FloatRange):
     """A finite number of seconds within [min, max]: FloatRange alone lets nan and inf through
     (every comparison with nan is false), and time.sleep refuses them later, mid-output."""

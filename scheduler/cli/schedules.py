@@ -30,6 +30,7 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.jobs import parse_payload
+from scheduler.cli.output import duration_option
 from scheduler.client.partitioned import PartitionedQueue, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
@@ -135,15 +136,11 @@ def register(main: click.Group) -> None:
         help="5 fields (a 6th, seconds, goes last: '* * * * * */10' is every 10 s), matched "
         "in --tz: '0 9 * * 1-5'.",
     )
-    @click.option("--every-ms", type=click.IntRange(min=1), help="An epoch-aligned interval.")
+    @duration_option("--every", "An epoch-aligned interval: 30s, 5m, 1h.", minimum_ms=1)
     @click.option("--tz", help="Time zone of --cron (IANA name; default UTC).")
     @click.option("--payload", default="null", show_default=True, help="Each run's JSON payload.")
-    @click.option(
-        "--jitter-ms",
-        type=click.IntRange(min=0),
-        default=0,
-        show_default=True,
-        help="A fixed offset in [0, this] spreads 'on the hour' load.",
+    @duration_option(
+        "--jitter", "A fixed offset in [0, this] spreads 'on the hour' load.", default=0
     )
     @click.option(
         "--misfire",
@@ -180,12 +177,12 @@ def register(main: click.Group) -> None:
         rate_limit: str | None,
         rate_key: str | None,
     ) -> None:
-        """Create or redefine schedule NAME running TASK (--cron or --every-ms). Prints
+        """Create or redefine schedule NAME running TASK (--cron or --every). Prints
         created, updated, unchanged or repaired. Everything is checked before anything is
         written. The flow options (as for enqueue) apply to every run."""
         data = parse_payload(payload)
         if (cron is None) == (every_ms is None):
-            raise click.UsageError("give --cron or --every-ms (one of them)")
+            raise click.UsageError("give --cron or --every (one of them)")
         problem = None if cron is None else cron_field_error(cron)
         if problem:
             raise click.BadParameter(f"{cron!r}: {problem}", param_hint="--cron")
