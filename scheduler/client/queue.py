@@ -154,7 +154,8 @@ class Queue:
         Args:
             task: the handler's name, 1-200 characters of `[A-Za-z0-9_.:/-]`.
             payload: any JSON-serialisable value, at most `max_payload_bytes` encoded
-                (default 512 KiB).
+                (default 512 KiB). A typed task's dataclass or pydantic instance is refused
+                here (InvalidPayload): enqueue it with the task's handle, which checks it.
             delay_ms: run no earlier than this many ms from the Redis server's clock, in
                 [0, 3650 days]. Give `delay_ms` or `run_at`, not both; neither means now.
             run_at: an aware datetime in 1970..2200 UTC; a past one means due now.

@@ -18,18 +18,16 @@ from typing import Any
 from scheduler.core.backoff import Backoff
 from scheduler.core.backoff_text import backoff_text as backoff_text
 from scheduler.core.backoff_text import check_backoff as check_backoff
-from scheduler.core.backoff_text import parse_stored_backoff as parse_stored_backoff
 from scheduler.core.backoff_text import stored_backoff as stored_backoff
 from scheduler.core.claim_reply import CLAIM_FIELDS as CLAIM_FIELDS
 from scheduler.core.claim_reply import claim_args as claim_args
 from scheduler.core.claim_reply import parse_claim as parse_claim
-from scheduler.core.errors import BadArgument, InvalidPayload
+from scheduler.core.errors import BadArgument, InvalidPayload, not_json
 from scheduler.core.fail_reply import fail_args as fail_args
 from scheduler.core.fail_reply import parse_fail as parse_fail
 from scheduler.core.flow import check_flow, flow_field
 from scheduler.core.ids import new_job_id as new_job_id
 from scheduler.core.keys import check_new_job_id
-from scheduler.core.limits import DAY_MS as DAY_MS
 from scheduler.core.limits import DEFAULT_BACKOFF as DEFAULT_BACKOFF
 from scheduler.core.limits import FLOAT_LIMITS as FLOAT_LIMITS
 from scheduler.core.limits import IDEMPOTENCY_TTL_MS as IDEMPOTENCY_TTL_MS
@@ -61,7 +59,9 @@ def new_nonce() -> str:
 
 
 # One encoder for every call: json.dumps with options builds a new one each time (slow).
-_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+_JSON = json.JSONEncoder(
+    separators=(",", ":"), allow_nan=False, ensure_ascii=False, default=not_json
+)
 
 
 def encode_json(value: Any, what: str, limit: int) -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, NoReturn
 
 from redis.exceptions import (
     ClusterDownError,
@@ -37,6 +38,22 @@ def not_utf8(queue: str, exc: UnicodeDecodeError) -> UnreadableRecord:
 
 class InvalidPayload(BadArgument):
     """The payload is not JSON-serialisable, or is larger than the limit."""
+
+
+def not_json(value: object) -> NoReturn:
+    """The JSON encoder's `default` (codec.encode_json), reached only for a value it cannot
+    encode: a dataclass or pydantic model, most often a typed task's payload enqueued by name,
+    is told how to fix it (the TypeError becomes InvalidPayload). Not converted silently: by
+    name the task's payload_type check would be skipped, and a result would read back a dict."""
+    kind = type(value).__name__
+    handle = "or enqueue a typed task's payload with the task's handle: task.enqueue(q, value)"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        raise TypeError(
+            f"{kind} is a dataclass, not JSON: pass dataclasses.asdict(value), {handle}"
+        )
+    if callable(getattr(value, "model_dump", None)) and not isinstance(value, type):
+        raise TypeError(f"{kind} is a pydantic model: pass value.model_dump(mode='json'), {handle}")
+    raise TypeError(f"Object of type {kind} is not JSON serializable")  # json's own words
 
 
 class JobNotFound(SchedulerError, KeyError):

@@ -1,0 +1,115 @@
+"""A typed task's payload (a dataclass, a pydantic model) enqueued by name is refused at the
+producer boundary with InvalidPayload saying how to fix it, writing nothing: sync, async, bulk,
+partitioned and schedule paths. It is not converted silently (errors.not_json says why)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pydantic
+import pytest
+import redis
+
+from scheduler import AsyncQueue, InvalidPayload, JobContext, JobSpec, Queue, Registry
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.core.connection import connect_async
+from tests.conftest import delete_queue, dump_queue
+
+
+@dataclasses.dataclass
+class EmailArgs:
+    to: str
+
+
+class EmailModel(pydantic.BaseModel):
+    to: str
+
+
+registry = Registry()
+
+
+@registry.task("send_email", payload_type=EmailArgs)
+def send_email(payload: EmailArgs, ctx: JobContext) -> None:
+    pass
+
+
+HINTS = ("EmailArgs is a dataclass", "dataclasses.asdict(value)", "task.enqueue(q, value)")
+
+BY_NAME: dict[str, Callable[[Queue], Any]] = {
+    "enqueue": lambda q: q.enqueue("send_email", EmailArgs(to="a@b")),
+    "nested": lambda q: q.enqueue("send_email", {"args": [EmailArgs(to="a@b")]}),
+    "enqueue_many": lambda q: q.enqueue_many(
+        [JobSpec("send_email", {"to": "ok@b"}), JobSpec("send_email", EmailArgs(to="a@b"))]
+    ),
+    "schedule": lambda q: q.schedule("mail", "send_email", EmailArgs(to="a@b"), every_ms=60_000),
+}
+
+
+@pytest.mark.parametrize("call", BY_NAME.values(), ids=BY_NAME.keys())
+def test_a_dataclass_by_name_is_refused_with_the_fix(
+    q: Queue, client: redis.Redis, call: Callable[[Queue], Any]
+) -> None:
+    before = dump_queue(client, q)
+    with pytest.raises(InvalidPayload) as err:
+        call(q)
+    assert all(hint in str(err.value) for hint in HINTS), str(err.value)
+    assert dump_queue(client, q) == before  # nothing written, the good job of the batch neither
+
+
+def test_the_async_paths_refuse_it_too(redis_url: str, q: Queue, client: redis.Redis) -> None:
+    async def main() -> list[str]:
+        aq = AsyncQueue(connect_async(redis_url), q.name)
+        messages = []
+        try:
+            for call in (
+                aq.enqueue("send_email", EmailArgs(to="a@b")),
+                aq.enqueue_many([JobSpec("t"), JobSpec("send_email", EmailArgs(to="a@b"))]),
+            ):
+                try:
+                    await call
+                except InvalidPayload as exc:
+                    messages.append(str(exc))
+        finally:
+            await aq.aclose()
+        return messages
+
+    messages = asyncio.run(main())
+    assert len(messages) == 2 and all("dataclasses.asdict(value)" in m for m in messages)
+    assert dump_queue(client, q) == {}
+
+
+@pytest.fixture
+def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
+    p = PartitionedQueue.create(client, queue_name, partitions=2)
+    yield p
+    for part in p.parts:
+        delete_queue(client, part)
+    client.delete(f"sched:{{{queue_name}}}:partitions")
+
+
+def test_a_partitioned_queue_refuses_it(pq: PartitionedQueue) -> None:
+    with pytest.raises(InvalidPayload, match=r"dataclasses\.asdict"):
+        pq.enqueue("send_email", EmailArgs(to="a@b"))
+    assert sum(part.counts().due for part in pq.parts) == 0
+
+
+def test_a_pydantic_model_is_told_model_dump(q: Queue) -> None:
+    with pytest.raises(InvalidPayload, match=r"EmailModel is a pydantic model.*model_dump"):
+        q.enqueue("send_email", EmailModel(to="a@b"))
+    assert q.counts().due == 0
+
+
+def test_the_fixes_it_names_work(q: Queue) -> None:
+    by_name = q.enqueue("send_email", dataclasses.asdict(EmailArgs(to="a@b")))
+    by_handle = send_email.enqueue(q, EmailArgs(to="a@b"))
+    assert q.get_job(by_name).payload() == q.get_job(by_handle).payload() == {"to": "a@b"}
+
+
+def test_other_values_keep_jsons_own_message(q: Queue) -> None:
+    with pytest.raises(InvalidPayload, match="Object of type set is not JSON serializable"):
+        q.enqueue("t", {1, 2})
+    with pytest.raises(InvalidPayload, match="Object of type type is not JSON serializable"):
+        q.enqueue("t", EmailArgs)  # the class, not an instance
