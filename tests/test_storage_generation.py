@@ -72,6 +72,7 @@ _CALLS: dict[str, Callable[[Queue, Held], Any]] = {
     "pause_schedule": lambda q, h: q.pause_schedule("s1"),
     "resume_schedule": lambda q, h: q.resume_schedule("s1"),
     "remove_schedule": lambda q, h: q.remove_schedule("s1"),
+    "run_schedule_now": lambda q, h: q.run_schedule_now("s1"),
 }
 
 

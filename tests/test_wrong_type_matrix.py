@@ -174,6 +174,7 @@ OPS: dict[str, Callable[[World], Any]] = {
     "pause": lambda w: w.q.pause_schedule("s"),
     "resume": lambda w: w.q.resume_schedule("s"),
     "remove": lambda w: w.q.remove_schedule("s"),
+    "run_schedule": lambda w: w.q.run_schedule_now("s"),
     "queue_pause": lambda w: w.q.pause(),
     "queue_resume": _queue_resume,
     "reschedule_due": lambda w: w.q.reschedule(w.ids["d"], delay_ms=HOUR_MS),

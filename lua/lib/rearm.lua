@@ -25,6 +25,39 @@
 
 -- Placing occurrences: insert, place under the misfire policy, unpend, re-arm at claim, end.
 
+-- Write job `id` of schedule `h`, due at `run_at`, as every run of a schedule is written: a
+-- hash (no spec record) with the schedule's task, payload, max_attempts, backoff, timeout_ms
+-- and flow options, its `schedule` field naming it; into due. `slot`: the occurrence's slot
+-- (`slot_ms`), nil for a run now (schedule_run.lua: one extra run, no slot of the schedule).
+-- The caller checked that due is a ZSET and that `id` is free. Returns whether it is due before
+-- every job that waited (the caller wakes idle workers then).
+local function sched_job(prefix, h, id, run_at, slot, now)
+  local jk = job_key(prefix, id)
+  local due = prefix .. 'due'
+  local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+  local fields = { 'task', h.task, 'payload', h.payload, 'state', 'due',
+    'run_at_ms', fmt(run_at), 'enqueued_ms', fmt(now), 'attempts', 0,
+    'max_attempts', h.max_attempts, 'backoff', h.backoff, 'schedule', h.name }
+  if slot then
+    fields[#fields + 1] = 'slot_ms'
+    fields[#fields + 1] = fmt(slot)
+  end
+  if (parse_int(h.timeout_ms, 1, LIM.timeout_ms) or 0) > 0 then
+    fields[#fields + 1] = 'timeout_ms'
+    fields[#fields + 1] = h.timeout_ms
+  end
+  redis.call('HSET', jk, unpack(fields))
+  redis.call('ZADD', due, run_at, id)
+  -- The schedule's flow options go on each of its runs, so claim treats it like an enqueued
+  -- job with them: the priority index, key limits with hold, the rate window.
+  local f = flow_load(sched_key(prefix, h.name))
+  if flow_used(f) then
+    flow_store(jk, f)
+    flow_index(prefix, id, f.priority, run_at)
+  end
+  return not head[2] or run_at < tonumber(head[2])
+end
+
 -- Insert the occurrence for `slot` (idempotent on its id) and make it the pending one.
 local function sched_insert(prefix, h, slot, now)
   local id = occurrence_id(h.name, slot)
@@ -51,25 +84,7 @@ local function sched_insert(prefix, h, slot, now)
     jk = job_key(prefix, id)
   end
   if redis.call('EXISTS', jk) == 0 then
-    local run_at = slot + h.offset_ms
-    local due = prefix .. 'due'
-    local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
-    redis.call('HSET', jk, 'task', h.task, 'payload', h.payload, 'state', 'due',
-      'run_at_ms', fmt(run_at), 'enqueued_ms', fmt(now), 'attempts', 0,
-      'max_attempts', h.max_attempts, 'backoff', h.backoff, 'schedule', h.name,
-      'slot_ms', fmt(slot))
-    if (parse_int(h.timeout_ms, 1, LIM.timeout_ms) or 0) > 0 then
-      redis.call('HSET', jk, 'timeout_ms', h.timeout_ms)
-    end
-    redis.call('ZADD', due, run_at, id)
-    -- The schedule's flow options go on each occurrence, so claim treats it like an enqueued
-    -- job with them: the priority index, key limits with hold, the rate window.
-    local f = flow_load(sched_key(prefix, h.name))
-    if flow_used(f) then
-      flow_store(jk, f)
-      flow_index(prefix, id, f.priority, run_at)
-    end
-    if not head[2] or run_at < tonumber(head[2]) then wake(prefix .. 'wake') end
+    if sched_job(prefix, h, id, slot + h.offset_ms, slot, now) then wake(prefix .. 'wake') end
   end
   redis.call('HSET', sched_key(prefix, h.name), 'pending', id, 'cursor_ms', fmt(slot),
     'starved', '0')

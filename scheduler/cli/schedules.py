@@ -1,4 +1,5 @@
-"""`scheduler schedules list | add | pause | resume | remove`: operate recurring schedules.
+"""`scheduler schedules list | add | pause | resume | remove | run`: operate recurring
+schedules.
 
 The commands share cli.common's connection, error mapping, exit codes, unknown-queue refusal
 and JSON shape (a refused ACL command is one line and exit 5, not a traceback); schedule
@@ -34,7 +35,7 @@ from scheduler.cli.output import duration_option
 from scheduler.client.partitioned import PartitionedQueue, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
-from scheduler.core.errors import BadArgument
+from scheduler.core.errors import BadArgument, ScheduleNotFound
 from scheduler.core.safety import clean
 from scheduler.schedules.recurring import Schedule, check_schedule_name
 
@@ -112,7 +113,7 @@ def _act(action: str, url: str, queue: str, name: str, as_json: bool) -> None:
 def register(main: click.Group) -> None:
     @main.group("schedules", cls=AdminGroup, epilog=EXIT_CODES_HELP)
     def schedules() -> None:
-        """Recurring schedules: list, add (or redefine), pause, resume, remove."""
+        """Recurring schedules: list, add (or redefine), pause, resume, remove, run now."""
 
     @schedules.command("list")
     @_options
@@ -237,3 +238,25 @@ def register(main: click.Group) -> None:
     def remove_cmd(name: str, url: str, queue: str, as_json: bool) -> None:
         """Delete a schedule and its pending run."""
         _act("remove", url, queue, name, as_json)
+
+    @schedules.command("run")
+    @click.argument("name")
+    @_options
+    def run_cmd(name: str, url: str, queue: str, as_json: bool) -> None:
+        """Run a schedule once now, beside its own runs: one job due now with its task,
+        payload and options. Its next run, paused state and counters stay (a paused schedule
+        runs too). Prints the new job's id."""
+        check_schedule_name(name)  # bad input (exit 2) before the queue is looked up
+        q = _queue(url, queue)
+        try:
+            job_id = q.run_schedule_now(name)
+        except ScheduleNotFound:  # as pause / resume / remove answer it: exit 1
+            if as_json:
+                emit_json({"queue": queue, "schedule": name, "status": "missing"})
+            else:
+                click.echo(clean(f"{name}: missing"))
+            raise SystemExit(EXIT_FAILED) from None
+        if as_json:
+            emit_json({"queue": queue, "schedule": name, "status": "created", "job_id": job_id})
+        else:
+            click.echo(job_id)

@@ -249,6 +249,11 @@ class PartitionedQueue:
     def list_schedules(self) -> list[Schedule]:
         return sorted((s for p in self.parts for s in p.list_schedules()), key=lambda s: s.name)
 
+    def run_schedule_now(self, name: str, *, job_id: str | None = None) -> str:
+        """`Queue.run_schedule_now` in the schedule's partition, the new id tagged with it."""
+        k, job_id = self.layout.schedule_run(name, job_id)
+        return self.parts[k].run_schedule_now(name, job_id=job_id)
+
     # -- the whole queue: every partition ----------------------------------------------------
     def pause(self) -> str:
         """Queue.pause on every partition: 'paused' when any was not yet, else 'already'."""

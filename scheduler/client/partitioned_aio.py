@@ -201,6 +201,11 @@ class AsyncPartitionedQueue:
         found = [s for p in self.parts for s in await p.list_schedules()]
         return sorted(found, key=lambda s: s.name)
 
+    async def run_schedule_now(self, name: str, *, job_id: str | None = None) -> str:
+        """PartitionedQueue.run_schedule_now for asyncio."""
+        k, job_id = self.layout.schedule_run(name, job_id)
+        return await self.parts[k].run_schedule_now(name, job_id=job_id)
+
     async def pause(self) -> str:
         """PartitionedQueue.pause for asyncio."""
         return pause_word(await self._run_many([(p, p.ops.pause()) for p in self.parts]))

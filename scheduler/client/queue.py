@@ -651,26 +651,12 @@ class Queue:
                 was written.
             InvalidPayload: the payload is not JSON-serialisable or too large."""
         self._indexed = self._indexed or queue_index.add(self.client, (self.name,))
-        return self._run(
-            self.ops.schedule(
-                name,
-                task,
-                payload,
-                cron=cron,
-                every_ms=every_ms,
-                tz=tz,
-                jitter_ms=jitter_ms,
-                misfire=misfire,
-                max_attempts=max_attempts,
-                backoff=backoff,
-                timeout_ms=timeout_ms,
-                priority=priority,
-                concurrency_key=concurrency_key,
-                concurrency_limit=concurrency_limit,
-                rate_limit=rate_limit,
-                rate_key=rate_key,
-            )
-        )
+        return self._run(self.ops.schedule(
+            name, task, payload, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
+            misfire=misfire, max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms,
+            priority=priority, concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit, rate_limit=rate_limit, rate_key=rate_key,
+        ))  # fmt: skip
 
     def get_schedule(self, name: str) -> Schedule:
         """Read one schedule's definition and state.
@@ -682,7 +668,8 @@ class Queue:
             The `Schedule`.
 
         Raises:
-            BadArgument: a malformed name, or no schedule by that name."""
+            BadArgument: a malformed name.
+            ScheduleNotFound: no schedule by that name (a BadArgument)."""
         return self._run(self.ops.get_schedule(name))
 
     def list_schedules(self) -> list[Schedule]:
@@ -727,3 +714,27 @@ class Queue:
         Returns:
             `'removed'` | `'missing'`."""
         return self._run(self.ops.remove_schedule(name))
+
+    def run_schedule_now(self, name: str, *, job_id: str | None = None) -> str:
+        """Run a schedule once now, beside its own runs (an operator's "run now"): one job due
+        now with the schedule's task, payload and job options (max_attempts, backoff,
+        timeout_ms, priority, concurrency and rate limits), its `schedule` field naming the
+        schedule as its runs' do (`ClaimedJob.schedule`, `Job.fields`). The schedule is not
+        changed: its next run, its paused state and what it remembers stay (a paused schedule
+        runs now too, and stays paused). The job is one of its own: pausing or removing the
+        schedule leaves it (cancel it by id). Read and written in one atomic script: a
+        concurrent remove or redefinition comes wholly before or after it.
+
+        Args:
+            name: the schedule's name.
+            job_id: the new job's id (default: a new one); a job already there under this id
+                is left as it is and its id returned (a re-sent call creates nothing twice).
+
+        Returns:
+            The job's id.
+
+        Raises:
+            ScheduleNotFound: no schedule by that name; nothing was written.
+            BadArgument: a malformed name or job_id, or a stored definition that cannot be
+                read (edited by hand: define it again); nothing was written."""
+        return self._run(self.ops.run_schedule_now(name, job_id))

@@ -63,6 +63,14 @@ class JobNotFound(SchedulerError, KeyError):
         return str(self.args[0]) if self.args else "job not found"
 
 
+class ScheduleNotFound(BadArgument, KeyError):
+    """No recurring schedule by that name in the queue (get_schedule, run_schedule_now); nothing
+    was changed. A BadArgument, as get_schedule raised before."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "schedule not found"
+
+
 class LeaseRefused(SchedulerError):
     """The caller no longer holds the lease it names (complete / fail refused; nothing changed).
 

@@ -144,6 +144,19 @@ class Layout:
             raise BadArgument(f"invalid schedule name {name!r:.80}: a name is a str")
         return _hash("schedule:" + name) % self.n
 
+    def schedule_run(self, name: str, job_id: str | None) -> tuple[int, str]:
+        """(partition, job id) of a schedule's run now: the schedule's partition, and a new id
+        tagged with it, so the job's own calls find it; a caller's id must route there."""
+        k = self.partition_of_schedule(name)
+        if job_id is None:
+            return k, f"p{k}.{new_job_id()}"
+        if self.partition_of_id(job_id) != k:
+            raise BadArgument(
+                f"job_id {job_id!r} routes to another partition of {self.queue!r} than schedule "
+                f"{name!r} (p{k}): give an id tagged 'p{k}.'"
+            )
+        return k, job_id
+
     def route(
         self, key: str | None, job_id: str | None, spread: int, after: Any = None
     ) -> tuple[int, str]:

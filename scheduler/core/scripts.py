@@ -42,6 +42,7 @@ TRANSITIONS = (
     "schedule_resume",
     "schedule_remove",
     "schedule_refill",
+    "schedule_run",  # run a schedule once now, beside its slots
     "worker_beat",
     "repair",  # doctor --fix's entry to lib/job.lua's moves (lua/repair.lua)
     "dead_migrate",  # one bounded step of converting an old dead LIST (lib/job.lua)

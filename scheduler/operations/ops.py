@@ -6,6 +6,7 @@
 - inspecting.py: get_job, status, list, counts, cancel
 - dead_letters.py: dead_ids, requeue_dead, purge_dead
 - schedules.py: recurring schedules (define, pause, resume, remove, refill)
+- schedule_run.py: run a schedule once now, beside its slots
 - pausing.py: pause and resume the whole queue
 - rescheduling.py: move a waiting job's run time
 
@@ -28,13 +29,14 @@ from scheduler.operations.requests import (
     Settings,
 )
 from scheduler.operations.rescheduling import ReschedulingOps
+from scheduler.operations.schedule_run import ScheduleRunOps
 from scheduler.operations.schedules import ScheduleOps
 
 __all__ = ["Commands", "Op", "Ops", "Request", "Script", "ScriptPipeline", "Settings"]
 
 
 class Ops(
-    ProducingOps, LeasingOps, InspectingOps, DeadLetterOps, ScheduleOps, PausingOps,
-    ReschedulingOps,
+    ProducingOps, LeasingOps, InspectingOps, DeadLetterOps, ScheduleOps, ScheduleRunOps,
+    PausingOps, ReschedulingOps,
 ):  # fmt: skip
     """The operations of one queue. Holds no connection: see Queue and AsyncQueue."""

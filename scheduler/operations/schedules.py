@@ -10,7 +10,7 @@ from redis.exceptions import ResponseError
 
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
-from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError
+from scheduler.core.errors import BadArgument, CorruptKey, ScheduleNotFound, SchedulerError
 from scheduler.core.flow import check_flow, flow_field
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
@@ -120,13 +120,13 @@ def _resume_slots(name: str, f: Fields, now_ms: int) -> list[int]:
             f["cron"], f["tz"], now_ms - offset - 1, recurring.BUFFER_SLOTS
         )
     except _UNREADABLE as exc:
-        raise _unreadable(name, exc) from None
+        raise unreadable(name, exc) from None
     if not slots:
         raise BadArgument(f"schedule {name!r}: no time left before 2200-01-01 UTC")
     return slots
 
 
-def _unreadable(name: str, why: Exception | None = None) -> BadArgument:
+def unreadable(name: str, why: Exception | None = None) -> BadArgument:
     detail = f" ({type(why).__name__}: {str(why)[:120]})" if why else ""
     return BadArgument(
         f"schedule {name!r} definition unreadable{detail}: define it again (schedule()) or "
@@ -215,12 +215,12 @@ class ScheduleOps(OpsBase):
         return any(score is not None for score in scores)
 
     def get_schedule(self, name: str) -> Op[recurring.Schedule]:
-        """One schedule; BadArgument for a malformed name or when there is none."""
+        """One schedule; BadArgument for a malformed name, ScheduleNotFound if there is none."""
         recurring.check_schedule_name(name)
         (raw,) = yield Commands([("HGETALL", self.keys.schedule(name))])
         found = recurring.parse_schedule(name, {codec.s(k): codec.s(v) for k, v in raw.items()})
         if found is None:
-            raise BadArgument(f"no schedule {name!r} in queue {self.keys.queue!r}")
+            raise ScheduleNotFound(f"no schedule {name!r} in queue {self.keys.queue!r}")
         return found
 
     def list_schedules(self) -> Op[list[recurring.Schedule]]:
@@ -274,7 +274,7 @@ class ScheduleOps(OpsBase):
             except ResponseError as exc:
                 if not _wrong_type(exc):
                     raise
-                raise _unreadable(name, exc) from None
+                raise unreadable(name, exc) from None
             f = _fields(fields)
             if not f:
                 return "missing"
@@ -285,7 +285,7 @@ class ScheduleOps(OpsBase):
             args = [name, f.get("digest", ""), *map(str, slots)]
             status = codec.s((yield Script("schedule_resume", args))[0])
             if status == "unreadable":
-                raise _unreadable(name)
+                raise unreadable(name)
             if status != "stale":
                 return status
         return "stale"
