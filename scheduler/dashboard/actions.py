@@ -1,5 +1,5 @@
 """The actions (POST only): cancel, requeue or run now (reschedule to now) a job, pause /
-resume / remove a schedule, pause / resume a whole queue (a partitioned queue: every
+resume / remove / run now a schedule, pause / resume a whole queue (a partitioned queue: every
 partition). Each
 one first checks the read-only switch, the CSRF token and the Origin, so a refused request
 changes nothing; then redirects (303) to a page that names what was done, or that nothing was
@@ -13,8 +13,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from scheduler.core.errors import BadArgument, JobNotFound
+from scheduler.client.partitioned import read_layout
+from scheduler.core.errors import BadArgument, JobNotFound, ScheduleNotFound
+from scheduler.core.ids import new_job_id
 from scheduler.core.keys import check_job_id
+from scheduler.dashboard.logical import PARTITION_NAME
 from scheduler.dashboard.render import Renderer, notice_query
 from scheduler.dashboard.security import SESSION_COOKIE
 from scheduler.dashboard.store import Store
@@ -152,6 +155,8 @@ class Actions:
         verb = request.path_params["verb"]
         await self.form(request)
         q = self.store.queue(name)
+        if verb == "run":
+            return await self._run_schedule(request, name, check_schedule_name(sched))
         calls = {
             "pause": q.pause_schedule,
             "resume": q.resume_schedule,
@@ -159,12 +164,34 @@ class Actions:
         }
         call = calls.get(verb)
         if call is None:
-            raise BadArgument("the action must be pause, resume or remove")
+            raise BadArgument("the action must be pause, resume, remove or run")
         answer = await run_in_threadpool(call, check_schedule_name(sched))
         notice = SCHEDULE_NOTICES.get(answer)
         if notice is None:  # an answer this version does not know: claim nothing
             raise BadArgument(f"the schedule could not be {verb}d: the call answered {answer!r}")
         return self._back(request, "/schedules", notice)
+
+    async def _run_schedule(self, request: Request, name: str, sched: str) -> Response:
+        """Queue.run_schedule_now; to the new job's page, which says so."""
+
+        def run() -> str:
+            try:
+                return self.store.queue(name).run_schedule_now(sched, job_id=self._run_id(name))
+            except ScheduleNotFound:  # removed meanwhile (a stale page)
+                return ""
+
+        job_id = await run_in_threadpool(run)
+        if not job_id:
+            return self._back(request, "/schedules", "no-schedule")
+        return self._back(request, f"/queues/{name}/jobs/{job_id}", "ran-now")
+
+    def _run_id(self, name: str) -> str | None:
+        """In partition k of a partitioned queue, an id tagged `p<k>.` as PartitionedQueue
+        tags it, so the logical queue finds the job by its id; else None (the client's)."""
+        m = PARTITION_NAME.match(name)
+        layout = read_layout(self.store.client, m.group(1)) if m is not None else None
+        names = layout.names if layout is not None else ()
+        return f"p{names.index(name)}.{new_job_id()}" if name in names else None
 
     async def pause_queue(self, request: Request) -> Response:
         return await self._pause_or_resume(request, "pause")

@@ -125,6 +125,8 @@ NOTICES = {
     "already-paused": "Nothing changed: the schedule was already paused.",
     "not-paused": "Nothing changed: the schedule was not paused.",
     "no-schedule": "Nothing changed: there is no such schedule (removed meanwhile?).",
+    "ran-now": "Ran the schedule now: this job is its extra run, due now (the schedule's own"
+    " next run is unchanged); a worker takes it at its next claim.",
     "schedule-changed": "Nothing changed: the schedule was changed meanwhile; try again.",
     "queue-paused": "Paused the queue: workers claim none of its jobs until it is resumed.",
     "queue-already-paused": "Nothing changed: the queue was already paused.",
