@@ -9,7 +9,9 @@
   ARGV[16] flow ('' = none, else 'priority|ckey|climit|rkey|rate_count|rate_window_ms|' as
     enqueue's, without parents: scheduler/core/flow.py flow_field), stored on the schedule and
     given to every occurrence it inserts (lib/rearm.lua sched_insert)
-  ARGV[17..] cron only: the next slots (ms, ascending) after now - offset_ms, from the client
+  ARGV[17..] cron only: the next slots (ms, ascending) after now - offset_ms, from the client;
+    when the pending occurrence is due (kept, below), also the latest missed slots after it
+    (misfire_n + 1), so that its claim counts them for the misfire policy
   Returns: {status, pending id or ''}; status 'unchanged' (same digest and its pending
     occurrence still waits, in due or set aside by flow control: nothing written), 'repaired'
     (same digest, but its pending occurrence had gone, e.g. cancelled by hand), 'created' or

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 import redis
 
 from scheduler import Queue
@@ -111,3 +112,30 @@ def test_remove_then_add_again_does_not_run_a_slot_that_already_ran(
     again = pending_of(client, q, "hr")
     assert int(again.rsplit(":", 1)[1]) == 11 * HOUR_MS, again  # the next slot, not 10:00's
     assert client.exists(q.keys.prefix + "schedule_ran:hr") == 0  # read and deleted
+
+
+@pytest.mark.parametrize(
+    ("misfire", "ran_hours"),
+    [("catch_up:5", [11, 12, 13]), ("run_once", [13]), ("skip", [])],
+)
+def test_missed_cron_runs_follow_the_misfire_policy_across_a_redefinition(
+    tq: tuple[Queue, Clock], misfire: str, ran_hours: list[int]
+) -> None:
+    """As for an interval schedule above: the kept 11:00 run is late, the 12:00 and 13:00 runs
+    were missed after it, and its claim applies the misfire policy to the three. The new cron
+    definition's buffer started at now, so the claim saw no missed slot: the stale 11:00 run
+    ran alone under every policy (found by tests/test_schedule_model.py)."""
+    q, clock = tq
+    clock.set_ms(10 * HOUR_MS + 1)
+    q.schedule("hourly", "t", {"v": 1}, cron="0 * * * *", misfire=misfire)
+    clock.set_ms(13 * HOUR_MS + 10)  # the 11:00, 12:00 and 13:00 runs missed
+    assert q.schedule("hourly", "t", {"v": 2}, cron="0 * * * *", misfire=misfire) == "updated"
+    ran = []
+    for _ in range(5):
+        got = claim_ids(q)
+        if not got:
+            break
+        ran += got
+    assert [job_id.rsplit(":", 1)[1] for job_id, _ in ran] == [str(h * HOUR_MS) for h in ran_hours]
+    # Then the 14:00 run, of the new definition.
+    assert pending_of(client=q.client, q=q, name="hourly") == f"schedule:hourly:{14 * HOUR_MS}"

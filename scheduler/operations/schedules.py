@@ -183,13 +183,15 @@ class ScheduleOps(OpsBase):
             timeout_ms=timeout_ms,
         )
         d = dataclasses.replace(d, flow=flow_field(flow))
-        if (yield from self._unchanged(name, d.digest)):
+        stored: Fields = {}
+        if (yield from self._unchanged(name, d.digest, stored)):
             return "unchanged"
         counts = yield from self.counts()
-        reply = yield Script("schedule_upsert", d.upsert_args(d.first_slots(counts.now_ms)))
+        slots = d.first_slots(counts.now_ms, stored)
+        reply = yield Script("schedule_upsert", d.upsert_args(slots))
         return codec.s(reply[0])
 
-    def _unchanged(self, name: str, digest_now: str) -> Op[bool]:
+    def _unchanged(self, name: str, digest_now: str, stored: Fields) -> Op[bool]:
         """The shortcut of schedule(): the same definition, and its pending occurrence still
         waits (in due, or set aside by its concurrency key or rate window), so nothing is sent.
         A key of another type (a hand edit) is no answer: the script decides (lua/lib/rearm.lua
@@ -198,6 +200,7 @@ class ScheduleOps(OpsBase):
         try:
             (raw,) = yield Commands([("HGETALL", self.keys.schedule(name))])
             f = _fields(raw)
+            stored.update(f)  # for first_slots: a due pending run is kept
             if f.get("digest") != digest_now or recurring.unreadable_field(f):
                 return False
             if "1" in (f.get("paused", ""), f.get("starved", "")):

@@ -34,7 +34,7 @@ from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
 from scheduler.schedules.cron_slots import BUFFER_SLOTS as BUFFER_SLOTS
 from scheduler.schedules.cron_slots import MAX_CATCH_UP as MAX_CATCH_UP
-from scheduler.schedules.cron_slots import check_cron, zone_named
+from scheduler.schedules.cron_slots import check_cron, cron_slots_upto, zone_named
 from scheduler.schedules.cron_slots import cron_slots_after as cron_slots_after
 from scheduler.schedules.cron_slots import refill_requested as refill_requested
 from scheduler.schedules.cron_slots import refill_slots as refill_slots
@@ -125,14 +125,29 @@ class ScheduleDef:
         )
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def first_slots(self, now_ms: int) -> list[int]:
+    def first_slots(self, now_ms: int, stored: dict[str, str] | None = None) -> list[int]:
         """The buffer to store at upsert (empty for interval schedules); BadArgument when a
-        cron has no slot left before 2200 (cron_slots.py)."""
+        cron has no slot left before 2200 (cron_slots.py). `stored`: the schedule's hash read
+        before. A pending run already due is kept (lua/schedule_upsert.lua), and the slots
+        missed after it are this definition's: the buffer starts after its slot (the latest
+        misfire_n + 1 missed, as refill_slots), so that its claim counts them for the policy."""
         if self.kind != "cron":
             return []
         slots = cron_slots_after(self.cron, self.tz, now_ms - self.offset_ms - 1, BUFFER_SLOTS)
         if not slots:
             raise BadArgument(f"cron {self.cron!r} has no time left before 2200-01-01 UTC")
+        f = stored or {}
+        cursor, offset = codec.stored_int(f.get("cursor_ms")), codec.stored_int(f.get("offset_ms"))
+        if (
+            f.get("pending")
+            and cursor is not None
+            and offset is not None
+            and cursor + offset <= now_ms
+        ):
+            missed = cron_slots_upto(
+                self.cron, self.tz, now_ms - self.offset_ms, self.misfire_n + 1
+            )
+            slots = sorted({s for s in missed if s > cursor}.union(slots))
         return slots
 
     def upsert_args(self, slots: list[int]) -> list[str]:
