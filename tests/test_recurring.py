@@ -19,6 +19,7 @@ import redis
 from scheduler import AsyncQueue, BadArgument, JobSpec, Queue, StaleToken
 from scheduler.core.claim_reply import CLAIM_FIELDS
 from scheduler.core.connection import connect_async
+from scheduler.schedules.cron_slots import cron_slots_upto
 from scheduler.schedules.recurring import BUFFER_SLOTS, stable_offset_ms
 from tests.conftest import Clock, dump_queue
 
@@ -421,3 +422,22 @@ def test_cli_lists_pauses_resumes_removes(q: Queue, redis_url: str) -> None:
     assert run(main, ["schedules", "remove", "nightly", *base]).exit_code == 0
     assert run(main, ["schedules", "remove", "nightly", *base]).exit_code == 1
     assert run(main, ["schedules", "pause", "a:b", *base]).exit_code == 2
+
+
+def test_an_outage_ending_in_a_repeated_hour_runs_the_latest_missed_time(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """New York falls back at 06:00 UTC on 3 November 2030 (02:00 EDT -> 01:00 EST). Workers
+    back at 01:29 EST (the second pass of 01:xx), after an outage longer than the cron buffer:
+    the latest missed time is 01:55 EDT (05:55 UTC), not 01:25 (the latest by the wall clock's
+    01:29, which the refill took: it searched back from the wall time, so missed the rest of the
+    first pass). Found by tests/test_schedule_model.py."""
+    q, clock = tq
+    clock.set_ms(ms(2030, 11, 2, 18, 0) + 1)
+    q.schedule("ny", "t", cron="*/5 * * * *", tz="America/New_York", misfire="run_once")
+    done: Counter[str] = Counter()
+    work(q, clock, ms(2030, 11, 3, 6, 29, 43), done)  # 12.5 h: over the 64 buffered slots
+    assert [slot_of(i) for i in done] == [ms(2030, 11, 3, 5, 55)]
+    assert cron_slots_upto("*/5 * * * *", "America/New_York", ms(2030, 11, 3, 6, 29, 43), 3) == [
+        ms(2030, 11, 3, 5, m) for m in (45, 50, 55)
+    ]

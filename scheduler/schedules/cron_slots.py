@@ -51,10 +51,6 @@ def _to_ms(local: datetime, zone: ZoneInfo) -> int:
     return int(local.replace(tzinfo=zone, fold=0).timestamp() * 1000)
 
 
-def _local(ms: int, zone: ZoneInfo) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, zone).replace(tzinfo=None)
-
-
 # Every refill parses the expression again on the claiming worker's event loop: a 600 KB list
 # took 1.1 s a refill. The longest useful one (each minute listed) is under 200 characters.
 MAX_CRON_CHARS = 512
@@ -119,10 +115,12 @@ def cron_slots_after(expr: str, tz: str, after_ms: int, count: int) -> list[int]
 
 
 def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
-    """The latest `count` slots at or before `upto_ms`, ascending."""
+    """The latest `count` slots at or before `upto_ms`, ascending. In the second pass of a
+    repeated hour, back from the span's end: its wall times map to the first pass, all before
+    `upto_ms` (searched back from `upto_ms`'s own wall time, the rest of the pass was missed)."""
     _refuse_hashed(expr)
     zone = zone_named(tz)
-    it = croniter(expr, _local(upto_ms, zone) + timedelta(seconds=1))
+    it = croniter(expr, _search_start(upto_ms, zone) + timedelta(seconds=1))
     found: list[int] = []
     for _ in range(count * 4 + 1000):
         ms = _to_ms(it.get_prev(datetime), zone)
