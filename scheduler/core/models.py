@@ -49,7 +49,9 @@ class ClaimedJob:
         max_attempts: the job's attempt budget.
         task: the handler's name.
         payload_json: the payload as stored (JSON text); `payload()` decodes it.
-        run_at_ms: when the job became due (server ms).
+        run_at_ms: its run time (server ms): the enqueued or rescheduled one, or a failed
+            attempt's retry time. A release or a lapsed lease keeps it (the job is due again
+            at once, not at a new run time).
         claimed_ms: when this claim leased it (server ms).
         backoff: the job's retry delays.
         timeout_ms: how long one attempt may run; 0 = none of its own (the task's
