@@ -23,6 +23,7 @@ _BUILDERS = {
     "idem:<digest>": "'idem:'",
     "workers": "'workers'",
     "worker:<id>": "'worker:'",
+    "worker_stop:<id>": "'worker_stop:'",  # an operator's quiet / stop (admin/worker_stop.py)
     "dead:migrating": "'dead:migrating'",
     "config": "'config'",
     "partitions": "'partitions'",  # a partitioned queue's layout (lib/util.lua partitioned_err)

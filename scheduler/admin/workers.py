@@ -1,5 +1,6 @@
 """The live workers of a queue, as operators see them (`scheduler workers`, the doctor, the
-dashboard): read from the workers ZSET and each worker's presence hash. Nothing here writes."""
+dashboard): read from the workers ZSET, each worker's presence hash and the stop request an
+operator left for it (admin/worker_stop.py). Nothing here writes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import redis
 
 from scheduler.core.keys import QueueKeys
+from scheduler.core.vocabulary import STOP_VERBS
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,10 @@ class WorkerInfo:
     last_heartbeat_ms: int | None
     in_flight: int | None
     concurrency: int | None
+    # The stop it is carrying out ('quiet' | 'stop', read from its beat), and one asked of it
+    # that its next beat has yet to read (`scheduler workers quiet|stop`); None: neither.
+    stopping: str | None = None
+    stop_requested: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -61,10 +67,16 @@ def live_workers(
     pipe = client.pipeline(transaction=False)
     for wid, _ in members:
         pipe.hgetall(keys.worker(str(wid)))
-    hashes: list[dict[str, str]] = pipe.execute()
+        pipe.get(keys.worker_stop(str(wid)))
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    for reply in replies[0::2]:
+        if isinstance(reply, Exception):
+            raise reply  # a presence hash of another type: as before, the caller's error
+    # A request edited by hand into another type: no request (the worker reads none either).
+    asked = [r if r in STOP_VERBS else None for r in replies[1::2]]
     live: list[WorkerInfo] = []
     gone: list[str] = []
-    for (wid, seen), h in zip(members, hashes, strict=True):
+    for (wid, seen), h, request in zip(members, replies[0::2], asked, strict=True):
         if not h:
             gone.append(str(wid))
             continue
@@ -80,6 +92,8 @@ def live_workers(
                 last_heartbeat_ms=_opt_int(h.get("last_heartbeat_ms")),
                 in_flight=_opt_int(h.get("in_flight")),
                 concurrency=_opt_int(h.get("concurrency")),
+                stopping=h.get("stopping") if h.get("stopping") in STOP_VERBS else None,
+                stop_requested=request,
             )
         )
     return live, gone

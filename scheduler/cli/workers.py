@@ -1,5 +1,6 @@
-"""`scheduler workers`: the live worker processes of every queue (or of those named), read from
-each queue's presence records (scheduler/admin/workers.py)."""
+"""`scheduler workers` (`workers list`): the live worker processes of every queue (or of those
+named), read from each queue's presence records (scheduler/admin/workers.py); `workers quiet`
+and `workers stop` ask them to stop (cli/workers_stop.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from scheduler.admin.inspection import live_workers, server_now_ms
 from scheduler.cli.common import (
     EXIT_UNREACHABLE,
     AdminCommand,
+    AdminGroup,
+    BadInput,
     cell,
     connect,
     console,
@@ -26,6 +29,7 @@ from scheduler.cli.common import (
     resolve_queues,
     url_option,
 )
+from scheduler.cli.workers_stop import quiet_command, stop_command
 from scheduler.core.connection import UNREACHABLE, is_cluster
 from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import safe
@@ -33,14 +37,45 @@ from scheduler.core.safety import safe
 _WORKERS_TABLE_MIN_WIDTH = 120  # narrower: one block per worker, nothing cut to "…"
 
 
-@click.command("workers", cls=AdminCommand)
+class _WorkersGroup(AdminGroup, AdminCommand):
+    """A group whose own callback (`scheduler workers` alone lists) maps errors to exit codes
+    as a command's does (Group.invoke runs it through AdminCommand.invoke)."""
+
+
+@click.group("workers", cls=_WorkersGroup, invoke_without_command=True)
 @url_option
 @queues_option
 @json_option
-def workers_command(url: str, queues: tuple[str, ...], as_json: bool) -> None:
-    """Live worker processes: id, host, pid, queues, started, last heartbeat, jobs in flight.
-    A worker's record expires when it stops heart-beating, so a dead one drops out by itself.
-    On a cluster, a node that does not answer is named and the others' workers listed (exit 3)."""
+@click.pass_context
+def workers_command(ctx: click.Context, url: str, queues: tuple[str, ...], as_json: bool) -> None:
+    """Live worker processes (`scheduler workers` is `workers list`); `workers quiet` and
+    `workers stop` ask one to stop."""
+    if ctx.invoked_subcommand is None:
+        list_workers(url, queues, as_json)
+        return
+    given = [p for p in ("url", "queues", "as_json")
+             if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]  # fmt: skip
+    if given:  # they would be ignored: the subcommand has its own
+        raise BadInput(f"put the options after `workers {ctx.invoked_subcommand}`")
+
+
+@workers_command.command("list")
+@url_option
+@queues_option
+@json_option
+def list_command(url: str, queues: tuple[str, ...], as_json: bool) -> None:
+    """Live worker processes: id, host, pid, queues, started, last heartbeat, jobs in flight,
+    a stop under way or asked (`workers quiet|stop`). A worker's record expires when it stops
+    heart-beating, so a dead one drops out by itself. On a cluster, a node that does not
+    answer is named and the others' workers listed (exit 3)."""
+    list_workers(url, queues, as_json)
+
+
+workers_command.add_command(quiet_command)
+workers_command.add_command(stop_command)
+
+
+def list_workers(url: str, queues: tuple[str, ...], as_json: bool) -> None:
     client = connect(url)
     found: list[dict[str, Any]] = []
     gone: dict[str, list[str]] = {}
@@ -93,10 +128,19 @@ def _live_on(
     return found
 
 
+def stop_state(w: dict[str, Any]) -> str:
+    """The stop column: what the worker is carrying out ('quiet', 'stopping'), and a request
+    its next beat has yet to read ('stop asked')."""
+    doing = {"quiet": "quiet", "stop": "stopping"}.get(w.get("stopping") or "", "")
+    asked = f"{w['stop_requested']} asked" if w.get("stop_requested") else ""
+    return ", ".join(p for p in (doing, asked) if p) or "-"
+
+
 def _print(found: list[dict[str, Any]], gone: dict[str, list[str]], down: list[str],
            now_ms: int) -> None:  # fmt: skip
     t = Table(title="live workers")
-    for col in ("queue", "id", "host", "pid", "queues", "started", "last heartbeat", "in flight"):
+    for col in ("queue", "id", "host", "pid", "queues", "started", "last heartbeat", "in flight",
+                "stop"):  # fmt: skip
         t.add_column(col, no_wrap=col in ("queue", "id"))
     out = console()
     for w in found:
@@ -107,13 +151,17 @@ def _print(found: list[dict[str, Any]], gone: dict[str, list[str]], down: list[s
         last = f"{fmt_ms(now_ms - beat)} ago" if beat else "-"
         started = fmt_time(w["started_ms"])
         names = ",".join(w["queues"])
-        row = (w["queue"], w["id"], w["host"], str(w["pid"] or "-"), names, started, last, flight)
+        stop = stop_state(w)
+        row = (w["queue"], w["id"], w["host"], str(w["pid"] or "-"), names, started, last, flight,
+               stop)  # fmt: skip
         if out.width < _WORKERS_TABLE_MIN_WIDTH:
             # Eight columns at 80 would cut queues and times to "…": one block per worker.
             head = f"{w['id']}  on {w['queue']}  host {w['host']} pid {row[3]}"
             out.print(cell(head), style="bold")
             out.print(cell(f"  queues {names}  started {started}"))
             out.print(cell(f"  last heartbeat {last}  in flight {flight}"))
+            if stop != "-":
+                out.print(cell(f"  stop {stop}"))
         else:
             t.add_row(*(cell(v) for v in row))
     if not found:

@@ -170,6 +170,11 @@ class QueueKeys:
     def worker(self, worker_id: str) -> str:
         return self.prefix + "worker:" + worker_id
 
+    def worker_stop(self, worker_id: str) -> str:
+        """STRING 'quiet' | 'stop': an operator's request to that worker, until its next beat
+        reads it (lua/worker_beat.lua) or it expires (admin/worker_stop.py)."""
+        return self.prefix + "worker_stop:" + worker_id
+
     @property
     def test_clock(self) -> str:
         return self.prefix + "test:now_ms"

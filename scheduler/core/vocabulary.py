@@ -28,6 +28,11 @@ STAT_FIELDS = (
 # QueueCounts fields held_<reason>, the metric scheduler_queue_held_jobs{reason}, the dashboard.
 HELD_REASONS = ("key_limit", "rate_window", "waiting")
 
+# What an operator may ask of a running worker (`scheduler workers quiet|stop`, the dashboard;
+# lua/worker_beat.lua hands it over): `quiet` claims nothing more and stops once the jobs it
+# holds have ended; `stop` is a SIGTERM's stop (--grace, then the jobs still running released).
+STOP_VERBS = ("quiet", "stop")
+
 # Counter names stored before the vocabulary was unified: read as the new word, never written.
 LEGACY_STAT_FIELDS = {"complete": "done", "lease_expired": "expired"}
 

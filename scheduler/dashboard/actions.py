@@ -1,6 +1,6 @@
 """The actions (POST only): cancel, requeue or run now (reschedule to now) a job, pause /
 resume / remove / run now a schedule, pause / resume a whole queue (a partitioned queue: every
-partition). Each
+partition), quiet / stop a worker (admin/worker_stop.py). Each
 one first checks the read-only switch, the CSRF token and the Origin, so a refused request
 changes nothing; then redirects (303) to a page that names what was done, or that nothing was
 (the call's answer decides the notice, never the button pressed)."""
@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from scheduler.admin.worker_stop import WorkerNotFound, ask_stop
 from scheduler.client.partitioned import read_layout
 from scheduler.core.errors import BadArgument, JobNotFound, ScheduleNotFound
 from scheduler.core.ids import new_job_id
@@ -57,6 +58,9 @@ QUEUE_NOTICES = {
     "resumed": "queue-resumed",
     "active": "queue-not-paused",  # resume of a queue that was not paused
 }
+
+# What admin/worker_stop.ask_stop answered (and "gone": no live worker by that id) -> the notice.
+WORKER_NOTICES = {"pending": "worker-pending", "already": "worker-already", "gone": "worker-gone"}
 
 
 class ActionRefused(Exception):
@@ -216,3 +220,19 @@ class Actions:
         if notice is None:  # an answer this version does not know: claim nothing
             raise BadArgument(f"the queue could not be {verb}d: the call answered {answer!r}")
         return self._back(request, f"/queues/{name}", notice)
+
+    async def worker_stop(self, request: Request) -> Response:
+        """Quiet or stop one worker of the queue (the form's `worker` id): the request its next
+        beat reads, as `scheduler workers quiet|stop` writes it."""
+        name, verb = request.path_params["queue"], request.path_params["verb"]
+        worker_id = (await self.form(request)).get("worker")
+
+        def run() -> str:
+            parts = [q.keys for q in self.store.view(name).parts]
+            try:
+                return ask_stop(self.store.client, parts, worker_id, verb, queue=name)
+            except WorkerNotFound:  # stopped meanwhile (a stale page), or a forged id
+                return "gone"
+
+        answer = await run_in_threadpool(run)
+        return self._back(request, "/workers", WORKER_NOTICES.get(answer, f"worker-{verb}"))

@@ -147,6 +147,7 @@ def create_app(
         Route(q + "/dead/confirm", dead.confirm, methods=["POST"]),
         Route(q + "/dead/apply", dead.apply, methods=["POST"]),
         Route(q + "/schedules/{name}/{verb}", dead.schedule, methods=["POST"]),
+        Route(q + "/workers/{verb}", dead.worker_stop, methods=["POST"]),
         Route("/schedules", pages.schedules, name="schedules"),
         Route("/workers", pages.workers, name="workers"),
         Route("/health", pages.health, name="health"),

@@ -132,6 +132,13 @@ NOTICES = {
     "queue-already-paused": "Nothing changed: the queue was already paused.",
     "queue-resumed": "Resumed the queue: workers claim its jobs again.",
     "queue-not-paused": "Nothing changed: the queue was not paused.",
+    "worker-quiet": "Quiet requested: at its next beat the worker claims no more jobs; it stops"
+    " once the jobs it holds end.",
+    "worker-stop": "Stop requested: at its next beat the worker stops as on SIGTERM (its grace"
+    " period for the running jobs, then those left are released to run elsewhere).",
+    "worker-pending": "Nothing changed: a stop asked of the worker earlier is not read yet.",
+    "worker-already": "Nothing changed: the worker is stopping already.",
+    "worker-gone": "Nothing asked: no live worker by that id (it stopped meanwhile?).",
 }
 STATES = {"due", "scheduled", "leased", "done", "dead", "cancelled", "missing"}
 

@@ -21,6 +21,7 @@ from scheduler.worker.core import _Deadline, _within
 from scheduler.worker.dispatch import Dispatch
 from scheduler.worker.execution import Running
 from scheduler.worker.failures import STILL_RUNNING, STILL_RUNNING_TEXT
+from scheduler.worker.remote_stop import RemoteStop
 from scheduler.worker.reporting import Reporting
 from scheduler.worker.settings import (
     _LEASE_MARGIN_S,
@@ -28,8 +29,8 @@ from scheduler.worker.settings import (
 )
 
 
-class Heartbeats(Dispatch, Reporting):
-    """The heartbeat loop (leases, queue depth metrics) and the presence beat."""
+class Heartbeats(RemoteStop, Dispatch, Reporting):
+    """The heartbeat loop (leases, queue depth metrics) and the presence beat (+ quiet/stop)."""
 
     async def _heartbeat_loop(self) -> None:
         # For the worker's life: a process a handler forks never runs it (fork_guard.py).
@@ -283,6 +284,7 @@ class Heartbeats(Dispatch, Reporting):
                         ",".join(self.settings.queues),
                         str(len(self.running)),
                         str(self.settings.concurrency),
+                        self._asked,
                     ],
                 ),
             )
@@ -293,5 +295,6 @@ class Heartbeats(Dispatch, Reporting):
         for reply in await self._run_by_node(reqs, self._pipe.requests):
             if isinstance(reply, BaseException):
                 raise reply
+            self._stop_asked(reply)
         if not remove:  # once per process (the index lists queues without a SCAN)
             await queue_index.add_async(self.client, self.settings.queues)
