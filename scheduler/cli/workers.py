@@ -139,8 +139,10 @@ def stop_state(w: dict[str, Any]) -> str:
 def _print(found: list[dict[str, Any]], gone: dict[str, list[str]], down: list[str],
            now_ms: int) -> None:  # fmt: skip
     t = Table(title="live workers")
+    # The stop column only while a worker stops or is asked to: else the queues had its room.
+    stops = any(stop_state(w) != "-" for w in found)
     for col in ("queue", "id", "host", "pid", "queues", "started", "last heartbeat", "in flight",
-                "stop"):  # fmt: skip
+                *(("stop",) if stops else ())):  # fmt: skip
         t.add_column(col, no_wrap=col in ("queue", "id"))
     out = console()
     for w in found:
@@ -153,7 +155,7 @@ def _print(found: list[dict[str, Any]], gone: dict[str, list[str]], down: list[s
         names = ",".join(w["queues"])
         stop = stop_state(w)
         row = (w["queue"], w["id"], w["host"], str(w["pid"] or "-"), names, started, last, flight,
-               stop)  # fmt: skip
+               *((stop,) if stops else ()))  # fmt: skip
         if out.width < _WORKERS_TABLE_MIN_WIDTH:
             # Eight columns at 80 would cut queues and times to "…": one block per worker.
             head = f"{w['id']}  on {w['queue']}  host {w['host']} pid {row[3]}"
