@@ -6,22 +6,25 @@ worker_beat itself for the requests' own rules."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import fakeredis
 import pytest
 import redis
 from click.testing import CliRunner
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from scheduler import Queue
+from scheduler import Queue, Registry
 from scheduler.admin.inspection import live_workers
 from scheduler.admin.worker_stop import DEFAULT_STOP_TTL_MS, WorkerNotFound, ask_stop
 from scheduler.cli.main import main
 from scheduler.core.errors import BadArgument
 from scheduler.operations.requests import Script
-from scheduler.worker import EXIT_OK
+from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from tests.workers.basic import LEDGER
 from tests.workers.procs import SCHEDULER, spawn_worker, stop_all, wait_for
 
@@ -247,3 +250,30 @@ def test_the_cli_process_exit_code_of_an_unknown_worker(redis_url: str, q: Queue
         "Error: no live worker 'nope' on queue " + q.name + " (`scheduler workers` lists them): "
         "nothing asked"
     ]
+
+
+def test_a_request_read_is_acted_on_when_another_nodes_beat_failed() -> None:
+    """A worker on queues of several cluster nodes: a beat that fails on one node must not
+    drop the request another node's beat read (and deleted)."""
+
+    async def main() -> tuple[bool, str]:
+        client = fakeredis.FakeAsyncRedis()
+        worker = Worker(client, Registry(), WorkerSettings(queues=("a", "b")))
+        down = RedisConnectionError("node down")
+
+        async def replies(*_: object) -> list[object]:
+            return [down, ["1", "stop"]]
+
+        worker._run_by_node = replies  # type: ignore[method-assign,assignment]
+        with pytest.raises(RedisConnectionError):
+            await worker._beat_workers()
+        await client.aclose()
+        return worker._stop_claiming.is_set(), worker._asked
+
+    assert asyncio.run(main()) == (True, "stop")
+
+
+def test_the_groups_own_options_go_after_the_subcommand(redis_url: str, q: Queue) -> None:
+    beat(q, "w1")
+    code, out = cli(redis_url, "workers", "-q", q.name, "stop", "w1")
+    assert code == 2 and "after `workers stop`" in out

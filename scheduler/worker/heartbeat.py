@@ -292,9 +292,9 @@ class Heartbeats(RemoteStop, Dispatch, Reporting):
         ]
         # Per node on a cluster (Reporting._run_by_node): a node that is down must not keep
         # this worker's entry on the healthy ones from being refreshed (it expires).
-        for reply in await self._run_by_node(reqs, self._pipe.requests):
-            if isinstance(reply, BaseException):
-                raise reply
-            self._stop_asked(reply)
+        replies = await self._run_by_node(reqs, self._pipe.requests)
+        # A request read was deleted: acted on even when another node's beat failed.
+        if errors := self._stop_asked(replies):
+            raise errors[0]
         if not remove:  # once per process (the index lists queues without a SCAN)
             await queue_index.add_async(self.client, self.settings.queues)

@@ -29,10 +29,15 @@ class RemoteStop(SelfStop):
 
     _asked = ""  # the stop under way ('' | 'quiet' | 'stop'), sent back with each beat
 
-    def _stop_asked(self, reply: Any) -> None:
-        """Act on a worker_beat reply's request (once per verb; a quiet after a stop is
-        nothing more)."""
-        verb = request_of(reply)
+    def _stop_asked(self, replies: list[Any]) -> list[BaseException]:
+        """Act on the request of a presence beat's replies (one per queue); the errors among
+        them, for the caller to raise."""
+        for verb in map(request_of, replies):
+            self._act(verb)
+        return [r for r in replies if isinstance(r, BaseException)]
+
+    def _act(self, verb: str) -> None:
+        """Once per verb; a quiet after a stop is nothing more."""
         if not verb or verb == self._asked or self._asked == "stop":
             return
         self._asked = verb
