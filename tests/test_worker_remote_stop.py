@@ -277,3 +277,12 @@ def test_the_groups_own_options_go_after_the_subcommand(redis_url: str, q: Queue
     beat(q, "w1")
     code, out = cli(redis_url, "workers", "-q", q.name, "stop", "w1")
     assert code == 2 and "after `workers stop`" in out
+
+
+def test_scheduler_keys_counts_the_requests(redis_url: str, client: redis.Redis, q: Queue) -> None:
+    beat(q, "w1")
+    ask_stop(client, [q.keys], "w1", "stop")
+    code, out = cli(redis_url, "keys", "-q", q.name, "--json")
+    assert code == 0, out
+    counts = {f["pattern"]: f["count"] for f in json.loads(out)["families"]}
+    assert counts[q.keys.prefix + "worker_stop:*"] == 1

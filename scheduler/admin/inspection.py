@@ -240,6 +240,7 @@ _FAMILIES = (
     ("idem:", "STRING idempotency key digest -> job id [last debounced call ids]"),
     ("claim:", "STRING claim replay answers (kept one lease)"),
     ("worker:", "HASH one per live worker (expires when it stops)"),
+    ("worker_stop:", "STRING a quiet / stop asked of a worker, until its next beat (expires)"),
     ("schedule:", "HASH one per recurring schedule"),
 )
 
