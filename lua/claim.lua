@@ -23,9 +23,11 @@
     changes nothing.
   Side effects: attempts is counted here, at claim; a job whose attempts are used up is parked
     with reason 'lease expired' (lapsed) or 'attempts exhausted', one past its start deadline
-    (lib/job.lua spec_flags) with 'start deadline passed'; a job hash that cannot be read
-    (edited by hand) is parked alone with reason 'invalid job: <field>': every field the reply
-    carries is checked first (read_claimable), so the reply only holds values a client parses.
+    (lib/job.lua spec_flags; a schedule's run: its hash's start_by_ms, checked after the
+    misfire policy, lib/rearm.lua sched_job) with 'start deadline passed'; a job hash that
+    cannot be read (edited by hand) is parked alone with reason 'invalid job: <field>': every
+    field the reply carries is checked first (read_claimable), so the reply only holds values
+    a client parses.
     A job never claimed is its spec record alone (lib/job.lua): its first claim creates the
     hash with the lease, task, run_at_ms, enqueued_ms and a max_attempts other than 5; the
     payload, backoff, timeout_ms and the default max_attempts stay in the spec. A record
@@ -71,7 +73,7 @@ if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT wor
 -- schedule, state, token, settled_token, settled, settled_log}, or nil and a dead reason.
 local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
   'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log',
-  'priority', 'ckey', 'rkey', 'lapses' }
+  'priority', 'ckey', 'rkey', 'lapses', 'start_by_ms' }
 -- Most jobs of a call share one task name, backoff text and timeout: each distinct one is
 -- checked once per call (as enqueue.lua does).
 local task_seen, backoff_seen, timeout_seen = {}, {}, {}
@@ -80,7 +82,7 @@ local function read_claimable(id, jk, run_at_s)
   -- a 17-field HMGET of nothing; a job with a hash (a retry, a flow job, a schedule's
   -- occurrence) pays the EXISTS on top (~1%). f then reads as that HMGET's reply would.
   local f = { false, false, false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false, false }  -- #READ falses (a constructor: no rehashing)
+    false, false, false, false, false, false, false, false }  -- #READ falses (no rehashing)
   if redis.call('EXISTS', jk) == 1 then
     f = redis.pcall('HMGET', jk, unpack(READ))
     if f.err then return nil, 'invalid job: not a hash' end
@@ -122,6 +124,9 @@ local function read_claimable(id, jk, run_at_s)
     schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
     settled_log = f[14], fresh = fresh, first = first, spec = sp,
     lapses = parse_int(f[18], 0, LIM.fence) or 0 }  -- advisory: a hand edit reads as 0
+  -- A schedule's run keeps its start deadline in its hash (lib/rearm.lua sched_job), not in
+  -- spec flags; a hand edit that is no time reads as none.
+  if f[19] then r.start_by = parse_int(f[19], 0, LIM.time_ms) end
   -- Flow fields are advisory: one edited by hand reads as unset (lib/flow.lua). A plain job
   -- has none of the three, and its flow is read no further; a flow job reads only the limits
   -- its key or rate window needs (flow_rest): the plain path's HMGET stays as it was.
@@ -367,6 +372,11 @@ if limit > 0 then
         return 'gone'
       end
     end
+    -- A schedule's run past its start deadline (its hash's start_by_ms: the schedule's
+    -- start_within_ms) is parked as an enqueued job's is. After the misfire policy: a run the
+    -- policy drops after an outage stays a misfire skip, and the next run is armed already
+    -- (sched_rearm above), so the schedule goes on.
+    if r.start_by and now > r.start_by then return drop(id, jk, 'start deadline passed', r) end
     -- Leased below: the worker's one suspect (one set aside, parked or dropped above is not).
     if r.lapses >= 2 then suspect_taken = id end
     local attempts = r.attempts + 1

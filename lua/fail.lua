@@ -8,9 +8,10 @@
   ARGV[8] delay_ms   '' = the job's own backoff; else this delay
   Backoff: min(cap, base * factor ^ (attempts - 1)) * (1 - jitter * u), scheduled from server
     time (attempts is already counted at claim). Parks when attempts >= max_attempts, or when
-    the retry would start after the job's start deadline (lib/job.lua spec_flags); a park
-    pushes the result wake-up (lib/result.lua). A park the queue's dead retention deletes at
-    once (lib/job.lua dead_trim) leaves no key of the job (a re-sent call answers 'missing').
+    the retry would start after the job's start deadline (lib/job.lua spec_flags; a
+    schedule's run: its hash's start_by_ms); a park pushes the result wake-up
+    (lib/result.lua). A park the queue's dead retention deletes at once (lib/job.lua
+    dead_trim) leaves no key of the job (a re-sent call answers 'missing').
   Returns: {status, run_at_ms or dead reason}; status is 'retry' | 'dead' | 'stale' |
     'cancelled' | 'missing'. A re-sent call with the same token gives the same answer.
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | dead | dead:migrating is not a zset
@@ -35,9 +36,9 @@ if ARGV[8] ~= '' then
   delay_override = d
 end
 local now = now_ms()
--- lease_check's fields, then what the settlement needs (f[6] .. f[11]): one HMGET of the job.
+-- lease_check's fields, then what the settlement needs (f[6] .. f[12]): one HMGET of the job.
 local READ = { 'token', 'state', 'settled_token', 'settled', 'settled_log',
-  'attempts', 'max_attempts', 'backoff', 'priority', 'ckey', 'rkey' }
+  'attempts', 'max_attempts', 'backoff', 'priority', 'ckey', 'rkey', 'start_by_ms' }
 local status, outcome, f = lease_check(prefix, id, token, READ)
 if status == 'settled' then
   local kind, detail = string.match(outcome or '', '^(%a+):(.*)$')
@@ -75,10 +76,10 @@ if not parks then
   run_at = now + delay
   -- A retry that could only start after the job's start deadline is parked now, not left to
   -- wait for a claim to park it then (claim's check stays the rule: lib/job.lua spec_flags).
-  if sp and sp.flags ~= '' and sp.flags ~= 'k' then
-    local _, deadline = spec_flags(sp.flags)
-    if deadline and run_at > deadline then parks, reason = true, 'start deadline passed' end
-  end
+  -- A schedule's run keeps its deadline in its hash (lib/rearm.lua sched_job).
+  local deadline = f[12] and parse_int(f[12], 0, LIM.time_ms)
+  if sp and sp.flags ~= '' and sp.flags ~= 'k' then deadline = select(2, spec_flags(sp.flags)) end
+  if deadline and run_at > deadline then parks, reason = true, 'start deadline passed' end
 end
 -- Before the first write, the sets this call writes that may have been edited into another
 -- type: due (the retry's ZADD, the park's ZREM) and, for a park, dead. leased needs no check:

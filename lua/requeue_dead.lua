@@ -41,8 +41,9 @@ for _, id in ipairs(dead) do
     -- lapsed twice (its handler since fixed) would run as a suspect, one per worker.
     local jk = job_key(prefix, id)
     redis.call('HSET', jk, 'state', 'due', 'attempts', 0, 'run_at_ms', fmt(now))
-    redis.call('HDEL', jk, 'dead_reason', 'dead_ms', 'lapses')
-    -- A person's "run it again": its start deadline, which may be what parked it, goes too.
+    -- A person's "run it again": its start deadline, which may be what parked it, goes too
+    -- (a schedule's run: start_by_ms in its hash; an enqueued job's: in its spec flags).
+    redis.call('HDEL', jk, 'dead_reason', 'dead_ms', 'lapses', 'start_by_ms')
     spec_move_deadline(prefix, id, nil)
     moved[#moved + 1] = id
   end

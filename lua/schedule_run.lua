@@ -1,6 +1,7 @@
 --[[ schedule_run: run a schedule once now, beside its slots (an operator's "run now"): one job
   due now with the schedule's task, payload, max_attempts, backoff, timeout_ms and flow options,
-  written as its occurrences are (lib/rearm.lua sched_job: a hash whose `schedule` field names
+  and, when the schedule has a start_within_ms, the start deadline now + that, written as its
+  occurrences are (lib/rearm.lua sched_job: a hash whose `schedule` field names
   it; no `slot_ms`: it is no slot of the schedule). The schedule is read and the job written in
   this one call, so a concurrent remove or redefinition comes wholly before or after it. The
   schedule itself is not written: its pending occurrence, next slot, paused flag and ran_ms stay

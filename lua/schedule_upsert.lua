@@ -9,7 +9,9 @@
   ARGV[16] flow ('' = none, else 'priority|ckey|climit|rkey|rate_count|rate_window_ms|' as
     enqueue's, without parents: scheduler/core/flow.py flow_field), stored on the schedule and
     given to every occurrence it inserts (lib/rearm.lua sched_insert)
-  ARGV[17..] cron only: the next slots (ms, ascending) after now - offset_ms, from the client;
+  ARGV[17] start_within_ms ('' or absent = none; else 1 .. LIM.delay_ms): stored on the schedule;
+    every occurrence it inserts gets the start deadline run_at + this (lib/rearm.lua sched_job)
+  ARGV[18..] cron only: the next slots (ms, ascending) after now - offset_ms, from the client;
     when the pending occurrence is due (kept, below), also the latest missed slots after it
     (misfire_n + 1), so that its claim counts them for the misfire policy
   Returns: {status, pending id or ''}; status 'unchanged' (same digest and its pending
@@ -55,8 +57,12 @@ end
 local flow, bad_flow = flow_arg(ARGV[16] or '')
 if flow == nil then return bad_flow end
 if flow.after then return redis.error_reply('BAD_ARGUMENT after= (schedules take no parents)') end
+local window = nil
+if (ARGV[17] or '') ~= '' then
+  window, err = int_arg(ARGV[17], 'start_within_ms', 1, LIM.delay_ms); if err then return err end
+end
 local slots
-slots, err = int_args(17, 'slot', 0, LIM.time_ms); if err then return err end
+slots, err = int_args(18, 'slot', 0, LIM.time_ms); if err then return err end
 if kind == 'cron' and #slots == 0 then return redis.error_reply('BAD_ARGUMENT slots=') end
 
 err = partitioned_err(prefix)
@@ -132,7 +138,8 @@ redis.call('HSET', sk, 'name', name, 'digest', digest, 'kind', kind, 'cron', ARG
   'task', ARGV[11], 'payload', ARGV[12], 'max_attempts', fmt(max_attempts),
   'backoff', ARGV[14], 'timeout_ms', fmt(timeout_ms),
   'paused', paused, 'pending', '', 'starved', '0', 'budget', 0, 'updated_ms', fmt(now))
-redis.call('HDEL', sk, 'cursor_ms', unpack(FLOW_READ))
+redis.call('HDEL', sk, 'cursor_ms', 'start_within_ms', unpack(FLOW_READ))
+if window then redis.call('HSET', sk, 'start_within_ms', fmt(window)) end
 flow_store(sk, flow)
 -- pcall: the schedules SET is an index for listing alone (list_schedules; no script reads it,
 -- a schedule is found by its hash). One edited into another type already lists nothing, so

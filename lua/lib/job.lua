@@ -271,6 +271,8 @@ local function pack_job(out, id, token, attempts, r)
     local _, deadline = spec_flags(sp.flags)
     if deadline then by = fmt(deadline) end
   end
+  -- A schedule's run: its hash's start_by_ms (claim.lua read_claimable).
+  if by == '' and r.start_by then by = fmt(r.start_by) end
   out[b + 11] = by
 end
 

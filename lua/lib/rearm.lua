@@ -14,8 +14,9 @@
 -- ran_ms (slot of the last due occurrence that left due by claim, park or cancel: no placing goes
 -- back to it, whatever the definition; kept by a redefinition), deferred_ms and deferrals (the
 -- pending slot whose claims waited for a refill, and how many times: sched_rearm), task,
--- payload, max_attempts, backoff, timeout_ms; and the flow fields of every occurrence
--- (priority, ckey, climit, rkey, rcount, rwindow: lib/flow.lua, read with flow_load).
+-- payload, max_attempts, backoff, timeout_ms, start_within_ms (each occurrence's start window,
+-- none when absent); and the flow fields of every occurrence (priority, ckey, climit, rkey,
+-- rcount, rwindow: lib/flow.lua, read with flow_load).
 
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -26,8 +27,9 @@
 -- Placing occurrences: insert, place under the misfire policy, unpend, re-arm at claim, end.
 
 -- Write job `id` of schedule `h`, due at `run_at`, as every run of a schedule is written: a
--- hash (no spec record) with the schedule's task, payload, max_attempts, backoff, timeout_ms
--- and flow options, its `schedule` field naming it; into due. `slot`: the occurrence's slot
+-- hash (no spec record) with the schedule's task, payload, max_attempts, backoff, timeout_ms,
+-- start deadline (start_by_ms = run_at + start_within_ms, when the schedule has one) and flow
+-- options, its `schedule` field naming it; into due. `slot`: the occurrence's slot
 -- (`slot_ms`), nil for a run now (schedule_run.lua: one extra run, no slot of the schedule).
 -- The caller checked that due is a ZSET and that `id` is free. Returns whether it is due before
 -- every job that waited (the caller wakes idle workers then).
@@ -45,6 +47,13 @@ local function sched_job(prefix, h, id, run_at, slot, now)
   if (parse_int(h.timeout_ms, 1, LIM.timeout_ms) or 0) > 0 then
     fields[#fields + 1] = 'timeout_ms'
     fields[#fields + 1] = h.timeout_ms
+  end
+  -- The schedule's start window makes this run's start deadline, as an enqueued job's
+  -- (enqueue.lua 'w'); a hash has no spec flags, so it is a field of its own: claim parks the
+  -- run, not starts it, after it (claim.lua).
+  if h.start_within_ms then
+    fields[#fields + 1] = 'start_by_ms'
+    fields[#fields + 1] = fmt(math.min(run_at + h.start_within_ms, LIM.time_ms))
   end
   redis.call('HSET', jk, unpack(fields))
   redis.call('ZADD', due, run_at, id)

@@ -14,7 +14,8 @@ local SCHED_DEFER_MOST = 50
 -- reads as it, so no refill computes more overdue slots than the policy allows.
 local SCHED_CATCH_UP_MAX = 1000
 local SCHED_FIELDS = { 'kind', 'every_ms', 'offset_ms', 'misfire_n', 'paused', 'pending',
-  'cursor_ms', 'task', 'payload', 'max_attempts', 'backoff', 'timeout_ms', 'ran_ms' }
+  'cursor_ms', 'task', 'payload', 'max_attempts', 'backoff', 'timeout_ms', 'ran_ms',
+  'start_within_ms' }
 
 local function sched_key(prefix, name) return prefix .. 'schedule:' .. name end
 local function sched_slots_key(prefix, name) return prefix .. 'schedule:' .. name .. ':slots' end
@@ -41,8 +42,12 @@ local function sched_load(prefix, name)
   h.offset_ms = parse_int(h.offset_ms or '0', 0, LIM.delay_ms)
   h.misfire_n = parse_int(h.misfire_n or '1', 0, LIM.attempts)
   h.cursor_ms = parse_int(h.cursor_ms or '0', 0, LIM.time_ms)
+  -- Each occurrence's start window (schedule_upsert's start_within_ms); none when absent (a
+  -- schedule defined before it existed), unreadable when edited into anything else.
+  local window = h.start_within_ms
+  h.start_within_ms = window and parse_int(window, 1, LIM.delay_ms)
   if h.every_ms == nil or h.offset_ms == nil or h.misfire_n == nil or h.cursor_ms == nil
-    or (h.kind == 'every' and h.every_ms < 1) then
+    or (h.kind == 'every' and h.every_ms < 1) or (window and not h.start_within_ms) then
     return nil
   end
   h.misfire_n = math.min(h.misfire_n, SCHED_CATCH_UP_MAX)

@@ -19,6 +19,7 @@ from scheduler.cli.common import (
     EXIT_FAILED,
     AdminGroup,
     BadInput,
+    Duration,
     backoff_option,
     connect,
     decoded_payload,
@@ -85,7 +86,11 @@ def _line(s: Schedule) -> str:
     state = "paused" if s.paused else f"next {fmt_time(s.next_run_ms)}{_local(s)}"
     if s.unreadable:  # the scripts read it as absent: nothing arms its runs
         state = f"UNREADABLE {s.unreadable} (edited by hand?): runs stopped, see doctor"
-    return clean(f"{s.name}  {s.task}  {rule}  jitter+{s.offset_ms}ms  {s.misfire}  {state}")
+    # The start window only when set: a schedule without one lists as before.
+    window = "" if s.start_within_ms is None else f"  start-within {s.start_within_ms}ms"
+    return clean(
+        f"{s.name}  {s.task}  {rule}  jitter+{s.offset_ms}ms  {s.misfire}{window}  {state}"
+    )
 
 
 def schedule_json(s: Schedule) -> dict[str, Any]:
@@ -149,6 +154,13 @@ def register(main: click.Group) -> None:
         show_default=True,
         help="Runs missed while nothing ran: skip | run_once | catch_up:N.",
     )
+    @click.option(
+        "--start-within",
+        "start_within_ms",
+        type=Duration(),
+        help="Start each run within this long of its run time or not at all (parked: start "
+        "deadline passed); the next run still comes.",
+    )
     @click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
     @timeout_option
     @backoff_option
@@ -169,6 +181,7 @@ def register(main: click.Group) -> None:
         payload: str,
         jitter_ms: int,
         misfire: str,
+        start_within_ms: int | None,
         max_attempts: int,
         timeout_ms: int,
         backoff: Backoff | None,
@@ -206,6 +219,7 @@ def register(main: click.Group) -> None:
                 concurrency_limit=concurrency_limit,
                 rate_limit=rate_limit,
                 rate_key=rate_key,
+                start_within_ms=start_within_ms,
             )
         except BadArgument as exc:
             # croniter accepts '0 9 30 2 *' but finds no date: say so, not "malformed".

@@ -597,6 +597,7 @@ class AsyncQueue:
         concurrency_limit: int | None = None,
         rate_limit: Any = None,
         rate_key: str | None = None,
+        start_within_ms: int | None = None,
     ) -> str:
         """Create or redefine the recurring schedule `name` (idempotent: the same definition
         again writes nothing, so calling it at every start-up is safe).
@@ -623,6 +624,12 @@ class AsyncQueue:
             concurrency_limit: as for `enqueue`.
             rate_limit: as for `enqueue`: at most N claims of `rate_key` per window.
             rate_key: as for `enqueue` (default: the task name).
+            start_within_ms: as for `enqueue`, for every occurrence: it starts within this
+                many ms of its run time (its slot + jitter offset; a run now's: now), in
+                [1 ms, 3650 days], or not at all: parked as dead ('start deadline passed'),
+                and the schedule's next run is armed as usual (docs/guide/schedules.md).
+                None (the default): no start deadline. A changed value is a changed
+                definition; a run already due and kept by a redefinition keeps its own.
 
         Returns:
             `'created'` | `'updated'` | `'unchanged'` | `'repaired'`.
@@ -650,6 +657,7 @@ class AsyncQueue:
                 concurrency_limit=concurrency_limit,
                 rate_limit=rate_limit,
                 rate_key=rate_key,
+                start_within_ms=start_within_ms,
             )
         )
 

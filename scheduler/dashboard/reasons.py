@@ -77,7 +77,8 @@ def why_not_running(job: Job, now_ms: int, live_workers: int) -> list[Reason]:
     if state == JobState.DEAD:
         why = job.dead_reason or "unknown"
         if why == "start deadline passed":
-            text = "it was not started by its start deadline (enqueue start_within_ms)"
+            src = "its schedule's" if job.fields.get("schedule") else "enqueue"
+            text = f"it was not started by its start deadline ({src} start_within_ms)"
             return [Reason("start-deadline", f"{text}: requeue it to run it anyway")]
         if m := _PARENT.fullmatch(why):
             text = f"parked because its parent job {m.group(2)} ended {m.group(1)}"

@@ -156,10 +156,11 @@ class ScheduleOps(OpsBase):
         concurrency_limit: int | None = None,
         rate_limit: Any = None,
         rate_key: str | None = None,
+        start_within_ms: int | None = None,
     ) -> Op[str]:
         """Create or redefine a schedule by name; returns 'created' | 'updated' | 'unchanged'
         | 'repaired'. The same definition again writes nothing (safe at every start-up). The
-        flow options (core/flow.py, checked before anything is sent) go on every occurrence."""
+        flow options (core/flow.py) and start window, checked first, go on every occurrence."""
         flow = check_flow(
             task,
             priority=priority,
@@ -181,6 +182,7 @@ class ScheduleOps(OpsBase):
             max_attempts=max_attempts,
             backoff=backoff,
             timeout_ms=timeout_ms,
+            start_within_ms=start_within_ms,
         )
         d = dataclasses.replace(d, flow=flow_field(flow))
         stored: Fields = {}

@@ -93,6 +93,8 @@ class ScheduleDef:
     timeout_ms: int
     # Every occurrence's flow options: core/flow.py flow_field text, no parents ('' = none).
     flow: str = ""
+    # Every occurrence's start window: no run starts after its run time + this (None = none).
+    start_within_ms: int | None = None
 
     @property
     def misfire_n(self) -> int:
@@ -120,6 +122,8 @@ class ScheduleDef:
                 self.timeout_ms,
                 # Only when set: a schedule without flow options keeps its digest of before.
                 *([self.flow] if self.flow else []),
+                # So with the start window (an object: never equal to a flow text).
+                *([{"start_within_ms": self.start_within_ms}] if self.start_within_ms else []),
             ],
             separators=(",", ":"),
         )
@@ -168,6 +172,7 @@ class ScheduleDef:
             self.backoff,
             str(self.timeout_ms),
             self.flow,
+            "" if self.start_within_ms is None else str(self.start_within_ms),
             *map(str, slots),
         ]
 
@@ -202,9 +207,12 @@ def define(
     max_attempts: int,
     backoff: Backoff | None,
     timeout_ms: int,
+    start_within_ms: int | None = None,
 ) -> ScheduleDef:
     """Check everything; raise BadArgument before anything is sent."""
     check_schedule_name(name)
+    if start_within_ms is not None:
+        _int(start_within_ms, "start_within_ms")  # as enqueue's: 1 ms .. 3650 days
     if not isinstance(task, str) or not codec.TASK_RE.fullmatch(task):
         raise BadArgument(f"invalid task name {task!r}: use 1-200 of A-Z a-z 0-9 _ . : / -")
     if (cron is None) == (every_ms is None):
@@ -234,6 +242,7 @@ def define(
             max_attempts,
             backoff_text,
             timeout_ms,
+            start_within_ms=start_within_ms,
         )
     zone_name = "UTC" if tz is None else tz
     zone_named(zone_name)
@@ -258,4 +267,5 @@ def define(
         max_attempts,
         backoff_text,
         timeout_ms,
+        start_within_ms=start_within_ms,
     )

@@ -37,6 +37,9 @@ class Schedule:
     concurrency_limit: int = 0
     rate_limit: str = ""  # 'N/<window_ms>ms', as RateLimit.text() writes it
     rate_key: str = ""
+    # Each run's start window (ms): it starts by its run time + this, or is parked as dead
+    # ('start deadline passed'); None = none (a schedule defined before it existed too).
+    start_within_ms: int | None = None
     # The first field the scripts cannot read ('' = none): such a schedule is treated as
     # absent (lua/lib/schedule.lua sched_load), so its runs stop until it is defined again.
     unreadable: str = ""
@@ -68,6 +71,7 @@ class Schedule:
             "concurrency_limit": self.concurrency_limit,
             "rate_limit": self.rate_limit,
             "rate_key": self.rate_key,
+            "start_within_ms": self.start_within_ms,
             "unreadable": self.unreadable,
         }
 
@@ -99,6 +103,11 @@ def unreadable_field(f: dict[str, str]) -> str:
             codec.stored_int(f.get("cursor_ms", "0"), 0, lim["run_at_ms"][1]) is not None,
         ),
         ("every_ms", f.get("kind") != "every" or (codec.stored_int(f.get("every_ms")) or 0) >= 1),
+        (
+            "start_within_ms",
+            "start_within_ms" not in f
+            or codec.stored_int_in(f["start_within_ms"], "start_within_ms") is not None,
+        ),
     )
     return next((name for name, ok in checks if not ok), "")
 
@@ -130,5 +139,6 @@ def parse_schedule(name: str, fields: dict[str, str]) -> Schedule | None:
         concurrency_limit=_opt_int(fields.get("climit")) or 0,
         rate_limit=_rate_text(fields),
         rate_key=fields.get("rkey", ""),
+        start_within_ms=codec.stored_int_in(fields.get("start_within_ms"), "start_within_ms"),
         unreadable=unreadable_field(fields),
     )
