@@ -20,6 +20,7 @@ from scheduler.cli.worker_start import RegistryImportError, load_registry, run_l
 from scheduler.core.connection import parse_url
 from scheduler.core.errors import BadArgument
 from scheduler.core.exits import EXIT_FORBIDDEN
+from scheduler.core.limits import DEFAULT_LEASE_MS
 from scheduler.core.safety import redact, safe
 from scheduler.worker import (
     EXIT_ERROR,
@@ -67,7 +68,7 @@ def register(main: click.Group) -> None:
 )
 @click.option(
     "--lease-ms",
-    default=30_000,
+    default=DEFAULT_LEASE_MS,
     show_default=True,
     help="Lease length (1 ms .. 1 day); a crashed worker's jobs are re-run after it.",
 )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from scheduler.core import claim_reply, codec, exits
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
+from scheduler.core.limits import DEFAULT_LEASE_MS
 
 # One exit-code table for every command (scheduler/core/exits.py), under the worker's names.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = exits.EXIT_OK, exits.EXIT_ERROR, exits.EXIT_USAGE
@@ -65,7 +66,7 @@ class WorkerSettings:
 
     queues: tuple[str, ...] = ("default",)
     concurrency: int = 16
-    lease_ms: int = 30_000
+    lease_ms: int = DEFAULT_LEASE_MS
     heartbeat_ms: int = 5_000
     batch_size: int = 100
     grace_s: float = 25.0
