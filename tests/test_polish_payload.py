@@ -113,3 +113,24 @@ def test_other_values_keep_jsons_own_message(q: Queue) -> None:
         q.enqueue("t", {1, 2})
     with pytest.raises(InvalidPayload, match="Object of type type is not JSON serializable"):
         q.enqueue("t", EmailArgs)  # the class, not an instance
+
+
+def test_a_result_or_progress_is_not_told_to_enqueue_by_handle() -> None:
+    """The typed-task hint fits a payload only: a handler's result or progress that is a
+    dataclass gets the asdict fix alone (it named task.enqueue before)."""
+    from scheduler.core import codec
+    from scheduler.core.progress import encode_progress
+    from scheduler.worker.failures import result_text
+
+    value = EmailArgs(to="a@b")
+    encoders: tuple[Callable[[], object], ...] = (
+        lambda: result_text(value),
+        lambda: encode_progress(value),
+    )
+    for encode in encoders:
+        with pytest.raises(InvalidPayload) as err:
+            encode()
+        assert "dataclasses.asdict(value)" in str(err.value)
+        assert "task.enqueue" not in str(err.value), str(err.value)
+    with pytest.raises(InvalidPayload, match=r"task\.enqueue\(q, value\)"):
+        codec.encode_json(EmailArgs(to="a@b"), "payload", 1000)

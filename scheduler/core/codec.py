@@ -22,7 +22,13 @@ from scheduler.core.backoff_text import stored_backoff as stored_backoff
 from scheduler.core.claim_reply import CLAIM_FIELDS as CLAIM_FIELDS
 from scheduler.core.claim_reply import claim_args as claim_args
 from scheduler.core.claim_reply import parse_claim as parse_claim
-from scheduler.core.errors import BadArgument, InvalidPayload, not_json
+from scheduler.core.errors import (
+    TYPED_PAYLOAD_HINT,
+    BadArgument,
+    InvalidPayload,
+    NotJsonType,
+    not_json,
+)
 from scheduler.core.fail_reply import fail_args as fail_args
 from scheduler.core.fail_reply import parse_fail as parse_fail
 from scheduler.core.flow import check_flow, flow_field
@@ -67,6 +73,9 @@ _JSON = json.JSONEncoder(
 def encode_json(value: Any, what: str, limit: int) -> str:
     try:
         text = _JSON.encode(value)
+    except NotJsonType as exc:
+        hint = f", {TYPED_PAYLOAD_HINT}" if what == "payload" else ""
+        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}{hint}") from None
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
     except RecursionError:
