@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import fakeredis
@@ -320,3 +321,35 @@ def test_max_jobs_with_a_job_that_never_ends_stops_within_the_grace(
     job = q.get_job(stuck)
     assert (job.state, job.attempts) == ("due", 0), proc.stderr  # released, not lost
     assert "job released" in proc.stderr
+
+
+def test_max_jobs_stops_for_an_untimed_job_that_starts_after_the_quota(
+    redis_url: str, q: Queue
+) -> None:
+    """The quota is met while a job with a timeout runs and one with none waits behind it
+    (prefetched): when that one starts, the stop is a SIGTERM stop too (grace, then released).
+    Before, only the jobs running when the quota was met were looked at: the process waited
+    for the untimed job for ever."""
+    ran: list[str] = []
+    registry = Registry()
+
+    @registry.task("quick")
+    async def quick(payload: Any, ctx: JobContext) -> None:
+        await asyncio.sleep(payload["s"])
+        ran.append(ctx.job_id)
+
+    @registry.task("stuck")
+    async def stuck(payload: Any, ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+        await asyncio.sleep(3600)
+
+    first = q.enqueue("quick", {"s": 0}, timeout_ms=10_000)  # its run makes the jobs "short"
+    time.sleep(0.01)
+    timed = q.enqueue("quick", {"s": 0.3}, timeout_ms=10_000)
+    time.sleep(0.01)
+    untimed = q.enqueue("stuck")
+    code = _burst(redis_url, registry, q.name, burst=False, max_jobs=3, concurrency=1, grace_s=0.3)
+    assert code == EXIT_OK and ran == [first, timed, untimed]
+    assert [q.status(i) for i in (first, timed)] == ["done", "done"]
+    job = q.get_job(untimed)
+    assert (job.state, job.attempts) == ("due", 0)  # released, not lost

@@ -28,6 +28,7 @@ class Dispatch(Starting):
 
     # Set only while a handler slot reports the run that just ended: _run hands it the next.
     _free_slot: _Slot | None = None
+    _quota_met = False  # self_stop.SelfStop's: max_jobs or max_memory_mb reached
 
     def _start(
         self,
@@ -108,6 +109,8 @@ class Dispatch(Starting):
         assert loop is not None
         if timeout_s is not None:
             r.timer = loop.call_later(timeout_s, self._on_timeout, r, timeout_s)
+        elif self._quota_met:  # held past the quota, it may never end: a SIGTERM stop
+            loop.call_soon(self.request_stop)
         if spec.is_async:
             slot = self._free_slot
             if slot is not None:  # a run of that task just ended in this call: it runs r next

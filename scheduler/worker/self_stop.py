@@ -46,8 +46,8 @@ class SelfStop(WorkerCore):
         """`room` (what the next claim may take) within what is left of max_jobs, or 0 once
         the quota is used up or the process is over max_memory_mb (read before each claim,
         so only while the option is set): no more claims; the worker stops once the jobs it
-        holds have ended, each within its task's timeout; with a job that has none running,
-        at once as after a SIGTERM (its grace period, then the job is released)."""
+        holds have ended, each within its task's timeout; with a job that has none running (or
+        starting later: Dispatch._run), at once as after a SIGTERM (grace, then released)."""
         s = self.settings
         if s.max_jobs is None and s.max_memory_mb is None:
             return room
