@@ -1,6 +1,6 @@
 """A typed task's payload (a dataclass, a pydantic model) enqueued by name is refused at the
 producer boundary with InvalidPayload saying how to fix it, writing nothing: sync, async, bulk,
-partitioned and schedule paths. It is not converted silently (errors.not_json says why)."""
+partitioned and schedule paths. It is not converted silently (json_text.not_json says why)."""
 
 from __future__ import annotations
 

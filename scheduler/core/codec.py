@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 import random
 import secrets
@@ -22,17 +21,12 @@ from scheduler.core.backoff_text import stored_backoff as stored_backoff
 from scheduler.core.claim_reply import CLAIM_FIELDS as CLAIM_FIELDS
 from scheduler.core.claim_reply import claim_args as claim_args
 from scheduler.core.claim_reply import parse_claim as parse_claim
-from scheduler.core.errors import (
-    TYPED_PAYLOAD_HINT,
-    BadArgument,
-    InvalidPayload,
-    NotJsonType,
-    not_json,
-)
+from scheduler.core.errors import BadArgument
 from scheduler.core.fail_reply import fail_args as fail_args
 from scheduler.core.fail_reply import parse_fail as parse_fail
 from scheduler.core.flow import check_flow, flow_field
 from scheduler.core.ids import new_job_id as new_job_id
+from scheduler.core.json_text import encode_json as encode_json
 from scheduler.core.keys import check_new_job_id
 from scheduler.core.limits import DEFAULT_BACKOFF as DEFAULT_BACKOFF
 from scheduler.core.limits import FLOAT_LIMITS as FLOAT_LIMITS
@@ -62,35 +56,6 @@ _IDEM_TTL = str(IDEMPOTENCY_TTL_MS)  # the default key window, written once
 
 def new_nonce() -> str:
     return secrets.token_hex(8)
-
-
-# One encoder for every call: json.dumps with options builds a new one each time (slow).
-_JSON = json.JSONEncoder(
-    separators=(",", ":"), allow_nan=False, ensure_ascii=False, default=not_json
-)
-
-
-def encode_json(value: Any, what: str, limit: int) -> str:
-    try:
-        text = _JSON.encode(value)
-    except NotJsonType as exc:
-        hint = f", {TYPED_PAYLOAD_HINT}" if what == "payload" else ""
-        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}{hint}") from None
-    except (TypeError, ValueError) as exc:
-        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
-    except RecursionError:
-        raise InvalidPayload(f"{what} is nested too deeply to encode") from None
-    if not text.isascii():
-        # A lone surrogate ('\ud800') is a str but not UTF-8: refuse it here, typed.
-        try:
-            size = len(text.encode())
-        except UnicodeEncodeError as exc:
-            raise InvalidPayload(f"{what} is not valid Unicode text: {exc.reason}") from None
-    else:
-        size = len(text)
-    if size > limit:
-        raise InvalidPayload(f"{what} is {size} bytes, over the {limit} limit")
-    return text
 
 
 def epoch_ms(at: datetime) -> int:

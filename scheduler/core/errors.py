@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, NoReturn
+from typing import Any
 
 from redis.exceptions import (
     ClusterDownError,
@@ -38,29 +37,6 @@ def not_utf8(queue: str, exc: UnicodeDecodeError) -> UnreadableRecord:
 
 class InvalidPayload(BadArgument):
     """The payload is not JSON-serialisable, or is larger than the limit."""
-
-
-class NotJsonType(TypeError):
-    """A dataclass or pydantic model met by the JSON encoder (not_json): encode_json adds the
-    typed-task hint only where the value is a payload, not a result or progress."""
-
-
-TYPED_PAYLOAD_HINT = (
-    "or enqueue a typed task's payload with the task's handle: task.enqueue(q, value)"
-)
-
-
-def not_json(value: object) -> NoReturn:
-    """The JSON encoder's `default` (codec.encode_json), reached only for a value it cannot
-    encode: a dataclass or pydantic model, most often a typed task's payload enqueued by name,
-    is told how to fix it (the TypeError becomes InvalidPayload). Not converted silently: by
-    name the task's payload_type check would be skipped, and a result would read back a dict."""
-    kind = type(value).__name__
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        raise NotJsonType(f"{kind} is a dataclass, not JSON: pass dataclasses.asdict(value)")
-    if callable(getattr(value, "model_dump", None)) and not isinstance(value, type):
-        raise NotJsonType(f"{kind} is a pydantic model: pass value.model_dump(mode='json')")
-    raise TypeError(f"Object of type {kind} is not JSON serializable")  # json's own words
 
 
 class JobNotFound(SchedulerError, KeyError):
