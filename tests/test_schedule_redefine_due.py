@@ -139,3 +139,33 @@ def test_missed_cron_runs_follow_the_misfire_policy_across_a_redefinition(
     assert [job_id.rsplit(":", 1)[1] for job_id, _ in ran] == [str(h * HOUR_MS) for h in ran_hours]
     # Then the 14:00 run, of the new definition.
     assert pending_of(client=q.client, q=q, name="hourly") == f"schedule:hourly:{14 * HOUR_MS}"
+
+
+@pytest.mark.parametrize("jitter_before, jitter_after", [(0, 1_800_000), (1_800_000, 0)])
+def test_a_kept_run_whose_jitter_changed_reports_when_it_is_due(
+    tq: tuple[Queue, Clock], client: redis.Redis, jitter_before: int, jitter_after: int
+) -> None:
+    """The kept run keeps its time (it is due: it runs as it was placed) while the schedule
+    stores the new jitter's offset: next_run_ms is the run's own due time, not its slot plus
+    the new offset (before: 10:00 + the new offset, a time the run did not have). Its claim
+    records the slot as run, so a later redefinition never places it again."""
+    q, clock = tq
+    clock.set_ms(9 * HOUR_MS + 1)
+    q.schedule("hourly", "t", {"v": 1}, every_ms=HOUR_MS, jitter_ms=jitter_before)
+    kept = pending_of(client, q, "hourly")
+    slot = int(kept.rsplit(":", 1)[1])
+    due_at = client.zscore(q.keys.due, kept)
+    assert due_at is not None
+    clock.set_ms(int(due_at) + 5)  # due, not taken yet
+    q.schedule("hourly", "t", {"v": 2}, every_ms=HOUR_MS, jitter_ms=jitter_after)
+    assert pending_of(client, q, "hourly") == kept
+    offset = int(str(client.hget(q.keys.schedule("hourly"), "offset_ms")))
+    assert offset != int(due_at) - slot  # the jitter did change the offset
+    for s in (q.get_schedule("hourly"), *q.list_schedules()):
+        assert s.next_run_ms == int(due_at)
+    assert [job_id for job_id, _ in claim_ids(q)] == [kept]
+    assert int(str(client.hget(q.keys.schedule("hourly"), "ran_ms"))) == slot
+    nxt = pending_of(client, q, "hourly")
+    assert nxt.endswith(str(slot + HOUR_MS))
+    assert q.get_schedule("hourly").next_run_ms == client.zscore(q.keys.due, nxt)
+    assert q.get_schedule("hourly").next_run_ms == slot + HOUR_MS + offset

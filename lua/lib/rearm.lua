@@ -240,6 +240,12 @@ local function sched_rearm(prefix, name, id, now)
       return nil
     end
   end
+  -- Claimed, so it was due, whatever the offset now stored says (a redefinition that kept
+  -- it changed the jitter): its slot left due, and no later placing may run it again.
+  if cur > h.ran_ms then
+    redis.call('HSET', sched_key(prefix, name), 'ran_ms', fmt(cur))
+    h.ran_ms = cur
+  end
   local run = (m == 0) or (m < n)
   local budget = n
   if run then budget = math.max(n - 1, 0) end

@@ -14,7 +14,7 @@ from scheduler.core.limits import DEFAULT_LEASE_MS
 from scheduler.core.models import ClaimBatch, FailOutcome
 from scheduler.core.progress import ProgressText, encode_progress
 from scheduler.operations.requests import Op, OpsBase, Script
-from scheduler.operations.schedules import refill as refill_schedules
+from scheduler.operations.schedule_refill import refill as refill_schedules
 from scheduler.schedules import recurring
 
 

@@ -10,103 +10,18 @@ from redis.exceptions import ResponseError
 
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
-from scheduler.core.errors import BadArgument, CorruptKey, ScheduleNotFound, SchedulerError
+from scheduler.core.errors import BadArgument, CorruptKey, ScheduleNotFound
 from scheduler.core.flow import check_flow, flow_field
-from scheduler.core.keys import QueueKeys
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
+from scheduler.operations.schedule_reads import (
+    UNREADABLE,
+    Fields,
+    fields_of,
+    read_each,
+    wrong_type,
+)
+from scheduler.operations.schedule_refill import refill
 from scheduler.schedules import recurring
-
-Fields = dict[str, str]
-Cmd = tuple[Any, ...]
-# What a stored definition a hand edit broke raises while computing slots (croniter's errors
-# and BadArgument are ValueErrors; a far-off instant overflows datetime).
-_UNREADABLE = (ValueError, KeyError, OverflowError, OSError)
-
-
-def _fields(raw: Any) -> Fields:
-    return {codec.s(k): codec.s(v) for k, v in raw.items()}
-
-
-def _wrong_type(exc: ResponseError) -> bool:
-    """WRONGTYPE: a key of another type (a hand edit). Any other refusal (an ACL's NOPERM, ...)
-    is the caller's to see."""
-    return str(exc).startswith("WRONGTYPE")
-
-
-def _read_each(groups: list[list[Cmd]]) -> Op[list[list[Any] | None]]:
-    """Each group's replies, None for a group that reads a key of another type. A Commands reply
-    is all or nothing (scheduler/core/scripts.py drive), so: one pipeline, and only when a key
-    of another type fails it, one per group, so that the bad key fails alone."""
-    try:
-        reply = yield Commands([c for g in groups for c in g])
-    except ResponseError as exc:
-        if not _wrong_type(exc):
-            raise
-        reply = None
-    if reply is not None:
-        it = iter(reply)
-        return [[next(it) for _ in g] for g in groups]
-    out: list[list[Any] | None] = []
-    for g in groups:
-        try:
-            out.append((yield Commands(g)))
-        except ResponseError as exc:
-            if not _wrong_type(exc):
-                raise
-            out.append(None)
-    return out
-
-
-def refill(keys: QueueKeys, now_ms: int, *, most: int = 20) -> Op[int | None]:
-    """Top up the cron buffers that lua/lib/rearm.lua asked for; idempotent, so any client
-    may do it (claim does, when the claim reply asks). Returns when the earliest occurrence
-    this placed is due (a starved schedule gets its next one here), or None. Each name on its
-    own: one whose keys or definition a hand edit broke is dropped from the request set by
-    the script and fails alone."""
-    (names,) = yield Commands([("SRANDMEMBER", keys.schedules_refill, most)])
-    names = [codec.s(n) for n in names]
-    if not names:
-        return None
-    reads = yield from _read_each(
-        [[("HGETALL", keys.schedule(n)), ("ZRANGE", keys.schedule_slots(n), -1, -1)] for n in names]
-    )
-    earliest: int | None = None
-    for n, read in zip(names, reads, strict=True):
-        due_ms = yield from _refill_one(n, read, now_ms)
-        if due_ms is not None:
-            earliest = due_ms if earliest is None else min(earliest, due_ms)
-    return earliest
-
-
-def _refill_args(name: str, read: list[Any] | None, now_ms: int) -> tuple[list[str], Fields]:
-    """schedule_refill's ARGV for one name, and its fields. No digest when its keys could not
-    be read; no slots when its definition cannot be computed or none are left (2200): the
-    script then drops the request (lua/schedule_refill.lua)."""
-    if read is None:
-        return [name, ""], {}
-    f, tail = _fields(read[0]), read[1]
-    slots: list[int] = []
-    if f.get("kind") == "cron":
-        last = codec.stored_int(codec.s(tail[0])) if tail else None
-        try:
-            slots = recurring.refill_slots(f, last, now_ms)
-        except _UNREADABLE:
-            slots = []
-    return [name, f.get("digest", ""), *map(str, slots)], f
-
-
-def _refill_one(name: str, read: list[Any] | None, now_ms: int) -> Op[int | None]:
-    """Refill one schedule; when the occurrence this placed is due, or None."""
-    args, f = _refill_args(name, read, now_ms)
-    try:
-        out = yield Script("schedule_refill", args)
-    except (ResponseError, SchedulerError):
-        return None  # this name alone: the others are still refilled
-    placed = codec.s(out[1])
-    if not placed or placed == f.get("pending"):
-        return None
-    slot = codec.stored_int(placed.rsplit(":", 1)[1])
-    return None if slot is None else slot + (codec.stored_int(f.get("offset_ms")) or 0)
 
 
 def _resume_slots(name: str, f: Fields, now_ms: int) -> list[int]:
@@ -119,7 +34,7 @@ def _resume_slots(name: str, f: Fields, now_ms: int) -> list[int]:
         slots = recurring.cron_slots_after(
             f["cron"], f["tz"], now_ms - offset - 1, recurring.BUFFER_SLOTS
         )
-    except _UNREADABLE as exc:
+    except UNREADABLE as exc:
         raise unreadable(name, exc) from None
     if not slots:
         raise BadArgument(f"schedule {name!r}: no time left before 2200-01-01 UTC")
@@ -201,7 +116,7 @@ class ScheduleOps(OpsBase):
         stored definition the scripts cannot read (a hand edit): sending it again repairs it."""
         try:
             (raw,) = yield Commands([("HGETALL", self.keys.schedule(name))])
-            f = _fields(raw)
+            f = fields_of(raw)
             stored.update(f)  # for first_slots: a due pending run is kept
             if f.get("digest") != digest_now or recurring.unreadable_field(f):
                 return False
@@ -214,7 +129,7 @@ class ScheduleOps(OpsBase):
                 [("ZSCORE", self.keys.due, p), ("ZSCORE", self.keys.flow_held, p)]
             )
         except ResponseError as exc:
-            if not _wrong_type(exc):
+            if not wrong_type(exc):
                 raise
             return False
         return any(score is not None for score in scores)
@@ -226,7 +141,7 @@ class ScheduleOps(OpsBase):
         found = recurring.parse_schedule(name, {codec.s(k): codec.s(v) for k, v in raw.items()})
         if found is None:
             raise ScheduleNotFound(f"no schedule {name!r} in queue {self.keys.queue!r}")
-        return found
+        return (yield from self._due_times([found]))[0]
 
     def list_schedules(self) -> Op[list[recurring.Schedule]]:
         """Every readable schedule, sorted by name (a key of another type is left out)."""
@@ -239,7 +154,7 @@ class ScheduleOps(OpsBase):
         try:
             (names,) = yield Commands([("SMEMBERS", self.keys.schedules)])
         except ResponseError as exc:
-            if not _wrong_type(exc):
+            if not wrong_type(exc):
                 raise
             raise CorruptKey(
                 f"{self.keys.schedules} is not the SET of schedule names (edited by hand into "
@@ -250,13 +165,35 @@ class ScheduleOps(OpsBase):
         names = names if limit is None else names[: max(limit, 0)]
         if not names:
             return [], total
-        raws = yield from _read_each([[("HGETALL", self.keys.schedule(n))] for n in names])
+        raws = yield from read_each([[("HGETALL", self.keys.schedule(n))] for n in names])
         out = []
         for n, raw in zip(names, raws, strict=True):
-            sch = None if raw is None else recurring.parse_schedule(n, _fields(raw[0]))
+            sch = None if raw is None else recurring.parse_schedule(n, fields_of(raw[0]))
             if sch is not None:
                 out.append(sch)
-        return out, total
+        return (yield from self._due_times(out)), total
+
+    def _due_times(self, found: list[recurring.Schedule]) -> Op[list[recurring.Schedule]]:
+        """next_run_ms from due, the truth of when each pending run is due: a due run a
+        redefinition kept keeps its time while the stored offset is the new jitter's (slot +
+        offset is then a time it does not have). Not in due (held by flow control), or due
+        of another type: slot + offset, as stored."""
+        pending = [s for s in found if s.pending]
+        if not pending:
+            return found
+        try:
+            scores = yield Commands([("ZSCORE", self.keys.due, s.pending) for s in pending])
+        except ResponseError as exc:
+            if not wrong_type(exc):
+                raise
+            return found
+        at = {
+            s.pending: int(float(v)) for s, v in zip(pending, scores, strict=True) if v is not None
+        }
+        return [
+            dataclasses.replace(s, next_run_ms=at[s.pending]) if s.pending in at else s
+            for s in found
+        ]
 
     def pause_schedule(self, name: str) -> Op[str]:
         """'paused' | 'already' | 'missing'."""
@@ -277,10 +214,10 @@ class ScheduleOps(OpsBase):
             try:
                 (fields,) = yield Commands([("HGETALL", self.keys.schedule(name))])
             except ResponseError as exc:
-                if not _wrong_type(exc):
+                if not wrong_type(exc):
                     raise
                 raise unreadable(name, exc) from None
-            f = _fields(fields)
+            f = fields_of(fields)
             if not f:
                 return "missing"
             slots: list[int] = []
