@@ -17,7 +17,8 @@ registry that cannot be imported fails each child's first start: exit 4). It:
   pool fails as one worker would;
 - restarts a child that exits once ready (the OOM killer, a crash), after 1 s doubling to 30 s,
   the wait reset once a child has run 60 s; one that stopped cleanly (exit 0: its --max-jobs
-  or --max-memory-mb) at once, no sooner than 1 s after its start;
+  or --max-memory-mb) at once, no sooner than 1 s after its start; never one an operator
+  stopped (`scheduler workers stop|quiet`: EXIT_RETIRED), and once every child was, it exits 0;
 - on SIGHUP replaces the children one at a time with new processes (new code on disk), each
   old one stopping gracefully once its replacement is ready (`_reload`);
 - on Linux, has each child ask the kernel to SIGTERM it if the supervisor dies (kill -9;
@@ -39,7 +40,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from scheduler.cli.worker_pool_child import STOP_SIGNAL
+from scheduler.cli.worker_pool_child import EXIT_RETIRED, STOP_SIGNAL
 from scheduler.cli.worker_pool_metrics import PoolMetrics
 from scheduler.cli.worker_pool_proc import RESTART_FIRST_S, Child, exit_code
 from scheduler.cli.worker_pool_reload import Reload
@@ -137,7 +138,8 @@ class Pool(Reload):
         failed: int | None = None  # a first start's failure: the pool's exit code
         while True:
             self._forward()
-            stopping = self._sent > 0
+            # Every child stopped by an operator (`scheduler workers stop --all`): the pool's stop.
+            stopping = self._sent > 0 or all(c.retired for c in self.children)
             now = time.monotonic()
             for c in self.children:
                 if c.proc is not None and c.proc.poll() is not None:
@@ -187,14 +189,23 @@ class Pool(Reload):
         assert c.proc is not None
         c.read_ready()
         code = exit_code(c.proc.returncode)
-        if stopping and c.proc.returncode in (-STOP_SIGNAL, -signal.SIGTERM):
-            code = EXIT_OK  # stopped before it handled signals (starting)
+        retired = code == EXIT_RETIRED
+        if retired or (stopping and c.proc.returncode in (-STOP_SIGNAL, -signal.SIGTERM)):
+            code = EXIT_OK  # an operator's stop, or stopped before it handled signals (starting)
         was_ready, first = c.ready, c.first_start
         pid = c.proc.pid
         c.proc, c.first_start = None, False
         c.close_ready()
         if stopping:
             self._stop_exits.append(code)
+            return None
+        if retired:
+            c.retired = True
+            left = sum(1 for k in self.children if not k.retired)
+            log.info("worker process %d (pid %d) stopped by an operator (scheduler workers "
+                     "stop|quiet): not replaced; %d of %d processes left%s", c.index + 1, pid, left,
+                     len(self.children), "" if left else ": the pool stops",
+                     extra={"worker_process": c.index + 1, "pid": pid})  # fmt: skip
             return None
         if first and not was_ready:
             return code if code != EXIT_OK else EXIT_FAILED

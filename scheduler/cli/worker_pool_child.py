@@ -20,6 +20,12 @@ POOL_PID_ENV = "SCHEDULER_WORKER_POOL_PID"
 # never counts as a signal (cli/worker.py); the user's second signal is sent on as SIGKILL.
 STOP_SIGNAL = signal.SIGUSR1
 
+# A pool child an operator stopped or quieted (`scheduler workers stop|quiet`) exits with this
+# code, seen only by its supervisor, which does not replace it (a stop that merely restarted
+# it would not be one) and reports it as a clean stop. Outside the table of exit codes: no
+# command ever exits with it.
+EXIT_RETIRED = 86
+
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 

@@ -35,6 +35,7 @@ class Child:
     started_at: float = 0.0
     restart_at: float | None = None
     backoff_s: float = RESTART_FIRST_S
+    retired: bool = False  # stopped by an operator (EXIT_RETIRED): not started again
 
     def start(self, argv: Sequence[str], env: dict[str, str]) -> None:
         r, w = os.pipe()

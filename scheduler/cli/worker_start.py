@@ -33,11 +33,11 @@ from scheduler.admin.startup import (
 )
 from scheduler.cli.exit_watchdog import ExitWatchdog
 from scheduler.cli.stall_watchdog import StallWatchdog
-from scheduler.cli.worker_pool_child import STOP_SIGNAL, notify_ready
+from scheduler.cli.worker_pool_child import EXIT_RETIRED, STOP_SIGNAL, notify_ready
 from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async
 from scheduler.core.errors import CorruptKey, NewerStorage, SchedulerError, refused_for_now
-from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN
+from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN, EXIT_OK
 from scheduler.core.safety import redact, safe
 from scheduler.worker import (
     EXIT_ERROR,
@@ -262,9 +262,11 @@ async def serve(
         signals.add(asyncio.get_running_loop(), STOP_SIGNAL, _pool_stop, worker)
     notify_ready(bound)  # to a pool's supervisor (--processes): this child started
     try:
-        return await worker.run()
+        code = await worker.run()
     finally:
         await client.aclose()
+    # A pool's child an operator stopped tells its supervisor not to start another in its place.
+    return EXIT_RETIRED if in_pool and code == EXIT_OK and worker.operator_stop else code
 
 
 def _pool_stop(worker: Worker) -> None:

@@ -18,7 +18,8 @@ EXIT_REDIS_REFUSED = EXIT_FORBIDDEN
 
 # fmt: skip below: the one exit-code table, one row per code as README and docs/security.md show it.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
-    (EXIT_OK, "ok; the worker stopped cleanly (SIGTERM/SIGINT, --burst, --max-jobs/-memory-mb)"),
+    (EXIT_OK, "ok; the worker stopped cleanly (SIGTERM/SIGINT, --burst, --max-jobs/-memory-mb, "
+              "scheduler workers stop or quiet)"),
     (EXIT_FAILED, "findings (doctor), a refusal (unknown queue, job or schedule; declined "
                   "confirmation; --strict and Redis settings that can lose jobs; a key edited "
                   "into something no version wrote), or the worker crashed"),

@@ -29,6 +29,11 @@ class RemoteStop(SelfStop):
 
     _asked = ""  # the stop under way ('' | 'quiet' | 'stop'), sent back with each beat
 
+    @property
+    def operator_stop(self) -> str:
+        """'quiet' or 'stop' once an operator asked this worker to stop, else ''."""
+        return self._asked
+
     def _stop_asked(self, replies: list[Any]) -> list[BaseException]:
         """Act on the request of a presence beat's replies (one per queue); the errors among
         them, for the caller to raise."""
