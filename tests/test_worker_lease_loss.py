@@ -219,8 +219,10 @@ def test_on_a_cluster_a_node_that_fails_heartbeats_only_its_own_queues(
     monkeypatch.setattr(heartbeat_module, "is_cluster", lambda client: True, raising=False)
 
     async def main() -> None:
+        # A 600 ms lease, six beats: at 300 ms a CI at load ~15 stalled the loop past the
+        # good lease now and then (its one run became two), which is the load, not the code.
         settings = WorkerSettings(
-            queues=(good, bad), concurrency=4, grace_s=0, lease_ms=300, heartbeat_ms=100
+            queues=(good, bad), concurrency=4, grace_s=0, lease_ms=600, heartbeat_ms=100
         )
         w = Worker(connect_async(module_server.url), registry, settings)
         real = w._pipe.run
@@ -235,7 +237,7 @@ def test_on_a_cluster_a_node_that_fails_heartbeats_only_its_own_queues(
             return await real(items)
 
         monkeypatch.setattr(w._pipe, "run", run)
-        await _run_for(w, 1.2)
+        await _run_for(w, 1.8)
 
     asyncio.run(main())
     assert [a for _, j, a in starts if j == "g1"] == [1], starts
