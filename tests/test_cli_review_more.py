@@ -6,6 +6,7 @@ setting ranges, a stats row with an error)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -47,19 +48,31 @@ def test_demo_refuses_a_url_redis_py_cannot_parse_as_usage() -> None:
 
 def test_ctrl_c_ends_stats_watch_cleanly(redis_url: str, q: Queue) -> None:
     q.enqueue("t")
+    # faulthandler: a process that does not end is sent SIGABRT below, and its stack shows
+    # where it hung (seen once in CI under load: no end within 30 s of the SIGINT).
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(
         [SCHEDULER, "stats", "--watch", "--json", "--interval", "0.1", "-q", q.name,
          "--url", redis_url],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        env=env,
     )  # fmt: skip
     try:
         assert proc.stdout is not None and json.loads(proc.stdout.readline())["queues"]
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            raise AssertionError(f"no end 30 s after SIGINT; its stack:\n{err[-4000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):  # a failure left them open: ResourceWarnings
+            if pipe is not None:
+                pipe.close()
     assert proc.returncode == exits.EXIT_OK and "Aborted" not in err, err
 
 
