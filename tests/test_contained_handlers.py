@@ -176,7 +176,7 @@ def test_two_signals_at_once_are_each_called_back_once_on_uvloop() -> None:
             while time.perf_counter() < end:
                 pass
             os.kill(p.pid, second)
-            deadline = time.monotonic() + 2
+            deadline = time.monotonic() + 15  # a lost signal never comes; a slow one (load) does
             now = counts()
             while now[0] <= before[0] or now[1] <= before[1]:
                 assert time.monotonic() < deadline, f"round {k}: a signal was lost"
@@ -209,8 +209,10 @@ def test_a_long_job_whose_lease_lapsed_waits_for_its_run_and_is_not_failed(
         time.sleep(payload["s"])
         return "ok"
 
-    job = q.enqueue("long", {"s": 4}, max_attempts=3, backoff=Backoff(10, 1.0, 10, 0.0))
-    settings = WorkerSettings(queues=(q.name,), concurrency=2, lease_ms=1000, heartbeat_ms=100,
+    # A 2 s lease (not 1 s): at load ~15 the loop stalled past a 1 s lease after the pause
+    # too, a second lapse the test did not make (a third attempt).
+    job = q.enqueue("long", {"s": 5}, max_attempts=3, backoff=Backoff(10, 1.0, 10, 0.0))
+    settings = WorkerSettings(queues=(q.name,), concurrency=2, lease_ms=2000, heartbeat_ms=100,
                               grace_s=0)  # fmt: skip
 
     async def main() -> int:
@@ -218,7 +220,7 @@ def test_a_long_job_whose_lease_lapsed_waits_for_its_run_and_is_not_failed(
         w = Worker(aclient, reg, settings)
         task = asyncio.create_task(w.run(install_signals=False))
         await poll(lambda: len(runs) == 1, timeout_s=30, what="the first run")
-        client.client_pause(2500)  # its heartbeats fail: the lease lapses
+        client.client_pause(3000)  # its heartbeats fail: the lease lapses
         await poll(lambda: q.get_job(job).state in ("done", "dead"), timeout_s=60, what="the end")
         w.request_stop()
         code = await task
