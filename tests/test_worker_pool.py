@@ -133,6 +133,9 @@ def test_two_processes_share_the_work_and_stop_together(
         for pid in kids:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
             assert redis_url not in cmdline and "--url" not in cmdline, cmdline
+        # Both claiming before the jobs come (a CI at load ~15 once had one child still
+        # starting while the other ran all 40): live, as `scheduler workers` lists them.
+        wait_for(lambda: len(live_workers(client, q.keys)[0]) == 2, what="both workers live")
         ids = [q.enqueue("sync_sleep", {"s": 0.05}) for _ in range(40)]
         wait_for(lambda: all(q.status(i) == "done" for i in ids), timeout_s=60, what="all done")
         ran = set(ledger_pids(client, q))
