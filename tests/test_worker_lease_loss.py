@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -80,6 +81,17 @@ def _worker(server: RedisProcess, name: str, **kw: Any) -> Worker:
 async def _run_for(w: Worker, seconds: float) -> None:
     task = asyncio.create_task(w.run(install_signals=False))
     await asyncio.sleep(seconds)
+    w.request_stop()
+    await task
+    await w.client.aclose()
+
+
+async def _run_until(w: Worker, done: Callable[[], bool], most_s: float = 30.0) -> None:
+    """Run w until done() holds (a liveness bound of most_s, not a timing goal), then stop it."""
+    task = asyncio.create_task(w.run(install_signals=False))
+    deadline = time.monotonic() + most_s
+    while not done() and time.monotonic() < deadline and not task.done():
+        await asyncio.sleep(0.01)
     w.request_stop()
     await task
     await w.client.aclose()
@@ -187,8 +199,14 @@ def test_an_async_handler_that_swallows_its_cancel_keeps_the_retry_waiting(
     fast = Backoff(base_ms=1, factor=1, cap_ms=1, jitter=0)
     Queue(admin, name).enqueue("loss-stubborn", None, job_id="j3", backoff=fast)
 
+    def retried() -> bool:
+        return len([1 for _, j, _a in starts if j == "j3"]) >= 2
+
     async def main() -> None:
-        await _run_for(_worker(module_server, name), 1.2)
+        # Until the retry has started (the start an overlap would show at), not for a fixed
+        # 1.2 s: the first run ends ~0.8 s in, and a loop stalled past 0.4 s under load left
+        # no time for the retry to start (1 start, not 2).
+        await _run_until(_worker(module_server, name), retried)
 
     asyncio.run(main())
     assert overlaps == [], overlaps  # before: 5 runs in 0.85 s, four of them alive at once
