@@ -107,8 +107,10 @@ local paused = '0'
 -- workers and the producer that redefines the schedule) is kept, and runs as it was placed,
 -- under the misfire policy; the new definition applies from the slot after it. Withdrawn, the
 -- run was lost whatever the policy (a daily one: a day without its run).
-local keep = old and old.paused ~= '1' and old.pending ~= ''
-  and old.cursor_ms + old.offset_ms <= now and sched_waiting(prefix, old) and old
+-- Due by the run's own time (sched_pending_at): a run kept before keeps the offset it was
+-- placed with, whatever jitter the schedule stores since.
+local keep = old and old.paused ~= '1' and old.pending ~= '' and sched_waiting(prefix, old)
+  and (sched_pending_at(prefix, old) or old.cursor_ms + old.offset_ms) <= now and old
 -- A starved cron schedule (its buffer ran out before the run its misfire policy owes could be
 -- placed: an outage longer than the buffer, lib/rearm.lua sched_place) still owes that run when
 -- redefined (a deploy after the outage): placed from its cursor under the new definition, with

@@ -120,15 +120,9 @@ end
 -- `budget` of the slots already overdue (slot + offset <= now) may still run, the latest ones.
 -- Returns the id, or nil when the cron buffer does not reach past now (the schedule is then
 -- marked starved and queued for a refill, which calls this again with the same budget).
--- A pending occurrence still named in `h` is the one that just left due (claimed, parked,
--- cancelled): its slot becomes ran_ms if it was due by then.
+-- A pending occurrence still named in `h` is the one that just left due: its caller recorded
+-- its slot as ran_ms if it was due (at claim, or when it ended without running).
 local function sched_place(prefix, h, after, budget, now)
-  -- Only a slot that was due: a run cancelled before its time must not hold a redefinition's
-  -- first run back until then.
-  if h.pending ~= '' and h.cursor_ms > h.ran_ms and h.cursor_ms + h.offset_ms <= now then
-    redis.call('HSET', sched_key(prefix, h.name), 'ran_ms', fmt(h.cursor_ms))
-    h.ran_ms = h.cursor_ms
-  end
   local eff = now - h.offset_ms
   local m = slots_between(prefix, h, after, eff)
   local slot
@@ -143,6 +137,17 @@ local function sched_place(prefix, h, after, budget, now)
     return nil
   end
   return sched_insert(prefix, h, slot, now)
+end
+
+-- When the pending occurrence is due: its score in due, or in flow:held (set aside by flow
+-- control at a claim, under its run_at). Not slot + the stored offset: a redefinition that kept
+-- a due run may have changed the jitter since, and the run keeps its own time. nil when
+-- neither holds it (or flow:held is of another type: pcall). The caller checked due is a ZSET.
+local function sched_pending_at(prefix, h)
+  if h.pending == '' then return nil end
+  local at = redis.call('ZSCORE', prefix .. 'due', h.pending)
+  if not at then at = redis.pcall('ZSCORE', prefix .. 'flow:held', h.pending) end
+  return type(at) == 'string' and tonumber(at) or nil
 end
 
 -- Is the pending occurrence still waiting: in due, or set aside by flow control (its key's
@@ -270,5 +275,14 @@ end
 local function sched_ended(prefix, name, id, now)
   local h = sched_load(prefix, name)
   if h == nil or h.pending ~= id or h.paused == '1' then return end
+  -- Its slot left due if the run was due by now: by its own time (run_at_ms; a redefinition
+  -- that kept it may have changed the stored offset since), slot + offset when unreadable.
+  -- One cancelled before its time must not hold a redefinition's first run back until then.
+  local v = redis.pcall('HGET', job_key(prefix, id), 'run_at_ms')
+  local at = parse_int(v, 0, LIM.time_ms) or h.cursor_ms + h.offset_ms
+  if h.cursor_ms > h.ran_ms and at <= now then
+    redis.call('HSET', sched_key(prefix, name), 'ran_ms', fmt(h.cursor_ms))
+    h.ran_ms = h.cursor_ms
+  end
   sched_place(prefix, h, h.cursor_ms, h.misfire_n, now)
 end

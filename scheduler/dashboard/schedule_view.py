@@ -39,19 +39,25 @@ def actionable(name: str) -> bool:
 
 
 def next_runs(s: Schedule, now_ms: int) -> list[int]:
-    """The next NEXT_RUNS run times (server ms), the pending one first."""
+    """The next NEXT_RUNS run times (server ms): the pending one first, at its own due time (a
+    run a redefinition kept has the offset it was placed with, not the stored one), then the
+    slots after its slot, each at slot + the stored offset. Counted from its due time, a jitter
+    wider than the gap between two slots skipped the slots within it."""
     first = s.next_run_ms
+    head = [first] if first is not None else []
+    slot = _slot_of(s.pending, s.name)
+    if slot is None:  # none pending (paused): from where resume places, now - offset
+        slot = first - s.offset_ms if first is not None else now_ms - s.offset_ms
     try:
         if s.kind == "cron" and s.cron:
-            after = first if first is not None else now_ms
-            rest = cron_slots_after(s.cron, s.tz or "UTC", after, NEXT_RUNS)
-            runs = ([first] if first is not None else []) + [r + s.offset_ms for r in rest]
-            return runs[:NEXT_RUNS]
+            rest = cron_slots_after(s.cron, s.tz or "UTC", slot, NEXT_RUNS)
+            return (head + [r + s.offset_ms for r in rest])[:NEXT_RUNS]
     except _UNREADABLE:
-        return [first] if first is not None else []
+        return head
     if first is None or s.every_ms <= 0:
-        return [first] if first is not None else []
-    return [first + i * s.every_ms for i in range(NEXT_RUNS)]
+        return head
+    later = [slot + i * s.every_ms + s.offset_ms for i in range(1, NEXT_RUNS)]
+    return (head + later)[:NEXT_RUNS]
 
 
 def previous_slot(s: Schedule, now_ms: int) -> int | None:

@@ -174,22 +174,22 @@ class ScheduleOps(OpsBase):
         return (yield from self._due_times(out)), total
 
     def _due_times(self, found: list[recurring.Schedule]) -> Op[list[recurring.Schedule]]:
-        """next_run_ms from due, the truth of when each pending run is due: a due run a
-        redefinition kept keeps its time while the stored offset is the new jitter's (slot +
-        offset is then a time it does not have). Not in due (held by flow control), or due
-        of another type: slot + offset, as stored."""
-        pending = [s for s in found if s.pending]
-        if not pending:
-            return found
-        try:
-            scores = yield Commands([("ZSCORE", self.keys.due, s.pending) for s in pending])
-        except ResponseError as exc:
-            if not wrong_type(exc):
-                raise
-            return found
-        at = {
-            s.pending: int(float(v)) for s, v in zip(pending, scores, strict=True) if v is not None
-        }
+        """next_run_ms from due, the truth of when each pending run is due (or flow:held, where
+        flow control set it aside under its run time): a due run a redefinition kept keeps its
+        time while the stored offset is the new jitter's (slot + offset is then a time it does
+        not have). In neither, or a key of another type: slot + offset, as stored."""
+        at: dict[str, int] = {}
+        for key in (self.keys.due, self.keys.flow_held):
+            ids = [s.pending for s in found if s.pending and s.pending not in at]
+            if not ids:
+                break
+            try:
+                scores = yield Commands([("ZSCORE", key, p) for p in ids])
+            except ResponseError as exc:
+                if not wrong_type(exc):
+                    raise
+                continue
+            at.update((p, int(float(v))) for p, v in zip(ids, scores, strict=True) if v is not None)
         return [
             dataclasses.replace(s, next_run_ms=at[s.pending]) if s.pending in at else s
             for s in found

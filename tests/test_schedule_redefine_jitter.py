@@ -1,0 +1,111 @@
+"""A due run a redefinition kept (tests/test_schedule_redefine_due.py) keeps the time it was
+placed at, while the schedule stores the new jitter's offset. Everything that judges or shows
+that run reads its own time (its score in due or flow:held, its run_at_ms), never its slot plus
+the stored offset:
+- a second redefinition while it still waits keeps it again (before: judged not due by slot +
+  the new, larger offset, it was withdrawn and its slot placed again later with the new payload);
+- cancelled after its own time, its slot is recorded as run (ran_ms), so no later placing runs
+  it again once its record expired;
+- held by flow control, next_run_ms is its time in flow:held;
+- the dashboard's next runs after it are its slot's successors at the stored offset (before:
+  its due time plus whole intervals, the old offset).
+Server time is the test clock (tq)."""
+
+from __future__ import annotations
+
+import redis
+
+from scheduler import Queue
+from scheduler.dashboard.schedule_view import next_runs
+from tests.conftest import Clock
+
+HOUR_MS = 3_600_000
+
+
+def pending_of(client: redis.Redis, q: Queue, name: str) -> str:
+    return str(client.hget(q.keys.schedule(name), "pending"))
+
+
+def offset_of(client: redis.Redis, q: Queue, name: str) -> int:
+    return int(str(client.hget(q.keys.schedule(name), "offset_ms")))
+
+
+def kept_with_a_later_offset(q: Queue, clock: Clock, client: redis.Redis) -> tuple[str, int, int]:
+    """An hourly schedule without jitter whose 10:00 run is due and waiting, redefined with a
+    wide jitter: the run is kept, due at 10:00, while 10:00 + the new offset is still ahead.
+    Returns (its id, its due time, its slot)."""
+    clock.set_ms(9 * HOUR_MS + 1)
+    q.schedule("hourly", "t", {"v": 1}, every_ms=HOUR_MS)
+    kept = pending_of(client, q, "hourly")
+    slot = int(kept.rsplit(":", 1)[1])
+    clock.set_ms(slot + 5)
+    q.schedule("hourly", "t", {"v": 2}, every_ms=HOUR_MS, jitter_ms=HOUR_MS - 1)
+    assert pending_of(client, q, "hourly") == kept
+    offset = offset_of(client, q, "hourly")
+    assert offset > 1_000, offset  # slot + offset is still ahead: the case under test
+    return kept, slot, slot
+
+
+def test_a_kept_run_is_kept_again_by_the_next_redefinition(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    kept, due_at, slot = kept_with_a_later_offset(q, clock, client)
+    clock.set_ms(slot + 500)  # still waiting; slot + the stored offset not reached
+    q.schedule("hourly", "t", {"v": 3}, every_ms=HOUR_MS, jitter_ms=HOUR_MS - 1, max_attempts=2)
+    assert pending_of(client, q, "hourly") == kept
+    assert client.zscore(q.keys.due, kept) == due_at
+    assert q.get_schedule("hourly").next_run_ms == due_at
+    (job,) = q.claim("w", limit=10, lease_ms=60_000).jobs
+    assert (job.id, job.payload()) == (kept, {"v": 1})  # as it was placed
+    nxt = pending_of(client, q, "hourly")
+    assert nxt == f"schedule:hourly:{slot + HOUR_MS}"
+    assert q.get_job(nxt).payload() == {"v": 3}
+
+
+def test_a_kept_run_cancelled_after_its_time_is_recorded_as_run(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    kept, _, slot = kept_with_a_later_offset(q, clock, client)
+    clock.set_ms(slot + 500)
+    assert q.cancel(kept) == "due"
+    assert int(str(client.hget(q.keys.schedule("hourly"), "ran_ms"))) == slot
+    # Its record expires; a redefinition with another wide jitter places from after it, so the
+    # cancelled 10:00 run never comes back.
+    client.delete(q.keys.job(kept), q.keys.spec(kept))
+    q.schedule("hourly", "t", {"v": 4}, every_ms=HOUR_MS, jitter_ms=HOUR_MS - 2)
+    assert int(pending_of(client, q, "hourly").rsplit(":", 1)[1]) > slot
+
+
+def test_a_held_kept_run_reports_its_time_in_flow_held(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    clock.set_ms(9 * HOUR_MS + 1)
+    opts = {"every_ms": HOUR_MS, "concurrency_key": "k", "concurrency_limit": 1}
+    q.schedule("held", "t", {"v": 1}, **opts)  # type: ignore[arg-type]
+    blocker = q.enqueue("other", None, concurrency_key="k", concurrency_limit=1)
+    assert [j.id for j in q.claim("w", limit=1, lease_ms=3 * HOUR_MS).jobs] == [blocker]
+    occ = pending_of(client, q, "held")
+    slot = int(occ.rsplit(":", 1)[1])
+    clock.set_ms(slot + 5)
+    assert q.claim("w", limit=10).jobs == []  # due, set aside behind its key
+    held_at = client.zscore(q.keys.flow_held, occ)
+    assert held_at == slot and client.zscore(q.keys.due, occ) is None
+    q.schedule("held", "t", {"v": 2}, jitter_ms=HOUR_MS - 1, **opts)  # type: ignore[arg-type]
+    assert pending_of(client, q, "held") == occ  # kept: due and waiting
+    assert slot + offset_of(client, q, "held") != held_at
+    assert q.get_schedule("held").next_run_ms == held_at
+    assert [s.next_run_ms for s in q.list_schedules()] == [held_at]
+
+
+def test_the_dashboards_next_runs_of_a_kept_run_use_the_stored_offset_after_it(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    kept, due_at, slot = kept_with_a_later_offset(q, clock, client)
+    s = q.get_schedule("hourly")
+    assert s.pending == kept and s.next_run_ms == due_at
+    assert next_runs(s, slot + 5) == [due_at, slot + HOUR_MS + s.offset_ms,
+                                      slot + 2 * HOUR_MS + s.offset_ms]  # fmt: skip
