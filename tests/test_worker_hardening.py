@@ -479,6 +479,7 @@ def test_abandoned_threads_are_capped_and_a_job_never_runs_twice_at_once(
     cap = settings.abandoned_cap
     assert cap == 4
     log, records = capture()
+    log.setLevel(logging.WARNING)  # an operator's level: the pause and its end both show
 
     async def main() -> float:
         client = aredis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
@@ -494,7 +495,8 @@ def test_abandoned_threads_are_capped_and_a_job_never_runs_twice_at_once(
     asyncio.run(main())
     assert Live.peak <= settings.concurrency + cap, Live.peak
     assert Live.overlaps == [], f"jobs run twice at once: {Live.overlaps}"
-    assert any("abandoned handler threads still running" in m for m in records)
+    assert any("abandoned handlers still running" in m for m in records)
+    assert any("claiming again" in m for m in records)  # at WARNING, as the pause
 
 
 # -- item 10: clean JSON logs through a connection reset -----------------------------------------

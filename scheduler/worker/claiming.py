@@ -194,9 +194,11 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
             if not self._capped:
                 self._capped = True
                 self.metrics.claim_paused.labels("abandoned_threads").set(1)
+                # "Handlers": threads that outlived their timeout or lease, and async tasks
+                # that swallowed their cancellation; both still run, both count.
                 self.log.warning(
-                    "not claiming: %d abandoned handler threads still running "
-                    "(cap %d); waiting for them to end",
+                    "not claiming: %d abandoned handlers still running (cap %d); waiting "
+                    "for them to end",
                     len(self._abandoned),
                     s.abandoned_cap,
                 )
@@ -204,7 +206,8 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
         if self._capped:
             self._capped = False
             self.metrics.claim_paused.labels("abandoned_threads").set(0)
-            self.log.info("claiming again: abandoned handler threads below the cap")
+            # At the level of the warning it ends: a log at WARNING shows both.
+            self.log.warning("claiming again: abandoned handlers below the cap")
         if self._no_claim_until:  # a handler thread could not start (Starting._cannot_start)
             if time.monotonic() < self._no_claim_until:
                 return 0
