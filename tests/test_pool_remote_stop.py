@@ -37,8 +37,9 @@ def test_a_stopped_child_is_not_replaced_and_a_quieted_last_one_stops_the_pool(
         first, second = children(pool.pid)
         code, out = cli(redis_url, "workers", "stop", "pw.1", "-q", q.name)
         assert code == 0, out
-        wait_for(lambda: "not replaced; 1 of 2 processes left" in pool_log.read_text(),
-                 what="the stopped child gone")  # fmt: skip
+        # The verb is named: the child's exit code says which one (stop: 86, quiet: 87).
+        stopped = "(scheduler workers stop): not replaced; 1 of 2 processes left"
+        wait_for(lambda: stopped in pool_log.read_text(), what="the stopped child gone")
         # The other one works on; long enough for a replacement to have started (1 s).
         ids = [q.enqueue("sync_sleep", {"s": 0.05}) for _ in range(30)]
         wait_for(lambda: all(q.status(i) == "done" for i in ids), timeout_s=60, what="all done")
@@ -53,7 +54,9 @@ def test_a_stopped_child_is_not_replaced_and_a_quieted_last_one_stops_the_pool(
     finally:
         stop(pool, pool_log)
     log = pool_log.read_text()
-    assert "0 of 2 processes left: the pool stops" in log, log[-2000:]
+    assert (
+        "(scheduler workers quiet): not replaced; 0 of 2 processes left: the pool stops" in log
+    ), log[-2000:]
     assert "starting another" not in log
 
 
@@ -74,9 +77,12 @@ def test_stop_all_stops_the_whole_pool(
     assert children(pool.pid) == []
 
 
-def test_the_retired_code_is_no_commands_exit_code() -> None:
-    """EXIT_RETIRED is seen by a supervisor alone: it must not mean anything in the table."""
-    from scheduler.cli.worker_pool_child import EXIT_RETIRED
+def test_the_retired_codes_are_no_commands_exit_codes() -> None:
+    """EXIT_RETIRED (stop) and EXIT_QUIETED (quiet) are seen by a supervisor alone: they must
+    not mean anything in the table, and each names its own verb."""
+    from scheduler.cli.worker_pool_child import EXIT_QUIETED, EXIT_RETIRED, RETIRED_BY, retired_code
     from scheduler.core.exits import EXIT_CODES
 
-    assert EXIT_RETIRED not in {code for code, _ in EXIT_CODES}
+    assert not {EXIT_RETIRED, EXIT_QUIETED} & {code for code, _ in EXIT_CODES}
+    assert RETIRED_BY == {EXIT_RETIRED: "stop", EXIT_QUIETED: "quiet"}
+    assert [retired_code(v) for v in ("stop", "quiet")] == [EXIT_RETIRED, EXIT_QUIETED]

@@ -18,7 +18,8 @@ registry that cannot be imported fails each child's first start: exit 4). It:
 - restarts a child that exits once ready (the OOM killer, a crash), after 1 s doubling to 30 s,
   the wait reset once a child has run 60 s; one that stopped cleanly (exit 0: its --max-jobs
   or --max-memory-mb) at once, no sooner than 1 s after its start; never one an operator
-  stopped (`scheduler workers stop|quiet`: EXIT_RETIRED), and once every child was, it exits 0;
+  stopped (`scheduler workers stop|quiet`: EXIT_RETIRED or EXIT_QUIETED, the verb logged): its
+  slot is retired, and once every slot is, it exits 0;
 - on SIGHUP replaces the children one at a time with new processes (new code on disk), each
   old one stopping gracefully once its replacement is ready (`_reload`);
 - on Linux, has each child ask the kernel to SIGTERM it if the supervisor dies (kill -9;
@@ -40,7 +41,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from scheduler.cli.worker_pool_child import EXIT_RETIRED, STOP_SIGNAL
+from scheduler.cli.worker_pool_child import RETIRED_BY, STOP_SIGNAL
 from scheduler.cli.worker_pool_metrics import PoolMetrics
 from scheduler.cli.worker_pool_proc import RESTART_FIRST_S, Child, exit_code
 from scheduler.cli.worker_pool_reload import Reload
@@ -189,8 +190,8 @@ class Pool(Reload):
         assert c.proc is not None
         c.read_ready()
         code = exit_code(c.proc.returncode)
-        retired = code == EXIT_RETIRED
-        if retired or (stopping and c.proc.returncode in (-STOP_SIGNAL, -signal.SIGTERM)):
+        verb = RETIRED_BY.get(code, "")  # stopped by an operator: 'stop' or 'quiet'
+        if verb or (stopping and c.proc.returncode in (-STOP_SIGNAL, -signal.SIGTERM)):
             code = EXIT_OK  # an operator's stop, or stopped before it handled signals (starting)
         was_ready, first = c.ready, c.first_start
         pid = c.proc.pid
@@ -199,13 +200,8 @@ class Pool(Reload):
         if stopping:
             self._stop_exits.append(code)
             return None
-        if retired:
-            c.retired = True
-            left = sum(1 for k in self.children if not k.retired)
-            log.info("worker process %d (pid %d) stopped by an operator (scheduler workers "
-                     "stop|quiet): not replaced; %d of %d processes left%s", c.index + 1, pid, left,
-                     len(self.children), "" if left else ": the pool stops",
-                     extra={"worker_process": c.index + 1, "pid": pid})  # fmt: skip
+        if verb:
+            self._retire(c, pid, verb)
             return None
         if first and not was_ready:
             return code if code != EXIT_OK else EXIT_FAILED
@@ -227,6 +223,15 @@ class Pool(Reload):
         )  # fmt: skip
         c.backoff_s = min(c.backoff_s * 2, RESTART_MAX_S)
         return None
+
+    def _retire(self, c: Child, pid: int, verb: str) -> None:
+        """Slot c's process (pid) was stopped by an operator: the slot is never started again."""
+        c.retired = True
+        left = sum(1 for k in self.children if not k.retired)
+        log.info("worker process %d (pid %d) stopped by an operator (scheduler workers %s): not "
+                 "replaced; %d of %d processes left%s", c.index + 1, pid, verb, left,
+                 len(self.children), "" if left else ": the pool stops",
+                 extra={"worker_process": c.index + 1, "pid": pid})  # fmt: skip
 
     def _final_code(self) -> int:
         """After a stop: 130 if the children were forced, else the first child that did not

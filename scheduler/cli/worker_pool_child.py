@@ -20,11 +20,20 @@ POOL_PID_ENV = "SCHEDULER_WORKER_POOL_PID"
 # never counts as a signal (cli/worker.py); the user's second signal is sent on as SIGKILL.
 STOP_SIGNAL = signal.SIGUSR1
 
-# A pool child an operator stopped or quieted (`scheduler workers stop|quiet`) exits with this
-# code, seen only by its supervisor, which does not replace it (a stop that merely restarted
-# it would not be one) and reports it as a clean stop. Outside the table of exit codes: no
-# command ever exits with it.
+# A pool child an operator stopped (`scheduler workers stop`: EXIT_RETIRED) or quieted
+# (`scheduler workers quiet`: EXIT_QUIETED) exits with one of these codes, seen only by its
+# supervisor, which retires its slot: never starts another in it (a stop that merely restarted
+# it would not be one), reports it as a clean stop and names the verb in its log line. Outside
+# the table of exit codes: no command ever exits with them (a lone worker exits 0).
 EXIT_RETIRED = 86
+EXIT_QUIETED = 87
+RETIRED_BY = {EXIT_RETIRED: "stop", EXIT_QUIETED: "quiet"}  # exit code -> the operator's verb
+
+
+def retired_code(verb: str) -> int:
+    """The exit code of a pool child an operator stopped with `verb` ('stop' or 'quiet')."""
+    return EXIT_QUIETED if verb == "quiet" else EXIT_RETIRED
+
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 

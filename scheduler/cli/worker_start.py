@@ -33,7 +33,7 @@ from scheduler.admin.startup import (
 )
 from scheduler.cli.exit_watchdog import ExitWatchdog
 from scheduler.cli.stall_watchdog import StallWatchdog
-from scheduler.cli.worker_pool_child import EXIT_RETIRED, STOP_SIGNAL, notify_ready
+from scheduler.cli.worker_pool_child import STOP_SIGNAL, notify_ready, retired_code
 from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async
 from scheduler.core.errors import CorruptKey, NewerStorage, SchedulerError, refused_for_now
@@ -265,8 +265,10 @@ async def serve(
         code = await worker.run()
     finally:
         await client.aclose()
-    # A pool's child an operator stopped tells its supervisor not to start another in its place.
-    return EXIT_RETIRED if in_pool and code == EXIT_OK and worker.operator_stop else code
+    # A pool's child an operator stopped tells its supervisor not to start another in its place,
+    # and with which verb (stop: 86, quiet: 87).
+    stopped_by = worker.operator_stop
+    return retired_code(stopped_by) if in_pool and code == EXIT_OK and stopped_by else code
 
 
 def _pool_stop(worker: Worker) -> None:
