@@ -21,7 +21,8 @@ registry that cannot be imported fails each child's first start: exit 4). It:
   stopped (`scheduler workers stop|quiet`: EXIT_RETIRED or EXIT_QUIETED, the verb logged): its
   slot is retired, and once every slot is, it exits 0;
 - on SIGHUP replaces the children one at a time with new processes (new code on disk), each
-  old one stopping gracefully once its replacement is ready (`_reload`);
+  old one stopping gracefully once its replacement is ready (`_reload`); a retired slot gets
+  none, even when it was retired while its new process started (that one is stopped);
 - on Linux, has each child ask the kernel to SIGTERM it if the supervisor dies (kill -9;
   `join_pool`): no orphaned worker keeps claiming unsupervised.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from scheduler.cli.worker_pool_child import STOP_SIGNAL
+from scheduler.cli.worker_pool_child import RETIRED_BY, STOP_SIGNAL
 from scheduler.cli.worker_pool_proc import Child, exit_code
 
 log = logging.getLogger("scheduler.worker")
@@ -17,6 +17,9 @@ class Reload:
     children: list[Child]
 
     def _start(self, child: Child) -> None:
+        raise NotImplementedError
+
+    def _retire(self, child: Child, pid: int, verb: str) -> None:
         raise NotImplementedError
 
     def _init_reload(self) -> None:
@@ -31,36 +34,24 @@ class Reload:
         """A rolling replacement, one child at a time: a new process (the code on disk now)
         starts beside the old one; once it is ready the old one is asked to stop (it finishes
         its running jobs within --grace). A new one that fails to start ends the reload and
-        leaves the old ones working, so a bad deploy does not take the pool down."""
+        leaves the old ones working, so a bad deploy does not take the pool down.
+
+        An operator's stop (`scheduler workers stop|quiet`) wins over the reload: a retired
+        slot gets no new process (it is left out of the queue, and the new one of a slot
+        retired while it started is stopped, never swapped in), and a new process that is
+        itself stopped by an operator before it is swapped in (it runs under the slot's worker
+        id) retires its slot: the old one is stopped too. The reload goes on with the next
+        slot. An old one already replaced (stopping) that exits for an operator's stop retires
+        nothing: its slot has its new process."""
         for c in list(self._retiring):
             if not c.running():
                 c.close_ready()
                 self._retiring.remove(c)
         if self._hups and not stopping:
             self._hups, self._reloads = 0, self._reloads + 1
-            self._queue = [c.index for c in self.children]
-            log.info("reload: replacing %d worker processes one at a time", len(self.children))
-        inc = self._incoming
-        if inc is not None:
-            inc.read_ready()
-            if inc.running() and inc.ready and not stopping:
-                old, self.children[inc.index] = self.children[inc.index], inc
-                inc.first_start = False  # from now on, an exit is restarted like any other
-                old.send(STOP_SIGNAL)
-                self._retiring.append(old)
-                self._incoming = None
-            elif not inc.running():
-                assert inc.proc is not None
-                newer = self._incoming_of != self._reloads  # a SIGHUP came since: it goes on
-                if not stopping:
-                    log.error("%sreload ended: the new worker process %d failed to start "
-                              "(exit %d); %s", "an earlier " if newer else "", inc.index + 1,
-                              exit_code(inc.proc.returncode), "the newer reload goes on"
-                              if newer else "the running ones carry on")  # fmt: skip
-                inc.close_ready()
-                self._incoming = None
-                if not newer:
-                    self._queue = []
+            self._queue = [c.index for c in self.children if not c.retired]
+            log.info("reload: replacing %d worker processes one at a time", len(self._queue))
+        if self._incoming is not None and not self._incoming_step(self._incoming, stopping):
             return
         while self._queue and not stopping:
             i = self._queue.pop(0)
@@ -72,3 +63,42 @@ class Reload:
                     log.error("reload ended: worker process %d could not start: %s", i + 1, exc)
                     self._incoming, self._queue = None, []
                 return
+
+    def _incoming_step(self, inc: Child, stopping: bool) -> bool:
+        """Swap the new process in once it is ready, or see it fail; True once it is done
+        with (the reload may start the next slot's)."""
+        inc.read_ready()
+        if self.children[inc.index].retired:  # stopped by an operator meanwhile
+            inc.send(STOP_SIGNAL)
+            self._retiring.append(inc)
+            self._incoming = None
+            return True
+        if inc.running():
+            if not inc.ready or stopping:
+                return False
+            old, self.children[inc.index] = self.children[inc.index], inc
+            inc.first_start = False  # from now on, an exit is restarted like any other
+            old.send(STOP_SIGNAL)
+            self._retiring.append(old)
+            self._incoming = None
+            return False  # the next slot's once the loop comes round again, as before
+        assert inc.proc is not None
+        inc.close_ready()
+        self._incoming = None
+        verb = RETIRED_BY.get(exit_code(inc.proc.returncode), "")
+        if verb and not stopping:  # the slot's operator stop, read by the new process
+            old, self.children[inc.index] = self.children[inc.index], Child(inc.index)
+            old.send(STOP_SIGNAL)
+            if old.proc is not None:
+                self._retiring.append(old)
+            self._retire(self.children[inc.index], inc.proc.pid, verb)
+            return True
+        newer = self._incoming_of != self._reloads  # a SIGHUP came since: it goes on
+        if not stopping:
+            log.error("%sreload ended: the new worker process %d failed to start (exit %d); "
+                      "%s", "an earlier " if newer else "", inc.index + 1,
+                      exit_code(inc.proc.returncode), "the newer reload goes on"
+                      if newer else "the running ones carry on")  # fmt: skip
+        if not newer:
+            self._queue = []
+        return False
