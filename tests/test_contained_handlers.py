@@ -25,7 +25,7 @@ from scheduler import Queue
 from scheduler.cli import stall_watchdog
 from scheduler.cli.stall_watchdog import StallWatchdog
 from scheduler.core.backoff import Backoff
-from scheduler.core.connection import connect_async
+from scheduler.core.connection import connect, connect_async
 from scheduler.core.errors import InvalidPayload
 from scheduler.core.exits import EXIT_FAILED
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
@@ -206,28 +206,43 @@ def test_a_long_job_whose_lease_lapsed_waits_for_its_run_and_is_not_failed(
     @reg.task(name="long", timeout_s=60)
     def long(payload: Any, ctx: JobContext) -> str:
         runs.append(ctx.token)
-        time.sleep(payload["s"])
+        time.sleep(payload["s"] if len(runs) == 1 else 0.05)  # the first run is the long one
         return "ok"
 
-    # A 2 s lease (not 1 s): at load ~15 the loop stalled past a 1 s lease after the pause
-    # too, a second lapse the test did not make (a third attempt).
-    job = q.enqueue("long", {"s": 5}, max_attempts=3, backoff=Backoff(10, 1.0, 10, 0.0))
-    settings = WorkerSettings(queues=(q.name,), concurrency=2, lease_ms=2000, heartbeat_ms=100,
+    # A 3 s lease, a 4 s pause (longer: the lease lapses), a 9 s first run: the claim behind
+    # it waits a whole lease (4 s to 7 s) and is given back, then runs once the first run
+    # ends. At 1 s and then 2 s leases, a loop stalled at load ~15 lapsed a lease after the
+    # pause too, a lapse the test did not make (a third attempt), and a 5 s run with a 2 s
+    # lease ended as the give-back came due, so it did not always happen.
+    job = q.enqueue("long", {"s": 9}, max_attempts=3, backoff=Backoff(10, 1.0, 10, 0.0))
+    settings = WorkerSettings(queues=(q.name,), concurrency=2, lease_ms=3000, heartbeat_ms=100,
                               grace_s=0)  # fmt: skip
+    # The test's reads go in a thread on their own client, with a socket timeout longer than
+    # the pause: a read on the loop blocked the worker for the pause and could time out.
+    reader = Queue(connect(redis_url, socket_timeout=30), q.name)
+
+    async def state() -> str | None:
+        return (await asyncio.to_thread(reader.get_job, job)).state
 
     async def main() -> int:
         aclient = connect_async(redis_url)
         w = Worker(aclient, reg, settings)
         task = asyncio.create_task(w.run(install_signals=False))
         await poll(lambda: len(runs) == 1, timeout_s=30, what="the first run")
-        client.client_pause(3000)  # its heartbeats fail: the lease lapses
-        await poll(lambda: q.get_job(job).state in ("done", "dead"), timeout_s=60, what="the end")
+        client.client_pause(4000)  # its heartbeats fail: the lease lapses
+        deadline = time.monotonic() + 60
+        while await state() not in ("done", "dead"):
+            assert time.monotonic() < deadline, "the job did not end in 60 s"
+            await asyncio.sleep(0.05)
         w.request_stop()
         code = await task
         await aclient.aclose()
         return code
 
-    assert asyncio.run(main()) == EXIT_OK
+    try:
+        assert asyncio.run(main()) == EXIT_OK
+    finally:
+        reader.client.close()
     ended = q.get_job(job)
     assert ended.state == "done", ended.fields
     assert (ended.attempts or 0) < 3
