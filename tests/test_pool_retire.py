@@ -1,8 +1,8 @@
 """An operator's stop of a `--processes` pool's slot (`scheduler workers stop|quiet`: the child
 exits EXIT_RETIRED / EXIT_QUIETED) against the supervisor's rolling reload (SIGHUP) in every
-order. The supervisor (Pool, worker_pool.py) runs stand-in children: small scripts that say
-`ready` and exit with the code the test writes for them, so each ordering is set up exactly,
-without Redis or timing."""
+order, and what the pool's metrics say of a retired slot. The supervisor (Pool, worker_pool.py)
+runs stand-in children: small scripts that say `ready` and exit with the code the test writes
+for them, so each ordering is set up exactly, without Redis or timing."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 
 from scheduler.cli.worker_pool_child import EXIT_QUIETED, EXIT_RETIRED
 from tests.test_worker_pool import alive, kill_leftovers
+from tests.test_worker_pool_metrics import free_port, per_process, scrape
 from tests.workers.procs import ROOT, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -261,3 +262,21 @@ def test_a_reload_after_a_slot_was_retired_leaves_it_retired(
     p.exit_with(new1, EXIT_QUIETED)
     assert p.exits() == 0
     assert len(p.pids(0)) == 1, p.text()
+
+
+def test_a_retired_slot_is_not_a_process_down_in_the_metrics(
+    tmp_path: Path, stands: list[Stand]
+) -> None:
+    """scheduler_pool_process_up has no sample for a retired slot (an alert on up == 0 would
+    fire for a process stopped on purpose); scheduler_pool_process_retired says it is."""
+    port = free_port()
+    p = Stand(tmp_path, 2, metrics_port=port)
+    stands.append(p)
+    up = ("scheduler_pool_process_up", "scheduler_pool_process_up")
+    retired = ("scheduler_pool_process_retired", "scheduler_pool_process_retired")
+    wait_for(lambda: set(per_process(scrape(port), *up)) == {"0", "1"}, what="both slots")
+    assert per_process(scrape(port), *retired) == {}
+    p.exit_with(p.pid(0, 0), EXIT_RETIRED)
+    p.retired(0, p.pid(0, 0))
+    wait_for(lambda: per_process(scrape(port), *retired) == {"0": 1.0}, what="the retired gauge")
+    assert set(per_process(scrape(port), *up)) == {"1"}

@@ -169,12 +169,17 @@ class Pool(Reload):
     def _publish(self) -> None:
         """Tell the metrics server each slot's current ready child: self.children holds the
         newest ready process of each slot (a reload's new one once it is ready, never the one
-        it replaces). A new dict each time, never edited: its scrape threads read it as is."""
+        it replaces), and the retired slots. A new tuple each time, never edited: its scrape
+        threads read it as is."""
         if self._metrics is not None:
-            self._metrics.targets = {
-                c.index: c.metrics_port if c.proc is not None and c.ready else None
-                for c in self.children
-            }
+            self._metrics.slots = (
+                {
+                    c.index: c.metrics_port if c.proc is not None and c.ready else None
+                    for c in self.children
+                    if not c.retired
+                },
+                frozenset(c.index for c in self.children if c.retired),
+            )
 
     def _restart(self, c: Child, now: float) -> None:
         try:

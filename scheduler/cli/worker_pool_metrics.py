@@ -3,7 +3,14 @@ serves P; each scrape fetches every ready child's /metrics (on 127.0.0.1, at the
 message named: worker_pool_child.py) at once, labels every sample process="<slot>" (the child's
 index 0..N-1, which a restart or a reload keeps), merges the families of one name and renders
 them. prometheus_client parses and renders; the supervisor still runs none of the user's code
-and holds no Redis connection."""
+and holds no Redis connection.
+
+Besides the children's own families it serves `scheduler_pool_process_up{process}` (1: the
+slot's process answered this scrape, 0: it did not: down, restarting or stuck, worth an alert)
+and `scheduler_pool_process_retired{process}` (1 for a slot an operator stopped with
+`scheduler workers stop|quiet`, which is never started again). A retired slot is exported this
+way only: it has no `scheduler_pool_process_up` sample, so an alert on `up == 0` does not fire
+for a process stopped on purpose."""
 
 from __future__ import annotations
 
@@ -46,27 +53,38 @@ class PoolMetrics:
     its signal handling. Binds at construction (OSError: the port is taken)."""
 
     def __init__(self, port: int) -> None:
-        # slot -> its ready child's metrics port (None: no ready child now). Pool replaces the
-        # whole dict, never edits it, so a scrape reads one consistent snapshot without a lock.
-        self.targets: dict[int, int | None] = {}
+        # (slot -> its ready child's metrics port (None: no ready child now), the retired slots,
+        # not in the dict). Pool replaces the whole tuple, never edits it, so a scrape reads one
+        # consistent snapshot without a lock.
+        self.slots: tuple[dict[int, int | None], frozenset[int]] = ({}, frozenset())
         registry = CollectorRegistry(support_collectors_without_names=True)  # ?name[]= too
         registry.register(self)
         self._server, _ = start_http_server(port, addr=METRICS_ADDR, registry=registry)
         self.port = int(self._server.server_address[1])
 
     def collect(self) -> Iterator[Metric]:
-        targets = self.targets
+        targets, retired = self.slots
         texts = fetch_all(targets)
         yield from relabel_merge(texts)
         up = GaugeMetricFamily(
             "scheduler_pool_process_up",
             "1 if the worker process of this slot answered this scrape, else 0 (starting, "
-            "restarting, or no answer within 2 s: its series are missing from this scrape)",
+            "restarting, or no answer within 2 s: its series are missing from this scrape); "
+            "none for a slot an operator stopped (scheduler_pool_process_retired)",
             labels=[LABEL],
         )
         for slot in sorted(targets):
             up.add_metric([str(slot)], 1 if slot in texts else 0)
         yield up
+        gone = GaugeMetricFamily(
+            "scheduler_pool_process_retired",
+            "1: an operator stopped this slot's worker process (scheduler workers stop|quiet); "
+            "the pool does not start it again",
+            labels=[LABEL],
+        )
+        for slot in sorted(retired):
+            gone.add_metric([str(slot)], 1)
+        yield gone
 
     def close(self) -> None:
         self._server.shutdown()
