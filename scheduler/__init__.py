@@ -35,6 +35,7 @@ from scheduler.core.models import (
 )
 from scheduler.schedules.stored import Schedule
 from scheduler.worker.registry import JobContext, JobOutcome, Registry, TaskHandle
+from scheduler.worker.retry_later import RetryLater
 
 __all__ = [
     "AsyncQueue",
@@ -62,6 +63,7 @@ __all__ = [
     "QueueCounts",
     "Registry",
     "ResultTimeout",
+    "RetryLater",
     "Schedule",
     "ScheduleNotFound",
     "SchedulerError",

@@ -260,7 +260,7 @@ class Dispatch(Starting):
                     self._report.set()
                     return
             else:  # read before _end: an error that cannot be described must still be sent
-                err, retryable = failures.failure_of(exc, r.spec)
+                err, retryable, r.retry_delay_ms = failures.failure_of(exc, r.spec)
                 if self.registry.outcome_hooks:  # else its frames are not kept alive
                     r.error = exc
             self._end(r)

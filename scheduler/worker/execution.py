@@ -109,6 +109,7 @@ class Running:
     payload: Any = None
     timeout_s: float | None = None
     error: BaseException | None = None  # the handler's, for the outcome hooks (outcomes.py)
+    retry_delay_ms: int | None = None  # a RetryLater's delay: its retry's, not the backoff's
     # Its (queue, task) metrics, looked up once at claim (lateness, duration, done).
     stats: TaskStats | None = None
 

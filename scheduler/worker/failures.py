@@ -12,6 +12,7 @@ from typing import Any
 from scheduler.core import codec
 from scheduler.core.errors import InvalidPayload
 from scheduler.worker.registry import TaskSpec
+from scheduler.worker.retry_later import RetryLater
 
 
 def error_text(exc: BaseException) -> str:
@@ -31,9 +32,14 @@ def type_name(exc: BaseException) -> str:
     return name
 
 
-def failure_of(exc: BaseException, spec: TaskSpec | None) -> tuple[tuple[str, str, str], bool]:
-    """A handler's exception as fail's (type, message, traceback), and whether it is retried.
-    Never raises (not even SystemExit): the job gets an outcome whatever its exception does."""
+def failure_of(
+    exc: BaseException, spec: TaskSpec | None
+) -> tuple[tuple[str, str, str], bool, int | None]:
+    """A handler's exception as fail's (type, message, traceback), whether it is retried, and
+    after how long (None: by the job's backoff; RetryLater's delay_ms). Never raises (not even
+    SystemExit): the job gets an outcome whatever its exception does."""
+    if isinstance(exc, RetryLater):  # asked for on purpose: retried, whatever non_retryable says
+        return (type_name(exc), error_text(exc), ""), True, exc.delay_ms
     try:
         retryable = spec is None or not isinstance(exc, spec.non_retryable)
     except KeyboardInterrupt:
@@ -46,7 +52,7 @@ def failure_of(exc: BaseException, spec: TaskSpec | None) -> tuple[tuple[str, st
         raise
     except BaseException:
         tb = ""
-    return (type_name(exc), error_text(exc), tb), retryable
+    return (type_name(exc), error_text(exc), tb), retryable, None
 
 
 def result_text(result: Any) -> str:

@@ -102,11 +102,10 @@ class Reporting(WorkerCore):
                         ),
                     )
                 )
-            for r, err, retryable in fails:
-                q = self._by_name[r.queue]
-                calls.append(
-                    (q.script_keys, q.ops.fail(r.job.id, r.job.token, err, retryable=retryable))
-                )
+            for r, err, ok in fails:
+                q, job = self._by_name[r.queue], r.job
+                fail = q.ops.fail(job.id, job.token, err, retryable=ok, delay_ms=r.retry_delay_ms)
+                calls.append((q.script_keys, fail))
             replies = await self._run_by_node(calls)
         except BaseException:
             # Not sent (or unknown): try again; complete and fail are idempotent per token.

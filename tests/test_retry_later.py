@@ -1,0 +1,85 @@
+"""`raise RetryLater(delay_ms)` in a handler (worker/retry_later.py): the attempt fails and the
+job is retried after that delay instead of its backoff (a webhook's 429 Retry-After); it counts
+as an attempt and the job is parked after its last; retried even when `non_retryable` covers
+it; a delay out of range is refused where it is built. Through a real worker on a real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from scheduler import BadArgument, JobContext, Queue, Registry, RetryLater
+from scheduler.core.backoff import Backoff
+from scheduler.worker import WorkerSettings
+from tests.embedded_worker import run_until
+
+HOUR = Backoff(base_ms=3_600_000, factor=1.0, cap_ms=3_600_000, jitter=0.0)
+
+
+def _settings(q: Queue) -> WorkerSettings:
+    return WorkerSettings(queues=(q.name,), heartbeat_ms=50, lease_ms=1_000, grace_s=0)
+
+
+def _failed_times(q: Queue, job_id: str, n: int) -> Callable[[], bool]:
+    return lambda: len(q.get_job(job_id).errors) >= n
+
+
+def test_the_retry_waits_the_asked_delay_not_the_backoff(redis_url: str, q: Queue) -> None:
+    registry = Registry()
+
+    @registry.task("webhook", backoff=HOUR)
+    async def webhook(payload: Any, ctx: JobContext) -> None:
+        raise RetryLater(90_000, "429 Too Many Requests")
+
+    job_id = webhook.enqueue(q, {"url": "https://example.invalid"})
+    assert run_until(redis_url, registry, _settings(q), _failed_times(q, job_id, 1))
+    j = q.get_job(job_id)
+    assert j.state == "scheduled" and j.attempts == 1
+    (err,) = j.errors
+    assert err["type"] == "RetryLater"
+    assert err["message"] == "retry in 90000 ms: 429 Too Many Requests"
+    assert j.run_at_ms is not None
+    assert j.run_at_ms - int(err["at_ms"]) == 90_000  # not the hour of its backoff
+
+
+def test_it_counts_as_an_attempt_and_the_last_one_parks_the_job(redis_url: str, q: Queue) -> None:
+    registry = Registry()
+    runs: list[int] = []
+
+    @registry.task("poll", max_attempts=3, backoff=HOUR, non_retryable=(Exception,))
+    def poll(payload: Any, ctx: JobContext) -> None:  # sync: run in a thread
+        runs.append(ctx.attempt)
+        raise RetryLater(0)  # at once, though Exception is non_retryable and the backoff 1 h
+
+    job_id = poll.enqueue(q, None)
+    assert run_until(redis_url, registry, _settings(q), lambda: q.status(job_id) == "dead")
+    j = q.get_job(job_id)
+    assert runs == [1, 2, 3]
+    assert (j.dead_reason, j.attempts) == ("attempts exhausted", 3)
+    assert [e["message"] for e in j.errors] == ["retry in 0 ms"] * 3
+
+
+@pytest.mark.parametrize("bad", [-1, 3650 * 86_400_000 + 1, 1.5, True, "5"])
+def test_a_delay_out_of_range_is_refused_where_it_is_built(bad: Any) -> None:
+    with pytest.raises(BadArgument, match="delay_ms"):
+        RetryLater(bad)
+
+
+def test_a_bad_delay_in_a_handler_fails_the_attempt_by_the_backoff(
+    redis_url: str, q: Queue
+) -> None:
+    registry = Registry()
+
+    @registry.task("oops", backoff=HOUR)
+    async def oops(payload: Any, ctx: JobContext) -> None:
+        raise RetryLater(-5)
+
+    job_id = oops.enqueue(q, None)
+    assert run_until(redis_url, registry, _settings(q), _failed_times(q, job_id, 1))
+    j = q.get_job(job_id)
+    (err,) = j.errors
+    assert err["type"] == "BadArgument" and "delay_ms" in err["message"]
+    assert j.run_at_ms is not None
+    assert j.run_at_ms - int(err["at_ms"]) == 3_600_000  # its backoff
