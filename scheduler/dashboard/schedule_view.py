@@ -41,8 +41,8 @@ def actionable(name: str) -> bool:
 def next_runs(s: Schedule, now_ms: int) -> list[int]:
     """The next NEXT_RUNS run times (server ms): the pending one first, at its own due time (a
     run a redefinition kept has the offset it was placed with, not the stored one), then the
-    slots after its slot, each at slot + the stored offset. Counted from its due time, a jitter
-    wider than the gap between two slots skipped the slots within it."""
+    slots after its slot, each at slot + the stored offset (counted from its due time, the
+    later runs of a kept run carried its old offset)."""
     first = s.next_run_ms
     head = [first] if first is not None else []
     slot = _slot_of(s.pending, s.name)
