@@ -83,3 +83,31 @@ def test_a_bad_delay_in_a_handler_fails_the_attempt_by_the_backoff(
     assert err["type"] == "BadArgument" and "delay_ms" in err["message"]
     assert j.run_at_ms is not None
     assert j.run_at_ms - int(err["at_ms"]) == 3_600_000  # its backoff
+
+
+def test_a_middleware_may_ask_for_later_too(redis_url: str, q: Queue) -> None:
+    """A middleware (an async one, around async handlers) that turns the partner's
+    rate-limit error into RetryLater: the run's outcome, as if the handler had raised it."""
+    registry = Registry()
+
+    class RateLimited(Exception):
+        pass
+
+    @registry.middleware
+    async def retry_after(call_next: Callable[..., Any], payload: Any, ctx: JobContext) -> Any:
+        try:
+            return await call_next(payload, ctx)
+        except RateLimited as exc:
+            raise RetryLater(45_000, str(exc)) from exc
+
+    @registry.task("sync_crm", backoff=HOUR, non_retryable=(RateLimited,))
+    async def sync_crm(payload: Any, ctx: JobContext) -> None:
+        raise RateLimited("retry-after 45")
+
+    job_id = sync_crm.enqueue(q, None)
+    assert run_until(redis_url, registry, _settings(q), _failed_times(q, job_id, 1))
+    j = q.get_job(job_id)
+    (err,) = j.errors
+    assert (j.state, err["type"]) == ("scheduled", "RetryLater")
+    assert j.run_at_ms is not None
+    assert j.run_at_ms - int(err["at_ms"]) == 45_000
