@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,12 +24,21 @@ from tests.redis_server import RedisProcess
 
 registry = Registry()
 ran: list[str] = []
+ended: list[str] = []
 
 
 @registry.task(name="iso-quick")
 async def quick(payload: Any, ctx: JobContext) -> None:
     ran.append(ctx.job_id)
     await asyncio.sleep(0.05)
+    ended.append(ctx.job_id)
+
+
+async def _until(done: Callable[[], bool], bound_s: float = 30.0) -> None:
+    """Until done() holds, a liveness bound (not a window the test's verdict depends on)."""
+    deadline = time.monotonic() + bound_s
+    while not done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
 
 
 def _two_nodes(server: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> tuple[Queue, Queue]:
@@ -37,6 +47,7 @@ def _two_nodes(server: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> tuple[Q
     from scheduler.worker import heartbeat as heartbeat_module
 
     ran.clear()
+    ended.clear()
     tag = uuid.uuid4().hex[:8]
     admin = redis.Redis(unix_socket_path=server.socket, decode_responses=True)
     for module in (core_module, heartbeat_module):
@@ -48,12 +59,14 @@ def _two_nodes(server: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> tuple[Q
 def test_a_node_that_is_down_does_not_hold_back_the_others_outcomes(
     module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch, bad_hangs: bool
 ) -> None:
+    # Waited on conditions with 30 s liveness bounds, not fixed loop counts (2 s for the bad
+    # job's start, 6 s for the good outcomes): a process stalled under load ran out of them.
     qg, qb = _two_nodes(module_server, monkeypatch)
     good, bad = qg.name, qb.name
     qb.enqueue("iso-quick", None, job_id="b1")
-    # Due after the bad job's report has failed once: sent again with it, before, forever.
-    later = [qg.enqueue("iso-quick", None, job_id=f"g{i}", delay_ms=300 + 50 * i) for i in range(3)]
+    later = [f"g{i}" for i in range(3)]
     down = False
+    bad_reports = 0
 
     async def main() -> None:
         nonlocal down
@@ -63,7 +76,10 @@ def test_a_node_that_is_down_does_not_hold_back_the_others_outcomes(
         bad_keys = w._by_name[bad].script_keys
 
         async def run(items: Any) -> list[Any]:
+            nonlocal bad_reports
             if down and any(keys == bad_keys for keys, _ in items):
+                if "b1" in ended:  # nothing of it runs any more: its outcome's call
+                    bad_reports += 1
                 if bad_hangs:
                     await asyncio.sleep(60)
                 raise RedisConnectionError("node of the bad queue is down")
@@ -71,21 +87,35 @@ def test_a_node_that_is_down_does_not_hold_back_the_others_outcomes(
 
         monkeypatch.setattr(w._pipe, "run", run)
         task = asyncio.create_task(w.run(install_signals=False))
-        for _ in range(200):  # the bad job started: its node goes down before its report
-            if "b1" in ran:
-                break
-            await asyncio.sleep(0.01)
+        await _until(lambda: "b1" in ran)  # its node goes down before its report
         down = True
-        for _ in range(300):
-            if all(qg.status(j) == "done" for j in later):
-                break
-            await asyncio.sleep(0.02)
+        await _until(lambda: bad_reports >= 1 or task.done())
+        # Enqueued once the bad job's report has been sent to its down node (due 50 ms apart:
+        # reports of their own): before, sent again with it, forever.
+        for i, j in enumerate(later):
+            qg.enqueue("iso-quick", None, job_id=j, delay_ms=50 * i)
+
+        # Down: until the good outcomes are written while the node is down. Hanging: the bad
+        # job's report went alone (one call, not split by node), so it holds the reporter and
+        # the good outcomes are written by the shutdown's flush, as before this wait: until
+        # the good jobs ran, then the stop.
+        def settled() -> bool:
+            if not set(later) <= set(ended):
+                return task.done()
+            return bad_hangs or all(qg.status(j) == "done" for j in later) or task.done()
+
+        await _until(settled)
+        during.extend(qg.status(j) for j in later)
         w.request_stop()
         await task
         await w.client.aclose()
 
+    during: list[str | None] = []
     asyncio.run(main())
+    assert bad_reports >= 1  # the scenario: the bad job's outcome was sent while its node was down
     assert "b1" in ran and all(j in ran for j in later), ran
+    if not bad_hangs:
+        assert during == ["done"] * 3  # written while the bad node was down
     assert [qg.status(j) for j in later] == ["done"] * 3
     assert qb.status("b1") == "leased"  # its outcome never reached its node: the lease lapses
 
@@ -121,10 +151,8 @@ def test_at_shutdown_the_healthy_nodes_jobs_are_given_back(
 
         monkeypatch.setattr(w._pipe, "run", run)
         task = asyncio.create_task(w.run(install_signals=False))
-        for _ in range(300):
-            if {"g1", "b1"} <= set(ran):
-                break
-            await asyncio.sleep(0.01)
+        # Until both run (a 30 s liveness bound, not a fixed 3 s loop a stalled process ran out).
+        await _until(lambda: {"g1", "b1"} <= set(ran) or task.done())
         down = True
         w.request_stop()
         await task
