@@ -232,18 +232,23 @@ def test_an_embedded_worker_whose_run_is_cancelled_stops_claiming(
     """An app stops what it started by cancelling its task (lifespan exit, a TaskGroup, a
     wait_for): run() must not leave its claim / heartbeat / report loops behind."""
     q = new_queue(module_server)
-    later = q.enqueue("rv-sleep", {"s": 0}, delay_ms=700)  # the claim loop sleeps until then
+    # The claim loop sleeps until then. 3 s, not 700 ms: a start stalled past the due time
+    # (a loaded machine) had the worker claim it before the cancel.
+    later = q.enqueue("rv-sleep", {"s": 0}, delay_ms=3000)
 
     async def main() -> list[str]:
         c = connect_async(module_server.url)
         w = Worker(c, registry, WorkerSettings(queues=(q.name,), lease_ms=3000,
                                                heartbeat_ms=100, grace_s=0))  # fmt: skip
         task = asyncio.create_task(w.run(install_signals=False))
-        await poll(lambda: w._idle.is_set(), 5, lambda: "the worker idle")
+        await poll(lambda: w._idle.is_set(), 30, lambda: "the worker idle")
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await asyncio.sleep(1.5)  # past the delayed job's due time
+        # Past the delayed job's due time (on the server's clock, a 30 s liveness bound), then
+        # a second for a loop left behind to wake and claim it (a stall only lengthens it).
+        await poll(lambda: q.status(later) != "scheduled", 30, lambda: state(q, later))
+        await asyncio.sleep(1.0)
         left = sorted(t.get_name() for t in asyncio.all_tasks() if t is not asyncio.current_task())
         w.request_stop()  # let whatever is left end before the loop closes
         await asyncio.sleep(0.3)
