@@ -46,8 +46,11 @@ def test_a_paused_queue_leases_nothing_until_resumed(q: Queue) -> None:
 
 def test_held_leases_settle_and_lapsed_ones_are_reaped_while_paused(q: Queue) -> None:
     a, b = q.enqueue("echo", None), q.enqueue("echo", None, max_attempts=1)
+    # a's and b's leases are to lapse (200 ms); c's is not (a minute): with one 200 ms lease
+    # for all three, a stall past it before c's heartbeat (a loaded machine) lapsed c too.
+    held = {j.id: j for j in q.claim("w1", limit=2, lease_ms=200).jobs}
     c = q.enqueue("echo", None)
-    held = {j.id: j for j in q.claim("w1", limit=3, lease_ms=200).jobs}
+    held |= {j.id: j for j in q.claim("w1", limit=1, lease_ms=60_000).jobs}
     assert set(held) == {a, b, c}
     q.pause()
     _, beat = q.heartbeat([(c, held[c].token)], lease_ms=60_000)
