@@ -124,7 +124,8 @@ def test_a_handler_s_progress_reaches_the_job_while_it_runs(redis_url: str, q: Q
                 seen[kind].set()
         return all(q.get_job(i).state == "done" for i in ids.values())
 
-    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=50, lease_ms=1_000, grace_s=0)
+    # The progress goes with the 50 ms heartbeats; a lapse is not the scenario (a 30 s lease).
+    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=50, lease_ms=30_000, grace_s=0)
     assert run_until(redis_url, registry, settings, progressed)
     assert all(e.is_set() for e in seen.values())
     assert q.get_job(ids["sync"]).progress == {"step": 2}
@@ -231,6 +232,7 @@ def test_a_failed_heartbeat_leaves_the_progress_for_the_next_one(redis_url: str,
             seen.set()
         return q.status(job_id) == "done"
 
-    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=50, lease_ms=2_000, grace_s=0)
+    # The progress goes with the 50 ms heartbeats; a lapse is not the scenario (a 30 s lease).
+    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=50, lease_ms=30_000, grace_s=0)
     assert run_until(redis_url, registry, settings, progressed, setup=fail_the_first_progress)
     assert failed and seen.is_set()  # written while it ran, by a heartbeat after the failed one
