@@ -448,12 +448,16 @@ def test_an_enqueue_without_replicas_is_refused_typed_with_nothing_written(
 
 registry = Registry()
 runs: Counter[str] = Counter()
+ended: Counter[str] = Counter()
+gate = threading.Event()  # the runs end once it is set
 
 
 @registry.task("hard.job")
 async def hard_job(payload: Any, ctx: JobContext) -> str:
     runs[ctx.job_id] += 1
-    await asyncio.sleep(0.3)
+    while not gate.is_set():
+        await asyncio.sleep(0.01)
+    ended[ctx.job_id] += 1
     return "ok"
 
 
@@ -490,19 +494,32 @@ def test_a_worker_rides_through_noreplicas_without_losing_or_rerunning(
         loop.run_until_complete(task)
 
     thread = threading.Thread(target=serve, daemon=True)
+    # The runs wait at a gate until the replica is gone and refused a call (their heartbeats),
+    # then end, their outcomes held; the test waits for them (30 s liveness bounds). Before:
+    # 0.3 s runs and a fixed 1 s, so a stall (a loaded machine) could see every job run before
+    # the replica went ('some jobs were still waiting' failed) or the runs not yet ended.
+    runs.clear()
+    ended.clear()
+    gate.clear()
     try:
         thread.start()
-        wait_for(lambda: sum(runs[j] for j in first) >= 2, 10, "jobs running")
+        wait_for(lambda: sum(runs[j] for j in first) >= 2, 30, "jobs running")
         _replica_gone(s)
-        wait_for(lambda: any("NOREPLICAS" in line for line in lines.lines), 10, "the refusal")
-        time.sleep(1.0)  # handlers end meanwhile: their outcomes are held
+        wait_for(lambda: any("NOREPLICAS" in line for line in lines.lines), 30, "the refusal")
+        started = sum(runs.values())
+        gate.set()
+
+        def over() -> bool:  # or the worker is gone: its assertion below says so
+            return sum(ended.values()) >= started or not thread.is_alive()
+
+        wait_for(over, 30, "the runs to end")
         assert q.counts().due > 0, "some jobs were still waiting when the replica went"
         with pytest.raises(NoReplicas):
             q.enqueue("hard.job")
         _replica_back(s)
         later = [q.enqueue("hard.job", {"after": i}) for i in range(2)]
         every = first + later
-        wait_for(lambda: all(q.status(j) == JobState.DONE for j in every), 15, "every job done")
+        wait_for(lambda: all(q.status(j) == JobState.DONE for j in every), 30, "every job done")
         assert {j: runs[j] for j in every} == dict.fromkeys(every, 1)  # none run twice
         counts = q.counts()
         assert (counts.due, counts.leased, counts.dead) == (0, 0, 0)
@@ -511,6 +528,7 @@ def test_a_worker_rides_through_noreplicas_without_losing_or_rerunning(
         assert all("backing off, retrying" in line for line in refused), refused
         assert any("min-replicas-to-write" in line for line in refused), refused
     finally:
+        gate.set()
         _replica_back(s)
         if thread.is_alive():
             loop.call_soon_threadsafe(worker.request_stop)
