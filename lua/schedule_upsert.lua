@@ -13,12 +13,15 @@
     every occurrence it inserts gets the start deadline run_at + this (lib/rearm.lua sched_job)
   ARGV[18..] cron only: the next slots (ms, ascending) after now - offset_ms, from the client;
     when the pending occurrence is due (kept, below), also the latest missed slots after it
-    (misfire_n + 1), so that its claim counts them for the misfire policy
+    (misfire_n + 1), so that its claim counts them for the misfire policy; when it waits and
+    the new offset makes its slot overdue, that slot too if it is one of the new cron's
   Returns: {status, pending id or ''}; status 'unchanged' (same digest and its pending
     occurrence still waits, in due or set aside by flow control: nothing written), 'repaired'
     (same digest, but its pending occurrence had gone, e.g. cancelled by hand), 'created' or
     'updated' (the old pending occurrence is replaced by the first slot after now, and after
-    the last slot that left due: ran_ms, lib/rearm.lua; one already due and still waiting is
+    the last slot that left due: ran_ms, lib/rearm.lua, or by its own slot, due at once, when
+    the new offset makes that slot overdue and it is one of the new definition's (a cron
+    one's: in ARGV[18..]); one already due and still waiting is
     kept, and the new definition applies from the slot after it; a starved schedule's owed
     run, waiting for a refill after a long outage, is placed from its cursor under the new
     definition, a cron one by that refill). A hash that cannot be read
@@ -109,8 +112,12 @@ local paused = '0'
 -- run was lost whatever the policy (a daily one: a day without its run).
 -- Due by the run's own time (sched_pending_at): a run kept before keeps the offset it was
 -- placed with, whatever jitter the schedule stores since.
-local keep = old and old.paused ~= '1' and old.pending ~= '' and sched_waiting(prefix, old)
-  and (sched_pending_at(prefix, old) or old.cursor_ms + old.offset_ms) <= now and old
+local waiting = old and old.paused ~= '1' and old.pending ~= '' and sched_waiting(prefix, old)
+local keep = waiting and (sched_pending_at(prefix, old) or old.cursor_ms + old.offset_ms) <= now
+  and old
+-- A waiting run withdrawn before its own time: its slot, which the new definition may make
+-- overdue (a smaller jitter), must not be skipped by placing from now (below).
+local withdrawn = waiting and not keep and old.cursor_ms
 -- A starved cron schedule (its buffer ran out before the run its misfire policy owes could be
 -- placed: an outage longer than the buffer, lib/rearm.lua sched_place) still owes that run when
 -- redefined (a deploy after the outage): placed from its cursor under the new definition, with
@@ -166,6 +173,16 @@ local h = sched_load(prefix, name)
 if owed then
   sched_place(prefix, h, owed.cursor_ms, owed.budget, now)
 elseif paused ~= '1' then
-  sched_place(prefix, h, sched_from(h, now), 0, now)
+  local from = sched_from(h, now)
+  -- The withdrawn run's slot at or before `from` (the new offset makes it overdue: a daily
+  -- 09:00 run placed at 09:20 by its jitter, redefined at 09:10 without one) was skipped, a
+  -- day without its run: it runs now instead, if it is a slot of the new definition (the client
+  -- sends it in a cron buffer when it is) and none ran since.
+  if withdrawn and withdrawn > h.ran_ms and withdrawn <= from
+      and slot_after(prefix, h, withdrawn - 1) == withdrawn then
+    sched_insert(prefix, h, withdrawn, now)
+  else
+    sched_place(prefix, h, from, 0, now)
+  end
 end
 return { status, h.pending }

@@ -289,10 +289,21 @@ class Run:
         self.jobs[jid] = MJob(jid, s.name, slot + s.offset, {"v": s.defn.payload}, s.defn, slot)
         s.pending = jid
 
-    def place_first(self, s: MSched) -> None:
-        """Create, redefine, resume: the first slot not yet due, and after `ran`."""
+    def place_first(self, s: MSched, withdrawn: int | None = None) -> None:
+        """Create, redefine, resume: the first slot not yet due, and after `ran`; on a
+        redefinition, the slot of the run it withdrew before its time when the new offset made
+        it overdue and it is one of the new definition's (it runs now, never skipped)."""
         assert s.defn is not None
         after = max(self.now - s.offset, s.ran)
+        times = s.times(s.defn, self.start)
+        if (
+            withdrawn is not None
+            and s.ran < withdrawn <= after
+            and times.after(withdrawn - 1) == withdrawn
+        ):
+            self.seen["withdrawn_slot_runs"] += 1
+            self.place(s, withdrawn)
+            return
         if s.times(s.defn, self.start).after(self.now - s.offset) <= s.ran:
             # A larger jitter: the slot that ran would be next; its record may have expired.
             ran_job = self.jobs.get(occ_id(s.name, s.ran))
@@ -354,13 +365,15 @@ class Run:
             if keep and pend and pend.slot is not None and pend.slot + s.offset > self.now:
                 # Kept once with a larger jitter: due by its own time, kept again.
                 self.seen["kept_again_own_time"] += 1
+            # A run withdrawn before its time: its slot may be overdue under the new offset.
+            withdrawn = pend.slot if pend is not None and not keep else None
             if not keep:
                 self.withdraw(s)
             s.defn = d
             if keep:
                 self.seen["redefine_keeps_due"] += 1
             elif s.state == "active":
-                self.place_first(s)
+                self.place_first(s, withdrawn)
 
     def op_pause(self) -> None:
         s = self.sched[self.rng.choice(list(self.sched))]

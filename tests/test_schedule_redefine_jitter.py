@@ -109,3 +109,42 @@ def test_the_dashboards_next_runs_of_a_kept_run_use_the_stored_offset_after_it(
     assert s.pending == kept and s.next_run_ms == due_at
     assert next_runs(s, slot + 5) == [due_at, slot + HOUR_MS + s.offset_ms,
                                       slot + 2 * HOUR_MS + s.offset_ms]  # fmt: skip
+
+
+def test_a_smaller_jitter_does_not_skip_the_waiting_run(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """A daily 09:00 run placed at 09:00 + its jitter's offset (an hourly one alike), redefined
+    before then without jitter: its slot is overdue under the new definition. Placed from now,
+    it was skipped (the next run the day after); it runs now, with the new definition."""
+    q, clock = tq
+    for kind, opts in (("cron", {"cron": "0 9 * * *"}), ("every", {"every_ms": HOUR_MS})):
+        name = f"daily-{kind}"
+        clock.set_ms(8 * HOUR_MS)
+        q.schedule(name, "t", {"v": 1}, jitter_ms=HOUR_MS - 1, **opts)
+        pending = pending_of(client, q, name)
+        slot = int(pending.rsplit(":", 1)[1])
+        offset = offset_of(client, q, name)
+        assert offset > 60_000, offset
+        if kind == "cron":
+            assert slot == 9 * HOUR_MS, slot
+        clock.set_ms(slot + offset // 2)  # before its time: waiting, not due
+        assert q.schedule(name, "t", {"v": 2}, **opts) == "updated"
+        assert pending_of(client, q, name) == pending  # the same slot, not tomorrow's
+        assert client.zscore(q.keys.due, pending) == slot  # due at once, by the new offset
+        assert q.get_job(pending).payload() == {"v": 2}
+
+
+def test_a_changed_cron_does_not_run_the_old_slot(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """The withdrawn slot runs only if it is one of the new definition's: a cron moved from
+    09:00 to 09:30 places 09:30, not the old 09:00 that is now past."""
+    q, clock = tq
+    clock.set_ms(8 * HOUR_MS)
+    q.schedule("moved", "t", cron="0 9 * * *", jitter_ms=HOUR_MS - 1)
+    offset = offset_of(client, q, "moved")
+    clock.set_ms(9 * HOUR_MS + offset // 2)
+    q.schedule("moved", "t", cron="30 9 * * *")
+    nxt = int(pending_of(client, q, "moved").rsplit(":", 1)[1])
+    assert nxt > 9 * HOUR_MS and nxt % (24 * HOUR_MS) == 9 * HOUR_MS + 30 * 60_000, nxt

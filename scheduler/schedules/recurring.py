@@ -152,6 +152,15 @@ class ScheduleDef:
                 self.cron, self.tz, now_ms - self.offset_ms, self.misfire_n + 1
             )
             slots = sorted({s for s in missed if s > cursor}.union(slots))
+        elif (
+            f.get("pending")
+            and cursor is not None
+            and cursor + self.offset_ms <= now_ms
+            and cron_slots_after(self.cron, self.tz, cursor - 1, 1) == [cursor]
+        ):
+            # A waiting run this definition's smaller offset makes overdue: upsert runs its
+            # slot now, as it is one of this cron's (lua/schedule_upsert.lua `withdrawn`).
+            slots = sorted({cursor, *slots})
         return slots
 
     def upsert_args(self, slots: list[int]) -> list[str]:
