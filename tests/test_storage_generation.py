@@ -129,7 +129,10 @@ def test_a_running_worker_leaves_the_newer_queue_and_serves_the_other(
     w = spawn_worker(redis_url, newer.name, "--queue", other.name, log=str(log))
     try:
         wait_for(lambda: client.exists(newer.keys.workers) == 1, what="the worker up")
-        held = newer.enqueue("echo", {"i": 0})  # accepted before the newer version took over
+        # Accepted before the newer version took over, due a little later: due at once, the
+        # idle worker (woken by the enqueue) could claim it before the HSET below (seen on a
+        # cluster in CI: leased, its complete then refused, never 'due' again).
+        held = newer.enqueue("echo", {"i": 0}, delay_ms=1_000)
         client.hset(newer.keys.config, "generation", NEWER)
         ids = other.enqueue_many([JobSpec("echo", {"i": i}) for i in range(5)])
         wait_for(lambda: {other.status(j) for j in ids} == {"done"}, what="the other queue served")
@@ -140,7 +143,8 @@ def test_a_running_worker_leaves_the_newer_queue_and_serves_the_other(
 
         wait_for(lambda: bool(said()), what="the worker saying why")
         assert said()[0]["level"] == "warning" and "NewerStorage" in said()[0]["msg"]
-        assert newer.status(held) == "due" and client.zcard(newer.keys.leased) == 0
+        wait_for(lambda: newer.status(held) == "due", what="the held job due")
+        assert client.zcard(newer.keys.leased) == 0  # due, and never claimed
         assert w.poll() is None  # still up
         client.hdel(newer.keys.config, "generation")  # rolled back: the queue is served again
         wait_for(lambda: newer.status(held) == "done", 40, "the queue served after rollback")
