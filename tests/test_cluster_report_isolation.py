@@ -95,14 +95,13 @@ def test_a_node_that_is_down_does_not_hold_back_the_others_outcomes(
         for i, j in enumerate(later):
             qg.enqueue("iso-quick", None, job_id=j, delay_ms=50 * i)
 
-        # Down: until the good outcomes are written while the node is down. Hanging: the bad
-        # job's report went alone (one call, not split by node), so it holds the reporter and
-        # the good outcomes are written by the shutdown's flush, as before this wait: until
-        # the good jobs ran, then the stop.
+        # Until the good outcomes are written while the node is down or hangs (a hanging
+        # node's lone report is bounded by the claims' wait too: it held the reporter for
+        # the socket timeout, and these outcomes waited for the shutdown's flush).
         def settled() -> bool:
             if not set(later) <= set(ended):
                 return task.done()
-            return bad_hangs or all(qg.status(j) == "done" for j in later) or task.done()
+            return all(qg.status(j) == "done" for j in later) or task.done()
 
         await _until(settled)
         during.extend(qg.status(j) for j in later)
@@ -114,8 +113,7 @@ def test_a_node_that_is_down_does_not_hold_back_the_others_outcomes(
     asyncio.run(main())
     assert bad_reports >= 1  # the scenario: the bad job's outcome was sent while its node was down
     assert "b1" in ran and all(j in ran for j in later), ran
-    if not bad_hangs:
-        assert during == ["done"] * 3  # written while the bad node was down
+    assert during == ["done"] * 3  # written while the bad node was down or hung
     assert [qg.status(j) for j in later] == ["done"] * 3
     assert qb.status("b1") == "leased"  # its outcome never reached its node: the lease lapses
 

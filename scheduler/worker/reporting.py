@@ -134,16 +134,16 @@ class Reporting(WorkerCore):
         """Report (or release) calls in one round trip; on a cluster worker of several queues,
         one call per node, all at once: a node that fails or does not answer within the claims'
         wait gives its error as the reply of each of its calls (they are sent again: complete,
-        fail and release are idempotent per token), and the healthy nodes' replies stand.
+        fail and release are idempotent per token), and the healthy nodes' replies stand. Also
+        when all go to one node: a hanging one held the reporter for the socket timeout (30 s)
+        and the other nodes' outcomes behind it, past their leases.
         send: how the calls go (default: Pipeline.run of operations)."""
         run: Callable[[Any], Awaitable[list[Any]]] = send or self._pipe.run
-        if self._claim_wait_s is None or len(calls) < 2:
+        if self._claim_wait_s is None or not calls:
             return await run(calls)
         groups: dict[str, list[int]] = {}
         for i, (keys, _) in enumerate(calls):
             groups.setdefault(self._node_of(keys[0]), []).append(i)
-        if len(groups) < 2:
-            return await run(calls)
         sent = [run([calls[i] for i in idx]) for idx in groups.values()]
         tasks = [asyncio.ensure_future(c) for c in sent]
         try:
