@@ -4,11 +4,20 @@ started on its own client, cancelled and its client closed whatever happens."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from scheduler import Registry
 from scheduler.core.connection import connect_async
 from scheduler.worker import Worker, WorkerSettings
+
+
+async def until(done: Callable[[], bool], bound_s: float = 30.0) -> None:
+    """Until done() holds, or `bound_s` (a liveness bound, not a window a test's verdict depends
+    on: the test checks what it needs afterwards)."""
+    deadline = time.monotonic() + bound_s
+    while not done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
 
 
 def run_until(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from scheduler import Queue
 from scheduler.core.connection import connect_async
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
+from tests.embedded_worker import until
 from tests.redis_server import RedisProcess
 
 registry = Registry()
@@ -32,13 +32,6 @@ async def quick(payload: Any, ctx: JobContext) -> None:
     ran.append(ctx.job_id)
     await asyncio.sleep(0.05)
     ended.append(ctx.job_id)
-
-
-async def _until(done: Callable[[], bool], bound_s: float = 30.0) -> None:
-    """Until done() holds, a liveness bound (not a window the test's verdict depends on)."""
-    deadline = time.monotonic() + bound_s
-    while not done() and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
 
 
 def _two_nodes(server: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> tuple[Queue, Queue]:
@@ -87,9 +80,9 @@ def test_a_node_that_is_down_does_not_hold_back_the_others_outcomes(
 
         monkeypatch.setattr(w._pipe, "run", run)
         task = asyncio.create_task(w.run(install_signals=False))
-        await _until(lambda: "b1" in ran)  # its node goes down before its report
+        await until(lambda: "b1" in ran)  # its node goes down before its report
         down = True
-        await _until(lambda: bad_reports >= 1 or task.done())
+        await until(lambda: bad_reports >= 1 or task.done())
         # Enqueued once the bad job's report has been sent to its down node (due 50 ms apart:
         # reports of their own): before, sent again with it, forever.
         for i, j in enumerate(later):
@@ -103,7 +96,7 @@ def test_a_node_that_is_down_does_not_hold_back_the_others_outcomes(
                 return task.done()
             return all(qg.status(j) == "done" for j in later) or task.done()
 
-        await _until(settled)
+        await until(settled)
         during.extend(qg.status(j) for j in later)
         w.request_stop()
         await task
@@ -150,7 +143,7 @@ def test_at_shutdown_the_healthy_nodes_jobs_are_given_back(
         monkeypatch.setattr(w._pipe, "run", run)
         task = asyncio.create_task(w.run(install_signals=False))
         # Until both run (a 30 s liveness bound, not a fixed 3 s loop a stalled process ran out).
-        await _until(lambda: {"g1", "b1"} <= set(ran) or task.done())
+        await until(lambda: {"g1", "b1"} <= set(ran) or task.done())
         down = True
         w.request_stop()
         await task

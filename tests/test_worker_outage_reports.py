@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -19,6 +18,7 @@ from scheduler import JobContext, Queue, Registry
 from scheduler._spawn import RedisProcess
 from scheduler.core.connection import connect_async
 from scheduler.worker import Worker, WorkerSettings
+from tests.embedded_worker import until
 
 registry = Registry()
 runs: Counter[str] = Counter()
@@ -29,13 +29,6 @@ def job(payload: Any, ctx: JobContext) -> str:
     runs[ctx.job_id] += 1
     time.sleep(0.3)
     return "ok"
-
-
-async def _until(done: Callable[[], bool], bound_s: float = 30.0) -> None:
-    """Until done() holds, a liveness bound (not a window the verdict depends on)."""
-    deadline = time.monotonic() + bound_s
-    while not done() and time.monotonic() < deadline:
-        await asyncio.sleep(0.025)
 
 
 def test_results_held_through_an_outage_go_before_the_next_claim(
@@ -50,13 +43,13 @@ def test_results_held_through_an_outage_go_before_the_next_claim(
         settings = WorkerSettings(queues=("outage",), lease_ms=3_000, heartbeat_ms=500, grace_s=0)
         task = asyncio.create_task(Worker(client, registry, settings).run(install_signals=False))
         try:
-            await _until(lambda: len(runs) >= len(first) or task.done())
+            await until(lambda: len(runs) >= len(first) or task.done())
             admin.config_set("min-replicas-to-write", 1)  # every write refused from here
             await asyncio.sleep(4.5)  # past every lease: none got a heartbeat through
             admin.config_set("min-replicas-to-write", 0)
             later = [q.enqueue("outage.job", {"n": i}) for i in range(3)]  # wakes the claims
             # Until all are done (a 30 s liveness bound), not a fixed 400 x 25 ms loop.
-            await _until(lambda: all(q.status(j) == "done" for j in first + later) or task.done())
+            await until(lambda: all(q.status(j) == "done" for j in first + later) or task.done())
             return later
         finally:
             admin.config_set("min-replicas-to-write", 0)
