@@ -1,6 +1,6 @@
 """Server time of one enqueue call, this checkout's Lua against another revision's, on one server.
 
-    python bench/lua_ab.py --rev HEAD~1 [--batch 1000] [--rounds 40]
+    python bench/lua_ab.py --rev HEAD~1 [--batch 1000] [--rounds 40] [--delay-ms 60000]
 
 Both texts of enqueue.lua, each as its revision sends it (expanded; pruned from the commit that
 added scheduler/core/lua_prune.py on; the old one from `git archive <rev> lua`), are loaded into
@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--rev", required=True, help="the revision to compare with (git)")
     ap.add_argument("--batch", type=int, default=1000, help="jobs per call")
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--delay-ms", type=int, default=None, help="each job's delay (default none)")
     a = ap.parse_args()
     texts = {a.rev: text_at(a.rev), "checkout": S.source("enqueue")}
     per_job: dict[str, list[float]] = {k: [] for k in texts}
@@ -66,7 +67,10 @@ def main() -> None:
             order = list(texts)
             random.shuffle(order)
             for which in order:
-                specs = [JobSpec("task", {"i": i, "pad": "x" * 60}) for i in range(a.batch)]
+                specs = [
+                    JobSpec("task", {"i": i, "pad": "x" * 60}, delay_ms=a.delay_ms)
+                    for i in range(a.batch)
+                ]
                 args = codec.enqueue_args(specs, 1 << 20)
                 r.slowlog_reset()
                 r.evalsha(sha[which], len(KEYS), *KEYS, *args)
@@ -77,7 +81,8 @@ def main() -> None:
             "mean": round(statistics.mean(v), 2)}
         for k, v in per_job.items()
     }  # fmt: skip
-    print(json.dumps({"batch": a.batch, "rounds": a.rounds, "per_job": out}))
+    head = {"batch": a.batch, "delay_ms": a.delay_ms, "rounds": a.rounds}
+    print(json.dumps({**head, "per_job": out}))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,19 @@ if #ARGV ~= 1 + n * W then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARG
 -- Validate the whole batch before the first write (same ranges as scheduler/codec.py).
 -- A batch mostly repeats one task name and one backoff text: each distinct one is checked once.
 local jobs, task_seen, backoff_seen, debounced = {}, {}, {}, {}
+-- And a number field mostly repeats its text from job to job: each field remembers its last
+-- text and value (Lua strings are interned: the comparison is one pointer; issue 16, bulk).
+local last_text, last_value = {}, {}
+local int_field = int_arg  -- one job: nothing to remember
+if n > 1 then
+  int_field = function(v, name, lo, hi)
+    if last_text[name] == v then return last_value[name] end
+    local x, bad = int_arg(v, name, lo, hi)
+    if bad then return nil, bad end
+    last_text[name], last_value[name] = v, x
+    return x
+  end
+end
 for i = 0, n - 1 do
   local b = 1 + i * W
   local id, task, when, backoff = ARGV[b + 1], ARGV[b + 2], ARGV[b + 4], ARGV[b + 7]
@@ -66,7 +79,7 @@ for i = 0, n - 1 do
   end
   local t, max_attempts, timeout, idem_ttl
   if when == 'in' then
-    t, err = int_arg(ARGV[b + 5], 'time_ms', 0, LIM.delay_ms); if err then return err end
+    t, err = int_field(ARGV[b + 5], 'time_ms', 0, LIM.delay_ms); if err then return err end
     t = now + t
   elseif when == 'at' then
     t, err = int_arg(ARGV[b + 5], 'time_ms', 0, LIM.time_ms); if err then return err end
@@ -74,7 +87,7 @@ for i = 0, n - 1 do
     return redis.error_reply('BAD_ARGUMENT when=' .. string.sub(when, 1, 40))
   end
   if t > LIM.time_ms then return redis.error_reply('BAD_ARGUMENT time_ms=' .. fmt(t)) end
-  max_attempts, err = int_arg(ARGV[b + 6], 'max_attempts', 1, LIM.attempts)
+  max_attempts, err = int_field(ARGV[b + 6], 'max_attempts', 1, LIM.attempts)
   if err then return err end
   if not backoff_seen[backoff] then
     if parse_backoff(backoff) == nil then
@@ -82,10 +95,10 @@ for i = 0, n - 1 do
     end
     backoff_seen[backoff] = true
   end
-  timeout, err = int_arg(ARGV[b + 8], 'timeout_ms', 0, LIM.timeout_ms); if err then return err end
-  idem_ttl, err = int_arg(ARGV[b + 10], 'idem_ttl_ms', 1, LIM.ttl_ms); if err then return err end
+  timeout, err = int_field(ARGV[b + 8], 'timeout_ms', 0, LIM.timeout_ms); if err then return err end
+  idem_ttl, err = int_field(ARGV[b + 10], 'idem_ttl_ms', 1, LIM.ttl_ms); if err then return err end
   if ARGV[b + 11] ~= '' then
-    local _, bad = int_arg(ARGV[b + 11], 'result_ttl_ms', 1, LIM.ttl_ms)
+    local _, bad = int_field(ARGV[b + 11], 'result_ttl_ms', 1, LIM.ttl_ms)
     if bad then return bad end
   end
   -- flags: 'b' (debounce: replace the unstarted job the key names), then 'k' (keep the
@@ -114,7 +127,9 @@ for i = 0, n - 1 do
   local flow, bad_flow = flow_arg(W == 13 and ARGV[b + 13] or '')
   if flow == nil then return bad_flow end
   jobs[i + 1] = { id, task, ARGV[b + 3], t, max_attempts, backoff, timeout, ARGV[b + 9], idem_ttl,
-    ARGV[b + 11], flags, flow, debounce = debounce }
+    ARGV[b + 11], flags, flow }
+  -- Only a debounced job gets the named field: a plain job's table stays an array.
+  if debounce then jobs[i + 1].debounce = true end
 end
 
 -- Idempotency keys are read before any write too (a key overwritten with another type would
@@ -184,10 +199,11 @@ local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local head_ms = head[2] and tonumber(head[2]) or nil
 local earliest = nil
 local flags, subst, adds = {}, {}, {}
+local last_run_at, run_at_s
 for k, j in ipairs(jobs) do
   local id, task, payload, run_at, max_attempts, backoff, timeout, idem, idem_ttl =
     j[1], j[2], j[3], j[4], j[5], j[6], j[7], j[8], j[9]
-  local jk = job_key(prefix, id)
+  local jk, sk = job_key(prefix, id), spec_key(prefix, id)
   local ik = (idem ~= '') and (prefix .. 'idem:' .. idem) or nil
   local first = j.first
   if j.replace then
@@ -211,12 +227,13 @@ for k, j in ipairs(jobs) do
   -- record 16 B larger (Redis 7.0, the Lua argument-object reuse; bench/memory_layouts.py).
   -- Not `SET ... NX` either: a re-sent batch of jobs already there must write nothing, so a
   -- full server (OOM, NOREPLICAS: Redis refuses a script's first write) still answers it.
-  elseif redis.call('EXISTS', jk) == 1 or redis.call('EXISTS', spec_key(prefix, id)) == 1 then
+  elseif redis.call('EXISTS', jk) == 1 or redis.call('EXISTS', sk) == 1 then
     flags[k] = 'e'
   else
-    local run_at_s = fmt(run_at)
+    -- A batch's jobs mostly share one run time: its text is made once per run of equal times.
+    if run_at ~= last_run_at then last_run_at, run_at_s = run_at, fmt(run_at) end
     -- One compact record, defaults and derivable fields left out (lib/job.lua pack_spec).
-    redis.call('SET', spec_key(prefix, id), pack_spec(task, max_attempts, backoff, timeout, now,
+    redis.call('SET', sk, pack_spec(task, max_attempts, backoff, timeout, now,
       run_at, j[10], j[11], payload))
     if flow_used(j[12]) then flow_store(jk, j[12]) end
     -- A job with parents not all done waits (or is parked at once: lib/flow.lua flow_wait).

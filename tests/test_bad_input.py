@@ -17,6 +17,7 @@ from scheduler import (
     InvalidPayload,
     JobNotFound,
     JobSpec,
+    JobState,
     Queue,
     StaleToken,
 )
@@ -132,6 +133,43 @@ def test_server_refuses_malformed_arguments(
     three = [[f"m{i}", *good[1:]] for i in range(3)]
     reply = q._execute(Script("enqueue", ["3", *[x for job in three for x in job]]))
     assert reply[0] == "ccc"
+
+
+# enqueue.lua's job fields (the 12 of an older client's call): index -> the name a refusal gives.
+_NUMBERS = {4: "time_ms", 5: "max_attempts", 7: "timeout_ms", 9: "idem_ttl_ms", 10: "result_ttl_ms"}
+
+
+def test_server_checks_every_number_of_a_batch_not_only_repeats(
+    seeded: tuple[Queue, str, str], client: redis.Redis
+) -> None:
+    """Within one call enqueue.lua parses a number field's text once while the jobs repeat it
+    (issue 16, bulk): a text that differs is still checked wherever it comes, and each job
+    stores its own values."""
+    q, _, _ = seeded
+    before = dump_queue(client, q)
+    good = ["g", "t", "{}", "in", "0", "5", "1000,2.0,1000,0.0", "0", "", "1000", "", ""]
+    for i, name in _NUMBERS.items():
+        for value in ("-7", "1.5", " 3", "x"):
+            bad = [*good]
+            bad[i] = value
+            jobs = [[f"n{k}", *job[1:]] for k, job in enumerate((good, good, bad, good))]
+            with pytest.raises(BadArgument, match=name):
+                q._execute(Script("enqueue", ["4", *[x for job in jobs for x in job]]))
+    assert dump_queue(client, q) == before
+    # Alternating texts: each job keeps its own (a remembered value is never another job's).
+    a = [*good]
+    b = [*good[:4], "60000", "7", good[6], "2000", "", "1000", "5000", ""]
+    jobs = [[f"alt{k}", *job[1:]] for k, job in enumerate((a, b, a, b, b, a))]
+    reply = q._execute(Script("enqueue", ["6", *[x for job in jobs for x in job]]))
+    assert reply[0] == "cccccc"
+    for k, job in enumerate((a, b, a, b, b, a)):
+        got = q.get_job(f"alt{k}")
+        assert got is not None
+        assert got.max_attempts == int(job[5])
+        assert got.fields.get("timeout_ms", "0") == job[7]
+        assert got.fields.get("result_ttl_ms", "") == job[10]
+        delayed = job[4] != "0"
+        assert (q.status(f"alt{k}") == JobState.SCHEDULED) is delayed
 
 
 def test_hand_edited_job_hash_is_parked_not_lost(q: Queue, client: redis.Redis) -> None:

@@ -28,11 +28,19 @@ local function spec_key(prefix, id)
   return prefix .. 'spec:' .. id
 end
 
+-- One call's jobs share their enqueued_ms (the server's now): its text is made once per call.
+local packed_enq_ms = nil
+local packed_enq_s = nil
 local function pack_spec(task, max_attempts, backoff, timeout_ms, enqueued_ms, run_at_ms,
                          result_ttl_ms, flags, payload)
+  local enq = ''
+  if enqueued_ms ~= run_at_ms then
+    if enqueued_ms ~= packed_enq_ms then packed_enq_ms, packed_enq_s = enqueued_ms, fmt(enqueued_ms) end
+    enq = packed_enq_s
+  end
   return table.concat({ '2', task, max_attempts == 5 and '' or fmt(max_attempts),
     backoff == SPEC_BACKOFF and '' or backoff, timeout_ms == 0 and '' or fmt(timeout_ms),
-    enqueued_ms == run_at_ms and '' or fmt(enqueued_ms), result_ttl_ms, flags, payload }, '|')
+    enq, result_ttl_ms, flags, payload }, '|')
 end
 
 -- The spec's fields as the hash would hold them (strings), or nil and the field that is bad.
