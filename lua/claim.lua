@@ -77,6 +77,18 @@ local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'back
 -- Most jobs of a call share one task name, backoff text and timeout: each distinct one is
 -- checked once per call (as enqueue.lua does).
 local task_seen, backoff_seen, timeout_seen = {}, {}, {}
+-- So do their number texts (attempts '0', max_attempts '5', one run time for jobs enqueued
+-- together): each distinct text of a field is parsed once per call (issue 16, drain).
+local ints_seen = { attempts = {}, max_attempts = {}, run_at_ms = {}, enqueued_ms = {} }
+local function int_once(field, v, lo, hi)
+  local seen = ints_seen[field]
+  local x = seen[v]
+  if x == nil and v then
+    x = parse_int(v, lo, hi) or false
+    seen[v] = x
+  end
+  return x or nil
+end
 local function read_claimable(id, jk, run_at_s)
   -- A plain job never claimed has no hash yet (most claims of a drain): one EXISTS instead of
   -- a 17-field HMGET of nothing; a job with a hash (a retry, a flow job, a schedule's
@@ -116,7 +128,7 @@ local function read_claimable(id, jk, run_at_s)
   -- was ever claimed (a dead parent) and requeued, whose hash holds a state but none of the
   -- spec's fields a finished record needs (keep_payload, result_ttl_ms, max_attempts, task).
   local first = sp ~= false and f[10] == false
-  if first and (parse_int(sp.enqueued_ms, 0, LIM.time_ms) == nil
+  if first and (int_once('enqueued_ms', sp.enqueued_ms, 0, LIM.time_ms) == nil
       or (sp.result_ttl_ms ~= '' and parse_int(sp.result_ttl_ms, 1, LIM.ttl_ms) == nil)) then
     return nil, 'invalid job: record'
   end
@@ -137,11 +149,11 @@ local function read_claimable(id, jk, run_at_s)
     task_seen[f[1]] = true
   end
   if not f[2] or not is_utf8(f[2]) then return nil, 'invalid job: payload' end
-  r.attempts = parse_int(f[3], 0, LIM.attempts)
+  r.attempts = int_once('attempts', f[3], 0, LIM.attempts)
   if r.attempts == nil then return nil, 'invalid job: attempts' end
-  r.max_attempts = parse_int(f[4], 1, LIM.attempts)
+  r.max_attempts = int_once('max_attempts', f[4], 1, LIM.attempts)
   if r.max_attempts == nil then return nil, 'invalid job: max_attempts' end
-  r.run_at_ms = parse_int(f[5], 0, LIM.time_ms)
+  r.run_at_ms = int_once('run_at_ms', f[5], 0, LIM.time_ms)
   if r.run_at_ms == nil then return nil, 'invalid job: run_at_ms' end
   -- Its text for the hash and the reply: a never-claimed job's is claim's own fmt of the due
   -- score (canonical); one read from a hash is written out again (a hand edit may say '007').
@@ -311,9 +323,13 @@ if limit > 0 then
     if r then flow_unindex(prefix, id, r.flow.priority) end
     return 'gone'
   end
+  -- Jobs enqueued together share a due score, and most claims count attempt 1: each text is
+  -- made once per run of equal values.
+  local score_was, score_s, attempts_was, attempts_s
   local function examine(id, score)
     local jk = job_key(prefix, id)
-    local r, bad = read_claimable(id, jk, fmt(score_ms(score)))
+    if score ~= score_was then score_was, score_s = score, fmt(score_ms(score)) end
+    local r, bad = read_claimable(id, jk, score_s)
     if r and r.attempts >= r.max_attempts then bad = 'attempts exhausted' end
     -- No attempt starts after the job's start deadline (enqueue's start_within_ms): parked,
     -- visibly, instead of run late; a lapsed lease reaped after it ends the same way.
@@ -380,6 +396,7 @@ if limit > 0 then
     -- Leased below: the worker's one suspect (one set aside, parked or dropped above is not).
     if r.lapses >= 2 then suspect_taken = id end
     local attempts = r.attempts + 1
+    if attempts ~= attempts_was then attempts_was, attempts_s = attempts, fmt(attempts) end
     -- The last settlement moves to the replay log before a new one can overwrite it.
     if r.settled_token then log_settlement(jk, r.settled_token, r.settled, r.settled_log) end
     local token
@@ -391,7 +408,7 @@ if limit > 0 then
       token = '1-' .. nonce
       local sp = r.spec
       redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
-        'attempts', fmt(attempts), 'claimed_ms', now_s, 'fence', '1', 'task', r.task,
+        'attempts', attempts_s, 'claimed_ms', now_s, 'fence', '1', 'task', r.task,
         'run_at_ms', r.run_at_s, 'enqueued_ms', sp.enqueued_ms)
       -- The default budget (5) is not stored: readers of a finished job fill it in
       -- (models.Job.max_attempts), the others read the spec.
@@ -401,7 +418,7 @@ if limit > 0 then
     else
       token = fmt(redis.call('HINCRBY', jk, 'fence', 1)) .. '-' .. nonce
       redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
-        'attempts', fmt(attempts), 'claimed_ms', now_s)
+        'attempts', attempts_s, 'claimed_ms', now_s)
     end
     took[#took + 1] = id
     leases[#leases + 1] = lease_until

@@ -83,6 +83,32 @@ def test_claim_parks_only_the_job_with_a_bad_field(
     assert q.counts().leased == 0
 
 
+def test_one_claim_reads_each_jobs_own_numbers(q: Queue, client: redis.Redis) -> None:
+    """claim.lua parses each distinct number text once per call (issue 16, drain): jobs of one
+    batch that differ, in any order, each get their own attempts, budget and run time."""
+    t1 = datetime(2026, 1, 1, tzinfo=UTC)
+    t2 = datetime(2026, 1, 2, tzinfo=UTC)
+    retried = q.enqueue("ok.t", run_at=t1, max_attempts=4)
+    first = q.claim("w", limit=1)
+    q.fail(retried, first.jobs[0].token, ("E", "m", ""), delay_ms=0)
+    plan = {  # id -> (attempts, max_attempts, run_at)
+        q.enqueue("ok.t", run_at=t2, max_attempts=3): (1, 3, t2),
+        q.enqueue("ok.t", run_at=t1): (1, 5, t1),
+        retried: (2, 4, None),
+        q.enqueue("ok.t", run_at=t2, max_attempts=3): (1, 3, t2),
+        q.enqueue("ok.t", run_at=t1, max_attempts=7): (1, 7, t1),
+    }
+    batch = q.claim("w", limit=10)
+    assert sorted(j.id for j in batch.jobs) == sorted(plan)
+    for j in batch.jobs:
+        attempts, budget, run_at = plan[j.id]
+        assert (j.attempts, j.max_attempts) == (attempts, budget)
+        if run_at is not None:
+            assert j.run_at_ms == int(run_at.timestamp() * 1000)
+        stored = q.get_job(j.id)
+        assert stored is not None and stored.attempts == attempts
+
+
 def test_a_run_at_set_by_hand_on_a_never_claimed_job_is_read_and_written_out_plainly(
     q: Queue, client: redis.Redis
 ) -> None:
