@@ -50,19 +50,21 @@ if #ARGV ~= 1 + n * W then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARG
 
 -- Validate the whole batch before the first write (same ranges as scheduler/codec.py).
 -- A batch mostly repeats one task name and one backoff text: each distinct one is checked once.
-local jobs, task_seen, backoff_seen, debounced = {}, {}, {}, {}
+local jobs, task_seen, debounced = {}, {}, {}
+-- The default backoff (most jobs') is known good: a record stores it as ''.
+local backoff_seen = { [SPEC_BACKOFF] = true }
 -- And a number field mostly repeats its text from job to job: each field remembers its last
 -- text and value (Lua strings are interned: the comparison is one pointer; issue 16, bulk).
-local last_text, last_value = {}, {}
-local int_field = int_arg  -- one job: nothing to remember
-if n > 1 then
-  int_field = function(v, name, lo, hi)
-    if last_text[name] == v then return last_value[name] end
-    local x, bad = int_arg(v, name, lo, hi)
-    if bad then return nil, bad end
-    last_text[name], last_value[name] = v, x
-    return x
-  end
+-- It starts from the defaults the client sends (scheduler/core/codec.py): a one-job call
+-- with them parses none of them.
+local last_text = { time_ms = '0', max_attempts = '5', timeout_ms = '0', idem_ttl_ms = '86400000' }
+local last_value = { time_ms = 0, max_attempts = 5, timeout_ms = 0, idem_ttl_ms = 86400000 }
+local function int_field(v, name, lo, hi)
+  if last_text[name] == v then return last_value[name] end
+  local x, bad = int_arg(v, name, lo, hi)
+  if bad then return nil, bad end
+  last_text[name], last_value[name] = v, x
+  return x
 end
 for i = 0, n - 1 do
   local b = 1 + i * W
