@@ -76,7 +76,8 @@ local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'back
   'priority', 'ckey', 'rkey', 'lapses', 'start_by_ms' }
 -- Most jobs of a call share one task name, backoff text and timeout: each distinct one is
 -- checked once per call (as enqueue.lua does).
-local task_seen, backoff_seen, timeout_seen = {}, {}, {}
+-- The defaults (most jobs') are known good: a spec record stores them as ''.
+local task_seen, backoff_seen, timeout_seen = {}, { [SPEC_BACKOFF] = true }, { ['0'] = true }
 -- So do their number texts (attempts '0', max_attempts '5', one run time for jobs enqueued
 -- together): each distinct text of a field is parsed once per call (issue 16, drain).
 local ints_seen = { attempts = {}, max_attempts = {}, run_at_ms = {}, enqueued_ms = {} }
