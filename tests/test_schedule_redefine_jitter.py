@@ -148,3 +148,33 @@ def test_a_changed_cron_does_not_run_the_old_slot(
     q.schedule("moved", "t", cron="30 9 * * *")
     nxt = int(pending_of(client, q, "moved").rsplit(":", 1)[1])
     assert nxt > 9 * HOUR_MS and nxt % (24 * HOUR_MS) == 9 * HOUR_MS + 30 * 60_000, nxt
+
+
+def test_a_kept_run_meets_the_new_crons_missed_times_after_two_redefinitions(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """An hourly cron's 09:00 run, kept by a redefinition that gave the schedule a wide jitter
+    (stored offset ~24 min; the run stays due at 09:00), is still waiting at 09:20 when a
+    deploy makes it a 5-minute cron with catch_up. The upsert keeps it (due by its own time);
+    the client's buffer must judge it the same way and hold the new cron's times missed after
+    it (09:05 .. 09:20), which its claim then runs. Before, the client judged it by 09:00 + the
+    stored offset (not yet due), so the buffer started at 09:20 and catch_up lost 09:05 ..
+    09:15."""
+    q, clock = tq
+    clock.set_ms(8 * HOUR_MS + 30 * 60_000)
+    q.schedule("s", "t", {"v": 1}, cron="0 * * * *")
+    kept = pending_of(client, q, "s")
+    slot = int(kept.rsplit(":", 1)[1])
+    assert slot == 9 * HOUR_MS
+    clock.set_ms(slot + 60_000)
+    q.schedule("s", "t", {"v": 2}, cron="0 * * * *", jitter_ms=50 * 60_000)
+    assert pending_of(client, q, "s") == kept
+    assert offset_of(client, q, "s") > 20 * 60_000  # slot + offset is past 09:20
+    clock.set_ms(slot + 20 * 60_000)
+    q.schedule("s", "t", {"v": 3}, cron="*/5 * * * *", misfire="catch_up:10")
+    assert pending_of(client, q, "s") == kept
+    (job,) = q.claim("w", limit=1, lease_ms=60_000).jobs
+    assert job.id == kept
+    nxt = pending_of(client, q, "s")
+    assert nxt == f"schedule:s:{slot + 5 * 60_000}", nxt
+    assert client.zscore(q.keys.due, nxt) is not None

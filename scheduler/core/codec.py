@@ -245,7 +245,7 @@ def parse_counts(reply: Any) -> QueueCounts:
     )
 
 
-def _score_ms(score: Any) -> int:
+def score_ms(score: Any) -> int:
     """A ZSET score as ms, clamped as claim.lua clamps one: a hand-written inf is no time."""
     x = float(score)
     if math.isnan(x) or x < 0:
@@ -261,7 +261,7 @@ def parse_job(
     job of an older version (or a schedule occurrence) is its hash alone."""
     fields = {s(k): s(v) for k, v in raw.items()} if raw else {}
     if spec is not None:
-        fields = with_spec(fields, s(spec), None if due_score is None else _score_ms(due_score))
+        fields = with_spec(fields, s(spec), None if due_score is None else score_ms(due_score))
     if not fields:
         return None
     return Job(
@@ -270,5 +270,5 @@ def parse_job(
         task=fields.get("task", ""),
         payload_json=fields.get("payload", ""),
         fields=fields,
-        lease_until_ms=None if lease_score is None else _score_ms(lease_score),
+        lease_until_ms=None if lease_score is None else score_ms(lease_score),
     )

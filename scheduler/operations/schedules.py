@@ -101,33 +101,42 @@ class ScheduleOps(OpsBase):
         )
         d = dataclasses.replace(d, flow=flow_field(flow))
         stored: Fields = {}
-        if (yield from self._unchanged(name, d.digest, stored)):
+        pending_at: list[int] = []
+        if (yield from self._unchanged(name, d.digest, stored, pending_at)):
             return "unchanged"
         counts = yield from self.counts()
-        slots = d.first_slots(counts.now_ms, stored)
+        slots = d.first_slots(counts.now_ms, stored, pending_at[0] if pending_at else None)
         reply = yield Script("schedule_upsert", d.upsert_args(slots))
         return codec.s(reply[0])
 
-    def _unchanged(self, name: str, digest_now: str, stored: Fields) -> Op[bool]:
+    def _unchanged(
+        self, name: str, digest_now: str, stored: Fields, pending_at: list[int]
+    ) -> Op[bool]:
         """The shortcut of schedule(): the same definition, and its pending occurrence still
         waits (in due, or set aside by its concurrency key or rate window), so nothing is sent.
         A key of another type (a hand edit) is no answer: the script decides (lua/lib/rearm.lua
         sched_waiting reads the occurrence's own hold set when flow:held is one). Nor is a
-        stored definition the scripts cannot read (a hand edit): sending it again repairs it."""
+        stored definition the scripts cannot read (a hand edit): sending it again repairs it.
+        Fills `stored` (the hash) and `pending_at` (the waiting run's own time, its score) for
+        first_slots: a due pending run is kept, judged by that time as schedule_upsert.lua does
+        (a run a redefinition kept is not at its slot + the stored offset)."""
         try:
             (raw,) = yield Commands([("HGETALL", self.keys.schedule(name))])
             f = fields_of(raw)
-            stored.update(f)  # for first_slots: a due pending run is kept
+            stored.update(f)
+            p = f.get("pending", "")
+            scores: list[Any] = []
+            if p:
+                scores = yield Commands(
+                    [("ZSCORE", self.keys.due, p), ("ZSCORE", self.keys.flow_held, p)]
+                )
+                at = next((sc for sc in scores if sc is not None), None)
+                if at is not None:
+                    pending_at.append(codec.score_ms(at))
             if f.get("digest") != digest_now or recurring.unreadable_field(f):
                 return False
             if "1" in (f.get("paused", ""), f.get("starved", "")):
                 return True
-            p = f.get("pending", "")
-            if not p:
-                return False
-            scores = yield Commands(
-                [("ZSCORE", self.keys.due, p), ("ZSCORE", self.keys.flow_held, p)]
-            )
         except ResponseError as exc:
             if not wrong_type(exc):
                 raise

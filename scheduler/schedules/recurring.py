@@ -129,12 +129,16 @@ class ScheduleDef:
         )
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def first_slots(self, now_ms: int, stored: dict[str, str] | None = None) -> list[int]:
+    def first_slots(
+        self, now_ms: int, stored: dict[str, str] | None = None, pending_at_ms: int | None = None
+    ) -> list[int]:
         """The buffer to store at upsert (empty for interval schedules); BadArgument when a
         cron has no slot left before 2200 (cron_slots.py). `stored`: the schedule's hash read
-        before. A pending run already due is kept (lua/schedule_upsert.lua), and the slots
-        missed after it are this definition's: the buffer starts after its slot (the latest
-        misfire_n + 1 missed, as refill_slots), so that its claim counts them for the policy."""
+        before; `pending_at_ms`: its pending run's own time (its score), when it waits. A
+        pending run already due is kept (lua/schedule_upsert.lua, by the same time: its own,
+        else its slot + the stored offset), and the slots missed after it are this
+        definition's: the buffer starts after its slot (the latest misfire_n + 1 missed, as
+        refill_slots), so that its claim counts them for the policy."""
         if self.kind != "cron":
             return []
         slots = cron_slots_after(self.cron, self.tz, now_ms - self.offset_ms - 1, BUFFER_SLOTS)
@@ -142,12 +146,10 @@ class ScheduleDef:
             raise BadArgument(f"cron {self.cron!r} has no time left before 2200-01-01 UTC")
         f = stored or {}
         cursor, offset = codec.stored_int(f.get("cursor_ms")), codec.stored_int(f.get("offset_ms"))
-        if (
-            f.get("pending")
-            and cursor is not None
-            and offset is not None
-            and cursor + offset <= now_ms
-        ):
+        run_at = pending_at_ms
+        if run_at is None and cursor is not None and offset is not None:
+            run_at = cursor + offset
+        if f.get("pending") and cursor is not None and run_at is not None and run_at <= now_ms:
             missed = cron_slots_upto(
                 self.cron, self.tz, now_ms - self.offset_ms, self.misfire_n + 1
             )
