@@ -21,6 +21,7 @@ from scheduler import (
     Queue,
     StaleToken,
 )
+from scheduler.core.codec import MAX_DELAY_MS
 from scheduler.core.errors import SchedulerError
 from scheduler.operations.ops import Script
 from tests.conftest import dump_queue
@@ -170,6 +171,33 @@ def test_server_checks_every_number_of_a_batch_not_only_repeats(
         assert got.fields.get("result_ttl_ms", "") == job[10]
         delayed = job[4] != "0"
         assert (q.status(f"alt{k}") == JobState.SCHEDULED) is delayed
+
+
+def test_in_and_at_share_the_time_text_but_not_its_range_or_meaning(
+    seeded: tuple[Queue, str, str], client: redis.Redis
+) -> None:
+    """enqueue.lua remembers an 'in' delay's text (issue 16): an 'at' time of the same text is
+    neither let through as a delay (its range is wider) nor read as one (it is absolute)."""
+    q, _, _ = seeded
+    before = dump_queue(client, q)
+    good = ["g", "t", "{}", "in", "0", "5", "1000,2.0,1000,0.0", "0", "", "1000", "", ""]
+    # An instant in 1979; beyond the longest delay (MAX_DELAY_MS, 3,650 days) as a delay.
+    beyond = str(MAX_DELAY_MS + 1)
+    for times in ((("at", beyond), ("in", beyond)), (("in", "0"), ("at", beyond), ("in", beyond))):
+        jobs = [[f"x{k}", *good[1:3], *when_ms, *good[5:]] for k, when_ms in enumerate(times)]
+        with pytest.raises(BadArgument, match="time_ms"):
+            q._execute(Script("enqueue", [str(len(jobs)), *[x for job in jobs for x in job]]))
+    assert dump_queue(client, q) == before
+    order = ("in", "at", "in", "at")
+    jobs = [[f"y{k}", *good[1:3], when, "60000", *good[5:]] for k, when in enumerate(order)]
+    sent_ms = int(client.time()[0]) * 1000
+    assert q._execute(Script("enqueue", ["4", *[x for job in jobs for x in job]]))[0] == "cccc"
+    for k, when in enumerate(order):
+        score = client.zscore(q.keys.due, f"y{k}")
+        if when == "at":
+            assert score == 60_000
+        else:
+            assert score is not None and score >= sent_ms + 60_000
 
 
 def test_hand_edited_job_hash_is_parked_not_lost(q: Queue, client: redis.Redis) -> None:

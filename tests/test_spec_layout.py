@@ -44,6 +44,25 @@ def test_a_spec_record_edited_by_hand_parks_only_that_job(
     assert dead_reason(q, client, bad) == reason
 
 
+def test_one_claim_checks_each_records_enqueued_time_text(q: Queue, client: redis.Redis) -> None:
+    """claim.lua parses each distinct enqueued_ms text once per call (issue 16, drain): in one
+    batch a bad text is refused each time it comes, after a good one and before, and a good
+    text after a bad one is still read, as its own."""
+    texts = ["500", "1e3", "500", " 5", "1e3", "700", " 5", "500"]
+    ids = [q.enqueue("t", n) for n in range(len(texts))]
+    for n, (jid, enq) in enumerate(zip(ids, texts, strict=True)):
+        client.set(q.keys.spec(jid), f"2|t||||{enq}|||{n}")
+        client.zadd(q.keys.due, {jid: 1000 + n})  # claim meets them in this order
+    claimed = q.claim("w", limit=len(ids)).jobs
+    good = {jid: enq for jid, enq in zip(ids, texts, strict=True) if enq.isdigit()}
+    assert sorted(j.id for j in claimed) == sorted(good)
+    for jid, enq in good.items():
+        assert client.hget(q.keys.job(jid), "enqueued_ms") == enq
+    assert sorted(q.dead_ids()) == sorted(set(ids) - set(good))
+    for jid in set(ids) - set(good):
+        assert dead_reason(q, client, jid) == "invalid job: record"
+
+
 def test_a_spec_key_of_another_type_parks_only_that_job(q: Queue, client: redis.Redis) -> None:
     bad, good = q.enqueue("t", 1), q.enqueue("t", 2)
     client.delete(q.keys.spec(bad))
