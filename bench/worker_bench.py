@@ -141,7 +141,8 @@ def idle_lateness(url: str, rounds: int, tmp: str) -> dict[str, Any]:
             r.delete(STARTS)
             time.sleep(0.2)  # idle for sure
             due = datetime.fromtimestamp(time.time() + 0.3 + (i % 5) * 0.1, tz=UTC)
-            job_id = q.enqueue("stamp", run_at=due)
+            # keep_payload: a done job keeps its whole hash, claimed_ms too (a lean one drops it).
+            job_id = q.enqueue("stamp", run_at=due, keep_payload=True)
             deadline = time.monotonic() + 10
             while r.llen(STARTS) == 0 and time.monotonic() < deadline:
                 time.sleep(0.005)
