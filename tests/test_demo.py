@@ -43,7 +43,7 @@ def test_demo_keep_leaves_a_running_redis_and_commands_that_work() -> None:
     pid, sock = int(kept.group(1)), kept.group(2)
     try:
         assert out.returncode == 0, text + out.stderr
-        assert "All four jobs ended as expected" in text
+        assert "All five jobs ended as expected" in text
         client = redis.Redis(unix_socket_path=sock, decode_responses=True)
         assert client.ping()  # the demo process has exited; its server has not
         q = Queue(client, "demo")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -110,5 +111,19 @@ def test_demo_runs_and_tells_the_story() -> None:
     for needle in ("greet (due now)", "greet (due in 5 s)", "retry in 1000 ms",
                    "dead-lettered (attempts exhausted)", "died (signal 9)",
                    "expired after 2000 ms -> claimed again", '"survived a crash"',
-                   "All four jobs ended as expected"):  # fmt: skip
+                   "All five jobs ended as expected"):  # fmt: skip
         assert needle in text, needle
+    # The webhook's story, row by row (200 columns: one line each): its first attempt asks for
+    # later, its retry waits the 2 s it asked for (not the 1 s backoff), its second succeeds.
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in text.splitlines()]
+    webhook = [(float(r[0].rstrip("s")), re.sub(r"pid \d+", "pid N", r[2])) for r in rows
+               if len(r) == 3 and r[1] == "webhook (retry after 2 s)"]  # fmt: skip
+    assert [event for _, event in webhook] == [
+        "enqueued",
+        "started attempt 1 in worker pid N",
+        "attempt 1 failed: RetryLater: HTTP 429 Too Many Requests, Retry-After: 2 -> "
+        "retry in 2000 ms (its own delay, not the backoff's 1000 ms)",
+        "started attempt 2 in worker pid N",
+        'done after 2 attempt(s): "delivered (HTTP 200)"',
+    ], text
+    assert webhook[3][0] - webhook[2][0] >= 2.0, text  # the server held it back that long

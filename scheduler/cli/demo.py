@@ -1,4 +1,4 @@
-"""`scheduler demo`: four jobs, two worker processes, and a timeline of what happened.
+"""`scheduler demo`: five jobs, two worker processes, and a timeline of what happened.
 
 The tasks are real handlers in scheduler.cli.demo_tasks; the worker processes import its
 `registry`. With `keep`, the private Redis outlives the demo so its jobs can be explored."""
@@ -6,7 +6,6 @@ The tasks are real handlers in scheduler.cli.demo_tasks; the worker processes im
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import shutil
@@ -17,13 +16,11 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-import redis
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from scheduler.admin.inspection import live_workers
-from scheduler.cli.demo_tasks import FLAKY_BACKOFF, LEDGER, QUEUE
+from scheduler.cli.demo_tasks import FLAKY_BACKOFF, LEDGER, QUEUE, RETRY_AFTER_MS
+from scheduler.cli.demo_timeline import Run, print_timeline
 from scheduler.cli.embedded import NoServerBinary, PrivateRedis
 from scheduler.client.queue import Queue
 from scheduler.core.connection import connect
@@ -182,6 +179,14 @@ def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int
         ): "charge (always fails)",
         # Due a little later, so the worker it kills holds no other job at that moment.
         q.enqueue("demo.crashy", {}, delay_ms=1_500): "crashy (kills its worker)",
+        # Kept whole once done: a lean finished job drops its errors, the RetryLater's among them.
+        q.enqueue(
+            "demo.webhook",
+            {"event": "order.paid"},
+            max_attempts=3,
+            backoff=FLAKY_BACKOFF,
+            keep_payload=True,
+        ): "webhook (retry after 2 s)",
     }
     # The demo's own record of when: a lean finished job keeps no enqueued_ms (lua/complete.lua).
     enqueued_ms = q.counts().now_ms
@@ -200,99 +205,23 @@ def _demo(url: str, console: Console, stack: ExitStack, timeout_s: float) -> int
             break
         time.sleep(0.05)
     stop_workers()
-    _timeline(console, q, client, jobs, deaths, t0, enqueued_ms)
-    ok = [q.status(j) for j in jobs] == ["done", "done", "dead", "done"]
+    print_timeline(console, q, client, Run(jobs, deaths, t0, enqueued_ms, LEASE_MS))
+    ok = _as_expected(q, list(jobs))
     console.print(
-        "\n[green]All four jobs ended as expected.[/]"
+        "\n[green]All five jobs ended as expected.[/]"
         if ok
         else "\n[red]Some jobs did not end as expected.[/]"
     )
     return 0 if ok else 1
 
 
-def _shown(stored: object) -> str:
-    """Stored job text inside a markup line: control characters escaped, markup inert."""
-    return escape(clean(stored))
-
-
-def _timeline(
-    console: Console,
-    q: Queue,
-    client: redis.Redis,
-    jobs: dict[str, str],
-    deaths: list[tuple[int, int, int]],
-    t0: int,
-    enqueued_ms: int,
-) -> None:
-    """From what outlives a lean finished job: its Job (state, attempts, run_at_ms, errors,
-    result, finished_ms) and the handlers' ledger (when each attempt started)."""
-    events: list[tuple[int, str, str]] = []
-    started: dict[tuple[str, int], int] = {}  # (job id, attempt) -> server ms
-    for raw in client.lrange(LEDGER, 0, -1):
-        e = json.loads(raw)
-        started[(e["job"], e["attempt"])] = e["at_ms"]
-        events.append(
-            (
-                e["at_ms"],
-                jobs.get(e["job"], e["job"]),
-                f"started attempt {e['attempt']} in worker pid {e['pid']}",
-            )
-        )
-    for pid_ms, pid, sig in deaths:
-        events.append((pid_ms, "-", f"[red]worker pid {pid} died (signal {sig})[/]; restarted"))
-    for job_id, label in jobs.items():
-        j = q.get_job(job_id)
-        f = j.fields
-        due = "" if j.errors else f", due at {((j.run_at_ms or t0) - t0) / 1000:+.3f}s"
-        events.append((enqueued_ms, label, "enqueued" + due))
-        for err in j.errors:
-            attempt = int(err["attempt"])
-            if attempt < (j.max_attempts or 0):
-                delay = FLAKY_BACKOFF.delay_ms(attempt)
-                tail = (
-                    f"[yellow]retry in {delay} ms[/] (backoff {FLAKY_BACKOFF.base_ms} ms x "
-                    f"{FLAKY_BACKOFF.factor:g}^{attempt - 1})"
-                )
-            else:
-                tail = "no attempts left"
-            events.append(
-                (
-                    int(err["at_ms"]),
-                    label,
-                    f"attempt {attempt} failed: {_shown(err['type'])}: {_shown(err['message'])} "
-                    f"-> {tail}",
-                )
-            )
-        if j.state == "done":
-            attempts = j.attempts or 0
-            if attempts > 1 and (job_id, attempts) in started:
-                events.append(
-                    (
-                        started[(job_id, attempts)] - 1,
-                        label,
-                        f"lease of attempt {attempts - 1} expired after {LEASE_MS} ms "
-                        "-> claimed again",
-                    )
-                )
-            events.append(
-                (
-                    int(f["finished_ms"]),
-                    label,
-                    f"[green]done[/] after {j.attempts} attempt(s): {_shown(j.result_json)}",
-                )
-            )
-        elif j.state == "dead":
-            events.append(
-                (
-                    int(f["dead_ms"]),
-                    label,
-                    f"[red]dead-lettered[/] ({_shown(j.dead_reason)}); see `scheduler dead list`",
-                )
-            )
-    table = Table(title="What happened (server clock, from the first enqueue)")
-    table.add_column("t", justify="right")
-    table.add_column("job")
-    table.add_column("event")
-    for at, label, text in sorted(events, key=lambda e: e[0]):
-        table.add_row(f"{(at - t0) / 1000:+.3f}s", label, text)
-    console.print(table)
+def _as_expected(q: Queue, ids: list[str]) -> bool:
+    """Each job ended as its story says, in enqueue order: the webhook done on its second
+    attempt after its first asked for later (a RetryLater, not a crash or an ordinary error)."""
+    if [q.status(j) for j in ids] != ["done", "done", "dead", "done", "done"]:
+        return False
+    webhook = q.get_job(ids[4])
+    if webhook.attempts != 2 or [e["type"] for e in webhook.errors] != ["RetryLater"]:
+        return False
+    # Its retry was due when the handler asked, not after its backoff (the server's record).
+    return (webhook.run_at_ms or 0) - int(webhook.errors[0]["at_ms"]) == RETRY_AFTER_MS

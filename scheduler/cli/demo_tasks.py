@@ -17,10 +17,12 @@ import redis
 from scheduler.core.backoff import Backoff
 from scheduler.core.connection import connect
 from scheduler.worker.registry import JobContext, Registry
+from scheduler.worker.retry_later import RetryLater
 
 QUEUE = "demo"
 LEDGER = "demo:ledger"
 FLAKY_BACKOFF = Backoff(base_ms=1_000, factor=2.0, cap_ms=10_000, jitter=0.0)
+RETRY_AFTER_MS = 2_000  # the webhook's remote says when to come back: longer than the backoff
 registry = Registry()
 _client: redis.Redis | None = None
 
@@ -65,3 +67,13 @@ def crashy(payload: Any, ctx: JobContext) -> str:
     if ctx.attempt == 1:  # the worker process dies mid-job: no result, no error, nothing
         os.kill(os.getpid(), signal.SIGKILL)
     return "survived a crash"
+
+
+@registry.task(name="demo.webhook", max_attempts=3, backoff=FLAKY_BACKOFF)
+def webhook(payload: Any, ctx: JobContext) -> str:
+    _note(ctx, "start")
+    if ctx.attempt == 1:  # the remote said when to come back: that delay, not the backoff's
+        raise RetryLater(
+            RETRY_AFTER_MS, f"HTTP 429 Too Many Requests, Retry-After: {RETRY_AFTER_MS // 1000}"
+        )
+    return "delivered (HTTP 200)"
