@@ -5,7 +5,11 @@ it; a delay out of range is refused where it is built. Through a real worker on 
 
 from __future__ import annotations
 
+import copy
+import multiprocessing
+import pickle
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pytest
@@ -111,3 +115,78 @@ def test_a_middleware_may_ask_for_later_too(redis_url: str, q: Queue) -> None:
     assert (j.state, err["type"]) == ("scheduled", "RetryLater")
     assert j.run_at_ms is not None
     assert j.run_at_ms - int(err["at_ms"]) == 45_000
+
+
+def _ask_later_in_a_child(delay_ms: int) -> None:
+    raise RetryLater(delay_ms, "429 from the partner")
+
+
+def test_a_retry_later_from_a_process_pool_keeps_its_delay(redis_url: str, q: Queue) -> None:
+    """A sync handler that runs its work in a process pool: the child's RetryLater comes back
+    pickled. It did not unpickle (RetryLater(message) is a bad delay), which broke the pool
+    (BrokenProcessPool) and failed the job by its backoff."""
+    registry = Registry()
+
+    @registry.task("crunch", backoff=HOUR)
+    def crunch(payload: Any, ctx: JobContext) -> None:
+        spawn = multiprocessing.get_context("spawn")  # not a fork of the worker
+        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            pool.submit(_ask_later_in_a_child, 70_000).result()
+
+    job_id = crunch.enqueue(q, None)
+    assert run_until(redis_url, registry, _settings(q), _failed_times(q, job_id, 1), timeout_s=60)
+    j = q.get_job(job_id)
+    (err,) = j.errors
+    assert err["type"] == "RetryLater", err
+    assert j.run_at_ms is not None
+    assert j.run_at_ms - int(err["at_ms"]) == 70_000
+
+
+def test_a_retry_later_survives_pickle_and_copy() -> None:
+    e = RetryLater(5_000, "later")
+    for twin in (pickle.loads(pickle.dumps(e)), copy.copy(e), copy.deepcopy(e)):
+        assert type(twin) is RetryLater
+        assert (twin.delay_ms, twin.message, str(twin)) == (5_000, "later", str(e))
+    sub = pickle.loads(pickle.dumps(_Later("7")))  # an app's subclass, its own __init__
+    assert (type(sub), sub.delay_ms, sub.why, str(sub)) == (_Later, 7_000, "7", "retry in 7000 ms")
+
+
+class _Later(RetryLater):
+    def __init__(self, retry_after_s: str) -> None:
+        super().__init__(int(retry_after_s) * 1000)
+        self.why = retry_after_s
+
+
+class _Throttled(RetryLater):
+    """An app's subclass that sets the delay itself from a Retry-After header, as a float."""
+
+    def __init__(self, retry_after_s: str) -> None:
+        super().__init__(0, "throttled")
+        self.delay_ms = float(retry_after_s) * 1000  # type: ignore[assignment]
+
+
+def test_a_bad_delay_set_after_it_was_built_fails_only_its_own_job(
+    redis_url: str, q: Queue
+) -> None:
+    """A delay_ms that is no int in range (set by a subclass after the checks): its job fails
+    by the backoff. It was sent as is to fail, whose BadArgument was taken for a report to send
+    again: every outcome of the worker queued behind it for ever."""
+    registry = Registry()
+
+    @registry.task("hook", backoff=HOUR)
+    async def hook(payload: Any, ctx: JobContext) -> None:
+        raise _Throttled("1.5")
+
+    @registry.task("fine")
+    async def fine(payload: Any, ctx: JobContext) -> str:
+        return "ok"
+
+    bad = hook.enqueue(q, None)
+    good = fine.enqueue(q, None)
+    done = lambda: q.status(good) == "done" and len(q.get_job(bad).errors) >= 1  # noqa: E731
+    assert run_until(redis_url, registry, _settings(q), done)
+    j = q.get_job(bad)
+    (err,) = j.errors
+    assert err["type"] == "_Throttled"
+    assert j.run_at_ms is not None
+    assert j.run_at_ms - int(err["at_ms"]) == 3_600_000  # its backoff

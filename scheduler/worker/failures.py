@@ -11,6 +11,7 @@ from typing import Any
 
 from scheduler.core import codec
 from scheduler.core.errors import InvalidPayload
+from scheduler.core.limits import check_int
 from scheduler.worker.registry import TaskSpec
 from scheduler.worker.retry_later import RetryLater
 
@@ -39,7 +40,9 @@ def failure_of(
     after how long (None: by the job's backoff; RetryLater's delay_ms). Never raises (not even
     SystemExit): the job gets an outcome whatever its exception does."""
     if isinstance(exc, RetryLater):  # asked for on purpose: retried, whatever non_retryable says
-        return (type_name(exc), error_text(exc), ""), True, exc.delay_ms
+        delay_ms = _delay_of(exc)
+        if delay_ms is not None:
+            return (type_name(exc), error_text(exc), ""), True, delay_ms
     try:
         retryable = spec is None or not isinstance(exc, spec.non_retryable)
     except KeyboardInterrupt:
@@ -53,6 +56,18 @@ def failure_of(
     except BaseException:
         tb = ""
     return (type_name(exc), error_text(exc), tb), retryable, None
+
+
+def _delay_of(exc: RetryLater) -> int | None:
+    """Its delay_ms, or None when a subclass or the app set one that is no int in range after
+    it was built: fail would refuse it, and the reporter send it again for ever (every outcome
+    of the worker behind it); the attempt then fails as any error does, by the backoff."""
+    try:
+        return check_int(exc.delay_ms, "delay_ms")
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return None
 
 
 def result_text(result: Any) -> str:

@@ -20,3 +20,13 @@ class RetryLater(SchedulerError):
         self.delay_ms = check_int(delay_ms, "delay_ms")
         self.message = message
         super().__init__(f"retry in {self.delay_ms} ms" + (f": {message}" if message else ""))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt without calling __init__ again (Exception's way calls it with args, its text:
+        # a bad delay), so a RetryLater, or an app's subclass of it, raised in a process pool's
+        # child comes back whole to the handler instead of breaking the pool.
+        return _rebuilt, (type(self), self.args), self.__dict__
+
+
+def _rebuilt(cls: type[RetryLater], args: tuple[object, ...]) -> RetryLater:
+    return cls.__new__(cls, *args)
