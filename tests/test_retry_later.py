@@ -190,3 +190,19 @@ def test_a_bad_delay_set_after_it_was_built_fails_only_its_own_job(
     assert err["type"] == "_Throttled"
     assert j.run_at_ms is not None
     assert j.run_at_ms - int(err["at_ms"]) == 3_600_000  # its backoff
+
+
+def test_a_delay_past_the_start_deadline_parks_the_job_at_once(redis_url: str, q: Queue) -> None:
+    """As a retry whose backoff ends after the job's start deadline (README): parked now, with
+    attempts left, not left to wait for a claim to park it then."""
+    registry = Registry()
+
+    @registry.task("remind", max_attempts=5)
+    async def remind(payload: Any, ctx: JobContext) -> None:
+        raise RetryLater(120_000, "the partner is down")
+
+    job_id = q.enqueue("remind", None, max_attempts=5, start_within_ms=60_000)
+    assert run_until(redis_url, registry, _settings(q), lambda: q.status(job_id) == "dead")
+    j = q.get_job(job_id)
+    assert (j.dead_reason, j.attempts) == ("start deadline passed", 1)
+    assert [e["type"] for e in j.errors] == ["RetryLater"]
