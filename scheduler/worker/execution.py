@@ -24,7 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.core.connection import cluster_unreachable
 from scheduler.core.direct_io import transport_race
-from scheduler.core.errors import REFUSED_UNTIL_FIXED, CorruptKey, refused_for_now
+from scheduler.core.errors import REFUSED_UNTIL_FIXED, CorruptKey, SchedulerError, refused_for_now
 from scheduler.core.models import ClaimedJob
 from scheduler.core.scripts import Scripts, run_async
 from scheduler.operations.ops import Op, Request, Script
@@ -64,6 +64,13 @@ def wake_error(exc: BaseException) -> CorruptKey | None:
     if isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE"):
         return CorruptKey(f"a wake-up key is of another type: {exc}")
     return None
+
+
+def may_resend(exc: BaseException) -> bool:
+    """A report's error that classify may call transient: not one of ours (an answer read as an
+    error, or its arguments refused and never sent: sending again changes nothing), except a
+    key edited by hand or a newer storage, sent again once fixed."""
+    return not isinstance(exc, SchedulerError) or isinstance(exc, REFUSED_UNTIL_FIXED)
 
 
 def classify(exc: BaseException) -> str:
@@ -205,28 +212,42 @@ class Pipeline:
 
     async def run(self, items: Sequence[tuple[list[str], Op[Any]]]) -> list[Any]:
         """items: (script KEYS, operation). Returns each operation's result, or the exception
-        its reply raised (a refused lease, a script error). Connection errors propagate."""
-        ops = []
+        its reply raised (a refused lease, a script error) or its arguments did (not sent).
+        Connection errors propagate."""
+        ops: list[Op[Any] | None] = []
         reqs: list[tuple[Sequence[str], Request]] = []
+        out: list[Any] = []
         for keys, op in items:
-            req = op.send(None)
+            try:
+                req = op.send(None)
+            except StopIteration as done:  # answered without a request
+                ops.append(None)
+                out.append(done.value)
+                continue
+            except Exception as exc:  # its arguments refused (BadArgument): that call alone
+                ops.append(None)  # is not sent, the others are (one bad report held them all)
+                out.append(exc)
+                continue
             if not isinstance(req, Script):
                 raise TypeError("Pipeline runs single-script operations only")
             reqs.append((keys, req))
             ops.append(op)
-        replies = await self.requests(reqs)
-        out: list[Any] = []
-        for op, reply in zip(ops, replies, strict=True):
+            out.append(None)
+        replies = iter(await self.requests(reqs))
+        for i, sent in enumerate(ops):
+            if sent is None:
+                continue
+            op, reply = sent, next(replies)
             if isinstance(reply, BaseException):
-                out.append(reply)
+                out[i] = reply
                 op.close()
                 continue
             try:
                 op.send(reply)
             except StopIteration as done:
-                out.append(done.value)
+                out[i] = done.value
             except Exception as exc:  # a parser refusing the reply (StaleToken, ...)
-                out.append(exc)
+                out[i] = exc
             else:
                 raise TypeError("operation asked for a second request")
         return out

@@ -13,17 +13,15 @@ from typing import Any
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.core.errors import (
-    REFUSED_UNTIL_FIXED,
     JobCancelled,
     JobNotFound,
     LeaseExpired,
     LeaseRefused,
-    SchedulerError,
 )
 from scheduler.core.models import FailOutcome
 from scheduler.worker import progress_sends
 from scheduler.worker.core import WorkerCore, _Deadline, _Fatal, _within
-from scheduler.worker.execution import RetryDelay, Running, classify
+from scheduler.worker.execution import RetryDelay, Running, classify, may_resend
 from scheduler.worker.settings import EXIT_REDIS_REFUSED
 
 _REPORTS_FIRST_S = 1.0
@@ -168,7 +166,7 @@ class Reporting(WorkerCore):
 
     def _completed(self, items: list[tuple[Running, Any]], statuses: Any) -> BaseException | None:
         if isinstance(statuses, BaseException):
-            if self._reply_error("complete", statuses):
+            if may_resend(statuses) and self._reply_error("complete", statuses):
                 self._completes[:0] = items
                 return statuses
             self.log.error("complete refused: %s", statuses)
@@ -209,12 +207,7 @@ class Reporting(WorkerCore):
             self._log_job(out.status, r, level=logging.WARNING, **extra)
         elif isinstance(out, LeaseRefused | JobNotFound):
             self._refused(r, "fail", _status_of(out))
-        elif (
-            isinstance(out, BaseException)
-            # an answer read as an error: no retry; a key edited by hand: sent again once fixed
-            and (not isinstance(out, SchedulerError) or isinstance(out, REFUSED_UNTIL_FIXED))
-            and self._reply_error("fail", out)
-        ):
+        elif isinstance(out, BaseException) and may_resend(out) and self._reply_error("fail", out):
             self._fails.insert(0, (r, err, retryable))
             return out
         else:
