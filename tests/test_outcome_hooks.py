@@ -5,6 +5,7 @@ counts, with the metrics' word, after the server answered; the handler's own exc
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import weakref
 from typing import Any
@@ -163,3 +164,67 @@ def test_without_hooks_a_handler_s_exception_is_not_kept(redis_url: str, q: Queu
         return len(refs) == 5 and all(r() is None for r in refs)
 
     assert run_until(redis_url, registry, _settings(q), released, timeout_s=5)
+
+
+class _Nameless(type):
+    @property
+    def __name__(cls) -> str:  # type: ignore[override]
+        raise RuntimeError("no name")
+
+
+class _OddError(Exception, metaclass=_Nameless):
+    pass
+
+
+class _HookObject:
+    def __call__(self, outcome: JobOutcome) -> None:
+        raise ValueError("hook bug")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def test_a_hook_error_that_cannot_be_named_does_not_stop_the_worker(
+    redis_url: str, q: Queue
+) -> None:
+    """Logging a hook's exception read type(exc).__name__ (a metaclass's may raise) and the
+    hook object's repr (its own code): what they raised left emit and stopped the worker
+    ("loop reporter died", exit 1) at the first outcome."""
+    seen: list[JobOutcome] = []
+    registry = _registry(seen)
+
+    @registry.on_outcome
+    def odd(outcome: JobOutcome) -> None:
+        raise _OddError("x")
+
+    registry.on_outcome(_HookObject())
+    ids = [q.enqueue("ok", {}) for _ in range(5)]
+    assert run_until(
+        redis_url, registry, _settings(q), lambda: all(q.status(i) == "done" for i in ids)
+    )
+    assert sorted(o.ctx.job_id for o in seen) == sorted(ids)
+
+
+def test_a_hook_that_returns_a_coroutine_is_logged_not_dropped(
+    redis_url: str, q: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sync wrapper around an async def (a lambda, a decorator) passes registration; its
+    coroutine was never run nor closed, with no word but a "never awaited" warning later."""
+    registry = _registry([])
+    made: list[Any] = []
+
+    async def notify(outcome: JobOutcome) -> None:
+        pass
+
+    @registry.on_outcome
+    def wrapper(outcome: JobOutcome) -> Any:  # what a sync decorator around notify returns
+        made.append(notify(outcome))
+        return made[-1]
+
+    ids = [q.enqueue("ok", {}) for _ in range(3)]
+    with caplog.at_level(logging.ERROR, logger="scheduler"):
+        assert run_until(redis_url, registry, _settings(q), lambda: len(made) == 3)
+    assert all(inspect.getcoroutinestate(c) == inspect.CORO_CLOSED for c in made)
+    assert all(q.status(i) == "done" for i in ids)
+    lines = [r for r in caplog.records if "outcome hook" in r.getMessage()]
+    assert lines and "never awaited" in str(lines[0].exc_info and lines[0].exc_info[1])

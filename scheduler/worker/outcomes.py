@@ -10,6 +10,7 @@ outcome stands and the other hooks still run."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,10 @@ class JobOutcome:
 
 OutcomeHook = Callable[[JobOutcome], Any]
 _LIMIT = LogLimit(burst=3)
+_UNAWAITED = (
+    "the hook returned a coroutine, never awaited: a hook is a plain function (start a task"
+    " for async work: asyncio.get_running_loop().create_task)"
+)
 
 
 def emit(
@@ -59,14 +64,34 @@ def emit(
     r.error = None  # delivered: its frames are not kept with the run
     for hook in hooks:
         try:
-            hook(out)
+            back = hook(out)
+            if inspect.iscoroutine(back):  # a sync wrapper around an async def: never run
+                back.close()  # no "never awaited" warning at some later collection
+                raise TypeError(_UNAWAITED)
         except KeyboardInterrupt:  # Ctrl-C of an embedded worker stops it, wherever it lands
             raise
         except BaseException as exc:  # SystemExit too: a hook never stops the worker
-            name = getattr(hook, "__qualname__", repr(hook))
-            note = _LIMIT.admit((name, type(exc).__name__))
-            if note is not None:
-                log.error(
-                    "outcome hook %s raised %s on job %s %s (the outcome stands)%s",
-                    name, type(exc).__name__, event, r.job.id, note, exc_info=exc,
-                )  # fmt: skip
+            try:
+                _log_raised(hook, exc, event, r, log)
+            except KeyboardInterrupt:
+                raise
+            except BaseException:  # its name cannot be read either: the reporter goes on
+                if _LIMIT.admit(("?", "?")) is not None:
+                    log.error(
+                        "an outcome hook raised on job %s %s (the outcome stands)", event, r.job.id
+                    )
+
+
+def _log_raised(
+    hook: OutcomeHook, exc: BaseException, event: str, r: Running, log: logging.Logger
+) -> None:
+    name = getattr(hook, "__qualname__", None)
+    if not isinstance(name, str):  # a hook object: its class's (its repr is its own code)
+        name = type.__dict__["__qualname__"].__get__(type(hook))
+    kind: str = type.__dict__["__name__"].__get__(type(exc))  # a metaclass's may raise
+    note = _LIMIT.admit((name, kind))
+    if note is not None:
+        log.error(
+            "outcome hook %s raised %s on job %s %s (the outcome stands)%s",
+            name, kind, event, r.job.id, note, exc_info=exc,
+        )  # fmt: skip
