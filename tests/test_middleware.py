@@ -181,12 +181,22 @@ def test_a_typed_task_decodes_inside_the_middleware(redis_url: str, q: Queue) ->
     assert seen == [{"sku": "a1", "qty": 3}]  # the JSON, whatever the task's type
 
 
+def _yields(call_next: Call, payload: Any, ctx: JobContext) -> Any:
+    yield call_next(payload, ctx)
+
+
+async def _async_yields(call_next: Call, payload: Any, ctx: JobContext) -> Any:
+    yield await call_next(payload, ctx)
+
+
 @pytest.mark.parametrize(
     "bad",
     [
         "not callable",
         lambda call_next, payload: None,  # no ctx: every run would fail
         type("Klass", (), {}),
+        _yields,  # contextmanager-shaped: its generator was every run's result (parked)
+        _async_yields,
     ],
 )
 def test_a_middleware_that_cannot_be_called_so_is_refused(bad: Any) -> None:

@@ -35,7 +35,8 @@ Middleware = Callable[[Handler, Any, Any], Any]
 
 def check_middleware(fn: Any) -> bool:
     """True for an async middleware. Refused (BadArgument): anything that cannot be called as
-    fn(call_next, payload, ctx), which would fail every run of every task it wraps."""
+    fn(call_next, payload, ctx), or a generator function (a contextmanager's shape), either of
+    which would fail every run of every task it wraps."""
     if not callable(fn) or inspect.isclass(fn):
         raise BadArgument(f"a middleware must be a function, got {fn!r}")
     try:
@@ -48,7 +49,17 @@ def check_middleware(fn: Any) -> bool:
         ) from None
     except ValueError:  # a builtin without a signature: left to the call
         pass
+    if any(map(_is_generator_function, (fn, getattr(fn, "__call__", None)))):  # noqa: B004
+        raise BadArgument(
+            f"middleware {getattr(fn, '__qualname__', fn)} is a generator function: it must "
+            "return what call_next returns (a generator is no result: every run it wraps "
+            "would be parked as InvalidResult)"
+        )
     return is_async_callable(fn)
+
+
+def _is_generator_function(fn: Any) -> bool:
+    return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 
 def is_async_callable(fn: Any) -> bool:
