@@ -84,6 +84,29 @@ def test_a_handler_that_cannot_take_payload_and_ctx_is_refused(fn: Any) -> None:
     assert "t" not in registry
 
 
+def yields(payload: Any, ctx: Any) -> Any:
+    yield payload
+
+
+async def async_yields(payload: Any, ctx: Any) -> Any:
+    yield payload
+
+
+class _YieldingCall:
+    def __call__(self, payload: Any, ctx: Any) -> Any:
+        yield payload
+
+
+@pytest.mark.parametrize("fn", [yields, async_yields, _YieldingCall()])
+def test_a_generator_handler_is_refused(fn: Any) -> None:
+    """Its generator is no result: every job of the task was parked as InvalidResult at its
+    first attempt (the middleware's twin: tests/test_middleware.py)."""
+    registry = Registry()
+    with pytest.raises(BadArgument, match="generator function"):
+        registry.task("t")(fn)
+    assert "t" not in registry
+
+
 def test_a_bare_decorator_is_refused_not_a_silent_no_op() -> None:
     """`@registry.task` without a call passed the function as the name: it came back as the
     decorator itself, nothing was registered, and every job of the task failed UnknownTask."""

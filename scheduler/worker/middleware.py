@@ -49,7 +49,7 @@ def check_middleware(fn: Any) -> bool:
         ) from None
     except ValueError:  # a builtin without a signature: left to the call
         pass
-    if any(map(_is_generator_function, (fn, getattr(fn, "__call__", None)))):  # noqa: B004
+    if any(map(is_generator_function, (fn, getattr(fn, "__call__", None)))):  # noqa: B004
         raise BadArgument(
             f"middleware {getattr(fn, '__qualname__', fn)} is a generator function: it must "
             "return what call_next returns (a generator is no result: every run it wraps "
@@ -58,7 +58,7 @@ def check_middleware(fn: Any) -> bool:
     return is_async_callable(fn)
 
 
-def _is_generator_function(fn: Any) -> bool:
+def is_generator_function(fn: Any) -> bool:
     return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 

@@ -34,7 +34,13 @@ from scheduler.core.models import JobSpec
 
 # Re-exported: the registry's public names stay importable from here.
 from scheduler.worker.context import JobContext
-from scheduler.worker.middleware import Middleware, check_middleware, is_async_callable, wrap
+from scheduler.worker.middleware import (
+    Middleware,
+    check_middleware,
+    is_async_callable,
+    is_generator_function,
+    wrap,
+)
 from scheduler.worker.outcomes import JobOutcome, OutcomeHook
 from scheduler.worker.payloads import (
     Handler,
@@ -76,6 +82,11 @@ def _check_handler(fn: Any) -> None:
     attempt, so it is refused here."""
     if not callable(fn):
         raise BadArgument(f"a task handler must be callable, got {fn!r}")
+    if any(map(is_generator_function, (fn, getattr(fn, "__call__", None)))):  # noqa: B004
+        raise BadArgument(
+            f"task handler {getattr(fn, '__qualname__', fn)} is a generator function: its "
+            "generator is no result (every job of the task would be parked as InvalidResult)"
+        )
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin or C callable without one: left to the call
