@@ -138,14 +138,20 @@ end
 -- make GET fail half-way through the writes below): j.first = the job a taken key names, the id
 -- the reply gives for this job. A key taken earlier in this call names that call's job.
 -- `held`: ids an earlier job of this call writes or finds already there (the write loop answers
--- a repeat 'e', so a repeat takes no key either). A key holds '<job id>', then the ids the
--- last CALLS_KEPT debounced calls that replaced that job sent: such a call re-sent (its answer
--- lost) is answered with the job, not run again as a new one nor over a newer call's data.
+-- a repeat 'e', so a repeat takes no key either). A key holds '<job id>', then the last
+-- CALLS_KEPT debounced calls: '<call id>' replaced that job, '<call id>=<job id>' created or
+-- replaced an earlier job of the key (ids have no '='). Such a call re-sent (its answer lost)
+-- is answered with its job, not run again as a new one nor over a newer call's data, also
+-- once the key moved on to a new job.
 local keyed, held = {}, {}
 local CALLS_KEPT = 8
-local function calls_after(calls, id)  -- the ids kept, this call's last
+local function calls_after(calls, id, job)  -- the entries kept, this call's last
   local ids = {}
-  for w in string.gmatch(calls, '%S+') do ids[#ids + 1] = w end
+  for w in string.gmatch(calls, '%S+') do
+    -- A new job: the entries of the key's former job name it.
+    if job and not string.find(w, '=', 1, true) then w = w .. '=' .. job end
+    ids[#ids + 1] = w
+  end
   ids[#ids + 1] = id
   return table.concat(ids, ' ', math.max(1, #ids - CALLS_KEPT + 1))
 end
@@ -161,13 +167,21 @@ for _, j in ipairs(jobs) do
     -- Debounce: the job the key names (an earlier call's) is replaced by this one while it has
     -- never been claimed (a spec, no hash, waiting in due); once it has (running, finished,
     -- gone), this call's job is written as new and the key names it.
-    if j.debounce and r and r ~= j[1]
-        and not string.find(' ' .. calls .. ' ', ' ' .. j[1] .. ' ', 1, true) then
-      if redis.call('EXISTS', job_key(prefix, r)) == 0
+    local seen = r and (' ' .. calls .. ' ')
+    local at = j.debounce and r and r ~= j[1] and not string.find(seen, ' ' .. j[1] .. ' ', 1, true)
+      and string.find(seen, ' ' .. j[1] .. '=', 1, true)
+    if at then  -- a re-sent call of an earlier job of the key: that job
+      j.first = string.match(seen, '^(%S+)', at + #j[1] + 2)
+    elseif j.debounce and r and r ~= j[1]
+        and not string.find(seen, ' ' .. j[1] .. ' ', 1, true) then
+      if redis.call('EXISTS', job_key(prefix, j[1])) == 1
+          or redis.call('EXISTS', spec_key(prefix, j[1])) == 1 then
+        j.first = j[1]  -- the call that made this job, re-sent after the key moved on
+      elseif redis.call('EXISTS', job_key(prefix, r)) == 0
           and redis.call('EXISTS', spec_key(prefix, r)) == 1 and redis.call('ZSCORE', due, r) then
         j.replace, j.calls = r, calls
-      else
-        j.first = nil
+      else  -- a new job: the key keeps the calls of the one it named (r's own call is r)
+        j.first, j.carry = nil, ' ' .. calls_after(calls, r .. '=' .. r, r)
       end
     end
     -- Two one-key EXISTS, as in the write loop below (a job already there takes no key).
@@ -245,7 +259,7 @@ for k, j in ipairs(jobs) do
       if flow_used(j[12]) then flow_index(prefix, id, j[12].priority, run_at) end
     end
     if ik then
-      redis.call('SET', ik, id, 'PX', math.max(run_at - now, 0) + idem_ttl)
+      redis.call('SET', ik, id .. (j.carry or ''), 'PX', math.max(run_at - now, 0) + idem_ttl)
     end
     flags[k] = 'c'
     if earliest == nil or run_at < earliest then earliest = run_at end

@@ -182,3 +182,44 @@ def test_a_stale_resend_does_not_undo_a_newer_call(
     value = client.get(q.keys.idem(hashlib.sha256(b"d").hexdigest()))
     assert isinstance(value, str)
     assert value.split() == [first, *(c.args[1] for c in calls[-8:])]  # the last 8 kept
+
+
+def test_a_resent_call_that_made_a_job_is_not_applied_to_the_next_one(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """Call A made the job, a worker claimed it, call B made the next one; A re-sent late (its
+    answer lost) replaced B's job with A's older data (and A's data ran twice): it is answered
+    with A's own job and writes nothing."""
+    q, clock = tq
+    clock.set_ms(T0)
+    a = Script("enqueue", enqueue_args([JobSpec("d", {"n": 1}, key="d", debounce=True)], 1024))
+    (first,) = codec.parse_enqueue(q._execute(a), a.args)
+    q.claim("w", limit=5, lease_ms=10_000)
+    b = q.enqueue("d", {"n": 2}, key="d", debounce=True, delay_ms=1_000)
+    assert b != first
+    assert codec.parse_enqueue(q._execute(a), a.args) == [first]
+    assert json.loads(q.get_job(b).payload_json) == {"n": 2}
+    # Also once A's job is gone: the key remembers the calls of the jobs it named before.
+    q.client.delete(q.keys.job(first), q.keys.spec(first))
+    assert codec.parse_enqueue(q._execute(a), a.args) == [first]
+    assert json.loads(q.get_job(b).payload_json) == {"n": 2}
+
+
+def test_a_resent_call_that_replaced_a_job_is_not_applied_to_the_next_one(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """Call C replaced the job, a worker claimed it, call D made the next one; C re-sent late
+    replaced D's job with C's older data: it is answered with the job it replaced."""
+    q, clock = tq
+    clock.set_ms(T0)
+    first = q.enqueue("d", {"n": 1}, key="d", debounce=True)
+    c = Script("enqueue", enqueue_args([JobSpec("d", {"n": 2}, key="d", debounce=True)], 1024))
+    assert codec.parse_enqueue(q._execute(c), c.args) == [first]
+    q.claim("w", limit=5, lease_ms=10_000)
+    d = q.enqueue("d", {"n": 3}, key="d", debounce=True, delay_ms=1_000)
+    assert d != first
+    assert codec.parse_enqueue(q._execute(c), c.args) == [first]
+    assert json.loads(q.get_job(d).payload_json) == {"n": 3}
+    # A call of the key's own job is still answered with it, and new calls still replace it.
+    assert q.enqueue("d", {"n": 4}, key="d", debounce=True) == d
+    assert json.loads(q.get_job(d).payload_json) == {"n": 4}

@@ -237,7 +237,7 @@ _FAMILIES = (
     ("job:", "HASH one per claimed job (or older layout): state, attempts, token, worker, ..."),
     ("spec:", "STRING a job's spec record: 2|task|max_attempts|backoff|...|payload"),
     ("stats:", "HASH per-minute outcome counters (kept 2 h)"),
-    ("idem:", "STRING idempotency key digest -> job id [last debounced call ids]"),
+    ("idem:", "STRING idempotency key digest -> job id [last debounced calls: id, id=job]"),
     ("claim:", "STRING claim replay answers (kept one lease)"),
     ("worker:", "HASH one per live worker (expires when it stops)"),
     ("worker_stop:", "STRING a quiet / stop asked of a worker, until its next beat (expires)"),
