@@ -15,10 +15,11 @@ from click.testing import CliRunner
 
 from scheduler import BadArgument, JobSpec, Queue
 from scheduler.cli.main import main
+from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core import codec
 from scheduler.core.codec import enqueue_args
 from scheduler.operations.ops import Script
-from tests.conftest import Clock
+from tests.conftest import Clock, delete_queue
 
 T0 = 1_000_000
 
@@ -223,3 +224,19 @@ def test_a_resent_call_that_replaced_a_job_is_not_applied_to_the_next_one(
     # A call of the key's own job is still answered with it, and new calls still replace it.
     assert q.enqueue("d", {"n": 4}, key="d", debounce=True) == d
     assert json.loads(q.get_job(d).payload_json) == {"n": 4}
+
+
+def test_a_partitioned_queue_debounces(client: redis.Redis, queue_name: str) -> None:
+    """Its client gives every job an id tagged with its partition: debounce was refused there
+    as if the caller had chosen the id ('debounce takes no job_id'), on every call."""
+    pq = PartitionedQueue.create(client, queue_name, partitions=3)
+    try:
+        first = pq.enqueue("d", {"n": 1}, key="d", debounce=True, delay_ms=60_000)
+        assert pq.enqueue("d", {"n": 2}, key="d", debounce=True, delay_ms=60_000) == first
+        assert json.loads(pq.get_job(first).payload_json) == {"n": 2}
+        with pytest.raises(BadArgument, match="debounce"):  # the caller's own id still is
+            pq.enqueue("d", key="e", debounce=True, job_id=f"p{pq.layout.partition_of_key('e')}.x")
+    finally:
+        for part in pq.parts:
+            delete_queue(client, part)
+        client.delete(f"sched:{{{queue_name}}}:partitions")

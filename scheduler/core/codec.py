@@ -25,6 +25,7 @@ from scheduler.core.errors import BadArgument
 from scheduler.core.fail_reply import fail_args as fail_args
 from scheduler.core.fail_reply import parse_fail as parse_fail
 from scheduler.core.flow import check_flow, flow_field
+from scheduler.core.ids import MadeId
 from scheduler.core.ids import new_job_id as new_job_id
 from scheduler.core.json_text import encode_json as encode_json
 from scheduler.core.keys import check_new_job_id
@@ -172,7 +173,10 @@ def _flags(spec: JobSpec, flow: str) -> str:
         return ""  # the common case, first (issue 16: single and bulk enqueue)
     if not isinstance(spec.keep_payload, bool) or not isinstance(spec.debounce, bool):
         raise BadArgument(f"keep_payload and debounce must be True or False, got {spec!r:.200}")
-    if spec.debounce and (spec.job_id is not None or flow):  # job_id: each call a re-send
+    # A caller's job_id: each call a re-send (a partitioned queue's own ids are fine).
+    if spec.debounce and (
+        (spec.job_id is not None and not isinstance(spec.job_id, MadeId)) or flow
+    ):
         raise BadArgument("debounce takes no job_id and no flow options (priority, ...)")
     flags, window = "b" * spec.debounce + "k" * spec.keep_payload, spec.start_within_ms
     return flags if window is None else f"{flags}w{check_int(window, 'start_within_ms')}"

@@ -53,3 +53,11 @@ def new_job_id() -> str:
     _last[0], _last[1] = ms, seq
     n = ms << 52 | seq << 36 | _rng.getrandbits(36)
     return _b2a(n.to_bytes(12, "big"), newline=False).translate(_TO_SORTED).decode()
+
+
+class MadeId(str):
+    """An id a client made for a job (a partitioned queue's, tagged with its partition), not
+    one the caller chose: a debounced job takes it (codec refuses a caller's: every call with
+    it would be a re-send)."""
+
+    __slots__ = ()

@@ -27,6 +27,7 @@ from redis.crc import key_slot
 
 from scheduler.core.codec import new_job_id
 from scheduler.core.errors import BadArgument, UnreadableRecord
+from scheduler.core.ids import MadeId
 from scheduler.core.keys import QueueKeys, check_queue_name
 
 MAX_PARTITIONS = 1024
@@ -172,13 +173,13 @@ class Layout:
                     f"{self.queue!r}: give only one, or an id tagged 'p{k}.'"
                 )
             self._check_home(home, k, f"key {key!r}")
-            return k, job_id or f"p{k}.{new_job_id()}"
+            return k, job_id or MadeId(f"p{k}.{new_job_id()}")
         if job_id is not None:
             k = self.partition_of_id(job_id)
             self._check_home(home, k, f"job_id {job_id!r}")
             return k, job_id
         k = spread % self.n if home is None else home
-        return k, f"p{k}.{new_job_id()}"
+        return k, MadeId(f"p{k}.{new_job_id()}")
 
     def _parents_home(self, after: Any) -> int | None:
         """The one partition of the parents, None without any. A malformed `after` is left to
