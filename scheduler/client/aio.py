@@ -19,6 +19,7 @@ from scheduler.core.limits import DEFAULT_LEASE_MS
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
 from scheduler.core.scripts import Scripts, run_one_async
 from scheduler.operations.ops import Op, Ops, Request, Settings
+from scheduler.operations.result_wait import ResultWait
 from scheduler.schedules.recurring import Schedule
 
 T = TypeVar("T")
@@ -476,7 +477,8 @@ class AsyncQueue:
             BadArgument: a malformed job_id or timeout_s.
             UnreadableRecord: the stored result is not JSON (edited by hand).
         """
-        return await self._run(self.ops.result(job_id, timeout_s))
+        wait = ResultWait(self.keys.result_wait(job_id))
+        return await wait.cancellable(self._run, self.ops.result(job_id, timeout_s, wait))
 
     async def counts(self) -> QueueCounts:
         """How many jobs are in each place, by the server's clock.

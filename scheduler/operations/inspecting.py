@@ -24,6 +24,7 @@ from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job, JobState
 from scheduler.operations.dead_letters import dead_page
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
+from scheduler.operations.result_wait import ResultWait
 
 # held: due jobs flow control sets aside (a concurrency or rate limit, parents not done), by
 # run_at; counts() counts them in `due`, whose listing (the `due` index alone) leaves them out.
@@ -186,7 +187,7 @@ class InspectingOps(OpsBase):
             jobs = [j.as_of(now_ms) for j in jobs]
         return jobs
 
-    def result(self, job_id: str, timeout_s: float) -> Op[Any]:
+    def result(self, job_id: str, timeout_s: float, wait: ResultWait | None = None) -> Op[Any]:
         """Wait for the job's outcome: its result (JSON decoded) when done; raises JobDead,
         JobCancelled, JobNotFound, or ResultTimeout after timeout_s.
 
@@ -203,10 +204,23 @@ class InspectingOps(OpsBase):
             raise BadArgument(
                 f"timeout_s must be a number in (0, {MAX_RESULT_WAIT_S:g}], got {timeout_s!r}"
             )
+        # `wait`: the caller's, to take it out of result_wait when the task running this op is
+        # cancelled (AsyncQueue.result); every other end of the wait takes it out here.
+        wait = wait or ResultWait(self.keys.result_wait(job_id))
+        try:
+            out = yield from self._result(job_id, timeout_s, wait)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield from wait.leave()
+            raise
+        yield from wait.leave()
+        return out
+
+    def _result(self, job_id: str, timeout_s: float, wait: ResultWait) -> Op[Any]:
         wake_key = self.keys.result_wake(job_id)
         deadline_s = time.monotonic() + timeout_s
         stale = False
-        announced = False
         while True:
             try:
                 job = yield from self.get_job(job_id)
@@ -214,7 +228,7 @@ class InspectingOps(OpsBase):
                 # Parked and deleted at once (a dead retention of max_count=0): the wake-up
                 # that park pushed for this waiter still says how it ended.
                 word = None
-                if announced:
+                if wait.announced:
                     (word,) = yield Commands([("LINDEX", wake_key, 0)])
                 if word is not None and codec.s(word) == "dead":
                     why = "deleted by the dead-letter retention"
@@ -241,13 +255,11 @@ class InspectingOps(OpsBase):
             remaining_s = deadline_s - time.monotonic()
             if remaining_s <= 0:
                 raise ResultTimeout(f"job {job_id!r} did not finish within {timeout_s} s")
-            if not announced:
+            if not wait.announced:
                 # complete / fail / cancel push a wake-up only for a job with a waiter
                 # (lib/result.lua); the state is read again after this, so an outcome that
                 # landed just before it is not missed.
-                wait_key = self.keys.result_wait(job_id)
-                yield Commands([("SET", wait_key, "1", "PX", int(remaining_s * 1000) + 5_000)])
-                announced = True
+                yield from wait.announce(int(remaining_s * 1000))
                 continue
             # BLMOVE takes decimal seconds; never 0, which would block forever.
             wait_s = max(round(min(remaining_s, RESULT_BLOCK_SLICE_S), 3), 0.001)
