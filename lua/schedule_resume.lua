@@ -6,10 +6,11 @@
   ARGV[1] name  ARGV[2] digest the client computed the slots for
   ARGV[3..] cron only: the next slots (ms, ascending) after now - offset_ms
   Returns: {status, pending id or ''}: 'resumed' | 'active' (was not paused: nothing written) |
-    'stale' (the definition changed under the client: nothing written, retry) | 'missing' |
+    'stale' (the definition changed under the client, or it was paused after the client read
+    it active: a cron one came without slots; nothing written, retry) | 'missing' |
     'unreadable' (a hash lib/schedule.lua sched_load cannot read whole, or without a digest:
     nothing written)
-  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due is not a zset (edited by hand into
+  Errors:  BAD_ARGUMENT slot=<value>; CORRUPT due is not a zset (edited by hand into
     another type: the first occurrence cannot be placed); nothing written ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
@@ -30,7 +31,9 @@ local sk = sched_key(prefix, name)
 local stored = redis.call('HGET', sk, 'digest')
 if not stored or stored == '' then return { 'unreadable', '' } end  -- no client can match it
 if stored ~= digest then return { 'stale', '' } end
-if h.kind == 'cron' and #slots == 0 then return redis.error_reply('BAD_ARGUMENT slots=') end
+-- A cron schedule sent no slots: the client read it active (no slots needed), and it was paused
+-- since. The definition changed under the client: it reads it again.
+if h.kind == 'cron' and #slots == 0 then return { 'stale', '' } end
 -- due takes the first occurrence (lib/rearm.lua sched_insert, after the writes below).
 local bad = zset_err(prefix, 'due')
 if bad then return bad end

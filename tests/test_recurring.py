@@ -270,6 +270,32 @@ def test_pause_resume_remove(tq: tuple[Queue, Clock], client: redis.Redis) -> No
     assert not client.exists(q.keys.schedule("p"), q.keys.schedule_slots("p"))
 
 
+def test_a_pause_between_a_resumes_read_and_its_write_is_read_again(
+    tq: tuple[Queue, Clock], client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """resume_schedule reads the hash (active: no cron slots computed), another operator pauses
+    the schedule, then the resume script runs: it was refused with BadArgument 'slots='; it is
+    the definition changing under the client ('stale'), so the client reads it again."""
+    q, clock = tq
+    clock.set_ms(10_000 * MIN_MS + 1)
+    q.schedule("p", "t", cron="* * * * *")
+    other = Queue(client, q.name, _clock="test")
+    real = q._execute
+    raced: list[bool] = []
+
+    def execute(req: Any) -> Any:
+        reply = real(req)
+        if not raced:  # the first request is the hash's read
+            raced.append(True)
+            assert other.pause_schedule("p") == "paused"
+        return reply
+
+    monkeypatch.setattr(q, "_execute", execute)
+    assert q.resume_schedule("p") == "resumed"
+    s = q.get_schedule("p")
+    assert not s.paused and s.next_run_ms == 10_001 * MIN_MS
+
+
 def test_cancelling_a_pending_occurrence_skips_that_run_only(
     tq: tuple[Queue, Clock], client: redis.Redis
 ) -> None:
