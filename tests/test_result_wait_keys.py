@@ -84,3 +84,31 @@ def test_one_waiter_leaving_keeps_the_others_announced(q: Queue, client: redis.R
     t.join(30)
     assert isinstance(got["r"], JobCancelled)
     assert client.exists(_wait_key(q, job_id)) == 0
+
+
+def test_a_shorter_waiter_never_shortens_a_longer_ones_announcement(
+    q: Queue, client: redis.Redis
+) -> None:
+    # Before: each waiter set the key's PX to its own wait, so the short one below cut the
+    # long one's announcement to about 5 s; the job's outcome after that pushed no wake-up
+    # and the long waiter learnt it only at its next re-read.
+    job_id = q.enqueue("t", {})
+    got: dict[str, Any] = {}
+
+    def long_wait() -> None:
+        try:
+            q.result(job_id, timeout_s=600)
+        except JobCancelled as exc:
+            got["r"] = exc
+
+    t = threading.Thread(target=long_wait)
+    t.start()
+    try:
+        wait_for(lambda: client.exists(_wait_key(q, job_id)) == 1, 15)
+        with pytest.raises(ResultTimeout):
+            q.result(job_id, timeout_s=0.5)
+        assert client.pttl(_wait_key(q, job_id)) > 60_000  # still the long one's ~605 s
+    finally:
+        assert q.cancel(job_id) == "due"
+        t.join(30)
+    assert isinstance(got["r"], JobCancelled)

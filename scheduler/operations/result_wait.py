@@ -3,7 +3,7 @@ result.lua pushes a wake-up only while it exists). Each waiter adds itself befor
 check and takes itself out when its wait ends however it ends, so the key goes with the last
 waiter instead of living the whole timeout_s after it (a cancelled asyncio waiter's for up to a
 day, and the job's outcome then wrote a wake-up list for nobody). SREM never creates a key, and
-PX still bounds what a waiter that died leaves."""
+PX (the longest waiter's wait, plus a margin) still bounds what a waiter that died leaves."""
 
 from __future__ import annotations
 
@@ -34,7 +34,13 @@ class ResultWait:
 
     def announce(self, remaining_ms: int) -> Op[None]:
         px_ms = remaining_ms + WAIT_KEY_MARGIN_MS
-        cmds = [("SADD", self.key, self.me), ("PEXPIRE", self.key, px_ms)]
+        # The expiry only grows (NX: the first waiter's; GT: a longer one's; Redis 7.0, the
+        # minimum): a shorter waiter never cuts a longer one's announcement short.
+        cmds = [
+            ("SADD", self.key, self.me),
+            ("PEXPIRE", self.key, px_ms, "NX"),
+            ("PEXPIRE", self.key, px_ms, "GT"),
+        ]
         try:
             yield Commands(cmds)
         except ResponseError as exc:
