@@ -13,7 +13,8 @@ partition. The client that uses it is scheduler/client/partitioned.py.
   job_id must then route to the same partition (BadArgument otherwise). A job with parents
   (`after=`) goes to their partition (a flow's keys are one partition's), which its key or id
   must then name too; parents in different partitions are refused (BadArgument).
-- A schedule lives in one partition: crc32(name) % N (exactly one pending run still holds)."""
+- A schedule lives in one partition: crc32(name) % N (exactly one pending run still holds);
+  its runs' ids ('schedule:<name>:<slot>') route there too."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ SLOTS = 16384
 MAX_LOGICAL_NAME = 52
 _VERSION = "1"
 _TAGGED = re.compile(r"^p(\d{1,4})\.(.+)$")
+# A recurring schedule's run, 'schedule:<name>:<slot ms>' (lua/lib/schedule.lua): its
+# schedule's partition, not its id's hash (its dead letter, job record and flow live there).
+_OCCURRENCE = re.compile(r"schedule:([A-Za-z0-9_.\-]{1,64}):\d+")
 # The names sub_queue_names makes: <logical>.p<k> or <logical>.p<k>.<j> (group 1: logical).
 PARTITION_NAME = re.compile(r"^(.+)\.p\d{1,4}(?:\.\d{1,6})?$")
 
@@ -133,6 +137,8 @@ class Layout:
         m = _TAGGED.match(job_id)
         if m is not None and int(m.group(1)) < self.n:
             return int(m.group(1))
+        if (run := _OCCURRENCE.fullmatch(job_id)) is not None:
+            return self.partition_of_schedule(run.group(1))
         return _hash(job_id) % self.n
 
     def partition_of_key(self, key: str) -> int:

@@ -1,0 +1,62 @@
+"""Dead letters, from an audit (operations/dead_letters.py, dead_filter.py, partitioned
+routing): each test failed on the code as audited."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.core.partitions import meta_key
+from tests.conftest import Clock, delete_queue
+
+MIN_MS = 60_000
+T0 = 1_000 * MIN_MS + 1  # the first run of an every-minute schedule is at SLOT1
+SLOT1 = 1_001 * MIN_MS
+
+
+@pytest.fixture
+def tpq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
+    q = PartitionedQueue.create(client, queue_name, partitions=3, _clock="test")
+    yield q
+    for part in q.parts:
+        delete_queue(client, part)
+    client.delete(meta_key(q.name))
+
+
+def test_a_partitioned_queue_requeues_and_purges_a_dead_schedule_run(
+    client: redis.Redis, tpq: PartitionedQueue
+) -> None:
+    """A schedule's runs ('schedule:<name>:<slot>') live in the schedule's partition; their
+    ids were routed by their hash, so requeue_dead / purge_dead (and get_job) of a dead run
+    went to another partition: 0 requeued, 0 purged, the run parked for good."""
+    # A name whose first run's id hashes to another partition than the schedule's name.
+    name = next(
+        n
+        for n in (f"nightly{i}" for i in range(100))
+        if zlib.crc32(f"schedule:{n}:{SLOT1}".encode()) % 3 != tpq.layout.partition_of_schedule(n)
+    )
+    home = tpq.parts[tpq.layout.partition_of_schedule(name)]
+    clock = Clock(client, home)
+    clock.set_ms(T0)
+    assert tpq.schedule(name, "t", {"k": 1}, every_ms=MIN_MS, max_attempts=1) == "created"
+    run = f"schedule:{name}:{SLOT1}"
+    assert home.get_schedule(name).pending == run
+
+    def park() -> None:
+        [job] = home.claim("w", limit=1, lease_ms=10_000).jobs
+        assert job.id == run
+        assert home.fail(run, job.token, ("E", "boom", ""), delay_ms=0).status == "dead"
+
+    clock.set_ms(SLOT1)
+    park()
+    assert tpq.dead_ids() == [run]
+    assert tpq.get_job(run).state == "dead"
+    assert tpq.requeue_dead([run]) == 1
+    assert tpq.get_job(run).state == "due"
+    park()
+    assert tpq.purge_dead([run]) == 1
+    assert tpq.dead_ids() == []
