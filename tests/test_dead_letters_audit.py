@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from scheduler import Queue
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.partitions import meta_key
 from tests.conftest import Clock, delete_queue
@@ -60,3 +61,24 @@ def test_a_partitioned_queue_requeues_and_purges_a_dead_schedule_run(
     park()
     assert tpq.purge_dead([run]) == 1
     assert tpq.dead_ids() == []
+
+
+def test_a_dead_id_whose_key_is_not_a_hash_leaves_the_filters_working(
+    client: redis.Redis, q: Queue
+) -> None:
+    """claim parks an id whose job key is of another type by its id alone; the task /
+    error-type filter read it with the others in one HMGET pipeline, and its WRONGTYPE failed
+    the whole read: dead_ids(task=...), `dead list / requeue / purge --task` refused for every
+    dead job of the queue."""
+    died = []
+    for n in range(2):
+        q.enqueue("t", {"n": n}, max_attempts=1)
+        [job] = q.claim("w", limit=1, lease_ms=10_000).jobs
+        assert q.fail(job.id, job.token, ("E", "boom", ""), delay_ms=0).status == "dead"
+        died.append(job.id)
+    client.set(q.keys.job("odd"), "x")
+    client.zadd(q.keys.dead, {"odd": 1})
+    assert set(q.dead_ids()) == {*died, "odd"}
+    assert set(q.dead_ids(task="t")) == set(died)
+    assert set(q.dead_ids(error_type="E")) == set(died)
+    assert q.dead_ids(task="other") == []

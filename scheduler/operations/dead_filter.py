@@ -62,7 +62,16 @@ def _read_matching(
 ) -> Op[list[tuple[float, str]]]:
     """matching by reading each job's fields here: one HMGET per id, then the spec records of
     those whose hash has no task."""
-    fields = yield Commands([("HMGET", keys.job(i), "task", "last_error_type") for _, i in pairs])
+    reads = [("HMGET", keys.job(i), "task", "last_error_type") for _, i in pairs]
+    try:
+        fields = yield Commands(reads)
+    except ResponseError:  # a job key of another type (claim parks it by its id): no fields
+        fields = []
+        for cmd in reads:
+            try:
+                fields += yield Commands([cmd])
+            except ResponseError:
+                fields.append([None, None])
     tasks = [None if t is None else codec.s(t) for t, _ in fields]
     bare = [k for k, t in enumerate(tasks) if t is None] if task is not None else []
     if bare:
