@@ -188,6 +188,7 @@ local function park(id, jk, reason, schedule)
     dead_letter(prefix, id, reason, now_ms())
   end
   flow_parent_ended(prefix, id, 'dead', now_ms())
+  result_wake(prefix, id, 'dead', RESULT_WAKE_DEAD_TTL_MS)
 end
 
 -- A hostile score (inf, 1e300) must not reach the reply: next_ms stays a plain integer.
@@ -260,6 +261,7 @@ for i = 1, #lapsed, 2 do
       dead_letter(prefix, id, 'lease expired', now)
       flow_release(prefix, id, now, fl)
       flow_parent_ended(prefix, id, 'dead', now)
+      result_wake(prefix, id, 'dead', RESULT_WAKE_DEAD_TTL_MS)
       parked = parked + 1
     else
       flow_to_due(prefix, id, until_ms, now, fl)

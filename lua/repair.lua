@@ -7,7 +7,7 @@
   scheduler/admin/doctor.py inside its WATCH/MULTI (it re-read the job first), with doctor's
   server-time reading as now.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, finished
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, finished
   ARGV[1] move   ARGV[2] id: any id stored in a place, up to STORED_ID_MAX bytes (a hand-written
           id no API would make, e.g. with a space, is still an id doctor must be able to move)
   ARGV[3] expect: the places the id is in now, in the order due,leased,dead, comma-joined
@@ -16,8 +16,9 @@
   ARGV[5] now_ms
   ARGV[6..] by move:
     'dead'    park the job (lib dead_letter): ARGV[6] reason (1..200 bytes), ARGV[7] dead_ms
-              (when it died); as fail's park, its key slot is freed and its waiting children
-              parked (lib/flow.lua), and it leaves its priority index. Not a held job
+              (when it died); as fail's park, its key slot is freed, its waiting children
+              parked (lib/flow.lua), its result waiters woken (lib/result.lua), and it leaves
+              its priority index. Not a held job
               (reply 0): claim parks it when it runs.
     'due'     into due (lib flow_to_due, off leased: its key slot freed, back into its priority
               index) at ARGV[6] run_at_ms; state 'due', no worker, no expiry, wake idle workers
@@ -142,6 +143,7 @@ if move == 'dead' then
   flow_unindex(prefix, id, fl.priority)  -- out of due: out of its level's index too
   flow_release(prefix, id, now, fl)
   flow_parent_ended(prefix, id, 'dead', now)
+  result_wake(prefix, id, 'dead', RESULT_WAKE_DEAD_TTL_MS)
 elseif move == 'due' then
   flow_to_due(prefix, id, run_at, now)
   if redis.call('EXISTS', jk) == 1 then

@@ -1,6 +1,6 @@
 --[[ schedule_upsert: create or redefine a recurring schedule by name, idempotently.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, schedule_ran:<name>, schedules, dead:migrating, config, partitions, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, schedule_ran:<name>, schedules, dead:migrating, config, partitions, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>
   ARGV[1] name   ARGV[2] digest (of the whole definition)   ARGV[3] kind ('cron' | 'every')
   ARGV[4] cron   ARGV[5] tz   ARGV[6] every_ms   ARGV[7] jitter_ms   ARGV[8] offset_ms
   ARGV[9] misfire (text)   ARGV[10] misfire_n (overdue slots that may run: 0 skip, 1, N)

@@ -10,6 +10,7 @@
 -- A job set aside keeps state 'due' and says why in its `flow_reason` field.
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
+-- @include "lib/result.lua"
 
 -- A copy of scheduler/core/flow.py FLOW_LIMITS (tests/test_flow_unit.py checks they agree).
 local FLOW_LIM = { priority = 9, climit = 10000, rate_count = 100000, rate_window_ms = 86400000,
@@ -805,6 +806,8 @@ local function flow_parent_ended(prefix, id, word, now, endk)
         else
           dead_letter(prefix, cid, 'parent ' .. why .. ': ' .. pid, now)
         end
+        -- A parked child's result waiters learn it now, not at their next re-read.
+        result_wake(prefix, cid, 'dead', RESULT_WAKE_DEAD_TTL_MS)
         work[#work + 1] = { cid, 'dead' }
         parked = parked + 1
       end
