@@ -4,19 +4,32 @@ routing): each test failed on the code as audited."""
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from click.testing import CliRunner, Result
 
-from scheduler import Queue
+from scheduler import JobSpec, Queue
+from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.partitions import meta_key
 from tests.conftest import Clock, delete_queue
 
+Run = Callable[..., Result]
 MIN_MS = 60_000
 T0 = 1_000 * MIN_MS + 1  # the first run of an every-minute schedule is at SLOT1
 SLOT1 = 1_001 * MIN_MS
+
+
+@pytest.fixture
+def cli(redis_url: str) -> Run:
+    runner = CliRunner(env={"COLUMNS": "200"})
+
+    def run(*args: str) -> Result:
+        return runner.invoke(main, [*args, "--url", redis_url])
+
+    return run
 
 
 @pytest.fixture
@@ -82,3 +95,57 @@ def test_a_dead_id_whose_key_is_not_a_hash_leaves_the_filters_working(
     assert set(q.dead_ids(task="t")) == set(died)
     assert set(q.dead_ids(error_type="E")) == set(died)
     assert q.dead_ids(task="other") == []
+
+
+def _park_flow(q: Queue, parent: str) -> None:
+    [job] = q.claim("w", limit=1, lease_ms=10_000).jobs
+    assert job.id == parent
+    assert q.fail(parent, job.token, ("E", "boom", ""), delay_ms=0).status == "dead"
+
+
+def test_a_requeue_in_several_calls_puts_each_parent_before_its_children(q: Queue) -> None:
+    """requeue_dead sends its ids in calls of batch_size: a parked child sent in an earlier
+    call than its parent found the parent still dead and ran at once, beside it (a grandchild
+    likewise), while docs/flow-control.md promises a parent and its parked subtree requeued
+    together run in their order again."""
+    p = q.enqueue("parent", None, max_attempts=1, job_id="a-parent")
+    c = q.enqueue("child", None, after=[p], job_id="b-child")
+    g = q.enqueue("grandchild", None, after=[c], job_id="c-grandchild")
+    _park_flow(q, p)
+    assert sorted(q.dead_ids()) == [p, c, g]
+    assert q._run(q.ops.requeue_dead([g, c, p], batch_size=1)) == 3
+    assert [j.id for j in q.claim("w", limit=10, lease_ms=10_000).jobs] == [p]
+
+
+def test_the_cli_requeues_a_parent_before_its_parked_children(cli: Run, q: Queue) -> None:
+    """`scheduler dead requeue` sends 100 ids a call, newest first: a parent's 100 children,
+    parked at its ms with ids after its own, all went before it and ran beside it."""
+    p = q.enqueue("parent", None, max_attempts=1, job_id="a-parent")
+    kids = q.enqueue_many([JobSpec("child", n, after=[p], job_id=f"b-{n:03}") for n in range(100)])
+    _park_flow(q, p)
+    assert q.dead_ids()[-1] == p and len(q.dead_ids()) == 101
+    out = cli("dead", "requeue", "-y", "-q", q.name)
+    assert out.exit_code == 0, out.output
+    assert "101 of 101" in out.output
+    assert [j.id for j in q.claim("w", limit=200, lease_ms=10_000).jobs] == [p]
+    assert q.counts().dead == 0 and len(kids) == 100
+
+
+def test_the_cli_requeues_a_partitioned_parent_before_its_children(
+    cli: Run, client: redis.Redis, queue_name: str
+) -> None:
+    """The same through a partitioned queue (the flow in the parent's partition)."""
+    pq = PartitionedQueue.create(client, queue_name, partitions=3)
+    try:
+        p = pq.enqueue("parent", None, max_attempts=1, job_id="a-parent")
+        pq.enqueue_many([JobSpec("child", n, after=[p]) for n in range(100)])
+        home = pq.part_of(p)
+        _park_flow(home, p)
+        assert pq.dead_ids()[-1] == p
+        out = cli("dead", "requeue", "-y", "-q", queue_name)
+        assert out.exit_code == 0 and "101 of 101" in out.output, out.output
+        assert [j.id for j in home.claim("w", limit=200, lease_ms=10_000).jobs] == [p]
+    finally:
+        for part in pq.parts:
+            delete_queue(client, part)
+        client.delete(meta_key(queue_name))

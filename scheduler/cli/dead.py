@@ -31,7 +31,7 @@ from scheduler.cli.common import (
 )
 from scheduler.cli.dead_retention import retention
 from scheduler.cli.jobs import job_json
-from scheduler.client.partitioned import PartitionedQueue, merge_dead, open_queue
+from scheduler.client.partitioned import PartitionedQueue, merge_dead, open_queue, requeue_order
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys, check_job_id
@@ -266,7 +266,9 @@ def requeue_dead(
     client = connect(url)
     require_queue(client, queue)
     q = open_queue(client, queue)  # a partitioned queue: each id to its partition
-    selected = select(q, task, error_type, older_than_ms, ids)
+    # Requeued chunk by chunk: a parent in a later chunk than its parked children would let
+    # them run beside it (a call with both makes them wait again): parents first.
+    selected = requeue_order(q, select(q, task, error_type, older_than_ms, ids))
     recheck = partial(select, q, task, error_type, older_than_ms, refuse=False)
     _bulk("requeued", q.requeue_dead, queue, selected, yes, as_json, recheck)
 

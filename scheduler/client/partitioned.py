@@ -40,6 +40,7 @@ from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
 from scheduler.core.scripts import Scripts, run_sync
 from scheduler.operations.browsing import listed_scored
+from scheduler.operations.dead_filter import parents_first
 from scheduler.operations.dead_letters import check_id_list
 from scheduler.operations.inspecting import check_page
 from scheduler.operations.ops import Op, Request
@@ -54,6 +55,7 @@ __all__ = [
     "merge_dead",
     "open_queue",
     "read_layout",
+    "requeue_order",
 ]
 
 
@@ -277,3 +279,13 @@ def open_queue(
     if layout is None:
         return Queue(client, name, **queue_kwargs)
     return PartitionedQueue(client, layout, **queue_kwargs)
+
+
+def requeue_order(q: Queue | PartitionedQueue, ids: Sequence[str]) -> list[str]:
+    """`ids` in the order to requeue them over several calls (the CLI's chunks): each parent
+    before its parked children (operations/dead_filter.py parents_first), a partitioned queue's
+    within each partition (a flow is one partition's)."""
+    if isinstance(q, Queue):
+        return q._run(parents_first(q.keys, ids))
+    per = q._run_many([(p, parents_first(p.keys, g)) for p, g in q._by_part(ids)])
+    return [i for g in per for i in g]

@@ -5,9 +5,14 @@ claim (a child whose parent ended dead or cancelled) has no task in its hash.
 One lua/dead_match.lua call per MATCH_STEP ids decides the clean cases on the server (the
 hash's fields equal the filter byte for byte, or not); the ids it leaves undecided (no task in
 the hash, a field that is not UTF-8, a job key of another type) are read here as before, one
-HMGET each, then their spec records. 100,000 dead letters: docs/performance.md section 30."""
+HMGET each, then their spec records. 100,000 dead letters: docs/performance.md section 30.
+
+parents_first orders the ids of a requeue that takes several script calls: parents first."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from redis.exceptions import ResponseError
 
@@ -57,33 +62,34 @@ def _wanted(value: str | None) -> str | None:
     return "=" + value
 
 
+def _read_each(reads: list[tuple[Any, ...]], failed: Any) -> Op[list[Any]]:
+    """The replies of `reads`, in one pipeline; when one fails (a key of another type), one
+    by one, `failed` in the place of each that fails."""
+    try:
+        return list((yield Commands(reads)))
+    except ResponseError:
+        out: list[Any] = []
+        for cmd in reads:
+            try:
+                out += yield Commands([cmd])
+            except ResponseError:
+                out.append(failed)
+        return out
+
+
 def _read_matching(
     keys: QueueKeys, pairs: list[tuple[float, str]], task: str | None, error_type: str | None
 ) -> Op[list[tuple[float, str]]]:
     """matching by reading each job's fields here: one HMGET per id, then the spec records of
     those whose hash has no task."""
+    # A job key of another type (claim parks it by its id alone): no fields.
     reads = [("HMGET", keys.job(i), "task", "last_error_type") for _, i in pairs]
-    try:
-        fields = yield Commands(reads)
-    except ResponseError:  # a job key of another type (claim parks it by its id): no fields
-        fields = []
-        for cmd in reads:
-            try:
-                fields += yield Commands([cmd])
-            except ResponseError:
-                fields.append([None, None])
+    fields = yield from _read_each(reads, [None, None])
     tasks = [None if t is None else codec.s(t) for t, _ in fields]
     bare = [k for k, t in enumerate(tasks) if t is None] if task is not None else []
     if bare:
-        try:
-            specs = yield Commands([("GET", keys.spec(pairs[k][1])) for k in bare])
-        except ResponseError:  # one edited by hand into another type: read them one by one
-            specs = []
-            for k in bare:
-                try:
-                    specs += yield Commands([("GET", keys.spec(pairs[k][1]))])
-                except ResponseError:
-                    specs.append(None)  # that one: no task
+        # One edited by hand into another type: no task.
+        specs = yield from _read_each([("GET", keys.spec(pairs[k][1])) for k in bare], None)
         for k, text in zip(bare, specs, strict=True):
             read = None if text is None else spec_fields(codec.s(text), None)
             tasks[k] = None if read is None else read["task"]
@@ -95,3 +101,38 @@ def _read_matching(
             continue
         kept.append(pair)
     return kept
+
+
+def parents_first(keys: QueueKeys, ids: Sequence[str]) -> Op[list[str]]:
+    """`ids` (each once) with every parent a parked child lists (`parents`) before that child,
+    else in the order given: requeued in several script calls, a child whose parent comes in a
+    later call finds it still dead and runs at once (lua/lib/flow.lua flow_rewait) beside its
+    parent, while one call with both makes it wait again (docs/flow-control.md)."""
+    ids = list(dict.fromkeys(ids))
+    listed = yield from _read_each([("HGET", keys.job(i), "parents") for i in ids], None)
+    among = set(ids)
+    parents = {
+        i: [p for p in codec.s(v).split() if p in among]
+        for i, v in zip(ids, listed, strict=True)
+        if v is not None
+    }
+    out: list[str] = []
+    placed: set[str] = set()
+
+    def place(i: str) -> None:  # depth first, iteratively: a subtree may be deep
+        stack = [(i, iter(parents.get(i, ())))]
+        placed.add(i)
+        while stack:
+            node, todo = stack[-1]
+            nxt = next((p for p in todo if p not in placed), None)
+            if nxt is None:
+                stack.pop()
+                out.append(node)
+            else:
+                placed.add(nxt)
+                stack.append((nxt, iter(parents.get(nxt, ()))))
+
+    for i in ids:
+        if i not in placed:
+            place(i)
+    return out

@@ -17,7 +17,7 @@ from typing import Any
 from scheduler.core import codec
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
-from scheduler.operations.dead_filter import matching
+from scheduler.operations.dead_filter import matching, parents_first
 from scheduler.operations.requests import Commands, Op, OpsBase, Script, ScriptPipeline
 
 
@@ -276,6 +276,8 @@ class DeadLetterOps(OpsBase):
     def requeue_dead(self, ids: Sequence[str], batch_size: int = 500) -> Op[int]:
         """Move these dead jobs back to due with a fresh attempt budget; returns how many."""
         ids = check_id_list(ids)
+        if len(ids) > batch_size:  # several script calls: each parent in one before its children
+            ids = yield from parents_first(self.keys, ids)
         moved = 0
         for i in range(0, len(ids), batch_size):
             moved += int((yield Script("requeue_dead", list(ids[i : i + batch_size]))))
