@@ -259,7 +259,7 @@ async def serve(
             return metrics_port_failure(port, exc)
         worker.log.info("metrics on %s:%d/metrics", addr if in_pool else "", bound)
     if in_pool:  # the supervisor's stop: a request, never a (second) signal
-        signals.add(asyncio.get_running_loop(), STOP_SIGNAL, _pool_stop, worker)
+        signals.keep(asyncio.get_running_loop(), STOP_SIGNAL, _pool_stop, worker)
     notify_ready(bound)  # to a pool's supervisor (--processes): this child started
     try:
         code = await worker.run()

@@ -2,7 +2,8 @@
 changes them. An async handler runs on the loop's thread, the one where `signal.signal` works:
 `signal.signal(SIGTERM, SIG_IGN)` or `loop.add_signal_handler(SIGTERM, ...)` left a worker
 that SIGTERM could not stop (only SIGKILL, its leases left to lapse), and
-`loop.remove_signal_handler(SIGTERM)` one that SIGTERM killed without its shutdown. Every
+`loop.remove_signal_handler(SIGTERM)` one that SIGTERM killed without its shutdown; the same
+for a pool child's stop signal (SIGUSR1, `signals.keep`). Every
 CHECK_S a timer on the loop puts the worker's own back and logs which it restored; a signal
 that arrives in between is still lost (the check is a timer, not a hook on `signal.signal`).
 A sync handler cannot change them (Python refuses outside the main thread)."""
@@ -18,25 +19,21 @@ from scheduler.worker.logs import LOGGER
 
 CHECK_S = 0.5
 
-Restore = Callable[[asyncio.AbstractEventLoop, int, Callable[[int], None]], bool]
+Restore = Callable[[asyncio.AbstractEventLoop], list[int]]
 
 _timer: asyncio.TimerHandle | None = None
 
 
-def start(
-    loop: asyncio.AbstractEventLoop, on_signal: Callable[[int], None], restore: Restore
-) -> None:
-    """Check every CHECK_S on loop, until stop(); restore(loop, sig, on_signal) puts one back
-    and says whether it had to."""
+def start(loop: asyncio.AbstractEventLoop, restore: Restore) -> None:
+    """Check every CHECK_S on loop, until stop(); restore(loop) puts back the worker's
+    handlers no longer in place and returns their signals."""
     global _timer
     stop()
 
     def check() -> None:
         global _timer
         try:
-            put_back = [
-                sig for sig in (signal.SIGTERM, signal.SIGINT) if restore(loop, sig, on_signal)
-            ]
+            put_back = restore(loop)
         except Exception as exc:  # never out of a timer: the next check tries again
             logging.getLogger(LOGGER).warning("could not check the signal handlers: %r", exc)
         else:
@@ -58,7 +55,7 @@ def stop() -> None:
 
 
 def intact(
-    loop: asyncio.AbstractEventLoop, sig: int, ours: object, on_signal: Callable[[int], None]
+    loop: asyncio.AbstractEventLoop, sig: int, ours: object, on_signal: Callable[..., None]
 ) -> bool:
     """sig's Python-level handler is still the one the worker installed and, on asyncio's own
     loop (whose add_signal_handler always installs the same function), its callback still the

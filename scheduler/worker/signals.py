@@ -32,8 +32,10 @@ from scheduler.worker import signal_guard
 
 _registered = False
 # While a worker's handlers are installed: the handler object each signal had then (asyncio's
-# or our no-op), so a child forked later is reset only where the worker's still is.
+# or our no-op), so a child forked later is reset only where the worker's still is; and the
+# callback each one calls on the loop, which signal_guard puts back.
 _ours: dict[int, object] = {}
+_callbacks: dict[int, tuple[Callable[..., None], tuple[Any, ...]]] = {}
 
 
 def install(loop: asyncio.AbstractEventLoop, on_signal: Callable[[int], None]) -> None:
@@ -42,9 +44,8 @@ def install(loop: asyncio.AbstractEventLoop, on_signal: Callable[[int], None]) -
     while these handlers are installed)."""
     global _registered
     for sig in (signal.SIGTERM, signal.SIGINT):
-        add(loop, sig, on_signal, sig)
-        _ours[sig] = signal.getsignal(sig)
-    signal_guard.start(loop, on_signal, _restore)
+        keep(loop, sig, on_signal, sig)
+    signal_guard.start(loop, _restore)
     if not _registered:
         os.register_at_fork(
             before=_block, after_in_parent=_unblock, after_in_child=_defaults_in_child
@@ -65,18 +66,33 @@ def _no_op(_signum: int, _frame: object) -> None:
     pass
 
 
-def _restore(loop: asyncio.AbstractEventLoop, sig: int, on_signal: Callable[[int], None]) -> bool:
-    """Put the worker's handler of sig back if it is no longer in place; True if it was not."""
-    if signal_guard.intact(loop, sig, _ours.get(sig), on_signal):
-        return False
-    add(loop, sig, on_signal, sig)
+def keep(
+    loop: asyncio.AbstractEventLoop, sig: int, callback: Callable[..., None], *args: Any
+) -> None:
+    """add, kept in place (signal_guard) and reset in a forked child until remove(): a pool
+    child's stop signal (STOP_SIGNAL) too, which a handler that took it over (SIG_IGN, the
+    loop's handler removed: the default ends the process) kept the pool's stop from reaching
+    the worker, or ended the worker without its shutdown."""
+    add(loop, sig, callback, *args)
     _ours[sig] = signal.getsignal(sig)
-    return True
+    _callbacks[sig] = (callback, args)
+
+
+def _restore(loop: asyncio.AbstractEventLoop) -> list[int]:
+    """Put back the worker's handlers no longer in place; the signals that were not."""
+    put_back = []
+    for sig, (callback, args) in list(_callbacks.items()):
+        if not signal_guard.intact(loop, sig, _ours.get(sig), callback):
+            add(loop, sig, callback, *args)
+            _ours[sig] = signal.getsignal(sig)
+            put_back.append(sig)
+    return put_back
 
 
 def remove(loop: asyncio.AbstractEventLoop) -> None:
     signal_guard.stop()
     _ours.clear()  # an app's forks from now on inherit its own handlers again
+    _callbacks.clear()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
 
@@ -114,6 +130,7 @@ def _defaults_in_child() -> None:
             signal.set_wakeup_fd(-1)
             for sig, handler in _ours.items():
                 if signal.getsignal(sig) is handler:
-                    signal.signal(sig, _DEFAULTS[sig])
+                    signal.signal(sig, _DEFAULTS.get(sig, signal.SIG_DFL))
         _ours.clear()
+        _callbacks.clear()
     _unblock()
