@@ -16,8 +16,9 @@ registry that cannot be imported fails each child's first start: exit 4). It:
   is ready (the one-process codes: 3 Redis unreachable, 5 forbidden, ...), so a misconfigured
   pool fails as one worker would;
 - restarts a child that exits once ready (the OOM killer, a crash), after 1 s doubling to 30 s,
-  the wait reset once a child has run 60 s; one that stopped cleanly (exit 0: its --max-jobs
-  or --max-memory-mb) at once, no sooner than 1 s after its start; never one an operator
+  the wait reset once a child has run 60 s (a restarted one that exits before ready, with 0
+  too, the same); one ready that stopped cleanly (exit 0: its --max-jobs or --max-memory-mb)
+  at once, no sooner than 1 s after its start; never one an operator
   stopped (`scheduler workers stop|quiet`: EXIT_RETIRED or EXIT_QUIETED, the verb logged): its
   slot is retired, and once every slot is, it exits 0;
 - on SIGHUP replaces the children one at a time with new processes (new code on disk), each
@@ -212,8 +213,9 @@ class Pool(Reload):
         if first and not was_ready:
             return code if code != EXIT_OK else EXIT_FAILED
         # A planned stop (--max-jobs, its own SIGTERM): no backoff, but a process lives 1 s at
-        # least per round (the doubling held --max-jobs 1 to a job per 30 s).
-        if code == EXIT_OK:
+        # least per round (the doubling held --max-jobs 1 to a job per 30 s). Only a ready one
+        # reaches those: an exit 0 before ready is a failed start, restarted with the backoff.
+        if code == EXIT_OK and was_ready:
             c.restart_at = max(now, c.started_at + RESTART_FIRST_S)
             log.info("worker process %d (pid %d) stopped cleanly (--max-jobs/-memory-mb); starting "
                      "another", c.index + 1, pid, extra={"worker_process": c.index + 1,
