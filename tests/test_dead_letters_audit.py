@@ -14,6 +14,7 @@ from scheduler import JobSpec, Queue
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.partitions import meta_key
+from scheduler.operations.dead_letters import scan_dead
 from tests.conftest import Clock, delete_queue
 
 Run = Callable[..., Result]
@@ -149,3 +150,23 @@ def test_the_cli_requeues_a_partitioned_parent_before_its_children(
         for part in pq.parts:
             delete_queue(client, part)
         client.delete(meta_key(queue_name))
+
+
+def test_a_scan_returns_no_id_twice_when_many_die_at_its_cursors_ms(
+    client: redis.Redis, q: Queue
+) -> None:
+    """scan_dead pages by a (dead_ms, id) cursor; ids that died at the cursor's very ms between
+    two pages (sorting above it: more than a page of them) pushed the cursor's entry below the
+    next page, whose last entry then became the cursor, above ids already returned: those
+    came back (dead_ids listed them twice; a requeue counted the second ones skipped)."""
+    client.zadd(q.keys.dead, {f"a{n:03}": 1000 for n in range(100)})
+    op = scan_dead(q.keys, page=1)
+    reply = q._execute(next(op))
+    client.zadd(q.keys.dead, {f"b{n:03}": 1000 for n in range(100)})  # dying at that ms
+    try:
+        while True:
+            reply = q._execute(op.send(reply))
+    except StopIteration as done:
+        found = [i for _, i in done.value]
+    assert len(found) == len(set(found))
+    assert set(found) >= {f"a{n:03}" for n in range(100)}

@@ -67,6 +67,7 @@ def scan_dead(
     top: float | None = None  # the cursor: the last (score, id) returned, and how many
     last = ""  #               entries of that score the range holds down to `last`
     ties = 0
+    floor = ""  # the lowest id of the cursor's ms returned or passed over
     by_record = task is not None or error_type is not None
     while limit is None or len(out) < limit:
         step = page if limit is None else _step(limit - len(out), by_record, page)
@@ -102,10 +103,13 @@ def scan_dead(
             return out
         # An id that died at the cursor's very ms after the last page (sorting above `last`)
         # is one this scan passed over or returned: skipped, so nothing comes back twice.
-        fresh = [(s, i) for s, i in raw if top is None or s != top or i < last]
+        fresh = [(s, i) for s, i in raw if top is None or s != top or i < floor]
         s_end, last = raw[-1]
         run = sum(1 for s, _ in raw if s == s_end)
         ties = ties + len(raw) if top is not None and s_end == top else run
+        # Ids that died at the cursor's ms above `last` since the last page push it down, so
+        # a page may end above it: `last` then moves back up, `floor` (what was returned) not.
+        floor = min(floor, last) if top is not None and s_end == top else last
         top = s_end
         if by_record:
             fresh = yield from matching(keys, fresh, task, error_type)
