@@ -3,14 +3,20 @@ the stand-in children of tests/test_pool_retire.py: each exits with the code the
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from scheduler import Queue
 from tests.test_pool_retire import Stand
-from tests.workers.procs import wait_for
+from tests.test_worker_pool import SUPERVISORS, kill_leftovers, ledger_pids, stop
+from tests.workers.procs import ROOT, SCHEDULER, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -20,6 +26,13 @@ def stand(tmp_path: Path) -> Iterator[Stand]:
     p = Stand(tmp_path, 1)
     yield p
     p.end()
+
+
+@pytest.fixture
+def pool_log(tmp_path: Path) -> Iterator[Path]:
+    log = tmp_path / "pool.log"
+    yield log
+    kill_leftovers(log, SUPERVISORS)
 
 
 def _line_of(p: Stand, pid: int) -> str:
@@ -47,3 +60,35 @@ def test_a_restarted_child_that_exits_0_before_it_is_ready_backs_off(stand: Stan
     p.exit_with(third, 0)
     assert "exited with code 0; restarting in 4.0 s" in _line_of(p, third), p.text()
     assert p.sup.poll() is None  # a restart, not the pool's failure
+
+
+def test_processes_0_on_one_core_is_still_a_pool_that_reloads(
+    redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
+) -> None:
+    """`--processes 0` (one per core) on a machine or container with one core, with the unit
+    of docs/guide/workers.md (ExecReload=kill -HUP). Before: one core made it a lone worker,
+    which SIGHUP killed at once (exit by signal, which systemd's Restart=on-failure takes for
+    a clean stop): its running job cut and left to its lease, the service down. Now it is a
+    pool of one: the reload replaces the process and the old one finishes its job."""
+    env = dict(os.environ, TEST_REDIS_URL=redis_url, REDIS_URL=redis_url, PYTHONPATH=str(ROOT))
+    with open(pool_log, "ab") as out:
+        pool = subprocess.Popen(
+            [SCHEDULER, "worker", "tests.workers.basic:registry", "--queue", q.name,
+             "--processes", "0", "--grace", "30"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+        )  # fmt: skip
+    SUPERVISORS.add(pool.pid)
+    try:
+        wait_for(lambda: "concurrency=16" in pool_log.read_text(), what="the worker started")
+        job = q.enqueue("sleep", {"s": 2.0})
+        wait_for(lambda: len(ledger_pids(client, q)) == 1, what="the job started")
+        pool.send_signal(signal.SIGHUP)
+        wait_for(lambda: q.status(job) == "done" or pool.poll() is not None,
+                 what="the job done or the worker gone")  # fmt: skip
+        assert pool.poll() is None, pool_log.read_text()[-2000:]
+        assert q.status(job) == "done"
+        assert q.get_job(job).attempts == 1
+    finally:
+        code = stop(pool, pool_log)
+    assert code == 0, pool_log.read_text()[-2000:]

@@ -198,7 +198,9 @@ def worker_cmd(
     except Exception as exc:  # SettingsError, BadArgument, a URL redis-py refuses
         click.echo(safe(f"error: {exc}"), err=True)
         sys.exit(EXIT_USAGE)
-    if n > 1:  # the children import the registry; the supervisor runs none of the user's code
+    # The children import the registry; the supervisor runs none of the user's code. Also
+    # --processes 0 on one core: a lone worker there died of the unit's reload (SIGHUP).
+    if processes != 1:
         sys.exit(run_pool(n, registry, url, metrics_port, worker_id))
     try:
         reg = load_registry(registry)

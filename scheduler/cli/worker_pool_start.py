@@ -26,12 +26,13 @@ def pool_size(processes: int, worker_id: str | None) -> int:
     honour raise, before any child starts."""
     n = processes or _cores()
     if worker_id is not None:  # the same safe alphabet: it becomes part of a key name
+        lone = processes == 1  # else a pool, of one too (--processes 0 on one core)
         try:
-            check_job_id(worker_id if n == 1 else f"{worker_id}.{n}")
+            check_job_id(worker_id if lone else f"{worker_id}.{n}")
         except BadArgument:
             raise BadArgument(
                 f"invalid --worker-id {worker_id!r:.80}: 1-128 characters of A-Z a-z 0-9 _ . : -"
-                + ("" if n == 1 else f" with its process suffix .{n}")
+                + ("" if lone else f" with its process suffix .{n}")
             ) from None
     return n
 
