@@ -77,6 +77,26 @@ def test_an_async_producer_and_a_worker_add_theirs(
     assert r.smembers(QUEUE_INDEX) == {"async-q", "served", "also-served"}
 
 
+def test_a_burst_of_first_async_calls_shares_one_addition(
+    r: redis.Redis, module_server: RedisProcess
+) -> None:
+    # Each of 150 first calls made its own SADD, one pooled connection per call in flight:
+    # past redis.asyncio's 100 they raised MaxConnectionsError before their job was sent.
+    async def main() -> list[object]:
+        ac = connect_async(module_server.url)
+        try:
+            aq = AsyncQueue(ac, "burst")
+            calls = [aq.enqueue("send", {"n": i}) for i in range(150)]
+            return await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            await ac.aclose()
+
+    got = asyncio.run(main())
+    assert [g for g in got if not isinstance(g, str)] == []
+    assert _calls(r, "sadd") == 1 and r.smembers(QUEUE_INDEX) == {"burst"}
+    assert r.zcard(QueueKeys("burst").due) == 150
+
+
 def test_the_first_listing_scans_once_and_later_ones_read_the_index(r: redis.Redis) -> None:
     _older_writer(r, "legacy")
     Queue(r, "fresh").enqueue("t", None)

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 
+from scheduler.client.enqueue_batcher import EnqueueBatcher
 from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
 from scheduler.core.client_kind import check_client
@@ -47,7 +48,8 @@ class AsyncQueue:
         )
         self._scripts = Scripts(clock=_clock)
         self._script_keys = self.keys.script_keys()
-        self._indexed = False  # its name is in the queue index (core/queue_index.py)
+        self._index = queue_index.SharedAdd(client, self.keys.queue)  # core/queue_index.py
+        self._batcher = EnqueueBatcher(lambda args: self._run(self.ops.enqueue_call(args)))
 
     @classmethod
     def from_url(cls, url: str, name: str = "default", **kwargs: Any) -> AsyncQueue:
@@ -149,6 +151,11 @@ class AsyncQueue:
     ) -> str:
         """Accept a job; returns its id.
 
+        Concurrent calls share script calls: one made while two of this queue's are in
+        flight waits for one of them and goes out with every call waiting then, in one
+        round trip (client/enqueue_batcher.py). Each caller gets its own job's answer, as
+        alone; a lone or sequential caller sends at once.
+
         Args:
             task: the handler's name, 1-200 characters of `[A-Za-z0-9_.:/-]`.
             payload: any JSON-serialisable value, at most `max_payload_bytes` encoded
@@ -203,15 +210,17 @@ class AsyncQueue:
             InvalidPayload: the payload is not JSON-serialisable or too large.
             NotDurable: `wait_replicas` was set and fewer replicas acknowledged in time
                 (the job is accepted on the primary; its id is on the error)."""
-        self._indexed = self._indexed or await queue_index.add_async(self.client, (self.name,))
-        return await self._run(self.ops.enqueue(
-            task, payload, delay_ms=delay_ms, run_at=run_at, max_attempts=max_attempts,
-            backoff=backoff, key=key, jitter_ms=jitter_ms, timeout_ms=timeout_ms, job_id=job_id,
-            result_ttl_ms=result_ttl_ms, keep_payload=keep_payload, priority=priority,
-            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
-            rate_limit=rate_limit, rate_key=rate_key, after=after,
-            start_within_ms=start_within_ms, key_ttl_ms=key_ttl_ms, debounce=debounce,
-        ))  # fmt: skip
+        await self._index()
+        spec = JobSpec(
+            task, payload, delay_ms, run_at, max_attempts, backoff, key, jitter_ms, timeout_ms,
+            job_id, result_ttl_ms, keep_payload, priority, concurrency_key, concurrency_limit,
+            rate_limit, rate_key, after, start_within_ms, key_ttl_ms, debounce,
+        )  # fmt: skip
+        # Concurrent callers share script calls (client/enqueue_batcher.py).
+        fields = self.ops.batchable(spec)
+        if fields is None:
+            return await self._run(self.ops.enqueue_spec(spec))
+        return await self._batcher.enqueue(fields)
 
     async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
         """Accept many jobs, one round trip per batch.
@@ -231,7 +240,7 @@ class AsyncQueue:
                 other batches of the call may be written, see docs/flow-control.md).
             InvalidPayload: a payload is not JSON-serialisable or too large.
             NotDurable: as for `enqueue`; `job_ids` holds every id of the call."""
-        self._indexed = self._indexed or await queue_index.add_async(self.client, (self.name,))
+        await self._index()
         return await self._run(self.ops.enqueue_many(specs, batch_size))
 
     async def claim(
@@ -640,28 +649,14 @@ class AsyncQueue:
             BadArgument: a malformed name, cron, time zone, flow option or argument; nothing
                 was written.
             InvalidPayload: the payload is not JSON-serialisable or too large."""
-        self._indexed = self._indexed or await queue_index.add_async(self.client, (self.name,))
-        return await self._run(
-            self.ops.schedule(
-                name,
-                task,
-                payload,
-                cron=cron,
-                every_ms=every_ms,
-                tz=tz,
-                jitter_ms=jitter_ms,
-                misfire=misfire,
-                max_attempts=max_attempts,
-                backoff=backoff,
-                timeout_ms=timeout_ms,
-                priority=priority,
-                concurrency_key=concurrency_key,
-                concurrency_limit=concurrency_limit,
-                rate_limit=rate_limit,
-                rate_key=rate_key,
-                start_within_ms=start_within_ms,
-            )
-        )
+        await self._index()
+        return await self._run(self.ops.schedule(
+            name, task, payload, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
+            misfire=misfire, max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms,
+            priority=priority, concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit, rate_limit=rate_limit, rate_key=rate_key,
+            start_within_ms=start_within_ms,
+        ))  # fmt: skip
 
     async def get_schedule(self, name: str) -> Schedule:
         """Read one schedule's definition and state.

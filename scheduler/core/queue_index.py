@@ -11,6 +11,7 @@ makes the next reader scan again."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import weakref
@@ -88,6 +89,29 @@ async def add_async(client: Any, names: Sequence[str]) -> bool:
                 return False
         seen.update(new)
     return True
+
+
+class SharedAdd:
+    """An AsyncQueue's `add_async` of its name, shared by a burst of first calls: each made its
+    own SADD, one pooled connection per call in flight (past 100: MaxConnectionsError). Once
+    added it costs nothing; a failed or cancelled try is made again by the next call."""
+
+    def __init__(self, client: Any, name: str) -> None:
+        self._client, self._name = client, name
+        self._task: asyncio.Task[bool] | None = None
+        self._added = False
+
+    async def __call__(self) -> None:
+        if self._added:
+            return
+        loop, task = asyncio.get_running_loop(), self._task
+        if task is None or task.get_loop() is not loop or _ended_unadded(task):
+            task = self._task = loop.create_task(add_async(self._client, (self._name,)))
+        self._added = await asyncio.shield(task)
+
+
+def _ended_unadded(task: asyncio.Task[bool]) -> bool:
+    return task.done() and (task.cancelled() or task.exception() is not None or not task.result())
 
 
 def listed(client: Any) -> list[str] | None:

@@ -65,12 +65,28 @@ class ProducingOps(OpsBase):
             key_ttl_ms,
             debounce,
         )
+        return (yield from self.enqueue_spec(spec))
+
+    def enqueue_spec(self, spec: JobSpec) -> Op[str]:
+        """`enqueue` of a JobSpec."""
         if self.settings.wait_replicas > 0:
             ids = yield from self.enqueue_many([spec])
             return ids[0]
         # One job, one script call: not through enqueue_many's batching (issue 16: ~2 us).
         args = codec.enqueue_args([spec], self.settings.max_payload_bytes)
         return codec.parse_enqueue((yield Script("enqueue", args)), args)[0]
+
+    def batchable(self, spec: JobSpec) -> list[str] | None:
+        """The checked enqueue.lua fields of a job that may share a script call with other
+        callers' (client/enqueue_batcher.py), or None: a debounced job (one call debounces a
+        key once) and a queue that waits for replicas (its reply is the batch's) go alone."""
+        if self.settings.wait_replicas > 0 or spec.debounce is True:
+            return None
+        return codec.enqueue_fields(spec, self.settings.max_payload_bytes)
+
+    def enqueue_call(self, args: list[str]) -> Op[Any]:
+        """One enqueue.lua call of ready arguments (client/enqueue_batcher.py); its raw reply."""
+        return (yield Script("enqueue", args))
 
     def enqueue_many(self, specs: Iterable[JobSpec], batch_size: int = 1000) -> Op[list[str]]:
         """Ids in the order of `specs`. Every spec is checked before any batch is sent

@@ -1,0 +1,154 @@
+"""Concurrent AsyncQueue.enqueue calls share script calls (issue 16: a web app's handlers).
+
+A call made while none of the queue's is in flight is sent at once, from the caller's own task,
+alone: a lone or sequential producer pays nothing for this. A call made while `max_in_flight`
+are in flight waits, and every call waiting when one comes back goes out as one enqueue.lua
+call (up to `MAX_JOBS` jobs and `MAX_BYTES` of arguments). So concurrent callers cost one round
+trip and one script prologue per batch instead of one each, and use at most `max_in_flight`
+pooled connections instead of one per call (redis.asyncio's pool refuses calls past 100).
+
+The answer a caller gets is the one it would have had alone:
+- its arguments were checked by the caller (BadArgument, InvalidPayload raise there, nothing
+  joins a batch);
+- a batch the server refuses (a missing parent, a key edited by hand, a full server) is sent
+  again one job per call, so each caller gets its own job's answer and a bad job of one caller
+  refuses no other caller's (enqueue.lua writes nothing when it refuses);
+- a connection error or timeout is raised to every caller of the batch, as it would have been
+  to each: its jobs may or may not be written, as for any call whose answer was lost;
+- a caller cancelled while its job waits sends nothing; one cancelled once it was sent is
+  cancelled as a lone call would be (the job may be written).
+Jobs of a batch keep their callers' order. A delay counts from the batch's script, at most one
+round trip after the call: never earlier than asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from scheduler.core import codec
+from scheduler.core.errors import SchedulerError
+
+Send = Callable[[list[str]], Awaitable[Any]]
+
+# A script runs alone on the server: a batch bounded like enqueue_many's default batch_size.
+MAX_JOBS = 1000
+MAX_BYTES = 1 << 20
+
+
+class _Waiting:
+    __slots__ = ("fields", "future", "size")
+
+    def __init__(self, fields: list[str], future: asyncio.Future[str]) -> None:
+        self.fields = fields
+        self.future = future
+        self.size = sum(len(f) for f in fields)
+
+
+class EnqueueBatcher:
+    """One queue's enqueue calls in flight, and the ones waiting to go out together."""
+
+    def __init__(self, send: Send, *, max_in_flight: int = 2) -> None:
+        self._send = send
+        self._max_in_flight = max_in_flight
+        self._in_flight = 0
+        self._waiting: deque[_Waiting] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def enqueue(self, fields: list[str]) -> str:
+        """Send one job's enqueue.lua fields (codec.enqueue_fields); returns its id."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # A queue used from a new event loop: what the old one left (closed with calls in
+            # flight, their `finally` never run) must not hold this one's calls.
+            self._loop, self._in_flight, self._waiting = loop, 0, deque()
+        if self._in_flight < self._max_in_flight and not self._waiting:
+            self._in_flight += 1
+            try:
+                return await self._alone(fields)
+            finally:
+                if loop is self._loop:
+                    self._in_flight -= 1
+                    self._start()
+        future: asyncio.Future[str] = loop.create_future()
+        self._waiting.append(_Waiting(fields, future))
+        self._start()
+        return await future
+
+    async def _alone(self, fields: list[str]) -> str:
+        args = ["1", *fields]
+        return codec.parse_enqueue(await self._send(args), args)[0]
+
+    def _start(self) -> None:
+        # Each call that comes back sends what waits: never more than max_in_flight at once.
+        while self._waiting and self._in_flight < self._max_in_flight:
+            batch: list[_Waiting] = []
+            size = 0
+            while self._waiting and len(batch) < MAX_JOBS:
+                w = self._waiting[0]
+                if batch and size + w.size > MAX_BYTES:
+                    break
+                batch.append(self._waiting.popleft())
+                size += w.size
+            batch = [w for w in batch if not w.future.done()]  # a cancelled caller's: not sent
+            if not batch:
+                continue
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._flush(batch, self._loop))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _flush(self, batch: list[_Waiting], loop: asyncio.AbstractEventLoop | None) -> None:
+        try:
+            if len(batch) == 1:
+                await self._answer(batch[0])
+                return
+            args = [str(len(batch))]
+            for w in batch:
+                args.extend(w.fields)
+            try:
+                reply = await self._send(args)
+            except (SchedulerError, ResponseError):
+                # Refused, so nothing was written: each job again on its own, for its own answer.
+                for w in batch:
+                    if not w.future.done():
+                        await self._answer(w)
+                return
+            except BaseException as exc:
+                for w in batch:
+                    _settle(w.future, exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            for w, job_id in zip(batch, codec.parse_enqueue(reply, args), strict=True):
+                if not w.future.done():
+                    w.future.set_result(job_id)
+        finally:
+            if loop is self._loop:  # else counted for a loop since left behind
+                self._in_flight -= 1
+                self._start()
+
+    async def _answer(self, w: _Waiting) -> None:
+        try:
+            job_id = await self._alone(w.fields)
+        except BaseException as exc:
+            _settle(w.future, exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            if not w.future.done():
+                w.future.set_result(job_id)
+
+
+def _settle(future: asyncio.Future[str], exc: BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(exc, asyncio.CancelledError):
+        future.cancel()  # the loop is closing: the callers are cancelled, not failed
+    else:
+        future.set_exception(exc)
