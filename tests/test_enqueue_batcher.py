@@ -4,6 +4,7 @@ still gets the answer it would have had alone."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 from typing import Any
 
@@ -198,3 +199,39 @@ def test_one_callers_bad_job_refuses_no_other_callers(redis_url: str, client: re
     ok = [g for k, g in enumerate(got) if k not in (5, 9)]
     assert all(isinstance(g, str) for g in ok)
     assert sorted(j.id for j in q.list_jobs("due", limit=100)) == sorted(ok)
+
+
+class Interrupt(BaseException):
+    """Not an Exception: what a send may raise besides errors (as KeyboardInterrupt is)."""
+
+
+def test_a_send_interrupted_during_the_one_by_one_resend_answers_every_caller() -> None:
+    async def main() -> None:
+        reported: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        gate = Gate()
+        b = EnqueueBatcher(gate.send, max_in_flight=1)
+        first = asyncio.ensure_future(b.enqueue(_fields("a")))
+        await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(b.enqueue(_fields(x))) for x in "bc"]
+        await asyncio.sleep(0)
+        gate.release[0].set_result(["c"])
+        await first
+        await asyncio.sleep(0)
+        gate.release[1].set_exception(BadArgument("after=missing"))  # refused: one by one
+        await asyncio.sleep(0)
+        assert gate.ids(2) == ["b"]
+        gate.release[2].set_exception(Interrupt())
+        while b._tasks:
+            await asyncio.sleep(0)
+        # 'c' was never sent: it is answered too (before, it waited for ever).
+        assert [r.done() for r in rest] == [True, True]
+        got = await asyncio.gather(*rest, return_exceptions=True)
+        assert [type(e) for e in got] == [Interrupt, Interrupt]
+        assert len(gate.calls) == 3
+        del got, rest
+        gc.collect()
+        # It reached its callers: not also left on the batch's task, never retrieved.
+        assert reported == []
+
+    asyncio.run(main())

@@ -119,15 +119,18 @@ class EnqueueBatcher:
                     if not w.future.done():
                         await self._answer(w)
                 return
-            except BaseException as exc:
-                for w in batch:
-                    _settle(w.future, exc)
-                if not isinstance(exc, Exception):
-                    raise
-                return
             for w, job_id in zip(batch, codec.parse_enqueue(reply, args), strict=True):
                 if not w.future.done():
                     w.future.set_result(job_id)
+        except GeneratorExit:
+            raise  # a task of a closed loop, collected: its futures can take no answer
+        except BaseException as exc:
+            # Every caller not answered yet gets it, also one whose job was not re-sent yet: a
+            # lost connection as each would have had it alone, a cancel as the loop closes.
+            for w in batch:
+                _settle(w.future, exc)
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                raise  # else it reached its callers: left on this task, it is never retrieved
         finally:
             if loop is self._loop:  # else counted for a loop since left behind
                 self._in_flight -= 1
@@ -136,10 +139,8 @@ class EnqueueBatcher:
     async def _answer(self, w: _Waiting) -> None:
         try:
             job_id = await self._alone(w.fields)
-        except BaseException as exc:
+        except Exception as exc:
             _settle(w.future, exc)
-            if not isinstance(exc, Exception):
-                raise
         else:
             if not w.future.done():
                 w.future.set_result(job_id)
