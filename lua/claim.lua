@@ -384,6 +384,9 @@ if limit > 0 then
       -- by the schedule's misfire policy (lib/rearm.lua).
       if not go then
         flow_unindex(prefix, id, r.flow.priority)
+        -- It may have been let out of its key's hold for a free slot: the key's next held job
+        -- takes that slot (else it waits, nothing leased, until the next run of the key ends).
+        if r.flow.ckey ~= '' then flow_release(prefix, id, now, r.flow) end
         -- Marked cancelled (skipped='misfire'): listed among the finished, as long as its
         -- record is kept, and a result() waiting on it hears so.
         finished_add(prefix, now, { now + SCHED_DROP_TTL_MS, id })
