@@ -3,15 +3,18 @@
   and payload stay. Not a schedule's occurrence (its slot is its id: redefine or pause the
   schedule instead), and not a job flow control holds (a key or rate limit, or parents not
   done: it runs when let go). An idempotency key keeps the window it got at enqueue; a start
-  deadline (lib/job.lua spec_flags) moves by as much as the run time does.
+  deadline (lib/job.lua spec_flags) moves by as much as the run time does. A job of a
+  concurrency key moved later promotes its key's held jobs into a free slot (it may have been
+  let out of the key's hold for that slot).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, flow:levels, flow:pdue:<p>, flow:held
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held
   ARGV[1] id  ARGV[2] when ('at' | 'in' | 'now')  ARGV[3] time_ms (run_at_ms for 'at'; for 'in', a
     delay from the server's now; for 'now', ignored: the server's now, for a job due later only)
   Returns: {'rescheduled', run_at_ms} | {word}: the job did not move, word = 'schedule' (a
     schedule's occurrence), 'held' (set aside by flow control), its state ('leased', 'done',
     'dead', 'cancelled'; 'due' for 'now': due already, it keeps its place), or 'missing'.
-  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due is not a zset | job:<id> is not a hash
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased (a job of a concurrency key moved
+    later) is not a zset | job:<id> is not a hash
     (edited by hand; nothing written) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
@@ -38,7 +41,7 @@ end
 if run_at > LIM.time_ms then return redis.error_reply('BAD_ARGUMENT time_ms=' .. fmt(run_at)) end
 
 local jk = job_key(prefix, id)
-local f = redis.pcall('HMGET', jk, 'state', 'schedule', 'priority')
+local f = redis.pcall('HMGET', jk, 'state', 'schedule', 'priority', 'ckey')
 if f.err then return corrupt_err(string.sub(jk, #prefix + 1), 'hash') end
 local score = redis.pcall('ZSCORE', due, id)
 if type(score) == 'table' then return corrupt_err('due', 'zset') end
@@ -53,6 +56,13 @@ if f[2] or string.find(id, '^schedule:') then return { 'schedule' } end
 if not f[1] and redis.call('EXISTS', spec_key(prefix, id)) == 0 then return { 'missing' } end
 
 if when == 'now' and tonumber(score) <= now then return { 'due' } end
+-- A job of a concurrency key moved later passes on a free slot it was let out of its key's
+-- hold for (below); that reads the key's leases in leased: checked before the first write.
+local passes = f[4] and run_at > now
+if passes then
+  local bad = zset_err(prefix, 'leased')
+  if bad then return bad end
+end
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local run_at_s = fmt(run_at)
 if not f[1] then spec_pin_enqueued(prefix, id, fmt(tonumber(score))) end
@@ -65,6 +75,9 @@ redis.call('ZADD', due, 'XX', run_at_s, id)
 if f[1] then redis.call('HSET', jk, 'run_at_ms', run_at_s) end
 local priority = parse_int(f[3], 0, FLOW_LIM.priority)
 if priority then flow_index(prefix, id, priority, run_at) end
+-- Let out of its key's hold when a lease of the key ended, it would take that free slot with
+-- it until its new time, the key's other held jobs waiting with nothing leased.
+if passes then flow_release(prefix, id, now) end
 -- Earlier than every job idle workers sleep towards: wake them.
 if run_at <= now or (head[2] and run_at < tonumber(head[2])) then wake(wake_key) end
 return { 'rescheduled', run_at_s }

@@ -41,3 +41,21 @@ def test_a_misfire_skip_of_an_occurrence_let_out_of_its_keys_hold_passes_the_slo
     # until the next occurrence ran and ended (a day, for a daily schedule).
     assert ids(q) == [later]
     assert client.zcard(q.keys.prefix + "flow:ckheld:k") == 0
+
+
+def test_a_job_let_out_of_its_keys_hold_and_rescheduled_later_passes_the_slot_on(
+    fq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, _ = fq
+    opts: dict[str, Any] = {"concurrency_key": "k", "concurrency_limit": 1}
+    q.enqueue("t", **opts)
+    [running] = q.claim("w", limit=1, lease_ms=600_000).jobs
+    moved = q.enqueue("t", **opts)
+    waiting = q.enqueue("t", **opts)
+    assert ids(q) == []  # both held by key k
+    q.complete(running.id, running.token)  # the key's free slot goes to `moved`, due again
+    assert q.reschedule(moved, delay_ms=DAY_MS) == "rescheduled"
+    # Before, `moved` took the slot it was let out for to tomorrow: `waiting` stayed held,
+    # key k with nothing leased, for a day.
+    assert ids(q) == [waiting]
+    assert client.zcard(q.keys.prefix + "flow:ckheld:k") == 0
