@@ -235,3 +235,35 @@ def test_a_send_interrupted_during_the_one_by_one_resend_answers_every_caller() 
         assert reported == []
 
     asyncio.run(main())
+
+
+def test_a_parent_named_by_another_caller_of_the_batch_is_the_job_in_turn_would_give(
+    redis_url: str, client: redis.Redis
+) -> None:
+    # Callers of one batch must not share enqueue.lua's in-call rename of a parent whose key
+    # was taken (the job the key names): in turn, the child names the id as it then stands.
+    q = Queue(client, "batcher-keyed-parent")
+
+    async def main() -> list[Any]:
+        aq = AsyncQueue(connect_async(redis_url), q.name)
+        try:
+            await aq.enqueue("t", key="K", job_id="orig")
+            return await asyncio.gather(
+                aq.enqueue("t"),  # these two in flight: the five below wait, one batch
+                aq.enqueue("t"),
+                aq.enqueue("t", key="K", job_id="x"),  # the key is taken: answered 'orig'
+                aq.enqueue("t", job_id="x"),  # so 'x' is this caller's new job
+                aq.enqueue("t", after=["x"], job_id="child"),
+                aq.enqueue("t", key="K", job_id="y"),  # answered 'orig': no job 'y'
+                aq.enqueue("t", after=["y"], job_id="orphan"),
+                return_exceptions=True,
+            )
+        finally:
+            await aq.aclose()
+
+    got = asyncio.run(main())
+    assert got[2:6] == ["orig", "x", "child", "orig"]
+    # The child waits for the job 'x' its caller named (before: for 'orig', the key's).
+    assert client.hget(q.keys.job("child"), "parents") == "x"
+    # And a parent that does not exist is refused, as in turn (before: it waited for 'orig').
+    assert isinstance(got[6], BadArgument) and "after=y" in str(got[6])

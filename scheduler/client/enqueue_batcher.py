@@ -17,8 +17,12 @@ The answer a caller gets is the one it would have had alone:
   to each: its jobs may or may not be written, as for any call whose answer was lost;
 - a caller cancelled while its job waits sends nothing; one cancelled once it was sent is
   cancelled as a lone call would be (the job may be written).
-Jobs of a batch keep their callers' order. A delay counts from the batch's script, at most one
-round trip after the call: never earlier than asked.
+- a job naming in `after` a job of the batch that has an idempotency key goes in a later call:
+  in one, a parent whose key was taken stands for the job the key names (enqueue.lua's rename,
+  for one caller's own jobs), where in turn the id names what stands under it then.
+Jobs of a batch keep their callers' order. A delay counts from the batch's script, sent when a
+call in flight comes back (a refused batch's only once each of its jobs was re-sent): never
+earlier than asked.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ Send = Callable[[list[str]], Awaitable[Any]]
 # A script runs alone on the server: a batch bounded like enqueue_many's default batch_size.
 MAX_JOBS = 1000
 MAX_BYTES = 1 << 20
+_IDEM, _FLOW = 8, 12  # a job's fields (codec.enqueue_fields): its key's digest, its flow
 
 
 class _Waiting:
@@ -89,12 +94,15 @@ class EnqueueBatcher:
         while self._waiting and self._in_flight < self._max_in_flight:
             batch: list[_Waiting] = []
             size = 0
+            keyed: set[str] = set()  # ids of the batch's jobs with an idempotency key
             while self._waiting and len(batch) < MAX_JOBS:
                 w = self._waiting[0]
-                if batch and size + w.size > MAX_BYTES:
+                if batch and (size + w.size > MAX_BYTES or _names_one_of(w.fields, keyed)):
                     break
                 batch.append(self._waiting.popleft())
                 size += w.size
+                if w.fields[_IDEM]:
+                    keyed.add(w.fields[0])
             batch = [w for w in batch if not w.future.done()]  # a cancelled caller's: not sent
             if not batch:
                 continue
@@ -144,6 +152,14 @@ class EnqueueBatcher:
         else:
             if not w.future.done():
                 w.future.set_result(job_id)
+
+
+def _names_one_of(fields: list[str], ids: set[str]) -> bool:
+    # A parent named by id whose job has a key: in one call, one whose key was taken stands
+    # for the job the key names (enqueue.lua's rename, for one caller's jobs); a caller of
+    # another call finds the id as it stands then. The flow field ends with the parents.
+    flow = fields[_FLOW]
+    return bool(ids and flow) and any(p in ids for p in flow.rsplit("|", 1)[1].split())
 
 
 def _settle(future: asyncio.Future[str], exc: BaseException) -> None:
