@@ -107,7 +107,7 @@ class ProducingOps(OpsBase):
         wait = None
         if self.settings.wait_replicas > 0:
             wait = (self.settings.wait_replicas, self.settings.wait_timeout_ms)
-        if _names_a_keyed_parent_of_an_earlier_batch(batches):
+        if _names_a_parent_of_an_earlier_batch(batches):
             return (yield from _enqueue_in_turn(batches, wait))
         if len(batches) == 1 and wait is None:
             replies = [(yield Script("enqueue", batches[0]))]
@@ -130,16 +130,18 @@ def _parents(flow: str) -> list[str]:
     return flow.rsplit("|", 1)[1].split() if flow else []
 
 
-def _names_a_keyed_parent_of_an_earlier_batch(batches: list[list[str]]) -> bool:
-    """True when a job names, in `after`, a job of an earlier batch that has an idempotency key:
-    that key may be taken, and only the earlier batch's reply says which job then stands for
-    the parent (enqueue.lua knows the substitutes of its own call only)."""
-    keyed: set[str] = set()
+def _names_a_parent_of_an_earlier_batch(batches: list[list[str]]) -> bool:
+    """True when a job names, in `after`, a job of an earlier batch: that batch must have run
+    first, which one pipeline does not promise (a NOSCRIPT is answered by sending again only
+    the calls that got it, after the later ones another client's SCRIPT LOAD let run), and
+    when it has an idempotency key only its reply says which job then stands for the parent
+    (enqueue.lua knows the substitutes of its own call only)."""
+    earlier: set[str] = set()
     for args in batches:
         jobs = range(1, len(args), _W)
-        if keyed and any(p in keyed for b in jobs for p in _parents(args[b + 12])):
+        if earlier and any(p in earlier for b in jobs for p in _parents(args[b + 12])):
             return True
-        keyed.update(args[b] for b in jobs if args[b + 8])
+        earlier.update(args[b] for b in jobs)
     return False
 
 
