@@ -319,11 +319,19 @@ if limit > 0 then
   end
   -- A candidate claim cannot hand out is parked ('gone').
   local function drop(id, jk, bad, r)
+    -- A job claim cannot read may still be a key's (let out of its hold for a free slot): its
+    -- flow fields, read before the park (whose retention may delete the hash); a key that is
+    -- not a hash has none.
+    local fl = r and r.flow
+    if not fl then
+      local v = redis.pcall('HMGET', jk, unpack(FLOW_READ))
+      fl = (not v.err) and flow_from(v, 1) or FLOW_PLAIN
+    end
     park(id, jk, bad, r and r.schedule or '')
     parked = parked + 1
     -- A parked job of a key frees nothing it held, but a held job may wait for this slot.
-    if r and r.flow.ckey ~= '' then flow_release(prefix, id, now, r.flow) end
-    if r then flow_unindex(prefix, id, r.flow.priority) end
+    if fl.ckey ~= '' or fl.ckey_lost then flow_release(prefix, id, now, fl) end
+    flow_unindex(prefix, id, fl.priority)
     return 'gone'
   end
   -- Jobs enqueued together share a due score, and most claims count attempt 1: each text is

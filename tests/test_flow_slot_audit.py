@@ -59,3 +59,21 @@ def test_a_job_let_out_of_its_keys_hold_and_rescheduled_later_passes_the_slot_on
     # key k with nothing leased, for a day.
     assert ids(q) == [waiting]
     assert client.zcard(q.keys.prefix + "flow:ckheld:k") == 0
+
+
+def test_an_unreadable_job_let_out_of_its_keys_hold_and_parked_passes_the_slot_on(
+    fq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, _ = fq
+    opts: dict[str, Any] = {"concurrency_key": "k", "concurrency_limit": 1}
+    q.enqueue("t", **opts)
+    [running] = q.claim("w", limit=1, lease_ms=600_000).jobs
+    broken = q.enqueue("t", **opts)
+    waiting = q.enqueue("t", **opts)
+    assert ids(q) == []  # both held by key k
+    q.complete(running.id, running.token)  # the key's free slot goes to `broken`, due again
+    client.set(q.keys.spec(broken), "not a record")  # edited by hand: claim parks it
+    # Before, the park of a job claim cannot read freed nothing: `waiting` stayed held, key k
+    # with nothing leased, until another job of the key was leased and ended.
+    assert ids(q) == [waiting]
+    assert q.dead_ids() == [broken]
