@@ -83,6 +83,32 @@ def test_a_refused_batch_is_sent_again_one_job_per_call() -> None:
     asyncio.run(main())
 
 
+def test_one_refused_job_among_many_costs_a_few_calls_not_one_each() -> None:
+    # A refused batch was sent again one job per call: 1 bad job among 999 made 1,000 calls.
+    calls: list[list[str]] = []
+
+    async def send(args: list[str]) -> Any:
+        calls.append(args)
+        await asyncio.sleep(0)
+        ids = [args[1 + i * 13] for i in range(int(args[0]))]
+        if "bad" in ids:
+            raise BadArgument("after=missing")
+        return [""]
+
+    async def main() -> list[Any]:
+        b = EnqueueBatcher(send, max_in_flight=1)
+        names = [f"j{i}" for i in range(257)]
+        names[100] = "bad"
+        return await asyncio.gather(*(b.enqueue(_fields(n)) for n in names), return_exceptions=True)
+
+    got = asyncio.run(main())
+    assert isinstance(got[100], BadArgument)
+    assert [g for k, g in enumerate(got) if k != 100] == [f"j{i}" for i in range(257) if i != 100]
+    sent = [args[1 + i * 13] for args in calls for i in range(int(args[0]))]
+    assert sorted(set(sent)) == sorted({f"j{i}" for i in range(257) if i != 100} | {"bad"})
+    assert len(calls) <= 1 + 1 + 2 * 8  # the lone first, the batch, two halves per level
+
+
 def test_a_lost_connection_reaches_every_caller_of_the_batch() -> None:
     async def main() -> None:
         gate = Gate()
@@ -267,3 +293,42 @@ def test_a_parent_named_by_another_caller_of_the_batch_is_the_job_in_turn_would_
     assert client.hget(q.keys.job("child"), "parents") == "x"
     # And a parent that does not exist is refused, as in turn (before: it waited for 'orig').
     assert isinstance(got[6], BadArgument) and "after=y" in str(got[6])
+
+
+def test_a_task_handle_and_a_partitioned_queue_share_calls_too(redis_url: str) -> None:
+    # Both went through enqueue_many, one script call (and pooled connection) per caller:
+    # past 100 concurrent callers they raised MaxConnectionsError.
+    from scheduler.client.partitioned_aio import AsyncPartitionedQueue
+    from scheduler.worker.registry import Registry
+
+    registry = Registry()
+
+    @registry.task("batcher.remind", max_attempts=2)
+    def remind(payload: Any, ctx: Any) -> None:
+        return None
+
+    async def main() -> tuple[list[Any], list[Any], AsyncQueue, AsyncPartitionedQueue]:
+        client = connect_async(redis_url)
+        aq = AsyncQueue(client, "batcher-handle")
+        pq = await AsyncPartitionedQueue.create(client, "batcher-parts", partitions=3)
+        try:
+            by_handle = await asyncio.gather(
+                *(remind.aenqueue(aq, {"n": i}) for i in range(150)), return_exceptions=True
+            )
+            by_parts = await asyncio.gather(
+                *(pq.enqueue("t", {"n": i}, priority=1) for i in range(150)),
+                return_exceptions=True,
+            )
+            jobs = [await aq.get_job(str(i)) for i in by_handle[:3]]
+            assert {j.max_attempts for j in jobs} == {2}  # the handle's default kept
+            counts = await pq.counts()
+            assert counts.due == 150
+            parted = [await pq.get_job(str(i)) for i in by_parts[:3]]
+            assert [j.payload() for j in parted] == [{"n": 0}, {"n": 1}, {"n": 2}]
+            return by_handle, by_parts, aq, pq
+        finally:
+            await client.aclose()
+
+    by_handle, by_parts, _, _ = asyncio.run(main())
+    assert [g for g in by_handle + by_parts if not isinstance(g, str)] == []
+    assert len(set(by_handle)) == 150 and len(set(by_parts)) == 150

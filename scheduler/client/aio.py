@@ -48,7 +48,7 @@ class AsyncQueue:
         )
         self._scripts = Scripts(clock=_clock)
         self._script_keys = self.keys.script_keys()
-        self._index = queue_index.SharedAdd(client, self.keys.queue)  # core/queue_index.py
+        self._index = queue_index.SharedAdd(client, (self.keys.queue,))  # core/queue_index.py
         self._batcher = EnqueueBatcher(lambda args: self._run(self.ops.enqueue_call(args)))
 
     @classmethod

@@ -11,17 +11,18 @@ The answer a caller gets is the one it would have had alone:
 - its arguments were checked by the caller (BadArgument, InvalidPayload raise there, nothing
   joins a batch);
 - a batch the server refuses (a missing parent, a key edited by hand, a full server) is sent
-  again one job per call, so each caller gets its own job's answer and a bad job of one caller
-  refuses no other caller's (enqueue.lua writes nothing when it refuses);
+  again in halves, in order, down to one job per call for a job refused, so each caller gets
+  its own job's answer and a bad job of one caller refuses no other caller's (enqueue.lua
+  writes nothing when it refuses);
 - a connection error or timeout is raised to every caller of the batch, as it would have been
   to each: its jobs may or may not be written, as for any call whose answer was lost;
 - a caller cancelled while its job waits sends nothing; one cancelled once it was sent is
-  cancelled as a lone call would be (the job may be written).
+  cancelled as a lone call would be (the job may be written);
 - a job naming in `after` a job of the batch that has an idempotency key goes in a later call:
   in one, a parent whose key was taken stands for the job the key names (enqueue.lua's rename,
   for one caller's own jobs), where in turn the id names what stands under it then.
 Jobs of a batch keep their callers' order. A delay counts from the batch's script, sent when a
-call in flight comes back (a refused batch's only once each of its jobs was re-sent): never
+call in flight comes back (a refused batch's jobs when their half is sent again): never
 earlier than asked.
 """
 
@@ -41,7 +42,7 @@ Send = Callable[[list[str]], Awaitable[Any]]
 
 # A script runs alone on the server: a batch bounded like enqueue_many's default batch_size.
 MAX_JOBS = 1000
-MAX_BYTES = 1 << 20
+MAX_BYTES = 1 << 20  # characters of the jobs' fields (ASCII but for a payload's text)
 _IDEM, _FLOW = 8, 12  # a job's fields (codec.enqueue_fields): its key's digest, its flow
 
 
@@ -72,6 +73,7 @@ class EnqueueBatcher:
             # A queue used from a new event loop: what the old one left (closed with calls in
             # flight, their `finally` never run) must not hold this one's calls.
             self._loop, self._in_flight, self._waiting = loop, 0, deque()
+            self._tasks = set()  # and the old loop's tasks (and so the loop) are not held
         if self._in_flight < self._max_in_flight and not self._waiting:
             self._in_flight += 1
             try:
@@ -113,23 +115,7 @@ class EnqueueBatcher:
 
     async def _flush(self, batch: list[_Waiting], loop: asyncio.AbstractEventLoop | None) -> None:
         try:
-            if len(batch) == 1:
-                await self._answer(batch[0])
-                return
-            args = [str(len(batch))]
-            for w in batch:
-                args.extend(w.fields)
-            try:
-                reply = await self._send(args)
-            except (SchedulerError, ResponseError):
-                # Refused, so nothing was written: each job again on its own, for its own answer.
-                for w in batch:
-                    if not w.future.done():
-                        await self._answer(w)
-                return
-            for w, job_id in zip(batch, codec.parse_enqueue(reply, args), strict=True):
-                if not w.future.done():
-                    w.future.set_result(job_id)
+            await self._deliver(batch)
         except GeneratorExit:
             raise  # a task of a closed loop, collected: its futures can take no answer
         except BaseException as exc:
@@ -143,6 +129,28 @@ class EnqueueBatcher:
             if loop is self._loop:  # else counted for a loop since left behind
                 self._in_flight -= 1
                 self._start()
+
+    async def _deliver(self, batch: list[_Waiting]) -> None:
+        batch = [w for w in batch if not w.future.done()]
+        if len(batch) <= 1:
+            for w in batch:
+                await self._answer(w)
+            return
+        args = [str(len(batch))]
+        for w in batch:
+            args.extend(w.fields)
+        try:
+            reply = await self._send(args)
+        except (SchedulerError, ResponseError):
+            # Refused, so nothing was written: each half again, in order, down to one job per
+            # call for the job refused. A bad job among n costs about 2 log2(n) calls, not n.
+            half = len(batch) // 2
+            await self._deliver(batch[:half])
+            await self._deliver(batch[half:])
+            return
+        for w, job_id in zip(batch, codec.parse_enqueue(reply, args), strict=True):
+            if not w.future.done():
+                w.future.set_result(job_id)
 
     async def _answer(self, w: _Waiting) -> None:
         try:

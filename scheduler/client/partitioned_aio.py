@@ -26,6 +26,7 @@ from scheduler.client.partitioned_merge import (
 )
 from scheduler.core import queue_index
 from scheduler.core.connection import connect_async
+from scheduler.core.job_spec import spec_options
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
@@ -45,6 +46,7 @@ class AsyncPartitionedQueue:
         self.parts = [AsyncQueue(client, name, **queue_kwargs) for name in layout.names]
         self._scripts = Scripts(clock=queue_kwargs.get("_clock", "server"))
         self._spread = itertools.count()
+        self._index = queue_index.SharedAdd(client, layout.names)
 
     @classmethod
     async def create(
@@ -113,7 +115,10 @@ class AsyncPartitionedQueue:
         return results
 
     async def enqueue(self, task: str, payload: Any = None, **kwargs: Any) -> str:
-        return (await self.enqueue_many([JobSpec(task, payload, **kwargs)]))[0]
+        # Its partition's AsyncQueue.enqueue: concurrent callers share script calls there.
+        ((k, spec),) = place(self.layout, [JobSpec(task, payload, **kwargs)], self._spread)
+        await self._index()
+        return await self.parts[k].enqueue(spec.task, spec.payload, **spec_options(spec))
 
     async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
         """PartitionedQueue.enqueue_many for asyncio."""
@@ -123,7 +128,7 @@ class AsyncPartitionedQueue:
             (self.parts[k], self.parts[k].ops.enqueue_many(g, batch_size))
             for k, g in groups.items()
         ]
-        await queue_index.add_async(self.client, self.layout.names)
+        await self._index()
         got = await self._run_many(ops, errors=True)
         return ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
 

@@ -87,3 +87,9 @@ class JobSpec:
             key_ttl_ms=key_ttl_ms,
             debounce=debounce,
         )
+
+
+def spec_options(spec: JobSpec) -> dict[str, Any]:
+    """The keyword arguments of `enqueue` that make `spec` again (every field but task and
+    payload): a spec sent on through an enqueue method."""
+    return {k: v for k, v in spec.__dict__.items() if k not in ("task", "payload")}

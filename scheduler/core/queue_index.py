@@ -92,12 +92,12 @@ async def add_async(client: Any, names: Sequence[str]) -> bool:
 
 
 class SharedAdd:
-    """An AsyncQueue's `add_async` of its name, shared by a burst of first calls: each made its
-    own SADD, one pooled connection per call in flight (past 100: MaxConnectionsError). Once
-    added it costs nothing; a failed or cancelled try is made again by the next call."""
+    """An async producer's `add_async` of its names, shared by a burst of first calls: each
+    made its own SADD, one pooled connection per call in flight (past 100: MaxConnectionsError).
+    Once added it costs nothing; a failed or cancelled try is made again by the next call."""
 
-    def __init__(self, client: Any, name: str) -> None:
-        self._client, self._name = client, name
+    def __init__(self, client: Any, names: Sequence[str]) -> None:
+        self._client, self._names = client, tuple(names)
         self._task: asyncio.Task[bool] | None = None
         self._added = False
 
@@ -106,7 +106,7 @@ class SharedAdd:
             return
         loop, task = asyncio.get_running_loop(), self._task
         if task is None or task.get_loop() is not loop or _ended_unadded(task):
-            task = self._task = loop.create_task(add_async(self._client, (self._name,)))
+            task = self._task = loop.create_task(add_async(self._client, self._names))
         self._added = await asyncio.shield(task)
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar
 
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
+from scheduler.core.job_spec import spec_options
 from scheduler.core.models import JobSpec
 from scheduler.worker.payloads import Handler, encode_payload
 
@@ -196,5 +197,6 @@ class TaskHandle(Generic[F]):
         self._check_queue(aq.name)
         if not inspect.iscoroutinefunction(aq.enqueue_many):  # it would write, then TypeError
             raise BadArgument(f"{type(aq).__name__} is not async: call handle.enqueue(q, payload)")
-        ids = await aq.enqueue_many([self.job_spec(payload, **overrides)])
-        return ids[0]
+        # Its enqueue, not enqueue_many: concurrent callers share script calls there.
+        spec = self.job_spec(payload, **overrides)
+        return await aq.enqueue(spec.task, spec.payload, **spec_options(spec))
