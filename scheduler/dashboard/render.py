@@ -33,7 +33,7 @@ def fmt_time(ms: int | None, tz: str = "UTC") -> str:
         return "-"
     try:
         zone = ZoneInfo(tz or "UTC")
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a directory, a long name
         zone = ZoneInfo("UTC")
     try:
         at = datetime.fromtimestamp(ms / 1000, tz=UTC).astimezone(zone)
