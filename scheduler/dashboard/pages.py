@@ -18,6 +18,7 @@ from scheduler.admin.health import (
     server_nodes,
     unreachable_finding,
 )
+from scheduler.core.claim_reply import check_worker_id
 from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import BadArgument, JobNotFound, edited_by_hand, refused_for_now
 from scheduler.core.keys import check_job_id
@@ -65,6 +66,15 @@ def text_param(request: Request, name: str, max_len: int = 200) -> str | None:
     if len(value) > max_len:
         raise BadArgument(f"{name} is longer than {max_len} characters")
     return value or None
+
+
+def worker_id_ok(worker_id: str) -> bool:
+    """An id ask_stop takes (a worker's, 1-200 characters): the Quiet / Stop buttons carry it."""
+    try:
+        check_worker_id(worker_id)
+    except BadArgument:
+        return False
+    return True
 
 
 def error_entries(history: list[Any]) -> list[dict[str, Any]]:
@@ -248,6 +258,8 @@ class Pages:
     def workers(self, request: Request) -> Response:
         found, missing = self._each(self.store.workers)
         rows = [w for _, (ws, _) in found for w in ws]
+        for w in rows:  # a member written by hand may be megabytes: no id for a form then
+            w["actionable"] = worker_id_ok(w["id"])
         cut = any(more for _, (_, more) in found)
         # One TIME (not a counts script), on a node that answered.
         now_ms = self.store.now_ms(found[0][0] if found else None)
