@@ -4,10 +4,15 @@ hand; the pages must stay up and small."""
 
 from __future__ import annotations
 
+import html
+import re
+from typing import Any
+
 import pytest
 import redis
 
 from scheduler import Queue
+from tests.test_dashboard import csrf_of, dead_job
 from tests.test_dashboard_review import web_of
 from tests.test_review_operator_security import PAGE_MAX
 from tests.test_worker_remote_stop import beat
@@ -39,3 +44,23 @@ def test_a_huge_workers_set_member_does_not_make_a_huge_workers_page(
     assert r.status_code == 200 and "more characters not shown" in r.text
     assert len(r.content) < PAGE_MAX, f"a workers page of {len(r.content)} bytes"
     assert 'name="worker" value="w1"' in r.text  # a real worker keeps its buttons
+
+
+def test_a_hand_written_dead_letter_with_no_job_id_does_not_block_select_all(
+    client: redis.Redis, q: Queue
+) -> None:
+    good = dead_job(q)
+    bad = "not an id"  # written by hand into the dead set, with a record: listed on the page
+    fields: dict[Any, Any] = {"task": "t", "payload": "null", "state": "dead", "attempts": "1",
+              "max_attempts": "1", "run_at_ms": "1", "dead_ms": "5"}  # fmt: skip
+    client.hset(q.keys.job(bad), mapping=fields)
+    client.zadd(q.keys.dead, {bad: 5})
+    with web_of(client, q) as web:
+        page = web.get(f"/queues/{q.name}/dead").text
+        assert "not an id" in page  # shown, as text
+        selected = [html.unescape(v) for v in re.findall(r'name="ids" value="([^"]*)"', page)]
+        data = {"csrf": csrf_of(page), "do": "purge:selected", "ids": selected}
+        r = web.post(f"/queues/{q.name}/dead/apply", data=data)
+    assert r.status_code == 200, r.text[:300]  # every box of the page, as "select all" ticks
+    assert client.zscore(q.keys.dead, good) is None  # purged
+    assert client.zscore(q.keys.dead, bad) is not None  # left for "all matching"

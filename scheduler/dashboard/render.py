@@ -16,6 +16,8 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import check_job_id
 from scheduler.core.safety import clean
 from scheduler.dashboard.security import SESSION_COOKIE, Csrf
 
@@ -91,6 +93,15 @@ def url_part(text: Any) -> str:
     return quote(str(text), safe="")
 
 
+def is_job_id(text: Any) -> bool:
+    """A job id an action takes (core/keys.py); a hand-written index entry may be anything."""
+    try:
+        check_job_id(text)
+    except BadArgument:
+        return False
+    return True
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -103,6 +114,7 @@ def environment() -> jinja2.Environment:
         time=fmt_time, duration=fmt_duration, pretty=pretty_json, clean=_clean, url_part=url_part
     )
     env.globals["BLOCK"] = BLOCK_SHOWN  # `|clean(BLOCK)`: the job page's long values
+    env.tests["job_id"] = is_job_id  # `id is job_id`: an index entry an action may name
     return env
 
 
