@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from scheduler.admin.health import (
     Finding,
@@ -19,6 +19,7 @@ from scheduler.admin.health import (
 )
 from scheduler.core.connection import UNREACHABLE, is_cluster, key_nodes
 from scheduler.core.errors import SchedulerError, edited_by_hand, newer_storage
+from scheduler.core.errors import is_permission_error as is_permission_error  # the CLI's
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
 from scheduler.core.safety import safe
 
@@ -26,9 +27,6 @@ APP_ROLE_HINT = "connect as a user with the app role of docs/security.md"
 OPERATOR_ROLE_HINT = "connect as a user with the operator role of docs/security.md"
 CREDENTIALS_HINT = "check the URL's user and password (redis://user:password@host/)"
 _NOPERM_COMMAND = re.compile(r"permissions? to run the '([^']+)' command")
-# Inside a script Redis 7.0 answers "ERR The user executing the script can't run this command
-# or subcommand" (no NOPERM code); later versions say NOPERM.
-_NOPERM_TEXT = re.compile(r"\bNOPERM\b|no permissions to|user executing the script can't")
 
 
 def credentials_hint(exc: BaseException) -> str:
@@ -36,14 +34,6 @@ def credentials_hint(exc: BaseException) -> str:
     what itself (a sentinel's refusal: core/sentinel.py SentinelRefused.hint)."""
     hint = getattr(exc, "hint", None)
     return hint if isinstance(hint, str) else CREDENTIALS_HINT
-
-
-def is_permission_error(exc: BaseException) -> bool:
-    """An ACL refusal, whether redis-py typed it (NoPermissionError) or it came back from inside
-    a script or a MULTI as a plain ResponseError carrying the NOPERM code."""
-    return isinstance(exc, NoPermissionError) or (
-        isinstance(exc, ResponseError) and _NOPERM_TEXT.search(str(exc)) is not None
-    )
 
 
 def permission_message(exc: BaseException, hint: str, where: str = "") -> str:

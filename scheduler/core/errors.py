@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from redis.exceptions import (
     ClusterDownError,
+    NoPermissionError,
     OutOfMemoryError,
     ReadOnlyError,
     ResponseError,
@@ -229,3 +231,16 @@ def refused_for_now(exc: ResponseError) -> bool:
         return True
     code = str(getattr(exc, "status_code", "") or str(exc).split(" ", 1)[0]).upper()
     return code in _REFUSED_FOR_NOW_CODES
+
+
+# Inside a script Redis 7.0 answers "ERR The user executing the script can't run this command
+# or subcommand" (no NOPERM code); later versions say NOPERM.
+_NOPERM_TEXT = re.compile(r"\bNOPERM\b|no permissions to|user executing the script can't")
+
+
+def is_permission_error(exc: BaseException) -> bool:
+    """An ACL refusal, whether redis-py typed it (NoPermissionError) or it came back from inside
+    a script or a MULTI as a plain ResponseError carrying the NOPERM code."""
+    return isinstance(exc, NoPermissionError) or (
+        isinstance(exc, ResponseError) and _NOPERM_TEXT.search(str(exc)) is not None
+    )

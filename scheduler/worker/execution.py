@@ -24,7 +24,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.core.connection import cluster_unreachable
 from scheduler.core.direct_io import transport_race
-from scheduler.core.errors import REFUSED_UNTIL_FIXED, CorruptKey, SchedulerError, refused_for_now
+from scheduler.core.errors import (
+    REFUSED_UNTIL_FIXED,
+    CorruptKey,
+    SchedulerError,
+    is_permission_error,
+    refused_for_now,
+)
 from scheduler.core.models import ClaimedJob
 from scheduler.core.scripts import Scripts, run_async
 from scheduler.operations.ops import Op, Request, Script
@@ -88,7 +94,9 @@ def classify(exc: BaseException) -> str:
         if isinstance(exc, NoScriptError) or refused_for_now(exc):
             return "transient"
         code = str(getattr(exc, "status_code", "") or str(exc).split(" ", 1)[0]).upper()
-        if code in ("NOPERM", "NOAUTH", "WRONGPASS"):
+        # Also Redis 7.0's ACL refusal inside a script, which has no NOPERM code: as "refused",
+        # a report's refusal dropped its outcome and the worker went on running jobs.
+        if code in ("NOAUTH", "WRONGPASS") or is_permission_error(exc):
             return "fatal"
         return "refused"
     if cluster_unreachable(exc) or transport_race(exc):  # redis-py's cluster path has no
