@@ -1,6 +1,8 @@
-"""The web dashboard under hostile stored data, from a security audit: each test failed on the
-code as audited. Whoever holds the app role writes any field and any workers-set member by
-hand; the pages must stay up and small."""
+"""The web dashboard from a security audit. Hostile stored data (whoever holds the app role
+writes any field and any workers-set member by hand): the pages must stay up and small, and
+each of these tests failed on the code as audited. Then a guard over every POST route the app
+has, a route added later included: refused (403, nothing written) read-only, without the
+session's token, or from another Origin."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ from typing import Any
 
 import pytest
 import redis
+from starlette.routing import Route
+from starlette.testclient import TestClient
 
 from scheduler import Queue
-from tests.test_dashboard import csrf_of, dead_job
+from tests.conftest import dump_queue
+from tests.test_dashboard import csrf_of, dead_job, make_client
 from tests.test_dashboard_review import web_of
 from tests.test_review_operator_security import PAGE_MAX
 from tests.test_worker_remote_stop import beat
@@ -64,3 +69,40 @@ def test_a_hand_written_dead_letter_with_no_job_id_does_not_block_select_all(
     assert r.status_code == 200, r.text[:300]  # every box of the page, as "select all" ticks
     assert client.zscore(q.keys.dead, good) is None  # purged
     assert client.zscore(q.keys.dead, bad) is not None  # left for "all matching"
+
+
+def _post_routes(web: TestClient) -> list[str]:
+    """Every POST route of the app, as a path on this test's queue (a new route is included)."""
+    params = {"queue": "{q}", "job_id": "{job}", "name": "nightly"}
+    inner = web.app.app  # type: ignore[attr-defined]  # DashboardApp wraps the Starlette app
+    return [
+        r.path.format(**params, verb="remove" if "/schedules/" in r.path else "stop")
+        for r in inner.routes
+        if isinstance(r, Route) and r.methods is not None and "POST" in r.methods
+    ]
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_every_action_is_refused_read_only_or_without_the_sessions_token(
+    client: redis.Redis, q: Queue, read_only: bool
+) -> None:
+    job = dead_job(q)
+    q.schedule("nightly", "mail.send", every_ms=60_000)
+    beat(q, "w1")
+    form = {"do": "purge:matching", "worker": "w1", "ids": job}
+    with make_client(client, q, read_only=read_only) as web:
+        token = csrf_of(web.get(f"/queues/{q.name}/dead").text)
+        paths = [p.format(q=q.name, job=job) for p in _post_routes(web)]
+        assert len(paths) >= 9, paths
+        before = dump_queue(client, q)
+        tries = [{**form, "csrf": token}] if read_only else [form, {**form, "csrf": "0" * 64}]
+        codes = {(p, str(t.get("csrf"))[:4]): web.post(p, data=t).status_code
+                 for p in paths for t in tries}  # fmt: skip
+        if not read_only:  # the right token from another site
+            for p in paths:
+                r = web.post(
+                    p, data={**form, "csrf": token}, headers={"origin": "http://x.example"}
+                )
+                codes[(p, "origin")] = r.status_code
+        assert set(codes.values()) == {403}, codes
+        assert dump_queue(client, q) == before
