@@ -106,3 +106,65 @@ def test_every_action_is_refused_read_only_or_without_the_sessions_token(
                 codes[(p, "origin")] = r.status_code
         assert set(codes.values()) == {403}, codes
         assert dump_queue(client, q) == before
+
+
+@pytest.mark.parametrize(
+    ("fetch", "status"),
+    [
+        # Another site's <img>, fetch() and form made the operator's browser read a page.
+        (
+            {
+                "sec-fetch-site": "cross-site",
+                "sec-fetch-mode": "no-cors",
+                "sec-fetch-dest": "image",
+            },
+            403,
+        ),
+        (
+            {"sec-fetch-site": "cross-site", "sec-fetch-mode": "cors", "sec-fetch-dest": "empty"},
+            403,
+        ),
+        (
+            {
+                "sec-fetch-site": "same-site",
+                "sec-fetch-mode": "no-cors",
+                "sec-fetch-dest": "script",
+            },
+            403,
+        ),
+        (
+            {
+                "sec-fetch-site": "cross-site",
+                "sec-fetch-mode": "navigate",
+                "sec-fetch-dest": "iframe",
+            },
+            403,
+        ),
+        # A link followed from elsewhere, the dashboard's own requests, a tool: served.
+        (
+            {
+                "sec-fetch-site": "cross-site",
+                "sec-fetch-mode": "navigate",
+                "sec-fetch-dest": "document",
+            },
+            200,
+        ),
+        (
+            {"sec-fetch-site": "same-origin", "sec-fetch-mode": "cors", "sec-fetch-dest": "empty"},
+            200,
+        ),
+        (
+            {"sec-fetch-site": "none", "sec-fetch-mode": "navigate", "sec-fetch-dest": "document"},
+            200,
+        ),
+        ({}, 200),
+    ],
+)
+def test_another_sites_page_cannot_make_the_browser_read_the_dashboard(
+    client: redis.Redis, q: Queue, fetch: dict[str, str], status: int
+) -> None:
+    dead_job(q)
+    with web_of(client, q) as web:
+        r = web.get(f"/queues/{q.name}/dead?task=t", headers=fetch)
+    assert r.status_code == status, (r.status_code, r.text[:200])
+    assert r.headers["x-frame-options"] == "DENY"

@@ -1,7 +1,8 @@
 """The dashboard's guards: who may connect (bind address vs auth), which Host names it answers
-(DNS rebinding), who may look and act (basic auth or a token from the environment), CSRF tokens
-on every POST, and the response headers (a strict content security policy: no inline script or
-style, nothing from elsewhere)."""
+(DNS rebinding), which requests of other sites' pages it serves (Fetch Metadata: only links
+followed to a page), who may look and act (basic auth or a token from the environment), CSRF
+tokens on every POST, and the response headers (a strict content security policy: no inline
+script or style, nothing from elsewhere)."""
 
 from __future__ import annotations
 
@@ -147,6 +148,19 @@ class Csrf:
         return hmac.compare_digest(self.token(session).encode(), token.encode())
 
 
+def cross_site_subrequest(method: str, headers: Mapping[str, str]) -> bool:
+    """A request another site's page made in the operator's browser (Fetch Metadata), other
+    than a link followed to a page: an <img>, a fetch() or a form of attacker.example would
+    make the browser read expensive pages (a dead-letter filter: thousands of Redis calls)
+    with the operator's credentials. Without the header (curl, older browsers) it passes; a
+    POST from elsewhere also meets the CSRF and Origin checks."""
+    site = headers.get("sec-fetch-site")
+    if site is None or site in ("same-origin", "none"):
+        return False
+    navigation = headers.get("sec-fetch-mode") == "navigate" and method in ("GET", "HEAD")
+    return not (navigation and headers.get("sec-fetch-dest", "document") == "document")
+
+
 async def _refuse(send: Send, status: int, body: bytes, *extra: tuple[bytes, bytes]) -> None:
     headers = [*extra, (b"content-type", b"text/plain; charset=utf-8"), *HEADERS]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -187,6 +201,9 @@ class GuardMiddleware:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if not self.host_allowed(headers.get("host", "")):
             await _refuse(send, 400, b"unknown Host header: use an address the dashboard serves\n")
+            return
+        if cross_site_subrequest(scope.get("method", "GET"), headers):
+            await _refuse(send, 403, b"cross-site request refused: open the dashboard itself\n")
             return
         if self.auth.enabled and not await self._authenticated(scope, headers, send):
             return
