@@ -4,20 +4,25 @@ reconfigured by the tests): an ACL permission removed mid-run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
+import threading
+import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 import redis.asyncio as aredis
 
 from scheduler import Queue
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
-from tests.redis_server import RedisProcess
+from tests.redis_server import RedisProcess, require_server
 
 registry = Registry()
 _gates: dict[str, asyncio.Event] = {}
@@ -109,3 +114,164 @@ def test_a_permission_removed_mid_run_that_refuses_a_complete_stops_the_worker(
     # Redis 7.0: "ERR The user executing the script can't run this command"; Valkey: "ACL
     # failure in script: User ... has no permissions to run the 'pexpire' command".
     assert len(stop) == 1 and re.search(r"can't run this command|'pexpire'", stop[0]), records
+
+
+# -- a server that refuses for now, or answers late, while jobs run ----------------------------
+_naps: list[str] = []
+
+
+@registry.task(name="nap")
+async def nap(payload: Any, ctx: JobContext) -> None:
+    _naps.append(ctx.job_id)
+    await asyncio.sleep(payload)
+
+
+def _misconf(server: RedisProcess, admin: redis.Redis) -> Callable[[], None]:
+    """A failed RDB save with stop-writes-on-bgsave-error: every write refused (MISCONF)."""
+    admin.config_set("save", "3600 1")
+    admin.config_set("stop-writes-on-bgsave-error", "yes")
+    admin.config_set("dir", "/proc")  # no file can be created there, not even by root
+    with contextlib.suppress(redis.ResponseError):
+        admin.bgsave()
+    while admin.info("persistence")["rdb_bgsave_in_progress"]:
+        time.sleep(0.01)
+    assert admin.info("persistence")["rdb_last_bgsave_status"] == "err"
+
+    def lift() -> None:
+        admin.config_set("dir", server.dir)
+        admin.bgsave()
+        while admin.info("persistence")["rdb_last_bgsave_status"] != "ok":
+            time.sleep(0.01)
+
+    return lift
+
+
+def _busy(server: RedisProcess, admin: redis.Redis) -> Callable[[], None]:
+    """Another client's script that does not end: BUSY to every call until SCRIPT KILL."""
+    admin.config_set("busy-reply-threshold", 50)
+    other = server.client()
+    spin = threading.Thread(target=_spin, args=(other,))
+    spin.start()
+    while not _is_busy(admin):
+        time.sleep(0.01)
+
+    def lift() -> None:
+        while True:
+            with contextlib.suppress(redis.ResponseError):  # NOTBUSY until it is slow enough
+                server.client().script_kill()
+                break
+        spin.join()
+
+    return lift
+
+
+def _spin(client: redis.Redis) -> None:
+    with contextlib.suppress(redis.ResponseError):  # "Script killed by user"
+        client.eval("while true do end", 0)
+
+
+def _is_busy(admin: redis.Redis) -> bool:
+    try:
+        admin.ping()
+    except redis.ResponseError as exc:
+        return str(exc).startswith("BUSY")
+    return False
+
+
+def _pause_writes(server: RedisProcess, admin: redis.Redis) -> Callable[[], None]:
+    """CLIENT PAUSE WRITE: scripts and writes wait, unanswered, until CLIENT UNPAUSE."""
+    admin.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")  # type: ignore[no-untyped-call]
+    return lambda: admin.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
+
+
+CONDITIONS = {"misconf": _misconf, "busy": _busy, "client_pause_write": _pause_writes}
+
+
+@pytest.mark.parametrize("condition", sorted(CONDITIONS))
+def test_jobs_run_once_through_a_server_refusing_for_now_mid_run(condition: str) -> None:
+    """The condition starts while jobs run (heartbeats and completes meet it) and lasts well
+    under the lease: every job is done after one attempt, none started twice, the worker lives
+    on and its warnings stay within the log limit (5 per call and error)."""
+    binary = require_server("a private server this test reconfigures")
+    with RedisProcess(binary, extra=["--enable-protected-configs", "yes"]) as server:
+        admin = server.client()
+        q = Queue(admin, "rn-" + uuid.uuid4().hex[:8])
+        jobs = [q.enqueue("nap", 0.3) for _ in range(12)]
+        log, records = capture()
+        _naps.clear()
+
+        async def main() -> int:
+            client = aredis.Redis(unix_socket_path=server.socket, decode_responses=True)
+            w = Worker(client, registry, WorkerSettings(
+                queues=(q.name,), concurrency=4, lease_ms=60_000, heartbeat_ms=50, grace_s=5),
+                logger=log)  # fmt: skip
+            task = asyncio.create_task(w.run(install_signals=False))
+            await poll(lambda: len(_naps) >= 2, "jobs running")
+            lift = await asyncio.to_thread(CONDITIONS[condition], server, admin)
+            await asyncio.sleep(1.0)  # heartbeats, completes and claims meet it
+            await asyncio.to_thread(lift)
+            await poll(lambda: all(q.status(j) == "done" for j in jobs), "every job done")
+            assert not task.done()
+            w.request_stop()
+            code = await asyncio.wait_for(task, 30)
+            await client.aclose()
+            return code
+
+        assert asyncio.run(main()) == 0
+        assert sorted(_naps) == sorted(jobs)  # each started once
+        assert [q.get_job(j).attempts for j in jobs] == [1] * len(jobs)
+        kinds = Counter(m.split(":")[0] for m in records if m.startswith("redis error during"))
+        assert all(n <= 5 for n in kinds.values()), kinds
+        if condition != "client_pause_write":  # a pause is no error: calls wait
+            assert kinds, records
+
+
+def test_jobs_run_once_through_a_failover_and_back_mid_run() -> None:
+    """The worker's server becomes a replica of its own replica (promoted) and then the primary
+    again, while jobs run: READONLY to every write meanwhile. Every job done after one attempt,
+    none started twice, the worker lives on, its warnings within the log limit."""
+    binary = require_server("two private servers this test fails over")
+    with RedisProcess(binary, tcp=True) as a, RedisProcess(binary, tcp=True) as b:
+        admin, other = a.client(), b.client()
+        other.replicaof("127.0.0.1", a.port)
+        q = Queue(admin, "fo-" + uuid.uuid4().hex[:8])
+        jobs = [q.enqueue("nap", 0.3) for _ in range(12)]
+        log, records = capture()
+        _naps.clear()
+
+        def in_sync() -> bool:
+            mine, its = admin.info("replication"), other.info("replication")
+            return bool(
+                its.get("master_link_status") == "up"
+                and mine["master_repl_offset"] == its["slave_repl_offset"]
+            )
+
+        def swap(primary: redis.Redis, replica: redis.Redis, port: int) -> None:
+            primary.replicaof("NO", "ONE")
+            replica.replicaof("127.0.0.1", port)
+
+        async def main() -> int:
+            client = aredis.Redis(unix_socket_path=a.socket, decode_responses=True)
+            w = Worker(client, registry, WorkerSettings(
+                queues=(q.name,), concurrency=4, lease_ms=60_000, heartbeat_ms=50, grace_s=5),
+                logger=log)  # fmt: skip
+            task = asyncio.create_task(w.run(install_signals=False))
+            await poll(lambda: len(_naps) >= 2, "jobs running")
+            await poll(in_sync, "the replica in sync")
+            await asyncio.to_thread(swap, other, admin, b.port)  # a is now b's replica
+            await asyncio.sleep(1.0)
+            await poll(lambda: admin.info("replication").get("master_link_status") == "up",
+                       "a in sync with b")  # fmt: skip
+            await asyncio.to_thread(swap, admin, other, a.port)  # and back
+            await poll(lambda: all(q.status(j) == "done" for j in jobs), "every job done")
+            assert not task.done()
+            w.request_stop()
+            code = await asyncio.wait_for(task, 30)
+            await client.aclose()
+            return code
+
+        assert asyncio.run(main()) == 0
+        assert sorted(_naps) == sorted(jobs)
+        assert [q.get_job(j).attempts for j in jobs] == [1] * len(jobs)
+        kinds = Counter(m.split(":")[0] for m in records if m.startswith("redis error during"))
+        assert kinds and all(n <= 5 for n in kinds.values()), kinds
