@@ -20,7 +20,7 @@ import redis
 import uvicorn
 
 from scheduler import Queue
-from scheduler.dashboard import Auth, create_app
+from scheduler.dashboard import Auth, create_app, pages
 from tests.conftest import delete_queue
 
 CHROMIUM = "/usr/bin/chromium"
@@ -183,3 +183,37 @@ def test_the_live_overview_greys_out_a_queue_it_could_not_read(
         server.should_exit = True
         thread.join(10)
         delete_queue(client, other)
+
+
+def test_the_live_overview_polls_the_page_of_queues_it_shows(
+    page: Page, client: redis.Redis, q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The overview shows OVERVIEW_SHOWN queues a page (?offset=): its live refresh must read
+    the same page, or every row of a later page is greyed out as unread."""
+    monkeypatch.setattr(pages, "OVERVIEW_SHOWN", 2)
+    names = [q.name, q.name + "-b", q.name + "-c"]
+    for name in names:
+        Queue(client, name).enqueue("reports.build", {})
+    app = create_app(client=client, queues=names, auth=Auth())
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        page.goto(f"http://127.0.0.1:{port}/?offset=2")
+        expect(page.locator("#queues-cut")).to_contain_text("3-3 of 3")
+        expect(page.locator("#live-status")).to_contain_text("live ·", timeout=10_000)
+        row = page.locator(f'tr[data-queue="{names[2]}"]')
+        expect(row).to_have_count(1)
+        expect(row).not_to_have_class(re.compile("stale"))
+        page.locator("#queues-prev").click()
+        expect(page.locator("tr[data-queue]")).to_have_count(2)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        for name in names[1:]:
+            delete_queue(client, Queue(client, name))

@@ -50,6 +50,9 @@ _WHOLE = re.compile(r"[0-9]{1,12}")
 ERRORS_SHOWN = 10
 FIELDS_SHOWN = 100
 SCHEDULES_SHOWN = 500  # rows of /schedules, all queues: its set is a key anyone may fill
+# Queue rows of the overview, a page (?offset=): anyone holding the app role can create queues
+# (one per tenant), and each row is a counts script and 60 stats hashes, polled every 3 s.
+OVERVIEW_SHOWN = 200
 
 
 def int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
@@ -88,13 +91,16 @@ class Pages:
         self.store = store
         self.render = render
 
-    def _each(self, read: Callable[[str], T]) -> tuple[list[tuple[str, T]], list[str]]:
+    def _each(
+        self, read: Callable[[str], T], names: list[str] | None = None
+    ) -> tuple[list[tuple[str, T]], list[str]]:
         """`read` of every queue the pages list, and what could not be read: a cluster node the
         queue discovery could not scan, a queue whose node does not answer. The other queues
         are shown (one node down must not blank the page); when none answers, the error
         propagates (the app's 503). A cluster queue that failed is not asked again for
-        QUEUE_RETRY_S: redis-py's retries of a dead node cost 3-4 s a request."""
-        names = self.store.queue_names()  # first: the discovery sets store.unreachable
+        QUEUE_RETRY_S: redis-py's retries of a dead node cost 3-4 s a request. `names`: these
+        (from queue_names(), called first: the discovery sets store.unreachable), else all."""
+        names = self.store.queue_names() if names is None else names
         out: list[tuple[str, T]] = []
         missing = [
             f"node {u} did not answer (its queues are not listed)" for u in self.store.unreachable
@@ -123,27 +129,26 @@ class Pages:
             raise last
         return out, missing
 
-    def _summaries(self) -> tuple[list[dict[str, Any]], list[str]]:
-        found, missing = self._each(self.store.queue_summary)
+    def _summaries(self, request: Request) -> dict[str, Any]:
+        """One page of the overview's rows: OVERVIEW_SHOWN queues by name from ?offset=, only
+        those read (never every queue's counts, then cut), and how many there are."""
+        offset = int_param(request, "offset", 0, 0, 10**9)
+        names = self.store.queue_names()
+        found, missing = self._each(self.store.queue_summary, names[offset:][:OVERVIEW_SHOWN])
         missing += [f"queue {name} {u}" for name, row in found for u in row["unread_partitions"]]
-        return [row for _, row in found], missing
+        return {"queues": [row for _, row in found], "unreachable": missing, "total": len(names),
+                "offset": offset, "limit": OVERVIEW_SHOWN}  # fmt: skip
 
     def overview(self, request: Request) -> Response:
-        rows, missing = self._summaries()
-        return self.render.page(request, "overview.html", queues=rows, unreachable=missing)
+        return self.render.page(request, "overview.html", **self._summaries(request))
 
     def api_overview(self, request: Request) -> Response:
-        rows, missing = self._summaries()
-        return JSONResponse(
-            {
-                "queues": rows,
-                "unreachable": missing,
-                # The worst queue's, per minute (a start lateness recorded by each claim).
-                "late_p99_ms": merge_max([r["late_p99_ms"] for r in rows]),
-                "late_max_ms": merge_max([r["late_max_ms"] for r in rows]),
-                "lateness_bucket_ms": BUCKET_MS,
-            }
-        )
+        page = self._summaries(request)
+        rows = page["queues"]
+        # The worst shown queue's, per minute (a start lateness recorded by each claim).
+        page["late_p99_ms"] = merge_max([r["late_p99_ms"] for r in rows])
+        page["late_max_ms"] = merge_max([r["late_max_ms"] for r in rows])
+        return JSONResponse({**page, "lateness_bucket_ms": BUCKET_MS})
 
     def api_queue(self, request: Request) -> Response:
         name = request.path_params["queue"]

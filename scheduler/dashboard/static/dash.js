@@ -151,7 +151,7 @@
     tick();
   }
 
-  if (document.getElementById("queues")) poll(base + "/api/overview", overview);
+  if (document.getElementById("queues")) poll(base + "/api/overview" + window.location.search, overview);  // ?offset=: the same rows
   const cards = document.querySelector("[data-queue-api]");
   if (cards) poll(cards.dataset.queueApi, function (q) { fill(cards, q); paused(document, q); });
 
