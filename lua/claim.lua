@@ -225,6 +225,12 @@ if replay then
   return reply
 end
 
+-- A full server (maxmemory, noeviction) refuses only a script's first write that may grow
+-- memory: the reap's first write (ZREM) may not, and the whole claim went on at a full server.
+-- This SET may (a no-op: XX, and the key is missing here), so a full server refuses the claim
+-- before any write, as docs/durability.md says.
+redis.call('SET', replay_key, '', 'XX')
+
 -- 1. Reap lapsed leases: due again now, or parked when the crashes used up the attempts. A job
 --    whose counts cannot be read goes back to due, where step 2 parks it with the reason.
 local lapsed = redis.pcall('ZRANGE', leased, '-inf', now, 'BYSCORE', 'LIMIT', 0, reap_limit,

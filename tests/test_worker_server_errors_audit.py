@@ -22,6 +22,7 @@ import redis.asyncio as aredis
 from scheduler import Queue
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
+from tests.conftest import dump_queue
 from tests.redis_server import RedisProcess, require_server
 
 registry = Registry()
@@ -275,3 +276,30 @@ def test_jobs_run_once_through_a_failover_and_back_mid_run() -> None:
         assert [q.get_job(j).attempts for j in jobs] == [1] * len(jobs)
         kinds = Counter(m.split(":")[0] for m in records if m.startswith("redis error during"))
         assert kinds and all(n <= 5 for n in kinds.values()), kinds
+
+
+def test_a_claim_at_a_full_server_is_refused_even_with_a_lapsed_lease_to_reap(
+    module_server: RedisProcess,
+) -> None:
+    """docs/durability.md, a full server: new claims are refused until there is room. Redis
+    refuses only a script's first write that may grow memory; a claim with a lapsed lease to
+    reap began with the reap's ZREM, so the whole claim went on: at maxmemory a worker kept
+    claiming jobs whose heartbeats were refused, each run stopped at its lease end and reaped
+    again, an attempt burned per lease, and a 25 s OOM parked a job dead ('lease expired')."""
+    admin = module_server.client()
+    q = Queue(admin, "oom-" + uuid.uuid4().hex[:8])
+    job = q.enqueue("nap", 0)
+    assert [j.id for j in q.claim("w1", limit=1, lease_ms=1).jobs] == [job]
+    while not admin.zrange(q.keys.leased, "-inf", admin.time()[0] * 1000, byscore=True):
+        time.sleep(0.001)  # its lease lapsed, not reaped yet
+    before = dump_queue(admin, q)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(redis.OutOfMemoryError):
+            q.claim("w2", limit=1, lease_ms=60_000)
+    finally:
+        admin.config_set("maxmemory", 0)
+    assert dump_queue(admin, q) == before  # nothing reaped, nothing leased
+    again = q.claim("w2", limit=1, lease_ms=60_000).jobs  # room again: reaped and leased
+    assert [(j.id, j.attempts) for j in again] == [(job, 2)]
