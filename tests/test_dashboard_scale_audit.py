@@ -4,6 +4,7 @@ the code as audited (a 3,000-queue overview was 7.6 MB of JSON, polled every 3 s
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,10 @@ from scheduler._spawn import RedisProcess
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.dashboard import Auth, create_app
 from scheduler.dashboard.pages import OVERVIEW_SHOWN
+from scheduler.dashboard.render import ENTRY_SHOWN
 from scheduler.dashboard.store import Store
+from tests.test_dashboard_review import web_of
+from tests.test_review_operator_security import PAGE_MAX
 
 QUEUES = 2 * OVERVIEW_SHOWN + 50
 
@@ -88,3 +92,35 @@ def test_an_offset_past_the_last_page_or_not_a_number_is_handled(
     assert last.status_code == 200 and last.text.count("<tr data-queue=") == 1
     assert 'id="queues-prev"' in last.text and 'id="queues-next"' not in last.text
     assert bad.status_code == 400
+
+
+def test_a_job_page_with_every_value_at_its_cap_stays_small(client: redis.Redis, q: Queue) -> None:
+    """Each value was cut at 100,000 characters, but not the page: payload, result, progress,
+    last error and ten hand-written history entries (message and traceback) at that cap made
+    a page of 2.4 million characters (9.6 MB when each is an HTML-escaped '<')."""
+    job_id = q.enqueue("mail.send", {"n": 1})
+    big = "x" * 150_000
+    history = [{"type": "E", "message": big, "traceback": big, "attempt": i} for i in range(10)]
+    client.hset(q.keys.job(job_id), mapping={"payload": json.dumps(big), "result": json.dumps(big),
+        "progress": json.dumps(big), "last_error_type": "E", "last_error": big,
+        "errors": json.dumps(history)})  # fmt: skip
+    with web_of(client, q) as web:
+        r = web.get(f"/queues/{q.name}/jobs/{job_id}")
+    assert r.status_code == 200
+    assert len(r.content) < PAGE_MAX, f"a job page of {len(r.content)} bytes"
+    # Each entry's message and traceback cut, saying how much is not shown.
+    assert r.text.count(f"({len(big) - ENTRY_SHOWN} more characters not shown") == 20
+
+
+def test_an_error_entry_as_a_worker_stores_it_is_shown_whole(client: redis.Redis, q: Queue) -> None:
+    """fail stores at most 2,000 characters of message and 8,000 of traceback: the job page's
+    smaller cap for errors never cuts one."""
+    job_id = q.enqueue("mail.send", {"n": 1})
+    job = q.claim("w1", limit=1).jobs[0]
+    q.fail(job.id, job.token, ("E", "m" * 5_000, "t" * 20_000), retryable=False)
+    with web_of(client, q) as web:
+        r = web.get(f"/queues/{q.name}/jobs/{job_id}")
+    assert r.status_code == 200
+    assert "m" * 2_000 in r.text and "t" * 8_000 in r.text
+    errors = r.text.split('id="job-errors"')[1].split("</section>")[0]
+    assert "more characters not shown" not in errors

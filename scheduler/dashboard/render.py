@@ -27,7 +27,11 @@ _COUNT = re.compile(r"[0-9]{1,9}")
 # Characters of one stored value a page shows: a producer may store megabytes in any field
 # (a hand-written hash is not checked at enqueue), which must not become a page of megabytes.
 CELL_SHOWN = 2_000  # a table cell, a name, an id
-BLOCK_SHOWN = 100_000  # a payload, result, error message or traceback on the job page
+BLOCK_SHOWN = 100_000  # a payload, result or progress on the job page
+# The last error and each error history entry's message and traceback: fail stores at most
+# 2,000 + 8,000 characters (core/fail_reply.py), so a worker's are whole; ten hand-written
+# entries at BLOCK_SHOWN each made a page of 2.4 million characters (9.6 MB escaped).
+ENTRY_SHOWN = 10_000
 
 
 def fmt_time(ms: int | None, tz: str = "UTC") -> str:
@@ -114,6 +118,7 @@ def environment() -> jinja2.Environment:
         time=fmt_time, duration=fmt_duration, pretty=pretty_json, clean=_clean, url_part=url_part
     )
     env.globals["BLOCK"] = BLOCK_SHOWN  # `|clean(BLOCK)`: the job page's long values
+    env.globals["ENTRY"] = ENTRY_SHOWN  # `|clean(ENTRY)`: its errors
     env.tests["job_id"] = is_job_id  # `id is job_id`: an index entry an action may name
     return env
 
