@@ -303,3 +303,62 @@ def test_a_claim_at_a_full_server_is_refused_even_with_a_lapsed_lease_to_reap(
     assert dump_queue(admin, q) == before  # nothing reaped, nothing leased
     again = q.claim("w2", limit=1, lease_ms=60_000).jobs  # room again: reaped and leased
     assert [(j.id, j.attempts) for j in again] == [(job, 2)]
+
+
+def test_an_outcome_in_flight_when_writes_come_back_goes_before_the_next_claim(
+    module_server: RedisProcess,
+) -> None:
+    """After an outage the worker sends its held outcomes before its next claim, which would
+    reap their lapsed leases (Reporting._reports_first). It looked at the outcomes waiting only:
+    one the reporter had already sent, still in flight (its own backoff ended first; a NOSCRIPT
+    reload after BUSY made that round trip longer), was not waited for. The claim ran first,
+    reaped the lease, and the outcome came back 'stale': the finished job ran again."""
+    admin = module_server.client()
+    q = Queue(admin, "if-" + uuid.uuid4().hex[:8])
+    job = q.enqueue("gate", None)
+    log, records = capture()
+    _starts.clear()
+
+    async def main() -> int:
+        client = aredis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
+        w = Worker(client, registry, WorkerSettings(
+            queues=(q.name,), concurrency=1, lease_ms=500, heartbeat_ms=50, grace_s=1),
+            logger=log)  # fmt: skip
+        lifted, in_flight, entered = False, asyncio.Event(), asyncio.Event()
+        run_by_node, reports_first = w._run_by_node, w._reports_first
+
+        async def slow_report(*args: Any) -> Any:  # a report whose round trip is long
+            if lifted and (w._sending[0] or w._sending[1]) and not in_flight.is_set():
+                in_flight.set()
+                await asyncio.wait_for(entered.wait(), 10)
+                await asyncio.sleep(0.2)  # the claim, if sent now, runs first
+            return await run_by_node(*args)
+
+        async def claim_round_starts() -> None:  # once the report is out
+            if lifted and not entered.is_set():
+                await asyncio.wait_for(in_flight.wait(), 10)
+                entered.set()
+            await reports_first()
+
+        w._run_by_node = slow_report  # type: ignore[method-assign, assignment]
+        w._reports_first = claim_round_starts  # type: ignore[method-assign]
+        task = asyncio.create_task(w.run(install_signals=False))
+        await poll(lambda: _starts == [job], "the job started")
+        admin.config_set("min-replicas-to-write", 1)  # every write refused (NOREPLICAS)
+        try:
+            _gates.setdefault(job, asyncio.Event()).set()
+            await poll(lambda: w._report_failing, "the complete refused")
+            lease_end_ms = float(admin.zscore(q.keys.leased, job) or 0)
+            await poll(lambda: admin.time()[0] * 1000 > lease_end_ms, "the lease lapsed")
+        finally:
+            admin.config_set("min-replicas-to-write", 0)
+        lifted = True
+        await poll(lambda: q.status(job) == "done" or len(_starts) > 1, "the job settled")
+        w.request_stop()
+        code = await asyncio.wait_for(task, 30)
+        await client.aclose()
+        return code
+
+    assert asyncio.run(main()) == 0
+    assert not [m for m in records if "stale" in m], records
+    assert (q.status(job), q.get_job(job).attempts, _starts) == ("done", 1, [job])

@@ -68,8 +68,11 @@ class Reporting(WorkerCore):
 
     async def _reports_first(self) -> None:
         """While the reporter fails (an outage), its outcomes go before the next claim, which
-        would reap their lapsed leases (not on a cluster: one node must not slow the others)."""
-        if self._report_failing and self._claim_wait_s is None and (self._completes or self._fails):
+        would reap their lapsed leases (not on a cluster: one node must not slow the others).
+        Also those in flight: the reporter's own backoff may end first, and its call can be long
+        (a NOSCRIPT reload); a claim sent meanwhile ran first and made them stale."""
+        held = self._completes or self._fails or self._sending[0] or self._sending[1]
+        if self._report_failing and self._claim_wait_s is None and held:
             self._report_tried.clear()
             self._report_retry.set()
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
