@@ -4,9 +4,11 @@ the stand-in children of tests/test_pool_retire.py: each exits with the code the
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +16,18 @@ import pytest
 import redis
 
 from scheduler import Queue
+from tests.redis_server import RedisProcess
 from tests.test_pool_retire import Stand
-from tests.test_worker_pool import SUPERVISORS, kill_leftovers, ledger_pids, stop
+from tests.test_worker_pool import (
+    SUPERVISORS,
+    alive,
+    kill_leftovers,
+    ledger_pids,
+    spawn_pool,
+    stop,
+    wait_started,
+)
+from tests.test_worker_server_errors_audit import app_role
 from tests.workers.procs import ROOT, SCHEDULER, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -92,3 +104,54 @@ def test_processes_0_on_one_core_is_still_a_pool_that_reloads(
     finally:
         code = stop(pool, pool_log)
     assert code == 0, pool_log.read_text()[-2000:]
+
+
+def test_a_child_that_exits_5_once_ready_stops_the_pool_with_5(tmp_path: Path) -> None:
+    """Exit 5 (Redis refused for good: an ACL permission removed mid-run, a password rotated)
+    cannot be helped by a restart, and every child is the same Redis user. Before: restarted
+    with the crash backoff, for ever, the pool never exiting (systemd's RestartPreventExitStatus
+    never saw it). Now the pool stops the others gracefully and exits 5, as a first start's
+    failure stops it."""
+    p = Stand(tmp_path, 2)
+    try:
+        victim, other = p.pid(0, 0), p.pid(1, 0)
+        p.exit_with(victim, 5)
+        code = p.exits()
+        text = p.text()
+        assert code == 5, text
+        assert f"(pid {victim}) exited with code 5: Redis refused it for good" in text, text
+        assert (p.dir / f"stopped-{other}").exists(), text  # asked to stop gracefully
+        assert len(p.pids(0)) == 1 and len(p.pids(1)) == 1, text  # nothing restarted
+        assert "restarting in" not in text, text
+    finally:
+        p.end()
+
+
+def test_a_permission_removed_from_a_running_pool_stops_it_with_5(
+    module_server: RedisProcess, tmp_path: Path, pool_log: Path
+) -> None:
+    """Real children: the pool's Redis user loses every command while the pool runs. Each child
+    stops with exit 5; before, the supervisor restarted them (each new one refused at its start,
+    exit 5 again) for ever."""
+    admin = module_server.client()
+    user = "pw" + uuid.uuid4().hex[:6]
+    app_role(admin, user)
+    url = f"unix://{user}:CHANGE-ME@{module_server.socket}"
+    pool = spawn_pool(url, "p5-" + uuid.uuid4().hex[:6], "--processes", "2", log=pool_log)
+    try:
+        wait_started(pool_log, 2)
+        admin.acl_setuser(user, enabled=True, commands=["-@all"])
+        try:
+            code = pool.wait(60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the pool ran on: " + pool_log.read_text()[-3000:]) from None
+        text = pool_log.read_text(errors="replace")
+        assert code == 5, text[-3000:]
+        assert "Redis refused it for good" in text, text[-3000:]
+        assert "restarting in" not in text, text[-3000:]
+        started = re.findall(r"started \(pid (\d+)\)", text)
+        assert len(started) == 2, text[-3000:]  # none restarted, and none left running
+        assert not any(alive(int(pid)) for pid in started), text[-3000:]
+    finally:
+        stop(pool, pool_log)
+        admin.acl_deluser(user)

@@ -14,7 +14,9 @@ registry that cannot be imported fails each child's first start: exit 4). It:
   kills them (their leases lapse; exit 130); exits when every child has;
 - stops everything and exits with a child's code when a child of the first start fails before it
   is ready (the one-process codes: 3 Redis unreachable, 5 forbidden, ...), so a misconfigured
-  pool fails as one worker would;
+  pool fails as one worker would; the same, exit 5, when any child exits 5 later (an ACL
+  permission removed mid-run, a password rotated): every child is the same Redis user, and a
+  restart cannot help, so the service manager (RestartPreventExitStatus) and operators see it;
 - restarts a child that exits once ready (the OOM killer, a crash), after 1 s doubling to 30 s,
   the wait reset once a child has run 60 s (a restarted one that exits before ready, with 0
   too, the same); one ready that stopped cleanly (exit 0: its --max-jobs or --max-memory-mb)
@@ -47,7 +49,7 @@ from scheduler.cli.worker_pool_child import RETIRED_BY, STOP_SIGNAL
 from scheduler.cli.worker_pool_metrics import PoolMetrics
 from scheduler.cli.worker_pool_proc import RESTART_FIRST_S, Child, exit_code
 from scheduler.cli.worker_pool_reload import Reload
-from scheduler.core.exits import EXIT_FAILED, EXIT_FORCED, EXIT_OK
+from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN, EXIT_FORCED, EXIT_OK
 
 RESTART_MAX_S = 30.0
 RESTART_RESET_S = 60.0  # a child that ran this long restarts after RESTART_FIRST_S again
@@ -149,10 +151,6 @@ class Pool(Reload):
                     code = self._reap(c, stopping, now)
                     if code is not None and failed is None:
                         failed = code
-                        log.error(
-                            "worker process %d failed to start (exit %d): stopping the others",
-                            c.index + 1, code,
-                        )  # fmt: skip
                         if self._sent == 0:
                             self._terminate()
                         stopping = True
@@ -193,7 +191,7 @@ class Pool(Reload):
 
     def _reap(self, c: Child, stopping: bool, now: float) -> int | None:
         """Child c exited: record it; plan its restart; return its code if it was a first
-        start that failed before ready (the pool then stops)."""
+        start that failed before ready, or exit 5 (the pool then stops)."""
         assert c.proc is not None
         c.read_ready()
         code = exit_code(c.proc.returncode)
@@ -211,7 +209,16 @@ class Pool(Reload):
             self._retire(c, pid, verb)
             return None
         if first and not was_ready:
-            return code if code != EXIT_OK else EXIT_FAILED
+            code = code if code != EXIT_OK else EXIT_FAILED
+            log.error("worker process %d failed to start (exit %d): stopping the others",
+                      c.index + 1, code)  # fmt: skip
+            return code
+        if code == EXIT_FORBIDDEN:  # every child is the same Redis user: none would fare better
+            log.error("worker process %d (pid %d) exited with code %d: Redis refused it for good "
+                      "(a permission, its password); restarting cannot help: stopping the others",
+                      c.index + 1, pid, code, extra={"worker_process": c.index + 1, "pid": pid,
+                                                     "exit_code": code})  # fmt: skip
+            return code
         # A planned stop (--max-jobs, its own SIGTERM): no backoff, but a process lives 1 s at
         # least per round (the doubling held --max-jobs 1 to a job per 30 s). Only a ready one
         # reaches those: an exit 0 before ready is a failed start, restarted with the backoff.
