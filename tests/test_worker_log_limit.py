@@ -4,9 +4,12 @@ a node stays down, each retrying loop logged one line a second for as long as it
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
+from typing import Any
 
 import redis.asyncio as aredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.worker import Worker, WorkerSettings
@@ -66,3 +69,35 @@ def test_the_workers_retry_warnings_are_capped_and_still_counted() -> None:
     assert sum("during heartbeat" in x for x in lines.lines) == 1
     counted = w.metrics.registry.get_sample_value("scheduler_redis_errors_total")
     assert counted == 32  # every error still counted
+
+
+def test_the_reports_refused_lines_are_capped_and_say_how_many_were_held() -> None:
+    """'complete refused' and 'fail of job ... errored' (reporting.py) had no cap: a refusal
+    that met every outcome (a server answering each report with an error the worker cannot
+    retry) logged one ERROR line per job for as long as it lasted. Now the first 5 of each
+    kind, then, past the window, one saying how many were held back."""
+    log = logging.getLogger("test.log_limit.reports")
+    log.propagate = False
+    lines = _Lines()
+    log.addHandler(lines)
+    clock = _Clock()
+    try:
+        client = aredis.Redis(unix_socket_path="/nonexistent/r.sock")  # never connected
+        w = Worker(client, Registry(), WorkerSettings(queues=("q",)), logger=log)
+        w._log_limit = LogLimit(clock=clock)  # the worker's limit, on a clock the test moves
+        for i in range(20):
+            run: Any = SimpleNamespace(queue="q", job=SimpleNamespace(id=f"j{i}"))
+            w._completed([(run, None)], ResponseError("ERR refused by the server"))
+            w._failed(run, ("E", "m", "tb"), True, ResponseError("ERR refused by the server"))
+        clock.now_s += 60
+        w._completed([(run, None)], ResponseError("ERR refused by the server"))
+        w._failed(run, ("E", "m", "tb"), True, ResponseError("ERR refused by the server"))
+    finally:
+        log.removeHandler(lines)
+    for kind in ("complete refused: ERR refused", "errored: ERR refused"):
+        got = [x for x in lines.lines if kind in x]
+        assert len(got) == 6, lines.lines  # 5 in the window, then 1 in the next
+        assert got[0].endswith("ERR refused by the server"), got
+        assert "more like it are counted, not logged" in got[4], got
+        assert got[5].endswith("; 15 more like it in the last 60s not logged"), got
+    assert "fail of job j0 errored" in lines.lines[1], lines.lines  # the first ones are kept

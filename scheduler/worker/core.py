@@ -115,7 +115,7 @@ class WorkerCore:
         self._by_name = {q.name: q for q in self.queues}
         self._pipe = Pipeline(client, _clock)
         self._threads = ThreadRunner()
-        self._log_limit = LogLimit()  # repeated "redis error during ..." lines
+        self._log_limit = LogLimit()  # repeated "redis error during ..." / report lines
         self.running: dict[tuple[str, str], Running] = {}  # handler still running
         self._held: dict[tuple[str, str], Running] = {}  # leased until the outcome is acked
         self._completes: list[tuple[Running, Any]] = []

@@ -2,10 +2,13 @@
 about once a second and each failure was one WARNING line: 3,600 an hour per loop, per worker.
 Each kind of line (the failing call and its error type) now gets at most `burst` lines per
 window; past that its lines are counted, and its first line after the window says how many
-were held back. The metrics still count every error (scheduler_redis_errors_total)."""
+were held back. The metrics still count every error (scheduler_redis_errors_total).
+The report's ERROR lines ("complete refused", "fail of job ... errored") get the same cap
+(`error`): a refusal of every outcome logged one line per job for as long as it lasted."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -42,3 +45,10 @@ class LogLimit:
         if w.lines == self.burst:
             return f"; more like it are counted, not logged, for up to {self.window_s:.0f}s"
         return ""
+
+    def error(self, logger: logging.Logger, msg: str, *args: object) -> None:
+        """logger.error(msg, *args), capped per msg and the type of its last argument (the
+        error: a job id among the others would give each job a budget of its own)."""
+        note = self.admit((msg, type(args[-1]).__name__))
+        if note is not None:
+            logger.error(msg + "%s", *args, note)

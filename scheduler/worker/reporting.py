@@ -172,7 +172,7 @@ class Reporting(WorkerCore):
             if may_resend(statuses) and self._reply_error("complete", statuses):
                 self._completes[:0] = items
                 return statuses
-            self.log.error("complete refused: %s", statuses)
+            self._log_limit.error(self.log, "complete refused: %s", statuses)
             for r, _ in items:
                 self._forget(r)
             return None
@@ -215,7 +215,7 @@ class Reporting(WorkerCore):
             return out
         else:
             self._forget(r)
-            self.log.error("fail of job %s errored: %s", r.job.id, out)
+            self._log_limit.error(self.log, "fail of job %s errored: %s", r.job.id, out)
         return None
 
     async def _release(self, rs: Sequence[Running], deadline: float) -> None:
