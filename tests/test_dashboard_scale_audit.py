@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from scheduler import Queue
 from scheduler._spawn import RedisProcess
 from scheduler.client.partitioned import PartitionedQueue
-from scheduler.dashboard import Auth, create_app
+from scheduler.dashboard import Auth, create_app, pages
 from scheduler.dashboard.pages import OVERVIEW_SHOWN
 from scheduler.dashboard.render import ENTRY_SHOWN
 from scheduler.dashboard.store import Store
@@ -80,6 +80,50 @@ def test_the_overview_reads_and_shows_one_page_of_queues_by_name(
     assert f"1-{OVERVIEW_SHOWN} of {len(names)}" in note.group(1)
     assert f'href="/?offset={OVERVIEW_SHOWN}"' in note.group(1)
     assert "scheduler stats" in note.group(1)
+
+
+@pytest.mark.parametrize(
+    ("path", "owner", "read"),
+    [
+        ("/workers", Store, "workers"),
+        ("/health", Store, "counts"),
+        ("/schedules", pages, "schedule_rows"),
+    ],
+)
+def test_workers_health_and_schedules_read_one_page_of_queues_by_name(
+    many: tuple[redis.Redis, list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    owner: object,
+    read: str,
+) -> None:
+    """Each read a workers set, a counts script or a schedules set per queue (per partition
+    for /schedules): 451 queues were 451 reads a request, whatever ?offset= said."""
+    c, names = many
+    split = "tenant-0150-split"
+    whole = {p.name: split for p in PartitionedQueue.open(c, split).parts}
+    seen: list[str] = []
+    original = getattr(owner, read)
+
+    def counted(*args: Any) -> Any:  # (store, queue name, ...)
+        seen.append(whole.get(args[1], args[1]))
+        return original(*args)
+
+    monkeypatch.setattr(owner, read, counted)
+    with _web(c) as web:
+        for offset in range(0, len(names), OVERVIEW_SHOWN):
+            seen.clear()
+            r = web.get(f"{path}?offset={offset}")
+            assert r.status_code == 200, r.text
+            shown = names[offset:][:OVERVIEW_SHOWN]
+            assert list(dict.fromkeys(seen)) == shown  # only this page's queues, by name
+            assert len(seen) <= len(shown) + 3  # each once (/schedules: 4 partitions of one)
+            note = re.search(r'<p class="hint" id="queues-cut">(.*?)</p>', r.text, re.S)
+            assert note is not None, f"{path}: no note saying which queues are shown"
+            assert f"{offset + 1}-{offset + len(shown)} of {len(names)}" in note.group(1)
+            more = offset + OVERVIEW_SHOWN < len(names)
+            assert (f'href="{path}?offset={offset + OVERVIEW_SHOWN}"' in note.group(1)) == more
+            assert ('id="queues-prev"' in note.group(1)) == (offset > 0)
 
 
 def test_an_offset_past_the_last_page_or_not_a_number_is_handled(

@@ -49,9 +49,10 @@ _WHOLE = re.compile(r"[0-9]{1,12}")
 # this many (a worker keeps 10 entries; a job has ~30 fields).
 ERRORS_SHOWN = 10
 FIELDS_SHOWN = 100
-SCHEDULES_SHOWN = 500  # rows of /schedules, all queues: its set is a key anyone may fill
-# Queue rows of the overview, a page (?offset=): anyone holding the app role can create queues
-# (one per tenant), and each row is a counts script and 60 stats hashes, polled every 3 s.
+SCHEDULES_SHOWN = 500  # rows of /schedules, a page of queues: a set is a key anyone may fill
+# Queues read a page (?offset=) of the overview, /workers, /health and /schedules: anyone holding
+# the app role can create queues (one per tenant); an overview row is a counts script and 60
+# stats hashes, polled every 3 s.
 OVERVIEW_SHOWN = 200
 
 
@@ -91,16 +92,25 @@ class Pages:
         self.store = store
         self.render = render
 
+    def _paged(
+        self, request: Request, read: Callable[[str], T]
+    ) -> tuple[list[tuple[str, T]], list[str], dict[str, int]]:
+        """`read` of one page of the queues by name (OVERVIEW_SHOWN from ?offset=): only those
+        are read, never every queue then cut. Also what could not be read (_each) and the
+        page's place: total (queues listed), offset, limit."""
+        offset = int_param(request, "offset", 0, 0, 10**9)
+        names = self.store.queue_names()  # first: the discovery sets store.unreachable
+        found, missing = self._each(read, names[offset:][:OVERVIEW_SHOWN])
+        return found, missing, {"total": len(names), "offset": offset, "limit": OVERVIEW_SHOWN}
+
     def _each(
-        self, read: Callable[[str], T], names: list[str] | None = None
+        self, read: Callable[[str], T], names: list[str]
     ) -> tuple[list[tuple[str, T]], list[str]]:
-        """`read` of every queue the pages list, and what could not be read: a cluster node the
-        queue discovery could not scan, a queue whose node does not answer. The other queues
-        are shown (one node down must not blank the page); when none answers, the error
+        """`read` of each of `names`, and what could not be read: a cluster node the queue
+        discovery could not scan, a queue whose node does not answer. The other queues are
+        shown (one node down must not blank the page); when none answers, the error
         propagates (the app's 503). A cluster queue that failed is not asked again for
-        QUEUE_RETRY_S: redis-py's retries of a dead node cost 3-4 s a request. `names`: these
-        (from queue_names(), called first: the discovery sets store.unreachable), else all."""
-        names = self.store.queue_names() if names is None else names
+        QUEUE_RETRY_S: redis-py's retries of a dead node cost 3-4 s a request."""
         out: list[tuple[str, T]] = []
         missing = [
             f"node {u} did not answer (its queues are not listed)" for u in self.store.unreachable
@@ -132,12 +142,9 @@ class Pages:
     def _summaries(self, request: Request) -> dict[str, Any]:
         """One page of the overview's rows: OVERVIEW_SHOWN queues by name from ?offset=, only
         those read (never every queue's counts, then cut), and how many there are."""
-        offset = int_param(request, "offset", 0, 0, 10**9)
-        names = self.store.queue_names()
-        found, missing = self._each(self.store.queue_summary, names[offset:][:OVERVIEW_SHOWN])
+        found, missing, page = self._paged(request, self.store.queue_summary)
         missing += [f"queue {name} {u}" for name, row in found for u in row["unread_partitions"]]
-        return {"queues": [row for _, row in found], "unreachable": missing, "total": len(names),
-                "offset": offset, "limit": OVERVIEW_SHOWN}  # fmt: skip
+        return {"queues": [row for _, row in found], "unreachable": missing, **page}
 
     def overview(self, request: Request) -> Response:
         return self.render.page(request, "overview.html", **self._summaries(request))
@@ -254,14 +261,13 @@ class Pages:
                 found, count = schedule_rows(self.store, part, SCHEDULES_SHOWN - len(rows))
                 rows, total = rows + found, total + count
 
-        _, missing = self._each(read)
+        _, missing, page = self._paged(request, read)
         cut = total if total > len(rows) else 0
-        return self.render.page(
-            request, "schedules.html", schedules=rows, cut=cut, unreachable=missing
-        )
+        return self.render.page(request, "schedules.html", schedules=rows, cut=cut,
+                                unreachable=missing, **page)  # fmt: skip
 
     def workers(self, request: Request) -> Response:
-        found, missing = self._each(self.store.workers)
+        found, missing, page = self._paged(request, self.store.workers)
         rows = [w for _, (ws, _) in found for w in ws]
         for w in rows:  # a member written by hand may be megabytes: no id for a form then
             w["actionable"] = worker_id_ok(w["id"])
@@ -269,7 +275,7 @@ class Pages:
         # One TIME (not a counts script), on a node that answered.
         now_ms = self.store.now_ms(found[0][0] if found else None)
         return self.render.page(request, "workers.html", workers=rows, now_ms=now_ms, cut=cut,
-                                listed=WORKERS_LISTED, unreachable=missing)  # fmt: skip
+                                listed=WORKERS_LISTED, unreachable=missing, **page)  # fmt: skip
 
     def health(self, request: Request) -> Response:
         findings, facts = [], []
@@ -286,7 +292,7 @@ class Pages:
             facts += [(at + k, info.get(k, "-")) for k in SERVER_FACTS]
             facts.append((at + "save (config)", config.get("save", "not readable")))
             facts.append((at + "appendfsync (config)", config.get("appendfsync", "not readable")))
-        found, missing = self._each(self.store.counts)
+        found, missing, page = self._paged(request, self.store.counts)
         lapsed = [(n, c.lapsed) for n, c in found]
         return self.render.page(request, "health.html", findings=findings, facts=facts,
-                                lapsed=lapsed, unreachable=missing)  # fmt: skip
+                                lapsed=lapsed, unreachable=missing, **page)  # fmt: skip
