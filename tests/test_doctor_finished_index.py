@@ -53,3 +53,28 @@ def test_a_done_record_given_an_expiry_stays_listed(q: Queue, client: redis.Redi
     report = repair_queue(client, q.name)
     assert [i.code for i in report.fixed] == ["record-no-ttl"]
     assert finished_ids(q) == [job_id]
+
+
+def test_a_record_kept_forever_gets_back_its_own_result_ttl(q: Queue, client: redis.Redis) -> None:
+    """A record left with no expiry (a PEXPIRE refused mid-script, e.g. by an ACL change) gets
+    the job's own result TTL where its record holds one (a kept payload, a cancelled job's
+    spec), not the 1 h default: a month's retention is not cut to an hour, 5 s not grown."""
+    kept = q.enqueue("t", 1, result_ttl_ms=5000, keep_payload=True)
+    (job,) = q.claim("w", limit=1).jobs
+    q.complete(kept, job.token, "ok")
+    cancelled = q.enqueue("t", 2, result_ttl_ms=30 * 86_400_000)
+    q.cancel(cancelled)
+    lean = q.enqueue("t", 3, result_ttl_ms=5000)  # a lean record no longer holds its TTL
+    (job,) = q.claim("w", limit=1).jobs
+    q.complete(lean, job.token, "ok")
+    for jid in (kept, cancelled, lean):
+        client.persist(q.keys.job(jid))
+        client.persist(q.keys.spec(jid))
+    report = repair_queue(client, q.name)
+    assert sorted(i.code for i in report.fixed) == ["record-no-ttl"] * 3, report
+    assert report.remaining == []
+    for key in (q.keys.job(kept), q.keys.spec(kept)):
+        assert 0 < client.pttl(key) <= 5000
+    for key in (q.keys.job(cancelled), q.keys.spec(cancelled)):
+        assert 29 * 86_400_000 < client.pttl(key) <= 30 * 86_400_000
+    assert 5000 < client.pttl(q.keys.job(lean)) <= 3_600_000  # the default: 1 h

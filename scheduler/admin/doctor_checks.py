@@ -96,12 +96,16 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
     if not places:
         if state in ("done", "cancelled"):
             if s.ttl_ms is None:
+                # The job's own retention where its record still holds it (a lean record
+                # dropped it at completion): the default would cut a month's to an hour.
+                own_ms = stored_int_in(s.fields.get("result_ttl_ms"), "result_ttl_ms")
+                ttl_ms = ctx.record_ttl_ms if own_ms is None else own_ms
                 return [
                     issue(
                         "record-no-ttl",
                         "warning",
                         f"{state} record has no expiry, so it is kept forever",
-                        _repair(k, s, ctx.now_ms, "expire", str(ctx.record_ttl_ms)),
+                        _repair(k, s, ctx.now_ms, "expire", str(ttl_ms)),
                     )
                 ]
             return []
