@@ -8,7 +8,7 @@ from __future__ import annotations
 import redis
 
 from scheduler import Queue
-from scheduler.admin.doctor import repair_queue
+from scheduler.admin.doctor import check_queue, repair_queue
 
 
 def finished_ids(q: Queue) -> list[str]:
@@ -78,3 +78,24 @@ def test_a_record_kept_forever_gets_back_its_own_result_ttl(q: Queue, client: re
     for key in (q.keys.job(cancelled), q.keys.spec(cancelled)):
         assert 29 * 86_400_000 < client.pttl(key) <= 30 * 86_400_000
     assert 5000 < client.pttl(q.keys.job(lean)) <= 3_600_000  # the default: 1 h
+
+
+def test_a_kept_record_whose_hash_or_spec_alone_has_no_expiry_is_found(
+    q: Queue, client: redis.Redis
+) -> None:
+    """A finished job that kept its payload is its hash and its spec record: either one with no
+    expiry is kept forever (a spec outliving its hash reads as a pending job no place holds,
+    which --fix would put back in due), though the other one expires."""
+    ids = []
+    for n, key in enumerate(("job", "spec")):
+        jid = q.enqueue("t", n, keep_payload=True)
+        (job,) = q.claim("w", limit=1).jobs
+        q.complete(jid, job.token, "ok")
+        client.persist(getattr(q.keys, key)(jid))
+        ids.append(jid)
+    found = {i.job_id: i.code for i in check_queue(client, q.name)}
+    assert found == dict.fromkeys(ids, "record-no-ttl")
+    report = repair_queue(client, q.name)
+    assert report.remaining == [] and len(report.fixed) == 2
+    for jid in ids:
+        assert client.pttl(q.keys.job(jid)) > 0 and client.pttl(q.keys.spec(jid)) > 0

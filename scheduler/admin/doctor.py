@@ -38,6 +38,7 @@ from scheduler.admin.doctor_model import (
     Issue,
     Snapshot,
     _hash_reply,
+    _kept,
     _score_ms,
     _ttl,
     _with_spec,
@@ -189,6 +190,7 @@ def _first_pass(
             due.get(jid),
             leased.get(jid),
             1 if jid in dead else 0,
+            kept=_kept(pttl, spec_pttl),
         )
         if diagnose(s, ctx):
             out.append(jid)

@@ -95,7 +95,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
     state = s.fields.get("state", "")
     if not places:
         if state in ("done", "cancelled"):
-            if s.ttl_ms is None:
+            if s.ttl_ms is None or s.kept:  # a kept payload's spec, too: both expire
                 # The job's own retention where its record still holds it (a lean record
                 # dropped it at completion): the default would cut a month's to an hour.
                 own_ms = stored_int_in(s.fields.get("result_ttl_ms"), "result_ttl_ms")

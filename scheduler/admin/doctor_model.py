@@ -70,6 +70,8 @@ class Snapshot:
     dead_count: int  # 1 when in the dead ZSET, else 0
     # Set aside by flow control (in flow:held, not in due): read as due, at its held score.
     held: bool = False
+    # Its hash or spec record has no expiry (ttl_ms is the sooner one's: that hides the other).
+    kept: bool = False
 
     @property
     def places(self) -> list[str]:
@@ -111,6 +113,11 @@ def _ttl(pttl: Any, spec_pttl: Any = -2) -> int | None:
     return min(left) if left else None
 
 
+def _kept(pttl: Any, spec_pttl: Any = -2) -> bool:
+    """Whether its hash or its spec record exists with no expiry."""
+    return any(not isinstance(t, ResponseError) and int(t) == -1 for t in (pttl, spec_pttl))
+
+
 def _at(score: Any) -> int | None:
     """A ZSCORE reply as ms; an error reply (a key of another type) reads as not there."""
     return None if score is None or isinstance(score, ResponseError) else _score_ms(score)
@@ -133,9 +140,9 @@ def snapshot_from(jid: str, reply: Sequence[Any]) -> Snapshot:
     t, fields = _with_spec(str(t), _hash_reply(h), spec, at)
     in_dead = 0 if _at(dead) is None else 1
     ttl = _ttl(pttl, spec_pttl)
-    return Snapshot(
-        jid, t, fields, ttl, at, _at(leased), in_dead, due_ms is None and at is not None
-    )
+    held = due_ms is None and at is not None
+    kept = _kept(pttl, spec_pttl)
+    return Snapshot(jid, t, fields, ttl, at, _at(leased), in_dead, held, kept)
 
 
 SPEC_WRONG_TYPE = "spec record of another type"  # a Snapshot.key_type: spec:<id> by hand
