@@ -33,7 +33,9 @@
     'score'   its score in the one expected place (due or leased; flow:held for a held job)
               := now_ms (due: its priority index entry too)
     'persist' drop the expiry of a job in a place (its hash and its spec record)
-    'expire'  a record in no place expires in ARGV[6] ttl_ms (its hash and its spec record)
+    'expire'  a record in no place expires in ARGV[6] ttl_ms (its hash and its spec record),
+              listed in the finished index until then (a complete refused at its PEXPIRE
+              never listed it)
   A job that is its spec record alone gets no hash from 'due' or 'state' due (claim creates
     it whole; a hash holding only `state` would park the job as unreadable).
   Every move but 'expire' takes the id out of the finished index (lib/result.lua): a done or
@@ -46,6 +48,7 @@
 -- @include "lib/job.lua"
 -- @include "lib/rearm.lua"
 -- @include "lib/flow.lua"
+-- @include "lib/result.lua"
 
 local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
@@ -184,9 +187,10 @@ elseif move == 'persist' then
   if expect == '' then return 0 end
   redis.call('PERSIST', jk)
   redis.call('PERSIST', spec_key(prefix, id))
-else -- expire: a record in no place (done or cancelled) stays listed as finished
+else -- expire: a record in no place (done or cancelled) is listed as finished until then
   if expect ~= '' or not job_exists(prefix, id) then return 0 end
   job_expire(prefix, id, ttl)
+  finished_add(prefix, now, { now + ttl, id })
   return 1
 end
 -- pcall: an index edited into another type is left as it is (doctor reports it).

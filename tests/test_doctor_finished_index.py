@@ -1,10 +1,13 @@
 """doctor --fix moving a finished job back into a place (due, leased, dead) takes its id out
 of the finished index (lua/lib/result.lua), so list_jobs('finished') and `jobs list
-finished` no longer show a job that is waiting or dead; a finished record it only gives an
-expiry ('expire') stays listed."""
+finished` no longer show a job that is waiting or dead; a finished record it gives an
+expiry ('expire') is listed, until then."""
 
 from __future__ import annotations
 
+import uuid
+
+import pytest
 import redis
 
 from scheduler import Queue
@@ -99,3 +102,35 @@ def test_a_kept_record_whose_hash_or_spec_alone_has_no_expiry_is_found(
     assert report.remaining == [] and len(report.fixed) == 2
     for jid in ids:
         assert client.pttl(q.keys.job(jid)) > 0 and client.pttl(q.keys.spec(jid)) > 0
+
+
+def test_a_record_a_refused_pexpire_left_is_listed_as_finished_once_repaired(
+    q: Queue, client: redis.Redis
+) -> None:
+    """complete.lua refused at its PEXPIRE (ACL SETUSER <user> -pexpire mid-run) has marked the
+    job done but never reached the finished index: --fix's expiry lists it there too, until
+    the expiry it gives."""
+    user = "w" + uuid.uuid4().hex[:8]
+    client.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all"])
+    pool = client.connection_pool  # the same server, as that user
+    kwargs = {**pool.connection_kwargs, "username": user, "password": "pw"}
+    worker = redis.Redis(connection_pool=redis.ConnectionPool(pool.connection_class, **kwargs))
+    try:
+        job_id = q.enqueue("t", 1)
+        (job,) = q.claim("w", limit=1).jobs
+        client.acl_setuser(user, enabled=True, commands=["-pexpire"])  # mid-run
+        with pytest.raises(redis.ResponseError):
+            Queue(worker, q.name).complete(job_id, job.token, "ok")
+    finally:
+        worker.close()
+        client.acl_deluser(user)
+    assert client.hget(q.keys.job(job_id), "state") == "done"
+    assert client.pttl(q.keys.job(job_id)) == -1 and finished_ids(q) == []
+    report = repair_queue(client, q.name)
+    assert [i.code for i in report.fixed] == ["record-no-ttl"] and report.remaining == []
+    assert finished_ids(q) == [job_id]
+    expires_ms = client.zscore(q.keys.prefix + "finished", job_id)
+    (sec, usec) = client.time()
+    assert expires_ms is not None
+    left_ms = expires_ms - (sec * 1000 + usec // 1000)
+    assert 0 < client.pttl(q.keys.job(job_id)) <= 3_600_000 and 0 < left_ms <= 3_600_000
