@@ -39,6 +39,19 @@ class Gate:
         return [args[1 + i * 13] for i in range(int(args[0]))]
 
 
+async def batch_behind_one(gate: Gate, b: EnqueueBatcher, names: str) -> list[asyncio.Task[str]]:
+    """'a' sent alone and answered; the calls of `names`, made while it was in flight, waited
+    and are now gate.calls[1], unanswered."""
+    first = asyncio.ensure_future(b.enqueue(_fields("a")))
+    await asyncio.sleep(0)  # one loop step: 'a' is sent, nothing else runs meanwhile
+    rest = [asyncio.ensure_future(b.enqueue(_fields(x))) for x in names]
+    await asyncio.sleep(0)
+    gate.release[0].set_result(["c"])
+    assert await first == "a"
+    await asyncio.sleep(0)
+    return rest
+
+
 def test_calls_made_while_others_are_in_flight_go_out_together_in_order() -> None:
     async def main() -> None:
         gate = Gate()
@@ -63,13 +76,7 @@ def test_a_refused_batch_is_sent_again_one_job_per_call() -> None:
     async def main() -> None:
         gate = Gate()
         b = EnqueueBatcher(gate.send, max_in_flight=1)
-        first = asyncio.ensure_future(b.enqueue(_fields("a")))
-        await asyncio.sleep(0)
-        rest = [asyncio.ensure_future(b.enqueue(_fields(x))) for x in "bc"]
-        await asyncio.sleep(0)
-        gate.release[0].set_result(["c"])
-        await first
-        await asyncio.sleep(0)
+        rest = await batch_behind_one(gate, b, "bc")
         gate.release[1].set_exception(BadArgument("after=missing"))
         await asyncio.sleep(0)
         assert gate.ids(2) == ["b"]
@@ -113,13 +120,7 @@ def test_a_lost_connection_reaches_every_caller_of_the_batch() -> None:
     async def main() -> None:
         gate = Gate()
         b = EnqueueBatcher(gate.send, max_in_flight=1)
-        first = asyncio.ensure_future(b.enqueue(_fields("a")))
-        await asyncio.sleep(0)
-        rest = [asyncio.ensure_future(b.enqueue(_fields(x))) for x in "bc"]
-        await asyncio.sleep(0)
-        gate.release[0].set_result(["c"])
-        await first
-        await asyncio.sleep(0)
+        rest = await batch_behind_one(gate, b, "bc")
         gate.release[1].set_exception(redis.ConnectionError("gone"))
         got = await asyncio.gather(*rest, return_exceptions=True)
         assert [type(e) for e in got] == [redis.ConnectionError] * 2
@@ -237,13 +238,7 @@ def test_a_send_interrupted_during_the_one_by_one_resend_answers_every_caller() 
         asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
         gate = Gate()
         b = EnqueueBatcher(gate.send, max_in_flight=1)
-        first = asyncio.ensure_future(b.enqueue(_fields("a")))
-        await asyncio.sleep(0)
-        rest = [asyncio.ensure_future(b.enqueue(_fields(x))) for x in "bc"]
-        await asyncio.sleep(0)
-        gate.release[0].set_result(["c"])
-        await first
-        await asyncio.sleep(0)
+        rest = await batch_behind_one(gate, b, "bc")
         gate.release[1].set_exception(BadArgument("after=missing"))  # refused: one by one
         await asyncio.sleep(0)
         assert gate.ids(2) == ["b"]

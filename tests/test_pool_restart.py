@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from scheduler import Queue
+from tests.faults.test_security import PASSWORD
 from tests.redis_server import RedisProcess
 from tests.test_pool_retire import Stand
 from tests.test_worker_pool import (
@@ -136,7 +137,7 @@ def test_a_permission_removed_from_a_running_pool_stops_it_with_5(
     admin = module_server.client()
     user = "pw" + uuid.uuid4().hex[:6]
     app_role(admin, user)
-    url = f"unix://{user}:CHANGE-ME@{module_server.socket}"
+    url = f"unix://{user}:{PASSWORD}@{module_server.socket}"
     pool = spawn_pool(url, "p5-" + uuid.uuid4().hex[:6], "--processes", "2", log=pool_log)
     try:
         wait_started(pool_log, 2)

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import re
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +21,10 @@ from scheduler import Queue
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import dump_queue
+from tests.faults.test_security import PASSWORD, documented_acl_line
 from tests.redis_server import RedisProcess, require_server
+from tests.test_worker_hardening import capture
+from tests.test_worker_retry_wake import poll
 
 registry = Registry()
 _gates: dict[str, asyncio.Event] = {}
@@ -38,35 +39,9 @@ async def gate(payload: Any, ctx: JobContext) -> str:
 
 
 def app_role(admin: redis.Redis, user: str) -> None:
-    """docs/security.md's app role, as `user`."""
-    text = (Path(__file__).parent.parent / "docs" / "security.md").read_text()
-    m = re.search(r"<!-- acl:app -->\s*```\s*\n(ACL SETUSER [^\n]+)\n```", text)
-    assert m, "docs/security.md lost its app ACL line"
-    words = m.group(1).split()
+    """docs/security.md's app role, as `user` (its password: PASSWORD)."""
+    words = documented_acl_line("app")
     admin.execute_command("ACL", "SETUSER", user, *words[3:])  # type: ignore[no-untyped-call]
-
-
-def capture() -> tuple[logging.Logger, list[str]]:
-    records: list[str] = []
-    log = logging.getLogger("scheduler.test." + uuid.uuid4().hex[:8])
-    log.propagate = False
-    log.setLevel(logging.INFO)
-
-    class ToList(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage())
-
-    log.handlers[:] = [ToList()]
-    return log, records
-
-
-async def poll(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def test_a_permission_removed_mid_run_that_refuses_a_complete_stops_the_worker(
@@ -87,7 +62,7 @@ def test_a_permission_removed_mid_run_that_refuses_a_complete_stops_the_worker(
 
     async def main() -> int:
         client = aredis.Redis(unix_socket_path=module_server.socket, username=user,
-                              password="CHANGE-ME", decode_responses=True)  # fmt: skip
+                              password=PASSWORD, decode_responses=True)  # fmt: skip
         w = Worker(client, registry, WorkerSettings(
             queues=(q.name,), concurrency=1, lease_ms=3000, heartbeat_ms=100, grace_s=1),
             logger=log)  # fmt: skip
