@@ -172,6 +172,27 @@ def test_an_open_address_without_auth_is_refused() -> None:
     assert "without authentication" in result.output
 
 
+def test_a_mounted_app_without_credentials_is_refused_unless_said_so(
+    client: redis.Redis, q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A production mount that relies on SCHEDULER_DASHBOARD_AUTH from the environment and
+    # lost it (a deploy without the secret) must not serve requeue / purge to anyone.
+    monkeypatch.delenv(ENV_AUTH, raising=False)
+    monkeypatch.delenv(ENV_TOKEN, raising=False)
+    for read_only in (False, True):  # payloads are readable too
+        with pytest.raises(BadArgument, match=r"auth=Auth\(\)"):
+            create_app(client=client, queues=[q.name], read_only=read_only)
+    assert q.counts().dead == 0  # nothing was read or written for it
+    # Said so: the mount is guarded by the app's own authentication.
+    with TestClient(create_app(client=client, queues=[q.name], auth=Auth())) as web:
+        assert web.get("/").status_code == 200
+    # From the environment, as before.
+    monkeypatch.setenv(ENV_TOKEN, "t" * 20)
+    with TestClient(create_app(client=client, queues=[q.name])) as web:
+        assert web.get("/").status_code == 401
+        assert web.get("/", headers={"authorization": "Bearer " + "t" * 20}).status_code == 200
+
+
 def test_dead_bulk_confirmation_states_the_count_and_acts_on_the_match(
     client: redis.Redis, q: Queue, web: TestClient
 ) -> None:

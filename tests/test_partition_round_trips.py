@@ -179,7 +179,7 @@ def test_the_job_and_workers_pages_read_the_clock_with_time(
     from starlette.testclient import TestClient
 
     from scheduler import Queue
-    from scheduler.dashboard import create_app
+    from scheduler.dashboard import Auth, create_app
 
     client, c = counting_client(module_server.url)
     q = Queue(client, queue_name)
@@ -188,7 +188,7 @@ def test_the_job_and_workers_pages_read_the_clock_with_time(
     (job,) = q.claim("w", limit=1).jobs
     assert q.fail(job.id, job.token, ValueError("x")).status == "dead"
     try:
-        web = TestClient(create_app(client=client, queues=[q.name]))
+        web = TestClient(create_app(client=client, queues=[q.name], auth=Auth()))
         for path in (f"/queues/{q.name}/jobs/{jid}", "/workers"):
             c.reset()
             assert web.get(path).status_code == 200

@@ -59,8 +59,9 @@ def create_app(
             empty: every queue, listed from the queue index (cached for a minute).
         read_only: no actions at all (every POST is refused, no buttons shown).
         auth: credentials every request must carry; default `Auth.from_env()`
-            (SCHEDULER_DASHBOARD_AUTH=user:password, SCHEDULER_DASHBOARD_TOKEN=...). When the
-            app is mounted behind your own authentication, pass `Auth()` to add none.
+            (SCHEDULER_DASHBOARD_AUTH=user:password, SCHEDULER_DASHBOARD_TOKEN=...), and
+            BadArgument when it has none. When the app is mounted behind your own
+            authentication, pass `Auth()` to add none.
         secret: signs the CSRF tokens (SCHEDULER_DASHBOARD_SECRET; random per process when
             unset, so several processes behind one balancer need it set).
         sample_every_s: ignored (kept for callers): the lateness chart reads the per-minute
@@ -69,6 +70,16 @@ def create_app(
             None: any. Without auth, a loopback address alone does not stop DNS rebinding,
             so `scheduler dashboard` passes the loopback names and --host then.
     """
+    # Fail closed: a mount counting on the environment's credentials that lost them (a deploy
+    # without the secret) would serve payloads, requeue and purge to anyone who reaches it.
+    if auth is None:
+        auth = Auth.from_env()
+        if not auth.enabled:
+            raise BadArgument(
+                "create_app: no credentials (SCHEDULER_DASHBOARD_AUTH=user:password or"
+                " SCHEDULER_DASHBOARD_TOKEN unset): set one, or pass auth=Auth() when your own"
+                " authentication guards the mount"
+            )
     if client is None:
         if url is None:
             raise BadArgument("create_app needs a Redis url or a client")
@@ -165,4 +176,4 @@ def create_app(
             ResponseError: refused_now,
         },
     )
-    return DashboardApp(app, Auth.from_env() if auth is None else auth, store, allowed_hosts)
+    return DashboardApp(app, auth, store, allowed_hosts)
