@@ -17,19 +17,16 @@ from scheduler.cli.common import (
     Duration,
     F,
     Refused,
-    cell,
     connect,
     console,
     emit_json,
-    fmt_attempts,
-    fmt_ms,
     json_option,
-    markup_safe,
     queue_option,
     require_queue,
     url_option,
 )
 from scheduler.cli.dead_retention import retention
+from scheduler.cli.dead_view import print_dead
 from scheduler.cli.jobs import job_json
 from scheduler.client.partitioned import PartitionedQueue, merge_dead, open_queue, requeue_order
 from scheduler.client.queue import Queue
@@ -169,26 +166,16 @@ def list_dead(
         page = found[offset : offset + limit]
         more = len(found) > offset + limit if total is None else offset + limit < total
     now_ms = server_now_ms(client, QueueKeys(queue))  # the queue's node: its scripts' clock
-    rows = [job_json(j, now_ms) for j in _jobs(q, page)]
+    jobs = _jobs(q, page)
+    rows = [job_json(j, now_ms) for j in jobs]
+    # Ids whose hash and spec were deleted by hand: counted in the total, so listed too.
+    stored = {j.id for j in jobs}
+    gone = [i for i in page if i not in stored]
     if as_json:
-        paged = {"offset": offset, "limit": limit, "jobs": rows}
+        paged = {"offset": offset, "limit": limit, "jobs": rows, "gone": gone}
         emit_json({"queue": queue, "total": total, "more": more, **paged})
         return
-    # One block per job, not a table: six columns cannot fit 80 columns without folding words
-    # by character; a block wraps by word at any width and greps well in a pipe.
-    out = console()
-    if total is not None:
-        out.print(f"dead jobs in {markup_safe(repr(queue))}: {total} match")
-    else:
-        tail = ", more follow (--offset)" if more else ""
-        out.print(f"dead jobs in {markup_safe(repr(queue))}: {len(rows)} shown{tail}")
-    for r in rows:
-        age = fmt_ms(now_ms - r["dead_ms"]) if r["dead_ms"] is not None else "-"
-        err = f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
-        head = f"{r['id']}  {r['task']}  {fmt_attempts(r)}"
-        out.print(cell(f"{head}  dead for {age}"), style="bold")
-        out.print(cell(f"  reason: {r['dead_reason'] or '-'}"))
-        out.print(cell(f"  last error: {err}"))
+    print_dead(queue, total, more, rows, gone, now_ms)
 
 
 def _bulk(

@@ -1,0 +1,39 @@
+"""`scheduler dead list`'s text: one block per dead job, and one per entry whose record was
+deleted by hand (counted in the total, so shown too, with the command that removes it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from scheduler.cli.common import cell, console, fmt_attempts, fmt_ms, markup_safe
+
+
+def print_dead(
+    queue: str,
+    total: int | None,
+    more: bool,
+    rows: Sequence[dict[str, Any]],
+    gone: Sequence[str],
+    now_ms: int,
+) -> None:
+    # One block per job, not a table: six columns cannot fit 80 columns without folding words
+    # by character; a block wraps by word at any width and greps well in a pipe.
+    out = console()
+    if total is not None:
+        out.print(f"dead jobs in {markup_safe(repr(queue))}: {total} match")
+    else:
+        tail = ", more follow (--offset)" if more else ""
+        shown = len(rows) + len(gone)
+        out.print(f"dead jobs in {markup_safe(repr(queue))}: {shown} shown{tail}")
+    for r in rows:
+        age = fmt_ms(now_ms - r["dead_ms"]) if r["dead_ms"] is not None else "-"
+        err = f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
+        head = f"{r['id']}  {r['task']}  {fmt_attempts(r)}"
+        out.print(cell(f"{head}  dead for {age}"), style="bold")
+        out.print(cell(f"  reason: {r['dead_reason'] or '-'}"))
+        out.print(cell(f"  last error: {err}"))
+    for job_id in gone:
+        out.print(cell(f"{job_id}  record gone"), style="bold")
+        out.print(cell("  its hash and spec were deleted by hand (task, payload, error lost)"))
+        out.print(cell(f"  scheduler dead purge --id {job_id} -q {queue} removes the entry"))
