@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from scheduler.cli.main import main
 from scheduler.core.errors import SchedulerError, refused_for_now
 from scheduler.dashboard import Auth, create_app
 from scheduler.dashboard.store import Store
+from scheduler.worker.execution import classify
 from tests.conftest import dump_queue
 
 
@@ -170,6 +172,39 @@ def test_refused_for_now_tells_a_refusal_from_a_bug() -> None:
     for text in ("ERR unknown command", "WRONGTYPE Operation", "NOSCRIPT No matching script"):
         assert not refused_for_now(ResponseError(text)), text
     assert refused_for_now(redis.exceptions.ReadOnlyError("You can't write"))
+
+
+def test_a_script_killed_by_script_kill_is_refused_for_now(server: RedisProcess) -> None:
+    """SCRIPT KILL ends only a script that has written nothing (else UNKILLABLE): the call
+    changed nothing and can be sent again. Its caller read it as a bug (a worker whose claim
+    or report an operator killed stopped with exit 5, which supervisors do not restart; the
+    CLI said exit 1)."""
+    admin = server.client()
+    admin.config_set("busy-reply-threshold", 50)
+    got: list[redis.ResponseError] = []
+
+    def spin() -> None:
+        try:
+            server.client().eval("while true do end", 0)
+        except redis.ResponseError as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        while True:
+            try:
+                admin.script_kill()
+                break
+            except redis.ResponseError as exc:  # NOTBUSY until the script is slow enough
+                assert str(exc).startswith("NOTBUSY"), exc
+    finally:
+        t.join(30)
+        admin.config_set("busy-reply-threshold", 5000)
+    [killed] = got
+    assert refused_for_now(killed)
+    assert classify(killed) == "transient"
+    assert not refused_for_now(ResponseError("Error running script: user_script:1: x"))
 
 
 def test_cli_exits_3_when_redis_refuses_for_now(server: RedisProcess) -> None:

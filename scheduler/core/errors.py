@@ -225,12 +225,17 @@ def edited_by_hand(exc: ResponseError) -> bool:
     return isinstance(exc, CorruptKey) or str(exc).startswith("WRONGTYPE")
 
 
+# SCRIPT KILL ends only a script that wrote nothing (one that wrote answers UNKILLABLE): the
+# call changed nothing, as for BUSY. Its reply has only the ERR code.
+_KILLED_TEXT = re.compile(r"^(ERR )?Script killed by user")
+
+
 def refused_for_now(exc: ResponseError) -> bool:
     """Whether Redis refused the call only for now (see above), by class or by error code."""
     if isinstance(exc, _REFUSED_FOR_NOW):
         return True
     code = str(getattr(exc, "status_code", "") or str(exc).split(" ", 1)[0]).upper()
-    return code in _REFUSED_FOR_NOW_CODES
+    return code in _REFUSED_FOR_NOW_CODES or _KILLED_TEXT.match(str(exc)) is not None
 
 
 # Inside a script Redis 7.0 answers "ERR The user executing the script can't run this command
