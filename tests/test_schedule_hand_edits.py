@@ -119,6 +119,40 @@ def test_pause_withdraws_a_pending_occurrence_key_of_another_type(
     assert q.get_schedule("s").pending == ""
 
 
+@pytest.mark.parametrize("action", ["pause", "remove", "redefine"])
+def test_a_retry_of_a_run_claimed_while_its_schedule_was_unreadable_is_left_to_run(
+    tq: tuple[Queue, Clock], client: redis.Redis, action: str
+) -> None:
+    """Claimed while the hash could not be read, the run stays the hash's `pending` (nothing
+    re-armed); it failed and waits in due for its retry. Pause, remove and the redefinition
+    that repairs the hash withdraw the pending occurrence "not yet claimed" (a run already
+    claimed finishes normally): they deleted this retry, hash and all."""
+    q, clock = tq
+    clock.set_ms(1_000_000)
+    q.schedule("tick", "t", every_ms=MIN_MS)
+    run = q.get_schedule("tick").pending
+    client.hset(q.keys.schedule("tick"), "every_ms", "garbage")
+    clock.set_ms(1_200_000)
+    (job,) = q.claim("w", limit=5).jobs
+    assert job.id == run
+    q.fail(job.id, job.token, RuntimeError("boom"))
+    assert client.hget(q.keys.job(run), "state") == "due"
+    if action == "pause":
+        assert q.pause_schedule("tick") == "paused"
+    elif action == "remove":
+        assert q.remove_schedule("tick") == "removed"
+    else:
+        assert q.schedule("tick", "t", every_ms=MIN_MS) == "updated"
+    assert client.zscore(q.keys.due, run) is not None
+    assert client.hget(q.keys.job(run), "attempts") == "1"
+    clock.set_ms(1_300_000)
+    ran = _claim_all(q)
+    assert run in ran and ran.count(run) == 1
+    if action != "redefine":
+        assert q.claim("w", limit=5).jobs == []  # nothing armed
+    assert client.hget(q.keys.job(run), "state") == "done"
+
+
 def test_a_cancelled_slot_is_not_placed_again_after_its_record_expired(
     tq: tuple[Queue, Clock], client: redis.Redis
 ) -> None:

@@ -188,15 +188,18 @@ end
 -- takes each out of both: it will never be done).
 local function sched_unpend(prefix, h, now)
   if h.pending == '' then return nil end
-  -- The state and the flow fields (FLOW_READ) in one read; flow_forget takes the parsed flow.
+  -- The state, fence and flow fields (FLOW_READ) in one read; flow_forget takes the parsed flow.
   -- pcall: an occurrence key of another type (hand-edited) is left for doctor, but its id
   -- still leaves due and the flow sets (with the flow the schedule gives its occurrences), so
   -- pause, remove and redefine go on. `kids`: jobs enqueued after=[it] wait for it.
-  local v = redis.pcall('HMGET', job_key(prefix, h.pending), 'kids', 'state', unpack(FLOW_READ))
+  -- One claimed before (a fence: claimed while the hash was unreadable, nothing re-armed, now
+  -- a retry or a requeued run) is a run of its own, never adopted by a placing: it is kept.
+  local v = redis.pcall('HMGET', job_key(prefix, h.pending), 'kids', 'state', 'fence',
+    unpack(FLOW_READ))
   local kids = not v.err and v[1]
   local f
   if v.err then f = flow_load(sched_key(prefix, h.name))
-  elseif v[2] == 'due' then f = flow_from(v, 3) end
+  elseif v[2] == 'due' and not v[3] then f = flow_from(v, 4) end
   if f then
     local bad = zset_err(prefix, 'due')
       or ((f.ckey ~= '' or kids) and zset_err(prefix, 'leased')) or (kids and dead_err(prefix))
