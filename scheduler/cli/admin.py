@@ -72,7 +72,9 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
     else:
         per = [q._run(browsing.queue_row(q.ops, span))]
     counts = merge_counts([c for c, _, _ in per])
-    heads = [pair for _, head, _ in per for pair in head] if counts.due else []
+    # A head due by its partition's clock: the due set's head is a later job when every due
+    # job is held by flow control (not in that set), and such a job is not overdue.
+    heads = [pair for c, head, _ in per for pair in head if pair[0] <= c.now_ms]
     windows = [browsing.window_totals(series, WINDOWS_MIN) for _, _, series in per]
     return {
         "queue": name,
