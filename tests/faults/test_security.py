@@ -356,3 +356,29 @@ def test_app_role_tops_up_a_cron_buffer(start_server: Callable[..., Server]) -> 
     now_ms = q.counts().now_ms
     q._run(q.ops.refill_schedules(now_ms))  # raised NoPermissionError before +srandmember
     assert admin.scard(q.keys.schedules_refill) == 0
+
+
+def test_both_roles_take_a_url_naming_a_database_and_a_client_name(
+    start_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """`/db` (or `?db=`) and `?client_name=` are documented URL options: redis-py sends SELECT
+    and CLIENT SETNAME on each new connection, so the documented roles must allow both, or every
+    call fails under them (and the refusal names the very role the user already has)."""
+    from tests.workers.procs import spawn_worker, wait_for
+
+    server = start_server()
+    admin = server.admin()
+    create_app_user(admin)
+    create_user(admin, "operator")
+    app = f"{app_url(server)}?db=3&client_name=app-1"
+    exercise(Queue.from_url(app, QUEUE))
+    job = Queue.from_url(app, QUEUE).enqueue("noop", None)
+    worker = spawn_worker(app, QUEUE, "--burst", log=str(tmp_path / "worker.log"))
+    assert worker.wait(60) == 0, (tmp_path / "worker.log").read_text()
+    ops = f"{ops_url(server)}?db=3&client_name=ops-1"
+    q = ("-q", QUEUE)
+    for args in (("stats", *q), ("jobs", "show", *q, job), ("doctor", *q)):
+        result = cli(ops, *args)
+        assert result.exit_code == 0, f"{' '.join(args)}: exit {result.exit_code}\n{result.output}"
+    wait_for(lambda: Queue.from_url(app, QUEUE).status(job) == "done", what="the job done")
+    assert admin.keys("sched:*") == []  # all of it in database 3
