@@ -165,7 +165,7 @@ for _, j in ipairs(jobs) do
     if r then r, calls = string.match(r, '^(%S+) ?(.*)$') end
     j.first = r or keyed[j[8]]
     -- Debounce: the job the key names (an earlier call's) is replaced by this one while it has
-    -- never been claimed (a spec, no hash, waiting in due); once it has (running, finished,
+    -- never been claimed (a spec, no hash but a child's mark, waiting in due); once it has (running, finished,
     -- gone), this call's job is written as new and the key names it.
     local seen = r and (' ' .. calls .. ' ')
     local at = j.debounce and r and r ~= j[1] and not string.find(seen, ' ' .. j[1] .. ' ', 1, true)
@@ -174,11 +174,17 @@ for _, j in ipairs(jobs) do
       j.first = string.match(seen, '^(%S+)', at + #j[1] + 2)
     elseif j.debounce and r and r ~= j[1]
         and not string.find(seen, ' ' .. j[1] .. ' ', 1, true) then
+      -- Never claimed: no hash, or one holding only the mark of jobs enqueued after=[it]
+      -- (lib/flow.lua flow_wait; they wait for the id, which the replacement keeps). A key of
+      -- another type (an error reply) is not.
+      local rjk = job_key(prefix, r)
+      local hlen = redis.pcall('HLEN', rjk)
+      local bare = hlen == 0 or (hlen == 1 and redis.call('HEXISTS', rjk, 'kids') == 1)
       if redis.call('EXISTS', job_key(prefix, j[1])) == 1
           or redis.call('EXISTS', spec_key(prefix, j[1])) == 1 then
         j.first = j[1]  -- the call that made this job, re-sent after the key moved on
-      elseif redis.call('EXISTS', job_key(prefix, r)) == 0
-          and redis.call('EXISTS', spec_key(prefix, r)) == 1 and redis.call('ZSCORE', due, r) then
+      elseif bare and redis.call('EXISTS', spec_key(prefix, r)) == 1
+          and redis.call('ZSCORE', due, r) then
         j.replace, j.calls = r, calls
       else  -- a new job: the key keeps the calls of the one it named (r's own call is r)
         j.first, j.carry = nil, ' ' .. calls_after(calls, r .. '=' .. r, r)
