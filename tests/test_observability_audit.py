@@ -9,7 +9,9 @@ from click.testing import CliRunner
 
 from scheduler import Queue
 from scheduler.cli.main import main
+from scheduler.core.vocabulary import STAT_FIELDS
 from tests.test_flow_visibility import hold_one_of_each
+from tests.workers.procs import ROOT
 
 
 def test_stats_names_no_overdue_job_when_only_held_jobs_are_due(redis_url: str, q: Queue) -> None:
@@ -21,3 +23,20 @@ def test_stats_names_no_overdue_job_when_only_held_jobs_are_due(redis_url: str, 
     (row,) = json.loads(out.stdout)["queues"]
     assert row["due"] == 3 and row["overdue_ms"] == 0
     assert row["oldest_overdue_id"] is None
+
+
+def test_stats_windows_hold_the_outcome_counters_only_as_the_dashboard_doc_says(
+    redis_url: str, q: Queue
+) -> None:
+    # docs/dashboard.md said `stats --json` summed claim's lateness fields into its windows
+    # (late_max_ms summed); the windows hold the stats counters alone (STAT_FIELDS).
+    q.enqueue("t", 1)
+    assert len(q.claim("w", limit=1).jobs) == 1
+    out = CliRunner().invoke(main, ["stats", "--json", "-q", q.name, "--url", redis_url])
+    (row,) = json.loads(out.stdout)["queues"]
+    for window in row["windows"].values():
+        assert set(window) == set(STAT_FIELDS)
+    assert window["claim"] == 1
+    doc = " ".join((ROOT / "docs" / "dashboard.md").read_text().split())
+    assert "sums these fields into its windows" not in doc
+    assert "leaves these fields out of its windows" in doc
