@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 import redis
@@ -16,6 +17,7 @@ from scheduler.schedules.cron_slots import (
     BUFFER_SLOTS,
     MAX_CATCH_UP,
     cron_slots_after,
+    cron_slots_upto,
     refill_slots,
 )
 from tests.conftest import Clock
@@ -212,6 +214,25 @@ def test_cron_slots_after_the_second_pass_of_the_repeated_hour() -> None:
         _ms(2024, 10, 27, 2, 0, 2),
     ]
     assert cron_slots_after("30 * * * *", "Europe/Berlin", after, 1) == [_ms(2024, 10, 27, 2, 30)]
+
+
+def test_a_half_hour_spring_forward_runs_the_times_after_the_gap_too() -> None:
+    """Lord Howe Island springs forward 30 minutes (02:00 -> 02:30, +10:30 -> +11:00, on 6 Oct
+    2024). '*/7 * * * *': 02:00-02:28 do not exist and run shifted by the gap (02:30-02:58);
+    02:35-02:56 exist and run as they are (cron_slots.py docstring). The slots kept only times
+    after the last one found, so the shifted ones hid the real ones from cron_slots_after and
+    the real ones the shifted ones from cron_slots_upto: the two disagreed, each lost four."""
+    zone = ZoneInfo("Australia/Lord_Howe")
+
+    def at(h: int, mi: int) -> int:
+        return int(datetime(2024, 10, 6, h, mi, tzinfo=zone).timestamp() * 1000)
+
+    minutes = [30, 35, 37, 42, 44, 49, 51, 56, 58]
+    want = [at(1, 56)] + [at(2, m) for m in minutes] + [at(3, 0), at(3, 7)]
+    assert len(set(want)) == len(want) and want == sorted(want)
+    expr, tz = "*/7 * * * *", "Australia/Lord_Howe"
+    assert cron_slots_after(expr, tz, at(1, 50), len(want)) == want
+    assert cron_slots_upto(expr, tz, at(3, 7), len(want)) == want
 
 
 def test_the_catch_up_bound_is_the_same_in_lua() -> None:

@@ -51,6 +51,15 @@ def _to_ms(local: datetime, zone: ZoneInfo) -> int:
     return int(local.replace(tzinfo=zone, fold=0).timestamp() * 1000)
 
 
+_DAY = timedelta(days=1)
+_DAY_MS = 86_400_000
+
+
+def _exists(local: datetime, zone: ZoneInfo, ms: int) -> bool:
+    """Is `ms` (_to_ms of `local`) that wall time itself, not one shifted out of a gap?"""
+    return datetime.fromtimestamp(ms / 1000, zone).replace(tzinfo=None) == local
+
+
 # Every refill parses the expression again on the claiming worker's event loop: a 600 KB list
 # took 1.1 s a refill. The longest useful one (each minute listed) is under 200 characters.
 MAX_CRON_CHARS = 512
@@ -97,21 +106,23 @@ def cron_slots_after(expr: str, tz: str, after_ms: int, count: int) -> list[int]
     _refuse_hashed(expr)
     zone = zone_named(tz)
     it = croniter(expr, _search_start(after_ms, zone))
-    out: list[int] = []
-    last = after_ms
+    found: set[int] = set()
     for _ in range(count * 4 + 1000):
         try:
-            ms = _to_ms(it.get_next(datetime), zone)
+            local = it.get_next(datetime)
         except CroniterBadDateError:  # no further date within croniter's search range
             break
+        ms = _to_ms(local, zone)
         if ms > MAX_TIME_MS:
             break
-        if ms > last:
-            out.append(ms)
-            last = ms
-            if len(out) == count:
-                break
-    return out
+        if ms > after_ms:
+            found.add(ms)
+        # Wall times come in order, their instants not quite: one in a gap maps up to the gap
+        # later, past the real times after the gap (a 30 min one: 02:28 -> 02:58, then 02:35).
+        # Every wall time after one that exists maps after it: enough are found then.
+        if len(found) >= count and _exists(local, zone, ms) and ms >= sorted(found)[count - 1]:
+            break
+    return sorted(found)[:count]
 
 
 def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
@@ -121,14 +132,23 @@ def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
     _refuse_hashed(expr)
     zone = zone_named(tz)
     it = croniter(expr, _search_start(upto_ms, zone) + timedelta(seconds=1))
-    found: list[int] = []
+    found: set[int] = set()
     for _ in range(count * 4 + 1000):
-        ms = _to_ms(it.get_prev(datetime), zone)
-        if ms <= upto_ms and (not found or ms < found[-1]):
-            found.append(ms)
-            if len(found) == count:
-                break
-    return sorted(found)
+        local = it.get_prev(datetime)
+        ms = _to_ms(local, zone)
+        if ms <= upto_ms:
+            found.add(ms)
+        # Backwards, a wall time in a gap met later maps up to the gap past the real ones met
+        # before it (cron_slots_after): enough are found at one that exists with no change of
+        # offset in the day before it (a gap of up to a day ended before it).
+        if (
+            len(found) >= count
+            and ms < sorted(found)[-count]
+            and _exists(local, zone, ms)
+            and _exists(local - _DAY, zone, ms - _DAY_MS)
+        ):
+            break
+    return sorted(found)[-count:]
 
 
 def check_cron(expr: str, tz: str) -> tuple[int, ...]:
