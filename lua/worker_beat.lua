@@ -8,10 +8,10 @@
   ARGV[8] concurrency  ARGV[9] (optional) the stop the worker is carrying out: '' | 'quiet' |
     'stop', shown as the hash's `stopping` field
   Writes: ZSET prefix..'workers' id -> last_seen_ms; HASH prefix..'worker:'..id with host, pid,
-    queues, started_ms (first beat), last_heartbeat_ms, in_flight, concurrency, stopping ('' or
-    ARGV[9], or the request read now). Entries not seen for 10 ttls are pruned from the ZSET,
-    which itself expires 10 ttls after the last beat (a killed last worker never removes its
-    entry).
+    queues, started_ms (the first beat of this host and pid), last_heartbeat_ms, in_flight,
+    concurrency, stopping ('' or ARGV[9], or the request read now). Entries not seen for 10
+    ttls are pruned from the ZSET, which itself expires 10 ttls after the last beat (a killed
+    last worker never removes its entry).
     'beat' reads and deletes STRING prefix..'worker_stop:'..id (an operator's request, 'quiet'
     or 'stop', written with an expiry by scheduler/admin/worker_stop.py); 'remove' removes the
     entry and a request left for it only while its host and pid are the caller's (another
@@ -60,7 +60,15 @@ else
 end
 local stopping = ARGV[9] or ''
 if asked == 'stop' or (asked == 'quiet' and stopping == '') then stopping = asked end
-redis.pcall('HSETNX', hkey, 'started_ms', fmt(now))
+-- Another process under this id (a fixed --worker-id, a pool's `<id>.<k>`, restarted before
+-- the hash expired): its own start, or a crash loop reads as a long uptime.
+local was = redis.pcall('HMGET', hkey, 'host', 'pid')
+if type(was) == 'table' and not was.err and was[2]
+    and (was[1] ~= ARGV[4] or was[2] ~= ARGV[5]) then
+  redis.pcall('HSET', hkey, 'started_ms', fmt(now))
+else
+  redis.pcall('HSETNX', hkey, 'started_ms', fmt(now))
+end
 redis.pcall('HSET', hkey, 'host', ARGV[4], 'pid', ARGV[5], 'queues', ARGV[6],
   'last_heartbeat_ms', fmt(now), 'in_flight', ARGV[7], 'concurrency', ARGV[8],
   'stopping', (stopping == 'quiet' or stopping == 'stop') and stopping or '')

@@ -8,8 +8,11 @@ import json
 from click.testing import CliRunner
 
 from scheduler import Queue
+from scheduler.admin.workers import live_workers
 from scheduler.cli.main import main
 from scheduler.core.vocabulary import STAT_FIELDS
+from scheduler.operations.requests import Script
+from tests.conftest import Clock
 from tests.test_flow_visibility import hold_one_of_each
 from tests.workers.procs import ROOT
 
@@ -40,3 +43,30 @@ def test_stats_windows_hold_the_outcome_counters_only_as_the_dashboard_doc_says(
     doc = " ".join((ROOT / "docs" / "dashboard.md").read_text().split())
     assert "sums these fields into its windows" not in doc
     assert "leaves these fields out of its windows" in doc
+
+
+def _beat(q: Queue, pid: str) -> None:
+    args = ["w-fixed", "15000", "beat", "box1", pid, q.name, "0", "4"]
+    q._execute(Script("worker_beat", args))
+
+
+def test_a_worker_restarted_under_the_same_id_shows_its_own_start(
+    tq: tuple[Queue, Clock],
+) -> None:
+    # A worker with a fixed --worker-id (or a pool's child, `<id>.<k>`) killed and started
+    # again before its presence hash expired (3 heartbeats): `scheduler workers` and the
+    # dashboard showed the dead process's start time beside the new pid, so a crash loop read
+    # as a long uptime. A beat from another process (host, pid) starts the clock again.
+    q, clock = tq
+    clock.set_ms(1_000_000)
+    _beat(q, "101")
+    clock.set_ms(1_005_000)
+    _beat(q, "101")
+    assert q.client.hget(q.keys.worker("w-fixed"), "started_ms") == "1000000"
+    clock.set_ms(1_007_000)  # pid 101 crashed; its replacement beats within the hash's TTL
+    _beat(q, "202")
+    (w,), gone = live_workers(q.client, q.keys)
+    assert not gone and (w.pid, w.started_ms) == (202, 1_007_000)
+    clock.set_ms(1_012_000)
+    _beat(q, "202")
+    assert live_workers(q.client, q.keys)[0][0].started_ms == 1_007_000
