@@ -6,19 +6,24 @@ transition after its first writes."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable
 
-from scheduler import Queue
+from scheduler import AsyncQueue, Queue
+from scheduler._spawn_cluster import LocalCluster
 from scheduler.core.scripts import TRANSITIONS, source
 from tests.faults.conftest import Server
 from tests.faults.test_security import (
+    PASSWORD,
     QUEUE,
     app_url,
+    cli,
     create_user,
     documented_acl_line,
 )
+from tests.redis_server import require_server
 
 _CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'")
 # Sent from Python outside the scripts, by paths the client API or the CLI takes.
@@ -81,3 +86,38 @@ def test_a_complete_at_the_finished_index_cap_succeeds_under_the_app_role(
     app.complete(job.id, job.token, {"ok": True})  # raised (ZREMRANGEBYRANK) after its writes
     assert admin_q.client.zcard(admin_q.keys.finished) == 10_000
     assert admin_q.client.zscore(admin_q.keys.finished, job.id) is not None
+
+
+def test_both_roles_work_a_redis_cluster() -> None:
+    """redis-py's cluster clients read the slot map (CLUSTER SLOTS) and the command table
+    (COMMAND) when they start: without them every call under the roles failed, said as
+    'Cluster mode is not enabled on this node' (the CLI: cannot reach, exit 3)."""
+    with LocalCluster(require_server("a local Redis Cluster")) as cluster:
+        for node in cluster.nodes:
+            for role in ("app", "operator"):
+                cluster.node_client(node).execute_command(*documented_acl_line(role))  # type: ignore[no-untyped-call]
+        nodes = cluster.url.split("://", 1)[1]
+        app = Queue.from_url(f"redis+cluster://sched-app:{PASSWORD}@{nodes}", QUEUE)
+        job = app.enqueue("t", None)
+        (claimed,) = app.claim("w1", limit=5).jobs
+        app.complete(claimed.id, claimed.token, None)
+
+        async def enqueue() -> str:
+            aq = AsyncQueue.from_url(f"redis+cluster://sched-app:{PASSWORD}@{nodes}", QUEUE)
+            try:
+                return await aq.enqueue("t", None)
+            finally:
+                await aq.aclose()
+
+        later = asyncio.run(enqueue())
+        ops = f"redis+cluster://sched-ops:{PASSWORD}@{nodes}"
+        for args in (
+            ("stats",),
+            ("jobs", "show", "-q", QUEUE, job),
+            ("jobs", "show", "-q", QUEUE, later),
+        ):
+            result = cli(ops, *args)
+            assert result.exit_code == 0, (
+                f"{' '.join(args)}: exit {result.exit_code}\n{result.output}"
+            )
+        assert app.status(job) == "done" and app.status(later) == "due"
