@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import redis
 from click.testing import CliRunner
 
 from scheduler import Queue
@@ -13,6 +14,7 @@ from scheduler.cli.main import main
 from scheduler.core.vocabulary import STAT_FIELDS
 from scheduler.operations.requests import Script
 from tests.conftest import Clock
+from tests.test_dashboard import make_client
 from tests.test_flow_visibility import hold_one_of_each
 from tests.workers.procs import ROOT
 
@@ -70,3 +72,22 @@ def test_a_worker_restarted_under_the_same_id_shows_its_own_start(
     clock.set_ms(1_012_000)
     _beat(q, "202")
     assert live_workers(q.client, q.keys)[0][0].started_ms == 1_007_000
+
+
+def test_the_job_page_says_a_due_job_waits_for_its_paused_queue(
+    client: redis.Redis, q: Queue
+) -> None:
+    # With a live worker, a due job of a paused queue was said to wait "for a free worker
+    # slot": the operator looked for busy workers while nothing is claimed until a resume.
+    job_id = q.enqueue("mail.send", {"x": 1})
+    q._execute(Script("worker_beat", ["w-live", "30000", "beat", "box1", "7", q.name, "0", "4"]))
+    with make_client(client, q) as web:
+        page = web.get(f"/queues/{q.name}/jobs/{job_id}").text
+        assert 'data-reason="waiting-for-worker"' in page
+        assert q.pause() == "paused"
+        page = web.get(f"/queues/{q.name}/jobs/{job_id}").text
+        assert 'data-reason="queue-paused"' in page
+        assert 'data-reason="waiting-for-worker"' not in page
+        q.resume()
+        page = web.get(f"/queues/{q.name}/jobs/{job_id}").text
+        assert 'data-reason="queue-paused"' not in page

@@ -25,7 +25,7 @@ from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.logical import merge_found, merged_window
-from scheduler.dashboard.reasons import flow_settings, why_not_running
+from scheduler.dashboard.reasons import flow_settings, queue_paused_ms, why_not_running
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import schedule_rows
 from scheduler.dashboard.store import QUEUE_RETRY_S, WORKERS_LISTED, Store
@@ -225,6 +225,7 @@ class Pages:
             )
         now_ms = self.store.now_ms(q.name)  # one TIME, not the counts script
         workers = self.store.live_worker_count(name)  # bounded: not the whole workers ZSET
+        paused_ms = queue_paused_ms(q) if job.state == JobState.DUE else None
         history = job.errors  # parsed once: a hand-written one may be long
         token = job.token or ""
         fence = token.split("-", 1)[0] if token else ""
@@ -239,7 +240,7 @@ class Pages:
             now_ms=now_ms,
             fence=fence,
             lease_left_ms=lease_left,
-            reasons=why_not_running(job, now_ms, workers),
+            reasons=why_not_running(job, now_ms, workers, paused_ms),
             flow=flow_settings(job),
             errors=error_entries(history),
             errors_cut=len(history) if len(history) > ERRORS_SHOWN else 0,

@@ -9,6 +9,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from redis.exceptions import ResponseError
+
+from scheduler.client.queue import Queue
+from scheduler.core.errors import SchedulerError
 from scheduler.core.models import Job, JobState
 
 # The job field `flow_reason` as lua/lib/flow.lua writes it (flow_admit, flow_wait).
@@ -53,8 +57,11 @@ def flow_reasons(job: Job, now_ms: int) -> list[Reason]:
     return [Reason("flow-held", f"held by flow control: {raw}")]
 
 
-def why_not_running(job: Job, now_ms: int, live_workers: int) -> list[Reason]:
-    """Reasons the job is not being run now; [] when it is running (leased)."""
+def why_not_running(
+    job: Job, now_ms: int, live_workers: int, paused_ms: int | None = None
+) -> list[Reason]:
+    """Reasons the job is not being run now; [] when it is running (leased). paused_ms: when
+    its queue was paused (QueueCounts.paused_ms), None while it is not."""
     state = job.state
     if state == JobState.LEASED:
         return []
@@ -64,13 +71,15 @@ def why_not_running(job: Job, now_ms: int, live_workers: int) -> list[Reason]:
         wait = "" if run_at is None else f" {_in(run_at, now_ms)}"
         return [Reason("scheduled", f"its run time has not come yet (due{wait})"), *held]
     if state == JobState.DUE:
+        paused = [] if paused_ms is None else [_paused(paused_ms, now_ms)]
         if live_workers == 0:
             waits = [
+                *paused,
                 *held,
                 Reason("no-live-worker", "it is due, but no worker of this queue is alive"),
             ]
         else:
-            waits = held or [
+            waits = [*paused, *held] or [
                 Reason("waiting-for-worker", "it is due and waits for a free worker slot")
             ]
         return [*waits, *_suspect(job), *_past_deadline(job, now_ms)]
@@ -89,6 +98,22 @@ def why_not_running(job: Job, now_ms: int, live_workers: int) -> list[Reason]:
     if state == JobState.CANCELLED:
         return [Reason("cancelled", "it was cancelled")]
     return [Reason("unknown-state", f"its stored state {state!r} is not one this version knows")]
+
+
+def queue_paused_ms(q: Queue) -> int | None:
+    """When q (a job's queue, or its partition) was paused, for why_not_running: a due job's
+    first reason, not a busy worker. None also when its counts cannot be read (a key edited
+    into another type): the job page still shows the job."""
+    try:
+        return q.counts().paused_ms
+    except (ResponseError, SchedulerError):
+        return None
+
+
+def _paused(paused_ms: int, now_ms: int) -> Reason:
+    since = f" (for {max(now_ms - paused_ms, 0) // 1000} s)" if paused_ms > 0 else ""
+    text = f"its queue is paused{since}: no worker claims its jobs until it is resumed"
+    return Reason("queue-paused", text)
 
 
 def _suspect(job: Job) -> list[Reason]:
