@@ -8,12 +8,16 @@ import contextlib
 import json
 import os
 import random
+import threading
+from typing import Any
 
 import pytest
 
-from scheduler import BadArgument, JobSpec, Queue
+from scheduler import BadArgument, JobOutcome, JobSpec, Queue, Registry
 from scheduler.core.errors import JobNotFound, LeaseRefused
+from scheduler.worker import Worker, WorkerSettings
 from tests.conftest import Clock
+from tests.embedded_worker import run_until
 
 T0 = 1_000_000
 
@@ -209,3 +213,53 @@ def test_dependencies_with_debounce_batches_cancels_and_requeues(
     for step in range(200):
         run.step(step)
     run.drain()
+
+
+def test_a_parent_cancelled_while_a_worker_runs_it_never_releases_its_children(
+    redis_url: str, q: Queue
+) -> None:
+    """A real worker runs the parent (a sync handler that ignores the cancel); the cancel parks
+    its subtree at once; the handler's return is refused by its token ('cancelled'), so no
+    child is released early, none runs, and the worker says 'cancelled'."""
+    registry = Registry()
+    started, finish = threading.Event(), threading.Event()
+    ran: list[str] = []
+    outcomes: list[tuple[str, str]] = []
+
+    @registry.task("parent")
+    def parent(payload: Any, ctx: Any) -> str:
+        started.set()
+        finish.wait(20)
+        return "late"
+
+    @registry.task("child")
+    def child(payload: Any, ctx: Any) -> None:
+        ran.append(ctx.job_id)
+
+    @registry.on_outcome
+    def seen(o: JobOutcome) -> None:
+        outcomes.append((o.ctx.job_id, o.outcome))
+
+    p = q.enqueue("parent")
+    c = q.enqueue("child", after=[p])
+    g = q.enqueue("child", after=[c])
+    other = q.enqueue("child")
+
+    def cancel_when_running(worker: Worker) -> None:
+        def go() -> None:
+            if started.wait(20):
+                assert q.cancel(p) == "leased"
+            finish.set()
+
+        threading.Thread(target=go, daemon=True).start()
+
+    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=50, lease_ms=1_000)
+    assert run_until(
+        redis_url, registry, settings, lambda: (p, "cancelled") in outcomes and other in ran,
+        setup=cancel_when_running,
+    )  # fmt: skip
+    assert ran == [other]
+    assert q.get_job(p).state == "cancelled"
+    assert q.get_job(c).dead_reason == f"parent cancelled: {p}"
+    assert q.get_job(g).dead_reason == f"parent dead: {c}"
+    assert q.counts().due == 0 and q.counts().leased == 0
