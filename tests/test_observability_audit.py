@@ -13,7 +13,7 @@ from scheduler.admin.workers import live_workers
 from scheduler.cli.main import main
 from scheduler.core.vocabulary import STAT_FIELDS
 from scheduler.operations.requests import Script
-from tests.conftest import Clock
+from tests.conftest import Clock, delete_queue
 from tests.test_dashboard import make_client
 from tests.test_flow_visibility import hold_one_of_each
 from tests.workers.procs import ROOT
@@ -91,3 +91,26 @@ def test_the_job_page_says_a_due_job_waits_for_its_paused_queue(
         q.resume()
         page = web.get(f"/queues/{q.name}/jobs/{job_id}").text
         assert 'data-reason="queue-paused"' not in page
+
+
+def test_workers_lists_a_worker_of_two_queues_under_each(
+    redis_url: str, client: redis.Redis, q: Queue
+) -> None:
+    # A worker run with --queue A --queue B beats on both. `scheduler workers` listed it under
+    # the first queue only (the partitions' dedupe spanned every queue), so queue B read as
+    # having no live worker; a partitioned queue's partitions still list it once.
+    other = Queue(client, q.name + "-b")
+    try:
+        for each in (q, other):
+            args = ["w-both", "30000", "beat", "box1", "7", f"{q.name},{other.name}", "0", "4"]
+            each._execute(Script("worker_beat", args))
+        out = CliRunner().invoke(
+            main, ["workers", "--json", "-q", q.name, "-q", other.name, "--url", redis_url]
+        )
+        assert out.exit_code == 0, out.output
+        rows = json.loads(out.stdout)["workers"]
+        assert sorted((w["queue"], w["id"]) for w in rows) == sorted(
+            [(q.name, "w-both"), (other.name, "w-both")]
+        )
+    finally:
+        delete_queue(client, other)

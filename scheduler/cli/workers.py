@@ -79,13 +79,13 @@ def list_workers(url: str, queues: tuple[str, ...], as_json: bool) -> None:
     client = connect(url)
     found: list[dict[str, Any]] = []
     gone: dict[str, list[str]] = {}
-    seen: set[str] = set()
     damaged: dict[str, str] = {}  # an unreadable partition record: its own keys are read
     down: list[str] = []  # "host:port: error" of a node, or "queue <name>: error"
     answered: list[str] = []  # queues whose node answered: the clock is read on the first
     for logical in resolve_queues(client, queues, down):
         # A worker on a partitioned queue registers in every partition: listed once, under
-        # the logical name.
+        # the logical name; a worker of two queues, under each.
+        seen: set[str] = set()
         try:
             for name in physical_queues(client, [logical], damaged):
                 live, expired = _live_on(client, name, down, answered)
