@@ -114,3 +114,11 @@ def test_workers_lists_a_worker_of_two_queues_under_each(
         )
     finally:
         delete_queue(client, other)
+
+
+def test_the_readme_says_how_to_read_the_queue_gauges_of_several_workers() -> None:
+    # Every worker exports the queue's own gauges (one counts call per heartbeat), so with
+    # several workers (not one pool) sum() counts each job once per worker: the README told a
+    # pool's users so, not those running workers side by side (containers, hosts).
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "max by (queue, state) (scheduler_queue_jobs)" in readme
