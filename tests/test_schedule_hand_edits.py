@@ -233,6 +233,8 @@ def test_a_half_hour_spring_forward_runs_the_times_after_the_gap_too() -> None:
     expr, tz = "*/7 * * * *", "Australia/Lord_Howe"
     assert cron_slots_after(expr, tz, at(1, 50), len(want)) == want
     assert cron_slots_upto(expr, tz, at(3, 7), len(want)) == want
+    # From within the gap's length after it: 02:07 (02:37) comes before 02:34 on the wall.
+    assert cron_slots_after(expr, tz, at(2, 34), 3) == [at(2, 35), at(2, 37), at(2, 42)]
 
 
 def test_the_catch_up_bound_is_the_same_in_lua() -> None:

@@ -101,12 +101,46 @@ def _search_start(after_ms: int, zone: ZoneInfo) -> datetime:
     return lo
 
 
+def _gap_start(after_ms: int, zone: ZoneInfo) -> datetime | None:
+    """Within a day after a spring forward, the wall time `after_ms` has under the offset of
+    the day before: the wall times from there to its own lie in the gap when it is that recent,
+    and map (shifted by it) to instants after `after_ms`. None when the offset did not grow."""
+    at = datetime.fromtimestamp(after_ms / 1000, zone)
+    before = datetime.fromtimestamp((after_ms - _DAY_MS) / 1000, zone).utcoffset()
+    now = at.utcoffset()
+    if before is None or now is None or before >= now:
+        return None
+    return at.replace(tzinfo=None) - (now - before)
+
+
+def _in_gap_after(expr: str, zone: ZoneInfo, after_ms: int, count: int) -> set[int]:
+    """The slots after `after_ms` of wall times before its own: those in a gap (spring
+    forward) that ended less than its length before it, shifted past it. Wall times that
+    exist from there on map before `after_ms`: the first one ends the search."""
+    start = _gap_start(after_ms, zone)
+    found: set[int] = set()
+    if start is None:
+        return found
+    it = croniter(expr, start)
+    for _ in range(count * 4 + 1000):
+        try:
+            local = it.get_next(datetime)
+        except CroniterBadDateError:
+            break
+        ms = _to_ms(local, zone)
+        if _exists(local, zone, ms) or ms > MAX_TIME_MS:
+            break
+        if ms > after_ms:
+            found.add(ms)
+    return found
+
+
 def cron_slots_after(expr: str, tz: str, after_ms: int, count: int) -> list[int]:
     """The next `count` slots strictly after `after_ms`, ascending; fewer near MAX_TIME_MS."""
     _refuse_hashed(expr)
     zone = zone_named(tz)
+    found = _in_gap_after(expr, zone, after_ms, count)
     it = croniter(expr, _search_start(after_ms, zone))
-    found: set[int] = set()
     for _ in range(count * 4 + 1000):
         try:
             local = it.get_next(datetime)
