@@ -69,6 +69,7 @@ def test_waiting_for_parents_then_parked_when_one_dies(q: Queue, web: TestClient
     page = job_page(web, q, child)
     assert 'data-reason="waiting-for-parents"' in page
     assert "waiting for 1 parent job to be done" in page
+    assert f'<td class="mono" data-flow="parents">{parent}</td>' in page  # which one
     assert web.get(f"/queues/{q.name}/api").json()["held_waiting"] == 1
     (job,) = q.claim("w1", limit=1).jobs
     q.fail(job.id, job.token, ("Boom", "no", "tb"), retryable=False)

@@ -263,3 +263,38 @@ def test_a_parent_cancelled_while_a_worker_runs_it_never_releases_its_children(
     assert q.get_job(c).dead_reason == f"parent cancelled: {p}"
     assert q.get_job(g).dead_reason == f"parent dead: {c}"
     assert q.counts().due == 0 and q.counts().leased == 0
+
+
+def test_jobs_show_names_the_parents_a_child_still_waits_for(q: Queue, redis_url: str) -> None:
+    """A waiting child said only 'waiting for 2 jobs' (jobs show, --json): which ones took a
+    redis-cli HGET. It now lists them while it waits (the count says how many are left)."""
+    from click.testing import CliRunner
+
+    from scheduler.cli.main import main
+
+    a = q.enqueue("parent", None, job_id="pa")
+    b = q.enqueue("parent", None, job_id="pb")
+    child = q.enqueue("child", None, after=[a, b], job_id="kid")
+
+    def shown() -> dict[str, Any]:
+        run = CliRunner(env={"COLUMNS": "200"}).invoke(
+            main, ["jobs", "show", child, "-q", q.name, "--url", redis_url, "--json"]
+        )
+        assert run.exit_code == 0, run.output
+        return dict(json.loads(run.output))
+
+    assert shown()["parents"] == ["pa", "pb"]
+    assert shown()["flow"] == "waiting for 2 jobs"
+    text = CliRunner(env={"COLUMNS": "200"}).invoke(
+        main, ["jobs", "show", child, "-q", q.name, "--url", redis_url]
+    )
+    assert "pa pb" in text.output
+    [job] = q.claim("w", limit=1, lease_ms=10_000).jobs
+    assert job.id == "pa"
+    q.complete(job.id, job.token, None)
+    assert shown()["parents"] == ["pa", "pb"]
+    assert shown()["flow"] == "waiting for 1 jobs"
+    [job] = q.claim("w", limit=1, lease_ms=10_000).jobs
+    assert job.id == "pb"
+    q.complete(job.id, job.token, None)
+    assert shown()["parents"] is None and shown()["flow"] is None

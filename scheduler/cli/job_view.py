@@ -100,6 +100,9 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
         # Flow control (docs/flow-control.md): why a due job is not running, and its settings.
         # A held job reads as due, or as scheduled when its run_at is later (a child waiting).
         "flow": f.get("flow_reason") if state in ("due", "scheduled") else None,
+        # after=[...]: the parents it waits for, as its enqueue found them not done (flow says
+        # how many still are); kept while it waits, and by a child parked for one of them.
+        "parents": (f.get("parents") or "").split() or None,
         "priority": _int(f.get("priority")),
         "concurrency_key": f.get("ckey"),
         "concurrency_limit": _int(f.get("climit")),
@@ -168,6 +171,8 @@ def _readable(name: str, value: Any, state: str) -> list[tuple[str, object]]:
         return [("timeout", "task's timeout_s, else none")]  # 0: none of the job's own
     if name in _DURATION_FIELDS:
         return [(name.removesuffix("_ms"), fmt_ms(value))]
+    if name == "parents":
+        return [("parents", " ".join(value))]
     return [(name, value)]
 
 

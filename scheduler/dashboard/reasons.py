@@ -140,7 +140,7 @@ def _past_deadline(job: Job, now_ms: int) -> list[Reason]:
 
 def flow_settings(job: Job) -> list[tuple[str, str]]:
     """The job's flow-control settings as (label, value) rows for its record: priority always
-    (0 = the default, the lowest), the concurrency key and rate key when set."""
+    (0 = the default, the lowest), the concurrency key, rate key and parents when set."""
     f = job.fields
     rows = [("priority", f.get("priority") or "0")]
     if f.get("ckey"):
@@ -148,4 +148,6 @@ def flow_settings(job: Job) -> list[tuple[str, str]]:
     if f.get("rkey"):
         rate = f"{f.get('rcount', '?')} per {f.get('rwindow', '?')} ms"
         rows.append(("rate key", f"{f['rkey']} ({rate})"))
+    if f.get("parents"):  # after=[...]: those its enqueue found not done
+        rows.append(("parents", f["parents"]))
     return rows
