@@ -406,7 +406,8 @@ class Run:
         assert counts.scheduled == sum(s > self.now for s in m.due.values())
         assert counts.leased == len(m.leased) and counts.dead == len(m.dead)
         assert counts.lapsed == sum(u <= self.now for u in m.leased.values())
-        assert counts.oldest_due_ms == (min(m.due.values()) if m.due else None)
+        ready = [s for s in m.due.values() if s <= self.now]
+        assert counts.oldest_due_ms == (min(ready) if ready else None)
         assert counts.paused_ms == m.paused_ms
 
 

@@ -122,3 +122,17 @@ def test_the_readme_says_how_to_read_the_queue_gauges_of_several_workers() -> No
     # pool's users so, not those running workers side by side (containers, hosts).
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "max by (queue, state) (scheduler_queue_jobs)" in readme
+
+
+def test_counts_oldest_due_is_none_while_nothing_is_due(q: Queue) -> None:
+    """Queue.counts' docstring (and QueueCounts') says oldest_due_ms is None when nothing is
+    due; it was the earliest run time of the due index, in the future for a queue whose jobs
+    are all scheduled later (stats --json showed it as the oldest due job)."""
+    q.enqueue("later", None, delay_ms=3_600_000)
+    c = q.counts()
+    assert c.due == 0 and c.scheduled == 1
+    assert c.oldest_due_ms is None
+    jid = q.enqueue("now", None)
+    c = q.counts()
+    assert c.due == 1 and c.oldest_due_ms is not None and c.oldest_due_ms <= c.now_ms
+    assert c.oldest_due_ms == q.get_job(jid).run_at_ms

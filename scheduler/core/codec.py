@@ -233,14 +233,15 @@ def parse_statuses(reply: Any) -> list[str]:
 
 
 def parse_counts(reply: Any) -> QueueCounts:
-    oldest = int(s(reply[5]))
+    now_ms, oldest = int(s(reply[0])), int(s(reply[5]))
     return QueueCounts(
-        now_ms=int(s(reply[0])),
+        now_ms=now_ms,
         due=int(reply[1]),
         scheduled=int(reply[2]),
         leased=int(reply[3]),
         dead=int(reply[4]),
-        oldest_due_ms=None if oldest < 0 else oldest,
+        # The due index's head: a job scheduled later when none is due yet.
+        oldest_due_ms=None if oldest < 0 or oldest > now_ms else oldest,
         lapsed=int(reply[6]),
         held_key_limit=int(reply[7]),
         held_rate_window=int(reply[8]),
