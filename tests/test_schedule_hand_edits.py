@@ -181,6 +181,17 @@ def test_cron_refuses_random_and_hashed_fields_but_not_names(q: Queue) -> None:
     assert q.schedule("names", "t", cron="0 9 * MAR THU") == "created"
 
 
+def test_an_empty_list_item_in_cron_is_malformed_not_random(q: Queue) -> None:
+    """'0 9 * * 1,' (a trailing comma): the R / H check read the empty item's first letter,
+    '', as one of 'hHrR' (the empty string is in every string) and refused it as a random or
+    hashed field, which it is not; the CLI printed that too."""
+    for expr in ("0 9 * * 1,", "0 9 * * ,", "0,,5 9 * * *"):
+        with pytest.raises(BadArgument, match="malformed cron") as caught:
+            q.schedule("x", "t", cron=expr)
+        assert "random" not in str(caught.value)
+    assert q.list_schedules() == []
+
+
 def test_a_cron_with_no_time_left_before_2200_is_refused(tq: tuple[Queue, Clock]) -> None:
     q, clock = tq
     clock.set_ms(_ms(2199, 6, 1))

@@ -73,7 +73,7 @@ def _refuse_hashed(expr: str) -> None:
     if len(expr) > MAX_CRON_CHARS:
         raise BadArgument(f"cron expression is {len(expr)} characters, over {MAX_CRON_CHARS}")
     for field in expr.split():
-        if any(part[:1] in "hHrR" for part in field.split(",")):
+        if any(part[:1] and part[0] in "hHrR" for part in field.split(",")):
             raise BadArgument(
                 f"cron {expr!r}: random (R) and hashed (H) fields are not supported; "
                 "use a fixed value (jitter_ms spreads start times)"
