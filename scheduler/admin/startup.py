@@ -50,6 +50,14 @@ def permission_message(exc: BaseException, hint: str, where: str = "") -> str:
     return safe(f"permission denied: the Redis user may not use {what} ({exc}); {hint}")
 
 
+def refusal_line(exc: BaseException, hint: str) -> str:
+    """The one line of a refused permission (the command, and `hint`: the role to use) or of a
+    refused login (what to check)."""
+    if is_permission_error(exc):
+        return permission_message(exc, hint)
+    return safe(f"Redis refused the credentials: {exc}; {credentials_hint(exc)}")
+
+
 class AccessDenied(SchedulerError):
     """The Redis user may not do what the worker needs on one of its queues."""
 

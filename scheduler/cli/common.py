@@ -18,12 +18,7 @@ from scheduler.admin.inspection import (
     server_now_ms,
     stored_layout,
 )
-from scheduler.admin.startup import (
-    OPERATOR_ROLE_HINT,
-    credentials_hint,
-    is_permission_error,
-    permission_message,
-)
+from scheduler.admin.startup import OPERATOR_ROLE_HINT, is_permission_error, refusal_line
 from scheduler.cli.output import (
     PIPE_WIDTH,
     Duration,
@@ -50,6 +45,7 @@ from scheduler.core.errors import (
     JobNotFound,
     SchedulerError,
     UnreadableRecord,
+    cluster_refusal,
     edited_by_hand,
     refused_for_now,
 )
@@ -140,18 +136,18 @@ class AdminCommand(click.Command):
         except JobNotFound as exc:
             raise Refused(safe(exc)) from None
         except redis.AuthenticationError as exc:  # a ConnectionError, but retrying cannot help
-            raise Forbidden(
-                safe(f"Redis refused the credentials: {exc}; {credentials_hint(exc)}")
-            ) from None
+            raise Forbidden(refusal_line(exc, OPERATOR_ROLE_HINT)) from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise Unreachable(safe(f"cannot reach Redis: {exc}")) from None
         except (RedisClusterException, ClusterError) as exc:  # not ResponseErrors
+            if (refusal := cluster_refusal(exc)) is not None:  # the login or CLUSTER SLOTS
+                raise Forbidden(refusal_line(refusal, OPERATOR_ROLE_HINT)) from None
             if not cluster_unreachable(exc):  # a cross-slot call, ...: a bug, its traceback
                 raise
             raise Unreachable(safe(f"cannot reach Redis: {exc}")) from None
         except redis.ResponseError as exc:
             if is_permission_error(exc):
-                raise Forbidden(permission_message(exc, OPERATOR_ROLE_HINT)) from None
+                raise Forbidden(refusal_line(exc, OPERATOR_ROLE_HINT)) from None
             if refused_for_now(exc):  # OOM, NOREPLICAS, READONLY, ...: a retry may pass
                 raise Unreachable(safe(f"Redis refused the command for now: {exc}")) from None
             hint = "; a key edited by hand? `scheduler doctor`" if edited_by_hand(exc) else ""
@@ -264,6 +260,8 @@ def connect(url: str, *, encoding_errors: str = "backslashreplace") -> redis.Red
     except (BadArgument, ValueError) as exc:  # ValueError: redis-py's own URL refusals
         raise BadInput(safe(f"invalid --url {redact(url)}: {exc}")) from None
     except redis.RedisClusterException as exc:  # no seed node answered CLUSTER SLOTS
+        if cluster_refusal(exc) is not None:
+            raise  # a refused login or CLUSTER SLOTS: AdminCommand's one line, exit 5
         raise Unreachable(safe(f"cannot reach the Redis Cluster {redact(url)}: {exc}")) from None
     client.ping()
     return client

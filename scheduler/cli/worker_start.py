@@ -36,7 +36,13 @@ from scheduler.cli.stall_watchdog import StallWatchdog
 from scheduler.cli.worker_pool_child import STOP_SIGNAL, notify_ready, retired_code
 from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async
-from scheduler.core.errors import CorruptKey, NewerStorage, SchedulerError, refused_for_now
+from scheduler.core.errors import (
+    CorruptKey,
+    NewerStorage,
+    SchedulerError,
+    cluster_refusal,
+    refused_for_now,
+)
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN, EXIT_OK
 from scheduler.core.safety import redact, safe
 from scheduler.worker import (
@@ -87,6 +93,7 @@ def start_failure(exc: BaseException, url: str) -> int:
     code. Only a server that cannot be reached or cannot serve yet (LOADING, BUSY, a cluster
     failover: classify's 'transient') is 3, which a supervisor retries; a key of another type or
     an unreadable stored record is 1: restarting cannot help, `scheduler doctor` says what."""
+    exc = cluster_refusal(exc) or exc  # a cluster's refused login or CLUSTER SLOTS: as one's
     if is_permission_error(exc):  # e.g. SCRIPT LOAD refused
         line, code = permission_message(exc, APP_ROLE_HINT), EXIT_REDIS_REFUSED
     elif isinstance(exc, AuthenticationError):  # a ConnectionError, but retrying cannot help

@@ -38,7 +38,7 @@ from redis.exceptions import (
     SlotNotCoveredError,
 )
 
-from scheduler.core.errors import BadArgument
+from scheduler.core.errors import BadArgument, cluster_refusal
 from scheduler.core.safety import REDACTED, is_secret_name, redact
 from scheduler.core.sentinel import SentinelSpec, parse_sentinel, sentinel_client
 from scheduler.core.url_options import CLUSTER_OPTIONS, FLAG, OPTIONS, Parse, whole
@@ -247,6 +247,8 @@ def cluster_unreachable(exc: BaseException) -> bool:
     if isinstance(exc, ClusterError | SlotNotCoveredError):
         return True
     if not isinstance(exc, RedisClusterException) or isinstance(exc, CrossSlotTransactionError):
+        return False
+    if cluster_refusal(exc) is not None:  # a login or ACL refusal, said as unreachable
         return False
     return any(m in str(exc) for m in _CLUSTER_REMAPPING)
 

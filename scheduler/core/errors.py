@@ -6,10 +6,13 @@ import re
 from typing import Any
 
 from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
     ClusterDownError,
     NoPermissionError,
     OutOfMemoryError,
     ReadOnlyError,
+    RedisClusterException,
     ResponseError,
     TryAgainError,
 )
@@ -249,3 +252,19 @@ def is_permission_error(exc: BaseException) -> bool:
     return isinstance(exc, NoPermissionError) or (
         isinstance(exc, ResponseError) and _NOPERM_TEXT.search(str(exc)) is not None
     )
+
+
+_REFUSALS = (AuthenticationError, AuthorizationError, NoPermissionError)
+
+
+def cluster_refusal(exc: BaseException) -> BaseException | None:
+    """The refused login or ACL permission behind redis-py's cluster error "Redis Cluster cannot
+    be connected" (every seed node refused the password, or the user's CLUSTER SLOTS, which
+    redis-py words "Cluster mode is not enabled on this node"): retrying cannot help, as with
+    one server. None for any other error."""
+    seen: BaseException | None = exc if isinstance(exc, RedisClusterException) else None
+    for _ in range(5):  # redis-py chains it one or two deep (raise ... from, within except)
+        if seen is None or isinstance(seen, _REFUSALS):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None

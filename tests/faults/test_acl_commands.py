@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
 
 from scheduler import AsyncQueue, Queue
 from scheduler._spawn_cluster import LocalCluster
@@ -88,36 +91,67 @@ def test_a_complete_at_the_finished_index_cap_succeeds_under_the_app_role(
     assert admin_q.client.zscore(admin_q.keys.finished, job.id) is not None
 
 
-def test_both_roles_work_a_redis_cluster() -> None:
+@pytest.fixture(scope="module")
+def acl_cluster() -> Iterator[str]:
+    """A local Redis Cluster with both roles' users on every node: its nodes' host:port list."""
+    with LocalCluster(require_server("a local Redis Cluster")) as cluster:
+        for node in cluster.nodes:
+            admin = cluster.node_client(node)
+            for role in ("app", "operator"):
+                admin.execute_command(*documented_acl_line(role))  # type: ignore[no-untyped-call]
+            # The operator's line as it was before CLUSTER SLOTS joined it.
+            old = [w for w in documented_acl_line("operator") if w != "+cluster|slots"]
+            admin.execute_command(*[("sched-old" if w == "sched-ops" else w) for w in old])  # type: ignore[no-untyped-call]
+        yield cluster.url.split("://", 1)[1]
+
+
+def test_both_roles_work_a_redis_cluster(acl_cluster: str) -> None:
     """redis-py's cluster clients read the slot map (CLUSTER SLOTS) and the command table
     (COMMAND) when they start: without them every call under the roles failed, said as
     'Cluster mode is not enabled on this node' (the CLI: cannot reach, exit 3)."""
-    with LocalCluster(require_server("a local Redis Cluster")) as cluster:
-        for node in cluster.nodes:
-            for role in ("app", "operator"):
-                cluster.node_client(node).execute_command(*documented_acl_line(role))  # type: ignore[no-untyped-call]
-        nodes = cluster.url.split("://", 1)[1]
-        app = Queue.from_url(f"redis+cluster://sched-app:{PASSWORD}@{nodes}", QUEUE)
-        job = app.enqueue("t", None)
-        (claimed,) = app.claim("w1", limit=5).jobs
-        app.complete(claimed.id, claimed.token, None)
+    nodes = acl_cluster
+    app = Queue.from_url(f"redis+cluster://sched-app:{PASSWORD}@{nodes}", QUEUE)
+    job = app.enqueue("t", None)
+    (claimed,) = app.claim("w1", limit=5).jobs
+    app.complete(claimed.id, claimed.token, None)
 
-        async def enqueue() -> str:
-            aq = AsyncQueue.from_url(f"redis+cluster://sched-app:{PASSWORD}@{nodes}", QUEUE)
-            try:
-                return await aq.enqueue("t", None)
-            finally:
-                await aq.aclose()
+    async def enqueue() -> str:
+        aq = AsyncQueue.from_url(f"redis+cluster://sched-app:{PASSWORD}@{nodes}", QUEUE)
+        try:
+            return await aq.enqueue("t", None)
+        finally:
+            await aq.aclose()
 
-        later = asyncio.run(enqueue())
-        ops = f"redis+cluster://sched-ops:{PASSWORD}@{nodes}"
-        for args in (
-            ("stats",),
-            ("jobs", "show", "-q", QUEUE, job),
-            ("jobs", "show", "-q", QUEUE, later),
-        ):
-            result = cli(ops, *args)
-            assert result.exit_code == 0, (
-                f"{' '.join(args)}: exit {result.exit_code}\n{result.output}"
-            )
-        assert app.status(job) == "done" and app.status(later) == "due"
+    later = asyncio.run(enqueue())
+    ops = f"redis+cluster://sched-ops:{PASSWORD}@{nodes}"
+    for args in (
+        ("stats",),
+        ("jobs", "show", "-q", QUEUE, job),
+        ("jobs", "show", "-q", QUEUE, later),
+    ):
+        result = cli(ops, *args)
+        assert result.exit_code == 0, f"{' '.join(args)}: exit {result.exit_code}\n{result.output}"
+    assert app.status(job) == "done" and app.status(later) == "due"
+
+
+def test_a_cluster_refusing_the_login_or_the_slot_map_is_exit_5(
+    acl_cluster: str, tmp_path: Path
+) -> None:
+    """redis-py words a refused password at every seed node, and a user refused CLUSTER SLOTS
+    ('Cluster mode is not enabled'), as 'Redis Cluster cannot be connected': the CLI and the
+    worker said 'cannot reach' with exit 3, which supervisors restart for ever."""
+    from tests.workers.procs import spawn_worker
+
+    wrong = f"redis+cluster://sched-ops:WRONG-{PASSWORD}@{acl_cluster}"
+    old = f"redis+cluster://sched-old:{PASSWORD}@{acl_cluster}"
+    result = cli(wrong, "stats")
+    assert result.exit_code == 5, result.output
+    assert "refused the credentials" in result.stderr and "WRONG" not in result.output
+    result = cli(old, "stats")
+    assert result.exit_code == 5, result.output
+    assert "may not run CLUSTER SLOTS" in result.stderr, result.output
+    for url, said in ((wrong, "refused the credentials"), (old, "may not run CLUSTER SLOTS")):
+        log = tmp_path / "worker.log"
+        code = spawn_worker(url, QUEUE, "--burst", log=str(log)).wait(60)
+        text = log.read_text()
+        assert code == 5 and said in text and "WRONG" not in text, text
