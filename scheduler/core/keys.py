@@ -55,7 +55,9 @@ def check_new_job_id(job_id: str) -> str:
             f"invalid job id {job_id!r}: ids starting with {OCCURRENCE_PREFIX!r} are the runs "
             "of recurring schedules"
         )
-    return job_id
+    # A plain str: the id the call returns, which the lease calls take as exactly str (a
+    # partitioned queue's MadeId, or a caller's own str subclass, would be refused there).
+    return str(job_id)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,95 @@
+"""The app developer's API across its twins (Queue, AsyncQueue, PartitionedQueue,
+AsyncPartitionedQueue, TaskHandle): what one returns, the others accept and return alike."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from scheduler import AsyncQueue, Queue, Registry, StaleToken
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.partitioned_aio import AsyncPartitionedQueue
+from scheduler.core.connection import connect_async
+from scheduler.core.models import JobSpec
+from tests.conftest import delete_queue
+
+
+@pytest.fixture
+def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
+    q = PartitionedQueue.create(client, queue_name, partitions=2)
+    yield q
+    for part in q.parts:
+        delete_queue(client, part)
+    client.delete(f"sched:{{{queue_name}}}:partitions")
+
+
+def test_a_partitioned_queues_ids_are_plain_str_its_own_calls_accept(
+    pq: PartitionedQueue, redis_url: str
+) -> None:
+    """A partitioned enqueue made its ids as a str subclass (core/ids.py MadeId, which marks
+    them for debounce) and returned it as is, while the lease calls accept exactly str: the
+    id enqueue returned, given to complete / fail / heartbeat / release with the claim's
+    token, was refused 'job id and token must be str'. Every id handed out is a plain str."""
+    reg = Registry()
+
+    @reg.task(name="t")
+    def t(payload: object, ctx: object) -> None:
+        pass
+
+    pq.schedule("s", "t", every_ms=3_600_000)
+    ids = [
+        pq.enqueue("t", {}),
+        *pq.enqueue_many([JobSpec("t", {}), JobSpec("t", {}, key="k")]),
+        t.enqueue(pq, {}),
+        pq.run_schedule_now("s"),
+    ]
+
+    async def made_async() -> list[str]:
+        ac = connect_async(redis_url)
+        try:
+            apq = await AsyncPartitionedQueue.open(ac, pq.name)
+            return [
+                await apq.enqueue("t", {}),
+                *(await apq.enqueue_many([JobSpec("t", {})])),
+                await t.aenqueue(apq, {}),
+                await apq.run_schedule_now("s"),
+            ]
+        finally:
+            await ac.aclose()
+
+    ids += asyncio.run(made_async())
+    assert [type(i) for i in ids] == [str] * len(ids), ids
+
+    job_id = ids[0]
+    part = pq.part_of(job_id)
+    claimed = {j.id: j.token for p in pq.parts for j in p.claim("w", limit=100).jobs}
+    token = claimed[job_id]
+    assert part.heartbeat([(job_id, token)])[1] == {job_id: "held"}
+    pq.complete(job_id, token, {"ok": 1})
+    with pytest.raises(StaleToken):
+        pq.complete(ids[1], "not-its-token")
+    assert pq.part_of(ids[1]).release([(ids[1], claimed[ids[1]])]) == ["released"]
+
+
+def test_a_str_subclass_job_id_comes_back_as_str(q: Queue, redis_url: str) -> None:
+    """A caller's own str subclass as job_id (an id type of the application) is returned as
+    a plain str, the id the lease calls take."""
+
+    class OrderId(str):
+        pass
+
+    got = q.enqueue("t", {}, job_id=OrderId("order-1"))
+    assert type(got) is str and got == "order-1"
+
+    async def main() -> str:
+        aq = AsyncQueue(connect_async(redis_url), q.name)
+        try:
+            return await aq.enqueue("t", {}, job_id=OrderId("order-2"))
+        finally:
+            await aq.aclose()
+
+    got = asyncio.run(main())
+    assert type(got) is str and got == "order-2"
