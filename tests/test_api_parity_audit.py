@@ -4,12 +4,15 @@ AsyncPartitionedQueue, TaskHandle): what one returns, the others accept and retu
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from scheduler import AsyncQueue, Queue, Registry, StaleToken
+from scheduler import AsyncQueue, Queue, Registry, StaleToken, open_queue, open_queue_async
+from scheduler._spawn import RedisProcess
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
@@ -93,3 +96,46 @@ def test_a_str_subclass_job_id_comes_back_as_str(q: Queue, redis_url: str) -> No
 
     got = asyncio.run(main())
     assert type(got) is str and got == "order-2"
+
+
+def test_open_queue_on_a_url_closes_like_a_queue_whichever_kind_it_opens(
+    module_server: RedisProcess,
+) -> None:
+    """open_queue / open_queue_async on a URL make a connection the caller closes; a plain
+    queue closes with `with` / `close()` (`async with` / `aclose()`), and a partitioned one had
+    neither: `with open_queue(url, name) as q:` raised TypeError once the name was partitioned,
+    and its connection could only be closed through `q.client`."""
+    admin = module_server.client()
+    PartitionedQueue.create(admin, "parted", partitions=2)
+
+    def clients(want: int) -> int:
+        """The server's client count, once it is `want` (or after 2 s)."""
+        deadline = time.monotonic() + 2
+        while (n := len(admin.client_list())) != want and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return n
+
+    gc.collect()
+    base = len(admin.client_list())
+    for name in ("parted", "plain"):
+        with open_queue(module_server.url, name) as q:
+            q.enqueue("t", {})
+            assert clients(base + 1) == base + 1
+        assert clients(base) == base, name
+        opened = open_queue(module_server.url, name)
+        opened.counts()
+        opened.close()
+        assert clients(base) == base, name
+
+    async def main() -> None:
+        for name in ("parted", "plain"):
+            async with await open_queue_async(module_server.url, name) as aq:
+                await aq.enqueue("t", {})
+                assert clients(base + 1) == base + 1
+            assert clients(base) == base, name
+            opened = await open_queue_async(module_server.url, name)
+            await opened.counts()
+            await opened.aclose()
+            assert clients(base) == base, name
+
+    asyncio.run(main())

@@ -103,6 +103,16 @@ class PartitionedQueue:
     def name(self) -> str:
         return self.layout.queue
 
+    def close(self) -> None:
+        """Close the connection, as `Queue.close` (`with open_queue(url, name) as q:` too)."""
+        self.client.close()
+
+    def __enter__(self) -> PartitionedQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def part_of(self, job_id: str) -> Queue:
         """The partition holding `job_id` (the id tells it)."""
         return self.parts[self.layout.partition_of_id(job_id)]
@@ -113,9 +123,7 @@ class PartitionedQueue:
         next request in one call (one pipeline per node). The first error is raised after all
         ran; with `errors`, each operation's error is returned in its place instead."""
         results: list[Any] = [None] * len(ops)
-        pending: dict[int, Request] = {}
-        for i, (_, op) in enumerate(ops):
-            pending[i] = next(op)
+        pending: dict[int, Request] = {i: next(op) for i, (_, op) in enumerate(ops)}
         while pending:
             order = list(pending)
             items = [(ops[i][0].keys.script_keys(), pending[i]) for i in order]
@@ -271,9 +279,9 @@ def open_queue(
 ) -> Queue | PartitionedQueue:
     """The queue `name` as stored: a `PartitionedQueue` when `sched:{name}:partitions`
     exists, else a plain `Queue`. `target` is a client or a URL (connection.py's forms; a new
-    connection the caller closes). One GET here, once: N is fixed at creation, so the answer
-    holds for the queue's life and no later call pays for it (`Queue.from_url` never reads it:
-    a plain queue's calls stay one round trip)."""
+    connection the caller closes: `close()` or `with`, either kind). One GET here, once: N is
+    fixed at creation, so the answer holds for the queue's life and no later call pays for it
+    (`Queue.from_url` never reads it: a plain queue's calls stay one round trip)."""
     client = connect(target) if isinstance(target, str) else target
     layout = read_layout(client, name)
     if layout is None:

@@ -82,6 +82,16 @@ class AsyncPartitionedQueue:
     def name(self) -> str:
         return self.layout.queue
 
+    async def aclose(self) -> None:
+        """Close the connection, as `AsyncQueue.aclose` (`async with` the queue too)."""
+        await self.client.aclose()
+
+    async def __aenter__(self) -> AsyncPartitionedQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     def part_of(self, job_id: str) -> AsyncQueue:
         return self.parts[self.layout.partition_of_id(job_id)]
 
@@ -225,7 +235,8 @@ async def open_queue_async(
 ) -> AsyncQueue | AsyncPartitionedQueue:
     """client/partitioned.py's open_queue for asyncio: an `AsyncPartitionedQueue` when
     `sched:{name}:partitions` exists, else an `AsyncQueue`; `target` a redis.asyncio client
-    or a URL (a new connection the caller closes). One GET, once."""
+    or a URL (a new connection the caller closes: `aclose()` or `async with`, either kind).
+    One GET, once."""
     client = connect_async(target) if isinstance(target, str) else target
     layout = await read_layout_async(client, name)
     if layout is None:
