@@ -21,7 +21,7 @@ from scheduler.admin.startup import (
     permission_message,
 )
 from scheduler.core.connection import UNREACHABLE, connect
-from scheduler.core.errors import BadArgument, SchedulerError, refused_for_now
+from scheduler.core.errors import BadArgument, SchedulerError, cluster_refusal, refused_for_now
 from scheduler.dashboard.actions import ActionRefused
 from scheduler.dashboard.dead import DeadPages
 from scheduler.dashboard.pages import Pages
@@ -109,6 +109,9 @@ def create_app(
     async def unreachable(request: Request, exc: Exception) -> Response:
         # A server (or the queue's cluster node) down: say so, not a bare 500. An action's
         # call may have reached Redis before its answer was lost.
+        if (refusal := cluster_refusal(exc)) is not None:  # the login or CLUSTER SLOTS refused
+            answer = refused_now if isinstance(refusal, ResponseError) else credentials
+            return await answer(request, refusal)  # type: ignore[arg-type]
         outcome = (
             "The action's outcome is unknown: reload the page once Redis answers."
             if request.method == "POST"

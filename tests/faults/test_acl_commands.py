@@ -7,16 +7,20 @@ transition after its first writes."""
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
+from starlette.testclient import TestClient
 
 from scheduler import AsyncQueue, Queue
 from scheduler._spawn_cluster import LocalCluster
 from scheduler.core.scripts import TRANSITIONS, source
+from scheduler.dashboard import Auth, create_app
 from tests.faults.conftest import Server
 from tests.faults.test_security import (
     PASSWORD,
@@ -93,7 +97,8 @@ def test_a_complete_at_the_finished_index_cap_succeeds_under_the_app_role(
 
 @pytest.fixture(scope="module")
 def acl_cluster() -> Iterator[str]:
-    """A local Redis Cluster with both roles' users on every node: its nodes' host:port list."""
+    """A local Redis Cluster with both roles' users on every node: its nodes' host:port list
+    (and a spare operator, sched-dash)."""
     with LocalCluster(require_server("a local Redis Cluster")) as cluster:
         for node in cluster.nodes:
             admin = cluster.node_client(node)
@@ -102,6 +107,10 @@ def acl_cluster() -> Iterator[str]:
             # The operator's line as it was before CLUSTER SLOTS joined it.
             old = [w for w in documented_acl_line("operator") if w != "+cluster|slots"]
             admin.execute_command(*[("sched-old" if w == "sched-ops" else w) for w in old])  # type: ignore[no-untyped-call]
+            dash = [
+                ("sched-dash" if w == "sched-ops" else w) for w in documented_acl_line("operator")
+            ]
+            admin.execute_command(*dash)  # type: ignore[no-untyped-call]
         yield cluster.url.split("://", 1)[1]
 
 
@@ -155,3 +164,22 @@ def test_a_cluster_refusing_the_login_or_the_slot_map_is_exit_5(
         code = spawn_worker(url, QUEUE, "--burst", log=str(log)).wait(60)
         text = log.read_text()
         assert code == 5 and said in text and "WRONG" not in text, text
+
+
+def test_the_dashboard_says_a_cluster_refused_its_login(acl_cluster: str) -> None:
+    """Its password changed while it runs: the overview, which rebuilds the slot map, said
+    'Redis unreachable' (503) where a queue page said 'Redis refused the login'."""
+    app = create_app(url=f"redis+cluster://sched-dash:{PASSWORD}@{acl_cluster}", auth=Auth())
+    Queue.from_url(f"redis+cluster://sched-app:{PASSWORD}@{acl_cluster}", "dash").enqueue("t", None)
+    with TestClient(app, raise_server_exceptions=False) as web:
+        assert "dash" in web.get("/api/overview").text
+        for node in acl_cluster.rstrip("/").split(","):
+            host, port = node.rsplit(":", 1)
+            with redis.Redis(host=host, port=int(port)) as admin:
+                admin.execute_command("ACL", "SETUSER", "sched-dash", "resetpass", ">changed")
+                admin.execute_command("CLIENT", "KILL", "USER", "sched-dash")
+        for path in ("/queues/dash", "/"):  # from a node's connection, then from the slot map
+            page = web.get(path)
+            assert page.status_code == 500, f"{path}: {page.status_code} {page.text}"
+            assert "refused the dashboard's credentials" in html.unescape(page.text), path
+            assert PASSWORD not in page.text
