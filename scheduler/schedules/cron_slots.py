@@ -51,7 +51,6 @@ def _to_ms(local: datetime, zone: ZoneInfo) -> int:
     return int(local.replace(tzinfo=zone, fold=0).timestamp() * 1000)
 
 
-_DAY = timedelta(days=1)
 _DAY_MS = 86_400_000
 
 
@@ -101,16 +100,34 @@ def _search_start(after_ms: int, zone: ZoneInfo) -> datetime:
     return lo
 
 
+def _sprang(ms: int, zone: ZoneInfo) -> timedelta | None:
+    """How far the offset sprang forward in the day before `ms` (the gap), or None."""
+    before = datetime.fromtimestamp((ms - _DAY_MS) / 1000, zone).utcoffset()
+    now = datetime.fromtimestamp(ms / 1000, zone).utcoffset()
+    if before is None or now is None or before >= now:
+        return None
+    return now - before
+
+
 def _gap_start(after_ms: int, zone: ZoneInfo) -> datetime | None:
     """Within a day after a spring forward, the wall time `after_ms` has under the offset of
     the day before: the wall times from there to its own lie in the gap when it is that recent,
     and map (shifted by it) to instants after `after_ms`. None when the offset did not grow."""
-    at = datetime.fromtimestamp(after_ms / 1000, zone)
-    before = datetime.fromtimestamp((after_ms - _DAY_MS) / 1000, zone).utcoffset()
-    now = at.utcoffset()
-    if before is None or now is None or before >= now:
+    gap = _sprang(after_ms, zone)
+    if gap is None:
         return None
-    return at.replace(tzinfo=None) - (now - before)
+    return datetime.fromtimestamp(after_ms / 1000, zone).replace(tzinfo=None) - gap
+
+
+def _gap_behind(ms: int, zone: ZoneInfo) -> bool:
+    """Did a spring forward end less than its gap before `ms`? Wall times in that gap map up
+    to the gap after it, so past `ms`."""
+    gap = _sprang(ms, zone)
+    if gap is None:
+        return False
+    back = ms - int(gap.total_seconds() * 1000)
+    offsets = (datetime.fromtimestamp(t / 1000, zone).utcoffset() for t in (back, ms))
+    return next(offsets) != next(offsets)
 
 
 def _in_gap_after(expr: str, zone: ZoneInfo, after_ms: int, count: int) -> set[int]:
@@ -173,13 +190,13 @@ def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
         if ms <= upto_ms:
             found.add(ms)
         # Backwards, a wall time in a gap met later maps up to the gap past the real ones met
-        # before it (cron_slots_after): enough are found at one that exists with no change of
-        # offset in the day before it (a gap of up to a day ended before it).
+        # before it (cron_slots_after): enough are found at one that exists with no gap that
+        # ended less than its length before it.
         if (
             len(found) >= count
             and ms < sorted(found)[-count]
             and _exists(local, zone, ms)
-            and _exists(local - _DAY, zone, ms - _DAY_MS)
+            and not _gap_behind(ms, zone)
         ):
             break
     return sorted(found)[-count:]
