@@ -192,6 +192,18 @@ def test_an_empty_list_item_in_cron_is_malformed_not_random(q: Queue) -> None:
     assert q.list_schedules() == []
 
 
+def test_a_zone_each_host_reads_its_own_way_is_refused(q: Queue) -> None:
+    """tz='localtime' (and 'posixrules', 'right/...', 'posix/...' files) was accepted: the
+    slots are computed by the producer at definition and by each claiming worker at refill,
+    each from its own host's /etc/localtime (or zone files), so hosts in other zones ran the
+    schedule at other times. Refused at definition, nothing stored; a stored one still runs."""
+    for tz in ("localtime", "posixrules", "right/UTC", "posix/Europe/Berlin"):
+        with pytest.raises(BadArgument, match="IANA"):
+            q.schedule("x", "t", cron="0 9 * * *", tz=tz)
+    assert q.list_schedules() == []
+    assert q.schedule("x", "t", cron="0 9 * * *", tz="Europe/Berlin") == "created"
+
+
 def test_a_cron_with_no_time_left_before_2200_is_refused(tq: tuple[Queue, Clock]) -> None:
     q, clock = tq
     clock.set_ms(_ms(2199, 6, 1))

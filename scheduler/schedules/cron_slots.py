@@ -36,6 +36,22 @@ _GAP_SAMPLE = 64  # cron slots examined to find the smallest gap (for the jitter
 _GAP_REFERENCE = datetime(2001, 1, 1)
 
 
+# Zone files that are no IANA zone and mean each host's own setting (localtime, posixrules) or
+# a variant tree: producer and workers compute the slots, each on its own host.
+_HOST_ZONES = frozenset({"localtime", "posixrules"})
+_ZONE_TREES = ("posix/", "right/")
+
+
+def check_zone(tz: str) -> ZoneInfo:
+    """zone_named for a new definition: also refuses names each host may read its own way."""
+    if isinstance(tz, str) and (tz in _HOST_ZONES or tz.startswith(_ZONE_TREES)):
+        raise BadArgument(
+            f"tz must be an IANA time zone name such as Europe/Berlin, got {tz!r}: it is each"
+            " host's own file, and the producer and every worker compute the slots"
+        )
+    return zone_named(tz)
+
+
 def zone_named(tz: str) -> ZoneInfo:
     if not isinstance(tz, str) or not tz:
         raise BadArgument(f"tz must be an IANA time zone name, got {tz!r}")

@@ -34,7 +34,7 @@ from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
 from scheduler.schedules.cron_slots import BUFFER_SLOTS as BUFFER_SLOTS
 from scheduler.schedules.cron_slots import MAX_CATCH_UP as MAX_CATCH_UP
-from scheduler.schedules.cron_slots import check_cron, cron_slots_upto, zone_named
+from scheduler.schedules.cron_slots import check_cron, check_zone, cron_slots_upto
 from scheduler.schedules.cron_slots import cron_slots_after as cron_slots_after
 from scheduler.schedules.cron_slots import refill_requested as refill_requested
 from scheduler.schedules.cron_slots import refill_slots as refill_slots
@@ -256,7 +256,7 @@ def define(
             start_within_ms=start_within_ms,
         )
     zone_name = "UTC" if tz is None else tz
-    zone_named(zone_name)
+    check_zone(zone_name)
     assert cron is not None
     expr = " ".join(cron.split()) if isinstance(cron, str) else cron
     slots = check_cron(expr, zone_name)
