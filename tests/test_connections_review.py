@@ -63,6 +63,23 @@ def test_a_password_holding_a_url_delimiter_is_printed_nowhere(sep: str) -> None
     assert "Zq8" not in out.stdout + out.stderr, out.stderr[-500:]
 
 
+@pytest.mark.parametrize("space", [" ", "\t"])
+def test_a_password_holding_whitespace_is_printed_nowhere(space: str) -> None:
+    """urlsplit (and so redis-py) takes a space in a password, but redact() read the URL as
+    whitespace-separated words: the worker's 'cannot reach Redis at ...' line, the repr of a
+    parsed URL and any message quoting it showed the password whole."""
+    pw = f"Zq8{space}s3cret"
+    for url in (f"redis://app:{pw}@127.0.0.1:1/0", f"unix://app:{pw}@/tmp/no.sock?db=1"):
+        shown = redact(f"cannot reach Redis at {url}: refused") + repr(parse_url(url))
+        assert "Zq8" not in shown and "s3cret" not in shown, shown
+    # A host is never hidden: it ends at its first '/', before any later '@'.
+    text = "redis://h:6379/0 for a b@example.com"
+    assert redact(text) == text
+    out = _worker(f"redis://app:{pw}@127.0.0.1:1/0")
+    assert out.returncode == 3 and "cannot reach Redis at" in out.stderr, out.stderr[-500:]
+    assert "Zq8" not in out.stdout + out.stderr, out.stderr[-500:]
+
+
 # -- malformed URLs: BadArgument at the boundary ----------------------------------------------
 BAD_URLS = [
     "redis://127.0.0.1:notaport/0",  # ValueError from urllib

@@ -65,6 +65,7 @@ def visible_bytes(value: Any) -> Any:
 _SECRET_NAME = re.compile(r"(?i)pass|pwd|secret|token")
 _QUERY_ARG = re.compile(r"([?&;][^=&;\s#?]*+=)[^&;\s]*+")
 _TOKENS = re.compile(r"(\s+)")
+_SPACE = re.compile(r"\s")
 REDACTED = "***"
 
 
@@ -110,12 +111,34 @@ def _hide_secrets(token: str) -> str:
     return "".join(out)
 
 
+def _spaced_passwords(text: str) -> str:
+    """`text` with each URL password holding whitespace hidden (urlsplit, so redis-py, takes
+    `redis://app:pa ss@host`; the words redact() splits would show it): from the first ':'
+    after '://' up to the last '@' before the host's end (its first '/' or line end). Linear:
+    those spans never overlap (each ends before the next '://')."""
+    out: list[str] = []
+    done = scan = 0
+    while (mark := text.find("://", scan)) != -1:
+        start = mark + 3
+        end = text.find("/", start)
+        end = len(text) if end < 0 else end
+        end = line_end if (line_end := text.find("\n", start, end)) >= 0 else end
+        at = text.rfind("@", start, end)
+        colon = text.find(":", start, at) if at >= 0 else -1
+        if colon >= 0 and _SPACE.search(text, start, at) is not None:
+            out += [text[done : colon + 1], REDACTED]
+            done = at
+        scan = end
+    return "".join(out) + text[done:] if out else text
+
+
 def redact(text: str) -> str:
     """`text` with every URL password replaced by ***: `rediss://app:s3cret@host` ->
     `rediss://app:***@host`, `?ssl_password=s3cret` -> `?ssl_password=***`. For URLs and
     for whole messages that may quote one."""
     if "=" not in text and not ("@" in text and "://" in text):
         return text
+    text = _spaced_passwords(text) if "@" in text else text
     return "".join(_hide_secrets(t) if ("=" in t or "@" in t) else t for t in _TOKENS.split(text))
 
 
