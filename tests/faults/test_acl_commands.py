@@ -183,3 +183,9 @@ def test_the_dashboard_says_a_cluster_refused_its_login(acl_cluster: str) -> Non
             assert page.status_code == 500, f"{path}: {page.status_code} {page.text}"
             assert "refused the dashboard's credentials" in html.unescape(page.text), path
             assert PASSWORD not in page.text
+
+
+def test_the_operator_role_can_do_everything_the_app_role_can() -> None:
+    """docs/security.md's threat model says so, and an operator runs `scheduler worker` too
+    (a one-off drain, `--burst`): without BLPOP, its wake-up wait, that worker exits 5."""
+    assert _allowed("app") - _allowed("operator") == set()
