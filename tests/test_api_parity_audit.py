@@ -6,12 +6,23 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 
-from scheduler import AsyncQueue, Queue, Registry, StaleToken, open_queue, open_queue_async
+from scheduler import (
+    AsyncQueue,
+    BadArgument,
+    Queue,
+    Registry,
+    StaleToken,
+    UnreadableRecord,
+    open_queue,
+    open_queue_async,
+)
 from scheduler._spawn import RedisProcess
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
@@ -139,3 +150,53 @@ def test_open_queue_on_a_url_closes_like_a_queue_whichever_kind_it_opens(
             assert clients(base) == base, name
 
     asyncio.run(main())
+
+
+def test_the_partitioned_twins_refuse_the_wrong_kind_of_client_as_queue_does(
+    client: redis.Redis, redis_url: str, pq: PartitionedQueue
+) -> None:
+    """Queue and AsyncQueue refuse a client of the other kind (or a URL) with a BadArgument
+    saying which kind they need. The partitioned twins and the open_queue factories read the
+    layout first: a redis.asyncio client given to the blocking ones made its GET a coroutine,
+    reported as UnreadableRecord ('unreadable partition record', as if the stored record were
+    corrupt) with a RuntimeWarning, a blocking one given to the asyncio ones a TypeError
+    ('object NoneType can't be used in await expression'); a URL an AttributeError."""
+    queue_name = pq.name
+    fresh = queue_name + "-new"
+
+    async def main() -> None:
+        aclient = connect_async(redis_url)
+        wrong: Any = aclient  # each call below is given the kind its signature does not take
+        url: Any = redis_url
+        try:
+            refused_sync: list[tuple[Callable[[], object], str]] = [
+                (lambda: PartitionedQueue.create(wrong, fresh, partitions=2), "blocking"),
+                (lambda: PartitionedQueue.open(wrong, queue_name), "blocking"),
+                (lambda: open_queue(wrong, queue_name), "open_queue_async takes"),
+                (
+                    lambda: PartitionedQueue.create(url, fresh, partitions=2),
+                    r"not a URL: use scheduler\.open_queue\(url, name\)",
+                ),
+            ]
+            for make, message in refused_sync:
+                with pytest.raises(BadArgument, match=message) as got:
+                    make()
+                assert not isinstance(got.value, UnreadableRecord)
+            refused_async: list[Callable[[], Awaitable[object]]] = [
+                lambda: AsyncPartitionedQueue.create(client, fresh, partitions=2),
+                lambda: AsyncPartitionedQueue.open(client, queue_name),
+                lambda: open_queue_async(client, queue_name),
+            ]
+            for amake in refused_async:
+                with pytest.raises(BadArgument, match=r"needs a redis\.asyncio client"):
+                    await amake()
+            assert client.exists(f"sched:{{{fresh}}}:partitions") == 0  # nothing written
+            # The right kinds still pass.
+            assert isinstance(await open_queue_async(aclient, queue_name), AsyncPartitionedQueue)
+        finally:
+            await aclient.aclose()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no coroutine left unawaited
+        asyncio.run(main())
+    assert isinstance(open_queue(client, queue_name), PartitionedQueue)

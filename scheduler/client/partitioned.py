@@ -76,7 +76,7 @@ class PartitionedQueue:
         count. PartitionMismatch: it exists with another count, or as a plain queue."""
         check_count(partitions)
         wanted = Layout.create(name, partitions)
-        existing = read_layout(client, name)
+        existing = read_layout(client, name, "PartitionedQueue.create")
         if existing is None:
             keys = QueueKeys(name)
             if queue_exists(client, keys, server_now_ms(client, keys)):
@@ -94,7 +94,7 @@ class PartitionedQueue:
     @classmethod
     def open(cls, client: redis.Redis, name: str, **queue_kwargs: Any) -> PartitionedQueue:
         """Open `name` as stored. PartitionMismatch when it is not partitioned."""
-        layout = read_layout(client, name)
+        layout = read_layout(client, name, "PartitionedQueue.open")
         if layout is None:
             raise PartitionMismatch(f"queue {name!r} is not partitioned")
         return cls(client, layout, **queue_kwargs)
@@ -283,7 +283,7 @@ def open_queue(
     fixed at creation, so the answer holds for the queue's life and no later call pays for it
     (`Queue.from_url` never reads it: a plain queue's calls stay one round trip)."""
     client = connect(target) if isinstance(target, str) else target
-    layout = read_layout(client, name)
+    layout = read_layout(client, name, "open_queue")
     if layout is None:
         return Queue(client, name, **queue_kwargs)
     return PartitionedQueue(client, layout, **queue_kwargs)

@@ -57,7 +57,7 @@ class AsyncPartitionedQueue:
         again: workers and open_queue go by the layout)."""
         check_count(partitions)
         wanted = Layout.create(name, partitions)
-        stored = await read_layout_async(client, name)
+        stored = await read_layout_async(client, name, "AsyncPartitionedQueue.create")
         if stored is None:
             if await _queue_exists(client, name):
                 raise PartitionMismatch(
@@ -73,7 +73,7 @@ class AsyncPartitionedQueue:
 
     @classmethod
     async def open(cls, client: Any, name: str, **queue_kwargs: Any) -> AsyncPartitionedQueue:
-        layout = await read_layout_async(client, name)
+        layout = await read_layout_async(client, name, "AsyncPartitionedQueue.open")
         if layout is None:
             raise PartitionMismatch(f"queue {name!r} is not partitioned")
         return cls(client, layout, **queue_kwargs)
@@ -238,7 +238,7 @@ async def open_queue_async(
     or a URL (a new connection the caller closes: `aclose()` or `async with`, either kind).
     One GET, once."""
     client = connect_async(target) if isinstance(target, str) else target
-    layout = await read_layout_async(client, name)
+    layout = await read_layout_async(client, name, "open_queue_async")
     if layout is None:
         return AsyncQueue(client, name, **queue_kwargs)
     return AsyncPartitionedQueue(client, layout, **queue_kwargs)

@@ -12,22 +12,31 @@ from typing import Any
 
 import redis
 
+from scheduler.core.client_kind import check_client
 from scheduler.core.errors import BadArgument, NotDurable
 from scheduler.core.models import Job, JobSpec, QueueCounts
 from scheduler.core.partitions import Layout, meta_key
 
 # A job of a partitioned enqueue_many: its partition, and its spec with its id filled in.
 Placed = tuple[int, JobSpec]
+# What opens a partitioned queue from a URL (a refused URL's hint).
+_FROM_URL, _FROM_URL_ASYNC = "scheduler.open_queue(url, name)", "await open_queue_async(url, name)"
 
 
-def read_layout(client: redis.Redis, queue: str) -> Layout | None:
-    """The stored layout of `queue`, or None for a queue that is not partitioned."""
+def read_layout(client: redis.Redis, queue: str, owner: str | None = None) -> Layout | None:
+    """The stored layout of `queue`, or None for a queue that is not partitioned. `owner`: the
+    public call reading it, which refuses a URL or an asyncio client first (as Queue does)."""
+    if owner is not None:
+        twin = "open_queue_async" if owner == "open_queue" else "AsyncPartitionedQueue"
+        check_client(client, owner, is_async=False, twin=twin, from_url=_FROM_URL)
     raw = client.get(meta_key(queue))
     return None if raw is None else Layout.parse(queue, _text(raw))
 
 
-async def read_layout_async(client: Any, queue: str) -> Layout | None:
+async def read_layout_async(client: Any, queue: str, owner: str | None = None) -> Layout | None:
     """read_layout for a redis.asyncio client."""
+    if owner is not None:
+        check_client(client, owner, is_async=True, from_url=_FROM_URL_ASYNC)
     raw = await client.get(meta_key(queue))
     return None if raw is None else Layout.parse(queue, _text(raw))
 

@@ -11,16 +11,25 @@ from redis.cluster import RedisCluster
 from scheduler.core.errors import BadArgument
 
 
-def check_client(client: object, owner: str, *, is_async: bool) -> None:
+def check_client(
+    client: object,
+    owner: str,
+    *,
+    is_async: bool,
+    twin: str = "AsyncQueue",
+    from_url: str | None = None,
+) -> None:
     """BadArgument for a URL or a client of the other kind given to `owner`'s constructor:
     each failed only at the first call, with a TypeError (a coroutine never awaited, or an
-    int awaited after the call had already run). Other objects (wrappers, fakes) pass."""
+    int awaited after the call had already run). Other objects (wrappers, fakes) pass.
+    `twin`: the blocking owner's asyncio counterpart; `from_url`: what opens one from a URL."""
     kind = f"{type(client).__module__}.{type(client).__name__}"
     if isinstance(client, str | bytes):
-        raise BadArgument(f"{owner} takes a redis client, not a URL: use {owner}.from_url(url)")
+        hint = from_url or f"{owner}.from_url(url)"
+        raise BadArgument(f"{owner} takes a redis client, not a URL: use {hint}")
     if hasattr(client, "ops") and hasattr(client, "client"):  # a Queue: its client was meant
         raise BadArgument(f"{owner} takes a redis client, not a {kind}: pass q.client")
     if is_async and isinstance(client, redis.Redis | RedisCluster):
         raise BadArgument(f"{owner} needs a redis.asyncio client, got a blocking {kind}")
     if not is_async and isinstance(client, aredis.Redis | AsyncRedisCluster):
-        raise BadArgument(f"{owner} needs a blocking client (AsyncQueue takes a {kind})")
+        raise BadArgument(f"{owner} needs a blocking client ({twin} takes a {kind})")
