@@ -318,6 +318,24 @@ def test_a_thread_that_cannot_start_does_not_park_the_job(module_server: RedisPr
     assert with_worker(module_server, q, body) == EXIT_OK
 
 
+def test_a_claim_pause_for_a_thread_that_cannot_start_is_in_the_metrics(
+    module_server: RedisProcess,
+) -> None:
+    """scheduler_claim_paused says 'by reason', but only abandoned_threads was ever set: the
+    pause after a handler thread could not start (a pids limit) left no trace an alert sees."""
+    q = new_queue(module_server)
+    job = q.enqueue("rv-sync", {"s": 0})
+
+    async def body(w: Worker) -> None:
+        gauge = w.metrics.claim_paused.labels("no_thread")
+        fail_nth_thread(w, 1)
+        await poll(lambda: gauge._value.get() == 1, 5, lambda: state(q, job))
+        await poll(lambda: q.status(job) == "done", 10, lambda: state(q, job))
+        await poll(lambda: gauge._value.get() == 0, 5, lambda: "the pause ended")
+
+    assert with_worker(module_server, q, body) == EXIT_OK
+
+
 def test_a_thread_that_cannot_start_from_the_backlog_strands_no_job(
     module_server: RedisProcess,
 ) -> None:

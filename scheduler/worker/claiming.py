@@ -212,6 +212,7 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
             if time.monotonic() < self._no_claim_until:
                 return 0
             self._no_claim_until = 0.0
+            self.metrics.claim_paused.labels("no_thread").set(0)
         ahead = s.prefetch if self._short_jobs() else 0
         held = len(self._backlog) + len(self._behind) + len(self._give_back)
         return self._quota(s.concurrency + ahead - len(self.running) - held)

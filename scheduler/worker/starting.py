@@ -105,6 +105,7 @@ class Starting(WorkerCore):
         self._give_back.append(r)
         self._beat_now.set()
         self._no_claim_until = time.monotonic() + _NO_THREAD_PAUSE_S
+        self.metrics.claim_paused.labels("no_thread").set(1)
         if self._loop is not None:  # the claim loop may be waiting for a free slot: wake it
             self._loop.call_later(_NO_THREAD_PAUSE_S, self._slot_free.set)
         self.log.warning(
