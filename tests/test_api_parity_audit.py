@@ -200,3 +200,27 @@ def test_the_partitioned_twins_refuse_the_wrong_kind_of_client_as_queue_does(
         warnings.simplefilter("error", RuntimeWarning)  # no coroutine left unawaited
         asyncio.run(main())
     assert isinstance(open_queue(client, queue_name), PartitionedQueue)
+
+
+def test_the_partitioned_dead_ids_limit_and_enqueue_many_specs_are_checked(
+    pq: PartitionedQueue, q: Queue
+) -> None:
+    """PartitionedQueue.dead_ids takes a `limit` (the merged list's length) that nothing
+    checked: 1.5 reached Redis ('ResponseError: value is not an integer or out of range'),
+    -1 answered [] and True 1 job, as if they were limits. And its enqueue_many took
+    None with a TypeError ('NoneType' object is not iterable) and a str as one-letter specs
+    ('expected JobSpec, got 'a''), where Queue.enqueue_many names the argument."""
+    ids = pq.enqueue_many([JobSpec("t", {}, max_attempts=1) for _ in range(4)])
+    for part in pq.parts:
+        for job in part.claim("w", limit=10).jobs:
+            part.fail(job.id, job.token, ValueError("x"))
+    assert sorted(pq.dead_ids()) == sorted(ids)
+    assert len(pq.dead_ids(limit=3)) == 3 and pq.dead_ids(limit=0) == []
+    for bad in (1.5, -1, True, "2"):
+        with pytest.raises(BadArgument, match="limit"):
+            pq.dead_ids(limit=bad)
+    for specs in (None, "ab", {"task": "t"}):
+        with pytest.raises(BadArgument, match="specs must be an iterable of JobSpec"):
+            pq.enqueue_many(specs)  # type: ignore[arg-type]
+        with pytest.raises(BadArgument, match="specs must be an iterable of JobSpec"):
+            q.enqueue_many(specs)  # type: ignore[arg-type]

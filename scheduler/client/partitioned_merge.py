@@ -139,6 +139,8 @@ def jobs_in_order(chosen: Sequence[tuple[int, str]], read: Sequence[Sequence[Job
 
 def place(layout: Layout, specs: Iterable[JobSpec], spread: Iterator[int]) -> list[Placed]:
     """Each job's partition and id (Layout.route: by key, id or parents, else round robin)."""
+    if isinstance(specs, str | bytes | dict) or not isinstance(specs, Iterable):  # as Queue's
+        raise BadArgument(f"specs must be an iterable of JobSpec, got {specs!r:.80}")
     placed = []
     for spec in specs:
         if not isinstance(spec, JobSpec):

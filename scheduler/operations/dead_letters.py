@@ -63,6 +63,8 @@ def scan_dead(
     or error, dead_filter.py): the age cut is the score, no job record is read for it. Never
     returns an id twice."""
     codec._int(page, "page", minimum=1)
+    if limit is not None:  # PartitionedQueue.dead_ids takes it from the caller
+        codec._int(limit, "limit", minimum=0)
     out: list[tuple[float, str]] = []
     top: float | None = None  # the cursor: the last (score, id) returned, and how many
     last = ""  #               entries of that score the range holds down to `last`
