@@ -22,6 +22,11 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
         " documented (arguments, returns, errors); the code alone fits",
     ),
     "client/aio.py": (MAX_LINES, "the public asyncio API, client/queue.py's twin, same docstrings"),
+    "client/partitioned.py": (
+        MAX_LINES,
+        "the public partitioned API: each method documented (the API reference leaves out"
+        " one without a docstring); the code alone fits",
+    ),
 }
 
 

@@ -101,6 +101,7 @@ class PartitionedQueue:
 
     @property
     def name(self) -> str:
+        """The logical queue's name (its partitions are `<name>.p<k>`)."""
         return self.layout.queue
 
     def close(self) -> None:
@@ -167,18 +168,23 @@ class PartitionedQueue:
 
     # -- one job: straight to its partition --------------------------------------------------
     def status(self, job_id: str) -> JobState:
+        """`Queue.status` on the job's partition (the id tells it)."""
         return self.part_of(job_id).status(job_id)
 
     def get_job(self, job_id: str) -> Job:
+        """`Queue.get_job` on the job's partition."""
         return self.part_of(job_id).get_job(job_id)
 
     def cancel(self, job_id: str) -> str:
+        """`Queue.cancel` on the job's partition."""
         return self.part_of(job_id).cancel(job_id)
 
     def reschedule(self, job_id: str, **when: Any) -> str:
+        """`Queue.reschedule` on the job's partition (`delay_ms=` or `run_at=`)."""
         return self.part_of(job_id).reschedule(job_id, **when)
 
     def complete(self, job_id: str, token: str, result: Any = None) -> None:
+        """`Queue.complete` on the job's partition (the manual API)."""
         self.part_of(job_id).complete(job_id, token, result)
 
     def result(self, job_id: str, *, timeout_s: float) -> Any:
@@ -242,21 +248,27 @@ class PartitionedQueue:
         return self.parts[self.layout.partition_of_schedule(name)]
 
     def schedule(self, name: str, task: str, payload: Any = None, **kwargs: Any) -> str:
+        """`Queue.schedule` (its arguments) in the schedule's partition, by its name."""
         return self._sched(name).schedule(name, task, payload, **kwargs)
 
     def get_schedule(self, name: str) -> Schedule:
+        """`Queue.get_schedule` in the schedule's partition."""
         return self._sched(name).get_schedule(name)
 
     def pause_schedule(self, name: str) -> str:
+        """`Queue.pause_schedule` in the schedule's partition."""
         return self._sched(name).pause_schedule(name)
 
     def resume_schedule(self, name: str) -> str:
+        """`Queue.resume_schedule` in the schedule's partition."""
         return self._sched(name).resume_schedule(name)
 
     def remove_schedule(self, name: str) -> str:
+        """`Queue.remove_schedule` in the schedule's partition."""
         return self._sched(name).remove_schedule(name)
 
     def list_schedules(self) -> list[Schedule]:
+        """Every partition's schedules (`Queue.list_schedules`), sorted by name."""
         return sorted((s for p in self.parts for s in p.list_schedules()), key=lambda s: s.name)
 
     def run_schedule_now(self, name: str, *, job_id: str | None = None) -> str:

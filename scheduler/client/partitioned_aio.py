@@ -73,6 +73,7 @@ class AsyncPartitionedQueue:
 
     @classmethod
     async def open(cls, client: Any, name: str, **queue_kwargs: Any) -> AsyncPartitionedQueue:
+        """As PartitionedQueue.open: PartitionMismatch when `name` is not partitioned."""
         layout = await read_layout_async(client, name, "AsyncPartitionedQueue.open")
         if layout is None:
             raise PartitionMismatch(f"queue {name!r} is not partitioned")
@@ -80,6 +81,7 @@ class AsyncPartitionedQueue:
 
     @property
     def name(self) -> str:
+        """The logical queue's name (its partitions are `<name>.p<k>`)."""
         return self.layout.queue
 
     async def aclose(self) -> None:
@@ -93,6 +95,7 @@ class AsyncPartitionedQueue:
         await self.aclose()
 
     def part_of(self, job_id: str) -> AsyncQueue:
+        """The partition holding `job_id` (the id tells it)."""
         return self.parts[self.layout.partition_of_id(job_id)]
 
     async def _run_many(
@@ -125,6 +128,7 @@ class AsyncPartitionedQueue:
         return results
 
     async def enqueue(self, task: str, payload: Any = None, **kwargs: Any) -> str:
+        """PartitionedQueue.enqueue for asyncio (`AsyncQueue.enqueue`'s arguments)."""
         # Its partition's AsyncQueue.enqueue: concurrent callers share script calls there.
         ((k, spec),) = place(self.layout, [JobSpec(task, payload, **kwargs)], self._spread)
         await self._index()
@@ -143,18 +147,23 @@ class AsyncPartitionedQueue:
         return ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
 
     async def status(self, job_id: str) -> JobState:
+        """PartitionedQueue.status for asyncio."""
         return await self.part_of(job_id).status(job_id)
 
     async def get_job(self, job_id: str) -> Job:
+        """PartitionedQueue.get_job for asyncio."""
         return await self.part_of(job_id).get_job(job_id)
 
     async def cancel(self, job_id: str) -> str:
+        """PartitionedQueue.cancel for asyncio."""
         return await self.part_of(job_id).cancel(job_id)
 
     async def reschedule(self, job_id: str, **when: Any) -> str:
+        """PartitionedQueue.reschedule for asyncio."""
         return await self.part_of(job_id).reschedule(job_id, **when)
 
     async def complete(self, job_id: str, token: str, result: Any = None) -> None:
+        """PartitionedQueue.complete for asyncio."""
         await self.part_of(job_id).complete(job_id, token, result)
 
     async def result(self, job_id: str, *, timeout_s: float) -> Any:
@@ -162,6 +171,7 @@ class AsyncPartitionedQueue:
         return await self.part_of(job_id).result(job_id, timeout_s=timeout_s)
 
     async def counts(self) -> QueueCounts:
+        """PartitionedQueue.counts for asyncio: every partition's, summed."""
         return merge_counts(await self._run_many([(p, p.ops.counts()) for p in self.parts]))
 
     async def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> list[Job]:
@@ -174,17 +184,21 @@ class AsyncPartitionedQueue:
         return jobs_in_order(chosen, await self._run_many(reads))
 
     async def dead_ids(self, **filters: Any) -> list[str]:
+        """PartitionedQueue.dead_ids for asyncio: merged newest first."""
         merged = merge_dead(await self.dead_scored(**filters))
         return merged if filters.get("limit") is None else merged[: filters["limit"]]
 
     async def dead_scored(self, **filters: Any) -> list[list[tuple[float, str]]]:
+        """PartitionedQueue.dead_scored for asyncio."""
         return await self._run_many([(p, p.ops.dead_scored(**filters)) for p in self.parts])
 
     async def requeue_dead(self, ids: Sequence[str]) -> int:
+        """PartitionedQueue.requeue_dead for asyncio."""
         ops = [(q, q.ops.requeue_dead(g)) for q, g in self._by_part(ids)]
         return sum(await self._run_many(ops))
 
     async def purge_dead(self, ids: Sequence[str]) -> int:
+        """PartitionedQueue.purge_dead for asyncio."""
         return sum(await self._run_many([(q, q.ops.purge_dead(g)) for q, g in self._by_part(ids)]))
 
     def _by_part(self, ids: Sequence[str]) -> list[tuple[AsyncQueue, list[str]]]:
@@ -198,21 +212,27 @@ class AsyncPartitionedQueue:
         return self.parts[self.layout.partition_of_schedule(name)]
 
     async def schedule(self, name: str, task: str, payload: Any = None, **kwargs: Any) -> str:
+        """PartitionedQueue.schedule for asyncio."""
         return await self._sched(name).schedule(name, task, payload, **kwargs)
 
     async def get_schedule(self, name: str) -> Schedule:
+        """PartitionedQueue.get_schedule for asyncio."""
         return await self._sched(name).get_schedule(name)
 
     async def pause_schedule(self, name: str) -> str:
+        """PartitionedQueue.pause_schedule for asyncio."""
         return await self._sched(name).pause_schedule(name)
 
     async def resume_schedule(self, name: str) -> str:
+        """PartitionedQueue.resume_schedule for asyncio."""
         return await self._sched(name).resume_schedule(name)
 
     async def remove_schedule(self, name: str) -> str:
+        """PartitionedQueue.remove_schedule for asyncio."""
         return await self._sched(name).remove_schedule(name)
 
     async def list_schedules(self) -> list[Schedule]:
+        """PartitionedQueue.list_schedules for asyncio."""
         found = [s for p in self.parts for s in await p.list_schedules()]
         return sorted(found, key=lambda s: s.name)
 
