@@ -246,3 +246,48 @@ def test_every_method_of_every_class_in_the_api_reference_has_a_docstring() -> N
         if inspect.isclass(obj):
             missing += undocumented(obj)
     assert missing == []
+
+
+# Queue methods a partitioned queue does not offer, and what to use instead. A method added to
+# Queue fails the test below until it is added to both partitioned clients or listed here.
+QUEUE_ONLY = {
+    "from_url": "scheduler.open_queue(url, name) opens a queue by name as stored",
+    "preload": "each partition's: for p in q.parts: p.preload()",
+    "set_dead_retention": "stored per partition (README): set it on each q.parts[k]",
+    # The manual worker API: a lease is one partition's (q.part_of(job_id), q.parts[k]);
+    # `complete` alone is offered on the logical queue.
+    "claim": "q.parts[k].claim",
+    "heartbeat": "q.part_of(job_id).heartbeat",
+    "fail": "q.part_of(job_id).fail",
+    "release": "q.part_of(job_id).release",
+    "set_progress": "q.part_of(job_id).set_progress",
+    "complete_many": "q.part_of(job_id).complete_many",
+}
+
+
+def _params(fn: Any) -> list[tuple[str, Any, Any]]:
+    fn = fn.fget if isinstance(fn, property) else fn
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def test_the_partitioned_queue_offers_queues_methods_with_queues_arguments() -> None:
+    """Every Queue method is on PartitionedQueue (AsyncPartitionedQueue mirrors it:
+    tests/test_partitions_cli.py) or in QUEUE_ONLY; a shared one takes Queue's parameters, or
+    forwards keyword arguments (**kwargs) that are exactly Queue's keyword-only ones."""
+    public = {n for n in dir(Queue) if not n.startswith("_")} - {"client", "keys", "ops"}
+    missing = sorted(public - set(dir(PartitionedQueue)) - set(QUEUE_ONLY))
+    assert missing == []
+    assert sorted(set(QUEUE_ONLY) & set(dir(PartitionedQueue))) == []  # listed but offered
+    forwarded = {"enqueue": JobSpec.__init__}  # enqueue forwards through JobSpec
+    for name in sorted(public & set(dir(PartitionedQueue))):
+        ours = _params(inspect.getattr_static(PartitionedQueue, name))
+        theirs = _params(inspect.getattr_static(Queue, name))
+        if ours == theirs:
+            continue
+        kinds = [k for _, k, _ in ours]
+        assert kinds[-1] == inspect.Parameter.VAR_KEYWORD, (name, ours, theirs)
+        assert ours[:-1] == [p for p in theirs if p[1] != inspect.Parameter.KEYWORD_ONLY]
+        keyword_only = {p[0] for p in theirs if p[1] == inspect.Parameter.KEYWORD_ONLY}
+        if name in forwarded:
+            accepts = {p[0] for p in _params(forwarded[name])} - {p[0] for p in ours}
+            assert keyword_only == accepts, name
