@@ -33,6 +33,7 @@ from scheduler.core.models import (
     JobState,
     QueueCounts,
 )
+from scheduler.core.partitions import PartitionMismatch
 from scheduler.schedules.stored import Schedule
 from scheduler.worker.registry import JobContext, JobOutcome, Registry, TaskHandle
 from scheduler.worker.retry_later import RetryLater
@@ -59,6 +60,7 @@ __all__ = [
     "NewerStorage",
     "NoReplicas",
     "NotDurable",
+    "PartitionMismatch",
     "Queue",
     "QueueCounts",
     "Registry",
