@@ -316,3 +316,30 @@ def test_every_public_error_of_the_client_layers_is_exported_and_in_the_referenc
             }
     assert sorted(e for e in errors if e not in scheduler.__all__) == []
     assert sorted(e for e in errors if f"::: scheduler.{e}\n" not in reference) == []
+
+
+def test_a_task_handle_given_something_else_than_a_queue_says_so(
+    q: Queue, client: redis.Redis
+) -> None:
+    """handle.enqueue(q, payload) with the queue left out (the payload first, as the
+    function's own call reads) or a redis client in its place raised AttributeError
+    ("'dict' object has no attribute 'name'"), aenqueue likewise: now a BadArgument naming
+    what it takes, nothing sent."""
+    reg = Registry()
+
+    @reg.task(name="t")
+    def t(payload: object, ctx: object) -> None:
+        pass
+
+    wrong: list[Any] = [{"to": "a@example.com"}, None, client, "redis://localhost:6379"]
+    for given in wrong:
+        with pytest.raises(BadArgument, match=r"takes the queue first"):
+            t.enqueue(given, {})
+
+    async def main() -> None:
+        for given in wrong:
+            with pytest.raises(BadArgument, match=r"takes the queue first"):
+                await t.aenqueue(given, {})
+
+    asyncio.run(main())
+    assert q.counts().due == 0 and type(t.enqueue(q, {})) is str

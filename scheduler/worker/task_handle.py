@@ -169,7 +169,14 @@ class TaskHandle(Generic[F]):
             **flow,
         )
 
-    def _check_queue(self, name: str) -> None:
+    def _check_queue(self, q: Any, call: str) -> None:
+        name = getattr(q, "name", None)
+        if not isinstance(name, str) or not callable(getattr(q, "enqueue_many", None)):
+            # The payload given first (the function's own call reads so), or a redis client:
+            # an AttributeError on `.name` otherwise.
+            raise BadArgument(
+                f"{call} takes the queue first: handle.{call}(q, payload), got {q!r:.80}"
+            )
         if self.spec.queue is not None and name != self.spec.queue:
             raise BadArgument(
                 f"task {self.spec.name!r} runs on queue {self.spec.queue!r}, not {name!r}"
@@ -181,7 +188,7 @@ class TaskHandle(Generic[F]):
         """Enqueue on `q` (a Queue or PartitionedQueue) with the task's defaults; `overrides`
         are job_spec's keyword arguments. Returns the job id. BadArgument for an asyncio
         queue (use `aenqueue`), nothing sent."""
-        self._check_queue(q.name)
+        self._check_queue(q, "enqueue")
         if inspect.iscoroutinefunction(q.enqueue_many):  # else a TypeError, a coroutine unsent
             raise BadArgument(f"{type(q).__name__} is async: await handle.aenqueue(aq, payload)")
         return q.enqueue_many([self.job_spec(payload, **overrides)])[0]
@@ -194,7 +201,7 @@ class TaskHandle(Generic[F]):
     ) -> str:
         """`enqueue` for an AsyncQueue or AsyncPartitionedQueue. BadArgument for a blocking
         queue (use `enqueue`), nothing sent."""
-        self._check_queue(aq.name)
+        self._check_queue(aq, "aenqueue")
         if not inspect.iscoroutinefunction(aq.enqueue_many):  # it would write, then TypeError
             raise BadArgument(f"{type(aq).__name__} is not async: call handle.enqueue(q, payload)")
         # Its enqueue, not enqueue_many: concurrent callers share script calls there.
