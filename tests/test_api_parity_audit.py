@@ -13,6 +13,7 @@ import re
 import time
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
@@ -21,8 +22,11 @@ import redis
 from scheduler import (
     AsyncQueue,
     BadArgument,
+    InvalidPayload,
+    JobNotFound,
     Queue,
     Registry,
+    ScheduleNotFound,
     StaleToken,
     UnreadableRecord,
     open_queue,
@@ -33,7 +37,7 @@ from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
 from scheduler.core.models import JobSpec
-from tests.conftest import delete_queue
+from tests.conftest import delete_queue, dump_queue
 from tests.test_parity import undocumented
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -41,11 +45,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    q = PartitionedQueue.create(client, queue_name, partitions=2)
+    name = queue_name + "-p"  # beside the plain queue `q` of queue_name
+    q = PartitionedQueue.create(client, name, partitions=2)
     yield q
     for part in q.parts:
         delete_queue(client, part)
-    client.delete(f"sched:{{{queue_name}}}:partitions")
+    client.delete(f"sched:{{{name}}}:partitions")
 
 
 def test_a_partitioned_queues_ids_are_plain_str_its_own_calls_accept(
@@ -343,3 +348,87 @@ def test_a_task_handle_given_something_else_than_a_queue_says_so(
 
     asyncio.run(main())
     assert q.counts().due == 0 and type(t.enqueue(q, {})) is str
+
+
+NAIVE = datetime(2030, 1, 1)
+# (method, args, kwargs, the error every client raises): bad input at the boundary.
+BAD_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any], type[Exception]]] = [
+    ("enqueue", ("t", {1, 2}), {}, InvalidPayload),
+    ("enqueue", ("t", b"x"), {}, InvalidPayload),
+    ("enqueue", ("t", float("nan")), {}, InvalidPayload),
+    ("enqueue", ("t", "\ud800"), {}, InvalidPayload),
+    ("enqueue", ("t",), {"run_at": NAIVE}, BadArgument),
+    ("enqueue", ("t",), {"run_at": date(2030, 1, 1)}, BadArgument),
+    ("enqueue", ("t",), {"run_at": datetime(2201, 1, 1, tzinfo=UTC)}, BadArgument),
+    ("enqueue", ("t",), {"delay_ms": -1}, BadArgument),
+    ("enqueue", ("t",), {"delay_ms": 1.5}, BadArgument),
+    ("enqueue", ("t",), {"delay_ms": True}, BadArgument),
+    ("enqueue", ("t",), {"delay_ms": 10**20}, BadArgument),
+    ("enqueue", ("t",), {"delay_ms": 1, "run_at": datetime.now(UTC)}, BadArgument),
+    ("enqueue", ("t",), {"max_attempts": 0}, BadArgument),
+    ("enqueue", ("t",), {"job_id": "a b"}, BadArgument),
+    ("enqueue", ("t",), {"job_id": "{x}"}, BadArgument),
+    ("enqueue", ("t",), {"job_id": "schedule:s:1"}, BadArgument),
+    ("enqueue", ("t",), {"after": "abc"}, BadArgument),
+    ("enqueue", ("t",), {"after": ["missing-parent"]}, BadArgument),
+    ("enqueue", ("t",), {"priority": 10}, BadArgument),
+    ("enqueue", ("t",), {"rate_limit": "x"}, BadArgument),
+    ("enqueue", ("t",), {"debounce": True}, BadArgument),
+    ("enqueue", ("bad task",), {}, BadArgument),
+    ("enqueue_many", ([JobSpec("t"), JobSpec("t", {3})],), {}, InvalidPayload),
+    ("enqueue_many", ("ab",), {}, BadArgument),
+    ("enqueue_many", ([JobSpec("t")],), {"batch_size": 0}, BadArgument),
+    ("reschedule", ("a b",), {"delay_ms": 1}, BadArgument),
+    ("reschedule", ("missing",), {"delay_ms": 1}, JobNotFound),
+    ("status", ("a b",), {}, BadArgument),
+    ("status", (5,), {}, BadArgument),
+    ("status", ("missing",), {}, JobNotFound),
+    ("get_job", ("missing",), {}, JobNotFound),
+    ("cancel", ("",), {}, BadArgument),
+    ("cancel", ("missing",), {}, JobNotFound),
+    ("result", ("missing",), {"timeout_s": 0}, BadArgument),
+    ("result", ("missing",), {"timeout_s": 0.01}, JobNotFound),
+    ("list_jobs", ("nope",), {}, BadArgument),
+    ("list_jobs", ("due",), {"offset": -1}, BadArgument),
+    ("dead_ids", (), {"older_than_ms": -1}, BadArgument),
+    ("requeue_dead", ("abc",), {}, BadArgument),
+    ("purge_dead", (None,), {}, BadArgument),
+    ("schedule", ("a b", "t"), {"every_ms": 1000}, BadArgument),
+    ("schedule", ("s", "t"), {}, BadArgument),
+    ("schedule", ("s", "t", {1}), {"every_ms": 1000}, InvalidPayload),
+    ("schedule", ("s", "t"), {"cron": "* * * * *", "tz": "Nowhere/None"}, BadArgument),
+    ("get_schedule", ("missing",), {}, ScheduleNotFound),
+    ("run_schedule_now", ("missing",), {}, ScheduleNotFound),
+]
+
+
+def test_the_four_clients_refuse_the_same_bad_input_alike_writing_nothing(
+    q: Queue, pq: PartitionedQueue, client: redis.Redis, redis_url: str
+) -> None:
+    """Each bad call of BAD_CALLS raises the same error type from Queue, AsyncQueue,
+    PartitionedQueue and AsyncPartitionedQueue (no defect found; a guard against drift), and
+    leaves every key of both queues as it was (the queue index aside: advisory, by name)."""
+
+    def state() -> list[dict[str, object]]:
+        return [dump_queue(client, q), *(dump_queue(client, p) for p in pq.parts)]
+
+    before = state()
+    for method, args, kwargs, error in BAD_CALLS:
+        for target in (q, pq):
+            with pytest.raises(error):
+                getattr(target, method)(*args, **kwargs)
+
+    async def main() -> None:
+        aclient = connect_async(redis_url)
+        try:
+            aq = AsyncQueue(aclient, q.name)
+            apq = await AsyncPartitionedQueue.open(aclient, pq.name)
+            for method, args, kwargs, error in BAD_CALLS:
+                for target in (aq, apq):
+                    with pytest.raises(error):
+                        await getattr(target, method)(*args, **kwargs)
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(main())
+    assert state() == before
