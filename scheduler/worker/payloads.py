@@ -4,6 +4,8 @@ enqueue (`encode_payload`) and decoded for the handler (`decode_payload`); the w
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import json
 import math
 from collections.abc import Callable
@@ -41,6 +43,71 @@ def payload_kind(tp: type) -> str | None:
     if callable(getattr(tp, "model_validate", None)) and callable(getattr(tp, "model_dump", None)):
         return "pydantic"
     return None
+
+
+def check_payload_type(tp: Any) -> None:
+    """A task's payload_type, checked at registration: one the worker could never build from the
+    JSON enqueue writes (X(**fields)) is refused here, not at every attempt of every job."""
+    kind = payload_kind(tp) if isinstance(tp, type) else None
+    if kind is None:
+        raise BadArgument(
+            f"payload_type must be a dataclass, TypedDict or pydantic model, got {tp!r}"
+        )
+    if kind != "dataclass":
+        return
+    fields = dataclasses.fields(tp)
+    for f in fields:
+        if not f.init:
+            raise BadArgument(
+                f"payload_type {tp.__name__}: field {f.name!r} is init=False, which the worker"
+                f" cannot pass when it builds the payload as {tp.__name__}(**fields)"
+            )
+    try:
+        params = inspect.signature(tp).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: left to the first decode
+        return
+    stored = {f.name for f in fields}
+    for p in params:
+        if p.name not in stored and p.default is p.empty and p.kind is not p.VAR_KEYWORD:
+            raise BadArgument(
+                f"payload_type {tp.__name__}: {p.name!r} (an InitVar) is not stored, so the"
+                f" worker cannot build the payload as {tp.__name__}(**fields) without it"
+            )
+
+
+def _dataclass_in(value: Any) -> type | None:
+    """The class of the first dataclass instance inside `value` (lists, tuples, dict values)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value)
+    inner = value.values() if isinstance(value, dict) else value
+    if isinstance(inner, list | tuple) or isinstance(value, dict):
+        for v in inner:
+            if (found := _dataclass_in(v)) is not None:
+                return found
+    return None
+
+
+def _as_dict(tp: type, payload: Any) -> dict[str, Any]:
+    """asdict, refusing a dataclass inside a field: asdict makes it a dict, and the worker's
+    decode would hand the handler that dict (or refuse it), never the dataclass."""
+    made = 0
+
+    def count(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal made
+        made += 1
+        return dict(pairs)
+
+    out: dict[str, Any] = dataclasses.asdict(payload, dict_factory=count)
+    if made > 1:
+        for f in dataclasses.fields(tp):
+            inner = _dataclass_in(getattr(payload, f.name))
+            if inner is not None:
+                raise BadArgument(
+                    f"payload[{f.name!r}] holds a dataclass ({inner.__name__}), which the worker"
+                    f" would decode as a dict: make {tp.__name__} a pydantic model (it"
+                    " validates nested models) or store the field as JSON"
+                )
+    return out
 
 
 def _check_typeddict(tp: type, payload: Any) -> None:
@@ -81,7 +148,7 @@ def encode_payload(tp: type, payload: Any) -> Any:
         if not isinstance(payload, tp):
             raise BadArgument(f"payload must be a {tp.__name__}, got {type(payload).__name__}")
         _check_fields(tp, {f.name: getattr(payload, f.name) for f in dataclasses.fields(tp)})
-        return dataclasses.asdict(payload)  # type: ignore[call-overload]
+        return _as_dict(tp, payload)
     if kind == "pydantic":
         if not isinstance(payload, tp):
             raise BadArgument(f"payload must be a {tp.__name__}, got {type(payload).__name__}")
@@ -105,9 +172,20 @@ def decode_payload(tp: type, payload: Any) -> Any:
         except TypeError as exc:
             raise BadArgument(f"payload does not fit {tp.__name__}: {exc}") from None
     try:
-        return tp.model_validate(payload)  # type: ignore[attr-defined]
+        return tp.model_validate(payload, **_by_name_too(tp))  # type: ignore[attr-defined]
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise BadArgument(f"payload does not fit {tp.__name__}: {exc}") from None
+
+
+@functools.cache
+def _by_name_too(tp: type) -> dict[str, bool]:
+    """model_validate's options to take a field by its name as well as its alias: enqueue dumps
+    by name (model_dump's default), a model validates by alias (its default); pydantic 2.11+."""
+    try:
+        params = inspect.signature(tp.model_validate).parameters  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return {}
+    return {"by_alias": True, "by_name": True} if "by_name" in params else {}
 
 
 def decoding(fn: Callable[..., Any], tp: type, is_async: bool) -> Handler:

@@ -44,10 +44,10 @@ from scheduler.worker.middleware import (
 from scheduler.worker.outcomes import JobOutcome, OutcomeHook
 from scheduler.worker.payloads import (
     Handler,
+    check_payload_type,
     decode_payload,
     decoding,
     encode_payload,
-    payload_kind,
 )
 from scheduler.worker.task_handle import F, TaskHandle, TaskSpec
 
@@ -214,11 +214,8 @@ class Registry:
         for exc in non_retryable:
             if not (isinstance(exc, type) and issubclass(exc, BaseException)):
                 raise BadArgument(f"non_retryable must hold exception classes, got {exc!r}")
-        if payload_type is not None and payload_kind(payload_type) is None:
-            raise BadArgument(
-                "payload_type must be a dataclass, TypedDict or pydantic model,"
-                f" got {payload_type!r}"
-            )
+        if payload_type is not None:
+            check_payload_type(payload_type)
         if not isinstance(keep_payload, bool):
             raise BadArgument(f"keep_payload must be a bool, got {keep_payload!r}")
         if queue is not None:
