@@ -432,3 +432,27 @@ def test_the_four_clients_refuse_the_same_bad_input_alike_writing_nothing(
 
     asyncio.run(main())
     assert state() == before
+
+
+def test_a_debounced_handle_call_says_the_flow_options_are_the_tasks_defaults(q: Queue) -> None:
+    """A task registered with a flow default (concurrency_limit, rate_limit, a priority) gives
+    it to every job its handle makes, and a debounced job takes no flow option: the handle's
+    debounced call was refused 'debounce takes no job_id and no flow options (priority, ...)'
+    though the caller gave none (and a concurrency or rate default cannot be left out there).
+    The refusal now names the task's defaults and the way that has none."""
+    reg = Registry()
+
+    @reg.task(name="digest", concurrency_limit=2)
+    def digest(payload: object, ctx: object) -> None:
+        pass
+
+    @reg.task(name="plain")
+    def plain(payload: object, ctx: object) -> None:
+        pass
+
+    with pytest.raises(BadArgument, match=r"task 'digest'.*concurrency_limit.*q\.enqueue"):
+        digest.enqueue(q, {}, key="user:1", debounce=True)
+    assert q.counts().due == 0
+    assert type(plain.enqueue(q, {}, key="user:1", debounce=True)) is str  # priority 0: none
+    with pytest.raises(BadArgument, match="no flow options"):  # the caller's own: as before
+        plain.enqueue(q, {}, key="user:2", debounce=True, priority=3)

@@ -145,6 +145,14 @@ class TaskHandle(Generic[F]):
             "rate_key": rate_key,
         }
         flow = {**dict(spec.flow), **{k: v for k, v in given.items() if v is not None}}
+        if debounce is True:  # a debounced job takes no flow option: say that these are the task's
+            inherited = [k for k, v in spec.flow if given[k] is None and (k, v) != ("priority", 0)]
+            if inherited:
+                raise BadArgument(
+                    f"task {spec.name!r} gives its jobs {', '.join(inherited)} (its registration),"
+                    " and a debounced job takes no flow options: debounce it by name,"
+                    f" q.enqueue({spec.name!r}, payload, key=..., debounce=True)"
+                )
         if spec.payload_type is not None:
             payload = encode_payload(spec.payload_type, payload)
         if timeout_ms is None:
