@@ -456,3 +456,29 @@ def test_a_debounced_handle_call_says_the_flow_options_are_the_tasks_defaults(q:
     assert type(plain.enqueue(q, {}, key="user:1", debounce=True)) is str  # priority 0: none
     with pytest.raises(BadArgument, match="no flow options"):  # the caller's own: as before
         plain.enqueue(q, {}, key="user:2", debounce=True, priority=3)
+
+
+def test_the_limits_page_lists_the_ranges_the_client_methods_check() -> None:
+    """docs/limits.md ('the valid range of every argument') left out ranges the clients
+    enforce with BadArgument: `partitions` (PartitionedQueue.create: 1..1024), `timeout_s` of
+    result ((0, 86400]), list_jobs' `offset` / `limit`, dead_ids' `older_than_ms` and the
+    partitioned dead_ids' `limit`, set_dead_retention's `max_age_ms` / `max_count`."""
+    table = (ROOT / "docs" / "limits.md").read_text().split("## Stored numbers")[0]
+    rows: dict[str, str] = {}  # argument -> its rows' "where" cells (one argument, many rows)
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            arg, where = (cell.strip() for cell in line.split("|")[1:3])
+            rows[arg] = rows.get(arg, "") + " " + where
+    wanted = {
+        "`partitions`": "PartitionedQueue.create",
+        "`timeout_s`": "result",
+        "`offset`": "list_jobs",
+        "`older_than_ms`": "dead_ids",
+        "`max_age_ms`": "set_dead_retention",
+        "`max_count`": "set_dead_retention",
+    }
+    missing = [
+        f"{arg} ({where})" for arg, where in wanted.items() if where not in rows.get(arg, "")
+    ]
+    assert missing == []
+    assert "list_jobs" in rows["`limit`"] and "dead_ids" in rows["`limit`"]
