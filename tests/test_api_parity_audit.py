@@ -482,3 +482,16 @@ def test_the_limits_page_lists_the_ranges_the_client_methods_check() -> None:
     ]
     assert missing == []
     assert "list_jobs" in rows["`limit`"] and "dead_ids" in rows["`limit`"]
+
+
+def test_a_malformed_job_id_is_named_as_such_by_a_partitioned_queue(pq: PartitionedQueue) -> None:
+    """A partitioned queue routed a caller's job_id before checking it: with a key, or for
+    run_schedule_now, a malformed id ('a b', 'schedule:x:1') was refused as routing to another
+    partition ('give an id tagged p1.'), which no tag could fix; Queue names it invalid."""
+    pq.schedule("s", "t", every_ms=3_600_000)
+    for bad in ("a b", "{x}", "schedule:s:1"):
+        with pytest.raises(BadArgument, match="invalid job id"):
+            pq.run_schedule_now("s", job_id=bad)
+        for key in ("k0", "k1", "k2", "k3"):  # whichever partition each key routes to
+            with pytest.raises(BadArgument, match="invalid job id"):
+                pq.enqueue("t", key=key, job_id=bad)

@@ -29,7 +29,7 @@ from redis.crc import key_slot
 from scheduler.core.codec import new_job_id
 from scheduler.core.errors import BadArgument, UnreadableRecord
 from scheduler.core.ids import MadeId
-from scheduler.core.keys import QueueKeys, check_queue_name
+from scheduler.core.keys import QueueKeys, check_new_job_id, check_queue_name
 
 MAX_PARTITIONS = 1024
 SLOTS = 16384
@@ -157,6 +157,7 @@ class Layout:
         k = self.partition_of_schedule(name)
         if job_id is None:
             return k, f"p{k}.{new_job_id()}"
+        check_new_job_id(job_id)  # a malformed id is that, not one routed elsewhere
         if self.partition_of_id(job_id) != k:
             raise BadArgument(
                 f"job_id {job_id!r} routes to another partition of {self.queue!r} than schedule "
@@ -171,6 +172,8 @@ class Layout:
         neither key, id nor parents (the caller's round robin), so batches fill every
         partition. `after`: the job's parents, whose partition it must be in."""
         home = self._parents_home(after)
+        if job_id is not None:
+            check_new_job_id(job_id)  # a malformed id is that, not one routed elsewhere
         if key is not None:
             k = self.partition_of_key(key)
             if job_id is not None and self.partition_of_id(job_id) != k:
