@@ -33,6 +33,8 @@
     payload, backoff, timeout_ms and the default max_attempts stay in the spec. A record
     that cannot be read parks that job alone ('invalid job: record').
     Parking a schedule's pending occurrence arms the schedule's next one.
+    The opt-in dead-letter retention (config: dead_max_age_ms / dead_max_count, lib/job.lua
+    dead_trim) is applied at every call, paused or not, at most 100 of the oldest per call.
     The reaper counts each lapse it puts back in due (`lapses`, parsed strictly: a hand-edited
     value reads as 0). A job with 2 or more is a suspect (it was in two crashed batches): a
     worker holds at most one suspect lease at a time (`isolated`: worker id -> job id, checked
@@ -282,8 +284,17 @@ bump_stat(prefix, now, 'expired', #lapsed / 2)
 
 -- A paused queue (queue_pause.lua) leases nothing; the reaper above still runs. A config key
 -- of another type (edited by hand) is no pause: doctor reports the key.
-local paused = redis.pcall('HEXISTS', prefix .. 'config', 'paused_ms') == 1
+local conf = redis.pcall('HMGET', prefix .. 'config', 'paused_ms', 'dead_max_age_ms',
+  'dead_max_count')
+if conf.err then conf = {} end
+local paused = conf[1] and true or false
 if paused then limit = 0 end
+-- The opt-in dead-letter retention (lib/job.lua dead_trim) applied here too, not only when a
+-- job is parked: a queue that stopped failing would keep its dead letters past their age.
+if conf[2] or conf[3] then
+  local zset = dead_zset(prefix, now)
+  if zset == prefix .. 'dead' then dead_trim(prefix, zset, now) end
+end
 
 -- Parents' ends left for later (a parent of more waiting children than one script may reach:
 -- lib/flow.lua FLOW_END_STEP): the next step, before leasing, so a child it frees may be leased.

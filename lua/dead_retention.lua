@@ -1,5 +1,6 @@
 --[[ dead_retention: set or clear the queue's opt-in dead-letter retention (`config` hash).
-  Applied by lib/job.lua dead_letter on each later park, at most 100 of the oldest per call.
+  Applied by lib/job.lua dead_letter on each later park and by each claim, at most 100 of the
+  oldest per call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): config
   ARGV[1] max_age_ms  ('' = no age limit; 'keep' = as stored; else 1 .. LIM.time_ms)

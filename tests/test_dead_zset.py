@@ -174,11 +174,38 @@ def test_retention_by_age_and_bounded_per_park(
     assert migrate_step(q) == 0
     q.set_dead_retention(max_age_ms=1_000)
     park(q, clock, 10_000)
-    assert q.counts().dead == 251 - 100  # at most 100 trimmed per park
+    # At most 100 trimmed per script: park's claim, then its fail.
+    assert q.counts().dead == 251 - 200
     park(q, clock, 10_001)
     park(q, clock, 10_002)
     assert q.counts().dead == 3  # the 250 old ones are gone, the young ones stay
     assert stats(client, q)["dead_trimmed"] == "250"
+
+
+def test_retention_by_age_is_applied_by_claims_once_nothing_dies(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    """A queue that stopped failing kept its dead letters past the age it set for good: the
+    retention ran only when another job was parked (a key audit's finding). A claim applies
+    it too, at most 100 a call, with or without a job to lease; a paused queue's too."""
+    q, clock = tq
+    ids = [park(q, clock, 1_000 + i) for i in range(150)]
+    q.set_dead_retention(max_age_ms=60_000)
+    assert q.counts().dead == 150  # setting it deletes nothing
+    clock.set_ms(1_000 + 60_000 + 100)  # the first 100 are past the age
+    q.pause()
+    assert q.claim("w", limit=1, lease_ms=1_000).jobs == []
+    assert q.counts().dead == 50 and not client.exists(q.keys.job(ids[0]))
+    q.resume()
+    clock.set_ms(10**9)
+    assert q.claim("w", limit=1, lease_ms=1_000).jobs == []
+    assert q.counts().dead == 0
+    assert stats(client, q, 10**9 // 60_000)["dead_trimmed"] == "50"
+    q.set_dead_retention()  # off: a claim trims nothing
+    young = park(q, clock, 10**9 + 1)
+    clock.set_ms(10**10)
+    q.claim("w", limit=1, lease_ms=1_000)
+    assert q.dead_ids() == [young]
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """`scheduler dead retention`: show or set a queue's opt-in dead-letter retention, by age and by
 count (lua/dead_retention.lua). Off by default, so nothing is ever dropped silently; once set it
-is applied as jobs die (lib/job.lua dead_trim: at most 100 of the oldest per park, counted in
-stats as `dead_trimmed`), and setting it asks first when dead jobs already beyond it would go."""
+is applied as jobs die and by the workers' claims (lib/job.lua dead_trim: at most 100 of the
+oldest per park or claim call, counted in stats as `dead_trimmed`), and setting it asks first
+when dead jobs already beyond it would go."""
 
 from __future__ import annotations
 
@@ -135,9 +136,9 @@ def retention(
     """Show the dead-letter retention of a queue, or set it (a limit not given is kept).
 
     Off by default: every dead job is kept until requeued or purged. Once set, it is applied as
-    jobs die: each new dead letter deletes at most 100 of the oldest dead jobs beyond it
-    (counted in `scheduler stats` as dead_trimmed). Asks first when dead jobs already beyond the
-    new limits would be deleted."""
+    jobs die and by the workers' claims: each new dead letter and each claim call deletes at
+    most 100 of the oldest dead jobs beyond it (counted in `scheduler stats` as dead_trimmed).
+    Asks first when dead jobs already beyond the new limits would be deleted."""
     if off and (max_age is not None or max_count is not None):
         raise BadInput("--off turns both limits off: give it alone, or use --max-age off")
     client = connect(url)
@@ -166,7 +167,7 @@ def retention(
         if over and not yes:
             click.confirm(
                 f"{over} of {dead} dead job(s) of queue {queue!r} are beyond {_describe(wanted)}:"
-                " they are deleted for good as jobs die. Set it?",
+                " they are deleted for good by the next claims and deaths. Set it?",
                 abort=True,
             )
         # A limit not given is kept as stored when written ('keep'), not as read above: another
@@ -189,6 +190,6 @@ def retention(
     click.echo(f"dead-letter retention of {queue!r} {verb} {_describe(wanted)}")
     if over:
         click.echo(
-            f"{over} of {dead} dead job(s) are beyond it: deleted as jobs die, at most 100 per"
-            " new dead letter"
+            f"{over} of {dead} dead job(s) are beyond it: deleted by the next claims and deaths, at"
+            " most 100 per call"
         )

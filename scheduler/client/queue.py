@@ -565,8 +565,8 @@ class Queue:
     ) -> None:
         """Opt-in retention of this queue's dead letters (off by default: every one is kept).
 
-        Applied as jobs die: at most 100 of the oldest are deleted per park, counted in stats
-        as `dead_trimmed`.
+        Applied as jobs die and by claims: at most 100 of the oldest are deleted per park or
+        claim call, counted in stats as `dead_trimmed`.
 
         Args:
             max_age_ms: delete dead letters older than this, in [1, 2200-01-01 as ms]; None: no

@@ -235,8 +235,8 @@ class DeadLetterOps(OpsBase):
         self, max_age_ms: int | None = None, max_count: int | None = None
     ) -> Op[None]:
         """Opt-in retention of this queue's dead letters (None: no limit; both None, the
-        default, keeps every dead letter). Applied as jobs die, at most 100 of the oldest
-        deleted per park, counted in stats as `dead_trimmed`."""
+        default, keeps every dead letter). Applied as jobs die and by claims, at most 100 of the
+        oldest deleted per park or claim call, counted in stats as `dead_trimmed`."""
         age = _retention_arg(max_age_ms, "max_age_ms", 1, codec.MAX_TIME_MS)
         count = _retention_arg(max_count, "max_count", 0, codec.MAX_SAFE_INT)
         yield Script("dead_retention", [age, count])
