@@ -1,8 +1,8 @@
 """scheduler: a Redis-backed job scheduler with leases, fencing tokens, retries and dead letters."""
 
 from scheduler.client.aio import AsyncQueue
-from scheduler.client.partitioned import open_queue
-from scheduler.client.partitioned_aio import open_queue_async
+from scheduler.client.partitioned import PartitionedQueue, open_queue
+from scheduler.client.partitioned_aio import AsyncPartitionedQueue, open_queue_async
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import (
@@ -39,6 +39,7 @@ from scheduler.worker.registry import JobContext, JobOutcome, Registry, TaskHand
 from scheduler.worker.retry_later import RetryLater
 
 __all__ = [
+    "AsyncPartitionedQueue",
     "AsyncQueue",
     "Backoff",
     "BadArgument",
@@ -61,6 +62,7 @@ __all__ = [
     "NoReplicas",
     "NotDurable",
     "PartitionMismatch",
+    "PartitionedQueue",
     "Queue",
     "QueueCounts",
     "Registry",

@@ -16,8 +16,10 @@ def test_every_public_error_and_model_is_exported() -> None:
         for name, obj in vars(module).items()
         if inspect.isclass(obj) and obj.__module__ == module.__name__ and not name.startswith("_")
     }
-    # Schedule: what get_schedule / list_schedules return.
+    # Schedule: what get_schedule / list_schedules return; the partitioned twins: what
+    # open_queue / open_queue_async return for a partitioned name.
     wanted |= {"Registry", "JobContext", "Queue", "AsyncQueue", "Backoff", "Schedule"}
+    wanted |= {"PartitionedQueue", "AsyncPartitionedQueue"}
     missing = sorted(n for n in wanted if n not in scheduler.__all__)
     assert missing == [], missing
 
