@@ -8,7 +8,8 @@ aliased fields (dumped by field name, validated by alias)."""
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, field
-from typing import Any
+from enum import IntEnum, StrEnum
+from typing import Any, NamedTuple, TypedDict
 
 import pydantic
 import pytest
@@ -67,6 +68,57 @@ class Aliased(pydantic.BaseModel):
 
 class ValidationAliased(pydantic.BaseModel):
     user_id: int = pydantic.Field(validation_alias="uid")
+
+
+class Color(StrEnum):
+    RED = "red"
+
+
+class Level(IntEnum):
+    LOW = 1
+
+
+class Pair(NamedTuple):
+    x: int
+    y: int
+
+
+@dataclass
+class HintedColor:
+    color: Color
+
+
+@dataclass
+class HintedLevel:
+    level: Level
+
+
+@dataclass
+class HintedPair:
+    pair: Pair
+
+
+@dataclass
+class HintedTuple:
+    coords: tuple  # type: ignore[type-arg]
+
+
+class Named(TypedDict):
+    name: str
+
+
+class ColorDict(Named, total=False):
+    color: Color
+
+
+class Forbids(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    a: int
+
+    @pydantic.computed_field  # type: ignore[prop-decorator]
+    @property
+    def b(self) -> int:
+        return self.a + 1
 
 
 registry = Registry()
@@ -138,3 +190,38 @@ def test_an_aliased_pydantic_payload_reaches_a_real_workers_handler(
     assert (got.state, got.fields.get("last_error")) == ("done", None)
     assert q.result(job, timeout_s=5) == 42
     assert seen == [Aliased(userId=42)]
+
+
+@pytest.mark.parametrize(
+    ("tp", "value", "json_type"),
+    [
+        (HintedColor, HintedColor(Color.RED), "str"),
+        (HintedLevel, HintedLevel(Level.LOW), "int"),
+        (HintedPair, HintedPair(Pair(1, 2)), "list"),
+        (HintedTuple, HintedTuple((1, 2)), "list"),
+    ],
+)
+def test_a_field_json_reads_back_as_another_type_is_refused_at_enqueue(
+    tp: type, value: Any, json_type: str
+) -> None:
+    # Its JSON form (a str, an int, a list) never passes the worker's isinstance check of the
+    # hint: every attempt failed 'payload[...] must be Color, got str'.
+    local = Registry()
+    handle: Any = local.task("round.hinted", payload_type=tp)(lambda p, c: None)
+    with pytest.raises(BadArgument, match=rf"JSON reads it back as {json_type}"):
+        handle.job_spec(value)
+
+
+def test_a_typeddict_key_json_reads_back_as_another_type_is_refused_only_when_present() -> None:
+    local = Registry()
+    handle: Any = local.task("round.colors", payload_type=ColorDict)(lambda p, c: None)
+    assert handle.job_spec({"name": "a"}).payload == {"name": "a"}  # decodes: taken
+    with pytest.raises(BadArgument, match=r"payload\['color'\] .*JSON reads it back as str"):
+        handle.job_spec({"name": "a", "color": Color.RED})
+
+
+def test_a_pydantic_models_computed_fields_do_not_fail_its_decode() -> None:
+    # model_dump writes computed fields; a model that forbids extra inputs refused them.
+    wire = encode_payload(Forbids, Forbids(a=1))
+    assert wire == {"a": 1, "b": 2}
+    assert decode_payload(Forbids, wire) == Forbids(a=1)

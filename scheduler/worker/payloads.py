@@ -110,7 +110,7 @@ def _as_dict(tp: type, payload: Any) -> dict[str, Any]:
     return out
 
 
-def _check_typeddict(tp: type, payload: Any) -> None:
+def _check_typeddict(tp: type, payload: Any, encoding: bool = False) -> None:
     if not isinstance(payload, dict):
         raise BadArgument(f"payload must be a {tp.__name__} (a dict), got {type(payload).__name__}")
     required: frozenset[str] = getattr(tp, "__required_keys__", frozenset())
@@ -119,12 +119,35 @@ def _check_typeddict(tp: type, payload: Any) -> None:
     unknown = sorted(payload.keys() - required - optional)
     if missing or unknown:
         raise BadArgument(f"payload for {tp.__name__}: missing {missing}, unknown {unknown}")
-    _check_fields(tp, payload)
+    _check_fields(tp, payload, encoding)
 
 
-def _check_fields(tp: type, values: dict[str, Any]) -> None:
+_JSON_TYPES = (dict, list, str, int, float, bool, type(None))
+
+
+@functools.cache
+def _json_can_be(hint: type) -> bool:
+    """Some value JSON reads back passes the decode's isinstance check of `hint` (a StrEnum,
+    an IntEnum, a tuple or a NamedTuple does not: JSON gives a str, an int, a list)."""
+    try:
+        return any(issubclass(j, hint) for j in _JSON_TYPES)
+    except TypeError:  # a class whose __subclasscheck__ refuses: left to the decode
+        return True
+
+
+def _json_name(value: Any) -> str:
+    """The JSON type `value` is written as (and read back as)."""
+    if isinstance(value, list | tuple):
+        return "list"
+    if isinstance(value, dict) or dataclasses.is_dataclass(value):
+        return "dict"
+    return next((j.__name__ for j in _JSON_TYPES if isinstance(value, j)), type(value).__name__)
+
+
+def _check_fields(tp: type, values: dict[str, Any], encoding: bool = False) -> None:
     """Shallow: a field hinted with a plain class is checked with isinstance (an int passes
-    for a float, as JSON reads 1.0 back as 1); generics (list[int], ...) and unions are not."""
+    for a float, as JSON reads 1.0 back as 1); generics (list[int], ...) and unions are not.
+    `encoding` (enqueue): a value whose JSON form the decode's check would refuse is refused."""
     try:
         hints = get_type_hints(tp)
     except Exception:  # a hint naming what is not importable here: left unchecked
@@ -134,6 +157,12 @@ def _check_fields(tp: type, values: dict[str, Any]) -> None:
             continue
         value = values[key]
         if isinstance(value, hint) or (hint is float and type(value) is int):
+            if encoding and not _json_can_be(hint):
+                raise BadArgument(
+                    f"payload[{key!r}] is hinted {hint.__name__}, and JSON reads it back as"
+                    f" {_json_name(value)}, which the worker's decode refuses: hint the field"
+                    " with that type, or use a pydantic model (it converts)"
+                )
             continue
         raise BadArgument(f"payload[{key!r}] must be {hint.__name__}, got {type(value).__name__}")
 
@@ -142,13 +171,15 @@ def encode_payload(tp: type, payload: Any) -> Any:
     """Check `payload` against `tp`; returns its JSON-able form (BadArgument if it does not fit)."""
     kind = payload_kind(tp)
     if kind == "typeddict":
-        _check_typeddict(tp, payload)
+        _check_typeddict(tp, payload, encoding=True)
         return payload
     if kind == "dataclass":
         if not isinstance(payload, tp):
             raise BadArgument(f"payload must be a {tp.__name__}, got {type(payload).__name__}")
-        _check_fields(tp, {f.name: getattr(payload, f.name) for f in dataclasses.fields(tp)})
-        return _as_dict(tp, payload)
+        out = _as_dict(tp, payload)
+        fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(tp)}
+        _check_fields(tp, fields, encoding=True)
+        return out
     if kind == "pydantic":
         if not isinstance(payload, tp):
             raise BadArgument(f"payload must be a {tp.__name__}, got {type(payload).__name__}")
@@ -171,6 +202,10 @@ def decode_payload(tp: type, payload: Any) -> Any:
             return tp(**payload)
         except TypeError as exc:
             raise BadArgument(f"payload does not fit {tp.__name__}: {exc}") from None
+    computed = getattr(tp, "model_computed_fields", None)
+    if isinstance(computed, dict) and not computed.keys().isdisjoint(payload):
+        # model_dump writes them; they are outputs (a model forbidding extra inputs refused them).
+        payload = {k: v for k, v in payload.items() if k not in computed}
     try:
         return tp.model_validate(payload, **_by_name_too(tp))  # type: ignore[attr-defined]
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
