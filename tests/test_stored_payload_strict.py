@@ -1,6 +1,8 @@
 """A stored payload is read by the worker as strictly as enqueue writes it: NaN, Infinity and a
 number past a float's range (written into a job by hand) park the job as InvalidPayload; they
-used to reach the handler (whose result then failed to encode), an audit found."""
+used to reach the handler (whose result then failed to encode), an audit found. So does a lone
+surrogate escape ("\\ud800", which Python's json.dumps of a str enqueue refuses writes, and
+another client may): it reached the handler as a str no UTF-8 write accepts."""
 
 from __future__ import annotations
 
@@ -24,7 +26,10 @@ def echo(payload: Any, ctx: JobContext) -> str:
     return "ran"
 
 
-@pytest.mark.parametrize("stored", ['{"x": NaN}', "[Infinity]", "[-Infinity]", "[1e999]"])
+@pytest.mark.parametrize(
+    "stored",
+    ['{"x": NaN}', "[Infinity]", "[-Infinity]", "[1e999]", '["a\\ud800"]', '{"x": "\\uDC00b"}'],
+)
 def test_a_payload_enqueue_would_refuse_is_parked_not_run(
     module_server: RedisProcess, stored: str
 ) -> None:
@@ -40,3 +45,20 @@ def test_a_payload_enqueue_would_refuse_is_parked_not_run(
     job = q.get_job(bad)
     assert (job.state, job.fields.get("last_error_type")) == ("dead", "InvalidPayload")
     assert seen == [{"x": 2.5}]  # only the other job reached the handler
+
+
+def test_escaped_text_that_is_valid_unicode_still_reaches_the_handler(
+    module_server: RedisProcess,
+) -> None:
+    # A surrogate pair (json.dumps' default escapes an emoji so), and a backslash before "ud800"
+    # (text, not an escape), are valid: only a lone surrogate is refused.
+    raw = redis.Redis.from_url(module_server.url)
+    q = Queue.from_url(module_server.url, "strict-ok")
+    job = q.enqueue("strict.echo", {"x": 1})
+    raw.hset(q.keys.job(job), "payload", '["\\ud83d\\ude00", "\\\\ud800"]')
+
+    seen.clear()
+    run_until(module_server.url, registry, WorkerSettings(queues=("strict-ok",), grace_s=0),
+              lambda: q.status(job) in ("done", "dead"))  # fmt: skip
+    assert q.status(job) == "done"
+    assert seen == [["\U0001f600", "\\ud800"]]

@@ -28,10 +28,24 @@ def _finite(text: str) -> float:
     return value
 
 
-# A stored payload is read as strictly as enqueue writes it: NaN, Infinity and a number past a
-# float's range (edited by hand) park the job as InvalidPayload instead of reaching the handler.
+# A stored payload is read as strictly as enqueue writes it: NaN, Infinity, a number past a
+# float's range and a lone surrogate escape (written by hand or by another client) park the job
+# as InvalidPayload instead of reaching the handler.
 _STORED = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite)
-load_stored = _STORED.decode
+_TEXT_CHECK = json.JSONEncoder(ensure_ascii=False)
+
+
+def load_stored(text: str) -> Any:
+    """The handler's payload from its stored JSON text; ValueError when enqueue would refuse it."""
+    value = _STORED.decode(text)
+    # Enqueue escapes only control characters, so a \u escape is rare: only then is the decoded
+    # text checked (a valid surrogate pair decodes to one character; a lone one stays).
+    if "\\u" in text:
+        try:
+            _TEXT_CHECK.encode(value).encode()
+        except UnicodeEncodeError:
+            raise ValueError("a lone surrogate escape is not text (enqueue refuses it)") from None
+    return value
 
 
 def payload_kind(tp: type) -> str | None:
