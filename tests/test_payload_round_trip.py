@@ -220,6 +220,17 @@ def test_a_typeddict_key_json_reads_back_as_another_type_is_refused_only_when_pr
         handle.job_spec({"name": "a", "color": Color.RED})
 
 
+def test_a_pydantic_model_in_a_dataclass_field_is_refused_as_not_json() -> None:
+    @dataclass
+    class HoldsModel:
+        model: Aliased
+
+    local = Registry()
+    handle: Any = local.task("round.model", payload_type=HoldsModel)(lambda p, c: None)
+    with pytest.raises(BadArgument, match=r"payload\['model'\] is hinted Aliased: it is not JSON"):
+        handle.job_spec(HoldsModel(Aliased(userId=1)))
+
+
 def test_a_pydantic_models_computed_fields_do_not_fail_its_decode() -> None:
     # model_dump writes computed fields; a model that forbids extra inputs refused them.
     wire = encode_payload(Forbids, Forbids(a=1))

@@ -149,13 +149,13 @@ def _json_can_be(hint: type) -> bool:
         return True
 
 
-def _json_name(value: Any) -> str:
-    """The JSON type `value` is written as (and read back as)."""
+def _json_name(value: Any) -> str | None:
+    """The JSON type `value` is written as (and read back as); None when it is not JSON."""
     if isinstance(value, list | tuple):
         return "list"
     if isinstance(value, dict) or dataclasses.is_dataclass(value):
         return "dict"
-    return next((j.__name__ for j in _JSON_TYPES if isinstance(value, j)), type(value).__name__)
+    return next((j.__name__ for j in _JSON_TYPES if isinstance(value, j)), None)
 
 
 def _check_fields(tp: type, values: dict[str, Any], encoding: bool = False) -> None:
@@ -172,10 +172,12 @@ def _check_fields(tp: type, values: dict[str, Any], encoding: bool = False) -> N
         value = values[key]
         if isinstance(value, hint) or (hint is float and type(value) is int):
             if encoding and not _json_can_be(hint):
+                back = _json_name(value)
+                why = f"JSON reads it back as {back}" if back else "it is not JSON"
                 raise BadArgument(
-                    f"payload[{key!r}] is hinted {hint.__name__}, and JSON reads it back as"
-                    f" {_json_name(value)}, which the worker's decode refuses: hint the field"
-                    " with that type, or use a pydantic model (it converts)"
+                    f"payload[{key!r}] is hinted {hint.__name__}: {why}, which the worker's"
+                    " decode refuses: hint the field with a JSON type, or use a pydantic model"
+                    " (it converts)"
                 )
             continue
         raise BadArgument(f"payload[{key!r}] must be {hint.__name__}, got {type(value).__name__}")
