@@ -163,6 +163,20 @@ def test_a_dataclass_the_worker_cannot_rebuild_is_refused_at_registration(tp: ty
     assert local.names() == []
 
 
+@dataclass(init=False)
+class Flexible:
+    a: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.a = kwargs.get("a", args[0] if args else 0)
+
+
+def test_an_init_taking_any_arguments_is_still_taken() -> None:
+    local = Registry()
+    handle: Any = local.task("round.flexible", payload_type=Flexible)(lambda p, c: None)
+    assert decode_payload(Flexible, handle.job_spec(Flexible(a=3)).payload).a == 3
+
+
 def test_an_initvar_with_a_default_is_still_taken() -> None:
     local = Registry()
     handle: Any = local.task("round.optional", payload_type=OptionalInitVar)(lambda p, c: None)

@@ -59,6 +59,9 @@ def payload_kind(tp: type) -> str | None:
     return None
 
 
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
 def check_payload_type(tp: Any) -> None:
     """A task's payload_type, checked at registration: one the worker could never build from the
     JSON enqueue writes (X(**fields)) is refused here, not at every attempt of every job."""
@@ -82,10 +85,10 @@ def check_payload_type(tp: Any) -> None:
         return
     stored = {f.name for f in fields}
     for p in params:
-        if p.name not in stored and p.default is p.empty and p.kind is not p.VAR_KEYWORD:
+        if p.name not in stored and p.default is p.empty and p.kind not in _VARIADIC:
             raise BadArgument(
-                f"payload_type {tp.__name__}: {p.name!r} (an InitVar) is not stored, so the"
-                f" worker cannot build the payload as {tp.__name__}(**fields) without it"
+                f"payload_type {tp.__name__}: {p.name!r} (an InitVar or __init__ argument) is not"
+                f" stored, so the worker cannot build the payload as {tp.__name__}(**fields)"
             )
 
 
