@@ -121,6 +121,15 @@ class Forbids(pydantic.BaseModel):
         return self.a + 1
 
 
+class Excluded(pydantic.BaseModel):
+    secret: str = pydantic.Field(exclude=True)
+    a: int
+
+
+class HoldsJson(pydantic.BaseModel):
+    raw: pydantic.Json[list[int]]
+
+
 registry = Registry()
 seen: list[Any] = []
 
@@ -250,3 +259,16 @@ def test_a_pydantic_models_computed_fields_do_not_fail_its_decode() -> None:
     wire = encode_payload(Forbids, Forbids(a=1))
     assert wire == {"a": 1, "b": 2}
     assert decode_payload(Forbids, wire) == Forbids(a=1)
+
+
+def test_a_pydantic_payload_the_worker_cannot_validate_is_refused_at_enqueue() -> None:
+    # A required field excluded from dumps: model_dump leaves it out, model_validate needs it.
+    local = Registry()
+    handle: Any = local.task("round.excluded", payload_type=Excluded)(lambda p, c: None)
+    with pytest.raises(BadArgument, match=r"(?s)payload does not fit Excluded.*secret"):
+        handle.job_spec(Excluded(secret="s", a=1))
+    # A Json[...] field validates from JSON text, and model_dump writes its value.
+    with pytest.raises(BadArgument, match=r"(?s)payload does not fit HoldsJson.*raw"):
+        encode_payload(HoldsJson, HoldsJson(raw="[1, 2]"))  # type: ignore[arg-type]
+    # A model that validates back is taken as before.
+    assert encode_payload(Aliased, Aliased(userId=1)) == {"user_id": 1}

@@ -202,7 +202,9 @@ def encode_payload(tp: type, payload: Any) -> Any:
     if kind == "pydantic":
         if not isinstance(payload, tp):
             raise BadArgument(f"payload must be a {tp.__name__}, got {type(payload).__name__}")
-        return payload.model_dump(mode="json")  # type: ignore[attr-defined]
+        out = payload.model_dump(mode="json")  # type: ignore[attr-defined]
+        decode_payload(tp, out)  # what the worker does: a misfit is refused here, not per attempt
+        return out
     raise BadArgument(f"unsupported payload_type {tp!r}")
 
 
