@@ -134,3 +134,28 @@ def test_a_result_or_progress_is_not_told_to_enqueue_by_handle() -> None:
         assert "task.enqueue" not in str(err.value), str(err.value)
     with pytest.raises(InvalidPayload, match=r"task\.enqueue\(q, value\)"):
         codec.encode_json(EmailArgs(to="a@b"), "payload", 1000)
+
+
+class _Raising(dict):  # type: ignore[type-arg]
+    """A mapping whose own method raises while the encoder reads it."""
+
+    def items(self) -> Any:
+        raise RuntimeError("items boom")
+
+    def keys(self) -> Any:
+        raise RuntimeError("keys boom")
+
+
+def test_a_value_whose_own_method_raises_is_invalid_payload(q: Queue, client: redis.Redis) -> None:
+    """InvalidPayload, as enqueue, complete and set_progress document (and as the worker says of
+    such a result): before, the object's own RuntimeError came out of the call."""
+    from scheduler.core.progress import encode_progress
+
+    before = dump_queue(client, q)
+    with pytest.raises(InvalidPayload, match="payload could not be encoded: RuntimeError"):
+        q.enqueue("t", _Raising(a=1))
+    assert dump_queue(client, q) == before
+    with pytest.raises(InvalidPayload, match="progress could not be encoded: RuntimeError"):
+        encode_progress(_Raising(a=1))
+    with pytest.raises(InvalidPayload, match="result could not be encoded: RuntimeError"):
+        q.complete("some-job-id-0001", "1-x", _Raising(a=1))

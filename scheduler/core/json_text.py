@@ -39,6 +39,15 @@ _JSON = json.JSONEncoder(
 )
 
 
+def _described(exc: Exception) -> str:
+    """'Type: message', or the type alone when the message cannot be read."""
+    name = type(exc).__name__
+    try:
+        return f"{name}: {exc}"
+    except Exception:
+        return f"{name} (its message could not be read)"
+
+
 def encode_json(value: Any, what: str, limit: int) -> str:
     try:
         text = _JSON.encode(value)
@@ -49,6 +58,8 @@ def encode_json(value: Any, what: str, limit: int) -> str:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
     except RecursionError:
         raise InvalidPayload(f"{what} is nested too deeply to encode") from None
+    except Exception as exc:  # the value's own method raised (a mapping's items(), ...)
+        raise InvalidPayload(f"{what} could not be encoded: {_described(exc)}") from exc
     if not text.isascii():
         # A lone surrogate ('\ud800') is a str but not UTF-8: refuse it here, typed.
         try:
