@@ -237,3 +237,16 @@ def test_a_typo_in_a_queue_name_is_still_a_typo(down: Down) -> None:
     res = CliRunner().invoke(main, ["stats", "--url", down.cluster.url, "-q", "no-such-q"])
     assert res.exit_code == 1, res.output  # refused (was 3: the list of known queues failed)
     assert "no queue named 'no-such-q'" in res.output and down.good in res.output
+
+
+def test_the_dashboard_shows_a_job_of_a_live_partition(down: Down) -> None:
+    """A partitioned queue partly on the dead node: a job of a live partition is readable,
+    and its page showed 503 (the count of live workers read every partition's workers)."""
+    pq = PartitionedQueue.open(connect(down.cluster.url), down.spread)
+    key = next(f"k{i}" for i in range(200) if down.cluster.primary_for(
+        pq.parts[pq.layout.partition_of_key(f"k{i}")].keys.prefix) is down.live)  # fmt: skip
+    job_id = pq.enqueue("noop", None, key=key)
+    with TestClient(create_app(url=down.cluster.url, auth=Auth())) as web:
+        page = web.get(f"/queues/{down.spread}/jobs/{job_id}")
+        assert page.status_code == 200, page.text[-500:]
+        assert job_id in page.text

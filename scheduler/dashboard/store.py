@@ -19,7 +19,7 @@ from scheduler.admin.inspection import (
 )
 from scheduler.client.partitioned import PartitionedQueue, read_layout
 from scheduler.client.queue import Queue
-from scheduler.core.connection import is_cluster
+from scheduler.core.connection import UNREACHABLE, is_cluster
 from scheduler.core.errors import SchedulerError
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.models import QueueCounts
@@ -260,11 +260,19 @@ class Store:
     def live_worker_count(self, name: str) -> int:
         """Live workers among each partition's WORKERS_PROBED most recently seen, whatever the
         size of the workers ZSET: one ZRANGE and one EXISTS each (a job page only asks whether
-        any is alive). A live worker beats every few seconds, so it is among the newest."""
-        n = 0
-        for q in self.view(name).parts:
-            ids = [str(i) for i in _newest_workers(self.client, q.keys, WORKERS_PROBED)]
-            n += int(self.client.exists(*map(q.keys.worker, ids))) if ids else 0
+        any is alive). A live worker beats every few seconds, so it is among the newest. A
+        partition whose node does not answer is left out while another answers: a worker of
+        the queue beats on every partition (one down gave the page of a live one's job 503)."""
+        n, failed = 0, []
+        parts = self.view(name).parts
+        for q in parts:
+            try:
+                ids = [str(i) for i in _newest_workers(self.client, q.keys, WORKERS_PROBED)]
+                n += int(self.client.exists(*map(q.keys.worker, ids))) if ids else 0
+            except UNREACHABLE as exc:
+                failed.append(exc)
+        if len(failed) == len(parts):  # none answered: the app's 503
+            raise failed[0]
         return n
 
 
