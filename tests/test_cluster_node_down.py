@@ -20,6 +20,7 @@ from starlette.testclient import TestClient
 from scheduler import Queue
 from scheduler._spawn import RedisProcess
 from scheduler._spawn_cluster import LocalCluster
+from scheduler.admin.worker_stop import ASKED, ask_stop
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core import queue_index
@@ -250,3 +251,24 @@ def test_the_dashboard_shows_a_job_of_a_live_partition(down: Down) -> None:
         page = web.get(f"/queues/{down.spread}/jobs/{job_id}")
         assert page.status_code == 200, page.text[-500:]
         assert job_id in page.text
+
+
+def test_a_worker_of_a_queue_partly_on_the_dead_node_can_be_asked_to_stop(down: Down) -> None:
+    """`scheduler workers stop` and the dashboard's Stop (ask_stop over every partition) exited
+    3 / answered 503 while one partition's node was down, though the worker is live on the
+    others and reads the request there (its presence written by hand: the same keys)."""
+    client = connect(down.cluster.url)
+    pq = PartitionedQueue.open(client, down.spread)
+    live = [p for p in pq.parts if down.cluster.primary_for(p.keys.prefix) is down.live]
+    for wid in ("w-half-1", "w-half-2"):
+        for p in live:
+            client.hset(p.keys.worker(wid), mapping={"host": "h", "pid": 1})
+            client.zadd(p.keys.workers, {wid: 1})
+    res = CliRunner().invoke(
+        main, ["workers", "stop", "w-half-1", "-q", down.spread, "--url", down.cluster.url]
+    )
+    assert res.exit_code == 0, res.output
+    assert all(client.get(p.keys.worker_stop("w-half-1")) == "stop" for p in live)
+    parts = [p.keys for p in pq.parts]
+    assert ask_stop(client, parts, "w-half-2", "quiet", queue=down.spread) == ASKED
+    assert all(client.get(p.keys.worker_stop("w-half-2")) == "quiet" for p in live)

@@ -7,10 +7,12 @@ after `ttl_ms`: a request for a worker that stopped meanwhile does not linger.""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 
 from scheduler.core.claim_reply import check_worker_id
+from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import BadArgument, SchedulerError
 from scheduler.core.keys import QueueKeys
 from scheduler.core.vocabulary import STOP_VERBS
@@ -58,17 +60,27 @@ def ask_stop(
     error (a partitioned queue's own), by default the first part's."""
     check_stop(verb, ttl_ms)
     check_worker_id(worker_id)
-    pipe = client.pipeline(transaction=False)
+    # Each partition read on its own: one whose node does not answer is left out while
+    # another answers (the worker beats on each and reads the request on any; a cluster
+    # pipeline raises for a node down, which refused the dashboard's Stop of such a queue).
+    pairs: list[tuple[QueueKeys, Any, Any]] = []
+    down: list[Exception] = []
     for keys in parts:
+        pipe = client.pipeline(transaction=False)
         pipe.hget(keys.worker(worker_id), "stopping")
         pipe.exists(keys.worker(worker_id))
-    replies = pipe.execute()
-    live = [k for k, n in zip(parts, replies[1::2], strict=True) if n]
+        try:
+            pairs.append((keys, *pipe.execute()))
+        except UNREACHABLE as exc:
+            down.append(exc)
+    if down and not pairs:
+        raise down[0]
+    live = [k for k, _, n in pairs if n]
     if not live:
         where = queue or (parts[0].queue if parts else "")
         raise WorkerNotFound(f"no live worker {worker_id!r} on queue {where!r}: it "
                              "stopped, or the id is not one `scheduler workers` lists")  # fmt: skip
-    stopping = {s for s in replies[0::2] if s in STOP_VERBS}
+    stopping = {s for _, s, _ in pairs if s in STOP_VERBS}
     if "stop" in stopping or verb in stopping:
         return ALREADY
     pipe = client.pipeline(transaction=False)

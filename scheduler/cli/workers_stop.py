@@ -32,6 +32,7 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.core.claim_reply import check_worker_id
+from scheduler.core.connection import UNREACHABLE
 from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import safe
 
@@ -127,11 +128,22 @@ def _ask(verb: str, *, url: str, queues: tuple[str, ...], worker_ids: tuple[str,
 
 def _live(client: Any, queues: tuple[str, ...]) -> dict[tuple[str, str], list[QueueKeys]]:
     """Every live worker of the queues (all when none is named), by (id, logical queue),
-    with the partitions of that queue it is live on."""
+    with the partitions of that queue it is live on. A partition whose node does not answer
+    is left out while another of the queue answers: its workers beat on those too, and read
+    the request there (one partition down refused every stop of the queue, exit 3)."""
     out: dict[tuple[str, str], list[QueueKeys]] = {}
     for logical in resolve_queues(client, queues):
-        for name in physical_queues(client, [logical]):
+        names = physical_queues(client, [logical])
+        failed: list[Exception] = []
+        for name in names:
             keys = QueueKeys(name)
-            for w in live_workers(client, keys)[0]:
+            try:
+                found = live_workers(client, keys)[0]
+            except UNREACHABLE as exc:
+                failed.append(exc)
+                continue
+            for w in found:
                 out.setdefault((w.id, logical), []).append(keys)
+        if failed and len(failed) == len(names):
+            raise failed[0]
     return out
