@@ -16,6 +16,7 @@ import redis
 from scheduler import Queue, ResultTimeout
 from scheduler.operations.requests import Script
 from tests.conftest import Clock
+from tests.test_review_key_growth import drain
 
 T0 = 1_800_000_000_000
 LEASE = 1_000
@@ -49,18 +50,6 @@ def _kind(rest: str) -> str:
     return rest
 
 
-def _drain(q: Queue, *, ok: bool = True) -> None:
-    for _ in range(50):
-        batch = q.claim("w", limit=100, lease_ms=LEASE)
-        if not batch.jobs:
-            return
-        for j in batch.jobs:
-            if ok:
-                q.complete(j.id, j.token, {"r": 1})
-            else:
-                q.fail(j.id, j.token, ("E", "m", ""), retryable=False)
-
-
 def test_every_key_left_after_a_workload_expires_or_is_kept_by_design(
     tq: tuple[Queue, Clock], client: redis.Redis
 ) -> None:
@@ -74,9 +63,9 @@ def test_every_key_left_after_a_workload_expires_or_is_kept_by_design(
     deadline = time.monotonic() + 30
     while not client.exists(q.keys.result_wait("waited")) and time.monotonic() < deadline:
         time.sleep(0.005)
-    _drain(q)
+    drain(q)
     waiter.join(30)
-    assert got == [{"r": 1}]
+    assert got == [1]
     assert 0 < client.pttl(q.keys.result_wake("waited")) <= HOUR_MS
     for i in range(20):
         q.enqueue(
@@ -109,15 +98,15 @@ def test_every_key_left_after_a_workload_expires_or_is_kept_by_design(
             q.complete(j.id, j.token, None)
     for step in range(1, 20):
         clock.set_ms(T0 + step * 1_000)
-        _drain(q)
+        drain(q)
     q.enqueue("t", job_id="bad", max_attempts=1)
-    _drain(q, ok=False)
+    drain(q, ok=False)
     assert {"deadline", "lapse", "bad"} <= set(q.dead_ids())
     assert q.requeue_dead(["bad"]) == 1
     assert q.remove_schedule("every") == "removed"
     assert q.remove_schedule("cron") == "removed"
     clock.set_ms(T0 + 60_000)
-    _drain(q)
+    drain(q)
     dead = set(q.dead_ids())
     assert dead == {"deadline", "lapse"}
 

@@ -126,7 +126,8 @@ def test_the_workers_registry_expires_after_its_last_beat(q: Queue) -> None:
     assert 0 < q.client.pttl(q.keys.workers) <= 10 * 30_000
 
 
-def _drain(q: Queue, ok: bool) -> None:
+def drain(q: Queue, ok: bool = True) -> None:
+    """Claim and settle every due job: completed (result 1), or failed for good."""
     for _ in range(50):
         batch = q.claim("w", limit=100, lease_ms=LEASE)
         if not batch.jobs:
@@ -160,15 +161,15 @@ def test_a_finished_workload_leaves_only_keys_that_expire(
     q.schedule("s2", "t", cron="* * * * *")
     for step in range(30):
         clock.set_ms(T0 + step * 1000)
-        _drain(q, ok=True)
+        drain(q, ok=True)
     d = q.enqueue("t", job_id="D", priority=4)
     q.enqueue("t", job_id="DC", after=[d])
     clock.set_ms(T0 + 100_000)
-    _drain(q, ok=False)
+    drain(q, ok=False)
     assert q.remove_schedule("s1") == "removed"
     assert q.remove_schedule("s2") == "removed"
     clock.set_ms(T0 + 200_000)
-    _drain(q, ok=True)
+    drain(q, ok=True)
     dead = q.dead_ids()
     assert {"D", "DC"} <= set(dead)
     assert q.purge_dead(dead) == len(dead)
