@@ -32,6 +32,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,10 +77,11 @@ def _worker_start(url: str, queue: str) -> subprocess.CompletedProcess[str]:
 # -- 1. TLS through Sentinel --------------------------------------------------------------------
 
 
-def test_sentinel_tls_urls_are_read_and_refused() -> None:
+def test_sentinel_tls_urls_are_read_and_refused(tmp_path: Path) -> None:
     """`sentinel_ssl=1`: the sentinels' connections get ssl and the URL's ssl_* options (the
     same CA); without it they stay plain TCP. TLS to the sentinels only is refused."""
-    ca = "/etc/ssl/ca.pem"
+    ca = str(tmp_path / "ca.pem")  # a TLS file must be there (tests/test_tls_files.py)
+    Path(ca).write_text("")
     both = connect(f"rediss+sentinel://a:1/svc?ssl_ca_certs={ca}&sentinel_ssl=1&socket_timeout=3")
     master_only = connect(f"rediss+sentinel://a:1/svc?ssl_ca_certs={ca}&socket_timeout=3")
     try:

@@ -1,8 +1,7 @@
 """The one reader of a connection URL, and what the rest of the package needs to know about a
 client: is it a Redis Cluster, which node owns a key, one plain client per primary.
 
-URL forms (every entry point: `Queue.from_url`, `AsyncQueue.from_url`, `scheduler worker`, every
-CLI command, `doctor`):
+URL forms (every entry point: `Queue.from_url`, `open_queue`, `scheduler worker`, every command):
 
     redis://host:port/0, rediss://..., unix:///path.sock     one server
     redis+cluster://host:port,host:port/                     a Redis Cluster (any node(s) of it)
@@ -14,8 +13,8 @@ CLI command, `doctor`):
 User and password go in the URL as usual (`redis+cluster://user:pw@h:p,h:p/`). A cluster has
 only database 0 and needs TCP: `unix://` with cluster, or `/1`, is refused (BadArgument).
 Query options (`?socket_timeout=5`) are the names in core/url_options.py, converted there; any
-other name, a bad value, port or database is refused (BadArgument) rather than failing at the
-first command; on Sentinel URLs `?sentinel_username=` and `?sentinel_password=` too."""
+other name, a bad value, port or database, a TLS file not there (also given to connect() as a
+keyword) is refused (BadArgument) before any connection; on Sentinel URLs `?sentinel_*=` too."""
 
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ from redis.exceptions import (
 from scheduler.core.errors import BadArgument, cluster_refusal
 from scheduler.core.safety import REDACTED, is_secret_name, redact
 from scheduler.core.sentinel import SentinelSpec, parse_sentinel, sentinel_client
-from scheduler.core.url_options import CLUSTER_OPTIONS, FLAG, OPTIONS, Parse, whole
+from scheduler.core.url_options import CLUSTER_OPTIONS, FLAG, OPTIONS, Parse, check_tls_paths, whole
 from scheduler.core.url_options import convert as _convert
 from scheduler.core.url_options import url_error as _fail
 
@@ -196,6 +195,7 @@ def _host_port(url: str, text: str) -> tuple[str, int]:
 
 def _client(url: str, kwargs: dict[str, Any], one: Any, cluster: Any, node: Any) -> Any:
     target = parse_url(url)
+    check_tls_paths(kwargs)  # the URL's were checked as parse_url read them
     # The URL's options over the caller's, as redis-py's from_url does. Stored bytes not UTF-8
     # (a hand edit) read as `\xff` escapes, as in the CLI, not a UnicodeDecodeError for a page.
     args = {"decode_responses": True, "encoding_errors": "backslashreplace", **kwargs}

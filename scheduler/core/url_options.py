@@ -1,13 +1,15 @@
 """The query options a connection URL may carry (`?socket_timeout=5`), each with its converter:
 redis-py's URL_QUERY_ARGUMENT_PARSERS and the connection keyword arguments every client
 (blocking and asyncio, redis-py 7.3 and 8.x) accepts. core/connection.py refuses any other name,
-and a value its converter does not take (BadArgument), rather than fail at the first command."""
+and a value its converter does not take (BadArgument), rather than fail at the first command;
+a TLS file (`ssl_ca_certs`, ...) is checked to be there and readable."""
 
 from __future__ import annotations
 
 import math
+import os
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from redis.connection import parse_ssl_verify_flags
@@ -42,6 +44,49 @@ def whole(low: int) -> Parse:
     return _value(int, f"expected a whole number >= {low}", lambda v: v >= low)
 
 
+def tls_path_problem(path: str, folder: bool = False) -> str | None:
+    """Why a client could not read the TLS file (ssl_ca_path: the folder) at `path`, else None:
+    redis-py would find out only while connecting, as a ConnectionError ('No such file')."""
+    kind = "directory" if folder else "file"
+    if not os.path.exists(path):
+        return f"no such {kind}"
+    if os.path.isdir(path) != folder:
+        return "not a directory" if folder else "is a directory, expected a file"
+    if not os.access(path, os.R_OK | (os.X_OK if folder else 0)):
+        return f"this process cannot read that {kind}"
+    return None
+
+
+def _tls_path(folder: bool) -> Parse:
+    def parse(text: str) -> str:
+        why = tls_path_problem(text, folder)
+        if why is not None:
+            raise ValueError(why)
+        return text
+
+    return parse
+
+
+# The options naming a file (True: a folder) the TLS context reads, checked before any connection.
+TLS_PATHS = {
+    "ssl_ca_certs": False,
+    "ssl_certfile": False,
+    "ssl_keyfile": False,
+    "ssl_ca_path": True,
+}
+
+
+def check_tls_paths(options: Mapping[str, Any]) -> None:
+    """A connection helper's keyword arguments naming a TLS file that is not there: BadArgument
+    naming the option and the path (a URL's are checked as its options are converted)."""
+    for name, folder in TLS_PATHS.items():
+        value = options.get(name)
+        if isinstance(value, (str, os.PathLike)):
+            why = tls_path_problem(os.fspath(value), folder)
+            if why is not None:
+                raise BadArgument(f"{name}={os.fspath(value)!r}: {why}")
+
+
 FLAG = _value(lambda t: _BOOLS[t.strip().lower()], "expected 1 or 0")
 _SECONDS = _value(float, "expected seconds > 0", lambda v: math.isfinite(v) and v > 0)
 _VERIFY = _value(parse_ssl_verify_flags, "expected ssl.VerifyFlags names, comma-separated")
@@ -58,7 +103,7 @@ CLUSTER_OPTIONS: dict[str, Parse] = {
     "max_connections": whole(1),
     "protocol": _value(lambda t: {"2": 2, "3": 3}[t], "expected 2 or 3"),
     **dict.fromkeys(("client_name", "username", "password"), str),
-    **dict.fromkeys(("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"), str),
+    **dict.fromkeys(("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"), _tls_path(False)),
     "ssl_cert_reqs": _value(str.lower, f"expected one of {_CERT_REQS}", _CERT_REQS.__contains__),
     "ssl_check_hostname": FLAG,
     "ssl_include_verify_flags": _VERIFY,
@@ -70,7 +115,8 @@ CLUSTER_OPTIONS: dict[str, Parse] = {
 SINGLE_OPTIONS: dict[str, Parse] = {
     "socket_read_size": whole(1),
     "health_check_interval": whole(0),
-    **dict.fromkeys(("ssl_ca_path", "ssl_password", "ssl_ciphers"), str),
+    "ssl_ca_path": _tls_path(True),
+    **dict.fromkeys(("ssl_password", "ssl_ciphers"), str),
     # A name, or redis-py's own form: the whole number of an ssl.TLSVersion (771 = TLSv1_2).
     "ssl_min_version": _value(_tls_version, "expected TLSv1_2, TLSv1_3 or its number (771, 772)"),
 }

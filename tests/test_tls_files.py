@@ -1,0 +1,128 @@
+"""A TLS file named by a connection URL (`?ssl_ca_certs=`, `ssl_certfile`, `ssl_keyfile`,
+`ssl_ca_path`) or by a connection helper's keyword argument that is not there is a usage error
+naming the option and the path, raised before any connection (core/url_options.py): it was
+redis-py's `Error 2 connecting to ...: No such file or directory.` at the first command, which
+the CLI reported as 'cannot reach Redis' (exit 3) and the worker as a crash."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from scheduler import BadArgument, Queue, open_queue
+from scheduler.cli.main import main
+from scheduler.core.connection import connect, connect_async, parse_url
+from scheduler.core.exits import EXIT_USAGE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    """A TCP port that accepts (nothing answers): a client that tried to connect shows up in
+    its backlog, so a test can assert that no connection was attempted."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    sock.setblocking(False)
+    yield sock
+    sock.close()
+
+
+def _no_connection(sock: socket.socket) -> bool:
+    try:
+        conn, _ = sock.accept()
+    except BlockingIOError:
+        return True
+    conn.close()
+    return False
+
+
+def _url(sock: socket.socket, query: str, scheme: str = "rediss") -> str:
+    return f"{scheme}://127.0.0.1:{sock.getsockname()[1]}/0?{query}&socket_timeout=3"
+
+
+@pytest.mark.parametrize("name", ["ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path"])
+def test_a_missing_tls_file_in_the_url_is_a_usage_error_naming_it(
+    name: str, tmp_path: Path, listener: socket.socket
+) -> None:
+    missing = tmp_path / "nope" / "ca.pem"
+    url = _url(listener, f"{name}={missing}")
+    with pytest.raises(BadArgument) as info:
+        parse_url(url)
+    assert name in str(info.value) and str(missing) in str(info.value), str(info.value)
+    for opener in (connect, lambda u: Queue.from_url(u, "q"), lambda u: open_queue(u, "q")):
+        with pytest.raises(BadArgument, match=name):
+            opener(url)
+    with pytest.raises(BadArgument, match=name):
+        connect_async(url)
+    res = CliRunner().invoke(main, ["stats", "--url", url])
+    assert res.exit_code == EXIT_USAGE, res.output
+    assert name in res.output and str(missing) in res.output, res.output
+    assert _no_connection(listener)
+
+
+def test_a_file_of_the_wrong_kind_is_refused_and_a_present_one_taken(tmp_path: Path) -> None:
+    pem = tmp_path / "ca.pem"
+    pem.write_text("not read here")
+    base = "rediss://127.0.0.1:1/0?"
+    with pytest.raises(BadArgument, match=r"ssl_ca_certs=.*is a directory"):
+        parse_url(f"{base}ssl_ca_certs={tmp_path}")
+    with pytest.raises(BadArgument, match=r"ssl_ca_path=.*not a directory"):
+        parse_url(f"{base}ssl_ca_path={pem}")
+    t = parse_url(f"{base}ssl_ca_certs={pem}&ssl_certfile={pem}&ssl_keyfile={pem}")
+    assert t.options["ssl_ca_certs"] == str(pem)
+    assert parse_url(f"{base}ssl_ca_path={tmp_path}").options["ssl_ca_path"] == str(tmp_path)
+
+
+def test_cluster_and_sentinel_urls_check_their_tls_files_too(tmp_path: Path) -> None:
+    missing = tmp_path / "ca.pem"
+    for url in (
+        f"rediss+cluster://127.0.0.1:1,127.0.0.1:2/?ssl_ca_certs={missing}",
+        f"rediss://127.0.0.1:1/?cluster=1&ssl_certfile={missing}",
+        f"rediss+sentinel://127.0.0.1:1/svc?ssl_keyfile={missing}&sentinel_ssl=1",
+    ):
+        with pytest.raises(BadArgument, match=str(missing)):
+            parse_url(url)
+
+
+def test_a_missing_tls_file_given_as_a_keyword_is_refused(
+    tmp_path: Path, listener: socket.socket
+) -> None:
+    missing = tmp_path / "key.pem"
+    url = _url(listener, "protocol=2")
+    with pytest.raises(BadArgument, match=rf"ssl_keyfile=.*{missing}.*no such file"):
+        connect(url, ssl_keyfile=str(missing))
+    with pytest.raises(BadArgument, match=r"ssl_ca_certs"):
+        connect_async(url, ssl_ca_certs=missing)
+
+    with pytest.raises(BadArgument, match=r"ssl_ca_certs=.*is a directory"):
+        connect(url, ssl_ca_certs=str(tmp_path))
+    pem = tmp_path / "ca.pem"
+    pem.write_text("not read here")
+    client = connect(url, ssl_ca_certs=pem)  # present: passed on as given
+    assert client.connection_pool.connection_kwargs["ssl_ca_certs"] == pem
+    client.close()
+    assert _no_connection(listener)
+
+
+def test_the_worker_refuses_a_missing_tls_file_as_usage(
+    tmp_path: Path, listener: socket.socket
+) -> None:
+    missing = tmp_path / "client.pem"
+    url = _url(listener, f"ssl_certfile={missing}")
+    for extra in ([], ["--processes", "2"]):
+        res = subprocess.run(
+            [sys.executable, "-m", "scheduler", "worker", "tests.workers.basic:registry",
+             "--url", url, "-q", "q", *extra],
+            cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert res.returncode == EXIT_USAGE, res.stderr
+        assert "ssl_certfile" in res.stderr and str(missing) in res.stderr, res.stderr
+    assert _no_connection(listener)
