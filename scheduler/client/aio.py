@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -210,7 +210,6 @@ class AsyncQueue:
             InvalidPayload: the payload is not JSON-serialisable or too large.
             NotDurable: `wait_replicas` was set and fewer replicas acknowledged in time
                 (the job is accepted on the primary; its id is on the error)."""
-        await self._index()
         spec = JobSpec(
             task, payload, delay_ms, run_at, max_attempts, backoff, key, jitter_ms, timeout_ms,
             job_id, result_ttl_ms, keep_payload, priority, concurrency_key, concurrency_limit,
@@ -219,8 +218,8 @@ class AsyncQueue:
         # Concurrent callers share script calls (client/enqueue_batcher.py).
         fields = self.ops.batchable(spec)
         if fields is None:
-            return await self._run(self.ops.enqueue_spec(spec))
-        return await self._batcher.enqueue(fields)
+            return await self._write(self._run(self.ops.enqueue_spec(spec)))
+        return await self._write(self._batcher.enqueue(fields))
 
     async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
         """Accept many jobs, one round trip per batch.
@@ -240,8 +239,19 @@ class AsyncQueue:
                 other batches of the call may be written, see docs/flow-control.md).
             InvalidPayload: a payload is not JSON-serialisable or too large.
             NotDurable: as for `enqueue`; `job_ids` holds every id of the call."""
+        return await self._write(self._run(self.ops.enqueue_many(specs, batch_size)))
+
+    async def _write(self, call: Awaitable[T]) -> T:
+        """A producer's call; the queue's name goes into the queue index once one wrote
+        (core/queue_index.py): a call refused before writing adds nothing."""
+        try:
+            got = await call
+        except Exception as exc:
+            if await queue_index.after_call_async(self.client, (self.keys.queue,), exc):
+                await self._index()  # already added: notes it, no second SADD
+            raise
         await self._index()
-        return await self._run(self.ops.enqueue_many(specs, batch_size))
+        return got
 
     async def claim(
         self,
@@ -649,14 +659,13 @@ class AsyncQueue:
             BadArgument: a malformed name, cron, time zone, flow option or argument; nothing
                 was written.
             InvalidPayload: the payload is not JSON-serialisable or too large."""
-        await self._index()
-        return await self._run(self.ops.schedule(
+        return await self._write(self._run(self.ops.schedule(
             name, task, payload, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
             misfire=misfire, max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms,
             priority=priority, concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit, rate_limit=rate_limit, rate_key=rate_key,
             start_within_ms=start_within_ms,
-        ))  # fmt: skip
+        )))  # fmt: skip
 
     async def get_schedule(self, name: str) -> Schedule:
         """Read one schedule's definition and state.

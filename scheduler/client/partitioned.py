@@ -162,9 +162,12 @@ class PartitionedQueue:
             (self.parts[k], self.parts[k].ops.enqueue_many(g, batch_size))
             for k, g in groups.items()
         ]
-        queue_index.add(self.client, self.layout.names)
-        got = self._run_many(ops, errors=True)
-        return ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
+
+        def call() -> list[str]:  # its names go into the queue index once it wrote
+            got = self._run_many(ops, errors=True)
+            return ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
+
+        return queue_index.written(self.client, self.layout.names, call)
 
     # -- one job: straight to its partition --------------------------------------------------
     def status(self, job_id: str) -> JobState:

@@ -131,8 +131,14 @@ class AsyncPartitionedQueue:
         """PartitionedQueue.enqueue for asyncio (`AsyncQueue.enqueue`'s arguments)."""
         # Its partition's AsyncQueue.enqueue: concurrent callers share script calls there.
         ((k, spec),) = place(self.layout, [JobSpec(task, payload, **kwargs)], self._spread)
+        try:
+            got = await self.parts[k].enqueue(spec.task, spec.payload, **spec_options(spec))
+        except Exception as exc:  # its names are indexed once it wrote (core/queue_index.py)
+            if await queue_index.after_call_async(self.client, self.layout.names, exc):
+                await self._index()
+            raise
         await self._index()
-        return await self.parts[k].enqueue(spec.task, spec.payload, **spec_options(spec))
+        return got
 
     async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
         """PartitionedQueue.enqueue_many for asyncio."""
@@ -142,9 +148,15 @@ class AsyncPartitionedQueue:
             (self.parts[k], self.parts[k].ops.enqueue_many(g, batch_size))
             for k, g in groups.items()
         ]
+        try:
+            got = await self._run_many(ops, errors=True)
+            ids = ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
+        except Exception as exc:
+            if await queue_index.after_call_async(self.client, self.layout.names, exc):
+                await self._index()
+            raise
         await self._index()
-        got = await self._run_many(ops, errors=True)
-        return ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
+        return ids
 
     async def status(self, job_id: str) -> JobState:
         """PartitionedQueue.status for asyncio."""

@@ -205,8 +205,7 @@ class Queue:
             InvalidPayload: the payload is not JSON-serialisable or too large.
             NotDurable: `wait_replicas` was set and fewer replicas acknowledged in time
                 (the job is accepted on the primary; its id is on the error)."""
-        self._indexed = self._indexed or queue_index.add(self.client, (self.name,))
-        return self._run(self.ops.enqueue(
+        return self._write(self.ops.enqueue(
             task, payload, delay_ms=delay_ms, run_at=run_at, max_attempts=max_attempts,
             backoff=backoff, key=key, jitter_ms=jitter_ms, timeout_ms=timeout_ms, job_id=job_id,
             result_ttl_ms=result_ttl_ms, keep_payload=keep_payload, priority=priority,
@@ -233,8 +232,18 @@ class Queue:
                 other batches of the call may be written, see docs/flow-control.md).
             InvalidPayload: a payload is not JSON-serialisable or too large.
             NotDurable: as for `enqueue`; `job_ids` holds every id of the call."""
+        return self._write(self.ops.enqueue_many(specs, batch_size))
+
+    def _write(self, op: Op[T]) -> T:
+        """`_run` of a producer's op; the queue's name goes into the queue index once one wrote
+        (core/queue_index.py): a call refused before writing adds nothing."""
+        try:
+            got = self._run(op)
+        except Exception as exc:
+            self._indexed = self._indexed or queue_index.after_call(self.client, (self.name,), exc)
+            raise
         self._indexed = self._indexed or queue_index.add(self.client, (self.name,))
-        return self._run(self.ops.enqueue_many(specs, batch_size))
+        return got
 
     # Workers --------------------------------------------------------------------------------
     def claim(
@@ -657,8 +666,7 @@ class Queue:
             BadArgument: a malformed name, cron, time zone, flow option or argument; nothing
                 was written.
             InvalidPayload: the payload is not JSON-serialisable or too large."""
-        self._indexed = self._indexed or queue_index.add(self.client, (self.name,))
-        return self._run(self.ops.schedule(
+        return self._write(self.ops.schedule(
             name, task, payload, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
             misfire=misfire, max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms,
             priority=priority, concurrency_key=concurrency_key,

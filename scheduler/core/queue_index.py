@@ -2,8 +2,10 @@
 the CLI and the dashboard list queues without a SCAN of the whole keyspace (2.4 s of server
 time per listing at 2 million unrelated keys, measured: docs/guide/operating.md).
 
-Producers (enqueue, schedule) and workers (their first beat) add their queue's name once per
-process and client. The index is an advisory listing, never the truth about jobs: a failed
+Producers (enqueue, schedule) add their queue's name once per process and client, after their
+first call that wrote (`after_call`: a call refused before anything was written adds nothing, so
+a typo'd name in a refused call does not stay in the index, which is never pruned); workers at
+their first beat. The index is an advisory listing, never the truth about jobs: a failed
 addition is ignored (the call it precedes goes on), and a reader checks each name still has
 keys. Writers older than the index did not add names, so a reader scans the keyspace once and
 adds what it found, with the member `*` (no queue name) meaning "scanned"; deleting the key
@@ -15,14 +17,20 @@ import asyncio
 import contextlib
 import time
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from scheduler.core.errors import BadArgument, refused_for_now
+from scheduler.core.errors import (
+    REFUSED_UNTIL_FIXED,
+    BadArgument,
+    NotDurable,
+    refused_for_now,
+)
 from scheduler.core.keys import QUEUE_INDEX, QueueKeys, check_queue_name
 
+T = TypeVar("T")
 SCANNED = "*"  # the member saying a reader scanned the keyspace into the index
 
 # Names added through each client (weakly keyed: a client dropped takes its entry along).
@@ -91,6 +99,69 @@ async def add_async(client: Any, names: Sequence[str]) -> bool:
     return True
 
 
+def written(client: Any, names: Sequence[str], call: Callable[[], T]) -> T:
+    """call(), a producer's write on `names`; then their `add`, or `after_call` when it raised."""
+    try:
+        got = call()
+    except Exception as exc:
+        after_call(client, names, exc)
+        raise
+    add(client, names)
+    return got
+
+
+def after_call(client: Any, names: Sequence[str], exc: BaseException) -> bool:
+    """After a producer's call on `names` raised `exc`: `add` when it wrote (NotDurable: written,
+    not acknowledged; a partitioned call's error with `written_ids`), or when the server refused
+    it and the queue has keys (a later batch of a call refused, the earlier ones written); nothing
+    for a refusal before anything was sent (bad input) nor for a call that failed otherwise (the
+    server unreachable: the next call that writes adds it, and the queue's workers do). True as
+    `add`'s; only a refused call pays a round trip (EXISTS), errors ignored."""
+    if isinstance(exc, NotDurable) or getattr(exc, "written_ids", None):
+        return add(client, names)
+    if not _server_refused(exc):
+        return False
+    try:
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            _exists(pipe, name)
+        stored = [n for n, got in zip(names, pipe.execute(), strict=True) if got]
+    except (RedisError, RedisClusterException):
+        return False
+    return bool(stored) and add(client, stored) and len(stored) == len(names)
+
+
+async def after_call_async(client: Any, names: Sequence[str], exc: BaseException) -> bool:
+    """`after_call` on an asyncio client."""
+    if isinstance(exc, NotDurable) or getattr(exc, "written_ids", None):
+        return await add_async(client, names)
+    if not _server_refused(exc):
+        return False
+    try:
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            _exists(pipe, name)
+        stored = [n for n, got in zip(names, await pipe.execute(), strict=True) if got]
+    except (RedisError, RedisClusterException):
+        return False
+    return bool(stored) and await add_async(client, stored) and len(stored) == len(names)
+
+
+def _server_refused(exc: BaseException) -> bool:
+    # errors.translate: a script's BAD_ARGUMENT, CORRUPT, NEWER_STORAGE.
+    return isinstance(exc, REFUSED_UNTIL_FIXED) or (
+        isinstance(exc, BadArgument) and str(exc).startswith("refused by the server")
+    )
+
+
+def _exists(pipe: Any, name: str) -> None:
+    k = QueueKeys(name)
+    # The config hash too: a paused queue emptied of jobs has only that, and its operator
+    # must still find it to resume it (admin/inspection.py queue_exists agrees).
+    pipe.exists(k.due, k.leased, k.dead, k.wake, k.workers, k.finished, k.schedules,
+                k.flow_held, k.flow_waiting, k.dead_migrating, k.config)  # fmt: skip
+
+
 class SharedAdd:
     """An async producer's `add_async` of its names, shared by a burst of first calls: each
     made its own SADD, one pooled connection per call in flight (past 100: MaxConnectionsError).
@@ -128,11 +199,7 @@ def listed(client: Any) -> list[str] | None:
     names = sorted(n for n in members if _valid(n))
     pipe = client.pipeline(transaction=False)
     for name in names:
-        k = QueueKeys(name)
-        # The config hash too: a paused queue emptied of jobs has only that, and its operator
-        # must still find it to resume it (admin/inspection.py queue_exists agrees).
-        pipe.exists(k.due, k.leased, k.dead, k.wake, k.workers, k.finished, k.schedules,
-                    k.flow_held, k.flow_waiting, k.dead_migrating, k.config)  # fmt: skip
+        _exists(pipe, name)
     found = pipe.execute(raise_on_error=False)
     if any(isinstance(got, Exception) for got in found):  # a cluster node down: the caller's
         return None  # SCAN names it, and lists the others' queues
