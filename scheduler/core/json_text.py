@@ -70,4 +70,80 @@ def encode_json(value: Any, what: str, limit: int) -> str:
         size = len(text)
     if size > limit:
         raise InvalidPayload(f"{what} is {size} bytes, over the {limit} limit")
+    try:
+        if "{" in text:  # else no dict, so no keys (a list of numbers costs one scan)
+            _check_keys(value, text, what)
+    except InvalidPayload:
+        raise
+    except Exception as exc:  # a mapping's items() that raised only when read again
+        raise InvalidPayload(f"{what} could not be encoded: {_described(exc)}") from exc
     return text
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_only_scalars = _SCALARS.issuperset
+
+
+def _key_text(key: Any) -> str:
+    """A dict key as the JSON encoder writes it (it took the value, so the key is one of these)."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if key is True or key is False or key is None:
+        return "true" if key else "false" if key is False else "null"
+    return float.__repr__(key) if isinstance(key, float) else int.__repr__(key)
+
+
+def _check_keys(value: Any, text: str, what: str) -> None:
+    """Two keys of one dict the JSON text writes alike ({1: 'a', '1': 'b'}, {True: .., 'true':
+    ..}) would come back as one, a value lost: InvalidPayload naming them and where. Run on a
+    value the encoder took, so its containers are lists, tuples and dicts (or subclasses, read
+    as the encoder reads them); C-speed scans skip what holds only scalars and str keys."""
+    if type(value) is dict and text.count("{") == 1:  # the common payload: no dict inside
+        for key in value:
+            if type(key) is not str:
+                break
+        else:
+            return
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
+    push = stack.append
+    while stack:
+        obj, path = stack.pop()
+        kind = type(obj)
+        if kind is dict:
+            plain = True
+            for k, v in obj.items():
+                plain = plain and type(k) is str
+                if type(v) not in _SCALARS:
+                    push((v, (*path, k)))
+            if not plain:
+                _distinct(list(obj), what, path)
+            continue
+        inner: Any
+        if kind is list or kind is tuple:
+            if _only_scalars(map(type, obj)):
+                continue
+            inner = enumerate(obj)
+        elif isinstance(obj, dict):  # a subclass: read through items(), as the encoder does
+            inner = list(obj.items())
+            _distinct([k for k, _ in inner], what, path)
+        elif isinstance(obj, list | tuple):  # a subclass: its items, not its __iter__
+            inner = enumerate(list.__iter__(obj) if isinstance(obj, list) else tuple.__iter__(obj))
+        else:
+            continue  # a scalar's subclass (an IntEnum, a str subclass)
+        for k, v in inner:
+            if type(v) not in _SCALARS:
+                push((v, (*path, k)))
+
+
+def _distinct(keys: list[Any], what: str, path: tuple[Any, ...]) -> None:
+    seen: dict[str, Any] = {}
+    for key in keys:
+        text = _key_text(key)
+        if text in seen:
+            where = what + "".join(f"[{k!r:.80}]" for k in path)
+            raise InvalidPayload(
+                f"{where} has two keys written as the same JSON key {text!r:.80}"
+                f" ({seen[text]!r:.80} and {key!r:.80}): JSON keys are text and a reader keeps"
+                " only the last, so a value would be lost; use distinct keys"
+            )
+        seen[text] = key
