@@ -27,6 +27,7 @@ from croniter.croniter import CroniterBadCronError, CroniterBadDateError
 
 from scheduler.core.codec import MAX_TIME_MS, stored_int
 from scheduler.core.errors import BadArgument
+from scheduler.schedules.cron_fields import refuse_misread
 
 BUFFER_SLOTS = 64  # cron slots stored ahead; lua/lib/rearm.lua asks for more below 16
 MAX_CATCH_UP = 1_000  # catch_up:N's largest N (lua/lib/schedule.lua SCHED_CATCH_UP_MAX)
@@ -229,6 +230,7 @@ def check_cron(expr: str, tz: str) -> tuple[int, ...]:
 @functools.lru_cache(maxsize=1024)
 def _checked_cron(expr: str, tz: str) -> tuple[int, ...]:
     _refuse_hashed(expr)  # before croniter's own check: say why
+    refuse_misread(expr)  # at definition only: a stored one keeps croniter's reading
     try:
         if not croniter.is_valid(expr):
             raise BadArgument(f"malformed cron expression {expr!r}")

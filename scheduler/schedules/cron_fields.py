@@ -1,0 +1,72 @@
+"""A cron expression's fields read as croniter would misread them, refused at definition
+(`check_cron`): a reversed range ('5-2', 'fri-mon', 'dec-jan') croniter wraps around, a range of
+one value ('3-3') it reads as every value, and a step that leaves one value ('*/90' minutes:
+minute 0, so hourly) that a user meant as an interval. Each is a malformed cron expression
+(BadArgument naming the part and what to write). Fields are croniter's order: minute, hour, day
+of month, month, day of week, then the optional seconds. Parts holding L, W, #, ? or a name in
+the wrong field are left to croniter's own check."""
+
+from __future__ import annotations
+
+from scheduler.core.errors import BadArgument
+
+# name, lowest, highest value; day of week 7 is Sunday too (croniter: 0-7, and '*' is 0-6)
+_FIELDS = (
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day-of-month", 1, 31),
+    ("month", 1, 12),
+    ("day-of-week", 0, 6),
+    ("second", 0, 59),
+)
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+_NAMES: tuple[dict[str, int], ...] = (
+    {},
+    {},
+    {},
+    {m: i for i, m in enumerate(_MONTHS, 1)},
+    {d: i for i, d in enumerate(_DAYS)},
+)
+
+
+def _value(field: int, text: str) -> int | None:
+    if text.isascii() and text.isdigit():
+        return int(text)
+    names = _NAMES[field] if field < len(_NAMES) else {}
+    return names.get(text.lower())
+
+
+def _span(low: int, high: int) -> str:
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def refuse_misread(expr: str) -> None:
+    """BadArgument for the first part of `expr` croniter would misread (module docstring)."""
+    for field, text in enumerate(expr.split()[: len(_FIELDS)]):
+        name, lowest, highest = _FIELDS[field]
+        for part in text.split(","):
+            base, slash, step_text = part.partition("/")
+            first, dash, last = base.partition("-")
+            low, high = _value(field, first), _value(field, last)
+            if dash and low is not None and high is not None:
+                where = f"cron {expr!r}: the range {base!r} in the {name} field"
+                if low > high:
+                    wrap = _span(min(low, highest), highest) + "," if low <= highest else ""
+                    hint = "" if slash else f": write '{wrap}{_span(lowest, high)}'"
+                    raise BadArgument(f"{where} is reversed (ranges go low-high){hint}")
+                if low == high:  # croniter reads 'a-a' as '*'
+                    raise BadArgument(f"{where} is one value: write '{first}'")
+            step = int(step_text) if step_text.isascii() and step_text.isdigit() else 0
+            if step <= 0:  # no step, or one croniter refuses itself
+                continue
+            if base == "*":
+                low, high = lowest, highest
+            elif not dash:
+                high = highest
+            if low is not None and high is not None and low <= high and low + step > high:
+                raise BadArgument(
+                    f"cron {expr!r}: the step {step} in the {name} field "
+                    f"leaves one value ({low}): write '{low}', or for a longer interval than "
+                    "cron can say use every_ms"
+                )
