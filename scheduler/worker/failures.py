@@ -12,6 +12,7 @@ from typing import Any
 from scheduler.core import codec
 from scheduler.core.errors import InvalidPayload
 from scheduler.core.limits import check_int
+from scheduler.worker.payloads import PayloadMisfit
 from scheduler.worker.registry import TaskSpec
 from scheduler.worker.retry_later import RetryLater
 
@@ -39,6 +40,8 @@ def failure_of(
     """A handler's exception as fail's (type, message, traceback), whether it is retried, and
     after how long (None: by the job's backoff; RetryLater's delay_ms). Never raises (not even
     SystemExit): the job gets an outcome whatever its exception does."""
+    if type(exc) is PayloadMisfit:  # the decode before the handler: no attempt would differ
+        return ("InvalidPayload", error_text(exc), ""), False, None
     if isinstance(exc, RetryLater):  # asked for on purpose: retried, whatever non_retryable says
         delay_ms = _delay_of(exc)
         if delay_ms is not None:

@@ -209,8 +209,8 @@ def encode_payload(tp: type, payload: Any) -> Any:
 
 
 def decode_payload(tp: type, payload: Any) -> Any:
-    """The handler's view of a JSON payload. A payload that does not fit raises BadArgument,
-    which fails the attempt (the job retries or parks like any handler error)."""
+    """The handler's view of a JSON payload. A payload that does not fit raises BadArgument
+    (in the worker PayloadMisfit, which parks the job at once)."""
     kind = payload_kind(tp)
     if kind == "typeddict":
         _check_typeddict(tp, payload)
@@ -244,16 +244,31 @@ def _by_name_too(tp: type) -> dict[str, bool]:
     return {"by_alias": True, "by_name": True} if "by_name" in params else {}
 
 
+class PayloadMisfit(BadArgument):
+    """The stored payload does not fit the task's payload_type: every attempt would decode it
+    the same way, so the job is parked at once as InvalidPayload (failures.failure_of)."""
+
+
+def _decoded(tp: type, payload: Any) -> Any:
+    try:
+        return decode_payload(tp, payload)
+    except BadArgument as exc:
+        raise PayloadMisfit(
+            f"{exc} (the task's payload_type {tp.__name__} refuses the stored payload; not"
+            " retried: every attempt would decode it the same way)"
+        ) from None
+
+
 def decoding(fn: Callable[..., Any], tp: type, is_async: bool) -> Handler:
     """`fn` wrapped to receive its payload decoded into `tp` (sync or async like `fn`)."""
     if is_async:
 
         async def run_async(payload: Any, ctx: JobContext) -> Any:
-            return await fn(decode_payload(tp, payload), ctx)
+            return await fn(_decoded(tp, payload), ctx)
 
         return run_async
 
     def run(payload: Any, ctx: JobContext) -> Any:
-        return fn(decode_payload(tp, payload), ctx)
+        return fn(_decoded(tp, payload), ctx)
 
     return run
