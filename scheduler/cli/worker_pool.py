@@ -11,7 +11,10 @@ registry that cannot be imported fails each child's first start: exit 4). It:
   only, which stops the children as below;
 - on SIGTERM/SIGINT asks every child to stop gracefully (STOP_SIGNAL: idempotent, so a child
   that also got the service manager's own SIGTERM still has its grace period); on a second one
-  kills them (their leases lapse; exit 130); exits when every child has;
+  kills them (their leases lapse; exit 130); exits when every child has; kills a child still
+  running at the stop deadline (worker_pool_start.stop_deadline_s: past its own bounds, stuck
+  where none of them acts, e.g. a handler holding the GIL; exit 1, its leases lapse), a
+  reload's replaced one too;
 - stops everything and exits with a child's code when a child of the first start fails before it
   is ready (the one-process codes: 3 Redis unreachable, 5 forbidden, ...), so a misconfigured
   pool fails as one worker would; the same, exit 5, when any child exits 5 later (an ACL
@@ -61,7 +64,8 @@ log = logging.getLogger("scheduler.worker")
 class Pool(Reload):
     """The supervisor of `n` children: argv[i] and env[i] are child i's command line and
     environment (worker_pool_start.child_commands); `metrics`, if given, serves the children's
-    metrics (the pool tells it where they are)."""
+    metrics (the pool tells it where they are); a child still running `stop_deadline_s` after
+    it was asked to stop is killed (worker_pool_start.stop_deadline_s)."""
 
     def __init__(
         self,
@@ -69,11 +73,13 @@ class Pool(Reload):
         argv: Sequence[Sequence[str]],
         env: Sequence[dict[str, str]],
         metrics: PoolMetrics | None = None,
+        stop_deadline_s: float | None = None,
     ) -> None:
         if not (len(argv) == len(env) == n >= 1):
             raise ValueError("one command line and one environment per process")
         self.children = [Child(i) for i in range(n)]
         self._argv, self._env, self._metrics = argv, env, metrics
+        self._deadline_s = stop_deadline_s
         self._signals = 0  # SIGTERM/SIGINT received
         self._sent = 0  # stops sent to the children (the pool's own stop sends one too)
         self._forced = False  # the children were killed (a second signal)
@@ -146,6 +152,8 @@ class Pool(Reload):
             # Every child stopped by an operator (`scheduler workers stop --all`): the pool's stop.
             stopping = self._sent > 0 or all(c.retired for c in self.children)
             now = time.monotonic()
+            for c in self._everyone():
+                c.past_deadline(self._deadline_s, now)
             for c in self.children:
                 if c.proc is not None and c.proc.poll() is not None:
                     code = self._reap(c, stopping, now)
@@ -198,6 +206,8 @@ class Pool(Reload):
         verb = RETIRED_BY.get(code, "")  # stopped by an operator: 'stop' or 'quiet'
         if verb or (stopping and c.proc.returncode in (-STOP_SIGNAL, -signal.SIGTERM)):
             code = EXIT_OK  # an operator's stop, or stopped before it handled signals (starting)
+        if c.killed_at_deadline:
+            code = EXIT_FAILED  # stuck past its stop deadline: as a crashed worker
         was_ready, first = c.ready, c.first_start
         pid = c.proc.pid
         c.proc, c.first_start = None, False

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scheduler.cli.worker_pool_child import POOL_PID_ENV, READY_FD_ENV, parse_ready
+from scheduler.cli.worker_pool_child import POOL_PID_ENV, READY_FD_ENV, STOP_SIGNAL, parse_ready
 
 RESTART_FIRST_S = 1.0
 
@@ -36,6 +36,8 @@ class Child:
     restart_at: float | None = None
     backoff_s: float = RESTART_FIRST_S
     retired: bool = False  # stopped by an operator (EXIT_RETIRED): not started again
+    stop_sent_at: float | None = None  # when the supervisor first asked it to stop
+    killed_at_deadline: bool = False  # still running at the stop deadline: killed
 
     def start(self, argv: Sequence[str], env: dict[str, str]) -> None:
         r, w = os.pipe()
@@ -55,6 +57,7 @@ class Child:
             os.close(w)
         self.ready_fd, self.ready, self.metrics_port = r, False, None
         self.started_at, self.restart_at = time.monotonic(), None
+        self.stop_sent_at, self.killed_at_deadline = None, False
         log.info(
             "worker process %d started (pid %d)", self.index + 1, self.proc.pid,
             extra={"worker_process": self.index + 1, "pid": self.proc.pid},
@@ -67,6 +70,28 @@ class Child:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(sig)
+            if sig == STOP_SIGNAL and self.stop_sent_at is None:
+                self.stop_sent_at = time.monotonic()
+
+    def past_deadline(self, deadline_s: float | None, now: float) -> bool:
+        """Asked to stop over deadline_s ago and still running: kill it (once), log it, True.
+        Its own bounds have all passed by then (worker_pool_start.stop_deadline_s): it is
+        stuck where none of them can act (a handler holding the GIL), and its leases lapse."""
+        if deadline_s is None or self.stop_sent_at is None or self.killed_at_deadline:
+            return False
+        if now - self.stop_sent_at < deadline_s or not self.running():
+            return False
+        assert self.proc is not None
+        self.killed_at_deadline = True
+        log.error(
+            "worker process %d (pid %d) did not stop within %.0f s of the stop (a handler "
+            "holding the GIL?): killed, its jobs run again once their leases lapse",
+            self.index + 1, self.proc.pid, deadline_s,
+            extra={"worker_process": self.index + 1, "pid": self.proc.pid},
+        )  # fmt: skip
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        return True
 
     def read_ready(self) -> None:
         """Take the child's "ready" message if it is there (or the pipe's end)."""

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import click
 
+from scheduler.cli.exit_watchdog import EXIT_WATCHDOG_S
+from scheduler.cli.stall_watchdog import STALL_MIN_S
 from scheduler.cli.worker_pool import Pool
 from scheduler.cli.worker_pool_metrics import PoolMetrics
 from scheduler.cli.worker_start import metrics_port_failure
@@ -70,6 +72,21 @@ def child_commands(
     return argvs, envs
 
 
+# The shutdown's own waits after the grace (flushing outcomes, releasing, the final beat), each
+# bounded by the worker's settle budget (settings._SETTLE_S, 5 s) or less: a generous sum.
+_SHUTDOWN_S = 15.0
+
+
+def stop_deadline_s(grace_s: float, lease_ms: int) -> float:
+    """How long after asking a child to stop the supervisor kills it (worker_pool.py): past
+    every bound of the child's own, which end a lone worker too: --grace, the shutdown's waits,
+    the stall watchdog (the lease, at least STALL_MIN_S: a held event loop) and the exit
+    watchdog's two waits. A child still running then is stuck where none of those acts (a
+    handler holding the GIL freezes every thread of its process)."""
+    stall_s = max(lease_ms / 1000, STALL_MIN_S)
+    return grace_s + _SHUTDOWN_S + stall_s + 2 * EXIT_WATCHDOG_S
+
+
 # Options a pool passes on to each child unchanged; --url goes through the environment, the
 # supervisor serves --metrics-port itself, and --worker-id differs per child (child_commands).
 _PER_CHILD = {"url", "processes", "metrics_port", "worker_id"}
@@ -105,7 +122,8 @@ def run_pool(
             return metrics_port_failure(metrics_port, exc)
         log.info("metrics on :%d/metrics", metrics.port)
     try:
-        return Pool(n, argv, env, metrics).run()
+        deadline_s = stop_deadline_s(ctx.params["grace_s"], ctx.params["lease_ms"])
+        return Pool(n, argv, env, metrics, deadline_s).run()
     finally:
         if metrics is not None:
             metrics.close()
