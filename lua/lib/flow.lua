@@ -400,8 +400,9 @@ end
 
 -- Rate-held jobs whose slot has come go back into due, earliest slot first, up to as many as
 -- one claim may examine (its batch and the hold budget), but no more of one key than its window
--- has room for, picked in claim's order (aged by run_at, then priority, then run_at); the key's
--- others get their slot one window on (the room is taken now). Before, a window's worth of
+-- has room for, picked in claim's order (aged by run_at, then priority, then run_at); each of
+-- the key's others gets the slot at which the window has room for it, in that order (one
+-- window on for those behind the starts sent back now). Before, a window's worth of
 -- set-asides came back every window at their old run_at, filled claim's budget ahead of the
 -- plain jobs due after them and were set aside again (a 20,000 backlog at 10/200ms starved
 -- every plain job and held Redis at 99% CPU). A job set aside again gets a later slot, so none
@@ -458,6 +459,7 @@ local function flow_rate_due(prefix, now, limit)
   end
   for _, key in ipairs(keys) do
     local jobs, starts, went, rk = by_key[key], {}, 0, prefix .. 'flow:rate:' .. key
+    local later = 0  -- the key's jobs given a later slot so far
     table.sort(jobs, first)
     for _, j in ipairs(jobs) do
       local w = j.f.rwindow
@@ -471,9 +473,20 @@ local function flow_rate_due(prefix, now, limit)
       elseif starts[w] + went < j.f.rcount then
         went = went + 1
         back(j.id, j.run_at)
-      else  -- full already: when it has room again; full with these: one window on
-        local slot = starts[w] >= j.f.rcount and flow_rate_slot(rk, j.f, now)
-        redis.call('ZADD', rh, slot or (now + w), j.id)
+      else
+        -- Its slot: when the window has room for it, behind the ones sent back now (they
+        -- start now) and the key's others given a slot before it: the k-th latest start of the
+        -- log leaves the window then; none that late inside it: one window on (it waits for the
+        -- starts of now). Before, all of them waited one window on, though the window's older
+        -- starts left it sooner (tests/test_flow_rate_lateness.py).
+        local k, slot = j.f.rcount - went - later, now + w
+        if k >= 1 then
+          local s = redis.pcall('ZRANGE', rk, -k, -k, 'WITHSCORES')
+          s = type(s) == 'table' and tonumber(s[2])
+          if s and s > now - w then slot = math.floor(s) + w end
+        end
+        later = later + 1
+        redis.call('ZADD', rh, slot, j.id)
       end
     end
   end
