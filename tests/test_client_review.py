@@ -128,8 +128,8 @@ class Reminder:
 def test_registry_job_spec_checks_and_encodes_the_payload_type(q: Queue) -> None:
     """README: payload_type is checked at enqueue, and `registry.job_spec(...)` is the way to
     enqueue many jobs with the task's defaults. registry.job_spec skips payload_type: a
-    Reminder is refused as not JSON, and a dict that does not fit is accepted (the job then
-    fails in the worker at every attempt)."""
+    Reminder is refused as not JSON, and a dict that does not fit is accepted (the worker
+    then parks the job at its first attempt, InvalidPayload: tests/test_payload_misfit.py)."""
     reg = Registry()
 
     @reg.task("review.remind", payload_type=Reminder)
