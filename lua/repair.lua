@@ -40,6 +40,11 @@
     it whole; a hash holding only `state` would park the job as unreadable).
   Every move but 'expire' takes the id out of the finished index (lib/result.lua): a done or
     cancelled record moved back into a place (or found gone) is no longer listed as finished.
+  Counted as the transition each move stands in for counts it (stats:<minute>, lib/util.lua
+    bump_stat): a move checked against a lease (ARGV[4], doctor's lease-expired) is claim's
+    reaper, `expired`, and 'due' adds one to the job's `lapses` as the reaper does (two make a
+    suspect); 'dead' of a job found in due or leased is a new `dead`, as claim's and fail's
+    parks; a dead job put back on the dead list, and every other move, count nothing.
   Returns: 1 moved, 0 not moved (the id is no longer where the plan found it, or an older
     dead LIST is still being converted). Parking a schedule's pending occurrence arms its next
     one (as claim does).
@@ -147,13 +152,19 @@ if move == 'dead' then
   flow_release(prefix, id, now, fl)
   flow_parent_ended(prefix, id, 'dead', now)
   result_wake(prefix, id, 'dead', RESULT_WAKE_DEAD_TTL_MS)
+  if expect ~= '' then bump_stat(prefix, now, 'dead', 1) end  -- not a lost dead one re-listed
+  if lease_until then bump_stat(prefix, now, 'expired', 1) end
 elseif move == 'due' then
+  -- Read before the first write: the lapse count a reap adds to (claim.lua's reaper).
+  local lapses = lease_until and parse_int(redis.pcall('HGET', jk, 'lapses'), 0, LIM.fence - 1)
   flow_to_due(prefix, id, run_at, now)
   if redis.call('EXISTS', jk) == 1 then
     redis.call('HSET', jk, 'state', 'due')
     redis.call('HDEL', jk, 'worker')
     redis.call('PERSIST', jk)
+    if lease_until then redis.call('HSET', jk, 'lapses', fmt((lapses or 0) + 1)) end
   end
+  if lease_until then bump_stat(prefix, now, 'expired', 1) end
   redis.call('PERSIST', spec_key(prefix, id))
   wake(wake_key)
 elseif move == 'unlist' then
