@@ -72,15 +72,20 @@ local function flow_arg(text)
   return f
 end
 
--- Whether a parsed flow uses anything (the plain path skips every flow call).
+-- Whether a parsed flow uses anything (the plain path skips every flow call); a stored key
+-- whose limit cannot be read (flow_from's ckey_lost) counts.
 local function flow_used(f)
-  return f.priority > 0 or f.ckey ~= '' or f.rkey ~= '' or f.after ~= nil
+  return f.priority > 0 or f.ckey ~= '' or f.rkey ~= '' or f.after ~= nil or f.ckey_lost ~= nil
 end
 
--- The job-hash fields of a flow (only what is set: a plain job stores none).
+-- The job-hash fields of a flow (only what is set: a plain job stores none). A flow read from
+-- a stored one (a schedule's, for each of its runs) whose key has a limit edited by hand into
+-- no number gives the key at the strictest limit, 1: every later run made plain would pass the
+-- limit the schedule was given (tests/test_flow_hand_edits.py).
 local function flow_store(jk, f)
   if f.priority > 0 then redis.call('HSET', jk, 'priority', fmt(f.priority)) end
   if f.ckey ~= '' then redis.call('HSET', jk, 'ckey', f.ckey, 'climit', fmt(f.climit)) end
+  if f.ckey_lost then redis.call('HSET', jk, 'ckey', f.ckey_lost, 'climit', '1') end
   if f.rkey ~= '' then
     redis.call('HSET', jk, 'rkey', f.rkey, 'rcount', fmt(f.rcount), 'rwindow', fmt(f.rwindow))
   end
