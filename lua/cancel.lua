@@ -8,8 +8,12 @@
   A schedule's pending occurrence is replaced by the schedule's next one, under its misfire
   policy (a late one: the missed runs the policy runs still run). A job set aside by
   flow control (flow:held) is cancelled as a due one.
-  Returns: the state before the call: 'due' | 'leased' (now cancelled), or 'done' | 'dead' |
-    'cancelled' (unchanged), or 'missing'. A re-sent call answers 'cancelled' and changes nothing.
+  Returns: the state before the call, in the words of docs/glossary.md and `jobs list --state`:
+    'due' (waiting, run_at reached) | 'scheduled' (waiting, run_at later) | 'held' (set aside by
+    flow control: parents not done, a concurrency key full, a rate window) | 'leased' (now
+    cancelled), or 'done' | 'dead' | 'cancelled' (unchanged), or 'missing'. A re-sent call
+    answers 'cancelled' and changes nothing. (Before 'scheduled' and 'held', every waiting job
+    answered 'due'.)
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | dead is not a zset (dead: for
     a job with waiting children; edited by hand into another type: nothing written) ]]
 -- @include "lib/clock.lua"
@@ -33,9 +37,11 @@ local in_due = redis.pcall('ZSCORE', due, id)
 if type(in_due) == 'table' then
   return corrupt_err('due', 'zset')
 end
+local held = false
 if not in_due then
   in_due = redis.pcall('ZSCORE', prefix .. 'flow:held', id)
   if type(in_due) ~= 'string' then in_due = false end
+  held = in_due and true
 end
 local in_leased = redis.pcall('ZSCORE', leased, id)
 if type(in_leased) == 'table' then
@@ -73,4 +79,8 @@ job_expire(prefix, id, ttl)
 result_wake(prefix, id, 'cancelled', ttl)
 finished_add(prefix, now, { now + ttl, id })
 bump_stat(prefix, now, 'cancel', 1)
-return in_leased and 'leased' or 'due'
+if in_leased then return 'leased' end
+if held then return 'held' end
+-- in_due is its run_at (a ZSCORE's text): later than now, it was scheduled.
+if (tonumber(in_due) or 0) > now then return 'scheduled' end
+return 'due'

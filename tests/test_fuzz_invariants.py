@@ -849,7 +849,7 @@ def test_a_requeued_child_does_not_wait_again_for_a_parent_it_was_let_go_of(
     q.fail(p, lease.token, ("E", "m", ""), retryable=False)
     assert q.get_job(child).dead_reason == f"parent dead: {p}"
     assert q.requeue_dead([child]) == 1  # p dead: waits for `other` only
-    assert q.cancel(other) == "due"
+    assert q.cancel(other) == "scheduled"
     assert q.get_job(child).dead_reason == f"parent cancelled: {other}"
     assert q.requeue_dead([p]) == 1
     (lease,) = q.claim("w", limit=5).jobs

@@ -208,13 +208,15 @@ class Model:
             return "released"
         return status
 
-    def cancel(self, jid: str) -> str:
+    def cancel(self, now: int, jid: str) -> str:
         j = self.jobs.get(jid)
         if j is None:
             return "missing"
         if jid not in self.due and jid not in self.leased:
             return j.state
         before = "leased" if jid in self.leased else "due"
+        if before == "due" and self.due[jid] > now:
+            before = "scheduled"  # waiting, its run_at later (lua/cancel.lua)
         self.due.pop(jid, None)
         self.leased.pop(jid, None)
         j.state = "cancelled"
@@ -360,7 +362,7 @@ class Run:
                 got_state = q.cancel(jid)
             except JobNotFound:
                 got_state = "missing"
-            assert got_state == m.cancel(jid)
+            assert got_state == m.cancel(now, jid)
         elif kind == "requeue_dead":
             jid = self.pick_job(op[1])
             assert q.requeue_dead([jid]) == m.requeue_dead(now, jid)

@@ -154,7 +154,7 @@ def test_a_job_parked_and_deleted_at_once_raises_job_dead_to_its_waiter(
 def test_cancelled_raises_job_cancelled(q: Queue, client: redis.Redis) -> None:
     job_id = q.enqueue("t", {}, delay_ms=60_000)
     announce(client, q, job_id)
-    assert q.cancel(job_id) == "due"
+    assert q.cancel(job_id) == "scheduled"
     with pytest.raises(JobCancelled):
         q.result(job_id, timeout_s=1)
     assert client.lrange(wake_key(q, job_id), 0, -1) == ["cancelled"]

@@ -86,8 +86,8 @@ def test_cancel_takes_the_job_out_of_its_priority_index(tq: tuple[Queue, Clock])
     pdue = q.keys.prefix + "flow:pdue:3"
     assert q.client.zscore(pdue, fresh) is not None
     assert q.client.zscore(pdue, retry) is not None
-    assert q.cancel(fresh) == "due"
-    assert q.cancel(retry) == "due"
+    assert q.cancel(fresh) == "scheduled"
+    assert q.cancel(retry) == "scheduled"
     assert q.client.zrange(pdue, 0, -1) == []
 
 
@@ -151,12 +151,12 @@ def test_a_finished_workload_leaves_only_keys_that_expire(
     q.enqueue("t", job_id="C1", after=[p], rate_key="R", rate_limit="1/1s")
     q.enqueue("t", job_id="C2", after=[p], priority=5)
     q.enqueue("t", job_id="C3", after=[p])
-    assert q.cancel("C3") == "due"
+    assert q.cancel("C3") == "held"
     for i in range(5):
         q.enqueue("t", job_id=f"k{i}", concurrency_key="K", concurrency_limit=1, key=f"i{i}")
         q.enqueue("t", job_id=f"r{i}", rate_key="R", rate_limit="2/1s", priority=1)
     q.enqueue("t", job_id="far", priority=4, delay_ms=DAY_MS)
-    assert q.cancel("far") == "due"
+    assert q.cancel("far") == "scheduled"
     q.schedule("s1", "t", every_ms=1000, priority=3, concurrency_key="K", concurrency_limit=1)
     q.schedule("s2", "t", cron="* * * * *")
     for step in range(30):

@@ -148,7 +148,7 @@ def test_an_old_job_fails_to_dead_and_is_requeued(q: Queue, client: redis.Redis)
 
 def test_an_old_job_can_be_cancelled_pending_or_leased(q: Queue, client: redis.Redis) -> None:
     pending = old_enqueue(q, client, "t", "1", delay_ms=HOUR_MS)
-    assert q.cancel(pending) == "due"
+    assert q.cancel(pending) == "scheduled"
     assert q.get_job(pending).state == JobState.CANCELLED
     leased = old_enqueue(q, client, "t", "2")
     (job,) = q.claim("w", limit=1).jobs

@@ -32,9 +32,9 @@ from scheduler.operations.requests import Op, Script, ScriptPipeline
 _BATCH = 200  # cancels per pipeline (one progress step each)
 _PAGE = 1_000  # ids read per ZRANGE while selecting
 WAITING = ("due", "scheduled", "held")
-# What cancel.lua answers: the state before. These two were cancelled by this call; an id
-# already cancelled (a re-run of the command) counts as cancelled too.
-_CANCELLED = frozenset({"due", "leased", "cancelled"})
+# What cancel.lua answers: the state before. These were cancelled by this call; an id already
+# cancelled (a re-run of the command) counts as cancelled too.
+_CANCELLED = frozenset({*WAITING, "leased", "cancelled"})
 
 
 def _ids(_: click.Context, __: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:

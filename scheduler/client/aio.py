@@ -437,8 +437,11 @@ class AsyncQueue:
             job_id: the job's id.
 
         Returns:
-            The state before the call: `'due'` or `'leased'` (now cancelled), or `'done'`,
-            `'dead'`, `'cancelled'` (unchanged). A re-sent call answers `'cancelled'`.
+            The state before the call: `'due'` (run time reached), `'scheduled'` (run time
+            later), `'held'` (set aside by flow control: parents not done, a concurrency key
+            full, a rate window) or `'leased'` (now cancelled), or `'done'`, `'dead'`,
+            `'cancelled'` (unchanged). A re-sent call answers `'cancelled'`. Earlier versions
+            answered `'due'` for every waiting job: a caller testing it tests the three.
 
         Raises:
             JobNotFound: no such job (or its record expired).

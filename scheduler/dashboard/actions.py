@@ -27,7 +27,7 @@ from scheduler.schedules.recurring import check_schedule_name
 MAX_FORM_FIELDS = 600  # a page of 500 selected ids and the other fields
 MAX_FORM_BYTES = 100_000
 # Queue.cancel answers the state the job was in: these were cancelled, others left as they were.
-CANCELLABLE = frozenset({"due", "scheduled", "leased"})
+CANCELLABLE = frozenset({"due", "scheduled", "held", "leased"})  # lua/cancel.lua's answers
 # What Queue.reschedule answered -> the notice shown (render.NOTICES); the state words go in
 # `state` of "not-moved" ("the job is leased").
 RUN_NOW_NOTICES = {

@@ -157,7 +157,7 @@ NOTICES = {
     "worker-already": "Nothing changed: the worker is stopping already.",
     "worker-gone": "Nothing asked: no live worker by that id (it stopped meanwhile?).",
 }
-STATES = {"due", "scheduled", "leased", "done", "dead", "cancelled", "missing"}
+STATES = {"due", "scheduled", "held", "leased", "done", "dead", "cancelled", "missing"}
 
 
 def _notice_words(fields: Mapping[str, str]) -> str:
