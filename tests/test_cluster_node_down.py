@@ -272,3 +272,59 @@ def test_a_worker_of_a_queue_partly_on_the_dead_node_can_be_asked_to_stop(down: 
     parts = [p.keys for p in pq.parts]
     assert ask_stop(client, parts, "w-half-2", "quiet", queue=down.spread) == ASKED
     assert all(client.get(p.keys.worker_stop("w-half-2")) == "quiet" for p in live)
+
+
+@dataclass
+class Held:
+    """What the live partitions of `down.spread` hold for the partial-read tests."""
+
+    on_live: list[str]  # partitions on the nodes that answer
+    on_dead: list[str]  # partitions on the dead one
+    dead_id: str  # a dead job in a live partition
+    schedule: str  # a schedule in a live partition
+    worker: str  # a worker whose presence is on every live partition
+
+
+@pytest.fixture(scope="module")
+def held(down: Down) -> Held:
+    client = connect(down.cluster.url)
+    pq = PartitionedQueue.open(client, down.spread)
+    on_live = [p for p in pq.parts if down.cluster.primary_for(p.keys.prefix) is not down.dead]
+    on_dead = [p.name for p in pq.parts if p not in on_live]
+    first = pq.parts.index(on_live[0])
+    key = next(f"d{i}" for i in range(500) if pq.layout.partition_of_key(f"d{i}") == first)
+    dead_id = pq.enqueue("noop", None, key=key)
+    for job in on_live[0].claim("w-test", limit=100).jobs:
+        on_live[0].fail(job.id, job.token, ("Boom", "it broke", ""), retryable=False)
+    assert pq.status(dead_id) == "dead"
+    schedule = next(
+        f"s{i}" for i in range(500) if pq.parts[pq.layout.partition_of_schedule(f"s{i}")] in on_live
+    )
+    pq.schedule(schedule, "noop", None, every_ms=3_600_000)
+    for p in on_live:
+        client.hset(p.keys.worker("w-page"), mapping={"host": "h", "pid": 1})
+        client.zadd(p.keys.workers, {"w-page": 1})
+    client.close()
+    return Held([p.name for p in on_live], on_dead, dead_id, schedule, "w-page")
+
+
+def test_the_dashboard_shows_a_partitioned_queues_live_partitions(down: Down, held: Held) -> None:
+    """The queue's page (its jobs, a task filter, its dead letters) and /workers answered 503
+    while one partition's node was down: they show the partitions that answer and name the
+    others under "Not shown"."""
+    q = f"/queues/{down.spread}"
+    app = create_app(url=down.cluster.url, queues=(down.spread,), auth=Auth())
+    with TestClient(app) as web:
+        for path in (q, f"{q}?state=dead", f"{q}?task=noop", f"{q}/dead", "/workers"):
+            page = web.get(path)
+            assert page.status_code == 200, (path, page.text[-500:])
+            assert 'id="unreachable"' in page.text, path
+            assert all(f"partition {p}" in page.text for p in held.on_dead), path
+            assert not any(f"partition {p}:" in page.text for p in held.on_live), path
+        assert held.dead_id in web.get(f"{q}?state=dead").text
+        assert held.dead_id in web.get(f"{q}/dead").text
+        assert held.worker in web.get("/workers").text
+        data = web.get(f"{q}/api").json()
+        assert [u.split(":")[0] for u in data["unread_partitions"]] == [
+            f"partition {p}" for p in held.on_dead
+        ]

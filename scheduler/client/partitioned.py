@@ -11,13 +11,15 @@ for several partitions is one driver call, so on a cluster it is one pipeline pe
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
 
 from scheduler.admin.inspection import queue_exists, server_now_ms
 from scheduler.client.partitioned_merge import (
+    answered,
+    by_node,
     by_partition,
     expand_queues,
     expand_queues_async,
@@ -27,14 +29,16 @@ from scheduler.client.partitioned_merge import (
     merge_counts,
     merge_dead,
     merge_scored,
+    not_answering,
     pause_word,
     place,
     read_layout,
     resume_word,
+    unread,
 )
 from scheduler.client.queue import Queue
 from scheduler.core import queue_index
-from scheduler.core.connection import connect
+from scheduler.core.connection import UNREACHABLE, connect
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
@@ -53,9 +57,11 @@ __all__ = [
     "expand_queues_async",
     "merge_counts",
     "merge_dead",
+    "not_answering",
     "open_queue",
     "read_layout",
     "requeue_order",
+    "unread",
 ]
 
 
@@ -144,6 +150,22 @@ class PartitionedQueue:
             if isinstance(r, BaseException) and not errors:
                 raise r
         return results
+
+    def run_answering(self, make: Callable[[Queue], Op[Any]]) -> list[Any]:
+        """make(p) on each partition, for callers that show what answers (the CLI, the
+        dashboard) or finish it later (pause): each one's result, or in its place the error of
+        one whose node does not answer or refuses for now (not_answering), while another
+        answers. On a cluster each node's partitions are one driver call, so a node down fails
+        its own only (cluster_io sends node after node anyway, and one lost node fails a call
+        over several whole). None answering: the first error is raised; any other error too."""
+        out: dict[str, Any] = {}
+        for group in by_node(self.client, self.parts):
+            try:
+                got = self._run_many([(p, make(p)) for p in group], errors=True)
+            except UNREACHABLE as exc:
+                got = [exc] * len(group)
+            out.update(zip((p.name for p in group), got, strict=True))
+        return answered([out[p.name] for p in self.parts])
 
     # -- producers ---------------------------------------------------------------------------
     def enqueue(self, task: str, payload: Any = None, **kwargs: Any) -> str:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from scheduler.admin.inspection import existence_keys
 from scheduler.client.aio import AsyncQueue
 from scheduler.client.partitioned_merge import (
+    answered,
+    by_node,
     by_partition,
     group_ids,
     ids_in_call_order,
@@ -25,7 +27,7 @@ from scheduler.client.partitioned_merge import (
     resume_word,
 )
 from scheduler.core import queue_index
-from scheduler.core.connection import connect_async
+from scheduler.core.connection import UNREACHABLE, connect_async
 from scheduler.core.job_spec import spec_options
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
@@ -126,6 +128,17 @@ class AsyncPartitionedQueue:
             if isinstance(r, BaseException) and not errors:
                 raise r
         return results
+
+    async def run_answering(self, make: Callable[[AsyncQueue], Op[Any]]) -> list[Any]:
+        """PartitionedQueue.run_answering for asyncio."""
+        out: dict[str, Any] = {}
+        for group in by_node(self.client, self.parts):
+            try:
+                got = await self._run_many([(p, make(p)) for p in group], errors=True)
+            except UNREACHABLE as exc:
+                got = [exc] * len(group)
+            out.update(zip((p.name for p in group), got, strict=True))
+        return answered([out[p.name] for p in self.parts])
 
     async def enqueue(self, task: str, payload: Any = None, **kwargs: Any) -> str:
         """PartitionedQueue.enqueue for asyncio (`AsyncQueue.enqueue`'s arguments)."""

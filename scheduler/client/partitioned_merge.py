@@ -1,22 +1,32 @@
 """What the sync and asyncio partitioned clients share (client/partitioned.py,
 partitioned_aio.py), sans-I/O but for the layout reads: reading the stored layout, expanding a
 worker's queue list, and merging the partitions' counts, dead lists and job pages into one
-queue's; placing the jobs of an enqueue_many and putting their ids back in call order."""
+queue's; placing the jobs of an enqueue_many and putting their ids back in call order; the
+partial reads' rules (run_answering: a partition whose node does not answer is left out)."""
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import redis
 
 from scheduler.core.client_kind import check_client
-from scheduler.core.errors import BadArgument, NotDurable
+from scheduler.core.connection import UNREACHABLE, is_cluster
+from scheduler.core.errors import BadArgument, NotDurable, refused_for_now
+from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, QueueCounts
 from scheduler.core.partitions import Layout, meta_key
 
+
+class _Part(Protocol):
+    @property
+    def keys(self) -> QueueKeys: ...
+
+
+Q = TypeVar("Q", bound=_Part)  # Queue or AsyncQueue: a partition
 # A job of a partitioned enqueue_many: its partition, and its spec with its id filled in.
 Placed = tuple[int, JobSpec]
 # What opens a partitioned queue from a URL (a refused URL's hint).
@@ -188,3 +198,44 @@ def ids_in_call_order(placed: Sequence[Placed], got: dict[int, Any]) -> list[str
     if short:
         raise NotDurable(out, min(e.acked for e in short), short[0].wanted)
     return out
+
+
+def not_answering(exc: BaseException) -> bool:
+    """A partition's error that leaves it out of a reading while others answer: its node does
+    not answer, or refuses for now (its slot being moved, maxmemory, ...)."""
+    return isinstance(exc, UNREACHABLE) or (
+        isinstance(exc, redis.ResponseError) and refused_for_now(exc)
+    )
+
+
+def by_node(client: Any, parts: Sequence[Q]) -> list[list[Q]]:
+    """`parts` (queues) by the cluster node holding each (one group on one server)."""
+    if not is_cluster(client):
+        return [list(parts)]
+    groups: dict[str, list[Q]] = {}
+    for i, p in enumerate(parts):
+        try:
+            node = client.get_node_from_key(p.keys.prefix).name
+        except UNREACHABLE:  # its slot served by no node: its own call says so
+            node = f"?{i}"
+        groups.setdefault(node, []).append(p)
+    return list(groups.values())
+
+
+def answered(out: list[Any]) -> list[Any]:
+    """run_answering's results as they are, unless an error is not not_answering or none
+    answered: then the first such error is raised."""
+    errors = [r for r in out if isinstance(r, BaseException)]
+    for r in errors:
+        if not not_answering(r) or len(errors) == len(out):
+            raise r
+    return out
+
+
+def unread(parts: Sequence[Any], results: Sequence[Any]) -> list[str]:
+    """'partition <name>: <error>' of each of run_answering's partitions that did not answer."""
+    return [
+        f"partition {p.name}: {r}"
+        for p, r in zip(parts, results, strict=True)
+        if isinstance(r, BaseException)
+    ]

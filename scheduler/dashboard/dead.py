@@ -26,7 +26,7 @@ from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job
 from scheduler.dashboard.actions import Actions, Form
-from scheduler.dashboard.logical import merge_found, merged_window
+from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition
 from scheduler.dashboard.pages import DEFAULT_LIMIT, int_param
 from scheduler.dashboard.render import notice_query
 from scheduler.operations import browsing
@@ -113,18 +113,16 @@ class DeadPages(Actions):
         f = DeadFilter.read(request.query_params.get)
         offset = int_param(request, "offset", 0, 0, 10**9)
         limit = int_param(request, "limit", DEFAULT_LIMIT, 1, browsing.MAX_PAGE)
-        counts = self.store.counts(name)
+        counts, _, unread = view.counts_and_paused()  # partitions left out: named on the page
         max_dead_ms = f.max_dead_ms(counts.now_ms)
         scanned = None
         # A partitioned queue: each partition's first offset + limit, merged newest first.
         start, count = (0, merged_window(offset, limit)) if view.partitioned else (offset, limit)
         next_offset: int | None
         if f.by_record:
-            found = view.run_each(
-                lambda q: browsing.filtered_page(
-                    q.ops, "dead", task=f.task, error_type=f.error_type,
-                    max_dead_ms=max_dead_ms, offset=start, limit=count,
-                )
+            found = view.filtered_pages(
+                unread, "dead", task=f.task, error_type=f.error_type,
+                max_dead_ms=max_dead_ms, offset=start, limit=count,
             )  # fmt: skip
             jobs = merge_found("dead", found, offset - start, limit)
             scanned, total = sum(p.scanned for p in found), None
@@ -132,12 +130,16 @@ class DeadPages(Actions):
             if all(p.next_offset is None for p in found):
                 next_offset = None
         elif view.partitioned:
-            jobs, more = view.merged_page("dead", counts.now_ms, offset, limit, max_dead_ms)
+            jobs, more = view.merged_page(
+                "dead", counts.now_ms, offset, limit, max_dead_ms, unread=unread
+            )
             next_offset = offset + limit if more else None
             total = counts.dead
             if max_dead_ms is not None:
                 cutoff = max_dead_ms
-                total = sum(view.run_each(lambda q: browsing.dead_count_before(q.keys, cutoff)))
+                total = sum(
+                    view.read_each(lambda q: browsing.dead_count_before(q.keys, cutoff), 0, unread)
+                )
         elif max_dead_ms is not None:
             q = view.parts[0]
             jobs = self.store.run(q, _jobs_died_before(q, max_dead_ms, offset, limit))
@@ -161,6 +163,7 @@ class DeadPages(Actions):
             next_offset=next_offset,
             # A filtered page's offset is a scan position: back means to the first page.
             prev_offset=(0 if scanned is not None else max(offset - limit, 0)) if offset else None,
+            unreachable=once_per_partition(unread),
         )
 
     def _selection(self, name: str, form: Form) -> tuple[str, str, DeadFilter, list[str]]:

@@ -10,9 +10,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import ResponseError
-
-from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.partitioned import PartitionedQueue, unread
 from scheduler.client.partitioned_merge import (
     group_ids,
     jobs_in_order,
@@ -20,8 +18,7 @@ from scheduler.client.partitioned_merge import (
     merge_scored,
 )
 from scheduler.client.queue import Queue
-from scheduler.core.connection import UNREACHABLE
-from scheduler.core.errors import BadArgument, JobNotFound, refused_for_now
+from scheduler.core.errors import BadArgument, JobNotFound
 from scheduler.core.models import Job, QueueCounts
 from scheduler.operations import browsing
 from scheduler.operations.requests import Op
@@ -48,6 +45,14 @@ def merged_window(offset: int, limit: int) -> int:
             "further in one partition (its link on this page)"
         )
     return offset + limit
+
+
+def once_per_partition(unread: list[str]) -> list[str]:
+    """'partition <name>: <error>' entries (read_each's), the first of each partition only."""
+    seen: dict[str, str] = {}
+    for u in unread:
+        seen.setdefault(u.split(": ", 1)[0], u)
+    return list(seen.values())
 
 
 class View:
@@ -97,14 +102,24 @@ class View:
         return first
 
     def merged_page(
-        self, state: str, now_ms: int, offset: int, limit: int, max_dead_ms: int | None = None
+        self,
+        state: str,
+        now_ms: int,
+        offset: int,
+        limit: int,
+        max_dead_ms: int | None = None,
+        *,
+        unread: list[str],
     ) -> tuple[list[Job], bool]:
         """(one page of the partitions merged in index order, whether more follow): each
         partition's first offset + limit (score, id) pairs, then the page's records only.
-        For a partitioned view (a plain queue pages its own index)."""
+        For a partitioned view (a plain queue pages its own index). The partitions that do
+        not answer are left out and named into `unread` (read_each)."""
         window = merged_window(offset, limit)
-        per: list[list[tuple[float, str]]] = self.run_each(
-            lambda q: browsing.scored_ids(q.ops, state, now_ms, 0, window, max_dead_ms)
+        per: list[list[tuple[float, str]]] = self.read_each(
+            lambda q: browsing.scored_ids(q.ops, state, now_ms, 0, window, max_dead_ms),
+            [],
+            unread,
         )
         chosen = merge_scored(state, per, offset, limit)  # ties by id, as one ZSET
         read: list[list[Job]] = []
@@ -129,23 +144,36 @@ class View:
             return each[0], [], []
         pairs = list(zip(self.parts, each, strict=True))
         read = [(p, c) for p, c in pairs if not isinstance(c, BaseException)]
-        failed = [f"partition {p.name}: {c}" for p, c in pairs if isinstance(c, BaseException)]
+        failed = unread(self.parts, each)
         return merge_counts([c for _, c in read]), [p.name for p, c in read if c.paused], failed
 
     def run_each(self, make: Callable[[Queue], Op[Any]], *, partial: bool = False) -> list[Any]:
         """One result per part. `partial`: a part that does not answer, or refuses for now,
-        gives its error in its place while another part answered (else the first error)."""
+        gives its error in its place while another part answered (else the first error;
+        PartitionedQueue.run_answering: a cluster node down fails its own partitions only)."""
         if self.pq is None:
             return [self._drive(self.parts[0], make(self.parts[0]))]
-        out = self.pq._run_many([(p, make(p)) for p in self.parts], errors=partial)
-        errors = [r for r in out if isinstance(r, BaseException)]
-        for r in errors:
-            passing = isinstance(r, UNREACHABLE) or (
-                isinstance(r, ResponseError) and refused_for_now(r)
-            )
-            if not passing or len(errors) == len(out):
-                raise r
-        return out
+        if partial:
+            return self.pq.run_answering(make)
+        return self.pq._run_many([(p, make(p)) for p in self.parts])
+
+    def read_each(self, make: Callable[[Queue], Op[Any]], empty: Any, into: list[str]) -> list[Any]:
+        """run_each(partial=True) with `empty` in place of each part that did not answer, those
+        named into `into` ('partition <name>: <error>'), so a page shows the others."""
+        out = self.run_each(make, partial=True)
+        into += unread(self.parts, out)
+        return [empty if isinstance(r, BaseException) else r for r in out]
+
+    def filtered_pages(
+        self, unread: list[str], state: str, **args: Any
+    ) -> list[browsing.FilteredPage]:
+        """browsing.filtered_page(q.ops, state, **args) of each part that answers (read_each:
+        the others named into `unread`, an empty page in their place)."""
+        return self.read_each(
+            lambda q: browsing.filtered_page(q.ops, state, **args),
+            browsing.FilteredPage([], None, 0),
+            unread,
+        )
 
     def requeue_dead(self, ids: Sequence[str]) -> int:
         return self.parts[0].requeue_dead(ids) if self.pq is None else self.pq.requeue_dead(ids)

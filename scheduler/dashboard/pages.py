@@ -24,7 +24,7 @@ from scheduler.core.errors import BadArgument, JobNotFound, edited_by_hand, refu
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
-from scheduler.dashboard.logical import merge_found, merged_window
+from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition
 from scheduler.dashboard.reasons import flow_settings, queue_paused_ms, why_not_running
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import schedule_rows
@@ -175,14 +175,13 @@ class Pages:
             base = request.scope.get("root_path", "")
             return RedirectResponse(f"{base}/queues/{name}/jobs/{job_id}", status_code=303)
         summary = self.store.queue_summary(name, minutes=1)
+        unread = list(summary["unread_partitions"])  # partitions left out, named on the page
         next_offset: int | None
         scanned = None
         # A partitioned queue: each partition's first offset + limit, merged in index order.
         start, count = (0, merged_window(offset, limit)) if view.partitioned else (offset, limit)
         if task is not None:
-            found = view.run_each(
-                lambda q: browsing.filtered_page(q.ops, state, task=task, offset=start, limit=count)
-            )
+            found = view.filtered_pages(unread, state, task=task, offset=start, limit=count)
             jobs = merge_found(state, found, offset - start, limit)
             scanned = sum(f.scanned for f in found)
             more = any(f.next_offset is not None for f in found)
@@ -190,7 +189,7 @@ class Pages:
                 (found[0].next_offset if not view.partitioned else offset + limit) if more else None
             )
         elif view.partitioned:
-            jobs, more = view.merged_page(state, summary["now_ms"], offset, limit)
+            jobs, more = view.merged_page(state, summary["now_ms"], offset, limit, unread=unread)
             next_offset = offset + limit if more else None
         else:
             # One more than the page: "more" only when there is more (not on a last full page).
@@ -211,6 +210,7 @@ class Pages:
             prev_offset=(0 if scanned is not None else max(offset - limit, 0)) if offset else None,
             task=task or "",
             scanned=scanned,
+            unreachable=once_per_partition(unread),
         )
 
     def job(self, request: Request) -> Response:
@@ -269,10 +269,11 @@ class Pages:
 
     def workers(self, request: Request) -> Response:
         found, missing, page = self._paged(request, self.store.workers)
-        rows = [w for _, (ws, _) in found for w in ws]
+        missing += [f"queue {name} {u}" for name, (_, _, unread) in found for u in unread]
+        rows = [w for _, (ws, _, _) in found for w in ws]
         for w in rows:  # a member written by hand may be megabytes: no id for a form then
             w["actionable"] = worker_id_ok(w["id"])
-        cut = any(more for _, (_, more) in found)
+        cut = any(more for _, (_, more, _) in found)
         # One TIME (not a counts script), on a node that answered.
         now_ms = self.store.now_ms(found[0][0] if found else None)
         return self.render.page(request, "workers.html", workers=rows, now_ms=now_ms, cut=cut,

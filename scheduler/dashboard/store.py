@@ -245,17 +245,28 @@ class Store:
             "late_mean_ms": [lateness_mean(r) for r in series],
         }
 
-    def workers(self, name: str) -> tuple[list[dict[str, Any]], bool]:
+    def workers(self, name: str) -> tuple[list[dict[str, Any]], bool, list[str]]:
         """(live workers of the queue, of any of its partitions, each once; whether a
-        partition's list was cut at WORKERS_LISTED most recently seen entries)."""
+        partition's list was cut at WORKERS_LISTED most recently seen entries; the partitions
+        not read: a partition whose node does not answer is left out while another answers,
+        as in live_worker_count)."""
         rows: dict[str, dict[str, Any]] = {}
-        cut = False
-        for q in self.view(name).parts:
-            live, gone = live_workers(self.client, q.keys, limit=WORKERS_LISTED)
+        cut, failed = False, []
+        parts = self.view(name).parts
+        for q in parts:
+            try:
+                live, gone = live_workers(self.client, q.keys, limit=WORKERS_LISTED)
+            except UNREACHABLE as exc:
+                if len(parts) == 1:
+                    raise
+                failed.append((q.name, exc))
+                continue
             cut = cut or len(live) + len(gone) >= WORKERS_LISTED
             for w in live:
                 rows.setdefault(w.id, w.to_json())
-        return list(rows.values()), cut
+        if failed and len(failed) == len(parts):  # none answered: the app's 503
+            raise failed[0][1]
+        return list(rows.values()), cut, [f"partition {p}: {e}" for p, e in failed]
 
     def live_worker_count(self, name: str) -> int:
         """Live workers among each partition's WORKERS_PROBED most recently seen, whatever the
