@@ -48,7 +48,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from scheduler.cli.worker_pool_child import RETIRED_BY, STOP_SIGNAL
+from scheduler.cli.worker_pool_child import FINAL_METRICS_ENV, RETIRED_BY, STOP_SIGNAL
 from scheduler.cli.worker_pool_metrics import PoolMetrics
 from scheduler.cli.worker_pool_proc import RESTART_FIRST_S, Child, exit_code
 from scheduler.cli.worker_pool_reload import Reload
@@ -87,7 +87,15 @@ class Pool(Reload):
         self._init_reload()
 
     def _start(self, child: Child) -> None:
-        child.start(self._argv[child.index], self._env[child.index])
+        env = self._env[child.index]
+        if self._metrics is not None:  # its last counts, carried on in its slot
+            child.handoff = self._metrics.handoff_path()
+            env = dict(env, **{FINAL_METRICS_ENV: child.handoff})
+        child.start(self._argv[child.index], env)
+
+    def _swapped(self, index: int) -> None:
+        if self._metrics is not None:
+            self._metrics.carry.forget(index)
 
     # -- signals ------------------------------------------------------------------------
 
@@ -212,6 +220,8 @@ class Pool(Reload):
         pid = c.proc.pid
         c.proc, c.first_start = None, False
         c.close_ready()
+        if self._metrics is not None:
+            self._metrics.reaped(c.index, c.handoff)
         if stopping:
             self._stop_exits.append(code)
             return None

@@ -10,9 +10,14 @@ import os
 import signal
 import sys
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from scheduler.core.exits import EXIT_FAILED
 
 READY_FD_ENV = "SCHEDULER_WORKER_READY_FD"
+# Where a pool child with metrics writes its last counts once its worker returned (the supervisor
+# carries them in its slot: worker_pool_metrics.py).
+FINAL_METRICS_ENV = "SCHEDULER_WORKER_FINAL_METRICS"
 POOL_PID_ENV = "SCHEDULER_WORKER_POOL_PID"
 # The supervisor's "stop gracefully" to its children: not SIGTERM, which a child may also get
 # from a service manager signalling the whole group (systemd's default KillMode), and whose
@@ -64,6 +69,20 @@ def notify_ready(metrics_port: int | None) -> None:
         os.close(int(fd))
     except (OSError, ValueError):  # the supervisor is gone; PDEATHSIG stops us
         pass
+
+
+def hand_over_metrics(registry: CollectorRegistry) -> None:
+    """In a pool's child whose worker has returned (nothing more is counted): its metrics, to
+    the file the supervisor named, whole or not at all (no-op outside a pool)."""
+    path = os.environ.pop(FINAL_METRICS_ENV, None)
+    if path is None:
+        return
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(generate_latest(registry))
+        os.replace(path + ".tmp", path)
+    except OSError as exc:  # the supervisor's directory is gone: its slot starts again
+        print(f"warning: last metrics not handed over: {exc}", file=sys.stderr)
 
 
 def ready_message(metrics_port: int | None) -> bytes:

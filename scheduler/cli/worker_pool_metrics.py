@@ -10,11 +10,22 @@ slot's process answered this scrape, 0: it did not: down, restarting or stuck, w
 and `scheduler_pool_process_retired{process}` (1 for a slot an operator stopped with
 `scheduler workers stop|quiet`, which is never started again). A retired slot is exported this
 way only: it has no `scheduler_pool_process_up` sample, so an alert on `up == 0` does not fire
-for a process stopped on purpose."""
+for a process stopped on purpose.
+
+A child's counters are carried across its slot's recycling: a child that returns from its
+worker (--max-jobs, --max-memory-mb, an operator's or the pool's stop) writes its last counts
+to a file the supervisor named (FINAL_METRICS_ENV, worker_pool_child.hand_over_metrics), and the
+slot's counters and histograms from then on are the new child's plus every such hand-over, so
+its `process` series keep growing instead of falling back to 0 (the counts since the last
+scrape, once lost, are kept). A child that left no file (killed, crashed, a reload's replaced
+one) resets its slot's series, which Prometheus's rate() takes as a counter reset."""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import urllib.request
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -61,11 +72,35 @@ class PoolMetrics:
         registry.register(self)
         self._server, _ = start_http_server(port, addr=METRICS_ADDR, registry=registry)
         self.port = int(self._server.server_address[1])
+        self.carry = Carry()
+        self._dir = tempfile.mkdtemp(prefix="scheduler-pool-metrics-")  # 0700: ours only
+        self._handoffs = 0
+
+    def handoff_path(self) -> str:
+        """A new file name for one child's last counts (FINAL_METRICS_ENV)."""
+        self._handoffs += 1
+        return os.path.join(self._dir, f"{self._handoffs}.prom")
+
+    def reaped(self, slot: int, path: str | None) -> None:
+        """Slot's child, given `path`, has exited: its last counts, if it wrote them, are
+        carried in the slot; else (killed, crashed) the slot's series start again."""
+        text = None
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                os.unlink(path)
+            except OSError:
+                text = None
+        if text is not None:
+            self.carry.add(slot, text)
+        else:
+            self.carry.forget(slot)
 
     def collect(self) -> Iterator[Metric]:
         targets, retired = self.slots
         texts = fetch_all(targets)
-        yield from relabel_merge(texts)
+        yield from relabel_merge(texts, self.carry)
         up = GaugeMetricFamily(
             "scheduler_pool_process_up",
             "1 if the worker process of this slot answered this scrape, else 0 (starting, "
@@ -89,6 +124,68 @@ class PoolMetrics:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_CARRIED = frozenset(("counter", "histogram", "summary"))
+_Key = tuple[str, tuple[tuple[str, str], ...]]  # sample name, its labels
+
+
+class Carry:
+    """Each slot's hand-overs summed: family name -> (its help, type, unit) and sample ->
+    value. Replaced, never edited, so a scrape thread reads one consistent snapshot."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, dict[str, tuple[tuple[str, str, str], dict[_Key, float]]]] = {}
+
+    def add(self, slot: int, text: str) -> None:
+        try:
+            families = list(text_string_to_metric_families(text))
+        except ValueError as exc:
+            log.warning("last metrics of worker process %d unreadable: %s", slot + 1, exc)
+            return self.forget(slot)
+        old = self._slots.get(slot, {})
+        new = {name: (meta, dict(values)) for name, (meta, values) in old.items()}
+        for fam in families:
+            if fam.type not in _CARRIED:
+                continue
+            _, values = new.setdefault(fam.name, ((fam.documentation, fam.type, fam.unit), {}))
+            for s in fam.samples:
+                if not s.name.endswith("_created"):  # a time, not a count
+                    key = (s.name, tuple(sorted(s.labels.items())))
+                    values[key] = values.get(key, 0.0) + s.value
+        self._slots = {**self._slots, slot: new}
+        return None
+
+    def forget(self, slot: int) -> None:
+        if slot in self._slots:
+            self._slots = {k: v for k, v in self._slots.items() if k != slot}
+
+    def apply(self, slot: int, families: list[Metric]) -> list[Metric]:
+        """The slot's families with its carry added (a sample the child has not yet: the
+        carry's alone)."""
+        carried = self._slots.get(slot)
+        if not carried:
+            return families
+        seen = set()
+        for fam in families:
+            if fam.name not in carried:
+                continue
+            seen.add(fam.name)  # of another type (another version's child): not added
+            if fam.type != carried[fam.name][0][1]:
+                continue
+            values = dict(carried[fam.name][1])
+            for i, s in enumerate(fam.samples):
+                extra = values.pop((s.name, tuple(sorted(s.labels.items()))), None)
+                if extra is not None:
+                    fam.samples[i] = s._replace(value=s.value + extra)
+            fam.samples += [Sample(n, dict(labels), v) for (n, labels), v in values.items()]
+        for name, ((doc, typ, unit), values) in carried.items():
+            if name not in seen:
+                fam = Metric(name, doc, typ, unit)
+                fam.samples = [Sample(n, dict(labels), v) for (n, labels), v in values.items()]
+                families.append(fam)
+        return families
 
 
 def fetch_all(targets: Mapping[int, int | None]) -> dict[int, str]:
@@ -120,8 +217,9 @@ def _fetch(port: int) -> str:
         return str(resp.read().decode())
 
 
-def relabel_merge(texts: Mapping[int, str]) -> list[Metric]:
-    """Each slot's exposition text parsed, every sample labelled process="<slot>", the families
+def relabel_merge(texts: Mapping[int, str], carry: Carry | None = None) -> list[Metric]:
+    """Each slot's exposition text parsed (its carry added), every sample labelled
+    process="<slot>", the families
     of one name merged into one (the first slot's help and type); a QUEUE_LEVEL family is the
     lowest slot's with samples, unlabelled. A text that does not parse, or
     a family whose type differs from the first one of its name (a process on other code during a
@@ -133,6 +231,8 @@ def relabel_merge(texts: Mapping[int, str]) -> list[Metric]:
         except ValueError as exc:
             log.warning("metrics of worker process %d unreadable: %s", slot + 1, exc)
             continue
+        if carry is not None:
+            families = carry.apply(slot, families)
         for fam in families:
             if fam.name in QUEUE_LEVEL:
                 into = merged.get(fam.name)

@@ -38,6 +38,7 @@ class Child:
     retired: bool = False  # stopped by an operator (EXIT_RETIRED): not started again
     stop_sent_at: float | None = None  # when the supervisor first asked it to stop
     killed_at_deadline: bool = False  # still running at the stop deadline: killed
+    handoff: str | None = None  # where it writes its last metrics (worker_pool_metrics.py)
 
     def start(self, argv: Sequence[str], env: dict[str, str]) -> None:
         r, w = os.pipe()

@@ -22,6 +22,9 @@ class Reload:
     def _retire(self, child: Child, pid: int, verb: str) -> None:
         raise NotImplementedError
 
+    def _swapped(self, index: int) -> None:
+        """Slot index has a new process (its metrics start again)."""
+
     def _init_reload(self) -> None:
         self._hups = 0  # SIGHUP received: replace the children one at a time
         self._queue: list[int] = []  # the reload's children still to replace
@@ -77,6 +80,7 @@ class Reload:
             if not inc.ready or stopping:
                 return False
             old, self.children[inc.index] = self.children[inc.index], inc
+            self._swapped(inc.index)
             inc.first_start = False  # from now on, an exit is restarted like any other
             old.send(STOP_SIGNAL)
             self._retiring.append(old)

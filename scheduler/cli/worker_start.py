@@ -33,7 +33,12 @@ from scheduler.admin.startup import (
 )
 from scheduler.cli.exit_watchdog import ExitWatchdog
 from scheduler.cli.stall_watchdog import StallWatchdog
-from scheduler.cli.worker_pool_child import STOP_SIGNAL, notify_ready, retired_code
+from scheduler.cli.worker_pool_child import (
+    STOP_SIGNAL,
+    hand_over_metrics,
+    notify_ready,
+    retired_code,
+)
 from scheduler.client.partitioned_merge import expand_labelled_async
 from scheduler.core.connection import connect_async
 from scheduler.core.errors import (
@@ -272,6 +277,8 @@ async def serve(
         code = await worker.run()
     finally:
         await client.aclose()
+    if in_pool:  # its last counts, carried on in its slot by the supervisor
+        hand_over_metrics(worker.metrics.registry)
     # A pool's child an operator stopped tells its supervisor not to start another in its place,
     # and with which verb (stop: 86, quiet: 87).
     stopped_by = worker.operator_stop
