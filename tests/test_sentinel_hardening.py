@@ -77,11 +77,10 @@ def _worker_start(url: str, queue: str) -> subprocess.CompletedProcess[str]:
 # -- 1. TLS through Sentinel --------------------------------------------------------------------
 
 
-def test_sentinel_tls_urls_are_read_and_refused(tmp_path: Path) -> None:
+def test_sentinel_tls_urls_are_read_and_refused() -> None:
     """`sentinel_ssl=1`: the sentinels' connections get ssl and the URL's ssl_* options (the
     same CA); without it they stay plain TCP. TLS to the sentinels only is refused."""
-    ca = str(tmp_path / "ca.pem")  # a TLS file must be there (tests/test_tls_files.py)
-    Path(ca).write_text("")
+    ca = str(Path(__file__).parent / "fixtures" / "tls-ca.pem")  # must be there, a PEM
     both = connect(f"rediss+sentinel://a:1/svc?ssl_ca_certs={ca}&sentinel_ssl=1&socket_timeout=3")
     master_only = connect(f"rediss+sentinel://a:1/svc?ssl_ca_certs={ca}&socket_timeout=3")
     try:

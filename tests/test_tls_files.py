@@ -19,8 +19,11 @@ from scheduler import BadArgument, Queue, open_queue
 from scheduler.cli.main import main
 from scheduler.core.connection import connect, connect_async, parse_url
 from scheduler.core.exits import EXIT_USAGE
+from tests.faults.conftest import Tls, make_tls
+from tests.redis_server import require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
+CA = str(ROOT / "tests" / "fixtures" / "tls-ca.pem")  # a CA certificate whose key was not kept
 
 
 @pytest.fixture
@@ -69,15 +72,12 @@ def test_a_missing_tls_file_in_the_url_is_a_usage_error_naming_it(
 
 
 def test_a_file_of_the_wrong_kind_is_refused_and_a_present_one_taken(tmp_path: Path) -> None:
-    pem = tmp_path / "ca.pem"
-    pem.write_text("not read here")
     base = "rediss://127.0.0.1:1/0?"
     with pytest.raises(BadArgument, match=r"ssl_ca_certs=.*is a directory"):
         parse_url(f"{base}ssl_ca_certs={tmp_path}")
     with pytest.raises(BadArgument, match=r"ssl_ca_path=.*not a directory"):
-        parse_url(f"{base}ssl_ca_path={pem}")
-    t = parse_url(f"{base}ssl_ca_certs={pem}&ssl_certfile={pem}&ssl_keyfile={pem}")
-    assert t.options["ssl_ca_certs"] == str(pem)
+        parse_url(f"{base}ssl_ca_path={CA}")
+    assert parse_url(f"{base}ssl_ca_certs={CA}").options["ssl_ca_certs"] == CA
     assert parse_url(f"{base}ssl_ca_path={tmp_path}").options["ssl_ca_path"] == str(tmp_path)
 
 
@@ -104,10 +104,8 @@ def test_a_missing_tls_file_given_as_a_keyword_is_refused(
 
     with pytest.raises(BadArgument, match=r"ssl_ca_certs=.*is a directory"):
         connect(url, ssl_ca_certs=str(tmp_path))
-    pem = tmp_path / "ca.pem"
-    pem.write_text("not read here")
-    client = connect(url, ssl_ca_certs=pem)  # present: passed on as given
-    assert client.connection_pool.connection_kwargs["ssl_ca_certs"] == pem
+    client = connect(url, ssl_ca_certs=Path(CA))  # present: passed on as given
+    assert client.connection_pool.connection_kwargs["ssl_ca_certs"] == Path(CA)
     client.close()
     assert _no_connection(listener)
 
@@ -126,3 +124,47 @@ def test_the_worker_refuses_a_missing_tls_file_as_usage(
         assert res.returncode == EXIT_USAGE, res.stderr
         assert "ssl_certfile" in res.stderr and str(missing) in res.stderr, res.stderr
     assert _no_connection(listener)
+
+
+@pytest.fixture(scope="module")
+def real_tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
+    require_binary("openssl", "TLS tests make their certificates with it")
+    return make_tls(str(tmp_path_factory.mktemp("tls")))
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("ssl_ca_certs", "holds no PEM CA certificate"),
+        ("ssl_certfile", "holds no PEM certificate"),
+        ("ssl_keyfile", "holds no PEM private key"),
+    ],
+)
+def test_a_tls_file_that_is_not_pem_is_a_usage_error_naming_it(
+    name: str, why: str, tmp_path: Path, listener: socket.socket, real_tls: Tls
+) -> None:
+    """A CA file that holds no certificate was redis-py's '[X509: NO_CERTIFICATE_OR_CRL_FOUND]'
+    at connect time, a certificate file without one '[SSL] PEM lib': 'cannot reach Redis'."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    wrong = {"ssl_ca_certs": real_tls.key, "ssl_certfile": real_tls.key}.get(name, real_tls.cert)
+    for path in (str(junk), wrong):  # junk, and the other PEM file of the pair by mistake
+        url = _url(listener, f"{name}={path}")
+        with pytest.raises(BadArgument, match=rf"{name}=.*{why}"):
+            parse_url(url)
+        res = CliRunner().invoke(main, ["stats", "--url", url])
+        assert res.exit_code == EXIT_USAGE and why in res.output, res.output
+    with pytest.raises(BadArgument, match=why):
+        connect(_url(listener, "protocol=2"), **{name: str(junk)})
+    assert _no_connection(listener)
+
+
+def test_real_pem_files_are_taken(real_tls: Tls) -> None:
+    t = parse_url(
+        f"rediss://h:1/0?ssl_ca_certs={real_tls.ca}&ssl_certfile={real_tls.cert}"
+        f"&ssl_keyfile={real_tls.key}"
+    )
+    assert t.options["ssl_ca_certs"] == real_tls.ca and t.options["ssl_keyfile"] == real_tls.key
+    combined = Path(real_tls.dir) / "both.pem"  # certificate and key in one file
+    combined.write_text(Path(real_tls.cert).read_text() + Path(real_tls.key).read_text())
+    parse_url(f"rediss://h:1/0?ssl_certfile={combined}")

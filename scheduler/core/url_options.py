@@ -2,12 +2,13 @@
 redis-py's URL_QUERY_ARGUMENT_PARSERS and the connection keyword arguments every client
 (blocking and asyncio, redis-py 7.3 and 8.x) accepts. core/connection.py refuses any other name,
 and a value its converter does not take (BadArgument), rather than fail at the first command;
-a TLS file (`ssl_ca_certs`, ...) is checked to be there and readable."""
+a TLS file (`ssl_ca_certs`, ...) is checked to be there, readable and a PEM of its kind."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -44,22 +45,41 @@ def whole(low: int) -> Parse:
     return _value(int, f"expected a whole number >= {low}", lambda v: v >= low)
 
 
-def tls_path_problem(path: str, folder: bool = False) -> str | None:
-    """Why a client could not read the TLS file (ssl_ca_path: the folder) at `path`, else None:
-    redis-py would find out only while connecting, as a ConnectionError ('No such file')."""
-    kind = "directory" if folder else "file"
+def tls_path_problem(path: str, kind: str = "file") -> str | None:
+    """Why a client could not use the TLS file at `path` (`kind`: TLS_PATHS' words), else None:
+    redis-py finds out only while connecting ('No such file', '[X509: NO_CERTIFICATE_OR_CRL_
+    FOUND]', '[SSL] PEM lib'), which the CLI reported as 'cannot reach Redis'."""
+    folder = kind == "folder"
+    what = "directory" if folder else "file"
     if not os.path.exists(path):
-        return f"no such {kind}"
+        return f"no such {what}"
     if os.path.isdir(path) != folder:
         return "not a directory" if folder else "is a directory, expected a file"
     if not os.access(path, os.R_OK | (os.X_OK if folder else 0)):
-        return f"this process cannot read that {kind}"
+        return f"this process cannot read that {what}"
+    if kind == "ca":  # as redis-py loads it: exact, and no password is ever asked for
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+        except (ssl.SSLError, OSError, ValueError):
+            return "holds no PEM CA certificate"
+    elif kind in _PEM_MARKS:  # loading the pair could prompt for an encrypted key's password
+        with open(path, "rb") as f:
+            head = f.read(_PEM_READ)
+        if re.search(_PEM_MARKS[kind], head) is None:
+            return f"holds no PEM {'certificate' if kind == 'cert' else 'private key'}"
     return None
 
 
-def _tls_path(folder: bool) -> Parse:
+_PEM_MARKS = {
+    "cert": rb"-----BEGIN CERTIFICATE-----",
+    "key": rb"-----BEGIN [A-Z ]*PRIVATE KEY-----",
+}
+_PEM_READ = 1 << 20  # a chain and a key fit many times over
+
+
+def _tls_path(kind: str) -> Parse:
     def parse(text: str) -> str:
-        why = tls_path_problem(text, folder)
+        why = tls_path_problem(text, kind)
         if why is not None:
             raise ValueError(why)
         return text
@@ -67,22 +87,24 @@ def _tls_path(folder: bool) -> Parse:
     return parse
 
 
-# The options naming a file (True: a folder) the TLS context reads, checked before any connection.
+# The options naming a file the TLS context reads (ssl_ca_path: a folder), checked before any
+# connection: what each must hold.
 TLS_PATHS = {
-    "ssl_ca_certs": False,
-    "ssl_certfile": False,
-    "ssl_keyfile": False,
-    "ssl_ca_path": True,
+    "ssl_ca_certs": "ca",
+    "ssl_certfile": "cert",
+    "ssl_keyfile": "key",
+    "ssl_ca_path": "folder",
 }
 
 
 def check_tls_paths(options: Mapping[str, Any]) -> None:
-    """A connection helper's keyword arguments naming a TLS file that is not there: BadArgument
-    naming the option and the path (a URL's are checked as its options are converted)."""
-    for name, folder in TLS_PATHS.items():
+    """A connection helper's keyword arguments naming a TLS file that is not there or holds
+    no PEM of its kind: BadArgument naming the option and the path (a URL's are checked as
+    its options are converted)."""
+    for name, kind in TLS_PATHS.items():
         value = options.get(name)
         if isinstance(value, (str, os.PathLike)):
-            why = tls_path_problem(os.fspath(value), folder)
+            why = tls_path_problem(os.fspath(value), kind)
             if why is not None:
                 raise BadArgument(f"{name}={os.fspath(value)!r}: {why}")
 
@@ -103,7 +125,9 @@ CLUSTER_OPTIONS: dict[str, Parse] = {
     "max_connections": whole(1),
     "protocol": _value(lambda t: {"2": 2, "3": 3}[t], "expected 2 or 3"),
     **dict.fromkeys(("client_name", "username", "password"), str),
-    **dict.fromkeys(("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"), _tls_path(False)),
+    **{
+        name: _tls_path(TLS_PATHS[name]) for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+    },
     "ssl_cert_reqs": _value(str.lower, f"expected one of {_CERT_REQS}", _CERT_REQS.__contains__),
     "ssl_check_hostname": FLAG,
     "ssl_include_verify_flags": _VERIFY,
@@ -115,7 +139,7 @@ CLUSTER_OPTIONS: dict[str, Parse] = {
 SINGLE_OPTIONS: dict[str, Parse] = {
     "socket_read_size": whole(1),
     "health_check_interval": whole(0),
-    "ssl_ca_path": _tls_path(True),
+    "ssl_ca_path": _tls_path("folder"),
     **dict.fromkeys(("ssl_password", "ssl_ciphers"), str),
     # A name, or redis-py's own form: the whole number of an ssl.TLSVersion (771 = TLSv1_2).
     "ssl_min_version": _value(_tls_version, "expected TLSv1_2, TLSv1_3 or its number (771, 772)"),
