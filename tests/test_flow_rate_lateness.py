@@ -47,3 +47,18 @@ def test_next_ms_is_the_slot_where_the_window_has_room(fq: tuple[Queue, Clock]) 
     batch = q.claim("w", limit=10, lease_ms=60_000)
     assert len(batch.jobs) == 1  # the start at T0 left the window
     assert batch.next_ms == T0 + 750  # the start at T0 + 250 leaves it next
+
+
+def test_a_job_given_a_later_slot_says_so(fq: tuple[Queue, Clock]) -> None:
+    # Its reason (jobs show, the dashboard's "next slot in ...") names the slot it waits for:
+    # before, it kept the first one, which had passed.
+    q, clock = fq
+    one = {"rate_limit": "1/1s", "rate_key": "api"}
+    ids = [q.enqueue("t", **one) for _ in range(3)]
+    assert len(q.claim("w", limit=10, lease_ms=60_000).jobs) == 1
+    clock.set_ms(T0 + 1_000)
+    assert len(q.claim("w", limit=10, lease_ms=60_000).jobs) == 1
+    slot = q.client.zscore(q.keys.prefix + "flow:rheld", ids[2])
+    assert slot == T0 + 2_000
+    reason = q.get_job(ids[2]).fields["flow_reason"]
+    assert reason == f"rate window api (1 per 1000 ms) until {T0 + 2_000}"

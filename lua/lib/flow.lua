@@ -324,6 +324,13 @@ local function flow_rate_settle(now)
   end
 end
 
+-- A rate-held job's reason: its window and the slot it waits for (scheduler/dashboard/reasons.py
+-- reads it back).
+local function flow_rate_reason(f, slot)
+  return 'rate window ' .. f.rkey .. ' (' .. fmt(f.rcount) .. ' per ' .. fmt(f.rwindow) ..
+    ' ms) until ' .. fmt(slot)
+end
+
 -- The slot at which a job's rate window has room again, or false when it has room now, or nil
 -- when the log is of another type (written by hand). The window is full while the job's
 -- count-th latest start is inside it: one read, whatever other windows the key's log serves.
@@ -367,8 +374,7 @@ local function flow_admit(prefix, id, jk, f, run_at, now)
     if slot == nil then return nil, FLOW_BAD .. 'flow:rate:' .. f.rkey end
     if slot then
       local ok, bad = flow_hold(prefix, id, jk, run_at, 'flow:rheld', slot,
-        'rate window ' .. f.rkey .. ' (' .. fmt(f.rcount) .. ' per ' .. fmt(f.rwindow) ..
-        ' ms) until ' .. fmt(slot))
+        flow_rate_reason(f, slot))
       if not ok then return nil, bad end
       flow_rate_widen(rk, f)
       -- The key's free slot is not taken by this job: its held jobs may use it (a job is
@@ -492,6 +498,8 @@ local function flow_rate_due(prefix, now, limit)
         end
         later = later + 1
         redis.call('ZADD', rh, slot, j.id)
+        -- Its reason names the new slot (it named the one that passed). pcall: advisory.
+        redis.pcall('HSET', job_key(prefix, j.id), 'flow_reason', flow_rate_reason(j.f, slot))
       end
     end
   end
