@@ -53,7 +53,7 @@ def test_a_job_given_a_later_slot_says_so(fq: tuple[Queue, Clock]) -> None:
     # Its reason (jobs show, the dashboard's "next slot in ...") names the slot it waits for:
     # before, it kept the first one, which had passed.
     q, clock = fq
-    one = {"rate_limit": "1/1s", "rate_key": "api"}
+    one: dict[str, Any] = {"rate_limit": "1/1s", "rate_key": "api"}
     ids = [q.enqueue("t", **one) for _ in range(3)]
     assert len(q.claim("w", limit=10, lease_ms=60_000).jobs) == 1
     clock.set_ms(T0 + 1_000)
