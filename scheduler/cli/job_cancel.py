@@ -1,6 +1,8 @@
 """`scheduler jobs cancel`: withdraw jobs by id, or every waiting job of a state (and task) at
 once, e.g. after a bad deploy enqueued thousands of wrong ones (lua/cancel.lua, one script
-call per job, pipelined)."""
+call per job, pipelined). The outcome does not depend on the order the jobs are met in: each
+is cancelled before any job it waits for (`children_first`), so a parent's cancel never parks
+a job the command cancels; a waiting job it leaves out is parked, as Queue.cancel does."""
 
 from __future__ import annotations
 
@@ -54,6 +56,42 @@ def _part(q: Queue | PartitionedQueue, job_id: str) -> Queue:
     return q.part_of(job_id) if isinstance(q, PartitionedQueue) else q
 
 
+def children_first(q: Queue, ids: Sequence[str]) -> list[str]:
+    """`ids` (once each) ordered so that each comes before every job it waits for, directly or
+    through jobs left out of `ids`: cancelled first, none is parked by a later parent's cancel
+    (lib/flow.lua parks a waiting child and its own). Otherwise in the order given. Reads each
+    job's `flow:children:<id>` SET and those of their waiting descendants, a page per round
+    trip; one not a SET (edited by hand) counts as no children."""
+    kids: dict[str, list[str]] = {}
+    frontier = list(dict.fromkeys(ids))
+    while frontier:
+        for at in range(0, len(frontier), _PAGE):
+            page = frontier[at : at + _PAGE]
+            pipe = q.client.pipeline(transaction=False)
+            for i in page:
+                pipe.smembers(f"{q.keys.prefix}flow:children:{i}")
+            for i, got in zip(page, pipe.execute(raise_on_error=False), strict=True):
+                kids[i] = [] if isinstance(got, Exception) else sorted(str(c) for c in got)
+        frontier = list(dict.fromkeys(c for i in frontier for c in kids[i] if c not in kids))
+    wanted, seen, out = set(ids), set[str](), list[str]()
+    for root in dict.fromkeys(ids):  # depth first, a job after its descendants (no recursion)
+        if root in seen:
+            continue
+        seen.add(root)
+        stack = [(root, iter(kids[root]))]
+        while stack:
+            node, rest = stack[-1]
+            nxt = next((c for c in rest if c not in seen), None)
+            if nxt is None:
+                stack.pop()
+                if node in wanted:
+                    out.append(node)
+            else:
+                seen.add(nxt)
+                stack.append((nxt, iter(kids.get(nxt, ()))))
+    return out
+
+
 def _waiting(q: Queue, state: str, task: str | None) -> list[str]:
     """The ids of `q`'s jobs in `state` now (of `task`), read by rank pages (O(log N) each,
     not an offset walk). A job moving meanwhile (claimed, enqueued) may be left out."""
@@ -90,7 +128,12 @@ def cancel_jobs(
     in that state (due now, scheduled later, held by flow control), of --task only if given
     (asks first unless --yes; a schedule's pending runs are left: pause the schedule). A
     running job's worker learns it at its next heartbeat. Prints each id's state before
-    (--state: counts); exit 1 when an id was missing or already done or dead."""
+    (--state: counts); exit 1 when an id was missing or already done or dead.
+
+    Whatever the order of the IDs or of the jobs in their state: each job this command
+    cancels is cancelled before any job it waits for (after=), so none of them is parked by
+    its parent's cancel; a waiting job it leaves out (another state or task, an id not given)
+    is parked as dead, 'parent cancelled: <id>', when a job it waits for is cancelled."""
     if bool(job_ids) == bool(state):
         raise BadInput("give job ids, or --state (not both)")
     if task is not None and not state:
@@ -99,10 +142,15 @@ def cancel_jobs(
     require_queue(client, queue)
     q = open_queue(client, queue)
     if job_ids:
-        before: dict[str, str] = {}
+        by_part: dict[int, tuple[Queue, list[str]]] = {}
         for job_id in dict.fromkeys(job_ids):
             part = _part(q, job_id)
-            before[job_id] = part._run(_cancel_op(part, [job_id]))[0]
+            by_part.setdefault(id(part), (part, []))[1].append(job_id)
+        was_in: dict[str, str] = {}
+        for part, ids in by_part.values():
+            for job_id in children_first(part, ids):
+                was_in[job_id] = part._run(_cancel_op(part, [job_id]))[0]
+        before = {job_id: was_in[job_id] for job_id in dict.fromkeys(job_ids)}
         if as_json:
             emit_json({"queue": queue, "jobs": before})
         else:
@@ -114,7 +162,10 @@ def cancel_jobs(
         return
     assert state is not None
     parts = q.parts if isinstance(q, PartitionedQueue) else [q]
-    selected = [(p, i) for p in parts for i in _waiting(p, state, task)]
+    # A due or scheduled job waits for no job (a waiting one is held): only held ones need
+    # ordering, children first (see the help above).
+    order = children_first if state == "held" else (lambda _, ids: list(ids))
+    selected = [(p, i) for p in parts for i in order(p, _waiting(p, state, task))]
     what = f"{state} job(s)" + (f" of task {task!r}" if task else "")
     if selected and not yes:
         click.confirm(f"Cancel {len(selected)} {what} of queue {queue!r}?", abort=True, err=True)
