@@ -131,3 +131,17 @@ def test_a_refused_cron_stores_nothing_and_the_cli_exits_2(
         )
         assert res.exit_code == 2 and f"cron {expr!r}: the " in res.output, res.output
     assert dump_queue(client, q) == before
+
+
+def test_a_day_of_month_and_a_day_of_week_match_either_as_the_readme_says() -> None:
+    """README: `0 0 1-7 * 1` is the 1st to the 7th and every Monday (classic cron's OR), the
+    first Monday of each month `0 0 * * 1#1`."""
+    either = _days("0 0 1-7 * 1", 9)
+    assert [d[:6] for d in either] == [
+        "Fri 02", "Sat 03", "Sun 04", "Mon 05", "Tue 06", "Wed 07", "Mon 12", "Mon 19", "Mon 26"
+    ]  # fmt: skip
+    start = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
+    firsts = cron_slots_after("0 0 * * 1#1", "UTC", start, 3)
+    assert [datetime.fromtimestamp(s / 1000, UTC).strftime("%m-%d") for s in firsts] == [
+        "01-05", "02-02", "03-02"
+    ]  # fmt: skip
