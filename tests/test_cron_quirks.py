@@ -145,3 +145,22 @@ def test_a_day_of_month_and_a_day_of_week_match_either_as_the_readme_says() -> N
     assert [datetime.fromtimestamp(s / 1000, UTC).strftime("%m-%d") for s in firsts] == [
         "01-05", "02-02", "03-02"
     ]  # fmt: skip
+
+
+def test_doctor_warns_of_a_stored_cron_croniter_misreads(
+    q: Queue, client: redis.Redis, redis_url: str
+) -> None:
+    """A schedule defined before these refusals (here its cron field written so by hand) keeps
+    croniter's reading: doctor names it, a warning (it runs, just not when its text says)."""
+    from scheduler.admin.doctor import check_queue
+
+    q.schedule("wrap", "t", cron="0 22 * * *")
+    q.schedule("fine", "t", cron="0 6 * * 1-5")
+    assert check_queue(client, q.name) == []
+    client.hset(q.keys.schedule("wrap"), "cron", "0 22-2 * * *")
+    (issue,) = check_queue(client, q.name)
+    assert (issue.code, issue.severity) == ("schedule-cron-misread", "warning")
+    assert "'22-2' in the hour field is reversed" in issue.message and "wrap" in issue.message
+    assert "schedules add wrap" in issue.fix or "define it again" in issue.fix
+    res = CliRunner().invoke(main, ["doctor", "-q", q.name, "--no-server", "--url", redis_url])
+    assert res.exit_code == 0 and "schedule-cron-misread" in res.output, res.output

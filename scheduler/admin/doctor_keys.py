@@ -11,9 +11,10 @@ from redis.exceptions import ResponseError
 from scheduler.admin.doctor_model import _PAGE, Issue
 from scheduler.admin.inspection import iter_chunks, live_workers
 from scheduler.client.queue import Queue
-from scheduler.core.errors import edited_by_hand, newer_storage
+from scheduler.core.errors import BadArgument, edited_by_hand, newer_storage
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
 from scheduler.operations.dead_letters import dead_converted
+from scheduler.schedules.cron_fields import refuse_misread
 from scheduler.schedules.stored import unreadable_field
 
 
@@ -101,14 +102,29 @@ def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
         key = keys.schedule(name)
         key_type = str(client.type(key))
         if key_type == "hash":
-            field = unreadable_field({str(k): str(v) for k, v in client.hgetall(key).items()})
+            fields = {str(k): str(v) for k, v in client.hgetall(key).items()}
+            field = unreadable_field(fields)
             if field:
                 msg = f"schedule {name!r}: its {field} field cannot be read: its runs stopped"
                 out.append(Issue("schedule-unreadable", "error", msg, redo, keys.queue))
+            elif fields.get("kind") == "cron":
+                out += _cron_misread(keys.queue, name, fields.get("cron", ""))
         elif key_type != "none":
             msg = f"{key} is a {key_type}, not a schedule hash: its runs stopped"
             out.append(Issue("wrong-type", "error", msg, redo, keys.queue))
     return out + stuck_children(client, keys)
+
+
+def _cron_misread(queue: str, name: str, cron: str) -> list[Issue]:
+    """A stored cron that define() now refuses (schedules/cron_fields.py: stored before it did):
+    it runs as croniter reads it (a reversed range wrapped around, '3-3' as every hour)."""
+    try:
+        refuse_misread(cron)
+    except BadArgument as exc:
+        msg = f"schedule {name!r}: {exc}; it runs as croniter reads that, not as written"
+        how = "define it again with the cron written so (q.schedule / `scheduler schedules add`)"
+        return [Issue("schedule-cron-misread", "warning", msg, how, queue)]
+    return []
 
 
 def stuck_children(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
