@@ -6,12 +6,19 @@ tracker (Sentry's capture_exception), an alert on `dead`, the app's own metrics.
 A hook runs on the worker's event loop once the server has answered (a `retry` or `dead` is
 what fail.lua decided, never a guess), so it must be quick: hand slow work to a thread or a
 task. One that raises is logged (a few lines a minute at most) and changes nothing: the job's
-outcome stands and the other hooks still run."""
+outcome stands and the other hooks still run.
+
+A hook gets no time limit: it runs on the loop (which it may use: `create_task`), and Python
+cannot interrupt a synchronous call. One that takes SLOW_HOOK_S or more is named in a warning
+(capped as its errors are): it held heartbeats, claims and timeouts meanwhile. One that never
+returns is a stalled loop: a `scheduler worker` process's stall watchdog ends it after its lease
+(cli/stall_watchdog.py), the outcome it was given already stored."""
 
 from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,6 +47,7 @@ class JobOutcome:
 
 
 OutcomeHook = Callable[[JobOutcome], Any]
+SLOW_HOOK_S = 1.0  # a hook that held the loop this long is named in a warning
 _LIMIT = LogLimit(burst=3)
 _UNAWAITED = (
     "the hook returned a coroutine, never awaited: a hook is a plain function (start a task"
@@ -63,6 +71,7 @@ def emit(
     )
     r.error = None  # delivered: its frames are not kept with the run
     for hook in hooks:
+        started = time.monotonic()
         try:
             back = hook(out)
             if inspect.iscoroutine(back):  # a sync wrapper around an async def: never run
@@ -80,14 +89,38 @@ def emit(
                     log.error(
                         "an outcome hook raised on job %s %s (the outcome stands)", event, r.job.id
                     )
+        took = time.monotonic() - started
+        if took >= SLOW_HOOK_S:
+            _log_slow(hook, took, event, r, log)
+
+
+def _log_slow(hook: OutcomeHook, took: float, event: str, r: Running, log: logging.Logger) -> None:
+    try:
+        name = _name(hook)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # its name cannot be read (a hostile object): the reporter goes on
+        name = "?"
+    note = _LIMIT.admit((name, "slow"))
+    if note is not None:
+        log.warning(
+            "outcome hook %s held the worker's event loop %.1f s on job %s %s (heartbeats, "
+            "claims and timeouts waited): hand slow work to a thread or a task%s",
+            name, took, event, r.job.id, note,
+        )  # fmt: skip
+
+
+def _name(hook: OutcomeHook) -> str:
+    name = getattr(hook, "__qualname__", None)
+    if not isinstance(name, str):  # a hook object: its class's (its repr is its own code)
+        name = type.__dict__["__qualname__"].__get__(type(hook))
+    return str(name)
 
 
 def _log_raised(
     hook: OutcomeHook, exc: BaseException, event: str, r: Running, log: logging.Logger
 ) -> None:
-    name = getattr(hook, "__qualname__", None)
-    if not isinstance(name, str):  # a hook object: its class's (its repr is its own code)
-        name = type.__dict__["__qualname__"].__get__(type(hook))
+    name = _name(hook)
     kind: str = type.__dict__["__name__"].__get__(type(exc))  # a metaclass's may raise
     note = _LIMIT.admit((name, kind))
     if note is not None:
