@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -160,8 +161,9 @@ def test_stats_shows_the_live_nodes_queues_and_exits_3(down: Down) -> None:
     rows = {r["queue"]: r for r in data["queues"]}
     assert sorted(rows) == sorted([down.good, down.spread])
     assert rows[down.good]["error"] is None and rows[down.good]["due"] >= 0
-    # Partly on the dead node: its row names the error.
-    assert rows[down.spread].get("down") is True and "does not answer" in rows[down.spread]["error"]
+    # Partly on the dead node: its row is the other partitions' and names those not read.
+    spread = rows[down.spread]
+    assert spread["down"] is True and spread["error"] is None and spread["unread_partitions"]
     assert [u.split(": ")[0] for u in data["unreachable"]] == [dead_at]
     table = CliRunner().invoke(main, ["stats", "--url", down.cluster.url])
     assert table.exit_code == 3 and down.good in table.output
@@ -328,3 +330,35 @@ def test_the_dashboard_shows_a_partitioned_queues_live_partitions(down: Down, he
         assert [u.split(":")[0] for u in data["unread_partitions"]] == [
             f"partition {p}" for p in held.on_dead
         ]
+
+
+def _partial(args: list[str], down: Down) -> tuple[int, dict[str, Any], str]:
+    res = CliRunner().invoke(main, [*args, "-q", down.spread, "--url", down.cluster.url, "--json"])
+    return res.exit_code, json.loads(res.stdout), res.stderr
+
+
+def test_the_cli_reads_a_partitioned_queues_live_partitions(down: Down, held: Held) -> None:
+    """`dead list`, `schedules list` and `stats -q` of a queue partly on the dead node exited
+    3 with nothing ('cannot reach Redis' / an error row): they print what the other partitions
+    hold, name those not read, and exit 3 (the figures are not all there, as `stats`)."""
+    named = [f"partition {p}" for p in held.on_dead]
+    code, data, _ = _partial(["dead", "list"], down)
+    assert code == 3, data
+    assert held.dead_id in [j["id"] for j in data["jobs"]]
+    assert [u.split(":")[0] for u in data["unreachable"]] == named
+    code, data, _ = _partial(["schedules", "list"], down)
+    assert code == 3, data
+    assert [s["name"] for s in data["schedules"]] == [held.schedule]
+    assert [u.split(":")[0] for u in data["unreachable"]] == named
+    code, data, _ = _partial(["stats"], down)
+    assert code == 3, data
+    (row,) = data["queues"]
+    assert row["error"] is None and row["dead"] >= 1 and row["down"] is True
+    assert [u.split(":")[0] for u in row["unread_partitions"]] == named
+    for args in (["dead", "list"], ["schedules", "list"], ["stats"]):
+        cmd = [*args, "-q", down.spread, "--url", down.cluster.url]
+        res = CliRunner().invoke(main, cmd)
+        assert res.exit_code == 3, (args, res.output)
+        assert all(f"not read: partition {p}" in res.output for p in held.on_dead), args
+    text = CliRunner().invoke(main, ["dead", "list", "-q", down.spread, "--url", down.cluster.url])
+    assert held.dead_id in text.stdout

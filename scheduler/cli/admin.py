@@ -35,7 +35,7 @@ from scheduler.cli.common import (
 )
 from scheduler.cli.keys import keys_command
 from scheduler.cli.workers import workers_command
-from scheduler.client.partitioned import PartitionedQueue, merge_counts, open_queue
+from scheduler.client.partitioned import PartitionedQueue, merge_counts, open_queue, unread
 from scheduler.core.connection import UNREACHABLE, is_cluster
 from scheduler.core.errors import SchedulerError, refused_for_now
 from scheduler.core.safety import safe
@@ -65,10 +65,15 @@ def register(main: click.Group) -> None:
 def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
     """One row of `stats`; a partitioned queue is one row: its partitions' counts, windows and
     held jobs summed, the oldest overdue job the oldest of the partitions' heads. Two driver
-    calls for any number of partitions (each one pipeline, per node on a cluster)."""
+    calls for any number of partitions (each one pipeline, per node on a cluster). A partition
+    whose node does not answer (or refuses for now) is left out while another answers: the
+    row is the others' and names it (`unread_partitions`; `down`: exit 3)."""
     q, span = open_queue(client, name), max(WINDOWS_MIN)
+    not_read: list[str] = []
     if isinstance(q, PartitionedQueue):
-        per = q._run_many([(p, browsing.queue_row(p.ops, span)) for p in q.parts])
+        each = q.run_answering(lambda p: browsing.queue_row(p.ops, span))
+        not_read = unread(q.parts, each)
+        per = [r for r in each if not isinstance(r, BaseException)]
     else:
         per = [q._run(browsing.queue_row(q.ops, span))]
     counts = merge_counts([c for c, _, _ in per])
@@ -92,6 +97,8 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
         # Due but set aside by flow control (docs/flow-control.md): by key limit / rate window.
         "held": counts.held,
         "paused_ms": counts.paused_ms,  # None: not paused (Queue.pause, `scheduler pause`)
+        "unread_partitions": not_read,  # 'partition <name>: <error>': left out of the figures
+        "down": bool(not_read),
     }
 
 
@@ -155,6 +162,9 @@ def _stats_table(rows: list[dict[str, Any]], nodes_down: list[str]) -> Group:
     if not rows:
         t.add_row("(no queues)", *[""] * 8)
     errors = [cell(f"{r['queue']}: {r['error']}") for r in rows if r["error"] is not None]
+    errors += [
+        cell(f"{r['queue']}: not read: {u}") for r in rows for u in r.get("unread_partitions", [])
+    ]
     errors += [cell(f"node {u} (its queues are not listed)") for u in nodes_down]
     return Group(t, *errors)
 

@@ -26,9 +26,15 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.dead_retention import retention
-from scheduler.cli.dead_view import print_dead
+from scheduler.cli.dead_view import exit_unread, print_dead, unread_field
 from scheduler.cli.jobs import job_json
-from scheduler.client.partitioned import PartitionedQueue, merge_dead, open_queue, requeue_order
+from scheduler.client.partitioned import (
+    PartitionedQueue,
+    merge_dead,
+    open_queue,
+    requeue_order,
+    unread,
+)
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys, check_job_id
@@ -117,12 +123,16 @@ def _listing(
     error_type: str | None,
     older_than_ms: int | None,
     want: int,
+    not_read: list[str],
 ) -> tuple[list[str], int | None]:
     """The newest `want` matching ids (a partitioned queue: each partition's first `want`,
-    merged, in one driver call a round) and the total when it is known without a scan."""
+    merged, one driver call a node; a partition whose node does not answer is left out and
+    named into `not_read`) and the total when it is known without a scan."""
     args: dict[str, Any] = {"task": task, "error_type": error_type, "older_than_ms": older_than_ms}
     if isinstance(q, PartitionedQueue):
-        per = q._run_many([(p, dead_listing(p.keys, limit=want, **args)) for p in q.parts])
+        each = q.run_answering(lambda p: dead_listing(p.keys, limit=want, **args))
+        not_read += unread(q.parts, each)
+        per = [r for r in each if not isinstance(r, BaseException)]
     else:
         per = [q._run(dead_listing(q.keys, limit=want, **args))]
     ids = merge_dead([found for found, _ in per])[:want]
@@ -150,11 +160,14 @@ def list_dead(
 ) -> None:
     """Dead jobs, newest first: why each died and its last error. Reads the page it prints
     (with --task / --error-type, as far as the page's matches go: the total is then not
-    counted, `more` says whether others follow)."""
+    counted, `more` says whether others follow). A partitioned queue's partition whose node
+    does not answer is named (`not read: ...` on stderr, --json's `unreachable`) and the
+    others' dead jobs listed, exit 3."""
     client = connect(url)
     require_queue(client, queue)
     q = open_queue(client, queue)  # a partitioned queue: merged, newest first
     total: int | None
+    not_read: list[str] = []  # partitions whose node does not answer: named, exit 3
     if ids:
         selected = select(q, task, error_type, older_than_ms, ids)
         page, total = selected[offset : offset + limit], len(selected)
@@ -162,7 +175,8 @@ def list_dead(
     else:
         # Without a total (a record filter), one beyond the page tells whether more follow.
         beyond = int(task is not None or error_type is not None)
-        found, total = _listing(q, task, error_type, older_than_ms, offset + limit + beyond)
+        want = offset + limit + beyond
+        found, total = _listing(q, task, error_type, older_than_ms, want, not_read)
         page = found[offset : offset + limit]
         more = len(found) > offset + limit if total is None else offset + limit < total
     now_ms = server_now_ms(client, QueueKeys(queue))  # the queue's node: its scripts' clock
@@ -173,9 +187,10 @@ def list_dead(
     gone = [i for i in page if i not in stored]
     if as_json:
         paged = {"offset": offset, "limit": limit, "jobs": rows, "gone": gone}
-        emit_json({"queue": queue, "total": total, "more": more, **paged})
-        return
-    print_dead(queue, total, more, rows, gone, now_ms)
+        emit_json({"queue": queue, "total": total, "more": more, **paged, **unread_field(not_read)})
+    else:
+        print_dead(queue, total, more, rows, gone, now_ms)
+    exit_unread(not_read)
 
 
 def _bulk(

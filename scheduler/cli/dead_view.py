@@ -1,12 +1,33 @@
 """`scheduler dead list`'s text: one block per dead job, and one per entry whose record was
-deleted by hand (counted in the total, so shown too, with the command that removes it)."""
+deleted by hand (counted in the total, so shown too, with the command that removes it); the
+partitions a listing could not read (dead list, schedules list, stats -q)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
-from scheduler.cli.common import cell, console, fmt_attempts, fmt_ms, markup_safe
+import click
+
+from scheduler.cli.common import EXIT_UNREACHABLE, cell, console, fmt_attempts, fmt_ms, markup_safe
+from scheduler.core.safety import clean
+
+
+def unread_field(not_read: Sequence[str]) -> dict[str, list[str]]:
+    """--json's `unreachable` ('partition <name>: <error>' each) when a partition was not read."""
+    return {"unreachable": list(not_read)} if not_read else {}
+
+
+def exit_unread(not_read: Sequence[str]) -> None:
+    """A partitioned queue's partitions whose node did not answer (left out of what was
+    printed): named on stderr, `not read: partition <name>: <error>`, and exit 3
+    (EXIT_UNREACHABLE: what was shown is not all there, as `stats` and `workers` with a cluster
+    node down). Nothing left out: nothing happens."""
+    for u in not_read:
+        click.echo(clean(f"not read: {u}"), err=True)
+    if not_read:
+        sys.exit(EXIT_UNREACHABLE)
 
 
 def print_dead(

@@ -31,9 +31,10 @@ from scheduler.cli.common import (
     timeout_option,
     url_option,
 )
+from scheduler.cli.dead_view import exit_unread, unread_field
 from scheduler.cli.jobs import parse_payload
 from scheduler.cli.output import duration_option
-from scheduler.client.partitioned import PartitionedQueue, open_queue
+from scheduler.client.partitioned import PartitionedQueue, open_queue, unread
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument, ScheduleNotFound
@@ -68,6 +69,15 @@ def _queue(url: str, name: str) -> Queue | PartitionedQueue:
     client = connect(url)
     require_queue(client, name)  # a typo refuses (exit 1) as in every other command
     return open_queue(client, name)  # a partitioned queue: each schedule in its partition
+
+
+def _schedules(q: Queue | PartitionedQueue) -> tuple[list[Schedule], list[str]]:
+    """The queue's schedules by name, and the partitions not read (their node down)."""
+    if isinstance(q, Queue):
+        return q.list_schedules(), []
+    each = q.run_answering(lambda p: p.ops.list_schedules())
+    found = [s for r in each if not isinstance(r, BaseException) for s in r]
+    return sorted(found, key=lambda s: s.name), unread(q.parts, each)
 
 
 def _local(s: Schedule) -> str:
@@ -123,15 +133,19 @@ def register(main: click.Group) -> None:
     @schedules.command("list")
     @_options
     def list_cmd(url: str, queue: str, as_json: bool) -> None:
-        """Every schedule of the queue with its next run."""
-        found = _queue(url, queue).list_schedules()
+        """Every schedule of the queue with its next run. A partitioned queue's partition
+        whose node does not answer is named (`not read: ...` on stderr, --json's
+        `unreachable`) and the others' schedules listed, exit 3."""
+        found, not_read = _schedules(_queue(url, queue))
         if as_json:
-            emit_json({"queue": queue, "schedules": [schedule_json(s) for s in found]})
-            return
-        for s in found:
-            click.echo(_line(s))
-        if not found:
-            click.echo("no schedules")
+            rows = [schedule_json(s) for s in found]
+            emit_json({"queue": queue, "schedules": rows, **unread_field(not_read)})
+        else:
+            for s in found:
+                click.echo(_line(s))
+            if not found:
+                click.echo("no schedules")
+        exit_unread(not_read)
 
     @schedules.command("add")
     @click.argument("name")
