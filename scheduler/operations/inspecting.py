@@ -60,7 +60,8 @@ class InspectingOps(OpsBase):
     cancel, result)."""
 
     def cancel(self, job_id: str) -> Op[str]:
-        """Cancel a due or leased job; returns the state it was in. Raises JobNotFound."""
+        """Cancel a waiting or leased job; returns the state it was in ('due', 'scheduled',
+        'held', 'leased', or the unchanged final one). Raises JobNotFound."""
         check_job_id(job_id)
         state = codec.s((yield Script("cancel", [job_id, str(self.settings.result_ttl_ms)])))
         if state == "missing":
