@@ -168,3 +168,40 @@ def test_real_pem_files_are_taken(real_tls: Tls) -> None:
     combined = Path(real_tls.dir) / "both.pem"  # certificate and key in one file
     combined.write_text(Path(real_tls.cert).read_text() + Path(real_tls.key).read_text())
     parse_url(f"rediss://h:1/0?ssl_certfile={combined}")
+
+
+@pytest.fixture(scope="module")
+def encrypted_key(real_tls: Tls) -> str:
+    path = str(Path(real_tls.dir) / "enc.key")
+    subprocess.run(["openssl", "pkey", "-in", real_tls.key, "-aes256", "-passout", "pass:pw",
+                    "-out", path], check=True, capture_output=True)  # fmt: skip
+    return path
+
+
+def test_an_encrypted_key_without_its_password_is_refused_not_prompted_for(
+    real_tls: Tls, encrypted_key: str, listener: socket.socket
+) -> None:
+    """OpenSSL asks for an encrypted key's passphrase on the terminal when no ssl_password is
+    given: `scheduler stats` hung at 'Enter PEM pass phrase:' (a worker without a terminal:
+    'cannot reach Redis'). Refused before any connection, naming the file; with the password
+    it is taken."""
+    pair = f"ssl_certfile={real_tls.cert}&ssl_keyfile={encrypted_key}"
+    url = _url(listener, pair)
+    with pytest.raises(BadArgument, match=r"ssl_keyfile=.*encrypted.*ssl_password"):
+        parse_url(url)
+    with pytest.raises(BadArgument, match=r"encrypted"):
+        connect(_url(listener, "protocol=2"), ssl_certfile=real_tls.cert, ssl_keyfile=encrypted_key)
+    res = subprocess.run(
+        [sys.executable, "-m", "scheduler", "stats", "--url", url],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert res.returncode == EXIT_USAGE and "encrypted" in res.stderr, res.stderr
+    cluster = f"rediss+cluster://127.0.0.1:{listener.getsockname()[1]}/?{pair}"
+    with pytest.raises(BadArgument, match=r"encrypted"):
+        parse_url(cluster)
+    assert _no_connection(listener)
+    t = parse_url(f"{url}&ssl_password=pw")
+    assert t.options["ssl_keyfile"] == encrypted_key
+    client = connect(_url(listener, "protocol=2"), ssl_certfile=real_tls.cert,
+                     ssl_keyfile=encrypted_key, ssl_password="pw")  # fmt: skip
+    client.close()

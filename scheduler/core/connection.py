@@ -13,8 +13,8 @@ URL forms (every entry point: `Queue.from_url`, `open_queue`, `scheduler worker`
 User and password go in the URL as usual (`redis+cluster://user:pw@h:p,h:p/`). A cluster has
 only database 0 and needs TCP: `unix://` with cluster, or `/1`, is refused (BadArgument).
 Query options (`?socket_timeout=5`) are the names in core/url_options.py, converted there; any
-other name, a bad value, port or database, a TLS file not there (also given to connect() as a
-keyword) is refused (BadArgument) before any connection; on Sentinel URLs `?sentinel_*=` too."""
+other name, a bad value, port or database, a TLS file unusable or a key's password missing (also
+as connect()'s keywords) is refused (BadArgument) before any connection; `?sentinel_*=` too."""
 
 from __future__ import annotations
 
@@ -37,10 +37,11 @@ from redis.exceptions import (
     SlotNotCoveredError,
 )
 
+from scheduler.core import url_options
 from scheduler.core.errors import BadArgument, cluster_refusal
 from scheduler.core.safety import REDACTED, is_secret_name, redact
 from scheduler.core.sentinel import SentinelSpec, parse_sentinel, sentinel_client
-from scheduler.core.url_options import CLUSTER_OPTIONS, FLAG, OPTIONS, Parse, check_tls_paths, whole
+from scheduler.core.url_options import CLUSTER_OPTIONS, FLAG, OPTIONS, Parse, whole
 from scheduler.core.url_options import convert as _convert
 from scheduler.core.url_options import url_error as _fail
 
@@ -132,6 +133,7 @@ def _options(url: str, query: list[tuple[str, str]], plain: str, cluster: bool) 
         if text == "":  # ignored, as redis-py does
             continue
         options[name] = _convert(url, name, text, parse)
+    url_options.check_key_password(options, url)
     return options
 
 
@@ -173,8 +175,7 @@ def _cluster_target(
     return Target(f"{parts.scheme}://{netloc}/0{tail}", seeds, options)
 
 
-# Node text is quoted in messages: it follows the URL's last '@' (_split refused any later '@'),
-# so it holds no part of a password.
+# Node text is quoted in messages: it follows the URL's last '@' (_split), so holds no password.
 def _check_port(url: str, parts: SplitResult) -> None:
     with contextlib.suppress(ValueError):  # urllib's: not a number, out of range (quotes it)
         if parts.port != 0:  # None: redis-py's 6379
@@ -195,9 +196,8 @@ def _host_port(url: str, text: str) -> tuple[str, int]:
 
 def _client(url: str, kwargs: dict[str, Any], one: Any, cluster: Any, node: Any) -> Any:
     target = parse_url(url)
-    check_tls_paths(kwargs)  # the URL's were checked as parse_url read them
-    # The URL's options over the caller's, as redis-py's from_url does. Stored bytes not UTF-8
-    # (a hand edit) read as `\xff` escapes, as in the CLI, not a UnicodeDecodeError for a page.
+    url_options.check_tls_paths({**kwargs, **target.options})  # a key's password may be a keyword
+    # The URL's options over the caller's (as from_url); bytes not UTF-8 read as `\xff` escapes.
     args = {"decode_responses": True, "encoding_errors": "backslashreplace", **kwargs}
     args.update(target.options)
     if target.sentinel is not None:

@@ -98,15 +98,45 @@ TLS_PATHS = {
 
 
 def check_tls_paths(options: Mapping[str, Any]) -> None:
-    """A connection helper's keyword arguments naming a TLS file that is not there or holds
-    no PEM of its kind: BadArgument naming the option and the path (a URL's are checked as
-    its options are converted)."""
+    """A client's arguments (a connection helper's keywords and the URL's options) naming a TLS
+    file that is not there or holds no PEM of its kind, or an encrypted key without its
+    password: BadArgument naming the option and the path (parse_url checked a URL's alone)."""
     for name, kind in TLS_PATHS.items():
         value = options.get(name)
         if isinstance(value, (str, os.PathLike)):
             why = tls_path_problem(os.fspath(value), kind)
             if why is not None:
                 raise BadArgument(f"{name}={os.fspath(value)!r}: {why}")
+    check_key_password(options)
+
+
+_ENCRYPTED = re.compile(rb"-----BEGIN ENCRYPTED PRIVATE KEY-----|Proc-Type: *4, *ENCRYPTED")
+
+
+def check_key_password(options: Mapping[str, Any], url: str | None = None) -> None:
+    """An encrypted private key (ssl_keyfile, else beside the certificate in ssl_certfile) with
+    no ssl_password: OpenSSL then asks for the passphrase on the terminal at every connection
+    (a command hangs at 'Enter PEM pass phrase:'), or fails without one. BadArgument (a URL's
+    refusal when `url` is given)."""
+    if options.get("ssl_password"):
+        return
+    name = "ssl_keyfile" if options.get("ssl_keyfile") else "ssl_certfile"
+    value = options.get(name)
+    if not isinstance(value, (str, os.PathLike)):
+        return
+    try:
+        with open(value, "rb") as f:
+            head = f.read(_PEM_READ)
+    except OSError:  # tls_path_problem says why
+        return
+    if _ENCRYPTED.search(head) is None:
+        return
+    why = (
+        f"{name}={os.fspath(value)!r} holds an encrypted private key and no ssl_password is "
+        "given: OpenSSL would ask for it on the terminal (give ssl_password, one server only, "
+        "or a key without a passphrase)"
+    )
+    raise BadArgument(why) if url is None else url_error(url, why)
 
 
 FLAG = _value(lambda t: _BOOLS[t.strip().lower()], "expected 1 or 0")
