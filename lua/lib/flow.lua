@@ -353,6 +353,23 @@ local function flow_rate_slot(rk, f, now)
   return math.floor(s) + f.rwindow
 end
 
+-- The key's oldest held job when it is older (run_at) than the job `id` claim examines, else
+-- nil: the key is FIFO, so that job waits behind it though the key has room for its own limit.
+-- Before, a held job of a lower limit than its key's newer jobs (a limit raised in a deploy)
+-- could start only when none of the key was leased, and newer traffic kept it held for ever
+-- (tests/test_flow_mixed_limits.py). A stale head (no longer held) is dropped; a hold set of
+-- another type reads as none (claim's hold parks the job).
+local function flow_ck_ahead(prefix, key, id, run_at)
+  local hk = prefix .. 'flow:ckheld:' .. key
+  for _ = 1, 3 do
+    local h = redis.pcall('ZRANGE', hk, 0, 0, 'WITHSCORES')
+    if h.err or not h[1] or h[1] == id or not (tonumber(h[2]) < run_at) then return nil end
+    if type(redis.pcall('ZSCORE', prefix .. 'flow:held', h[1])) == 'string' then return h[1] end
+    redis.call('ZREM', hk, h[1])
+  end
+  return nil
+end
+
 -- May claim lease this due job now? true: yes; false: it is set aside (still due); nil and a
 -- reason: a flow key it needs is of another type (written by hand), and claim parks it, as it
 -- parks a job key that is not a hash, rather than run it past a limit it cannot read or set it
@@ -362,7 +379,15 @@ local function flow_admit(prefix, id, jk, f, run_at, now)
   if f.ckey ~= '' then
     live = flow_ck_live(prefix, f.ckey, now)
     if live == nil then return nil, FLOW_BAD .. 'flow:ck:' .. f.ckey end
-    if live >= f.climit then
+    local ahead = live < f.climit and flow_ck_ahead(prefix, f.ckey, id, run_at)
+    if ahead then
+      -- The older one goes first when its own limit has room now (claim meets it in a later
+      -- round); else the key drains to it, this one held behind it.
+      local lim = parse_int(redis.pcall('HGET', job_key(prefix, ahead), 'climit'), 1,
+        FLOW_LIM.climit) or 1
+      flow_ck_promote(prefix, f.ckey, lim - live)
+    end
+    if live >= f.climit or ahead then
       local ok, bad = flow_hold(prefix, id, jk, run_at, 'flow:ckheld:' .. f.ckey, run_at,
         'limited by key ' .. f.ckey .. ' (' .. fmt(f.climit) .. ' leased)')
       return ok and false, bad

@@ -1,0 +1,38 @@
+"""A key's limit raised for new jobs (a task's concurrency_limit 1 -> 5 in a deploy) while jobs
+enqueued with the old limit wait on it. Claim applies the limit of the job it examines, so a
+held job of limit 1 may start only when none of its key is leased, and its promotion (a lease
+of the key ends) met a key kept busy by the newer jobs of limit 5 every time: under steady
+traffic the old job was held for ever. A key's held jobs now go first: a newer job of the key is
+held behind an older held one (the key is FIFO, as the page says), the key drains, and the old
+job runs."""
+
+from __future__ import annotations
+
+from scheduler import Queue
+from tests.conftest import FLOW_T0 as T0
+from tests.conftest import Clock
+
+
+def test_a_job_held_under_a_lower_limit_runs_while_newer_jobs_keep_the_key_busy(
+    fq: tuple[Queue, Clock],
+) -> None:
+    q, clock = fq
+    for n in range(3):  # the key is busy with jobs of the raised limit
+        q.enqueue("t", n, concurrency_key="k", concurrency_limit=5)
+    leases = {j.id: j.token for j in q.claim("w", limit=10, lease_ms=60_000).jobs}
+    assert len(leases) == 3
+    old = q.enqueue("t", "old", concurrency_key="k", concurrency_limit=1)
+    assert q.claim("w", limit=10, lease_ms=60_000).jobs == []  # held: k is full for it
+    ran: list[str] = []
+    for step in range(1, 30):  # steady traffic of the raised limit, one job per step
+        clock.set_ms(T0 + 10 * step)
+        q.enqueue("t", step, concurrency_key="k", concurrency_limit=5)
+        oldest = next(iter(leases))
+        q.complete(oldest, leases.pop(oldest), None)
+        for job in q.claim("w", limit=10, lease_ms=60_000).jobs:
+            leases[job.id] = job.token
+            ran.append(job.id)
+        assert len(leases) <= 5
+        if old in ran:
+            break
+    assert old in ran, "the job of the old limit never ran"
