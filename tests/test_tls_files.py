@@ -205,3 +205,33 @@ def test_an_encrypted_key_without_its_password_is_refused_not_prompted_for(
     client = connect(_url(listener, "protocol=2"), ssl_certfile=real_tls.cert,
                      ssl_keyfile=encrypted_key, ssl_password="pw")  # fmt: skip
     client.close()
+
+
+def test_a_wrong_key_password_is_refused_without_showing_it(
+    real_tls: Tls, encrypted_key: str, listener: socket.socket
+) -> None:
+    """A wrong ssl_password was '[SSL] bad decrypt' at connect time: 'cannot reach Redis'."""
+    url = _url(listener, f"ssl_certfile={real_tls.cert}&ssl_keyfile={encrypted_key}")
+    with pytest.raises(BadArgument, match=r"ssl_password does not decrypt ssl_keyfile") as info:
+        parse_url(f"{url}&ssl_password=Wr0ngPw")
+    assert "Wr0ngPw" not in str(info.value)
+    res = CliRunner().invoke(main, ["stats", "--url", f"{url}&ssl_password=Wr0ngPw"])
+    assert res.exit_code == EXIT_USAGE and "does not decrypt" in res.output, res.output
+    assert "Wr0ngPw" not in res.output
+    with pytest.raises(BadArgument, match=r"does not decrypt"):
+        connect(_url(listener, "protocol=2"), ssl_certfile=real_tls.cert,
+                ssl_keyfile=encrypted_key, ssl_password="nope")  # fmt: skip
+    assert _no_connection(listener)
+
+
+def test_a_key_that_is_not_the_certificates_is_refused(
+    real_tls: Tls, listener: socket.socket
+) -> None:
+    """A mismatched pair was '[X509: KEY_VALUES_MISMATCH]' at connect time: 'cannot reach'."""
+    other_key = str(Path(real_tls.dir) / "other-ca.key")
+    url = _url(listener, f"ssl_certfile={real_tls.cert}&ssl_keyfile={other_key}")
+    with pytest.raises(BadArgument, match=r"ssl_keyfile=.* is not the private key of"):
+        parse_url(url)
+    res = CliRunner().invoke(main, ["stats", "--url", url])
+    assert res.exit_code == EXIT_USAGE and "is not the private key" in res.output, res.output
+    assert _no_connection(listener)

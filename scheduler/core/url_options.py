@@ -114,28 +114,38 @@ _ENCRYPTED = re.compile(rb"-----BEGIN ENCRYPTED PRIVATE KEY-----|Proc-Type: *4, 
 
 
 def check_key_password(options: Mapping[str, Any], url: str | None = None) -> None:
-    """An encrypted private key (ssl_keyfile, else beside the certificate in ssl_certfile) with
-    no ssl_password: OpenSSL then asks for the passphrase on the terminal at every connection
-    (a command hangs at 'Enter PEM pass phrase:'), or fails without one. BadArgument (a URL's
-    refusal when `url` is given)."""
-    if options.get("ssl_password"):
-        return
+    """The client certificate and key loaded as redis-py will, before any connection: an
+    encrypted key (ssl_keyfile, else beside the certificate in ssl_certfile) with no
+    ssl_password (OpenSSL would ask for it on the terminal at every connection: a command hung
+    at 'Enter PEM pass phrase:'), a password that does not decrypt it, a key that is not the
+    certificate's. BadArgument (a URL's refusal when `url` is given), the password never shown."""
     name = "ssl_keyfile" if options.get("ssl_keyfile") else "ssl_certfile"
-    value = options.get(name)
+    value, cert, password = (options.get(n) for n in (name, "ssl_certfile", "ssl_password"))
     if not isinstance(value, (str, os.PathLike)):
         return
     try:
         with open(value, "rb") as f:
-            head = f.read(_PEM_READ)
-    except OSError:  # tls_path_problem says why
+            encrypted = _ENCRYPTED.search(f.read(_PEM_READ)) is not None
+        if isinstance(cert, (str, os.PathLike)):
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # '' for none: never a prompt
+            context.load_cert_chain(cert, options.get("ssl_keyfile"), password=password or "")
+        elif encrypted and not password:
+            raise ssl.SSLError("encrypted")
         return
-    if _ENCRYPTED.search(head) is None:
-        return
-    why = (
-        f"{name}={os.fspath(value)!r} holds an encrypted private key and no ssl_password is "
-        "given: OpenSSL would ask for it on the terminal (give ssl_password, one server only, "
-        "or a key without a passphrase)"
-    )
+    except OSError as exc:  # ssl.SSLError too; a file tls_path_problem refused: said there
+        if not isinstance(exc, ssl.SSLError):
+            return
+        shown = f"{name}={os.fspath(value)!r}"
+        if encrypted and not password:
+            why = (f"{shown} holds an encrypted private key and no ssl_password is given: "
+                   "OpenSSL would ask for it on the terminal (give ssl_password, one server "
+                   "only, or a key without a passphrase)")  # fmt: skip
+        elif exc.reason == "KEY_VALUES_MISMATCH":
+            why = f"{shown} is not the private key of ssl_certfile={str(cert)!r}"
+        elif encrypted:
+            why = f"ssl_password does not decrypt {shown}"
+        else:
+            why = f"{shown} and ssl_certfile cannot be loaded together: {exc}"
     raise BadArgument(why) if url is None else url_error(url, why)
 
 
