@@ -8,6 +8,7 @@ import asyncio
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Coroutine
 from dataclasses import replace
@@ -270,8 +271,13 @@ async def serve(
             await client.aclose()
             return metrics_port_failure(port, exc)
         worker.log.info("metrics on %s:%d/metrics", addr if in_pool else "", bound)
-    if in_pool:  # the supervisor's stop: a request, never a (second) signal
-        signals.keep(asyncio.get_running_loop(), STOP_SIGNAL, _pool_stop, worker)
+    # The supervisor's stop, and a hangup (a terminal's, `kill -HUP`; Python's default killed
+    # the worker on the spot, its jobs left to their leases): requests, never a (second) signal.
+    if in_pool:
+        signals.keep(
+            asyncio.get_running_loop(), STOP_SIGNAL, _asked, worker, "the pool's supervisor"
+        )
+    signals.keep(asyncio.get_running_loop(), signal.SIGHUP, _asked, worker, "a hangup (SIGHUP)")
     notify_ready(bound)  # to a pool's supervisor (--processes): this child started
     try:
         code = await worker.run()
@@ -285,7 +291,6 @@ async def serve(
     return retired_code(stopped_by) if in_pool and code == EXIT_OK and stopped_by else code
 
 
-def _pool_stop(worker: Worker) -> None:
-    worker.log.info("stop asked by the pool's supervisor: stopping (grace %.1fs)",
-                    worker.settings.grace_s)  # fmt: skip
+def _asked(worker: Worker, by: str) -> None:
+    worker.log.info("stop asked by %s: stopping (grace %.1fs)", by, worker.settings.grace_s)
     worker.request_stop()
