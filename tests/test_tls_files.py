@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from click.testing import CliRunner
 
 from scheduler import BadArgument, Queue, open_queue
@@ -20,7 +21,7 @@ from scheduler.cli.main import main
 from scheduler.core.connection import connect, connect_async, parse_url
 from scheduler.core.exits import EXIT_USAGE
 from tests.faults.conftest import Tls, make_tls
-from tests.redis_server import require_binary
+from tests.redis_server import require_binary, require_server
 
 ROOT = Path(__file__).resolve().parents[1]
 CA = str(ROOT / "tests" / "fixtures" / "tls-ca.pem")  # a CA certificate whose key was not kept
@@ -235,3 +236,30 @@ def test_a_key_that_is_not_the_certificates_is_refused(
     res = CliRunner().invoke(main, ["stats", "--url", url])
     assert res.exit_code == EXIT_USAGE and "is not the private key" in res.output, res.output
     assert _no_connection(listener)
+
+
+def test_a_client_certificate_the_checks_take_connects_to_a_mutual_tls_server(
+    real_tls: Tls, encrypted_key: str
+) -> None:
+    """End to end: a server that requires a client certificate (signed by its CA) takes the
+    pair the checks above let through, the encrypted key with its ssl_password too."""
+    from scheduler._spawn import RedisProcess, free_port
+
+    port = free_port()
+    args = [*real_tls.server_args(port)]
+    args[args.index("--tls-auth-clients") + 1] = "yes"
+    with RedisProcess(require_server("a TLS server"), args) as server:
+        assert server.client().ping()
+        base = f"rediss://localhost:{port}/0?ssl_ca_certs={real_tls.ca}&socket_timeout=5"
+        for pair in (
+            f"ssl_certfile={real_tls.cert}&ssl_keyfile={real_tls.key}",
+            f"ssl_certfile={real_tls.cert}&ssl_keyfile={encrypted_key}&ssl_password=pw",
+        ):
+            q = Queue.from_url(f"{base}&{pair}", "tls-files")
+            job_id = q.enqueue("t", {"n": 1})
+            assert q.status(job_id) == "due"
+            q.close()
+        bare = Queue.from_url(base, "tls-files")  # no client certificate: the server refuses
+        with pytest.raises(redis.ConnectionError):
+            bare.counts()
+        bare.close()
