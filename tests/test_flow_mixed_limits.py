@@ -8,6 +8,8 @@ job runs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from scheduler import Queue
 from tests.conftest import FLOW_T0 as T0
 from tests.conftest import Clock
@@ -36,3 +38,26 @@ def test_a_job_held_under_a_lower_limit_runs_while_newer_jobs_keep_the_key_busy(
         if old in ran:
             break
     assert old in ran, "the job of the old limit never ran"
+
+
+def test_a_rate_windows_room_skips_a_job_held_behind_an_older_one_of_its_key(
+    fq: tuple[Queue, Clock],
+) -> None:
+    # The rate step gives its room to jobs that can start: one claim would hold behind its
+    # key's older held job goes back without taking it, and the room goes to another job.
+    q, clock = fq
+    rate: dict[str, Any] = {"rate_limit": "1/1s", "rate_key": "r"}
+    c1 = q.enqueue("t", "c1", concurrency_key="k", concurrency_limit=5)
+    x = q.enqueue("t", "x", **rate)
+    assert sorted(j.id for j in q.claim("w", limit=10, lease_ms=60_000).jobs) == sorted([c1, x])
+    clock.set_ms(T0 + 1)
+    b = q.enqueue("t", "b", concurrency_key="k", concurrency_limit=1)  # older than r1
+    clock.set_ms(T0 + 2)
+    r1 = q.enqueue("t", "r1", priority=9, concurrency_key="k", concurrency_limit=5, **rate)
+    clock.set_ms(T0 + 3)
+    r2 = q.enqueue("t", "r2", **rate)
+    assert q.claim("w", limit=10, lease_ms=60_000).jobs == []  # r1, r2 by r; b by k
+    assert q.client.zscore(q.keys.prefix + "flow:ckheld:k", b) is not None
+    clock.set_ms(T0 + 1_000)
+    assert [j.id for j in q.claim("w", limit=10, lease_ms=60_000).jobs] == [r2]
+    assert q.client.zscore(q.keys.prefix + "flow:ckheld:k", r1) is not None

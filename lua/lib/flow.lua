@@ -483,7 +483,8 @@ local function flow_rate_due(prefix, now, limit)
   -- taking room: claim holds it by its key, and the room is left to a job that can start (it
   -- was given to a job claim then held by key, and a job of another key waited a window more).
   local ck_room = {}
-  local function key_full(f)
+  local function key_full(j)
+    local f = j.f
     if f.ckey == '' then return false end
     local room = ck_room[f.ckey]
     if room == nil then
@@ -491,7 +492,8 @@ local function flow_rate_due(prefix, now, limit)
       room = live and (f.climit - live) or f.climit  -- a set of another type: claim parks it
     end
     ck_room[f.ckey] = room - 1
-    return room <= 0
+    -- Room for its limit, but an older job of its key is held: claim holds it behind that one.
+    return room <= 0 or flow_ck_ahead(prefix, f.ckey, j.id, j.t) ~= nil
   end
   for _, key in ipairs(keys) do
     local jobs, starts, went, rk = by_key[key], {}, 0, prefix .. 'flow:rate:' .. key
@@ -504,7 +506,7 @@ local function flow_rate_due(prefix, now, limit)
         local n = redis.pcall('ZCOUNT', rk, '(' .. fmt(now - w), '+inf')
         starts[w] = type(n) == 'number' and n or 0  -- a log of another type: claim parks it
       end
-      if starts[w] + went < j.f.rcount and key_full(j.f) then
+      if starts[w] + went < j.f.rcount and key_full(j) then
         back(j.id, j.run_at)
       elseif starts[w] + went < j.f.rcount then
         went = went + 1
