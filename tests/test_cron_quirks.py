@@ -88,6 +88,18 @@ def _days(expr: str, n: int) -> list[str]:
     return [datetime.fromtimestamp(s / 1000, UTC).strftime("%a %d %H:%M:%S") for s in slots]
 
 
+@pytest.mark.parametrize("expr", ["0 0 0-0 * *", "70-60 * * * *", "0 0 * * 9-8", "0 0 * 13-12 *"])
+def test_a_range_out_of_its_field_is_malformed_not_given_a_hint(expr: str, redis_url: str) -> None:
+    """A range end outside its field is refused as such, not given a hint naming the bad value
+    ('write 0'); croniter itself read '0-0' of the days of the month as every day."""
+    with pytest.raises(BadArgument, match=r"is out of the [a-z-]+ field's range") as info:
+        check_cron(expr, "UTC")
+    assert "write" not in str(info.value)
+    cmd = ["schedules", "add", "s", "t", "--cron", expr, "-q", "cron-range", "--url", redis_url]
+    res = CliRunner().invoke(main, cmd)
+    assert res.exit_code == 2 and "out of" in res.output, res.output  # not "never fires"
+
+
 @pytest.mark.parametrize(
     ("expr", "first"),
     [

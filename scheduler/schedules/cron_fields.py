@@ -49,6 +49,12 @@ def refuse_misread(expr: str) -> None:
             base, slash, step_text = part.partition("/")
             first, dash, last = base.partition("-")
             low, high = _value(field, first), _value(field, last)
+            top = 7 if field == 4 else highest  # day of week 7: Sunday
+            for v in (low, high):  # croniter reads '0-0' of the days of the month as '*'
+                if v is not None and not lowest <= v <= top:
+                    raise BadArgument(
+                        f"cron {expr!r}: {v} is out of the {name} field's range {lowest}-{top}"
+                    )
             if dash and low is not None and high is not None:
                 where = f"cron {expr!r}: the range {base!r} in the {name} field"
                 if low > high:
