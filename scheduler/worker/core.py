@@ -43,8 +43,7 @@ class _Queue:
 
     def ops_for(self, result_ttl_ms: int) -> Ops:
         """Ops whose complete keeps the outcome for result_ttl_ms (one per retention used)."""
-        ops = self._ops_by_ttl.get(result_ttl_ms)
-        if ops is None:
+        if (ops := self._ops_by_ttl.get(result_ttl_ms)) is None:
             ops = self._ops_by_ttl[result_ttl_ms] = Ops(self.keys, Settings(result_ttl_ms))
         return ops
 
@@ -63,14 +62,17 @@ class _Deadline(Exception):
 
 async def _within(coro: Any, timeout_s: float) -> Any:
     """Await coro for at most timeout_s. Unlike asyncio.wait_for this does not wait for the
-    cancelled call to wind down: a library that swallows the cancellation cannot hang us."""
+    cancelled call to wind down: a library that swallows the cancellation cannot hang us. Out of
+    time, or cancelled itself (a loop cut at shutdown), it cancels the call and reads the error
+    it may still end in (else asyncio prints "Task exception was never retrieved" past the logs)."""
     task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait({task}, timeout=max(timeout_s, 0.05))
+    try:
+        done, _ = await asyncio.wait({task}, timeout=max(timeout_s, 0.05))
+    finally:
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
     if not done:
-        task.cancel()
-        # A call that swallows the cancellation may still end in an error: read it, or asyncio
-        # prints "Task exception was never retrieved" and a traceback past the logs (JSON too).
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
         raise _Deadline
     return task.result()
 
@@ -269,14 +271,8 @@ class WorkerCore:
         note = self._log_limit.admit((what, type(exc).__name__))
         if note is None:
             return
-        self.log.warning(
-            "redis error during %s: %s: %s (%sbacking off, retrying%s)",
-            what,
-            type(exc).__name__,
-            exc,
-            hint,
-            note,
-        )
+        self.log.warning("redis error during %s: %s: %s (%sbacking off, retrying%s)",
+                         what, type(exc).__name__, exc, hint, note)  # fmt: skip
 
     def _ttl_for(self, r: Running) -> int:
         """Outcome retention: the task's default, else this worker's, else 1 h."""
