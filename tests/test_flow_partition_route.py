@@ -40,3 +40,9 @@ def test_a_limit_holds_per_partition_unless_the_keys_jobs_share_one(pq: Partitio
         pq.enqueue("t", None, job_id=f"p{k}.{uuid.uuid4().hex}", **LIMIT)
     assert [part.counts().due for part in pq.parts] == [0, 6, 0]
     assert leased(pq) == 1
+
+
+def test_a_rate_limit_holds_per_partition_too(pq: PartitionedQueue) -> None:
+    for _ in range(6):  # round robin: 2 per partition, 1 start per hour each
+        pq.enqueue("t", None, rate_limit="1/1h", rate_key="api")
+    assert leased(pq) == 3
