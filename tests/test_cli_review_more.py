@@ -140,3 +140,15 @@ def test_worker_settings_out_of_their_ranges_are_refused(change: dict[str, float
     with pytest.raises(SettingsError):
         WorkerSettings(**change).check()  # type: ignore[arg-type]
     WorkerSettings(lease_ms=86_400_000, grace_s=86_400.0, reap_limit=10_000).check()
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/abc", "http://x", "redis://127.0.0.1:6379/0?ssl_ca_certs=/n"]
+)
+def test_a_bad_url_is_named_once_in_its_usage_error(url: str) -> None:
+    """The connection's refusal already names the URL ('invalid Redis URL <url>: why'): the CLI
+    printed it twice ('invalid --url <url>: invalid Redis URL <url>: why')."""
+    result = CliRunner().invoke(main, ["stats", "--url", url])
+    assert result.exit_code == exits.EXIT_USAGE, result.output
+    assert result.output.count(url) == 1, result.output
+    assert "invalid --url" in result.output

@@ -258,7 +258,9 @@ def connect(url: str, *, encoding_errors: str = "backslashreplace") -> redis.Red
             socket_timeout=30,
         )
     except (BadArgument, ValueError) as exc:  # ValueError: redis-py's own URL refusals
-        raise BadInput(safe(f"invalid --url {redact(url)}: {exc}")) from None
+        # Our refusals name the URL already ('invalid Redis URL <url>: why'): named once.
+        why = str(exc).removeprefix(f"invalid Redis URL {redact(url)}: ")
+        raise BadInput(safe(f"invalid --url {redact(url)}: {why}")) from None
     except redis.RedisClusterException as exc:  # no seed node answered CLUSTER SLOTS
         if cluster_refusal(exc) is not None:
             raise  # a refused login or CLUSTER SLOTS: AdminCommand's one line, exit 5
