@@ -30,6 +30,30 @@ class ReminderModel(pydantic.BaseModel):
     user: int
 
 
+@dataclasses.dataclass
+class Checked:
+    """Its own validation refuses a negative user: ValueError, or TypeError for a bool."""
+
+    user: int
+
+    def __post_init__(self) -> None:
+        if self.user < 0:
+            raise ValueError(f"user must not be negative, got {self.user}")
+        if self.user == 0:
+            raise TypeError("user 0 is nobody")
+
+
+class CheckedModel(pydantic.BaseModel):
+    user: int
+
+    @pydantic.field_validator("user")
+    @classmethod
+    def known(cls, user: int) -> int:
+        if user < 0:  # a TypeError is not pydantic's to wrap: it passes through model_validate
+            raise TypeError(f"user must not be negative, got {user}")
+        return user
+
+
 registry = Registry()
 seen: list[Any] = []
 
@@ -49,6 +73,21 @@ def pd(payload: ReminderModel, ctx: JobContext) -> None:
     seen.append(payload)
 
 
+@registry.task("misfit.dc_checked", payload_type=Checked)
+def dc_checked(payload: Checked, ctx: JobContext) -> None:
+    seen.append(payload)
+
+
+@registry.task("misfit.pd_checked", payload_type=CheckedModel)
+async def pd_checked(payload: CheckedModel, ctx: JobContext) -> None:
+    seen.append(payload)
+
+
+@registry.task("misfit.own_value", payload_type=Checked)
+def own_value(payload: Checked, ctx: JobContext) -> None:
+    raise ValueError("the handler's own ValueError")  # after the decode: retried as before
+
+
 @registry.task("misfit.own")
 def own(payload: Any, ctx: JobContext) -> None:
     from scheduler import BadArgument
@@ -62,6 +101,9 @@ CASES = {
     "TypedDict, missing key": ("misfit.td", {}, "ReminderDict"),
     "pydantic, not an int": ("misfit.pd", {"user": "abc"}, "does not fit ReminderModel"),
     "not an object": ("misfit.pd", [1], "must be a JSON object"),
+    "dataclass __post_init__ ValueError": ("misfit.dc_checked", {"user": -1}, "negative"),
+    "dataclass __post_init__ TypeError": ("misfit.dc_checked", {"user": 0}, "user 0 is nobody"),
+    "pydantic validator TypeError": ("misfit.pd_checked", {"user": -1}, "negative, got -1"),
 }
 
 
@@ -102,3 +144,18 @@ def test_a_handlers_own_bad_argument_is_still_retried(module_server: RedisProces
     job = q.get_job(job_id)
     assert job is not None and job.attempts == 3
     assert job.fields["last_error_type"] == "BadArgument"
+
+
+def test_a_typed_handlers_own_value_error_is_still_retried(module_server: RedisProcess) -> None:
+    q = Queue.from_url(module_server.url, "misfit-own-value")
+    fast = Backoff(base_ms=0, cap_ms=0)
+    job_id = q.enqueue("misfit.own_value", {"user": 3}, max_attempts=3, backoff=fast)
+    run_until(
+        module_server.url,
+        registry,
+        WorkerSettings(queues=(q.name,), grace_s=0),
+        lambda: q.status(job_id) == "dead",
+    )
+    job = q.get_job(job_id)
+    assert job is not None and job.attempts == 3
+    assert job.fields["last_error_type"] == "ValueError"

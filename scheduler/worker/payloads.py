@@ -210,7 +210,8 @@ def encode_payload(tp: type, payload: Any) -> Any:
 
 def decode_payload(tp: type, payload: Any) -> Any:
     """The handler's view of a JSON payload. A payload that does not fit raises BadArgument
-    (in the worker PayloadMisfit, which parks the job at once)."""
+    (in the worker PayloadMisfit, which parks the job at once), as does a ValueError or
+    TypeError of the type's own checks (a dataclass's __post_init__, a pydantic validator)."""
     kind = payload_kind(tp)
     if kind == "typeddict":
         _check_typeddict(tp, payload)
@@ -221,7 +222,7 @@ def decode_payload(tp: type, payload: Any) -> Any:
         _check_fields(tp, payload)
         try:
             return tp(**payload)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:  # a wrong field, or the type's own __post_init__
             raise BadArgument(f"payload does not fit {tp.__name__}: {exc}") from None
     computed = getattr(tp, "model_computed_fields", None)
     if isinstance(computed, dict) and not computed.keys().isdisjoint(payload):
@@ -229,7 +230,7 @@ def decode_payload(tp: type, payload: Any) -> Any:
         payload = {k: v for k, v in payload.items() if k not in computed}
     try:
         return tp.model_validate(payload, **_by_name_too(tp))  # type: ignore[attr-defined]
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+    except (ValueError, TypeError) as exc:  # ValidationError, or a validator's own TypeError
         raise BadArgument(f"payload does not fit {tp.__name__}: {exc}") from None
 
 
