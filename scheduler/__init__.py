@@ -1,7 +1,7 @@
 """scheduler: a Redis-backed job scheduler with leases, fencing tokens, retries and dead letters."""
 
 from scheduler.client.aio import AsyncQueue
-from scheduler.client.partitioned import PartitionedQueue, open_queue
+from scheduler.client.partitioned import PartitionedQueue, PartitionsNotReached, open_queue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue, open_queue_async
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
@@ -63,6 +63,7 @@ __all__ = [
     "NotDurable",
     "PartitionMismatch",
     "PartitionedQueue",
+    "PartitionsNotReached",
     "Queue",
     "QueueCounts",
     "Registry",

@@ -8,6 +8,7 @@ break a shared one), ~8 s."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,17 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from scheduler import Queue
+from scheduler import AsyncPartitionedQueue, PartitionsNotReached, Queue
 from scheduler._spawn import RedisProcess
 from scheduler._spawn_cluster import LocalCluster
 from scheduler.admin.worker_stop import ASKED, ask_stop
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core import queue_index
-from scheduler.core.connection import connect
+from scheduler.core.connection import connect, connect_async
 from scheduler.core.keys import QUEUE_INDEX, QueueKeys
 from scheduler.core.scripts import Scripts
 from scheduler.dashboard import Auth, create_app
@@ -362,3 +364,47 @@ def test_the_cli_reads_a_partitioned_queues_live_partitions(down: Down, held: He
         assert all(f"not read: partition {p}" in res.output for p in held.on_dead), args
     text = CliRunner().invoke(main, ["dead", "list", "-q", down.spread, "--url", down.cluster.url])
     assert held.dead_id in text.stdout
+
+
+def test_pausing_a_queue_partly_on_the_dead_node_names_the_partitions_not_paused(
+    down: Down, held: Held
+) -> None:
+    """pause() paused the partitions of the node that answered and raised a bare
+    ConnectionError (or, the dead node asked first, paused none): a half-paused queue the
+    caller could not tell from an untouched one. Now every partition that answers is paused and
+    PartitionsNotReached (a ConnectionError: retry) names the others; resume the same."""
+    client = connect(down.cluster.url)
+    pq = PartitionedQueue.open(client, down.spread)
+    live = [p for p in pq.parts if p.name in held.on_live]
+    try:
+        for act in (pq.pause, pq.pause):  # idempotent: the second names the same
+            with pytest.raises(PartitionsNotReached) as err:
+                act()
+            assert isinstance(err.value, redis.ConnectionError)
+            assert err.value.missing == held.on_dead and err.value.done == held.on_live
+            assert all(p in str(err.value) for p in held.on_dead)
+            assert all(p.counts().paused for p in live)
+        asyncio.run(_async_pause_and_resume(down, held))  # AsyncPartitionedQueue: the same
+        assert not any(p.counts().paused for p in live)
+        res = CliRunner().invoke(main, ["pause", "-q", down.spread, "--url", down.cluster.url])
+        assert res.exit_code == 3 and all(p in res.output for p in held.on_dead), res.output
+        with pytest.raises(PartitionsNotReached) as err:
+            pq.resume()
+        assert err.value.missing == held.on_dead
+        assert not any(p.counts().paused for p in live)
+    finally:
+        for p in live:
+            p.resume()
+        client.close()
+
+
+async def _async_pause_and_resume(down: Down, held: Held) -> None:
+    client = connect_async(down.cluster.url)
+    try:
+        apq = await AsyncPartitionedQueue.open(client, down.spread)
+        for act in (apq.pause, apq.resume):
+            with pytest.raises(PartitionsNotReached) as err:
+                await act()
+            assert err.value.missing == held.on_dead and err.value.done == held.on_live
+    finally:
+        await client.aclose()

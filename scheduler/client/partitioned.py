@@ -18,6 +18,7 @@ import redis
 
 from scheduler.admin.inspection import queue_exists, server_now_ms
 from scheduler.client.partitioned_merge import (
+    PartitionsNotReached,
     answered,
     by_node,
     by_partition,
@@ -32,6 +33,7 @@ from scheduler.client.partitioned_merge import (
     not_answering,
     pause_word,
     place,
+    reached_every,
     read_layout,
     resume_word,
     unread,
@@ -53,6 +55,7 @@ from scheduler.schedules.recurring import Schedule
 # Re-exported: the worker, the dashboard and the asyncio client import them from here.
 __all__ = [
     "PartitionedQueue",
+    "PartitionsNotReached",
     "expand_queues",
     "expand_queues_async",
     "merge_counts",
@@ -303,12 +306,17 @@ class PartitionedQueue:
 
     # -- the whole queue: every partition ----------------------------------------------------
     def pause(self) -> str:
-        """Queue.pause on every partition: 'paused' when any was not yet, else 'already'."""
-        return pause_word(self._run_many([(p, p.ops.pause()) for p in self.parts]))
+        """Queue.pause on every partition: 'paused' when any was not yet, else 'already'.
+        PartitionsNotReached when some partitions' nodes do not answer (or refuse for now)
+        while others do: those are paused, the error names the rest; call it again."""
+        each = self.run_answering(lambda p: p.ops.pause())
+        return pause_word(reached_every("pause", self.parts, each))
 
     def resume(self) -> str:
-        """Queue.resume on every partition: 'resumed' when any was paused, else 'active'."""
-        return resume_word(self._run_many([(p, p.ops.resume()) for p in self.parts]))
+        """Queue.resume on every partition: 'resumed' when any was paused, else 'active'.
+        PartitionsNotReached as pause: the partitions that answered are resumed."""
+        each = self.run_answering(lambda p: p.ops.resume())
+        return resume_word(reached_every("resume", self.parts, each))
 
 
 def open_queue(

@@ -23,6 +23,7 @@ from scheduler.client.partitioned_merge import (
     merge_scored,
     pause_word,
     place,
+    reached_every,
     read_layout_async,
     resume_word,
 )
@@ -267,12 +268,14 @@ class AsyncPartitionedQueue:
         return await self.parts[k].run_schedule_now(name, job_id=job_id)
 
     async def pause(self) -> str:
-        """PartitionedQueue.pause for asyncio."""
-        return pause_word(await self._run_many([(p, p.ops.pause()) for p in self.parts]))
+        """PartitionedQueue.pause for asyncio (PartitionsNotReached the same)."""
+        each = await self.run_answering(lambda p: p.ops.pause())
+        return pause_word(reached_every("pause", self.parts, each))
 
     async def resume(self) -> str:
-        """PartitionedQueue.resume for asyncio."""
-        return resume_word(await self._run_many([(p, p.ops.resume()) for p in self.parts]))
+        """PartitionedQueue.resume for asyncio (PartitionsNotReached the same)."""
+        each = await self.run_answering(lambda p: p.ops.resume())
+        return resume_word(reached_every("resume", self.parts, each))
 
 
 async def open_queue_async(

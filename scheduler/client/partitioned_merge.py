@@ -15,7 +15,7 @@ import redis
 
 from scheduler.core.client_kind import check_client
 from scheduler.core.connection import UNREACHABLE, is_cluster
-from scheduler.core.errors import BadArgument, NotDurable, refused_for_now
+from scheduler.core.errors import BadArgument, NotDurable, SchedulerError, refused_for_now
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, QueueCounts
 from scheduler.core.partitions import Layout, meta_key
@@ -200,6 +200,20 @@ def ids_in_call_order(placed: Sequence[Placed], got: dict[int, Any]) -> list[str
     return out
 
 
+class PartitionsNotReached(redis.ConnectionError, SchedulerError):
+    """A change of every partition (pause, resume) reached only some: the nodes of `missing`
+    did not answer, or refused for now (a slot being moved). `done` took it; the call is
+    idempotent, so calling it again once they answer finishes it. A ConnectionError: what
+    retries an unreachable Redis retries this (the CLI: exit 3; the dashboard: 503)."""
+
+    def __init__(self, what: str, done: list[str], missing: list[str], errors: list[str]):
+        self.done, self.missing = done, missing
+        super().__init__(
+            f"{what} reached {len(done)} of {len(done) + len(missing)} partitions; not "
+            f"{', '.join(missing)} ({'; '.join(errors)}): call it again once they answer"
+        )
+
+
 def not_answering(exc: BaseException) -> bool:
     """A partition's error that leaves it out of a reading while others answer: its node does
     not answer, or refuses for now (its slot being moved, maxmemory, ...)."""
@@ -239,3 +253,15 @@ def unread(parts: Sequence[Any], results: Sequence[Any]) -> list[str]:
         for p, r in zip(parts, results, strict=True)
         if isinstance(r, BaseException)
     ]
+
+
+def reached_every(what: str, parts: Sequence[Any], each: list[Any]) -> list[Any]:
+    """run_answering's results of a change of every partition (`what`: pause, resume), or
+    PartitionsNotReached naming the partitions that did not answer."""
+    pairs = list(zip((p.name for p in parts), each, strict=True))
+    failed = [(n, str(r)) for n, r in pairs if isinstance(r, BaseException)]
+    if failed:
+        done = [n for n, r in pairs if not isinstance(r, BaseException)]
+        errors = list(dict.fromkeys(e for _, e in failed))
+        raise PartitionsNotReached(what, done, [n for n, _ in failed], errors)
+    return each
