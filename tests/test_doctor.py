@@ -113,7 +113,7 @@ def test_doctor_finds_injected_corruption_and_changes_nothing(
     human = cli("doctor", "--no-server", "-q", q.name)
     assert human.exit_code == 1 and "orphan-hash" in human.stdout
     # Every repair is a lua/repair.lua move, shown with its arguments (move, id, where it is).
-    assert "lua/repair.lua" in human.stdout and "unlist nohash due" in human.stdout
+    assert "lua/repair.lua" in human.stdout and "dead nohash due" in human.stdout
 
 
 def test_fix_repairs_without_losing_a_job(
@@ -128,10 +128,12 @@ def test_fix_repairs_without_losing_a_job(
     done = drain(q)
     # Every runnable job ran; the unreadable one and the dead one wait for a human.
     assert done == {"healthy", "orphan", "twice", "lapsed", "mismatch"}
-    assert sorted(q.dead_ids()) == ["badjson", "orphan-dead"]
+    assert sorted(q.dead_ids()) == ["badjson", "nohash", "orphan-dead"]
     assert q.get_job("badjson").dead_reason == "invalid payload: not JSON"
     assert client.zscore(q.keys.dead, "twice") is None
-    assert not client.exists(q.keys.job("nohash")) and client.zscore(q.keys.due, "nohash") is None
+    # Its record is gone: parked as a claim parks it, not removed without a trace.
+    assert q.get_job("nohash").dead_reason == "job hash missing"
+    assert client.zscore(q.keys.due, "nohash") is None
     assert check_queue(client, q.name) == []
 
 

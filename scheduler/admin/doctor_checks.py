@@ -80,18 +80,20 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                 how=f"inspect it: redis-cli TYPE {shlex.quote(jk)}",
             )
         ]
-    if not s.fields:
+    if not s.fields:  # its record is gone: parked as a claim parks it, never just removed
+        lost = f"id is in {where} but its record is gone (task and payload lost)"
         if not places:
             return []
-        return [
-            issue(
-                "missing-hash",
-                "error",
-                f"id is in {where} but its hash is gone (task and payload "
-                "lost): fix removes the id",
-                _remove_from(k, s, ctx.now_ms, places),
-            )
-        ]
+        if places == ["dead"]:  # already parked: `dead list` shows it as 'record gone'
+            drop = f"scheduler dead purge -q {k.queue} --id {shlex.quote(jid)}"
+            how = f"none needed; to drop it: {drop}"
+            return [issue("missing-hash", "warning", f"{lost}: listed as 'record gone'", how=how)]
+        if s.held:  # repair.lua never takes a job out of its hold
+            how = "nothing to type: the claim that meets it once flow control lets it run parks it"
+            return [issue("missing-hash", "error", f"{lost}; set aside by flow control", how=how)]
+        gone = "job hash missing"  # claim's reason (lua/claim.lua read_claimable)
+        park = _repair(k, s, ctx.now_ms, "dead", gone, str(ctx.now_ms), "gone")
+        return [issue("missing-hash", "error", f"{lost}: fix parks it ('{gone}')", park)]
     state = s.fields.get("state", "")
     if not places:
         if state in ("done", "cancelled"):
