@@ -5,6 +5,7 @@ keep the pool up for ever."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -31,12 +32,11 @@ def pool_log(tmp_path: Path) -> Iterator[Path]:
 def test_a_child_that_cannot_stop_is_killed_at_the_pools_deadline(
     redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
 ) -> None:
-    """A sync handler holds the GIL (a C call that never releases it): its whole process is
-    frozen, its signal handling and its watchdogs too, so the stop the supervisor sends on never
-    takes effect. Before: the pool waited for that child for ever after its SIGTERM (only a
-    second signal ended it). Now the supervisor kills it once the stop deadline has passed, the
-    other child stops cleanly, and the pool exits 1 (a worker crashed: the stuck job's lease
-    lapses, and it runs again)."""
+    """A child running a job is frozen (SIGSTOP: its signal handling and every watchdog of its
+    own with it), so the stop the supervisor sends on never takes effect. Before: the pool
+    waited for that child for ever after its SIGTERM (only a second signal ended it). Now the
+    supervisor kills it once the stop deadline has passed, the other child stops cleanly, and
+    the pool exits 1 (a worker crashed: the stuck job's lease lapses, and it runs again)."""
     pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "0", "--lease-ms",
                       "1000", "--heartbeat-ms", "300", registry="tests.workers.stuck:registry",
                       log=pool_log)  # fmt: skip
@@ -45,6 +45,7 @@ def test_a_child_that_cannot_stop_is_killed_at_the_pools_deadline(
         job = q.enqueue("hold_gil", 3600)
         wait_for(lambda: client.exists(f"{job}:holder") == 1, what="the handler holds the GIL")
         holder = int(client.get(f"{job}:holder"))  # type: ignore[arg-type]
+        os.kill(holder, signal.SIGSTOP)
         pool.send_signal(signal.SIGTERM)
         code = pool.wait(stop_deadline_s(0, 1000) + 60)  # a hang guard only
     finally:
@@ -59,7 +60,7 @@ def test_a_child_that_cannot_stop_is_killed_at_the_pools_deadline(
 
 def test_the_deadline_covers_the_childs_own_bounds() -> None:
     """The deadline is never sooner than the child's own: its grace, the stall watchdog (the
-    lease, at least 10 s) and the exit watchdog's two waits."""
-    assert stop_deadline_s(25, 30_000) >= 25 + 30 + 20
-    assert stop_deadline_s(0, 1) >= 10 + 20
+    lease, at least 10 s, and 15 s more for a held GIL) and the exit watchdog's two waits."""
+    assert stop_deadline_s(25, 30_000) >= 25 + 30 + 15 + 20
+    assert stop_deadline_s(0, 1) >= 10 + 15 + 20
     assert stop_deadline_s(100, 1) > stop_deadline_s(0, 1)

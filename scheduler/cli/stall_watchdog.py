@@ -8,18 +8,26 @@ A thread of its own watches a tick the loop writes every TICK_S. Stalled longer 
 (at least STALL_MIN_S: a loaded machine's pause is no reason), the leases have lapsed already:
 the process logs the loop's stack (the handler to blame) and exits with EXIT_FAILED. The pool's
 supervisor (or systemd's Restart=on-failure) starts another; each lapse is counted on the job,
-so the job that did it is isolated, then parked after its last attempt (docs/durability.md)."""
+so the job that did it is isolated, then parked after its last attempt (docs/durability.md).
+
+A handler that holds the GIL (a C call that never releases it: a pathological regex, an
+extension's loop) freezes every thread, this one too. The backstop is faulthandler's timer,
+a C thread that needs no GIL: armed for the stall limit plus FROZEN_MARGIN_S and re-armed by
+this thread while the loop turns, it fires only when neither could run, writes every thread's
+stack to stderr and ends the process with exit 1 (faulthandler's own _exit(1), EXIT_FAILED)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
 import sys
 import threading
 import time
 import traceback
+from typing import Any
 
 from scheduler.core.exits import EXIT_FAILED
 from scheduler.worker import logs
@@ -27,6 +35,8 @@ from scheduler.worker import logs
 STALL_MIN_S = 10.0
 TICK_S = 0.5
 _STACK_FRAMES = 8  # the innermost frames logged: where the loop is held
+FROZEN_MARGIN_S = 15.0  # the GIL backstop's time past the stall limit (after this thread's)
+_REARM_S = 5.0  # how often this thread re-arms it while the loop turns
 
 
 class StallWatchdog:
@@ -38,13 +48,19 @@ class StallWatchdog:
         self._tick = time.monotonic()
         self._stopped = threading.Event()
         self._loop_thread = threading.get_ident()
+        self._armed = False
+        self._armed_at = 0.0
 
     def start(self) -> None:
+        self._arm()  # now: a job claimed at once may hold the GIL before this thread first runs
         self.loop.call_soon(self._beat)
         threading.Thread(target=self._watch, name="sched-stall-watchdog", daemon=True).start()
 
     def stop(self) -> None:
         self._stopped.set()
+        if self._armed:
+            faulthandler.cancel_dump_traceback_later()
+            self._armed = False
 
     def _beat(self) -> None:
         self._tick = time.monotonic()
@@ -57,6 +73,7 @@ class StallWatchdog:
     def _watch(self) -> None:
         while not self._stopped.wait(TICK_S):
             if time.monotonic() - self._tick <= self.stall_s:
+                self._arm()
                 continue
             # Confirmed before anything is done: a loop that turns answers a poke within a
             # tick, also right after the whole process was paused (SIGSTOP, a debugger), when
@@ -68,6 +85,18 @@ class StallWatchdog:
             stalled_s = time.monotonic() - self._tick
             if stalled_s > self.stall_s:
                 self._exit(stalled_s)
+
+    def _arm(self) -> None:
+        """(Re-)arm the GIL backstop, at most every _REARM_S, while the loop turns (a tick
+        within one interval): a held loop with the GIL free is this thread's to end first."""
+        now = time.monotonic()
+        if now - self._armed_at < _REARM_S or now - self._tick > 2 * TICK_S:
+            return
+        out = _stderr_file()
+        if out is None or self._stopped.is_set():
+            return
+        faulthandler.dump_traceback_later(self.stall_s + FROZEN_MARGIN_S, file=out, exit=True)
+        self._armed, self._armed_at = True, now
 
     def _exit(self, stalled_s: float) -> None:
         frame = sys._current_frames().get(self._loop_thread)
@@ -86,3 +115,16 @@ class StallWatchdog:
             )
         finally:
             os._exit(EXIT_FAILED)
+
+
+def _stderr_file() -> Any:
+    """The worker log's own stream (its dup of stderr: a handler may close sys.stderr), else
+    the process's stderr; None when neither has a file descriptor faulthandler can write."""
+    streams = [getattr(h, "stream", None) for h in logging.getLogger("scheduler").handlers]
+    for stream in [*streams, sys.__stderr__]:
+        try:
+            if stream is not None and stream.fileno() >= 0:
+                return stream
+        except (AttributeError, ValueError, OSError):
+            continue
+    return None

@@ -13,8 +13,8 @@ registry that cannot be imported fails each child's first start: exit 4). It:
   that also got the service manager's own SIGTERM still has its grace period); on a second one
   kills them (their leases lapse; exit 130); exits when every child has; kills a child still
   running at the stop deadline (worker_pool_start.stop_deadline_s: past its own bounds, stuck
-  where none of them acts, e.g. a handler holding the GIL; exit 1, its leases lapse), a
-  reload's replaced one too;
+  where none of them acts, e.g. stopped by SIGSTOP; exit 1, its leases lapse), a reload's
+  replaced one too;
 - stops everything and exits with a child's code when a child of the first start fails before it
   is ready (the one-process codes: 3 Redis unreachable, 5 forbidden, ...), so a misconfigured
   pool fails as one worker would; the same, exit 5, when any child exits 5 later (an ACL

@@ -77,7 +77,7 @@ class Child:
     def past_deadline(self, deadline_s: float | None, now: float) -> bool:
         """Asked to stop over deadline_s ago and still running: kill it (once), log it, True.
         Its own bounds have all passed by then (worker_pool_start.stop_deadline_s): it is
-        stuck where none of them can act (a handler holding the GIL), and its leases lapse."""
+        stuck where none of them can act (stopped: SIGSTOP), and its leases lapse."""
         if deadline_s is None or self.stop_sent_at is None or self.killed_at_deadline:
             return False
         if now - self.stop_sent_at < deadline_s or not self.running():
@@ -85,8 +85,8 @@ class Child:
         assert self.proc is not None
         self.killed_at_deadline = True
         log.error(
-            "worker process %d (pid %d) did not stop within %.0f s of the stop (a handler "
-            "holding the GIL?): killed, its jobs run again once their leases lapse",
+            "worker process %d (pid %d) did not stop within %.0f s of the stop (frozen?): "
+            "killed, its jobs run again once their leases lapse",
             self.index + 1, self.proc.pid, deadline_s,
             extra={"worker_process": self.index + 1, "pid": self.proc.pid},
         )  # fmt: skip

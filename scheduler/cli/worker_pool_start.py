@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import click
 
 from scheduler.cli.exit_watchdog import EXIT_WATCHDOG_S
-from scheduler.cli.stall_watchdog import STALL_MIN_S
+from scheduler.cli.stall_watchdog import FROZEN_MARGIN_S, STALL_MIN_S
 from scheduler.cli.worker_pool import Pool
 from scheduler.cli.worker_pool_metrics import PoolMetrics
 from scheduler.cli.worker_start import metrics_port_failure
@@ -80,10 +80,10 @@ _SHUTDOWN_S = 15.0
 def stop_deadline_s(grace_s: float, lease_ms: int) -> float:
     """How long after asking a child to stop the supervisor kills it (worker_pool.py): past
     every bound of the child's own, which end a lone worker too: --grace, the shutdown's waits,
-    the stall watchdog (the lease, at least STALL_MIN_S: a held event loop) and the exit
-    watchdog's two waits. A child still running then is stuck where none of those acts (a
-    handler holding the GIL freezes every thread of its process)."""
-    stall_s = max(lease_ms / 1000, STALL_MIN_S)
+    the stall watchdog (the lease, at least STALL_MIN_S: a held event loop; FROZEN_MARGIN_S
+    more for a held GIL) and the exit watchdog's two waits. A child still running then is
+    stuck where none of those acts (stopped: SIGSTOP, a debugger; a kernel wait)."""
+    stall_s = max(lease_ms / 1000, STALL_MIN_S) + FROZEN_MARGIN_S
     return grace_s + _SHUTDOWN_S + stall_s + 2 * EXIT_WATCHDOG_S
 
 
