@@ -38,6 +38,10 @@
     'expire'  a record in no place expires in ARGV[6] ttl_ms (its hash and its spec record),
               listed in the finished index until then (a complete refused at its PEXPIRE
               never listed it)
+    'ckfree'  off its key's lease set flow:ck:<ARGV[6]> (a key name), while it is a member and no
+              lease of that key (in leased, its `ckey` field the key): a member added by hand
+              holds a slot no lease end frees; the key's held jobs then take the room (as a
+              lease's end lets them). Counted as nothing; the finished index is not touched
   A job that is its spec record alone gets no hash from 'due' or 'state' due (claim creates
     it whole; a hash holding only `state` would park the job as unreadable).
   Every move but 'expire' takes the id out of the finished index (lib/result.lua): a done or
@@ -62,7 +66,7 @@ local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 local prefix, due, leased, dead, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local move, id, expect, lease_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local MOVES = { dead = true, due = true, unlist = true, state = true, score = true,
-  persist = true, expire = true }
+  persist = true, expire = true, ckfree = true }
 local PLACE_KEY = { due = due, leased = leased, dead = dead }
 local STORED_ID_MAX = 1024
 if not MOVES[move] then return redis.error_reply('BAD_ARGUMENT move=' .. tostring(move)) end
@@ -81,7 +85,7 @@ if lease_arg ~= '' then
 end
 
 -- The move's own arguments, all checked before the first write.
-local reason, at, run_at, ttl, drop, state
+local reason, at, run_at, ttl, drop, state, ckey
 if move == 'dead' then
   reason = ARGV[6]
   if type(reason) ~= 'string' or reason == '' or #reason > 200 then
@@ -108,6 +112,9 @@ elseif move == 'state' then
   if state ~= expect or not PLACE_KEY[state] then return redis.error_reply('BAD_ARGUMENT state=') end
 elseif move == 'score' then
   if expect ~= 'due' and expect ~= 'leased' then return redis.error_reply('BAD_ARGUMENT expect=') end
+elseif move == 'ckfree' then
+  ckey = ARGV[6]
+  if not task_ok(ckey) then return redis.error_reply('BAD_ARGUMENT key=') end
 end
 if err then return err end
 
@@ -199,6 +206,20 @@ elseif move == 'score' then
   redis.call('ZADD', held and (prefix .. 'flow:held') or PLACE_KEY[expect], 'XX', now, id)
   -- Its level's index at the same time (else the priority pass waits for the old score).
   if expect == 'due' and not held then flow_index(prefix, id, priority, now) end
+elseif move == 'ckfree' then
+  local ck = prefix .. 'flow:ck:' .. ckey
+  if type(redis.pcall('ZSCORE', ck, id)) ~= 'string' then return 0 end
+  if redis.call('ZSCORE', leased, id) and redis.pcall('HGET', jk, 'ckey') == ckey then return 0 end
+  redis.call('ZREM', ck, id)
+  local live = flow_ck_live(prefix, ckey, now)
+  local head = redis.pcall('ZRANGE', prefix .. 'flow:ckheld:' .. ckey, 0, 0)
+  if live and type(head) == 'table' and head[1] then
+    -- The oldest held job's own limit, as claim reads it when a newer job meets it.
+    local lim = parse_int(redis.pcall('HGET', job_key(prefix, head[1]), 'climit'), 1,
+      FLOW_LIM.climit) or 1
+    flow_ck_promote(prefix, ckey, lim - live)
+  end
+  return 1
 elseif move == 'persist' then
   if expect == '' then return 0 end
   redis.call('PERSIST', jk)

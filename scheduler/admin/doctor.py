@@ -27,6 +27,7 @@ from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from scheduler.admin import health
 from scheduler.admin.doctor_checks import diagnose, wrong_type_place
+from scheduler.admin.doctor_flow import fix_stray_slots
 from scheduler.admin.doctor_keys import config_issues, convert_dead, live_ids, queue_key_issues
 from scheduler.admin.doctor_model import (
     _CONFIRM_BATCH,
@@ -264,6 +265,8 @@ def repair_queue(
     fixed: list[Issue] = []
     refused: dict[str, str] = {}
     issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)
+    if stray := fix_stray_slots(client, issues):  # no job's own repair: a key's slot set
+        fixed, issues = stray, check_queue(client, queue, stale_lease_ms=stale_lease_ms)
     for _ in range(passes):
         todo = sorted(
             {j for i in issues if i.repair and (j := i.job_id) is not None} - set(refused)

@@ -8,8 +8,9 @@ import shlex
 import redis
 from redis.exceptions import ResponseError
 
+from scheduler.admin.doctor_flow import stray_slot_issues
 from scheduler.admin.doctor_model import _PAGE, Issue
-from scheduler.admin.inspection import iter_chunks, live_workers
+from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument, edited_by_hand, newer_storage
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
@@ -73,8 +74,10 @@ def config_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
 
 def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
     """config_issues, wrong_type_wake, then each schedule the scripts cannot read
-    (lua/lib/schedule.lua sched_load treats it as absent: its pending run is the last one)."""
+    (lua/lib/schedule.lua sched_load treats it as absent: its pending run is the last one),
+    and doctor_flow's checks of flow state edited by hand."""
     out = config_issues(client, keys)
+    out += stray_slot_issues(client, keys, server_now_ms(client, keys))
     out += wrong_type_wake(keys, str(client.type(keys.wake)))
     workers_type = str(client.type(keys.workers))
     if workers_type not in ("zset", "none"):

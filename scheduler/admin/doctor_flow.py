@@ -1,0 +1,101 @@
+"""The doctor's checks of flow control's state edited by hand (docs/flow-control.md): members
+of a concurrency key's lease set (flow:ck:<key>) that are no lease of that key. Claim checks a
+member only once its score has passed, so one added by hand with a far score holds a slot for
+ever; `--fix` removes it with lua/repair.lua's 'ckfree' move (fix_stray_slots), which lets the
+key's held jobs take the room."""
+
+from collections.abc import Sequence
+
+import redis
+from redis.exceptions import NoScriptError, ResponseError
+
+from scheduler.admin.doctor_model import _PAGE, Issue, repair_sha
+from scheduler.admin.inspection import iter_chunks
+from scheduler.core import connection, scripts
+from scheduler.core.keys import QueueKeys
+
+STRAY = "flow-slot-stray"
+
+
+def stray_slot_issues(client: redis.Redis, keys: QueueKeys, now_ms: int) -> list[Issue]:
+    """Members of the queue's flow:ck:<key> sets that are not leased jobs of that key (their
+    `ckey` field), found by SCAN on the queue's node (its keys share one slot), each suspect
+    read again inside one MULTI so a lease that ends meanwhile is not reported."""
+    node = connection.node_for_key(client, keys.prefix)
+    head = keys.prefix + "flow:ck:"
+    out: list[Issue] = []
+    for ck in sorted(str(k) for k in node.scan_iter(match=head + "*", count=_PAGE)):
+        key = ck[len(head) :]
+        try:
+            members = [str(m) for m, _ in client.zscan_iter(ck)]
+        except ResponseError:
+            continue  # of another type: claim parks its jobs and says so
+        suspects: list[str] = []
+        for page in iter_chunks(members, _PAGE):
+            reads = _reads(client, keys, ck, page, False)
+            suspects += [m for i, m in enumerate(page) if _stray(reads[6 * i : 6 * i + 6], key)]
+        for m in suspects:
+            reads = _reads(client, keys, ck, [m], True)
+            if not _stray(reads, key):
+                continue
+            score, places = reads[0], _places(reads[1:5])
+            at = "" if score is None else f" (its score {int(float(str(score)))})"
+            msg = (f"{ck} holds {m!r}{at}, no lease of key {key}: it takes one of the key's "
+                   "slots for ever and the key's jobs wait (added by hand?)")  # fmt: skip
+            how = "scheduler doctor --fix: it removes the member, and the key's held jobs run"
+            cmd = _ckfree(keys, m, places, now_ms, key)
+            out.append(Issue(STRAY, "error", msg, how, keys.queue, repair=(cmd,)))
+    return out
+
+
+def _reads(
+    client: redis.Redis, keys: QueueKeys, ck: str, ids: Sequence[str], transaction: bool
+) -> list[object]:
+    pipe = client.pipeline(transaction=transaction)
+    for jid in ids:
+        pipe.zscore(ck, jid)
+        pipe.zscore(keys.due, jid)
+        pipe.zscore(keys.flow_held, jid)
+        pipe.zscore(keys.leased, jid)
+        pipe.zscore(keys.dead, jid)
+        pipe.hget(keys.job(jid), "ckey")
+    return list(pipe.execute(raise_on_error=False))
+
+
+def _stray(reads: list[object], key: str) -> bool:
+    """Still a member, and no lease of the key (a key of another type: not judged)."""
+    score, _due, _held, leased, _dead, ckey = reads
+    if score is None or any(isinstance(r, Exception) for r in reads):
+        return False
+    return leased is None or ckey != key
+
+
+def _places(reads: list[object]) -> str:
+    """The places repair.lua checks the id is still in (due: in due or held)."""
+    due, held, leased, dead = reads
+    found = [("due", due is not None or held is not None), ("leased", leased is not None)]
+    found.append(("dead", dead is not None))
+    return ",".join(p for p, here in found if here)
+
+
+def _ckfree(keys: QueueKeys, jid: str, places: str, now_ms: int, key: str) -> tuple[str, ...]:
+    sk = keys.script_keys()
+    return ("EVALSHA", repair_sha(), str(len(sk)), *sk, "ckfree", jid, places, "", str(now_ms), key)
+
+
+def fix_stray_slots(client: redis.Redis, issues: list[Issue]) -> list[Issue]:
+    """Run each stray-slot finding's repair (lua/repair.lua 'ckfree', which checks again that
+    the member is no lease of its key); the ones it removed."""
+    fixed: list[Issue] = []
+    for issue in issues:
+        if issue.code != STRAY or not issue.repair or issue.queue is None:
+            continue
+        node = connection.node_for_key(client, QueueKeys(issue.queue).prefix)
+        try:
+            done = node.execute_command(*issue.repair[0])  # type: ignore[no-untyped-call]
+        except NoScriptError:
+            node.script_load(scripts.source("repair"))
+            done = node.execute_command(*issue.repair[0])  # type: ignore[no-untyped-call]
+        if done == 1:
+            fixed.append(issue)
+    return fixed

@@ -1,0 +1,84 @@
+"""doctor against flow control's hand edits (docs/flow-control.md): a config field the scripts
+read with a silent default, a schedule's flow field read as unset, and a member of a key's
+lease set (flow:ck:<key>) that is no lease of that key, which holds a slot for ever. Real
+scripts on a private Redis."""
+
+from __future__ import annotations
+
+import redis
+
+from scheduler import Queue
+from scheduler.admin.doctor import check_queue, repair_queue
+
+FAR_MS = 7_000_000_000_000  # 2191: a score no lease reaches
+
+
+def codes(client: redis.Redis, q: Queue) -> list[str]:
+    return [i.code for i in check_queue(client, q.name)]
+
+
+def test_a_stray_member_of_a_keys_lease_set_blocks_it_until_doctor_fix(
+    q: Queue, client: redis.Redis
+) -> None:
+    ck = q.keys.prefix + "flow:ck:tenant:1"
+    client.zadd(ck, {"ghost": FAR_MS})  # by hand: no lease of the key
+    a = q.enqueue("sync", 1, concurrency_key="tenant:1", concurrency_limit=1)
+    assert q.claim("w", limit=5).jobs == []  # the key is full of the ghost
+    assert client.zscore(q.keys.flow_held, a) is not None
+    found = [i for i in check_queue(client, q.name) if i.code == "flow-slot-stray"]
+    assert len(found) == 1 and "ghost" in found[0].message  # before: nothing
+    assert found[0].repair
+    report = repair_queue(client, q.name)
+    assert [i.code for i in report.fixed] == ["flow-slot-stray"]
+    assert report.remaining == []
+    assert client.zscore(ck, "ghost") is None
+    assert [j.id for j in q.claim("w", limit=5).jobs] == [a]  # its held job went back to due
+
+
+def test_a_real_lease_of_a_key_is_no_stray_and_the_fix_spares_it(
+    q: Queue, client: redis.Redis
+) -> None:
+    a = q.enqueue("sync", 1, concurrency_key="k", concurrency_limit=2)
+    other = q.enqueue("sync", 2, concurrency_key="other", concurrency_limit=1)
+    assert {j.id for j in q.claim("w", limit=5).jobs} == {a, other}
+    ck = q.keys.prefix + "flow:ck:k"
+    client.zadd(ck, {other: FAR_MS})  # a lease, but of another key
+    found = [i for i in check_queue(client, q.name) if i.code == "flow-slot-stray"]
+    assert [other in i.message for i in found] == [True]
+    repair_queue(client, q.name)
+    assert [str(m) for m in client.zrange(ck, 0, -1)] == [a]
+    assert client.zscore(q.keys.prefix + "flow:ck:other", other) is not None
+    assert codes(client, q) == []
+
+
+def test_the_cli_finds_and_frees_a_stray_slot_on_a_cluster(cluster_url: str) -> None:
+    """On a Redis Cluster the queue's flow:ck:* keys are found by SCAN of its own node (they
+    share its slot) and --fix runs there; the key's held job then runs."""
+    import json
+
+    from click.testing import CliRunner
+    from redis.cluster import RedisCluster
+
+    from scheduler.cli.main import main
+    from scheduler.core.connection import connect
+
+    rc = connect(cluster_url)
+    assert isinstance(rc, RedisCluster)
+    q = Queue(rc, "stray-slot-cluster")
+    ck = q.keys.prefix + "flow:ck:tenant:1"
+    try:
+        rc.zadd(ck, {"ghost": FAR_MS})
+        a = q.enqueue("sync", 1, concurrency_key="tenant:1", concurrency_limit=1)
+        assert q.claim("w", limit=5).jobs == []
+        args = ["doctor", "--url", cluster_url, "-q", q.name, "--no-server", "--json"]
+        found = CliRunner().invoke(main, args)
+        assert found.exit_code == 1, found.output
+        assert [f["code"] for f in json.loads(found.output)["findings"]] == ["flow-slot-stray"]
+        fixed = CliRunner().invoke(main, [*args, "--fix"])
+        assert fixed.exit_code == 0, fixed.output
+        assert [f["code"] for f in json.loads(fixed.output)["fixed"]] == ["flow-slot-stray"]
+        assert [j.id for j in q.claim("w", limit=5).jobs] == [a]
+    finally:
+        for key in list(rc.scan_iter(match=q.keys.prefix + "*")):
+            rc.delete(key)
+        rc.close()
