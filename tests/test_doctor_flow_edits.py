@@ -5,6 +5,7 @@ scripts on a private Redis."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from scheduler import Queue
@@ -15,6 +16,40 @@ FAR_MS = 7_000_000_000_000  # 2191: a score no lease reaches
 
 def codes(client: redis.Redis, q: Queue) -> list[str]:
     return [i.code for i in check_queue(client, q.name)]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "used"),
+    [
+        ("priority_aging_ms", "30s", "60000"),
+        ("priority_aging_ms", "-1", "60000"),
+        ("priority_aging_ms", "999999999999999", "60000"),
+        ("dead_max_age_ms", "30d", "no age limit"),
+        ("dead_max_count", "ten", "no count limit"),
+        ("dead_max_count", "-1", "no count limit"),
+    ],
+)
+def test_doctor_names_a_config_field_the_scripts_cannot_read(
+    q: Queue, client: redis.Redis, field: str, value: str, used: str
+) -> None:
+    client.hset(q.keys.config, field, value)  # by hand
+    found = [i for i in check_queue(client, q.name) if i.code == "config-unreadable"]
+    assert len(found) == 1  # before: nothing (only `generation` was read)
+    assert field in found[0].message and repr(value) in found[0].message
+    assert used in found[0].message
+    assert found[0].severity == "warning" and not found[0].repair
+
+
+def test_readable_config_fields_are_no_finding(q: Queue, client: redis.Redis) -> None:
+    client.hset(q.keys.config, mapping={"priority_aging_ms": "0", "dead_max_count": "0"})
+    q.set_dead_retention(max_age_ms=86_400_000)
+    assert "config-unreadable" not in codes(client, q)
+
+
+def test_doctor_warns_of_a_dead_max_age_of_zero(q: Queue, client: redis.Redis) -> None:
+    client.hset(q.keys.config, "dead_max_age_ms", "0")  # set_dead_retention refuses 0
+    found = [i for i in check_queue(client, q.name) if i.code == "config-unreadable"]
+    assert len(found) == 1 and "every dead letter" in found[0].message
 
 
 def test_a_stray_member_of_a_keys_lease_set_blocks_it_until_doctor_fix(

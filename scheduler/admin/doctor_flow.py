@@ -1,9 +1,11 @@
-"""The doctor's checks of flow control's state edited by hand (docs/flow-control.md): members
-of a concurrency key's lease set (flow:ck:<key>) that are no lease of that key. Claim checks a
-member only once its score has passed, so one added by hand with a far score holds a slot for
-ever; `--fix` removes it with lua/repair.lua's 'ckfree' move (fix_stray_slots), which lets the
-key's held jobs take the room."""
+"""The doctor's checks of flow control's state edited by hand (docs/flow-control.md): the
+queue's config fields the scripts read with a silent default (so a bad edit never stops a
+claim), and members of a concurrency key's lease set (flow:ck:<key>) that are no lease of that
+key. Claim checks a member only once its score has passed, so one added by hand with a far
+score holds a slot for ever; `--fix` removes it with lua/repair.lua's 'ckfree' move
+(fix_stray_slots), which lets the key's held jobs take the room."""
 
+import shlex
 from collections.abc import Sequence
 
 import redis
@@ -12,9 +14,46 @@ from redis.exceptions import NoScriptError, ResponseError
 from scheduler.admin.doctor_model import _PAGE, Issue, repair_sha
 from scheduler.admin.inspection import iter_chunks
 from scheduler.core import connection, scripts
+from scheduler.core.flow import DEFAULT_PRIORITY_AGING_MS
 from scheduler.core.keys import QueueKeys
+from scheduler.core.limits import MAX_DELAY_MS, MAX_SAFE_INT, MAX_TIME_MS, stored_int
 
 STRAY = "flow-slot-stray"
+
+# Each config field a script reads (lua/claim.lua, lib/flow.lua, lib/job.lua; `generation`
+# and `paused_ms` are read elsewhere: any paused_ms is a pause): (the least the scripts
+# read, the least the product writes, the most, what the scripts use instead, how to set it).
+_RETENTION = "scheduler dead retention -q {q} --max-age 30d | --max-count N | --off"
+CONFIG_FIELDS: dict[str, tuple[int, int, int, str, str]] = {
+    "priority_aging_ms": (
+        0, 0, MAX_DELAY_MS, f"the default, {DEFAULT_PRIORITY_AGING_MS} ms",
+        "redis-cli HSET {cfg} priority_aging_ms <ms> (or HDEL it for the default)",
+    ),
+    "dead_max_age_ms": (0, 1, MAX_TIME_MS, "no age limit", _RETENTION),
+    "dead_max_count": (0, 0, MAX_SAFE_INT, "no count limit", _RETENTION),
+}  # fmt: skip
+
+
+def config_field_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
+    """Each CONFIG_FIELDS field of the config hash that is no whole number in its range (by
+    hand): the scripts read it as unset and use what the finding names."""
+    raws = client.hmget(keys.config, list(CONFIG_FIELDS))
+    out: list[Issue] = []
+    for (field, (lua_lo, lo, hi, instead, how)), raw in zip(
+        CONFIG_FIELDS.items(), raws, strict=True
+    ):
+        if raw is None or stored_int(raw, lo, hi) is not None:
+            continue
+        cfg, text = shlex.quote(keys.config), str(raw)[:40]
+        if stored_int(raw, lua_lo, hi) is not None:  # dead_max_age_ms 0: read as it is
+            used = "0 ms: every dead letter is deleted at the next claim or park"
+        else:
+            used = instead
+        msg = (f"{keys.config} field {field} {text!r} is no whole number in {lo}..{hi} "
+               f"(edited by hand?): the scripts use {used}")  # fmt: skip
+        fix = how.format(cfg=cfg, q=shlex.quote(keys.queue))
+        out.append(Issue("config-unreadable", "warning", msg, fix, keys.queue))
+    return out
 
 
 def stray_slot_issues(client: redis.Redis, keys: QueueKeys, now_ms: int) -> list[Issue]:

@@ -8,7 +8,7 @@ import shlex
 import redis
 from redis.exceptions import ResponseError
 
-from scheduler.admin.doctor_flow import stray_slot_issues
+from scheduler.admin.doctor_flow import config_field_issues, stray_slot_issues
 from scheduler.admin.doctor_model import _PAGE, Issue
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
 from scheduler.client.queue import Queue
@@ -58,18 +58,21 @@ def config_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
                "retention or storage generation is read from it")  # fmt: skip
         how = f"inspect it: redis-cli TYPE {shlex.quote(keys.config)}"
         return [Issue("wrong-type", "warning", msg, how, keys.queue)]
-    raw = client.hget(keys.config, "generation") if config_type == "hash" else None
-    if raw is None:
+    if config_type == "none":
         return []
+    fields = config_field_issues(client, keys)  # doctor_flow: the fields read with a default
+    raw = client.hget(keys.config, "generation")
+    if raw is None:
+        return fields
     newer = newer_storage(keys.queue, raw, STORAGE_GENERATION)
     if newer is not None:
         how = "upgrade scheduler (this doctor, every worker and producer of the queue)"
         return [Issue("newer-storage", "error", str(newer), how, keys.queue)]
     if str(raw).isascii() and str(raw).isdigit() and int(str(raw)) <= STORAGE_GENERATION:
-        return []
+        return fields
     msg = f"{keys.config} field generation {str(raw)[:40]!r} is no storage generation (by hand)"
     how = f"redis-cli HDEL {shlex.quote(keys.config)} generation (it refuses nothing)"
-    return [Issue("unreadable-generation", "warning", msg, how, keys.queue)]
+    return [*fields, Issue("unreadable-generation", "warning", msg, how, keys.queue)]
 
 
 def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
