@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -392,6 +393,8 @@ def test_pausing_a_queue_partly_on_the_dead_node_names_the_partitions_not_paused
             pq.resume()
         assert err.value.missing == held.on_dead
         assert not any(p.counts().paused for p in live)
+        _dashboard_pause(down, held)
+        assert all(p.counts().paused for p in live)
     finally:
         for p in live:
             p.resume()
@@ -408,3 +411,16 @@ async def _async_pause_and_resume(down: Down, held: Held) -> None:
             assert err.value.missing == held.on_dead and err.value.done == held.on_live
     finally:
         await client.aclose()
+
+
+def _dashboard_pause(down: Down, held: Held) -> None:
+    """The queue page's Pause: 503 naming the partitions not paused and saying the others are
+    (it said the outcome was unknown)."""
+    app = create_app(url=down.cluster.url, queues=(down.spread,), auth=Auth())
+    with TestClient(app) as web:
+        m = re.search(r'name="csrf" value="([0-9a-f]{64})"', web.get("/workers").text)
+        assert m is not None
+        page = web.post(f"/queues/{down.spread}/pause", data={"csrf": m.group(1)})
+        assert page.status_code == 503, page.text[-500:]
+        assert all(p in page.text for p in held.on_dead)
+        assert "unknown" not in page.text and "the others took it" in page.text

@@ -20,6 +20,7 @@ from scheduler.admin.startup import (
     is_permission_error,
     permission_message,
 )
+from scheduler.client.partitioned import PartitionsNotReached
 from scheduler.core.connection import UNREACHABLE, connect
 from scheduler.core.errors import BadArgument, SchedulerError, cluster_refusal, refused_for_now
 from scheduler.dashboard.actions import ActionRefused
@@ -117,6 +118,8 @@ def create_app(
             if request.method == "POST"
             else "Reload the page once it answers."
         )
+        if isinstance(exc, PartitionsNotReached):  # a pause / resume: it names those not reached
+            outcome = "The partitions named were not changed, the others took it: press it again."
         message = f"Redis did not answer: {type(exc).__name__}: {str(exc).rstrip('.')}. {outcome}"
         return failed(request, 503, "Redis unreachable", message)
 
