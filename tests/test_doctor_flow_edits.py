@@ -52,6 +52,48 @@ def test_doctor_warns_of_a_dead_max_age_of_zero(q: Queue, client: redis.Redis) -
     assert len(found) == 1 and "every dead letter" in found[0].message
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "severity"),
+    [
+        ("rcount", "ten", "error"),
+        ("rwindow", "1h", "error"),
+        ("rkey", "no key", "error"),
+        ("ckey", "a b", "error"),
+        ("climit", "many", "warning"),
+        ("priority", "high", "warning"),
+    ],
+)
+def test_doctor_names_a_schedules_flow_field_read_as_unset(
+    q: Queue, client: redis.Redis, field: str, value: str, severity: str
+) -> None:
+    q.schedule(
+        "rated", "report", every_ms=60_000, priority=3, concurrency_key="exp",
+        concurrency_limit=2, rate_limit="5/1s", rate_key="api",
+    )  # fmt: skip
+    assert codes(client, q) == []
+    client.hset(q.keys.schedule("rated"), field, value)  # by hand
+    found = [i for i in check_queue(client, q.name) if i.code == "schedule-flow-unreadable"]
+    assert len(found) == 1  # before: nothing
+    assert field in found[0].message and "'rated'" in found[0].message
+    assert found[0].severity == severity
+    s = q.get_schedule("rated")
+    assert s.flow_unreadable == field and s.unreadable == ""
+
+
+def test_schedules_list_flags_a_flow_field_read_as_unset(
+    q: Queue, client: redis.Redis, redis_url: str
+) -> None:
+    from click.testing import CliRunner
+
+    from scheduler.cli.main import main
+
+    q.schedule("rated", "report", every_ms=60_000, rate_limit="5/1s", rate_key="api")
+    client.hset(q.keys.schedule("rated"), "rcount", "ten")  # by hand
+    out = CliRunner().invoke(main, ["schedules", "list", "--url", redis_url, "-q", q.name])
+    assert out.exit_code == 0, out.output
+    assert "rcount" in out.output and "doctor" in out.output
+
+
 def test_a_stray_member_of_a_keys_lease_set_blocks_it_until_doctor_fix(
     q: Queue, client: redis.Redis
 ) -> None:
@@ -83,6 +125,22 @@ def test_a_real_lease_of_a_key_is_no_stray_and_the_fix_spares_it(
     repair_queue(client, q.name)
     assert [str(m) for m in client.zrange(ck, 0, -1)] == [a]
     assert client.zscore(q.keys.prefix + "flow:ck:other", other) is not None
+    assert codes(client, q) == []
+
+
+def test_a_bad_flow_field_is_repaired_by_removing_and_adding_not_by_redefining(
+    q: Queue, client: redis.Redis
+) -> None:
+    """What the finding's fix says (docs/flow-control.md): a definition with the same options
+    has the same digest, so it changes nothing; removed and added again, it is written whole."""
+    opts: dict[str, object] = {"every_ms": 60_000, "rate_limit": "5/1s", "rate_key": "api"}
+    q.schedule("rated", "report", **opts)  # type: ignore[arg-type]
+    client.hset(q.keys.schedule("rated"), "rcount", "ten")  # by hand
+    q.schedule("rated", "report", **opts)  # type: ignore[arg-type]
+    assert q.get_schedule("rated").flow_unreadable == "rcount"
+    q.remove_schedule("rated")
+    q.schedule("rated", "report", **opts)  # type: ignore[arg-type]
+    assert q.get_schedule("rated").flow_unreadable == ""
     assert codes(client, q) == []
 
 

@@ -1,9 +1,10 @@
 """The doctor's checks of flow control's state edited by hand (docs/flow-control.md): the
 queue's config fields the scripts read with a silent default (so a bad edit never stops a
-claim), and members of a concurrency key's lease set (flow:ck:<key>) that are no lease of that
-key. Claim checks a member only once its score has passed, so one added by hand with a far
-score holds a slot for ever; `--fix` removes it with lua/repair.lua's 'ckfree' move
-(fix_stray_slots), which lets the key's held jobs take the room."""
+claim), a schedule's flow fields its runs read as unset, and members of a concurrency key's
+lease set (flow:ck:<key>) that are no lease of that key. Claim checks a member only once its
+score has passed, so one added by hand with a far score holds a slot for ever; `--fix`
+removes it with lua/repair.lua's 'ckfree' move (fix_stray_slots), which lets the key's held
+jobs take the room."""
 
 import shlex
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from scheduler.core import connection, scripts
 from scheduler.core.flow import DEFAULT_PRIORITY_AGING_MS
 from scheduler.core.keys import QueueKeys
 from scheduler.core.limits import MAX_DELAY_MS, MAX_SAFE_INT, MAX_TIME_MS, stored_int
+from scheduler.schedules.stored import flow_unreadable_field
 
 STRAY = "flow-slot-stray"
 
@@ -54,6 +56,33 @@ def config_field_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
         fix = how.format(cfg=cfg, q=shlex.quote(keys.queue))
         out.append(Issue("config-unreadable", "warning", msg, fix, keys.queue))
     return out
+
+
+# What a schedule's runs get for a flow field read as unset (lua/lib/flow.lua's stored reader):
+# a lost limit is an error, a lost priority or a limit read as 1 a warning.
+_FLOW_EFFECT = {
+    "priority": ("warning", "its runs get priority 0"),
+    "ckey": ("error", "its runs get no concurrency limit"),
+    "climit": ("warning", "its runs get its key at limit 1, the strictest"),
+    "rkey": ("error", "its runs get no rate limit"),
+    "rcount": ("error", "its runs get no rate limit"),
+    "rwindow": ("error", "its runs get no rate limit"),
+}
+
+
+def schedule_flow_issues(keys: QueueKeys, name: str, fields: dict[str, str]) -> list[Issue]:
+    """A readable schedule whose flow field its runs read as unset (by hand): they still come,
+    without that part of their flow. Defining it again with the same options changes nothing
+    (same digest): the field is set right, or the schedule removed and added again."""
+    field = flow_unreadable_field(fields)
+    if not field:
+        return []
+    severity, effect = _FLOW_EFFECT[field]
+    msg = (f"schedule {name!r}: its {field} field {fields.get(field, '')[:40]!r} cannot be "
+           f"read (edited by hand?): {effect}")  # fmt: skip
+    how = (f"redis-cli HSET {shlex.quote(keys.schedule(name))} {field} <as the definition "
+           "gives it>, or remove the schedule and add it again")  # fmt: skip
+    return [Issue("schedule-flow-unreadable", severity, msg, how, keys.queue)]
 
 
 def stray_slot_issues(client: redis.Redis, keys: QueueKeys, now_ms: int) -> list[Issue]:

@@ -8,7 +8,7 @@ import shlex
 import redis
 from redis.exceptions import ResponseError
 
-from scheduler.admin.doctor_flow import config_field_issues, stray_slot_issues
+from scheduler.admin.doctor_flow import config_field_issues, schedule_flow_issues, stray_slot_issues
 from scheduler.admin.doctor_model import _PAGE, Issue
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
 from scheduler.client.queue import Queue
@@ -113,7 +113,9 @@ def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
             if field:
                 msg = f"schedule {name!r}: its {field} field cannot be read: its runs stopped"
                 out.append(Issue("schedule-unreadable", "error", msg, redo, keys.queue))
-            elif fields.get("kind") == "cron":
+            else:
+                out += schedule_flow_issues(keys, name, fields)
+            if not field and fields.get("kind") == "cron":
                 out += _cron_misread(keys.queue, name, fields.get("cron", ""))
         elif key_type != "none":
             msg = f"{key} is a {key_type}, not a schedule hash: its runs stopped"

@@ -96,6 +96,8 @@ def _line(s: Schedule) -> str:
     state = "paused" if s.paused else f"next {fmt_time(s.next_run_ms)}{_local(s)}"
     if s.unreadable:  # the scripts read it as absent: nothing arms its runs
         state = f"UNREADABLE {s.unreadable} (edited by hand?): runs stopped, see doctor"
+    elif s.flow_unreadable:  # its runs still come, without that part of their flow
+        state += f"  flow field {s.flow_unreadable} UNREADABLE (edited by hand?): see doctor"
     # The start window only when set: a schedule without one lists as before.
     window = "" if s.start_within_ms is None else f"  start-within {s.start_within_ms}ms"
     return clean(

@@ -9,6 +9,7 @@ from typing import Any
 
 from scheduler.core import codec
 from scheduler.core.backoff_text import parse_stored_backoff
+from scheduler.core.flow import FLOW_KEY_RE, FLOW_LIMITS
 from scheduler.core.limits import TASK_RE
 
 
@@ -43,6 +44,9 @@ class Schedule:
     # The first field the scripts cannot read ('' = none): such a schedule is treated as
     # absent (lua/lib/schedule.lua sched_load), so its runs stop until it is defined again.
     unreadable: str = ""
+    # The first flow field the scripts read as unset ('' = none; flow_unreadable_field): its
+    # runs still come, without that part of their flow (doctor says what they get instead).
+    flow_unreadable: str = ""
 
     def payload(self) -> Any:
         """The payload every occurrence gets, decoded from its stored JSON."""
@@ -73,6 +77,7 @@ class Schedule:
             "rate_key": self.rate_key,
             "start_within_ms": self.start_within_ms,
             "unreadable": self.unreadable,
+            "flow_unreadable": self.flow_unreadable,
         }
 
 
@@ -112,6 +117,27 @@ def unreadable_field(f: dict[str, str]) -> str:
     return next((name for name, ok in checks if not ok), "")
 
 
+def flow_unreadable_field(f: dict[str, str]) -> str:
+    """The first flow field lua/lib/flow.lua's stored reader takes as unset, by its rules ('' =
+    none): a priority; a key, and its limit while the key is good; a rate key, and its count
+    and window while the rate key is good. Fields of a part that is not set are not read."""
+    lim = FLOW_LIMITS
+    ckey, rkey = f.get("ckey", ""), f.get("rkey", "")
+    checks = (
+        ("priority", f.get("priority", "0") == "0" or _in(f.get("priority"), lim["priority"])),
+        ("ckey", not ckey or FLOW_KEY_RE.fullmatch(ckey) is not None),
+        ("climit", not ckey or _in(f.get("climit"), lim["concurrency_limit"])),
+        ("rkey", not rkey or FLOW_KEY_RE.fullmatch(rkey) is not None),
+        ("rcount", not rkey or _in(f.get("rcount"), lim["rate.count"])),
+        ("rwindow", not rkey or _in(f.get("rwindow"), lim["rate.window_ms"])),
+    )
+    return next((name for name, ok in checks if not ok), "")
+
+
+def _in(v: str | None, bounds: tuple[int, int]) -> bool:
+    return codec.stored_int(v, *bounds) is not None
+
+
 def parse_schedule(name: str, fields: dict[str, str]) -> Schedule | None:
     if not fields:
         return None
@@ -141,4 +167,5 @@ def parse_schedule(name: str, fields: dict[str, str]) -> Schedule | None:
         rate_key=fields.get("rkey", ""),
         start_within_ms=codec.stored_int_in(fields.get("start_within_ms"), "start_within_ms"),
         unreadable=unreadable_field(fields),
+        flow_unreadable=flow_unreadable_field(fields),
     )
