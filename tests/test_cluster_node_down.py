@@ -320,7 +320,7 @@ def test_the_dashboard_shows_a_partitioned_queues_live_partitions(down: Down, he
     q = f"/queues/{down.spread}"
     app = create_app(url=down.cluster.url, queues=(down.spread,), auth=Auth())
     with TestClient(app) as web:
-        for path in (q, f"{q}?state=dead", f"{q}?task=noop", f"{q}/dead", "/workers"):
+        for path in (q, f"{q}?state=dead", f"{q}?task=noop", f"{q}/dead", "/workers", "/schedules"):
             page = web.get(path)
             assert page.status_code == 200, (path, page.text[-500:])
             assert 'id="unreachable"' in page.text, path
@@ -329,6 +329,7 @@ def test_the_dashboard_shows_a_partitioned_queues_live_partitions(down: Down, he
         assert held.dead_id in web.get(f"{q}?state=dead").text
         assert held.dead_id in web.get(f"{q}/dead").text
         assert held.worker in web.get("/workers").text
+        assert f'data-schedule="{held.schedule}"' in web.get("/schedules").text
         data = web.get(f"{q}/api").json()
         assert [u.split(":")[0] for u in data["unread_partitions"]] == [
             f"partition {p}" for p in held.on_dead

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from scheduler import Queue
 from scheduler._spawn import RedisProcess
 from scheduler.client.partitioned import PartitionedQueue
-from scheduler.dashboard import Auth, create_app, pages
+from scheduler.dashboard import Auth, create_app, schedule_view
 from scheduler.dashboard.pages import OVERVIEW_SHOWN
 from scheduler.dashboard.render import ENTRY_SHOWN
 from scheduler.dashboard.store import Store
@@ -87,7 +87,7 @@ def test_the_overview_reads_and_shows_one_page_of_queues_by_name(
     [
         ("/workers", Store, "workers"),
         ("/health", Store, "counts"),
-        ("/schedules", pages, "schedule_rows"),
+        ("/schedules", schedule_view, "schedule_rows"),
     ],
 )
 def test_workers_health_and_schedules_read_one_page_of_queues_by_name(

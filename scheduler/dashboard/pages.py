@@ -27,7 +27,7 @@ from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition
 from scheduler.dashboard.reasons import flow_settings, queue_paused_ms, why_not_running
 from scheduler.dashboard.render import Renderer
-from scheduler.dashboard.schedule_view import schedule_rows
+from scheduler.dashboard.schedule_view import queue_schedule_rows
 from scheduler.dashboard.store import QUEUE_RETRY_S, WORKERS_LISTED, Store
 from scheduler.operations import browsing
 from scheduler.operations.inspecting import LISTABLE
@@ -254,15 +254,15 @@ class Pages:
 
     def schedules(self, request: Request) -> Response:
         rows: list[dict[str, Any]] = []
-        total = 0
 
-        def read(name: str) -> None:
-            nonlocal rows, total
-            for part in self.store.view(name).part_names:  # a schedule lives in one partition
-                found, count = schedule_rows(self.store, part, SCHEDULES_SHOWN - len(rows))
-                rows, total = rows + found, total + count
+        def read(name: str) -> tuple[int, list[str]]:
+            found, n, unread = queue_schedule_rows(self.store, name, SCHEDULES_SHOWN - len(rows))
+            rows.extend(found)
+            return n, unread
 
-        _, missing, page = self._paged(request, read)
+        read_, missing, page = self._paged(request, read)
+        total = sum(n for _, (n, _) in read_)
+        missing += [f"queue {name} {u}" for name, (_, unread) in read_ for u in unread]
         cut = total if total > len(rows) else 0
         return self.render.page(request, "schedules.html", schedules=rows, cut=cut,
                                 unreachable=missing, **page)  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import BadArgument, SchedulerError
 from scheduler.dashboard.store import Store
 from scheduler.schedules.cron_slots import cron_slots_after, cron_slots_upto
@@ -74,6 +75,28 @@ def previous_slot(s: Schedule, now_ms: int) -> int | None:
     if slot is not None and s.every_ms > 0:
         return slot - s.every_ms
     return None
+
+
+def queue_schedule_rows(
+    store: Store, name: str, limit: int
+) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """schedule_rows of each partition of queue `name` (a schedule lives in one), `limit` rows
+    in all, and the partitions not read: one whose node does not answer is left out while
+    another answers ('partition <name>: <error>'; /schedules answered 503)."""
+    rows: list[dict[str, Any]] = []
+    total, unread, errors = 0, [], []
+    parts = store.view(name).part_names
+    for part in parts:
+        try:
+            found, count = schedule_rows(store, part, limit - len(rows))
+        except UNREACHABLE as exc:
+            unread.append(f"partition {part}: {exc}")
+            errors.append(exc)
+            continue
+        rows, total = rows + found, total + count
+    if len(errors) == len(parts):  # none answered (a plain queue's one): the app's 503
+        raise errors[0]
+    return rows, total, unread
 
 
 def schedule_rows(store: Store, name: str, limit: int) -> tuple[list[dict[str, Any]], int]:
