@@ -250,7 +250,7 @@ def test_stats_and_keys_exit_3_while_a_slot_moves(
     assert got.exit_code == 3, got.output
     rows = {r["queue"]: r for r in json.loads(got.stdout)["queues"]}
     assert rows["a"]["error"] is None and rows["b"]["down"] is True
-    assert "refused for now" in rows["b"]["error"]
+    assert "hash slot is being migrated" in rows["b"]["error"]  # was "Redis refused for now"
 
     def remapping(client: Any, queue: str) -> Any:
         raise ClusterError("TTL exhausted.")

@@ -37,7 +37,7 @@ from scheduler.cli.keys import keys_command
 from scheduler.cli.workers import workers_command
 from scheduler.client.partitioned import PartitionedQueue, merge_counts, open_queue, unread
 from scheduler.core.connection import UNREACHABLE, is_cluster
-from scheduler.core.errors import SchedulerError, refused_for_now
+from scheduler.core.errors import SchedulerError, refused_for_now, slot_move_text
 from scheduler.core.safety import safe
 from scheduler.operations import browsing
 
@@ -120,12 +120,14 @@ def stats_row(client: redis.Redis, name: str) -> dict[str, Any]:
     except UNREACHABLE as exc:
         if not is_cluster(client):
             raise
-        return {"queue": name, "error": safe(f"its node does not answer: {exc}"), "down": True}
+        why = slot_move_text(exc) or f"its node does not answer: {exc}"
+        return {"queue": name, "error": safe(why), "down": True}
     except _ROW_ERRORS as exc:
         if is_permission_error(exc):
             raise
         if isinstance(exc, redis.ResponseError) and refused_for_now(exc):  # its slot moving...
-            return {"queue": name, "error": safe(f"Redis refused for now: {exc}"), "down": True}
+            why = slot_move_text(exc) or f"Redis refused for now: {exc}"
+            return {"queue": name, "error": safe(why), "down": True}
         what = "Redis refused" if isinstance(exc, redis.ResponseError) else "unreadable stored data"
         return {"queue": name, "error": safe(f"{what}: {exc} (see scheduler doctor -q {name})")}
 

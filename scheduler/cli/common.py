@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 import redis
-from redis.exceptions import ClusterError, RedisClusterException
+from redis.exceptions import ClusterError, RedisClusterException, TryAgainError
 
 from scheduler.admin.inspection import (
     logical_queues,
@@ -36,7 +36,7 @@ from scheduler.cli.output import (
     parse_duration_ms,
     timeout_option,
 )
-from scheduler.core import connection, exits
+from scheduler.core import connection, errors, exits
 from scheduler.core.backoff import Backoff
 from scheduler.core.backoff_text import parse_backoff_text
 from scheduler.core.connection import cluster_unreachable
@@ -137,9 +137,9 @@ class AdminCommand(click.Command):
             raise Refused(safe(exc)) from None
         except redis.AuthenticationError as exc:  # a ConnectionError, but retrying cannot help
             raise Forbidden(refusal_line(exc, OPERATOR_ROLE_HINT)) from None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise Unreachable(safe(f"cannot reach Redis: {exc}")) from None
-        except (RedisClusterException, ClusterError) as exc:  # not ResponseErrors
+        except (redis.ConnectionError, redis.TimeoutError, TryAgainError, ClusterError) as exc:
+            raise Unreachable(safe(errors.unreachable_text(exc, ctx.params))) from None
+        except RedisClusterException as exc:  # not ResponseErrors (nor ClusterError: above)
             if (refusal := cluster_refusal(exc)) is not None:  # the login or CLUSTER SLOTS
                 raise Forbidden(refusal_line(refusal, OPERATOR_ROLE_HINT)) from None
             if not cluster_unreachable(exc):  # a cross-slot call, ...: a bug, its traceback

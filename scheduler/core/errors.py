@@ -9,6 +9,7 @@ from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
     ClusterDownError,
+    ClusterError,
     NoPermissionError,
     OutOfMemoryError,
     ReadOnlyError,
@@ -239,6 +240,32 @@ def refused_for_now(exc: ResponseError) -> bool:
         return True
     code = str(getattr(exc, "status_code", "") or str(exc).split(" ", 1)[0]).upper()
     return code in _REFUSED_FOR_NOW_CODES or _KILLED_TEXT.match(str(exc)) is not None
+
+
+def slot_move_text(exc: BaseException, whose: str = "its") -> str | None:
+    """What to say when a key's hash slot is being migrated between Redis Cluster nodes (a
+    reshard): TRYAGAIN ('Multiple keys request during rehashing of slot'), or redis-py's 'TTL
+    exhausted' once the redirections it follows (ASK, MOVED, TRYAGAIN) are used up, which only
+    a slot on the move makes. None for any other error."""
+    if isinstance(exc, TryAgainError):
+        why = "TRYAGAIN"
+    elif isinstance(exc, ClusterError) and "TTL exhausted" in str(exc):
+        why = "redirections used up: TTL exhausted"
+    else:
+        return None
+    return (
+        f"{whose} hash slot is being migrated to another Redis Cluster node ({why}): run the"
+        " command again once the move is done"
+    )
+
+
+def unreachable_text(exc: BaseException, params: dict[str, Any]) -> str:
+    """The CLI's exit-3 line for a server that does not answer, or a queue's slot on the move
+    (`params`: the command's, for its -q queue)."""
+    queue = params.get("queue") or params.get("queues") or ()
+    queue = queue[0] if isinstance(queue, tuple) and len(queue) == 1 else queue
+    whose = f"queue {queue}'s" if isinstance(queue, str) else "a queue's"
+    return slot_move_text(exc, whose) or f"cannot reach Redis: {exc}"
 
 
 # Inside a script Redis 7.0 answers "ERR The user executing the script can't run this command

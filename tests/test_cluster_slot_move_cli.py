@@ -1,0 +1,64 @@
+"""The CLI while a queue's hash slot is being migrated between Redis Cluster nodes (a reshard,
+docs/cluster.md "Moving a queue's slot"): every read of the queue is refused for now, TRYAGAIN
+('Multiple keys request during rehashing of slot') or redis-py's 'TTL exhausted' once its
+redirections are used up. Exit 3 as before, with a line that says what is going on and what to
+do instead of those words ('cannot reach Redis: Command # 1 (EXISTS ...) of pipeline caused
+error: TTL exhausted.'). The move is made by tests/test_cluster_reshard.py's SlotMove."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from scheduler import JobSpec, Queue
+from scheduler.cli.main import main
+from scheduler.core.connection import connect
+from tests.test_cluster_reshard import SlotMove, _drop
+
+SAYS = "is being migrated to another Redis Cluster node"
+AGAIN = "run the command again once the move is done"
+
+
+@pytest.fixture(params=["keys-split", "all-moved"])
+def moving(request: pytest.FixtureRequest, cluster_url: str, queue_name: str) -> Iterator[Queue]:
+    """A queue whose slot is split: some of its keys moved (keys-split), or all (all-moved)."""
+    rc: Any = connect(cluster_url)
+    q = Queue(rc, queue_name)
+    q.enqueue_many([JobSpec("t", None) for _ in range(6)])
+    move = SlotMove(rc, q.keys.prefix)
+    move.split()
+    move.migrate(batch=2, most=4 if request.param == "keys-split" else None)
+    try:
+        yield q
+    finally:
+        move.migrate(batch=100)
+        move.finish()
+        _drop(rc, q)
+        rc.close()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["doctor", "-q"], ["stats", "-q"], ["jobs", "list", "-q"], ["dead", "list", "-q"]],
+    ids=lambda a: " ".join(a[:-1]),
+)
+def test_a_command_on_a_queue_being_moved_says_so(
+    cluster_url: str, moving: Queue, args: list[str]
+) -> None:
+    result = CliRunner().invoke(main, [*args, moving.name, "--url", cluster_url])
+    assert result.exit_code == 3, result.output
+    line = result.stderr
+    assert f"queue {moving.name}'s hash slot {SAYS}" in line and AGAIN in line, line
+
+
+def test_commands_over_every_queue_say_so_too(cluster_url: str, moving: Queue) -> None:
+    doctor = CliRunner().invoke(main, ["doctor", "--url", cluster_url])
+    assert doctor.exit_code == 3 and SAYS in doctor.stderr and AGAIN in doctor.stderr, doctor.output
+    stats = CliRunner(env={"COLUMNS": "300"}).invoke(main, ["stats", "--url", cluster_url])
+    assert stats.exit_code == 3  # the other queues' rows, this one's says why it is missing
+    assert f"{moving.name}: its hash slot {SAYS}" in stats.stdout and AGAIN in stats.stdout, (
+        stats.output
+    )
