@@ -4,7 +4,6 @@ the slot's `process` series keep growing across the recycling instead of falling
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,8 +49,14 @@ def test_a_recycled_childs_counts_are_not_lost(
     finally:
         stop(pool, pool_log)
     assert sum(seen[-1].values()) == 6, seen
-    for before, after in itertools.pairwise(seen):  # a counter never goes down
-        assert all(after.get(k, 0.0) >= v for k, v in before.items()), seen
+    # A counter never goes down from the last scrape that had it. A slot with no ready child
+    # (between a recycled child and the next) is missing from a scrape, by design (its
+    # scheduler_pool_process_up is 0): a missing series is no reset, so it is not read as 0.
+    last: dict[str, float] = {}
+    for scrape_ in seen:
+        for slot, value in scrape_.items():
+            assert value >= last.get(slot, 0.0), seen
+            last[slot] = value
 
 
 def test_carry_adds_counters_and_histograms_but_not_gauges() -> None:
