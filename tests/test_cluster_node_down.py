@@ -338,6 +338,7 @@ def test_the_dashboard_shows_a_partitioned_queues_live_partitions(down: Down, he
 
 def _partial(args: list[str], down: Down) -> tuple[int, dict[str, Any], str]:
     res = CliRunner().invoke(main, [*args, "-q", down.spread, "--url", down.cluster.url, "--json"])
+    assert res.stdout.strip(), (args, res.exit_code, res.stderr)  # what it said instead of JSON
     return res.exit_code, json.loads(res.stdout), res.stderr
 
 
