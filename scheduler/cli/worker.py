@@ -16,6 +16,7 @@ from scheduler.admin.startup import (
 from scheduler.cli.common import url_option
 from scheduler.cli.worker_pool_child import join_pool
 from scheduler.cli.worker_pool_start import pool_size, run_pool
+from scheduler.cli.worker_signals import stop_while_starting
 from scheduler.cli.worker_start import RegistryImportError, load_registry, run_loop, serve
 from scheduler.core.connection import parse_url
 from scheduler.core.errors import BadArgument
@@ -175,6 +176,8 @@ def worker_cmd(
     Redis user may not work a queue, 130 forced by a second signal).
     """
     in_pool = join_pool()  # a child of --processes: stop with the supervisor
+    if processes == 1:  # a pool's supervisor has its own (worker_pool.py)
+        stop_while_starting(in_pool)  # until the worker's own handlers replace these
     logs.setup(log_level, json_logs)
     settings = WorkerSettings(
         tuple(queues),
