@@ -70,7 +70,7 @@ def test_at_most_k_leased_per_key_and_other_keys_run(fq: tuple[Queue, Clock]) ->
     assert got == hot[:2] + cold
     assert ids(q) == []
     job = q.get_job(hot[2])
-    assert job.state == "due"
+    assert job.state == "held"
     assert job.fields["flow_reason"] == "limited by key hot (2 leased)"
     assert q.counts().due == 48
 
@@ -111,10 +111,10 @@ def test_a_rate_window_limits_starts_and_next_ms_is_the_next_slot(
     jobs = [q.enqueue("send", rate_limit="2/1s") for _ in range(5)]
     batch = q.claim("w", limit=10, lease_ms=60_000)
     assert [j.id for j in batch.jobs] == jobs[:2]
-    # The rest stay due (not failed); the worker sleeps until the next slot, not the lease end.
+    # The rest are held (not failed); the worker sleeps until the next slot, not the lease end.
     assert batch.next_ms == T0 + 1_000
     held = q.get_job(jobs[2])
-    assert held.state == "due" and held.attempts == 0
+    assert held.state == "held" and held.attempts == 0
     assert held.fields["flow_reason"] == f"rate window send (2 per 1000 ms) until {T0 + 1_000}"
     clock.set_ms(T0 + 999)
     assert ids(q) == []
@@ -208,7 +208,7 @@ def test_a_job_after_others_runs_once_all_are_done(fq: tuple[Queue, Clock]) -> N
     a, b = q.enqueue("t"), q.enqueue("t")
     child = q.enqueue("t", after=[a, b])
     assert q.get_job(child).fields["flow_reason"] == "waiting for 2 jobs"
-    assert q.status(child).value == "due" and q.counts().due == 3
+    assert q.status(child).value == "held" and q.counts().due == 3
     leases = q.claim("w", limit=10, lease_ms=10_000).jobs
     assert [j.id for j in leases] == [a, b]  # not the child: its parents are not done
     q.complete(a, leases[0].token, "A")

@@ -141,5 +141,5 @@ def test_a_parent_requeued_from_dead_keeps_its_new_children(q: Queue, client: re
     q.claim("w", limit=0)  # the dead end's last step parks the rest of the old children
     assert {q.get_job(k).dead_reason for k in kids} == {f"parent dead: {parent}"}
     fresh = q.get_job(child)
-    assert fresh.state == "due" and fresh.dead_reason is None  # waits for the requeued parent
+    assert fresh.state == "held" and fresh.dead_reason is None  # waits for the requeued parent
     assert fresh.fields.get("waiting_for") == "1"

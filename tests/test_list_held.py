@@ -21,7 +21,7 @@ def test_held_jobs_are_listed_as_held(redis_url: str, client: redis.Redis, q: Qu
     assert q.list_jobs("due") == []
     held = q.list_jobs("held")
     assert [j.id for j in held] == children  # by run_at, then id: enqueue order here
-    assert all(j.state == "due" for j in held)
+    assert all(j.state == "held" for j in held)  # JobState.HELD (before: 'due')
     assert [j.id for j in q.list_jobs("held", offset=1, limit=1)] == children[1:2]
     assert [j.id for j in q.list_jobs("scheduled")] == [parent]
     args = ["jobs", "list", "-q", q.name, "--state", "held", "--url", redis_url]
@@ -39,7 +39,7 @@ def test_a_held_child_due_later_shows_why_it_is_held(redis_url: str, q: Queue) -
     parent = q.enqueue("t", 0, delay_ms=3_600_000)
     child = q.enqueue("t", 1, after=[parent], delay_ms=7_200_000)
     (held,) = q.list_jobs("held")
-    assert held.id == child and held.state == "scheduled"
+    assert held.id == child and held.state == "held"  # its run_at later too (before: scheduled)
     args = ["jobs", "list", "-q", q.name, "--state", "held", "--url", redis_url, "--json"]
     out = CliRunner().invoke(main, args, catch_exceptions=False)
     (row,) = json.loads(out.stdout)["jobs"]

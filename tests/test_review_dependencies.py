@@ -40,7 +40,7 @@ def test_a_child_of_an_occurrence_withdrawn_from_its_schedule_is_parked(
     q.schedule("s", "t", every_ms=MINUTE)
     occ = _pending(q, "s")
     child = q.enqueue("t", after=[occ])
-    assert q.status(child) == "due"  # waiting
+    assert q.status(child) == "held"  # waiting for its parent
     if how == "remove":
         assert q.remove_schedule("s") == "removed"
     elif how == "pause":

@@ -97,9 +97,9 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
         "errors": [e for e in job.errors if isinstance(e, dict)],  # hand-written: may be anything
         "timeout_ms": _int(f.get("timeout_ms")),
         "schedule": f.get("schedule"),
-        # Flow control (docs/flow-control.md): why a due job is not running, and its settings.
-        # A held job reads as due, or as scheduled when its run_at is later (a child waiting).
-        "flow": f.get("flow_reason") if state in ("due", "scheduled") else None,
+        # Flow control (docs/flow-control.md): why a held job is not running, and its settings.
+        # A held job reads 'held' (get_job), whatever its run_at; earlier versions: 'due'.
+        "flow": f.get("flow_reason") if state == "held" else None,
         # after=[...]: the parents it waits for, as its enqueue found them not done (flow says
         # how many still are); kept while it waits, and by a child parked for one of them.
         "parents": (f.get("parents") or "").split() or None,
@@ -162,7 +162,7 @@ def _readable(name: str, value: Any, state: str) -> list[tuple[str, object]]:
     if name in _TIME_FIELDS:
         return [(name.removesuffix("_ms"), fmt_time(value)), (name, value)]
     if name == "run_in_ms":
-        if state not in ("due", "scheduled"):
+        if state not in ("due", "scheduled", "held"):
             return []
         return [("run in", fmt_ms(value))] if value > 0 else [("late by", fmt_ms(-value))]
     if name == "lease_left_ms":

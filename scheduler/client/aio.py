@@ -455,7 +455,9 @@ class AsyncQueue:
             job_id: the job's id.
 
         Returns:
-            The `Job`; a waiting job reads as SCHEDULED or DUE by the server's clock.
+            The `Job`; a waiting job reads as HELD while flow control sets it aside
+            (parents not done, a concurrency key full, a rate window; earlier versions read
+            DUE or SCHEDULED), else SCHEDULED or DUE by the server's clock.
 
         Raises:
             JobNotFound: no such job (or its record expired after `result_ttl_ms`).
@@ -463,8 +465,11 @@ class AsyncQueue:
         return await self._run(self.ops.get_job(job_id))
 
     async def status(self, job_id: str) -> JobState:
-        """One job's state: SCHEDULED for a waiting job whose run_at is after the server's now,
-        DUE from then, then LEASED, DONE, DEAD or CANCELLED.
+        """One job's state: HELD for a waiting job set aside by flow control (parents not done,
+        a concurrency key full, a rate window; whatever its run_at, as `list_jobs('held')`
+        lists it; earlier versions answered DUE or SCHEDULED), else SCHEDULED for a waiting job
+        whose run_at is after the server's now, DUE from then; then LEASED, DONE, DEAD or
+        CANCELLED.
 
         Args:
             job_id: the job's id.

@@ -13,11 +13,13 @@ from scheduler.core.job_spec import JobSpec as JobSpec  # re-exported: callers i
 
 class JobState(StrEnum):
     """A job's state as status() and get_job() report it: the job hash's stored `state` (a copy
-    of set membership), except that a waiting job is SCHEDULED while its run_at is after the
-    server's now and DUE from then on. Only `due` is ever stored (docs/glossary.md)."""
+    of set membership), except that a waiting job is HELD while flow control sets it aside
+    (whatever its run_at), else SCHEDULED while its run_at is after the server's now and DUE
+    from then on. Only `due` is ever stored (docs/glossary.md). Before HELD, a held job read DUE."""
 
     SCHEDULED = "scheduled"  # waiting, run_at in the future: reported, never stored
-    DUE = "due"  # waiting, run_at reached: a worker may claim it now
+    DUE = "due"  # waiting, run_at reached, not held: a worker may claim it now
+    HELD = "held"  # waiting, set aside by flow control (flow:held): reported, never stored
     LEASED = "leased"
     DONE = "done"
     DEAD = "dead"

@@ -25,7 +25,7 @@ from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition
-from scheduler.dashboard.reasons import flow_settings, queue_paused_ms, why_not_running
+from scheduler.dashboard.reasons import CAN_CANCEL, flow_settings, queue_paused_ms, why_not_running
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import queue_schedule_rows
 from scheduler.dashboard.store import QUEUE_RETRY_S, WORKERS_LISTED, Store
@@ -225,7 +225,7 @@ class Pages:
             )
         now_ms = self.store.now_ms(q.name)  # one TIME, not the counts script
         workers = self.store.live_worker_count(name)  # bounded: not the whole workers ZSET
-        paused_ms = queue_paused_ms(q) if job.state == JobState.DUE else None
+        paused_ms = queue_paused_ms(q) if job.state in (JobState.DUE, JobState.HELD) else None
         history = job.errors  # parsed once: a hand-written one may be long
         token = job.token or ""
         fence = token.split("-", 1)[0] if token else ""
@@ -246,7 +246,7 @@ class Pages:
             errors_cut=len(history) if len(history) > ERRORS_SHOWN else 0,
             fields=sorted(job.fields.items())[:FIELDS_SHOWN],
             fields_cut=len(job.fields) if len(job.fields) > FIELDS_SHOWN else 0,
-            can_cancel=job.state in (JobState.DUE, JobState.SCHEDULED, JobState.LEASED),
+            can_cancel=job.state in CAN_CANCEL,
             can_requeue=job.state == JobState.DEAD,
             # A waiting job's time can be moved to now; a schedule's run keeps its time.
             can_run_now=job.state == JobState.SCHEDULED and not job.id.startswith("schedule:"),

@@ -22,6 +22,9 @@ _WAITING = re.compile(r"waiting for (\d+) jobs")
 # A dead reason of a child parked by its parent (lib/flow.lua flow_parent_ended).
 _PARENT = re.compile(r"parent (dead|cancelled): (\S+)")
 
+# The job page's Cancel button: a waiting (held too) or leased job, what lua/cancel.lua stops.
+CAN_CANCEL = frozenset({JobState.DUE, JobState.SCHEDULED, JobState.HELD, JobState.LEASED})
+
 
 @dataclass(frozen=True)
 class Reason:
@@ -67,11 +70,14 @@ def why_not_running(
         return []
     held = flow_reasons(job, now_ms)
     if state == JobState.SCHEDULED:
+        return [*_scheduled(job.run_at_ms, now_ms), *held]
+    paused = [] if paused_ms is None else [_paused(paused_ms, now_ms)]
+    if state == JobState.HELD:  # set aside by flow control, whatever its run_at
         run_at = job.run_at_ms
-        wait = "" if run_at is None else f" {_in(run_at, now_ms)}"
-        return [Reason("scheduled", f"its run time has not come yet (due{wait})"), *held]
+        later = [] if run_at is None or run_at <= now_ms else _scheduled(run_at, now_ms)
+        held = held or [Reason("flow-held", "held by flow control until its hold ends")]
+        return [*paused, *held, *later, *_suspect(job), *_past_deadline(job, now_ms)]
     if state == JobState.DUE:
-        paused = [] if paused_ms is None else [_paused(paused_ms, now_ms)]
         if live_workers == 0:
             waits = [
                 *paused,
@@ -98,6 +104,11 @@ def why_not_running(
     if state == JobState.CANCELLED:
         return [Reason("cancelled", "it was cancelled")]
     return [Reason("unknown-state", f"its stored state {state!r} is not one this version knows")]
+
+
+def _scheduled(run_at: int | None, now_ms: int) -> list[Reason]:
+    wait = "" if run_at is None else f" {_in(run_at, now_ms)}"
+    return [Reason("scheduled", f"its run time has not come yet (due{wait})")]
 
 
 def queue_paused_ms(q: Queue) -> int | None:

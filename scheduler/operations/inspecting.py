@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -83,8 +84,12 @@ class InspectingOps(OpsBase):
 
     @staticmethod
     def _parse(job_id: str, r: Sequence[Any]) -> Job | None:
+        """A waiting job in flow:held and not in due reads HELD (reported, never stored)."""
         raw, lease, spec, due, held = r
-        return codec.parse_job(job_id, raw, lease, spec, due if due is not None else held)
+        job = codec.parse_job(job_id, raw, lease, spec, due if due is not None else held)
+        if job is not None and due is None and held is not None and job.state == JobState.DUE:
+            job = replace(job, state=JobState.HELD.value)
+        return job
 
     def _read_jobs(self, ids: Sequence[str]) -> Op[list[Job | None]]:
         """_job_reads of each id in one round trip, parsed. flow:held edited into another type
@@ -126,8 +131,8 @@ class InspectingOps(OpsBase):
         return out
 
     def get_job(self, job_id: str) -> Op[Job]:
-        """One job's record, a waiting job as SCHEDULED or DUE by the server's clock; raises
-        JobNotFound."""
+        """One job's record, a waiting job as HELD (set aside by flow control), else SCHEDULED
+        or DUE by the server's clock; raises JobNotFound."""
         check_job_id(job_id)
         (job,) = yield from self._read_jobs([job_id])
         if job is None:
@@ -138,7 +143,8 @@ class InspectingOps(OpsBase):
         return job
 
     def status(self, job_id: str) -> Op[JobState]:
-        """SCHEDULED for a waiting job whose run_at is after the server's now, DUE from then."""
+        """HELD for a waiting job flow control sets aside, else SCHEDULED while its run_at is
+        after the server's now, DUE from then."""
         job = yield from self.get_job(job_id)
         try:
             return JobState(job.state)
