@@ -14,10 +14,15 @@ import redis
 from click.testing import CliRunner
 
 from scheduler import AsyncQueue, JobState, PartitionedQueue, Queue
+from scheduler.cli.job_cancel import WAITING
 from scheduler.cli.main import main
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
 from scheduler.core.partitions import meta_key
+from scheduler.dashboard.actions import CANCELLABLE
+from scheduler.dashboard.reasons import CAN_CANCEL
+from scheduler.dashboard.render import STATES
+from scheduler.operations.inspecting import LISTABLE
 from tests.conftest import delete_queue
 from tests.test_dashboard import make_client
 
@@ -139,3 +144,13 @@ def test_the_dashboards_job_page_says_held_and_why(client: redis.Redis, q: Queue
     assert 'data-reason="scheduled"' not in page["parents"]
     assert 'class="state state-due">due<' in page["due"]
     assert 'class="state state-scheduled">scheduled<' in page["scheduled"]
+
+
+def test_the_waiting_words_are_one_set() -> None:
+    """JobState's waiting words are the ones cancel answers, `jobs list --state` and the
+    dashboard's Cancel take, and the dashboard has a badge for each state."""
+    waiting = {JobState.DUE, JobState.SCHEDULED, JobState.HELD}
+    assert waiting <= set(LISTABLE)
+    assert set(WAITING) == waiting
+    assert CANCELLABLE == waiting | {JobState.LEASED} == CAN_CANCEL
+    assert {s.value for s in JobState} <= STATES
