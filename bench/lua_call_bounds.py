@@ -1,0 +1,158 @@
+"""The longest single script call at scale: Redis runs one script at a time, so a script whose
+work grows with a queue's size holds every client of the server (other queues too) for its run.
+Each scenario builds a large state on a private server (never 6379) and reads the server's own
+time of every script call it makes from SLOWLOG (slowlog-log-slower-than 0), printing the
+longest (ms) and how many calls were made.
+
+    .venv/bin/python bench/lua_call_bounds.py [--n 100000] [--only dead,cancel,...]
+
+Scenarios: reap (claim reaping lapsed leases, reap_limit at its max 10,000), dead (dead_match,
+requeue_dead, purge_dead over n dead letters), retention (claims trimming a dead backlog),
+counts (counts / pause / resume over n due), cancel / complete (a parent with n waiting
+children), held (claims behind one concurrency key holding n jobs), rate (a rate log of 100,000
+starts stamped later than now: the server clock stepped back), finished (the finished index
+at its 10,000 cap, all expired at once). Not a test: figures for commit messages and docs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from redis_server import private_server  # noqa: E402
+
+from scheduler.client.queue import Queue  # noqa: E402
+from scheduler.core.job_spec import JobSpec  # noqa: E402
+
+ERR = ("ValueError", "boom", "")
+
+
+def script_calls(q: Queue, action: Callable[[], Any]) -> tuple[float, int]:
+    """Run `action`; the longest script call it made (server ms, from SLOWLOG) and their number."""
+    c = q.client
+    c.slowlog_reset()
+    action()
+    entries = c.execute_command("SLOWLOG", "GET", "-1")
+
+    def word(arg: Any) -> str:
+        return (arg.decode() if isinstance(arg, bytes) else str(arg)).lower()
+
+    times = [e[2] / 1000 for e in entries if word(e[3][0]).startswith(("eval", "fcall"))]
+    return (max(times) if times else 0.0), len(times)
+
+
+def enqueue(q: Queue, specs: list[JobSpec]) -> list[str]:
+    ids: list[str] = []
+    for i in range(0, len(specs), 10_000):
+        ids += q.enqueue_many(specs[i : i + 10_000], batch_size=10_000)
+    return ids
+
+
+def make_dead(q: Queue, n: int) -> None:
+    """n dead letters: claimed with a 1 ms lease and reaped with their one attempt used."""
+    enqueue(q, [JobSpec(f"t{i % 4}", {"n": i}, max_attempts=1) for i in range(n)])
+    while q.claim("w", limit=1000, lease_ms=1, reap_limit=0).jobs:
+        pass
+    time.sleep(0.01)
+    while q.counts().leased:
+        q.claim("w", limit=1, lease_ms=1, reap_limit=10_000)
+
+
+def run(name: str, n: int, report: dict[str, Any], q: Queue) -> None:
+    def measure(label: str, action: Callable[[], Any]) -> None:
+        ms, calls = script_calls(q, action)
+        report[f"{name}.{label}"] = {"max_ms": round(ms, 2), "calls": calls}
+        print(json.dumps({f"{name}.{label}": report[f"{name}.{label}"]}), flush=True)
+
+    if name == "reap":
+        enqueue(q, [JobSpec("t", i, max_attempts=1) for i in range(n)])
+        while q.claim("w", limit=1000, lease_ms=1, reap_limit=0).jobs:
+            pass
+        time.sleep(0.01)
+        measure("claim_reap_10000", lambda: q.claim("w", limit=1, lease_ms=1, reap_limit=10_000))
+    elif name == "dead":
+        make_dead(q, n)
+        measure("dead_ids_task", lambda: q.dead_ids(task="t1"))
+        ids = q.dead_ids()
+        measure("purge_dead_half", lambda: q.purge_dead(ids[: len(ids) // 2]))
+        measure("requeue_dead_half", lambda: q.requeue_dead(ids[len(ids) // 2 :]))
+    elif name == "retention":
+        make_dead(q, n)
+        q.set_dead_retention(max_count=0)
+        measure("claim_trimming", lambda: q.claim("w", limit=1, reap_limit=0))
+    elif name == "counts":
+        enqueue(q, [JobSpec("t", i, delay_ms=i % 2 * 3_600_000) for i in range(n)])
+        measure("counts", q.counts)
+        measure("pause", q.pause)
+        measure("resume", q.resume)
+    elif name in ("cancel", "complete"):
+        pid = q.enqueue("parent", None)
+        enqueue(q, [JobSpec("child", i, after=[pid]) for i in range(n)])
+        if name == "cancel":
+            measure("cancel_parent", lambda: q.cancel(pid))
+        else:
+            job = q.claim("w", limit=1).jobs[0]
+            measure("complete_parent", lambda: q.complete(job.id, job.token))
+        measure("claims_after", lambda: [q.claim("w", limit=1, reap_limit=0) for _ in range(5)])
+    elif name == "held":
+        spec = {"concurrency_key": "k", "concurrency_limit": 1}
+        enqueue(q, [JobSpec("t", i, **spec) for i in range(n)])  # type: ignore[arg-type]
+        measure("claims", lambda: [q.claim("w", limit=100, reap_limit=0) for _ in range(5)])
+    elif name == "rate":
+        rk = q.keys.prefix + "flow:rate:r"
+        future = int(time.time() * 1000) + 3_600_000
+        pipe = q.client.pipeline(transaction=False)
+        for i in range(0, 100_000, 5_000):
+            pipe.zadd(rk, {f"86400000:100000:j{k}:1": future for k in range(i, i + 5_000)})
+        pipe.execute()
+        q.enqueue("t", None, rate_limit="100000/1d", rate_key="r")
+        measure("claim_clamping_100000", lambda: q.claim("w", limit=1, reap_limit=0))
+    elif name == "finished":
+        enqueue(q, [JobSpec("t", i) for i in range(10_001)])
+        while batch := q.claim("w", limit=1000, reap_limit=0).jobs:
+            q.complete_many([(j.id, j.token, None) for j in batch[:-1]] if len(batch) > 1 else [])
+            last = batch[-1]
+        fk = q.keys.prefix + "finished"
+        members = q.client.zrange(fk, 0, -1)
+        for i in range(0, len(members), 5_000):
+            q.client.zadd(fk, {m: 1 for m in members[i : i + 5_000]}, xx=True)
+        measure("complete_trimming", lambda: q.complete(last.id, last.token))
+
+
+SCENARIOS = (
+    "reap",
+    "dead",
+    "retention",
+    "counts",
+    "cancel",
+    "complete",
+    "held",
+    "rate",
+    "finished",
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--only", default=",".join(SCENARIOS))
+    args = ap.parse_args()
+    report: dict[str, Any] = {"n": args.n}
+    with private_server() as server:
+        server.cli("CONFIG", "SET", "slowlog-log-slower-than", "0")
+        server.cli("CONFIG", "SET", "slowlog-max-len", "1000000")
+        for name in args.only.split(","):
+            q = Queue.from_url(server.url, name=f"b{name}")
+            run(name, args.n, report, q)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
