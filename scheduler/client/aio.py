@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 
 from scheduler.client.enqueue_batcher import EnqueueBatcher
-from scheduler.core import queue_index
+from scheduler.core import loop_guard, queue_index
 from scheduler.core.backoff import Backoff
 from scheduler.core.client_kind import check_client
 from scheduler.core.connection import connect_async
@@ -49,6 +49,7 @@ class AsyncQueue:
         self._scripts = Scripts(clock=_clock)
         self._script_keys = self.keys.script_keys()
         self._index = queue_index.SharedAdd(client, (self.keys.queue,))  # core/queue_index.py
+        self._guard = loop_guard.Guard(client, "AsyncQueue")
         self._batcher = EnqueueBatcher(lambda args: self._run(self.ops.enqueue_call(args)))
 
     @classmethod
@@ -76,6 +77,7 @@ class AsyncQueue:
         return self.keys.queue
 
     async def _run(self, op: Op[T]) -> T:
+        self._guard()  # its loop and process (core/loop_guard.py)
         # An error is thrown back into the operation, so it can decide (claim keeps the jobs
         # it leased when a follow-up step fails); uncaught, it propagates from here.
         # The calling task (`watch`): redis-py sends inside
@@ -241,9 +243,10 @@ class AsyncQueue:
             NotDurable: as for `enqueue`; `job_ids` holds every id of the call."""
         return await self._write(self._run(self.ops.enqueue_many(specs, batch_size)))
 
-    async def _write(self, call: Awaitable[T]) -> T:
+    async def _write(self, call: Coroutine[Any, Any, T]) -> T:
         """A producer's call; the queue's name goes into the queue index once one wrote
         (core/queue_index.py): a call refused before writing adds nothing."""
+        self._guard.before(call)  # ahead of the enqueue batcher, whose state is its loop's
         try:
             got = await call
         except Exception as exc:

@@ -55,9 +55,8 @@ class AsyncPartitionedQueue:
     async def create(
         cls, client: Any, name: str, *, partitions: int, **queue_kwargs: Any
     ) -> AsyncPartitionedQueue:
-        """As PartitionedQueue.create: PartitionMismatch when `name` exists with another
-        count, or as a plain queue that holds anything (its jobs would never be claimed
-        again: workers and open_queue go by the layout)."""
+        """As PartitionedQueue.create: PartitionMismatch when `name` exists with another count,
+        or as a plain queue holding anything (never claimed again: workers go by the layout)."""
         check_count(partitions)
         wanted = Layout.create(name, partitions)
         stored = await read_layout_async(client, name, "AsyncPartitionedQueue.create")
@@ -105,6 +104,7 @@ class AsyncPartitionedQueue:
         self, ops: Sequence[tuple[AsyncQueue, Op[Any]]], *, errors: bool = False
     ) -> list[Any]:
         """PartitionedQueue._run_many for asyncio."""
+        self.parts[0]._guard()  # the client's loop and process (core/loop_guard.py)
         results: list[Any] = [None] * len(ops)
         pending: dict[int, Request] = {i: next(op) for i, (_, op) in enumerate(ops)}
         task = asyncio.current_task()  # a cancel Python 3.11's wait_for dropped: AsyncQueue._run

@@ -1,0 +1,91 @@
+"""An asyncio client's connections belong to the event loop and the process that first used
+them: `check` refuses, before any I/O, a call that would use them from elsewhere.
+
+- A process forked after the client's first use (gunicorn --preload, multiprocessing's `fork`,
+  `os.fork`): redis.asyncio's pool, unlike the blocking one, does not notice the fork, so the
+  child wrote on the parent's sockets and the parent read the child's replies as its own (a job
+  id answered to another call). A client first used in the child is its own and works.
+- Another event loop while the first is still open (another thread's loop): the call waited on
+  the first loop's connections, for ever when that loop was busy. Once the first loop is
+  closed (`asyncio.run()` called again), the client is the new loop's (docs/guide/manual.md:
+  its first call there may fail with "Event loop is closed").
+
+A queue's `Guard` remembers the loop and fork count it last passed with: a call costs the
+running loop's lookup and two comparisons. A fork is counted by an `os.register_at_fork` hook,
+not a `getpid` per call."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import weakref
+from collections.abc import Coroutine
+from typing import Any
+
+from scheduler.core.errors import BadArgument
+
+_forks = 0  # forks this process is a child of, counted in the child
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+# id(client) -> (a weak reference to it, the loop of its first use, _forks then).
+_BOUND: dict[int, tuple[Any, asyncio.AbstractEventLoop, int]] = {}
+
+
+def check(client: Any, who: str) -> None:
+    """Refuse (BadArgument) a call on `client` from another process or a second open loop."""
+    loop = asyncio.get_running_loop()
+    key = id(client)
+    bound = _BOUND.get(key)
+    if bound is not None and bound[0]() is client:
+        if bound[1] is loop and bound[2] == _forks:
+            return
+        if bound[2] != _forks:
+            raise BadArgument(
+                f"this {who} was first used in the parent of this forked process, so its "
+                "connections are the parent's (the two processes would read each other's "
+                f"replies): open a new {who} in the child, after the fork (gunicorn: in a "
+                "post_fork hook or the app's lifespan), or leave it unused until then"
+            )
+        if not bound[1].is_closed():
+            raise BadArgument(
+                f"this {who} belongs to the event loop that first used it, which is still open "
+                f"(another thread's): open one {who} per event loop"
+            )
+    try:
+        ref = weakref.ref(client, lambda _r: _BOUND.pop(key, None))
+    except TypeError:  # no weak references (no client this package builds): not guarded
+        return
+    _BOUND[key] = (ref, loop, _forks)
+
+
+class Guard:
+    """One queue's `check`: a call from the loop and process it last passed in is not looked up
+    again (the client's binding changes only once that loop is closed)."""
+
+    __slots__ = ("client", "forks", "loop", "who")
+
+    def __init__(self, client: Any, who: str) -> None:
+        self.client, self.who = client, who
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.forks = -1
+
+    def __call__(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop or self.forks != _forks:
+            check(self.client, self.who)
+            self.loop, self.forks = loop, _forks
+
+    def before(self, call: Coroutine[Any, Any, Any]) -> None:
+        """As a call, ahead of awaiting `call`: refused, `call` is closed (never started)."""
+        try:
+            self()
+        except BadArgument:
+            call.close()
+            raise
