@@ -12,7 +12,7 @@ import redis.asyncio as aredis
 from scheduler.client.enqueue_batcher import EnqueueBatcher
 from scheduler.core import loop_guard, queue_index
 from scheduler.core.backoff import Backoff
-from scheduler.core.client_kind import check_client
+from scheduler.core.client_kind import Unpicklable, check_client
 from scheduler.core.connection import connect_async
 from scheduler.core.errors import not_utf8
 from scheduler.core.keys import QueueKeys
@@ -26,7 +26,7 @@ from scheduler.schedules.recurring import Schedule
 T = TypeVar("T")
 
 
-class AsyncQueue:
+class AsyncQueue(Unpicklable):
     """One named queue on a redis.asyncio connection. See Queue for the meaning of each call."""
 
     def __init__(

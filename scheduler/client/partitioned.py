@@ -40,6 +40,7 @@ from scheduler.client.partitioned_merge import (
 )
 from scheduler.client.queue import Queue
 from scheduler.core import queue_index
+from scheduler.core.client_kind import Unpicklable
 from scheduler.core.connection import UNREACHABLE, connect
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
@@ -58,6 +59,7 @@ __all__ = [
     "PartitionsNotReached",
     "expand_queues",
     "expand_queues_async",
+    "list_answering",
     "merge_counts",
     "merge_dead",
     "not_answering",
@@ -68,7 +70,7 @@ __all__ = [
 ]
 
 
-class PartitionedQueue:
+class PartitionedQueue(Unpicklable):
     """A logical queue over the partitions of `layout` (use create() or open())."""
 
     def __init__(self, client: redis.Redis, layout: Layout, **queue_kwargs: Any) -> None:
@@ -154,21 +156,25 @@ class PartitionedQueue:
                 raise r
         return results
 
-    def run_answering(self, make: Callable[[Queue], Op[Any]]) -> list[Any]:
+    def run_answering(
+        self, make: Callable[[Queue], Op[Any]], parts: Sequence[Queue] | None = None
+    ) -> list[Any]:
         """make(p) on each partition, for callers that show what answers (the CLI, the
         dashboard) or finish it later (pause): each one's result, or in its place the error of
         one whose node does not answer or refuses for now (not_answering), while another
         answers. On a cluster each node's partitions are one driver call, so a node down fails
         its own only (cluster_io sends node after node anyway, and one lost node fails a call
-        over several whole). None answering: the first error is raised; any other error too."""
+        over several whole). None answering: the first error is raised; any other error too.
+        `parts`: these partitions only (of self.parts; one result each, in their order)."""
+        asked = self.parts if parts is None else parts
         out: dict[str, Any] = {}
-        for group in by_node(self.client, self.parts):
+        for group in by_node(self.client, asked):
             try:
                 got = self._run_many([(p, make(p)) for p in group], errors=True)
             except UNREACHABLE as exc:
                 got = [exc] * len(group)
             out.update(zip((p.name for p in group), got, strict=True))
-        return answered([out[p.name] for p in self.parts])
+        return answered([out[p.name] for p in asked])
 
     # -- producers ---------------------------------------------------------------------------
     def enqueue(self, task: str, payload: Any = None, **kwargs: Any) -> str:
@@ -332,6 +338,26 @@ def open_queue(
     if layout is None:
         return Queue(client, name, **queue_kwargs)
     return PartitionedQueue(client, layout, **queue_kwargs)
+
+
+def list_answering(
+    q: PartitionedQueue, state: str, offset: int, limit: int, left_out: dict[str, str]
+) -> list[Job]:
+    """PartitionedQueue.list_jobs over the partitions that answer (run_answering), for the
+    CLI: the [offset, offset + limit) page of those merged as one queue's, so consecutive
+    pages neither skip nor repeat a job while the same ones answer. `left_out` (partition name
+    -> its error), in and out: a partition named there is not asked (an empty page in its
+    place: a task filter's next page costs no retries of a dead node again), one that does not
+    answer now is added. None answering raises, as a node lost between the two reads."""
+    check_page(state, offset, limit)
+    asked = [p for p in q.parts if p.name not in left_out]
+    each = q.run_answering(lambda p: listed_scored(p.ops, state, 0, offset + limit), asked)
+    got = dict(zip((p.name for p in asked), each, strict=True))
+    left_out.update((n, str(r)) for n, r in got.items() if isinstance(r, BaseException))
+    per = [[] if p.name in left_out else got[p.name] for p in q.parts]
+    chosen = merge_scored(state, per, offset, limit)
+    reads = [(q.parts[k], q.parts[k].ops.get_jobs(g)) for k, g in group_ids(chosen).items()]
+    return jobs_in_order(chosen, q._run_many(reads))
 
 
 def requeue_order(q: Queue | PartitionedQueue, ids: Sequence[str]) -> list[str]:

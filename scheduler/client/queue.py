@@ -11,7 +11,7 @@ import redis
 
 from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
-from scheduler.core.client_kind import check_client
+from scheduler.core.client_kind import Unpicklable, check_client
 from scheduler.core.connection import connect
 from scheduler.core.errors import BadArgument, not_utf8
 from scheduler.core.keys import QueueKeys
@@ -33,7 +33,7 @@ def _loop_running() -> bool:
     return True
 
 
-class Queue:
+class Queue(Unpicklable):
     """One named queue on one Redis (or Redis Cluster) connection.
 
     Create it from a URL (`redis://`, `rediss://` for TLS, `unix://`; user and password in the

@@ -3,12 +3,33 @@ given where a redis.asyncio one is needed (or the reverse), failed only at the f
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from scheduler.core.errors import BadArgument
+
+
+class Unpicklable:
+    """A queue holds a Redis connection: pickle (and deepcopy) refuse it saying what to pass
+    instead, not with pickle's "cannot pickle '_thread.lock' object" from inside redis-py."""
+
+    def __reduce__(self) -> str:
+        kind = type(self).__name__
+        raise TypeError(
+            f"a {kind} holds a Redis connection and cannot be pickled: pass the URL and the "
+            f"queue's name, and open the {kind} in the process that uses it "
+            "(docs/guide/manual.md 'Threads, forks and pickling')"
+        )
+
+    def __copy__(self) -> Any:
+        """copy.copy, as before: a queue on the same connection."""
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        return twin
 
 
 def check_client(
