@@ -105,6 +105,21 @@ def run(name: str, n: int, report: dict[str, Any], q: Queue) -> None:
         spec = {"concurrency_key": "k", "concurrency_limit": 1}
         enqueue(q, [JobSpec("t", i, **spec) for i in range(n)])  # type: ignore[arg-type]
         measure("claims", lambda: [q.claim("w", limit=100, reap_limit=0) for _ in range(5)])
+    elif name == "plain":
+        enqueue(q, [JobSpec("t", i) for i in range(n)])
+        measure("claim_100", lambda: q.claim("w", limit=100, reap_limit=0))
+        measure("claim_1000", lambda: q.claim("w", limit=1000, reap_limit=0))
+    elif name == "keylapse":
+        # A fleet crash: 10,000 leases of one key (its largest limit) lapse at once, 10,000 more
+        # of its jobs held behind them.
+        spec = {"concurrency_key": "k", "concurrency_limit": 10_000}
+        enqueue(q, [JobSpec("t", i, **spec) for i in range(20_000)])  # type: ignore[arg-type]
+        t0 = time.monotonic()
+        for _ in range(20):  # 10 claims lease 10,000, 10 more hold the rest
+            q.claim("w", limit=1000, lease_ms=5_000, reap_limit=0)
+        time.sleep(max(5.1 - (time.monotonic() - t0), 0))
+        measure("claim_reaping_100", lambda: q.claim("w", limit=1, reap_limit=100))
+        measure("next_claim", lambda: q.claim("w", limit=1, reap_limit=100))
     elif name == "rate":
         rk = q.keys.prefix + "flow:rate:r"
         future = int(time.time() * 1000) + 3_600_000
@@ -127,6 +142,8 @@ def run(name: str, n: int, report: dict[str, Any], q: Queue) -> None:
 
 
 SCENARIOS = (
+    "plain",
+    "keylapse",
     "reap",
     "dead",
     "retention",

@@ -187,11 +187,17 @@ end
 -- Live leases of a key, or nil when its slot set is of another type (written by hand). A member
 -- whose score (claim's lease end, lowered by a heartbeat that shortens the lease: flow_beat)
 -- has passed is checked against leased (a heartbeat may have extended it: refreshed) or
--- dropped (lapsed or gone): a lapsed lease frees its slot at that instant.
+-- dropped (lapsed or gone): a lapsed lease frees its slot at that instant. At most
+-- FLOW_CK_STEP members checked per script (a fleet's crash left 10,000 lapsed leases of one key
+-- to check in one claim): one not checked yet counts as live, so the key is never over its
+-- limit, and a later script (each reap of one of those leases ends in here) checks the rest.
+local FLOW_CK_STEP = 1000
+local flow_ck_left = FLOW_CK_STEP
 local function flow_ck_live(prefix, key, now)
   local ck = prefix .. 'flow:ck:' .. key
-  local old = redis.pcall('ZRANGE', ck, '-inf', now, 'BYSCORE')
+  local old = redis.pcall('ZRANGE', ck, '-inf', now, 'BYSCORE', 'LIMIT', 0, flow_ck_left)
   if old.err then return nil end
+  flow_ck_left = flow_ck_left - #old
   for _, id in ipairs(old) do
     local s = redis.call('ZSCORE', prefix .. 'leased', id)
     if s and tonumber(s) > now then redis.call('ZADD', ck, s, id) else redis.call('ZREM', ck, id) end
@@ -199,12 +205,19 @@ local function flow_ck_live(prefix, key, now)
   return redis.call('ZCARD', ck)
 end
 
--- Move up to `n` of the key's held jobs (oldest run_at first) back into due.
+-- Move up to `n` of the key's held jobs (oldest run_at first) back into due: at most
+-- FLOW_PROMOTE_STEP per script (a key of limit 10,000 freed whole, its 10,000 held jobs went
+-- in one claim), but always one, so a key with room never strands its held jobs; the ones
+-- promoted end and promote the rest.
+local FLOW_PROMOTE_STEP = 1000
+local flow_promote_left = FLOW_PROMOTE_STEP
 local function flow_ck_promote(prefix, key, n)
+  n = math.min(n, math.max(flow_promote_left, 1))
   if n <= 0 then return end
   local hk = prefix .. 'flow:ckheld:' .. key
   local ids = redis.pcall('ZRANGE', hk, 0, n - 1, 'WITHSCORES')
   if ids.err then return end  -- a hold set of another type: nothing to promote
+  flow_promote_left = flow_promote_left - #ids / 2
   for i = 1, #ids, 2 do
     if flow_unhold(prefix, ids[i], ids[i + 1]) then redis.call('ZREM', hk, ids[i]) end
   end
