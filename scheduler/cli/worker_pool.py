@@ -50,7 +50,7 @@ from collections.abc import Sequence
 
 from scheduler.cli.worker_pool_child import FINAL_METRICS_ENV, RETIRED_BY, STOP_SIGNAL
 from scheduler.cli.worker_pool_metrics import PoolMetrics
-from scheduler.cli.worker_pool_proc import RESTART_FIRST_S, Child, exit_code
+from scheduler.cli.worker_pool_proc import RESTART_FIRST_S, Child, exit_code, killed_by
 from scheduler.cli.worker_pool_reload import Reload
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN, EXIT_FORCED, EXIT_OK
 
@@ -216,6 +216,9 @@ class Pool(Reload):
             code = EXIT_OK  # an operator's stop, or stopped before it handled signals (starting)
         if c.killed_at_deadline:
             code = EXIT_FAILED  # stuck past its stop deadline: as a crashed worker
+        # Killed by a signal (the OOM killer's SIGKILL): the pool's own exit is a crash's 1,
+        # one of the table's codes, never the shell's 128+N.
+        by = None if code in (EXIT_OK, EXIT_FAILED) else killed_by(c.proc.returncode)
         was_ready, first = c.ready, c.first_start
         pid = c.proc.pid
         c.proc, c.first_start = None, False
@@ -223,16 +226,18 @@ class Pool(Reload):
         if self._metrics is not None:
             self._metrics.reaped(c.index, c.handoff)
         if stopping:
-            self._stop_exits.append(code)
+            if by:
+                log.error("worker process %d (pid %d) was killed by %s while stopping: its jobs "
+                          "run again once their leases lapse", c.index + 1, pid, by)  # fmt: skip
+            self._stop_exits.append(EXIT_FAILED if by else code)
             return None
         if verb:
             self._retire(c, pid, verb)
             return None
         if first and not was_ready:
-            code = code if code != EXIT_OK else EXIT_FAILED
-            log.error("worker process %d failed to start (exit %d): stopping the others",
-                      c.index + 1, code)  # fmt: skip
-            return code
+            log.error("worker process %d failed to start (%s): stopping the others",
+                      c.index + 1, f"killed by {by}" if by else f"exit {code}")  # fmt: skip
+            return code if code != EXIT_OK and not by else EXIT_FAILED
         if code == EXIT_FORBIDDEN:  # every child is the same Redis user: none would fare better
             log.error("worker process %d (pid %d) exited with code %d: Redis refused it for good "
                       "(a permission, its password); restarting cannot help: stopping the others",

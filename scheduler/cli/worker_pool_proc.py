@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import select
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -22,6 +23,16 @@ log = logging.getLogger("scheduler.worker")
 def exit_code(returncode: int) -> int:
     """A child's exit status as a shell shows it (killed by signal N: 128 + N)."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def killed_by(returncode: int) -> str | None:
+    """The signal that killed a child ('SIGKILL': the OOM killer's), None if it exited."""
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
 
 
 @dataclass
