@@ -14,7 +14,10 @@ A handler that holds the GIL (a C call that never releases it: a pathological re
 extension's loop) freezes every thread, this one too. The backstop is faulthandler's timer,
 a C thread that needs no GIL: armed for the stall limit plus FROZEN_MARGIN_S and re-armed by
 this thread while the loop turns, it fires only when neither could run, writes every thread's
-stack to stderr and ends the process with exit 1 (faulthandler's own _exit(1), EXIT_FAILED)."""
+stack to stderr and ends the process with exit 1 (faulthandler's own _exit(1), EXIT_FAILED).
+faulthandler has one timer per process and no way to ask whether it is armed: in a worker
+process this watchdog owns it, and an app's own dump_traceback_later is replaced at the next
+re-arm and cancelled at the stop (docs/guide/workers.md, "An embedded worker's bounds")."""
 
 from __future__ import annotations
 
