@@ -120,6 +120,18 @@ def run(name: str, n: int, report: dict[str, Any], q: Queue) -> None:
         time.sleep(max(5.1 - (time.monotonic() - t0), 0))
         measure("claim_reaping_100", lambda: q.claim("w", limit=1, reap_limit=100))
         measure("next_claim", lambda: q.claim("w", limit=1, reap_limit=100))
+    elif name == "settle":
+        # The manual API's batch calls, given every lease at once.
+        enqueue(q, [JobSpec("t", i) for i in range(n)])
+        leases: list[tuple[str, str]] = []
+        while batch := q.claim("w", limit=1000, lease_ms=600_000, reap_limit=0).jobs:
+            leases += [(j.id, j.token) for j in batch]
+        half = len(leases) // 2
+        measure("heartbeat_all", lambda: q.heartbeat(leases, lease_ms=600_000))
+        measure("release_half", lambda: q.release(leases[:half]))
+        measure(
+            "complete_many_half", lambda: q.complete_many([(i, t, None) for i, t in leases[half:]])
+        )
     elif name == "rate":
         rk = q.keys.prefix + "flow:rate:r"
         future = int(time.time() * 1000) + 3_600_000
@@ -151,6 +163,7 @@ SCENARIOS = (
     "cancel",
     "complete",
     "held",
+    "settle",
     "rate",
     "finished",
 )
