@@ -426,3 +426,56 @@ def _dashboard_pause(down: Down, held: Held) -> None:
         assert page.status_code == 503, page.text[-500:]
         assert all(p in page.text for p in held.on_dead)
         assert "unknown" not in page.text and "the others took it" in page.text
+
+
+def test_jobs_list_and_keys_read_a_partitioned_queues_live_partitions(
+    down: Down, held: Held
+) -> None:
+    """`jobs list` (every --state, --task too) and `keys` of a queue partly on the dead node
+    exited 3 with nothing: they print what the other partitions hold, paged over those as one
+    queue, name the others and exit 3 (as `dead list`). `jobs show` reads a job of a live
+    partition; one of the dead partition exits 3 naming its partition."""
+    named = [f"partition {p}" for p in held.on_dead]
+    client = connect(down.cluster.url)
+    pq = PartitionedQueue.open(client, down.spread)
+    live = [k for k, p in enumerate(pq.parts) if p.name in held.on_live]
+    keys = [next(f"pg{j}-{i}" for i in range(500) if pq.layout.partition_of_key(f"pg{j}-{i}")
+                 == live[j % len(live)]) for j in range(5)]  # fmt: skip
+    mine = [pq.enqueue("pg", None, key=k, delay_ms=10**9 + j * 1000) for j, k in enumerate(keys)]
+    for state in ("due", "scheduled", "leased", "held", "dead", "finished"):
+        code, data, _ = _partial(["jobs", "list", "--state", state], down)
+        assert code == 3, (state, data)
+        assert [u.split(":")[0] for u in data["unreachable"]] == named, state
+    code, whole, _ = _partial(["jobs", "list", "--state", "scheduled", "--limit", "1000"], down)
+    ids = [j["id"] for j in whole["jobs"]]
+    assert [i for i in ids if i in mine] == mine  # run_at order over the live partitions
+    scheduled = ["jobs", "list", "--state", "scheduled", "--limit", "2", "--offset"]
+    pages = [_partial([*scheduled, str(o)], down)[1]["jobs"] for o in range(0, len(ids) + 2, 2)]
+    assert [j["id"] for page in pages for j in page] == ids
+    code, data, _ = _partial(["jobs", "list", "--state", "scheduled", "--task", "pg"], down)
+    assert code == 3 and [j["id"] for j in data["jobs"]] == mine, data
+    assert [u.split(":")[0] for u in data["unreachable"]] == named
+    args = ["jobs", "list", "--state", "scheduled", "--task", "pg", "--offset", "1", "--limit", "2"]
+    assert [j["id"] for j in _partial(args, down)[1]["jobs"]] == mine[1:3]
+    code, data, _ = _partial(["jobs", "list", "--state", "dead", "--task", "noop"], down)
+    assert code == 3 and held.dead_id in [j["id"] for j in data["jobs"]], data
+    code, data, _ = _partial(["keys"], down)
+    assert code == 3, data
+    assert [p["queue"] for p in data["partitions"]] == held.on_live
+    assert data["exists"] is True
+    assert [u.split(":")[0] for u in data["unreachable"]] == named
+    shown = {"jobs list": mine[0], "keys": f"keys of partition {held.on_live[0]!r}"}
+    for args in (["jobs", "list", "--state", "scheduled"], ["keys"]):
+        res = CliRunner().invoke(main, [*args, "-q", down.spread, "--url", down.cluster.url])
+        assert res.exit_code == 3, (args, res.output)
+        assert all(f"not read: partition {p}" in res.stderr for p in held.on_dead), args
+        assert shown[" ".join(args[:2])] in res.stdout, (args, res.stdout)
+    # One job: its own partition only.
+    base = ["jobs", "show", "-q", down.spread, "--url", down.cluster.url]
+    res = CliRunner().invoke(main, [*base, "--json", mine[0]])
+    assert res.exit_code == 0 and json.loads(res.stdout)["id"] == mine[0], res.output
+    k = pq.parts.index(next(p for p in pq.parts if p.name == held.on_dead[0]))
+    res = CliRunner().invoke(main, [*base, f"p{k}.{mine[0].split('.', 1)[1]}"])
+    assert res.exit_code == 3, res.output
+    assert f"partition {held.on_dead[0]}" in res.stderr, res.stderr
+    client.close()

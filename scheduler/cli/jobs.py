@@ -17,6 +17,7 @@ from scheduler.cli.common import (
     AdminGroup,
     BadInput,
     Duration,
+    Unreachable,
     cell,
     connect,
     console,
@@ -32,15 +33,17 @@ from scheduler.cli.common import (
     require_queue,
     url_option,
 )
+from scheduler.cli.dead_view import exit_unread, unread_field
 from scheduler.cli.enqueue import enqueue, parse_payload
 from scheduler.cli.job_cancel import cancel_jobs
 from scheduler.cli.job_view import UNREADABLE_LEASE, job_json, placement, print_job
-from scheduler.client.partitioned import PartitionedQueue, open_queue
+from scheduler.client.partitioned import PartitionedQueue, list_answering, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core import connection
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys, check_job_id
 from scheduler.core.models import Job
+from scheduler.core.safety import safe
 from scheduler.operations.inspecting import LISTABLE
 
 # job_json and parse_payload live in job_view.py / enqueue.py; dead.py and schedules.py import
@@ -85,15 +88,19 @@ def list_jobs(
     url: str, queue: str, as_json: bool, state: str, task: str | None, offset: int, limit: int
 ) -> None:
     """Jobs in one state, oldest first (dead: newest first; finished: latest to expire first),
-    paged with --offset / --limit."""
+    paged with --offset / --limit. A partitioned queue's partition whose node does not answer
+    is named (`not read: ...` on stderr, --json's `unreachable`) and the others' jobs listed,
+    paged as one queue, exit 3."""
     client = connect(url)
     require_queue(client, queue)
     q = open_queue(client, queue)  # a partitioned queue: its partitions merged
     scanned = None
+    left_out: dict[str, str] = {}  # partitions whose node does not answer: named, exit 3
     if task is None:
-        found = q.list_jobs(state, offset=offset, limit=limit)
+        found = _page(q, state, offset, limit, left_out)
     else:
-        found, scanned = _filter_by_task(q, state, task, offset, limit)
+        found, scanned = _filter_by_task(q, state, task, offset, limit, left_out)
+    not_read = [f"partition {n}: {e}" for n, e in left_out.items()]
     now_ms = server_now_ms(client, QueueKeys(queue))  # the queue's node: its scripts' clock
     rows = [job_json(j, now_ms) for j in found]
     if as_json:
@@ -106,8 +113,10 @@ def list_jobs(
                 "limit": limit,
                 "scanned": scanned,
                 "jobs": rows,
+                **unread_field(not_read),
             }
         )
+        exit_unread(not_read)
         return
     title = f"{state} jobs in {queue!r}"
     out = console()
@@ -130,6 +139,7 @@ def list_jobs(
         out.print(t)
     if scanned is not None and scanned >= _TASK_SCAN_MAX:
         out.print(f"[yellow]stopped after examining {scanned} jobs; narrow with --offset[/]")
+    exit_unread(not_read)
 
 
 # Narrower than this, six columns fold task names and worker ids by character: one block per
@@ -169,13 +179,27 @@ def _print_blocks(out: Console, title: str, rows: list[dict[str, Any]], state: s
             out.print(cell(f"  last error: {_error(r)}"))
 
 
+def _page(
+    q: Queue | PartitionedQueue, state: str, offset: int, limit: int, left_out: dict[str, str]
+) -> list[Job]:
+    """One page; a partitioned queue's of the partitions that answer (list_answering)."""
+    if isinstance(q, Queue):
+        return q.list_jobs(state, offset=offset, limit=limit)
+    return list_answering(q, state, offset, limit, left_out)
+
+
 def _filter_by_task(
-    q: Queue | PartitionedQueue, state: str, task: str, offset: int, limit: int
+    q: Queue | PartitionedQueue,
+    state: str,
+    task: str,
+    offset: int,
+    limit: int,
+    left_out: dict[str, str],
 ) -> tuple[list[Job], int]:
     matched: list[Job] = []
     start = 0
     while start < _TASK_SCAN_MAX and len(matched) < offset + limit:
-        page = q.list_jobs(state, offset=start, limit=_TASK_PAGE)
+        page = _page(q, state, start, _TASK_PAGE, left_out)
         if not page:
             break
         start += _TASK_PAGE
@@ -225,7 +249,13 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
     opened = open_queue(client, queue)
     # A partitioned queue: the id names its partition, which holds the job.
     q = opened.part_of(job_id) if isinstance(opened, PartitionedQueue) else opened
-    job, data = _shown(client, q, job_id)
+    try:
+        job, data = _shown(client, q, job_id)
+    except connection.UNREACHABLE as exc:  # its partition's node (a login refused: exit 4)
+        if q is opened or isinstance(exc, redis.AuthenticationError):
+            raise
+        why = f"partition {q.name} of queue {queue!r}, which holds job {job_id}, does not answer"
+        raise Unreachable(safe(f"{why}: {exc}")) from None
     data["queue"] = queue
     if q.name != queue:
         data["partition"] = q.name

@@ -5,6 +5,7 @@ is shown, then each partition's keys."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -31,6 +32,9 @@ from scheduler.cli.common import (
     queue_option,
     url_option,
 )
+from scheduler.cli.dead_view import exit_unread, unread_field
+from scheduler.client.partitioned import not_answering
+from scheduler.core.connection import UNREACHABLE, is_cluster
 from scheduler.core.keys import QueueKeys
 from scheduler.core.partitions import meta_key
 
@@ -128,13 +132,15 @@ def keys_command(url: str, queue: str, as_json: bool, max_keys: int) -> None:
     (of each partition, for a partitioned queue)."""
     client = connect(url)
     layout = stored_layout(client, queue)
+    not_read: list[str] = []  # partitions whose node does not answer: named, exit 3
     if layout is None:
         view = queue_keys(client, queue, max_keys)
     else:
-        parts = [queue_keys(client, p, max_keys) for p in layout.names]
+        parts, not_read = answering_keys(client, layout.names, max_keys)
         view = partitioned_keys(queue, parts)
     if as_json:
-        emit_json({"partitions": None, **view})
+        emit_json({"partitions": None, **view, **unread_field(not_read)})
+        exit_unread(not_read)
         return
     out = console()
     if layout is None:
@@ -144,3 +150,41 @@ def keys_command(url: str, queue: str, as_json: bool, max_keys: int) -> None:
     out.print(cell(f"  {view['examples'][0]}"), soft_wrap=True)
     for part in view["partitions"]:
         out.print(_tables(part, f"keys of partition {part['queue']!r} of queue {queue!r}"))
+    exit_unread(not_read)
+
+
+def answering_keys(
+    client: redis.Redis, names: Sequence[str], max_keys: int
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """queue_keys of each partition that answers, and 'partition <name>: <error>' of each
+    whose node does not answer or refuses for now (not_answering), while another answers
+    (none answering: the first error is raised, as run_answering). The other partitions of a
+    node that did not answer are not asked again: each ask costs redis-py's retries."""
+    parts: list[dict[str, Any]] = []
+    failed: list[tuple[str, Exception]] = []
+    lost: dict[str, Exception] = {}  # node -> its error
+    for name in names:
+        node = _node(client, name)
+        try:
+            if node in lost:
+                raise lost[node]
+            parts.append(queue_keys(client, name, max_keys))
+        except Exception as exc:
+            if not not_answering(exc):
+                raise
+            failed.append((name, exc))
+            if isinstance(exc, UNREACHABLE) and node is not None:
+                lost[node] = exc
+    if failed and not parts:
+        raise failed[0][1]
+    return parts, [f"partition {n}: {e}" for n, e in failed]
+
+
+def _node(client: redis.Redis, name: str) -> str | None:
+    """The cluster node holding queue `name` (None: one server, or no node serves its slot)."""
+    if not is_cluster(client):
+        return None
+    try:
+        return str(client.get_node_from_key(QueueKeys(name).prefix).name)  # type: ignore[attr-defined]
+    except UNREACHABLE:
+        return None

@@ -156,17 +156,17 @@ class PartitionedQueue(Unpicklable):
                 raise r
         return results
 
-    def run_answering(
-        self, make: Callable[[Queue], Op[Any]], parts: Sequence[Queue] | None = None
-    ) -> list[Any]:
+    def run_answering(self, make: Callable[[Queue], Op[Any]]) -> list[Any]:
         """make(p) on each partition, for callers that show what answers (the CLI, the
         dashboard) or finish it later (pause): each one's result, or in its place the error of
         one whose node does not answer or refuses for now (not_answering), while another
         answers. On a cluster each node's partitions are one driver call, so a node down fails
         its own only (cluster_io sends node after node anyway, and one lost node fails a call
-        over several whole). None answering: the first error is raised; any other error too.
-        `parts`: these partitions only (of self.parts; one result each, in their order)."""
-        asked = self.parts if parts is None else parts
+        over several whole). None answering: the first error is raised; any other error too."""
+        return self._answering(make, self.parts)
+
+    def _answering(self, make: Callable[[Queue], Op[Any]], asked: Sequence[Queue]) -> list[Any]:
+        """run_answering over `asked` only (of self.parts): one result each, in their order."""
         out: dict[str, Any] = {}
         for group in by_node(self.client, asked):
             try:
@@ -351,7 +351,7 @@ def list_answering(
     answer now is added. None answering raises, as a node lost between the two reads."""
     check_page(state, offset, limit)
     asked = [p for p in q.parts if p.name not in left_out]
-    each = q.run_answering(lambda p: listed_scored(p.ops, state, 0, offset + limit), asked)
+    each = q._answering(lambda p: listed_scored(p.ops, state, 0, offset + limit), asked)
     got = dict(zip((p.name for p in asked), each, strict=True))
     left_out.update((n, str(r)) for n, r in got.items() if isinstance(r, BaseException))
     per = [[] if p.name in left_out else got[p.name] for p in q.parts]
