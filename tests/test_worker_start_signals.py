@@ -59,3 +59,19 @@ def test_a_process_forked_while_starting_gets_the_defaults_back() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["0", "_exit_now"], out
+
+
+def test_the_cli_run_in_process_leaves_the_signal_handlers_as_it_found_them() -> None:
+    """click's CliRunner (an app calling the CLI) runs the worker command in its own process:
+    a start that ends before the worker runs (here a usage error, exit 2) must not leave the
+    start's handlers behind, which would end that process at its next SIGTERM or Ctrl-C with
+    exit 0 and the worker's words."""
+    from click.testing import CliRunner
+
+    from scheduler.cli.main import main
+
+    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    before = [signal.getsignal(s) for s in sigs]
+    result = CliRunner().invoke(main, ["worker", "tests.workers.basic:registry", "-c", "0"])
+    assert result.exit_code == 2, result.output
+    assert [signal.getsignal(s) for s in sigs] == before

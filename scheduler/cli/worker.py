@@ -16,7 +16,7 @@ from scheduler.admin.startup import (
 from scheduler.cli.common import url_option
 from scheduler.cli.worker_pool_child import join_pool
 from scheduler.cli.worker_pool_start import pool_size, run_pool
-from scheduler.cli.worker_signals import stop_while_starting
+from scheduler.cli.worker_signals import restored, stop_while_starting
 from scheduler.cli.worker_start import RegistryImportError, load_registry, run_loop, serve
 from scheduler.core.connection import parse_url
 from scheduler.core.errors import BadArgument
@@ -147,6 +147,7 @@ def register(main: click.Group) -> None:
     default=None,
     help="Name shown by `scheduler workers` and in logs (default: host:pid:random).",
 )
+@restored  # the start's signal handlers (stop_while_starting), on the way out
 def worker_cmd(
     registry: str,
     url: str,
