@@ -8,9 +8,12 @@ longest (ms) and how many calls were made.
 
 Scenarios: reap (claim reaping lapsed leases, reap_limit at its max 10,000), dead (dead_match,
 requeue_dead, purge_dead over n dead letters), retention (claims trimming a dead backlog),
-counts (counts / pause / resume over n due), cancel / complete (a parent with n waiting
-children), held (claims behind one concurrency key holding n jobs), rate (a rate log of 100,000
-starts stamped later than now: the server clock stepped back), finished (the finished index
+counts (counts / pause / resume over n due), cancel / complete / fail (a parent with n waiting
+children), enqueue (enqueue_many of 10,000 at the default and the largest batch_size), plain
+(claims of 100 and 1,000), keylapse (10,000 leases of one key lapsing together, 10,000 more of
+its jobs held), settle (heartbeat, release, complete_many of every lease at once), held
+(claims behind one concurrency key holding n jobs), rate (a rate log of 100,000 starts
+stamped later than now: the server clock stepped back), finished (the finished index
 at its 10,000 cap, all expired at once). Not a test: figures for commit messages and docs."""
 
 from __future__ import annotations
@@ -92,19 +95,26 @@ def run(name: str, n: int, report: dict[str, Any], q: Queue) -> None:
         measure("counts", q.counts)
         measure("pause", q.pause)
         measure("resume", q.resume)
-    elif name in ("cancel", "complete"):
-        pid = q.enqueue("parent", None)
+    elif name in ("cancel", "complete", "fail"):
+        pid = q.enqueue("parent", None, max_attempts=1)
         enqueue(q, [JobSpec("child", i, after=[pid]) for i in range(n)])
         if name == "cancel":
             measure("cancel_parent", lambda: q.cancel(pid))
         else:
             job = q.claim("w", limit=1).jobs[0]
-            measure("complete_parent", lambda: q.complete(job.id, job.token))
+            if name == "complete":
+                measure("complete_parent", lambda: q.complete(job.id, job.token))
+            else:
+                measure("fail_parent", lambda: q.fail(job.id, job.token, ERR, retryable=False))
         measure("claims_after", lambda: [q.claim("w", limit=1, reap_limit=0) for _ in range(5)])
     elif name == "held":
         spec = {"concurrency_key": "k", "concurrency_limit": 1}
         enqueue(q, [JobSpec("t", i, **spec) for i in range(n)])  # type: ignore[arg-type]
         measure("claims", lambda: [q.claim("w", limit=100, reap_limit=0) for _ in range(5)])
+    elif name == "enqueue":
+        specs = [JobSpec("t", i) for i in range(10_000)]
+        measure("enqueue_many_1000", lambda: q.enqueue_many(specs))
+        measure("enqueue_many_10000", lambda: q.enqueue_many(specs, batch_size=10_000))
     elif name == "plain":
         enqueue(q, [JobSpec("t", i) for i in range(n)])
         measure("claim_100", lambda: q.claim("w", limit=100, reap_limit=0))
@@ -154,6 +164,7 @@ def run(name: str, n: int, report: dict[str, Any], q: Queue) -> None:
 
 
 SCENARIOS = (
+    "enqueue",
     "plain",
     "keylapse",
     "reap",
@@ -162,6 +173,7 @@ SCENARIOS = (
     "counts",
     "cancel",
     "complete",
+    "fail",
     "held",
     "settle",
     "rate",
