@@ -142,6 +142,12 @@ def run(name: str, n: int, report: dict[str, Any], q: Queue) -> None:
         measure(
             "complete_many_half", lambda: q.complete_many([(i, t, None) for i, t in leases[half:]])
         )
+    elif name == "ratebacklog":
+        spec = {"rate_limit": "10/200ms", "rate_key": "r"}
+        enqueue(q, [JobSpec("t", i, **spec) for i in range(n)])  # type: ignore[arg-type]
+        measure("claims_holding", lambda: [q.claim("w", limit=100) for _ in range(5)])
+        time.sleep(1.0)
+        measure("claims_after_slots", lambda: [q.claim("w", limit=100) for _ in range(5)])
     elif name == "rate":
         rk = q.keys.prefix + "flow:rate:r"
         future = int(time.time() * 1000) + 3_600_000
@@ -176,6 +182,7 @@ SCENARIOS = (
     "fail",
     "held",
     "settle",
+    "ratebacklog",
     "rate",
     "finished",
 )
