@@ -351,9 +351,11 @@ end
 -- it holds its key one window from here, not until the clock has caught up with it (a step
 -- back of an hour held a 1-per-second key for the hour). At most FLOW_CLAMP_STEP starts per
 -- script (a log of 100,000 starts, all late, held the server 290 ms in one claim): the rest
--- move at the next claims, and until then every read of a start's time takes it as at most
--- now (flow_rate_at). No reply: a log of another type is left to the caller's read. Nothing
--- is written when no start is later than now.
+-- move at the next claims that read the log, and until then every read of a start's time
+-- takes it as at most now (flow_rate_at). The first answer is a whole clamp's; a start not
+-- moved yet counts as one at the time of each read, so a short window may stay shut up to one
+-- window more per 1,000 late starts (never over its limit). No reply: a log of another type
+-- is left to the caller's read. Nothing is written when no start is later than now.
 local FLOW_CLAMP_STEP = 1000
 local flow_clamp_left = FLOW_CLAMP_STEP
 local function flow_rate_clamp(rk, now)
