@@ -5,7 +5,7 @@ the server, and one heartbeat of 100,000 leases held it 2.4 s, one complete_many
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -38,12 +38,13 @@ def test_a_long_list_goes_in_calls_of_a_bounded_size(name: str, head: int, width
     ops = Ops(QueueKeys("chunks"), Settings())
     pairs = [(f"job-{i}", f"tok-{i}") for i in range(N)]
     triples = [(i, t, None) for i, t in pairs]
-    op = {
+    calls: dict[str, Callable[[], Any]] = {
         "heartbeat": lambda: ops.heartbeat(pairs, lease_ms=30_000),
         "complete_many": lambda: ops.complete_many(triples),
         "release": lambda: ops.release(pairs),
         "progress": lambda: ops.progress(triples),
-    }[name]()
+    }
+    op = calls[name]()
     sizes = _items_per_call(_first(op), head, width)
     assert sizes == [SETTLE_CHUNK, SETTLE_CHUNK, N - 2 * SETTLE_CHUNK]  # before: [1201]
 
