@@ -162,3 +162,20 @@ def test_a_partitioned_queue_is_refused_in_a_child_forked_after_first_use(
     finally:
         loop.run_until_complete(pq.aclose())
         loop.close()
+
+
+def test_a_first_loop_left_open_on_this_thread_is_named(url: str, queue_name: str) -> None:
+    aq = AsyncQueue(connect_async(url), queue_name)
+    first = asyncio.new_event_loop()  # run_until_complete at start-up, never closed
+    try:
+        first.run_until_complete(aq.counts())
+
+        async def later() -> None:
+            await asyncio.wait_for(aq.counts(), 10)
+
+        with pytest.raises(BadArgument, match="never closed"):
+            asyncio.run(later())
+        assert first.run_until_complete(aq.enqueue("t", job_id="still")) == "still"
+    finally:
+        first.run_until_complete(aq.aclose())
+        first.close()

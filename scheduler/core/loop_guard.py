@@ -56,7 +56,8 @@ def check(client: Any, who: str) -> None:
         if not bound[1].is_closed():
             raise BadArgument(
                 f"this {who} belongs to the event loop that first used it, which is still open "
-                f"(another thread's): open one {who} per event loop"
+                f"(another thread's, or one never closed): open one {who} per event loop, or "
+                "close that loop first"
             )
     try:
         ref = weakref.ref(client, lambda _r: _BOUND.pop(key, None))
