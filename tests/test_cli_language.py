@@ -228,3 +228,17 @@ def test_schedules_list_shows_a_cron_next_run_in_its_own_time_zone_too(cli: Run,
     assert re.search(r"next \S+\+00:00 \(\S+T09:00:00\+0[12]:00 Europe/Berlin\)", line), line
     tick = next(x for x in out.stdout.splitlines() if x.startswith("tick"))
     assert "(" not in tick.split("next", 1)[1]  # UTC / every_ms: one time is enough
+
+
+def test_a_death_by_signal_is_explained_beside_the_table() -> None:
+    """A worker killed by a signal no handler could take (SIGTERM in its first ~0.6 s or after
+    it stopped: 143; SIGKILL: 137) exits 128+N, a code the table did not explain: the help,
+    README and docs/security.md say what it means for its jobs."""
+    root = Path(__file__).resolve().parent.parent
+    help_text = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["--help"]).stdout
+    for text in (
+        help_text,
+        (root / "README.md").read_text(encoding="utf-8"),
+        (root / "docs" / "security.md").read_text(encoding="utf-8"),
+    ):
+        assert " ".join(exits.SIGNAL_NOTE.split()) in " ".join(text.split())

@@ -102,7 +102,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = exits.EXIT_OK, exits.EXIT_FAILED, exits.EXIT_
 EXIT_UNREACHABLE, EXIT_FORBIDDEN = exits.EXIT_UNREACHABLE, exits.EXIT_FORBIDDEN
 EXIT_FINDINGS = EXIT_FAILED
 EXIT_CODES_HELP = "\b\nExit codes (every command, the worker too):\n" + "\n".join(
-    f"  {code:>3}  {meaning}" for code, meaning in exits.EXIT_CODES
+    [*(f"  {code:>3}  {meaning}" for code, meaning in exits.EXIT_CODES), "  " + exits.SIGNAL_NOTE]
 )
 F = TypeVar("F", bound=Callable[..., Any])
 
