@@ -179,3 +179,28 @@ def test_a_first_loop_left_open_on_this_thread_is_named(url: str, queue_name: st
     finally:
         first.run_until_complete(aq.aclose())
         first.close()
+
+
+def test_a_childs_aclose_leaves_the_parents_connections_alone(url: str, queue_name: str) -> None:
+    """Defect: aclose() in a child of an AsyncQueue its parent used (a child's cleanup, `async
+    with`) closed the parent's connections through the parent's event loop, whose epoll
+    instance the child shares: the parent's next call waited until its timeout."""
+    aq = AsyncQueue(connect_async(url), queue_name)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(aq.counts())
+
+        def close_it() -> bool:
+            asyncio.run(aq.aclose())
+            return True
+
+        code = _child(close_it)
+
+        async def after() -> str:
+            return await asyncio.wait_for(aq.enqueue("t", job_id="after"), 10)
+
+        assert loop.run_until_complete(after()) == "after"  # fails before: TimeoutError
+        assert code == 0  # before: exit 3, a RuntimeError from the parent's loop
+    finally:
+        loop.run_until_complete(aq.aclose())
+        loop.close()

@@ -117,8 +117,10 @@ class AsyncQueue(Unpicklable):
             await self.client.script_load(text)
 
     async def aclose(self) -> None:
-        """Close the underlying redis.asyncio connection (`async with` the queue too)."""
-        await self.client.aclose()
+        """Close the underlying redis.asyncio connection (`async with` the queue too); in a
+        process forked after its first use, nothing: the connections are the parent's."""
+        if not loop_guard.inherited(self.client):
+            await self.client.aclose()
 
     async def __aenter__(self) -> AsyncQueue:
         return self

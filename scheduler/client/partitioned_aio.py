@@ -88,7 +88,7 @@ class AsyncPartitionedQueue:
 
     async def aclose(self) -> None:
         """Close the connection, as `AsyncQueue.aclose` (`async with` the queue too)."""
-        await self.client.aclose()
+        await self.parts[0].aclose()  # its client: not in a child of its first user
 
     async def __aenter__(self) -> AsyncPartitionedQueue:
         return self

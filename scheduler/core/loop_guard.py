@@ -66,6 +66,15 @@ def check(client: Any, who: str) -> None:
     _BOUND[key] = (ref, loop, _forks)
 
 
+def inherited(client: Any) -> bool:
+    """`client` was first used in a parent of this forked process: closing it here would close
+    the parent's connections through the parent's event loop, whose epoll instance this process
+    shares (the parent's next call waited until its timeout). Its sockets' copies here close
+    with this process."""
+    bound = _BOUND.get(id(client))
+    return bound is not None and bound[0]() is client and bound[2] != _forks
+
+
 class Guard:
     """One queue's `check`: a call from the loop and process it last passed in is not looked up
     again (the client's binding changes only once that loop is closed)."""
