@@ -17,6 +17,7 @@ import pytest
 
 from scheduler import AsyncPartitionedQueue, AsyncQueue, BadArgument, JobNotFound, Queue
 from scheduler._spawn import RedisProcess
+from scheduler.core import loop_guard
 from scheduler.core.connection import connect, connect_async
 from tests.redis_server import is_cluster_run
 
@@ -204,3 +205,42 @@ def test_a_childs_aclose_leaves_the_parents_connections_alone(url: str, queue_na
     finally:
         loop.run_until_complete(aq.aclose())
         loop.close()
+
+
+def test_two_loops_racing_to_the_first_call_one_is_refused(
+    url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads' loops making an unused AsyncQueue's first call at once: both read 'not
+    bound yet' (a barrier holds them there) and, before, both bound it and went on."""
+    barrier, reads = threading.Barrier(2, timeout=10), [0]
+
+    class Racing(dict):  # type: ignore[type-arg]
+        def get(self, key: object, default: object = None) -> object:
+            got = super().get(key, default)
+            reads[0] += 1
+            if reads[0] <= 2:  # the two first reads meet here
+                barrier.wait()
+            return got
+
+    monkeypatch.setattr(loop_guard, "_BOUND", Racing())
+    aq = AsyncQueue(connect_async(url), queue_name)
+    outcomes: list[str] = []
+
+    def first_call() -> None:
+        async def go() -> None:
+            await asyncio.sleep(0)
+            try:
+                loop_guard.check(aq.client, "AsyncQueue")
+                outcomes.append("bound")
+                await asyncio.sleep(0.5)  # this loop stays open while the other one checks
+            except BadArgument:
+                outcomes.append("refused")
+
+        asyncio.run(go())
+
+    threads = [threading.Thread(target=first_call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert sorted(outcomes) == ["bound", "refused"]  # fails before: both bound

@@ -63,7 +63,11 @@ def check(client: Any, who: str) -> None:
         ref = weakref.ref(client, lambda _r: _BOUND.pop(key, None))
     except TypeError:  # no weak references (no client this package builds): not guarded
         return
-    _BOUND[key] = (ref, loop, _forks)
+    entry = (ref, loop, _forks)
+    if bound is not None:
+        _BOUND[key] = entry
+    elif _BOUND.setdefault(key, entry) is not entry:  # another thread's loop bound it first
+        check(client, who)
 
 
 def inherited(client: Any) -> bool:
