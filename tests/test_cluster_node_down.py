@@ -479,3 +479,36 @@ def test_jobs_list_and_keys_read_a_partitioned_queues_live_partitions(
     assert res.exit_code == 3, res.output
     assert f"partition {held.on_dead[0]}" in res.stderr, res.stderr
     client.close()
+
+
+def test_bulk_writes_of_a_queue_partly_on_the_dead_node_name_its_partitions(
+    down: Down, held: Held
+) -> None:
+    """`jobs cancel --state`, `dead requeue` and `dead purge` pick their jobs from every
+    partition before changing any: with a partition's node down they exited 3 'cannot reach
+    Redis', naming no partition. They still change nothing (a re-run once the node answers does
+    it all), and now say so, naming the partitions that do not answer. `jobs reschedule` of a
+    job on the dead partition names its partition, as `jobs show`."""
+    pq = PartitionedQueue.open(connect(down.cluster.url), down.spread)
+    on_live = next(k for k, p in enumerate(pq.parts) if p.name in held.on_live)
+    key = next(f"cx{i}" for i in range(500) if pq.layout.partition_of_key(f"cx{i}") == on_live)
+    job_id = pq.enqueue("cx", None, key=key, delay_ms=10**9)
+    base = ["-q", down.spread, "--url", down.cluster.url]
+    for args, nothing in (
+        (["jobs", "cancel", "--state", "scheduled", "--task", "cx", "--yes"], "nothing cancelled"),
+        (["dead", "requeue", "--yes"], "nothing requeued"),
+        (["dead", "purge", "--yes"], "nothing purged"),
+    ):
+        res = CliRunner().invoke(main, [*args, *base])
+        assert res.exit_code == 3, (args, res.output)
+        assert nothing in res.stderr, (args, res.stderr)
+        assert all(f"partition {p}: " in res.stderr for p in held.on_dead), (args, res.stderr)
+        assert not any(f"partition {p}: " in res.stderr for p in held.on_live), args
+    assert pq.parts[on_live].status(job_id) == "scheduled"
+    assert pq.parts[pq.layout.partition_of_id(held.dead_id)].status(held.dead_id) == "dead"
+    k = pq.parts.index(next(p for p in pq.parts if p.name == held.on_dead[0]))
+    on_dead = f"p{k}.{job_id.split('.', 1)[1]}"
+    res = CliRunner().invoke(main, ["jobs", "reschedule", "--now", *base, on_dead])
+    assert res.exit_code == 3, res.output
+    held_by = f"partition {held.on_dead[0]} of queue {down.spread!r}, which holds job {on_dead}"
+    assert f"{held_by}, does not answer: " in res.stderr, res.stderr

@@ -27,6 +27,7 @@ from scheduler.cli.common import (
 )
 from scheduler.cli.dead_retention import retention
 from scheduler.cli.dead_view import exit_unread, print_dead, unread_field
+from scheduler.cli.job_cancel import check_ids, unanswered_change_nothing
 from scheduler.cli.jobs import job_json
 from scheduler.client.partitioned import (
     PartitionedQueue,
@@ -36,8 +37,7 @@ from scheduler.client.partitioned import (
     unread,
 )
 from scheduler.client.queue import Queue
-from scheduler.core.errors import BadArgument
-from scheduler.core.keys import QueueKeys, check_job_id
+from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job
 from scheduler.operations.dead_letters import dead_listing, dead_selected
 
@@ -58,13 +58,6 @@ def dead() -> None:
 dead.add_command(retention)
 
 
-def _ids(_: click.Context, __: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
-    try:
-        return tuple(check_job_id(v) for v in value)
-    except BadArgument as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
 def filter_options(f: F) -> F:
     for opt in reversed(
         [
@@ -77,7 +70,7 @@ def filter_options(f: F) -> F:
                 help="Only jobs dead for longer than this: 30m, 2h, 7d.",
             ),
             click.option(
-                "--id", "ids", multiple=True, callback=_ids, help="Only this job (repeatable)."
+                "--id", "ids", multiple=True, callback=check_ids, help="Only this job (repeatable)."
             ),
         ]
     ):
@@ -264,13 +257,15 @@ def requeue_dead(
     ids: tuple[str, ...],
     yes: bool,
 ) -> None:
-    """Move matching dead jobs back to due now, with a fresh attempt budget."""
+    """Move matching dead jobs back to due now, with a fresh attempt budget. A partitioned
+    queue with a partition's node down: nothing is requeued, those partitions named (exit 3)."""
     client = connect(url)
     require_queue(client, queue)
     q = open_queue(client, queue)  # a partitioned queue: each id to its partition
     # Requeued chunk by chunk: a parent in a later chunk than its parked children would let
     # them run beside it (a call with both makes them wait again): parents first.
-    selected = requeue_order(q, select(q, task, error_type, older_than_ms, ids))
+    with unanswered_change_nothing(q, queue, "requeued"):  # a node down: named, exit 3
+        selected = requeue_order(q, select(q, task, error_type, older_than_ms, ids))
     recheck = partial(select, q, task, error_type, older_than_ms, refuse=False)
     _bulk("requeued", q.requeue_dead, queue, selected, yes, as_json, recheck)
 
@@ -291,10 +286,12 @@ def purge_dead(
     ids: tuple[str, ...],
     yes: bool,
 ) -> None:
-    """Delete matching dead jobs for good (asks first unless --yes)."""
+    """Delete matching dead jobs for good (asks first unless --yes). A partitioned queue with
+    a partition's node down: nothing is purged, those partitions named (exit 3)."""
     client = connect(url)
     require_queue(client, queue)
     q = open_queue(client, queue)
-    selected = select(q, task, error_type, older_than_ms, ids)
+    with unanswered_change_nothing(q, queue, "purged"):  # a node down: named, exit 3
+        selected = select(q, task, error_type, older_than_ms, ids)
     recheck = partial(select, q, task, error_type, older_than_ms, refuse=False)
     _bulk("purged", q.purge_dead, queue, selected, yes, as_json, recheck)

@@ -6,9 +6,11 @@ a job the command cancels; a waiting job it leaves out is parked, as Queue.cance
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import click
+import redis
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from scheduler.admin.inspection import server_now_ms
@@ -16,6 +18,7 @@ from scheduler.cli.common import (
     EXIT_FAILED,
     AdminCommand,
     BadInput,
+    Unreachable,
     connect,
     console,
     emit_json,
@@ -24,11 +27,13 @@ from scheduler.cli.common import (
     require_queue,
     url_option,
 )
-from scheduler.client.partitioned import PartitionedQueue, open_queue
+from scheduler.client.partitioned import PartitionedQueue, not_answering, open_queue, unread
 from scheduler.client.queue import Queue
 from scheduler.core import codec
+from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import OCCURRENCE_PREFIX, check_job_id
+from scheduler.core.safety import safe
 from scheduler.operations.requests import Op, Script, ScriptPipeline
 
 _BATCH = 200  # cancels per pipeline (one progress step each)
@@ -39,7 +44,8 @@ WAITING = ("due", "scheduled", "held")
 _CANCELLED = frozenset({*WAITING, "leased", "cancelled"})
 
 
-def _ids(_: click.Context, __: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+def check_ids(_: click.Context, __: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    """A click callback: each job id checked (dead.py's --id too)."""
     try:
         return tuple(check_job_id(v) for v in value)
     except BadArgument as exc:
@@ -50,6 +56,46 @@ def _cancel_op(q: Queue, ids: Sequence[str]) -> Op[list[str]]:
     ttl = str(q.ops.settings.result_ttl_ms)
     replies = yield ScriptPipeline([Script("cancel", [i, ttl]) for i in ids])
     return [codec.s(r) for r in replies]
+
+
+@contextmanager
+def holding_partition(q: Queue, queue: str, job_id: str) -> Iterator[None]:
+    """A call on `q`, the partition of `queue` holding `job_id`: its node not answering is
+    named, 'partition <p> of queue <q>, which holds job <id>, does not answer: <error>' (exit
+    3; a login refused: exit 4). A plain queue's error is left as it is."""
+    try:
+        yield
+    except UNREACHABLE as exc:
+        if q.name == queue or isinstance(exc, redis.AuthenticationError):
+            raise
+        why = f"partition {q.name} of queue {queue!r}, which holds job {job_id}, does not answer"
+        raise Unreachable(safe(f"{why}: {exc}")) from None
+
+
+@contextmanager
+def unanswered_change_nothing(q: Queue | PartitionedQueue, queue: str, what: str) -> Iterator[None]:
+    """Around a command's reading of every partition of `q` before it changes any (cancel
+    --state, dead requeue / purge): an error of a partition's node not answering (or refusing
+    for now) becomes Unreachable (exit 3) saying nothing was `what` and naming each partition
+    that does not answer now (one cheap call a node). Any other error (a plain queue's, a login
+    refused, every partition answering now) is left as it is."""
+    try:
+        yield
+    except Exception as exc:
+        if not isinstance(q, PartitionedQueue) or isinstance(exc, redis.AuthenticationError):
+            raise
+        if not not_answering(exc):
+            raise
+        try:
+            names = unread(q.parts, q.run_answering(lambda p: p.ops.counts()))
+        except Exception:  # none answers now (or another error): the first error says it
+            names = []
+        if not names:
+            raise
+        why = "every partition is read before any change, and these do not answer"
+        again = "run it again once they do"
+        listed = "; ".join(names)
+        raise Unreachable(safe(f"nothing {what} in {queue!r}: {why} ({again}): {listed}")) from None
 
 
 def _part(q: Queue | PartitionedQueue, job_id: str) -> Queue:
@@ -116,7 +162,7 @@ def _waiting(q: Queue, state: str, task: str | None) -> list[str]:
 @url_option
 @queue_option
 @json_option
-@click.argument("job_ids", metavar="[ID]...", nargs=-1, callback=_ids)
+@click.argument("job_ids", metavar="[ID]...", nargs=-1, callback=check_ids)
 @click.option("--state", type=click.Choice(WAITING), help="Cancel every job in this state.")
 @click.option("--task", help="With --state: only the jobs of this task.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (with --state).")
@@ -133,7 +179,10 @@ def cancel_jobs(
     Whatever the order of the IDs or of the jobs in their state: each job this command
     cancels is cancelled before any job it waits for (after=), so none of them is parked by
     its parent's cancel; a waiting job it leaves out (another state or task, an id not given)
-    is parked as dead, 'parent cancelled: <id>', when a job it waits for is cancelled."""
+    is parked as dead, 'parent cancelled: <id>', when a job it waits for is cancelled.
+
+    --state of a partitioned queue with a partition's node down: nothing is cancelled, and
+    the partitions that do not answer are named (exit 3)."""
     if bool(job_ids) == bool(state):
         raise BadInput("give job ids, or --state (not both)")
     if task is not None and not state:
@@ -165,7 +214,8 @@ def cancel_jobs(
     # A due or scheduled job waits for no job (a waiting one is held): only held ones need
     # ordering, children first (see the help above).
     order = children_first if state == "held" else (lambda _, ids: list(ids))
-    selected = [(p, i) for p in parts for i in order(p, _waiting(p, state, task))]
+    with unanswered_change_nothing(q, queue, "cancelled"):  # a node down: named, exit 3
+        selected = [(p, i) for p in parts for i in order(p, _waiting(p, state, task))]
     what = f"{state} job(s)" + (f" of task {task!r}" if task else "")
     if selected and not yes:
         click.confirm(f"Cancel {len(selected)} {what} of queue {queue!r}?", abort=True, err=True)

@@ -17,7 +17,6 @@ from scheduler.cli.common import (
     AdminGroup,
     BadInput,
     Duration,
-    Unreachable,
     cell,
     connect,
     console,
@@ -35,7 +34,7 @@ from scheduler.cli.common import (
 )
 from scheduler.cli.dead_view import exit_unread, unread_field
 from scheduler.cli.enqueue import enqueue, parse_payload
-from scheduler.cli.job_cancel import cancel_jobs
+from scheduler.cli.job_cancel import cancel_jobs, holding_partition
 from scheduler.cli.job_view import UNREADABLE_LEASE, job_json, placement, print_job
 from scheduler.client.partitioned import PartitionedQueue, list_answering, open_queue
 from scheduler.client.queue import Queue
@@ -43,7 +42,6 @@ from scheduler.core import connection
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys, check_job_id
 from scheduler.core.models import Job
-from scheduler.core.safety import safe
 from scheduler.operations.inspecting import LISTABLE
 
 # job_json and parse_payload live in job_view.py / enqueue.py; dead.py and schedules.py import
@@ -249,13 +247,8 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
     opened = open_queue(client, queue)
     # A partitioned queue: the id names its partition, which holds the job.
     q = opened.part_of(job_id) if isinstance(opened, PartitionedQueue) else opened
-    try:
+    with holding_partition(q, queue, job_id):  # its node down: the partition named, exit 3
         job, data = _shown(client, q, job_id)
-    except connection.UNREACHABLE as exc:  # its partition's node (a login refused: exit 4)
-        if q is opened or isinstance(exc, redis.AuthenticationError):
-            raise
-        why = f"partition {q.name} of queue {queue!r}, which holds job {job_id}, does not answer"
-        raise Unreachable(safe(f"{why}: {exc}")) from None
     data["queue"] = queue
     if q.name != queue:
         data["partition"] = q.name
@@ -288,8 +281,11 @@ def reschedule_job(
     except BadArgument as exc:
         raise BadInput(str(exc)) from None
     delay_ms = 0 if now else in_ms
-    # A partitioned queue: the id names its partition (PartitionedQueue.reschedule).
-    status = open_queue(connect(url), queue).reschedule(job_id, delay_ms=delay_ms, run_at=run_at)
+    opened = open_queue(connect(url), queue)
+    # A partitioned queue: the id names its partition (its node down: named, exit 3).
+    q = opened.part_of(job_id) if isinstance(opened, PartitionedQueue) else opened
+    with holding_partition(q, queue, job_id):
+        status = q.reschedule(job_id, delay_ms=delay_ms, run_at=run_at)
     if as_json:
         emit_json({"queue": queue, "job": job_id, "status": status})
     else:
