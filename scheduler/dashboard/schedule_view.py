@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from scheduler.admin.doctor_flow import _FLOW_EFFECT as FLOW_EFFECT
 from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import BadArgument, SchedulerError
 from scheduler.dashboard.store import Store
@@ -26,6 +27,15 @@ def _slot_of(pending: str, name: str) -> int | None:
     head = f"{OCCURRENCE_PREFIX}{name}:"
     tail = pending[len(head) :] if pending.startswith(head) else ""
     return int(tail) if _SLOT.fullmatch(tail) else None
+
+
+def flow_warning(s: Schedule) -> tuple[str, str] | None:
+    """(severity, what its runs get) for a schedule's flow field read as unset (edited by hand,
+    Schedule.flow_unreadable), as doctor's 'schedule-flow-unreadable' says; None when all read.
+    Not for an unreadable schedule: it has no runs."""
+    if s.unreadable or not s.flow_unreadable:
+        return None
+    return FLOW_EFFECT.get(s.flow_unreadable, ("warning", "see scheduler doctor"))
 
 
 def actionable(name: str) -> bool:
@@ -127,6 +137,7 @@ def schedule_rows(store: Store, name: str, limit: int) -> tuple[list[dict[str, A
                 "valid": actionable(s.name),  # else shown flagged, without buttons
                 "tz": s.tz or "UTC",
                 "next_runs": next_runs(s, now_ms),
+                "flow_warning": flow_warning(s),
                 "last_id": prev.id if prev else None,
                 "last_state": prev.state if prev else None,
                 "last_error": prev.fields.get("last_error_type") if prev else None,
