@@ -60,7 +60,7 @@ def config_field_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
 
 # What a schedule's runs get for a flow field read as unset (lua/lib/flow.lua's stored reader):
 # a lost limit is an error, a lost priority or a limit read as 1 a warning.
-_FLOW_EFFECT = {
+FLOW_EFFECT = {
     "priority": ("warning", "its runs get priority 0"),
     "ckey": ("error", "its runs get no concurrency limit"),
     "climit": ("warning", "its runs get its key at limit 1, the strictest"),
@@ -77,7 +77,7 @@ def schedule_flow_issues(keys: QueueKeys, name: str, fields: dict[str, str]) -> 
     field = flow_unreadable_field(fields)
     if not field:
         return []
-    severity, effect = _FLOW_EFFECT[field]
+    severity, effect = FLOW_EFFECT[field]
     msg = (f"schedule {name!r}: its {field} field {fields.get(field, '')[:40]!r} cannot be "
            f"read (edited by hand?): {effect}")  # fmt: skip
     how = (f"redis-cli HSET {shlex.quote(keys.schedule(name))} {field} <as the definition "

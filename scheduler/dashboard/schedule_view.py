@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from scheduler.admin.doctor_flow import _FLOW_EFFECT as FLOW_EFFECT
+from scheduler.admin.doctor_flow import FLOW_EFFECT
 from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import BadArgument, SchedulerError
 from scheduler.dashboard.store import Store
