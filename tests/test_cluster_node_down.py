@@ -512,3 +512,29 @@ def test_bulk_writes_of_a_queue_partly_on_the_dead_node_name_its_partitions(
     assert res.exit_code == 3, res.output
     held_by = f"partition {held.on_dead[0]} of queue {down.spread!r}, which holds job {on_dead}"
     assert f"{held_by}, does not answer: " in res.stderr, res.stderr
+
+
+def test_cancel_by_id_goes_on_past_an_id_on_the_dead_partition(down: Down, held: Held) -> None:
+    """`jobs cancel <id> <id>` of a queue partly on the dead node exited 3 with the bare
+    'cannot reach Redis' at the first id of the dead partition, the ids before it perhaps
+    cancelled and not said, those after it not tried. It goes on with the other partitions'
+    ids, prints those, names each id of the dead partition as `jobs show` does, and exits 3."""
+    pq = PartitionedQueue.open(connect(down.cluster.url), down.spread)
+    on_live = next(k for k, p in enumerate(pq.parts) if p.name in held.on_live)
+    key = next(f"cb{i}" for i in range(500) if pq.layout.partition_of_key(f"cb{i}") == on_live)
+    live_id = pq.enqueue("cb", None, key=key, delay_ms=10**9)
+    k = pq.parts.index(next(p for p in pq.parts if p.name == held.on_dead[0]))
+    dead_id = f"p{k}.{live_id.split('.', 1)[1]}"
+    base = ["jobs", "cancel", "-q", down.spread, "--url", down.cluster.url]
+    res = CliRunner().invoke(main, [*base, dead_id, live_id])  # the dead one first
+    assert res.exit_code == 3, res.output
+    assert pq.parts[on_live].status(live_id) == "cancelled"
+    assert f"{live_id}: cancelled (was scheduled)" in res.stdout, res.output
+    assert dead_id not in res.stdout, res.stdout
+    held_by = f"partition {held.on_dead[0]} of queue {down.spread!r}, which holds job {dead_id}"
+    assert f"not cancelled: {held_by}, does not answer: " in res.stderr, res.stderr
+    res = CliRunner().invoke(main, [*base, "--json", live_id, dead_id])
+    assert res.exit_code == 3, res.output
+    data = json.loads(res.stdout)
+    assert data["jobs"] == {live_id: "cancelled"}  # a re-run: already cancelled
+    assert [u.split(", does not answer")[0] for u in data["unreachable"]] == [held_by]

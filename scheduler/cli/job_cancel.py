@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from scheduler.admin.inspection import server_now_ms
 from scheduler.cli.common import (
     EXIT_FAILED,
+    EXIT_UNREACHABLE,
     AdminCommand,
     BadInput,
     Unreachable,
@@ -58,18 +59,29 @@ def _cancel_op(q: Queue, ids: Sequence[str]) -> Op[list[str]]:
     return [codec.s(r) for r in replies]
 
 
+def silent_partition(q: Queue, queue: str, job_id: str, exc: Exception) -> str | None:
+    """'partition <p> of queue <q>, which holds job <id>, does not answer: <error>' when `exc`
+    is the node of `q`, the partition of `queue` holding `job_id`, not answering; None for a
+    plain queue's error, a login refused (exit 4) or any other error: left as they are."""
+    if not isinstance(exc, UNREACHABLE) or isinstance(exc, redis.AuthenticationError):
+        return None
+    if q.name == queue:
+        return None
+    why = f"partition {q.name} of queue {queue!r}, which holds job {job_id}, does not answer"
+    return safe(f"{why}: {exc}")
+
+
 @contextmanager
 def holding_partition(q: Queue, queue: str, job_id: str) -> Iterator[None]:
     """A call on `q`, the partition of `queue` holding `job_id`: its node not answering is
-    named, 'partition <p> of queue <q>, which holds job <id>, does not answer: <error>' (exit
-    3; a login refused: exit 4). A plain queue's error is left as it is."""
+    named as silent_partition says (exit 3). Any other error is left as it is."""
     try:
         yield
     except UNREACHABLE as exc:
-        if q.name == queue or isinstance(exc, redis.AuthenticationError):
+        words = silent_partition(q, queue, job_id, exc)
+        if words is None:
             raise
-        why = f"partition {q.name} of queue {queue!r}, which holds job {job_id}, does not answer"
-        raise Unreachable(safe(f"{why}: {exc}")) from None
+        raise Unreachable(words) from None
 
 
 @contextmanager
@@ -182,7 +194,8 @@ def cancel_jobs(
     is parked as dead, 'parent cancelled: <id>', when a job it waits for is cancelled.
 
     --state of a partitioned queue with a partition's node down: nothing is cancelled, and
-    the partitions that do not answer are named (exit 3)."""
+    the partitions that do not answer are named (exit 3). IDs: those of the other partitions
+    are cancelled and printed, each of that partition named (exit 3)."""
     if bool(job_ids) == bool(state):
         raise BadInput("give job ids, or --state (not both)")
     if task is not None and not state:
@@ -196,16 +209,29 @@ def cancel_jobs(
             part = _part(q, job_id)
             by_part.setdefault(id(part), (part, []))[1].append(job_id)
         was_in: dict[str, str] = {}
+        silent: list[str] = []  # the ids of a partition whose node does not answer, named
         for part, ids in by_part.values():
-            for job_id in children_first(part, ids):
-                was_in[job_id] = part._run(_cancel_op(part, [job_id]))[0]
-        before = {job_id: was_in[job_id] for job_id in dict.fromkeys(job_ids)}
+            try:
+                for job_id in children_first(part, ids):
+                    was_in[job_id] = part._run(_cancel_op(part, [job_id]))[0]
+            except Exception as exc:  # its node down: the other partitions' ids go on
+                named = [silent_partition(part, queue, i, exc) for i in ids if i not in was_in]
+                if None in named:
+                    raise
+                silent += [n for n in named if n is not None]
+        before = {i: was_in[i] for i in dict.fromkeys(job_ids) if i in was_in}
         if as_json:
-            emit_json({"queue": queue, "jobs": before})
+            emit_json(
+                {"queue": queue, "jobs": before, **({"unreachable": silent} if silent else {})}
+            )
         else:
             for job_id, was in before.items():
                 word = "cancelled" if was in _CANCELLED else "not cancelled"
                 click.echo(f"{job_id}: {word} (was {was})")
+        for words in silent:
+            click.echo(f"not cancelled: {words}", err=True)
+        if silent:
+            raise SystemExit(EXIT_UNREACHABLE)
         if any(was not in _CANCELLED for was in before.values()):
             raise SystemExit(EXIT_FAILED)
         return
