@@ -12,10 +12,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from starlette.testclient import TestClient
 
 from scheduler import JobSpec, Queue
 from scheduler.cli.main import main
+from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import connect
+from scheduler.core.partitions import meta_key
+from scheduler.dashboard import Auth, create_app
 from tests.test_cluster_reshard import SlotMove, _drop
 
 SAYS = "is being migrated to another Redis Cluster node"
@@ -62,3 +66,56 @@ def test_commands_over_every_queue_say_so_too(cluster_url: str, moving: Queue) -
     assert f"{moving.name}: its hash slot {SAYS}" in stats.stdout and AGAIN in stats.stdout, (
         stats.output
     )
+
+
+@pytest.fixture
+def moving_partition(cluster_url: str, queue_name: str) -> Iterator[tuple[str, str]]:
+    """A partitioned queue (2 partitions) whose first partition's slot has all its keys moved:
+    (queue, that partition's name). The other partition answers."""
+    rc: Any = connect(cluster_url)
+    pq = PartitionedQueue.create(rc, queue_name, partitions=2)
+    for p in pq.parts:
+        p.enqueue_many([JobSpec("t", None) for _ in range(3)])
+    first = pq.parts[0]
+    move = SlotMove(rc, first.keys.prefix)
+    move.split()
+    move.migrate(batch=2)
+    try:
+        yield queue_name, first.name
+    finally:
+        move.finish()
+        for p in pq.parts:
+            _drop(rc, p)
+        rc.delete(meta_key(queue_name))
+        rc.close()
+
+
+@pytest.mark.parametrize("args", [["dead", "list", "-q"], ["jobs", "list", "-q"]], ids=" ".join)
+def test_a_partitioned_queues_partition_being_moved_is_named_so(
+    cluster_url: str, moving_partition: tuple[str, str], args: list[str]
+) -> None:
+    """Its reads print the other partition's and named this one with redis-py's raw words
+    ('not read: partition <p>: TTL exhausted.')."""
+    name, part = moving_partition
+    result = CliRunner().invoke(main, [*args, name, "--url", cluster_url])
+    assert result.exit_code == 3, result.output
+    line = result.stderr
+    assert f"not read: partition {part}: its hash slot {SAYS}" in line and AGAIN in line, line
+
+
+def test_the_dashboard_overview_says_a_queues_slot_is_being_moved(
+    cluster_url: str, moving: Queue, queue_name: str
+) -> None:
+    """Its "Not shown" line said 'Redis did not answer (TTL exhausted.)' or 'Redis refused for
+    now (Multiple keys request during rehashing of slot)'."""
+    other = Queue(connect(cluster_url), f"{queue_name}-other")
+    other.enqueue("t", None)
+    try:
+        app = create_app(url=cluster_url, queues=(moving.name, other.name), auth=Auth())
+        with TestClient(app) as web:
+            page = web.get("/api/overview")
+        assert page.status_code == 200, page.text[-500:]
+        (said,) = [u for u in page.json()["unreachable"] if moving.name in u]
+        assert said.startswith(f"queue {moving.name}: its hash slot {SAYS}") and AGAIN in said
+    finally:
+        _drop(other.client, other)

@@ -42,6 +42,7 @@ from scheduler.client.queue import Queue
 from scheduler.core import queue_index
 from scheduler.core.client_kind import Unpicklable
 from scheduler.core.connection import UNREACHABLE, connect
+from scheduler.core.errors import slot_move_text
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
@@ -353,7 +354,9 @@ def list_answering(
     asked = [p for p in q.parts if p.name not in left_out]
     each = q._answering(lambda p: listed_scored(p.ops, state, 0, offset + limit), asked)
     got = dict(zip((p.name for p in asked), each, strict=True))
-    left_out.update((n, str(r)) for n, r in got.items() if isinstance(r, BaseException))
+    left_out.update(
+        (n, slot_move_text(r) or str(r)) for n, r in got.items() if isinstance(r, BaseException)
+    )
     per = [[] if p.name in left_out else got[p.name] for p in q.parts]
     chosen = merge_scored(state, per, offset, limit)
     reads = [(q.parts[k], q.parts[k].ops.get_jobs(g)) for k, g in group_ids(chosen).items()]

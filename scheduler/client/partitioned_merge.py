@@ -15,7 +15,13 @@ import redis
 
 from scheduler.core.client_kind import check_client
 from scheduler.core.connection import UNREACHABLE, is_cluster
-from scheduler.core.errors import BadArgument, NotDurable, SchedulerError, refused_for_now
+from scheduler.core.errors import (
+    BadArgument,
+    NotDurable,
+    SchedulerError,
+    refused_for_now,
+    slot_move_text,
+)
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, QueueCounts
 from scheduler.core.partitions import Layout, meta_key
@@ -247,9 +253,10 @@ def answered(out: list[Any]) -> list[Any]:
 
 
 def unread(parts: Sequence[Any], results: Sequence[Any]) -> list[str]:
-    """'partition <name>: <error>' of each of run_answering's partitions that did not answer."""
+    """'partition <name>: <error>' of each of run_answering's partitions that did not answer
+    (a slot on the move in the CLI's words: 'its hash slot is being migrated ...')."""
     return [
-        f"partition {p.name}: {r}"
+        f"partition {p.name}: {slot_move_text(r) or r}"
         for p, r in zip(parts, results, strict=True)
         if isinstance(r, BaseException)
     ]

@@ -10,6 +10,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from scheduler.client.partitioned import PartitionedQueue, unread
 from scheduler.client.partitioned_merge import (
     group_ids,
@@ -18,7 +20,7 @@ from scheduler.client.partitioned_merge import (
     merge_scored,
 )
 from scheduler.client.queue import Queue
-from scheduler.core.errors import BadArgument, JobNotFound
+from scheduler.core.errors import BadArgument, JobNotFound, refused_for_now, slot_move_text
 from scheduler.core.models import Job, QueueCounts
 from scheduler.operations import browsing
 from scheduler.operations.requests import Op
@@ -26,6 +28,15 @@ from scheduler.operations.requests import Op
 MAX_MERGED_WINDOW = 2_000  # offset + limit of a merged page (each partition reads that many)
 # The partition names core/partitions.py makes: <logical>.p<k> or <logical>.p<k>.<j>.
 PARTITION_NAME = re.compile(r"^(.+)\.p\d{1,4}(?:\.\d{1,6})?$")
+
+
+def unread_why(exc: Exception) -> str | None:
+    """Why the overview could not read a queue: its slot on the move (the CLI's words), its node
+    not answering or refusing for now; None for a ResponseError not refused for now (raised)."""
+    if isinstance(exc, ResponseError) and not refused_for_now(exc):
+        return None
+    what = "refused for now" if isinstance(exc, ResponseError) else "did not answer"
+    return slot_move_text(exc) or f"Redis {what} ({exc})"
 
 
 def merge_found(

@@ -20,11 +20,11 @@ from scheduler.admin.health import (
 )
 from scheduler.core.claim_reply import check_worker_id
 from scheduler.core.connection import UNREACHABLE
-from scheduler.core.errors import BadArgument, JobNotFound, edited_by_hand, refused_for_now
+from scheduler.core.errors import BadArgument, JobNotFound, edited_by_hand
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
-from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition
+from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition, unread_why
 from scheduler.dashboard.reasons import CAN_CANCEL, flow_settings, queue_paused_ms, why_not_running
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import queue_schedule_rows
@@ -124,16 +124,16 @@ class Pages:
             try:
                 out.append((name, read(name)))
             except UNREACHABLE as exc:
-                missing.append(f"queue {name}: Redis did not answer ({exc})")
+                missing.append(f"queue {name}: {unread_why(exc)}")
                 last = exc
                 self.store.failed(name, exc)
             except ResponseError as exc:  # its slot being moved, its node loading, ...
                 if edited_by_hand(exc):  # one queue's key: shown as `stats` shows it, a row
                     missing.append(f"queue {name}: a key edited by hand ({exc}): see doctor")
                     continue
-                if not refused_for_now(exc):
+                if (why := unread_why(exc)) is None:
                     raise
-                missing.append(f"queue {name}: Redis refused for now ({exc})")  # asked again
+                missing.append(f"queue {name}: {why}")  # asked again
                 last = exc
         if last is not None and not out:
             raise last
