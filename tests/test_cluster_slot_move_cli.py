@@ -119,3 +119,17 @@ def test_the_dashboard_overview_says_a_queues_slot_is_being_moved(
         assert said.startswith(f"queue {moving.name}: its hash slot {SAYS}") and AGAIN in said
     finally:
         _drop(other.client, other)
+
+
+def test_keys_names_a_partition_being_moved_so(
+    cluster_url: str, moving_partition: tuple[str, str]
+) -> None:
+    """`keys -q` of a partitioned queue built 'partition <p>: <exc>' on its own, with
+    redis-py's raw words ('TTL exhausted.'), and took the moving slot's node for one down: its
+    other partitions were not read either (a slot on the move is that partition's alone)."""
+    name, part = moving_partition
+    result = CliRunner().invoke(main, ["keys", "-q", name, "--url", cluster_url])
+    assert result.exit_code == 3, result.output
+    assert f"partition {part}: its hash slot {SAYS}" in result.output, result.output
+    assert f"keys of partition '{part}'" not in result.output
+    assert result.output.count("keys of partition") == 1, result.output  # the other one

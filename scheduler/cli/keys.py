@@ -35,6 +35,7 @@ from scheduler.cli.common import (
 from scheduler.cli.dead_view import exit_unread, unread_field
 from scheduler.client.partitioned import not_answering
 from scheduler.core.connection import UNREACHABLE, is_cluster
+from scheduler.core.errors import slot_move_text
 from scheduler.core.keys import QueueKeys
 from scheduler.core.partitions import meta_key
 
@@ -173,11 +174,12 @@ def answering_keys(
             if not not_answering(exc):
                 raise
             failed.append((name, exc))
-            if isinstance(exc, UNREACHABLE) and node is not None:
+            # A slot on the move is that partition's alone: the node's others still answer.
+            if isinstance(exc, UNREACHABLE) and node is not None and not slot_move_text(exc):
                 lost[node] = exc
     if failed and not parts:
         raise failed[0][1]
-    return parts, [f"partition {n}: {e}" for n, e in failed]
+    return parts, [f"partition {n}: {slot_move_text(e) or e}" for n, e in failed]
 
 
 def _node(client: redis.Redis, name: str) -> str | None:
