@@ -77,14 +77,14 @@ class AsyncQueue(Unpicklable):
         return self.keys.queue
 
     async def _run(self, op: Op[T]) -> T:
+        """Drive `op`. An error is thrown back into the operation, so it can decide (claim
+        keeps the jobs it leased when a follow-up step fails); uncaught, it propagates from
+        here. The calling task (`watch`): redis-py sends inside asyncio.wait_for, which on
+        Python 3.11 drops a cancel landing as the send completes (a reconnect's handshake, a
+        payload over 64 KiB): the call ran on and returned, and a cancelled producer loop kept
+        enqueueing (asyncio.run's one shutdown cancel lost); result() ran on to its timeout_s.
+        A cancel asked meanwhile is raised here."""
         self._guard()  # its loop and process (core/loop_guard.py)
-        # An error is thrown back into the operation, so it can decide (claim keeps the jobs
-        # it leased when a follow-up step fails); uncaught, it propagates from here.
-        # The calling task (`watch`): redis-py sends inside
-        # asyncio.wait_for, which on Python 3.11 drops a cancel landing as the send completes
-        # (a reconnect's handshake, a payload over 64 KiB): the call ran on and returned, and a
-        # cancelled producer loop kept enqueueing (asyncio.run's one shutdown cancel lost);
-        # result() ran on to its timeout_s. A cancel asked meanwhile is raised here.
         watch = asyncio.current_task()
         asked = watch.cancelling() if watch is not None else 0
         try:
@@ -545,19 +545,27 @@ class AsyncQueue(Unpicklable):
         task: str | None = None,
         error_type: str | None = None,
         older_than_ms: int | None = None,
+        offset: int = 0,
+        limit: int | None = None,
     ) -> list[str]:
-        """The ids of dead jobs (newest first) matching every filter given (all when none is).
+        """The ids of dead jobs (newest first) matching every filter given (all when none is),
+        one page of them as `list_jobs('dead')` pages: the read stops at `offset + limit`
+        matches, so a page of a long dead list is read without the rest of it.
 
         Args:
             task: only jobs of this task.
             error_type: only jobs whose last error has this type name (e.g. `'ValueError'`).
             older_than_ms: only jobs dead for at least this many ms (server clock).
+            offset: matches to skip, >= 0 (a job dying meanwhile shifts later pages by one).
+            limit: most ids to return, >= 0; None (the default): every match.
 
         Returns:
-            The matching ids, newest first."""
-        return await self._run(
-            self.ops.dead_ids(task=task, error_type=error_type, older_than_ms=older_than_ms)
-        )
+            The matching ids, newest first.
+
+        Raises:
+            BadArgument: a bad offset, limit or older_than_ms (nothing is read)."""
+        filters = {"task": task, "error_type": error_type, "older_than_ms": older_than_ms}
+        return await self._run(self.ops.dead_ids(offset=offset, limit=limit, **filters))
 
     async def requeue_dead(self, ids: Sequence[str]) -> int:
         """Move dead jobs back to due with a fresh attempt budget.

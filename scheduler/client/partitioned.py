@@ -49,7 +49,7 @@ from scheduler.core.partitions import Layout, PartitionMismatch, check_count, me
 from scheduler.core.scripts import Scripts, run_sync
 from scheduler.operations.browsing import listed_scored
 from scheduler.operations.dead_filter import parents_first
-from scheduler.operations.dead_letters import check_id_list
+from scheduler.operations.dead_letters import check_id_list, dead_window
 from scheduler.operations.inspecting import check_page
 from scheduler.operations.ops import Op, Request
 from scheduler.schedules.recurring import Schedule
@@ -255,9 +255,9 @@ class PartitionedQueue(Unpicklable):
     def dead_ids(self, **filters: Any) -> list[str]:
         """`Queue.dead_ids` over every partition, merged newest first by the time they died:
         one driver call for all partitions, their scans carrying the dead_ms they merge by.
-        `limit` (as Ops.dead_scored) is the merged list's length, not each partition's."""
-        merged = merge_dead(self.dead_scored(**filters))
-        return merged if filters.get("limit") is None else merged[: filters["limit"]]
+        `offset` / `limit` page the merged list: each partition reads its first offset + limit."""
+        offset, end = dead_window(filters.pop("offset", 0), filters.pop("limit", None))
+        return merge_dead(self.dead_scored(limit=end, **filters))[offset:end]
 
     def dead_scored(self, **filters: Any) -> list[list[tuple[float, str]]]:
         """Each partition's `Ops.dead_scored(**filters)` (with `limit`: each partition's first

@@ -35,7 +35,7 @@ from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
 from scheduler.core.scripts import Scripts, run_async
 from scheduler.operations.browsing import listed_scored
-from scheduler.operations.dead_letters import check_id_list
+from scheduler.operations.dead_letters import check_id_list, dead_window
 from scheduler.operations.inspecting import check_page
 from scheduler.operations.ops import Op, Request
 from scheduler.schedules.recurring import Schedule
@@ -211,8 +211,8 @@ class AsyncPartitionedQueue:
 
     async def dead_ids(self, **filters: Any) -> list[str]:
         """PartitionedQueue.dead_ids for asyncio: merged newest first."""
-        merged = merge_dead(await self.dead_scored(**filters))
-        return merged if filters.get("limit") is None else merged[: filters["limit"]]
+        offset, end = dead_window(filters.pop("offset", 0), filters.pop("limit", None))
+        return merge_dead(await self.dead_scored(limit=end, **filters))[offset:end]
 
     async def dead_scored(self, **filters: Any) -> list[list[tuple[float, str]]]:
         """PartitionedQueue.dead_scored for asyncio."""

@@ -7,7 +7,8 @@ hash's fields equal the filter byte for byte, or not); the ids it leaves undecid
 the hash, a field that is not UTF-8, a job key of another type) are read here as before, one
 HMGET each, then their spec records. 100,000 dead letters: docs/performance.md section 30.
 
-parents_first orders the ids of a requeue that takes several script calls: parents first."""
+parents_first orders the ids of a requeue that takes several script calls: parents first;
+dead_window checks a dead_ids page (offset / limit)."""
 
 from __future__ import annotations
 
@@ -136,3 +137,13 @@ def parents_first(keys: QueueKeys, ids: Sequence[str]) -> Op[list[str]]:
         if i not in placed:
             place(i)
     return out
+
+
+def dead_window(offset: Any, limit: Any) -> tuple[int, int | None]:
+    """A dead_ids page as the slice [offset:end] of the newest matches (end None: every match
+    after `offset`; the scan stops at `end`), checked as list_jobs' page is, before anything is
+    read. A `limit` of 0 answers [] (PartitionedQueue.dead_ids took it so first)."""
+    codec._int(offset, "offset", minimum=0)
+    if limit is None:
+        return offset, None
+    return offset, min(offset + codec._int(limit, "limit", minimum=0), codec.MAX_SAFE_INT)

@@ -17,6 +17,7 @@ from typing import Any
 from scheduler.core import codec
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
+from scheduler.operations.dead_filter import dead_window as dead_window  # for the clients
 from scheduler.operations.dead_filter import matching, parents_first
 from scheduler.operations.requests import Commands, Op, OpsBase, Script, ScriptPipeline
 
@@ -242,18 +243,13 @@ class DeadLetterOps(OpsBase):
         yield Script("dead_retention", [age, count])
 
     def dead_ids(
-        self,
-        *,
-        task: str | None = None,
-        error_type: str | None = None,
-        older_than_ms: int | None = None,
-        page: int = 1000,
+        self, *, offset: int = 0, limit: int | None = None, **filters: Any
     ) -> Op[list[str]]:
-        """Dead ids (newest first) matching every filter given (all when none is)."""
-        found = yield from self.dead_scored(
-            task=task, error_type=error_type, older_than_ms=older_than_ms, page=page
-        )
-        return [i for _, i in found]
+        """Dead ids (newest first) matching every filter given (all when none is; dead_scored
+        takes them), `limit` of them (None: all) after the first `offset`."""
+        offset, end = dead_window(offset, limit)
+        found = yield from self.dead_scored(limit=end, **filters)
+        return [i for _, i in found[offset:]]
 
     def dead_scored(
         self,
