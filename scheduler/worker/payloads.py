@@ -211,7 +211,9 @@ def encode_payload(tp: type, payload: Any) -> Any:
 def decode_payload(tp: type, payload: Any) -> Any:
     """The handler's view of a JSON payload. A payload that does not fit raises BadArgument
     (in the worker PayloadMisfit, which parks the job at once), as does a ValueError or
-    TypeError of the type's own checks (a dataclass's __post_init__, a pydantic validator)."""
+    TypeError of the type's own checks (a dataclass's __post_init__, a pydantic validator), or
+    an AssertionError of a dataclass's __post_init__ (`assert` as validation: a handler's own
+    assert is not raised here, so it stays a failure that is retried)."""
     kind = payload_kind(tp)
     if kind == "typeddict":
         _check_typeddict(tp, payload)
@@ -222,8 +224,9 @@ def decode_payload(tp: type, payload: Any) -> Any:
         _check_fields(tp, payload)
         try:
             return tp(**payload)
-        except (TypeError, ValueError) as exc:  # a wrong field, or the type's own __post_init__
-            raise BadArgument(f"payload does not fit {tp.__name__}: {exc}") from None
+        except (TypeError, ValueError, AssertionError) as exc:  # a wrong field, or its checks
+            why = str(exc) or f"{type(exc).__name__} in __post_init__"  # a bare `assert x`
+            raise BadArgument(f"payload does not fit {tp.__name__}: {why}") from None
     computed = getattr(tp, "model_computed_fields", None)
     if isinstance(computed, dict) and not computed.keys().isdisjoint(payload):
         # model_dump writes them; they are outputs (a model forbidding extra inputs refused them).
