@@ -19,7 +19,7 @@ the wrong type reads as empty and is a finding. An old dead LIST is first conver
 newer version stores is that one finding (`newer-storage`): the rest would be misread."""
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -37,6 +37,7 @@ from scheduler.admin.doctor_model import (
     MAX_SCORE_MS,
     Context,
     Issue,
+    Report,
     Snapshot,
     _hash_reply,
     _kept,
@@ -242,13 +243,6 @@ def _attempt(client: redis.Redis, ctx: Context, job_id: str) -> tuple[Issue | No
             except ResponseError as exc:  # refused (hand-written data it cannot take): reported
                 return None, str(exc).rpartition("caused error: ")[2]  # redis-py's prefix off
     return None, None
-
-
-@dataclass(frozen=True)
-class Report:
-    queue: str
-    fixed: list[Issue]
-    remaining: list[Issue]
 
 
 def repair_queue(

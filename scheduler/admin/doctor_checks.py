@@ -61,8 +61,9 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
         message: str,
         repair: Sequence[Command] = (),
         how: str | None = None,
+        rearms: bool = False,
     ) -> Issue:
-        return Issue(code, severity, message, how or fix, k.queue, jid, tuple(repair))
+        return Issue(code, severity, message, how or fix, k.queue, jid, tuple(repair), rearms)
 
     places = s.places
     # Where an operator looks: a held job is due in flow:held, not in the due ZSET.
@@ -143,6 +144,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                 + " is in none of due, leased, dead, so no worker will see it: fix puts it in due"
                 + ("" if run_at is not None else ", due now (its run time is not stored)"),
                 _to_due(k, s, ctx.now_ms, run_at if run_at is not None else ctx.now_ms),
+                rearms=True,
             )
         ]
     plan: list[Command]

@@ -31,7 +31,8 @@ Command = tuple[str, ...]
 @dataclass(frozen=True)
 class Issue:
     """One finding. `repair` holds the commands `--fix` runs in one MULTI (empty when no repair
-    is safe); `fix` says what an operator types."""
+    is safe); `fix` says what an operator types. `rearms`: the repair re-arms an orphan (a job
+    in none of due, leased, dead, which no worker sees) by putting it back in due."""
 
     code: str
     severity: str  # 'error' | 'warning'
@@ -40,6 +41,7 @@ class Issue:
     queue: str | None = None
     job_id: str | None = None
     repair: tuple[Command, ...] = ()
+    rearms: bool = False
 
     def redis_cli(self) -> list[str]:
         return [_by_hand(cmd) for cmd in self.repair]
@@ -53,8 +55,23 @@ class Issue:
             "message": self.message,
             "fix": self.fix,
             "fixable": bool(self.repair),
+            "rearms": self.rearms,
             "redis_cli": self.redis_cli(),
         }
+
+
+@dataclass(frozen=True)
+class Report:
+    """What `repair_queue` fixed and what remains."""
+
+    queue: str
+    fixed: list[Issue]
+    remaining: list[Issue]
+
+    @property
+    def rearmed(self) -> list[Issue]:
+        """The fixed orphans put back in due (counted apart: no worker saw them before)."""
+        return [i for i in self.fixed if i.rearms]
 
 
 @dataclass(frozen=True)

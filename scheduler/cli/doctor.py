@@ -122,10 +122,16 @@ def doctor(
             _print(out, "repaired", fixed)
         if remaining:
             _print(out, "findings", remaining)
+        # Orphans (in no place: no worker saw them) re-armed into due, apart from the rest.
+        rearmed = sum(i.rearms for i in fixed)
+        to_rearm = sum(i.rearms for i in remaining)
         out.print(
             f"checked {len(names)} queue(s)"
             + ("" if no_server else " and the server")
-            + f": {len(fixed)} repaired, {len(remaining)} finding(s) remain"
+            + f": {len(fixed)} repaired"
+            + (f" ({rearmed} re-armed: back in due)" if rearmed else "")
+            + f", {len(remaining)} finding(s) remain"
+            + (f" ({to_rearm} to re-arm: --fix puts them back in due)" if to_rearm else "")
         )
     if any(i.code in (NODE_DOWN, QUEUE_DOWN) for i in remaining):
         sys.exit(EXIT_UNREACHABLE)  # a cluster node did not answer: the check is not whole
