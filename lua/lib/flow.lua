@@ -383,7 +383,9 @@ local function flow_rate_slot(rk, f, now)
 end
 
 -- The key's oldest held job when it is older (run_at) than the job `id` claim examines, else
--- nil: the key is FIFO, so that job waits behind it though the key has room for its own limit.
+-- nil: a key's held jobs go in run_at order, whatever their priority (docs/flow-control.md,
+-- 'Priority inside a key'), so that job waits behind it though the key has room for its own
+-- limit.
 -- Before, a held job of a lower limit than its key's newer jobs (a limit raised in a deploy)
 -- could start only when none of the key was leased, and newer traffic kept it held for ever
 -- (tests/test_flow_mixed_limits.py). A stale head (no longer held) is dropped; a hold set of
@@ -417,8 +419,15 @@ local function flow_admit(prefix, id, jk, f, run_at, now)
       flow_ck_promote(prefix, f.ckey, lim - live)
     end
     if live >= f.climit or ahead then
-      local ok, bad = flow_hold(prefix, id, jk, run_at, 'flow:ckheld:' .. f.ckey, run_at,
-        'limited by key ' .. f.ckey .. ' (' .. fmt(f.climit) .. ' leased)')
+      -- The reason says which: the key is full, or it has room and this job waits its turn
+      -- behind an older one (scheduler/dashboard/reasons.py reads both back). Before, both
+      -- read 'limited by key', as if a key with room had none.
+      local why = 'limited by key ' .. f.ckey .. ' (' .. fmt(f.climit) .. ' leased)'
+      if ahead then
+        why = 'waiting behind older job ' .. string.sub(ahead, 1, 128) .. ' of key ' .. f.ckey
+          .. ' (' .. fmt(live) .. ' of ' .. fmt(f.climit) .. ' leased)'
+      end
+      local ok, bad = flow_hold(prefix, id, jk, run_at, 'flow:ckheld:' .. f.ckey, run_at, why)
       return ok and false, bad
     end
   end

@@ -17,6 +17,7 @@ from scheduler.core.models import Job, JobState
 
 # The job field `flow_reason` as lua/lib/flow.lua writes it (flow_admit, flow_wait).
 _KEY_LIMIT = re.compile(r"limited by key (\S+) \((\d+) leased\)")
+_BEHIND = re.compile(r"waiting behind older job (\S+) of key (\S+) \((\d+) of (\d+) leased\)")
 _RATE = re.compile(r"rate window (\S+) \((\d+) per (\d+) ms\) until (\d+)")
 _WAITING = re.compile(r"waiting for (\d+) jobs")
 # A dead reason of a child parked by its parent (lib/flow.lua flow_parent_ended).
@@ -46,6 +47,14 @@ def flow_reasons(job: Job, now_ms: int) -> list[Reason]:
         key, limit = m.groups()
         text = f"limited by key {key}: its {limit} slots are leased; it runs when one ends"
         return [Reason("limited-by-key", text)]
+    if m := _BEHIND.fullmatch(raw):
+        ahead, key, live, limit = m.groups()
+        text = (
+            f"waiting behind older job {ahead} of key {key}: the key had room ({live} of "
+            f"{limit} leased when it was set aside), but the key's held jobs go back oldest "
+            f"first, so {ahead} goes first; this one comes back in its turn as leases end"
+        )
+        return [Reason("behind-older-in-key", text)]
     if m := _RATE.fullmatch(raw):
         key, count, window, until = m.groups()
         text = (
