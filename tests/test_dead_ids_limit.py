@@ -16,6 +16,7 @@ from scheduler import AsyncQueue, BadArgument, Queue
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.models import JobSpec
+from scheduler.operations.requests import Commands
 from tests.conftest import Clock, delete_queue, dump_queue
 
 T0 = 1_700_000_000_000
@@ -122,3 +123,25 @@ def test_every_client_pages_the_dead_list_alike(
             await ac.aclose()
 
     asyncio.run(main())
+
+
+def test_a_page_reads_only_offset_plus_limit_of_a_long_dead_list(
+    q: Queue, client: redis.Redis
+) -> None:
+    """The point of the limit: 5,000 dead ids (their records need not exist: an unfiltered
+    listing reads the dead ZSET alone), a page of 3 after 2 asks Redis for 5 entries."""
+    client.zadd(q.keys.dead, {f"d{i:05d}": 1_000 + i for i in range(5_000)})
+    asked: list[tuple[Any, ...]] = []
+    real = q._execute
+
+    def spy(req: Any) -> Any:
+        if isinstance(req, Commands):
+            asked.extend(c for c in req.cmds if c[0] == "ZRANGE")
+        return real(req)
+
+    q._execute = spy  # type: ignore[method-assign]
+    assert q.dead_ids(offset=2, limit=3) == ["d04997", "d04996", "d04995"]
+    assert [c[-2] for c in asked] == [5]  # one ZRANGE ... LIMIT 0 5
+    asked.clear()
+    assert len(q.dead_ids()) == 5_000  # no limit: the whole list, as before
+    assert sum(c[-2] for c in asked) >= 5_000
