@@ -22,7 +22,13 @@ from scheduler.admin.startup import (
 )
 from scheduler.client.partitioned import PartitionsNotReached
 from scheduler.core.connection import UNREACHABLE, connect
-from scheduler.core.errors import BadArgument, SchedulerError, cluster_refusal, refused_for_now
+from scheduler.core.errors import (
+    BadArgument,
+    SchedulerError,
+    cluster_refusal,
+    refused_for_now,
+    slot_move_text,
+)
 from scheduler.dashboard.actions import ActionRefused
 from scheduler.dashboard.dead import DeadPages
 from scheduler.dashboard.pages import Pages
@@ -120,6 +126,8 @@ def create_app(
         )
         if isinstance(exc, PartitionsNotReached):  # a pause / resume: it names those not reached
             outcome = "The partitions named were not changed, the others took it: press it again."
+        elif (moving := slot_move_text(exc, "the queue's")) is not None:  # 'TTL exhausted'
+            return failed(request, 503, "Slot being moved", f"{moving}. {outcome}")
         message = f"Redis did not answer: {type(exc).__name__}: {str(exc).rstrip('.')}. {outcome}"
         return failed(request, 503, "Redis unreachable", message)
 
@@ -142,6 +150,8 @@ def create_app(
             if request.method == "POST"
             else "Reload the page in a moment."
         )
+        if (moving := slot_move_text(exc, "the queue's")) is not None:  # TRYAGAIN: as the CLI
+            return failed(request, 503, "Slot being moved", f"{moving}. {outcome}")
         message = f"Redis refused the request for now: {type(exc).__name__}: {exc}. {outcome}"
         return failed(request, 503, "Redis busy", message)
 

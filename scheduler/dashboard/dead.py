@@ -27,7 +27,7 @@ from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job
 from scheduler.dashboard.actions import Actions, Form
 from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition
-from scheduler.dashboard.pages import DEFAULT_LIMIT, int_param
+from scheduler.dashboard.params import DEFAULT_LIMIT, int_param
 from scheduler.dashboard.render import notice_query
 from scheduler.operations import browsing
 from scheduler.operations.dead_letters import dead_converted, scan_dead

@@ -18,7 +18,9 @@ from scheduler.client.partitioned_merge import (
     jobs_in_order,
     merge_counts,
     merge_scored,
+    not_answering,
 )
+from scheduler.client.partitioned_merge import unread as partition_errors
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument, JobNotFound, refused_for_now, slot_move_text
 from scheduler.core.models import Job, QueueCounts
@@ -135,10 +137,18 @@ class View:
         chosen = merge_scored(state, per, offset, limit)  # ties by id, as one ZSET
         read: list[list[Job]] = []
         if chosen and self.pq is not None:
-            reads = [
-                (self.parts[k], self.parts[k].ops.get_jobs(g)) for k, g in group_ids(chosen).items()
-            ]
-            read = self.pq._run_many(reads)
+            # A partition that gave its ids may refuse its records (one-key reads follow a
+            # moving slot's ASK, a script's many keys get TRYAGAIN): named, the others shown.
+            groups = {self.parts[k].name: g for k, g in group_ids(chosen).items()}
+            asked = [p for p in self.parts if p.name in groups]
+            try:
+                got = self.pq._answering(lambda p: p.ops.get_jobs(groups[p.name]), asked)
+            except Exception as exc:  # none of them answered
+                if not not_answering(exc):
+                    raise
+                got = [exc] * len(asked)
+            unread += partition_errors(asked, got)
+            read = [r for r in got if not isinstance(r, BaseException)]
         more = sum(map(len, per)) > offset + limit or any(len(p) == window for p in per)
         return jobs_in_order(chosen, read), more
 

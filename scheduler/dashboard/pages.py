@@ -3,7 +3,6 @@ the live refresh polls. Nothing here writes job state."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,6 +24,7 @@ from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition, unread_why
+from scheduler.dashboard.params import DEFAULT_LIMIT, int_param, text_param
 from scheduler.dashboard.reasons import CAN_CANCEL, flow_settings, queue_paused_ms, why_not_running
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import queue_schedule_rows
@@ -33,7 +33,6 @@ from scheduler.operations import browsing
 from scheduler.operations.inspecting import LISTABLE
 
 T = TypeVar("T")
-DEFAULT_LIMIT = 50
 SERVER_FACTS = (
     "redis_version",
     "used_memory_human",
@@ -43,8 +42,6 @@ SERVER_FACTS = (
     "rdb_last_bgsave_status",
     "rdb_changes_since_last_save",
 )
-# Only ASCII digits: str.isdigit() also accepts '²' and other digits int() refuses.
-_WHOLE = re.compile(r"[0-9]{1,12}")
 # A hand-written job hash may hold any number of fields and history entries: the page shows
 # this many (a worker keeps 10 entries; a job has ~30 fields).
 ERRORS_SHOWN = 10
@@ -54,22 +51,6 @@ SCHEDULES_SHOWN = 500  # rows of /schedules, a page of queues: a set is a key an
 # the app role can create queues (one per tenant); an overview row is a counts script and 60
 # stats hashes, polled every 3 s.
 OVERVIEW_SHOWN = 200
-
-
-def int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query_params.get(name, "")
-    if raw == "":
-        return default
-    if not _WHOLE.fullmatch(raw) or not lo <= int(raw) <= hi:
-        raise BadArgument(f"{name} must be a whole number in [{lo}, {hi}]")
-    return int(raw)
-
-
-def text_param(request: Request, name: str, max_len: int = 200) -> str | None:
-    value = request.query_params.get(name, "").strip()
-    if len(value) > max_len:
-        raise BadArgument(f"{name} is longer than {max_len} characters")
-    return value or None
 
 
 def worker_id_ok(worker_id: str) -> bool:
@@ -295,6 +276,7 @@ class Pages:
             facts.append((at + "save (config)", config.get("save", "not readable")))
             facts.append((at + "appendfsync (config)", config.get("appendfsync", "not readable")))
         found, missing, page = self._paged(request, self.store.counts)
-        lapsed = [(n, c.lapsed) for n, c in found]
+        missing += [f"queue {name} {u}" for name, (_, unread) in found for u in unread]
+        lapsed = [(n, c.lapsed) for n, (c, _) in found]
         return self.render.page(request, "health.html", findings=findings, facts=facts,
                                 lapsed=lapsed, unreachable=missing, **page)  # fmt: skip

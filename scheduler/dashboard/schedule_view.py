@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from scheduler.admin.doctor_flow import FLOW_EFFECT
-from scheduler.core.connection import UNREACHABLE
-from scheduler.core.errors import BadArgument, SchedulerError
+from scheduler.client.partitioned_merge import not_answering
+from scheduler.core.errors import BadArgument, SchedulerError, slot_move_text
 from scheduler.dashboard.store import Store
 from scheduler.schedules.cron_slots import cron_slots_after, cron_slots_upto
 from scheduler.schedules.recurring import Schedule, check_schedule_name
@@ -99,8 +99,10 @@ def queue_schedule_rows(
     for part in parts:
         try:
             found, count = schedule_rows(store, part, limit - len(rows))
-        except UNREACHABLE as exc:
-            unread.append(f"partition {part}: {exc}")
+        except Exception as exc:  # a node down, or refusing for now (its slot moving)
+            if not not_answering(exc):
+                raise
+            unread.append(f"partition {part}: {slot_move_text(exc) or exc}")
             errors.append(exc)
             continue
         rows, total = rows + found, total + count

@@ -18,9 +18,10 @@ from scheduler.admin.inspection import (
     server_now_ms,
 )
 from scheduler.client.partitioned import PartitionedQueue, read_layout
+from scheduler.client.partitioned_merge import not_answering
 from scheduler.client.queue import Queue
-from scheduler.core.connection import UNREACHABLE, is_cluster
-from scheduler.core.errors import SchedulerError
+from scheduler.core.connection import is_cluster
+from scheduler.core.errors import SchedulerError, slot_move_text
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.models import QueueCounts
 from scheduler.core.partitions import Layout
@@ -49,11 +50,7 @@ class QueueNotServed(SchedulerError):
 class Store:
     """The dashboard's one connection and its per-queue clients."""
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        queues: Sequence[str] = (),
-    ) -> None:
+    def __init__(self, client: redis.Redis, queues: Sequence[str] = ()) -> None:
         self.client = client
         self.fixed_queues = [check_queue_name(q) for q in queues]
         self._queues: dict[str, Queue] = {}
@@ -189,8 +186,10 @@ class Store:
         """Drive one operation on the queue's connection: Queue's own driver loop."""
         return q._run(op)
 
-    def counts(self, name: str) -> QueueCounts:
-        return self.view(name).counts()
+    def counts(self, name: str) -> tuple[QueueCounts, list[str]]:
+        """(queue `name`'s counts, the partitions left out: see View.counts_and_paused)."""
+        c, _, unread = self.view(name).counts_and_paused()
+        return c, unread
 
     def known(self, name: str) -> bool:
         """Queue `name` is one the pages list, a partitioned queue, or has keys (its sets,
@@ -256,8 +255,8 @@ class Store:
         for q in parts:
             try:
                 live, gone = live_workers(self.client, q.keys, limit=WORKERS_LISTED)
-            except UNREACHABLE as exc:
-                if len(parts) == 1:
+            except Exception as exc:  # a node down, or refusing for now (its slot moving)
+                if len(parts) == 1 or not not_answering(exc):
                     raise
                 failed.append((q.name, exc))
                 continue
@@ -266,7 +265,11 @@ class Store:
                 rows.setdefault(w.id, w.to_json())
         if failed and len(failed) == len(parts):  # none answered: the app's 503
             raise failed[0][1]
-        return list(rows.values()), cut, [f"partition {p}: {e}" for p, e in failed]
+        return (
+            list(rows.values()),
+            cut,
+            [f"partition {p}: {slot_move_text(e) or e}" for p, e in failed],
+        )
 
     def live_worker_count(self, name: str) -> int:
         """Live workers among each partition's WORKERS_PROBED most recently seen, whatever the
@@ -280,7 +283,9 @@ class Store:
             try:
                 ids = [str(i) for i in _newest_workers(self.client, q.keys, WORKERS_PROBED)]
                 n += int(self.client.exists(*map(q.keys.worker, ids))) if ids else 0
-            except UNREACHABLE as exc:
+            except Exception as exc:  # a node down, or refusing for now (its slot moving)
+                if not not_answering(exc):
+                    raise
                 failed.append(exc)
         if len(failed) == len(parts):  # none answered: the app's 503
             raise failed[0]
