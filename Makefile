@@ -32,8 +32,10 @@ HAND_EDITS = tests/test_wrong_type_matrix.py tests/test_field_edit_matrix.py
 # The crash/chaos tests, run a second time with the lowest redis-py.
 CRASH = tests/test_worker_crash.py tests/faults/test_crash.py tests/faults/test_restarts.py \
         tests/faults/test_proxy.py tests/faults/test_batched_enqueue_chaos.py
-# The direct I/O path, which reaches into redis-py's connections and pools: on the lowest too.
-DIRECT = tests/test_direct_io.py tests/test_direct_pipeline.py tests/test_direct_pool.py tests/test_direct_send_async.py
+# The direct I/O path, which reaches into redis-py's connections and pools (as the loop guard
+# does for a closed loop's connections): on the lowest too.
+DIRECT = tests/test_direct_io.py tests/test_direct_pipeline.py tests/test_direct_pool.py tests/test_direct_send_async.py \
+         tests/test_async_loop_reuse.py
 
 # $(call pytest,title,python command,paths): exit 5 ("no tests ran") is named, and fails like any.
 define pytest

@@ -120,6 +120,7 @@ class AsyncQueue(Unpicklable):
         """Close the underlying redis.asyncio connection (`async with` the queue too); in a
         process forked after its first use, nothing: the connections are the parent's."""
         if not loop_guard.inherited(self.client):
+            self._guard()  # a closed loop's connections dropped first: closing them needs it
             await self.client.aclose()
 
     async def __aenter__(self) -> AsyncQueue:

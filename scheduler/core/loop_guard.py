@@ -7,8 +7,9 @@ them: `check` refuses, before any I/O, a call that would use them from elsewhere
   id answered to another call). A client first used in the child is its own and works.
 - Another event loop while the first is still open (another thread's loop): the call waited on
   the first loop's connections, for ever when that loop was busy. Once the first loop is
-  closed (`asyncio.run()` called again), the client is the new loop's (docs/guide/manual.md:
-  its first call there may fail with "Event loop is closed").
+  closed (`asyncio.run()` called again), the client is the new loop's: the closed loop's
+  pooled connections are dropped first (`_drop_connections`), else the first call of every
+  run after the first failed with "Event loop is closed".
 
 A queue's `Guard` remembers the loop and fork count it last passed with: a call costs the
 running loop's lookup and two comparisons. A fork is counted by an `os.register_at_fork` hook,
@@ -17,6 +18,7 @@ not a `getpid` per call."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import weakref
 from collections.abc import Coroutine
@@ -65,9 +67,49 @@ def check(client: Any, who: str) -> None:
         return
     entry = (ref, loop, _forks)
     if bound is not None:
+        if bound[0]() is client:  # its loop is closed (same process): its connections with it
+            _drop_connections(client)
         _BOUND[key] = entry
     elif _BOUND.setdefault(key, entry) is not entry:  # another thread's loop bound it first
         check(client, who)
+
+
+def _connections(client: Any) -> list[Any]:
+    """The redis.asyncio connections `client` holds: its pool's (a Sentinel pool is one), its
+    single connection, or a cluster's per-node ones."""
+    found: list[Any] = []
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        found += getattr(pool, "_available_connections", [])
+        found += getattr(pool, "_in_use_connections", ())
+    if getattr(client, "connection", None) is not None:
+        found.append(client.connection)
+    manager = getattr(client, "nodes_manager", None)
+    for nodes in (getattr(manager, "nodes_cache", {}), getattr(manager, "startup_nodes", {})):
+        for node in nodes.values():
+            found += getattr(node, "_connections", [])
+    return found
+
+
+def _drop_connections(client: Any) -> None:
+    """Close the connections of a closed loop without that loop: a transport's close and abort
+    end in a callback on its loop, which raises once the loop is closed, so that callback is
+    run here (it closes the socket: the server drops the session now, and no transport is left
+    to warn at GC). The connection reconnects on its next use."""
+    for conn in _connections(client):
+        writer = getattr(conn, "_writer", None)
+        if writer is None:
+            continue
+        conn._reader = conn._writer = None
+        # A TLS transport wraps the socket's: that one holds the socket.
+        transport = writer.transport
+        inner = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)
+        for t in (transport, inner):
+            if t is not None:
+                with contextlib.suppress(Exception):  # RuntimeError: its loop is closed
+                    t.abort()
+        with contextlib.suppress(Exception):  # the protocol's futures are the old loop's
+            (inner or transport)._call_connection_lost(None)
 
 
 def inherited(client: Any) -> bool:
