@@ -8,6 +8,7 @@ from another CA is refused."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import pickle
 import re
 from collections.abc import Callable
@@ -165,6 +166,21 @@ def test_tls_asyncio_small_and_large_sends(tls_server: tuple[Server, int], tls_c
         await q.aclose()
 
     asyncio.run(main())
+
+
+def test_tls_asyncio_queue_kept_across_event_loops(
+    tls_server: tuple[Server, int], tls_certs: Tls
+) -> None:
+    """An AsyncQueue over TLS reused by several asyncio.run() calls: each run's first call
+    works, the closed loop's TLS connection is closed under its wrapper (loop_guard) without
+    that loop, and nothing is left to warn at GC (filterwarnings = error)."""
+    _, port = tls_server
+    url = f"rediss://sched-app:{PASSWORD}@localhost:{port}/0?ssl_ca_certs={tls_certs.ca}"
+    q = AsyncQueue.from_url(url, QUEUE)
+    ids = [asyncio.run(q.enqueue("t", {"run": i})) for i in range(3)]
+    asyncio.run(q.aclose())
+    gc.collect()
+    assert Queue.from_url(url, QUEUE).counts().due == 3 and len(set(ids)) == 3
 
 
 def test_tls_refuses_a_certificate_from_another_ca(
