@@ -27,6 +27,8 @@ from tests.redis_server import (
 )
 from tests.workers.procs import forget_logs, log_tails
 
+pytest_plugins = ["tests.fixtures.partitioned"]
+
 
 def _docker_redis() -> tuple[str, Callable[[], None]] | None:
     try:

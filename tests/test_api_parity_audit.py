@@ -12,7 +12,7 @@ import pkgutil
 import re
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -37,20 +37,11 @@ from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
 from scheduler.core.models import JobSpec
-from tests.conftest import delete_queue, dump_queue
+from tests.conftest import dump_queue
 from tests.test_parity import undocumented
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    name = queue_name + "-p"  # beside the plain queue `q` of queue_name
-    q = PartitionedQueue.create(client, name, partitions=2)
-    yield q
-    for part in q.parts:
-        delete_queue(client, part)
-    client.delete(f"sched:{{{name}}}:partitions")
+pytestmark = pytest.mark.pq(partitions=2, suffix="-p")  # beside the plain queue `q` of queue_name
 
 
 def test_a_partitioned_queues_ids_are_plain_str_its_own_calls_accept(

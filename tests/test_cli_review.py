@@ -93,15 +93,7 @@ def test_stats_watch_refuses_an_interval_that_is_no_number(
     assert result.stdout == ""
 
 
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    p = PartitionedQueue.create(client, queue_name, partitions=2)
-    yield p
-    for part in p.parts:
-        delete_queue(client, part)
-    client.delete(f"sched:{{{queue_name}}}:partitions")
-
-
+@pytest.mark.pq(partitions=2)
 def test_keys_of_a_partitioned_queue_points_at_its_jobs(cli: Run, pq: PartitionedQueue) -> None:
     for n in range(2):
         pq.enqueue("t", {"n": n})

@@ -6,9 +6,7 @@ server and, in `make test-cluster`, on a local 3-primary cluster."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
-import pytest
 import redis
 from starlette.testclient import TestClient
 
@@ -16,17 +14,7 @@ from scheduler import JobSpec
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import is_cluster, primaries
 from scheduler.dashboard import Auth, create_app
-from tests.conftest import delete_queue
 from tests.redis_server import is_cluster_run
-
-
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    q = PartitionedQueue.create(client, queue_name, partitions=3)
-    yield q
-    for part in q.parts:
-        delete_queue(client, part)
-    client.delete(f"sched:{{{queue_name}}}:partitions")
 
 
 def fill(pq: PartitionedQueue) -> tuple[list[str], list[str]]:

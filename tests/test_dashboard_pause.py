@@ -23,23 +23,14 @@ from tests.test_dashboard import csrf_of, make_client
 
 PAUSED_NOTICE = "Paused the queue: workers claim none of its jobs until it is resumed."
 RESUMED_NOTICE = "Resumed the queue: workers claim its jobs again."
+# pq: its own name, as the plain `q` of a test beside it may not write under a partitioned one
+pytestmark = pytest.mark.pq(suffix="-p")
 
 
 @pytest.fixture
 def web(client: redis.Redis, q: Queue) -> Iterator[TestClient]:
     with make_client(client, q) as t:
         yield t
-
-
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    # Its own name: the plain `q` of a test beside it may not write under a partitioned one.
-    name = queue_name + "-p"
-    p = PartitionedQueue.create(client, name, partitions=3)
-    yield p
-    for part in p.parts:
-        delete_queue(client, part)
-    client.delete(f"sched:{{{name}}}:partitions")
 
 
 def tag(html: str, pattern: str) -> str:

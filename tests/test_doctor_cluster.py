@@ -21,6 +21,7 @@ from scheduler.core.connection import connect, node_for_key
 from tests.old_layout import old_enqueue
 
 HOUR_MS = 3_600_000
+pytestmark = pytest.mark.pq(client="rc")
 
 
 @pytest.fixture
@@ -29,17 +30,6 @@ def rc(cluster_url: str) -> Iterator[Any]:
     assert isinstance(client, RedisCluster)
     yield client
     client.close()
-
-
-@pytest.fixture
-def pq(rc: Any, queue_name: str) -> Iterator[PartitionedQueue]:
-    pq = PartitionedQueue.create(rc, queue_name, partitions=3)
-    yield pq
-    for name in [queue_name, *(p.name for p in pq.parts)]:
-        keys = list(rc.scan_iter(match=f"sched:{{{name}}}:*"))
-        for key in keys:
-            rc.delete(key)
-    rc.delete(f"sched:{{{queue_name}}}:partitions")
 
 
 def _damage(part: Queue, n: int) -> dict[str, str]:

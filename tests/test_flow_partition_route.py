@@ -5,24 +5,11 @@ to give that key's jobs ids tagged with one partition. Both halves, on real part
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-
-import pytest
-import redis
 
 from scheduler import PartitionedQueue
 from tests.conftest import delete_queue
 
 LIMIT = {"concurrency_key": "tenant:7", "concurrency_limit": 1}
-
-
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    q = PartitionedQueue.create(client, queue_name, partitions=3)
-    yield q
-    for part in q.parts:
-        delete_queue(client, part)
-    client.delete(f"sched:{{{queue_name}}}:partitions")
 
 
 def leased(pq: PartitionedQueue) -> int:

@@ -19,7 +19,6 @@ from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.errors import CorruptKey
 from tests.conftest import Clock
 from tests.test_dashboard import make_client
-from tests.test_partitions import pq as pq  # the fixture: 3 partitions, deleted after
 
 FINISHED_MAX = 10_000  # lua/lib/result.lua
 

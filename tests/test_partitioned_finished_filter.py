@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -15,18 +14,9 @@ from starlette.testclient import TestClient
 
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.dashboard import Auth, create_app
-from tests.conftest import delete_queue
 
 HOUR_MS = 3_600_000
-
-
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    q = PartitionedQueue.create(client, queue_name, partitions=2)
-    yield q
-    for part in q.parts:
-        delete_queue(client, part)
-    client.delete(f"sched:{{{queue_name}}}:partitions")
+pytestmark = pytest.mark.pq(partitions=2)
 
 
 def shown(html: str, ids: list[str]) -> list[str]:

@@ -4,7 +4,6 @@ name. Runs on one server and, in the cluster stage, on a cluster."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,15 +40,6 @@ def test_the_id_tells_the_partition_and_a_key_decides_it() -> None:
         layout.route("user-9", other, spread=0)
     with pytest.raises(BadArgument):
         Layout.parse("emails", "2|1|emails.p0")
-
-
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    q = PartitionedQueue.create(client, queue_name, partitions=3)
-    yield q
-    for part in q.parts:
-        delete_queue(client, part)
-    client.delete(f"sched:{{{queue_name}}}:partitions")
 
 
 def test_the_count_is_stored_and_another_is_refused(

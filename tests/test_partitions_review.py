@@ -4,7 +4,6 @@ failed on the code as reviewed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -15,19 +14,7 @@ from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
 from scheduler.core.partitions import PartitionMismatch, meta_key
 from tests.conftest import delete_queue
-
-
-def _drop(client: redis.Redis, pq: PartitionedQueue) -> None:
-    for part in pq.parts:
-        delete_queue(client, part)
-    client.delete(meta_key(pq.name))
-
-
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    q = PartitionedQueue.create(client, queue_name, partitions=3)
-    yield q
-    _drop(client, q)
+from tests.fixtures.partitioned import delete_partitioned
 
 
 def test_not_durable_carries_every_id_of_a_partitioned_batch(
@@ -45,7 +32,7 @@ def test_not_durable_carries_every_id_of_a_partitioned_batch(
         assert pq.counts().due == 6  # all six were written
         assert err.value.job_ids == ids, f"NotDurable.job_ids={err.value.job_ids}"
     finally:
-        _drop(client, pq)
+        delete_partitioned(client, pq)
 
 
 def test_a_refused_partition_batch_names_the_jobs_written_in_the_others(
@@ -113,7 +100,7 @@ def test_due_pages_neither_repeat_nor_skip_a_released_job(
         pages = [j.id for off in range(3) for j in pq.list_jobs("due", offset=off, limit=1)]
         assert sorted(pages) == ["p0.r", "p0.x", "p1.y"], f"pages of one: {pages}"
     finally:
-        _drop(client, pq)
+        delete_partitioned(client, pq)
 
 
 @pytest.mark.parametrize(("offset", "limit"), [(-1, 10), (3, 0)])

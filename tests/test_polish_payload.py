@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pydantic
@@ -16,7 +16,7 @@ import redis
 from scheduler import AsyncQueue, InvalidPayload, JobContext, JobSpec, Queue, Registry
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import connect_async
-from tests.conftest import delete_queue, dump_queue
+from tests.conftest import dump_queue
 
 
 @dataclasses.dataclass
@@ -81,15 +81,7 @@ def test_the_async_paths_refuse_it_too(redis_url: str, q: Queue, client: redis.R
     assert dump_queue(client, q) == {}
 
 
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    p = PartitionedQueue.create(client, queue_name, partitions=2)
-    yield p
-    for part in p.parts:
-        delete_queue(client, part)
-    client.delete(f"sched:{{{queue_name}}}:partitions")
-
-
+@pytest.mark.pq(partitions=2)
 def test_a_partitioned_queue_refuses_it(pq: PartitionedQueue) -> None:
     with pytest.raises(InvalidPayload, match=r"dataclasses\.asdict"):
         pq.enqueue("send_email", EmailArgs(to="a@b"))

@@ -10,7 +10,7 @@ import asyncio
 import time
 import types
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,7 +25,6 @@ from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker import claiming as claiming_module
 from scheduler.worker import heartbeat as heartbeat_module
 from scheduler.worker.registry import Registry
-from tests.conftest import delete_queue
 from tests.redis_server import RedisProcess
 
 registry = Registry()
@@ -88,15 +87,6 @@ def test_a_cancelled_async_result_stops_waiting(redis_url: str, q: Queue) -> Non
 
 
 # -- (b) partitioned queues: routing of text that is not valid Unicode ------------------------
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    q = PartitionedQueue.create(client, queue_name, partitions=3)
-    yield q
-    for part in q.parts:
-        delete_queue(client, part)
-    client.delete(f"sched:{{{queue_name}}}:partitions")
-
-
 @pytest.mark.parametrize("call", ["enqueue_id", "status", "result", "cancel", "schedule"])
 def test_an_id_that_is_not_valid_text_is_a_bad_argument(pq: PartitionedQueue, call: str) -> None:
     """A plain Queue refuses a lone surrogate with BadArgument (the id pattern); the

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -19,7 +19,7 @@ from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
-from tests.conftest import Clock, delete_queue, dump_queue
+from tests.conftest import Clock, dump_queue
 
 HOUR_MS = 3_600_000
 T0 = 1_000 * HOUR_MS + 123  # between two slots of an hourly schedule
@@ -191,15 +191,7 @@ def test_the_async_client(client: redis.Redis, q: Queue, redis_url: str) -> None
     assert q.get_job(job_id).fields["schedule"] == "s" and q.status(job_id) == "due"
 
 
-@pytest.fixture
-def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    p = PartitionedQueue.create(client, queue_name + "-p", partitions=3)
-    yield p
-    for part in p.parts:
-        delete_queue(client, part)
-    client.delete(f"sched:{{{p.name}}}:partitions")
-
-
+@pytest.mark.pq(suffix="-p")
 def test_a_partitioned_queue_runs_it_in_the_schedules_partition(
     client: redis.Redis, pq: PartitionedQueue, redis_url: str
 ) -> None:

@@ -20,7 +20,6 @@ from scheduler.core.models import JobState
 from scheduler.operations.ops import Script
 from scheduler.schedules.recurring import stable_offset_ms
 from tests.conftest import Clock, dump_queue
-from tests.test_partitions import pq as pq  # the fixture: 3 partitions, deleted after
 
 MIN_MS = 60_000
 T0 = 1_000 * MIN_MS + 1  # just after a minute's slot: the first run is at T0 - 1 + MIN_MS

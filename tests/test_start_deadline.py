@@ -20,7 +20,6 @@ from scheduler.core.models import JobSpec, JobState
 from scheduler.core.spec_record import spec_fields
 from scheduler.operations.ops import Script
 from tests.conftest import Clock, dump_queue
-from tests.test_partitions import pq as pq  # the fixture: 3 partitions, deleted after
 
 REASON = "start deadline passed"
 
