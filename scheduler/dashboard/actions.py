@@ -151,8 +151,20 @@ class Actions:
     async def requeue(self, request: Request) -> Response:
         name, job_id = request.path_params["queue"], check_job_id(request.path_params["job_id"])
         await self.form(request)
-        n = await run_in_threadpool(self.store.view(name).holder(job_id).requeue_dead, [job_id])
-        return self._back(request, f"/queues/{name}/jobs/{job_id}", "requeued", n=n)
+
+        def run() -> tuple[int, str]:
+            q = self.store.view(name).holder(job_id)
+            n = q.requeue_dead([job_id])
+            try:  # nothing requeued: say what the job is (held, due, ...: a stale page's button)
+                return n, "dead" if n else str(q.status(job_id))
+            except JobNotFound:
+                return n, "missing"
+
+        n, state = await run_in_threadpool(run)
+        path = f"/queues/{name}/jobs/{job_id}"
+        if not n:
+            return self._back(request, path, "not-requeued", state=state)
+        return self._back(request, path, "requeued", n=n)
 
     async def schedule(self, request: Request) -> Response:
         name, sched = request.path_params["queue"], request.path_params["name"]

@@ -25,7 +25,13 @@ from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition, unread_why
 from scheduler.dashboard.params import DEFAULT_LIMIT, int_param, text_param
-from scheduler.dashboard.reasons import CAN_CANCEL, flow_settings, queue_paused_ms, why_not_running
+from scheduler.dashboard.reasons import (
+    CAN_CANCEL,
+    flow_reasons,
+    flow_settings,
+    queue_paused_ms,
+    why_not_running,
+)
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import queue_schedule_rows
 from scheduler.dashboard.store import QUEUE_RETRY_S, WORKERS_LISTED, Store
@@ -177,10 +183,13 @@ class Pages:
             jobs = view.parts[0].list_jobs(state, offset=offset, limit=limit + 1)
             next_offset = offset + limit if len(jobs) > limit else None
             jobs = jobs[:limit]
+        now_ms = summary["now_ms"]  # the held tab: each job's hold, as its page says it
+        held_by = {j.id: flow_reasons(j, now_ms)[:1] for j in jobs} if state == "held" else {}
         return self.render.page(
             request,
             "queue.html",
             q=summary,
+            held_by=held_by,
             state=state,
             states=LISTABLE,
             jobs=jobs,

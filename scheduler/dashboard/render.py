@@ -129,6 +129,7 @@ def environment() -> jinja2.Environment:
 NOTICES = {
     "requeued": "Requeued {n} dead job(s).",
     "purged": "Purged {n} dead job(s).",
+    "not-requeued": "Nothing requeued: the job is {state}, not a dead letter.",
     "cancelled": "Cancelled the job (it was {state}).",
     "not-cancelled": "Nothing cancelled: the job was already {state}.",
     "moved-now": "Moved the job's run time to now: a worker takes it at its next claim.",
