@@ -88,3 +88,16 @@ def test_the_job_page_says_the_key_has_room(fq: tuple[Queue, Clock], web: TestCl
     assert "slots are leased" not in page
     page_x = web.get(f"/queues/{q.name}/jobs/{x}").text
     assert 'data-reason="limited-by-key"' in page_x
+
+
+def test_a_job_of_a_full_key_with_older_held_jobs_is_limited_by_the_key(
+    fq: tuple[Queue, Clock],
+) -> None:
+    """Both hold it (the key is full, and x is older): the full key is the reason, as it would
+    be with no older job, not 'waiting behind' as if the key had room."""
+    q, clock = fq
+    _held_behind(q, clock)
+    clock.set_ms(T0 + 2)
+    z = q.enqueue("t", "z", concurrency_key="k", concurrency_limit=1)
+    assert q.claim("w", limit=10, lease_ms=LEASE_MS).jobs == []
+    assert q.get_job(z).fields["flow_reason"] == "limited by key k (1 leased)"
