@@ -22,7 +22,8 @@ from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import connect
 from scheduler.core.partitions import meta_key
 from scheduler.dashboard import Auth, create_app
-from tests.test_cluster_reshard import SlotMove, _drop
+from tests.conftest import delete_queue
+from tests.test_cluster_reshard import SlotMove
 
 SAYS = "hash slot is being migrated to another Redis Cluster node"
 RAW = ("Multiple keys request", "TryAgainError", "TTL exhausted.")
@@ -48,7 +49,7 @@ def moving(cluster_url: str, queue_name: str) -> Iterator[Queue]:
         yield q
     finally:
         move.finish()
-        _drop(rc, q)
+        delete_queue(rc, q)
         rc.close()
 
 
@@ -69,7 +70,7 @@ def moving_partition(cluster_url: str, queue_name: str) -> Iterator[PartitionedQ
     finally:
         move.finish()
         for p in pq.parts:
-            _drop(rc, p)
+            delete_queue(rc, p)
         rc.delete(meta_key(queue_name))
         rc.close()
 
