@@ -35,6 +35,6 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
 # Beside the table, not a row: any code above 128 is the shell's for a death by a signal.
 SIGNAL_NOTE = (
     "128+N: killed by signal N where no handler could take it (143: SIGTERM in the worker's "
-    "first ~0.6 s, before its handlers are in place, or after it stopped; 137: SIGKILL, the "
+    "first ~0.6 s, before its handlers are in place; 137: SIGKILL, the "
     "OOM killer's): a lease it held lapses and its job runs again; nothing is lost"
 )

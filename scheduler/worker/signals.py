@@ -89,12 +89,28 @@ def _restore(loop: asyncio.AbstractEventLoop) -> list[int]:
     return put_back
 
 
+# Set by a process that ends with its worker (the CLI: scheduler/cli/worker_signals.py): the
+# handler remove() leaves on every signal the worker kept, in place of its default, so a stop
+# signal between the worker's stop and the process's exit cannot end it with 128+N.
+_after_stop: Any = None
+
+
+def after_stop(handler: Any) -> None:
+    """What remove() leaves on each signal kept (None: SIGTERM's and SIGINT's defaults)."""
+    global _after_stop
+    _after_stop = handler
+
+
 def remove(loop: asyncio.AbstractEventLoop) -> None:
     signal_guard.stop()
+    then = _after_stop
+    kept = [*_callbacks] if then is not None else [signal.SIGTERM, signal.SIGINT]
     _ours.clear()  # an app's forks from now on inherit its own handlers again
     _callbacks.clear()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in kept:
         loop.remove_signal_handler(sig)
+        if then is not None:
+            signal.signal(sig, then)
 
 
 _DEFAULTS: dict[int, Any] = {
