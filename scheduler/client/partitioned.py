@@ -19,8 +19,6 @@ import redis
 from scheduler.admin.inspection import queue_exists, server_now_ms
 from scheduler.client.partitioned_merge import (
     PartitionsNotReached,
-    answered,
-    by_node,
     by_partition,
     expand_queues,
     expand_queues_async,
@@ -38,10 +36,11 @@ from scheduler.client.partitioned_merge import (
     resume_word,
     unread,
 )
+from scheduler.client.partitioned_partial import answering_sync
 from scheduler.client.queue import Queue
 from scheduler.core import queue_index
 from scheduler.core.client_kind import Unpicklable
-from scheduler.core.connection import UNREACHABLE, connect
+from scheduler.core.connection import connect
 from scheduler.core.errors import slot_move_text
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
@@ -159,23 +158,18 @@ class PartitionedQueue(Unpicklable):
 
     def run_answering(self, make: Callable[[Queue], Op[Any]]) -> list[Any]:
         """make(p) on each partition, for callers that show what answers (the CLI, the
-        dashboard) or finish it later (pause): each one's result, or in its place the error of
-        one whose node does not answer or refuses for now (not_answering), while another
-        answers. On a cluster each node's partitions are one driver call, so a node down fails
-        its own only (cluster_io sends node after node anyway, and one lost node fails a call
-        over several whole). None answering: the first error is raised; any other error too."""
+        dashboard, the partial reads) or finish it later (pause): each one's result, or in its
+        place the error of one whose node does not answer or refuses for now (not_answering),
+        while another answers. On a cluster each node's partitions are one driver call, so a
+        node down fails its own only. A partition whose slot moved to another node is asked
+        once more there (make(p) again: a read, or a change that is idempotent), and so are
+        the other partitions of its old node's call when the new node did not answer (that
+        call raised whole). None answering: the first error is raised; any other error too."""
         return self._answering(make, self.parts)
 
     def _answering(self, make: Callable[[Queue], Op[Any]], asked: Sequence[Queue]) -> list[Any]:
         """run_answering over `asked` only (of self.parts): one result each, in their order."""
-        out: dict[str, Any] = {}
-        for group in by_node(self.client, asked):
-            try:
-                got = self._run_many([(p, make(p)) for p in group], errors=True)
-            except UNREACHABLE as exc:
-                got = [exc] * len(group)
-            out.update(zip((p.name for p in group), got, strict=True))
-        return answered([out[p.name] for p in asked])
+        return answering_sync(self, make, asked)
 
     # -- producers ---------------------------------------------------------------------------
     def enqueue(self, task: str, payload: Any = None, **kwargs: Any) -> str:

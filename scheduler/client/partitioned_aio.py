@@ -12,8 +12,6 @@ from typing import Any
 from scheduler.admin.inspection import existence_keys
 from scheduler.client.aio import AsyncQueue
 from scheduler.client.partitioned_merge import (
-    answered,
-    by_node,
     by_partition,
     group_ids,
     ids_in_call_order,
@@ -27,8 +25,9 @@ from scheduler.client.partitioned_merge import (
     read_layout_async,
     resume_word,
 )
+from scheduler.client.partitioned_partial import answering_async
 from scheduler.core import queue_index
-from scheduler.core.connection import UNREACHABLE, connect_async
+from scheduler.core.connection import connect_async
 from scheduler.core.job_spec import spec_options
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
@@ -131,15 +130,8 @@ class AsyncPartitionedQueue:
         return results
 
     async def run_answering(self, make: Callable[[AsyncQueue], Op[Any]]) -> list[Any]:
-        """PartitionedQueue.run_answering for asyncio."""
-        out: dict[str, Any] = {}
-        for group in by_node(self.client, self.parts):
-            try:
-                got = await self._run_many([(p, make(p)) for p in group], errors=True)
-            except UNREACHABLE as exc:
-                got = [exc] * len(group)
-            out.update(zip((p.name for p in group), got, strict=True))
-        return answered([out[p.name] for p in self.parts])
+        """PartitionedQueue.run_answering for asyncio (the nodes' calls concurrently)."""
+        return await answering_async(self, make, self.parts)
 
     async def enqueue(self, task: str, payload: Any = None, **kwargs: Any) -> str:
         """PartitionedQueue.enqueue for asyncio (`AsyncQueue.enqueue`'s arguments)."""

@@ -9,12 +9,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import redis
 
 from scheduler.core.client_kind import check_client
-from scheduler.core.connection import UNREACHABLE, is_cluster
+from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import (
     BadArgument,
     NotDurable,
@@ -22,17 +22,9 @@ from scheduler.core.errors import (
     refused_for_now,
     slot_move_text,
 )
-from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, QueueCounts
 from scheduler.core.partitions import Layout, meta_key
 
-
-class _Part(Protocol):
-    @property
-    def keys(self) -> QueueKeys: ...
-
-
-Q = TypeVar("Q", bound=_Part)  # Queue or AsyncQueue: a partition
 # A job of a partitioned enqueue_many: its partition, and its spec with its id filled in.
 Placed = tuple[int, JobSpec]
 # What opens a partitioned queue from a URL (a refused URL's hint).
@@ -207,16 +199,21 @@ def ids_in_call_order(placed: Sequence[Placed], got: dict[int, Any]) -> list[str
 
 
 class PartitionsNotReached(redis.ConnectionError, SchedulerError):
-    """A change of every partition (pause, resume) reached only some: the nodes of `missing`
-    did not answer, or refused for now (a slot being moved). `done` took it; the call is
-    idempotent, so calling it again once they answer finishes it. A ConnectionError: what
-    retries an unreachable Redis retries this (the CLI: exit 3; the dashboard: 503)."""
+    """A call over every partition reached only some: the nodes of `missing` did not answer, or
+    refused for now (a slot being moved); `done` are the others. A change (pause, resume): those
+    took it, `partial` is None; it is idempotent, so calling it again once they answer finishes
+    it. A read (counts, list_jobs, dead_ids, dead_scored, list_schedules): `partial` is what it
+    returns, of `done` only. A ConnectionError: what retries an unreachable Redis retries this
+    (the CLI: exit 3; the dashboard: 503)."""
 
-    def __init__(self, what: str, done: list[str], missing: list[str], errors: list[str]):
-        self.done, self.missing = done, missing
+    def __init__(
+        self, what: str, done: list[str], missing: list[str], errors: list[str], partial: Any = None
+    ):
+        self.done, self.missing, self.partial = done, missing, partial
+        verb, then = ("reached", "") if partial is None else ("read", "its .partial is theirs; ")
         super().__init__(
-            f"{what} reached {len(done)} of {len(done) + len(missing)} partitions; not "
-            f"{', '.join(missing)} ({'; '.join(errors)}): call it again once they answer"
+            f"{what} {verb} {len(done)} of {len(done) + len(missing)} partitions; not "
+            f"{', '.join(missing)} ({'; '.join(errors)}): {then}call it again once they answer"
         )
 
 
@@ -226,20 +223,6 @@ def not_answering(exc: BaseException) -> bool:
     return isinstance(exc, UNREACHABLE) or (
         isinstance(exc, redis.ResponseError) and refused_for_now(exc)
     )
-
-
-def by_node(client: Any, parts: Sequence[Q]) -> list[list[Q]]:
-    """`parts` (queues) by the cluster node holding each (one group on one server)."""
-    if not is_cluster(client):
-        return [list(parts)]
-    groups: dict[str, list[Q]] = {}
-    for i, p in enumerate(parts):
-        try:
-            node = client.get_node_from_key(p.keys.prefix).name
-        except UNREACHABLE:  # its slot served by no node: its own call says so
-            node = f"?{i}"
-        groups.setdefault(node, []).append(p)
-    return list(groups.values())
 
 
 def answered(out: list[Any]) -> list[Any]:
@@ -266,7 +249,7 @@ def reached_every(what: str, parts: Sequence[Any], each: list[Any]) -> list[Any]
     """run_answering's results of a change of every partition (`what`: pause, resume), or
     PartitionsNotReached naming the partitions that did not answer."""
     pairs = list(zip((p.name for p in parts), each, strict=True))
-    failed = [(n, str(r)) for n, r in pairs if isinstance(r, BaseException)]
+    failed = [(n, slot_move_text(r) or str(r)) for n, r in pairs if isinstance(r, BaseException)]
     if failed:
         done = [n for n, r in pairs if not isinstance(r, BaseException)]
         errors = list(dict.fromkeys(e for _, e in failed))

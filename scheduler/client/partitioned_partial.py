@@ -1,0 +1,152 @@
+"""A partitioned queue's calls over the partitions that answer, shared by client/partitioned.py
+and partitioned_aio.py: run_answering (each node's partitions in one driver call, a partition
+asked once more when its slot moved), and the library's partial reads, which raise
+PartitionsNotReached carrying what the answering partitions hold (docs/cluster.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from redis.exceptions import AskError, RedisError
+
+from scheduler.client.partitioned_merge import PartitionsNotReached, answered
+from scheduler.core.connection import UNREACHABLE, is_cluster
+from scheduler.core.errors import slot_move_text
+from scheduler.operations.ops import Op
+
+T = TypeVar("T")
+Make = Callable[[Any], Op[Any]]
+
+
+def nodes_of(client: Any, parts: Sequence[Any]) -> list[str]:
+    """The name of the cluster node holding each of `parts` as the client's slot map says
+    ("" each on one server; a slot served by no node: a name of its own, its call says why)."""
+    if not is_cluster(client):
+        return [""] * len(parts)
+    out = []
+    for i, p in enumerate(parts):
+        try:
+            out.append(client.get_node_from_key(p.keys.prefix).name)
+        except UNREACHABLE:
+            out.append(f"?{i}")
+    return out
+
+
+def by_node(nodes: Sequence[str]) -> list[list[int]]:
+    """The indices of `nodes` grouped by node, in first-seen order."""
+    groups: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        groups.setdefault(n, []).append(i)
+    return list(groups.values())
+
+
+def ask_again(
+    before: Sequence[str], after: Sequence[str], out: Sequence[Any], whole: set[int]
+) -> list[int]:
+    """Which partitions to ask once more after a slot moved: one whose own reply is a MOVED or
+    ASK (the driver's redirections used up), and every partition of a node's call that failed
+    whole (`whole`) where one of them is now held by another node: the driver followed that
+    one's MOVED to its new node, and it was that node that did not answer, not theirs."""
+    again = {i for i, r in enumerate(out) if isinstance(r, AskError)}  # MovedError is one
+    left = {before[i] for i in whole if after[i] != before[i]}
+    return sorted(again | {i for i in whole if before[i] in left})
+
+
+def _refresh_wanted(out: Sequence[Any]) -> bool:
+    return any(isinstance(r, AskError) for r in out)
+
+
+def _groups_sync(
+    q: Any, make: Make, asked: Sequence[Any], nodes: Sequence[str]
+) -> tuple[list[Any], set[int]]:
+    out: list[Any] = [None] * len(asked)
+    whole: set[int] = set()
+    for idx in by_node(nodes):
+        try:
+            got = q._run_many([(asked[i], make(asked[i])) for i in idx], errors=True)
+        except UNREACHABLE as exc:
+            got, whole = [exc] * len(idx), whole | set(idx)
+        for i, r in zip(idx, got, strict=True):
+            out[i] = r
+    return out, whole
+
+
+def answering_sync(q: Any, make: Make, asked: Sequence[Any]) -> list[Any]:
+    """PartitionedQueue.run_answering over `asked` (of q.parts): one result each, in order."""
+    before = nodes_of(q.client, asked)
+    out, whole = _groups_sync(q, make, asked, before)
+    if _refresh_wanted(out):
+        with contextlib.suppress(RedisError, OSError):  # still moving: the call says so
+            q.client.nodes_manager.initialize()
+    again = ask_again(before, nodes_of(q.client, asked), out, whole)
+    if again:
+        sub = [asked[i] for i in again]
+        got, _ = _groups_sync(q, make, sub, nodes_of(q.client, sub))
+        for i, r in zip(again, got, strict=True):
+            out[i] = r
+    return answered(out)
+
+
+async def _groups_async(
+    q: Any, make: Make, asked: Sequence[Any], nodes: Sequence[str]
+) -> tuple[list[Any], set[int]]:
+    """_groups_sync for asyncio: the nodes' calls concurrently, as the driver sends one batch's
+    nodes, each finished before any error is raised."""
+    groups = by_node(nodes)
+    calls = [q._run_many([(asked[i], make(asked[i])) for i in idx], errors=True) for idx in groups]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    out: list[Any] = [None] * len(asked)
+    whole: set[int] = set()
+    for idx, got in zip(groups, results, strict=True):
+        if isinstance(got, BaseException):
+            if not isinstance(got, UNREACHABLE):
+                raise got
+            got, whole = [got] * len(idx), whole | set(idx)
+        for i, r in zip(idx, got, strict=True):
+            out[i] = r
+    return out, whole
+
+
+async def answering_async(q: Any, make: Make, asked: Sequence[Any]) -> list[Any]:
+    """answering_sync for asyncio."""
+    if is_cluster(q.client):
+        await q.client.initialize()  # a no-op once done: it connects lazily
+    before = nodes_of(q.client, asked)
+    out, whole = await _groups_async(q, make, asked, before)
+    if _refresh_wanted(out):
+        with contextlib.suppress(RedisError, OSError):
+            await q.client.nodes_manager.initialize()
+    again = ask_again(before, nodes_of(q.client, asked), out, whole)
+    if again:
+        sub = [asked[i] for i in again]
+        got, _ = await _groups_async(q, make, sub, nodes_of(q.client, sub))
+        for i, r in zip(again, got, strict=True):
+            out[i] = r
+    return answered(out)
+
+
+def not_read(what: str, parts: Sequence[Any], left_out: dict[str, str], partial: Any) -> None:
+    """Raise PartitionsNotReached for a read (`what`) that left out the partitions named in
+    `left_out` (name -> why), carrying `partial`, the answer of the others; none left out: no."""
+    if left_out:
+        done = [p.name for p in parts if p.name not in left_out]
+        errors = list(dict.fromkeys(left_out.values()))
+        raise PartitionsNotReached(what, done, list(left_out), errors, partial=partial)
+
+
+def read_every(
+    what: str, parts: Sequence[Any], each: Sequence[Any], merge: Callable[[list[Any]], T]
+) -> T:
+    """A read of every partition from run_answering's results: merge(each result, None in place
+    of a partition that did not answer). Some did not: PartitionsNotReached carrying it."""
+    value = merge([None if isinstance(r, BaseException) else r for r in each])
+    failed = {
+        p.name: slot_move_text(r) or str(r)
+        for p, r in zip(parts, each, strict=True)
+        if isinstance(r, BaseException)
+    }
+    not_read(what, parts, failed, value)
+    return value
