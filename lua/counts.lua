@@ -4,10 +4,15 @@
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, flow:rheld, flow:held, flow:waiting
   Returns: {now_ms, due_now (with the flow:held ones), scheduled_later, leased, dead, oldest_due_run_at_ms or -1,
     leases_lapsed, held_by_key_limit, held_by_rate_window, held_waiting_for_parents,
-    paused_ms (queue_pause.lua; 0 when the stored value is not a time, -1 when not paused)} ]]
+    paused_ms (queue_pause.lua; 0 when the stored value is not a time, -1 when not paused)}
+  Errors:  NEWER_STORAGE (lib/util.lua newer_storage_err: a newer version stores the queue) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
+
+-- Refused as every script that writes: it may convert a step of a dead LIST, and a newer
+-- layout's keys would be misread (or a newer `dead` LIST converted) instead of named.
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms()

@@ -75,6 +75,8 @@ async def check_access_async(
         k = QueueKeys(name)
         try:
             await client.exists(k.due, k.leased, k.dead, k.wake)
+            # Before the write: a newer layout's `due` may be of another type (WRONGTYPE).
+            await _refuse_newer_storage(client, name, k)
             await client.zrem(k.due, "")
         except UNREACHABLE as exc:
             # A refused password is no node down (it is a ConnectionError in redis-py).
@@ -90,7 +92,6 @@ async def check_access_async(
                     permission_message(exc, APP_ROLE_HINT, where=f"queue {name!r} ({k.pattern()})")
                 ) from None
             raise
-        await _refuse_newer_storage(client, name, k)
 
 
 async def _refuse_newer_storage(client: Any, name: str, k: QueueKeys) -> None:

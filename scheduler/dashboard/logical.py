@@ -22,7 +22,13 @@ from scheduler.client.partitioned_merge import (
 )
 from scheduler.client.partitioned_merge import unread as partition_errors
 from scheduler.client.queue import Queue
-from scheduler.core.errors import BadArgument, JobNotFound, refused_for_now, slot_move_text
+from scheduler.core.errors import (
+    BadArgument,
+    JobNotFound,
+    NewerStorage,
+    refused_for_now,
+    slot_move_text,
+)
 from scheduler.core.models import Job, QueueCounts
 from scheduler.operations import browsing
 from scheduler.operations.requests import Op
@@ -34,7 +40,10 @@ PARTITION_NAME = re.compile(r"^(.+)\.p\d{1,4}(?:\.\d{1,6})?$")
 
 def unread_why(exc: Exception) -> str | None:
     """Why the overview could not read a queue: its slot on the move (the CLI's words), its node
-    not answering or refusing for now; None for a ResponseError not refused for now (raised)."""
+    not answering or refusing for now, or stored by a newer version (its own words: the other
+    queues are still shown); None for another ResponseError not refused for now (raised)."""
+    if isinstance(exc, NewerStorage):
+        return str(exc)
     if isinstance(exc, ResponseError) and not refused_for_now(exc):
         return None
     what = "refused for now" if isinstance(exc, ResponseError) else "did not answer"
