@@ -207,20 +207,22 @@ def test_grace_bounds_the_exit_even_when_a_handler_ignores_its_cancel(
     module_server: RedisProcess,
 ) -> None:
     q = new_queue(module_server)
-    job = q.enqueue("rv-deaf", {"s": 12})
+    # The handler outlasts its cancel by 60 s, the exit is given 20: a bound far from both
+    # (under CI's load a 12 s handler and a 6 s bound flaked on the worker's own start).
+    job = q.enqueue("rv-deaf", {"s": 60})
     w = spawn_worker(module_server.url, q.name, "--grace", "0.5", "--heartbeat-ms", "100",
                      "--lease-ms", "3000", registry=f"{__name__}:registry")  # fmt: skip
     try:
-        wait_for(lambda: q.client.llen(f"rv:started:{q.name}") == 1, 15, "the handler started")
+        wait_for(lambda: q.client.llen(f"rv:started:{q.name}") == 1, 60, "the handler started")
         w.send_signal(signal.SIGTERM)
         # README: each shutdown wait is bounded; grace 0.5 s, then flush and release (< 5 s).
         # Before: run() returned and released the job, then asyncio.run() waited for the
-        # handler's task without a bound (12 s), its signal handlers already removed.
+        # handler's task without a bound (its 60 s), its signal handlers already removed.
         try:
-            code: int | None = w.wait(6)
+            code: int | None = w.wait(20)
         except subprocess.TimeoutExpired:
             code = None
-        assert code == EXIT_OK, f"exit {code} (None: still running 6 s after SIGTERM)"
+        assert code == EXIT_OK, f"exit {code} (None: still running 20 s after SIGTERM)"
         assert q.status(job) == "due"
     finally:
         stop_all([w])
@@ -343,13 +345,13 @@ def test_a_thread_that_cannot_start_from_the_backlog_strands_no_job(
 
     async def body(w: Worker) -> None:
         warm = [q.enqueue("rv-sync", {"s": 0}) for _ in range(3)]  # short jobs: prefetch on
-        await poll(lambda: all(q.status(j) == "done" for j in warm), 5, lambda: "warm-up")
+        await poll(lambda: all(q.status(j) == "done" for j in warm), 30, lambda: "warm-up")
         fail_nth_thread(w, 2)
         ids = q.enqueue_many([registry.job_spec("rv-sync", {"s": 0.1}) for _ in range(3)])
         # Before: the first job's end ran _finish -> _end -> _pump -> _run, which raised inside
         # the loop callback: its complete was never queued, the second job sat in `running`
         # without a thread, the third in the backlog; all three leases heartbeated for good.
-        await poll(lambda: w.claimed == 6 and all(q.status(i) != "leased" for i in ids), 5,
+        await poll(lambda: w.claimed == 6 and all(q.status(i) != "leased" for i in ids), 30,
                    lambda: ", ".join(state(q, i) for i in ids))  # fmt: skip
 
     assert with_worker(module_server, q, body, concurrency=1) == EXIT_OK

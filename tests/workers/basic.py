@@ -57,9 +57,12 @@ async def sleep(payload: Any, ctx: JobContext) -> str:
 
 @registry.task(name="sync_sleep")
 def sync_sleep(payload: Any, ctx: JobContext) -> str:
+    """Sleeps payload['s'] seconds, or until the file payload['until'] exists (a test's gate:
+    a fixed sleep raced a loaded machine's slower steps)."""
     mark(ctx, "start")
     deadline = time.monotonic() + payload["s"]
-    while time.monotonic() < deadline:
+    gate = payload.get("until")
+    while time.monotonic() < deadline and not (gate and os.path.exists(gate)):
         if ctx.should_stop():
             mark(ctx, "stopped:" + str(ctx.stop_reason))
             return "stopped"
