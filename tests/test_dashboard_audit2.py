@@ -1,7 +1,8 @@
 """A second audit of the dashboard against what an operator meets in production (Starlette's
 TestClient on a private Redis): the overview's lateness chart says which queues it covers (the
 overview is paged by OVERVIEW_SHOWN queues, and the chart is the worst of the page's queues,
-not of every queue)."""
+not of every queue); a partitioned queue's layout record edited by hand is one queue's trouble,
+named, not a 500 or every page's 400."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ import redis
 from starlette.testclient import TestClient
 
 from scheduler import Queue
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.core.partitions import meta_key
 from scheduler.dashboard import Auth, create_app, pages
 from tests.conftest import delete_queue
+from tests.fixtures.partitioned import MakePq
 
 
 @pytest.fixture
@@ -59,3 +63,51 @@ def test_unpaged_the_chart_covers_every_queue_listed(
         api = web.get("/api/overview").json()
     assert "every queue listed above" in scope(page)
     assert api["lateness_queues"] == sorted(x.name for x in three)
+
+
+@pytest.fixture(params=["garbage", "another-type"])
+def bad_layout(
+    request: pytest.FixtureRequest, client: redis.Redis, make_pq: MakePq
+) -> PartitionedQueue:
+    """A partitioned queue whose stored layout record was edited by hand: to text it cannot
+    read, or into a hash."""
+    pq = make_pq(partitions=2, suffix="-p")
+    pq.enqueue("t", None)
+    client.delete(meta_key(pq.name))
+    if request.param == "garbage":
+        client.set(meta_key(pq.name), "zzz")
+    else:
+        client.hset(meta_key(pq.name), "partitions", "2")
+    return pq
+
+
+@pytest.mark.parametrize("path", ["", "/dead", "/api"])
+def test_a_layout_record_edited_by_hand_is_named_on_its_queues_pages(
+    client: redis.Redis, bad_layout: PartitionedQueue, path: str
+) -> None:
+    """Edited into a hash, the queue's pages answered a bare 500 (redis-py's WRONGTYPE)."""
+    app = create_app(client=client, queues=[bad_layout.name], auth=Auth())
+    with TestClient(app, raise_server_exceptions=False) as web:
+        r = web.get(f"/queues/{bad_layout.name}{path}")
+    assert r.status_code == 400, r.text[-300:]
+    assert "partition record" in r.text and "scheduler doctor" in r.text, r.text[-400:]
+
+
+@pytest.mark.parametrize("page", ["/", "/api/overview", "/workers", "/schedules", "/health"])
+def test_a_layout_record_edited_by_hand_leaves_the_other_queues_shown(
+    client: redis.Redis, q: Queue, bad_layout: PartitionedQueue, page: str
+) -> None:
+    """One queue's unreadable record answered 400 for the overview, /workers, /schedules and
+    /health: every other queue's rows were gone with it."""
+    q.enqueue("t", None)
+    q.schedule("nightly", "t", every_ms=60_000)
+    app = create_app(client=client, queues=[q.name, bad_layout.name], auth=Auth())
+    with TestClient(app, raise_server_exceptions=False) as web:
+        r = web.get(page)
+    assert r.status_code == 200, r.text[-300:]
+    said = r.json()["unreachable"] if page.startswith("/api") else r.text
+    assert f"queue {bad_layout.name}: " in str(said) and "partition record" in str(said)
+    if page == "/api/overview":
+        assert [row["queue"] for row in r.json()["queues"]] == [q.name]
+    elif page == "/schedules":
+        assert "nightly" in r.text

@@ -10,9 +10,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import redis
 from redis.exceptions import ResponseError
 
-from scheduler.client.partitioned import PartitionedQueue, unread
+from scheduler.client.partitioned import PartitionedQueue, read_layout, unread
 from scheduler.client.partitioned_merge import (
     group_ids,
     jobs_in_order,
@@ -26,10 +27,13 @@ from scheduler.core.errors import (
     BadArgument,
     JobNotFound,
     NewerStorage,
+    UnreadableRecord,
+    edited_by_hand,
     refused_for_now,
     slot_move_text,
 )
 from scheduler.core.models import Job, QueueCounts
+from scheduler.core.partitions import Layout
 from scheduler.operations import browsing
 from scheduler.operations.requests import Op
 
@@ -48,6 +52,22 @@ def unread_why(exc: Exception) -> str | None:
         return None
     what = "refused for now" if isinstance(exc, ResponseError) else "did not answer"
     return slot_move_text(exc) or f"Redis {what} ({exc})"
+
+
+def stored_layout(client: redis.Redis, name: str) -> Layout | None:
+    """read_layout of queue `name`; a record edited by hand (unreadable, or of another type)
+    is UnreadableRecord (a 400 on its own pages, one named row on the pages over queues)."""
+    try:
+        return read_layout(client, name)
+    except UnreadableRecord as exc:
+        raise UnreadableRecord(f"{exc}: edited by hand? see `scheduler doctor`") from None
+    except ResponseError as exc:
+        if not edited_by_hand(exc):
+            raise
+        raise UnreadableRecord(
+            f"the partition record of queue {name!r} is of another type (edited by hand): see "
+            "`scheduler doctor`"
+        ) from None
 
 
 def merge_found(

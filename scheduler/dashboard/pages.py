@@ -19,7 +19,7 @@ from scheduler.admin.health import (
 )
 from scheduler.core.claim_reply import check_worker_id
 from scheduler.core.connection import UNREACHABLE
-from scheduler.core.errors import BadArgument, JobNotFound, edited_by_hand
+from scheduler.core.errors import BadArgument, JobNotFound, SchedulerError, edited_by_hand
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
@@ -122,6 +122,8 @@ class Pages:
                     raise
                 missing.append(f"queue {name}: {why}")  # asked again
                 last = exc
+            except SchedulerError as exc:  # its partition record edited by hand: one row
+                missing.append(f"queue {name}: {exc}")
         if last is not None and not out:
             raise last
         return out, missing

@@ -27,7 +27,7 @@ from scheduler.core.models import QueueCounts
 from scheduler.core.partitions import Layout
 from scheduler.core.vocabulary import STAT_FIELDS
 from scheduler.dashboard.history import lateness_max, lateness_mean, lateness_quantile
-from scheduler.dashboard.logical import PARTITION_NAME, View
+from scheduler.dashboard.logical import PARTITION_NAME, View, stored_layout
 from scheduler.operations import browsing
 from scheduler.operations.requests import Op
 
@@ -106,7 +106,7 @@ class Store:
         plain = View(name, [self.queue(name)], self.run)
         if self._plain_until.get(name, 0.0) > time.monotonic():
             return plain
-        layout = read_layout(self.client, name)
+        layout = stored_layout(self.client, name)  # UnreadableRecord: edited by hand
         if layout is None:
             # A queue that exists cannot become partitioned (PartitionedQueue.create refuses),
             # so the answer is kept a minute, not asked on every read of a page.
