@@ -15,9 +15,13 @@ extension's loop) freezes every thread, this one too. The backstop is faulthandl
 a C thread that needs no GIL: armed for the stall limit plus FROZEN_MARGIN_S and re-armed by
 this thread while the loop turns, it fires only when neither could run, writes every thread's
 stack to stderr and ends the process with exit 1 (faulthandler's own _exit(1), EXIT_FAILED).
-faulthandler has one timer per process and no way to ask whether it is armed: in a worker
-process this watchdog owns it, and an app's own dump_traceback_later is replaced at the next
-re-arm and cancelled at the stop (docs/guide/workers.md, "An embedded worker's bounds")."""
+faulthandler has one timer per process and no way to ask whether it is armed, so an app's own
+timer (a registry's or a handler's dump_traceback_later) and this backstop cancelled each
+other: each re-arm replaced the app's, whose dumps never came, and the stop cancelled it.
+While a watchdog runs, faulthandler's two timer functions are wrapped (`_Timer`): an app's
+timer is left alone while it is armed (until cancelled, or its timeout past unless it repeats),
+the backstop standing down meanwhile; one armed before the watchdog started (at the registry's
+import) cannot be seen and is replaced (docs/guide/workers.md, "An embedded worker's bounds")."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import asyncio
 import contextlib
 import faulthandler
 import logging
+import math
 import os
 import sys
 import threading
@@ -51,19 +56,18 @@ class StallWatchdog:
         self._tick = time.monotonic()
         self._stopped = threading.Event()
         self._loop_thread = threading.get_ident()
-        self._armed = False
         self._armed_at = 0.0
 
     def start(self) -> None:
+        _TIMER.watch()
         self._arm()  # now: a job claimed at once may hold the GIL before this thread first runs
         self.loop.call_soon(self._beat)
         threading.Thread(target=self._watch, name="sched-stall-watchdog", daemon=True).start()
 
     def stop(self) -> None:
         self._stopped.set()
-        if self._armed:
-            faulthandler.cancel_dump_traceback_later()
-            self._armed = False
+        _TIMER.cancel_ours()
+        _TIMER.unwatch()
 
     def _beat(self) -> None:
         self._tick = time.monotonic()
@@ -98,8 +102,8 @@ class StallWatchdog:
         out = _stderr_file()
         if out is None or self._stopped.is_set():
             return
-        faulthandler.dump_traceback_later(self.stall_s + FROZEN_MARGIN_S, file=out, exit=True)
-        self._armed, self._armed_at = True, now
+        if _TIMER.arm_ours(self.stall_s + FROZEN_MARGIN_S, out):
+            self._armed_at = now
 
     def _exit(self, stalled_s: float) -> None:
         frame = sys._current_frames().get(self._loop_thread)
@@ -131,3 +135,69 @@ def _stderr_file() -> Any:
         except (AttributeError, ValueError, OSError):
             continue
     return None
+
+
+class _Timer:
+    """faulthandler's one timer, shared with the app: arm_ours() leaves an app's armed timer
+    alone; watch() wraps faulthandler's timer functions so the app's calls are seen."""
+
+    _OVER_S = 1.0  # past an app's timeout: its one dump has been written, the timer is free
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # an app's call from a signal handler on our thread
+        self._real = (faulthandler.dump_traceback_later, faulthandler.cancel_dump_traceback_later)
+        self._theirs_until: float | None = None  # monotonic; inf: it repeats until cancelled
+        self._ours = False
+        self._watchers = 0
+        self._told = False
+
+    def watch(self) -> None:
+        with self._lock:
+            self._watchers += 1
+            faulthandler.dump_traceback_later = self._their_dump
+            faulthandler.cancel_dump_traceback_later = self._their_cancel
+
+    def unwatch(self) -> None:
+        with self._lock:
+            self._watchers = max(0, self._watchers - 1)
+            if self._watchers == 0 and faulthandler.dump_traceback_later == self._their_dump:
+                faulthandler.dump_traceback_later, faulthandler.cancel_dump_traceback_later = (
+                    self._real
+                )
+
+    def arm_ours(self, timeout_s: float, out: Any) -> bool:
+        with self._lock:
+            until = self._theirs_until
+            if until is not None and time.monotonic() < until + self._OVER_S:
+                return False
+            self._theirs_until = None
+            self._real[0](timeout_s, file=out, exit=True)
+            self._ours = True
+            return True
+
+    def cancel_ours(self) -> None:
+        with self._lock:
+            if self._ours:
+                self._real[1]()
+                self._ours = False
+
+    def _their_dump(
+        self, timeout: float, repeat: bool = False, file: Any = None, exit: bool = False
+    ) -> None:
+        with self._lock:
+            self._real[0](timeout, repeat=repeat, file=file, exit=exit)  # a bad value: raises
+            self._theirs_until = math.inf if repeat else time.monotonic() + timeout
+            self._ours, told, self._told = False, self._told, True
+        if not told:
+            logging.getLogger(logs.LOGGER).info(
+                "faulthandler's timer armed by the app (dump_traceback_later): the stall "
+                "watchdog's GIL backstop stands down while it is armed"
+            )
+
+    def _their_cancel(self) -> None:
+        with self._lock:
+            self._real[1]()
+            self._theirs_until, self._ours = None, False
+
+
+_TIMER = _Timer()
