@@ -53,6 +53,13 @@
     scope.querySelectorAll("[data-paused-title]").forEach(function (e) { e.title = "paused since " + since; });
   }
 
+  // The held count (of the due ones) shows while flow control holds any: jobs held after the
+  // page was drawn show too, and it goes once none is.
+  function held(scope, data) {
+    if (!("held" in data)) return;
+    scope.querySelectorAll("[data-held-show]").forEach(function (e) { e.hidden = !(data.held > 0); });
+  }
+
   function el(name, attrs, parent) {
     const e = document.createElementNS(SVG, name);
     Object.keys(attrs).forEach(function (k) { e.setAttribute(k, String(attrs[k])); });
@@ -122,7 +129,7 @@
     else if (status) delete status.dataset.partly;
     data.queues.forEach(function (q) {
       const row = document.querySelector('tr[data-queue="' + CSS.escape(q.queue) + '"]');
-      if (row) { fill(row, q); paused(row, q); }
+      if (row) { fill(row, q); paused(row, q); held(row, q); }
       const spark = document.querySelector('svg[data-spark="' + CSS.escape(q.queue) + '"]');
       if (spark) draw(spark, [{ values: q.done, cls: "done" }, { values: q.failed, cls: "failed" }], {});
     });
@@ -153,7 +160,7 @@
 
   if (document.getElementById("queues")) poll(base + "/api/overview" + window.location.search, overview);  // ?offset=: the same rows
   const cards = document.querySelector("[data-queue-api]");
-  if (cards) poll(cards.dataset.queueApi, function (q) { fill(cards, q); paused(document, q); });
+  if (cards) poll(cards.dataset.queueApi, function (q) { fill(cards, q); paused(document, q); held(cards, q); });
 
   const all = document.getElementById("select-all");
   if (all) all.addEventListener("change", function () {
