@@ -27,7 +27,6 @@ from scheduler.client.partitioned_merge import (
     jobs_in_order,
     merge_counts,
     merge_dead,
-    merge_scored,
     not_answering,
     pause_word,
     place,
@@ -36,12 +35,20 @@ from scheduler.client.partitioned_merge import (
     resume_word,
     unread,
 )
-from scheduler.client.partitioned_partial import answering_sync
+from scheduler.client.partitioned_partial import (
+    answering_sync,
+    chosen_page,
+    counts_of,
+    dead_lists,
+    dead_page,
+    not_read,
+    read_every,
+    schedules_of,
+)
 from scheduler.client.queue import Queue
 from scheduler.core import queue_index
 from scheduler.core.client_kind import Unpicklable
 from scheduler.core.connection import connect
-from scheduler.core.errors import slot_move_text
 from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
@@ -221,22 +228,25 @@ class PartitionedQueue(Unpicklable):
         return self.part_of(job_id).result(job_id, timeout_s=timeout_s)
 
     # -- merged views ------------------------------------------------------------------------
+    # A read of every partition with some partitions' nodes down (or refusing for now: a slot
+    # being moved) while others answer raises PartitionsNotReached: its `partial` is what the
+    # call returns, of the partitions that answered (`done`); `missing` names the others.
     def counts(self) -> QueueCounts:
-        """Every partition's counts in one driver call, summed."""
-        return merge_counts(self._run_many([(p, p.ops.counts()) for p in self.parts]))
+        """Every partition's counts (one driver call per node), summed. PartitionsNotReached
+        when some partitions do not answer: `partial` is the sum of the others'."""
+        each = self.run_answering(lambda p: p.ops.counts())
+        return read_every("counts", self.parts, each, counts_of)
 
     def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> list[Job]:
         """`Queue.list_jobs` merged: each partition's first offset + limit (score, id) pairs
-        in one driver call, merged in one queue's index order, then the page's records only
-        (a second call). BadArgument for a page a plain queue refuses."""
-        check_page(state, offset, limit)
-        ops = [(p, listed_scored(p.ops, state, 0, offset + limit)) for p in self.parts]
-        chosen = merge_scored(state, self._run_many(ops), offset, limit)
-        groups = group_ids(chosen)
-        read = self._run_many(
-            [(self.parts[k], self.parts[k].ops.get_jobs(g)) for k, g in groups.items()]
-        )
-        return jobs_in_order(chosen, read)
+        (one driver call per node), merged in one queue's index order, then the page's records
+        only (a second call). BadArgument for a page a plain queue refuses.
+        PartitionsNotReached when some partitions do not answer: `partial` is the page of the
+        others merged as one queue's (list_answering)."""
+        left_out: dict[str, str] = {}
+        jobs = list_answering(self, state, offset, limit, left_out)
+        not_read("list_jobs", self.parts, left_out, jobs)
+        return jobs
 
     def _jobs(self, ids: Sequence[str]) -> list[Job]:
         """These jobs in `ids`' order (missing ones left out), every partition's in one call."""
@@ -248,15 +258,19 @@ class PartitionedQueue(Unpicklable):
 
     def dead_ids(self, **filters: Any) -> list[str]:
         """`Queue.dead_ids` over every partition, merged newest first by the time they died:
-        one driver call for all partitions, their scans carrying the dead_ms they merge by.
-        `offset` / `limit` page the merged list: each partition reads its first offset + limit."""
+        one driver call per node, their scans carrying the dead_ms they merge by. `offset` /
+        `limit` page the merged list: each partition reads its first offset + limit.
+        PartitionsNotReached when some partitions do not answer: `partial` is the others'."""
         offset, end = dead_window(filters.pop("offset", 0), filters.pop("limit", None))
-        return merge_dead(self.dead_scored(limit=end, **filters))[offset:end]
+        each = self.run_answering(lambda p: p.ops.dead_scored(limit=end, **filters))
+        return read_every("dead_ids", self.parts, each, dead_page(offset, end))
 
     def dead_scored(self, **filters: Any) -> list[list[tuple[float, str]]]:
         """Each partition's `Ops.dead_scored(**filters)` (with `limit`: each partition's first
-        `limit`), in one driver call per page round."""
-        return self._run_many([(p, p.ops.dead_scored(**filters)) for p in self.parts])
+        `limit`), one driver call per node and page round. PartitionsNotReached when some
+        partitions do not answer: `partial` has [] in their place."""
+        each = self.run_answering(lambda p: p.ops.dead_scored(**filters))
+        return read_every("dead_scored", self.parts, each, dead_lists)
 
     def requeue_dead(self, ids: Sequence[str]) -> int:
         """`Queue.requeue_dead`, the ids grouped by partition, one driver call for all."""
@@ -297,8 +311,10 @@ class PartitionedQueue(Unpicklable):
         return self._sched(name).remove_schedule(name)
 
     def list_schedules(self) -> list[Schedule]:
-        """Every partition's schedules (`Queue.list_schedules`), sorted by name."""
-        return sorted((s for p in self.parts for s in p.list_schedules()), key=lambda s: s.name)
+        """Every partition's schedules (`Queue.list_schedules`), sorted by name.
+        PartitionsNotReached when some partitions do not answer: `partial` is the others'."""
+        each = self.run_answering(lambda p: p.ops.list_schedules())
+        return read_every("list_schedules", self.parts, each, schedules_of)
 
     def run_schedule_now(self, name: str, *, job_id: str | None = None) -> str:
         """`Queue.run_schedule_now` in the schedule's partition, the new id tagged with it."""
@@ -347,12 +363,7 @@ def list_answering(
     check_page(state, offset, limit)
     asked = [p for p in q.parts if p.name not in left_out]
     each = q._answering(lambda p: listed_scored(p.ops, state, 0, offset + limit), asked)
-    got = dict(zip((p.name for p in asked), each, strict=True))
-    left_out.update(
-        (n, slot_move_text(r) or str(r)) for n, r in got.items() if isinstance(r, BaseException)
-    )
-    per = [[] if p.name in left_out else got[p.name] for p in q.parts]
-    chosen = merge_scored(state, per, offset, limit)
+    chosen = chosen_page(q, asked, each, (state, offset, limit), left_out)
     reads = [(q.parts[k], q.parts[k].ops.get_jobs(g)) for k, g in group_ids(chosen).items()]
     return jobs_in_order(chosen, q._run_many(reads))
 

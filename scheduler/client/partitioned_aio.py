@@ -10,22 +10,19 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from scheduler.admin.inspection import existence_keys
+from scheduler.client import partitioned_partial as partial
 from scheduler.client.aio import AsyncQueue
 from scheduler.client.partitioned_merge import (
     by_partition,
     group_ids,
     ids_in_call_order,
     jobs_in_order,
-    merge_counts,
-    merge_dead,
-    merge_scored,
     pause_word,
     place,
     reached_every,
     read_layout_async,
     resume_word,
 )
-from scheduler.client.partitioned_partial import answering_async
 from scheduler.core import queue_index
 from scheduler.core.connection import connect_async
 from scheduler.core.job_spec import spec_options
@@ -131,7 +128,7 @@ class AsyncPartitionedQueue:
 
     async def run_answering(self, make: Callable[[AsyncQueue], Op[Any]]) -> list[Any]:
         """PartitionedQueue.run_answering for asyncio (the nodes' calls concurrently)."""
-        return await answering_async(self, make, self.parts)
+        return await partial.answering_async(self, make, self.parts)
 
     async def enqueue(self, task: str, payload: Any = None, **kwargs: Any) -> str:
         """PartitionedQueue.enqueue for asyncio (`AsyncQueue.enqueue`'s arguments)."""
@@ -189,26 +186,35 @@ class AsyncPartitionedQueue:
         return await self.part_of(job_id).result(job_id, timeout_s=timeout_s)
 
     async def counts(self) -> QueueCounts:
-        """PartitionedQueue.counts for asyncio: every partition's, summed."""
-        return merge_counts(await self._run_many([(p, p.ops.counts()) for p in self.parts]))
+        """PartitionedQueue.counts for asyncio: every partition's, summed (PartitionsNotReached
+        the same: `partial` the answering partitions' sum)."""
+        each = await self.run_answering(lambda p: p.ops.counts())
+        return partial.read_every("counts", self.parts, each, partial.counts_of)
 
     async def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> list[Job]:
-        """PartitionedQueue.list_jobs for asyncio."""
+        """PartitionedQueue.list_jobs for asyncio (PartitionsNotReached the same)."""
         check_page(state, offset, limit)
-        ops = [(p, listed_scored(p.ops, state, 0, offset + limit)) for p in self.parts]
-        chosen = merge_scored(state, await self._run_many(ops), offset, limit)
-        groups = group_ids(chosen)
-        reads = [(self.parts[k], self.parts[k].ops.get_jobs(g)) for k, g in groups.items()]
-        return jobs_in_order(chosen, await self._run_many(reads))
+        each = await self.run_answering(lambda p: listed_scored(p.ops, state, 0, offset + limit))
+        left_out: dict[str, str] = {}
+        chosen = partial.chosen_page(self, self.parts, each, (state, offset, limit), left_out)
+        reads = [
+            (self.parts[k], self.parts[k].ops.get_jobs(g)) for k, g in group_ids(chosen).items()
+        ]
+        jobs = jobs_in_order(chosen, await self._run_many(reads))
+        partial.not_read("list_jobs", self.parts, left_out, jobs)
+        return jobs
 
     async def dead_ids(self, **filters: Any) -> list[str]:
-        """PartitionedQueue.dead_ids for asyncio: merged newest first."""
+        """PartitionedQueue.dead_ids for asyncio: merged newest first (PartitionsNotReached the
+        same)."""
         offset, end = dead_window(filters.pop("offset", 0), filters.pop("limit", None))
-        return merge_dead(await self.dead_scored(limit=end, **filters))[offset:end]
+        each = await self.run_answering(lambda p: p.ops.dead_scored(limit=end, **filters))
+        return partial.read_every("dead_ids", self.parts, each, partial.dead_page(offset, end))
 
     async def dead_scored(self, **filters: Any) -> list[list[tuple[float, str]]]:
-        """PartitionedQueue.dead_scored for asyncio."""
-        return await self._run_many([(p, p.ops.dead_scored(**filters)) for p in self.parts])
+        """PartitionedQueue.dead_scored for asyncio (PartitionsNotReached the same)."""
+        each = await self.run_answering(lambda p: p.ops.dead_scored(**filters))
+        return partial.read_every("dead_scored", self.parts, each, partial.dead_lists)
 
     async def requeue_dead(self, ids: Sequence[str]) -> int:
         """PartitionedQueue.requeue_dead for asyncio."""
@@ -250,9 +256,9 @@ class AsyncPartitionedQueue:
         return await self._sched(name).remove_schedule(name)
 
     async def list_schedules(self) -> list[Schedule]:
-        """PartitionedQueue.list_schedules for asyncio."""
-        found = [s for p in self.parts for s in await p.list_schedules()]
-        return sorted(found, key=lambda s: s.name)
+        """PartitionedQueue.list_schedules for asyncio (PartitionsNotReached the same)."""
+        each = await self.run_answering(lambda p: p.ops.list_schedules())
+        return partial.read_every("list_schedules", self.parts, each, partial.schedules_of)
 
     async def run_schedule_now(self, name: str, *, job_id: str | None = None) -> str:
         """PartitionedQueue.run_schedule_now for asyncio."""

@@ -12,10 +12,18 @@ from typing import Any, TypeVar
 
 from redis.exceptions import AskError, RedisError
 
-from scheduler.client.partitioned_merge import PartitionsNotReached, answered
+from scheduler.client.partitioned_merge import (
+    PartitionsNotReached,
+    answered,
+    merge_counts,
+    merge_dead,
+    merge_scored,
+)
 from scheduler.core.connection import UNREACHABLE, is_cluster
 from scheduler.core.errors import slot_move_text
+from scheduler.core.models import QueueCounts
 from scheduler.operations.ops import Op
+from scheduler.schedules.recurring import Schedule
 
 T = TypeVar("T")
 Make = Callable[[Any], Op[Any]]
@@ -150,3 +158,42 @@ def read_every(
     }
     not_read(what, parts, failed, value)
     return value
+
+
+def counts_of(got: list[Any]) -> QueueCounts:
+    """read_every's merge for counts: the answering partitions' counts as one queue's."""
+    return merge_counts([c for c in got if c is not None])
+
+
+def dead_lists(got: list[Any]) -> list[list[tuple[float, str]]]:
+    """read_every's merge for dead_scored: [] in place of a partition not read."""
+    return [[] if g is None else g for g in got]
+
+
+def dead_page(offset: int, end: int | None) -> Callable[[list[Any]], list[str]]:
+    """read_every's merge for dead_ids: the answering partitions' ids merged newest first,
+    then [offset:end] of that."""
+    return lambda got: merge_dead(dead_lists(got))[offset:end]
+
+
+def schedules_of(got: list[Any]) -> list[Schedule]:
+    """read_every's merge for list_schedules: the answering partitions' schedules by name."""
+    return sorted((s for g in got if g is not None for s in g), key=lambda s: s.name)
+
+
+def chosen_page(
+    q: Any,
+    asked: Sequence[Any],
+    each: Sequence[Any],
+    page: tuple[str, int, int],
+    left_out: dict[str, str],
+) -> list[tuple[int, str]]:
+    """(partition, id) of a list_jobs page (`page`: state, offset, limit) from run_answering's
+    (score, id) pairs of `asked` (of q.parts): one whose node did not answer is added to
+    `left_out` (name -> why), and every partition named there gives an empty page."""
+    got = dict(zip((p.name for p in asked), each, strict=True))
+    left_out.update(
+        (n, slot_move_text(r) or str(r)) for n, r in got.items() if isinstance(r, BaseException)
+    )
+    per = [[] if p.name in left_out else got[p.name] for p in q.parts]
+    return merge_scored(page[0], per, page[1], page[2])

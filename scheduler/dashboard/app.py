@@ -124,7 +124,7 @@ def create_app(
             if request.method == "POST"
             else "Reload the page once it answers."
         )
-        if isinstance(exc, PartitionsNotReached):  # a pause / resume: it names those not reached
+        if isinstance(exc, PartitionsNotReached) and exc.partial is None:  # a pause / resume
             outcome = "The partitions named were not changed, the others took it: press it again."
         elif (moving := slot_move_text(exc, "the queue's")) is not None:  # 'TTL exhausted'
             return failed(request, 503, "Slot being moved", f"{moving}. {outcome}")
