@@ -160,3 +160,44 @@ def test_jobs_held_after_the_page_loaded_show_in_the_live_refresh(
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.mark.parametrize("path", ["", "?state=held", "/api"])
+def test_the_current_stats_minute_edited_by_hand_leaves_the_queue_page_readable(
+    client: redis.Redis, q: Queue, path: str
+) -> None:
+    """The queue page and its JSON read the current minute's stats hash: edited into a string
+    it answered a bare 500 (WRONGTYPE), and the overview left the queue out. The counts are
+    shown; the figures of the stats are named as not read."""
+    q.enqueue("t", None)
+    minute = int(client.time()[0]) // 60
+    for m in (minute, minute + 1):  # the page's minute, even if the clock turns meanwhile
+        client.delete(q.keys.stats(m))
+        client.set(q.keys.stats(m), "edited")
+    app = create_app(client=client, queues=[q.name], auth=Auth())
+    with TestClient(app, raise_server_exceptions=False) as web:
+        r = web.get(f"/queues/{q.name}{path}")
+        overview = web.get("/api/overview").json()
+    assert r.status_code == 200, r.text[-300:]
+    said = r.json()["unread_partitions"] if path == "/api" else r.text
+    assert "per-minute stats" in str(said) and "edited by hand" in str(said), str(said)[-600:]
+    if path == "/api":
+        assert r.json()["due"] == 1
+    assert [row["queue"] for row in overview["queues"]] == [q.name]
+    assert overview["queues"][0]["due"] == 1
+
+
+def test_a_workers_set_edited_by_hand_leaves_the_job_page_readable(
+    client: redis.Redis, q: Queue
+) -> None:
+    """The job page asks whether any worker is alive (the workers ZSET): edited into a string,
+    it answered a bare 500 and the job could not be seen."""
+    job = q.enqueue("t", None)
+    client.delete(q.keys.workers)
+    client.set(q.keys.workers, "edited")
+    app = create_app(client=client, queues=[q.name], auth=Auth())
+    with TestClient(app, raise_server_exceptions=False) as web:
+        r = web.get(f"/queues/{q.name}/jobs/{job}")
+    assert r.status_code == 200, r.text[-300:]
+    assert job in r.text
+    assert 'data-reason="no-live-worker"' not in r.text  # not known: not said

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import redis
+from redis.exceptions import ResponseError
 
 from scheduler.admin.inspection import (
     discover_queues,
@@ -21,21 +22,18 @@ from scheduler.client.partitioned import PartitionedQueue, read_layout
 from scheduler.client.partitioned_merge import not_answering
 from scheduler.client.queue import Queue
 from scheduler.core.connection import is_cluster
-from scheduler.core.errors import SchedulerError, slot_move_text
+from scheduler.core.errors import SchedulerError, edited_by_hand, slot_move_text
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.models import QueueCounts
 from scheduler.core.partitions import Layout
-from scheduler.core.vocabulary import STAT_FIELDS
-from scheduler.dashboard.history import lateness_max, lateness_mean, lateness_quantile
 from scheduler.dashboard.logical import PARTITION_NAME, View, stored_layout
-from scheduler.operations import browsing
+from scheduler.dashboard.summary import queue_summary
 from scheduler.operations.requests import Op
 
 T = TypeVar("T")
 DISCOVER_EVERY_S = 60.0  # the queue index (a SCAN the first time): once a minute at most
 REDISCOVER_UNREACHABLE_S = 15.0  # sooner while a cluster node could not be read
 QUEUE_RETRY_S = 15.0  # a cluster queue whose node did not answer: not asked again until then
-SERIES_FIELDS = (*STAT_FIELDS, *browsing.LATENESS_FIELDS)
 MAX_CACHED = 10_000  # queue names a cache keeps: they come from URLs, so any number may come
 # The workers ZSET is written by every worker (and by anyone holding the app role): read a
 # bounded number of its newest entries, never all of it, per page.
@@ -202,47 +200,8 @@ class Store:
         return int(self.client.exists(*names)) > 0
 
     def queue_summary(self, name: str, minutes: int = 60) -> dict[str, Any]:
-        """Counts, per-minute outcomes and start lateness of one queue: one script call and
-        one pipeline of `minutes` small stats hashes (per partition)."""
-        view = self.view(name)
-        c, paused_parts, unread = view.counts_and_paused()
-        each = view.run_each(
-            lambda q: browsing.minute_series(q.keys, c.now_ms, minutes, SERIES_FIELDS),
-            partial=True,
-        )
-        series = browsing.sum_series([s for s in each if not isinstance(s, BaseException)])
-        last = series[-2] if len(series) > 1 else series[-1]  # the last whole minute
-        return {
-            "queue": name,
-            "partitions": view.part_names if view.partitioned else [],
-            "now_ms": c.now_ms,
-            "due": c.due,
-            # Of `due`, set aside by flow control, by reason (held_key_limit, ...).
-            "held": sum(c.held.values()),
-            **{f"held_{reason}": n for reason, n in c.held.items()},
-            "scheduled": c.scheduled,
-            "leased": c.leased,
-            "dead": c.dead,
-            "lapsed": c.lapsed,
-            "oldest_overdue_ms": c.oldest_overdue_ms,
-            # Since when its claims lease nothing (Queue.pause); None while it is not paused.
-            # Merged: the earliest pause when any partition is paused; which ones are, here.
-            "paused_ms": c.paused_ms,
-            "paused_partitions": paused_parts,
-            # A partitioned queue's partitions left out (node down, slot being moved): the
-            # counts are the others' (the overview names these under "not read").
-            "unread_partitions": unread,
-            "done_per_min": last.get("done", 0),
-            "failed_per_min": last.get("fail", 0),
-            "minutes": [r["minute_ms"] for r in series],
-            "done": [r.get("done", 0) for r in series],
-            "failed": [r.get("fail", 0) for r in series],
-            "dead_per_min": [r.get("dead", 0) for r in series],
-            "late_p99_last_ms": lateness_quantile(last),
-            "late_p99_ms": [lateness_quantile(r) for r in series],
-            "late_max_ms": [lateness_max(r) for r in series],
-            "late_mean_ms": [lateness_mean(r) for r in series],
-        }
+        """Counts, per-minute outcomes and start lateness of queue `name` (summary.py)."""
+        return queue_summary(self.view(name), minutes)
 
     def workers(self, name: str) -> tuple[list[dict[str, Any]], bool, list[str]]:
         """(live workers of the queue, of any of its partitions, each once; whether a
@@ -276,7 +235,8 @@ class Store:
         size of the workers ZSET: one ZRANGE and one EXISTS each (a job page only asks whether
         any is alive). A live worker beats every few seconds, so it is among the newest. A
         partition whose node does not answer is left out while another answers: a worker of
-        the queue beats on every partition (one down gave the page of a live one's job 503)."""
+        the queue beats on every partition (one down gave the page of a live one's job 503).
+        -1 (not known) when a workers set is edited by hand into another type."""
         n, failed = 0, []
         parts = self.view(name).parts
         for q in parts:
@@ -284,6 +244,8 @@ class Store:
                 ids = [str(i) for i in _newest_workers(self.client, q.keys, WORKERS_PROBED)]
                 n += int(self.client.exists(*map(q.keys.worker, ids))) if ids else 0
             except Exception as exc:  # a node down, or refusing for now (its slot moving)
+                if isinstance(exc, ResponseError) and edited_by_hand(exc):
+                    return -1  # its workers set edited by hand: not known (the page says nothing)
                 if not not_answering(exc):
                     raise
                 failed.append(exc)
