@@ -277,7 +277,7 @@ def test_a_worker_of_a_queue_partly_on_the_dead_node_can_be_asked_to_stop(down: 
     live = [p for p in pq.parts if down.cluster.primary_for(p.keys.prefix) is down.live]
     for wid in ("w-half-1", "w-half-2"):
         for p in live:
-            client.hset(p.keys.worker(wid), mapping={"host": "h", "pid": 1})
+            client.hset(p.keys.worker(wid), mapping={"host": "h", "pid": 1, "stopping": ""})
             client.zadd(p.keys.workers, {wid: 1})
     res = CliRunner().invoke(
         main, ["workers", "stop", "w-half-1", "-q", down.spread, "--url", down.cluster.url]

@@ -25,6 +25,10 @@ MAX_STOP_TTL_MS = 86_400_000
 ASKED = "asked"  # written: its next beat reads it
 PENDING = "pending"  # a stop asked earlier and not read yet is kept (a quiet never undoes it)
 ALREADY = "already"  # the worker is carrying out this stop (or a stop, for a quiet) already
+# Nothing written: the worker runs a version from before operator stops (828eb42), whose beats
+# never write the `stopping` field (every later beat does, '' for none): it would never read
+# the request, shown as asked for ever. It stops by a signal (SIGTERM) on its host.
+OLDER = "older"
 
 
 class WorkerNotFound(SchedulerError, LookupError):
@@ -55,7 +59,7 @@ def ask_stop(
 ) -> str:
     """Ask the worker `worker_id` of a queue (`parts`: its keys, every partition's for a
     partitioned queue: a worker beats on each) to quiet or stop. Written where the worker is
-    live; ASKED, PENDING or ALREADY (see above). WorkerNotFound when it is live on none,
+    live; ASKED, PENDING, ALREADY or OLDER (see above). WorkerNotFound when it is live on none,
     BadArgument for a bad verb, ttl or id: nothing written. queue: the name to give in the
     error (a partitioned queue's own), by default the first part's."""
     check_stop(verb, ttl_ms)
@@ -80,6 +84,8 @@ def ask_stop(
         where = queue or (parts[0].queue if parts else "")
         raise WorkerNotFound(f"no live worker {worker_id!r} on queue {where!r}: it "
                              "stopped, or the id is not one `scheduler workers` lists")  # fmt: skip
+    if all(s is None for _, s, n in pairs if n):
+        return OLDER
     stopping = {s for _, s, _ in pairs if s in STOP_VERBS}
     if "stop" in stopping or verb in stopping:
         return ALREADY

@@ -14,6 +14,7 @@ from scheduler.admin.inspection import live_workers, physical_queues
 from scheduler.admin.worker_stop import (
     ASKED,
     DEFAULT_STOP_TTL_MS,
+    OLDER,
     PENDING,
     WorkerNotFound,
     ask_stop,
@@ -45,6 +46,9 @@ _SAID = {
     PENDING: "a stop asked of worker {id} on queue {queue} earlier is not read yet: kept",
     "already": "worker {id} on queue {queue} is stopping already: nothing asked",
     "gone": "worker {id} on queue {queue} stopped meanwhile: nothing asked",
+    OLDER: "worker {id} on queue {queue} runs an older version, which reads no stop request "
+    "(before 828eb42): nothing asked; stop it with SIGTERM (`scheduler workers` lists its host "
+    "and pid)",
 }
 
 
@@ -118,12 +122,14 @@ def _ask(verb: str, *, url: str, queues: tuple[str, ...], worker_ids: tuple[str,
         results.append({"id": wid, "queue": logical, "outcome": outcome})
     if as_json:
         emit_json({"request": verb, "ttl_ms": ttl_ms, "workers": results})
-        return
-    if not results:
-        click.echo("no live workers: nothing asked")
-    for r in results:
-        said = _SAID[verb if r["outcome"] == ASKED else r["outcome"]]
-        click.echo(safe(said.format(id=r["id"], queue=r["queue"])))
+    else:
+        if not results:
+            click.echo("no live workers: nothing asked")
+        for r in results:
+            said = _SAID[verb if r["outcome"] == ASKED else r["outcome"]]
+            click.echo(safe(said.format(id=r["id"], queue=r["queue"])))
+    if older := [r["id"] for r in results if r["outcome"] == OLDER]:
+        raise Refused(safe(f"not asked (an older version: stop it by signal): {', '.join(older)}"))
 
 
 def _live(client: Any, queues: tuple[str, ...]) -> dict[tuple[str, str], list[QueueKeys]]:

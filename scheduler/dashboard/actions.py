@@ -60,7 +60,8 @@ QUEUE_NOTICES = {
 }
 
 # What admin/worker_stop.ask_stop answered (and "gone": no live worker by that id) -> the notice.
-WORKER_NOTICES = {"pending": "worker-pending", "already": "worker-already", "gone": "worker-gone"}
+WORKER_NOTICES = {"pending": "worker-pending", "already": "worker-already", "gone": "worker-gone",
+                  "older": "worker-older"}  # fmt: skip
 
 
 class ActionRefused(Exception):

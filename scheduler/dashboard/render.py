@@ -157,6 +157,8 @@ NOTICES = {
     "worker-pending": "Nothing changed: a stop asked of the worker earlier is not read yet.",
     "worker-already": "Nothing changed: the worker is stopping already.",
     "worker-gone": "Nothing asked: no live worker by that id (it stopped meanwhile?).",
+    "worker-older": "Nothing asked: the worker runs an older version, which reads no stop"
+    " request; stop it with SIGTERM on its host.",
 }
 STATES = {"due", "scheduled", "held", "leased", "done", "dead", "cancelled", "missing"}
 
