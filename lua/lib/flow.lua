@@ -225,6 +225,37 @@ local function flow_ck_promote(prefix, key, n)
   if #ids > 0 then wake(prefix .. 'wake') end
 end
 
+-- The key's oldest held jobs whose own limit has room go back to due, oldest first, and at
+-- least `least` of them (the limit of the job whose lease ended): the first without room stops
+-- the count (the key stays FIFO: it drains to that one). Run when a job of the key starts and
+-- when one's lease ends: a job held behind an older one of its key, or held at a full key by a
+-- job of a lower limit, waits until its own limit has room, not until the next lease of the
+-- key ends. Before, once the job ahead started (or such a lease ended) it stayed held with its
+-- limit's room free until then: an hour behind hour-long jobs (tests/test_flow_held_room.py).
+-- `live`: the key's live leases when the caller has them. One read when none is held; at most
+-- the script's promote step of jobs (and one per call past it).
+local function flow_ck_next(prefix, key, now, live, least)
+  local hk = prefix .. 'flow:ckheld:' .. key
+  local head = redis.pcall('ZRANGE', hk, 0, 0)
+  if head.err or not head[1] then return end
+  live = live or flow_ck_live(prefix, key, now)
+  if not live then return end
+  local function room(id, ahead)
+    local lim = parse_int(redis.pcall('HGET', job_key(prefix, id), 'climit'), 1,
+      FLOW_LIM.climit) or 1
+    return lim - live - ahead
+  end
+  local n = math.min(room(head[1], 0), math.max(flow_promote_left, 1))
+  local go = n > 0 and 1 or 0
+  if n > 1 then
+    for i, id in ipairs(redis.call('ZRANGE', hk, 1, n - 1)) do
+      if room(id, i) <= 0 then break end
+      go = go + 1
+    end
+  end
+  flow_ck_promote(prefix, key, math.max(go, least))
+end
+
 -- A job leaves leased (complete, fail, release, cancel, a reaped lease, a park): its slot is
 -- free, and the key's held jobs may run in the free slots. `f`: the job's flow when the caller
 -- read it in this script (no move writes the flow fields; a dead-letter trim may delete the
@@ -240,7 +271,7 @@ local function flow_release(prefix, id, now, f)
   if key == '' then return end
   redis.pcall('ZREM', prefix .. 'flow:ck:' .. key, id)
   local live = flow_ck_live(prefix, key, now)
-  if live then flow_ck_promote(prefix, key, limit - live) end
+  if live then flow_ck_next(prefix, key, now, live, limit - live) end
 end
 
 -- to_due (lib/job.lua) for every move into due: the slot it held is freed and a prioritized job
@@ -454,7 +485,10 @@ end
 -- leaves its priority index (taken by the aged or the last pass, its entry would stay).
 local function flow_leased(prefix, id, f, now, lease_until, token)
   flow_unindex(prefix, id, f.priority)
-  if f.ckey ~= '' then redis.call('ZADD', prefix .. 'flow:ck:' .. f.ckey, lease_until, id) end
+  if f.ckey ~= '' then
+    redis.call('ZADD', prefix .. 'flow:ck:' .. f.ckey, lease_until, id)
+    flow_ck_next(prefix, f.ckey, now, nil, 0)
+  end
   if f.rkey ~= '' then
     local rk = prefix .. 'flow:rate:' .. f.rkey
     local sp = flow_rate_widen(rk, f)
