@@ -27,7 +27,7 @@ from tests.redis_server import (
 )
 from tests.workers.procs import forget_logs, log_tails
 
-pytest_plugins = ["tests.fixtures.partitioned"]
+pytest_plugins = ["tests.fixtures.partitioned", "tests.fixtures.pools"]
 
 
 def _docker_redis() -> tuple[str, Callable[[], None]] | None:

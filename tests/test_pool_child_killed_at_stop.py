@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,18 +14,11 @@ import redis
 
 from scheduler import Queue
 from scheduler.core.exits import EXIT_CODES, EXIT_FAILED
-from tests.test_worker_pool import SUPERVISORS, children, kill_leftovers, spawn_pool
+from tests.test_worker_pool import children, spawn_pool
 from tests.workers.basic import LEDGER
 from tests.workers.procs import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-
-
-@pytest.fixture
-def pool_log(tmp_path: Path) -> Iterator[Path]:
-    log = tmp_path / "pool.log"
-    yield log
-    kill_leftovers(log, SUPERVISORS)
 
 
 def test_a_child_killed_during_the_stop_makes_the_pool_exit_1(

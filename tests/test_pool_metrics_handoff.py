@@ -4,24 +4,15 @@ the slot's `process` series keep growing across the recycling instead of falling
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 
 from scheduler import Queue
 from scheduler.cli.worker_pool_metrics import Carry, relabel_merge
-from tests.test_worker_pool import SUPERVISORS, kill_leftovers, spawn_pool, stop
+from tests.test_worker_pool import spawn_pool, stop
 from tests.test_worker_pool_metrics import free_port, linux_only, per_process, scrape
 from tests.workers.procs import wait_for
-
-
-@pytest.fixture
-def pool_log(tmp_path: Path) -> Iterator[Path]:
-    log = tmp_path / "pool.log"
-    yield log
-    kill_leftovers(log, SUPERVISORS)
 
 
 @linux_only

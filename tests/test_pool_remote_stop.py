@@ -12,10 +12,8 @@ from click.testing import CliRunner
 
 from scheduler import Queue
 from scheduler.cli.main import main
-from tests.test_worker_pool import children, ledger_pids, pool_log, spawn_pool, stop
+from tests.test_worker_pool import children, ledger_pids, spawn_pool, stop
 from tests.workers.procs import wait_for
-
-__all__ = ["pool_log"]  # the fixture, imported for its tests here
 
 FAST = ("--heartbeat-ms", "100", "--lease-ms", "3000")
 

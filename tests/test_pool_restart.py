@@ -17,12 +17,11 @@ import redis
 
 from scheduler import Queue
 from tests.faults.test_security import PASSWORD
+from tests.fixtures.pools import SUPERVISORS
 from tests.redis_server import RedisProcess
 from tests.test_pool_retire import Stand
 from tests.test_worker_pool import (
-    SUPERVISORS,
     alive,
-    kill_leftovers,
     ledger_pids,
     spawn_pool,
     stop,
@@ -39,13 +38,6 @@ def stand(tmp_path: Path) -> Iterator[Stand]:
     p = Stand(tmp_path, 1)
     yield p
     p.end()
-
-
-@pytest.fixture
-def pool_log(tmp_path: Path) -> Iterator[Path]:
-    log = tmp_path / "pool.log"
-    yield log
-    kill_leftovers(log, SUPERVISORS)
 
 
 def _line_of(p: Stand, pid: int) -> str:

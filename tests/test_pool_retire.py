@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from scheduler.cli.worker_pool_child import EXIT_QUIETED, EXIT_RETIRED
-from tests.test_worker_pool import alive, kill_leftovers
+from tests.fixtures.pools import kill_leftovers
+from tests.test_worker_pool import alive
 from tests.test_worker_pool_metrics import free_port, per_process, scrape
 from tests.workers.procs import ROOT, wait_for
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,17 +15,10 @@ import redis
 
 from scheduler import Queue
 from scheduler.cli.worker_pool_start import stop_deadline_s
-from tests.test_worker_pool import SUPERVISORS, alive, children, kill_leftovers, spawn_pool
+from tests.test_worker_pool import alive, children, spawn_pool
 from tests.workers.procs import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-
-
-@pytest.fixture
-def pool_log(tmp_path: Path) -> Iterator[Path]:
-    log = tmp_path / "pool.log"
-    yield log
-    kill_leftovers(log, SUPERVISORS)
 
 
 def test_a_child_that_cannot_stop_is_killed_at_the_pools_deadline(

@@ -4,24 +4,16 @@ against a handler that changes it, as its SIGTERM/SIGINT handling is (signal_gua
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
 from scheduler import Queue
-from tests.test_worker_pool import SUPERVISORS, alive, children, kill_leftovers, spawn_pool, stop
+from tests.test_worker_pool import alive, children, spawn_pool, stop
 from tests.workers.procs import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-
-
-@pytest.fixture
-def pool_log(tmp_path: Path) -> Iterator[Path]:
-    log = tmp_path / "pool.log"
-    yield log
-    kill_leftovers(log, SUPERVISORS)
 
 
 @pytest.mark.parametrize("how", ["ignore", "remove"])

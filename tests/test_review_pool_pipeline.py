@@ -22,8 +22,9 @@ from redis.exceptions import DataError
 
 from scheduler import Queue
 from scheduler.core import direct_io
+from tests.fixtures.pools import kill_leftovers
 from tests.redis_server import is_cluster_run
-from tests.test_worker_pool import alive, children, kill_leftovers
+from tests.test_worker_pool import alive, children
 from tests.workers.procs import ROOT, wait_for
 
 plain_only = pytest.mark.skipif(is_cluster_run(), reason="plain clients only (cluster: cluster_io)")

@@ -6,10 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 from click.testing import CliRunner
 
@@ -19,13 +17,11 @@ from scheduler.cli.main import main
 from scheduler.cli.worker_pool_child import READY_FD_ENV
 from scheduler.cli.worker_pool_proc import exit_code
 from scheduler.cli.worker_pool_start import child_commands
+from tests.fixtures.pools import SUPERVISORS
 from tests.workers.basic import LEDGER
 from tests.workers.procs import ROOT, SCHEDULER, wait_for
 
 FAST_LEASE = ("--lease-ms", "1200", "--heartbeat-ms", "300")
-
-
-SUPERVISORS: set[int] = set()  # pids of the supervisors these tests started
 
 
 def spawn_pool(
@@ -47,23 +43,6 @@ def spawn_pool(
         )  # fmt: skip
     SUPERVISORS.add(proc.pid)
     return proc
-
-
-def kill_leftovers(log: Path, supervisors: set[int]) -> None:
-    """SIGKILL what a failed test left of the children its supervisor log names: only a
-    process still a child of one of `supervisors`, or orphaned (ppid 1), so a pid reused by
-    another test's process is never touched."""
-    text = log.read_text(errors="replace") if log.exists() else ""
-    for line in text.splitlines():
-        if "started (pid " not in line:
-            continue
-        pid = int(line.split("started (pid ")[1].split(")")[0])
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[1]) in supervisors | {1}:
-            os.kill(pid, signal.SIGKILL)
 
 
 def children(pid: int) -> list[int]:
@@ -100,13 +79,6 @@ def wait_started(log: Path, n: int = 2) -> None:
 def ledger_pids(client: redis.Redis, q: Queue) -> list[int]:
     entries: list[str] = client.lrange(f"{LEDGER}:{q.name}", 0, -1)  # type: ignore[assignment]
     return [int(e.split("|")[4]) for e in entries]
-
-
-@pytest.fixture
-def pool_log(tmp_path: Path) -> Iterator[Path]:
-    log = tmp_path / "pool.log"
-    yield log
-    kill_leftovers(log, SUPERVISORS)
 
 
 def stop(pool: subprocess.Popen[bytes], log: Path) -> int:

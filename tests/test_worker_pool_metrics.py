@@ -11,7 +11,6 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,10 +24,8 @@ from scheduler import Queue
 from scheduler.cli.worker_pool_child import parse_ready, ready_message
 from scheduler.cli.worker_pool_metrics import relabel_merge
 from tests.test_worker_pool import (
-    SUPERVISORS,
     alive,
     children,
-    kill_leftovers,
     ledger_pids,
     spawn_pool,
     stop,
@@ -165,13 +162,6 @@ class _Fixed:
 
 
 # -- a real pool -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def pool_log(tmp_path: Path) -> Iterator[Path]:
-    log = tmp_path / "pool.log"
-    yield log
-    kill_leftovers(log, SUPERVISORS)
 
 
 def free_port() -> int:
