@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import AsyncPartitionedQueue, PartitionsNotReached, Queue
+from scheduler import AsyncPartitionedQueue, JobSpec, PartitionsNotReached, Queue
 from scheduler._spawn_cluster import LocalCluster
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import connect, connect_async
@@ -36,6 +36,7 @@ class Down:
     due: dict[str, set[str]] = field(default_factory=dict)  # partition -> its due job ids
     dead_ids: dict[str, str] = field(default_factory=dict)  # partition -> its dead job's id
     schedules: dict[str, str] = field(default_factory=dict)  # partition -> its schedule
+    ports: tuple[int, int] = (0, 0)  # a node never killed (the record's), the killed one
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,7 @@ def down() -> Iterator[Down]:
         assert d.live and d.dead
         cluster.nodes[cluster.nodes.index(gone) + cluster.primaries].kill()  # no failover
         gone.kill()
+        d.ports = (keep, gone.port)
         yield d
 
 
@@ -144,3 +146,48 @@ def test_a_page_of_the_answering_partitions_is_cut_as_asked(
     assert [j.id for j in page.partial] == [j.id for j in whole][1:3]
     dead = _raised(down, lambda q: q.dead_ids(limit=1), asyncio_client).partial
     assert len(dead) == 1 and dead[0] in {down.dead_ids[p] for p in down.live}
+
+
+@pytest.mark.parametrize("asyncio_client", [False, True], ids=["sync", "asyncio"])
+def test_a_bulk_enqueue_says_which_jobs_are_written_and_which_are_unknown(
+    down: Down, asyncio_client: bool
+) -> None:
+    """enqueue_many over partitions on the dead node and the live ones: one driver call over
+    every node raised the dead node's ConnectionError whole, saying nothing of how far it got
+    (the nodes sent to before it were written, those after it not sent). Now each node is one
+    call: the live partitions' jobs are written and listed in `written_ids`, the dead node's
+    in `unknown_ids` (written or not: a connection lost midway cannot tell)."""
+    rc = connect(down.url)
+    keep, dead = down.ports
+    name = next(
+        n
+        for n in (f"bw{'a' if asyncio_client else 's'}{i}" for i in range(500))
+        if _port(rc, meta_key(n)) == keep
+    )
+    pq = PartitionedQueue.create(rc, name, partitions=6)
+    on_dead = {p.name for p in pq.parts if _port(rc, p.keys.prefix) == dead}
+    assert on_dead and len(on_dead) < 6
+    specs = [JobSpec("t", None) for _ in range(12)]  # round robin: 2 a partition
+
+    async def enqueue_async() -> None:
+        aq = await AsyncPartitionedQueue.open(connect_async(down.url), name)
+        try:
+            await aq.enqueue_many(specs)
+        finally:
+            await aq.aclose()
+
+    with pytest.raises(redis.ConnectionError) as err:
+        asyncio.run(enqueue_async()) if asyncio_client else pq.enqueue_many(specs)
+    written = getattr(err.value, "written_ids", None)
+    unknown = getattr(err.value, "unknown_ids", None)
+    assert written is not None and unknown is not None, err.value
+    part = {i: pq.parts[pq.layout.partition_of_id(i)].name for i in written + unknown}
+    assert len(written) + len(unknown) == 12
+    assert {part[i] for i in unknown} == on_dead
+    assert all(part[i] not in on_dead for i in written)
+    assert [pq.status(i) for i in written] == ["due"] * len(written)
+    pq.close()
+
+
+def _port(rc: Any, key: str) -> int:
+    return int(rc.get_node_from_key(key).port)

@@ -42,6 +42,7 @@ from scheduler.client.partitioned_partial import (
     dead_lists,
     dead_page,
     not_read,
+    per_node_sync,
     read_every,
     schedules_of,
 )
@@ -184,11 +185,14 @@ class PartitionedQueue(Unpicklable):
         return self.enqueue_many([JobSpec(task, payload, **kwargs)])[0]
 
     def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
-        """`Queue.enqueue_many`: the jobs grouped by partition, one driver call for all.
+        """`Queue.enqueue_many`: the jobs grouped by partition, one driver call per node.
         Every spec is checked before anything is sent. Each partition's jobs are batches of
         their own: a batch the server refuses (a parent missing) writes nothing, the other
         partitions' are written, as across the batches of one plain call; the error's
-        `written_ids` lists them (call order). NotDurable carries every id of the call."""
+        `written_ids` lists them (call order). A node that does not answer (a connection lost
+        midway) fails its partitions only: the error (its own) has `written_ids` and
+        `unknown_ids`, the jobs sent there, written or not (re-send them with those ids).
+        NotDurable carries every id of the call."""
         placed = place(self.layout, specs, self._spread)
         groups = by_partition(placed)
         ops = [
@@ -197,7 +201,7 @@ class PartitionedQueue(Unpicklable):
         ]
 
         def call() -> list[str]:  # its names go into the queue index once it wrote
-            got = self._run_many(ops, errors=True)
+            got = per_node_sync(self, ops)[0]
             return ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
 
         return queue_index.written(self.client, self.layout.names, call)

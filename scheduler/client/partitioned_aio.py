@@ -152,7 +152,7 @@ class AsyncPartitionedQueue:
             for k, g in groups.items()
         ]
         try:
-            got = await self._run_many(ops, errors=True)
+            got = (await partial.per_node_async(self, ops))[0]
             ids = ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
         except Exception as exc:
             if await queue_index.after_call_async(self.client, self.layout.names, exc):

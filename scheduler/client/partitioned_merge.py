@@ -169,7 +169,9 @@ def ids_in_call_order(placed: Sequence[Placed], got: dict[int, Any]) -> list[str
     """The ids of a partitioned enqueue_many in the order of its specs, from each partition's
     outcome (its ids, or the error it raised). A refused partition's error is raised (its
     batch wrote nothing; the others are written, as the batches of one plain call: README
-    'Partitioned queues'), with `written_ids`: the ids written, in call order. NotDurable
+    'Partitioned queues'), with `written_ids`: the ids written, in call order, and
+    `unknown_ids`: those sent to a node that did not answer (a connection lost midway: written
+    or not, unknown; re-sent with the same ids, one written is found, not written twice). NotDurable
     from some partitions is raised once, with every id of the call (the ids to re-send with)
     and the fewest acknowledgements."""
     short = [e for e in got.values() if isinstance(e, NotDurable)]
@@ -185,13 +187,21 @@ def ids_in_call_order(placed: Sequence[Placed], got: dict[int, Any]) -> list[str
         # The caller needs the ids written elsewhere: re-sending the whole call would enqueue
         # those jobs a second time under new ids.
         written = [i for i in out if i]
+        unknown = [s.job_id or "" for k, s in placed if isinstance(each[k], UNREACHABLE)]
         err = refused[0]
         if written:
             err.add_note(
                 f"{len(written)} job(s) of this call in other partitions were written "
-                "(their ids: the error's written_ids); re-send only the refused ones"
+                "(their ids: the error's written_ids); re-send only the others"
+            )
+        if unknown:
+            err.add_note(
+                f"{len(unknown)} job(s) went to partitions whose node did not answer: written or "
+                "not, unknown (their ids: the error's unknown_ids); re-send them with those ids "
+                "(job_id=): one already written is found, not written twice"
             )
         setattr(err, "written_ids", written)  # noqa: B010 - an attribute of any exception
+        setattr(err, "unknown_ids", unknown)  # noqa: B010
         raise err
     if short:
         raise NotDurable(out, min(e.acked for e in short), short[0].wanted)

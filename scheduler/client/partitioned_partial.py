@@ -70,11 +70,21 @@ def _refresh_wanted(out: Sequence[Any]) -> bool:
 def _groups_sync(
     q: Any, make: Make, asked: Sequence[Any], nodes: Sequence[str]
 ) -> tuple[list[Any], set[int]]:
-    out: list[Any] = [None] * len(asked)
+    return per_node_sync(q, [(p, make(p)) for p in asked], nodes)
+
+
+def per_node_sync(
+    q: Any, ops: Sequence[tuple[Any, Op[Any]]], nodes: Sequence[str] | None = None
+) -> tuple[list[Any], set[int]]:
+    """q._run_many(ops, errors=True) as one driver call per node (`nodes`: each op's, else
+    the slot map's): a node that does not answer puts its error in the place of each of its
+    ops (their indices: the second value) and the other nodes' still run."""
+    nodes = nodes_of(q.client, [p for p, _ in ops]) if nodes is None else nodes
+    out: list[Any] = [None] * len(ops)
     whole: set[int] = set()
     for idx in by_node(nodes):
         try:
-            got = q._run_many([(asked[i], make(asked[i])) for i in idx], errors=True)
+            got = q._run_many([ops[i] for i in idx], errors=True)
         except UNREACHABLE as exc:
             got, whole = [exc] * len(idx), whole | set(idx)
         for i, r in zip(idx, got, strict=True):
@@ -101,12 +111,21 @@ def answering_sync(q: Any, make: Make, asked: Sequence[Any]) -> list[Any]:
 async def _groups_async(
     q: Any, make: Make, asked: Sequence[Any], nodes: Sequence[str]
 ) -> tuple[list[Any], set[int]]:
-    """_groups_sync for asyncio: the nodes' calls concurrently, as the driver sends one batch's
-    nodes, each finished before any error is raised."""
+    return await per_node_async(q, [(p, make(p)) for p in asked], nodes)
+
+
+async def per_node_async(
+    q: Any, ops: Sequence[tuple[Any, Op[Any]]], nodes: Sequence[str] | None = None
+) -> tuple[list[Any], set[int]]:
+    """per_node_sync for asyncio: the nodes' calls concurrently, as the driver sends one
+    batch's nodes, each finished before any error is raised."""
+    if is_cluster(q.client):
+        await q.client.initialize()  # a no-op once done: it connects lazily
+    nodes = nodes_of(q.client, [p for p, _ in ops]) if nodes is None else nodes
     groups = by_node(nodes)
-    calls = [q._run_many([(asked[i], make(asked[i])) for i in idx], errors=True) for idx in groups]
+    calls = [q._run_many([ops[i] for i in idx], errors=True) for idx in groups]
     results = await asyncio.gather(*calls, return_exceptions=True)
-    out: list[Any] = [None] * len(asked)
+    out: list[Any] = [None] * len(ops)
     whole: set[int] = set()
     for idx, got in zip(groups, results, strict=True):
         if isinstance(got, BaseException):
