@@ -7,6 +7,7 @@ asked' while the worker ran on. Such a worker is known by its beats, which never
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -72,6 +73,7 @@ def old_tree() -> Iterator[Path]:
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(where)],
                        capture_output=True)  # fmt: skip
+        shutil.rmtree(where.parent, ignore_errors=True)
 
 
 def test_a_real_older_worker_is_named_not_asked(
