@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Generator, Iterator
+from typing import Any
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from scheduler import JobNotFound, JobState, Queue
 from scheduler._spawn_cluster import LocalCluster
@@ -122,6 +124,15 @@ def cluster_url(request: pytest.FixtureRequest) -> Iterator[str]:
         return
     with LocalCluster(require_server("a local Redis Cluster")) as cluster:
         yield cluster.url
+
+
+@pytest.fixture
+def rc(cluster_url: str) -> Iterator[Any]:
+    """A RedisCluster client of cluster_url (Any: the tests call its cluster-only methods)."""
+    client = connect(cluster_url)
+    assert isinstance(client, RedisCluster)
+    yield client
+    client.close()
 
 
 @pytest.fixture

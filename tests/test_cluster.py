@@ -8,14 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from click.testing import CliRunner
-from redis.cluster import RedisCluster
 
 from scheduler import AsyncQueue, BadArgument, JobSpec, Queue
 from scheduler.admin.inspection import discover_queues
@@ -72,14 +70,6 @@ def test_cli_refuses_a_bad_cluster_url_as_usage() -> None:
 
 
 # -- on a cluster ----------------------------------------------------------------------------
-@pytest.fixture
-def rc(cluster_url: str) -> Iterator[Any]:
-    client = connect(cluster_url)
-    assert isinstance(client, RedisCluster)
-    yield client
-    client.close()
-
-
 def _queues_on_every_primary(rc: Any, prefix: str) -> list[str]:
     """One queue name per primary (the slot of `sched:{name}:` decides where it lives)."""
     by_node: dict[str, str] = {}

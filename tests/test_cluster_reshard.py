@@ -18,12 +18,10 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
-from redis.cluster import RedisCluster
 from redis.exceptions import TryAgainError
 
 from scheduler import AsyncQueue, JobNotFound, JobSpec, Queue
@@ -43,14 +41,6 @@ RUNS: list[tuple[str, str, int, int, int]] = []
 async def record(payload: Any, ctx: JobContext) -> Any:
     RUNS.append((ctx.job_id, ctx.token, ctx.run_at_ms, ctx.claimed_ms, int(time.time() * 1000)))
     return None
-
-
-@pytest.fixture
-def rc(cluster_url: str) -> Iterator[Any]:
-    client = connect(cluster_url)
-    assert isinstance(client, RedisCluster)
-    yield client
-    client.close()
 
 
 def _cmd(client: redis.Redis, *args: object) -> Any:

@@ -6,30 +6,20 @@ afterwards; the repairs are counted in each partition's stats as on one server."
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from redis.cluster import RedisCluster
 
 from scheduler import JobSpec, Queue
 from scheduler.admin.inspection import server_now_ms
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
-from scheduler.core.connection import connect, node_for_key
+from scheduler.core.connection import node_for_key
 from tests.old_layout import old_enqueue
 
 HOUR_MS = 3_600_000
 pytestmark = pytest.mark.pq(client="rc")
-
-
-@pytest.fixture
-def rc(cluster_url: str) -> Iterator[Any]:
-    client = connect(cluster_url)
-    assert isinstance(client, RedisCluster)
-    yield client
-    client.close()
 
 
 def _damage(part: Queue, n: int) -> dict[str, str]:
