@@ -1,11 +1,17 @@
 """One in-process Worker run until a condition holds (the tests that patch a worker's insides):
-started on its own client, cancelled and its client closed whatever happens."""
+started on its own client, cancelled and its client closed whatever happens; or run in a thread
+for the length of a `with` block (worker_thread)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import redis.asyncio as aredis
 
 from scheduler import Registry
 from scheduler.core.connection import connect_async
@@ -50,3 +56,35 @@ def run_until(
             await client.aclose()
 
     return asyncio.run(main())
+
+
+@contextmanager
+def worker_thread(
+    url: str,
+    registry: Registry,
+    settings: WorkerSettings,
+    *,
+    logger: logging.Logger | None = None,
+    setup: Callable[[Worker], None] | None = None,
+    exit_codes: list[int] | None = None,
+) -> Iterator[Worker]:
+    """A Worker (a plain asyncio client, text replies) run on its own event loop in a thread
+    while the block runs; then asked to stop, joined (30 s) and its client closed. `setup` sees
+    the worker before it starts; its run's exit code is appended to `exit_codes`."""
+    loop = asyncio.new_event_loop()
+    client = aredis.Redis.from_url(url, decode_responses=True)
+    w = Worker(client, registry, settings, logger=logger)
+    if setup is not None:
+        setup(w)
+    codes = [] if exit_codes is None else exit_codes
+    t = threading.Thread(
+        target=lambda: codes.append(loop.run_until_complete(w.run(install_signals=False)))
+    )
+    t.start()
+    try:
+        yield w
+    finally:
+        loop.call_soon_threadsafe(w.request_stop)
+        t.join(30)
+        loop.run_until_complete(client.aclose())
+        loop.close()

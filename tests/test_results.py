@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from scheduler import AsyncQueue, JobCancelled, JobDead, JobNotFound, Queue, Res
 from scheduler.core.errors import BadArgument
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import Registry
+from tests.embedded_worker import worker_thread
 from tests.workers.procs import wait_for
 
 registry = Registry()
@@ -38,20 +40,8 @@ def broken(payload: Any, ctx: Any) -> None:
     raise Boom("it broke")
 
 
-def start_worker(redis_url: str, queue: str) -> tuple[Worker, threading.Thread, Any]:
-    loop = asyncio.new_event_loop()
-    client = aredis.Redis.from_url(redis_url, decode_responses=True)
-    w = Worker(client, registry, WorkerSettings(queues=(queue,), result_ttl_ms=60_000))
-    t = threading.Thread(target=lambda: loop.run_until_complete(w.run(install_signals=False)))
-    t.start()
-
-    def stop() -> None:
-        loop.call_soon_threadsafe(w.request_stop)
-        t.join(30)
-        loop.run_until_complete(client.aclose())
-        loop.close()
-
-    return w, t, stop
+def running_worker(redis_url: str, queue: str) -> AbstractContextManager[Worker]:
+    return worker_thread(redis_url, registry, WorkerSettings(queues=(queue,), result_ttl_ms=60_000))
 
 
 def wake_key(q: Queue, job_id: str) -> str:
@@ -77,19 +67,18 @@ def test_a_job_nobody_waits_for_leaves_no_wake_up_key(q: Queue, client: redis.Re
 def test_result_waits_for_a_worker_to_complete_the_job(redis_url: str, q: Queue) -> None:
     release.clear()
     job_id = q.enqueue("results.gated", {"a": 2, "b": 3})
-    _, _, stop = start_worker(redis_url, q.name)
-    try:
-        got: list[Any] = []
-        waiter = threading.Thread(target=lambda: got.append(q.result(job_id, timeout_s=30)))
-        waiter.start()
-        release.set()  # the handler may finish before or after the waiter blocks: both work
-        waiter.join(30)
-        assert got == [{"sum": 5}]
-        # Asked again later, the stored result answers at once.
-        assert q.result(job_id, timeout_s=1) == {"sum": 5}
-    finally:
-        release.set()
-        stop()
+    with running_worker(redis_url, q.name):
+        try:
+            got: list[Any] = []
+            waiter = threading.Thread(target=lambda: got.append(q.result(job_id, timeout_s=30)))
+            waiter.start()
+            release.set()  # the handler may finish before or after the waiter blocks: both work
+            waiter.join(30)
+            assert got == [{"sum": 5}]
+            # Asked again later, the stored result answers at once.
+            assert q.result(job_id, timeout_s=1) == {"sum": 5}
+        finally:
+            release.set()
 
 
 def test_a_waiter_blocked_before_completion_is_woken(
@@ -112,12 +101,8 @@ def test_a_waiter_blocked_before_completion_is_woken(
 
 def test_dead_raises_job_dead_with_the_last_error(redis_url: str, q: Queue) -> None:
     job_id = broken.enqueue(q, {})
-    _, _, stop = start_worker(redis_url, q.name)
-    try:
-        with pytest.raises(JobDead) as info:
-            q.result(job_id, timeout_s=30)
-    finally:
-        stop()
+    with running_worker(redis_url, q.name), pytest.raises(JobDead) as info:
+        q.result(job_id, timeout_s=30)
     assert info.value.job_id == job_id
     assert info.value.error_type is not None and "Boom" in info.value.error_type
     assert info.value.error_message == "it broke"

@@ -3,15 +3,10 @@ worker's option, else 1 h. A producer's Queue(result_ttl_ms=...) does not govern
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aredis
 from click.testing import CliRunner
 
 from scheduler import Queue
@@ -19,9 +14,10 @@ from scheduler.cli.main import main
 from scheduler.core import codec
 from scheduler.core.errors import BadArgument
 from scheduler.core.exits import EXIT_USAGE
-from scheduler.worker import Worker, WorkerSettings
+from scheduler.worker import WorkerSettings
 from scheduler.worker.registry import Registry
 from scheduler.worker.settings import SettingsError
+from tests.embedded_worker import worker_thread
 from tests.workers.procs import wait_for
 
 registry = Registry()
@@ -39,26 +35,10 @@ def brief(payload: Any, ctx: Any) -> str:
     return "ok"
 
 
-@contextmanager
-def running_worker(redis_url: str, settings: WorkerSettings) -> Iterator[Worker]:
-    loop = asyncio.new_event_loop()
-    client = aredis.Redis.from_url(redis_url, decode_responses=True)
-    w = Worker(client, registry, settings)
-    t = threading.Thread(target=lambda: loop.run_until_complete(w.run(install_signals=False)))
-    t.start()
-    try:
-        yield w
-    finally:
-        loop.call_soon_threadsafe(w.request_stop)
-        t.join(30)
-        loop.run_until_complete(client.aclose())
-        loop.close()
-
-
 def finished_pttl_ms(redis_url: str, q: Queue, client: redis.Redis, task: str,
                      settings: WorkerSettings) -> int:  # fmt: skip
     job_id = q.enqueue(task, {})
-    with running_worker(redis_url, settings):
+    with worker_thread(redis_url, registry, settings):
         wait_for(lambda: q.status(job_id) == "done", what=f"{task} done")
     assert q.get_job(job_id).result_json == '"ok"'
     return int(client.pttl(q.keys.job(job_id)))

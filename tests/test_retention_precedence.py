@@ -3,17 +3,15 @@ finished job keeps, and for how long, when a real worker completes it."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aredis
 
 from scheduler import BadArgument, Queue
-from scheduler.worker import Worker, WorkerSettings
+from scheduler.worker import WorkerSettings
 from scheduler.worker.registry import Registry
+from tests.embedded_worker import worker_thread
 from tests.workers.procs import wait_for
 
 registry = Registry()
@@ -32,18 +30,9 @@ def kept(payload: Any, ctx: Any) -> str:
 
 def run_all(redis_url: str, q: Queue, ids: list[str]) -> None:
     """One worker with --result-ttl-ms 300000 runs every job to done."""
-    loop = asyncio.new_event_loop()
-    client = aredis.Redis.from_url(redis_url, decode_responses=True)
-    w = Worker(client, registry, WorkerSettings(queues=(q.name,), result_ttl_ms=300_000))
-    t = threading.Thread(target=lambda: loop.run_until_complete(w.run(install_signals=False)))
-    t.start()
-    try:
+    settings = WorkerSettings(queues=(q.name,), result_ttl_ms=300_000)
+    with worker_thread(redis_url, registry, settings):
         wait_for(lambda: all(q.status(j) == "done" for j in ids), what="all done")
-    finally:
-        loop.call_soon_threadsafe(w.request_stop)
-        t.join(30)
-        loop.run_until_complete(client.aclose())
-        loop.close()
 
 
 def test_the_jobs_own_retention_wins_over_the_task_and_the_worker(

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -18,8 +15,9 @@ from scheduler import Queue
 from scheduler.client.aio import AsyncQueue
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
-from scheduler.worker import Worker, WorkerSettings
+from scheduler.worker import WorkerSettings
 from scheduler.worker.registry import Registry, TaskHandle
+from tests.embedded_worker import worker_thread
 from tests.workers.procs import wait_for
 
 registry = Registry()
@@ -59,22 +57,6 @@ async def greet(payload: Greeting, ctx: Any) -> str:
 @registry.task("handles.pinned", queue="elsewhere")
 def pinned(payload: Any, ctx: Any) -> None:
     return None
-
-
-@contextmanager
-def running_worker(redis_url: str, queue: str) -> Iterator[Worker]:
-    loop = asyncio.new_event_loop()
-    client = aredis.Redis.from_url(redis_url, decode_responses=True)
-    w = Worker(client, registry, WorkerSettings(queues=(queue,)))
-    t = threading.Thread(target=lambda: loop.run_until_complete(w.run(install_signals=False)))
-    t.start()
-    try:
-        yield w
-    finally:
-        loop.call_soon_threadsafe(w.request_stop)
-        t.join(30)
-        loop.run_until_complete(client.aclose())
-        loop.close()
 
 
 def test_the_handle_is_still_the_function_and_the_registry_still_finds_it() -> None:
@@ -153,7 +135,7 @@ def test_typed_payloads_travel_as_json_and_are_decoded_for_the_handler(
     charge_id = charge.enqueue(q, Charge(user=7, cents=250))
     greet_id = greet.enqueue(q, {"name": "ab", "times": 2})
     assert json.loads(q.get_job(charge_id).payload_json) == {"user": 7, "cents": 250}
-    with running_worker(redis_url, q.name):
+    with worker_thread(redis_url, registry, WorkerSettings(queues=(q.name,))):
         wait_for(lambda: q.status(charge_id) == "done" and q.status(greet_id) == "done",
                  what="typed jobs done")  # fmt: skip
     assert seen == [Charge(user=7, cents=250)]

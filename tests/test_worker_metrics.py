@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import subprocess
 import sys
-import threading
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 import redis
-import redis.asyncio as aredis
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler import Queue
 from scheduler.worker import Worker, WorkerSettings
+from tests.embedded_worker import worker_thread
 from tests.workers.basic import registry
 from tests.workers.procs import ROOT, wait_for
 
@@ -27,22 +25,10 @@ def in_process_worker(
     redis_url: str, q: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Worker]:
     monkeypatch.setenv("TEST_REDIS_URL", redis_url)
-    loop = asyncio.new_event_loop()
-    client = aredis.Redis.from_url(redis_url, decode_responses=True)
-    w = Worker(client, registry, WorkerSettings(queues=(q.name,), heartbeat_ms=100,
-                                                lease_ms=3000))  # fmt: skip
     result: list[int] = []
-    t = threading.Thread(
-        target=lambda: result.append(loop.run_until_complete(w.run(install_signals=False)))
-    )
-    t.start()
-    try:
+    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=100, lease_ms=3000)
+    with worker_thread(redis_url, registry, settings, exit_codes=result) as w:
         yield w
-    finally:
-        loop.call_soon_threadsafe(w.request_stop)
-        t.join(30)
-        loop.run_until_complete(client.aclose())
-        loop.close()
     assert result == [0]
 
 

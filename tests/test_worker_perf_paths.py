@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import Any, cast
 
 import pytest
@@ -22,6 +21,7 @@ from scheduler.worker.execution import Running
 from scheduler.worker.metrics import _BUCKETS_S, WorkerMetrics
 from scheduler.worker.registry import Registry
 from scheduler.worker.settings import CLAIM_MIN_FREE
+from tests.embedded_worker import worker_thread
 from tests.workers.procs import wait_for
 
 registry = Registry()
@@ -111,23 +111,16 @@ def test_a_busy_short_job_worker_holding_claims_still_runs_every_job(
     redis_url: str, q: Queue
 ) -> None:
     # Logic, not timing: a hold is released by job ends, so none is left unclaimed.
-    loop = asyncio.new_event_loop()
-    client = aredis.Redis.from_url(redis_url, decode_responses=True)
-    w = Worker(client, registry, WorkerSettings(queues=(q.name,), concurrency=4, prefetch=100,
-                                                batch_size=30))  # fmt: skip
-    w._mean_run_s = 0.001
+    settings = WorkerSettings(queues=(q.name,), concurrency=4, prefetch=100, batch_size=30)
+
+    def fast(w: Worker) -> None:
+        w._mean_run_s = 0.001
+
     ids = q.enqueue_many([registry.job_spec("quick", {"i": i}) for i in range(300)])
-    t = threading.Thread(target=lambda: loop.run_until_complete(w.run(install_signals=False)))
-    t.start()
-    try:
+    with worker_thread(redis_url, registry, settings, setup=fast):
         wait_for(lambda: q.counts().due == 0 and q.counts().leased == 0, what="drained")
         lone = q.enqueue("quick", {})  # the worker is idle again: claimed at once
         wait_for(lambda: q.status(lone) == "done", what="lone job done")
-    finally:
-        loop.call_soon_threadsafe(w.request_stop)
-        t.join(30)
-        loop.run_until_complete(client.aclose())
-        loop.close()
     assert all(q.status(i) == "done" for i in ids)
 
 
@@ -142,20 +135,10 @@ class CountingLogger(logging.Logger):
 
 def test_at_warning_a_job_that_succeeds_logs_nothing(redis_url: str, q: Queue) -> None:
     log = CountingLogger()
-    loop = asyncio.new_event_loop()
-    client = aredis.Redis.from_url(redis_url, decode_responses=True)
-    w = Worker(client, registry, WorkerSettings(queues=(q.name,)), logger=log)
     ids = q.enqueue_many([registry.job_spec("quick", {"i": i}) for i in range(20)])
-    t = threading.Thread(target=lambda: loop.run_until_complete(w.run(install_signals=False)))
-    t.start()
-    try:
+    with worker_thread(redis_url, registry, WorkerSettings(queues=(q.name,)), logger=log):
         wait_for(lambda: all(q.status(i) == "done" for i in ids), what="jobs done")
         during = log.records
-    finally:
-        loop.call_soon_threadsafe(w.request_stop)
-        t.join(30)
-        loop.run_until_complete(client.aclose())
-        loop.close()
     assert during == 0
 
 
