@@ -16,8 +16,8 @@ from scheduler import AsyncQueue, PartitionedQueue, Queue
 from scheduler.cli.main import main
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
-from scheduler.core.partitions import meta_key
 from tests.conftest import delete_queue
+from tests.fixtures.partitioned import delete_partitioned
 from tests.test_dashboard import csrf_of, make_client
 
 HOUR_MS = 3_600_000
@@ -77,9 +77,7 @@ def test_the_async_and_partitioned_clients_answer_alike(
 
         assert asyncio.run(main()) == ("held", "scheduled", "scheduled")
     finally:
-        for part in pq.parts:
-            delete_queue(client, part)
-        client.delete(meta_key(queue_name))
+        delete_partitioned(client, pq)
 
 
 def test_the_cli_says_the_state_and_counts_it_cancelled(redis_url: str, q: Queue) -> None:

@@ -14,7 +14,8 @@ from scheduler import JobSpec, Queue
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core import exits
-from tests.conftest import delete_queue, dump_queue
+from tests.conftest import dump_queue
+from tests.fixtures.partitioned import delete_partitioned
 
 
 def cancel(redis_url: str, queue: str, *args: str, stdin: str | None = None) -> Result:
@@ -99,9 +100,7 @@ def test_a_partitioned_queue_by_state_and_by_id(
         assert as_json(got)["cancelled"] == 11, got.output
         assert {pq.status(i) for i in ids} == {"cancelled"}
     finally:
-        for part in pq.parts:
-            delete_queue(client, part)
-        client.delete(f"sched:{{{queue_name}}}:partitions")
+        delete_partitioned(client, pq)
 
 
 def test_bad_usage_changes_nothing(redis_url: str, q: Queue) -> None:

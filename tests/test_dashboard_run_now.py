@@ -14,7 +14,8 @@ from scheduler import Queue
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.dashboard import Auth, create_app
 from scheduler.dashboard.render import NOTICES
-from tests.conftest import delete_queue, dump_queue
+from tests.conftest import dump_queue
+from tests.fixtures.partitioned import delete_partitioned
 from tests.test_dashboard import csrf_of, make_client
 from tests.test_dashboard_pause import post
 
@@ -119,9 +120,7 @@ def test_a_partitioned_queues_job_is_moved_in_its_partition(
         claimed = [j.id for p in pq.parts for j in p.claim("w").jobs]
         assert claimed == [jobs[1]]  # that one only, from the partition holding it
     finally:
-        for part in pq.parts:
-            delete_queue(client, part)
-        client.delete(f"sched:{{{queue_name}}}:partitions")
+        delete_partitioned(client, pq)
 
 
 def test_every_answer_of_reschedule_has_a_notice() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -14,9 +14,9 @@ from click.testing import CliRunner, Result
 from scheduler import JobSpec, Queue
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
-from scheduler.core.partitions import meta_key
 from scheduler.operations.dead_letters import scan_dead
-from tests.conftest import Clock, delete_queue
+from tests.conftest import Clock
+from tests.fixtures.partitioned import delete_partitioned
 
 Run = Callable[..., Result]
 MIN_MS = 60_000
@@ -34,17 +34,9 @@ def cli(redis_url: str) -> Run:
     return run
 
 
-@pytest.fixture
-def tpq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
-    q = PartitionedQueue.create(client, queue_name, partitions=3, _clock="test")
-    yield q
-    for part in q.parts:
-        delete_queue(client, part)
-    client.delete(meta_key(q.name))
-
-
+@pytest.mark.pq(_clock="test")
 def test_a_partitioned_queue_requeues_and_purges_a_dead_schedule_run(
-    client: redis.Redis, tpq: PartitionedQueue
+    client: redis.Redis, pq: PartitionedQueue
 ) -> None:
     """A schedule's runs ('schedule:<name>:<slot>') live in the schedule's partition; their
     ids were routed by their hash, so requeue_dead / purge_dead (and get_job) of a dead run
@@ -53,12 +45,12 @@ def test_a_partitioned_queue_requeues_and_purges_a_dead_schedule_run(
     name = next(
         n
         for n in (f"nightly{i}" for i in range(100))
-        if zlib.crc32(f"schedule:{n}:{SLOT1}".encode()) % 3 != tpq.layout.partition_of_schedule(n)
+        if zlib.crc32(f"schedule:{n}:{SLOT1}".encode()) % 3 != pq.layout.partition_of_schedule(n)
     )
-    home = tpq.parts[tpq.layout.partition_of_schedule(name)]
+    home = pq.parts[pq.layout.partition_of_schedule(name)]
     clock = Clock(client, home)
     clock.set_ms(T0)
-    assert tpq.schedule(name, "t", {"k": 1}, every_ms=MIN_MS, max_attempts=1) == "created"
+    assert pq.schedule(name, "t", {"k": 1}, every_ms=MIN_MS, max_attempts=1) == "created"
     run = f"schedule:{name}:{SLOT1}"
     assert home.get_schedule(name).pending == run
 
@@ -69,13 +61,13 @@ def test_a_partitioned_queue_requeues_and_purges_a_dead_schedule_run(
 
     clock.set_ms(SLOT1)
     park()
-    assert tpq.dead_ids() == [run]
-    assert tpq.get_job(run).state == "dead"
-    assert tpq.requeue_dead([run]) == 1
-    assert tpq.get_job(run).state == "due"
+    assert pq.dead_ids() == [run]
+    assert pq.get_job(run).state == "dead"
+    assert pq.requeue_dead([run]) == 1
+    assert pq.get_job(run).state == "due"
     park()
-    assert tpq.purge_dead([run]) == 1
-    assert tpq.dead_ids() == []
+    assert pq.purge_dead([run]) == 1
+    assert pq.dead_ids() == []
 
 
 def test_a_dead_id_whose_key_is_not_a_hash_leaves_the_filters_working(
@@ -148,9 +140,7 @@ def test_the_cli_requeues_a_partitioned_parent_before_its_children(
         assert out.exit_code == 0 and "101 of 101" in out.output, out.output
         assert [j.id for j in home.claim("w", limit=200, lease_ms=10_000).jobs] == [p]
     finally:
-        for part in pq.parts:
-            delete_queue(client, part)
-        client.delete(meta_key(queue_name))
+        delete_partitioned(client, pq)
 
 
 def test_a_scan_returns_no_id_twice_when_many_die_at_its_cursors_ms(

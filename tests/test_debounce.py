@@ -19,7 +19,8 @@ from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core import codec
 from scheduler.core.codec import enqueue_args
 from scheduler.operations.ops import Script
-from tests.conftest import Clock, delete_queue
+from tests.conftest import Clock
+from tests.fixtures.partitioned import delete_partitioned
 
 T0 = 1_000_000
 
@@ -237,6 +238,4 @@ def test_a_partitioned_queue_debounces(client: redis.Redis, queue_name: str) -> 
         with pytest.raises(BadArgument, match="debounce"):  # the caller's own id still is
             pq.enqueue("d", key="e", debounce=True, job_id=f"p{pq.layout.partition_of_key('e')}.x")
     finally:
-        for part in pq.parts:
-            delete_queue(client, part)
-        client.delete(f"sched:{{{queue_name}}}:partitions")
+        delete_partitioned(client, pq)

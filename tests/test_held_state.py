@@ -18,12 +18,12 @@ from scheduler.cli.job_cancel import WAITING
 from scheduler.cli.main import main
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
-from scheduler.core.partitions import meta_key
 from scheduler.dashboard.actions import CANCELLABLE
 from scheduler.dashboard.reasons import CAN_CANCEL
 from scheduler.dashboard.render import STATES
 from scheduler.operations.inspecting import LISTABLE
 from tests.conftest import delete_queue
+from tests.fixtures.partitioned import delete_partitioned
 from tests.test_dashboard import make_client
 
 HOUR_MS = 3_600_000
@@ -104,9 +104,7 @@ def test_the_async_and_partitioned_clients_report_held(
 
         assert asyncio.run(run()) == ("held", "held", "held", "held", "due")
     finally:
-        for part in pq.parts:
-            delete_queue(client, part)
-        client.delete(meta_key(queue_name))
+        delete_partitioned(client, pq)
 
 
 def test_jobs_show_says_held_with_its_flow_reason(redis_url: str, q: Queue) -> None:
