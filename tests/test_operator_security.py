@@ -30,6 +30,7 @@ from scheduler.cli.main import main
 from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import clean, redact
 from tests.redis_server import RedisProcess
+from tests.workers.procs import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULER = str(Path(sys.executable).parent / "scheduler")
@@ -222,14 +223,6 @@ def spawn_worker(url: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
         )  # fmt: skip
 
 
-def wait_until(pred: object, what: str, timeout_s: float = 30.0) -> None:
-    assert callable(pred)
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("log_format", [(), ("--json-logs",)], ids=["plain", "json"])
 def test_real_worker_survives_hostile_jobs_and_logs_them_escaped(
     raw: redis.Redis, module_server: RedisProcess, tmp_path: Path, log_format: tuple[str, ...]
@@ -244,8 +237,8 @@ def test_real_worker_survives_hostile_jobs_and_logs_them_escaped(
     log = tmp_path / "worker.log"
     worker = spawn_worker(module_server.url, log, *log_format)
     try:
-        wait_until(lambda: all(q.status(j) == "done" for j in good) or worker.poll() is not None,
-                   "the good jobs")  # fmt: skip
+        wait_for(lambda: all(q.status(j) == "done" for j in good) or worker.poll() is not None,
+                 what="the good jobs")  # fmt: skip
         alive = worker.poll() is None
         if alive:
             worker.send_signal(signal.SIGTERM)
