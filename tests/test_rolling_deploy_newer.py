@@ -98,3 +98,17 @@ def test_the_dashboard_names_a_newer_queue_and_shows_the_others(
     assert "stored by a newer version" in got.text and "upgrade this one" in got.text
     assert dump_queue(client, q) == before
     delete_queue(client, other)
+
+
+def test_schedule_reads_refuse_a_newer_queue(client: redis.Redis, redis_url: str, q: Queue) -> None:
+    # Plain reads (HGETALL of each definition), not a script: they listed a newer version's
+    # schedules by this version's reading.
+    q.schedule("nightly", "echo", cron="0 3 * * *")
+    client.hset(q.keys.config, "generation", NEWER)
+    for read in (lambda: q.get_schedule("nightly"), q.list_schedules):
+        with pytest.raises(NewerStorage, match="stored by a newer version"):
+            read()
+    got = CliRunner().invoke(main, ["schedules", "list", "--url", redis_url, "-q", q.name])
+    assert got.exit_code == 1 and "stored by a newer version" in got.output, got.output
+    client.hdel(q.keys.config, "generation")  # taken back: read again
+    assert [s.name for s in q.list_schedules()] == ["nightly"]

@@ -10,8 +10,9 @@ from redis.exceptions import ResponseError
 
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
-from scheduler.core.errors import BadArgument, CorruptKey, ScheduleNotFound
+from scheduler.core.errors import BadArgument, CorruptKey, ScheduleNotFound, newer_storage
 from scheduler.core.flow import check_flow, flow_field
+from scheduler.core.keys import STORAGE_GENERATION
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
 from scheduler.operations.schedule_reads import (
     UNREADABLE,
@@ -146,6 +147,7 @@ class ScheduleOps(OpsBase):
     def get_schedule(self, name: str) -> Op[recurring.Schedule]:
         """One schedule; BadArgument for a malformed name, ScheduleNotFound if there is none."""
         recurring.check_schedule_name(name)
+        yield from self._not_newer()
         (raw,) = yield Commands([("HGETALL", self.keys.schedule(name))])
         found = recurring.parse_schedule(name, {codec.s(k): codec.s(v) for k, v in raw.items()})
         if found is None:
@@ -160,6 +162,7 @@ class ScheduleOps(OpsBase):
     def first_schedules(self, limit: int | None) -> Op[tuple[list[recurring.Schedule], int]]:
         """(the readable ones of the first `limit` names in name order (None: all), how many
         names the set holds): a page reads `limit` definitions, not every one a producer set."""
+        yield from self._not_newer()
         try:
             (names,) = yield Commands([("SMEMBERS", self.keys.schedules)])
         except ResponseError as exc:
@@ -181,6 +184,19 @@ class ScheduleOps(OpsBase):
             if sch is not None:
                 out.append(sch)
         return (yield from self._due_times(out)), total
+
+    def _not_newer(self) -> Op[None]:
+        """NewerStorage when a newer version stores the queue, as every script refuses it
+        (lib/util.lua newer_storage_err): these reads are plain commands, which listed its
+        schedules by this version's reading. A config of another type holds no generation."""
+        try:
+            (generation,) = yield Commands([("HGET", self.keys.config, "generation")])
+        except ResponseError as exc:
+            if not wrong_type(exc):
+                raise
+            return
+        if (refused := newer_storage(self.keys.queue, generation, STORAGE_GENERATION)) is not None:
+            raise refused
 
     def _due_times(self, found: list[recurring.Schedule]) -> Op[list[recurring.Schedule]]:
         """next_run_ms from due, the truth of when each pending run is due (or flow:held, where
