@@ -59,6 +59,11 @@ def _cancel_op(q: Queue, ids: Sequence[str]) -> Op[list[str]]:
     return [codec.s(r) for r in replies]
 
 
+def _unsent(exc: Exception) -> bool:
+    """The call was never sent: redis-py could not connect (a timeout or a refusal then)."""
+    return "connecting to" in str(exc) or "Timeout connecting" in str(exc)
+
+
 def silent_partition(q: Queue, queue: str, job_id: str, exc: Exception) -> str | None:
     """'partition <p> of queue <q>, which holds job <id>, does not answer: <error>' when `exc`
     is the node of `q`, the partition of `queue` holding `job_id`, not answering; None for a
@@ -195,7 +200,8 @@ def cancel_jobs(
 
     --state of a partitioned queue with a partition's node down: nothing is cancelled, and
     the partitions that do not answer are named (exit 3). IDs: those of the other partitions
-    are cancelled and printed, each of that partition named (exit 3)."""
+    are cancelled and printed, each of that partition named (exit 3): 'unknown whether
+    cancelled' for the one whose cancel was sent when it stopped answering (it may have run)."""
     if bool(job_ids) == bool(state):
         raise BadInput("give job ids, or --state (not both)")
     if task is not None and not state:
@@ -210,27 +216,33 @@ def cancel_jobs(
             by_part.setdefault(id(part), (part, []))[1].append(job_id)
         was_in: dict[str, str] = {}
         silent: list[str] = []  # the ids of a partition whose node does not answer, named
+        unknown: list[str] = []  # one whose cancel was sent when it stopped: it may have run
         for part, ids in by_part.values():
+            sent = None
             try:
-                for job_id in children_first(part, ids):
-                    was_in[job_id] = part._run(_cancel_op(part, [job_id]))[0]
+                for sent in children_first(part, ids):
+                    was_in[sent] = part._run(_cancel_op(part, [sent]))[0]
+                sent = None
             except Exception as exc:  # its node down: the other partitions' ids go on
-                named = [silent_partition(part, queue, i, exc) for i in ids if i not in was_in]
-                if None in named:
+                named = {i: silent_partition(part, queue, i, exc) for i in ids if i not in was_in}
+                if None in named.values():
                     raise
-                silent += [n for n in named if n is not None]
+                if sent in named and not _unsent(exc):
+                    unknown.append(str(named.pop(sent)))
+                silent += [n for n in named.values() if n is not None]
         before = {i: was_in[i] for i in dict.fromkeys(job_ids) if i in was_in}
         if as_json:
-            emit_json(
-                {"queue": queue, "jobs": before, **({"unreachable": silent} if silent else {})}
-            )
+            extra = {k: v for k, v in (("unreachable", silent), ("unknown", unknown)) if v}
+            emit_json({"queue": queue, "jobs": before, **extra})
         else:
             for job_id, was in before.items():
                 word = "cancelled" if was in _CANCELLED else "not cancelled"
                 click.echo(f"{job_id}: {word} (was {was})")
+        for words in unknown:
+            click.echo(f"unknown whether cancelled: {words} (see jobs show)", err=True)
         for words in silent:
             click.echo(f"not cancelled: {words}", err=True)
-        if silent:
+        if silent or unknown:
             raise SystemExit(EXIT_UNREACHABLE)
         if any(was not in _CANCELLED for was in before.values()):
             raise SystemExit(EXIT_FAILED)
