@@ -164,3 +164,37 @@ def test_workers_of_a_moving_partition_are_named_so(
     assert r.status_code == 200, r.text[-600:]
     assert "w-live" in r.text
     assert f"partition {first.name}: its {SAYS}" in r.text and friendly(r.text), r.text[-900:]
+
+
+def test_a_slot_move_is_asked_again_at_the_next_refresh_and_said_so_again(
+    cluster_url: str, queue_name: str
+) -> None:
+    """A read that met 'TTL exhausted' (a ClusterError, as a node down is) was taken for a node
+    down: not asked again for 15 s, and the next pages said 'queue <q>: TTL exhausted. (asked
+    again within 15s)', redis-py's words. A slot on the move is asked again at once."""
+    rc: Any = connect(cluster_url)
+    q = Queue(rc, queue_name)
+    other = Queue(rc, queue_name + "-b")
+    for each in (q, other):
+        each.enqueue("t", None)
+    app = create_app(url=cluster_url, queues=[q.name, other.name], auth=Auth())
+    real, asked = app.store.queue_summary, []
+
+    def moving(name: str, minutes: int = 60) -> dict[str, Any]:
+        if name == q.name:
+            asked.append(name)
+            raise ClusterError("TTL exhausted.")
+        return real(name, minutes)
+
+    app.store.queue_summary = moving  # type: ignore[method-assign]
+    try:
+        with TestClient(app) as web:
+            said = [web.get("/api/overview").json()["unreachable"] for _ in range(2)]
+        assert len(asked) == 2  # asked again at the next refresh
+        for unreachable in said:
+            (line,) = [u for u in unreachable if q.name in u]
+            assert line.startswith(f"queue {q.name}: its {SAYS}") and friendly(line), line
+    finally:
+        delete_queue(rc, q)
+        delete_queue(rc, other)
+        rc.close()

@@ -17,14 +17,19 @@ from scheduler.admin.health import (
     server_nodes,
     unreachable_finding,
 )
-from scheduler.core.claim_reply import check_worker_id
 from scheduler.core.connection import UNREACHABLE
-from scheduler.core.errors import BadArgument, JobNotFound, SchedulerError, edited_by_hand
+from scheduler.core.errors import (
+    BadArgument,
+    JobNotFound,
+    SchedulerError,
+    edited_by_hand,
+    slot_move_text,
+)
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition, unread_why
-from scheduler.dashboard.params import DEFAULT_LIMIT, int_param, text_param
+from scheduler.dashboard.params import DEFAULT_LIMIT, int_param, text_param, worker_id_ok
 from scheduler.dashboard.reasons import (
     CAN_CANCEL,
     flow_reasons,
@@ -57,15 +62,6 @@ SCHEDULES_SHOWN = 500  # rows of /schedules, a page of queues: a set is a key an
 # the app role can create queues (one per tenant); an overview row is a counts script and 60
 # stats hashes, polled every 3 s.
 OVERVIEW_SHOWN = 200
-
-
-def worker_id_ok(worker_id: str) -> bool:
-    """An id ask_stop takes (a worker's, 1-200 characters): the Quiet / Stop buttons carry it."""
-    try:
-        check_worker_id(worker_id)
-    except BadArgument:
-        return False
-    return True
 
 
 def error_entries(history: list[Any]) -> list[dict[str, Any]]:
@@ -113,7 +109,8 @@ class Pages:
             except UNREACHABLE as exc:
                 missing.append(f"queue {name}: {unread_why(exc)}")
                 last = exc
-                self.store.failed(name, exc)
+                if not slot_move_text(exc):  # a node down; a slot on the move: asked again
+                    self.store.failed(name, exc)
             except ResponseError as exc:  # its slot being moved, its node loading, ...
                 if edited_by_hand(exc):  # one queue's key: shown as `stats` shows it, a row
                     missing.append(f"queue {name}: a key edited by hand ({exc}): see doctor")

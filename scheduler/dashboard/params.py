@@ -1,5 +1,5 @@
 """A page's query parameters read strictly: a bad one is a 400 (BadArgument) naming it, before
-anything is read from Redis."""
+anything is read from Redis; and the ids a page may put in a form."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import re
 
 from starlette.requests import Request
 
+from scheduler.core.claim_reply import check_worker_id
 from scheduler.core.errors import BadArgument
 
 DEFAULT_LIMIT = 50  # jobs a page of a queue or its dead letters shows
@@ -28,3 +29,12 @@ def text_param(request: Request, name: str, max_len: int = 200) -> str | None:
     if len(value) > max_len:
         raise BadArgument(f"{name} is longer than {max_len} characters")
     return value or None
+
+
+def worker_id_ok(worker_id: str) -> bool:
+    """An id ask_stop takes (a worker's, 1-200 characters): the Quiet / Stop buttons carry it."""
+    try:
+        check_worker_id(worker_id)
+    except BadArgument:
+        return False
+    return True
