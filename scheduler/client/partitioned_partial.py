@@ -124,7 +124,13 @@ async def per_node_async(
     nodes = nodes_of(q.client, [p for p, _ in ops]) if nodes is None else nodes
     groups = by_node(nodes)
     calls = [q._run_many([ops[i] for i in idx], errors=True) for idx in groups]
-    results = await asyncio.gather(*calls, return_exceptions=True)
+    if len(calls) == 1:  # one server (or node): awaited as is, no task of its own
+        try:
+            results: list[Any] = [await calls[0]]
+        except UNREACHABLE as exc:
+            results = [exc]
+    else:
+        results = await asyncio.gather(*calls, return_exceptions=True)
     out: list[Any] = [None] * len(ops)
     whole: set[int] = set()
     for idx, got in zip(groups, results, strict=True):
