@@ -192,6 +192,9 @@ def test_python_block_runs(
                 f"{step.name} does not run ({type(exc).__name__}: {exc}); fix the sample, or mark"
                 " it `<!-- snippet: not run (reason) -->` if it cannot run on its own"
             ) from exc
+    for name, fn in list(ns.items()):  # a sample test (`def test_total()`): run it as pytest would
+        if name.startswith("test_") and callable(fn) and f"def {name}(" in block.code:
+            fn()
 
 
 # -- shell -----------------------------------------------------------------------------------
@@ -231,3 +234,49 @@ def test_shell_command_parses(block: Block, line: str) -> None:
         cmd.make_context(" ".join(path), list(args), parent=ctx)
     except click.UsageError as exc:
         raise AssertionError(f"{block.name}: `{line}`: {exc.format_message()}") from exc
+
+
+# -- commands named in the prose -------------------------------------------------------------
+INLINE = re.compile(r"`(scheduler [^`]+)`")
+OPTION = re.compile(r"^\[?(--?[A-Za-z][\w-]*)")
+NOT_BUILT = {"scheduler demo --dashboard"}  # docs/dashboard.md says it is not built
+
+
+def _inline_commands() -> Iterator[tuple[str, str]]:
+    for path in DOCS:
+        prose = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        for found in INLINE.finditer(prose):
+            line = " ".join(found.group(1).split())
+            if line not in NOT_BUILT:
+                yield path.name, line
+
+
+INLINE_LINES = list(_inline_commands())
+
+
+def test_inline_commands_name_real_subcommands_and_options() -> None:
+    """`scheduler ...` in the prose is often a synopsis (`NAME`, `[--task T]`, `a|b`), so only
+    the names are checked: each subcommand (every alternative of `a|b`) and each option exists."""
+    assert len(INLINE_LINES) >= 50
+    wrong = []
+    for where, line in INLINE_LINES:
+        tokens = line.replace("\\|", "|").split()[1:]
+        cmd: click.Command = main
+        ctx = main.make_context("scheduler", [], resilient_parsing=True)
+        while isinstance(cmd, click.Group) and tokens and tokens[0][0].isalpha():
+            names = tokens.pop(0).split("|")
+            found = [cmd.get_command(ctx, n) for n in names]
+            if None in found:
+                wrong.append(f"{where}: `{line}`: no subcommand {names}")
+            if len(names) > 1 or None in found:
+                break
+            assert found[0] is not None
+            cmd = found[0]
+        else:
+            known = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+            known |= {"--help", "-h"}
+            for token in tokens:
+                opt = OPTION.match(token)
+                if opt and opt.group(1) not in known:
+                    wrong.append(f"{where}: `{line}`: no option {opt.group(1)}")
+    assert not wrong, "\n".join(wrong)
