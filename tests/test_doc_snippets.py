@@ -280,3 +280,23 @@ def test_inline_commands_name_real_subcommands_and_options() -> None:
                 if opt and opt.group(1) not in known:
                     wrong.append(f"{where}: `{line}`: no option {opt.group(1)}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_readme_command_table_names_every_subcommand() -> None:
+    """README's table of commands ("| command | what it answers |") names each subcommand of the
+    admin groups, so a new one cannot be missing from the place a newcomer looks (`schedules run`
+    was). `workers list` is `scheduler workers` itself."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| command | what it answers |") :].split("\n\n", 1)[0]
+    cells = [row.split(" | ")[0].replace("\\|", "|") for row in table.splitlines()[2:]]
+    named = set()
+    for cell in cells:
+        for found in re.finditer(r"`scheduler (\w+) ([\w|]+)", cell):
+            named |= {(found.group(1), sub) for sub in found.group(2).split("|")}
+    ctx = main.make_context("scheduler", [], resilient_parsing=True)
+    missing = []
+    for group in ("jobs", "dead", "schedules", "workers"):
+        cmd = main.get_command(ctx, group)
+        assert isinstance(cmd, click.Group)
+        missing += [f"{group} {s}" for s in cmd.commands if (group, s) not in named]
+    assert missing == ["workers list"]
