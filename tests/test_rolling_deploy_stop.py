@@ -24,7 +24,7 @@ from scheduler.cli.main import main
 from tests.workers.procs import stop_all, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-OLD_REV = "12a674d"  # the storage generation guard, before operator stops
+OLD_REV = "e75411e"  # the supported window's first version (the queue index), before stops
 
 
 def _old_beat(client: redis.Redis, q: Queue, worker_id: str) -> None:
