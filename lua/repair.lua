@@ -41,7 +41,8 @@
     'ckfree'  off its key's lease set flow:ck:<ARGV[6]> (a key name), while it is a member and no
               lease of that key (in leased, its `ckey` field the key): a member added by hand
               holds a slot no lease end frees; the key's held jobs then take the room (as a
-              lease's end lets them). Counted as nothing; the finished index is not touched
+              lease's end lets them: lib/flow.lua's walk of the key's oldest held jobs by
+              their own limits, FIFO). Counted as nothing; the finished index is not touched
   A job that is its spec record alone gets no hash from 'due' or 'state' due (claim creates
     it whole; a hash holding only `state` would park the job as unreadable).
   Every move but 'expire' takes the id out of the finished index (lib/result.lua): a done or
@@ -211,14 +212,11 @@ elseif move == 'ckfree' then
   if type(redis.pcall('ZSCORE', ck, id)) ~= 'string' then return 0 end
   if redis.call('ZSCORE', leased, id) and redis.pcall('HGET', jk, 'ckey') == ckey then return 0 end
   redis.call('ZREM', ck, id)
+  -- As a lease's end: the oldest held jobs go, each while its own limit has room, the first
+  -- without room stopping the rest. Before, the head's limit alone counted: jobs behind it
+  -- went to due past their own limits, out of the key's FIFO order (claim held them again).
   local live = flow_ck_live(prefix, ckey, now)
-  local head = redis.pcall('ZRANGE', prefix .. 'flow:ckheld:' .. ckey, 0, 0)
-  if live and type(head) == 'table' and head[1] then
-    -- The oldest held job's own limit, as claim reads it when a newer job meets it.
-    local lim = parse_int(redis.pcall('HGET', job_key(prefix, head[1]), 'climit'), 1,
-      FLOW_LIM.climit) or 1
-    flow_ck_promote(prefix, ckey, lim - live)
-  end
+  if live then flow_ck_next(prefix, ckey, now, live, 0) end
   return 1
 elseif move == 'persist' then
   if expect == '' then return 0 end
