@@ -54,7 +54,7 @@
     parks; a dead job put back on the dead list, and every other move, count nothing.
   Returns: 1 moved, 0 not moved (the id is no longer where the plan found it, or an older
     dead LIST is still being converted). Parking a schedule's pending occurrence arms its next
-    one (as claim does).
+    one (as claim does): the reply is then that next run's id (moved too).
   Errors:  BAD_ARGUMENT <field>=<value> ]]
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -138,6 +138,7 @@ if lease_until ~= nil and tonumber(redis.call('ZSCORE', leased, id)) ~= lease_un
 end
 
 local jk = job_key(prefix, id)
+local armed = nil  -- 'dead': the next run of the schedule whose pending run it parked
 
 -- A held job leaves its hold sets (not its key's leases: a job also leased keeps its slot).
 local function unhold()
@@ -156,7 +157,12 @@ if move == 'dead' then
   -- As claim's park: a schedule's pending occurrence parked here arms the schedule's next one.
   local name = redis.pcall('HGET', jk, 'schedule')
   if not schedule_name_ok(name) then name = string.match(id, '^schedule:([%w_.%-]+):%d+$') end
-  if name then sched_ended(prefix, name, id, at) end
+  if name then
+    sched_ended(prefix, name, id, at)
+    -- The run it armed is the reply (doctor reports it): '' or the parked id, none armed.
+    armed = redis.pcall('HGET', sched_key(prefix, name), 'pending')
+    if type(armed) ~= 'string' or armed == '' or armed == id then armed = nil end
+  end
   -- The flow read before the park: the dead retention may delete the job at once (max_count
   -- 0, a same-ms tie), and a read after it finds no key slot to free (as fail does).
   local fl = flow_load(jk)
@@ -230,4 +236,4 @@ else -- expire: a record in no place (done or cancelled) is listed as finished u
 end
 -- pcall: an index edited into another type is left as it is (doctor reports it).
 redis.pcall('ZREM', prefix .. 'finished', id)
-return 1
+return armed or 1

@@ -44,11 +44,12 @@ from scheduler.admin.doctor_model import (
     _score_ms,
     _ttl,
     _with_spec,
+    repaired,
     snapshot_from,
     snapshot_reads,
-    undecodable_fields,
 )
 from scheduler.admin.doctor_pending import unclaimed_suspects
+from scheduler.admin.doctor_text import undecodable_fields
 from scheduler.admin.inspection import iter_chunks, server_now_ms
 from scheduler.core import connection, scripts
 from scheduler.core.keys import QueueKeys
@@ -234,8 +235,9 @@ def _attempt(client: redis.Redis, ctx: Context, job_id: str) -> tuple[Issue | No
                 pipe.multi()
                 for cmd in todo.repair:
                     pipe.execute_command(*cmd)  # type: ignore[no-untyped-call]
-                # Each repair is one repair.lua call: 1 moved, 0 the job was not where planned.
-                return (todo if pipe.execute() == [1] else None), None
+                # Each repair is one repair.lua call: 1 moved, 0 the job was not where planned,
+                # or the id of the run it armed (it parked a schedule's pending one).
+                return repaired(todo, pipe.execute()[0]), None
             except WatchError:
                 continue
             except NoScriptError:  # the plan (one repair.lua call) did not run: load it once

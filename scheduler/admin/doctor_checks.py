@@ -13,15 +13,13 @@ from scheduler.admin.doctor_model import (
     Issue,
     Snapshot,
     _dead_letter,
-    _has_undecodable,
     _int,
     _remove_from,
     _repair,
     _to_due,
     _unreadable,
-    cut_bytes,
-    undecodable_fields,
 )
+from scheduler.admin.doctor_text import _has_undecodable, cut_bytes, undecodable_fields
 from scheduler.core.codec import stored_int_in
 from scheduler.core.partitions import meta_key
 

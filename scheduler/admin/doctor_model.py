@@ -10,7 +10,7 @@ import json
 import math
 import shlex
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -32,7 +32,8 @@ Command = tuple[str, ...]
 class Issue:
     """One finding. `repair` holds the commands `--fix` runs in one MULTI (empty when no repair
     is safe); `fix` says what an operator types. `rearms`: the repair re-arms an orphan (a job
-    in none of due, leased, dead, which no worker sees) by putting it back in due."""
+    in none of due, leased, dead, which no worker sees) by putting it back in due. `next_run`
+    (a fixed finding): the run of a schedule its repair armed, having parked the pending one."""
 
     code: str
     severity: str  # 'error' | 'warning'
@@ -42,6 +43,7 @@ class Issue:
     job_id: str | None = None
     repair: tuple[Command, ...] = ()
     rearms: bool = False
+    next_run: str | None = None
 
     def redis_cli(self) -> list[str]:
         return [_by_hand(cmd) for cmd in self.repair]
@@ -56,6 +58,7 @@ class Issue:
             "fix": self.fix,
             "fixable": bool(self.repair),
             "rearms": self.rearms,
+            "next_run": self.next_run,
             "redis_cli": self.redis_cli(),
         }
 
@@ -72,6 +75,11 @@ class Report:
     def rearmed(self) -> list[Issue]:
         """The fixed orphans put back in due (counted apart: no worker saw them before)."""
         return [i for i in self.fixed if i.rearms]
+
+    @property
+    def next_runs(self) -> list[Issue]:
+        """The fixed findings whose repair parked a schedule's pending run and armed its next."""
+        return [i for i in self.fixed if i.next_run is not None]
 
 
 @dataclass(frozen=True)
@@ -265,34 +273,11 @@ def _unreadable(fields: dict[str, str]) -> tuple[str, str] | None:
     return None
 
 
-# lua/repair.lua refuses a dead reason over this many bytes (UTF-8, as Redis stores it).
-REASON_MAX_BYTES = 200
-
-
-def cut_bytes(text: str, limit: int = REASON_MAX_BYTES) -> str:
-    """`text` cut to at most `limit` bytes of UTF-8 (undecodable bytes, read as lone
-    surrogates, count as the one byte each they are stored as), never inside a character."""
-    if text.isascii():
-        return text[:limit]
-    size = 0
-    for n, ch in enumerate(text):
-        size += _utf8_size(ch)
-        if size > limit:
-            return text[:n]
-    return text
-
-
-def _utf8_size(ch: str) -> int:
-    try:
-        return len(ch.encode("utf-8", "surrogateescape"))
-    except UnicodeEncodeError:  # a lone surrogate no byte was read as: the client's 3 bytes
-        return 3
-
-
-def _has_undecodable(text: str) -> bool:
-    return not text.isascii() and any("\udc80" <= ch <= "\udcff" for ch in text)
-
-
-def undecodable_fields(fields: dict[str, str]) -> list[str]:
-    """Names of the fields whose name or value held bytes that are not UTF-8."""
-    return sorted(k for k, v in fields.items() if _has_undecodable(k) or _has_undecodable(v))
+def repaired(todo: Issue, reply: Any) -> Issue | None:
+    """The finding a lua/repair.lua call fixed, from its reply (1 moved, 0 not moved), or the
+    id of the run it armed (it parked a schedule's pending one: `next_run`)."""
+    if isinstance(reply, bytes):
+        reply = reply.decode(errors="surrogateescape")
+    if isinstance(reply, str):
+        return replace(todo, next_run=reply)
+    return todo if reply == 1 else None

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from scheduler.admin.doctor_model import _PAGE, MAX_SCORE_MS, _has_undecodable, _unreadable
+from scheduler.admin.doctor_model import _PAGE, MAX_SCORE_MS, _unreadable
+from scheduler.admin.doctor_text import _has_undecodable
 from scheduler.admin.inspection import iter_chunks
 from scheduler.core.keys import QueueKeys
 from scheduler.core.spec_record import with_spec

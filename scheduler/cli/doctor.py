@@ -44,6 +44,8 @@ def _print(out: Console, title: str, issues: list[checks.Issue]) -> None:
         line = Text.assemble((i.severity, style), f" {i.queue or 'server'} ", (i.code, "bold"))
         out.print(line + cell(f"{job}: {i.message}"))
         out.print(cell(f"  fix: {i.fix}"), soft_wrap=True)
+        if i.next_run is not None:  # it parked a schedule's pending run: the next one is due
+            out.print(cell(f"  the schedule's next run is armed: {i.next_run}"), soft_wrap=True)
         if i.repair:
             # One line per command, each cleaned whole: a stored id holding '\n' must not
             # end the '# runs ...' comment and put a line of its own into a pasted shell.
@@ -125,11 +127,13 @@ def doctor(
         # Orphans (in no place: no worker saw them) re-armed into due, apart from the rest.
         rearmed = sum(i.rearms for i in fixed)
         to_rearm = sum(i.rearms for i in remaining)
+        armed = sum(i.next_run is not None for i in fixed)
         out.print(
             f"checked {len(names)} queue(s)"
             + ("" if no_server else " and the server")
             + f": {len(fixed)} repaired"
             + (f" ({rearmed} re-armed: back in due)" if rearmed else "")
+            + (f" ({armed} schedule run(s) parked: next run armed)" if armed else "")
             + f", {len(remaining)} finding(s) remain"
             + (f" ({to_rearm} to re-arm: --fix puts them back in due)" if to_rearm else "")
         )
