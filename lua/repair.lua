@@ -43,6 +43,10 @@
               holds a slot no lease end frees; the key's held jobs then take the room (as a
               lease's end lets them: lib/flow.lua's walk of the key's oldest held jobs by
               their own limits, FIFO). Counted as nothing; the finished index is not touched
+    'ckstale' off its key's hold set flow:ckheld:<ARGV[6]>, while it is a member and not held
+              (no flow:held entry): a stale head is read as a held job of limit 1 and stops
+              the walk that lets the key's held jobs go; then that walk runs. Counted as
+              nothing; the finished index is not touched
   A job that is its spec record alone gets no hash from 'due' or 'state' due (claim creates
     it whole; a hash holding only `state` would park the job as unreadable).
   Every move but 'expire' takes the id out of the finished index (lib/result.lua): a done or
@@ -67,7 +71,7 @@ local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 local prefix, due, leased, dead, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local move, id, expect, lease_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local MOVES = { dead = true, due = true, unlist = true, state = true, score = true,
-  persist = true, expire = true, ckfree = true }
+  persist = true, expire = true, ckfree = true, ckstale = true }
 local PLACE_KEY = { due = due, leased = leased, dead = dead }
 local STORED_ID_MAX = 1024
 if not MOVES[move] then return redis.error_reply('BAD_ARGUMENT move=' .. tostring(move)) end
@@ -113,7 +117,7 @@ elseif move == 'state' then
   if state ~= expect or not PLACE_KEY[state] then return redis.error_reply('BAD_ARGUMENT state=') end
 elseif move == 'score' then
   if expect ~= 'due' and expect ~= 'leased' then return redis.error_reply('BAD_ARGUMENT expect=') end
-elseif move == 'ckfree' then
+elseif move == 'ckfree' or move == 'ckstale' then
   ckey = ARGV[6]
   if not task_ok(ckey) then return redis.error_reply('BAD_ARGUMENT key=') end
 end
@@ -221,6 +225,13 @@ elseif move == 'ckfree' then
   -- As a lease's end: the oldest held jobs go, each while its own limit has room, the first
   -- without room stopping the rest. Before, the head's limit alone counted: jobs behind it
   -- went to due past their own limits, out of the key's FIFO order (claim held them again).
+  local live = flow_ck_live(prefix, ckey, now)
+  if live then flow_ck_next(prefix, ckey, now, live, 0) end
+  return 1
+elseif move == 'ckstale' then
+  -- Only an entry whose job is not held (its own hold set flow:held is the truth).
+  if held or type(redis.pcall('ZSCORE', prefix .. 'flow:held', id)) == 'string' then return 0 end
+  if redis.pcall('ZREM', prefix .. 'flow:ckheld:' .. ckey, id) ~= 1 then return 0 end
   local live = flow_ck_live(prefix, ckey, now)
   if live then flow_ck_next(prefix, ckey, now, live, 0) end
   return 1

@@ -4,7 +4,9 @@ claim), a schedule's flow fields its runs read as unset, and members of a concur
 lease set (flow:ck:<key>) that are no lease of that key. Claim checks a member only once its
 score has passed, so one added by hand with a far score holds a slot for ever; `--fix`
 removes it with lua/repair.lua's 'ckfree' move (fix_stray_slots), which lets the key's held
-jobs take the room."""
+jobs take the room. Entries of a key's hold set (flow:ckheld:<key>) whose job is not held (no
+flow:held entry, added by hand): a stale head is read as a held job of limit 1 and stops the
+key's held jobs going back to due; `--fix` removes it ('ckstale')."""
 
 import shlex
 from collections.abc import Sequence
@@ -21,6 +23,7 @@ from scheduler.core.limits import MAX_DELAY_MS, MAX_SAFE_INT, MAX_TIME_MS, store
 from scheduler.schedules.stored import flow_unreadable_field
 
 STRAY = "flow-slot-stray"
+STALE = "flow-held-stale"
 
 # Each config field a script reads (lua/claim.lua, lib/flow.lua, lib/job.lua; `generation`
 # and `paused_ms` are read elsewhere: any paused_ms is a pause): (the least the scripts
@@ -111,9 +114,51 @@ def stray_slot_issues(client: redis.Redis, keys: QueueKeys, now_ms: int) -> list
             msg = (f"{ck} holds {m!r}{at}, no lease of key {key}: it takes one of the key's "
                    "slots for ever and the key's jobs wait (added by hand?)")  # fmt: skip
             how = "scheduler doctor --fix: it removes the member, and the key's held jobs run"
-            cmd = _ckfree(keys, m, places, now_ms, key)
+            cmd = _key_move(keys, "ckfree", m, places, now_ms, key)
             out.append(Issue(STRAY, "error", msg, how, keys.queue, repair=(cmd,)))
     return out
+
+
+def key_set_issues(client: redis.Redis, keys: QueueKeys, now_ms: int) -> list[Issue]:
+    """stray_slot_issues, then stale_held_issues."""
+    return stray_slot_issues(client, keys, now_ms) + stale_held_issues(client, keys, now_ms)
+
+
+def stale_held_issues(client: redis.Redis, keys: QueueKeys, now_ms: int) -> list[Issue]:
+    """Entries of the queue's flow:ckheld:<key> sets whose job is not in flow:held (by hand),
+    each suspect read again inside one MULTI (a promote drops both in one script)."""
+    node = connection.node_for_key(client, keys.prefix)
+    head = keys.prefix + "flow:ckheld:"
+    out: list[Issue] = []
+    for hk in sorted(str(k) for k in node.scan_iter(match=head + "*", count=_PAGE)):
+        key = hk[len(head) :]
+        try:
+            members = [str(m) for m, _ in client.zscan_iter(hk)]
+        except ResponseError:
+            continue  # of another type: claim parks its jobs and says so
+        suspects: list[str] = []
+        for page in iter_chunks(members, _PAGE):
+            reads = _reads(client, keys, hk, page, False)
+            suspects += [m for i, m in enumerate(page) if _unheld(reads[6 * i : 6 * i + 6])]
+        for m in suspects:
+            reads = _reads(client, keys, hk, [m], True)
+            if not _unheld(reads):
+                continue
+            msg = (f"{hk} holds {m!r}, which is not held (no {keys.flow_held} entry; added by "
+                   f"hand?): read as a held job of limit 1, it can keep key {key}'s held jobs "
+                   "from going back to due while the key has room")  # fmt: skip
+            how = "scheduler doctor --fix: it removes the entry, and the key's held jobs run"
+            cmd = _key_move(keys, "ckstale", m, _places(reads[1:5]), now_ms, key)
+            out.append(Issue(STALE, "error", msg, how, keys.queue, repair=(cmd,)))
+    return out
+
+
+def _unheld(reads: list[object]) -> bool:
+    """Still a member of the hold set, and not held (flow:held of another type: not judged)."""
+    score, _due, held = reads[:3]
+    if score is None or any(isinstance(r, Exception) for r in reads[:5]):
+        return False
+    return held is None
 
 
 def _reads(
@@ -146,17 +191,19 @@ def _places(reads: list[object]) -> str:
     return ",".join(p for p, here in found if here)
 
 
-def _ckfree(keys: QueueKeys, jid: str, places: str, now_ms: int, key: str) -> tuple[str, ...]:
+def _key_move(
+    keys: QueueKeys, move: str, jid: str, places: str, now_ms: int, key: str
+) -> tuple[str, ...]:
     sk = keys.script_keys()
-    return ("EVALSHA", repair_sha(), str(len(sk)), *sk, "ckfree", jid, places, "", str(now_ms), key)
+    return ("EVALSHA", repair_sha(), str(len(sk)), *sk, move, jid, places, "", str(now_ms), key)
 
 
 def fix_stray_slots(client: redis.Redis, issues: list[Issue]) -> list[Issue]:
-    """Run each stray-slot finding's repair (lua/repair.lua 'ckfree', which checks again that
-    the member is no lease of its key); the ones it removed."""
+    """Run each stray-slot and stale-hold finding's repair (lua/repair.lua 'ckfree' and
+    'ckstale', which check the entry again); the ones it removed."""
     fixed: list[Issue] = []
     for issue in issues:
-        if issue.code != STRAY or not issue.repair or issue.queue is None:
+        if issue.code not in (STRAY, STALE) or not issue.repair or issue.queue is None:
             continue
         node = connection.node_for_key(client, QueueKeys(issue.queue).prefix)
         try:

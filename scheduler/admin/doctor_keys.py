@@ -8,7 +8,7 @@ import shlex
 import redis
 from redis.exceptions import ResponseError
 
-from scheduler.admin.doctor_flow import config_field_issues, schedule_flow_issues, stray_slot_issues
+from scheduler.admin.doctor_flow import config_field_issues, key_set_issues, schedule_flow_issues
 from scheduler.admin.doctor_model import _PAGE, Issue
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
 from scheduler.client.queue import Queue
@@ -80,7 +80,7 @@ def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
     (lua/lib/schedule.lua sched_load treats it as absent: its pending run is the last one),
     and doctor_flow's checks of flow state edited by hand."""
     out = config_issues(client, keys)
-    out += stray_slot_issues(client, keys, server_now_ms(client, keys))
+    out += key_set_issues(client, keys, server_now_ms(client, keys))
     out += wrong_type_wake(keys, str(client.type(keys.wake)))
     workers_type = str(client.type(keys.workers))
     if workers_type not in ("zset", "none"):
