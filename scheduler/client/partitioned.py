@@ -28,15 +28,13 @@ from scheduler.client.partitioned_merge import (
     merge_counts,
     merge_dead,
     not_answering,
-    pause_word,
     place,
-    reached_every,
     read_layout,
-    resume_word,
     unread,
 )
 from scheduler.client.partitioned_partial import (
     answering_sync,
+    change_sync,
     chosen_page,
     counts_of,
     dead_lists,
@@ -172,8 +170,10 @@ class PartitionedQueue(Unpicklable):
         node down fails its own only. A partition whose slot moved to another node is asked
         once more there (make(p) again: a read, or a change that is idempotent), and so are
         the other partitions of its old node's call when the new node did not answer (that
-        call raised whole). None answering: the first error is raised; any other error too."""
-        return self._answering(make, self.parts)
+        call raised whole: their first attempt may have run, its reply lost; pause and resume
+        count such a partition's 'already' / 'active' as their change, changed_if_lost). None
+        answering: the first error is raised; any other error too."""
+        return answering_sync(self, make, self.parts)
 
     def _answering(self, make: Callable[[Queue], Op[Any]], asked: Sequence[Queue]) -> list[Any]:
         """run_answering over `asked` only (of self.parts): one result each, in their order."""
@@ -330,14 +330,12 @@ class PartitionedQueue(Unpicklable):
         """Queue.pause on every partition: 'paused' when any was not yet, else 'already'.
         PartitionsNotReached when some partitions' nodes do not answer (or refuse for now)
         while others do: those are paused, the error names the rest; call it again."""
-        each = self.run_answering(lambda p: p.ops.pause())
-        return pause_word(reached_every("pause", self.parts, each))
+        return change_sync(self, "pause")
 
     def resume(self) -> str:
         """Queue.resume on every partition: 'resumed' when any was paused, else 'active'.
         PartitionsNotReached as pause: the partitions that answered are resumed."""
-        each = self.run_answering(lambda p: p.ops.resume())
-        return resume_word(reached_every("resume", self.parts, each))
+        return change_sync(self, "resume")
 
 
 def open_queue(

@@ -17,11 +17,8 @@ from scheduler.client.partitioned_merge import (
     group_ids,
     ids_in_call_order,
     jobs_in_order,
-    pause_word,
     place,
-    reached_every,
     read_layout_async,
-    resume_word,
 )
 from scheduler.core import queue_index
 from scheduler.core.connection import connect_async
@@ -267,13 +264,11 @@ class AsyncPartitionedQueue:
 
     async def pause(self) -> str:
         """PartitionedQueue.pause for asyncio (PartitionsNotReached the same)."""
-        each = await self.run_answering(lambda p: p.ops.pause())
-        return pause_word(reached_every("pause", self.parts, each))
+        return await partial.change_async(self, "pause")
 
     async def resume(self) -> str:
         """PartitionedQueue.resume for asyncio (PartitionsNotReached the same)."""
-        each = await self.run_answering(lambda p: p.ops.resume())
-        return resume_word(reached_every("resume", self.parts, each))
+        return await partial.change_async(self, "resume")
 
 
 async def open_queue_async(

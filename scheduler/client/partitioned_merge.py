@@ -114,6 +114,14 @@ def resume_word(each: Sequence[str]) -> str:
     return "resumed" if "resumed" in each else "active"
 
 
+def changed_if_lost(word: Any) -> Any:
+    """A partition's pause / resume reply asked again after its first reply was lost (that
+    attempt may have run): 'already' / 'active' may be that attempt's own change, so it counts
+    as made ('paused' / 'resumed'): the queue is so either way, and the other word would tell
+    the caller this call changed nothing when it may have (docs/cluster.md)."""
+    return {"already": "paused", "active": "resumed"}.get(word, word)
+
+
 def merge_dead(per: Sequence[Sequence[tuple[float, str]]]) -> list[str]:
     """Each partition's (dead_ms, id) pairs (newest first, `Ops.dead_scored`) -> one list of
     ids, newest first by the time each job died (ties: the larger id first, as one ZSET)."""

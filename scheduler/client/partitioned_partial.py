@@ -15,9 +15,13 @@ from redis.exceptions import AskError, RedisError
 from scheduler.client.partitioned_merge import (
     PartitionsNotReached,
     answered,
+    changed_if_lost,
     merge_counts,
     merge_dead,
     merge_scored,
+    pause_word,
+    reached_every,
+    resume_word,
 )
 from scheduler.core.connection import UNREACHABLE, is_cluster
 from scheduler.core.errors import slot_move_text
@@ -27,6 +31,8 @@ from scheduler.schedules.recurring import Schedule
 
 T = TypeVar("T")
 Make = Callable[[Any], Op[Any]]
+# What a change's result asked again stands for when its first reply was lost (its_retry).
+Lost = Callable[[Any], Any] | None
 
 
 def nodes_of(client: Any, parts: Sequence[Any]) -> list[str]:
@@ -63,6 +69,13 @@ def ask_again(
     return sorted(again | {i for i in whole if before[i] in left})
 
 
+def its_retry(r: Any, reply_lost: bool, lost: Lost) -> Any:
+    """A partition's result asked again: lost(r) when its first attempt's reply was lost with
+    its node's whole call (that attempt may have run: a change then answers as if made before,
+    pause's 'already'), else r as it came."""
+    return lost(r) if lost is not None and reply_lost and not isinstance(r, BaseException) else r
+
+
 def _refresh_wanted(out: Sequence[Any]) -> bool:
     return any(isinstance(r, AskError) for r in out)
 
@@ -92,7 +105,7 @@ def per_node_sync(
     return out, whole
 
 
-def answering_sync(q: Any, make: Make, asked: Sequence[Any]) -> list[Any]:
+def answering_sync(q: Any, make: Make, asked: Sequence[Any], lost: Lost = None) -> list[Any]:
     """PartitionedQueue.run_answering over `asked` (of q.parts): one result each, in order."""
     before = nodes_of(q.client, asked)
     out, whole = _groups_sync(q, make, asked, before)
@@ -104,7 +117,7 @@ def answering_sync(q: Any, make: Make, asked: Sequence[Any]) -> list[Any]:
         sub = [asked[i] for i in again]
         got, _ = _groups_sync(q, make, sub, nodes_of(q.client, sub))
         for i, r in zip(again, got, strict=True):
-            out[i] = r
+            out[i] = its_retry(r, i in whole, lost)
     return answered(out)
 
 
@@ -143,7 +156,7 @@ async def per_node_async(
     return out, whole
 
 
-async def answering_async(q: Any, make: Make, asked: Sequence[Any]) -> list[Any]:
+async def answering_async(q: Any, make: Make, asked: Sequence[Any], lost: Lost = None) -> list[Any]:
     """answering_sync for asyncio."""
     if is_cluster(q.client):
         await q.client.initialize()  # a no-op once done: it connects lazily
@@ -157,8 +170,25 @@ async def answering_async(q: Any, make: Make, asked: Sequence[Any]) -> list[Any]
         sub = [asked[i] for i in again]
         got, _ = await _groups_async(q, make, sub, nodes_of(q.client, sub))
         for i, r in zip(again, got, strict=True):
-            out[i] = r
+            out[i] = its_retry(r, i in whole, lost)
     return answered(out)
+
+
+# A change of every partition (pause, resume) -> the partitions' replies as one queue's.
+_WORD = {"pause": pause_word, "resume": resume_word}
+
+
+def change_sync(q: Any, what: str) -> str:
+    """PartitionedQueue.pause / resume (`what`) over every partition (run_answering), a
+    partition asked again after its reply was lost counted as changed (changed_if_lost)."""
+    each = answering_sync(q, lambda p: getattr(p.ops, what)(), q.parts, changed_if_lost)
+    return _WORD[what](reached_every(what, q.parts, each))
+
+
+async def change_async(q: Any, what: str) -> str:
+    """change_sync for asyncio."""
+    each = await answering_async(q, lambda p: getattr(p.ops, what)(), q.parts, changed_if_lost)
+    return _WORD[what](reached_every(what, q.parts, each))
 
 
 def not_read(what: str, parts: Sequence[Any], left_out: dict[str, str], partial: Any) -> None:
