@@ -43,7 +43,9 @@ def register(main: click.Group) -> None:
     @url_option
     @queues_option
     @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-    @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+    @click.option(
+        "--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="TCP port."
+    )
     @click.option("--read-only", is_flag=True, help="No actions: every POST is refused.")
     @click.option(
         "--allow-host",

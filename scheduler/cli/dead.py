@@ -42,6 +42,7 @@ from scheduler.core.models import Job
 from scheduler.operations.dead_letters import dead_listing, dead_selected
 
 _BATCH = 100  # ids per script call in bulk operations (one progress step each)
+_SKIP, _PAGE = "Skip this many matching jobs first.", "Print at most this many jobs."
 
 
 def register(main: click.Group) -> None:
@@ -138,8 +139,8 @@ def _listing(
 @queue_option
 @json_option
 @filter_options
-@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, help=_SKIP)
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help=_PAGE)
 def list_dead(
     url: str,
     queue: str,

@@ -62,7 +62,11 @@ def parse_payload(text: str) -> Any:
     help="Start it within this long of its run time or not at all (parked: start deadline passed).",
 )
 @click.option(
-    "--jitter", "jitter_ms", type=Duration(), default=0, help="Spread the run time by [0, this]."
+    "--jitter",
+    "jitter_ms",
+    type=Duration(),
+    default=0,
+    help="Spread the run time by a random [0, this].",
 )
 @click.option("--key", help="Idempotency key: a second enqueue with it returns the first id.")
 @click.option(
@@ -78,14 +82,31 @@ def parse_payload(text: str) -> Any:
 )
 @click.option("--job-id", help="Choose the id (re-sending the same id enqueues nothing more).")
 @click.option("--after", multiple=True, help="Run once this job (an id; repeatable) is done.")
-@click.option("--result-ttl", "result_ttl_ms", type=Duration(), help="Keep its outcome this long.")
+@click.option(
+    "--result-ttl",
+    "result_ttl_ms",
+    type=Duration(),
+    help="Keep its outcome this long once done (default: the task's result_ttl_ms, else the "
+    "worker's --result-ttl-ms, 1 h).",
+)
 @click.option("--keep-payload", is_flag=True, help="Keep the payload with its outcome once done.")
-@click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Attempts, the first included, before it is parked as dead (up to 1,000,000; a task's "
+    "own max_attempts does not apply to this command).",
+)
 @timeout_option
 @backoff_option
 @click.option("--priority", type=int, default=0, show_default=True, help="0..9, higher runs first.")
 @click.option("--concurrency-key", help="At most --concurrency-limit jobs of this key at once.")
-@click.option("--concurrency-limit", type=int, help="Leased at once per --concurrency-key.")
+@click.option(
+    "--concurrency-limit",
+    type=int,
+    help="At most this many jobs of --concurrency-key leased at once (1..10,000).",
+)
 @click.option("--rate-limit", help="N starts per window, e.g. 10/1s or 100/m.")
 @click.option("--rate-key", help="What --rate-limit counts (default: the task name).")
 @click.option(

@@ -51,6 +51,7 @@ __all__ = ["enqueue", "job_json", "jobs", "parse_payload", "register"]
 _STATES = LISTABLE
 _TASK_SCAN_MAX = 50_000  # ids examined per `jobs list --task` call at most (bounded work)
 _TASK_PAGE = 500
+_SKIP, _PAGE = "Skip this many matching jobs first.", "Print at most this many jobs."
 
 
 def register(main: click.Group) -> None:
@@ -80,8 +81,8 @@ jobs.add_command(cancel_jobs)
     "is kept.",
 )
 @click.option("--task", help="Only jobs of this task.")
-@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, help=_SKIP)
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help=_PAGE)
 def list_jobs(
     url: str, queue: str, as_json: bool, state: str, task: str | None, offset: int, limit: int
 ) -> None:

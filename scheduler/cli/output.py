@@ -77,7 +77,8 @@ def timeout_option(f: F) -> F:
         type=click.IntRange(min=0),
         default=None,
         callback=ms,
-        help="A run longer than this many ms is stopped and retried (0, the default: none).",
+        help="A run longer than this many ms is stopped and retried (0, the default: the task's "
+        "timeout_s, else none).",
     )(f)
     return click.option(
         "--timeout",

@@ -168,7 +168,8 @@ def register(main: click.Group) -> None:
         "--misfire",
         default="run_once",
         show_default=True,
-        help="Runs missed while nothing ran: skip | run_once | catch_up:N.",
+        help="Runs missed while nothing claimed: skip (none), run_once (the latest), catch_up:N "
+        "(the latest N, in order; N up to 1000).",
     )
     @click.option(
         "--start-within",
@@ -177,7 +178,13 @@ def register(main: click.Group) -> None:
         help="Start each run within this long of its run time or not at all (parked: start "
         "deadline passed); the next run still comes.",
     )
-    @click.option("--max-attempts", type=click.IntRange(min=1), default=5, show_default=True)
+    @click.option(
+        "--max-attempts",
+        type=click.IntRange(min=1),
+        default=5,
+        show_default=True,
+        help="Attempts of each run, the first included, before it is parked as dead.",
+    )
     @timeout_option
     @backoff_option
     @click.option("--priority", type=int, default=0, show_default=True, help="0..9, each run.")

@@ -55,7 +55,7 @@ def register(main: click.Group) -> None:
     "-c",
     default=16,
     show_default=True,
-    help="Jobs run at once (async on the loop, sync in threads).",
+    help="Jobs run at once per process (async on the loop, sync in threads).",
 )
 @click.option(
     "--processes",
@@ -94,6 +94,7 @@ def register(main: click.Group) -> None:
     default="INFO",
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="The least severe log lines written (to stderr).",
 )
 @click.option("--json-logs", is_flag=True, help="One JSON object per log line.")
 @click.option(
@@ -113,7 +114,7 @@ def register(main: click.Group) -> None:
     type=int,
     default=None,
     help="Timed-out sync handlers still running (a thread cannot be killed) before the worker "
-    "stops claiming until one ends (default: 2x concurrency).",
+    "stops claiming until one ends (default: 2x --concurrency).",
 )
 @click.option(
     "--result-ttl-ms",
