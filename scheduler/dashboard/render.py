@@ -134,8 +134,9 @@ NOTICES = {
     "not-cancelled": "Nothing cancelled: the job was already {state}.",
     "moved-now": "Moved the job's run time to now: a worker takes it at its next claim.",
     "not-moved": "Nothing changed: the job is {state}.",
+    # A released job goes back at its own run time (lua/lib/flow.lua), not at the release.
     "not-moved-held": "Nothing changed: flow control holds the job (a key limit, a rate window"
-    " or its parents); it runs when released.",
+    " or its parents); it runs when released, or at its own run time if that is later.",
     "not-moved-schedule": "Nothing changed: a schedule's run keeps its schedule's time.",
     "paused": "Paused the schedule.",
     "resumed": "Resumed the schedule.",
