@@ -29,7 +29,7 @@ from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition, unread_why
-from scheduler.dashboard.params import DEFAULT_LIMIT, int_param, text_param, worker_id_ok
+from scheduler.dashboard.params import DEFAULT_LIMIT, int_param, text_param
 from scheduler.dashboard.reasons import (
     CAN_CANCEL,
     flow_reasons,
@@ -39,7 +39,8 @@ from scheduler.dashboard.reasons import (
 )
 from scheduler.dashboard.render import Renderer
 from scheduler.dashboard.schedule_view import queue_schedule_rows
-from scheduler.dashboard.store import QUEUE_RETRY_S, WORKERS_LISTED, Store
+from scheduler.dashboard.store import QUEUE_RETRY_S, Store
+from scheduler.dashboard.workers_page import workers_page
 from scheduler.operations import browsing
 from scheduler.operations.inspecting import LISTABLE
 
@@ -259,16 +260,7 @@ class Pages:
                                 unreachable=missing, **page)  # fmt: skip
 
     def workers(self, request: Request) -> Response:
-        found, missing, page = self._paged(request, self.store.workers)
-        missing += [f"queue {name} {u}" for name, (_, _, unread) in found for u in unread]
-        rows = [w for _, (ws, _, _) in found for w in ws]
-        for w in rows:  # a member written by hand may be megabytes: no id for a form then
-            w["actionable"] = worker_id_ok(w["id"])
-        cut = any(more for _, (_, more, _) in found)
-        # One TIME (not a counts script), on a node that answered.
-        now_ms = self.store.now_ms(found[0][0] if found else None)
-        return self.render.page(request, "workers.html", workers=rows, now_ms=now_ms, cut=cut,
-                                listed=WORKERS_LISTED, unreachable=missing, **page)  # fmt: skip
+        return workers_page(self, request)
 
     def health(self, request: Request) -> Response:
         findings, facts = [], []

@@ -1,0 +1,42 @@
+"""/workers: the live workers of one page of queues (?offset=, as the overview pages them),
+WORKERS_SHOWN entries of their workers sets at a time (?from=): a page reads one ZCARD a
+queue (partition) and the presence hashes of its own entries, never every worker of every
+queue."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from scheduler.dashboard.params import int_param, worker_id_ok
+from scheduler.dashboard.store import WORKERS_LISTED, WORKERS_SHOWN
+
+if TYPE_CHECKING:
+    from scheduler.dashboard.pages import Pages
+
+
+def workers_page(pages: Pages, request: Request) -> Response:
+    start = int_param(request, "from", 0, 0, 10**9)
+    at = {"skip": start, "room": WORKERS_SHOWN}  # of the entries, queue by queue
+
+    def read(name: str) -> tuple[list[dict[str, Any]], int, bool, list[str]]:
+        got = pages.store.workers(name, at["skip"], at["room"])
+        entries = got[1]
+        at["room"] -= max(0, min(at["skip"] + at["room"], entries) - at["skip"])
+        at["skip"] = max(0, at["skip"] - entries)
+        return got
+
+    found, missing, page = pages._paged(request, read)
+    missing += [f"queue {name} {u}" for name, (_, _, _, unread) in found for u in unread]
+    rows = [w for _, (ws, _, _, _) in found for w in ws]
+    for w in rows:  # a member written by hand may be megabytes: no id for a form then
+        w["actionable"] = worker_id_ok(w["id"])
+    cut = any(more for _, (_, _, more, _) in found)
+    entries = sum(n for _, (_, n, _, _) in found)
+    # One TIME (not a counts script), on a node that answered.
+    now_ms = pages.store.now_ms(found[0][0] if found else None)
+    return pages.render.page(request, "workers.html", workers=rows, now_ms=now_ms, cut=cut,
+                             listed=WORKERS_LISTED, unreachable=missing, start=start,
+                             shown=WORKERS_SHOWN, entries=entries, **page)  # fmt: skip
