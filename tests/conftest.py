@@ -202,6 +202,12 @@ def delete_queue(client: redis.Redis, queue: Queue) -> None:
         client.delete(*keys[i : i + 500])
 
 
+def new_queue(client: redis.Redis, prefix: str) -> Queue:
+    """A Queue on `client` of a name no other test uses: `prefix` (the test module's, as its
+    task names) and 10 random hex digits."""
+    return Queue(client, prefix + uuid.uuid4().hex[:10])
+
+
 def dump_queue(client: redis.Redis, queue: Queue) -> dict[str, object]:
     """Every key of the queue with its type and contents (TTL presence, not value): for
     comparing state before and after a call."""

@@ -18,9 +18,8 @@ from scheduler.core.codec import encode_json
 from scheduler.core.progress import encode_progress
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
-from tests.conftest import dump_queue
+from tests.conftest import delete_queue, dump_queue, new_queue
 from tests.redis_server import RedisProcess
-from tests.test_review_shutdown_errors import drop_queue, new_queue
 from tests.test_worker_runtime_review import poll
 
 
@@ -92,7 +91,7 @@ async def colliding_result(payload: Any, ctx: JobContext) -> Any:
 
 def test_a_colliding_result_parks_its_job_and_others_run(module_server: RedisProcess) -> None:
     """Before: the job was done with the result {"n": 1, "1": ...} written with two "1" keys."""
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rs-")
     try:
         bad = q.enqueue("kc-result", "bad", max_attempts=3)
         good = q.enqueue("kc-result", "good", max_attempts=3)
@@ -122,4 +121,4 @@ def test_a_colliding_result_parks_its_job_and_others_run(module_server: RedisPro
         assert "same JSON key" in got.fields["last_error"]
         assert got.attempts == 1  # never retried: it would give the same result
     finally:
-        drop_queue(q)
+        delete_queue(q.client, q)

@@ -18,8 +18,8 @@ from scheduler import Queue
 from scheduler.core.errors import BadArgument
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
+from tests.conftest import delete_queue, new_queue
 from tests.redis_server import RedisProcess
-from tests.test_review_shutdown_errors import drop_queue, new_queue
 from tests.test_worker_runtime_review import poll
 
 registry = Registry()
@@ -169,9 +169,9 @@ def run_jobs(server: RedisProcess, q: Queue, task: str, payload: Any) -> str:
 
 @pytest.fixture()
 def hq(module_server: RedisProcess) -> Any:
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rs-")
     yield q
-    drop_queue(q)
+    delete_queue(q.client, q)
 
 
 def test_a_result_changed_after_its_handler_returned_is_stored_as_it_was(

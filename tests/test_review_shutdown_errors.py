@@ -11,10 +11,10 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from scheduler import Queue
 from scheduler.core.scripts import Scripts
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
+from tests.conftest import delete_queue, new_queue
 from tests.redis_server import RedisProcess
 from tests.test_worker_runtime_review import poll
 
@@ -37,15 +37,6 @@ async def mark(payload: Any, ctx: JobContext) -> None:
 async def gated(payload: Any, ctx: JobContext) -> None:
     STARTED.append(ctx.job_id)
     await GATES.setdefault(ctx.job_id, asyncio.Event()).wait()
-
-
-def new_queue(server: RedisProcess) -> Queue:
-    return Queue(server.client(), "rs-" + uuid.uuid4().hex[:10])
-
-
-def drop_queue(q: Queue) -> None:
-    for key in q.client.scan_iter(match=q.keys.pattern()):
-        q.client.delete(key)
 
 
 class HoldClaimReplies(aredis.Redis):
@@ -78,7 +69,7 @@ def test_jobs_of_a_claim_answered_after_the_stop_are_given_back_not_started(
     given back)". Before: the claim's answer, arriving after the stop, started its jobs' handlers
     (_take -> _run) during the grace period; with a short grace a sync handler so started runs
     on in its thread after its job was released."""
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rs-")
     tag = uuid.uuid4().hex[:8]
     STARTED.clear()
 
@@ -109,7 +100,7 @@ def test_jobs_of_a_claim_answered_after_the_stop_are_given_back_not_started(
         )
         assert q.status(f"late-{tag}") == "due"  # released at once, not left leased 30 s
     finally:
-        drop_queue(q)
+        delete_queue(q.client, q)
 
 
 def test_no_backlog_job_starts_while_shutdown_waits_for_a_claim_in_flight(
@@ -118,7 +109,7 @@ def test_no_backlog_job_starts_while_shutdown_waits_for_a_claim_in_flight(
     """Shutdown waits (up to the grace) for a claim in flight before it takes the backlog.
     Before: a running job that ended during that wait _pump()ed the next backlog job into a
     handler after the stop (_pump checked only _shutting_down, which shutdown never set)."""
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rs-")
     tag = uuid.uuid4().hex[:8]
     STARTED.clear()
     a, b, c = f"a-{tag}", f"b-{tag}", f"c-{tag}"
@@ -165,7 +156,7 @@ def test_no_backlog_job_starts_while_shutdown_waits_for_a_claim_in_flight(
         )
         assert (q.status(a), q.status(b), q.status(c)) == ("done", "due", "due")
     finally:
-        drop_queue(q)
+        delete_queue(q.client, q)
 
 
 # -- 2. a fatal error met during the grace period ----------------------------------------------
@@ -177,7 +168,7 @@ def test_a_fatal_error_during_the_grace_stops_the_handlers_before_their_lease_en
     read the exit code once, before the wait, so the handler ran on for the rest of the grace
     with no heartbeat and no local lease check (both live in the dead loop): past its lease,
     when the server may hand the job to another worker."""
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rs-")
     admin = q.client
     tag = uuid.uuid4().hex[:8]
     job = f"long-{tag}"
@@ -224,7 +215,7 @@ def test_a_fatal_error_during_the_grace_stops_the_handlers_before_their_lease_en
         assert code == 5  # EXIT_REDIS_REFUSED
     finally:
         admin.acl_deluser(user)
-        drop_queue(q)
+        delete_queue(q.client, q)
 
 
 # -- 3. heartbeats that hang while a long handler runs --------------------------------------------
@@ -236,7 +227,7 @@ def test_a_hung_heartbeat_stops_the_run_before_the_presence_call(
     call ran, bounded by the same (already past) end, which _within rounds up to 50 ms, and only
     after it was the lease checked: the run was stopped ~52 ms after its local end, at or past
     the server's end, when another worker may already hold the job."""
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rs-")
     tag = uuid.uuid4().hex[:8]
     job = f"hb-{tag}"
     STARTED.clear()
@@ -284,4 +275,4 @@ def test_a_hung_heartbeat_stops_the_run_before_the_presence_call(
             "after that call's 50 ms, the whole margin before the server's lease end"
         )
     finally:
-        drop_queue(q)
+        delete_queue(q.client, q)

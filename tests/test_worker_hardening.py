@@ -31,6 +31,7 @@ from scheduler.operations.ops import Commands, Script, ScriptPipeline
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.execution import classify
 from scheduler.worker.registry import Registry
+from tests.conftest import new_queue
 from tests.redis_server import RedisProcess, require_binary
 from tests.workers import hardening
 from tests.workers.hardening import LEDGER, Live, gate_key
@@ -47,10 +48,6 @@ def admin(module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> Itera
     yield c
     c.config_set("maxmemory", 0)
     c.close()
-
-
-def new_queue(admin: redis.Redis) -> Queue:
-    return Queue(admin, "h-" + uuid.uuid4().hex[:10])
 
 
 def starts(admin: redis.Redis, q: Queue) -> list[str]:
@@ -96,7 +93,7 @@ def test_sigterm_while_jobs_finish_in_grace_exits_clean_50_times(
     for _ in range(runs // parallel):
         batch = []
         for _ in range(parallel):
-            q = new_queue(admin)
+            q = new_queue(admin, "h-")
             ids = [q.enqueue("nap", {"s": 0.15}) for _ in range(3)]
             w = spawn_worker(module_server.url, q.name, "--grace", str(grace_s),
                              "--heartbeat-ms", "50", "--lease-ms", "3000", "--concurrency", "4",
@@ -142,7 +139,7 @@ class HangFirstComplete(aredis.Redis):
 def test_shutdown_resends_a_report_whose_call_swallows_cancellation(
     module_server: RedisProcess, admin: redis.Redis
 ) -> None:
-    q = new_queue(admin)
+    q = new_queue(admin, "h-")
     job = q.enqueue("gate", None)
 
     async def main() -> tuple[int, bool]:
@@ -205,7 +202,7 @@ def test_driver_sends_the_text_when_a_flush_races_its_load_too() -> None:
 def test_script_flush_between_claim_and_report_loses_no_outcome(
     module_server: RedisProcess, admin: redis.Redis
 ) -> None:
-    q = new_queue(admin)
+    q = new_queue(admin, "h-")
     ok = q.enqueue("gate", None, max_attempts=1)
     bad = q.enqueue("gate_fail", None, max_attempts=1)
     w = spawn_worker(module_server.url, q.name, registry=REG)
@@ -259,7 +256,7 @@ class FlushBeforeReport(aredis.Redis):
 def test_noscript_on_a_worker_report_is_reloaded_not_dropped(
     module_server: RedisProcess, admin: redis.Redis
 ) -> None:
-    q = new_queue(admin)
+    q = new_queue(admin, "h-")
     ok = q.enqueue("gate", None, max_attempts=1)
     bad = q.enqueue("gate_fail", None, max_attempts=1)
 
@@ -305,7 +302,7 @@ def test_classify_every_redis_error_class() -> None:
 def test_heartbeats_resume_after_the_server_was_full(
     module_server: RedisProcess, admin: redis.Redis, tmp_path: Path
 ) -> None:
-    q = new_queue(admin)
+    q = new_queue(admin, "h-")
     job = q.enqueue("nap", {"s": 4})
     log = tmp_path / "w.log"
     w = spawn_worker(module_server.url, q.name, "--lease-ms", "1500", "--heartbeat-ms", "100",
@@ -329,7 +326,7 @@ def test_heartbeats_resume_after_the_server_was_full(
 def test_full_server_at_start_and_claim_keeps_the_worker_alive(
     module_server: RedisProcess, admin: redis.Redis
 ) -> None:
-    q = new_queue(admin)
+    q = new_queue(admin, "h-")
     job = q.enqueue("nap", {"s": 0.01})
     log, records = capture()
 
@@ -359,7 +356,7 @@ def test_full_server_at_start_and_claim_keeps_the_worker_alive(
 def test_a_full_server_still_settles_the_jobs_held(
     module_server: RedisProcess, admin: redis.Redis
 ) -> None:
-    q = new_queue(admin)
+    q = new_queue(admin, "h-")
     job = q.enqueue("gate", None)
 
     async def main() -> int:
@@ -382,7 +379,7 @@ def test_a_full_server_still_settles_the_jobs_held(
 
 
 def test_a_loop_that_dies_stops_the_worker(module_server: RedisProcess, admin: redis.Redis) -> None:
-    q = new_queue(admin)
+    q = new_queue(admin, "h-")
 
     async def main() -> int:
         client = aredis.Redis(unix_socket_path=module_server.socket, decode_responses=True)
@@ -403,7 +400,7 @@ def test_a_loop_that_dies_stops_the_worker(module_server: RedisProcess, admin: r
 def test_permission_error_stops_with_a_clear_code(
     module_server: RedisProcess, admin: redis.Redis
 ) -> None:
-    q = new_queue(admin)
+    q = new_queue(admin, "h-")
     user = "w" + uuid.uuid4().hex[:6]
     # may PING and load scripts, but not run them
     allowed = ["+ping", "+script", "+hello", "+client", "+blpop", "+config"]
@@ -428,7 +425,7 @@ def test_permission_error_stops_with_a_clear_code(
 def test_a_job_that_cannot_start_is_parked_alone(
     module_server: RedisProcess, admin: redis.Redis
 ) -> None:
-    q = new_queue(admin)
+    q = new_queue(admin, "h-")
     unreadable = q.enqueue("nap", None)
     (held,) = q.claim("someone", limit=1).jobs  # stands for a job the client could not parse
     assert held.id == unreadable
@@ -470,7 +467,7 @@ def test_a_job_that_cannot_start_is_parked_alone(
 def test_abandoned_threads_are_capped_and_a_job_never_runs_twice_at_once(
     module_server: RedisProcess, admin: redis.Redis
 ) -> None:
-    q = new_queue(admin)
+    q = new_queue(admin, "h-")
     for _ in range(4):
         q.enqueue("stubborn", {"s": 0.5}, max_attempts=100, backoff=Backoff(10, 1.0, 10, 0.0))
     Live.reset()
@@ -506,7 +503,7 @@ def test_json_logs_stay_json_through_connection_resets(admin: redis.Redis, tmp_p
     own = RedisProcess(require_binary("redis-server", "restarts its own server"))
     own.start()
     c = redis.Redis(unix_socket_path=own.socket, decode_responses=True)
-    q = Queue(c, "h-" + uuid.uuid4().hex[:10])
+    q = new_queue(c, "h-")
     log = tmp_path / "w.log"
     w = spawn_worker(own.url, q.name, "--heartbeat-ms", "10", "--lease-ms", "3000",
                      "--grace", "0", registry=REG, log=str(log))  # fmt: skip
@@ -574,7 +571,7 @@ class LoseFirstClaimReply(aredis.Redis):
 def test_claim_retry_reuses_the_nonce_and_lease_counts_from_send(
     module_server: RedisProcess, admin: redis.Redis
 ) -> None:
-    q = new_queue(admin)
+    q = new_queue(admin, "h-")
     job = q.enqueue("gate", None)
     lease_s = 3.0
 

@@ -29,6 +29,7 @@ from scheduler.core.connection import connect, connect_async
 from scheduler.core.scripts import Scripts
 from scheduler.worker import EXIT_OK, SettingsError, Worker, WorkerSettings, logs
 from scheduler.worker.registry import JobContext, Registry
+from tests.conftest import new_queue
 from tests.redis_server import RedisProcess, require_server
 from tests.workers.procs import ROOT, spawn_worker, stop_all, wait_for
 
@@ -88,10 +89,6 @@ async def gate_fail(payload: Any, ctx: JobContext) -> None:
     raise RuntimeError("failed after the gate")
 
 
-def new_queue(server: RedisProcess) -> Queue:
-    return Queue(server.client(), "rv-" + uuid.uuid4().hex[:10])
-
-
 async def poll(cond: Callable[[], bool], timeout_s: float, what: Callable[[], str]) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -142,7 +139,7 @@ def with_worker(
 
 # -- a handler's failure that the worker cannot describe is still reported ---------------------
 def test_an_exception_whose_str_raises_is_still_reported(module_server: RedisProcess) -> None:
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rv-")
     job = bad_str.enqueue(q, None)  # with the task's max_attempts=1 (q.enqueue: the default 5)
 
     async def body(w: Worker) -> None:
@@ -156,7 +153,7 @@ def test_an_exception_whose_str_raises_is_still_reported(module_server: RedisPro
 def test_a_cancelled_error_the_handler_raises_itself_fails_the_job(
     module_server: RedisProcess,
 ) -> None:
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rv-")
     job = inner_cancel.enqueue(q, None)  # with the task's max_attempts=1
 
     async def body(w: Worker) -> None:
@@ -188,7 +185,7 @@ class LoseClaimReplies(aredis.Redis):
 def test_a_stop_while_a_claims_answer_is_lost_gives_its_jobs_back(
     module_server: RedisProcess,
 ) -> None:
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rv-")
     job = q.enqueue("rv-sleep", {"s": 30})
     client = LoseClaimReplies(unix_socket_path=module_server.socket, decode_responses=True)
 
@@ -206,7 +203,7 @@ def test_a_stop_while_a_claims_answer_is_lost_gives_its_jobs_back(
 def test_grace_bounds_the_exit_even_when_a_handler_ignores_its_cancel(
     module_server: RedisProcess,
 ) -> None:
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rv-")
     # The handler outlasts its cancel by 60 s, the exit is given 20: a bound far from both
     # (under CI's load a 12 s handler and a 6 s bound flaked on the worker's own start).
     job = q.enqueue("rv-deaf", {"s": 60})
@@ -233,7 +230,7 @@ def test_an_embedded_worker_whose_run_is_cancelled_stops_claiming(
 ) -> None:
     """An app stops what it started by cancelling its task (lifespan exit, a TaskGroup, a
     wait_for): run() must not leave its claim / heartbeat / report loops behind."""
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rv-")
     # The claim loop sleeps until then. 3 s, not 700 ms: a start stalled past the due time
     # (a loaded machine) had the worker claim it before the cancel.
     later = q.enqueue("rv-sleep", {"s": 0}, delay_ms=3000)
@@ -269,7 +266,7 @@ def test_an_embedded_worker_leaves_the_apps_exception_handler_in_charge(
 ) -> None:
     """An app (its error reporter) set the loop's exception handler, then started the worker
     inside it (install_signals=False); the worker runs for the app's whole life."""
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rv-")
     seen: list[str] = []
 
     async def app() -> int:
@@ -307,7 +304,7 @@ def fail_nth_thread(w: Worker, n: int) -> None:
 
 
 def test_a_thread_that_cannot_start_does_not_park_the_job(module_server: RedisProcess) -> None:
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rv-")
     job = q.enqueue("rv-sync", {"s": 0})
 
     async def body(w: Worker) -> None:
@@ -325,7 +322,7 @@ def test_a_claim_pause_for_a_thread_that_cannot_start_is_in_the_metrics(
 ) -> None:
     """scheduler_claim_paused says 'by reason', but only abandoned_threads was ever set: the
     pause after a handler thread could not start (a pids limit) left no trace an alert sees."""
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rv-")
     job = q.enqueue("rv-sync", {"s": 0})
 
     async def body(w: Worker) -> None:
@@ -341,7 +338,7 @@ def test_a_claim_pause_for_a_thread_that_cannot_start_is_in_the_metrics(
 def test_a_thread_that_cannot_start_from_the_backlog_strands_no_job(
     module_server: RedisProcess,
 ) -> None:
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rv-")
 
     async def body(w: Worker) -> None:
         warm = [q.enqueue("rv-sync", {"s": 0}) for _ in range(3)]  # short jobs: prefetch on
@@ -360,7 +357,7 @@ def test_a_thread_that_cannot_start_from_the_backlog_strands_no_job(
 def test_a_fail_refused_because_the_job_was_cancelled_says_cancelled(
     module_server: RedisProcess,
 ) -> None:
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rv-")
     job = q.enqueue("rv-gate-fail", None)
     seen: list[Worker] = []
     events: list[str] = []
@@ -415,7 +412,7 @@ def test_a_release_that_failed_is_not_counted_released(
     module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("scheduler.worker.runtime._SETTLE_S", 0.3)  # give up on it sooner
-    q = new_queue(module_server)
+    q = new_queue(module_server.client(), "rv-")
     job = q.enqueue("rv-sleep", {"s": 30})
     client = FailReleases(unix_socket_path=module_server.socket, decode_responses=True)
     seen: list[Worker] = []
