@@ -116,6 +116,17 @@ def module_server() -> Iterator[RedisProcess]:
         yield server
 
 
+@pytest.fixture
+def private(module_server: RedisProcess) -> Iterator[redis.Redis]:
+    """A client of module_server, flushed and its command statistics reset: for the tests that
+    read the whole keyspace (the queue index) or count a command's calls (INFO commandstats)."""
+    c = connect(module_server.url)
+    c.flushall()
+    c.config_resetstat()
+    yield c
+    c.close()
+
+
 @pytest.fixture(scope="module")
 def cluster_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """A Redis Cluster: the run's own on a cluster run, else a local one for the module."""

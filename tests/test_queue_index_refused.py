@@ -6,7 +6,7 @@ call does not stay in the index for good. On a private server: the tests flush i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,24 +15,15 @@ import redis
 from scheduler import AsyncQueue, BadArgument, JobSpec, PartitionedQueue, Queue
 from scheduler._spawn import RedisProcess
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
-from scheduler.core.connection import connect, connect_async
+from scheduler.core.connection import connect_async
 from scheduler.core.errors import NotDurable
 from scheduler.core.keys import QUEUE_INDEX
 
 MISSING_PARENT = "0000000000000000"
 
 
-@pytest.fixture
-def r(module_server: RedisProcess) -> Iterator[redis.Redis]:
-    c = connect(module_server.url)
-    c.flushall()
-    c.config_resetstat()
-    yield c
-    c.close()
-
-
-def _sadds(r: redis.Redis) -> int:
-    stats = r.info("commandstats").get("cmdstat_sadd", {})
+def _sadds(private: redis.Redis) -> int:
+    stats = private.info("commandstats").get("cmdstat_sadd", {})
     return int(stats.get("calls", 0)) if isinstance(stats, dict) else 0
 
 
@@ -48,20 +39,20 @@ REFUSED: list[tuple[str, Callable[[Any], Any]]] = [
 
 
 @pytest.mark.parametrize("call", [c for _, c in REFUSED], ids=[n for n, _ in REFUSED])
-def test_a_refused_call_adds_no_name(r: redis.Redis, call: Callable[[Queue], Any]) -> None:
-    q = Queue(r, "typo-queue")
+def test_a_refused_call_adds_no_name(private: redis.Redis, call: Callable[[Queue], Any]) -> None:
+    q = Queue(private, "typo-queue")
     with pytest.raises(BadArgument):
         call(q)
-    assert not r.sismember(QUEUE_INDEX, "typo-queue")
-    assert r.keys("sched:{typo-queue}:*") == []  # the call wrote nothing indeed
+    assert not private.sismember(QUEUE_INDEX, "typo-queue")
+    assert private.keys("sched:{typo-queue}:*") == []  # the call wrote nothing indeed
     q.enqueue("t", None)  # the first call that writes adds the name, once
     q.enqueue("t", None)
-    assert r.smembers(QUEUE_INDEX) == {"typo-queue"} and _sadds(r) == 1
+    assert private.smembers(QUEUE_INDEX) == {"typo-queue"} and _sadds(private) == 1
 
 
 @pytest.mark.parametrize("call", [c for _, c in REFUSED], ids=[n for n, _ in REFUSED])
 def test_a_refused_async_call_adds_no_name(
-    r: redis.Redis, module_server: RedisProcess, call: Callable[[AsyncQueue], Any]
+    private: redis.Redis, module_server: RedisProcess, call: Callable[[AsyncQueue], Any]
 ) -> None:
     async def main() -> None:
         ac = connect_async(module_server.url)
@@ -69,9 +60,9 @@ def test_a_refused_async_call_adds_no_name(
             aq = AsyncQueue(ac, "typo-queue")
             with pytest.raises(BadArgument):
                 await call(aq)
-            assert not r.sismember(QUEUE_INDEX, "typo-queue")
+            assert not private.sismember(QUEUE_INDEX, "typo-queue")
             await aq.enqueue("t", None)
-            assert r.smembers(QUEUE_INDEX) == {"typo-queue"}
+            assert private.smembers(QUEUE_INDEX) == {"typo-queue"}
         finally:
             await ac.aclose()
 
@@ -79,10 +70,10 @@ def test_a_refused_async_call_adds_no_name(
 
 
 def test_a_refused_partitioned_call_adds_no_name(
-    r: redis.Redis, module_server: RedisProcess
+    private: redis.Redis, module_server: RedisProcess
 ) -> None:
-    pq = PartitionedQueue.create(r, "parts", partitions=2)
-    before = r.smembers(QUEUE_INDEX)
+    pq = PartitionedQueue.create(private, "parts", partitions=2)
+    before = private.smembers(QUEUE_INDEX)
     with pytest.raises(BadArgument):
         pq.enqueue_many([JobSpec("t", None, delay_ms=-1)])
     with pytest.raises(BadArgument):
@@ -100,20 +91,20 @@ def test_a_refused_partitioned_call_adds_no_name(
             await ac.aclose()
 
     asyncio.run(main())
-    assert r.smembers(QUEUE_INDEX) == before
+    assert private.smembers(QUEUE_INDEX) == before
     pq.enqueue("t", None)
-    assert set(pq.layout.names) <= r.smembers(QUEUE_INDEX)
+    assert set(pq.layout.names) <= private.smembers(QUEUE_INDEX)
 
 
-def test_a_call_that_wrote_before_raising_adds_its_name(r: redis.Redis) -> None:
+def test_a_call_that_wrote_before_raising_adds_its_name(private: redis.Redis) -> None:
     # Not acknowledged by replicas: the job is written on the primary.
-    q = Queue(r, "unacked", wait_replicas=1, wait_timeout_ms=10)
+    q = Queue(private, "unacked", wait_replicas=1, wait_timeout_ms=10)
     with pytest.raises(NotDurable):
         q.enqueue("t", None)
-    assert r.sismember(QUEUE_INDEX, "unacked")
+    assert private.sismember(QUEUE_INDEX, "unacked")
     # Two batches in one call: the first written, the second refused by the server.
-    q2 = Queue(r, "half-written")
+    q2 = Queue(private, "half-written")
     with pytest.raises(BadArgument):
         q2.enqueue_many([JobSpec("t"), JobSpec("t", after=[MISSING_PARENT])], batch_size=1)
-    assert r.zcard("sched:{half-written}:due") == 1
-    assert r.sismember(QUEUE_INDEX, "half-written")
+    assert private.zcard("sched:{half-written}:due") == 1
+    assert private.sismember(QUEUE_INDEX, "half-written")
