@@ -124,14 +124,15 @@ def test_jobs_held_after_the_page_loaded_show_in_the_live_refresh(
     only when the page was rendered with held jobs: jobs held after the page loaded never
     showed there, the live refresh having no element to fill. A real Chromium
     (tests/test_dashboard_browser.py's setup; skipped without one, as there)."""
-    from tests.test_dashboard_browser import CHROMIUM, _free_port
+    from tests.redis_server import free_port
+    from tests.test_dashboard_browser import CHROMIUM
 
     sync_api = pytest.importorskip("playwright.sync_api")
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"no {CHROMIUM}")
     q.enqueue("sync", 0, concurrency_key="k", concurrency_limit=1)
     app = create_app(client=client, queues=[q.name], auth=Auth())
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

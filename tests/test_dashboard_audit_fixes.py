@@ -18,9 +18,9 @@ from starlette.testclient import TestClient
 from scheduler import JobSpec, Queue
 from scheduler.core.errors import BadArgument
 from scheduler.dashboard import Auth, create_app
+from tests.redis_server import free_port
 from tests.test_dashboard import csrf_of, make_client
 from tests.test_dashboard_pause import post
-from tests.test_worker_pool_metrics import free_port
 
 HOUR_MS = 3_600_000
 

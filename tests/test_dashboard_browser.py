@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import threading
 import time
 import uuid
@@ -22,6 +21,7 @@ import uvicorn
 from scheduler import Queue
 from scheduler.dashboard import Auth, create_app, pages
 from tests.conftest import delete_queue
+from tests.redis_server import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -34,12 +34,6 @@ if not os.path.exists(CHROMIUM):
 from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def queue_name() -> str:
     # A readable name for the screenshots, unique like conftest's (tests never flush).
@@ -49,7 +43,7 @@ def queue_name() -> str:
 @pytest.fixture
 def served(client: redis.Redis, q: Queue) -> Iterator[str]:
     app = create_app(client=client, queues=[q.name], auth=Auth())
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -159,7 +153,7 @@ def test_the_live_overview_greys_out_a_queue_it_could_not_read(
         return summary(name, minutes)
 
     app.store.queue_summary = flaky  # type: ignore[method-assign]
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -195,7 +189,7 @@ def test_the_live_overview_polls_the_page_of_queues_it_shows(
     for name in names:
         Queue(client, name).enqueue("reports.build", {})
     app = create_app(client=client, queues=names, auth=Auth())
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

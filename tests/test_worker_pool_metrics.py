@@ -165,6 +165,9 @@ class _Fixed:
 
 
 def free_port() -> int:
+    """A port free on every interface, for --metrics-port: the pool's endpoint binds 0.0.0.0
+    (checked below), which fails when any address holds the port. tests/redis_server.py's
+    free_port checks 127.0.0.1 only: right for a server or client on loopback, not for this."""
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
         return int(s.getsockname()[1])
