@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import os
 import re
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 import redis
-import uvicorn
 from starlette.testclient import TestClient
 
 from scheduler import Queue
@@ -124,43 +121,30 @@ def test_jobs_held_after_the_page_loaded_show_in_the_live_refresh(
     only when the page was rendered with held jobs: jobs held after the page loaded never
     showed there, the live refresh having no element to fill. A real Chromium
     (tests/test_dashboard_browser.py's setup; skipped without one, as there)."""
-    from tests.redis_server import free_port
-    from tests.test_dashboard_browser import CHROMIUM
+    from tests.test_dashboard_browser import CHROMIUM, serve
 
     sync_api = pytest.importorskip("playwright.sync_api")
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"no {CHROMIUM}")
     q.enqueue("sync", 0, concurrency_key="k", concurrency_limit=1)
     app = create_app(client=client, queues=[q.name], auth=Auth())
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page()
-            queue_page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{port}/")
-            queue_page.goto(f"http://127.0.0.1:{port}/queues/{q.name}")
-            held = page.locator(f'tr[data-queue="{q.name}"] [data-live="held"]')
-            card = queue_page.locator('[data-live="held_key_limit"]')
-            sync_api.expect(held).to_be_hidden()
-            sync_api.expect(card).to_be_hidden()
-            q.enqueue("sync", 1, concurrency_key="k", concurrency_limit=1)
-            assert len(q.claim("w1", limit=2).jobs) == 1  # the other one is held now
-            sync_api.expect(held).to_be_visible(timeout=10_000)
-            sync_api.expect(held).to_have_text("1")
-            sync_api.expect(card).to_be_visible(timeout=10_000)
-            sync_api.expect(card).to_have_text("1")
-            browser.close()
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve(app) as url, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        queue_page = browser.new_page()
+        page.goto(f"{url}/")
+        queue_page.goto(f"{url}/queues/{q.name}")
+        held = page.locator(f'tr[data-queue="{q.name}"] [data-live="held"]')
+        card = queue_page.locator('[data-live="held_key_limit"]')
+        sync_api.expect(held).to_be_hidden()
+        sync_api.expect(card).to_be_hidden()
+        q.enqueue("sync", 1, concurrency_key="k", concurrency_limit=1)
+        assert len(q.claim("w1", limit=2).jobs) == 1  # the other one is held now
+        sync_api.expect(held).to_be_visible(timeout=10_000)
+        sync_api.expect(held).to_have_text("1")
+        sync_api.expect(card).to_be_visible(timeout=10_000)
+        sync_api.expect(card).to_have_text("1")
+        browser.close()
 
 
 @pytest.mark.parametrize("path", ["", "?state=held", "/api"])

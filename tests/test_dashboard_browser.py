@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -20,6 +21,7 @@ import uvicorn
 
 from scheduler import Queue
 from scheduler.dashboard import Auth, create_app, pages
+from scheduler.dashboard.app import DashboardApp
 from tests.conftest import delete_queue
 from tests.redis_server import free_port
 
@@ -42,18 +44,27 @@ def queue_name() -> str:
 
 @pytest.fixture
 def served(client: redis.Redis, q: Queue) -> Iterator[str]:
-    app = create_app(client=client, queues=[q.name], auth=Auth())
+    with serve(create_app(client=client, queues=[q.name], auth=Auth())) as url:
+        yield url
+
+
+@contextmanager
+def serve(app: DashboardApp) -> Iterator[str]:
+    """`app` served by uvicorn in a thread on a free loopback port while the block runs: its
+    base URL. Stopped after the block (also when it did not start in 10 s)."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -153,29 +164,22 @@ def test_the_live_overview_greys_out_a_queue_it_could_not_read(
         return summary(name, minutes)
 
     app.store.queue_summary = flaky  # type: ignore[method-assign]
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-        page.goto(f"http://127.0.0.1:{port}/")
-        row = page.locator(f'tr[data-queue="{other.name}"]')
-        expect(page.locator("#live-status")).to_contain_text("live ·", timeout=10_000)
-        expect(row).not_to_have_class(re.compile("stale"))
-        down.set()
-        expect(row).to_have_class(re.compile("stale"), timeout=10_000)
-        expect(page.locator(f'tr[data-queue="{q.name}"]')).not_to_have_class(re.compile("stale"))
-        expect(page.locator("#live-status")).to_contain_text("partly unreadable")
-        down.clear()
-        expect(row).not_to_have_class(re.compile("stale"), timeout=10_000)
-        expect(page.locator("#live-status")).to_contain_text("live ·")
+        with serve(app) as url:
+            page.goto(f"{url}/")
+            row = page.locator(f'tr[data-queue="{other.name}"]')
+            expect(page.locator("#live-status")).to_contain_text("live ·", timeout=10_000)
+            expect(row).not_to_have_class(re.compile("stale"))
+            down.set()
+            expect(row).to_have_class(re.compile("stale"), timeout=10_000)
+            expect(page.locator(f'tr[data-queue="{q.name}"]')).not_to_have_class(
+                re.compile("stale")
+            )
+            expect(page.locator("#live-status")).to_contain_text("partly unreadable")
+            down.clear()
+            expect(row).not_to_have_class(re.compile("stale"), timeout=10_000)
+            expect(page.locator("#live-status")).to_contain_text("live ·")
     finally:
-        server.should_exit = True
-        thread.join(10)
         delete_queue(client, other)
 
 
@@ -189,25 +193,16 @@ def test_the_live_overview_polls_the_page_of_queues_it_shows(
     for name in names:
         Queue(client, name).enqueue("reports.build", {})
     app = create_app(client=client, queues=names, auth=Auth())
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-        page.goto(f"http://127.0.0.1:{port}/?offset=2")
-        expect(page.locator("#queues-cut")).to_contain_text("3-3 of 3")
-        expect(page.locator("#live-status")).to_contain_text("live ·", timeout=10_000)
-        row = page.locator(f'tr[data-queue="{names[2]}"]')
-        expect(row).to_have_count(1)
-        expect(row).not_to_have_class(re.compile("stale"))
-        page.locator("#queues-prev").click()
-        expect(page.locator("tr[data-queue]")).to_have_count(2)
+        with serve(app) as url:
+            page.goto(f"{url}/?offset=2")
+            expect(page.locator("#queues-cut")).to_contain_text("3-3 of 3")
+            expect(page.locator("#live-status")).to_contain_text("live ·", timeout=10_000)
+            row = page.locator(f'tr[data-queue="{names[2]}"]')
+            expect(row).to_have_count(1)
+            expect(row).not_to_have_class(re.compile("stale"))
+            page.locator("#queues-prev").click()
+            expect(page.locator("tr[data-queue]")).to_have_count(2)
     finally:
-        server.should_exit = True
-        thread.join(10)
         for name in names[1:]:
             delete_queue(client, Queue(client, name))
