@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ from scheduler import Queue
 from scheduler.cli.main import main
 from scheduler.core.backoff import Backoff
 from tests.conftest import delete_queue
+from tests.old_tree import old_worktree
 from tests.workers.procs import stop_all, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,19 +63,8 @@ def work(payload, ctx):
 
 @pytest.fixture(scope="module")
 def old_tree() -> Iterator[Path]:
-    where = Path(tempfile.mkdtemp(prefix="rolling-old-")) / "tree"
-    made = subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), OLD_REV],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if made.returncode != 0:
-        pytest.skip(f"git cannot make a worktree of {OLD_REV}: {made.stderr.strip()}")
-    try:
+    with old_worktree(OLD_REV, "rolling-old-") as where:
         yield where
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(where)],
-                       capture_output=True)  # fmt: skip
-        shutil.rmtree(where.parent, ignore_errors=True)
 
 
 @pytest.fixture

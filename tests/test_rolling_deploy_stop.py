@@ -7,10 +7,8 @@ asked' while the worker ran on. Such a worker is known by its beats, which never
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,9 +19,9 @@ from click.testing import CliRunner
 from scheduler import Queue
 from scheduler.admin.worker_stop import OLDER, ask_stop
 from scheduler.cli.main import main
+from tests.old_tree import old_worktree
 from tests.workers.procs import stop_all, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 OLD_REV = "e75411e"  # the supported window's first version (the queue index), before stops
 
 
@@ -61,19 +59,8 @@ def test_a_worker_that_cannot_read_a_stop_is_not_asked(
 
 @pytest.fixture(scope="module")
 def old_tree() -> Iterator[Path]:
-    where = Path(tempfile.mkdtemp(prefix="rolling-stop-")) / "tree"
-    made = subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), OLD_REV],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if made.returncode != 0:
-        pytest.skip(f"git cannot make a worktree of {OLD_REV}: {made.stderr.strip()}")
-    try:
+    with old_worktree(OLD_REV, "rolling-stop-") as where:
         yield where
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(where)],
-                       capture_output=True)  # fmt: skip
-        shutil.rmtree(where.parent, ignore_errors=True)
 
 
 def test_a_real_older_worker_is_named_not_asked(
