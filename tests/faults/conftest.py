@@ -253,11 +253,3 @@ def tls_certs() -> Iterator[Tls]:
         yield make_tls(d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)

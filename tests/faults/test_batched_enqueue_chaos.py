@@ -22,7 +22,8 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 
 from scheduler import AsyncQueue, BadArgument, Queue
-from tests.faults.conftest import DURABLE, FaultyProxy, Server, wait_until
+from tests.faults.conftest import DURABLE, FaultyProxy, Server
+from tests.workers.procs import wait_for
 
 QUEUE = "batched"
 TRANSIENT = (redis.ConnectionError, redis.TimeoutError)  # BusyLoadingError is a ConnectionError
@@ -159,7 +160,7 @@ def test_batched_enqueues_survive_cuts_and_kill_9(
         c = q.counts()
         return c.due + c.scheduled + c.leased == 0
 
-    wait_until(drained, timeout_s=30, what="queue drained")
+    wait_for(drained, timeout_s=30, what="queue drained")
 
     acked = {i for c in calls for i in c.ids}
     stored = {k.removeprefix(q.keys.job("")) for k in admin.scan_iter(match=q.keys.job("*"))}

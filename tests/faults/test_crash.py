@@ -14,7 +14,8 @@ from collections.abc import Callable
 import pytest
 
 from scheduler import Backoff, JobCancelled, Queue, StaleToken
-from tests.faults.conftest import Server, retrying_client, wait_until
+from tests.faults.conftest import Server, retrying_client
+from tests.workers.procs import wait_for
 
 QUICK_RETRY = Backoff(base_ms=20, factor=2.0, cap_ms=200, jitter=0.0)
 
@@ -108,7 +109,7 @@ def test_kill_9_during_load_loses_nothing(durable_server: Server, seed: int) -> 
             c = q.counts()
             return c.due + c.scheduled + c.leased == 0
 
-        wait_until(lambda: bool(run.errors) or settled(), timeout_s=90, what="queue drained")
+        wait_for(lambda: bool(run.errors) or settled(), timeout_s=90, what="queue drained")
     finally:
         run.stop_enqueue.set()
         run.stop_work.set()

@@ -12,7 +12,8 @@ import redis
 from scheduler import JobSpec, Queue
 from scheduler.core.errors import NotDurable
 from tests.conftest import dump_queue
-from tests.faults.conftest import Server, retrying_client, wait_until
+from tests.faults.conftest import Server, retrying_client
+from tests.workers.procs import wait_for
 
 QUEUE = "durable"
 
@@ -21,8 +22,8 @@ QUEUE = "durable"
 def primary_and_replica(start_server: Callable[..., Server]) -> tuple[Server, Server]:
     primary = start_server("--repl-diskless-sync-delay", "0", tcp=True)
     replica = start_server("--replicaof", "127.0.0.1", str(primary.port))
-    wait_until(lambda: replica.admin().info("replication")["master_link_status"] == "up",
-               what="replica in sync")  # fmt: skip
+    wait_for(lambda: replica.admin().info("replication")["master_link_status"] == "up",
+             what="replica in sync")  # fmt: skip
     return primary, replica
 
 
@@ -41,8 +42,8 @@ def test_missing_replica_raises_not_durable_with_the_ids(
 ) -> None:
     primary, replica = primary_and_replica
     replica.kill()
-    wait_until(lambda: primary.admin().info("replication")["connected_slaves"] == 0,
-               what="primary sees the replica gone")  # fmt: skip
+    wait_for(lambda: primary.admin().info("replication")["connected_slaves"] == 0,
+             what="primary sees the replica gone")  # fmt: skip
     q = Queue(primary.admin(), QUEUE, wait_replicas=1, wait_timeout_ms=100)
     spec = JobSpec("d.t", {"a": 1}, job_id="order-1")
     with pytest.raises(NotDurable) as caught:

@@ -16,7 +16,8 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 
 from scheduler import AsyncQueue, Queue
-from tests.faults.conftest import Server, retrying_client, wait_until
+from tests.faults.conftest import Server, retrying_client
+from tests.workers.procs import wait_for
 
 QUEUE = "flush"
 
@@ -98,7 +99,7 @@ def test_script_flush_and_restarts_under_load(durable_server: Server) -> None:
         for t in threads[2:]:
             t.join(timeout=60)
     assert errors == [], f"errors reached the user: {errors[:3]!r}"
-    wait_until(lambda: len(done) >= len(ids), timeout_s=10, what="all done")
+    wait_for(lambda: len(done) >= len(ids), timeout_s=10, what="all done")
     assert sorted(done) == sorted(ids), "a job was lost or completed twice"
     print(f"\nflush run: flushes={flushes} restarts={server.restarts} jobs={len(ids)}")
 
