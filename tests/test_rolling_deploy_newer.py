@@ -5,10 +5,7 @@ newer keys, nor blame a hand edit (docs/guide/workers.md, "Upgrading")."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
 import redis
@@ -20,10 +17,9 @@ from scheduler.cli.main import main
 from scheduler.core.keys import STORAGE_GENERATION
 from scheduler.dashboard import Auth, create_app
 from tests.conftest import delete_queue, dump_queue
-from tests.workers.procs import SCHEDULER
+from tests.workers.procs import run_worker
 
 NEWER = str(STORAGE_GENERATION + 1)
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _newer_layout(client: redis.Redis, q: Queue, *, due_moved: bool = True) -> None:
@@ -67,12 +63,7 @@ def test_a_worker_does_not_start_on_a_newer_layout_and_says_why(
     # generation: a newer `due` of another type made it 'WRONGTYPE ... (run scheduler doctor)'.
     _newer_layout(client, q)
     before = dump_queue(client, q)
-    env = dict(os.environ, TEST_REDIS_URL=redis_url, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [SCHEDULER, "worker", "tests.workers.basic:registry", "--url", redis_url,
-         "--queue", q.name],
-        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
-    )  # fmt: skip
+    done = run_worker(redis_url, q.name)
     assert done.returncode == 1, done.stderr
     assert f"queue {q.name!r} is stored by a newer version" in done.stderr, done.stderr
     assert "WRONGTYPE" not in done.stderr

@@ -7,9 +7,7 @@ others; a worker does not start on it. Values that are no such number refuse not
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ from scheduler.cli.main import main
 from scheduler.core.keys import STORAGE_GENERATION
 from scheduler.core.scripts import lua_dir
 from tests.conftest import delete_queue, dump_queue
-from tests.workers.procs import SCHEDULER, spawn_worker, stop_all, wait_for
+from tests.workers.procs import run_worker, spawn_worker, stop_all, wait_for
 
 NEWER = str(STORAGE_GENERATION + 1)
 
@@ -164,13 +162,7 @@ def test_a_worker_does_not_start_on_a_newer_queue(
     client: redis.Redis, redis_url: str, q: Queue
 ) -> None:
     client.hset(q.keys.config, "generation", NEWER)
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, TEST_REDIS_URL=redis_url, PYTHONPATH=str(root))
-    done = subprocess.run(
-        [SCHEDULER, "worker", "tests.workers.basic:registry", "--url", redis_url,
-         "--queue", q.name],
-        capture_output=True, text=True, timeout=60, cwd=root, env=env,
-    )  # fmt: skip
+    done = run_worker(redis_url, q.name)
     assert done.returncode == 1, done.stderr
     assert f"queue {q.name!r} is stored by a newer version" in done.stderr
     assert "upgrade this one" in done.stderr

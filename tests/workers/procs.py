@@ -34,6 +34,17 @@ def spawn_worker(url: str, queue: str, *args: str, registry: str = "tests.worker
         )  # fmt: skip
 
 
+def run_worker(url: str, queue: str, *args: str, registry: str = "tests.workers.basic:registry",
+               timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """A worker run to its exit, its output captured: for one that refuses to start (one that
+    starts runs until timeout_s, then subprocess.TimeoutExpired)."""
+    env = dict(os.environ, TEST_REDIS_URL=url, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [SCHEDULER, "worker", registry, "--url", url, "--queue", queue, *args],
+        capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, env=env,
+    )  # fmt: skip
+
+
 def log_tails(lines: int = 40) -> str:
     """The last lines of each worker log of the running test, for a failure report."""
     parts = []
