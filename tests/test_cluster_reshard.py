@@ -30,6 +30,7 @@ from scheduler.core import cluster_io
 from scheduler.core.connection import connect, connect_async
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
+from tests.conftest import delete_queue
 from tests.workers.procs import wait_for
 
 registry = Registry()
@@ -45,12 +46,6 @@ async def record(payload: Any, ctx: JobContext) -> Any:
 
 def _cmd(client: redis.Redis, *args: object) -> Any:
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
-
-
-def _drop(rc: Any, q: Queue) -> None:
-    keys = list(rc.scan_iter(match=q.keys.pattern()))
-    for i in range(0, len(keys), 500):
-        rc.delete(*keys[i : i + 500])
 
 
 def _keys_of(rc: Any, q: Queue, job_id: str) -> list[str]:
@@ -237,7 +232,7 @@ def test_a_queue_survives_a_live_reshard_of_its_slot(
     finally:
         producer.stop.set()
         log.removeHandler(warned)
-        _drop(rc, q)
+        delete_queue(rc, q)
 
 
 def test_a_partitioned_worker_does_not_wait_out_a_moving_partitions_resends(
@@ -300,7 +295,7 @@ def test_a_partitioned_worker_does_not_wait_out_a_moving_partitions_resends(
             move.migrate(batch=100)
             move.finish()
         for part in pq.parts:
-            _drop(rc, part)
+            delete_queue(rc, part)
         rc.delete(f"sched:{{{queue_name}}}:partitions")
 
 
@@ -344,7 +339,7 @@ def test_an_enqueue_refused_with_tryagain_is_sent_again_until_the_move_ends(
         if len(pauses) < 2:
             move.migrate(batch=100)
             move.finish()
-        _drop(rc, q)
+        delete_queue(rc, q)
 
 
 @pytest.mark.parametrize("flavour", ["sync", "asyncio"])
@@ -374,7 +369,7 @@ def test_tryagain_is_handed_back_after_the_bound_and_the_call_wrote_nothing(
             q.status("j-refused")
         assert _keys_of(rc, q, "j-refused") == [] and q.counts().due == 1
     finally:
-        _drop(rc, q)
+        delete_queue(rc, q)
 
 
 def _enqueue(flavour: str, url: str, q: Queue, job_id: str) -> str:

@@ -20,7 +20,8 @@ from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import connect
 from scheduler.core.partitions import meta_key
 from scheduler.dashboard import Auth, create_app
-from tests.test_cluster_reshard import SlotMove, _drop
+from tests.conftest import delete_queue
+from tests.test_cluster_reshard import SlotMove
 
 SAYS = "is being migrated to another Redis Cluster node"
 AGAIN = "run the command again once the move is done"
@@ -40,7 +41,7 @@ def moving(request: pytest.FixtureRequest, cluster_url: str, queue_name: str) ->
     finally:
         move.migrate(batch=100)
         move.finish()
-        _drop(rc, q)
+        delete_queue(rc, q)
         rc.close()
 
 
@@ -85,7 +86,7 @@ def moving_partition(cluster_url: str, queue_name: str) -> Iterator[tuple[str, s
     finally:
         move.finish()
         for p in pq.parts:
-            _drop(rc, p)
+            delete_queue(rc, p)
         rc.delete(meta_key(queue_name))
         rc.close()
 
@@ -118,7 +119,7 @@ def test_the_dashboard_overview_says_a_queues_slot_is_being_moved(
         (said,) = [u for u in page.json()["unreachable"] if moving.name in u]
         assert said.startswith(f"queue {moving.name}: its hash slot {SAYS}") and AGAIN in said
     finally:
-        _drop(other.client, other)
+        delete_queue(other.client, other)
 
 
 def test_keys_names_a_partition_being_moved_so(
