@@ -18,6 +18,8 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -87,6 +89,20 @@ class SlotMove:
 
     def count(self, node: redis.Redis) -> int:
         return int(_cmd(node, "CLUSTER", "COUNTKEYSINSLOT", self.slot))
+
+
+@contextmanager
+def moving_slot(rc: Any, key: str, most: int | None = None) -> Iterator[SlotMove]:
+    """`key`'s slot split between two primaries for the block, `most` of its keys (all when
+    None) moved, 2 a MIGRATE; after it, the rest moved and the move finished."""
+    move = SlotMove(rc, key)
+    move.split()
+    move.migrate(batch=2, most=most)
+    try:
+        yield move
+    finally:
+        move.migrate(batch=100)
+        move.finish()
 
 
 class Reshard(threading.Thread):

@@ -21,7 +21,7 @@ from scheduler.core.connection import connect
 from scheduler.core.partitions import meta_key
 from scheduler.dashboard import Auth, create_app
 from tests.conftest import delete_queue
-from tests.test_cluster_reshard import SlotMove
+from tests.test_cluster_reshard import moving_slot
 
 SAYS = "is being migrated to another Redis Cluster node"
 AGAIN = "run the command again once the move is done"
@@ -33,14 +33,10 @@ def moving(request: pytest.FixtureRequest, cluster_url: str, queue_name: str) ->
     rc: Any = connect(cluster_url)
     q = Queue(rc, queue_name)
     q.enqueue_many([JobSpec("t", None) for _ in range(6)])
-    move = SlotMove(rc, q.keys.prefix)
-    move.split()
-    move.migrate(batch=2, most=4 if request.param == "keys-split" else None)
     try:
-        yield q
+        with moving_slot(rc, q.keys.prefix, most=4 if request.param == "keys-split" else None):
+            yield q
     finally:
-        move.migrate(batch=100)
-        move.finish()
         delete_queue(rc, q)
         rc.close()
 
@@ -78,13 +74,10 @@ def moving_partition(cluster_url: str, queue_name: str) -> Iterator[tuple[str, s
     for p in pq.parts:
         p.enqueue_many([JobSpec("t", None) for _ in range(3)])
     first = pq.parts[0]
-    move = SlotMove(rc, first.keys.prefix)
-    move.split()
-    move.migrate(batch=2)
     try:
-        yield queue_name, first.name
+        with moving_slot(rc, first.keys.prefix):
+            yield queue_name, first.name
     finally:
-        move.finish()
         for p in pq.parts:
             delete_queue(rc, p)
         rc.delete(meta_key(queue_name))

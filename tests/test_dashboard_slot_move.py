@@ -23,7 +23,7 @@ from scheduler.core.connection import connect
 from scheduler.core.partitions import meta_key
 from scheduler.dashboard import Auth, create_app
 from tests.conftest import delete_queue
-from tests.test_cluster_reshard import SlotMove
+from tests.test_cluster_reshard import moving_slot
 
 SAYS = "hash slot is being migrated to another Redis Cluster node"
 RAW = ("Multiple keys request", "TryAgainError", "TTL exhausted.")
@@ -42,13 +42,10 @@ def moving(cluster_url: str, queue_name: str) -> Iterator[Queue]:
     q = Queue(rc, queue_name)
     q.enqueue_many([JobSpec("t", None) for _ in range(4)])
     q.schedule("nightly", "t", every_ms=EVERY_MS)
-    move = SlotMove(rc, q.keys.prefix)
-    move.split()
-    move.migrate(batch=2)
     try:
-        yield q
+        with moving_slot(rc, q.keys.prefix):
+            yield q
     finally:
-        move.finish()
         delete_queue(rc, q)
         rc.close()
 
@@ -62,13 +59,10 @@ def moving_partition(cluster_url: str, queue_name: str) -> Iterator[PartitionedQ
     for p in pq.parts:
         p.enqueue_many([JobSpec("t", None) for _ in range(3)])
         p.schedule(f"every-{p.name}", "t", every_ms=EVERY_MS)
-    move = SlotMove(rc, pq.parts[0].keys.prefix)
-    move.split()
-    move.migrate(batch=2)
     try:
-        yield pq
+        with moving_slot(rc, pq.parts[0].keys.prefix):
+            yield pq
     finally:
-        move.finish()
         for p in pq.parts:
             delete_queue(rc, p)
         rc.delete(meta_key(queue_name))
