@@ -7,19 +7,29 @@ Own cluster for the module (~8 s)."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
+import socket
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
+from redis.backoff import NoBackoff
+from redis.connection import AbstractConnection
+from redis.retry import Retry
 
 from scheduler import AsyncPartitionedQueue
 from scheduler._spawn_cluster import LocalCluster
+from scheduler.cli import common as cli_common
+from scheduler.cli import job_cancel
+from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core import cluster_io
-from scheduler.core.connection import connect, connect_async
+from scheduler.core.connection import connect, connect_async, is_cluster
 from scheduler.core.partitions import meta_key
-from tests.redis_server import require_server
+from tests.redis_server import RedisProcess, require_server
 from tests.test_cluster_reshard import SlotMove
 
 pytestmark = pytest.mark.slow
@@ -166,3 +176,160 @@ def test_asyncio_a_change_asked_again_after_its_reply_was_lost_reports_the_chang
             await aq.aclose()
 
     assert asyncio.run(run()) == (changed_word, 1)
+
+
+# -- `scheduler jobs cancel <id>...`: a cancel whose node stopped answering, sent or not ---------
+
+
+class _Socket:
+    """The socket under redis-py, as the CLI's client (`rc`) meets it at the next cancel built:
+    `lost`: that cancel's reply is read (it ran), then lost as a read timeout; else the
+    partition's connections are dropped first, so the cancel connects again. From then on,
+    connecting fails as `error` (a refusal, a timeout) until `refusing` is set back."""
+
+    def __init__(self, error: type[OSError], lost: bool) -> None:
+        self.error, self.lost = error, lost
+        self.armed = self.refusing = False
+        self.refused = 0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, rc: Any) -> None:
+        real_op, real_read = job_cancel._cancel_op, AbstractConnection.read_response
+        me = self
+
+        def cancel_op(q: Any, ids: Any) -> Any:
+            if me.lost:
+                me.armed = True
+            else:
+                me.refusing = True
+                node = rc.get_node_from_key(q.keys.prefix) if is_cluster(rc) else None
+                (rc.get_redis_connection(node) if node else rc).connection_pool.disconnect()
+            return real_op(q, ids)
+
+        def read_response(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            reply = real_read(conn, *args, **kwargs)
+            if me.armed:
+                me.armed, me.refusing = False, True
+                raise redis.TimeoutError("Timeout reading from socket")
+            return reply
+
+        def refusing(real: Any) -> Any:
+            def _connect(conn: Any) -> Any:  # the name redis-py's own connect has
+                if me.refusing:
+                    me.refused += 1
+                    raise me.error(errno.ECONNREFUSED, "Connection refused")
+                return real(conn)
+
+            return _connect
+
+        monkeypatch.setattr(job_cancel, "_cancel_op", cancel_op)
+        monkeypatch.setattr(AbstractConnection, "read_response", read_response)
+        for cls in (redis.connection.Connection, redis.connection.UnixDomainSocketConnection):
+            monkeypatch.setattr(cls, "_connect", refusing(cls._connect))
+
+
+def _cancel(
+    monkeypatch: pytest.MonkeyPatch, sock: _Socket, args: list[str], **client_kwargs: Any
+) -> dict[str, Any]:
+    """`scheduler jobs cancel ... --json` with `sock` under its client (made with
+    `client_kwargs` when given, as redis-py's own from_url): its JSON; exit 3 asserted."""
+    real_connect = cli_common.connect
+
+    def connected(url: str) -> Any:
+        client = (
+            redis.Redis.from_url(url, decode_responses=True, **client_kwargs)
+            if client_kwargs
+            else real_connect(url)
+        )
+        sock.install(monkeypatch, client)
+        return client
+
+    monkeypatch.setattr(job_cancel, "connect", connected)
+    try:
+        res = CliRunner().invoke(main, ["jobs", "cancel", *args, "--json"])
+    finally:
+        sock.refusing = False
+    assert res.exit_code == 3, res.output
+    assert sock.refused > 0, res.output  # it did try to connect
+    return dict(json.loads(res.stdout))
+
+
+def _holders(listed: list[str]) -> list[str]:
+    return sorted(s.split("which holds job ")[1].split(",")[0] for s in listed)
+
+
+def _two_jobs(pq: PartitionedQueue, k: int) -> tuple[str, str]:
+    """Jobs a then b, scheduled, in partition k (its scripts loaded: a lost reply is the
+    cancel's, not a SCRIPT LOAD's)."""
+    keys = [key for key in (f"k{i}" for i in range(300)) if pq.layout.partition_of_key(key) == k]
+    a, b = (pq.enqueue("t", None, key=key, delay_ms=3_600_000) for key in keys[:2])
+    pq.parts[k].preload()
+    return a, b
+
+
+@pytest.fixture
+def one_server(module_server: RedisProcess) -> Iterator[tuple[PartitionedQueue, str, str]]:
+    """A 2-partition queue 'rt' on a private server, jobs a, b in partition 0."""
+    client = connect(module_server.url)
+    client.flushall()
+    pq = PartitionedQueue.create(client, "rt", partitions=2)
+    yield pq, *_two_jobs(pq, 0)
+    pq.close()
+
+
+ERRORS = pytest.mark.parametrize(
+    "error", [ConnectionRefusedError, socket.timeout], ids=["refused", "timeout"]
+)
+
+
+def test_a_cancel_that_could_not_connect_to_its_server_is_not_cancelled(
+    one_server: tuple[PartitionedQueue, str, str],
+    module_server: RedisProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CLI's client makes one attempt: a cancel that could not connect was never sent:
+    'not cancelled', decided from the socket's error under redis-py's (its words are not
+    read). Refused only: this server's Unix socket timing out while connecting raises
+    redis-py 8's own AttributeError (its error count reads the connection's `port`)."""
+    pq, a, b = one_server
+    args = [a, b, "-q", "rt", "--url", module_server.url]
+    data = _cancel(monkeypatch, _Socket(ConnectionRefusedError, lost=False), args)
+    assert "unknown" not in data, data
+    assert _holders(data["unreachable"]) == sorted([a, b])
+    assert pq.status(a) == pq.status(b) == "scheduled"
+
+
+def test_a_cancel_sent_before_a_retry_that_could_not_connect_is_unknown(
+    one_server: tuple[PartitionedQueue, str, str],
+    module_server: RedisProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that retries (a Retry of its own): the cancel of a ran, its reply was lost (a
+    read timeout), redis-py sent it again, and that attempt could not connect. The error
+    raised is the last attempt's, 'Error 111 connecting to ...', which read as 'never sent':
+    'not cancelled' although a is cancelled. It is unknown (it may have run)."""
+    pq, a, b = one_server
+    args = [a, b, "-q", "rt", "--url", module_server.url]
+    retry = Retry(NoBackoff(), 2)
+    data = _cancel(monkeypatch, _Socket(ConnectionRefusedError, lost=True), args, retry=retry)
+    assert pq.status(a) == "cancelled"  # it ran
+    assert pq.status(b) == "scheduled"  # never sent
+    assert _holders(data["unknown"]) == [a], data
+    assert _holders(data["unreachable"]) == [b], data
+
+
+@ERRORS
+def test_a_cancel_that_could_not_connect_to_a_cluster_node_is_not_cancelled(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, error: type[OSError]
+) -> None:
+    """The same on a cluster (TCP), refused or timing out while connecting: the node clients
+    the driver sends on make one attempt."""
+    name = _name(cluster, f"rc{error.__name__[:3]}")
+    pq = PartitionedQueue.create(connect(cluster.url), name, partitions=3)
+    a, b = _two_jobs(pq, 1)
+    data = _cancel(
+        monkeypatch, _Socket(error, lost=False), [a, b, "-q", name, "--url", cluster.url]
+    )
+    assert "unknown" not in data, data
+    assert _holders(data["unreachable"]) == sorted([a, b])
+    assert pq.status(a) == pq.status(b) == "scheduled"
+    pq.close()

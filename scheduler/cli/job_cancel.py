@@ -29,6 +29,7 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.client.partitioned import PartitionedQueue, not_answering, open_queue, unread
+from scheduler.client.partitioned_partial import never_sent
 from scheduler.client.queue import Queue
 from scheduler.core import codec
 from scheduler.core.connection import UNREACHABLE
@@ -57,11 +58,6 @@ def _cancel_op(q: Queue, ids: Sequence[str]) -> Op[list[str]]:
     ttl = str(q.ops.settings.result_ttl_ms)
     replies = yield ScriptPipeline([Script("cancel", [i, ttl]) for i in ids])
     return [codec.s(r) for r in replies]
-
-
-def _unsent(exc: Exception) -> bool:
-    """The call was never sent: redis-py could not connect (a timeout or a refusal then)."""
-    return "connecting to" in str(exc) or "Timeout connecting" in str(exc)
 
 
 def silent_partition(q: Queue, queue: str, job_id: str, exc: Exception) -> str | None:
@@ -227,7 +223,7 @@ def cancel_jobs(
                 named = {i: silent_partition(part, queue, i, exc) for i in ids if i not in was_in}
                 if None in named.values():
                     raise
-                if sent in named and not _unsent(exc):
+                if sent in named and not never_sent(exc, part.client):
                     unknown.append(str(named.pop(sent)))
                 silent += [n for n in named.values() if n is not None]
         before = {i: was_in[i] for i in dict.fromkeys(job_ids) if i in was_in}

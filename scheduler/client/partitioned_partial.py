@@ -1,12 +1,15 @@
 """A partitioned queue's calls over the partitions that answer, shared by client/partitioned.py
 and partitioned_aio.py: run_answering (each node's partitions in one driver call, a partition
 asked once more when its slot moved), and the library's partial reads, which raise
-PartitionsNotReached carrying what the answering partitions hold (docs/cluster.md)."""
+PartitionsNotReached carrying what the answering partitions hold (docs/cluster.md); never_sent
+(a call to a node that did not answer: surely not run?)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -252,3 +255,38 @@ def chosen_page(
     )
     per = [[] if p.name in left_out else got[p.name] for p in q.parts]
     return merge_scored(page[0], per, page[1], page[2])
+
+
+def never_sent(exc: BaseException, client: Any) -> bool:
+    """A call that raised `exc` was never sent: redis-py's only attempt failed connecting. A
+    client that retries (redis-py's default on one server) may have sent it on an earlier
+    attempt whose reply was lost (a read timeout), and `exc` is the last attempt's; a
+    cluster's node clients, which the driver sends on, never retry. By the exception chain,
+    not its text (redis-py's words change): a socket error only a connect raises (a Unix
+    socket's path gone: FileNotFoundError), or a socket
+    timeout whose innermost frame is redis-py's `_connect` (a read's is its reader)."""
+    if not is_cluster(client):  # its connections' Retry, as redis-py makes it from these
+        kw = client.connection_pool.connection_kwargs
+        retry = kw.get("retry")
+        again = kw.get("retry_on_timeout") or kw.get("retry_on_error")
+        if (retry.get_retries() if retry is not None else int(bool(again))) != 0:
+            return False
+    at: BaseException | None = exc
+    for _ in range(8):  # redis-py's error, the socket's under it
+        if at is None:
+            return False
+        if isinstance(at, ConnectionRefusedError | FileNotFoundError | socket.gaierror) or (
+            isinstance(at, OSError) and at.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)
+        ):
+            return True
+        if isinstance(at, socket.timeout) and not isinstance(at, RedisError):
+            return _innermost(at) == "_connect"
+        at = at.__cause__ or at.__context__
+    return False
+
+
+def _innermost(exc: BaseException) -> str:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "" if tb is None else tb.tb_frame.f_code.co_name
