@@ -333,3 +333,56 @@ def test_a_cancel_that_could_not_connect_to_a_cluster_node_is_not_cancelled(
     assert _holders(data["unreachable"]) == sorted([a, b])
     assert pq.status(a) == pq.status(b) == "scheduled"
     pq.close()
+
+
+# -- an ASK during a slot migration, its target node down ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster_to_kill() -> Iterator[LocalCluster]:
+    """Its own: a node is killed (its replica too: no failover), the others' slots served."""
+    with LocalCluster(require_server("a local Redis Cluster"), node_timeout_ms=1000) as cluster:
+        for node in cluster.nodes:
+            with cluster.node_client(node) as c:
+                c.config_set("cluster-require-full-coverage", "no")
+        yield cluster
+
+
+def test_an_ask_to_a_node_down_leaves_out_the_migrating_partition_only(
+    cluster_to_kill: LocalCluster,
+) -> None:
+    """A partition's slot is being migrated from node 0 (every key moved, the move not ended:
+    node 0 answers ASK) to a node that is then killed. Node 0's call raised whole when the
+    driver followed the ASK, and the slot map did not change, so node 0's other partitions
+    were reported unread as well, though node 0 answers them. Only the migrating partition
+    and the killed node's own are left out now, in either client."""
+    cluster = cluster_to_kill
+    name = _name(cluster, "ask")
+    pq = PartitionedQueue.create(connect(cluster.url), name, partitions=12)
+    for p in pq.parts:
+        p.enqueue("t", None)
+    port = {p.name: cluster.primary_for(p.keys.prefix).port for p in pq.parts}
+    first = next(p for p in pq.parts if port[p.name] == cluster.nodes[0].port)
+    loop = asyncio.new_event_loop()
+    try:
+        aq = loop.run_until_complete(AsyncPartitionedQueue.open(connect_async(cluster.url), name))
+        loop.run_until_complete(aq.run_answering(lambda p: p.ops.counts()))  # its slot map
+        move = SlotMove(connect(cluster.url), first.keys.prefix)
+        move.split()
+        move.migrate(batch=100)  # not finished: node 0 still holds the slot, answering ASK
+        target = next(n for n in cluster.nodes if n.port == int(move.target.port))
+        cluster.nodes[cluster.nodes.index(target) + cluster.primaries].kill()
+        target.kill()
+        lost = {p.name for p in pq.parts if port[p.name] == target.port} | {first.name}
+        for each in (
+            pq.run_answering(lambda p: p.ops.counts()),
+            loop.run_until_complete(aq.run_answering(lambda p: p.ops.counts())),
+        ):
+            got = dict(zip((p.name for p in pq.parts), each, strict=True))
+            failed = {n for n, r in got.items() if isinstance(r, BaseException)}
+            assert failed == lost, (sorted(failed), sorted(lost))
+            assert all(got[n].due == 1 for n in got if n not in lost)
+        loop.run_until_complete(aq.aclose())
+    finally:
+        loop.close()
+        pq.close()

@@ -273,3 +273,26 @@ def reached_every(what: str, parts: Sequence[Any], each: list[Any]) -> list[Any]
         errors = list(dict.fromkeys(e for _, e in failed))
         raise PartitionsNotReached(what, done, [n for n, _ in failed], errors)
     return each
+
+
+def held_whole(
+    before: Sequence[str], out: Sequence[Any], whole: set[int], again: Sequence[int]
+) -> dict[str, list[int]]:
+    """The partitions of each node (by name) whose call failed whole, not on a timeout, and
+    none of which is asked again (no slot of theirs moved): their node down, or an ASK it
+    answered for a slot being migrated sent to a node that is (docs/cluster.md)."""
+    groups: dict[str, list[int]] = {}
+    for i in sorted(whole.difference(again)):
+        if not isinstance(out[i], redis.TimeoutError | TimeoutError):  # a hung node: no probe
+            groups.setdefault(before[i], []).append(i)
+    return groups
+
+
+def not_migrating(slots: Sequence[int], idx: Sequence[int], reply: Any) -> list[int]:
+    """Of `idx` (their hash `slots`), those whose slot the node that answered CLUSTER NODES
+    (`reply`: redis-py's parse, by node) is not migrating away; a reply not parsed: none."""
+    if not isinstance(reply, dict):
+        return []
+    mine = [n for n in reply.values() if "myself" in str(n.get("flags"))]
+    away = {int(m["slot"]) for n in mine for m in n["migrations"] if m["state"] == "migrating"}
+    return [i for i in idx if slots[i] not in away]

@@ -1,8 +1,7 @@
 """A partitioned queue's calls over the partitions that answer, shared by client/partitioned.py
 and partitioned_aio.py: run_answering (each node's partitions in one driver call, a partition
 asked once more when its slot moved), and the library's partial reads, which raise
-PartitionsNotReached carrying what the answering partitions hold (docs/cluster.md); never_sent
-(a call to a node that did not answer: surely not run?)."""
+PartitionsNotReached carrying what the answering partitions hold (docs/cluster.md); never_sent."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import asyncio
 import contextlib
 import errno
 import socket
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -19,9 +19,11 @@ from scheduler.client.partitioned_merge import (
     PartitionsNotReached,
     answered,
     changed_if_lost,
+    held_whole,
     merge_counts,
     merge_dead,
     merge_scored,
+    not_migrating,
     pause_word,
     reached_every,
     resume_word,
@@ -34,7 +36,6 @@ from scheduler.schedules.recurring import Schedule
 
 T = TypeVar("T")
 Make = Callable[[Any], Op[Any]]
-# What a change's result asked again stands for when its first reply was lost (its_retry).
 Lost = Callable[[Any], Any] | None
 
 
@@ -73,14 +74,31 @@ def ask_again(
 
 
 def its_retry(r: Any, reply_lost: bool, lost: Lost) -> Any:
-    """A partition's result asked again: lost(r) when its first attempt's reply was lost with
-    its node's whole call (that attempt may have run: a change then answers as if made before,
-    pause's 'already'), else r as it came."""
+    """A partition's result asked again: lost(r) when its first attempt's reply was lost (it
+    may have run: a change then answers as if made before, pause's 'already'), else r."""
     return lost(r) if lost is not None and reply_lost and not isinstance(r, BaseException) else r
 
 
-def _refresh_wanted(out: Sequence[Any]) -> bool:
-    return any(isinstance(r, AskError) for r in out)
+def _serving_sync(q: Any, asked: Sequence[Any], held: dict[str, list[int]]) -> list[int]:
+    """Of `held` (held_whole), those their node still serves: it answers CLUSTER NODES and is
+    not migrating their slots away (the call failed on another's ASK to a node down)."""
+    keep: list[int] = []
+    for name, idx in held.items():
+        node = q.client.get_node(node_name=name) if is_cluster(q.client) else None
+        with contextlib.suppress(RedisError, OSError):
+            reply = node and q.client.get_redis_connection(node).execute_command("CLUSTER NODES")
+            keep += not_migrating([q.client.keyslot(p.keys.prefix) for p in asked], idx, reply)
+    return keep
+
+
+async def _serving_async(q: Any, asked: Sequence[Any], held: dict[str, list[int]]) -> list[int]:
+    keep: list[int] = []
+    for name, idx in held.items():
+        node = q.client.get_node(node_name=name) if is_cluster(q.client) else None
+        with contextlib.suppress(RedisError, OSError):
+            reply = node and await node.execute_command("CLUSTER NODES")
+            keep += not_migrating([q.client.keyslot(p.keys.prefix) for p in asked], idx, reply)
+    return keep
 
 
 def _groups_sync(
@@ -112,10 +130,11 @@ def answering_sync(q: Any, make: Make, asked: Sequence[Any], lost: Lost = None) 
     """PartitionedQueue.run_answering over `asked` (of q.parts): one result each, in order."""
     before = nodes_of(q.client, asked)
     out, whole = _groups_sync(q, make, asked, before)
-    if _refresh_wanted(out):
+    if any(isinstance(r, AskError) for r in out):
         with contextlib.suppress(RedisError, OSError):  # still moving: the call says so
             q.client.nodes_manager.initialize()
     again = ask_again(before, nodes_of(q.client, asked), out, whole)
+    again = sorted({*again, *_serving_sync(q, asked, held_whole(before, out, whole, again))})
     if again:
         sub = [asked[i] for i in again]
         got, _ = _groups_sync(q, make, sub, nodes_of(q.client, sub))
@@ -165,10 +184,12 @@ async def answering_async(q: Any, make: Make, asked: Sequence[Any], lost: Lost =
         await q.client.initialize()  # a no-op once done: it connects lazily
     before = nodes_of(q.client, asked)
     out, whole = await _groups_async(q, make, asked, before)
-    if _refresh_wanted(out):
+    if any(isinstance(r, AskError) for r in out):
         with contextlib.suppress(RedisError, OSError):
             await q.client.nodes_manager.initialize()
     again = ask_again(before, nodes_of(q.client, asked), out, whole)
+    held = held_whole(before, out, whole, again)
+    again = sorted({*again, *await _serving_async(q, asked, held)})
     if again:
         sub = [asked[i] for i in again]
         got, _ = await _groups_async(q, make, sub, nodes_of(q.client, sub))
@@ -182,8 +203,7 @@ _WORD = {"pause": pause_word, "resume": resume_word}
 
 
 def change_sync(q: Any, what: str) -> str:
-    """PartitionedQueue.pause / resume (`what`) over every partition (run_answering), a
-    partition asked again after its reply was lost counted as changed (changed_if_lost)."""
+    """PartitionedQueue.pause / resume (`what`): run_answering, then changed_if_lost."""
     each = answering_sync(q, lambda p: getattr(p.ops, what)(), q.parts, changed_if_lost)
     return _WORD[what](reached_every(what, q.parts, each))
 
@@ -258,13 +278,9 @@ def chosen_page(
 
 
 def never_sent(exc: BaseException, client: Any) -> bool:
-    """A call that raised `exc` was never sent: redis-py's only attempt failed connecting. A
-    client that retries (redis-py's default on one server) may have sent it on an earlier
-    attempt whose reply was lost (a read timeout), and `exc` is the last attempt's; a
-    cluster's node clients, which the driver sends on, never retry. By the exception chain,
-    not its text (redis-py's words change): a socket error only a connect raises (a Unix
-    socket's path gone: FileNotFoundError), or a socket
-    timeout whose innermost frame is redis-py's `_connect` (a read's is its reader)."""
+    """A call that raised `exc` was never sent: redis-py's only attempt (a retry's may follow
+    a sent one) failed connecting, by the socket's error under redis-py's, not its words: one
+    only a connect raises, or a timeout raised in redis-py's `_connect` (docs/cluster.md)."""
     if not is_cluster(client):  # its connections' Retry, as redis-py makes it from these
         kw = client.connection_pool.connection_kwargs
         retry = kw.get("retry")
@@ -272,21 +288,12 @@ def never_sent(exc: BaseException, client: Any) -> bool:
         if (retry.get_retries() if retry is not None else int(bool(again))) != 0:
             return False
     at: BaseException | None = exc
-    for _ in range(8):  # redis-py's error, the socket's under it
-        if at is None:
-            return False
+    while at is not None:  # redis-py's error, the socket's under it
         if isinstance(at, ConnectionRefusedError | FileNotFoundError | socket.gaierror) or (
             isinstance(at, OSError) and at.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)
         ):
             return True
         if isinstance(at, socket.timeout) and not isinstance(at, RedisError):
-            return _innermost(at) == "_connect"
+            return traceback.extract_tb(at.__traceback__)[-1:][0].name == "_connect"
         at = at.__cause__ or at.__context__
     return False
-
-
-def _innermost(exc: BaseException) -> str:
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return "" if tb is None else tb.tb_frame.f_code.co_name
