@@ -27,6 +27,7 @@ from scheduler.core.codec import (
     parse_claim,
     stored_int,
 )
+from scheduler.core.limits import ENQUEUE_PER_CALL
 from scheduler.operations.ops import Script
 from tests.conftest import Clock, dump_queue
 
@@ -262,7 +263,7 @@ def test_the_scripts_use_the_same_limits_as_codec() -> None:
     assert LIMITS["backoff.cap_ms"] == LIMITS["delay_ms"]
     assert LIMITS["result_ttl_ms"] == LIMITS["record_ttl_ms"] == LIMITS["key_ttl_ms"]
     enqueue = (Path(__file__).parent.parent / "lua" / "enqueue.lua").read_text()
-    assert f"MAX_BATCH = {LIMITS['batch_size'][1]} " in enqueue
+    assert f"MAX_BATCH = {ENQUEUE_PER_CALL} " in enqueue
 
 
 def _nested(depth: int) -> Any:

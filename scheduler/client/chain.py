@@ -13,8 +13,9 @@ from typing import Any
 
 from scheduler.client.aio import AsyncQueue
 from scheduler.client.queue import Queue
-from scheduler.core.codec import LIMITS, new_job_id
+from scheduler.core.codec import new_job_id
 from scheduler.core.errors import BadArgument
+from scheduler.core.limits import ENQUEUE_PER_CALL
 from scheduler.core.models import JobSpec
 
 # Options that name one job cannot apply to every step.
@@ -48,8 +49,8 @@ def chain_specs(steps: Sequence[tuple[str, Any]], options: dict[str, Any]) -> li
         raise BadArgument(f"chain() options apply to every step: {', '.join(given)} cannot")
     if isinstance(steps, str | bytes) or not isinstance(steps, Sequence):
         raise BadArgument(f"steps must be a list of (task, payload), got {steps!r:.100}")
-    if len(steps) > LIMITS["batch_size"][1]:
-        raise BadArgument(f"a chain has at most {LIMITS['batch_size'][1]} steps")
+    if len(steps) > ENQUEUE_PER_CALL:  # one script call, so all are written or none
+        raise BadArgument(f"a chain has at most {ENQUEUE_PER_CALL} steps")
     specs: list[JobSpec] = []
     parent: str | None = None
     for step in steps:

@@ -221,7 +221,7 @@ class Queue(Unpicklable):
 
         Args:
             specs: the jobs (see `JobSpec`; its fields are `enqueue`'s arguments).
-            batch_size: jobs per script call, in [1, 10,000].
+            batch_size: jobs per script call, in [1, 10,000]; calls take 1,000 at most.
 
         Returns:
             The ids, in the order of `specs`.
@@ -267,7 +267,8 @@ class Queue(Unpicklable):
             limit: most jobs to lease, in [0, 1,000].
             lease_ms: how long the leases last unless extended by `heartbeat`, in [1 ms, 1 day]
                 (default 30 s, as `heartbeat`'s).
-            reap_limit: most lapsed leases to reap on this call, in [0, 10,000].
+            reap_limit: most lapsed leases to reap on this call, in [0, 10,000]; the
+                script reaps 500 at most (the rest on the next calls).
             nonce: give the same nonce again when re-sending a call whose answer was lost:
                 the server then returns that call's jobs instead of leasing more (default: fresh).
 

@@ -42,20 +42,28 @@ LIMITS: dict[str, tuple[int, int]] = {
     "timeout_ms": (0, 7 * DAY_MS),  # 0 = none of its own (the task's timeout_s, else none)
     "lease_ms": (1, DAY_MS),
     "limit": (0, 1_000),  # jobs per claim
-    "reap_limit": (0, 10_000),
+    "reap_limit": (0, 10_000),  # accepted; a claim reaps at most REAP_PER_CALL of them
     "result_ttl_ms": (1, 366 * DAY_MS),
     "record_ttl_ms": (1, 366 * DAY_MS),
     "key_ttl_ms": (1, 366 * DAY_MS),  # how long an idempotency key is held past run_at
     "backoff.base_ms": (0, MAX_DELAY_MS),
     "backoff.cap_ms": (0, MAX_DELAY_MS),
     "every_ms": (1, MAX_DELAY_MS),
-    "batch_size": (1, 10_000),  # jobs per enqueue script call
+    "batch_size": (1, 10_000),  # enqueue_many's; sent as calls of ENQUEUE_PER_CALL at most
     # Queue / AsyncQueue settings (operations/requests.py Settings): checked at construction.
     "max_payload_bytes": (1, 512 * 1024 * 1024),  # Redis's own largest string (proto-max-bulk-len)
     "wait_replicas": (0, 10_000),
     "wait_timeout_ms": (1, DAY_MS),  # WAIT 0 would block the enqueue forever
     "fence": (0, MAX_SAFE_INT - 1),  # stored only
 }
+# Work bounds of one script call (Redis runs one at a time: every client waits for it). The most
+# lapsed leases one claim reaps whatever its reap_limit (lua/claim.lua REAP_STEP; 30-50 us
+# each, 10,000 held the server 290-520 ms): the rest go in the next claims. The most jobs of
+# one enqueue call (lua/enqueue.lua MAX_BATCH; 15-20 us each, 10,000 held it 150-180 ms): a
+# larger batch_size is sent as several calls, and a chain, written in one call, has at most
+# this many steps.
+REAP_PER_CALL = 500
+ENQUEUE_PER_CALL = 1_000
 FLOAT_LIMITS: dict[str, tuple[float, float]] = {
     "backoff.factor": (1.0, 1000.0),
     "backoff.jitter": (0.0, 1.0),

@@ -9,6 +9,7 @@ from typing import Any
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument, NotDurable
+from scheduler.core.limits import ENQUEUE_PER_CALL
 from scheduler.core.models import JobSpec
 from scheduler.operations.requests import Op, OpsBase, Script, ScriptPipeline
 
@@ -96,6 +97,9 @@ class ProducingOps(OpsBase):
             raise BadArgument(f"specs must be an iterable of JobSpec, got {specs!r:.80}")
         specs = list(specs)
         codec.check_int(batch_size, "batch_size")
+        # One script call holds every client of the server: at most ENQUEUE_PER_CALL jobs each
+        # (enqueue.lua refuses more); a larger batch_size (accepted before) is more calls.
+        batch_size = min(batch_size, ENQUEUE_PER_CALL)
         debounced = [s.key for s in specs if isinstance(s, JobSpec) and s.debounce is True]
         if len(debounced) != len({repr(k) for k in debounced}):
             raise BadArgument("debounce: a key may be debounced once per call")

@@ -48,7 +48,8 @@ class WorkerSettings:
         batch_size: most jobs per claim call, in [1, 1000].
         grace_s: on shutdown, how long running handlers may finish before their jobs are
             released, a finite number in [0 s, 1 day].
-        reap_limit: most lapsed leases one claim reaps, in [0, 10,000].
+        reap_limit: most lapsed leases one claim reaps, in [0, 10,000]; the script reaps
+            500 at most per claim (the rest on the next claims).
         prefetch: jobs claimed beyond the free slots while jobs are short, >= 0.
         max_abandoned_threads: sync handlers abandoned (timeout, lost lease) that may still
             run before the worker stops claiming, >= 1; None: 2 x concurrency.
