@@ -26,19 +26,18 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.dead_retention import retention
-from scheduler.cli.dead_view import exit_unread, print_dead, unread_field
+from scheduler.cli.dead_view import exit_unread, page_jobs, print_dead, unread_field
 from scheduler.cli.job_cancel import check_ids, unanswered_change_nothing
 from scheduler.cli.jobs import job_json
 from scheduler.client.partitioned import (
     PartitionedQueue,
-    merge_dead,
     open_queue,
     requeue_order,
     unread,
 )
+from scheduler.client.partitioned_merge import merge_scored
 from scheduler.client.queue import Queue
 from scheduler.core.keys import QueueKeys
-from scheduler.core.models import Job
 from scheduler.operations.dead_letters import dead_listing, dead_selected
 
 _BATCH = 100  # ids per script call in bulk operations (one progress step each)
@@ -105,12 +104,6 @@ def select(
     return [i for i in wanted if i in found]
 
 
-def _jobs(q: Queue | PartitionedQueue, ids: Sequence[str]) -> list[Job]:
-    """The jobs of `ids`, in that order, through the one reader of job records (hash and spec:
-    the payload is in the spec); a partitioned queue's from each one's partition."""
-    return q._jobs(ids) if isinstance(q, PartitionedQueue) else q._run(q.ops.get_jobs(ids))
-
-
 def _listing(
     q: Queue | PartitionedQueue,
     task: str | None,
@@ -118,20 +111,20 @@ def _listing(
     older_than_ms: int | None,
     want: int,
     not_read: list[str],
-) -> tuple[list[str], int | None]:
-    """The newest `want` matching ids (a partitioned queue: each partition's first `want`,
-    merged, one driver call a node; a partition whose node does not answer is left out and
-    named into `not_read`) and the total when it is known without a scan."""
+) -> tuple[list[tuple[int, str]], int | None]:
+    """The newest `want` matches as (partition, id) (each partition's first `want`, merged,
+    one driver call a node; one whose node does not answer is named into `not_read`) and the
+    total when it is known without a scan."""
     args: dict[str, Any] = {"task": task, "error_type": error_type, "older_than_ms": older_than_ms}
     if isinstance(q, PartitionedQueue):
         each = q.run_answering(lambda p: dead_listing(p.keys, limit=want, **args))
         not_read += unread(q.parts, each)
-        per = [r for r in each if not isinstance(r, BaseException)]
+        per = [([], 0) if isinstance(r, BaseException) else r for r in each]
     else:
         per = [q._run(dead_listing(q.keys, limit=want, **args))]
-    ids = merge_dead([found for found, _ in per])[:want]
+    chosen = merge_scored("dead", [found for found, _ in per], 0, want)  # newest first
     totals = [n for _, n in per]
-    return ids, None if None in totals else sum(n for n in totals if n is not None)
+    return chosen, None if None in totals else sum(n for n in totals if n is not None)
 
 
 @dead.command("list")
@@ -163,8 +156,9 @@ def list_dead(
     total: int | None
     not_read: list[str] = []  # partitions whose node does not answer: named, exit 3
     if ids:
-        selected = select(q, task, error_type, older_than_ms, ids)
-        page, total = selected[offset : offset + limit], len(selected)
+        selected = select(q, task, error_type, older_than_ms, ids)  # read where each routes
+        at = q.layout.partition_of_id if isinstance(q, PartitionedQueue) else (lambda _i: 0)
+        page, total = [(at(i), i) for i in selected[offset : offset + limit]], len(selected)
         more = offset + limit < total
     else:
         # Without a total (a record filter), one beyond the page tells whether more follow.
@@ -174,11 +168,11 @@ def list_dead(
         page = found[offset : offset + limit]
         more = len(found) > offset + limit if total is None else offset + limit < total
     now_ms = server_now_ms(client, QueueKeys(queue))  # the queue's node: its scripts' clock
-    jobs = _jobs(q, page)
+    jobs = page_jobs(q, page)
     rows = [job_json(j, now_ms) for j in jobs]
     # Ids whose hash and spec were deleted by hand: counted in the total, so listed too.
     stored = {j.id for j in jobs}
-    gone = [i for i in page if i not in stored]
+    gone = [i for _, i in page if i not in stored]
     if as_json:
         paged = {"offset": offset, "limit": limit, "jobs": rows, "gone": gone}
         emit_json({"queue": queue, "total": total, "more": more, **paged, **unread_field(not_read)})

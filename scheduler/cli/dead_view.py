@@ -1,6 +1,7 @@
-"""`scheduler dead list`'s text: one block per dead job, and one per entry whose record was
-deleted by hand (counted in the total, so shown too, with the command that removes it); the
-partitions a listing could not read (dead list, schedules list, stats -q)."""
+"""`scheduler dead list`'s page: its jobs read back, and its text: one block per dead job, and
+one per entry whose record was deleted by hand (counted in the total, so shown too, with the
+command that removes it); the partitions a listing could not read (dead list, schedules list,
+stats -q)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,21 @@ from typing import Any
 import click
 
 from scheduler.cli.common import EXIT_UNREACHABLE, cell, console, fmt_attempts, fmt_ms, markup_safe
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.partitioned_merge import group_ids, jobs_in_order
+from scheduler.client.queue import Queue
+from scheduler.core.models import Job
 from scheduler.core.safety import clean
+
+
+def page_jobs(q: Queue | PartitionedQueue, page: Sequence[tuple[int, str]]) -> list[Job]:
+    """The page's jobs, in order, through the one reader of job records (hash and spec); a
+    partitioned queue's each from the partition that listed it (an id written to a partition's
+    own queue need not route there: shown as gone, or its node down failed the listing)."""
+    if not isinstance(q, PartitionedQueue):
+        return q._run(q.ops.get_jobs([i for _, i in page]))
+    reads = [(q.parts[k], q.parts[k].ops.get_jobs(g)) for k, g in group_ids(page).items()]
+    return jobs_in_order(page, q._run_many(reads))
 
 
 def unread_field(not_read: Sequence[str]) -> dict[str, list[str]]:
