@@ -67,18 +67,19 @@ def test_a_held_job_is_no_stale_entry(q: Queue, client: redis.Redis) -> None:
 def test_the_repair_lets_the_held_jobs_with_room_go(
     q: Queue, client: redis.Redis, redis_url: str
 ) -> None:
-    """A stale head left while the key is empty (its last lease ended with a stale head in
-    place, which went in x's stead, and one is written again): the fix removes it and lets x
-    go, as the lease's end would have, through the CLI; y follows x's start (FIFO)."""
+    """A stale head written while the key is empty: the fix removes it through the CLI and
+    lets the held jobs with room go (x's and y's limits both have room once the key is
+    empty), oldest first. (A stale head at the key's last lease end no longer keeps x held:
+    that end drops it, tests/test_flow_stale_head.py.)"""
     a, x, y = _stale_head(q, client)
-    q.complete(a, q.get_job(a).token or "", None)  # the stale head went in x's stead
-    client.zadd(q.keys.prefix + HELD, {"ghost": 0})  # and is written again
-    assert q.status(x) == JobState.HELD and q.status(y) == JobState.HELD
+    q.complete(a, q.get_job(a).token or "", None)  # the stale head dropped, x goes
+    assert q.status(x) == JobState.DUE and q.status(y) == JobState.HELD
+    client.zadd(q.keys.prefix + HELD, {"ghost": 0})  # and one is written again
     args = ["doctor", "--url", redis_url, "-q", q.name, "--no-server", "--fix", "--json"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert [f["code"] for f in json.loads(res.output)["fixed"]] == ["flow-held-stale"]
-    assert q.status(x) == JobState.DUE and q.status(y) == JobState.HELD  # before: both held
+    assert q.status(x) == JobState.DUE and q.status(y) == JobState.DUE
     got = [j.id for j in q.claim("w", limit=5).jobs]
     assert got + [j.id for j in q.claim("w", limit=5).jobs] == [x, y]
     assert client.zcard(q.keys.prefix + HELD) == 0

@@ -238,8 +238,17 @@ end
 -- the script's promote step of jobs (and one per call past it).
 local function flow_ck_next(prefix, key, now, live, least)
   local hk = prefix .. 'flow:ckheld:' .. key
-  local head = redis.pcall('ZRANGE', hk, 0, 0)
-  if head.err or not head[1] then return end
+  local head
+  -- A stale head (an id no longer held, left by a hand edit) is dropped, as the FIFO check
+  -- drops one: let go in a held job's stead, it left the key empty with its jobs held.
+  for _ = 1, 3 do
+    head = redis.pcall('ZRANGE', hk, 0, 0)
+    if head.err or not head[1] then return end
+    if type(redis.pcall('ZSCORE', prefix .. 'flow:held', head[1])) == 'string' then break end
+    redis.call('ZREM', hk, head[1])
+    head = nil
+  end
+  if not head then return end
   live = live or flow_ck_live(prefix, key, now)
   if not live then return end
   local function room(id, ahead)
