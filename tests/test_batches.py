@@ -9,6 +9,7 @@ import redis
 
 from scheduler import BadArgument, JobSpec, Queue
 from scheduler.core.codec import ENQUEUE_FIELDS, LIMITS, enqueue_args
+from scheduler.core.limits import ENQUEUE_PER_CALL
 from scheduler.operations.ops import Script
 from tests.conftest import dump_queue
 
@@ -28,7 +29,8 @@ def test_enqueue_many_with_batch_size_4000_enqueues_every_job(
     assert q.counts().due == N
 
 
-def test_one_script_call_takes_the_largest_batch(q: Queue, client: redis.Redis) -> None:
+def test_the_largest_batch_size_is_written_whole(q: Queue, client: redis.Redis) -> None:
+    """Sent as script calls of ENQUEUE_PER_CALL jobs at most (each bounded in time)."""
     largest = LIMITS["batch_size"][1]
     ids = q.enqueue_many([JobSpec("batch.t") for _ in range(largest)], batch_size=largest)
     assert client.zcard(q.keys.due) == len(set(ids)) == largest
@@ -98,8 +100,11 @@ def test_the_script_refuses_a_batch_with_one_bad_job_and_writes_nothing(
     batch before its first write. field: 1-based position among a job's ARGV fields."""
     q.enqueue("batch.t")
     before = dump_queue(client, q)
-    args = enqueue_args([JobSpec("batch.t", i) for i in range(5000)], 1 << 20)
-    args[4999 * ENQUEUE_FIELDS + field] = value  # the last job of the batch (ARGV[1] is n)
-    with pytest.raises(BadArgument):
+    # The largest call the script takes (a larger one is refused on n before any field).
+    n = ENQUEUE_PER_CALL
+    args = enqueue_args([JobSpec("batch.t", i) for i in range(n)], 1 << 20)
+    args[(n - 1) * ENQUEUE_FIELDS + field] = value  # the last job of the batch (ARGV[1] is n)
+    with pytest.raises(BadArgument) as refused:
         q._execute(Script("enqueue", args))
+    assert not str(refused.value).endswith(f" n={n}")  # a field refused, not the size
     assert dump_queue(client, q) == before
