@@ -35,10 +35,11 @@ from scheduler.client.partitioned import (
     requeue_order,
     unread,
 )
+from scheduler.client.partitioned_ids import dead_where
 from scheduler.client.partitioned_merge import merge_scored
 from scheduler.client.queue import Queue
 from scheduler.core.keys import QueueKeys
-from scheduler.operations.dead_letters import dead_listing, dead_selected
+from scheduler.operations.dead_letters import dead_listing
 
 _BATCH = 100  # ids per script call in bulk operations (one progress step each)
 _SKIP, _PAGE = "Skip this many matching jobs first.", "Print at most this many jobs."
@@ -91,17 +92,24 @@ def select(
     (refuse=False: left out). With --id, only those ids are read (each in its partition)."""
     if not ids:
         return q.dead_ids(task=task, error_type=error_type, older_than_ms=older_than_ms)
-    wanted = list(dict.fromkeys(ids))
-    args: dict[str, Any] = {"task": task, "error_type": error_type, "older_than_ms": older_than_ms}
-    if isinstance(q, PartitionedQueue):
-        per = q._run_many([(p, dead_selected(p.keys, g, **args)) for p, g in q._by_part(wanted)])
-    else:
-        per = [q._run(dead_selected(q.keys, wanted, **args))]
-    found = {i for group in per for i in group}
-    missing = [i for i in ids if i not in found]
+    return list(select_at(q, task, error_type, older_than_ms, ids, refuse=refuse))
+
+
+def select_at(
+    q: Queue | PartitionedQueue,
+    task: str | None,
+    error_type: str | None,
+    older_than_ms: int | None,
+    ids: Sequence[str],
+    *,
+    refuse: bool = True,
+) -> dict[str, int]:
+    """select's --id: each matching id -> its partition (partitioned_ids.dead_where)."""
+    where = dead_where(q, ids, task=task, error_type=error_type, older_than_ms=older_than_ms)
+    missing = [i for i in ids if i not in where]
     if missing and refuse:
         raise Refused(f"not on the dead list of {q.name!r} (or filtered out): {', '.join(missing)}")
-    return [i for i in wanted if i in found]
+    return where
 
 
 def _listing(
@@ -156,9 +164,9 @@ def list_dead(
     total: int | None
     not_read: list[str] = []  # partitions whose node does not answer: named, exit 3
     if ids:
-        selected = select(q, task, error_type, older_than_ms, ids)  # read where each routes
-        at = q.layout.partition_of_id if isinstance(q, PartitionedQueue) else (lambda _i: 0)
-        page, total = [(at(i), i) for i in selected[offset : offset + limit]], len(selected)
+        at = select_at(q, task, error_type, older_than_ms, ids)  # read where each is dead
+        selected = list(at)
+        page, total = [(at[i], i) for i in selected[offset : offset + limit]], len(selected)
         more = offset + limit < total
     else:
         # Without a total (a record filter), one beyond the page tells whether more follow.

@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from scheduler.admin.inspection import queue_exists, server_now_ms
+from scheduler.client.partitioned_ids import dead_change_sync
 from scheduler.client.partitioned_merge import (
     PartitionsNotReached,
     by_partition,
@@ -277,12 +278,15 @@ class PartitionedQueue(Unpicklable):
         return read_every("dead_scored", self.parts, each, dead_lists)
 
     def requeue_dead(self, ids: Sequence[str]) -> int:
-        """`Queue.requeue_dead`, the ids grouped by partition, one driver call for all."""
-        return sum(self._run_many([(q, q.ops.requeue_dead(g)) for q, g in self._by_part(ids)]))
+        """`Queue.requeue_dead`, the ids grouped by partition, one driver call for all; an id
+        not dead where it routes (written to a partition's own queue) is found dead in another
+        and requeued there (two more calls: partitioned_ids.dead_change_sync)."""
+        return dead_change_sync(self, lambda q, g: q.ops.requeue_dead(g), ids)
 
     def purge_dead(self, ids: Sequence[str]) -> int:
-        """`Queue.purge_dead`, the ids grouped by partition, one driver call for all."""
-        return sum(self._run_many([(q, q.ops.purge_dead(g)) for q, g in self._by_part(ids)]))
+        """`Queue.purge_dead`, the ids grouped by partition, one driver call for all; an id
+        not dead where it routes is found and purged as requeue_dead finds it."""
+        return dead_change_sync(self, lambda q, g: q.ops.purge_dead(g), ids)
 
     def _by_part(self, ids: Sequence[str]) -> list[tuple[Queue, list[str]]]:
         groups: dict[int, list[str]] = {}

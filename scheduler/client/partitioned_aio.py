@@ -12,6 +12,7 @@ from typing import Any
 from scheduler.admin.inspection import existence_keys
 from scheduler.client import partitioned_partial as partial
 from scheduler.client.aio import AsyncQueue
+from scheduler.client.partitioned_ids import dead_change_async
 from scheduler.client.partitioned_merge import (
     by_partition,
     group_ids,
@@ -214,13 +215,12 @@ class AsyncPartitionedQueue:
         return partial.read_every("dead_scored", self.parts, each, partial.dead_lists)
 
     async def requeue_dead(self, ids: Sequence[str]) -> int:
-        """PartitionedQueue.requeue_dead for asyncio."""
-        ops = [(q, q.ops.requeue_dead(g)) for q, g in self._by_part(ids)]
-        return sum(await self._run_many(ops))
+        """PartitionedQueue.requeue_dead for asyncio (an id dead in another partition too)."""
+        return await dead_change_async(self, lambda q, g: q.ops.requeue_dead(g), ids)
 
     async def purge_dead(self, ids: Sequence[str]) -> int:
-        """PartitionedQueue.purge_dead for asyncio."""
-        return sum(await self._run_many([(q, q.ops.purge_dead(g)) for q, g in self._by_part(ids)]))
+        """PartitionedQueue.purge_dead for asyncio (an id dead in another partition too)."""
+        return await dead_change_async(self, lambda q, g: q.ops.purge_dead(g), ids)
 
     def _by_part(self, ids: Sequence[str]) -> list[tuple[AsyncQueue, list[str]]]:
         groups: dict[int, list[str]] = {}
