@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue, open_queue_async
+from scheduler.core.errors import JobNotFound
 from tests.fixtures.partitioned import delete_partitioned
 
 
@@ -100,3 +101,34 @@ def test_asyncio_acts_on_every_id(pq: PartitionedQueue, redis_url: str, verb: st
 
     assert asyncio.run(run()) == 12
     assert _dead(pq) == 0
+
+
+def test_one_job_calls_find_a_job_outside_its_ids_partition(pq: PartitionedQueue) -> None:
+    """status / get_job / cancel / reschedule with such an id asked only the partition it routes
+    to: JobNotFound. They ask the others when that one does not have it."""
+    ids = [p.enqueue("t", delay_ms=60_000) for p in pq.parts]
+    stray = [i for k, i in enumerate(ids) if pq.layout.partition_of_id(i) != k]
+    assert stray
+    for i in stray:
+        assert pq.get_job(i).id == i
+        assert str(pq.status(i)) == "scheduled"
+        assert pq.reschedule(i, delay_ms=1) == "rescheduled"
+        assert pq.cancel(i) == "due"  # the state before: now cancelled
+        assert str(pq.status(i)) == "cancelled"
+    with pytest.raises(JobNotFound):
+        pq.status("never-was")
+
+
+def test_one_job_calls_asyncio(pq: PartitionedQueue, redis_url: str) -> None:
+    ids = [p.enqueue("t", delay_ms=60_000) for p in pq.parts]
+    stray = [i for k, i in enumerate(ids) if pq.layout.partition_of_id(i) != k]
+
+    async def run() -> list[str]:
+        aq = await open_queue_async(redis_url, pq.name)
+        assert isinstance(aq, AsyncPartitionedQueue)
+        async with aq:
+            return [str(await aq.status(i)) + (await aq.get_job(i)).id + await aq.cancel(i)
+                    + str(await aq.status(i)) for i in stray]  # fmt: skip
+
+    assert stray
+    assert asyncio.run(run()) == [f"scheduled{i}scheduledcancelled" for i in stray]

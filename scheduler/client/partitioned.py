@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from scheduler.admin.inspection import queue_exists, server_now_ms
-from scheduler.client.partitioned_ids import dead_change_sync
+from scheduler.client.partitioned_ids import dead_change_sync, holding_sync
 from scheduler.client.partitioned_merge import (
     PartitionsNotReached,
     by_partition,
@@ -208,21 +208,23 @@ class PartitionedQueue(Unpicklable):
         return queue_index.written(self.client, self.layout.names, call)
 
     # -- one job: straight to its partition --------------------------------------------------
+    # A job written to a partition's own queue has an id that may route elsewhere: where it
+    # routes does not have it, the others are asked (partitioned_ids.holding_sync).
     def status(self, job_id: str) -> JobState:
-        """`Queue.status` on the job's partition (the id tells it)."""
-        return self.part_of(job_id).status(job_id)
+        """`Queue.status` on the job's partition (the id tells it; else the one holding it)."""
+        return holding_sync(self, job_id, lambda p: p.status(job_id))
 
     def get_job(self, job_id: str) -> Job:
         """`Queue.get_job` on the job's partition."""
-        return self.part_of(job_id).get_job(job_id)
+        return holding_sync(self, job_id, lambda p: p.get_job(job_id))
 
     def cancel(self, job_id: str) -> str:
         """`Queue.cancel` on the job's partition."""
-        return self.part_of(job_id).cancel(job_id)
+        return holding_sync(self, job_id, lambda p: p.cancel(job_id))
 
     def reschedule(self, job_id: str, **when: Any) -> str:
         """`Queue.reschedule` on the job's partition (`delay_ms=` or `run_at=`)."""
-        return self.part_of(job_id).reschedule(job_id, **when)
+        return holding_sync(self, job_id, lambda p: p.reschedule(job_id, **when))
 
     def complete(self, job_id: str, token: str, result: Any = None) -> None:
         """`Queue.complete` on the job's partition (the manual API)."""

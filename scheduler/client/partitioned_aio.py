@@ -12,7 +12,7 @@ from typing import Any
 from scheduler.admin.inspection import existence_keys
 from scheduler.client import partitioned_partial as partial
 from scheduler.client.aio import AsyncQueue
-from scheduler.client.partitioned_ids import dead_change_async
+from scheduler.client.partitioned_ids import dead_change_async, holding_async
 from scheduler.client.partitioned_merge import (
     by_partition,
     group_ids,
@@ -161,19 +161,19 @@ class AsyncPartitionedQueue:
 
     async def status(self, job_id: str) -> JobState:
         """PartitionedQueue.status for asyncio."""
-        return await self.part_of(job_id).status(job_id)
+        return await holding_async(self, job_id, lambda p: p.status(job_id))
 
     async def get_job(self, job_id: str) -> Job:
         """PartitionedQueue.get_job for asyncio."""
-        return await self.part_of(job_id).get_job(job_id)
+        return await holding_async(self, job_id, lambda p: p.get_job(job_id))
 
     async def cancel(self, job_id: str) -> str:
         """PartitionedQueue.cancel for asyncio."""
-        return await self.part_of(job_id).cancel(job_id)
+        return await holding_async(self, job_id, lambda p: p.cancel(job_id))
 
     async def reschedule(self, job_id: str, **when: Any) -> str:
         """PartitionedQueue.reschedule for asyncio."""
-        return await self.part_of(job_id).reschedule(job_id, **when)
+        return await holding_async(self, job_id, lambda p: p.reschedule(job_id, **when))
 
     async def complete(self, job_id: str, token: str, result: Any = None) -> None:
         """PartitionedQueue.complete for asyncio."""

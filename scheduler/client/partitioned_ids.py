@@ -3,14 +3,17 @@ a partition's own queue (an ordinary queue: `scheduler enqueue -q <name>.p1.4`, 
 `pq.parts[1]`) has an id of its own, which Layout.partition_of_id sends to another partition
 about 3 times in 4. requeue_dead / purge_dead (sync and asyncio) act where each id routes, then,
 when some were not acted on, look for those dead in the other partitions (one driver call per
-node) and act there; the CLI's --id selection finds each the same way."""
+node) and act there; the CLI's --id selection finds each the same way. The one-job calls
+(status, get_job, cancel, reschedule) ask the other partitions when the job's own answers
+JobNotFound (one driver call, then the call again where the job is)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scheduler.client.queue import Queue
+from scheduler.core.errors import JobNotFound
 from scheduler.operations.dead_letters import check_id_list, dead_selected
 from scheduler.operations.ops import Op
 
@@ -18,6 +21,8 @@ if TYPE_CHECKING:
     from scheduler.client.aio import AsyncQueue
     from scheduler.client.partitioned import PartitionedQueue
     from scheduler.client.partitioned_aio import AsyncPartitionedQueue
+
+T = TypeVar("T")
 
 
 def routed(layout: Any, ids: Sequence[str]) -> dict[int, list[str]]:
@@ -107,3 +112,35 @@ async def dead_change_async(
     strays = by_found(first_found(list(more), await q._run_many(reads)))
     ops = [(q.parts[k], make(q.parts[k], g)) for k, g in strays.items()]
     return done + int(sum(await q._run_many(ops)))
+
+
+def holding_sync(q: PartitionedQueue, job_id: str, call: Callable[[Queue], T]) -> T:
+    """call(partition) on the partition `job_id` routes to; JobNotFound there: on another one
+    that has the job (found by one get_jobs each, one driver call; one whose node does not
+    answer counts as not having it), else that JobNotFound raised."""
+    first = q.part_of(job_id)
+    try:
+        return call(first)
+    except JobNotFound:
+        others = [p for p in q.parts if p is not first]
+        got = q._run_many([(p, p.ops.get_jobs([job_id])) for p in others], errors=True)
+        for p, jobs in zip(others, got, strict=True):
+            if isinstance(jobs, list) and jobs:
+                return call(p)
+        raise
+
+
+async def holding_async(
+    q: AsyncPartitionedQueue, job_id: str, call: Callable[[AsyncQueue], Awaitable[T]]
+) -> T:
+    """holding_sync for asyncio."""
+    first = q.part_of(job_id)
+    try:
+        return await call(first)
+    except JobNotFound:
+        others = [p for p in q.parts if p is not first]
+        got = await q._run_many([(p, p.ops.get_jobs([job_id])) for p in others], errors=True)
+        for p, jobs in zip(others, got, strict=True):
+            if isinstance(jobs, list) and jobs:
+                return await call(p)
+        raise
