@@ -81,7 +81,7 @@ def test_workers_at_80_columns_cut_nothing(
     client.zadd(q.keys.workers, {WORKER: now})
     client.hset(q.keys.worker(WORKER), mapping={"host": "eu-west-1b-node-17", "pid": 4242,
         "queues": queues, "started_ms": now - 5_000, "last_heartbeat_ms": now,
-        "in_flight": 3, "concurrency": 8})  # fmt: skip
+        "in_flight": 3, "concurrency": 8, "stopping": ""})  # fmt: skip
     client.pexpire(q.keys.worker(WORKER), 60_000)
     out = cli("80")("workers", "-q", q.name).stdout
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out

@@ -30,6 +30,9 @@ class WorkerInfo:
     # that its next beat has yet to read (`scheduler workers quiet|stop`); None: neither.
     stopping: str | None = None
     stop_requested: str | None = None
+    # False for a worker from before operator stops (828eb42): its beats never write
+    # `stopping` and it never reads a request (admin/worker_stop.py OLDER): SIGTERM it.
+    hears_stop: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -94,6 +97,7 @@ def live_workers(
                 concurrency=_opt_int(h.get("concurrency")),
                 stopping=h.get("stopping") if h.get("stopping") in STOP_VERBS else None,
                 stop_requested=request,
+                hears_stop="stopping" in h,
             )
         )
     return live, gone

@@ -130,7 +130,10 @@ def _live_on(
 
 def stop_state(w: dict[str, Any]) -> str:
     """The stop column: what the worker is carrying out ('quiet', 'stopping'), and a request
-    its next beat has yet to read ('stop asked')."""
+    its next beat has yet to read ('stop asked'); a worker of a version that cannot hear a
+    stop is named, to be signalled instead."""
+    if w.get("hears_stop") is False:
+        return "older version: SIGTERM"
     doing = {"quiet": "quiet", "stop": "stopping"}.get(w.get("stopping") or "", "")
     asked = f"{w['stop_requested']} asked" if w.get("stop_requested") else ""
     return ", ".join(p for p in (doing, asked) if p) or "-"

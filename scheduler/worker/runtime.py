@@ -19,6 +19,7 @@ from scheduler.worker.claiming import Claiming
 from scheduler.worker.core import _Deadline, _Fatal, _within
 from scheduler.worker.failures import error_text
 from scheduler.worker.heartbeat import Heartbeats
+from scheduler.worker.newer_outcomes import give_up_newer
 from scheduler.worker.settings import (
     _SETTLE_S,
     _STOP_LOOP_S,
@@ -284,6 +285,7 @@ class Worker(Claiming, Heartbeats):
         await self._wait_bounded(self._tasks("reporter"), _STOP_LOOP_S)
         self._restore_sending()  # a call that never returned: its reports are sent again here
         settle = time.monotonic() + _SETTLE_S
+        await give_up_newer(self, settle)  # refused until an upgrade: not sent until the bound
         await self._flush(settle)
         leftover = list(self.running.values())
         for r in leftover:
