@@ -113,10 +113,12 @@ def run(name: str, n: int, report: dict[str, Any], q: Queue) -> None:
             else:
                 measure("fail_parent", lambda: q.fail(job.id, job.token, ERR, retryable=False))
         measure("claims_after", lambda: [q.claim("w", limit=1, reap_limit=0) for _ in range(5)])
-    elif name == "held":
+    elif name in ("held", "heldwide"):
+        # heldwide: a claim of the largest batch (1,000) behind the full key.
         spec = {"concurrency_key": "k", "concurrency_limit": 1}
         enqueue(q, [JobSpec("t", i, **spec) for i in range(n)])  # type: ignore[arg-type]
-        measure("claims", lambda: [q.claim("w", limit=100, reap_limit=0) for _ in range(5)])
+        batch = 100 if name == "held" else 1000
+        measure("claims", lambda: [q.claim("w", limit=batch, reap_limit=0) for _ in range(5)])
     elif name == "enqueue":
         specs = [JobSpec("t", i) for i in range(10_000)]
         measure("enqueue_many_1000", lambda: q.enqueue_many(specs))
@@ -131,7 +133,11 @@ def run(name: str, n: int, report: dict[str, Any], q: Queue) -> None:
         spec = {"concurrency_key": "k", "concurrency_limit": 10_000}
         enqueue(q, [JobSpec("t", i, **spec) for i in range(20_000)])  # type: ignore[arg-type]
         t0 = time.monotonic()
-        for _ in range(20):  # 10 claims lease 10,000, 10 more hold the rest
+        for _ in range(10):  # 10 claims lease 10,000, the next ones hold the rest
+            q.claim("w", limit=1000, lease_ms=5_000, reap_limit=0)
+        for _ in range(100):
+            if not q.counts().due:
+                break
             q.claim("w", limit=1000, lease_ms=5_000, reap_limit=0)
         time.sleep(max(5.1 - (time.monotonic() - t0), 0))
         measure("claim_reaping_100", lambda: q.claim("w", limit=1, reap_limit=100))
@@ -187,6 +193,7 @@ SCENARIOS = (
     "complete",
     "fail",
     "held",
+    "heldwide",
     "settle",
     "ratebacklog",
     "rate",

@@ -1,5 +1,5 @@
 """A parent of many waiting children (enqueue after=): its end reaches at most FLOW_END_STEP
-(500) of them per script, so one call never holds the server for seconds (a scale audit
+(300) of them per script, so one call never holds the server for seconds (a scale audit
 measured 1.9 s for complete, 2.5 s for cancel of a parent of 100k children); the rest follow in
 bounded steps at the next claims. Dead-letter retention trims at most 100 per script, not per
 child parked."""
@@ -11,7 +11,9 @@ import redis
 from scheduler import JobSpec, Queue
 from scheduler.admin.doctor import check_queue
 
-STEP = 500  # lua/lib/flow.lua FLOW_END_STEP
+STEP = 300  # lua/lib/flow.lua FLOW_END_STEP
+THREE_STEPS = 2 * STEP + 200  # children reached over three steps
+TWO_STEPS = STEP + 200
 
 
 def _fan_out(q: Queue, n: int) -> tuple[str, list[str]]:
@@ -34,23 +36,23 @@ def _waiting(client: redis.Redis, q: Queue) -> int:
 def test_a_parents_completion_frees_its_children_in_bounded_steps(
     q: Queue, client: redis.Redis
 ) -> None:
-    parent, kids = _fan_out(q, 1_200)
+    parent, kids = _fan_out(q, THREE_STEPS)
     q.complete(parent, _lease(q, parent))
-    assert _waiting(client, q) == 1_200 - STEP  # one step in complete's own script
+    assert _waiting(client, q) == THREE_STEPS - STEP  # one step in complete's own script
     assert client.zrange(q.keys.flow_ending, 0, -1) == [f"done:{parent}"]
     # The rest moved to the end's own set: the id's own set and mark are gone at once.
-    assert client.scard(f"{q.keys.flow_ending}:done:{parent}") == 1_200 - STEP
+    assert client.scard(f"{q.keys.flow_ending}:done:{parent}") == THREE_STEPS - STEP
     assert client.exists(f"{q.keys.prefix}flow:children:{parent}") == 0
     assert client.hget(q.keys.job(parent), "kids") is None
     assert [i.code for i in check_queue(client, q.name) if i.code == "stuck-waiting"] == []
     batch = q.claim("w", limit=0)  # a claim takes the next step before it leases
     assert batch.jobs == []
-    assert _waiting(client, q) == 1_200 - 2 * STEP
+    assert _waiting(client, q) == THREE_STEPS - 2 * STEP
     assert client.llen(q.keys.wake) >= 1  # and wakes an idle worker while any is left
     q.claim("w", limit=0)
     assert _waiting(client, q) == 0
     assert client.exists(q.keys.flow_ending, f"{q.keys.flow_ending}:done:{parent}") == 0
-    assert q.counts().due == 1_200
+    assert q.counts().due == THREE_STEPS
     leased = {j.id for _ in range(3) for j in q.claim("w", limit=1_000).jobs}
     assert leased == set(kids)
 
@@ -81,9 +83,9 @@ def test_a_dead_parent_parks_its_subtree_in_bounded_steps(q: Queue, client: redi
 def test_a_cancelled_parents_children_are_parked_past_one_step(
     q: Queue, client: redis.Redis
 ) -> None:
-    parent, kids = _fan_out(q, 700)
+    parent, kids = _fan_out(q, TWO_STEPS)
     assert q.cancel(parent) == "due"  # the state it had: cancelled now
-    assert _waiting(client, q) == 700 - STEP
+    assert _waiting(client, q) == TWO_STEPS - STEP
     q.claim("w", limit=0)
     assert _waiting(client, q) == 0
     assert {q.get_job(k).dead_reason for k in kids} == {f"parent cancelled: {parent}"}
@@ -120,7 +122,7 @@ def test_a_later_job_under_the_same_id_is_not_reached_by_the_old_end(
     """The children a parent's end left for later steps move to that end's own set: a job that
     takes the id again (its record expired) and its own children are not released by it."""
     parent = q.enqueue("parent", None, job_id="nightly", result_ttl_ms=1)
-    q.enqueue_many([JobSpec("kid", i, after=[parent]) for i in range(700)])
+    q.enqueue_many([JobSpec("kid", i, after=[parent]) for i in range(TWO_STEPS)])
     q.complete(parent, _lease(q, parent))
     client.delete(q.keys.job(parent), q.keys.spec(parent))  # its record expired
     again = q.enqueue("parent", None, job_id="nightly")
@@ -134,7 +136,7 @@ def test_a_later_job_under_the_same_id_is_not_reached_by_the_old_end(
 
 
 def test_a_parent_requeued_from_dead_keeps_its_new_children(q: Queue, client: redis.Redis) -> None:
-    parent, kids = _fan_out(q, 700)
+    parent, kids = _fan_out(q, TWO_STEPS)
     q.fail(parent, _lease(q, parent), ("E", "boom", ""), retryable=False)
     assert q.requeue_dead([parent]) == 1
     child = q.enqueue("kid2", None, after=[parent])

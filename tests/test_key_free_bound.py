@@ -27,7 +27,7 @@ def test_a_key_freed_whole_is_worked_off_a_bounded_step_per_claim(
         batch_size=5_000,
     )
     ck, held = q.keys.prefix + "flow:ck:k", q.keys.prefix + "flow:ckheld:k"
-    for _ in range(10):
+    for _ in range(20):  # a claim sets aside at most 300 (lib/flow.lua FLOW_ASIDE_BATCH)
         q.claim("w", limit=1_000, lease_ms=30_000, reap_limit=0)
     assert (client.zcard(ck), client.zcard(held)) == (LIMIT, LIMIT)
     clock.set_ms(T0 + 60_000)  # every lease lapsed

@@ -17,7 +17,7 @@ from scheduler.operations.leasing import SETTLE_CHUNK
 from scheduler.operations.ops import Ops, Settings
 from scheduler.operations.requests import Script, ScriptPipeline
 
-N = 1_201  # three calls: 500, 500, 201
+N = 2 * SETTLE_CHUNK + 201  # three calls: 250, 250, 201
 
 
 def _items_per_call(request: Any, head: int, width: int) -> list[int]:

@@ -19,6 +19,10 @@ local FLOW_LIM = { priority = 9, climit = 10000, rate_count = 100000, rate_windo
 -- 75 us each: 1,000 held a claim of 100 for 80-90 ms, every client of the server waiting). A
 -- backlog larger than this is set aside over successive claims (each one sets aside this many).
 local FLOW_HOLD_BUDGET = 200
+-- Of a claim's batch, the part that may be set aside too: a claim of 1,000 behind a full key set
+-- aside 1,200 jobs (about 90 ms); now at most this + FLOW_HOLD_BUDGET. Jobs it may take are
+-- still examined up to the batch; the rest of a backlog is set aside by the next claims.
+local FLOW_ASIDE_BATCH = 100
 -- A job claim parks because a flow key it needs is of another type (written by hand).
 local FLOW_BAD = 'invalid flow key: '
 local FLOW_AGING_MS = 60000  -- default priority_aging_ms (config hash), the starvation bound
@@ -193,7 +197,7 @@ end
 -- FLOW_CK_STEP members checked per script (a fleet's crash left 10,000 lapsed leases of one key
 -- to check in one claim): one not checked yet counts as live, so the key is never over its
 -- limit, and a later script (each reap of one of those leases ends in here) checks the rest.
-local FLOW_CK_STEP = 1000
+local FLOW_CK_STEP = 400
 local flow_ck_left = FLOW_CK_STEP
 local function flow_ck_live(prefix, key, now)
   local ck = prefix .. 'flow:ck:' .. key
@@ -211,7 +215,7 @@ end
 -- FLOW_PROMOTE_STEP per script (a key of limit 10,000 freed whole, its 10,000 held jobs went
 -- in one claim), but always one, so a key with room never strands its held jobs; the ones
 -- promoted end and promote the rest.
-local FLOW_PROMOTE_STEP = 1000
+local FLOW_PROMOTE_STEP = 400
 local flow_promote_left = FLOW_PROMOTE_STEP
 local function flow_ck_promote(prefix, key, n)
   n = math.min(n, math.max(flow_promote_left, 1))
@@ -662,6 +666,9 @@ end
 -- leaves it in due: the due window is widened by as many.
 local function flow_fill(prefix, due, now, limit, examine)
   local seen, took, aside, skipped, budget = {}, 0, 0, 0, limit + FLOW_HOLD_BUDGET
+  -- Set aside or parked (a skip stays in due, unwritten): bounded apart from the batch.
+  local moved_max = math.min(limit, FLOW_ASIDE_BATCH) + FLOW_HOLD_BUDGET
+  local function more() return took < limit and budget > 0 and aside - skipped < moved_max end
   local function one(src, in_due, id, s)
     seen[id] = true
     budget = budget - 1
@@ -676,7 +683,7 @@ local function flow_fill(prefix, due, now, limit, examine)
     return v
   end
   local function pass(src, hi, in_due)
-    while took < limit and budget > 0 do
+    while more() do
       -- Seen ids may still be in src: in due, those taken (they leave due at claim's end); in
       -- an index also those the aged pass set aside or parked (an entry is dropped only when
       -- a scan of its own index meets it). The window is widened by as many, so they never
@@ -693,7 +700,7 @@ local function flow_fill(prefix, due, now, limit, examine)
       end
       local step = in_due and 2 or 1
       for k = 1, #ids, step do
-        if took >= limit or budget <= 0 then break end
+        if not more() then break end
         local id = ids[k]
         if not seen[id] then
           fresh = fresh + 1
@@ -826,7 +833,7 @@ end
 -- rest go to that end's own set (flow_end_step_done), and the end to `flow:ending` (ZSET
 -- '<word>:<parent id>' -> when queued; word: done | dead | cancelled); the next claims go on
 -- with them (flow_ending_step), each waking an idle worker while any is left. Per script.
-local FLOW_END_STEP = 500
+local FLOW_END_STEP = 300
 local flow_end_left = FLOW_END_STEP
 
 -- Up to the script's budget of a parent's waiting children, taken off its set (SPOP: the rest

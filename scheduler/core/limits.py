@@ -64,6 +64,16 @@ LIMITS: dict[str, tuple[int, int]] = {
 # this many steps.
 REAP_PER_CALL = 500
 ENQUEUE_PER_CALL = 1_000
+# lua/lib/flow.lua, per script: waiting children a parent's end reaches (FLOW_END_STEP; 500
+# held it 40-61 ms), a key's lapsed leases checked and its held jobs promoted (FLOW_CK_STEP,
+# FLOW_PROMOTE_STEP; 1,000 of each 69-99 ms); jobs one claim sets aside or parks, at most
+# min(limit, SET_ASIDE_OF_BATCH) + HOLD_BUDGET (FLOW_ASIDE_BATCH, FLOW_HOLD_BUDGET; a claim of
+# 1,000 set aside 1,200). The rest: the next scripts. Leases per heartbeat / complete_many /
+# release call: scheduler/operations/leasing.py SETTLE_CHUNK.
+CHILDREN_PER_CALL = 300
+KEY_STEP_PER_CALL = 400
+SET_ASIDE_OF_BATCH = 100
+HOLD_BUDGET = 200
 FLOAT_LIMITS: dict[str, tuple[float, float]] = {
     "backoff.factor": (1.0, 1000.0),
     "backoff.jitter": (0.0, 1.0),

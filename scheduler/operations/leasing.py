@@ -31,7 +31,7 @@ def refill_most(claimed: int) -> int:
 # complete_many of 50,000 3.2 s (bench/lua_call_bounds.py settle). A longer list goes as several
 # calls of at most SETTLE_CHUNK items, in one pipeline (one round trip; other clients' commands
 # run between them; each call atomic, and each item is on its own in any case).
-SETTLE_CHUNK = 500
+SETTLE_CHUNK = 250
 
 
 def _chunked(name: str, head: list[str], args: list[str], width: int) -> Op[list[Any]]:
