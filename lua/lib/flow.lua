@@ -244,11 +244,12 @@ local function flow_ck_next(prefix, key, now, live, least)
   local hk = prefix .. 'flow:ckheld:' .. key
   local head
   -- A stale head (an id no longer held, left by a hand edit) is dropped, as the FIFO check
-  -- drops one: let go in a held job's stead, it left the key empty with its jobs held.
+  -- drops one: let go in a held job's stead, it left the key empty with its jobs held. Only
+  -- a sure "not held" drops it: flow:held of another type (an error) keeps every entry.
   for _ = 1, 3 do
     head = redis.pcall('ZRANGE', hk, 0, 0)
     if head.err or not head[1] then return end
-    if type(redis.pcall('ZSCORE', prefix .. 'flow:held', head[1])) == 'string' then break end
+    if redis.pcall('ZSCORE', prefix .. 'flow:held', head[1]) ~= false then break end
     redis.call('ZREM', hk, head[1])
     head = nil
   end
