@@ -9,7 +9,7 @@ flow:held entry, added by hand): a stale head is read as a held job of limit 1 a
 key's held jobs going back to due; `--fix` removes it ('ckstale')."""
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import redis
 from redis.exceptions import NoScriptError, ResponseError
@@ -88,34 +88,43 @@ def schedule_flow_issues(keys: QueueKeys, name: str, fields: dict[str, str]) -> 
     return [Issue("schedule-flow-unreadable", severity, msg, how, keys.queue)]
 
 
-def stray_slot_issues(client: redis.Redis, keys: QueueKeys, now_ms: int) -> list[Issue]:
-    """Members of the queue's flow:ck:<key> sets that are not leased jobs of that key (their
-    `ckey` field), found by SCAN on the queue's node (its keys share one slot), each suspect
-    read again inside one MULTI so a lease that ends meanwhile is not reported."""
+def _suspects(
+    client: redis.Redis, keys: QueueKeys, kind: str, judge: Callable[[list[object], str], bool]
+) -> Iterator[tuple[str, str, str, list[object]]]:
+    """(set, its key, member, reads) for each member of the queue's flow:<kind>:<key> sets that
+    `judge` finds wrong, found by SCAN on the queue's node (its keys share one slot), paged
+    reads first, then each suspect read again inside one MULTI so a change meanwhile (a lease
+    that ends, a promote) is not reported."""
     node = connection.node_for_key(client, keys.prefix)
-    head = keys.prefix + "flow:ck:"
-    out: list[Issue] = []
-    for ck in sorted(str(k) for k in node.scan_iter(match=head + "*", count=_PAGE)):
-        key = ck[len(head) :]
+    head = keys.prefix + f"flow:{kind}:"
+    for zkey in sorted(str(k) for k in node.scan_iter(match=head + "*", count=_PAGE)):
+        key = zkey[len(head) :]
         try:
-            members = [str(m) for m, _ in client.zscan_iter(ck)]
+            members = [str(m) for m, _ in client.zscan_iter(zkey)]
         except ResponseError:
             continue  # of another type: claim parks its jobs and says so
         suspects: list[str] = []
         for page in iter_chunks(members, _PAGE):
-            reads = _reads(client, keys, ck, page, False)
-            suspects += [m for i, m in enumerate(page) if _stray(reads[6 * i : 6 * i + 6], key)]
+            reads = _reads(client, keys, zkey, page, False)
+            suspects += [m for i, m in enumerate(page) if judge(reads[6 * i : 6 * i + 6], key)]
         for m in suspects:
-            reads = _reads(client, keys, ck, [m], True)
-            if not _stray(reads, key):
-                continue
-            score, places = reads[0], _places(reads[1:5])
-            at = "" if score is None else f" (its score {int(float(str(score)))})"
-            msg = (f"{ck} holds {m!r}{at}, no lease of key {key}: it takes one of the key's "
-                   "slots for ever and the key's jobs wait (added by hand?)")  # fmt: skip
-            how = "scheduler doctor --fix: it removes the member, and the key's held jobs run"
-            cmd = _key_move(keys, "ckfree", m, places, now_ms, key)
-            out.append(Issue(STRAY, "error", msg, how, keys.queue, repair=(cmd,)))
+            reads = _reads(client, keys, zkey, [m], True)
+            if judge(reads, key):
+                yield zkey, key, m, reads
+
+
+def stray_slot_issues(client: redis.Redis, keys: QueueKeys, now_ms: int) -> list[Issue]:
+    """Members of the queue's flow:ck:<key> sets that are not leased jobs of that key (their
+    `ckey` field)."""
+    out: list[Issue] = []
+    for ck, key, m, reads in _suspects(client, keys, "ck", _stray):
+        score, places = reads[0], _places(reads[1:5])
+        at = "" if score is None else f" (its score {int(float(str(score)))})"
+        msg = (f"{ck} holds {m!r}{at}, no lease of key {key}: it takes one of the key's "
+               "slots for ever and the key's jobs wait (added by hand?)")  # fmt: skip
+        how = "scheduler doctor --fix: it removes the member, and the key's held jobs run"
+        cmd = _key_move(keys, "ckfree", m, places, now_ms, key)
+        out.append(Issue(STRAY, "error", msg, how, keys.queue, repair=(cmd,)))
     return out
 
 
@@ -125,35 +134,20 @@ def key_set_issues(client: redis.Redis, keys: QueueKeys, now_ms: int) -> list[Is
 
 
 def stale_held_issues(client: redis.Redis, keys: QueueKeys, now_ms: int) -> list[Issue]:
-    """Entries of the queue's flow:ckheld:<key> sets whose job is not in flow:held (by hand),
-    each suspect read again inside one MULTI (a promote drops both in one script)."""
-    node = connection.node_for_key(client, keys.prefix)
-    head = keys.prefix + "flow:ckheld:"
+    """Entries of the queue's flow:ckheld:<key> sets whose job is not in flow:held (by hand;
+    a promote drops both in one script)."""
     out: list[Issue] = []
-    for hk in sorted(str(k) for k in node.scan_iter(match=head + "*", count=_PAGE)):
-        key = hk[len(head) :]
-        try:
-            members = [str(m) for m, _ in client.zscan_iter(hk)]
-        except ResponseError:
-            continue  # of another type: claim parks its jobs and says so
-        suspects: list[str] = []
-        for page in iter_chunks(members, _PAGE):
-            reads = _reads(client, keys, hk, page, False)
-            suspects += [m for i, m in enumerate(page) if _unheld(reads[6 * i : 6 * i + 6])]
-        for m in suspects:
-            reads = _reads(client, keys, hk, [m], True)
-            if not _unheld(reads):
-                continue
-            msg = (f"{hk} holds {m!r}, which is not held (no {keys.flow_held} entry; added by "
-                   f"hand?): read as a held job of limit 1, it can keep key {key}'s held jobs "
-                   "from going back to due while the key has room")  # fmt: skip
-            how = "scheduler doctor --fix: it removes the entry, and the key's held jobs run"
-            cmd = _key_move(keys, "ckstale", m, _places(reads[1:5]), now_ms, key)
-            out.append(Issue(STALE, "error", msg, how, keys.queue, repair=(cmd,)))
+    for hk, key, m, reads in _suspects(client, keys, "ckheld", _unheld):
+        msg = (f"{hk} holds {m!r}, which is not held (no {keys.flow_held} entry; added by "
+               f"hand?): read as a held job of limit 1, it can keep key {key}'s held jobs "
+               "from going back to due while the key has room")  # fmt: skip
+        how = "scheduler doctor --fix: it removes the entry, and the key's held jobs run"
+        cmd = _key_move(keys, "ckstale", m, _places(reads[1:5]), now_ms, key)
+        out.append(Issue(STALE, "error", msg, how, keys.queue, repair=(cmd,)))
     return out
 
 
-def _unheld(reads: list[object]) -> bool:
+def _unheld(reads: list[object], _key: str) -> bool:
     """Still a member of the hold set, and not held (flow:held of another type: not judged)."""
     score, _due, held = reads[:3]
     if score is None or any(isinstance(r, Exception) for r in reads[:5]):
