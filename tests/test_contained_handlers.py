@@ -31,7 +31,7 @@ from scheduler.core.exits import EXIT_FAILED
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.failures import STILL_RUNNING, result_text
 from scheduler.worker.registry import JobContext, Registry
-from tests.test_worker_retry_wake import poll
+from tests.fixtures.polling import poll
 from tests.workers.procs import spawn_worker, stop_all, wait_for
 
 REG = "tests.workers.contain:registry"

@@ -19,8 +19,8 @@ from scheduler.core.progress import encode_progress
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import delete_queue, dump_queue, new_queue
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess
-from tests.test_worker_runtime_review import poll
 
 
 class Items(dict[Any, Any]):
@@ -104,8 +104,8 @@ def test_a_colliding_result_parks_its_job_and_others_run(module_server: RedisPro
             try:
                 await poll(
                     lambda: run.done() or {q.status(bad), q.status(good)} <= {"done", "dead"},
-                    15,
-                    lambda: "both jobs to settle",
+                    "both jobs to settle",
+                    timeout_s=15,
                 )
             finally:
                 w.request_stop()

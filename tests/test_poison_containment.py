@@ -24,8 +24,9 @@ from scheduler.operations.ops import Commands, Ops, Settings
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import Clock
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess
-from tests.test_worker_retry_wake import no_safety_nets, poll
+from tests.test_worker_retry_wake import no_safety_nets
 from tests.workers.procs import spawn_worker, stop_all, wait_for
 
 POISON_REGISTRY = "tests.workers.poison:registry"

@@ -20,8 +20,9 @@ from scheduler.core.connection import connect_async
 from scheduler.core.models import ClaimBatch
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import Registry
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess
-from tests.test_worker_retry_wake import no_safety_nets, poll, race_claim_with_fail, run_worker
+from tests.test_worker_retry_wake import no_safety_nets, race_claim_with_fail, run_worker
 
 
 def test_a_retry_answered_during_its_own_queues_claim_ends_that_queues_skip(

@@ -19,8 +19,8 @@ from scheduler.core.errors import BadArgument
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import delete_queue, new_queue
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess
-from tests.test_worker_runtime_review import poll
 
 registry = Registry()
 
@@ -144,16 +144,16 @@ def run_jobs(server: RedisProcess, q: Queue, task: str, payload: Any) -> str:
         try:
             await poll(
                 lambda: run.done() or _settled(q, [job, *innocents]),
-                15,
                 lambda: f"the jobs to settle: {[q.status(i) for i in [job, *innocents]]}",
+                timeout_s=15,
             )
             assert not run.done(), f"the worker stopped (exit {run.result()})"
             # The server's state changes before the worker reads its report's reply: a job
             # settled in Redis leaves the worker's books a moment later, never kept for good.
             await poll(
                 lambda: run.done() or not (w._held or w.running),
-                10,
                 lambda: f"the worker to let go of the settled jobs: {sorted(w._held)}",
+                timeout_s=10,
             )
             assert not run.done(), f"the worker stopped (exit {run.result()})"
         finally:

@@ -10,7 +10,6 @@ import asyncio
 import time
 import types
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker import claiming as claiming_module
 from scheduler.worker import heartbeat as heartbeat_module
 from scheduler.worker.registry import Registry
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess
 
 registry = Registry()
@@ -41,14 +41,6 @@ async def slow(payload: Any, ctx: Any) -> str:
     runs[ctx.job_id] = runs.get(ctx.job_id, 0) + 1
     await asyncio.sleep(payload["s"])
     return "slept"
-
-
-async def poll(cond: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 # -- (a) AsyncQueue.result and cancellation ---------------------------------------------------

@@ -15,8 +15,8 @@ from scheduler.core.scripts import Scripts
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import delete_queue, new_queue
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess
-from tests.test_worker_runtime_review import poll
 
 registry = Registry()
 STARTED: list[str] = []
@@ -81,10 +81,10 @@ def test_jobs_of_a_claim_answered_after_the_stop_are_given_back_not_started(
         w = Worker(client, registry, settings)
         task = asyncio.create_task(w.run(install_signals=False))
         try:
-            await poll(lambda: w._idle.is_set(), 5, lambda: "the worker idle")
+            await poll(lambda: w._idle.is_set(), "the worker idle", timeout_s=5)
             client.hold = True
             q.enqueue("rs-mark", job_id=f"late-{tag}")  # wakes the worker: its claim is held
-            await poll(client.held.is_set, 5, lambda: "a claim in flight")
+            await poll(client.held.is_set, "a claim in flight", timeout_s=5)
         finally:
             w.request_stop()  # SIGTERM's first step
             client.let_go.set()  # the claim's answer arrives after the stop
@@ -124,22 +124,22 @@ def test_no_backlog_job_starts_while_shutdown_waits_for_a_claim_in_flight(
         try:
             for _ in range(3):  # short jobs: the worker then claims ahead (prefetch)
                 q.enqueue("rs-quick")
-            await poll(lambda: w._mean_run_s is not None, 5, lambda: "short jobs to run")
+            await poll(lambda: w._mean_run_s is not None, "short jobs to run", timeout_s=5)
             GATES[a] = asyncio.Event()
             q.enqueue("rs-gate", job_id=a)
             q.enqueue("rs-mark", job_id=b)
             # A's handler starts on the loop's next turn after B is backlogged: wait for both.
             await poll(
                 lambda: a in STARTED and any(r.job.id == b for r in w._backlog),
-                5,
                 lambda: f"A started ({STARTED}) and B backlogged",
+                timeout_s=5,
             )
             client.hold = True
             q.enqueue("rs-mark", job_id=c)  # its claim is in flight when the stop comes
-            await poll(client.held.is_set, 5, lambda: "a claim in flight")
+            await poll(client.held.is_set, "a claim in flight", timeout_s=5)
             w.request_stop()
             GATES[a].set()  # A ends while shutdown waits for that claim
-            await poll(lambda: not w.running, 5, lambda: "A to end")
+            await poll(lambda: not w.running, "A to end", timeout_s=5)
             await asyncio.sleep(0.05)
         finally:
             w.request_stop()
@@ -187,15 +187,15 @@ def test_a_fatal_error_during_the_grace_stops_the_handlers_before_their_lease_en
         task = asyncio.create_task(w.run(install_signals=False))
         try:
             q.enqueue("rs-gate", job_id=job)
-            await poll(lambda: job in STARTED, 5, lambda: "the long job to start")
+            await poll(lambda: job in STARTED, "the long job to start", timeout_s=5)
             r = w.running[(q.name, job)]
             w.request_stop()  # SIGTERM: the grace (60 s) begins
-            await poll(lambda: w._closed, 5, lambda: "the stop under way")
+            await poll(lambda: w._closed, "the stop under way", timeout_s=5)
             admin.acl_setuser(user, enabled=True, commands=["-evalsha", "-eval"])  # for good
-            await poll(lambda: w._exit_code != EXIT_OK, 5, lambda: "the refusal to be met")
+            await poll(lambda: w._exit_code != EXIT_OK, "the refusal to be met", timeout_s=5)
             # The last lease the worker knows of ends at r.lease_deadline_s (local clock).
             end_s = r.lease_deadline_s
-            await poll(lambda: time.monotonic() > end_s + 0.2, 5, lambda: "the lease end")
+            await poll(lambda: time.monotonic() > end_s + 0.2, "the lease end", timeout_s=5)
             seen["stopped"] = r.ctx.stopped.is_set()
             seen["running"] = (q.name, job) in w.running
             GATES[job].set()
@@ -242,7 +242,7 @@ def test_a_hung_heartbeat_stops_the_run_before_the_presence_call(
         task = asyncio.create_task(w.run(install_signals=False))
         try:
             q.enqueue("rs-gate", job_id=job)
-            await poll(lambda: job in STARTED, 5, lambda: "the job to start")
+            await poll(lambda: job in STARTED, "the job to start", timeout_s=5)
             r = w.running[(q.name, job)]
             hung = asyncio.Event()
 
@@ -258,8 +258,8 @@ def test_a_hung_heartbeat_stops_the_run_before_the_presence_call(
 
             w._heartbeat = heartbeat  # type: ignore[method-assign]
             w._beat_workers = presence  # type: ignore[method-assign]
-            await poll(lambda: "stopped" in seen, 10, lambda: "a presence call after the hang")
-            await poll(r.ctx.stopped.is_set, 5, lambda: "the run to be stopped")
+            await poll(lambda: "stopped" in seen, "a presence call after the hang", timeout_s=10)
+            await poll(r.ctx.stopped.is_set, "the run to be stopped", timeout_s=5)
         finally:
             w.request_stop()
             GATES.setdefault(job, asyncio.Event()).set()

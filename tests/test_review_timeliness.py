@@ -20,8 +20,9 @@ from scheduler.core.models import ClaimBatch
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import Registry
 from tests.conftest import Clock
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess
-from tests.test_worker_retry_wake import no_safety_nets, poll
+from tests.test_worker_retry_wake import no_safety_nets
 
 registry = Registry()
 

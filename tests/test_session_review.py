@@ -16,8 +16,9 @@ from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.execution import classify
 from tests import test_worker_hardening
 from tests.conftest import Clock
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess
-from tests.test_worker_hardening import capture, poll
+from tests.test_worker_hardening import capture
 from tests.workers import hardening
 
 admin = test_worker_hardening.admin  # its fixture (a private server's admin client), shared

@@ -6,10 +6,8 @@ the same nonce (never claimed twice under a fresh one). One private redis-server
 from __future__ import annotations
 
 import asyncio
-import time
 import types
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,6 +20,7 @@ from scheduler.core.models import ClaimBatch
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker import claiming as claiming_module
 from scheduler.worker.registry import Registry
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess
 
 JOBS_PER_QUEUE = 5
@@ -31,14 +30,6 @@ registry = Registry()
 @registry.task(name="isolation-noop")
 async def noop(payload: object, ctx: object) -> None:
     return None
-
-
-async def poll(cond: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 # "first": the round starts at the failing queue (the old code's steady state once any round

@@ -14,8 +14,9 @@ import redis.asyncio as aredis
 from scheduler import CorruptKey, Queue
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.execution import classify
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess
-from tests.test_worker_hardening import capture, poll
+from tests.test_worker_hardening import capture
 from tests.workers import hardening
 
 

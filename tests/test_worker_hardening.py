@@ -13,7 +13,7 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +32,7 @@ from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.execution import classify
 from scheduler.worker.registry import Registry
 from tests.conftest import new_queue
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess, require_binary
 from tests.workers import hardening
 from tests.workers.hardening import LEDGER, Live, gate_key
@@ -52,14 +53,6 @@ def admin(module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> Itera
 
 def starts(admin: redis.Redis, q: Queue) -> list[str]:
     return [e.split("|")[0] for e in admin.lrange(f"{LEDGER}:{q.name}", 0, -1)]
-
-
-async def poll(cond: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def capture() -> tuple[logging.Logger, list[str]]:

@@ -11,7 +11,6 @@ claim loop only after the fail's answer was read. One private redis-server."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,6 +25,7 @@ from scheduler.worker import claiming as claiming_module
 from scheduler.worker import settings as settings_module
 from scheduler.worker.context import JobContext
 from scheduler.worker.registry import Registry
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess
 
 registry = Registry()
@@ -50,14 +50,6 @@ async def flaky(payload: object, ctx: JobContext) -> str:
         await Gate.release.wait()
         raise RuntimeError("first attempt fails")
     return "ok"
-
-
-async def poll(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def no_safety_nets(monkeypatch: Any) -> None:

@@ -30,6 +30,7 @@ from scheduler.core.scripts import Scripts
 from scheduler.worker import EXIT_OK, SettingsError, Worker, WorkerSettings, logs
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import new_queue
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess, require_server
 from tests.workers.procs import ROOT, spawn_worker, stop_all, wait_for
 
@@ -89,14 +90,6 @@ async def gate_fail(payload: Any, ctx: JobContext) -> None:
     raise RuntimeError("failed after the gate")
 
 
-async def poll(cond: Callable[[], bool], timeout_s: float, what: Callable[[], str]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what()}")
-        await asyncio.sleep(0.02)
-
-
 def state(q: Queue, job: str) -> str:
     """The job's status and, while leased, how long its lease has left on the server."""
     c = q.client if isinstance(q.client, redis.Redis) else None
@@ -145,7 +138,7 @@ def test_an_exception_whose_str_raises_is_still_reported(module_server: RedisPro
     async def body(w: Worker) -> None:
         # max_attempts=1: the failure parks it. Before: _finish ended the run, then str(exc)
         # raised, so no outcome was queued and heartbeats kept the lease for good.
-        await poll(lambda: q.status(job) == "dead", 5, lambda: f"dead, {state(q, job)}")
+        await poll(lambda: q.status(job) == "dead", lambda: f"dead, {state(q, job)}", timeout_s=5)
 
     assert with_worker(module_server, q, body) == EXIT_OK
 
@@ -159,7 +152,7 @@ def test_a_cancelled_error_the_handler_raises_itself_fails_the_job(
     async def body(w: Worker) -> None:
         # Before: _run_async re-raised it (not ours: r not finished), the run stayed in
         # `running` with its slot, and heartbeats kept its lease while the worker lived.
-        await poll(lambda: q.status(job) == "dead", 5, lambda: f"dead, {state(q, job)}")
+        await poll(lambda: q.status(job) == "dead", lambda: f"dead, {state(q, job)}", timeout_s=5)
         assert not w.running
 
     assert with_worker(module_server, q, body) == EXIT_OK
@@ -191,7 +184,7 @@ def test_a_stop_while_a_claims_answer_is_lost_gives_its_jobs_back(
 
     async def body(w: Worker) -> None:
         # The claim leased the job, its answers were lost; the loop backs off (200 ms and up).
-        await poll(lambda: client.lost >= 3, 5, lambda: f"lost claims, {client.lost}")
+        await poll(lambda: client.lost >= 3, lambda: f"lost claims, {client.lost}", timeout_s=5)
         client.lose = False  # Redis answers again: shutdown could replay the nonce now
 
     assert with_worker(module_server, q, body, client=client, lease_ms=30_000) == EXIT_OK
@@ -240,13 +233,13 @@ def test_an_embedded_worker_whose_run_is_cancelled_stops_claiming(
         w = Worker(c, registry, WorkerSettings(queues=(q.name,), lease_ms=3000,
                                                heartbeat_ms=100, grace_s=0))  # fmt: skip
         task = asyncio.create_task(w.run(install_signals=False))
-        await poll(lambda: w._idle.is_set(), 30, lambda: "the worker idle")
+        await poll(lambda: w._idle.is_set(), "the worker idle", timeout_s=30)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         # Past the delayed job's due time (on the server's clock, a 30 s liveness bound), then
         # a second for a loop left behind to wake and claim it (a stall only lengthens it).
-        await poll(lambda: q.status(later) != "scheduled", 30, lambda: state(q, later))
+        await poll(lambda: q.status(later) != "scheduled", lambda: state(q, later), timeout_s=30)
         await asyncio.sleep(1.0)
         left = sorted(t.get_name() for t in asyncio.all_tasks() if t is not asyncio.current_task())
         w.request_stop()  # let whatever is left end before the loop closes
@@ -276,7 +269,7 @@ def test_an_embedded_worker_leaves_the_apps_exception_handler_in_charge(
         w = Worker(c, registry, WorkerSettings(queues=(q.name,), lease_ms=3000,
                                                heartbeat_ms=100, grace_s=0))  # fmt: skip
         task = asyncio.create_task(w.run(install_signals=False))
-        await poll(lambda: w._idle.is_set(), 5, lambda: "the worker idle")
+        await poll(lambda: w._idle.is_set(), "the worker idle", timeout_s=5)
         loop.call_exception_handler({"message": "the app's own error"})
         w.request_stop()
         code = await task
@@ -309,7 +302,9 @@ def test_a_thread_that_cannot_start_does_not_park_the_job(module_server: RedisPr
 
     async def body(w: Worker) -> None:
         fail_nth_thread(w, 1)
-        await poll(lambda: w.claimed == 1 and q.status(job) != "leased", 5, lambda: state(q, job))
+        await poll(
+            lambda: w.claimed == 1 and q.status(job) != "leased", lambda: state(q, job), timeout_s=5
+        )
         # Before: _start's "one job's data must never take the worker down" caught it and
         # parked the job dead (InvalidJob, never retried) for a local, passing shortage.
         assert q.status(job) != "dead", q.get_job(job)
@@ -328,9 +323,9 @@ def test_a_claim_pause_for_a_thread_that_cannot_start_is_in_the_metrics(
     async def body(w: Worker) -> None:
         gauge = w.metrics.claim_paused.labels("no_thread")
         fail_nth_thread(w, 1)
-        await poll(lambda: gauge._value.get() == 1, 5, lambda: state(q, job))
-        await poll(lambda: q.status(job) == "done", 10, lambda: state(q, job))
-        await poll(lambda: gauge._value.get() == 0, 5, lambda: "the pause ended")
+        await poll(lambda: gauge._value.get() == 1, lambda: state(q, job), timeout_s=5)
+        await poll(lambda: q.status(job) == "done", lambda: state(q, job), timeout_s=10)
+        await poll(lambda: gauge._value.get() == 0, "the pause ended", timeout_s=5)
 
     assert with_worker(module_server, q, body) == EXIT_OK
 
@@ -342,14 +337,17 @@ def test_a_thread_that_cannot_start_from_the_backlog_strands_no_job(
 
     async def body(w: Worker) -> None:
         warm = [q.enqueue("rv-sync", {"s": 0}) for _ in range(3)]  # short jobs: prefetch on
-        await poll(lambda: all(q.status(j) == "done" for j in warm), 30, lambda: "warm-up")
+        await poll(lambda: all(q.status(j) == "done" for j in warm), "warm-up", timeout_s=30)
         fail_nth_thread(w, 2)
         ids = q.enqueue_many([registry.job_spec("rv-sync", {"s": 0.1}) for _ in range(3)])
         # Before: the first job's end ran _finish -> _end -> _pump -> _run, which raised inside
         # the loop callback: its complete was never queued, the second job sat in `running`
         # without a thread, the third in the backlog; all three leases heartbeated for good.
-        await poll(lambda: w.claimed == 6 and all(q.status(i) != "leased" for i in ids), 30,
-                   lambda: ", ".join(state(q, i) for i in ids))  # fmt: skip
+        await poll(
+            lambda: w.claimed == 6 and all(q.status(i) != "leased" for i in ids),
+            lambda: ", ".join(state(q, i) for i in ids),
+            timeout_s=30,
+        )
 
     assert with_worker(module_server, q, body, concurrency=1) == EXIT_OK
 
@@ -373,10 +371,10 @@ def test_a_fail_refused_because_the_job_was_cancelled_says_cancelled(
 
     async def body(w: Worker) -> None:
         seen.append(w)
-        await poll(lambda: job in GATES, 5, lambda: "the handler waiting")
+        await poll(lambda: job in GATES, "the handler waiting", timeout_s=5)
         assert q.cancel(job) == "leased"
         GATES[job].set()  # it fails before the next heartbeat (3 s) could notice the cancel
-        await poll(lambda: not w._held, 5, lambda: "the fail answered")
+        await poll(lambda: not w._held, "the fail answered", timeout_s=5)
 
     log = logging.getLogger(logs.LOGGER)
     handler, level = Events(), log.level
@@ -419,7 +417,7 @@ def test_a_release_that_failed_is_not_counted_released(
 
     async def body(w: Worker) -> None:
         seen.append(w)
-        await poll(lambda: bool(w.running), 5, lambda: "the job running")
+        await poll(lambda: bool(w.running), "the job running", timeout_s=5)
 
     assert with_worker(module_server, q, body, client=client) == EXIT_OK
     assert client.tried > 0 and q.status(job) == "leased"  # the release never reached Redis
@@ -456,19 +454,29 @@ def test_a_cluster_that_drops_every_connection_for_a_moment_is_ridden_out(
     async def body(w: Worker) -> None:
         q = Queue(producer, name)
         first = q.enqueue("rv-sleep", {"s": 0})
-        await poll(lambda: q.status(first) == "done", 10, lambda: f"first done, {q.status(first)}")
+        await poll(
+            lambda: q.status(first) == "done",
+            lambda: f"first done, {q.status(first)}",
+            timeout_s=10,
+        )
         node.kill()  # a restart (or a network blip) of the whole cluster, ~0.5 s
         await asyncio.sleep(0.5)
         node.start()
         with redis.Redis(port=node.port, decode_responses=True) as up:
-            await poll(lambda: "cluster_state:ok" in _cmd(up, "CLUSTER", "INFO"), 10,
-                       lambda: "cluster ok")  # fmt: skip
+            await poll(
+                lambda: "cluster_state:ok" in _cmd(up, "CLUSTER", "INFO"),
+                "cluster ok",
+                timeout_s=10,
+            )
         # README: a dropped connection is logged, counted and retried with backoff. Before:
         # the retry re-read the topology, redis-py raised RedisClusterException ("Redis
         # Cluster cannot be connected"), not a RedisError: the loop died, the worker exited 1.
         second = q.enqueue("rv-sleep", {"s": 0})
-        await poll(lambda: q.status(second) == "done" or w._exit_code != EXIT_OK, 15,
-                   lambda: f"second done, {q.status(second)}")  # fmt: skip
+        await poll(
+            lambda: q.status(second) == "done" or w._exit_code != EXIT_OK,
+            lambda: f"second done, {q.status(second)}",
+            timeout_s=15,
+        )
         assert w._exit_code == EXIT_OK, f"the worker stopped itself (exit {w._exit_code})"
 
     producer = connect(url)

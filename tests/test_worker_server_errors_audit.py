@@ -22,9 +22,9 @@ from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import dump_queue
 from tests.faults.test_security import PASSWORD, documented_acl_line
+from tests.fixtures.polling import poll
 from tests.redis_server import RedisProcess, require_server
 from tests.test_worker_hardening import capture
-from tests.test_worker_retry_wake import poll
 
 registry = Registry()
 _gates: dict[str, asyncio.Event] = {}
