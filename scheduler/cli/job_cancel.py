@@ -28,11 +28,11 @@ from scheduler.cli.common import (
     require_queue,
     url_option,
 )
+from scheduler.cli.job_where import by_holding, silent_partition
 from scheduler.client.partitioned import PartitionedQueue, not_answering, open_queue, unread
 from scheduler.client.partitioned_partial import never_sent
 from scheduler.client.queue import Queue
 from scheduler.core import codec
-from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import OCCURRENCE_PREFIX, check_job_id
 from scheduler.core.safety import safe
@@ -60,31 +60,6 @@ def _cancel_op(q: Queue, ids: Sequence[str]) -> Op[list[str]]:
     return [codec.s(r) for r in replies]
 
 
-def silent_partition(q: Queue, queue: str, job_id: str, exc: Exception) -> str | None:
-    """'partition <p> of queue <q>, which holds job <id>, does not answer: <error>' when `exc`
-    is the node of `q`, the partition of `queue` holding `job_id`, not answering; None for a
-    plain queue's error, a login refused (exit 4) or any other error: left as they are."""
-    if not isinstance(exc, UNREACHABLE) or isinstance(exc, redis.AuthenticationError):
-        return None
-    if q.name == queue:
-        return None
-    why = f"partition {q.name} of queue {queue!r}, which holds job {job_id}, does not answer"
-    return safe(f"{why}: {exc}")
-
-
-@contextmanager
-def holding_partition(q: Queue, queue: str, job_id: str) -> Iterator[None]:
-    """A call on `q`, the partition of `queue` holding `job_id`: its node not answering is
-    named as silent_partition says (exit 3). Any other error is left as it is."""
-    try:
-        yield
-    except UNREACHABLE as exc:
-        words = silent_partition(q, queue, job_id, exc)
-        if words is None:
-            raise
-        raise Unreachable(words) from None
-
-
 @contextmanager
 def unanswered_change_nothing(q: Queue | PartitionedQueue, queue: str, what: str) -> Iterator[None]:
     """Around a command's reading of every partition of `q` before it changes any (cancel
@@ -109,10 +84,6 @@ def unanswered_change_nothing(q: Queue | PartitionedQueue, queue: str, what: str
         again = "run it again once they do"
         listed = "; ".join(names)
         raise Unreachable(safe(f"nothing {what} in {queue!r}: {why} ({again}): {listed}")) from None
-
-
-def _part(q: Queue | PartitionedQueue, job_id: str) -> Queue:
-    return q.part_of(job_id) if isinstance(q, PartitionedQueue) else q
 
 
 def children_first(q: Queue, ids: Sequence[str]) -> list[str]:
@@ -206,14 +177,13 @@ def cancel_jobs(
     require_queue(client, queue)
     q = open_queue(client, queue)
     if job_ids:
-        by_part: dict[int, tuple[Queue, list[str]]] = {}
-        for job_id in dict.fromkeys(job_ids):
-            part = _part(q, job_id)
-            by_part.setdefault(id(part), (part, []))[1].append(job_id)
+        groups, left_out = by_holding(q, job_ids)  # each where it is (job_where.py)
         was_in: dict[str, str] = {}
-        silent: list[str] = []  # the ids of a partition whose node does not answer, named
+        # The ids of a partition whose node does not answer (or maybe there: none that
+        # answered has them), named.
+        silent: list[str] = [safe(w) for w in left_out.values()]
         unknown: list[str] = []  # one whose cancel was sent when it stopped: it may have run
-        for part, ids in by_part.values():
+        for part, ids in groups:
             sent = None
             try:
                 for sent in children_first(part, ids):

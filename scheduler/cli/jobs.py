@@ -34,8 +34,9 @@ from scheduler.cli.common import (
 )
 from scheduler.cli.dead_view import exit_unread, unread_field
 from scheduler.cli.enqueue import enqueue, parse_payload
-from scheduler.cli.job_cancel import cancel_jobs, holding_partition
+from scheduler.cli.job_cancel import cancel_jobs
 from scheduler.cli.job_view import UNREADABLE_LEASE, job_json, placement, print_job
+from scheduler.cli.job_where import held_call
 from scheduler.client.partitioned import PartitionedQueue, list_answering, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core import connection
@@ -246,10 +247,8 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
     error history, and where it is stored."""
     client = connect(url)
     opened = open_queue(client, queue)
-    # A partitioned queue: the id names its partition, which holds the job.
-    q = opened.part_of(job_id) if isinstance(opened, PartitionedQueue) else opened
-    with holding_partition(q, queue, job_id):  # its node down: the partition named, exit 3
-        job, data = _shown(client, q, job_id)
+    # Where the job is (its id may route elsewhere); its node down: the partition named, exit 3.
+    q, (job, data) = held_call(opened, queue, job_id, lambda p: (p, _shown(client, p, job_id)))
     data["queue"] = queue
     if q.name != queue:
         data["partition"] = q.name
@@ -283,10 +282,10 @@ def reschedule_job(
         raise BadInput(str(exc)) from None
     delay_ms = 0 if now else in_ms
     opened = open_queue(connect(url), queue)
-    # A partitioned queue: the id names its partition (its node down: named, exit 3).
-    q = opened.part_of(job_id) if isinstance(opened, PartitionedQueue) else opened
-    with holding_partition(q, queue, job_id):
-        status = q.reschedule(job_id, delay_ms=delay_ms, run_at=run_at)
+    # Where the job is, as `jobs show` (its node down: named, exit 3).
+    status = held_call(
+        opened, queue, job_id, lambda p: p.reschedule(job_id, delay_ms=delay_ms, run_at=run_at)
+    )
     if as_json:
         emit_json({"queue": queue, "job": job_id, "status": status})
     else:

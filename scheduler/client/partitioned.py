@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from scheduler.admin.inspection import queue_exists, server_now_ms
-from scheduler.client.partitioned_ids import dead_change_sync, holding_sync
+from scheduler.client.partitioned_ids import dead_change_sync, dead_where, holding_sync
 from scheduler.client.partitioned_merge import (
     PartitionsNotReached,
     by_partition,
@@ -209,7 +209,8 @@ class PartitionedQueue(Unpicklable):
 
     # -- one job: straight to its partition --------------------------------------------------
     # A job written to a partition's own queue has an id that may route elsewhere: where it
-    # routes does not have it, the others are asked (partitioned_ids.holding_sync).
+    # routes does not have it, the others are asked (partitioned_ids.holding_sync); one of
+    # them not answering: PartitionsNotReached, not JobNotFound.
     def status(self, job_id: str) -> JobState:
         """`Queue.status` on the job's partition (the id tells it; else the one holding it)."""
         return holding_sync(self, job_id, lambda p: p.status(job_id))
@@ -228,11 +229,11 @@ class PartitionedQueue(Unpicklable):
 
     def complete(self, job_id: str, token: str, result: Any = None) -> None:
         """`Queue.complete` on the job's partition (the manual API)."""
-        self.part_of(job_id).complete(job_id, token, result)
+        holding_sync(self, job_id, lambda p: p.complete(job_id, token, result))
 
     def result(self, job_id: str, *, timeout_s: float) -> Any:
         """`Queue.result` on the job's partition."""
-        return self.part_of(job_id).result(job_id, timeout_s=timeout_s)
+        return holding_sync(self, job_id, lambda p: p.result(job_id, timeout_s=timeout_s))
 
     # -- merged views ------------------------------------------------------------------------
     # A read of every partition with some partitions' nodes down (or refusing for now: a slot
@@ -289,12 +290,6 @@ class PartitionedQueue(Unpicklable):
         """`Queue.purge_dead`, the ids grouped by partition, one driver call for all; an id
         not dead where it routes is found and purged as requeue_dead finds it."""
         return dead_change_sync(self, lambda q, g: q.ops.purge_dead(g), ids)
-
-    def _by_part(self, ids: Sequence[str]) -> list[tuple[Queue, list[str]]]:
-        groups: dict[int, list[str]] = {}
-        for i in check_id_list(ids):  # a str would be split into one-letter ids
-            groups.setdefault(self.layout.partition_of_id(i), []).append(i)
-        return [(self.parts[k], g) for k, g in groups.items()]
 
     # -- schedules: each in one partition ----------------------------------------------------
     def _sched(self, name: str) -> Queue:
@@ -379,8 +374,13 @@ def list_answering(
 def requeue_order(q: Queue | PartitionedQueue, ids: Sequence[str]) -> list[str]:
     """`ids` in the order to requeue them over several calls (the CLI's chunks): each parent
     before its parked children (operations/dead_filter.py parents_first), a partitioned queue's
-    within each partition (a flow is one partition's)."""
+    within each partition (a flow is one partition's), the one whose dead list holds the id
+    (partitioned_ids.dead_where; one no longer dead: where it routes)."""
     if isinstance(q, Queue):
         return q._run(parents_first(q.keys, ids))
-    per = q._run_many([(p, parents_first(p.keys, g)) for p, g in q._by_part(ids)])
+    where = dead_where(q, ids)
+    groups: dict[int, list[str]] = {}
+    for i in dict.fromkeys(check_id_list(ids)):
+        groups.setdefault(where.get(i, q.layout.partition_of_id(i)), []).append(i)
+    per = q._run_many([(q.parts[k], parents_first(q.parts[k].keys, g)) for k, g in groups.items()])
     return [i for g in per for i in g]

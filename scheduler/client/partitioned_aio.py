@@ -29,7 +29,7 @@ from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
 from scheduler.core.scripts import Scripts, run_async
 from scheduler.operations.browsing import listed_scored
-from scheduler.operations.dead_letters import check_id_list, dead_window
+from scheduler.operations.dead_letters import dead_window
 from scheduler.operations.inspecting import check_page
 from scheduler.operations.ops import Op, Request
 from scheduler.schedules.recurring import Schedule
@@ -177,11 +177,11 @@ class AsyncPartitionedQueue:
 
     async def complete(self, job_id: str, token: str, result: Any = None) -> None:
         """PartitionedQueue.complete for asyncio."""
-        await self.part_of(job_id).complete(job_id, token, result)
+        await holding_async(self, job_id, lambda p: p.complete(job_id, token, result))
 
     async def result(self, job_id: str, *, timeout_s: float) -> Any:
-        """`AsyncQueue.result` on the job's partition."""
-        return await self.part_of(job_id).result(job_id, timeout_s=timeout_s)
+        """`AsyncQueue.result` on the job's partition (the one holding it, as status)."""
+        return await holding_async(self, job_id, lambda p: p.result(job_id, timeout_s=timeout_s))
 
     async def counts(self) -> QueueCounts:
         """PartitionedQueue.counts for asyncio: every partition's, summed (PartitionsNotReached
@@ -221,12 +221,6 @@ class AsyncPartitionedQueue:
     async def purge_dead(self, ids: Sequence[str]) -> int:
         """PartitionedQueue.purge_dead for asyncio (an id dead in another partition too)."""
         return await dead_change_async(self, lambda q, g: q.ops.purge_dead(g), ids)
-
-    def _by_part(self, ids: Sequence[str]) -> list[tuple[AsyncQueue, list[str]]]:
-        groups: dict[int, list[str]] = {}
-        for i in check_id_list(ids):  # a str would be split into one-letter ids
-            groups.setdefault(self.layout.partition_of_id(i), []).append(i)
-        return [(self.parts[k], g) for k, g in groups.items()]
 
     # -- schedules: each in one partition (by its name), as in the sync client ---------------
     def _sched(self, name: str) -> AsyncQueue:

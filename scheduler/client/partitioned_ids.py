@@ -1,19 +1,24 @@
-"""Where a partitioned queue's dead job is, for ids that need not route to it: a job written to
-a partition's own queue (an ordinary queue: `scheduler enqueue -q <name>.p1.4`, or
+"""Where a partitioned queue's job is, for ids that need not route to it: a job written to a
+partition's own queue (an ordinary queue: `scheduler enqueue -q <name>.p1.4`, or
 `pq.parts[1]`) has an id of its own, which Layout.partition_of_id sends to another partition
 about 3 times in 4. requeue_dead / purge_dead (sync and asyncio) act where each id routes, then,
 when some were not acted on, look for those dead in the other partitions (one driver call per
-node) and act there; the CLI's --id selection finds each the same way. The one-job calls
-(status, get_job, cancel, reschedule) ask the other partitions when the job's own answers
-JobNotFound (one driver call, then the call again where the job is)."""
+node) and act there; the CLI's --id selection and requeue_order find each the same way. The
+one-job calls (status, get_job, cancel, reschedule, complete, result; the CLI's `jobs show` /
+`reschedule`) ask the other partitions when the job's own answers JobNotFound (one driver call
+per node, then the call again where the job is); `jobs cancel ID...` finds its ids at once
+(held_where). A partition that does not answer is never taken for one without the job: in none
+of the others, the call raises PartitionsNotReached naming it (the CLI: exit 3)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from scheduler.client.partitioned_merge import PartitionsNotReached, not_answering
+from scheduler.client.partitioned_partial import answering_async, answering_sync
 from scheduler.client.queue import Queue
-from scheduler.core.errors import JobNotFound
+from scheduler.core.errors import JobNotFound, slot_move_text
 from scheduler.operations.dead_letters import check_id_list, dead_selected
 from scheduler.operations.ops import Op
 
@@ -116,17 +121,20 @@ async def dead_change_async(
 
 def holding_sync(q: PartitionedQueue, job_id: str, call: Callable[[Queue], T]) -> T:
     """call(partition) on the partition `job_id` routes to; JobNotFound there: on another one
-    that has the job (found by one get_jobs each, one driver call; one whose node does not
-    answer counts as not having it), else that JobNotFound raised."""
+    that has the job (found by one get_jobs each, one driver call per node), else that
+    JobNotFound raised, or PartitionsNotReached when one of the others did not answer (the
+    job may be there)."""
     first = q.part_of(job_id)
     try:
         return call(first)
     except JobNotFound:
         others = [p for p in q.parts if p is not first]
-        got = q._run_many([(p, p.ops.get_jobs([job_id])) for p in others], errors=True)
+        got = looked_up(q, lambda p: p.ops.get_jobs([job_id]), others)
         for p, jobs in zip(others, got, strict=True):
             if isinstance(jobs, list) and jobs:
                 return call(p)
+        if (err := not_reached(job_id, q.parts, others, got)) is not None:
+            raise err from None
         raise
 
 
@@ -139,8 +147,79 @@ async def holding_async(
         return await call(first)
     except JobNotFound:
         others = [p for p in q.parts if p is not first]
-        got = await q._run_many([(p, p.ops.get_jobs([job_id])) for p in others], errors=True)
+        try:
+            got = await answering_async(q, lambda p: p.ops.get_jobs([job_id]), others)
+        except Exception as exc:  # none answered: as looked_up
+            if not not_answering(exc):
+                raise
+            got = [exc] * len(others)
         for p, jobs in zip(others, got, strict=True):
             if isinstance(jobs, list) and jobs:
                 return await call(p)
+        if (err := not_reached(job_id, q.parts, others, got)) is not None:
+            raise err from None
         raise
+
+
+def looked_up(
+    q: PartitionedQueue, make: Callable[[Queue], Op[Any]], asked: Sequence[Queue]
+) -> list[Any]:
+    """run_answering over `asked`: one result each, or the error of one that did not answer
+    (each one's when none did: run_answering raises the first then)."""
+    try:
+        return answering_sync(q, make, asked)
+    except Exception as exc:
+        if not not_answering(exc):
+            raise
+        return [exc] * len(asked)
+
+
+def not_reached(
+    job_id: str, parts: Sequence[Any], asked: Sequence[Any], got: Sequence[Any]
+) -> PartitionsNotReached | None:
+    """The job is in none of the partitions of `asked` that answered; some did not (an error in
+    `got`): PartitionsNotReached naming them, as it may be there (not JobNotFound). Else None."""
+    failed = {
+        p.name: slot_move_text(r) or str(r)
+        for p, r in zip(asked, got, strict=True)
+        if isinstance(r, BaseException)
+    }
+    if not failed:
+        return None
+    done = [p.name for p in parts if p.name not in failed]
+    what = f"job {job_id}, in none of the partitions that answered: the lookup"
+    return PartitionsNotReached(what, done, list(failed), list(dict.fromkeys(failed.values())))
+
+
+def held_where(q: PartitionedQueue, ids: Sequence[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """For a change of several jobs by id (`jobs cancel ID...`): id -> the partition to act in,
+    the one it routes to when that has the job or does not answer (the change there says so),
+    else another that has it, else (none has it) the one it routes to (the change there says
+    it is missing). Second: id -> why not acted on, for an id in none of the partitions that
+    answered while one it may be in did not (not_reached's words). One get_jobs per partition
+    asked, one driver call per node, then one more for the ids not where they route."""
+    first = routed(q.layout, ids)
+    asked = [q.parts[k] for k in first]
+    got = looked_up(q, lambda p: p.ops.get_jobs(first[q.parts.index(p)]), asked)
+    where: dict[str, int] = {}
+    for k, r in zip(first, got, strict=True):
+        there = set(first[k]) if isinstance(r, BaseException) else {j.id for j in r}
+        where.update((i, k) for i in first[k] if i in there)
+    rest = [i for g in first.values() for i in g if i not in where]
+    more = elsewhere(q.layout, rest)
+    asked = [q.parts[k] for k in more]
+    got = looked_up(q, lambda p: p.ops.get_jobs(more[q.parts.index(p)]), asked) if more else []
+    for k, r in zip(more, got, strict=True):
+        if not isinstance(r, BaseException):
+            for j in r:
+                where.setdefault(j.id, k)
+    why: dict[str, str] = {}
+    for i in rest:
+        if i not in where:
+            own = [(p, r) for p, r in zip(asked, got, strict=True) if i in more[q.parts.index(p)]]
+            err = not_reached(i, q.parts, [p for p, _ in own], [r for _, r in own])
+            if err is None:
+                where[i] = q.layout.partition_of_id(i)
+            else:
+                why[i] = str(err)
+    return {i: where[i] for i in dict.fromkeys(ids) if i in where}, why
