@@ -18,12 +18,9 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-import redis
 from redis.exceptions import TryAgainError
 
 from scheduler import AsyncQueue, JobNotFound, JobSpec, Queue
@@ -33,6 +30,7 @@ from scheduler.core.connection import connect, connect_async
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import delete_queue
+from tests.fixtures.slot_move import SlotMove
 from tests.workers.procs import wait_for
 
 registry = Registry()
@@ -46,63 +44,8 @@ async def record(payload: Any, ctx: JobContext) -> Any:
     return None
 
 
-def _cmd(client: redis.Redis, *args: object) -> Any:
-    return client.execute_command(*args)  # type: ignore[no-untyped-call]
-
-
 def _keys_of(rc: Any, q: Queue, job_id: str) -> list[str]:
     return [k for k in rc.scan_iter(match=q.keys.pattern()) if k.endswith(f":{job_id}")]
-
-
-class SlotMove:
-    """Moves `key`'s slot from its primary to another one as redis-cli does: split() (IMPORTING
-    on the target, MIGRATING on the source), migrate() (GETKEYSINSLOT + MIGRATE, `batch` keys a
-    call), finish() (SETSLOT NODE on the target, the source, then every primary)."""
-
-    def __init__(self, rc: Any, key: str) -> None:
-        self.slot = int(rc.keyslot(key))
-        self.primaries = [rc.get_redis_connection(n) for n in rc.get_primaries()]
-        source = rc.get_node_from_key(key)
-        self.target = next(n for n in rc.get_primaries() if n.name != source.name)
-        self.src, self.dst = rc.get_redis_connection(source), rc.get_redis_connection(self.target)
-        self.src_id = _cmd(self.src, "CLUSTER", "MYID")
-        self.dst_id = _cmd(self.dst, "CLUSTER", "MYID")
-        self.moved = 0
-
-    def split(self) -> None:
-        _cmd(self.dst, "CLUSTER", "SETSLOT", self.slot, "IMPORTING", self.src_id)
-        _cmd(self.src, "CLUSTER", "SETSLOT", self.slot, "MIGRATING", self.dst_id)
-
-    def migrate(self, batch: int, pause_s: float = 0.0, most: int | None = None) -> None:
-        kw = self.dst.connection_pool.connection_kwargs
-        while most is None or self.moved < most:
-            keys = _cmd(self.src, "CLUSTER", "GETKEYSINSLOT", self.slot, batch)
-            if not keys:
-                return
-            _cmd(self.src, "MIGRATE", kw["host"], kw["port"], "", 0, 5000, "KEYS", *keys)
-            self.moved += len(keys)
-            time.sleep(pause_s)
-
-    def finish(self) -> None:
-        for node in [self.dst, self.src, *self.primaries]:
-            _cmd(node, "CLUSTER", "SETSLOT", self.slot, "NODE", self.dst_id)
-
-    def count(self, node: redis.Redis) -> int:
-        return int(_cmd(node, "CLUSTER", "COUNTKEYSINSLOT", self.slot))
-
-
-@contextmanager
-def moving_slot(rc: Any, key: str, most: int | None = None) -> Iterator[SlotMove]:
-    """`key`'s slot split between two primaries for the block, `most` of its keys (all when
-    None) moved, 2 a MIGRATE; after it, the rest moved and the move finished."""
-    move = SlotMove(rc, key)
-    move.split()
-    move.migrate(batch=2, most=most)
-    try:
-        yield move
-    finally:
-        move.migrate(batch=100)
-        move.finish()
 
 
 class Reshard(threading.Thread):
@@ -308,8 +251,7 @@ def test_a_partitioned_worker_does_not_wait_out_a_moving_partitions_resends(
     finally:
         log.removeHandler(warned)
         if move.count(move.src):
-            move.migrate(batch=100)
-            move.finish()
+            move.end()
         for part in pq.parts:
             delete_queue(rc, part)
         rc.delete(f"sched:{{{queue_name}}}:partitions")
@@ -336,8 +278,7 @@ def test_an_enqueue_refused_with_tryagain_is_sent_again_until_the_move_ends(
     def pause() -> None:
         pauses.append(1)
         if len(pauses) == 2:  # the rest of the keys, then the move ends
-            move.migrate(batch=100)
-            move.finish()
+            move.end()
 
     async def apause() -> None:
         pause()
@@ -353,8 +294,7 @@ def test_an_enqueue_refused_with_tryagain_is_sent_again_until_the_move_ends(
         assert rc.get_node_from_key(q.keys.prefix).name == move.target.name
     finally:
         if len(pauses) < 2:
-            move.migrate(batch=100)
-            move.finish()
+            move.end()
         delete_queue(rc, q)
 
 
@@ -378,8 +318,7 @@ def test_tryagain_is_handed_back_after_the_bound_and_the_call_wrote_nothing(
             _enqueue(flavour, cluster_url, q, "j-refused")
         assert len(pauses) == cluster_io._TRYAGAIN_ROUNDS
     finally:
-        move.migrate(batch=100)
-        move.finish()
+        move.end()
     try:
         with pytest.raises(JobNotFound):
             q.status("j-refused")

@@ -3,25 +3,22 @@ docs/cluster.md "Moving a queue's slot"): every read of the queue is refused for
 ('Multiple keys request during rehashing of slot') or redis-py's 'TTL exhausted' once its
 redirections are used up. Exit 3 as before, with a line that says what is going on and what to
 do instead of those words ('cannot reach Redis: Command # 1 (EXISTS ...) of pipeline caused
-error: TTL exhausted.'). The move is made by tests/test_cluster_reshard.py's SlotMove."""
+error: TTL exhausted.'). The move is made by tests/fixtures/slot_move.py."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from scheduler import JobSpec, Queue
+from scheduler import Queue
 from scheduler.cli.main import main
-from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import connect
-from scheduler.core.partitions import meta_key
 from scheduler.dashboard import Auth, create_app
 from tests.conftest import delete_queue
-from tests.test_cluster_reshard import moving_slot
+from tests.fixtures.slot_move import partitioned_on_the_move, queue_on_the_move
 
 SAYS = "is being migrated to another Redis Cluster node"
 AGAIN = "run the command again once the move is done"
@@ -30,15 +27,9 @@ AGAIN = "run the command again once the move is done"
 @pytest.fixture(params=["keys-split", "all-moved"])
 def moving(request: pytest.FixtureRequest, cluster_url: str, queue_name: str) -> Iterator[Queue]:
     """A queue whose slot is split: some of its keys moved (keys-split), or all (all-moved)."""
-    rc: Any = connect(cluster_url)
-    q = Queue(rc, queue_name)
-    q.enqueue_many([JobSpec("t", None) for _ in range(6)])
-    try:
-        with moving_slot(rc, q.keys.prefix, most=4 if request.param == "keys-split" else None):
-            yield q
-    finally:
-        delete_queue(rc, q)
-        rc.close()
+    most = 4 if request.param == "keys-split" else None
+    with queue_on_the_move(cluster_url, queue_name, jobs=6, most=most) as q:
+        yield q
 
 
 @pytest.mark.parametrize(
@@ -69,19 +60,8 @@ def test_commands_over_every_queue_say_so_too(cluster_url: str, moving: Queue) -
 def moving_partition(cluster_url: str, queue_name: str) -> Iterator[tuple[str, str]]:
     """A partitioned queue (2 partitions) whose first partition's slot has all its keys moved:
     (queue, that partition's name). The other partition answers."""
-    rc: Any = connect(cluster_url)
-    pq = PartitionedQueue.create(rc, queue_name, partitions=2)
-    for p in pq.parts:
-        p.enqueue_many([JobSpec("t", None) for _ in range(3)])
-    first = pq.parts[0]
-    try:
-        with moving_slot(rc, first.keys.prefix):
-            yield queue_name, first.name
-    finally:
-        for p in pq.parts:
-            delete_queue(rc, p)
-        rc.delete(meta_key(queue_name))
-        rc.close()
+    with partitioned_on_the_move(cluster_url, queue_name, jobs=3) as pq:
+        yield queue_name, pq.parts[0].name
 
 
 @pytest.mark.parametrize("args", [["dead", "list", "-q"], ["jobs", "list", "-q"]], ids=" ".join)

@@ -3,7 +3,7 @@ reshard: TRYAGAIN, or redis-py's 'TTL exhausted' once its redirections are used 
 says so in the one sentence the overview and the CLI use (errors.slot_move_text), never in
 redis-py's raw words ('TryAgainError: Multiple keys request during rehashing of slot'); a
 partitioned queue one of whose partitions moves shows the others and names that one. The move
-is made by tests/test_cluster_reshard.py's SlotMove on a local cluster (one per module); the
+is made by tests/fixtures/slot_move.py on a local cluster (one per module); the
 /workers reads, which the real move does not refuse, get the same errors injected."""
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ import redis
 from redis.exceptions import ClusterError, TryAgainError
 from starlette.testclient import TestClient
 
-from scheduler import JobSpec, Queue
-from scheduler.admin.workers import live_workers
+from scheduler import Queue
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import connect
-from scheduler.core.partitions import meta_key
-from scheduler.dashboard import Auth, create_app
+from scheduler.dashboard import Auth, create_app, workers_read
 from tests.conftest import delete_queue
-from tests.test_cluster_reshard import moving_slot
+from tests.fixtures.slot_move import partitioned_on_the_move, queue_on_the_move
 
 SAYS = "hash slot is being migrated to another Redis Cluster node"
 RAW = ("Multiple keys request", "TryAgainError", "TTL exhausted.")
@@ -38,35 +36,16 @@ def friendly(text: str) -> bool:
 def moving(cluster_url: str, queue_name: str) -> Iterator[Queue]:
     """A queue with jobs and a schedule, every key of its slot moved to the other node, the
     move not finished: its multi-key reads are refused with TRYAGAIN."""
-    rc: Any = connect(cluster_url)
-    q = Queue(rc, queue_name)
-    q.enqueue_many([JobSpec("t", None) for _ in range(4)])
-    q.schedule("nightly", "t", every_ms=EVERY_MS)
-    try:
-        with moving_slot(rc, q.keys.prefix):
-            yield q
-    finally:
-        delete_queue(rc, q)
-        rc.close()
+    with queue_on_the_move(cluster_url, queue_name, jobs=4, every_ms=EVERY_MS) as q:
+        yield q
 
 
 @pytest.fixture
 def moving_partition(cluster_url: str, queue_name: str) -> Iterator[PartitionedQueue]:
     """A partitioned queue of 2, each partition with jobs and a schedule; the first one's slot
     moved as in `moving`. The second answers."""
-    rc: Any = connect(cluster_url)
-    pq = PartitionedQueue.create(rc, queue_name, partitions=2)
-    for p in pq.parts:
-        p.enqueue_many([JobSpec("t", None) for _ in range(3)])
-        p.schedule(f"every-{p.name}", "t", every_ms=EVERY_MS)
-    try:
-        with moving_slot(rc, pq.parts[0].keys.prefix):
-            yield pq
-    finally:
-        for p in pq.parts:
-            delete_queue(rc, p)
-        rc.delete(meta_key(queue_name))
-        rc.close()
+    with partitioned_on_the_move(cluster_url, queue_name, jobs=3, every_ms=EVERY_MS) as pq:
+        yield pq
 
 
 def web_of(url: str, *queues: str) -> TestClient:
@@ -137,22 +116,20 @@ def test_workers_of_a_moving_partition_are_named_so(
     error: Exception,
 ) -> None:
     """Store.workers caught a node down only: a TRYAGAIN failed the whole queue, and 'TTL
-    exhausted' was shown as is ('partition <p>: TTL exhausted.')."""
-    import scheduler.dashboard.store as store
-
+    exhausted' was shown as is ('partition <p>: TTL exhausted.'). The first partition's
+    pipelines (workers_read.py) fail with `error`."""
     pq = moving_partition
     first, second = pq.parts
-    real = live_workers
+    real = workers_read.pipelined
 
-    def refused(client: redis.Redis, keys: Any, limit: int = -1) -> Any:
-        if keys.queue == first.name:
-            raise error
-        return real(client, keys, limit=limit)
+    def refused(client: redis.Redis, parts: Any, queue: Any) -> Any:
+        got = real(client, parts, queue)
+        return [error if p.q.name == first.name else r for p, r in zip(parts, got, strict=True)]
 
     rc = second.client
     rc.zadd(second.keys.workers, {"w-live": 1})
     rc.hset(second.keys.worker("w-live"), mapping={"host": "h1", "pid": "7"})
-    monkeypatch.setattr(store, "live_workers", refused)
+    monkeypatch.setattr(workers_read, "pipelined", refused)
     with web_of(cluster_url, pq.name) as web:
         r = web.get("/workers")
     assert r.status_code == 200, r.text[-600:]

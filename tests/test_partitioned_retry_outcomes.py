@@ -29,8 +29,8 @@ from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core import cluster_io
 from scheduler.core.connection import connect, connect_async, is_cluster
 from scheduler.core.partitions import meta_key
+from tests.fixtures.slot_move import SlotMove
 from tests.redis_server import RedisProcess, require_server
-from tests.test_cluster_reshard import SlotMove
 
 pytestmark = pytest.mark.slow
 
