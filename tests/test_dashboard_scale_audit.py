@@ -85,7 +85,7 @@ def test_the_overview_reads_and_shows_one_page_of_queues_by_name(
 @pytest.mark.parametrize(
     ("path", "owner", "read"),
     [
-        ("/workers", Store, "workers"),
+        ("/workers", Store, "view"),  # workers_read.read_page: each queue's view, then pipelines
         ("/health", Store, "counts"),
         ("/schedules", schedule_view, "schedule_rows"),
     ],

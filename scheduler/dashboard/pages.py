@@ -77,14 +77,21 @@ class Pages:
         self.render = render
 
     def _paged(
-        self, request: Request, read: Callable[[str], T]
+        self,
+        request: Request,
+        read: Callable[[str], T],
+        prepare: Callable[[list[str]], object] | None = None,
     ) -> tuple[list[tuple[str, T]], list[str], dict[str, int]]:
         """`read` of one page of the queues by name (OVERVIEW_SHOWN from ?offset=): only those
         are read, never every queue then cut. Also what could not be read (_each) and the
-        page's place: total (queues listed), offset, limit."""
+        page's place: total (queues listed), offset, limit. `prepare(names)` first: the reads
+        of the whole page at once (a pipeline a server), which `read` then hands out."""
         offset = int_param(request, "offset", 0, 0, 10**9)
         names = self.store.queue_names()  # first: the discovery sets store.unreachable
-        found, missing = self._each(read, names[offset:][:OVERVIEW_SHOWN])
+        shown = names[offset:][:OVERVIEW_SHOWN]
+        if prepare is not None:
+            prepare(shown)
+        found, missing = self._each(read, shown)
         return found, missing, {"total": len(names), "offset": offset, "limit": OVERVIEW_SHOWN}
 
     def _each(

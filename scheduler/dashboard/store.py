@@ -15,14 +15,13 @@ from redis.exceptions import ResponseError
 from scheduler.admin.inspection import (
     discover_queues,
     existence_keys,
-    live_workers,
     server_now_ms,
 )
 from scheduler.client.partitioned import PartitionedQueue, read_layout
 from scheduler.client.partitioned_merge import not_answering
 from scheduler.client.queue import Queue
 from scheduler.core.connection import is_cluster
-from scheduler.core.errors import SchedulerError, edited_by_hand, slot_move_text
+from scheduler.core.errors import SchedulerError, edited_by_hand
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.models import QueueCounts
 from scheduler.core.partitions import Layout
@@ -38,7 +37,7 @@ MAX_CACHED = 10_000  # queue names a cache keeps: they come from URLs, so any nu
 # The workers ZSET is written by every worker (and by anyone holding the app role): read a
 # bounded number of its newest entries, never all of it, per page.
 WORKERS_LISTED = 200  # per queue (partition) on /workers: the newest entries paged through
-WORKERS_SHOWN = 200  # entries of the workers sets a /workers page reads: one HGETALL each
+WORKERS_SHOWN = 200  # entries of the workers sets a /workers page reads (workers_read.py)
 WORKERS_PROBED = 20  # per queue (partition) on a job page: one EXISTS for all of them
 
 
@@ -203,49 +202,6 @@ class Store:
     def queue_summary(self, name: str, minutes: int = 60) -> dict[str, Any]:
         """Counts, per-minute outcomes and start lateness of queue `name` (summary.py)."""
         return queue_summary(self.view(name), minutes)
-
-    def workers(
-        self, name: str, skip: int = 0, room: int = WORKERS_SHOWN
-    ) -> tuple[list[dict[str, Any]], int, bool, list[str]]:
-        """Queue `name`'s share of one /workers page: (the live workers among its entries
-        `skip` to `skip + room`, each id once; its entries: each partition's workers set, newest
-        first, at most WORKERS_LISTED of each, one set after the other; whether a set was cut
-        there; the partitions not read: one whose node does not answer is left out while
-        another answers, as in live_worker_count). One ZCARD a partition, and a presence hash
-        and stop request for the page's entries only: 200 queues of 200 workers each were
-        80,000 commands a page (bench/dashboard_workers_scale.py)."""
-        rows: dict[str, dict[str, Any]] = {}
-        entries, cut, failed = 0, False, []
-        parts = self.view(name).parts
-        for q in parts:
-            try:
-                # Its size: a ZCARD when the page starts past its first entry or is full, else
-                # what the read of its entries found (short of the limit: all of them).
-                ahead = skip > entries or skip + room <= entries
-                n = int(self.client.zcard(q.keys.workers)) if ahead else WORKERS_LISTED
-                lo, hi = max(skip, entries), min(skip + room, entries + min(n, WORKERS_LISTED))
-                if lo < hi:  # entries of the page: local offset lo - entries, hi - lo of them
-                    live, gone = live_workers(self.client, q.keys, limit=hi - entries)
-                    if not ahead and len(live) + len(gone) >= hi - entries:
-                        n = int(self.client.zcard(q.keys.workers))
-                    elif not ahead:
-                        n = len(live) + len(gone)
-                    if lo > entries:  # only those past the offset (the ids of that range)
-                        ids = set(_newest_workers(self.client, q.keys, hi - lo, lo - entries))
-                        live = [w for w in live if w.id in ids]
-                    for w in live:
-                        rows.setdefault(w.id, w.to_json())
-            except Exception as exc:  # a node down, or refusing for now (its slot moving)
-                if len(parts) == 1 or not not_answering(exc):
-                    raise
-                failed.append((q.name, exc))
-                continue
-            cut = cut or n > WORKERS_LISTED
-            entries += min(n, WORKERS_LISTED)
-        if failed and len(failed) == len(parts):  # none answered: the app's 503
-            raise failed[0][1]
-        unread = [f"partition {p}: {slot_move_text(e) or e}" for p, e in failed]
-        return list(rows.values()), entries, cut, unread
 
     def live_worker_count(self, name: str) -> int:
         """Live workers among each partition's WORKERS_PROBED most recently seen, whatever the

@@ -1,17 +1,18 @@
 """/workers: the live workers of one page of queues (?offset=, as the overview pages them),
-WORKERS_SHOWN entries of their workers sets at a time (?from=): a page reads one ZCARD a
-queue (partition) and the presence hashes of its own entries, never every worker of every
-queue."""
+WORKERS_SHOWN entries of their workers sets at a time (?from=), each worker of a partitioned
+queue counted once: three pipelines a server (workers_read.py), whatever the number of
+queues, and the presence hashes of the page's own entries only, never every worker."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from scheduler.dashboard.params import int_param, worker_id_ok
 from scheduler.dashboard.store import WORKERS_LISTED, WORKERS_SHOWN
+from scheduler.dashboard.workers_read import Found, Share, read_page
 
 if TYPE_CHECKING:
     from scheduler.dashboard.pages import Pages
@@ -19,16 +20,16 @@ if TYPE_CHECKING:
 
 def workers_page(pages: Pages, request: Request) -> Response:
     start = int_param(request, "from", 0, 0, 10**9)
-    at = {"skip": start, "room": WORKERS_SHOWN}  # of the entries, queue by queue
+    shares: dict[str, Share] = {}
 
-    def read(name: str) -> tuple[list[dict[str, Any]], int, bool, list[str]]:
-        got = pages.store.workers(name, at["skip"], at["room"])
-        entries = got[1]
-        at["room"] -= max(0, min(at["skip"] + at["room"], entries) - at["skip"])
-        at["skip"] = max(0, at["skip"] - entries)
-        return got
+    def prepare(names: list[str]) -> None:
+        shares.update(read_page(pages.store, names, start, WORKERS_SHOWN, WORKERS_LISTED))
 
-    found, missing, page = pages._paged(request, read)
+    def read(name: str) -> Found:  # not prepared: its node failed a moment ago (_each)
+        share = shares.get(name)
+        return share.found() if share is not None else ([], 0, False, [])
+
+    found, missing, page = pages._paged(request, read, prepare)
     missing += [f"queue {name} {u}" for name, (_, _, _, unread) in found for u in unread]
     rows = [w for _, (ws, _, _, _) in found for w in ws]
     for w in rows:  # a member written by hand may be megabytes: no id for a form then
