@@ -133,9 +133,12 @@ def stats_row(client: redis.Redis, name: str) -> dict[str, Any]:
 
 
 def _stats_table(rows: list[dict[str, Any]], nodes_down: list[str]) -> Group:
+    # The N newest clock-minute buckets (WINDOWS_MIN), the current, partial one in each.
     spans = "/".join(f"{n}m" for n in WINDOWS_MIN)
     # The stats counters' own words (glossary.md): done, fail, dead (+dead: new dead letters).
-    t = Table(title="queues", caption=f"done, fail, +dead (new dead letters): last {spans}")
+    caption = (f"done, fail, +dead (new dead letters): {spans}: the current clock minute and "
+               "the last 5 and 60 (each counting the current one)")  # fmt: skip
+    t = Table(title="queues", caption=caption)
     for col in ("queue", "due", "scheduled", "leased", "dead", "late by", "done", "fail", "+dead"):
         t.add_column(col, justify="left" if col == "queue" else "right", no_wrap=col == "queue")
 
@@ -193,9 +196,10 @@ def stats(
     url: str, queues: tuple[str, ...], as_json: bool, watch: bool, interval: float, count: int
 ) -> None:
     """Per queue: due now, scheduled later, leased, dead, the oldest overdue job and how late it
-    is, and done / fail / new dead counts over the last 1, 5 and 60 minutes. A queue
-    whose stored data cannot be read is shown with its error (exit 1); on a cluster, a node
-    that does not answer is named and the others' queues shown (exit 3)."""
+    is, and done / fail / new dead counts in the current clock minute and the last 5 and 60
+    (each counting the current one). A queue whose stored data cannot be read is shown with
+    its error (exit 1); on a cluster, a node that does not answer is named and the others'
+    queues shown (exit 3)."""
     client = connect(url)
     down: list[str] = []
     if not watch:
