@@ -13,7 +13,7 @@ from scheduler.core import codec
 from scheduler.core.models import ClaimBatch
 from scheduler.worker.core import _Deadline, _Queue, _within
 from scheduler.worker.dispatch import Dispatch
-from scheduler.worker.execution import RetryDelay, Running, classify
+from scheduler.worker.execution import RetryDelay, Running, retry_at_stop
 from scheduler.worker.registry import JobContext
 from scheduler.worker.reporting import Reporting
 from scheduler.worker.self_stop import SelfStop
@@ -258,7 +258,7 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
             except Exception as exc:
                 if (
                     isinstance(exc, _Deadline)
-                    or classify(exc) != "transient"
+                    or not retry_at_stop(exc)  # a refusal until a fix: no stop sees one
                     or (time.monotonic() + backoff.next_s >= deadline)
                 ):
                     self.log.warning("unanswered claim of %s not re-sent (%s); any job it "

@@ -53,7 +53,7 @@ TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeout
 #              a CorruptKey (a queue key edited by hand into another type: the script
 #              refused, nothing written, until the key is fixed), a NewerStorage (the queue
 #              is stored by a newer version: until this worker is upgraded):
-#              log, count, back off, retry.
+#              log, count, back off, retry (a stopping worker's: given up, retry_at_stop).
 #   fatal      retrying cannot help: authentication / ACL permission (NOPERM), and any other
 #              error where a call of the worker's own loop is refused (a bug, an unknown
 #              command): the worker stops with EXIT_REDIS_REFUSED and says why. A cross-slot
@@ -77,6 +77,12 @@ def may_resend(exc: BaseException) -> bool:
     error, or its arguments refused and never sent: sending again changes nothing), except a
     key edited by hand or a newer storage, sent again once fixed."""
     return not isinstance(exc, SchedulerError) or isinstance(exc, REFUSED_UNTIL_FIXED)
+
+
+def retry_at_stop(exc: BaseException) -> bool:
+    """A call of a stopping worker to send again until the settle bound: a transient error, but
+    not one refused until a key is fixed or this worker upgraded, which no stop sees."""
+    return classify(exc) == "transient" and not isinstance(exc, REFUSED_UNTIL_FIXED)
 
 
 def classify(exc: BaseException) -> str:

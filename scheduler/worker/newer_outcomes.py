@@ -1,16 +1,22 @@
-"""At a stop, the outcomes of a queue a newer version has taken over: its complete / fail are
-refused with NewerStorage until this worker is upgraded, which a stopping worker never is, so
-they are given up at once instead of sent again until the settle bound: their leases lapse and
-a newer worker runs those jobs again (at-least-once)."""
+"""At a stop, the outcomes of a queue refused until someone acts: a newer version has taken it
+over (NewerStorage until this worker is upgraded, which a stopping worker never is), or a key of
+it was edited by hand (CorruptKey until `scheduler doctor`'s fix). They are given up at once
+instead of sent again until the settle bound: their leases lapse and another worker runs those
+jobs again (at-least-once)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from scheduler.core.errors import newer_storage
+from scheduler.core.errors import REFUSED_UNTIL_FIXED, NewerStorage, newer_storage
 from scheduler.core.keys import STORAGE_GENERATION
 from scheduler.worker.core import _within
-from scheduler.worker.reporting import Reporting
+
+if TYPE_CHECKING:  # reporting.py calls give_up_refused
+    from scheduler.worker.execution import Running
+    from scheduler.worker.reporting import Reporting
 
 _PROBE_S = (
     1.0  # at most this of the settle bound: a server that does not answer is flushed as before
@@ -37,13 +43,34 @@ async def give_up_newer(w: Reporting, deadline: float) -> None:
     gone += [r for r, _, _ in w._fails if r.queue in newer]
     w._completes[:] = [c for c in w._completes if c[0].queue not in newer]
     w._fails[:] = [f for f in w._fails if f[0].queue not in newer]
+    _given_up(w, gone, ", ".join(sorted(newer)), "is stored by a newer version (NewerStorage)")
+
+
+def give_up_refused(w: Reporting, rs: Sequence[Running], exc: BaseException) -> bool:
+    """Once the reporter is stopped: rs's outcomes, refused with `exc`, are given up when it is
+    a refusal until a fix or an upgrade (True). The reporter itself sends them again."""
+    if not w._stop_reporter.is_set() or not isinstance(exc, REFUSED_UNTIL_FIXED):
+        return False
+    why = (
+        "is stored by a newer version (NewerStorage)"
+        if isinstance(exc, NewerStorage)
+        else f"has a key edited by hand (CorruptKey: {exc}; see `scheduler doctor`)"
+    )
+    _given_up(w, rs, ", ".join(sorted({r.queue for r in rs})), why)
+    return True
+
+
+def _given_up(w: Reporting, gone: Sequence[Running], queues: str, why: str) -> None:
     for r in gone:
         w._forget(r)
         w.metrics.outcome(r.queue, r.job.task, "stale")
-    w.log.warning(
-        "%d outcomes given up at stop: queue %s is stored by a newer version (NewerStorage), "
-        "which refuses them; their leases lapse and a newer worker runs those jobs again "
-        "(at-least-once)",
-        len(gone),
-        ", ".join(sorted(newer)),
-    )
+    note = w._log_limit.admit(("outcomes given up", why.split(" (", 1)[0]))
+    if note is not None:
+        w.log.warning(
+            "%d outcomes given up at stop: queue %s %s, which refuses them; their leases lapse "
+            "and another worker runs those jobs again (at-least-once)%s",
+            len(gone),
+            queues,
+            why,
+            note,
+        )

@@ -21,7 +21,8 @@ from scheduler.core.errors import (
 from scheduler.core.models import FailOutcome
 from scheduler.worker import progress_sends
 from scheduler.worker.core import WorkerCore, _Deadline, _Fatal, _within
-from scheduler.worker.execution import RetryDelay, Running, classify, may_resend
+from scheduler.worker.execution import RetryDelay, Running, classify, may_resend, retry_at_stop
+from scheduler.worker.newer_outcomes import give_up_refused
 from scheduler.worker.settings import EXIT_REDIS_REFUSED
 
 _REPORTS_FIRST_S = 1.0
@@ -169,6 +170,8 @@ class Reporting(WorkerCore):
 
     def _completed(self, items: list[tuple[Running, Any]], statuses: Any) -> BaseException | None:
         if isinstance(statuses, BaseException):
+            if give_up_refused(self, [r for r, _ in items], statuses):
+                return None  # at the stop: refused until a fix or an upgrade
             if may_resend(statuses) and self._reply_error("complete", statuses):
                 self._completes[:0] = items
                 return statuses
@@ -210,6 +213,8 @@ class Reporting(WorkerCore):
             self._log_job(out.status, r, level=logging.WARNING, **extra)
         elif isinstance(out, LeaseRefused | JobNotFound):
             self._refused(r, "fail", _status_of(out))
+        elif isinstance(out, BaseException) and give_up_refused(self, [r], out):
+            return None
         elif isinstance(out, BaseException) and may_resend(out) and self._reply_error("fail", out):
             self._fails.insert(0, (r, err, retryable))
             return out
@@ -219,33 +224,31 @@ class Reporting(WorkerCore):
         return None
 
     async def _release(self, rs: Sequence[Running], deadline: float) -> None:
-        if not rs:
-            return
+        """Each queue's release sent until answered, or until the deadline while it fails
+        transiently; one refused until a fix or an upgrade is given up at once (retry_at_stop):
+        its leases lapse. A queue answered is not sent again with the others' retries."""
         by_queue: dict[str, list[Running]] = {}
         for r in rs:
             by_queue.setdefault(r.queue, []).append(r)
         backoff = RetryDelay()
-        replies: list[Any] = []
-        while True:
-            items = [
-                (
-                    self._by_name[qn].script_keys,
-                    self._by_name[qn].ops.release([(r.job.id, r.job.token) for r in g]),
-                )
-                for qn, g in by_queue.items()
-            ]
+        got: dict[str, Any] = {}
+        left = list(by_queue)
+        while left:
+            qs = [self._by_name[qn] for qn in left]
+            leases = [[(r.job.id, r.job.token) for r in by_queue[qn]] for qn in left]
+            items = [(q.script_keys, q.ops.release(ls)) for q, ls in zip(qs, leases, strict=True)]
             try:
-                left_s = deadline - time.monotonic()
-                replies = await _within(self._run_by_node(items), left_s)
+                replies = await _within(self._run_by_node(items), deadline - time.monotonic())
             except Exception as exc:
                 replies = [exc] * len(items)  # no answer (_Deadline too): none was released
-            err = next((x for x in replies if isinstance(x, BaseException)), None)
-            if err is None or classify(err) != "transient" or time.monotonic() >= deadline:
+            got.update(zip(left, replies, strict=True))
+            left = [qn for qn in left if isinstance(got[qn], Exception) and retry_at_stop(got[qn])]
+            if not left or time.monotonic() >= deadline:
                 break
-            self._redis_error("release", err)  # a re-sent release answers 'released' again
+            self._redis_error("release", got[left[0]])  # a re-sent release answers 'released'
             await asyncio.sleep(min(backoff(), max(deadline - time.monotonic(), 0)))
-        for g, reply in zip(by_queue.values(), replies, strict=True):
-            self._released(g, reply)
+        for qn, g in by_queue.items():
+            self._released(g, got[qn])
 
     def _released(self, rs: list[Running], reply: Any) -> None:
         """Each job by what the server answered; a call that failed released none of them."""
