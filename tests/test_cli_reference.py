@@ -79,3 +79,16 @@ def test_markup_in_help_is_escaped_and_code_kept() -> None:
     cell = reference._text("skip | `quiet|stop` `a_b`", in_table=True)
     assert cell == "skip \\| <code>quiet&#124;stop</code> `a_b`"
     assert reference._text("`a_b*`") == "`a_b*`"
+
+
+def test_every_url_option_shows_url_as_its_metavar() -> None:
+    """`demo --url` showed TEXT where every other command's --url shows URL."""
+    shown: dict[str, str] = {}
+    for path, cmd in reference._commands(main, ["scheduler"]):
+        ctx = click.Context(cmd, info_name=path[-1])
+        for param in cmd.get_params(ctx):
+            if isinstance(param, click.Option) and "--url" in param.opts:
+                record = param.get_help_record(ctx)
+                shown[" ".join(path)] = record[0] if record else ""
+    assert "scheduler demo" in shown and "scheduler stats" in shown  # the walk found them
+    assert {c: names for c, names in shown.items() if names != "--url URL"} == {}

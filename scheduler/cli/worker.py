@@ -239,6 +239,7 @@ def worker_cmd(
     "--url",
     envvar="REDIS_URL",
     default=None,
+    metavar="URL",
     help="Use this Redis (default: env REDIS_URL, else start a private one and stop it "
     "afterwards).",
 )
