@@ -149,7 +149,7 @@ def test_a_release_a_newer_version_refuses_is_tried_once_and_the_others_go_throu
     assert other.status(mine) == "due"  # given back
     assert admin.zscore(newer.keys.leased, held) is not None  # its lease lapses on its own
     said = [m for m in lines.msgs if m.startswith(f"release of 1 jobs of {newer.name} failed")]
-    assert len(said) == 1 and "NewerStorage" in said[0], lines.msgs
+    assert len(said) == 1 and "NewerStorage: " in said[0] and "upgrade" in said[0], lines.msgs
     assert not [m for m in lines.msgs if "during release" in m], lines.msgs
 
 

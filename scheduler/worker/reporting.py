@@ -224,9 +224,8 @@ class Reporting(WorkerCore):
         return None
 
     async def _release(self, rs: Sequence[Running], deadline: float) -> None:
-        """Each queue's release sent until answered, or until the deadline while it fails
-        transiently; one refused until a fix or an upgrade is given up at once (retry_at_stop):
-        its leases lapse. A queue answered is not sent again with the others' retries."""
+        """Each queue's release sent until answered, or the deadline while it fails transiently;
+        one refused until a fix or an upgrade is given up at once (retry_at_stop): leases lapse."""
         by_queue: dict[str, list[Running]] = {}
         for r in rs:
             by_queue.setdefault(r.queue, []).append(r)
@@ -255,11 +254,13 @@ class Reporting(WorkerCore):
         if isinstance(reply, BaseException):
             for r in rs:
                 self._forget(r)
+            why = f"{type(reply).__name__}: {reply}"  # redis-py's repr drops the message
+            why = "no answer in time" if isinstance(reply, _Deadline) else why
             self.log.warning(
                 "release of %d jobs of %s failed (%s); their leases lapse on their own",
                 len(rs),
                 rs[0].queue,
-                "no answer in time" if isinstance(reply, _Deadline) else repr(reply),
+                why,
             )
             return
         for r, st in zip(rs, reply, strict=True):
