@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -293,11 +292,12 @@ def test_a_refused_sentinel_password_is_exit_5_naming_the_sentinel(pw_set: Senti
 
 @pytest.mark.parametrize("case", ["wrong sentinel password", "wrong master password"])
 def test_worker_start_exits_5_at_once(pw_set: SentinelSet, case: str) -> None:
-    started = time.monotonic()
+    # "At once": it exits by itself (5) instead of retrying the connection as for an
+    # unreachable server; _worker_start's 30 s timeout is the liveness bound (no timed
+    # assertion: a loaded CI took 18 s to start and refuse).
     done = _worker_start(_urls(pw_set)[case], _name())
-    took = time.monotonic() - started
     assert done.returncode == 5, done.stderr
-    assert "refused the credentials" in done.stderr and took < 15, (took, done.stderr)
+    assert "refused the credentials" in done.stderr, done.stderr
     if case == "wrong sentinel password":
         assert "the sentinel refused the sentinel credentials" in done.stderr, done.stderr
         assert f"127.0.0.1:{pw_set.sentinel.port}" in done.stderr
