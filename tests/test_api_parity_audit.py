@@ -250,15 +250,6 @@ def test_every_method_of_every_class_in_the_api_reference_has_a_docstring() -> N
 QUEUE_ONLY = {
     "from_url": "scheduler.open_queue(url, name) opens a queue by name as stored",
     "preload": "each partition's: for p in q.parts: p.preload()",
-    "set_dead_retention": "stored per partition (README): set it on each q.parts[k]",
-    # The manual worker API: a lease is one partition's (q.part_of(job_id), q.parts[k]);
-    # `complete` alone is offered on the logical queue.
-    "claim": "q.parts[k].claim",
-    "heartbeat": "q.part_of(job_id).heartbeat",
-    "fail": "q.part_of(job_id).fail",
-    "release": "q.part_of(job_id).release",
-    "set_progress": "q.part_of(job_id).set_progress",
-    "complete_many": "q.part_of(job_id).complete_many",
 }
 
 

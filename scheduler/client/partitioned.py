@@ -18,6 +18,7 @@ import redis
 
 from scheduler.admin.inspection import queue_exists, server_now_ms
 from scheduler.client.partitioned_ids import dead_change_sync, dead_where, holding_sync
+from scheduler.client.partitioned_lease import PartitionedLeasing
 from scheduler.client.partitioned_merge import (
     PartitionsNotReached,
     by_partition,
@@ -77,8 +78,9 @@ __all__ = [
 ]
 
 
-class PartitionedQueue(Unpicklable):
-    """A logical queue over the partitions of `layout` (use create() or open())."""
+class PartitionedQueue(PartitionedLeasing, Unpicklable):
+    """A logical queue over the partitions of `layout` (use create() or open()); the manual
+    lease API (claim, heartbeat, ...) is client/partitioned_lease.py's."""
 
     def __init__(self, client: redis.Redis, layout: Layout, **queue_kwargs: Any) -> None:
         self.client, self.layout = client, layout

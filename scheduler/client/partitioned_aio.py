@@ -13,6 +13,7 @@ from scheduler.admin.inspection import existence_keys
 from scheduler.client import partitioned_partial as partial
 from scheduler.client.aio import AsyncQueue
 from scheduler.client.partitioned_ids import dead_change_async, holding_async
+from scheduler.client.partitioned_lease_aio import AsyncPartitionedLeasing
 from scheduler.client.partitioned_merge import (
     by_partition,
     group_ids,
@@ -35,8 +36,9 @@ from scheduler.operations.ops import Op, Request
 from scheduler.schedules.recurring import Schedule
 
 
-class AsyncPartitionedQueue:
-    """A logical queue over the partitions of `layout` (use create() or open())."""
+class AsyncPartitionedQueue(AsyncPartitionedLeasing):
+    """A logical queue over the partitions of `layout` (use create() or open()); the manual
+    lease API (claim, heartbeat, ...) is client/partitioned_lease_aio.py's."""
 
     def __init__(self, client: Any, layout: Layout, **queue_kwargs: Any) -> None:
         self.client, self.layout = client, layout
