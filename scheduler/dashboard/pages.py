@@ -27,6 +27,7 @@ from scheduler.core.errors import (
 )
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
+from scheduler.dashboard import batch
 from scheduler.dashboard.history import BUCKET_MS, merge_max
 from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition, unread_why
 from scheduler.dashboard.params import DEFAULT_LIMIT, int_param, text_param
@@ -136,7 +137,8 @@ class Pages:
     def _summaries(self, request: Request) -> dict[str, Any]:
         """One page of the overview's rows: OVERVIEW_SHOWN queues by name from ?offset=, only
         those read (never every queue's counts, then cut), and how many there are."""
-        found, missing, page = self._paged(request, self.store.queue_summary)
+        at_once = batch.ahead("summary", batch.summaries, self.store)  # Store.queue_summary's
+        found, missing, page = self._paged(request, self.store.queue_summary, at_once)
         missing += [f"queue {name} {u}" for name, row in found for u in row["unread_partitions"]]
         return {"queues": [row for _, row in found], "unreachable": missing, **page}
 
@@ -284,7 +286,8 @@ class Pages:
             facts += [(at + k, info.get(k, "-")) for k in SERVER_FACTS]
             facts.append((at + "save (config)", config.get("save", "not readable")))
             facts.append((at + "appendfsync (config)", config.get("appendfsync", "not readable")))
-        found, missing, page = self._paged(request, self.store.counts)
+        at_once = batch.ahead("counts", batch.counts, self.store)  # Store.counts's
+        found, missing, page = self._paged(request, self.store.counts, at_once)
         missing += [f"queue {name} {u}" for name, (_, unread) in found for u in unread]
         lapsed = [(n, c.lapsed) for n, (c, _) in found]
         return self.render.page(request, "health.html", findings=findings, facts=facts,

@@ -25,6 +25,7 @@ from scheduler.core.errors import SchedulerError, edited_by_hand
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.models import QueueCounts
 from scheduler.core.partitions import Layout
+from scheduler.dashboard import batch
 from scheduler.dashboard.logical import PARTITION_NAME, View, stored_layout
 from scheduler.dashboard.summary import queue_summary
 from scheduler.operations.requests import Op
@@ -186,6 +187,9 @@ class Store:
 
     def counts(self, name: str) -> tuple[QueueCounts, list[str]]:
         """(queue `name`'s counts, the partitions left out: see View.counts_and_paused)."""
+        found: tuple[QueueCounts, list[str]] | None = batch.take("counts", name)
+        if found is not None:  # read with the page's other queues (batch.py)
+            return found
         c, _, unread = self.view(name).counts_and_paused()
         return c, unread
 
@@ -201,7 +205,8 @@ class Store:
 
     def queue_summary(self, name: str, minutes: int = 60) -> dict[str, Any]:
         """Counts, per-minute outcomes and start lateness of queue `name` (summary.py)."""
-        return queue_summary(self.view(name), minutes)
+        found: dict[str, Any] | None = batch.take("summary", name) if minutes == 60 else None
+        return found if found is not None else queue_summary(self.view(name), minutes)
 
     def live_worker_count(self, name: str) -> int:
         """Live workers among each partition's WORKERS_PROBED most recently seen, whatever the

@@ -9,6 +9,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from scheduler.core.errors import edited_by_hand
+from scheduler.core.models import QueueCounts
 from scheduler.core.vocabulary import STAT_FIELDS
 from scheduler.dashboard.history import lateness_max, lateness_mean, lateness_quantile
 from scheduler.dashboard.logical import View
@@ -40,6 +41,17 @@ def queue_summary(view: View, minutes: int = 60) -> dict[str, Any]:
     """Counts, per-minute outcomes and start lateness of the queue."""
     c, paused_parts, unread = view.counts_and_paused()
     series = minutes_read(view, c.now_ms, minutes, unread)
+    return summary_row(view, c, paused_parts, unread, series)
+
+
+def summary_row(
+    view: View,
+    c: QueueCounts,
+    paused_parts: list[str],
+    unread: list[str],
+    series: list[dict[str, int]],
+) -> dict[str, Any]:
+    """The row of the queue's counts (View.counts_and_paused) and minutes (minutes_read)."""
     last = series[-2] if len(series) > 1 else series[-1]  # the last whole minute
     return {
         "queue": view.name,
