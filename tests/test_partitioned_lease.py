@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 from redis import Redis
@@ -17,6 +18,7 @@ from scheduler import AsyncPartitionedQueue, BadArgument, JobSpec, StaleToken
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_lease import PartitionedClaimBatch
 from scheduler.core.connection import connect_async
+from scheduler.core.scripts import run_sync
 
 pytestmark = pytest.mark.pq(partitions=3)
 
@@ -249,3 +251,38 @@ def test_the_asyncio_twin_leases_as_the_sync_one(pq: PartitionedQueue, redis_url
     # Retention trims as jobs die: ids[1] at once; ids[0], dead before, at its partition's next.
     assert pq.dead_ids() == [ids[0]] and pq.status(ids[2]) == "done"
     assert [pq.status(i) for i in ids[3:]] == ["due"] * 4
+
+
+def test_one_driver_call_for_every_partition(
+    pq: PartitionedQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On one server every partition's part of a call goes in one driver call (a cluster: one
+    per node); a claim whose first round fills `limit` makes no second."""
+    calls: list[int] = []
+
+    def counted(client: Any, gen: Any) -> Any:
+        calls.append(1)
+        return run_sync(client, gen)
+
+    ids = [i for k in range(3) for i in _put(pq, k, 2)]
+    monkeypatch.setattr("scheduler.client.partitioned.run_sync", counted)
+    batch = pq.claim("w", limit=3)
+    assert len(calls) == 1 and set(_where(pq, [j.id for j in batch.jobs])) == {0, 1, 2}
+    tok = {j.id: j.token for j in batch.jobs}
+    leases = list(tok.items())
+    for call in (
+        lambda: pq.heartbeat(leases),
+        lambda: pq.complete_many([(i, t, None) for i, t in leases]),
+        lambda: pq.set_dead_retention(max_count=5),
+    ):
+        calls.clear()
+        call()
+        assert len(calls) == 1
+    calls.clear()
+    assert len(pq.claim("w", limit=10).jobs) == 3  # one each left: their share, no second round
+    assert len(calls) == 1
+    calls.clear()  # a tagged id answered 'missing' is not looked for elsewhere
+    assert pq.release([(ids[0], "1-x"), ("p2.none", "1-x")]) == ["stale", "missing"]
+    assert len(calls) == 1
+    calls.clear()  # an untagged one is: one more call
+    assert pq.release([("none", "1-x")]) == ["missing"] and len(calls) == 2
