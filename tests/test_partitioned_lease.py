@@ -8,6 +8,7 @@ a consumer loop reached into `pq.parts[k]`. A node down: test_partitioned_lease_
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.pq(partitions=3)
 
 def _put(pq: PartitionedQueue, k: int, n: int, **kw: object) -> list[str]:
     """n jobs in partition k (ids tagged with it)."""
-    specs = [JobSpec("t", {"i": i}, job_id=f"p{k}.j{i}-{id(kw)}", **kw) for i in range(n)]  # type: ignore[arg-type]
+    specs = [JobSpec("t", {"i": i}, job_id=f"p{k}.{uuid.uuid4().hex}", **kw) for i in range(n)]  # type: ignore[arg-type]
     return pq.enqueue_many(specs)
 
 
@@ -210,7 +211,7 @@ def test_a_job_written_to_a_partitions_own_queue_is_leased_where_it_is(
 
 
 def test_the_asyncio_twin_leases_as_the_sync_one(pq: PartitionedQueue, redis_url: str) -> None:
-    ids = [_put(pq, k, 1, max_attempts=1)[0] for k in range(3)] + _put(pq, 1, 4)
+    ids = [_put(pq, k, 1, max_attempts=1)[0] for k in (0, 2)] + _put(pq, 1, 5, max_attempts=1)
 
     async def main() -> None:
         ac = connect_async(redis_url)
@@ -222,11 +223,14 @@ def test_the_asyncio_twin_leases_as_the_sync_one(pq: PartitionedQueue, redis_url
                 await apq.heartbeat([(ids[0], 5)])  # type: ignore[list-item]
             batch = await apq.claim("w", limit=3)
             assert isinstance(batch, PartitionedClaimBatch)
-            assert {j.id for j in batch.jobs} == set(ids[:3])  # one each
+            assert set(_where(pq, [j.id for j in batch.jobs])) == {0, 1, 2}  # one each
             tok = {j.id: j.token for j in batch.jobs}
             rest = await apq.claim("w", limit=10)  # the busy partition's surplus
-            assert {j.id for j in rest.jobs} == set(ids[3:])
+            assert _where(pq, [j.id for j in rest.jobs]) == {1: 4}
             tok |= {j.id: j.token for j in rest.jobs}
+            # ids: the first claim's, partition 0, 1, 2, then the surplus of partition 1
+            first = sorted((j.id for j in batch.jobs), key=pq.layout.partition_of_id)
+            ids[:] = first + [j.id for j in rest.jobs]
             leases = [(i, tok[i]) for i in ids]
             assert (await apq.heartbeat(leases))[1] == dict.fromkeys(ids, "held")
             assert await apq.set_progress(ids[1], tok[ids[1]], [1]) == "held"
@@ -286,3 +290,15 @@ def test_one_driver_call_for_every_partition(
     assert len(calls) == 1
     calls.clear()  # an untagged one is: one more call
     assert pq.release([("none", "1-x")]) == ["missing"] and len(calls) == 2
+
+
+def test_an_id_tagged_beyond_the_partition_count_is_looked_for_as_untagged(
+    pq: PartitionedQueue,
+) -> None:
+    """'p7.x' on 3 partitions routes by its hash: a job of that id written to another
+    partition's own queue is found there as any untagged one."""
+    odd = next(f"p7.{n}" for n in range(500) if pq.layout.partition_of_id(f"p7.{n}") != 1)
+    pq.parts[1].enqueue("t", None, job_id=odd)
+    (job,) = pq.claim("w", limit=10).jobs
+    assert job.id == odd and pq.heartbeat([(odd, job.token)])[1] == {odd: "held"}
+    assert pq.complete_many([(odd, job.token, None)]) == ["done"]

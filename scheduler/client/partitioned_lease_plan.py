@@ -129,9 +129,16 @@ def routed_items(layout: Layout, ids: Sequence[str]) -> Groups:
     return groups
 
 
+def tagged(layout: Layout, job_id: str) -> bool:
+    """The id names its partition (`p<k>.`, k < n): made by the partitioned queue, so the job
+    is in no other partition."""
+    m = _TAG.match(job_id)
+    return m is not None and int(m.group(1)) < layout.n
+
+
 def strays(layout: Layout, ids: Sequence[str], out: Sequence[Any]) -> Groups:
     """For each partition, the items answered 'missing' whose untagged id routes elsewhere."""
-    lost = [i for i, st in enumerate(out) if st == "missing" and not _TAG.match(ids[i])]
+    lost = [i for i, st in enumerate(out) if st == "missing" and not tagged(layout, ids[i])]
     groups: Groups = {}
     for k in range(layout.n) if lost else ():
         there = [i for i in lost if layout.partition_of_id(ids[i]) != k]
