@@ -12,10 +12,11 @@ counts (counts / pause / resume over n due), cancel / complete / fail (a parent 
 children), enqueue (enqueue_many of 10,000 at the default and the largest batch_size, sent as
 calls of at most 1,000), plain (claims of 100 and 1,000), keylapse (10,000 leases of one key
 lapsing together, 10,000 more of its jobs held), settle (heartbeat, release, complete_many of
-every lease at once), held (claims behind one concurrency key holding n jobs), rate (a rate log
-of 100,000 starts stamped later than now: the server clock stepped back), finished (the
-finished index at its 10,000 cap, all expired at once). Not a test: figures for commit messages
-and docs."""
+every lease at once), held (claims behind one concurrency key holding n jobs), ratewide
+(claims of 1,000 once the slots of 10,000 rate-held jobs have come), rate (a rate log of
+100,000 starts stamped later than now: the server clock stepped back), finished (the finished
+index at its 10,000 cap, all expired at once). Not a test: figures for commit messages and
+docs."""
 
 from __future__ import annotations
 
@@ -160,6 +161,19 @@ def run(name: str, n: int, report: dict[str, Any], q: Queue) -> None:
         measure("claims_holding", lambda: [q.claim("w", limit=100) for _ in range(5)])
         time.sleep(1.0)
         measure("claims_after_slots", lambda: [q.claim("w", limit=100) for _ in range(5)])
+    elif name == "ratewide":
+        # Claims of the largest batch (1,000) once the slots of a rate-held backlog have come:
+        # each claim brings back (or gives a new slot to) its bound's worth of them. A window
+        # of 5 s: no slot comes while the backlog is set aside (a claim after another).
+        spec = {"rate_limit": "10/5s", "rate_key": "r"}
+        enqueue(q, [JobSpec("t", i, **spec) for i in range(min(n, 10_000))])  # type: ignore[arg-type]
+        while q.client.zcard(q.keys.due):  # counts().due counts the held ones too
+            q.claim("w", limit=1000, lease_ms=600_000, reap_limit=0)
+        time.sleep(5.5)
+        measure(
+            "claims_after_slots",
+            lambda: [q.claim("w", limit=1000, lease_ms=600_000, reap_limit=0) for _ in range(5)],
+        )
     elif name == "rate":
         rk = q.keys.prefix + "flow:rate:r"
         future = int(time.time() * 1000) + 3_600_000
@@ -196,6 +210,7 @@ SCENARIOS = (
     "heldwide",
     "settle",
     "ratebacklog",
+    "ratewide",
     "rate",
     "finished",
 )

@@ -23,6 +23,9 @@ local FLOW_HOLD_BUDGET = 200
 -- aside 1,200 jobs (about 90 ms); now at most this + FLOW_HOLD_BUDGET. Jobs it may take are
 -- still examined up to the batch; the rest of a backlog is set aside by the next claims.
 local FLOW_ASIDE_BATCH = 100
+-- The most jobs one claim of `limit` may set aside or park, and the most rate-held jobs whose
+-- slot has come it brings back (or gives a later slot): a claim of 1,000 brought back 1,200.
+local function flow_moved_max(limit) return math.min(limit, FLOW_ASIDE_BATCH) + FLOW_HOLD_BUDGET end
 -- A job claim parks because a flow key it needs is of another type (written by hand).
 local FLOW_BAD = 'invalid flow key: '
 local FLOW_AGING_MS = 60000  -- default priority_aging_ms (config hash), the starvation bound
@@ -523,7 +526,8 @@ local function flow_beat(prefix, id, ckey, lease_until)
 end
 
 -- Rate-held jobs whose slot has come go back into due, earliest slot first, up to as many as
--- one claim may examine (its batch and the hold budget), but no more of one key than its window
+-- one claim may set aside (the rest keep their passed slot for the next claims: a worker's
+-- next claim is then at once), but no more of one key than its window
 -- has room for, picked in claim's order (aged by run_at, then priority, then run_at); each of
 -- the key's others gets the slot at which the window has room for it, in that order (one
 -- window on for those behind the starts sent back now). Before, a window's worth of
@@ -535,7 +539,7 @@ end
 local function flow_rate_due(prefix, now, limit)
   local rh = prefix .. 'flow:rheld'
   local ids = redis.pcall('ZRANGE', rh, '-inf', now, 'BYSCORE', 'LIMIT', 0,
-    limit + FLOW_HOLD_BUDGET)
+    flow_moved_max(limit))
   if ids.err then return end
   local function back(id, run_at)
     if flow_unhold(prefix, id, run_at) then redis.call('ZREM', rh, id) end
@@ -668,7 +672,7 @@ end
 local function flow_fill(prefix, due, now, limit, examine)
   local seen, took, aside, skipped, budget = {}, 0, 0, 0, limit + FLOW_HOLD_BUDGET
   -- Set aside or parked (a skip stays in due, unwritten): bounded apart from the batch.
-  local moved_max = math.min(limit, FLOW_ASIDE_BATCH) + FLOW_HOLD_BUDGET
+  local moved_max = flow_moved_max(limit)
   local function more() return took < limit and budget > 0 and aside - skipped < moved_max end
   local function one(src, in_due, id, s)
     seen[id] = true

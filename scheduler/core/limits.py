@@ -68,8 +68,9 @@ ENQUEUE_PER_CALL = 1_000
 # held it 40-61 ms), a key's lapsed leases checked and its held jobs promoted (FLOW_CK_STEP,
 # FLOW_PROMOTE_STEP; 1,000 of each 69-99 ms); jobs one claim sets aside or parks, at most
 # min(limit, SET_ASIDE_OF_BATCH) + HOLD_BUDGET (FLOW_ASIDE_BATCH, FLOW_HOLD_BUDGET; a claim of
-# 1,000 set aside 1,200). The rest: the next scripts. Leases per heartbeat / complete_many /
-# release call: scheduler/operations/leasing.py SETTLE_CHUNK.
+# 1,000 set aside 1,200), and as many rate-held jobs whose slot has come brought back
+# (flow_rate_due; 1,200 before). The rest: the next scripts. Leases per heartbeat /
+# complete_many / release call: scheduler/operations/leasing.py SETTLE_CHUNK.
 CHILDREN_PER_CALL = 300
 KEY_STEP_PER_CALL = 400
 SET_ASIDE_OF_BATCH = 100
