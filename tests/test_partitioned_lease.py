@@ -18,6 +18,7 @@ from redis import Redis
 from scheduler import AsyncPartitionedQueue, BadArgument, JobSpec, StaleToken
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_lease import PartitionedClaimBatch
+from scheduler.client.partitioned_partial import nodes_of
 from scheduler.core.connection import connect_async
 from scheduler.core.scripts import run_sync
 
@@ -257,12 +258,16 @@ def test_the_asyncio_twin_leases_as_the_sync_one(pq: PartitionedQueue, redis_url
     assert [pq.status(i) for i in ids[3:]] == ["due"] * 4
 
 
-def test_one_driver_call_for_every_partition(
+def test_one_driver_call_per_node_for_every_partition(
     pq: PartitionedQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On one server every partition's part of a call goes in one driver call (a cluster: one
-    per node); a claim whose first round fills `limit` makes no second."""
+    """Every partition's part of a call goes in one driver call per node (one server: one
+    call); a claim whose first round fills `limit` makes no second."""
     calls: list[int] = []
+    node = nodes_of(pq.client, pq.parts)
+
+    def per_node(ks: list[int]) -> int:
+        return len({node[k] for k in ks})
 
     def counted(client: Any, gen: Any) -> Any:
         calls.append(1)
@@ -271,7 +276,8 @@ def test_one_driver_call_for_every_partition(
     ids = [i for k in range(3) for i in _put(pq, k, 2)]
     monkeypatch.setattr("scheduler.client.partitioned.run_sync", counted)
     batch = pq.claim("w", limit=3)
-    assert len(calls) == 1 and set(_where(pq, [j.id for j in batch.jobs])) == {0, 1, 2}
+    assert len(calls) == per_node([0, 1, 2])
+    assert set(_where(pq, [j.id for j in batch.jobs])) == {0, 1, 2}
     tok = {j.id: j.token for j in batch.jobs}
     leases = list(tok.items())
     for call in (
@@ -281,15 +287,17 @@ def test_one_driver_call_for_every_partition(
     ):
         calls.clear()
         call()
-        assert len(calls) == 1
+        assert len(calls) == per_node([0, 1, 2])
     calls.clear()
     assert len(pq.claim("w", limit=10).jobs) == 3  # one each left: their share, no second round
-    assert len(calls) == 1
+    assert len(calls) == per_node([0, 1, 2])
     calls.clear()  # a tagged id answered 'missing' is not looked for elsewhere
     assert pq.release([(ids[0], "1-x"), ("p2.none", "1-x")]) == ["stale", "missing"]
-    assert len(calls) == 1
+    assert len(calls) == per_node([0, 2])
     calls.clear()  # an untagged one is: one more call
-    assert pq.release([("none", "1-x")]) == ["missing"] and len(calls) == 2
+    k = pq.layout.partition_of_id("none")
+    assert pq.release([("none", "1-x")]) == ["missing"]
+    assert len(calls) == 1 + per_node([j for j in range(3) if j != k])
 
 
 def test_an_id_tagged_beyond_the_partition_count_is_looked_for_as_untagged(
