@@ -3,7 +3,7 @@
   misfire budget recorded then. Idempotent: slots are a set, and the occurrence id is
   deterministic, so many clients refilling at once change nothing more than one.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, schedules:refill, config, flow:levels, flow:pdue:<p>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, config, flow:levels, flow:pdue:<p>
   ARGV[1] name  ARGV[2] digest the client computed the slots for ('' when it could not read
     the schedule's keys)
   ARGV[3..] slots (ms, ascending) after the schedule's cursor; none when there are no more
@@ -55,6 +55,7 @@ if h.paused == '1' then return { 'paused', '' } end
 if place then
   local now = now_ms()
   local budget = parse_int(redis.call('HGET', sk, 'budget'), 0, LIM.attempts) or 0
-  sched_place(prefix, h, h.cursor_ms, budget, now)
+  -- The placing its claim or end could not make (the buffer had run out): that re-arm.
+  if sched_place(prefix, h, h.cursor_ms, budget, now) then bump_stat(prefix, now, 'rearm', 1) end
 end
 return { 'refilled', h.pending }

@@ -266,7 +266,8 @@ local function sched_rearm(prefix, name, id, now)
     if redis.call('HGET', jk, 'kids') then flow_parent_ended(prefix, id, 'cancelled', now) end
     bump_stat(prefix, now, 'misfire_skip', 1)
   end
-  sched_place(prefix, h, cur, budget, now)
+  -- Counted once placed: a starved cron schedule's next one is counted by its refill.
+  if sched_place(prefix, h, cur, budget, now) then bump_stat(prefix, now, 'rearm', 1) end
   return run
 end
 
@@ -287,5 +288,7 @@ local function sched_ended(prefix, name, id, now)
     redis.call('HSET', sched_key(prefix, name), 'ran_ms', fmt(h.cursor_ms))
     h.ran_ms = h.cursor_ms
   end
-  sched_place(prefix, h, h.cursor_ms, h.misfire_n, now)
+  if sched_place(prefix, h, h.cursor_ms, h.misfire_n, now) then
+    bump_stat(prefix, now, 'rearm', 1)
+  end
 end

@@ -7,9 +7,10 @@ from __future__ import annotations
 OUTCOMES = ("done", "retry", "dead", "cancelled", "released", "expired", "stale", "timeout")
 
 # The per-minute stats hash's counters (written by the Lua transitions, read by `stats`). The
-# outcome words are the same as above; `claim`, `fail`, `cancel`, `requeue_dead`, `misfire_skip`
-# count transitions rather than outcomes; `dead_trimmed` counts dead letters the queue's opt-in
-# retention deleted (lib/job.lua dead_trim).
+# outcome words are the same as above; `claim`, `fail`, `cancel`, `requeue_dead`, `misfire_skip`,
+# `rearm` count transitions rather than outcomes (`rearm`: a schedule placed its next occurrence
+# after its pending one left due, lib/rearm.lua); `dead_trimmed` counts dead letters the queue's
+# opt-in retention deleted (lib/job.lua dead_trim).
 STAT_FIELDS = (
     "claim",
     "done",
@@ -22,6 +23,7 @@ STAT_FIELDS = (
     "requeue_dead",
     "misfire_skip",
     "dead_trimmed",
+    "rearm",
 )
 
 # Why flow control set a due job aside (docs/flow-control.md): `stats --json` `held`, the
