@@ -1,11 +1,13 @@
 """The per-queue round trips /workers had, on the dashboard's other pages over queues: the
 overview (and the /api/overview it polls every 3 s) read each queue's counts script and its
-per-minute stats as driver calls of their own, /health each queue's counts: 2 and 1 round
-trips a queue, 400 an overview of 200 queues. Now each is one driver call a server for the
-whole page (batch.py); a queue that fails in it is read alone, as before."""
+per-minute stats as driver calls of their own, /health each queue's counts, /schedules each
+queue's (partition's) names, definitions, clock and last occurrences: 2, 1 and 2-5 round trips
+a queue, 400 an overview of 200 queues. Now each is one driver call a server for the whole
+page (batch.py, schedule_view.page_rows); a queue that fails in it is read alone, as before."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,12 +17,12 @@ from starlette.testclient import TestClient
 
 from scheduler import JobSpec
 from scheduler.client.queue import Queue
-from scheduler.dashboard import Auth, batch, create_app
+from scheduler.dashboard import Auth, batch, create_app, schedule_view
 from tests.conftest import delete_queue
 from tests.fixtures.partitioned import MakePq
 from tests.test_dashboard_workers_round_trips import count_sends
 
-PATHS = ("/", "/api/overview", "/health")
+PATHS = ("/", "/api/overview", "/health", "/schedules")
 COUNTED = ("due", "scheduled", "leased", "dead", "held", "paused_ms", "partitions")
 
 
@@ -39,8 +41,11 @@ def served(
         q.complete(job.id, job.token)
         if i % 3 == 0:
             q.pause()
+        if i % 5 == 0:
+            q.schedule(f"every-{i}", "t", every_ms=60_000)
     for pq in pqs:
         pq.enqueue_many([JobSpec("t", {"n": n}) for n in range(5)])
+        pq.schedule("nightly", "t", every_ms=86_400_000)
     every = [*names, *(pq.name for pq in pqs)]
     yield private, [*names[:3], pqs[0].name], every
 
@@ -58,7 +63,7 @@ def test_round_trips_do_not_grow_with_the_queues(
             before = len(sent)
             assert web.get(path).status_code == 200
             counted.append(len(sent) - before)
-    # Before: 2 a queue (a partition) on the overview, 1 on /health (80+ more for 41 more).
+    # Before: 2 a queue (a partition) on the overview, 1 on /health, 2+ on /schedules.
     assert counted[1] == counted[0]
 
 
@@ -80,6 +85,22 @@ def test_the_rows_read_at_once_are_those_read_alone(
     assert len(at_once) == len(many)
     assert sum(r["done"] for r in at_once.values()) == 40
     assert sum(r["paused_ms"] is not None for r in at_once.values()) == 14
+
+
+def test_the_schedules_read_at_once_are_those_read_alone(
+    served: tuple[redis.Redis, list[str], list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, _, many = served
+
+    def page() -> str:
+        with TestClient(create_app(client=client, queues=many, auth=Auth())) as web:
+            html = web.get("/schedules").text
+        return re.sub(r'name="csrf" value="[0-9a-f]+"', "", html)
+
+    at_once = page()
+    monkeypatch.setattr(schedule_view, "page_rows", lambda store, names, shown: {})
+    assert page() == at_once
+    assert all(f">every-{i}<" in at_once for i in range(0, 40, 5)) and ">nightly<" in at_once
 
 
 def test_a_cluster_overview_is_two_driver_calls_a_node(rc: Any, queue_name: str) -> None:

@@ -88,7 +88,9 @@ def _drive(
     return results
 
 
-def _views(store: Store, names: Sequence[str]) -> list[View]:
+def views(store: Store, names: Sequence[str]) -> list[View]:
+    """The views of `names` a batch reads (not one that failed a moment ago, nor one whose
+    view cannot be had: each is read alone, and named)."""
     out = []
     for name in names:
         if store.failed_recently(name) is not None:
@@ -103,14 +105,14 @@ def _views(store: Store, names: Sequence[str]) -> list[View]:
 def counted(store: Store, names: Sequence[str]) -> dict[str, Counted]:
     """The counts of each of `names` every part of which answered, in one driver call a node:
     as View.counts_and_paused has them (merged; the paused partitions)."""
-    views = _views(store, names)
-    parts = [(v, q) for v in views for q in v.parts]
+    views_ = views(store, names)
+    parts = [(v, q) for v in views_ for q in v.parts]
     got = run_ops(store.client, [(q, q.ops.counts()) for _, q in parts])
     each: dict[str, list[Any]] = {}
     for (v, _), r in zip(parts, got, strict=True):
         each.setdefault(v.name, []).append(r)
     out: dict[str, Counted] = {}
-    for v in views:
+    for v in views_:
         cs = each.get(v.name, [])
         if cs and not any(isinstance(c, BaseException) for c in cs):
             paused = [q.name for q, c in zip(v.parts, cs, strict=True) if c.paused and v.pq]

@@ -4,6 +4,7 @@ the live refresh polls. Nothing here writes job state."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
@@ -39,7 +40,7 @@ from scheduler.dashboard.reasons import (
     why_not_running,
 )
 from scheduler.dashboard.render import Renderer
-from scheduler.dashboard.schedule_view import queue_schedule_rows
+from scheduler.dashboard.schedule_view import page_rows, queue_schedule_rows
 from scheduler.dashboard.store import QUEUE_RETRY_S, Store
 from scheduler.dashboard.workers_page import workers_page
 from scheduler.operations import browsing
@@ -261,7 +262,8 @@ class Pages:
             rows.extend(found)
             return n, unread
 
-        read_, missing, page = self._paged(request, read)
+        at_once = batch.ahead("schedules", partial(page_rows, shown=SCHEDULES_SHOWN), self.store)
+        read_, missing, page = self._paged(request, read, at_once)
         total = sum(n for _, (n, _) in read_)
         missing += [f"queue {name} {u}" for name, (_, unread) in read_ for u in unread]
         cut = total if total > len(rows) else 0
