@@ -123,3 +123,22 @@ def test_a_cluster_overview_is_two_driver_calls_a_node(rc: Any, queue_name: str)
     finally:
         for q in queues:
             delete_queue(rc, q)
+
+
+@pytest.mark.parametrize("path", ("/api/overview", "/health", "/schedules", "/workers"))
+def test_a_first_request_asks_which_queues_are_partitioned_at_once(
+    served: tuple[redis.Redis, list[str], list[str]], monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """A dashboard's first request (and the first after a minute) read each queue's layout
+    record on its own (Store.view: a GET a queue) before the page's reads."""
+    client, few, many = served
+    with TestClient(create_app(client=client, queues=many, auth=Auth())) as web:
+        assert web.get(path).status_code == 200  # the scripts loaded: not this test's count
+    sent = count_sends(monkeypatch)
+    counted = []
+    for queues in (few, many):
+        with TestClient(create_app(client=client, queues=queues, auth=Auth())) as web:
+            before = len(sent)
+            assert web.get(path).status_code == 200
+            counted.append(len(sent) - before)
+    assert counted[1] == counted[0]  # before: one more a queue

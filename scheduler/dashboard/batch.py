@@ -92,6 +92,7 @@ def views(store: Store, names: Sequence[str]) -> list[View]:
     """The views of `names` a batch reads (not one that failed a moment ago, nor one whose
     view cannot be had: each is read alone, and named)."""
     out = []
+    store.views_ahead([n for n in names if store.failed_recently(n) is None])
     for name in names:
         if store.failed_recently(name) is not None:
             continue  # named by Pages._each, not asked

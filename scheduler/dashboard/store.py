@@ -4,6 +4,7 @@ is O(page): counts are one script call, listings are ZRANGE pages, records come 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -19,12 +20,13 @@ from scheduler.admin.inspection import (
 )
 from scheduler.client.partitioned import PartitionedQueue, read_layout
 from scheduler.client.partitioned_merge import not_answering
+from scheduler.client.partitioned_partial import by_node, nodes_of
 from scheduler.client.queue import Queue
 from scheduler.core.connection import is_cluster
 from scheduler.core.errors import SchedulerError, edited_by_hand
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.models import QueueCounts
-from scheduler.core.partitions import Layout
+from scheduler.core.partitions import Layout, meta_key
 from scheduler.dashboard import batch
 from scheduler.dashboard.logical import PARTITION_NAME, View, stored_layout
 from scheduler.dashboard.summary import queue_summary
@@ -95,6 +97,32 @@ class Store:
         for pages that need the time and not the counts script."""
         return server_now_ms(self.client, QueueKeys(check_queue_name(name)) if name else None)
 
+    def views_ahead(self, names: Sequence[str]) -> None:
+        """Ask whether each of `names` not known yet is partitioned in one pipeline a node
+        (GET of its layout record, as view() asks one queue at a time: 200 round trips the
+        first page of 200 queues, and again each minute). A record unreadable or not read is
+        left to view(), which says why."""
+        now = time.monotonic()
+        asked = [self.queue(n) for n in names
+                 if n not in self._views and self._plain_until.get(n, 0.0) <= now]  # fmt: skip
+        for idx in by_node(nodes_of(self.client, asked)):
+            pipe = self.client.pipeline(transaction=False)
+            for i in idx:
+                pipe.get(meta_key(asked[i].name))
+            try:
+                got = pipe.execute(raise_on_error=False)
+            except Exception:  # its node does not answer: view() asks, and says so
+                continue
+            if len(self._plain_until) + len(idx) >= MAX_CACHED:  # names come from URLs
+                self._plain_until.clear()
+            until = time.monotonic() + DISCOVER_EVERY_S
+            plain = [asked[i].name for i, r in zip(idx, got, strict=True) if r is None]
+            self._plain_until.update(dict.fromkeys(plain, until))
+            for i, raw in zip(idx, got, strict=True):
+                if isinstance(raw, str):  # bytes: a client that does not decode, view() reads
+                    with contextlib.suppress(SchedulerError):  # view() names it
+                        self._partitioned(asked[i].name, Layout.parse(asked[i].name, raw))
+
     def view(self, name: str) -> View:
         """Queue `name` as the pages show it: a partitioned queue's partitions merged (its
         stored layout is one GET, remembered once found), else the plain queue."""
@@ -113,6 +141,9 @@ class Store:
                 self._plain_until.clear()
             self._plain_until[name] = time.monotonic() + DISCOVER_EVERY_S
             return plain
+        return self._partitioned(name, layout)
+
+    def _partitioned(self, name: str, layout: Layout) -> View:
         pq = PartitionedQueue(self.client, layout)
         view = View(name, pq.parts, self.run, pq)
         with self._lock:

@@ -181,6 +181,7 @@ def read_page(
     """Each of `names`' share of the /workers page of entries `start` to `start + room`
     (queue by name, each queue's newest first): its rows are the live workers among them."""
     shares: list[Share] = []
+    store.views_ahead([n for n in names if store.failed_recently(n) is None])
     for name in names:
         if store.failed_recently(name) is not None:
             continue  # named by Pages._each, not asked
