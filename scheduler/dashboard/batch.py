@@ -41,6 +41,7 @@ def ahead(
     """Pages._paged's `prepare`: at_once(store, the page's names), handed to take()."""
 
     def prepare(names: list[str]) -> None:
+        _AHEAD.set(None)  # a worker thread's last request's, were it left: never taken
         _AHEAD.set({(kind, name): v for name, v in at_once(store, names).items()})
 
     return prepare
