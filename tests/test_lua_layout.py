@@ -43,6 +43,7 @@ _BUILDERS = {
     "flow:ending:<word>:<id>": "'flow:ending:'",  # lib/flow.lua: the children one end has left
     "isolated": "'isolated'",  # claim.lua: the one suspect job each worker holds
     "finished": "'finished'",  # lib/result.lua: done and cancelled ids, for listings
+    "moving": "'moving'",  # move_*.lua: jobs between a queue move's steps
 }
 _KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
 

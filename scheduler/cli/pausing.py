@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from scheduler.cli import queue_move
 from scheduler.cli.common import (
     EXIT_CODES_HELP,
     AdminCommand,
@@ -22,6 +23,7 @@ from scheduler.core.safety import clean
 def register(main: click.Group) -> None:
     main.add_command(pause)
     main.add_command(resume)
+    queue_move.register(main)  # `scheduler queue move`
 
 
 def _act(action: str, url: str, queue: str, as_json: bool) -> None:

@@ -51,6 +51,9 @@ TRANSITIONS = (
     "queue_pause",
     "queue_resume",
     "reschedule",
+    "move_out",  # scheduler queue move: waiting jobs into the source's `moving` set
+    "move_in",  # ... written into the destination, same ids
+    "move_done",  # ... deleted from the source
 )
 _INCLUDE = re.compile(r'^-- @include "([^"]+)"\s*$', re.MULTILINE)
 

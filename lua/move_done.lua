@@ -1,0 +1,33 @@
+--[[ move_done: the last step of moving waiting jobs (move_out.lua, move_in.lua): the jobs the
+  other queue now holds leave this queue's `moving` set and their records here are deleted.
+  Only ids still in `moving` are touched: a re-sent call deletes nothing more.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, moving
+  ARGV: ids (1 .. MAX_IDS), each one the destination answered 'c' or 'e' for
+  Returns: how many left `moving`
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT moving is not a zset (edited by hand; nothing
+    written) ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+-- @include "lib/job.lua"
+
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
+local prefix = KEYS[1]
+local moving = prefix .. 'moving'
+local MAX_IDS = 1000  -- scheduler/operations/moving.py MOVE_PER_CALL
+if #ARGV < 1 or #ARGV > MAX_IDS then return redis.error_reply('BAD_ARGUMENT n=' .. #ARGV) end
+for _, id in ipairs(ARGV) do
+  if not job_id_ok(id) then return redis.error_reply('BAD_ARGUMENT id=' .. string.sub(id, 1, 40)) end
+end
+local err = zset_err(prefix, 'moving')
+if err then return err end
+local done = 0
+for _, id in ipairs(ARGV) do
+  if redis.call('ZSCORE', moving, id) then
+    redis.call('ZREM', moving, id)
+    job_del(prefix, id)
+    done = done + 1
+  end
+end
+return done

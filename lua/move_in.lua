@@ -1,0 +1,71 @@
+--[[ move_in: the second step of moving waiting jobs (move_out.lua): write each job, as the
+  source queue stored it, into this queue with the same id and run time. Idempotent by id: a
+  job already here (a rerun re-sending a batch whose answer was lost) is left as it is.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions
+  ARGV[1] n (1 .. MAX_BATCH), then 4 fields per job: id, run_at_ms, spec text ('' = none: a
+    hash-only job), hash fields as a JSON array [field, value, ...] ('[]' = none: a job never
+    claimed); a job needs a spec or a hash
+  Returns: flags, one character per job: 'c' written, 'e' already here (nothing written)
+  Errors:  BAD_ARGUMENT <field>=<value> (a spec this version cannot read among them); CORRUPT
+    due is not a zset (edited by hand); nothing written either way ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+-- @include "lib/job.lua"
+
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
+local prefix, due, wake_key = KEYS[1], KEYS[2], KEYS[5]
+local MAX_BATCH = 1000  -- scheduler/operations/moving.py MOVE_PER_CALL
+local n, err = int_arg(ARGV[1], 'n', 1, MAX_BATCH)
+if err then return err end
+if #ARGV ~= 1 + n * 4 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
+-- A partitioned queue's name holds no jobs: the caller writes into its partitions.
+err = partitioned_err(prefix)
+if err then return err end
+err = zset_err(prefix, 'due')
+if err then return err end
+
+-- Every job is checked before the first write.
+local jobs = {}
+for i = 0, n - 1 do
+  local b = 1 + i * 4
+  local id, spec = ARGV[b + 1], ARGV[b + 3]
+  if not job_id_ok(id) then return redis.error_reply('BAD_ARGUMENT id=' .. string.sub(id, 1, 40)) end
+  local run_at
+  run_at, err = int_arg(ARGV[b + 2], 'run_at_ms', 0, LIM.time_ms)
+  if err then return err end
+  if spec ~= '' and not read_spec(spec, ARGV[b + 2]) then
+    return redis.error_reply('BAD_ARGUMENT spec=' .. string.sub(spec, 1, 40))
+  end
+  local ok, fields = pcall(cjson.decode, ARGV[b + 4])
+  if not ok or type(fields) ~= 'table' or #fields % 2 ~= 0 then
+    return redis.error_reply('BAD_ARGUMENT fields=' .. string.sub(ARGV[b + 4], 1, 40))
+  end
+  for _, v in ipairs(fields) do
+    if type(v) ~= 'string' then return redis.error_reply('BAD_ARGUMENT fields=not text') end
+  end
+  if spec == '' and #fields == 0 then return redis.error_reply('BAD_ARGUMENT record=none') end
+  jobs[#jobs + 1] = { id, run_at, spec, fields }
+end
+
+local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+local head_ms = head[2] and tonumber(head[2]) or nil
+local flags, adds, earliest = {}, {}, nil
+for k, j in ipairs(jobs) do
+  local id = j[1]
+  local jk, sk = job_key(prefix, id), spec_key(prefix, id)
+  if redis.call('EXISTS', jk) == 1 or redis.call('EXISTS', sk) == 1 then
+    flags[k] = 'e'
+  else
+    if j[3] ~= '' then redis.call('SET', sk, j[3]) end
+    if #j[4] > 0 then call_chunked('HSET', jk, j[4]) end
+    adds[#adds + 1] = fmt(j[2])
+    adds[#adds + 1] = id
+    flags[k] = 'c'
+    if earliest == nil or j[2] < earliest then earliest = j[2] end
+  end
+end
+call_chunked('ZADD', due, adds)
+if earliest ~= nil and (head_ms == nil or earliest < head_ms) then wake(wake_key) end
+return table.concat(flags)

@@ -1,0 +1,94 @@
+--[[ move_out: the first step of moving waiting jobs to another queue (`scheduler queue move`,
+  scheduler/operations/moving.py): each named job still waiting in due, never leased, and with
+  no flow fields, parents, children nor schedule, leaves due for `moving` (id -> run_at_ms), where
+  no worker claims it, and its whole record is returned, to be written into the other queue
+  (move_in.lua) with the same id before move_done.lua deletes it here. A job already in
+  `moving` (a move interrupted after this step) is returned again: a rerun re-sends it.
+  KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions, flow:held, flow:waiting, moving
+  ARGV[1] 'take' | 'look' (a dry run: the same answer, nothing written), then ids (1 .. MAX_IDS)
+  Returns: one entry per id, in order: {id, 'moving', run_at_ms, spec text ('' = a hash-only
+    job), {hash field, value, ...} ({} = a spec-only job)}, or {id, reason} for a job that
+    stays: 'leased' | 'held' (flow control: a concurrency key, a rate, parents not done) |
+    'flow' (a priority, flow keys, parents or children) | 'schedule' (a schedule's run) |
+    'dead' | 'unreadable' (its record is of another type or not one this version wrote) |
+    'missing' (not waiting: finished, cancelled, gone)
+  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | moving is not a zset (edited by
+    hand; nothing written); the server's own refusal of the write (OOM, ...), nothing written ]]
+-- @include "lib/clock.lua"
+-- @include "lib/util.lua"
+-- @include "lib/job.lua"
+
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+
+local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
+local moving = prefix .. 'moving'
+local MAX_IDS = 1000  -- scheduler/operations/moving.py MOVE_PER_CALL
+local mode = table.remove(ARGV, 1)
+if mode ~= 'take' and mode ~= 'look' then
+  return redis.error_reply('BAD_ARGUMENT mode=' .. string.sub(tostring(mode), 1, 40))
+end
+if #ARGV < 1 or #ARGV > MAX_IDS then return redis.error_reply('BAD_ARGUMENT n=' .. #ARGV) end
+for _, id in ipairs(ARGV) do
+  if not job_id_ok(id) then return redis.error_reply('BAD_ARGUMENT id=' .. string.sub(id, 1, 40)) end
+end
+-- A partitioned queue's name holds no jobs: its partitions are moved one by one.
+local err = partitioned_err(prefix)
+if err then return err end
+err = zset_err(prefix, 'due') or zset_err(prefix, 'leased') or zset_err(prefix, 'moving')
+if err then return err end
+
+-- Fields that tie a job to others or to flow control: such a job stays (its holds and links
+-- live in this queue's keys).
+local TIED = { 'priority', 'ckey', 'rkey', 'parents', 'kids', 'schedule' }
+local function stay_reason(id)
+  if redis.call('ZSCORE', leased, id) then return 'leased' end
+  if type(redis.pcall('ZSCORE', prefix .. 'flow:held', id)) == 'string'
+      or type(redis.pcall('ZSCORE', prefix .. 'flow:waiting', id)) == 'string' then
+    return 'held'
+  end
+  if type(redis.pcall('ZSCORE', KEYS[4], id)) == 'string' then return 'dead' end
+  return 'missing'
+end
+
+local out, adds = {}, {}
+for _, id in ipairs(ARGV) do
+  local jk, sk = job_key(prefix, id), spec_key(prefix, id)
+  local at = redis.call('ZSCORE', moving, id)
+  local again = at ~= false
+  if not at then at = redis.call('ZSCORE', due, id) end
+  if not at then
+    out[#out + 1] = { id, stay_reason(id) }
+  else
+    local spec = redis.pcall('GET', sk)
+    local fields = redis.pcall('HGETALL', jk)
+    local reason = nil
+    if type(spec) == 'table' or type(fields) == 'table' and fields.err then
+      reason = 'unreadable'
+    elseif spec and not read_spec(spec, at) then
+      reason = 'unreadable'
+    elseif not spec and #fields == 0 then
+      reason = 'unreadable'  -- in due with no record: doctor's case
+    else
+      local h = {}
+      for i = 1, #fields, 2 do h[fields[i]] = true end
+      for _, f in ipairs(TIED) do
+        if h[f] then reason = (f == 'schedule') and 'schedule' or 'flow' end
+      end
+    end
+    if reason then  -- one found in moving this way (edited since) stays there: doctor's case
+      out[#out + 1] = { id, reason }
+    else
+      out[#out + 1] = { id, 'moving', at, spec or '', fields }
+      if not again then
+        adds[#adds + 1] = at
+        adds[#adds + 1] = id
+      end
+    end
+  end
+end
+if #adds > 0 and mode == 'take' then
+  for i = 2, #adds, 2 do redis.call('ZREM', due, adds[i]) end
+  call_chunked('ZADD', moving, adds)
+end
+return out

@@ -1,0 +1,241 @@
+"""Moving waiting jobs from one queue to another, plain or partitioned on either side
+(`scheduler queue move`; docs/cluster.md, "Outgrowing one Redis").
+
+Three Lua steps per batch, each atomic: move_out.lua takes waiting jobs out of a source
+partition's `due` into its `moving` set (no worker claims them there) and returns their records;
+move_in.lua writes them into the destination partition their id routes to, same id, same
+run_at, same record (attempts, errors, spec), idempotent by id; move_done.lua deletes them from
+the source. A crash between steps leaves them in `moving`, which the next run re-sends first:
+a rerun always finishes, and no job is written twice nor lost."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from scheduler.admin.inspection import queue_exists, server_now_ms
+from scheduler.client.partitioned_merge import read_layout
+from scheduler.client.queue import Queue
+from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError, newer_storage
+from scheduler.core.keys import STORAGE_GENERATION, QueueKeys, check_queue_name
+from scheduler.core.partitions import Layout
+from scheduler.operations.requests import Script
+
+MOVE_PER_CALL = 1000  # lua/move_out.lua, move_in.lua, move_done.lua MAX_IDS / MAX_BATCH
+STAY_REASONS = ("leased", "held", "flow", "schedule", "dead", "unreadable")
+
+
+class MoveRefused(SchedulerError):
+    """The move was refused before anything was written (a missing source, schedules)."""
+
+
+@dataclass
+class MoveReport:
+    """What one `move` did (or, dry_run, would do). `stays`: jobs left in the source, by
+    reason (STAY_REASONS); `resumed`: found in the source's `moving` set (an interrupted move)
+    and sent again; `already`: the destination had them (written by that interrupted run)."""
+
+    source: str
+    dest: str
+    dry_run: bool
+    moved: int = 0
+    resumed: int = 0
+    already: int = 0
+    stays: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAY_REASONS, 0))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "from": self.source,
+            "to": self.dest,
+            "dry_run": self.dry_run,
+            "moved": self.moved,
+            "resumed": self.resumed,
+            "already": self.already,
+            "stays": dict(self.stays),
+        }
+
+
+def _call(name: str, args: list[str]) -> Generator[Script, Any, Any]:
+    return (yield Script(name, args))
+
+
+def _t(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _parts(client: redis.Redis, name: str, clock: str) -> tuple[Layout | None, list[Queue]]:
+    layout = read_layout(client, name)
+    names = [name] if layout is None else list(layout.names)
+    return layout, [Queue(client, n, _clock=clock) for n in names]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One job move_out handed out: its id, run_at_ms, spec text and hash fields."""
+
+    id: str
+    run_at_ms: str
+    spec: str
+    fields: list[str]
+
+
+class QueueMove:
+    """One move from `source` to `dest` over `client`; `run()` does it all, `take` / `put` /
+    `finish` are its three steps (a test calls them apart to stop between them)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        source: str,
+        dest: str,
+        *,
+        batch: int = 500,
+        clock: str = "server",
+    ) -> None:
+        check_queue_name(source)
+        check_queue_name(dest)
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MOVE_PER_CALL:
+            raise BadArgument(f"batch must be an int in 1..{MOVE_PER_CALL}, not {batch!r:.40}")
+        self.client, self.batch = client, batch
+        self.src_layout, self.src = _parts(client, source, clock)
+        self.dst_layout, self.dst = _parts(client, dest, clock)
+        if source == dest or {q.name for q in self.src} & {q.name for q in self.dst}:
+            raise BadArgument(f"--from and --to name the same queue ({source!r})")
+        self.report = MoveReport(source, dest, dry_run=False)
+        self.kept = 0  # ids take() left where they were (a page offset: they are listed again)
+
+    def check(self, *, skip_schedules: bool) -> None:
+        """Refuse before the first write: a missing source, a queue stored by a newer version,
+        schedules in the source (unless skipped: their runs then stay)."""
+        name = self.report.source
+        now = server_now_ms(self.client, self.src[0].keys)
+        if self.src_layout is None and not (
+            queue_exists(self.client, self.src[0].keys, now)
+            or self.client.exists(self.src[0].keys.prefix + "moving")
+        ):
+            raise MoveRefused(
+                f"no queue named {name!r}: nothing to move (a move that finished leaves none)"
+            )
+        for q in (*self.src, *self.dst):
+            refused = newer_storage(
+                q.name, self.client.hget(q.keys.config, "generation"), STORAGE_GENERATION
+            )
+            if refused is not None:
+                raise refused
+        # move_in's own check of due comes after move_out took the jobs: checked first.
+        zsets = [q.keys.due for q in self.dst] + [q.keys.prefix + "moving" for q in self.src]
+        for key in zsets:
+            try:
+                self.client.zcard(key)
+            except redis.ResponseError:
+                raise CorruptKey(f"CORRUPT {key} is not a zset (nothing written)") from None
+        if not skip_schedules:
+            n = sum(int(self.client.scard(q.keys.schedules)) for q in self.src)
+            if n:
+                raise MoveRefused(
+                    f"queue {name!r} has {n} schedule(s): define them on "
+                    f"{self.report.dest!r}, remove them here, then move (or --skip-schedules: "
+                    "their pending runs stay)"
+                )
+
+    def take(self, part: Queue, ids: list[str], *, look: bool = False) -> list[Entry]:
+        """Step 1 (move_out.lua): the ids' records, out of due into `moving` (look: read
+        only). Stays are counted in the report by reason."""
+        reply = part._run(_call("move_out", ["look" if look else "take", *ids]))
+        out: list[Entry] = []
+        for row in reply:
+            jid, what = _t(row[0]), _t(row[1])
+            if what == "moving":
+                out.append(Entry(jid, _t(row[2]), _t(row[3]), [_t(f) for f in row[4]]))
+            elif what in ("flow", "schedule", "unreadable"):
+                self.report.stays[what] += 1
+                self.kept += 1
+            # leased / held / dead / missing: it left due meanwhile (counted from its set)
+        return out
+
+    def put(self, entries: list[Entry]) -> str:
+        """Step 2 (move_in.lua): each job into the destination partition its id routes to.
+        Returns the flags ('c' written, 'e' already there) in the order of `entries`."""
+        groups: dict[int, list[int]] = {}
+        for i, e in enumerate(entries):
+            k = 0 if self.dst_layout is None else self.dst_layout.partition_of_id(e.id)
+            groups.setdefault(k, []).append(i)
+        flags = [""] * len(entries)
+        for k, idx in groups.items():
+            args = [str(len(idx))]
+            for i in idx:
+                e = entries[i]
+                args += [e.id, e.run_at_ms, e.spec, json.dumps(e.fields)]
+            answer = _t(self.dst[k]._write(_call("move_in", args)))  # into the queue index
+            for i, flag in zip(idx, answer, strict=True):
+                flags[i] = flag
+        return "".join(flags)
+
+    def finish(self, part: Queue, ids: list[str]) -> int:
+        """Step 3 (move_done.lua): the moved jobs leave the source."""
+        return int(part._run(_call("move_done", ids)))
+
+    def _drain(self, part: Queue, key: str, *, dry_run: bool, resumed: bool) -> None:
+        """Every job listed in `key` (the part's moving set, then its due), a page at a time;
+        the ones that stay keep their place, so the next page starts after them."""
+        self.kept = 0
+        while ids := [
+            _t(i) for i in self.client.zrange(key, self.kept, self.kept + self.batch - 1)
+        ]:
+            before = self.kept
+            entries = self.take(part, ids, look=dry_run)
+            if dry_run:
+                self.kept = before + len(ids)
+                self.report.moved += len(entries)
+                continue
+            if entries:
+                flags = self.put(entries)
+                self.report.moved += flags.count("c")
+                self.report.already += flags.count("e")
+                if resumed:
+                    self.report.resumed += len(entries)
+                self.finish(part, [e.id for e in entries])
+
+    def run(self, *, dry_run: bool = False, skip_schedules: bool = False) -> MoveReport:
+        self.report.dry_run = dry_run
+        self.check(skip_schedules=skip_schedules)
+        for part in self.src:
+            moving = part.keys.prefix + "moving"
+            if dry_run:  # an interrupted move's jobs: the next real run re-sends them first
+                self.report.resumed += int(self.client.zcard(moving))
+            else:
+                self._drain(part, moving, dry_run=False, resumed=True)
+            self._drain(part, part.keys.due, dry_run=dry_run, resumed=False)
+            self._count_stays(part.keys)
+        return self.report
+
+    def _count_stays(self, k: QueueKeys) -> None:
+        c = self.client
+        self.report.stays["leased"] += int(c.zcard(k.leased))
+        self.report.stays["held"] += int(c.zcard(k.flow_held))  # waiting for parents: there too
+        try:
+            self.report.stays["dead"] += int(c.zcard(k.dead))
+        except redis.ResponseError:  # an older version's dead LIST
+            self.report.stays["dead"] += int(c.llen(k.dead))
+
+
+def move_queue(
+    client: redis.Redis,
+    source: str,
+    dest: str,
+    *,
+    batch: int = 500,
+    dry_run: bool = False,
+    skip_schedules: bool = False,
+    clock: str = "server",
+) -> MoveReport:
+    """Move the waiting jobs of queue `source` into `dest` (module docstring). Safe to run
+    again: a run interrupted anywhere is finished by the next. Raises BadArgument (same queue,
+    a bad batch), MoveRefused (no such source, schedules), NewerStorage; nothing written."""
+    return QueueMove(client, source, dest, batch=batch, clock=clock).run(
+        dry_run=dry_run, skip_schedules=skip_schedules
+    )

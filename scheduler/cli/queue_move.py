@@ -1,0 +1,100 @@
+"""`scheduler queue move`: move the waiting jobs of one queue into another, plain or
+partitioned on either side (scheduler/admin/queue_move.py; docs/cluster.md, "Outgrowing one
+Redis")."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from scheduler.admin.queue_move import MOVE_PER_CALL, MoveRefused, MoveReport, move_queue
+from scheduler.cli.common import (
+    EXIT_CODES_HELP,
+    AdminGroup,
+    Refused,
+    _check_queue,
+    cell,
+    connect,
+    console,
+    emit_json,
+    json_option,
+    url_option,
+)
+from scheduler.core.safety import safe
+
+_WHY = {
+    "leased": "running: finishes here (keep a worker on the source until it drains)",
+    "held": "set aside by flow control (a concurrency key, a rate, parents not done)",
+    "flow": "a priority, flow keys, parents or children: enqueue it again on the destination",
+    "schedule": "a schedule's run (--skip-schedules): redefine the schedule on the destination",
+    "dead": "dead-lettered: requeue or purge it here",
+    "unreadable": "its record cannot be read: `scheduler doctor`",
+}
+
+
+def register(main: click.Group) -> None:
+    main.add_command(queue)
+
+
+@click.group(cls=AdminGroup, epilog=EXIT_CODES_HELP)
+def queue() -> None:
+    """Whole-queue operations."""
+
+
+@queue.command(epilog=EXIT_CODES_HELP)
+@url_option
+@click.option("--from", "source", required=True, callback=_check_queue, help="Source queue.")
+@click.option(
+    "--to",
+    "dest",
+    required=True,
+    callback=_check_queue,
+    help="Destination queue (a partitioned one is created first: PartitionedQueue.create).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print what would move and what stays; write nothing."
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(1, MOVE_PER_CALL),
+    default=500,
+    show_default=True,
+    help="Jobs per step (each step is three short scripts).",
+)
+@click.option(
+    "--skip-schedules",
+    is_flag=True,
+    help="Move even when the source has schedules: their pending runs stay there.",
+)
+@json_option
+def move(
+    url: str, source: str, dest: str, dry_run: bool, batch: int, skip_schedules: bool, as_json: bool
+) -> None:
+    """Move the waiting jobs of --from into --to, with the same ids, run times, payloads and
+    attempts. Running, dead and flow-controlled jobs stay and are counted by reason. Each job
+    moves once: an interrupted move is finished by running the command again."""
+    client = connect(url)
+    try:
+        report = move_queue(
+            client, source, dest, batch=batch, dry_run=dry_run, skip_schedules=skip_schedules
+        )
+    except MoveRefused as exc:
+        raise Refused(safe(exc)) from None
+    if as_json:
+        emit_json(report.as_dict())
+    else:
+        _print(report)
+
+
+def _print(report: MoveReport) -> None:
+    verb = "would move" if report.dry_run else "moved"
+    table = Table(title=f"{report.source} -> {report.dest}")
+    for col in ("jobs", "count", "why"):
+        table.add_column(col)
+    table.add_row(verb, str(report.moved), cell("waiting jobs, same ids and run times"))
+    if report.resumed:
+        table.add_row("resumed", str(report.resumed), cell("an interrupted move's, sent again"))
+    for reason, n in report.stays.items():
+        if n:
+            table.add_row(f"stays: {reason}", str(n), cell(_WHY[reason]))
+    console().print(table)
