@@ -30,6 +30,7 @@ from scheduler.core.partitions import Layout, meta_key
 from scheduler.dashboard import batch
 from scheduler.dashboard.logical import PARTITION_NAME, View, stored_layout
 from scheduler.dashboard.summary import queue_summary
+from scheduler.dashboard.workers_read import Part, Queued, newest_ids, pipelined, reply_of
 from scheduler.operations.requests import Op
 
 T = TypeVar("T")
@@ -241,17 +242,21 @@ class Store:
 
     def live_worker_count(self, name: str) -> int:
         """Live workers among each partition's WORKERS_PROBED most recently seen, whatever the
-        size of the workers ZSET: one ZRANGE and one EXISTS each (a job page only asks whether
-        any is alive). A live worker beats every few seconds, so it is among the newest. A
-        partition whose node does not answer is left out while another answers: a worker of
-        the queue beats on every partition (one down gave the page of a live one's job 503).
-        -1 (not known) when a workers set is edited by hand into another type."""
-        n, failed = 0, []
-        parts = self.view(name).parts
-        for q in parts:
+        size of the workers ZSET, each once (a worker of a partitioned queue beats on every
+        partition): a ZRANGE of each partition in one pipeline a node, then an EXISTS of each
+        id (a job page only asks whether any is alive). A live worker beats every few seconds,
+        so it is among the newest. A partition whose node does not answer is left out while
+        another answers (one down gave the page of a live one's job 503). -1 (not known) when
+        a workers set is edited by hand into another type."""
+        parts = [Part(q) for q in self.view(name).parts]
+        got = pipelined(
+            self.client, parts, [newest_ids(p.q.keys.workers, WORKERS_PROBED) for p in parts]
+        )
+        asked: list[tuple[Part, list[str]]] = []
+        failed: list[BaseException] = []
+        for p, reply in zip(parts, got, strict=True):
             try:
-                ids = [str(i) for i in _newest_workers(self.client, q.keys, WORKERS_PROBED)]
-                n += int(self.client.exists(*map(q.keys.worker, ids))) if ids else 0
+                asked.append((p, [str(w) for w, _ in (reply_of(reply) or [[]])[0]]))
             except Exception as exc:  # a node down, or refusing for now (its slot moving)
                 if isinstance(exc, ResponseError) and edited_by_hand(exc):
                     return -1  # its workers set edited by hand: not known (the page says nothing)
@@ -260,9 +265,24 @@ class Store:
                 failed.append(exc)
         if len(failed) == len(parts):  # none answered: the app's 503
             raise failed[0]
-        return n
+        got = pipelined(self.client, [p for p, _ in asked], [_exist(p, ids) for p, ids in asked])
+        live: set[str] = set()
+        for (_, ids), reply in zip(asked, got, strict=True):
+            try:
+                live.update(w for w, n in zip(ids, reply_of(reply), strict=True) if n)
+            except Exception as exc:
+                if not not_answering(exc):
+                    raise
+                failed.append(exc)
+        if len(failed) == len(parts):
+            raise failed[0]
+        return len(live)
 
 
-def _newest_workers(client: redis.Redis, keys: QueueKeys, n: int, skip: int = 0) -> list[Any]:
-    # BYSCORE REV: the ACL roles of docs/security.md allow ZRANGE, not ZREVRANGE.
-    return client.zrange(keys.workers, "+inf", "-inf", desc=True, byscore=True, offset=skip, num=n)
+def _exist(part: Part, ids: list[str]) -> Queued:
+    def add(pipe: Any) -> int:
+        for wid in ids:
+            pipe.exists(part.q.keys.worker(wid))
+        return len(ids)
+
+    return add

@@ -90,7 +90,7 @@ def pipelined(client: redis.Redis, parts: Sequence[Part], queue: Sequence[Queued
     return out
 
 
-def _newest(key: str, n: int, skip: int = 0) -> Queued:
+def newest_ids(key: str, n: int, skip: int = 0) -> Queued:
     def add(pipe: Any) -> int:
         if n <= 0:
             return 0
@@ -105,7 +105,7 @@ def _newest(key: str, n: int, skip: int = 0) -> Queued:
 def _sized(part: Part, newest: int) -> Queued:
     def add(pipe: Any) -> int:
         pipe.zcard(part.q.keys.workers)
-        return 1 + _newest(part.q.keys.workers, newest)(pipe)
+        return 1 + newest_ids(part.q.keys.workers, newest)(pipe)
 
     return add
 
@@ -120,7 +120,7 @@ def _presence(part: Part, ids: list[str]) -> Queued:
     return add
 
 
-def _reply(got: Any) -> list[Any]:
+def reply_of(got: Any) -> list[Any]:
     """A part's replies, or raise its (first) error."""
     if isinstance(got, BaseException):
         raise got
@@ -201,7 +201,7 @@ def read_page(
     )
     for (_, p), reply in zip(parts, got, strict=True):
         try:
-            replies = _reply(reply)
+            replies = reply_of(reply)
         except Exception as exc:
             p.error = exc
             continue
@@ -226,11 +226,14 @@ def _page_ids(client: redis.Redis, shares: list[Share]) -> None:
     got = pipelined(
         client,
         [s.parts[0] for s in plain],
-        [_newest(s.parts[0].q.keys.workers, s.window[1] - s.window[0], s.window[0]) for s in plain],
+        [
+            newest_ids(s.parts[0].q.keys.workers, s.window[1] - s.window[0], s.window[0])
+            for s in plain
+        ],
     )
     for s, reply in zip(plain, got, strict=True):
         try:
-            s.page = [(str(w), s.parts[0], float(sc)) for w, sc in _reply(reply)[0]]
+            s.page = [(str(w), s.parts[0], float(sc)) for w, sc in reply_of(reply)[0]]
         except Exception as exc:
             s.failed(s.parts[0], exc)
     for s in shares:
