@@ -13,6 +13,7 @@ import redis
 from click.testing import CliRunner
 
 from scheduler import NewerStorage
+from scheduler.admin.doctor import check_queue, repair_queue
 from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
@@ -238,3 +239,17 @@ def test_a_key_edited_by_hand_refuses_with_nothing_written(
         move_queue(client, src.name, dst.name)
     assert dump_queue(client, src) == before
     assert dump_queue(client, dst) == {}
+
+
+def test_doctor_names_an_interrupted_move_and_fix_leaves_its_jobs(
+    client: redis.Redis, src: Queue, dst: Queue
+) -> None:
+    _fill(src, 3)
+    m = QueueMove(client, src.name, dst.name)
+    m.put(m.take(m.src[0], ["job-0", "job-1"]))  # steps 1 and 2, then "killed"
+    found = check_queue(client, src.name)
+    assert [i.code for i in found] == ["move-interrupted"]
+    repair_queue(client, src.name)  # no orphan: nothing goes back into SRC's due
+    assert client.zrange(src.keys.due, 0, -1) == ["job-2"]
+    assert move_queue(client, src.name, dst.name).already == 2
+    assert check_queue(client, src.name) == []

@@ -51,6 +51,7 @@ from scheduler.admin.doctor_model import (
 from scheduler.admin.doctor_pending import unclaimed_suspects
 from scheduler.admin.doctor_text import undecodable_fields
 from scheduler.admin.inspection import iter_chunks, server_now_ms
+from scheduler.admin.queue_move import moving_findings
 from scheduler.core import connection, scripts
 from scheduler.core.keys import QueueKeys
 
@@ -139,6 +140,8 @@ def check_queue(
     seen.update(unclaimed)
     suspects += unclaimed_suspects(node, keys, unclaimed, due)
     suspects += sorted((set(due) | set(leased) | set(dead)) - seen)
+    moving, found = moving_findings(client, keys)  # an interrupted move's jobs: no orphans
+    suspects, damaged = [j for j in suspects if j not in moving], damaged + found
     if not suspects:
         return damaged
     now_ms, snaps = read_snapshots(client, keys, suspects)

@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from scheduler.admin.doctor_model import Issue
 from scheduler.admin.inspection import queue_exists, server_now_ms
 from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
@@ -239,3 +240,20 @@ def move_queue(
     return QueueMove(client, source, dest, batch=batch, clock=clock).run(
         dry_run=dry_run, skip_schedules=skip_schedules
     )
+
+
+def moving_findings(client: redis.Redis, keys: QueueKeys) -> tuple[set[str], list[Issue]]:
+    """For doctor: the ids in the queue's `moving` set (an interrupted move's: they are in no
+    other place, yet no orphans: `--fix` must not put them back in due, where a worker would
+    run them while the destination may hold them too), and its one finding."""
+    key = keys.prefix + "moving"
+    try:
+        ids = {_t(i) for i in client.zrange(key, 0, -1)}
+    except redis.ResponseError:
+        why = f"{key} is not a zset (edited by hand): `scheduler queue move` refuses the queue"
+        return set(), [Issue("moving-damaged", "error", why, f"DEL {key}", keys.queue)]
+    if not ids:
+        return ids, []
+    what = f"{len(ids)} job(s) of an interrupted `scheduler queue move` wait in {key}"
+    fix = "run the same `scheduler queue move --from ... --to ...` again: it finishes them"
+    return ids, [Issue("move-interrupted", "warning", what, fix, keys.queue)]
