@@ -46,6 +46,10 @@ def test_a_rate_windows_room_skips_a_job_held_behind_an_older_one_of_its_key(
     # The rate step gives its room to jobs that can start: one claim would hold behind its
     # key's older held job goes back without taking it, and the room goes to another job.
     q, clock = fq
+    # No aging time: r1's priority gives it no place ahead of b in k's hold set (a priority-9
+    # job is placed up to priority_aging_ms before its run_at), and every job is aged, met by
+    # run_at: r1 first.
+    q.client.hset(q.keys.config, "priority_aging_ms", 0)
     rate: dict[str, Any] = {"rate_limit": "1/1s", "rate_key": "r"}
     c1 = q.enqueue("t", "c1", concurrency_key="k", concurrency_limit=5)
     x = q.enqueue("t", "x", **rate)

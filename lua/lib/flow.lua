@@ -3,7 +3,7 @@
 --   flow:levels        SET   priority levels (1..9) whose index may hold entries
 --   flow:pdue:<p>      ZSET  id -> run_at_ms of due jobs of priority p (advisory: claim checks due)
 --   flow:ck:<key>      ZSET  id -> lease_until_ms granted by claim: the key's leases
---   flow:ckheld:<key>  ZSET  id -> run_at_ms: set aside because the key was full
+--   flow:ckheld:<key>  ZSET  id -> its place (run_at, less by priority): set aside, the key full
 --   flow:rate:<key>    ZSET  '<window>:<count>:<id>:<token>' -> claim ms: the log of starts
 --   flow:rheld         ZSET  id -> the next slot's ms: set aside by a full rate window
 --   flow:held          ZSET  id -> run_at_ms: every job set aside (counts, cancel, doctor)
@@ -29,6 +29,26 @@ local function flow_moved_max(limit) return math.min(limit, FLOW_ASIDE_BATCH) + 
 -- A job claim parks because a flow key it needs is of another type (written by hand).
 local FLOW_BAD = 'invalid flow key: '
 local FLOW_AGING_MS = 60000  -- default priority_aging_ms (config hash), the starvation bound
+-- The queue's priority_aging_ms, read once per script (of one queue: its prefix).
+local flow_aging_of = nil
+local flow_aging_ms = FLOW_AGING_MS
+local function flow_aging(prefix)
+  if flow_aging_of ~= prefix then
+    flow_aging_of = prefix
+    flow_aging_ms = parse_int(redis.pcall('HGET', prefix .. 'config', 'priority_aging_ms'), 0,
+      LIM.delay_ms) or FLOW_AGING_MS
+  end
+  return flow_aging_ms
+end
+-- A held job's place in its key's hold set: its run_at less priority_aging_ms / 9 per priority
+-- level, so a job of priority 9 goes ahead of the key's lower ones held up to the aging time
+-- before it, and none waits more than that behind newer ones (the aged pass's bound). The
+-- previous version scored run_at alone: its entries read as priority 0; and it reads a place
+-- as an earlier run_at, of a job due already.
+local function flow_ck_score(prefix, run_at, priority)
+  if priority <= 0 then return run_at end
+  return run_at - math.floor(priority * flow_aging(prefix) / FLOW_LIM.priority)
+end
 local FLOW_READ = { 'priority', 'ckey', 'climit', 'rkey', 'rcount', 'rwindow' }
 
 -- The flow fields of one job from six strings (ARGV or stored; nil = unset). Returns a table,
@@ -214,7 +234,8 @@ local function flow_ck_live(prefix, key, now)
   return redis.call('ZCARD', ck)
 end
 
--- Move up to `n` of the key's held jobs (oldest run_at first) back into due: at most
+-- Move up to `n` of the key's held jobs (first place first) back into due, each at its run_at
+-- (flow:held's score; the place, when flow:held is of another type): at most
 -- FLOW_PROMOTE_STEP per script (a key of limit 10,000 freed whole, its 10,000 held jobs went
 -- in one claim), but always one, so a key with room never strands its held jobs; the ones
 -- promoted end and promote the rest.
@@ -228,13 +249,15 @@ local function flow_ck_promote(prefix, key, n)
   if ids.err then return end  -- a hold set of another type: nothing to promote
   flow_promote_left = flow_promote_left - #ids / 2
   for i = 1, #ids, 2 do
-    if flow_unhold(prefix, ids[i], ids[i + 1]) then redis.call('ZREM', hk, ids[i]) end
+    local run_at = redis.pcall('ZSCORE', prefix .. 'flow:held', ids[i])
+    if type(run_at) ~= 'string' then run_at = ids[i + 1] end
+    if flow_unhold(prefix, ids[i], run_at) then redis.call('ZREM', hk, ids[i]) end
   end
   -- An idle worker may be sleeping until a lease ends: this job is due now.
   if #ids > 0 then wake(prefix .. 'wake') end
 end
 
--- The key's oldest held jobs whose own limit has room go back to due, oldest first, and at
+-- The key's first held jobs (by place) whose own limit has room go back to due, in order, and at
 -- least `least` of them (the limit of the job whose lease ended): the first without room stops
 -- the count (the key stays FIFO: it drains to that one). Run when a job of the key starts and
 -- when one's lease ends: a job held behind an older one of its key, or held at a full key by a
@@ -432,19 +455,18 @@ local function flow_rate_slot(rk, f, now)
   return math.floor(s) + f.rwindow
 end
 
--- The key's oldest held job when it is older (run_at) than the job `id` claim examines, else
--- nil: a key's held jobs go in run_at order, whatever their priority (docs/flow-control.md,
--- 'Priority inside a key'), so that job waits behind it though the key has room for its own
--- limit.
+-- The key's first held job when its place is before `score`, the place of the job `id` claim
+-- examines, else nil: a key's held jobs go in order of place (docs/flow-control.md, 'Priority
+-- inside a key'), so that job waits behind it though the key has room for its own limit.
 -- Before, a held job of a lower limit than its key's newer jobs (a limit raised in a deploy)
 -- could start only when none of the key was leased, and newer traffic kept it held for ever
 -- (tests/test_flow_mixed_limits.py). A stale head (no longer held) is dropped; a hold set of
 -- another type reads as none (claim's hold parks the job).
-local function flow_ck_ahead(prefix, key, id, run_at)
+local function flow_ck_ahead(prefix, key, id, score)
   local hk = prefix .. 'flow:ckheld:' .. key
   for _ = 1, 3 do
     local h = redis.pcall('ZRANGE', hk, 0, 0, 'WITHSCORES')
-    if h.err or not h[1] or h[1] == id or not (tonumber(h[2]) < run_at) then return nil end
+    if h.err or not h[1] or h[1] == id or not (tonumber(h[2]) < score) then return nil end
     if type(redis.pcall('ZSCORE', prefix .. 'flow:held', h[1])) == 'string' then return h[1] end
     redis.call('ZREM', hk, h[1])
   end
@@ -460,7 +482,8 @@ local function flow_admit(prefix, id, jk, f, run_at, now)
   if f.ckey ~= '' then
     live = flow_ck_live(prefix, f.ckey, now)
     if live == nil then return nil, FLOW_BAD .. 'flow:ck:' .. f.ckey end
-    local ahead = live < f.climit and flow_ck_ahead(prefix, f.ckey, id, run_at)
+    local place = flow_ck_score(prefix, run_at, f.priority)
+    local ahead = live < f.climit and flow_ck_ahead(prefix, f.ckey, id, place)
     if ahead then
       -- The older one goes first when its own limit has room now (claim meets it in a later
       -- round); else the key drains to it, this one held behind it.
@@ -477,7 +500,7 @@ local function flow_admit(prefix, id, jk, f, run_at, now)
         why = 'waiting behind older job ' .. string.sub(ahead, 1, 128) .. ' of key ' .. f.ckey
           .. ' (' .. fmt(live) .. ' of ' .. fmt(f.climit) .. ' leased)'
       end
-      local ok, bad = flow_hold(prefix, id, jk, run_at, 'flow:ckheld:' .. f.ckey, run_at, why)
+      local ok, bad = flow_hold(prefix, id, jk, run_at, 'flow:ckheld:' .. f.ckey, place, why)
       return ok and false, bad
     end
   end
@@ -562,8 +585,7 @@ local function flow_rate_due(prefix, now, limit)
     end
   end
   if #keys == 0 then return end
-  local aged_at = now - (parse_int(redis.pcall('HGET', prefix .. 'config', 'priority_aging_ms'),
-    0, LIM.delay_ms) or FLOW_AGING_MS)
+  local aged_at = now - flow_aging(prefix)
   local function first(a, b)
     local aa, ab = a.t <= aged_at, b.t <= aged_at
     if aa ~= ab then return aa end
@@ -584,8 +606,9 @@ local function flow_rate_due(prefix, now, limit)
       room = live and (f.climit - live) or f.climit  -- a set of another type: claim parks it
     end
     ck_room[f.ckey] = room - 1
-    -- Room for its limit, but an older job of its key is held: claim holds it behind that one.
-    return room <= 0 or flow_ck_ahead(prefix, f.ckey, j.id, j.t) ~= nil
+    -- Room for its limit, but a job of its key is held ahead of it: claim holds it behind.
+    return room <= 0 or flow_ck_ahead(prefix, f.ckey, j.id,
+      flow_ck_score(prefix, j.t, f.priority)) ~= nil
   end
   for _, key in ipairs(keys) do
     local jobs, starts, went, rk = by_key[key], {}, 0, prefix .. 'flow:rate:' .. key
@@ -724,9 +747,7 @@ local function flow_fill(prefix, due, now, limit, examine)
     pass(due, now, true)
     return
   end
-  local aging = parse_int(redis.pcall('HGET', prefix .. 'config', 'priority_aging_ms'), 0,
-    LIM.delay_ms) or FLOW_AGING_MS
-  pass(due, now - aging, true)
+  pass(due, now - flow_aging(prefix), true)
   for _, p in ipairs(levels) do
     local src = prefix .. 'flow:pdue:' .. fmt(p)
     pass(src, now, false)
