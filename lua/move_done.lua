@@ -3,7 +3,9 @@
   Only ids still in `moving` are touched: a re-sent call deletes nothing more.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, moving
-  ARGV: ids (1 .. MAX_IDS), each one the destination answered 'c' or 'e' for
+  ARGV[1] 'done' (each id one the destination answered 'c' or 'e' for: its records deleted)
+    | 'back' (the destination holds another job under the id, 'x': it goes back into due at
+    its run time, where it was), then ids (1 .. MAX_IDS)
   Returns: how many left `moving`
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT moving is not a zset (edited by hand; nothing
     written) ]]
@@ -16,17 +18,22 @@ local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 local prefix = KEYS[1]
 local moving = prefix .. 'moving'
 local MAX_IDS = 1000  -- scheduler/operations/moving.py MOVE_PER_CALL
+local mode = table.remove(ARGV, 1)
+if mode ~= 'done' and mode ~= 'back' then
+  return redis.error_reply('BAD_ARGUMENT mode=' .. string.sub(tostring(mode), 1, 40))
+end
 if #ARGV < 1 or #ARGV > MAX_IDS then return redis.error_reply('BAD_ARGUMENT n=' .. #ARGV) end
 for _, id in ipairs(ARGV) do
   if not job_id_ok(id) then return redis.error_reply('BAD_ARGUMENT id=' .. string.sub(id, 1, 40)) end
 end
-local err = zset_err(prefix, 'moving')
+local err = zset_err(prefix, 'moving') or (mode == 'back' and zset_err(prefix, 'due'))
 if err then return err end
 local done = 0
 for _, id in ipairs(ARGV) do
-  if redis.call('ZSCORE', moving, id) then
+  local at = redis.call('ZSCORE', moving, id)
+  if at then
     redis.call('ZREM', moving, id)
-    job_del(prefix, id)
+    if mode == 'back' then redis.call('ZADD', KEYS[2], at, id) else job_del(prefix, id) end
     done = done + 1
   end
 end

@@ -6,7 +6,9 @@
   ARGV[1] n (1 .. MAX_BATCH), then 4 fields per job: id, run_at_ms, spec text ('' = none: a
     hash-only job), hash fields as a JSON array [field, value, ...] ('[]' = none: a job never
     claimed); a job needs a spec or a hash
-  Returns: flags, one character per job: 'c' written, 'e' already here (nothing written)
+  Returns: flags, one character per job: 'c' written, 'e' already here (the same job: task and
+    enqueued_ms match, the task alone for a finished job's lean hash; a rerun's), 'x' another job holds the id here (nothing written: the
+    caller puts the job back into the source's due)
   Errors:  BAD_ARGUMENT <field>=<value> (a spec this version cannot read among them); CORRUPT
     due is not a zset (edited by hand); nothing written either way ]]
 -- @include "lib/clock.lua"
@@ -49,6 +51,30 @@ for i = 0, n - 1 do
   jobs[#jobs + 1] = { id, run_at, spec, fields }
 end
 
+-- Which job an id names: task and enqueued_ms of its hash, else of its spec record (a
+-- never-claimed job's enqueued_ms is its run time when the record leaves it out). A finished
+-- job's lean hash has no enqueued_ms: its task alone then.
+local function identity(fields, spec, run_at_s)
+  local task, enq = fields.task, fields.enqueued_ms
+  if spec and spec ~= '' and not (task and enq) then
+    local sp = read_spec(spec, run_at_s)
+    if sp then task, enq = task or sp.task, enq or sp.enqueued_ms end
+  end
+  return task, enq
+end
+local function same_job(a_task, a_enq, b_task, b_enq)
+  return a_task ~= nil and a_task == b_task and (a_enq == nil or b_enq == nil or a_enq == b_enq)
+end
+local function stored_identity(jk, sk, id)
+  local h = redis.pcall('HMGET', jk, 'task', 'enqueued_ms')
+  if type(h) ~= 'table' or h.err then h = {} end
+  local spec = redis.pcall('GET', sk)
+  if type(spec) ~= 'string' then spec = nil end
+  local at = redis.pcall('ZSCORE', due, id)
+  return identity({ task = h[1] or nil, enqueued_ms = h[2] or nil }, spec,
+    type(at) == 'string' and at or '')
+end
+
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local head_ms = head[2] and tonumber(head[2]) or nil
 local flags, adds, earliest = {}, {}, nil
@@ -56,7 +82,12 @@ for k, j in ipairs(jobs) do
   local id = j[1]
   local jk, sk = job_key(prefix, id), spec_key(prefix, id)
   if redis.call('EXISTS', jk) == 1 or redis.call('EXISTS', sk) == 1 then
-    flags[k] = 'e'
+    local mine = {}
+    for i = 1, #j[4], 2 do mine[j[4][i]] = j[4][i + 1] end
+    local t1, e1 = identity(mine, j[3], fmt(j[2]))
+    local t2, e2 = stored_identity(jk, sk, id)
+    local same = same_job(t1, e1, t2, e2)
+    flags[k] = same and 'e' or 'x'
   else
     if j[3] ~= '' then redis.call('SET', sk, j[3]) end
     if #j[4] > 0 then call_chunked('HSET', jk, j[4]) end

@@ -113,6 +113,7 @@ def test_leased_flow_dead_and_schedule_runs_stay_and_are_counted(
     assert report.moved == 1
     assert report.stays == {
         "leased": 1, "held": 1, "flow": 1, "schedule": 1, "dead": 1, "unreadable": 0,
+        "conflict": 0,
     }  # fmt: skip
     assert dst.status("plain-1") == "due"
     for jid in ("leased-1", "dead-1", "prio-1", "child-1"):
@@ -253,3 +254,22 @@ def test_doctor_names_an_interrupted_move_and_fix_leaves_its_jobs(
     assert client.zrange(src.keys.due, 0, -1) == ["job-2"]
     assert move_queue(client, src.name, dst.name).already == 2
     assert check_queue(client, src.name) == []
+
+
+def test_an_id_the_destination_holds_for_another_job_stays_in_the_source(
+    client: redis.Redis, src: Queue, dst: Queue
+) -> None:
+    src.enqueue("mv.task", {"mine": 1}, job_id="shared-id")
+    src.enqueue("mv.task", {"mine": 2}, job_id="other")
+    dst.enqueue("mv.other", {"theirs": 1}, job_id="shared-id", delay_ms=5)
+    theirs: dict[str, Any] = dump_queue(client, dst)
+    report = move_queue(client, src.name, dst.name)
+    assert report.moved == 1 and report.stays["conflict"] == 1 and report.already == 0
+    assert src.get_job("shared-id").payload_json == '{"mine":1}'  # not lost
+    assert client.zrange(src.keys.due, 0, -1) == ["shared-id"]
+    assert client.zcard(src.keys.prefix + "moving") == 0
+    assert dst.get_job("shared-id").task == "mv.other"
+    after = dump_queue(client, dst)
+    spec = dst.keys.spec("shared-id")
+    assert after[spec] == theirs[spec]  # theirs untouched
+    assert client.zscore(dst.keys.due, "shared-id") == dict(theirs[dst.keys.due][1])["shared-id"]

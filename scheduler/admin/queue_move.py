@@ -27,7 +27,7 @@ from scheduler.core.partitions import Layout
 from scheduler.operations.requests import Script
 
 MOVE_PER_CALL = 1000  # lua/move_out.lua, move_in.lua, move_done.lua MAX_IDS / MAX_BATCH
-STAY_REASONS = ("leased", "held", "flow", "schedule", "dead", "unreadable")
+STAY_REASONS = ("leased", "held", "flow", "schedule", "dead", "unreadable", "conflict")
 
 
 class MoveRefused(SchedulerError):
@@ -176,9 +176,10 @@ class QueueMove:
                 flags[i] = flag
         return "".join(flags)
 
-    def finish(self, part: Queue, ids: list[str]) -> int:
-        """Step 3 (move_done.lua): the moved jobs leave the source."""
-        return int(part._run(_call("move_done", ids)))
+    def finish(self, part: Queue, ids: list[str], *, back: bool = False) -> int:
+        """Step 3 (move_done.lua): the moved jobs leave the source (back: jobs whose id the
+        destination holds for another job return to the source's due)."""
+        return int(part._run(_call("move_done", ["back" if back else "done", *ids])))
 
     def _drain(self, part: Queue, key: str, *, dry_run: bool, resumed: bool) -> None:
         """Every job listed in `key` (the part's moving set, then its due), a page at a time;
@@ -199,7 +200,14 @@ class QueueMove:
                 self.report.already += flags.count("e")
                 if resumed:
                     self.report.resumed += len(entries)
-                self.finish(part, [e.id for e in entries])
+                ours = [e.id for e, f in zip(entries, flags, strict=True) if f != "x"]
+                theirs = [e.id for e, f in zip(entries, flags, strict=True) if f == "x"]
+                if ours:
+                    self.finish(part, ours)
+                if theirs:  # back in due, after this page's kept ones: listed again later
+                    self.finish(part, theirs, back=True)
+                    self.report.stays["conflict"] += len(theirs)
+                    self.kept += 0 if resumed else len(theirs)
 
     def run(self, *, dry_run: bool = False, skip_schedules: bool = False) -> MoveReport:
         self.report.dry_run = dry_run

@@ -29,6 +29,7 @@ _WHY = {
     "schedule": "a schedule's run (--skip-schedules): redefine the schedule on the destination",
     "dead": "dead-lettered: requeue or purge it here",
     "unreadable": "its record cannot be read: `scheduler doctor`",
+    "conflict": "the destination holds another job under its id: enqueue it there anew",
 }
 
 
