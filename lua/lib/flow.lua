@@ -259,7 +259,7 @@ end
 
 -- The key's first held jobs (by place) whose own limit has room go back to due, in order, and at
 -- least `least` of them (the limit of the job whose lease ended): the first without room stops
--- the count (the key stays FIFO: it drains to that one). Run when a job of the key starts and
+-- the count (the key keeps its order: it drains to that one). Run when a job of the key starts and
 -- when one's lease ends: a job held behind an older one of its key, or held at a full key by a
 -- job of a lower limit, waits until its own limit has room, not until the next lease of the
 -- key ends. Before, once the job ahead started (or such a lease ended) it stayed held with its
