@@ -273,3 +273,16 @@ def test_an_id_the_destination_holds_for_another_job_stays_in_the_source(
     spec = dst.keys.spec("shared-id")
     assert after[spec] == theirs[spec]  # theirs untouched
     assert client.zscore(dst.keys.due, "shared-id") == dict(theirs[dst.keys.due][1])["shared-id"]
+
+
+def test_partitioned_to_fewer_partitions_ids_tagged_beyond_n_are_found(
+    client: redis.Redis, make_pq: Any
+) -> None:
+    source = make_pq(partitions=4, suffix="-src")
+    dest = make_pq(partitions=2, suffix="-dst")
+    ids = [source.enqueue("mv.task", {"n": i}, delay_ms=10_000_000) for i in range(12)]
+    assert {i.split(".")[0] for i in ids} == {"p0", "p1", "p2", "p3"}  # p2., p3.: hashed on DST
+    assert move_queue(client, source.name, dest.name).moved == 12
+    assert {dest.status(i) for i in ids} == {"scheduled"}
+    assert [dest.cancel(i) for i in ids] == ["scheduled"] * 12
+    assert sum(client.zcard(p.keys.due) for p in source.parts) == 0
