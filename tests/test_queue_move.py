@@ -286,3 +286,15 @@ def test_partitioned_to_fewer_partitions_ids_tagged_beyond_n_are_found(
     assert {dest.status(i) for i in ids} == {"scheduled"}
     assert [dest.cancel(i) for i in ids] == ["scheduled"] * 12
     assert sum(client.zcard(p.keys.due) for p in source.parts) == 0
+
+
+def test_a_plain_destination_gets_the_idempotency_key_naming_a_moved_job(
+    client: redis.Redis, src: Queue, dst: Queue, make_pq: Any
+) -> None:
+    jid = src.enqueue("mv.task", {"n": 1}, key="order-7", delay_ms=10_000_000)
+    report = move_queue(client, src.name, dst.name)
+    assert report.moved == 1 and report.keys == 1
+    assert dst.enqueue("mv.task", {"n": 2}, key="order-7") == jid  # the key names the moved job
+    assert client.zcard(dst.keys.due) == 1
+    pdest = make_pq(partitions=2, suffix="-pdst")
+    assert move_queue(client, dst.name, pdest.name).keys == 0  # partitioned: not carried

@@ -21,6 +21,7 @@ from scheduler.admin.doctor_model import Issue
 from scheduler.admin.inspection import queue_exists, server_now_ms
 from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
+from scheduler.core import connection
 from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError, newer_storage
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys, check_queue_name
 from scheduler.core.partitions import Layout
@@ -46,6 +47,7 @@ class MoveReport:
     moved: int = 0
     resumed: int = 0
     already: int = 0
+    keys: int = 0
     stays: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAY_REASONS, 0))
 
     def as_dict(self) -> dict[str, Any]:
@@ -56,6 +58,7 @@ class MoveReport:
             "moved": self.moved,
             "resumed": self.resumed,
             "already": self.already,
+            "keys": self.keys,
             "stays": dict(self.stays),
         }
 
@@ -107,6 +110,7 @@ class QueueMove:
         if source == dest or {q.name for q in self.src} & {q.name for q in self.dst}:
             raise BadArgument(f"--from and --to name the same queue ({source!r})")
         self.report = MoveReport(source, dest, dry_run=False)
+        self.moved_ids: set[str] = set()  # this run's, in the destination now (carry_keys)
         self.kept = 0  # ids take() left where they were (a page offset: they are listed again)
 
     def check(self, *, skip_schedules: bool) -> None:
@@ -204,6 +208,7 @@ class QueueMove:
                 theirs = [e.id for e, f in zip(entries, flags, strict=True) if f == "x"]
                 if ours:
                     self.finish(part, ours)
+                    self.moved_ids.update(ours)
                 if theirs:  # back in due, after this page's kept ones: listed again later
                     self.finish(part, theirs, back=True)
                     self.report.stays["conflict"] += len(theirs)
@@ -219,8 +224,26 @@ class QueueMove:
             else:
                 self._drain(part, moving, dry_run=False, resumed=True)
             self._drain(part, part.keys.due, dry_run=dry_run, resumed=False)
+            if not dry_run:
+                self.carry_keys(part)
             self._count_stays(part.keys)
         return self.report
+
+    def carry_keys(self, part: Queue) -> None:
+        """A plain destination: each idempotency key of `part` that names a job this run moved
+        is written there too (its text, its time left; NX: a key the destination took since is
+        kept). A partitioned one routes a key by its text, which only its digest stores."""
+        if self.dst_layout is not None or not self.moved_ids:
+            return
+        prefix, dst = part.keys.prefix + "idem:", self.dst[0].keys
+        node = connection.node_for_key(self.client, part.keys.prefix)
+        for key in map(_t, node.scan_iter(match=prefix + "*", count=1000)):
+            value, ttl_ms = self.client.get(key), int(self.client.pttl(key))
+            if value is not None and ttl_ms > 0 and _t(value).split(" ")[0] in self.moved_ids:
+                digest = key[len(prefix) :]
+                self.report.keys += bool(
+                    self.client.set(dst.idem(digest), value, nx=True, px=ttl_ms)
+                )
 
     def _count_stays(self, k: QueueKeys) -> None:
         c = self.client

@@ -93,6 +93,8 @@ def _print(report: MoveReport) -> None:
     for col in ("jobs", "count", "why"):
         table.add_column(col)
     table.add_row(verb, str(report.moved), cell("waiting jobs, same ids and run times"))
+    if report.keys:
+        table.add_row("keys", str(report.keys), cell("idempotency keys naming them, copied"))
     if report.resumed:
         table.add_row("resumed", str(report.resumed), cell("an interrupted move's, sent again"))
     for reason, n in report.stays.items():
