@@ -3,6 +3,7 @@
 from scheduler.client.aio import AsyncQueue
 from scheduler.client.partitioned import PartitionedQueue, PartitionsNotReached, open_queue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue, open_queue_async
+from scheduler.client.partitioned_lease_plan import PartitionedClaimBatch
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import (
@@ -62,6 +63,7 @@ __all__ = [
     "NoReplicas",
     "NotDurable",
     "PartitionMismatch",
+    "PartitionedClaimBatch",
     "PartitionedQueue",
     "PartitionsNotReached",
     "Queue",

@@ -19,7 +19,7 @@ def test_every_public_error_and_model_is_exported() -> None:
     # Schedule: what get_schedule / list_schedules return; the partitioned twins: what
     # open_queue / open_queue_async return for a partitioned name.
     wanted |= {"Registry", "JobContext", "Queue", "AsyncQueue", "Backoff", "Schedule"}
-    wanted |= {"PartitionedQueue", "AsyncPartitionedQueue"}
+    wanted |= {"PartitionedQueue", "AsyncPartitionedQueue", "PartitionedClaimBatch"}  # + claim's
     missing = sorted(n for n in wanted if n not in scheduler.__all__)
     assert missing == [], missing
 
