@@ -17,7 +17,7 @@ local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix = KEYS[1]
 local moving = prefix .. 'moving'
-local MAX_IDS = 1000  -- scheduler/operations/moving.py MOVE_PER_CALL
+local MAX_IDS = 1000  -- scheduler/admin/queue_move.py MOVE_PER_CALL
 local mode = table.remove(ARGV, 1)
 if mode ~= 'done' and mode ~= 'back' then
   return redis.error_reply('BAD_ARGUMENT mode=' .. string.sub(tostring(mode), 1, 40))

@@ -18,7 +18,7 @@
 local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, due, wake_key = KEYS[1], KEYS[2], KEYS[5]
-local MAX_BATCH = 1000  -- scheduler/operations/moving.py MOVE_PER_CALL
+local MAX_BATCH = 1000  -- scheduler/admin/queue_move.py MOVE_PER_CALL
 local n, err = int_arg(ARGV[1], 'n', 1, MAX_BATCH)
 if err then return err end
 if #ARGV ~= 1 + n * 4 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end

@@ -1,5 +1,5 @@
 --[[ move_out: the first step of moving waiting jobs to another queue (`scheduler queue move`,
-  scheduler/operations/moving.py): each named job still waiting in due, never leased, and with
+  scheduler/admin/queue_move.py): each named job still waiting in due, never leased, and with
   no flow fields, parents, children nor schedule, leaves due for `moving` (id -> run_at_ms), where
   no worker claims it, and its whole record is returned, to be written into the other queue
   (move_in.lua) with the same id before move_done.lua deletes it here. A job already in
@@ -23,7 +23,7 @@ local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local moving = prefix .. 'moving'
-local MAX_IDS = 1000  -- scheduler/operations/moving.py MOVE_PER_CALL
+local MAX_IDS = 1000  -- scheduler/admin/queue_move.py MOVE_PER_CALL
 local mode = table.remove(ARGV, 1)
 if mode ~= 'take' and mode ~= 'look' then
   return redis.error_reply('BAD_ARGUMENT mode=' .. string.sub(tostring(mode), 1, 40))
