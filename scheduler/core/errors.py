@@ -1,4 +1,4 @@
-"""One exception class per refusal. Script error codes map here in one function."""
+"""One exception class per refusal (a script's error codes map to them in script_errors.py)."""
 
 from __future__ import annotations
 
@@ -182,35 +182,6 @@ def raise_for_status(status: str, job_id: str, token: str) -> None:
     if status == "missing":
         raise JobNotFound(f"no job {job_id!r}")
     raise SchedulerError(f"unexpected status {status!r} for job {job_id}")
-
-
-def translate(exc: ResponseError) -> SchedulerError | ResponseError:
-    """Turn a script's `CODE detail` error into our exception, a script's WRONGTYPE into
-    CorruptKey and NOREPLICAS into NoReplicas; leave Redis's other errors alone."""
-    text = str(exc)
-    if text.startswith("BAD_ARGUMENT"):
-        detail = text.split(" ", 1)[1] if " " in text else text
-        detail = detail.split(" script:", 1)[0]
-        return BadArgument(f"refused by the server: {detail}")
-    if text.startswith("NEWER_STORAGE "):
-        detail = text[len("NEWER_STORAGE ") :].split(" script:", 1)[0]
-        return NewerStorage(f"the queue is stored by a newer version: {detail}; upgrade this one")
-    if text.startswith("NOREPLICAS"):
-        detail = text.split(" script:", 1)[0].rstrip(".")
-        why = "fewer good replicas than the master's min-replicas-to-write; nothing was written"
-        return NoReplicas(f"{detail} ({why})")
-    if text.startswith("CORRUPT "):
-        return CorruptKey(text[len("CORRUPT ") :].split(" script:", 1)[0])
-    if text.startswith("WRONGTYPE") and " script: " in text:
-        # A key a script reads before its first write holds another type (the scripts check
-        # what they write after it: tests/test_wrong_type_matrix.py). A plain command's
-        # WRONGTYPE stays Redis's: the readers that tolerate one look for it.
-        where = text.split(" script: ", 1)[1].strip()
-        return CorruptKey(
-            "a key of the queue holds another type than the script reads (edited by hand) "
-            f"at script {where}: see `scheduler doctor`"
-        )
-    return exc
 
 
 # Replies with which a server refuses a call for now, never for good: OOM (maxmemory with

@@ -21,8 +21,8 @@ from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from scheduler.core import cluster_io, direct_io
 from scheduler.core.connection import is_cluster
-from scheduler.core.errors import translate
 from scheduler.core.lua_prune import prune
+from scheduler.core.script_errors import translate
 from scheduler.operations.ops import Commands, Request, Script, ScriptPipeline
 
 TRANSITIONS = (
@@ -149,11 +149,11 @@ class Scripts:
 
     def drive(self, items: Sequence[tuple[Sequence[str], Request]]) -> Drive:
         """items: (script KEYS, request). Returns, per request, its reply or the error its
-        reply carried (a script's `CODE detail` translated by scheduler.core.errors.translate).
+        reply carried (a script's `CODE detail` translated by core/script_errors.py translate).
         Connection errors are the I/O's: they propagate from run_sync / run_async."""
         cmds: list[Wire] = []
         routes: list[str] = []
-        spans: list[tuple[int, int, bool]] = []  # (first, end, is a list reply)
+        spans: list[tuple[int, int, bool, Sequence[str]]] = []  # (first, end, is a list, KEYS)
         for keys, req in items:
             first = len(cmds)
             if isinstance(req, Script):
@@ -167,7 +167,7 @@ class Scripts:
             else:
                 raise TypeError(f"not a request: {req!r}")
             routes.extend([keys[0] if keys else ""] * (len(cmds) - len(routes)))
-            spans.append((first, len(cmds), not isinstance(req, Script)))
+            spans.append((first, len(cmds), not isinstance(req, Script), keys))
         replies = yield Batch([], cmds, routes)
         for attempt in range(_NOSCRIPT_RETRIES):
             missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
@@ -192,11 +192,11 @@ class Scripts:
                     continue  # the ACL roles have no EVAL: not run, its NOSCRIPT stays the reply
                 replies[i] = r
         out: list[Any] = []
-        for first, end, is_list in spans:
+        for first, end, is_list, keys in spans:
             part = replies[first:end]
             err = next((r for r in part if isinstance(r, BaseException)), None)
             if err is not None:
-                out.append(translate(err) if isinstance(err, ResponseError) else err)
+                out.append(translate(err, keys) if isinstance(err, ResponseError) else err)
             else:
                 out.append(part if is_list else part[0])
         return out
@@ -240,7 +240,7 @@ def run_one_sync(client: Any, scripts: Scripts, keys: Sequence[str], req: Reques
         except NoScriptError:
             pass
         except ResponseError as exc:
-            raise translate(exc) from None
+            raise translate(exc, keys) from None
     (reply,) = run_sync(client, scripts.drive([(keys, req)]))
     if isinstance(reply, BaseException):
         raise reply
@@ -255,7 +255,7 @@ async def run_one_async(client: Any, scripts: Scripts, keys: Sequence[str], req:
         except NoScriptError:
             pass
         except ResponseError as exc:
-            raise translate(exc) from None
+            raise translate(exc, keys) from None
     (reply,) = await run_async(client, scripts.drive([(keys, req)]))
     if isinstance(reply, BaseException):
         raise reply
