@@ -6,11 +6,12 @@ claim asks every partition in one driver call per node (run_answering), each for
 `limit`: an even split, the remainder to the partitions from a start the call's nonce picks
 (random per call, the same for a re-sent nonce), so a busy partition does not starve the
 others. A partition that took its whole share and has more due (next_ms <= now_ms) gets what
-the others left in a second call. A partition whose node does not answer is left out while
-others answer: the batch names it (`not_reached`) and carries the others' jobs, never an
-exception hiding leased jobs. The calls by job id group the ids by the partition each routes
-to (one driver call per node); an id answered 'missing' that carries no partition tag (a job
-written to a partition's own queue) is asked for in the other partitions (one more call)."""
+the others left in a second call, when every partition answered the first. A partition whose
+node does not answer is left out while others answer: the batch names it (`not_reached`) and
+carries the others' jobs, never an exception hiding leased jobs. The calls by job id group the
+ids by the partition each routes to (one driver call per node); an id answered 'missing' that
+carries no partition tag (a job written to a partition's own queue) is asked for in the other
+partitions (one more call)."""
 
 from __future__ import annotations
 

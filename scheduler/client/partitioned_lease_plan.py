@@ -60,7 +60,11 @@ def second_round(
     order: Sequence[int], shares: dict[int, int], got: dict[int, Any], limit: int
 ) -> dict[int, int]:
     """Shares of what the first round (`got`) left of `limit` over the partitions that
-    answered, took their whole share and have more due now."""
+    answered, took their whole share and have more due now. None when a partition did not
+    answer: what it took is unknown, so a re-sent nonce (that partition answering) would plan
+    other shares than the replayed ones and return more than `limit`."""
+    if any(isinstance(b, BaseException) for b in got.values()):
+        return {}
     left = limit - sum(len(b.jobs) for b in got.values() if isinstance(b, ClaimBatch))
     more = [
         k

@@ -1,0 +1,66 @@
+"""Audit of the partitioned manual lease API (client/partitioned_lease*.py): a re-sent nonce,
+a round that errors, limit, fairness under load."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+
+from scheduler import JobSpec
+from scheduler.client import partitioned_lease, partitioned_partial
+from scheduler.client.partitioned import PartitionedQueue
+
+pytestmark = pytest.mark.pq(partitions=3)
+
+
+def _put(pq: PartitionedQueue, k: int, n: int) -> list[str]:
+    specs = [JobSpec("t", {"i": i}, job_id=f"p{k}.{uuid.uuid4().hex}") for i in range(n)]
+    return pq.enqueue_many(specs)
+
+
+def test_limit_below_the_partition_count(pq: PartitionedQueue) -> None:
+    for k in range(3):
+        _put(pq, k, 3)
+    batch = pq.claim("w", limit=1)
+    assert len(batch.jobs) == 1
+    batch = pq.claim("w", limit=2)
+    assert len(batch.jobs) == 2
+
+
+def _lose_reply(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
+    """The next claim's first round: partition k runs it, but its reply is lost."""
+    real = partitioned_partial.answering_sync
+    calls = [0]
+
+    def lossy(q: Any, make: Any, asked: Any, lost: Any = None) -> list[Any]:
+        out = real(q, make, asked, lost)
+        calls[0] += 1
+        if calls[0] == 1:
+            out[k] = redis.ConnectionError("reply lost")
+        return out
+
+    monkeypatch.setattr(partitioned_lease, "answering_sync", lossy)
+
+
+def test_a_nonce_resent_after_a_lost_first_round_reply_keeps_to_limit(
+    pq: PartitionedQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _put(pq, 0, 10)
+    _put(pq, 1, 10)
+    _put(pq, 2, 1)  # under its share: the others' second round takes what it leaves
+    with monkeypatch.context() as m:
+        _lose_reply(m, 2)
+        first = pq.claim("w", limit=6, nonce="n0nce1")
+    assert set(first.not_reached) == {pq.parts[2].name}  # type: ignore[attr-defined]
+    again = pq.claim("w", limit=6, nonce="n0nce1")  # re-sent: partition 2's job back
+    assert again.not_reached == {}  # type: ignore[attr-defined]
+    assert len(again.jobs) <= 6, Counter(pq.layout.partition_of_id(j.id) for j in again.jobs)
+    leased = sum(p.counts().leased for p in pq.parts)
+    # every job this nonce leased is in one of the replies, and a third send is the second's
+    third = pq.claim("w", limit=6, nonce="n0nce1")
+    assert [(j.id, j.token) for j in third.jobs] == [(j.id, j.token) for j in again.jobs]
+    assert leased == len({j.id for j in first.jobs} | {j.id for j in again.jobs})
