@@ -138,6 +138,11 @@ class QueueMove:
                 self.client.zcard(key)
             except redis.ResponseError:
                 raise CorruptKey(f"CORRUPT {key} is not a zset (nothing written)") from None
+        for q in self.src:  # an interrupted move is finished where it began: else a 2nd copy
+            to = self.client.hget(q.keys.config, "move_to")
+            busy = self.client.zcard(q.keys.prefix + "moving")
+            if to is not None and _t(to) != self.report.dest and busy:
+                raise MoveRefused(f"{q.name!r} has jobs of a move to {_t(to)!r}: rerun that first")
         if not skip_schedules:
             n = sum(int(self.client.scard(q.keys.schedules)) for q in self.src)
             if n:
@@ -150,6 +155,8 @@ class QueueMove:
     def take(self, part: Queue, ids: list[str], *, look: bool = False) -> list[Entry]:
         """Step 1 (move_out.lua): the ids' records, out of due into `moving` (look: read
         only). Stays are counted in the report by reason."""
+        if not look:  # where its `moving` jobs go: a rerun elsewhere is refused (check)
+            self.client.hset(part.keys.config, "move_to", self.report.dest)
         reply = part._run(_call("move_out", ["look" if look else "take", *ids]))
         out: list[Entry] = []
         for row in reply:
@@ -226,6 +233,8 @@ class QueueMove:
             self._drain(part, part.keys.due, dry_run=dry_run, resumed=False)
             if not dry_run:
                 self.carry_keys(part)
+                if not self.client.zcard(moving):
+                    self.client.hdel(part.keys.config, "move_to")
             self._count_stays(part.keys)
         return self.report
 
