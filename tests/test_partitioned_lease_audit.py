@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from scheduler import JobSpec
-from scheduler.client import partitioned_lease, partitioned_partial
+from scheduler.client import partitioned_lease, partitioned_lease_plan, partitioned_partial
 from scheduler.client.partitioned import PartitionedQueue
 
 pytestmark = pytest.mark.pq(partitions=3)
@@ -64,3 +64,40 @@ def test_a_nonce_resent_after_a_lost_first_round_reply_keeps_to_limit(
     third = pq.claim("w", limit=6, nonce="n0nce1")
     assert [(j.id, j.token) for j in third.jobs] == [(j.id, j.token) for j in again.jobs]
     assert leased == len({j.id for j in first.jobs} | {j.id for j in again.jobs})
+
+
+def test_a_trickling_partition_is_served_beside_a_large_backlog(pq: PartitionedQueue) -> None:
+    busy = set(_put(pq, 1, 60))
+    waiting: set[str] = set()
+    most = 0
+    for i in range(30):  # fixed nonces: the turn's start is the same on every run
+        if i % 2 == 0:
+            waiting |= set(_put(pq, 0, 1) + _put(pq, 2, 1))
+        batch = pq.claim("w", limit=3, nonce=f"steady{i}")
+        got = {j.id for j in batch.jobs}
+        assert len(got) == 3 and got <= busy | waiting
+        waiting -= got
+        most = max(most, len(waiting))
+        assert pq.complete_many([(j.id, j.token, None) for j in batch.jobs]) == ["done"] * 3
+    assert most <= 2 and not waiting  # each trickled job taken at the next claim
+
+
+def test_a_partition_refusing_the_second_round_hides_no_leased_job(
+    pq: PartitionedQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _put(pq, 0, 10)
+    _put(pq, 1, 10)  # partition 2 empty: its share goes to 0 and 1 in a second round
+    real = partitioned_lease_plan.second_round
+
+    def then_corrupt(*args: Any) -> dict[int, int]:
+        more = real(*args)
+        assert set(more) == {0, 1}
+        pq.client.set(pq.parts[0].keys.dead, "edited by hand")  # 0 refuses: CorruptKey
+        return more
+
+    monkeypatch.setattr(partitioned_lease, "second_round", then_corrupt)
+    batch = pq.claim("w", limit=6, nonce="r0und2")
+    leased = sum(p.counts().leased for p in pq.parts[1:]) + 2  # 0's first round: its share
+    assert len(batch.jobs) == leased == 5  # 2 + 2 in the first round, 1 of 1's in the second
+    assert set(batch.not_reached) == {pq.parts[0].name}  # type: ignore[attr-defined]
+    assert "not a zset" in batch.not_reached[pq.parts[0].name]  # type: ignore[attr-defined]

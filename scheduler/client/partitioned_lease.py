@@ -29,9 +29,11 @@ from scheduler.client.partitioned_lease_plan import (
     claimer,
     completions,
     for_items,
+    kept,
     merged_claim,
     place,
     progressed,
+    refusing,
     round_nonce,
     routed_items,
     second_round,
@@ -83,9 +85,9 @@ class PartitionedLeasing:
         make = claimer(self.parts, worker_id, shares, lease_ms, reap_limit, nonce)
         rounds = [dict(enumerate(answering_sync(q, make, self.parts)))]
         if more := second_round(order, shares, rounds[0], limit):
-            make = claimer(self.parts, worker_id, more, lease_ms, 0, round_nonce(nonce))
+            make = refusing(claimer(self.parts, worker_id, more, lease_ms, 0, round_nonce(nonce)))
             asked = [self.parts[k] for k in more]
-            rounds.append(dict(zip(more, looked_up(q, make, asked), strict=True)))
+            rounds.append(dict(zip(more, kept(looked_up(q, make, asked)), strict=True)))
         return merged_claim(self.parts, rounds)
 
     def _by_id(

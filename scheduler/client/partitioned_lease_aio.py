@@ -17,9 +17,11 @@ from scheduler.client.partitioned_lease_plan import (
     claimer,
     completions,
     for_items,
+    kept,
     merged_claim,
     place,
     progressed,
+    refusing,
     round_nonce,
     routed_items,
     second_round,
@@ -78,9 +80,11 @@ class AsyncPartitionedLeasing:
         make = claimer(self.parts, worker_id, shares, lease_ms, reap_limit, nonce)
         rounds = [dict(enumerate(await answering_async(self, make, self.parts)))]
         if more := second_round(order, shares, rounds[0], limit):
-            make = claimer(self.parts, worker_id, more, lease_ms, 0, round_nonce(nonce))
+            make = refusing(claimer(self.parts, worker_id, more, lease_ms, 0, round_nonce(nonce)))
             asked = [self.parts[k] for k in more]
-            rounds.append(dict(zip(more, await looked_up_async(self, make, asked), strict=True)))
+            rounds.append(
+                dict(zip(more, kept(await looked_up_async(self, make, asked)), strict=True))
+            )
         return merged_claim(self.parts, rounds)
 
     async def _by_id(

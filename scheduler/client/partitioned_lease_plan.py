@@ -12,7 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.client.partitioned_merge import PartitionsNotReached
+from redis.exceptions import AskError
+
+from scheduler.client.partitioned_merge import PartitionsNotReached, not_answering
 from scheduler.core import codec
 from scheduler.core.errors import BadArgument, slot_move_text
 from scheduler.core.json_text import encode_json
@@ -74,6 +76,31 @@ def second_round(
         and 0 <= b.next_ms <= b.now_ms
     ]
     return split(more, left) if more and left > 0 else {}
+
+
+@dataclass(frozen=True)
+class _Refused:
+    error: Exception
+
+
+def refusing(make: Callable[[Any], Op[ClaimBatch]]) -> Callable[[Any], Op[Any]]:
+    """make(partition) of the second round, whose refusal (CorruptKey, ...) is its result: the
+    first round's jobs are leased, so no partition's error may hide them (`kept`)."""
+
+    def op(p: Any) -> Op[Any]:
+        try:
+            return (yield from make(p))
+        except Exception as exc:
+            if not_answering(exc) or isinstance(exc, AskError):  # run_answering's to handle
+                raise
+            return _Refused(exc)
+
+    return op
+
+
+def kept(got: Sequence[Any]) -> list[Any]:
+    """The second round's results, a refusal as its error (named in `not_reached`)."""
+    return [r.error if isinstance(r, _Refused) else r for r in got]
 
 
 def merged_claim(parts: Sequence[Any], rounds: Sequence[dict[int, Any]]) -> PartitionedClaimBatch:
