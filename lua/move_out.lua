@@ -11,13 +11,15 @@
     job), {hash field, value, ...} ({} = a spec-only job)}, or {id, reason} for a job that
     stays: 'leased' | 'held' (flow control: a concurrency key, a rate, parents not done) |
     'flow' (a priority, flow keys, parents or children) | 'schedule' (a schedule's run) |
-    'dead' | 'unreadable' (its record is of another type or not one this version wrote) |
+    'dead' | 'unreadable' (its record is of another type, not one this version wrote, or
+    holds bytes that are not UTF-8) |
     'missing' (not waiting: finished, cancelled, gone)
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | moving is not a zset (edited by
     hand; nothing written); the server's own refusal of the write (OOM, ...), nothing written ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
+-- @include "lib/utf8.lua"
 
 local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
@@ -70,8 +72,12 @@ for _, id in ipairs(ARGV) do
     elseif not spec and #fields == 0 then
       reason = 'unreadable'  -- in due with no record: doctor's case
     else
-      local h = {}
+      local h, text = {}, not spec or is_utf8(spec)
       for i = 1, #fields, 2 do h[fields[i]] = true end
+      -- Bytes a decoding client cannot read (a hand edit) would reach the destination as
+      -- other text: such a job stays, where its claim parks it.
+      for i = 1, #fields do text = text and is_utf8(fields[i]) end
+      if not text then reason = 'unreadable' end
       for _, f in ipairs(TIED) do
         if h[f] then reason = (f == 'schedule') and 'schedule' or 'flow' end
       end

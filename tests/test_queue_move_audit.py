@@ -41,3 +41,25 @@ def test_a_rerun_to_another_destination_is_refused_while_jobs_wait_in_moving(
     assert move_queue(client, src.name, two.name).moved == 1
     assert sorted(client.zrange(one.keys.due, 0, -1)) == ["j0", "j1", "j2"]
     assert client.zrange(two.keys.due, 0, -1) == ["later"]
+
+
+def test_a_record_with_bytes_no_client_can_read_stays_and_is_not_rewritten(
+    client: redis.Redis, redis_url: str, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    # A payload edited by hand into bytes that are not UTF-8: the source's claim parks it
+    # ('invalid job: payload'), visibly. The move reads records through a decoding client
+    # (backslashreplace): it must not write the text it read, a different payload, elsewhere.
+    src, one, _ = queues
+    src.enqueue("mva.task", {"v": "MARK"}, job_id="bad")
+    src.enqueue("mva.task", {"v": "fine"}, job_id="good")
+    with redis.Redis.from_url(redis_url) as raw:
+        record = raw.get(src.keys.spec("bad"))
+        assert record is not None and b"MARK" in record
+        edited = record.replace(b"MARK", b"\xff\xfe")
+        raw.set(src.keys.spec("bad"), edited)
+        report = move_queue(client, src.name, one.name)
+        assert report.moved == 1 and report.stays["unreadable"] == 1
+        assert raw.get(src.keys.spec("bad")) == edited  # untouched, still waiting here
+        assert client.zscore(src.keys.due, "bad") is not None
+        assert raw.exists(one.keys.spec("bad"), one.keys.job("bad")) == 0
+    assert client.zrange(one.keys.due, 0, -1) == ["good"]
