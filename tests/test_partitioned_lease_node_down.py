@@ -67,10 +67,10 @@ def test_claim_leases_the_answering_partitions_and_names_the_others(downs: list[
     pq = PartitionedQueue.open(connect(down.url), down.name)
     try:
         first = pq.claim("w", limit=len(down.live))  # a share of one each, at most
-        assert set(first.not_reached) == set(down.dead)  # type: ignore[attr-defined]
+        assert set(first.not_reached) == set(down.dead)
         assert 1 <= len(first.jobs) <= len(down.live)
         rest = pq.claim("w", limit=100)
-        assert set(rest.not_reached) == set(down.dead)  # type: ignore[attr-defined]
+        assert set(rest.not_reached) == set(down.dead)
         got = [j.id for j in first.jobs + rest.jobs]
         assert sorted(got) == sorted(i for ids in down.live.values() for i in ids)  # once each
         assert pq.claim("w", limit=100).jobs == []
@@ -107,7 +107,7 @@ def test_the_asyncio_claim_leases_the_answering_partitions(downs: list[Down]) ->
         try:
             apq = await AsyncPartitionedQueue.open(ac, down.name)
             batch = await apq.claim("w", limit=100)
-            missing = set(batch.not_reached)  # type: ignore[attr-defined]
+            missing = set(batch.not_reached)
             items = [(j.id, j.token, None) for j in batch.jobs] + [(dead[0], "1-x", None)]
             with pytest.raises(PartitionsNotReached) as err:
                 await apq.complete_many(items)

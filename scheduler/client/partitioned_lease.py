@@ -46,7 +46,7 @@ from scheduler.client.partitioned_merge import PartitionsNotReached, reached_eve
 from scheduler.client.partitioned_partial import answering_sync
 from scheduler.client.queue import Queue
 from scheduler.core.limits import DEFAULT_LEASE_MS, check_int, check_lease, lease_pairs
-from scheduler.core.models import ClaimBatch, FailOutcome
+from scheduler.core.models import FailOutcome
 from scheduler.core.partitions import Layout
 from scheduler.core.progress import encode_progress
 from scheduler.operations.ops import Op
@@ -71,7 +71,7 @@ class PartitionedLeasing:
         lease_ms: int = DEFAULT_LEASE_MS,
         reap_limit: int = 100,
         nonce: str | None = None,
-    ) -> ClaimBatch:
+    ) -> PartitionedClaimBatch:
         """`Queue.claim` over every partition: at most `limit` jobs in all, shared fairly
         (module docstring), one driver call per node, a second one when partitions that took
         their share have more due. Returns a `PartitionedClaimBatch`; a partition whose node

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 from scheduler.client.aio import AsyncQueue
 from scheduler.client.partitioned_ids import holding_async
 from scheduler.client.partitioned_lease_plan import (
+    PartitionedClaimBatch,
     Why,
     beat,
     beats,
@@ -37,7 +38,7 @@ from scheduler.client.partitioned_merge import (
 )
 from scheduler.client.partitioned_partial import answering_async
 from scheduler.core.limits import DEFAULT_LEASE_MS, check_int, check_lease, lease_pairs
-from scheduler.core.models import ClaimBatch, FailOutcome
+from scheduler.core.models import FailOutcome
 from scheduler.core.partitions import Layout
 from scheduler.core.progress import encode_progress
 from scheduler.operations.ops import Op
@@ -72,7 +73,7 @@ class AsyncPartitionedLeasing:
         lease_ms: int = DEFAULT_LEASE_MS,
         reap_limit: int = 100,
         nonce: str | None = None,
-    ) -> ClaimBatch:
+    ) -> PartitionedClaimBatch:
         """PartitionedQueue.claim for asyncio: a `PartitionedClaimBatch`."""
         nonce = claim_checked(worker_id, limit, lease_ms, reap_limit, nonce)
         order = turn_order(len(self.parts), claim_start(len(self.parts), nonce))
