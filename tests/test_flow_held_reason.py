@@ -1,9 +1,10 @@
 """The reason shown for a job of a concurrency key that is held while its key has room: it waits
-its turn behind an older held job of the key (the key is FIFO, lib/flow.lua flow_admit), and
-its reason says so, 'waiting behind older job <id> of key <k> (<live> of <K> leased)'. Before,
-it read 'limited by key <k> (<K> leased)', as if the key's K slots were all leased, through
-every view: the job's `flow_reason` (Queue.get_job, list_jobs('held')), `scheduler jobs show`
-and the dashboard's job page. A job held because its key is full keeps the key-limit reason."""
+its turn behind a held job of the key placed before it (by run time less a priority part,
+lib/flow.lua flow_admit: it may be newer), and its reason says so, 'waiting behind job <id> of
+key <k> (<live> of <K> leased)'. Before, it read 'limited by key <k> (<K> leased)', as if the
+key's K slots were all leased, through every view: the job's `flow_reason` (Queue.get_job,
+list_jobs('held')), `scheduler jobs show` and the dashboard's job page. A job held because its
+key is full keeps the key-limit reason."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_a_job_held_behind_an_older_one_of_its_key_says_so(fq: tuple[Queue, Cloc
     a, x, y = _held_behind(q, clock)
     assert q.status(y) == JobState.HELD
     reason = q.get_job(y).fields["flow_reason"]
-    assert reason == f"waiting behind older job {x} of key k (1 of 3 leased)"
+    assert reason == f"waiting behind job {x} of key k (1 of 3 leased)"
     assert "limited" not in reason
     # x is held because k is full for its limit of 1: that reason stays.
     assert q.get_job(x).fields["flow_reason"] == "limited by key k (1 leased)"
@@ -65,10 +66,10 @@ def test_jobs_show_gives_the_reason(redis_url: str, fq: tuple[Queue, Clock]) -> 
     assert got.exit_code == 0, got.output
     data = json.loads(got.stdout)
     assert data["state"] == "held"
-    assert data["flow"] == f"waiting behind older job {x} of key k (1 of 3 leased)"
+    assert data["flow"] == f"waiting behind job {x} of key k (1 of 3 leased)"
     human = runner.invoke(main, ["jobs", "show", "-q", q.name, y, "--url", redis_url])
     assert human.exit_code == 0, human.output
-    assert f"waiting behind older job {x} of key k" in human.stdout
+    assert f"waiting behind job {x} of key k" in human.stdout
     assert "limited by key" not in human.stdout
 
 
@@ -83,7 +84,7 @@ def test_the_job_page_says_the_key_has_room(fq: tuple[Queue, Clock], web: TestCl
     _, x, y = _held_behind(q, clock)
     page = web.get(f"/queues/{q.name}/jobs/{y}").text
     assert 'data-reason="behind-older-in-key"' in page
-    assert f"waiting behind older job {x} of key k: the key had room (1 of 3 leased" in page
+    assert f"waiting behind job {x} of key k: the key had room (1 of 3 leased" in page
     assert 'data-reason="limited-by-key"' not in page
     assert "slots are leased" not in page
     page_x = web.get(f"/queues/{q.name}/jobs/{x}").text
@@ -101,3 +102,37 @@ def test_a_job_of_a_full_key_with_older_held_jobs_is_limited_by_the_key(
     z = q.enqueue("t", "z", concurrency_key="k", concurrency_limit=1)
     assert q.claim("w", limit=10, lease_ms=LEASE_MS).jobs == []
     assert q.get_job(z).fields["flow_reason"] == "limited by key k (1 leased)"
+
+
+def test_the_reason_does_not_call_a_newer_job_ahead_older(fq: tuple[Queue, Clock]) -> None:
+    """The key's held jobs are ordered by place: a newer job of higher priority goes ahead of
+    an older one. Before, the reason called it 'older job'."""
+    q, clock = fq
+    a = q.enqueue("t", "a", concurrency_key="k", concurrency_limit=1)
+    assert [j.id for j in q.claim("w", limit=10, lease_ms=LEASE_MS).jobs] == [a]
+    old = q.enqueue("t", "old", concurrency_key="k", concurrency_limit=3, delay_ms=5_000)
+    clock.set_ms(T0 + 1)
+    new = q.enqueue("t", "new", concurrency_key="k", concurrency_limit=1, priority=9)
+    assert q.claim("w", limit=10, lease_ms=LEASE_MS).jobs == []  # new: held, k is full for it
+    clock.set_ms(T0 + 5_000)
+    assert q.claim("w", limit=10, lease_ms=LEASE_MS).jobs == []  # old: held behind new
+    reason = q.get_job(old).fields["flow_reason"]
+    assert reason == f"waiting behind job {new} of key k (1 of 3 leased)"
+    assert "older" not in reason
+
+
+@pytest.mark.parametrize("older", ["older ", ""])
+def test_the_job_page_reads_the_reason_of_either_version(
+    client: redis.Redis, fq: tuple[Queue, Clock], web: TestClient, older: str
+) -> None:
+    """A job held by the previous version keeps its stored reason ('waiting behind older job',
+    a rolling deploy): the job page reads it as it reads this version's."""
+    q, clock = fq
+    _, x, y = _held_behind(q, clock)
+    client.hset(
+        q.keys.job(y), "flow_reason", f"waiting behind {older}job {x} of key k (1 of 3 leased)"
+    )
+    page = web.get(f"/queues/{q.name}/jobs/{y}").text
+    assert 'data-reason="behind-older-in-key"' in page
+    assert f"waiting behind job {x} of key k: the key had room (1 of 3 leased" in page
+    assert "held by flow control:" not in page

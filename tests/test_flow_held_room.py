@@ -38,7 +38,7 @@ def _held_behind(q: Queue, clock: Clock, behind: int = 1) -> tuple[str, str, lis
         ys.append(q.enqueue("t", f"y{i}", concurrency_key="k", concurrency_limit=3))
     assert q.claim("w", limit=10, lease_ms=LEASE_MS).jobs == []
     for y in ys:
-        assert q.get_job(y).fields["flow_reason"].startswith(f"waiting behind older job {x}")
+        assert q.get_job(y).fields["flow_reason"].startswith(f"waiting behind job {x}")
     return a, x, ys
 
 

@@ -493,11 +493,11 @@ local function flow_admit(prefix, id, jk, f, run_at, now)
     end
     if live >= f.climit or ahead then
       -- The reason says which: the key is full, or it has room and this job waits its turn
-      -- behind an older one (scheduler/dashboard/reasons.py reads both back). Before, both
-      -- read 'limited by key', as if a key with room had none.
+      -- behind one placed before it, older or of higher priority (scheduler/dashboard/reasons.py
+      -- reads both back). Before, both read 'limited by key', as if a key with room had none.
       local why = 'limited by key ' .. f.ckey .. ' (' .. fmt(f.climit) .. ' leased)'
       if ahead then
-        why = 'waiting behind older job ' .. string.sub(ahead, 1, 128) .. ' of key ' .. f.ckey
+        why = 'waiting behind job ' .. string.sub(ahead, 1, 128) .. ' of key ' .. f.ckey
           .. ' (' .. fmt(live) .. ' of ' .. fmt(f.climit) .. ' leased)'
       end
       local ok, bad = flow_hold(prefix, id, jk, run_at, 'flow:ckheld:' .. f.ckey, place, why)

@@ -17,7 +17,9 @@ from scheduler.core.models import Job, JobState
 
 # The job field `flow_reason` as lua/lib/flow.lua writes it (flow_admit, flow_wait).
 _KEY_LIMIT = re.compile(r"limited by key (\S+) \((\d+) leased\)")
-_BEHIND = re.compile(r"waiting behind older job (\S+) of key (\S+) \((\d+) of (\d+) leased\)")
+# 'older job': the words before the key's held jobs were ordered by priority too (fbeacb5),
+# still stored on a job held by the previous version (a rolling deploy).
+_BEHIND = re.compile(r"waiting behind (?:older )?job (\S+) of key (\S+) \((\d+) of (\d+) leased\)")
 _RATE = re.compile(r"rate window (\S+) \((\d+) per (\d+) ms\) until (\d+)")
 _WAITING = re.compile(r"waiting for (\d+) jobs")
 # A dead reason of a child parked by its parent (lib/flow.lua flow_parent_ended).
@@ -50,9 +52,10 @@ def flow_reasons(job: Job, now_ms: int) -> list[Reason]:
     if m := _BEHIND.fullmatch(raw):
         ahead, key, live, limit = m.groups()
         text = (
-            f"waiting behind older job {ahead} of key {key}: the key had room ({live} of "
-            f"{limit} leased when it was set aside), but the key's held jobs go back oldest "
-            f"first, so {ahead} goes first; this one comes back in its turn as leases end"
+            f"waiting behind job {ahead} of key {key}: the key had room ({live} of "
+            f"{limit} leased when it was set aside), but the key's held jobs go back in order "
+            f"(run time, moved ahead by priority), so {ahead} goes first; this one comes back "
+            "in its turn as leases end"
         )
         return [Reason("behind-older-in-key", text)]
     if m := _RATE.fullmatch(raw):
