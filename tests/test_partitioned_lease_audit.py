@@ -3,6 +3,7 @@ a round that errors, limit, fairness under load."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from typing import Any, get_type_hints
@@ -13,6 +14,8 @@ import redis
 from scheduler import JobSpec
 from scheduler.client import partitioned_lease, partitioned_lease_plan, partitioned_partial
 from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.partitioned_aio import AsyncPartitionedQueue
+from scheduler.core.connection import connect_async
 
 pytestmark = pytest.mark.pq(partitions=3)
 
@@ -106,8 +109,49 @@ def test_a_partition_refusing_the_second_round_hides_no_leased_job(
 def test_claim_is_typed_as_returning_a_partitioned_claim_batch() -> None:
     """Its `not_reached` is the way to see a partition left out: a caller under mypy --strict
     reads it without a cast (the tests needed `type: ignore[attr-defined]`)."""
-    from scheduler.client.partitioned_aio import AsyncPartitionedQueue
     from scheduler.client.partitioned_lease_plan import PartitionedClaimBatch
 
     for cls in (PartitionedQueue, AsyncPartitionedQueue):
         assert get_type_hints(cls.claim)["return"] is PartitionedClaimBatch, cls
+
+
+def test_the_asyncio_claim_keeps_to_limit_and_hides_nothing_as_the_sync_one(
+    pq: PartitionedQueue, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The two fixes above, through partitioned_lease_aio.py's own round calls."""
+    _put(pq, 0, 10)
+    _put(pq, 1, 10)
+    real_round = partitioned_lease_plan.second_round
+    real_answering = partitioned_partial.answering_async
+    calls = [0]
+
+    async def lossy(q: Any, make: Any, asked: Any, lost: Any = None) -> list[Any]:
+        out = await real_answering(q, make, asked, lost)
+        calls[0] += 1
+        if calls[0] == 1:  # the first claim's first round: partition 2's reply lost
+            out[2] = redis.ConnectionError("reply lost")
+        return out
+
+    def then_corrupt(*args: Any) -> dict[int, int]:
+        more = real_round(*args)
+        if calls[0] == 2:  # the second claim's second round: partition 0 refuses it
+            pq.client.set(pq.parts[0].keys.dead, "edited by hand")
+        return more
+
+    monkeypatch.setattr("scheduler.client.partitioned_lease_aio.answering_async", lossy)
+    monkeypatch.setattr("scheduler.client.partitioned_lease_aio.second_round", then_corrupt)
+
+    async def main() -> tuple[Any, Any]:
+        ac = connect_async(redis_url)
+        try:
+            apq = await AsyncPartitionedQueue.open(ac, pq.name)
+            first = await apq.claim("w", limit=6, nonce="as1nc")
+            return first, await apq.claim("w", limit=6, nonce="as1nc2")
+        finally:
+            await ac.aclose()
+
+    first, second = asyncio.run(main())
+    assert set(first.not_reached) == {pq.parts[2].name} and len(first.jobs) == 4  # no round 2
+    assert set(second.not_reached) == {pq.parts[0].name}
+    leased = sum(p.counts().leased for p in pq.parts[1:]) + 4  # 0's: 2 and 2 of the rounds
+    assert len(first.jobs) + len(second.jobs) == leased == 9  # 4, then 2 + 2 + 1 of 1's
