@@ -155,3 +155,30 @@ def test_the_asyncio_claim_keeps_to_limit_and_hides_nothing_as_the_sync_one(
     assert set(second.not_reached) == {pq.parts[0].name}
     leased = sum(p.counts().leased for p in pq.parts[1:]) + 4  # 0's: 2 and 2 of the rounds
     assert len(first.jobs) + len(second.jobs) == leased == 9  # 4, then 2 + 2 + 1 of 1's
+
+
+def test_a_lost_second_round_reply_is_named_and_a_resent_nonce_returns_its_jobs(
+    pq: PartitionedQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sound before this audit: kept as a guard of the replay of both rounds."""
+    from scheduler.client import partitioned_ids
+
+    _put(pq, 0, 10)
+    _put(pq, 1, 10)
+    real = partitioned_ids.looked_up
+    calls = [0]
+
+    def lossy(q: Any, make: Any, asked: Any) -> list[Any]:
+        out = real(q, make, asked)
+        calls[0] += 1
+        if calls[0] == 1:
+            out[0] = redis.ConnectionError("reply lost")  # ran: its job leased
+        return out
+
+    monkeypatch.setattr("scheduler.client.partitioned_lease.looked_up", lossy)
+    first = pq.claim("w", limit=6, nonce="l0st2")
+    assert len(first.not_reached) == 1 and len(first.jobs) == 5  # the first asked of 0, 1
+    again = pq.claim("w", limit=6, nonce="l0st2")
+    assert again.not_reached == {} and len(again.jobs) == 6
+    assert {j.id for j in first.jobs} < {j.id for j in again.jobs}
+    assert sum(p.counts().leased for p in pq.parts) == 6
