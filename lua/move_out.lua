@@ -67,6 +67,8 @@ for _, id in ipairs(ARGV) do
     local reason = nil
     if type(spec) == 'table' or type(fields) == 'table' and fields.err then
       reason = 'unreadable'
+    elseif not parse_int(at, 0, LIM.time_ms) then
+      reason = 'unreadable'  -- a score edited into no whole ms: move_in would refuse its batch
     elseif spec and not read_spec(spec, at) then
       reason = 'unreadable'
     elseif not spec and #fields == 0 then

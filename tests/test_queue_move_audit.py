@@ -3,6 +3,7 @@ each test names a way a job could be lost, run early or run twice by the move it
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -63,3 +64,72 @@ def test_a_record_with_bytes_no_client_can_read_stays_and_is_not_rewritten(
         assert client.zscore(src.keys.due, "bad") is not None
         assert raw.exists(one.keys.spec("bad"), one.keys.job("bad")) == 0
     assert client.zrange(one.keys.due, 0, -1) == ["good"]
+
+
+def test_non_ascii_text_in_a_retried_jobs_hash_arrives_byte_for_byte(
+    client: redis.Redis, redis_url: str, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    # The hash travels as JSON (json.dumps escapes non-ASCII as \\u, an emoji as a surrogate
+    # pair) and is decoded by move_in.lua's cjson: the bytes must be the same on both sides.
+    src, one, _ = queues
+    src.enqueue("mva.task", {"v": "caf\u00e9 \U0001f600"}, job_id="r", max_attempts=3)
+    lease = src.claim("w", limit=1).jobs[0]
+    src.fail("r", lease.token, ("E", "b\u00e4d \U0001f4a5", ""), delay_ms=10_000_000)
+    with redis.Redis.from_url(redis_url) as raw:
+        before = raw.hgetall(src.keys.job("r")), raw.get(src.keys.spec("r"))
+        assert move_queue(client, src.name, one.name).moved == 1
+        assert (raw.hgetall(one.keys.job("r")), raw.get(one.keys.spec("r"))) == before
+    assert json.loads(one.get_job("r").payload_json) == {"v": "caf\u00e9 \U0001f600"}
+
+
+def test_a_due_score_edited_into_no_time_stays_and_does_not_block_its_batch(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    # A due score that is no whole ms (a hand edit): the source's claim parks that job. The
+    # move must not take it into `moving` and then have move_in refuse the whole batch: its
+    # neighbours would wait in `moving` through every rerun.
+    src, one, _ = queues
+    for i in range(3):
+        src.enqueue("mva.task", job_id=f"j{i}")
+    client.zadd(src.keys.due, {"j1": 1234.5})
+    for _ in range(2):  # a rerun too
+        move_queue(client, src.name, one.name)
+    assert sorted(client.zrange(one.keys.due, 0, -1)) == ["j0", "j2"]
+    assert client.zcard(src.keys.prefix + "moving") == 0
+    assert client.zscore(src.keys.due, "j1") == 1234.5
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lua/cancel.lua (not this feature's file) answers a hash job's state 'due' for a "
+    "job in `moving` and writes nothing; the move then runs it (docs/cluster.md)",
+)
+def test_cancelling_a_retried_job_while_it_is_moving_does_not_say_cancelled_and_run_it(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    src, one, _ = queues
+    src.enqueue("mva.task", job_id="r", max_attempts=3)
+    lease = src.claim("w", limit=1).jobs[0]
+    src.fail("r", lease.token, ("E", "boom", ""), delay_ms=0)  # a retry, due now
+    m = QueueMove(client, src.name, one.name)
+    entries = m.take(m.src[0], ["r"])
+    answer = src.cancel("r")  # while it is in `moving`
+    m.finish(m.src[0], [e.id for e in entries if m.put(entries)])
+    ran = [j.id for j in one.claim("w", limit=5).jobs]
+    assert not (answer in ("due", "scheduled") and ran == ["r"]), (answer, ran)
+
+
+def test_a_destination_sleeping_until_a_later_job_is_woken_by_a_due_job_moved_in(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    # A destination worker waits on its wake list until its next due time; a moved job due
+    # now must wake it, one due after the destination's head need not.
+    src, one, _ = queues
+    one.enqueue("mva.task", job_id="head", delay_ms=60_000)
+    src.enqueue("mva.task", job_id="late", delay_ms=600_000)
+    client.delete(one.keys.wake)
+    move_queue(client, src.name, one.name)
+    assert client.llen(one.keys.wake) == 0
+    src.enqueue("mva.task", job_id="now")
+    move_queue(client, src.name, one.name)
+    assert client.llen(one.keys.wake) == 1
