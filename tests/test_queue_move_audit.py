@@ -11,6 +11,7 @@ import redis
 
 from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
 from scheduler.client.queue import Queue
+from scheduler.core.connection import connect
 from tests.conftest import delete_queue, new_queue
 
 
@@ -53,7 +54,7 @@ def test_a_record_with_bytes_no_client_can_read_stays_and_is_not_rewritten(
     src, one, _ = queues
     src.enqueue("mva.task", {"v": "MARK"}, job_id="bad")
     src.enqueue("mva.task", {"v": "fine"}, job_id="good")
-    with redis.Redis.from_url(redis_url) as raw:
+    with connect(redis_url, decode_responses=False) as raw:
         record = raw.get(src.keys.spec("bad"))
         assert record is not None and b"MARK" in record
         edited = record.replace(b"MARK", b"\xff\xfe")
@@ -75,7 +76,7 @@ def test_non_ascii_text_in_a_retried_jobs_hash_arrives_byte_for_byte(
     src.enqueue("mva.task", {"v": "caf\u00e9 \U0001f600"}, job_id="r", max_attempts=3)
     lease = src.claim("w", limit=1).jobs[0]
     src.fail("r", lease.token, ("E", "b\u00e4d \U0001f4a5", ""), delay_ms=10_000_000)
-    with redis.Redis.from_url(redis_url) as raw:
+    with connect(redis_url, decode_responses=False) as raw:
         before = raw.hgetall(src.keys.job("r")), raw.get(src.keys.spec("r"))
         assert move_queue(client, src.name, one.name).moved == 1
         assert (raw.hgetall(one.keys.job("r")), raw.get(one.keys.spec("r"))) == before
