@@ -134,3 +134,18 @@ def test_a_destination_sleeping_until_a_later_job_is_woken_by_a_due_job_moved_in
     src.enqueue("mva.task", job_id="now")
     move_queue(client, src.name, one.name)
     assert client.llen(one.keys.wake) == 1
+
+
+def test_a_move_into_a_queue_whose_own_move_is_unfinished_is_refused(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    # src -> one stopped after step 2: the jobs are in `one` and in src's `moving`. Moving
+    # `one` back into src would find each in src (in `moving`), answer 'e' and delete it from
+    # `one`: then it waits only in src's `moving`, where nothing runs it.
+    src, one, _ = queues
+    src.enqueue("mva.task", job_id="j")
+    m = QueueMove(client, src.name, one.name)
+    assert m.put(m.take(m.src[0], ["j"])) == "c"
+    with pytest.raises(MoveRefused, match=src.name):
+        move_queue(client, one.name, src.name)
+    assert client.zrange(one.keys.due, 0, -1) == ["j"]

@@ -138,11 +138,11 @@ class QueueMove:
                 self.client.zcard(key)
             except redis.ResponseError:
                 raise CorruptKey(f"CORRUPT {key} is not a zset (nothing written)") from None
-        for q in self.src:  # an interrupted move is finished where it began: else a 2nd copy
-            to = self.client.hget(q.keys.config, "move_to")
+        for q in (*self.src, *self.dst):  # an unfinished move is finished first, to where it
+            to = _t(self.client.hget(q.keys.config, "move_to") or "?")  # went: else 2 copies
             busy = self.client.zcard(q.keys.prefix + "moving")
-            if to is not None and _t(to) != self.report.dest and busy:
-                raise MoveRefused(f"{q.name!r} has jobs of a move to {_t(to)!r}: rerun that first")
+            if busy and (q in self.dst or to not in ("?", self.report.dest)):
+                raise MoveRefused(f"{q.name!r} has jobs of a move to {to!r}: rerun that first")
         if not skip_schedules:
             n = sum(int(self.client.scard(q.keys.schedules)) for q in self.src)
             if n:
