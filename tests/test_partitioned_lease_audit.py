@@ -182,3 +182,37 @@ def test_a_lost_second_round_reply_is_named_and_a_resent_nonce_returns_its_jobs(
     assert again.not_reached == {} and len(again.jobs) == 6
     assert {j.id for j in first.jobs} < {j.id for j in again.jobs}
     assert sum(p.counts().leased for p in pq.parts) == 6
+
+
+def test_a_partition_refusing_the_first_round_hides_no_leased_job(
+    pq: PartitionedQueue, redis_url: str
+) -> None:
+    """A partition refusing its first-round claim (a key edited by hand: CorruptKey; a newer
+    version's storage in a rolling deploy: NewerStorage) while the others leased their shares:
+    the claim raised that error and hid their jobs until their leases lapsed (an attempt spent
+    each). It is named in not_reached, and the others' jobs are returned, sync and asyncio."""
+    _put(pq, 0, 10)
+    _put(pq, 1, 10)
+    pq.client.set(pq.parts[2].keys.dead, "edited by hand")  # 2 refuses: CorruptKey
+    batch = pq.claim("w", limit=6, nonce="r0und1")
+    # Each answering partition's share (no second round after a partition's error: above).
+    assert len(batch.jobs) == sum(p.counts().leased for p in pq.parts[:2]) == 4
+    assert set(batch.not_reached) == {pq.parts[2].name}
+    assert "not a zset" in batch.not_reached[pq.parts[2].name]
+
+    async def main() -> Any:
+        ac = connect_async(redis_url)
+        try:
+            apq = await AsyncPartitionedQueue.open(ac, pq.name)
+            return await apq.claim("w", limit=6, nonce="r0und1async")
+        finally:
+            await ac.aclose()
+
+    got = asyncio.run(main())
+    assert len(got.jobs) == 4 and set(got.not_reached) == {pq.parts[2].name}
+    assert sum(p.counts().leased for p in pq.parts[:2]) == 8
+    # Every partition refusing: none leased anything, the refusal is raised as Queue.claim's.
+    for p in pq.parts[:2]:
+        pq.client.set(p.keys.dead, "edited by hand")
+    with pytest.raises(redis.ResponseError, match="not a zset"):
+        pq.claim("w", limit=6)

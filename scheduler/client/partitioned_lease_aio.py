@@ -17,6 +17,7 @@ from scheduler.client.partitioned_lease_plan import (
     claim_start,
     claimer,
     completions,
+    first_round,
     for_items,
     kept,
     merged_claim,
@@ -78,8 +79,8 @@ class AsyncPartitionedLeasing:
         nonce = claim_checked(worker_id, limit, lease_ms, reap_limit, nonce)
         order = turn_order(len(self.parts), claim_start(len(self.parts), nonce))
         shares = split(order, limit)
-        make = claimer(self.parts, worker_id, shares, lease_ms, reap_limit, nonce)
-        rounds = [dict(enumerate(await answering_async(self, make, self.parts)))]
+        make = refusing(claimer(self.parts, worker_id, shares, lease_ms, reap_limit, nonce))
+        rounds = [first_round(await answering_async(self, make, self.parts))]
         if more := second_round(order, shares, rounds[0], limit):
             make = refusing(claimer(self.parts, worker_id, more, lease_ms, 0, round_nonce(nonce)))
             asked = [self.parts[k] for k in more]

@@ -84,8 +84,8 @@ class _Refused:
 
 
 def refusing(make: Callable[[Any], Op[ClaimBatch]]) -> Callable[[Any], Op[Any]]:
-    """make(partition) of the second round, whose refusal (CorruptKey, ...) is its result: the
-    first round's jobs are leased, so no partition's error may hide them (`kept`)."""
+    """make(partition) of a claim round, whose refusal (CorruptKey, ...) is its result: other
+    partitions' jobs are leased, so no partition's error may hide them (`kept`)."""
 
     def op(p: Any) -> Op[Any]:
         try:
@@ -99,8 +99,18 @@ def refusing(make: Callable[[Any], Op[ClaimBatch]]) -> Callable[[Any], Op[Any]]:
 
 
 def kept(got: Sequence[Any]) -> list[Any]:
-    """The second round's results, a refusal as its error (named in `not_reached`)."""
+    """A round's results, a refusal as its error (named in `not_reached`)."""
     return [r.error if isinstance(r, _Refused) else r for r in got]
+
+
+def first_round(got: Sequence[Any]) -> dict[int, Any]:
+    """The first round's results by partition (`kept`): a partition refusing it (a key edited
+    by hand, a newer version's storage) is named in not_reached while the others' leased jobs
+    are returned; none leased anything: the first refusal is raised, as Queue.claim's."""
+    out = kept(got)
+    if not any(isinstance(r, ClaimBatch) for r in out):
+        raise next(r for r in out if isinstance(r, BaseException))
+    return dict(enumerate(out))
 
 
 def merged_claim(parts: Sequence[Any], rounds: Sequence[dict[int, Any]]) -> PartitionedClaimBatch:

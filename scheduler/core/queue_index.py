@@ -148,7 +148,7 @@ async def after_call_async(client: Any, names: Sequence[str], exc: BaseException
 
 
 def _server_refused(exc: BaseException) -> bool:
-    # errors.translate: a script's BAD_ARGUMENT, CORRUPT, NEWER_STORAGE.
+    # script_errors.translate: a script's BAD_ARGUMENT, CORRUPT, NEWER_STORAGE.
     return isinstance(exc, REFUSED_UNTIL_FIXED) or (
         isinstance(exc, BadArgument) and str(exc).startswith("refused by the server")
     )
