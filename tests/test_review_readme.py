@@ -98,11 +98,15 @@ def _commands(cmd: click.Command, path: tuple[str, ...] = ()) -> Iterator[tuple[
 def test_json_and_queue_exceptions_are_the_ones_readme_names() -> None:
     commands = dict(_commands(main))
     assert all("--url" in opts for opts in commands.values())
-    assert {c for c, opts in commands.items() if "--queue" not in opts} == {"demo"}
+    assert {c for c, opts in commands.items() if "--queue" not in opts} == {"demo", "queue move"}
+    assert {"--from", "--to"} <= commands["queue move"]
     no_json = {c for c, opts in commands.items() if "--json" not in opts}
     assert no_json == {"worker", "dashboard", "demo"}
     text = _flat(_section("## Operating it"))
-    assert "and `--queue` (not `demo`)" in text
+    assert (
+        "and `--queue` (not `demo`; `queue move` names its two queues with `--from` / `--to`)"
+        in text
+    )
     assert "every other command but `dashboard` and `demo` takes `--json`" in text
 
 
