@@ -1,7 +1,7 @@
 --[[ cancel: withdraw a job that has not finished. A leased job's worker learns it at its next
   heartbeat, and its complete or fail is refused with 'cancelled'.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, finished
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, finished, moving
   ARGV[1] id  ARGV[2] record_ttl_ms (how long the cancelled record, and its result wake-up
     `result:<id>` of lib/result.lua, are kept, unless the job has a result_ttl_ms of its own;
     its id is in the finished index as long)
@@ -11,7 +11,8 @@
   Returns: the state before the call, in the words of docs/glossary.md and `jobs list --state`:
     'due' (waiting, run_at reached) | 'scheduled' (waiting, run_at later) | 'held' (set aside by
     flow control: parents not done, a concurrency key full, a rate window) | 'leased' (now
-    cancelled), or 'done' | 'dead' | 'cancelled' (unchanged), or 'missing'. A re-sent call
+    cancelled), or 'done' | 'dead' | 'cancelled' (unchanged), or 'missing' (also a job being
+    moved to another queue: in `moving`, scheduler queue move). A re-sent call
     answers 'cancelled' and changes nothing. (Before 'scheduled' and 'held', every waiting job
     answered 'due'.)
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | dead is not a zset (dead: for
@@ -55,7 +56,14 @@ if fresh and in_due and redis.call('EXISTS', spec_key(prefix, id)) == 1 then
   if spec then own_ttl = spec.result_ttl_ms end
 end
 if not state then return 'missing' end
-if not in_due and not in_leased then return state end
+if not in_due and not in_leased then
+  -- Being moved to another queue (admin/queue_move.py): not here to cancel, as a never
+  -- claimed one in `moving` already answers; its state word would read as cancelled.
+  if state == 'due' and type(redis.pcall('ZSCORE', prefix .. 'moving', id)) == 'string' then
+    return 'missing'
+  end
+  return state
+end
 -- Its waiting children are parked below (flow_parent_ended), after this script's first write.
 if kids then
   local bad = dead_err(prefix)
