@@ -57,6 +57,26 @@ def _queues_field(raw: str | None) -> list[str]:
     return [p.strip() for p in raw.split(",") if p.strip()]
 
 
+def worker_info(wid: str, queue: str, seen: Any, h: dict[str, Any], request: Any) -> WorkerInfo:
+    """A live worker's row from its presence hash `h`, its score in the queue's workers set
+    (`seen`) and its stop request (another type, or not a verb: none)."""
+    return WorkerInfo(
+        id=wid,
+        queue=queue,
+        last_seen_ms=_opt_int(seen) or 0,
+        host=h.get("host", ""),
+        pid=_opt_int(h.get("pid")),
+        queues=_queues_field(h.get("queues")),
+        started_ms=_opt_int(h.get("started_ms")),
+        last_heartbeat_ms=_opt_int(h.get("last_heartbeat_ms")),
+        in_flight=_opt_int(h.get("in_flight")),
+        concurrency=_opt_int(h.get("concurrency")),
+        stopping=h.get("stopping") if h.get("stopping") in STOP_VERBS else None,
+        stop_requested=request if request in STOP_VERBS else None,
+        hears_stop="stopping" in h,
+    )
+
+
 def live_workers(
     client: redis.Redis, keys: QueueKeys, limit: int = -1
 ) -> tuple[list[WorkerInfo], list[str]]:
@@ -83,21 +103,5 @@ def live_workers(
         if not h:
             gone.append(str(wid))
             continue
-        live.append(
-            WorkerInfo(
-                id=str(wid),
-                queue=keys.queue,
-                last_seen_ms=_opt_int(seen) or 0,
-                host=h.get("host", ""),
-                pid=_opt_int(h.get("pid")),
-                queues=_queues_field(h.get("queues")),
-                started_ms=_opt_int(h.get("started_ms")),
-                last_heartbeat_ms=_opt_int(h.get("last_heartbeat_ms")),
-                in_flight=_opt_int(h.get("in_flight")),
-                concurrency=_opt_int(h.get("concurrency")),
-                stopping=h.get("stopping") if h.get("stopping") in STOP_VERBS else None,
-                stop_requested=request,
-                hears_stop="stopping" in h,
-            )
-        )
+        live.append(worker_info(str(wid), keys.queue, seen, h, request))
     return live, gone

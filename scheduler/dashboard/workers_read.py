@@ -13,12 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from scheduler.admin.workers import WorkerInfo, _opt_int, _queues_field
+from scheduler.admin.workers import worker_info
 from scheduler.client.partitioned_merge import answered, not_answering
 from scheduler.client.partitioned_partial import by_node, nodes_of
 from scheduler.client.queue import Queue
 from scheduler.core.errors import slot_move_text
-from scheduler.core.vocabulary import STOP_VERBS
 
 if TYPE_CHECKING:
     from scheduler.dashboard.store import Store
@@ -158,21 +157,7 @@ def _settle(share: Share, listed: int) -> None:
 
 def _row(wid: str, part: Part, seen: float, h: dict[str, Any], asked: Any) -> dict[str, Any]:
     """The row admin/workers.live_workers makes of a live worker's presence hash."""
-    return WorkerInfo(
-        id=wid,
-        queue=part.q.name,
-        last_seen_ms=_opt_int(seen) or 0,
-        host=h.get("host", ""),
-        pid=_opt_int(h.get("pid")),
-        queues=_queues_field(h.get("queues")),
-        started_ms=_opt_int(h.get("started_ms")),
-        last_heartbeat_ms=_opt_int(h.get("last_heartbeat_ms")),
-        in_flight=_opt_int(h.get("in_flight")),
-        concurrency=_opt_int(h.get("concurrency")),
-        stopping=h.get("stopping") if h.get("stopping") in STOP_VERBS else None,
-        stop_requested=asked if asked in STOP_VERBS else None,  # another type: none
-        hears_stop="stopping" in h,
-    ).to_json()
+    return worker_info(wid, part.q.name, seen, h, asked).to_json()
 
 
 def read_page(
