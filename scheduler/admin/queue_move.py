@@ -17,22 +17,19 @@ from typing import Any
 
 import redis
 
-from scheduler.admin.doctor_model import Issue
-from scheduler.admin.inspection import queue_exists, server_now_ms
+from scheduler.admin.queue_move_check import MoveRefused, check_move, moving_findings
+from scheduler.admin.queue_move_check import text as _t
 from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
 from scheduler.core import connection
-from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError, newer_storage
-from scheduler.core.keys import STORAGE_GENERATION, QueueKeys, check_queue_name
+from scheduler.core.errors import BadArgument
+from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.partitions import Layout
 from scheduler.operations.requests import Script
 
 MOVE_PER_CALL = 1000  # lua/move_out.lua, move_in.lua, move_done.lua MAX_IDS / MAX_BATCH
+__all__ = ["MoveRefused", "MoveReport", "QueueMove", "move_queue", "moving_findings"]
 STAY_REASONS = ("leased", "held", "flow", "schedule", "dead", "unreadable", "conflict")
-
-
-class MoveRefused(SchedulerError):
-    """The move was refused before anything was written (a missing source, schedules)."""
 
 
 @dataclass
@@ -65,10 +62,6 @@ class MoveReport:
 
 def _call(name: str, args: list[str]) -> Generator[Script, Any, Any]:
     return (yield Script(name, args))
-
-
-def _t(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _parts(client: redis.Redis, name: str, clock: str) -> tuple[Layout | None, list[Queue]]:
@@ -114,43 +107,9 @@ class QueueMove:
         self.kept = 0  # ids take() left where they were (a page offset: they are listed again)
 
     def check(self, *, skip_schedules: bool) -> None:
-        """Refuse before the first write: a missing source, a queue stored by a newer version,
-        schedules in the source (unless skipped: their runs then stay)."""
-        name = self.report.source
-        now = server_now_ms(self.client, self.src[0].keys)
-        if self.src_layout is None and not (
-            queue_exists(self.client, self.src[0].keys, now)
-            or self.client.exists(self.src[0].keys.prefix + "moving")
-        ):
-            raise MoveRefused(
-                f"no queue named {name!r}: nothing to move (a move that finished leaves none)"
-            )
-        for q in (*self.src, *self.dst):
-            refused = newer_storage(
-                q.name, self.client.hget(q.keys.config, "generation"), STORAGE_GENERATION
-            )
-            if refused is not None:
-                raise refused
-        # move_in's own check of due comes after move_out took the jobs: checked first.
-        zsets = [q.keys.due for q in self.dst] + [q.keys.prefix + "moving" for q in self.src]
-        for key in zsets:
-            try:
-                self.client.zcard(key)
-            except redis.ResponseError:
-                raise CorruptKey(f"CORRUPT {key} is not a zset (nothing written)") from None
-        for q in (*self.src, *self.dst):  # an unfinished move is finished first, to where it
-            to = _t(self.client.hget(q.keys.config, "move_to") or "?")  # went: else 2 copies
-            busy = self.client.zcard(q.keys.prefix + "moving")
-            if busy and (q in self.dst or to not in ("?", self.report.dest)):
-                raise MoveRefused(f"{q.name!r} has jobs of a move to {to!r}: rerun that first")
-        if not skip_schedules:
-            n = sum(int(self.client.scard(q.keys.schedules)) for q in self.src)
-            if n:
-                raise MoveRefused(
-                    f"queue {name!r} has {n} schedule(s): define them on "
-                    f"{self.report.dest!r}, remove them here, then move (or --skip-schedules: "
-                    "their pending runs stay)"
-                )
+        """Refuse before the first write (queue_move_check.check_move)."""
+        names = (self.report.source, self.report.dest, self.src_layout is not None)
+        check_move(self.client, self.src, self.dst, names, skip_schedules=skip_schedules)
 
     def take(self, part: Queue, ids: list[str], *, look: bool = False) -> list[Entry]:
         """Step 1 (move_out.lua): the ids' records, out of due into `moving` (look: read
@@ -280,20 +239,3 @@ def move_queue(
     return QueueMove(client, source, dest, batch=batch, clock=clock).run(
         dry_run=dry_run, skip_schedules=skip_schedules
     )
-
-
-def moving_findings(client: redis.Redis, keys: QueueKeys) -> tuple[set[str], list[Issue]]:
-    """For doctor: the ids in the queue's `moving` set (an interrupted move's: they are in no
-    other place, yet no orphans: `--fix` must not put them back in due, where a worker would
-    run them while the destination may hold them too), and its one finding."""
-    key = keys.prefix + "moving"
-    try:
-        ids = {_t(i) for i in client.zrange(key, 0, -1)}
-    except redis.ResponseError:
-        why = f"{key} is not a zset (edited by hand): `scheduler queue move` refuses the queue"
-        return set(), [Issue("moving-damaged", "error", why, f"DEL {key}", keys.queue)]
-    if not ids:
-        return ids, []
-    what = f"{len(ids)} job(s) of an interrupted `scheduler queue move` wait in {key}"
-    fix = "run the same `scheduler queue move --from ... --to ...` again: it finishes them"
-    return ids, [Issue("move-interrupted", "warning", what, fix, keys.queue)]
