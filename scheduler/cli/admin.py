@@ -97,6 +97,7 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
         # Due but set aside by flow control (docs/flow-control.md): by key limit / rate window.
         "held": counts.held,
         "paused_ms": counts.paused_ms,  # None: not paused (Queue.pause, `scheduler pause`)
+        "moving": counts.moving,  # taken out of due by `scheduler queue move`, not yet moved
         "unread_partitions": not_read,  # 'partition <name>: <error>': left out of the figures
         "down": bool(not_read),
     }
@@ -152,6 +153,7 @@ def _stats_table(rows: list[dict[str, Any]], nodes_down: list[str]) -> Group:
         leased = f"{r['leased']}" + (f" ({r['lapsed']} lapsed)" if r["lapsed"] else "")
         parts = f" ({r['partitions']} partitions)" if r.get("partitions") else ""
         parts += " (paused)" if r.get("paused_ms") is not None else ""
+        parts += f" ({r['moving']} moving)" if r.get("moving") else ""
         t.add_row(
             cell(r["queue"] + parts),
             str(r["due"])
@@ -195,11 +197,11 @@ def _stats_table(rows: list[dict[str, Any]], nodes_down: list[str]) -> Group:
 def stats(
     url: str, queues: tuple[str, ...], as_json: bool, watch: bool, interval: float, count: int
 ) -> None:
-    """Per queue: due now, scheduled later, leased, dead, the oldest overdue job and how late it
-    is, and done / fail / new dead counts in the current clock minute and the last 5 and 60
-    (each counting the current one). A queue whose stored data cannot be read is shown with
-    its error (exit 1); on a cluster, a node that does not answer is named and the others'
-    queues shown (exit 3)."""
+    """Per queue: due now, scheduled later, leased, dead (and moving: being moved by `queue
+    move`), the oldest overdue job and how late it is, and done / fail / new dead counts in
+    the current clock minute and the last 5 and 60 (each counting the current one). A queue
+    whose stored data cannot be read is shown with its error (exit 1); on a cluster, a node
+    that does not answer is named and the others' queues shown (exit 3)."""
     client = connect(url)
     down: list[str] = []
     if not watch:

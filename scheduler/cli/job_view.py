@@ -185,10 +185,8 @@ def placement(client: redis.Redis, q: Queue, job_id: str) -> dict[str, Any]:
     pipe.zscore(k.dead, job_id)
     pipe.pttl(k.job(job_id))
     pipe.zscore(k.flow_held, job_id)
-    due, leased, dead_pos, pttl, held = pipe.execute()
-    places = [
-        p
-        for p, v in (("due", due), ("leased", leased), ("dead", dead_pos), ("flow:held", held))
-        if v is not None
-    ]
+    pipe.zscore(k.prefix + "moving", job_id)  # a queue move's (admin/queue_move.py)
+    due, leased, dead_pos, pttl, held, moving = pipe.execute()
+    found = (("due", due), ("leased", leased), ("dead", dead_pos), ("flow:held", held))
+    places = [p for p, v in (*found, ("moving", moving)) if v is not None]
     return {"places": places, "ttl_ms": int(pttl) if int(pttl) >= 0 else None}

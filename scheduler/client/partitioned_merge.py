@@ -101,6 +101,7 @@ def merge_counts(each: Sequence[QueueCounts]) -> QueueCounts:
         held_rate_window=sum(c.held_rate_window for c in each),
         held_waiting=sum(c.held_waiting for c in each),
         paused_ms=min(paused) if paused else None,
+        moving=sum(c.moving for c in each),
     )
 
 

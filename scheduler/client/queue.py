@@ -438,7 +438,8 @@ class Queue(Unpicklable):
             `'rescheduled'`, or why it did not move (nothing changed): `'leased'` (running),
             `'done'`, `'dead'`, `'cancelled'`, `'held'` (set aside by flow control: a key or
             rate limit, or parents not done; it runs when let go), `'schedule'` (a schedule's
-            occurrence: redefine or pause the schedule instead).
+            occurrence: redefine or pause the schedule instead), `'moving'` (being moved to
+            another queue by `scheduler queue move`: reschedule it there once moved).
 
         Raises:
             JobNotFound: no such job (or its record expired).
@@ -454,7 +455,8 @@ class Queue(Unpicklable):
         Returns:
             The `Job`; a waiting job reads as HELD while flow control sets it aside
             (parents not done, a concurrency key full, a rate window; earlier versions read
-            DUE or SCHEDULED), else SCHEDULED or DUE by the server's clock.
+            DUE or SCHEDULED), as MOVING while `scheduler queue move` moves it to another
+            queue, else SCHEDULED or DUE by the server's clock.
 
         Raises:
             JobNotFound: no such job (or its record expired after `result_ttl_ms`).
@@ -465,8 +467,10 @@ class Queue(Unpicklable):
         """One job's state: HELD for a waiting job set aside by flow control (parents not done,
         a concurrency key full, a rate window; whatever its run_at, as `list_jobs('held')`
         lists it; earlier versions answered DUE or SCHEDULED), else SCHEDULED for a waiting job
-        whose run_at is after the server's now, DUE from then; then LEASED, DONE, DEAD or
-        CANCELLED.
+        whose run_at is after the server's now, DUE from then; MOVING for a waiting job
+        `scheduler queue move` is moving to another queue (for a moment, or until an
+        interrupted move is rerun; earlier versions raised BadArgument or answered DUE); then
+        LEASED, DONE, DEAD or CANCELLED.
 
         Args:
             job_id: the job's id.
@@ -516,7 +520,8 @@ class Queue(Unpicklable):
 
         Returns:
             A `QueueCounts`: `now_ms`, `due`, `scheduled`, `leased`, `dead`, `oldest_due_ms`
-            (None when nothing is due), `lapsed` (leases past their end, not yet reaped)."""
+            (None when nothing is due), `lapsed` (leases past their end, not yet reaped),
+            `moving` (waiting jobs a queue move took out of due)."""
         return self._run(self.ops.counts())
 
     def list_jobs(self, state: str, *, offset: int = 0, limit: int = 50) -> list[Job]:

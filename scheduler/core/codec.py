@@ -247,6 +247,7 @@ def parse_counts(reply: Any) -> QueueCounts:
         held_rate_window=int(reply[8]),
         held_waiting=int(reply[9]),
         paused_ms=None if int(s(reply[10])) < 0 else int(s(reply[10])),
+        moving=int(reply[11]),
     )
 
 

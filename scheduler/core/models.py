@@ -15,7 +15,8 @@ class JobState(StrEnum):
     """A job's state as status() and get_job() report it: the job hash's stored `state` (a copy
     of set membership), except that a waiting job is HELD while flow control sets it aside
     (whatever its run_at), else SCHEDULED while its run_at is after the server's now and DUE
-    from then on. Only `due` is ever stored (docs/glossary.md). Before HELD, a held job read DUE."""
+    from then on, and MOVING while `scheduler queue move` holds it in the queue's `moving` set.
+    Only `due` is ever stored (docs/glossary.md). Before HELD, a held job read DUE."""
 
     SCHEDULED = "scheduled"  # waiting, run_at in the future: reported, never stored
     DUE = "due"  # waiting, run_at reached, not held: a worker may claim it now
@@ -24,6 +25,7 @@ class JobState(StrEnum):
     DONE = "done"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    MOVING = "moving"  # waiting, taken out of due by a queue move (not claimed): never stored
 
 
 # The attempt budget a spec record leaves empty, and a lean finished job does not store.
@@ -103,8 +105,6 @@ class ClaimBatch:
     now_ms: int
     next_ms: int  # earliest time anything may become claimable; -1 when the queue is empty
     jobs: list[ClaimedJob]
-    # Leased jobs whose fields this client cannot read: (job id, token, reason). The worker
-    # fails them non-retryably (they would fail the same way at every attempt).
     unreadable: list[tuple[str, str, str]] = field(default_factory=list)
     suspect: str | None = None
 
@@ -140,6 +140,7 @@ class QueueCounts:
         held_key_limit, held_rate_window, held_waiting: of `due`, set aside by flow control.
         paused_ms: when the queue was paused (`Queue.pause`; 0: a stored value that is no
             time); None while it is not: a paused queue's claims lease nothing.
+        moving: waiting jobs a queue move took out of `due` (in no other count).
     """
 
     now_ms: int
@@ -153,6 +154,7 @@ class QueueCounts:
     held_rate_window: int = 0
     held_waiting: int = 0
     paused_ms: int | None = None
+    moving: int = 0
 
     @property
     def held(self) -> dict[str, int]:

@@ -115,6 +115,10 @@ def why_not_running(
         return [Reason("done", "it has finished")]
     if state == JobState.CANCELLED:
         return [Reason("cancelled", "it was cancelled")]
+    if state == JobState.MOVING:  # in the queue's `moving` set (admin/queue_move.py)
+        text = ("`scheduler queue move` is moving it to another queue, where it runs (an "
+                "interrupted move: running the same move again finishes it)")  # fmt: skip
+        return [Reason("moving", text)]
     return [Reason("unknown-state", f"its stored state {state!r} is not one this version knows")]
 
 

@@ -161,7 +161,7 @@ NOTICES = {
     "worker-older": "Nothing asked: the worker runs an older version, which reads no stop"
     " request; stop it with SIGTERM on its host.",
 }
-STATES = {"due", "scheduled", "held", "leased", "done", "dead", "cancelled", "missing"}
+STATES = {"due", "scheduled", "held", "leased", "done", "dead", "cancelled", "moving", "missing"}
 
 
 def _notice_words(fields: Mapping[str, str]) -> str:

@@ -65,6 +65,7 @@ def summary_row(
         "leased": c.leased,
         "dead": c.dead,
         "lapsed": c.lapsed,
+        "moving": c.moving,  # taken out of due by `scheduler queue move`, not yet moved
         "oldest_overdue_ms": c.oldest_overdue_ms,
         # Since when its claims lease nothing (Queue.pause); None while it is not paused.
         # Merged: the earliest pause when any partition is paused; which ones are, here.

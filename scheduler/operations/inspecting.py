@@ -80,23 +80,30 @@ class InspectingOps(OpsBase):
             ("ZSCORE", k.due, job_id),
             # Set aside by flow control: still due, at this run_at (docs/flow-control.md).
             ("ZSCORE", k.flow_held, job_id),
+            # Taken out of due by a queue move (admin/queue_move.py), at this run_at.
+            ("ZSCORE", k.prefix + "moving", job_id),
         ]
 
     @staticmethod
     def _parse(job_id: str, r: Sequence[Any]) -> Job | None:
-        """A waiting job in flow:held and not in due reads HELD (reported, never stored)."""
-        raw, lease, spec, due, held = r
-        job = codec.parse_job(job_id, raw, lease, spec, due if due is not None else held)
-        if job is not None and due is None and held is not None and job.state == JobState.DUE:
-            job = replace(job, state=JobState.HELD.value)
-        return job
+        """A waiting job in flow:held and not in due reads HELD, one in a queue move's `moving`
+        set MOVING (reported, never stored)."""
+        raw, lease, spec, due, held, moving = r
+        at = next((s for s in (due, held, moving) if s is not None), None)
+        job = codec.parse_job(job_id, raw, lease, spec, at)
+        if job is None or due is not None or job.state != JobState.DUE:
+            return job
+        if held is not None:
+            return replace(job, state=JobState.HELD.value)
+        return job if moving is None else replace(job, state=JobState.MOVING.value)
 
     def _read_jobs(self, ids: Sequence[str]) -> Op[list[Job | None]]:
-        """_job_reads of each id in one round trip, parsed. flow:held edited into another type
-        (doctor reports it) reads as holding nothing, rather than failing every job's read."""
+        """_job_reads of each id in one round trip, parsed. flow:held or moving edited into
+        another type (doctor reports it) reads as holding nothing, rather than failing every
+        job's read."""
         try:
             reply = yield Commands([c for i in ids for c in self._job_reads(i)])
-            return [self._parse(i, reply[5 * n : 5 * n + 5]) for n, i in enumerate(ids)]
+            return [self._parse(i, reply[6 * n : 6 * n + 6]) for n, i in enumerate(ids)]
         except ResponseError as exc:
             if not str(exc).startswith("WRONGTYPE"):
                 raise
@@ -112,7 +119,7 @@ class InspectingOps(OpsBase):
                 f"a key of queue {self.keys.queue!r} is of another type (edited by hand), "
                 f"reading {len(ids)} job(s): see `scheduler doctor`"
             ) from None
-        return [self._parse(i, [*reply[4 * n : 4 * n + 4], None]) for n, i in enumerate(ids)]
+        return [self._parse(i, [*reply[4 * n : 4 * n + 4], None, None]) for n, i in enumerate(ids)]
 
     def _read_each(self, ids: Sequence[str]) -> Op[list[Job | None]]:
         """_read_jobs one id at a time: a job whose own key is of another type reads as None
@@ -143,8 +150,8 @@ class InspectingOps(OpsBase):
         return job
 
     def status(self, job_id: str) -> Op[JobState]:
-        """HELD for a waiting job flow control sets aside, else SCHEDULED while its run_at is
-        after the server's now, DUE from then."""
+        """HELD for a waiting job flow control sets aside, MOVING for one a queue move holds,
+        else SCHEDULED while its run_at is after the server's now, DUE from then."""
         job = yield from self.get_job(job_id)
         try:
             return JobState(job.state)

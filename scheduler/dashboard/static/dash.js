@@ -58,6 +58,8 @@
   function held(scope, data) {
     if (!("held" in data)) return;
     scope.querySelectorAll("[data-held-show]").forEach(function (e) { e.hidden = !(data.held > 0); });
+    // Jobs a queue move holds (the queue page's `moving` card), the same way.
+    scope.querySelectorAll("[data-moving-show]").forEach(function (e) { e.hidden = !(data.moving > 0); });
   }
 
   function el(name, attrs, parent) {
