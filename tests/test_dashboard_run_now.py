@@ -128,5 +128,6 @@ def test_every_answer_of_reschedule_has_a_notice() -> None:
 
     assert set(RUN_NOW_NOTICES) == {
         "rescheduled", "held", "schedule", "due", "leased", "done", "dead", "cancelled",
+        "moving",  # a queue move's job (ReschedulingOps._moving)
     }  # fmt: skip
     assert all(notice in NOTICES for notice in RUN_NOW_NOTICES.values())

@@ -28,6 +28,7 @@ from scheduler.dashboard import Auth, create_app
 from tests.conftest import delete_queue, new_queue
 from tests.fixtures.partitioned import MakePq
 from tests.test_dashboard import make_client
+from tests.test_dashboard_run_now import run_now
 
 HOUR_MS = 3_600_000
 
@@ -173,6 +174,20 @@ def test_the_dashboard_shows_moving_jobs(client: redis.Redis, queues: tuple[Queu
     with make_client(client, dst) as web:
         other = web.get(f"/queues/{dst.name}").text
     assert 'id="moving" data-moving-show hidden' in other
+
+
+def test_a_run_now_posted_for_a_moving_job_says_it_is_moving(
+    client: redis.Redis, queues: tuple[Queue, Queue]
+) -> None:
+    # The job page drawn before the move took it (a stale Run now): nothing changes, and the
+    # notice names the state, rather than an error page for an answer it did not know.
+    src, dst = queues
+    _moving(client, src, dst)
+    with make_client(client, src) as web:
+        code, location, shown = run_now(web, src.name, "later")
+    assert code == 303 and "notice=not-moved" in location and "state=moving" in location
+    assert "Nothing changed: the job is moving." in shown
+    assert client.zscore(src.keys.prefix + "moving", "later") is not None
 
 
 def test_the_async_and_partitioned_clients_report_moving(

@@ -39,6 +39,7 @@ RUN_NOW_NOTICES = {
     "done": "not-moved",
     "dead": "not-moved",
     "cancelled": "not-moved",
+    "moving": "not-moved",  # a queue move took it out of due (admin/queue_move.py)
 }
 # What a schedule call answered -> the notice shown (render.NOTICES).
 SCHEDULE_NOTICES = {
