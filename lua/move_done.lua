@@ -6,7 +6,10 @@
   ARGV[1] 'done' (each id one the destination answered 'c' or 'e' for: its records deleted)
     | 'back' (the destination holds another job under the id, 'x': it goes back into due at
     its run time, where it was), then ids (1 .. MAX_IDS)
-  Returns: how many left `moving`
+    | 'end' then the destination queue's name (the run is over: its record in config,
+    `move_to` and `move_take_ms` (move_out.lua), is deleted if `moving` is empty and it names
+    that destination: another run's record, or jobs still to re-send, are kept)
+  Returns: how many left `moving`; 'end': 1 if the record was deleted, else 0
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT moving is not a zset (edited by hand; nothing
     written) ]]
 -- @include "lib/clock.lua"
@@ -19,8 +22,18 @@ local prefix = KEYS[1]
 local moving = prefix .. 'moving'
 local MAX_IDS = 1000  -- scheduler/admin/queue_move.py MOVE_PER_CALL
 local mode = table.remove(ARGV, 1)
-if mode ~= 'done' and mode ~= 'back' then
+if mode ~= 'done' and mode ~= 'back' and mode ~= 'end' then
   return redis.error_reply('BAD_ARGUMENT mode=' .. string.sub(tostring(mode), 1, 40))
+end
+if mode == 'end' then
+  local cfg = prefix .. 'config'
+  if #ARGV ~= 1 then return redis.error_reply('BAD_ARGUMENT n=' .. #ARGV) end
+  local err = zset_err(prefix, 'moving')
+  if err then return err end
+  if redis.pcall('HGET', cfg, 'move_to') ~= ARGV[1] or redis.call('ZCARD', moving) > 0 then
+    return 0
+  end
+  return write_refused(redis.pcall('HDEL', cfg, 'move_to', 'move_take_ms'), 'config', 'hash') or 1
 end
 if #ARGV < 1 or #ARGV > MAX_IDS then return redis.error_reply('BAD_ARGUMENT n=' .. #ARGV) end
 for _, id in ipairs(ARGV) do

@@ -4,9 +4,15 @@
   no worker claims it, and its whole record is returned, to be written into the other queue
   (move_in.lua) with the same id before move_done.lua deletes it here. A job already in
   `moving` (a move interrupted after this step) is returned again: a rerun re-sends it.
+  Each take records its destination and server time in config (`move_to`, `move_take_ms`);
+  a take or look toward another destination is refused, nothing written, while `moving` holds
+  jobs (they may be in the recorded one already: a second copy would run twice) or while the
+  recorded take is less than MOVE_QUIET_MS old (that run may be between two batches: the queue
+  would be split). A `move_to` without a time (an older version's) counts as old.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions, flow:held, flow:waiting, moving
-  ARGV[1] 'take' | 'look' (a dry run: the same answer, nothing written), then ids (1 .. MAX_IDS)
+  ARGV[1] 'take' | 'look' (a dry run: the same answer, nothing written), ARGV[2] the
+    destination queue's name, then ids (1 .. MAX_IDS)
   Returns: one entry per id, in order: {id, 'moving', run_at_ms, spec text ('' = a hash-only
     job), {hash field, value, ...} ({} = a spec-only job)}, or {id, reason} for a job that
     stays: 'leased' | 'held' (flow control: a concurrency key, a rate, parents not done) |
@@ -14,8 +20,10 @@
     'dead' | 'unreadable' (its record is of another type, not one this version wrote, or
     holds bytes that are not UTF-8) |
     'missing' (not waiting: finished, cancelled, gone)
-  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | moving is not a zset (edited by
-    hand; nothing written); the server's own refusal of the write (OOM, ...), nothing written ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; MOVE_ELSEWHERE moving=<n> age_ms=<ms | none> to=<the
+    recorded destination> (above; nothing written); CORRUPT due | leased | moving is not a zset,
+    config is not a hash (edited by hand; nothing written); the server's own refusal of the
+    write (OOM, ...), nothing written ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -25,10 +33,16 @@ local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local moving = prefix .. 'moving'
+local cfg = prefix .. 'config'
 local MAX_IDS = 1000  -- scheduler/admin/queue_move.py MOVE_PER_CALL
+local MOVE_QUIET_MS = 60000  -- scheduler/admin/queue_move_check.py MOVE_QUIET_MS
 local mode = table.remove(ARGV, 1)
 if mode ~= 'take' and mode ~= 'look' then
   return redis.error_reply('BAD_ARGUMENT mode=' .. string.sub(tostring(mode), 1, 40))
+end
+local dest = table.remove(ARGV, 1)
+if type(dest) ~= 'string' or #dest > 64 or not string.find(dest, '^[%w_%.%-]+$') then
+  return redis.error_reply('BAD_ARGUMENT to=' .. string.sub(tostring(dest), 1, 40))
 end
 if #ARGV < 1 or #ARGV > MAX_IDS then return redis.error_reply('BAD_ARGUMENT n=' .. #ARGV) end
 for _, id in ipairs(ARGV) do
@@ -38,7 +52,21 @@ end
 local err = partitioned_err(prefix)
 if err then return err end
 err = zset_err(prefix, 'due') or zset_err(prefix, 'leased') or zset_err(prefix, 'moving')
+  or key_type_err(cfg, 'config', 'hash')
 if err then return err end
+
+-- One destination at a time (the header): decided here, atomically with the take.
+local now = now_ms()
+local rec = redis.call('HMGET', cfg, 'move_to', 'move_take_ms')
+if rec[1] and rec[1] ~= dest then
+  local busy = redis.call('ZCARD', moving)
+  local took = parse_int(rec[2], 0, now + MOVE_QUIET_MS)  -- far ahead (a hand edit): old
+  local age = took and math.max(now - took, 0)
+  if busy > 0 or (age and age < MOVE_QUIET_MS) then
+    return redis.error_reply('MOVE_ELSEWHERE moving=' .. busy .. ' age_ms=' .. (age or 'none')
+      .. ' to=' .. string.sub(rec[1], 1, 80))
+  end
+end
 
 -- Fields that tie a job to others or to flow control: such a job stays (its holds and links
 -- live in this queue's keys).
@@ -94,6 +122,11 @@ for _, id in ipairs(ARGV) do
       end
     end
   end
+end
+if mode == 'take' then
+  local r = write_refused(redis.pcall('HSET', cfg, 'move_to', dest, 'move_take_ms', now),
+    'config', 'hash')
+  if r then return r end
 end
 if #adds > 0 and mode == 'take' then
   for i = 2, #adds, 2 do redis.call('ZREM', due, adds[i]) end

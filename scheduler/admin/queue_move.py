@@ -6,7 +6,8 @@ partition's `due` into its `moving` set (no worker claims them there) and return
 move_in.lua writes them into the destination partition their id routes to, same id, same
 run_at, same record (attempts, errors, spec), idempotent by id; move_done.lua deletes them from
 the source. A crash between steps leaves them in `moving`, which the next run re-sends first:
-a rerun always finishes, and no job is written twice nor lost."""
+a rerun always finishes, and no job is written twice nor lost. One destination at a time:
+move_out.lua records it and refuses another run's (queue_move_check.py, MOVE_QUIET_MS)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from typing import Any
 
 import redis
 
-from scheduler.admin.queue_move_check import MoveRefused, check_move, moving_findings
+from scheduler.admin.queue_move_check import (
+    MoveRefused,
+    check_move,
+    elsewhere_reply,
+    moving_findings,
+)
 from scheduler.admin.queue_move_check import text as _t
 from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
@@ -82,7 +88,8 @@ class Entry:
 
 class QueueMove:
     """One move from `source` to `dest` over `client`; `run()` does it all, `take` / `put` /
-    `finish` are its three steps (a test calls them apart to stop between them)."""
+    `finish` are its three steps and `close` its end (a test calls them apart to stop between
+    them)."""
 
     def __init__(
         self,
@@ -114,9 +121,11 @@ class QueueMove:
     def take(self, part: Queue, ids: list[str], *, look: bool = False) -> list[Entry]:
         """Step 1 (move_out.lua): the ids' records, out of due into `moving` (look: read
         only). Stays are counted in the report by reason."""
-        if not look:  # where its `moving` jobs go: a rerun elsewhere is refused (check)
-            self.client.hset(part.keys.config, "move_to", self.report.dest)
-        reply = part._run(_call("move_out", ["look" if look else "take", *ids]))
+        args = ["look" if look else "take", self.report.dest, *ids]
+        try:  # move_out records the destination, or refuses another run's (MOVE_ELSEWHERE)
+            reply = part._run(_call("move_out", args))
+        except redis.ResponseError as exc:
+            raise elsewhere_reply(part.name, exc) or exc from None
         out: list[Entry] = []
         for row in reply:
             jid, what = _t(row[0]), _t(row[1])
@@ -150,6 +159,11 @@ class QueueMove:
         """Step 3 (move_done.lua): the moved jobs leave the source (back: jobs whose id the
         destination holds for another job return to the source's due)."""
         return int(part._run(_call("move_done", ["back" if back else "done", *ids])))
+
+    def close(self, part: Queue) -> bool:
+        """The run's end on `part` (move_done.lua 'end'): its record of this destination is
+        deleted once `moving` is empty (another run's is kept). True when deleted."""
+        return bool(part._run(_call("move_done", ["end", self.report.dest])))
 
     def _drain(self, part: Queue, key: str, *, dry_run: bool, resumed: bool) -> None:
         """Every job listed in `key` (the part's moving set, then its due), a page at a time;
@@ -192,9 +206,9 @@ class QueueMove:
             self._drain(part, part.keys.due, dry_run=dry_run, resumed=False)
             if not dry_run:
                 self.carry_keys(part)
-                if not self.client.zcard(moving):
-                    self.client.hdel(part.keys.config, "move_to")
             self._count_stays(part.keys)
+        for part in self.src if not dry_run else ():  # at the end: a part done early stays
+            self.close(part)  # another destination's until the whole run is over
         return self.report
 
     def carry_keys(self, part: Queue) -> None:
@@ -235,7 +249,8 @@ def move_queue(
 ) -> MoveReport:
     """Move the waiting jobs of queue `source` into `dest` (module docstring). Safe to run
     again: a run interrupted anywhere is finished by the next. Raises BadArgument (same queue,
-    a bad batch), MoveRefused (no such source, schedules), NewerStorage; nothing written."""
+    a bad batch), MoveRefused (no such source, schedules, another run's destination),
+    NewerStorage; nothing written."""
     return QueueMove(client, source, dest, batch=batch, clock=clock).run(
         dry_run=dry_run, skip_schedules=skip_schedules
     )

@@ -3,6 +3,7 @@ and doctor's reading of an interrupted move (`moving_findings`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import redis
@@ -13,9 +14,40 @@ from scheduler.client.queue import Queue
 from scheduler.core.errors import CorruptKey, SchedulerError, newer_storage
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
 
+# How long a source partition's last take (config `move_take_ms`, lua/move_out.lua) keeps a run
+# toward another destination out: longer than one run's gap between two batches (a put and a
+# finish of at most MOVE_PER_CALL jobs), so two runs do not split a queue between destinations.
+MOVE_QUIET_MS = 60_000  # lua/move_out.lua MOVE_QUIET_MS
+_ELSEWHERE = re.compile(r"MOVE_ELSEWHERE moving=(\d+) age_ms=(\d+|none) to=(\S*)")
+
 
 class MoveRefused(SchedulerError):
-    """The move was refused before anything was written (a missing source, schedules)."""
+    """The move was refused before anything was written (a missing source, schedules, another
+    run's destination)."""
+
+
+def elsewhere(part: str, to: str, busy: int, age_ms: int | None) -> MoveRefused:
+    """The refusal of a run toward another destination than `to`, recorded by a take from
+    `part` `age_ms` ago (None: no time, an older version's record), `busy` jobs in `moving`."""
+    if busy:
+        return MoveRefused(
+            f"{part!r} has jobs of a move to {to!r}: rerun that first ({busy} in its `moving` "
+            "set may be there already; a second destination would run them twice)"
+        )
+    return MoveRefused(
+        f"{part!r}: a move to {to!r} took jobs {(age_ms or 0) / 1000:.1f} s ago and may be "
+        f"between two batches: let it finish or rerun it (another destination is accepted "
+        f"{MOVE_QUIET_MS // 1000} s after its last take)"
+    )
+
+
+def elsewhere_reply(part: str, exc: redis.ResponseError) -> MoveRefused | None:
+    """move_out.lua's MOVE_ELSEWHERE error as MoveRefused (None for another error)."""
+    m = _ELSEWHERE.match(str(exc))
+    if m is None:
+        return None
+    age = None if m[2] == "none" else int(m[2])
+    return elsewhere(part, m[3], int(m[1]), age)
 
 
 def text(v: Any) -> str:
@@ -32,6 +64,7 @@ def check_move(
     skip_schedules: bool,
 ) -> None:
     """Refuse before the first write: a missing source, a queue stored by a newer version,
+    another run's destination (`elsewhere`; move_out.lua decides it again at each take),
     schedules in the source (unless skipped: their runs then stay). `names`: the source, the
     destination, and whether the source is partitioned."""
     name, dest, partitioned = names
@@ -55,11 +88,19 @@ def check_move(
             client.zcard(key)
         except redis.ResponseError:
             raise CorruptKey(f"CORRUPT {key} is not a zset (nothing written)") from None
-    for q in (*src, *dst):  # an unfinished move is finished first, to where it went: else 2 copies
-        to = text(client.hget(q.keys.config, "move_to") or "?")
-        busy = client.zcard(q.keys.prefix + "moving")
-        if busy and (q in dst or to not in ("?", dest)):
+    for q in (*src, *dst):  # as move_out.lua decides at each take, refused here before any
+        to, took = client.hmget(q.keys.config, ["move_to", "move_take_ms"])
+        to, busy = text(to or "?"), int(client.zcard(q.keys.prefix + "moving"))
+        digits = text(took) if took is not None else ""
+        took_ms = int(digits) if digits.isascii() and digits.isdigit() else None
+        if took_ms is not None and took_ms > now + MOVE_QUIET_MS:
+            took_ms = None  # far ahead (a hand edit): old, as move_out.lua reads it
+        age = None if took_ms is None else max(now - took_ms, 0)
+        if busy and q in dst:  # moving them back would find each here, left only in `moving`
             raise MoveRefused(f"{q.name!r} has jobs of a move to {to!r}: rerun that first")
+        recent = age is not None and age < MOVE_QUIET_MS
+        if q in src and to not in ("?", dest) and (busy or recent):
+            raise elsewhere(q.name, to, busy, age)
     if not skip_schedules:
         n = sum(int(client.scard(q.keys.schedules)) for q in src)
         if n:
