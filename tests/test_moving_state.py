@@ -230,3 +230,17 @@ def test_the_async_and_partitioned_clients_report_moving(
         assert web.get(f"/queues/{pq.name}/api").json()["moving"] == 4
         page = web.get(f"/queues/{pq.name}/jobs/{ids[0]}").text
     assert 'class="state state-moving">moving<' in page
+
+
+def test_the_worker_metrics_export_moving_as_a_state_of_the_queue_gauge() -> None:
+    # scheduler_queue_jobs{state} is a queue's depth per place; a queue move's jobs are in
+    # none of the others, so without their own state a dashboard sum showed them nowhere.
+    from prometheus_client import generate_latest
+
+    from scheduler.core.models import QueueCounts
+    from scheduler.worker.metrics import WorkerMetrics
+
+    m = WorkerMetrics()
+    m.set_depth("q", QueueCounts(10, 1, 0, 0, 0, None, 0, moving=3))
+    text = generate_latest(m.registry).decode()
+    assert 'scheduler_queue_jobs{queue="q",state="moving"} 3.0' in text

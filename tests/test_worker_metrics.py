@@ -76,7 +76,7 @@ def test_metrics_match_the_jobs_that_ran(
     assert ("scheduler_queue_oldest_overdue_seconds", (("queue", qn),)) in m
     assert v("scheduler_queue_oldest_overdue_seconds", queue=qn) == 0
     states = {dict(k[1]).get("state") for k in m if k[0] == "scheduler_queue_jobs"}
-    assert states == {"due", "scheduled", "leased", "dead", "lapsed"}
+    assert states == {"due", "scheduled", "leased", "dead", "lapsed", "moving"}
     assert bad  # both ids dead
     # The live-worker registry read by `scheduler workers`.
     assert client.zscore(q.keys.workers, w.id) is not None

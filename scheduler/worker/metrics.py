@@ -116,7 +116,8 @@ class WorkerMetrics:
         self.depth = Gauge(
             "scheduler_queue_jobs",
             "Jobs per place, from one counts script call per heartbeat (due includes the held "
-            "jobs; lapsed: leases past their end, a part of leased)",
+            "jobs; lapsed: leases past their end, a part of leased; moving: taken out of due "
+            "by scheduler queue move)",
             ["queue", "state"],
             registry=r,
         )
@@ -200,6 +201,7 @@ class WorkerMetrics:
             ("leased", counts.leased),
             ("dead", counts.dead),
             ("lapsed", counts.lapsed),
+            ("moving", counts.moving),  # a queue move's, in no other place (queue_move.py)
         ):
             self.depth.labels(queue, state).set(value)
         self.oldest_overdue.labels(queue).set(counts.oldest_overdue_ms / 1000)
