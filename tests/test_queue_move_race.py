@@ -5,6 +5,7 @@ other goes on. A job must never wait in two destinations (it would run twice).""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -103,6 +104,29 @@ def test_between_two_batches_another_destination_waits_for_the_record_to_go_stal
     assert move_queue(client, src.name, two.name).moved == 2
     assert sorted(client.zrange(one.keys.due, 0, -1)) == IDS[:2]
     assert sorted(client.zrange(two.keys.due, 0, -1)) == IDS[2:]
+
+
+def test_a_partitioned_source_each_partition_refuses_the_other_destination(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], make_pq: Any
+) -> None:
+    # The record is per partition: B, past its checks, is refused at the first partition A
+    # took from; the partitions A has not reached yet refuse B at check().
+    _, one, two = queues
+    source = make_pq(partitions=2, suffix="-src")
+    for i in range(8):
+        source.enqueue("mvr.task", {"i": i})
+    a, b = QueueMove(client, source.name, one.name), QueueMove(client, source.name, two.name)
+    b.check(skip_schedules=False)
+    k = next(k for k, p in enumerate(a.src) if client.zcard(p.keys.due))
+    ids = [str(i) for i in client.zrange(a.src[k].keys.due, 0, -1)]
+    assert a.take(a.src[k], ids)
+    with pytest.raises(MoveRefused, match=one.name):
+        b.take(b.src[k], ids)
+    with pytest.raises(MoveRefused, match=one.name):
+        move_queue(client, source.name, two.name)
+    assert client.zcard(two.keys.due) == 0
+    assert move_queue(client, source.name, one.name).moved == 8
+    assert all(client.hget(p.keys.config, "move_to") is None for p in a.src)
 
 
 def test_a_record_of_the_previous_version_without_a_time_still_works(
