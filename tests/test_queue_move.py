@@ -215,7 +215,8 @@ def test_cli_move_json_and_exit_codes(
     table = run(main, [*base[:-4], "--from", dst.name, "--to", src.name, "--dry-run"])
     assert table.exit_code == 0 and "would move" in table.output, table.output
     again = run(main, base)  # a finished move left no source: the refusal says so, exit 1
-    assert again.exit_code == 1 and "nothing to move" in again.output
+    assert again.exit_code == 1 and "nothing left to move" in again.output
+    assert "what a finished move answers" in again.output
     same = run(main, ["queue", "move", "--url", redis_url, "--from", dst.name, "--to", dst.name])
     assert same.exit_code == 2
     missing = run(

@@ -73,7 +73,8 @@ def check_move(
         queue_exists(client, src[0].keys, now) or client.exists(src[0].keys.prefix + "moving")
     ):
         raise MoveRefused(
-            f"no queue named {name!r}: nothing to move (a move that finished leaves none)"
+            f"nothing left to move: {name!r} holds no jobs and no keys (no queue named so). "
+            "This is also what a finished move answers: it leaves its source empty"
         )
     for q in (*src, *dst):
         refused = newer_storage(
