@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,10 +53,28 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             f"redis-py={redis.__version__}"]  # fmt: skip
 
 
+def slow_first() -> dict[str, int]:
+    """tests/slow_first.txt: 'path::name' of the longest tests, longest first -> its rank."""
+    lines = (Path(__file__).parent / "slow_first.txt").read_text().splitlines()
+    names = [x.strip() for x in lines if x.strip() and not x.startswith("#")]
+    return {name: rank for rank, name in enumerate(names)}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked slow first (a stable sort: the order is otherwise the collection order), so
-    under pytest-xdist the long ones start at once and the short ones fill the other workers."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The tests slow_first.txt lists first, longest first, then the others marked slow, then
+    the rest (a stable sort: else the collection order), so under pytest-xdist the long ones
+    start at once and the short ones fill the other workers: a long one started last held
+    the run's tail (test_crash_chaos, ~100 s, came near the end by its name)."""
+    ranks = slow_first()
+    last = len(ranks)
+
+    def key(item: pytest.Item) -> int:
+        rank = ranks.get(item.nodeid.split("[", 1)[0])
+        if rank is not None:
+            return rank
+        return last if item.get_closest_marker("slow") is not None else last + 1
+
+    items.sort(key=key)
 
 
 @pytest.hookimpl(wrapper=True)
