@@ -2,15 +2,17 @@
   source queue stored it, into this queue with the same id and run time. Idempotent by id: a
   job already here (a rerun re-sending a batch whose answer was lost) is left as it is.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions, moving
   ARGV[1] n (1 .. MAX_BATCH), then 4 fields per job: id, run_at_ms, spec text ('' = none: a
     hash-only job), hash fields as a JSON array [field, value, ...] ('[]' = none: a job never
     claimed); a job needs a spec or a hash
   Returns: flags, one character per job: 'c' written, 'e' already here (the same job: task and
     enqueued_ms match, the task alone for a finished job's lean hash; a rerun's), 'x' another job holds the id here (nothing written: the
-    caller puts the job back into the source's due)
+    caller puts the job back into the source's due), 'm' this queue's own `moving` set holds
+    the id (a move the other way, between its steps: it deletes the job here once it is in
+    the caller's source, so an 'e' would lose it; nothing written, the caller puts it back)
   Errors:  BAD_ARGUMENT <field>=<value> (a spec this version cannot read among them); CORRUPT
-    due is not a zset (edited by hand); nothing written either way ]]
+    due | moving is not a zset (edited by hand); nothing written either way ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -25,8 +27,9 @@ if #ARGV ~= 1 + n * 4 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARG
 -- A partitioned queue's name holds no jobs: the caller writes into its partitions.
 err = partitioned_err(prefix)
 if err then return err end
-err = zset_err(prefix, 'due')
+err = zset_err(prefix, 'due') or zset_err(prefix, 'moving')
 if err then return err end
+local moving = prefix .. 'moving'
 
 -- Every job is checked before the first write.
 local jobs = {}
@@ -81,7 +84,9 @@ local flags, adds, earliest = {}, {}, nil
 for k, j in ipairs(jobs) do
   local id = j[1]
   local jk, sk = job_key(prefix, id), spec_key(prefix, id)
-  if redis.call('EXISTS', jk) == 1 or redis.call('EXISTS', sk) == 1 then
+  if redis.call('ZSCORE', moving, id) then
+    flags[k] = 'm'
+  elseif redis.call('EXISTS', jk) == 1 or redis.call('EXISTS', sk) == 1 then
     local mine = {}
     for i = 1, #j[4], 2 do mine[j[4][i]] = j[4][i + 1] end
     local t1, e1 = identity(mine, j[3], fmt(j[2]))

@@ -113,7 +113,7 @@ def test_leased_flow_dead_and_schedule_runs_stay_and_are_counted(
     assert report.moved == 1
     assert report.stays == {
         "leased": 1, "held": 1, "flow": 1, "schedule": 1, "dead": 1, "unreadable": 0,
-        "conflict": 0,
+        "conflict": 0, "moving": 0,
     }  # fmt: skip
     assert dst.status("plain-1") == "due"
     for jid in ("leased-1", "dead-1", "prio-1", "child-1"):

@@ -35,7 +35,7 @@ from scheduler.operations.requests import Script
 
 MOVE_PER_CALL = 1000  # lua/move_out.lua, move_in.lua, move_done.lua MAX_IDS / MAX_BATCH
 __all__ = ["MoveRefused", "MoveReport", "QueueMove", "move_queue", "moving_findings"]
-STAY_REASONS = ("leased", "held", "flow", "schedule", "dead", "unreadable", "conflict")
+STAY_REASONS = ("leased", "held", "flow", "schedule", "dead", "unreadable", "conflict", "moving")
 
 
 @dataclass
@@ -139,7 +139,8 @@ class QueueMove:
 
     def put(self, entries: list[Entry]) -> str:
         """Step 2 (move_in.lua): each job into the destination partition its id routes to.
-        Returns the flags ('c' written, 'e' already there) in the order of `entries`."""
+        Returns the flags ('c' written, 'e' already there, 'x' another job holds the id there,
+        'm' the destination's own `moving` holds it: a move the other way) in entries' order."""
         groups: dict[int, list[int]] = {}
         for i, e in enumerate(entries):
             k = 0 if self.dst_layout is None else self.dst_layout.partition_of_id(e.id)
@@ -184,14 +185,16 @@ class QueueMove:
                 self.report.already += flags.count("e")
                 if resumed:
                     self.report.resumed += len(entries)
-                ours = [e.id for e, f in zip(entries, flags, strict=True) if f != "x"]
-                theirs = [e.id for e, f in zip(entries, flags, strict=True) if f == "x"]
+                ours = [e.id for e, f in zip(entries, flags, strict=True) if f in "ce"]
+                theirs = [e.id for e, f in zip(entries, flags, strict=True) if f not in "ce"]
                 if ours:
                     self.finish(part, ours)
                     self.moved_ids.update(ours)
                 if theirs:  # back in due, after this page's kept ones: listed again later
                     self.finish(part, theirs, back=True)
-                    self.report.stays["conflict"] += len(theirs)
+                    self.report.stays["conflict"] += flags.count("x")
+                    # A move the other way holds them there between its steps: it ends here.
+                    self.report.stays["moving"] += flags.count("m")
                     self.kept += 0 if resumed else len(theirs)
 
     def run(self, *, dry_run: bool = False, skip_schedules: bool = False) -> MoveReport:

@@ -30,6 +30,7 @@ _WHY = {
     "dead": "dead-lettered: requeue or purge it here",
     "unreadable": "its record cannot be read: `scheduler doctor`",
     "conflict": "the destination holds another job under its id: enqueue it there anew",
+    "moving": "a move the other way is bringing it here: it stays (rerun that one if stopped)",
 }
 
 

@@ -1,0 +1,72 @@
+"""An adversarial review of `scheduler queue move`'s one-destination record (lua/move_out.lua
+ARGV[2], config `move_to` / `move_take_ms`, move_done.lua 'end') and of the `moving` state's
+readers: two runs interleaved step by step (QueueMove.take / put / finish / close called apart),
+runs stopped between steps and rerun, hand edits of the record, readers of a moving job."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from scheduler.admin.queue_move import QueueMove
+from scheduler.client.queue import Queue
+from tests.conftest import delete_queue, new_queue
+
+
+@pytest.fixture
+def queues(client: redis.Redis) -> Iterator[tuple[Queue, Queue, Queue]]:
+    made = [new_queue(client, p) for p in ("mvw-a-", "mvw-b-", "mvw-c-")]
+    yield made[0], made[1], made[2]
+    for q in made:
+        delete_queue(client, q)
+
+
+def _waiting(client: redis.Redis, jid: str, *queues: Queue) -> list[str]:
+    """The `due` and `moving` keys of `queues` that hold `jid` with its record."""
+    out = []
+    for q in queues:
+        for key in (q.keys.due, q.keys.prefix + "moving"):
+            if client.zscore(key, jid) is not None and (
+                client.exists(q.keys.job(jid)) or client.exists(q.keys.spec(jid))
+            ):
+                out.append(key)
+    return out
+
+
+def _enqueue(q: Queue, kind: str, jid: str) -> None:
+    """A job of each record shape: never claimed (spec only), scheduled later, retried (a
+    hash with task and enqueued_ms)."""
+    if kind == "later":
+        q.enqueue("mvw.task", job_id=jid, delay_ms=3_600_000)
+        return
+    q.enqueue("mvw.task", job_id=jid, max_attempts=3)
+    if kind == "retried":
+        (lease,) = q.claim("w", limit=1).jobs
+        q.fail(jid, lease.token, ("E", "boom", ""), delay_ms=0)
+
+
+@pytest.mark.parametrize("kind", ["fresh", "later", "retried"])
+def test_opposite_runs_interleaved_lose_no_job(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], kind: str
+) -> None:
+    # a -> b has written its batch into b and not yet finished it; b -> a (past its check,
+    # made before a -> b's first take) lists b's due, which now holds that batch, takes it and
+    # wrote it into a, where move_in found each id (still in a's `moving`) and answered 'e'
+    # (a retried or scheduled job: same task and enqueued_ms). Then b -> a deleted it from b
+    # and a -> b from a: the job was nowhere. Now move_in answers 'm' and it stays in b.
+    a, b, _ = queues
+    _enqueue(a, kind, "x")
+    b.enqueue("mvw.task", job_id="y")  # b's own job, which b -> a moves
+    ab, ba = QueueMove(client, a.name, b.name), QueueMove(client, b.name, a.name)
+    ab.check(skip_schedules=False)
+    ba.check(skip_schedules=False)
+    assert ab.put(ab.take(ab.src[0], ["x"])) == "c"
+    ba._drain(ba.src[0], b.keys.due, dry_run=False, resumed=False)  # b -> a's one page
+    assert ab.finish(ab.src[0], ["x"]) == 1
+    assert ab.close(ab.src[0]) and ba.close(ba.src[0])  # both records gone
+    assert _waiting(client, "x", a, b) == [b.keys.due] and b.status("x") != "moving"
+    assert _waiting(client, "y", a, b) == [a.keys.due]
+    # Counted apart from `conflict`, whose advice (enqueue it anew) would run it twice.
+    assert (ba.report.moved, ba.report.stays["conflict"], ba.report.stays["moving"]) == (1, 0, 1)
