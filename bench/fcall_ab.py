@@ -1,6 +1,6 @@
 """Redis 7 functions (FUNCTION LOAD once, FCALL per call) against EVALSHA, same scripts, same work.
 
-    python bench/fcall_ab.py [--rounds 5] [--n 1000] [--calls100 20]
+    python bench/fcall_ab.py [--rounds 5] [--n 1000] [--calls100 20] [--preload-all] [--json]
 
 Each of enqueue.lua, claim.lua and complete.lua, as scheduler.core.scripts `source` sends it
 (expanded, pruned), is loaded twice into one private redis-server: as a script (SCRIPT LOAD) and
@@ -13,23 +13,30 @@ limit=B)`, `q.ops.complete_many(...)` of what the claim returned), before it is 
 
 Per round, each path on its own fresh queue, the same phases: --n one-job enqueues; --n claims
 of 1 job, then their --n completes of 1; --calls100 claims of 100, then their completes (the
-queues filled by enqueue_many first, not measured). Within a phase the two paths take turns in
-chunks (20 calls; 1 call of 100 jobs), EVALSHA first in even chunks, FCALL in odd ones, so load
-on the shared machine falls on both alike. Per phase and path: INFO commandstats'
-usec_per_call of evalsha / fcall after a CONFIG RESETSTAT (server time per call), the server's
-main-thread CPU per call (INFO cpu around each chunk, less an empty INFO-to-INFO interval) and
-the client's wall per call (both paths sent alike on one pooled connection). Prints a table of
-medians over rounds (per call; at batch 100 divide by 100 for per job), and JSON with --json.
+queues filled by enqueue_many first, not measured); then the one-job calls again, each sent to
+its transition's libs alone (the body cut to `return 1`, as bench/script_prologue.py does):
+the prologue an EVALSHA runs on every call and an FCALL ran once, at load. Within a phase the
+two paths take turns in chunks (20 calls; 1 call of 100 jobs), EVALSHA first in even chunks,
+FCALL in odd ones, so load on the shared machine falls on both alike. Per phase and path: INFO
+commandstats' usec_per_call of evalsha / fcall after a CONFIG RESETSTAT (server time per call),
+the server's main-thread CPU per call (INFO cpu around each chunk, less an empty INFO-to-INFO
+interval) and the client's wall per call (both paths sent alike on one pooled connection).
+Prints a table of medians over rounds (per call; at batch 100 divide by 100 for per job), and
+JSON with --json.
 
 Before timing, both paths run one scripted sequence with the test clock (lib/clock_test.lua:
 the same fixed now) and the same arguments on the same queue, the keys deleted in between; the
-replies and every key (DUMP, and its expiry time within a minute) must be identical.
+replies, every key (DUMP, and its expiry time within a minute) and the count of each command
+the scripts ran (INFO commandstats) must be identical.
 
 What a function body cannot keep as a script has it, and how this bench adapts it (the libs'
 text is not changed; lines are added around it):
 - a lib's top-level `local` that a call assigns or fills (a per-call budget such as
   `dead_trim_left`, a per-call cache such as `FLOW_RATE_LOGS` or `flow_aging_of`) would keep its
-  value from one FCALL to the next: each function first assigns it its initial value again.
+  value from one FCALL to the next: each function first assigns it its initial value again,
+  through one library-level function (assigned in the registered function itself, each would
+  be one more upvalue of it: claim's body uses about 54 of Lua 5.1's 60 already, and 9 more
+  refused the library, "function at line N has more than 60 upvalues").
 - KEYS and ARGV are the function's arguments, not globals: a lib function that reads them (only
   lib/clock_test.lua's `now_ms`) sees library-level `local KEYS, ARGV`, set by each call.
 """
@@ -39,6 +46,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import statistics
 import sys
@@ -56,7 +64,7 @@ import redis  # noqa: E402
 from bench.redis_server import private_server  # noqa: E402
 from scheduler import JobSpec, Queue  # noqa: E402
 from scheduler.core.codec import parse_claim  # noqa: E402
-from scheduler.core.scripts import source  # noqa: E402
+from scheduler.core.scripts import TRANSITIONS, source  # noqa: E402
 from scheduler.operations.requests import Op, Script  # noqa: E402
 
 NAMES = ("enqueue", "claim", "complete")
@@ -75,6 +83,12 @@ _ASSIGN = re.compile(
 
 def _code(line: str) -> str:
     return line.split("--", 1)[0]
+
+
+def _no_comments(text: str) -> str:
+    """The code of `text`: block comments (a script's contract header) and line comments out."""
+    text = re.sub(r"--\[(=*)\[.*?\]\1\]", "", text, flags=re.S)
+    return "\n".join(_code(line) for line in text.split("\n"))
 
 
 def lib_values(lib: str) -> dict[str, str]:
@@ -98,7 +112,7 @@ def mutated(text: str, names: dict[str, str]) -> list[str]:
     """The lib locals an assignment statement sets, or whose table it fills (`T[k] = v`,
     `T.f = v`, `a, T = ...`), or that `table.insert` / `remove` / `sort` changes: their values
     would outlive one FCALL. A `local` declaration is no assignment of them."""
-    code = "\n".join(_code(line) for line in text.split("\n"))
+    code = _no_comments(text)
     hit: set[str] = set()
     for m in _ASSIGN.finditer(code):
         hit.update(re.findall(r"(?:^|,)\s*([A-Za-z_]\w*)", m.group(1)))
@@ -108,7 +122,7 @@ def mutated(text: str, names: dict[str, str]) -> list[str]:
 
 
 def reads_keys_argv(lib: str) -> bool:
-    return re.search(r"\b(KEYS|ARGV)\b", "\n".join(_code(x) for x in lib.split("\n"))) is not None
+    return re.search(r"\b(KEYS|ARGV)\b", _no_comments(lib)) is not None
 
 
 def function_library(name: str, text: str) -> tuple[str, str, dict[str, Any]]:
@@ -161,10 +175,22 @@ class Paths:
             self.load_ms[name] = round((time.perf_counter() - t0) * 1000, 2)
             self.fn[name] = fname
             self.adapted[name] = adapted
+            # Its libs alone (the body cut to `return 1`, as bench/script_prologue.py does): the
+            # prologue an EVALSHA runs and an FCALL does not.
+            cut = text[: text.index(BODY_START)] + BODY_START + "\nreturn 1\n"
+            self.sha[name + " libs"] = r.script_load(cut)
+            code, fname, _ = function_library(name + "_libs", cut)
+            r.function_load(code, replace=True)
+            self.fn[name + " libs"] = fname
 
     def wire(self, path: str, name: str, keys: list[str], args: list[str]) -> Wire:
         cmd, target = ("EVALSHA", self.sha[name]) if path == "evalsha" else ("FCALL", self.fn[name])
         return (cmd, target, str(len(keys)), *keys, *args)
+
+    def to_libs(self, path: str, name: str, wire: Wire) -> Wire:
+        """`wire` sent to the transition's libs alone instead."""
+        libs = self.sha if path == "evalsha" else self.fn
+        return (wire[0], libs[name + " libs"], *wire[2:])
 
     def call(self, wire: Wire) -> Any:
         self.conn.send_command(*wire)
@@ -207,15 +233,35 @@ def verify(r: redis.Redis, raw: redis.Redis, paths: Paths) -> dict[str, Any]:
     q = Queue(r, "fcall-verify")
     prefix = q.keys.prefix
     now_ms = int(time.time() * 1000)
-    enq = [script_request(q.ops.enqueue("task", c.payload(i)), "enqueue") for i in range(150)]
+    enq = [script_request(q.ops.enqueue("task", c.payload(i)), "enqueue") for i in range(120)]
+    # Flow jobs too, so that the lib locals kept across calls are used by more than one call: a
+    # rate key (lib/flow.lua FLOW_RATE_LOGS), priorities (flow_aging_of), a concurrency key.
+    flows: list[dict[str, Any]] = [
+        {"rate_limit": (2, 60_000), "rate_key": "r"},
+        {"priority": 5},
+        {"concurrency_key": "ck", "concurrency_limit": 3, "priority": 2},
+    ]
+    enq += [
+        script_request(q.ops.enqueue("task", c.payload(i), **flows[i % 3]), "enqueue")
+        for i in range(30)
+    ]
     seen: dict[str, tuple[list[Any], dict[str, tuple[bytes, int]]]] = {}
+    inner: dict[str, dict[str, int]] = {}
     for path in ("evalsha", "fcall"):
         for k in queue_keys(r, prefix):
             r.delete(k)
         r.set(prefix + "test:now_ms", now_ms)
+        r.config_resetstat()
         replies = sequence(paths, path, q, enq)
+        # The commands the scripts ran (Redis counts each redis.call()), less the call itself.
+        stats = r.info("commandstats")
+        inner[path] = {
+            k: int(v["calls"]) for k, v in stats.items() if k not in (f"cmdstat_{path}",)
+        }
         seen[path] = (replies, snapshot(r, raw, prefix))
     (rep_a, keys_a), (rep_b, keys_b) = seen["evalsha"], seen["fcall"]
+    if inner["evalsha"] != inner["fcall"]:
+        raise SystemExit(f"the scripts ran other commands: {inner}")
     if rep_a != rep_b:
         bad = next(i for i, (x, y) in enumerate(zip(rep_a, rep_b, strict=True)) if x != y)
         raise SystemExit(f"replies differ at call {bad}: {rep_a[bad]!r} != {rep_b[bad]!r}")
@@ -227,7 +273,8 @@ def verify(r: redis.Redis, raw: redis.Redis, paths: Paths) -> dict[str, Any]:
             raise SystemExit(f"key {k} differs: {(dump, exp)!r} != {(dump_b, exp_b)!r}")
     for k in queue_keys(r, prefix):
         r.delete(k)
-    return {"calls": len(rep_a), "keys": len(keys_a), "identical": True}
+    ran = sum(n for k, n in inner["evalsha"].items() if k != "cmdstat_config")
+    return {"calls": len(rep_a), "keys": len(keys_a), "commands_run": ran, "identical": True}
 
 
 PATHS = ("evalsha", "fcall")
@@ -296,6 +343,7 @@ def one_round(r: redis.Redis, p: Paths, rnd: int, n: int, calls100: int) -> dict
     }
     out["enqueue 1 job"], got = phase(r, p, enq, 20)
     assert got["evalsha"] == got["fcall"], "enqueue replies differ"  # fresh ids: all created
+    sent = {"enqueue": enq}
     for limit, calls in ((1, n), (100, calls100)):
         if limit > 1:
             for q in qs.values():
@@ -310,6 +358,12 @@ def one_round(r: redis.Redis, p: Paths, rnd: int, n: int, calls100: int) -> dict
         todo = {pa: completes(pa, got[pa]) for pa in PATHS}
         out[f"complete {limit}"], done = phase(r, p, todo, 20 // limit or 1)
         assert all(st == "done" for v in done.values() for rep in v for st in rep), "refused"
+        if limit == 1:
+            sent.update(claim=claims, complete=todo)
+    # The same one-job calls again, each to its libs alone (the body cut to `return 1`).
+    for name, wires in sent.items():
+        cut = {pa: [p.to_libs(pa, name, w) for w in ws] for pa, ws in wires.items()}
+        out[f"{name} 1: libs alone"], _ = phase(r, p, cut, 20)
     sizes = {path: len(queue_keys(r, q.keys.prefix)) for path, q in qs.items()}
     assert sizes["evalsha"] == sizes["fcall"], sizes
     return out
@@ -330,14 +384,36 @@ def table(rows: dict[str, dict[str, list[Figures]]]) -> str:
     return "\n".join(lines)
 
 
+def preload_all(r: redis.Redis) -> list[str]:
+    """Every transition loaded on both sides, as in production, where a worker's start loads
+    them all (scheduler/worker/runtime.py): each Lua state (EVAL's and the functions') then
+    holds them. Returns the ones with no function library (no usual body start)."""
+    left = []
+    for name in TRANSITIONS:
+        text = source(name)
+        r.script_load(text)
+        if BODY_START in text and name not in NAMES:
+            r.function_load(function_library(name, text)[0], replace=True)
+        elif name not in NAMES:
+            left.append(name)
+    return left
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--n", type=int, default=1000, help="one-job calls per phase and round")
     ap.add_argument("--calls100", type=int, default=20, help="calls of 100 jobs per round")
     ap.add_argument("--json", action="store_true", help="also print the raw figures as JSON")
+    ap.add_argument(
+        "--preload-all",
+        action="store_true",
+        help="load every transition on both sides first, as a worker's start does (SCRIPT LOAD;"
+        " as a function library each one with the usual body start)",
+    )
     a = ap.parse_args()
     rows: dict[str, dict[str, list[Figures]]] = {}
+    load = [os.getloadavg()[0]]
     with private_server() as server:
         r = redis.Redis.from_url(server.url, decode_responses=True)
         raw = redis.Redis.from_url(server.url)
@@ -348,20 +424,25 @@ def main() -> None:
         r.function_flush()
         r.script_flush()
         p = Paths(r, "server")
+        if a.preload_all:
+            preload_all(r)
         for rnd in range(a.rounds):
             for k, v in one_round(r, p, rnd, a.n, a.calls100).items():
                 for path in PATHS:
                     rows.setdefault(k, {pa: [] for pa in PATHS})[path].append(v[path])
         version = r.info("server")["redis_version"]
         p.close()
-    print(f"rounds {a.rounds}, n {a.n}, calls of 100: {a.calls100}; medians over rounds")
+    load.append(os.getloadavg()[0])
+    print(f"rounds {a.rounds}, n {a.n}, calls of 100: {a.calls100}, preload-all {a.preload_all};"
+          " medians over rounds")  # fmt: skip
+    print(f"load average (1 min) at start / end: {load[0]:.2f} / {load[1]:.2f}")
     print(f"verified (test clock, same inputs): {verified}")
     print(f"redis {version}; FUNCTION LOAD ms: {p.load_ms}")
     for name, ad in p.adapted.items():
         print(f"{name}: reset per call: {', '.join(ad['reset_per_call']) or 'none'}")
     print(table(rows))
     if a.json:
-        info = {"redis": version, "function_load_ms": p.load_ms, "adapted": p.adapted}
+        info = {"redis": version, "function_load_ms": p.load_ms, "adapted": p.adapted, "load": load}
         print(json.dumps({"args": vars(a), "info": info, "verified": verified, "rows": rows}))
 
 
