@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from scheduler.admin.queue_move import QueueMove
+from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
 from scheduler.client.queue import Queue
-from tests.conftest import delete_queue, new_queue
+from scheduler.core.errors import CorruptKey
+from tests.conftest import delete_queue, dump_queue, new_queue
 
 
 @pytest.fixture
@@ -70,3 +71,69 @@ def test_opposite_runs_interleaved_lose_no_job(
     assert _waiting(client, "y", a, b) == [a.keys.due]
     # Counted apart from `conflict`, whose advice (enqueue it anew) would run it twice.
     assert (ba.report.moved, ba.report.stays["conflict"], ba.report.stays["moving"]) == (1, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "the destination's moving is a string",
+        "the source's config is a string",
+        "the destination's config is a string",
+    ],
+)
+def test_a_key_of_another_type_is_a_typed_refusal_with_nothing_written(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], edit: str
+) -> None:
+    # check() read these with bare Redis calls: WRONGTYPE escaped untyped (the CLI's exit 1
+    # for a refusal, CorruptKey's "see doctor", were lost).
+    a, b, _ = queues
+    a.enqueue("mvw.task", job_id="x")
+    b.enqueue("mvw.task", job_id="y")
+    queue = b if "destination" in edit else a
+    key = queue.keys.prefix + "moving" if "moving" in edit else queue.keys.config
+    client.delete(key)
+    client.set(key, "junk")
+    before = (dump_queue(client, a), dump_queue(client, b))
+    for dry_run in (True, False):
+        with pytest.raises(CorruptKey, match=key):
+            move_queue(client, a.name, b.name, dry_run=dry_run)
+    assert (dump_queue(client, a), dump_queue(client, b)) == before
+
+
+@pytest.mark.parametrize("to", ["?", ""])
+def test_a_recent_record_naming_no_queue_is_refused_by_check_as_by_the_take(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], to: str
+) -> None:
+    # check() read a missing `move_to` as '?', so a hand-edited '?' (or '', which move_out
+    # compares as text) passed check() and the dry run, then the take refused: the dry run said
+    # it would move, and a partitioned source's earlier partitions moved before the refusal.
+    a, b, _ = queues
+    a.enqueue("mvw.task", job_id="x")
+    now_ms = int(client.time()[0]) * 1000
+    client.hset(a.keys.config, mapping={"move_to": to, "move_take_ms": now_ms})
+    with pytest.raises(MoveRefused, match="ago"):
+        move_queue(client, a.name, b.name, dry_run=True)
+    before = dump_queue(client, a)
+    m = QueueMove(client, a.name, b.name)
+    with pytest.raises(MoveRefused, match="ago"):
+        m.check(skip_schedules=False)
+    with pytest.raises(MoveRefused, match="ago"):
+        m.take(m.src[0], ["x"])
+    assert dump_queue(client, a) == before and dump_queue(client, b) == {}
+
+
+def test_the_take_refusal_names_the_recorded_destination_whole(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    # A record edited by hand to a text with spaces: the take's refusal cut it at the first
+    # space (another queue's name, maybe), while check() named it whole.
+    a, b, _ = queues
+    a.enqueue("mvw.task", job_id="x")
+    client.hset(a.keys.config, mapping={"move_to": "old q name", "move_take_ms": 0})
+    client.zadd(a.keys.prefix + "moving", {"x": 1})
+    client.zrem(a.keys.due, "x")
+    m = QueueMove(client, a.name, b.name)
+    with pytest.raises(MoveRefused, match="move to 'old q name'"):
+        m.check(skip_schedules=False)
+    with pytest.raises(MoveRefused, match="move to 'old q name'"):
+        m.take(m.src[0], ["x"])

@@ -18,7 +18,8 @@ from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
 # toward another destination out: longer than one run's gap between two batches (a put and a
 # finish of at most MOVE_PER_CALL jobs), so two runs do not split a queue between destinations.
 MOVE_QUIET_MS = 60_000  # lua/move_out.lua MOVE_QUIET_MS
-_ELSEWHERE = re.compile(r"MOVE_ELSEWHERE moving=(\d+) age_ms=(\d+|none) to=(\S*)")
+# The recorded name last and whole (a hand edit may hold spaces: move_out cuts it at 80 bytes).
+_ELSEWHERE = re.compile(r"MOVE_ELSEWHERE moving=(\d+) age_ms=(\d+|none) to=(.*)")
 
 
 class MoveRefused(SchedulerError):
@@ -69,6 +70,13 @@ def check_move(
     destination, and whether the source is partitioned."""
     name, dest, partitioned = names
     now = server_now_ms(client, src[0].keys)
+    # Read below with bare calls: a hand edit refuses typed (move_out / move_in's CORRUPT).
+    # move_in's check of due comes after move_out took the jobs: checked first.
+    for q in (*src, *dst):
+        kinds = [(q.keys.config, "hash"), (q.keys.prefix + "moving", "zset")]
+        for key, kind in kinds + ([(q.keys.due, "zset")] if q in dst else []):
+            if text(client.type(key)) not in ("none", kind):
+                raise CorruptKey(f"CORRUPT {key} is not a {kind} (nothing written)")
     if not partitioned and not (
         queue_exists(client, src[0].keys, now) or client.exists(src[0].keys.prefix + "moving")
     ):
@@ -82,25 +90,18 @@ def check_move(
         )
         if refused is not None:
             raise refused
-    # move_in's own check of due comes after move_out took the jobs: checked first.
-    zsets = [q.keys.due for q in dst] + [q.keys.prefix + "moving" for q in src]
-    for key in zsets:
-        try:
-            client.zcard(key)
-        except redis.ResponseError:
-            raise CorruptKey(f"CORRUPT {key} is not a zset (nothing written)") from None
     for q in (*src, *dst):  # as move_out.lua decides at each take, refused here before any
-        to, took = client.hmget(q.keys.config, ["move_to", "move_take_ms"])
-        to, busy = text(to or "?"), int(client.zcard(q.keys.prefix + "moving"))
+        got, took = client.hmget(q.keys.config, ["move_to", "move_take_ms"])
+        to, busy = None if got is None else text(got), int(client.zcard(q.keys.prefix + "moving"))
         digits = text(took) if took is not None else ""
         took_ms = int(digits) if digits.isascii() and digits.isdigit() else None
         if took_ms is not None and took_ms > now + MOVE_QUIET_MS:
             took_ms = None  # far ahead (a hand edit): old, as move_out.lua reads it
         age = None if took_ms is None else max(now - took_ms, 0)
         if busy and q in dst:  # moving them back would find each here, left only in `moving`
-            raise MoveRefused(f"{q.name!r} has jobs of a move to {to!r}: rerun that first")
+            raise MoveRefused(f"{q.name!r} has jobs of a move to {to or '?'!r}: rerun that first")
         recent = age is not None and age < MOVE_QUIET_MS
-        if q in src and to not in ("?", dest) and (busy or recent):
+        if q in src and to is not None and to != dest and (busy or recent):
             raise elsewhere(q.name, to, busy, age)
     if not skip_schedules:
         n = sum(int(client.scard(q.keys.schedules)) for q in src)
