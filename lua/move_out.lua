@@ -3,7 +3,7 @@
   no flow fields, parents, children nor schedule, leaves due for `moving` (id -> run_at_ms), where
   no worker claims it, and its whole record is returned, to be written into the other queue
   (move_in.lua) with the same id before move_done.lua deletes it here. A job already in
-  `moving` (a move interrupted after this step) is returned again: a rerun re-sends it.
+  `moving` (a move interrupted after this step) is returned again by 'take': a rerun re-sends it.
   Each take records its destination and server time in config (`move_to`, `move_take_ms`);
   a take or look toward another destination is refused, nothing written, while `moving` holds
   jobs (they may be in the recorded one already: a second copy would run twice) or while the
@@ -11,15 +11,17 @@
   would be split). A `move_to` without a time (an older version's) counts as old.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions, flow:held, flow:waiting, moving
-  ARGV[1] 'take' | 'look' (a dry run: the same answer, nothing written), ARGV[2] the
-    destination queue's name, then ids (1 .. MAX_IDS)
+  ARGV[1] 'take' | 'fresh' (a take of ids listed from due: one found in `moving` was taken by
+    another run since the listing, which sends it; answered 'taken', so that a job it wrote,
+    ran there and whose record expired is not written again) | 'look' (a dry run: the same
+    answer, nothing written), ARGV[2] the destination queue's name, then ids (1 .. MAX_IDS)
   Returns: one entry per id, in order: {id, 'moving', run_at_ms, spec text ('' = a hash-only
     job), {hash field, value, ...} ({} = a spec-only job)}, or {id, reason} for a job that
     stays: 'leased' | 'held' (flow control: a concurrency key, a rate, parents not done) |
     'flow' (a priority, flow keys, parents or children) | 'schedule' (a schedule's run) |
     'dead' | 'unreadable' (its record is of another type, not one this version wrote, or
     holds bytes that are not UTF-8) |
-    'missing' (not waiting: finished, cancelled, gone)
+    'missing' (not waiting: finished, cancelled, gone) | 'taken' ('fresh': in `moving`)
   Errors:  BAD_ARGUMENT <field>=<value>; MOVE_ELSEWHERE moving=<n> age_ms=<ms | none> to=<the
     recorded destination> (above; nothing written); CORRUPT due | leased | moving is not a zset,
     config is not a hash (edited by hand; nothing written); the server's own refusal of the
@@ -37,7 +39,7 @@ local cfg = prefix .. 'config'
 local MAX_IDS = 1000  -- scheduler/admin/queue_move.py MOVE_PER_CALL
 local MOVE_QUIET_MS = 60000  -- scheduler/admin/queue_move_check.py MOVE_QUIET_MS
 local mode = table.remove(ARGV, 1)
-if mode ~= 'take' and mode ~= 'look' then
+if mode ~= 'take' and mode ~= 'fresh' and mode ~= 'look' then
   return redis.error_reply('BAD_ARGUMENT mode=' .. string.sub(tostring(mode), 1, 40))
 end
 local dest = table.remove(ARGV, 1)
@@ -87,7 +89,9 @@ for _, id in ipairs(ARGV) do
   local at = redis.call('ZSCORE', moving, id)
   local again = at ~= false
   if not at then at = redis.call('ZSCORE', due, id) end
-  if not at then
+  if again and mode == 'fresh' then
+    out[#out + 1] = { id, 'taken' }
+  elseif not at then
     out[#out + 1] = { id, stay_reason(id) }
   else
     local spec = redis.pcall('GET', sk)
@@ -123,12 +127,12 @@ for _, id in ipairs(ARGV) do
     end
   end
 end
-if mode == 'take' then
+if mode ~= 'look' then
   local r = write_refused(redis.pcall('HSET', cfg, 'move_to', dest, 'move_take_ms', now),
     'config', 'hash')
   if r then return r end
 end
-if #adds > 0 and mode == 'take' then
+if #adds > 0 and mode ~= 'look' then
   for i = 2, #adds, 2 do redis.call('ZREM', due, adds[i]) end
   call_chunked('ZADD', moving, adds)
 end

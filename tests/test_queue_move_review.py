@@ -5,12 +5,13 @@ runs stopped between steps and rerun, hand edits of the record, readers of a mov
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
+from scheduler.admin.queue_move import Entry, MoveRefused, QueueMove, move_queue
 from scheduler.client.queue import Queue
 from scheduler.core.errors import CorruptKey
 from tests.conftest import delete_queue, dump_queue, new_queue
@@ -137,3 +138,55 @@ def test_the_take_refusal_names_the_recorded_destination_whole(
         m.check(skip_schedules=False)
     with pytest.raises(MoveRefused, match="move to 'old q name'"):
         m.take(m.src[0], ["x"])
+
+
+def _gone(client: redis.Redis, *keys: str) -> None:
+    """Until none of `keys` exists (a record's expiry; the bound is for liveness only)."""
+    deadline = time.monotonic() + 20
+    while client.exists(*keys):
+        assert time.monotonic() < deadline, f"{keys} still there"
+        time.sleep(0.005)
+
+
+def test_two_runs_to_one_destination_never_write_a_job_it_already_ran(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # B lists the source's due; A takes that page first (into `moving`). B's take returned the
+    # jobs again (a job in `moving` is re-sent, for a rerun), then A wrote, finished; the
+    # destination ran the job and its record expired (result_ttl_ms); B's put wrote it again:
+    # run twice. B's page, listed from due, must leave a job another run took meanwhile.
+    src, dst, _ = queues
+    src.enqueue("mvw.task", job_id="x", result_ttl_ms=1)
+    a, b = QueueMove(client, src.name, dst.name), QueueMove(client, src.name, dst.name)
+    taken: list[Entry] = []
+    ran: list[str] = []
+    listed = client.zrange
+
+    def b_lists_then_a_takes(key: str, *args: object, **kw: object) -> object:
+        ids = listed(key, *args, **kw)  # type: ignore[arg-type]
+        if key == src.keys.due and ids and not taken:
+            taken.extend(a.take(a.src[0], [str(i) for i in ids]))
+        return ids
+
+    def a_ends_and_the_destination_runs_it() -> None:
+        if ran:
+            return
+        assert a.put(taken) == "c" and a.finish(a.src[0], ["x"]) == 1 and a.close(a.src[0])
+        (job,) = dst.claim("w", limit=1).jobs
+        dst.complete("x", job.token, "ok")
+        _gone(client, dst.keys.job("x"), dst.keys.spec("x"))
+        ran.append("x")
+
+    put = b.put
+
+    def b_puts(entries: list[Entry]) -> str:
+        a_ends_and_the_destination_runs_it()
+        return put(entries)
+
+    monkeypatch.setattr(client, "zrange", b_lists_then_a_takes)
+    monkeypatch.setattr(b, "put", b_puts)
+    b._drain(b.src[0], src.keys.due, dry_run=False, resumed=False)
+    monkeypatch.setattr(client, "zrange", listed)
+    a_ends_and_the_destination_runs_it()
+    assert client.zcard(dst.keys.due) == 0 and dst.claim("w", limit=1).jobs == []
+    assert (b.report.moved, b.report.already) == (0, 0)

@@ -118,10 +118,13 @@ class QueueMove:
         names = (self.report.source, self.report.dest, self.src_layout is not None)
         check_move(self.client, self.src, self.dst, names, skip_schedules=skip_schedules)
 
-    def take(self, part: Queue, ids: list[str], *, look: bool = False) -> list[Entry]:
+    def take(
+        self, part: Queue, ids: list[str], *, look: bool = False, fresh: bool = False
+    ) -> list[Entry]:
         """Step 1 (move_out.lua): the ids' records, out of due into `moving` (look: read
-        only). Stays are counted in the report by reason."""
-        args = ["look" if look else "take", self.report.dest, *ids]
+        only; fresh: ids listed from due, so one in `moving` is another run's and left to it).
+        Stays are counted in the report by reason."""
+        args = ["look" if look else "fresh" if fresh else "take", self.report.dest, *ids]
         try:  # move_out records the destination, or refuses another run's (MOVE_ELSEWHERE)
             reply = part._run(_call("move_out", args))
         except redis.ResponseError as exc:
@@ -134,7 +137,8 @@ class QueueMove:
             elif what in ("flow", "schedule", "unreadable"):
                 self.report.stays[what] += 1
                 self.kept += 1
-            # leased / held / dead / missing: it left due meanwhile (counted from its set)
+            # leased / held / dead / missing: it left due meanwhile (counted from its set);
+            # taken: another run's since this page was listed (that run sends it)
         return out
 
     def put(self, entries: list[Entry]) -> str:
@@ -174,7 +178,7 @@ class QueueMove:
             _t(i) for i in self.client.zrange(key, self.kept, self.kept + self.batch - 1)
         ]:
             before = self.kept
-            entries = self.take(part, ids, look=dry_run)
+            entries = self.take(part, ids, look=dry_run, fresh=not resumed)
             if dry_run:
                 self.kept = before + len(ids)
                 self.report.moved += len(entries)
