@@ -5,16 +5,19 @@ runs stopped between steps and rerun, hand edits of the record, readers of a mov
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import redis
 
+from scheduler import JobNotFound
 from scheduler.admin.queue_move import Entry, MoveRefused, QueueMove, move_queue
 from scheduler.client.queue import Queue
 from scheduler.core.errors import CorruptKey
 from tests.conftest import delete_queue, dump_queue, new_queue
+from tests.fixtures.partitioned import MakePq
 
 
 @pytest.fixture
@@ -190,3 +193,124 @@ def test_two_runs_to_one_destination_never_write_a_job_it_already_ran(
     a_ends_and_the_destination_runs_it()
     assert client.zcard(dst.keys.due) == 0 and dst.claim("w", limit=1).jobs == []
     assert (b.report.moved, b.report.already) == (0, 0)
+
+
+class Stop(Exception):
+    """The run's process dies here."""
+
+
+def _record(client: redis.Redis, parts: list[Queue]) -> dict[str, Sequence[object]]:
+    return {p.name: client.hmget(p.keys.config, ["move_to", "move_take_ms"]) for p in parts}
+
+
+@pytest.mark.parametrize("stop", ["put", "finish", "close", "carry_keys"])
+def test_a_partitioned_move_stopped_anywhere_is_finished_by_a_rerun_and_holds_others_out(
+    client: redis.Redis,
+    queues: tuple[Queue, Queue, Queue],
+    make_pq: MakePq,
+    monkeypatch: pytest.MonkeyPatch,
+    stop: str,
+) -> None:
+    # 3 partitions into 3, 2 jobs a page; the run dies at its second call of `stop` (after
+    # a take, a put, a finish, or a whole partition). Another destination is refused (jobs in
+    # `moving`, or a take less than 60 s old), still refused once the record is old if
+    # `moving` holds jobs, and the rerun moves each job exactly once and clears every record.
+    _, _, other = queues
+    source, dest = make_pq(partitions=3, suffix="-s"), make_pq(partitions=3, suffix="-d")
+    ids = [source.enqueue("mvw.task", {"i": i}) for i in range(12)]
+    run = QueueMove(client, source.name, dest.name, batch=2)
+    real, calls = getattr(run, stop), []
+
+    def dies(*args: object, **kw: object) -> object:
+        calls.append(stop)
+        if len(calls) == 2:
+            raise Stop
+        return real(*args, **kw)
+
+    monkeypatch.setattr(run, stop, dies)
+    with pytest.raises(Stop):
+        run.run()
+    busy = sum(client.zcard(p.keys.prefix + "moving") for p in source.parts)
+    assert busy == (2 if stop in ("put", "finish") else 0)
+    with pytest.raises(MoveRefused, match=dest.name):
+        move_queue(client, source.name, other.name, dry_run=True)
+    with pytest.raises(MoveRefused, match=dest.name):
+        move_queue(client, source.name, other.name)
+    for p in source.parts:  # 60 s on (the records' times moved back)
+        if client.hget(p.keys.config, "move_take_ms") is not None:
+            client.hset(p.keys.config, "move_take_ms", 1)
+    if busy:
+        with pytest.raises(MoveRefused, match="rerun that first"):
+            move_queue(client, source.name, other.name)
+    report = move_queue(client, source.name, dest.name)
+    assert report.resumed == busy
+    waiting = [str(j) for p in dest.parts for j in client.zrange(p.keys.due, 0, -1)]
+    assert sorted(waiting) == sorted(ids) and client.zcard(other.keys.due) == 0
+    assert all(client.zcard(p.keys.due) == 0 for p in source.parts)
+    assert _record(client, source.parts) == {p.name: [None, None] for p in source.parts}
+
+
+def test_two_runs_to_one_destination_the_last_to_end_clears_the_record(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    # A and B toward one destination, interleaved: A's end while B's batch waits in `moving`
+    # keeps the record (B's rerun would need it); B's end, the last, deletes it. Each job is
+    # written once, and the reports add up.
+    src, dst, _ = queues
+    for i in range(4):
+        src.enqueue("mvw.task", job_id=f"j{i}")
+    a, b = QueueMove(client, src.name, dst.name), QueueMove(client, src.name, dst.name)
+    a.check(skip_schedules=False)
+    b.check(skip_schedules=False)
+    ta = a.take(a.src[0], ["j0", "j1"], fresh=True)
+    tb = b.take(b.src[0], ["j1", "j2", "j3"], fresh=True)  # j1 is A's: left to it
+    assert [e.id for e in ta] == ["j0", "j1"] and [e.id for e in tb] == ["j2", "j3"]
+    assert a.put(ta) == "cc" and a.finish(a.src[0], ["j0", "j1"]) == 2
+    assert not a.close(a.src[0])  # B's two wait in `moving`
+    assert client.hget(src.keys.config, "move_to") == dst.name
+    assert b.put(tb) == "cc" and b.finish(b.src[0], ["j2", "j3"]) == 2
+    assert b.close(b.src[0])
+    assert client.hmget(src.keys.config, ["move_to", "move_take_ms"]) == [None, None]
+    assert sorted(client.zrange(dst.keys.due, 0, -1)) == ["j0", "j1", "j2", "j3"]
+    assert client.zcard(src.keys.due) == client.zcard(src.keys.prefix + "moving") == 0
+
+
+def _waiter(q: Queue, jid: str, out: dict[str, object]) -> threading.Thread:
+    """q.result(jid) on a thread, its answer (or error type) in out[jid], once announced."""
+
+    def wait() -> None:
+        try:
+            out[jid] = q.result(jid, timeout_s=30)
+        except Exception as exc:  # the type is the answer
+            out[jid] = type(exc)
+
+    t = threading.Thread(target=wait, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while not q.client.exists(q.keys.result_wait(jid)):  # announced: it blocks now
+        assert time.monotonic() < deadline, "the waiter never announced itself"
+        time.sleep(0.005)
+    return t
+
+
+def test_a_result_waiter_on_the_source_is_told_the_job_left_and_one_moved_back_gets_it(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    # docs/cluster.md said a waiter on the source "waits out its timeout": it re-reads the
+    # state at least each second and raises JobNotFound. A job moved out and back in while
+    # its waiter waits is the same job: the waiter gets its result.
+    a, b, _ = queues
+    a.enqueue("mvw.task", job_id="gone")
+    b.enqueue("mvw.task", job_id="back")
+    out: dict[str, object] = {}
+    first = _waiter(a, "gone", out)
+    assert move_queue(client, a.name, b.name).moved == 1
+    first.join()
+    assert out["gone"] is JobNotFound
+    second = _waiter(b, "back", out)
+    assert move_queue(client, b.name, a.name).moved == 2
+    assert move_queue(client, a.name, b.name).moved == 2
+    jobs = {j.id: j.token for j in b.claim("w", limit=5).jobs}
+    b.complete("back", jobs["back"], 42)
+    second.join()
+    assert out["back"] == 42
