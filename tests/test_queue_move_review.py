@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from scheduler import JobNotFound
+from scheduler.admin.doctor import check_queue
 from scheduler.admin.queue_move import Entry, MoveRefused, QueueMove, move_queue
 from scheduler.client.queue import Queue
 from scheduler.core.errors import CorruptKey
@@ -314,3 +315,28 @@ def test_a_result_waiter_on_the_source_is_told_the_job_left_and_one_moved_back_g
     b.complete("back", jobs["back"], 42)
     second.join()
     assert out["back"] == 42
+
+
+@pytest.mark.parametrize("record", ["kept", "junk", "none"])
+def test_doctor_names_the_destination_an_interrupted_move_must_be_rerun_to(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], record: str
+) -> None:
+    # Its advice was "run the same move again" with `--to ...`: the one destination the take
+    # accepts while `moving` holds jobs is the recorded one, which the operator may not know
+    # (another's run). A record edited into no queue name cannot be rerun to: said so.
+    a, b, _ = queues
+    a.enqueue("mvw.task", job_id="x")
+    m = QueueMove(client, a.name, b.name)
+    assert m.put(m.take(m.src[0], ["x"])) == "c"  # then killed
+    if record == "junk":
+        client.hset(a.keys.config, "move_to", "no such {queue}")
+    elif record == "none":
+        client.hdel(a.keys.config, "move_to", "move_take_ms")
+    (found,) = check_queue(client, a.name)
+    assert found.code == "move-interrupted"
+    if record == "kept":
+        assert f"--to {b.name}`" in found.fix
+    elif record == "junk":
+        assert "'no such {queue}' names no queue" in found.fix
+    else:
+        assert "same destination" in found.fix

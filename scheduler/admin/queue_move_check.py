@@ -11,8 +11,8 @@ import redis
 from scheduler.admin.doctor_model import Issue
 from scheduler.admin.inspection import queue_exists, server_now_ms
 from scheduler.client.queue import Queue
-from scheduler.core.errors import CorruptKey, SchedulerError, newer_storage
-from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
+from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError, newer_storage
+from scheduler.core.keys import STORAGE_GENERATION, QueueKeys, check_queue_name
 
 # How long a source partition's last take (config `move_take_ms`, lua/move_out.lua) keeps a run
 # toward another destination out: longer than one run's gap between two batches (a put and a
@@ -125,5 +125,27 @@ def moving_findings(client: redis.Redis, keys: QueueKeys) -> tuple[set[str], lis
     if not ids:
         return ids, []
     what = f"{len(ids)} job(s) of an interrupted `scheduler queue move` wait in {key}"
-    fix = "run the same `scheduler queue move --from ... --to ...` again: it finishes them"
-    return ids, [Issue("move-interrupted", "warning", what, fix, keys.queue)]
+    return ids, [Issue("move-interrupted", "warning", what, _rerun(client, keys), keys.queue)]
+
+
+def _rerun(client: redis.Redis, keys: QueueKeys) -> str:
+    """The fix of `move-interrupted`: the rerun toward the recorded destination, the only one
+    move_out accepts while `moving` holds jobs (a record edited into no queue name: say so)."""
+    try:
+        got = client.hget(keys.config, "move_to")
+    except redis.ResponseError:  # config of another type: doctor names that apart
+        got = None
+    if got is None:
+        return "run the move that took them again, to the same destination: it finishes them"
+    to = text(got)
+    try:
+        check_queue_name(to)
+    except BadArgument:
+        return (
+            f"config move_to {to[:80]!r} names no queue (edited by hand): set it to the queue "
+            "they were moving to, then run that move again"
+        )
+    return (
+        f"run `scheduler queue move --to {to}` again (--from this queue, or the partitioned "
+        "queue it is a partition of): it finishes them"
+    )
