@@ -3,16 +3,20 @@
   job already here (a rerun re-sending a batch whose answer was lost) is left as it is.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions, moving
-  ARGV[1] n (1 .. MAX_BATCH), then 4 fields per job: id, run_at_ms, spec text ('' = none: a
+  ARGV[1] n (1 .. MAX_BATCH), ARGV[2] the source queue's name, then 4 fields per job: id,
+    run_at_ms, spec text ('' = none: a
     hash-only job), hash fields as a JSON array [field, value, ...] ('[]' = none: a job never
     claimed); a job needs a spec or a hash
   Returns: flags, one character per job: 'c' written, 'e' already here (the same job: task and
     enqueued_ms match, the task alone for a finished job's lean hash; a rerun's), 'x' another job holds the id here (nothing written: the
     caller puts the job back into the source's due), 'm' this queue's own `moving` set holds
-    the id (a move the other way, between its steps: it deletes the job here once it is in
-    the caller's source, so an 'e' would lose it; nothing written, the caller puts it back)
+    the id and its record (config `move_to`) names the caller's source: a move the other way,
+    between its steps, deletes the job here once it is there, so an 'e' would lose it (nothing
+    written, the caller puts it back). Held in `moving` toward another queue, the same job
+    answers 'e' (it was delivered here and goes on: the caller deletes its copy)
   Errors:  BAD_ARGUMENT <field>=<value> (a spec this version cannot read among them); CORRUPT
-    due | moving is not a zset (edited by hand); nothing written either way ]]
+    due | moving is not a zset, config is not a hash (edited by hand); nothing written either
+    way ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -23,13 +27,20 @@ local prefix, due, wake_key = KEYS[1], KEYS[2], KEYS[5]
 local MAX_BATCH = 1000  -- scheduler/admin/queue_move.py MOVE_PER_CALL
 local n, err = int_arg(ARGV[1], 'n', 1, MAX_BATCH)
 if err then return err end
+local source = table.remove(ARGV, 2)
+if type(source) ~= 'string' or #source > 64 or not string.find(source, '^[%w_%.%-]+$') then
+  return redis.error_reply('BAD_ARGUMENT from=' .. string.sub(tostring(source), 1, 40))
+end
 if #ARGV ~= 1 + n * 4 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 -- A partitioned queue's name holds no jobs: the caller writes into its partitions.
 err = partitioned_err(prefix)
 if err then return err end
 err = zset_err(prefix, 'due') or zset_err(prefix, 'moving')
+  or key_type_err(prefix .. 'config', 'config', 'hash')
 if err then return err end
 local moving = prefix .. 'moving'
+-- A move the other way (from here to the caller's source) holds its jobs in `moving`.
+local back_to = redis.call('HGET', prefix .. 'config', 'move_to') == source
 
 -- Every job is checked before the first write.
 local jobs = {}
@@ -74,6 +85,7 @@ local function stored_identity(jk, sk, id)
   local spec = redis.pcall('GET', sk)
   if type(spec) ~= 'string' then spec = nil end
   local at = redis.pcall('ZSCORE', due, id)
+  if type(at) ~= 'string' then at = redis.call('ZSCORE', moving, id) end  -- leaving: its time
   return identity({ task = h[1] or nil, enqueued_ms = h[2] or nil }, spec,
     type(at) == 'string' and at or '')
 end
@@ -84,7 +96,7 @@ local flags, adds, earliest = {}, {}, nil
 for k, j in ipairs(jobs) do
   local id = j[1]
   local jk, sk = job_key(prefix, id), spec_key(prefix, id)
-  if redis.call('ZSCORE', moving, id) then
+  if back_to and redis.call('ZSCORE', moving, id) then
     flags[k] = 'm'
   elseif redis.call('EXISTS', jk) == 1 or redis.call('EXISTS', sk) == 1 then
     local mine = {}

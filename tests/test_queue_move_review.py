@@ -340,3 +340,29 @@ def test_doctor_names_the_destination_an_interrupted_move_must_be_rerun_to(
         assert "'no such {queue}' names no queue" in found.fix
     else:
         assert "same destination" in found.fix
+
+
+@pytest.mark.parametrize("kind", ["fresh", "later", "retried"])
+def test_a_rerun_into_a_queue_moving_the_job_onward_does_not_keep_a_second_copy(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], kind: str
+) -> None:
+    # a -> b wrote x into b and died before its finish; b -> c took x (b's `moving`); a -> b's
+    # rerun (past its check) re-sends x into b. x was delivered: b forwards it to c, so a's copy
+    # must go. Answered 'm' (or 'x' for a never-claimed job: its run time read from b's due,
+    # where it no longer is), x went back into a's due while c got it too: run twice.
+    a, b, c = queues
+    _enqueue(a, kind, "x")
+    first = QueueMove(client, a.name, b.name)
+    assert first.put(first.take(first.src[0], ["x"])) == "c"  # then killed
+    rerun, onward = QueueMove(client, a.name, b.name), QueueMove(client, b.name, c.name)
+    rerun.check(skip_schedules=False)
+    onward.check(skip_schedules=False)
+    ahead = onward.take(onward.src[0], ["x"])
+    rerun._drain(rerun.src[0], a.keys.prefix + "moving", dry_run=False, resumed=True)
+    assert onward.put(ahead) == "c" and onward.finish(onward.src[0], ["x"]) == 1
+    assert _waiting(client, "x", a, b, c) == [c.keys.due]
+    assert (rerun.report.already, rerun.report.stays["conflict"], rerun.report.stays["moving"]) == (
+        1,
+        0,
+        0,
+    )

@@ -151,7 +151,7 @@ class QueueMove:
             groups.setdefault(k, []).append(i)
         flags = [""] * len(entries)
         for k, idx in groups.items():
-            args = [str(len(idx))]
+            args = [str(len(idx)), self.report.source]  # move_in's 'm': a move back there
             for i in idx:
                 e = entries[i]
                 args += [e.id, e.run_at_ms, e.spec, json.dumps(e.fields)]
