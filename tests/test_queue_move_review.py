@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 import redis
 
-from scheduler import JobNotFound
+from scheduler import JobNotFound, JobState
 from scheduler.admin.doctor import check_queue
 from scheduler.admin.queue_move import Entry, MoveRefused, QueueMove, move_queue
 from scheduler.client.queue import Queue
@@ -366,3 +366,31 @@ def test_a_rerun_into_a_queue_moving_the_job_onward_does_not_keep_a_second_copy(
         0,
         0,
     )
+
+
+@pytest.mark.parametrize("broken", ["flow:held", "moving"])
+def test_one_of_held_or_moving_of_another_type_does_not_hide_the_other(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], broken: str
+) -> None:
+    # get_job's reads fell back to neither set when one was of another type (a hand edit,
+    # doctor's): a moving job then read as due (or failed: no run time for a spec-only one),
+    # a held one as due.
+    a, b, _ = queues
+    a.enqueue("mvw.task", job_id="held", concurrency_key="k", concurrency_limit=1)
+    a.enqueue("mvw.task", job_id="held2", concurrency_key="k", concurrency_limit=1)
+    assert [j.id for j in a.claim("w", limit=5).jobs] == ["held"]  # held2 set aside
+    a.enqueue("mvw.task", job_id="mov")
+    m = QueueMove(client, a.name, b.name)
+    assert [e.id for e in m.take(m.src[0], ["mov"])] == ["mov"]
+    assert a.status("held2") is JobState.HELD and a.status("mov") is JobState.MOVING
+    key = a.keys.flow_held if broken == "flow:held" else a.keys.prefix + "moving"
+    client.delete(key)
+    client.set(key, "junk")
+    if broken == "flow:held":
+        assert a.status("mov") is JobState.MOVING
+        assert {j.id: j.state for j in a._run(a.ops.get_jobs(["mov", "held"]))} == {
+            "mov": "moving",
+            "held": "leased",
+        }
+    else:
+        assert a.status("held2") is JobState.HELD

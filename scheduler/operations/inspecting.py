@@ -107,8 +107,22 @@ class InspectingOps(OpsBase):
         except ResponseError as exc:
             if not str(exc).startswith("WRONGTYPE"):
                 raise
+        # Which of flow:held and moving is of another type: only that one reads as empty (a
+        # moving job is not DUE for a broken flow:held, nor a held one for a broken moving).
+        kinds = yield Commands([("TYPE", c[1]) for c in self._job_reads(ids[0])[4:]])
+        keep = [codec.s(t) in ("zset", "none") for t in kinds]
+
+        def reads(i: str) -> list[tuple[Any, ...]]:
+            r = self._job_reads(i)
+            return r[:4] + [c for c, k in zip(r[4:], keep, strict=True) if k]
+
+        def filled(chunk: Sequence[Any]) -> list[Any]:
+            extra = iter(chunk[4:])
+            return [*chunk[:4], *(next(extra) if k else None for k in keep)]
+
+        width = 4 + sum(keep)
         try:
-            reply = yield Commands([c for i in ids for c in self._job_reads(i)[:4]])
+            reply = yield Commands([c for i in ids for c in reads(i)])
         except ResponseError as exc:
             if not str(exc).startswith("WRONGTYPE"):
                 raise
@@ -119,7 +133,8 @@ class InspectingOps(OpsBase):
                 f"a key of queue {self.keys.queue!r} is of another type (edited by hand), "
                 f"reading {len(ids)} job(s): see `scheduler doctor`"
             ) from None
-        return [self._parse(i, [*reply[4 * n : 4 * n + 4], None, None]) for n, i in enumerate(ids)]
+        chunks = (reply[width * n : width * (n + 1)] for n in range(len(ids)))
+        return [self._parse(i, filled(c)) for i, c in zip(ids, chunks, strict=True)]
 
     def _read_each(self, ids: Sequence[str]) -> Op[list[Job | None]]:
         """_read_jobs one id at a time: a job whose own key is of another type reads as None
