@@ -5,16 +5,19 @@ runs stopped between steps and rerun, hand edits of the record, readers of a mov
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from scheduler import JobNotFound, JobState
 from scheduler.admin.doctor import check_queue
 from scheduler.admin.queue_move import Entry, MoveRefused, QueueMove, move_queue
+from scheduler.cli.main import main
 from scheduler.client.queue import Queue
 from scheduler.core.errors import CorruptKey
 from tests.conftest import delete_queue, dump_queue, new_queue
@@ -394,3 +397,18 @@ def test_one_of_held_or_moving_of_another_type_does_not_hide_the_other(
         }
     else:
         assert a.status("held2") is JobState.HELD
+
+
+def test_jobs_show_reads_a_moving_of_another_type_as_empty(
+    client: redis.Redis, redis_url: str, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    # Since `jobs show` lists the place `moving`, a `moving` edited into another type failed
+    # it for every job of the queue (exit 1, WRONGTYPE), where get_job reads it as empty.
+    a, _, _ = queues
+    a.enqueue("mvw.task", job_id="j")
+    client.set(a.keys.prefix + "moving", "junk")
+    args = ["jobs", "show", "--json", "-q", a.name, "j", "--url", redis_url]
+    got = CliRunner().invoke(main, args)
+    assert got.exit_code == 0, got.output
+    shown = json.loads(got.stdout)
+    assert (shown["state"], shown["places"]) == ("due", ["due"])

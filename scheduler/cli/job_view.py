@@ -186,7 +186,13 @@ def placement(client: redis.Redis, q: Queue, job_id: str) -> dict[str, Any]:
     pipe.pttl(k.job(job_id))
     pipe.zscore(k.flow_held, job_id)
     pipe.zscore(k.prefix + "moving", job_id)  # a queue move's (admin/queue_move.py)
-    due, leased, dead_pos, pttl, held, moving = pipe.execute()
+    replies = pipe.execute(raise_on_error=False)
+    if isinstance(replies[5], redis.ResponseError):  # of another type: empty, as for get_job
+        replies[5] = None
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    due, leased, dead_pos, pttl, held, moving = replies
     found = (("due", due), ("leased", leased), ("dead", dead_pos), ("flow:held", held))
     places = [p for p, v in (*found, ("moving", moving)) if v is not None]
     return {"places": places, "ttl_ms": int(pttl) if int(pttl) >= 0 else None}
