@@ -412,3 +412,38 @@ def test_jobs_show_reads_a_moving_of_another_type_as_empty(
     assert got.exit_code == 0, got.output
     shown = json.loads(got.stdout)
     assert (shown["state"], shown["places"]) == ("due", ["due"])
+
+
+def test_a_previous_versions_record_on_a_partitioned_source_is_finished_and_cleared(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], make_pq: MakePq
+) -> None:
+    # The previous version wrote `move_to` alone (from Python, before each take) and died with
+    # a batch in one partition's `moving`: another destination is refused, this version's rerun
+    # to the recorded one finishes it and leaves no record in any partition.
+    _, _, other = queues
+    source, dest = make_pq(partitions=3, suffix="-s"), make_pq(partitions=2, suffix="-d")
+    ids = [source.enqueue("mvw.task", {"i": i}) for i in range(9)]
+    part = next(p for p in source.parts if client.zcard(p.keys.due) >= 2)
+    pair = [str(i) for i in client.zrange(part.keys.due, 0, 1)]
+    client.zrem(part.keys.due, *pair)
+    client.zadd(part.keys.prefix + "moving", {j: 1 for j in pair})
+    client.hset(part.keys.config, "move_to", dest.name)
+    with pytest.raises(MoveRefused, match=dest.name):
+        move_queue(client, source.name, other.name)
+    report = move_queue(client, source.name, dest.name)
+    assert (report.moved, report.resumed) == (9, 2)
+    waiting = sorted(str(j) for p in dest.parts for j in client.zrange(p.keys.due, 0, -1))
+    assert waiting == sorted(ids)
+    assert _record(client, source.parts) == {p.name: [None, None] for p in source.parts}
+
+
+def test_list_jobs_due_never_lists_a_moving_job(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    a, b, _ = queues
+    for jid in ("m", "d"):
+        a.enqueue("mvw.task", job_id=jid)
+    m = QueueMove(client, a.name, b.name)
+    assert [e.id for e in m.take(m.src[0], ["m"])] == ["m"]
+    assert [j.id for j in a.list_jobs("due")] == ["d"]
+    assert a.counts().due == 1 and a.counts().moving == 1
