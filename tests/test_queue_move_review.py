@@ -447,3 +447,23 @@ def test_list_jobs_due_never_lists_a_moving_job(
     assert [e.id for e in m.take(m.src[0], ["m"])] == ["m"]
     assert [j.id for j in a.list_jobs("due")] == ["d"]
     assert a.counts().due == 1 and a.counts().moving == 1
+
+
+def test_doctor_names_an_id_in_moving_with_no_record_which_no_rerun_clears(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    # Its records deleted by hand: each rerun answers it 'unreadable' and leaves it, so
+    # `moving` never empties and the record holds every other destination out for ever, while
+    # doctor's only advice was to rerun.
+    a, b, _ = queues
+    a.enqueue("mvw.task", job_id="x")
+    a.enqueue("mvw.task", job_id="y")
+    m = QueueMove(client, a.name, b.name)
+    assert len(m.take(m.src[0], ["x", "y"])) == 2  # then killed
+    client.delete(a.keys.spec("x"), a.keys.job("x"))
+    move_queue(client, a.name, b.name)
+    assert client.zrange(a.keys.prefix + "moving", 0, -1) == ["x"]  # the rerun cannot
+    found = {i.code: i for i in check_queue(client, a.name)}
+    assert set(found) == {"move-interrupted", "moving-no-record"}
+    assert found["moving-no-record"].job_id == "x"
+    assert found["moving-no-record"].fix == f"ZREM {a.keys.prefix}moving x"
