@@ -9,7 +9,11 @@
     | 'end' then the destination queue's name (the run is over: its record in config,
     `move_to` and `move_take_ms` (move_out.lua), is deleted if `moving` is empty and it names
     that destination: another run's record, or jobs still to re-send, are kept)
-  Returns: how many left `moving`; 'end': 1 if the record was deleted, else 0
+    | 'renew' then the run's token and its lease in ms (the run lock, `move_lock` built from the
+    prefix, scheduler/admin/queue_move_lock.py: its expiry starts again only while its JSON
+    value names that token) | 'unlock' then the token (deleted only while it names it)
+  Returns: how many left `moving`; 'end': 1 if the record was deleted, else 0; 'renew': 1, or
+    the lock's value when it names another token ('' when none); 'unlock': 1 if deleted, else 0
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT moving is not a zset (edited by hand; nothing
     written) ]]
 -- @include "lib/clock.lua"
@@ -22,8 +26,25 @@ local prefix = KEYS[1]
 local moving = prefix .. 'moving'
 local MAX_IDS = 1000  -- scheduler/admin/queue_move.py MOVE_PER_CALL
 local mode = table.remove(ARGV, 1)
-if mode ~= 'done' and mode ~= 'back' and mode ~= 'end' then
+if mode ~= 'done' and mode ~= 'back' and mode ~= 'end' and mode ~= 'renew' and mode ~= 'unlock' then
   return redis.error_reply('BAD_ARGUMENT mode=' .. string.sub(tostring(mode), 1, 40))
+end
+if mode == 'renew' or mode == 'unlock' then  -- the run lock: compare, then renew or delete
+  local lock, token = prefix .. 'move_lock', ARGV[1]
+  local lease = mode == 'renew' and parse_int(ARGV[2], 1, 86400000)
+  if type(token) ~= 'string' or token == '' or #ARGV ~= (mode == 'renew' and 2 or 1)
+      or (mode == 'renew' and not lease) then
+    return redis.error_reply('BAD_ARGUMENT n=' .. #ARGV)
+  end
+  local value = redis.pcall('GET', lock)
+  if type(value) ~= 'string' then return mode == 'renew' and '' or 0 end  -- none, or edited
+  local ok, info = pcall(cjson.decode, value)
+  if not ok or type(info) ~= 'table' or info.token ~= token then
+    return mode == 'renew' and value or 0
+  end
+  if mode == 'unlock' then return redis.call('DEL', lock) end
+  redis.call('PEXPIRE', lock, lease)
+  return 1
 end
 if mode == 'end' then
   local cfg = prefix .. 'config'

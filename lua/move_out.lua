@@ -14,7 +14,12 @@
   ARGV[1] 'take' | 'fresh' (a take of ids listed from due: one found in `moving` was taken by
     another run since the listing, which sends it; answered 'taken', so that a job it wrote,
     ran there and whose record expired is not written again) | 'look' (a dry run: the same
-    answer, nothing written), ARGV[2] the destination queue's name, then ids (1 .. MAX_IDS)
+    answer, nothing written), ARGV[2] the destination queue's name, ARGV[3] the run's lock
+    token ('' = a caller holding no lock), then ids (1 .. MAX_IDS)
+  The run lock (`move_lock` built from the prefix, scheduler/admin/queue_move_lock.py): a take
+    ('take' | 'fresh') is refused, nothing written, unless the lock's JSON value names ARGV[3]'s
+    token, or, for '', no lock is there: a run that lost its lock (paused past its lease) stops
+    here, and no step-by-step caller takes while a run holds it
   Returns: one entry per id, in order: {id, 'moving', run_at_ms, spec text ('' = a hash-only
     job), {hash field, value, ...} ({} = a spec-only job)}, or {id, reason} for a job that
     stays: 'leased' | 'held' (flow control: a concurrency key, a rate, parents not done) |
@@ -22,7 +27,8 @@
     'dead' | 'unreadable' (its record is of another type, not one this version wrote, or
     holds bytes that are not UTF-8) |
     'missing' (not waiting: finished, cancelled, gone) | 'taken' ('fresh': in `moving`)
-  Errors:  BAD_ARGUMENT <field>=<value>; MOVE_ELSEWHERE moving=<n> age_ms=<ms | none> to=<the
+  Errors:  BAD_ARGUMENT <field>=<value>; MOVE_LOCKED holder=<the lock's value, '' = none>
+    (above; nothing written); MOVE_ELSEWHERE moving=<n> age_ms=<ms | none> to=<the
     recorded destination> (above; nothing written); CORRUPT due | leased | moving is not a zset,
     config is not a hash (edited by hand; nothing written); the server's own refusal of the
     write (OOM, ...), nothing written ]]
@@ -46,6 +52,10 @@ local dest = table.remove(ARGV, 1)
 if type(dest) ~= 'string' or #dest > 64 or not string.find(dest, '^[%w_%.%-]+$') then
   return redis.error_reply('BAD_ARGUMENT to=' .. string.sub(tostring(dest), 1, 40))
 end
+local token = table.remove(ARGV, 1)
+if type(token) ~= 'string' or #token > 64 then
+  return redis.error_reply('BAD_ARGUMENT token=' .. string.sub(tostring(token), 1, 40))
+end
 if #ARGV < 1 or #ARGV > MAX_IDS then return redis.error_reply('BAD_ARGUMENT n=' .. #ARGV) end
 for _, id in ipairs(ARGV) do
   if not job_id_ok(id) then return redis.error_reply('BAD_ARGUMENT id=' .. string.sub(id, 1, 40)) end
@@ -56,6 +66,21 @@ if err then return err end
 err = zset_err(prefix, 'due') or zset_err(prefix, 'leased') or zset_err(prefix, 'moving')
   or key_type_err(cfg, 'config', 'hash')
 if err then return err end
+
+-- One run at a time (the run lock, the header): checked here, atomically with the take.
+if mode ~= 'look' then
+  local held = redis.pcall('GET', prefix .. 'move_lock')
+  local owner = nil
+  if type(held) == 'string' then
+    local ok, info = pcall(cjson.decode, held)
+    owner = ok and type(info) == 'table' and info.token or '?'
+  elseif held then
+    held, owner = '(not a string: edited by hand)', '?'
+  end
+  if (owner or '') ~= token then
+    return redis.error_reply('MOVE_LOCKED holder=' .. string.sub(held or '', 1, 300))
+  end
+end
 
 -- One destination at a time (the header): decided here, atomically with the take.
 local now = now_ms()

@@ -7,7 +7,8 @@ move_in.lua writes them into the destination partition their id routes to, same 
 run_at, same record (attempts, errors, spec), idempotent by id; move_done.lua deletes them from
 the source. A crash between steps leaves them in `moving`, which the next run re-sends first:
 a rerun always finishes, and no job is written twice nor lost. One destination at a time:
-move_out.lua records it and refuses another run's (queue_move_check.py, MOVE_QUIET_MS)."""
+move_out.lua records it and refuses another run's (queue_move_check.py, MOVE_QUIET_MS). One run
+of a source at a time: its run lock (queue_move_lock.py), checked by each take."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from scheduler.admin.queue_move_check import (
     moving_findings,
 )
 from scheduler.admin.queue_move_check import text as _t
+from scheduler.admin.queue_move_lock import LOCK_LEASE_MS, RunLock, locked_reply
 from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
 from scheduler.core import connection
@@ -33,6 +35,7 @@ from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.partitions import Layout
 from scheduler.operations.requests import Script
 
+DAY_MS = 86_400_000  # move_done.lua 'renew' accepts a lease up to a day
 MOVE_PER_CALL = 1000  # lua/move_out.lua, move_in.lua, move_done.lua MAX_IDS / MAX_BATCH
 __all__ = ["MoveRefused", "MoveReport", "QueueMove", "move_queue", "moving_findings"]
 STAY_REASONS = ("leased", "held", "flow", "schedule", "dead", "unreadable", "conflict", "moving")
@@ -99,11 +102,18 @@ class QueueMove:
         *,
         batch: int = 500,
         clock: str = "server",
+        lease_ms: int = LOCK_LEASE_MS,
     ) -> None:
         check_queue_name(source)
         check_queue_name(dest)
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MOVE_PER_CALL:
             raise BadArgument(f"batch must be an int in 1..{MOVE_PER_CALL}, not {batch!r:.40}")
+        if (
+            isinstance(lease_ms, bool)
+            or not isinstance(lease_ms, int)
+            or not 1 <= lease_ms <= DAY_MS
+        ):
+            raise BadArgument(f"lease_ms must be an int in 1..{DAY_MS}, not {lease_ms!r:.40}")
         self.client, self.batch = client, batch
         self.src_layout, self.src = _parts(client, source, clock)
         self.dst_layout, self.dst = _parts(client, dest, clock)
@@ -112,6 +122,7 @@ class QueueMove:
         self.report = MoveReport(source, dest, dry_run=False)
         self.moved_ids: set[str] = set()  # this run's, in the destination now (carry_keys)
         self.kept = 0  # ids take() left where they were (a page offset: they are listed again)
+        self.lock = RunLock(client, source, self.src, lease_ms)  # taken by run() alone
 
     def check(self, *, skip_schedules: bool) -> None:
         """Refuse before the first write (queue_move_check.check_move)."""
@@ -124,11 +135,15 @@ class QueueMove:
         """Step 1 (move_out.lua): the ids' records, out of due into `moving` (look: read
         only; fresh: ids listed from due, so one in `moving` is another run's and left to it).
         Stays are counted in the report by reason."""
-        args = ["look" if look else "fresh" if fresh else "take", self.report.dest, *ids]
+        ours = bool(self.lock.held)  # a step-by-step caller (a test) holds none
+        self.lock.renew()
+        mode = "look" if look else "fresh" if fresh else "take"
+        args = [mode, self.report.dest, self.lock.token if ours else "", *ids]
         try:  # move_out records the destination, or refuses another run's (MOVE_ELSEWHERE)
-            reply = part._run(_call("move_out", args))
+            reply = part._run(_call("move_out", args))  # or another run's lock (MOVE_LOCKED)
         except redis.ResponseError as exc:
-            raise elsewhere_reply(part.name, exc) or exc from None
+            refused = locked_reply(self.report.source, exc, ours=ours)
+            raise refused or elsewhere_reply(part.name, exc) or exc from None
         out: list[Entry] = []
         for row in reply:
             jid, what = _t(row[0]), _t(row[1])
@@ -145,6 +160,7 @@ class QueueMove:
         """Step 2 (move_in.lua): each job into the destination partition its id routes to.
         Returns the flags ('c' written, 'e' already there, 'x' another job holds the id there,
         'm' the destination's own `moving` holds it: a move the other way) in entries' order."""
+        self.lock.renew()  # a run that lost its lock while paused writes nothing more
         groups: dict[int, list[int]] = {}
         for i, e in enumerate(entries):
             k = 0 if self.dst_layout is None else self.dst_layout.partition_of_id(e.id)
@@ -203,7 +219,17 @@ class QueueMove:
 
     def run(self, *, dry_run: bool = False, skip_schedules: bool = False) -> MoveReport:
         self.report.dry_run = dry_run
+        self.lock.look()  # another run's lock: named first (its other refusals follow from it)
         self.check(skip_schedules=skip_schedules)
+        if dry_run:  # takes no lock
+            return self._run(dry_run=True)
+        self.lock.take()  # before the first write: a second run is refused here
+        try:
+            return self._run(dry_run=False)
+        finally:
+            self.lock.release()
+
+    def _run(self, *, dry_run: bool) -> MoveReport:
         for part in self.src:
             moving = part.keys.prefix + "moving"
             if dry_run:  # an interrupted move's jobs: the next real run re-sends them first
@@ -226,7 +252,9 @@ class QueueMove:
             return
         prefix, dst = part.keys.prefix + "idem:", self.dst[0].keys
         node = connection.node_for_key(self.client, part.keys.prefix)
-        for key in map(_t, node.scan_iter(match=prefix + "*", count=1000)):
+        for n, key in enumerate(map(_t, node.scan_iter(match=prefix + "*", count=1000))):
+            if n % 1000 == 999:
+                self.lock.renew()  # many keys: the lease outlasts them
             value, ttl_ms = self.client.get(key), int(self.client.pttl(key))
             if value is not None and ttl_ms > 0 and _t(value).split(" ")[0] in self.moved_ids:
                 digest = key[len(prefix) :]
@@ -253,11 +281,12 @@ def move_queue(
     dry_run: bool = False,
     skip_schedules: bool = False,
     clock: str = "server",
+    lease_ms: int = LOCK_LEASE_MS,
 ) -> MoveReport:
     """Move the waiting jobs of queue `source` into `dest` (module docstring). Safe to run
     again: a run interrupted anywhere is finished by the next. Raises BadArgument (same queue,
-    a bad batch), MoveRefused (no such source, schedules, another run's destination),
-    NewerStorage; nothing written."""
-    return QueueMove(client, source, dest, batch=batch, clock=clock).run(
+    a bad batch), MoveRefused (no such source, schedules, another run's destination, another
+    run of the source: its run lock), NewerStorage; nothing written."""
+    return QueueMove(client, source, dest, batch=batch, clock=clock, lease_ms=lease_ms).run(
         dry_run=dry_run, skip_schedules=skip_schedules
     )

@@ -1,0 +1,257 @@
+"""The run lock of `scheduler queue move` (scheduler/admin/queue_move_lock.py, lua/move_out.lua,
+lua/move_done.lua 'renew' / 'unlock'): one run of a source at a time. A second run is refused
+before any write and told who holds the lock; a crashed run's lock blocks a rerun until its
+lease ends; a run that lost its lock stops before its next take."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from scheduler.admin.queue_move import Entry, MoveRefused, QueueMove, _call, move_queue
+from scheduler.cli.main import main
+from scheduler.client.queue import Queue
+from scheduler.core.errors import BadArgument
+from tests.conftest import delete_queue, dump_queue, new_queue
+
+IDS = ["j0", "j1", "j2", "j3"]
+
+
+@pytest.fixture
+def queues(client: redis.Redis) -> Iterator[tuple[Queue, Queue, Queue]]:
+    made = [new_queue(client, p) for p in ("mvl-src-", "mvl-one-", "mvl-two-")]
+    for i, jid in enumerate(IDS):
+        made[0].enqueue("mvl.task", {"i": i}, job_id=jid)
+    yield made[0], made[1], made[2]
+    for q in made:
+        delete_queue(client, q)
+
+
+def _lock(q: Queue) -> str:
+    return q.keys.prefix + "move_lock"
+
+
+def _held_by_hand(client: redis.Redis, q: Queue, px: int = 60_000) -> None:
+    """A lock as another run writes it (another host's run, or one that crashed)."""
+    info = {"token": "t" * 32, "host": "elsewhere-host", "pid": 4242, "started_ms": 1}
+    client.set(_lock(q), json.dumps({**info, "lease_ms": 60_000}), px=px)
+
+
+def _on_put(
+    monkeypatch: pytest.MonkeyPatch, run: QueueMove, hook: Callable[[int], None]
+) -> list[int]:
+    """Call hook(batch number) inside each of `run`'s puts, before it writes: `run` is then
+    between its take and its put."""
+    calls: list[int] = []
+    real = run.put
+
+    def put(entries: list[Entry]) -> str:
+        calls.append(len(calls))
+        hook(calls[-1])
+        return real(entries)
+
+    monkeypatch.setattr(run, "put", put)
+    return calls
+
+
+def _until(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("other", ["same", "different"])
+def test_a_second_run_is_refused_before_any_write_while_the_first_is_between_steps(
+    client: redis.Redis,
+    queues: tuple[Queue, Queue, Queue],
+    monkeypatch: pytest.MonkeyPatch,
+    other: str,
+) -> None:
+    src, one, two = queues
+    dest = one if other == "same" else two
+    a = QueueMove(client, src.name, one.name, batch=2)
+    said: list[str] = []
+
+    def second_run(_: int) -> None:
+        before = [dump_queue(client, q) for q in queues]
+        with pytest.raises(MoveRefused, match="another move of queue") as refused:
+            move_queue(client, src.name, dest.name)
+        said.append(str(refused.value))
+        assert [dump_queue(client, q) for q in queues] == before
+
+    calls = _on_put(monkeypatch, a, second_run)
+    assert a.run().moved == 4 and len(calls) == 2
+    assert f"pid {os.getpid()}" in said[0]
+    assert "last renewed" in said[0] and "expires in" in said[0]
+    assert client.exists(_lock(src)) == 0  # released at the run's end
+    assert sorted(client.zrange(one.keys.due, 0, -1)) == IDS
+
+
+def test_the_lock_is_renewed_between_batches(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, one, _ = queues
+    a = QueueMove(client, src.name, one.name, batch=1, lease_ms=60_000)
+    ttls: list[int] = []
+
+    def shorten(_: int) -> None:
+        ttls.append(int(client.pttl(_lock(src))))
+        client.pexpire(_lock(src), 5_000)  # the next batch's renewal sets the lease again
+
+    _on_put(monkeypatch, a, shorten)
+    assert a.run().moved == 4
+    assert len(ttls) == 4 and all(t > 5_000 for t in ttls)
+
+
+def test_a_crashed_runs_lock_blocks_a_rerun_until_its_lease_ends(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, one, _ = queues
+    a = QueueMove(client, src.name, one.name, batch=2, lease_ms=1_500)
+
+    class Killed(BaseException):
+        pass
+
+    def kill(_: int) -> None:
+        raise Killed
+
+    _on_put(monkeypatch, a, kill)
+    monkeypatch.setattr(a.lock, "release", lambda: None)  # killed: its end never runs
+    with pytest.raises(Killed):
+        a.run()
+    assert client.zcard(src.keys.prefix + "moving") == 2
+    before = dump_queue(client, src)
+    with pytest.raises(MoveRefused, match="another move of queue"):
+        move_queue(client, src.name, one.name)
+    with pytest.raises(MoveRefused, match="another move of queue"):
+        move_queue(client, src.name, one.name, dry_run=True)
+    assert dump_queue(client, src) == before and dump_queue(client, one) == {}
+    _until(lambda: client.exists(_lock(src)) == 0, "the crashed run's lock to expire")
+    report = move_queue(client, src.name, one.name)
+    assert (report.moved, report.resumed) == (4, 2)
+
+
+def test_a_lock_left_by_another_host_refuses_a_run_and_its_dry_run(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    src, one, _ = queues
+    _held_by_hand(client, src)
+    before = dump_queue(client, src)
+    for dry_run in (False, True):
+        with pytest.raises(MoveRefused, match="elsewhere-host, pid 4242"):
+            move_queue(client, src.name, one.name, dry_run=dry_run)
+    assert dump_queue(client, src) == before and dump_queue(client, one) == {}
+
+
+def test_a_run_whose_lock_was_taken_over_stops_before_its_next_write(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A paused past its lease (GC, a stopped laptop); B took the lock. A's next step refuses.
+    src, one, _ = queues
+    a = QueueMove(client, src.name, one.name, batch=2)
+    _on_put(monkeypatch, a, lambda _: _held_by_hand(client, src))
+    with pytest.raises(MoveRefused, match=r"lost its lock .*elsewhere-host"):
+        a.run()
+    assert dump_queue(client, one) == {}  # its put wrote nothing
+    assert client.zcard(src.keys.prefix + "moving") == 2  # left for the rerun
+    assert json.loads(client.get(_lock(src)) or "{}")["pid"] == 4242  # B's lock is kept
+
+
+def test_the_take_itself_checks_the_token(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A paused between its renewal and its take: move_out.lua refuses, atomically with it.
+    src, one, _ = queues
+    a = QueueMove(client, src.name, one.name)
+    a.lock.take()
+    monkeypatch.setattr(a.lock, "renew", lambda: None)
+    client.delete(_lock(src))  # expired
+    with pytest.raises(MoveRefused, match="lost its lock"):
+        a.take(a.src[0], IDS)
+    _held_by_hand(client, src)  # taken by another run
+    with pytest.raises(MoveRefused, match="lost its lock"):
+        a.take(a.src[0], IDS)
+    b = QueueMove(client, src.name, one.name)  # a step-by-step caller, holding no lock
+    with pytest.raises(MoveRefused, match="another move of queue"):
+        b.take(b.src[0], IDS)
+    client.set(_lock(src), "not json")
+    with pytest.raises(MoveRefused, match="another move of queue"):
+        b.take(b.src[0], IDS)
+    assert sorted(client.zrange(src.keys.due, 0, -1)) == IDS  # nothing taken
+    assert client.zcard(src.keys.prefix + "moving") == 0
+    assert client.hget(src.keys.config, "move_to") is None
+
+
+def test_partitioned_source_each_partition_is_locked_before_any_write(
+    client: redis.Redis,
+    queues: tuple[Queue, Queue, Queue],
+    monkeypatch: pytest.MonkeyPatch,
+    make_pq: Any,
+) -> None:
+    _, one, two = queues
+    source = make_pq(partitions=2, suffix="-src")
+    for i in range(8):
+        source.enqueue("mvl.task", {"i": i})
+    a = QueueMove(client, source.name, one.name)
+    locks = [_lock(p) for p in a.src]
+
+    def check(_: int) -> None:
+        assert all(client.exists(k) for k in locks)
+        with pytest.raises(MoveRefused, match="another move of queue"):
+            move_queue(client, source.name, two.name)
+
+    _on_put(monkeypatch, a, check)
+    assert a.run().moved == 8
+    assert not any(client.exists(k) for k in locks)
+    # One partition locked by another run: refused before any write, no lock left behind.
+    for i in range(4):
+        source.enqueue("mvl.task", {"i": i})
+    _held_by_hand(client, a.src[1])
+    before = [dump_queue(client, p) for p in a.src]
+    with pytest.raises(MoveRefused, match="elsewhere-host"):
+        move_queue(client, source.name, two.name)
+    assert [dump_queue(client, p) for p in a.src] == before
+    assert client.exists(locks[0]) == 0 and dump_queue(client, two) == {}
+
+
+def test_cli_says_who_holds_the_lock_and_exits_1(
+    client: redis.Redis, redis_url: str, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    src, one, _ = queues
+    _held_by_hand(client, src)
+    base = ["queue", "move", "--url", redis_url, "--from", src.name, "--to", one.name]
+    for extra in ([], ["--dry-run"]):
+        got = CliRunner().invoke(main, [*base, *extra])
+        text = " ".join(got.output.split())
+        assert got.exit_code == 1, got.output
+        assert f"another move of queue '{src.name}' is running" in text
+        assert "elsewhere-host, pid 4242" in text and "expires in" in text
+    assert dump_queue(client, one) == {}
+
+
+def test_bad_lease_and_lock_arguments_are_refused(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    src, one, _ = queues
+    for bad in (0, -1, True, "5", 86_400_001):
+        with pytest.raises(BadArgument, match="lease_ms"):
+            QueueMove(client, src.name, one.name, lease_ms=bad)  # type: ignore[arg-type]
+    before = dump_queue(client, src)
+    for args in (
+        ["renew", ""],
+        ["renew", "t", "0"],
+        ["unlock"],
+        ["take", one.name, "x" * 65, "j0"],
+    ):
+        script = "move_out" if args[0] == "take" else "move_done"
+        with pytest.raises(BadArgument):
+            src._run(_call(script, args))
+    assert dump_queue(client, src) == before
