@@ -15,6 +15,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
+from scheduler.admin.doctor import check_queue
 from scheduler.admin.queue_move import Entry, MoveRefused, QueueMove, _call, move_queue
 from scheduler.cli.main import main
 from scheduler.client.queue import Queue
@@ -149,6 +150,9 @@ def test_a_lock_left_by_another_host_refuses_a_run_and_its_dry_run(
         with pytest.raises(MoveRefused, match="elsewhere-host, pid 4242"):
             move_queue(client, src.name, one.name, dry_run=dry_run)
     assert dump_queue(client, src) == before and dump_queue(client, one) == {}
+    client.persist(_lock(src))  # a hand edit: it would keep every run out for good
+    with pytest.raises(MoveRefused, match="never expires: no expiry set; delete it"):
+        move_queue(client, src.name, one.name)
 
 
 def test_a_run_whose_lock_was_taken_over_stops_before_its_next_write(
@@ -255,3 +259,18 @@ def test_bad_lease_and_lock_arguments_are_refused(
         with pytest.raises(BadArgument):
             src._run(_call(script, args))
     assert dump_queue(client, src) == before
+
+
+def test_doctor_names_a_lock_that_never_expires_and_not_a_runs_own(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    src, _, _ = queues
+    _held_by_hand(client, src)  # a run's: it expires
+    assert [i.code for i in check_queue(client, src.name)] == []
+    client.persist(_lock(src))
+    found = check_queue(client, src.name)
+    assert [(i.code, i.severity, i.repair) for i in found] == [("move-lock-stuck", "error", ())]
+    assert f"DEL {_lock(src)}" in found[0].fix
+    client.delete(_lock(src))
+    client.hset(_lock(src), "a", "b")  # another type: no expiry either
+    assert [i.code for i in check_queue(client, src.name)] == ["move-lock-stuck"]

@@ -115,17 +115,19 @@ def check_move(
 def moving_findings(client: redis.Redis, keys: QueueKeys) -> tuple[set[str], list[Issue]]:
     """For doctor: the ids in the queue's `moving` set (an interrupted move's: they are in no
     other place, yet no orphans: `--fix` must not put them back in due, where a worker would
-    run them while the destination may hold them too), and its one finding."""
+    run them while the destination may hold them too), and its one finding; and a run lock
+    that never expires (`move-lock-stuck`)."""
     key = keys.prefix + "moving"
+    stuck = _stuck_lock(client, keys)
     try:
         ids = {text(i) for i in client.zrange(key, 0, -1)}
     except redis.ResponseError:
         why = f"{key} is not a zset (edited by hand): `scheduler queue move` refuses the queue"
-        return set(), [Issue("moving-damaged", "error", why, f"DEL {key}", keys.queue)]
+        return set(), [*stuck, Issue("moving-damaged", "error", why, f"DEL {key}", keys.queue)]
     if not ids:
-        return ids, []
+        return ids, stuck
     what = f"{len(ids)} job(s) of an interrupted `scheduler queue move` wait in {key}"
-    found = [Issue("move-interrupted", "warning", what, _rerun(client, keys), keys.queue)]
+    found = [*stuck, Issue("move-interrupted", "warning", what, _rerun(client, keys), keys.queue)]
     # An id there with no record (deleted by hand: move_done drops both at once) is answered
     # 'unreadable' by every rerun and stays: `moving` never empties, nor the record ends.
     pipe = client.pipeline(transaction=False)
@@ -161,3 +163,14 @@ def _rerun(client: redis.Redis, keys: QueueKeys) -> str:
         f"run `scheduler queue move --to {to}` again (--from this queue, or the partitioned "
         "queue it is a partition of): it finishes them"
     )
+
+
+def _stuck_lock(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
+    """A run lock (queue_move_lock.py) with no expiry, or of another type (hand edits), keeps
+    every move of the queue out for good; a run's own lock expires: no finding."""
+    key = keys.prefix + "move_lock"
+    if int(client.pttl(key)) != -1:
+        return []
+    why = f"{key}, the run lock of `scheduler queue move`, never expires (edited by hand)"
+    how = f"DEL {key} once no move of the queue is running (not applied by --fix)"
+    return [Issue("move-lock-stuck", "error", why, how, keys.queue)]

@@ -58,6 +58,10 @@ def holder_text(client: redis.Redis, key: str, value: Any) -> str:
         who, lease_ms = "a value this version did not write", 0
     ttl_ms = int(client.pttl(key))
     when = f"expires in {max(ttl_ms, 0) / 1000:.1f} s unless renewed"
+    if ttl_ms == -1:  # set by hand without an expiry: no run would write it so
+        when = "never expires: no expiry set; delete it if no move is running"
+    elif ttl_ms == -2:
+        when = "gone since: run again"
     if lease_ms and ttl_ms >= 0:
         when = f"last renewed {max(lease_ms - ttl_ms, 0) / 1000:.1f} s ago, {when}"
     return f"{key} ({who}; {when})"
