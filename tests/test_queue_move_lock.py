@@ -274,3 +274,27 @@ def test_doctor_names_a_lock_that_never_expires_and_not_a_runs_own(
     client.delete(_lock(src))
     client.hset(_lock(src), "a", "b")  # another type: no expiry either
     assert [i.code for i in check_queue(client, src.name)] == ["move-lock-stuck"]
+
+
+def test_the_lock_is_renewed_while_many_idempotency_keys_are_carried(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, one, _ = queues
+    for i in range(250):
+        src.enqueue("mvl.task", {"i": i}, key=f"k-{i}")
+    a = QueueMove(client, src.name, one.name, batch=1000)
+    renewals: list[str] = []
+    real_renew, real_carry = a.lock.renew, a.carry_keys
+
+    def renew() -> None:
+        renewals.append("renew")
+        real_renew()
+
+    def carry(part: Queue) -> None:
+        renewals.append("carry")
+        real_carry(part)
+
+    monkeypatch.setattr(a.lock, "renew", renew)
+    monkeypatch.setattr(a, "carry_keys", carry)
+    assert a.run().keys == 250
+    assert renewals[renewals.index("carry") :] == ["carry", "renew", "renew"]  # at 100, 200

@@ -36,6 +36,7 @@ from scheduler.core.partitions import Layout
 from scheduler.operations.requests import Script
 
 DAY_MS = 86_400_000  # move_done.lua 'renew' accepts a lease up to a day
+CARRY_PER_RENEWAL = 100  # idempotency keys carried between two renewals of the run lock
 MOVE_PER_CALL = 1000  # lua/move_out.lua, move_in.lua, move_done.lua MAX_IDS / MAX_BATCH
 __all__ = ["MoveRefused", "MoveReport", "QueueMove", "move_queue", "moving_findings"]
 STAY_REASONS = ("leased", "held", "flow", "schedule", "dead", "unreadable", "conflict", "moving")
@@ -253,8 +254,8 @@ class QueueMove:
         prefix, dst = part.keys.prefix + "idem:", self.dst[0].keys
         node = connection.node_for_key(self.client, part.keys.prefix)
         for n, key in enumerate(map(_t, node.scan_iter(match=prefix + "*", count=1000))):
-            if n % 1000 == 999:
-                self.lock.renew()  # many keys: the lease outlasts them
+            if n % CARRY_PER_RENEWAL == CARRY_PER_RENEWAL - 1:
+                self.lock.renew()  # 3 round trips a key: the lease outlasts a page even far off
             value, ttl_ms = self.client.get(key), int(self.client.pttl(key))
             if value is not None and ttl_ms > 0 and _t(value).split(" ")[0] in self.moved_ids:
                 digest = key[len(prefix) :]

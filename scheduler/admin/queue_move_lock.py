@@ -31,7 +31,7 @@ from scheduler.client.queue import Queue
 from scheduler.operations.requests import Script
 
 # A few times the longest gap between two renewals (one put or finish of at most 1000 jobs, a
-# page of 1000 idempotency keys carried): a crashed run blocks a rerun for at most this long.
+# hundred idempotency keys carried): a crashed run blocks a rerun for at most this long.
 LOCK_LEASE_MS = 30_000
 _LOCKED = re.compile(r"MOVE_LOCKED holder=(.*)", re.DOTALL)
 
