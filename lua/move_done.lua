@@ -2,7 +2,7 @@
   other queue now holds leave this queue's `moving` set and their records here are deleted.
   Only ids still in `moving` are touched: a re-sent call deletes nothing more.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, moving
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, moving, move_lock
   ARGV[1] 'done' (each id one the destination answered 'c' or 'e' for: its records deleted)
     | 'back' (the destination holds another job under the id, 'x': it goes back into due at
     its run time, where it was), then ids (1 .. MAX_IDS)

@@ -10,7 +10,7 @@
   recorded take is less than MOVE_QUIET_MS old (that run may be between two batches: the queue
   would be split). A `move_to` without a time (an older version's) counts as old.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions, flow:held, flow:waiting, moving
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions, flow:held, flow:waiting, moving, move_lock
   ARGV[1] 'take' | 'fresh' (a take of ids listed from due: one found in `moving` was taken by
     another run since the listing, which sends it; answered 'taken', so that a job it wrote,
     ran there and whose record expired is not written again) | 'look' (a dry run: the same

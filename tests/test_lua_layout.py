@@ -44,6 +44,7 @@ _BUILDERS = {
     "isolated": "'isolated'",  # claim.lua: the one suspect job each worker holds
     "finished": "'finished'",  # lib/result.lua: done and cancelled ids, for listings
     "moving": "'moving'",  # move_*.lua: jobs between a queue move's steps
+    "move_lock": "'move_lock'",  # move_out.lua, move_done.lua: one queue move run at a time
 }
 _KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
 
