@@ -213,10 +213,11 @@ class QueueMove:
                     self.moved_ids.update(ours)
                 if theirs:  # back in due, after this page's kept ones: listed again later
                     self.finish(part, theirs, back=True)
+                if theirs and not resumed:  # a resumed one is counted by the due pages
                     self.report.stays["conflict"] += flags.count("x")
                     # A move the other way holds them there between its steps: it ends here.
                     self.report.stays["moving"] += flags.count("m")
-                    self.kept += 0 if resumed else len(theirs)
+                    self.kept += len(theirs)
 
     def run(self, *, dry_run: bool = False, skip_schedules: bool = False) -> MoveReport:
         self.report.dry_run = dry_run
@@ -224,8 +225,8 @@ class QueueMove:
         self.check(skip_schedules=skip_schedules)
         if dry_run:  # takes no lock
             return self._run(dry_run=True)
-        self.lock.take()  # before the first write: a second run is refused here
-        try:
+        try:  # an error or Ctrl-C while taking them leaves none of the locks either
+            self.lock.take()  # before the first write: a second run is refused here
             return self._run(dry_run=False)
         finally:
             self.lock.release()

@@ -120,14 +120,17 @@ class RunLock:
     def take(self) -> None:
         """Every partition's lock, or none of them and MoveRefused naming the holder."""
         value = self.value()
-        for part in self.parts:
-            key = lock_key(part)
-            if self.client.set(key, value, nx=True, px=self.lease_ms):
-                self.held.append(part)
-                continue
-            current = self._get(key)
+        try:
+            for part in self.parts:
+                key = lock_key(part)
+                if self.client.set(key, value, nx=True, px=self.lease_ms):
+                    self.held.append(part)
+                    continue
+                holder = holder_text(self.client, key, self._get(key) or "?")
+                raise held_refusal(self.source, holder)
+        except BaseException:  # a refusal, a server error, Ctrl-C: the ones taken are deleted
             self.release()
-            raise held_refusal(self.source, holder_text(self.client, key, current or "?"))
+            raise
 
     def renew(self) -> None:
         """Each held lock's lease starts again; a lock taken over or expired: MoveRefused."""

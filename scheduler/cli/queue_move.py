@@ -98,6 +98,8 @@ def _print(report: MoveReport) -> None:
         table.add_row("keys", str(report.keys), cell("idempotency keys naming them, copied"))
     if report.resumed:
         table.add_row("resumed", str(report.resumed), cell("an interrupted move's, sent again"))
+    if report.already:  # resumed ones its put had written before the stop: done now
+        table.add_row("already", str(report.already), cell("the destination had them already"))
     for reason, n in report.stays.items():
         if n:
             table.add_row(f"stays: {reason}", str(n), cell(_WHY[reason]))
