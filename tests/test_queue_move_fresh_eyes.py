@@ -222,3 +222,21 @@ def test_a_paused_destination_gets_the_jobs_and_stays_paused(
     assert report.moved == 4
     _assert_finished(client, src, dst)
     assert dst.claim("w", lease_ms=1000).jobs == []  # still paused: nothing runs until resumed
+
+
+def test_ctrl_c_in_the_cli_says_to_run_it_again(
+    client: redis.Redis,
+    pair: tuple[Queue, Queue],
+    monkeypatch: pytest.MonkeyPatch,
+    redis_url: str,
+) -> None:
+    src, dst = pair
+    _interrupt(monkeypatch, "put", "before", KeyboardInterrupt())
+    args = ["queue", "move", "--url", redis_url, "--from", src.name, "--to", dst.name]
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 1, out.output
+    assert "interrupted" in out.output and "run the same command again" in out.output, out.output
+    assert not client.exists(_lock(src))
+    monkeypatch.undo()
+    assert CliRunner().invoke(main, args).exit_code == 0
+    _assert_finished(client, src, dst)

@@ -82,6 +82,11 @@ def move(
         )
     except MoveRefused as exc:
         raise Refused(safe(exc)) from None
+    except KeyboardInterrupt:  # its lock is released (run()); "Aborted!" said nothing more
+        raise Refused(
+            "interrupted: run the same command again to finish (jobs taken wait in the source's "
+            "`moving` set, in no queue's due, until then)"
+        ) from None
     if as_json:
         emit_json(report.as_dict())
     else:
