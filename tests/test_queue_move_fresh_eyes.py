@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
 from scheduler.cli.main import main
 from scheduler.client.queue import Queue
-from tests.conftest import delete_queue, new_queue
+from tests.conftest import delete_queue, dump_queue, new_queue
 
 IDS = ["f0", "f1", "f2", "f3"]
 STEPS = ("take", "put", "finish", "close", "carry_keys")
@@ -239,4 +239,62 @@ def test_ctrl_c_in_the_cli_says_to_run_it_again(
     assert not client.exists(_lock(src))
     monkeypatch.undo()
     assert CliRunner().invoke(main, args).exit_code == 0
+    _assert_finished(client, src, dst)
+
+
+@pytest.mark.parametrize("step", ["take", "put", "finish"])
+def test_ctrl_c_mid_partitioned_move_then_a_rerun_finishes(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch, make_pq: Any, step: str
+) -> None:
+    source, dest = make_pq(partitions=3, suffix="-fs"), make_pq(partitions=2, suffix="-fd")
+    ids = [source.enqueue("fe.task", {"i": i}) for i in range(12)]
+    real, calls = getattr(QueueMove, step), [0]
+
+    def hooked(self: QueueMove, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        out = real(self, *args, **kwargs)
+        if calls[0] == 3:  # well into the run: a part done, one under way
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(QueueMove, step, hooked)
+    with pytest.raises(KeyboardInterrupt):
+        move_queue(client, source.name, dest.name, batch=2)
+    monkeypatch.undo()
+    assert not [p for p in source.parts if client.exists(_lock(p))]
+    report = move_queue(client, source.name, dest.name, batch=2)
+    assert report.stays == dict.fromkeys(report.stays, 0)
+    for jid in ids:
+        homes = [p.name for p in (*source.parts, *dest.parts) if client.zscore(p.keys.due, jid)]
+        assert homes == [dest.part_of(jid).name], (jid, homes)
+    for p in source.parts:
+        assert not client.exists(p.keys.prefix + "moving")
+        assert client.hget(p.keys.config, "move_to") is None
+
+
+def test_a_partition_and_its_partitioned_queue_are_the_same_queue(
+    client: redis.Redis, make_pq: Any, redis_url: str
+) -> None:
+    pq = make_pq(partitions=2, suffix="-fp")
+    for i in range(4):
+        pq.enqueue("fe.task", {"i": i})
+    before = {p.name: dump_queue(client, p) for p in pq.parts}
+    for a, b in ((pq.parts[1].name, pq.name), (pq.name, pq.parts[0].name)):
+        args = ["queue", "move", "--url", redis_url, "--from", a, "--to", b]
+        out = CliRunner().invoke(main, args)
+        assert out.exit_code == 2 and "same queue" in out.output, out.output
+    assert {p.name: dump_queue(client, p) for p in pq.parts} == before
+
+
+def test_a_dry_run_after_a_stop_counts_the_moving_jobs_as_resumed_alone(
+    client: redis.Redis, pair: tuple[Queue, Queue]
+) -> None:
+    src, dst = pair
+    stopped = QueueMove(client, src.name, dst.name)
+    assert stopped.put(stopped.take(stopped.src[0], IDS[:1])) == "c"  # then Ctrl-C
+    stopped.take(stopped.src[0], IDS[1:2])  # and one taken, not yet put
+    dry = move_queue(client, src.name, dst.name, dry_run=True)
+    assert (dry.moved, dry.resumed, dry.already) == (2, 2, 0)  # docs/cluster.md
+    real = move_queue(client, src.name, dst.name)
+    assert (real.moved, real.resumed, real.already) == (3, 2, 1)
     _assert_finished(client, src, dst)
