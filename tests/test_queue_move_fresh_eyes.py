@@ -298,3 +298,47 @@ def test_a_dry_run_after_a_stop_counts_the_moving_jobs_as_resumed_alone(
     real = move_queue(client, src.name, dst.name)
     assert (real.moved, real.resumed, real.already) == (3, 2, 1)
     _assert_finished(client, src, dst)
+
+
+def test_moving_the_destination_on_before_a_stopped_move_into_it_is_rerun(
+    client: redis.Redis, pair: tuple[Queue, Queue], redis_url: str
+) -> None:
+    """a -> b stopped after its put; b -> c would move the job on, and a -> b's rerun then
+    wrote it into b again: waiting in b and in c, run twice. b -> c is refused until then."""
+    src, dst = pair
+    third = new_queue(client, "fe-third-")
+    try:
+        stopped = QueueMove(client, src.name, dst.name)
+        assert stopped.put(stopped.take(stopped.src[0], ["f0"])) == "c"  # then Ctrl-C
+        before = (dump_queue(client, dst), dump_queue(client, third))
+        for dry_run in (True, False):
+            with pytest.raises(MoveRefused, match=f"stopped move from '{src.name}'"):
+                move_queue(client, dst.name, third.name, dry_run=dry_run)
+        args = ["queue", "move", "--url", redis_url, "--from", dst.name, "--to", third.name]
+        out = CliRunner().invoke(main, args)
+        assert out.exit_code == 1 and f"--from {src.name} --to {dst.name}" in out.output
+        assert (dump_queue(client, dst), dump_queue(client, third)) == before
+        assert move_queue(client, src.name, dst.name).already == 1  # the rerun first
+        assert client.hkeys(dst.keys.config) == [], "the run's end clears its record"
+        assert move_queue(client, dst.name, third.name).moved == 4  # then on
+        for jid in IDS:
+            homes = [q.name for q in (src, dst, third) if client.zscore(q.keys.due, jid)]
+            assert homes == [third.name], (jid, homes)
+    finally:
+        delete_queue(client, third)
+
+
+def test_a_stale_or_edited_incoming_record(client: redis.Redis, pair: tuple[Queue, Queue]) -> None:
+    src, dst = pair
+    third = new_queue(client, "fe-third-")
+    try:
+        move_queue(client, src.name, dst.name)
+        # a record whose source holds no job moving here (its run ended without clearing it)
+        client.hset(dst.keys.config, "move_from:" + src.name, "1")
+        client.hset(dst.keys.config, "move_from:fe-gone-queue", "1")
+        assert move_queue(client, dst.name, third.name, dry_run=True).moved == 4
+        client.hset(dst.keys.config, "move_from:not a name!", "1")  # a hand edit
+        with pytest.raises(MoveRefused, match="HDEL"):
+            move_queue(client, dst.name, third.name)
+    finally:
+        delete_queue(client, third)

@@ -22,8 +22,10 @@ import redis
 from scheduler.admin.queue_move_check import (
     MoveRefused,
     check_move,
+    clear_incoming,
     elsewhere_reply,
     moving_findings,
+    record_incoming,
 )
 from scheduler.admin.queue_move_check import text as _t
 from scheduler.admin.queue_move_lock import LOCK_LEASE_MS, RunLock, locked_reply
@@ -168,6 +170,7 @@ class QueueMove:
             groups.setdefault(k, []).append(i)
         flags = [""] * len(entries)
         for k, idx in groups.items():
+            record_incoming(self.client, self.dst[k], self.report.source)  # before a copy
             args = [str(len(idx)), self.report.source]  # move_in's 'm': a move back there
             for i in idx:
                 e = entries[i]
@@ -244,6 +247,8 @@ class QueueMove:
             self._count_stays(part.keys)
         for part in self.src if not dry_run else ():  # at the end: a part done early stays
             self.close(part)  # another destination's until the whole run is over
+        if not dry_run:
+            clear_incoming(self.client, self.src, self.dst, self.report.source)
         return self.report
 
     def carry_keys(self, part: Queue) -> None:

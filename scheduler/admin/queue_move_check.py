@@ -4,12 +4,14 @@ and doctor's reading of an interrupted move (`moving_findings`)."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import redis
 
 from scheduler.admin.doctor_model import Issue
 from scheduler.admin.inspection import queue_exists, server_now_ms
+from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError, newer_storage
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys, check_queue_name
@@ -20,6 +22,9 @@ from scheduler.core.keys import STORAGE_GENERATION, QueueKeys, check_queue_name
 MOVE_QUIET_MS = 60_000  # lua/move_out.lua MOVE_QUIET_MS
 # The recorded name last and whole (a hand edit may hold spaces: move_out cuts it at 80 bytes).
 _ELSEWHERE = re.compile(r"MOVE_ELSEWHERE moving=(\d+) age_ms=(\d+|none) to=(.*)")
+# + a source's name: a destination partition's config field, written before each put into it
+# (a copy here may still be in that source's `moving`) and deleted once that run's moving is empty.
+INCOMING = "move_from:"
 
 
 class MoveRefused(SchedulerError):
@@ -103,6 +108,8 @@ def check_move(
         recent = age is not None and age < MOVE_QUIET_MS
         if q in src and to is not None and to != dest and (busy or recent):
             raise elsewhere(q.name, to, busy, age)
+    if (incoming := incoming_refusal(client, src, name)) is not None:
+        raise incoming
     if not skip_schedules:
         n = sum(int(client.scard(q.keys.schedules)) for q in src)
         if n:
@@ -110,6 +117,45 @@ def check_move(
                 f"queue {name!r} has {n} schedule(s): define them on {dest!r}, remove them "
                 "here, then move (or --skip-schedules: their pending runs stay)"
             )
+
+
+def incoming_refusal(client: redis.Redis, src: list[Queue], name: str) -> MoveRefused | None:
+    """A move into `name` stopped between a put and its finish: those jobs are here and in its
+    source's `moving`, and its rerun sends them again. Moved on from here first, they would be
+    written here again by that rerun: in two queues, run twice. A record whose source no longer
+    holds jobs moving here is stale (that run finished its jobs): no refusal."""
+    for q in src:
+        for field in map(text, client.hkeys(q.keys.config)):
+            other = field[len(INCOMING) :]
+            if not field.startswith(INCOMING) or not other:
+                continue
+            try:
+                layout = read_layout(client, other)
+                for p in [other] if layout is None else list(layout.names):
+                    k = QueueKeys(p)
+                    to, n = client.hget(k.config, "move_to"), client.zcard(k.prefix + "moving")
+                    if to is not None and text(to) == name and int(n):
+                        raise ValueError(f"{n} job(s) in {k.prefix}moving")
+            except (ValueError, SchedulerError, redis.ResponseError) as exc:  # a hand edit: refused
+                return MoveRefused(
+                    f"{name!r} holds jobs of a stopped move from {other!r} ({exc}): run "
+                    f"`scheduler queue move --from {other} --to {name}` again first (moved on "
+                    f"before it, they would be written here again and run twice); if that move "
+                    f"is abandoned: HDEL {q.keys.config} {field}"
+                )
+    return None
+
+
+def record_incoming(client: redis.Redis, part: Queue, source: str) -> None:
+    """Before a put into `part`: a move from `source` may leave copies here (incoming_refusal)."""
+    client.hset(part.keys.config, INCOMING + source, str(int(time.time() * 1000)))
+
+
+def clear_incoming(client: redis.Redis, src: list[Queue], dst: list[Queue], source: str) -> None:
+    """A run's end: its record in each destination partition, once no job waits in `moving`."""
+    if not any(int(client.zcard(q.keys.prefix + "moving")) for q in src):
+        for q in dst:
+            client.hdel(q.keys.config, INCOMING + source)
 
 
 def moving_findings(client: redis.Redis, keys: QueueKeys) -> tuple[set[str], list[Issue]]:
