@@ -61,15 +61,19 @@ def slow_first() -> dict[str, int]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests slow_first.txt lists first, longest first, then the others marked slow, then
-    the rest (a stable sort: else the collection order), so under pytest-xdist the long ones
-    start at once and the short ones fill the other workers: a long one started last held
-    the run's tail (test_crash_chaos, ~100 s, came near the end by its name)."""
-    ranks = slow_first()
-    last = len(ranks)
+    """The modules of the tests slow_first.txt lists first, by their longest test, then the
+    other tests marked slow, then the rest, so under pytest-xdist the long ones start at once
+    and the short ones fill the other workers: a long one started last held the run's tail
+    (test_crash_chaos, ~100 s, came near the end by its name). Whole modules move, each in
+    its own order (a stable sort): some tests of a module share a module fixture's state and
+    were written in that order (test_cluster_node_down's)."""
+    modules: dict[str, int] = {}
+    for name, rank in slow_first().items():
+        modules.setdefault(name.split("::", 1)[0], rank)
+    last = len(modules) and max(modules.values()) + 1
 
     def key(item: pytest.Item) -> int:
-        rank = ranks.get(item.nodeid.split("[", 1)[0])
+        rank = modules.get(item.nodeid.split("::", 1)[0])
         if rank is not None:
             return rank
         return last if item.get_closest_marker("slow") is not None else last + 1
