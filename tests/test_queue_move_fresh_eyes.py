@@ -286,6 +286,21 @@ def test_a_partition_and_its_partitioned_queue_are_the_same_queue(
     assert {p.name: dump_queue(client, p) for p in pq.parts} == before
 
 
+def test_a_partition_of_a_partitioned_queue_is_no_destination(
+    client: redis.Redis, pair: tuple[Queue, Queue], make_pq: Any, redis_url: str
+) -> None:
+    """`--to emails.p0.2` wrote every job into that one partition, whatever partition its id
+    routes to (a partitioned queue's calls by id look there first): refused, usage, nothing
+    written; the partitioned queue itself is the destination."""
+    src, _ = pair
+    pq = make_pq(partitions=2, suffix="-fd")
+    before = (dump_queue(client, src), [dump_queue(client, p) for p in pq.parts])
+    args = ["queue", "move", "--url", redis_url, "--from", src.name, "--to", pq.parts[0].name]
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 2 and f"--to {pq.name}" in out.output, out.output
+    assert (dump_queue(client, src), [dump_queue(client, p) for p in pq.parts]) == before
+
+
 def test_a_dry_run_after_a_stop_counts_the_moving_jobs_as_resumed_alone(
     client: redis.Redis, pair: tuple[Queue, Queue]
 ) -> None:

@@ -22,6 +22,7 @@ import redis
 from scheduler.admin.queue_move_check import (
     MoveRefused,
     check_move,
+    check_names,
     clear_incoming,
     elsewhere_reply,
     moving_findings,
@@ -120,8 +121,7 @@ class QueueMove:
         self.client, self.batch = client, batch
         self.src_layout, self.src = _parts(client, source, clock)
         self.dst_layout, self.dst = _parts(client, dest, clock)
-        if source == dest or {q.name for q in self.src} & {q.name for q in self.dst}:
-            raise BadArgument(f"--from and --to name the same queue ({source!r})")
+        check_names(client, self.src, self.dst, (source, dest))  # same queue; a partition as --to
         self.report = MoveReport(source, dest, dry_run=False)
         self.moved_ids: set[str] = set()  # this run's, in the destination now (carry_keys)
         self.kept = 0  # ids take() left where they were (a page offset: they are listed again)

@@ -15,6 +15,7 @@ from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError, newer_storage
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys, check_queue_name
+from scheduler.core.partitions import PARTITION_NAME
 
 # How long a source partition's last take (config `move_take_ms`, lua/move_out.lua) keeps a run
 # toward another destination out: longer than one run's gap between two batches (a put and a
@@ -59,6 +60,27 @@ def elsewhere_reply(part: str, exc: redis.ResponseError) -> MoveRefused | None:
 def text(v: Any) -> str:
     """A reply value as text (the client may or may not decode)."""
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def check_names(
+    client: redis.Redis, src: list[Queue], dst: list[Queue], names: tuple[str, str]
+) -> None:
+    """BadArgument (nothing written) for the same queue on both sides, or a destination that is
+    one partition of a partitioned queue: every job would land there, whatever partition its
+    id routes to (the partitioned queue itself routes each)."""
+    source, dest = names
+    if {q.name for q in src} & {q.name for q in dst}:
+        raise BadArgument(f"--from and --to name the same queue ({source!r})")
+    m = PARTITION_NAME.match(dest)
+    try:
+        layout = read_layout(client, m.group(1)) if m else None
+    except BadArgument:  # an unreadable layout record: doctor's; the name is taken as plain
+        layout = None
+    if m and layout is not None and dest in layout.names:
+        raise BadArgument(
+            f"{dest!r} is a partition of the partitioned queue {m.group(1)!r}: move into the "
+            f"queue itself (--to {m.group(1)}), which routes each job to its partition"
+        )
 
 
 def check_move(
