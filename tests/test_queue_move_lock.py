@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from scheduler.cli.main import main
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
 from tests.conftest import delete_queue, dump_queue, new_queue
+from tests.workers.procs import wait_for
 
 IDS = ["j0", "j1", "j2", "j3"]
 
@@ -63,10 +63,7 @@ def _on_put(
 
 
 def _until(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    wait_for(cond, timeout_s, what)
 
 
 @pytest.mark.parametrize("other", ["same", "different"])

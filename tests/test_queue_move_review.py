@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -22,6 +21,7 @@ from scheduler.client.queue import Queue
 from scheduler.core.errors import CorruptKey
 from tests.conftest import delete_queue, dump_queue, new_queue
 from tests.fixtures.partitioned import MakePq
+from tests.workers.procs import wait_for
 
 
 @pytest.fixture
@@ -149,10 +149,7 @@ def test_the_take_refusal_names_the_recorded_destination_whole(
 
 def _gone(client: redis.Redis, *keys: str) -> None:
     """Until none of `keys` exists (a record's expiry; the bound is for liveness only)."""
-    deadline = time.monotonic() + 20
-    while client.exists(*keys):
-        assert time.monotonic() < deadline, f"{keys} still there"
-        time.sleep(0.005)
+    wait_for(lambda: not client.exists(*keys), 20, f"{keys} to expire")
 
 
 def test_two_runs_to_one_destination_never_write_a_job_it_already_ran(
@@ -290,10 +287,8 @@ def _waiter(q: Queue, jid: str, out: dict[str, object]) -> threading.Thread:
 
     t = threading.Thread(target=wait, daemon=True)
     t.start()
-    deadline = time.monotonic() + 20
-    while not q.client.exists(q.keys.result_wait(jid)):  # announced: it blocks now
-        assert time.monotonic() < deadline, "the waiter never announced itself"
-        time.sleep(0.005)
+    # Announced: it blocks now.
+    wait_for(lambda: bool(q.client.exists(q.keys.result_wait(jid))), 20, "the waiter")
     return t
 
 
