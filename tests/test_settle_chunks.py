@@ -70,3 +70,31 @@ def test_the_chunked_calls_answer_as_one(client: redis.Redis, q: Queue) -> None:
     done = q.complete_many([(i, t, None) for i, t in leases[half:]])
     assert done == ["done"] * (N - half)
     assert (q.counts().due, q.counts().leased) == (half, 0)
+
+
+def test_the_workers_report_pipeline_sends_a_chunked_call(redis_url: str, q: Queue) -> None:
+    """A worker's report round with more outcomes of one queue than SETTLE_CHUNK: its
+    complete_many goes as several calls, and the worker's Pipeline refused that (TypeError:
+    'single-script operations only'), which ended the reporter and the worker, every outcome
+    of the round unreported (bench/worker_bench.py's drain of 300 met it 1 run in 10)."""
+    import asyncio
+
+    from scheduler.core.connection import connect_async
+    from scheduler.worker.execution import Pipeline
+
+    q.enqueue_many([JobSpec("t", {"i": i}) for i in range(N)])
+    batch = q.claim("w", limit=N, lease_ms=60_000)
+    assert len(batch.jobs) == N
+    triples = [(j.id, j.token, None) for j in batch.jobs]
+
+    async def run() -> list[Any]:
+        client = connect_async(redis_url)
+        try:
+            return await Pipeline(client).run(
+                [(q.keys.script_keys(), q.ops.complete_many(triples))]
+            )
+        finally:
+            await client.aclose()
+
+    (statuses,) = asyncio.run(run())
+    assert statuses == ["done"] * N

@@ -33,7 +33,7 @@ from scheduler.core.errors import (
 )
 from scheduler.core.models import ClaimedJob
 from scheduler.core.scripts import Scripts, run_async
-from scheduler.operations.ops import Op, Request, Script
+from scheduler.operations.ops import Op, Request, Script, ScriptPipeline
 from scheduler.worker import fork_guard
 from scheduler.worker.metrics import TaskStats
 from scheduler.worker.registry import JobContext, TaskSpec
@@ -242,8 +242,10 @@ class Pipeline:
                 ops.append(None)  # is not sent, the others are (one bad report held them all)
                 out.append(exc)
                 continue
-            if not isinstance(req, Script):
-                raise TypeError("Pipeline runs single-script operations only")
+            # A ScriptPipeline: a settle call of more than SETTLE_CHUNK leases, as several
+            # calls (operations/leasing.py _chunked); drive answers it as one list.
+            if not isinstance(req, Script | ScriptPipeline):
+                raise TypeError("Pipeline runs script operations only")
             reqs.append((keys, req))
             ops.append(op)
             out.append(None)
