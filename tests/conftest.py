@@ -8,6 +8,7 @@ Tests never flush: each one uses its own queue name, so REDIS_URL may point at a
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
@@ -45,6 +46,15 @@ def _docker_redis() -> tuple[str, Callable[[], None]] | None:
     container = RedisContainer("redis:7.0").start()
     host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
     return f"redis://{host}:{port}/0", container.stop
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run started in the background of a script (`make test &`) inherits SIGINT ignored,
+    and so would every worker and child it spawns: the product keeps an ignored signal ignored
+    (nohup's SIGHUP; scheduler/cli/worker_signals.py), so the tests of a SIGINT stop failed
+    there. The tests are written for a terminal's defaults: give the run those."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
