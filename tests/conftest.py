@@ -64,23 +64,22 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def slow_first() -> dict[str, int]:
-    """tests/slow_first.txt: 'path::name' of the longest tests, longest first -> its rank."""
+    """tests/slow_first.txt: the paths of the longest test modules, longest first -> rank."""
     lines = (Path(__file__).parent / "slow_first.txt").read_text().splitlines()
     names = [x.strip() for x in lines if x.strip() and not x.startswith("#")]
     return {name: rank for rank, name in enumerate(names)}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The modules of the tests slow_first.txt lists first, by their longest test, then the
-    other tests marked slow, then the rest, so under pytest-xdist the long ones start at once
-    and the short ones fill the other workers: a long one started last held the run's tail
-    (test_crash_chaos, ~100 s, came near the end by its name). Whole modules move, each in
-    its own order (a stable sort): some tests of a module share a module fixture's state and
-    were written in that order (test_cluster_node_down's)."""
-    modules: dict[str, int] = {}
-    for name, rank in slow_first().items():
-        modules.setdefault(name.split("::", 1)[0], rank)
-    last = len(modules) and max(modules.values()) + 1
+    """The modules slow_first.txt lists first, longest first, then the other tests marked slow,
+    then the rest. Under the Makefile's `--dist loadfile` xdist gives each worker whole modules
+    in this order, the next one when it runs short: the longest start at once and the short
+    ones fill in. Before, xdist's default split (test by test, a quarter of them up front) left
+    one worker with a queue of long tests for 390 s after the three others had finished (a
+    730 s run). A module's tests keep their own order (a stable sort): some share a module
+    fixture's state and were written in that order (test_cluster_node_down's)."""
+    modules = slow_first()
+    last = len(modules)
 
     def key(item: pytest.Item) -> int:
         rank = modules.get(item.nodeid.split("::", 1)[0])

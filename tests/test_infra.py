@@ -136,8 +136,8 @@ def test_ci_script_runs_make_test() -> None:
     assert "set -euo pipefail" in script and "make -k test" in script
 
 
-def test_slow_first_names_tests_that_exist() -> None:
-    # tests/slow_first.txt orders the run (conftest): a renamed or deleted test left there
+def test_slow_first_names_modules_that_exist() -> None:
+    # tests/slow_first.txt orders the run (conftest): a renamed or deleted module left there
     # orders nothing, and the long one it stood for would again start in collection order.
     from pathlib import Path
 
@@ -147,6 +147,5 @@ def test_slow_first_names_tests_that_exist() -> None:
     names = list(slow_first())
     assert len(names) >= 10
     for name in names:
-        path, func = name.split("::")
-        assert (root / path).is_file(), name
-        assert f"def {func}(" in (root / path).read_text(), name
+        assert name.startswith("tests/") and name.endswith(".py"), name
+        assert (root / name).is_file(), name
