@@ -12,8 +12,12 @@
     | 'renew' then the run's token and its lease in ms (the run lock, `move_lock` built from the
     prefix, scheduler/admin/queue_move_lock.py: its expiry starts again only while its JSON
     value names that token) | 'unlock' then the token (deleted only while it names it)
+    | 'forget' then a `move_from:<source>` field of config and the value a check read there
+    (a record that move left behind, scheduler/admin/queue_move_check.py: deleted only while
+    it holds that value; a move into this queue since wrote a new one, which stays)
   Returns: how many left `moving`; 'end': 1 if the record was deleted, else 0; 'renew': 1, or
-    the lock's value when it names another token ('' when none); 'unlock': 1 if deleted, else 0
+    the lock's value when it names another token ('' when none); 'unlock', 'forget': 1 if
+    deleted, else 0
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT moving is not a zset (edited by hand; nothing
     written) ]]
 -- @include "lib/clock.lua"
@@ -26,8 +30,19 @@ local prefix = KEYS[1]
 local moving = prefix .. 'moving'
 local MAX_IDS = 1000  -- scheduler/admin/queue_move.py MOVE_PER_CALL
 local mode = table.remove(ARGV, 1)
-if mode ~= 'done' and mode ~= 'back' and mode ~= 'end' and mode ~= 'renew' and mode ~= 'unlock' then
+if mode ~= 'done' and mode ~= 'back' and mode ~= 'end' and mode ~= 'renew' and mode ~= 'unlock'
+    and mode ~= 'forget' then
   return redis.error_reply('BAD_ARGUMENT mode=' .. string.sub(tostring(mode), 1, 40))
+end
+if mode == 'forget' then  -- compare, then delete
+  local cfg, field, value = prefix .. 'config', ARGV[1], ARGV[2]
+  if #ARGV ~= 2 or string.sub(field, 1, 10) ~= 'move_from:' then
+    return redis.error_reply('BAD_ARGUMENT field=' .. string.sub(tostring(field), 1, 40))
+  end
+  local err = key_type_err(cfg, 'config', 'hash')
+  if err then return err end
+  if redis.call('HGET', cfg, field) ~= value then return 0 end
+  return write_refused(redis.pcall('HDEL', cfg, field), 'config', 'hash') or 1
 end
 if mode == 'renew' or mode == 'unlock' then  -- the run lock: compare, then renew or delete
   local lock, token = prefix .. 'move_lock', ARGV[1]

@@ -29,7 +29,9 @@
     'missing' (not waiting: finished, cancelled, gone) | 'taken' ('fresh': in `moving`)
   Errors:  BAD_ARGUMENT <field>=<value>; MOVE_LOCKED holder=<the lock's value, '' = none>
     (above; nothing written); MOVE_ELSEWHERE moving=<n> age_ms=<ms | none> to=<the
-    recorded destination> (above; nothing written); CORRUPT due | leased | moving is not a zset,
+    recorded destination> (above; nothing written); MOVE_INCOMING from=<a source> (a
+    'take' or 'fresh' while config holds a `move_from:<source>` record, above; nothing
+    written); CORRUPT due | leased | moving is not a zset,
     config is not a hash (edited by hand; nothing written); the server's own refusal of the
     write (OOM, ...), nothing written ]]
 -- @include "lib/clock.lua"
@@ -92,6 +94,19 @@ if rec[1] and rec[1] ~= dest then
   if busy > 0 or (age and age < MOVE_QUIET_MS) then
     return redis.error_reply('MOVE_ELSEWHERE moving=' .. busy .. ' age_ms=' .. (age or 'none')
       .. ' to=' .. string.sub(rec[1], 1, 80))
+  end
+end
+
+-- A move into this queue that may still hold copies here (`move_from:<source>` in config:
+-- written by that run before each put, deleted at its end; scheduler/admin/queue_move_check.py):
+-- moved on from here now, its rerun writes them here again, and they run twice. Checked at
+-- each take, atomically with it (a run's check at its start may come before that run's first
+-- put). A record left behind is deleted by the next run's check; a dry run ('look') reads on.
+if mode ~= 'look' then
+  for _, field in ipairs(redis.call('HKEYS', cfg)) do
+    if string.sub(field, 1, 10) == 'move_from:' then
+      return redis.error_reply('MOVE_INCOMING from=' .. string.sub(field, 11, 90))
+    end
   end
 end
 

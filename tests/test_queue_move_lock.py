@@ -15,7 +15,8 @@ import redis
 from click.testing import CliRunner
 
 from scheduler.admin.doctor import check_queue
-from scheduler.admin.queue_move import Entry, MoveRefused, QueueMove, _call, move_queue
+from scheduler.admin.queue_move import Entry, MoveRefused, QueueMove, move_queue
+from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.cli.main import main
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler.admin.queue_move import MoveRefused, QueueMove, _call, move_queue
+from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
 from scheduler.admin.queue_move_check import MOVE_QUIET_MS
+from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
 from scheduler.core.scripts import lua_dir

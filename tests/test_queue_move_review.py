@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from scheduler import JobNotFound, JobState
 from scheduler.admin.doctor import check_queue
 from scheduler.admin.queue_move import Entry, MoveRefused, QueueMove, move_queue
+from scheduler.admin.queue_move_check import clear_incoming
 from scheduler.cli.main import main
 from scheduler.client.queue import Queue
 from scheduler.core.errors import CorruptKey
@@ -64,7 +65,8 @@ def test_opposite_runs_interleaved_lose_no_job(
     # made before a -> b's first take) lists b's due, which now holds that batch, takes it and
     # wrote it into a, where move_in found each id (still in a's `moving`) and answered 'e'
     # (a retried or scheduled job: same task and enqueued_ms). Then b -> a deleted it from b
-    # and a -> b from a: the job was nowhere. Now move_in answers 'm' and it stays in b.
+    # and a -> b from a: the job was nowhere. move_in then answered 'm' and it stayed in b;
+    # now b -> a's take is refused while b holds a -> b's record (move_out's MOVE_INCOMING).
     a, b, _ = queues
     _enqueue(a, kind, "x")
     b.enqueue("mvw.task", job_id="y")  # b's own job, which b -> a moves
@@ -72,13 +74,16 @@ def test_opposite_runs_interleaved_lose_no_job(
     ab.check(skip_schedules=False)
     ba.check(skip_schedules=False)
     assert ab.put(ab.take(ab.src[0], ["x"])) == "c"
-    ba._drain(ba.src[0], b.keys.due, dry_run=False, resumed=False)  # b -> a's one page
+    with pytest.raises(MoveRefused, match=f"move from '{a.name}'"):
+        ba._drain(ba.src[0], b.keys.due, dry_run=False, resumed=False)  # b -> a's one page
     assert ab.finish(ab.src[0], ["x"]) == 1
-    assert ab.close(ab.src[0]) and ba.close(ba.src[0])  # both records gone
+    assert ab.close(ab.src[0]) and not ba.close(ba.src[0])  # b -> a recorded nothing
     assert _waiting(client, "x", a, b) == [b.keys.due] and b.status("x") != "moving"
-    assert _waiting(client, "y", a, b) == [a.keys.due]
-    # Counted apart from `conflict`, whose advice (enqueue it anew) would run it twice.
-    assert (ba.report.moved, ba.report.stays["conflict"], ba.report.stays["moving"]) == (1, 0, 1)
+    assert _waiting(client, "y", a, b) == [b.keys.due]
+    assert ba.report.moved == 0
+    clear_incoming(client, ab.src, ab.dst, a.name)  # a -> b's end; then b -> a goes
+    assert move_queue(client, b.name, a.name).moved == 2
+    assert [_waiting(client, jid, a, b) for jid in ("x", "y")] == [[a.keys.due]] * 2
 
 
 @pytest.mark.parametrize(
@@ -352,19 +357,23 @@ def test_a_rerun_into_a_queue_moving_the_job_onward_does_not_keep_a_second_copy(
     _enqueue(a, kind, "x")
     first = QueueMove(client, a.name, b.name)
     assert first.put(first.take(first.src[0], ["x"])) == "c"  # then killed
+    # Now the onward take itself is refused while b holds a -> b's record (MOVE_INCOMING).
     rerun, onward = QueueMove(client, a.name, b.name), QueueMove(client, b.name, c.name)
     rerun.check(skip_schedules=False)
     with pytest.raises(MoveRefused, match="stopped move from"):  # b's record of a -> b's put
         onward.check(skip_schedules=False)
-    ahead = onward.take(onward.src[0], ["x"])  # as a run past its check before that put
+    with pytest.raises(MoveRefused, match="stopped move from"):  # as a run past its check
+        onward.take(onward.src[0], ["x"])
     rerun._drain(rerun.src[0], a.keys.prefix + "moving", dry_run=False, resumed=True)
-    assert onward.put(ahead) == "c" and onward.finish(onward.src[0], ["x"]) == 1
-    assert _waiting(client, "x", a, b, c) == [c.keys.due]
     assert (rerun.report.already, rerun.report.stays["conflict"], rerun.report.stays["moving"]) == (
         1,
         0,
         0,
     )
+    assert _waiting(client, "x", a, b, c) == [b.keys.due]
+    clear_incoming(client, rerun.src, rerun.dst, a.name)  # its end: b -> c goes on
+    assert move_queue(client, b.name, c.name).moved == 1
+    assert _waiting(client, "x", a, b, c) == [c.keys.due]
 
 
 @pytest.mark.parametrize("broken", ["flow:held", "moving"])

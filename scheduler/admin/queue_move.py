@@ -13,7 +13,6 @@ of a source at a time: its run lock (queue_move_lock.py), checked by each take."
 from __future__ import annotations
 
 import json
-from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +23,11 @@ from scheduler.admin.queue_move_check import (
     check_move,
     check_names,
     clear_incoming,
-    elsewhere_reply,
     moving_findings,
     record_incoming,
+    take_refusal,
 )
+from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.admin.queue_move_check import text as _t
 from scheduler.admin.queue_move_lock import LOCK_LEASE_MS, RunLock, locked_reply
 from scheduler.client.partitioned_merge import read_layout
@@ -36,7 +36,6 @@ from scheduler.core import connection
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.partitions import Layout
-from scheduler.operations.requests import Script
 
 DAY_MS = 86_400_000  # move_done.lua 'renew' accepts a lease up to a day
 CARRY_PER_RENEWAL = 100  # idempotency keys carried between two renewals of the run lock
@@ -71,10 +70,6 @@ class MoveReport:
             "keys": self.keys,
             "stays": dict(self.stays),
         }
-
-
-def _call(name: str, args: list[str]) -> Generator[Script, Any, Any]:
-    return (yield Script(name, args))
 
 
 def _parts(client: redis.Redis, name: str, clock: str) -> tuple[Layout | None, list[Queue]]:
@@ -127,10 +122,10 @@ class QueueMove:
         self.kept = 0  # ids take() left where they were (a page offset: they are listed again)
         self.lock = RunLock(client, source, self.src, lease_ms)  # taken by run() alone
 
-    def check(self, *, skip_schedules: bool) -> None:
+    def check(self, *, skip_schedules: bool, dry_run: bool = False) -> None:
         """Refuse before the first write (queue_move_check.check_move)."""
         names = (self.report.source, self.report.dest, self.src_layout is not None)
-        check_move(self.client, self.src, self.dst, names, skip_schedules=skip_schedules)
+        check_move(self.client, self.src, self.dst, names, skip=skip_schedules, dry_run=dry_run)
 
     def take(
         self, part: Queue, ids: list[str], *, look: bool = False, fresh: bool = False
@@ -146,7 +141,7 @@ class QueueMove:
             reply = part._run(_call("move_out", args))  # or another run's lock (MOVE_LOCKED)
         except redis.ResponseError as exc:
             refused = locked_reply(self.report.source, exc, ours=ours)
-            raise refused or elsewhere_reply(part.name, exc) or exc from None
+            raise refused or take_refusal(part.name, self.report.source, exc) or exc from None
         out: list[Entry] = []
         for row in reply:
             jid, what = _t(row[0]), _t(row[1])
@@ -225,7 +220,7 @@ class QueueMove:
     def run(self, *, dry_run: bool = False, skip_schedules: bool = False) -> MoveReport:
         self.report.dry_run = dry_run
         self.lock.look()  # another run's lock: named first (its other refusals follow from it)
-        self.check(skip_schedules=skip_schedules)
+        self.check(skip_schedules=skip_schedules, dry_run=dry_run)
         if dry_run:  # takes no lock
             return self._run(dry_run=True)
         try:  # an error or Ctrl-C while taking them leaves none of the locks either

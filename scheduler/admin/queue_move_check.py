@@ -4,7 +4,9 @@ and doctor's reading of an interrupted move (`moving_findings`)."""
 from __future__ import annotations
 
 import re
+import secrets
 import time
+from collections.abc import Generator
 from typing import Any
 
 import redis
@@ -16,6 +18,7 @@ from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError, newer_storage
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys, check_queue_name
 from scheduler.core.partitions import PARTITION_NAME
+from scheduler.operations.requests import Script
 
 # How long a source partition's last take (config `move_take_ms`, lua/move_out.lua) keeps a run
 # toward another destination out: longer than one run's gap between two batches (a put and a
@@ -26,6 +29,7 @@ _ELSEWHERE = re.compile(r"MOVE_ELSEWHERE moving=(\d+) age_ms=(\d+|none) to=(.*)"
 # + a source's name: a destination partition's config field, written before each put into it
 # (a copy here may still be in that source's `moving`) and deleted once that run's moving is empty.
 INCOMING = "move_from:"
+_INCOMING_REPLY = re.compile(r"MOVE_INCOMING from=(.*)", re.DOTALL)
 
 
 class MoveRefused(SchedulerError):
@@ -48,13 +52,31 @@ def elsewhere(part: str, to: str, busy: int, age_ms: int | None) -> MoveRefused:
     )
 
 
-def elsewhere_reply(part: str, exc: redis.ResponseError) -> MoveRefused | None:
-    """move_out.lua's MOVE_ELSEWHERE error as MoveRefused (None for another error)."""
+def take_refusal(part: str, name: str, exc: redis.ResponseError) -> MoveRefused | None:
+    """move_out.lua's MOVE_ELSEWHERE or MOVE_INCOMING error (a take from `part`, of the source
+    queue `name`) as MoveRefused; None for another error."""
+    if m := _INCOMING_REPLY.match(str(exc)):
+        return incoming(name, m[1], "running or stopped", QueueKeys(part).config, INCOMING + m[1])
     m = _ELSEWHERE.match(str(exc))
     if m is None:
         return None
     age = None if m[2] == "none" else int(m[2])
     return elsewhere(part, m[3], int(m[1]), age)
+
+
+def incoming(name: str, other: str, why: str, config: str, field: str) -> MoveRefused:
+    """The refusal of a move of `name` onward while a move from `other` into it may hold
+    copies here (`field`, move_from:<other>, in the partition's `config`)."""
+    return MoveRefused(
+        f"{name!r} holds jobs of a stopped move from {other!r} ({why}): run `scheduler queue "
+        f"move --from {other} --to {name}` again first (moved on before it, they would be "
+        f"written here again and run twice); if that move is abandoned: HDEL {config} {field}"
+    )
+
+
+def script_call(name: str, args: list[str]) -> Generator[Script, Any, Any]:
+    """One script call, for a Queue's `_run` / `_write`."""
+    return (yield Script(name, args))
 
 
 def text(v: Any) -> str:
@@ -89,7 +111,8 @@ def check_move(
     dst: list[Queue],
     names: tuple[str, str, bool],
     *,
-    skip_schedules: bool,
+    skip: bool,
+    dry_run: bool = False,
 ) -> None:
     """Refuse before the first write: a missing source, a queue stored by a newer version,
     another run's destination (`elsewhere`; move_out.lua decides it again at each take),
@@ -130,9 +153,9 @@ def check_move(
         recent = age is not None and age < MOVE_QUIET_MS
         if q in src and to is not None and to != dest and (busy or recent):
             raise elsewhere(q.name, to, busy, age)
-    if (incoming := incoming_refusal(client, src, name)) is not None:
-        raise incoming
-    if not skip_schedules:
+    if (stopped := incoming_refusal(client, src, name, forget_stale=not dry_run)) is not None:
+        raise stopped
+    if not skip:
         n = sum(int(client.scard(q.keys.schedules)) for q in src)
         if n:
             raise MoveRefused(
@@ -141,17 +164,23 @@ def check_move(
             )
 
 
-def incoming_refusal(client: redis.Redis, src: list[Queue], name: str) -> MoveRefused | None:
+def incoming_refusal(
+    client: redis.Redis, src: list[Queue], name: str, *, forget_stale: bool = False
+) -> MoveRefused | None:
     """A move into `name` stopped between a put and its finish: those jobs are here and in its
     source's `moving`, and its rerun sends them again. Moved on from here first, they would be
     written here again by that rerun: in two queues, run twice. A record whose source no longer
-    holds jobs moving here is stale (that run finished its jobs): no refusal."""
+    holds jobs moving here is stale (that run finished its jobs): no refusal, and a real run
+    (`forget_stale`) deletes it while it holds the value read here, since each take refuses
+    any record (move_out.lua's MOVE_INCOMING: a move into `name` may start after this check)."""
     for q in src:
-        for field in map(text, client.hkeys(q.keys.config)):
-            other = field[len(INCOMING) :]
-            if not field.startswith(INCOMING) or not other:
+        for field, value in client.hgetall(q.keys.config).items():
+            field, other = text(field), text(field)[len(INCOMING) :]
+            if not field.startswith(INCOMING):
                 continue
             try:
+                if not other:
+                    raise ValueError("no source name")
                 layout = read_layout(client, other)
                 for p in [other] if layout is None else list(layout.names):
                     k = QueueKeys(p)
@@ -159,18 +188,17 @@ def incoming_refusal(client: redis.Redis, src: list[Queue], name: str) -> MoveRe
                     if to is not None and text(to) == name and int(n):
                         raise ValueError(f"{n} job(s) in {k.prefix}moving")
             except (ValueError, SchedulerError, redis.ResponseError) as exc:  # a hand edit: refused
-                return MoveRefused(
-                    f"{name!r} holds jobs of a stopped move from {other!r} ({exc}): run "
-                    f"`scheduler queue move --from {other} --to {name}` again first (moved on "
-                    f"before it, they would be written here again and run twice); if that move "
-                    f"is abandoned: HDEL {q.keys.config} {field}"
-                )
+                return incoming(name, other, str(exc), q.keys.config, field)
+            if forget_stale:
+                q._run(script_call("move_done", ["forget", field, text(value)]))
     return None
 
 
 def record_incoming(client: redis.Redis, part: Queue, source: str) -> None:
-    """Before a put into `part`: a move from `source` may leave copies here (incoming_refusal)."""
-    client.hset(part.keys.config, INCOMING + source, str(int(time.time() * 1000)))
+    """Before a put into `part`: a move from `source` may leave copies here (incoming_refusal).
+    A new value each time: a run deleting a stale record deletes only the value it read."""
+    value = f"{int(time.time() * 1000)}-{secrets.token_hex(4)}"
+    client.hset(part.keys.config, INCOMING + source, value)
 
 
 def clear_incoming(client: redis.Redis, src: list[Queue], dst: list[Queue], source: str) -> None:

@@ -19,16 +19,15 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import Generator
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
 
 from scheduler.admin.queue_move_check import MoveRefused
+from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.admin.queue_move_check import text as _t
 from scheduler.client.queue import Queue
-from scheduler.operations.requests import Script
 
 # A few times the longest gap between two renewals (one put or finish of at most 1000 jobs, a
 # hundred idempotency keys carried): a crashed run blocks a rerun for at most this long.
@@ -38,10 +37,6 @@ _LOCKED = re.compile(r"MOVE_LOCKED holder=(.*)", re.DOTALL)
 
 def lock_key(part: Queue) -> str:
     return part.keys.prefix + "move_lock"
-
-
-def _call(name: str, args: list[str]) -> Generator[Script, Any, Any]:
-    return (yield Script(name, args))
 
 
 def holder_text(client: redis.Redis, key: str, value: Any) -> str:
