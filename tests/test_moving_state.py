@@ -25,7 +25,7 @@ from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
 from scheduler.core.ids import new_job_id
 from scheduler.dashboard import Auth, create_app
-from tests.conftest import delete_queue, new_queue
+from tests.fixtures.move_queues import made_queues
 from tests.fixtures.partitioned import MakePq
 from tests.test_dashboard import make_client
 from tests.test_dashboard_run_now import run_now
@@ -35,10 +35,8 @@ HOUR_MS = 3_600_000
 
 @pytest.fixture
 def queues(client: redis.Redis) -> Iterator[tuple[Queue, Queue]]:
-    made = [new_queue(client, p) for p in ("mvs-src-", "mvs-dst-")]
-    yield made[0], made[1]
-    for q in made:
-        delete_queue(client, q)
+    with made_queues(client, "mvs-src-", "mvs-dst-") as (src, dst):
+        yield src, dst
 
 
 def _moving(client: redis.Redis, src: Queue, dst: Queue) -> tuple[QueueMove, dict[str, str]]:

@@ -13,15 +13,13 @@ from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
 from scheduler.client.queue import Queue
 from scheduler.core.connection import connect
 from scheduler.core.errors import JobNotFound
-from tests.conftest import delete_queue, new_queue
+from tests.fixtures.move_queues import made_queues
 
 
 @pytest.fixture
 def queues(client: redis.Redis) -> Iterator[tuple[Queue, Queue, Queue]]:
-    made = [new_queue(client, p) for p in ("mva-src-", "mva-one-", "mva-two-")]
-    yield made[0], made[1], made[2]
-    for q in made:
-        delete_queue(client, q)
+    with made_queues(client, "mva-src-", "mva-one-", "mva-two-") as (src, one, two):
+        yield src, one, two
 
 
 def test_a_rerun_to_another_destination_is_refused_while_jobs_wait_in_moving(

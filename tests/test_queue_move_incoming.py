@@ -16,22 +16,17 @@ from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
 from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument, CorruptKey
-from tests.conftest import delete_queue, dump_queue, new_queue
+from tests.conftest import dump_queue
+from tests.fixtures.move_queues import made_queues, waiting_in
 
 
 @pytest.fixture
 def abc(client: redis.Redis) -> Iterator[tuple[Queue, Queue, Queue]]:
-    made = [new_queue(client, p) for p in ("mvi-a-", "mvi-b-", "mvi-c-")]
-    made[0].enqueue("mvi.task", job_id="x")
-    for jid in ("b0", "b1", "b2", "b3"):
-        made[1].enqueue("mvi.task", job_id=jid)
-    yield made[0], made[1], made[2]
-    for q in made:
-        delete_queue(client, q)
-
-
-def _homes(client: redis.Redis, jid: str, *queues: Queue) -> list[str]:
-    return [q.name for q in queues if client.zscore(q.keys.due, jid) is not None]
+    with made_queues(client, "mvi-a-", "mvi-b-", "mvi-c-") as (a, b, c):
+        a.enqueue("mvi.task", job_id="x")
+        for jid in ("b0", "b1", "b2", "b3"):
+            b.enqueue("mvi.task", job_id=jid)
+        yield a, b, c
 
 
 def test_a_move_on_past_its_check_is_refused_at_its_next_take(
@@ -52,7 +47,7 @@ def test_a_move_on_past_its_check_is_refused_at_its_next_take(
     assert move_queue(client, a.name, b.name).already == 1  # a -> b's rerun first
     assert move_queue(client, b.name, c.name).moved == 3  # then b -> c goes on
     for jid in ("x", "b0", "b1", "b2", "b3"):
-        assert _homes(client, jid, a, b, c) == [c.name], jid
+        assert waiting_in(client, jid, a, b, c) == [c.name], jid
 
 
 def test_a_dry_run_reads_past_the_record_and_its_check_still_refuses_a_live_one(

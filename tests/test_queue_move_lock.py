@@ -20,7 +20,8 @@ from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.cli.main import main
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
-from tests.conftest import delete_queue, dump_queue, new_queue
+from tests.conftest import dump_queue
+from tests.fixtures.move_queues import made_queues
 from tests.workers.procs import wait_for
 
 IDS = ["j0", "j1", "j2", "j3"]
@@ -28,12 +29,10 @@ IDS = ["j0", "j1", "j2", "j3"]
 
 @pytest.fixture
 def queues(client: redis.Redis) -> Iterator[tuple[Queue, Queue, Queue]]:
-    made = [new_queue(client, p) for p in ("mvl-src-", "mvl-one-", "mvl-two-")]
-    for i, jid in enumerate(IDS):
-        made[0].enqueue("mvl.task", {"i": i}, job_id=jid)
-    yield made[0], made[1], made[2]
-    for q in made:
-        delete_queue(client, q)
+    with made_queues(client, "mvl-src-", "mvl-one-", "mvl-two-") as (src, one, two):
+        for i, jid in enumerate(IDS):
+            src.enqueue("mvl.task", {"i": i}, job_id=jid)
+        yield src, one, two
 
 
 def _lock(q: Queue) -> str:

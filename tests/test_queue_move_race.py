@@ -16,23 +16,18 @@ from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
 from scheduler.core.scripts import lua_dir
-from tests.conftest import delete_queue, dump_queue, new_queue
+from tests.conftest import dump_queue
+from tests.fixtures.move_queues import made_queues, waiting_in
 
 IDS = ["j0", "j1", "j2", "j3"]
 
 
 @pytest.fixture
 def queues(client: redis.Redis) -> Iterator[tuple[Queue, Queue, Queue]]:
-    made = [new_queue(client, p) for p in ("mvr-src-", "mvr-one-", "mvr-two-")]
-    for i, jid in enumerate(IDS):
-        made[0].enqueue("mvr.task", {"i": i}, job_id=jid)
-    yield made[0], made[1], made[2]
-    for q in made:
-        delete_queue(client, q)
-
-
-def _where(client: redis.Redis, jid: str, *queues: Queue) -> list[str]:
-    return [q.name for q in queues if client.zscore(q.keys.due, jid) is not None]
+    with made_queues(client, "mvr-src-", "mvr-one-", "mvr-two-") as (src, one, two):
+        for i, jid in enumerate(IDS):
+            src.enqueue("mvr.task", {"i": i}, job_id=jid)
+        yield src, one, two
 
 
 def test_two_runs_to_different_destinations_never_write_one_job_into_both(
@@ -54,7 +49,7 @@ def test_two_runs_to_different_destinations_never_write_one_job_into_both(
         if taken:
             run.put(taken)
             run.finish(run.src[0], [e.id for e in taken])
-    assert {jid: _where(client, jid, src, one, two) for jid in IDS} == {
+    assert {jid: waiting_in(client, jid, src, one, two) for jid in IDS} == {
         jid: [one.name] for jid in IDS
     }
 

@@ -20,17 +20,16 @@ from scheduler.admin.queue_move_check import clear_incoming
 from scheduler.cli.main import main
 from scheduler.client.queue import Queue
 from scheduler.core.errors import CorruptKey
-from tests.conftest import delete_queue, dump_queue, new_queue
+from tests.conftest import dump_queue
+from tests.fixtures.move_queues import made_queues
 from tests.fixtures.partitioned import MakePq
 from tests.workers.procs import wait_for
 
 
 @pytest.fixture
 def queues(client: redis.Redis) -> Iterator[tuple[Queue, Queue, Queue]]:
-    made = [new_queue(client, p) for p in ("mvw-a-", "mvw-b-", "mvw-c-")]
-    yield made[0], made[1], made[2]
-    for q in made:
-        delete_queue(client, q)
+    with made_queues(client, "mvw-a-", "mvw-b-", "mvw-c-") as (a, b, c):
+        yield a, b, c
 
 
 def _waiting(client: redis.Redis, jid: str, *queues: Queue) -> list[str]:

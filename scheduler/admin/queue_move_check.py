@@ -56,7 +56,8 @@ def take_refusal(part: str, name: str, exc: redis.ResponseError) -> MoveRefused 
     """move_out.lua's MOVE_ELSEWHERE or MOVE_INCOMING error (a take from `part`, of the source
     queue `name`) as MoveRefused; None for another error."""
     if m := _INCOMING_REPLY.match(str(exc)):
-        return incoming(name, m[1], "running or stopped", QueueKeys(part).config, INCOMING + m[1])
+        why = "its record is here: it may still be running"
+        return incoming(name, m[1], why, QueueKeys(part).config, INCOMING + m[1])
     m = _ELSEWHERE.match(str(exc))
     if m is None:
         return None
