@@ -122,7 +122,7 @@ def test_a_crashed_runs_lock_blocks_a_rerun_until_its_lease_ends(
         raise Killed
 
     _on_put(monkeypatch, a, kill)
-    monkeypatch.setattr(a.lock, "release", lambda: None)  # killed: its end never runs
+    monkeypatch.setattr(a.lock, "release", lambda **_: None)  # killed: its end never runs
     with pytest.raises(Killed):
         a.run()
     assert client.zcard(src.keys.prefix + "moving") == 2
@@ -295,3 +295,52 @@ def test_the_lock_is_renewed_while_many_idempotency_keys_are_carried(
     monkeypatch.setattr(a, "carry_keys", carry)
     assert a.run().keys == 250
     assert renewals[renewals.index("carry") :] == ["carry", "renew", "renew"]  # at 100, 200
+
+
+def test_a_release_that_fails_after_an_error_neither_hides_it_nor_keeps_the_other_locks(
+    client: redis.Redis,
+    queues: tuple[Queue, Queue, Queue],
+    monkeypatch: pytest.MonkeyPatch,
+    make_pq: Any,
+) -> None:
+    # The run's end released its locks in a `finally`: a server error there (the connection
+    # lost too) replaced the run's own error, and the locks after the first were kept until
+    # their lease ran out.
+    _, one, _ = queues
+    source = make_pq(partitions=2, suffix="-rel")
+    source.enqueue("mvl.task", {"i": 0})
+    a = QueueMove(client, source.name, one.name)
+    locks = [_lock(p) for p in a.src]
+
+    def stopped(*_: Any, **__: Any) -> Any:
+        assert all(client.exists(k) for k in locks)
+        raise MoveRefused("the run's own error")
+
+    def unlock_fails(_: Any) -> Any:
+        raise redis.ConnectionError("lost while unlocking")
+
+    monkeypatch.setattr(a, "_run", stopped)
+    monkeypatch.setattr(a.src[0], "_run", unlock_fails)
+    with pytest.raises(MoveRefused, match="the run's own error"):
+        a.run()
+    assert [client.exists(k) for k in locks] == [1, 0]  # the one that failed: its lease ends
+
+
+def test_a_release_that_fails_after_a_run_that_went_well_is_raised(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, one, _ = queues
+    a = QueueMove(client, src.name, one.name)
+    real = a.lock.release
+
+    def unlock_fails(_: Any) -> Any:
+        raise redis.TimeoutError("timed out while unlocking")
+
+    def release(*, quiet: bool = False) -> None:
+        monkeypatch.setattr(a.src[0], "_run", unlock_fails)
+        real(quiet=quiet)
+
+    monkeypatch.setattr(a.lock, "release", release)
+    with pytest.raises(redis.TimeoutError):
+        a.run()
+    assert sorted(client.zrange(one.keys.due, 0, -1)) == IDS  # moved: only its end failed

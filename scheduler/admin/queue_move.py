@@ -225,9 +225,12 @@ class QueueMove:
             return self._run(dry_run=True)
         try:  # an error or Ctrl-C while taking them leaves none of the locks either
             self.lock.take()  # before the first write: a second run is refused here
-            return self._run(dry_run=False)
-        finally:
-            self.lock.release()
+            report = self._run(dry_run=False)
+        except BaseException:
+            self.lock.release(quiet=True)  # a failed release must not hide the run's error
+            raise
+        self.lock.release()
+        return report
 
     def _run(self, *, dry_run: bool) -> MoveReport:
         for part in self.src:

@@ -124,7 +124,7 @@ class RunLock:
                 holder = holder_text(self.client, key, self._get(key) or "?")
                 raise held_refusal(self.source, holder)
         except BaseException:  # a refusal, a server error, Ctrl-C: the ones taken are deleted
-            self.release()
+            self.release(quiet=True)
             raise
 
     def renew(self) -> None:
@@ -137,11 +137,20 @@ class RunLock:
                 self.held.remove(part)
                 raise lost_refusal(self.source, holder)
 
-    def release(self) -> None:
-        """Delete the locks this run still holds (another run's are kept)."""
+    def release(self, *, quiet: bool = False) -> None:
+        """Delete the locks this run still holds (another run's are kept), each one tried: one
+        that fails (a server error) keeps its lock until its lease ends. The first failure is
+        raised after the others were tried, unless `quiet` (a run ending on its own error:
+        that one is what its caller must see)."""
         parts, self.held = self.held, []
+        failed: list[redis.RedisError] = []
         for part in parts:
-            part._run(_call("move_done", ["unlock", self.token]))
+            try:
+                part._run(_call("move_done", ["unlock", self.token]))
+            except redis.RedisError as exc:
+                failed.append(exc)
+        if failed and not quiet:
+            raise failed[0]
 
     def _get(self, key: str) -> Any:
         try:
