@@ -143,11 +143,11 @@ class RunLock:
         raised after the others were tried, unless `quiet` (a run ending on its own error:
         that one is what its caller must see)."""
         parts, self.held = self.held, []
-        failed: list[redis.RedisError] = []
+        failed: list[Exception] = []
         for part in parts:
             try:
                 part._run(_call("move_done", ["unlock", self.token]))
-            except redis.RedisError as exc:
+            except Exception as exc:  # a lost connection, a refusal translated: tried on
                 failed.append(exc)
         if failed and not quiet:
             raise failed[0]
