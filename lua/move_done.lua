@@ -2,7 +2,7 @@
   other queue now holds leave this queue's `moving` set and their records here are deleted.
   Only ids still in `moving` are touched: a re-sent call deletes nothing more.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, moving, move_lock
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, moving, move_lock, move_in:<source>
   ARGV[1] 'done' (each id one the destination answered 'c' or 'e' for: its records deleted)
     | 'back' (the destination holds another job under the id, 'x': it goes back into due at
     its run time, where it was), then ids (1 .. MAX_IDS)
@@ -14,7 +14,8 @@
     value names that token) | 'unlock' then the token (deleted only while it names it)
     | 'forget' then a `move_from:<source>` field of config and the value a check read there
     (a record that move left behind, scheduler/admin/queue_move_check.py: deleted only while
-    it holds that value; a move into this queue since wrote a new one, which stays)
+    it holds that value, with that move's `move_in:<source>` ids (move_in.lua); a move into
+    this queue since wrote a new one, which stays)
   Returns: how many left `moving`; 'end': 1 if the record was deleted, else 0; 'renew': 1, or
     the lock's value when it names another token ('' when none); 'unlock', 'forget': 1 if
     deleted, else 0
@@ -42,7 +43,10 @@ if mode == 'forget' then  -- compare, then delete
   local err = key_type_err(cfg, 'config', 'hash')
   if err then return err end
   if redis.call('HGET', cfg, field) ~= value then return 0 end
-  return write_refused(redis.pcall('HDEL', cfg, field), 'config', 'hash') or 1
+  local refused = write_refused(redis.pcall('HDEL', cfg, field), 'config', 'hash')
+  if refused then return refused end
+  redis.call('DEL', prefix .. 'move_in:' .. string.sub(field, 11))
+  return 1
 end
 if mode == 'renew' or mode == 'unlock' then  -- the run lock: compare, then renew or delete
   local lock, token = prefix .. 'move_lock', ARGV[1]

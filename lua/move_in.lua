@@ -1,21 +1,26 @@
 --[[ move_in: the second step of moving waiting jobs (move_out.lua): write each job, as the
   source queue stored it, into this queue with the same id and run time. Idempotent by id: a
-  job already here (a rerun re-sending a batch whose answer was lost) is left as it is.
+  job already here (a rerun re-sending a batch whose answer was lost) is left as it is. The
+  ids written (or found here) are kept in `move_in:<source>` until the caller's finish
+  (scheduler/admin/queue_move_check.py forget_delivered): a rerun re-sending one that ran here
+  since and whose record expired, or was cancelled here, is answered 'e', not written again.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions, moving
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions, moving, move_in:<source>
   ARGV[1] n (1 .. MAX_BATCH), ARGV[2] the source queue's name, then 4 fields per job: id,
     run_at_ms, spec text ('' = none: a
     hash-only job), hash fields as a JSON array [field, value, ...] ('[]' = none: a job never
     claimed); a job needs a spec or a hash
   Returns: flags, one character per job: 'c' written, 'e' already here (the same job: task and
-    enqueued_ms match, the task alone for a finished job's lean hash; a rerun's), 'x' another job holds the id here (nothing written: the
+    enqueued_ms match, the task alone for a finished job's lean hash; a rerun's; or no record
+    but its id in `move_in:<source>`: delivered by this move, ended here since), 'x' another job holds the id here (nothing written: the
     caller puts the job back into the source's due), 'm' this queue's own `moving` set holds
     the id and its record (config `move_to`) names the caller's source: a move the other way,
     between its steps, deletes the job here once it is there, so an 'e' would lose it (nothing
     written, the caller puts it back). Held in `moving` toward another queue, the same job
     answers 'e' (it was delivered here and goes on: the caller deletes its copy)
   Errors:  BAD_ARGUMENT <field>=<value> (a spec this version cannot read among them); CORRUPT
-    due | moving is not a zset, config is not a hash (edited by hand); nothing written either
+    due | moving is not a zset, config is not a hash, move_in:<source> is not a set (edited by
+    hand); nothing written either
     way ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
@@ -35,8 +40,10 @@ if #ARGV ~= 1 + n * 4 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARG
 -- A partitioned queue's name holds no jobs: the caller writes into its partitions.
 err = partitioned_err(prefix)
 if err then return err end
+local delivered = prefix .. 'move_in:' .. source
 err = zset_err(prefix, 'due') or zset_err(prefix, 'moving')
   or key_type_err(prefix .. 'config', 'config', 'hash')
+  or key_type_err(delivered, 'move_in:' .. source, 'set')
 if err then return err end
 local moving = prefix .. 'moving'
 -- A move the other way (from here to the caller's source) holds its jobs in `moving`.
@@ -92,7 +99,7 @@ end
 
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local head_ms = head[2] and tonumber(head[2]) or nil
-local flags, adds, earliest = {}, {}, nil
+local flags, adds, earliest, ours = {}, {}, nil, {}
 for k, j in ipairs(jobs) do
   local id = j[1]
   local jk, sk = job_key(prefix, id), spec_key(prefix, id)
@@ -105,15 +112,20 @@ for k, j in ipairs(jobs) do
     local t2, e2 = stored_identity(jk, sk, id)
     local same = same_job(t1, e1, t2, e2)
     flags[k] = same and 'e' or 'x'
+    if same then ours[#ours + 1] = id end
+  elseif redis.call('SISMEMBER', delivered, id) == 1 then
+    flags[k] = 'e'  -- put by this move before, ended here since: the caller deletes its copy
   else
     if j[3] ~= '' then redis.call('SET', sk, j[3]) end
     if #j[4] > 0 then call_chunked('HSET', jk, j[4]) end
     adds[#adds + 1] = fmt(j[2])
     adds[#adds + 1] = id
     flags[k] = 'c'
+    ours[#ours + 1] = id
     if earliest == nil or j[2] < earliest then earliest = j[2] end
   end
 end
 call_chunked('ZADD', due, adds)
+call_chunked('SADD', delivered, ours)
 if earliest ~= nil and (head_ms == nil or earliest < head_ms) then wake(wake_key) end
 return table.concat(flags)

@@ -45,6 +45,7 @@ _BUILDERS = {
     "finished": "'finished'",  # lib/result.lua: done and cancelled ids, for listings
     "moving": "'moving'",  # move_*.lua: jobs between a queue move's steps
     "move_lock": "'move_lock'",  # move_out.lua, move_done.lua: one queue move run at a time
+    "move_in:<source>": "'move_in:'",  # move_in.lua: ids a queue move put, until its finish
 }
 _KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
 

@@ -135,3 +135,62 @@ def test_a_take_refused_for_a_record_names_the_partitions_key_to_clear(
     with pytest.raises(MoveRefused, match=f"HDEL {b.keys.config} move_from:"):
         bc.take(bc.src[0], ["b0"])
     assert client.zscore(b.keys.due, "b0") is not None
+
+
+def _expire(client: redis.Redis, q: Queue, jid: str) -> None:
+    """What a finished job's record expiry does (result_ttl_ms): its keys gone."""
+    client.delete(q.keys.job(jid), q.keys.spec(jid))
+    client.zrem(q.keys.prefix + "finished", jid)
+
+
+@pytest.mark.parametrize("then", ["ran", "cancelled"])
+def test_a_rerun_after_the_moved_job_ended_there_and_its_record_expired_writes_nothing(
+    client: redis.Redis, abc: tuple[Queue, Queue, Queue], then: str
+) -> None:
+    # a -> b stopped after its put; x ran in b (or was cancelled there) and its record expired;
+    # the rerun re-sent x from a's `moving`, b had no trace of it, and x was written again:
+    # run twice (or a cancelled job back). b now keeps the ids put until the batch's finish.
+    a, b, _ = abc
+    ab = QueueMove(client, a.name, b.name)
+    assert ab.put(ab.take(ab.src[0], ["x"])) == "c"  # then stopped
+    if then == "ran":
+        (job,) = [j for j in b.claim("w", limit=10).jobs if j.id == "x"]
+        b.complete("x", job.token)
+    else:
+        assert b.cancel("x") == "due"
+    _expire(client, b, "x")
+    report = move_queue(client, a.name, b.name)
+    assert (report.moved, report.already, report.resumed) == (0, 1, 1)
+    assert waiting_in(client, "x", a, b) == [] and client.exists(b.keys.job("x")) == 0
+    assert client.zcard(a.keys.prefix + "moving") == 0
+
+
+def test_the_ids_kept_are_one_batchs_and_gone_at_the_runs_end(
+    client: redis.Redis, abc: tuple[Queue, Queue, Queue]
+) -> None:
+    a, b, _ = abc
+    kept = b.keys.prefix + "move_in:" + a.name
+    a.enqueue("mvi.task", job_id="y")
+    ab = QueueMove(client, a.name, b.name)
+    assert ab.put(ab.take(ab.src[0], ["x", "y"])) == "cc"  # then stopped
+    assert sorted(client.smembers(kept)) == ["x", "y"]
+    assert move_queue(client, a.name, b.name).already == 2
+    assert client.exists(kept) == 0
+    # A stale record is forgotten with its ids (that run's source holds nothing moving here).
+    client.hset(b.keys.config, "move_from:" + a.name, "1")
+    client.sadd(kept, "old")
+    move_queue(client, b.name, a.name)
+    assert client.exists(kept) == 0 and client.hget(b.keys.config, "move_from:" + a.name) is None
+
+
+def test_a_kept_ids_key_of_another_type_is_refused_with_nothing_written(
+    client: redis.Redis, abc: tuple[Queue, Queue, Queue]
+) -> None:
+    a, b, _ = abc
+    client.set(b.keys.prefix + "move_in:" + a.name, "junk")
+    ab = QueueMove(client, a.name, b.name)
+    taken = ab.take(ab.src[0], ["x"])
+    before = {k: v for k, v in dump_queue(client, b).items() if k != b.keys.config}
+    with pytest.raises(CorruptKey, match="move_in:"):
+        ab.put(taken)  # its record in config comes first (the put's own check is refused)
+    assert {k: v for k, v in dump_queue(client, b).items() if k != b.keys.config} == before

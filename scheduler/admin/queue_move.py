@@ -23,6 +23,7 @@ from scheduler.admin.queue_move_check import (
     check_move,
     check_names,
     clear_incoming,
+    forget_delivered,
     moving_findings,
     record_incoming,
     take_refusal,
@@ -176,9 +177,11 @@ class QueueMove:
         return "".join(flags)
 
     def finish(self, part: Queue, ids: list[str], *, back: bool = False) -> int:
-        """Step 3 (move_done.lua): the moved jobs leave the source (back: jobs whose id the
-        destination holds for another job return to the source's due)."""
-        return int(part._run(_call("move_done", ["back" if back else "done", *ids])))
+        """Step 3 (move_done.lua): the jobs leave the source (back: the destination holds their
+        ids for other jobs: back into due), then the destination's `move_in:<source>` set."""
+        done = int(part._run(_call("move_done", ["back" if back else "done", *ids])))
+        forget_delivered(self.client, self.dst, self.dst_layout, self.report.source, ids)
+        return done
 
     def close(self, part: Queue) -> bool:
         """The run's end on `part` (move_done.lua 'end'): its record of this destination is

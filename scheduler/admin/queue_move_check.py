@@ -17,7 +17,7 @@ from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError, newer_storage
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys, check_queue_name
-from scheduler.core.partitions import PARTITION_NAME
+from scheduler.core.partitions import PARTITION_NAME, Layout
 from scheduler.operations.requests import Script
 
 # How long a source partition's last take (config `move_take_ms`, lua/move_out.lua) keeps a run
@@ -29,6 +29,7 @@ _ELSEWHERE = re.compile(r"MOVE_ELSEWHERE moving=(\d+) age_ms=(\d+|none) to=(.*)"
 # + a source's name: a destination partition's config field, written before each put into it
 # (a copy here may still be in that source's `moving`) and deleted once that run's moving is empty.
 INCOMING = "move_from:"
+DELIVERED = "move_in:"  # + a source's name: the ids a move put into a destination partition
 _INCOMING_REPLY = re.compile(r"MOVE_INCOMING from=(.*)", re.DOTALL)
 
 
@@ -203,10 +204,24 @@ def record_incoming(client: redis.Redis, part: Queue, source: str) -> None:
 
 
 def clear_incoming(client: redis.Redis, src: list[Queue], dst: list[Queue], source: str) -> None:
-    """A run's end: its record in each destination partition, once no job waits in `moving`."""
+    """A run's end: its record in each destination partition, once no job waits in `moving`,
+    and the ids it kept there (move_in.lua's `move_in:<source>`)."""
     if not any(int(client.zcard(q.keys.prefix + "moving")) for q in src):
         for q in dst:
             client.hdel(q.keys.config, INCOMING + source)
+            client.delete(q.keys.prefix + DELIVERED + source)
+
+
+def forget_delivered(
+    client: redis.Redis, dst: list[Queue], layout: Layout | None, source: str, ids: list[str]
+) -> None:
+    """After a batch's finish: its ids leave each destination partition's `move_in:<source>`
+    (move_in.lua keeps them from the put until then)."""
+    groups: dict[int, list[str]] = {}
+    for jid in ids:
+        groups.setdefault(0 if layout is None else layout.partition_of_id(jid), []).append(jid)
+    for k, part_ids in groups.items():
+        client.srem(dst[k].keys.prefix + DELIVERED + source, *part_ids)
 
 
 def moving_findings(client: redis.Redis, keys: QueueKeys) -> tuple[set[str], list[Issue]]:
