@@ -3,7 +3,9 @@ lua/move_out.lua): a -> b records `move_from:a` in b's config before each put, a
 check refused a live record, but only once, at its start. A b -> c run past its check then took
 the jobs a -> b put meanwhile and wrote them into c; a -> b, stopped before its finish, wrote
 them into b again at its rerun: one job waiting in b and in c, run twice. Each take now
-refuses while such a record is there, atomically with the take."""
+refuses while such a record is there, atomically with the take. And the ids a -> b put are
+kept in b (`move_in:a`) until its finish: a rerun no longer writes again a job that ran or was
+cancelled in b since and whose record expired."""
 
 from __future__ import annotations
 
