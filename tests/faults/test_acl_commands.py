@@ -19,6 +19,8 @@ from starlette.testclient import TestClient
 
 from scheduler import AsyncQueue, Queue
 from scheduler._spawn_cluster import LocalCluster
+from scheduler.admin.queue_move import QueueMove
+from scheduler.core.connection import connect
 from scheduler.core.scripts import TRANSITIONS, source
 from scheduler.dashboard import Auth, create_app
 from tests.faults.conftest import Server
@@ -29,6 +31,7 @@ from tests.faults.test_security import (
     cli,
     create_user,
     documented_acl_line,
+    ops_url,
 )
 from tests.redis_server import require_server
 
@@ -189,3 +192,29 @@ def test_the_operator_role_can_do_everything_the_app_role_can() -> None:
     """docs/security.md's threat model says so, and an operator runs `scheduler worker` too
     (a one-off drain, `--burst`): without BLPOP, its wake-up wait, that worker exits 5."""
     assert _allowed("app") - _allowed("operator") == set()
+
+
+def test_the_operator_role_runs_queue_move_and_the_rerun_of_a_stopped_one(
+    start_server: Callable[..., Server],
+) -> None:
+    """`scheduler queue move` sends its own commands from Python (the run lock's SET NX PX,
+    the destination's records and kept ids, an idempotency key carried with SCAN and PTTL)
+    and three scripts: all under the operator role, a stopped move's rerun and a stale
+    record's deletion too (the take read config with HKEYS, which neither role allows)."""
+    server = start_server()
+    admin = server.admin()
+    create_user(admin, "operator")
+    url = ops_url(server)
+    a, b, c = (Queue(admin, n) for n in ("acl-mv-a", "acl-mv-b", "acl-mv-c"))
+    a.enqueue("acl.t", {"n": 1}, job_id="x")
+    a.enqueue("acl.t", {"n": 2}, job_id="y", key="k")
+    stopped = QueueMove(connect(url), a.name, b.name)  # as the operator, stopped after its put
+    assert stopped.put(stopped.take(stopped.src[0], ["x"])) == "c"
+    for args in (("--from", a.name, "--to", b.name), ("--from", b.name, "--to", c.name)):
+        if args[1] == b.name:  # a record its run left behind: deleted by this run's check
+            admin.hset(b.keys.config, "move_from:acl-mv-gone", "1")
+        result = cli(url, "queue", "move", *args, "--json")
+        assert result.exit_code == 0, result.output
+        assert "NOPERM" not in result.output and "permission" not in result.output, args
+    assert sorted(admin.zrange(c.keys.due, 0, -1)) == ["x", "y"]
+    assert admin.hkeys(b.keys.config) == [] and admin.exists(a.keys.job("x"), a.keys.spec("x")) == 0
