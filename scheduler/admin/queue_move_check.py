@@ -164,6 +164,10 @@ def check_move(
                 f"queue {name!r} has {n} schedule(s): define them on {dest!r}, remove them "
                 "here, then move (or --skip-schedules: their pending runs stay)"
             )
+    if not dry_run and not any(int(client.zcard(q.keys.prefix + "moving")) for q in src):
+        # No job of this source between a put and its finish: ids kept by an earlier run (cut
+        # between a finish and its SREM) would answer 'e' for a new job reusing one: lost.
+        client.delete(*(q.keys.prefix + DELIVERED + name for q in dst))
 
 
 def incoming_refusal(

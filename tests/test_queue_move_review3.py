@@ -1,0 +1,92 @@
+"""Review of `scheduler queue move`'s MOVE_INCOMING records and kept ids (`move_in:<source>`,
+lua/move_in.lua): interleavings of two runs' steps, and crashes between them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
+from scheduler.admin.queue_move_check import script_call as _call
+from scheduler.client.queue import Queue
+from tests.fixtures.move_queues import made_queues, waiting_in
+
+
+@pytest.fixture
+def ab(client: redis.Redis) -> Iterator[tuple[Queue, Queue]]:
+    with made_queues(client, "mvr3-a-", "mvr3-b-") as (a, b):
+        a.enqueue("mvr3.task", job_id="x")
+        b.enqueue("mvr3.task", job_id="y")
+        yield a, b
+
+
+def _expire(client: redis.Redis, q: Queue, jid: str) -> None:
+    """What a finished job's record expiry does (result_ttl_ms): its keys gone."""
+    client.delete(q.keys.job(jid), q.keys.spec(jid))
+    client.zrem(q.keys.prefix + "finished", jid)
+
+
+def test_a_kept_id_left_by_a_crash_after_the_finish_does_not_swallow_a_reused_id(
+    client: redis.Redis, ab: tuple[Queue, Queue]
+) -> None:
+    a, b = ab
+    m = QueueMove(client, a.name, b.name)
+    assert m.put(m.take(m.src[0], ["x"])) == "c"
+    # The finish's move_done runs, then the run dies before the SREM (forget_delivered).
+    assert int(a._run(_call("move_done", ["done", "x"]))) == 1
+    assert client.sismember(b.keys.prefix + "move_in:" + a.name, "x")
+    (job,) = [j for j in b.claim("w", limit=10).jobs if j.id == "x"]
+    b.complete("x", job.token)
+    _expire(client, b, "x")
+    a.enqueue("mvr3.task", job_id="x")  # a new job under the id, days later
+    report = move_queue(client, a.name, b.name)
+    assert waiting_in(client, "x", a, b) == [b.name], (report.moved, report.already)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a -> b and b -> a both stopped between put and finish: each rerun is refused "
+    "naming the other as the one to rerun first; only hand edits get out",
+)
+def test_opposite_runs_both_stopped_between_put_and_finish_can_be_finished(
+    client: redis.Redis, ab: tuple[Queue, Queue]
+) -> None:
+    a, b = ab
+    ab_run, ba_run = QueueMove(client, a.name, b.name), QueueMove(client, b.name, a.name)
+    ab_run.check(skip_schedules=False)
+    ba_run.check(skip_schedules=False)  # both pass: neither has taken yet
+    x = ab_run.take(ab_run.src[0], ["x"])
+    y = ba_run.take(ba_run.src[0], ["y"])
+    assert ab_run.put(x) == "c" and ba_run.put(y) == "c"  # then both stopped
+    refusals = []
+    for src, dst in ((a, b), (b, a)):
+        try:
+            move_queue(client, src.name, dst.name)
+        except MoveRefused as exc:
+            refusals.append(str(exc))
+    assert refusals == [], refusals
+    assert waiting_in(client, "x", a, b) == [b.name]
+    assert waiting_in(client, "y", a, b) == [a.name]
+
+
+def test_a_stale_record_forgotten_between_a_runs_take_and_its_put_is_written_again(
+    client: redis.Redis, ab: tuple[Queue, Queue]
+) -> None:
+    # b -> a's check reads a stale a -> b record; a -> b then takes (its moving is busy) and
+    # b -> a deletes the value it read: the put writes a new one first, so b stays refused.
+    a, b = ab
+    field = "move_from:" + a.name
+    client.hset(b.keys.config, field, "1-stale")
+    m = QueueMove(client, a.name, b.name)
+    taken = m.take(m.src[0], ["x"])
+    assert b._run(_call("move_done", ["forget", field, "1-stale"])) == 1
+    assert m.put(taken) == "c"
+    ba = QueueMove(client, b.name, a.name)
+    with pytest.raises(MoveRefused, match=a.name):
+        ba.take(ba.src[0], ["x", "y"])
+    assert waiting_in(client, "x", a, b) == [b.name]
+    assert move_queue(client, a.name, b.name).already == 1
+    assert move_queue(client, b.name, a.name).moved == 2
+    assert waiting_in(client, "x", a, b) == [a.name] and waiting_in(client, "y", a, b) == [a.name]
