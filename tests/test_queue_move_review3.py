@@ -4,6 +4,7 @@ lua/move_in.lua): interleavings of two runs' steps, and crashes between them."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -90,3 +91,23 @@ def test_a_stale_record_forgotten_between_a_runs_take_and_its_put_is_written_aga
     assert move_queue(client, a.name, b.name).already == 1
     assert move_queue(client, b.name, a.name).moved == 2
     assert waiting_in(client, "x", a, b) == [a.name] and waiting_in(client, "y", a, b) == [a.name]
+
+
+def test_a_kept_id_left_in_a_partition_of_the_destination_is_deleted_by_the_next_run(
+    client: redis.Redis, ab: tuple[Queue, Queue], make_pq: Any
+) -> None:
+    # The same as the plain case above, into a partitioned destination: the kept ids live in
+    # the partition the id routes to, and the next run's check deletes them there.
+    a, _ = ab
+    dest = make_pq(partitions=3, suffix="-dst")
+    m = QueueMove(client, a.name, dest.name)
+    assert m.put(m.take(m.src[0], ["x"])) == "c"
+    assert int(a._run(_call("move_done", ["done", "x"]))) == 1  # cut before the SREM
+    (part,) = [q for q in m.dst if client.zscore(q.keys.due, "x") is not None]
+    assert client.sismember(part.keys.prefix + "move_in:" + a.name, "x")
+    (job,) = [j for j in part.claim("w", limit=10).jobs if j.id == "x"]
+    part.complete("x", job.token)
+    _expire(client, part, "x")
+    a.enqueue("mvr3.task", job_id="x")
+    assert move_queue(client, a.name, dest.name).moved == 1
+    assert waiting_in(client, "x", a, *m.dst) == [part.name]
