@@ -11,7 +11,8 @@
     hash-only job), hash fields as a JSON array [field, value, ...] ('[]' = none: a job never
     claimed); a job needs a spec or a hash
   Returns: flags, one character per job: 'c' written, 'e' already here (the same job: task and
-    enqueued_ms match, the task alone for a finished job's lean hash; a rerun's; or no record
+    enqueued_ms match, the task alone for a finished job's lean hash, whose id must be in
+    `move_in:<source>`: a rerun's; or no record
     but its id in `move_in:<source>`: delivered by this move, ended here since), 'x' another job holds the id here (nothing written: the
     caller puts the job back into the source's due), 'm' this queue's own `moving` set holds
     the id and its record (config `move_to`) names the caller's source: a move the other way,
@@ -111,6 +112,9 @@ for k, j in ipairs(jobs) do
     local t1, e1 = identity(mine, j[3], fmt(j[2]))
     local t2, e2 = stored_identity(jk, sk, id)
     local same = same_job(t1, e1, t2, e2)
+    -- A finished job's lean hash (no enqueued_ms) matches by task alone: only a rerun's (its
+    -- id kept since its put) is that job; a new one reusing the id would be lost as 'e'.
+    if same and e2 == nil then same = redis.call('SISMEMBER', delivered, id) == 1 end
     flags[k] = same and 'e' or 'x'
     if same then ours[#ours + 1] = id end
   elseif redis.call('SISMEMBER', delivered, id) == 1 then

@@ -111,3 +111,33 @@ def test_a_kept_id_left_in_a_partition_of_the_destination_is_deleted_by_the_next
     a.enqueue("mvr3.task", job_id="x")
     assert move_queue(client, a.name, dest.name).moved == 1
     assert waiting_in(client, "x", a, *m.dst) == [part.name]
+
+
+def test_a_new_job_reusing_the_id_of_one_finished_in_the_destination_is_not_deleted(
+    client: redis.Redis, ab: tuple[Queue, Queue]
+) -> None:
+    # x moved and ran in b (its finished record kept there); a new job x of the same task is
+    # enqueued in a: the next move must not take it for the one already there.
+    a, b = ab
+    assert move_queue(client, a.name, b.name).moved == 1
+    (job,) = [j for j in b.claim("w", limit=10).jobs if j.id == "x"]
+    b.complete("x", job.token)
+    a.enqueue("mvr3.task", job_id="x")
+    report = move_queue(client, a.name, b.name)
+    assert report.already == 0, report.as_dict()
+    assert waiting_in(client, "x", a, b) == [a.name]  # a conflict: it stays
+
+
+def test_a_rerun_after_the_moved_job_finished_there_with_its_record_kept_writes_nothing(
+    client: redis.Redis, ab: tuple[Queue, Queue]
+) -> None:
+    # The other side of the test above: the stopped run's own job (its id kept since its put)
+    # is still 'e' against its finished record: not put back into a (it would run twice).
+    a, b = ab
+    m = QueueMove(client, a.name, b.name)
+    assert m.put(m.take(m.src[0], ["x"])) == "c"  # then stopped
+    (job,) = [j for j in b.claim("w", limit=10).jobs if j.id == "x"]
+    b.complete("x", job.token)
+    report = move_queue(client, a.name, b.name)
+    assert (report.already, report.moved, report.stays["conflict"]) == (1, 0, 0)
+    assert waiting_in(client, "x", a, b) == [] and client.zcard(a.keys.prefix + "moving") == 0
