@@ -184,8 +184,7 @@ class QueueMove:
         return done
 
     def close(self, part: Queue) -> bool:
-        """The run's end on `part` (move_done.lua 'end'): its record of this destination is
-        deleted once `moving` is empty (another run's is kept). True when deleted."""
+        """The run's end on `part` (move_done.lua 'end'): True when its record was deleted."""
         return bool(part._run(_call("move_done", ["end", self.report.dest])))
 
     def _drain(self, part: Queue, key: str, *, dry_run: bool, resumed: bool) -> None:
@@ -223,11 +222,12 @@ class QueueMove:
     def run(self, *, dry_run: bool = False, skip_schedules: bool = False) -> MoveReport:
         self.report.dry_run = dry_run
         self.lock.look()  # another run's lock: named first (its other refusals follow from it)
-        self.check(skip_schedules=skip_schedules, dry_run=dry_run)
+        self.check(skip_schedules=skip_schedules, dry_run=True)  # its refusals, nothing written
         if dry_run:  # takes no lock
             return self._run(dry_run=True)
         try:  # an error or Ctrl-C while taking them leaves none of the locks either
             self.lock.take()  # before the first write: a second run is refused here
+            self.check(skip_schedules=skip_schedules)  # again, holding it: with its deletions
             report = self._run(dry_run=False)
         except BaseException:
             self.lock.release(quiet=True)  # a failed release must not hide the run's error
