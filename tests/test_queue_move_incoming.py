@@ -19,7 +19,7 @@ from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument, CorruptKey
 from tests.conftest import dump_queue
-from tests.fixtures.move_queues import made_queues, waiting_in
+from tests.fixtures.move_queues import expire_record, made_queues, waiting_in
 
 
 @pytest.fixture
@@ -139,12 +139,6 @@ def test_a_take_refused_for_a_record_names_the_partitions_key_to_clear(
     assert client.zscore(b.keys.due, "b0") is not None
 
 
-def _expire(client: redis.Redis, q: Queue, jid: str) -> None:
-    """What a finished job's record expiry does (result_ttl_ms): its keys gone."""
-    client.delete(q.keys.job(jid), q.keys.spec(jid))
-    client.zrem(q.keys.prefix + "finished", jid)
-
-
 @pytest.mark.parametrize("then", ["ran", "cancelled"])
 def test_a_rerun_after_the_moved_job_ended_there_and_its_record_expired_writes_nothing(
     client: redis.Redis, abc: tuple[Queue, Queue, Queue], then: str
@@ -160,7 +154,7 @@ def test_a_rerun_after_the_moved_job_ended_there_and_its_record_expired_writes_n
         b.complete("x", job.token)
     else:
         assert b.cancel("x") == "due"
-    _expire(client, b, "x")
+    expire_record(client, b, "x")
     report = move_queue(client, a.name, b.name)
     assert (report.moved, report.already, report.resumed) == (0, 1, 1)
     assert waiting_in(client, "x", a, b) == [] and client.exists(b.keys.job("x")) == 0

@@ -12,7 +12,7 @@ import redis
 from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
 from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.client.queue import Queue
-from tests.fixtures.move_queues import made_queues, waiting_in
+from tests.fixtures.move_queues import expire_record, made_queues, waiting_in
 
 
 @pytest.fixture
@@ -21,12 +21,6 @@ def ab(client: redis.Redis) -> Iterator[tuple[Queue, Queue]]:
         a.enqueue("mvr3.task", job_id="x")
         b.enqueue("mvr3.task", job_id="y")
         yield a, b
-
-
-def _expire(client: redis.Redis, q: Queue, jid: str) -> None:
-    """What a finished job's record expiry does (result_ttl_ms): its keys gone."""
-    client.delete(q.keys.job(jid), q.keys.spec(jid))
-    client.zrem(q.keys.prefix + "finished", jid)
 
 
 def test_a_kept_id_left_by_a_crash_after_the_finish_does_not_swallow_a_reused_id(
@@ -40,7 +34,7 @@ def test_a_kept_id_left_by_a_crash_after_the_finish_does_not_swallow_a_reused_id
     assert client.sismember(b.keys.prefix + "move_in:" + a.name, "x")
     (job,) = [j for j in b.claim("w", limit=10).jobs if j.id == "x"]
     b.complete("x", job.token)
-    _expire(client, b, "x")
+    expire_record(client, b, "x")
     a.enqueue("mvr3.task", job_id="x")  # a new job under the id, days later
     report = move_queue(client, a.name, b.name)
     assert waiting_in(client, "x", a, b) == [b.name], (report.moved, report.already)
@@ -107,7 +101,7 @@ def test_a_kept_id_left_in_a_partition_of_the_destination_is_deleted_by_the_next
     assert client.sismember(part.keys.prefix + "move_in:" + a.name, "x")
     (job,) = [j for j in part.claim("w", limit=10).jobs if j.id == "x"]
     part.complete("x", job.token)
-    _expire(client, part, "x")
+    expire_record(client, part, "x")
     a.enqueue("mvr3.task", job_id="x")
     assert move_queue(client, a.name, dest.name).moved == 1
     assert waiting_in(client, "x", a, *m.dst) == [part.name]
