@@ -30,8 +30,8 @@
   Errors:  BAD_ARGUMENT <field>=<value>; MOVE_LOCKED holder=<the lock's value, '' = none>
     (above; nothing written); MOVE_ELSEWHERE moving=<n> age_ms=<ms | none> to=<the
     recorded destination> (above; nothing written); MOVE_INCOMING from=<a source> (a
-    'take' or 'fresh' while config holds a `move_from:<source>` record, above; nothing
-    written); CORRUPT due | leased | moving is not a zset,
+    'take' or 'fresh' of a job from due while config holds a `move_from:<source>` record,
+    below; jobs re-sent from `moving` are not refused; nothing written); CORRUPT due | leased | moving is not a zset,
     config is not a hash (edited by hand; nothing written); the server's own refusal of the
     write (OOM, ...), nothing written ]]
 -- @include "lib/clock.lua"
@@ -97,20 +97,6 @@ if rec[1] and rec[1] ~= dest then
   end
 end
 
--- A move into this queue that may still hold copies here (`move_from:<source>` in config:
--- written by that run before each put, deleted at its end; scheduler/admin/queue_move_check.py):
--- moved on from here now, its rerun writes them here again, and they run twice. Checked at
--- each take, atomically with it (a run's check at its start may come before that run's first
--- put). A record left behind is deleted by the next run's check; a dry run ('look') reads on.
-if mode ~= 'look' then  -- HGETALL: in both ACL roles already (docs/security.md), HKEYS is not
-  local all = redis.call('HGETALL', cfg)
-  for i = 1, #all, 2 do
-    if string.sub(all[i], 1, 10) == 'move_from:' then
-      return redis.error_reply('MOVE_INCOMING from=' .. string.sub(all[i], 11, 90))
-    end
-  end
-end
-
 -- Fields that tie a job to others or to flow control: such a job stays (its holds and links
 -- live in this queue's keys).
 local TIED = { 'priority', 'ckey', 'rkey', 'parents', 'kids', 'schedule' }
@@ -165,6 +151,22 @@ for _, id in ipairs(ARGV) do
         adds[#adds + 1] = at
         adds[#adds + 1] = id
       end
+    end
+  end
+end
+-- A move into this queue that may still hold copies here (`move_from:<source>` in config:
+-- written by that run before each put, deleted at its end; scheduler/admin/queue_move_check.py):
+-- moved on from here now, its rerun writes them here again, and they run twice. Checked at
+-- each take of a job from due, atomically with it (a run's check at its start may come before
+-- that run's first put). A rerun's own jobs in `moving` are re-sent all the same: each was
+-- taken from due under this check, so none is a copy, and sent they let that move finish too
+-- (refused, two stopped moves each waited on the other). A record left behind is deleted by
+-- the next run's check; a dry run ('look') reads on.
+if mode ~= 'look' and #adds > 0 then  -- HGETALL: in both ACL roles (docs/security.md)
+  local all = redis.call('HGETALL', cfg)
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 10) == 'move_from:' then
+      return redis.error_reply('MOVE_INCOMING from=' .. string.sub(all[i], 11, 90))
     end
   end
 end

@@ -24,22 +24,22 @@ from scheduler.admin.queue_move_check import (
     check_names,
     clear_incoming,
     forget_delivered,
+    incoming_refusal,
     moving_findings,
     record_incoming,
     take_refusal,
 )
 from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.admin.queue_move_check import text as _t
+from scheduler.admin.queue_move_keys import carry_keys
 from scheduler.admin.queue_move_lock import LOCK_LEASE_MS, RunLock, locked_reply
 from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
-from scheduler.core import connection
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.partitions import Layout
 
 DAY_MS = 86_400_000  # move_done.lua 'renew' accepts a lease up to a day
-CARRY_PER_RENEWAL = 100  # idempotency keys carried between two renewals of the run lock
 MOVE_PER_CALL = 1000  # lua/move_out.lua, move_in.lua, move_done.lua MAX_IDS / MAX_BATCH
 __all__ = ["MoveRefused", "MoveReport", "QueueMove", "move_queue", "moving_findings"]
 STAY_REASONS = ("leased", "held", "flow", "schedule", "dead", "unreadable", "conflict", "moving")
@@ -236,12 +236,16 @@ class QueueMove:
         return report
 
     def _run(self, *, dry_run: bool) -> MoveReport:
-        for part in self.src:
+        for part in self.src:  # an interrupted move's jobs first, from every partition
             moving = part.keys.prefix + "moving"
-            if dry_run:  # an interrupted move's jobs: the next real run re-sends them first
+            if dry_run:
                 self.report.resumed += int(self.client.zcard(moving))
             else:
                 self._drain(part, moving, dry_run=False, resumed=True)
+        # A stopped move into the source, let past check() for these: due waits for its rerun.
+        name = self.report.source
+        stopped = incoming_refusal(self.client, self.src, name, forget_stale=not dry_run)
+        for part in self.src if stopped is None else ():
             self._drain(part, part.keys.due, dry_run=dry_run, resumed=False)
             if not dry_run:
                 self.carry_keys(part)
@@ -250,25 +254,17 @@ class QueueMove:
             self.close(part)  # another destination's until the whole run is over
         if not dry_run:
             clear_incoming(self.client, self.src, self.dst, self.report.source)
+        if stopped is not None:
+            n, were = self.report.resumed, "would be" if dry_run else "were"
+            raise MoveRefused(f"{n} job(s) of this move's stopped run {were} sent first; {stopped}")
         return self.report
 
     def carry_keys(self, part: Queue) -> None:
-        """A plain destination: each idempotency key of `part` that names a job this run moved
-        is written there too (its text, its time left; NX: a key the destination took since is
-        kept). A partitioned one routes a key by its text, which only its digest stores."""
-        if self.dst_layout is not None or not self.moved_ids:
-            return
-        prefix, dst = part.keys.prefix + "idem:", self.dst[0].keys
-        node = connection.node_for_key(self.client, part.keys.prefix)
-        for n, key in enumerate(map(_t, node.scan_iter(match=prefix + "*", count=1000))):
-            if n % CARRY_PER_RENEWAL == CARRY_PER_RENEWAL - 1:
-                self.lock.renew()  # 3 round trips a key: the lease outlasts a page even far off
-            value, ttl_ms = self.client.get(key), int(self.client.pttl(key))
-            if value is not None and ttl_ms > 0 and _t(value).split(" ")[0] in self.moved_ids:
-                digest = key[len(prefix) :]
-                self.report.keys += bool(
-                    self.client.set(dst.idem(digest), value, nx=True, px=ttl_ms)
-                )
+        """A plain destination: the idempotency keys of the jobs this run moved (queue_move_keys;
+        a partitioned one routes a key by its text, which only its digest stores)."""
+        if self.dst_layout is None:
+            args = (self.client, part, self.dst[0], self.moved_ids, self.lock.renew)
+            self.report.keys += carry_keys(*args)
 
     def _count_stays(self, k: QueueKeys) -> None:
         c = self.client

@@ -35,7 +35,8 @@ _INCOMING_REPLY = re.compile(r"MOVE_INCOMING from=(.*)", re.DOTALL)
 
 class MoveRefused(SchedulerError):
     """The move was refused before anything was written (a missing source, schedules, another
-    run's destination)."""
+    run's destination), or once a rerun re-sent its own stopped jobs (a stopped move into the
+    source: its message says so)."""
 
 
 def elsewhere(part: str, to: str, busy: int, age_ms: int | None) -> MoveRefused:
@@ -118,8 +119,10 @@ def check_move(
 ) -> None:
     """Refuse before the first write: a missing source, a queue stored by a newer version,
     another run's destination (`elsewhere`; move_out.lua decides it again at each take),
-    schedules in the source (unless skipped: their runs then stay). `names`: the source, the
-    destination, and whether the source is partitioned."""
+    schedules in the source (unless skipped: their runs then stay), a stopped move into the
+    source (`incoming_refusal`; a real run holding jobs of its own in `moving` re-sends them
+    first, then QueueMove._run refuses: those are no copies, and sent they let that move
+    finish). `names`: the source, the destination, and whether the source is partitioned."""
     name, dest, partitioned = names
     now = server_now_ms(client, src[0].keys)
     # Read below with bare calls: a hand edit refuses typed (move_out / move_in's CORRUPT).
@@ -150,12 +153,12 @@ def check_move(
         if took_ms is not None and took_ms > now + MOVE_QUIET_MS:
             took_ms = None  # far ahead (a hand edit): old, as move_out.lua reads it
         age = None if took_ms is None else max(now - took_ms, 0)
-        if busy and q in dst:  # moving them back would find each here, left only in `moving`
-            raise MoveRefused(f"{q.name!r} has jobs of a move to {to or '?'!r}: rerun that first")
         recent = age is not None and age < MOVE_QUIET_MS
         if q in src and to is not None and to != dest and (busy or recent):
             raise elsewhere(q.name, to, busy, age)
-    if (stopped := incoming_refusal(client, src, name, forget_stale=not dry_run)) is not None:
+    own = any(int(client.zcard(q.keys.prefix + "moving")) for q in src)
+    stopped = incoming_refusal(client, src, name, forget_stale=not dry_run)
+    if stopped is not None and not own:  # own: re-sent first, then refused (QueueMove._run)
         raise stopped
     if not skip:
         n = sum(int(client.scard(q.keys.schedules)) for q in src)
@@ -164,7 +167,7 @@ def check_move(
                 f"queue {name!r} has {n} schedule(s): define them on {dest!r}, remove them "
                 "here, then move (or --skip-schedules: their pending runs stay)"
             )
-    if not dry_run and not any(int(client.zcard(q.keys.prefix + "moving")) for q in src):
+    if not dry_run and not own:
         # No job of this source between a put and its finish: ids kept by an earlier run (cut
         # between a finish and its SREM) would answer 'e' for a new job reusing one: lost.
         client.delete(*(q.keys.prefix + DELIVERED + name for q in dst))

@@ -1,0 +1,34 @@
+"""The idempotency keys `scheduler queue move` carries into a plain destination
+(scheduler/admin/queue_move.py): a keyed enqueue re-sent there finds the moved job."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+
+from scheduler.admin.queue_move_check import text as _t
+from scheduler.client.queue import Queue
+from scheduler.core import connection
+
+CARRY_PER_RENEWAL = 100  # idempotency keys carried between two renewals of the run lock
+
+
+def carry_keys(
+    client: redis.Redis, part: Queue, dst: Queue, moved_ids: set[str], renew: Callable[[], None]
+) -> int:
+    """Each idempotency key of `part` that names a job in `moved_ids` is written into `dst` too
+    (its text, its time left; NX: a key the destination took since is kept). Returns how many
+    were written. `renew` keeps the run lock: 3 round trips a key, far off or many keys."""
+    if not moved_ids:
+        return 0
+    prefix, written = part.keys.prefix + "idem:", 0
+    node = connection.node_for_key(client, part.keys.prefix)
+    for n, key in enumerate(map(_t, node.scan_iter(match=prefix + "*", count=1000))):
+        if n % CARRY_PER_RENEWAL == CARRY_PER_RENEWAL - 1:
+            renew()
+        value, ttl_ms = client.get(key), int(client.pttl(key))
+        if value is not None and ttl_ms > 0 and _t(value).split(" ")[0] in moved_ids:
+            digest = key[len(prefix) :]
+            written += bool(client.set(dst.keys.idem(digest), value, nx=True, px=ttl_ms))
+    return written
