@@ -20,6 +20,7 @@ import redis
 
 from scheduler.admin.queue_move_check import (
     MoveRefused,
+    by_partition,
     check_move,
     check_names,
     clear_incoming,
@@ -160,12 +161,8 @@ class QueueMove:
         Returns the flags ('c' written, 'e' already there, 'x' another job holds the id there,
         'm' the destination's own `moving` holds it: a move the other way) in entries' order."""
         self.lock.renew()  # a run that lost its lock while paused writes nothing more
-        groups: dict[int, list[int]] = {}
-        for i, e in enumerate(entries):
-            k = 0 if self.dst_layout is None else self.dst_layout.partition_of_id(e.id)
-            groups.setdefault(k, []).append(i)
         flags = [""] * len(entries)
-        for k, idx in groups.items():
+        for k, idx in by_partition(self.dst_layout, [e.id for e in entries]).items():
             record_incoming(self.client, self.dst[k], self.report.source)  # before a copy
             args = [str(len(idx)), self.report.source]  # move_in's 'm': a move back there
             for i in idx:

@@ -224,11 +224,16 @@ def forget_delivered(
 ) -> None:
     """After a batch's finish: its ids leave each destination partition's `move_in:<source>`
     (move_in.lua keeps them from the put until then)."""
-    groups: dict[int, list[str]] = {}
-    for jid in ids:
-        groups.setdefault(0 if layout is None else layout.partition_of_id(jid), []).append(jid)
-    for k, part_ids in groups.items():
-        client.srem(dst[k].keys.prefix + DELIVERED + source, *part_ids)
+    for k, idx in by_partition(layout, ids).items():
+        client.srem(dst[k].keys.prefix + DELIVERED + source, *(ids[i] for i in idx))
+
+
+def by_partition(layout: Layout | None, ids: list[str]) -> dict[int, list[int]]:
+    """The positions in `ids` by the destination partition each id routes to (0: plain)."""
+    groups: dict[int, list[int]] = {}
+    for i, jid in enumerate(ids):
+        groups.setdefault(0 if layout is None else layout.partition_of_id(jid), []).append(i)
+    return groups
 
 
 def moving_findings(client: redis.Redis, keys: QueueKeys) -> tuple[set[str], list[Issue]]:
