@@ -297,5 +297,10 @@ def test_a_plain_destination_gets_the_idempotency_key_naming_a_moved_job(
     assert report.moved == 1 and report.keys == 1
     assert dst.enqueue("mv.task", {"n": 2}, key="order-7") == jid  # the key names the moved job
     assert client.zcard(dst.keys.due) == 1
-    pdest = make_pq(partitions=2, suffix="-pdst")
-    assert move_queue(client, dst.name, pdest.name).keys == 0  # partitioned: not carried
+    pdest = make_pq(partitions=3, suffix="-pdst")
+    assert move_queue(client, dst.name, pdest.name).keys == 1  # into every partition
+    # A re-sent keyed enqueue routes by the key's text, which the source does not store: each
+    # partition holds the key, and the id returned finds the moved job where it routes.
+    assert pdest.enqueue("mv.task", {"n": 3}, key="order-7") == jid
+    assert sum(client.zcard(p.keys.due) for p in pdest.parts) == 1
+    assert pdest.status(jid) == "scheduled"

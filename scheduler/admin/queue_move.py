@@ -257,11 +257,10 @@ class QueueMove:
         return self.report
 
     def carry_keys(self, part: Queue) -> None:
-        """A plain destination: the idempotency keys of the jobs this run moved (queue_move_keys;
-        a partitioned one routes a key by its text, which only its digest stores)."""
-        if self.dst_layout is None:
-            args = (self.client, part, self.dst[0], self.moved_ids, self.lock.renew)
-            self.report.keys += carry_keys(*args)
+        """The idempotency keys of the jobs this run moved, into the destination (all of its
+        partitions: queue_move_keys)."""
+        args = (self.client, part, self.dst, self.moved_ids, self.lock.renew)
+        self.report.keys += carry_keys(*args)
 
     def _count_stays(self, k: QueueKeys) -> None:
         c = self.client

@@ -1,4 +1,4 @@
-"""The idempotency keys `scheduler queue move` carries into a plain destination
+"""The idempotency keys `scheduler queue move` carries into the destination
 (scheduler/admin/queue_move.py): a keyed enqueue re-sent there finds the moved job."""
 
 from __future__ import annotations
@@ -15,14 +15,21 @@ CARRY_PER_RENEWAL = 100  # idempotency keys carried between two renewals of the 
 
 
 def carry_keys(
-    client: redis.Redis, part: Queue, dst: Queue, moved_ids: set[str], renew: Callable[[], None]
+    client: redis.Redis,
+    part: Queue,
+    dst: list[Queue],
+    moved_ids: set[str],
+    renew: Callable[[], None],
 ) -> int:
-    """Each idempotency key of `part` that names a job in `moved_ids` is written into `dst` too
-    (its text, its time left; NX: a key the destination took since is kept). Returns how many
-    were written. `renew` keeps the run lock: 3 round trips a key, far off or many keys."""
+    """Each idempotency key of `part` that names a job in `moved_ids` is written into each queue
+    of `dst` (its text, its time left; NX: a key a queue took since is kept). A partitioned
+    destination routes a key by its text, of which the source stores only the digest: so into
+    every partition, where a re-sent keyed enqueue finds it whichever partition it routes to
+    (the id it returns routes to the moved job). Returns how many keys were carried (into one
+    partition at least). `renew` keeps the run lock: 3 round trips a key, far off or many."""
     if not moved_ids:
         return 0
-    prefix, written = part.keys.prefix + "idem:", 0
+    prefix, carried = part.keys.prefix + "idem:", 0
     node = connection.node_for_key(client, part.keys.prefix)
     for n, key in enumerate(map(_t, node.scan_iter(match=prefix + "*", count=1000))):
         if n % CARRY_PER_RENEWAL == CARRY_PER_RENEWAL - 1:
@@ -30,5 +37,6 @@ def carry_keys(
         value, ttl_ms = client.get(key), int(client.pttl(key))
         if value is not None and ttl_ms > 0 and _t(value).split(" ")[0] in moved_ids:
             digest = key[len(prefix) :]
-            written += bool(client.set(dst.keys.idem(digest), value, nx=True, px=ttl_ms))
-    return written
+            wrote = [client.set(q.keys.idem(digest), value, nx=True, px=ttl_ms) for q in dst]
+            carried += any(wrote)
+    return carried
