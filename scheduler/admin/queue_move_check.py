@@ -145,7 +145,7 @@ def check_move(
         )
         if refused is not None:
             raise refused
-    for q in (*src, *dst):  # as move_out.lua decides at each take, refused here before any
+    for q in src:  # as move_out.lua decides at each take, refused here before any
         got, took = client.hmget(q.keys.config, ["move_to", "move_take_ms"])
         to, busy = None if got is None else text(got), int(client.zcard(q.keys.prefix + "moving"))
         digits = text(took) if took is not None else ""
@@ -154,7 +154,7 @@ def check_move(
             took_ms = None  # far ahead (a hand edit): old, as move_out.lua reads it
         age = None if took_ms is None else max(now - took_ms, 0)
         recent = age is not None and age < MOVE_QUIET_MS
-        if q in src and to is not None and to != dest and (busy or recent):
+        if to is not None and to != dest and (busy or recent):
             raise elsewhere(q.name, to, busy, age)
     own = any(int(client.zcard(q.keys.prefix + "moving")) for q in src)
     stopped = incoming_refusal(client, src, name, forget_stale=not dry_run)
