@@ -200,3 +200,31 @@ def test_a_dry_run_of_a_rerun_waiting_on_a_stopped_move_in_says_what_the_real_ru
         assert waiting_in(client, "x", a, b, c) == [b.name]
         assert client.zcard(b.keys.prefix + "moving") == 0
         assert client.zscore(a.keys.prefix + "moving", "x") is not None
+
+
+def test_a_partitioned_rerun_sends_every_partitions_jobs_before_it_is_refused(
+    client: redis.Redis, make_pq: Any
+) -> None:
+    # pa -> b stopped after taking from both partitions; z -> pa stopped after its put into
+    # one of them. pa -> b's rerun sends the jobs of both partitions' `moving` before it is
+    # refused (before any take from due), so z -> pa's rerun can go, then pa -> b's.
+    pa = make_pq(partitions=2, suffix="-psrc")
+    ids = [pa.enqueue("mvr3.task", {"i": i}) for i in range(8)]
+    first = {p: next(i for i in ids if i.startswith(f"p{p}.")) for p in (0, 1)}
+    with made_queues(client, "mvr3-b-", "mvr3-z-") as (b, z):
+        z.enqueue("mvr3.task", job_id="zz")
+        out = QueueMove(client, pa.name, b.name)
+        for p in (0, 1):
+            assert [e.id for e in out.take(out.src[p], [first[p]])] == [first[p]]  # stopped
+        into = QueueMove(client, z.name, pa.name)
+        assert into.put(into.take(into.src[0], ["zz"])) == "c"  # then stopped
+        (zz_part,) = [q for q in into.dst if client.zscore(q.keys.due, "zz") is not None]
+        with pytest.raises(MoveRefused, match=r"^2 job\(s\) of this move's stopped run were"):
+            move_queue(client, pa.name, b.name)
+        assert sorted(client.zrange(b.keys.due, 0, -1)) == sorted(first.values())
+        assert all(client.zcard(p.keys.prefix + "moving") == 0 for p in pa.parts)
+        assert waiting_in(client, "zz", z, b, *pa.parts) == [zz_part.name]  # not taken yet
+        assert _reruns(client, (z, pa), (pa, b)) == ["done", "done"]
+        assert waiting_in(client, "zz", z, b, *pa.parts) == [b.name]
+        assert client.zcard(b.keys.due) == 9
+        assert _settled(client, b, z, *pa.parts)
