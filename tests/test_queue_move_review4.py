@@ -97,6 +97,31 @@ def test_a_job_cancelled_in_the_destination_before_any_claim_stays_cancelled_aft
         assert _settled(client, a, b)
 
 
+def test_a_partition_moved_as_a_source_keeps_a_stopped_move_into_its_queue_in_force(
+    client: redis.Redis, make_pq: MakePq
+) -> None:
+    # d -> x (x partitioned) put j into the partition its id routes to and stopped before its
+    # finish: that partition's config holds `move_from:<d>`, d's moving holds j toward x.
+    # A move of that partition alone (`--from <x>.p<k>.<n>`: check_names refuses a partition
+    # only as --to) reads the record as stale, since d's `move_to` names x, not the partition
+    # (incoming_refusal compares it with the partition's name), forgets it and moves the copy
+    # of j to e. d -> x's rerun then writes j into the partition again ('c': no record, and
+    # its kept ids went with the forgotten record): j waits in e and in x, run twice. Not
+    # from f4101f6: older.
+    x = make_pq(partitions=2, suffix="-x")
+    with made_queues(client, "mvr4-d-", "mvr4-e-") as (d, e):
+        d.enqueue("mvr4.task", job_id="j")
+        part = x.parts[x.layout.partition_of_id("j")]
+        dx = QueueMove(client, d.name, x.name)
+        assert dx.put(dx.take(dx.src[0], ["j"])) == "c"  # then stopped
+        try:
+            onward = move_queue(client, part.name, e.name).as_dict()
+        except MoveRefused as exc:  # what a move of the whole of x answers
+            onward = {"refused": str(exc)}
+        move_queue(client, d.name, x.name)
+        assert waiting_in(client, "j", d, e, *x.parts) == [part.name], onward
+
+
 # -- Interleavings checked safe (guards of f4101f6's claims) ---------------------------------
 
 
