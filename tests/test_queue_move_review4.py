@@ -67,8 +67,10 @@ def _settled(client: redis.Redis, *queues: Any) -> bool:
 
 
 def _run_once(q: Queue, jid: str) -> None:
-    """A worker of `q` claims `jid` and completes it."""
-    (job,) = [j for j in q.claim("w", limit=100).jobs if j.id == jid]
+    """A worker of `q` claims `jid` and completes it (the others claimed with it released)."""
+    jobs = q.claim("w", limit=100).jobs
+    q.release([(j.id, j.token) for j in jobs if j.id != jid])
+    (job,) = [j for j in jobs if j.id == jid]
     q.complete(jid, job.token)
 
 
@@ -95,6 +97,32 @@ def test_a_job_cancelled_in_the_destination_before_any_claim_stays_cancelled_aft
         assert waiting_in(client, "x", a, b) == [], report.as_dict()
         assert (report.already, report.stays["conflict"]) == (1, 0), report.as_dict()
         assert _settled(client, a, b)
+
+
+def test_a_kept_id_left_by_a_resume_cut_after_its_finish_does_not_swallow_a_reused_id(
+    client: redis.Redis,
+) -> None:
+    # a -> b stopped with p and q in a's moving, both put. Its rerun (a page a job) re-sends
+    # p ('e') and dies between p's finish and its SREM: b keeps p's id, a still holds q in
+    # moving. p runs in b, its record expires; a new job p is enqueued in a. The next rerun
+    # keeps b's ids (a's moving is not empty: check_move deletes them only then), re-sends q,
+    # then takes the new p from due: b has no record of p but its kept id, 'e', and the new
+    # p is deleted from a: lost. (review3's reused-id test is the same with a's moving empty.
+    # Not from f4101f6: older.)
+    with made_queues(client, "mvr4-a-", "mvr4-b-") as (a, b):
+        a.enqueue("mvr4.task", job_id="p")
+        a.enqueue("mvr4.task", job_id="q")
+        first = QueueMove(client, a.name, b.name)
+        assert first.put(first.take(first.src[0], ["p", "q"])) == "cc"  # then stopped
+        rerun = QueueMove(client, a.name, b.name, batch=1)
+        assert rerun.put(rerun.take(rerun.src[0], ["p"])) == "e"
+        assert int(a._run(_call("move_done", ["done", "p"]))) == 1  # then died before the SREM
+        _run_once(b, "p")
+        expire_record(client, b, "p")
+        a.enqueue("mvr4.task", job_id="p")  # a new job under the id
+        report = move_queue(client, a.name, b.name)
+        assert waiting_in(client, "p", a, b) == [b.name], report.as_dict()
+        assert waiting_in(client, "q", a, b) == [b.name] and _settled(client, a, b)
 
 
 def test_a_partition_moved_as_a_source_keeps_a_stopped_move_into_its_queue_in_force(
