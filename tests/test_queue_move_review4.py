@@ -244,7 +244,7 @@ def test_a_refused_rerun_whose_resent_job_conflicts_keeps_it_and_the_other_move_
         assert [e.id for e in ab.take(ab.src[0], ["x"])] == ["x"]  # then stopped
         assert ba.put(ba.take(ba.src[0], ["y"])) == "c"  # then stopped
         b.enqueue("mvr4.other", job_id="x")
-        with pytest.raises(MoveRefused, match=r"^1 job\(s\) of this move's stopped run were"):
+        with pytest.raises(MoveRefused, match=f"stopped move from {b.name!r}"):
             move_queue(client, a.name, b.name)
         assert waiting_in(client, "x", a, b) == [a.name, b.name]
         report = move_queue(client, b.name, a.name)
