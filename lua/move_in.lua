@@ -11,8 +11,8 @@
     hash-only job), hash fields as a JSON array [field, value, ...] ('[]' = none: a job never
     claimed); a job needs a spec or a hash
   Returns: flags, one character per job: 'c' written, 'e' already here (the same job: task and
-    enqueued_ms match, the task alone for a finished job's lean hash, whose id must be in
-    `move_in:<source>`: a rerun's; or no record
+    enqueued_ms match, the task alone for a finished job's lean hash or a spec kept with no
+    run time (cancelled before any claim), whose id must be in `move_in:<source>`: a rerun's; or no record
     but its id in `move_in:<source>`: delivered by this move, ended here since), 'x' another job holds the id here (nothing written: the
     caller puts the job back into the source's due), 'm' this queue's own `moving` set holds
     the id and its record (config `move_to`) names the caller's source: a move the other way,
@@ -82,6 +82,9 @@ local function identity(fields, spec, run_at_s)
     local sp = read_spec(spec, run_at_s)
     if sp then task, enq = task or sp.task, enq or sp.enqueued_ms end
   end
+  -- A spec that leaves enqueued_ms out (its run time) read with no run time (a job here in
+  -- neither due nor moving: cancelled before any claim) gives ''; unknown, as a lean hash's.
+  if enq == '' then enq = nil end
   return task, enq
 end
 local function same_job(a_task, a_enq, b_task, b_enq)
