@@ -75,7 +75,7 @@ def test_opposite_runs_both_stopped_between_put_and_finish_can_be_finished(
     assert ab_run.put(x) == "c" and ba_run.put(y) == "c"  # then both stopped
     first, *rest = _reruns(client, (a, b), (b, a), (a, b))
     assert rest == ["done", "done"], (first, rest)
-    assert first.startswith("1 job(s) of this move's stopped run were sent first")
+    assert first.startswith("1 job(s) of this move's stopped run were re-sent first")
     assert f"stopped move from {b.name!r}" in first
     assert waiting_in(client, "x", a, b) == [b.name] and waiting_in(client, "y", a, b) == [b.name]
     assert _settled(client, a, b)
@@ -173,7 +173,7 @@ def test_a_chain_with_both_runs_stopped_mid_batch_can_be_finished(
         else:
             first, *rest = _reruns(client, (b, c), (a, b), (b, c))
             assert rest == ["done", "done"], (first, rest)
-            assert first.startswith("1 job(s) of this move's stopped run were sent first")
+            assert first.startswith("1 job(s) of this move's stopped run were re-sent first")
             assert f"stopped move from {a.name!r}" in first
         assert waiting_in(client, "x", a, b, c) == [c.name]
         assert waiting_in(client, "y", a, b, c) == [c.name]

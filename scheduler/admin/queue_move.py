@@ -25,13 +25,14 @@ from scheduler.admin.queue_move_check import (
     check_names,
     clear_incoming,
     forget_delivered,
+    forget_kept,
     incoming_refusal,
-    moving_findings,
     record_incoming,
     take_refusal,
 )
 from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.admin.queue_move_check import text as _t
+from scheduler.admin.queue_move_doctor import moving_findings
 from scheduler.admin.queue_move_keys import carry_keys
 from scheduler.admin.queue_move_lock import LOCK_LEASE_MS, RunLock, locked_reply
 from scheduler.client.partitioned_merge import read_layout
@@ -239,8 +240,10 @@ class QueueMove:
                 self.report.resumed += int(self.client.zcard(moving))
             else:
                 self._drain(part, moving, dry_run=False, resumed=True)
-        # A stopped move into the source, let past check() for these: due waits for its rerun.
         name = self.report.source
+        if not dry_run:  # none in flight now: the kept ids of a run cut before its SREM go
+            forget_kept(self.client, self.src, self.dst, name)
+        # A stopped move into the source, let past check() for these: due waits for its rerun.
         stopped = incoming_refusal(self.client, self.src, name, forget_stale=not dry_run)
         for part in self.src if stopped is None else ():
             self._drain(part, part.keys.due, dry_run=dry_run, resumed=False)
@@ -253,7 +256,8 @@ class QueueMove:
             clear_incoming(self.client, self.src, self.dst, self.report.source)
         if stopped is not None:
             n, were = self.report.resumed, "would be" if dry_run else "were"
-            raise MoveRefused(f"{n} job(s) of this move's stopped run {were} sent first; {stopped}")
+            why = f"{n} job(s) of this move's stopped run {were} re-sent first"
+            raise MoveRefused(f"{why} (a conflict: back into due); {stopped}")
         return self.report
 
     def carry_keys(self, part: Queue) -> None:

@@ -1,5 +1,5 @@
-"""The refusals of `scheduler queue move` before its first write (scheduler/admin/queue_move.py)
-and doctor's reading of an interrupted move (`moving_findings`)."""
+"""The refusals of `scheduler queue move` before its first write (scheduler/admin/queue_move.py),
+and the records it keeps in the destination while a batch is in flight."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ from typing import Any
 
 import redis
 
-from scheduler.admin.doctor_model import Issue
 from scheduler.admin.inspection import queue_exists, server_now_ms
 from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError, newer_storage
-from scheduler.core.keys import STORAGE_GENERATION, QueueKeys, check_queue_name
+from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
 from scheduler.core.partitions import PARTITION_NAME, Layout
 from scheduler.operations.requests import Script
 
@@ -167,10 +166,6 @@ def check_move(
                 f"queue {name!r} has {n} schedule(s): define them on {dest!r}, remove them "
                 "here, then move (or --skip-schedules: their pending runs stay)"
             )
-    if not dry_run and not own:
-        # No job of this source between a put and its finish: ids kept by an earlier run (cut
-        # between a finish and its SREM) would answer 'e' for a new job reusing one: lost.
-        client.delete(*(q.keys.prefix + DELIVERED + name for q in dst))
 
 
 def incoming_refusal(
@@ -183,6 +178,10 @@ def incoming_refusal(
     (`forget_stale`) deletes it while it holds the value read here, since each take refuses
     any record (move_out.lua's MOVE_INCOMING: a move into `name` may start after this check)."""
     for q in src:
+        # That move's `move_to` names q, or the partitioned queue q is a partition of (a
+        # partition moved as a source on its own, `--from <queue>.p<k>.<n>`).
+        m = PARTITION_NAME.match(q.name)
+        into = {q.name, m.group(1)} if m else {q.name}
         for field, value in client.hgetall(q.keys.config).items():
             field, other = text(field), text(field)[len(INCOMING) :]
             if not field.startswith(INCOMING):
@@ -194,13 +193,21 @@ def incoming_refusal(
                 for p in [other] if layout is None else list(layout.names):
                     k = QueueKeys(p)
                     to, n = client.hget(k.config, "move_to"), client.zcard(k.prefix + "moving")
-                    if to is not None and text(to) == name and int(n):
+                    if to is not None and text(to) in into and int(n):
                         raise ValueError(f"{n} job(s) in {k.prefix}moving")
             except (ValueError, SchedulerError, redis.ResponseError) as exc:  # a hand edit: refused
                 return incoming(name, other, str(exc), q.keys.config, field)
             if forget_stale:
                 q._run(script_call("move_done", ["forget", field, text(value)]))
     return None
+
+
+def forget_kept(client: redis.Redis, src: list[Queue], dst: list[Queue], source: str) -> None:
+    """Once no source partition holds jobs in `moving` (a real run, under its lock, after it
+    re-sent them): ids kept by an earlier run cut between a finish and its SREM would answer
+    'e' for a new job reusing one, which would be deleted from the source: lost."""
+    if not any(int(client.zcard(q.keys.prefix + "moving")) for q in src):
+        client.delete(*(q.keys.prefix + DELIVERED + source for q in dst))
 
 
 def record_incoming(client: redis.Redis, part: Queue, source: str) -> None:
@@ -234,67 +241,3 @@ def by_partition(layout: Layout | None, ids: list[str]) -> dict[int, list[int]]:
     for i, jid in enumerate(ids):
         groups.setdefault(0 if layout is None else layout.partition_of_id(jid), []).append(i)
     return groups
-
-
-def moving_findings(client: redis.Redis, keys: QueueKeys) -> tuple[set[str], list[Issue]]:
-    """For doctor: the ids in the queue's `moving` set (an interrupted move's: they are in no
-    other place, yet no orphans: `--fix` must not put them back in due, where a worker would
-    run them while the destination may hold them too), and its one finding; and a run lock
-    that never expires (`move-lock-stuck`)."""
-    key = keys.prefix + "moving"
-    stuck = _stuck_lock(client, keys)
-    try:
-        ids = {text(i) for i in client.zrange(key, 0, -1)}
-    except redis.ResponseError:
-        why = f"{key} is not a zset (edited by hand): `scheduler queue move` refuses the queue"
-        return set(), [*stuck, Issue("moving-damaged", "error", why, f"DEL {key}", keys.queue)]
-    if not ids:
-        return ids, stuck
-    what = f"{len(ids)} job(s) of an interrupted `scheduler queue move` wait in {key}"
-    found = [*stuck, Issue("move-interrupted", "warning", what, _rerun(client, keys), keys.queue)]
-    # An id there with no record (deleted by hand: move_done drops both at once) is answered
-    # 'unreadable' by every rerun and stays: `moving` never empties, nor the record ends.
-    pipe = client.pipeline(transaction=False)
-    order = sorted(ids)
-    for jid in order:
-        pipe.exists(keys.job(jid), keys.spec(jid))
-    for jid, n in zip(order, pipe.execute(), strict=True):
-        if not int(n):
-            why = f"{key} holds {jid!r} with no record to move (deleted by hand): reruns keep it"
-            how = f"ZREM {key} {jid}"
-            found.append(Issue("moving-no-record", "error", why, how, keys.queue, job_id=jid))
-    return ids, found
-
-
-def _rerun(client: redis.Redis, keys: QueueKeys) -> str:
-    """The fix of `move-interrupted`: the rerun toward the recorded destination, the only one
-    move_out accepts while `moving` holds jobs (a record edited into no queue name: say so)."""
-    try:
-        got = client.hget(keys.config, "move_to")
-    except redis.ResponseError:  # config of another type: doctor names that apart
-        got = None
-    if got is None:
-        return "run the move that took them again, to the same destination: it finishes them"
-    to = text(got)
-    try:
-        check_queue_name(to)
-    except BadArgument:
-        return (
-            f"config move_to {to[:80]!r} names no queue (edited by hand): set it to the queue "
-            "they were moving to, then run that move again"
-        )
-    return (
-        f"run `scheduler queue move --to {to}` again (--from this queue, or the partitioned "
-        "queue it is a partition of): it finishes them"
-    )
-
-
-def _stuck_lock(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
-    """A run lock (queue_move_lock.py) with no expiry, or of another type (hand edits), keeps
-    every move of the queue out for good; a run's own lock expires: no finding."""
-    key = keys.prefix + "move_lock"
-    if int(client.pttl(key)) != -1:
-        return []
-    why = f"{key}, the run lock of `scheduler queue move`, never expires (edited by hand)"
-    how = f"DEL {key} once no move of the queue is running (not applied by --fix)"
-    return [Issue("move-lock-stuck", "error", why, how, keys.queue)]
