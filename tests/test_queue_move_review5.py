@@ -22,7 +22,7 @@ from tests.fixtures.partitioned import MakePq
 from tests.test_queue_move_review4 import _parts, _reruns, _run_once, _settled
 
 
-def _on_put(monkeypatch: pytest.MonkeyPatch, run: QueueMove, hook: Callable[[], None]) -> None:
+def _on_put(monkeypatch: pytest.MonkeyPatch, run: QueueMove, hook: Callable[[], object]) -> None:
     """`hook` runs inside `run`'s first put, before the put itself (a pause there)."""
     real = run.put
     calls: list[int] = []
@@ -109,6 +109,33 @@ def test_a_run_whose_lock_lapsed_between_put_and_finish_still_finishes_and_a_job
         _on_put(monkeypatch, rerun, wake_first)
         report = rerun.run()
         assert waiting_in(client, "x", a, b) == [], report.as_dict()
+
+
+def test_a_lapsed_runs_late_finish_deletes_a_new_job_reusing_the_id_from_the_reruns_moving(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Run 1 (a -> b) put x into b and paused past its lease before its finish. A rerun
+    # finishes the move (x 'already'), x runs in b (its record kept: a lean hash), and a new
+    # job x is enqueued in a. The next run takes the new x into a's moving; before its put,
+    # run 1 wakes up and finishes x: move_done 'done' deletes the new x from a's moving and
+    # its record (no lock checked). The run's put answers 'x' (b holds the finished old x,
+    # whose kept id is gone), its finish 'back' finds nothing in moving: the new job is in
+    # neither queue, lost, and the report counts it as a conflict that stayed.
+    with made_queues(client, "mvr5-a-", "mvr5-b-") as (a, b):
+        a.enqueue("mvr5.task", {"n": 1}, job_id="x")
+        first = QueueMove(client, a.name, b.name, lease_ms=1000)
+        first.lock.take()
+        first.check(skip_schedules=False)
+        assert first.put(first.take(first.src[0], ["x"])) == "c"
+        client.delete(lock_key(a))  # its lease ended while it was paused
+        assert move_queue(client, a.name, b.name).already == 1
+        _run_once(b, "x")
+        a.enqueue("mvr5.task", {"n": 2}, job_id="x")  # a new job under the id
+        rerun = QueueMove(client, a.name, b.name)
+        _on_put(monkeypatch, rerun, lambda: first.finish(first.src[0], ["x"]))
+        report = rerun.run()
+        assert waiting_in(client, "x", a, b) == [a.name], report.as_dict()
+        assert a.get_job("x").payload_json == '{"n": 2}'
 
 
 def test_the_keys_of_jobs_a_stopped_run_finished_are_carried_by_its_rerun(
