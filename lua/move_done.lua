@@ -5,7 +5,10 @@
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, moving, move_lock, move_in:<source>
   ARGV[1] 'done' (each id one the destination answered 'c' or 'e' for: its records deleted)
     | 'back' (the destination holds another job under the id, 'x': it goes back into due at
-    its run time, where it was), then ids (1 .. MAX_IDS)
+    its run time, where it was), then the run's lock token ('' = a caller holding no lock),
+    then ids (1 .. MAX_IDS): refused, nothing written, unless the run lock (`move_lock`)
+    names that token or, for '', no lock is there (lib/util.lua move_lock_err): a run that
+    lost its lock between its put and its finish would delete a job another run re-sends
     | 'end' then the destination queue's name (the run is over: its record in config,
     `move_to` and `move_take_ms` (move_out.lua), is deleted if `moving` is empty and it names
     that destination: another run's record, or jobs still to re-send, are kept)
@@ -19,8 +22,8 @@
   Returns: how many left `moving`; 'end': 1 if the record was deleted, else 0; 'renew': 1, or
     the lock's value when it names another token ('' when none); 'unlock', 'forget': 1 if
     deleted, else 0
-  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT moving is not a zset (edited by hand; nothing
-    written) ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; MOVE_LOCKED holder=<the lock's value> ('done',
+    'back': above); CORRUPT moving is not a zset (edited by hand; nothing written) ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -75,11 +78,16 @@ if mode == 'end' then
   end
   return write_refused(redis.pcall('HDEL', cfg, 'move_to', 'move_take_ms'), 'config', 'hash') or 1
 end
+local token = table.remove(ARGV, 1)
+if type(token) ~= 'string' or #token > 64 then
+  return redis.error_reply('BAD_ARGUMENT token=' .. string.sub(tostring(token), 1, 40))
+end
 if #ARGV < 1 or #ARGV > MAX_IDS then return redis.error_reply('BAD_ARGUMENT n=' .. #ARGV) end
 for _, id in ipairs(ARGV) do
   if not job_id_ok(id) then return redis.error_reply('BAD_ARGUMENT id=' .. string.sub(id, 1, 40)) end
 end
 local err = zset_err(prefix, 'moving') or (mode == 'back' and zset_err(prefix, 'due'))
+  or move_lock_err(prefix, token)
 if err then return err end
 local done = 0
 for _, id in ipairs(ARGV) do

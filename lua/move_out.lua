@@ -71,17 +71,8 @@ if err then return err end
 
 -- One run at a time (the run lock, the header): checked here, atomically with the take.
 if mode ~= 'look' then
-  local held = redis.pcall('GET', prefix .. 'move_lock')
-  local owner = nil
-  if type(held) == 'string' then
-    local ok, info = pcall(cjson.decode, held)
-    owner = ok and type(info) == 'table' and info.token or '?'
-  elseif held then
-    held, owner = '(not a string: edited by hand)', '?'
-  end
-  if (owner or '') ~= token then
-    return redis.error_reply('MOVE_LOCKED holder=' .. string.sub(held or '', 1, 300))
-  end
+  local locked = move_lock_err(prefix, token)
+  if locked then return locked end
 end
 
 -- One destination at a time (the header): decided here, atomically with the take.

@@ -30,7 +30,7 @@ def test_a_kept_id_left_by_a_crash_after_the_finish_does_not_swallow_a_reused_id
     m = QueueMove(client, a.name, b.name)
     assert m.put(m.take(m.src[0], ["x"])) == "c"
     # The finish's move_done runs, then the run dies before the SREM (forget_delivered).
-    assert int(a._run(_call("move_done", ["done", "x"]))) == 1
+    assert int(a._run(_call("move_done", ["done", "", "x"]))) == 1
     assert client.sismember(b.keys.prefix + "move_in:" + a.name, "x")
     (job,) = [j for j in b.claim("w", limit=10).jobs if j.id == "x"]
     b.complete("x", job.token)
@@ -111,7 +111,7 @@ def test_a_kept_id_left_in_a_partition_of_the_destination_is_deleted_by_the_next
     dest = make_pq(partitions=3, suffix="-dst")
     m = QueueMove(client, a.name, dest.name)
     assert m.put(m.take(m.src[0], ["x"])) == "c"
-    assert int(a._run(_call("move_done", ["done", "x"]))) == 1  # cut before the SREM
+    assert int(a._run(_call("move_done", ["done", "", "x"]))) == 1  # cut before the SREM
     (part,) = [q for q in m.dst if client.zscore(q.keys.due, "x") is not None]
     assert client.sismember(part.keys.prefix + "move_in:" + a.name, "x")
     (job,) = [j for j in part.claim("w", limit=10).jobs if j.id == "x"]

@@ -118,7 +118,7 @@ def test_a_kept_id_left_by_a_resume_cut_after_its_finish_does_not_swallow_a_reus
         assert first.put(first.take(first.src[0], ["p", "q"])) == "cc"  # then stopped
         rerun = QueueMove(client, a.name, b.name, batch=1)
         assert rerun.put(rerun.take(rerun.src[0], ["p"])) == "e"
-        assert int(a._run(_call("move_done", ["done", "p"]))) == 1  # then died before the SREM
+        assert int(a._run(_call("move_done", ["done", "", "p"]))) == 1  # then died before the SREM
         _run_once(b, "p")
         expire_record(client, b, "p")
         a.enqueue("mvr4.task", job_id="p")  # a new job under the id
@@ -278,7 +278,7 @@ def _steps(m: QueueMove, part: Queue, key: str, resumed: bool) -> Iterator[str]:
         ours = [e.id for e, f in zip(entries, flags, strict=True) if f in "ce"]
         theirs = [e.id for e, f in zip(entries, flags, strict=True) if f not in "ce"]
         if ours:
-            part._run(_call("move_done", ["done", *ours]))
+            part._run(_call("move_done", ["done", "", *ours]))
             yield "done"
             forget_delivered(m.client, m.dst, m.dst_layout, m.report.source, ours)
             yield "srem"

@@ -7,6 +7,7 @@ queue, and dry runs in those states. A second run is started inside a step of th
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -101,7 +102,8 @@ def test_a_run_whose_lock_lapsed_between_put_and_finish_still_finishes_and_a_job
         client.delete(lock_key(a))  # its lease ended while it was paused
 
         def wake_first() -> None:
-            first.finish(first.src[0], ["x"])  # the lapsed run goes on: no lock checked
+            with pytest.raises(MoveRefused, match="lost its lock"):  # it went on, unchecked
+                first.finish(first.src[0], ["x"])
             _run_once(b, "x")
             expire_record(client, b, "x")
 
@@ -132,10 +134,15 @@ def test_a_lapsed_runs_late_finish_deletes_a_new_job_reusing_the_id_from_the_rer
         _run_once(b, "x")
         a.enqueue("mvr5.task", {"n": 2}, job_id="x")  # a new job under the id
         rerun = QueueMove(client, a.name, b.name)
-        _on_put(monkeypatch, rerun, lambda: first.finish(first.src[0], ["x"]))
+
+        def wake_first() -> None:
+            with pytest.raises(MoveRefused, match="lost its lock"):  # it went on, unchecked
+                first.finish(first.src[0], ["x"])
+
+        _on_put(monkeypatch, rerun, wake_first)
         report = rerun.run()
         assert waiting_in(client, "x", a, b) == [a.name], report.as_dict()
-        assert a.get_job("x").payload_json == '{"n": 2}'
+        assert json.loads(a.get_job("x").payload_json) == {"n": 2}
 
 
 def test_the_keys_of_jobs_a_stopped_run_finished_are_carried_by_its_rerun(

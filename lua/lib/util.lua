@@ -172,3 +172,22 @@ local function scard_or_0(key)
   if type(c) ~= 'number' then return 0 end
   return c
 end
+
+-- The run lock of `scheduler queue move` (`move_lock` built from the prefix,
+-- scheduler/admin/queue_move_lock.py): nil while its JSON value names `token` or, for '', while
+-- no lock is there; else the MOVE_LOCKED error reply naming the holder (nothing written). A run
+-- that lost its lock (paused past its lease) writes nothing more through move_out / move_done.
+local function move_lock_err(prefix, token)
+  local held = redis.pcall('GET', prefix .. 'move_lock')
+  local owner = nil
+  if type(held) == 'string' then
+    local ok, info = pcall(cjson.decode, held)
+    owner = ok and type(info) == 'table' and info.token or '?'
+  elseif held then
+    held, owner = '(not a string: edited by hand)', '?'
+  end
+  if (owner or '') ~= token then
+    return redis.error_reply('MOVE_LOCKED holder=' .. string.sub(held or '', 1, 300))
+  end
+  return nil
+end

@@ -176,8 +176,14 @@ class QueueMove:
 
     def finish(self, part: Queue, ids: list[str], *, back: bool = False) -> int:
         """Step 3 (move_done.lua): the jobs leave the source (back: the destination holds their
-        ids for other jobs: back into due), then the destination's `move_in:<source>` set."""
-        done = int(part._run(_call("move_done", ["back" if back else "done", *ids])))
+        ids for other jobs: back into due), then the destination's `move_in:<source>` set.
+        Refused, nothing written, once the run lost its lock (MOVE_LOCKED, as take)."""
+        ours = bool(self.lock.held)
+        args = ["back" if back else "done", self.lock.token if ours else "", *ids]
+        try:
+            done = int(part._run(_call("move_done", args)))
+        except redis.ResponseError as exc:
+            raise locked_reply(self.report.source, exc, ours=ours) or exc from None
         forget_delivered(self.client, self.dst, self.dst_layout, self.report.source, ids)
         return done
 
@@ -261,10 +267,8 @@ class QueueMove:
         return self.report
 
     def carry_keys(self, part: Queue) -> None:
-        """The idempotency keys of the jobs this run moved, into the destination (all of its
-        partitions: queue_move_keys)."""
-        args = (self.client, part, self.dst, self.moved_ids, self.lock.renew)
-        self.report.keys += carry_keys(*args)
+        """Idempotency keys of this run's moved jobs, into the destination (queue_move_keys)."""
+        self.report.keys += carry_keys(self.client, part, self.dst, self.moved_ids, self.lock.renew)
 
     def _count_stays(self, k: QueueKeys) -> None:
         c = self.client

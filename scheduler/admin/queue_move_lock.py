@@ -71,14 +71,14 @@ def held_refusal(source: str, holder: str) -> MoveRefused:
 
 def lost_refusal(source: str, holder: str) -> MoveRefused:
     return MoveRefused(
-        f"this move of queue {source!r} lost its lock ({holder}): stopped before its next take; "
+        f"this move of queue {source!r} lost its lock ({holder}): stopped before its next step; "
         "rerun to finish (jobs left in `moving` are sent again first)"
     )
 
 
 def locked_reply(source: str, exc: redis.ResponseError, *, ours: bool) -> MoveRefused | None:
-    """move_out.lua's MOVE_LOCKED as MoveRefused (None for another error); `ours`: the caller
-    held the lock (it lost it), else another run holds it."""
+    """MOVE_LOCKED (move_out.lua's take, move_done.lua's finish) as MoveRefused (None for
+    another error); `ours`: the caller held the lock (it lost it), else another run holds it."""
     m = _LOCKED.match(str(exc))
     if m is None:
         return None
