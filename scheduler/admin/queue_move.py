@@ -219,8 +219,7 @@ class QueueMove:
                     self.finish(part, theirs, back=True)
                 if theirs and not resumed:  # a resumed one is counted by the due pages
                     self.report.stays["conflict"] += flags.count("x")
-                    # A move the other way holds them there between its steps: it ends here.
-                    self.report.stays["moving"] += flags.count("m")
+                    self.report.stays["moving"] += flags.count("m")  # a move back, mid-steps
                     self.kept += len(theirs)
 
     def run(self, *, dry_run: bool = False, skip_schedules: bool = False) -> MoveReport:
@@ -267,8 +266,9 @@ class QueueMove:
         return self.report
 
     def carry_keys(self, part: Queue) -> None:
-        """Idempotency keys of this run's moved jobs, into the destination (queue_move_keys)."""
-        self.report.keys += carry_keys(self.client, part, self.dst, self.moved_ids, self.lock.renew)
+        """Idempotency keys of moved jobs, into the destination (queue_move_keys)."""
+        args = (self.client, part, self.dst, self.dst_layout, self.moved_ids, self.lock.renew)
+        self.report.keys += carry_keys(*args)
 
     def _count_stays(self, k: QueueKeys) -> None:
         c = self.client

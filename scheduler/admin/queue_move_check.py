@@ -89,22 +89,29 @@ def text(v: Any) -> str:
 def check_names(
     client: redis.Redis, src: list[Queue], dst: list[Queue], names: tuple[str, str]
 ) -> None:
-    """BadArgument (nothing written) for the same queue on both sides, or a destination that is
-    one partition of a partitioned queue: every job would land there, whatever partition its
-    id routes to (the partitioned queue itself routes each)."""
+    """BadArgument (nothing written) for the same queue on both sides, or either side one
+    partition of a partitioned queue. As --to, every job would land there, whatever partition
+    its id routes to (the partitioned queue itself routes each). As --from, its runs keep their
+    records under another name than the queue's runs (`move_from:` and the kept ids,
+    `move_in:<source>`): a stopped run rerun under the other name would find none of them and
+    write a job again that ran, so only the queue itself moves its partitions."""
     source, dest = names
     if {q.name for q in src} & {q.name for q in dst}:
         raise BadArgument(f"--from and --to name the same queue ({source!r})")
-    m = PARTITION_NAME.match(dest)
-    try:
-        layout = read_layout(client, m.group(1)) if m else None
-    except BadArgument:  # an unreadable layout record: doctor's; the name is taken as plain
-        layout = None
-    if m and layout is not None and dest in layout.names:
-        raise BadArgument(
-            f"{dest!r} is a partition of the partitioned queue {m.group(1)!r}: move into the "
-            f"queue itself (--to {m.group(1)}), which routes each job to its partition"
-        )
+    for name, side, what, how in (
+        (dest, "--to", "move into", "which routes each job to its partition"),
+        (source, "--from", "move", "which moves every partition"),
+    ):
+        m = PARTITION_NAME.match(name)
+        try:
+            layout = read_layout(client, m.group(1)) if m else None
+        except BadArgument:  # an unreadable layout record: doctor's; the name is taken as plain
+            layout = None
+        if m and layout is not None and name in layout.names:
+            raise BadArgument(
+                f"{name!r} is a partition of the partitioned queue {m.group(1)!r}: {what} the "
+                f"queue itself ({side} {m.group(1)}), {how}"
+            )
 
 
 def check_move(
