@@ -334,7 +334,8 @@ def test_a_worker_drains_jobs_through_a_failover() -> None:
         new, acked, refused, dropped = None, [], 0, 0
         spec = JobSpec("fo.job", {"id": "c0"}, job_id=new_job_id())
         while new is None:  # produce until the failover is complete
-            assert time.monotonic() < started + 30, "no failover in 30 s"
+            # A bound, not a goal: ~10 s idle; past 30 s once on a loaded CI machine (load ~8).
+            assert time.monotonic() < started + 90, "no failover in 90 s"
             try:
                 producer.enqueue_many([spec])
             except NotDurable:  # on the old master after the promotion, or no replica yet
