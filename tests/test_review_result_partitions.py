@@ -182,10 +182,11 @@ def test_a_hung_node_does_not_let_the_healthy_partitions_leases_lapse(
 
     async def main() -> tuple[int, str]:
         client = connect_async(module_server.url)
+        # A lease of 900 ms lapsed once in a loaded CI run (2 cores, load ~8): 1,500 ms.
         settings = WorkerSettings(
             queues=(good.name, bad.name), concurrency=4, lease_ms=1500, heartbeat_ms=250,
             grace_s=0,
-        )  # fmt: skip  (a lease of 900 ms lapsed once in a loaded CI run: 2 cores, load ~8)
+        )  # fmt: skip
         w = Worker(client, registry, settings)
         monkeypatch.setattr(w, "_node_of", lambda key: key)
         real_run, real_requests = w._pipe.run, w._pipe.requests
