@@ -294,7 +294,8 @@ def test_the_lock_is_renewed_while_many_idempotency_keys_are_carried(
     monkeypatch.setattr(a.lock, "renew", renew)
     monkeypatch.setattr(a, "carry_keys", carry)
     assert a.run().keys == 250
-    assert renewals[renewals.index("carry") :] == ["carry", "renew", "renew"]  # at 100, 200
+    # At 100 and 200 keys, then once more before the run's end writes (close, clear_incoming).
+    assert renewals[renewals.index("carry") :] == ["carry", "renew", "renew", "renew"]
 
 
 def test_a_release_that_fails_after_an_error_neither_hides_it_nor_keeps_the_other_locks(
@@ -344,3 +345,30 @@ def test_a_release_that_fails_after_a_run_that_went_well_is_raised(
     with pytest.raises(redis.TimeoutError):
         a.run()
     assert sorted(client.zrange(one.keys.due, 0, -1)) == IDS  # moved: only its end failed
+
+
+def test_a_run_that_lost_its_lock_before_its_end_leaves_the_records_to_the_next_run(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The lock lapsed while the run carried its keys (a pause past the lease). Its end writes
+    # (move_done 'end', the destination's move_from record and kept ids) were made all the
+    # same, though a run that took over may be between a put and its finish there. Now the
+    # run renews first, is refused, and writes none of them; the next run ends the move.
+    src, one, _ = queues
+    src.enqueue("mvl.task", {"i": 1}, key="k-1")
+    a = QueueMove(client, src.name, one.name)
+    real_carry = a.carry_keys
+
+    def carry(part: Queue) -> None:
+        real_carry(part)
+        client.delete(_lock(src))  # its lease ended while it was paused
+
+    monkeypatch.setattr(a, "carry_keys", carry)
+    with pytest.raises(MoveRefused, match="lost its lock"):
+        a.run()
+    assert client.hget(src.keys.config, "move_to") == one.name
+    assert client.hexists(one.keys.config, "move_from:" + src.name)
+    report = move_queue(client, src.name, one.name)
+    assert (report.moved, report.already) == (0, 0)
+    assert client.hget(src.keys.config, "move_to") is None
+    assert not client.hexists(one.keys.config, "move_from:" + src.name)

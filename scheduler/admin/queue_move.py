@@ -24,6 +24,7 @@ from scheduler.admin.queue_move_check import (
     check_move,
     check_names,
     clear_incoming,
+    count_stays,
     forget_delivered,
     forget_kept,
     incoming_refusal,
@@ -38,7 +39,7 @@ from scheduler.admin.queue_move_lock import LOCK_LEASE_MS, RunLock, locked_reply
 from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
-from scheduler.core.keys import QueueKeys, check_queue_name
+from scheduler.core.keys import check_queue_name
 from scheduler.core.partitions import Layout
 
 DAY_MS = 86_400_000  # move_done.lua 'renew' accepts a lease up to a day
@@ -247,6 +248,7 @@ class QueueMove:
                 self._drain(part, moving, dry_run=False, resumed=True)
         name = self.report.source
         if not dry_run:  # none in flight now: the kept ids of a run cut before its SREM go
+            self.lock.renew()  # (each write of the run's own, from a run that holds its lock)
             forget_kept(self.client, self.src, self.dst, name)
         # A stopped move into the source, let past check() for these: due waits for its rerun.
         stopped = incoming_refusal(self.client, self.src, name, forget_stale=not dry_run)
@@ -254,11 +256,12 @@ class QueueMove:
             self._drain(part, part.keys.due, dry_run=dry_run, resumed=False)
             if not dry_run:
                 self.carry_keys(part)
-            self._count_stays(part.keys)
-        for part in self.src if not dry_run else ():  # at the end: a part done early stays
-            self.close(part)  # another destination's until the whole run is over
+            count_stays(self.client, part.keys, self.report.stays)
         if not dry_run:
-            clear_incoming(self.client, self.src, self.dst, self.report.source)
+            self.lock.renew()
+            for part in self.src:  # at the end: a part done early stays another destination's
+                self.close(part)  # until the whole run is over
+            clear_incoming(self.client, self.src, self.dst, name)
         if stopped is not None:
             n, were = self.report.resumed, "would be" if dry_run else "were"
             why = f"{n} job(s) of this move's stopped run {were} re-sent first"
@@ -269,15 +272,6 @@ class QueueMove:
         """Idempotency keys of moved jobs, into the destination (queue_move_keys)."""
         args = (self.client, part, self.dst, self.dst_layout, self.moved_ids, self.lock.renew)
         self.report.keys += carry_keys(*args)
-
-    def _count_stays(self, k: QueueKeys) -> None:
-        c = self.client
-        self.report.stays["leased"] += int(c.zcard(k.leased))
-        self.report.stays["held"] += int(c.zcard(k.flow_held))  # waiting for parents: there too
-        try:
-            self.report.stays["dead"] += int(c.zcard(k.dead))
-        except redis.ResponseError:  # an older version's dead LIST
-            self.report.stays["dead"] += int(c.llen(k.dead))
 
 
 def move_queue(

@@ -248,3 +248,13 @@ def by_partition(layout: Layout | None, ids: list[str]) -> dict[int, list[int]]:
     for i, jid in enumerate(ids):
         groups.setdefault(0 if layout is None else layout.partition_of_id(jid), []).append(i)
     return groups
+
+
+def count_stays(client: redis.Redis, k: QueueKeys, stays: dict[str, int]) -> None:
+    """A source partition's jobs that stay, by reason, counted from their sets."""
+    stays["leased"] += int(client.zcard(k.leased))
+    stays["held"] += int(client.zcard(k.flow_held))  # waiting for parents: there too
+    try:
+        stays["dead"] += int(client.zcard(k.dead))
+    except redis.ResponseError:  # an older version's dead LIST
+        stays["dead"] += int(client.llen(k.dead))
