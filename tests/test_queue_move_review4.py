@@ -137,7 +137,7 @@ def test_a_partition_moved_as_a_source_keeps_a_stopped_move_into_its_queue_in_fo
     # (incoming_refusal compares it with the partition's name), forgets it and moves the copy
     # of j to e. d -> x's rerun then writes j into the partition again ('c': no record, and
     # its kept ids went with the forgotten record): j waits in e and in x, run twice. Not
-    # from f4101f6: older.
+    # from f4101f6: older. (Since 5456d3d a partition is refused as --from altogether.)
     x = make_pq(partitions=2, suffix="-x")
     with made_queues(client, "mvr4-d-", "mvr4-e-") as (d, e):
         d.enqueue("mvr4.task", job_id="j")
