@@ -121,6 +121,41 @@ def test_a_run_that_lost_its_lock_inside_its_end_deletes_the_next_runs_kept_ids(
         assert client.zscore(b.keys.due, j2) is None, "j2 ran in b and waits there again"
 
 
+def test_a_run_that_lost_its_lock_inside_forget_kept_deletes_the_next_runs_kept_ids(
+    client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same gap at forget_kept (after the moving re-sends, 0746687): A renewed, found a's
+    # moving empty, and paused past its lease before its DEL of b's `move_in:a`. B took the
+    # lock, took j and put it into b, then stopped before its finish. A woke and deleted B's
+    # kept id; its next take is refused (lost lock). j ran in b and its record expired; B's
+    # rerun re-sends j: no kept id, 'c', written into b again: run twice.
+    with made_queues(client, "mvr6-a-", "mvr6-b-") as (a, b):
+        jid = a.enqueue("mvr6.t", {"n": 1})
+        own = connect(redis_url)
+        real_delete = own.delete
+        fired: list[int] = []
+
+        def paused_delete(*keys: Any) -> Any:
+            if not fired:
+                fired.append(1)
+                client.delete(lock_key(a))  # A's lease lapsed while it paused
+                stopped = QueueMove(client, a.name, b.name)
+                stopped.lock.take()
+                assert stopped.put(stopped.take(a, [jid], fresh=True)) == "c"  # then B stops
+                client.delete(lock_key(a))  # B's lock expired since
+            return real_delete(*keys)
+
+        monkeypatch.setattr(own, "delete", paused_delete)
+        with pytest.raises(MoveRefused, match="lost its lock"):
+            QueueMove(own, a.name, b.name).run()
+        monkeypatch.undo()
+        own.close()
+        _run_once(b, jid)
+        expire_record(client, b, jid)
+        assert _reruns(client, (a, b)) == []
+        assert client.zscore(b.keys.due, jid) is None, "j ran in b and waits there again"
+
+
 def test_a_partition_is_moved_as_a_source_while_its_layout_record_is_unreadable(
     client: redis.Redis, make_pq: MakePq
 ) -> None:
