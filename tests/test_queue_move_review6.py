@@ -18,6 +18,7 @@ import redis
 import scheduler.admin.queue_move as queue_move_mod
 from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
 from scheduler.admin.queue_move_check import record_incoming
+from scheduler.admin.queue_move_check import text as _t
 from scheduler.admin.queue_move_lock import lock_key
 from scheduler.client.queue import Queue
 from scheduler.core.connection import connect
@@ -185,12 +186,16 @@ def test_a_partition_is_moved_as_a_source_while_its_layout_record_is_unreadable(
         assert (refused is not None, _where(client, jid, a, b)) == (True, [])
 
 
+PLANS = [1, 2, 200, 30_000, -1, -2]  # a run's lease in ms, or a stopped run (_mover)
+
 # -- Guard: real runs in threads, workers beside them -----------------------------------------
 
 
 class _Workers:
-    """A thread claiming and completing jobs in every partition of the queues: each run is
-    counted by id, and a payload that is not the enqueued one is recorded."""
+    """A thread claiming and completing jobs in every partition of the queues: each completion
+    is counted by id, and a payload that is not the enqueued one is recorded. A job whose
+    payload says `fail` fails its first attempt (retried at once): its second attempt is the
+    one that completes, its attempts counted there."""
 
     def __init__(self, url: str, parts: list[Queue], expected: dict[str, Any]) -> None:
         self.client = connect(url)
@@ -206,9 +211,15 @@ class _Workers:
         got = 0
         for p in self.parts:
             for j in p.claim("w6", limit=10, lease_ms=120_000).jobs:
-                self.runs[j.id] += 1
                 if j.payload() != self.expected.get(j.id):
                     self.bad.append(f"{j.id}: {j.payload()!r}")
+                if j.payload().get("fail") and j.attempts == 1:
+                    p.fail(j.id, j.token, ("E", "first attempt", ""), delay_ms=0)
+                    got += 1
+                    continue
+                if j.attempts != (2 if j.payload().get("fail") else 1):
+                    self.bad.append(f"{j.id}: attempt {j.attempts}")
+                self.runs[j.id] += 1
                 p.complete(j.id, j.token)
                 got += 1
         return got
@@ -222,12 +233,33 @@ class _Workers:
             self.errors.append(exc)
 
 
-def _mover(url: str, src: str, dst: str, batch: int, leases: list[int], out: list[str]) -> None:
+def _crash(c: redis.Redis, src: str, dst: str, batch: int, after_put: bool) -> None:
+    """A run stopped for good after one take (or its put): its 1 ms lock left to expire."""
+    run = QueueMove(c, src, dst, batch=batch, lease_ms=1)
+    run.lock.look()
+    run.check(skip_schedules=False, dry_run=True)
+    run.lock.take()
+    run.check(skip_schedules=False)
+    for part in run.src:
+        ids = [_t(i) for i in c.zrange(part.keys.due, 0, batch - 1)]
+        entries = run.take(part, ids, fresh=True) if ids else []
+        if entries:
+            if after_put:
+                run.put(entries)
+            return
+
+
+def _mover(url: str, src: str, dst: str, batch: int, plan: list[int], out: list[str]) -> None:
+    """Runs of src -> dst one after the other: a lease in ms, or -1 / -2 a run stopped after
+    its first take / put (`_crash`)."""
     c = connect(url)
     try:
-        for lease in leases:
+        for lease in plan:
             try:
-                move_queue(c, src, dst, batch=batch, lease_ms=lease)
+                if lease < 0:
+                    _crash(c, src, dst, batch, after_put=lease == -2)
+                else:
+                    move_queue(c, src, dst, batch=batch, lease_ms=lease)
             except MoveRefused as exc:  # a held lock, a lost one, another destination...
                 out.append(f"refused {src}->{dst}: {exc}")
     except BaseException as exc:
@@ -243,10 +275,15 @@ def test_threaded_moves_with_workers_run_each_job_once(
     client: redis.Redis, make_pq: MakePq, redis_url: str, kind: str, shape: str, seed: int
 ) -> None:
     # Three move threads at once (swap: a->b, b->a, a->b; chain: a->b, b->c, a->b; twin: a->b
-    # three times, two refused by the lock or taking over a lapsed one), each twice with a
-    # lease drawn from 5 ms (lapses between most steps), 200 ms and 30 s, while a worker runs
-    # jobs in every queue; results expire after 1 ms for a third of the jobs. Then reruns
-    # alone, then the worker drains: every job ran exactly once, with its payload.
+    # three times: the lock refuses all but one, or a run takes over a lapsed lock), each
+    # making six runs one after the other, drawn from a lease of 1 ms or 2 ms (lapses between
+    # most steps: the run that lost it is refused its next take or finish), 200 ms, 30 s, or
+    # a run stopped for good after its first take or put (its 1 ms lock left to expire),
+    # while a worker runs jobs in every queue (a tenth fail their first attempt, retried at
+    # once; a third's results expire after 1 ms; a fifth are keyed). Then reruns alone, then
+    # the worker drains: every job completed exactly once, on its expected attempt, with its
+    # payload; a keyed enqueue re-sent to any queue names its own job or a new one.
+    # MVR6_SEEDS=50 runs 300 cases (passed: ~50 s).
     rng = random.Random(seed)
     with made_queues(client, "mvr6-a-", "mvr6-b-", "mvr6-c-") as plain:
         qs: list[Any] = (
@@ -254,12 +291,18 @@ def test_threaded_moves_with_workers_run_each_job_once(
         )
         a, b, c = qs
         expected: dict[str, Any] = {}
+        keyed: dict[str, str] = {}
         sources = [a, b] if shape in ("swap", "chain") else [a]
         for n in range(300):
             q = rng.choice(sources)
-            payload = {"n": n, "from": q.name, "pad": "x" * rng.randrange(0, 40)}
+            fail = rng.random() < 0.1
+            payload = {"n": n, "from": q.name, "pad": "x" * rng.randrange(0, 40), "fail": fail}
             ttl = 1 if rng.random() < 0.33 else None
-            expected[q.enqueue("mvr6.s", payload, result_ttl_ms=ttl)] = payload
+            key = f"k{n}" if rng.random() < 0.2 else None
+            jid = q.enqueue("mvr6.s", payload, result_ttl_ms=ttl, key=key)
+            expected[jid] = payload
+            if key:
+                keyed[key] = jid
         pairs = {
             "swap": [(a, b), (b, a), (a, b)],
             "chain": [(a, b), (b, c), (a, b)],
@@ -271,7 +314,7 @@ def test_threaded_moves_with_workers_run_each_job_once(
         movers = [
             threading.Thread(
                 target=_mover,
-                args=(redis_url, s.name, d.name, 7, rng.choices([1, 2, 200, 30_000], k=6), out),
+                args=(redis_url, s.name, d.name, 7, rng.choices(PLANS, k=6), out),
             )
             for s, d in pairs
         ]
@@ -290,4 +333,7 @@ def test_threaded_moves_with_workers_run_each_job_once(
         assert left == [] and workers.bad == []
         assert {j for j, n in workers.runs.items() if n != 1} == set()
         assert set(workers.runs) == set(expected)
+        # A keyed enqueue re-sent anywhere names its own job or a new one, never another's.
+        again = {(k, q.name): q.enqueue("mvr6.s", None, key=k) for k in keyed for q in qs}
+        assert [kq for kq, j in again.items() if j != keyed[kq[0]] and j in expected] == []
         workers.client.close()
