@@ -19,7 +19,6 @@ from scheduler.admin.queue_move import MoveRefused, QueueMove, move_queue
 from scheduler.admin.queue_move_check import (
     clear_incoming,
     forget_delivered,
-    forget_kept,
     incoming_refusal,
     record_incoming,
 )
@@ -295,8 +294,8 @@ def _run_steps(m: QueueMove) -> Iterator[str]:
     yield "check"
     for part in m.src:
         yield from _steps(m, part, part.keys.prefix + "moving", True)
-    forget_kept(m.client, m.src, m.dst, m.report.source)
-    yield "forget_kept"
+    clear_incoming(m.client, m.src, m.dst, m.report.source)
+    yield "clear_incoming"
     stopped = incoming_refusal(m.client, m.src, m.report.source, forget_stale=True)
     yield "incoming"
     for part in m.src if stopped is None else ():

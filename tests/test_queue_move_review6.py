@@ -85,6 +85,22 @@ def test_a_run_that_lost_its_lock_after_its_put_renewal_writes_a_job_again(
         assert client.zscore(b.keys.due, jid) is None, "j ran in b and waits there again"
 
 
+def _pause_at_forget(monkeypatch: pytest.MonkeyPatch, dst: Queue, then: Any) -> list[int]:
+    """`then()` runs once, when `dst` is sent its first move_done 'forget' (clear_incoming's
+    deletion, after its check of the source's `moving`): a run paused there."""
+    real_run, fired = dst._run, list[int]()
+
+    def paused(gen: Any) -> Any:
+        args = (gen.gi_frame.f_locals.get("args") or [None]) if gen.gi_frame else [None]
+        if not fired and args[0] == "forget":
+            fired.append(1)
+            then()
+        return real_run(gen)
+
+    monkeypatch.setattr(dst, "_run", paused)
+    return fired
+
+
 def test_a_run_that_lost_its_lock_inside_its_end_deletes_the_next_runs_kept_ids(
     client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -92,29 +108,29 @@ def test_a_run_that_lost_its_lock_inside_its_end_deletes_the_next_runs_kept_ids(
     # moving empty; A paused there past its lease. Meanwhile j2 was enqueued into a, run B took
     # the lock, took j2 and put it into b (its record `move_from:a` and kept id `move_in:a`),
     # then stopped before its finish (a crash; its lock expired since). A woke and deleted
-    # both: the check and the deletion are no atomic step. j2 ran in b and its record
-    # expired; B's rerun re-sends j2 from a's moving: no kept id, so 'c', written into b
-    # again: run twice.
+    # both: the check and the deletion were no atomic step. j2 ran in b and its record
+    # expired; B's rerun re-sent j2 from a's moving: no kept id, so 'c', written into b
+    # again: run twice. Now A deletes only the record value it read before its check (B's
+    # put wrote a new one): nothing of B's.
     with made_queues(client, "mvr6-a-", "mvr6-b-") as (a, b):
         a.enqueue("mvr6.t", {"n": 1})
         own = connect(redis_url)
-        real_hdel = own.hdel
         state: dict[str, str] = {}
 
-        def paused_hdel(*args: Any) -> Any:
-            if not state:
-                client.delete(lock_key(a))  # A's lease lapsed while it paused
-                state["j2"] = j2 = a.enqueue("mvr6.t", {"n": 2})
-                stopped = QueueMove(client, a.name, b.name)
-                stopped.lock.take()
-                assert stopped.put(stopped.take(a, [j2])) == "c"  # then B stops
-                client.delete(lock_key(a))  # B's lock expired since
-            return real_hdel(*args)
+        def b_runs() -> None:
+            client.delete(lock_key(a))  # A's lease lapsed while it paused
+            state["j2"] = j2 = a.enqueue("mvr6.t", {"n": 2})
+            stopped = QueueMove(client, a.name, b.name)
+            stopped.lock.take()
+            assert stopped.put(stopped.take(a, [j2])) == "c"  # then B stops
+            client.delete(lock_key(a))  # B's lock expired since
 
-        monkeypatch.setattr(own, "hdel", paused_hdel)
-        QueueMove(own, a.name, b.name).run()
+        run = QueueMove(own, a.name, b.name)
+        fired = _pause_at_forget(monkeypatch, run.dst[0], b_runs)
+        run.run()
         monkeypatch.undo()
         own.close()
+        assert fired == [1]
         j2 = state["j2"]
         _run_once(b, j2)
         expire_record(client, b, j2)
@@ -125,32 +141,34 @@ def test_a_run_that_lost_its_lock_inside_its_end_deletes_the_next_runs_kept_ids(
 def test_a_run_that_lost_its_lock_inside_forget_kept_deletes_the_next_runs_kept_ids(
     client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The same gap at forget_kept (after the moving re-sends, 0746687): A renewed, found a's
-    # moving empty, and paused past its lease before its DEL of b's `move_in:a`. B took the
-    # lock, took j and put it into b, then stopped before its finish. A woke and deleted B's
-    # kept id; its next take is refused (lost lock). j ran in b and its record expired; B's
-    # rerun re-sends j: no kept id, 'c', written into b again: run twice.
+    # The same gap after the moving re-sends (0746687's forget_kept, now clear_incoming): an
+    # earlier run left its record in b (cut after its finish). A found a's moving empty and
+    # paused past its lease before deleting b's `move_in:a`. B took the lock, took j and put
+    # it into b, then stopped before its finish. A woke and deleted B's kept id; its next take
+    # was refused (lost lock). j ran in b and its record expired; B's rerun re-sent j: no kept
+    # id, 'c', written into b again: run twice.
     with made_queues(client, "mvr6-a-", "mvr6-b-") as (a, b):
+        a.enqueue("mvr6.t", {"n": 0}, job_id="j0")
+        earlier = QueueMove(client, a.name, b.name)
+        assert earlier.put(earlier.take(a, ["j0"])) == "c"
+        earlier.finish(a, ["j0"])  # then cut: b keeps its record
         jid = a.enqueue("mvr6.t", {"n": 1})
         own = connect(redis_url)
-        real_delete = own.delete
-        fired: list[int] = []
 
-        def paused_delete(*keys: Any) -> Any:
-            if not fired:
-                fired.append(1)
-                client.delete(lock_key(a))  # A's lease lapsed while it paused
-                stopped = QueueMove(client, a.name, b.name)
-                stopped.lock.take()
-                assert stopped.put(stopped.take(a, [jid], fresh=True)) == "c"  # then B stops
-                client.delete(lock_key(a))  # B's lock expired since
-            return real_delete(*keys)
+        def b_runs() -> None:
+            client.delete(lock_key(a))  # A's lease lapsed while it paused
+            stopped = QueueMove(client, a.name, b.name)
+            stopped.lock.take()
+            assert stopped.put(stopped.take(a, [jid], fresh=True)) == "c"  # then B stops
+            client.delete(lock_key(a))  # B's lock expired since
 
-        monkeypatch.setattr(own, "delete", paused_delete)
+        run = QueueMove(own, a.name, b.name)
+        fired = _pause_at_forget(monkeypatch, run.dst[0], b_runs)
         with pytest.raises(MoveRefused, match="lost its lock"):
-            QueueMove(own, a.name, b.name).run()
+            run.run()
         monkeypatch.undo()
         own.close()
+        assert fired == [1]
         _run_once(b, jid)
         expire_record(client, b, jid)
         assert _reruns(client, (a, b)) == []
@@ -173,17 +191,15 @@ def test_a_partition_is_moved_as_a_source_while_its_layout_record_is_unreadable(
         good = client.get(meta_key(a.name))
         assert good is not None
         client.set(meta_key(a.name), "unreadable by hand")
-        refused = None
-        try:
-            stopped = QueueMove(client, part.name, b.name)
-        except (BadArgument, MoveRefused) as exc:
-            refused = exc
-        else:
-            assert stopped.put(stopped.take(part, [jid])) == "c"  # then stopped
+        # Now refused while the record cannot be read (it may be a partition), nothing written.
+        for src, dst in ((part.name, b.name), (b.name, part.name)):
+            with pytest.raises(BadArgument, match="layout record cannot be read"):
+                QueueMove(client, src, dst)
+        assert _where(client, jid, a, b) == [part.keys.due] and client.zcard(b.keys.due) == 0
         client.set(meta_key(a.name), good)
+        assert move_queue(client, a.name, b.name).moved == 1
         _run_once(b, jid)
-        assert _reruns(client, (a, b)) == []
-        assert (refused is not None, _where(client, jid, a, b)) == (True, [])
+        assert _where(client, jid, a, b) == [] and _settled(client, a, b)
 
 
 PLANS = [1, 2, 200, 30_000, -1, -2]  # a run's lease in ms, or a stopped run (_mover)

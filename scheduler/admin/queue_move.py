@@ -26,7 +26,6 @@ from scheduler.admin.queue_move_check import (
     clear_incoming,
     count_stays,
     forget_delivered,
-    forget_kept,
     incoming_refusal,
     record_incoming,
     take_refusal,
@@ -247,9 +246,9 @@ class QueueMove:
             else:
                 self._drain(part, moving, dry_run=False, resumed=True)
         name = self.report.source
-        if not dry_run:  # none in flight now: the kept ids of a run cut before its SREM go
+        if not dry_run:  # none in flight now: a record and kept ids left by a cut run go
             self.lock.renew()  # (each write of the run's own, from a run that holds its lock)
-            forget_kept(self.client, self.src, self.dst, name)
+            clear_incoming(self.client, self.src, self.dst, name)
         # A stopped move into the source, let past check() for these: due waits for its rerun.
         stopped = incoming_refusal(self.client, self.src, name, forget_stale=not dry_run)
         for part in self.src if stopped is None else ():

@@ -102,12 +102,16 @@ def check_names(
         (dest, "--to", "move into", "which routes each job to its partition"),
         (source, "--from", "move", "which moves every partition"),
     ):
-        m = PARTITION_NAME.match(name)
+        if (m := PARTITION_NAME.match(name)) is None:
+            continue
         try:
-            layout = read_layout(client, m.group(1)) if m else None
-        except BadArgument:  # an unreadable layout record: doctor's; the name is taken as plain
-            layout = None
-        if m and layout is not None and name in layout.names:
+            layout = read_layout(client, m.group(1))
+        except BadArgument as exc:  # unreadable (a hand edit): it may be a partition, refused
+            raise BadArgument(
+                f"{name!r} may be a partition of {m.group(1)!r}, whose layout record cannot be "
+                f"read ({exc}): see `scheduler doctor`; nothing written"
+            ) from None
+        if layout is not None and name in layout.names:
             raise BadArgument(
                 f"{name!r} is a partition of the partitioned queue {m.group(1)!r}: {what} the "
                 f"queue itself ({side} {m.group(1)}), {how}"
@@ -209,14 +213,6 @@ def incoming_refusal(
     return None
 
 
-def forget_kept(client: redis.Redis, src: list[Queue], dst: list[Queue], source: str) -> None:
-    """Once no source partition holds jobs in `moving` (a real run, under its lock, after it
-    re-sent them): ids kept by an earlier run cut between a finish and its SREM would answer
-    'e' for a new job reusing one, which would be deleted from the source: lost."""
-    if not any(int(client.zcard(q.keys.prefix + "moving")) for q in src):
-        client.delete(*(q.keys.prefix + DELIVERED + source for q in dst))
-
-
 def record_incoming(client: redis.Redis, part: Queue, source: str) -> None:
     """Before a put into `part`: a move from `source` may leave copies here (incoming_refusal).
     A new value each time: a run deleting a stale record deletes only the value it read."""
@@ -225,12 +221,19 @@ def record_incoming(client: redis.Redis, part: Queue, source: str) -> None:
 
 
 def clear_incoming(client: redis.Redis, src: list[Queue], dst: list[Queue], source: str) -> None:
-    """A run's end: its record in each destination partition, once no job waits in `moving`,
-    and the ids it kept there (move_in.lua's `move_in:<source>`)."""
-    if not any(int(client.zcard(q.keys.prefix + "moving")) for q in src):
-        for q in dst:
-            client.hdel(q.keys.config, INCOMING + source)
-            client.delete(q.keys.prefix + DELIVERED + source)
+    """Once no source partition holds jobs in `moving` (none in flight): its record in each
+    destination partition and the ids it kept there (move_in.lua's `move_in:<source>`). Each
+    value is read before `moving`, and deleted only while it is unchanged (move_done.lua
+    'forget'): a run of the source that took over since (a lost lock: paused past its lease
+    between this check and the deletion) writes a new value before its put, and nothing of
+    its own is deleted. Kept ids of a run cut before its SREM would answer 'e' for a new job
+    reusing one, which would be deleted from the source: lost."""
+    values = [client.hget(q.keys.config, INCOMING + source) for q in dst]
+    if any(int(client.zcard(q.keys.prefix + "moving")) for q in src):
+        return
+    for q, value in zip(dst, values, strict=True):
+        if value is not None:
+            q._run(script_call("move_done", ["forget", INCOMING + source, text(value)]))
 
 
 def forget_delivered(
