@@ -153,6 +153,12 @@ def test_a_lapsed_runs_late_finish_cannot_delete_a_new_job_reusing_the_id(
         assert json.loads(a.get_job("x").payload_json) == {"n": 2}
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="not carried: a rerun knows only the jobs it moves itself; carrying a key whose job "
+    "is gone from the source and held by the destination (5456d3d) could name another job under "
+    "the same id (test_queue_move_review6.py), so it was taken back; docs/cluster.md says so",
+)
 def test_the_keys_of_jobs_a_stopped_run_finished_are_carried_by_its_rerun(
     client: redis.Redis, make_pq: MakePq
 ) -> None:

@@ -268,9 +268,8 @@ class QueueMove:
         return self.report
 
     def carry_keys(self, part: Queue) -> None:
-        """Idempotency keys of moved jobs, into the destination (queue_move_keys)."""
-        args = (self.client, part, self.dst, self.dst_layout, self.moved_ids, self.lock.renew)
-        self.report.keys += carry_keys(*args)
+        """Idempotency keys of this run's moved jobs, into the destination (queue_move_keys)."""
+        self.report.keys += carry_keys(self.client, part, self.dst, self.moved_ids, self.lock.renew)
 
 
 def move_queue(
