@@ -131,7 +131,7 @@ test-valkey: install-test
 # 2 cores. Measured here: 152 tests in 3 min 9 s at -n 2, the failover test included.
 test-cluster: WORKERS = 2
 test-cluster: install-test
-	$(call pytest,conformance on a local Redis Cluster,SCHEDULER_TEST_SERVER=cluster $(BIN)/python,$(CONFORMANCE) tests/test_cluster.py tests/test_cluster_failover.py tests/test_partitions.py tests/test_partitions_cli.py tests/test_dashboard_cluster.py tests/test_queue_move.py tests/test_queue_move_audit.py tests/test_queue_move_race.py tests/test_queue_move_review.py tests/test_queue_move_lock.py tests/test_queue_move_fresh_eyes.py tests/test_queue_move_incoming.py tests/test_queue_move_review3.py tests/test_queue_move_review4.py tests/test_queue_move_review5.py tests/test_moving_state.py tests/test_partitioned_lease.py tests/test_partitioned_lease_audit.py tests/test_chain_partitioned.py)
+	$(call pytest,conformance on a local Redis Cluster,SCHEDULER_TEST_SERVER=cluster $(BIN)/python,$(CONFORMANCE) tests/test_cluster.py tests/test_cluster_failover.py tests/test_partitions.py tests/test_partitions_cli.py tests/test_dashboard_cluster.py tests/test_queue_move.py tests/test_queue_move_audit.py tests/test_queue_move_race.py tests/test_queue_move_review.py tests/test_queue_move_lock.py tests/test_queue_move_fresh_eyes.py tests/test_queue_move_incoming.py tests/test_queue_move_review3.py tests/test_queue_move_review4.py tests/test_queue_move_review5.py tests/test_queue_move_review6.py tests/test_moving_state.py tests/test_partitioned_lease.py tests/test_partitioned_lease_audit.py tests/test_chain_partitioned.py)
 
 test-lowest-redis: $(VENV_LOWEST)/.installed-test redis-server
 	$(call pytest,crash/chaos and direct I/O on redis-py $(REDIS_LOWEST),$(VENV_LOWEST)/bin/python,$(CRASH) $(DIRECT))
