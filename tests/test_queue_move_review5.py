@@ -89,6 +89,24 @@ def test_a_partition_is_no_source_so_a_stopped_move_is_rerun_under_its_own_name(
         assert _waiting(client, jid, a, b) == [], report.as_dict()
 
 
+def _lapsed_after_put(client: redis.Redis, a: Queue, b: Queue) -> QueueMove:
+    """Run 1 of a -> b: x taken and put into b under its lock, then paused past its lease
+    (its lock gone) before its finish."""
+    a.enqueue("mvr5.task", {"n": 1}, job_id="x")
+    first = QueueMove(client, a.name, b.name, lease_ms=1000)
+    first.lock.take()
+    first.check(skip_schedules=False)
+    assert first.put(first.take(first.src[0], ["x"])) == "c"
+    client.delete(lock_key(a))
+    return first
+
+
+def _late_finish_refused(first: QueueMove) -> None:
+    """Run 1 wakes and finishes x: refused (it went on, unchecked, before 91a93f0)."""
+    with pytest.raises(MoveRefused, match="lost its lock"):
+        first.finish(first.src[0], ["x"])
+
+
 def test_a_run_whose_lock_lapsed_between_put_and_finish_is_refused_its_finish(
     client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -102,16 +120,10 @@ def test_a_run_whose_lock_lapsed_between_put_and_finish_is_refused_its_finish(
     # a put and its finish, a whole round trip wide, and the lapsed run writes.) With an id
     # reused in a instead, run 1's late finish deletes the new job from the rerun's moving.
     with made_queues(client, "mvr5-a-", "mvr5-b-") as (a, b):
-        a.enqueue("mvr5.task", {"n": 1}, job_id="x")
-        first = QueueMove(client, a.name, b.name, lease_ms=1000)
-        first.lock.take()
-        first.check(skip_schedules=False)
-        assert first.put(first.take(first.src[0], ["x"])) == "c"
-        client.delete(lock_key(a))  # its lease ended while it was paused
+        first = _lapsed_after_put(client, a, b)
 
         def wake_first() -> None:
-            with pytest.raises(MoveRefused, match="lost its lock"):  # it went on, unchecked
-                first.finish(first.src[0], ["x"])
+            _late_finish_refused(first)
             _run_once(b, "x")
             expire_record(client, b, "x")
 
@@ -132,22 +144,12 @@ def test_a_lapsed_runs_late_finish_cannot_delete_a_new_job_reusing_the_id(
     # whose kept id is gone), its finish 'back' finds nothing in moving: the new job is in
     # neither queue, lost, and the report counts it as a conflict that stayed.
     with made_queues(client, "mvr5-a-", "mvr5-b-") as (a, b):
-        a.enqueue("mvr5.task", {"n": 1}, job_id="x")
-        first = QueueMove(client, a.name, b.name, lease_ms=1000)
-        first.lock.take()
-        first.check(skip_schedules=False)
-        assert first.put(first.take(first.src[0], ["x"])) == "c"
-        client.delete(lock_key(a))  # its lease ended while it was paused
+        first = _lapsed_after_put(client, a, b)
         assert move_queue(client, a.name, b.name).already == 1
         _run_once(b, "x")
         a.enqueue("mvr5.task", {"n": 2}, job_id="x")  # a new job under the id
         rerun = QueueMove(client, a.name, b.name)
-
-        def wake_first() -> None:
-            with pytest.raises(MoveRefused, match="lost its lock"):  # it went on, unchecked
-                first.finish(first.src[0], ["x"])
-
-        _on_put(monkeypatch, rerun, wake_first)
+        _on_put(monkeypatch, rerun, lambda: _late_finish_refused(first))
         report = rerun.run()
         assert waiting_in(client, "x", a, b) == [a.name], report.as_dict()
         assert json.loads(a.get_job("x").payload_json) == {"n": 2}
