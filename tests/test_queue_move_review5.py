@@ -155,22 +155,17 @@ def test_a_lapsed_runs_late_finish_cannot_delete_a_new_job_reusing_the_id(
         assert json.loads(a.get_job("x").payload_json) == {"n": 2}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not carried: a rerun knows only the jobs it moves itself; carrying a key whose job "
-    "is gone from the source and held by the destination (5456d3d) could name another job under "
-    "the same id (test_queue_move_review6.py), so it was taken back; docs/cluster.md says so",
-)
-def test_the_keys_of_jobs_a_stopped_run_finished_are_carried_by_its_rerun(
+def test_a_batchs_keys_are_carried_before_its_finish_so_a_stopped_run_leaves_none(
     client: redis.Redis, make_pq: MakePq
 ) -> None:
     # a -> b (b partitioned) took, put and finished its only page, then stopped before
     # carry_keys. The rerun finds a's moving empty and its due empty: it moves nothing, so its
     # moved_ids are empty and it carries no key. k's idempotency key stays in a only, and a
     # keyed enqueue re-sent to b makes a second job beside the moved k: both run. docs/
-    # cluster.md says "a run stopped before it leaves that job's key uncopied"; no rerun
-    # copies it either, so a stop at any point after the first finish of a run (a big queue's
-    # first page) leaves those keys behind for good.
+    # cluster.md said "a run stopped before it leaves that job's key uncopied"; no rerun
+    # copied it either, so a stop at any point after the first finish of a run (a big queue's
+    # first page) left those keys behind for good. Now a batch's keys are carried before its
+    # finish (queue_move_keys.BatchKeys).
     b = make_pq(partitions=3, suffix="-b")
     with made_queues(client, "mvr5-a-") as (a,):
         a.enqueue("mvr5.task", {"n": 2}, job_id="k", key="order-7")

@@ -33,7 +33,7 @@ from scheduler.admin.queue_move_check import (
 from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.admin.queue_move_check import text as _t
 from scheduler.admin.queue_move_doctor import moving_findings
-from scheduler.admin.queue_move_keys import carry_keys
+from scheduler.admin.queue_move_keys import BatchKeys, carry_keys
 from scheduler.admin.queue_move_lock import LOCK_LEASE_MS, RunLock, locked_reply
 from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
@@ -124,6 +124,7 @@ class QueueMove:
         self.moved_ids: set[str] = set()  # this run's, in the destination now (carry_keys)
         self.kept = 0  # ids take() left where they were (a page offset: they are listed again)
         self.lock = RunLock(client, source, self.src, lease_ms)  # taken by run() alone
+        self.batch_keys = BatchKeys(client, self.dst, lambda: self.lock.renew())
 
     def check(self, *, skip_schedules: bool, dry_run: bool = False) -> None:
         """Refuse before the first write (queue_move_check.check_move)."""
@@ -180,6 +181,8 @@ class QueueMove:
         Refused, nothing written, once the run lost its lock (MOVE_LOCKED, as take)."""
         ours = bool(self.lock.held)
         args = ["back" if back else "done", self.lock.token if ours else "", *ids]
+        if not back:  # their idempotency keys first: a run stopped after the finish has them
+            self.report.keys += self.batch_keys.carry(part, ids)
         try:
             done = int(part._run(_call("move_done", args)))
         except redis.ResponseError as exc:
