@@ -6,7 +6,9 @@
   since and whose record expired, or was cancelled here, is answered 'e', not written again.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, partitions, moving, move_in:<source>
-  ARGV[1] n (1 .. MAX_BATCH), ARGV[2] the source queue's name, then 4 fields per job: id,
+  ARGV[1] n (1 .. MAX_BATCH), ARGV[2] the source queue's name, ARGV[3] the run's fencing
+    epoch ('' = a caller holding no lock: not checked; else refused, MOVE_STALE, below one
+    already seen from that source: config `move_epoch:<source>`), then 4 fields per job: id,
     run_at_ms, spec text ('' = none: a
     hash-only job), hash fields as a JSON array [field, value, ...] ('[]' = none: a job never
     claimed); a job needs a spec or a hash
@@ -19,7 +21,8 @@
     between its steps, deletes the job here once it is there, so an 'e' would lose it (nothing
     written, the caller puts it back). Held in `moving` toward another queue, the same job
     answers 'e' (it was delivered here and goes on: the caller deletes its copy)
-  Errors:  BAD_ARGUMENT <field>=<value> (a spec this version cannot read among them); CORRUPT
+  Errors:  BAD_ARGUMENT <field>=<value> (a spec this version cannot read among them);
+    MOVE_STALE epoch=<e> seen=<s> (an earlier run's put: nothing written); CORRUPT
     due | moving is not a zset, config is not a hash, move_in:<source> is not a set (edited by
     hand); nothing written either
     way ]]
@@ -36,6 +39,10 @@ if err then return err end
 local source = table.remove(ARGV, 2)
 if type(source) ~= 'string' or #source > 64 or not string.find(source, '^[%w_%.%-]+$') then
   return redis.error_reply('BAD_ARGUMENT from=' .. string.sub(tostring(source), 1, 40))
+end
+local epoch = table.remove(ARGV, 2)
+if type(epoch) ~= 'string' or (epoch ~= '' and not parse_int(epoch, 1, 9007199254740991)) then
+  return redis.error_reply('BAD_ARGUMENT epoch=' .. string.sub(tostring(epoch), 1, 40))
 end
 if #ARGV ~= 1 + n * 4 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) end
 -- A partitioned queue's name holds no jobs: the caller writes into its partitions.
@@ -99,6 +106,23 @@ local function stored_identity(jk, sk, id)
   if type(at) ~= 'string' then at = redis.call('ZSCORE', moving, id) end  -- leaving: its time
   return identity({ task = h[1] or nil, enqueued_ms = h[2] or nil }, spec,
     type(at) == 'string' and at or '')
+end
+
+-- The run's fencing epoch (scheduler/admin/queue_move_lock.py: the server's time once it held
+-- its locks; a later run takes them a lease later at least): a put of an earlier run than one
+-- seen here (a run that lost its lock, paused between its renewal and this put) is refused,
+-- nothing written. The highest seen stays in config (a field per source: a later run's end
+-- must not let an earlier run's late put in).
+if epoch ~= '' then
+  local field = 'move_epoch:' .. source
+  local seen = parse_int(redis.call('HGET', prefix .. 'config', field), 0, 9007199254740991) or 0
+  if tonumber(epoch) < seen then
+    return redis.error_reply('MOVE_STALE epoch=' .. epoch .. ' seen=' .. seen)
+  end
+  if tonumber(epoch) > seen then
+    local r = write_refused(redis.pcall('HSET', prefix .. 'config', field, epoch), 'config', 'hash')
+    if r then return r end
+  end
 end
 
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')

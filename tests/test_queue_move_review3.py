@@ -55,7 +55,7 @@ def _reruns(client: redis.Redis, *runs: tuple[Queue, Queue]) -> list[str]:
 def _settled(client: redis.Redis, *queues: Queue) -> bool:
     """No job left in a `moving` set, no move record nor kept ids left in a config."""
     left = [client.zcard(q.keys.prefix + "moving") for q in queues]
-    fields = [f for q in queues for f in client.hkeys(q.keys.config) if b"move_from:" in f]
+    fields = [f for q in queues for f in map(str, client.hkeys(q.keys.config)) if "move_from:" in f]
     kept = [k for q in queues for k in client.keys(q.keys.prefix + "move_in:*")]
     return left == [0] * len(queues) and not fields and not kept
 

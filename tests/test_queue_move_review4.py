@@ -271,7 +271,7 @@ def _steps(m: QueueMove, part: Queue, key: str, resumed: bool) -> Iterator[str]:
             k = 0 if m.dst_layout is None else m.dst_layout.partition_of_id(e.id)
             record_incoming(m.client, m.dst[k], m.report.source)
             yield "record"
-            args = ["1", m.report.source, e.id, e.run_at_ms, e.spec, json.dumps(e.fields)]
+            args = ["1", m.report.source, "", e.id, e.run_at_ms, e.spec, json.dumps(e.fields)]
             flags[i] = _t(m.dst[k]._write(_call("move_in", args)))
             yield "put"
         ours = [e.id for e, f in zip(entries, flags, strict=True) if f in "ce"]

@@ -28,7 +28,7 @@ from tests.fixtures.move_queues import expire_record, made_queues
 from tests.fixtures.partitioned import MakePq
 from tests.test_queue_move_review4 import _parts, _reruns, _run_once, _settled, _where
 
-# -- Defects this review found (each failed before its fix; one strict xfail) ----------------
+# -- Defects this review found (each failed before its fix) ----------------------------------
 
 
 def test_a_carried_key_names_a_job_finished_in_the_source_and_reused_in_the_destination(
@@ -54,14 +54,7 @@ def test_a_carried_key_names_a_job_finished_in_the_source_and_reused_in_the_dest
         assert (job.task, job.payload(), got != "invoice-7") == ("mvr6.dst", {"dst": 2}, True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="move_in.lua runs in the destination's slot and cannot read the source's lock on a "
-    "cluster: a run that pauses past its lease between its put's renewal and the put writes "
-    "again (docs/cluster.md, 'What the lock does not cover'); a fencing epoch stored in the "
-    "destination would close it, not built",
-)
-def test_a_run_that_lost_its_lock_after_its_put_renewal_writes_a_job_again(
+def test_a_run_that_lost_its_lock_after_its_put_renewal_is_refused_its_put(
     client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Run A took j (a's moving) and renewed its lock in put(); it paused there (GC, a stalled

@@ -166,11 +166,14 @@ class QueueMove:
         flags = [""] * len(entries)
         for k, idx in by_partition(self.dst_layout, [e.id for e in entries]).items():
             record_incoming(self.client, self.dst[k], self.report.source)  # before a copy
-            args = [str(len(idx)), self.report.source]  # move_in's 'm': a move back there
-            for i in idx:
+            args = [str(len(idx)), self.report.source, self.lock.epoch if self.lock.held else ""]
+            for i in idx:  # the source's name: move_in's 'm' (a move back there), its epoch
                 e = entries[i]
                 args += [e.id, e.run_at_ms, e.spec, json.dumps(e.fields)]
-            answer = _t(self.dst[k]._write(_call("move_in", args)))  # into the queue index
+            try:  # into the queue index
+                answer = _t(self.dst[k]._write(_call("move_in", args)))
+            except redis.ResponseError as exc:  # MOVE_STALE: a later run wrote there
+                raise locked_reply(self.report.source, exc, ours=True) or exc from None
             for i, flag in zip(idx, answer, strict=True):
                 flags[i] = flag
         return "".join(flags)

@@ -24,6 +24,7 @@ from typing import Any
 
 import redis
 
+from scheduler.admin.inspection import server_now_ms
 from scheduler.admin.queue_move_check import MoveRefused
 from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.admin.queue_move_check import text as _t
@@ -77,8 +78,11 @@ def lost_refusal(source: str, holder: str) -> MoveRefused:
 
 
 def locked_reply(source: str, exc: redis.ResponseError, *, ours: bool) -> MoveRefused | None:
-    """MOVE_LOCKED (move_out.lua's take, move_done.lua's finish) as MoveRefused (None for
-    another error); `ours`: the caller held the lock (it lost it), else another run holds it."""
+    """MOVE_LOCKED (move_out.lua's take, move_done.lua's finish) or MOVE_STALE (move_in.lua's
+    put: a later run wrote there) as MoveRefused (None for another error); `ours`: the caller
+    held the lock (it lost it), else another run holds it."""
+    if str(exc).startswith("MOVE_STALE"):
+        return lost_refusal(source, f"a later run of it wrote into the destination: {exc}")
     m = _LOCKED.match(str(exc))
     if m is None:
         return None
@@ -93,6 +97,7 @@ class RunLock:
         self.client, self.source, self.parts, self.lease_ms = client, source, parts, lease_ms
         self.token = secrets.token_hex(16)
         self.held: list[Queue] = []
+        self.epoch = ""  # the run's fencing epoch, taken with its locks (move_in.lua)
 
     def value(self) -> str:
         info = {
@@ -123,6 +128,11 @@ class RunLock:
                     continue
                 holder = holder_text(self.client, key, self._get(key) or "?")
                 raise held_refusal(self.source, holder)
+            # The server's time once every lock is held: a later run of the source takes them
+            # only after this one's lapsed, a lease later. Each destination keeps the highest
+            # it saw and refuses an earlier run's put: one that lost its lock between its
+            # renewal and the put (move_in.lua runs in another slot than the lock).
+            self.epoch = str(server_now_ms(self.client, self.parts[0].keys))
         except BaseException:  # a refusal, a server error, Ctrl-C: the ones taken are deleted
             self.release(quiet=True)
             raise
