@@ -372,3 +372,24 @@ def test_a_run_that_lost_its_lock_before_its_end_leaves_the_records_to_the_next_
     assert (report.moved, report.already) == (0, 0)
     assert client.hget(src.keys.config, "move_to") is None
     assert not client.hexists(one.keys.config, "move_from:" + src.name)
+
+
+def test_a_put_below_the_epoch_the_destination_saw_is_refused_with_nothing_written(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue]
+) -> None:
+    # The fence of a put (move_in.lua MOVE_STALE): a destination that saw a later run of the
+    # source (here set by hand far ahead, as a server clock stepped back would leave it)
+    # refuses this run's put, nothing written there; the run stops as one that lost its lock,
+    # its batch waiting in `moving` for a rerun.
+    src, one, _ = queues
+    src.enqueue("mvl.task", {"i": 1}, job_id="j")
+    n = int(client.zcard(src.keys.due))
+    field = "move_epoch:" + src.name
+    client.hset(one.keys.config, field, str(2**52))
+    with pytest.raises(MoveRefused, match=r"lost its lock.*clock went back.*MOVE_STALE"):
+        move_queue(client, src.name, one.name)
+    assert client.zcard(one.keys.due) == 0 and client.zscore(src.keys.prefix + "moving", "j")
+    client.hdel(one.keys.config, field)
+    report = move_queue(client, src.name, one.name)
+    assert (report.resumed, report.moved) == (n, n) and client.zscore(one.keys.due, "j")
+    assert int(client.hget(one.keys.config, field) or 0) > 0  # the epoch seen, kept

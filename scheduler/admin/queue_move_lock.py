@@ -82,7 +82,8 @@ def locked_reply(source: str, exc: redis.ResponseError, *, ours: bool) -> MoveRe
     put: a later run wrote there) as MoveRefused (None for another error); `ours`: the caller
     held the lock (it lost it), else another run holds it."""
     if str(exc).startswith("MOVE_STALE"):
-        return lost_refusal(source, f"a later run of it wrote into the destination: {exc}")
+        why = "a later run wrote into the destination, or the server's clock went back"
+        return lost_refusal(source, f"{why}: {exc}")
     m = _LOCKED.match(str(exc))
     if m is None:
         return None
