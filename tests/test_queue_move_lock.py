@@ -393,3 +393,27 @@ def test_a_put_below_the_epoch_the_destination_saw_is_refused_with_nothing_writt
     report = move_queue(client, src.name, one.name)
     assert (report.resumed, report.moved) == (n, n) and client.zscore(one.keys.due, "j")
     assert int(client.hget(one.keys.config, field) or 0) > 0  # the epoch seen, kept
+
+
+def test_a_key_written_after_the_first_batch_is_carried_at_the_partitions_end(
+    client: redis.Redis, queues: tuple[Queue, Queue, Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch's keys are carried before its finish, from one read of the source's keys at the
+    # first batch; a keyed job enqueued after that read moves in a later batch, and its key is
+    # carried by the end pass (which skips the keys the batches carried).
+    src, one, _ = queues
+    for i in range(3):
+        src.enqueue("mvl.task", {"i": i}, key=f"early-{i}")
+    a = QueueMove(client, src.name, one.name, batch=1)
+    real_finish, late = a.finish, []
+
+    def finish(part: Queue, ids: list[str], *, back: bool = False) -> int:
+        done = real_finish(part, ids, back=back)
+        if not late:
+            late.append(src.enqueue("mvl.task", {"i": 9}, key="late", delay_ms=3_600_000))
+        return done
+
+    monkeypatch.setattr(a, "finish", finish)
+    report = a.run()
+    assert report.keys == 4 and client.zscore(one.keys.due, late[0]) is not None
+    assert one.enqueue("mvl.task", {"i": 9}, key="late") == late[0]

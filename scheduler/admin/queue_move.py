@@ -274,8 +274,10 @@ class QueueMove:
         return self.report
 
     def carry_keys(self, part: Queue) -> None:
-        """Idempotency keys of this run's moved jobs, into the destination (queue_move_keys)."""
-        self.report.keys += carry_keys(self.client, part, self.dst, self.moved_ids, self.lock.renew)
+        """Idempotency keys of this run's moved jobs written since its batches carried theirs,
+        into the destination (queue_move_keys)."""
+        args = (self.client, part, self.dst, self.moved_ids, self.lock.renew)
+        self.report.keys += carry_keys(*args, self.batch_keys.seen(part))
 
 
 def move_queue(

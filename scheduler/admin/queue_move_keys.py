@@ -23,28 +23,38 @@ class BatchKeys:
     def __init__(self, client: redis.Redis, dst: list[Queue], renew: Callable[[], None]) -> None:
         self.client, self.dst, self.renew = client, dst, renew
         self.by_part: dict[str, dict[str, list[str]]] = {}
+        self.carried: dict[str, set[str]] = {}  # each partition's keys a batch carried
 
     def carry(self, part: Queue, ids: list[str]) -> int:
         """The keys naming `ids` (jobs the destination holds), into it; how many were written."""
         index = self.by_part.get(part.name)
         if index is None:
             index = self.by_part[part.name] = {}
-            for key, jid in _named(self.client, part, self.renew):
+            for key, jid in _named(self.client, part, self.renew, set()):
                 index.setdefault(jid, []).append(key)
         found = [key for jid in ids for key in index.pop(jid, ())]
-        return sum(_carry(self.client, part, key, self.dst, set(ids)) for key in found)
+        wrote = {key for key in found if _carry(self.client, part, key, self.dst, set(ids))}
+        self.carried.setdefault(part.name, set()).update(wrote)
+        return len(wrote)
+
+    def seen(self, part: Queue) -> set[str]:
+        """The keys of `part` a batch carried: the end pass (carry_keys) skips them; the others
+        are read again there (written since, or naming another job by then)."""
+        return self.carried.get(part.name, set())
 
 
 def _named(
-    client: redis.Redis, part: Queue, renew: Callable[[], None]
+    client: redis.Redis, part: Queue, renew: Callable[[], None], skip: set[str]
 ) -> Iterator[tuple[str, str]]:
-    """(key, the job id its value names) for each idempotency key of `part`. `renew` keeps the
-    run lock: a round trip a key, far off or many."""
+    """(key, the job id its value names) for each idempotency key of `part` not in `skip`.
+    `renew` keeps the run lock: a round trip a key, far off or many."""
     prefix = part.keys.prefix + "idem:"
     node = connection.node_for_key(client, part.keys.prefix)
     for n, key in enumerate(map(_t, node.scan_iter(match=prefix + "*", count=1000))):
         if n % CARRY_PER_RENEWAL == CARRY_PER_RENEWAL - 1:
             renew()
+        if key in skip:
+            continue
         value = client.get(key)
         if value is not None:
             yield key, _t(value).split(" ")[0]
@@ -66,9 +76,11 @@ def carry_keys(
     dst: list[Queue],
     moved_ids: set[str],
     renew: Callable[[], None],
+    seen: set[str],
 ) -> int:
     """Each idempotency key of `part` that names a job in `moved_ids` is written into each queue
-    of `dst` (_carry), at the end of the partition: those written since BatchKeys read them. A
+    of `dst` (_carry), at the end of the partition: those written since BatchKeys read them
+    (`seen`: the keys that read saw, skipped: carried with their batch already). A
     partitioned destination routes a key by its text, of which the source stores only the
     digest: so into every partition, where a re-sent keyed enqueue finds it whichever partition
     it routes to (the id it returns routes to the moved job). Returns how many keys were
@@ -77,5 +89,5 @@ def carry_keys(
     destination may be another job under the same id (a caller's `job_id` in both queues)."""
     if not moved_ids:
         return 0
-    named = _named(client, part, renew)
+    named = _named(client, part, renew, seen)
     return sum(_carry(client, part, key, dst, moved_ids) for key, jid in named if jid in moved_ids)
