@@ -405,7 +405,7 @@ def test_a_key_written_after_the_first_batch_is_carried_at_the_partitions_end(
     for i in range(3):
         src.enqueue("mvl.task", {"i": i}, key=f"early-{i}")
     a = QueueMove(client, src.name, one.name, batch=1)
-    real_finish, late = a.finish, []
+    real_finish, late = a.finish, list[str]()
 
     def finish(part: Queue, ids: list[str], *, back: bool = False) -> int:
         done = real_finish(part, ids, back=back)
