@@ -1,0 +1,311 @@
+"""A second adversarial review of the failure paths ("crash-safe", "contained failure"):
+lua/fail.lua's backoff and attempt budget, lease lapses and the reaper, fencing of a stale
+worker, cancel / reschedule of a running job, dead letters (requeue, purge, retention) and a
+chain whose step fails. Driven through the public Queue API on a queue whose scripts read the
+test clock (the `tq` fixture), never by sleeping."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from scheduler import (
+    Backoff,
+    JobCancelled,
+    JobDead,
+    JobState,
+    Queue,
+    StaleToken,
+)
+from scheduler.client.chain import chain
+from scheduler.core import fail_reply
+from tests.conftest import Clock, dump_queue
+
+T0 = 1_000_000
+EXACT = Backoff(base_ms=1_000, factor=2.0, cap_ms=10_000, jitter=0.0)
+LEASE = 1_000
+
+
+def _claim_one(q: Queue, worker: str) -> tuple[str, str, int]:
+    batch = q.claim(worker, limit=1, lease_ms=LEASE)
+    assert len(batch.jobs) == 1, batch
+    j = batch.jobs[0]
+    return j.id, j.token, j.attempts
+
+
+@pytest.fixture
+def u_fixed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """The jitter draw `fail` sends (fail_reply's random.random), taken from this list."""
+    draws: list[float] = []
+
+    class _R:
+        @staticmethod
+        def random() -> float:
+            return draws.pop(0)
+
+    monkeypatch.setattr(fail_reply, "random", _R)
+    yield draws
+
+
+# -- worker field: a job no worker holds names none --------------------------------------------
+
+
+def test_a_job_parked_by_the_reaper_names_no_worker(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    """Defect: the reaper parks a job whose lease lapsed on its last attempt ('lease expired')
+    with lib/job.lua dead_letter, which leaves the hash's `worker` field; fail's park deletes
+    it. `Job.worker` is documented "the worker id holding the lease (None when not leased)",
+    yet the dead job (and the dead list of `jobs show`, the dashboard's worker column) names
+    the crashed worker as if it still held it."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {}, job_id="a", max_attempts=1)
+    _claim_one(q, "w-crashed")
+    clock.set_ms(T0 + 5 * LEASE)
+    assert q.claim("w-other", limit=1, lease_ms=LEASE).jobs == []  # reaped and parked
+    job = q.get_job("a")
+    assert (job.state, job.dead_reason) == (JobState.DEAD, "lease expired")
+    assert job.worker is None, job.worker
+
+
+def test_a_requeued_job_names_no_worker(client: redis.Redis, tq: tuple[Queue, Clock]) -> None:
+    """Defect: a job parked by the reaper and requeued from the dead list is due (nobody holds
+    it), but `Job.worker` still names the worker whose lease lapsed (requeue_dead.lua drops
+    dead_reason, dead_ms, lapses, start_by_ms but not `worker`): `jobs list due` and the
+    dashboard show a waiting job as held by a dead worker."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {}, job_id="a", max_attempts=1)
+    _claim_one(q, "w-crashed")
+    clock.set_ms(T0 + 5 * LEASE)
+    q.claim("w-other", limit=0)  # reaps only
+    assert q.requeue_dead(["a"]) == 1
+    job = q.get_job("a")
+    assert job.state == JobState.DUE
+    assert job.worker is None, job.worker
+
+
+def test_a_job_cancelled_while_leased_names_no_worker(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    """Defect: cancel.lua takes a leased job out of `leased` and marks it cancelled, but keeps
+    its `worker` field: the finished record (get_job, `jobs show`, the dashboard) still says a
+    worker holds the cancelled job, where fail's and complete's ends drop the field."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {}, job_id="a")
+    _claim_one(q, "w1")
+    assert q.cancel("a") == "leased"
+    job = q.get_job("a")
+    assert job.state == JobState.CANCELLED
+    assert job.worker is None, job.worker
+
+
+def test_a_done_job_that_keeps_its_payload_names_no_worker(tq: tuple[Queue, Clock]) -> None:
+    """Defect: complete.lua drops `worker` only from a lean record; a job enqueued with
+    keep_payload=True keeps every field, the completing worker's id among them, so the done
+    job reads as held by that worker (get_job(...).worker, `jobs show`, the dashboard)."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {}, job_id="a", keep_payload=True)
+    _, token, _ = _claim_one(q, "w1")
+    q.complete("a", token, 1)
+    job = q.get_job("a")
+    assert job.state == JobState.DONE
+    assert job.worker is None, job.worker
+
+
+# -- attempts: exactly max_attempts runs, whatever ends each ---------------------------------
+
+
+def test_mixed_failures_run_exactly_max_attempts(tq: tuple[Queue, Clock]) -> None:
+    """An error, a lapsed lease (worker died) and an error again: three runs for
+    max_attempts=3, the third failure parks it, no fourth claim."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {}, job_id="a", max_attempts=3, backoff=EXACT)
+    _, tok, n = _claim_one(q, "w1")
+    assert n == 1
+    out = q.fail("a", tok, ("E", "one", ""))
+    assert (out.status, out.run_at_ms) == ("retry", T0 + 1_000)
+    clock.set_ms(T0 + 1_000)
+    _, tok, n = _claim_one(q, "w2")
+    assert n == 2
+    clock.set_ms(T0 + 1_000 + LEASE + 1)  # w2 died: its lease lapses
+    _, tok, n = _claim_one(q, "w3")  # reaped and claimed again in one call
+    assert n == 3
+    out = q.fail("a", tok, ("E", "three", ""))
+    assert (out.status, out.dead_reason) == ("dead", "attempts exhausted")
+    clock.set_ms(T0 + 100_000)
+    assert q.claim("w4", limit=10).jobs == []
+    job = q.get_job("a")
+    assert (job.state, job.attempts) == (JobState.DEAD, 3)
+
+
+# -- backoff: within its bounds, never claimable before it ends ------------------------------
+
+
+@pytest.mark.parametrize("u", [0.0, 0.5, 0.999999])
+def test_backoff_stays_within_its_jittered_bounds(
+    tq: tuple[Queue, Clock], u_fixed: list[float], u: float
+) -> None:
+    """delay = min(cap, base * factor^(attempt-1)) * (1 - jitter*u), u in [0, 1): attempt 1..5
+    of base 1 s, factor 3, cap 20 s, jitter 0.5; and the retry is not claimable 1 ms early."""
+    q, clock = tq
+    now = T0
+    clock.set_ms(now)
+    bo = Backoff(base_ms=1_000, factor=3.0, cap_ms=20_000, jitter=0.5)
+    q.enqueue("t", {}, job_id="a", max_attempts=6, backoff=bo)
+    for attempt in range(1, 6):
+        _, tok, n = _claim_one(q, "w")
+        assert n == attempt
+        u_fixed.append(u)
+        out = q.fail("a", tok, ("E", "m", ""))
+        assert out.status == "retry" and out.run_at_ms is not None
+        full = min(20_000, 1_000 * 3 ** (attempt - 1))
+        delay = out.run_at_ms - now
+        assert delay == int(full * (1 - 0.5 * u)), (attempt, delay)
+        assert full * 0.5 <= delay <= full
+        clock.set_ms(out.run_at_ms - 1)
+        assert q.claim("w", limit=1).jobs == []
+        now = out.run_at_ms
+        clock.set_ms(now)
+
+
+# -- fencing: a stale worker's calls are refused and change nothing ---------------------------
+
+
+def test_a_stale_worker_is_refused_everything_and_changes_nothing(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    """w1's lease lapsed and w2 claimed the job: w1's complete, fail, release, heartbeat and
+    progress are all refused and leave every key as it was; w2's complete then stands."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {}, job_id="a", max_attempts=5)
+    _, old, _ = _claim_one(q, "w1")
+    clock.set_ms(T0 + LEASE + 1)
+    _, new, n = _claim_one(q, "w2")
+    assert n == 2 and new != old
+    before = dump_queue(client, q)
+    with pytest.raises(StaleToken):
+        q.complete("a", old, "stale result")
+    with pytest.raises(StaleToken):
+        q.fail("a", old, ("E", "stale", ""))
+    with pytest.raises(StaleToken):
+        q.fail("a", old, ("E", "stale", ""), retryable=False)
+    assert q.release([("a", old)]) == ["stale"]
+    assert q.heartbeat([("a", old)])[1] == {"a": "stale"}
+    assert q.set_progress("a", old, {"stale": True}) == "stale"
+    assert dump_queue(client, q) == before
+    q.complete("a", new, "fresh")
+    assert q.result("a", timeout_s=1) == "fresh"
+
+
+# -- cancel: never run again, answered as cancelled -------------------------------------------
+
+
+def test_a_job_cancelled_during_its_backoff_never_runs_again(tq: tuple[Queue, Clock]) -> None:
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {}, job_id="a", max_attempts=5, backoff=EXACT)
+    _, tok, _ = _claim_one(q, "w1")
+    assert q.fail("a", tok, ("E", "m", "")).status == "retry"
+    assert q.cancel("a") == "scheduled"
+    clock.set_ms(T0 + 60_000)
+    assert q.claim("w", limit=10).jobs == []
+    assert q.reschedule("a", delay_ms=0) == "cancelled"
+    with pytest.raises(JobCancelled):
+        q.result("a", timeout_s=1)
+
+
+def test_a_job_cancelled_while_leased_is_not_reaped_back(tq: tuple[Queue, Clock]) -> None:
+    """Cancelled while its worker runs it, then the worker dies: the lease end brings nothing
+    back, and the worker's late complete is refused."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {}, job_id="a")
+    _, tok, _ = _claim_one(q, "w1")
+    assert q.cancel("a") == "leased"
+    clock.set_ms(T0 + 10 * LEASE)
+    assert q.claim("w2", limit=10).jobs == []
+    with pytest.raises(JobCancelled):
+        q.complete("a", tok, 1)
+    assert q.status("a") == JobState.CANCELLED
+
+
+# -- dead letters: a requeue is a fresh start ------------------------------------------------
+
+
+def test_a_requeued_job_starts_afresh_and_parks_again_after_its_budget(
+    tq: tuple[Queue, Clock],
+) -> None:
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {}, job_id="a", max_attempts=2, backoff=EXACT)
+    _, tok1, _ = _claim_one(q, "w")
+    q.fail("a", tok1, ("E", "1", ""))
+    clock.set_ms(T0 + 1_000)
+    _, tok2, _ = _claim_one(q, "w")
+    assert q.fail("a", tok2, ("E", "2", "")).status == "dead"
+    with pytest.raises(JobDead):
+        q.result("a", timeout_s=1)
+    assert q.requeue_dead(["a"]) == 1
+    job = q.get_job("a")
+    assert (job.state, job.attempts, job.dead_reason) == (JobState.DUE, 0, None)
+    with pytest.raises(StaleToken):  # the old token is not revived by the requeue
+        q.complete("a", tok2, 1)
+    _, tok3, n = _claim_one(q, "w")
+    assert n == 1 and tok3 not in (tok1, tok2)
+    assert q.fail("a", tok3, ("E", "3", "")).status == "retry"
+    clock.set_ms(T0 + 10_000)
+    _, tok4, n = _claim_one(q, "w")
+    assert n == 2
+    assert q.fail("a", tok4, ("E", "4", "")).status == "dead"
+
+
+# -- chains: a failed step parks the rest; requeued together they run in order --------------
+
+
+def test_a_failed_chain_step_parks_the_rest_and_a_requeue_runs_them_in_order(
+    tq: tuple[Queue, Clock],
+) -> None:
+    q, clock = tq
+    clock.set_ms(T0)
+    a, b, c = chain(q, [("t", 1), ("t", 2), ("t", 3)], max_attempts=1)
+    (ja,) = q.claim("w", limit=10).jobs
+    assert ja.id == a
+    assert q.fail(a, ja.token, ("E", "m", "")).status == "dead"
+    assert [q.status(x) for x in (a, b, c)] == [JobState.DEAD] * 3
+    assert q.get_job(c).dead_reason == f"parent dead: {b}"
+    assert q.requeue_dead(q.dead_ids()) == 3
+    for step, nxt in ((a, b), (b, c), (c, None)):
+        (j,) = q.claim("w", limit=10).jobs
+        assert j.id == step
+        q.complete(step, j.token, step)
+        if nxt is not None:
+            assert q.status(nxt) == JobState.DUE
+    assert q.claim("w", limit=10).jobs == []
+
+
+# -- dead retention: by age and count, none too early ---------------------------------------
+
+
+def test_dead_retention_by_age_keeps_the_boundary_and_drops_the_older(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    q, clock = tq
+    for i, at in enumerate((T0, T0 + 1_000, T0 + 2_000)):
+        clock.set_ms(at)
+        q.enqueue("t", {}, job_id=f"d{i}", max_attempts=1)
+        _, tok, _ = _claim_one(q, "w")
+        q.fail(f"d{i}", tok, ("E", "m", ""))
+    q.set_dead_retention(max_age_ms=5_000)
+    clock.set_ms(T0 + 6_000)  # d0 is 6 s dead, d1 exactly 5 s, d2 4 s
+    q.claim("w", limit=0)
+    assert sorted(q.dead_ids()) == ["d1", "d2"]
+    assert client.exists(q.keys.job("d0")) == 0
+    assert q.status("d1") == JobState.DEAD
