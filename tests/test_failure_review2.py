@@ -309,3 +309,26 @@ def test_dead_retention_by_age_keeps_the_boundary_and_drops_the_older(
     assert sorted(q.dead_ids()) == ["d1", "d2"]
     assert client.exists(q.keys.job("d0")) == 0
     assert q.status("d1") == JobState.DEAD
+
+
+def test_an_innocent_batch_mate_of_max_attempts_2_is_not_parked_with_the_poison_job(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """Defect (a promise gap): README "Contained failure" says a job that kills its worker is
+    parked after max_attempts "and it does not take its batch-mates with it". The isolation
+    (one suspect per worker) starts only at a job's second lapse, and the reaper (claim.lua
+    step 1) charges every lapse to the attempt budget: with max_attempts=2, a job that merely
+    shared two batches with a poison job is parked 'lease expired' in the same reap as the
+    poison job, never having run alone. A user sees innocent jobs in the dead list."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {"kills": "its worker"}, job_id="poison", max_attempts=2)
+    q.enqueue("t", {}, job_id="innocent", max_attempts=2)
+    assert len(q.claim("w1", limit=2, lease_ms=LEASE).jobs) == 2  # w1 dies (poison)
+    clock.set_ms(T0 + 2 * LEASE)
+    assert len(q.claim("w2", limit=2, lease_ms=LEASE).jobs) == 2  # w2 dies (poison)
+    clock.set_ms(T0 + 4 * LEASE)
+    q.claim("w3", limit=1, lease_ms=LEASE)
+    assert q.status("poison") == JobState.DEAD
+    job = q.get_job("innocent")
+    assert job.state != JobState.DEAD, job.dead_reason
