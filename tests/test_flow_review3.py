@@ -275,13 +275,13 @@ class Explorer:
     def check(self) -> None:
         c = self.q.client
         p = self.q.keys.prefix
-        held = set(c.zrange(p + "flow:held", 0, -1))
-        due = set(c.zrange(self.q.keys.due, 0, -1))
-        leased = set(c.zrange(self.q.keys.leased, 0, -1))
-        rheld = set(c.zrange(p + "flow:rheld", 0, -1))
-        ckheld: dict[str, set[str]] = {
-            k: set(c.zrange(p + "flow:ckheld:" + k, 0, -1)) for k in KEYS
-        }
+
+        def members(key: str) -> set[str]:
+            return {str(m) for m in c.zrange(key, 0, -1)}
+
+        held, due = members(p + "flow:held"), members(self.q.keys.due)
+        leased, rheld = members(self.q.keys.leased), members(p + "flow:rheld")
+        ckheld = {k: members(p + "flow:ckheld:" + k) for k in KEYS}
         assert not (held & due) and not (held & leased), "a job both held and due/leased"
         parts = rheld.union(*ckheld.values())
         assert held == parts, f"flow:held {held} != its hold sets {parts}"
