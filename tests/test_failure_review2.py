@@ -332,3 +332,30 @@ def test_an_innocent_batch_mate_of_max_attempts_2_is_not_parked_with_the_poison_
     assert q.status("poison") == JobState.DEAD
     job = q.get_job("innocent")
     assert job.state != JobState.DEAD, job.dead_reason
+
+
+def test_a_child_parked_before_its_first_claim_keeps_its_enqueue_time(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """Defect: a job never claimed keeps its enqueue time in its spec record as '' = "its due
+    score" (lib/job.lua pack_spec). A child parked because its parent died leaves due with no
+    hash field to hold it: the dead job reads enqueued_ms '' (get_job, `jobs show`: none), and
+    once requeued (requeue_dead.lua puts it in due at now, without spec_pin_enqueued as
+    reschedule.lua does) it reads, and its first claim stores, the requeue time as the time it
+    was enqueued. The same holds for a job parked at claim by its start deadline."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {}, job_id="parent", max_attempts=1)
+    q.enqueue("t", {}, job_id="child", after=["parent"])
+    assert q.get_job("child").fields.get("enqueued_ms") == str(T0)
+    clock.set_ms(T0 + 2_000)
+    _, tok, _ = _claim_one(q, "w")
+    assert q.fail("parent", tok, ("E", "m", "")).status == "dead"
+    assert q.status("child") == JobState.DEAD
+    seen = {"dead": q.get_job("child").fields.get("enqueued_ms")}
+    clock.set_ms(T0 + 5_000)
+    assert q.requeue_dead(["child"]) == 1
+    seen["requeued"] = q.get_job("child").fields.get("enqueued_ms")
+    assert [j.id for j in q.claim("w", limit=5).jobs] == ["child"]
+    seen["claimed"] = q.get_job("child").fields.get("enqueued_ms")
+    assert seen == {"dead": str(T0), "requeued": str(T0), "claimed": str(T0)}
