@@ -359,3 +359,27 @@ def test_a_child_parked_before_its_first_claim_keeps_its_enqueue_time(
     assert [j.id for j in q.claim("w", limit=5).jobs] == ["child"]
     seen["claimed"] = q.get_job("child").fields.get("enqueued_ms")
     assert seen == {"dead": str(T0), "requeued": str(T0), "claimed": str(T0)}
+
+
+def test_a_never_claimed_job_cancelled_keeps_its_run_time_and_enqueue_time(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """Defect: cancel.lua marks a never-claimed job cancelled (a hash of state, finished_ms,
+    attempts) after taking it out of due, where its run time was (its due score; the spec
+    record keeps enqueued_ms only when it differs from it). The cancelled record then reads
+    run_at_ms None, and a job enqueued to run at once enqueued_ms '' too: get_job, `jobs show`
+    and the dashboard's finished list lose when it was to run. A job cancelled after a retry
+    keeps both (its hash has them)."""
+    q, clock = tq
+    clock.set_ms(T0)
+    q.enqueue("t", {}, job_id="later", delay_ms=60_000)
+    q.enqueue("t", {}, job_id="now")
+    assert q.cancel("later") == "scheduled"
+    assert q.cancel("now") == "due"
+    later, now = q.get_job("later"), q.get_job("now")
+    assert (later.state, now.state) == (JobState.CANCELLED, JobState.CANCELLED)
+    got = {
+        "later": (later.run_at_ms, later.fields.get("enqueued_ms")),
+        "now": (now.run_at_ms, now.fields.get("enqueued_ms")),
+    }
+    assert got == {"later": (T0 + 60_000, str(T0)), "now": (T0, str(T0))}
