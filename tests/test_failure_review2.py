@@ -383,3 +383,33 @@ def test_a_never_claimed_job_cancelled_keeps_its_run_time_and_enqueue_time(
         "now": (now.run_at_ms, now.fields.get("enqueued_ms")),
     }
     assert got == {"later": (T0 + 60_000, str(T0)), "now": (T0, str(T0))}
+
+
+def test_a_parents_retry_and_a_stale_complete_leave_its_child_waiting(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """A chain step stays held while the step before it lapses (stale worker refused, nothing
+    released), retries (RetryLater's delay) and runs again; it is due only once that step is
+    done, and never before."""
+    q, clock = tq
+    clock.set_ms(T0)
+    a, b = chain(q, [("t", "A"), ("t", "B")], max_attempts=3)
+    _, stale, _ = _claim_one(q, "w1")
+    clock.set_ms(T0 + LEASE + 1)
+    _, tok, n = _claim_one(q, "w2")  # w1's lease lapsed: reaped and claimed again
+    assert n == 2
+    with pytest.raises(StaleToken):
+        q.complete(a, stale, "late")
+    assert q.status(b) == JobState.HELD
+    out = q.fail(a, tok, ("RetryLater", "later", ""), delay_ms=5_000)
+    assert (out.status, out.run_at_ms) == ("retry", T0 + LEASE + 1 + 5_000)
+    assert q.status(b) == JobState.HELD
+    clock.set_ms(T0 + LEASE + 5_000)
+    assert q.claim("w3", limit=10).jobs == []  # neither A before its delay nor B
+    clock.set_ms(T0 + LEASE + 1 + 5_000)
+    _, tok, n = _claim_one(q, "w3")
+    assert n == 3
+    q.complete(a, tok, "A done")
+    (jb,) = q.claim("w3", limit=10).jobs
+    assert jb.id == b and jb.payload() == {"payload": "B", "parent": a}
+    assert q.result(a, timeout_s=1) == "A done"
