@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import Backoff, Queue, Registry
+from scheduler import Backoff, JobNotFound, Queue, Registry
 from scheduler.admin.doctor_flow import key_set_issues
 from scheduler.worker import WorkerSettings
 from tests.conftest import Clock, delete_queue
@@ -53,7 +53,7 @@ class MJob:
 
 
 class Explorer:
-    def __init__(self, client: redis.Redis, seed: int) -> None:
+    def __init__(self, client: redis.Redis, seed: int, schedules: bool = False) -> None:
         self.q = Queue(client, "fr3-" + uuid.uuid4().hex[:10], _clock="test")
         self.clock = Clock(client, self.q)
         self.now = T0
@@ -63,6 +63,8 @@ class Explorer:
         self.starts: dict[str, list[int]] = {k: [] for k in RATES}
         self.paused = False
         self.log: list[str] = []
+        self.schedules = schedules
+        self.sched = ""  # '' (none), 'on' or 'paused'
         # Half the seeds age priorities fast: the aged pass and the places inside a key move.
         if seed % 2:
             client.hset(self.q.keys.prefix + "config", "priority_aging_ms", "500")
@@ -82,13 +84,40 @@ class Explorer:
                 else:
                     j.state, j.run_at = "due", j.until
 
+    def occurrence(self, jid: str) -> MJob:
+        """A schedule's run, a job of the model from when it is seen: key `a` (limit 1), rate
+        key `r`, its slot for run time (every_ms, no jitter)."""
+        slot = int(jid.rsplit(":", 1)[1])
+        return MJob(jid, slot, "a", 1, "r", RATES["r"][0], 5)
+
+    def adopt(self) -> None:
+        """The runs the server inserted since (a claim, a definition, a resume)."""
+        p = self.q.keys.prefix
+        for key in (self.q.keys.due, p + "flow:held"):
+            for m in self.q.client.zrange(key, 0, -1):
+                jid = str(m)
+                if not jid.startswith("schedule:"):
+                    continue
+                # A run withdrawn (its record deleted) and placed again under its slot's id.
+                gone = jid in self.jobs and self.jobs[jid].state == "cancelled"
+                if jid not in self.jobs or gone:
+                    self.jobs[jid] = self.occurrence(jid)
+
     def sync_states(self) -> None:
-        """Claim may park a due job (attempts exhausted): read what the server says."""
+        """Claim may park a due job (attempts exhausted), drop a late run (misfire policy); a
+        schedule's pause, removal or redefinition deletes its waiting run: read the server."""
         for j in self.jobs.values():
             if j.state == "due":
-                real = self.q.status(j.id).value
+                try:
+                    real = self.q.status(j.id).value
+                except JobNotFound:
+                    assert j.id.startswith("schedule:"), (j.id, self.log[-5:])
+                    real = "cancelled"
                 if real == "dead":
                     j.state = "dead"
+                elif real == "cancelled":
+                    assert j.id.startswith("schedule:"), (j.id, self.log[-5:])
+                    j.state = "cancelled"
                 else:
                     assert real in ("due", "scheduled", "held"), (j.id, real, self.log[-5:])
 
@@ -127,6 +156,7 @@ class Explorer:
         reap = self.rng.choice([0, 100, 100])
         if reap:
             self.reap()
+        self.adopt()
         before = {k: self.live(k) for k in KEYS}
         worker = self.rng.choice(["w1", "w2"])
         batch = self.q.claim(worker, limit=limit, lease_ms=lease, reap_limit=reap)
@@ -135,6 +165,9 @@ class Explorer:
         if self.paused:
             assert batch.jobs == [], "claimed from a paused queue"
         for c in batch.jobs:
+            if c.id not in self.jobs:  # a run this claim inserted (its schedule's next)
+                assert c.id.startswith("schedule:"), c.id
+                self.jobs[c.id] = self.occurrence(c.id)
             j = self.jobs[c.id]
             assert j.state == "due", f"{j.id} claimed while {j.state}: {self.log[-8:]}"
             assert j.run_at <= self.now, f"{j.id} claimed early: {self.log[-8:]}"
@@ -247,7 +280,7 @@ class Explorer:
         if word == "rescheduled":
             j.run_at = self.now + delay
         else:
-            assert word in ("held", "due"), word
+            assert word in ("held", "due", "schedule"), word
 
     def requeue(self) -> None:
         dead = [j for j in self.jobs.values() if j.state == "dead"]
@@ -266,6 +299,35 @@ class Explorer:
         self.paused = not self.paused
         self.log.append("pause" if self.paused else "resume")
 
+    def schedule(self) -> None:
+        """Define (or redefine), pause, resume or remove schedule s1: its runs share key `a`
+        (limit 1) and rate key `r` with the enqueued jobs."""
+        rng, q = self.rng, self.q
+        if not self.schedules:
+            return
+        what = rng.choice(["define", "define", "pause", "resume", "remove"])
+        if what == "define":
+            every = rng.choice([500, 1_500])
+            misfire = rng.choice(["skip", "run_once", "catch_up:2"])
+            q.schedule("s1", "t", every_ms=every, misfire=misfire, concurrency_key="a",
+                       concurrency_limit=1, rate_limit=RATES["r"][0], rate_key="r")  # fmt: skip
+            self.sched = self.sched or "on"
+            self.log.append(f"schedule s1 every {every} {misfire}")
+        elif what == "pause" and self.sched:
+            q.pause_schedule("s1")
+            self.sched = "paused"
+            self.log.append("pause s1")
+        elif what == "resume" and self.sched:
+            q.resume_schedule("s1")
+            self.sched = "on"
+            self.log.append("resume s1")
+        elif what == "remove" and self.sched:
+            q.remove_schedule("s1")
+            self.sched = ""
+            self.log.append("remove s1")
+        self.adopt()
+        self.sync_states()
+
     def tick(self) -> None:
         self.now += self.rng.choice([1, 100, 299, 301, 1_000, 2_500])
         self.clock.set_ms(self.now)
@@ -273,6 +335,7 @@ class Explorer:
 
     # -- invariants ---------------------------------------------------------------------
     def check(self) -> None:
+        self.adopt()
         c = self.q.client
         p = self.q.keys.prefix
 
@@ -318,6 +381,7 @@ class Explorer:
             (self.reschedule, 1),
             (self.requeue, 1),
             (self.pause, 1),
+            (self.schedule, 2),
             (self.tick, 4),
         ]
         fns = [f for f, _ in ops]
@@ -328,6 +392,10 @@ class Explorer:
     def drain(self) -> None:
         if self.paused:
             self.pause()
+        if self.sched:
+            self.q.remove_schedule("s1")
+            self.sched = ""
+            self.sync_states()
         for _ in range(300):
             self.now += 2_500
             self.clock.set_ms(self.now)
@@ -342,17 +410,22 @@ class Explorer:
         for j in self.jobs.values():
             assert j.state in ("done", "cancelled", "dead"), f"{j.id} never ended ({j.state})"
             assert j.completed == (1 if j.state == "done" else 0)
-            assert self.q.status(j.id).value == j.state
+            try:
+                real = self.q.status(j.id).value
+            except JobNotFound:  # a schedule's run withdrawn: its record deleted
+                real = "cancelled" if j.id.startswith("schedule:") else "missing"
+            assert real == j.state, (j.id, real, j.state)
 
 
 @pytest.mark.parametrize("seed", range(int(__import__("os").environ.get("FR3_SEEDS", "12"))))
+@pytest.mark.parametrize("schedules", [False, True], ids=["jobs", "with-schedule"])
 def test_flow_random_sequences_keep_limits_and_end_every_job(
-    client: redis.Redis, seed: int
+    client: redis.Redis, seed: int, schedules: bool
 ) -> None:
     """Random sequences (fixed seeds) of the operations above: a failure names the broken
     invariant (a key over its limit, a rate window over its count, a job run early, a key's
     held jobs with nothing left to let them go, counts that disagree, a job never ended)."""
-    run = Explorer(client, seed)
+    run = Explorer(client, seed, schedules=schedules)
     try:
         for _ in range(120):
             run.step()
