@@ -6,7 +6,9 @@ test clock (the `tq` fixture), never by sleeping."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -15,6 +17,7 @@ from scheduler import (
     Backoff,
     JobCancelled,
     JobDead,
+    JobNotFound,
     JobState,
     Queue,
     StaleToken,
@@ -413,3 +416,191 @@ def test_a_parents_retry_and_a_stale_complete_leave_its_child_waiting(
     (jb,) = q.claim("w3", limit=10).jobs
     assert jb.id == b and jb.payload() == {"payload": "B", "parent": a}
     assert q.result(a, timeout_s=1) == "A done"
+
+
+# -- a seeded random walk over the failure paths, checked against a model of attempts ------
+
+
+BACKOFFS = (
+    Backoff(base_ms=100, factor=2.0, cap_ms=1_000, jitter=0.0),
+    Backoff(base_ms=0, factor=1.0, cap_ms=0, jitter=0.0),
+    Backoff(base_ms=250, factor=3.0, cap_ms=2_000, jitter=0.0),
+)
+
+
+@dataclass
+class _M:
+    """The model of one job: where it is, its attempts, when it may run again."""
+
+    max_attempts: int
+    backoff: Backoff
+    state: str = "waiting"  # waiting | leased | dead | done | cancelled
+    attempts: int = 0
+    not_before: int = 0
+    token: str = ""
+    lease_until: int = 0
+
+
+class _Walk:
+    def __init__(self, q: Queue, clock: Clock, seed: int) -> None:
+        self.q, self.clock, self.rng = q, clock, random.Random(seed)
+        self.now = T0
+        clock.set_ms(self.now)
+        self.jobs: dict[str, _M] = {}
+        self.stale: list[tuple[str, str]] = []
+        self.settled: dict[tuple[str, str], object] = {}
+        self.log: list[str] = []
+
+    def tick(self) -> None:
+        self.now += self.rng.choice([0, 1, 50, 100, 400, 1_000, 3_000])
+        self.clock.set_ms(self.now)
+
+    def enqueue(self) -> None:
+        jid = f"j{len(self.jobs)}"
+        m = _M(self.rng.randint(1, 3), self.rng.choice(BACKOFFS))
+        delay = self.rng.choice([0, 0, 200, 1_500])
+        self.q.enqueue("t", {}, job_id=jid, max_attempts=m.max_attempts, backoff=m.backoff,
+                       delay_ms=delay)  # fmt: skip
+        m.not_before = self.now + delay
+        self.jobs[jid] = m
+
+    def reap(self) -> None:
+        """What every claim does first: each lapsed lease due again at its end, or parked."""
+        for m in self.jobs.values():
+            if m.state == "leased" and m.lease_until <= self.now:
+                self.stale.append(("", m.token))
+                if m.attempts >= m.max_attempts:
+                    m.state = "dead"
+                else:
+                    m.state, m.not_before = "waiting", m.lease_until
+
+    def claim(self) -> None:
+        lease = self.rng.choice([300, 1_000, 5_000])
+        batch = self.q.claim(self.rng.choice("abc"), limit=self.rng.choice([1, 2, 5]),
+                             lease_ms=lease)  # fmt: skip
+        self.reap()
+        for j in batch.jobs:
+            m = self.jobs[j.id]
+            assert m.state == "waiting", (j.id, m)
+            assert self.now >= m.not_before, ("claimed early", j.id, self.now, m)
+            assert j.attempts == m.attempts + 1 <= m.max_attempts, (j.id, j.attempts, m)
+            m.state, m.attempts, m.token = "leased", j.attempts, j.token
+            m.lease_until = self.now + lease
+
+    def pick(self) -> tuple[str, str] | None:
+        live = [(i, m.token) for i, m in self.jobs.items() if m.state == "leased"]
+        pool = live + self.stale if self.rng.random() < 0.3 else live
+        return self.rng.choice(pool) if pool else None
+
+    def settle(self, what: str) -> None:
+        got = self.pick()
+        if got is None or not got[0]:
+            return
+        jid, tok = got
+        m = self.jobs[jid]
+        held = m.state == "leased" and m.token == tok
+        # A token that settled its lease before: a re-sent call, answered as the first time
+        # (or refused once the job's last 8 settlements moved past it); it changes nothing.
+        replay = self.settled.get((jid, tok))
+        if what == "complete":
+            try:
+                self.q.complete(jid, tok, 1)
+            except (StaleToken, JobCancelled, JobNotFound):
+                assert not held, (jid, m)
+                return
+            assert held or replay == "done", ("stale complete accepted", jid, m, replay)
+            if held:
+                m.state = "done"
+                self.settled[(jid, tok)] = "done"
+        elif what == "release":
+            st = self.q.release([(jid, tok)])[0]
+            assert (st == "released") == (held or replay == "released"), (jid, st, m, replay)
+            if held:
+                m.state, m.attempts, m.not_before = "waiting", m.attempts - 1, self.now
+                self.settled[(jid, tok)] = "released"
+        else:
+            retryable = self.rng.random() < 0.85
+            delay = self.rng.choice([None, None, 0, 700])
+            try:
+                out = self.q.fail(jid, tok, ("E", "m", ""), retryable=retryable, delay_ms=delay)
+            except (StaleToken, JobCancelled, JobNotFound):
+                assert not held, (jid, m)
+                return
+            if not held:
+                assert replay is not None and replay == (out.status, out.run_at_ms), (
+                    "stale fail accepted",
+                    jid,
+                    m,
+                    replay,
+                    out,
+                )
+                return
+            if not retryable or m.attempts >= m.max_attempts:
+                assert out.status == "dead", (jid, out, m)
+                m.state = "dead"
+            else:
+                bo = m.backoff
+                want = delay if delay is not None else bo.delay_ms(m.attempts)
+                assert (out.status, out.run_at_ms) == ("retry", self.now + want), (jid, out, m)
+                m.state, m.not_before = "waiting", self.now + want
+            self.settled[(jid, tok)] = (out.status, out.run_at_ms)
+        self.stale.append((jid, tok))
+
+    def other(self) -> None:
+        jid = self.rng.choice(list(self.jobs)) if self.jobs else None
+        if jid is None:
+            return
+        m = self.jobs[jid]
+        op = self.rng.choice(["cancel", "reschedule", "requeue"])
+        if op == "cancel" and m.state in ("waiting", "leased") and self.rng.random() < 0.3:
+            self.q.cancel(jid)
+            m.state = "cancelled"
+        elif op == "reschedule" and m.state == "waiting":
+            d = self.rng.choice([0, 500])
+            assert self.q.reschedule(jid, delay_ms=d) == "rescheduled", (jid, m)
+            m.not_before = self.now + d
+        elif op == "requeue" and m.state == "dead":
+            assert self.q.requeue_dead([jid]) == 1
+            m.state, m.attempts, m.not_before = "waiting", 0, self.now
+
+    def check(self) -> None:
+        want = {"waiting": {JobState.DUE, JobState.SCHEDULED}, "leased": {JobState.LEASED},
+                "dead": {JobState.DEAD}, "done": {JobState.DONE},
+                "cancelled": {JobState.CANCELLED}}  # fmt: skip
+        for jid, m in self.jobs.items():
+            job = self.q.get_job(jid)
+            assert JobState(job.state) in want[m.state], (jid, job.state, m)
+            if m.state in ("waiting", "leased", "dead"):
+                assert job.attempts == m.attempts, (jid, job.attempts, m)
+
+    def step(self) -> None:
+        r = self.rng.random()
+        if r < 0.15 or not self.jobs:
+            self.enqueue()
+        elif r < 0.40:
+            self.claim()
+        elif r < 0.55:
+            self.settle("fail")
+        elif r < 0.63:
+            self.settle("complete")
+        elif r < 0.68:
+            self.settle("release")
+        elif r < 0.78:
+            self.other()
+        else:
+            self.tick()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_random_walk_counts_attempts_and_waits_out_every_backoff(
+    tq: tuple[Queue, Clock], seed: int
+) -> None:
+    """Attempts as the model counts them (one per claim, one given back per release, none
+    after a requeue), never more than max_attempts claims, a retry never claimed before its
+    backoff (or RetryLater delay) ends, a lapsed lease due at its end or parked when spent,
+    stale tokens refused; the stored state and attempts agree after every step."""
+    q, clock = tq
+    walk = _Walk(q, clock, seed)
+    for _ in range(250):
+        walk.step()
+        walk.check()
