@@ -546,6 +546,31 @@ class _Walk:
             self.settled[(jid, tok)] = (out.status, out.run_at_ms)
         self.stale.append((jid, tok))
 
+    def beat(self) -> None:
+        """A heartbeat (or a progress report) of a current or stale lease: extended only while
+        the token holds an unexpired lease; a lapsed one answers 'expired' and stays lapsed."""
+        got = self.pick()
+        if got is None or not got[0]:
+            return
+        jid, tok = got
+        m = self.jobs[jid]
+        held = m.state == "leased" and m.token == tok
+        lease = self.rng.choice([200, 2_000])
+        if self.rng.random() < 0.5:
+            st = self.q.set_progress(jid, tok, {"at": self.now})
+        else:
+            until, sts = self.q.heartbeat([(jid, tok)], lease_ms=lease)
+            st = sts[jid]
+            if st == "held":
+                assert until == self.now + lease
+                m.lease_until = until
+        if held and m.lease_until > self.now:
+            assert st == "held", (jid, st, m)
+        elif held:
+            assert st == "expired", (jid, st, m)
+        else:
+            assert st != "held", ("stale lease extended", jid, tok, st, m)
+
     def other(self) -> None:
         jid = self.rng.choice(list(self.jobs)) if self.jobs else None
         if jid is None:
@@ -585,8 +610,10 @@ class _Walk:
             self.settle("complete")
         elif r < 0.68:
             self.settle("release")
-        elif r < 0.78:
+        elif r < 0.74:
             self.other()
+        elif r < 0.82:
+            self.beat()
         else:
             self.tick()
 
