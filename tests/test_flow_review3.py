@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import Backoff, JobNotFound, Queue, Registry
+from scheduler import Backoff, JobNotFound, JobSpec, Queue, Registry
 from scheduler.admin.doctor_flow import key_set_issues
 from scheduler.worker import WorkerSettings
 from tests.conftest import Clock, delete_queue
@@ -27,7 +27,7 @@ from tests.embedded_worker import run_until
 T0 = 1_000_000
 # Key -> the limits its jobs are given (one key mixes two limits: "the limit of the job being
 # claimed applies").
-KEYS: dict[str, tuple[int, ...]] = {"a": (1,), "b": (2,), "c": (1, 3)}
+KEYS: dict[str, tuple[int, ...]] = {"a": (1,), "b": (2,), "c": (1, 3), "d": (450,)}
 # Rate key -> the (count, window_ms) its jobs are given. One key mixes two counts in one window
 # (not two windows: a window longer than any the key used before sees only the starts its log
 # kept, a documented limit of docs/flow-control.md).
@@ -53,7 +53,9 @@ class MJob:
 
 
 class Explorer:
-    def __init__(self, client: redis.Redis, seed: int, schedules: bool = False) -> None:
+    def __init__(
+        self, client: redis.Redis, seed: int, schedules: bool = False, bulk: bool = False
+    ) -> None:
         self.q = Queue(client, "fr3-" + uuid.uuid4().hex[:10], _clock="test")
         self.clock = Clock(client, self.q)
         self.now = T0
@@ -64,6 +66,10 @@ class Explorer:
         self.paused = False
         self.log: list[str] = []
         self.schedules = schedules
+        # Bulk: batches of up to 400 jobs and claims of up to 300, so the per-script bounds
+        # (lib/flow.lua FLOW_HOLD_BUDGET, FLOW_PROMOTE_STEP, FLOW_CK_STEP; the reaper's 500)
+        # cut in; key `d` has a limit of 450.
+        self.bulk = bulk
         self.sched = ""  # '' (none), 'on' or 'paused'
         # Half the seeds age priorities fast: the aged pass and the places inside a key move.
         if seed % 2:
@@ -75,14 +81,17 @@ class Explorer:
             j.state == "leased" and j.until > self.now and j.ckey == key for j in self.jobs.values()
         )
 
-    def reap(self) -> None:
-        for j in self.jobs.values():
-            if j.state == "leased" and j.until <= self.now:
-                j.old_tokens.append(j.token)
-                if j.attempts >= j.max_attempts:
-                    j.state = "dead"
-                else:
-                    j.state, j.run_at = "due", j.until
+    def reap(self, most: int) -> None:
+        """Claim's reaper: the lapsed leases, earliest end first (then by id, as the ZSET
+        orders ties), at most `most` (the script reaps 500 at most per call)."""
+        lapsed = [j for j in self.jobs.values() if j.state == "leased" and j.until <= self.now]
+        lapsed.sort(key=lambda j: (j.until, j.id))
+        for j in lapsed[: min(most, 500)]:
+            j.old_tokens.append(j.token)
+            if j.attempts >= j.max_attempts:
+                j.state = "dead"
+            else:
+                j.state, j.run_at = "due", j.until
 
     def occurrence(self, jid: str) -> MJob:
         """A schedule's run, a job of the model from when it is seen: key `a` (limit 1), rate
@@ -106,6 +115,16 @@ class Explorer:
     def sync_states(self) -> None:
         """Claim may park a due job (attempts exhausted), drop a late run (misfire policy); a
         schedule's pause, removal or redefinition deletes its waiting run: read the server."""
+        if self.bulk:
+            due = [j for j in self.jobs.values() if j.state == "due"]
+            pipe = self.q.client.pipeline(transaction=False)
+            for j in due:
+                pipe.hget(self.q.keys.job(j.id), "state")
+            for j, state in zip(due, pipe.execute(), strict=True):
+                assert state in (None, "due", "dead"), (j.id, state)
+                if state == "dead":
+                    j.state = "dead"
+            return
         for j in self.jobs.values():
             if j.state == "due":
                 try:
@@ -130,7 +149,7 @@ class Explorer:
         rng = self.rng
         delay = rng.choice([0, 0, 0, 150, 1_200])
         kw: dict[str, Any] = {"priority": rng.choice([0, 0, 3, 9])}
-        ckey = rng.choice([None, "a", "a", "b", "c", "c"])
+        ckey = rng.choice([None, "a", "a", "b", "c", "c"] + (["d", "d"] if self.bulk else []))
         climit = 0
         if ckey is not None:
             climit = rng.choice(KEYS[ckey])
@@ -144,18 +163,23 @@ class Explorer:
         within = rng.choice([None, None, None, 2_000])
         if within is not None:
             kw["start_within_ms"] = within
-        jid = self.q.enqueue("t", None, delay_ms=delay, max_attempts=max_attempts, **kw)
-        self.jobs[jid] = MJob(jid, self.now + delay, ckey, climit, rkey, rate, max_attempts, within)
-        self.log.append(f"enqueue {jid} {kw} delay={delay} max={max_attempts}")
+        n = rng.choice([1, 30, 400]) if self.bulk else 1
+        if rkey is not None:  # a rate key's batch drains at its rate: kept small
+            n = min(n, 30)
+        spec = JobSpec("t", None, delay_ms=delay, max_attempts=max_attempts, **kw)
+        for jid in self.q.enqueue_many([spec] * n):
+            self.jobs[jid] = MJob(
+                jid, self.now + delay, ckey, climit, rkey, rate, max_attempts, within
+            )
+        self.log.append(f"enqueue {n} {kw} delay={delay} max={max_attempts}")
 
     def claim(self) -> None:
-        limit = self.rng.choice([1, 2, 4])
+        limit = self.rng.choice([20, 100, 300] if self.bulk else [1, 2, 4])
         lease = self.rng.choice([300, 3_000])
         # A claim may reap nothing (reap_limit 0): a lapsed lease then stays leased, its slot
         # free at once (lib/flow.lua flow_ck_live), and its worker may still settle it.
-        reap = self.rng.choice([0, 100, 100])
-        if reap:
-            self.reap()
+        reap = self.rng.choice([0, 100, 100, 10_000] if self.bulk else [0, 100, 100])
+        self.reap(reap)
         self.adopt()
         before = {k: self.live(k) for k in KEYS}
         worker = self.rng.choice(["w1", "w2"])
@@ -197,6 +221,18 @@ class Explorer:
         assert self.q.complete_many([(j.id, j.token, None)]) == ["done"], self.log[-6:]
         self.log.append(f"complete {j.id} (until {j.until}, now {self.now})")
         j.state, j.completed = "done", j.completed + 1
+
+    def complete_some(self) -> None:
+        """Complete a random part of the live leases in one call (as a worker's batch)."""
+        live = [j for j in self.jobs.values() if j.state == "leased" and j.until > self.now]
+        some = [j for j in live if self.rng.random() < 0.6]
+        if not some:
+            return
+        out = self.q.complete_many([(j.id, j.token, None) for j in some])
+        assert out == ["done"] * len(some)
+        for j in some:
+            j.state, j.completed = "done", j.completed + 1
+        self.log.append(f"complete {len(some)}")
 
     def stale(self) -> None:
         j = self.pick(("leased", "due", "done", "dead", "cancelled"))
@@ -381,6 +417,7 @@ class Explorer:
             (self.reschedule, 1),
             (self.requeue, 1),
             (self.pause, 1),
+            (self.complete_some, 4 if self.bulk else 0),
             (self.schedule, 2),
             (self.tick, 4),
         ]
@@ -396,8 +433,8 @@ class Explorer:
             self.q.remove_schedule("s1")
             self.sched = ""
             self.sync_states()
-        for _ in range(300):
-            self.now += 2_500
+        for _ in range(1_500 if self.bulk else 300):
+            self.now += 1_000 if self.bulk else 2_500
             self.clock.set_ms(self.now)
             self.claim()
             for j in list(self.jobs.values()):
@@ -484,3 +521,19 @@ def test_a_real_worker_keeps_each_key_at_its_limit_through_retries(
     assert all(most[k] <= lim for k, lim in limits.items()), most
     assert [q.status(i).value for i in ids] == ["done"] * len(ids)
     assert q.counts().held == {"key_limit": 0, "rate_window": 0, "waiting": 0}
+
+
+@pytest.mark.parametrize("seed", range(int(__import__("os").environ.get("FR3_BULK_SEEDS", "2"))))
+def test_flow_random_bulk_sequences_keep_limits_past_the_per_script_bounds(
+    client: redis.Redis, seed: int
+) -> None:
+    """The same invariants with batches of hundreds of jobs and claims of up to 300: the
+    per-script bounds (jobs set aside, held jobs let go, lapsed slots checked, leases reaped)
+    cut in, and the rest must be done by later scripts, never lost nor over a limit."""
+    run = Explorer(client, 1_000 + seed, bulk=True)
+    try:
+        for _ in range(60):
+            run.step()
+        run.drain()
+    finally:
+        delete_queue(client, run.q)
