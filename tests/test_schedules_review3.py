@@ -125,14 +125,15 @@ def test_cron_slots_around_unusual_zone_changes_match_the_wall_clock(
 # -- a random-sequence explorer: flow control, cancels, start windows ---------------------------
 
 
-def _never_claimed(client: redis.Redis, q: Queue, name: str) -> list[str]:
-    """Occurrences of `name` waiting (due or set aside by flow control) that no claim took."""
+def _never_claimed(client: redis.Redis, q: Queue, name: str, requeued: set[str]) -> list[str]:
+    """Occurrences of `name` waiting (due or set aside by flow control) that no claim took,
+    but those an operator requeued from the dead letters (a rerun asked for, not pending)."""
     out = []
     for key in (q.keys.due, q.keys.flow_held):
         for jid in client.zrange(key, 0, -1):
             if str(jid).startswith(f"schedule:{name}:"):
                 state, fence = client.hmget(q.keys.job(jid), "state", "fence")
-                if state == "due" and fence is None:
+                if state == "due" and fence is None and jid not in requeued:
                     out.append(str(jid))
     return out
 
@@ -140,12 +141,13 @@ def _never_claimed(client: redis.Redis, q: Queue, name: str) -> list[str]:
 class _Explorer:
     """Random steps on two schedules (interval or cron, jitter, misfire, a concurrency key of
     limit 1, a rate limit, a start window, 1-3 attempts): clock moves and outages, claims,
-    complete / fail / crash (the lease lapses), cancelling the pending run, pause, resume,
-    redefinition, remove and define again, run now. Checked after each step: an active
-    schedule has exactly one never-claimed run and it is its `pending` (none while paused or
-    removed, none while it waits for a refill); no slot is claimed for its first attempt twice;
-    no run is claimed before its run_at_ms. At the end (all resumed), each active schedule
-    keeps placing runs."""
+    complete / fail / crash (the lease lapses) / release, cancelling the pending run, pause,
+    resume, redefinition, remove and define again, run now, dead letters requeued or purged.
+    Checked after each step: an active schedule has exactly one never-claimed run and it is
+    its `pending` (none while paused or removed, none while it waits for a refill; a requeued
+    dead letter aside); no slot is claimed for its first attempt twice (a release or a requeue
+    aside); no run is claimed before its run_at_ms. At the end (all resumed), each active
+    schedule keeps placing runs."""
 
     def __init__(self, q: Queue, clock: Clock, client: redis.Redis, seed: int) -> None:
         self.q, self.clock, self.client = q, clock, client
@@ -162,6 +164,7 @@ class _Explorer:
         self.state = dict.fromkeys(self.names, "active")
         self.leases: dict[str, str] = {}
         self.first: Counter[str] = Counter()
+        self.requeued: set[str] = set()
         self.log: list[str] = []
         for i, n in enumerate(self.names):
             q.schedule(n, "t", **self.variant(i))
@@ -188,7 +191,7 @@ class _Explorer:
     def check(self) -> None:
         for n in self.names:
             h = self.client.hgetall(self.q.keys.schedule(n))
-            never = _never_claimed(self.client, self.q, n)
+            never = _never_claimed(self.client, self.q, n, self.requeued)
             if self.state[n] == "active" and h.get("starved") != "1":
                 if never != [h.get("pending")]:
                     self.fail(f"{n}: pending {h.get('pending')!r}, never claimed {never}")
@@ -262,7 +265,27 @@ class _Explorer:
             return f"remove {n} {q.remove_schedule(n)}"
         if op == "now" and self.state[n] != "removed":
             return f"run now {n} {q.run_schedule_now(n)}"
-        return op
+        return self.operator(op)
+
+    def operator(self, op: str) -> str:
+        """Now and then a dead letter requeued or purged, or a lease given back unstarted."""
+        rng, q = self.rng, self.q
+        if rng.random() >= 0.15:
+            return op
+        what = rng.choice(["requeue", "purge", "release"])
+        if what == "release" and self.leases:
+            jid = rng.choice(sorted(self.leases))
+            self.first[jid] -= 1  # given back unstarted: its next claim is its first attempt
+            return f"release {jid} {q.release([(jid, self.leases.pop(jid))])}"
+        dead = q.dead_ids()
+        if what == "release" or not dead:
+            return op
+        jid = rng.choice(dead)
+        if what == "purge":
+            return f"purge {jid} {q.purge_dead([jid])}"
+        self.requeued.add(jid)
+        self.first[jid] = -1_000  # run again on purpose: its attempts start over
+        return f"requeue {jid} {q.requeue_dead([jid])}"
 
     def run(self, steps: int) -> None:
         for i in range(steps):
