@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from scheduler import Backoff, BadArgument, Queue
 from scheduler.cli.main import main
 from scheduler.core.errors import SchedulerError
+from scheduler.dashboard.schedule_view import next_runs
 from scheduler.schedules.cron_slots import check_cron, cron_slots_after, cron_slots_upto
 from tests.conftest import Clock, dump_queue
 
@@ -319,3 +320,33 @@ def test_random_programs_keep_one_pending_run_never_early_never_twice(
     """Held (about 400 seeds of 150 steps during the review, these 6 kept): see _Explorer."""
     q, clock = tq
     _Explorer(q, clock, client, seed).run(150)
+
+
+# -- next runs shown ---------------------------------------------------------------------------
+
+
+def test_the_dashboards_next_runs_of_a_kept_run_are_the_runs_placed_after_it(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """Defect: after `every_ms` changes while the pending run is due and waiting (a deploy:
+    README, the run is kept and the new interval applies from the slot after it), the
+    dashboard's Schedules page lists the next runs at the kept slot + k * the new every_ms,
+    while lib/rearm.lua places them epoch-aligned (the first multiple of every_ms after the
+    slot). Here the page says the run after the kept one is at +7 min when it comes at +2 min:
+    an operator planning around the page (a maintenance window, a manual run) is misled.
+    scheduler/dashboard/schedule_view.py next_runs computes `slot + i * every_ms + offset`,
+    which holds only for a slot on the interval's own grid; the fix: the first run after it
+    at (slot // every_ms + 1) * every_ms + offset, then every_ms apart."""
+    q, clock = tq
+    slot = BASE + MIN_MS  # on the 1-minute grid, not on the 7-minute one
+    clock.set_ms(BASE + 1)
+    q.schedule("sync", "t", every_ms=MIN_MS)
+    clock.set_ms(slot + 1_000)  # due, no worker took it yet
+    assert q.schedule("sync", "t", every_ms=7 * MIN_MS) == "updated"
+    shown = next_runs(q.get_schedule("sync"), slot + 1_000)
+    assert shown[0] == slot  # the kept run, at its own time
+    (job,) = q.claim("w", limit=10).jobs
+    assert job.id == f"schedule:sync:{slot}"
+    placed = q.get_schedule("sync").next_run_ms
+    assert placed == (slot // (7 * MIN_MS) + 1) * 7 * MIN_MS  # epoch-aligned, as documented
+    assert shown[1] == placed, (shown, placed)
