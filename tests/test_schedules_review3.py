@@ -24,6 +24,7 @@ from scheduler.core.errors import SchedulerError
 from scheduler.dashboard.schedule_view import next_runs
 from scheduler.schedules.cron_slots import check_cron, cron_slots_after, cron_slots_upto
 from tests.conftest import Clock, dump_queue
+from tests.fixtures.partitioned import MakePq
 
 MIN_MS = 60_000
 BASE = 1_000 * 600_000  # a multiple of every interval used here
@@ -350,3 +351,40 @@ def test_the_dashboards_next_runs_of_a_kept_run_are_the_runs_placed_after_it(
     placed = q.get_schedule("sync").next_run_ms
     assert placed == (slot // (7 * MIN_MS) + 1) * 7 * MIN_MS  # epoch-aligned, as documented
     assert shown[1] == placed, (shown, placed)
+
+
+# -- a partitioned queue --------------------------------------------------------------------------
+
+
+def test_a_partitioned_schedules_held_run_cancelled_through_the_logical_queue_arms_the_next(
+    client: redis.Redis, make_pq: MakePq
+) -> None:
+    """Held: on a partitioned queue, a cron schedule's pending run held by its concurrency key
+    is listed at its own time (from flow:held), a cancel through the logical queue finds its
+    partition, arms the slot after it there, and the schedule keeps exactly one pending run."""
+    pq = make_pq(_clock="test")
+
+    def at(ms: int) -> None:
+        for part in pq.parts:
+            client.set(part.keys.test_clock, ms)
+
+    at(BASE + 1)
+    opts: dict[str, Any] = {"concurrency_key": "rep", "concurrency_limit": 1}
+    assert pq.schedule("rep", "t", cron="* * * * *", **opts) == "created"
+    part = pq.parts[pq.layout.partition_of_schedule("rep")]
+    at(BASE + MIN_MS + 1)
+    (first,) = pq.claim("w", limit=10, lease_ms=30 * MIN_MS).jobs
+    assert first.id == f"schedule:rep:{BASE + MIN_MS}"
+    at(BASE + 2 * MIN_MS + 1)
+    assert pq.claim("w", limit=10).jobs == []  # the next run is held by the key
+    held = pq.get_schedule("rep").pending
+    assert held == f"schedule:rep:{BASE + 2 * MIN_MS}"
+    assert client.zscore(part.keys.flow_held, held) is not None
+    assert [s.next_run_ms for s in pq.list_schedules()] == [BASE + 2 * MIN_MS]
+    assert pq.cancel(held) == "held"
+    after = pq.get_schedule("rep").pending
+    assert after == f"schedule:rep:{BASE + 3 * MIN_MS}"
+    assert _never_claimed(client, part, "rep", set()) == [after]
+    pq.complete(first.id, first.token)
+    at(BASE + 3 * MIN_MS + 1)
+    assert [j.id for j in pq.claim("w", limit=10).jobs] == [after]
