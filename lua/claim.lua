@@ -37,7 +37,8 @@
     The opt-in dead-letter retention (config: dead_max_age_ms / dead_max_count, lib/job.lua
     dead_trim) is applied at every call, paused or not, at most 100 of the oldest per call.
     The reaper counts each lapse it puts back in due (`lapses`, parsed strictly: a hand-edited
-    value reads as 0). A job with 2 or more is a suspect (it was in two crashed batches): a
+    value reads as 0). A job with 2 or more is a suspect (it was in two crashed batches), and one
+    with 1 whose lease taken is its last attempt (else max_attempts 2 parked a batch-mate): a
     worker holds at most one suspect lease at a time (`isolated`: worker id -> job id, checked
     lazily), so a job that kills its worker ends up alone; a suspect it may not take stays due
     for another worker (a call that took one and left others pushes a wake-up), re-scored in
@@ -207,6 +208,14 @@ local function score_ms(v)
   return math.min(math.floor(x), LIM.time_ms)
 end
 
+-- A suspect runs on a worker holding no other (below): a job whose lease lapsed twice (two
+-- crashed batches), or once when the lease taken is its last attempt. With the second rule
+-- alone, max_attempts 2 parked an innocent batch-mate 'lease expired' with the poison job at
+-- its second lapse, before it ever ran alone. `attempts`: the count with this lease's.
+local function suspect_at(r, attempts)
+  return r.lapses >= 2 or (r.lapses >= 1 and attempts >= r.max_attempts)
+end
+
 local replay_key = prefix .. 'claim:' .. nonce
 local replay = redis.call('GET', replay_key)
 local now = now_ms()
@@ -224,7 +233,7 @@ if replay then
     if r and r.state == 'leased' and r.token and string.sub(r.token, -#nonce - 1) == '-' .. nonce
       and string.find(r.token, '^%d+%-%w+$') then
       pack_job(out, id, r.token, r.attempts, r)
-      if r.lapses >= 2 then suspect = id end
+      if suspect_at(r, r.attempts) then suspect = id end
     end
   end
   local reply = { words[1], words[2], #out / CLAIM_FIELDS }
@@ -379,11 +388,11 @@ if limit > 0 then
       end
     end
     if bad then return drop(id, jk, bad, r) end
-    -- A suspect (lapsed twice): one per worker at a time; else it stays due for another,
+    -- A suspect (suspect_at): one per worker at a time; else it stays due for another,
     -- re-scored to now (never before its score): behind every job due before now, so more
     -- suspects than a scan's budget at the head of due cannot use up every claim's scan and
     -- starve the jobs behind them; still due, for any worker that may take it.
-    if r.lapses >= 2 and (suspect_taken or suspect_held()) then
+    if suspect_at(r, r.attempts + 1) and (suspect_taken or suspect_held()) then
       skipped[#skipped + 1] = id
       if held_since and score_ms(score) < held_since then met_older = true end
       local later = now
@@ -432,7 +441,7 @@ if limit > 0 then
     -- (sched_rearm above), so the schedule goes on.
     if r.start_by and now > r.start_by then return drop(id, jk, 'start deadline passed', r) end
     -- Leased below: the worker's one suspect (one set aside, parked or dropped above is not).
-    if r.lapses >= 2 then suspect_taken = id end
+    if suspect_at(r, r.attempts + 1) then suspect_taken = id end
     local attempts = r.attempts + 1
     if attempts ~= attempts_was then attempts_was, attempts_s = attempts, fmt(attempts) end
     -- The last settlement moves to the replay log before a new one can overwrite it.

@@ -76,3 +76,13 @@ def test_a_due_suspect_says_why_it_may_wait() -> None:
     assert "lapsed 2 times" in why_not_running(due("2"), 10, 2)[1].text
     for innocent in ("1", "", "x2", "\u0662"):  # one lapse, unset, garbage: not a suspect
         assert [r.code for r in why_not_running(due(innocent), 10, 2)] == ["waiting-for-worker"]
+
+
+def test_a_due_job_lapsed_once_before_its_last_attempt_is_a_suspect() -> None:
+    # claim.lua suspect_at: one lapse makes a suspect when the next attempt is the last.
+    def due(attempts: str, max_attempts: str) -> Job:
+        fields = {"state": "due", "run_at_ms": "0", "lapses": "1", "attempts": attempts}
+        return Job("j4", "due", "t", "{}", {**fields, "max_attempts": max_attempts})
+
+    assert [r.code for r in why_not_running(due("1", "2"), 10, 2)][-1] == "suspect"
+    assert [r.code for r in why_not_running(due("1", "3"), 10, 2)] == ["waiting-for-worker"]

@@ -317,24 +317,45 @@ def test_dead_retention_by_age_keeps_the_boundary_and_drops_the_older(
 def test_an_innocent_batch_mate_of_max_attempts_2_is_not_parked_with_the_poison_job(
     tq: tuple[Queue, Clock],
 ) -> None:
-    """Defect (a promise gap): README "Contained failure" says a job that kills its worker is
-    parked after max_attempts "and it does not take its batch-mates with it". The isolation
-    (one suspect per worker) starts only at a job's second lapse, and the reaper (claim.lua
-    step 1) charges every lapse to the attempt budget: with max_attempts=2, a job that merely
-    shared two batches with a poison job is parked 'lease expired' in the same reap as the
-    poison job, never having run alone. A user sees innocent jobs in the dead list."""
+    """README "Contained failure": a job that kills its worker is parked after max_attempts
+    "and it does not take its batch-mates with it". Isolation started at a job's second lapse
+    only, and the reaper charges every lapse to the attempt budget: with max_attempts=2, a job
+    that merely shared two batches with a poison job was parked 'lease expired' in the same
+    reap, never having run alone. Now a lapsed job's last attempt is a suspect's (claim.lua
+    suspect_at): one per worker, so the innocent job runs alone and completes."""
     q, clock = tq
     clock.set_ms(T0)
     q.enqueue("t", {"kills": "its worker"}, job_id="poison", max_attempts=2)
     q.enqueue("t", {}, job_id="innocent", max_attempts=2)
     assert len(q.claim("w1", limit=2, lease_ms=LEASE).jobs) == 2  # w1 dies (poison)
     clock.set_ms(T0 + 2 * LEASE)
-    assert len(q.claim("w2", limit=2, lease_ms=LEASE).jobs) == 2  # w2 dies (poison)
-    clock.set_ms(T0 + 4 * LEASE)
-    q.claim("w3", limit=1, lease_ms=LEASE)
+    first = q.claim("w2", limit=2, lease_ms=LEASE)
+    assert len(first.jobs) == 1 and first.suspect == first.jobs[0].id  # its last attempt: alone
+    second = q.claim("w3", limit=2, lease_ms=LEASE)
+    assert len(second.jobs) == 1 and second.suspect == second.jobs[0].id
+    held = {j.id: (w, j.token) for w, b in (("w2", first), ("w3", second)) for j in b.jobs}
+    assert sorted(held) == ["innocent", "poison"]
+    q.complete("innocent", held["innocent"][1])  # ran alone: done
+    clock.set_ms(T0 + 4 * LEASE)  # the poison job's worker died again, alone
+    q.claim("w4", limit=1, lease_ms=LEASE)
     assert q.status("poison") == JobState.DEAD
-    job = q.get_job("innocent")
-    assert job.state != JobState.DEAD, job.dead_reason
+    assert q.get_job("poison").dead_reason == "lease expired"
+    assert q.status("innocent") == JobState.DONE
+
+
+def test_a_batch_mate_whose_budget_is_one_attempt_is_parked_on_its_first_lapse(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """The bound of the rule above: max_attempts=1 allows no second run, so a lapse (it may
+    have run) parks every job of the crashed batch (docs/durability.md says so)."""
+    q, clock = tq
+    clock.set_ms(T0)
+    for jid in ("poison", "innocent"):
+        q.enqueue("t", {}, job_id=jid, max_attempts=1)
+    assert len(q.claim("w1", limit=2, lease_ms=LEASE).jobs) == 2
+    clock.set_ms(T0 + 2 * LEASE)
+    assert q.claim("w2", limit=2, lease_ms=LEASE).jobs == []
+    assert sorted(q.dead_ids()) == ["innocent", "poison"]
 
 
 def test_a_child_parked_before_its_first_claim_keeps_its_enqueue_time(

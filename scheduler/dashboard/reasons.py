@@ -144,11 +144,13 @@ def _paused(paused_ms: int, now_ms: int) -> Reason:
 
 
 def _suspect(job: Job) -> list[Reason]:
-    """A job whose lease lapsed twice or more (its worker died running it) is claimed by a
-    worker holding no other such job (docs/durability.md): it may wait for one."""
+    """A job whose lease lapsed twice or more (its worker died running it), or once when its
+    next attempt is its last, is claimed by a worker holding no other such job
+    (docs/durability.md, claim.lua suspect_at): it may wait for one."""
     raw = job.fields.get("lapses") or ""
     n = int(raw) if raw.isascii() and raw.isdigit() else 0  # claim.lua reads garbage as 0
-    if n < 2:
+    last = (job.attempts or 0) + 1 >= (job.max_attempts or 0) > 0
+    if n < 1 or (n < 2 and not last):
         return []
     text = (
         f"its lease lapsed {n} times (a worker died or stalled running it): it runs as a "
