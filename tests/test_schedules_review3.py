@@ -130,13 +130,13 @@ def test_cron_slots_around_unusual_zone_changes_match_the_wall_clock(
 def _never_claimed(client: redis.Redis, q: Queue, name: str, requeued: set[str]) -> list[str]:
     """Occurrences of `name` waiting (due or set aside by flow control) that no claim took,
     but those an operator requeued from the dead letters (a rerun asked for, not pending)."""
-    out = []
+    out: list[str] = []
     for key in (q.keys.due, q.keys.flow_held):
-        for jid in client.zrange(key, 0, -1):
-            if str(jid).startswith(f"schedule:{name}:"):
+        for jid in map(str, client.zrange(key, 0, -1)):
+            if jid.startswith(f"schedule:{name}:"):
                 state, fence = client.hmget(q.keys.job(jid), "state", "fence")
                 if state == "due" and fence is None and jid not in requeued:
-                    out.append(str(jid))
+                    out.append(jid)
     return out
 
 
@@ -209,8 +209,8 @@ class _Explorer:
                 self.first[j.id] += 1
                 if self.first[j.id] > 1:
                     self.fail(f"{j.id} claimed for its first attempt twice")
-            run_at = self.client.hget(self.q.keys.job(j.id), "run_at_ms")
-            if run_at is not None and int(run_at) > self.now:
+            run_at = str(self.client.hget(self.q.keys.job(j.id), "run_at_ms") or "")
+            if run_at and int(run_at) > self.now:
                 self.fail(f"{j.id} claimed at {self.now}, before its run_at {run_at}")
             self.leases[j.id] = j.token
         return str([j.id for j in batch.jobs])
@@ -248,7 +248,7 @@ class _Explorer:
         if op == "settle":
             return f"settle {self.settle()}"
         if op == "cancel":
-            pending = self.client.hget(q.keys.schedule(n), "pending")
+            pending = str(self.client.hget(q.keys.schedule(n), "pending") or "")
             return f"cancel {pending} {q.cancel(pending) if pending else ''}"
         if op == "pause":
             if self.state[n] == "active":
@@ -300,7 +300,7 @@ class _Explorer:
         seen: dict[str, set[str]] = {n: set() for n in self.names}
         for _ in range(8):
             for n in self.names:
-                seen[n].add(self.client.hget(self.q.keys.schedule(n), "pending") or "")
+                seen[n].add(str(self.client.hget(self.q.keys.schedule(n), "pending") or ""))
             self.now += 3 * MIN_MS + 7_000
             self.clock.set_ms(self.now)
             for _ in range(10):
