@@ -50,7 +50,9 @@ if type(in_leased) == 'table' then
 end
 -- A job never claimed has no hash yet: its spec and its place in due say it waits.
 local fresh = not state
+local pin = false  -- a never-claimed job's run time (its due score), written down below
 if fresh and in_due and redis.call('EXISTS', spec_key(prefix, id)) == 1 then
+  pin = fmt(tonumber(in_due))
   state = 'due'
   local spec = job_spec(prefix, id, in_due)
   if spec then own_ttl = spec.result_ttl_ms end
@@ -82,7 +84,8 @@ redis.call('ZREM', leased, id)
 flow_forget(prefix, id, now)
 flow_parent_ended(prefix, id, 'cancelled', now)
 redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', fmt(now))
-if fresh then redis.call('HSET', jk, 'attempts', '0') end
+if fresh then redis.call('HSET', jk, 'attempts', '0') else redis.call('HDEL', jk, 'worker') end
+if pin then pin_unclaimed(prefix, id, jk, pin) end
 job_expire(prefix, id, ttl)
 result_wake(prefix, id, 'cancelled', ttl)
 finished_add(prefix, now, { now + ttl, id })

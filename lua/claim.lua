@@ -384,6 +384,7 @@ if limit > 0 then
         -- Never claimed: its dead record says so, and when it was due (the spec alone did).
         if r.fresh then
           redis.call('HSET', jk, 'attempts', '0', 'run_at_ms', r.run_at_s, 'task', r.task)
+          spec_pin_enqueued(prefix, id, r.run_at_s)  -- its '' read as the due score it leaves
         end
       end
     end

@@ -90,6 +90,8 @@ if #took > 0 then
     if lean then
       redis.call('HDEL', jk, unpack(f[10] and LEAN_DROP or LEAN_DROP_SPEC))
       redis.call('DEL', spec_key(prefix, id))
+    else
+      redis.call('HDEL', jk, 'worker')  -- held by none (models.Job.worker); the rest is kept
     end
     -- settled_token/settled: a re-sent call with this token is answered 'done' again.
     redis.call('HSET', jk, 'state', 'done', 'result', ARGV[i + 2], 'finished_ms', now_s,

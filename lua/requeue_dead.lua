@@ -43,7 +43,7 @@ for _, id in ipairs(dead) do
     redis.call('HSET', jk, 'state', 'due', 'attempts', 0, 'run_at_ms', fmt(now))
     -- A person's "run it again": its start deadline, which may be what parked it, goes too
     -- (a schedule's run: start_by_ms in its hash; an enqueued job's: in its spec flags).
-    redis.call('HDEL', jk, 'dead_reason', 'dead_ms', 'lapses', 'start_by_ms')
+    redis.call('HDEL', jk, 'dead_reason', 'dead_ms', 'lapses', 'start_by_ms', 'worker')
     spec_move_deadline(prefix, id, nil)
     moved[#moved + 1] = id
   end

@@ -822,6 +822,7 @@ local function flow_wait(prefix, id, jk, run_at, parents, now)
       -- `parents` stays with the parked child: requeue_dead waits again for those still
       -- pending then (flow_rewait), instead of running it beside them.
       redis.call('HSET', jk, 'parents', table.concat(open, ' '))
+      pin_unclaimed(prefix, id, jk, fmt(run_at))
       dead_letter(prefix, id, 'parent ' .. pr[2] .. ': ' .. pr[1], now)
       bump_stat(prefix, now, 'dead', 1)  -- a new dead job, counted as fail's park counts one
       return true
@@ -966,6 +967,8 @@ local function flow_parent_ended(prefix, id, word, now, endk)
       local listed = v.err and v or v[1]
       local w = flow_lists(listed, pid) and redis.pcall('ZREM', prefix .. 'flow:waiting', cid)
       if w == 1 or (type(w) == 'table' and not v.err and v[2]) then
+        -- Its run time, while it waited: its score in flow:held (flow_wait), written down.
+        local at = redis.pcall('ZSCORE', prefix .. 'flow:held', cid)
         redis.pcall('ZREM', prefix .. 'flow:held', cid)
         -- `parents` stays for requeue_dead (flow_rewait); flow_lists ignores a child that
         -- waits no more (not in flow:waiting, no count).
@@ -973,6 +976,7 @@ local function flow_parent_ended(prefix, id, word, now, endk)
         if type(r) == 'table' then
           dead_letter_id(prefix, cid, now)
         else
+          if type(at) == 'string' then pin_unclaimed(prefix, cid, job_key(prefix, cid), fmt(tonumber(at))) end
           dead_letter(prefix, cid, 'parent ' .. why .. ': ' .. pid, now)
         end
         -- A parked child's result waiters learn it now, not at their next re-read.

@@ -76,6 +76,15 @@ local function spec_pin_enqueued(prefix, id, run_at_s)
   if head and enq == '' then redis.call('SET', sk, head .. run_at_s .. tail, 'KEEPTTL') end
 end
 
+-- A job never claimed that leaves its place for good (parked, cancelled): its spec's
+-- enqueued_ms '' reads as its due score, which it no longer has, and its run time was that
+-- score alone. Both are written down (its hash holds run_at_ms, as a claimed job's does), so
+-- `jobs show` and a requeue's first claim keep them. A key of another type is left alone.
+local function pin_unclaimed(prefix, id, jk, run_at_s)
+  spec_pin_enqueued(prefix, id, run_at_s)
+  if redis.pcall('HEXISTS', jk, 'run_at_ms') == 0 then redis.call('HSET', jk, 'run_at_ms', run_at_s) end
+end
+
 -- The flags field, '^(k?)(d<digits>)?$' (scheduler/core/spec_record.py reads the same): keep
 -- the payload ('k'), and the start deadline in ms (nil: none; one beyond LIM.time_ms is none).
 -- Any other text (a hand edit) is neither, for both readers.
@@ -215,6 +224,7 @@ local function dead_letter(prefix, id, reason, now, at)
   redis.call('ZREM', prefix .. 'leased', id)
   redis.call('HSET', job_key(prefix, id), 'state', 'dead', 'dead_reason', reason,
     'dead_ms', fmt(at or now))
+  redis.call('HDEL', job_key(prefix, id), 'worker')  -- held by none (models.Job.worker)
   local zset = dead_zset(prefix, now)
   redis.call('ZADD', zset, at or dead_score(zset, now), id)
   if zset == prefix .. 'dead' then dead_trim(prefix, zset, now) end
