@@ -44,7 +44,8 @@ class MJob:
     rate: tuple[int, int]
     max_attempts: int
     start_within: int | None = None
-    state: str = "due"  # due | leased | done | cancelled | dead
+    parents: tuple[str, ...] = ()  # the parents it waits for (after=), while waiting
+    state: str = "due"  # due | waiting | leased | done | cancelled | dead
     token: str = ""
     until: int = 0
     attempts: int = 0
@@ -89,9 +90,23 @@ class Explorer:
         for j in lapsed[: min(most, 500)]:
             j.old_tokens.append(j.token)
             if j.attempts >= j.max_attempts:
-                j.state = "dead"
+                self.finished(j, "dead")
             else:
                 j.state, j.run_at = "due", j.until
+
+    def finished(self, j: MJob, state: str) -> None:
+        """j ends done, dead or cancelled: its waiting children count it (docs/flow-control.md,
+        Dependencies): done ones are due once every parent they wait for is done; a dead or
+        cancelled parent parks them, and theirs in turn."""
+        j.state = state
+        for c in self.jobs.values():
+            if c.state != "waiting" or j.id not in c.parents:
+                continue
+            if state == "done":
+                if all(self.jobs[p].state == "done" for p in c.parents):
+                    c.state = "due"
+            else:
+                self.finished(c, "dead")
 
     def occurrence(self, jid: str) -> MJob:
         """A schedule's run, a job of the model from when it is seen: key `a` (limit 1), rate
@@ -123,7 +138,7 @@ class Explorer:
             for j, state in zip(due, pipe.execute(), strict=True):
                 assert state in (None, "due", "dead"), (j.id, state)
                 if state == "dead":
-                    j.state = "dead"
+                    self.finished(j, "dead")
             return
         for j in self.jobs.values():
             if j.state == "due":
@@ -133,10 +148,10 @@ class Explorer:
                     assert j.id.startswith("schedule:"), (j.id, self.log[-5:])
                     real = "cancelled"
                 if real == "dead":
-                    j.state = "dead"
+                    self.finished(j, "dead")
                 elif real == "cancelled":
                     assert j.id.startswith("schedule:"), (j.id, self.log[-5:])
-                    j.state = "cancelled"
+                    self.finished(j, "cancelled")
                 else:
                     assert real in ("due", "scheduled", "held"), (j.id, real, self.log[-5:])
 
@@ -166,11 +181,21 @@ class Explorer:
         n = rng.choice([1, 30, 400]) if self.bulk else 1
         if rkey is not None:  # a rate key's batch drains at its rate: kept small
             n = min(n, 30)
+        known = [i for i in self.jobs if not i.startswith("schedule:")]
+        after: tuple[str, ...] = ()
+        if known and rng.random() < 0.3:
+            after = tuple(dict.fromkeys(rng.choice(known) for _ in range(rng.choice([1, 2]))))
+            kw["after"] = list(after)
         spec = JobSpec("t", None, delay_ms=delay, max_attempts=max_attempts, **kw)
+        states = {self.jobs[p].state for p in after}
         for jid in self.q.enqueue_many([spec] * n):
-            self.jobs[jid] = MJob(
-                jid, self.now + delay, ckey, climit, rkey, rate, max_attempts, within
+            j = self.jobs[jid] = MJob(
+                jid, self.now + delay, ckey, climit, rkey, rate, max_attempts, within, after
             )
+            if states & {"dead", "cancelled"}:
+                j.state = "dead"
+            elif states - {"done"}:
+                j.state = "waiting"
         self.log.append(f"enqueue {n} {kw} delay={delay} max={max_attempts}")
 
     def claim(self) -> None:
@@ -220,7 +245,8 @@ class Explorer:
         # A lapsed lease not yet reaped is still the worker's (lib/lease.lua).
         assert self.q.complete_many([(j.id, j.token, None)]) == ["done"], self.log[-6:]
         self.log.append(f"complete {j.id} (until {j.until}, now {self.now})")
-        j.state, j.completed = "done", j.completed + 1
+        j.completed += 1
+        self.finished(j, "done")
 
     def complete_some(self) -> None:
         """Complete a random part of the live leases in one call (as a worker's batch)."""
@@ -231,7 +257,8 @@ class Explorer:
         out = self.q.complete_many([(j.id, j.token, None) for j in some])
         assert out == ["done"] * len(some)
         for j in some:
-            j.state, j.completed = "done", j.completed + 1
+            j.completed += 1
+            self.finished(j, "done")
         self.log.append(f"complete {len(some)}")
 
     def stale(self) -> None:
@@ -262,13 +289,13 @@ class Explorer:
         j.old_tokens.append(j.token)
         if out.status == "dead" and out.dead_reason == "start deadline passed":
             assert j.start_within is not None
-            j.state = "dead"
+            self.finished(j, "dead")
         elif retryable and j.attempts < j.max_attempts:
             assert out.status == "retry"
             j.state, j.run_at = "due", self.now + delay
         else:
             assert out.status == "dead"
-            j.state = "dead"
+            self.finished(j, "dead")
 
     def heartbeat(self) -> None:
         j = self.pick(("leased",))
@@ -293,27 +320,30 @@ class Explorer:
         j.state, j.run_at, j.attempts = "due", self.now, max(j.attempts - 1, 0)
 
     def cancel(self) -> None:
-        j = self.pick(("due", "leased", "done", "dead"))
+        j = self.pick(("due", "waiting", "leased", "done", "dead"))
         if j is None:
             return
         word = self.q.cancel(j.id)
         self.log.append(f"cancel {j.id} ({j.state}) -> {word}")
-        if j.state in ("due", "leased"):
-            assert word in ("due", "scheduled", "held", "leased")
+        if j.state in ("due", "leased", "waiting"):
+            assert word in (
+                ("held",) if j.state == "waiting" else ("due", "scheduled", "held", "leased")
+            )
             if j.state == "leased":
                 j.old_tokens.append(j.token)
-            j.state = "cancelled"
+            self.finished(j, "cancelled")
         else:
             assert word == j.state
 
     def reschedule(self) -> None:
-        j = self.pick(("due",))
+        j = self.pick(("due", "waiting"))
         if j is None:
             return
         delay = self.rng.choice([0, 0, 700])
         word = self.q.reschedule(j.id, delay_ms=delay)
         self.log.append(f"reschedule {j.id} +{delay} -> {word}")
         if word == "rescheduled":
+            assert j.state == "due", (j.id, j.state)
             j.run_at = self.now + delay
         else:
             assert word in ("held", "due", "schedule"), word
@@ -325,7 +355,12 @@ class Explorer:
         j = self.rng.choice(dead)
         assert self.q.requeue_dead([j.id]) == 1
         self.log.append(f"requeue {j.id}")
-        j.state, j.run_at, j.attempts = "due", self.now, 0
+        j.run_at, j.attempts = self.now, 0
+        # It waits again for those of its parents still waiting, due or leased (flow_rewait).
+        j.parents = tuple(
+            p for p in j.parents if self.jobs[p].state in ("due", "waiting", "leased")
+        )
+        j.state = "waiting" if j.parents else "due"
 
     def pause(self) -> None:
         if self.paused:
@@ -382,15 +417,22 @@ class Explorer:
         leased, rheld = members(self.q.keys.leased), members(p + "flow:rheld")
         ckheld = {k: members(p + "flow:ckheld:" + k) for k in KEYS}
         assert not (held & due) and not (held & leased), "a job both held and due/leased"
-        parts = rheld.union(*ckheld.values())
+        waiting_set = members(p + "flow:waiting")
+        parts = rheld.union(waiting_set, *ckheld.values())
         assert held == parts, f"flow:held {held} != its hold sets {parts}"
         # Doctor's flow key checks find nothing in a state the scripts made.
         issues = key_set_issues(c, self.q.keys, self.now)
         assert issues == [], (issues, self.log[-10:])
         counts = self.q.counts()
-        assert counts.held_key_limit + counts.held_rate_window == len(held)
+        assert counts.held_key_limit + counts.held_rate_window + counts.held_waiting == len(held)
+        mw = {j.id for j in self.jobs.values() if j.state == "waiting"}
+        assert mw <= waiting_set, (mw - waiting_set, self.log[-8:])
+        # A parent's end reaches 300 children per script; the rest wait for the next claims'
+        # steps (flow:ending), still waiting there though the model let them go.
+        late = waiting_set - mw
+        assert not late or c.zcard(p + "flow:ending") > 0, (late, self.log[-8:])
         assert counts.leased == sum(j.state == "leased" for j in self.jobs.values())
-        waiting = {j.id for j in self.jobs.values() if j.state == "due"}
+        waiting = {j.id for j in self.jobs.values() if j.state in ("due", "waiting")}
         assert due | held == waiting, f"due+held {due | held} != model's {waiting}"
         # A key whose jobs are held must have something that will let them go: a job of the
         # key leased (its end), due (its claim) or rate-held (its claim once its slot comes).
@@ -440,7 +482,8 @@ class Explorer:
             for j in list(self.jobs.values()):
                 if j.state == "leased":
                     assert self.q.complete_many([(j.id, j.token, None)]) == ["done"]
-                    j.state, j.completed = "done", j.completed + 1
+                    j.completed += 1
+                    self.finished(j, "done")
             self.check()
             if all(j.state in ("done", "cancelled", "dead") for j in self.jobs.values()):
                 break
