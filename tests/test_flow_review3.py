@@ -432,6 +432,14 @@ class Explorer:
         late = waiting_set - mw
         assert not late or c.zcard(p + "flow:ending") > 0, (late, self.log[-8:])
         assert counts.leased == sum(j.state == "leased" for j in self.jobs.values())
+        if not self.bulk:
+            # The listings agree: 'held' is flow:held, 'due' and 'scheduled' split due by now.
+            listed = {j.id for j in self.q.list_jobs("held", limit=1_000)}
+            assert listed == held, (listed ^ held, self.log[-6:])
+            on_due = {j.id for j in self.q.list_jobs("due", limit=1_000)}
+            later = {j.id for j in self.q.list_jobs("scheduled", limit=1_000)}
+            assert on_due | later == due and not on_due & later, self.log[-6:]
+            assert len(on_due) + len(held) == counts.due and len(later) == counts.scheduled
         waiting = {j.id for j in self.jobs.values() if j.state in ("due", "waiting")}
         assert due | held == waiting, f"due+held {due | held} != model's {waiting}"
         # A key whose jobs are held must have something that will let them go: a job of the
