@@ -1,10 +1,15 @@
-"""Third review of flow control (docs/flow-control.md): random sequences against a small model,
-beyond tests/test_flow_model.py's operations: mixed limits on one key, two rate windows on one
-rate key, stale workers that complete or fail a lapsed lease before it is reaped,
-non-retryable fails and out-of-attempts parks, requeue from dead, reschedule, pause / resume.
-Each step checks the invariants a user relies on (never early, key and rate limits at each
-start, no key blocked with room, held bookkeeping consistent with the counts); the end drains
-the queue and checks every job ended once. All on the test clock (never sleeps)."""
+"""Third review of flow control (docs/flow-control.md): seeded random sequences against a small
+model, beyond tests/test_flow_model.py's operations: mixed limits on one key, two counts on one
+rate key, claims that reap nothing (a lapsed lease settled by its stale worker before it is
+reaped), heartbeats, non-retryable fails, out-of-attempts and start-deadline parks, children
+(after=) parked and requeued, requeue from dead, reschedule, queue pause / resume, a schedule
+sharing the jobs' key and rate key (defined, redefined, paused, resumed, removed), and a bulk
+mode where the per-script bounds cut in. Each step checks what a user relies on: never early,
+never before a parent, key and rate limits at each start, no key's held jobs left with nothing
+to let them go, held bookkeeping, counts, listings and doctor's flow key checks consistent;
+the end drains the queue and checks every job ended once. On the test clock (never sleeps);
+FR3_SEEDS / FR3_BULK_SEEDS run more seeds. A real-worker guard checks key limits through
+retries."""
 
 from __future__ import annotations
 
