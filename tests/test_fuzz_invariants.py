@@ -16,7 +16,8 @@ clock. No reference model: after every step it checks what must hold whatever th
   child was requeued);
 - live leases per concurrency key <= its limit, starts per rate window <= its count, a key's
   held jobs only while its leases fill it;
-- each worker holds at most one suspect (`lapses` >= 2, docs/durability.md);
+- each worker holds at most one suspect (`lapses` >= 2, or 1 on its last attempt;
+  docs/durability.md);
 - each active schedule has exactly one pending, never-claimed occurrence (a paused or removed
   one none), and no occurrence id is claimed as a new job twice (fences only grow);
 - `counts()` agrees with the stored sets; `scheduler.admin.doctor.check_queue` finds nothing;
@@ -705,7 +706,8 @@ class Fuzz:
         # 8. one suspect per worker
         suspects: dict[str, list[str]] = {}
         for jid, f in lease_fields.items():
-            if int(f.get("lapses") or 0) >= 2:
+            lapses, tries = int(f.get("lapses") or 0), int(f.get("attempts") or 0)
+            if lapses >= 2 or (lapses >= 1 and tries >= int(f.get("max_attempts") or 5)):
                 suspects.setdefault(f.get("worker", ""), []).append(jid)
         for w, held_ids in suspects.items():
             if len(held_ids) > 1:

@@ -582,7 +582,10 @@ class Run:
         want = {j.id: j.run_at for j in self.jobs.values() if j.state == "due"}
         for jid, score in due.items():  # a suspect a claim left is re-scored to that claim
             j = self.jobs.get(jid)
-            if j and j.lapses >= 2 and j.state == "due" and j.run_at < score <= self.now:
+            # claim.lua suspect_at: lapsed twice, or once before its last attempt
+            last = j is not None and j.attempts + 1 >= j.defn.max_attempts
+            suspect = j is not None and (j.lapses >= 2 or (j.lapses >= 1 and last))
+            if j and suspect and j.state == "due" and j.run_at < score <= self.now:
                 j.run_at = want[jid] = score
         if due != want:
             self.fail_(f"due {sorted(due.items())} != model {sorted(want.items())}")
