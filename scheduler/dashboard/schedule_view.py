@@ -72,7 +72,10 @@ def next_runs(s: Schedule, now_ms: int) -> list[int]:
         return head
     if first is None or s.every_ms <= 0:
         return head
-    later = [slot + i * s.every_ms + s.offset_ms for i in range(1, NEXT_RUNS)]
+    # Interval slots are the multiples of every_ms (lib/rearm.lua); a run a redefinition kept
+    # may sit between two of the new ones, and the next is the first multiple after it.
+    base = slot // s.every_ms * s.every_ms
+    later = [base + i * s.every_ms + s.offset_ms for i in range(1, NEXT_RUNS)]
     return (head + later)[:NEXT_RUNS]
 
 
@@ -87,7 +90,9 @@ def previous_slot(s: Schedule, now_ms: int) -> int | None:
             return found[-1] if found else None
     except _UNREADABLE:
         return None
-    if slot is not None and s.every_ms > 0:
+    # A kept run off the interval's multiples came from the old definition: its slot before
+    # cannot be told.
+    if slot is not None and s.every_ms > 0 and slot % s.every_ms == 0:
         return slot - s.every_ms
     return None
 

@@ -1,7 +1,9 @@
 """A cron expression's fields read as croniter would misread them, refused at definition
 (`check_cron`): a reversed range ('5-2', 'fri-mon', 'dec-jan') croniter wraps around, a range of
-one value ('3-3') it reads as every value, and a step that leaves one value ('*/90' minutes:
-minute 0, so hourly) that a user meant as an interval. Each is a malformed cron expression
+one value ('3-3') it reads as every value, a step that leaves one value ('*/90' minutes:
+minute 0, so hourly; '7/2' days of the week: Sunday, which croniter reads as every other day
+from Sunday) that a user meant as an interval, and a day-of-week step from a day that cron
+reads with Sunday (7) at its end and croniter without ('1/2'). Each is a malformed cron expression
 (BadArgument naming the part and what to write). Fields are croniter's order: minute, hour, day
 of month, month, day of week, then the optional seconds. Parts holding L, W, #, ? or a name in
 the wrong field are left to croniter's own check."""
@@ -70,7 +72,16 @@ def refuse_misread(expr: str) -> None:
                 low, high = lowest, highest
             elif not dash:
                 high = highest
-            if low is not None and high is not None and low <= high and low + step > high:
+                if field == 4 and low is not None and 1 <= low < 7 and (7 - low) % step == 0:
+                    # Vixie cron steps up to 7 (Sunday), croniter up to 6: '1/2' is Monday,
+                    # Wednesday, Friday and Sunday to one, without Sunday to the other.
+                    days = ",".join(str(d) for d in range(low, 8, step))
+                    raise BadArgument(
+                        f"cron {expr!r}: the step {part!r} in the {name} field is read two "
+                        f"ways (with or without Sunday, 7): write the days, e.g. '{days}'"
+                    )
+            # A start of 7 (Sunday) croniter reads as 0, stepping from there: '7/1' every day.
+            if low is not None and high is not None and (low > high or low + step > high):
                 raise BadArgument(
                     f"cron {expr!r}: the step {step} in the {name} field "
                     f"leaves one value ({low}): write '{low}', or for a longer interval than "
