@@ -1,0 +1,386 @@
+"""End-to-end review of "crash-safe" and "contained failure" with real `scheduler worker`
+processes (and a pool), not only the client API: handlers that kill their own process,
+hang past their timeout, workers stopped by SIGTERM while jobs run, undecodable payloads and
+unknown tasks in a batch, and the private Redis server killed and restarted under a running
+worker. Each test checks that every acknowledged job ends done or dead with a sensible reason,
+that innocent jobs are not parked, that nothing runs before its run time and that the worker
+exits with the documented code.
+
+The handlers live here (the worker imports `tests.test_worker_failure_review:registry`); they
+write a ledger (`frv:ledger:<queue>`, one `id|attempt|event|pid|server ms` entry per event)
+on the worker's own server, read by the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from scheduler import Queue
+from scheduler._spawn import RedisProcess
+from scheduler.core.connection import connect
+from scheduler.worker.registry import JobContext, Registry
+from tests.redis_server import require_server
+from tests.workers.procs import spawn_worker, stop_all, wait_for
+
+REG = "tests.test_worker_failure_review:registry"
+LEDGER = "frv:ledger:"
+FAST = "frv:fast:"  # set: the long handlers end at once (a second worker finishes them)
+
+registry = Registry()
+_client: redis.Redis | None = None
+
+
+def _r() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = connect(os.environ["TEST_REDIS_URL"])
+    return _client
+
+
+def _mark(ctx: JobContext, what: str) -> None:
+    sec, usec = _r().time()
+    now_ms = int(sec) * 1000 + int(usec) // 1000
+    _r().rpush(LEDGER + ctx.queue, f"{ctx.job_id}|{ctx.attempt}|{what}|{os.getpid()}|{now_ms}")
+
+
+@registry.task(name="frv-ok")
+async def ok(payload: Any, ctx: JobContext) -> int:
+    _mark(ctx, "start")
+    await asyncio.sleep(float((payload or {}).get("s", 0.3)))
+    _mark(ctx, "end")
+    return ctx.attempt
+
+
+@registry.task(name="frv-kill")
+async def kill(payload: Any, ctx: JobContext) -> None:
+    _mark(ctx, "start")
+    await asyncio.sleep(float(payload.get("after", 0.05)))  # its batch-mates have started
+    if payload.get("how") == "exit":
+        os._exit(int(payload.get("code", 0)))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@registry.task(name="frv-long")
+async def long(payload: Any, ctx: JobContext) -> str:
+    """Runs until FAST:<queue> is set (a SIGTERM's grace ends before it)."""
+    _mark(ctx, "start")
+    try:
+        while not _r().exists(FAST + ctx.queue):
+            await asyncio.sleep(0.05)
+    except asyncio.CancelledError:
+        _mark(ctx, "cancelled:" + str(ctx.stop_reason))
+        raise
+    _mark(ctx, "end")
+    return "long"
+
+
+@registry.task(name="frv-hang", timeout_s=0.5)
+def hang(payload: Any, ctx: JobContext) -> str:
+    """A sync handler blocking far past its timeout (a thread cannot be killed)."""
+    _mark(ctx, "start")
+    time.sleep(float(payload.get("s", 8)))
+    _mark(ctx, "end")
+    return "late"
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def server() -> Iterator[RedisProcess]:
+    """A private server per test, AOF with fsync always: a kill -9 of it loses nothing
+    acknowledged (the restart test), and no test shares its keyspace."""
+    extra = ("--appendonly", "yes", "--appendfsync", "always")
+    with RedisProcess(require_server("the failure review's private server"), extra=extra) as s:
+        yield s
+
+
+@pytest.fixture
+def admin(server: RedisProcess) -> Iterator[redis.Redis]:
+    c = server.client()
+    yield c
+    c.close()
+
+
+def _queue(admin: redis.Redis) -> Queue:
+    return Queue(admin, "frv-" + uuid.uuid4().hex[:10])
+
+
+def _ledger(admin: redis.Redis, q: Queue) -> list[tuple[str, int, str, int, int]]:
+    out = []
+    for line in admin.lrange(LEDGER + q.name, 0, -1):
+        i, attempt, what, pid, ms = str(line).split("|")
+        out.append((i, int(attempt), what, int(pid), int(ms)))
+    return out
+
+
+def _starts(admin: redis.Redis, q: Queue, job_id: str) -> int:
+    return sum(1 for e in _ledger(admin, q) if e[0] == job_id and e[2] == "start")
+
+
+def _state(q: Queue, job_id: str) -> str:
+    return q.get_job(job_id).state
+
+
+def _settled(q: Queue, ids: list[str]) -> bool:
+    return all(_state(q, i) in ("done", "dead", "cancelled") for i in ids)
+
+
+def _describe(q: Queue, ids: list[str]) -> dict[str, tuple[str, str | None, int | None]]:
+    out = {}
+    for i in ids:
+        j = q.get_job(i)
+        out[i] = (j.state, j.dead_reason, j.attempts)
+    return out
+
+
+def _run_until_settled(
+    server: RedisProcess, q: Queue, ids: list[str], args: tuple[str, ...], max_workers: int = 12
+) -> list[int | None]:
+    """Start one worker after another (each crash is a new process, as a supervisor would)
+    until every job settled; the exit codes of those that ended."""
+    procs: list[subprocess.Popen[bytes]] = []
+    codes: list[int | None] = []
+    try:
+        for _ in range(max_workers):
+            p = spawn_worker(server.url, q.name, *args, registry=REG)
+            procs.append(p)
+            wait_for(lambda p=p: p.poll() is not None or _settled(q, ids),  # type: ignore[misc]
+                     timeout_s=40, what="the worker to end or every job to settle")  # fmt: skip
+            if _settled(q, ids):
+                break
+            codes.append(p.poll())
+    finally:
+        stop_all(procs)
+    return codes
+
+
+ARGS = ("--lease-ms", "1000", "--heartbeat-ms", "250", "--log-level", "warning", "--grace", "5")
+
+
+# -- a handler that kills its own process ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("how", "max_attempts", "concurrency"),
+    [("sigkill", 2, 8), ("exit", 2, 8), ("sigkill", 3, 8), ("exit", 2, 1)],
+)
+def test_a_self_killing_job_parks_alone(
+    server: RedisProcess, admin: redis.Redis, how: str, max_attempts: int, concurrency: int
+) -> None:
+    """A job that ends its own process (SIGKILL, os._exit(0)) batched with innocent jobs:
+    only it is parked ('lease expired'), every innocent completes, and a run of each innocent
+    is one start per claim (no start without a claim: at-least-once only)."""
+    q = _queue(admin)
+    innocents = [q.enqueue("frv-ok", {"i": i}, max_attempts=max_attempts) for i in range(5)]
+    poison = q.enqueue("frv-kill", {"how": how}, max_attempts=max_attempts)
+    codes = _run_until_settled(
+        server, q, [*innocents, poison], (*ARGS, "--concurrency", str(concurrency))
+    )
+    got = _describe(q, innocents)
+    assert _state(q, poison) == "dead", _describe(q, [poison])
+    assert q.get_job(poison).dead_reason == "lease expired"
+    assert all(s == "done" for s, _, _ in got.values()), got
+    expected = -signal.SIGKILL if how == "sigkill" else 0
+    assert codes and all(c == expected for c in codes), codes
+    for i in innocents:  # each start is a claim's: attempts count them
+        assert _starts(admin, q, i) <= (q.get_job(i).attempts or 0)
+
+
+def test_an_innocent_on_its_last_attempt_is_not_batched_with_a_fresh_poison(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """Defect: claim.lua isolates a suspect from other suspects only. A job whose lease
+    lapsed once and whose next attempt is its last (max_attempts=2) is a suspect, and a
+    worker takes it alongside plain (never lapsed) jobs. When one of those plain jobs is
+    another job of the same poison task (a bad deploy: every job of a task crashes its worker,
+    and more are enqueued meanwhile), it kills the worker while the innocent suspect runs its
+    last attempt: the reaper parks the innocent 'lease expired'. A user sees innocent jobs in
+    the dead list after a poison task crashed workers, which docs/durability.md says cannot
+    happen with max_attempts=2 ("only it is parked")."""
+    q = _queue(admin)
+    innocents = [q.enqueue("frv-ok", {"i": i, "s": 1.0}, max_attempts=2) for i in range(3)]
+    first = q.enqueue("frv-kill", {"how": "sigkill"}, max_attempts=2)
+    args = (*ARGS, "--concurrency", "8")
+    p = spawn_worker(server.url, q.name, *args, registry=REG)
+    try:
+        assert p.wait(30) == -signal.SIGKILL  # the first crash: every lease lapses once
+    finally:
+        stop_all([p])
+    # More jobs of the crashing task arrive meanwhile (a producer still enqueues them).
+    fresh = [q.enqueue("frv-kill", {"how": "sigkill"}, max_attempts=2) for _ in range(3)]
+    _run_until_settled(server, q, [*innocents, first, *fresh], args)
+    got = _describe(q, innocents)
+    assert all(s == "done" for s, _, _ in got.values()), got
+    assert all(_state(q, i) == "dead" for i in [first, *fresh])
+
+
+def test_a_pool_child_killed_by_its_job_is_replaced_and_the_pool_stops_cleanly(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """--processes 2: a child killed by its job is restarted by the supervisor; the poison
+    job ends parked, the innocents done; SIGTERM then stops the pool with exit 0."""
+    q = _queue(admin)
+    innocents = [q.enqueue("frv-ok", {"i": i}, max_attempts=2) for i in range(6)]
+    poison = q.enqueue("frv-kill", {"how": "sigkill"}, max_attempts=2)
+    ids = [*innocents, poison]
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "4", "--processes", "2",
+                     registry=REG)  # fmt: skip
+    try:
+        wait_for(lambda: p.poll() is not None or _settled(q, ids), timeout_s=45,
+                 what="every job to settle under the pool")  # fmt: skip
+        assert p.poll() is None, "the pool ended by itself"
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(30)
+    finally:
+        stop_all([p])
+    got = _describe(q, ids)
+    assert got[poison][0] == "dead" and got[poison][1] == "lease expired", got
+    assert all(got[i][0] == "done" for i in innocents), got
+    assert code == 0
+
+
+# -- SIGTERM while handlers run ------------------------------------------------------------
+
+
+def test_sigterm_finishes_short_jobs_and_releases_long_ones(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """A worker SIGTERMed with jobs running: those that end within --grace complete; those
+    still running at its end are released (due again, attempt given back), none lost; exit 0.
+    A second worker runs the released ones: each job started at most twice, ended once."""
+    q = _queue(admin)
+    short = [q.enqueue("frv-ok", {"s": 0.8}, max_attempts=1) for _ in range(2)]
+    longs = [q.enqueue("frv-long", {}, max_attempts=1) for _ in range(2)]
+    waiting = [q.enqueue("frv-ok", {"s": 0.0}, max_attempts=1) for _ in range(3)]
+    ids = [*short, *longs, *waiting]
+    p = spawn_worker(server.url, q.name, "--lease-ms", "3000", "--heartbeat-ms", "500",
+                     "--concurrency", "4", "--grace", "1.5", registry=REG)  # fmt: skip
+    try:
+        wait_for(lambda: all(_starts(admin, q, i) == 1 for i in [*short, *longs]),
+                 what="the four running")  # fmt: skip
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(30)
+    finally:
+        stop_all([p])
+    assert code == 0
+    got = _describe(q, ids)
+    assert all(got[i][0] == "done" for i in short), got
+    for i in longs:  # released at the grace's end: due again, its one attempt given back
+        assert got[i][0] == "due" and got[i][2] == 0, got
+    admin.set(FAST + q.name, 1)
+    codes = _run_until_settled(
+        server, q, ids, ("--lease-ms", "3000", "--heartbeat-ms", "500", "--burst")
+    )
+    got = _describe(q, ids)
+    assert all(s == "done" for s, _, _ in got.values()), (got, codes)
+    for i in ids:
+        starts = _starts(admin, q, i)
+        ends = sum(1 for e in _ledger(admin, q) if e[0] == i and e[2] == "end")
+        assert ends == 1 and starts <= 2, (i, starts, ends)
+
+
+# -- a handler past its timeout ---------------------------------------------------------------
+
+
+def test_a_sync_handler_hung_past_its_timeout_is_parked_and_the_worker_stops(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """A sync handler blocking far past timeout_s: its attempts fail (timeout, then
+    StillRunning) and it is parked after its last; its batch-mates complete; a SIGTERM then
+    stops the worker with exit 0 within --grace plus a bound, though the thread still runs."""
+    q = _queue(admin)
+    hung = q.enqueue("frv-hang", {"s": 20}, max_attempts=2,
+                     backoff=None)  # fmt: skip
+    innocents = [q.enqueue("frv-ok", {"s": 0.2}, max_attempts=2) for _ in range(4)]
+    ids = [hung, *innocents]
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "4", "--grace", "1",
+                     registry=REG)  # fmt: skip
+    try:
+        wait_for(lambda: p.poll() is not None or _settled(q, ids), timeout_s=40,
+                 what="every job to settle")  # fmt: skip
+        assert p.poll() is None, "the worker ended by itself"
+        got = _describe(q, ids)
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(30)
+    finally:
+        stop_all([p])
+    assert got[hung][0] == "dead", got
+    assert all(got[i][0] == "done" for i in innocents), got
+    assert code == 0
+
+
+# -- jobs the worker cannot start, in a batch ------------------------------------------------
+
+
+def test_undecodable_payload_and_unknown_task_in_a_batch(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """A batch with a payload no JSON reader takes (written by another client), a task no
+    handler exists for (max_attempts=1: parked UnknownTask at once), and innocent jobs: the
+    two are parked with their reasons, the innocents complete; --burst ends with exit 0."""
+    q = _queue(admin)
+    innocents = [q.enqueue("frv-ok", {"s": 0.1}) for _ in range(4)]
+    bad = q.enqueue("frv-ok", {"s": 0.1})
+    spec = str(admin.get(q.keys.spec(bad)))
+    admin.set(q.keys.spec(bad), spec[: spec.rindex("|") + 1] + '{"s": NaN')
+    unknown = q.enqueue("frv-no-such-task", {}, max_attempts=1)
+    ids = [*innocents, bad, unknown]
+    p = spawn_worker(server.url, q.name, *ARGS, "--burst", registry=REG)
+    try:
+        code = p.wait(40)
+    finally:
+        stop_all([p])
+    got = _describe(q, ids)
+    assert code == 0
+    assert all(got[i][0] == "done" for i in innocents), got
+    assert got[bad][0] == "dead" and got[unknown][0] == "dead", got
+    errors = {i: str(q.get_job(i).errors) for i in (bad, unknown)}
+    assert "InvalidPayload" in errors[bad], errors
+    assert "UnknownTask" in errors[unknown], errors
+    assert _starts(admin, q, bad) == 0
+
+
+# -- Redis killed and restarted under a running worker ----------------------------------------
+
+
+def test_redis_killed_and_restarted_while_the_worker_runs(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """The private server (AOF, fsync always) is killed -9 while jobs run and started again on
+    the same socket: the worker rides it out (still running), every job ends done, none ran
+    before its run time, and SIGTERM then stops the worker with exit 0."""
+    q = _queue(admin)
+    now = q.counts().now_ms
+    now_ids = [q.enqueue("frv-ok", {"s": 0.5}) for _ in range(6)]
+    later = [q.enqueue("frv-ok", {"s": 0.1}, delay_ms=2500) for _ in range(3)]
+    run_at = {i: q.get_job(i).run_at_ms for i in later}
+    ids = [*now_ids, *later]
+    p = spawn_worker(server.url, q.name, "--lease-ms", "3000", "--heartbeat-ms", "500",
+                     "--concurrency", "2", "--log-level", "warning", registry=REG)  # fmt: skip
+    try:
+        wait_for(lambda: len(_ledger(admin, q)) >= 1, what="a job running")
+        server.restart(hard=True)
+        admin.connection_pool.disconnect()
+        wait_for(lambda: p.poll() is not None or _settled(q, ids), timeout_s=40,
+                 what="every job to settle after the restart")  # fmt: skip
+        assert p.poll() is None, "the worker ended by itself"
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(30)
+    finally:
+        stop_all([p])
+    got = _describe(q, ids)
+    assert all(s == "done" for s, _, _ in got.values()), got
+    for e in _ledger(admin, q):
+        if e[0] in run_at and e[2] == "start":
+            assert e[4] >= (run_at[e[0]] or now), (e, run_at[e[0]])
+    assert code == 0
