@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler import Queue
+from scheduler import JobSpec, Queue
 from scheduler._spawn import RedisProcess
 from scheduler.core.connection import connect
 from scheduler.worker.registry import JobContext, Registry
@@ -81,6 +81,22 @@ async def long(payload: Any, ctx: JobContext) -> str:
         raise
     _mark(ctx, "end")
     return "long"
+
+
+@registry.task(name="frv-quick")
+async def quick(payload: Any, ctx: JobContext) -> int:
+    _mark(ctx, "start")
+    return ctx.attempt
+
+
+@registry.task(name="frv-gate")
+async def gate(payload: Any, ctx: JobContext) -> str:
+    """Waits (awaiting) until FAST:<queue> is set."""
+    _mark(ctx, "start")
+    while not _r().exists(FAST + ctx.queue):
+        await asyncio.sleep(0.02)
+    _mark(ctx, "end")
+    return "open"
 
 
 @registry.task(name="frv-hang", timeout_s=0.5)
@@ -383,4 +399,80 @@ def test_redis_killed_and_restarted_while_the_worker_runs(
     for e in _ledger(admin, q):
         if e[0] in run_at and e[2] == "start":
             assert e[4] >= (run_at[e[0]] or now), (e, run_at[e[0]])
+    assert code == 0
+
+
+# -- a job prefetched (leased, not started) then cancelled --------------------------------------
+
+
+def test_a_prefetched_job_cancelled_before_its_start_never_runs(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """Short jobs (prefetch regime), concurrency 1: a gate job runs and the jobs claimed with
+    it wait behind it, leased. One of them cancelled then ('leased'), and its worker told at
+    its next heartbeats (README: "its worker learns it at the next heartbeat"), must never
+    start; the others run once the gate opens, and the worker stops with exit 0."""
+    q = _queue(admin)
+    warm = q.enqueue_many([JobSpec("frv-quick", {"w": i}) for i in range(40)])
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "1", registry=REG)
+    try:
+        wait_for(lambda: p.poll() is not None or _settled(q, warm), what="the warm-up jobs")
+        ids = q.enqueue_many(
+            [JobSpec("frv-gate"), *(JobSpec("frv-quick", {"x": i}) for i in range(5))]
+        )
+        gate_id, behind = ids[0], ids[1:]
+        wait_for(lambda: p.poll() is not None or _starts(admin, q, gate_id) == 1, what="the gate")
+        leased = [i for i in behind if _state(q, i) == "leased"]
+        assert leased, "nothing prefetched behind the gate: " + str(_describe(q, behind))
+        victim = leased[-1]
+        assert q.cancel(victim) == "leased"
+        # The worker learns it at its next heartbeat (README): two of the gate's lease renewals.
+        for _ in range(2):
+            seen = q.get_job(gate_id).lease_until_ms or 0
+            wait_for(lambda seen=seen: (q.get_job(gate_id).lease_until_ms or 0) > seen,  # type: ignore[misc]
+                     what="a heartbeat")  # fmt: skip
+        admin.set(FAST + q.name, 1)
+        wait_for(lambda: p.poll() is not None or _settled(q, ids), what="every job to settle")
+        assert p.poll() is None, "the worker ended by itself"
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(30)
+    finally:
+        stop_all([p])
+    got = _describe(q, ids)
+    assert got[victim][0] == "cancelled", got
+    assert _starts(admin, q, victim) == 0, "a cancelled job ran"
+    assert all(got[i][0] == "done" for i in ids if i != victim), got
+    assert code == 0
+
+
+# -- a pool child killed from outside ----------------------------------------------------------
+
+
+def test_pool_children_killed_from_outside_lose_no_job(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """--processes 2, each child SIGKILLed while running jobs (the OOM killer): the pool
+    restarts them, every job ends done (each run again after its lease), the pool keeps
+    running and a SIGTERM stops it with exit 0."""
+    from tests.test_worker_pool import children
+
+    q = _queue(admin)
+    ids = [q.enqueue("frv-ok", {"s": 1.5}, max_attempts=3) for _ in range(6)]
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "2", "--processes", "2",
+                     registry=REG)  # fmt: skip
+    try:
+        wait_for(lambda: len({e[3] for e in _ledger(admin, q)}) == 2, what="both children run jobs")
+        victims = sorted({e[3] for e in _ledger(admin, q)})
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: len(set(children(p.pid)) - set(victims)) == 2, what="two new children")
+        wait_for(lambda: p.poll() is not None or _settled(q, ids), timeout_s=40,
+                 what="every job to settle")  # fmt: skip
+        assert p.poll() is None, "the pool ended by itself"
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(30)
+    finally:
+        stop_all([p])
+    got = _describe(q, ids)
+    assert all(s == "done" for s, _, _ in got.values()), got
     assert code == 0
