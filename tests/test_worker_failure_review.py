@@ -99,6 +99,26 @@ async def gate(payload: Any, ctx: JobContext) -> str:
     return "open"
 
 
+@registry.task(name="frv-sync-long")
+def sync_long(payload: Any, ctx: JobContext) -> str:
+    """A sync handler that ignores ctx.should_stop(): runs until FAST:<queue> is set."""
+    _mark(ctx, "start")
+    while not _r().exists(FAST + ctx.queue):
+        time.sleep(0.05)
+    _mark(ctx, "end")
+    return "sync-long"
+
+
+@registry.task(name="frv-freeze")
+async def freeze(payload: Any, ctx: JobContext) -> str:
+    """An async handler that never awaits: the event loop is frozen until FAST:<queue> is set."""
+    _mark(ctx, "start")
+    while not _r().exists(FAST + ctx.queue):
+        time.sleep(0.05)
+    _mark(ctx, "end")
+    return "thawed"
+
+
 @registry.task(name="frv-hang", timeout_s=0.5)
 def hang(payload: Any, ctx: JobContext) -> str:
     """A sync handler blocking far past its timeout (a thread cannot be killed)."""
@@ -476,3 +496,55 @@ def test_pool_children_killed_from_outside_lose_no_job(
     got = _describe(q, ids)
     assert all(s == "done" for s, _, _ in got.values()), got
     assert code == 0
+
+
+def test_sigterm_to_a_pool_releases_sync_and_async_jobs_past_the_grace(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """SIGTERM to a --processes 2 pool while sync (ignoring should_stop) and async handlers run
+    past --grace: every such job is released (due, its attempt given back, max_attempts=1 so a
+    spent attempt would park it later), the pool exits 0 though a sync thread still runs, and
+    a later worker completes them, each started at most twice."""
+    q = _queue(admin)
+    ids = [q.enqueue(t, {}, max_attempts=1) for t in ("frv-sync-long", "frv-long") * 2]
+    p = spawn_worker(server.url, q.name, "--lease-ms", "3000", "--heartbeat-ms", "500",
+                     "--concurrency", "2", "--processes", "2", "--grace", "1",
+                     registry=REG)  # fmt: skip
+    try:
+        wait_for(lambda: all(_starts(admin, q, i) == 1 for i in ids), what="all four running")
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(30)
+    finally:
+        stop_all([p])
+    got = _describe(q, ids)
+    assert code == 0, got
+    assert all(s == "due" and a == 0 for s, _, a in got.values()), got
+    admin.set(FAST + q.name, 1)
+    _run_until_settled(server, q, ids, ("--lease-ms", "3000", "--heartbeat-ms", "500", "--burst"))
+    got = _describe(q, ids)
+    assert all(s == "done" for s, _, _ in got.values()), got
+    assert all(_starts(admin, q, i) <= 2 for i in ids)
+
+
+def test_a_frozen_event_loop_is_ended_and_its_batch_mates_survive(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """An async handler that never awaits freezes the loop: the stall watchdog ends the
+    process after its lease (at least 10 s) with exit 1 (docs/durability.md); its batch-mates'
+    leases lapse with it. With max_attempts=2 none of them is parked: a later worker (the
+    handler fixed: FAST set) completes them all."""
+    q = _queue(admin)
+    innocents = [q.enqueue("frv-ok", {"s": 2.0}, max_attempts=2) for _ in range(3)]
+    frozen = q.enqueue("frv-freeze", {}, max_attempts=2)
+    ids = [*innocents, frozen]
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "8", registry=REG)
+    try:
+        wait_for(lambda: all(_starts(admin, q, i) == 1 for i in ids), what="all running")
+        code = p.wait(40)
+    finally:
+        stop_all([p])
+    assert code == 1
+    admin.set(FAST + q.name, 1)
+    _run_until_settled(server, q, ids, (*ARGS, "--burst"))
+    got = _describe(q, ids)
+    assert all(s == "done" for s, _, _ in got.values()), got
