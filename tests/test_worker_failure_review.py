@@ -548,3 +548,39 @@ def test_a_frozen_event_loop_is_ended_and_its_batch_mates_survive(
     _run_until_settled(server, q, ids, (*ARGS, "--burst"))
     got = _describe(q, ids)
     assert all(s == "done" for s, _, _ in got.values()), got
+
+
+def test_a_redis_outage_longer_than_the_lease_loses_no_job(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """The server killed -9 while jobs run and kept down until the worker has stopped them at
+    their local lease end (README: "A lease whose heartbeats fail ... is stopped at its local
+    end"), then started again: the worker is still running, every job ends done (a lapse on a
+    job of max_attempts=2 leaves it its last attempt), and SIGTERM stops it with exit 0."""
+    q = _queue(admin)
+    ids = [q.enqueue("frv-ok", {"s": 1.5}, max_attempts=2) for _ in range(3)]
+    log = os.path.join(server.dir, "worker.log")
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "4", "--log-level", "info",
+                     registry=REG, log=log)  # fmt: skip
+
+    def expired() -> int:
+        with open(log, errors="replace") as f:
+            return sum(1 for line in f if '"event": "expired"' in line)
+
+    try:
+        wait_for(lambda: all(_starts(admin, q, i) == 1 for i in ids), what="all running")
+        server.kill()
+        wait_for(lambda: p.poll() is not None or expired() == len(ids), timeout_s=20,
+                 what="the worker to stop the handlers at their lease end")  # fmt: skip
+        server.start()
+        admin.connection_pool.disconnect()
+        wait_for(lambda: p.poll() is not None or _settled(q, ids), timeout_s=40,
+                 what="every job to settle after the outage")  # fmt: skip
+        assert p.poll() is None, "the worker ended by itself"
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(30)
+    finally:
+        stop_all([p])
+    got = _describe(q, ids)
+    assert all(s == "done" for s, _, _ in got.values()), got
+    assert code == 0
