@@ -119,6 +119,21 @@ async def freeze(payload: Any, ctx: JobContext) -> str:
     return "thawed"
 
 
+@registry.task(name="frv-stubborn", timeout_s=0.5)
+async def stubborn(payload: Any, ctx: JobContext) -> str:
+    """An async handler that swallows its cancellation (timeout, stop) until FAST:<queue> is
+    set or payload['s'] seconds passed."""
+    _mark(ctx, "start")
+    deadline = time.monotonic() + float(payload.get("s", 15))
+    while time.monotonic() < deadline and not _r().exists(FAST + ctx.queue):
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            _mark(ctx, "swallowed:" + str(ctx.stop_reason))
+    _mark(ctx, "end")
+    return "stubborn"
+
+
 @registry.task(name="frv-hang", timeout_s=0.5)
 def hang(payload: Any, ctx: JobContext) -> str:
     """A sync handler blocking far past its timeout (a thread cannot be killed)."""
@@ -584,3 +599,33 @@ def test_a_redis_outage_longer_than_the_lease_loses_no_job(
     got = _describe(q, ids)
     assert all(s == "done" for s, _, _ in got.values()), got
     assert code == 0
+
+
+def test_an_async_handler_swallowing_its_timeout_is_parked_and_the_worker_stops(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """An async handler that swallows the cancellation of its timeout (and of the stop): its
+    attempts fail (JobTimeout, then StillRunning while the first run lives) and it is parked
+    after its last; its batch-mates complete; SIGTERM then stops the worker with exit 0 while
+    the stubborn run is still going (it cannot hold the process for ever)."""
+    q = _queue(admin)
+    stub = q.enqueue("frv-stubborn", {"s": 120}, max_attempts=2)
+    innocents = [q.enqueue("frv-ok", {"s": 0.2}, max_attempts=2) for _ in range(4)]
+    ids = [stub, *innocents]
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "4", "--grace", "1",
+                     registry=REG)  # fmt: skip
+    try:
+        wait_for(lambda: p.poll() is not None or _settled(q, ids), timeout_s=40,
+                 what="every job to settle")  # fmt: skip
+        assert p.poll() is None, "the worker ended by itself"
+        got = _describe(q, ids)
+        p.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = p.wait(30)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        stop_all([p])
+    assert got[stub][0] == "dead", got
+    assert all(got[i][0] == "done" for i in innocents), got
+    assert code == 0, "the worker did not stop within 30 s of SIGTERM (grace 1 s)"
