@@ -629,3 +629,32 @@ def test_an_async_handler_swallowing_its_timeout_is_parked_and_the_worker_stops(
     assert got[stub][0] == "dead", got
     assert all(got[i][0] == "done" for i in innocents), got
     assert code == 0, "the worker did not stop within 30 s of SIGTERM (grace 1 s)"
+
+
+@pytest.mark.parametrize("max_attempts", [2, 3])
+def test_a_self_killing_job_among_prefetched_short_jobs(
+    server: RedisProcess, admin: redis.Redis, max_attempts: int
+) -> None:
+    """The prefetch regime (short jobs: the worker leases up to --concurrency + prefetch and
+    runs them in turn): a job that SIGKILLs its worker in the middle of such a batch. The jobs
+    prefetched behind it lapse with it (never started); none of them is parked, the poison job
+    is, and every innocent runs once to its end."""
+    q = _queue(admin)
+    warm = q.enqueue_many([JobSpec("frv-quick", {"w": i}) for i in range(40)])
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "1", registry=REG)
+    try:
+        wait_for(lambda: p.poll() is not None or _settled(q, warm), what="the warm-up jobs")
+        specs = [JobSpec("frv-quick", {"x": i}, max_attempts=max_attempts) for i in range(60)]
+        poison_spec = JobSpec("frv-kill", {"how": "sigkill", "after": 0.3},
+                              max_attempts=max_attempts)  # fmt: skip
+        ids = q.enqueue_many([*specs[:20], poison_spec, *specs[20:]])
+        assert p.wait(30) == -signal.SIGKILL
+    finally:
+        stop_all([p])
+    poison, innocents = ids[20], ids[:20] + ids[21:]
+    _run_until_settled(server, q, ids, (*ARGS, "--concurrency", "2"))
+    got = _describe(q, innocents)
+    assert _state(q, poison) == "dead", _describe(q, [poison])
+    assert all(s == "done" for s, _, _ in got.values()), [g for g in got.values() if g[0] != "done"]
+    lapsed = [i for i in innocents if admin.hget(q.keys.job(i), "lapses")]
+    assert len(lapsed) >= 2, "no innocent was in the crashed batch: the scenario did not happen"
