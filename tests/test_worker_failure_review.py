@@ -267,6 +267,14 @@ def test_an_innocent_on_its_last_attempt_is_not_batched_with_a_fresh_poison(
         assert p.wait(30) == -signal.SIGKILL  # the first crash: every lease lapses once
     finally:
         stop_all([p])
+
+    # The crashed batch's leases lapse and are reaped (a claim of limit 0, as any worker's
+    # claim would): each has lapsed once with one attempt left, so each is now a suspect.
+    def reaped() -> bool:
+        q.claim("frv-reaper", limit=0, lease_ms=1000)
+        return all(_state(q, i) == "due" for i in [*innocents, first])
+
+    wait_for(reaped, what="the crashed batch reaped")
     # More jobs of the crashing task arrive meanwhile (a producer still enqueues them).
     fresh = [q.enqueue("frv-kill", {"how": "sigkill"}, max_attempts=2) for _ in range(3)]
     _run_until_settled(server, q, [*innocents, first, *fresh], args)
