@@ -666,3 +666,70 @@ def test_a_self_killing_job_among_prefetched_short_jobs(
     assert all(s == "done" for s, _, _ in got.values()), [g for g in got.values() if g[0] != "done"]
     lapsed = [i for i in innocents if admin.hget(q.keys.job(i), "lapses")]
     assert len(lapsed) >= 2, "no innocent was in the crashed batch: the scenario did not happen"
+
+
+def test_sigterm_gives_back_prefetched_jobs_at_once_and_starts_none(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """README: on SIGTERM the worker stops claiming and gives back the jobs claimed but never
+    started, then waits up to --grace for the running ones. Concurrency 1, short jobs
+    (prefetch): while the gate job runs, SIGTERM; the jobs prefetched behind it are due again
+    (attempt given back) before the gate ends, none of them starts during the grace, the gate
+    completes within it, and the worker exits 0."""
+    q = _queue(admin)
+    warm = q.enqueue_many([JobSpec("frv-quick", {"w": i}) for i in range(40)])
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "1", "--grace", "20",
+                     registry=REG)  # fmt: skip
+    try:
+        wait_for(lambda: p.poll() is not None or _settled(q, warm), what="the warm-up jobs")
+        ids = q.enqueue_many(
+            [JobSpec("frv-gate", max_attempts=1),
+             *(JobSpec("frv-quick", {"x": i}, max_attempts=1) for i in range(5))]
+        )  # fmt: skip
+        gate_id, behind = ids[0], ids[1:]
+        wait_for(lambda: p.poll() is not None or _starts(admin, q, gate_id) == 1, what="the gate")
+        held = [i for i in behind if _state(q, i) == "leased"]
+        assert held, "nothing prefetched behind the gate: " + str(_describe(q, behind))
+        p.send_signal(signal.SIGTERM)
+        wait_for(lambda: all(_state(q, i) == "due" for i in held),
+                 what="the prefetched jobs given back before the grace ends")  # fmt: skip
+        admin.set(FAST + q.name, 1)
+        code = p.wait(30)
+    finally:
+        stop_all([p])
+    got = _describe(q, ids)
+    assert code == 0
+    assert got[gate_id][0] == "done", got
+    for i in held:
+        assert got[i][0] == "due" and got[i][2] == 0, got
+        assert _starts(admin, q, i) == 0
+
+
+def test_a_second_sigterm_forces_the_stop_and_loses_no_job(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """Two SIGTERMs: the worker exits at once with 130 (README); the running jobs are left to
+    their leases and a later worker completes them (max_attempts=2: a lapse leaves one)."""
+    q = _queue(admin)
+    ids = [q.enqueue("frv-long", {}, max_attempts=2) for _ in range(3)]
+    log = os.path.join(server.dir, "worker.log")
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "4", "--grace", "30",
+                     "--log-level", "info", registry=REG, log=log)  # fmt: skip
+
+    def stopping() -> bool:
+        with open(log, errors="replace") as f:
+            return "stopping (grace" in f.read()
+
+    try:
+        wait_for(lambda: all(_starts(admin, q, i) == 1 for i in ids), what="all running")
+        p.send_signal(signal.SIGTERM)
+        wait_for(stopping, what="the first signal taken")
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(30)
+    finally:
+        stop_all([p])
+    assert code == 130
+    admin.set(FAST + q.name, 1)
+    _run_until_settled(server, q, ids, (*ARGS, "--burst"))
+    got = _describe(q, ids)
+    assert all(s == "done" for s, _, _ in got.values()), got
