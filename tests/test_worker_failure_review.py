@@ -374,6 +374,8 @@ def test_a_sync_handler_hung_past_its_timeout_is_parked_and_the_worker_stops(
     finally:
         stop_all([p])
     assert got[hung][0] == "dead", got
+    assert got[hung][1] == "attempts exhausted", got
+    assert [e["type"] for e in q.get_job(hung).errors] == ["JobTimeout", "StillRunning"]
     assert all(got[i][0] == "done" for i in innocents), got
     assert code == 0
 
@@ -635,6 +637,8 @@ def test_an_async_handler_swallowing_its_timeout_is_parked_and_the_worker_stops(
     finally:
         stop_all([p])
     assert got[stub][0] == "dead", got
+    assert got[stub][1] == "attempts exhausted", got
+    assert [e["type"] for e in q.get_job(stub).errors] == ["JobTimeout", "StillRunning"]
     assert all(got[i][0] == "done" for i in innocents), got
     assert code == 0, "the worker did not stop within 30 s of SIGTERM (grace 1 s)"
 
