@@ -737,3 +737,39 @@ def test_a_second_sigterm_forces_the_stop_and_loses_no_job(
     _run_until_settled(server, q, ids, (*ARGS, "--burst"))
     got = _describe(q, ids)
     assert all(s == "done" for s, _, _ in got.values()), got
+
+
+def _max_overlap(admin: redis.Redis, q: Queue) -> int:
+    """The most runs that had started and not ended at one instant (ended runs only)."""
+    starts: dict[tuple[str, int], int] = {}
+    spans = []
+    for i, attempt, what, _pid, ms in _ledger(admin, q):
+        if what == "start":
+            starts[(i, attempt)] = ms
+        elif what == "end" and (i, attempt) in starts:
+            spans.append((starts[(i, attempt)], ms))
+    points = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    best = cur = 0
+    for _, d in points:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def test_a_self_killing_job_with_a_concurrency_key(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """A job that SIGKILLs its worker shares a concurrency key (limit 2) with innocent jobs:
+    the crashed leases give their key slots back when reaped (nothing held for ever), the
+    poison job is parked alone, every innocent completes, and no more than 2 of the key ran
+    at once."""
+    q = _queue(admin)
+    kw: dict[str, Any] = {"concurrency_key": "frv:k", "concurrency_limit": 2, "max_attempts": 2}
+    poison = q.enqueue("frv-kill", {"how": "sigkill", "after": 0.1}, **kw)  # in the first pair
+    innocents = [q.enqueue("frv-ok", {"s": 0.4}, **kw) for _ in range(6)]
+    ids = [poison, *innocents]
+    _run_until_settled(server, q, ids, (*ARGS, "--concurrency", "8"))
+    got = _describe(q, ids)
+    assert got[poison][0] == "dead" and got[poison][1] == "lease expired", got
+    assert all(got[i][0] == "done" for i in innocents), got
+    assert _max_overlap(admin, q) <= 2
