@@ -393,7 +393,8 @@ if limit > 0 then
     -- re-scored to now (never before its score): behind every job due before now, so more
     -- suspects than a scan's budget at the head of due cannot use up every claim's scan and
     -- starve the jobs behind them; still due, for any worker that may take it.
-    if suspect_at(r, r.attempts + 1) and (suspect_taken or suspect_held()) then
+    local suspect = r.lapses > 0 and suspect_at(r, r.attempts + 1)  -- most never lapsed
+    if suspect and (suspect_taken or suspect_held()) then
       skipped[#skipped + 1] = id
       if held_since and score_ms(score) < held_since then met_older = true end
       local later = now
@@ -442,7 +443,7 @@ if limit > 0 then
     -- (sched_rearm above), so the schedule goes on.
     if r.start_by and now > r.start_by then return drop(id, jk, 'start deadline passed', r) end
     -- Leased below: the worker's one suspect (one set aside, parked or dropped above is not).
-    if suspect_at(r, r.attempts + 1) then suspect_taken = id end
+    if suspect then suspect_taken = id end
     local attempts = r.attempts + 1
     if attempts ~= attempts_was then attempts_was, attempts_s = attempts, fmt(attempts) end
     -- The last settlement moves to the replay log before a new one can overwrite it.
