@@ -773,3 +773,33 @@ def test_a_self_killing_job_with_a_concurrency_key(
     assert got[poison][0] == "dead" and got[poison][1] == "lease expired", got
     assert all(got[i][0] == "done" for i in innocents), got
     assert _max_overlap(admin, q) <= 2
+
+
+def test_sigterm_while_redis_is_down_ends_in_bounded_time_and_loses_no_job(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """SIGTERM, then the server killed during the grace and kept down: the worker cannot
+    release its jobs; it must still end in bounded time (its stop's settle bound) with exit 0
+    (README: a stop is exit 0), and once the server is back a later worker completes every
+    job (their leases lapse: max_attempts=2 leaves one)."""
+    q = _queue(admin)
+    ids = [q.enqueue("frv-long", {}, max_attempts=2) for _ in range(3)]
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "4", "--grace", "1",
+                     registry=REG)  # fmt: skip
+    try:
+        wait_for(lambda: all(_starts(admin, q, i) == 1 for i in ids), what="all running")
+        p.send_signal(signal.SIGTERM)
+        server.kill()
+        try:
+            code: int | None = p.wait(40)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        stop_all([p])
+    server.start()
+    admin.connection_pool.disconnect()
+    assert code == 0
+    admin.set(FAST + q.name, 1)
+    _run_until_settled(server, q, ids, (*ARGS, "--burst"))
+    got = _describe(q, ids)
+    assert all(s == "done" for s, _, _ in got.values()), got
