@@ -28,6 +28,7 @@ from scheduler import JobSpec, Queue
 from scheduler._spawn import RedisProcess
 from scheduler.core.connection import connect
 from scheduler.worker.registry import JobContext, Registry
+from tests.conftest import Clock
 from tests.redis_server import require_server
 from tests.workers.procs import spawn_worker, stop_all, wait_for
 
@@ -803,3 +804,31 @@ def test_sigterm_while_redis_is_down_ends_in_bounded_time_and_loses_no_job(
     _run_until_settled(server, q, ids, (*ARGS, "--burst"))
     got = _describe(q, ids)
     assert all(s == "done" for s, _, _ in got.values()), got
+
+
+# -- the claim script under a test clock: why the innocent above is parked ------------------------
+
+
+def test_a_worker_running_a_last_attempt_suspect_is_given_more_jobs(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """Defect (claim.lua:396, :445): the one-suspect rule keeps a second suspect from a
+    worker, not a plain job. A suspect on its last attempt (lapsed once, max_attempts=2) runs
+    beside plain jobs claimed with it or, as here, after it by the same worker; when one of
+    those kills the worker, the suspect's lease lapses on its last attempt and the next claim
+    parks it 'lease expired' (the end-to-end test above): an innocent job dead after a crash
+    it did not cause. This pins the fix of running such a suspect alone (the worker is given
+    nothing else while it runs); the end-to-end test is the one any fix must pass."""
+    q, clock = tq
+    t0 = 1_000_000
+    clock.set_ms(t0)
+    innocent = q.enqueue("t", max_attempts=2)
+    q.claim("crashed", limit=10, lease_ms=1000)  # the first batch; its worker is killed
+    clock.set_ms(t0 + 1001)
+    (suspect,) = q.claim("w1", limit=10, lease_ms=1000).jobs  # reaped, then claimed as suspect
+    assert suspect.id == innocent and suspect.attempts == 2
+    poison = q.enqueue("t", max_attempts=2)  # a plain job (of a task that kills its worker)
+    got = [j.id for j in q.claim("w1", limit=10, lease_ms=1000).jobs]
+    # w1 runs its suspect alone until it ends: nothing else may share the process with it.
+    assert got == [], "a plain job was leased beside a last-attempt suspect"
+    assert q.get_job(poison).state == "due"  # left for another worker
