@@ -26,7 +26,8 @@ import redis
 
 from scheduler import JobSpec, Queue
 from scheduler._spawn import RedisProcess
-from scheduler.core.connection import connect
+from scheduler.core.connection import connect, connect_async
+from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import Clock
 from tests.redis_server import require_server
@@ -65,6 +66,16 @@ async def ok(payload: Any, ctx: JobContext) -> int:
 async def kill(payload: Any, ctx: JobContext) -> None:
     _mark(ctx, "start")
     await asyncio.sleep(float(payload.get("after", 0.05)))  # its batch-mates have started
+    if payload.get("how") == "exit":
+        os._exit(int(payload.get("code", 0)))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@registry.task(name="frv-kill-sync")
+def kill_sync(payload: Any, ctx: JobContext) -> None:
+    """As frv-kill, from a sync handler's thread."""
+    _mark(ctx, "start")
+    time.sleep(float(payload.get("after", 0.05)))
     if payload.get("how") == "exit":
         os._exit(int(payload.get("code", 0)))
     os.kill(os.getpid(), signal.SIGKILL)
@@ -224,7 +235,14 @@ ARGS = ("--lease-ms", "1000", "--heartbeat-ms", "250", "--log-level", "warning",
 
 @pytest.mark.parametrize(
     ("how", "max_attempts", "concurrency"),
-    [("sigkill", 2, 8), ("exit", 2, 8), ("sigkill", 3, 8), ("exit", 2, 1)],
+    [
+        ("sigkill", 2, 8),
+        ("exit", 2, 8),
+        ("sigkill", 3, 8),
+        ("exit", 2, 1),
+        ("sync-sigkill", 2, 8),
+        ("sync-exit", 4, 8),
+    ],
 )
 def test_a_self_killing_job_parks_alone(
     server: RedisProcess, admin: redis.Redis, how: str, max_attempts: int, concurrency: int
@@ -234,7 +252,9 @@ def test_a_self_killing_job_parks_alone(
     is one start per claim (no start without a claim: at-least-once only)."""
     q = _queue(admin)
     innocents = [q.enqueue("frv-ok", {"i": i}, max_attempts=max_attempts) for i in range(5)]
-    poison = q.enqueue("frv-kill", {"how": how}, max_attempts=max_attempts)
+    task = "frv-kill-sync" if how.startswith("sync-") else "frv-kill"
+    how = how.removeprefix("sync-")
+    poison = q.enqueue(task, {"how": how}, max_attempts=max_attempts)
     codes = _run_until_settled(
         server, q, [*innocents, poison], (*ARGS, "--concurrency", str(concurrency))
     )
@@ -832,3 +852,39 @@ def test_a_worker_running_a_last_attempt_suspect_is_given_more_jobs(
     # w1 runs its suspect alone until it ends: nothing else may share the process with it.
     assert got == [], "a plain job was leased beside a last-attempt suspect"
     assert q.get_job(poison).state == "due"  # left for another worker
+
+
+# -- an embedded worker ---------------------------------------------------------------------------
+
+
+def test_an_embedded_worker_cancelled_gives_its_jobs_back(
+    server: RedisProcess, admin: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker(...).run() embedded in an app, its task cancelled while jobs run (a lifespan
+    exit): README says the same shutdown runs without the grace, then CancelledError. The
+    running jobs are released (due, attempt given back; max_attempts=1, so a spent attempt
+    would park them at the next lapse), the one claimed with them that had not started too,
+    and nothing is left leased."""
+    monkeypatch.setenv("TEST_REDIS_URL", server.url)
+    monkeypatch.setattr(f"{__name__}._client", None)
+    q = _queue(admin)
+    ids = [q.enqueue("frv-long", {}, max_attempts=1) for _ in range(3)]
+
+    async def main() -> None:
+        client = connect_async(server.url)
+        settings = WorkerSettings(queues=(q.name,), concurrency=2, lease_ms=3000,
+                                  heartbeat_ms=500, grace_s=30)  # fmt: skip
+        task = asyncio.create_task(Worker(client, registry, settings).run(install_signals=False))
+        deadline = time.monotonic() + 30
+        while sum(_starts(admin, q, i) for i in ids) < 2:
+            assert time.monotonic() < deadline and not task.done(), "two jobs never started"
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 30)
+        await client.aclose()
+
+    asyncio.run(main())
+    got = _describe(q, ids)
+    assert all(s == "due" and a == 0 for s, _, a in got.values()), got
+    assert q.counts().leased == 0
