@@ -81,6 +81,17 @@ def kill_sync(payload: Any, ctx: JobContext) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@registry.task(name="frv-selfterm")
+async def selfterm(payload: Any, ctx: JobContext) -> str:
+    """Sends SIGTERM to its own process (a cleanup's os.killpg(0, SIGTERM), a library's
+    'shut down' call), then works on past the grace."""
+    _mark(ctx, "start")
+    await asyncio.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.sleep(3600)
+    return "never"
+
+
 @registry.task(name="frv-long")
 async def long(payload: Any, ctx: JobContext) -> str:
     """Runs until FAST:<queue> is set (a SIGTERM's grace ends before it)."""
@@ -893,3 +904,29 @@ def test_an_embedded_worker_cancelled_gives_its_jobs_back(
     got = _describe(q, ids)
     assert all(s == "due" and a == 0 for s, _, a in got.values()), got
     assert q.counts().leased == 0
+
+
+def test_a_job_that_sigterms_its_own_worker_is_parked_after_its_attempts(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """Defect: a handler that sends SIGTERM to its own process (os.killpg(0, SIGTERM) to clean
+    up the children it started, a library's shutdown) makes its worker stop gracefully: at the
+    grace's end the job is released with its attempt given back (release.lua), due again at
+    once, first in line. Every worker that claims it stops the same way, exit 0, and the job
+    never spends an attempt, so it is never parked: with Restart=on-failure the queue is left
+    with no worker (exit 0 is not restarted), with a pool or Restart=always workers stop and
+    restart for ever. A self-killing job (SIGKILL, os._exit) is parked after max_attempts
+    (docs/guide/workers.md); this one, after max_attempts + 2 workers, is still due."""
+    q = _queue(admin)
+    job = q.enqueue("frv-selfterm", {}, max_attempts=2)
+    codes = []
+    for _ in range(4):  # max_attempts + 2 workers, one after another
+        p = spawn_worker(server.url, q.name, *ARGS, "--grace", "0.5", registry=REG)
+        try:
+            codes.append(p.wait(30))
+        finally:
+            stop_all([p])
+        if _state(q, job) in ("dead", "done"):
+            break
+    got = _describe(q, [job])
+    assert got[job][0] == "dead", (got, codes, _starts(admin, q, job))
