@@ -9,9 +9,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 import redis
 
-from scheduler import AsyncQueue, Queue
+from scheduler import AsyncQueue, BadArgument, Queue
 from scheduler.core.connection import connect_async
 from tests.conftest import delete_queue
 
@@ -30,9 +31,12 @@ class HeldSends:
     def __init__(self, aq: AsyncQueue) -> None:
         self.real: Callable[[list[str]], Awaitable[Any]] = aq._batcher._send
         self.calls: list[tuple[list[str], asyncio.Future[None], asyncio.Event]] = []
+        self.passing = False  # set: calls go straight through
         aq._batcher._send = self.send
 
     async def send(self, args: list[str]) -> Any:
+        if self.passing:
+            return await self.real(args)
         gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         answered = asyncio.Event()
         self.calls.append((args, gate, answered))
@@ -59,8 +63,9 @@ class HeldSends:
 # -- the asyncio enqueue batcher ----------------------------------------------------------------
 
 
-def test_a_child_split_off_its_keyed_parents_batch_is_not_run_before_the_parent(
-    redis_url: str, client: redis.Redis, queue_name: str
+@pytest.mark.parametrize("split_by", ["parent's key", "size"])
+def test_a_child_split_off_its_parents_batch_is_not_run_before_the_parent(
+    redis_url: str, client: redis.Redis, queue_name: str, split_by: str
 ) -> None:
     """Defect: callers P (a job with a fresh idempotency key, job_id 'parent') and C
     (after=['parent']) wait in order behind two calls in flight. The batcher puts C in a later
@@ -70,18 +75,21 @@ def test_a_child_split_off_its_keyed_parents_batch_is_not_run_before_the_parent(
     when the server runs C's first, C's caller gets BadArgument 'after=parent (no such job)'
     although P's caller, ahead of it, is told its job was written. In one call, or in turn,
     C is accepted and waits for P. A user sees a child enqueued after its parent refused
-    (its job lost unless the caller retries) only when the parent had a key."""
+    (its job lost unless the caller retries). The same holds for a parent without a key when
+    the two jobs did not fit one call (MAX_BYTES): `size`, with large payloads."""
     q = Queue(client, queue_name)
 
     async def main() -> list[Any]:
-        aq = AsyncQueue(connect_async(redis_url), queue_name)
+        aq = AsyncQueue(connect_async(redis_url), queue_name, max_payload_bytes=800_000)
         sends = HeldSends(aq)
+        big = "x" * 600_000 if split_by == "size" else None  # two of them pass MAX_BYTES
+        key = "K" if split_by == "parent's key" else None
         try:
             first = [asyncio.ensure_future(aq.enqueue("t")) for _ in range(2)]
             await _steps()
             assert len(sends.calls) == 2  # two calls in flight: the next callers wait
-            parent = asyncio.ensure_future(aq.enqueue("t", key="K", job_id="parent"))
-            child = asyncio.ensure_future(aq.enqueue("t", after=["parent"], job_id="child"))
+            parent = asyncio.ensure_future(aq.enqueue("t", big, key=key, job_id="parent"))
+            child = asyncio.ensure_future(aq.enqueue("t", big, after=["parent"], job_id="child"))
             await _steps()
             for k in (0, 1):  # the two calls in flight come back
                 await sends.release(k)
@@ -98,5 +106,165 @@ def test_a_child_split_off_its_keyed_parents_batch_is_not_run_before_the_parent(
         assert got[2] == "parent"
         assert got[3] == "child", f"the child's caller got {got[3]!r}"
         assert q.status("child") == "held"  # waits for its parent
+    finally:
+        delete_queue(client, q)
+
+
+# Each caller's call, as (args, kwargs) of enqueue: one batch mixing what enqueue.lua resolves
+# inside one call (a key twice, an id twice, a parent of the same batch, a bad parent).
+MIXED: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    (("t", {"n": 1}), {"key": "K", "job_id": "k1"}),
+    (("t", {"n": 2}), {"key": "K", "job_id": "k2"}),  # the key is k1's: answered 'k1'
+    (("t", {"n": 3}), {"job_id": "j"}),
+    (("t", {"n": 4}), {"job_id": "j"}),  # a re-send: 'j', its first payload kept
+    (("t", {"n": 5}), {"job_id": "c1", "concurrency_key": "ck", "concurrency_limit": 1}),
+    (("t", {"n": 6}), {"job_id": "c2", "concurrency_key": "ck", "concurrency_limit": 1}),
+    (("t", {"n": 7}), {"job_id": "hi", "priority": 9}),
+    (("t", {"n": 8}), {"job_id": "bad", "after": ["nope"]}),  # refused: this caller only
+    (("t", {"n": 9}), {"job_id": "kid", "after": ["j"]}),  # waits for 'j'
+    (("t", {"n": 10}), {"job_id": "late", "delay_ms": 3_600_000, "start_within_ms": 1000}),
+]
+
+
+def _outcome(got: Any) -> Any:
+    return type(got).__name__ if isinstance(got, BaseException) else got
+
+
+def _state(q: Queue, ids: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for i in ids:
+        try:
+            job = q.get_job(i)
+        except Exception as exc:
+            out[i] = type(exc).__name__
+        else:
+            out[i] = (str(job.state), job.payload(), job.fields.get("priority"))
+    return out
+
+
+def test_a_shared_call_answers_and_writes_as_the_sync_queue_does_in_turn(
+    redis_url: str, client: redis.Redis, queue_name: str
+) -> None:
+    """Held: callers that share one script call get, each, what the sync Queue answers for the
+    same calls in turn (a key given twice names the first job, an id given twice keeps the
+    first payload, a bad parent refuses its own caller only, a parent of the same batch is
+    waited for), and the queue holds the same jobs; the concurrency key lets one run."""
+    sync_q, async_name = Queue(client, queue_name + "-sync"), queue_name + "-async"
+    async_q = Queue(client, async_name)
+
+    def alone() -> list[Any]:
+        out: list[Any] = []
+        for args, kwargs in MIXED:
+            try:
+                out.append(sync_q.enqueue(*args, **kwargs))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    async def shared() -> tuple[list[Any], list[int]]:
+        aq = AsyncQueue(connect_async(redis_url), async_name)
+        sends = HeldSends(aq)
+        try:
+            fill = [asyncio.ensure_future(aq.enqueue("t", job_id=f"f{i}")) for i in range(2)]
+            await _steps()
+            calls = [asyncio.ensure_future(aq.enqueue(*a, **k)) for a, k in MIXED]
+            await _steps()
+            while sends.held():
+                await sends.release(sends.held()[0])
+            await asyncio.gather(*fill)
+            got = await asyncio.gather(*calls, return_exceptions=True)
+            return list(got), [int(args[0]) for args, _, _ in sends.calls]
+        finally:
+            await aq.aclose()
+
+    try:
+        want = alone()
+        got, sizes = asyncio.run(shared())
+        assert sizes[:3] == [1, 1, len(MIXED)]  # the ten callers went out as one call
+        assert [_outcome(g) for g in got] == [_outcome(w) for w in want]
+        assert got[1] == "k1" and got[3] == "j" and isinstance(got[7], BadArgument)
+        ids = ["k1", "k2", "j", "c1", "c2", "hi", "bad", "kid", "late"]
+        assert _state(async_q, ids) == _state(sync_q, ids), _state(sync_q, ids)
+        taken = {j.id for j in async_q.claim("w", limit=20).jobs}
+        assert taken - {"f0", "f1"} == {j.id for j in sync_q.claim("w", limit=20).jobs}
+        assert "hi" in taken and len(taken & {"c1", "c2"}) == 1 and "kid" not in taken
+    finally:
+        delete_queue(client, sync_q)
+        delete_queue(client, async_q)
+
+
+def test_a_caller_cancelled_while_it_waits_writes_nothing_and_its_retry_writes_once(
+    redis_url: str, client: redis.Redis, queue_name: str
+) -> None:
+    """Held: a caller cancelled before its batch went out sends nothing (no job, its key not
+    taken), the callers beside it are written, and a retry with the key writes its job once."""
+    q = Queue(client, queue_name)
+
+    async def main() -> tuple[list[Any], str, str]:
+        aq = AsyncQueue(connect_async(redis_url), queue_name)
+        sends = HeldSends(aq)
+        try:
+            fill = [asyncio.ensure_future(aq.enqueue("t")) for _ in range(2)]
+            await _steps()
+            before = asyncio.ensure_future(aq.enqueue("t", {"n": 1}, key="A"))
+            gone = asyncio.ensure_future(aq.enqueue("t", {"n": 2}, key="C", job_id="gone"))
+            after = asyncio.ensure_future(aq.enqueue("t", {"n": 3}, key="B"))
+            await _steps()
+            gone.cancel()
+            while sends.held():
+                await sends.release(sends.held()[0])
+            got = await asyncio.gather(*fill, before, gone, after, return_exceptions=True)
+            sends.passing = True
+            retried = await aq.enqueue("t", {"n": 2}, key="C", job_id="again")
+            same = await aq.enqueue("t", {"n": 2}, key="C", job_id="third")
+            return list(got), retried, same
+        finally:
+            await aq.aclose()
+
+    try:
+        got, retried, same = asyncio.run(main())
+        assert isinstance(got[3], asyncio.CancelledError)
+        assert all(isinstance(g, str) for k, g in enumerate(got) if k != 3)
+        assert retried == same == "again"
+        assert q.counts().due == 5  # two fillers, A, B and the retried C: not 'gone'
+        with pytest.raises(Exception, match="gone"):
+            q.get_job("gone")
+    finally:
+        delete_queue(client, q)
+
+
+def test_a_caller_cancelled_once_its_batch_went_out_is_answered_as_a_retry_would_be(
+    redis_url: str, client: redis.Redis, queue_name: str
+) -> None:
+    """Held: a caller cancelled while its shared call is in flight gets CancelledError, its
+    job may be written (as a lone call's), and a retry with the same key is answered with that
+    job, not a second one; the other callers of the call get their own ids."""
+    q = Queue(client, queue_name)
+
+    async def main() -> tuple[list[Any], str]:
+        aq = AsyncQueue(connect_async(redis_url), queue_name)
+        sends = HeldSends(aq)
+        try:
+            fill = [asyncio.ensure_future(aq.enqueue("t")) for _ in range(2)]
+            await _steps()
+            mine = asyncio.ensure_future(aq.enqueue("t", key="M", job_id="mine"))
+            other = asyncio.ensure_future(aq.enqueue("t", job_id="other"))
+            await _steps()
+            await sends.release(0)  # 'mine' and 'other' go out together, held
+            assert sends.ids(2) == ["mine", "other"]
+            mine.cancel()
+            while sends.held():
+                await sends.release(sends.held()[0])
+            got = await asyncio.gather(*fill, mine, other, return_exceptions=True)
+            sends.passing = True
+            return list(got), await aq.enqueue("t", key="M", job_id="retry")
+        finally:
+            await aq.aclose()
+
+    try:
+        got, retried = asyncio.run(main())
+        assert isinstance(got[2], asyncio.CancelledError) and got[3] == "other"
+        assert retried == "mine" and q.status("mine") == "due"
+        assert q.counts().due == 4
     finally:
         delete_queue(client, q)
