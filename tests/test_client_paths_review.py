@@ -11,10 +11,15 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from scheduler import AsyncQueue, BadArgument, Queue
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
 from tests.conftest import delete_queue
+from tests.fixtures.partitioned import delete_partitioned
 
 
 async def _steps(n: int = 20) -> None:
@@ -268,3 +273,62 @@ def test_a_caller_cancelled_once_its_batch_went_out_is_answered_as_a_retry_would
         assert q.counts().due == 4
     finally:
         delete_queue(client, q)
+
+
+# -- partitioned queues ------------------------------------------------------------------------
+
+
+def test_an_async_partitioned_enqueue_whose_answer_is_lost_names_the_id_to_resend(
+    redis_url: str, client: redis.Redis, queue_name: str
+) -> None:
+    """Defect (sync/async parity): PartitionedQueue.enqueue makes the job's id itself
+    (`p<k>.<id>`), so a ConnectionError carries it as `unknown_ids` (README 'Partitioned
+    queues': re-send with `job_id=` those ids, one already written is found, not written
+    twice). AsyncPartitionedQueue.enqueue ('every method of the sync one') raises the bare
+    error: the id it made is lost, and a caller whose answer was lost after the script ran can
+    only enqueue again under a new id, so the job is written twice."""
+    pq = PartitionedQueue.create(client, queue_name, partitions=3)
+
+    # The sync client's error, from a server that cannot be reached (nothing written).
+    down = PartitionedQueue(
+        redis.Redis(
+            unix_socket_path="/nonexistent/review.sock",
+            decode_responses=True,
+            retry=Retry(NoBackoff(), 0),
+        ),
+        pq.layout,
+    )
+    with pytest.raises(redis.ConnectionError) as sync_err:
+        down.enqueue("t", None)
+    assert len(getattr(sync_err.value, "unknown_ids", [])) == 1
+
+    async def main() -> tuple[Any, str]:
+        apq = await AsyncPartitionedQueue.open(connect_async(redis_url), queue_name)
+        real = [part._batcher._send for part in apq.parts]
+        for part, send in zip(apq.parts, real, strict=True):
+
+            async def lost(args: list[str], send: Any = send) -> Any:
+                await send(args)  # the script runs, then its answer is lost
+                raise redis.ConnectionError("Connection closed by server.")
+
+            part._batcher._send = lost
+        try:
+            with pytest.raises(redis.ConnectionError) as err:
+                await apq.enqueue("t", {"order": 42})
+            for part, send in zip(apq.parts, real, strict=True):
+                part._batcher._send = send
+            ids = getattr(err.value, "unknown_ids", None)
+            # The documented recovery: re-send with the id the error names.
+            again = await apq.enqueue("t", {"order": 42}, job_id=ids[0]) if ids else ""
+            return ids, again
+        finally:
+            await apq.aclose()
+
+    try:
+        ids, again = asyncio.run(main())
+        assert ids is not None and len(ids) == 1, (
+            "the async error carries no id to re-send with (the sync one does)"
+        )
+        assert again == ids[0] and pq.counts().due == 1
+    finally:
+        delete_partitioned(client, pq)
