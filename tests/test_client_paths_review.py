@@ -332,3 +332,40 @@ def test_an_async_partitioned_enqueue_whose_answer_is_lost_names_the_id_to_resen
         assert again == ids[0] and pq.counts().due == 1
     finally:
         delete_partitioned(client, pq)
+
+
+@pytest.mark.parametrize("change", ["pause", "set_dead_retention"])
+def test_a_plain_queue_on_a_partitioned_name_does_not_answer_a_change_it_did_not_make(
+    client: redis.Redis, queue_name: str, change: str
+) -> None:
+    """Defect: a plain Queue opened on a partitioned queue's name (`Queue.from_url(url,
+    "emails")`, which the README says stays plain) is refused an enqueue or a schedule
+    (lib/util.lua partitioned_err: 'a plain Queue would write where no worker looks'), but
+    `pause()` answers 'paused' and `set_dead_retention(...)` returns as done, writing under the
+    logical name that no worker or partition reads: an operator who pauses the queue in an
+    incident is told it is paused while every worker goes on claiming its jobs (and a dead
+    list keeps growing past the retention set). Either is refused as enqueue is, or it acts
+    on the partitions."""
+    pq = PartitionedQueue.create(client, queue_name, partitions=2)
+    try:
+        job = pq.enqueue("t", None, job_id="p0.a", max_attempts=1)
+        plain = Queue(client, queue_name)
+        with pytest.raises(BadArgument, match="partitioned"):
+            plain.enqueue("t", None)  # the guard the other writes have
+        try:
+            if change == "pause":
+                answer: Any = plain.pause()
+            else:
+                answer = plain.set_dead_retention(max_count=0)
+        except BadArgument:
+            return  # refused, as enqueue: nothing to check further
+        if change == "pause":
+            assert answer == "paused"
+            claimed = [j.id for j in pq.claim("w", limit=5).jobs]
+            assert claimed == [], f"told 'paused', yet {claimed} were claimed"
+        else:
+            leased = pq.claim("w", limit=5).jobs
+            pq.fail(leased[0].id, leased[0].token, ValueError("x"), retryable=False)
+            assert pq.dead_ids() == [], f"retention max_count=0 set, yet {job} is kept dead"
+    finally:
+        delete_partitioned(client, pq)
