@@ -14,7 +14,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from scheduler import AsyncQueue, BadArgument, Queue
+from scheduler import AsyncQueue, BadArgument, JobSpec, Queue
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
@@ -367,5 +367,79 @@ def test_a_plain_queue_on_a_partitioned_name_does_not_answer_a_change_it_did_not
             leased = pq.claim("w", limit=5).jobs
             pq.fail(leased[0].id, leased[0].token, ValueError("x"), retryable=False)
             assert pq.dead_ids() == [], f"retention max_count=0 set, yet {job} is kept dead"
+    finally:
+        delete_partitioned(client, pq)
+
+
+def test_async_partitioned_flow_limits_hold_per_partition_as_documented(
+    redis_url: str, client: redis.Redis, queue_name: str
+) -> None:
+    """Held (docs/flow-control.md, README 'Partitioned queues'): concurrent async enqueues of
+    one concurrency key (limit 1) without ids go round robin, so the merged claim leases one
+    per partition (N*K); given ids tagged with one partition, the key's K holds."""
+    pq = PartitionedQueue.create(client, queue_name, partitions=3)
+    limit: dict[str, Any] = {"concurrency_key": "tenant:7", "concurrency_limit": 1}
+
+    async def enqueue(tagged: bool) -> list[str]:
+        apq = await AsyncPartitionedQueue.open(connect_async(redis_url), queue_name)
+        try:
+            ids = [f"p1.{tagged}-{i}" if tagged else None for i in range(9)]
+            return list(
+                await asyncio.gather(*(apq.enqueue("t", None, job_id=i, **limit) for i in ids))
+            )
+        finally:
+            await apq.aclose()
+
+    try:
+        spread = asyncio.run(enqueue(False))
+        assert sorted(pq.layout.partition_of_id(i) for i in spread) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+        first = pq.claim("w", limit=20, lease_ms=60_000)
+        assert len(first.jobs) == 3  # one per partition
+        for part in pq.parts:
+            delete_queue(client, part)
+        asyncio.run(enqueue(True))
+        assert [p.counts().due for p in pq.parts] == [0, 9, 0]
+        assert len(pq.claim("w", limit=20, lease_ms=60_000).jobs) == 1
+    finally:
+        delete_partitioned(client, pq)
+
+
+def test_dead_letters_across_partitions_sync_and_async_agree(
+    redis_url: str, client: redis.Redis, queue_name: str
+) -> None:
+    """Held: jobs parked in every partition, one of them written to a partition's own queue
+    (its id routes elsewhere): the sync and async clients list the same dead ids, requeue and
+    purge by id where each job is (the stray too), and a bulk purge of the listing empties
+    every partition's dead list."""
+    pq = PartitionedQueue.create(client, queue_name, partitions=3)
+    try:
+        ids = pq.enqueue_many([JobSpec("t", {"n": i}, max_attempts=1) for i in range(6)])
+        stray_home = next(k for k in range(3) if pq.layout.partition_of_id("stray") != k)
+        pq.parts[stray_home].enqueue("t", None, job_id="stray", max_attempts=1)
+        for part in pq.parts:
+            for job in part.claim("w", limit=10).jobs:
+                part.fail(job.id, job.token, ValueError("boom"), retryable=False)
+        everyone = sorted([*ids, "stray"])
+
+        async def async_side() -> tuple[list[str], int, int, list[str]]:
+            apq = await AsyncPartitionedQueue.open(connect_async(redis_url), queue_name)
+            try:
+                listed = await apq.dead_ids()
+                requeued = await apq.requeue_dead(["stray", ids[0]])
+                purged = await apq.purge_dead([ids[1], ids[1], "not-dead"])
+                return listed, requeued, purged, await apq.dead_ids()
+            finally:
+                await apq.aclose()
+
+        sync_listed = pq.dead_ids()
+        assert sorted(sync_listed) == everyone
+        listed, requeued, purged, after = asyncio.run(async_side())
+        assert listed == sync_listed  # the same merge, newest first
+        assert (requeued, purged) == (2, 1)
+        assert pq.status("stray") == "due" and pq.parts[stray_home].status("stray") == "due"
+        assert sorted(after) == sorted(set(everyone) - {"stray", ids[0], ids[1]})
+        assert pq.dead_ids() == after
+        assert pq.purge_dead(pq.dead_ids()) == len(after)  # the bulk purge: every partition
+        assert pq.dead_ids() == [] and sum(p.counts().dead for p in pq.parts) == 0
     finally:
         delete_partitioned(client, pq)
