@@ -923,3 +923,48 @@ def test_a_job_that_sigterms_its_own_worker_is_parked_after_its_attempts(
             break
     got = _describe(q, [job])
     assert got[job][0] == "dead", (got, codes, _starts(admin, q, job))
+
+
+def test_a_prefetched_job_held_past_its_start_deadline_is_given_back(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """Defect: README says a job a busy worker claimed ahead (prefetched) and held past its
+    start deadline "is given back unstarted" and parked 'start deadline passed'
+    (scheduler/worker/starting.py's _late_to_start: "given back unstarted at the next
+    heartbeat"). But the check runs only in Dispatch._pump (dispatch.py:235), when a slot
+    frees: behind a job that runs on (a long or hung handler, no timeout) the late jobs stay
+    leased to the worker, heartbeated, for as long as it runs, neither parked (visible,
+    requeueable) nor free for another worker. A user sees jobs 'leased' long past their
+    deadline. Here concurrency 1, a gate job runs, jobs with start_within_ms=800 wait behind
+    it: 4 s later (5 deadlines, 16 heartbeats) they are still leased."""
+    q = _queue(admin)
+    warm = q.enqueue_many([JobSpec("frv-quick", {"w": i}) for i in range(40)])
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "1", registry=REG)
+    try:
+        wait_for(lambda: p.poll() is not None or _settled(q, warm), what="the warm-up jobs")
+        ids = q.enqueue_many(
+            [JobSpec("frv-gate"),
+             *(JobSpec("frv-quick", {"x": i}, start_within_ms=800) for i in range(4))]
+        )  # fmt: skip
+        gate_id, behind = ids[0], ids[1:]
+        wait_for(lambda: p.poll() is not None or _starts(admin, q, gate_id) == 1, what="the gate")
+        held = [i for i in behind if _state(q, i) == "leased"]
+        assert held, "nothing prefetched behind the gate: " + str(_describe(q, behind))
+        try:
+            wait_for(lambda: all(_state(q, i) != "leased" for i in held), timeout_s=4,
+                     what="the late jobs given back")  # fmt: skip
+            given_back = True
+        except AssertionError:
+            given_back = False
+        states = _describe(q, behind)
+        admin.set(FAST + q.name, 1)
+        wait_for(lambda: p.poll() is not None or _settled(q, ids), what="every job settled")
+        assert p.poll() is None, "the worker ended by itself"
+    finally:
+        stop_all([p])
+    got = _describe(q, ids)
+    assert got[gate_id][0] == "done", got
+    for i in behind:
+        assert got[i][:2] == ("dead", "start deadline passed"), got
+        assert _starts(admin, q, i) == 0
+    assert given_back, f"4 s past their start deadline, still leased behind the gate: {states}"
