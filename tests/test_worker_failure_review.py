@@ -968,3 +968,43 @@ def test_a_prefetched_job_held_past_its_start_deadline_is_given_back(
         assert got[i][:2] == ("dead", "start deadline passed"), got
         assert _starts(admin, q, i) == 0
     assert given_back, f"4 s past their start deadline, still leased behind the gate: {states}"
+
+
+def test_prefetched_jobs_behind_a_hung_handler_reach_an_idle_worker(
+    server: RedisProcess, admin: redis.Redis
+) -> None:
+    """Defect: jobs a worker claimed ahead (prefetch, short jobs) wait in its backlog
+    (Dispatch._backlog) until one of its slots frees, with no bound: behind a handler that
+    hangs (no timeout) they stay leased to it, heartbeated, for as long as it hangs, while
+    another worker of the queue sits idle. A job claimed again behind its own earlier run goes
+    back after a whole lease (README); a prefetched innocent never does. A user sees innocent
+    jobs 'leased' and not running for as long as some other job hangs. Here: concurrency 1,
+    a gate job that does not end, jobs prefetched behind it, a second worker idle: 5 leases
+    later they have not run."""
+    q = _queue(admin)
+    warm = q.enqueue_many([JobSpec("frv-quick", {"w": i}) for i in range(40)])
+    p = spawn_worker(server.url, q.name, *ARGS, "--concurrency", "1", registry=REG)
+    procs = [p]
+    try:
+        wait_for(lambda: p.poll() is not None or _settled(q, warm), what="the warm-up jobs")
+        ids = q.enqueue_many(
+            [JobSpec("frv-gate"), *(JobSpec("frv-quick", {"x": i}) for i in range(4))]
+        )
+        gate_id, behind = ids[0], ids[1:]
+        wait_for(lambda: p.poll() is not None or _starts(admin, q, gate_id) == 1, what="the gate")
+        held = [i for i in behind if _state(q, i) == "leased"]
+        assert held, "nothing prefetched behind the gate: " + str(_describe(q, behind))
+        procs.append(spawn_worker(server.url, q.name, *ARGS, registry=REG))  # idle
+        try:
+            wait_for(lambda: all(_state(q, i) == "done" for i in held), timeout_s=5,
+                     what="the held jobs run elsewhere")  # fmt: skip
+            ran = True
+        except AssertionError:
+            ran = False
+        states = _describe(q, held)
+        admin.set(FAST + q.name, 1)
+        wait_for(lambda: _settled(q, ids), what="every job settled")
+    finally:
+        stop_all(procs)
+    assert all(s == "done" for s, _, _ in _describe(q, ids).values())
+    assert ran, f"5 leases behind a hung job, with a worker idle, still: {states}"
