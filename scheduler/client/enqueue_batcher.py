@@ -20,7 +20,10 @@ The answer a caller gets is the one it would have had alone:
   cancelled as a lone call would be (the job may be written);
 - a job naming in `after` a job of the batch that has an idempotency key goes in a later call:
   in one, a parent whose key was taken stands for the job the key names (enqueue.lua's rename,
-  for one caller's own jobs), where in turn the id names what stands under it then.
+  for one caller's own jobs), where in turn the id names what stands under it then;
+- a job naming in `after` a job of a call in flight waits until that call is answered: sent
+  beside it on another connection, the server may run the child's call first and refuse it
+  ('no such job') while the parent's caller is told it was written.
 Jobs of a batch keep their callers' order. A delay counts from the batch's script, sent when a
 call in flight comes back (a refused batch's jobs when their half is sent again): never
 earlier than asked.
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -63,6 +66,7 @@ class EnqueueBatcher:
         self._max_in_flight = max_in_flight
         self._in_flight = 0
         self._waiting: deque[_Waiting] = deque()
+        self._flying: dict[str, int] = {}  # ids of the jobs of the calls in flight
         self._tasks: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -73,19 +77,34 @@ class EnqueueBatcher:
             # A queue used from a new event loop: what the old one left (closed with calls in
             # flight, their `finally` never run) must not hold this one's calls.
             self._loop, self._in_flight, self._waiting = loop, 0, deque()
+            self._flying = {}
             self._tasks = set()  # and the old loop's tasks (and so the loop) are not held
-        if self._in_flight < self._max_in_flight and not self._waiting:
+        if self._in_flight < self._max_in_flight and not self._waiting and not self._held(fields):
             self._in_flight += 1
+            self._fly([fields], 1)
             try:
                 return await self._alone(fields)
             finally:
                 if loop is self._loop:
                     self._in_flight -= 1
+                    self._fly([fields], -1)
                     self._start()
         future: asyncio.Future[str] = loop.create_future()
         self._waiting.append(_Waiting(fields, future))
         self._start()
         return await future
+
+    def _fly(self, jobs: list[list[str]], step: int) -> None:
+        for fields in jobs:
+            n = self._flying.get(fields[0], 0) + step
+            if n > 0:
+                self._flying[fields[0]] = n
+            else:
+                self._flying.pop(fields[0], None)
+
+    def _held(self, fields: list[str]) -> bool:
+        """Does this job name in `after` a job of a call in flight?"""
+        return bool(self._flying) and _names_one_of(fields, self._flying.keys())
 
     async def _alone(self, fields: list[str]) -> str:
         args = ["1", *fields]
@@ -94,12 +113,16 @@ class EnqueueBatcher:
     def _start(self) -> None:
         # Each call that comes back sends what waits: never more than max_in_flight at once.
         while self._waiting and self._in_flight < self._max_in_flight:
+            if self._held(self._waiting[0].fields):
+                return  # its parent's call comes back first; callers' order is kept
             batch: list[_Waiting] = []
             size = 0
             keyed: set[str] = set()  # ids of the batch's jobs with an idempotency key
             while self._waiting and len(batch) < MAX_JOBS:
                 w = self._waiting[0]
                 if batch and (size + w.size > MAX_BYTES or _names_one_of(w.fields, keyed)):
+                    break
+                if batch and self._held(w.fields):
                     break
                 batch.append(self._waiting.popleft())
                 size += w.size
@@ -109,6 +132,7 @@ class EnqueueBatcher:
             if not batch:
                 continue
             self._in_flight += 1
+            self._fly([w.fields for w in batch], 1)
             task = asyncio.get_running_loop().create_task(self._flush(batch, self._loop))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -128,6 +152,7 @@ class EnqueueBatcher:
         finally:
             if loop is self._loop:  # else counted for a loop since left behind
                 self._in_flight -= 1
+                self._fly([w.fields for w in batch], -1)
                 self._start()
 
     async def _deliver(self, batch: list[_Waiting]) -> None:
@@ -162,7 +187,7 @@ class EnqueueBatcher:
                 w.future.set_result(job_id)
 
 
-def _names_one_of(fields: list[str], ids: set[str]) -> bool:
+def _names_one_of(fields: list[str], ids: Collection[str]) -> bool:
     # A parent named by id whose job has a key: in one call, one whose key was taken stands
     # for the job the key names (enqueue.lua's rename, for one caller's jobs); a caller of
     # another call finds the id as it stands then. The flow field ends with the parents.
