@@ -139,6 +139,9 @@ class AsyncPartitionedQueue(AsyncPartitionedLeasing):
         except Exception as exc:  # its names are indexed once it wrote (core/queue_index.py)
             if await queue_index.after_call_async(self.client, self.layout.names, exc):
                 await self._index()
+            # As the sync call: the error names the id made here, written or unknown (re-send
+            # with job_id= that id), else the caller of a lost answer can only write it twice.
+            ids_in_call_order([(k, spec)], {k: exc})
             raise
         await self._index()
         return got
