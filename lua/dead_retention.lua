@@ -2,16 +2,19 @@
   Applied by lib/job.lua dead_letter on each later park and by each claim, at most 100 of the
   oldest per call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): config
+  Keys from the prefix (lua/README.md): config, partitions
   ARGV[1] max_age_ms  ('' = no age limit; 'keep' = as stored; else 1 .. LIM.time_ms)
   ARGV[2] max_count   ('' = no count limit; 'keep' = as stored; else 0 .. 2^53 - 1)
   ('keep': the CLI sets one limit and keeps the other as stored when it writes, not as it read
   it before, so another operator's change of that one meanwhile is not undone)
   Returns: 1.
-  Errors:  BAD_ARGUMENT <field>=<value> ]]
+  Errors:  BAD_ARGUMENT <field>=<value>; BAD_ARGUMENT queue=<name> is partitioned (its own
+    name: nothing written) ]]
 -- @include "lib/util.lua"
 
 local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+-- A partitioned queue's own name: its partitions hold its jobs (scheduler.open_queue acts on them).
+local parted = partitioned_err(KEYS[1]); if parted then return parted end
 
 local cfg = KEYS[1] .. 'config'
 local fields = { { 'dead_max_age_ms', ARGV[1], 1, LIM.time_ms },
