@@ -178,6 +178,12 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
     def _short_jobs(self) -> bool:
         return self._mean_run_s is not None and self._mean_run_s < PREFETCH_MAX_RUN_S
 
+    def _one_runs_long(self) -> bool:
+        """A run going on for longer than a heartbeat interval: no prefetch (the jobs would
+        wait behind it, and a hung one holds its slot for good; Starting._sweep_backlog)."""
+        since_s = time.monotonic() - self.settings.heartbeat_ms / 1000
+        return any(r.started_s < since_s for r in self.running.values())
+
     def _hold_claim(self, free: int) -> bool:
         """True: wait for more free slots before claiming (CLAIM_MIN_FREE). Only while jobs
         are short and some are running or waiting to: their ends free slots within a batch's
@@ -213,7 +219,7 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
                 return 0
             self._no_claim_until = 0.0
             self.metrics.claim_paused.labels("no_thread").set(0)
-        ahead = s.prefetch if self._short_jobs() else 0
+        ahead = s.prefetch if self._short_jobs() and not self._one_runs_long() else 0
         held = len(self._backlog) + len(self._behind) + len(self._give_back)
         return self._quota(s.concurrency + ahead - len(self.running) - held)
 

@@ -73,8 +73,7 @@ class Heartbeats(RemoteStop, Dispatch, Reporting):
             # its attempt given back, while that run is within its timeout (a long job whose
             # lease lapsed in a stall: nothing failed); a failed attempt once that run has
             # overrun its timeout (a handler that never returns would else cycle for good,
-            # never parked), retried by its backoff, parked after its last. With them the jobs
-            # that could not start (Starting._cannot_start).
+            # never parked), retried by its backoff, parked after its last; and _give_back's.
             now = time.monotonic()
             stale = [r for r in self._behind.values() if now - r.started_s > lease_s]
             for r in stale:
@@ -82,6 +81,7 @@ class Heartbeats(RemoteStop, Dispatch, Reporting):
             stale = [r for r in stale if not r.finished and not self._overran(r, now)]
             for r in stale:
                 r.finished = True
+            self._sweep_backlog(now)  # held back past a deadline or a lease: given back too
             stale += self._give_back
             self._give_back = []
             if stale:

@@ -91,6 +91,27 @@ class Starting(WorkerCore):
         )
         return True
 
+    def _sweep_backlog(self, now_s: float) -> None:
+        """At each heartbeat, the jobs held back here (prefetched behind running ones): one
+        past its start deadline, or held longer than a lease, is given back unstarted (the
+        release returns its attempt), for another worker: behind a handler that hangs (no
+        timeout) they were held, heartbeated, for as long as it ran while other workers idled,
+        and a deadline passed was noticed only once a slot freed."""
+        lease_s = self.settings.lease_ms / 1000
+        keep = [r for r in self._backlog if not r.finished and not self._late_to_start(r, now_s)]
+        waited = [r for r in keep if now_s - r.started_s > lease_s]
+        for r in waited:
+            r.finished = True
+            self._give_back.append(r)
+        if waited:
+            self.log.warning(
+                "%d job(s) held back here for more than a lease behind running ones; given "
+                "back for other workers",
+                len(waited),
+            )
+        self._backlog.clear()
+        self._backlog.extend(r for r in keep if not r.finished)
+
     def _cannot_start(self, r: Running, exc: Exception) -> None:
         """_run failed for a reason of this process, not of the job (a thread that cannot
         start: RuntimeError at a pids limit): the start is undone and the job released at the
