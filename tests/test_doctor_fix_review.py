@@ -1,0 +1,154 @@
+"""`scheduler doctor --fix` against live workers and producers, from an adversarial review.
+
+Each repair plan (Issue.repair: lua/repair.lua moves) promises to check, in the same atomic
+step, that the job is still as the check read it, and to do nothing otherwise ("a job claimed,
+reaped, finished or requeued since the check is not moved", lua/repair.lua). Here each plan is
+made by `check_queue`, then a worker or a producer changes the job, then the plan runs."""
+
+from __future__ import annotations
+
+import redis
+
+from scheduler import Queue
+from scheduler.admin.doctor import Issue, check_queue, repair_queue
+from scheduler.admin.inspection import server_now_ms
+from tests.conftest import dump_queue
+from tests.test_doctor_repair import due_with_a_hash, run_plan
+
+HOUR_MS = 3_600_000
+
+
+def only(issues: list[Issue], code: str) -> Issue:
+    assert [i.code for i in issues] == [code], [(i.code, i.message) for i in issues]
+    return issues[0]
+
+
+# -- defects: a stale plan moves a job the check no longer describes ----------------------------
+def test_bad_score_plan_run_after_a_reschedule_does_not_run_the_job_early(
+    q: Queue, client: redis.Redis
+) -> None:
+    """A due job's score was edited into `inf` (bad-score, fix: score := now). Before the fix
+    runs, an operator reschedules the job an hour ahead (a valid score again). The stale
+    'score' move only checks the job is still in due, not that its score is still the bad one
+    it read: it sets the score to now and the next claim runs the job an hour early."""
+    job_id = due_with_a_hash(q)
+    client.zadd(q.keys.due, {job_id: "inf"})
+    issue = only(check_queue(client, q.name), "bad-score")
+    assert q.reschedule(job_id, delay_ms=HOUR_MS) == "rescheduled"
+    later = client.zscore(q.keys.due, job_id)
+    run_plan(client, issue)
+    assert client.zscore(q.keys.due, job_id) == later, "the rescheduled run time was overwritten"
+    assert q.claim("w", limit=1).jobs == [], "the job ran an hour before its run time"
+
+
+def test_bad_score_plan_run_after_a_heartbeat_keeps_the_live_lease(
+    q: Queue, client: redis.Redis
+) -> None:
+    """A leased job's lease score was edited into `inf` (bad-score, fix: lease := now). Its
+    worker is alive and heartbeats before the fix runs (the lease is a valid time again). The
+    stale 'score' move sets the lease to now all the same: the next claim reaps it and a second
+    worker runs the job while the first still runs it, whose next heartbeat is refused."""
+    job_id = q.enqueue("t", 1)
+    (job,) = q.claim("w1", limit=1).jobs
+    client.zadd(q.keys.leased, {job_id: "inf"})
+    issue = only(check_queue(client, q.name), "bad-score")
+    _, status = q.heartbeat([(job_id, job.token)])
+    assert status == {job_id: "held"}
+    run_plan(client, issue)
+    assert q.claim("w2", limit=1).jobs == [], "a second worker got the job while w1 runs it"
+    assert q.heartbeat([(job_id, job.token)])[1] == {job_id: "held"}
+
+
+def test_orphan_plan_run_after_the_worker_completed_does_not_run_the_job_again(
+    q: Queue, client: redis.Redis
+) -> None:
+    """A running job's leased entry was lost (ZREM by hand): orphan-hash, state 'leased', fix
+    puts it in due. Its worker then completes it (done, result kept, an expiry). The stale
+    'due' move checks only that the id is still in no place, which a finished record is too:
+    it turns the done record back into a due job (its expiry dropped) and it runs a second
+    time, after its result was acknowledged; the plan answers 1, 'moved'."""
+    job_id = q.enqueue("t", 1)
+    (job,) = q.claim("w", limit=1).jobs
+    client.zrem(q.keys.leased, job_id)
+    issue = only(check_queue(client, q.name), "orphan-hash")
+    q.complete(job_id, job.token, {"sent": True})
+    assert client.hget(q.keys.job(job_id), "state") == "done"
+    before = dump_queue(client, q)
+    assert run_plan(client, issue) == [0]
+    assert dump_queue(client, q) == before
+    assert q.claim("w2", limit=1).jobs == [], "a completed job ran a second time"
+
+
+# -- held: what --fix (repair_queue: every move re-planned under WATCH) does ---------------------
+def _busy_healthy_queue(q: Queue) -> None:
+    """Every normal state a live queue has at once."""
+    q.enqueue("t", {"n": 1})  # due
+    q.enqueue("t", {"n": 2}, delay_ms=HOUR_MS)  # scheduled
+    parent = q.enqueue("t", {"n": 3}, delay_ms=HOUR_MS)
+    q.enqueue("t", {"n": 4}, after=[parent])  # waiting for its parent (held)
+    q.enqueue("t", {"n": 5}, job_id="dies", max_attempts=1)
+    q.enqueue("t", {"n": 6}, job_id="done")
+    q.enqueue("t", {"n": 7}, job_id="runs")
+    for j in q.claim("w", limit=10).jobs:
+        if j.id == "dies":
+            q.fail(j.id, j.token, ValueError("x"), retryable=False)
+        elif j.id == "done":
+            q.complete(j.id, j.token, 1)
+        elif j.id != "runs":
+            q.release([(j.id, j.token)])
+
+
+def test_fix_on_a_healthy_busy_queue_changes_nothing(q: Queue, client: redis.Redis) -> None:
+    _busy_healthy_queue(q)
+    assert check_queue(client, q.name) == []
+    before = dump_queue(client, q)
+    report = repair_queue(client, q.name)
+    assert (report.fixed, report.remaining) == ([], [])
+    assert dump_queue(client, q) == before
+
+
+def test_fix_twice_is_idempotent_and_keeps_every_job(q: Queue, client: redis.Redis) -> None:
+    a, b, c = (q.enqueue("t", n) for n in range(3))
+    q.release([(j.id, j.token) for j in q.claim("w0", limit=3).jobs])  # each has its hash
+    _busy_healthy_queue(q)
+    client.hset(q.keys.job(a), "state", "dead")  # state-mismatch
+    client.zadd(q.keys.dead, {b: 0})  # two-places
+    client.zrem(q.keys.due, c)  # orphan-hash
+    first = repair_queue(client, q.name)
+    assert sorted(i.code for i in first.fixed) == ["orphan-hash", "state-mismatch", "two-places"]
+    assert first.remaining == []
+    after = dump_queue(client, q)
+    second = repair_queue(client, q.name)
+    assert (second.fixed, second.remaining) == ([], [])
+    assert dump_queue(client, q) == after
+    claimed = {j.id for j in q.claim("w2", limit=10).jobs}
+    assert {a, b, c} <= claimed
+
+
+def test_state_plan_run_after_claim_and_complete_moves_nothing(
+    q: Queue, client: redis.Redis
+) -> None:
+    job_id = due_with_a_hash(q)
+    client.hset(q.keys.job(job_id), "state", "dead")
+    issue = only(check_queue(client, q.name), "state-mismatch")
+    (job,) = q.claim("w", limit=1).jobs
+    q.complete(job_id, job.token, 1)
+    before = dump_queue(client, q)
+    assert run_plan(client, issue) == [0]
+    assert dump_queue(client, q) == before
+
+
+def test_lease_expired_plan_run_after_the_worker_failed_moves_nothing(
+    q: Queue, client: redis.Redis
+) -> None:
+    job_id = q.enqueue("t", 1, max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    # The lease lapsed long ago (nobody claimed since): doctor would park it.
+    client.zadd(q.keys.leased, {job_id: server_now_ms(client) - HOUR_MS})
+    issue = only(check_queue(client, q.name), "lease-expired")
+    # The worker's late report arrives first: fail parks the lapsed job itself or refuses.
+    q.fail(job_id, job.token, ValueError("late"), retryable=False)
+    before = dump_queue(client, q)
+    run_plan(client, issue)
+    assert dump_queue(client, q) == before or q.dead_ids() == [job_id]
+    assert q.claim("w2", limit=1).jobs == []
