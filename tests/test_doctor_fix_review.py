@@ -79,6 +79,40 @@ def test_orphan_plan_run_after_the_worker_completed_does_not_run_the_job_again(
     assert q.claim("w2", limit=1).jobs == [], "a completed job ran a second time"
 
 
+def test_bad_score_plan_run_after_a_debounced_enqueue_does_not_run_it_early(
+    q: Queue, client: redis.Redis
+) -> None:
+    """A producer's race, no operator needed: a debounced job's due score is damaged (`inf`,
+    bad-score). The producer's next debounced call replaces the job (same id) to run in an
+    hour, acknowledged. The stale 'score' move then sets the score to now: the job the
+    producer asked for in an hour runs at once."""
+    jid = q.enqueue("t", {"v": 1}, key="digest:1", debounce=True)
+    client.zadd(q.keys.due, {jid: "inf"})
+    issue = only(check_queue(client, q.name), "bad-score")
+    assert q.enqueue("t", {"v": 2}, key="digest:1", debounce=True, delay_ms=HOUR_MS) == jid
+    run_plan(client, issue)
+    assert q.claim("w", limit=1).jobs == [], "the debounced job ran an hour early"
+
+
+def test_park_plan_run_after_a_debounced_enqueue_does_not_park_the_new_job(
+    q: Queue, client: redis.Redis
+) -> None:
+    """A debounced pending job's payload is damaged (bad-payload: fix parks it on the dead
+    list). The producer's next debounced call replaces it with a good payload (same id, still
+    due): an acknowledged enqueue. The stale 'dead' move checks only that the id is still in
+    due and parks the new job as 'invalid payload: not JSON': it never runs, and the dead
+    list blames a payload it does not have."""
+    jid = q.enqueue("t", {"v": 1}, key="digest:1", debounce=True, delay_ms=60_000)
+    spec = str(client.get(q.keys.spec(jid)))
+    client.set(q.keys.spec(jid), spec.rsplit("|", 1)[0] + "|{not json")
+    issue = only(check_queue(client, q.name), "bad-payload")
+    assert q.enqueue("t", {"v": 2}, key="digest:1", debounce=True) == jid
+    run_plan(client, issue)
+    assert q.dead_ids() == [], "the producer's new job was parked as an invalid payload"
+    (job,) = q.claim("w", limit=1).jobs
+    assert (job.id, job.payload_json) == (jid, '{"v":2}')
+
+
 # -- held: what --fix (repair_queue: every move re-planned under WATCH) does ---------------------
 def _busy_healthy_queue(q: Queue) -> None:
     """Every normal state a live queue has at once."""
