@@ -7,11 +7,19 @@ made by `check_queue`, then a worker or a producer changes the job, then the pla
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
 import redis
+from click.testing import CliRunner, Result
 
 from scheduler import Queue
+from scheduler.admin import doctor
 from scheduler.admin.doctor import Issue, check_queue, repair_queue
 from scheduler.admin.inspection import server_now_ms
+from scheduler.cli.main import main
 from tests.conftest import dump_queue
 from tests.test_doctor_repair import due_with_a_hash, run_plan
 
@@ -186,3 +194,80 @@ def test_lease_expired_plan_run_after_the_worker_failed_moves_nothing(
     run_plan(client, issue)
     assert dump_queue(client, q) == before or q.dead_ids() == [job_id]
     assert q.claim("w2", limit=1).jobs == []
+
+
+def test_fix_replans_when_a_producer_debounces_between_its_read_and_its_write(
+    q: Queue, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`doctor --fix` (repair_queue) re-reads each job under WATCH before its move: a debounced
+    enqueue landing right after that read (the race the stale plans above lose) aborts the
+    move, and the re-read finds nothing to fix."""
+    jid = q.enqueue("t", {"v": 1}, key="digest:1", debounce=True)
+    client.zadd(q.keys.due, {jid: "inf"})
+    real = doctor._quiet
+    raced: list[str] = []
+
+    def read_then_race(pipe: Any, cmd: tuple[str, ...]) -> Any:
+        out = real(pipe, cmd)
+        if not raced and cmd[0] == "ZSCORE" and cmd[1] == q.keys.due:
+            raced.append(q.enqueue("t", {"v": 2}, key="digest:1", debounce=True, delay_ms=HOUR_MS))
+        return out
+
+    monkeypatch.setattr(doctor, "_quiet", read_then_race)
+    report = repair_queue(client, q.name)
+    assert raced == [jid]
+    assert (report.fixed, report.remaining) == ([], [])
+    assert q.claim("w", limit=1).jobs == []  # still an hour ahead
+
+
+def test_fix_does_not_rerun_a_job_whose_live_worker_lost_only_its_leased_entry(
+    q: Queue, client: redis.Redis
+) -> None:
+    """A running job's entry in leased is lost (ZREM by hand) while its worker still runs it
+    and heartbeats. `doctor --fix` reads state 'leased' with a current token and puts it in
+    due ("no worker will see it"): a second worker runs it at once, concurrently, and the
+    first worker's heartbeat and complete are refused as 'stale': its finished run is thrown
+    away. A lapse never happened; restoring the lease (leased at now + a lease length, so its
+    worker's heartbeat keeps it and the reaper reruns it only if that worker is gone) keeps
+    at-least-once without a concurrent second run."""
+    jid = q.enqueue("t", 1)
+    (job,) = q.claim("w1", limit=1).jobs
+    client.zrem(q.keys.leased, jid)
+    repair_queue(client, q.name)
+    assert q.claim("w2", limit=1).jobs == [], "a second worker runs the job while w1 runs it"
+    assert q.heartbeat([(jid, job.token)])[1] == {jid: "held"}
+
+
+# -- the command line -----------------------------------------------------------------------------
+@pytest.fixture
+def cli(redis_url: str) -> Callable[..., Result]:
+    runner = CliRunner(env={"COLUMNS": "200"})
+
+    def run(*args: str) -> Result:
+        return runner.invoke(main, [*args, "--url", redis_url], catch_exceptions=False)
+
+    return run
+
+
+def test_cli_fix_reports_what_it_did_and_a_second_fix_does_nothing(
+    cli: Callable[..., Result], q: Queue, client: redis.Redis
+) -> None:
+    a, b = q.enqueue("t", 1), q.enqueue("t", 2)
+    q.release([(j.id, j.token) for j in q.claim("w0", limit=2).jobs])
+    client.hset(q.keys.job(a), "state", "done")
+    client.zrem(q.keys.due, b)
+    r = cli("doctor", "--no-server", "-q", q.name)
+    assert r.exit_code == 1, r.output  # findings, nothing changed
+    assert "state field says 'done' but the job is in due: fix sets it to 'due'" in r.output
+    assert f"job {b}: job with state 'due' is in none of due, leased, dead" in r.output
+    first = cli("doctor", "--no-server", "--fix", "--json", "-q", q.name)
+    out = json.loads(first.output)
+    assert first.exit_code == 0 and out["ok"] and out["findings"] == []
+    assert sorted((f["code"], f["job_id"]) for f in out["fixed"]) == sorted(
+        [("state-mismatch", a), ("orphan-hash", b)]
+    )
+    after = dump_queue(client, q)
+    again = json.loads(cli("doctor", "--no-server", "--fix", "--json", "-q", q.name).output)
+    assert (again["fixed"], again["findings"], again["ok"]) == ([], [], True)
+    assert dump_queue(client, q) == after
+    assert {j.id for j in q.claim("w", limit=5).jobs} == {a, b}
