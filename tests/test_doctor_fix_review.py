@@ -238,6 +238,72 @@ def test_fix_does_not_rerun_a_job_whose_live_worker_lost_only_its_leased_entry(
     assert q.heartbeat([(jid, job.token)])[1] == {jid: "held"}
 
 
+def _act(q: Queue, what: str) -> None:
+    """What live workers, producers and another operator do meanwhile."""
+    if what == "claim":
+        q.claim("w", limit=3)
+    elif what in ("complete", "retry", "die"):
+        for j in q.claim("w", limit=3).jobs:
+            if what == "complete":
+                q.complete(j.id, j.token, 1)
+            else:
+                q.fail(j.id, j.token, ValueError("x"), retryable=what == "retry")
+    elif what == "enqueue":
+        q.enqueue("t", 9, delay_ms=HOUR_MS)
+        q.enqueue("t", 9)
+    elif what == "cancel":
+        for jid in ("a", "c", "e"):
+            q.cancel(jid)
+    else:
+        q.requeue_dead(q.dead_ids())
+
+
+@pytest.mark.parametrize(
+    "what", ["claim", "complete", "retry", "die", "enqueue", "cancel", "requeue"]
+)
+@pytest.mark.parametrize(
+    ("hook", "call"), [("_load_zset", 3), ("live_ids", 1), ("unclaimed_suspects", 1)]
+)
+def test_fix_while_the_queue_changes_between_its_reads_finds_and_moves_nothing(
+    q: Queue,
+    client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    what: str,
+    hook: str,
+    call: int,
+) -> None:
+    """--fix's check reads the places, then the records, not at one moment: a claim, complete,
+    retry, park, enqueue, cancel or requeue landing between those reads (after due was read,
+    before leased; before the scan of records; before the pending jobs' reads) is no finding
+    and --fix moves nothing."""
+    q.enqueue("t", 1, job_id="a")
+    q.enqueue("t", 2, job_id="b", max_attempts=1)
+    q.enqueue("t", 3, job_id="c", delay_ms=HOUR_MS)
+    q.enqueue("t", 4, job_id="d", max_attempts=1)
+    q.enqueue("t", 5, job_id="e", max_attempts=1)
+    for j in q.claim("w0", limit=10).jobs:  # a, b, d, e: each gets its hash
+        if j.id == "d":
+            q.fail(j.id, j.token, ValueError("x"), retryable=False)
+        elif j.id != "e":  # e stays leased
+            q.release([(j.id, j.token)])
+    q.enqueue("t", 6, job_id="f")  # pending, its spec record alone
+    real = getattr(doctor, hook)
+    calls: list[int] = []
+
+    def meanwhile(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == call:
+            _act(q, what)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(doctor, hook, meanwhile)
+    report = repair_queue(client, q.name)
+    assert len(calls) >= call
+    assert (report.fixed, report.remaining) == ([], []), [
+        (i.code, i.job_id, i.message) for i in report.fixed + report.remaining
+    ]
+
+
 # -- the command line -----------------------------------------------------------------------------
 @pytest.fixture
 def cli(redis_url: str) -> Callable[..., Result]:
