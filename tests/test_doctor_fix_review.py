@@ -238,8 +238,10 @@ def test_fix_does_not_rerun_a_job_whose_live_worker_lost_only_its_leased_entry(
     assert q.heartbeat([(jid, job.token)])[1] == {jid: "held"}
 
 
-def _act(q: Queue, what: str) -> None:
+def _act(q: Queue, what: str, tokens: dict[str, str]) -> None:
     """What live workers, producers and another operator do meanwhile."""
+    if what == "complete":  # g's end lets h, held behind it, go
+        q.complete("g", tokens["g"], 1)
     if what == "claim":
         q.claim("w", limit=3)
     elif what in ("complete", "retry", "die"):
@@ -262,7 +264,8 @@ def _act(q: Queue, what: str) -> None:
     "what", ["claim", "complete", "retry", "die", "enqueue", "cancel", "requeue"]
 )
 @pytest.mark.parametrize(
-    ("hook", "call"), [("_load_zset", 3), ("live_ids", 1), ("unclaimed_suspects", 1)]
+    ("hook", "call"),
+    [("_load_zset", 3), ("queue_key_issues", 1), ("live_ids", 1), ("unclaimed_suspects", 1)],
 )
 def test_fix_while_the_queue_changes_between_its_reads_finds_and_moves_nothing(
     q: Queue,
@@ -281,11 +284,16 @@ def test_fix_while_the_queue_changes_between_its_reads_finds_and_moves_nothing(
     q.enqueue("t", 3, job_id="c", delay_ms=HOUR_MS)
     q.enqueue("t", 4, job_id="d", max_attempts=1)
     q.enqueue("t", 5, job_id="e", max_attempts=1)
-    for j in q.claim("w0", limit=10).jobs:  # a, b, d, e: each gets its hash
+    for jid in ("g", "h"):  # one key, limit 1: g leased, h held behind it
+        q.enqueue("t", 7, job_id=jid, concurrency_key="acct", concurrency_limit=1)
+    tokens: dict[str, str] = {}
+    for j in q.claim("w0", limit=10).jobs:  # a, b, d, e, g: each gets its hash
+        tokens[j.id] = j.token
         if j.id == "d":
             q.fail(j.id, j.token, ValueError("x"), retryable=False)
-        elif j.id != "e":  # e stays leased
+        elif j.id not in ("e", "g"):  # e and g stay leased
             q.release([(j.id, j.token)])
+    assert client.zscore(q.keys.flow_held, "h") is not None
     q.enqueue("t", 6, job_id="f")  # pending, its spec record alone
     real = getattr(doctor, hook)
     calls: list[int] = []
@@ -293,7 +301,7 @@ def test_fix_while_the_queue_changes_between_its_reads_finds_and_moves_nothing(
     def meanwhile(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         if len(calls) == call:
-            _act(q, what)
+            _act(q, what, tokens)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(doctor, hook, meanwhile)
