@@ -312,6 +312,21 @@ def test_fix_while_the_queue_changes_between_its_reads_finds_and_moves_nothing(
     ]
 
 
+def test_bad_score_of_a_held_job_names_where_the_score_is(q: Queue, client: redis.Redis) -> None:
+    """A job held behind its concurrency key (flow:held) whose score there was edited into
+    `inf`: the finding says "its score in due is inf ... so the next claim runs it". The score
+    an operator must look at is in flow:held (not in due, where redis-cli ZSCORE finds
+    nothing), and the next claim does not run it: it stays held until its key has room. The
+    other findings name a held job's place as 'due (flow:held)'; this one uses the bare place."""
+    for jid in ("g", "h"):
+        q.enqueue("t", 1, job_id=jid, concurrency_key="acct", concurrency_limit=1)
+    assert [j.id for j in q.claim("w", limit=2).jobs] == ["g"]
+    client.zadd(q.keys.flow_held, {"h": "inf"})
+    issue = only(check_queue(client, q.name), "bad-score")
+    assert "flow:held" in issue.message, issue.message
+    assert "next claim runs it" not in issue.message, issue.message
+
+
 # -- the command line -----------------------------------------------------------------------------
 @pytest.fixture
 def cli(redis_url: str) -> Callable[..., Result]:
