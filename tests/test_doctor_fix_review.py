@@ -121,6 +121,25 @@ def test_park_plan_run_after_a_debounced_enqueue_does_not_park_the_new_job(
     assert (job.id, job.payload_json) == (jid, '{"v":2}')
 
 
+def test_orphan_plan_run_after_its_schedule_was_removed_lists_no_ghost(
+    q: Queue, client: redis.Redis
+) -> None:
+    """A schedule's pending run is off due (ZREM by hand): orphan-hash, fix puts it in due.
+    The operator removes the schedule first (remove_schedule deletes the run's record). The
+    stale 'due' move does not check the job still exists: it answers 1 ('moved') and writes
+    the bare id into due, where the next claim parks it as 'job hash missing': a dead letter
+    for a schedule that was removed, and a report of a repair of a job that is gone."""
+    q.schedule("tick", "t", every_ms=60_000)
+    run = str(client.hget(q.keys.schedule("tick"), "pending"))
+    client.zrem(q.keys.due, run)
+    issue = only(check_queue(client, q.name), "orphan-hash")
+    assert q.remove_schedule("tick") == "removed"
+    assert client.exists(q.keys.job(run), q.keys.spec(run)) == 0
+    assert run_plan(client, issue) == [0]
+    assert client.zscore(q.keys.due, run) is None
+    assert check_queue(client, q.name) == []
+
+
 # -- held: what --fix (repair_queue: every move re-planned under WATCH) does ---------------------
 def _busy_healthy_queue(q: Queue) -> None:
     """Every normal state a live queue has at once."""
