@@ -346,6 +346,31 @@ def test_bad_score_of_a_held_job_names_where_the_score_is(q: Queue, client: redi
     assert "next claim runs it" not in issue.message, issue.message
 
 
+def test_fix_of_one_job_is_not_starved_by_producers_enqueuing_other_jobs(
+    q: Queue, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--fix` WATCHes the whole due, leased and dead ZSETs around each job's repair, so any
+    enqueue, claim or completion of any other job between its read and its write aborts it;
+    after 5 tries it gives up silently. On a queue a producer keeps busy (here: one unrelated
+    enqueue per try) the damaged job is never repaired, and the report gives the same
+    finding with the same advice, `scheduler doctor --fix`, which the operator just ran."""
+    job_id = due_with_a_hash(q)
+    client.hset(q.keys.job(job_id), "state", "done")  # state-mismatch: fix sets 'due'
+    real = doctor._quiet
+
+    def busy(pipe: Any, cmd: tuple[str, ...]) -> Any:
+        out = real(pipe, cmd)
+        if cmd[0] == "ZSCORE" and cmd[1] == q.keys.due:
+            q.enqueue("t", "other", delay_ms=HOUR_MS)  # another job, another producer
+        return out
+
+    monkeypatch.setattr(doctor, "_quiet", busy)
+    report = repair_queue(client, q.name)
+    assert client.hget(q.keys.job(job_id), "state") == "due", [
+        (i.code, i.message, i.fix) for i in report.remaining
+    ]
+
+
 # -- the command line -----------------------------------------------------------------------------
 @pytest.fixture
 def cli(redis_url: str) -> Callable[..., Result]:
