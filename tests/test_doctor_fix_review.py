@@ -371,6 +371,24 @@ def test_fix_of_one_job_is_not_starved_by_producers_enqueuing_other_jobs(
     ]
 
 
+def test_an_orphan_the_operator_cancelled_is_not_run_by_the_fix(
+    q: Queue, client: redis.Redis
+) -> None:
+    """doctor reports a waiting job in no place (orphan-hash, state 'due'; fix puts it in
+    due). The operator decides to cancel it instead: `cancel` answers 'due', its word for
+    "was waiting, now cancelled", but changes nothing (cancel.lua answers the stored state of
+    a job in no place). The next `doctor --fix` (the re-read under WATCH still sees a due
+    job in no place) puts it back in due and a worker runs the job the operator cancelled."""
+    job_id = due_with_a_hash(q)
+    client.zrem(q.keys.due, job_id)
+    only(check_queue(client, q.name), "orphan-hash")
+    answer = q.cancel(job_id)
+    assert answer == "due"  # read by every caller as: cancelled, it was waiting
+    repair_queue(client, q.name)
+    assert q.claim("w", limit=1).jobs == [], "the job the operator cancelled ran"
+    assert q.get_job(job_id).state == "cancelled"
+
+
 # -- the command line -----------------------------------------------------------------------------
 @pytest.fixture
 def cli(redis_url: str) -> Callable[..., Result]:
