@@ -389,6 +389,22 @@ def test_an_orphan_the_operator_cancelled_is_not_run_by_the_fix(
     assert q.get_job(job_id).state == "cancelled"
 
 
+def test_two_places_fix_keeps_a_lease_in_force(q: Queue, client: redis.Redis) -> None:
+    """A running job (leased, its worker heartbeating) is also in due, its state field 'due'
+    (hand edits, or a buggy tool that requeued it). --fix keeps the place its state names,
+    due, and takes it out of leased: the worker's lease, still in force, is revoked (its
+    heartbeat answers 'stale', its result will be refused) and a second worker runs the job
+    at once, concurrently. Keeping the lease in force (leased; its end, or its lapse and the
+    reaper, puts it back in due) loses nothing and runs it once."""
+    jid = q.enqueue("t", 1)
+    (job,) = q.claim("w1", limit=1).jobs
+    client.zadd(q.keys.due, {jid: server_now_ms(client)})
+    client.hset(q.keys.job(jid), "state", "due")
+    repair_queue(client, q.name)
+    assert q.heartbeat([(jid, job.token)])[1] == {jid: "held"}, "the live lease was revoked"
+    assert q.claim("w2", limit=1).jobs == []
+
+
 # -- the command line -----------------------------------------------------------------------------
 @pytest.fixture
 def cli(redis_url: str) -> Callable[..., Result]:
