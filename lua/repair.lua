@@ -24,7 +24,9 @@
               hash missing'): an id enqueued again since the check is not parked (reply 0).
     'due'     into due (lib flow_to_due, off leased: its key slot freed, back into its priority
               index) at ARGV[6] run_at_ms; state 'due', no worker, no expiry, wake idle workers
-              (as claim's reaper and release do)
+              (as claim's reaper and release do). From no place (expect ''): only while the job
+              exists and its state is '' (its spec alone), 'due' or 'leased' (reply 0: finished
+              or gone since the check)
     'unlist'  off the places in ARGV[6] (comma-joined; dead through lib dead_unlist; due, for
               a held job, out of its hold sets: flow:held, flow:rheld, flow:waiting and its
               key's flow:ckheld, the reason fields dropped; not its key's leases; else out of
@@ -33,7 +35,8 @@
               is its spec alone)
     'state'   state := ARGV[6], the one expected place; worker dropped unless 'leased'
     'score'   its score in the one expected place (due or leased; flow:held for a held job)
-              := now_ms (due: its priority index entry too)
+              := now_ms (due: its priority index entry too), only while it is still no time
+              in 0 .. 2^53 (a reschedule or a heartbeat since: reply 0)
     'persist' drop the expiry of a job in a place (its hash and its spec record)
     'expire'  a record in no place expires in ARGV[6] ttl_ms (its hash and its spec record),
               listed in the finished index until then (a complete refused at its PEXPIRE
@@ -178,6 +181,15 @@ if move == 'dead' then
   if expect ~= '' then bump_stat(prefix, now, 'dead', 1) end  -- not a lost dead one re-listed
   if lease_until then bump_stat(prefix, now, 'expired', 1) end
 elseif move == 'due' then
+  -- A job in no place goes to due only while it is one that waits or runs: finished since
+  -- the check (its record in no place is where a done job is), or gone, it stays so.
+  if expect == '' then
+    local st = redis.pcall('HGET', jk, 'state')
+    if type(st) == 'table' or not job_exists(prefix, id)
+        or (st and st ~= 'due' and st ~= 'leased') then
+      return 0
+    end
+  end
   -- Read before the first write: the lapse count a reap adds to (claim.lua's reaper).
   local lapses = lease_until and parse_int(redis.pcall('HGET', jk, 'lapses'), 0, LIM.fence - 1)
   flow_to_due(prefix, id, run_at, now)
@@ -213,8 +225,13 @@ elseif move == 'state' then
   redis.call('HSET', jk, 'state', state)
   if state ~= 'leased' then redis.call('HDEL', jk, 'worker') end
 elseif move == 'score' then
+  -- Only a score still no time (doctor's bad-score): one a reschedule, a debounced enqueue
+  -- or a heartbeat set since is a time, and now would run the job early or end a live lease.
+  local place = held and (prefix .. 'flow:held') or PLACE_KEY[expect]
+  local cur = tonumber(redis.call('ZSCORE', place, id))
+  if cur and cur >= 0 and cur <= 9007199254740992 then return 0 end
   local priority = flow_load(jk).priority  -- read before the first write
-  redis.call('ZADD', held and (prefix .. 'flow:held') or PLACE_KEY[expect], 'XX', now, id)
+  redis.call('ZADD', place, 'XX', now, id)
   -- Its level's index at the same time (else the priority pass waits for the old score).
   if expect == 'due' and not held then flow_index(prefix, id, priority, now) end
 elseif move == 'ckfree' then

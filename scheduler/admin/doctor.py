@@ -225,7 +225,10 @@ def _attempt(client: redis.Redis, ctx: Context, job_id: str) -> tuple[Issue | No
     with connection.node_for_key(client, k.prefix).pipeline(transaction=True) as pipe:
         for _ in range(_WATCH_TRIES):
             try:
-                pipe.watch(k.job(job_id), k.spec(job_id), k.due, k.leased, k.dead, k.flow_held)  # type: ignore[no-untyped-call]
+                # The job's own keys: where it is, its lease and its score are checked again by
+                # repair.lua in its atomic step; WATCHing the whole due, leased and dead sets let
+                # any other job's enqueue or claim abort every try on a busy queue.
+                pipe.watch(k.job(job_id), k.spec(job_id))  # type: ignore[no-untyped-call]
                 sec, usec = pipe.time()
                 snap = snapshot_from(
                     job_id, [_quiet(pipe, cmd) for cmd in snapshot_reads(k, job_id)]

@@ -148,6 +148,8 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
     plan: list[Command]
     if len(places) > 1:
         keep = state if state in places else places[0]
+        if "leased" in places and (s.lease_until_ms or 0) > ctx.now_ms:
+            keep = "leased"  # a lease in force stays: dropped, a second worker runs it at once
         plan = _remove_from(k, s, ctx.now_ms, [p for p in places if p != keep], keep)
         return [
             issue(
@@ -199,13 +201,15 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
         ]
     score = s.due_ms if place == "due" else s.lease_until_ms if place == "leased" else None
     if score is not None and not 0 <= score <= MAX_SCORE_MS:
-        then = "runs it" if place == "due" else "reaps the lease"
+        then = "the next claim runs it" if place == "due" else "the next claim reaps the lease"
+        if place == "due" and s.held:  # its score is in flow:held, and it stays held
+            then = "it runs once flow control lets it"
         return [
             issue(
                 "bad-score",
                 "error",
-                f"its score in {place} is {score if abs(score) < _OUT_OF_RANGE_MS else 'inf'}"
-                f", not a time in ms: fix sets it to now, so the next claim {then}",
+                f"its score in {where} is {score if abs(score) < _OUT_OF_RANGE_MS else 'inf'}"
+                f", not a time in ms: fix sets it to now, so {then}",
                 _repair(k, s, ctx.now_ms, "score"),
             )
         ]
