@@ -64,8 +64,11 @@ if not in_due and not in_leased then
   if state == 'due' and type(redis.pcall('ZSCORE', prefix .. 'moving', id)) == 'string' then
     return 'missing'
   end
-  return state
+  -- In no place but waiting or running by its state (an orphan doctor reports): cancelled as
+  -- asked, or doctor --fix would put it back in due and run it. Else its state as it is.
+  if state ~= 'due' and state ~= 'leased' then return state end
 end
+local orphan = not in_due and not in_leased
 -- Its waiting children are parked below (flow_parent_ended), after this script's first write.
 if kids then
   local bad = dead_err(prefix)
@@ -91,6 +94,7 @@ result_wake(prefix, id, 'cancelled', ttl)
 finished_add(prefix, now, { now + ttl, id })
 bump_stat(prefix, now, 'cancel', 1)
 if in_leased then return 'leased' end
+if orphan then return state end
 if held then return 'held' end
 -- in_due is its run_at (a ZSCORE's text): later than now, it was scheduled.
 if (tonumber(in_due) or 0) > now then return 'scheduled' end
