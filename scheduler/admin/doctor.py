@@ -225,9 +225,8 @@ def _attempt(client: redis.Redis, ctx: Context, job_id: str) -> tuple[Issue | No
     with connection.node_for_key(client, k.prefix).pipeline(transaction=True) as pipe:
         for _ in range(_WATCH_TRIES):
             try:
-                # The job's own keys: where it is, its lease and its score are checked again by
-                # repair.lua in its atomic step; WATCHing the whole due, leased and dead sets let
-                # any other job's enqueue or claim abort every try on a busy queue.
+                # Its own keys: repair.lua checks place, lease and score atomically; WATCHing
+                # whole sets let any other job's enqueue abort every try on a busy queue.
                 pipe.watch(k.job(job_id), k.spec(job_id))  # type: ignore[no-untyped-call]
                 sec, usec = pipe.time()
                 snap = snapshot_from(
