@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -105,6 +107,18 @@ def test_long_jobs_or_a_small_worker_never_hold_a_claim() -> None:
     small._mean_run_s = 0.001
     busy(small, 1)
     assert not small._hold_claim(1)  # the threshold is at most half the capacity
+
+
+def test_a_run_longer_than_a_heartbeat_interval_stops_the_prefetch() -> None:
+    # claiming._one_runs_long: the jobs a worker claims ahead wait behind its runs; behind one
+    # that has gone on past an interval (a hang, no timeout) they are not claimed at all.
+    w = idle_worker(concurrency=4, prefetch=100, heartbeat_ms=1_000, lease_ms=3_000)
+    w._mean_run_s = 0.001  # short jobs: prefetching
+    run = cast(Running, SimpleNamespace(started_s=time.monotonic()))
+    w.running[("q", "j")] = run
+    assert w._room() == 4 + 100 - 1
+    run.started_s = time.monotonic() - 2.0  # two intervals ago
+    assert w._room() == 4 - 1  # the free slots only
 
 
 def test_a_busy_short_job_worker_holding_claims_still_runs_every_job(

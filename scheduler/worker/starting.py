@@ -100,6 +100,7 @@ class Starting(WorkerCore):
         lease_s = self.settings.lease_ms / 1000
         keep = [r for r in self._backlog if not r.finished and not self._late_to_start(r, now_s)]
         waited = [r for r in keep if now_s - r.started_s > lease_s]
+        stay = [r for r in keep if now_s - r.started_s <= lease_s]
         for r in waited:
             r.finished = True
             self._give_back.append(r)
@@ -110,7 +111,7 @@ class Starting(WorkerCore):
                 len(waited),
             )
         self._backlog.clear()
-        self._backlog.extend(r for r in keep if not r.finished)
+        self._backlog.extend(stay)
 
     def _cannot_start(self, r: Running, exc: Exception) -> None:
         """_run failed for a reason of this process, not of the job (a thread that cannot
