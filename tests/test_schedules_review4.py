@@ -1,0 +1,351 @@
+"""Fourth review of recurring schedules, under operations: a queue paused and resumed, a queue
+moved (`queue move`), a definition changed or removed while a run is leased, many schedules due
+at one instant, overlap (concurrency_limit=1), America/New_York's DST gap and fold, and the
+misfire policy after a long worker outage. Real scripts on the test clock (tests/conftest.py
+`tq`).
+
+A test that fails shows a defect (its docstring says what a user sees); the others guard
+behaviour checked here that held."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from scheduler import Queue
+from scheduler.admin.queue_move import MoveRefused, move_queue
+from scheduler.cli.main import main
+from tests.conftest import Clock, delete_queue, new_queue
+
+MIN_MS = 60_000
+HOUR_MS = 3_600_000
+BASE = 1_000 * 600_000  # a multiple of every interval used here
+NY = ZoneInfo("America/New_York")
+
+
+def ms(y: int, mo: int, d: int, h: int = 0, mi: int = 0, tz: Any = UTC) -> int:
+    return int(datetime(y, mo, d, h, mi, tzinfo=tz).timestamp() * 1000)
+
+
+def slot_of(job_id: str) -> int:
+    return int(job_id.rsplit(":", 1)[1])
+
+
+def fresh_runs(client: redis.Redis, q: Queue, name: str) -> list[str]:
+    """Never-claimed runs of `name` waiting in due."""
+    out = []
+    for jid in map(str, client.zrange(q.keys.due, 0, -1)):
+        sched, fence = client.hmget(q.keys.job(jid), "schedule", "fence")
+        if sched == name and fence is None:
+            out.append(jid)
+    return out
+
+
+def work(q: Queue, clock: Clock, client: redis.Redis, now_ms: int, done: Counter[str]) -> list[str]:
+    """One worker pass at `now_ms`: claim everything due and complete it; checks that no run
+    is claimed before its run time. Returns the ids run (in claim order)."""
+    clock.set_ms(now_ms)
+    ran: list[str] = []
+    for _ in range(10_000):
+        batch = q.claim("w", limit=10, lease_ms=30_000)
+        for job in batch.jobs:
+            run_at = int(client.hget(q.keys.job(job.id), "run_at_ms") or 0)
+            assert run_at <= now_ms, f"{job.id} claimed at {now_ms}, before its run_at {run_at}"
+            q.complete(job.id, job.token)
+            done[job.id] += 1
+            ran.append(job.id)
+        if len(batch.jobs) < 10 and not (0 <= batch.next_ms <= now_ms):
+            return ran
+    raise AssertionError("claims did not settle")
+
+
+# -- America/New_York: the DST gap and fold --------------------------------------------------------
+
+
+def test_new_york_0230_on_the_spring_forward_day_runs_once_at_0330_edt(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Held: 02:30 does not exist in New York on 8 March 2026; README: it runs once, shifted
+    forward by the gap (03:30 EDT = 07:30 UTC), and the next day at 02:30 EDT again."""
+    q, clock = tq
+    start = ms(2026, 3, 7, 12)
+    clock.set_ms(start)
+    q.schedule("gap", "t", cron="30 2 * * *", tz="America/New_York")
+    done: Counter[str] = Counter()
+    for quarter in range(0, 4 * 60):
+        work(q, clock, client, start + quarter * 15 * MIN_MS, done)
+    # 02:30 EST does not exist on the 8th: 03:30 EDT (07:30 UTC); the 9th at 02:30 EDT.
+    assert sorted(slot_of(i) for i in done) == [ms(2026, 3, 8, 7, 30), ms(2026, 3, 9, 6, 30)]
+    assert set(done.values()) == {1}
+
+
+def test_new_york_0130_on_the_fall_back_day_runs_once_at_its_first_pass(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Held: 01:30 happens twice in New York on 1 November 2026; README: it runs once, at its
+    first occurrence (01:30 EDT = 05:30 UTC), not again at 01:30 EST (06:30 UTC)."""
+    q, clock = tq
+    start = ms(2026, 10, 31, 12)
+    clock.set_ms(start)
+    q.schedule("fold", "t", cron="30 1 * * *", tz="America/New_York")
+    done: Counter[str] = Counter()
+    for quarter in range(0, 4 * 48):
+        work(q, clock, client, start + quarter * 15 * MIN_MS, done)
+    assert sorted(slot_of(i) for i in done) == [ms(2026, 11, 1, 5, 30), ms(2026, 11, 2, 6, 30)]
+    assert set(done.values()) == {1}
+
+
+def test_half_hourly_new_york_runs_across_the_gap_and_fold_once_each(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Held: '*/30 1-3 * * *' in New York. Spring day: 01:00, 01:30 EST, then 02:00 and 02:30
+    (shifted onto 03:00 and 03:30 EDT, which exist too) run once each instant. Fall day: the
+    first pass of 01:00 and 01:30 (EDT) only, then 02:00 and 02:30 EST."""
+    q, clock = tq
+    for day, expect in [
+        (
+            (2026, 3, 8),
+            [ms(2026, 3, 8, h, m) for h, m in ((6, 0), (6, 30), (7, 0), (7, 30))],
+        ),
+        (
+            (2026, 11, 1),
+            [ms(2026, 11, 1, h, m) for h, m in ((5, 0), (5, 30), (7, 0), (7, 30), (8, 0), (8, 30))],
+        ),
+    ]:
+        start = ms(*day, 0)
+        clock.set_ms(start)
+        q.schedule("hh", "t", cron="*/30 1-3 * * *", tz="America/New_York")
+        done: Counter[str] = Counter()
+        for five in range(0, 12 * 12):
+            work(q, clock, client, start + five * 5 * MIN_MS, done)
+        assert sorted(slot_of(i) for i in done) == expect, day
+        assert set(done.values()) == {1}
+        q.remove_schedule("hh")
+
+
+# -- a whole queue paused and resumed ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("misfire", "expect"), [("skip", []), ("run_once", [10]), ("catch_up:3", [8, 9, 10])]
+)
+def test_runs_missed_while_the_queue_was_paused_meet_the_misfire_policy(
+    tq: tuple[Queue, Clock], client: redis.Redis, misfire: str, expect: list[int]
+) -> None:
+    """Held: a queue paused over ten minutes of an every-minute schedule leases nothing (its
+    pending run waits); resumed, the runs missed meet the policy as after an outage: none,
+    the latest once, or the latest three in order, none before its time; then the next future
+    slot is pending, once."""
+    q, clock = tq
+    clock.set_ms(BASE + 1)
+    q.schedule("m", "t", every_ms=MIN_MS, misfire=misfire)
+    done: Counter[str] = Counter()
+    assert q.pause() == "paused"
+    assert work(q, clock, client, BASE + 10 * MIN_MS + 30_000, done) == []
+    assert fresh_runs(client, q, "m") == [f"schedule:m:{BASE + MIN_MS}"]
+    assert q.resume() == "resumed"
+    ran = work(q, clock, client, BASE + 10 * MIN_MS + 30_000, done)
+    assert [(slot_of(i) - BASE) // MIN_MS for i in ran] == expect
+    assert fresh_runs(client, q, "m") == [f"schedule:m:{BASE + 11 * MIN_MS}"]
+    assert set(done.values()) <= {1}
+
+
+def test_a_schedule_paused_and_resumed_inside_a_queue_pause_does_not_make_up_runs(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Held: README: `resume` starts at the next future slot. A schedule paused and resumed
+    while its queue is paused has one pending run, at the next future slot, and the queue's
+    resume runs nothing missed."""
+    q, clock = tq
+    clock.set_ms(BASE + 1)
+    q.schedule("m", "t", every_ms=MIN_MS, misfire="catch_up:5")
+    q.pause()
+    clock.set_ms(BASE + 5 * MIN_MS + 1)
+    assert q.pause_schedule("m") == "paused"
+    assert fresh_runs(client, q, "m") == []
+    clock.set_ms(BASE + 9 * MIN_MS + 1)
+    assert q.resume_schedule("m") == "resumed"
+    q.resume()
+    done: Counter[str] = Counter()
+    assert work(q, clock, client, BASE + 9 * MIN_MS + 2, done) == []
+    assert fresh_runs(client, q, "m") == [f"schedule:m:{BASE + 10 * MIN_MS}"]
+
+
+# -- a run leased while its schedule is removed, redefined or paused -----------------------------
+
+
+def test_removed_while_its_run_is_leased_the_run_finishes_and_arms_nothing(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Held: README: remove deletes the schedule and its pending run; a run already leased
+    finishes and inserts nothing; defined again, the leased slot is not placed again."""
+    q, clock = tq
+    clock.set_ms(BASE + 1)
+    q.schedule("r", "t", every_ms=MIN_MS)
+    clock.set_ms(BASE + MIN_MS)
+    (job,) = q.claim("w", limit=5, lease_ms=30_000).jobs
+    assert job.id == f"schedule:r:{BASE + MIN_MS}"
+    assert fresh_runs(client, q, "r") == [f"schedule:r:{BASE + 2 * MIN_MS}"]
+    assert q.remove_schedule("r") == "removed"
+    assert fresh_runs(client, q, "r") == []
+    q.complete(job.id, job.token)
+    assert fresh_runs(client, q, "r") == []
+    assert q.list_schedules() == []
+    assert q.schedule("r", "t", every_ms=MIN_MS) == "created"
+    assert fresh_runs(client, q, "r") == [f"schedule:r:{BASE + 2 * MIN_MS}"]
+
+
+def test_redefined_while_its_run_is_leased_one_run_is_pending_and_the_slot_runs_once(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Held: a redefinition (cron instead of every minute, the same instants) while a run is
+    leased replaces the pending run; the leased slot is not placed again even after its lease
+    lapses and its retry runs; one pending run afterwards."""
+    q, clock = tq
+    clock.set_ms(BASE + 1)
+    q.schedule("r", "t", every_ms=MIN_MS, max_attempts=3)
+    clock.set_ms(BASE + MIN_MS)
+    (job,) = q.claim("w", limit=5, lease_ms=1_000).jobs
+    clock.set_ms(BASE + MIN_MS + 500)
+    assert q.schedule("r", "t2", cron="* * * * *", max_attempts=3) == "updated"
+    assert fresh_runs(client, q, "r") == [f"schedule:r:{BASE + 2 * MIN_MS}"]
+    done: Counter[str] = Counter()
+    # Its lease lapses: the retry runs (the old task), the new pending waits for its time.
+    ran = work(q, clock, client, BASE + MIN_MS + 5_000, done)
+    assert ran == [job.id]
+    assert client.hget(q.keys.job(job.id), "task") == "t"
+    ran = work(q, clock, client, BASE + 2 * MIN_MS, done)
+    ran += work(q, clock, client, BASE + 3 * MIN_MS, done)
+    assert [slot_of(i) - BASE for i in ran] == [2 * MIN_MS, 3 * MIN_MS]
+    assert set(done.values()) == {1}
+    assert fresh_runs(client, q, "r") == [f"schedule:r:{BASE + 4 * MIN_MS}"]
+
+
+# -- many schedules due at one instant, and overlap ------------------------------------------------
+
+
+def test_two_hundred_schedules_due_at_one_instant_each_run_once_and_rearm(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Held: 100 interval and 100 cron schedules with the same minute, all due at once, run
+    once each, whatever the claim batches, and each has its next run pending."""
+    q, clock = tq
+    clock.set_ms(BASE + 1)
+    names = [f"s{i:03d}" for i in range(200)]
+    for i, n in enumerate(names):
+        kw: dict[str, Any] = {"every_ms": MIN_MS} if i % 2 else {"cron": "* * * * *"}
+        q.schedule(n, "t", **kw)
+    done: Counter[str] = Counter()
+    ran = work(q, clock, client, BASE + MIN_MS + 10, done)
+    assert sorted(ran) == sorted(f"schedule:{n}:{BASE + MIN_MS}" for n in names)
+    for n in names:
+        assert fresh_runs(client, q, n) == [f"schedule:{n}:{BASE + 2 * MIN_MS}"]
+
+
+def test_with_concurrency_limit_1_a_long_run_holds_the_next_and_run_once_runs_the_latest(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Held: docs/flow-control.md: with concurrency_limit=1 the next run waits while one is
+    leased; when it ends, the held run meets the misfire policy (run_once: the latest missed
+    slot runs, once). No two runs of the schedule are leased at once."""
+    q, clock = tq
+    clock.set_ms(BASE + 1)
+    q.schedule("o", "t", every_ms=MIN_MS, concurrency_key="o", concurrency_limit=1)
+    clock.set_ms(BASE + MIN_MS)
+    (long,) = q.claim("w", limit=5, lease_ms=HOUR_MS).jobs
+    for k in range(2, 6):
+        clock.set_ms(BASE + k * MIN_MS + 1)
+        assert q.claim("w", limit=5, lease_ms=HOUR_MS).jobs == []
+    q.complete(long.id, long.token)
+    done: Counter[str] = Counter()
+    ran = work(q, clock, client, BASE + 5 * MIN_MS + 2, done)
+    assert [(slot_of(i) - BASE) // MIN_MS for i in ran] == [5]
+    assert fresh_runs(client, q, "o") == [f"schedule:o:{BASE + 6 * MIN_MS}"]
+
+
+# -- the misfire policy after a long worker outage -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("misfire", "expect_utc"),
+    [
+        ("skip", []),
+        ("run_once", [(7, 0)]),
+        ("catch_up:3", [(4, 0), (5, 0), (7, 0)]),
+    ],
+)
+def test_an_hourly_new_york_schedule_back_after_three_days_past_the_fold(
+    tq: tuple[Queue, Clock], client: redis.Redis, misfire: str, expect_utc: list[tuple[int, int]]
+) -> None:
+    """Held: workers away 79 hours (over the 64 buffered slots), back at 02:10 EST on the fall
+    back day: the latest missed wall-clock hours are 00:00 EDT, 01:00 EDT (01:00 EST is the
+    repeated pass, not a slot) and 02:00 EST; the policy runs none, the latest, or the latest
+    three in order, none before its time, then 03:00 EST is pending."""
+    q, clock = tq
+    clock.set_ms(ms(2026, 10, 29, 0) + 1)
+    q.schedule("ny", "t", cron="0 * * * *", tz="America/New_York", misfire=misfire)
+    done: Counter[str] = Counter()
+    ran = work(q, clock, client, ms(2026, 11, 1, 7, 10), done)
+    assert [slot_of(i) for i in ran] == [ms(2026, 11, 1, h, m) for h, m in expect_utc]
+    assert fresh_runs(client, q, "ny") == [f"schedule:ny:{ms(2026, 11, 1, 8, 0)}"]
+
+
+def test_catch_up_with_jitter_after_an_outage_runs_nothing_early(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """Held: an every-10-minutes schedule with a 4-minute jitter and catch_up:4, workers back
+    after 3 hours: four late runs, each of a missed slot whose run time (slot + offset) has
+    passed, then the next slot not yet due."""
+    q, clock = tq
+    clock.set_ms(BASE + 1)
+    q.schedule("j", "t", every_ms=10 * MIN_MS, jitter_ms=4 * MIN_MS, misfire="catch_up:4")
+    offset = next(s.offset_ms for s in q.list_schedules())
+    back = BASE + 180 * MIN_MS + 30_000
+    done: Counter[str] = Counter()
+    ran = work(q, clock, client, back, done)
+    assert len(ran) == 4
+    assert all(slot_of(i) + offset <= back for i in ran)
+    assert [slot_of(i) for i in ran] == sorted(slot_of(i) for i in ran)
+    (nxt,) = fresh_runs(client, q, "j")
+    assert slot_of(nxt) + offset > back
+    assert slot_of(nxt) - slot_of(ran[-1]) == 10 * MIN_MS
+
+
+# -- a queue with schedules moved (`queue move`): what the user is told ------------------------
+
+
+def test_queue_move_of_a_source_with_schedules_is_refused_with_the_remedy(
+    client: redis.Redis, redis_url: str
+) -> None:
+    """Held: docs/cluster.md: a source with schedules is refused (exit 1) unless
+    --skip-schedules, nothing moved; with it, the schedule's pending run stays and is counted
+    as `schedule` in the report, the schedule keeps its run in the source."""
+    src, dst = new_queue(client, "r4s-"), new_queue(client, "r4d-")
+    try:
+        src.schedule("hourly", "t", every_ms=HOUR_MS)
+        src.schedule("nightly", "t", cron="0 3 * * *", tz="America/New_York")
+        jid = src.enqueue("t", {"a": 1})
+        args = ["queue", "move", "--from", src.name, "--to", dst.name, "--url", redis_url]
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 1, res.output
+        assert "2 schedule(s)" in res.output and "--skip-schedules" in res.output
+        assert src.status(jid) == "due"
+        with pytest.raises(MoveRefused, match="schedule"):
+            move_queue(client, src.name, dst.name)
+        res = CliRunner().invoke(main, [*args, "--skip-schedules", "--json"])
+        assert res.exit_code == 0, res.output
+        assert '"schedule": 2' in res.output
+        assert dst.status(jid) == "due"
+        pend = {s.name: s.pending for s in src.list_schedules()}
+        assert all(pend.values()) and all(
+            src.status(p) in ("due", "scheduled") for p in pend.values()
+        )
+    finally:
+        delete_queue(client, src)
+        delete_queue(client, dst)
