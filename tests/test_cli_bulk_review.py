@@ -401,3 +401,16 @@ def test_declined_bulk_commands_write_nothing(cli: Run, q: Queue, client: redis.
         result = cli(*args, "-q", q.name, input="n\n")
         assert result.exit_code == 1 and "1200" in result.output, (args, result.output)
     assert dump_queue(client, q) == before
+
+
+def test_cancel_held_takes_every_held_job_over_many_pages(cli: Run, q: Queue) -> None:
+    ids = q.enqueue_many(
+        [JobSpec("t", {"i": i}, concurrency_key="k", concurrency_limit=1) for i in range(2300)]
+    )
+    while q.list_jobs("due", limit=1):
+        q.claim("w", limit=1000)
+    held = q.counts().held_key_limit
+    assert held == len(ids) - 1
+    out = ok_json(cli("jobs", "cancel", "--json", "--yes", "-q", q.name, "--state", "held"))
+    assert (out["matched"], out["cancelled"]) == (held, held)
+    assert q.counts().held_key_limit == 0 and q.list_jobs("held") == []
