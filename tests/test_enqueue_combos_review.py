@@ -7,12 +7,15 @@ Failing on the code reviewed (defects):
 - test_a_debounced_call_after_a_plain_job_of_its_key_in_one_call_replaces_it
 - test_a_plain_call_after_a_debounced_new_job_in_one_call_gets_the_new_job
 - test_a_parent_id_written_by_a_later_job_of_the_call_is_that_job_not_the_keys
+- test_a_debounced_job_not_durable_can_be_re_sent_with_its_id_as_the_docs_say
+- test_a_rate_held_job_past_its_start_window_leaves_the_room_to_the_next_one
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,6 +27,7 @@ from scheduler import (
     BadArgument,
     InvalidPayload,
     JobSpec,
+    NotDurable,
     Queue,
     Registry,
 )
@@ -375,3 +379,46 @@ def test_a_partitioned_call_refused_in_one_partition_writes_in_none(
     with pytest.raises((BadArgument, InvalidPayload)):
         pq.enqueue_many(specs)
     assert _partitions(client, pq) == before
+
+
+def test_a_debounced_job_not_durable_can_be_re_sent_with_its_id_as_the_docs_say(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    """NotDurable (and docs/durability.md): 're-send the same JobSpecs with these job_ids
+    later: idempotent'. For a debounced spec that re-send is refused ('debounce takes no
+    job_id', codec._flags); re-sent as it was (by its key alone) once a worker claimed the job,
+    debounce makes a second job and the work runs twice."""
+    q, clock = tq
+    clock.set_ms(T0)
+    dq = Queue(client, q.name, wait_replicas=1, wait_timeout_ms=10, _clock="test")
+    spec = JobSpec("digest", {"n": 1}, key="d", debounce=True)
+    with pytest.raises(NotDurable) as err:
+        dq.enqueue_many([spec])
+    (job_id,) = err.value.job_ids
+    assert _claim_ids(q) == [job_id]
+    again = q.enqueue_many([replace(spec, job_id=job_id)])  # BadArgument here
+    assert again == [job_id]
+    assert q.counts().due == 0
+
+
+def test_a_rate_held_job_past_its_start_window_leaves_the_room_to_the_next_one(
+    tq: tuple[Queue, Clock],
+) -> None:
+    """rate_limit 1/10s and start_within_ms: a runs at T0; b (window 1 s) and c wait for the
+    window. At T0+10 s the window has room for one: flow_rate_due (lib/flow.lua) sends b back
+    and gives c the next slot, T0+20 s; the claim then parks b (start deadline passed), so
+    nothing started and the window has room, yet c waits a whole window more (an hour at
+    '1/1h'). The same happens to a job whose key is full, and flow-control.md says the room is
+    left to a job that can start (key_full: tests/test_flow_rate_room.py)."""
+    q, clock = tq
+    clock.set_ms(T0)
+    a = q.enqueue("r", None, rate_limit="1/10s", start_within_ms=1_000)
+    b = q.enqueue("r", None, rate_limit="1/10s", start_within_ms=1_000)
+    c = q.enqueue("r", None, rate_limit="1/10s")
+    assert _claim_ids(q) == [a]
+    assert q.status(b) == q.status(c) == "held"
+    clock.set_ms(T0 + 10_001)
+    first = _claim_ids(q)
+    assert q.get_job(b).dead_reason == "start deadline passed"
+    clock.set_ms(T0 + 10_002)
+    assert first + _claim_ids(q) == [c]  # got []: c's slot is T0+20,001
