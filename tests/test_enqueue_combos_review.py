@@ -422,3 +422,45 @@ def test_a_rate_held_job_past_its_start_window_leaves_the_room_to_the_next_one(
     assert q.get_job(b).dead_reason == "start deadline passed"
     clock.set_ms(T0 + 10_002)
     assert first + _claim_ids(q) == [c]  # got []: c's slot is T0+20,001
+
+
+def test_a_worker_runs_a_chain_with_shared_options_in_order_and_a_debounced_parent_once(
+    redis_url: str, q: Queue
+) -> None:
+    """A real worker: chain() steps given priority, a key limit, a start window and attempts
+    (step b fails once, retried) run a, b, b, c; a debounced digest replaced twice runs once
+    with the latest payload, and its child after it."""
+    from scheduler.client.chain import chain
+    from scheduler.worker import WorkerSettings
+    from tests.embedded_worker import run_until
+
+    registry = Registry()
+    ran: list[tuple[str, Any]] = []
+
+    @registry.task(name="step", backoff=Backoff(base_ms=1, factor=1, cap_ms=1))
+    def step(payload: Any, ctx: Any) -> None:
+        ran.append(("step", payload["payload"]))
+        if payload["payload"] == "b" and ctx.attempt == 1:
+            raise RuntimeError("once")
+
+    @registry.task(name="digest")
+    def digest(payload: Any, ctx: Any) -> None:
+        ran.append(("digest", payload))
+
+    @registry.task(name="after_digest")
+    def after_digest(payload: Any, ctx: Any) -> None:
+        ran.append(("after_digest", payload))
+
+    ids = chain(q, [("step", "a"), ("step", "b"), ("step", "c")], priority=5,
+                concurrency_key="chain", concurrency_limit=1, start_within_ms=600_000,
+                max_attempts=2)  # fmt: skip
+    d = q.enqueue("digest", 1, key="dg", debounce=True, delay_ms=60_000)
+    q.enqueue("after_digest", "x", after=[d])
+    assert q.enqueue("digest", 2, key="dg", debounce=True, delay_ms=60_000) == d
+    assert q.enqueue("digest", 3, key="dg", debounce=True) == d
+    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=50, lease_ms=1_000)
+    assert run_until(redis_url, registry, settings, lambda: len(ran) >= 6, timeout_s=30)
+    steps = [p for t, p in ran if t == "step"]
+    assert steps == ["a", "b", "b", "c"]
+    assert [(t, p) for t, p in ran if t != "step"] == [("digest", 3), ("after_digest", "x")]
+    assert all(q.status(i) == "done" for i in [*ids, d])
