@@ -11,6 +11,7 @@ guards are all that keeps them safe. Real scripts on the session's private Redis
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from scheduler.admin import doctor, doctor_flow
 from scheduler.admin.doctor import Issue, check_queue, repair_queue
 from scheduler.admin.inspection import server_now_ms
 from scheduler.cli.main import main
+from scheduler.core.connection import connect
 from tests.conftest import dump_queue
 from tests.test_doctor_repair import run_plan
 
@@ -341,3 +343,68 @@ def test_a_lease_change_between_the_key_set_reads_is_no_finding(
     assert (report.fixed, report.remaining) == ([], []), [
         (i.code, i.message) for i in report.fixed + report.remaining
     ]
+
+
+# -- the commands a finding prints --------------------------------------------------------------
+def _pasted(cli: Callable[..., Result], line: str) -> Result:
+    """Run a printed `scheduler ...` command as an operator pastes it (this server's --url)."""
+    args = shlex.split(line)
+    assert args[0] == "scheduler", line
+    return cli(*args[1:])
+
+
+def test_stuck_waiting_fix_line_shows_the_job_of_its_own_queue(
+    cli: Callable[..., Result], q: Queue, client: redis.Redis
+) -> None:
+    """A child left waiting for ever (its parent's `kids` mark deleted by hand): the finding's
+    fix is 'scheduler jobs show <id>; cancel it ...' with no -q. `jobs show` reads queue
+    'default' (or $SCHEDULER_QUEUE), so the pasted command answers "no job ... in queue
+    'default'" for the job of any other queue; every other command doctor prints names its
+    queue (`dead purge -q`, `doctor --fix --queue`, `dead retention -q`)."""
+    parent = q.enqueue("t", 1)
+    child = q.enqueue("t", 2, after=[parent])
+    client.hdel(q.keys.job(parent), "kids")
+    (job,) = q.claim("w", limit=5).jobs
+    q.complete(job.id, job.token)
+    issue = only(check_queue(client, q.name), "stuck-waiting")
+    res = _pasted(cli, issue.fix.split(";")[0])
+    assert res.exit_code == 0, res.output
+    assert child in res.output
+
+
+def test_undecodable_fix_of_a_never_claimed_job_names_a_key_that_holds_it(
+    q: Queue, client: redis.Redis, redis_url: str
+) -> None:
+    """A pending job (never claimed: its spec record spec:<id> alone, no hash) whose payload
+    bytes are not UTF-8. The finding says "inspect it (redis-cli HGETALL ...job:<id>), then
+    rewrite the field": that hash does not exist (HGETALL answers an empty list) and there is
+    no field to rewrite; the bytes are in the STRING spec:<id> (redis-cli GET)."""
+    jid = q.enqueue("t", {"a": "x"})
+    assert client.exists(q.keys.job(jid)) == 0
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        spec = raw.get(q.keys.spec(jid))
+        assert isinstance(spec, bytes)
+        raw.set(q.keys.spec(jid), spec.replace(b'"x"', b'"\xff"'))
+    finally:
+        raw.close()
+    surrogates = connect(redis_url, encoding_errors="surrogateescape")
+    try:
+        issue = only(check_queue(surrogates, q.name), "undecodable")
+    finally:
+        surrogates.close()
+    cmd = shlex.split(issue.fix.split("redis-cli ", 1)[1].split(")", 1)[0])
+    verb, key = cmd[0].upper(), cmd[1]
+    kinds = {"HGETALL": "hash", "GET": "string"}
+    assert client.type(key) == kinds.get(verb), (issue.fix, client.type(key))
+
+
+def test_record_gone_dead_line_purges_the_id(
+    cli: Callable[..., Result], q: Queue, client: redis.Redis
+) -> None:
+    client.zadd(q.keys.dead, {"lost": server_now_ms(client)})
+    issue = only(check_queue(client, q.name), "missing-hash")
+    line = issue.fix.split("to drop it: ", 1)[1]
+    res = _pasted(cli, line + " --yes")
+    assert res.exit_code == 0, res.output
+    assert q.dead_ids() == [] and check_queue(client, q.name) == []
