@@ -22,6 +22,7 @@ from scheduler import Queue
 from scheduler.admin.queue_move import MoveRefused, move_queue
 from scheduler.cli.main import main
 from tests.conftest import Clock, delete_queue, new_queue
+from tests.fixtures.slot_move import queue_on_the_move
 
 MIN_MS = 60_000
 HOUR_MS = 3_600_000
@@ -400,3 +401,35 @@ def test_a_schedule_name_left_in_the_index_without_its_hash_does_not_block_queue
     finally:
         delete_queue(client, src)
         delete_queue(client, dst)
+
+
+# -- a queue's hash slot being moved between cluster nodes -----------------------------------------
+
+SAYS = "is being migrated to another Redis Cluster node"
+
+
+@pytest.mark.parametrize("most", [4, None], ids=["keys-split", "all-moved"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["schedules", "list"],
+        ["schedules", "add", "nightly", "t", "--every", "2h"],
+        ["schedules", "pause", "nightly"],
+        ["schedules", "resume", "nightly"],
+        ["schedules", "remove", "nightly"],
+        ["schedules", "run", "nightly"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_schedule_commands_on_a_queue_whose_slot_is_moving_say_so_and_write_nothing(
+    cluster_url: str, queue_name: str, args: list[str], most: int | None
+) -> None:
+    """Held: docs/cluster.md / README exit codes: while a queue's slot is being moved, a
+    schedule command is refused for now (exit 3) with a line saying the slot is being
+    migrated, not a traceback (every script names the queue's prefix, a key that never exists,
+    among its keys: a split slot answers TRYAGAIN or ASK to each, none runs half there)."""
+    with queue_on_the_move(cluster_url, queue_name, jobs=2, every_ms=HOUR_MS, most=most):
+        res = CliRunner().invoke(main, [*args, "-q", queue_name, "--url", cluster_url])
+        assert res.exit_code == 3, res.output
+        assert SAYS in res.output, res.output
+        assert "Traceback" not in res.output
