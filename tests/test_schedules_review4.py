@@ -9,6 +9,7 @@ behaviour checked here that held."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,7 @@ from scheduler.admin.queue_move import MoveRefused, move_queue
 from scheduler.cli.main import main
 from tests.conftest import Clock, delete_queue, new_queue
 from tests.fixtures.slot_move import queue_on_the_move
+from tests.test_schedules_review3 import _Explorer
 
 MIN_MS = 60_000
 HOUR_MS = 3_600_000
@@ -433,3 +435,49 @@ def test_schedule_commands_on_a_queue_whose_slot_is_moving_say_so_and_write_noth
         assert res.exit_code == 3, res.output
         assert SAYS in res.output, res.output
         assert "Traceback" not in res.output
+
+
+# -- a random-sequence explorer with the whole queue paused and resumed ----------------------------
+
+
+class _PausingExplorer(_Explorer):
+    """tests/test_schedules_review3.py's explorer of schedule programs (define, redefine,
+    pause, resume, remove, run now, cancels, outages, lapses, dead letters), with the whole
+    queue paused and resumed now and then: while it is paused no claim leases anything, and
+    the explorer's invariants hold throughout (one never-claimed run per active schedule, no
+    slot claimed for its first attempt twice, nothing claimed before its run time)."""
+
+    def __init__(self, q: Queue, clock: Clock, client: redis.Redis, seed: int) -> None:
+        super().__init__(q, clock, client, seed)
+        self.queue_paused = False
+
+    def claim(self) -> str:
+        if self.queue_paused:
+            batch = self.q.claim("w", limit=4, lease_ms=10_000)
+            if batch.jobs:
+                self.fail(f"claimed {[j.id for j in batch.jobs]} from a paused queue")
+            return "[] (queue paused)"
+        return super().claim()
+
+    def step(self) -> str:
+        if self.rng.random() < 0.06:
+            self.queue_paused = not self.queue_paused
+            return "queue " + (self.q.pause() if self.queue_paused else self.q.resume())
+        return super().step()
+
+    def run(self, steps: int) -> None:
+        for i in range(steps):
+            self.log.append(f"{i} t={(self.now - BASE) // 1000}s {self.step()}")
+            self.check()
+        if self.queue_paused:
+            self.q.resume()
+            self.queue_paused = False
+        super().run(0)
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("R4_SEEDS", "8"))))
+def test_random_programs_with_queue_pauses_keep_one_pending_run_never_early_never_twice(
+    tq: tuple[Queue, Clock], client: redis.Redis, seed: int
+) -> None:
+    q, clock = tq
+    _PausingExplorer(q, clock, client, 4_000 + seed).run(220)
