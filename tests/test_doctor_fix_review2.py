@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -408,3 +410,52 @@ def test_record_gone_dead_line_purges_the_id(
     res = _pasted(cli, line + " --yes")
     assert res.exit_code == 0, res.output
     assert q.dead_ids() == [] and check_queue(client, q.name) == []
+
+
+def test_no_false_findings_while_a_worker_moves_keyed_and_rated_jobs(
+    q: Queue, client: redis.Redis
+) -> None:
+    """A worker thread claims, completes, retries and gives back jobs of a concurrency key
+    (limit 2), a rate window, priorities and parent/child pairs while doctor checks: each
+    check (jobs and key sets, re-read in one MULTI) finds nothing."""
+    stop = threading.Event()
+    worker_q = Queue(redis.Redis(connection_pool=client.connection_pool), q.name)
+    moved = [0]
+
+    def feed() -> None:
+        for n in range(20):
+            worker_q.enqueue("t", n, concurrency_key="k", concurrency_limit=2, max_attempts=9)
+            worker_q.enqueue("t", n, rate_limit="5/1s", rate_key="r", priority=n % 9)
+            parent = worker_q.enqueue("t", n)
+            worker_q.enqueue("t", n, after=[parent], concurrency_key="k", concurrency_limit=2)
+
+    def work() -> None:
+        n = 0
+        while not stop.is_set():
+            batch = worker_q.claim("busy", limit=4)
+            for job in batch.jobs:
+                n += 1
+                if n % 3 == 0:
+                    worker_q.fail(job.id, job.token, ValueError("x"), retryable=True)
+                elif n % 5 == 0:
+                    worker_q.release([(job.id, job.token)])
+                else:
+                    worker_q.complete(job.id, job.token, n)
+            moved[0] += len(batch.jobs)
+            if not batch.jobs:
+                feed()
+
+    feed()
+    thread = threading.Thread(target=work)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        checks = 0
+        while checks < 20 or (moved[0] < 50 and time.monotonic() < deadline):
+            found = check_queue(client, q.name)
+            assert found == [], [(i.code, i.job_id, i.message) for i in found]
+            checks += 1
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert moved[0] > 0
