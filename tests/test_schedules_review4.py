@@ -10,6 +10,7 @@ behaviour checked here that held."""
 from __future__ import annotations
 
 import os
+import random
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +25,7 @@ from scheduler.admin.queue_move import MoveRefused, move_queue
 from scheduler.cli.main import main
 from tests.conftest import Clock, delete_queue, new_queue
 from tests.fixtures.slot_move import queue_on_the_move
-from tests.test_schedules_review3 import _Explorer
+from tests.test_schedules_review3 import _Explorer, _wall_slots
 
 MIN_MS = 60_000
 HOUR_MS = 3_600_000
@@ -481,3 +482,38 @@ def test_random_programs_with_queue_pauses_keep_one_pending_run_never_early_neve
 ) -> None:
     q, clock = tq
     _PausingExplorer(q, clock, client, 4_000 + seed).run(220)
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("R4_SEEDS", "8"))))
+@pytest.mark.parametrize("day", [(2026, 3, 8), (2026, 11, 1)], ids=["spring", "fall"])
+def test_new_york_outages_around_a_change_run_wall_slots_once_and_the_latest_missed(
+    tq: tuple[Queue, Clock], client: redis.Redis, seed: int, day: tuple[int, int, int]
+) -> None:
+    """Held: a New York cron schedule (random expression and policy) worked at random times
+    over a DST change, outages included: every run is a wall-clock slot (README's reading:
+    a gap's times shifted by it, a repeated time at its first pass, equal instants once), runs
+    once, never before its time, and after each pause in the work the latest missed slot has
+    run (run_once, catch_up:2), at most N late ones run."""
+    rng = random.Random(seed)
+    q, clock = tq
+    expr = rng.choice(["*/20 0-4 * * *", "15 1,2 * * *", "0,30 * * * *", "45 1 * * *"])
+    misfire = rng.choice(["skip", "run_once", "catch_up:2"])
+    start = ms(*day, 0) - 20 * HOUR_MS
+    wall = _wall_slots(expr, "America/New_York", start, start + 3 * 24 * HOUR_MS)
+    now = start
+    clock.set_ms(now)
+    q.schedule("ny", "t", cron=expr, tz="America/New_York", misfire=misfire)
+    done: Counter[str] = Counter()
+    last = now
+    while now < start + 2 * 24 * HOUR_MS:
+        now += rng.choice([5, 20, 45, 90, 300, 600]) * MIN_MS + rng.randint(0, 59_999)
+        ran = [slot_of(i) for i in work(q, clock, client, now, done)]
+        why = (expr, misfire, last, now, ran)
+        assert set(ran) <= set(wall), why
+        missed = [s for s in wall if last < s <= now]
+        late = [s for s in ran if s in missed[:-1]]
+        assert len(late) <= max(1, int(misfire.partition(":")[2] or 1)), why
+        if missed and misfire != "skip":
+            assert missed[-1] in ran or done[f"schedule:ny:{missed[-1]}"] == 1, why
+        last = now
+    assert set(done.values()) <= {1}
