@@ -406,6 +406,36 @@ def test_a_schedule_name_left_in_the_index_without_its_hash_does_not_block_queue
         delete_queue(client, dst)
 
 
+def test_doctors_fix_for_a_schedule_key_of_another_type_can_be_followed(
+    client: redis.Redis, redis_url: str
+) -> None:
+    """Defect: a schedule key edited by hand into another type (here a string). `scheduler
+    doctor` reports it (wrong-type: "... is a string, not a schedule hash: its runs stopped")
+    with the fix "remove it and define it again (`scheduler schedules remove`, then add it)".
+    Followed: `schedules remove x` answers "x: missing" (exit 1) and leaves the key, and
+    `schedules add x` is refused ("schedule:x is not a hash"), so the fix cannot be done with
+    the tool; `queue move` meanwhile refuses the queue for its "1 schedule(s)". Cause:
+    lua/lib/schedule.lua sched_husk returns nil when HMGET fails on another type, so
+    schedule_remove.lua answers 'missing' before its DEL (scheduler/admin/doctor_keys.py
+    gives the remedy)."""
+    q = new_queue(client, "r4w-")
+    try:
+        q.schedule("x", "t", every_ms=HOUR_MS)
+        client.delete(q.keys.schedule("x"))
+        client.set(q.keys.schedule("x"), "edited by hand")
+        cli, url = CliRunner(), ["-q", q.name, "--url", redis_url]
+        res = cli.invoke(main, ["doctor", *url])
+        assert "not a schedule hash" in res.output
+        assert "`scheduler schedules remove`, then add it" in res.output
+        res = cli.invoke(main, ["schedules", "remove", "x", *url])
+        assert res.exit_code == 0, res.output
+        res = cli.invoke(main, ["schedules", "add", "x", "t", "--every", "1h", *url])
+        assert res.exit_code == 0, res.output
+        assert [s.name for s in q.list_schedules()] == ["x"]
+    finally:
+        delete_queue(client, q)
+
+
 # -- a queue's hash slot being moved between cluster nodes -----------------------------------------
 
 SAYS = "is being migrated to another Redis Cluster node"
