@@ -436,6 +436,30 @@ def test_doctors_fix_for_a_schedule_key_of_another_type_can_be_followed(
         delete_queue(client, q)
 
 
+def test_a_cron_buffer_key_of_another_type_is_reported_not_a_silent_stop(
+    tq: tuple[Queue, Clock], client: redis.Redis, redis_url: str
+) -> None:
+    """Defect: a cron schedule's slot buffer (`schedule:<name>:slots`) edited by hand into
+    another type stops the schedule for good after its next claim (starved, the refill
+    answers 'unreadable' and is dropped), and nothing says so: `schedules list` shows
+    `next -` with no UNREADABLE mark (Schedule.unreadable is ''), defining it again with the
+    same definition answers 'unchanged' (the client's shortcut: starved counts as unchanged)
+    and repairs nothing, and `scheduler doctor` reports no finding, where README says a key
+    of another type is reported by doctor (`wrong-type`). scheduler/admin/doctor_keys.py
+    checks each schedule hash, not its slots key."""
+    q, clock = tq
+    clock.set_ms(BASE + 1)
+    q.schedule("x", "t", cron="* * * * *")
+    client.delete(q.keys.schedule_slots("x"))
+    client.set(q.keys.schedule_slots("x"), "edited by hand")
+    done: Counter[str] = Counter()
+    assert len(work(q, clock, client, BASE + MIN_MS, done)) == 1
+    assert work(q, clock, client, BASE + 3 * MIN_MS, done) == []  # stopped
+    assert q.get_schedule("x").pending == ""
+    res = CliRunner().invoke(main, ["doctor", "-q", q.name, "--url", redis_url, "--json"])
+    assert q.keys.schedule_slots("x") in res.output, res.output
+
+
 # -- a queue's hash slot being moved between cluster nodes -----------------------------------------
 
 SAYS = "is being migrated to another Redis Cluster node"
