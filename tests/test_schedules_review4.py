@@ -14,7 +14,7 @@ import random
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pytest
 import redis
@@ -458,6 +458,40 @@ def test_a_cron_buffer_key_of_another_type_is_reported_not_a_silent_stop(
     assert q.get_schedule("x").pending == ""
     res = CliRunner().invoke(main, ["doctor", "-q", q.name, "--url", redis_url, "--json"])
     assert q.keys.schedule_slots("x") in res.output, res.output
+
+
+def test_a_refill_one_worker_could_not_compute_does_not_stop_the_schedule_for_good(
+    tq: tuple[Queue, Clock], client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect: after an outage longer than a cron schedule's 64 buffered slots, the claiming
+    worker tops the buffer up. If that one host cannot load the schedule's zone at that moment
+    (its zoneinfo lacks the name: an older tz database, or an OSError such as EMFILE while
+    reading the file), refill_slots raises, scheduler/operations/schedule_refill.py
+    _refill_args catches it (UNREADABLE: BadArgument is a ValueError) and sends the refill
+    with no slots, and lua/schedule_refill.lua drops the request as if the definition were
+    unreadable. The schedule is starved with nothing asking for a refill: no other worker
+    ever tops it up, and the producer's restart with the same definition answers 'unchanged'
+    (the starved shortcut in ScheduleOps._unchanged). The schedule has stopped for good:
+    `schedules list` shows `next -`, not UNREADABLE, and doctor says nothing. A failure of
+    the client's own computation should leave the request for the next claim (or the same
+    definition should re-place a starved schedule with no refill asked for)."""
+    q, clock = tq
+    clock.set_ms(BASE + 1)
+    definition: dict[str, Any] = {"cron": "* * * * *", "tz": "America/New_York"}
+    q.schedule("c", "t", **definition)
+    where = "scheduler.schedules.cron_slots.ZoneInfo"
+
+    def host_without_the_zone(key: str) -> Any:
+        raise ZoneInfoNotFoundError(f"No time zone found with key {key}")
+
+    monkeypatch.setattr(where, host_without_the_zone)
+    done: Counter[str] = Counter()
+    work(q, clock, client, BASE + 200 * MIN_MS + 1_000, done)  # that worker's claims
+    monkeypatch.setattr(where, ZoneInfo)  # the fleet's other workers, or that one fixed
+    assert q.schedule("c", "t", **definition) in ("unchanged", "repaired", "updated")
+    ran = work(q, clock, client, BASE + 202 * MIN_MS + 1_000, done)
+    ran += work(q, clock, client, BASE + 203 * MIN_MS + 1_000, done)
+    assert ran, q.get_schedule("c")
 
 
 # -- a queue's hash slot being moved between cluster nodes -----------------------------------------
