@@ -440,8 +440,9 @@ def test_a_cron_buffer_key_of_another_type_is_reported_not_a_silent_stop(
     tq: tuple[Queue, Clock], client: redis.Redis, redis_url: str
 ) -> None:
     """Defect: a cron schedule's slot buffer (`schedule:<name>:slots`) edited by hand into
-    another type stops the schedule for good after its next claim (starved, the refill
-    answers 'unreadable' and is dropped), and nothing says so: `schedules list` shows
+    another type stops the schedule after its next claim (starved, the refill answers
+    'unreadable' and is dropped) until an operator pauses and resumes it or changes its
+    definition, and nothing tells them to: `schedules list` shows
     `next -` with no UNREADABLE mark (Schedule.unreadable is ''), defining it again with the
     same definition answers 'unchanged' (the client's shortcut: starved counts as unchanged)
     and repairs nothing, and `scheduler doctor` reports no finding, where README says a key
@@ -471,7 +472,8 @@ def test_a_refill_one_worker_could_not_compute_does_not_stop_the_schedule_for_go
     with no slots, and lua/schedule_refill.lua drops the request as if the definition were
     unreadable. The schedule is starved with nothing asking for a refill: no other worker
     ever tops it up, and the producer's restart with the same definition answers 'unchanged'
-    (the starved shortcut in ScheduleOps._unchanged). The schedule has stopped for good:
+    (the starved shortcut in ScheduleOps._unchanged). The schedule stops until an operator
+    happens to pause and resume it or change its definition, and nothing tells them:
     `schedules list` shows `next -`, not UNREADABLE, and doctor says nothing. A failure of
     the client's own computation should leave the request for the next claim (or the same
     definition should re-place a starved schedule with no refill asked for)."""
