@@ -23,7 +23,10 @@ The answer a caller gets is the one it would have had alone:
   for one caller's own jobs), where in turn the id names what stands under it then;
 - a job naming in `after` a job of a call in flight waits until that call is answered: sent
   beside it on another connection, the server may run the child's call first and refuse it
-  ('no such job') while the parent's caller is told it was written.
+  ('no such job') while the parent's caller is told it was written. The queue's calls that go
+  alone (`alone`: a debounced job, a queue waiting for replicas, enqueue_many) keep the same
+  order both ways: they wait for the calls that write their parents, and their own ids count
+  as in flight while they are.
 Jobs of a batch keep their callers' order. A delay counts from the batch's script, sent when a
 call in flight comes back (a refused batch's jobs when their half is sent again): never
 earlier than asked.
@@ -34,7 +37,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
 
@@ -42,6 +45,7 @@ from scheduler.core import codec
 from scheduler.core.errors import SchedulerError
 
 Send = Callable[[list[str]], Awaitable[Any]]
+T = TypeVar("T")
 
 # A script runs alone on the server: a batch bounded like enqueue_many's default batch_size.
 MAX_JOBS = 1000
@@ -68,17 +72,22 @@ class EnqueueBatcher:
         self._waiting: deque[_Waiting] = deque()
         self._flying: dict[str, int] = {}  # ids of the jobs of the calls in flight
         self._tasks: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
+        self._settled: asyncio.Event | None = None  # set when a call comes back
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def enqueue(self, fields: list[str]) -> str:
-        """Send one job's enqueue.lua fields (codec.enqueue_fields); returns its id."""
+    def _enter(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             # A queue used from a new event loop: what the old one left (closed with calls in
             # flight, their `finally` never run) must not hold this one's calls.
             self._loop, self._in_flight, self._waiting = loop, 0, deque()
-            self._flying = {}
+            self._flying, self._settled = {}, None
             self._tasks = set()  # and the old loop's tasks (and so the loop) are not held
+        return loop
+
+    async def enqueue(self, fields: list[str]) -> str:
+        """Send one job's enqueue.lua fields (codec.enqueue_fields); returns its id."""
+        loop = self._enter()
         if self._in_flight < self._max_in_flight and not self._waiting and not self._held(fields):
             self._in_flight += 1
             self._fly([fields], 1)
@@ -89,10 +98,41 @@ class EnqueueBatcher:
                     self._in_flight -= 1
                     self._fly([fields], -1)
                     self._start()
+                    self._wake()
         future: asyncio.Future[str] = loop.create_future()
         self._waiting.append(_Waiting(fields, future))
         self._start()
         return await future
+
+    async def alone(
+        self, ids: Collection[str], parents: Collection[str], call: Callable[[], Awaitable[T]]
+    ) -> T:
+        """A call of the queue's that joins no batch: sent once none of `parents` (the jobs it
+        names in `after`) waits here or is in flight; its own `ids` (those its caller chose)
+        count as in flight until it is answered, so a batched child of one waits for it."""
+        loop = self._enter()
+        while parents and self._pending(parents):
+            if self._settled is None:
+                self._settled = asyncio.Event()
+            await self._settled.wait()
+        jobs = [[i] for i in ids]
+        self._fly(jobs, 1)
+        try:
+            return await call()
+        finally:
+            if loop is self._loop:
+                self._fly(jobs, -1)
+                self._start()
+                self._wake()
+
+    def _pending(self, ids: Collection[str]) -> bool:
+        return any(i in self._flying for i in ids) or any(w.fields[0] in ids for w in self._waiting)
+
+    def _wake(self) -> None:
+        # A call came back: the `alone` calls waiting for it look again.
+        if self._settled is not None:
+            self._settled.set()
+            self._settled = None
 
     def _fly(self, jobs: list[list[str]], step: int) -> None:
         for fields in jobs:
@@ -154,6 +194,7 @@ class EnqueueBatcher:
                 self._in_flight -= 1
                 self._fly([w.fields for w in batch], -1)
                 self._start()
+                self._wake()
 
     async def _deliver(self, batch: list[_Waiting]) -> None:
         batch = [w for w in batch if not w.future.done()]
