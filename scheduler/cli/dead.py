@@ -29,12 +29,7 @@ from scheduler.cli.dead_retention import retention
 from scheduler.cli.dead_view import exit_unread, page_jobs, print_dead, unread_field
 from scheduler.cli.job_cancel import check_ids, unanswered_change_nothing
 from scheduler.cli.jobs import job_json
-from scheduler.client.partitioned import (
-    PartitionedQueue,
-    open_queue,
-    requeue_order,
-    unread,
-)
+from scheduler.client.partitioned import PartitionedQueue, open_queue, requeue_order, unread
 from scheduler.client.partitioned_ids import dead_where
 from scheduler.client.partitioned_merge import merge_scored
 from scheduler.client.queue import Queue
@@ -206,7 +201,8 @@ def _bulk(
         return
     if not yes:
         ask = {"requeued": "Requeue", "purged": "Delete for good"}.get(verb, verb)
-        click.confirm(f"{ask} {len(selected)} dead job(s) of queue {queue!r}?", abort=True)
+        ask += f" {len(selected)} dead job(s) of queue {queue!r}?"
+        click.confirm(ask, abort=True, err=True)  # stdout: the answer only (one JSON object)
     done = 0
     progress = Progress(
         TextColumn(f"{verb} [progress.description]{{task.description}}"),

@@ -169,6 +169,7 @@ def retention(
                 f"{over} of {dead} dead job(s) of queue {queue!r} are beyond {_describe(wanted)}:"
                 " they are deleted for good by the next claims and deaths. Set it?",
                 abort=True,
+                err=True,  # stdout is for the answer (one JSON object with --json)
             )
         # A limit not given is kept as stored when written ('keep'), not as read above: another
         # operator's change of it meanwhile stays (lua/dead_retention.lua).

@@ -104,7 +104,7 @@ def _ask(verb: str, *, url: str, queues: tuple[str, ...], worker_ids: tuple[str,
     if all_:
         chosen = list(live)
         if chosen and not yes:
-            click.confirm(f"{verb.capitalize()} {len(chosen)} worker(s)?", abort=True)
+            click.confirm(f"{verb.capitalize()} {len(chosen)} worker(s)?", abort=True, err=True)
     else:
         known = {wid for wid, _ in live}
         missing = [wid for wid in dict.fromkeys(worker_ids) if wid not in known]
