@@ -165,7 +165,13 @@ for _, j in ipairs(jobs) do
     end
     local calls
     if r then r, calls = string.match(r, '^(%S+) ?(.*)$') end
-    j.first = r or keyed[j[8]]
+    -- A key an earlier job of this call took names that job now (not the one stored before).
+    j.first = keyed[j[8]] or r
+    if j.debounce and keyed[j[8]] then
+      -- Replacing a job this very call writes: two calls' worth in one, refused (as a key
+      -- debounced twice) rather than answered with the first job and this data dropped.
+      return redis.error_reply('BAD_ARGUMENT debounce=a key an earlier job of this call took')
+    end
     -- Debounce: the job the key names (an earlier call's) is replaced by this one while it has
     -- never been claimed (a spec, no hash but a child's mark, waiting in due); once it has (running, finished,
     -- gone), this call's job is written as new and the key names it.
@@ -216,7 +222,13 @@ for _, j in ipairs(jobs) do
     if parents == nil then return bad_parent end
     j[13] = parents
   end
-  if j.first then alias[j[1]] = j.first else in_batch[j[1]] = true end
+  -- An id this call writes is that job, for its children, whichever job of the call (one not
+  -- written, its key taken, or the one that writes it) names it first.
+  if not j.first then
+    in_batch[j[1]], alias[j[1]] = true, nil
+  elseif not in_batch[j[1]] then
+    alias[j[1]] = j.first
+  end
 end
 
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')

@@ -64,8 +64,8 @@ def test_a_debounced_call_after_a_plain_job_of_its_key_in_one_call_replaces_it(
         JobSpec("digest", {"n": 1}, key="k", delay_ms=1_000),
         JobSpec("digest", {"n": 2}, key="k", debounce=True, delay_ms=5_000),
     ]
-    # The reference: the same two jobs in two script calls.
-    ref = q.enqueue_many([s for s in specs], batch_size=1)
+    # The reference: the same two jobs in two calls.
+    ref = [q.enqueue_many([s])[0] for s in specs]
     assert ref[0] == ref[1]
     assert _payload(q, ref[0]) == {"n": 2}
     assert q.get_job(ref[0]).run_at_ms == T0 + 5_000
@@ -385,9 +385,10 @@ def test_a_debounced_job_not_durable_can_be_re_sent_with_its_id_as_the_docs_say(
     client: redis.Redis, tq: tuple[Queue, Clock]
 ) -> None:
     """NotDurable (and docs/durability.md): 're-send the same JobSpecs with these job_ids
-    later: idempotent'. For a debounced spec that re-send is refused ('debounce takes no
-    job_id', codec._flags); re-sent as it was (by its key alone) once a worker claimed the job,
-    debounce makes a second job and the work runs twice."""
+    later: idempotent'. For a debounced spec that re-send was refused ('debounce takes no
+    job_id', codec._flags) and no other was named; re-sent as it was (by its key alone) once a
+    worker claimed the job, debounce makes a second job and the work runs twice. The docs now
+    name the re-send that works: its key and id, without debounce."""
     q, clock = tq
     clock.set_ms(T0)
     dq = Queue(client, q.name, wait_replicas=1, wait_timeout_ms=10, _clock="test")
@@ -396,7 +397,11 @@ def test_a_debounced_job_not_durable_can_be_re_sent_with_its_id_as_the_docs_say(
         dq.enqueue_many([spec])
     (job_id,) = err.value.job_ids
     assert _claim_ids(q) == [job_id]
-    again = q.enqueue_many([replace(spec, job_id=job_id)])  # BadArgument here
+    # A debounced spec takes no job_id ('each call a re-send'): the documented re-send is its
+    # key and id without debounce (NotDurable's docstring, docs/durability.md).
+    with pytest.raises(BadArgument, match="debounce takes no job_id"):
+        q.enqueue_many([replace(spec, job_id=job_id)])
+    again = q.enqueue_many([replace(spec, job_id=job_id, debounce=False)])
     assert again == [job_id]
     assert q.counts().due == 0
 

@@ -610,6 +610,18 @@ local function flow_rate_due(prefix, now, limit)
     return room <= 0 or flow_ck_ahead(prefix, f.ckey, j.id,
       flow_ck_score(prefix, j.t, f.priority)) ~= nil
   end
+  -- A job past its start deadline (its spec's, or a schedule run's start_by_ms) goes back
+  -- without taking room as well: claim parks it, nothing starts.
+  local function past_start(j)
+    local text = redis.pcall('GET', spec_key(prefix, j.id))
+    local ms = type(text) == 'string' and select(3, string.match(text, SPEC_FLAGS_RE))
+    ms = ms and parse_int(ms, 0, LIM.time_ms)
+    if not ms then
+      ms = redis.pcall('HGET', job_key(prefix, j.id), 'start_by_ms')
+      ms = type(ms) == 'string' and parse_int(ms, 0, LIM.time_ms)
+    end
+    return ms and now > ms or false
+  end
   for _, key in ipairs(keys) do
     local jobs, starts, went, rk = by_key[key], {}, 0, prefix .. 'flow:rate:' .. key
     local later = 0  -- the key's jobs given a later slot so far
@@ -621,7 +633,7 @@ local function flow_rate_due(prefix, now, limit)
         local n = redis.pcall('ZCOUNT', rk, '(' .. fmt(now - w), '+inf')
         starts[w] = type(n) == 'number' and n or 0  -- a log of another type: claim parks it
       end
-      if starts[w] + went < j.f.rcount and key_full(j) then
+      if starts[w] + went < j.f.rcount and (past_start(j) or key_full(j)) then
         back(j.id, j.run_at)
       elseif starts[w] + went < j.f.rcount then
         went = went + 1

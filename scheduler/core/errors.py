@@ -109,7 +109,8 @@ class ResultTimeout(SchedulerError, TimeoutError):
 class NotDurable(SchedulerError):
     """The primary accepted the jobs, but fewer replicas than asked acknowledged them in time:
     they may be lost if the primary fails now. The ids are attached; enqueue is idempotent on
-    them, so re-sending the same JobSpecs with these job_ids is safe.
+    them, so re-sending the same JobSpecs with these job_ids is safe (a debounced spec: with its
+    key and that id, without `debounce`, which takes no job_id).
 
     Attributes:
         job_ids: every id the call enqueued.

@@ -100,9 +100,7 @@ class ProducingOps(OpsBase):
         # One script call holds every client of the server: at most ENQUEUE_PER_CALL jobs each
         # (enqueue.lua refuses more); a larger batch_size (accepted before) is more calls.
         batch_size = min(batch_size, ENQUEUE_PER_CALL)
-        debounced = [s.key for s in specs if isinstance(s, JobSpec) and s.debounce is True]
-        if len(debounced) != len({repr(k) for k in debounced}):
-            raise BadArgument("debounce: a key may be debounced once per call")
+        _check_debounced(specs)
         # Check every job before sending any batch: a bad job refuses the whole call.
         batches = [
             codec.enqueue_args(specs[i : i + batch_size], self.settings.max_payload_bytes)
@@ -127,6 +125,22 @@ class ProducingOps(OpsBase):
 
 
 _W = codec.ENQUEUE_FIELDS
+
+
+def _check_debounced(specs: list[Any]) -> None:
+    """One call debounces a key once, and not after another of its jobs took that key (it would
+    replace a job of the same call: enqueue.lua refuses both, per script call)."""
+    seen: set[str] = set()
+    for s in specs:
+        if not isinstance(s, JobSpec) or s.key is None:
+            continue
+        k = repr(s.key)
+        if s.debounce is True and k in seen:
+            raise BadArgument(
+                "debounce: a key may be debounced once per call, and not after another job "
+                "of the call with that key"
+            )
+        seen.add(k)
 
 
 def _parents(flow: str) -> list[str]:
