@@ -39,7 +39,6 @@ from scheduler.cli.output import (
 from scheduler.core import connection, errors, exits
 from scheduler.core.backoff import Backoff
 from scheduler.core.backoff_text import parse_backoff_text
-from scheduler.core.connection import cluster_unreachable
 from scheduler.core.errors import (
     BadArgument,
     JobNotFound,
@@ -142,7 +141,7 @@ class AdminCommand(click.Command):
         except RedisClusterException as exc:  # not ResponseErrors (nor ClusterError: above)
             if (refusal := cluster_refusal(exc)) is not None:  # the login or CLUSTER SLOTS
                 raise Forbidden(refusal_line(refusal, OPERATOR_ROLE_HINT)) from None
-            if not cluster_unreachable(exc):  # a cross-slot call, ...: a bug, its traceback
+            if not connection.cluster_unreachable(exc):  # cross-slot, ...: a bug, its traceback
                 raise
             raise Unreachable(safe(f"cannot reach Redis: {exc}")) from None
         except redis.ResponseError as exc:
@@ -150,7 +149,8 @@ class AdminCommand(click.Command):
                 raise Forbidden(refusal_line(exc, OPERATOR_ROLE_HINT)) from None
             if refused_for_now(exc):  # OOM, NOREPLICAS, READONLY, ...: a retry may pass
                 raise Unreachable(safe(f"Redis refused the command for now: {exc}")) from None
-            hint = "; a key edited by hand? `scheduler doctor`" if edited_by_hand(exc) else ""
+            hand = edited_by_hand(exc) and "scheduler doctor" not in str(exc)  # not said yet
+            hint = "; a key edited by hand? `scheduler doctor`" if hand else ""
             raise Refused(safe(f"Redis refused the command: {exc}{hint}")) from None
         except SchedulerError as exc:
             raise Refused(safe(exc)) from None

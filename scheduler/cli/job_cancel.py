@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import click
 import redis
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from scheduler.admin.inspection import server_now_ms
 from scheduler.cli.common import (
     EXIT_FAILED,
     EXIT_UNREACHABLE,
@@ -28,18 +28,20 @@ from scheduler.cli.common import (
     require_queue,
     url_option,
 )
+from scheduler.cli.job_select import children_first, waiting
 from scheduler.cli.job_where import by_holding, silent_partition
 from scheduler.client.partitioned import PartitionedQueue, not_answering, open_queue, unread
 from scheduler.client.partitioned_partial import never_sent
 from scheduler.client.queue import Queue
 from scheduler.core import codec
-from scheduler.core.errors import BadArgument
-from scheduler.core.keys import OCCURRENCE_PREFIX, check_job_id
+from scheduler.core.errors import BadArgument, edited_by_hand
+from scheduler.core.keys import check_job_id
 from scheduler.core.safety import safe
+from scheduler.core.scripts import run_sync
 from scheduler.operations.requests import Op, Script, ScriptPipeline
 
 _BATCH = 200  # cancels per pipeline (one progress step each)
-_PAGE = 1_000  # ids read per ZRANGE while selecting
+_NAMED = 10  # refused jobs named in the text output (--json: all)
 WAITING = ("due", "scheduled", "held")
 # What cancel.lua answers: the state before. These were cancelled by this call; an id already
 # cancelled (a re-run of the command) counts as cancelled too.
@@ -58,6 +60,28 @@ def _cancel_op(q: Queue, ids: Sequence[str]) -> Op[list[str]]:
     ttl = str(q.ops.settings.result_ttl_ms)
     replies = yield ScriptPipeline([Script("cancel", [i, ttl]) for i in ids])
     return [codec.s(r) for r in replies]
+
+
+def _cancel_each(
+    q: Queue, ids: Sequence[str], was_in: dict[str, str], refused: dict[str, str]
+) -> None:
+    """Cancel `ids`, a script call each in one pipeline: each one's state before into `was_in`,
+    or why its call was refused into `refused` when a key of it was edited by hand into another
+    type (its record a string: cancel.lua raises before writing); the others go on (a
+    ScriptPipeline raises the first error alone). Any other error raises, once the answers of
+    the calls that ran are in."""
+    ttl = str(q.ops.settings.result_ttl_ms)
+    calls = [(q._script_keys, Script("cancel", [i, ttl])) for i in ids]
+    stop: BaseException | None = None
+    for job_id, reply in zip(ids, run_sync(q.client, q._scripts.drive(calls)), strict=True):
+        if not isinstance(reply, BaseException):
+            was_in[job_id] = codec.s(reply)
+        elif isinstance(reply, redis.ResponseError) and edited_by_hand(reply):
+            refused[job_id] = safe(reply)
+        else:
+            stop = stop or reply
+    if stop is not None:
+        raise stop
 
 
 @contextmanager
@@ -86,62 +110,6 @@ def unanswered_change_nothing(q: Queue | PartitionedQueue, queue: str, what: str
         raise Unreachable(safe(f"nothing {what} in {queue!r}: {why} ({again}): {listed}")) from None
 
 
-def children_first(q: Queue, ids: Sequence[str]) -> list[str]:
-    """`ids` (once each) ordered so that each comes before every job it waits for, directly or
-    through jobs left out of `ids`: cancelled first, none is parked by a later parent's cancel
-    (lib/flow.lua parks a waiting child and its own). Otherwise in the order given. Reads each
-    job's `flow:children:<id>` SET and those of their waiting descendants, a page per round
-    trip; one not a SET (edited by hand) counts as no children."""
-    kids: dict[str, list[str]] = {}
-    frontier = list(dict.fromkeys(ids))
-    while frontier:
-        for at in range(0, len(frontier), _PAGE):
-            page = frontier[at : at + _PAGE]
-            pipe = q.client.pipeline(transaction=False)
-            for i in page:
-                pipe.smembers(f"{q.keys.prefix}flow:children:{i}")
-            for i, got in zip(page, pipe.execute(raise_on_error=False), strict=True):
-                kids[i] = [] if isinstance(got, Exception) else sorted(str(c) for c in got)
-        frontier = list(dict.fromkeys(c for i in frontier for c in kids[i] if c not in kids))
-    wanted, seen, out = set(ids), set[str](), list[str]()
-    for root in dict.fromkeys(ids):  # depth first, a job after its descendants (no recursion)
-        if root in seen:
-            continue
-        seen.add(root)
-        stack = [(root, iter(kids[root]))]
-        while stack:
-            node, rest = stack[-1]
-            nxt = next((c for c in rest if c not in seen), None)
-            if nxt is None:
-                stack.pop()
-                if node in wanted:
-                    out.append(node)
-            else:
-                seen.add(nxt)
-                stack.append((nxt, iter(kids.get(nxt, ()))))
-    return out
-
-
-def _waiting(q: Queue, state: str, task: str | None) -> list[str]:
-    """The ids of `q`'s jobs in `state` now (of `task`), read by rank pages (O(log N) each,
-    not an offset walk). A job moving meanwhile (claimed, enqueued) may be left out."""
-    key = q.keys.flow_held if state == "held" else q.keys.due
-    first, end = 0, int(q.client.zcard(key))
-    if state != "held":
-        now_ms = server_now_ms(q.client, q.keys)
-        split = int(q.client.zcount(key, "-inf", now_ms))  # due now: scores up to the clock
-        first, end = (0, split) if state == "due" else (split, end)
-    out: list[str] = []
-    for start in range(first, end, _PAGE):
-        page = [str(i) for i in q.client.zrange(key, start, min(start + _PAGE, end) - 1)]
-        # A schedule's pending run is left: cancelling it arms the next (pause the schedule).
-        page = [i for i in page if not i.startswith(OCCURRENCE_PREFIX)]
-        if task is not None:
-            page = [j.id for j in q._run(q.ops.get_jobs(page)) if j.task == task]
-        out += page
-    return out
-
-
 @click.command("cancel", cls=AdminCommand)
 @url_option
 @queue_option
@@ -158,7 +126,8 @@ def cancel_jobs(
     in that state (due now, scheduled later, held by flow control), of --task only if given
     (asks first unless --yes; a schedule's pending runs are left: pause the schedule). A
     running job's worker learns it at its next heartbeat. Prints each id's state before
-    (--state: counts); exit 1 when an id was missing or already done or dead.
+    (--state: counts); exit 1 when an id was missing or already done or dead, or one was
+    refused for a key of it edited by hand into another type (named; the others go on).
 
     Whatever the order of the IDs or of the jobs in their state: each job this command
     cancels is cancelled before any job it waits for (after=), so none of them is parked by
@@ -183,34 +152,53 @@ def cancel_jobs(
         # answered has them), named.
         silent: list[str] = [safe(w) for w in left_out.values()]
         unknown: list[str] = []  # one whose cancel was sent when it stopped: it may have run
+        refused: dict[str, str] = {}  # id -> why (a key of it edited by hand): the others go on
+        stop: Exception | None = None  # another error: what was done is printed, then it
         for part, ids in groups:
             sent = None
             try:
                 for sent in children_first(part, ids):
-                    was_in[sent] = part._run(_cancel_op(part, [sent]))[0]
+                    try:
+                        was_in[sent] = part._run(_cancel_op(part, [sent]))[0]
+                    except redis.ResponseError as exc:  # its key edited by hand: the next go on
+                        if not edited_by_hand(exc):
+                            raise
+                        refused[sent] = safe(exc)
                 sent = None
             except Exception as exc:  # its node down: the other partitions' ids go on
-                named = {i: silent_partition(part, queue, i, exc) for i in ids if i not in was_in}
+                named = {i: silent_partition(part, queue, i, exc) for i in ids
+                         if i not in was_in and i not in refused}  # fmt: skip
                 if None in named.values():
-                    raise
+                    stop = exc
+                    break
                 if sent in named and not never_sent(exc, part.client):
                     unknown.append(str(named.pop(sent)))
                 silent += [n for n in named.values() if n is not None]
-        before = {i: was_in[i] for i in dict.fromkeys(job_ids) if i in was_in}
+        given = list(dict.fromkeys(job_ids))
+        before = {i: was_in[i] for i in given if i in was_in}
+        left = [i for i in given if stop and i not in was_in and i not in refused]
         if as_json:
-            extra = {k: v for k, v in (("unreachable", silent), ("unknown", unknown)) if v}
-            emit_json({"queue": queue, "jobs": before, **extra})
+            extra: dict[str, Any] = {"unreachable": silent, "unknown": unknown,
+                                     "refused": refused, "unconfirmed": left}  # fmt: skip
+            emit_json({"queue": queue, "jobs": before, **{k: v for k, v in extra.items() if v}})
         else:
-            for job_id, was in before.items():
-                word = "cancelled" if was in _CANCELLED else "not cancelled"
-                click.echo(f"{job_id}: {word} (was {was})")
+            for job_id in given:
+                if job_id in refused:
+                    click.echo(f"{job_id}: not cancelled (refused: {refused[job_id]})")
+                elif job_id in before:
+                    word = "cancelled" if before[job_id] in _CANCELLED else "not cancelled"
+                    click.echo(f"{job_id}: {word} (was {before[job_id]})")
         for words in unknown:
             click.echo(f"unknown whether cancelled: {words} (see jobs show)", err=True)
         for words in silent:
             click.echo(f"not cancelled: {words}", err=True)
+        if left:  # the first may have been cancelled as the error came
+            click.echo(f"stopped by the error below before: {', '.join(left)}", err=True)
+        if stop is not None:
+            raise stop
         if silent or unknown:
             raise SystemExit(EXIT_UNREACHABLE)
-        if any(was not in _CANCELLED for was in before.values()):
+        if refused or any(was not in _CANCELLED for was in before.values()):
             raise SystemExit(EXIT_FAILED)
         return
     assert state is not None
@@ -219,26 +207,46 @@ def cancel_jobs(
     # ordering, children first (see the help above).
     order = children_first if state == "held" else (lambda _, ids: list(ids))
     with unanswered_change_nothing(q, queue, "cancelled"):  # a node down: named, exit 3
-        selected = [(p, i) for p in parts for i in order(p, _waiting(p, state, task))]
+        selected = [(p, i) for p in parts for i in order(p, waiting(p, state, task))]
     what = f"{state} job(s)" + (f" of task {task!r}" if task else "")
     if selected and not yes:
         click.confirm(f"Cancel {len(selected)} {what} of queue {queue!r}?", abort=True, err=True)
-    counts = _cancel_all(queue, selected)
+    counts, refused, stop = _cancel_all(queue, selected)
     done = sum(n for was, n in counts.items() if was in _CANCELLED)
+    # Not answered: after the error that stopped it (the last batch sent may have run).
+    unanswered = len(selected) - sum(counts.values()) - len(refused)
+    moved = len(selected) - done - len(refused) - unanswered  # claimed, finished, gone meanwhile
     if as_json:
+        extra = {"refused": refused} if refused else {}
+        if stop is not None:
+            extra |= {"stopped": safe(stop), "unconfirmed": unanswered}
         emit_json({"queue": queue, "state": state, "task": task, "matched": len(selected),
-                   "cancelled": done, "before": counts})  # fmt: skip
+                   "cancelled": done, "before": counts, **extra})  # fmt: skip
     elif not selected:
         click.echo(f"no {what} in {queue!r}: nothing to cancel")
     else:
-        moved = len(selected) - done  # claimed, finished or gone since they were selected
-        why = f" ({moved} had moved on: {counts})" if moved else ""
+        notes = [f"{moved} had moved on: {counts}"] if moved else []
+        notes += [f"{len(refused)} refused, a key of each edited by hand"] if refused else []
+        notes += [f"{unanswered} unconfirmed: stopped by the error below"] if stop else []
+        why = f" ({'; '.join(notes)})" if notes else ""
         click.echo(f"cancelled: {done} of {len(selected)} {what} in {queue!r}{why}")
+        for job_id, words in list(refused.items())[:_NAMED]:
+            click.echo(f"not cancelled: {job_id}: {words}", err=True)
+        if len(refused) > _NAMED:
+            click.echo(f"... and {len(refused) - _NAMED} more refused (--json names all)", err=True)
+    if stop is not None:
+        raise stop
+    if refused:
+        raise SystemExit(EXIT_FAILED)
 
 
-def _cancel_all(queue: str, selected: list[tuple[Queue, str]]) -> dict[str, int]:
-    """Each job's state before its cancel, counted."""
+def _cancel_all(
+    queue: str, selected: list[tuple[Queue, str]]
+) -> tuple[dict[str, int], dict[str, str], Exception | None]:
+    """Each job's state before its cancel, counted; why each refused one was (_cancel_each);
+    the error that stopped it midway (None: every job's cancel answered)."""
     counts: dict[str, int] = {}
+    refused: dict[str, str] = {}
     progress = Progress(
         TextColumn("cancelling [progress.description]{task.description}"),
         BarColumn(),
@@ -254,7 +262,15 @@ def _cancel_all(queue: str, selected: list[tuple[Queue, str]]) -> dict[str, int]
             for part, job_id in chunk:
                 by_part.setdefault(id(part), (part, []))[1].append(job_id)
             for part, ids in by_part.values():
-                for was in part._run(_cancel_op(part, ids)):
+                was_in: dict[str, str] = {}
+                stop: Exception | None = None
+                try:
+                    _cancel_each(part, ids, was_in, refused)
+                except Exception as exc:  # a node down, ...: what was done is said first
+                    stop = exc
+                for was in was_in.values():
                     counts[was] = counts.get(was, 0) + 1
+                if stop is not None:
+                    return counts, refused, stop
             progress.advance(step, len(chunk))
-    return counts
+    return counts, refused, None
