@@ -171,12 +171,26 @@ def check_move(
     if stopped is not None and not own:  # own: re-sent first, then refused (QueueMove._run)
         raise stopped
     if not skip:
-        n = sum(int(client.scard(q.keys.schedules)) for q in src)
+        n = sum(schedule_count(client, q.keys) for q in src)
         if n:
             raise MoveRefused(
                 f"queue {name!r} has {n} schedule(s): define them on {dest!r}, remove them "
                 "here, then move (or --skip-schedules: their pending runs stay)"
             )
+
+
+def schedule_count(client: redis.Redis, keys: QueueKeys) -> int:
+    """The schedules of a queue: names in its index whose key exists (of any type: `schedules
+    remove` deletes it). A name whose hash was deleted by hand is none: `schedules list` and
+    `remove` do not see it, so a refusal for it could not be followed."""
+    names = [text(n) for n in client.smembers(keys.schedules)]
+    n = 0
+    for i in range(0, len(names), 1000):
+        pipe = client.pipeline(transaction=False)
+        for name in names[i : i + 1000]:
+            pipe.exists(keys.schedule(name))
+        n += sum(int(x) for x in pipe.execute())
+    return n
 
 
 def incoming_refusal(
