@@ -12,10 +12,12 @@ from scheduler.admin.doctor_flow import config_field_issues, key_set_issues, sch
 from scheduler.admin.doctor_model import _PAGE, Issue
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
 from scheduler.client.queue import Queue
+from scheduler.core.codec import stored_int
 from scheduler.core.errors import BadArgument, edited_by_hand, newer_storage
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
 from scheduler.operations.dead_letters import dead_converted
 from scheduler.schedules.cron_fields import refuse_misread
+from scheduler.schedules.cron_slots import cron_slots_after
 from scheduler.schedules.stored import unreadable_field
 
 
@@ -103,24 +105,86 @@ def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
         msg = f"{keys.schedules} is a {index_type}, not the SET of schedule names"
         how = f"inspect it: redis-cli TYPE {shlex.quote(keys.schedules)}"
         return [*out, Issue("wrong-type", "error", msg, how, keys.queue)]
-    redo = "remove it and define it again (`scheduler schedules remove`, then add it)"
     for name in sorted(str(n) for n in client.smembers(keys.schedules)):
-        key = keys.schedule(name)
-        key_type = str(client.type(key))
-        if key_type == "hash":
-            fields = {str(k): str(v) for k, v in client.hgetall(key).items()}
-            field = unreadable_field(fields)
-            if field:
-                msg = f"schedule {name!r}: its {field} field cannot be read: its runs stopped"
-                out.append(Issue("schedule-unreadable", "error", msg, redo, keys.queue))
-            else:
-                out += schedule_flow_issues(keys, name, fields)
-            if not field and fields.get("kind") == "cron":
-                out += _cron_misread(keys.queue, name, fields.get("cron", ""))
-        elif key_type != "none":
-            msg = f"{key} is a {key_type}, not a schedule hash: its runs stopped"
-            out.append(Issue("wrong-type", "error", msg, redo, keys.queue))
+        out += _schedule_issues(client, keys, name)
     return out + stuck_children(client, keys)
+
+
+def _schedule_issues(client: redis.Redis, keys: QueueKeys, name: str) -> list[Issue]:
+    """One name of the schedules index: its hash the scripts cannot read, its slot buffer of
+    another type, its runs stopped with no refill asked for, or no hash at all."""
+    redo = "remove it and define it again (`scheduler schedules remove`, then add it)"
+    key = keys.schedule(name)
+    key_type = str(client.type(key))
+    if key_type == "none":
+        return _stale_name(client, keys, name)
+    if key_type != "hash":
+        msg = f"{key} is a {key_type}, not a schedule hash: its runs stopped"
+        return [Issue("wrong-type", "error", msg, redo, keys.queue)]
+    fields = {str(k): str(v) for k, v in client.hgetall(key).items()}
+    field = unreadable_field(fields)
+    if field:
+        msg = f"schedule {name!r}: its {field} field cannot be read: its runs stopped"
+        return [Issue("schedule-unreadable", "error", msg, redo, keys.queue)]
+    out = schedule_flow_issues(keys, name, fields)
+    if fields.get("kind") != "cron":
+        return out
+    out += _cron_misread(keys.queue, name, fields.get("cron", ""))
+    # Resume deletes the buffer and writes it again (lua/schedule_resume.lua).
+    again = (f"pause and resume it (`scheduler schedules pause -q {shlex.quote(keys.queue)} "
+             f"{shlex.quote(name)}`, then `resume`): resume writes its slots again")  # fmt: skip
+    slots_type = str(client.type(keys.schedule_slots(name)))
+    if slots_type not in ("zset", "none"):
+        msg = (f"{keys.schedule_slots(name)} is a {slots_type}, not the ZSET of schedule "
+               f"{name!r}'s next slots: its runs stop once its pending run is claimed")  # fmt: skip
+        return [*out, Issue("wrong-type", "error", msg, again, keys.queue)]
+    return out + _starved(client, keys, name, fields, again)
+
+
+def _starved(
+    client: redis.Redis, keys: QueueKeys, name: str, fields: dict[str, str], again: str
+) -> list[Issue]:
+    """A cron schedule starved (its buffer ran out: lua/lib/rearm.lua sched_place) with no
+    refill asked for: the workers gave up computing its slots (lua/schedule_refill.lua), so no
+    run comes. Read again in one MULTI: a refill meanwhile clears both. One whose times ended
+    (no slot left before 2200) is not reported."""
+    if fields.get("starved") != "1" or fields.get("paused") == "1":
+        return []
+    pipe = client.pipeline(transaction=True)
+    pipe.hmget(keys.schedule(name), ["starved", "paused", "pending"])
+    pipe.sismember(keys.schedules_refill, name)
+    try:
+        (starved, paused, pending), asked = pipe.execute()
+    except ResponseError:
+        return []  # edited into another type meanwhile, or the refill SET is one (advisory)
+    if starved != "1" or paused == "1" or pending or asked:
+        return []
+    try:
+        after = stored_int(fields.get("cursor_ms")) or 0
+        if not cron_slots_after(fields.get("cron", ""), fields.get("tz", ""), after, 1):
+            return []
+        why = ""
+    except (ValueError, KeyError, OverflowError, OSError) as exc:
+        why = f" ({type(exc).__name__}: {str(exc)[:120]})"
+    msg = (f"schedule {name!r}: no run is pending and no worker is asked to compute its next "
+           f"slots (they could not{why}): its runs stopped")  # fmt: skip
+    how = f"define it again (the same definition places its run) or {again}"
+    return [Issue("schedule-starved", "error", msg, how, keys.queue)]
+
+
+def _stale_name(client: redis.Redis, keys: QueueKeys, name: str) -> list[Issue]:
+    """A name in the schedules index without its hash (deleted by hand): no schedule, but
+    `queue move` counted it. Read again in one MULTI: a definition meanwhile writes both."""
+    pipe = client.pipeline(transaction=True)
+    pipe.sismember(keys.schedules, name)
+    pipe.exists(keys.schedule(name))
+    listed, exists = pipe.execute(raise_on_error=False)
+    if listed not in (True, 1) or exists != 0:
+        return []
+    msg = f"schedule {name!r} is in {keys.schedules} without its hash (deleted by hand)"
+    how = (f"scheduler schedules remove -q {shlex.quote(keys.queue)} {shlex.quote(name)} "
+           "(drops the name)")  # fmt: skip
+    return [Issue("schedule-no-hash", "warning", msg, how, keys.queue)]
 
 
 def _cron_misread(queue: str, name: str, cron: str) -> list[Issue]:
@@ -160,7 +224,9 @@ def stuck_children(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
             msg = (f"job {cid} waits for {need} parent(s) of {' '.join(parents)} but {able} "
                    "can still release it (a parent's record or `kids` mark was edited by "
                    "hand): it will never run")  # fmt: skip
-            how = f"scheduler jobs show {cid}; cancel it and enqueue its work again"
+            show = f"-q {shlex.quote(keys.queue)} {shlex.quote(cid)}"
+            how = (f"scheduler jobs show {show}; cancel it (scheduler jobs cancel {show}) and "
+                   "enqueue its work again")  # fmt: skip
             out.append(Issue("stuck-waiting", "error", msg, how, keys.queue, cid))
     return out
 
