@@ -30,9 +30,11 @@
     'unlist'  off the places in ARGV[6] (comma-joined; dead through lib dead_unlist; due, for
               a held job, out of its hold sets: flow:held, flow:rheld, flow:waiting and its
               key's flow:ckheld, the reason fields dropped; not its key's leases; else out of
-              its priority index), then state := ARGV[7]; ARGV[7] '' = the job is gone: only
-              while neither its hash nor its spec record exists (lib job_exists: a pending job
-              is its spec alone)
+              its priority index; leased through lib flow_release: its key slot freed, as
+              every way out of leased frees it; kept in due and due now, the slot alone: claim
+              meets it in the key's order), then state := ARGV[7]; ARGV[7] '' = the job is
+              gone: only while neither its hash nor its spec record exists (lib job_exists: a
+              pending job is its spec alone)
     'state'   state := ARGV[6], the one expected place; worker dropped unless 'leased'
     'score'   its score in the one expected place (due or leased; flow:held for a held job)
               := now_ms (due: its priority index entry too), only while it is still no time
@@ -204,7 +206,17 @@ elseif move == 'due' then
   wake(wake_key)
 elseif move == 'unlist' then
   if (state == '') == job_exists(prefix, id) then return 0 end
-  local priority = flow_load(jk).priority  -- read before the first write
+  local fl = flow_load(jk)  -- read before the first write, as fail reads it
+  -- Off leased, its key slot is freed, as every way out of leased frees it (else it stays
+  -- taken, the key's held jobs behind it, until doctor reports it stray). Kept in due and due
+  -- now, it lets none of them go: claim meets it and keeps the key's order (an older held job
+  -- goes first, else it takes the slot); a release would let newer held jobs run before it.
+  local function unlease()
+    local at = not held and state == 'due' and tonumber(redis.call('ZSCORE', due, id))
+    if not (at and at <= now) then return flow_release(prefix, id, now, fl) end
+    local key = fl.ckey ~= '' and fl.ckey or fl.ckey_lost
+    if key then redis.pcall('ZREM', prefix .. 'flow:ck:' .. key, id) end
+  end
   for _, p in ipairs(drop) do
     if p == 'dead' then
       dead_unlist(prefix, id, now)
@@ -212,7 +224,8 @@ elseif move == 'unlist' then
       unhold()
     else
       redis.call('ZREM', PLACE_KEY[p], id)
-      if p == 'due' then flow_unindex(prefix, id, priority) end
+      if p == 'due' then flow_unindex(prefix, id, fl.priority) end
+      if p == 'leased' then unlease() end
     end
   end
   -- A pending job with no hash yet (its spec record alone) stays so: a hash of `state` alone
