@@ -27,7 +27,7 @@ from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from scheduler.admin import health
 from scheduler.admin.doctor_checks import diagnose, wrong_type_place
-from scheduler.admin.doctor_flow import fix_stray_slots
+from scheduler.admin.doctor_flow import fix_stray_slots, refused_note
 from scheduler.admin.doctor_keys import config_issues, convert_dead, live_ids, queue_key_issues
 from scheduler.admin.doctor_model import (
     _CONFIRM_BATCH,
@@ -260,14 +260,15 @@ def repair_queue(
     passes: int = 4,
 ) -> Report:
     """Check, repair each fixable job once per pass (a job may need a few steps, e.g. back into
-    due, then its state field), until nothing fixable remains; then check again. A job whose
-    repair Redis refused is not tried again: its finding says so."""
+    due, then its state field), until nothing fixable remains; then check again. A repair Redis
+    refused (a job's, or a key set entry's) is not tried again: its finding says so."""
     keys = QueueKeys(queue)
-    fixed: list[Issue] = []
     refused: dict[str, str] = {}
     issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)
-    if stray := fix_stray_slots(client, issues):  # no job's own repair: a key's slot set
-        fixed, issues = stray, check_queue(client, queue, stale_lease_ms=stale_lease_ms)
+    sets = fix_stray_slots(client, issues)  # no job's own repair: a key's slot set
+    if sets.tried:  # checked again, also after a 0: a claim may have dropped the member
+        issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)
+    fixed = list(sets)
     for _ in range(passes):
         todo = sorted(
             {j for i in issues if i.repair and (j := i.job_id) is not None} - set(refused)
@@ -280,17 +281,13 @@ def repair_queue(
             fixed += [done] if done is not None else []
             refused |= {jid: why} if why is not None else {}
         issues = check_queue(client, queue, stale_lease_ms=stale_lease_ms)
-    return Report(queue, fixed, [_refusal(i, refused) for i in issues])
+    return Report(queue, fixed, [_refusal(sets.mark(i), refused) for i in issues])
 
 
 def _refusal(issue: Issue, refused: dict[str, str]) -> Issue:
     """A finding whose repair Redis refused says so (the job is the operator's to look at)."""
     why = refused.get(issue.job_id or "") if issue.repair else None
-    if why is None:
-        return issue
-    return replace(
-        issue, message=f"{issue.message} (--fix was refused: {why})", fix="repair it by hand"
-    )
+    return issue if why is None else refused_note(issue, why)
 
 
 def check_server_settings(client: redis.Redis) -> list[Issue]:

@@ -10,6 +10,7 @@ key's held jobs going back to due; `--fix` removes it ('ckstale')."""
 
 import shlex
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 import redis
 from redis.exceptions import NoScriptError, ResponseError
@@ -192,19 +193,55 @@ def _key_move(
     return ("EVALSHA", repair_sha(), str(len(sk)), *sk, move, jid, places, "", str(now_ms), key)
 
 
-def fix_stray_slots(client: redis.Redis, issues: list[Issue]) -> list[Issue]:
+class KeySetFixes(list[Issue]):
+    """The findings fix_stray_slots repaired, with why Redis refused each it could not run (by
+    `_slot`) and whether it ran any (a repair that answered 0 changed nothing, but the entry
+    may be gone since the check: a claim drops a lapsed member itself)."""
+
+    def __init__(self, fixed: list[Issue], refused: dict[tuple[str, ...], str], tried: bool):
+        super().__init__(fixed)
+        self.refused, self.tried = refused, tried
+
+    def mark(self, issue: Issue) -> Issue:
+        """A key-set finding whose repair Redis refused says so (the operator's to look at)."""
+        why = self.refused.get(_slot(issue)) if issue.code in (STRAY, STALE) else None
+        return issue if why is None else refused_note(issue, why)
+
+
+def refused_note(issue: Issue, why: str) -> Issue:
+    """The finding, saying Redis refused its repair (why) and that the fix is by hand."""
+    msg = f"{issue.message} (--fix was refused: {why})"
+    return replace(issue, message=msg, fix="repair it by hand")
+
+
+def _slot(issue: Issue) -> tuple[str, ...]:
+    """A key-set repair's move, member and key (what a check made again names the same)."""
+    cmd = issue.repair[0] if issue.repair else ()
+    return (*cmd[-6:-4], *cmd[-1:])
+
+
+def fix_stray_slots(client: redis.Redis, issues: list[Issue]) -> KeySetFixes:
     """Run each stray-slot and stale-hold finding's repair (lua/repair.lua 'ckfree' and
-    'ckstale', which check the entry again); the ones it removed."""
+    'ckstale', which check the entry again). One Redis refuses (a key name or an id the
+    script does not take, written by hand) is kept with its reason, not raised, as a job's
+    repair is: the rest, and the job repairs after them, still run."""
     fixed: list[Issue] = []
+    refused: dict[tuple[str, ...], str] = {}
+    tried = False
     for issue in issues:
         if issue.code not in (STRAY, STALE) or not issue.repair or issue.queue is None:
             continue
         node = connection.node_for_key(client, QueueKeys(issue.queue).prefix)
+        tried = True
         try:
-            done = node.execute_command(*issue.repair[0])  # type: ignore[no-untyped-call]
-        except NoScriptError:
-            node.script_load(scripts.source("repair"))
-            done = node.execute_command(*issue.repair[0])  # type: ignore[no-untyped-call]
+            try:
+                done = node.execute_command(*issue.repair[0])  # type: ignore[no-untyped-call]
+            except NoScriptError:
+                node.script_load(scripts.source("repair"))
+                done = node.execute_command(*issue.repair[0])  # type: ignore[no-untyped-call]
+        except ResponseError as exc:  # redis-py's prefix off, as doctor._attempt
+            refused[_slot(issue)] = str(exc).rpartition("caused error: ")[2]
+            continue
         if done == 1:
             fixed.append(issue)
-    return fixed
+    return KeySetFixes(fixed, refused, tried)
