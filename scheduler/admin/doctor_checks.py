@@ -33,14 +33,18 @@ def diagnose(s: Snapshot, ctx: Context) -> list[Issue]:
     if bad or _has_undecodable(s.id):
         k = ctx.keys
         where = f"fields {', '.join(bad)}" if bad else "its id"
+        # Where the bytes are: its hash, or its spec record (a job never claimed is that record
+        # alone, and the payload stays there after a claim).
+        look = [f"HGETALL {shlex.quote(k.job(s.id))}"] if set(bad or s.fields) - s.from_spec else []
+        look += [f"GET {shlex.quote(k.spec(s.id))}"] if set(bad) & s.from_spec or not look else []
         out.append(
             Issue(
                 "undecodable",
                 "error" if {"task", "payload", "state"} & set(bad) else "warning",
                 f"job data is not UTF-8 in {where}: shown escaped (\\xNN) by the CLI; a worker "
                 "cannot decode it",
-                f"inspect it (redis-cli HGETALL {shlex.quote(k.job(s.id))}), then rewrite the "
-                "field or delete the job by hand",
+                f"inspect it (redis-cli {'; redis-cli '.join(look)}), then rewrite the bytes "
+                "or delete the job by hand",
                 k.queue,
                 s.id,
             )

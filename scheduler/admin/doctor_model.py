@@ -97,6 +97,8 @@ class Snapshot:
     held: bool = False
     # Its hash or spec record has no expiry (ttl_ms is the sooner one's: that hides the other).
     kept: bool = False
+    # The fields read from its spec record alone (not in its hash): where their bytes are.
+    from_spec: frozenset[str] = frozenset()
 
     @property
     def places(self) -> list[str]:
@@ -162,12 +164,14 @@ def snapshot_from(jid: str, reply: Sequence[Any]) -> Snapshot:
     due_ms, held_ms = _at(due), _at(held)
     # A job set aside by flow control (lua/lib/flow.lua) is due, in flow:held instead.
     at = held_ms if due_ms is None else due_ms
-    t, fields = _with_spec(str(t), _hash_reply(h), spec, at)
+    hashed = _hash_reply(h)
+    t, fields = _with_spec(str(t), hashed, spec, at)
     in_dead = 0 if _at(dead) is None else 1
     ttl = _ttl(pttl, spec_pttl)
     held = due_ms is None and at is not None
     kept = _kept(pttl, spec_pttl)
-    return Snapshot(jid, t, fields, ttl, at, _at(leased), in_dead, held, kept)
+    spec_only = frozenset(fields) - frozenset(hashed)
+    return Snapshot(jid, t, fields, ttl, at, _at(leased), in_dead, held, kept, spec_only)
 
 
 SPEC_WRONG_TYPE = "spec record of another type"  # a Snapshot.key_type: spec:<id> by hand
