@@ -7,15 +7,10 @@ import json
 from typing import Any
 
 import redis
+from rich.console import Console
 from rich.table import Table
 
-from scheduler.cli.common import (
-    cell,
-    console,
-    decoded_payload,
-    fmt_ms,
-    fmt_time,
-)
+from scheduler.cli.common import cell, console, decoded_payload, fmt_attempts, fmt_ms, fmt_time
 from scheduler.client.queue import Queue
 from scheduler.core.codec import MAX_TIME_MS, stored_int
 from scheduler.core.models import Job
@@ -196,3 +191,41 @@ def placement(client: redis.Redis, q: Queue, job_id: str) -> dict[str, Any]:
     found = (("due", due), ("leased", leased), ("dead", dead_pos), ("flow:held", held))
     places = [p for p, v in (*found, ("moving", moving)) if v is not None]
     return {"places": places, "ttl_ms": int(pttl) if int(pttl) >= 0 else None}
+
+
+# -- `jobs list`'s text -------------------------------------------------------------------
+# Narrower than this, six columns fold task names and worker ids by character: one block per
+# job instead (as `dead list` prints), which wraps by word at any width and greps well.
+TABLE_MIN_WIDTH = 120
+
+
+def when_text(r: dict[str, Any], state: str) -> str:
+    if state == "leased":
+        if r["lease_unreadable"]:
+            return "lease " + UNREADABLE_LEASE
+        left = r["lease_left_ms"] or 0
+        return f"lease left {fmt_ms(left)}" if left >= 0 else f"lease lapsed {fmt_ms(-left)} ago"
+    if state == "dead":
+        return f"dead {fmt_time(r['dead_ms'])}: {r['dead_reason'] or '?'}"
+    if state == "held":
+        return f"held: {r['flow'] or 'flow control'}"
+    if state == "finished":
+        return f"{r['state']} {fmt_time(r['finished_ms'])}"
+    if (r["run_in_ms"] or 0) > 0:
+        return f"run in {fmt_ms(r['run_in_ms'])}"
+    return f"late {fmt_ms(-(r['run_in_ms'] or 0))}"
+
+
+def error_text(r: dict[str, Any]) -> str:
+    return f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
+
+
+def print_blocks(out: Console, title: str, rows: list[dict[str, Any]], state: str) -> None:
+    out.print(cell(f"{title}: {len(rows)} shown"))
+    for r in rows:
+        head = f"{r['id']}  {r['task']}  {fmt_attempts(r)}"
+        out.print(cell(f"{head}  {when_text(r, state)}"), style="bold")
+        if r["worker"]:
+            out.print(cell(f"  worker: {r['worker']}"))
+        if r["last_error_type"]:
+            out.print(cell(f"  last error: {error_text(r)}"))

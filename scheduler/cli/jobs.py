@@ -7,7 +7,6 @@ from typing import Any
 import click
 import redis
 from redis.exceptions import WatchError
-from rich.console import Console
 from rich.table import Table
 
 from scheduler.admin.inspection import server_now_ms
@@ -22,8 +21,6 @@ from scheduler.cli.common import (
     console,
     emit_json,
     fmt_attempts,
-    fmt_ms,
-    fmt_time,
     id_column,
     json_option,
     markup_safe,
@@ -35,7 +32,15 @@ from scheduler.cli.common import (
 from scheduler.cli.dead_view import exit_unread, unread_field
 from scheduler.cli.enqueue import enqueue, parse_payload
 from scheduler.cli.job_cancel import cancel_jobs
-from scheduler.cli.job_view import UNREADABLE_LEASE, job_json, placement, print_job
+from scheduler.cli.job_view import (
+    TABLE_MIN_WIDTH,
+    error_text,
+    job_json,
+    placement,
+    print_blocks,
+    print_job,
+    when_text,
+)
 from scheduler.cli.job_where import held_call
 from scheduler.client.partitioned import PartitionedQueue, list_answering, open_queue
 from scheduler.client.queue import Queue
@@ -53,6 +58,7 @@ _STATES = LISTABLE
 _TASK_SCAN_MAX = 50_000  # ids examined per `jobs list --task` call at most (bounded work)
 _TASK_PAGE = 500
 _SKIP, _PAGE = "Skip this many matching jobs first.", "Print at most this many jobs."
+_SCAN_FROM = "With --task: examine the state's jobs from this position on (a cut list says where)."
 
 
 def register(main: click.Group) -> None:
@@ -84,22 +90,31 @@ jobs.add_command(cancel_jobs)
 @click.option("--task", help="Only jobs of this task.")
 @click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, help=_SKIP)
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help=_PAGE)
+@click.option("--scan-from", type=click.IntRange(min=0), help=_SCAN_FROM)
 def list_jobs(
-    url: str, queue: str, as_json: bool, state: str, task: str | None, offset: int, limit: int
-) -> None:
+    url: str, queue: str, as_json: bool, state: str, task: str | None, offset: int, limit: int,
+    scan_from: int | None,
+) -> None:  # fmt: skip
     """Jobs in one state, oldest first (dead: newest first; finished: latest to expire first),
     paged with --offset / --limit. A partitioned queue's partition whose node does not answer
     is named (`not read: ...` on stderr, --json's `unreachable`) and the others' jobs listed,
-    paged as one queue, exit 3."""
+    paged as one queue, exit 3.
+
+    --task examines at most 50,000 jobs of the state a call; when more are left it says so
+    (--json: `cut`, and `next_scan_from`), and --scan-from goes on from there."""
+    if scan_from is not None and task is None:
+        raise BadInput("--scan-from goes with --task")
     client = connect(url)
     require_queue(client, queue)
     q = open_queue(client, queue)  # a partitioned queue: its partitions merged
-    scanned = None
+    scanned = cut = next_scan = None
     left_out: dict[str, str] = {}  # partitions whose node does not answer: named, exit 3
     if task is None:
         found = _page(q, state, offset, limit, left_out)
     else:
-        found, scanned = _filter_by_task(q, state, task, offset, limit, left_out)
+        found, scanned, cut = _filter_by_task(q, state, task, scan_from or 0, offset, limit,
+                                              left_out)  # fmt: skip
+        next_scan = (scan_from or 0) + scanned if cut else None
     not_read = [f"partition {n}: {e}" for n, e in left_out.items()]
     now_ms = server_now_ms(client, QueueKeys(queue))  # the queue's node: its scripts' clock
     rows = [job_json(j, now_ms) for j in found]
@@ -112,6 +127,8 @@ def list_jobs(
                 "offset": offset,
                 "limit": limit,
                 "scanned": scanned,
+                "cut": cut,
+                "next_scan_from": next_scan,
                 "jobs": rows,
                 **unread_field(not_read),
             }
@@ -120,8 +137,8 @@ def list_jobs(
         return
     title = f"{state} jobs in {queue!r}"
     out = console()
-    if out.width < _TABLE_MIN_WIDTH:
-        _print_blocks(out, title + (f" (task {task})" if task else ""), rows, state)
+    if out.width < TABLE_MIN_WIDTH:
+        print_blocks(out, title + (f" (task {task})" if task else ""), rows, state)
     else:
         t = Table(title=title + (f" (task {markup_safe(task)})" if task else ""))
         id_column(t, "id", (r["id"] for r in rows))
@@ -132,51 +149,15 @@ def list_jobs(
                 cell(r["id"]),
                 cell(r["task"]),
                 fmt_attempts(r).removeprefix("attempts "),
-                cell(_when(r, state)),
+                cell(when_text(r, state)),
                 cell(r["worker"] or "-"),
-                cell(_error(r)),
+                cell(error_text(r)),
             )
         out.print(t)
-    if scanned is not None and scanned >= _TASK_SCAN_MAX:
-        out.print(f"[yellow]stopped after examining {scanned} jobs; narrow with --offset[/]")
+    if cut:  # the jobs past the cut were not examined: --offset (matches) cannot reach them
+        out.print(f"[yellow]stopped after examining {scanned} jobs, more are left: examine the"
+                  f" next ones with --scan-from {next_scan}[/]")  # fmt: skip
     exit_unread(not_read)
-
-
-# Narrower than this, six columns fold task names and worker ids by character: one block per
-# job instead (as `dead list` prints), which wraps by word at any width and greps well.
-_TABLE_MIN_WIDTH = 120
-
-
-def _when(r: dict[str, Any], state: str) -> str:
-    if state == "leased":
-        if r["lease_unreadable"]:
-            return "lease " + UNREADABLE_LEASE
-        left = r["lease_left_ms"] or 0
-        return f"lease left {fmt_ms(left)}" if left >= 0 else f"lease lapsed {fmt_ms(-left)} ago"
-    if state == "dead":
-        return f"dead {fmt_time(r['dead_ms'])}: {r['dead_reason'] or '?'}"
-    if state == "held":
-        return f"held: {r['flow'] or 'flow control'}"
-    if state == "finished":
-        return f"{r['state']} {fmt_time(r['finished_ms'])}"
-    if (r["run_in_ms"] or 0) > 0:
-        return f"run in {fmt_ms(r['run_in_ms'])}"
-    return f"late {fmt_ms(-(r['run_in_ms'] or 0))}"
-
-
-def _error(r: dict[str, Any]) -> str:
-    return f"{r['last_error_type']}: {r['last_error']}" if r["last_error_type"] else "-"
-
-
-def _print_blocks(out: Console, title: str, rows: list[dict[str, Any]], state: str) -> None:
-    out.print(cell(f"{title}: {len(rows)} shown"))
-    for r in rows:
-        head = f"{r['id']}  {r['task']}  {fmt_attempts(r)}"
-        out.print(cell(f"{head}  {_when(r, state)}"), style="bold")
-        if r["worker"]:
-            out.print(cell(f"  worker: {r['worker']}"))
-        if r["last_error_type"]:
-            out.print(cell(f"  last error: {_error(r)}"))
 
 
 def _page(
@@ -192,19 +173,25 @@ def _filter_by_task(
     q: Queue | PartitionedQueue,
     state: str,
     task: str,
+    scan_from: int,
     offset: int,
     limit: int,
     left_out: dict[str, str],
-) -> tuple[list[Job], int]:
+) -> tuple[list[Job], int, bool]:
+    """The page of `task`'s jobs (`offset` skips matches) among at most _TASK_SCAN_MAX jobs of
+    `state` from position `scan_from`; how many jobs were examined; whether the scan was cut
+    with jobs left unexamined (not when it stopped for having enough matches)."""
     matched: list[Job] = []
-    start = 0
-    while start < _TASK_SCAN_MAX and len(matched) < offset + limit:
-        page = _page(q, state, start, _TASK_PAGE, left_out)
-        if not page:
-            break
-        start += _TASK_PAGE
+    scanned = 0
+    while scanned < _TASK_SCAN_MAX and len(matched) < offset + limit:
+        n = min(_TASK_PAGE, _TASK_SCAN_MAX - scanned)
+        page = _page(q, state, scan_from + scanned, n, left_out)
+        scanned += len(page)
         matched += [j for j in page if j.task == task]
-    return matched[offset : offset + limit], start
+        if len(page) < n:
+            return matched[offset : offset + limit], scanned, False
+    cut = len(matched) < offset + limit and bool(_page(q, state, scan_from + scanned, 1, {}))
+    return matched[offset : offset + limit], scanned, cut
 
 
 def _job_id(_: click.Context, __: click.Parameter, value: str) -> str:
