@@ -189,6 +189,10 @@ BAD = {
     "payload lone surrogate escape": ["--payload", '"\\ud800"'],
     "payload lone surrogate raw": ["--payload", '"\udcff"'],  # a non-UTF-8 argv byte
     "payload over 512 KiB": ["--payload", json.dumps("x" * (512 * 1024 + 1))],
+    "in plus jitter over ten years": ["--in", "3650d", "--jitter", "1d"],
+    "debounce with a priority": ["--key", "k", "--debounce", "--priority", "3"],
+    "debounce with a rate limit": ["--key", "k", "--debounce", "--rate-limit", "1/1s"],
+    "debounce with a job id": ["--key", "k", "--debounce", "--job-id", "x"],
     "task too long": ["--payload", "1", "--", "t" * 201],
     "empty task": ["--payload", "1", "--", ""],
 }
@@ -436,3 +440,79 @@ def test_worker_works_the_queue_scheduler_queue_names_as_enqueue_does(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert q.get_job(job_id).state == "done", "the worker did not work SCHEDULER_QUEUE's queue"
+
+
+# -- enqueue: more parity ----------------------------------------------------------------------
+UNREACHABLE_BAD = {
+    "in too long": ["--in", "999999d"],
+    "at after 2200": ["--at", "2300-01-01T00:00:00Z"],
+    "max attempts over the cap": ["--max-attempts", "1000001"],
+    "job id of a schedule's run": ["--job-id", "schedule:x:1"],
+    "key ttl without key": ["--key-ttl", "1h"],
+    "payload out of range float": ["--payload", "[1e400]"],
+    "task too long": ["--payload", "1", "--", "t" * 201],
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREACHABLE_BAD))
+def test_bad_enqueue_is_usage_even_when_redis_is_down(case: str) -> None:
+    """The API refuses these with BadArgument "before anything is sent" (docs/limits.md), so
+    with no server at all; the CLI must say what is wrong (exit 2), not "cannot reach Redis"
+    (exit 3: "try again", which cannot help). Flow options already are checked first."""
+    from tests.redis_server import free_port
+
+    args = UNREACHABLE_BAD[case]
+    task = [] if "--" in args else ["t"]
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    result = CliRunner().invoke(main, ["enqueue", *task, *args, "--url", url])
+    assert result.exit_code == exits.EXIT_USAGE, result.output
+    assert "cannot reach" not in result.stderr
+
+
+def test_schedules_add_bad_input_is_usage_even_when_redis_is_down() -> None:
+    from tests.redis_server import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    args = ["schedules", "add", "s", "t", "--every", "1m", "--tz", "UTC", "--url", url]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == exits.EXIT_USAGE, result.output
+
+
+def test_resending_a_job_id_changes_nothing_as_the_api(
+    cli: Run, q: Queue, client: redis.Redis
+) -> None:
+    q.enqueue("t", {"v": 1}, job_id="same-1")
+    before = dump_queue(client, q)
+    again = cli("enqueue", "t", "-q", q.name, "--job-id", "same-1", "--payload", '{"v": 2}',
+                "--in", "1h", "--priority", "7")  # fmt: skip
+    assert ok(again) == "same-1"
+    assert dump_queue(client, q) == before
+
+
+def test_repeated_after_names_one_parent(cli: Run, q: Queue) -> None:
+    parent = q.enqueue("t", None)
+    child = ok(cli("enqueue", "t", "-q", q.name, "--after", parent, "--after", parent))
+    fields = q.get_job(child).fields
+    assert (fields["parents"], fields["waiting_for"]) == (parent, "1")
+    [claimed] = q.claim("w", limit=5).jobs
+    q.complete(claimed.id, claimed.token)
+    assert q.get_job(child).state == "due"  # one completion frees it
+
+
+def test_key_ttl_counts_from_the_run_time(cli: Run, q: Queue, client: redis.Redis) -> None:
+    ok(cli("enqueue", "t", "-q", q.name, "--key", "later", "--in", "1h", "--key-ttl", "1h"))
+    [idem] = [k for k in client.scan_iter(match=q.keys.pattern()) if ":idem:" in k]
+    assert 2 * 3_600_000 - 60_000 < client.pttl(idem) <= 2 * 3_600_000
+
+
+def test_partitioned_schedules_add_is_the_api_definition(cli: Run, pq: PartitionedQueue) -> None:
+    assert pq.schedule("nightly", "t", {"a": 1}, cron="0 3 * * *", tz="Asia/Tokyo") == "created"
+    out = cli("schedules", "add", "nightly", "t", "-q", pq.name, "--cron", "0 3 * * *",
+              "--tz", "Asia/Tokyo", "--payload", '{"a": 1}')  # fmt: skip
+    assert ok(out) == "nightly: unchanged"  # routed to the partition holding it
+
+
+def test_schedules_add_honours_scheduler_queue(cli: Run, q: Queue) -> None:
+    out = cli("schedules", "add", "s", "t", "--every", "1m", env={"SCHEDULER_QUEUE": q.name})
+    assert ok(out) == "s: created"
+    assert [s.name for s in q.list_schedules()] == ["s"]
