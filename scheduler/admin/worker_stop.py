@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.exceptions import ResponseError
 
 from scheduler.core.claim_reply import check_worker_id
 from scheduler.core.connection import UNREACHABLE
-from scheduler.core.errors import BadArgument, SchedulerError
+from scheduler.core.errors import BadArgument, CorruptKey, SchedulerError, edited_by_hand
 from scheduler.core.keys import QueueKeys
 from scheduler.core.vocabulary import STOP_VERBS
 
@@ -73,10 +74,24 @@ def ask_stop(
         pipe = client.pipeline(transaction=False)
         pipe.hget(keys.worker(worker_id), "stopping")
         pipe.exists(keys.worker(worker_id))
-        try:
-            pairs.append((keys, *pipe.execute()))
+        try:  # replies as they are: an error in a pipeline's is prefixed "Command # 1 ..."
+            field, exists = pipe.execute(raise_on_error=False)
         except UNREACHABLE as exc:
             down.append(exc)
+            continue
+        if isinstance(field, ResponseError) and edited_by_hand(field):  # still a ResponseError
+            raise CorruptKey(
+                f"worker {worker_id!r}: its presence hash {keys.worker(worker_id)} holds another "
+                "type (edited by hand): nothing asked; delete it, the worker's next beat writes it "
+                "again"
+            )
+        if lost := [r for r in (field, exists) if isinstance(r, UNREACHABLE)]:
+            down.append(lost[0])  # a cluster pipeline answers a node down in place
+            continue
+        for reply in (field, exists):
+            if isinstance(reply, Exception):  # a refusal (OOM, NOPERM, ...): the caller's
+                raise reply
+        pairs.append((keys, field, exists))
     if down and not pairs:
         raise down[0]
     live = [k for k, _, n in pairs if n]
