@@ -289,14 +289,16 @@ def test_an_action_posted_with_origin_null_is_refused(
 def test_actions_work_behind_a_proxy_that_sends_host_127_0_0_1(
     client: redis.Redis, q: Queue
 ) -> None:
-    """Defect: docs/dashboard.md "Host names": behind a local proxy, "add that name with
-    `--allow-host` (or have the proxy send `Host: 127.0.0.1`)". Done so, the pages load but
-    every action is refused 403 "cross-origin request refused": the browser's Origin is the
-    proxy's (https://dash.example.com), compared with the Host header the proxy sent
-    (actions.py:116, `urlsplit(origin).netloc != host`). (nginx's default proxy_pass sends
-    the upstream's address as Host too.)"""
+    """Defect (fixed; the doc changed): docs/dashboard.md "Host names" said behind a local proxy
+    "add that name with `--allow-host` (or have the proxy send `Host: 127.0.0.1`)". With the
+    proxy sending `Host: 127.0.0.1` (nginx's default proxy_pass does) every action was refused
+    403 "cross-origin request refused": the browser's Origin is the proxy's
+    (https://dash.example.com), compared with the Host header the proxy sent. The Host alone
+    cannot be the fix (a rebinding page's requests through the proxy carry it too), so the doc
+    now says to name the proxy's name with `--allow-host` in both cases; an Origin naming it
+    passes (tests/test_dashboard_redirects.py: one not named is still refused)."""
     app = create_app(client=client, queues=[q.name], auth=Auth(),
-                     allowed_hosts=local_hosts("127.0.0.1"))  # fmt: skip
+                     allowed_hosts=local_hosts("127.0.0.1", ["dash.example.com"]))  # fmt: skip
     with TestClient(app, base_url="http://127.0.0.1:8080") as proxied:
         page = proxied.get(f"/queues/{q.name}")
         assert page.status_code == 200

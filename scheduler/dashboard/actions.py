@@ -7,7 +7,7 @@ changes nothing; then redirects (303) to a page that names what was done, or tha
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -20,12 +20,13 @@ from scheduler.core.ids import new_job_id
 from scheduler.core.keys import check_job_id
 from scheduler.dashboard.logical import PARTITION_NAME
 from scheduler.dashboard.render import Renderer, notice_query
-from scheduler.dashboard.security import SESSION_COOKIE
+from scheduler.dashboard.security import SESSION_COOKIE, origin_allowed
 from scheduler.dashboard.store import Store
 from scheduler.schedules.recurring import check_schedule_name
 
 MAX_FORM_FIELDS = 600  # a page of 500 selected ids and the other fields
 MAX_FORM_BYTES = 100_000
+MAX_KEPT = 200  # a kept query value (params.text_param's cap); a longer one is dropped
 # Queue.cancel answers the state the job was in: these were cancelled, others left as they were.
 CANCELLABLE = frozenset({"due", "scheduled", "held", "leased"})  # lua/cancel.lua's answers
 # What Queue.reschedule answered -> the notice shown (render.NOTICES); the state words go in
@@ -103,17 +104,18 @@ async def _urlencoded(request: Request) -> list[tuple[str, str]]:
 
 
 class Actions:
-    def __init__(self, store: Store, render: Renderer) -> None:
+    def __init__(self, store: Store, render: Renderer, origin_names: frozenset[str]) -> None:
         self.store = store
         self.render = render
+        self.origin_names = origin_names  # security.origin_names: Origins trusted by name
 
     async def form(self, request: Request) -> Form:
         """The request's form, once every guard passed (else ActionRefused)."""
         if self.render.read_only:
             raise ActionRefused("the dashboard is read-only (started with --read-only)")
         origin = request.headers.get("origin")
-        # The host part only: behind a TLS-terminating proxy the scheme seen here differs.
-        if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+        host = request.headers.get("host")
+        if origin is not None and not origin_allowed(origin, host, self.origin_names):
             raise ActionRefused("cross-origin request refused")
         form = Form(await _urlencoded(request))
         if not self.render.csrf.valid(request.cookies.get(SESSION_COOKIE), form.get("csrf")):
@@ -125,10 +127,25 @@ class Actions:
         query = notice_query(self.render.csrf, request, notice, **extra)
         return RedirectResponse(f"{base}{path}?{query}", status_code=303)
 
+    @staticmethod
+    def _kept(request: Request, *names: str) -> dict[str, str]:
+        """The query of the page acted from (its tab, filter, offset), which its forms' action
+        URLs carry: the redirect lands there again. Only `names`, as text a page reads (a
+        hand-made value is refused by the page, not here)."""
+        got = ((k, request.query_params.get(k, "")) for k in names)
+        return {k: v for k, v in got if v and len(v) <= MAX_KEPT}
+
     async def cancel(self, request: Request) -> Response:
         name, job_id = request.path_params["queue"], check_job_id(request.path_params["job_id"])
         await self.form(request)
-        state = await run_in_threadpool(self.store.view(name).holder(job_id).cancel, job_id)
+
+        def run() -> str:
+            try:
+                return self.store.view(name).holder(job_id).cancel(job_id)
+            except JobNotFound:  # gone meanwhile (its record expired, purged): a stale page
+                return "missing"
+
+        state = await run_in_threadpool(run)
         notice = "cancelled" if state in CANCELLABLE else "not-cancelled"
         return self._back(request, f"/queues/{name}/jobs/{job_id}", notice, state=state)
 
@@ -187,7 +204,7 @@ class Actions:
         notice = SCHEDULE_NOTICES.get(answer)
         if notice is None:  # an answer this version does not know: claim nothing
             raise BadArgument(f"the schedule could not be {verb}d: the call answered {answer!r}")
-        return self._back(request, "/schedules", notice)
+        return self._back(request, "/schedules", notice, **self._kept(request, "offset"))
 
     async def _run_schedule(self, request: Request, name: str, sched: str) -> Response:
         """Queue.run_schedule_now; to the new job's page, which says so."""
@@ -200,7 +217,7 @@ class Actions:
 
         job_id = await run_in_threadpool(run)
         if not job_id:
-            return self._back(request, "/schedules", "no-schedule")
+            return self._back(request, "/schedules", "no-schedule", **self._kept(request, "offset"))
         return self._back(request, f"/queues/{name}/jobs/{job_id}", "ran-now")
 
     def _run_id(self, name: str) -> str | None:
@@ -233,7 +250,8 @@ class Actions:
         notice = QUEUE_NOTICES.get(answer)
         if notice is None:  # an answer this version does not know: claim nothing
             raise BadArgument(f"the queue could not be {verb}d: the call answered {answer!r}")
-        return self._back(request, f"/queues/{name}", notice)
+        kept = self._kept(request, "state", "task", "offset", "limit")  # the tab shown
+        return self._back(request, f"/queues/{name}", notice, **kept)
 
     async def worker_stop(self, request: Request) -> Response:
         """Quiet or stop one worker of the queue (the form's `worker` id): the request its next
@@ -249,4 +267,5 @@ class Actions:
                 return "gone"
 
         answer = await run_in_threadpool(run)
-        return self._back(request, "/workers", WORKER_NOTICES.get(answer, f"worker-{verb}"))
+        notice = WORKER_NOTICES.get(answer, f"worker-{verb}")
+        return self._back(request, "/workers", notice, **self._kept(request, "offset", "from"))

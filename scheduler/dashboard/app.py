@@ -33,7 +33,7 @@ from scheduler.dashboard.actions import ActionRefused
 from scheduler.dashboard.dead import DeadPages
 from scheduler.dashboard.pages import Pages
 from scheduler.dashboard.render import HERE, Renderer
-from scheduler.dashboard.security import Auth, Csrf, GuardMiddleware
+from scheduler.dashboard.security import Auth, Csrf, GuardMiddleware, origin_names
 from scheduler.dashboard.store import QueueNotServed, Store
 
 
@@ -75,7 +75,9 @@ def create_app(
             start lateness that claim stores in Redis, nothing is sampled.
         allowed_hosts: the host names (no port) a request's Host header may name, else 400;
             None: any. Without auth, a loopback address alone does not stop DNS rebinding,
-            so `scheduler dashboard` passes the loopback names and --host then.
+            so `scheduler dashboard` passes the loopback names and --host then. An action's
+            Origin may name one of them other than a loopback name (a proxy's public name,
+            when the proxy sends `Host: 127.0.0.1`), else it must name the request's Host.
     """
     # Fail closed: a mount counting on the environment's credentials that lost them (a deploy
     # without the secret) would serve payloads, requeue and purge to anyone who reaches it.
@@ -96,7 +98,7 @@ def create_app(
     store = Store(client, queues)
     render = Renderer(Csrf(secret), read_only)
     pages = Pages(store, render)
-    dead = DeadPages(store, render)
+    dead = DeadPages(store, render, origin_names(allowed_hosts))
 
     def failed(request: Request, status: int, title: str, message: str) -> Response:
         # The JSON endpoints (the live refresh's, a script's) answer JSON, the pages a page.

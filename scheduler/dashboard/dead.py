@@ -16,10 +16,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
+from redis.exceptions import ResponseError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
@@ -28,9 +30,9 @@ from scheduler.core.models import Job
 from scheduler.dashboard.actions import Actions, Form
 from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition
 from scheduler.dashboard.params import DEFAULT_LIMIT, int_param
-from scheduler.dashboard.render import notice_query
 from scheduler.operations import browsing
 from scheduler.operations.dead_letters import dead_converted, scan_dead
+from scheduler.operations.inspecting import wrong_type
 from scheduler.operations.requests import Op
 
 _AGE = re.compile(r"([0-9]{1,9})\s*(s|m|h|d)")
@@ -82,6 +84,11 @@ class DeadFilter:
             "older_than": self.older_than,
         }
 
+    def shown(self) -> dict[str, str]:
+        """The fields set: the query of the page an action's redirect and its confirmation's
+        Cancel go back to (the page the operator was working through)."""
+        return {k: v for k, v in self.as_dict().items() if v}
+
 
 def _jobs_died_before(q: Queue, max_dead_ms: int, offset: int, limit: int) -> Op[list[Job]]:
     ids = yield from browsing.dead_ids_before(q.keys, max_dead_ms, offset, limit)
@@ -90,11 +97,21 @@ def _jobs_died_before(q: Queue, max_dead_ms: int, offset: int, limit: int) -> Op
 
 def _dead_upto(q: Queue, max_dead_ms: int, f: DeadFilter) -> Op[list[str]]:
     """Ids of the dead letters that died at or before `max_dead_ms` and match `f`."""
-    yield from dead_converted()
-    found = yield from scan_dead(
-        q.keys, max_dead_ms=max_dead_ms, task=f.task, error_type=f.error_type
-    )
+    try:
+        yield from dead_converted()
+        found = yield from scan_dead(
+            q.keys, max_dead_ms=max_dead_ms, task=f.task, error_type=f.error_type
+        )
+    except ResponseError as exc:  # the dead set edited by hand: the dead page's typed error
+        raise wrong_type(exc, "dead", q.name) from None
     return [i for _, i in found]
+
+
+def _dead_count(q: Queue, max_dead_ms: int) -> Op[int]:
+    try:
+        return (yield from browsing.dead_count_before(q.keys, max_dead_ms))
+    except ResponseError as exc:
+        raise wrong_type(exc, "dead", q.name) from None
 
 
 def _form_int(form: Form, name: str) -> int | None:
@@ -196,7 +213,7 @@ class DeadPages(Actions):
         if f.by_record:
             return len(self._matching_ids(name, f, cutoff))
         view = self.store.view(name)
-        return sum(view.run_each(lambda q: browsing.dead_count_before(q.keys, cutoff)))
+        return sum(view.run_each(lambda q: _dead_count(q, cutoff)))
 
     async def confirm(self, request: Request) -> Response:
         name = request.path_params["queue"]
@@ -216,6 +233,7 @@ class DeadPages(Actions):
             scope=scope,
             ids=ids,
             filters=f.as_dict(),
+            back=urlencode(f.shown()),
             count=count,
             upto_ms=upto_ms,
         )
@@ -243,6 +261,4 @@ class DeadPages(Actions):
 
         n = await run_in_threadpool(run)
         notice = "requeued" if action == "requeue" else "purged"
-        base = request.scope.get("root_path", "")
-        query = notice_query(self.render.csrf, request, notice, n=n)
-        return RedirectResponse(f"{base}/queues/{name}/dead?{query}", status_code=303)
+        return self._back(request, f"/queues/{name}/dead", notice, n=n, **f.shown())

@@ -188,6 +188,13 @@ def notice_text(request: Request, csrf: Csrf) -> str:
     return template.format(n=n, state=state if state in STATES else "?")
 
 
+def page_query(request: Request) -> str:
+    """The page's query but the notice's fields: its forms' actions carry it, so an action's
+    redirect lands on the same tab, filter or offset (Actions._kept)."""
+    items = request.query_params.multi_items()
+    return urlencode([(k, v) for k, v in items if k not in ("notice", "n", "sig")])
+
+
 class Renderer:
     """Renders a template with what every page needs: the base path (the app may be mounted
     under a prefix), the read-only flag and the CSRF token of the browser's session."""
@@ -212,6 +219,7 @@ class Renderer:
             csrf=self.csrf.token(sid),
             nav=template.split(".")[0],
             notice=notice_text(request, self.csrf),
+            page_query=page_query(request),
             **ctx,
         )
         response = HTMLResponse(html, status_code=status_code)

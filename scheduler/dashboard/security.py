@@ -14,6 +14,7 @@ import re
 import secrets
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -114,6 +115,25 @@ def host_name(header: str) -> str | None:
     """The host part of a Host header, lower case, IPv6 without brackets; None if malformed."""
     m = _HOST_HEADER.fullmatch(header.strip())
     return _host_key(m.group(1)) if m else None
+
+
+def origin_allowed(origin: str, host: str | None, named: Collection[str]) -> bool:
+    """Whether an action's Origin header is the dashboard's own page: it names the host and
+    port the request was sent to (its Host; not the scheme: a TLS-terminating proxy changes
+    it), or, any port, a name in `named`: the allowed Host names an operator gave, which a
+    proxy sending `Host: 127.0.0.1` leaves the only trace of. `named` never holds a loopback
+    name: another port of localhost is another local server's page. `null` is refused."""
+    try:
+        netloc = urlsplit(origin).netloc
+    except ValueError:  # 'http://[::1': malformed, no page of the dashboard's
+        return False
+    return bool(netloc) and (netloc == host or host_name(netloc) in named)
+
+
+def origin_names(allowed_hosts: Collection[str] | None) -> frozenset[str]:
+    """The Host names an Origin may carry besides the request's Host (origin_allowed): those
+    of `allowed_hosts` but the loopback ones; none when any Host is answered (None)."""
+    return frozenset(map(_host_key, allowed_hosts or ())) - LOCAL_HOSTS
 
 
 class Csrf:
