@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -222,10 +222,9 @@ class AsyncQueue(Unpicklable):
         )  # fmt: skip
         # Concurrent callers share script calls (client/enqueue_batcher.py).
         fields = self.ops.batchable(spec)
-        if fields is None:
-            return await self._write(
-                self._alone([spec], lambda: self._run(self.ops.enqueue_spec(spec)))
-            )
+        if fields is None:  # alone, in order with the batcher's calls
+            op = self.ops.enqueue_spec(spec)
+            return await self._write(self._batcher.alone([spec], lambda _: self._run(op)))
         return await self._write(self._batcher.enqueue(fields))
 
     async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
@@ -246,27 +245,8 @@ class AsyncQueue(Unpicklable):
                 other batches of the call may be written, see docs/flow-control.md).
             InvalidPayload: a payload is not JSON-serialisable or too large.
             NotDurable: as for `enqueue`; `job_ids` holds every id of the call."""
-        if isinstance(specs, Iterable) and not isinstance(specs, str | bytes | dict):
-            specs = list(specs)  # read once: for the batcher's order, then the call's
-        todo = specs
-        return await self._write(
-            self._alone(todo, lambda: self._run(self.ops.enqueue_many(todo, batch_size)))
-        )
-
-    def _alone(
-        self, specs: Any, call: Callable[[], Coroutine[Any, Any, T]]
-    ) -> Coroutine[Any, Any, T]:
-        """An enqueue that joins no batch, in order with the batcher's calls in flight
-        (client/enqueue_batcher.py): the jobs it names in `after`, and the ids it chose."""
-        ids: set[str] = set()
-        parents: set[str] = set()
-        for spec in specs if isinstance(specs, list) else ():
-            if isinstance(spec, JobSpec):
-                if isinstance(spec.job_id, str):
-                    ids.add(spec.job_id)
-                if isinstance(spec.after, list | tuple):
-                    parents.update(p for p in spec.after if isinstance(p, str))
-        return self._batcher.alone(ids, parents, call)
+        run = self._batcher.alone(specs, lambda s: self._run(self.ops.enqueue_many(s, batch_size)))
+        return await self._write(run)
 
     async def _write(self, call: Coroutine[Any, Any, T]) -> T:
         """A producer's call; the queue's name goes into the queue index once one wrote

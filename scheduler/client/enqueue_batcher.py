@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
 
 from scheduler.core import codec
 from scheduler.core.errors import SchedulerError
+from scheduler.core.models import JobSpec
 
 Send = Callable[[list[str]], Awaitable[Any]]
 T = TypeVar("T")
@@ -104,12 +105,13 @@ class EnqueueBatcher:
         self._start()
         return await future
 
-    async def alone(
-        self, ids: Collection[str], parents: Collection[str], call: Callable[[], Awaitable[T]]
-    ) -> T:
-        """A call of the queue's that joins no batch: sent once none of `parents` (the jobs it
-        names in `after`) waits here or is in flight; its own `ids` (those its caller chose)
+    async def alone(self, specs: Any, call: Callable[[Any], Awaitable[T]]) -> T:
+        """`call(specs)`, a call of the queue's that joins no batch: sent once none of the jobs
+        its JobSpecs name in `after` waits here or is in flight; the ids their callers chose
         count as in flight until it is answered, so a batched child of one waits for it."""
+        if isinstance(specs, Iterable) and not isinstance(specs, str | bytes | dict):
+            specs = list(specs)  # read once: for the order here, then by the call
+        ids, parents = _named(specs)
         loop = self._enter()
         while parents and self._pending(parents):
             if self._settled is None:
@@ -118,7 +120,7 @@ class EnqueueBatcher:
         jobs = [[i] for i in ids]
         self._fly(jobs, 1)
         try:
-            return await call()
+            return await call(specs)
         finally:
             if loop is self._loop:
                 self._fly(jobs, -1)
@@ -226,6 +228,20 @@ class EnqueueBatcher:
         else:
             if not w.future.done():
                 w.future.set_result(job_id)
+
+
+def _named(specs: Any) -> tuple[set[str], set[str]]:
+    """The ids chosen by the callers of `specs` (a list; else none: the call refuses it), and
+    the jobs they name in `after`."""
+    ids: set[str] = set()
+    parents: set[str] = set()
+    for spec in specs if isinstance(specs, list) else ():
+        if isinstance(spec, JobSpec):
+            if isinstance(spec.job_id, str):
+                ids.add(spec.job_id)
+            if isinstance(spec.after, list | tuple):
+                parents.update(p for p in spec.after if isinstance(p, str))
+    return ids, parents
 
 
 def _names_one_of(fields: list[str], ids: Collection[str]) -> bool:
