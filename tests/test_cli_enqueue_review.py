@@ -516,3 +516,32 @@ def test_schedules_add_honours_scheduler_queue(cli: Run, q: Queue) -> None:
     out = cli("schedules", "add", "s", "t", "--every", "1m", env={"SCHEDULER_QUEUE": q.name})
     assert ok(out) == "s: created"
     assert [s.name for s in q.list_schedules()] == ["s"]
+
+
+# -- what the write commands accept, the read commands can print -------------------------------
+DEEP = "[" * 600 + "]" * 600  # accepted: the parser's limit is near 1,000 levels
+
+
+def test_a_deep_payload_enqueue_accepts_is_shown_by_jobs_show_and_list_json(
+    cli: Run, q: Queue
+) -> None:
+    """`scheduler enqueue` (and Queue.enqueue) accept a 600-level payload; the read commands'
+    --json then died of a RecursionError traceback (core/safety.py visible_bytes recurses two
+    frames a level) while the text forms and the worker handle it."""
+    job_id = ok(cli("enqueue", "t", "-q", q.name, "--payload", DEEP))
+    assert ok(cli("jobs", "show", job_id, "-q", q.name))  # the text form copes
+    for cmd in (["jobs", "show", job_id], ["jobs", "list", "--state", "due"]):
+        result = cli(*cmd, "-q", q.name, "--json")
+        assert not isinstance(result.exception, RecursionError), cmd
+        assert result.exit_code == 0, (cmd, result.output[-300:])
+        json.loads(result.stdout)
+
+
+def test_a_deep_payload_schedules_add_accepts_is_listed_by_schedules_list_json(
+    cli: Run, q: Queue
+) -> None:
+    assert ok(cli("schedules", "add", "s", "t", "-q", q.name, "--every", "1h", "--payload", DEEP))
+    result = cli("schedules", "list", "-q", q.name, "--json")
+    assert not isinstance(result.exception, RecursionError)
+    assert result.exit_code == 0, result.output[-300:]
+    json.loads(result.stdout)
