@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.exceptions import ResponseError
 
+from scheduler.core.errors import CorruptKey, edited_by_hand
 from scheduler.core.keys import QueueKeys
 from scheduler.core.vocabulary import STOP_VERBS
 
@@ -92,9 +94,14 @@ def live_workers(
         pipe.hgetall(keys.worker(str(wid)))
         pipe.get(keys.worker_stop(str(wid)))
     replies: list[Any] = pipe.execute(raise_on_error=False)
-    for reply in replies[0::2]:
+    for (wid, _), reply in zip(members, replies[0::2], strict=True):
+        if isinstance(reply, ResponseError) and edited_by_hand(reply):
+            raise CorruptKey(  # still a ResponseError, as callers caught before
+                f"worker {str(wid)!r}: its presence hash {keys.worker(str(wid))} holds another "
+                "type (edited by hand); delete it, the worker's next beat writes it again"
+            )
         if isinstance(reply, Exception):
-            raise reply  # a presence hash of another type: as before, the caller's error
+            raise reply  # the caller's error, as before
     # A request edited by hand into another type: no request (the worker reads none either).
     asked = [r if r in STOP_VERBS else None for r in replies[1::2]]
     live: list[WorkerInfo] = []
