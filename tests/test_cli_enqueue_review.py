@@ -355,6 +355,12 @@ BAD_SCHEDULE = {
     "NaN payload": ["--every", "1m", "--payload", "NaN"],
     "out of range float": ["--every", "1m", "--payload", "[1e400]"],
     "cron macro": ["--cron", "@daily"],
+    "cron that never fires": ["--cron", "0 0 31 4 *"],
+    "cron step leaving one value": ["--cron", "*/90 * * * *"],
+    "cron reversed range": ["--cron", "0 22-2 * * *"],
+    "cron over 512 characters": ["--cron", ",".join(["1"] * 300) + " * * * *"],
+    "cron jitter over its interval": ["--cron", "* * * * *", "--jitter", "2m"],
+    "payload over 512 KiB": ["--every", "1m", "--payload", json.dumps("x" * 600_000)],
     "empty cron": ["--cron", ""],
 }
 
@@ -503,6 +509,14 @@ def test_key_ttl_counts_from_the_run_time(cli: Run, q: Queue, client: redis.Redi
     ok(cli("enqueue", "t", "-q", q.name, "--key", "later", "--in", "1h", "--key-ttl", "1h"))
     [idem] = [k for k in client.scan_iter(match=q.keys.pattern()) if ":idem:" in k]
     assert 2 * 3_600_000 - 60_000 < client.pttl(idem) <= 2 * 3_600_000
+
+
+def test_key_ttl_defaults_to_a_day_past_the_run_time(
+    cli: Run, q: Queue, client: redis.Redis
+) -> None:
+    ok(cli("enqueue", "t", "-q", q.name, "--key", "daily", "--in", "1h"))
+    [idem] = [k for k in client.scan_iter(match=q.keys.pattern()) if ":idem:" in k]
+    assert 25 * 3_600_000 - 60_000 < client.pttl(idem) <= 25 * 3_600_000
 
 
 def test_partitioned_schedules_add_is_the_api_definition(cli: Run, pq: PartitionedQueue) -> None:
