@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,14 +18,22 @@ import redis.asyncio as aredis
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from scheduler import AsyncQueue, Backoff, BadArgument, JobSpec, Queue, Registry
+from scheduler import (
+    AsyncQueue,
+    Backoff,
+    BadArgument,
+    InvalidPayload,
+    JobSpec,
+    Queue,
+    Registry,
+)
 from scheduler.cli.main import main
 from scheduler.core.connection import connect_async
 from scheduler.core.limits import MAX_DELAY_MS, MAX_TIME_MS
 from scheduler.dashboard import Auth, create_app
 from scheduler.operations.ops import Script
 from scheduler.schedules.recurring import stable_offset_ms
-from scheduler.worker import Worker, WorkerSettings
+from scheduler.worker import SettingsError, Worker, WorkerSettings
 from tests.conftest import Clock, dump_queue
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -332,18 +339,20 @@ def test_the_scripts_hold_the_exact_edges_of_a_hand_made_enqueue(
                 assert dump_queue(client, q) == before, change
 
 
-def test_the_limits_page_lists_the_flow_and_misfire_ranges() -> None:
-    """docs/limits.md calls itself the valid range of *every* argument, and the enqueue and
-    schedule rows are its only table of ranges; but the ranges core/flow.py FLOW_LIMITS and
-    cron_slots.MAX_CATCH_UP enforce with BadArgument on enqueue, JobSpec, @registry.task,
-    schedule and the CLI are not in it: `priority` 0..9, `concurrency_limit` 1..10,000,
-    `rate_limit` 1..100,000 per 1 ms..1 day, `after` at most 100 ids, `concurrency_key` /
-    `rate_key` 1-200 of the task alphabet, `misfire` catch_up:N with N 1..1,000."""
+def test_the_limits_page_lists_the_flow_misfire_and_queue_name_ranges() -> None:
+    """docs/limits.md calls itself the valid range of *every* argument, but the ranges these
+    refuse with BadArgument (on enqueue, JobSpec, @registry.task, schedule and the CLI) are not
+    in its table: core/flow.py FLOW_LIMITS (`priority` 0..9, `concurrency_limit` 1..10,000,
+    `rate_limit` 1..100,000 per 1 ms..1 day, `after` at most 100 ids), `concurrency_key` /
+    `rate_key` (1-200 of the task alphabet), `misfire` (catch_up:N, N 1..1,000,
+    cron_slots.MAX_CATCH_UP) and the queue name (1-64 of A-Z a-z 0-9 _ . -, not '.' / '..';
+    a partitioned queue's at most 52)."""
     table = (ROOT / "docs" / "limits.md").read_text().split("## Stored numbers")[0]
-    args = set(re.findall(r"^\| `([a-z_]+)`", table, re.M))
-    wanted = ["priority", "concurrency_limit", "rate_limit", "after", "concurrency_key"]
-    missing = [a for a in [*wanted, "rate_key", "misfire"] if a not in args]
-    assert missing == []
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    first = " ".join(line.split("|")[1] for line in rows)
+    wanted = ["`priority`", "`concurrency_limit`", "`rate_limit`", "`after`"]
+    wanted += ["`concurrency_key`", "`rate_key`", "`misfire`", "queue name"]
+    assert [w for w in wanted if w not in first] == []
 
 
 def test_schedule_edges_refuse_writing_nothing_and_the_maxima_run(
@@ -550,3 +559,73 @@ def test_a_job_of_every_maximum_is_shown_by_the_cli_and_the_dashboard(
         q.fail(job, claimed.token, RuntimeError("x"), retryable=False)
         for path in (f"/queues/{q.name}/jobs/{job}", f"/queues/{q.name}/dead", "/"):
             assert web.get(path).status_code == 200, path
+
+
+def test_worker_settings_and_the_worker_command_at_their_edges(q: Queue, redis_url: str) -> None:
+    oks: list[dict[str, Any]] = [
+        {"lease_ms": DAY},
+        {"result_ttl_ms": TTL_MAX},
+        {"grace_s": 86_400},
+        {"reap_limit": 10_000},
+    ]
+    for ok in oks:
+        WorkerSettings(**ok).check()
+    bads: list[dict[str, Any]] = [
+        {"lease_ms": DAY + 1},
+        {"lease_ms": True},
+        {"result_ttl_ms": TTL_MAX + 1},
+        {"result_ttl_ms": 0},
+        {"grace_s": 86_400.001},
+        {"grace_s": float("nan")},
+        {"reap_limit": 10_001},
+    ]
+    for bad in bads:
+        with pytest.raises(SettingsError):
+            WorkerSettings(**bad).check()
+    runner = CliRunner()
+    base = ["worker", "tests.workers.basic:registry", "--url", redis_url, "-q", q.name, "--burst"]
+    for args in (
+        ["--lease-ms", str(DAY + 1)],
+        ["--result-ttl-ms", str(TTL_MAX + 1)],
+        ["--grace", "86400.5"],
+        ["--lease-ms", "0"],
+    ):
+        out = runner.invoke(main, [*base, *args])
+        assert out.exit_code == 2, (args, out.output[-300:])
+
+
+def test_lease_calls_at_their_edges(q: Queue, client: redis.Redis) -> None:
+    job = q.enqueue("t")
+    (c,) = q.claim("w", limit=1, nonce="A" * 64, lease_ms=DAY).jobs
+    before = dump_queue(client, q)
+    for call in (
+        lambda: q.heartbeat([(job, c.token)], lease_ms=DAY + 1),
+        lambda: q.fail(job, c.token, RuntimeError("x"), delay_ms=MAX_DELAY_MS + 1),
+        lambda: q.claim("w", limit=1001),
+        lambda: q.claim("w", limit=0, reap_limit=10_001),
+        lambda: q.claim("w", limit=0, nonce="A" * 65),
+        lambda: q.claim("w" * 201, limit=0),
+    ):
+        with pytest.raises(BadArgument):
+            call()
+    assert dump_queue(client, q) == before
+    with pytest.raises(InvalidPayload, match="4097 bytes"):
+        q.set_progress(job, c.token, "é" * 2047 + "a")
+    assert q.set_progress(job, c.token, "é" * 2047) == "held"  # 4,096 bytes of JSON
+    assert q.get_job(job).progress == "é" * 2047
+    lease_until, _ = q.heartbeat([(job, c.token)], lease_ms=DAY)
+    assert lease_until == q.get_job(job).lease_until_ms
+    now = q.counts().now_ms
+    assert q.fail(job, c.token, RuntimeError("x"), delay_ms=MAX_DELAY_MS).status == "retry"
+    run_at = q.get_job(job).run_at_ms
+    assert run_at is not None and 0 <= run_at - now - MAX_DELAY_MS < 60_000
+
+
+def test_a_key_of_a_past_run_at_is_held_from_now(q: Queue, client: redis.Redis) -> None:
+    """key_ttl_ms counts past the first job's run time; one in the past (due now) holds the
+    key for key_ttl_ms from now, not from 1970."""
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    first = q.enqueue("t", run_at=epoch, key="x", key_ttl_ms=60_000)
+    assert q.enqueue("t", run_at=epoch, key="x") == first
+    (idem,) = client.scan_iter(match=q.keys.prefix + "idem:*")
+    assert 50_000 < client.pttl(idem) <= 60_000
