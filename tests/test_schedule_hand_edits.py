@@ -45,9 +45,7 @@ def test_refill_computes_at_most_max_catch_up_overdue_slots() -> None:
     assert len(slots) == MAX_CATCH_UP + 1 + BUFFER_SLOTS
 
 
-@pytest.mark.parametrize(
-    ("field", "value"), [("digest", None), ("cron", "not a cron"), ("tz", "Mars/Base")]
-)
+@pytest.mark.parametrize(("field", "value"), [("digest", None), ("cron", "not a cron")])
 def test_a_refill_request_no_client_can_serve_is_dropped(
     tq: tuple[Queue, Clock], client: redis.Redis, field: str, value: str | None
 ) -> None:
@@ -60,6 +58,27 @@ def test_a_refill_request_no_client_can_serve_is_dropped(
     else:
         client.hset(q.keys.schedule("c"), field, value)
     client.sadd(q.keys.schedules_refill, "c")
+    q.claim("w", limit=10)
+    assert not client.sismember(q.keys.schedules_refill, "c")
+
+
+def test_a_refill_request_for_a_zone_no_client_loads_is_dropped_after_its_bound(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """A zone this host cannot load may be one another worker's newer tz database has: the
+    request stays (lua/schedule_refill.lua 'later'), for 50 answers and 10 minutes, not for
+    ever."""
+    q, clock = tq
+    base = _ms(2024, 1, 1)
+    clock.set_ms(base + 1)
+    q.schedule("c", "t", cron="* * * * *")
+    client.hset(q.keys.schedule("c"), "tz", "Mars/Base")
+    client.sadd(q.keys.schedules_refill, "c")
+    for i in range(60):
+        clock.set_ms(base + 1 + i * 1_000)
+        q.claim("w", limit=10)
+    assert client.sismember(q.keys.schedules_refill, "c")
+    clock.set_ms(base + 11 * MIN_MS)
     q.claim("w", limit=10)
     assert not client.sismember(q.keys.schedules_refill, "c")
 

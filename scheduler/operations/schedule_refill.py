@@ -13,6 +13,7 @@ from scheduler.core.keys import QueueKeys
 from scheduler.operations.requests import Commands, Op, Script
 from scheduler.operations.schedule_reads import UNREADABLE, Fields, fields_of, read_each
 from scheduler.schedules import recurring
+from scheduler.schedules.cron_slots import ZoneUnavailable
 
 
 def refill(keys: QueueKeys, now_ms: int, *, most: int = 20) -> Op[int | None]:
@@ -39,7 +40,9 @@ def refill(keys: QueueKeys, now_ms: int, *, most: int = 20) -> Op[int | None]:
 def _refill_args(name: str, read: list[Any] | None, now_ms: int) -> tuple[list[str], Fields]:
     """schedule_refill's ARGV for one name, and its fields. No digest when its keys could not
     be read; no slots when its definition cannot be computed or none are left (2200): the
-    script then drops the request (lua/schedule_refill.lua)."""
+    script then drops the request (lua/schedule_refill.lua). 'later' when this host could not
+    load its zone (an older tz database, EMFILE), which says nothing of the definition: the
+    script leaves the request for the next claim, any worker's, a bounded number of times."""
     if read is None:
         return [name, ""], {}
     f, tail = fields_of(read[0]), read[1]
@@ -48,9 +51,24 @@ def _refill_args(name: str, read: list[Any] | None, now_ms: int) -> tuple[list[s
         last = codec.stored_int(codec.s(tail[0])) if tail else None
         try:
             slots = recurring.refill_slots(f, last, now_ms)
+        except (ZoneUnavailable, OSError):  # before UNREADABLE: a BadArgument, an OSError
+            return [name, f.get("digest", ""), "later"], f
         except UNREADABLE:
             slots = []
     return [name, f.get("digest", ""), *map(str, slots)], f
+
+
+def refill_starved(keys: QueueKeys, name: str, now_ms: int) -> Op[bool]:
+    """Refill one starved schedule no refill is asked for (its workers gave up computing its
+    slots: lua/schedule_refill.lua), as schedule() does when its same definition is sent
+    again; whether a run was placed."""
+    (asked,) = yield Commands([("SISMEMBER", keys.schedules_refill, name)])
+    if asked:
+        return False  # the next claim refills it
+    (read,) = yield from read_each(
+        [[("HGETALL", keys.schedule(name)), ("ZRANGE", keys.schedule_slots(name), -1, -1)]]
+    )
+    return (yield from _refill_one(name, read, now_ms)) is not None
 
 
 def _refill_one(name: str, read: list[Any] | None, now_ms: int) -> Op[int | None]:

@@ -21,7 +21,7 @@ from scheduler.operations.schedule_reads import (
     read_each,
     wrong_type,
 )
-from scheduler.operations.schedule_refill import refill
+from scheduler.operations.schedule_refill import refill, refill_starved
 from scheduler.schedules import recurring
 
 
@@ -104,7 +104,7 @@ class ScheduleOps(OpsBase):
         stored: Fields = {}
         pending_at: list[int] = []
         if (yield from self._unchanged(name, d.digest, stored, pending_at)):
-            return "unchanged"
+            return (yield from self._starved_again(name, stored))
         counts = yield from self.counts()
         slots = d.first_slots(counts.now_ms, stored, pending_at[0] if pending_at else None)
         reply = yield Script("schedule_upsert", d.upsert_args(slots))
@@ -143,6 +143,22 @@ class ScheduleOps(OpsBase):
                 raise
             return False
         return any(score is not None for score in scores)
+
+    def _starved_again(self, name: str, stored: Fields) -> Op[str]:
+        """The same definition of a starved cron schedule (its buffer ran out after an outage)
+        whose refill no worker could compute (lua/schedule_refill.lua gave up): this client
+        refills it, 'repaired' when that placed its run. 'unchanged' otherwise (a refill is
+        asked for: the next claim does it)."""
+        if stored.get("starved") != "1" or stored.get("paused") == "1":
+            return "unchanged"
+        try:
+            counts = yield from self.counts()
+            placed = yield from refill_starved(self.keys, name, counts.now_ms)
+        except ResponseError as exc:
+            if not wrong_type(exc):
+                raise
+            return "unchanged"  # the refill SET of another type: doctor reports it
+        return "repaired" if placed else "unchanged"
 
     def get_schedule(self, name: str) -> Op[recurring.Schedule]:
         """One schedule; BadArgument for a malformed name, ScheduleNotFound if there is none."""

@@ -53,12 +53,20 @@ def check_zone(tz: str) -> ZoneInfo:
     return zone_named(tz)
 
 
+class ZoneUnavailable(BadArgument):
+    """This host could not load the zone: its tz database lacks the name (older than the
+    producer's, or a name edited by hand) or reading it failed (EMFILE). Another host, or this
+    one later, may: a refill leaves its request for them (operations/schedule_refill.py)."""
+
+
 def zone_named(tz: str) -> ZoneInfo:
     if not isinstance(tz, str) or not tz:
         raise BadArgument(f"tz must be an IANA time zone name, got {tz!r}")
     try:
         return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
+    except (ZoneInfoNotFoundError, OSError):
+        raise ZoneUnavailable(f"unknown time zone {tz!r}") from None
+    except ValueError:  # a malformed name: no host reads it
         raise BadArgument(f"unknown time zone {tz!r}") from None
 
 
