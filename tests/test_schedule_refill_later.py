@@ -97,3 +97,23 @@ def test_a_stale_index_name_is_reported_and_remove_drops_it(
     assert q.remove_schedule("x") == "missing"
     assert not client.sismember(q.keys.schedules, "x")
     assert "schedule-no-hash" not in [i.code for i in check_queue(client, q.name)]
+
+
+def test_doctors_remedy_for_a_slot_buffer_of_another_type_restarts_the_schedule(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    """wrong-type for schedule:<name>:slots: pause then resume writes the buffer again."""
+    q, clock = tq
+    clock.set_ms(BASE + 1)
+    q.schedule("x", "t", cron="* * * * *")
+    client.delete(q.keys.schedule_slots("x"))
+    client.set(q.keys.schedule_slots("x"), "edited by hand")
+    (issue,) = check_queue(client, q.name)
+    assert (issue.code, q.keys.schedule_slots("x") in issue.message) == ("wrong-type", True)
+    assert f"schedules pause -q {q.name} x" in issue.fix and "resume" in issue.fix
+    assert q.pause_schedule("x") == "paused"
+    assert q.resume_schedule("x") == "resumed"
+    assert client.type(q.keys.schedule_slots("x")) == "zset"
+    assert check_queue(client, q.name) == []
+    clock.set_ms(BASE + 2 * MIN_MS)
+    assert [j.id for j in q.claim("w", limit=10).jobs] == [f"schedule:x:{BASE + 2 * MIN_MS}"]

@@ -78,9 +78,10 @@ def config_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
 
 
 def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
-    """config_issues, wrong_type_wake, then each schedule the scripts cannot read
-    (lua/lib/schedule.lua sched_load treats it as absent: its pending run is the last one),
-    and doctor_flow's checks of flow state edited by hand."""
+    """config_issues, wrong_type_wake, then each schedule whose runs stopped (_schedule_issues:
+    a hash lua/lib/schedule.lua sched_load treats as absent, its slot buffer of another type,
+    starved with no refill asked for) or with no hash, and doctor_flow's checks of flow state
+    edited by hand."""
     out = config_issues(client, keys)
     out += key_set_issues(client, keys, server_now_ms(client, keys))
     out += wrong_type_wake(keys, str(client.type(keys.wake)))
