@@ -82,24 +82,12 @@ PAST_THE_EDGE: list[tuple[str, Any]] = [
 ]
 
 
-def _maxed_enqueue(task: str = TASK) -> Callable[[Queue, dict[str, Any]], str]:
-    return lambda q, kw: q.enqueue(task, {"n": 1}, **kw)
-
-
-def _maxed_many(q: Queue, kw: dict[str, Any]) -> str:
-    return q.enqueue_many([JobSpec(TASK, {"n": 1}, **kw)], batch_size=10_000)[0]
-
-
-def _handle(q: Queue, kw: dict[str, Any]) -> str:
-    reg = Registry()
-    handle = reg.task(TASK)(lambda payload, ctx: None)
-    return handle.enqueue(q, {"n": 1}, **kw)
-
-
 PATHS: dict[str, Callable[[Queue, dict[str, Any]], str]] = {
-    "enqueue": _maxed_enqueue(),
-    "enqueue_many": _maxed_many,
-    "task_handle": _handle,
+    "enqueue": lambda q, kw: q.enqueue(TASK, {"n": 1}, **kw),
+    "enqueue_many": lambda q, kw: q.enqueue_many([JobSpec(TASK, {"n": 1}, **kw)])[0],
+    "task_handle": lambda q, kw: (
+        Registry().task(TASK)(lambda p, ctx: None).enqueue(q, {"n": 1}, **kw)
+    ),
 }
 
 
@@ -629,3 +617,25 @@ def test_a_key_of_a_past_run_at_is_held_from_now(q: Queue, client: redis.Redis) 
     assert q.enqueue("t", run_at=epoch, key="x") == first
     (idem,) = client.scan_iter(match=q.keys.prefix + "idem:*")
     assert 50_000 < client.pttl(idem) <= 60_000
+
+
+def test_the_smallest_start_window_and_the_largest_chain(tq: tuple[Queue, Clock]) -> None:
+    from scheduler.client.chain import chain
+
+    q, clock = tq
+    clock.set_ms(T0)
+    on_time = q.enqueue("t", delay_ms=10, start_within_ms=1)
+    late = q.enqueue("t", delay_ms=10, start_within_ms=1)
+    clock.set_ms(T0 + 11)  # the last ms of its window
+    assert [j.id for j in q.claim("w", limit=1).jobs] == [on_time]
+    clock.set_ms(T0 + 12)
+    assert q.claim("w", limit=1).jobs == []
+    assert q.get_job(late).dead_reason == "start deadline passed"
+    with pytest.raises(BadArgument, match="batch_size"):
+        q.enqueue_many([JobSpec("t")], batch_size=10_001)
+    assert len(q.enqueue_many([JobSpec("t")] * 2500, batch_size=10_000)) == 2500
+    with pytest.raises(BadArgument, match="1000 steps"):
+        chain(q, [("t", i) for i in range(1001)])
+    assert q.counts().held_waiting == 0 and q.counts().due == 2500
+    ids = chain(q, [("t", i) for i in range(1000)], max_attempts=1_000_000)
+    assert len(ids) == 1000 and q.counts().held_waiting == 999
