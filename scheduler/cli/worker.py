@@ -48,7 +48,8 @@ def register(main: click.Group) -> None:
     multiple=True,
     default=("default",),
     show_default=True,
-    help="Queue to work (repeat for several).",
+    envvar="SCHEDULER_QUEUE",  # as every other command's --queue (space-separated here)
+    help="Queue to work (repeat for several); env SCHEDULER_QUEUE (names separated by spaces).",
 )
 @click.option(
     "--concurrency",

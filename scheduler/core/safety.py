@@ -44,18 +44,34 @@ def clean(text: object, *, keep_newlines: bool = False) -> str:
     return (_UNSAFE_KEEP_LINES_RE if keep_newlines else _UNSAFE_RE).sub(_visible, s)
 
 
+def _visible_text(value: Any) -> Any:
+    if isinstance(value, str) and not value.isascii():
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return value
+
+
 def visible_bytes(value: Any) -> Any:
     """JSON-ready data with undecodable bytes (lone surrogates) shown as `\\xff` text; JSON
-    output escapes control characters itself (ensure_ascii)."""
-    if isinstance(value, str):
-        if value.isascii():
-            return value
-        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    if isinstance(value, dict):
-        return {visible_bytes(k): visible_bytes(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [visible_bytes(v) for v in value]
-    return value
+    output escapes control characters itself (ensure_ascii). A copy made with a stack, not
+    recursion: a payload nested ~500 levels deep (accepted) must not end the CLI's --json."""
+    root: list[Any] = [None]
+    todo: list[tuple[Any, Any, Any]] = [(value, root, 0)]  # (value, its container, its place)
+    while todo:
+        v, into, at = todo.pop()
+        if isinstance(v, dict):
+            d: dict[Any, Any] = {}
+            for k, item in v.items():
+                k = _visible_text(k)
+                d[k] = None  # the keys' order kept; filled below
+                todo.append((item, d, k))
+            into[at] = d
+        elif isinstance(v, list | tuple):
+            items: list[Any] = [None] * len(v)
+            todo.extend((item, items, i) for i, item in enumerate(v))
+            into[at] = items
+        else:
+            into[at] = _visible_text(v)
+    return root[0]
 
 
 # Any argument named like a secret (password=, ssl_password=, auth_token=, ...): redis-py passes
