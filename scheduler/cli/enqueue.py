@@ -26,7 +26,9 @@ from scheduler.client.partitioned import open_queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
 from scheduler.core.flow import check_flow
+from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import safe
+from scheduler.operations.ops import Op, Ops, Settings
 
 
 def _reject_constant(name: str) -> Any:
@@ -40,6 +42,19 @@ def parse_payload(text: str) -> Any:
         raise BadInput(f"--payload is not valid JSON: {exc}") from None
     except RecursionError:  # Python's parser gives up near 1,000 levels; no payload needs them
         raise BadInput("--payload is nested too deeply") from None
+
+
+def checked_offline(op: Op[Any]) -> None:
+    """Run an operation's own checks, which come before its first request, with no connection:
+    a refused value is a usage error (exit 2) also while Redis is down."""
+    try:
+        next(op)
+    except StopIteration:
+        pass
+    except BadArgument as exc:  # InvalidPayload too
+        raise BadInput(str(exc)) from None
+    finally:
+        op.close()
 
 
 @click.command(cls=AdminCommand)
@@ -163,33 +178,20 @@ def enqueue(
             run_at = parse_at(at_text)
         except BadArgument as exc:
             raise BadInput(str(exc)) from None
+    spec: dict[str, Any] = dict(
+        run_at=run_at, delay_ms=in_ms, start_within_ms=start_within_ms, jitter_ms=jitter_ms,
+        key=key, key_ttl_ms=key_ttl_ms, debounce=debounce, job_id=job_id,
+        result_ttl_ms=result_ttl_ms, keep_payload=keep_payload, max_attempts=max_attempts,
+        timeout_ms=timeout_ms, backoff=backoff, **flow,
+    )  # fmt: skip
+    # The API's own checks first (they precede its first request): a bad value is a usage
+    # error also while Redis is down, not 'cannot reach Redis'.
+    checked_offline(Ops(QueueKeys(queue), Settings()).enqueue(task, data, **spec))
     client = connect(url)
     # A job accepted by a server that can drop it would make the returned id a false promise.
     check_or_warn(client, strict=strict, log=lambda m: click.echo(safe(f"warning: {m}"), err=True))
     # A partitioned queue: the job goes to its partition (by --key, else round robin).
-    job_id = open_queue(client, queue).enqueue(
-        task,
-        data,
-        run_at=run_at,
-        delay_ms=in_ms,
-        start_within_ms=start_within_ms,
-        jitter_ms=jitter_ms,
-        key=key,
-        key_ttl_ms=key_ttl_ms,
-        debounce=debounce,
-        job_id=job_id,
-        result_ttl_ms=result_ttl_ms,
-        keep_payload=keep_payload,
-        max_attempts=max_attempts,
-        timeout_ms=timeout_ms,
-        backoff=backoff,
-        priority=priority,
-        concurrency_key=concurrency_key,
-        concurrency_limit=concurrency_limit,
-        rate_limit=rate_limit,
-        rate_key=rate_key,
-        after=list(after) or None,
-    )
+    job_id = open_queue(client, queue).enqueue(task, data, **spec)
     if as_json:
         emit_json({"id": job_id, "queue": queue, "task": task})
     else:

@@ -32,13 +32,16 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.dead_view import exit_unread, unread_field
+from scheduler.cli.enqueue import checked_offline
 from scheduler.cli.jobs import parse_payload
 from scheduler.cli.output import duration_option
 from scheduler.client.partitioned import PartitionedQueue, open_queue, unread
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument, ScheduleNotFound
+from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import clean
+from scheduler.operations.ops import Ops, Settings
 from scheduler.schedules.recurring import Schedule, check_schedule_name
 
 # croniter's field order: 5 fields, or 6 with seconds last.
@@ -223,28 +226,19 @@ def register(main: click.Group) -> None:
         problem = None if cron is None else cron_field_error(cron)
         if problem:
             raise click.BadParameter(f"{cron!r}: {problem}", param_hint="--cron")
-        q = open_queue(connect(url), queue)  # a new queue is fine: like enqueue, this creates
-        try:
-            status = q.schedule(
-                name,
-                task,
-                data,
-                cron=cron,
-                every_ms=every_ms,
-                tz=tz,
-                jitter_ms=jitter_ms,
-                misfire=misfire,
-                max_attempts=max_attempts,
-                backoff=backoff,
-                timeout_ms=timeout_ms,
-                priority=priority,
-                concurrency_key=concurrency_key,
-                concurrency_limit=concurrency_limit,
-                rate_limit=rate_limit,
-                rate_key=rate_key,
-                start_within_ms=start_within_ms,
+        definition: dict[str, Any] = dict(
+            cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms, misfire=misfire,
+            max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms, priority=priority,
+            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+            rate_limit=rate_limit, rate_key=rate_key, start_within_ms=start_within_ms,
+        )  # fmt: skip
+        try:  # checked before connecting: a bad value is exit 2 also while Redis is down
+            checked_offline(
+                Ops(QueueKeys(queue), Settings()).schedule(name, task, data, **definition)
             )
-        except BadArgument as exc:
+            q = open_queue(connect(url), queue)  # a new queue is fine: as enqueue, this creates
+            status = q.schedule(name, task, data, **definition)
+        except (BadArgument, BadInput) as exc:
             # croniter accepts '0 9 30 2 *' but finds no date: say so, not "malformed".
             if cron is not None and "malformed cron" in str(exc) and croniter.is_valid(cron):
                 msg = f"cron {cron!r} is valid but never fires: no date matches it"
