@@ -107,8 +107,10 @@ end
 local function task_ok(v)
   return type(v) == 'string' and #v >= 1 and #v <= 200 and string.find(v, '^[%w_.:/%-]+$') ~= nil
 end
+-- Not '.' or '..' (scheduler/core/keys.py check_new_job_id: a page cannot be linked to).
 local function job_id_ok(v)
   return type(v) == 'string' and #v >= 1 and #v <= 128 and string.find(v, '^[%w_.:%-]+$') ~= nil
+    and v ~= '.' and v ~= '..'
 end
 local function schedule_name_ok(v)
   return type(v) == 'string' and #v >= 1 and #v <= 64 and string.find(v, '^[%w_.%-]+$') ~= nil

@@ -24,11 +24,13 @@ class Backoff:
     def __post_init__(self) -> None:
         if not isinstance(self.base_ms, int) or self.base_ms < 0:
             raise BadArgument(f"backoff base_ms must be an int >= 0, got {self.base_ms!r}")
-        if not _finite_at_least_1(self.factor):
+        if isinstance(self.factor, bool) or not _finite_at_least_1(self.factor):
             raise BadArgument(f"backoff factor must be a number >= 1, got {self.factor!r}")
         if not isinstance(self.cap_ms, int) or self.cap_ms < 0:
             raise BadArgument(f"backoff cap_ms must be an int >= 0, got {self.cap_ms!r}")
-        if not isinstance(self.jitter, int | float) or not 0 <= self.jitter <= 1:
+        if not isinstance(self.jitter, int | float) or isinstance(self.jitter, bool):
+            raise BadArgument(f"backoff jitter must be within [0, 1], got {self.jitter!r}")
+        if not 0 <= self.jitter <= 1:
             raise BadArgument(f"backoff jitter must be within [0, 1], got {self.jitter!r}")
 
     def delay_ms(self, attempt: int, u: float = 0.0) -> int:

@@ -24,14 +24,17 @@ _NONCE_RE = re.compile(r"[0-9A-Za-z]{1,64}")
 
 
 def check_worker_id(worker_id: object) -> str:
-    """A worker id as claim.lua takes it (1-200 characters of valid Unicode), else BadArgument."""
+    """A worker id as claim.lua takes it (valid Unicode, 1-200 bytes of UTF-8: the script
+    counts bytes), else BadArgument."""
     if not isinstance(worker_id, str) or not 1 <= len(worker_id) <= 200:
-        raise BadArgument(f"worker_id must be a string of 1-200 characters, got {worker_id!r:.80}")
+        raise BadArgument(f"worker_id must be a string of 1-200 bytes, got {worker_id!r:.80}")
     if not worker_id.isascii():
         try:
-            worker_id.encode()
+            size = len(worker_id.encode())
         except UnicodeEncodeError as exc:
             raise BadArgument(f"worker_id is not valid Unicode text: {exc.reason}") from None
+        if size > 200:
+            raise BadArgument(f"worker_id must be 1-200 bytes of UTF-8, got {size}")
     return worker_id
 
 

@@ -281,6 +281,8 @@ def _check_timeout_s(timeout_s: object) -> None:
     hi = codec.LIMITS["timeout_ms"][1]
     ok = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
     try:
+        # The seconds themselves in range (0.0009 rounds to 1 ms), then their milliseconds.
+        ok = ok and 0.001 <= timeout_s <= hi / 1000  # type: ignore[operator]
         ok = ok and 1 <= round(timeout_s * 1000) <= hi  # type: ignore[operator]
     except (OverflowError, ValueError):  # inf, nan
         ok = False
