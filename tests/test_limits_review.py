@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -648,3 +649,17 @@ def test_the_smallest_start_window_and_the_largest_chain(tq: tuple[Queue, Clock]
     assert q.counts().held_waiting == 0 and q.counts().due == 2500
     ids = chain(q, [("t", i) for i in range(1000)], max_attempts=1_000_000)
     assert len(ids) == 1000 and q.counts().held_waiting == 999
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_new_schedule_named_dot_is_refused_and_one_there_can_be_removed(
+    q: Queue, client: redis.Redis, name: str
+) -> None:
+    """A schedule named '.' or '..' was accepted, and its dashboard page drew no buttons
+    (schedule_view.py: it cannot be linked to): refused at definition, as a queue name or job id;
+    one already there (an older version's) can still be removed."""
+    before = dump_queue(client, q)
+    with pytest.raises(BadArgument, match=re.escape("not '.' or '..'")):
+        q.schedule(name, "t", every_ms=60_000)
+    assert dump_queue(client, q) == before
+    assert q.remove_schedule(name) == "missing"  # the name is still one to manage

@@ -222,6 +222,8 @@ def define(
 ) -> ScheduleDef:
     """Check everything; raise BadArgument before anything is sent."""
     check_schedule_name(name)
+    if name in (".", ".."):  # as a queue name or job id: its dashboard page cannot be linked to
+        raise BadArgument(f"invalid schedule name {name!r}: not '.' or '..'")
     if start_within_ms is not None:
         _int(start_within_ms, "start_within_ms")  # as enqueue's: 1 ms .. 3650 days
     if not isinstance(task, str) or not codec.TASK_RE.fullmatch(task):
