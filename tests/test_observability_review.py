@@ -1,0 +1,327 @@
+"""Observability review: each transition counted once in the per-minute stats (lua bump_stat),
+re-sent and refused calls counting nothing, the counters against what is in Redis, and the
+worker's metrics and log events under the glossary's words (docs/glossary.md)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from scheduler import Backoff, JobNotFound, Queue, Registry
+from scheduler.admin.inspection import server_now_ms
+from scheduler.core.vocabulary import OUTCOMES, STAT_FIELDS
+from scheduler.worker import WorkerSettings
+from scheduler.worker.metrics import UNKNOWN_TASK, WorkerMetrics
+from scheduler.worker.registry import JobContext
+from tests.conftest import Clock
+from tests.embedded_worker import worker_thread
+
+MIN_MS = 60_000
+
+
+def counters(client: redis.Redis, q: Queue) -> dict[str, int]:
+    """Every stats counter of the queue summed over all its minute buckets (late_* left out)."""
+    out: dict[str, int] = {}
+    for key in client.scan_iter(match=f"{q.keys.prefix}stats:*", count=1000):
+        for field, value in client.hgetall(key).items():
+            name = str(field)
+            if not name.startswith("late"):
+                out[name] = out.get(name, 0) + int(value)
+    return {k: v for k, v in out.items() if v}
+
+
+def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    keys = set(before) | set(after)
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
+    return {k: v for k, v in d.items() if v}
+
+
+# --- complete / fail / release: a re-sent call counts nothing more -------------------------
+
+
+def test_a_re_sent_complete_counts_done_once(q: Queue, client: redis.Redis) -> None:
+    a = q.enqueue("t", 1)
+    (job,) = q.claim("w", limit=1).jobs
+    assert counters(client, q) == {"claim": 1}
+    q.complete(a, job.token, "r")
+    q.complete(a, job.token, "r")  # the reply lost, the call sent again
+    assert q.complete_many([(a, job.token, "r"), (a, job.token, "r")]) == ["done", "done"]
+    assert counters(client, q) == {"claim": 1, "done": 1}
+
+
+def test_a_re_sent_fail_counts_its_fail_and_retry_once(q: Queue, client: redis.Redis) -> None:
+    a = q.enqueue("t", 1, max_attempts=3)
+    (job,) = q.claim("w", limit=1).jobs
+    first = q.fail(a, job.token, ("E", "m", ""), delay_ms=60_000)
+    again = q.fail(a, job.token, ("E", "m", ""), delay_ms=60_000)
+    assert first.status == again.status == "retry"
+    assert counters(client, q) == {"claim": 1, "fail": 1, "retry": 1}
+
+
+def test_a_re_sent_fail_that_parked_counts_one_dead(q: Queue, client: redis.Redis) -> None:
+    a = q.enqueue("t", 1, max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    assert q.fail(a, job.token, ("E", "m", "")).status == "dead"
+    assert q.fail(a, job.token, ("E", "m", "")).status == "dead"
+    assert counters(client, q) == {"claim": 1, "fail": 1, "dead": 1}
+    assert q.counts().dead == 1
+
+
+def test_a_re_sent_release_counts_one_release(q: Queue, client: redis.Redis) -> None:
+    a = q.enqueue("t", 1)
+    (job,) = q.claim("w", limit=1).jobs
+    assert q.release([(a, job.token), (a, job.token)]) == ["released", "released"]
+    assert q.release([(a, job.token)]) == ["released"]
+    assert counters(client, q) == {"claim": 1, "release": 1}
+    assert q.counts().due == 1
+
+
+def test_a_complete_after_cancel_counts_no_done(q: Queue, client: redis.Redis) -> None:
+    a = q.enqueue("t", 1)
+    (job,) = q.claim("w", limit=1).jobs
+    assert q.cancel(a) == "leased"
+    assert q.complete_many([(a, job.token, "r")]) == ["cancelled"]
+    assert counters(client, q) == {"claim": 1, "cancel": 1}
+
+
+# --- cancel, requeue, purge ----------------------------------------------------------------
+
+
+def test_cancel_counts_only_a_job_it_cancelled(q: Queue, client: redis.Redis) -> None:
+    a = q.enqueue("t", 1, delay_ms=600_000)
+    b = q.enqueue("t", 2, max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    q.complete(b, job.token, None)
+    before = counters(client, q)
+    assert q.cancel(a) == "scheduled"
+    assert [q.cancel(a), q.cancel(b)] == ["cancelled", "done"]
+    with pytest.raises(JobNotFound):
+        q.cancel("nosuchjob")
+    assert delta(before, counters(client, q)) == {"cancel": 1}
+
+
+def test_requeue_dead_counts_the_jobs_it_moved(q: Queue, client: redis.Redis) -> None:
+    ids = [q.enqueue("t", i, max_attempts=1) for i in range(3)]
+    for job in q.claim("w", limit=3).jobs:
+        q.fail(job.id, job.token, ("E", "m", ""))
+    before = counters(client, q)
+    assert q.requeue_dead([ids[0], ids[0], ids[1], "nosuchjob"]) == 2
+    assert q.requeue_dead([ids[0]]) == 0  # re-sent: no longer dead
+    assert delta(before, counters(client, q)) == {"requeue_dead": 2}
+    assert q.counts().dead == 1 and q.counts().due == 2
+
+
+def test_purge_writes_no_counter(q: Queue, client: redis.Redis) -> None:
+    """No stats counter names a purge (STAT_FIELDS, glossary): purging changes no counter, and
+    in particular takes nothing off `dead` (new dead letters), which counts what died."""
+    a = q.enqueue("t", 1, max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    q.fail(a, job.token, ("E", "m", ""))
+    before = counters(client, q)
+    assert q.purge_dead([a, a]) == 1
+    assert counters(client, q) == before
+    assert "purge" not in STAT_FIELDS
+
+
+# --- claim, the reaper, start deadlines ----------------------------------------------------
+
+
+def test_claim_counts_the_jobs_it_leased_once(q: Queue, client: redis.Redis) -> None:
+    for i in range(5):
+        q.enqueue("t", i)
+    got = q.claim("w", limit=3).jobs
+    got += q.claim("w", limit=10).jobs
+    assert len(got) == 5
+    assert q.claim("w", limit=10).jobs == []
+    assert counters(client, q) == {"claim": 5}
+
+
+def test_a_lapse_reaped_back_to_due_is_one_expired_and_no_retry(
+    q: Queue, client: redis.Redis
+) -> None:
+    a = q.enqueue("t", 1, max_attempts=3)
+    (job,) = q.claim("w", limit=1).jobs
+    client.zadd(q.keys.leased, {a: server_now_ms(client) - 1_000})
+    before = counters(client, q)
+    assert q.claim("w2", limit=0).jobs == []
+    q.claim("w2", limit=0)  # a second call finds nothing more to reap
+    assert delta(before, counters(client, q)) == {"expired": 1}
+    (again,) = q.claim("w2", limit=1).jobs
+    assert again.id == a
+    # the old worker's complete is refused: no done
+    assert q.complete_many([(a, job.token, "x")]) != ["done"]
+    assert delta(before, counters(client, q)) == {"expired": 1, "claim": 1}
+
+
+def test_a_start_deadline_park_at_claim_is_one_dead_and_no_claim(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    clock.set_ms(MIN_MS)
+    a = q.enqueue("t", 1, start_within_ms=1_000)
+    b = q.enqueue("t", 2, max_attempts=3)
+    clock.set_ms(MIN_MS + 5_000)  # a's window is gone
+    assert [j.id for j in q.claim("w", limit=5).jobs] == [b]
+    assert q.counts().dead == 1 and q.get_job(a).state == "dead"
+    assert counters(client, q) == {"claim": 1, "dead": 1}
+
+
+def test_a_retry_past_the_start_deadline_is_one_fail_and_one_dead(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    clock.set_ms(MIN_MS)
+    a = q.enqueue("t", 1, start_within_ms=10_000, max_attempts=5)
+    (job,) = q.claim("w", limit=1).jobs
+    out = q.fail(a, job.token, ("E", "m", ""), delay_ms=60_000)
+    assert out.status == "dead"
+    assert counters(client, q) == {"claim": 1, "fail": 1, "dead": 1}
+
+
+# --- a worker's metrics and log lines against the stats of the same run --------------------
+
+review_tasks = Registry()
+
+
+@review_tasks.task(name="ok")
+def ok_task(payload: Any, ctx: JobContext) -> Any:
+    return payload
+
+
+@review_tasks.task(name="bad", backoff=Backoff(1, 1.0, 1, 0.0))
+def bad_task(payload: Any, ctx: JobContext) -> None:
+    raise RuntimeError("no")
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_workers_metrics_and_log_events_agree_with_the_stats(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    log = logging.getLogger(f"scheduler.worker.review.{q.name}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    seen = Records()
+    log.addHandler(seen)
+    ok = [q.enqueue("ok", {"i": i}) for i in range(6)]
+    bad = [q.enqueue("bad", {}, max_attempts=2) for _ in range(2)]
+    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=100, lease_ms=5000)
+    with worker_thread(redis_url, review_tasks, settings, logger=log) as w:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            c = q.counts()
+            if c.dead == 2 and c.due == c.leased == 0:
+                break
+            time.sleep(0.02)
+        m = w.metrics.registry
+
+        def metric(task: str, outcome: str) -> float:
+            labels = {"queue": q.name, "task": task, "outcome": outcome}
+            return m.get_sample_value("scheduler_jobs_total", labels) or 0.0
+
+        stats = counters(client, q)
+        assert all(q.status(i) == "done" for i in ok)
+        assert stats == {"claim": 10, "done": 6, "fail": 4, "retry": 2, "dead": 2}
+        assert metric("ok", "done") == stats["done"]
+        assert metric("bad", "retry") == stats["retry"]
+        assert metric("bad", "dead") == stats["dead"]
+        lateness = sum(
+            m.get_sample_value("scheduler_job_lateness_seconds_count", {"queue": q.name, "task": t})
+            or 0.0
+            for t in ("ok", "bad")
+        )
+        assert lateness == stats["claim"]
+    events = [str(getattr(r, "event", "")) for r in seen.records if hasattr(r, "event")]
+    assert set(events) <= {"claimed", *OUTCOMES}
+    assert events.count("claimed") == stats["claim"]
+    assert events.count("done") == stats["done"]
+    assert events.count("retry") == stats["retry"] and events.count("dead") == stats["dead"]
+    # WARNING and above: nothing about a job that ran to done (issue 16's happy path)
+    loud = [r for r in seen.records if r.levelno >= logging.WARNING]
+    assert {getattr(r, "job_id", None) for r in loud} <= set(bad)
+
+
+def test_a_child_enqueued_after_a_cancelled_parent_is_one_new_dead(
+    q: Queue, client: redis.Redis
+) -> None:
+    parent = q.enqueue("t", 1, delay_ms=600_000)
+    assert q.cancel(parent) == "scheduled"
+    before = counters(client, q)
+    q.enqueue("t", 2, after=[parent])
+    assert q.counts().dead == 1
+    assert delta(before, counters(client, q)) == {"dead": 1}
+
+
+def test_a_lapse_the_reaper_parks_counts_the_job_and_its_children_dead_once(
+    q: Queue, client: redis.Redis
+) -> None:
+    a = q.enqueue("t", 1, max_attempts=1)
+    for i in range(2):
+        q.enqueue("t", i, after=[a])
+    assert [j.id for j in q.claim("w", limit=5).jobs] == [a]
+    client.zadd(q.keys.leased, {a: server_now_ms(client) - 1_000})
+    before = counters(client, q)
+    q.claim("w2", limit=0)
+    q.claim("w2", limit=0)
+    assert q.counts().dead == 3
+    assert delta(before, counters(client, q)) == {"expired": 1, "dead": 3}
+
+
+def test_worker_metric_labels_are_bounded_and_units_named() -> None:
+    """No label that grows with jobs (a job id, an error message); times in seconds."""
+    m = WorkerMetrics()
+    m.tasks = review_tasks
+    for word in OUTCOMES:
+        m.outcome("q", "ok", word)
+    m.outcome("q", "no-such-task-1", "dead")
+    m.outcome("q", "no-such-task-2", "dead")
+    m.per_task("q", "ok").lateness.observe(0.5)
+    m.redis_backoffs.labels("claim", "ConnectionError").inc()
+    labels: set[str] = set()
+    tasks: set[str] = set()
+    for fam in m.registry.collect():
+        for s in fam.samples:
+            labels |= set(s.labels)
+            if "task" in s.labels:
+                tasks.add(s.labels["task"])
+        if fam.type in ("histogram", "summary"):
+            assert fam.name.endswith("_seconds"), fam.name
+        assert not fam.name.endswith("_ms"), fam.name
+    assert labels <= {"queue", "task", "outcome", "state", "reason", "loop", "error", "le"}
+    assert tasks == {"ok", UNKNOWN_TASK}
+
+
+def worker_log_events() -> set[str]:
+    """The `event` words the worker's code passes to its transition log lines."""
+    root = Path(__file__).resolve().parent.parent / "scheduler" / "worker"
+    found: set[str] = set()
+    for path in root.glob("*.py"):
+        text = path.read_text()
+        found |= set(re.findall(r"_log_job\(\s*\"([a-z_]+)\"", text))
+    # _stop logs its reason as the event for these three (dispatch.py), not for `shutdown`
+    found |= {"expired", "cancelled", "timeout"}
+    return found
+
+
+def test_every_log_event_of_a_transition_is_a_glossary_word() -> None:
+    """The glossary: one word per concept in Lua, Python, job states, log events and metrics.
+    The claim's log line is `event=claimed`, a word the glossary does not have (its transition
+    word is `claim`, the stats counter `claim`, the job's state `leased`)."""
+    glossary = (Path(__file__).resolve().parent.parent / "docs" / "glossary.md").read_text()
+    words = set(re.findall(r"^\| `?([a-z_]+)`? \|", glossary, flags=re.M))
+    events = worker_log_events()
+    assert {"done", "released", "claimed"} <= events  # the scan found the call sites
+    assert sorted(events - words) == []
