@@ -4,6 +4,7 @@ worker's metrics and log events under the glossary's words (docs/glossary.md).""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -14,6 +15,7 @@ import pytest
 import redis
 
 from scheduler import Backoff, JobNotFound, Queue, Registry
+from scheduler.admin.doctor import repair_queue
 from scheduler.admin.inspection import server_now_ms
 from scheduler.core.vocabulary import OUTCOMES, STAT_FIELDS
 from scheduler.worker import WorkerSettings
@@ -325,3 +327,128 @@ def test_every_log_event_of_a_transition_is_a_glossary_word() -> None:
     events = worker_log_events()
     assert {"done", "released", "claimed"} <= events  # the scan found the call sites
     assert sorted(events - words) == []
+
+
+# --- schedules: a pending run parked (claim, doctor) is one dead and one re-arm -------------
+
+
+def _pending(client: redis.Redis, q: Queue, name: str) -> str:
+    return str(client.hget(q.keys.schedule(name), "pending"))
+
+
+def test_a_schedule_run_parked_at_its_start_deadline_is_one_dead_and_one_rearm(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    clock.set_ms(1_000 * MIN_MS + 1)
+    q.schedule("s", "t", every_ms=10 * MIN_MS, start_within_ms=1_000)
+    first = _pending(client, q, "s")
+    at = int(str(client.hget(q.keys.job(first), "run_at_ms")))
+    clock.set_ms(at + 5_000)  # past its start window, before the next slot
+    assert q.claim("w", limit=5).jobs == []
+    assert q.get_job(first).state == "dead"
+    assert _pending(client, q, "s") not in ("", first)
+    assert counters(client, q) == {"dead": 1, "rearm": 1}
+
+
+def _unrunnable_schedule_run(tq: tuple[Queue, Clock], client: redis.Redis) -> str:
+    q, clock = tq
+    clock.set_ms(1_000 * MIN_MS + 1)
+    q.schedule("s", "t", every_ms=10 * MIN_MS)
+    first = _pending(client, q, "s")
+    at = int(str(client.hget(q.keys.job(first), "run_at_ms")))
+    clock.set_ms(at + 1_000)
+    client.hdel(q.keys.job(first), "task")  # no worker can run it: claim and doctor park it
+    return first
+
+
+def test_claims_park_of_an_unrunnable_schedule_run_is_one_dead_and_one_rearm(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, _ = tq
+    first = _unrunnable_schedule_run(tq, client)
+    assert q.claim("w", limit=5).jobs == []
+    assert client.hget(q.keys.job(first), "state") == "dead"
+    assert counters(client, q) == {"dead": 1, "rearm": 1}
+
+
+def test_doctors_park_of_an_unrunnable_schedule_run_counts_as_claims_park(
+    q: Queue, client: redis.Redis
+) -> None:
+    """docs: `doctor --fix` is counted as the transition it stands in for (claim's park of
+    the same run, above: one dead, one re-arm). Real clock: doctor's scripts read TIME."""
+    q.schedule("s", "t", every_ms=10 * MIN_MS)
+    first = _pending(client, q, "s")
+    client.hdel(q.keys.job(first), "task")
+    fixed = repair_queue(client, q.name).fixed
+    assert first in {i.job_id for i in fixed}
+    assert client.hget(q.keys.job(first), "state") == "dead"
+    assert _pending(client, q, "s") not in ("", first)
+    assert counters(client, q) == {"dead": 1, "rearm": 1}
+
+
+@review_tasks.task(name="slow")
+async def slow_task(payload: Any, ctx: JobContext) -> None:
+    await asyncio.sleep(600)
+
+
+def test_a_workers_release_at_its_stop_agrees_with_the_stats(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    log = logging.getLogger(f"scheduler.worker.review.rel.{q.name}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    seen = Records()
+    log.addHandler(seen)
+    ids = [q.enqueue("slow", {"i": i}) for i in range(4)]
+    settings = WorkerSettings(queues=(q.name,), concurrency=2, heartbeat_ms=100, grace_s=0)
+    with worker_thread(redis_url, review_tasks, settings, logger=log) as w:
+        deadline = time.monotonic() + 30
+        while q.counts().leased < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # let it claim what it would (not a verdict: the counts say)
+    assert q.counts().leased == 0 and q.counts().due == len(ids)
+    stats = counters(client, q)
+    labels = {"queue": q.name, "task": "slow", "outcome": "released"}
+    released = w.metrics.registry.get_sample_value("scheduler_jobs_total", labels) or 0.0
+    events = [str(getattr(r, "event", "")) for r in seen.records if hasattr(r, "event")]
+    assert stats.get("release", 0) == stats.get("claim", 0) >= 2
+    assert released == stats["release"]
+    assert events.count("released") == stats["release"]
+    assert events.count("claimed") == stats["claim"]
+
+
+@review_tasks.task(name="stuck", timeout_s=0.2)
+async def stuck_task(payload: Any, ctx: JobContext) -> None:
+    await asyncio.sleep(600)
+
+
+def test_a_timeout_and_a_cancel_while_running_agree_with_the_stats(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    """Metrics: `timeout` then that attempt's `dead`; `cancelled` for the running job the
+    heartbeat finds cancelled. Stats: fail + dead, and one cancel; no done anywhere."""
+    timed = q.enqueue("stuck", {}, max_attempts=1)
+    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=100)
+    with worker_thread(redis_url, review_tasks, settings) as w:
+        running = q.enqueue("slow", {})
+        deadline = time.monotonic() + 30
+        while q.status(running) != "leased" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert q.cancel(running) == "leased"
+
+        def metric(task: str, outcome: str) -> float:
+            labels = {"queue": q.name, "task": task, "outcome": outcome}
+            return w.metrics.registry.get_sample_value("scheduler_jobs_total", labels) or 0.0
+
+        while time.monotonic() < deadline and not (
+            metric("slow", "cancelled") and q.status(timed) == "dead"
+        ):
+            time.sleep(0.02)
+        got = {(t, o): metric(t, o) for t in ("slow", "stuck") for o in OUTCOMES}
+    assert {k: v for k, v in got.items() if v} == {
+        ("stuck", "timeout"): 1,
+        ("stuck", "dead"): 1,
+        ("slow", "cancelled"): 1,
+    }
+    assert counters(client, q) == {"claim": 2, "fail": 1, "dead": 1, "cancel": 1}
