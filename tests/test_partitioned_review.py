@@ -1,0 +1,382 @@
+"""Partitioned queues used as an app developer and an operator would (review): routing,
+refusals that write nothing, merged views paged, the calls by id in every partition (sync,
+asyncio, CLI) against the plain Queue's documented behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import re
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+from starlette.testclient import TestClient
+
+from scheduler import BadArgument, JobNotFound, JobSpec, Queue
+from scheduler.cli.main import main
+from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.partitioned_aio import AsyncPartitionedQueue
+from scheduler.core.connection import connect_async
+from scheduler.dashboard import Auth, create_app
+
+
+def cli(redis_url: str, *args: str, code: int = 0) -> Any:
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(
+        main, [*args, "--url", redis_url, "--json"], catch_exceptions=False
+    )
+    assert result.exit_code == code, result.output
+    return json.loads(result.stdout) if result.stdout.strip() else None
+
+
+def kill(q: Queue, n: int) -> list[str]:
+    """n due jobs of q claimed and failed for good, one by one."""
+    died = []
+    for _ in range(n):
+        job = q.claim("w", limit=1).jobs[0]
+        q.fail(job.id, job.token, ValueError("x"), retryable=False)
+        died.append(job.id)
+    return died
+
+
+def on_async(redis_url: str, name: str, call: Any) -> Any:
+    async def go() -> Any:
+        client = connect_async(redis_url)
+        try:
+            aq = await AsyncPartitionedQueue.open(client, name)
+            return await call(aq)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+# -- routing ----------------------------------------------------------------------------------
+def test_round_robin_fills_every_partition_evenly(pq: PartitionedQueue) -> None:
+    ids = [pq.enqueue("t", None) for _ in range(6)] + pq.enqueue_many(
+        [JobSpec("t", None) for _ in range(6)]
+    )
+    per = [p.counts().due for p in pq.parts]
+    assert per == [4, 4, 4], per
+    assert all(pq.part_of(i).status(i) == "due" for i in ids)
+
+
+def test_a_key_is_unique_across_the_logical_queue(pq: PartitionedQueue) -> None:
+    first = pq.enqueue("t", {"n": 1}, key="k1")
+    again = [pq.enqueue("t", {"n": i}, key="k1") for i in range(5)]
+    assert again == [first] * 5
+    assert pq.counts().due == 1
+    assert pq.part_of(first) is pq.parts[pq.layout.partition_of_key("k1")]
+
+
+def test_debounce_replaces_in_the_keys_partition(pq: PartitionedQueue) -> None:
+    first = pq.enqueue("t", {"n": 1}, key="deb", debounce=True)
+    second = pq.enqueue("t", {"n": 2}, key="deb", debounce=True)
+    assert second == first
+    assert pq.get_job(first).payload() == {"n": 2}
+    assert pq.counts().due == 1
+
+
+def test_async_refuses_parents_in_two_partitions_and_writes_nothing(
+    pq: PartitionedQueue, redis_url: str
+) -> None:
+    a, b = pq.enqueue("t", None, job_id="p0.a"), pq.enqueue("t", None, job_id="p1.b")
+
+    async def call(aq: AsyncPartitionedQueue) -> None:
+        with pytest.raises(BadArgument, match="share one partition"):
+            await aq.enqueue_many(
+                [JobSpec("t", None, job_id="p2.x"), JobSpec("t", None, after=[a, b])]
+            )
+        with pytest.raises(BadArgument, match="share one partition"):
+            await aq.enqueue("t", None, after=[a, b])
+
+    on_async(redis_url, pq.name, call)
+    assert pq.counts().due == 2
+
+
+# -- calls by id ------------------------------------------------------------------------------
+def test_unknown_id_is_job_not_found_as_a_plain_queue(pq: PartitionedQueue, redis_url: str) -> None:
+    for one in (pq.status, pq.get_job, pq.cancel):
+        with pytest.raises(JobNotFound):
+            one("p1.nope")
+        with pytest.raises(JobNotFound):
+            one("nope")
+    with pytest.raises(JobNotFound):
+        pq.reschedule("p2.nope", delay_ms=0)
+
+    async def call(aq: AsyncPartitionedQueue) -> None:
+        with pytest.raises(JobNotFound):
+            await aq.status("p1.nope")
+        with pytest.raises(JobNotFound):
+            await aq.cancel("nope")
+
+    on_async(redis_url, pq.name, call)
+
+
+def test_ids_of_every_partition_answer_sync_and_async(pq: PartitionedQueue, redis_url: str) -> None:
+    ids = [pq.enqueue("t", {"i": i}, delay_ms=60_000) for i in range(3)]
+    assert {pq.layout.partition_of_id(i) for i in ids} == {0, 1, 2}
+    assert [pq.status(i) for i in ids] == ["scheduled"] * 3
+    assert [pq.reschedule(i, delay_ms=0) for i in ids] == ["rescheduled"] * 3
+    assert [pq.status(i) for i in ids] == ["due"] * 3
+
+    async def call(aq: AsyncPartitionedQueue) -> list[Any]:
+        got = [(await aq.get_job(i)).payload() for i in ids]
+        return got + [await aq.cancel(i) for i in ids]
+
+    assert on_async(redis_url, pq.name, call) == [{"i": 0}, {"i": 1}, {"i": 2}] + ["due"] * 3
+    assert [pq.status(i) for i in ids] == ["cancelled"] * 3
+    assert pq.counts().due == 0
+
+
+# -- merged views -----------------------------------------------------------------------------
+@pytest.mark.parametrize("state", ["due", "scheduled", "dead"])
+def test_merged_pages_neither_skip_nor_repeat(pq: PartitionedQueue, state: str) -> None:
+    delay = 60_000 if state == "scheduled" else 0
+    ids = pq.enqueue_many([JobSpec("t", None, delay_ms=delay) for _ in range(10)])
+    if state == "dead":
+        for p in pq.parts:
+            kill(p, p.counts().due)
+    whole = [j.id for j in pq.list_jobs(state, limit=100)]
+    assert sorted(whole) == sorted(ids)
+    for size in (1, 3, 4):
+        paged = [
+            j.id for off in range(0, 12, size) for j in pq.list_jobs(state, offset=off, limit=size)
+        ]
+        assert paged == whole, (size, paged, whole)
+
+
+def test_dead_ids_pages_are_the_list_sliced(pq: PartitionedQueue, redis_url: str) -> None:
+    pq.enqueue_many([JobSpec("t", None) for _ in range(9)])
+    for p in pq.parts:
+        kill(p, p.counts().due)
+    whole = pq.dead_ids()
+    assert whole == [j.id for j in pq.list_jobs("dead", limit=100)]
+    for size in (1, 2, 4):
+        paged = [i for off in range(0, 10, size) for i in pq.dead_ids(offset=off, limit=size)]
+        assert paged == whole, size
+    assert pq.dead_ids(offset=2, limit=3) == whole[2:5]
+    assert pq.dead_ids(limit=0) == []
+
+    async def call(aq: AsyncPartitionedQueue) -> list[list[str]]:
+        return [
+            await aq.dead_ids(offset=2, limit=3),
+            [j.id for j in await aq.list_jobs("dead", offset=2, limit=3)],
+        ]
+
+    assert on_async(redis_url, pq.name, call) == [whole[2:5], whole[2:5]]
+
+
+def test_counts_are_the_partitions_summed(pq: PartitionedQueue) -> None:
+    pq.enqueue_many([JobSpec("t", None) for _ in range(4)])
+    pq.enqueue_many([JobSpec("t", None, delay_ms=60_000) for _ in range(2)])
+    kill(pq.parts[0], 1)
+    c = pq.counts()
+    assert (c.due, c.scheduled, c.dead) == (3, 2, 1)
+
+
+@pytest.mark.pq(suffix="-p")
+def test_requeue_and_purge_count_as_a_plain_queue(pq: PartitionedQueue, q: Queue) -> None:
+    pq.enqueue_many([JobSpec("t", None) for _ in range(6)])
+    q.enqueue_many([JobSpec("t", None) for _ in range(6)])
+    pdead = [i for p in pq.parts for i in kill(p, p.counts().due)]
+    qdead = kill(q, 6)
+    # duplicates and unknown ids, as a caller may pass them
+    assert pq.requeue_dead([pdead[0], pdead[0], "p1.nope"]) == q.requeue_dead(
+        [qdead[0], qdead[0], "nope"]
+    )
+    assert pq.purge_dead([pdead[1], pdead[1], pdead[0]]) == q.purge_dead(
+        [qdead[1], qdead[1], qdead[0]]
+    )
+    assert pq.counts().dead == q.counts().dead
+
+
+def test_pause_and_resume_answer_as_a_plain_queue(pq: PartitionedQueue) -> None:
+    assert pq.pause() == "paused"
+    assert pq.pause() == "already"
+    assert pq.counts().paused_ms is not None
+    assert pq.parts[1].claim("w", limit=1).jobs == []
+    assert pq.resume() == "resumed"
+    assert pq.resume() == "active"
+    assert pq.counts().paused_ms is None
+
+
+def test_claim_is_shared_fairly_when_one_partition_is_busy(pq: PartitionedQueue) -> None:
+    pq.enqueue_many([JobSpec("t", None, job_id=f"p0.busy{i}") for i in range(30)])
+    pq.enqueue_many([JobSpec("t", None, job_id=f"p{k}.x") for k in (1, 2)])
+    got = pq.claim("w", limit=3).jobs
+    assert sorted(pq.layout.partition_of_id(j.id) for j in got) == [0, 1, 2]
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+def ids_of(out: Any) -> list[str]:
+    return [j["id"] for j in out["jobs"]]
+
+
+@pytest.mark.parametrize("state", ["due", "dead"])
+def test_cli_jobs_list_pages_the_merged_queue(
+    pq: PartitionedQueue, redis_url: str, state: str
+) -> None:
+    pq.enqueue_many([JobSpec("t" if i % 2 else "u", None) for i in range(11)])
+    if state == "dead":
+        for p in pq.parts:
+            kill(p, p.counts().due)
+    whole = [j.id for j in pq.list_jobs(state, limit=100)]
+    base = ("jobs", "list", "-q", pq.name, "--state", state)
+    assert ids_of(cli(redis_url, *base, "--limit", "100")) == whole
+    paged = [
+        i
+        for off in range(0, 12, 4)
+        for i in ids_of(cli(redis_url, *base, "--offset", str(off), "--limit", "4"))
+    ]
+    assert paged == whole
+    only_t = [j.id for j in pq.list_jobs(state, limit=100) if j.task == "t"]
+    tpaged = [
+        i
+        for off in range(0, 6, 2)
+        for i in ids_of(cli(redis_url, *base, "--task", "t", "--offset", str(off), "--limit", "2"))
+    ]
+    assert tpaged == only_t
+
+
+def test_cli_dead_list_pages_and_filters_the_merged_queue(
+    pq: PartitionedQueue, redis_url: str
+) -> None:
+    pq.enqueue_many([JobSpec("t" if i % 3 else "u", None) for i in range(9)])
+    for p in pq.parts:
+        kill(p, p.counts().due)
+    whole = pq.dead_ids()
+    base = ("dead", "list", "-q", pq.name)
+    out = cli(redis_url, *base, "--limit", "100")
+    got = [j["id"] for j in (out["jobs"] if isinstance(out, dict) else out)]
+    assert got == whole
+    paged = []
+    for off in range(0, 10, 4):
+        out = cli(redis_url, *base, "--offset", str(off), "--limit", "4")
+        paged += [j["id"] for j in (out["jobs"] if isinstance(out, dict) else out)]
+    assert paged == whole
+    only_u = pq.dead_ids(task="u")
+    assert len(only_u) == 3
+    upaged = []
+    for off in range(0, 4, 2):
+        out = cli(redis_url, *base, "--task", "u", "--offset", str(off), "--limit", "2")
+        upaged += [j["id"] for j in (out["jobs"] if isinstance(out, dict) else out)]
+    assert upaged == only_u
+    assert [
+        i for off in range(0, 4, 2) for i in pq.dead_ids(task="u", offset=off, limit=2)
+    ] == only_u
+
+
+def test_cli_dead_requeue_and_purge_by_task_on_every_partition(
+    pq: PartitionedQueue, redis_url: str
+) -> None:
+    pq.enqueue_many([JobSpec("t" if i % 2 else "u", None) for i in range(8)])
+    for p in pq.parts:
+        kill(p, p.counts().due)
+    us = set(pq.dead_ids(task="u"))
+    cli(redis_url, "dead", "requeue", "-q", pq.name, "--task", "u", "--yes")
+    assert pq.counts().due == 4 and set(pq.dead_ids()) & us == set()
+    cli(redis_url, "dead", "purge", "-q", pq.name, "--task", "t", "--yes")
+    assert pq.counts().dead == 0 and pq.counts().due == 4
+
+
+def test_cli_jobs_cancel_by_state_on_every_partition(pq: PartitionedQueue, redis_url: str) -> None:
+    ids = pq.enqueue_many([JobSpec("t", None, delay_ms=60_000) for _ in range(6)])
+    pq.enqueue_many([JobSpec("t", None) for _ in range(3)])
+    cli(redis_url, "jobs", "cancel", "-q", pq.name, "--state", "scheduled", "--yes")
+    assert [pq.status(i) for i in ids] == ["cancelled"] * 6
+    assert pq.counts().due == 3
+    pq.enqueue("t", None, job_id="p2.live")
+    out = cli(redis_url, "jobs", "cancel", "-q", pq.name, ids[0], "p2.live", "p1.nope", code=1)
+    assert out["jobs"] == {ids[0]: "cancelled", "p2.live": "due", "p1.nope": "missing"}
+
+
+def test_cli_stats_and_doctor_on_a_partitioned_name(pq: PartitionedQueue, redis_url: str) -> None:
+    pq.enqueue_many([JobSpec("t", None) for _ in range(5)])
+    pq.enqueue_many([JobSpec("t", None, delay_ms=60_000) for _ in range(4)])
+    kill(pq.parts[2], 1)
+    (row,) = cli(redis_url, "stats", "-q", pq.name)["queues"]
+    assert (row["due"], row["scheduled"], row["dead"]) == (4, 4, 1)
+    doc = cli(redis_url, "doctor", "-q", pq.name, code=1)  # the test server keeps no AOF
+    assert [f["code"] for f in doc["findings"]] == ["persistence-off"]
+    assert doc["queues"] == [p.name for p in pq.parts]
+
+
+def test_cli_pause_resume_on_a_partitioned_name(pq: PartitionedQueue, redis_url: str) -> None:
+    assert cli(redis_url, "pause", "-q", pq.name)["status"] == "paused"
+    assert all(p.counts().paused_ms is not None for p in pq.parts)
+    assert cli(redis_url, "resume", "-q", pq.name)["status"] == "resumed"
+    assert all(p.counts().paused_ms is None for p in pq.parts)
+
+
+# -- the dashboard ----------------------------------------------------------------------------
+def walk(client: redis.Redis, pq: PartitionedQueue, start: str) -> list[str]:
+    """Every job id a page lists, following its "more" links from `start`."""
+    seen: list[str] = []
+    path: str | None = start
+    with TestClient(create_app(client=client, queues=[pq.name], auth=Auth())) as web:
+        for _ in range(30):
+            if path is None:
+                break
+            got = web.get(path)
+            assert got.status_code == 200, got.text[:500]
+            seen += re.findall(r'/jobs/([A-Za-z0-9_.:-]+)"', got.text)
+            more = re.search(r'href="([^"]*)">more', got.text)
+            path = html.unescape(more.group(1)) if more else None
+    return seen
+
+
+def dashboard_jobs(pq: PartitionedQueue, state: str) -> None:
+    """13 jobs of tasks u, t, u, t, ... spread round robin; `state` dead: every one dead."""
+    pq.enqueue_many([JobSpec("t" if i % 2 else "u", None) for i in range(13)])
+    if state == "dead":
+        for p in pq.parts:
+            kill(p, p.counts().due)
+
+
+@pytest.mark.parametrize("state", ["due", "dead"])
+def test_dashboard_pages_the_merged_queue(
+    client: redis.Redis, pq: PartitionedQueue, state: str
+) -> None:
+    dashboard_jobs(pq, state)
+    whole = [j.id for j in pq.list_jobs(state, limit=100)]
+    assert walk(client, pq, f"/queues/{pq.name}?state={state}&limit=4") == whole
+    if state == "dead":
+        assert walk(client, pq, f"/queues/{pq.name}/dead?limit=4") == whole
+
+
+@pytest.mark.parametrize("state", ["due", "dead"])
+def test_dashboard_task_filtered_pages_reach_every_match(
+    client: redis.Redis, pq: PartitionedQueue, state: str
+) -> None:
+    """6 jobs of task t, 2 in each partition, shown 2 a page: the second page's "more" link
+    is missing (each partition, asked for its first 4 matches, had only its 2 and said "no
+    more"), so the last 2 matches are never shown, on the queue page and on /dead alike."""
+    dashboard_jobs(pq, state)
+    only_t = [j.id for j in pq.list_jobs(state, limit=100) if j.task == "t"]
+    assert len(only_t) == 6
+    assert walk(client, pq, f"/queues/{pq.name}?state={state}&limit=2&task=t") == only_t
+
+
+def test_dashboard_dead_page_task_filter_reaches_every_match(
+    client: redis.Redis, pq: PartitionedQueue
+) -> None:
+    """The /dead page's task filter pages the same way (dead.py's own copy of the "more")."""
+    dashboard_jobs(pq, "dead")
+    only_t = pq.dead_ids(task="t")
+    assert len(only_t) == 6
+    assert walk(client, pq, f"/queues/{pq.name}/dead?limit=2&task=t") == only_t
+
+
+def test_dashboard_job_page_and_actions_in_every_partition(
+    client: redis.Redis, pq: PartitionedQueue
+) -> None:
+    ids = pq.enqueue_many([JobSpec("t", None) for _ in range(3)])
+    with TestClient(create_app(client=client, queues=[pq.name], auth=Auth())) as web:
+        for i in ids:
+            got = web.get(f"/queues/{pq.name}/jobs/{i}")
+            assert got.status_code == 200 and i in got.text
+        got = web.get(f"/queues/{pq.name}/jobs/p1.nope")
+        assert got.status_code == 404
