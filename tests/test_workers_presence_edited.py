@@ -4,6 +4,8 @@ remedy (a CorruptKey), where they raised a bare WRONGTYPE ("a key edited by hand
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 import redis
 from click.testing import CliRunner
@@ -41,3 +43,16 @@ def test_the_cli_names_the_key_and_its_remedy(
     assert q.keys.worker("w1") in got.output, got.output
     assert "delete it" in got.output
     assert client.get(q.keys.worker("w1")) == "edited"  # nothing written
+
+
+def test_doctor_reports_the_presence_hash_of_another_type(client: redis.Redis, q: Queue) -> None:
+    """The listings' remedy names `scheduler doctor`'s findings: it reports the key, and its fix
+    (deleting it) makes the listing whole again."""
+    from scheduler.admin.doctor import check_queue
+
+    _edit(client, q)
+    found = [i for i in check_queue(client, q.name) if q.keys.worker("w1") in i.message]
+    assert [i.code for i in found] == ["wrong-type"], found
+    assert found[0].fix.startswith(f"redis-cli DEL {shlex.quote(q.keys.worker('w1'))}")
+    client.delete(q.keys.worker("w1"))
+    assert [w.id for w in live_workers(client, q.keys)[0]] == ["w2"]

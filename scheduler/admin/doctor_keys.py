@@ -10,6 +10,7 @@ from redis.exceptions import ResponseError
 
 from scheduler.admin.doctor_flow import config_field_issues, key_set_issues, schedule_flow_issues
 from scheduler.admin.doctor_model import _PAGE, Issue
+from scheduler.admin.doctor_workers import worker_key_issues
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
 from scheduler.client.queue import Queue
 from scheduler.core.codec import stored_int
@@ -85,11 +86,7 @@ def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
     out = config_issues(client, keys)
     out += key_set_issues(client, keys, server_now_ms(client, keys))
     out += wrong_type_wake(keys, str(client.type(keys.wake)))
-    workers_type = str(client.type(keys.workers))
-    if workers_type not in ("zset", "none"):
-        msg = f"{keys.workers} is a {workers_type}, not the workers index: no worker is listed"
-        how = f"redis-cli DEL {shlex.quote(keys.workers)} (workers add themselves again)"
-        out.append(Issue("wrong-type", "warning", msg, how, keys.queue))
+    out += worker_key_issues(client, keys)
     finished_type = str(client.type(keys.finished))
     if finished_type not in ("zset", "none"):
         msg = f"{keys.finished} is a {finished_type}, not the finished index: none is listed"
