@@ -5,6 +5,7 @@ worker's metrics and log events under the glossary's words (docs/glossary.md).""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -13,10 +14,12 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from scheduler import Backoff, JobNotFound, Queue, Registry
 from scheduler.admin.doctor import repair_queue
 from scheduler.admin.inspection import server_now_ms
+from scheduler.cli.main import main
 from scheduler.core.vocabulary import OUTCOMES, STAT_FIELDS
 from scheduler.worker import WorkerSettings
 from scheduler.worker.metrics import UNKNOWN_TASK, WorkerMetrics
@@ -452,3 +455,50 @@ def test_a_timeout_and_a_cancel_while_running_agree_with_the_stats(
         ("slow", "cancelled"): 1,
     }
     assert counters(client, q) == {"claim": 2, "fail": 1, "dead": 1, "cancel": 1}
+
+
+def test_a_re_sent_claim_counts_its_jobs_and_lateness_once(q: Queue, client: redis.Redis) -> None:
+    for i in range(3):
+        q.enqueue("t", i)
+    first = q.claim("w", limit=3, nonce="n1")
+    again = q.claim("w", limit=3, nonce="n1")  # the reply was lost: sent again
+    assert [j.token for j in again.jobs] == [j.token for j in first.jobs]
+    assert counters(client, q) == {"claim": 3}
+    late_n = sum(
+        int(client.hget(k, "late_n") or 0)
+        for k in client.scan_iter(match=f"{q.keys.prefix}stats:*")
+    )
+    assert late_n == 3  # docs/dashboard.md: late_n, jobs started that minute
+
+
+def test_retention_counts_each_trimmed_dead_letter_once(q: Queue, client: redis.Redis) -> None:
+    ids = [q.enqueue("t", i, max_attempts=1) for i in range(3)]
+    for job in q.claim("w", limit=3).jobs:
+        q.fail(job.id, job.token, ("E", "m", ""))
+    before = counters(client, q)
+    q.set_dead_retention(max_count=1)
+    q.claim("w", limit=0)  # claims apply it too
+    q.claim("w", limit=0)
+    assert q.counts().dead == 1 and q.dead_ids() == [ids[2]]
+    assert delta(before, counters(client, q)) == {"dead_trimmed": 2}
+
+
+def test_stats_json_windows_and_the_table_show_the_counters_redis_holds(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    a, b, c = (q.enqueue("t", i, max_attempts=2) for i in range(3))
+    jobs = {j.id: j for j in q.claim("w", limit=3).jobs}
+    q.complete(a, jobs[a].token, None)
+    q.fail(b, jobs[b].token, ("E", "m", ""), delay_ms=0)
+    q.fail(c, jobs[c].token, ("E", "m", ""), retryable=False)
+    (again,) = q.claim("w", limit=3).jobs
+    q.fail(b, again.token, ("E", "m", ""))
+    held = counters(client, q)
+    assert held == {"claim": 4, "done": 1, "fail": 3, "retry": 1, "dead": 2}
+    run = CliRunner(env={"COLUMNS": "300"})
+    out = run.invoke(main, ["stats", "-q", q.name, "--json", "--url", redis_url])
+    assert out.exit_code == 0, out.output
+    (row,) = [r for r in json.loads(out.stdout)["queues"] if r["queue"] == q.name]
+    sixty = {k: v for k, v in row["windows"]["60m"].items() if v}
+    assert sixty == held
+    assert row["dead"] == 2
