@@ -21,6 +21,7 @@ from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
 from scheduler.dashboard import Auth, create_app
+from tests.test_dashboard import csrf_of
 
 
 def cli(redis_url: str, *args: str, code: int = 0) -> Any:
@@ -380,3 +381,97 @@ def test_dashboard_job_page_and_actions_in_every_partition(
             assert got.status_code == 200 and i in got.text
         got = web.get(f"/queues/{pq.name}/jobs/p1.nope")
         assert got.status_code == 404
+
+
+def finish_all(pq: PartitionedQueue) -> None:
+    """Every due job of pq claimed and completed, partition by partition, one at a time."""
+    for p in pq.parts:
+        while jobs := p.claim("w", limit=1).jobs:
+            p.complete(jobs[0].id, jobs[0].token, None)
+
+
+@pytest.mark.parametrize("state", ["leased", "finished", "held"])
+def test_other_states_page_the_merged_queue(
+    client: redis.Redis, pq: PartitionedQueue, state: str
+) -> None:
+    if state == "held":  # one leased per partition, the rest held by its key's limit
+        specs = [JobSpec("t", None, concurrency_key="k", concurrency_limit=1) for _ in range(12)]
+        pq.enqueue_many(specs)
+        for p in pq.parts:
+            p.claim("w", limit=4)
+    else:
+        pq.enqueue_many([JobSpec("t", None) for _ in range(11)])
+        if state == "finished":
+            finish_all(pq)
+        else:
+            for p in pq.parts:
+                p.claim("w", limit=10)
+    whole = [j.id for j in pq.list_jobs(state, limit=100)]
+    assert len(whole) == (9 if state == "held" else 11)
+    paged = [j.id for off in range(0, 12, 4) for j in pq.list_jobs(state, offset=off, limit=4)]
+    assert paged == whole
+    assert walk(client, pq, f"/queues/{pq.name}?state={state}&limit=4") == whole
+
+
+def test_dashboard_actions_reach_every_partition(client: redis.Redis, pq: PartitionedQueue) -> None:
+    dashboard_jobs(pq, "dead")  # 13 dead: 6 of task t, 7 of u, in every partition
+    only_u = set(pq.dead_ids(task="u"))
+    with TestClient(create_app(client=client, queues=[pq.name], auth=Auth())) as web:
+        token = csrf_of(web.get(f"/queues/{pq.name}/dead").text)
+        form = {"csrf": token, "do": "requeue:matching", "task": "u"}
+        confirm = web.post(f"/queues/{pq.name}/dead/confirm", data=form)
+        assert confirm.status_code == 200
+        fields = dict(
+            re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', confirm.text)
+        )
+        assert fields.get("count") == "7", fields
+        done = web.post(f"/queues/{pq.name}/dead/apply", data=fields)
+        assert done.status_code == 200
+        assert set(pq.dead_ids()) & only_u == set() and pq.counts().due == 7
+        for i in pq.dead_ids()[:3] + [j.id for j in pq.list_jobs("due", limit=3)]:
+            verb = "requeue" if pq.status(i) == "dead" else "cancel"
+            r = web.post(f"/queues/{pq.name}/jobs/{i}/{verb}", data={"csrf": token})
+            assert r.status_code == 200, r.text[:300]
+            assert pq.status(i) == ("due" if verb == "requeue" else "cancelled")
+        r = web.post(f"/queues/{pq.name}/pause", data={"csrf": token})
+        assert r.status_code == 200
+        assert all(p.counts().paused_ms is not None for p in pq.parts)
+
+
+def test_cli_enqueue_routes_by_key_and_parents(pq: PartitionedQueue, redis_url: str) -> None:
+    parent = pq.enqueue("t", None, job_id="p2.parent")
+    out = cli(redis_url, "enqueue", "t", "-q", pq.name, "--after", parent)
+    child = out["id"]
+    assert pq.layout.partition_of_id(child) == 2 and pq.status(child) == "held"
+    keyed = [cli(redis_url, "enqueue", "t", "-q", pq.name, "--key", "kk") for _ in range(2)]
+    assert keyed[0]["id"] == keyed[1]["id"]
+    assert pq.layout.partition_of_id(keyed[0]["id"]) == pq.layout.partition_of_key("kk")
+    assert pq.counts().due == 3  # the parent, its child (held: counted in due), the keyed one
+    far = next(k for k in range(50) if pq.layout.partition_of_key(f"x{k}") != 2)
+    cli(redis_url, "enqueue", "t", "-q", pq.name, "--after", parent, "--key", f"x{far}", code=2)
+    assert pq.counts().due == 3
+
+
+@pytest.mark.pq(suffix="-p")
+def test_enqueue_many_quirks_as_a_plain_queue(pq: PartitionedQueue, q: Queue) -> None:
+    """The same key or id twice in one call, a parent that does not exist: as a plain queue."""
+    for target in (pq, q):
+        a, b = target.enqueue_many([JobSpec("t", None, key="same"), JobSpec("t", None, key="same")])
+        assert a == b
+        c, d = target.enqueue_many(
+            [JobSpec("t", None, job_id="p1.x"), JobSpec("t", None, job_id="p1.x")]
+        )
+        assert c == d == "p1.x"
+        with pytest.raises(BadArgument):
+            target.enqueue("t", None, after=["p1.missing"])
+        assert target.counts().due == 2
+
+
+def test_debounce_after_a_claim_makes_a_new_job_in_the_keys_partition(pq: PartitionedQueue) -> None:
+    first = pq.enqueue("t", {"n": 1}, key="deb", debounce=True)
+    part = pq.part_of(first)
+    assert [j.id for j in part.claim("w", limit=1).jobs] == [first]
+    second = pq.enqueue("t", {"n": 2}, key="deb", debounce=True)
+    assert second != first and pq.part_of(second) is part
+    assert pq.enqueue("t", {"n": 3}, key="deb", debounce=True) == second
+    assert pq.get_job(second).payload() == {"n": 3}
