@@ -502,3 +502,24 @@ def test_stats_json_windows_and_the_table_show_the_counters_redis_holds(
     sixty = {k: v for k, v in row["windows"]["60m"].items() if v}
     assert sixty == held
     assert row["dead"] == 2
+
+
+def test_a_heartbeat_after_the_reaper_took_the_lapsed_lease_answers_as_documented(
+    q: Queue, client: redis.Redis
+) -> None:
+    """Queue.heartbeat's docstring: `'expired'` (the lease had lapsed), `'stale'` (another
+    claim holds the job). A lease that lapsed answers `expired` until a claim's reaper takes
+    it; after that, the job due again and held by no claim, it answers `stale`, which the
+    docstring gives only for a job another claim holds (complete's docstring does name the
+    reaped case). The worker reads every such status as `expired` (heartbeat.py _lost), so
+    its metric agrees with the stats; a hand-driven caller is told something untrue."""
+    a = q.enqueue("t", 1, max_attempts=3)
+    (job,) = q.claim("w", limit=1).jobs
+    client.zadd(q.keys.leased, {a: server_now_ms(client) - 1_000})
+    assert q.heartbeat([(a, job.token)])[1] == {a: "expired"}  # lapsed, not yet reaped
+    q.claim("w2", limit=0)  # another worker's claim reaps it: no claim holds the job now
+    assert counters(client, q) == {"claim": 1, "expired": 1}
+    assert q.list_jobs("leased") == []
+    status = q.heartbeat([(a, job.token)])[1][a]
+    doc = " ".join((Queue.heartbeat.__doc__ or "").split())
+    assert status == "expired" or "reaped" in doc, (status, doc)
