@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,11 @@ from scheduler import Backoff, JobNotFound, Queue, Registry
 from scheduler.admin.doctor import repair_queue
 from scheduler.admin.inspection import server_now_ms
 from scheduler.cli.main import main
+from scheduler.core.keys import STORAGE_GENERATION
 from scheduler.core.vocabulary import OUTCOMES, STAT_FIELDS
-from scheduler.worker import WorkerSettings
+from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.metrics import UNKNOWN_TASK, WorkerMetrics
+from scheduler.worker.outcomes import JobOutcome
 from scheduler.worker.registry import JobContext
 from tests.conftest import Clock
 from tests.embedded_worker import worker_thread
@@ -523,3 +526,58 @@ def test_a_heartbeat_after_the_reaper_took_the_lapsed_lease_answers_as_documente
     status = q.heartbeat([(a, job.token)])[1][a]
     doc = " ".join((Queue.heartbeat.__doc__ or "").split())
     assert status == "expired" or "reaped" in doc, (status, doc)
+
+
+hooked: list[tuple[str, str]] = []
+gate_tasks = Registry()
+gate = threading.Event()
+
+
+@gate_tasks.task(name="gated")
+def gated_task(payload: Any, ctx: JobContext) -> str:
+    gate.wait(30)
+    return "ok"
+
+
+@gate_tasks.on_outcome
+def record_outcome(outcome: JobOutcome) -> None:
+    hooked.append((outcome.ctx.job_id, outcome.outcome))
+
+
+def test_an_outcome_given_up_at_stop_reaches_the_hooks_as_the_metric_counts_it(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    """README / Registry.on_outcome: hooks get a JobOutcome for each outcome the worker
+    counts, under the metrics' word (`stale` included). An outcome given up at the stop (the
+    queue now stored by a newer version: newer_outcomes._given_up) is counted `stale` in the
+    metrics, but no hook hears of it, nor does a per-job log line name it."""
+    hooked.clear()
+    gate.clear()
+    log = logging.getLogger(f"scheduler.worker.review.gone.{q.name}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    seen = Records()
+    log.addHandler(seen)
+    job = q.enqueue("gated", {})
+    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=100, grace_s=20)
+
+    def open_gate_once_stopping(w: Worker) -> None:
+        deadline = time.monotonic() + 30
+        while not w._stop_claiming.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gate.set()
+
+    with worker_thread(redis_url, gate_tasks, settings, logger=log) as w:
+        deadline = time.monotonic() + 30
+        while client.zscore(q.keys.leased, job) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        client.hset(q.keys.config, "generation", str(STORAGE_GENERATION + 1))
+        opener = threading.Thread(target=open_gate_once_stopping, args=(w,))
+        opener.start()
+    opener.join(30)
+    client.hdel(q.keys.config, "generation")  # the fixture's cleanup runs this version's code
+    labels = {"queue": q.name, "task": "gated", "outcome": "stale"}
+    assert w.metrics.registry.get_sample_value("scheduler_jobs_total", labels) == 1
+    events = [(getattr(r, "job_id", ""), getattr(r, "event", "")) for r in seen.records]
+    assert (job, "stale") in hooked, (hooked, [r.getMessage() for r in seen.records])
+    assert (job, "stale") in events
