@@ -581,3 +581,78 @@ def test_an_outcome_given_up_at_stop_reaches_the_hooks_as_the_metric_counts_it(
     events = [(getattr(r, "job_id", ""), getattr(r, "event", "")) for r in seen.records]
     assert (job, "stale") in hooked, (hooked, [r.getMessage() for r in seen.records])
     assert (job, "stale") in events
+
+
+def test_a_re_sent_enqueue_of_a_child_parked_at_once_counts_one_dead(
+    q: Queue, client: redis.Redis
+) -> None:
+    parent = q.enqueue("t", 1, max_attempts=1)
+    (job,) = q.claim("w", limit=1).jobs
+    q.fail(parent, job.token, ("E", "m", ""))
+    before = counters(client, q)
+    for _ in range(2):  # the reply lost: the same id sent again
+        assert q.enqueue("t", 2, after=[parent], job_id="child-1") == "child-1"
+    q.enqueue("t", 3, after=[parent], key="k1")
+    q.enqueue("t", 3, after=[parent], key="k1")  # the same key: the first job's id
+    assert q.counts().dead == 3
+    assert delta(before, counters(client, q)) == {"dead": 2}
+
+
+@gate_tasks.task(name="self_cancel")
+def self_cancel_task(payload: Any, ctx: JobContext) -> str:
+    with redis.Redis.from_url(payload["url"], decode_responses=True) as c:
+        Queue(c, ctx.queue).cancel(ctx.job_id)  # cancelled while it runs, before its complete
+    return "ran"
+
+
+def test_a_complete_refused_as_cancelled_is_one_word_in_metric_log_hook_and_stats(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    hooked.clear()
+    log = logging.getLogger(f"scheduler.worker.review.cxl.{q.name}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    seen = Records()
+    log.addHandler(seen)
+    job = q.enqueue("self_cancel", {"url": redis_url})
+    settings = WorkerSettings(queues=(q.name,), heartbeat_ms=10_000, lease_ms=30_000)
+    with worker_thread(redis_url, gate_tasks, settings, logger=log) as w:
+        deadline = time.monotonic() + 30
+        while (job, "cancelled") not in hooked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        got = {
+            o: w.metrics.registry.get_sample_value(
+                "scheduler_jobs_total", {"queue": q.name, "task": "self_cancel", "outcome": o}
+            )
+            for o in OUTCOMES
+        }
+    assert {o: n for o, n in got.items() if n} == {"cancelled": 1}
+    assert hooked == [(job, "cancelled")]
+    refused = [r for r in seen.records if getattr(r, "event", "") == "cancelled"]
+    assert len(refused) == 1 and refused[0].levelno == logging.WARNING
+    assert (getattr(refused[0], "refused", ""), getattr(refused[0], "status", "")) == (
+        "complete",
+        "cancelled",
+    )
+    assert counters(client, q) == {"claim": 1, "cancel": 1}
+    assert q.get_job(job).state == "cancelled"
+
+
+def test_a_misfire_skip_is_one_misfire_skip_and_no_claim_or_cancel(
+    tq: tuple[Queue, Clock], client: redis.Redis
+) -> None:
+    q, clock = tq
+    base = 1_000 * MIN_MS
+    clock.set_ms(base + 1)
+    q.schedule("m", "t", every_ms=MIN_MS, misfire="run_once")
+    first = _pending(client, q, "m")
+    at = int(str(client.hget(q.keys.job(first), "run_at_ms")))
+    clock.set_ms(at + 5 * MIN_MS + 1_000)  # 5 later slots missed too
+    claimed: list[str] = []
+    for _ in range(3):
+        claimed += [j.id for j in q.claim("w", limit=5).jobs]
+    assert len(claimed) == 1 and first not in claimed
+    assert client.hget(q.keys.job(first), "skipped") == "misfire"
+    c = counters(client, q)
+    assert (c.get("misfire_skip"), c.get("claim"), c.get("cancel", 0)) == (1, 1, 0)
+    assert c.get("rearm") == 2  # the skip placed the latest missed run, its claim the next
