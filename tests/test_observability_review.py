@@ -216,14 +216,25 @@ class Records(logging.Handler):
         self.records.append(record)
 
 
-def test_a_workers_metrics_and_log_events_agree_with_the_stats(
-    redis_url: str, q: Queue, client: redis.Redis
-) -> None:
+def captured(q: Queue) -> tuple[logging.Logger, Records]:
+    """A worker logger of this test's own, at INFO, keeping its records."""
     log = logging.getLogger(f"scheduler.worker.review.{q.name}")
     log.setLevel(logging.INFO)
     log.propagate = False
     seen = Records()
     log.addHandler(seen)
+    return log, seen
+
+
+def jobs_total(w: Worker, q: Queue, task: str, outcome: str) -> float:
+    labels = {"queue": q.name, "task": task, "outcome": outcome}
+    return w.metrics.registry.get_sample_value("scheduler_jobs_total", labels) or 0.0
+
+
+def test_a_workers_metrics_and_log_events_agree_with_the_stats(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    log, seen = captured(q)
     ok = [q.enqueue("ok", {"i": i}) for i in range(6)]
     bad = [q.enqueue("bad", {}, max_attempts=2) for _ in range(2)]
     settings = WorkerSettings(queues=(q.name,), heartbeat_ms=100, lease_ms=5000)
@@ -235,17 +246,12 @@ def test_a_workers_metrics_and_log_events_agree_with_the_stats(
                 break
             time.sleep(0.02)
         m = w.metrics.registry
-
-        def metric(task: str, outcome: str) -> float:
-            labels = {"queue": q.name, "task": task, "outcome": outcome}
-            return m.get_sample_value("scheduler_jobs_total", labels) or 0.0
-
         stats = counters(client, q)
         assert all(q.status(i) == "done" for i in ok)
         assert stats == {"claim": 10, "done": 6, "fail": 4, "retry": 2, "dead": 2}
-        assert metric("ok", "done") == stats["done"]
-        assert metric("bad", "retry") == stats["retry"]
-        assert metric("bad", "dead") == stats["dead"]
+        assert jobs_total(w, q, "ok", "done") == stats["done"]
+        assert jobs_total(w, q, "bad", "retry") == stats["retry"]
+        assert jobs_total(w, q, "bad", "dead") == stats["dead"]
         lateness = sum(
             m.get_sample_value("scheduler_job_lateness_seconds_count", {"queue": q.name, "task": t})
             or 0.0
@@ -401,11 +407,7 @@ async def slow_task(payload: Any, ctx: JobContext) -> None:
 def test_a_workers_release_at_its_stop_agrees_with_the_stats(
     redis_url: str, q: Queue, client: redis.Redis
 ) -> None:
-    log = logging.getLogger(f"scheduler.worker.review.rel.{q.name}")
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    seen = Records()
-    log.addHandler(seen)
+    log, seen = captured(q)
     ids = [q.enqueue("slow", {"i": i}) for i in range(4)]
     settings = WorkerSettings(queues=(q.name,), concurrency=2, heartbeat_ms=100, grace_s=0)
     with worker_thread(redis_url, review_tasks, settings, logger=log) as w:
@@ -415,8 +417,7 @@ def test_a_workers_release_at_its_stop_agrees_with_the_stats(
         time.sleep(0.2)  # let it claim what it would (not a verdict: the counts say)
     assert q.counts().leased == 0 and q.counts().due == len(ids)
     stats = counters(client, q)
-    labels = {"queue": q.name, "task": "slow", "outcome": "released"}
-    released = w.metrics.registry.get_sample_value("scheduler_jobs_total", labels) or 0.0
+    released = jobs_total(w, q, "slow", "released")
     events = [str(getattr(r, "event", "")) for r in seen.records if hasattr(r, "event")]
     assert stats.get("release", 0) == stats.get("claim", 0) >= 2
     assert released == stats["release"]
@@ -443,15 +444,11 @@ def test_a_timeout_and_a_cancel_while_running_agree_with_the_stats(
             time.sleep(0.02)
         assert q.cancel(running) == "leased"
 
-        def metric(task: str, outcome: str) -> float:
-            labels = {"queue": q.name, "task": task, "outcome": outcome}
-            return w.metrics.registry.get_sample_value("scheduler_jobs_total", labels) or 0.0
-
         while time.monotonic() < deadline and not (
-            metric("slow", "cancelled") and q.status(timed) == "dead"
+            jobs_total(w, q, "slow", "cancelled") and q.status(timed) == "dead"
         ):
             time.sleep(0.02)
-        got = {(t, o): metric(t, o) for t in ("slow", "stuck") for o in OUTCOMES}
+        got = {(t, o): jobs_total(w, q, t, o) for t in ("slow", "stuck") for o in OUTCOMES}
     assert {k: v for k, v in got.items() if v} == {
         ("stuck", "timeout"): 1,
         ("stuck", "dead"): 1,
@@ -553,11 +550,7 @@ def test_an_outcome_given_up_at_stop_reaches_the_hooks_as_the_metric_counts_it(
     metrics, but no hook hears of it, nor does a per-job log line name it."""
     hooked.clear()
     gate.clear()
-    log = logging.getLogger(f"scheduler.worker.review.gone.{q.name}")
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    seen = Records()
-    log.addHandler(seen)
+    log, seen = captured(q)
     job = q.enqueue("gated", {})
     settings = WorkerSettings(queues=(q.name,), heartbeat_ms=100, grace_s=20)
 
@@ -576,8 +569,7 @@ def test_an_outcome_given_up_at_stop_reaches_the_hooks_as_the_metric_counts_it(
         opener.start()
     opener.join(30)
     client.hdel(q.keys.config, "generation")  # the fixture's cleanup runs this version's code
-    labels = {"queue": q.name, "task": "gated", "outcome": "stale"}
-    assert w.metrics.registry.get_sample_value("scheduler_jobs_total", labels) == 1
+    assert jobs_total(w, q, "gated", "stale") == 1
     events = [(getattr(r, "job_id", ""), getattr(r, "event", "")) for r in seen.records]
     assert (job, "stale") in hooked, (hooked, [r.getMessage() for r in seen.records])
     assert (job, "stale") in events
@@ -609,23 +601,14 @@ def test_a_complete_refused_as_cancelled_is_one_word_in_metric_log_hook_and_stat
     redis_url: str, q: Queue, client: redis.Redis
 ) -> None:
     hooked.clear()
-    log = logging.getLogger(f"scheduler.worker.review.cxl.{q.name}")
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    seen = Records()
-    log.addHandler(seen)
+    log, seen = captured(q)
     job = q.enqueue("self_cancel", {"url": redis_url})
     settings = WorkerSettings(queues=(q.name,), heartbeat_ms=10_000, lease_ms=30_000)
     with worker_thread(redis_url, gate_tasks, settings, logger=log) as w:
         deadline = time.monotonic() + 30
         while (job, "cancelled") not in hooked and time.monotonic() < deadline:
             time.sleep(0.01)
-        got = {
-            o: w.metrics.registry.get_sample_value(
-                "scheduler_jobs_total", {"queue": q.name, "task": "self_cancel", "outcome": o}
-            )
-            for o in OUTCOMES
-        }
+        got = {o: jobs_total(w, q, "self_cancel", o) for o in OUTCOMES}
     assert {o: n for o, n in got.items() if n} == {"cancelled": 1}
     assert hooked == [(job, "cancelled")]
     refused = [r for r in seen.records if getattr(r, "event", "") == "cancelled"]
