@@ -639,3 +639,17 @@ def test_a_misfire_skip_is_one_misfire_skip_and_no_claim_or_cancel(
     c = counters(client, q)
     assert (c.get("misfire_skip"), c.get("claim"), c.get("cancel", 0)) == (1, 1, 0)
     assert c.get("rearm") == 2  # the skip placed the latest missed run, its claim the next
+
+
+def test_jobs_cancel_of_a_parent_and_its_children_counts_cancels_and_no_dead(
+    redis_url: str, q: Queue, client: redis.Redis
+) -> None:
+    """docs/cli.md: each job the command cancels goes before any job it waits for, so none is
+    parked by its parent's cancel: three cancels, no new dead."""
+    parent = q.enqueue("t", 1, delay_ms=600_000)
+    kids = [q.enqueue("t", i, after=[parent]) for i in range(2)]
+    args = ["jobs", "cancel", parent, *kids, "-q", q.name, "--url", redis_url, "--yes"]
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 0, out.output
+    assert q.counts().dead == 0
+    assert counters(client, q) == {"cancel": 3}
