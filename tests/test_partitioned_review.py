@@ -15,12 +15,14 @@ import redis
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from scheduler import BadArgument, JobNotFound, JobSpec, Queue
+from scheduler import BadArgument, JobContext, JobNotFound, JobSpec, Queue, Registry
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
 from scheduler.dashboard import Auth, create_app
+from scheduler.worker import Worker, WorkerSettings
+from tests.embedded_worker import run_until
 from tests.test_dashboard import csrf_of
 
 
@@ -475,3 +477,105 @@ def test_debounce_after_a_claim_makes_a_new_job_in_the_keys_partition(pq: Partit
     assert second != first and pq.part_of(second) is part
     assert pq.enqueue("t", {"n": 3}, key="deb", debounce=True) == second
     assert pq.get_job(second).payload() == {"n": 3}
+
+
+@pytest.mark.pq(suffix="-p")
+@pytest.mark.parametrize("after", ["p1.a", [], ["p1.a", "p1.a"], ("p1.a",), ["p1.a", 5]], ids=repr)
+def test_odd_after_values_answer_as_a_plain_queue(
+    pq: PartitionedQueue, q: Queue, after: Any
+) -> None:
+    """after= as a str, empty, a duplicate, a tuple, a non-str entry: the partitioned queue
+    accepts or refuses (BadArgument, nothing written) exactly as a plain queue does."""
+    outcomes: list[tuple[str, Any]] = []
+    for target in (pq, q):
+        target.enqueue("t", None, job_id="p1.a")
+        try:
+            job = target.enqueue("t", None, after=after)
+            outcomes.append(("ok", target.status(job)))
+        except BadArgument:
+            outcomes.append(("refused", None))
+        outcomes.append(("count", target.counts().due))
+    assert outcomes[:2] == outcomes[2:]
+
+
+def test_an_id_tagged_past_the_count_routes_and_answers(pq: PartitionedQueue) -> None:
+    job = pq.enqueue("t", None, job_id="p7.x")  # 3 partitions: routed by its hash
+    assert pq.status(job) == "due" and pq.cancel(job) == "due"
+    assert pq.part_of(job).status(job) == "cancelled"
+
+
+# -- a worker on the logical name -------------------------------------------------------------
+def test_a_worker_runs_flows_limits_and_results_in_every_partition(
+    pq: PartitionedQueue, redis_url: str
+) -> None:
+    """A busy key-limited partition, a chain in another and plain jobs: every job runs, the
+    chain in order, the key never above its limit (per partition), results read from each."""
+    registry = Registry()
+    ran: list[str] = []
+    leased_now: dict[str, int] = {"k": 0, "max": 0}
+
+    @registry.task("step")
+    def step(payload: dict[str, Any], ctx: JobContext) -> str:
+        ran.append(payload["name"])
+        return str(payload["name"])
+
+    @registry.task("limited")
+    async def limited(payload: dict[str, Any], ctx: JobContext) -> int:
+        leased_now["k"] += 1
+        leased_now["max"] = max(leased_now["max"], leased_now["k"])
+        await asyncio.sleep(0)
+        leased_now["k"] -= 1
+        return int(payload["n"])
+
+    busy = [
+        pq.enqueue("limited", {"n": i}, job_id=f"p0.l{i}", concurrency_key="k", concurrency_limit=1)
+        for i in range(20)
+    ]
+    a = pq.enqueue("step", {"name": "a"}, job_id="p1.a")
+    b = pq.enqueue("step", {"name": "b"}, after=[a])
+    c = pq.enqueue("step", {"name": "c"}, after=[b])
+    plain = [pq.enqueue("step", {"name": f"x{i}"}) for i in range(6)]
+    every = [*busy, a, b, c, *plain]
+    names = tuple(p.name for p in pq.parts)  # as `scheduler worker --queue <name>` expands it
+    settings = WorkerSettings(queues=names, heartbeat_ms=5_000, lease_ms=30_000, grace_s=0)
+    assert run_until(
+        redis_url, registry, settings, lambda: all(pq.status(i) == "done" for i in every)
+    )
+    assert [n for n in ran if n in "abc"] == ["a", "b", "c"]
+    assert leased_now["max"] == 1
+    assert [pq.result(i, timeout_s=1) for i in busy] == list(range(20))
+    assert pq.result(c, timeout_s=1) == "c"
+
+    async def call(aq: AsyncPartitionedQueue) -> list[Any]:
+        return [await aq.result(i, timeout_s=1) for i in plain]
+
+    assert on_async(redis_url, pq.name, call) == [f"x{i}" for i in range(6)]
+    assert {pq.layout.partition_of_id(i) for i in plain} == {0, 1, 2}
+
+
+def test_an_embedded_worker_given_the_logical_name_runs_its_jobs(
+    pq: PartitionedQueue, redis_url: str
+) -> None:
+    """README: "A worker given the logical name claims every partition"; the embedded
+    `Worker(client, registry, WorkerSettings(queues=("emails",)))` (docs/guide/workers.md)
+    instead claims the logical name's own (always empty) queue: a burst run returns at once
+    with every job still due, and a long-running one serves nothing, silently. Only
+    `scheduler worker` expands the name (cli/worker_start.py serve: expand_labelled_async)."""
+    registry = Registry()
+
+    @registry.task("t")
+    def t(payload: Any, ctx: JobContext) -> None:
+        return None
+
+    ids = pq.enqueue_many([JobSpec("t", None) for _ in range(3)])
+
+    async def run() -> int:
+        client = connect_async(redis_url)
+        try:
+            settings = WorkerSettings(queues=(pq.name,), burst=True, grace_s=0)
+            return await Worker(client, registry, settings).run(install_signals=False)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(run()) == 0
+    assert [pq.status(i) for i in ids] == ["done"] * 3, [pq.status(i).value for i in ids]
