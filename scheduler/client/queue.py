@@ -297,7 +297,8 @@ class Queue(Unpicklable):
         Returns:
             `(lease_until_ms, {job_id: status})`. `lease_until_ms` is the server time the held
             leases now last until. Status per job: `'held'` (extended), `'expired'` (the lease
-            had lapsed: stop working on it), `'stale'` (another claim holds the job),
+            had lapsed: stop working on it), `'stale'` (another claim holds the job, or
+            this lapsed lease was reaped),
             `'cancelled'` (cancelled: stop), `'missing'` (no such job, or already settled).
             Refusals are statuses here, not exceptions.
 

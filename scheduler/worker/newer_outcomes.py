@@ -6,6 +6,7 @@ jobs again (at-least-once)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -64,6 +65,8 @@ def _given_up(w: Reporting, gone: Sequence[Running], queues: str, why: str) -> N
     for r in gone:
         w._forget(r)
         w.metrics.outcome(r.queue, r.job.task, "stale")
+        # Its line and hooks, as for any outcome the worker counts (README: on_outcome).
+        w._log_job("stale", r, level=logging.WARNING, refused="complete")
     note = w._log_limit.admit(("outcomes given up", why.split(" (", 1)[0]))
     if note is not None:
         w.log.warning(
