@@ -102,13 +102,14 @@ def test_a_pool_stopped_while_draining_leaves_no_job_leased(
 def test_a_replaced_child_killed_during_the_stop_makes_the_pool_exit_1(
     redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
 ) -> None:
-    """A reload (SIGHUP) swapped new processes in; the old one that holds a job is finishing a long job within
-    its --grace. Then the pool is stopped (SIGTERM) and the old one is killed by a signal of
-    its own (the OOM killer's SIGKILL), its job left leased until the lease lapses. For a
-    child that is not a reload's replaced one the pool exits 1 and names the signal
-    (tests/test_pool_child_killed_at_stop.py, README: 1 crash). Here the supervisor drops the
-    replaced process from `_retiring` without looking at its exit (worker_pool_reload.py
-    `_reload`'s first loop): the pool exits 0, a clean stop, and logs nothing of the kill."""
+    """A reload (SIGHUP) swapped new processes in; the old one that holds a long job is
+    finishing it within its --grace. Then the pool is stopped (SIGTERM) and that old one is
+    killed by a signal of its own (the OOM killer's SIGKILL), its job left leased until the
+    lease lapses. For a child that is not a reload's replaced one the pool exits 1 and names
+    the signal (tests/test_pool_child_killed_at_stop.py; README: 1 crash). Here the supervisor
+    drops the replaced process from `_retiring` without looking at how it ended
+    (worker_pool_reload.py, `_reload`'s first loop): the pool exits 0, a clean stop, and
+    logs nothing of the kill."""
     pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "120", log=pool_log)
     try:
         wait_started(pool_log, 2)
