@@ -211,6 +211,9 @@ def test_claim_is_shared_fairly_when_one_partition_is_busy(pq: PartitionedQueue)
     pq.enqueue_many([JobSpec("t", None, job_id=f"p{k}.x") for k in (1, 2)])
     got = pq.claim("w", limit=3).jobs
     assert sorted(pq.layout.partition_of_id(j.id) for j in got) == [0, 1, 2]
+    # limit 1 (a share of 0 for two partitions): still a job each call, from the busy one
+    pq.claim("w", limit=2)
+    assert [len(pq.claim("w", limit=1).jobs) for _ in range(5)] == [1] * 5
 
 
 # -- the CLI ----------------------------------------------------------------------------------
@@ -305,6 +308,15 @@ def test_cli_stats_and_doctor_on_a_partitioned_name(pq: PartitionedQueue, redis_
     doc = cli(redis_url, "doctor", "-q", pq.name, code=1)  # the test server keeps no AOF
     assert [f["code"] for f in doc["findings"]] == ["persistence-off"]
     assert doc["queues"] == [p.name for p in pq.parts]
+    client = pq.parts[1].client  # a due entry without its record, in one partition
+    client.zadd(pq.parts[1].keys.due, {"p1.ghost": 1})
+    doc = cli(redis_url, "doctor", "-q", pq.name, code=1)
+    assert ("missing-hash", pq.parts[1].name, "p1.ghost") in [
+        (f["code"], f["queue"], f["job_id"]) for f in doc["findings"]
+    ]
+    fixed = cli(redis_url, "doctor", "-q", pq.name, "--fix", code=1)["fixed"]
+    assert [(f["code"], f["queue"]) for f in fixed] == [("missing-hash", pq.parts[1].name)]
+    assert pq.status("p1.ghost") == "dead"
 
 
 def test_cli_pause_resume_on_a_partitioned_name(pq: PartitionedQueue, redis_url: str) -> None:
