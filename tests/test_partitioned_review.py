@@ -622,3 +622,24 @@ def test_dashboard_task_filtered_pages_reach_the_documented_2000(
         assert web.get(f"/queues/{pq.name}{page}?offset=460&limit=50").status_code == 200
         got = web.get(f"/queues/{pq.name}{page}?offset=460&limit=50&task=t")
         assert got.status_code == 200, re.findall(r'class="error">([^<]*)', got.text)
+
+
+def test_a_schedules_occurrences_answer_by_id_on_the_logical_queue(
+    pq: PartitionedQueue, redis_url: str
+) -> None:
+    names = [f"s{i}" for i in range(6)]
+    for n in names:
+        pq.schedule(n, "t", None, every_ms=3_600_000)
+    pending = {
+        n: pq.list_jobs("due", limit=50) + pq.list_jobs("scheduled", limit=50) for n in names
+    }
+    ids = sorted({j.id for jobs in pending.values() for j in jobs})
+    assert len(ids) == 6 and all(i.startswith("schedule:") for i in ids)
+    assert {pq.layout.partition_of_id(i) for i in ids} == {
+        pq.layout.partition_of_schedule(n) for n in names
+    }
+    assert all(pq.get_job(i).id == i for i in ids)
+    assert {pq.reschedule(i, delay_ms=0) for i in ids} == {"schedule"}
+    out = cli(redis_url, "jobs", "show", "-q", pq.name, ids[0])
+    assert out["id"] == ids[0]
+    assert [s.name for s in pq.list_schedules()] == names
