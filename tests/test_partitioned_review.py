@@ -640,3 +640,29 @@ def test_a_schedules_occurrences_answer_by_id_on_the_logical_queue(
     out = cli(redis_url, "jobs", "show", "-q", pq.name, ids[0])
     assert out["id"] == ids[0]
     assert [s.name for s in pq.list_schedules()] == names
+
+
+@pytest.mark.pq(suffix="-p")
+def test_requeue_of_a_dead_flow_answers_as_a_plain_queue(pq: PartitionedQueue, q: Queue) -> None:
+    """A parent dead, its child parked for it: requeue_dead([child, parent]) in one call."""
+    seen = []
+    for target, part in ((pq, pq.parts[2]), (q, q)):
+        parent = target.enqueue("t", None, job_id="p2.parent")
+        child = target.enqueue("t", None, after=[parent])
+        kill(part, 1)
+        before = (target.status(parent), target.status(child))
+        n = target.requeue_dead([child, parent])
+        seen.append((before, n, target.status(parent), target.status(child)))
+    assert seen[0] == seen[1]
+    assert seen[0][0] == ("dead", "dead")
+
+
+def test_async_enqueues_at_once_keep_keys_unique(pq: PartitionedQueue, redis_url: str) -> None:
+    async def call(aq: AsyncPartitionedQueue) -> list[str]:
+        return list(
+            await asyncio.gather(*(aq.enqueue("t", {"i": i}, key=f"k{i % 5}") for i in range(30)))
+        )
+
+    ids = on_async(redis_url, pq.name, call)
+    assert len(set(ids)) == 5 and pq.counts().due == 5
+    assert all(ids[i] == ids[i % 5] for i in range(30))
