@@ -666,3 +666,24 @@ def test_async_enqueues_at_once_keep_keys_unique(pq: PartitionedQueue, redis_url
     ids = on_async(redis_url, pq.name, call)
     assert len(set(ids)) == 5 and pq.counts().due == 5
     assert all(ids[i] == ids[i % 5] for i in range(30))
+
+
+@pytest.mark.parametrize("state", ["due", "dead"])
+def test_cli_task_scan_resumes_over_the_merged_queue(
+    pq: PartitionedQueue, redis_url: str, monkeypatch: pytest.MonkeyPatch, state: str
+) -> None:
+    """`jobs list --task` cut at its scan bound goes on with --scan-from: neither skipping nor
+    repeating a match across the partitions (the bound made small here)."""
+    monkeypatch.setattr("scheduler.cli.jobs._TASK_SCAN_MAX", 4)
+    dashboard_jobs(pq, state)
+    only_t = [j.id for j in pq.list_jobs(state, limit=100) if j.task == "t"]
+    got: list[str] = []
+    scan: str | None = "0"
+    for _ in range(10):
+        if scan is None:
+            break
+        out = cli(redis_url, "jobs", "list", "-q", pq.name, "--state", state, "--task", "t",
+                  "--scan-from", scan, "--limit", "100")  # fmt: skip
+        got += ids_of(out)
+        scan = None if out["next_scan_from"] is None else str(out["next_scan_from"])
+    assert got == only_t
