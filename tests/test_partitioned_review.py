@@ -687,3 +687,14 @@ def test_cli_task_scan_resumes_over_the_merged_queue(
         got += ids_of(out)
         scan = None if out["next_scan_from"] is None else str(out["next_scan_from"])
     assert got == only_t
+
+
+def test_dashboard_api_sums_the_partitions(client: redis.Redis, pq: PartitionedQueue) -> None:
+    pq.enqueue_many([JobSpec("t", None) for _ in range(5)])
+    pq.enqueue_many([JobSpec("t", None, delay_ms=60_000) for _ in range(4)])
+    kill(pq.parts[1], 1)
+    pq.parts[2].pause()  # one partition paused: the queue shows paused (docs: any partition)
+    with TestClient(create_app(client=client, queues=[pq.name], auth=Auth())) as web:
+        row = web.get(f"/queues/{pq.name}/api").json()
+    assert (row["due"], row["scheduled"], row["dead"]) == (4, 4, 1)
+    assert row["paused_ms"] is not None
