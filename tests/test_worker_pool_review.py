@@ -132,3 +132,63 @@ def test_a_replaced_child_killed_during_the_stop_makes_the_pool_exit_1(
     assert q.get_job(job).state == "leased"  # its lease lapses: run again, not lost
     assert code == EXIT_FAILED, f"exit {code}: " + text[-3000:]
     assert "SIGKILL" in text, text[-3000:]
+
+
+# -- a reload as the pool starts, a stop as it reloads ---------------------------------------
+
+
+def test_a_sighup_while_the_children_start_still_leaves_a_working_pool(
+    redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
+) -> None:
+    """A reload asked while the first children are still starting (not ready): the pool
+    neither stops nor fails; it ends with two working children and stops cleanly."""
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", log=pool_log)
+    try:
+        wait_for(lambda: "worker process 2 started" in _text(pool_log), what="children forked")
+        first = set(children(pool.pid))
+        assert _text(pool_log).count("concurrency=16") < 2  # still starting
+        pool.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reload: replacing 2" in _text(pool_log), what="the reload begun")
+
+        def replaced() -> bool:
+            now = set(children(pool.pid))
+            return len(now) == 2 and not now & first
+
+        wait_for(replaced, timeout_s=60, what="both slots replaced")
+        assert pool.poll() is None
+        ids = [q.enqueue("echo", {"n": i}) for i in range(20)]
+        wait_for(lambda: all(q.status(i) == "done" for i in ids), timeout_s=60, what="all done")
+    finally:
+        code = _end(pool)
+    assert code == 0, _text(pool_log)[-3000:]
+
+
+def test_a_stop_right_after_a_sighup_is_graceful_and_the_running_job_finishes(
+    redis_url: str, client: redis.Redis, q: Queue, pool_log: Path, tmp_path: Path
+) -> None:
+    """SIGHUP then SIGTERM at once (a reload cut short by a deploy's stop): the hangup is no
+    signal of the count (README), so the SIGTERM is the first one: the running job finishes
+    within --grace (done, one attempt) and the pool exits 0, not 130."""
+    gate = tmp_path / "go"
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "60", log=pool_log)
+    try:
+        wait_started(pool_log, 2)
+        job = q.enqueue("sync_sleep", {"s": 120, "until": str(gate)})
+        wait_for(lambda: client.llen(f"{LEDGER}:{q.name}") == 1, what="the job running")
+        holder = _holder(client, q)
+        pool.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reload: replacing" in _text(pool_log), what="the reload begun")
+        pool.send_signal(signal.SIGTERM)
+        wait_for(lambda: "stopping" in _text(pool_log), what="the stop begun")
+        assert alive(holder)  # within its grace
+        gate.touch()
+        code = pool.wait(60)
+    finally:
+        if pool.poll() is None:
+            _end(pool)
+    text = _text(pool_log)
+    assert code == 0, text[-3000:]
+    assert "second signal" not in text, text[-3000:]
+    got = q.get_job(job)
+    assert got.state == "done" and got.attempts == 1, got
+    assert children(pool.pid) == []
