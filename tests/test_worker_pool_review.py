@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,10 @@ from click.testing import CliRunner
 from scheduler import Queue
 from scheduler.cli.main import main
 from scheduler.core.exits import EXIT_FAILED
+from tests.faults.test_security import PASSWORD
+from tests.redis_server import RedisProcess
 from tests.test_worker_pool import alive, children, spawn_pool, wait_started
+from tests.test_worker_server_errors_audit import app_role
 from tests.workers.basic import LEDGER
 from tests.workers.procs import wait_for
 
@@ -192,3 +197,77 @@ def test_a_stop_right_after_a_sighup_is_graceful_and_the_running_job_finishes(
     got = q.get_job(job)
     assert got.state == "done" and got.attempts == 1, got
     assert children(pool.pid) == []
+
+
+# -- refused at start, as one worker is ---------------------------------------------------------
+
+
+def test_a_pool_whose_metrics_port_is_taken_exits_1_and_starts_no_child(
+    redis_url: str, q: Queue, pool_log: Path
+) -> None:
+    """--metrics-port already bound by another program: one line and exit 1 (docs/cli.md's
+    table), as for one worker, before any child starts (so no job is claimed)."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        pool = spawn_pool(redis_url, q.name, "--processes", "2", "--metrics-port", str(port),
+                          log=pool_log)  # fmt: skip
+        try:
+            code = pool.wait(60)
+        finally:
+            if pool.poll() is None:
+                _end(pool)
+    text = _text(pool_log)
+    assert code == EXIT_FAILED, text[-3000:]
+    assert f"cannot serve metrics on port {port}" in text, text[-3000:]
+    assert "worker process 1 started" not in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+
+
+def test_a_pool_over_its_max_memory_at_start_exits_2_not_a_restart_loop(
+    redis_url: str, q: Queue, pool_log: Path
+) -> None:
+    """README: a --max-memory-mb the process is over before its first job is refused at start
+    (exit 2), not met again by every replacement. In a pool each child is over it: the first
+    start fails, the pool stops with the child's code 2 (not a restart every second)."""
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--max-memory-mb", "1",
+                      log=pool_log)  # fmt: skip
+    try:
+        code = pool.wait(90)
+    finally:
+        if pool.poll() is None:
+            _end(pool)
+    text = _text(pool_log)
+    assert code == 2, text[-3000:]
+    assert "restarting in" not in text, text[-3000:]
+
+
+def test_a_reloads_new_process_refused_for_good_stops_the_pool_with_5(
+    module_server: RedisProcess, pool_log: Path
+) -> None:
+    """README: "a child that exits 5 at any time (an ACL permission removed mid-run, a password
+    rotated: every child is the same Redis user) stops the others gracefully and the pool exits
+    5 too". The password is rotated while the pool runs, then a deploy's reload (SIGHUP)
+    starts a new process, which is refused (exit 5): the reload ends there, and the running
+    children, refused at their next new connection, stop the pool with 5 (held)."""
+    admin = module_server.client()
+    user = "pr" + uuid.uuid4().hex[:6]
+    app_role(admin, user)
+    url = f"unix://{user}:{PASSWORD}@{module_server.socket}"
+    pool = spawn_pool(url, "p5-" + uuid.uuid4().hex[:6], "--processes", "2", log=pool_log)
+    try:
+        wait_started(pool_log, 2)
+        admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated-" + PASSWORD)  # type: ignore[no-untyped-call]
+        pool.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reload ended" in _text(pool_log) or pool.poll() is not None,
+                 timeout_s=60, what="the new process refused")  # fmt: skip
+        try:
+            code = pool.wait(60)
+        except subprocess.TimeoutExpired:
+            code = None
+        text = _text(pool_log)
+        assert code == 5, f"exit {code}: " + text[-3000:]
+    finally:
+        _end(pool)
+        admin.acl_deluser(user)
