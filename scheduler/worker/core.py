@@ -112,6 +112,7 @@ class WorkerCore:
         self.metrics = metrics or WorkerMetrics()
         self.metrics.tasks = registry  # an unknown task's jobs: one series, not one per name
         self.log = logger or logging.getLogger(logs.LOGGER)
+        self._clock = _clock
         self.queues = [_Queue(client, n, _clock) for n in self.settings.queues]
         self._result_ttl_ms = self.settings.result_ttl_ms or Settings.result_ttl_ms
         self._by_name = {q.name: q for q in self.queues}

@@ -1,0 +1,28 @@
+"""A Worker given a partitioned queue's logical name claims its partitions, as `scheduler worker`
+does (cli/worker_start.py expands the names before it makes the Worker): embedded
+(docs/guide/workers.md), it claimed the logical name's own queue, which no job is ever in, and
+ran nothing while reporting nothing wrong."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from scheduler.client.partitioned_merge import expand_labelled_async
+
+if TYPE_CHECKING:
+    from scheduler.worker.core import WorkerCore
+
+
+async def expand_logical(w: WorkerCore) -> None:
+    """Replace each logical name among the worker's queues by its partitions (one read of each
+    name's partitions record); its metrics label each partition by its logical name."""
+    from scheduler.worker.core import _Queue  # core imports nothing of this module
+
+    names, logical = await expand_labelled_async(w.client, w.settings.queues)
+    if not logical:
+        return
+    w.settings = replace(w.settings, queues=names)
+    w.queues = [_Queue(w.client, n, w._clock) for n in names]
+    w._by_name = {q.name: q for q in w.queues}
+    w.metrics.logical.update(logical)
