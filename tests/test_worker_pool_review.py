@@ -21,7 +21,7 @@ from scheduler.cli.main import main
 from scheduler.core.exits import EXIT_FAILED
 from tests.faults.test_security import PASSWORD
 from tests.redis_server import RedisProcess
-from tests.test_worker_pool import alive, children, spawn_pool, wait_started
+from tests.test_worker_pool import alive, children, ledger_pids, spawn_pool, wait_started
 from tests.test_worker_server_errors_audit import app_role
 from tests.workers.basic import LEDGER
 from tests.workers.procs import wait_for
@@ -271,3 +271,28 @@ def test_a_reloads_new_process_refused_for_good_stops_the_pool_with_5(
     finally:
         _end(pool)
         admin.acl_deluser(user)
+
+
+def test_a_pool_stop_past_the_grace_releases_the_running_jobs_with_their_attempt(
+    redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
+) -> None:
+    """SIGTERM to a pool whose children each run a job that outlives --grace: after the grace
+    each job is released (state due, its attempt given back: README's shutdown order) rather
+    than left leased until its lease lapses, and the pool exits 0."""
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--concurrency", "1", "--grace",
+                      "1", "--lease-ms", "600000", log=pool_log)  # fmt: skip
+    try:
+        wait_for(lambda: _text(pool_log).count("concurrency=1 ") == 2, what="two started")
+        jobs = [q.enqueue("sleep", {"s": 3600}) for _ in range(2)]
+        wait_for(lambda: all(q.status(j) == "leased" for j in jobs), what="both running")
+        wait_for(lambda: client.llen(f"{LEDGER}:{q.name}") == 2, what="both started")
+        assert len(set(ledger_pids(client, q))) == 2  # one in each child
+        pool.send_signal(signal.SIGTERM)
+        code = pool.wait(60)
+    finally:
+        if pool.poll() is None:
+            _end(pool)
+    assert code == 0, _text(pool_log)[-3000:]
+    for j in jobs:
+        got = q.get_job(j)
+        assert got.state == "due" and got.attempts == 0, got
