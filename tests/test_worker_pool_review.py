@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -296,3 +297,36 @@ def test_a_pool_stop_past_the_grace_releases_the_running_jobs_with_their_attempt
     for j in jobs:
         got = q.get_job(j)
         assert got.state == "due" and got.attempts == 0, got
+
+
+def _processes_of(queue: str) -> list[int]:
+    """Live processes whose command line names `queue` (a pool's supervisor or child)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if queue.encode() in cmd and alive(int(entry)):
+                out.append(int(entry))
+    return out
+
+
+@pytest.mark.parametrize("delay_s", [0.05, 0.4, 1.0, 2.0])
+def test_a_stop_at_any_point_of_the_pools_start_exits_0_and_leaves_no_process(
+    redis_url: str, q: Queue, pool_log: Path, delay_s: float
+) -> None:
+    """SIGTERM to the supervisor at a point of its start (its imports, the children forked,
+    the children importing or connecting): exit 0 (README: a stop while starting), and no
+    child is left running without its supervisor."""
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", log=pool_log)
+    try:
+        time.sleep(delay_s)  # the point of the start the stop comes at: not a synchronisation
+        pool.send_signal(signal.SIGTERM)
+        code = pool.wait(60)
+    finally:
+        if pool.poll() is None:
+            _end(pool)
+    wait_for(lambda: _processes_of(q.name) == [], what="no process of the pool left")
+    assert code in (0, -signal.SIGTERM), _text(pool_log)[-3000:]
