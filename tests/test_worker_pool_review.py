@@ -330,3 +330,31 @@ def test_a_stop_at_any_point_of_the_pools_start_exits_0_and_leaves_no_process(
             _end(pool)
     wait_for(lambda: _processes_of(q.name) == [], what="no process of the pool left")
     assert code in (0, -signal.SIGTERM), _text(pool_log)[-3000:]
+
+
+def test_a_second_signal_after_a_reload_kills_the_replaced_process_too(
+    redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
+) -> None:
+    """After a reload, a replaced process still finishing its job within --grace; then SIGTERM
+    and a second one: every process of the pool is killed, the replaced one too (none keeps
+    claiming without its supervisor), exit 130, and the job is left to its lease (not lost)."""
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "120", log=pool_log)
+    try:
+        wait_started(pool_log, 2)
+        job = q.enqueue("sleep", {"s": 3600})
+        wait_for(lambda: client.llen(f"{LEDGER}:{q.name}") == 1, what="the job running")
+        old = _holder(client, q)
+        pool.send_signal(signal.SIGHUP)
+        wait_for(lambda: _text(pool_log).count("stop asked by the pool") == 2, timeout_s=60,
+                 what="both slots swapped")  # fmt: skip
+        wait_for(lambda: len(children(pool.pid)) == 3, what="the idle old one gone")
+        pool.send_signal(signal.SIGTERM)
+        wait_for(lambda: children(pool.pid) == [old], timeout_s=60, what="the new ones stopped")
+        pool.send_signal(signal.SIGTERM)
+        code = pool.wait(60)
+    finally:
+        if pool.poll() is None:
+            _end(pool)
+    wait_for(lambda: not alive(old), what="the replaced process killed")
+    assert code == 130, _text(pool_log)[-3000:]
+    assert q.get_job(job).state == "leased"
