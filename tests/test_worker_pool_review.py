@@ -25,7 +25,7 @@ from tests.redis_server import RedisProcess
 from tests.test_worker_pool import alive, children, ledger_pids, spawn_pool, wait_started
 from tests.test_worker_server_errors_audit import app_role
 from tests.workers.basic import LEDGER
-from tests.workers.procs import wait_for
+from tests.workers.procs import ROOT, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -358,3 +358,50 @@ def test_a_second_signal_after_a_reload_kills_the_replaced_process_too(
     wait_for(lambda: not alive(old), what="the replaced process killed")
     assert code == 130, _text(pool_log)[-3000:]
     assert q.get_job(job).state == "leased"
+
+
+# A registry whose import, while HUP_DIR/slow exists, says so (HUP_DIR/seen-<pid>) and waits
+# (at most 120 s) for HUP_DIR/release: a reload's new process that is still starting.
+SLOW_REGISTRY = """
+import os, time
+from tests.workers.basic import registry
+d = os.environ['HUP_DIR']
+if os.path.exists(os.path.join(d, 'slow')):
+    open(os.path.join(d, 'seen-%d' % os.getpid()), 'w').close()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(d, 'release')) and time.monotonic() < deadline:
+        time.sleep(0.05)
+"""
+
+
+def test_a_reloads_new_process_killed_during_the_stop_makes_the_pool_exit_1(
+    redis_url: str, q: Queue, pool_log: Path, tmp_path: Path
+) -> None:
+    """The same for a reload's new process, still starting when the pool is stopped and
+    killed by a signal of its own before it could stop: a first-start child killed so makes
+    the pool exit 1 (`_reap`: "killed by SIGKILL while stopping"); the reload's one is seen
+    only by `_incoming_step` (worker_pool_reload.py), which records no exit: the pool exits
+    0 and logs nothing of it."""
+    (tmp_path / "slow_registry.py").write_text(SLOW_REGISTRY)
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", log=pool_log,
+                      registry="slow_registry:registry", pythonpath=f"{tmp_path}:{ROOT}",
+                      extra_env={"HUP_DIR": str(tmp_path)})  # fmt: skip
+    try:
+        wait_started(pool_log, 2)
+        old = set(children(pool.pid))
+        (tmp_path / "slow").touch()
+        pool.send_signal(signal.SIGHUP)
+        wait_for(lambda: any(p.name.startswith("seen-") for p in tmp_path.iterdir()),
+                 what="the new process starting")  # fmt: skip
+        (new,) = set(children(pool.pid)) - old
+        os.kill(new, signal.SIGSTOP)  # it cannot act on the stop: killed before it does
+        pool.send_signal(signal.SIGTERM)
+        wait_for(lambda: children(pool.pid) == [new], timeout_s=60, what="the old ones stopped")
+        os.kill(new, signal.SIGKILL)
+        code = pool.wait(60)
+    finally:
+        if pool.poll() is None:
+            _end(pool)
+    text = _text(pool_log)
+    assert code == EXIT_FAILED, f"exit {code}: " + text[-3000:]
+    assert "SIGKILL" in text, text[-3000:]
