@@ -28,7 +28,7 @@ from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job
 from scheduler.dashboard.actions import Actions, Form
-from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition
+from scheduler.dashboard.logical import once_per_partition
 from scheduler.dashboard.params import DEFAULT_LIMIT, int_param
 from scheduler.operations import browsing
 from scheduler.operations.dead_letters import dead_converted, scan_dead
@@ -133,19 +133,14 @@ class DeadPages(Actions):
         counts, _, unread = view.counts_and_paused()  # partitions left out: named on the page
         max_dead_ms = f.max_dead_ms(counts.now_ms)
         scanned = None
-        # A partitioned queue: each partition's first offset + limit, merged newest first.
-        start, count = (0, merged_window(offset, limit)) if view.partitioned else (offset, limit)
         next_offset: int | None
+        cut: list[str] = []  # partitions whose filtered scan stopped short (view.filtered)
         if f.by_record:
-            found = view.filtered_pages(
-                unread, "dead", task=f.task, error_type=f.error_type,
-                max_dead_ms=max_dead_ms, offset=start, limit=count,
+            jobs, scanned, next_offset, cut = view.filtered(
+                unread, "dead", offset, limit, task=f.task, error_type=f.error_type,
+                max_dead_ms=max_dead_ms,
             )  # fmt: skip
-            jobs = merge_found("dead", found, offset - start, limit)
-            scanned, total = sum(p.scanned for p in found), None
-            next_offset = found[0].next_offset if not view.partitioned else offset + limit
-            if all(p.next_offset is None for p in found):
-                next_offset = None
+            total = None
         elif view.partitioned:
             jobs, more = view.merged_page(
                 "dead", counts.now_ms, offset, limit, max_dead_ms, unread=unread
@@ -175,6 +170,7 @@ class DeadPages(Actions):
             filters=f.as_dict(),
             total=total,
             scanned=scanned,
+            scan_cut=cut,
             offset=offset,
             limit=limit,
             next_offset=next_offset,

@@ -225,6 +225,26 @@ class View:
             unread,
         )
 
+    def filtered(
+        self, unread: list[str], state: str, offset: int, limit: int, **filters: Any
+    ) -> tuple[list[Job], int, int | None, list[str]]:
+        """A filtered page: (jobs, ids looked through, the next page's offset or None, the
+        partitions whose scan stopped at browsing.MAX_SCAN short of the page: "more" cannot
+        search further in them, their own page can). A plain queue's offset is its scan
+        position; a partitioned queue's page is merged from each partition's first offset +
+        limit matches, with "more" while they pass this page together."""
+        if not self.partitioned:
+            (f,) = self.filtered_pages(unread, state, offset=offset, limit=limit, **filters)
+            return f.jobs, f.scanned, f.next_offset, []
+        count = merged_window(offset, limit)
+        found = self.filtered_pages(unread, state, offset=0, limit=count, **filters)
+        full = [f.next_offset is not None and len(f.jobs) == count for f in found]
+        more = any(full) or sum(len(f.jobs) for f in found) > offset + limit
+        cut = [q.name for q, f, k in zip(self.parts, found, full, strict=True)
+               if f.next_offset is not None and not k]  # fmt: skip
+        jobs, scanned = merge_found(state, found, offset, limit), sum(f.scanned for f in found)
+        return jobs, scanned, offset + limit if more else None, cut
+
     def requeue_dead(self, ids: Sequence[str]) -> int:
         return self.parts[0].requeue_dead(ids) if self.pq is None else self.pq.requeue_dead(ids)
 

@@ -30,7 +30,7 @@ from scheduler.core.keys import check_job_id
 from scheduler.core.models import JobState
 from scheduler.dashboard import batch
 from scheduler.dashboard.history import BUCKET_MS, merge_max
-from scheduler.dashboard.logical import merge_found, merged_window, once_per_partition, unread_why
+from scheduler.dashboard.logical import once_per_partition, unread_why
 from scheduler.dashboard.params import DEFAULT_LIMIT, int_param, text_param
 from scheduler.dashboard.reasons import (
     CAN_CANCEL,
@@ -177,16 +177,9 @@ class Pages:
         unread = list(summary["unread_partitions"])  # partitions left out, named on the page
         next_offset: int | None
         scanned = None
-        # A partitioned queue: each partition's first offset + limit, merged in index order.
-        start, count = (0, merged_window(offset, limit)) if view.partitioned else (offset, limit)
+        cut: list[str] = []  # partitions whose filtered scan stopped short (view.filtered)
         if task is not None:
-            found = view.filtered_pages(unread, state, task=task, offset=start, limit=count)
-            jobs = merge_found(state, found, offset - start, limit)
-            scanned = sum(f.scanned for f in found)
-            more = any(f.next_offset is not None for f in found)
-            next_offset = (
-                (found[0].next_offset if not view.partitioned else offset + limit) if more else None
-            )
+            jobs, scanned, next_offset, cut = view.filtered(unread, state, offset, limit, task=task)
         elif view.partitioned:
             jobs, more = view.merged_page(state, summary["now_ms"], offset, limit, unread=unread)
             next_offset = offset + limit if more else None
@@ -212,6 +205,7 @@ class Pages:
             prev_offset=(0 if scanned is not None else max(offset - limit, 0)) if offset else None,
             task=task or "",
             scanned=scanned,
+            scan_cut=cut,
             unreachable=once_per_partition(unread),
         )
 

@@ -23,6 +23,7 @@ from scheduler.operations.requests import Commands, Op
 
 MAX_PAGE = 500  # the largest page a browser may ask for
 MAX_SCAN = 1_000  # ids a filtered page looks through per request (find by task, dead filters)
+MAX_FILTERED = 2_000  # matches of one filtered page: dashboard/logical.py MAX_MERGED_WINDOW
 # The start-lateness fields claim adds to each stats minute (lua/lib/lateness.lua).
 LATENESS_BOUNDS_MS = (10, 100, 1_000, 10_000, 60_000, 600_000)
 LATENESS_FIELDS = (
@@ -90,8 +91,11 @@ def filtered_page(
 ) -> Op[FilteredPage]:
     """Up to `limit` jobs of `state` matching the filters, scanning at most `max_scan` ids
     from `offset` (a filter over a huge set is resumed page by page, never run to its end in
-    one request). `max_dead_ms` applies to dead letters only."""
-    _page_args(offset, limit)
+    one request). `max_dead_ms` applies to dead letters only. `limit` up to MAX_FILTERED: a
+    partitioned queue's merged page asks each partition for offset + limit matches."""
+    codec._int(offset, "offset", minimum=0)
+    if codec._int(limit, "limit", minimum=1) > MAX_FILTERED:
+        raise BadArgument(f"limit must be <= {MAX_FILTERED}, got {limit}")
     found: list[Job] = []
     scores: list[float] = []
     scanned = 0
