@@ -72,7 +72,8 @@ def register(main: click.Group) -> None:
     "--lease-ms",
     default=DEFAULT_LEASE_MS,
     show_default=True,
-    help="Lease length (1 ms .. 1 day); a crashed worker's jobs are re-run after it.",
+    help="Lease length (up to 1 day; at least 3 heartbeat intervals, so 30 ms at the least); a "
+    "crashed worker's jobs are re-run after it.",
 )
 @click.option(
     "--heartbeat-ms",
