@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from scheduler import Queue
 from scheduler.cli.main import main
+from scheduler.cli.worker_pool_start import stop_deadline_s
 from scheduler.core.exits import EXIT_FAILED
 from tests.faults.test_security import PASSWORD
 from tests.redis_server import RedisProcess
@@ -405,3 +406,38 @@ def test_a_reloads_new_process_killed_during_the_stop_makes_the_pool_exit_1(
     text = _text(pool_log)
     assert code == EXIT_FAILED, f"exit {code}: " + text[-3000:]
     assert "SIGKILL" in text, text[-3000:]
+
+
+def test_a_replaced_child_killed_at_the_stop_deadline_makes_the_pool_exit_1(
+    redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
+) -> None:
+    """docs/guide/workers.md: a process still running --grace + the lease + 50 s after it was
+    asked to stop "(by the pool's stop or a reload)" is killed: "its leases lapse, and a
+    stopping pool exits 1". A reload's replaced process frozen (SIGSTOP) while it holds a job,
+    then the pool stopped: the supervisor kills it at the deadline (logged), but
+    `killed_at_deadline` is read only by `_reap`, which never sees a replaced process: the
+    pool exits 0."""
+    pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "0", "--lease-ms",
+                      "1000", "--heartbeat-ms", "300", log=pool_log)  # fmt: skip
+    old = 0
+    try:
+        wait_for(lambda: _text(pool_log).count("started: queues") == 2, what="two started")
+        job = q.enqueue("sleep", {"s": 3600})
+        wait_for(lambda: client.llen(f"{LEDGER}:{q.name}") == 1, what="the job running")
+        old = _holder(client, q)
+        os.kill(old, signal.SIGSTOP)
+        pool.send_signal(signal.SIGHUP)
+        wait_for(lambda: _text(pool_log).count("started: queues") == 4, timeout_s=60,
+                 what="both slots' new processes")  # fmt: skip
+        wait_for(lambda: len(children(pool.pid)) == 3, timeout_s=60, what="the idle old gone")
+        pool.send_signal(signal.SIGTERM)
+        code = pool.wait(stop_deadline_s(0, 1000) + 60)  # a hang guard only
+    finally:
+        if old and alive(old):
+            os.kill(old, signal.SIGKILL)
+        if pool.poll() is None:
+            _end(pool)
+    text = _text(pool_log)
+    assert "did not stop within" in text, text[-3000:]
+    assert q.get_job(job).state in ("leased", "due")  # not lost: its lease lapses
+    assert code == EXIT_FAILED, f"exit {code}: " + text[-3000:]
