@@ -4,9 +4,11 @@ the code on disk now, replace the children one at a time."""
 from __future__ import annotations
 
 import logging
+import signal
 
 from scheduler.cli.worker_pool_child import RETIRED_BY, STOP_SIGNAL
-from scheduler.cli.worker_pool_proc import Child, exit_code
+from scheduler.cli.worker_pool_proc import Child, exit_code, killed_by
+from scheduler.core.exits import EXIT_FAILED
 
 log = logging.getLogger("scheduler.worker")
 
@@ -15,6 +17,7 @@ class Reload:
     """The reload's state and step; Pool supplies the children and how one starts."""
 
     children: list[Child]
+    _stop_exits: list[int]  # the children's codes once the pool's stop began (worker_pool.py)
 
     def _start(self, child: Child) -> None:
         raise NotImplementedError
@@ -50,6 +53,7 @@ class Reload:
             if not c.running():
                 c.close_ready()
                 self._retiring.remove(c)
+                self._ended_aside(c, "replaced", stopping)
         if self._hups and not stopping:
             self._hups, self._reloads = 0, self._reloads + 1
             self._queue = [c.index for c in self.children if not c.retired]
@@ -89,6 +93,7 @@ class Reload:
         assert inc.proc is not None
         inc.close_ready()
         self._incoming = None
+        self._ended_aside(inc, "new", stopping)
         verb = RETIRED_BY.get(exit_code(inc.proc.returncode), "")
         if verb and not stopping:  # the slot's operator stop, read by the new process
             old, self.children[inc.index] = self.children[inc.index], Child(inc.index)
@@ -106,3 +111,19 @@ class Reload:
         if not newer:
             self._queue = []
         return False
+
+    def _ended_aside(self, c: Child, what: str, stopping: bool) -> None:
+        """A process of a reload, not a slot's own (one replaced, finishing its jobs, or a new
+        one not swapped in), ended: killed (a signal: the OOM killer's SIGKILL, or at the stop
+        deadline) it is logged, and during the pool's stop makes it exit 1, as _reap does for
+        a slot's child (docs/guide/workers.md); before, the pool exited 0 and said nothing."""
+        assert c.proc is not None
+        rc = c.proc.returncode
+        stopped = rc in (-STOP_SIGNAL, -signal.SIGTERM)  # asked to stop before it handled it
+        by = "the stop deadline" if c.killed_at_deadline else None if stopped else killed_by(rc)
+        if by is None:
+            return
+        log.error("%s worker process %d (pid %d) was killed by %s: its jobs run again once "
+                  "their leases lapse", what, c.index + 1, c.proc.pid, by)  # fmt: skip
+        if stopping:
+            self._stop_exits.append(EXIT_FAILED)

@@ -78,7 +78,8 @@ def _stop_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def quiet_command(**kw: Any) -> None:
     """Ask workers to go quiet: claim no more jobs, finish every job they hold (however long),
     then exit 0; listed meanwhile. Read at each worker's next beat (every --heartbeat-ms, 5 s
-    by default). A child of a `--processes` pool is replaced by its supervisor."""
+    by default). A child of a `--processes` pool is not replaced: its slot is retired (the
+    pool exits 0 once every slot is)."""
     _ask("quiet", **kw)
 
 
@@ -88,7 +89,8 @@ def stop_command(**kw: Any) -> None:
     """Ask workers to stop as SIGTERM does: claim no more jobs, give the running ones the
     worker's --grace, release those still running (they run again elsewhere), exit 0. Read at
     each worker's next beat (every --heartbeat-ms, 5 s by default). A child of a
-    `--processes` pool is replaced by its supervisor."""
+    `--processes` pool is not replaced: its slot is retired (the pool exits 0 once every slot
+    is)."""
     _ask("stop", **kw)
 
 
