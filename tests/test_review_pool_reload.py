@@ -46,13 +46,13 @@ def _text(log: Path) -> str:
     return log.read_text(errors="replace") if log.exists() else ""
 
 
-def _end(pool: subprocess.Popen[bytes]) -> int:
+def _end(pool: subprocess.Popen[bytes], wait_s: float = 30) -> int:
     """Stop the pool: one SIGTERM if it still runs; SIGKILL it and its children if it does not
-    stop within 30 s. Returns its exit code."""
+    stop within `wait_s`. Returns its exit code."""
     if pool.poll() is None:
         pool.send_signal(signal.SIGTERM)
     try:
-        return pool.wait(30)
+        return pool.wait(wait_s)
     except subprocess.TimeoutExpired:
         for pid in children(pool.pid):
             os.kill(pid, signal.SIGKILL)

@@ -23,6 +23,7 @@ from scheduler.cli.worker_pool_start import stop_deadline_s
 from scheduler.core.exits import EXIT_FAILED
 from tests.faults.test_security import PASSWORD
 from tests.redis_server import RedisProcess
+from tests.test_review_pool_reload import _end as stop_pool
 from tests.test_worker_pool import alive, children, ledger_pids, spawn_pool, wait_started
 from tests.test_worker_server_errors_audit import app_role
 from tests.workers.basic import LEDGER
@@ -36,18 +37,8 @@ def _text(log: Path) -> str:
 
 
 def _end(pool: subprocess.Popen[bytes]) -> int:
-    """One SIGTERM if the pool still runs; SIGKILL it and its children if it does not stop
-    within 60 s. Its exit code."""
-    if pool.poll() is None:
-        pool.send_signal(signal.SIGTERM)
-    try:
-        return pool.wait(60)
-    except subprocess.TimeoutExpired:
-        for pid in children(pool.pid):
-            os.kill(pid, signal.SIGKILL)
-        pool.kill()
-        pool.wait(10)
-        raise AssertionError("pool did not stop") from None
+    """One SIGTERM if the pool still runs, 60 s to stop (then SIGKILL). Its exit code."""
+    return stop_pool(pool, wait_s=60)
 
 
 def _holder(client: redis.Redis, q: Queue) -> int:
@@ -106,6 +97,26 @@ def test_a_pool_stopped_while_draining_leaves_no_job_leased(
 # -- a reload's replaced process, during the pool's stop ------------------------------------
 
 
+def _reloaded_then_stopped(
+    pool: subprocess.Popen[bytes], client: redis.Redis, q: Queue, pool_log: Path
+) -> tuple[str, int]:
+    """A long job running in one child; SIGHUP swaps both slots (the idle old child exits, the
+    busy one is asked to stop and finishes within --grace); then SIGTERM: the new children
+    stop, the old one still runs its job. The job and the old child's pid."""
+    wait_started(pool_log, 2)
+    job = q.enqueue("sleep", {"s": 3600})
+    wait_for(lambda: client.llen(f"{LEDGER}:{q.name}") == 1, what="the job running")
+    old = _holder(client, q)
+    pool.send_signal(signal.SIGHUP)
+    wait_for(lambda: _text(pool_log).count("stop asked by the pool") == 2, timeout_s=60,
+             what="both slots swapped, the old ones asked to stop")  # fmt: skip
+    wait_for(lambda: len(children(pool.pid)) == 3, what="the idle old one gone")
+    assert alive(old)  # still within its grace: its job runs
+    pool.send_signal(signal.SIGTERM)
+    wait_for(lambda: children(pool.pid) == [old], timeout_s=60, what="the new ones stopped")
+    return job, old
+
+
 def test_a_replaced_child_killed_during_the_stop_makes_the_pool_exit_1(
     redis_url: str, client: redis.Redis, q: Queue, pool_log: Path
 ) -> None:
@@ -119,17 +130,7 @@ def test_a_replaced_child_killed_during_the_stop_makes_the_pool_exit_1(
     logs nothing of the kill."""
     pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "120", log=pool_log)
     try:
-        wait_started(pool_log, 2)
-        job = q.enqueue("sleep", {"s": 3600})
-        wait_for(lambda: client.llen(f"{LEDGER}:{q.name}") == 1, what="the job running")
-        old = _holder(client, q)
-        pool.send_signal(signal.SIGHUP)
-        wait_for(lambda: _text(pool_log).count("stop asked by the pool") == 2, timeout_s=60,
-                 what="both slots swapped, the old ones asked to stop")  # fmt: skip
-        wait_for(lambda: len(children(pool.pid)) == 3, what="the idle old one gone")
-        assert alive(old)  # still within its grace: its job runs
-        pool.send_signal(signal.SIGTERM)
-        wait_for(lambda: children(pool.pid) == [old], timeout_s=60, what="the new one stopped")
+        job, old = _reloaded_then_stopped(pool, client, q, pool_log)
         os.kill(old, signal.SIGKILL)
         code = pool.wait(60)
     finally:
@@ -341,16 +342,7 @@ def test_a_second_signal_after_a_reload_kills_the_replaced_process_too(
     claiming without its supervisor), exit 130, and the job is left to its lease (not lost)."""
     pool = spawn_pool(redis_url, q.name, "--processes", "2", "--grace", "120", log=pool_log)
     try:
-        wait_started(pool_log, 2)
-        job = q.enqueue("sleep", {"s": 3600})
-        wait_for(lambda: client.llen(f"{LEDGER}:{q.name}") == 1, what="the job running")
-        old = _holder(client, q)
-        pool.send_signal(signal.SIGHUP)
-        wait_for(lambda: _text(pool_log).count("stop asked by the pool") == 2, timeout_s=60,
-                 what="both slots swapped")  # fmt: skip
-        wait_for(lambda: len(children(pool.pid)) == 3, what="the idle old one gone")
-        pool.send_signal(signal.SIGTERM)
-        wait_for(lambda: children(pool.pid) == [old], timeout_s=60, what="the new ones stopped")
+        job, old = _reloaded_then_stopped(pool, client, q, pool_log)
         pool.send_signal(signal.SIGTERM)
         code = pool.wait(60)
     finally:
