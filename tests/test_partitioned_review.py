@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import logging
 import re
 from typing import Any
 
@@ -658,3 +659,37 @@ def test_dashboard_api_sums_the_partitions(client: redis.Redis, pq: PartitionedQ
         row = web.get(f"/queues/{pq.name}/api").json()
     assert (row["due"], row["scheduled"], row["dead"]) == (4, 4, 1)
     assert row["paused_ms"] is not None
+
+
+def test_an_embedded_worker_whose_queues_partition_record_is_unreadable_stops_with_one_line(
+    client: redis.Redis, redis_url: str, q: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The embedded worker reads its queues' partitions records at run(): one edited by hand
+    stops it with exit 1 and one line naming the record (as `scheduler worker` refuses it at
+    start), not a traceback logged as a bug."""
+    import asyncio
+
+    from scheduler.core.connection import connect_async
+    from scheduler.core.partitions import meta_key
+    from scheduler.worker import Worker, WorkerSettings
+    from scheduler.worker.registry import Registry
+
+    client.set(meta_key(q.name), "not a layout")
+
+    async def main() -> int:
+        aclient = connect_async(redis_url)
+        try:
+            w = Worker(aclient, Registry(), WorkerSettings(queues=(q.name,), burst=True))
+            return await w.run(install_signals=False)
+        finally:
+            await aclient.aclose()
+
+    try:
+        with caplog.at_level(logging.ERROR, logger="scheduler"):
+            code = asyncio.run(main())
+    finally:
+        client.delete(meta_key(q.name))
+    assert code == 1
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("cannot start" in r.getMessage() for r in errors), [r.getMessage() for r in errors]
+    assert all(r.exc_info is None for r in errors)

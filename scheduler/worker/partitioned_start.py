@@ -9,6 +9,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from scheduler.client.partitioned_merge import expand_labelled_async
+from scheduler.core.errors import SchedulerError
+from scheduler.core.exits import EXIT_FAILED
 
 if TYPE_CHECKING:
     from scheduler.worker.core import WorkerCore
@@ -17,9 +19,12 @@ if TYPE_CHECKING:
 async def expand_logical(w: WorkerCore) -> None:
     """Replace each logical name among the worker's queues by its partitions (one read of each
     name's partitions record); its metrics label each partition by its logical name."""
-    from scheduler.worker.core import _Queue  # core imports nothing of this module
+    from scheduler.worker.core import _Fatal, _Queue  # core imports nothing of this module
 
-    names, logical = await expand_labelled_async(w.client, w.settings.queues)
+    try:
+        names, logical = await expand_labelled_async(w.client, w.settings.queues)
+    except SchedulerError as exc:  # a partitions record edited by hand: one line, as the CLI's
+        raise _Fatal(EXIT_FAILED, f"cannot start: {exc}") from None
     if not logical:
         return
     w.settings = replace(w.settings, queues=names)
