@@ -693,3 +693,43 @@ def test_an_embedded_worker_whose_queues_partition_record_is_unreadable_stops_wi
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert any("cannot start" in r.getMessage() for r in errors), [r.getMessage() for r in errors]
     assert all(r.exc_info is None for r in errors)
+
+
+def test_an_embedded_worker_started_while_redis_is_away_claims_the_partitions(
+    pq: PartitionedQueue, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The partitions record is read before the first claim, retried while Redis does not
+    answer: a worker started during an outage claimed the logical name as given (a queue no
+    job is ever in), so it served nothing once Redis came back. The outage is the read's first
+    two calls failing as a connection refused does."""
+    from scheduler.worker import partitioned_start
+
+    registry = Registry()
+
+    @registry.task("t")
+    def t(payload: Any, ctx: JobContext) -> None:
+        return None
+
+    ids = pq.enqueue_many([JobSpec("t", None) for _ in range(3)])
+    real = partitioned_start.expand_labelled_async
+    calls = []
+
+    async def away_twice(client: Any, queues: Any) -> Any:
+        calls.append(queues)
+        if len(calls) <= 2:
+            raise redis.exceptions.ConnectionError("Connection refused")
+        return await real(client, queues)
+
+    monkeypatch.setattr(partitioned_start, "expand_labelled_async", away_twice)
+
+    async def run() -> int:
+        client = connect_async(redis_url)
+        try:
+            settings = WorkerSettings(queues=(pq.name,), burst=True, grace_s=0)
+            return await Worker(client, registry, settings).run(install_signals=False)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(run()) == 0
+    assert len(calls) == 3
+    assert [pq.status(i) for i in ids] == ["done"] * 3, [pq.status(i).value for i in ids]

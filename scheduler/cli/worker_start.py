@@ -236,6 +236,7 @@ async def serve(
         queues, logical = await expand_labelled_async(client, settings.queues)
         worker = Worker(client, registry, replace(settings, queues=queues), worker_id=worker_id)
         worker.metrics.logical = logical  # a partition is labelled by its logical queue
+        worker.names_read = True  # a node down after this read must not hold its start (run())
         await worker.preflight()
         # A partition on a cluster node that does not answer is skipped here, while others
         # answer (its claims retry until it does); the names asked for were read above.

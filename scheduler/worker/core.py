@@ -155,6 +155,7 @@ class WorkerCore:
         self._exit_code = EXIT_OK
         self._loop: asyncio.AbstractEventLoop | None = None
         self.claimed = 0
+        self.names_read = False  # its queues' partitions records read (the CLI's start): not again
         self._backlog: deque[Running] = deque()
         # Runs that could not start for a reason of this process (no thread): released by the
         # heartbeat loop; claiming pauses until _no_claim_until (monotonic, 0: not paused).

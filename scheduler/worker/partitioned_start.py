@@ -1,10 +1,14 @@
 """A Worker given a partitioned queue's logical name claims its partitions, as `scheduler worker`
 does (cli/worker_start.py expands the names before it makes the Worker): embedded
 (docs/guide/workers.md), it claimed the logical name's own queue, which no job is ever in, and
-ran nothing while reporting nothing wrong."""
+ran nothing while reporting nothing wrong. The names are read before the first claim, retried
+while Redis does not answer: a worker started during an outage claimed the logical names as
+given, so ran nothing once Redis came back."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -14,6 +18,28 @@ from scheduler.core.exits import EXIT_FAILED
 
 if TYPE_CHECKING:
     from scheduler.worker.core import WorkerCore
+
+
+async def expand_until_read(w: WorkerCore, deadline_s: float) -> None:
+    """expand_logical, retried with a growing delay (transient errors logged and counted as
+    any loop's) until it is read or the worker is stopped; a fatal error stops the worker."""
+    from scheduler.worker.core import _Deadline, _within
+    from scheduler.worker.execution import RetryDelay
+
+    if w.names_read:
+        return
+    delay = RetryDelay()
+    while not w._stop_claiming.is_set():
+        try:
+            await _within(expand_logical(w), deadline_s)
+            w.names_read = True
+            return
+        except _Deadline:
+            w.log.warning("queues: no answer from Redis in %.1fs; retrying", deadline_s)
+        except Exception as exc:
+            w._loop_error("queues", exc)  # transient: logged, counted; else raises
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(w._stop_claiming.wait(), delay())
 
 
 async def expand_logical(w: WorkerCore) -> None:

@@ -20,7 +20,7 @@ from scheduler.worker.core import _Deadline, _Fatal, _within
 from scheduler.worker.failures import error_text
 from scheduler.worker.heartbeat import Heartbeats
 from scheduler.worker.newer_outcomes import give_up_newer
-from scheduler.worker.partitioned_start import expand_logical
+from scheduler.worker.partitioned_start import expand_until_read
 from scheduler.worker.settings import _SETTLE_S, _STOP_LOOP_S, EXIT_ERROR, EXIT_FORCED, EXIT_OK
 
 
@@ -145,8 +145,8 @@ class Worker(Claiming, Heartbeats):
         return self._exit_code
 
     async def _serve(self) -> None:
-        # A partitioned queue's logical name: its partitions (not read, Redis down: as named).
-        await self._guarded("queues", expand_logical(self), deadline_s=_SETTLE_S)
+        # A partitioned queue's logical name: its partitions (read before the first claim).
+        await self._guarded("queues", expand_until_read(self, _SETTLE_S))
         await self._guarded("presence", self._beat_workers(), deadline_s=_SETTLE_S)
         self._spawn(self._heartbeat_loop(), "heartbeat")
         self._spawn(self._reporter_loop(), "reporter")
