@@ -711,7 +711,8 @@ def test_an_embedded_worker_started_while_redis_is_away_claims_the_partitions(
         return None
 
     ids = pq.enqueue_many([JobSpec("t", None) for _ in range(3)])
-    real = partitioned_start.expand_labelled_async
+    from scheduler.client.partitioned_merge import expand_labelled_async as real
+
     calls = []
 
     async def away_twice(client: Any, queues: Any) -> Any:
