@@ -42,10 +42,13 @@ DIRECT = tests/test_direct_io.py tests/test_direct_pipeline.py tests/test_direct
          tests/test_async_loop_reuse.py
 
 # $(call pytest,title,python command,paths): exit 5 ("no tests ran") is named, and fails like any.
+# Each stage's start and length in the log (CI must stay under 15 minutes: see where it goes).
 define pytest
-	@echo "== $(1)"
-	$(2) -m pytest -n $(WORKERS) $(PYTEST_ARGS) $(3) || { rc=$$?; \
-	  [ $$rc -ne 5 ] || echo "FAILED: pytest ran no test ($(1))"; exit $$rc; }
+	@echo "== $(1) (started $$(date +%T))"
+	@t0=$$(date +%s); $(2) -m pytest -n $(WORKERS) $(PYTEST_ARGS) $(3) || { rc=$$?; \
+	  [ $$rc -ne 5 ] || echo "FAILED: pytest ran no test ($(1))"; \
+	  echo "== $(1): $$(( $$(date +%s) - t0 )) s"; exit $$rc; }; \
+	  echo "== $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
 .PHONY: demo test check test-suite test-valkey test-lowest-redis test-cluster install install-test redis-server chromium \
