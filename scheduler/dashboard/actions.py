@@ -14,11 +14,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from scheduler.admin.worker_stop import WorkerNotFound, ask_stop
-from scheduler.client.partitioned import read_layout
-from scheduler.core.errors import BadArgument, JobNotFound, ScheduleNotFound
+from scheduler.client.queue import Queue
+from scheduler.core.errors import BadArgument, JobNotFound, ScheduleNotFound, UnreadableRecord
 from scheduler.core.ids import new_job_id
 from scheduler.core.keys import check_job_id
-from scheduler.dashboard.logical import PARTITION_NAME
+from scheduler.dashboard.logical import PARTITION_NAME, stored_layout
 from scheduler.dashboard.render import Renderer, notice_query
 from scheduler.dashboard.security import SESSION_COOKIE, origin_allowed
 from scheduler.dashboard.store import Store
@@ -188,43 +188,55 @@ class Actions:
     async def schedule(self, request: Request) -> Response:
         name, sched = request.path_params["queue"], request.path_params["name"]
         verb = request.path_params["verb"]
+        self.store.served(name)  # 404 for a queue not served, whatever the rest
         await self.form(request)
-        q = self.store.queue(name)
-        if verb == "run":
-            return await self._run_schedule(request, name, check_schedule_name(sched))
-        calls = {
-            "pause": q.pause_schedule,
-            "resume": q.resume_schedule,
-            "remove": q.remove_schedule,
-        }
-        call = calls.get(verb)
-        if call is None:
+        if verb not in ("pause", "resume", "remove", "run"):
             raise BadArgument("the action must be pause, resume, remove or run")
-        answer = await run_in_threadpool(call, check_schedule_name(sched))
+        sched = check_schedule_name(sched)
+        if verb == "run":
+            return await self._run_schedule(request, name, sched)
+
+        def run() -> str:
+            return str(getattr(self._holder(name, sched), f"{verb}_schedule")(sched))
+
+        answer = await run_in_threadpool(run)
         notice = SCHEDULE_NOTICES.get(answer)
         if notice is None:  # an answer this version does not know: claim nothing
             raise BadArgument(f"the schedule could not be {verb}d: the call answered {answer!r}")
         return self._back(request, "/schedules", notice, **self._kept(request, "offset"))
 
+    def _holder(self, name: str, sched: str) -> Queue:
+        """The queue holding schedule `sched` of queue `name`: a partitioned queue's logical
+        name is its schedule's partition (as the CLI's), a partition or plain queue itself."""
+        view = self.store.view(name)  # UnreadableRecord (a 400): its layout edited by hand
+        return view.parts[0] if view.pq is None else view.pq._sched(sched)
+
     async def _run_schedule(self, request: Request, name: str, sched: str) -> Response:
-        """Queue.run_schedule_now; to the new job's page, which says so."""
+        """Queue.run_schedule_now in the schedule's queue (its partition); to the new job's
+        page, which says so."""
 
-        def run() -> str:
+        def run() -> tuple[str, str]:
+            q = self._holder(name, sched)
             try:
-                return self.store.queue(name).run_schedule_now(sched, job_id=self._run_id(name))
+                return q.name, q.run_schedule_now(sched, job_id=self._run_id(q.name))
             except ScheduleNotFound:  # removed meanwhile (a stale page)
-                return ""
+                return q.name, ""
 
-        job_id = await run_in_threadpool(run)
+        part, job_id = await run_in_threadpool(run)
         if not job_id:
             return self._back(request, "/schedules", "no-schedule", **self._kept(request, "offset"))
-        return self._back(request, f"/queues/{name}/jobs/{job_id}", "ran-now")
+        return self._back(request, f"/queues/{part}/jobs/{job_id}", "ran-now")
 
     def _run_id(self, name: str) -> str | None:
         """In partition k of a partitioned queue, an id tagged `p<k>.` as PartitionedQueue
-        tags it, so the logical queue finds the job by its id; else None (the client's)."""
+        tags it, so the logical queue finds the job by its id; else None (the client's). A
+        logical queue's record edited by hand (unreadable, another type) tags nothing: its
+        damage does not block a run in a queue named like its partition."""
         m = PARTITION_NAME.match(name)
-        layout = read_layout(self.store.client, m.group(1)) if m is not None else None
+        try:
+            layout = stored_layout(self.store.client, m.group(1)) if m is not None else None
+        except UnreadableRecord:
+            return None
         names = layout.names if layout is not None else ()
         return f"p{names.index(name)}.{new_job_id()}" if name in names else None
 

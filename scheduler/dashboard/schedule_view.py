@@ -153,7 +153,7 @@ def page_rows(store: Store, names: Sequence[str], shown: int) -> dict[str, Rows]
             continue
         if r[1] and room > 0:
             read.append((q, room))
-            room -= r[1]  # at most: an unreadable name is no row
+            room -= r[1]  # at most: a name removed meanwhile is no row
         else:
             out[q.name] = ([], r[1])
     got = batch.run_ops(store.client, [(q, q.ops.first_schedules(n)) for q, n in read])

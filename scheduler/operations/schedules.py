@@ -50,6 +50,16 @@ def unreadable(name: str, why: Exception | None = None) -> BadArgument:
     )
 
 
+# A schedule's `unreadable` when no definition can be read: its key is of another type, or its
+# name is in the schedules set without a hash (both hand edits; remove clears either).
+NO_DEFINITION = ("(not a hash)", "(no hash)")
+
+
+def _flagged(name: str, why: str) -> recurring.Schedule:
+    return recurring.Schedule(name, "", "null", "", "", "", 0, 0, 0, "", False, "", None, None,
+                              None, unreadable=why)  # fmt: skip
+
+
 class ScheduleOps(OpsBase):
     """Recurring schedules; documented for users on Queue.schedule and its siblings."""
 
@@ -170,14 +180,17 @@ class ScheduleOps(OpsBase):
             raise ScheduleNotFound(f"no schedule {name!r} in queue {self.keys.queue!r}")
         return (yield from self._due_times([found]))[0]
 
-    def list_schedules(self) -> Op[list[recurring.Schedule]]:
-        """Every readable schedule, sorted by name (a key of another type is left out)."""
+    def list_schedules(self, *, flagged: bool = False) -> Op[list[recurring.Schedule]]:
+        """Every readable schedule, sorted by name (a key of another type, or a name without its
+        hash, is left out; `flagged`: kept, as first_schedules gives it)."""
         found, _ = yield from self.first_schedules(None)
-        return found
+        return found if flagged else [s for s in found if s.unreadable not in NO_DEFINITION]
 
     def first_schedules(self, limit: int | None) -> Op[tuple[list[recurring.Schedule], int]]:
-        """(the readable ones of the first `limit` names in name order (None: all), how many
-        names the set holds): a page reads `limit` definitions, not every one a producer set."""
+        """(the first `limit` names' schedules in name order (None: all), how many names the set
+        holds): a page reads `limit` definitions, not every one a producer set. A name whose
+        hash is of another type, or gone (edited by hand), is a Schedule flagged `unreadable`
+        (NO_DEFINITION), so it is shown, and removed, not hidden while it is counted."""
         yield from self._not_newer()
         try:
             (names,) = yield Commands([("SMEMBERS", self.keys.schedules)])
@@ -194,11 +207,16 @@ class ScheduleOps(OpsBase):
         if not names:
             return [], total
         raws = yield from read_each([[("HGETALL", self.keys.schedule(n))] for n in names])
-        out = []
-        for n, raw in zip(names, raws, strict=True):
-            sch = None if raw is None else recurring.parse_schedule(n, fields_of(raw[0]))
-            if sch is not None:
-                out.append(sch)
+        out = [
+            recurring.parse_schedule(n, fields_of(raw[0])) or _flagged(n, NO_DEFINITION[1])
+            if raw is not None else _flagged(n, NO_DEFINITION[0])
+            for n, raw in zip(names, raws, strict=True)
+        ]  # fmt: skip
+        gone = [s.name for s in out if s.unreadable == NO_DEFINITION[1]]
+        if gone:  # removed meanwhile (both keys in one script), or the name left by hand
+            left = yield Commands([("SISMEMBER", self.keys.schedules, n) for n in gone])
+            removed = {n for n, m in zip(gone, left, strict=True) if not m}
+            out = [s for s in out if s.name not in removed]
         return (yield from self._due_times(out)), total
 
     def _not_newer(self) -> Op[None]:
@@ -237,9 +255,13 @@ class ScheduleOps(OpsBase):
         ]
 
     def pause_schedule(self, name: str) -> Op[str]:
-        """'paused' | 'already' | 'missing'."""
+        """'paused' | 'already' | 'missing'; BadArgument when its key is of another type (a
+        hand edit, which remove clears): nothing changed."""
         recurring.check_schedule_name(name)
-        return codec.s((yield Script("schedule_pause", [name])))
+        status = codec.s((yield Script("schedule_pause", [name])))
+        if status == "unreadable":
+            raise unreadable(name)
+        return status
 
     def remove_schedule(self, name: str) -> Op[str]:
         """'removed' | 'missing'."""
