@@ -3,10 +3,12 @@ queue_move*.py, scheduler/cli/queue_move.py, scheduler/core/partitions.py, docs/
 "Outgrowing one Redis"): a partitioned queue's logical name or one of its partitions on either
 side, what stays and what survives, doctor on a half-done move, the CLI's exit codes.
 
-Defects are strict xfails (DEFECT: in the reason); the other tests are what holds."""
+The two defects found (a destination partitioned while a run starts; a partition's name taken
+by a new partitioned queue) are fixed: their tests, last, now pass; the others are what holds."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -17,7 +19,9 @@ from click.testing import CliRunner
 from scheduler.admin.queue_move import QueueMove, move_queue
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.client.queue import Queue
+from scheduler.core.connection import connect_async
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
 from scheduler.core.partitions import Layout
@@ -190,14 +194,9 @@ def test_doctor_names_the_partition_of_a_stopped_move_and_its_rerun_and_fix_keep
         assert code == 0 and json.loads(out)["findings"] == [], out
 
 
-# -- Defects ---------------------------------------------------------------------------------
+# -- Fixed defects ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: a destination partitioned after the run read it: exit 2 'open it with "
-    "scheduler.open_queue' while its jobs wait in `moving`, a config left under the name",
-)
 def test_a_destination_partitioned_while_the_run_starts_is_no_bad_usage(
     client: redis.Redis, queue_name: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -224,9 +223,10 @@ def test_a_destination_partitioned_while_the_run_starts_is_no_bad_usage(
         code, out = _cli("queue", "move", "--url", redis_url, "--from", s.name, "--to", dest)
         monkeypatch.undo()
         moving = client.zrange(s.keys.prefix + "moving", 0, -1)
-        assert code in (0, 1) and "open_queue" not in out, (code, out, moving)
-        if code == 1:
-            move_queue(client, s.name, dest)
+        assert code == 1 and "open_queue" not in out, (code, out, moving)
+        assert "was partitioned" in out and moving == [], out  # refused before any write
+        assert _logical_keys(client, dest) == [QueueKeys(dest).prefix + "partitions"]
+        move_queue(client, s.name, dest)
         pq = PartitionedQueue.open(client, dest)
         assert _waiting(client, *pq.parts) == sorted(ids)
         assert _logical_keys(client, dest) == [QueueKeys(dest).prefix + "partitions"]
@@ -238,11 +238,6 @@ def test_a_destination_partitioned_while_the_run_starts_is_no_bad_usage(
 
 
 @pytest.mark.parametrize("order", ["queue-first", "partition-name-first"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: PartitionedQueue.create accepts a partition's name of another partitioned "
-    "queue (docs: reserved): that partition's enqueues and moves into it are then refused",
-)
 def test_a_partitions_name_is_no_new_partitioned_queue(
     client: redis.Redis, queue_name: str, order: str
 ) -> None:
@@ -269,3 +264,71 @@ def test_a_partitions_name_is_no_new_partitioned_queue(
             delete_partitioned(client, pq)
         for n in (name, child):
             delete_queue(client, Queue(client, n))
+
+
+def test_a_destination_partitioned_before_the_first_put_is_refused_and_the_rerun_finishes(
+    client: redis.Redis, queue_name: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Partitioned after the run's check, before its first put: move_in.lua refuses the put
+    # ("is partitioned"). Exit 1 (not "bad usage"), the `move_from:` record written before the
+    # put deleted (nothing but the layout under the name); the batch waits in the source's
+    # `moving`, and the same command run again re-sends it into the partitions.
+    s = new_queue(client, "rmp-put-")
+    dest = queue_name + "-put"
+    ids = [s.enqueue("rmp.task", {"i": i}, job_id=f"j{i}") for i in range(4)]
+    real_put = QueueMove.put
+
+    def put(self: QueueMove, entries: list[Any]) -> str:
+        if not client.exists(QueueKeys(dest).prefix + "partitions"):
+            PartitionedQueue.create(client, dest, partitions=2)
+        return real_put(self, entries)
+
+    monkeypatch.setattr(QueueMove, "put", put)
+    base = ["queue", "move", "--url", redis_url, "--from", s.name, "--to", dest, "--json"]
+    try:
+        code, out = _cli(*base)
+        monkeypatch.undo()
+        assert code == 1 and "partitioned during the run" in out, out
+        assert sorted(str(j) for j in client.zrange(s.keys.prefix + "moving", 0, -1)) == ids
+        assert _logical_keys(client, dest) == [QueueKeys(dest).prefix + "partitions"]
+        code, out = _cli(*base)
+        assert code == 0, out
+        report = json.loads(out)
+        assert (report["moved"], report["resumed"], report["already"]) == (4, 4, 0), report
+        pq = PartitionedQueue.open(client, dest)
+        assert _waiting(client, *pq.parts) == sorted(ids) and _waiting(client, s) == []
+        assert not client.exists(s.keys.prefix + "moving")
+        assert _logical_keys(client, dest) == [QueueKeys(dest).prefix + "partitions"]
+        for p in pq.parts:
+            assert not [f for f in client.hkeys(p.keys.config) if str(f).startswith("move_from")]
+    finally:
+        delete_queue(client, s)
+        for name in (dest, *Layout.create(dest, 2).names):
+            delete_queue(client, Queue(client, name))
+
+
+@pytest.mark.parametrize("order", ["queue-first", "partition-name-first"])
+def test_the_async_create_refuses_a_partitions_name_too(
+    client: redis.Redis, queue_name: str, redis_url: str, order: str
+) -> None:
+    name = queue_name + "-aown"
+    child = Layout.create(name, 3).names[2]
+    first, second = (name, child) if order == "queue-first" else (child, name)
+    n = {name: 3, child: 2}
+
+    async def main() -> None:
+        aclient = connect_async(redis_url)
+        try:
+            await AsyncPartitionedQueue.create(aclient, first, partitions=n[first])
+            with pytest.raises(BadArgument, match="partition"):
+                await AsyncPartitionedQueue.create(aclient, second, partitions=n[second])
+        finally:
+            await aclient.aclose()
+
+    try:
+        asyncio.run(main())
+        assert not client.exists(QueueKeys(second).prefix + "partitions")
+    finally:
+        for q in (name, child):
+            for part in (q, *Layout.create(q, n[q]).names):
+                delete_queue(client, Queue(client, part))

@@ -27,6 +27,7 @@ from scheduler.admin.queue_move_check import (
     count_stays,
     forget_delivered,
     incoming_refusal,
+    partitioned_refusal,
     record_incoming,
     take_refusal,
 )
@@ -108,14 +109,9 @@ class QueueMove:
     ) -> None:
         check_queue_name(source)
         check_queue_name(dest)
-        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MOVE_PER_CALL:
-            raise BadArgument(f"batch must be an int in 1..{MOVE_PER_CALL}, not {batch!r:.40}")
-        if (
-            isinstance(lease_ms, bool)
-            or not isinstance(lease_ms, int)
-            or not 1 <= lease_ms <= DAY_MS
-        ):
-            raise BadArgument(f"lease_ms must be an int in 1..{DAY_MS}, not {lease_ms!r:.40}")
+        for what, v, top in (("batch", batch, MOVE_PER_CALL), ("lease_ms", lease_ms, DAY_MS)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+                raise BadArgument(f"{what} must be an int in 1..{top}, not {v!r:.40}")
         self.client, self.batch = client, batch
         self.src_layout, self.src = _parts(client, source, clock)
         self.dst_layout, self.dst = _parts(client, dest, clock)
@@ -174,6 +170,10 @@ class QueueMove:
                 answer = _t(self.dst[k]._write(_call("move_in", args)))
             except redis.ResponseError as exc:  # MOVE_STALE: a later run wrote there
                 raise locked_reply(self.report.source, exc, ours=True) or exc from None
+            except BadArgument as exc:  # partitioned since check(): its record here goes
+                raise (
+                    partitioned_refusal(self.client, self.dst[k], self.report.source, exc) or exc
+                ) from None
             for i, flag in zip(idx, answer, strict=True):
                 flags[i] = flag
         return "".join(flags)

@@ -134,6 +134,13 @@ def check_move(
     first, then QueueMove._run refuses: those are no copies, and sent they let that move
     finish). `names`: the source, the destination, and whether the source is partitioned."""
     name, dest, partitioned = names
+    for side, queues in ((name, src), (dest, dst)):  # partitioned by another process since the
+        layout = read_layout(client, side)  # run read it: its queues are no longer that side's
+        if [q.name for q in queues] != ([side] if layout is None else list(layout.names)):
+            raise MoveRefused(
+                f"{side!r} was partitioned (or its layout record changed) since this run read "
+                "it: run the same command again"
+            )
     now = server_now_ms(client, src[0].keys)
     # Read below with bare calls: a hand edit refuses typed (move_out / move_in's CORRUPT).
     # move_in's check of due comes after move_out took the jobs: checked first.
@@ -225,6 +232,22 @@ def incoming_refusal(
             if forget_stale:
                 q._run(script_call("move_done", ["forget", field, text(value)]))
     return None
+
+
+def partitioned_refusal(
+    client: redis.Redis, part: Queue, source: str, exc: BadArgument
+) -> MoveRefused | None:
+    """move_in.lua's refusal of a put into `part` partitioned since the run's check (by another
+    process) as MoveRefused, once the `move_from:<source>` record written before it is deleted
+    (no job of the run is there); the batch waits in the source's `moving`, where a rerun finds
+    it and sends it into the partitions. None for another BadArgument."""
+    if f"queue={part.name} is partitioned" not in str(exc):
+        return None
+    client.hdel(part.keys.config, INCOMING + source)
+    return MoveRefused(
+        f"the destination was partitioned during the run ({part.name!r}): run the same command "
+        "again (the jobs taken wait in the source's `moving` set until then, and are sent first)"
+    )
 
 
 def record_incoming(client: redis.Redis, part: Queue, source: str) -> None:

@@ -17,7 +17,12 @@ from typing import Any
 import redis
 
 from scheduler.admin.inspection import queue_exists, server_now_ms
-from scheduler.client.partitioned_ids import dead_change_sync, dead_where, holding_sync
+from scheduler.client.partitioned_ids import (
+    dead_change_sync,
+    dead_where,
+    holding_sync,
+    reserved_records,
+)
 from scheduler.client.partitioned_lease import PartitionedLeasing
 from scheduler.client.partitioned_merge import (
     PartitionsNotReached,
@@ -93,7 +98,9 @@ class PartitionedQueue(PartitionedLeasing, Unpicklable):
         cls, client: redis.Redis, name: str, *, partitions: int, **queue_kwargs: Any
     ) -> PartitionedQueue:
         """Create `name` with `partitions` partitions, or open it when it exists with that
-        count. PartitionMismatch: it exists with another count, or as a plain queue."""
+        count. PartitionMismatch: it exists with another count, or as a plain queue, or a
+        name is reserved (`name` is a partition of a partitioned queue, or one of its
+        partitions' names is a partitioned queue); nothing written then."""
         check_count(partitions)
         wanted = Layout.create(name, partitions)
         existing = read_layout(client, name, "PartitionedQueue.create")
@@ -104,6 +111,7 @@ class PartitionedQueue(PartitionedLeasing, Unpicklable):
                     f"queue {name!r} exists unpartitioned: drain it into a new partitioned "
                     "queue (README 'Partitioned queues')"
                 )
+            wanted.check_reserved(reserved_records(client, wanted))  # a reserved name: refused
             client.set(meta_key(name), wanted.record(), nx=True)  # the first creator wins
             existing = read_layout(client, name)
         assert existing is not None

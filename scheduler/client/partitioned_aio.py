@@ -12,7 +12,11 @@ from typing import Any
 from scheduler.admin.inspection import existence_keys
 from scheduler.client import partitioned_partial as partial
 from scheduler.client.aio import AsyncQueue
-from scheduler.client.partitioned_ids import dead_change_async, holding_async
+from scheduler.client.partitioned_ids import (
+    dead_change_async,
+    holding_async,
+    reserved_records_async,
+)
 from scheduler.client.partitioned_lease_aio import AsyncPartitionedLeasing
 from scheduler.client.partitioned_merge import (
     by_partition,
@@ -52,7 +56,8 @@ class AsyncPartitionedQueue(AsyncPartitionedLeasing):
         cls, client: Any, name: str, *, partitions: int, **queue_kwargs: Any
     ) -> AsyncPartitionedQueue:
         """As PartitionedQueue.create: PartitionMismatch when `name` exists with another count,
-        or as a plain queue holding anything (never claimed again: workers go by the layout)."""
+        or as a plain queue holding anything (never claimed again: workers go by the layout),
+        or a reserved name (a partition of a partitioned queue, on either side)."""
         check_count(partitions)
         wanted = Layout.create(name, partitions)
         stored = await read_layout_async(client, name, "AsyncPartitionedQueue.create")
@@ -62,6 +67,7 @@ class AsyncPartitionedQueue(AsyncPartitionedLeasing):
                     f"queue {name!r} exists unpartitioned: drain it into a new partitioned "
                     "queue (README 'Partitioned queues')"
                 )
+            wanted.check_reserved(await reserved_records_async(client, wanted))  # reserved: refused
             await client.set(meta_key(name), wanted.record(), nx=True)  # the first creator wins
             stored = await read_layout_async(client, name)
         assert stored is not None

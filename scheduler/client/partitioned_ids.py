@@ -8,7 +8,8 @@ one-job calls (status, get_job, cancel, reschedule, complete, result; the CLI's 
 `reschedule`) ask the other partitions when the job's own answers JobNotFound (one driver call
 per node, then the call again where the job is); `jobs cancel ID...` finds its ids at once
 (held_where). A partition that does not answer is never taken for one without the job: in none
-of the others, the call raises PartitionsNotReached naming it (the CLI: exit 3)."""
+of the others, the call raises PartitionsNotReached naming it (the CLI: exit 3). Also the reads
+of the names a new partitioned queue reserves (reserved_records: Layout.check_reserved)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from scheduler.client.aio import AsyncQueue
     from scheduler.client.partitioned import PartitionedQueue
     from scheduler.client.partitioned_aio import AsyncPartitionedQueue
+    from scheduler.core.partitions import Layout
 
 T = TypeVar("T")
 
@@ -223,3 +225,49 @@ def held_where(q: PartitionedQueue, ids: Sequence[str]) -> tuple[dict[str, int],
             else:
                 why[i] = str(err)
     return {i: where[i] for i in dict.fromkeys(ids) if i in where}, why
+
+
+def reserved_records(client: Any, wanted: Layout) -> list[Any]:
+    """The values at wanted.reserved_keys() (None: no such key), for PartitionedQueue.create:
+    one pipeline; when a node does not answer, each key apart, one not read taken as missing
+    (a create is not refused for a node down, as before the check)."""
+    keys = wanted.reserved_keys()
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(key)
+    try:
+        return list(pipe.execute())
+    except Exception as exc:  # not_answering decides; another is raised
+        if not not_answering(exc):
+            raise
+    out = []
+    for key in keys:
+        try:
+            out.append(client.get(key))
+        except Exception as exc:
+            if not not_answering(exc):
+                raise
+            out.append(None)
+    return out
+
+
+async def reserved_records_async(client: Any, wanted: Layout) -> list[Any]:
+    """reserved_records for a redis.asyncio client."""
+    keys = wanted.reserved_keys()
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(key)
+    try:
+        return list(await pipe.execute())
+    except Exception as exc:  # as reserved_records
+        if not not_answering(exc):
+            raise
+    out = []
+    for key in keys:
+        try:
+            out.append(await client.get(key))
+        except Exception as exc:
+            if not not_answering(exc):
+                raise
+            out.append(None)
+    return out

@@ -217,3 +217,39 @@ class Layout:
             f"queue {self.queue!r} was created with {self.n} partitions, not {asked}: the "
             "count is fixed at creation (README 'Partitioned queues' says how to migrate)"
         )
+
+    def reserved_keys(self) -> list[str]:
+        """What a create of this layout reads before writing its record (check_reserved): the
+        layout record of the queue its name may be a partition of (PARTITION_NAME), then each
+        of its partitions' own."""
+        m = PARTITION_NAME.match(self.queue)
+        return ([meta_key(m.group(1))] if m else []) + [meta_key(p) for p in self.names]
+
+    def check_reserved(self, records: Sequence[Any]) -> None:
+        """PartitionMismatch (nothing written) when creating this layout would take a reserved
+        name: its own is a partition of a partitioned queue, or one of its partitions is
+        partitioned itself (every write into that partition would be refused, 'is
+        partitioned'). `records`: the values at reserved_keys(), None for a missing key."""
+        rows = [
+            r.decode("utf-8", "backslashreplace") if isinstance(r, bytes) else r for r in records
+        ]
+        if m := PARTITION_NAME.match(self.queue):
+            parent, raw = m.group(1), rows.pop(0)
+            try:
+                taken = raw is not None and self.queue in Layout.parse(parent, str(raw)).names
+            except UnreadableRecord as exc:  # a hand edit: it may be one, refused
+                raise PartitionMismatch(
+                    f"{self.queue!r} may be a partition of {parent!r}, whose layout record "
+                    f"cannot be read ({exc}): see `scheduler doctor`; nothing written"
+                ) from None
+            if taken:
+                raise PartitionMismatch(
+                    f"{self.queue!r} is a partition of the partitioned queue {parent!r} (a "
+                    "reserved name): pick another name; nothing written"
+                )
+        for name, raw in zip(self.names, rows, strict=True):
+            if raw is not None:
+                raise PartitionMismatch(
+                    f"a partition of {self.queue!r} would be {name!r}, a partitioned queue "
+                    "itself (a partition's name is reserved): pick another name; nothing written"
+                )
