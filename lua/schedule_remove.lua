@@ -1,7 +1,8 @@
 --[[ schedule_remove: delete a schedule and its pending occurrence (not yet claimed). A run
   already leased finishes normally and inserts nothing. A schedule hash that cannot be read
   whole (hand-edited) is removed too (lib/schedule.lua sched_husk), and so is a key of another
-  type; with no hash, a name left in the schedules index is dropped from it ('missing').
+  type; with no hash, a name left in the schedules index is dropped from it ('removed': the name the list showed is gone; 'missing' when
+  nothing of it was there).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, schedule_ran:<name>, schedules, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>
   ARGV[1] name
@@ -25,9 +26,9 @@ if h == nil then
   local sk = sched_key(prefix, name)
   local other = redis.call('EXISTS', sk) == 1
   redis.call('DEL', sk, sched_slots_key(prefix, name))
-  redis.pcall('SREM', prefix .. 'schedules', name)
+  local listed = redis.pcall('SREM', prefix .. 'schedules', name)
   redis.pcall('SREM', sched_refill_key(prefix), name)
-  return other and 'removed' or 'missing'
+  return (other or listed == 1) and 'removed' or 'missing'
 end
 local bad = sched_unpend(prefix, h, now_ms())
 if bad then return bad end

@@ -75,10 +75,11 @@ def _queue(url: str, name: str) -> Queue | PartitionedQueue:
 
 
 def _schedules(q: Queue | PartitionedQueue) -> tuple[list[Schedule], list[str]]:
-    """The queue's schedules by name, and the partitions not read (their node down)."""
+    """The queue's schedules by name, and the partitions not read (their node down). A name
+    whose hash is of another type or gone (edited by hand) is listed flagged `unreadable`."""
     if isinstance(q, Queue):
-        return q.list_schedules(), []
-    each = q.run_answering(lambda p: p.ops.list_schedules())
+        return q._run(q.ops.list_schedules(flagged=True)), []
+    each = q.run_answering(lambda p: p.ops.list_schedules(flagged=True))
     found = [s for r in each if not isinstance(r, BaseException) for s in r]
     return sorted(found, key=lambda s: s.name), unread(q.parts, each)
 
