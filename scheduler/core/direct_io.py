@@ -15,7 +15,7 @@ calls (and the WAIT after them, whose integer reply has no callback either) goes
 (`pipeline_sync` / `pipeline_async`): all packed first (one that cannot be packed sends none, as
 redis-py's pipeline), sent, and every reply read, an error reply as a value, as redis-py's
 `pipe.execute(raise_on_error=False)` answers (bulk enqueue +16%, docs/performance.md section
-17).
+17). A pipeline ending in WAIT reads under the socket timeout plus the WAIT's (`_wait_read_s`).
 
 Commands are packed with hiredis (a declared dependency), the bytes redis-py's own packer sends
 with hiredis installed, without its per-argument type checks in Python (~3 us of a 23-argument
@@ -111,11 +111,16 @@ def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
     packed = [chunk for cmd in cmds for chunk in _pack(cmd)]  # one that cannot be: none sent
     pool = client.connection_pool
     conn, listed = take(pool)
+    wait_s = _wait_read_s(conn, cmds[-1]) if cmds[-1][0] == "WAIT" else None
 
     def send() -> list[Any]:
         out: list[Any] = []
+        sock, before = None, None
         try:
             conn.send_packed_command(packed)
+            if wait_s is not None and conn._sock is not None:  # connected by the send
+                sock, before = conn._sock, conn._sock.gettimeout()
+                sock.settimeout(wait_s)
             for _ in cmds:
                 try:
                     out.append(conn.read_response())
@@ -126,12 +131,25 @@ def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
             # connection's next user (the pool's check sees only those already arrived).
             conn.disconnect()
             raise
+        finally:
+            if sock is not None and conn._sock is sock:
+                sock.settimeout(before)
         return out
 
     try:
         return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())  # type: ignore[no-any-return]
     finally:
         give(pool, conn, listed)
+
+
+def _wait_read_s(conn: Any, wait: tuple[Any, ...]) -> float | None:
+    """The read timeout of a pipeline ending in ("WAIT", replicas, timeout_ms): the connection's
+    socket timeout plus the WAIT's, so that a replica that does not answer is WAIT's reply
+    (fewer acknowledgements: NotDurable with the ids), not a TimeoutError after which redis-py's
+    retry sent the writes and the WAIT again. None: the connection's own timeout stands (none,
+    or a WAIT without a bound, which no read timeout could cover)."""
+    base, wait_ms = conn.socket_timeout, int(wait[2])
+    return base + wait_ms / 1000 if base and wait_ms > 0 else None
 
 
 def _pack(cmd: tuple[Any, ...]) -> list[bytes]:
@@ -244,11 +262,16 @@ async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[A
     packed = [chunk for cmd in cmds for chunk in _pack(cmd)]
     pool = client.connection_pool
     conn, listed = await take_async(pool)
+    wait_s = _wait_read_s(conn, cmds[-1]) if cmds[-1][0] == "WAIT" else None
 
     async def send() -> list[Any]:
         out: list[Any] = []
+        before = conn.socket_timeout
         try:
             await _send_async(conn, packed)
+            # As pipeline_sync (not read_response(timeout=): a read past it answers None).
+            if wait_s is not None:
+                conn.socket_timeout = wait_s
             for _ in cmds:
                 try:
                     out.append(await conn.read_response())
@@ -257,6 +280,9 @@ async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[A
         except BaseException:  # as pipeline_sync
             await conn.disconnect(nowait=True)
             raise
+        finally:
+            if wait_s is not None:
+                conn.socket_timeout = before
         return out
 
     async def fail(_error: BaseException) -> None:

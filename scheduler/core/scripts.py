@@ -54,6 +54,7 @@ TRANSITIONS = (
     "move_out",  # scheduler queue move: waiting jobs into the source's `moving` set
     "move_in",  # ... written into the destination, same ids
     "move_done",  # ... deleted from the source
+    "durable_mark",  # a write for WAIT after an enqueue that wrote nothing (wait_replicas)
 )
 _INCLUDE = re.compile(r'^-- @include "([^"]+)"\s*$', re.MULTILINE)
 

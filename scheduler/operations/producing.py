@@ -6,9 +6,11 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
-from scheduler.core.errors import BadArgument, NotDurable
+from scheduler.core.errors import BadArgument, NewerStorage, NotDurable
 from scheduler.core.limits import ENQUEUE_PER_CALL
 from scheduler.core.models import JobSpec
 from scheduler.operations.requests import Op, OpsBase, Script, ScriptPipeline
@@ -119,12 +121,40 @@ class ProducingOps(OpsBase):
         ids: list[str] = []
         for args, reply in zip(batches, replies, strict=False):
             ids.extend(codec.parse_enqueue(reply, args))
-        if wait is not None and int(replies[-1]) < wait[0]:
-            raise NotDurable(ids, int(replies[-1]), wait[0])
+        if wait is not None:
+            acked = int(replies[-1])
+            # One connection: its WAIT covers every job found there only when a batch wrote.
+            if acked >= wait[0] and not any(map(_wrote, replies[:-1])):
+                acked = yield from _mark_and_wait(ids, wait)
+            if acked < wait[0]:
+                raise NotDurable(ids, acked, wait[0])
         return ids
 
 
 _W = codec.ENQUEUE_FIELDS
+
+
+def _wrote(reply: Any) -> bool:
+    """An enqueue.lua reply's flags name a job it wrote: 'c' created or 'u' debounced into an
+    earlier one; 'e' (already there: by id, or an idempotency key's) writes nothing."""
+    flags = codec.s(reply[0])
+    return "c" in flags or "u" in flags
+
+
+def _mark_and_wait(ids: list[str], wait: tuple[int, int]) -> Op[int]:
+    """A WAIT that covers jobs an enqueue found already there and did not write: WAIT counts
+    from its connection's last write (a new connection's: none, acknowledged by every replica
+    at once), so a re-send after NotDurable was answered as durable while only the primary had
+    the job. lua/durable_mark.lua writes (and deletes) one key of the queue, after those jobs in
+    the replication stream, and the WAIT counts from it. A refused write (NOREPLICAS, OOM,
+    READONLY) is NotDurable with no acknowledgement."""
+    try:
+        _, acked = yield ScriptPipeline([Script("durable_mark", [])], wait)
+    except NewerStorage:
+        raise
+    except ResponseError as exc:
+        raise NotDurable(ids, 0, wait[0]) from exc
+    return int(acked)
 
 
 def _check_debounced(specs: list[Any]) -> None:
@@ -207,6 +237,7 @@ def _enqueue_in_turn(batches: list[list[str]], wait: tuple[int, int] | None) -> 
     ids: list[str] = []
     alias: dict[str, str] = {}
     acked: int | None = None
+    covered = True  # the last batch wrote: its WAIT (and the earlier ones) covered every job
     for args in batches:
         renamed: dict[str, str] = {}
         if alias:
@@ -218,6 +249,7 @@ def _enqueue_in_turn(batches: list[list[str]], wait: tuple[int, int] | None) -> 
             else:
                 reply, n = yield ScriptPipeline([Script("enqueue", args)], wait)
                 acked = int(n) if acked is None else min(acked, int(n))
+                covered = _wrote(reply)
         except BadArgument as exc:
             if not renamed:
                 raise
@@ -227,6 +259,11 @@ def _enqueue_in_turn(batches: list[list[str]], wait: tuple[int, int] | None) -> 
             if final != args[b]:
                 alias[args[b]] = final
         ids.extend(got)
-    if wait is not None and acked is not None and acked < wait[0]:
-        raise NotDurable(ids, acked, wait[0])
+    if wait is not None and acked is not None:
+        # A batch's write comes after every earlier job in the replication stream, on whichever
+        # connection: only a last batch that wrote nothing leaves jobs no WAIT covered.
+        if acked >= wait[0] and not covered:
+            acked = yield from _mark_and_wait(ids, wait)
+        if acked < wait[0]:
+            raise NotDurable(ids, acked, wait[0])
     return ids
