@@ -726,7 +726,11 @@ class AsyncQueue(Unpicklable):
             name: the schedule's name.
 
         Returns:
-            `'paused'` | `'already'` (was paused) | `'missing'`."""
+            `'paused'` | `'already'` (was paused) | `'missing'`.
+
+        Raises:
+            BadArgument: its key was made another type by hand (remove_schedule clears it);
+                nothing changed."""
         return await self._run(self.ops.pause_schedule(name))
 
     async def resume_schedule(self, name: str) -> str:

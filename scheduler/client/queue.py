@@ -725,7 +725,11 @@ class Queue(Unpicklable):
             name: the schedule's name.
 
         Returns:
-            `'paused'` | `'already'` (was paused) | `'missing'`."""
+            `'paused'` | `'already'` (was paused) | `'missing'`.
+
+        Raises:
+            BadArgument: its key was made another type by hand (remove_schedule clears it);
+                nothing changed."""
         return self._run(self.ops.pause_schedule(name))
 
     def resume_schedule(self, name: str) -> str:
