@@ -285,12 +285,7 @@ def test_a_fail_refused_for_a_key_edited_by_hand_is_sent_again_once_fixed(
     assert ("dead", jid) in HOOKED
 
 
-# -- findings --------------------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: a fail given up at the worker's stop is logged refused=complete "
-    "(newer_outcomes._given_up hard-codes the call)",
-)
+# -- findings (fixed) ------------------------------------------------------------------------------
 @pytest.mark.parametrize("refusal", ["corrupt-key", "newer-storage"])
 def test_a_fail_given_up_at_the_stop_is_logged_as_the_fail_it_was(
     module_server: RedisProcess,
@@ -318,13 +313,10 @@ def test_a_fail_given_up_at_the_stop_is_logged_as_the_fail_it_was(
     assert any("given up at stop" in m for m in lines.messages()), lines.messages()
     (line,) = lines.of(jid)
     assert (line.__dict__.get("event"), line.__dict__.get("refused")) == ("stale", "fail")
+    status = {"corrupt-key": "CorruptKey", "newer-storage": "NewerStorage"}[refusal]
+    assert line.__dict__.get("status") == status  # the server's answer, as for any refusal
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: a running job whose record was deleted is logged and counted `expired` "
-    "(heartbeat maps 'missing' to expired), the glossary's word for a job gone is `stale`",
-)
 def test_a_running_job_whose_record_is_gone_is_reported_stale_not_expired(
     module_server: RedisProcess, two: tuple[redis.Redis, Queue, Queue], lines: Lines
 ) -> None:

@@ -274,13 +274,13 @@ class Dispatch(Starting):
         self._stop(r, "timeout")
         self._queue_fail(r, ("JobTimeout", f"timed out after {timeout_s:g}s", ""), retryable=True)
 
-    def _stop(self, r: Running, reason: str) -> None:
+    def _stop(self, r: Running, reason: str, status: str | None = None) -> None:
         """Tell the handler to stop (event; async: cancel) and free its slot. Its result, if
         any comes, is dropped. A sync handler's thread keeps running: it counts as abandoned
         until it returns."""
         if r.finished:
             return
-        r.ctx._stop(reason)
+        r.ctx._stop("expired" if reason == "stale" else reason)  # JobContext's words
         key = (r.queue, r.job.id)
         if r.spec is not None and self.running.get(key) is r:
             if not r.spec.is_async:
@@ -292,8 +292,9 @@ class Dispatch(Starting):
         self._end(r)
         if r.task is not None:
             r.task.cancel()
-        if reason in ("expired", "cancelled", "timeout"):  # the stop reason is the outcome word
+        if reason in ("expired", "stale", "cancelled", "timeout"):  # the outcome word
             self.metrics.outcome(r.queue, r.job.task, reason)
-            self._log_job(reason, r, level=logging.WARNING)
-        if reason in ("expired", "cancelled"):
+            seen = {} if status is None else {"status": status}  # the heartbeat's answer
+            self._log_job(reason, r, level=logging.WARNING, **seen)
+        if reason in ("expired", "stale", "cancelled"):
             self._forget(r)

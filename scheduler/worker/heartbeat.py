@@ -192,7 +192,7 @@ class Heartbeats(RemoteStop, Dispatch, Reporting):
                         elif st == "cancelled":
                             self._lost(r, "cancelled")
                         else:
-                            self._lost(r, "expired")
+                            self._lost(r, "stale" if st == "missing" else "expired", status=st)
             counts = replies[i]
             i += 1
             if not isinstance(counts, BaseException):
@@ -262,11 +262,11 @@ class Heartbeats(RemoteStop, Dispatch, Reporting):
         ends = [r.lease_deadline_s for r in rs if r.beat_sent and not r.finished]
         return min(ends) if ends else None
 
-    def _lost(self, r: Running, reason: str) -> None:
+    def _lost(self, r: Running, reason: str, status: str | None = None) -> None:
         if r.finished:  # finished, outcome not yet acked: the report will be refused
             self._forget(r)
             return
-        self._stop(r, reason)
+        self._stop(r, reason, status)
 
     async def _beat_workers(self, *, remove: bool = False) -> None:
         ttl = 3 * self.settings.heartbeat_ms

@@ -40,33 +40,41 @@ async def give_up_newer(w: Reporting, deadline: float) -> None:
     newer = {n for n, g in zip(names, got, strict=True) if newer_storage(n, g, STORAGE_GENERATION)}
     if not newer:
         return
-    gone = [r for r, _ in w._completes if r.queue in newer]
-    gone += [r for r, _, _ in w._fails if r.queue in newer]
+    gone = [(r, "complete") for r, _ in w._completes if r.queue in newer]
+    gone += [(r, "fail") for r, _, _ in w._fails if r.queue in newer]
     w._completes[:] = [c for c in w._completes if c[0].queue not in newer]
     w._fails[:] = [f for f in w._fails if f[0].queue not in newer]
-    _given_up(w, gone, ", ".join(sorted(newer)), "is stored by a newer version (NewerStorage)")
+    why = "is stored by a newer version (NewerStorage)"
+    _given_up(w, gone, ", ".join(sorted(newer)), why, "NewerStorage")
 
 
-def give_up_refused(w: Reporting, rs: Sequence[Running], exc: BaseException) -> bool:
+def give_up_refused(w: Reporting, rs: Sequence[Running], exc: BaseException, call: str) -> bool:
     """Once the reporter is stopped: rs's outcomes, refused with `exc`, are given up when it is
-    a refusal until a fix or an upgrade (True). The reporter itself sends them again."""
+    a refusal until a fix or an upgrade (True). The reporter itself sends them again.
+    call: "complete" or "fail", the call refused (logged as `refused=<call>`)."""
     if not w._stop_reporter.is_set() or not isinstance(exc, REFUSED_UNTIL_FIXED):
         return False
+    newer = isinstance(exc, NewerStorage)
     why = (
         "is stored by a newer version (NewerStorage)"
-        if isinstance(exc, NewerStorage)
+        if newer
         else f"has a key edited by hand (CorruptKey: {exc}; see `scheduler doctor`)"
     )
-    _given_up(w, rs, ", ".join(sorted({r.queue for r in rs})), why)
+    status = "NewerStorage" if newer else "CorruptKey"
+    _given_up(w, [(r, call) for r in rs], ", ".join(sorted({r.queue for r in rs})), why, status)
     return True
 
 
-def _given_up(w: Reporting, gone: Sequence[Running], queues: str, why: str) -> None:
-    for r in gone:
+def _given_up(
+    w: Reporting, gone: Sequence[tuple[Running, str]], queues: str, why: str, status: str
+) -> None:
+    """Each (run, the call refused) counted and logged `stale`, `refused=<call>`, with the
+    server's answer as `status` (its error class: the glossary's "the server's status")."""
+    for r, call in gone:
         w._forget(r)
         w.metrics.outcome(r.queue, r.job.task, "stale")
         # Its line and hooks, as for any outcome the worker counts (README: on_outcome).
-        w._log_job("stale", r, level=logging.WARNING, refused="complete")
+        w._log_job("stale", r, level=logging.WARNING, refused=call, status=status)
     note = w._log_limit.admit(("outcomes given up", why.split(" (", 1)[0]))
     if note is not None:
         w.log.warning(

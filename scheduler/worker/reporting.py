@@ -170,7 +170,7 @@ class Reporting(WorkerCore):
 
     def _completed(self, items: list[tuple[Running, Any]], statuses: Any) -> BaseException | None:
         if isinstance(statuses, BaseException):
-            if give_up_refused(self, [r for r, _ in items], statuses):
+            if give_up_refused(self, [r for r, _ in items], statuses, "complete"):
                 return None  # at the stop: refused until a fix or an upgrade
             if may_resend(statuses) and self._reply_error("complete", statuses):
                 self._completes[:0] = items
@@ -213,7 +213,7 @@ class Reporting(WorkerCore):
             self._log_job(out.status, r, level=logging.WARNING, **extra)
         elif isinstance(out, LeaseRefused | JobNotFound):
             self._refused(r, "fail", _status_of(out))
-        elif isinstance(out, BaseException) and give_up_refused(self, [r], out):
+        elif isinstance(out, BaseException) and give_up_refused(self, [r], out, "fail"):
             return None
         elif isinstance(out, BaseException) and may_resend(out) and self._reply_error("fail", out):
             self._fails.insert(0, (r, err, retryable))
