@@ -254,22 +254,33 @@ def new_queue(client: redis.Redis, prefix: str) -> Queue:
 def dump_queue(client: redis.Redis, queue: Queue) -> dict[str, object]:
     """Every key of the queue with its type and contents (TTL presence, not value): for
     comparing state before and after a call."""
-    out: dict[str, object] = {}
-    for key in sorted(client.scan_iter(match=queue.keys.pattern(), count=1000)):
-        if key.endswith(":test:now_ms"):
-            continue
-        t = client.type(key)
+    # Two pipelines (types, then contents and TTLs), not a round trip per command: the hand-edit
+    # matrices dump a busy queue hundreds of times, and per-key calls made them the suite's
+    # heaviest modules in CPU.
+    keys = sorted(k for k in client.scan_iter(match=queue.keys.pattern(), count=1000)
+                  if not k.endswith(":test:now_ms"))  # fmt: skip
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.type(key)
+    types = pipe.execute()
+    pipe = client.pipeline(transaction=False)
+    for key, t in zip(keys, types, strict=True):
         if t == "hash":
-            val: object = client.hgetall(key)
+            pipe.hgetall(key)
         elif t == "zset":
-            val = client.zrange(key, 0, -1, withscores=True)
+            pipe.zrange(key, 0, -1, withscores=True)
         elif t == "list":
-            val = client.lrange(key, 0, -1)
+            pipe.lrange(key, 0, -1)
         elif t == "set":
-            val = sorted(client.smembers(key))
+            pipe.smembers(key)
         else:
-            val = client.get(key)
-        out[key] = (t, val, client.pttl(key) > 0)
+            pipe.get(key)
+        pipe.pttl(key)
+    got = pipe.execute()
+    out: dict[str, object] = {}
+    for i, (key, t) in enumerate(zip(keys, types, strict=True)):
+        val, ttl = got[2 * i], got[2 * i + 1]
+        out[key] = (t, sorted(val) if t == "set" else val, ttl > 0)
     return out
 
 
