@@ -62,7 +62,8 @@ class _JobCollector(Collector):
         other = list(self._m._outcomes.items())
         jobs = CounterMetricFamily(
             "scheduler_jobs",
-            "Job outcomes seen by this worker (stale: a result the server refused; expired: "
+            "Job outcomes seen by this worker (stale: a result the server refused, or a run "
+            "stopped as its job was gone; expired: "
             "the lease ran out before reporting; timeout: the run was stopped, and its retry or "
             "dead is counted too; task (unknown): a task this worker has no handler for)",
             labels=["queue", "task", "outcome"],
