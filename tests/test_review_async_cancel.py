@@ -315,11 +315,6 @@ def test_a_cancelled_result_wait_leaves_and_the_next_wait_gets_the_result(
 
 
 @pytest.mark.parametrize("op", ["counts", "enqueue", "enqueue_many"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: direct_pool.give_async leaks the connection (pool in-use never returns to "
-    "0) when a cancel lands while it waits for the pool's lock",
-)
 def test_a_cancel_while_the_connection_goes_back_leaks_nothing(
     module_server: RedisProcess, ctl: redis.Redis, op: str
 ) -> None:

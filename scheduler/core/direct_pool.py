@@ -12,6 +12,7 @@ calls, so its accounting stays balanced.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import redis
@@ -96,14 +97,32 @@ async def take_async(pool: Any) -> tuple[Any, bool]:
     return conn, True
 
 
+# Put-backs handed to a task after a cancel (referenced until done: the loop keeps weak ones).
+_giving: set[asyncio.Task[None]] = set()
+
+
 async def give_async(pool: Any, conn: Any, listed: bool) -> None:
     if not listed:
         await pool.release(conn)
         return
-    async with pool._lock:
+    try:
+        await pool._lock.acquire()
+    except asyncio.CancelledError:
+        # Cancelled while another task holds the lock (a deadline during a release or
+        # disconnect): the put-back goes on in a task, as redis-py 8's release does; skipped,
+        # the connection stayed in use for good and 100 of them refused every call.
+        task = asyncio.ensure_future(give_async(pool, conn, listed))
+        _giving.add(task)
+        task.add_done_callback(_giving.discard)
+        raise
+    try:
         if conn not in pool._in_use_connections:
             return
         pool._in_use_connections.remove(conn)
-        if conn.should_reconnect():
-            await conn.disconnect()
-        pool._available_connections.append(conn)
+        try:
+            if conn.should_reconnect():
+                await conn.disconnect()
+        finally:  # a disconnect cancelled part-way: back all the same (it reconnects on use)
+            pool._available_connections.append(conn)
+    finally:
+        pool._lock.release()
