@@ -548,6 +548,23 @@ local function flow_beat(prefix, id, ckey, lease_until)
   redis.pcall('ZADD', prefix .. 'flow:ck:' .. ckey, 'XX', 'LT', lease_until, id)
 end
 
+-- The flow:rheld entries (id, slot, ...) from the first whose slot has not come, up to `room`,
+-- when that one's slot is later than now + its job's window (a clock step back: see below),
+-- else nil. Per claim whose batch has room: one read of that entry and of its job's window,
+-- nothing more while no clock stepped. A stepped entry behind one of a longer window is met by
+-- the claims after, once it is the first.
+local function flow_rate_ahead(prefix, rh, now, room)
+  if room <= 0 then return nil end
+  local head = redis.pcall('ZRANGE', rh, '(' .. fmt(now), '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+    'WITHSCORES')
+  if head.err or not head[2] then return nil end
+  local w = redis.pcall('HGET', job_key(prefix, head[1]), 'rwindow')
+  w = type(w) == 'string' and parse_int(w, 1, FLOW_LIM.rate_window_ms)
+  if not w or tonumber(head[2]) <= now + w then return nil end
+  return redis.call('ZRANGE', rh, '(' .. fmt(now), '+inf', 'BYSCORE', 'LIMIT', 0, room,
+    'WITHSCORES')
+end
+
 -- Rate-held jobs whose slot has come go back into due, earliest slot first, up to as many as
 -- one claim may set aside (the rest keep their passed slot for the next claims: a worker's
 -- next claim is then at once), but no more of one key than its window
@@ -559,12 +576,25 @@ end
 -- every plain job and held Redis at 99% CPU). A job set aside again gets a later slot, so none
 -- waits for ever. flow:rheld of another type (written by hand) reads as empty; a job whose rate
 -- fields cannot be read goes back into due, where claim sees to it.
+--
+-- A slot is never later than a start + the job's window, and a start never later than the
+-- claim's now: a slot later than now + its window was written by a clock that has since stepped
+-- back. Such an entry is taken as if its slot had come (flow_rate_ahead), so its key holds it
+-- one window from now, not for the step (a day's step held it the day while the key's newer
+-- jobs ran). A job whose run_at is later than now was set aside by such a clock, due then: it
+-- goes first, back into due at now (at its run_at it would wait the step again).
 local function flow_rate_due(prefix, now, limit)
   local rh = prefix .. 'flow:rheld'
-  local ids = redis.pcall('ZRANGE', rh, '-inf', now, 'BYSCORE', 'LIMIT', 0,
-    flow_moved_max(limit))
+  local max = flow_moved_max(limit)
+  local ids = redis.pcall('ZRANGE', rh, '-inf', now, 'BYSCORE', 'LIMIT', 0, max)
   if ids.err then return end
+  local slots = {}  -- a stepped entry's slot (its slot has not come)
+  local ahead = flow_rate_ahead(prefix, rh, now, max - #ids)
+  for k = 1, ahead and #ahead or 0, 2 do
+    ids[#ids + 1], slots[ahead[k]] = ahead[k], tonumber(ahead[k + 1])
+  end
   local function back(id, run_at)
+    if tonumber(run_at) and tonumber(run_at) > now then run_at = fmt(now) end
     if flow_unhold(prefix, id, run_at) then redis.call('ZREM', rh, id) end
   end
   local by_key, keys = {}, {}
@@ -573,20 +603,27 @@ local function flow_rate_due(prefix, now, limit)
     local f = (not v.err) and flow_from(v, 1)
     local run_at = redis.pcall('ZSCORE', prefix .. 'flow:held', id)
     if type(run_at) ~= 'string' then run_at = fmt(now) end
-    if f and f.rkey ~= '' and f.rcount > 0 and f.rwindow > 0 then
-      local jobs = by_key[f.rkey]
-      if not jobs then
-        jobs = {}
-        by_key[f.rkey], keys[#keys + 1] = jobs, f.rkey
+    local t = tonumber(run_at) or now
+    -- An entry taken past the head but not stepped (a longer window than the head's) keeps
+    -- its slot.
+    if not slots[id] or (f and f.rwindow > 0 and slots[id] > now + f.rwindow) then
+      if f and f.rkey ~= '' and f.rcount > 0 and f.rwindow > 0 then
+        local jobs = by_key[f.rkey]
+        if not jobs then
+          jobs = {}
+          by_key[f.rkey], keys[#keys + 1] = jobs, f.rkey
+        end
+        jobs[#jobs + 1] = { id = id, run_at = run_at, t = math.min(t, now), ahead = t > now,
+          i = i, f = f }
+      else
+        back(id, run_at)
       end
-      jobs[#jobs + 1] = { id = id, run_at = run_at, t = tonumber(run_at) or now, i = i, f = f }
-    else
-      back(id, run_at)
     end
   end
   if #keys == 0 then return end
   local aged_at = now - flow_aging(prefix)
   local function first(a, b)
+    if a.ahead ~= b.ahead then return a.ahead end
     local aa, ab = a.t <= aged_at, b.t <= aged_at
     if aa ~= ab then return aa end
     if not aa and a.f.priority ~= b.f.priority then return a.f.priority > b.f.priority end

@@ -210,11 +210,13 @@ end
 -- server clock stepped back would otherwise put the job just parked first in the count
 -- retention's line (lowest score, then id, first): deleted at once, while the older ones
 -- stayed; one ms after it, not equal (a tie went by id: a job enqueued earlier, parked now,
--- was the one deleted). Only up to a day ahead: a score written by hand (inf, year 3000) must
--- not be every later park's, out of the age retention.
+-- was the one deleted). Only up to 366 days ahead (LIM.ttl_ms), well past any real step (a VM
+-- restored from a snapshot days old; a 1-day cap deleted each job parked after a 2-day step,
+-- its record with it): a score written by hand (inf, 1e15, year 3000) must not be every later
+-- park's, out of the age retention.
 local function dead_score(zset, now)
   local top = tonumber(redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES')[2])
-  return (top and top > now and top <= now + 86400000) and math.floor(top) + 1 or now
+  return (top and top > now and top <= now + LIM.ttl_ms) and math.floor(top) + 1 or now
 end
 
 -- Park a job for a human: out of due and leased, into the dead ZSET at now (newest last).
