@@ -153,3 +153,23 @@ def test_an_interrupt_before_the_replies_leaves_none_to_come(
     assert plain.get(queue_name) == b"before"
     assert direct_io.call_sync(plain, ("EVALSHA", echo, 0, "e")) == b"e"
     plain.delete(queue_name)
+
+
+def test_an_empty_pipeline_answers_nothing_and_gives_its_connection_back(
+    plain: redis.Redis, redis_url: str
+) -> None:
+    """A read of no ids (a dead filter matching nothing) is a pipeline of no command: it
+    answers [] (the WAIT check once read past the end of it: an IndexError in every CLI bulk
+    command whose filter matched nothing)."""
+    assert direct_io.pipeline_sync(plain, []) == []
+    assert direct_io.pipeline_sync(plain, [("ECHO", "x")]) == [b"x"]
+
+    async def main() -> None:
+        c = aredis.Redis.from_url(redis_url)
+        try:
+            assert await direct_io.pipeline_async(c, []) == []
+            assert len(c.connection_pool._in_use_connections) == 0
+        finally:
+            await c.aclose()
+
+    asyncio.run(main())

@@ -111,7 +111,7 @@ def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
     packed = [chunk for cmd in cmds for chunk in _pack(cmd)]  # one that cannot be: none sent
     pool = client.connection_pool
     conn, listed = take(pool)
-    wait_s = _wait_read_s(conn, cmds[-1]) if cmds[-1][0] == "WAIT" else None
+    wait_s = _wait_read_s(conn, cmds[-1]) if cmds and cmds[-1][0] == "WAIT" else None
 
     def send() -> list[Any]:
         out: list[Any] = []
@@ -262,7 +262,7 @@ async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[A
     packed = [chunk for cmd in cmds for chunk in _pack(cmd)]
     pool = client.connection_pool
     conn, listed = await take_async(pool)
-    wait_s = _wait_read_s(conn, cmds[-1]) if cmds[-1][0] == "WAIT" else None
+    wait_s = _wait_read_s(conn, cmds[-1]) if cmds and cmds[-1][0] == "WAIT" else None
 
     async def send() -> list[Any]:
         out: list[Any] = []
