@@ -88,9 +88,9 @@ def test_a_job_enqueued_early_and_parked_after_a_step_back_is_kept(
 def test_a_dead_score_written_by_hand_far_ahead_is_not_every_later_parks(
     client: redis.Redis, tq: tuple[Queue, Clock]
 ) -> None:
-    """A park is scored no lower than the newest dead letter only up to 366 days ahead (LIM.ttl_ms): a score
-    written by hand (inf, 1e15) would otherwise be every later park's, out of the age
-    retention's reach for good."""
+    """A park is scored no lower than the newest dead letter only up to 366 days ahead
+    (LIM.ttl_ms): a score written by hand (inf, 1e15) would otherwise be every later park's,
+    out of the age retention's reach for good."""
     q, clock = tq
     clock.set_ms(T0)
     for score in (float("inf"), 1e15):
