@@ -76,11 +76,6 @@ def _run(q: Queue) -> list[str]:
 # --- defects ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: an embedded burst worker started while Redis is away never returns "
-    "(expand_until_read retries for ever; before, it exited 1 after BURST_FAILING_S)",
-)
 def test_a_burst_worker_started_while_redis_is_away_stops_as_failing_claims_do(
     away: RedisProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -167,11 +162,6 @@ def test_create_refuses_a_reserved_name_whose_record_is_of_another_type(
     assert srv.exists(meta_key(name)) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: `schedules list` prints a flagged (no hash / not a hash) schedule with a "
-    "rule it does not have: 'every 0 ms  jitter+0ms'",
-)
 def test_schedules_list_prints_no_rule_for_a_schedule_whose_definition_is_gone(
     module_server: RedisProcess, srv: redis.Redis
 ) -> None:
@@ -187,11 +177,6 @@ def test_schedules_list_prints_no_rule_for_a_schedule_whose_definition_is_gone(
     assert "every 0 ms" not in res.output, res.output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: enqueue_many([]) under wait_replicas reads its lone WAIT under "
-    "socket_timeout alone: redis-py's TimeoutError, not [] / NotDurable",
-)
 def test_an_empty_enqueue_many_under_wait_replicas_is_no_timeout_error(
     module_server: RedisProcess, srv: redis.Redis
 ) -> None:

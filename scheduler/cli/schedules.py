@@ -42,6 +42,7 @@ from scheduler.core.errors import BadArgument, ScheduleNotFound
 from scheduler.core.keys import QueueKeys
 from scheduler.core.safety import clean
 from scheduler.operations.ops import Ops, Settings
+from scheduler.operations.schedules import NO_DEFINITION
 from scheduler.schedules.recurring import Schedule, check_schedule_name
 
 # croniter's field order: 5 fields, or 6 with seconds last.
@@ -96,6 +97,8 @@ def _local(s: Schedule) -> str:
 
 
 def _line(s: Schedule) -> str:
+    if s.unreadable in NO_DEFINITION:  # no definition at all: no rule to print
+        return clean(f"{s.name}  UNREADABLE {s.unreadable} (edited by hand?): see doctor")
     rule = f"cron '{s.cron}' {s.tz}" if s.kind == "cron" else f"every {s.every_ms} ms"
     state = "paused" if s.paused else f"next {fmt_time(s.next_run_ms)}{_local(s)}"
     if s.unreadable:  # the scripts read it as absent: nothing arms its runs

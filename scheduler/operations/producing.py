@@ -103,6 +103,8 @@ class ProducingOps(OpsBase):
         # (enqueue.lua refuses more); a larger batch_size (accepted before) is more calls.
         batch_size = min(batch_size, ENQUEUE_PER_CALL)
         _check_debounced(specs)
+        if not specs:  # nothing to store: no call (under wait_replicas a lone WAIT and a mark)
+            return []
         # Check every job before sending any batch: a bad job refuses the whole call.
         batches = [
             codec.enqueue_args(specs[i : i + batch_size], self.settings.max_payload_bytes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -23,12 +24,14 @@ if TYPE_CHECKING:
 async def expand_until_read(w: WorkerCore, deadline_s: float) -> None:
     """expand_logical, retried with a growing delay (transient errors logged and counted as
     any loop's) until it is read or the worker is stopped; a fatal error stops the worker."""
+    from scheduler.worker import self_stop
     from scheduler.worker.core import _Deadline, _within
     from scheduler.worker.execution import RetryDelay
+    from scheduler.worker.settings import EXIT_ERROR
 
     if w.names_read:
         return
-    delay = RetryDelay()
+    delay, since = RetryDelay(), time.monotonic()
     while not w._stop_claiming.is_set():
         try:
             await _within(expand_logical(w), deadline_s)
@@ -38,6 +41,12 @@ async def expand_until_read(w: WorkerCore, deadline_s: float) -> None:
             w.log.warning("queues: no answer from Redis in %.1fs; retrying", deadline_s)
         except Exception as exc:
             w._loop_error("queues", exc)  # transient: logged, counted; else raises
+        # A burst worker stops as one whose claims keep failing does (self_stop): it would
+        # never find its queues empty, so never end.
+        if w.settings.burst and time.monotonic() - since > self_stop.BURST_FAILING_S:
+            w._fatal(EXIT_ERROR, "burst: its queues' partitions records have not been read "
+                                 f"for over {self_stop.BURST_FAILING_S:g} s")  # fmt: skip
+            return
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
             await asyncio.wait_for(w._stop_claiming.wait(), delay())
 
