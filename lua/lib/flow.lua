@@ -548,19 +548,33 @@ local function flow_beat(prefix, id, ckey, lease_until)
   redis.pcall('ZADD', prefix .. 'flow:ck:' .. ckey, 'XX', 'LT', lease_until, id)
 end
 
+-- Whether a flow:rheld entry (id, slot) was written by a clock since stepped back: its slot is
+-- later than now + the longest window, or than now + its job's window (one HGET; a window that
+-- cannot be read: not stepped).
+local function flow_rate_stepped(prefix, e, now)
+  local slot = tonumber(e[2])
+  if slot > now + FLOW_LIM.rate_window_ms then return true end
+  local w = redis.pcall('HGET', job_key(prefix, e[1]), 'rwindow')
+  w = type(w) == 'string' and parse_int(w, 1, FLOW_LIM.rate_window_ms)
+  return w and slot > now + w or false
+end
+
 -- The flow:rheld entries (id, slot, ...) from the first whose slot has not come, up to `room`,
--- when that one's slot is later than now + its job's window (a clock step back: see below),
--- else nil. Per claim whose batch has room: one read of that entry and of its job's window,
--- nothing more while no clock stepped. A stepped entry behind one of a longer window is met by
--- the claims after, once it is the first.
+-- when that one or the last entry is stepped (a clock step back: see below), else nil. Per
+-- claim whose batch has room: a read of those two entries and of their jobs' windows, nothing
+-- more while no clock stepped. The last is read too because a stepped entry of a short window
+-- may sit behind one of a longer window whose slot is valid (its slot later: the clock ahead
+-- wrote it). A stepped entry that is neither, or lies past `room` entries, is met by the
+-- claims after, once the entries ahead of it have come (at most their window).
 local function flow_rate_ahead(prefix, rh, now, room)
   if room <= 0 then return nil end
   local head = redis.pcall('ZRANGE', rh, '(' .. fmt(now), '+inf', 'BYSCORE', 'LIMIT', 0, 1,
     'WITHSCORES')
   if head.err or not head[2] then return nil end
-  local w = redis.pcall('HGET', job_key(prefix, head[1]), 'rwindow')
-  w = type(w) == 'string' and parse_int(w, 1, FLOW_LIM.rate_window_ms)
-  if not w or tonumber(head[2]) <= now + w then return nil end
+  if not flow_rate_stepped(prefix, head, now) then
+    local last = redis.call('ZRANGE', rh, -1, -1, 'WITHSCORES')
+    if last[1] == head[1] or not flow_rate_stepped(prefix, last, now) then return nil end
+  end
   return redis.call('ZRANGE', rh, '(' .. fmt(now), '+inf', 'BYSCORE', 'LIMIT', 0, room,
     'WITHSCORES')
 end
@@ -604,8 +618,7 @@ local function flow_rate_due(prefix, now, limit)
     local run_at = redis.pcall('ZSCORE', prefix .. 'flow:held', id)
     if type(run_at) ~= 'string' then run_at = fmt(now) end
     local t = tonumber(run_at) or now
-    -- An entry taken past the head but not stepped (a longer window than the head's) keeps
-    -- its slot.
+    -- An entry taken but not stepped (its slot is within its window from now) keeps its slot.
     if not slots[id] or (f and f.rwindow > 0 and slots[id] > now + f.rwindow) then
       if f and f.rkey ~= '' and f.rcount > 0 and f.rwindow > 0 then
         local jobs = by_key[f.rkey]
