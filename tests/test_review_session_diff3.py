@@ -102,11 +102,6 @@ def test_a_burst_worker_started_while_redis_is_away_stops_as_failing_claims_do(
     assert asyncio.run(go()) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: a rate-held job stepped behind a legit entry of a longer window waits the "
-    "whole step while newer jobs of its key run (flow_rate_ahead looks at the first entry only)",
-)
 def test_a_stepped_rate_held_job_behind_a_longer_windows_entry_goes_first_of_its_key(
     srv: redis.Redis,
 ) -> None:
@@ -138,11 +133,6 @@ def test_a_stepped_rate_held_job_behind_a_longer_windows_entry_goes_first_of_its
     assert ran[:1] == ["b"] and sorted(ran) == ["b", "c"], ran
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: PartitionedQueue.create raises a raw redis WRONGTYPE ResponseError when a "
-    "reserved name's layout record is of another type (partitioned_ids.reserved_records)",
-)
 @pytest.mark.parametrize("which", ["a partition's record", "the parent's record"])
 def test_create_refuses_a_reserved_name_whose_record_is_of_another_type(
     srv: redis.Redis, which: str

@@ -16,10 +16,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from redis.exceptions import ResponseError
+
 from scheduler.client.partitioned_merge import PartitionsNotReached, not_answering
 from scheduler.client.partitioned_partial import answering_async, answering_sync
 from scheduler.client.queue import Queue
 from scheduler.core.errors import JobNotFound, slot_move_text
+from scheduler.core.partitions import OTHER_TYPE
 from scheduler.operations.dead_letters import check_id_list, dead_selected
 from scheduler.operations.ops import Op
 
@@ -227,27 +230,39 @@ def held_where(q: PartitionedQueue, ids: Sequence[str]) -> tuple[dict[str, int],
     return {i: where[i] for i in dict.fromkeys(ids) if i in where}, why
 
 
+def _record(value: Any) -> Any:
+    """One reserved key's read: OTHER_TYPE for a key of another type (WRONGTYPE), None for a
+    node that does not answer (taken as missing); another error is raised."""
+    if not isinstance(value, BaseException):
+        return value
+    if isinstance(value, ResponseError) and "WRONGTYPE" in str(value):
+        return OTHER_TYPE
+    if not_answering(value):
+        return None
+    raise value
+
+
 def reserved_records(client: Any, wanted: Layout) -> list[Any]:
-    """The values at wanted.reserved_keys() (None: no such key), for PartitionedQueue.create:
-    one pipeline; when a node does not answer, each key apart, one not read taken as missing
-    (a create is not refused for a node down, as before the check)."""
+    """The values at wanted.reserved_keys() (None: no such key; OTHER_TYPE: a key of another
+    type), for PartitionedQueue.create: one pipeline; when a node does not answer, each key
+    apart, one not read taken as missing (a create is not refused for a node down, as before
+    the check)."""
     keys = wanted.reserved_keys()
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.get(key)
     try:
-        return list(pipe.execute())
+        return [_record(r) for r in pipe.execute(raise_on_error=False)]
     except Exception as exc:  # not_answering decides; another is raised
         if not not_answering(exc):
             raise
     out = []
     for key in keys:
         try:
-            out.append(client.get(key))
+            value = client.get(key)
         except Exception as exc:
-            if not not_answering(exc):
-                raise
-            out.append(None)
+            value = exc
+        out.append(_record(value))
     return out
 
 
@@ -258,16 +273,15 @@ async def reserved_records_async(client: Any, wanted: Layout) -> list[Any]:
     for key in keys:
         pipe.get(key)
     try:
-        return list(await pipe.execute())
+        return [_record(r) for r in await pipe.execute(raise_on_error=False)]
     except Exception as exc:  # as reserved_records
         if not not_answering(exc):
             raise
     out = []
     for key in keys:
         try:
-            out.append(await client.get(key))
+            value = await client.get(key)
         except Exception as exc:
-            if not not_answering(exc):
-                raise
-            out.append(None)
+            value = exc
+        out.append(_record(value))
     return out

@@ -44,6 +44,15 @@ _OCCURRENCE = re.compile(r"schedule:([A-Za-z0-9_.\-]{1,64}):\d+")
 PARTITION_NAME = re.compile(r"^(.+)\.p\d{1,4}(?:\.\d{1,6})?$")
 
 
+class OtherType:
+    """A reserved_keys() value that is a key of another type (a hand edit; the read answered
+    WRONGTYPE): check_reserved takes it as present for a partition, as a record that cannot be
+    read for the parent."""
+
+
+OTHER_TYPE = OtherType()
+
+
 class PartitionMismatch(BadArgument):
     """The queue exists with another partition count (or unpartitioned, or as a plain queue)."""
 
@@ -229,13 +238,16 @@ class Layout:
         """PartitionMismatch (nothing written) when creating this layout would take a reserved
         name: its own is a partition of a partitioned queue, or one of its partitions is
         partitioned itself (every write into that partition would be refused, 'is
-        partitioned'). `records`: the values at reserved_keys(), None for a missing key."""
+        partitioned'). `records`: the values at reserved_keys(), None for a missing key,
+        OTHER_TYPE for a key of another type."""
         rows = [
             r.decode("utf-8", "backslashreplace") if isinstance(r, bytes) else r for r in records
         ]
         if m := PARTITION_NAME.match(self.queue):
             parent, raw = m.group(1), rows.pop(0)
             try:
+                if isinstance(raw, OtherType):
+                    raise UnreadableRecord("a key of another type")
                 taken = raw is not None and self.queue in Layout.parse(parent, str(raw)).names
             except UnreadableRecord as exc:  # a hand edit: it may be one, refused
                 raise PartitionMismatch(
