@@ -17,7 +17,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from scheduler import Queue
+from scheduler import JobSpec, Queue
 from scheduler.cli.main import main
 from scheduler.cli.worker_pool_start import stop_deadline_s
 from scheduler.core.exits import EXIT_FAILED
@@ -75,7 +75,9 @@ def test_a_pool_stopped_while_draining_leaves_no_job_leased(
                       "30", "--lease-ms", "600000", log=pool_log)  # fmt: skip
     try:
         wait_for(lambda: _text(pool_log).count("concurrency=4") == 2, what="two started")
-        ids = [q.enqueue("echo", {"n": i}) for i in range(3000)]
+        # One bulk call, more than the pool drains while the test waits and signals: 3,000
+        # enqueued one by one were all done before the stop on a loaded machine (a flaky CI).
+        ids = q.enqueue_many([JobSpec("echo", {"n": i}) for i in range(10_000)])
         wait_for(lambda: client.llen(f"{LEDGER}:{q.name}") >= 200, timeout_s=60,
                  what="the pool busy")  # fmt: skip
         pool.send_signal(signal.SIGTERM)
