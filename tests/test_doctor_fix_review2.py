@@ -418,12 +418,21 @@ def test_no_false_findings_while_a_worker_moves_keyed_and_rated_jobs(
     """A worker thread claims, completes, retries and gives back jobs of a concurrency key
     (limit 2), a rate window, priorities and parent/child pairs while doctor checks: each
     check (jobs and key sets, re-read in one MULTI) finds nothing."""
-    stop = threading.Event()
     worker_q = Queue(redis.Redis(connection_pool=client.connection_pool), q.name)
+    assert doctor_under_load(worker_q, client, per_feed=20, checks=20, deadline_s=30) > 0
+
+
+def doctor_under_load(
+    worker_q: Queue, client: Any, *, per_feed: int, checks: int, deadline_s: float
+) -> int:
+    """A thread claims, completes, retries and gives back keyed (limit 2), rated, prioritised
+    and parent/child jobs of worker_q while `check_queue` on `client` must find nothing, at
+    least `checks` times and until 50 jobs moved (or deadline_s): how many moved."""
+    stop = threading.Event()
     moved = [0]
 
     def feed() -> None:
-        for n in range(20):
+        for n in range(per_feed):
             worker_q.enqueue("t", n, concurrency_key="k", concurrency_limit=2, max_attempts=9)
             worker_q.enqueue("t", n, rate_limit="5/1s", rate_key="r", priority=n % 9)
             parent = worker_q.enqueue("t", n)
@@ -449,13 +458,13 @@ def test_no_false_findings_while_a_worker_moves_keyed_and_rated_jobs(
     thread = threading.Thread(target=work)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        checks = 0
-        while checks < 20 or (moved[0] < 50 and time.monotonic() < deadline):
-            found = check_queue(client, q.name)
+        deadline = time.monotonic() + deadline_s
+        done = 0
+        while done < checks or (moved[0] < 50 and time.monotonic() < deadline):
+            found = check_queue(client, worker_q.name)
             assert found == [], [(i.code, i.job_id, i.message) for i in found]
-            checks += 1
+            done += 1
     finally:
         stop.set()
         thread.join(timeout=30)
-    assert moved[0] > 0
+    return moved[0]

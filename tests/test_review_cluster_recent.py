@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -36,6 +34,7 @@ from scheduler.core.connection import connect, connect_async
 from scheduler.core.models import JobState
 from scheduler.worker import EXIT_OK, Worker, WorkerSettings, logs
 from tests.conftest import delete_queue
+from tests.test_doctor_fix_review2 import doctor_under_load
 from tests.test_review_settle_refused import (
     EDITS,
     GATES,
@@ -271,49 +270,12 @@ def test_doctor_names_the_spec_key_of_an_undecodable_pending_job_on_a_cluster(
 def test_doctor_finds_nothing_while_a_worker_moves_keyed_and_rated_jobs_on_a_cluster(
     cluster_url: str, cq: Queue, rc: Any
 ) -> None:
-    stop = threading.Event()
     other = connect(cluster_url)
-    worker_q = Queue(other, cq.name)
-    moved = [0]
-
-    def feed() -> None:
-        for n in range(10):
-            worker_q.enqueue("t", n, concurrency_key="k", concurrency_limit=2, max_attempts=9)
-            worker_q.enqueue("t", n, rate_limit="5/1s", rate_key="r", priority=n % 9)
-            parent = worker_q.enqueue("t", n)
-            worker_q.enqueue("t", n, after=[parent], concurrency_key="k", concurrency_limit=2)
-
-    def work() -> None:
-        n = 0
-        while not stop.is_set():
-            batch = worker_q.claim("busy", limit=4)
-            for job in batch.jobs:
-                n += 1
-                if n % 3 == 0:
-                    worker_q.fail(job.id, job.token, ValueError("x"), retryable=True)
-                elif n % 5 == 0:
-                    worker_q.release([(job.id, job.token)])
-                else:
-                    worker_q.complete(job.id, job.token, n)
-            moved[0] += len(batch.jobs)
-            if not batch.jobs:
-                feed()
-
-    feed()
-    thread = threading.Thread(target=work)
-    thread.start()
     try:
-        deadline = time.monotonic() + 15
-        checks = 0
-        while checks < 15 or (moved[0] < 50 and time.monotonic() < deadline):
-            found = check_queue(rc, cq.name)
-            assert found == [], [(i.code, i.job_id, i.message) for i in found]
-            checks += 1
+        moved = doctor_under_load(Queue(other, cq.name), rc, per_feed=10, checks=15, deadline_s=15)
     finally:
-        stop.set()
-        thread.join(timeout=30)
         other.close()
-    assert moved[0] > 0
+    assert moved > 0
 
 
 # -- a worker's settle refused by a hand edit (test_review_settle_refused ran on one server) ---
