@@ -298,6 +298,31 @@ def test_slow_replica_with_a_client_socket_timeout_raises_not_durable(
         client.close()
 
 
+def test_slow_replica_under_a_partitioned_enqueue_many_raises_not_durable(
+    fresh: Pair, paused: Callable[[], None]
+) -> None:
+    """A partitioned enqueue_many sends one WAIT per partition in one pipeline: every reply is
+    read under the socket timeout plus the longest WAIT's (direct_io._wait_read_s), so a stalled
+    replica is NotDurable naming every id, not a TimeoutError with none."""
+    from scheduler import PartitionedQueue
+
+    client = redis.Redis(
+        unix_socket_path=fresh.primary.socket,
+        decode_responses=True,
+        socket_timeout=0.3,
+        retry=Retry(NoBackoff(), 1),
+    )
+    pq = PartitionedQueue.create(
+        client, QUEUE + "-p", partitions=3, wait_replicas=1, wait_timeout_ms=1_000
+    )
+    try:
+        with pytest.raises(NotDurable) as caught:
+            pq.enqueue_many([JobSpec("d.t", i) for i in range(30)])
+        assert len(caught.value.job_ids) == 30
+    finally:
+        client.close()
+
+
 def test_slow_replica_with_an_async_client_socket_timeout_raises_not_durable(
     fresh: Pair, paused: Callable[[], None]
 ) -> None:
@@ -414,3 +439,19 @@ def test_resend_whose_mark_the_server_refuses_raises_not_durable_with_none_acked
         admin.config_set("min-replicas-to-write", 0)
     paused()
     assert on_replica(fresh, ["r1"]) == ["due"]
+
+
+def test_a_wait_anywhere_in_a_pipeline_sets_its_read_timeout() -> None:
+    """Not only a last WAIT: a request without WAIT merged after one (another queue's call in
+    the same drive) must not leave the WAIT's reply read under the bare socket timeout."""
+    from types import SimpleNamespace
+
+    from scheduler.core.direct_io import _wait_read_s
+
+    conn = SimpleNamespace(socket_timeout=0.5)
+    write, wait = ("EVALSHA", "sha", 1, "k"), ("WAIT", 1, 2_000)
+    assert _wait_read_s(conn, [write, wait, write]) == 2.5
+    assert _wait_read_s(conn, [write, ("WAIT", 1, 500), wait]) == 2.5
+    assert _wait_read_s(conn, [write, write]) is None
+    assert _wait_read_s(conn, [write, ("WAIT", 1, 0)]) is None  # unbounded: no read covers it
+    assert _wait_read_s(SimpleNamespace(socket_timeout=None), [wait]) is None

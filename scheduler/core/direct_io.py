@@ -15,7 +15,8 @@ calls (and the WAIT after them, whose integer reply has no callback either) goes
 (`pipeline_sync` / `pipeline_async`): all packed first (one that cannot be packed sends none, as
 redis-py's pipeline), sent, and every reply read, an error reply as a value, as redis-py's
 `pipe.execute(raise_on_error=False)` answers (bulk enqueue +16%, docs/performance.md section
-17). A pipeline ending in WAIT reads under the socket timeout plus the WAIT's (`_wait_read_s`).
+17). A pipeline holding WAITs reads under the socket timeout plus the longest WAIT's
+(`_wait_read_s`).
 
 Commands are packed with hiredis (a declared dependency), the bytes redis-py's own packer sends
 with hiredis installed, without its per-argument type checks in Python (~3 us of a 23-argument
@@ -111,7 +112,7 @@ def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
     packed = [chunk for cmd in cmds for chunk in _pack(cmd)]  # one that cannot be: none sent
     pool = client.connection_pool
     conn, listed = take(pool)
-    wait_s = _wait_read_s(conn, cmds[-1]) if cmds and cmds[-1][0] == "WAIT" else None
+    wait_s = _wait_read_s(conn, cmds)
 
     def send() -> list[Any]:
         out: list[Any] = []
@@ -142,14 +143,16 @@ def pipeline_sync(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[Any]:
         give(pool, conn, listed)
 
 
-def _wait_read_s(conn: Any, wait: tuple[Any, ...]) -> float | None:
-    """The read timeout of a pipeline ending in ("WAIT", replicas, timeout_ms): the connection's
-    socket timeout plus the WAIT's, so that a replica that does not answer is WAIT's reply
-    (fewer acknowledgements: NotDurable with the ids), not a TimeoutError after which redis-py's
-    retry sent the writes and the WAIT again. None: the connection's own timeout stands (none,
-    or a WAIT without a bound, which no read timeout could cover)."""
-    base, wait_ms = conn.socket_timeout, int(wait[2])
-    return base + wait_ms / 1000 if base and wait_ms > 0 else None
+def _wait_read_s(conn: Any, cmds: Sequence[tuple[Any, ...]]) -> float | None:
+    """The read timeout of a pipeline holding ("WAIT", replicas, timeout_ms) commands (one per
+    queue's writes: a partitioned enqueue_many sends one per partition): the connection's
+    socket timeout plus the longest WAIT's, so that a replica that does not answer is WAIT's
+    reply (fewer acknowledgements: NotDurable with the ids), not a TimeoutError after which
+    redis-py's retry sent the writes and the WAIT again. None: the connection's own timeout
+    stands (no WAIT, no timeout, or WAITs without a bound, which no read timeout could cover)."""
+    waits = [int(c[2]) for c in cmds if c[0] == "WAIT"]
+    base = conn.socket_timeout
+    return base + max(waits) / 1000 if waits and base and max(waits) > 0 else None
 
 
 def _pack(cmd: tuple[Any, ...]) -> list[bytes]:
@@ -262,7 +265,7 @@ async def pipeline_async(client: Any, cmds: Sequence[tuple[Any, ...]]) -> list[A
     packed = [chunk for cmd in cmds for chunk in _pack(cmd)]
     pool = client.connection_pool
     conn, listed = await take_async(pool)
-    wait_s = _wait_read_s(conn, cmds[-1]) if cmds and cmds[-1][0] == "WAIT" else None
+    wait_s = _wait_read_s(conn, cmds)
 
     async def send() -> list[Any]:
         out: list[Any] = []
