@@ -18,14 +18,18 @@ from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_aio import AsyncPartitionedQueue, open_queue_async
 from scheduler.core.errors import JobNotFound
+from scheduler.core.ids import new_job_id
 from tests.fixtures.partitioned import delete_partitioned
 
 
 def _dead_in_each(pq: PartitionedQueue, per: int = 3) -> list[str]:
     """`per` dead jobs written to each partition's own queue; most route elsewhere."""
     ids: list[str] = []
-    for part in pq.parts:
-        ids += [part.enqueue("t", {"n": n}) for n in range(per)]
+    for k, part in enumerate(pq.parts):
+        names = [new_job_id() for _ in range(per)]
+        while k == 0 and pq.layout.partition_of_id(names[0]) == 0:  # one stray for certain:
+            names[0] = new_job_id()  # left to chance, none was about 1 run in 4^(4 * per)
+        ids += [part.enqueue("t", {"n": n}, job_id=j) for n, j in enumerate(names)]
         for job in part.claim("w", limit=10).jobs:
             part.fail(job.id, job.token, ("Boom", "it broke", ""), retryable=False)
     strays = [i for k in range(4) for i in ids[per * k : per * (k + 1)]
