@@ -26,6 +26,7 @@ from scheduler.cli.common import (
     resolve_queues,
     url_option,
 )
+from scheduler.cli.redis_cli import connection_flags, with_flags
 from scheduler.core.connection import UNREACHABLE, is_cluster
 
 
@@ -33,9 +34,10 @@ def register(main: click.Group) -> None:
     main.add_command(doctor)
 
 
-def _print(out: Console, title: str, issues: list[checks.Issue]) -> None:
-    """One block per finding; commands on their own unwrapped lines, ready to paste. Ids and
-    messages quote stored data: escaped, never read as markup."""
+def _print(out: Console, title: str, issues: list[checks.Issue], flags: list[str]) -> None:
+    """One block per finding; commands on their own unwrapped lines, ready to paste (each
+    `redis-cli` given the `flags` that reach the checked server). Ids and messages quote stored
+    data: escaped, never read as markup."""
     out.print(f"[bold]{title}[/]")
     for i in issues:
         style = "red" if i.severity == "error" else "yellow"
@@ -43,13 +45,13 @@ def _print(out: Console, title: str, issues: list[checks.Issue]) -> None:
         # A Text, not markup: an escaped id ending in '\' was shown with one '\' more.
         line = Text.assemble((i.severity, style), f" {i.queue or 'server'} ", (i.code, "bold"))
         out.print(line + cell(f"{job}: {i.message}"))
-        out.print(cell(f"  fix: {i.fix}"), soft_wrap=True)
+        out.print(cell(f"  fix: {with_flags(i.fix, flags)}"), soft_wrap=True)
         if i.next_run is not None:  # it parked a schedule's pending run: the next one is due
             out.print(cell(f"  the schedule's next run is armed: {i.next_run}"), soft_wrap=True)
         if i.repair:
             # One line per command, each cleaned whole: a stored id holding '\n' must not
             # end the '# runs ...' comment and put a line of its own into a pasted shell.
-            steps = (cell(f"    {c}") for c in i.redis_cli())
+            steps = (cell(f"    {with_flags(c, flags)}") for c in i.redis_cli())
             out.print("  what --fix runs:", *steps, sep="\n", soft_wrap=True)
 
 
@@ -119,11 +121,11 @@ def doctor(
             }
         )
     else:
-        out = console()
+        out, flags = console(), connection_flags(url, client)
         if fixed:
-            _print(out, "repaired", fixed)
+            _print(out, "repaired", fixed, flags)
         if remaining:
-            _print(out, "findings", remaining)
+            _print(out, "findings", remaining, flags)
         # Orphans (in no place: no worker saw them) re-armed into due, apart from the rest.
         rearmed = sum(i.rearms for i in fixed)
         to_rearm = sum(i.rearms for i in remaining)

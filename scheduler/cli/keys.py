@@ -33,6 +33,7 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.dead_view import exit_unread, unread_field
+from scheduler.cli.redis_cli import connection_flags, with_flags
 from scheduler.client.partitioned import not_answering
 from scheduler.core.connection import UNREACHABLE, is_cluster
 from scheduler.core.errors import slot_move_text
@@ -85,7 +86,7 @@ def partitioned_keys(name: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _tables(view: dict[str, Any], title: str) -> Group:
+def _tables(view: dict[str, Any], title: str, flags: list[str]) -> Group:
     q = shlex.quote
     t = Table(title=title + ("" if view["exists"] else " (no keys yet)"))
     for col in ("key", "type", "size", "ttl", "contents"):
@@ -101,9 +102,8 @@ def _tables(view: dict[str, Any], title: str) -> Group:
         count = str(fam["count"]) + ("+" if cut else "")
         f.add_row(cell(q(fam["pattern"])), count, fam["about"])
     notes = [cut] if cut else []
-    return Group(
-        t, f, *(cell(n) for n in notes), cell("\n".join(view["examples"]), keep_newlines=True)
-    )
+    examples = "\n".join(with_flags(e, flags) for e in view["examples"])
+    return Group(t, f, *(cell(n) for n in notes), cell(examples, keep_newlines=True))
 
 
 def cut_note(view: dict[str, Any]) -> str:
@@ -143,14 +143,15 @@ def keys_command(url: str, queue: str, as_json: bool, max_keys: int) -> None:
         emit_json({"partitions": None, **view, **unread_field(not_read)})
         exit_unread(not_read)
         return
-    out = console()
+    out, flags = console(), connection_flags(url, client)
     if layout is None:
-        out.print(_tables(view, f"keys of queue {queue!r}"))
+        out.print(_tables(view, f"keys of queue {queue!r}", flags))
         return
     out.print(cell(f"queue {queue!r}: {layout.n} partitions, layout record {view['layout_key']}"))
-    out.print(cell(f"  {view['examples'][0]}"), soft_wrap=True)
+    out.print(cell(f"  {with_flags(view['examples'][0], flags)}"), soft_wrap=True)
     for part in view["partitions"]:
-        out.print(_tables(part, f"keys of partition {part['queue']!r} of queue {queue!r}"))
+        title = f"keys of partition {part['queue']!r} of queue {queue!r}"
+        out.print(_tables(part, title, flags))
     exit_unread(not_read)
 
 

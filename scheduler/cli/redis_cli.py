@@ -1,0 +1,98 @@
+"""The `redis-cli` lines the CLI prints (doctor's fixes, `scheduler keys`' examples) made to
+reach the server the command was given: `-h`/`-p` or `-s`, `-n`, `--tls` and its files, `-c`
+on a Redis Cluster, `--user` and `--askpass` (never the password itself: it would be shown on
+the terminal and kept in the shell's history). The checks write the bare `redis-cli ...`; the
+flags are added where the lines are printed, so the checks stay free of connection details."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from scheduler.core.connection import parse_url
+
+# URL option -> redis-cli flag taking its value (TLS files).
+_TLS_FILES = {"ssl_ca_certs": "--cacert", "ssl_ca_path": "--cacertdir",
+              "ssl_certfile": "--cert", "ssl_keyfile": "--key"}  # fmt: skip
+_DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+
+
+def connection_flags(url: str, client: Any = None) -> list[str]:
+    """redis-cli's flags for `url` ([] for the local default server). A Sentinel URL: the
+    master `client` reaches now (asked of its sentinels), or none when they do not say."""
+    target = parse_url(url)
+    opts = target.options
+    flags: list[str] = []
+    if target.sentinel is not None:
+        host_port = _sentinel_master(client)
+        if host_port is not None:
+            flags += _host_flags(*host_port)
+        tls = target.sentinel.tls
+    else:
+        parts = urlsplit(target.url)
+        if parts.scheme == "unix":
+            flags += ["-s", unquote(parts.path)]
+        else:
+            flags += _host_flags(parts.hostname or "localhost", parts.port or 6379)
+        tls = parts.scheme == "rediss"
+        user = unquote(parts.username) if parts.username else None
+        password = parts.password is not None
+        opts = {"username": user, **opts} if user and "username" not in opts else opts
+        if password and "password" not in opts:
+            opts = {**opts, "password": "?"}
+    if target.cluster:
+        flags.append("-c")
+    if opts.get("db"):
+        flags += ["-n", str(opts["db"])]
+    if tls:
+        flags.append("--tls")
+        flags += [f for name, flag in _TLS_FILES.items() if opts.get(name)
+                  for f in (flag, str(opts[name]))]  # fmt: skip
+        if opts.get("ssl_cert_reqs") in ("none", 0):
+            flags.append("--insecure")
+    if opts.get("username"):
+        flags += ["--user", str(opts["username"])]
+    if opts.get("password"):
+        flags.append("--askpass")
+    return flags
+
+
+def _host_flags(host: str, port: int) -> list[str]:
+    named = [] if host in _DEFAULT_HOSTS else ["-h", host]
+    return named + ([] if port == 6379 else ["-p", str(port)])
+
+
+def _sentinel_master(client: Any) -> tuple[str, int] | None:
+    try:
+        host, port = client.connection_pool.get_master_address()
+        return str(host), int(port)
+    except Exception:  # no client, or no sentinel answers: the line stays bare
+        return None
+
+
+def with_flags(text: str, flags: list[str]) -> str:
+    """`text` with the flags after each `redis-cli` word that starts a command: at the start,
+    or after a space, '(' or ';' outside quotes (a key name quoted in the line may hold the
+    word itself: it is left as it is)."""
+    if not flags:
+        return text
+    insert = " " + " ".join(shlex.quote(f) for f in flags)
+    out: list[str] = []
+    quote = ""  # the open quote character, as a POSIX shell reads the line
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif text.startswith("redis-cli", i) and (i == 0 or text[i - 1] in " (;"):
+            end = i + len("redis-cli")
+            if end == len(text) or text[end] == " ":
+                out.append("redis-cli" + insert)
+                i = end
+                continue
+        out.append(ch)
+        i += 1
+    return "".join(out)

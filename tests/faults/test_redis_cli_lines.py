@@ -1,0 +1,124 @@
+"""The `redis-cli` lines the CLI prints (doctor's fixes, `scheduler keys`' examples) reach the
+server the command was given: pasted into a shell as shown, they act on it (a unix socket, a
+TCP port and database, TLS with its CA, an ACL user asked for its password), never the
+default local server. The password itself is never printed."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Callable
+
+import pytest
+from click.testing import CliRunner
+
+from scheduler import Queue
+from scheduler.cli.main import main
+from scheduler.cli.redis_cli import connection_flags, with_flags
+from scheduler.core.keys import QueueKeys
+from tests.faults.conftest import Server, Tls, free_port
+from tests.redis_server import require_binary
+
+QUEUE = "clilines"
+
+
+@pytest.mark.parametrize(
+    ("url", "flags"),
+    [
+        ("redis://localhost:6379/0", []),
+        ("redis://127.0.0.1", []),
+        ("redis://db.internal:7000/2", ["-h", "db.internal", "-p", "7000", "-n", "2"]),
+        (
+            "redis://u:secret@h:6380?db=1",
+            ["-h", "h", "-p", "6380", "-n", "1", "--user", "u", "--askpass"],
+        ),
+        ("redis://:secret@localhost:6400", ["-p", "6400", "--askpass"]),
+        ("unix:///run/r.sock?db=3", ["-s", "/run/r.sock", "-n", "3"]),
+        ("rediss://h:6390/0?ssl_cert_reqs=none", ["-h", "h", "-p", "6390", "--tls", "--insecure"]),
+        ("redis+cluster://10.0.0.1:7001,10.0.0.2:7002/", ["-h", "10.0.0.1", "-p", "7001", "-c"]),
+    ],
+)
+def test_flags_name_the_server_of_the_url(url: str, flags: list[str]) -> None:
+    assert connection_flags(url) == flags
+    assert "secret" not in " ".join(connection_flags(url))
+
+
+def test_a_sentinel_url_without_an_answer_gives_the_bare_line() -> None:
+    assert connection_flags("redis+sentinel://127.0.0.1:1/mymaster", client=None) == []
+
+
+def test_flags_go_after_each_command_word_never_into_quoted_data() -> None:
+    flags = ["-p", "7000"]
+    line = "redis-cli TYPE 'sched:{redis-cli x}:due', then DEL it"
+    quoted = "redis-cli -p 7000 TYPE 'sched:{redis-cli x}:due', then DEL it"
+    assert with_flags(line, flags) == quoted
+    two = "redis-cli CONFIG SET appendonly yes && redis-cli CONFIG SET appendfsync always"
+    assert with_flags(two, flags).count("redis-cli -p 7000 CONFIG") == 2
+    inspect = "inspect it (redis-cli GET k; redis-cli TYPE j)"
+    assert with_flags(inspect, flags) == (
+        "inspect it (redis-cli -p 7000 GET k; redis-cli -p 7000 TYPE j)"
+    )
+    assert with_flags("see redis-cli's manual", flags) == "see redis-cli's manual"
+    assert with_flags("redis-cli GET k", []) == "redis-cli GET k"
+
+
+def _paste(line: str, stdin: str = "") -> str:
+    """Run one printed line in a shell, as an operator pasting it would."""
+    done = subprocess.run(["bash", "-c", line], input=stdin, capture_output=True, text=True,
+                          timeout=30, check=True)  # fmt: skip
+    return done.stdout
+
+
+def _example(output: str, command: str) -> str:
+    return next(ln.strip() for ln in output.splitlines() if ln.strip().startswith("redis-cli")
+                and f" {command} " in ln)  # fmt: skip
+
+
+def test_keys_examples_reach_a_private_tcp_server_and_database(
+    start_server: Callable[..., Server],
+) -> None:
+    require_binary("redis-cli", "the printed lines are run as an operator would")
+    server = start_server(tcp=True)
+    url = f"redis://127.0.0.1:{server.port}/4"
+    job = Queue.from_url(url, QUEUE).enqueue("t", {"n": 1})
+    out = CliRunner(env={"COLUMNS": "300"}).invoke(main, ["keys", "--url", url, "-q", QUEUE])
+    assert out.exit_code == 0, out.output
+    line = _example(out.output, "ZRANGE")
+    assert f"-p {server.port} -n 4" in line
+    assert job in _paste(line)  # without the flags: the shared server, database 0
+
+
+def test_doctor_fix_line_reaches_a_unix_socket_server(start_server: Callable[..., Server]) -> None:
+    require_binary("redis-cli", "the printed lines are run as an operator would")
+    server = start_server()
+    url = f"unix://{server.socket}"
+    admin = server.admin()
+    Queue.from_url(url, QUEUE).enqueue("t", {"n": 1})
+    wake = QueueKeys(QUEUE).wake
+    admin.delete(wake)
+    admin.set(wake, "edited by hand")  # doctor: the wake-up LIST of another type
+    runner = CliRunner(env={"COLUMNS": "300"})
+    out = runner.invoke(main, ["doctor", "--no-server", "--url", url, "-q", QUEUE])
+    fix = next(ln for ln in out.output.splitlines() if "fix: redis-cli" in ln)
+    line = fix.split("fix: ", 1)[1].split(" (advisory")[0]
+    assert line.startswith(f"redis-cli -s {shlex.quote(server.socket)} DEL ")
+    _paste(line)
+    assert admin.exists(wake) == 0
+
+
+def test_tls_and_acl_user_lines_ask_for_the_password(
+    start_server: Callable[..., Server], tls_certs: Tls
+) -> None:
+    require_binary("redis-cli", "the printed lines are run as an operator would")
+    port = free_port()
+    server = start_server(*tls_certs.server_args(port))
+    server.admin().acl_setuser("ops", enabled=True, passwords=["+s3cret pw"], keys=["*"],
+                               commands=["+@all"])  # fmt: skip
+    url = f"rediss://ops:s3cret%20pw@localhost:{port}/0?ssl_ca_certs={tls_certs.ca}"
+    job = Queue.from_url(url, QUEUE).enqueue("t", {"n": 1})
+    out = CliRunner(env={"COLUMNS": "400"}).invoke(main, ["keys", "--url", url, "-q", QUEUE])
+    assert out.exit_code == 0, out.output
+    assert "s3cret" not in out.output
+    line = _example(out.output, "ZRANGE")
+    assert f"--tls --cacert {tls_certs.ca} --user ops --askpass" in line
+    assert job in _paste(line, stdin="s3cret pw\n")
