@@ -5,6 +5,7 @@ afterwards; the repairs are counted in each partition's stats as on one server."
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -155,3 +156,20 @@ def test_an_unreadable_partition_record_on_a_cluster_is_a_finding(
     code, out = _doctor(cluster_url, "-q", pq.name)
     assert code == 1 and [f["code"] for f in out["findings"]] == ["unreadable-layout"], out
     assert out["queues"] == [pq.name]
+
+
+def test_a_node_findings_fix_line_names_that_node_not_the_seed(cluster_url: str) -> None:
+    """A server setting is each node's own (CONFIG SET is not redirected by `-c`): the fix line
+    of a finding read from one node carries that node's -h/-p, whatever node the URL seeds."""
+    res = CliRunner(env={"COLUMNS": "300"}).invoke(main, ["doctor", "--url", cluster_url])
+    lines = res.output.splitlines()
+    pairs = [(a, b) for a, b in itertools.pairwise(lines)
+             if " server " in a and ": node " in a and "fix: redis-cli" in b]  # fmt: skip
+    assert pairs, res.output  # a local cluster's nodes run without appendonly: a finding each
+    nodes = set()
+    for finding, fix in pairs:
+        node = finding.split(": node ", 1)[1].split(": ", 1)[0]
+        host, _, port = node.rpartition(":")
+        assert f"redis-cli -h {host} -p {port} " in fix and " -c " not in fix, (finding, fix)
+        nodes.add(node)
+    assert len(nodes) > 1, pairs  # several nodes, each its own line

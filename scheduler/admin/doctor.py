@@ -294,4 +294,4 @@ def check_server_settings(client: redis.Redis) -> list[Issue]:
     """The server settings that break the product's promises (see scheduler.admin.health), on
     every primary of a Redis Cluster (one that does not answer: a node-unreachable finding)."""
     found = health.check_servers(client, down_ok=True)
-    return [Issue(f.code, f.severity, f.message, f.fix) for f in found]
+    return [Issue(f.code, f.severity, f.message, f.fix, node=f.node) for f in found]

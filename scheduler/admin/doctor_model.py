@@ -44,6 +44,7 @@ class Issue:
     repair: tuple[Command, ...] = ()
     rearms: bool = False
     next_run: str | None = None
+    node: str | None = None  # a server finding's cluster node ("host:port"): its fix runs there
 
     def redis_cli(self) -> list[str]:
         return [_by_hand(cmd) for cmd in self.repair]

@@ -20,6 +20,7 @@ class Finding:
     severity: str  # 'error' breaks "never lost"; 'warning' weakens it
     message: str
     fix: str  # the command an operator types
+    node: str | None = None  # the cluster node it was read from ("host:port"; None: one server)
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -143,7 +144,7 @@ def at_node(node: Any, found: list[Finding]) -> list[Finding]:
     """On a cluster, each finding names the node it was read from."""
     if node is None:
         return found
-    return [replace(f, message=f"node {node.name}: {f.message}") for f in found]
+    return [replace(f, message=f"node {node.name}: {f.message}", node=node.name) for f in found]
 
 
 def check_servers(client: Any, *, down_ok: bool = False) -> list[Finding]:

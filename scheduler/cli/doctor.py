@@ -26,7 +26,7 @@ from scheduler.cli.common import (
     resolve_queues,
     url_option,
 )
-from scheduler.cli.redis_cli import connection_flags, with_flags
+from scheduler.cli.redis_cli import at_node, connection_flags, with_flags
 from scheduler.core.connection import UNREACHABLE, is_cluster
 
 
@@ -45,13 +45,14 @@ def _print(out: Console, title: str, issues: list[checks.Issue], flags: list[str
         # A Text, not markup: an escaped id ending in '\' was shown with one '\' more.
         line = Text.assemble((i.severity, style), f" {i.queue or 'server'} ", (i.code, "bold"))
         out.print(line + cell(f"{job}: {i.message}"))
-        out.print(cell(f"  fix: {with_flags(i.fix, flags)}"), soft_wrap=True)
+        here = at_node(flags, i.node) if i.node else flags  # CONFIG SET: on that node
+        out.print(cell(f"  fix: {with_flags(i.fix, here)}"), soft_wrap=True)
         if i.next_run is not None:  # it parked a schedule's pending run: the next one is due
             out.print(cell(f"  the schedule's next run is armed: {i.next_run}"), soft_wrap=True)
         if i.repair:
             # One line per command, each cleaned whole: a stored id holding '\n' must not
             # end the '# runs ...' comment and put a line of its own into a pasted shell.
-            steps = (cell(f"    {with_flags(c, flags)}") for c in i.redis_cli())
+            steps = (cell(f"    {with_flags(c, here)}") for c in i.redis_cli())
             out.print("  what --fix runs:", *steps, sep="\n", soft_wrap=True)
 
 
@@ -150,7 +151,7 @@ NODE_DOWN, QUEUE_DOWN = NODE_UNREACHABLE, "queue-unreachable"
 
 def _node_down(node: str, error: str) -> checks.Issue:
     return checks.Issue(NODE_DOWN, "error", f"node {node}: does not answer ({error}): its queues "
-                        "were not checked", NODE_BACK)  # fmt: skip
+                        "were not checked", NODE_BACK, node=node)  # fmt: skip
 
 
 def _queue_down(name: str, exc: Exception) -> checks.Issue:

@@ -63,6 +63,21 @@ def _host_flags(host: str, port: int) -> list[str]:
     return named + ([] if port == 6379 else ["-p", str(port)])
 
 
+def at_node(flags: list[str], node: str) -> list[str]:
+    """`flags` aimed at one cluster node ("host:port") instead of the URL's seed: a server
+    setting (CONFIG SET) is each node's own, and `-c` follows no command but a key's."""
+    rest, skip = [], False
+    for i, flag in enumerate(flags):
+        if skip:
+            skip = False
+        elif flag in ("-h", "-p", "-s"):
+            skip = True
+        elif flag != "-c":
+            rest.append(flags[i])
+    host, _, port = node.rpartition(":")
+    return ["-h", host.strip("[]"), "-p", port, *rest]
+
+
 def _sentinel_master(client: Any) -> tuple[str, int] | None:
     try:
         host, port = client.connection_pool.get_master_address()

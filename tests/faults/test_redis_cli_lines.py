@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from scheduler import Queue
 from scheduler.cli.main import main
-from scheduler.cli.redis_cli import connection_flags, with_flags
+from scheduler.cli.redis_cli import at_node, connection_flags, with_flags
 from scheduler.core.keys import QueueKeys
 from tests.faults.conftest import Server, Tls, free_port
 from tests.redis_server import require_binary
@@ -122,3 +122,13 @@ def test_tls_and_acl_user_lines_ask_for_the_password(
     line = _example(out.output, "ZRANGE")
     assert f"--tls --cacert {tls_certs.ca} --user ops --askpass" in line
     assert job in _paste(line, stdin="s3cret pw\n")
+
+
+def test_at_node_aims_the_flags_at_one_cluster_node() -> None:
+    seed = connection_flags("rediss+cluster://u:pw@10.0.0.1:7001/?ssl_cert_reqs=none")
+    assert seed == ["-h", "10.0.0.1", "-p", "7001", "-c", "--tls", "--insecure", "--user", "u",
+                    "--askpass"]  # fmt: skip
+    assert at_node(seed, "10.0.0.3:7003") == [
+        "-h", "10.0.0.3", "-p", "7003", "--tls", "--insecure", "--user", "u", "--askpass"
+    ]  # fmt: skip
+    assert at_node([], "[::1]:7004") == ["-h", "::1", "-p", "7004"]
