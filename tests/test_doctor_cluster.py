@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shlex
 from typing import Any
 
 import pytest
@@ -116,8 +117,10 @@ def test_the_fix_line_a_finding_gives_runs_on_its_partition(
     want = _damage(part, 7)
     code, out = _doctor(cluster_url, "-q", pq.name)
     fixes = {f["fix"] for f in out["findings"]}
-    assert code == 1 and fixes == {f"scheduler doctor --fix --queue {part.name}"}, fixes
-    code, fixed = _doctor(cluster_url, *fixes.pop().split()[2:])
+    # The line names the URL doctor was given (a pasted line must check the same cluster).
+    line = f"scheduler doctor --fix --queue {part.name} --url {shlex.quote(cluster_url)}"
+    assert code == 1 and fixes == {line}, fixes
+    code, fixed = _doctor(cluster_url, *shlex.split(fixes.pop())[2:])
     assert code == 0 and {f["job_id"] for f in fixed["fixed"]} == set(want), fixed
 
 

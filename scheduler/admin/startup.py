@@ -17,6 +17,7 @@ from scheduler.admin.health import (
     read_server_async,
     server_nodes,
 )
+from scheduler.admin.redis_cli import connection_flags, fix_line
 from scheduler.core.connection import UNREACHABLE, is_cluster, key_nodes
 from scheduler.core.errors import SchedulerError, edited_by_hand, newer_storage
 from scheduler.core.errors import is_permission_error as is_permission_error  # the CLI's
@@ -119,9 +120,12 @@ class UnsafeServer(SchedulerError):
         self.findings = findings
 
 
-def check_or_warn(client: Any, *, strict: bool, log: Callable[[str], object]) -> list[Finding]:
+def check_or_warn(
+    client: Any, *, strict: bool, log: Callable[[str], object], url: str | None = None
+) -> list[Finding]:
     """Read the server's settings (sync redis.Redis client) and log one line per finding with
-    its fix. With strict=True, raise UnsafeServer when any finding is an 'error'. Returns the
+    its fix (its `redis-cli` given the flags that reach `url`'s server: admin/redis_cli.py).
+    With strict=True, raise UnsafeServer when any finding is an 'error'. Returns the
     findings. A user not allowed INFO gets one warning and nothing is refused. On a Redis
     Cluster every primary is read, and a finding names its node."""
     found: list[Finding] = []
@@ -130,11 +134,16 @@ def check_or_warn(client: Any, *, strict: bool, log: Callable[[str], object]) ->
             found += at_node(node, check_server(*read_server(client, node)))
         except RedisError as exc:
             found += at_node(node, [_unreadable(exc)])
-    return _report(found, strict=strict, log=log)
+    return _report(found, strict=strict, log=log, flags=_flags(url, client))
 
 
 async def check_or_warn_async(
-    client: Any, *, strict: bool, log: Callable[[str], object], keys: Sequence[str] = ()
+    client: Any,
+    *,
+    strict: bool,
+    log: Callable[[str], object],
+    keys: Sequence[str] = (),
+    url: str | None = None,
 ) -> list[Finding]:
     """check_or_warn for a redis.asyncio client (the worker's). With `keys` (a worker's
     queues), a cluster's primaries holding them only: the others' durability is not the
@@ -145,7 +154,11 @@ async def check_or_warn_async(
             found += at_node(node, check_server(*await read_server_async(client, node)))
         except RedisError as exc:
             found += at_node(node, [_unreadable(exc)])
-    return _report(found, strict=strict, log=log)
+    return _report(found, strict=strict, log=log, flags=_flags(url, None))
+
+
+def _flags(url: str | None, client: Any) -> list[str]:
+    return connection_flags(url, client) if url else []
 
 
 def _unreadable(exc: Exception) -> Finding:
@@ -157,9 +170,12 @@ def _unreadable(exc: Exception) -> Finding:
     )
 
 
-def _report(found: list[Finding], *, strict: bool, log: Callable[[str], object]) -> list[Finding]:
+def _report(
+    found: list[Finding], *, strict: bool, log: Callable[[str], object], flags: list[str]
+) -> list[Finding]:
     for f in found:
-        log(f"server settings ({f.severity}): {f.message} [{f.code}]; fix: {f.fix}")
+        fix = fix_line(f.fix, flags, f.node)
+        log(f"server settings ({f.severity}): {f.message} [{f.code}]; fix: {fix}")
     errors = [f for f in found if f.severity == "error"]
     if strict and errors:
         raise UnsafeServer(errors)

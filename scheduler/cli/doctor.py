@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
+from typing import Any
 
 import click
 from rich.console import Console
@@ -11,7 +14,9 @@ from rich.text import Text
 from scheduler.admin import doctor as checks
 from scheduler.admin.doctor_checks import unreadable_layout
 from scheduler.admin.health import NODE_BACK, NODE_UNREACHABLE
+from scheduler.admin.redis_cli import connection_flags, fix_line, with_url
 from scheduler.cli.common import (
+    DEFAULT_URL,
     EXIT_FINDINGS,
     EXIT_UNREACHABLE,
     AdminCommand,
@@ -26,18 +31,36 @@ from scheduler.cli.common import (
     resolve_queues,
     url_option,
 )
-from scheduler.cli.redis_cli import at_node, connection_flags, with_flags
 from scheduler.core.connection import UNREACHABLE, is_cluster
+from scheduler.core.safety import redact
 
 
 def register(main: click.Group) -> None:
     main.add_command(doctor)
 
 
-def _print(out: Console, title: str, issues: list[checks.Issue], flags: list[str]) -> None:
-    """One block per finding; commands on their own unwrapped lines, ready to paste (each
-    `redis-cli` given the `flags` that reach the checked server). Ids and messages quote stored
-    data: escaped, never read as markup."""
+class _Shown:
+    """How a finding's commands are shown: each `redis-cli` given the flags that reach the
+    checked server (a node's own for a cluster node's finding), each `scheduler ...` its
+    `--url` unless the pasted line reads the same server without it (REDIS_URL, the default);
+    a URL holding a password is shown redacted: pasted, it is refused, never run elsewhere."""
+
+    def __init__(self, url: str, client: Any) -> None:
+        self.flags = connection_flags(url, client)
+        same = url in (os.environ.get("REDIS_URL"), DEFAULT_URL)
+        self.url_arg = None if same else shlex.quote(redact(url))
+
+    def line(self, text: str, node: str | None) -> str:
+        return with_url(fix_line(text, self.flags, node), self.url_arg)
+
+    def json(self, i: checks.Issue) -> dict[str, Any]:
+        return {**i.to_json(), "fix": self.line(i.fix, i.node),
+                "redis_cli": [self.line(c, i.node) for c in i.redis_cli()]}  # fmt: skip
+
+
+def _print(out: Console, title: str, issues: list[checks.Issue], shown: _Shown) -> None:
+    """One block per finding; commands on their own unwrapped lines, ready to paste (_Shown).
+    Ids and messages quote stored data: escaped, never read as markup."""
     out.print(f"[bold]{title}[/]")
     for i in issues:
         style = "red" if i.severity == "error" else "yellow"
@@ -45,14 +68,13 @@ def _print(out: Console, title: str, issues: list[checks.Issue], flags: list[str
         # A Text, not markup: an escaped id ending in '\' was shown with one '\' more.
         line = Text.assemble((i.severity, style), f" {i.queue or 'server'} ", (i.code, "bold"))
         out.print(line + cell(f"{job}: {i.message}"))
-        here = at_node(flags, i.node) if i.node else flags  # CONFIG SET: on that node
-        out.print(cell(f"  fix: {with_flags(i.fix, here)}"), soft_wrap=True)
+        out.print(cell(f"  fix: {shown.line(i.fix, i.node)}"), soft_wrap=True)
         if i.next_run is not None:  # it parked a schedule's pending run: the next one is due
             out.print(cell(f"  the schedule's next run is armed: {i.next_run}"), soft_wrap=True)
         if i.repair:
             # One line per command, each cleaned whole: a stored id holding '\n' must not
             # end the '# runs ...' comment and put a line of its own into a pasted shell.
-            steps = (cell(f"    {with_flags(c, here)}") for c in i.redis_cli())
+            steps = (cell(f"    {shown.line(c, i.node)}") for c in i.redis_cli())
             out.print("  what --fix runs:", *steps, sep="\n", soft_wrap=True)
 
 
@@ -112,21 +134,22 @@ def doctor(
                 raise  # the one server: exit 3 (AdminCommand)
             remaining.append(_queue_down(name, exc))
     failing = [i for i in remaining if strict or i.severity == "error"]
+    shown = _Shown(url, client)
     if as_json:
         emit_json(
             {
                 "queues": names,
-                "fixed": [i.to_json() for i in fixed],
-                "findings": [i.to_json() for i in remaining],
+                "fixed": [shown.json(i) for i in fixed],
+                "findings": [shown.json(i) for i in remaining],
                 "ok": not failing,
             }
         )
     else:
-        out, flags = console(), connection_flags(url, client)
+        out = console()
         if fixed:
-            _print(out, "repaired", fixed, flags)
+            _print(out, "repaired", fixed, shown)
         if remaining:
-            _print(out, "findings", remaining, flags)
+            _print(out, "findings", remaining, shown)
         # Orphans (in no place: no worker saw them) re-armed into due, apart from the rest.
         rearmed = sum(i.rearms for i in fixed)
         to_rearm = sum(i.rearms for i in remaining)

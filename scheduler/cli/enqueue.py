@@ -189,7 +189,8 @@ def enqueue(
     checked_offline(Ops(QueueKeys(queue), Settings()).enqueue(task, data, **spec))
     client = connect(url)
     # A job accepted by a server that can drop it would make the returned id a false promise.
-    check_or_warn(client, strict=strict, log=lambda m: click.echo(safe(f"warning: {m}"), err=True))
+    check_or_warn(client, strict=strict, url=url,
+                  log=lambda m: click.echo(safe(f"warning: {m}"), err=True))  # fmt: skip
     # A partitioned queue: the job goes to its partition (by --key, else round robin).
     job_id = open_queue(client, queue).enqueue(task, data, **spec)
     if as_json:

@@ -21,6 +21,7 @@ from scheduler.admin.inspection import (
     server_now_ms,
     stored_layout,
 )
+from scheduler.admin.redis_cli import connection_flags, with_flags
 from scheduler.cli.common import (
     AdminCommand,
     cell,
@@ -33,7 +34,6 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.dead_view import exit_unread, unread_field
-from scheduler.cli.redis_cli import connection_flags, with_flags
 from scheduler.client.partitioned import not_answering
 from scheduler.core.connection import UNREACHABLE, is_cluster
 from scheduler.core.errors import slot_move_text
@@ -86,7 +86,7 @@ def partitioned_keys(name: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _tables(view: dict[str, Any], title: str, flags: list[str]) -> Group:
+def _tables(view: dict[str, Any], title: str) -> Group:
     q = shlex.quote
     t = Table(title=title + ("" if view["exists"] else " (no keys yet)"))
     for col in ("key", "type", "size", "ttl", "contents"):
@@ -102,7 +102,7 @@ def _tables(view: dict[str, Any], title: str, flags: list[str]) -> Group:
         count = str(fam["count"]) + ("+" if cut else "")
         f.add_row(cell(q(fam["pattern"])), count, fam["about"])
     notes = [cut] if cut else []
-    examples = "\n".join(with_flags(e, flags) for e in view["examples"])
+    examples = "\n".join(view["examples"])
     return Group(t, f, *(cell(n) for n in notes), cell(examples, keep_newlines=True))
 
 
@@ -139,19 +139,22 @@ def keys_command(url: str, queue: str, as_json: bool, max_keys: int) -> None:
     else:
         parts, not_read = answering_keys(client, layout.names, max_keys)
         view = partitioned_keys(queue, parts)
+    flags = connection_flags(url, client)  # the examples reach this server, pasted as shown
+    for v in (view, *view.get("partitions", ())):
+        v["examples"] = [with_flags(e, flags) for e in v["examples"]]
     if as_json:
         emit_json({"partitions": None, **view, **unread_field(not_read)})
         exit_unread(not_read)
         return
-    out, flags = console(), connection_flags(url, client)
+    out = console()
     if layout is None:
-        out.print(_tables(view, f"keys of queue {queue!r}", flags))
+        out.print(_tables(view, f"keys of queue {queue!r}"))
         return
     out.print(cell(f"queue {queue!r}: {layout.n} partitions, layout record {view['layout_key']}"))
-    out.print(cell(f"  {with_flags(view['examples'][0], flags)}"), soft_wrap=True)
+    out.print(cell(f"  {view['examples'][0]}"), soft_wrap=True)
     for part in view["partitions"]:
         title = f"keys of partition {part['queue']!r} of queue {queue!r}"
-        out.print(_tables(part, title, flags))
+        out.print(_tables(part, title))
     exit_unread(not_read)
 
 

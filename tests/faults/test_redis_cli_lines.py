@@ -5,16 +5,21 @@ default local server. The password itself is never printed."""
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import subprocess
+import sys
 from collections.abc import Callable
 
+import click
 import pytest
+import redis
 from click.testing import CliRunner
 
 from scheduler import Queue
+from scheduler.admin.redis_cli import COMMANDS, at_node, connection_flags, with_flags, with_url
 from scheduler.cli.main import main
-from scheduler.cli.redis_cli import at_node, connection_flags, with_flags
 from scheduler.core.keys import QueueKeys
 from tests.faults.conftest import Server, Tls, free_port
 from tests.redis_server import require_binary
@@ -132,3 +137,69 @@ def test_at_node_aims_the_flags_at_one_cluster_node() -> None:
         "-h", "10.0.0.3", "-p", "7003", "--tls", "--insecure", "--user", "u", "--askpass"
     ]  # fmt: skip
     assert at_node([], "[::1]:7004") == ["-h", "::1", "-p", "7004"]
+
+
+def test_scheduler_lines_get_the_url_at_the_end_of_each_command() -> None:
+    u = "redis://h:1/0"
+    cases = {
+        "scheduler doctor --fix --queue q": "scheduler doctor --fix --queue q --url redis://h:1/0",
+        "to drop it: scheduler dead purge -q q --id a:b":
+            "to drop it: scheduler dead purge -q q --id a:b --url redis://h:1/0",
+        "scheduler doctor --fix: it removes":
+            "scheduler doctor --fix --url redis://h:1/0: it removes",
+        "scheduler doctor --fix   # runs x":
+            "scheduler doctor --fix --url redis://h:1/0   # runs x",
+        "it (`scheduler schedules pause -q q 'a b'`, then": (
+            "it (`scheduler schedules pause -q q 'a b' --url redis://h:1/0`, then"),
+        "scheduler jobs show -q q i; (scheduler jobs cancel -q q i)": (
+            "scheduler jobs show -q q i --url redis://h:1/0; "
+            "(scheduler jobs cancel -q q i --url redis://h:1/0)"),
+        "see the scheduler documentation": "see the scheduler documentation",
+        "'scheduler doctor' quoted": "'scheduler doctor' quoted",
+    }  # fmt: skip
+    for text, want in cases.items():
+        assert with_url(text, u) == want, text
+    assert with_url("scheduler doctor --fix", None) == "scheduler doctor --fix"
+
+
+def test_the_command_words_are_the_clis() -> None:
+    ctx = click.Context(main)
+    assert set(main.list_commands(ctx)) == COMMANDS
+
+
+def test_a_pasted_doctor_fix_repairs_the_checked_server(
+    start_server: Callable[..., Server],
+) -> None:
+    server = start_server(tcp=True)
+    url = f"redis://127.0.0.1:{server.port}/3"
+    q = Queue.from_url(url, QUEUE)
+    job = q.enqueue("t", {"n": 1})
+    admin = redis.Redis(port=server.port, db=3, decode_responses=True)
+    admin.zrem(q.keys.due, job)  # an orphan: in no place, doctor --fix puts it back in due
+    runner = CliRunner(env={"COLUMNS": "300", "REDIS_URL": None})
+    data = json.loads(runner.invoke(main, ["doctor", "--json", "--no-server", "--url", url,
+                                           "-q", QUEUE]).output)  # fmt: skip
+    (fix,) = [f["fix"] for f in data["findings"] if f["job_id"] == job]
+    assert fix == f"scheduler doctor --fix --queue {QUEUE} --url {url}"
+    bin_dir = os.path.dirname(sys.executable)  # the venv's `scheduler`
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env.pop("REDIS_URL", None)
+    # Exit 1: the private server's own findings (no persistence) remain; the job is repaired.
+    done = subprocess.run(["bash", "-c", fix], env=env, capture_output=True, text=True, timeout=60)
+    assert admin.zscore(q.keys.due, job) is not None, done.stdout + done.stderr
+
+
+def test_a_url_with_a_password_is_shown_redacted_in_scheduler_lines(
+    start_server: Callable[..., Server],
+) -> None:
+    server = start_server(tcp=True)
+    server.admin().config_set("requirepass", "hunter2")
+    url = f"redis://:hunter2@127.0.0.1:{server.port}/0"
+    q = Queue.from_url(url, QUEUE)
+    job = q.enqueue("t", {"n": 1})
+    redis.Redis(port=server.port, password="hunter2").zrem(q.keys.due, job)
+    out = CliRunner(env={"COLUMNS": "300", "REDIS_URL": None}).invoke(
+        main, ["doctor", "--no-server", "--url", url, "-q", QUEUE]
+    )
+    assert "hunter2" not in out.output
+    assert f"--url 'redis://:***@127.0.0.1:{server.port}/0'" in out.output

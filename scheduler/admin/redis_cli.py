@@ -1,11 +1,14 @@
-"""The `redis-cli` lines the CLI prints (doctor's fixes, `scheduler keys`' examples) made to
-reach the server the command was given: `-h`/`-p` or `-s`, `-n`, `--tls` and its files, `-c`
-on a Redis Cluster, `--user` and `--askpass` (never the password itself: it would be shown on
-the terminal and kept in the shell's history). The checks write the bare `redis-cli ...`; the
-flags are added where the lines are printed, so the checks stay free of connection details."""
+"""The `redis-cli` lines shown to operators (doctor's fixes, `scheduler keys`' examples, the
+server-settings warnings of a worker's start and `scheduler enqueue`) made to reach the server
+the command was given: `-h`/`-p` or `-s`, `-n`, `--tls` and its files, `-c` on a Redis Cluster,
+`--user` and `--askpass` (never the password itself: it would be shown on the terminal and kept
+in the shell's history); `scheduler ...` lines get the `--url` (`"$REDIS_URL"` when the URL
+holds a password). The checks write the bare lines; the flags are added where the lines are
+shown, so the checks stay free of connection details."""
 
 from __future__ import annotations
 
+import inspect
 import shlex
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -80,10 +83,20 @@ def at_node(flags: list[str], node: str) -> list[str]:
 
 def _sentinel_master(client: Any) -> tuple[str, int] | None:
     try:
-        host, port = client.connection_pool.get_master_address()
+        answer = client.connection_pool.get_master_address()
+        if inspect.iscoroutine(answer):  # an asyncio client's: not asked from sync code
+            answer.close()
+            return None
+        host, port = answer
         return str(host), int(port)
     except Exception:  # no client, or no sentinel answers: the line stays bare
         return None
+
+
+def fix_line(fix: str, flags: list[str], node: str | None) -> str:
+    """A finding's fix with its `redis-cli` words given `flags`, aimed at `node` when the
+    finding was read from one cluster node."""
+    return with_flags(fix, at_node(flags, node) if node else flags)
 
 
 def with_flags(text: str, flags: list[str]) -> str:
@@ -110,4 +123,43 @@ def with_flags(text: str, flags: list[str]) -> str:
                 continue
         out.append(ch)
         i += 1
+    return "".join(out)
+
+
+_ENDS = ";()`#|"  # what ends a `scheduler ...` command in a fix's prose
+# The CLI's commands (tests/faults/test_redis_cli_lines.py checks them against it): "the
+# scheduler documentation" in prose is no command.
+COMMANDS = frozenset(("dashboard", "dead", "demo", "doctor", "enqueue", "jobs", "keys", "pause",
+                      "queue", "resume", "schedules", "stats", "worker", "workers"))  # fmt: skip
+
+
+def with_url(text: str, url_arg: str | None) -> str:
+    """`text` with `--url <url_arg>` at the end of each `scheduler ...` command in it (before
+    the prose after it: `;`, a parenthesis, a backtick, `#`, `|` or ': '), so a pasted line
+    acts on the server that was checked, not on REDIS_URL's or the local default's."""
+    if not url_arg:
+        return text
+    out, i, quote = [], 0, ""
+    while i < len(text):
+        ch = text[i]
+        starts = text.startswith("scheduler ", i) and (i == 0 or text[i - 1] in " (`;")
+        starts = starts and text[i + 10 :].split(" ", 1)[0].rstrip(":;)`") in COMMANDS
+        if quote or not starts:
+            quote = ("" if ch == quote else quote) if quote else (ch if ch in "'\"" else "")
+            out.append(ch)
+            i += 1
+            continue
+        end, inner = i, ""
+        while end < len(text):
+            c = text[end]
+            if inner:
+                inner = "" if c == inner else inner
+            elif c in "'\"":
+                inner = c
+            elif c in _ENDS or (c == ":" and text[end + 1 : end + 2] in (" ", "")):
+                break
+            end += 1
+        command = text[i:end].rstrip(" ")
+        out.append(f"{command} --url {url_arg}")
+        i += len(command)
     return "".join(out)
