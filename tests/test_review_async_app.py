@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,6 +24,7 @@ import redis
 import redis.asyncio as aredis
 
 from scheduler import (
+    AsyncPartitionedQueue,
     AsyncQueue,
     BadArgument,
     InvalidPayload,
@@ -32,6 +33,7 @@ from scheduler import (
     JobNotFound,
     Queue,
     ResultTimeout,
+    open_queue_async,
 )
 from scheduler._spawn import RedisProcess
 from scheduler.core import loop_guard
@@ -89,11 +91,6 @@ def _close(aq: AsyncQueue, seen: list[Any]) -> None:
 # --- defects ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AsyncQueue.preload skips the loop guard: on a queue kept across event loops it "
-    "raises a raw RuntimeError (closed loop, or 'attached to a different loop')",
-)
 def test_preload_is_guarded_like_every_other_call_of_a_queue_kept_across_loops(
     url: str, queue_name: str
 ) -> None:
@@ -135,11 +132,6 @@ def test_preload_is_guarded_like_every_other_call_of_a_queue_kept_across_loops(
         first.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AsyncQueue.preload skips the fork guard: a forked child's preload writes on the "
-    "parent's socket (and epoll) and the parent's next call stalls, then TimeoutError",
-)
 def test_preload_in_a_forked_child_is_refused_and_the_parent_keeps_its_replies(
     url: str, queue_name: str
 ) -> None:
@@ -202,6 +194,95 @@ def test_the_fastapi_example_answers_a_malformed_job_id_with_a_client_error(
         assert http.get("/jobs/nonexistent").status_code == 404  # as the example means
         codes = [http.get(f"/jobs/{bad}").status_code for bad in ("a%20b", "x" * 129, "a+b")]
     assert all(400 <= c < 500 for c in codes), codes
+
+
+def test_opening_a_queue_on_a_client_kept_across_loops_is_guarded_as_its_calls(
+    url: str, queue_name: str
+) -> None:
+    """open_queue_async, AsyncPartitionedQueue.open and .create read the layout (a GET) on the
+    client they are given before any queue call: a client made at import time and opened in
+    each app run's lifespan failed there with "Event loop is closed" on the second run (the
+    closed loop's connection), and beside another open loop or in a forked child it was not
+    refused. Each now goes through the loop guard, as the queues' own calls do."""
+    client = connect_async(url)  # made at import time, say
+    plain = AsyncQueue(client, queue_name)  # the client's connections, for _transports
+    asyncio.run(AsyncPartitionedQueue.create(client, queue_name, partitions=2))  # the first run
+    seen = _transports(plain)
+    openers: list[Callable[[], Awaitable[AsyncQueue | AsyncPartitionedQueue]]] = [
+        lambda: open_queue_async(client, queue_name),
+        lambda: AsyncPartitionedQueue.open(client, queue_name),
+        lambda: AsyncPartitionedQueue.create(client, queue_name, partitions=2),
+    ]
+    got = []
+    try:
+        for i, opener in enumerate(openers):  # a lifespan per run: opening is its first call
+
+            async def run(opener: Any = opener, i: int = i) -> str:
+                q: AsyncQueue | AsyncPartitionedQueue = await opener()
+                return await q.enqueue("t", job_id=f"run{i}")
+
+            got.append(asyncio.run(run()))
+            seen += _transports(plain)
+    finally:
+        _close(plain, seen)
+    assert got == ["run0", "run1", "run2"]
+
+    # The client's loop open in another thread: opening from a second loop is refused.
+    other = connect_async(url)
+    first = asyncio.new_event_loop()
+    runner = threading.Thread(target=first.run_forever, daemon=True)
+    runner.start()
+    try:
+        asyncio.run_coroutine_threadsafe(open_queue_async(other, queue_name), first).result(10)
+        for again in (open_queue_async, AsyncPartitionedQueue.open):
+            with pytest.raises(BadArgument, match="event loop"):
+                asyncio.run(asyncio.wait_for(again(other, queue_name), 10))
+    finally:
+        asyncio.run_coroutine_threadsafe(other.aclose(), first).result(10)
+        first.call_soon_threadsafe(first.stop)
+        runner.join(10)
+        first.close()
+
+
+def test_opening_a_queue_in_a_forked_child_is_refused_and_the_parent_keeps_its_replies(
+    url: str, queue_name: str
+) -> None:
+    """manual.md "Forks": a client the parent used is refused in a forked child, nothing sent;
+    open_queue_async sent its GET on the parent's connection from the child."""
+    client = connect_async(url + "?socket_timeout=2")
+    loop = asyncio.new_event_loop()  # the parent's loop stays open across the fork
+    try:
+        pq = loop.run_until_complete(AsyncPartitionedQueue.create(client, queue_name, partitions=2))
+
+        def refused() -> bool:
+            async def go() -> bool:
+                for opener in (open_queue_async, AsyncPartitionedQueue.open):
+                    try:
+                        await asyncio.wait_for(opener(client, queue_name), 5)
+                    except BadArgument as exc:
+                        if "fork" not in str(exc):
+                            return False
+                    else:
+                        return False
+                return True
+
+            return asyncio.run(go())
+
+        child = _child(refused)
+
+        async def parent() -> list[object]:
+            got: list[object] = []
+            for i in range(3):
+                try:
+                    got.append(await pq.enqueue("t", job_id=f"p{i}"))
+                except Exception as exc:  # what the parent's own call answered
+                    got.append(type(exc).__name__)
+            return got
+
+        assert (child, loop.run_until_complete(parent())) == (0, ["p0", "p1", "p2"])
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.close()
 
 
 # --- what held ----------------------------------------------------------------------------------

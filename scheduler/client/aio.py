@@ -113,6 +113,7 @@ class AsyncQueue(Unpicklable):
         """SCRIPT LOAD every Lua transition, so that a broken script fails here, at start-up.
 
         Optional: a call whose script is not loaded yet loads it on first use."""
+        self._guard()  # as _run: a lifespan's first call, often (core/loop_guard.py)
         for _, text in self._scripts.preload_commands():
             await self.client.script_load(text)
 

@@ -26,7 +26,7 @@ from scheduler.client.partitioned_merge import (
     place,
     read_layout_async,
 )
-from scheduler.core import queue_index
+from scheduler.core import loop_guard, queue_index
 from scheduler.core.connection import connect_async
 from scheduler.core.job_spec import spec_options
 from scheduler.core.keys import QueueKeys
@@ -60,6 +60,7 @@ class AsyncPartitionedQueue(AsyncPartitionedLeasing):
         or a reserved name (a partition of a partitioned queue, on either side)."""
         check_count(partitions)
         wanted = Layout.create(name, partitions)
+        loop_guard.check(client, "redis.asyncio client")  # the GET, as every queue call
         stored = await read_layout_async(client, name, "AsyncPartitionedQueue.create")
         if stored is None:
             if await _queue_exists(client, name):
@@ -78,6 +79,7 @@ class AsyncPartitionedQueue(AsyncPartitionedLeasing):
     @classmethod
     async def open(cls, client: Any, name: str, **queue_kwargs: Any) -> AsyncPartitionedQueue:
         """As PartitionedQueue.open: PartitionMismatch when `name` is not partitioned."""
+        loop_guard.check(client, "redis.asyncio client")  # as create
         layout = await read_layout_async(client, name, "AsyncPartitionedQueue.open")
         if layout is None:
             raise PartitionMismatch(f"queue {name!r} is not partitioned")
@@ -284,6 +286,7 @@ async def open_queue_async(
     or a URL (a new connection the caller closes: `aclose()` or `async with`, either kind).
     One GET, once."""
     client = connect_async(target) if isinstance(target, str) else target
+    loop_guard.check(client, "redis.asyncio client")  # as AsyncPartitionedQueue.create
     layout = await read_layout_async(client, name, "open_queue_async")
     if layout is None:
         return AsyncQueue(client, name, **queue_kwargs)
@@ -293,6 +296,5 @@ async def open_queue_async(
 async def _queue_exists(client: Any, name: str) -> bool:
     """admin/inspection.queue_exists for asyncio: the clock from the queue's own script (its
     node's, on a cluster), then one EXISTS over its fixed names (one slot)."""
-    keys = QueueKeys(name)
     now_ms = (await AsyncQueue(client, name).counts()).now_ms
-    return int(await client.exists(*existence_keys(keys, now_ms))) > 0
+    return int(await client.exists(*existence_keys(QueueKeys(name), now_ms))) > 0
