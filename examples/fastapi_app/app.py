@@ -20,7 +20,7 @@ from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field
 
 from examples.fastapi_app.tasks import resize_image
-from scheduler import AsyncQueue, JobNotFound
+from scheduler import AsyncQueue, BadArgument, JobNotFound
 
 
 class ImageIn(BaseModel):
@@ -63,7 +63,7 @@ async def job(job_id: str, request: Request) -> dict[str, Any]:
     # `await q.result(job_id, timeout_s=...)` (no polling: the worker's complete wakes it).
     try:
         j = await _queue(request).get_job(job_id)
-    except JobNotFound:
+    except (JobNotFound, BadArgument):  # BadArgument: a malformed id, which names no job
         raise HTTPException(404, "no such job") from None
     result = json.loads(j.result_json) if j.result_json is not None else None
     return {"id": j.id, "state": j.state, "result": result}

@@ -15,7 +15,7 @@ import redis
 from flask import Flask, abort, request
 
 from examples.flask_app.tasks import send_welcome
-from scheduler import JobNotFound, Queue
+from scheduler import BadArgument, JobNotFound, Queue
 
 
 def create_app(redis_url: str | None = None, queue: str | None = None) -> Flask:
@@ -41,7 +41,7 @@ def create_app(redis_url: str | None = None, queue: str | None = None) -> Flask:
     def job(job_id: str) -> dict[str, Any]:
         try:
             j = q.get_job(job_id)
-        except JobNotFound:
+        except (JobNotFound, BadArgument):  # BadArgument: a malformed id, which names no job
             abort(404)
         return {"id": j.id, "state": j.state, "result_json": j.result_json}
 
