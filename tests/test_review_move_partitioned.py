@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 from typing import Any
 
 import pytest
@@ -181,7 +182,7 @@ def test_doctor_names_the_partition_of_a_stopped_move_and_its_rerun_and_fix_keep
     assert code == 0 and [(f["code"], f["queue"]) for f in found] == [
         ("move-interrupted", part.name)
     ], out
-    assert f"--to {d.name}`" in found[0]["fix"]
+    assert f"--to {d.name} --url {shlex.quote(redis_url)}`" in found[0]["fix"]  # the checked URL
     assert _cli(*doctor, "--strict")[0] == 1
     assert _cli(*doctor, "--fix")[0] == 0
     assert sorted(client.zrange(part.keys.prefix + "moving", 0, -1)) == sorted(pair)
