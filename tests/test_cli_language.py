@@ -59,10 +59,11 @@ def test_help_shows_the_table() -> None:
 QUEUE_COMMANDS = [
     ["stats"], ["jobs", "list"], ["workers"], ["dead", "list"], ["dead", "requeue", "--yes"],
     ["dead", "purge", "--yes"], ["doctor"], ["schedules", "list"], ["schedules", "pause", "s"],
-    ["schedules", "resume", "s"], ["schedules", "remove", "s"],
+    ["schedules", "resume", "s"], ["schedules", "remove", "s"], ["jobs", "show", "some-id"],
+    ["jobs", "reschedule", "some-id", "--now"],
 ]  # fmt: skip
 EVERY_COMMAND = [
-    *QUEUE_COMMANDS, ["jobs", "show", "some-id"], ["keys"], ["enqueue", "t"],
+    *QUEUE_COMMANDS, ["keys"], ["enqueue", "t"],
     ["schedules", "add", "s", "t", "--every-ms", "1000"],
     ["worker", "tests.workers.basic:registry"],
 ]  # fmt: skip

@@ -233,6 +233,7 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
     """Everything about one job: payload, state, attempts, token, worker, lease time left,
     error history, and where it is stored."""
     client = connect(url)
+    require_queue(client, queue)  # a typo in -q: refused, not "no job"
     opened = open_queue(client, queue)
     # Where the job is (its id may route elsewhere); its node down: the partition named, exit 3.
     q, (job, data) = held_call(opened, queue, job_id, lambda p: (p, _shown(client, p, job_id)))
@@ -268,7 +269,9 @@ def reschedule_job(
     except BadArgument as exc:
         raise BadInput(str(exc)) from None
     delay_ms = 0 if now else in_ms
-    opened = open_queue(connect(url), queue)
+    client = connect(url)
+    require_queue(client, queue)
+    opened = open_queue(client, queue)
     # Where the job is, as `jobs show` (its node down: named, exit 3).
     status = held_call(
         opened, queue, job_id, lambda p: p.reschedule(job_id, delay_ms=delay_ms, run_at=run_at)
