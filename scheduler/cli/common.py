@@ -41,7 +41,6 @@ from scheduler.core.backoff import Backoff
 from scheduler.core.backoff_text import parse_backoff_text
 from scheduler.core.errors import (
     BadArgument,
-    JobNotFound,
     SchedulerError,
     UnreadableRecord,
     cluster_refusal,
@@ -132,10 +131,11 @@ class AdminCommand(click.Command):
             raise Refused(safe(f"unreadable stored data: {exc}")) from None
         except BadArgument as exc:
             raise BadInput(safe(exc)) from None
-        except JobNotFound as exc:
-            raise Refused(safe(exc)) from None
         except redis.AuthenticationError as exc:  # a ConnectionError, but retrying cannot help
             raise Forbidden(refusal_line(exc, OPERATOR_ROLE_HINT)) from None
+        except redis.InvalidResponse as exc:  # not a ConnectionError: a service, but not Redis
+            why = f"{ctx.params.get('url')} did not answer as a Redis server ({exc})"
+            raise Unreachable(safe(f"cannot reach Redis: {why}")) from None
         except (redis.ConnectionError, redis.TimeoutError, TryAgainError, ClusterError) as exc:
             raise Unreachable(safe(errors.unreachable_text(exc, ctx.params))) from None
         except RedisClusterException as exc:  # not ResponseErrors (nor ClusterError: above)
@@ -152,7 +152,7 @@ class AdminCommand(click.Command):
             hand = edited_by_hand(exc) and "scheduler doctor" not in str(exc)  # not said yet
             hint = "; a key edited by hand? `scheduler doctor`" if hand else ""
             raise Refused(safe(f"Redis refused the command: {exc}{hint}")) from None
-        except SchedulerError as exc:
+        except SchedulerError as exc:  # JobNotFound, ...
             raise Refused(safe(exc)) from None
         except (OverflowError, UnicodeError, ValueError) as exc:
             # Stored fields are untrusted (hand edits, hostile producers): one line, no traceback.

@@ -6,7 +6,7 @@ import logging
 import sys
 
 import click
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from scheduler.admin.startup import (
     APP_ROLE_HINT,
@@ -17,16 +17,21 @@ from scheduler.cli.common import url_option
 from scheduler.cli.worker_pool_child import join_pool
 from scheduler.cli.worker_pool_start import pool_size, run_pool
 from scheduler.cli.worker_signals import restored, stop_while_starting
-from scheduler.cli.worker_start import RegistryImportError, load_registry, run_loop, serve
+from scheduler.cli.worker_start import (
+    RegistryImportError,
+    load_registry,
+    run_loop,
+    serve,
+    start_failure,
+)
 from scheduler.core.connection import parse_url
 from scheduler.core.errors import BadArgument
 from scheduler.core.exits import EXIT_FORBIDDEN
 from scheduler.core.limits import DEFAULT_LEASE_MS
-from scheduler.core.safety import redact, safe
+from scheduler.core.safety import safe
 from scheduler.worker import (
     EXIT_ERROR,
     EXIT_IMPORT,
-    EXIT_REDIS,
     EXIT_USAGE,
     WorkerSettings,
     logs,
@@ -262,12 +267,7 @@ def demo_cmd(url: str | None, keep: bool) -> None:
         sys.exit(EXIT_USAGE)
     try:
         code = run_demo(url, keep=keep)
-    except RedisError as exc:  # a --url whose server or user will not do: one line, no trace
-        if is_permission_error(exc):
-            click.echo(f"error: {permission_message(exc, APP_ROLE_HINT)}", err=True)
-            sys.exit(EXIT_FORBIDDEN)
-        click.echo(
-            safe(f"error: Redis at {redact(url or '')}: {type(exc).__name__}: {exc}"), err=True
-        )
-        sys.exit(EXIT_REDIS)
+    except (RedisError, RedisClusterException) as exc:  # a --url whose server or user won't do
+        # The worker's one line and exit code: a refused password 5, not 3 (a retry cannot pass).
+        sys.exit(start_failure(exc, url or "the demo's private Redis"))
     sys.exit(code)

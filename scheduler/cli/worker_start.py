@@ -17,6 +17,7 @@ from typing import Any
 import click
 from redis.exceptions import (
     AuthenticationError,
+    InvalidResponse,
     RedisClusterException,
     RedisError,
     ResponseError,
@@ -105,6 +106,9 @@ def start_failure(exc: BaseException, url: str) -> int:
     elif isinstance(exc, AuthenticationError):  # a ConnectionError, but retrying cannot help
         line = f"Redis at {redact(url)} refused the credentials: {exc}; {credentials_hint(exc)}"
         code = EXIT_REDIS_REFUSED
+    elif isinstance(exc, InvalidResponse):  # not a ConnectionError: a service, but not Redis
+        why = f"did not answer as a Redis server ({exc})"
+        line, code = f"cannot reach Redis: {redact(url)} {why}", EXIT_REDIS
     elif isinstance(exc, CorruptKey):  # transient to a running worker, but no reason to start
         line, code = f"a queue key was edited by hand: {exc} (run scheduler doctor)", EXIT_ERROR
     elif isinstance(exc, NewerStorage):  # the same: an upgrade, not a restart, helps
@@ -210,12 +214,8 @@ def metrics_port_failure(port: int, exc: OSError) -> int:
 
 # Each one line and an exit code (worker_start.start_failure); a hand-edited partition record
 # is an UnreadableRecord (a SchedulerError).
-_START_ERRORS: tuple[type[BaseException], ...] = (
-    *TRANSIENT,
-    RedisError,
-    RedisClusterException,
-    SchedulerError,
-)
+_START_ERRORS: tuple[type[BaseException], ...]
+_START_ERRORS = (*TRANSIENT, RedisError, RedisClusterException, SchedulerError)
 
 
 async def serve(
