@@ -233,15 +233,19 @@ def fixed_keys(client: redis.Redis, keys: QueueKeys) -> list[KeyInfo]:
     ]
 
 
+# (prefix, suffix, about); the first that fits counts a key. A schedule name has no ':'
+# (limits.SCHEDULE_NAME_RE): a cron schedule's `schedule:<name>:slots` ZSET is told from the
+# schedule hashes by its suffix, and listed before them.
 _FAMILIES = (
-    ("job:", "HASH one per claimed job (or older layout): state, attempts, token, worker, ..."),
-    ("spec:", "STRING a job's spec record: 2|task|max_attempts|backoff|...|payload"),
-    ("stats:", "HASH per-minute outcome counters (kept 2 h)"),
-    ("idem:", "STRING idempotency key digest -> job id [last debounced calls: id, id=job]"),
-    ("claim:", "STRING claim replay answers (kept one lease)"),
-    ("worker:", "HASH one per live worker (expires when it stops)"),
-    ("worker_stop:", "STRING a quiet / stop asked of a worker, until its next beat (expires)"),
-    ("schedule:", "HASH one per recurring schedule"),
+    ("job:", "", "HASH one per claimed job (or older layout): state, attempts, token, worker, ..."),
+    ("spec:", "", "STRING a job's spec record: 2|task|max_attempts|backoff|...|payload"),
+    ("stats:", "", "HASH per-minute outcome counters (kept 2 h)"),
+    ("idem:", "", "STRING idempotency key digest -> job id [last debounced calls: id, id=job]"),
+    ("claim:", "", "STRING claim replay answers (kept one lease)"),
+    ("worker:", "", "HASH one per live worker (expires when it stops)"),
+    ("worker_stop:", "", "STRING a quiet / stop asked of a worker, until its next beat (expires)"),
+    ("schedule:", ":slots", "ZSET a cron schedule's next slot times (one per cron schedule)"),
+    ("schedule:", "", "HASH one per recurring schedule (its pattern matches the ZSETs above too)"),
 )
 
 
@@ -254,7 +258,7 @@ def key_families(
     """Count the per-item keys of the queue by family with one SCAN over its pattern,
     stopping after max_keys (bounded work on a huge queue), and whether it stopped there with
     keys left uncounted (the counts are then lower bounds)."""
-    counts: dict[str, int] = {p: 0 for p, _ in _FAMILIES}
+    counts = [0] * len(_FAMILIES)
     seen, cut = 0, False
     node = node_for_key(client, keys.prefix)  # a queue's keys share one slot: one node
     for key in node.scan_iter(match=keys.pattern(), count=_SCAN_COUNT):
@@ -262,12 +266,15 @@ def key_families(
             cut = True
             break
         rest = str(key)[len(keys.prefix) :]
-        for p, _ in _FAMILIES:
-            if rest.startswith(p):
-                counts[p] += 1
+        for i, (p, suffix, _) in enumerate(_FAMILIES):
+            if rest.startswith(p) and rest.endswith(suffix):
+                counts[i] += 1
                 break
         seen += 1
-    out = [KeyFamily(keys.prefix + p + "*", about, counts[p]) for p, about in _FAMILIES]
+    out = [
+        KeyFamily(keys.prefix + p + "*" + suffix, about, n)
+        for (p, suffix, about), n in zip(_FAMILIES, counts, strict=True)
+    ]
     out.append(KeyFamily(keys.pattern(), "all keys of the queue", seen))
     return out, cut
 
