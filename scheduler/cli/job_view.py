@@ -168,7 +168,15 @@ def _readable(name: str, value: Any, state: str) -> list[tuple[str, object]]:
         return [(name.removesuffix("_ms"), fmt_ms(value))]
     if name == "parents":
         return [("parents", " ".join(value))]
+    if name == "flow":
+        return [("flow", flow_words(value))]
     return [(name, value)]
+
+
+def flow_words(reason: str) -> str:
+    """A held job's reason as printed. lib/flow.lua stores 'waiting for N jobs' for any N (the
+    stored words: --json's `flow`, docs/flow-control.md); one parent reads 'waiting for 1 job'."""
+    return "waiting for 1 job" if reason == "waiting for 1 jobs" else reason
 
 
 def placement(client: redis.Redis, q: Queue, job_id: str) -> dict[str, Any]:
@@ -208,7 +216,7 @@ def when_text(r: dict[str, Any], state: str) -> str:
     if state == "dead":
         return f"dead {fmt_time(r['dead_ms'])}: {r['dead_reason'] or '?'}"
     if state == "held":
-        return f"held: {r['flow'] or 'flow control'}"
+        return f"held: {flow_words(r['flow']) if r['flow'] else 'flow control'}"
     if state == "finished":
         return f"{r['state']} {fmt_time(r['finished_ms'])}"
     if (r["run_in_ms"] or 0) > 0:
