@@ -342,11 +342,6 @@ def test_unknown_queue_is_refused_with_the_known_ones(
     assert sorted(client.scan_iter(match="*")) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs show / jobs reschedule skip require_queue: a "
-    "mistyped queue answers 'no job ...' instead of 'no queue named ...; known'",
-)
 @pytest.mark.parametrize("cmd", [["jobs", "show", "j-due"], ["jobs", "reschedule", "j-due",
                                                              "--now"]], ids=" ".join)  # fmt: skip
 def test_jobs_show_and_reschedule_refuse_an_unknown_queue(
@@ -375,11 +370,6 @@ def test_unknown_job_id_is_one_line_1(client: redis.Redis, cli: Run) -> None:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="demo maps AuthenticationError (a ConnectionError) to "
-    "exit 3 'cannot reach' instead of 5 (password refused)",
-)
 def test_demo_with_a_wrong_password_is_exit_5(cli: Run, server: RedisProcess) -> None:
     """The exit table is "one table for every command": 5 is a refused password. demo said 3
     (try again), so a script retries a password that will never pass."""
@@ -418,11 +408,6 @@ def not_redis() -> Iterator[str]:
     srv.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a --url at a non-Redis service: redis InvalidResponse "
-    "escapes AdminCommand.invoke (not a ConnectionError): a traceback, exit 1",
-)
 @pytest.mark.parametrize("cmd", [["stats"], ["jobs", "show", "x"], ["enqueue", "t"],
                                  ["doctor"], ["pause"]], ids=" ".join)  # fmt: skip
 def test_a_url_that_is_not_redis_is_one_line(cli: Run, not_redis: str, cmd: list[str]) -> None:
@@ -437,11 +422,6 @@ def test_a_url_that_is_not_redis_is_one_line(cli: Run, not_redis: str, cmd: list
 
 
 # -- scheduler keys --------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="keys counts 'schedule:*' as one HASH per schedule, but "
-    "a cron schedule's 'schedule:<name>:slots' ZSET matches too",
-)
 def test_keys_counts_one_hash_per_schedule(client: redis.Redis, cli: Run) -> None:
     q, _ = states(client)
     q.schedule("nightly", "report.build", {}, cron="0 9 * * *")
