@@ -448,11 +448,6 @@ def test_keys_lines_reach_the_server_and_types_match(client: redis.Redis, cli: R
 
 
 # -- the fixes the CLI prints name the server it was given ------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="doctor --json's `fix` is the bare redis-cli line (no -p/-h"
-    "): run as given it acts on the default local server, not the one checked",
-)
 def test_doctor_json_fix_names_the_server(client: redis.Redis, cli: Run,
                                           server: RedisProcess) -> None:  # fmt: skip
     """scheduler/cli/redis_cli.py: the lines the CLI prints "reach the server the command was
@@ -465,11 +460,6 @@ def test_doctor_json_fix_names_the_server(client: redis.Redis, cli: Run,
     assert f"-p {server.port}" in off["fix"], off["fix"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="startup._report logs the finding's bare fix: enqueue's "
-    "'fix: redis-cli CONFIG SET appendonly yes' names no server",
-)
 def test_enqueue_warning_fix_names_the_server(cli: Run, server: RedisProcess) -> None:
     res = cli("enqueue", "t.x", "-q", "emails")
     assert res.exit_code == 0, res.output
@@ -477,11 +467,6 @@ def test_enqueue_warning_fix_names_the_server(cli: Run, server: RedisProcess) ->
     assert f"redis-cli -p {server.port} CONFIG SET appendonly yes" in warning, warning
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="doctor's `fix: scheduler doctor --fix --queue Q` omits "
-    "the --url it was run with: pasted, it repairs the default server's queue",
-)
 def test_doctor_fix_command_names_the_url(client: redis.Redis, cli: Run,
                                           server: RedisProcess) -> None:  # fmt: skip
     q, ids = states(client)

@@ -140,7 +140,8 @@ class QueueKeys:
         return self.prefix + "result:" + job_id
 
     def result_wait(self, job_id: str) -> str:
-        """STRING: a Queue.result() waiter is there, so the outcome pushes a wake-up."""
+        """SET: the Queue.result() waiters of the job (each adds its id), so the outcome pushes
+        a wake-up (lua/README.md)."""
         return self.prefix + "result_wait:" + job_id
 
     def idem(self, digest: str) -> str:
