@@ -12,6 +12,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
+from scheduler.admin.redis_cli import connection_flags
 from scheduler.cli.main import main
 from tests.redis_server import RedisProcess, require_binary
 
@@ -89,6 +90,9 @@ def test_worker_and_stats_show_the_settings_finding_once_not_as_a_redis_error(
     assert proc.returncode == 0, text
     assert text.count("[persistence-off]") == 1 and text.count("[eviction-policy]") == 1, text
     assert "redis error" not in text.lower() and "server settings (error)" in text
+    # Its fix names the worker's server (a unix socket here), not the default local one.
+    flags = " ".join(connection_flags(volatile_url))
+    assert flags and f"fix: redis-cli {flags} CONFIG SET" in text, text
     runner = CliRunner()
     for args in (["stats"], ["stats", "--watch", "--count", "3", "--interval", "0.1"]):
         res = runner.invoke(main, [*args, "--url", volatile_url])

@@ -249,9 +249,8 @@ async def serve(
         await client.aclose()
         return start_failure(exc, url)
     try:
-        await check_or_warn_async(
-            client, strict=strict, log=worker.log.warning, keys=[q.keys.due for q in worker.queues]
-        )
+        await check_or_warn_async(client, strict=strict, log=worker.log.warning, url=url,
+                                  keys=[q.keys.due for q in worker.queues])  # fmt: skip
     except UnsafeServer as exc:  # a refusal, as with `enqueue --strict`
         click.echo(safe(f"error: {exc}"), err=True)
         await client.aclose()
