@@ -30,6 +30,10 @@ if #ARGV % 2 ~= 1 then return redis.error_reply('BAD_ARGUMENT argc=' .. #ARGV) e
 local now = now_ms()
 local lease_until = now + lease_ms
 local out = { fmt(lease_until) }
+-- The first extension is ZREM then ZADD, not ZADD XX: at maxmemory (noeviction) Redis refuses a
+-- script's first deny-oom command (ZADD) but not ZREM, and lets a script that has written go on.
+-- Running jobs keep their leases through a full server, as complete and fail settle them.
+local wrote = false
 for i = 2, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local status, _, f = lease_check(prefix, id, token, READ)
@@ -44,7 +48,13 @@ for i = 2, #ARGV, 2 do
     if not until_ms or tonumber(until_ms) <= now then
       status = 'expired'
     else
-      redis.call('ZADD', leased, 'XX', lease_until, id)
+      if wrote then
+        redis.call('ZADD', leased, 'XX', lease_until, id)
+      else
+        redis.call('ZREM', leased, id)
+        redis.call('ZADD', leased, lease_until, id)
+        wrote = true
+      end
       -- A shorter lease than before: its key's slot ends no later (lib/flow.lua).
       if f[6] and lease_until < tonumber(until_ms) then flow_beat(prefix, id, f[6], lease_until) end
     end

@@ -82,11 +82,6 @@ async def _until_server_ms(admin: redis.Redis, at_ms: float) -> None:
 
 
 # -- a full server for longer than a lease -----------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="heartbeat.lua's first write is ZADD (denyoom): at maxmemory every lease runs out "
-    "and the running job is stopped and parked",
-)
 def test_a_job_running_through_a_full_server_longer_than_its_lease_is_not_stopped() -> None:
     """docs/durability.md, A full server: jobs already running can still be settled, a full
     server loses nothing. complete and fail start with a ZREM so Redis lets them run at the
