@@ -46,7 +46,7 @@
     behind the jobs due before it, so more suspects than a scan's budget cannot starve them.
     next_ms does not count it: the worker claims again when its suspect ends
     (docs/durability.md), or at once while its scans move suspects due before it took its own
-    and older jobs are left.
+    and older jobs are left; a call that took nothing answers at most SUSPECT_POLL_MS ahead.
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | dead | dead:migrating is not a
     zset (a key edited by hand into another type; nothing written) ]]
 -- @include "lib/clock.lua"
@@ -515,16 +515,28 @@ local next_ms = -1
 local dh = paused and {} or redis.call('ZRANGE', due, 0, #skipped, 'WITHSCORES')
 if #skipped > 0 and n == 0 then
   -- Nothing this worker may take within the scan's budget (suspects all of it, e.g. after a
-  -- fleet crashed twice): the due head is no reason to come back, its own lease end (or a
-  -- wake-up, or its suspect's end) is; else every claim would be answered "due now" at once.
+  -- fleet crashed twice): the due head is no reason to come back, else every claim would be
+  -- answered "due now" at once.
   dh = {}
   -- Unless its scan moved suspects due before it took its own and jobs due before then are
   -- left: those its scans have not met since (a skipped suspect's new score is later), maybe
   -- plain ones: it comes back at once. Each such call moves a scan's worth out of that span
-  -- and none come in, so this ends; a scan that met none (all since) sleeps as above.
+  -- and none come in, so this ends; a scan that met none (all since) sleeps as below.
   if met_older then
     local h = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
     if h[2] and score_ms(h[2]) < held_since then dh = h end
+  end
+  if not dh[2] then
+    -- A job enqueued due now behind a suspect this worker may not take gets no wake-up
+    -- (enqueue.lua wakes for a job due before the head, here overdue;
+    -- tests/test_review_time_inputs.py): the worker comes back this soon at most, one claim a
+    -- second while it holds a suspect and skips others. (A local of this block: the script's
+    -- main function is at Lua's 200 active locals.)
+    local SUSPECT_POLL_MS = 1000
+    next_ms = now + SUSPECT_POLL_MS
+    -- Or sooner, at the first job due after now (a skipped suspect is scored now at most: no
+    -- claim loop).
+    dh = redis.call('ZRANGE', due, '(' .. now_s, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
   end
 elseif #skipped > 0 then
   local skip = {}
@@ -533,7 +545,7 @@ elseif #skipped > 0 then
   while dh[k] and skip[dh[k]] do k = k + 2 end
   dh = { dh[k], dh[k + 1] }
 end
-if dh[2] then next_ms = score_ms(dh[2]) end
+if dh[2] and (next_ms == -1 or score_ms(dh[2]) < next_ms) then next_ms = score_ms(dh[2]) end
 -- A full batch means more may be waiting: pass the wake-up on to another idle worker, also
 -- for a job due soon (that worker planned its sleep before this call). Due later than the
 -- workers' idle safety net (scheduler/worker/settings.py _MAX_IDLE_SLEEP_S), its next claim

@@ -109,11 +109,6 @@ def test_a_sub_millisecond_run_at_is_never_due_before_its_instant(
     assert {j.id for j in q.claim("w", limit=10).jobs} == {job, spec}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="epoch_ms computes ceil(at.timestamp() * 1000) in floats: a whole-millisecond "
-    "run_at after 2038 is stored (and run) 1 ms late",
-)
 @pytest.mark.parametrize(
     "at",
     [
@@ -127,6 +122,31 @@ def test_a_whole_millisecond_run_at_is_stored_exactly(q: Queue, at: datetime) ->
     job = q.enqueue("t", run_at=at)
     assert stored_run_at(q, job) == exact_ms(at)
     assert q.get_job(job).run_at_ms == exact_ms(at)
+
+
+def test_every_door_converts_a_time_in_integers(q: Queue, redis_url: str) -> None:
+    """One helper (codec.ceil_ms) behind enqueue, reschedule, the CLI's --at and the schedules'
+    utc_ms: whole ms exact across 1970..2200, any sub-ms part rounds up, never down."""
+    from random import Random
+
+    from scheduler.core.codec import ceil_ms
+    from scheduler.schedules.recurring import utc_ms
+
+    rng = Random(7)
+    for _ in range(20_000):
+        ms = rng.randrange(0, 7_258_118_400_000)
+        at = EPOCH + timedelta(milliseconds=ms)
+        assert ceil_ms(at) == utc_ms(at) == epoch_ms(at) == ms
+        assert ceil_ms(at + timedelta(microseconds=rng.randrange(1, 1000))) == ms + 1
+    at = datetime(2039, 2, 25, 16, 24, 2, 485_000, tzinfo=UTC)
+    job = q.enqueue("t", delay_ms=3_600_000)
+    assert q.reschedule(job, run_at=at) == "rescheduled"
+    assert stored_run_at(q, job) == exact_ms(at)
+    got = CliRunner().invoke(
+        cli_main, ["enqueue", "t", "-q", q.name, "--at", at.isoformat(), "--url", redis_url]
+    )
+    assert got.exit_code == 0, got.output
+    assert stored_run_at(q, got.stdout.strip()) == exact_ms(at)
 
 
 def test_the_cli_at_with_a_zone_offset_and_a_fraction_is_rounded_up(
@@ -458,11 +478,6 @@ def _lapse(q: Queue, clock: Clock) -> None:
     q.claim("reaper", limit=0, lease_ms=LEASE)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="enqueue.lua wakes idle workers only for a job due before the head of due; a "
-    "suspect the worker may not take sits there due already, so no enqueue wakes it",
-)
 def test_a_job_enqueued_while_a_skipped_suspect_heads_due_is_not_left_to_the_safety_net(
     module_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -492,11 +507,6 @@ def test_a_job_enqueued_while_a_skipped_suspect_heads_due_is_not_left_to_the_saf
     run_with_worker(module_server.url, (q.name,), steps, lease_ms=3_600_000, clock="test")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claim.lua answers next_ms past every due job when it skipped a suspect and took "
-    "nothing (dh = {}): a job due in 1 s behind the suspect is planned for at the lease end",
-)
 def test_a_claim_that_skips_a_suspect_still_answers_a_later_jobs_run_at_as_next_ms(
     tq: tuple[Queue, Clock],
 ) -> None:
@@ -516,3 +526,24 @@ def test_a_claim_that_skips_a_suspect_still_answers_a_later_jobs_run_at_as_next_
     again = q.claim("w1", limit=4, lease_ms=600_000)
     assert again.jobs == []
     assert again.next_ms == q.get_job(soon).run_at_ms == again.now_ms + 1_000
+
+
+@pytest.mark.parametrize("delay_ms", [400, None], ids=["job-in-400ms", "none"])
+def test_a_claim_that_skips_a_suspect_comes_back_within_a_second(
+    tq: tuple[Queue, Clock], delay_ms: int | None
+) -> None:
+    """The same claim with a job due sooner than SUSPECT_POLL_MS (its run_at), or none (the
+    bounded poll, not the worker's 10 min lease end): never "now", so no claim loop."""
+    q, clock = tq
+    clock.set_ms(T0)
+    for _ in range(2):
+        q.enqueue("t")
+    _lapse(q, clock)
+    _lapse(q, clock)
+    assert len(q.claim("w1", limit=4, lease_ms=600_000).jobs) == 1
+    clock.set_ms(T0 + 10 * LEASE)
+    if delay_ms is not None:
+        q.enqueue("t", delay_ms=delay_ms)
+    again = q.claim("w1", limit=4, lease_ms=600_000)
+    assert again.jobs == []
+    assert again.next_ms == again.now_ms + (delay_ms or 1_000)

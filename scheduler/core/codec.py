@@ -11,7 +11,7 @@ import math
 import random
 import secrets
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from scheduler.core.backoff import Backoff
@@ -59,6 +59,16 @@ def new_nonce() -> str:
     return secrets.token_hex(8)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+def ceil_ms(at: datetime) -> int:
+    """An aware datetime as epoch ms, rounded up (never before the instant), in integers:
+    ceil(at.timestamp() * 1000) in floats is 1 ms late for some whole-ms times after 2038."""
+    return -(-((at - _EPOCH) // _US) // 1000)
+
+
 def epoch_ms(at: datetime) -> int:
     """An aware datetime as epoch ms in 1970..2200 (rounded up), else BadArgument."""
     if not isinstance(at, datetime):
@@ -67,7 +77,7 @@ def epoch_ms(at: datetime) -> int:
         raise BadArgument("run_at must be timezone-aware (a naive datetime is ambiguous)")
     # Rounded up: the server runs a job when its ms clock reaches run_at_ms, which must never
     # be before the instant asked for.
-    ms = math.ceil(at.timestamp() * 1000)
+    ms = ceil_ms(at)
     lo, hi = LIMITS["run_at_ms"]
     if not lo <= ms <= hi:
         raise BadArgument(

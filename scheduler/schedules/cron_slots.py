@@ -18,14 +18,14 @@ hold fewer than BUFFER_SLOTS, and a schedule with no slot left has ended.
 from __future__ import annotations
 
 import functools
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from croniter.croniter import CroniterBadCronError, CroniterBadDateError
 
-from scheduler.core.codec import MAX_TIME_MS, stored_int
+from scheduler.core.codec import MAX_TIME_MS, ceil_ms, stored_int
 from scheduler.core.errors import BadArgument
 from scheduler.schedules.cron_fields import refuse_misread
 
@@ -73,7 +73,7 @@ def zone_named(tz: str) -> ZoneInfo:
 def _to_ms(local: datetime, zone: ZoneInfo) -> int:
     # fold=0: a nonexistent wall time takes the offset before the change (shifted forward by
     # the gap), an ambiguous one its first occurrence. See the module docstring.
-    return int(local.replace(tzinfo=zone, fold=0).timestamp() * 1000)
+    return ceil_ms(local.replace(tzinfo=zone, fold=0))
 
 
 _DAY_MS = 86_400_000
@@ -254,10 +254,11 @@ def _checked_cron(expr: str, tz: str) -> tuple[int, ...]:
 
 
 def utc_ms(at: datetime) -> int:
-    """An aware datetime as epoch ms (for tests and callers that think in datetimes)."""
-    if at.tzinfo is None:
+    """An aware datetime as epoch ms, rounded up (for tests and callers that think in
+    datetimes)."""
+    if at.tzinfo is None or at.utcoffset() is None:
         raise BadArgument("datetime must be timezone-aware")
-    return int(at.astimezone(UTC).timestamp() * 1000)
+    return ceil_ms(at)
 
 
 def refill_requested(claim_reply: Any, n_jobs: int, fields_per_job: int) -> bool:
