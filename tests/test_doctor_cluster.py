@@ -55,7 +55,8 @@ def _damage(part: Queue, n: int) -> dict[str, str]:
 
 
 def _doctor(url: str, *args: str) -> tuple[int, dict[str, Any]]:
-    res = CliRunner().invoke(main, ["doctor", "--url", url, "--json", "--no-server", *args])
+    runner = CliRunner(env={"REDIS_URL": None})  # a fix line names the --url (not REDIS_URL)
+    res = runner.invoke(main, ["doctor", "--url", url, "--json", "--no-server", *args])
     return res.exit_code, json.loads(res.output)
 
 

@@ -33,7 +33,7 @@ NO_RECORD = ("move_to", "move_take_ms")
 
 
 def _cli(*args: str) -> tuple[int, str]:
-    out = CliRunner().invoke(main, list(args))
+    out = CliRunner(env={"REDIS_URL": None}).invoke(main, list(args))  # lines name their --url
     return out.exit_code, out.output
 
 

@@ -426,10 +426,11 @@ def test_doctors_fix_for_a_schedule_key_of_another_type_can_be_followed(
         q.schedule("x", "t", every_ms=HOUR_MS)
         client.delete(q.keys.schedule("x"))
         client.set(q.keys.schedule("x"), "edited by hand")
-        cli, url = CliRunner(), ["-q", q.name, "--url", redis_url]
+        cli, url = CliRunner(env={"REDIS_URL": None}), ["-q", q.name, "--url", redis_url]
         res = cli.invoke(main, ["doctor", *url])
         assert "not a schedule hash" in res.output
-        assert "`scheduler schedules remove`, then add it" in res.output
+        # The line names the URL doctor was given (admin/redis_cli.py with_url).
+        assert f"`scheduler schedules remove --url {redis_url}`, then add it" in res.output
         res = cli.invoke(main, ["schedules", "remove", "x", *url])
         assert res.exit_code == 0, res.output
         res = cli.invoke(main, ["schedules", "add", "x", "t", "--every", "1h", *url])
