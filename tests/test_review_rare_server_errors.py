@@ -72,6 +72,12 @@ def _pause_all(admin: redis.Redis, ms: int) -> None:
     admin.execute_command("CLIENT", "PAUSE", ms, "ALL")  # type: ignore[no-untyped-call]
 
 
+async def _warm(client: aredis.Redis) -> None:
+    """Idle connections in the worker's pool: a claim sent in a stall goes out at once, not
+    after a new connection's handshake (which the stall holds too, behind the reports)."""
+    await asyncio.gather(*(client.ping() for _ in range(8)))
+
+
 async def _until_server_ms(admin: redis.Redis, at_ms: float) -> None:
     """Until the server's clock (TIME answers at a full server and during CLIENT PAUSE WRITE)
     passes at_ms."""
@@ -131,12 +137,10 @@ def test_a_job_running_through_a_full_server_longer_than_its_lease_is_not_stoppe
 
 
 # -- a server stalled longer than a lease while outcomes are in flight --------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="the claim for the slots freed by finished jobs goes out before their completes: "
-    "after a stall longer than the lease it reaps their leases and they run again",
-)
-def test_jobs_finished_during_a_client_pause_longer_than_the_lease_are_not_run_again() -> None:
+@pytest.mark.parametrize("preflight", [True, False], ids=["cli", "embedded"])
+def test_jobs_finished_during_a_client_pause_longer_than_the_lease_are_not_run_again(
+    preflight: bool,
+) -> None:
     """CLIENT PAUSE ALL (as a manual failover does) for twice the lease while four jobs finish,
     on a worker whose scripts are loaded (`scheduler worker` preflight). Each end frees a slot:
     the claim loop sends its claim at once, on its own connection, and the reporter sends the
@@ -146,7 +150,8 @@ def test_jobs_finished_during_a_client_pause_longer_than_the_lease_are_not_run_a
     ended within its lease and its worker held its outcome. Reporting._reports_first holds a
     claim behind the outcomes only while the reporter is failing, not while it is answered late
     (an embedded worker, whose run() loads no script, meets the same: the completes' NOSCRIPT
-    round trip lets the claim go first)."""
+    round trip lets the claim go first). Fixed: the claim loop lets the reporter, woken with it,
+    write first (Reporting._reports_first), and run() loads the scripts (Worker._preload)."""
     with _server() as server:
         admin = server.client()
         q = Queue(admin, "pz-" + uuid.uuid4().hex[:8])
@@ -157,10 +162,12 @@ def test_jobs_finished_during_a_client_pause_longer_than_the_lease_are_not_run_a
         async def main() -> int:
             client = aredis.Redis(unix_socket_path=server.socket, decode_responses=True)
             w = Worker(client, registry, _settings(q), logger=log)
-            await w.preflight()
+            if preflight:
+                await w.preflight()
             task = asyncio.create_task(w.run(install_signals=False))
             try:
                 await poll(lambda: sorted(STARTS) == sorted(jobs), "all four started")
+                await _warm(client)
                 await asyncio.to_thread(_pause_all, admin, 3000)
                 _open_gates(jobs)  # they finish at once: completes and a claim go out
                 await asyncio.sleep(3.2)
@@ -177,6 +184,52 @@ def test_jobs_finished_during_a_client_pause_longer_than_the_lease_are_not_run_a
         assert not [m for m in records if m.startswith("job stale")], records
         assert sorted(STARTS) == sorted(jobs)
         assert [q.get_job(j).attempts for j in jobs] == [1] * 4
+
+
+def test_a_job_ending_behind_a_report_answered_late_is_written_before_the_next_claim() -> None:
+    """The reporter's call is in flight when the server stalls (CLIENT PAUSE ALL, twice the
+    lease); a job that ends 200 ms later has its complete queued behind that call. The claim
+    for its slot waits for the call's round (answered late: Reporting._REPORT_LATE_S), so the
+    complete goes out before it. Sent at once, the claim ran first at the unpause and reaped
+    the job's lapsed lease: its complete came back stale and it ran again. (The claim of the
+    first job's slot is held meanwhile, as CLAIM_MIN_FREE holds claims while short jobs run.)"""
+    with _server() as server:
+        admin = server.client()
+        q = Queue(admin, "lr-" + uuid.uuid4().hex[:8])
+        first, second = q.enqueue("rr-gate", None), q.enqueue("rr-gate", None)
+        log, records = capture()
+        STARTS.clear()
+        holding = [False]
+
+        async def main() -> int:
+            client = aredis.Redis(unix_socket_path=server.socket, decode_responses=True)
+            w = Worker(client, registry, _settings(q, concurrency=2), logger=log)
+            w._hold_claim = lambda free: holding[0]  # type: ignore[method-assign]
+            await w.preflight()
+            task = asyncio.create_task(w.run(install_signals=False))
+            try:
+                await poll(lambda: sorted(STARTS) == sorted([first, second]), "both started")
+                holding[0] = True
+                await _warm(client)
+                await asyncio.to_thread(_pause_all, admin, 3000)
+                _open_gates([first])  # its complete goes out and waits for the unpause
+                await poll(lambda: bool(w._sending[0]), "the first complete in flight")
+                await asyncio.sleep(0.2)  # answered late
+                holding[0] = False
+                _open_gates([second])  # queued behind the first; its end wakes the claim loop
+                await asyncio.sleep(3.0)
+                await poll(lambda: q.status(first) == q.status(second) == "done", "both done")
+                assert not task.done()
+            finally:
+                w.request_stop()
+                code = await asyncio.wait_for(task, 30)
+                await client.aclose()
+            return code
+
+        assert asyncio.run(main()) == 0
+        assert not [m for m in records if m.startswith("job stale")], records
+        assert sorted(STARTS) == sorted([first, second])
+        assert [q.get_job(j).attempts for j in (first, second)] == [1, 1]
 
 
 # -- connections killed, the dataset reloaded ----------------------------------------------------

@@ -12,12 +12,7 @@ from typing import Any
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scheduler.core.errors import (
-    JobCancelled,
-    JobNotFound,
-    LeaseExpired,
-    LeaseRefused,
-)
+from scheduler.core.errors import JobCancelled, JobNotFound, LeaseExpired, LeaseRefused
 from scheduler.core.models import FailOutcome
 from scheduler.worker import progress_sends
 from scheduler.worker.core import WorkerCore, _Deadline, _Fatal, _within
@@ -26,6 +21,9 @@ from scheduler.worker.newer_outcomes import give_up_refused
 from scheduler.worker.settings import EXIT_REDIS_REFUSED
 
 _REPORTS_FIRST_S = 1.0
+# A report's round trip takes a few ms: one outstanding for longer is answered late (a stall: a
+# CLIENT PAUSE of a failover, a slow command) and may outlast the leases it settles.
+_REPORT_LATE_S = 0.05
 
 
 def _word(status: str) -> str:
@@ -67,23 +65,35 @@ class Reporting(WorkerCore):
                         await asyncio.wait_for(self._report_retry.wait(), backoff())
                 self._report_tried.set()
 
+    _report_sent_s = 0.0  # when the reporter's call in flight was sent (monotonic)
+
     async def _reports_first(self) -> None:
-        """While the reporter fails (an outage), its outcomes go before the next claim, which
-        would reap their lapsed leases (not on a cluster: one node must not slow the others).
-        Also those in flight: the reporter's own backoff may end first, and its call can be long
-        (a NOSCRIPT reload); a claim sent meanwhile ran first and made them stale."""
-        held = self._completes or self._fails or self._sending[0] or self._sending[1]
-        if self._report_failing and self._claim_wait_s is None and held:
+        """Outcomes go before the next claim, which would reap their leases once lapsed (not on
+        a cluster: one node must not slow the others); a stalled server runs what it held in
+        arrival order. The claim waits for the reporter's round once answered late (its socket
+        timeout bounds it, then the failing case; a stop ends it), for a failing reporter's
+        next try (at most _REPORTS_FIRST_S: also of a call in flight, a NOSCRIPT reload is
+        long), or one loop turn when a job's end woke both: the reporter writes first."""
+        if self._claim_wait_s is not None:
+            return
+        late = time.monotonic() - self._report_sent_s > _REPORT_LATE_S
+        if any(self._sending) and late and not self._report_failing:
+            self._report_tried.clear()
+            await self._report_tried.wait()  # set at each round's end and by a stop
+        queued, stop = self._completes or self._fails, self._stop_claiming.is_set()
+        if self._report_failing and (queued or any(self._sending)) and not stop:
             self._report_tried.clear()
             self._report_retry.set()
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                 await asyncio.wait_for(self._report_tried.wait(), _REPORTS_FIRST_S)
+        elif queued and not any(self._sending):
+            await asyncio.sleep(0)
 
     async def _send_reports(self) -> None:
         completes, self._completes = self._completes, []
         fails, self._fails = self._fails, []
         gen = self._report_gen
-        self._sending = (completes, fails)
+        self._sending, self._report_sent_s = (completes, fails), time.monotonic()
         # One complete_many per (queue, retention): the TTL is one argument per call.
         by_queue: dict[tuple[str, int], list[tuple[Running, Any]]] = {}
         for r, result in completes:
@@ -96,14 +106,8 @@ class Reporting(WorkerCore):
         try:
             for (qn, ttl_ms), items in by_queue.items():
                 q = self._by_name[qn]
-                calls.append(
-                    (
-                        q.script_keys,
-                        q.ops_for(ttl_ms).complete_many(
-                            [(r.job.id, r.job.token, res) for r, res in items]
-                        ),
-                    )
-                )
+                leases = [(r.job.id, r.job.token, res) for r, res in items]
+                calls.append((q.script_keys, q.ops_for(ttl_ms).complete_many(leases)))
             for r, err, ok in fails:
                 q, job = self._by_name[r.queue], r.job
                 fail = q.ops.fail(job.id, job.token, err, retryable=ok, delay_ms=r.retry_delay_ms)
@@ -256,12 +260,8 @@ class Reporting(WorkerCore):
                 self._forget(r)
             why = f"{type(reply).__name__}: {reply}"  # redis-py's repr drops the message
             why = "no answer in time" if isinstance(reply, _Deadline) else why
-            self.log.warning(
-                "release of %d jobs of %s failed (%s); their leases lapse on their own",
-                len(rs),
-                rs[0].queue,
-                why,
-            )
+            self.log.warning("release of %d jobs of %s failed (%s); their leases lapse on their "
+                             "own", len(rs), rs[0].queue, why)  # fmt: skip
             return
         for r, st in zip(rs, reply, strict=True):
             if st != "released":

@@ -27,13 +27,19 @@ from scheduler.worker.settings import _SETTLE_S, _STOP_LOOP_S, EXIT_ERROR, EXIT_
 class Worker(Claiming, Heartbeats):
     """One worker process's runtime (see the package docstring)."""
 
+    _scripts_loaded = False  # by preflight(): run() loads them only when it was not called
+
     async def preflight(self) -> None:
-        """Raise (redis ConnectionError etc.) when Redis cannot be reached; load the scripts.
-        On a cluster, only on the primaries holding this worker's queues: a node of other
-        queues being down must not keep it from starting, as it does not stop a running
-        worker (its calls go one per node). A node of its own queues that does not answer is
-        skipped too, while another answers: those queues are claimed once it does (their
-        scripts are loaded then, on NOSCRIPT)."""
+        """Raise (redis ConnectionError etc.) when Redis cannot be reached; load the scripts."""
+        await self._load_scripts()
+        self._scripts_loaded = True
+        await self._warn_paused()
+
+    async def _load_scripts(self) -> None:
+        """On a cluster, only on the primaries of this worker's queues: a node of other queues
+        down must not keep it from starting, as it does not stop a running worker (its calls go
+        one per node). One of its own queues' that does not answer is skipped too, while another
+        answers: those queues are claimed once it does (their scripts loaded on NOSCRIPT)."""
         texts = [text for _, text in self._pipe.scripts.preload_commands()]
         client: Any = self.client
         if not is_cluster(client):
@@ -54,11 +60,8 @@ class Worker(Claiming, Heartbeats):
                         raise
                     down.append(f"{node.name} ({type(exc).__name__}: {exc})")
             if down:
-                self.log.warning(
-                    "not answering at start, claimed from once they answer: the queues of %s",
-                    ", ".join(down),
-                )
-        await self._warn_paused()
+                self.log.warning("not answering at start, claimed from once they answer: the "
+                                 "queues of %s", ", ".join(down))  # fmt: skip
 
     async def _warn_paused(self) -> None:
         """Say at start which queues are paused (Queue.pause): else a worker that claims
@@ -69,10 +72,8 @@ class Worker(Claiming, Heartbeats):
                 if (await q.aq.counts()).paused:
                     paused.append(q.name)
         if paused:
-            self.log.warning(
-                "paused, so nothing is claimed from it until resumed (`scheduler resume -q`): %s",
-                ", ".join(paused),
-            )
+            self.log.warning("paused, so nothing is claimed from it until resumed (`scheduler "
+                             "resume -q`): %s", ", ".join(paused))  # fmt: skip
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
@@ -86,11 +87,8 @@ class Worker(Claiming, Heartbeats):
         # asyncio's own reports (e.g. a library's "Unclosed ..." at GC) go through our logger,
         # so --json-logs output stays one JSON object per line.
         exc = context.get("exception")
-        self.log.warning(
-            "asyncio: %s%s",
-            context.get("message", "unhandled"),
-            f": {type(exc).__name__}: {error_text(exc)}" if exc else "",
-        )
+        why = f": {type(exc).__name__}: {error_text(exc)}" if exc else ""
+        self.log.warning("asyncio: %s%s", context.get("message", "unhandled"), why)
 
     async def run(self, *, install_signals: bool = True) -> int:
         """Claim and run jobs until stopped, then shut down gracefully.
@@ -116,14 +114,10 @@ class Worker(Claiming, Heartbeats):
             loop.set_exception_handler(self._on_loop_exception)
         if install_signals:  # and a forked child (a handler's helper) inherits none of it
             signals.install(loop, self._on_signal)
-        self.log.info(
-            "worker %s started: queues=%s concurrency=%d lease=%dms heartbeat=%dms",
-            self.id,
-            ",".join(self.settings.queues),
-            self.settings.concurrency,
-            self.settings.lease_ms,
-            self.settings.heartbeat_ms,
-        )
+        s = self.settings
+        self.log.info("worker %s started: queues=%s concurrency=%d lease=%dms heartbeat=%dms",
+                      self.id, ",".join(s.queues), s.concurrency, s.lease_ms,
+                      s.heartbeat_ms)  # fmt: skip
         try:
             await self._serve()
         except asyncio.CancelledError:
@@ -147,7 +141,8 @@ class Worker(Claiming, Heartbeats):
     async def _serve(self) -> None:
         # A partitioned queue's logical name: its partitions (read before the first claim).
         await self._guarded("queues", expand_until_read(self, _SETTLE_S))
-        await self._guarded("presence", self._beat_workers(), deadline_s=_SETTLE_S)
+        beat = self._guarded("presence", self._beat_workers(), deadline_s=_SETTLE_S)
+        await asyncio.gather(beat, self._preload())
         self._spawn(self._heartbeat_loop(), "heartbeat")
         self._spawn(self._reporter_loop(), "reporter")
         # One blocking pop for every queue's wake-up key on one server: a pop per queue held
@@ -163,6 +158,14 @@ class Worker(Claiming, Heartbeats):
         self._spawn(self._claim_loop(), "claim")
         await self._stop_claiming.wait()
         await self._stop_sequence()
+
+    async def _preload(self) -> None:
+        """An embedded worker's scripts (no preflight()): a complete met by NOSCRIPT takes two
+        more round trips, a claim sent meanwhile ran first and reaped its lapsed lease. Best
+        effort: a server down now loads them at their first NOSCRIPT."""
+        if not self._scripts_loaded:
+            with contextlib.suppress(Exception):
+                await _within(self._load_scripts(), _SETTLE_S)
 
     async def _stop_sequence(self) -> None:
         """The shutdown (package docstring). Each step takes what is left, so a second run
