@@ -3,7 +3,8 @@ admin/redis_cli.py (connection flags for `redis-cli`, `--url` for `scheduler ...
 `scheduler keys` and the server-settings warnings show them, pasted into a shell; the CLI's lazy
 command table; claim.lua's bounded answer while a suspect is skipped; ceil_ms / utc_ms; the
 schedule-slots key family; `jobs show`'s require_queue; the dashboard's health fix line.
-Defects are strict xfails; the rest hold. Private servers only (never the shared one)."""
+Its 7 defects (strict xfails at first) are fixed; the rest held. Private servers only (never
+the shared one)."""
 
 from __future__ import annotations
 
@@ -56,11 +57,6 @@ def _paste(line: str) -> str:
 # -- defects ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="keys on a cluster: the --scan example goes to the URL's seed node, not the "
-    "queue's: SCAN is no keyed command, -c does not redirect it, so it lists nothing",
-)
 def test_keys_scan_example_on_a_cluster_lists_the_queues_keys(cluster_url: str) -> None:
     require_binary("redis-cli", "the printed lines are run as an operator would")
     client = connect(cluster_url)
@@ -87,11 +83,6 @@ def test_keys_scan_example_on_a_cluster_lists_the_queues_keys(cluster_url: str) 
         client.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker start on a Sentinel URL: the server-settings fix line gets no -h/-p (the "
-    "asyncio client's master is never asked): pasted, CONFIG SET goes to 127.0.0.1:6379",
-)
 def test_worker_start_warning_on_a_sentinel_url_names_the_master() -> None:
     s = SentinelSet(require_server("a master + replica + sentinel")).start()
     try:
@@ -120,11 +111,6 @@ def test_worker_start_warning_on_a_sentinel_url_names_the_master() -> None:
         s.cleanup()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="doctor --url <the default URL> while REDIS_URL names another server: the "
-    "'scheduler ...' fix lines leave out --url, so pasted they act on REDIS_URL's server",
-)
 def test_doctor_lines_keep_an_explicit_default_url_when_redis_url_differs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -135,11 +121,6 @@ def test_doctor_lines_keep_an_explicit_default_url_when_redis_url_differs(
     assert f"--url {DEFAULT_URL}" in line, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with_url ends a command at a ':' before the line's end: a dead job id ending in "
-    "':' gets '--url' inside its fix (… --id gone --url <url>:): the pasted line is broken",
-)
 def test_a_purge_line_for_a_job_id_ending_in_a_colon_keeps_the_id_and_the_url(
     tcp: RedisProcess,
 ) -> None:
@@ -163,11 +144,6 @@ def test_a_purge_line_for_a_job_id_ending_in_a_colon_keeps_the_id_and_the_url(
     assert shlex.split(with_url(line, "redis://h:1/0"))[-3:] == ["a:", "--url", "redis://h:1/0"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="keys: a schedule named 'slots' (a valid name) is counted as a cron slots ZSET: "
-    "its key schedule:slots ends with ':slots' (inspection.key_families)",
-)
 def test_a_schedule_named_slots_is_counted_as_a_schedule_hash(tcp: RedisProcess) -> None:
     client = connect(f"redis://127.0.0.1:{tcp.port}/0")
     q = Queue(client, "rvd4slots")
@@ -225,11 +201,6 @@ def test_utc_ms_rounds_up_and_reads_the_fold() -> None:
     assert ceil_ms(datetime(2100, 1, 1, 0, 0, 0, 1, tzinfo=UTC)) % 1000 == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a URL naming its user twice (userinfo and ?username=): redis-py logs in as the "
-    "userinfo's, connection_flags gives --user the query's",
-)
 def test_the_flags_name_the_user_the_client_logs_in_as() -> None:
     url = "redis://bob:pw@db.internal:7000/0?username=carol"
     client = connect(url)  # no I/O until a command
@@ -238,11 +209,6 @@ def test_the_flags_name_the_user_the_client_logs_in_as() -> None:
     assert flags[flags.index("--user") + 1] == user == "bob", flags
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the dashboard's health page shows the server-settings fix bare (redis-cli CONFIG "
-    "SET ...): pasted, it acts on 127.0.0.1:6379, not the dashboard's --url server",
-)
 def test_the_dashboards_health_fix_reaches_its_server(tcp: RedisProcess) -> None:
     url = f"redis://127.0.0.1:{tcp.port}/0"
     Queue.from_url(url, "rvd4dash").enqueue("t", None)  # persistence off: a finding

@@ -267,7 +267,8 @@ def key_families(
             break
         rest = str(key)[len(keys.prefix) :]
         for i, (p, suffix, _) in enumerate(_FAMILIES):
-            if rest.startswith(p) and rest.endswith(suffix):
+            # After the prefix: a schedule named 'slots' is a hash, not a slots ZSET.
+            if rest.startswith(p) and rest[len(p) :].endswith(suffix):
                 counts[i] += 1
                 break
         seen += 1

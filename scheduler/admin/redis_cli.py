@@ -21,16 +21,21 @@ _TLS_FILES = {"ssl_ca_certs": "--cacert", "ssl_ca_path": "--cacertdir",
 _DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 
 
-def connection_flags(url: str, client: Any = None) -> list[str]:
+def connection_flags(
+    url: str, client: Any = None, master: tuple[str, int] | None = None
+) -> list[str]:
     """redis-cli's flags for `url` ([] for the local default server). A Sentinel URL: the
-    master `client` reaches now (asked of its sentinels), or none when they do not say."""
+    master `master` names, or that the sync `client` reaches now (asked of its sentinels); none
+    at all when neither says (a line with `-n` or `--user` but no host would look aimed at the
+    master and run on the local default server)."""
     target = parse_url(url)
     opts = target.options
     flags: list[str] = []
     if target.sentinel is not None:
-        host_port = _sentinel_master(client)
-        if host_port is not None:
-            flags += _host_flags(*host_port)
+        host_port = master or _sentinel_master(client)
+        if host_port is None:
+            return []
+        flags += _host_flags(*host_port)
         tls = target.sentinel.tls
     else:
         parts = urlsplit(target.url)
@@ -41,7 +46,8 @@ def connection_flags(url: str, client: Any = None) -> list[str]:
         tls = parts.scheme == "rediss"
         user = unquote(parts.username) if parts.username else None
         password = parts.password is not None
-        opts = {"username": user, **opts} if user and "username" not in opts else opts
+        # The URL's user wins over ?username=, as redis-py logs in (its from_url).
+        opts = {**opts, "username": user} if user else opts
         if password and "password" not in opts:
             opts = {**opts, "password": "?"}
     if target.cluster:
@@ -135,7 +141,8 @@ COMMANDS = frozenset(("dashboard", "dead", "demo", "doctor", "enqueue", "jobs", 
 
 def with_url(text: str, url_arg: str | None) -> str:
     """`text` with `--url <url_arg>` at the end of each `scheduler ...` command in it (before
-    the prose after it: `;`, a parenthesis, a backtick, `#`, `|` or ': '), so a pasted line
+    the prose after it: `;`, a parenthesis, a backtick, `#`, `|` or ': ' (a colon ending the
+    text is an id's: ids may end in ':'), so a pasted line
     acts on the server that was checked, not on REDIS_URL's or the local default's."""
     if not url_arg:
         return text
@@ -156,7 +163,7 @@ def with_url(text: str, url_arg: str | None) -> str:
                 inner = "" if c == inner else inner
             elif c in "'\"":
                 inner = c
-            elif c in _ENDS or (c == ":" and text[end + 1 : end + 2] in (" ", "")):
+            elif c in _ENDS or (c == ":" and text[end + 1 : end + 2] == " "):
                 break
             end += 1
         command = text[i:end].rstrip(" ")

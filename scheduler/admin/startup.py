@@ -154,11 +154,24 @@ async def check_or_warn_async(
             found += at_node(node, check_server(*await read_server_async(client, node)))
         except RedisError as exc:
             found += at_node(node, [_unreadable(exc)])
-    return _report(found, strict=strict, log=log, flags=_flags(url, None))
+    master = await _sentinel_master_async(client) if url else None
+    return _report(found, strict=strict, log=log, flags=_flags(url, None, master))
 
 
-def _flags(url: str | None, client: Any) -> list[str]:
-    return connection_flags(url, client) if url else []
+def _flags(url: str | None, client: Any, master: tuple[str, int] | None = None) -> list[str]:
+    return connection_flags(url, client, master) if url else []
+
+
+async def _sentinel_master_async(client: Any) -> tuple[str, int] | None:
+    """The master an asyncio Sentinel client reaches now (None: not Sentinel, or no answer)."""
+    get = getattr(getattr(client, "connection_pool", None), "get_master_address", None)
+    if get is None:
+        return None
+    try:
+        host, port = await get()
+        return str(host), int(port)
+    except Exception:  # no sentinel answers: the fix line stays bare
+        return None
 
 
 def _unreadable(exc: Exception) -> Finding:

@@ -47,7 +47,8 @@ class _Shown:
 
     def __init__(self, url: str, client: Any) -> None:
         self.flags = connection_flags(url, client)
-        same = url in (os.environ.get("REDIS_URL"), DEFAULT_URL)
+        # The server a pasted line without --url reaches: REDIS_URL's, else the default.
+        same = url == (os.environ.get("REDIS_URL") or DEFAULT_URL)
         self.url_arg = None if same else shlex.quote(redact(url))
 
     def line(self, text: str, node: str | None) -> str:

@@ -21,7 +21,7 @@ from scheduler.admin.inspection import (
     server_now_ms,
     stored_layout,
 )
-from scheduler.admin.redis_cli import connection_flags, with_flags
+from scheduler.admin.redis_cli import at_node, connection_flags, with_flags
 from scheduler.cli.common import (
     AdminCommand,
     cell,
@@ -139,9 +139,13 @@ def keys_command(url: str, queue: str, as_json: bool, max_keys: int) -> None:
     else:
         parts, not_read = answering_keys(client, layout.names, max_keys)
         view = partitioned_keys(queue, parts)
-    flags = connection_flags(url, client)  # the examples reach this server, pasted as shown
+    # The examples reach the server, pasted as shown: on a cluster the node holding the queue's
+    # slot (`--scan` is no keyed command: `-c` would not take it there).
+    flags = connection_flags(url, client)
     for v in (view, *view.get("partitions", ())):
-        v["examples"] = [with_flags(e, flags) for e in v["examples"]]
+        node = _node(client, v["queue"])
+        here = at_node(flags, node) if node else flags
+        v["examples"] = [with_flags(e, here) for e in v["examples"]]
     if as_json:
         emit_json({"partitions": None, **view, **unread_field(not_read)})
         exit_unread(not_read)

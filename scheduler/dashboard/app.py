@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from scheduler.admin.redis_cli import connection_flags
 from scheduler.admin.startup import (
     OPERATOR_ROLE_HINT,
     credentials_hint,
@@ -97,7 +98,8 @@ def create_app(
         client = connect(url, encoding_errors="backslashreplace")
     store = Store(client, queues)
     render = Renderer(Csrf(secret), read_only)
-    pages = Pages(store, render)
+    # The health page's fix lines reach the URL's server (given a client: shown bare).
+    pages = Pages(store, render, connection_flags(url, client) if url else None)
     dead = DeadPages(store, render, origin_names(allowed_hosts))
 
     def failed(request: Request, status: int, title: str, message: str) -> Response:

@@ -4,6 +4,7 @@ the live refresh polls. Nothing here writes job state."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -18,6 +19,7 @@ from scheduler.admin.health import (
     server_nodes,
     unreachable_finding,
 )
+from scheduler.admin.redis_cli import fix_line
 from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import (
     BadArgument,
@@ -74,9 +76,10 @@ def error_entries(history: list[Any]) -> list[dict[str, Any]]:
 
 
 class Pages:
-    def __init__(self, store: Store, render: Renderer) -> None:
+    def __init__(self, store: Store, render: Renderer, cli_flags: list[str] | None = None) -> None:
         self.store = store
         self.render = render
+        self.cli_flags = cli_flags or []  # a fix's redis-cli reaches the app's server (its URL)
 
     def _paged(
         self,
@@ -286,5 +289,6 @@ class Pages:
         found, missing, page = self._paged(request, self.store.counts, at_once)
         missing += [f"queue {name} {u}" for name, (_, unread) in found for u in unread]
         lapsed = [(n, c.lapsed) for n, (c, _) in found]
+        findings = [replace(f, fix=fix_line(f.fix, self.cli_flags, f.node)) for f in findings]
         return self.render.page(request, "health.html", findings=findings, facts=facts,
                                 lapsed=lapsed, unreachable=missing, **page)  # fmt: skip
