@@ -15,7 +15,7 @@ one sentinel, down-after-milliseconds 1000):
   turned into the new master's replica (REPLICAOF, as the sentinel does ~8 s later): clients
   still connected to it meet READONLY. Checked: an enqueue it took after the promotion is
   NotDurable, a token it handed out is stale on the new master, the worker carries on; and the
-  docs' "its retry reconnects to the new master" (a strict xfail: no retry is configured)."""
+  docs' "a call in flight is sent again on the new master" (core/sentinel_conn.py)."""
 
 from __future__ import annotations
 
@@ -605,18 +605,13 @@ def test_the_next_call_after_readonly_goes_to_the_new_master(demoted: Demoted) -
     wait_for(lambda: {"pre-sync-2", "pre-a-2"} <= set(_dm_runs), 60, "their jobs run")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="READONLY from a demoted master reaches the caller as ConnectionError: sentinel master "
-    "connections get no retry, and redis-py's in-call reconnect reuses the old host:port",
-)
 def test_readonly_from_a_demoted_master_is_retried_on_the_new_one(demoted: Demoted) -> None:
     """docs/cluster.md "Failover": the demoted master's READONLY becomes ConnectionError("The
-    previous master is now a slave"), redis-py "drops the connection, and its retry reconnects
-    to the new master". A Queue and an AsyncQueue connected before the failover: their first
-    enqueue after the demotion should return an id. Today it raises: core/sentinel.py builds
-    the master connections with redis-py's default of no retry (Retry(NoBackoff(), 0)), and
-    even with one, redis-py 8's send_packed_command reconnects with connect_check_health() to
-    the connection's cached host and port, the demoted master, not through the sentinel."""
+    previous master is now a slave"), redis-py drops the connection, and the call is sent again
+    on the new master. A Queue and an AsyncQueue connected before the failover: their first
+    enqueue after the demotion returns an id. (It raised: redis-py gave the master connections
+    no retry (Retry(NoBackoff(), 0)), and even with one, its send_packed_command reconnected to
+    the connection's cached host and port, the demoted master, not through the sentinel; fixed
+    in core/sentinel_conn.py.)"""
     assert isinstance(demoted.pre_enqueue, str), demoted.pre_enqueue
     assert isinstance(demoted.pre_async_enqueue, str), demoted.pre_async_enqueue

@@ -18,16 +18,20 @@ import redis
 import redis.asyncio as aredis
 from click.testing import CliRunner
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelConnectionPool
+from redis.backoff import NoBackoff
 from redis.exceptions import ReadOnlyError
-from redis.sentinel import MasterNotFoundError, SentinelConnectionPool
+from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError, SentinelConnectionPool, SentinelManagedSSLConnection
 from starlette.testclient import TestClient
 
 from scheduler import AsyncQueue, BadArgument, JobSpec, NotDurable, Queue
+from scheduler._spawn import free_port
 from scheduler.cli.main import main
 from scheduler.core import direct_pool
 from scheduler.core.connection import connect, connect_async, parse_url
 from scheduler.core.ids import new_job_id
 from scheduler.core.models import JobState
+from scheduler.core.sentinel import SentinelRefused
 from scheduler.dashboard import Auth, create_app
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.execution import classify
@@ -128,6 +132,9 @@ def test_the_options_reach_the_master_and_the_sentinels() -> None:
         skw = sentinels[0].connection_pool.connection_kwargs
         assert (skw["username"], skw["password"], skw["socket_timeout"]) == ("mon", "spw", 4.0)
         assert skw["socket_connect_timeout"] == 5  # the caller's, as the master's
+        # No retry of a sentinel's lookup (each sentinel is asked in turn), on 7.3 too, which
+        # gave them its client's default: 3 retries 1 to 10 s apart, for each sentinel.
+        assert sentinels[0].connection_pool.make_connection().retry.get_retries() == 0
         # direct_io's fast path takes only an exact ConnectionPool: this one goes through
         # redis-py's own get_connection / release (SentinelManagedConnection's failover logic).
         assert not direct_pool._plain_pool(pool, redis.ConnectionPool)
@@ -143,9 +150,67 @@ def test_the_options_reach_the_master_and_the_sentinels() -> None:
         asyncio.run(aclient.aclose())
     tls = connect("rediss+sentinel://a:1/svc?ssl_cert_reqs=none")
     try:
-        assert tls.connection_pool.connection_class.__name__ == "SentinelManagedSSLConnection"
+        assert issubclass(tls.connection_pool.connection_class, SentinelManagedSSLConnection)
     finally:
         tls.close()
+
+
+def test_master_connections_retry_a_dropped_call_but_not_a_refusal() -> None:
+    """A call whose connection dropped (the demoted master's READONLY) is sent again, 3 times at
+    most (redis-py gives Sentinel pools no retry); a refused login, SentinelRefused, no master
+    known or a timeout is raised at once. A caller's own retry wins (core/sentinel_conn.py)."""
+    client: Any = connect("redis+sentinel://a:1/svc")
+    aclient: Any = connect_async("redis+sentinel://a:1/svc")
+    own: Any = connect("redis+sentinel://a:1/svc", retry=Retry(NoBackoff(), 7))
+    sent: list[str] = []
+
+    def send(error: Exception) -> None:
+        sent.append("sync")
+        raise error
+
+    async def asend(error: Exception) -> None:
+        sent.append("async")
+        raise error
+
+    async def fail(_error: Exception) -> None:
+        pass
+
+    try:
+        assert own.connection_pool.make_connection().retry.get_retries() == 7
+        retry = client.connection_pool.make_connection().retry
+        aretry = aclient.connection_pool.make_connection().retry
+        for error, calls in (
+            (redis.ConnectionError("The previous master is now a slave"), 4),
+            (MasterNotFoundError("No master found for 'svc'"), 1),
+            (redis.AuthenticationError("WRONGPASS"), 1),
+            (SentinelRefused("the sentinel refused the sentinel credentials"), 1),
+            (redis.TimeoutError("Timeout reading from socket"), 1),
+        ):
+            sent.clear()
+            with pytest.raises(type(error)):
+                retry.call_with_retry(lambda e=error: send(e), lambda _error: None)
+            with pytest.raises(type(error)):
+                asyncio.run(aretry.call_with_retry(lambda e=error: asend(e), fail))
+            assert sent == ["sync"] * calls + ["async"] * calls, error
+    finally:
+        client.close()
+        own.close()
+        asyncio.run(aclient.aclose())
+
+
+def test_a_url_socket_timeout_reaches_the_worker_client() -> None:
+    """docs/cluster.md "Failover": `?socket_timeout=` bounds the wait on a hung master; the URL's
+    wins over `scheduler worker`'s 30 s (cli/worker_start.py), for the sentinels' too."""
+    aclient = connect_async(
+        "redis+sentinel://a:1/svc?socket_timeout=5", socket_connect_timeout=5, socket_timeout=30
+    )
+    try:
+        pool: Any = aclient.connection_pool
+        assert pool.connection_kwargs["socket_timeout"] == 5.0
+        (sentinel,) = pool.sentinel_manager.sentinels
+        assert sentinel.connection_pool.connection_kwargs["socket_timeout"] == 5.0
+    finally:
+        asyncio.run(aclient.aclose())
 
 
 def test_failover_errors_are_transient_for_the_worker() -> None:
@@ -212,6 +277,39 @@ def test_async_queue_through_a_sentinel_url(sentinels: SentinelSet) -> None:
             await q.aclose()
 
     asyncio.run(main())
+
+
+def test_a_dropped_connection_reconnects_through_the_sentinel(sentinels: SentinelSet) -> None:
+    """A call's re-send after its connection dropped connects where the sentinel says, not to
+    the connection's cached host:port (redis-py's own send reconnects there: after a demotion,
+    the old master again)."""
+    client = connect(sentinels.url())
+    pool: Any = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.disconnect()
+        conn.host, conn.port = "127.0.0.1", free_port()  # a cached address no server has
+        conn.send_command("PING")
+        assert conn.read_response() == "PONG" and conn.port == sentinels.master_port()
+    finally:
+        pool.release(conn)
+        client.close()
+
+    async def via_asyncio() -> None:
+        aclient = connect_async(sentinels.url())
+        apool: Any = aclient.connection_pool
+        aconn = await apool.get_connection()
+        try:
+            await aconn.disconnect()
+            aconn.host, aconn.port = "127.0.0.1", free_port()
+            await aconn.send_command("PING")
+            assert await aconn.read_response() == "PONG"
+            assert aconn.port == sentinels.master_port()
+        finally:
+            await apool.release(aconn)
+            await aclient.aclose()
+
+    asyncio.run(via_asyncio())
 
 
 def test_the_cli_through_a_sentinel_url(sentinels: SentinelSet) -> None:

@@ -39,7 +39,7 @@ import redis
 from click.testing import CliRunner
 from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFoundError
 from redis.exceptions import AuthenticationError, ResponseError
-from redis.sentinel import MasterNotFoundError
+from redis.sentinel import MasterNotFoundError, SentinelManagedSSLConnection
 from starlette.testclient import TestClient
 
 from scheduler import AsyncQueue, BadArgument, JobNotFound, JobSpec, NoReplicas, Queue
@@ -85,7 +85,7 @@ def test_sentinel_tls_urls_are_read_and_refused() -> None:
     try:
         for client, tls in ((both, True), (master_only, False)):
             pool: Any = client.connection_pool
-            assert pool.connection_class.__name__ == "SentinelManagedSSLConnection"
+            assert issubclass(pool.connection_class, SentinelManagedSSLConnection)
             assert pool.connection_kwargs["ssl_ca_certs"] == ca
             (sentinel,) = pool.sentinel_manager.sentinels
             skw = sentinel.connection_pool.connection_kwargs
@@ -183,7 +183,7 @@ def test_a_job_through_sentinels_to_a_tls_master(
         assert q.status(job_id) == JobState.DUE
         conn = q.client.connection_pool.get_connection()
         try:  # the master the sentinel named, over TLS
-            assert type(conn).__name__ == "SentinelManagedSSLConnection"
+            assert isinstance(conn, SentinelManagedSSLConnection)
             assert conn.port == tls_set.master_port()
         finally:
             q.client.connection_pool.release(conn)

@@ -18,8 +18,10 @@ password redacted.
 The client is redis-py's `Sentinel(...).master_for(service, redis_class=redis.Redis)` (or the
 asyncio twin): each new connection asks a sentinel for the master's address; after a failover
 a READONLY reply or a dropped connection becomes a ConnectionError ("The previous master is now
-a slave"), MasterNotFoundError (also a ConnectionError) while no master is known, and the next
-connection goes to the new master. The worker retries both as transient.
+a slave"), MasterNotFoundError (also a ConnectionError) while no master is known. The master
+connections are core/sentinel_conn.py's: a call whose connection dropped is re-sent (3 times at
+most) on a connection to the master the sentinels name now; MasterNotFoundError is raised at
+once. The worker retries both as transient.
 
 Every sentinel refusing the sentinel credentials (a wrong or missing `sentinel_password`, an
 unknown `sentinel_username`, a sentinel user whose ACL lacks SENTINEL) is no outage: retrying
@@ -44,6 +46,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 from redis.sentinel import MasterNotFoundError, Sentinel
 
 from scheduler.core.safety import REDACTED, is_secret_name, safe
+from scheduler.core.sentinel_conn import master_connection_args, sentinel_lookup_args
 from scheduler.core.url_options import FLAG, OPTIONS, Parse, whole
 from scheduler.core.url_options import convert as _convert
 from scheduler.core.url_options import url_error as _fail
@@ -279,7 +282,8 @@ def sentinel_client(target: SentinelSpec, args: dict[str, Any], *, asyncio: bool
     tls = extra.pop("ssl", False)  # the sentinels: the master's ssl_* options (parse_sentinel)
     shared = {k: v for k, v in args.items() if k in _SHARED or (tls and k.startswith("ssl_"))}
     sentinel_kwargs = {**shared, **({"ssl": True} if tls else {}), **extra}
-    master_args = {**args, "ssl": True} if target.tls else args
+    sentinel_kwargs = sentinel_lookup_args(sentinel_kwargs, asyncio=asyncio)
+    master_args = master_connection_args(args, tls=target.tls, asyncio=asyncio)
     if asyncio:
         manager: Any = AsyncSentinelManager(
             target.sentinels, sentinel_kwargs=sentinel_kwargs, **master_args
