@@ -40,6 +40,9 @@ CRASH = tests/test_worker_crash.py tests/faults/test_crash.py tests/faults/test_
 # does for a closed loop's connections): on the lowest too.
 DIRECT = tests/test_direct_io.py tests/test_direct_pipeline.py tests/test_direct_pool.py tests/test_direct_send_async.py \
          tests/test_async_loop_reuse.py
+# Sentinel's master connections subclass redis-py's and its Retry (core/sentinel_conn.py): both
+# redis-py lines.
+SENTINEL = tests/test_sentinel.py tests/test_sentinel_hardening.py tests/test_review_sentinel_failover.py
 
 # $(call pytest,title,python command,paths): exit 5 ("no tests ran") is named, and fails like any.
 # Each stage's start and length in the log (CI must stay under 15 minutes: see where it goes).
@@ -141,7 +144,7 @@ test-cluster: install-test
 	$(call pytest,conformance on a local Redis Cluster,SCHEDULER_TEST_SERVER=cluster $(BIN)/python,$(CONFORMANCE) tests/test_cluster.py tests/test_cluster_failover.py tests/test_partitions.py tests/test_partitions_cli.py tests/test_dashboard_cluster.py tests/test_queue_move.py tests/test_queue_move_audit.py tests/test_queue_move_race.py tests/test_queue_move_review.py tests/test_queue_move_lock.py tests/test_queue_move_fresh_eyes.py tests/test_queue_move_incoming.py tests/test_queue_move_review3.py tests/test_queue_move_review4.py tests/test_queue_move_review5.py tests/test_queue_move_review6.py tests/test_moving_state.py tests/test_partitioned_lease.py tests/test_partitioned_lease_audit.py tests/test_chain_partitioned.py tests/test_review_cluster_recent.py)
 
 test-lowest-redis: $(VENV_LOWEST)/.installed-test redis-server
-	$(call pytest,crash/chaos and direct I/O on redis-py $(REDIS_LOWEST),$(VENV_LOWEST)/bin/python,$(CRASH) $(DIRECT))
+	$(call pytest,crash/chaos direct I/O and Sentinel on redis-py $(REDIS_LOWEST),$(VENV_LOWEST)/bin/python,$(CRASH) $(DIRECT) $(SENTINEL))
 
 bench: install
 	$(BIN)/python bench/run.py --quick
