@@ -88,8 +88,11 @@ def test_the_key_table_names_every_key_of_a_jobs_life(q: Queue) -> None:
 
 # -- the CLI's common options ----------------------------------------------------------------
 def _commands(cmd: click.Command, path: tuple[str, ...] = ()) -> Iterator[tuple[str, set[str]]]:
-    if isinstance(cmd, click.Group):
-        for name, sub in cmd.commands.items():
+    if isinstance(cmd, click.Group):  # list_commands: the root loads its commands lazily
+        ctx = click.Context(cmd)
+        for name in cmd.list_commands(ctx):
+            sub = cmd.get_command(ctx, name)
+            assert sub is not None, name
             yield from _commands(sub, (*path, name))
     else:
         yield " ".join(path), {o for p in cmd.params for o in getattr(p, "opts", [])}
