@@ -6,8 +6,6 @@ ZSET as its own family, and a held job waiting for one parent reads "1 job"."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -19,6 +17,7 @@ from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core import exits
 from tests.conftest import delete_queue
+from tests.fixtures.not_redis import http_listener
 
 Run = Callable[..., Result]
 
@@ -53,32 +52,8 @@ def test_show_and_reschedule_take_a_partitioned_queues_name(cli: Run, pq: Partit
 @pytest.fixture
 def not_redis() -> Iterator[str]:
     """An HTTP answer on the port (a URL typed with the wrong port); the URL has a password."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    srv.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            with conn:
-                try:
-                    conn.settimeout(2)
-                    conn.recv(4096)
-                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-                except OSError:
-                    pass
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield f"redis://u:pw-NotRedis-7@127.0.0.1:{srv.getsockname()[1]}/0"
-    stop.set()
-    t.join(5)
-    srv.close()
+    with http_listener() as port:
+        yield f"redis://u:pw-NotRedis-7@127.0.0.1:{port}/0"
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ import re
 import shutil
 import socket
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from scheduler.cli.main import main
 from scheduler.core import exits
 from scheduler.core.connection import connect
 from tests.conftest import dump_queue
+from tests.fixtures.not_redis import http_listener
 from tests.redis_server import RedisProcess, require_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -380,32 +380,8 @@ def test_demo_with_a_wrong_password_is_exit_5(cli: Run, server: RedisProcess) ->
 @pytest.fixture
 def not_redis() -> Iterator[str]:
     """A TCP service that is not Redis (an HTTP server on the port typed by mistake)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    srv.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            with conn:
-                try:
-                    conn.settimeout(2)
-                    conn.recv(4096)
-                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-                except OSError:
-                    pass
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield f"redis://127.0.0.1:{srv.getsockname()[1]}/0"
-    stop.set()
-    t.join(5)
-    srv.close()
+    with http_listener() as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 @pytest.mark.parametrize("cmd", [["stats"], ["jobs", "show", "x"], ["enqueue", "t"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import shlex
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -105,6 +106,33 @@ def fix_line(fix: str, flags: list[str], node: str | None) -> str:
     return with_flags(fix, at_node(flags, node) if node else flags)
 
 
+def _unquoted(text: str, start: int = 0) -> Iterator[int]:
+    """The positions of `text` from `start` outside quotes, as a POSIX shell reads the line
+    (shlex.quote's '...' and its '"'"'): stored data quoted in a line is never a command."""
+    quote = ""
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        else:
+            yield i
+
+
+def _commands(text: str, word: str, after: str, ok: Callable[[int], bool]) -> list[int]:
+    """Where `word` starts a command in `text`: outside quotes, at the start or after one of
+    `after`, and `ok` of the position after the word."""
+    return [i for i in _unquoted(text) if text.startswith(word, i)
+            and (i == 0 or text[i - 1] in after) and ok(i + len(word))]  # fmt: skip
+
+
+def _insert(text: str, at: list[tuple[int, str]]) -> str:
+    for i, piece in sorted(at, reverse=True):
+        text = text[:i] + piece + text[i:]
+    return text
+
+
 def with_flags(text: str, flags: list[str]) -> str:
     """`text` with the flags after each `redis-cli` word that starts a command: at the start,
     or after a space, '(' or ';' outside quotes (a key name quoted in the line may hold the
@@ -112,61 +140,37 @@ def with_flags(text: str, flags: list[str]) -> str:
     if not flags:
         return text
     insert = " " + " ".join(shlex.quote(f) for f in flags)
-    out: list[str] = []
-    quote = ""  # the open quote character, as a POSIX shell reads the line
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif text.startswith("redis-cli", i) and (i == 0 or text[i - 1] in " (;"):
-            end = i + len("redis-cli")
-            if end == len(text) or text[end] == " ":
-                out.append("redis-cli" + insert)
-                i = end
-                continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
+    word = "redis-cli"
+    starts = _commands(text, word, " (;", lambda e: e == len(text) or text[e] == " ")
+    return _insert(text, [(i + len(word), insert) for i in starts])
 
 
 _ENDS = ";()`#|"  # what ends a `scheduler ...` command in a fix's prose
-# The CLI's commands (tests/faults/test_redis_cli_lines.py checks them against it): "the
-# scheduler documentation" in prose is no command.
+# The CLI's commands (tests/faults/test_redis_cli_lines.py checks them against it).
 COMMANDS = frozenset(("dashboard", "dead", "demo", "doctor", "enqueue", "jobs", "keys", "pause",
                       "queue", "resume", "schedules", "stats", "worker", "workers"))  # fmt: skip
 
 
+def _command_end(text: str, start: int) -> int:
+    """Where the `scheduler ...` command at `start` ends: before the prose after it (one of
+    _ENDS, or ': '; a colon ending the text is an id's: ids may end in ':'), spaces left out."""
+    end = next((i for i in _unquoted(text, start) if text[i] in _ENDS
+                or (text[i] == ":" and text[i + 1 : i + 2] == " ")), len(text))  # fmt: skip
+    return len(text[:end].rstrip(" "))
+
+
 def with_url(text: str, url_arg: str | None) -> str:
-    """`text` with `--url <url_arg>` at the end of each `scheduler ...` command in it (before
-    the prose after it: `;`, a parenthesis, a backtick, `#`, `|` or ': ' (a colon ending the
-    text is an id's: ids may end in ':'), so a pasted line
-    acts on the server that was checked, not on REDIS_URL's or the local default's."""
+    """`text` with `--url <url_arg>` at the end of each `scheduler ...` command in it, so a
+    pasted line acts on the server that was checked, not on REDIS_URL's or the default's."""
     if not url_arg:
         return text
-    out, i, quote = [], 0, ""
-    while i < len(text):
-        ch = text[i]
-        starts = text.startswith("scheduler ", i) and (i == 0 or text[i - 1] in " (`;")
-        starts = starts and text[i + 10 :].split(" ", 1)[0].rstrip(":;)`") in COMMANDS
-        if quote or not starts:
-            quote = ("" if ch == quote else quote) if quote else (ch if ch in "'\"" else "")
-            out.append(ch)
-            i += 1
-            continue
-        end, inner = i, ""
-        while end < len(text):
-            c = text[end]
-            if inner:
-                inner = "" if c == inner else inner
-            elif c in "'\"":
-                inner = c
-            elif c in _ENDS or (c == ":" and text[end + 1 : end + 2] == " "):
-                break
-            end += 1
-        command = text[i:end].rstrip(" ")
-        out.append(f"{command} --url {url_arg}")
-        i += len(command)
-    return "".join(out)
+
+    def a_command(after: int) -> bool:  # "the scheduler documentation" is prose
+        return text[after:].split(" ", 1)[0].rstrip(":;)`") in COMMANDS
+
+    at, last_end = [], -1
+    for i in _commands(text, "scheduler ", " (`;", a_command):
+        if i >= last_end:  # not a word inside the command before
+            last_end = _command_end(text, i)
+            at.append((last_end, f" --url {url_arg}"))
+    return _insert(text, at)
