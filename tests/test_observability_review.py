@@ -437,10 +437,13 @@ def test_a_timeout_and_a_cancel_while_running_agree_with_the_stats(
             time.sleep(0.02)
         assert q.cancel(running) == "leased"
 
+        # The metric, not only the state: the worker counts `dead` once fail's reply is read,
+        # after Redis stored it (a reader may see the state first).
         while time.monotonic() < deadline and not (
-            jobs_total(w, q, "slow", "cancelled") and q.status(timed) == "dead"
+            jobs_total(w, q, "slow", "cancelled") and jobs_total(w, q, "stuck", "dead")
         ):
             time.sleep(0.02)
+        assert q.status(timed) == "dead"
         got = {(t, o): jobs_total(w, q, t, o) for t in ("slow", "stuck") for o in OUTCOMES}
     assert {k: v for k, v in got.items() if v} == {
         ("stuck", "timeout"): 1,
