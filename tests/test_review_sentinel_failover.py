@@ -592,9 +592,10 @@ def test_the_worker_rides_through_the_hang_and_the_demotion(demoted: Demoted) ->
     assert demoted.worker_alive
     assert demoted.runs.get("after") == 1
     assert demoted.tracebacks == [] and demoted.error_lines == []
-    assert all("backing off, retrying" in m or "no answer" in m for m in demoted.warnings), (
-        demoted.warnings
-    )
+    # A claim the old master took while hung-then-demoted is lost with its writes: the worker's
+    # settle of that job on the new master is refused `stale` (at least once, docs/cluster.md).
+    expected = ("backing off, retrying", "no answer", "job stale ")
+    assert all(any(e in m for e in expected) for m in demoted.warnings), demoted.warnings
 
 
 def test_the_next_call_after_readonly_goes_to_the_new_master(demoted: Demoted) -> None:
