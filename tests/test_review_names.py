@@ -54,11 +54,6 @@ def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
 
 
 # -- the worker id: what docs/limits.md says `scheduler worker --worker-id` takes ---------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/limits.md: --worker-id takes 1-200 bytes of Unicode; the CLI refuses "
-    "anything outside 1-128 of the job-id alphabet (cli/worker_pool_start.py pool_size)",
-)
 def test_scheduler_worker_takes_a_worker_id_limits_md_documents(
     redis_url: str, queue_name: str
 ) -> None:

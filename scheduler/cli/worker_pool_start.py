@@ -16,8 +16,8 @@ from scheduler.cli.stall_watchdog import FROZEN_MARGIN_S, STALL_MIN_S
 from scheduler.cli.worker_pool import Pool
 from scheduler.cli.worker_pool_metrics import PoolMetrics
 from scheduler.cli.worker_start import metrics_port_failure
+from scheduler.core.claim_reply import check_worker_id
 from scheduler.core.errors import BadArgument
-from scheduler.core.keys import check_job_id
 from scheduler.worker.logs import LOGGER
 
 log = logging.getLogger(LOGGER)
@@ -27,13 +27,13 @@ def pool_size(processes: int, worker_id: str | None) -> int:
     """How many processes `--processes` asks for (0: one per core); settings the pool cannot
     honour raise, before any child starts."""
     n = processes or _cores()
-    if worker_id is not None:  # the same safe alphabet: it becomes part of a key name
+    if worker_id is not None:  # what claim takes (the API's rule), each child's suffix included
         lone = processes == 1  # else a pool, of one too (--processes 0 on one core)
         try:
-            check_job_id(worker_id if lone else f"{worker_id}.{n}")
+            check_worker_id(worker_id if lone else f"{worker_id}.{n}")
         except BadArgument:
             raise BadArgument(
-                f"invalid --worker-id {worker_id!r:.80}: 1-128 characters of A-Z a-z 0-9 _ . : -"
+                f"invalid --worker-id {worker_id!r:.80}: 1-200 bytes of valid Unicode (UTF-8)"
                 + ("" if lone else f" with its process suffix .{n}")
             ) from None
     return n
