@@ -83,12 +83,6 @@ def _started(log: Path) -> list[tuple[int, int]]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.xfail(
-    strict=True,
-    reason="each SIGHUP reload's replaced child writes its hand-over metrics file, which the "
-    "supervisor never reads nor deletes (Reload._reload drops the child without "
-    "PoolMetrics.reaped): N files a reload pile up in the temp dir for the pool's life",
-)
 def test_a_pool_reload_leaves_no_hand_over_files_behind(tmp_path: Path) -> None:
     """`scheduler worker --processes 2 --metrics-port P`, reloaded 3 times (a deploy each):
     every replaced child stops gracefully and, as a child that returns from its worker does,

@@ -97,6 +97,10 @@ class Pool(Reload):
         if self._metrics is not None:
             self._metrics.carry.forget(index)
 
+    def _discard(self, child: Child) -> None:
+        if self._metrics is not None:
+            self._metrics.discard(child.handoff)
+
     # -- signals ------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, _frame: object) -> None:

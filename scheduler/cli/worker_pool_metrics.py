@@ -17,11 +17,13 @@ worker (--max-jobs, --max-memory-mb, an operator's or the pool's stop) writes it
 to a file the supervisor named (FINAL_METRICS_ENV, worker_pool_child.hand_over_metrics), and the
 slot's counters and histograms from then on are the new child's plus every such hand-over, so
 its `process` series keep growing instead of falling back to 0 (the counts since the last
-scrape, once lost, are kept). A child that left no file (killed, crashed, a reload's replaced
-one) resets its slot's series, which Prometheus's rate() takes as a counter reset."""
+scrape, once lost, are kept). A child that left no file (killed, crashed) resets its slot's
+series, which Prometheus's rate() takes as a counter reset; so does a reload's new process,
+and the file of the one it replaced is deleted unread."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -96,6 +98,13 @@ class PoolMetrics:
             self.carry.add(slot, text)
         else:
             self.carry.forget(slot)
+
+    def discard(self, path: str | None) -> None:
+        """A reload's process ended: the file it may have written is deleted unread (its slot
+        has a new process, whose series started again), so reloads leave none behind."""
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     def collect(self) -> Iterator[Metric]:
         targets, retired = self.slots

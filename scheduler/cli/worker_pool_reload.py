@@ -28,6 +28,9 @@ class Reload:
     def _swapped(self, index: int) -> None:
         """Slot index has a new process (its metrics start again)."""
 
+    def _discard(self, child: Child) -> None:
+        """A reload's process ended: its last counts, carried by no slot, are dropped."""
+
     def _init_reload(self) -> None:
         self._hups = 0  # SIGHUP received: replace the children one at a time
         self._queue: list[int] = []  # the reload's children still to replace
@@ -118,6 +121,7 @@ class Reload:
         deadline) it is logged, and during the pool's stop makes it exit 1, as _reap does for
         a slot's child (docs/guide/workers.md); before, the pool exited 0 and said nothing."""
         assert c.proc is not None
+        self._discard(c)
         rc = c.proc.returncode
         stopped = rc in (-STOP_SIGNAL, -signal.SIGTERM)  # asked to stop before it handled it
         by = "the stop deadline" if c.killed_at_deadline else None if stopped else killed_by(rc)
