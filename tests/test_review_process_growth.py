@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -111,14 +112,17 @@ def test_a_pool_reload_leaves_no_hand_over_files_behind(tmp_path: Path) -> None:
             (flags / f"ready-{pid}").exists() for _, pid in started[-n:]
         )
 
+    def all_gone(pids: list[int]) -> bool:
+        return not any(alive(p) for p in pids)
+
     try:
         wait_for(lambda: all_ready(0), what="the first children ready")
         for k in range(1, 4):
             sup.send_signal(signal.SIGHUP)
-            wait_for(lambda k=k: all_ready(k), what=f"reload {k}")
+            wait_for(functools.partial(all_ready, k), what=f"reload {k}")
             newest = {slot: pid for slot, pid in _started(log)}
             replaced = [pid for _, pid in _started(log) if pid not in newest.values()]
-            wait_for(lambda r=replaced: not any(alive(p) for p in r), what=f"reload {k} done")
+            wait_for(functools.partial(all_gone, replaced), what=f"reload {k} done")
         # The supervisor notices a replaced child's end within a loop turn (0.2 s).
         with contextlib.suppress(AssertionError):
             wait_for(lambda: not handoffs(), timeout_s=3.0, what="no hand-over file left")
