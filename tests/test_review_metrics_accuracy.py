@@ -527,11 +527,6 @@ def test_a_pools_mixed_workload_sums_to_the_stats_over_its_processes(pool: Pool)
     assert seen["flight"] == {"0": 0.0, "1": 0.0}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a slot an operator stopped hands its last counts over, but the supervisor serves a "
-    "carry only for a slot with a live child: that process's counters vanish from the scrape",
-)
 def test_a_slot_an_operator_stopped_keeps_its_counts_in_the_scrape(pool: Pool) -> None:
     """README: a process that stops cleanly hands its last counts to the supervisor, "the
     slot's series keep growing, nothing counted since the last scrape is lost". A slot stopped

@@ -29,7 +29,7 @@ import os
 import shutil
 import tempfile
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -109,7 +109,11 @@ class PoolMetrics:
     def collect(self) -> Iterator[Metric]:
         targets, retired = self.slots
         texts = fetch_all(targets)
-        yield from relabel_merge(texts, self.carry)
+        # A slot with no process to ask (retired by an operator, or between a clean exit and
+        # its next process) serves its carry alone: its counts stay in the pool's totals. A
+        # live one that did not answer stays out (its carry alone would read as a reset).
+        idle = {slot for slot, port in targets.items() if port is None} | retired
+        yield from relabel_merge(texts, self.carry, idle)
         up = GaugeMetricFamily(
             "scheduler_pool_process_up",
             "1 if the worker process of this slot answered this scrape, else 0 (starting, "
@@ -226,17 +230,21 @@ def _fetch(port: int) -> str:
         return str(resp.read().decode())
 
 
-def relabel_merge(texts: Mapping[int, str], carry: Carry | None = None) -> list[Metric]:
-    """Each slot's exposition text parsed (its carry added), every sample labelled
+def relabel_merge(
+    texts: Mapping[int, str], carry: Carry | None = None, idle: Collection[int] = ()
+) -> list[Metric]:
+    """Each slot's exposition text parsed (its carry added; an `idle` slot without a text:
+    its carry alone), every sample labelled
     process="<slot>", the families
     of one name merged into one (the first slot's help and type); a QUEUE_LEVEL family is the
     lowest slot's with samples, unlabelled. A text that does not parse, or
     a family whose type differs from the first one of its name (a process on other code during a
     reload), is left out rather than mixed in: the exposition must stay valid."""
     merged: dict[str, Metric] = {}
-    for slot, text in sorted(texts.items()):
+    quiet = () if carry is None else [s for s in idle if s not in texts]
+    for slot in sorted({*texts, *quiet}):
         try:
-            families = list(text_string_to_metric_families(text))
+            families = list(text_string_to_metric_families(texts.get(slot, "")))
         except ValueError as exc:
             log.warning("metrics of worker process %d unreadable: %s", slot + 1, exc)
             continue
