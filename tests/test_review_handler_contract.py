@@ -297,11 +297,6 @@ def test_a_payload_the_task_type_refuses_gives_the_hooks_no_handler_error(
     assert dead.error is None, f"outcome.error is a {type(dead.error).__name__}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="JobContext.stopped is made lazily without a lock: two threads first using it at "
-    "once may get two Events, and the stop sets only one of them",
-)
 def test_ctx_stopped_first_used_by_two_threads_at_once_is_one_event(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -10,6 +10,10 @@ from typing import Any
 from scheduler.core.errors import JobCancelled, LeaseExpired
 from scheduler.core.progress import ProgressText, encode_progress
 
+# Stores a run's `stopped` Event once: one lock for every context (held for a check and a store
+# on first use only), not one made per job.
+_EVENT_LOCK = threading.Lock()
+
 
 @dataclass
 class JobContext:
@@ -54,11 +58,18 @@ class JobContext:
     def stopped(self) -> threading.Event:
         """Set when the run must stop; wait on it from a thread (made on first use: most
         handlers never look, and a job costs microseconds)."""
-        if self._event is None:
-            self._event = threading.Event()
-            if self.stop_reason is not None:
-                self._event.set()
-        return self._event
+        event = self._event
+        if event is None:
+            # Made outside the lock, stored under it once: threads first using it at once get
+            # the one the worker's stop sets (two Events, one never set, left a thread waiting).
+            made = threading.Event()
+            with _EVENT_LOCK:
+                if self._event is None:
+                    self._event = made
+                event = self._event
+            if self.stop_reason is not None:  # after the store: see _stop
+                event.set()
+        return event
 
     def set_progress(self, progress: Any) -> None:
         """Report how far the run has got: any JSON value up to 4,096 bytes encoded, e.g.
