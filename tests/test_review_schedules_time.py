@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -97,7 +97,8 @@ def test_a_star_day_field_beside_a_restricted_one_is_classic_crons_and_or_refuse
         return  # refused as a misreading, as the others croniter reads its own way
     first = pending_slot(q, "days")
     assert first is not None
-    buffered = [int(s) for s in client.zrange(q.keys.schedule_slots("days"), 0, 4)]
+    slots = cast("list[bytes]", client.zrange(q.keys.schedule_slots("days"), 0, 4))
+    buffered = [int(s) for s in slots]
     shown = [datetime.fromtimestamp(s / 1000, UTC).strftime("%m-%d") for s in [first, *buffered]]
     assert shown == days
 
