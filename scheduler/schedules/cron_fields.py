@@ -3,12 +3,16 @@
 one value ('3-3') it reads as every value, a step that leaves one value ('*/90' minutes:
 minute 0, so hourly; '7/2' days of the week: Sunday, which croniter reads as every other day
 from Sunday) that a user meant as an interval, and a day-of-week step from a day that cron
-reads with Sunday (7) at its end and croniter without ('1/2'). Each is a malformed cron expression
+reads with Sunday (7) at its end and croniter without ('1/2'), and both day fields restricted
+with one written from '*' ('*/2'), which classic cron matches as days in both and croniter as
+days in either ('_refuse_star_day'). Each is a malformed cron expression
 (BadArgument naming the part and what to write). Fields are croniter's order: minute, hour, day
 of month, month, day of week, then the optional seconds. Parts holding L, W, #, ? or a name in
 the wrong field are left to croniter's own check."""
 
 from __future__ import annotations
+
+from croniter import croniter
 
 from scheduler.core.errors import BadArgument
 
@@ -45,6 +49,33 @@ def _span(low: int, high: int) -> str:
 
 def refuse_misread(expr: str) -> None:
     """BadArgument for the first part of `expr` croniter would misread (module docstring)."""
+    _refuse_fields(expr)
+    _refuse_star_day(expr)
+
+
+def _refuse_star_day(expr: str) -> None:
+    """Classic cron (Vixie, cronie: a day field whose text starts with '*' is unrestricted)
+    matches the days in both day fields when either starts with '*'; croniter, once neither
+    expands to every day, the days in either: '0 0 */2 * 1' is the odd days that are Mondays
+    to one, every odd day and every Monday to the other."""
+    fields = expr.split()
+    if len(fields) < 5 or not (fields[2].startswith("*") or fields[4].startswith("*")):
+        return
+    try:
+        expanded = croniter.expand(expr)[0]
+    except Exception:  # a malformed expression: croniter's own check says so
+        return
+    if expanded[2][0] == "*" or expanded[4][0] == "*":  # one side is every day: one reading
+        return
+    raise BadArgument(
+        f"cron {expr!r}: the day-of-month {fields[2]!r} and day-of-week {fields[4]!r} are "
+        "read two ways (classic cron: days in both, as one is written from '*'; croniter: "
+        "days in either): for either, write the '*' one as a range ('1-31/2', '0-6/2'); "
+        "for both, schedule on one field and check the other in the handler"
+    )
+
+
+def _refuse_fields(expr: str) -> None:
     for field, text in enumerate(expr.split()[: len(_FIELDS)]):
         name, lowest, highest = _FIELDS[field]
         for part in text.split(","):
