@@ -262,11 +262,6 @@ class Order:
     n: int
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a payload_type misfit reaches the outcome hooks as outcome.error (a PayloadMisfit, "
-    "error_type 'InvalidPayload'), though the handler never ran",
-)
 def test_a_payload_the_task_type_refuses_gives_the_hooks_no_handler_error(
     module_server: RedisProcess, hq: Queue
 ) -> None:

@@ -14,7 +14,7 @@ from scheduler.core.errors import InvalidPayload, UnknownTask
 from scheduler.core.models import ClaimedJob, _EncodedResult
 from scheduler.worker import failures
 from scheduler.worker.execution import Running, _Slot
-from scheduler.worker.payloads import load_stored
+from scheduler.worker.payloads import PayloadMisfit, load_stored
 from scheduler.worker.registry import JobContext
 from scheduler.worker.settings import _LEASE_MARGIN_S
 from scheduler.worker.starting import Starting
@@ -261,8 +261,8 @@ class Dispatch(Starting):
                     return
             else:  # read before _end: an error that cannot be described must still be sent
                 err, retryable, r.retry_delay_ms = failures.failure_of(exc, r.spec)
-                if self.registry.outcome_hooks:  # else its frames are not kept alive
-                    r.error = exc
+                if self.registry.outcome_hooks and type(exc) is not PayloadMisfit:
+                    r.error = exc  # only then are its frames kept; a misfit is our decode's
             self._end(r)
             self._queue_fail(r, err, retryable=retryable)
         except Exception as bug:  # ours: the run still gets an outcome, never a lease for good
