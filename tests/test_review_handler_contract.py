@@ -212,11 +212,6 @@ def test_sys_exit_in_a_task_an_async_handler_awaits_fails_the_job_not_the_worker
     assert done.returncode == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an async handler whose own task is cancelled (not by the worker) ends its slot's "
-    "task without an outcome: the job stays leased and heartbeated, its slot taken, for ever",
-)
 def test_a_handler_cancelled_by_its_own_code_does_not_hold_its_job_and_slot_for_ever(
     module_server: RedisProcess, hq: Queue
 ) -> None:

@@ -49,17 +49,8 @@ class Dispatch(Starting):
         key = (queue, job.id)
         r: Running | None = None
         try:
-            ctx = JobContext(
-                job.id,
-                job.task,
-                queue,
-                job.attempts,
-                job.max_attempts,
-                job.token,
-                job.fence,
-                job.run_at_ms,
-                job.claimed_ms,
-            )
+            ctx = JobContext(job.id, job.task, queue, job.attempts, job.max_attempts, job.token,
+                             job.fence, job.run_at_ms, job.claimed_ms)  # fmt: skip
             r = Running(queue, job, ctx, spec, now_s, lease_end, beat_sent=not resent)
             self._held[key] = r
             self._prepare(r, now_ms, now_s, log)
@@ -173,7 +164,8 @@ class Dispatch(Starting):
             except asyncio.CancelledError as exc:
                 if r.finished:  # we cancelled it (lease lost, timeout, shutdown)
                     return
-                if task.cancelling():  # aimed at this task, not at the job: pass it on
+                if task.cancelling():  # not by us (we end the run first): see _cancelled
+                    task.get_loop().call_soon(self._cancelled, r, exc)
                     raise
                 # The handler's own (it awaited a task someone else cancelled): it failed.
                 out: tuple[Any, BaseException | None] = (None, exc)
@@ -203,6 +195,13 @@ class Dispatch(Starting):
             result = None
             r = nxt
             runs += 1
+
+    def _cancelled(self, r: Running, exc: BaseException) -> None:
+        """Its task was cancelled, not by us: by the handler's own code (a home-made time limit),
+        a failure; during a stop (asyncio.run's cancel of every task at its exit), the shutdown
+        gives it back. A step later: a stop cancelled with it has been seen by then."""
+        if not self._stop_claiming.is_set():
+            self._finish(r, None, exc)
 
     def _end(self, r: Running) -> None:
         r.finished = True
