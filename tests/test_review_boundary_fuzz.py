@@ -555,7 +555,6 @@ def test_a_producer_call_after_a_hand_edit_refuses_typed_and_loses_nothing(
 # onto `dead` by the first script that touches the dead key ("LLEN dead" of a missing key is 0),
 # which then fails on WRONGTYPE: half a transition written, then CorruptKey. (The wrong-type
 # matrix, tests/test_wrong_type_matrix.py, edits it in a world whose `dead` ZSET exists.)
-@XF(reason="a park RENAMEs a stray non-ZSET dead:migrating onto dead, then fails: job in no set")
 def test_a_park_beside_a_stray_dead_migrating_key_loses_no_job(c: redis.Redis) -> None:
     q = fresh(c)
     assert not c.exists(q.keys.dead)
@@ -571,7 +570,6 @@ def test_a_park_beside_a_stray_dead_migrating_key_loses_no_job(c: redis.Redis) -
         assert c.zscore(q.keys.dead, job.id) is not None
 
 
-@XF(reason="counts() RENAMEs a stray non-ZSET dead:migrating onto dead: every claim then refused")
 def test_reading_counts_beside_a_stray_dead_migrating_key_leaves_the_queue_working(
     c: redis.Redis,
 ) -> None:

@@ -144,8 +144,11 @@ local function dead_migrate(prefix, now)
   local listed = redis.pcall('LLEN', dead)
   if type(listed) ~= 'number' then return 0 end
   if listed == 0 then
-    -- The LIST emptied by a hand (DEL) mid-way: the converted part becomes the dead key.
-    if redis.call('EXISTS', tmp) == 1 then redis.call('RENAME', tmp, dead) end
+    -- The LIST emptied by a hand (DEL) mid-way: the converted part becomes the dead key. Only
+    -- a ZSET (ZCARD > 0: one that exists): a stray key of another type, with no dead key
+    -- (LLEN of none is 0), is left alone for doctor; parks then start the dead ZSET afresh.
+    local converted = redis.pcall('ZCARD', tmp)
+    if type(converted) == 'number' and converted > 0 then redis.call('RENAME', tmp, dead) end
     return 0
   end
   local ids = redis.call('LRANGE', dead, -DEAD_MIGRATE_STEP, -1)
@@ -251,7 +254,8 @@ local function zset_err(prefix, name)
 end
 
 -- The same for the dead key(s) a park writes: `dead` a ZSET, or (an older version's data) a
--- LIST being converted through the ZSET dead:migrating.
+-- LIST being converted through the ZSET dead:migrating (read only then: with `dead` a ZSET or
+-- none, the conversion leaves a stray one of another type alone).
 local function dead_err(prefix)
   if type(redis.pcall('ZCARD', prefix .. 'dead')) == 'number' then return nil end
   if type(redis.pcall('LLEN', prefix .. 'dead')) ~= 'number' then
