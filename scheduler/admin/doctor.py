@@ -107,9 +107,11 @@ def check_queue(
     keys = QueueKeys(queue)
     if newer := [i for i in config_issues(client, keys) if i.code == "newer-storage"]:
         return newer
-    convert_dead(client, keys)
+    _, damaged = _load_place(client, keys, "dead_migrating")
+    if not damaged:  # one of another type (by hand): its conversion step would raise on it
+        convert_dead(client, keys)
     # A place of another type (written by hand) reads as empty and is a finding.
-    held, damaged = _load_place(client, keys, "flow_held")
+    held, damaged = _load_place(client, keys, "flow_held", damaged)
     due, damaged = _load_place(client, keys, "due", damaged)
     due = held | due  # a job set aside by flow control is due
     leased, damaged = _load_place(client, keys, "leased", damaged)
@@ -152,8 +154,8 @@ def check_queue(
 def _load_place(
     client: redis.Redis, keys: QueueKeys, place: str, found: Sequence[Issue] = ()
 ) -> tuple[dict[str, int], list[Issue]]:
-    """The ZSET `place` (due, leased, dead, flow_held) of the queue, and `found` plus a finding
-    when it is a key of another type: read as empty, so the check of the rest goes on."""
+    """The ZSET `place` (due, leased, dead, flow_held, dead_migrating) of the queue, and `found`
+    plus a finding when it is a key of another type: read as empty, so the check goes on."""
     key = getattr(keys, place)
     t = str(client.type(key))
     if t in ("zset", "none"):

@@ -268,12 +268,14 @@ _PLACE_ROLE = {
     "leased": "claims and reports of this queue fail on it",
     "dead": "no job can be dead-lettered, listed dead or requeued",
     "flow_held": "no job can be set aside by flow control or read as held",
+    "dead_migrating": "an old dead LIST is not converted through it, and claims and parks fail "
+    "until it is deleted (with no dead LIST it is unused: delete it)",
 }
 
 
 def wrong_type_place(queue: str, place: str, key: str, key_type: str) -> Issue:
-    """A queue's due / leased / dead / flow:held key of another type (written by hand): read
-    as empty, so the jobs it should list show up as other findings."""
+    """A queue's due / leased / dead / flow:held / dead:migrating key of another type (written
+    by hand): read as empty, so the jobs it should list show up as other findings."""
     return Issue(
         "wrong-type",
         "error",
