@@ -7,12 +7,15 @@ redis-server, never a shared one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import subprocess
 import sys
 import threading
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +24,8 @@ from typing import Any
 import pytest
 
 from scheduler import Backoff, JobContext, JobOutcome, Queue, Registry
-from scheduler.worker import WorkerSettings
+from scheduler.core.connection import connect_async
+from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker import context as context_module
 from tests.conftest import delete_queue, new_queue
 from tests.embedded_worker import run_until
@@ -177,11 +181,6 @@ async def fan_out(payload, ctx):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SystemExit in a task an async handler awaits (asyncio.gather) escapes the event loop: "
-    "the worker exits with its code (0: a clean stop) and releases the job, attempt given back",
-)
 def test_sys_exit_in_a_task_an_async_handler_awaits_fails_the_job_not_the_worker(
     module_server: RedisProcess, hq: Queue, tmp_path: Path
 ) -> None:
@@ -210,6 +209,48 @@ def test_sys_exit_in_a_task_an_async_handler_awaits_fails_the_job_not_the_worker
     # Today: exit 0, the job 'due' again with 0 attempts (released), nothing recorded.
     assert (got.state, got.attempts) == ("dead", 1), (done.returncode, done.stderr[-800:])
     assert done.returncode == 0
+
+
+def test_a_handlers_tasks_are_wrapped_only_while_the_worker_runs(
+    module_server: RedisProcess, hq: Queue
+) -> None:
+    """The fix above (scheduler/worker/task_exits.py): a task the handler starts and cancels
+    before its first step ends its coroutine, not left "never awaited" (a RuntimeWarning); a
+    task the worker itself starts is not wrapped; run() takes its task factory off the loop at
+    its exit (an embedded worker's app keeps its loop)."""
+    registry = Registry()
+    coros: dict[str, str] = {}
+
+    @registry.task("spawn")
+    async def spawn(payload: Any, ctx: JobContext) -> str:
+        early = asyncio.create_task(asyncio.sleep(10))
+        early.cancel()  # before its first step
+        with contextlib.suppress(asyncio.CancelledError):
+            await early
+        coros["handler's"] = type(early.get_coro()).__name__
+        return "ok"
+
+    job = hq.enqueue("spawn", None)
+
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+        w = Worker(connect_async(module_server.url), registry, _settings(hq))
+        run = asyncio.create_task(w.run(install_signals=False))
+        while hq.status(job) != "done":
+            await asyncio.sleep(0.02)
+        coros["worker's"] = type(w._loops["claim"].get_coro()).__name__
+        w.request_stop()
+        await run
+        await w.client.aclose()
+        return loop.get_task_factory()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        left = asyncio.run(main())
+        gc.collect()
+    assert [str(c.message) for c in caught if c.category is RuntimeWarning] == []
+    assert coros == {"handler's": "_Contained", "worker's": "coroutine"}
+    assert left is None
 
 
 def test_a_handler_cancelled_by_its_own_code_does_not_hold_its_job_and_slot_for_ever(

@@ -12,7 +12,7 @@ from typing import Any
 
 from scheduler.core.errors import InvalidPayload, UnknownTask
 from scheduler.core.models import ClaimedJob, _EncodedResult
-from scheduler.worker import failures
+from scheduler.worker import failures, task_exits
 from scheduler.worker.execution import Running, _Slot
 from scheduler.worker.payloads import PayloadMisfit, load_stored
 from scheduler.worker.registry import JobContext
@@ -151,6 +151,7 @@ class Dispatch(Starting):
         the slot, so a cancellation is never carried over to the next job."""
         task = asyncio.current_task()
         assert task is not None
+        task_exits.IN_HANDLER.set(True)  # the tasks its handlers start: see task_exits.py
         slot = _Slot(task)
         runs = 0
         while True:
@@ -170,7 +171,7 @@ class Dispatch(Starting):
                 # The handler's own (it awaited a task someone else cancelled): it failed.
                 out: tuple[Any, BaseException | None] = (None, exc)
             except BaseException as exc:
-                out = (None, exc)
+                out = (None, task_exits.cause(exc))
             else:
                 out = (result, None)
             if r.finished or task.cancelling():

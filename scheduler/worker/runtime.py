@@ -14,7 +14,7 @@ from redis.exceptions import AuthenticationError, RedisError
 
 from scheduler.core.connection import UNREACHABLE, is_cluster, key_nodes
 from scheduler.core.errors import SchedulerError
-from scheduler.worker import signals
+from scheduler.worker import signals, task_exits
 from scheduler.worker.claiming import Claiming
 from scheduler.worker.core import _Deadline, _Fatal, _within
 from scheduler.worker.failures import error_text
@@ -114,6 +114,7 @@ class Worker(Claiming, Heartbeats):
             loop.set_exception_handler(self._on_loop_exception)
         if install_signals:  # and a forked child (a handler's helper) inherits none of it
             signals.install(loop, self._on_signal)
+        uncontain = task_exits.install(loop)  # a sys.exit() in a handler's task fails its job
         s = self.settings
         self.log.info("worker %s started: queues=%s concurrency=%d lease=%dms heartbeat=%dms",
                       self.id, ",".join(s.queues), s.concurrency, s.lease_ms,
@@ -135,6 +136,7 @@ class Worker(Claiming, Heartbeats):
                 loop.set_exception_handler(None)
             if install_signals:
                 signals.remove(loop)
+            uncontain()
         self.log.info("worker %s stopped", self.id)
         return self._exit_code
 
@@ -293,8 +295,5 @@ class Worker(Claiming, Heartbeats):
         await self._release(leftover, settle)
         unsent = len(self._completes) + len(self._fails)
         if unsent:
-            self.log.error(
-                "%d outcomes could not be reported before exit; their jobs run "
-                "again after the lease",
-                unsent,
-            )
+            self.log.error("%d outcomes could not be reported before exit; their jobs run again "
+                           "after the lease", unsent)  # fmt: skip
