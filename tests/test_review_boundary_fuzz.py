@@ -45,10 +45,6 @@ DAY = 86_400_000
 MAX_DELAY = 3650 * DAY
 
 
-def XF(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
 # --- the database, whole ------------------------------------------------------------------
 def snapshot(c: redis.Redis) -> dict[str, Any]:
     """Every key of the database: type, value, whether it has a TTL."""
@@ -584,7 +580,6 @@ def test_reading_counts_beside_a_stray_dead_migrating_key_leaves_the_queue_worki
     assert len(q.claim("w", limit=1).jobs) == 1
 
 
-@XF(reason="CLI --payload with a repeated JSON key keeps the last one silently (the API refuses)")
 def test_cli_payload_with_a_repeated_key_is_refused_not_half_stored(
     url: str, c: redis.Redis
 ) -> None:
@@ -609,7 +604,6 @@ class TypedWithAny(TypedDict):
     extra: Any
 
 
-@XF(reason="payloads._check_fields: isinstance(value, typing.Any) raises a raw TypeError")
 @pytest.mark.parametrize("kind", ["dataclass", "typeddict"])
 def test_a_payload_type_with_an_any_field_takes_its_payloads(c: redis.Redis, kind: str) -> None:
     tp: Any = WithAny if kind == "dataclass" else TypedWithAny
@@ -621,7 +615,6 @@ def test_a_payload_type_with_an_any_field_takes_its_payloads(c: redis.Redis, kin
     decode_payload(tp, {"user": 7, "extra": None})  # the worker's decode, before the handler
 
 
-@XF(reason="TypedDict check sorts mixed-type unknown keys: raw TypeError, not BadArgument")
 def test_a_typeddict_payload_with_mixed_unknown_keys_is_refused_typed(c: redis.Redis) -> None:
     class Reminder(TypedDict):
         user: int
@@ -645,7 +638,6 @@ class Plain:
     extra: object = None
 
 
-@XF(reason="typed payload with a non-JSON field value: raw TypeError / PydanticSerializationError")
 @pytest.mark.parametrize("tp", [Plain, Model], ids=["dataclass", "pydantic"])
 def test_a_typed_payload_holding_no_json_value_is_refused_typed(c: redis.Redis, tp: Any) -> None:
     handle = Registry().task("typed.lock", payload_type=tp)(lambda p, ctx: None)

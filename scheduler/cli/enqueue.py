@@ -35,9 +35,22 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _one_value_per_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of a repeated key: the other value would be lost unseen (the
+    # API refuses such a payload, InvalidPayload, for the same reason).
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is given twice (one value would be lost)")
+        out[key] = value
+    return out
+
+
 def parse_payload(text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(
+            text, parse_constant=_reject_constant, object_pairs_hook=_one_value_per_key
+        )
     except ValueError as exc:
         raise BadInput(f"--payload is not valid JSON: {exc}") from None
     except RecursionError:  # Python's parser gives up near 1,000 levels; no payload needs them

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any, get_type_hints, is_typeddict
 
-from scheduler.core.errors import BadArgument
+from scheduler.core.errors import BadArgument, InvalidPayload
 from scheduler.worker.context import JobContext
 
 Handler = Callable[[Any, JobContext], Any]
@@ -114,7 +114,10 @@ def _as_dict(tp: type, payload: Any) -> dict[str, Any]:
         made += 1
         return dict(pairs)
 
-    out: dict[str, Any] = dataclasses.asdict(payload, dict_factory=count)
+    try:  # asdict deep-copies each field: a lock, a generator cannot be copied
+        out: dict[str, Any] = dataclasses.asdict(payload, dict_factory=count)
+    except Exception as exc:
+        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
     if made > 1:
         for f in dataclasses.fields(tp):
             inner = _dataclass_in(getattr(payload, f.name))
@@ -133,7 +136,7 @@ def _check_typeddict(tp: type, payload: Any, encoding: bool = False) -> None:
     required: frozenset[str] = getattr(tp, "__required_keys__", frozenset())
     optional: frozenset[str] = getattr(tp, "__optional_keys__", frozenset())
     missing = sorted(required - payload.keys())
-    unknown = sorted(payload.keys() - required - optional)
+    unknown = sorted(payload.keys() - required - optional, key=repr)  # keys of any type
     if missing or unknown:
         raise BadArgument(f"payload for {tp.__name__}: missing {missing}, unknown {unknown}")
     _check_fields(tp, payload, encoding)
@@ -173,7 +176,11 @@ def _check_fields(tp: type, values: dict[str, Any], encoding: bool = False) -> N
         if key not in values or not isinstance(hint, type):
             continue
         value = values[key]
-        if isinstance(value, hint) or (hint is float and type(value) is int):
+        try:
+            fits = isinstance(value, hint)
+        except TypeError:  # typing.Any is a class from 3.11 on, and others refuse isinstance
+            continue
+        if fits or (hint is float and type(value) is int):
             if encoding and not _json_can_be(hint):
                 back = _json_name(value)
                 why = f"JSON reads it back as {back}" if back else "it is not JSON"
@@ -202,7 +209,10 @@ def encode_payload(tp: type, payload: Any) -> Any:
     if kind == "pydantic":
         if not isinstance(payload, tp):
             raise BadArgument(f"payload must be a {tp.__name__}, got {type(payload).__name__}")
-        out = payload.model_dump(mode="json")  # type: ignore[attr-defined]
+        try:
+            out = payload.model_dump(mode="json")  # type: ignore[attr-defined]
+        except Exception as exc:  # a field holding what pydantic cannot write as JSON
+            raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
         decode_payload(tp, out)  # what the worker does: a misfit is refused here, not per attempt
         return out
     raise BadArgument(f"unsupported payload_type {tp!r}")
