@@ -580,6 +580,24 @@ def test_reading_counts_beside_a_stray_dead_migrating_key_leaves_the_queue_worki
     assert len(q.claim("w", limit=1).jobs) == 1
 
 
+@pytest.mark.parametrize("old_list", [False, True], ids=["no-dead", "old-dead-list"])
+def test_doctor_names_a_stray_dead_migrating_key(c: redis.Redis, old_list: bool) -> None:
+    """Doctor names the stray key (an error: an old dead LIST is not converted through it),
+    and its conversion step is not run beside it (check_queue raised CorruptKey there)."""
+    from scheduler.admin.doctor import check_queue
+
+    q = fresh(c)
+    if old_list:
+        c.rpush(q.keys.dead, "j-old")
+    c.set(q.keys.dead_migrating, "edited by hand")
+    found = [i for i in check_queue(c, q.name) if i.code == "wrong-type"]
+    assert any("dead:migrating" in i.message for i in found), found
+    assert c.type(q.keys.dead) == ("list" if old_list else "none")  # left for the operator
+    c.delete(q.keys.dead_migrating)  # the finding's fix: then the old LIST converts
+    check_queue(c, q.name)
+    assert c.type(q.keys.dead) == ("zset" if old_list else "none")
+
+
 def test_cli_payload_with_a_repeated_key_is_refused_not_half_stored(
     url: str, c: redis.Redis
 ) -> None:
