@@ -317,11 +317,6 @@ def test_a_stale_settle_is_one_stale_on_the_late_worker_and_one_done_on_the_othe
 # -- findings: the embedded worker ---------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run that never started (unknown task, bad payload) is not marked finished: a "
-    "cancel or lease end seen while its fail is pending is counted, and the fail's answer too",
-)
 def test_an_unknown_tasks_job_cancelled_while_its_fail_is_pending_counts_one_cancel(
     redis_url: str, q: Queue, client: redis.Redis
 ) -> None:
@@ -374,11 +369,6 @@ def _documented_loops() -> set[str]:
     return {w.strip() for w in m.group(1).split(",")}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler_redis_backoffs counts the start's partitions read under loop='queues', "
-    "a word neither its help text nor the README lists",
-)
 def test_a_worker_started_before_its_redis_counts_backoffs_under_a_documented_loop() -> None:
     """Every embedded worker reads its queues' partitions records first (partitioned_start.py)
     and retries that read while Redis does not answer (a container started before its Redis):
@@ -419,11 +409,6 @@ def test_every_metric_name_the_docs_give_is_exported() -> None:
         assert n in names or n.removesuffix("_total") in names, n
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler_jobs_in_flight, scheduler_job_lateness_seconds, "
-    "scheduler_job_duration_seconds and scheduler_redis_errors_total are named nowhere in docs",
-)
 def test_every_metric_the_worker_exports_is_named_in_the_docs() -> None:
     """The README names most families (`scheduler_jobs_total`, `scheduler_queue_jobs`, ...)
     so alerts can be written from it, but describes four only as "lateness and run-duration

@@ -150,7 +150,8 @@ class WorkerMetrics:
         self.redis_backoffs = Counter(
             "scheduler_redis_backoffs",
             "Redis errors a worker loop backed off on and retried "
-            "(loop: claim, heartbeat, presence, report, wake, release; error: the class, e.g. "
+            "(loop: claim, heartbeat, presence, report, wake, release, queues; the last is the "
+            "start's read of partitioned queues' records; error: the class, e.g. "
             "OutOfMemoryError for a full server)",
             ["loop", "error"],
             registry=r,

@@ -150,5 +150,7 @@ class Starting(WorkerCore):
         self._slot_free.set()
 
     def _queue_fail(self, r: Running, err: tuple[str, str, str], *, retryable: bool) -> None:
+        # Its outcome is this fail: a cancel or lapse seen before it is sent is not one more.
+        r.finished = True
         self._fails.append((r, err, retryable))
         self._report.set()
