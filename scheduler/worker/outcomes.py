@@ -4,9 +4,10 @@ worker counts in its metrics and logs, under the same word (glossary.md): `done`
 tracker (Sentry's capture_exception), an alert on `dead`, the app's own metrics.
 
 A hook runs on the worker's event loop once the server has answered (a `retry` or `dead` is
-what fail.lua decided, never a guess), so it must be quick: hand slow work to a thread or a
-task. One that raises is logged (a few lines a minute at most) and changes nothing: the job's
-outcome stands and the other hooks still run.
+what fail.lua decided, never a guess), but for `timeout` (when the run's timer fires, ahead of
+its fail) and an `expired` the worker's own lease clock decided; it must be quick: hand slow
+work to a thread or a task. One that raises is logged (a few lines a minute at most) and
+changes nothing: the job's outcome stands and the other hooks still run.
 
 A hook gets no time limit: it runs on the loop (which it may use: `create_task`), and Python
 cannot interrupt a synchronous call. One that takes SLOW_HOOK_S or more is named in a warning
