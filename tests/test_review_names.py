@@ -75,11 +75,6 @@ def _gone_dead_entry(client: redis.Redis, q: Queue, job_id: str) -> None:
     client.zadd(q.keys.dead, {job_id: 1_000})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dead list's 'record gone' hint (cli/dead_view.py) prints `--id <id>` unquoted: "
-    "an id with a space pastes as two arguments",
-)
 def test_the_dead_list_purge_hint_is_one_argument_per_id(
     redis_url: str, client: redis.Redis, q: Queue
 ) -> None:
@@ -91,11 +86,6 @@ def test_the_dead_list_purge_hint_is_one_argument_per_id(
     assert argv[argv.index("--id") + 1] == "bad id", line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="doctor's fix for a dead entry whose record is gone is `dead purge --id <id>`, but "
-    "--id refuses any id outside the API alphabet (cli/job_cancel.py check_ids): exit 2",
-)
 def test_the_doctor_fix_drops_a_gone_dead_entry_whatever_its_id(
     redis_url: str, client: redis.Redis, q: Queue
 ) -> None:

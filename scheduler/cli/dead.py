@@ -26,8 +26,8 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.dead_retention import retention
-from scheduler.cli.dead_view import exit_unread, page_jobs, print_dead, unread_field
-from scheduler.cli.job_cancel import check_ids, unanswered_change_nothing
+from scheduler.cli.dead_view import exit_unread, id_option, page_jobs, print_dead, unread_field
+from scheduler.cli.job_cancel import unanswered_change_nothing
 from scheduler.cli.jobs import job_json
 from scheduler.client.partitioned import PartitionedQueue, open_queue, requeue_order, unread
 from scheduler.client.partitioned_ids import dead_where
@@ -65,9 +65,7 @@ def filter_options(f: F) -> F:
                 type=Duration(),
                 help="Only jobs dead for longer than this: 30m, 2h, 7d.",
             ),
-            click.option(
-                "--id", "ids", multiple=True, callback=check_ids, help="Only this job (repeatable)."
-            ),
+            id_option,
         ]
     ):
         f = opt(f)
@@ -180,7 +178,7 @@ def list_dead(
         paged = {"offset": offset, "limit": limit, "jobs": rows, "gone": gone}
         emit_json({"queue": queue, "total": total, "more": more, **paged, **unread_field(not_read)})
     else:
-        print_dead(queue, total, more, rows, gone, now_ms)
+        print_dead(queue, total, more, rows, gone, now_ms, url)
     exit_unread(not_read)
 
 

@@ -1,22 +1,50 @@
 """`scheduler dead list`'s page: its jobs read back, and its text: one block per dead job, and
 one per entry whose record was deleted by hand (counted in the total, so shown too, with the
 command that removes it); the partitions a listing could not read (dead list, schedules list,
-stats -q)."""
+stats -q); the check of `dead ... --id`."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import click
 
-from scheduler.cli.common import EXIT_UNREACHABLE, cell, console, fmt_attempts, fmt_ms, markup_safe
+from scheduler.cli.common import (
+    DEFAULT_URL,
+    EXIT_UNREACHABLE,
+    cell,
+    console,
+    fmt_attempts,
+    fmt_ms,
+    markup_safe,
+)
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_merge import group_ids, jobs_in_order
 from scheduler.client.queue import Queue
+from scheduler.core.errors import BadArgument
 from scheduler.core.models import Job
-from scheduler.core.safety import clean
+from scheduler.core.safety import clean, redact
+from scheduler.operations.dead_letters import check_id_list
+
+
+def check_dead_ids(
+    _: click.Context, __: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    """A click callback for `dead ... --id`: any id the API takes (check_id_list), not only the
+    job-id alphabet: the dead list may hold an id no API would make (doctor's fixes name it)."""
+    try:
+        return tuple(check_id_list(value))
+    except BadArgument as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+id_option = click.option(
+    "--id", "ids", multiple=True, callback=check_dead_ids, help="Only this job (repeatable)."
+)
 
 
 def page_jobs(q: Queue | PartitionedQueue, page: Sequence[tuple[int, str]]) -> list[Job]:
@@ -52,6 +80,7 @@ def print_dead(
     rows: Sequence[dict[str, Any]],
     gone: Sequence[str],
     now_ms: int,
+    url: str,
 ) -> None:
     # One block per job, not a table: six columns cannot fit 80 columns without folding words
     # by character; a block wraps by word at any width and greps well in a pipe.
@@ -72,4 +101,13 @@ def print_dead(
     for job_id in gone:
         out.print(cell(f"{job_id}  record gone"), style="bold")
         out.print(cell("  its hash and spec were deleted by hand (task, payload, error lost)"))
-        out.print(cell(f"  scheduler dead purge --id {job_id} -q {queue} removes the entry"))
+        out.print(cell(f"  {_purge_line(queue, job_id, url)} removes the entry"), soft_wrap=True)
+
+
+def _purge_line(queue: str, job_id: str, url: str) -> str:
+    """The command that drops one entry, ready to paste: each value one shell word, and the
+    --url unless the line reaches the same server without it (REDIS_URL's, else the default),
+    redacted as doctor's lines are (pasted with a password shown as ***, it is refused)."""
+    line = f"scheduler dead purge --id {shlex.quote(job_id)} -q {shlex.quote(queue)}"
+    same = url == (os.environ.get("REDIS_URL") or DEFAULT_URL)
+    return line if same else f"{line} --url {shlex.quote(redact(url))}"

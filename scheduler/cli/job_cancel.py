@@ -49,7 +49,7 @@ _CANCELLED = frozenset({*WAITING, "leased", "cancelled"})
 
 
 def check_ids(_: click.Context, __: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
-    """A click callback: each job id checked (dead.py's --id too)."""
+    """A click callback: each job id checked (`dead ... --id` takes any id: check_dead_ids)."""
     try:
         return tuple(check_job_id(v) for v in value)
     except BadArgument as exc:
