@@ -102,11 +102,6 @@ def test_the_doctor_fix_drops_a_gone_dead_entry_whatever_its_id(
 
 
 # -- a name the API takes that starts with '-' -----------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="doctor's fix lines put a schedule name (or job id) positionally without `--`: "
-    "one starting with '-' (accepted by q.schedule) is read by click as an option, exit 2",
-)
 def test_a_doctor_fix_line_naming_a_dash_led_schedule_runs(
     redis_url: str, client: redis.Redis, q: Queue
 ) -> None:

@@ -12,6 +12,7 @@ from scheduler.admin.doctor_flow import config_field_issues, key_set_issues, sch
 from scheduler.admin.doctor_model import _PAGE, Issue
 from scheduler.admin.doctor_workers import worker_key_issues
 from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
+from scheduler.admin.redis_cli import positional
 from scheduler.client.queue import Queue
 from scheduler.core.codec import stored_int
 from scheduler.core.errors import BadArgument, edited_by_hand, newer_storage
@@ -130,7 +131,7 @@ def _schedule_issues(client: redis.Redis, keys: QueueKeys, name: str) -> list[Is
     out += _cron_misread(keys.queue, name, fields.get("cron", ""))
     # Resume deletes the buffer and writes it again (lua/schedule_resume.lua).
     again = (f"pause and resume it (`scheduler schedules pause -q {shlex.quote(keys.queue)} "
-             f"{shlex.quote(name)}`, then `resume`): resume writes its slots again")  # fmt: skip
+             f"{positional(name)}`, then `resume`): resume writes its slots again")  # fmt: skip
     slots_type = str(client.type(keys.schedule_slots(name)))
     if slots_type not in ("zset", "none"):
         msg = (f"{keys.schedule_slots(name)} is a {slots_type}, not the ZSET of schedule "
@@ -180,7 +181,7 @@ def _stale_name(client: redis.Redis, keys: QueueKeys, name: str) -> list[Issue]:
     if listed not in (True, 1) or exists != 0:
         return []
     msg = f"schedule {name!r} is in {keys.schedules} without its hash (deleted by hand)"
-    how = (f"scheduler schedules remove -q {shlex.quote(keys.queue)} {shlex.quote(name)} "
+    how = (f"scheduler schedules remove -q {shlex.quote(keys.queue)} {positional(name)} "
            "(drops the name)")  # fmt: skip
     return [Issue("schedule-no-hash", "warning", msg, how, keys.queue)]
 
@@ -222,7 +223,7 @@ def stuck_children(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
             msg = (f"job {cid} waits for {need} parent(s) of {' '.join(parents)} but {able} "
                    "can still release it (a parent's record or `kids` mark was edited by "
                    "hand): it will never run")  # fmt: skip
-            show = f"-q {shlex.quote(keys.queue)} {shlex.quote(cid)}"
+            show = f"-q {shlex.quote(keys.queue)} {positional(cid)}"
             how = (f"scheduler jobs show {show}; cancel it (scheduler jobs cancel {show}) and "
                    "enqueue its work again")  # fmt: skip
             out.append(Issue("stuck-waiting", "error", msg, how, keys.queue, cid))

@@ -159,9 +159,24 @@ def _command_end(text: str, start: int) -> int:
     return len(text[:end].rstrip(" "))
 
 
+def positional(word: str) -> str:
+    """A name or id as a positional word of a printed `scheduler ...` line: one shell word, and
+    after `--` when it starts with '-' (click would read '-nightly' as the option -n)."""
+    quoted = shlex.quote(word)
+    return f"-- {quoted}" if word.startswith("-") else quoted
+
+
+def _options_end(text: str, start: int, end: int) -> int:
+    """Where options may still go in the command text[start:end]: before its ` -- ` (after it
+    every word is a name, `--url` too), else at its end."""
+    return next((i for i in _unquoted(text, start) if i < end and text.startswith(" --", i)
+                 and text[i + 3 : i + 4] in ("", " ")), end)  # fmt: skip
+
+
 def with_url(text: str, url_arg: str | None) -> str:
-    """`text` with `--url <url_arg>` at the end of each `scheduler ...` command in it, so a
-    pasted line acts on the server that was checked, not on REDIS_URL's or the default's."""
+    """`text` with `--url <url_arg>` at the end of each `scheduler ...` command in it (before a
+    ` -- `, which ends its options), so a pasted line acts on the server that was checked, not
+    on REDIS_URL's or the default's."""
     if not url_arg:
         return text
 
@@ -172,5 +187,5 @@ def with_url(text: str, url_arg: str | None) -> str:
     for i in _commands(text, "scheduler ", " (`;", a_command):
         if i >= last_end:  # not a word inside the command before
             last_end = _command_end(text, i)
-            at.append((last_end, f" --url {url_arg}"))
+            at.append((_options_end(text, i, last_end), f" --url {url_arg}"))
     return _insert(text, at)
