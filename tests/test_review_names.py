@@ -121,11 +121,6 @@ def test_a_doctor_fix_line_naming_a_dash_led_schedule_runs(
 
 
 # -- partitioned queues: names reserved for partitions ---------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="PartitionedQueue.create adopts an existing plain queue whose name is one of its "
-    "partitions' (e.g. 'emails.p0'): its jobs silently become the partitioned queue's",
-)
 def test_create_refuses_a_partition_name_that_is_a_plain_queue_with_jobs(
     client: redis.Redis, queue_name: str
 ) -> None:
@@ -148,11 +143,6 @@ def test_create_refuses_a_partition_name_that_is_a_plain_queue_with_jobs(
         client.delete(meta_key(queue_name))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a schedule defined on a partition the name does not route to (schedules add -q "
-    "<partition>) makes a second schedule of that name in the partitioned queue: twice the runs",
-)
 def test_a_partitioned_queue_keeps_one_schedule_per_name(
     redis_url: str, client: redis.Redis, pq: PartitionedQueue
 ) -> None:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aredis
 
 from scheduler.client.enqueue_batcher import EnqueueBatcher
+from scheduler.client.schedule_home import check_schedule_home_async
 from scheduler.core import loop_guard, queue_index
 from scheduler.core.backoff import Backoff
 from scheduler.core.client_kind import Unpicklable, check_client
@@ -688,9 +689,11 @@ class AsyncQueue(Unpicklable):
             `'created'` | `'updated'` | `'unchanged'` | `'repaired'`.
 
         Raises:
-            BadArgument: a malformed name, cron, time zone, flow option or argument; nothing
-                was written.
+            BadArgument: a malformed name, cron, time zone, flow option or argument, or (on a
+                partition's own queue, `<name>.p<k>`) a name its partitioned queue routes to
+                another partition; nothing was written.
             InvalidPayload: the payload is not JSON-serialisable or too large."""
+        await check_schedule_home_async(self.client, self.keys.queue, name)  # as Queue.schedule
         return await self._write(self._run(self.ops.schedule(
             name, task, payload, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
             misfire=misfire, max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms,

@@ -16,13 +16,8 @@ from typing import Any
 
 import redis
 
-from scheduler.admin.inspection import queue_exists, server_now_ms
-from scheduler.client.partitioned_ids import (
-    dead_change_sync,
-    dead_where,
-    holding_sync,
-    reserved_records,
-)
+from scheduler.client.partition_names import refuse_taken
+from scheduler.client.partitioned_ids import dead_change_sync, dead_where, holding_sync
 from scheduler.client.partitioned_lease import PartitionedLeasing
 from scheduler.client.partitioned_merge import (
     PartitionsNotReached,
@@ -55,7 +50,6 @@ from scheduler.client.queue import Queue
 from scheduler.core import queue_index
 from scheduler.core.client_kind import Unpicklable
 from scheduler.core.connection import connect
-from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
 from scheduler.core.scripts import Scripts, run_sync
@@ -98,20 +92,15 @@ class PartitionedQueue(PartitionedLeasing, Unpicklable):
         cls, client: redis.Redis, name: str, *, partitions: int, **queue_kwargs: Any
     ) -> PartitionedQueue:
         """Create `name` with `partitions` partitions, or open it when it exists with that
-        count. PartitionMismatch: it exists with another count, or as a plain queue, or a
-        name is reserved (`name` is a partition of a partitioned queue, or one of its
-        partitions' names is a partitioned queue); nothing written then."""
+        count. PartitionMismatch: it exists with another count, or as a plain queue, or one
+        of its partitions' names is a plain queue (`<name>.p0` holding jobs), or a name is
+        reserved (`name` is a partition of a partitioned queue, or one of its partitions'
+        names is a partitioned queue); nothing written then."""
         check_count(partitions)
         wanted = Layout.create(name, partitions)
         existing = read_layout(client, name, "PartitionedQueue.create")
         if existing is None:
-            keys = QueueKeys(name)
-            if queue_exists(client, keys, server_now_ms(client, keys)):
-                raise PartitionMismatch(
-                    f"queue {name!r} exists unpartitioned: drain it into a new partitioned "
-                    "queue (README 'Partitioned queues')"
-                )
-            wanted.check_reserved(reserved_records(client, wanted))  # a reserved name: refused
+            refuse_taken(client, wanted)  # a plain queue's name (its own, a partition's), reserved
             client.set(meta_key(name), wanted.record(), nx=True)  # the first creator wins
             existing = read_layout(client, name)
         assert existing is not None

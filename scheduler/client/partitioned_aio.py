@@ -9,14 +9,10 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from scheduler.admin.inspection import existence_keys
 from scheduler.client import partitioned_partial as partial
 from scheduler.client.aio import AsyncQueue
-from scheduler.client.partitioned_ids import (
-    dead_change_async,
-    holding_async,
-    reserved_records_async,
-)
+from scheduler.client.partition_names import refuse_taken_async
+from scheduler.client.partitioned_ids import dead_change_async, holding_async
 from scheduler.client.partitioned_lease_aio import AsyncPartitionedLeasing
 from scheduler.client.partitioned_merge import (
     by_partition,
@@ -29,7 +25,6 @@ from scheduler.client.partitioned_merge import (
 from scheduler.core import loop_guard, queue_index
 from scheduler.core.connection import connect_async
 from scheduler.core.job_spec import spec_options
-from scheduler.core.keys import QueueKeys
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
 from scheduler.core.scripts import Scripts, run_async
@@ -57,18 +52,16 @@ class AsyncPartitionedQueue(AsyncPartitionedLeasing):
     ) -> AsyncPartitionedQueue:
         """As PartitionedQueue.create: PartitionMismatch when `name` exists with another count,
         or as a plain queue holding anything (never claimed again: workers go by the layout),
-        or a reserved name (a partition of a partitioned queue, on either side)."""
+        or a partition's name does (its jobs would become this queue's), or a reserved name
+        (a partition of a partitioned queue, on either side)."""
         check_count(partitions)
         wanted = Layout.create(name, partitions)
         loop_guard.check(client, "redis.asyncio client")  # the GET, as every queue call
         stored = await read_layout_async(client, name, "AsyncPartitionedQueue.create")
         if stored is None:
-            if await _queue_exists(client, name):
-                raise PartitionMismatch(
-                    f"queue {name!r} exists unpartitioned: drain it into a new partitioned "
-                    "queue (README 'Partitioned queues')"
-                )
-            wanted.check_reserved(await reserved_records_async(client, wanted))  # reserved: refused
+            # The clock of the queue's own script (its node's, on a cluster): the stats minutes.
+            now_ms = (await AsyncQueue(client, name).counts()).now_ms
+            await refuse_taken_async(client, wanted, now_ms)  # as PartitionedQueue.create
             await client.set(meta_key(name), wanted.record(), nx=True)  # the first creator wins
             stored = await read_layout_async(client, name)
         assert stored is not None
@@ -291,10 +284,3 @@ async def open_queue_async(
     if layout is None:
         return AsyncQueue(client, name, **queue_kwargs)
     return AsyncPartitionedQueue(client, layout, **queue_kwargs)
-
-
-async def _queue_exists(client: Any, name: str) -> bool:
-    """admin/inspection.queue_exists for asyncio: the clock from the queue's own script (its
-    node's, on a cluster), then one EXISTS over its fixed names (one slot)."""
-    now_ms = (await AsyncQueue(client, name).counts()).now_ms
-    return int(await client.exists(*existence_keys(QueueKeys(name), now_ms))) > 0

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from scheduler.client.schedule_home import check_schedule_home
 from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
 from scheduler.core.client_kind import Unpicklable, check_client
@@ -686,9 +687,11 @@ class Queue(Unpicklable):
             `'created'` | `'updated'` | `'unchanged'` | `'repaired'`.
 
         Raises:
-            BadArgument: a malformed name, cron, time zone, flow option or argument; nothing
-                was written.
+            BadArgument: a malformed name, cron, time zone, flow option or argument, or (on a
+                partition's own queue, `<name>.p<k>`) a name its partitioned queue routes to
+                another partition; nothing was written.
             InvalidPayload: the payload is not JSON-serialisable or too large."""
+        check_schedule_home(self.client, self.name, name)  # on a partition: the name's own
         return self._write(self.ops.schedule(
             name, task, payload, cron=cron, every_ms=every_ms, tz=tz, jitter_ms=jitter_ms,
             misfire=misfire, max_attempts=max_attempts, backoff=backoff, timeout_ms=timeout_ms,

@@ -30,6 +30,7 @@ from scheduler.core.codec import new_job_id
 from scheduler.core.errors import BadArgument, UnreadableRecord
 from scheduler.core.ids import MadeId
 from scheduler.core.keys import QueueKeys, check_new_job_id, check_queue_name
+from scheduler.core.limits import SCHEDULE_NAME_RE
 
 MAX_PARTITIONS = 1024
 SLOTS = 16384
@@ -219,6 +220,20 @@ class Layout:
             raise BadArgument(
                 f"{what} routes to partition p{k} of {self.queue!r}, its parents (after=) are "
                 f"in p{home}: a job and its parents must share one partition"
+            )
+
+    def check_schedule_home(self, queue: str, name: str) -> None:
+        """BadArgument when `queue` is one of these partitions and schedule `name` routes to
+        another: defined there too, the logical queue would hold two schedules of that name
+        (two pending runs; a remove by name finds one). A malformed name is the op's to refuse."""
+        if queue not in self.names or not isinstance(name, str):
+            return
+        home = self.names[self.partition_of_schedule(name)]
+        if home != queue and SCHEDULE_NAME_RE.fullmatch(name):
+            raise BadArgument(
+                f"schedule {name!r} belongs in {home!r}, not {queue!r}: both are partitions of "
+                f"{self.queue!r}, whose schedules live in one partition each, by name; define "
+                f"it on {self.queue!r}; nothing written"
             )
 
     def mismatch(self, asked: int) -> PartitionMismatch:
