@@ -76,5 +76,5 @@ def test_many_queues_do_not_take_every_pooled_connection_while_idle(
 
 def test_unsafe_worker_id_is_refused(redis_url: str) -> None:
     res = CliRunner().invoke(main, ["worker", "tests.workers.basic:registry", "--url", redis_url,
-                                    "--worker-id", "a}{b"])  # fmt: skip
-    assert res.exit_code == 2 and "invalid" in res.output
+                                    "--worker-id", "é" * 101])  # fmt: skip
+    assert res.exit_code == 2 and "invalid" in res.output  # 202 bytes: over claim's 200

@@ -192,8 +192,8 @@ def test_bad_settings_are_refused_and_a_bad_registry_fails_the_first_start(
 ) -> None:
     runner = CliRunner()
     res = runner.invoke(main, ["worker", "tests.workers.basic:registry", "--url", redis_url,
-                               "--processes", "2", "--worker-id", "x" * 127])  # fmt: skip
-    assert res.exit_code == 2 and "invalid --worker-id" in res.output  # 'x...x.2' is 129 characters
+                               "--processes", "2", "--worker-id", "x" * 199])  # fmt: skip
+    assert res.exit_code == 2 and "invalid --worker-id" in res.output  # 'x...x.2' is 201 bytes
     # The supervisor imports none of the user's code: each child fails to (exit 4), so does the
     # pool, as one worker would.
     res = runner.invoke(main, ["worker", "no_such_module:registry", "--url", redis_url,
