@@ -35,6 +35,7 @@ from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.admin.queue_move_check import text as _t
 from scheduler.admin.queue_move_doctor import moving_findings
 from scheduler.admin.queue_move_keys import BatchKeys, carry_keys
+from scheduler.admin.queue_move_ledger import MoveLedger
 from scheduler.admin.queue_move_lock import LOCK_LEASE_MS, RunLock, locked_reply
 from scheduler.client.partitioned_merge import read_layout
 from scheduler.client.queue import Queue
@@ -107,8 +108,7 @@ class QueueMove:
         clock: str = "server",
         lease_ms: int = LOCK_LEASE_MS,
     ) -> None:
-        check_queue_name(source)
-        check_queue_name(dest)
+        check_queue_name(source), check_queue_name(dest)
         for what, v, top in (("batch", batch, MOVE_PER_CALL), ("lease_ms", lease_ms, DAY_MS)):
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
                 raise BadArgument(f"{what} must be an int in 1..{top}, not {v!r:.40}")
@@ -117,10 +117,10 @@ class QueueMove:
         self.dst_layout, self.dst = _parts(client, dest, clock)
         check_names(client, self.src, self.dst, (source, dest))  # same queue; a partition as --to
         self.report = MoveReport(source, dest, dry_run=False)
-        self.moved_ids: set[str] = set()  # this run's, in the destination now (carry_keys)
+        self.ledger = MoveLedger()  # this run's moved ids and keys, on disk (no O(N) memory)
         self.kept = 0  # ids take() left where they were (a page offset: they are listed again)
         self.lock = RunLock(client, source, self.src, lease_ms)  # taken by run() alone
-        self.batch_keys = BatchKeys(client, self.dst, lambda: self.lock.renew())
+        self.batch_keys = BatchKeys(client, self.dst, lambda: self.lock.renew(), self.ledger)
 
     def check(self, *, skip_schedules: bool, dry_run: bool = False) -> None:
         """Refuse before the first write (queue_move_check.check_move)."""
@@ -220,7 +220,7 @@ class QueueMove:
                 theirs = [e.id for e, f in zip(entries, flags, strict=True) if f not in "ce"]
                 if ours:
                     self.finish(part, ours)
-                    self.moved_ids.update(ours)
+                    self.ledger.add_moved(ours)
                 if theirs:  # back in due, after this page's kept ones: listed again later
                     self.finish(part, theirs, back=True)
                 if theirs and not resumed:  # a resumed one is counted by the due pages
@@ -241,6 +241,8 @@ class QueueMove:
         except BaseException:
             self.lock.release(quiet=True)  # a failed release must not hide the run's error
             raise
+        finally:
+            self.ledger.close()
         self.lock.release()
         return report
 
@@ -274,10 +276,8 @@ class QueueMove:
         return self.report
 
     def carry_keys(self, part: Queue) -> None:
-        """Idempotency keys of this run's moved jobs written since its batches carried theirs,
-        into the destination (queue_move_keys)."""
-        args = (self.client, part, self.dst, self.moved_ids, self.lock.renew)
-        self.report.keys += carry_keys(*args, self.batch_keys.seen(part))
+        """Keys of this run's moved jobs its batches did not carry, in (queue_move_keys)."""
+        self.report.keys += carry_keys(self.client, part, self.dst, self.ledger, self.lock.renew)
 
 
 def move_queue(
