@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from scheduler import BadArgument, Queue
 from scheduler.cli.main import main
-from scheduler.schedules.cron_slots import check_cron, cron_slots_after
+from scheduler.schedules.cron_slots import check_cron, cron_slots_after, cron_slots_upto
 from tests.conftest import dump_queue
 
 REVERSED = [
@@ -176,3 +176,14 @@ def test_doctor_warns_of_a_stored_cron_croniter_misreads(
     assert "schedules add wrap" in issue.fix or "define it again" in issue.fix
     res = CliRunner().invoke(main, ["doctor", "-q", q.name, "--no-server", "--url", redis_url])
     assert res.exit_code == 0 and "schedule-cron-misread" in res.output, res.output
+
+
+def test_slots_back_past_year_one_end_there_instead_of_raising() -> None:
+    # 29 February, the latest 600 slots before 2026: 491 leap days back to year 4. croniter
+    # raised a plain ValueError ("year 0 is out of range") to the schedule's redefinition.
+    upto = int(datetime(2026, 12, 1, tzinfo=UTC).timestamp() * 1000)
+    slots = cron_slots_upto("0 0 29 2 *", "UTC", upto, 600)
+    days = [datetime.fromtimestamp(ms / 1000, UTC) for ms in slots]
+    assert len(slots) == 491 and slots == sorted(set(slots))
+    assert days[0].year == 4 and days[-1] == datetime(2024, 2, 29, tzinfo=UTC)
+    assert all((d.month, d.day, d.hour, d.minute) == (2, 29, 0, 0) for d in days)

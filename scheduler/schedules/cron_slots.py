@@ -210,7 +210,10 @@ def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
     it = croniter(expr, _search_start(upto_ms, zone) + timedelta(seconds=1))
     found: set[int] = set()
     for _ in range(count * 4 + 1000):
-        local = it.get_prev(datetime)
+        try:
+            local = it.get_prev(datetime)
+        except (ValueError, OverflowError):  # before year 1 (29 February, ~500 slots back)
+            break
         ms = _to_ms(local, zone)
         if ms <= upto_ms:
             found.add(ms)
