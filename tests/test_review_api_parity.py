@@ -196,11 +196,6 @@ def test_a_redis_cluster_client_passes_the_users_type_check(
     assert code == 0, out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Ops.release / Ops.complete_many answer [] for any falsy argument before checking it "
-    "(operations/leasing.py:106, :134); the partitioned twins check it first",
-)
 def test_release_and_complete_many_refuse_none_as_their_twins_do(
     q: Queue, pq: PartitionedQueue, redis_url: str
 ) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from scheduler.core import codec
-from scheduler.core.errors import SchedulerError, raise_for_status
+from scheduler.core.errors import BadArgument, SchedulerError, raise_for_status
 from scheduler.core.limits import DEFAULT_LEASE_MS
 from scheduler.core.models import ClaimBatch, FailOutcome
 from scheduler.core.progress import ProgressText, encode_progress
@@ -103,6 +103,9 @@ class LeasingOps(OpsBase):
 
     def complete_many(self, items: Sequence[tuple[str, str, Any]]) -> Op[list[str]]:
         """Statuses per job: 'done' | 'stale' | 'cancelled' | 'missing' (no exception)."""
+        if isinstance(items, str) or not isinstance(items, Sequence):  # None: a caller's bug
+            what = f"{items!r:.80}"
+            raise BadArgument(f"items must be a list of (job_id, token, result), got {what}")
         if not items:
             return []
         s = self.settings
@@ -131,7 +134,8 @@ class LeasingOps(OpsBase):
 
     def release(self, leases: Sequence[tuple[str, str]]) -> Op[list[str]]:
         """Statuses per job: 'released' | 'stale' | 'cancelled' | 'missing' (no exception)."""
-        if not leases:
+        pairs = codec.lease_pairs(leases)  # before the empty answer: None is refused
+        if not pairs:
             return []
-        replies = yield from _chunked("release", [], codec.lease_pairs(leases), 2)
+        replies = yield from _chunked("release", [], pairs, 2)
         return codec.parse_statuses([st for r in replies for st in r])
