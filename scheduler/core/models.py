@@ -233,8 +233,9 @@ class Job:
 
     @property
     def worker(self) -> str | None:
-        """The worker id holding the lease (None when not leased)."""
-        return self.fields.get("worker")
+        """The worker id holding the lease (None when not leased: a record an older version
+        finished or parked may still carry its last worker)."""
+        return self.fields.get("worker") if self.fields.get("state") == "leased" else None
 
     @property
     def dead_reason(self) -> str | None:
