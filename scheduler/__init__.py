@@ -6,6 +6,7 @@ from scheduler.client.partitioned_aio import AsyncPartitionedQueue, open_queue_a
 from scheduler.client.partitioned_lease_plan import PartitionedClaimBatch
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
+from scheduler.core.connection import connect, connect_async
 from scheduler.core.errors import (
     BadArgument,
     CorruptKey,
@@ -78,6 +79,8 @@ __all__ = [
     "TaskHandle",
     "UnknownTask",
     "UnreadableRecord",
+    "connect",
+    "connect_async",
     "open_queue",
     "open_queue_async",
 ]

@@ -9,9 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import redis.asyncio as aioredis
-
-from scheduler import JobContext, Registry
+from scheduler import JobContext, Registry, connect_async
 
 registry = Registry()
 
@@ -19,9 +17,8 @@ registry = Registry()
 @registry.task(name="fastapi_app.resize_image", max_attempts=3)
 async def resize_image(payload: Any, ctx: JobContext) -> dict[str, Any]:
     # A real app resizes the image here; the side effect is a Redis key keyed on the job.
-    client = aioredis.Redis.from_url(
-        os.environ.get("REDIS_URL", "redis://localhost:6379/0"), decode_responses=True
-    )
+    # The scheduler's URL reader: the Sentinel and Cluster URLs the worker takes, too.
+    client = connect_async(os.environ.get("REDIS_URL", "redis://localhost:6379/0"))
     try:
         await client.set(f"examples:{ctx.queue}:thumbnail:{payload['image']}", ctx.job_id)
     finally:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import redis
 from flask import Flask, abort, request
 
 from examples.flask_app.tasks import send_welcome
@@ -20,16 +19,18 @@ from scheduler import BadArgument, JobNotFound, Queue
 
 def create_app(redis_url: str | None = None, queue: str | None = None) -> Flask:
     app = Flask(__name__)
-    client = redis.Redis.from_url(
-        redis_url or os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
-        decode_responses=True,
-    )
     # One Queue per app: it is thread-safe (redis-py's pool) and caches the loaded scripts.
-    q = Queue(client, queue or os.environ.get("SCHEDULER_QUEUE", "default"))
+    # Queue.from_url reads every URL the worker does (Sentinel, Cluster: docs/cluster.md).
+    q = Queue.from_url(
+        redis_url or os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
+        queue or os.environ.get("SCHEDULER_QUEUE", "default"),
+    )
 
     @app.post("/signups")
     def signup() -> tuple[dict[str, Any], int]:
-        body = request.get_json(silent=True) or {}
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):  # not JSON, or a list / string / number: the client's
+            abort(400, "a JSON object with an email expected")
         email = body.get("email")
         if not isinstance(email, str) or "@" not in email:
             abort(400, "email required")

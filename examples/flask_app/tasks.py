@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from scheduler import JobContext, Registry
+from scheduler import JobContext, Registry, connect
 
 registry = Registry()
 _client: redis.Redis | None = None
@@ -20,9 +20,8 @@ _client: redis.Redis | None = None
 def _redis() -> redis.Redis:
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(
-            os.environ.get("REDIS_URL", "redis://localhost:6379/0"), decode_responses=True
-        )
+        # The scheduler's URL reader: the Sentinel and Cluster URLs the worker takes, too.
+        _client = connect(os.environ.get("REDIS_URL", "redis://localhost:6379/0"))
     return _client
 
 
