@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -16,7 +16,6 @@ from scheduler.cli.common import (
     AdminGroup,
     Duration,
     F,
-    Refused,
     connect,
     console,
     emit_json,
@@ -26,15 +25,25 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.dead_retention import retention
-from scheduler.cli.dead_view import exit_unread, id_option, page_jobs, print_dead, unread_field
+from scheduler.cli.dead_view import (
+    exit_unread,
+    id_option,
+    page_jobs,
+    print_bulk,
+    print_dead,
+    select_at,
+    unread_field,
+)
 from scheduler.cli.job_cancel import unanswered_change_nothing
 from scheduler.cli.jobs import job_json
 from scheduler.client.partitioned import PartitionedQueue, open_queue, requeue_order, unread
-from scheduler.client.partitioned_ids import dead_where
 from scheduler.client.partitioned_merge import merge_scored
+from scheduler.client.partitioned_partial import read_every
 from scheduler.client.queue import Queue
 from scheduler.core.keys import QueueKeys
+from scheduler.operations.dead_bulk import dead_act, dead_plan
 from scheduler.operations.dead_letters import dead_listing
+from scheduler.operations.requests import Op
 
 _BATCH = 100  # ids per script call in bulk operations (one progress step each)
 _SKIP, _PAGE = "Skip this many matching jobs first.", "Print at most this many jobs."
@@ -70,39 +79,6 @@ def filter_options(f: F) -> F:
     ):
         f = opt(f)
     return f
-
-
-def select(
-    q: Queue | PartitionedQueue,
-    task: str | None,
-    error_type: str | None,
-    older_than_ms: int | None,
-    ids: Sequence[str],
-    *,
-    refuse: bool = True,
-) -> list[str]:
-    """Dead ids matching every filter; an --id that is not dead (or fails a filter) refuses
-    (refuse=False: left out). With --id, only those ids are read (each in its partition)."""
-    if not ids:
-        return q.dead_ids(task=task, error_type=error_type, older_than_ms=older_than_ms)
-    return list(select_at(q, task, error_type, older_than_ms, ids, refuse=refuse))
-
-
-def select_at(
-    q: Queue | PartitionedQueue,
-    task: str | None,
-    error_type: str | None,
-    older_than_ms: int | None,
-    ids: Sequence[str],
-    *,
-    refuse: bool = True,
-) -> dict[str, int]:
-    """select's --id: each matching id -> its partition (partitioned_ids.dead_where)."""
-    where = dead_where(q, ids, task=task, error_type=error_type, older_than_ms=older_than_ms)
-    missing = [i for i in ids if i not in where]
-    if missing and refuse:
-        raise Refused(f"not on the dead list of {q.name!r} (or filtered out): {', '.join(missing)}")
-    return where
 
 
 def _listing(
@@ -182,26 +158,77 @@ def list_dead(
     exit_unread(not_read)
 
 
+Run = Callable[[Callable[[int], None]], int]  # the action: advance(n) per step; how many done
+
+
+def _by_id(
+    q: Queue | PartitionedQueue, verb: str, flt: dict[str, Any], ids: Sequence[str], yes: bool
+) -> tuple[int, Run]:
+    """--id: the ids given that match (to requeue: each parent first), acted on in chunks, each
+    read again first (selected before the confirmation) but the first one with --yes."""
+    selected = list(select_at(q, ids=ids, **flt))
+    if verb == "requeued":
+        selected = requeue_order(q, selected)
+    action = q.requeue_dead if verb == "requeued" else q.purge_dead
+
+    def run(advance: Callable[[int], None]) -> int:
+        done = 0
+        for n, chunk in enumerate(iter_chunks(selected, _BATCH)):
+            again = chunk if yes and n == 0 else list(select_at(q, ids=chunk, refuse=False, **flt))
+            done += action(again)
+            advance(len(chunk))
+        return done
+
+    return len(selected), run
+
+
+def _by_filter(q: Queue | PartitionedQueue, verb: str, flt: dict[str, Any]) -> tuple[int, Run]:
+    """The filters' matches, counted now and acted on a page at a time once confirmed
+    (operations/dead_bulk.py), never all in memory: each partition's below its own cutoff,
+    read from its node's clock."""
+    parts = q.parts if isinstance(q, PartitionedQueue) else [q]
+    task, error_type = flt["task"], flt["error_type"]
+
+    def plan(p: Queue) -> Op[tuple[int, int]]:
+        return dead_plan(p.keys, flt["older_than_ms"], task, error_type)
+
+    if isinstance(q, PartitionedQueue):  # every partition counted before any change
+        plans = read_every("dead_ids", parts, q.run_answering(plan), list)
+    else:
+        plans = [q._run(plan(q))]
+    how: Literal["requeue", "purge"] = "requeue" if verb == "requeued" else "purge"
+
+    def run(advance: Callable[[int], None]) -> int:
+        return sum(
+            p._run(dead_act(p.ops, how, cutoff, task, error_type, advance))
+            for p, (cutoff, n) in zip(parts, plans, strict=True)
+            if n
+        )
+
+    return sum(n for _, n in plans), run
+
+
 def _bulk(
     verb: str,
-    action: Callable[[Sequence[str]], int],
+    url: str,
     queue: str,
-    selected: list[str],
-    yes: bool,
     as_json: bool,
-    recheck: Callable[[Sequence[str]], list[str]],
+    flt: dict[str, Any],
+    ids: Sequence[str],
+    yes: bool,
 ) -> None:
-    if not selected:
-        if as_json:
-            emit_json({"queue": queue, "action": verb, "matched": 0, "done": 0, "skipped": 0})
-        else:
-            click.echo("no dead jobs match: nothing to do")
+    client = connect(url)
+    require_queue(client, queue)
+    q = open_queue(client, queue)  # a partitioned queue: each id in its partition
+    with unanswered_change_nothing(q, queue, verb):  # a node down: named, exit 3
+        matched, run = _by_id(q, verb, flt, ids, yes) if ids else _by_filter(q, verb, flt)
+    if not matched:
+        print_bulk(verb, queue, 0, 0, as_json)
         return
     if not yes:
         ask = {"requeued": "Requeue", "purged": "Delete for good"}.get(verb, verb)
-        ask += f" {len(selected)} dead job(s) of queue {queue!r}?"
+        ask += f" {matched} dead job(s) of queue {queue!r}?"
         click.confirm(ask, abort=True, err=True)  # stdout: the answer only (one JSON object)
-    done = 0
     progress = Progress(
         TextColumn(f"{verb} [progress.description]{{task.description}}"),
         BarColumn(),
@@ -210,29 +237,9 @@ def _bulk(
         transient=True,
     )
     with progress:
-        step = progress.add_task(queue, total=len(selected))
-        for n, chunk in enumerate(iter_chunks(selected, _BATCH)):
-            # Re-checked (selected before the confirmation: a job may have died again since).
-            done += action(chunk if yes and n == 0 else recheck(chunk))
-            progress.advance(step, len(chunk))
-    # A job no longer dead (requeued, or its id taken again) or no longer matching is skipped,
-    # not an error; purge removes an entry whose job keys are gone, requeue skips it.
-    result: dict[str, Any] = {
-        "queue": queue,
-        "action": verb,
-        "matched": len(selected),
-        "done": done,
-        "skipped": len(selected) - done,
-    }
-    if as_json:
-        emit_json(result)
-    else:
-        why = f" ({result['skipped']} skipped: {_SKIPPED[verb]})" if result["skipped"] else ""
-        click.echo(f"{verb}: {done} of {len(selected)} dead job(s) in {queue!r}{why}")
-
-
-# Why a selected id was not acted on (purge_dead.lua / requeue_dead.lua skip it).
-_SKIPPED = {"requeued": "no longer dead, or no job left to run", "purged": "no longer dead"}
+        step = progress.add_task(queue, total=matched)
+        done = run(partial(progress.advance, step))
+    print_bulk(verb, queue, matched, done, as_json)
 
 
 _yes = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -254,17 +261,12 @@ def requeue_dead(
     ids: tuple[str, ...],
     yes: bool,
 ) -> None:
-    """Move matching dead jobs back to due now, with a fresh attempt budget. A partitioned
-    queue with a partition's node down: nothing is requeued, those partitions named (exit 3)."""
-    client = connect(url)
-    require_queue(client, queue)
-    q = open_queue(client, queue)  # a partitioned queue: each id to its partition
-    # Requeued chunk by chunk: a parent in a later chunk than its parked children would let
-    # them run beside it (a call with both makes them wait again): parents first.
-    with unanswered_change_nothing(q, queue, "requeued"):  # a node down: named, exit 3
-        selected = requeue_order(q, select(q, task, error_type, older_than_ms, ids))
-    recheck = partial(select, q, task, error_type, older_than_ms, refuse=False)
-    _bulk("requeued", q.requeue_dead, queue, selected, yes, as_json, recheck)
+    """Move matching dead jobs back to due now, with a fresh attempt budget. They are counted
+    first (the count the question states): one that dies afterwards is left. Each parent goes
+    before its parked children. A partitioned queue with a partition's node down: nothing is
+    requeued, those partitions named (exit 3)."""
+    flt = {"task": task, "error_type": error_type, "older_than_ms": older_than_ms}
+    _bulk("requeued", url, queue, as_json, flt, ids, yes)
 
 
 @dead.command("purge")
@@ -283,12 +285,8 @@ def purge_dead(
     ids: tuple[str, ...],
     yes: bool,
 ) -> None:
-    """Delete matching dead jobs for good (asks first unless --yes). A partitioned queue with
-    a partition's node down: nothing is purged, those partitions named (exit 3)."""
-    client = connect(url)
-    require_queue(client, queue)
-    q = open_queue(client, queue)
-    with unanswered_change_nothing(q, queue, "purged"):  # a node down: named, exit 3
-        selected = select(q, task, error_type, older_than_ms, ids)
-    recheck = partial(select, q, task, error_type, older_than_ms, refuse=False)
-    _bulk("purged", q.purge_dead, queue, selected, yes, as_json, recheck)
+    """Delete matching dead jobs for good (asks first unless --yes). They are counted first
+    (the count the question states): one that dies afterwards is left. A partitioned queue
+    with a partition's node down: nothing is purged, those partitions named (exit 3)."""
+    flt = {"task": task, "error_type": error_type, "older_than_ms": older_than_ms}
+    _bulk("purged", url, queue, as_json, flt, ids, yes)

@@ -1,7 +1,7 @@
 """`scheduler dead list`'s page: its jobs read back, and its text: one block per dead job, and
 one per entry whose record was deleted by hand (counted in the total, so shown too, with the
 command that removes it); the partitions a listing could not read (dead list, schedules list,
-stats -q); the check of `dead ... --id`."""
+stats -q); the check of `dead ... --id` and its selection; the outcome of `dead requeue | purge`."""
 
 from __future__ import annotations
 
@@ -16,13 +16,16 @@ import click
 from scheduler.cli.common import (
     DEFAULT_URL,
     EXIT_UNREACHABLE,
+    Refused,
     cell,
     console,
+    emit_json,
     fmt_attempts,
     fmt_ms,
     markup_safe,
 )
 from scheduler.client.partitioned import PartitionedQueue
+from scheduler.client.partitioned_ids import dead_where
 from scheduler.client.partitioned_merge import group_ids, jobs_in_order
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
@@ -111,3 +114,42 @@ def _purge_line(queue: str, job_id: str, url: str) -> str:
     line = f"scheduler dead purge --id {shlex.quote(job_id)} -q {shlex.quote(queue)}"
     same = url == (os.environ.get("REDIS_URL") or DEFAULT_URL)
     return line if same else f"{line} --url {shlex.quote(redact(url))}"
+
+
+def select_at(
+    q: Queue | PartitionedQueue,
+    task: str | None,
+    error_type: str | None,
+    older_than_ms: int | None,
+    ids: Sequence[str],
+    *,
+    refuse: bool = True,
+) -> dict[str, int]:
+    """The --id ids that are dead and match every filter, each -> its partition
+    (partitioned_ids.dead_where); one that is not refuses (refuse=False: left out)."""
+    where = dead_where(q, ids, task=task, error_type=error_type, older_than_ms=older_than_ms)
+    missing = [i for i in ids if i not in where]
+    if missing and refuse:
+        raise Refused(f"not on the dead list of {q.name!r} (or filtered out): {', '.join(missing)}")
+    return where
+
+
+def print_bulk(verb: str, queue: str, matched: int, done: int, as_json: bool) -> None:
+    """The outcome of `dead requeue | purge` (`verb`: requeued, purged). A job no longer dead
+    (requeued, or its id taken again) or no longer matching is skipped, not an error; purge
+    removes an entry whose job keys are gone, requeue skips it. One acted on that was not
+    counted (a score written by hand) counts as matched."""
+    matched = max(matched, done)
+    result: dict[str, Any] = {"queue": queue, "action": verb, "matched": matched, "done": done}
+    result["skipped"] = matched - done
+    if as_json:
+        emit_json(result)
+    elif not matched:
+        click.echo("no dead jobs match: nothing to do")
+    else:
+        why = f" ({result['skipped']} skipped: {_SKIPPED[verb]})" if result["skipped"] else ""
+        click.echo(f"{verb}: {done} of {matched} dead job(s) in {queue!r}{why}")
+
+
+# Why a selected id was not acted on (purge_dead.lua / requeue_dead.lua skip it).
+_SKIPPED = {"requeued": "no longer dead, or no job left to run", "purged": "no longer dead"}

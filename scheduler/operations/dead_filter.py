@@ -7,8 +7,8 @@ hash's fields equal the filter byte for byte, or not); the ids it leaves undecid
 the hash, a field that is not UTF-8, a job key of another type) are read here as before, one
 HMGET each, then their spec records. 100,000 dead letters: docs/performance.md section 30.
 
-parents_first orders the ids of a requeue that takes several script calls: parents first;
-dead_window checks a dead_ids page (offset / limit)."""
+parents_first orders the ids of a requeue that takes several script calls: parents first
+(listed_parents reads them); dead_window checks a dead_ids page (offset / limit)."""
 
 from __future__ import annotations
 
@@ -104,19 +104,26 @@ def _read_matching(
     return kept
 
 
+def listed_parents(keys: QueueKeys, ids: Sequence[str]) -> Op[dict[str, list[str]]]:
+    """Each of `ids` whose hash lists parents (`parents`, kept by a park) -> those ids: a
+    pipeline of HGETs per MATCH_STEP ids, so a long list's replies are not all held at once."""
+    out: dict[str, list[str]] = {}
+    for n in range(0, len(ids), MATCH_STEP):
+        page = ids[n : n + MATCH_STEP]
+        listed = yield from _read_each([("HGET", keys.job(i), "parents") for i in page], None)
+        out.update((i, codec.s(v).split()) for i, v in zip(page, listed, strict=True) if v)
+    return out
+
+
 def parents_first(keys: QueueKeys, ids: Sequence[str]) -> Op[list[str]]:
     """`ids` (each once) with every parent a parked child lists (`parents`) before that child,
     else in the order given: requeued in several script calls, a child whose parent comes in a
     later call finds it still dead and runs at once (lua/lib/flow.lua flow_rewait) beside its
     parent, while one call with both makes it wait again (docs/flow-control.md)."""
     ids = list(dict.fromkeys(ids))
-    listed = yield from _read_each([("HGET", keys.job(i), "parents") for i in ids], None)
     among = set(ids)
-    parents = {
-        i: [p for p in codec.s(v).split() if p in among]
-        for i, v in zip(ids, listed, strict=True)
-        if v is not None
-    }
+    listed = yield from listed_parents(keys, ids)
+    parents = {i: [p for p in ps if p in among] for i, ps in listed.items()}
     out: list[str] = []
     placed: set[str] = set()
 

@@ -11,7 +11,7 @@ return an id twice or skip one; a cursor resumes just below the last id it retur
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from scheduler.core import codec
@@ -56,9 +56,11 @@ def scan_dead(
     error_type: str | None = None,
     limit: int | None = None,
     page: int = 1000,
+    each: Callable[[list[tuple[float, str]]], Op[None]] | None = None,
 ) -> Op[list[tuple[float, str]]]:
     """(dead_ms, id) of the dead letters that died at or before `max_dead_ms` (all: None) and
-    match `task` / `error_type`, newest first, at most `limit` of them (all: None). The
+    match `task` / `error_type`, newest first, at most `limit` of them (all: None). With `each`,
+    each page's go to it as they are read, none kept ([] returned: a scan of any length). The
     caller has converted an old dead LIST first (dead_converted). Each page is one ZRANGE
     BYSCORE REV from the cursor (plus one dead_match call per 1,000 ids when filtering by task
     or error, dead_filter.py): the age cut is the score, no job record is read for it. Never
@@ -116,7 +118,10 @@ def scan_dead(
         top = s_end
         if by_record:
             fresh = yield from matching(keys, fresh, task, error_type)
-        out.extend(fresh)
+        if each is None:
+            out.extend(fresh)
+        else:  # the caller acts on the page, or counts it (dead_bulk.py)
+            yield from each(fresh)
         if len(raw) < step + margin:
             break
     return out if limit is None else out[:limit]
