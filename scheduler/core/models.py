@@ -233,8 +233,7 @@ class Job:
 
     @property
     def worker(self) -> str | None:
-        """The worker id holding the lease (None when not leased: a record an older version
-        finished or parked may still carry its last worker)."""
+        """The worker id holding the lease (None when not leased: an older version's)."""
         return self.fields.get("worker") if self.fields.get("state") == "leased" else None
 
     @property
