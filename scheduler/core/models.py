@@ -233,7 +233,7 @@ class Job:
 
     @property
     def worker(self) -> str | None:
-        """The worker id holding the lease (None when not leased: an older version's)."""
+        """The worker id holding the lease (None unless leased, though an old record keeps one)."""
         return self.fields.get("worker") if self.fields.get("state") == "leased" else None
 
     @property
