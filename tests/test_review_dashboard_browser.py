@@ -11,9 +11,9 @@ by uvicorn on this module's private redis-server, with a realistic state built o
   later and 90 dead jobs; `reports`: a paused queue; `night`: one job for a worker started
   later; `late`: one job started 3 minutes after its run time; a worker that ran and stopped.
 
-Defects are strict xfails; the passing tests check what a browser adds to the HTTP-level tests
-(links followed, JavaScript run, dialogs, cookies, layout). Under CI=true a missing chromium
-fails; elsewhere it skips."""
+The first tests are the defects it found, fixed since; the others check what a browser adds
+to the HTTP-level tests (links followed, JavaScript run, dialogs, cookies, layout). Under
+CI=true a missing chromium fails; elsewhere it skips."""
 
 from __future__ import annotations
 
@@ -320,15 +320,9 @@ def ints(page: Page, scope: str, key: str) -> int:
     return int(page.locator(f'{scope} [data-live="{key}"]').first.text_content() or "")
 
 
-# -- defects -------------------------------------------------------------------------------
+# -- defects found, fixed ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an error message without spaces overflows the job page's error history summary "
-    "(static/dash.css:60 .error-entry has no overflow-wrap; templates/job.html:50 its "
-    "summary): the page scrolls sideways over ~16,000 px",
-)
 def test_a_long_error_message_keeps_the_job_page_within_the_window(
     page: Page, world: World
 ) -> None:
@@ -343,12 +337,36 @@ def test_a_long_error_message_keeps_the_job_page_within_the_window(
     assert wide <= seen + 1, f"the job page is {wide} px wide in a {seen} px window"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a link into the dashboard from another site arrives without the SameSite=Strict "
-    "session cookie, so Renderer.session / page (dashboard/render.py:207-235) sets a new one: "
-    "every other open tab's CSRF token is then refused (403)",
-)
+def test_long_stored_words_keep_every_page_within_the_window(page: Page, world: World) -> None:
+    """The table cells of stored text (a 64-character queue name, 200-character task names
+    and keys, a 200-character error type and a long error) wrap too: each page stays within
+    the window. On database 1 of the server, so the world's queues are left as they are."""
+    client = connect(f"{world.url}?db=1")
+    client.flushdb()
+    q = Queue(client, "w" * 64)
+    task, key = "t" * 200, "k" * 200
+    ids = [q.enqueue(task, {"x": LONG_TOKEN}, concurrency_key=key, concurrency_limit=1)
+           for _ in range(2)]  # fmt: skip
+    ids.append(q.enqueue(task, {}, delay_ms=3_600_000, rate_limit="1/1h", rate_key="r" * 200))
+    (job,) = q.claim("w-" + "x" * 100, limit=1, lease_ms=600_000).jobs
+    q.fail(job.id, job.token, ("E" * 200, LONG_TOKEN, LONG_TOKEN), retryable=False)
+    q.schedule("s" * 64, task, every_ms=3_600_000)
+    paths = ["/", "/schedules", "/workers", "/health", f"/queues/{q.name}/dead"]
+    paths += [f"/queues/{q.name}?state={s}" for s in ("due", "held", "scheduled", "dead")]
+    paths += [f"/queues/{q.name}/jobs/{i}" for i in ids]
+    wide: list[tuple[str, int, int]] = []
+    with serve(create_app(client=client, auth=Auth())) as base:
+        for path in paths:
+            page.goto(base + path)
+            width, seen = page.evaluate(
+                "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+            )
+            wide += [(path, width, seen)] if width > seen + 1 else []
+    client.flushdb()
+    client.close()
+    assert not wide, wide
+
+
 def test_following_a_link_from_another_site_keeps_the_open_tabs_working(
     context: BrowserContext, world: World
 ) -> None:
@@ -376,13 +394,25 @@ def test_following_a_link_from_another_site_keeps_the_open_tabs_working(
     assert "CSRF" not in tab.locator("body").inner_text()
     expect(tab.locator("#confirm-count")).to_have_text("1")
 
+    # The cookie that comes with another site's link (SameSite=Lax) never comes with its post.
+    sent: list[dict[str, str]] = []
+    context.route(
+        "http://forms.example/**",
+        lambda route: route.fulfill(
+            status=200,
+            content_type="text/html",
+            body=f'<form method="post" action="{world.base}/queues/mail/jobs/{dead}/requeue">'
+            '<input name="csrf" value="x"><button id="go">go</button></form>',
+        ),
+    )
+    alert.on("request", lambda r: sent.append(r.all_headers()) if r.method == "POST" else None)
+    alert.goto("http://forms.example/")
+    alert.click("#go")
+    expect(alert.locator("body")).to_contain_text("refused")
+    assert sent and all("sched_dash_session" not in h.get("cookie", "") for h in sent), sent
+    assert world.q("mail").status(dead) == "dead"
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="why_not_running (dashboard/reasons.py:93-101) takes Store.live_worker_count "
-    "(dashboard/store.py:243), which counts quiet and stopping workers: a due job says it "
-    "'waits for a free worker slot' though no worker will claim it",
-)
+
 def test_a_due_job_whose_only_worker_is_quiet_does_not_wait_for_a_slot(
     page: Page, world: World
 ) -> None:
@@ -415,14 +445,9 @@ def test_a_due_job_whose_only_worker_is_quiet_does_not_wait_for_a_slot(
         NIGHT_GATE.set()
     assert night.status(due) == "due", "a quiet worker claimed a job"
     assert "waiting-for-worker" not in codes, shown
+    assert codes == ["no-claiming-worker"], shown
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the notices 'moved-now' and 'ran-now' (dashboard/render.py:135,147) promise 'a "
-    "worker takes it at its next claim' whatever the queue's pause; actions.run_now "
-    "(dashboard/actions.py:152) does not look at it",
-)
 def test_run_now_in_a_paused_queue_does_not_promise_a_worker_takes_it(
     page: Page, world: World
 ) -> None:
@@ -437,6 +462,21 @@ def test_run_now_in_a_paused_queue_does_not_promise_a_worker_takes_it(
     expect(page.locator('#why-not-running [data-reason="queue-paused"]')).to_be_visible()
     assert world.q("reports").status(job) == "due"
     assert "a worker takes it at its next claim" not in notice.inner_text()
+    expect(notice).to_contain_text("the queue is paused: it runs once the queue is resumed")
+
+    # A schedule's Run now in the paused queue: its new job waits for the resume too.
+    reports = world.q("reports")
+    reports.schedule("weekly", "reports.build", every_ms=7 * 86_400_000)
+    try:
+        page.on("dialog", lambda d: d.accept())
+        page.goto(f"{world.base}/schedules")
+        page.locator('tr[data-schedule="weekly"] button.run').click()
+        expect(notice).to_contain_text("Ran the schedule now")
+        expect(notice).to_contain_text("the queue is paused: it runs once the queue is resumed")
+        assert "a worker takes it at its next claim" not in notice.inner_text()
+        assert reports.status(page.locator("#job-id").inner_text()) == "due"
+    finally:
+        reports.remove_schedule("weekly")
 
 
 # -- checked and found correct -------------------------------------------------------------

@@ -19,6 +19,7 @@ from scheduler.core.errors import BadArgument, JobNotFound, ScheduleNotFound, Un
 from scheduler.core.ids import new_job_id
 from scheduler.core.keys import check_job_id
 from scheduler.dashboard.logical import PARTITION_NAME, stored_layout
+from scheduler.dashboard.reasons import queue_paused_ms
 from scheduler.dashboard.render import Renderer, notice_query
 from scheduler.dashboard.security import SESSION_COOKIE, origin_allowed
 from scheduler.dashboard.store import Store
@@ -153,18 +154,21 @@ class Actions:
         name, job_id = request.path_params["queue"], check_job_id(request.path_params["job_id"])
         await self.form(request)
 
-        def run() -> str:
+        def run() -> tuple[str, bool]:
             view = self.store.view(name)
             try:  # a job due already keeps its place ('due'): a stale page's button
                 q = view.holder(job_id)
-                return str(view.drive(q, q.ops.run_now(job_id)))
+                answer = str(view.drive(q, q.ops.run_now(job_id)))
             except JobNotFound:  # gone meanwhile (purged, expired)
-                return "missing"
+                return "missing", False
+            # Moved in a paused queue (partition): no claim takes it until a resume.
+            return answer, answer == "rescheduled" and queue_paused_ms(q) is not None
 
-        answer = await run_in_threadpool(run)
+        answer, paused = await run_in_threadpool(run)
         notice = RUN_NOW_NOTICES.get(answer, "not-moved" if answer == "missing" else None)
         if notice is None:  # an answer this version does not know: claim nothing
             raise BadArgument(f"the job could not be moved: the call answered {answer!r}")
+        notice = "moved-now-paused" if paused else notice
         return self._back(request, f"/queues/{name}/jobs/{job_id}", notice, state=answer)
 
     async def requeue(self, request: Request) -> Response:
@@ -215,17 +219,19 @@ class Actions:
         """Queue.run_schedule_now in the schedule's queue (its partition); to the new job's
         page, which says so."""
 
-        def run() -> tuple[str, str]:
+        def run() -> tuple[str, str, bool]:
             q = self._holder(name, sched)
             try:
-                return q.name, q.run_schedule_now(sched, job_id=self._run_id(q.name))
+                job_id = q.run_schedule_now(sched, job_id=self._run_id(q.name))
             except ScheduleNotFound:  # removed meanwhile (a stale page)
-                return q.name, ""
+                return q.name, "", False
+            return q.name, job_id, queue_paused_ms(q) is not None  # its run waits for a resume
 
-        part, job_id = await run_in_threadpool(run)
+        part, job_id, paused = await run_in_threadpool(run)
         if not job_id:
             return self._back(request, "/schedules", "no-schedule", **self._kept(request, "offset"))
-        return self._back(request, f"/queues/{part}/jobs/{job_id}", "ran-now")
+        notice = "ran-now-paused" if paused else "ran-now"
+        return self._back(request, f"/queues/{part}/jobs/{job_id}", notice)
 
     def _run_id(self, name: str) -> str | None:
         """In partition k of a partitioned queue, an id tagged `p<k>.` as PartitionedQueue

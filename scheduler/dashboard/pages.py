@@ -223,7 +223,7 @@ class Pages:
                 request, "missing.html", status_code=404, queue=name, job_id=job_id
             )
         now_ms = self.store.now_ms(q.name)  # one TIME, not the counts script
-        workers = self.store.live_worker_count(name)  # bounded: not the whole workers ZSET
+        workers, claiming = self.store.live_workers(name)  # bounded: not the whole ZSET
         paused_ms = queue_paused_ms(q) if job.state in (JobState.DUE, JobState.HELD) else None
         history = job.errors  # parsed once: a hand-written one may be long
         token = job.token or ""
@@ -239,7 +239,7 @@ class Pages:
             now_ms=now_ms,
             fence=fence,
             lease_left_ms=lease_left,
-            reasons=why_not_running(job, now_ms, workers, paused_ms),
+            reasons=why_not_running(job, now_ms, workers, paused_ms, claiming),
             flow=flow_settings(job),
             errors=error_entries(history),
             errors_cut=len(history) if len(history) > ERRORS_SHOWN else 0,

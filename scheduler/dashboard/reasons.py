@@ -73,10 +73,11 @@ def flow_reasons(job: Job, now_ms: int) -> list[Reason]:
 
 
 def why_not_running(
-    job: Job, now_ms: int, live_workers: int, paused_ms: int | None = None
+    job: Job, now_ms: int, live_workers: int, paused_ms: int | None = None, claiming: int = -1
 ) -> list[Reason]:
     """Reasons the job is not being run now; [] when it is running (leased). paused_ms: when
-    its queue was paused (QueueCounts.paused_ms), None while it is not."""
+    its queue was paused (QueueCounts.paused_ms), None while it is not. claiming: how many of
+    the live workers still claim (not quiet or stopping; -1: not known, taken as all)."""
     state = job.state
     if state == JobState.LEASED:
         return []
@@ -96,6 +97,9 @@ def why_not_running(
                 *held,
                 Reason("no-live-worker", "it is due, but no worker of this queue is alive"),
             ]
+        elif claiming == 0:  # quiet or stopping: none claims again, a new worker must start
+            text = "it is due, but its live workers are quiet or stopping: none will claim it"
+            waits = [*paused, *held, Reason("no-claiming-worker", text)]
         else:
             waits = [*paused, *held] or [
                 Reason("waiting-for-worker", "it is due and waits for a free worker slot")

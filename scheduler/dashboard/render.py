@@ -133,6 +133,8 @@ NOTICES = {
     "cancelled": "Cancelled the job (it was {state}).",
     "not-cancelled": "Nothing cancelled: the job was already {state}.",
     "moved-now": "Moved the job's run time to now: a worker takes it at its next claim.",
+    "moved-now-paused": "Moved the job's run time to now; the queue is paused: it runs once the"
+    " queue is resumed.",
     "not-moved": "Nothing changed: the job is {state}.",
     # A released job goes back at its own run time (lua/lib/flow.lua), not at the release.
     "not-moved-held": "Nothing changed: flow control holds the job (a key limit, a rate window"
@@ -146,6 +148,8 @@ NOTICES = {
     "no-schedule": "Nothing changed: there is no such schedule (removed meanwhile?).",
     "ran-now": "Ran the schedule now: this job is its extra run, due now (the schedule's own"
     " next run is unchanged); a worker takes it at its next claim.",
+    "ran-now-paused": "Ran the schedule now: this job is its extra run, due now (the schedule's"
+    " own next run is unchanged); the queue is paused: it runs once the queue is resumed.",
     "schedule-changed": "Nothing changed: the schedule was changed meanwhile; try again.",
     "queue-paused": "Paused the queue: workers claim none of its jobs until it is resumed.",
     "queue-already-paused": "Nothing changed: the queue was already paused.",
@@ -224,11 +228,14 @@ class Renderer:
         )
         response = HTMLResponse(html, status_code=status_code)
         if new:
+            # Lax, not Strict: a link followed from another site (an alert, a chat) arrives
+            # without a Strict cookie, and the new one set here broke every open tab's CSRF
+            # token. A cross-site POST still carries no Lax cookie (docs/security.md).
             response.set_cookie(
                 SESSION_COOKIE,
                 sid,
                 httponly=True,
-                samesite="strict",
+                samesite="lax",
                 secure=request.url.scheme == "https",  # never sent back over plain http then
                 path=request.scope.get("root_path", "") or "/",
             )

@@ -138,7 +138,8 @@ def origin_names(allowed_hosts: Collection[str] | None) -> frozenset[str]:
 
 class Csrf:
     """CSRF tokens bound to a random per-browser session cookie: token = HMAC(secret, session).
-    A cross-site form post has neither the cookie (SameSite=Strict) nor the token."""
+    A cross-site form post has neither the cookie (SameSite=Lax: sent on a link followed from
+    another site, never on its POST) nor the token."""
 
     def __init__(self, secret: str | None = None) -> None:
         raw = secret or os.environ.get(ENV_SECRET) or secrets.token_hex(32)

@@ -27,10 +27,11 @@ from scheduler.core.errors import SchedulerError, edited_by_hand
 from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.models import QueueCounts
 from scheduler.core.partitions import Layout, meta_key
+from scheduler.core.vocabulary import STOP_VERBS
 from scheduler.dashboard import batch
 from scheduler.dashboard.logical import PARTITION_NAME, View, stored_layout
 from scheduler.dashboard.summary import queue_summary
-from scheduler.dashboard.workers_read import Part, Queued, newest_ids, pipelined, reply_of
+from scheduler.dashboard.workers_read import Part, live_probe, newest_ids, pipelined, reply_of
 from scheduler.operations.requests import Op
 
 T = TypeVar("T")
@@ -42,7 +43,7 @@ MAX_CACHED = 10_000  # queue names a cache keeps: they come from URLs, so any nu
 # bounded number of its newest entries, never all of it, per page.
 WORKERS_LISTED = 200  # per queue (partition) on /workers: the newest entries paged through
 WORKERS_SHOWN = 200  # entries of the workers sets a /workers page reads (workers_read.py)
-WORKERS_PROBED = 20  # per queue (partition) on a job page: one EXISTS for all of them
+WORKERS_PROBED = 20  # per queue (partition) on a job page: one pipeline for all of them
 
 
 class QueueNotServed(SchedulerError):
@@ -241,13 +242,18 @@ class Store:
         return found if found is not None else queue_summary(self.view(name), minutes)
 
     def live_worker_count(self, name: str) -> int:
-        """Live workers among each partition's WORKERS_PROBED most recently seen, whatever the
-        size of the workers ZSET, each once (a worker of a partitioned queue beats on every
-        partition): a ZRANGE of each partition in one pipeline a node, then an EXISTS of each
-        id (a job page only asks whether any is alive). A live worker beats every few seconds,
-        so it is among the newest. A partition whose node does not answer is left out while
-        another answers (one down gave the page of a live one's job 503). -1 (not known) when
-        a workers set is edited by hand into another type."""
+        """Live workers of queue `name`, quiet and stopping ones included (live_workers)."""
+        return self.live_workers(name)[0]
+
+    def live_workers(self, name: str) -> tuple[int, int]:
+        """(live workers, those of them that still claim: not quiet or stopping) among each
+        partition's WORKERS_PROBED most recently seen, whatever the size of the workers ZSET,
+        each once (a worker of a partitioned queue beats on every partition): a ZRANGE of each
+        partition in one pipeline a node, then an EXISTS and an HGET of `stopping` of each id
+        (a worker from before operator stops writes no `stopping`: it claims). A live worker
+        beats every few seconds, so it is among the newest. A partition whose node does not
+        answer is left out while another answers (one down gave the page of a live one's job
+        503). (-1, -1) (not known) when a workers set is edited by hand into another type."""
         parts = [Part(q) for q in self.view(name).parts]
         got = pipelined(
             self.client, parts, [newest_ids(p.q.keys.workers, WORKERS_PROBED) for p in parts]
@@ -259,30 +265,35 @@ class Store:
                 asked.append((p, [str(w) for w, _ in (reply_of(reply) or [[]])[0]]))
             except Exception as exc:  # a node down, or refusing for now (its slot moving)
                 if isinstance(exc, ResponseError) and edited_by_hand(exc):
-                    return -1  # its workers set edited by hand: not known (the page says nothing)
+                    return -1, -1  # its workers set edited by hand: not known (nothing said)
                 if not not_answering(exc):
                     raise
                 failed.append(exc)
         if len(failed) == len(parts):  # none answered: the app's 503
             raise failed[0]
-        got = pipelined(self.client, [p for p, _ in asked], [_exist(p, ids) for p, ids in asked])
+        got = pipelined(
+            self.client, [p for p, _ in asked], [live_probe(p, ids) for p, ids in asked]
+        )
         live: set[str] = set()
+        claiming: set[str] = set()
         for (_, ids), reply in zip(asked, got, strict=True):
             try:
-                live.update(w for w, n in zip(ids, reply_of(reply), strict=True) if n)
+                found = reply_of(
+                    reply if isinstance(reply, BaseException) else [*map(_hand, reply)]
+                )
             except Exception as exc:
                 if not not_answering(exc):
                     raise
                 failed.append(exc)
+                continue
+            alive = [(w, s) for w, n, s in zip(ids, found[::2], found[1::2], strict=True) if n]
+            live.update(w for w, _ in alive)
+            claiming.update(w for w, s in alive if s not in STOP_VERBS)
         if len(failed) == len(parts):
             raise failed[0]
-        return len(live)
+        return len(live), len(claiming)
 
 
-def _exist(part: Part, ids: list[str]) -> Queued:
-    def add(pipe: Any) -> int:
-        for wid in ids:
-            pipe.exists(part.q.keys.worker(wid))
-        return len(ids)
-
-    return add
+def _hand(reply: Any) -> Any:
+    """HGET's WRONGTYPE (a presence hash edited into another type): claiming, as far as known."""
+    return "" if isinstance(reply, ResponseError) and edited_by_hand(reply) else reply

@@ -119,6 +119,19 @@ def _presence(part: Part, ids: list[str]) -> Queued:
     return add
 
 
+def live_probe(part: Part, ids: list[str]) -> Queued:
+    """An EXISTS (live) and an HGET of `stopping` (quiet or stopping: it claims no more) of
+    each id's presence hash, for a job page's reasons (Store.live_workers)."""
+
+    def add(pipe: Any) -> int:
+        for wid in ids:
+            pipe.exists(part.q.keys.worker(wid))
+            pipe.hget(part.q.keys.worker(wid), "stopping")
+        return 2 * len(ids)
+
+    return add
+
+
 def reply_of(got: Any) -> list[Any]:
     """A part's replies, or raise its (first) error."""
     if isinstance(got, BaseException):
