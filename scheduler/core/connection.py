@@ -209,10 +209,8 @@ def _client(url: str, kwargs: dict[str, Any], one: Any, cluster: Any, node: Any)
 
 
 def connect(url: str, **kwargs: Any) -> redis.Redis:
-    """A blocking client for `url`, read as `Queue.from_url` and `scheduler worker` read it:
-    one server, a Redis Cluster (`redis+cluster://`, typed as redis.Redis: the driver routes
-    scripts by slot) or the master a Sentinel names (`redis+sentinel://`); docs/cluster.md.
-    Replies decoded unless `decode_responses=False`; a bad URL raises BadArgument."""
+    """A client for `url` as `scheduler worker` reads it: one server, a Cluster, a Sentinel's
+    master. Replies decoded unless `decode_responses=False`; a bad URL raises BadArgument."""
     return _client(url, kwargs, redis.Redis, RedisCluster, ClusterNode)  # type: ignore[no-any-return]
 
 
