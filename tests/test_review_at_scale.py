@@ -275,12 +275,6 @@ def test_cancelling_one_parent_reads_neither_its_whole_fan_out_nor_each_child(
 
 
 # -- defects: client memory that grows with the queue -----------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="doctor loads the queue's due, held, leased and dead ZSETs whole into dicts and "
-    "unions their ids (scheduler/admin/doctor.py:78, 114-118, 144): its memory grows with "
-    "the queue",
-)
 def test_doctor_memory_does_not_grow_with_the_queue(client: redis.Redis, cli: Run) -> None:
     """Each check could read a page at a time (a SCAN page of job keys against ZMSCORE of the
     places; a ZSCAN page of a place against EXISTS of the records). Measured: 350-400 B a job

@@ -10,7 +10,8 @@ Invariants (membership in due / leased / dead is the truth; the hash's `state` i
 - every field name and value is UTF-8 (read with errors='surrogateescape', so damage shows up as
   lone surrogates and is reported, with the job id and the fields, instead of crashing the check).
 
-Checking reads in pages (SCAN / ZSCAN, pipelined; a never-claimed job by a GET of its record,
+Checking reads a page at a time (doctor_scan: SCAN / ZSCAN pages checked against the places
+and the records, pipelined, only the suspects kept; a never-claimed job by a GET of its record,
 doctor_pending), then re-reads each suspect inside one MULTI, so a job moving under a live
 worker is not reported. A repair re-reads its job under WATCH (`snapshot_reads`) and re-plans
 from those reads; it counts as done only when lua/repair.lua answers 1, and one Redis refuses
@@ -18,7 +19,7 @@ is reported, not raised. A job set aside by flow control (flow:held) is read as 
 the wrong type reads as empty and is a finding. An old dead LIST is first converted. A queue a
 newer version stores is that one finding (`newer-storage`): the rest would be misread."""
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +27,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from scheduler.admin import health
-from scheduler.admin.doctor_checks import diagnose, wrong_type_place
+from scheduler.admin.doctor_checks import diagnose
 from scheduler.admin.doctor_flow import fix_stray_slots, refused_note
 from scheduler.admin.doctor_keys import config_issues, convert_dead, live_ids, queue_key_issues
 from scheduler.admin.doctor_model import (
@@ -39,16 +40,19 @@ from scheduler.admin.doctor_model import (
     Issue,
     Report,
     Snapshot,
-    _hash_reply,
-    _kept,
-    _score_ms,
-    _ttl,
-    _with_spec,
     repaired,
     snapshot_from,
     snapshot_reads,
 )
 from scheduler.admin.doctor_pending import unclaimed_suspects
+from scheduler.admin.doctor_scan import (
+    PLACES,
+    job_suspects,
+    pages,
+    place_types,
+    spec_page,
+    unrecorded,
+)
 from scheduler.admin.doctor_text import undecodable_fields
 from scheduler.admin.inspection import iter_chunks, server_now_ms
 from scheduler.admin.queue_move import moving_findings
@@ -74,8 +78,9 @@ __all__ = [
 
 
 # -- reading ---------------------------------------------------------------------------------
-def _load_zset(client: redis.Redis, key: str) -> dict[str, int]:
-    return {str(m): _score_ms(sc) for m, sc in client.zscan_iter(key, count=_PAGE)}
+def _load_zset(client: redis.Redis, key: str) -> Iterator[list[str]]:
+    """The members of the ZSET `key`, a ZSCAN page at a time: a place is never held whole."""
+    return pages((str(m) for m, _ in client.zscan_iter(key, count=_PAGE)), _PAGE)
 
 
 def read_snapshots(
@@ -103,106 +108,42 @@ def read_snapshots(
 def check_queue(
     client: redis.Redis, queue: str, *, stale_lease_ms: int = DEFAULT_STALE_LEASE_MS
 ) -> list[Issue]:
-    """Every finding for one queue. Read-only, but for converting an old dead LIST first."""
+    """Every finding for one queue. Read-only, but for converting an old dead LIST first. Read a
+    page at a time (doctor_scan), the suspects alone kept, then each re-read atomically."""
     keys = QueueKeys(queue)
     if newer := [i for i in config_issues(client, keys) if i.code == "newer-storage"]:
         return newer
-    _, damaged = _load_place(client, keys, "dead_migrating")
+    _, damaged = place_types(client, keys, ["dead_migrating"])
     if not damaged:  # one of another type (by hand): its conversion step would raise on it
         convert_dead(client, keys)
     # A place of another type (written by hand) reads as empty and is a finding.
-    held, damaged = _load_place(client, keys, "flow_held", damaged)
-    due, damaged = _load_place(client, keys, "due", damaged)
-    due = held | due  # a job set aside by flow control is due
-    leased, damaged = _load_place(client, keys, "leased", damaged)
-    dead, damaged = _load_place(client, keys, "dead", damaged)
-    damaged += queue_key_issues(client, keys)
+    readable, found = place_types(client, keys, PLACES)
+    damaged += found + queue_key_issues(client, keys)
     ctx = Context(keys, server_now_ms(client, keys), live_ids(client, keys), stale_lease_ms)
     # The queue's node only (its keys share one slot): a cluster client's SCAN asks every one.
     node = connection.node_for_key(client, keys.prefix)
     suspects: list[str] = []
-    seen: set[str] = set()
-    job_prefix = keys.prefix + "job:"
-    scan = node.scan_iter(match=job_prefix + "*", count=_PAGE)
-    page: list[str] = []
-    for key in scan:
-        page.append(str(key))
-        if len(page) >= _PAGE:
-            suspects += _first_pass(client, page, job_prefix, ctx, due, leased, dead, seen)
-            page = []
-    suspects += _first_pass(client, page, job_prefix, ctx, due, leased, dead, seen)
-    # Spec records with no hash: in no place (orphan spec) a suspect; in due, read cheaply first.
-    spec_prefix = keys.prefix + "spec:"
-    unclaimed: list[str] = []
-    for key in node.scan_iter(match=spec_prefix + "*", count=_PAGE):
-        jid = str(key)[len(spec_prefix) :]
-        if jid in seen or jid in leased or jid in dead:
-            continue
-        (unclaimed if jid in due else suspects).append(jid)
-    seen.update(unclaimed)
-    suspects += unclaimed_suspects(node, keys, unclaimed, due)
-    suspects += sorted((set(due) | set(leased) | set(dead)) - seen)
+    for page in pages(node.scan_iter(match=keys.prefix + "job:*", count=_PAGE), _PAGE):
+        suspects += job_suspects(client, ctx, readable, [str(k) for k in page])
+    # Spec records: in no place with no hash (orphan spec) a suspect; in due, read cheaply first.
+    pending: list[str] = []
+    for page in pages(node.scan_iter(match=keys.prefix + "spec:*", count=_PAGE), _PAGE):
+        orphans, due = spec_page(node, keys, readable, [str(k) for k in page])
+        suspects += orphans
+        pending += unclaimed_suspects(node, keys, list(due), due)
+    unlisted: set[str] = set()  # ids in a place that no pass above read
+    for place in readable:
+        for ids in _load_zset(client, getattr(keys, place)):
+            unlisted.update(unrecorded(client, keys, place, ids))
     moving, found = moving_findings(client, keys)  # an interrupted move's jobs: no orphans
-    suspects, damaged = [j for j in suspects if j not in moving], damaged + found
+    # Once each (a SCAN may return a key twice, a pass read a job another read), in pass order.
+    ordered = dict.fromkeys([*suspects, *pending, *sorted(unlisted)])
+    suspects, damaged = [j for j in ordered if j not in moving], damaged + found
     if not suspects:
         return damaged
     now_ms, snaps = read_snapshots(client, keys, suspects)
     ctx = replace(ctx, now_ms=now_ms)
     return damaged + [i for s in snaps for i in diagnose(s, ctx)]
-
-
-def _load_place(
-    client: redis.Redis, keys: QueueKeys, place: str, found: Sequence[Issue] = ()
-) -> tuple[dict[str, int], list[Issue]]:
-    """The ZSET `place` (due, leased, dead, flow_held, dead_migrating) of the queue, and `found`
-    plus a finding when it is a key of another type: read as empty, so the check goes on."""
-    key = getattr(keys, place)
-    t = str(client.type(key))
-    if t in ("zset", "none"):
-        return _load_zset(client, key), list(found)
-    return {}, [*found, wrong_type_place(keys.queue, place, key, t)]
-
-
-def _first_pass(
-    client: redis.Redis,
-    page: list[str],
-    job_prefix: str,
-    ctx: Context,
-    due: dict[str, int],
-    leased: dict[str, int],
-    dead: dict[str, int],
-    seen: set[str],
-) -> list[str]:
-    """Ids on this page of job keys that look wrong from the (non-atomic) bulk reads."""
-    if not page:
-        return []
-    pipe = client.pipeline(transaction=False)
-    for key in page:
-        pipe.type(key)
-        pipe.hgetall(key)
-        pipe.pttl(key)
-        pipe.get(ctx.keys.spec(key[len(job_prefix) :]))
-        pipe.pttl(ctx.keys.spec(key[len(job_prefix) :]))
-    reply = pipe.execute(raise_on_error=False)
-    out: list[str] = []
-    for n, key in enumerate(page):
-        jid = key[len(job_prefix) :]
-        seen.add(jid)
-        t, h, pttl, spec, spec_pttl = reply[5 * n : 5 * n + 5]
-        t, fields = _with_spec(str(t), _hash_reply(h), spec, due.get(jid))
-        s = Snapshot(
-            jid,
-            t,
-            fields,
-            _ttl(pttl, spec_pttl),
-            due.get(jid),
-            leased.get(jid),
-            1 if jid in dead else 0,
-            kept=_kept(pttl, spec_pttl),
-        )
-        if diagnose(s, ctx):
-            out.append(jid)
-    return out
 
 
 # -- repairing -------------------------------------------------------------------------------

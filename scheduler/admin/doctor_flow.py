@@ -16,7 +16,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from scheduler.admin.doctor_model import _PAGE, Issue, repair_sha
-from scheduler.admin.inspection import iter_chunks
+from scheduler.admin.doctor_scan import pages
 from scheduler.core import connection, scripts
 from scheduler.core.flow import DEFAULT_PRIORITY_AGING_MS
 from scheduler.core.keys import QueueKeys
@@ -100,12 +100,11 @@ def _suspects(
     head = keys.prefix + f"flow:{kind}:"
     for zkey in sorted(str(k) for k in node.scan_iter(match=head + "*", count=_PAGE)):
         key = zkey[len(head) :]
-        try:
-            members = [str(m) for m, _ in client.zscan_iter(zkey)]
-        except ResponseError:
-            continue  # of another type: claim parks its jobs and says so
+        if str(client.type(zkey)) != "zset":
+            continue  # of another type: claim parks its jobs and says so (none: gone since)
         suspects: list[str] = []
-        for page in iter_chunks(members, _PAGE):
+        members = (str(m) for m, _ in client.zscan_iter(zkey, count=_PAGE))
+        for page in pages(members, _PAGE):  # a page at a time: a key's holds may be many
             reads = _reads(client, keys, zkey, page, False)
             suspects += [m for i, m in enumerate(page) if judge(reads[6 * i : 6 * i + 6], key)]
         for m in suspects:

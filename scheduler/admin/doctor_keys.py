@@ -10,8 +10,9 @@ from redis.exceptions import ResponseError
 
 from scheduler.admin.doctor_flow import config_field_issues, key_set_issues, schedule_flow_issues
 from scheduler.admin.doctor_model import _PAGE, Issue
+from scheduler.admin.doctor_scan import pages
 from scheduler.admin.doctor_workers import worker_key_issues
-from scheduler.admin.inspection import iter_chunks, live_workers, server_now_ms
+from scheduler.admin.inspection import live_workers, server_now_ms
 from scheduler.admin.redis_cli import positional
 from scheduler.client.queue import Queue
 from scheduler.core.codec import stored_int
@@ -205,12 +206,11 @@ def stuck_children(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
     record) leaves the child waiting forever; no repair is safe, so it is reported. Read in
     pages; a suspect is read again inside one MULTI, so a child a parent releases meanwhile is
     not reported."""
-    try:
-        waiting = [str(m) for m, _ in client.zscan_iter(keys.flow_waiting)]
-    except ResponseError:
+    if str(client.type(keys.flow_waiting)) not in ("zset", "none"):
         return []  # of another type: the jobs' own checks see them as held
     out: list[Issue] = []
-    for page in iter_chunks(waiting, _PAGE):
+    waiting = (str(m) for m, _ in client.zscan_iter(keys.flow_waiting, count=_PAGE))
+    for page in pages(waiting, _PAGE):  # a page at a time: a fan-out is never held whole
         pipe = client.pipeline(transaction=False)
         for cid in page:
             pipe.hget(keys.job(cid), "parents")

@@ -5,7 +5,7 @@ jobs, with nothing wrong). Only those this read finds suspect go on to the snaps
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scheduler.admin.doctor_model import _PAGE, MAX_SCORE_MS, _unreadable
@@ -16,13 +16,14 @@ from scheduler.core.spec_record import with_spec
 
 
 def unclaimed_suspects(
-    node: Any, keys: QueueKeys, ids: Sequence[str], due: dict[str, int]
+    node: Any, keys: QueueKeys, ids: Sequence[str], due: Mapping[str, int]
 ) -> list[str]:
-    """Of `ids` (in due, with a spec record and no job hash when scanned), those that may be
-    wrong: the record gone or not a STRING, holding bytes that are not UTF-8, unreadable, or
-    unusable as claim would read it (doctor_model._unreadable), an expiry on it, a due score
-    that is no time. The rest are
-    healthy pending jobs (a job claimed meanwhile is read as it was: claims keep its record)."""
+    """Of `ids` (a page of them, in due or flow:held with a spec record when scanned, most with
+    no job hash; `due` their due scores), those that may be wrong: the record gone or not a
+    STRING, holding bytes that are not UTF-8, unreadable, or unusable as claim would read it
+    (doctor_model._unreadable), an expiry on it, a due score that is no time. The rest are
+    healthy pending jobs (a job claimed meanwhile is read as it was: claims keep its record;
+    one with a hash is read whole as well, by doctor_scan.job_suspects)."""
     out: list[str] = []
     for page in iter_chunks(list(ids), _PAGE):
         pipe = node.pipeline(transaction=False)
