@@ -191,12 +191,6 @@ def grows_with_the_queue(make: Callable[[int], str], run: Callable[[str], Result
 
 
 # -- defects: one server call that grows with the queue ----------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs cancel --state resumes each page at the cursor's run time with LIMIT <its rank "
-    "in that ms>: a page steps over every earlier job of that run time "
-    "(scheduler/cli/job_select.py:64-66)",
-)
 def test_cancel_by_state_steps_over_a_bounded_part_of_jobs_that_share_a_run_time(
     client: redis.Redis, raw: redis.Redis, cli: Run
 ) -> None:
@@ -214,12 +208,6 @@ def test_cancel_by_state_steps_over_a_bounded_part_of_jobs_that_share_a_run_time
     assert most <= CALL_BOUND, call
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a page of jobs cancel --state that no longer reaches its cursor (jobs claimed "
-    "meanwhile) is read again from its run time's first id: one ZRANGE of every job of that "
-    "run time read so far (scheduler/cli/job_select.py:67-69)",
-)
 def test_cancel_by_state_beside_a_claiming_worker_reads_no_call_of_the_whole_run_time(
     client: redis.Redis, raw: redis.Redis, cli: Run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -244,12 +232,6 @@ def test_cancel_by_state_beside_a_claiming_worker_reads_no_call_of_the_whole_run
     assert most <= CALL_BOUND, call
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs cancel ID walks the whole waiting subtree of each id given (the parent's "
-    "flow:children SET in one SMEMBERS, then one SMEMBERS per child) to order ids, even one "
-    "given alone (scheduler/cli/job_select.py:88-97, from job_cancel.py:160)",
-)
 def test_cancelling_one_parent_reads_neither_its_whole_fan_out_nor_each_child(
     client: redis.Redis, raw: redis.Redis, cli: Run
 ) -> None:
@@ -290,12 +272,6 @@ def test_doctor_memory_does_not_grow_with_the_queue(client: redis.Redis, cli: Ru
     assert not why, why
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs cancel --state reads the id of every job of the state into a list (and a set "
-    "of every id read, matched or not) before the first cancel (scheduler/cli/job_select.py:"
-    "33-44, job_cancel.py:210)",
-)
 def test_cancel_by_state_memory_does_not_grow_with_the_jobs_it_cancels(
     client: redis.Redis, cli: Run
 ) -> None:

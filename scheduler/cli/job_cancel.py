@@ -1,8 +1,9 @@
 """`scheduler jobs cancel`: withdraw jobs by id, or every waiting job of a state (and task) at
 once, e.g. after a bad deploy enqueued thousands of wrong ones (lua/cancel.lua, one script
-call per job, pipelined). The outcome does not depend on the order the jobs are met in: each
-is cancelled before any job it waits for (`children_first`), so a parent's cancel never parks
-a job the command cancels; a waiting job it leaves out is parked, as Queue.cancel does."""
+call per job, pipelined; --state: a page at a time as it is read, job_select.py). The outcome
+does not depend on the order the jobs are met in: each is cancelled before any job it waits
+for (`children_first`, `batches`), so a parent's cancel never parks a job the command cancels;
+a waiting job it leaves out is parked, as Queue.cancel does."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from scheduler.cli.common import (
     require_queue,
     url_option,
 )
-from scheduler.cli.job_select import children_first, waiting
+from scheduler.cli.job_select import Selection, batches, children_first, count, select
 from scheduler.cli.job_where import by_holding, silent_partition
 from scheduler.client.partitioned import PartitionedQueue, not_answering, open_queue, unread
 from scheduler.client.partitioned_partial import never_sent
@@ -129,15 +130,21 @@ def cancel_jobs(
     (--state: counts); exit 1 when an id was missing or already done or dead, or one was
     refused for a key of it edited by hand into another type (named; the others go on).
 
+    --state reads the jobs a page at a time and cancels each page as it is read (held: a
+    job others wait for at the end), so its memory does not grow with the queue; asking
+    first, it counts them, then cancels those up to the last one counted. Stopped by an
+    error midway, it prints what it did to the jobs read up to then (the later ones unread).
+
     Whatever the order of the IDs or of the jobs in their state: each job this command
     cancels is cancelled before any job it waits for (after=), so none of them is parked by
     its parent's cancel; a waiting job it leaves out (another state or task, an id not given)
     is parked as dead, 'parent cancelled: <id>', when a job it waits for is cancelled.
 
-    --state of a partitioned queue with a partition's node down: nothing is cancelled, and
-    the partitions that do not answer are named (exit 3). IDs: those of the other partitions
-    are cancelled and printed, each of that partition named (exit 3): 'unknown whether
-    cancelled' for the one whose cancel was sent when it stopped answering (it may have run)."""
+    --state of a partitioned queue with a partition's node down as it starts (each is asked
+    first): nothing is cancelled, and the partitions that do not answer are named (exit 3).
+    IDs: those of the other partitions are cancelled and printed, each of that partition
+    named (exit 3): 'unknown whether cancelled' for the one whose cancel was sent when it
+    stopped answering (it may have run)."""
     if bool(job_ids) == bool(state):
         raise BadInput("give job ids, or --state (not both)")
     if task is not None and not state:
@@ -203,33 +210,34 @@ def cancel_jobs(
         return
     assert state is not None
     parts = q.parts if isinstance(q, PartitionedQueue) else [q]
-    # A due or scheduled job waits for no job (a waiting one is held): only held ones need
-    # ordering, children first (see the help above).
-    order = children_first if state == "held" else (lambda _, ids: list(ids))
     with unanswered_change_nothing(q, queue, "cancelled"):  # a node down: named, exit 3
-        selected = [(p, i) for p in parts for i in order(p, waiting(p, state, task))]
+        chosen = [select(p, state, task) for p in parts]  # each partition's clock: all answer
+        asked = None if yes else sum(count(s) for s in chosen)
     what = f"{state} job(s)" + (f" of task {task!r}" if task else "")
-    if selected and not yes:
-        click.confirm(f"Cancel {len(selected)} {what} of queue {queue!r}?", abort=True, err=True)
-    counts, refused, stop = _cancel_all(queue, selected)
+    if asked:
+        click.confirm(f"Cancel {asked} {what} of queue {queue!r}?", abort=True, err=True)
+    matched, counts, refused, stop = _cancel_all(queue, chosen, asked)
     done = sum(n for was, n in counts.items() if was in _CANCELLED)
     # Not answered: after the error that stopped it (the last batch sent may have run).
-    unanswered = len(selected) - sum(counts.values()) - len(refused)
-    moved = len(selected) - done - len(refused) - unanswered  # claimed, finished, gone meanwhile
+    unanswered = matched - sum(counts.values()) - len(refused)
+    moved = matched - done - len(refused) - unanswered  # claimed, finished, gone meanwhile
     if as_json:
         extra = {"refused": refused} if refused else {}
+        extra |= {"asked": asked} if asked is not None else {}  # counted when it asked
         if stop is not None:
             extra |= {"stopped": safe(stop), "unconfirmed": unanswered}
-        emit_json({"queue": queue, "state": state, "task": task, "matched": len(selected),
+        emit_json({"queue": queue, "state": state, "task": task, "matched": matched,
                    "cancelled": done, "before": counts, **extra})  # fmt: skip
-    elif not selected:
+    elif not matched and stop is None:
         click.echo(f"no {what} in {queue!r}: nothing to cancel")
     else:
-        notes = [f"{moved} had moved on: {counts}"] if moved else []
+        notes = [f"{asked} when asked"] if asked not in (None, matched) else []
+        notes += [f"{moved} had moved on: {counts}"] if moved else []
         notes += [f"{len(refused)} refused, a key of each edited by hand"] if refused else []
-        notes += [f"{unanswered} unconfirmed: stopped by the error below"] if stop else []
+        if stop is not None:  # the jobs after the last page read are not counted
+            notes.append(f"{unanswered} unconfirmed, later ones unread: stopped by the error below")
         why = f" ({'; '.join(notes)})" if notes else ""
-        click.echo(f"cancelled: {done} of {len(selected)} {what} in {queue!r}{why}")
+        click.echo(f"cancelled: {done} of {matched} {what} in {queue!r}{why}")
         for job_id, words in list(refused.items())[:_NAMED]:
             click.echo(f"not cancelled: {job_id}: {words}", err=True)
         if len(refused) > _NAMED:
@@ -241,10 +249,12 @@ def cancel_jobs(
 
 
 def _cancel_all(
-    queue: str, selected: list[tuple[Queue, str]]
-) -> tuple[dict[str, int], dict[str, str], Exception | None]:
-    """Each job's state before its cancel, counted; why each refused one was (_cancel_each);
-    the error that stopped it midway (None: every job's cancel answered)."""
+    queue: str, chosen: list[Selection], total: int | None
+) -> tuple[int, dict[str, int], dict[str, str], Exception | None]:
+    """Each selection cancelled a page at a time as it is read (job_select.batches): how many
+    were read, each one's state before its cancel counted, why each refused one was
+    (_cancel_each), the error that stopped it midway (None: every job's cancel answered)."""
+    matched = 0
     counts: dict[str, int] = {}
     refused: dict[str, str] = {}
     progress = Progress(
@@ -255,22 +265,19 @@ def _cancel_all(
         transient=True,
     )
     with progress:
-        step = progress.add_task(queue, total=len(selected))
-        for at in range(0, len(selected), _BATCH):
-            chunk = selected[at : at + _BATCH]
-            by_part: dict[int, tuple[Queue, list[str]]] = {}
-            for part, job_id in chunk:
-                by_part.setdefault(id(part), (part, []))[1].append(job_id)
-            for part, ids in by_part.values():
-                was_in: dict[str, str] = {}
-                stop: Exception | None = None
-                try:
-                    _cancel_each(part, ids, was_in, refused)
-                except Exception as exc:  # a node down, ...: what was done is said first
-                    stop = exc
-                for was in was_in.values():
-                    counts[was] = counts.get(was, 0) + 1
-                if stop is not None:
-                    return counts, refused, stop
-            progress.advance(step, len(chunk))
-    return counts, refused, None
+        step = progress.add_task(queue, total=total)
+        try:
+            for sel in chosen:
+                for page in batches(sel):
+                    matched += len(page)
+                    for at in range(0, len(page), _BATCH):
+                        chunk, was_in = page[at : at + _BATCH], dict[str, str]()
+                        try:
+                            _cancel_each(sel.q, chunk, was_in, refused)
+                        finally:  # a node down, ...: what was done is said first
+                            for was in was_in.values():
+                                counts[was] = counts.get(was, 0) + 1
+                        progress.advance(step, len(chunk))
+        except Exception as exc:
+            return matched, counts, refused, exc
+    return matched, counts, refused, None
