@@ -65,12 +65,6 @@ class Held:
 # -- defects ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one exception object is given to every caller of a batch (enqueue_batcher.py:191) "
-    "and each caller's AsyncPartitionedQueue.enqueue writes its own unknown_ids on it "
-    "(partitioned_aio.py:145 -> partitioned_merge.py:213): the last caller's id wins",
-)
 def test_each_batched_partitioned_caller_whose_answer_was_lost_is_told_its_own_id(
     redis_url: str, client: redis.Redis, queue_name: str
 ) -> None:
@@ -118,12 +112,6 @@ def test_each_batched_partitioned_caller_whose_answer_was_lost_is_told_its_own_i
         delete_partitioned(client, pq)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AsyncPartitionedQueue.enqueue_many goes straight to the driver "
-    "(partitioned_aio.py:150-159), not through its partition's batcher.alone as "
-    "AsyncQueue.enqueue_many does (aio.py:250): a child is sent beside its parent's call",
-)
 @pytest.mark.parametrize("parent_by", ["enqueue", "enqueue_many"])
 def test_a_partitioned_child_waits_for_its_parents_call_in_flight(
     redis_url: str, client: redis.Redis, queue_name: str, parent_by: str
@@ -192,12 +180,6 @@ def test_a_partitioned_child_waits_for_its_parents_call_in_flight(
         delete_partitioned(client, pq)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a batch refused for the whole server (NOREPLICAS, OOM) is split down to one job "
-    "per call, each half awaited in turn (enqueue_batcher.py:212-218): 2n-1 sequential round "
-    "trips before its last caller hears what one call would have told it",
-)
 def test_a_batch_refused_by_the_whole_server_answers_its_callers_in_a_few_round_trips(
     module_server: RedisProcess, queue_name: str
 ) -> None:
@@ -239,12 +221,6 @@ def test_a_batch_refused_by_the_whole_server_answers_its_callers_in_a_few_round_
     assert took < 1.0, f"200 refused callers answered in {took:.2f} s ({rtt_s * 1000:.0f} ms RTT)"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="each partition's AsyncQueue has its own batcher, two calls in flight each "
-    "(partitioned_aio.py:44, aio.py:54): N partitions take up to 2N pooled connections, "
-    "past redis.asyncio's 100 MaxConnectionsError (docs/guide/manual.md:135-142 says two)",
-)
 def test_concurrent_partitioned_enqueues_share_calls_within_the_pool(
     redis_url: str, client: redis.Redis, queue_name: str
 ) -> None:
@@ -273,6 +249,51 @@ def test_concurrent_partitioned_enqueues_share_calls_within_the_pool(
 
 
 # -- checked and found right ---------------------------------------------------------------------
+
+
+def test_a_batch_refused_for_every_write_answers_each_caller_as_alone(
+    module_server: RedisProcess, queue_name: str
+) -> None:
+    """The fix of the test above sends a refused-for-now batch again as one pipeline of one-job
+    calls: a caller re-sending a job already written (which writes nothing, so NOREPLICAS does
+    not refuse it) is answered with its id, as alone (tests/test_review_real_replica.py); the
+    others get NoReplicas, each its own error object; the callers' order is kept."""
+    ctl = connect(module_server.url)
+    sizes: list[int] = []
+
+    async def main() -> list[Any]:
+        aq = AsyncQueue(connect_async(module_server.url), queue_name)
+        real = aq._batcher._send
+
+        async def send(args: list[str]) -> Any:
+            sizes.append(int(args[0]))
+            return await real(args)
+
+        aq._batcher._send = send
+        try:
+            assert await aq.enqueue("t", {"n": 1}, job_id="e1") == "e1"
+            assert await aq.enqueue("t", {"n": 3}, job_id="e3") == "e3"
+            ctl.config_set("min-replicas-to-write", 1)
+            fill = [aq.enqueue("t", job_id=f"f{i}") for i in range(2)]  # in flight: the rest wait
+            batch = [aq.enqueue("t", {"n": n}, job_id=f"e{n}") for n in range(5)]
+            return list(await asyncio.gather(*fill, *batch, return_exceptions=True))
+        finally:
+            ctl.config_set("min-replicas-to-write", 0)
+            await aq.aclose()
+
+    try:
+        got = asyncio.run(main())
+        assert sizes[2:] == [1, 1, 5]  # the two first ones alone, then the batch, refused once
+        assert [type(g) for g in got[:2]] == [NoReplicas] * 2
+        assert got[3] == "e1" and got[5] == "e3"
+        refused = [got[i] for i in (2, 4, 6)]
+        assert [type(g) for g in refused] == [NoReplicas] * 3
+        assert len({id(g) for g in refused}) == 3
+        q = Queue(ctl, queue_name)
+        assert q.counts().due == 2 and q.get_job("e3").payload() == {"n": 3}
+    finally:
+        delete_queue(ctl, Queue(ctl, queue_name))
+        ctl.close()
 
 
 def test_batches_stay_bounded_and_lose_nothing_under_a_large_burst(

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 
-from scheduler.client.enqueue_batcher import EnqueueBatcher
+from scheduler.client.enqueue_flights import queue_batcher
 from scheduler.client.schedule_home import check_schedule_home_async
 from scheduler.core import loop_guard, queue_index
 from scheduler.core.backoff import Backoff
@@ -51,7 +51,7 @@ class AsyncQueue(Unpicklable):
         self._script_keys = self.keys.script_keys()
         self._index = queue_index.SharedAdd(client, (self.keys.queue,))  # core/queue_index.py
         self._guard = loop_guard.Guard(client, "AsyncQueue")
-        self._batcher = EnqueueBatcher(lambda args: self._run(self.ops.enqueue_call(args)))
+        self._batcher = queue_batcher(self)  # client/enqueue_batcher.py
 
     @classmethod
     def from_url(cls, url: str, name: str = "default", **kwargs: Any) -> AsyncQueue:

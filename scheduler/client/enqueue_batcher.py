@@ -10,12 +10,16 @@ pooled connections instead of one per call (redis.asyncio's pool refuses calls p
 The answer a caller gets is the one it would have had alone:
 - its arguments were checked by the caller (BadArgument, InvalidPayload raise there, nothing
   joins a batch);
-- a batch the server refuses (a missing parent, a key edited by hand, a full server) is sent
-  again in halves, in order, down to one job per call for a job refused, so each caller gets
-  its own job's answer and a bad job of one caller refuses no other caller's (enqueue.lua
-  writes nothing when it refuses);
+- a batch the server refuses for one of its jobs (a missing parent, a key edited by hand) is
+  sent again in halves, in order, down to one job per call for a job refused, so each caller
+  gets its own job's answer and a bad job of one caller refuses no other caller's (enqueue.lua
+  writes nothing when it refuses); one refused for every write (NOREPLICAS, OOM, READONLY, a
+  newer version's storage: errors.refused_for_now) is sent again once, a call per job in one
+  pipeline, so each caller has its answer one round trip later, not ~2n (a re-sent job already
+  there, which writes nothing, is answered with its id as alone);
 - a connection error or timeout is raised to every caller of the batch, as it would have been
-  to each: its jobs may or may not be written, as for any call whose answer was lost;
+  to each (each its own copy: client/enqueue_flights.py own_error): its jobs may or may not be
+  written, as for any call whose answer was lost;
 - a caller cancelled while its job waits sends nothing; one cancelled once it was sent is
   cancelled as a lone call would be (the job may be written);
 - a job naming in `after` a job of the batch that has an idempotency key goes in a later call:
@@ -27,9 +31,10 @@ The answer a caller gets is the one it would have had alone:
   alone (`alone`: a debounced job, a queue waiting for replicas, enqueue_many) keep the same
   order both ways: they wait for the calls that write their parents, and their own ids count
   as in flight while they are.
-Jobs of a batch keep their callers' order. A delay counts from the batch's script, sent when a
-call in flight comes back (a refused batch's jobs when their half is sent again): never
-earlier than asked.
+The calls in flight are counted in a `Flights` (client/enqueue_flights.py): the queue's own, or
+the one an AsyncPartitionedQueue's partitions share (two per node). Jobs of a batch keep their
+callers' order. A delay counts from the batch's script, sent when a call in flight comes back
+(a refused batch's jobs when they are sent again): never earlier than asked.
 """
 
 from __future__ import annotations
@@ -41,11 +46,10 @@ from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
 
+from scheduler.client.enqueue_flights import Flights, Send, SendEach, alone_across, own_error
 from scheduler.core import codec
-from scheduler.core.errors import SchedulerError
-from scheduler.core.models import JobSpec
+from scheduler.core.errors import NewerStorage, SchedulerError, refused_for_now
 
-Send = Callable[[list[str]], Awaitable[Any]]
 T = TypeVar("T")
 
 # A script runs alone on the server: a batch bounded like enqueue_many's default batch_size.
@@ -66,15 +70,24 @@ class _Waiting:
 class EnqueueBatcher:
     """One queue's enqueue calls in flight, and the ones waiting to go out together."""
 
-    def __init__(self, send: Send, *, max_in_flight: int = 2) -> None:
+    def __init__(
+        self, send: Send, send_each: SendEach | None = None, *, max_in_flight: int = 2
+    ) -> None:
         self._send = send
-        self._max_in_flight = max_in_flight
-        self._in_flight = 0
+        self._send_each = send_each  # None: a refusal of every write is halved too
+        self._flights = Flights(max_in_flight)  # its own, unless shared (`share`)
+        self._node: Callable[[], str] | None = None  # its calls' node, on a cluster
+        self._in_flight = 0  # this queue's calls in flight
         self._waiting: deque[_Waiting] = deque()
         self._flying: dict[str, int] = {}  # ids of the jobs of the calls in flight
         self._tasks: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
         self._settled: asyncio.Event | None = None  # set when a call comes back
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def share(self, flights: Flights, node: Callable[[], str] | None = None) -> None:
+        """Count this queue's calls in `flights` (an AsyncPartitionedQueue's partitions share
+        one); `node` names the node its calls go to (a cluster's; "" when None)."""
+        self._flights, self._node, self._loop = flights, node, None
 
     def _enter(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
@@ -84,22 +97,26 @@ class EnqueueBatcher:
             self._loop, self._in_flight, self._waiting = loop, 0, deque()
             self._flying, self._settled = {}, None
             self._tasks = set()  # and the old loop's tasks (and so the loop) are not held
+            self._flights.enter(loop)
         return loop
 
     async def enqueue(self, fields: list[str]) -> str:
         """Send one job's enqueue.lua fields (codec.enqueue_fields); returns its id."""
         loop = self._enter()
-        if self._in_flight < self._max_in_flight and not self._waiting and not self._held(fields):
-            self._in_flight += 1
-            self._fly([fields], 1)
-            try:
-                return await self._alone(fields)
-            finally:
-                if loop is self._loop:
-                    self._in_flight -= 1
-                    self._fly([fields], -1)
-                    self._start()
-                    self._wake()
+        if not self._waiting and not self._held(fields):
+            node = "" if self._node is None else self._node()
+            if self._flights.take(node, self):
+                self._in_flight += 1
+                self._fly([fields], 1)
+                try:
+                    return await self._alone(fields)
+                finally:
+                    if loop is self._loop:
+                        self._in_flight -= 1
+                        self._fly([fields], -1)
+                        self._flights.give_back(node, loop)
+                        self._start()
+                        self._wake()
         future: asyncio.Future[str] = loop.create_future()
         self._waiting.append(_Waiting(fields, future))
         self._start()
@@ -111,24 +128,15 @@ class EnqueueBatcher:
         count as in flight until it is answered, so a batched child of one waits for it."""
         if isinstance(specs, Iterable) and not isinstance(specs, str | bytes | dict):
             specs = list(specs)  # read once: for the order here, then by the call
-        ids, parents = _named(specs)
-        loop = self._enter()
-        while parents and self._pending(parents):
-            if self._settled is None:
-                self._settled = asyncio.Event()
-            await self._settled.wait()
-        jobs = [[i] for i in ids]
-        self._fly(jobs, 1)
-        try:
-            return await call(specs)
-        finally:
-            if loop is self._loop:
-                self._fly(jobs, -1)
-                self._start()
-                self._wake()
+        return await alone_across([(self, specs)], lambda: call(specs))
 
     def _pending(self, ids: Collection[str]) -> bool:
         return any(i in self._flying for i in ids) or any(w.fields[0] in ids for w in self._waiting)
+
+    async def _until_settled(self) -> None:
+        if self._settled is None:
+            self._settled = asyncio.Event()
+        await self._settled.wait()
 
     def _wake(self) -> None:
         # A call came back: the `alone` calls waiting for it look again.
@@ -153,10 +161,17 @@ class EnqueueBatcher:
         return codec.parse_enqueue(await self._send(args), args)[0]
 
     def _start(self) -> None:
-        # Each call that comes back sends what waits: never more than max_in_flight at once.
-        while self._waiting and self._in_flight < self._max_in_flight:
+        # Each call that comes back sends what waits: never more calls in flight than its
+        # Flights allows (shared by a partitioned queue's partitions).
+        while self._waiting:
+            if self._waiting[0].future.done():
+                self._waiting.popleft()  # a cancelled caller's: not sent
+                continue
             if self._held(self._waiting[0].fields):
                 return  # its parent's call comes back first; callers' order is kept
+            node = "" if self._node is None else self._node()
+            if not self._flights.take(node, self):
+                return  # its turn comes when one of the pool's calls comes back
             batch: list[_Waiting] = []
             size = 0
             keyed: set[str] = set()  # ids of the batch's jobs with an idempotency key
@@ -171,30 +186,34 @@ class EnqueueBatcher:
                 if w.fields[_IDEM]:
                     keyed.add(w.fields[0])
             batch = [w for w in batch if not w.future.done()]  # a cancelled caller's: not sent
-            if not batch:
-                continue
             self._in_flight += 1
             self._fly([w.fields for w in batch], 1)
-            task = asyncio.get_running_loop().create_task(self._flush(batch, self._loop))
+            flush = self._flush(batch, node, self._loop)
+            task = asyncio.get_running_loop().create_task(flush)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _flush(self, batch: list[_Waiting], loop: asyncio.AbstractEventLoop | None) -> None:
+    async def _flush(
+        self, batch: list[_Waiting], node: str, loop: asyncio.AbstractEventLoop | None
+    ) -> None:
         try:
             await self._deliver(batch)
         except GeneratorExit:
             raise  # a task of a closed loop, collected: its futures can take no answer
         except BaseException as exc:
             # Every caller not answered yet gets it, also one whose job was not re-sent yet: a
-            # lost connection as each would have had it alone, a cancel as the loop closes.
+            # lost connection as each would have had it alone (an error object of its own, so
+            # what one caller writes on it reaches no other), a cancel as the loop closes.
             for w in batch:
-                _settle(w.future, exc)
+                mine = own_error(exc) if isinstance(exc, Exception) and len(batch) > 1 else exc
+                _settle(w.future, mine)
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                 raise  # else it reached its callers: left on this task, it is never retrieved
         finally:
             if loop is self._loop:  # else counted for a loop since left behind
                 self._in_flight -= 1
                 self._fly([w.fields for w in batch], -1)
+                self._flights.give_back(node, loop)
                 self._start()
                 self._wake()
 
@@ -209,9 +228,13 @@ class EnqueueBatcher:
             args.extend(w.fields)
         try:
             reply = await self._send(args)
-        except (SchedulerError, ResponseError):
-            # Refused, so nothing was written: each half again, in order, down to one job per
-            # call for the job refused. A bad job among n costs about 2 log2(n) calls, not n.
+        except (SchedulerError, ResponseError) as exc:
+            # Refused, so nothing was written. Every write refused: a call per job, one pipeline.
+            if self._send_each is not None and _every_write(exc):
+                await self._each(batch, self._send_each)
+                return
+            # One job refused: each half again, in order, down to one job per call for the job
+            # refused. A bad job among n costs about 2 log2(n) calls, not n.
             half = len(batch) // 2
             await self._deliver(batch[:half])
             await self._deliver(batch[half:])
@@ -219,6 +242,21 @@ class EnqueueBatcher:
         for w, job_id in zip(batch, codec.parse_enqueue(reply, args), strict=True):
             if not w.future.done():
                 w.future.set_result(job_id)
+
+    async def _each(self, batch: list[_Waiting], send_each: SendEach) -> None:
+        """A call per job, in one pipeline: each caller its own answer in one round trip."""
+        batch = [w for w in batch if not w.future.done()]
+        calls = [["1", *w.fields] for w in batch]
+        for w, args, reply in zip(batch, calls, await send_each(calls), strict=True):
+            try:
+                if isinstance(reply, BaseException):
+                    raise reply
+                job_id = codec.parse_enqueue(reply, args)[0]
+            except Exception as exc:
+                _settle(w.future, exc)
+            else:
+                if not w.future.done():
+                    w.future.set_result(job_id)
 
     async def _answer(self, w: _Waiting) -> None:
         try:
@@ -230,26 +268,20 @@ class EnqueueBatcher:
                 w.future.set_result(job_id)
 
 
-def _named(specs: Any) -> tuple[set[str], set[str]]:
-    """The ids chosen by the callers of `specs` (a list; else none: the call refuses it), and
-    the jobs they name in `after`."""
-    ids: set[str] = set()
-    parents: set[str] = set()
-    for spec in specs if isinstance(specs, list) else ():
-        if isinstance(spec, JobSpec):
-            if isinstance(spec.job_id, str):
-                ids.add(spec.job_id)
-            if isinstance(spec.after, list | tuple):
-                parents.update(p for p in spec.after if isinstance(p, str))
-    return ids, parents
-
-
 def _names_one_of(fields: list[str], ids: Collection[str]) -> bool:
     # A parent named by id whose job has a key: in one call, one whose key was taken stands
     # for the job the key names (enqueue.lua's rename, for one caller's jobs); a caller of
     # another call finds the id as it stands then. The flow field ends with the parents.
     flow = fields[_FLOW]
     return bool(ids and flow) and any(p in ids for p in flow.rsplit("|", 1)[1].split())
+
+
+def _every_write(exc: Exception) -> bool:
+    """A refusal of any write for now (errors.refused_for_now), or of any call of this version
+    (NewerStorage): not one job's."""
+    return isinstance(exc, NewerStorage) or (
+        isinstance(exc, ResponseError) and refused_for_now(exc)
+    )
 
 
 def _settle(future: asyncio.Future[str], exc: BaseException) -> None:

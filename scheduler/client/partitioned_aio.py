@@ -11,6 +11,7 @@ from typing import Any
 
 from scheduler.client import partitioned_partial as partial
 from scheduler.client.aio import AsyncQueue
+from scheduler.client.enqueue_flights import Flights, alone_across
 from scheduler.client.partition_names import refuse_taken_async
 from scheduler.client.partitioned_ids import dead_change_async, holding_async
 from scheduler.client.partitioned_lease_aio import AsyncPartitionedLeasing
@@ -23,7 +24,7 @@ from scheduler.client.partitioned_merge import (
     read_layout_async,
 )
 from scheduler.core import loop_guard, queue_index
-from scheduler.core.connection import connect_async
+from scheduler.core.connection import connect_async, is_cluster
 from scheduler.core.job_spec import spec_options
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
@@ -42,6 +43,11 @@ class AsyncPartitionedQueue(AsyncPartitionedLeasing):
     def __init__(self, client: Any, layout: Layout, **queue_kwargs: Any) -> None:
         self.client, self.layout = client, layout
         self.parts = [AsyncQueue(client, name, **queue_kwargs) for name in layout.names]
+        # The partitions' enqueue calls in flight: one AsyncQueue's (two a node), not two each.
+        flights, cluster = Flights(), is_cluster(client)
+        for p in self.parts:
+            node = (lambda p=p: partial.nodes_of(client, [p])[0]) if cluster else None
+            p._batcher.share(flights, node)
         self._scripts = Scripts(clock=queue_kwargs.get("_clock", "server"))
         self._spread = itertools.count()
         self._index = queue_index.SharedAdd(client, layout.names)
@@ -155,8 +161,11 @@ class AsyncPartitionedQueue(AsyncPartitionedLeasing):
             (self.parts[k], self.parts[k].ops.enqueue_many(g, batch_size))
             for k, g in groups.items()
         ]
+        self.parts[0]._guard()  # ahead of the batchers, whose state is the loop's
+        # In order with each partition's batched enqueues, as AsyncQueue.enqueue_many.
+        shared = [(self.parts[k]._batcher, g) for k, g in groups.items()]
         try:
-            got = (await partial.per_node_async(self, ops))[0]
+            got = (await alone_across(shared, lambda: partial.per_node_async(self, ops)))[0]
             ids = ids_in_call_order(placed, dict(zip(groups, got, strict=True)))
         except Exception as exc:
             if await queue_index.after_call_async(self.client, self.layout.names, exc):
