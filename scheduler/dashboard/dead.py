@@ -4,18 +4,21 @@ ones or all matching, after a confirmation page that states the count.
 The page itself is O(page): no filter is a ZRANGE page, an age filter a BYSCORE page (the dead
 ZSET's score is dead_ms), a task / error type filter a bounded scan that resumes from where
 the last page stopped. Only an action on "all matching" with a task / error filter walks every
-dead letter, and only after the operator asked for it (POST).
+dead letter, and only after the operator asked for it (POST): a page at a time, as `scheduler
+dead requeue | purge` by filter (operations/dead_bulk.py), so its memory does not grow with the
+dead set (it held every matching id: 150-340 B a dead job).
 
 "All matching" is fixed when the confirmation page counts it: that page carries the highest
-dead_ms it counted (`upto_ms`) and the count, and the apply selects with the same cutoff, so a
-job that dies while the operator reads the page is not acted on; should more match anyway (a
-hand-written score, clocks of several cluster nodes), nothing is done and the page says so."""
+dead_ms it counted (`upto_ms`) and the count, and the apply counts again with the same cutoff
+before it changes anything, then acts below it: a job that dies while the operator reads the
+page is not acted on; should more match anyway (a hand-written score, clocks of several cluster
+nodes), nothing is done and the page says so."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode
 
 from redis.exceptions import ResponseError
@@ -28,16 +31,18 @@ from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job
 from scheduler.dashboard.actions import Actions, Form
-from scheduler.dashboard.logical import once_per_partition
+from scheduler.dashboard.logical import View, once_per_partition
 from scheduler.dashboard.params import DEFAULT_LIMIT, int_param
 from scheduler.operations import browsing
-from scheduler.operations.dead_letters import dead_converted, scan_dead
+from scheduler.operations.dead_bulk import dead_act, dead_count
+from scheduler.operations.dead_letters import dead_converted
 from scheduler.operations.inspecting import wrong_type
 from scheduler.operations.requests import Op
 
 _AGE = re.compile(r"([0-9]{1,9})\s*(s|m|h|d)")
 _FORM_INT = re.compile(r"[0-9]{1,15}")  # ASCII digits: '²'.isdigit() is True too
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+T = TypeVar("T")
 
 
 def parse_age_ms(text: str) -> int | None:
@@ -95,23 +100,24 @@ def _jobs_died_before(q: Queue, max_dead_ms: int, offset: int, limit: int) -> Op
     return (yield from q.ops.get_jobs(ids))
 
 
-def _dead_upto(q: Queue, max_dead_ms: int, f: DeadFilter) -> Op[list[str]]:
-    """Ids of the dead letters that died at or before `max_dead_ms` and match `f`."""
+def _on_dead(q: Queue, op: Op[T]) -> Op[T]:
+    """`op` once an old dead LIST is converted; the dead set edited by hand into another type
+    is the dead page's typed error (a 400 naming `scheduler doctor`), not a bare 500."""
     try:
         yield from dead_converted()
-        found = yield from scan_dead(
-            q.keys, max_dead_ms=max_dead_ms, task=f.task, error_type=f.error_type
-        )
-    except ResponseError as exc:  # the dead set edited by hand: the dead page's typed error
-        raise wrong_type(exc, "dead", q.name) from None
-    return [i for _, i in found]
-
-
-def _dead_count(q: Queue, max_dead_ms: int) -> Op[int]:
-    try:
-        return (yield from browsing.dead_count_before(q.keys, max_dead_ms))
+        return (yield from op)
     except ResponseError as exc:
         raise wrong_type(exc, "dead", q.name) from None
+
+
+def _nothing() -> Op[int]:
+    """The action of a part none of whose dead letters matched at the count."""
+    yield from ()
+    return 0
+
+
+def _unseen(n: int) -> None:
+    """dead_act's progress: the dashboard shows none (the notice gives the count done)."""
 
 
 def _form_int(form: Form, name: str) -> int | None:
@@ -201,15 +207,44 @@ class DeadPages(Actions):
         age = parse_age_ms(f.older_than) or 0
         return self.store.now_ms(name) - max(age, 1)
 
-    def _matching_ids(self, name: str, f: DeadFilter, cutoff: int) -> list[str]:
-        found = self.store.view(name).run_each(lambda q: _dead_upto(q, cutoff, f))
-        return [i for ids in found for i in ids]
+    def _counts(self, view: View, f: DeadFilter, cutoff: int) -> list[int]:
+        """How many dead letters of each part match `f` at or below `cutoff` (dead_count: a
+        ZCOUNT, with a task / error filter a scan that counts), every part in one driver call."""
+        return view.run_each(
+            lambda q: _on_dead(q, dead_count(q.keys, cutoff, f.task, f.error_type))
+        )
 
     def _matching_count(self, name: str, f: DeadFilter, cutoff: int) -> int:
-        if f.by_record:
-            return len(self._matching_ids(name, f, cutoff))
+        return sum(self._counts(self.store.view(name), f, cutoff))
+
+    def _act(
+        self,
+        name: str,
+        verb: Literal["requeue", "purge"],
+        f: DeadFilter,
+        cutoff: int,
+        confirmed: int | None,
+    ) -> int:
+        """Requeue or purge "all matching" at or below `cutoff`, a page at a time (dead_act),
+        after a count of every part, so that nothing is done when more match than the
+        confirmation stated or a part does not answer. A form without the confirmation's count
+        (a script) is counted by ZCOUNT alone (no scan): it only tells which parts hold any."""
         view = self.store.view(name)
-        return sum(view.run_each(lambda q: _dead_count(q, cutoff)))
+        counted = f if confirmed is not None else DeadFilter(None, None, f.older_than)
+        counts = self._counts(view, counted, cutoff)
+        if confirmed is not None and sum(counts) > confirmed:
+            raise BadArgument(
+                f"{sum(counts)} dead letters match now, the confirmation stated "
+                f"{confirmed}: nothing was done; confirm again from the dead letters page"
+            )
+        todo = {q.name for q, n in zip(view.parts, counts, strict=True) if n}
+
+        def act(q: Queue) -> Op[int]:  # a request at least: _run_many asks each for one first
+            if q.name not in todo:
+                return _on_dead(q, _nothing())
+            return _on_dead(q, dead_act(q.ops, verb, cutoff, f.task, f.error_type, _unseen))
+
+        return sum(view.run_each(act)) if todo else 0
 
     async def confirm(self, request: Request) -> Response:
         name = request.path_params["queue"]
@@ -243,17 +278,12 @@ class DeadPages(Actions):
         upto_ms, confirmed = _form_int(form, "upto_ms"), _form_int(form, "count")
 
         def run() -> int:
-            view = self.store.view(name)
-            chosen = ids
             if scope == "matching":
                 cutoff = self._cutoff(name, f) if upto_ms is None else upto_ms
-                chosen = self._matching_ids(name, f, cutoff)
-                if confirmed is not None and len(chosen) > confirmed:
-                    raise BadArgument(
-                        f"{len(chosen)} dead letters match now, the confirmation stated "
-                        f"{confirmed}: nothing was done; confirm again from the dead letters page"
-                    )
-            return view.requeue_dead(chosen) if action == "requeue" else view.purge_dead(chosen)
+                verb: Literal["requeue", "purge"] = "requeue" if action == "requeue" else "purge"
+                return self._act(name, verb, f, cutoff, confirmed)
+            view = self.store.view(name)
+            return view.requeue_dead(ids) if action == "requeue" else view.purge_dead(ids)
 
         n = await run_in_threadpool(run)
         notice = "requeued" if action == "requeue" else "purged"

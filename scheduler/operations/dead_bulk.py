@@ -1,16 +1,18 @@
-"""`scheduler dead requeue | purge` by filter, a page at a time: the selection is never held
-whole (it was: 160 bytes a dead job for a purge, 500 for a requeue with its reads of `parents`).
+"""`scheduler dead requeue | purge` by filter and the dashboard's "all matching", a page at a
+time: the selection is never held whole (it was: 160 bytes a dead job for a purge, 500 for a
+requeue with its reads of `parents`).
 
 `dead_plan` fixes the selection before the operator is asked: its cutoff, the highest dead_ms
 it takes (the age filter's, else the server's ms at the count, waited out so that a job dying
-afterwards sorts above it, as the dashboard's "all matching" `upto_ms`), and its count (one
-ZCOUNT; with a task / error-type filter, a scan that counts). `dead_act` then requeues or purges
-the matches at or below the cutoff, newest first: scan_dead's pages of 1,000, in script calls
-of BATCH ids. A call's ids read calls ago (all but a page's first call) are checked again first,
-by their score alone: one still dead at or below the cutoff is the death that matched, one
-requeued since and dead again sorts above it. A requeue's call takes first the dead parents its
-ids list (`parents`, kept by a park) that the selection holds, and theirs: they died before
-their children and would come in a later call, while requeued together each child waits for its
+afterwards sorts above it, as the dashboard's "all matching" `upto_ms`), and its count
+(`dead_count`, which the dashboard calls with its own cutoff: one ZCOUNT; with a task /
+error-type filter, a scan that counts). `dead_act` then requeues or purges the matches at or
+below the cutoff, newest first: scan_dead's pages of 1,000, in script calls of BATCH ids. A
+call's ids read calls ago (all but a page's first call) are checked again first, by their score
+alone: one still dead at or below the cutoff is the death that matched, one requeued since and
+dead again sorts above it. A requeue's call takes first the dead parents its ids list
+(`parents`, kept by a park) that the selection holds, and theirs: they died before their
+children and would come in a later call, while requeued together each child waits for its
 parent again (lib/flow.lua flow_rewait) instead of running beside it."""
 
 from __future__ import annotations
@@ -57,9 +59,16 @@ def dead_plan(
 ) -> Op[tuple[int, int]]:
     """(cutoff, how many dead letters match at or below it) of one queue (a partition)."""
     cutoff = yield from dead_cutoff(older_than_ms)
+    return cutoff, (yield from dead_count(keys, cutoff, task, error_type))
+
+
+def dead_count(keys: QueueKeys, cutoff: int, task: str | None, error_type: str | None) -> Op[int]:
+    """How many dead letters match at or below a cutoff already fixed (dead_plan's, or the
+    dashboard's `upto_ms`): one ZCOUNT, or a scan that counts. The caller has converted an old
+    dead LIST first (dead_cutoff does, else dead_converted)."""
     if task is None and error_type is None:
         (n,) = yield Commands([("ZCOUNT", keys.dead, "-inf", cutoff)])
-        return cutoff, int(n)
+        return int(n)
     found = 0
 
     def tally(page: Page) -> Op[None]:
@@ -68,7 +77,7 @@ def dead_plan(
         yield from ()
 
     yield from scan_dead(keys, max_dead_ms=cutoff, task=task, error_type=error_type, each=tally)
-    return cutoff, found
+    return found
 
 
 def dead_act(
@@ -79,9 +88,10 @@ def dead_act(
     error_type: str | None,
     advance: Callable[[int], None],
 ) -> Op[int]:
-    """Requeue or purge the dead letters matching at or below `cutoff` (dead_plan's), a page at
-    a time, and return how many were (as requeue_dead / purge_dead count them). `advance(n)`:
-    n more of the selection met, acted on or skipped."""
+    """Requeue or purge the dead letters matching at or below `cutoff` (dead_plan's, or one
+    dead_count counted with, the old dead LIST converted), a page at a time, and return how
+    many were (as requeue_dead / purge_dead count them). `advance(n)`: n more of the selection
+    met, acted on or skipped."""
     flt: dict[str, Any] = {"max_dead_ms": cutoff, "task": task, "error_type": error_type}
     done = 0
 
