@@ -68,12 +68,6 @@ def _drop(client: redis.Redis, name: str) -> None:
 # -- defects ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PartitionedQueue.create / AsyncPartitionedQueue.create SET the layout record, then "
-    "build the partitions' Queues, which check the queue options: partitioned.py:104-109, "
-    "partitioned_aio.py:65-70",
-)
 def test_create_refusing_a_queue_option_writes_no_layout_record(
     client: redis.Redis, redis_url: str, queue_name: str
 ) -> None:
@@ -111,12 +105,6 @@ def test_create_refusing_a_queue_option_writes_no_layout_record(
         _drop(client, async_name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a partition's refused batch makes its whole outcome the error: ids_in_call_order "
-    "(partitioned_merge.py:192) gives '' for its jobs, so written_ids leaves out the batches of "
-    "that partition the pipeline wrote (operations/producing.py:120-123 raise without them)",
-)
 def test_partitioned_enqueue_many_written_ids_lists_every_job_written(
     make_pq: MakePq, redis_url: str
 ) -> None:
@@ -160,11 +148,6 @@ def test_partitioned_enqueue_many_written_ids_lists_every_job_written(
     assert len(due) == 2 and sorted(named) == sorted(due)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the client parameter is hinted redis.Redis / redis.asyncio.Redis only: "
-    "queue.py:45, aio.py:35, partitioned.py:92,112,342 (AsyncPartitionedQueue takes Any)",
-)
 def test_a_redis_cluster_client_passes_the_users_type_check(
     tmp_path: Path, mypy_cache: Path
 ) -> None:
@@ -226,11 +209,6 @@ def test_release_and_complete_many_refuse_none_as_their_twins_do(
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PartitionedQueue.enqueue_many checks batch_size only inside each partition's "
-    "Ops.enqueue_many, never called for no specs: partitioned.py:196, partitioned_aio.py:152",
-)
 def test_a_bad_batch_size_is_refused_with_no_specs_too(
     q: Queue, pq: PartitionedQueue, redis_url: str
 ) -> None:

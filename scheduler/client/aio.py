@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine, Iterable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aredis
 
@@ -13,7 +13,7 @@ from scheduler.client.enqueue_flights import queue_batcher
 from scheduler.client.schedule_home import check_schedule_home_async
 from scheduler.core import loop_guard, queue_index
 from scheduler.core.backoff import Backoff
-from scheduler.core.client_kind import Unpicklable, check_client
+from scheduler.core.client_kind import AsyncClient, Unpicklable, check_client
 from scheduler.core.connection import connect_async
 from scheduler.core.errors import not_utf8
 from scheduler.core.keys import QueueKeys
@@ -32,7 +32,7 @@ class AsyncQueue(Unpicklable):
 
     def __init__(
         self,
-        client: aredis.Redis,
+        client: AsyncClient,
         name: str = "default",
         *,
         result_ttl_ms: int = Settings.result_ttl_ms,
@@ -42,7 +42,7 @@ class AsyncQueue(Unpicklable):
         _clock: str = "server",
     ) -> None:
         check_client(client, "AsyncQueue", is_async=True)
-        self.client = client
+        self.client = cast(aredis.Redis, client)
         self.keys = QueueKeys(name)
         self.ops = Ops(
             self.keys, Settings(result_ttl_ms, max_payload_bytes, wait_replicas, wait_timeout_ms)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -47,8 +47,8 @@ from scheduler.client.partitioned_partial import (
     schedules_of,
 )
 from scheduler.client.queue import Queue
-from scheduler.core import queue_index
-from scheduler.core.client_kind import Unpicklable
+from scheduler.core import codec, queue_index
+from scheduler.core.client_kind import SyncClient, Unpicklable
 from scheduler.core.connection import connect
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
 from scheduler.core.partitions import Layout, PartitionMismatch, check_count, meta_key
@@ -81,15 +81,15 @@ class PartitionedQueue(PartitionedLeasing, Unpicklable):
     """A logical queue over the partitions of `layout` (use create() or open()); the manual
     lease API (claim, heartbeat, ...) is client/partitioned_lease.py's."""
 
-    def __init__(self, client: redis.Redis, layout: Layout, **queue_kwargs: Any) -> None:
-        self.client, self.layout = client, layout
+    def __init__(self, client: SyncClient, layout: Layout, **queue_kwargs: Any) -> None:
+        self.client, self.layout = cast(redis.Redis, client), layout
         self.parts = [Queue(client, name, **queue_kwargs) for name in layout.names]
         self._scripts = Scripts(clock=queue_kwargs.get("_clock", "server"))
         self._spread = itertools.count()
 
     @classmethod
     def create(
-        cls, client: redis.Redis, name: str, *, partitions: int, **queue_kwargs: Any
+        cls, client: SyncClient, name: str, *, partitions: int, **queue_kwargs: Any
     ) -> PartitionedQueue:
         """Create `name` with `partitions` partitions, or open it when it exists with that
         count. PartitionMismatch: it exists with another count, or as a plain queue, or one
@@ -97,8 +97,9 @@ class PartitionedQueue(PartitionedLeasing, Unpicklable):
         reserved (`name` is a partition of a partitioned queue, or one of its partitions'
         names is a partitioned queue); nothing written then."""
         check_count(partitions)
-        wanted = Layout.create(name, partitions)
-        existing = read_layout(client, name, "PartitionedQueue.create")
+        wanted, client = Layout.create(name, partitions), cast(redis.Redis, client)
+        existing = read_layout(client, name, "PartitionedQueue.create")  # the client's kind too
+        cls(client, wanted, **queue_kwargs)  # its options refused before the record is written
         if existing is None:
             refuse_taken(client, wanted)  # a plain queue's name (its own, a partition's), reserved
             client.set(meta_key(name), wanted.record(), nx=True)  # the first creator wins
@@ -109,8 +110,9 @@ class PartitionedQueue(PartitionedLeasing, Unpicklable):
         return cls(client, existing, **queue_kwargs)
 
     @classmethod
-    def open(cls, client: redis.Redis, name: str, **queue_kwargs: Any) -> PartitionedQueue:
+    def open(cls, client: SyncClient, name: str, **queue_kwargs: Any) -> PartitionedQueue:
         """Open `name` as stored. PartitionMismatch when it is not partitioned."""
+        client = cast(redis.Redis, client)
         layout = read_layout(client, name, "PartitionedQueue.open")
         if layout is None:
             raise PartitionMismatch(f"queue {name!r} is not partitioned")
@@ -193,6 +195,7 @@ class PartitionedQueue(PartitionedLeasing, Unpicklable):
         midway) fails its partitions only: the error (its own) has `written_ids` and
         `unknown_ids`, the jobs sent there, written or not (re-send them with those ids).
         NotDurable carries every id of the call."""
+        codec.check_int(batch_size, "batch_size")  # as Queue's, with no specs too
         placed = place(self.layout, specs, self._spread)
         groups = by_partition(placed)
         ops = [
@@ -339,14 +342,14 @@ class PartitionedQueue(PartitionedLeasing, Unpicklable):
 
 
 def open_queue(
-    target: redis.Redis | str, name: str = "default", **queue_kwargs: Any
+    target: SyncClient | str, name: str = "default", **queue_kwargs: Any
 ) -> Queue | PartitionedQueue:
     """The queue `name` as stored: a `PartitionedQueue` when `sched:{name}:partitions`
     exists, else a plain `Queue`. `target` is a client or a URL (connection.py's forms; a new
     connection the caller closes: `close()` or `with`, either kind). One GET here, once: N is
     fixed at creation, so the answer holds for the queue's life and no later call pays for it
     (`Queue.from_url` never reads it: a plain queue's calls stay one round trip)."""
-    client = connect(target) if isinstance(target, str) else target
+    client = connect(target) if isinstance(target, str) else cast(redis.Redis, target)
     layout = read_layout(client, name, "open_queue")
     if layout is None:
         return Queue(client, name, **queue_kwargs)

@@ -23,7 +23,7 @@ from scheduler.client.partitioned_merge import (
     place,
     read_layout_async,
 )
-from scheduler.core import loop_guard, queue_index
+from scheduler.core import codec, loop_guard, queue_index
 from scheduler.core.connection import connect_async, is_cluster
 from scheduler.core.job_spec import spec_options
 from scheduler.core.models import Job, JobSpec, JobState, QueueCounts
@@ -64,6 +64,7 @@ class AsyncPartitionedQueue(AsyncPartitionedLeasing):
         wanted = Layout.create(name, partitions)
         loop_guard.check(client, "redis.asyncio client")  # the GET, as every queue call
         stored = await read_layout_async(client, name, "AsyncPartitionedQueue.create")
+        cls(client, wanted, **queue_kwargs)  # its options refused before the record is written
         if stored is None:
             # The clock of the queue's own script (its node's, on a cluster): the stats minutes.
             now_ms = (await AsyncQueue(client, name).counts()).now_ms
@@ -155,6 +156,7 @@ class AsyncPartitionedQueue(AsyncPartitionedLeasing):
 
     async def enqueue_many(self, specs: Iterable[JobSpec], *, batch_size: int = 1000) -> list[str]:
         """PartitionedQueue.enqueue_many for asyncio."""
+        codec.check_int(batch_size, "batch_size")  # as AsyncQueue's, with no specs too
         placed = place(self.layout, specs, self._spread)
         groups = by_partition(placed)
         ops = [

@@ -185,11 +185,12 @@ def ids_in_call_order(placed: Sequence[Placed], got: dict[int, Any]) -> list[str
     and the fewest acknowledgements."""
     short = [e for e in got.values() if isinstance(e, NotDurable)]
     each = {k: (e.job_ids if isinstance(e, NotDurable) else e) for k, e in got.items()}
+    refusing = {k for k, e in each.items() if isinstance(e, BaseException)}
     pos = dict.fromkeys(each, 0)
     out = []
-    for k, _ in placed:
-        ids = each[k]
-        out.append("" if isinstance(ids, BaseException) else ids[pos[k]])
+    for k, _ in placed:  # a refused partition's other batches are written: its partial_ids
+        ids = getattr(each[k], "partial_ids", ()) if k in refusing else each[k]
+        out.append(ids[pos[k]] if pos[k] < len(ids) else "")
         pos[k] += 1
     refused = [e for e in each.values() if isinstance(e, BaseException)]
     if refused:
@@ -197,11 +198,11 @@ def ids_in_call_order(placed: Sequence[Placed], got: dict[int, Any]) -> list[str
         # those jobs a second time under new ids.
         written = [i for i in out if i]
         unknown = [s.job_id or "" for k, s in placed if isinstance(each[k], UNREACHABLE)]
-        err = refused[0]
+        err = refused[0]  # its own partition's count of written jobs: the whole call's here
+        err.__notes__ = [n for n in getattr(err, "__notes__", []) if "written_ids" not in n]
         if written:
             err.add_note(
-                f"{len(written)} job(s) of this call in other partitions were written "
-                "(their ids: the error's written_ids); re-send only the others"
+                f"{len(written)} job(s) of this call were written: the error's written_ids"
             )
         if unknown:
             err.add_note(

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 
 from scheduler.client.schedule_home import check_schedule_home
 from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
-from scheduler.core.client_kind import Unpicklable, check_client
+from scheduler.core.client_kind import SyncClient, Unpicklable, check_client
 from scheduler.core.connection import connect
 from scheduler.core.errors import BadArgument, not_utf8
 from scheduler.core.keys import QueueKeys
@@ -42,7 +42,7 @@ class Queue(Unpicklable):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: SyncClient,
         name: str = "default",
         *,
         result_ttl_ms: int = Settings.result_ttl_ms,
@@ -52,7 +52,7 @@ class Queue(Unpicklable):
         _clock: str = "server",
     ) -> None:
         check_client(client, "Queue", is_async=False)
-        self.client = client
+        self.client = cast(redis.Redis, client)
         self.keys = QueueKeys(name)
         self.ops = Ops(
             self.keys, Settings(result_ttl_ms, max_payload_bytes, wait_replicas, wait_timeout_ms)

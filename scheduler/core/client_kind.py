@@ -12,6 +12,11 @@ from redis.cluster import RedisCluster
 
 from scheduler.core.errors import BadArgument
 
+# What a user may hand a queue: a Redis Cluster client as well as one server's (the driver
+# routes each script by slot), typed as the one server's client inside.
+SyncClient = redis.Redis | RedisCluster
+AsyncClient = aredis.Redis | AsyncRedisCluster
+
 
 class Unpicklable:
     """A queue holds a Redis connection: pickle (and deepcopy) refuse it saying what to pass

@@ -197,7 +197,10 @@ class Scripts:
             part = replies[first:end]
             err = next((r for r in part if isinstance(r, BaseException)), None)
             if err is not None:
-                out.append(translate(err, keys) if isinstance(err, ResponseError) else err)
+                err = translate(err, keys) if isinstance(err, ResponseError) else err
+                if is_list:  # the other calls' replies: what a pipeline's refusal left written
+                    setattr(err, "pipeline_replies", part)  # noqa: B010 - any exception
+                out.append(err)
             else:
                 out.append(part if is_list else part[0])
         return out

@@ -10,7 +10,7 @@ from redis.exceptions import ResponseError
 
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
-from scheduler.core.errors import BadArgument, NewerStorage, NotDurable
+from scheduler.core.errors import BadArgument, NewerStorage, NotDurable, SchedulerError
 from scheduler.core.limits import ENQUEUE_PER_CALL
 from scheduler.core.models import JobSpec
 from scheduler.operations.requests import Op, OpsBase, Script, ScriptPipeline
@@ -119,7 +119,13 @@ class ProducingOps(OpsBase):
             replies = [(yield Script("enqueue", batches[0]))]
         else:
             # All batches in one pipeline: Redis runs one while the next is still arriving.
-            replies = yield ScriptPipeline([Script("enqueue", a) for a in batches], wait)
+            try:
+                replies = yield ScriptPipeline([Script("enqueue", a) for a in batches], wait)
+            except (SchedulerError, ResponseError) as exc:  # a refused batch: others written
+                got = getattr(exc, "pipeline_replies", None)
+                if got is not None:
+                    _note_written(exc, [_ids_of(a, r) for a, r in zip(batches, got, strict=False)])
+                raise
         ids: list[str] = []
         for args, reply in zip(batches, replies, strict=False):
             ids.extend(codec.parse_enqueue(reply, args))
@@ -134,6 +140,23 @@ class ProducingOps(OpsBase):
 
 
 _W = codec.ENQUEUE_FIELDS
+
+
+def _ids_of(args: list[str], reply: Any) -> list[str]:
+    """A batch's ids as its reply gives them, or '' for each of its jobs when refused."""
+    refused = isinstance(reply, BaseException)
+    return [""] * len(range(1, len(args), _W)) if refused else codec.parse_enqueue(reply, args)
+
+
+def _note_written(exc: BaseException, batches: list[list[str]]) -> None:
+    """A refused call's error carries what its other batches wrote: `written_ids`, and per
+    spec `partial_ids` ('' where not written), so a caller re-sends only the others."""
+    partial = [i for ids in batches for i in ids]
+    written = [i for i in partial if i]
+    setattr(exc, "partial_ids", partial)  # noqa: B010 - an attribute of any exception
+    setattr(exc, "written_ids", written)  # noqa: B010
+    if written:
+        exc.add_note(f"{len(written)} job(s) of this call were written: the error's written_ids")
 
 
 def _wrote(reply: Any) -> bool:
@@ -240,7 +263,7 @@ def _enqueue_in_turn(batches: list[list[str]], wait: tuple[int, int] | None) -> 
     alias: dict[str, str] = {}
     acked: int | None = None
     covered = True  # the last batch wrote: its WAIT (and the earlier ones) covered every job
-    for args in batches:
+    for k, args in enumerate(batches):
         renamed: dict[str, str] = {}
         if alias:
             args, renamed = _with_parents_renamed(args, alias)
@@ -252,10 +275,14 @@ def _enqueue_in_turn(batches: list[list[str]], wait: tuple[int, int] | None) -> 
                 reply, n = yield ScriptPipeline([Script("enqueue", args)], wait)
                 acked = int(n) if acked is None else min(acked, int(n))
                 covered = _wrote(reply)
-        except BadArgument as exc:
-            if not renamed:
+        except (SchedulerError, ResponseError) as exc:  # the earlier batches stay written
+            unsent = [_ids_of(a, exc) for a in batches[k:]]
+            if not (renamed and isinstance(exc, BadArgument)):
+                _note_written(exc, [ids, *unsent])
                 raise
-            raise type(exc)(_named_as_given(str(exc), renamed)) from None
+            named = type(exc)(_named_as_given(str(exc), renamed))
+            _note_written(named, [ids, *unsent])
+            raise named from None
         got = codec.parse_enqueue(reply, args)
         for b, final in zip(range(1, len(args), _W), got, strict=True):
             if final != args[b]:
