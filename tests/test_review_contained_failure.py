@@ -6,6 +6,8 @@ starve the worker's other jobs, and healthy due jobs must start on time beside i
 from __future__ import annotations
 
 import asyncio
+import collections
+import enum
 import threading
 import time
 import uuid
@@ -18,6 +20,9 @@ import redis
 from scheduler import Queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.connection import connect_async
+from scheduler.core.errors import InvalidPayload
+from scheduler.core.json_text import encode_json, encode_json_bounded
+from scheduler.core.limits import MAX_PAYLOAD_BYTES
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
 from tests.fixtures.polling import poll
@@ -86,19 +91,13 @@ def run_with_worker(
 # -- a long or hung run among short jobs -------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claiming.py:194 _hold_claim waits for min(48, (concurrency + prefetch) // 2) free "
-    "slots while jobs are short, but once a run is long the room has no prefetch (claiming.py:222):"
-    " a worker of under 48 slots claims nothing until that run ends",
-)
 def test_one_hung_run_among_short_jobs_does_not_stop_the_worker_claiming(
     module_server: RedisProcess, rq: Queue
 ) -> None:
     """Default prefetch (100): the hysteresis waits for min(48, (concurrency + prefetch) // 2)
     free slots while short jobs run. A run past a heartbeat interval turns prefetch off, so a
-    worker of 4 slots has at most 3 free beside it: it never claims again while that run goes
-    on (for ever with no timeout; for the timeout's length with one), with 3 slots idle."""
+    worker of 4 slots has at most 3 free beside it: the threshold is half the room there is
+    then (2), not 52, which it never reached while that run went on (claiming.py _hold_claim)."""
     settings = WorkerSettings(queues=(rq.name,), concurrency=4, heartbeat_ms=50, lease_ms=1_000,
                               grace_s=0)  # fmt: skip
 
@@ -127,21 +126,14 @@ def hang_sync(payload: Any, ctx: JobContext) -> None:
     HUNG.wait(60)  # ignores its timeout and ctx.stopped
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="heartbeat.py:78-88 takes a job held behind its abandoned run out of _behind (failed "
-    "StillRunning, or released) without setting _slot_free, which the claim loop waits on "
-    "(claiming.py:52) once _behind filled its room: it never claims again",
-)
 def test_a_one_slot_worker_claims_again_once_a_job_held_behind_its_hung_run_is_failed(
     module_server: RedisProcess, rq: Queue
 ) -> None:
     """One slot. The poison job's thread ignores its timeout; its retry, claimed here again,
     waits behind that thread (README: held a whole lease, then failed StillRunning). That
     retry filled the worker's room, so the claim loop waits for a slot to free; the
-    StillRunning fail frees it but wakes nothing: the worker never claims again while the
-    thread lives. The healthy job never runs, and the poison job's last attempt neither:
-    it stays due, never parked (the shipped test of this path has 2 slots)."""
+    StillRunning fail must wake it (it woke nothing: the worker never claimed again while the
+    thread lived, the healthy job never ran, the poison job's last attempt neither)."""
     settings = WorkerSettings(queues=(rq.name,), concurrency=1, heartbeat_ms=100, lease_ms=1_000,
                               grace_s=0)  # fmt: skip
 
@@ -175,19 +167,12 @@ def rows(payload: Any, ctx: JobContext) -> dict[str, Any]:
     return {"rows": [{"a": 1, "b": "xy"}] * 2_000_000}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dispatch.py:249 _finish encodes a sync handler's result on the event loop, all of it "
-    "before the 512 KiB check (json_text.py:53; failures.py:89 short-cuts a bare str only): "
-    "an outsized result holds every other job's heartbeats, and their leases lapse",
-)
 def test_an_outsized_result_does_not_hold_the_other_jobs_leases(
     module_server: RedisProcess, rq: Queue
 ) -> None:
-    """The result is refused (parked InvalidResult, as documented) only after the whole value
-    was encoded on the worker's loop: 1-2 s here. Meanwhile no heartbeat goes, so the healthy
-    job running beside it loses its lease and runs a second time. Shipped for a bare str
-    (tests/test_contained_handlers.py), not for the same str or rows inside a dict."""
+    """The result is refused (parked InvalidResult, as documented) without the whole value
+    being encoded (it was, on the worker's loop: 1-2 s with no heartbeat, so the healthy job
+    running beside it lost its lease and ran a second time); a sync handler's in its thread."""
     settings = WorkerSettings(queues=(rq.name,), concurrency=4, heartbeat_ms=50, lease_ms=400,
                               grace_s=0)  # fmt: skip
 
@@ -201,6 +186,43 @@ def test_an_outsized_result_does_not_hold_the_other_jobs_leases(
         assert STARTS[healthy] == 1, "the healthy job lost its lease and ran again"
 
     run_with_worker(module_server.url, settings, steps)
+
+
+class _Level(enum.IntEnum):
+    HIGH = 2
+
+
+_SAME: list[Any] = [
+    None, 7, 2.5, "héllo", [], {}, [[]], [1, "a", None, True], (1, 2), {"a": [1, {"b": "c"}]},
+    {1: "a", "x": [_Level.HIGH]}, {True: 1, None: 2}, collections.OrderedDict(a=1),
+    collections.defaultdict(list, a=[1]), [{"a": 1, "b": "xy"}] * 20, [{}] * 9 + [{"k": [1]}],
+    list(range(50)), {f"k{i}": i for i in range(30)}, {"deep": [[[["x"]]]]}, "\u2603" * 100,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", _SAME)
+def test_a_result_is_written_as_the_one_encoder_writes_it(value: Any) -> None:
+    """encode_json_bounded (results): every shape it reads (short containers item by item,
+    long ones and rows by C-speed passes, subclasses, enums) gives encode_json's text."""
+    limit = MAX_PAYLOAD_BYTES
+    assert encode_json_bounded(value, "result", limit) == encode_json(value, "result", limit)
+
+
+def _refusal(value: Any, encode: Callable[[Any, str, int], str]) -> str:
+    with pytest.raises(InvalidPayload) as err:
+        encode(value, "result", MAX_PAYLOAD_BYTES)
+    return str(err.value)
+
+
+def test_a_bounded_result_keeps_each_refusal_and_stops_an_outsized_one_early() -> None:
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    for bad in ({"a": float("nan")}, [{1: "a", "1": "b"}], {"s": {1}}, cyclic, {"a": "\ud800"}):
+        assert _refusal(bad, encode_json_bounded) == _refusal(bad, encode_json)
+    rows = {"rows": [{"a": 1, "b": "xy"}] * 2_000_000}  # 34 MB: stopped at the limit
+    assert "its encoding was stopped" in _refusal(rows, encode_json_bounded)
+    for text in ({"text": "x" * (MAX_PAYLOAD_BYTES + 1)}, [1, ["x" * (MAX_PAYLOAD_BYTES + 1)]]):
+        assert "it holds a str of" in _refusal(text, encode_json_bounded)  # read, never encoded
 
 
 # -- checked and found correct -------------------------------------------------------------

@@ -4,7 +4,9 @@ a typed refusal (InvalidPayload) that says how to fix a value JSON cannot hold."
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from scheduler.core.errors import InvalidPayload
@@ -37,6 +39,15 @@ def not_json(value: object) -> NoReturn:
 _JSON = json.JSONEncoder(
     separators=(",", ":"), allow_nan=False, ensure_ascii=False, default=not_json
 )
+# _JSON.encode's C encoder, built once (its two frames and build cost a short value's encode);
+# no markers (threads share it): a cycle's RecursionError is told apart by _JSON.encode then.
+_make_c: Callable[..., Any] | None = getattr(json.encoder, "c_make_encoder", None)
+_ESCAPE = json.encoder.encode_basestring  # a str's JSON text (ensure_ascii off)
+_C_JSON: Callable[[Any, int], list[str]] = (  # markers, default, escape, indent, separators;
+    _make_c(None, not_json, _ESCAPE, None, ":", ",", 0, 0, 0)  # sort_keys, skipkeys, NaN: off
+    if _make_c  # None: no C accelerator (another interpreter)
+    else lambda value, _: [_JSON.encode(value)]
+)
 
 
 def _described(exc: Exception) -> str:
@@ -49,27 +60,10 @@ def _described(exc: Exception) -> str:
 
 
 def encode_json(value: Any, what: str, limit: int) -> str:
-    try:
-        text = _JSON.encode(value)
-    except NotJsonType as exc:
-        hint = f", {TYPED_PAYLOAD_HINT}" if what == "payload" else ""
-        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}{hint}") from None
-    except (TypeError, ValueError) as exc:
-        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
-    except RecursionError:
-        raise InvalidPayload(f"{what} is nested too deeply to encode") from None
-    except Exception as exc:  # the value's own method raised (a mapping's items(), ...)
-        raise InvalidPayload(f"{what} could not be encoded: {_described(exc)}") from exc
-    if not text.isascii():
-        # A lone surrogate ('\ud800') is a str but not UTF-8: refuse it here, typed.
-        try:
-            size = len(text.encode())
-        except UnicodeEncodeError as exc:
-            raise InvalidPayload(f"{what} is not valid Unicode text: {exc.reason}") from None
-    else:
-        size = len(text)
-    if size > limit:
-        raise InvalidPayload(f"{what} is {size} bytes, over the {limit} limit")
+    return _keys_checked(value, _sized(_encoded(value, what), what, limit), what)
+
+
+def _keys_checked(value: Any, text: str, what: str) -> str:
     try:
         if "{" in text:  # else no dict, so no keys (a list of numbers costs one scan)
             _check_keys(value, text, what)
@@ -80,6 +74,163 @@ def encode_json(value: Any, what: str, limit: int) -> str:
     return text
 
 
+def _encoded(value: Any, what: str, limit: int | None = None) -> str:
+    """value's JSON text, by the C encoder; with a limit, by the Python one's chunks, stopped
+    once over it (characters: at least as many bytes)."""
+    try:
+        if limit is None:
+            try:
+                return "".join(_C_JSON(value, 0))
+            except RecursionError:  # a cycle, or nested too deeply: the encoder with markers says
+                return _JSON.encode(value)
+        chunks: list[str] = []
+        size = 0
+        for chunk in _JSON.iterencode(value):
+            size += len(chunk)
+            if size > limit:
+                raise InvalidPayload(f"{what} is over the {limit} byte limit (its encoding was "
+                                     f"stopped at {size} characters)")  # fmt: skip
+            chunks.append(chunk)
+        return "".join(chunks)
+    except InvalidPayload:
+        raise
+    except NotJsonType as exc:
+        hint = f", {TYPED_PAYLOAD_HINT}" if what == "payload" else ""
+        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}{hint}") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise InvalidPayload(f"{what} is nested too deeply to encode") from None
+    except Exception as exc:  # the value's own method raised (a mapping's items(), ...)
+        raise InvalidPayload(f"{what} could not be encoded: {_described(exc)}") from exc
+
+
+def _sized(text: str, what: str, limit: int) -> str:
+    if not text.isascii():
+        # A lone surrogate ('\ud800') is a str but not UTF-8: refuse it here, typed.
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError as exc:
+            raise InvalidPayload(f"{what} is not valid Unicode text: {exc.reason}") from None
+    else:
+        size = len(text)
+    if size > limit:
+        raise InvalidPayload(f"{what} is {size} bytes, over the {limit} limit")
+    return text
+
+
+def encode_json_bounded(value: Any, what: str, limit: int) -> str:
+    """encode_json, for a value that may be far over the limit (a handler's result): the C
+    encoder, which holds the GIL to its end (a 34 MB result: 1-2 s, every other job's
+    heartbeat held), runs only on a value read whole within the limit (_read); any other goes
+    through the Python encoder's chunks, stopped at the limit (tens of ms, and Python code
+    that lets other threads run)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        if kind is str and len(value) > limit:
+            raise InvalidPayload(f"{what} is over the {limit} byte limit ({len(value)} characters)")
+        return _sized(_ESCAPE(value) if kind is str else _encoded(value, what), what, limit)
+    try:
+        read = _read(value, limit)
+    except _LongStr as long:  # not to the chunks: a str is one, encoded whole
+        raise InvalidPayload(
+            f"{what} is over the {limit} byte limit (it holds a str of {long.args[0]} characters)"
+        ) from None
+    except Exception:  # a key's own __class__ or __len__: the encoder says what is wrong
+        read = None
+    if read is not None and read[0] <= limit:
+        text = _sized(_encoded(value, what), what, limit)
+        return text if read[1] else _keys_checked(value, text, what)
+    return _keys_checked(value, _sized(_encoded(value, what, limit), what, limit), what)
+
+
+class _LongStr(Exception):
+    """_read met a str longer than the limit: over it, cycle or not."""
+
+
+def _longest(strs: Any, limit: int) -> None:  # _LongStr for the longest str, if over the limit
+    if (n := max(map(len, filter(_is_str, strs)), default=0)) > limit:
+        raise _LongStr(n)
+
+
+_only_str = frozenset({str}).issuperset
+_only_dicts = frozenset({dict}).issuperset
+_is_str = str.__instancecheck__
+_flat = itertools.chain.from_iterable
+
+
+def _read(value: Any, limit: int) -> tuple[int, bool] | None:
+    """(A lower bound of value's JSON text length, cut short once over `limit`, where a cycle
+    ends too; whether all dict keys are exact str: none written alike), read through exact
+    JSON types and scalar subclasses (None at another). Item by item in a short container (the
+    common result: cheaper than C-speed passes), by C-speed passes in a long one (rows: as one)."""
+    size = 0
+    plain = True
+    stack = [value]
+    pop, push, push_all = stack.pop, stack.append, stack.extend
+    while stack:
+        obj = pop()
+        kind = type(obj)
+        keys: Any = ()
+        if kind is dict:  # braces, commas and colons
+            size += 2 * len(obj) + 1
+            keys, items = obj, obj.values()
+        elif kind is list or kind is tuple:
+            size += len(obj) + 1
+            items = obj
+            if len(obj) > _SHORT and size <= limit and _only_dicts(map(type, obj)):  # rows
+                size += len(obj) + 2 * sum(map(len, obj))
+                if size <= limit:
+                    keys, items = list(_flat(obj)), list(_flat(map(dict.values, obj)))
+        elif isinstance(obj, str):  # a subclass (of str, int, float: an enum) is written as its
+            if (n := str.__len__(obj)) > limit:  # base type's value, by the C encoder too
+                raise _LongStr(n)
+            size += n + 2
+            continue
+        elif kind in _SCALARS or isinstance(obj, int | float):
+            size += 1
+            continue
+        else:
+            return None
+        if size > limit:  # before reading the items: 2,000,000 of them cost nothing
+            return size, plain
+        if len(items) <= _SHORT:
+            for key in keys:  # a key's text is at least its str's (a number's: not counted)
+                if type(key) is not str:
+                    plain = False
+                elif (n := len(key)) > limit:
+                    raise _LongStr(n)
+                else:
+                    size += n
+            for item in items:
+                kind = type(item)
+                if kind is str:
+                    if (n := len(item)) > limit:
+                        raise _LongStr(n)
+                    size += n + 2
+                elif kind in _SCALARS:
+                    size += 1
+                else:
+                    push(item)  # a container, or a type read when popped
+            continue
+        if keys:
+            if _only_str(map(type, keys)):
+                size += sum(map(len, keys))
+            else:
+                plain = False
+                size += sum(map(len, filter(_is_str, keys)))
+            if size > limit:
+                _longest(keys, limit)
+        if _only_scalars(map(type, items)):  # a character each at least
+            size += len(items) + sum(map(len, filter(_is_str, items)))
+            if size > limit:
+                _longest(items, limit)
+        else:
+            push_all(items)
+    return size, plain
+
+
+_SHORT = 8  # items of a container read one by one, at most
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _only_scalars = _SCALARS.issuperset
 

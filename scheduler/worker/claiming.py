@@ -187,11 +187,16 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
     def _hold_claim(self, free: int) -> bool:
         """True: wait for more free slots before claiming (CLAIM_MIN_FREE). Only while jobs
         are short and some are running or waiting to: their ends free slots within a batch's
-        run time. An idle worker never holds, so a lone due job is claimed at once."""
+        run time. An idle worker never holds, so a lone due job is claimed at once. Half of
+        the room there is now: with a run gone long _room counts no prefetch, and a threshold
+        counting it was never reached (4 slots, one hung: 3 free, 52 waited for)."""
         if not (self.running or self._backlog) or not self._short_jobs():
             return False
         s = self.settings
-        return free < max(1, min(CLAIM_MIN_FREE, (s.concurrency + s.prefetch) // 2))
+        if free >= max(1, min(CLAIM_MIN_FREE, (s.concurrency + s.prefetch) // 2)):
+            return False
+        # The runs are scanned only when the two thresholds disagree.
+        return free < max(1, min(CLAIM_MIN_FREE, s.concurrency // 2)) or not self._one_runs_long()
 
     def _room(self) -> int:
         """How many jobs the next claim may take."""

@@ -10,8 +10,8 @@ import logging
 import time
 from typing import Any
 
-from scheduler.core.errors import InvalidPayload, UnknownTask
-from scheduler.core.models import ClaimedJob, _EncodedResult
+from scheduler.core.errors import UnknownTask
+from scheduler.core.models import ClaimedJob
 from scheduler.worker import failures, task_exits
 from scheduler.worker.execution import Running, _Slot
 from scheduler.worker.payloads import PayloadMisfit, load_stored
@@ -116,6 +116,8 @@ class Dispatch(Starting):
             def call() -> None:
                 try:
                     result = fn(payload, ctx)
+                    if result is not None:  # here: an outsized one holds no other job's beat
+                        result = failures.encoded_result(result)
                 except BaseException as exc:
                     out: tuple[Any, BaseException | None] = (None, exc)
                 else:
@@ -244,21 +246,14 @@ class Dispatch(Starting):
             return  # stopped earlier: its outcome is not ours to report
         try:
             if exc is None:
-                try:
-                    if result is not None:  # encoded once: what is checked is what is sent
-                        result = _EncodedResult(failures.result_text(result))
-                except KeyboardInterrupt:  # Ctrl-C of an embedded worker: not the result's fault
-                    raise
-                except BaseException as bad:  # InvalidPayload; a result's own method may raise
-                    why = failures.error_text(bad)
-                    if not isinstance(bad, InvalidPayload):
-                        why = f"result could not be encoded: {failures.type_name(bad)}: {why}"
-                    err, retryable = ("InvalidResult", why, ""), False
-                else:
+                if result is not None:  # a sync handler's was, in its thread (_run)
+                    result = failures.encoded_result(result)
+                if type(result) is not failures.BadResult:
                     self._end(r)
                     self._completes.append((r, result))
                     self._report.set()
                     return
+                err, retryable = ("InvalidResult", result.why, ""), False
             else:  # read before _end: an error that cannot be described must still be sent
                 err, retryable, r.retry_delay_ms = failures.failure_of(exc, r.spec)
                 if self.registry.outcome_hooks and type(exc) is not PayloadMisfit:

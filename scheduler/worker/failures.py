@@ -5,13 +5,15 @@ outcome."""
 from __future__ import annotations
 
 import difflib
-import inspect
 import traceback
+from types import CoroutineType
 from typing import Any
 
 from scheduler.core import codec
 from scheduler.core.errors import InvalidPayload
+from scheduler.core.json_text import encode_json_bounded
 from scheduler.core.limits import check_int
+from scheduler.core.models import _EncodedResult
 from scheduler.worker.payloads import PayloadMisfit
 from scheduler.worker.registry import TaskSpec
 from scheduler.worker.retry_later import RetryLater
@@ -77,18 +79,41 @@ def result_text(result: Any) -> str:
     """A handler's return value as the JSON text `complete` stores; InvalidPayload when it
     cannot be. A coroutine means an async def behind a sync wrapper (run in a thread) or a
     missing `await`: said so, and closed, so no "never awaited" warning follows."""
-    if inspect.iscoroutine(result):
+    if type(result) is CoroutineType:  # inspect.iscoroutine's test (no subclass can exist)
         result.close()
         raise InvalidPayload(
             "the handler returned a coroutine, never awaited: register the async function"
             " itself (a sync wrapper hides the async def), or await it in the handler"
         )
-    limit = codec.MAX_PAYLOAD_BYTES
-    # Its JSON text has at least as many bytes: refused before an encode that would hold the
-    # event loop (100 MB: seconds) only to fail the same check.
-    if isinstance(result, str) and len(result) > limit:
-        raise InvalidPayload(f"result is over the {limit} byte limit ({len(result)} characters)")
-    return codec.encode_json(result, "result", limit)
+    # Never encoded whole far over the limit: a str longer than it, or a list of 2,000,000
+    # rows, held the event loop (100 MB: seconds) only to fail the size check.
+    return encode_json_bounded(result, "result", codec.MAX_PAYLOAD_BYTES)
+
+
+class BadResult:
+    """A result `complete` cannot store: why, for its job's InvalidResult fail."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def encoded_result(result: Any) -> _EncodedResult | BadResult:
+    """result_text's, ready for `complete` (encoded once: what is checked is what is sent), or
+    why not. Never raises (but Ctrl-C). A sync handler's is made in its thread (Dispatch._run),
+    off the event loop; none is encoded whole when far over the limit (encode_json_bounded)."""
+    if type(result) is _EncodedResult or type(result) is BadResult:  # made in the thread
+        return result
+    try:
+        return _EncodedResult(result_text(result))
+    except KeyboardInterrupt:  # Ctrl-C of an embedded worker: not the result's fault
+        raise
+    except BaseException as bad:  # InvalidPayload; a result's own method may raise
+        why = error_text(bad)
+        if not isinstance(bad, InvalidPayload):
+            why = f"result could not be encoded: {type_name(bad)}: {why}"
+        return BadResult(why)
 
 
 # A job claimed again while its previous run here still goes on past that run's timeout (a sync

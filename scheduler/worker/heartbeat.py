@@ -23,10 +23,7 @@ from scheduler.worker.execution import Running
 from scheduler.worker.failures import STILL_RUNNING, STILL_RUNNING_TEXT
 from scheduler.worker.remote_stop import RemoteStop
 from scheduler.worker.reporting import Reporting
-from scheduler.worker.settings import (
-    _LEASE_MARGIN_S,
-    _SETTLE_S,
-)
+from scheduler.worker.settings import _LEASE_MARGIN_S, _SETTLE_S
 
 
 class Heartbeats(RemoteStop, Dispatch, Reporting):
@@ -75,10 +72,10 @@ class Heartbeats(RemoteStop, Dispatch, Reporting):
             # overrun its timeout (a handler that never returns would else cycle for good,
             # never parked), retried by its backoff, parked after its last; and _give_back's.
             now = time.monotonic()
-            stale = [r for r in self._behind.values() if now - r.started_s > lease_s]
-            for r in stale:
+            out = [r for r in self._behind.values() if now - r.started_s > lease_s]
+            for r in out:
                 del self._behind[(r.queue, r.job.id)]
-            stale = [r for r in stale if not r.finished and not self._overran(r, now)]
+            stale = [r for r in out if not r.finished and not self._overran(r, now)]
             for r in stale:
                 r.finished = True
             self._sweep_backlog(now)  # held back past a deadline or a lease: given back too
@@ -86,6 +83,8 @@ class Heartbeats(RemoteStop, Dispatch, Reporting):
             self._give_back = []
             if stale:
                 await self._release(stale, time.monotonic() + _SETTLE_S)
+            if out or stale:  # their room is free: a claim loop waiting for a slot goes on
+                self._slot_free.set()
 
     def _overran(self, r: Running, now: float) -> bool:
         """r waits behind a run of its job that has overrun its own timeout: r fails."""
