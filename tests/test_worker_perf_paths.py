@@ -84,7 +84,7 @@ def idle_worker(**settings: Any) -> Worker:
 
 def busy(w: Worker, n: int) -> None:
     for i in range(n):
-        w.running[("q", f"j{i}")] = cast(Running, object())
+        w.running[("q", f"j{i}")] = cast(Running, SimpleNamespace(started_s=time.monotonic()))
 
 
 def test_an_idle_worker_claims_at_once_even_for_one_free_slot() -> None:
