@@ -241,10 +241,6 @@ class Store:
         found: dict[str, Any] | None = batch.take("summary", name) if minutes == 60 else None
         return found if found is not None else queue_summary(self.view(name), minutes)
 
-    def live_worker_count(self, name: str) -> int:
-        """Live workers of queue `name`, quiet and stopping ones included (live_workers)."""
-        return self.live_workers(name)[0]
-
     def live_workers(self, name: str) -> tuple[int, int]:
         """(live workers, those of them that still claim: not quiet or stopping) among each
         partition's WORKERS_PROBED most recently seen, whatever the size of the workers ZSET,

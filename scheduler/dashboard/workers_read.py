@@ -60,7 +60,7 @@ class Share:
 
     def failed(self, part: Part, exc: BaseException) -> None:
         """A set not read: left out (named) while another of the queue answers, else the
-        queue's error, as Store.live_worker_count and the other pages treat it."""
+        queue's error, as Store.live_workers and the other pages treat it."""
         if self.partitioned and not_answering(exc):
             self.unread.append(f"partition {part.q.name}: {slot_move_text(exc) or exc}")
         elif self.error is None:
