@@ -108,10 +108,10 @@ def test_one_hung_run_among_short_jobs_does_not_stop_the_worker_claiming(
         await poll(lambda: rq.status(hung) == "leased", "the hung job to start")
         await asyncio.sleep(0.3)  # past a heartbeat interval: a long run now
         later = [rq.enqueue("rc-quick") for _ in range(3)]
-        t0 = time.monotonic()
+        # The hung run never ends (the gate opens after the test): before, none of them ran.
         what = "the healthy jobs behind a hung run, 3 of 4 slots free"
         await poll(lambda: all(rq.status(i) == "done" for i in later), what, timeout_s=3.0)
-        assert time.monotonic() - t0 < 1.0
+        assert rq.status(hung) == "leased"
 
     run_with_worker(module_server.url, settings, steps)
 
@@ -228,10 +228,19 @@ def test_a_bounded_result_keeps_each_refusal_and_stops_an_outsized_one_early() -
 # -- checked and found correct -------------------------------------------------------------
 
 RUNS: dict[str, list[tuple[float, int]]] = {}  # job id -> (wall ms at each start, run_at_ms)
+# What happened, in order: ("start" | "timeout" | "enqueued", job id). Order, not wall times,
+# is what the tests assert (a loaded machine stretches every interval).
+EVENTS: list[tuple[str, str]] = []
 
 
 def _ran(ctx: JobContext) -> None:
     RUNS.setdefault(ctx.job_id, []).append((time.time() * 1000, ctx.run_at_ms))
+    EVENTS.append(("start", ctx.job_id))
+
+
+def _after(first: tuple[str, str], then: tuple[str, str]) -> bool:
+    """`then` happened after `first` (each by its first occurrence)."""
+    return EVENTS.index(first) < EVENTS.index(then)
 
 
 @registry.task(name="rc-mark")
@@ -249,12 +258,11 @@ async def boom(payload: Any, ctx: JobContext) -> None:
 @registry.task(name="rc-hang-t", timeout_s=0.3)
 async def hang_timed(payload: Any, ctx: JobContext) -> None:
     _ran(ctx)
-    await Gate.release.wait()
-
-
-def _lateness_ms(job_id: str) -> float:
-    wall_ms, run_at_ms = RUNS[job_id][0]
-    return wall_ms - run_at_ms
+    try:
+        await Gate.release.wait()
+    except asyncio.CancelledError:  # its timeout (0.3 s)
+        EVENTS.append(("timeout", ctx.job_id))
+        raise
 
 
 def test_a_hung_run_frees_its_concurrency_key_at_its_timeout_and_other_keys_never_wait(
@@ -274,10 +282,11 @@ def test_a_hung_run_frees_its_concurrency_key_at_its_timeout_and_other_keys_neve
         same = rq.enqueue("rc-mark", concurrency_key="rc-k", concurrency_limit=1)
         other = rq.enqueue("rc-mark", concurrency_key="rc-other", concurrency_limit=1)
         await poll(lambda: other in RUNS, "the other key's job", timeout_s=5.0)
-        started_ms = RUNS[hung][0][0]
-        assert RUNS[other][0][0] - started_ms < 300  # before the hung run's timeout
         await poll(lambda: same in RUNS, "the key's next job", timeout_s=5.0)
-        assert 250 <= RUNS[same][0][0] - started_ms < 1_500  # the timeout freed it, not a lease
+        # The other key's job did not wait for the hung run; the key's next one waited for its
+        # timeout (the lease, renewed every 100 ms, would never have freed it).
+        assert _after(("start", other), ("timeout", hung))
+        assert _after(("timeout", hung), ("start", same))
         await poll(lambda: rq.status(hung) == "dead", "the hung job parked", timeout_s=15.0)
         parked = rq.get_job(hung)
         assert parked.attempts == 2 and parked.fields["last_error_type"] == "JobTimeout"
@@ -300,10 +309,15 @@ def test_a_poison_job_retried_at_once_for_ever_takes_its_turn_not_the_healthy_jo
         healthy = []
         for _ in range(30):
             healthy.append(rq.enqueue("rc-mark"))
-            await asyncio.sleep(0.03)
+            EVENTS.append(("enqueued", healthy[-1]))
+            await asyncio.sleep(0.03)  # a steady stream, not a synchronisation
         await poll(lambda: all(i in RUNS for i in healthy), "the healthy jobs", timeout_s=10.0)
-        worst = max(_lateness_ms(i) for i in healthy)
-        assert worst < 500, f"a healthy job started {worst:.0f} ms late beside the poison job"
+        # Between a healthy job's enqueue and its start, the poison job ran at most the run in
+        # progress and one claimed beside it (each retry is due at its fail, behind it): never
+        # a string of retries ahead of it.
+        for h in healthy:
+            span = EVENTS[EVENTS.index(("enqueued", h)) : EVENTS.index(("start", h))]
+            assert span.count(("start", poison)) <= 2, (h, span.count(("start", poison)))
         assert len(RUNS[poison]) > 30  # it ran on too: a fair share, not none
         assert rq.status(poison) in ("due", "leased")  # still within its attempts
 
@@ -323,12 +337,16 @@ def test_a_schedule_that_always_fails_re_arms_and_leaves_its_neighbour_on_time(
         rq.schedule("rc-bad", "rc-boom", every_ms=100, max_attempts=2,
                     backoff=Backoff(20, 1.0, 20, 0.0))  # fmt: skip
         rq.schedule("rc-good", "rc-mark", every_ms=100)
-        await asyncio.sleep(1.5)
-        bad = sorted(i for i in RUNS if i.startswith("schedule:rc-bad:"))
-        good = sorted(i for i in RUNS if i.startswith("schedule:rc-good:"))
-        assert len(good) >= 10 and len(bad) >= 10, (len(good), len(bad))
-        late = max(_lateness_ms(i) for i in good)
-        assert late < 500, f"a healthy schedule's run started {late:.0f} ms late"
+
+        def runs(name: str) -> list[str]:
+            return sorted(i for i in RUNS if i.startswith(f"schedule:{name}:"))
+
+        await poll(lambda: min(len(runs("rc-bad")), len(runs("rc-good"))) >= 10, "10 runs each",
+                   timeout_s=20.0)  # fmt: skip
+        bad, good = runs("rc-bad"), runs("rc-good")
+        # The healthy schedule kept pace with the failing one: a run of it for about each of
+        # the failing one's slots (both every 100 ms), none of its slots left behind.
+        assert len(good) >= len(bad) - 3, (len(good), len(bad))
         settled = [i for i in bad if rq.status(i) == "dead"]
         assert len(settled) >= len(bad) - 2  # the last one or two may still be retrying
         assert all(len(RUNS[i]) == 2 and rq.get_job(i).attempts == 2 for i in settled)
