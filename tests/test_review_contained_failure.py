@@ -225,6 +225,24 @@ def test_a_bounded_result_keeps_each_refusal_and_stops_an_outsized_one_early() -
         assert "it holds a str of" in _refusal(text, encode_json_bounded)  # read, never encoded
 
 
+@pytest.mark.parametrize("shape", ["long", "short", "nested"])
+def test_an_outsized_result_of_long_ints_is_stopped_not_encoded_whole(shape: str) -> None:
+    """An int is written with its digits (up to 4,300): the read counts them, so a result of
+    many long ints goes to the stopped chunks, not whole through the C encoder (it counted one
+    character an int: 2,000 ints of 4,000 digits, 8 MB, were encoded whole on the loop)."""
+    big = 10**3999
+    value: Any = {
+        "long": [big] * 2_000,
+        "short": {f"k{i}": [big, -big, big, big] for i in range(40)},
+        "nested": [[big] * 3] * 200,
+    }[shape]
+    assert "its encoding was stopped" in _refusal(value, encode_json_bounded)
+    small = [big] * 100  # 400 KB: under the limit, written as the one encoder writes it
+    assert encode_json_bounded(small, "result", MAX_PAYLOAD_BYTES) == encode_json(
+        small, "result", MAX_PAYLOAD_BYTES
+    )
+
+
 # -- checked and found correct -------------------------------------------------------------
 
 RUNS: dict[str, list[tuple[float, int]]] = {}  # job id -> (wall ms at each start, run_at_ms)

@@ -188,7 +188,7 @@ def _read(value: Any, limit: int) -> tuple[int, bool] | None:
             size += n + 2
             continue
         elif kind in _SCALARS or isinstance(obj, int | float):
-            size += 1
+            size += _digits(obj) if isinstance(obj, int) else 1
             continue
         else:
             return None
@@ -208,6 +208,8 @@ def _read(value: Any, limit: int) -> tuple[int, bool] | None:
                     if (n := len(item)) > limit:
                         raise _LongStr(n)
                     size += n + 2
+                elif kind is int:  # a short one: no call
+                    size += 1 if -_SHORT_INT < item < _SHORT_INT else _digits(item)
                 elif kind in _SCALARS:
                     size += 1
                 else:
@@ -221,8 +223,9 @@ def _read(value: Any, limit: int) -> tuple[int, bool] | None:
                 size += sum(map(len, filter(_is_str, keys)))
             if size > limit:
                 _longest(keys, limit)
-        if _only_scalars(map(type, items)):  # a character each at least
+        if _only_scalars(map(type, items)):  # a character each at least, an int's digits
             size += len(items) + sum(map(len, filter(_is_str, items)))
+            size += max(0, 3 * sum(map(int.bit_length, filter(_is_int, items))) // 10 - len(items))
             if size > limit:
                 _longest(items, limit)
         else:
@@ -230,6 +233,14 @@ def _read(value: Any, limit: int) -> tuple[int, bool] | None:
     return size, plain
 
 
+def _digits(number: int) -> int:
+    """At least as many characters as an int's JSON text: a b-bit int has at least 0.3 * b
+    digits (b * log10(2) - 0.302 + 1 > 0.3 * b), up to 4,300 of them, so ints count too."""
+    return max(1, 3 * int.bit_length(number) // 10)
+
+
+_is_int = int.__instancecheck__
+_SHORT_INT = 10**30  # below it, one character is the read's bound (30 at most: far under the limit)
 _SHORT = 8  # items of a container read one by one, at most
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _only_scalars = _SCALARS.issuperset
