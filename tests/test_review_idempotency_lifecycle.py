@@ -1,0 +1,117 @@
+"""Review: idempotency keys and debounce across a job's whole life (enqueue, claim, release,
+complete, fail, cancel, dead, purge, retention, `scheduler queue move`, flow control).
+
+Each test below asserts the behaviour a user of the key expects and is a strict xfail naming
+what is wrong today. What held (not repeated here): a key names its job through completion,
+retries, dead, purge, cancel and result expiry for its whole window (README: "even once the job
+has run"); a debounced call after cancel / purge / expiry makes a new job; re-sent debounced
+calls (the last 8) are answered with their own job under random lifecycles; concurrent
+enqueues of one key (threads, the asyncio batcher, AsyncPartitionedQueue) write one job; keys
+carried by a move into plain and partitioned destinations answer with the moved job."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import redis
+
+from scheduler import Queue
+from scheduler.admin.queue_move import move_queue
+from tests.conftest import Clock
+from tests.fixtures.move_queues import made_queues
+
+T0 = 1_000_000
+DAY_MS = 86_400_000
+
+
+def _idem(q: Queue, key: str) -> str:
+    return q.keys.idem(hashlib.sha256(key.encode()).hexdigest())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="debounce does not replace a job a worker gave back unstarted (release): a second "
+    "job is made and both run, the released one with the stale payload",
+)
+def test_a_debounced_call_replaces_a_job_released_unstarted(tq: tuple[Queue, Clock]) -> None:
+    """README: "while the job the key names has not been claimed, the call replaces it" (the
+    CLI: "while it has not started"). A worker's graceful stop releases the jobs it claimed
+    ahead (prefetch) or could not start, and a lost claim answer is released too: such a job
+    waits in due again with its attempt given back, never run. The next debounced call of
+    its key makes a second job beside it (enqueue.lua: a hash that is not bare is "claimed"),
+    and both digests run, one with the data the latest call replaced."""
+    q, clock = tq
+    clock.set_ms(T0)
+    first = q.enqueue("digest", {"n": 1}, key="digest:7", debounce=True)
+    (got,) = q.claim("w", limit=1, lease_ms=10_000).jobs
+    assert q.release([(got.id, got.token)]) == ["released"]  # back in due, never run
+    again = q.enqueue("digest", {"n": 2}, key="digest:7", debounce=True)
+    runs = q.claim("w", limit=10, lease_ms=10_000).jobs
+    assert [json.loads(j.payload_json) for j in runs] == [{"n": 2}]
+    assert again == first
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="queue move writes a keyed job into a destination whose same key names another job "
+    "(a re-send after the producers switched): both run, the report counts no conflict",
+)
+def test_a_move_does_not_silently_leave_two_jobs_of_one_key(client: redis.Redis) -> None:
+    """docs/cluster.md's procedure points the producers at the destination (step 2) before the
+    move (step 4). A request first enqueued into the source and re-sent (its answer lost) after
+    the switch makes a job in the destination under the same key. The move then writes the
+    source's job beside it (its key copy is refused, SET NX) and reports `moved 1, keys 0`, no
+    conflict: the destination holds two waiting jobs of one key and both run."""
+    with made_queues(client, "ridl-a-", "ridl-b-") as (a, b):
+        first = a.enqueue("charge", {"order": 7}, key="order-7", delay_ms=60_000)
+        resent = b.enqueue("charge", {"order": 7}, key="order-7", delay_ms=60_000)
+        assert resent != first
+        report = move_queue(client, a.name, b.name)
+        waiting = a.counts().scheduled + b.counts().scheduled
+        # Either one job of the key is left to run, or the move says it left two.
+        assert waiting == 1 or report.stays["conflict"] == 1, (report, waiting)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="expectation: queue move copies only the keys of the jobs it moved; a key whose job "
+    "finished in the source is not carried, so a re-send to the destination runs it again",
+)
+def test_a_move_carries_the_key_of_a_job_that_finished_in_the_source(
+    client: redis.Redis,
+) -> None:
+    """Within its window a key answers with its job even once that job ran (README). After
+    the move the producers use the destination, which has no copy of the key of a job that
+    finished in the source (docs/cluster.md: "each key of the source naming a job the run
+    moved is copied"): a re-sent keyed enqueue there makes a new job and the work (a charge,
+    an e-mail) runs a second time. The id is in no queue of the destination, so carrying the
+    key (as for a moved job, NX with its time left) names no other job."""
+    with made_queues(client, "ridl-a-", "ridl-b-") as (a, b):
+        done = a.enqueue("charge", {"order": 8}, key="order-8")
+        (got,) = a.claim("w", limit=1, lease_ms=10_000).jobs
+        a.complete(got.id, got.token, None)
+        assert a.enqueue("charge", {"order": 8}, key="order-8") == done  # the source's answer
+        a.enqueue("other", {"n": 1}, delay_ms=60_000)  # something to move
+        report = move_queue(client, a.name, b.name)
+        assert report.moved == 1
+        assert b.enqueue("charge", {"order": 8}, key="order-8") == done
+        assert b.counts().due == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="expectation: a key's window counts from the job's own run_at even while flow "
+    "control holds it behind a later parent: it expires before the job can run",
+)
+def test_the_key_of_a_held_child_lasts_until_it_can_run(client: redis.Redis, q: Queue) -> None:
+    """A child enqueued with a key, after=[a parent due in 2 days], waits (held) for the
+    parent. Its key is held 24 h past the child's own run time (now), so from day 1 to day 2
+    a re-sent enqueue of the child makes a second child beside the first, still waiting, and
+    both run once the parent is done (README: "a second enqueue with it returns the first id";
+    the job has not even run)."""
+    parent = q.enqueue("pay", delay_ms=2 * DAY_MS)
+    child = q.enqueue("ship", {"order": 1}, key="ship:1", after=[parent])
+    assert q.status(child) == "held"
+    assert client.pttl(_idem(q, "ship:1")) > 2 * DAY_MS
