@@ -1,5 +1,7 @@
 --[[ dead_match: which dead ids match the dead-letter task / error-type filter, read in one call
   per page instead of one HMGET reply per id (scheduler/operations/dead_filter.py). Read only.
+  `jobs cancel --state --task` sends it waiting ids with the task filter alone: nothing here
+  reads a dead-letter place (scheduler/cli/job_select.py).
   A job's task is its hash's, else its spec record's (the layout of lib/job.lua read_spec, read
   from the record's first 1,024 bytes; none when there is no record, or one of another type or
   no version wrote). Only a clean byte comparison is

@@ -7,6 +7,9 @@ hash's fields equal the filter byte for byte, or not); the ids it leaves undecid
 the hash, a field that is not UTF-8, a job key of another type) are read here as before, one
 HMGET each, then their spec records. 100,000 dead letters: docs/performance.md section 30.
 
+`matching` reads no dead-letter place: `jobs cancel --state --task` filters waiting ids with
+it too (cli/job_select.py).
+
 parents_first orders the ids of a requeue that takes several script calls: parents first
 (listed_parents reads them); dead_window checks a dead_ids page (offset / limit)."""
 
