@@ -43,11 +43,6 @@ def pq(client: redis.Redis, queue_name: str) -> Iterator[PartitionedQueue]:
     client.delete(logical.prefix + "partitions", logical.config)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`jobs reschedule --now` re-scores a job due already to now: it loses its aged "
-    "place and goes behind the line (the dashboard's Run now keeps it)",
-)
 def test_reschedule_now_does_not_push_an_overdue_job_back_in_line(
     client: redis.Redis, redis_url: str, q: Queue
 ) -> None:
@@ -89,11 +84,6 @@ def test_priority_aging_set_on_a_partitioned_queue_applies_to_its_partitions(
     assert got == [low], "the 60 s default applied: the priority-9 job overtook the aged one"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`jobs show` reports a hand-edited priority 10 / -1 as the job's priority, while "
-    "claim reads it as 0 (and doctor says nothing)",
-)
 @pytest.mark.parametrize("stored", ["10", "-1"])
 def test_jobs_show_does_not_report_a_priority_claim_cannot_read(
     client: redis.Redis, redis_url: str, q: Queue, stored: str

@@ -98,7 +98,9 @@ def job_json(job: Job, now_ms: int) -> dict[str, Any]:
         # after=[...]: the parents it waits for, as its enqueue found them not done (flow says
         # how many still are); kept while it waits, and by a child parked for one of them.
         "parents": (f.get("parents") or "").split() or None,
-        "priority": _int(f.get("priority")),
+        # As claim reads it (lua/lib/flow.lua): unset is 0; a hand-edited value out of 0..9
+        # is claimed as 0 too, shown None (unreadable; its text is in `fields`).
+        "priority": 0 if f.get("priority") is None else stored_int(f["priority"], 0, 9),
         "concurrency_key": f.get("ckey"),
         "concurrency_limit": _int(f.get("climit")),
         "rate_key": f.get("rkey"),

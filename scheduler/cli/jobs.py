@@ -252,7 +252,9 @@ def show_job(url: str, queue: str, as_json: bool, job_id: str) -> None:
 @queue_option
 @json_option
 @click.argument("job_id", metavar="ID", callback=_job_id)
-@click.option("--now", is_flag=True, help="Run it now.")
+@click.option(
+    "--now", is_flag=True, help="Run it now (a job due already keeps its place in line: 'due')."
+)
 @click.option("--in", "in_ms", type=Duration(), help="Run after this delay: 30s, 5m, 1h30m.")
 @click.option("--at", "at_text", metavar="ISO8601", help="Run at this time: 2030-01-01T09:00Z.")
 def reschedule_job(
@@ -260,25 +262,31 @@ def reschedule_job(
     at_text: str | None,
 ) -> None:  # fmt: skip
     """Move a waiting job's run time (scheduled, due, or waiting out a retry): --now, --in or
-    --at. Prints `rescheduled`, or why it did not move (exit 1): leased, done, dead,
-    cancelled, held (flow control), schedule (a schedule's run), moving (`queue move`)."""
+    --at. Prints `rescheduled`, `due` (--now of a job due already: it keeps its place, ahead of
+    the jobs due after it), or why it did not move (exit 1): leased, done, dead, cancelled,
+    held (flow control), schedule (a schedule's run), moving (`queue move`)."""
     if sum((now, in_ms is not None, at_text is not None)) != 1:
         raise BadInput("give one of --now, --in, --at")
     try:
         run_at = parse_at(at_text) if at_text is not None else None
     except BadArgument as exc:
         raise BadInput(str(exc)) from None
-    delay_ms = 0 if now else in_ms
     client = connect(url)
     require_queue(client, queue)
     opened = open_queue(client, queue)
+
+    def moved(p: Queue) -> str:
+        # --now as the dashboard's Run now: a job due already is left where it is (re-scored
+        # to now it went behind every job due before now, an aged one behind every priority).
+        if now:
+            return p._run(p.ops.run_now(job_id))
+        return p.reschedule(job_id, delay_ms=in_ms, run_at=run_at)
+
     # Where the job is, as `jobs show` (its node down: named, exit 3).
-    status = held_call(
-        opened, queue, job_id, lambda p: p.reschedule(job_id, delay_ms=delay_ms, run_at=run_at)
-    )
+    status = held_call(opened, queue, job_id, moved)
     if as_json:
         emit_json({"queue": queue, "job": job_id, "status": status})
     else:
         click.echo(f"{job_id}: {status}")
-    if status != "rescheduled":
+    if status != "rescheduled" and not (now and status == "due"):
         raise SystemExit(EXIT_FAILED)

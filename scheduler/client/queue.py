@@ -427,7 +427,10 @@ class Queue(Unpicklable):
     ) -> str:
         """Move a waiting job's run time: earlier (`delay_ms=0` runs it now) or later. Its
         attempts and payload stay; an idempotency key keeps the window it got at enqueue; a
-        start deadline (`start_within_ms`) moves by as much as the run time does.
+        start deadline (`start_within_ms`) moves by as much as the run time does. A job due
+        already given `delay_ms=0` goes behind the jobs due before now (an aged one behind
+        every priority); the CLI's `jobs reschedule --now` and the dashboard's Run now leave
+        it in its place.
 
         Args:
             job_id: the job's id.

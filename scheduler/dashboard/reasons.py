@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from redis.exceptions import ResponseError
 
 from scheduler.client.queue import Queue
+from scheduler.core.codec import stored_int
 from scheduler.core.errors import SchedulerError
 from scheduler.core.models import Job, JobState
 
@@ -171,11 +172,19 @@ def _past_deadline(job: Job, now_ms: int) -> list[Reason]:
     return [Reason("start-deadline", "its start deadline has passed: the next claim parks it")]
 
 
+def _priority(stored: str | None) -> str:
+    """The priority claim reads (lua/lib/flow.lua): unset is 0, and so is a value out of 0..9
+    (a hand edit), said so."""
+    if stored is None or stored_int(stored, 0, 9) is not None:
+        return stored or "0"
+    return f"unreadable ({stored[:40]!r}): claimed as 0"
+
+
 def flow_settings(job: Job) -> list[tuple[str, str]]:
     """The job's flow-control settings as (label, value) rows for its record: priority always
     (0 = the default, the lowest), the concurrency key, rate key and parents when set."""
     f = job.fields
-    rows = [("priority", f.get("priority") or "0")]
+    rows = [("priority", _priority(f.get("priority")))]
     if f.get("ckey"):
         rows.append(("concurrency key", f"{f['ckey']} (at most {f.get('climit', '?')} at once)"))
     if f.get("rkey"):
