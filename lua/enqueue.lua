@@ -25,8 +25,10 @@
     already there (the client made the ids, so a re-sent call finds them: same state). When an
     idempotency key is already taken (it lasts idem_ttl_ms past the first job's run_at), the
     first job's id is given as an (index, id) pair and nothing changes for that job; with the
-    'b' flag (debounce) that job, while never claimed, takes this call's spec and run time
-    instead ('u', its id in a pair), and once claimed the key moves to this call's new job.
+    'b' flag (debounce) that job, while no attempt of it started (never claimed, or given back
+    unstarted: released with its attempt returned), takes this call's spec and run time
+    instead ('u', its id in a pair), and otherwise the key moves to this call's new job. A job
+    waiting for parents holds its key from the latest run time they have at this call.
   Errors:  BAD_ARGUMENT <field>=<value>, CORRUPT <key> (a stored key of the wrong type); nothing
     written either way ]]
 -- @include "lib/clock.lua"
@@ -157,6 +159,34 @@ local function calls_after(calls, id, job)  -- the entries kept, this call's las
   ids[#ids + 1] = id
   return table.concat(ids, ' ', math.max(1, #ids - CALLS_KEPT + 1))
 end
+-- Debounce replaces the job a key names while no attempt of it has started: a spec and no hash
+-- (never claimed), or a hash holding only the `kids` mark of jobs enqueued after=[it]
+-- (lib/flow.lua flow_wait: they wait for the id, which the replacement keeps); or one a worker
+-- gave back unstarted (release.lua: a graceful stop's prefetched jobs, a claim whose answer was
+-- lost): due with attempts 0, its last lease settled 'released', no lease, and no field but
+-- those a claim and a release write (a run's progress, error, lapse or result, a flow field or
+-- a schedule: not replaced). Returns false (no hash to change), true (a hash given back) or
+-- nil (not replaceable; a key of another type neither).
+local GIVEN_BACK = { state = 1, token = 1, attempts = 1, claimed_ms = 1, fence = 1, task = 1,
+  run_at_ms = 1, enqueued_ms = 1, max_attempts = 1, result_ttl_ms = 1, keep_payload = 1,
+  settled_token = 1, settled = 1, settled_log = 1, kids = 1 }
+local function unstarted(jk, id)
+  local all = redis.pcall('HGETALL', jk)
+  if all.err then return nil end
+  local h = {}
+  for i = 1, #all, 2 do
+    if not GIVEN_BACK[all[i]] then return nil end
+    h[all[i]] = all[i + 1]
+  end
+  if #all == 0 or (#all == 2 and h.kids) then return false end
+  if h.state ~= 'due' or h.attempts ~= '0' or not h.token or h.settled ~= 'released'
+      or h.settled_token ~= h.token then
+    return nil
+  end
+  -- A lease (a hand edit of the state) or a leased key of another type: not given back.
+  if redis.pcall('ZSCORE', KEYS[3], id) ~= false then return nil end
+  return true
+end
 for _, j in ipairs(jobs) do
   if j[8] ~= '' then
     local r = redis.pcall('GET', prefix .. 'idem:' .. j[8])
@@ -172,9 +202,9 @@ for _, j in ipairs(jobs) do
       -- debounced twice) rather than answered with the first job and this data dropped.
       return redis.error_reply('BAD_ARGUMENT debounce=a key an earlier job of this call took')
     end
-    -- Debounce: the job the key names (an earlier call's) is replaced by this one while it has
-    -- never been claimed (a spec, no hash but a child's mark, waiting in due); once it has (running, finished,
-    -- gone), this call's job is written as new and the key names it.
+    -- Debounce: the job the key names (an earlier call's) is replaced by this one while no
+    -- attempt of it has started (`unstarted`, waiting in due, its spec there); once one has
+    -- (running, retrying, finished, gone), this call's job is written as new and the key names it.
     local seen = r and (' ' .. calls .. ' ')
     local at = j.debounce and r and r ~= j[1] and not string.find(seen, ' ' .. j[1] .. ' ', 1, true)
       and string.find(seen, ' ' .. j[1] .. '=', 1, true)
@@ -182,18 +212,13 @@ for _, j in ipairs(jobs) do
       j.first = string.match(seen, '^(%S+)', at + #j[1] + 2)
     elseif j.debounce and r and r ~= j[1]
         and not string.find(seen, ' ' .. j[1] .. ' ', 1, true) then
-      -- Never claimed: no hash, or one holding only the mark of jobs enqueued after=[it]
-      -- (lib/flow.lua flow_wait; they wait for the id, which the replacement keeps). A key of
-      -- another type (an error reply) is not.
-      local rjk = job_key(prefix, r)
-      local hlen = redis.pcall('HLEN', rjk)
-      local bare = hlen == 0 or (hlen == 1 and redis.call('HEXISTS', rjk, 'kids') == 1)
+      local given = unstarted(job_key(prefix, r), r)
       if redis.call('EXISTS', job_key(prefix, j[1])) == 1
           or redis.call('EXISTS', spec_key(prefix, j[1])) == 1 then
         j.first = j[1]  -- the call that made this job, re-sent after the key moved on
-      elseif bare and redis.call('EXISTS', spec_key(prefix, r)) == 1
+      elseif given ~= nil and redis.call('EXISTS', spec_key(prefix, r)) == 1
           and redis.call('ZSCORE', due, r) then
-        j.replace, j.calls = r, calls
+        j.replace, j.calls, j.rehash = r, calls, given
       else  -- a new job: the key keeps the calls of the one it named (r's own call is r)
         j.first, j.carry = nil, ' ' .. calls_after(calls, r .. '=' .. r, r)
       end
@@ -231,6 +256,38 @@ for _, j in ipairs(jobs) do
   end
 end
 
+-- A job given back unstarted keeps its hash (its fence; the settlement a re-sent release is
+-- answered from). The spec fields its first claim copied there, which claim reads over the
+-- spec, follow the replacing spec, as that claim would have written them from it.
+local function rehash(jk, task, max_attempts, run_at, result_ttl_ms, flags)
+  redis.call('HSET', jk, 'task', task, 'run_at_ms', fmt(run_at), 'enqueued_ms', fmt(now))
+  redis.call('HDEL', jk, 'max_attempts', 'result_ttl_ms', 'keep_payload')
+  if max_attempts ~= 5 then redis.call('HSET', jk, 'max_attempts', fmt(max_attempts)) end
+  if result_ttl_ms ~= '' then redis.call('HSET', jk, 'result_ttl_ms', result_ttl_ms) end
+  if spec_flags(flags) then redis.call('HSET', jk, 'keep_payload', '1') end
+end
+
+-- A job waiting for parents runs no earlier than the latest of them: its key's window starts
+-- at the latest run time they have now (due or set aside, a parent of this call its own start:
+-- a chain of waits), not at its own run_at, or it ended before the job could run. A parent
+-- running now adds nothing; one rescheduled later, or waiting behind a later job of an
+-- earlier call, is not foreseen. Scores are read strictly: a hand edit (inf, nan) is ignored.
+local starts = {}
+local function window_from(run_at, parents)
+  local from = run_at
+  for _, pr in ipairs(parents) do
+    if pr[2] == 'pending' then
+      local t = starts[pr[1]]
+      if not t then
+        t = redis.call('ZSCORE', due, pr[1]) or redis.call('ZSCORE', prefix .. 'flow:held', pr[1])
+        t = t and tonumber(t)
+      end
+      if t and t > from and t <= LIM.time_ms then from = math.floor(t) end
+    end
+  end
+  return from
+end
+
 local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local head_ms = head[2] and tonumber(head[2]) or nil
 local earliest = nil
@@ -246,6 +303,8 @@ for k, j in ipairs(jobs) do
     -- The latest call wins: its spec, its run time (the key held from it), the same id.
     redis.call('SET', spec_key(prefix, first), pack_spec(task, max_attempts, backoff, timeout,
       now, run_at, j[10], j[11], payload))
+    if j.rehash then rehash(job_key(prefix, first), task, max_attempts, run_at, j[10], j[11]) end
+    starts[first] = run_at
     adds[#adds + 1] = fmt(run_at)
     adds[#adds + 1] = first
     redis.call('SET', ik, first .. ' ' .. calls_after(j.calls, id), 'PX',
@@ -278,8 +337,10 @@ for k, j in ipairs(jobs) do
       adds[#adds + 1] = id
       if flow_used(j[12]) then flow_index(prefix, id, j[12].priority, run_at) end
     end
+    local from = j[13] and window_from(run_at, j[13]) or run_at
+    starts[id] = from
     if ik then
-      redis.call('SET', ik, id .. (j.carry or ''), 'PX', math.max(run_at - now, 0) + idem_ttl)
+      redis.call('SET', ik, id .. (j.carry or ''), 'PX', math.max(from - now, 0) + idem_ttl)
     end
     flags[k] = 'c'
     if earliest == nil or run_at < earliest then earliest = run_at end

@@ -17,7 +17,7 @@ import json
 import pytest
 import redis
 
-from scheduler import Queue
+from scheduler import JobSpec, Queue
 from scheduler.admin.queue_move import move_queue
 from tests.conftest import Clock
 from tests.fixtures.move_queues import made_queues
@@ -30,11 +30,6 @@ def _idem(q: Queue, key: str) -> str:
     return q.keys.idem(hashlib.sha256(key.encode()).hexdigest())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="debounce does not replace a job a worker gave back unstarted (release): a second "
-    "job is made and both run, the released one with the stale payload",
-)
 def test_a_debounced_call_replaces_a_job_released_unstarted(tq: tuple[Queue, Clock]) -> None:
     """README: "while the job the key names has not been claimed, the call replaces it" (the
     CLI: "while it has not started"). A worker's graceful stop releases the jobs it claimed
@@ -51,6 +46,65 @@ def test_a_debounced_call_replaces_a_job_released_unstarted(tq: tuple[Queue, Clo
     runs = q.claim("w", limit=10, lease_ms=10_000).jobs
     assert [json.loads(j.payload_json) for j in runs] == [{"n": 2}]
     assert again == first
+
+
+def test_the_replaced_released_job_runs_once_with_the_last_call_and_never_early(
+    client: redis.Redis, tq: tuple[Queue, Clock]
+) -> None:
+    """The replacement takes the later call's run time, budget and options (claim reads its
+    hash's copies over the spec), keeps its id, and a re-sent release is still answered."""
+    q, clock = tq
+    clock.set_ms(T0)
+    first = q.enqueue("digest", {"n": 1}, key="digest:9", debounce=True, max_attempts=3)
+    (got,) = q.claim("w", limit=1, lease_ms=10_000).jobs
+    assert q.release([(got.id, got.token)]) == ["released"]
+    again = q.enqueue(
+        "digest2", {"n": 2}, key="digest:9", debounce=True, delay_ms=60_000, keep_payload=True
+    )
+    assert again == first
+    assert q.release([(got.id, got.token)]) == ["released"]  # the re-sent release's answer
+    assert q.claim("w", limit=10, lease_ms=10_000).jobs == []  # not before the later run time
+    clock.set_ms(T0 + 60_000)
+    (run,) = q.claim("w", limit=10, lease_ms=10_000).jobs
+    assert (run.id, run.task, run.max_attempts, run.attempts) == (first, "digest2", 5, 1)
+    assert (json.loads(run.payload_json), run.run_at_ms) == ({"n": 2}, T0 + 60_000)
+    assert client.hget(q.keys.job(first), "keep_payload") == "1"
+    assert client.zcard(q.keys.due) == 0
+
+
+@pytest.mark.parametrize("trace", ["progress", "retry"])
+def test_a_released_job_whose_run_began_is_not_replaced(
+    tq: tuple[Queue, Clock], trace: str
+) -> None:
+    """A run's trace (its progress; a failed attempt, so attempts stay above 0 once released)
+    means the job started: the debounced call makes a new job, as once claimed."""
+    q, clock = tq
+    clock.set_ms(T0)
+    first = q.enqueue("digest", {"n": 1}, key="digest:10", debounce=True)
+    (got,) = q.claim("w", limit=1, lease_ms=10_000).jobs
+    if trace == "progress":
+        q.set_progress(got.id, got.token, {"done": 1})
+    else:
+        q.fail(got.id, got.token, ("E", "boom", ""))
+        clock.set_ms(T0 + 3_600_000)
+        (got,) = q.claim("w", limit=1, lease_ms=10_000).jobs
+    assert q.release([(got.id, got.token)]) == ["released"]
+    again = q.enqueue("digest", {"n": 2}, key="digest:10", debounce=True)
+    assert again != first
+    assert json.loads(q.get_job(first).payload_json) == {"n": 1}
+
+
+def test_a_chained_keyed_child_in_one_call_holds_its_key_from_its_parents_start(
+    client: redis.Redis, q: Queue
+) -> None:
+    """Parent (in 2 days) -> middle -> child, one call: the child waits for the middle, which
+    waits for the parent; the child's key lasts from the parent's run time too."""
+    p = JobSpec("pay", job_id="ridl-p", delay_ms=2 * DAY_MS)
+    m = JobSpec("pack", job_id="ridl-m", after=["ridl-p"])
+    c = JobSpec("ship", job_id="ridl-c", key="ship:2", after=["ridl-m"])
+    q.enqueue_many([p, m, c])
+    assert q.status("ridl-c") == "held"
+    assert client.pttl(_idem(q, "ship:2")) > 2 * DAY_MS
 
 
 @pytest.mark.xfail(
@@ -100,11 +154,6 @@ def test_a_move_carries_the_key_of_a_job_that_finished_in_the_source(
         assert b.counts().due == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="expectation: a key's window counts from the job's own run_at even while flow "
-    "control holds it behind a later parent: it expires before the job can run",
-)
 def test_the_key_of_a_held_child_lasts_until_it_can_run(client: redis.Redis, q: Queue) -> None:
     """A child enqueued with a key, after=[a parent due in 2 days], waits (held) for the
     parent. Its key is held 24 h past the child's own run time (now), so from day 1 to day 2
