@@ -143,6 +143,9 @@
     }
   }
 
+  // The pages' times are UTC, labelled (render.fmt_time): the refresh time too, not the browser's zone unlabelled.
+  const CLOCK = new Intl.DateTimeFormat("en-GB", { timeZone: "UTC", timeZoneName: "short", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+
   function poll(url, apply) {
     function tick() {
       fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
@@ -150,7 +153,7 @@
         .then(function (data) {
           apply(data);
           if (status) {
-            status.textContent = (status.dataset.partly ? "partly unreadable · " : "live · ") + new Date().toLocaleTimeString();
+            status.textContent = (status.dataset.partly ? "partly unreadable · " : "live · ") + CLOCK.format(new Date());
             status.classList.toggle("off", Boolean(status.dataset.partly));
           }
         })
