@@ -16,11 +16,14 @@ import json
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from scheduler import JobSpec, Queue
-from scheduler.admin.queue_move import move_queue
+from scheduler.admin.queue_move import QueueMove, move_queue
+from scheduler.cli.main import main
 from tests.conftest import Clock
-from tests.fixtures.move_queues import made_queues
+from tests.fixtures.move_queues import made_queues, waiting_in
+from tests.fixtures.partitioned import MakePq
 
 T0 = 1_000_000
 DAY_MS = 86_400_000
@@ -107,11 +110,6 @@ def test_a_chained_keyed_child_in_one_call_holds_its_key_from_its_parents_start(
     assert client.pttl(_idem(q, "ship:2")) > 2 * DAY_MS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="queue move writes a keyed job into a destination whose same key names another job "
-    "(a re-send after the producers switched): both run, the report counts no conflict",
-)
 def test_a_move_does_not_silently_leave_two_jobs_of_one_key(client: redis.Redis) -> None:
     """docs/cluster.md's procedure points the producers at the destination (step 2) before the
     move (step 4). A request first enqueued into the source and re-sent (its answer lost) after
@@ -128,11 +126,97 @@ def test_a_move_does_not_silently_leave_two_jobs_of_one_key(client: redis.Redis)
         assert waiting == 1 or report.stays["conflict"] == 1, (report, waiting)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="expectation: queue move copies only the keys of the jobs it moved; a key whose job "
-    "finished in the source is not carried, so a re-send to the destination runs it again",
-)
+def test_the_cli_names_both_jobs_of_a_key_conflict_and_exits_1(
+    client: redis.Redis, redis_url: str
+) -> None:
+    with made_queues(client, "ridl-a-", "ridl-b-") as (a, b):
+        first = a.enqueue("charge", {"order": 9}, key="order-9", delay_ms=60_000)
+        other = a.enqueue("charge", {"order": 10}, key="order-10", delay_ms=60_000)
+        resent = b.enqueue("charge", {"order": 9}, key="order-9", delay_ms=60_000)
+        base = ["queue", "move", "--url", redis_url, "--from", a.name, "--to", b.name]
+        run = CliRunner().invoke(main, [*base, "--json"])
+        assert run.exit_code == 1, run.output
+        got = json.loads(run.output)
+        assert (got["moved"], got["stays"]["conflict"], got["keys"]) == (1, 1, 1)
+        assert got["key_conflicts"] == {
+            "count": 1, "jobs": [{"id": first, "other": resent, "in": "source"}]
+        }  # fmt: skip
+        assert waiting_in(client, first, a, b) == [a.name]
+        assert waiting_in(client, other, a, b) == [b.name]
+        table = CliRunner().invoke(main, base)  # again: it stays, and is named again
+        assert table.exit_code == 1 and first in table.output and resent in table.output
+
+
+def test_a_key_clash_found_at_the_copy_is_reported_with_both_jobs_in_the_destination(
+    client: redis.Redis,
+) -> None:
+    """The destination's key taken after the check, before the batch's keys are copied (an
+    enqueue there while the batch is in flight): the job is there already, so it is reported."""
+    with made_queues(client, "ridl-a-", "ridl-b-") as (a, b):
+        first = a.enqueue("charge", {"order": 11}, key="order-11", delay_ms=60_000)
+        m = QueueMove(client, a.name, b.name)
+        entries = m.take(m.src[0], [first])
+        assert m.batch_keys.clashes(m.src[0], [first], resumed=False) == {}
+        assert m.put(entries) == "c"
+        resent = b.enqueue("charge", {"order": 11}, key="order-11", delay_ms=60_000)
+        assert m.finish(m.src[0], [first]) == 1
+        assert m.report.conflicts.listed == [(first, resent, "destination")]
+
+
+def test_a_rerun_keeps_a_job_its_stopped_run_put_even_when_its_key_clashes(
+    client: redis.Redis,
+) -> None:
+    """Stopped between its put and its finish (the key not copied yet), then the key taken in
+    the destination: sent back into the source's due the job would run in both queues, so the
+    rerun finishes it and reports the clash."""
+    with made_queues(client, "ridl-a-", "ridl-b-") as (a, b):
+        first = a.enqueue("charge", {"order": 12}, key="order-12", delay_ms=60_000)
+        m = QueueMove(client, a.name, b.name)
+        assert m.put(m.take(m.src[0], [first])) == "c"  # then stopped
+        resent = b.enqueue("charge", {"order": 12}, key="order-12", delay_ms=60_000)
+        report = move_queue(client, a.name, b.name)
+        assert (report.resumed, report.already, report.stays["conflict"]) == (1, 1, 0)
+        assert report.conflicts.listed == [(first, resent, "destination")]
+        assert waiting_in(client, first, a, b) == [b.name]
+
+
+def test_a_partitioned_destination_key_conflict_stays_in_the_source(
+    client: redis.Redis, make_pq: MakePq
+) -> None:
+    b = make_pq(partitions=3, suffix="-b")
+    with made_queues(client, "ridl-a-") as (a,):
+        first = a.enqueue("charge", {"order": 13}, key="order-13", delay_ms=60_000)
+        resent = b.enqueue("charge", {"order": 13}, key="order-13", delay_ms=60_000)
+        report = move_queue(client, a.name, b.name)
+        assert (report.moved, report.stays["conflict"]) == (0, 1)
+        assert report.conflicts.listed == [(first, resent, "source")]
+        assert waiting_in(client, first, a, *b.parts) == [a.name]
+
+
+def test_a_move_carries_the_keys_of_jobs_left_in_the_source_but_not_of_an_id_held_there(
+    client: redis.Redis,
+) -> None:
+    """A dead job's key (and a running one's) answers in the destination too; a key naming an
+    id the destination holds (a caller's job_id used in both queues) is not copied: it would
+    name that other job."""
+    with made_queues(client, "ridl-a-", "ridl-b-") as (a, b):
+        dead = a.enqueue("charge", {"n": 1}, key="dead-1", max_attempts=1)
+        (got,) = a.claim("w", limit=1, lease_ms=60_000).jobs
+        a.fail(got.id, got.token, ("E", "boom", ""))
+        running = a.enqueue("charge", {"n": 2}, key="run-1")
+        a.claim("w", limit=1, lease_ms=60_000)
+        a.enqueue("charge", {"n": 3}, key="same-1", job_id="shared")
+        (done,) = a.claim("w", limit=1, lease_ms=60_000).jobs
+        a.complete(done.id, done.token, None)
+        b.enqueue("other", {"n": 4}, job_id="shared", delay_ms=60_000)
+        a.enqueue("other", {"n": 5}, delay_ms=60_000)  # something to move
+        report = move_queue(client, a.name, b.name)
+        assert (report.moved, report.keys) == (1, 2)
+        assert b.enqueue("charge", {"n": 1}, key="dead-1") == dead
+        assert b.enqueue("charge", {"n": 2}, key="run-1") == running
+        assert client.get(_idem(b, "same-1")) is None
+
+
 def test_a_move_carries_the_key_of_a_job_that_finished_in_the_source(
     client: redis.Redis,
 ) -> None:

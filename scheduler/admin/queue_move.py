@@ -34,7 +34,7 @@ from scheduler.admin.queue_move_check import (
 from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.admin.queue_move_check import text as _t
 from scheduler.admin.queue_move_doctor import moving_findings
-from scheduler.admin.queue_move_keys import BatchKeys, carry_keys
+from scheduler.admin.queue_move_keys import BatchKeys, KeyConflicts, carry_keys
 from scheduler.admin.queue_move_ledger import MoveLedger
 from scheduler.admin.queue_move_lock import LOCK_LEASE_MS, RunLock, locked_reply
 from scheduler.client.partitioned_merge import read_layout
@@ -53,7 +53,8 @@ STAY_REASONS = ("leased", "held", "flow", "schedule", "dead", "unreadable", "con
 class MoveReport:
     """What one `move` did (or, dry_run, would do). `stays`: jobs left in the source, by
     reason (STAY_REASONS); `resumed`: found in the source's `moving` set (an interrupted move)
-    and sent again; `already`: the destination had them (written by that interrupted run)."""
+    and sent again; `already`: the destination had them (written by that interrupted run);
+    `conflicts`: jobs whose idempotency key the destination holds for another job."""
 
     source: str
     dest: str
@@ -63,18 +64,13 @@ class MoveReport:
     already: int = 0
     keys: int = 0
     stays: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAY_REASONS, 0))
+    conflicts: KeyConflicts = field(default_factory=KeyConflicts)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "from": self.source,
-            "to": self.dest,
-            "dry_run": self.dry_run,
-            "moved": self.moved,
-            "resumed": self.resumed,
-            "already": self.already,
-            "keys": self.keys,
-            "stays": dict(self.stays),
-        }
+        head = {"from": self.source, "to": self.dest, "dry_run": self.dry_run}
+        counts = {k: getattr(self, k) for k in ("moved", "resumed", "already", "keys")}
+        tail = {"stays": dict(self.stays), "key_conflicts": self.conflicts.as_dict()}
+        return head | counts | tail
 
 
 def _parts(client: redis.Redis, name: str, clock: str) -> tuple[Layout | None, list[Queue]]:
@@ -120,7 +116,9 @@ class QueueMove:
         self.ledger = MoveLedger()  # this run's moved ids and keys, on disk (no O(N) memory)
         self.kept = 0  # ids take() left where they were (a page offset: they are listed again)
         self.lock = RunLock(client, source, self.src, lease_ms)  # taken by run() alone
-        self.batch_keys = BatchKeys(client, self.dst, lambda: self.lock.renew(), self.ledger)
+        self.batch_keys = BatchKeys(
+            client, self.dst, lambda: self.lock.renew(), self.ledger, source, self.report.conflicts
+        )
 
     def check(self, *, skip_schedules: bool, dry_run: bool = False) -> None:
         """Refuse before the first write (queue_move_check.check_move)."""
@@ -210,21 +208,22 @@ class QueueMove:
                 self.kept = before + len(ids)
                 self.report.moved += len(entries)
                 continue
-            if entries:
-                flags = self.put(entries)
+            if entries:  # a key the destination holds for another job: stays (queue_move_keys)
+                clash = self.batch_keys.clashes(part, [e.id for e in entries], resumed=resumed)
+                flags = self.put(sent := [e for e in entries if e.id not in clash])
                 self.report.moved += flags.count("c")
                 self.report.already += flags.count("e")
-                if resumed:
-                    self.report.resumed += len(entries)
-                ours = [e.id for e, f in zip(entries, flags, strict=True) if f in "ce"]
-                theirs = [e.id for e, f in zip(entries, flags, strict=True) if f not in "ce"]
+                self.report.resumed += len(entries) if resumed else 0
+                ours = [e.id for e, f in zip(sent, flags, strict=True) if f in "ce"]
+                theirs = [e.id for e, f in zip(sent, flags, strict=True) if f not in "ce"]
+                theirs += list(clash)
                 if ours:
                     self.finish(part, ours)
                     self.ledger.add_moved(ours)
                 if theirs:  # back in due, after this page's kept ones: listed again later
                     self.finish(part, theirs, back=True)
                 if theirs and not resumed:  # a resumed one is counted by the due pages
-                    self.report.stays["conflict"] += flags.count("x")
+                    self.report.stays["conflict"] += flags.count("x") + len(clash)
                     self.report.stays["moving"] += flags.count("m")  # a move back, mid-steps
                     self.kept += len(theirs)
 
@@ -276,8 +275,9 @@ class QueueMove:
         return self.report
 
     def carry_keys(self, part: Queue) -> None:
-        """Keys of this run's moved jobs its batches did not carry, in (queue_move_keys)."""
-        self.report.keys += carry_keys(self.client, part, self.dst, self.ledger, self.lock.renew)
+        """The keys of `part` its batches did not carry, in (queue_move_keys.carry_keys)."""
+        args = (self.client, part, self.dst, self.dst_layout, self.ledger, self.lock.renew)
+        self.report.keys += carry_keys(*args, self.report.conflicts)
 
 
 def move_queue(

@@ -10,6 +10,7 @@ from rich.table import Table
 from scheduler.admin.queue_move import MOVE_PER_CALL, MoveRefused, MoveReport, move_queue
 from scheduler.cli.common import (
     EXIT_CODES_HELP,
+    EXIT_FINDINGS,
     AdminGroup,
     Refused,
     _check_queue,
@@ -18,6 +19,7 @@ from scheduler.cli.common import (
     console,
     emit_json,
     json_option,
+    markup_safe,
     url_option,
 )
 from scheduler.core.safety import safe
@@ -29,7 +31,8 @@ _WHY = {
     "schedule": "a schedule's run (--skip-schedules): redefine the schedule on the destination",
     "dead": "dead-lettered: requeue or purge it here",
     "unreadable": "its record cannot be read: `scheduler doctor`",
-    "conflict": "the destination holds another job under its id: enqueue it there anew",
+    "conflict": "the destination holds another job under its id (enqueue it there anew) or "
+    "its idempotency key (below: keep one of the two)",
     "moving": "a move the other way is bringing it here: it stays (rerun that one if stopped)",
 }
 
@@ -74,7 +77,8 @@ def move(
 ) -> None:
     """Move the waiting jobs of --from into --to, with the same ids, run times, payloads and
     attempts. Running, dead and flow-controlled jobs stay and are counted by reason. Each job
-    moves once: an interrupted move is finished by running the command again."""
+    moves once: an interrupted move is finished by running the command again. Exits 1 after
+    the report when a job's idempotency key names another job in --to (both ids listed)."""
     client = connect(url)
     try:
         report = move_queue(
@@ -91,6 +95,8 @@ def move(
         emit_json(report.as_dict())
     else:
         _print(report)
+    if report.conflicts.count:  # two jobs of one key: a person decides which one runs
+        raise click.exceptions.Exit(EXIT_FINDINGS)
 
 
 def _print(report: MoveReport) -> None:
@@ -109,3 +115,11 @@ def _print(report: MoveReport) -> None:
         if n:
             table.add_row(f"stays: {reason}", str(n), cell(_WHY[reason]))
     console().print(table)
+    found, dest = report.conflicts, markup_safe(report.dest)
+    if found.count:  # ids are stored text: escaped for the markup line
+        console().print(f"{found.count} job(s) whose idempotency key names another job in {dest}:")
+        for jid, other, where in found.listed:
+            both = "stays in the source" if where == "source" else "moved: both wait there"
+            console().print(f"  {markup_safe(jid)} ({both}); the key names {markup_safe(other)}")
+        if found.count > len(found.listed):
+            console().print(f"  ... and {found.count - len(found.listed)} more, not listed")
