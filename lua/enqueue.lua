@@ -239,13 +239,14 @@ end
 -- call) writes nothing: its parents are not looked up, so re-sending a whole batch stays
 -- idempotent after a parent finished and expired.
 local in_batch, alias = {}, {}
+local waits = false  -- some job of this call waits for parents (window_from reads `starts`)
 for _, j in ipairs(jobs) do
   if j[12].after and not j.first and not in_batch[j[1]]
       and redis.call('EXISTS', job_key(prefix, j[1])) == 0
       and redis.call('EXISTS', spec_key(prefix, j[1])) == 0 then
     local parents, bad_parent = flow_parents(prefix, j[12].after, in_batch, alias)
     if parents == nil then return bad_parent end
-    j[13] = parents
+    j[13], waits = parents, true
   end
   -- An id this call writes is that job, for its children, whichever job of the call (one not
   -- written, its key taken, or the one that writes it) names it first.
@@ -304,7 +305,7 @@ for k, j in ipairs(jobs) do
     redis.call('SET', spec_key(prefix, first), pack_spec(task, max_attempts, backoff, timeout,
       now, run_at, j[10], j[11], payload))
     if j.rehash then rehash(job_key(prefix, first), task, max_attempts, run_at, j[10], j[11]) end
-    starts[first] = run_at
+    if waits then starts[first] = run_at end
     adds[#adds + 1] = fmt(run_at)
     adds[#adds + 1] = first
     redis.call('SET', ik, first .. ' ' .. calls_after(j.calls, id), 'PX',
@@ -338,7 +339,7 @@ for k, j in ipairs(jobs) do
       if flow_used(j[12]) then flow_index(prefix, id, j[12].priority, run_at) end
     end
     local from = j[13] and window_from(run_at, j[13]) or run_at
-    starts[id] = from
+    if waits then starts[id] = from end
     if ik then
       redis.call('SET', ik, id .. (j.carry or ''), 'PX', math.max(from - now, 0) + idem_ttl)
     end
