@@ -15,8 +15,8 @@ from scheduler.core.json_text import encode_json_bounded
 from scheduler.core.limits import check_int
 from scheduler.core.models import _EncodedResult
 from scheduler.worker.payloads import PayloadMisfit
-from scheduler.worker.registry import TaskSpec
 from scheduler.worker.retry_later import RetryLater
+from scheduler.worker.task_handle import TaskSpec
 
 
 def error_text(exc: BaseException) -> str:
@@ -97,6 +97,29 @@ class BadResult:
 
     def __init__(self, why: str) -> None:
         self.why = why
+
+
+def unawaited_in_layers(result: CoroutineType[Any, Any, Any], is_async: bool) -> BadResult:
+    """A coroutine out of a task's outermost middleware (worker/middleware.py): the handler or
+    any middleware may have returned it (an async one's `return call_next(...)` without await
+    returns the next layer's coroutine, the handler never run), so both are named. Closed, so
+    no "never awaited" warning follows."""
+    name = getattr(result, "__qualname__", "?")
+    result.close()
+    if is_async:
+        fix = (
+            "an async middleware must return `await call_next(payload, ctx)` (a missing await"
+            " on call_next returns the next layer's coroutine unrun), a handler await what it"
+            " returns"
+        )
+    else:
+        fix = (
+            "register the async function itself (a sync wrapper hides the async def); a plain"
+            " function middleware wraps only the sync handlers"
+        )
+    return BadResult(
+        f"the handler or a middleware returned a coroutine ({name}), never awaited: {fix}"
+    )
 
 
 def encoded_result(result: Any) -> _EncodedResult | BadResult:

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from types import CoroutineType
 from typing import Any
 
 from scheduler.core.errors import BadArgument
+from scheduler.worker.failures import unawaited_in_layers
 from scheduler.worker.payloads import Handler
+from scheduler.worker.task_handle import TaskHandle
 
 Middleware = Callable[[Handler, Any, Any], Any]
 
@@ -64,7 +67,10 @@ def is_generator_function(fn: Any) -> bool:
 
 def is_async_callable(fn: Any) -> bool:
     """A coroutine function, or an object whose __call__ is one (a handler, hook or middleware
-    object taken for a plain function would have its coroutine returned, never awaited)."""
+    object taken for a plain function would have its coroutine returned, never awaited), or
+    the TaskHandle of one (its __call__ is sync, and returns the function's coroutine)."""
+    while isinstance(fn, TaskHandle):
+        fn = fn.fn
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004
     )
@@ -72,21 +78,36 @@ def is_async_callable(fn: Any) -> bool:
 
 def wrap(handler: Handler, is_async: bool, layers: Sequence[tuple[Middleware, bool]]) -> Handler:
     """`handler` inside the middleware of its kind; the first of `layers` the outermost."""
-    for mw, mw_async in reversed(layers):
-        if mw_async == is_async:
-            handler = _layer(mw, handler, is_async)
+    mine = [mw for mw, mw_async in layers if mw_async == is_async]
+    for depth, mw in reversed(list(enumerate(mine))):
+        handler = _layer(mw, handler, is_async, outermost=depth == 0)
     return handler
 
 
-def _layer(mw: Middleware, inner: Handler, is_async: bool) -> Handler:
+def _layer(mw: Middleware, inner: Handler, is_async: bool, outermost: bool) -> Handler:
+    # The outermost layer turns a coroutine result into the run's InvalidResult naming the
+    # middleware too (failures.unawaited_in_layers): a middleware's missing await on call_next
+    # would otherwise be blamed on the handler alone, which never ran.
     if is_async:
 
         async def run_async(payload: Any, ctx: Any) -> Any:
             return await mw(inner, payload, ctx)
 
-        return run_async
+        async def run_async_outermost(payload: Any, ctx: Any) -> Any:
+            result = await mw(inner, payload, ctx)
+            if type(result) is CoroutineType:  # inspect.iscoroutine's test
+                return unawaited_in_layers(result, is_async=True)
+            return result
+
+        return run_async_outermost if outermost else run_async
 
     def run(payload: Any, ctx: Any) -> Any:
         return mw(inner, payload, ctx)
 
-    return run
+    def run_outermost(payload: Any, ctx: Any) -> Any:
+        result = mw(inner, payload, ctx)
+        if type(result) is CoroutineType:
+            return unawaited_in_layers(result, is_async=False)
+        return result
+
+    return run_outermost if outermost else run

@@ -29,7 +29,6 @@ from scheduler.core.backoff_text import check_backoff
 from scheduler.core.errors import BadArgument, UnknownTask
 from scheduler.core.flow import check_flow
 from scheduler.core.keys import check_queue_name
-from scheduler.core.limits import TASK_RE
 from scheduler.core.models import JobSpec
 
 # Re-exported: the registry's public names stay importable from here.
@@ -49,7 +48,13 @@ from scheduler.worker.payloads import (
     decoding,
     encode_payload,
 )
-from scheduler.worker.task_handle import F, TaskHandle, TaskSpec
+from scheduler.worker.task_handle import (
+    F,
+    TaskHandle,
+    TaskSpec,
+    check_task_name,
+    check_timeout_s,
+)
 
 H = TypeVar("H", bound=OutcomeHook)
 M = TypeVar("M", bound=Middleware)
@@ -64,17 +69,6 @@ __all__ = [
     "decode_payload",
     "encode_payload",
 ]
-
-
-def _check_task_name(task_name: Any, *, given: bool) -> None:
-    """Refused at registration, not at the first enqueue (or never, for a name only ever
-    enqueued by handle)."""
-    if isinstance(task_name, str) and TASK_RE.fullmatch(task_name):
-        return
-    hint = "" if given else " (the default name of this function: give name=)"
-    raise BadArgument(
-        f"invalid task name {task_name!r}{hint}: 1-200 characters of A-Z a-z 0-9 _ . : / -"
-    )
 
 
 def _check_handler(fn: Any) -> None:
@@ -97,6 +91,28 @@ def _check_handler(fn: Any) -> None:
         raise BadArgument(
             f"task handler {getattr(fn, '__qualname__', fn)}{sig} must accept "
             "(payload, ctx): it is called with the job's payload and its JobContext"
+        ) from None
+
+
+def _check_hook(fn: Any) -> None:
+    """Refused here as handlers are: a generator function's body never runs (nothing logged),
+    and a hook that cannot take one JobOutcome (the middleware's (outcome, ctx) by mistake)
+    would log a TypeError on every outcome instead of doing its work."""
+    what = getattr(fn, "__qualname__", fn)
+    if any(map(is_generator_function, (fn, getattr(fn, "__call__", None)))):  # noqa: B004
+        raise BadArgument(
+            f"outcome hook {what} is a generator function: calling it runs none of its body"
+        )
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable without one: left to the call
+        return
+    try:
+        sig.bind(None)
+    except TypeError:
+        raise BadArgument(
+            f"outcome hook {what}{sig} must accept one argument: it is called with the "
+            "JobOutcome (its ctx is outcome.ctx)"
         ) from None
 
 
@@ -128,12 +144,14 @@ class Registry:
         registry counts (`done`, `retry`, `dead`, `expired`, `cancelled`, `timeout`, `stale`
         (also a job gone), `released`; the metrics' and logs' words), after the server answered. It
         runs on the worker's event loop: keep it quick. What it raises is logged and changes
-        nothing. Raises BadArgument for a coroutine function or a non-callable."""
+        nothing. Raises BadArgument for a coroutine or generator function, a non-callable, or
+        one that cannot be called with one argument."""
         if not callable(fn) or is_async_callable(fn):
             raise BadArgument(
                 f"an outcome hook must be a plain function taking one JobOutcome, got {fn!r}: "
                 "it runs on the worker's event loop (start a task there for async work)"
             )
+        _check_hook(fn)
         self.outcome_hooks.append(fn)
         return fn
 
@@ -199,7 +217,7 @@ class Registry:
         # enqueue would refuse is refused here.
         codec.check_int(max_attempts, "max_attempts")
         if timeout_s is not None:
-            _check_timeout_s(timeout_s)
+            check_timeout_s(timeout_s)
         if backoff is not None:
             check_backoff(backoff)
         if result_ttl_ms is not None:
@@ -221,9 +239,15 @@ class Registry:
         if queue is not None:
             check_queue_name(queue)
 
-        def register(fn: F) -> TaskHandle[F]:
+        def register(handle_of: F) -> TaskHandle[F]:
+            # A handle registered again (stacked @registry.task: a rename while old jobs
+            # drain, a second registry) is its function: the handle's own __call__ is sync,
+            # and an async task taken for sync would have every job parked (a coroutine).
+            fn: Any = handle_of
+            while isinstance(fn, TaskHandle):
+                fn = fn.fn
             task_name = f"{fn.__module__}.{fn.__qualname__}" if name is None else name
-            _check_task_name(task_name, given=name is not None)
+            check_task_name(task_name, given=name is not None)
             _check_handler(fn)
             flow: dict[str, Any] = {"priority": priority, "rate_limit": rate_limit}
             if concurrency_limit is not None:
@@ -250,7 +274,8 @@ class Registry:
                 unwrapped=run if self._middleware else None,
             )
             self._tasks[task_name] = spec
-            return TaskHandle(fn, spec)
+            handle: TaskHandle[F] = TaskHandle(fn, spec)
+            return handle
 
         return register
 
@@ -273,20 +298,3 @@ class Registry:
         retention, flow options) and its payload_type's check and encoding."""
         spec = self.get(name)
         return TaskHandle(spec.fn, spec).job_spec(payload, **overrides)
-
-
-def _check_timeout_s(timeout_s: object) -> None:
-    """A finite number of seconds whose milliseconds are a job's timeout_ms (at least 1 ms:
-    a smaller one would round to 0, which means none of the job's own)."""
-    hi = codec.LIMITS["timeout_ms"][1]
-    ok = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
-    try:
-        # The seconds themselves in range (0.0009 rounds to 1 ms), then their milliseconds.
-        ok = ok and 0.001 <= timeout_s <= hi / 1000  # type: ignore[operator]
-        ok = ok and 1 <= round(timeout_s * 1000) <= hi  # type: ignore[operator]
-    except (OverflowError, ValueError):  # inf, nan
-        ok = False
-    if not ok:
-        raise BadArgument(
-            f"timeout_s must be a number of seconds in [0.001, {hi // 1000}], got {timeout_s!r}"
-        )

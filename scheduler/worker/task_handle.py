@@ -1,5 +1,6 @@
 """TaskSpec (one task's registration and defaults) and TaskHandle (what `@registry.task`
-returns: callable as the function, `enqueue` / `aenqueue` / `job_spec` with the defaults)."""
+returns: callable as the function, `enqueue` / `aenqueue` / `job_spec` with the defaults); the
+registration's checks of a task's name and timeout."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar
 
+from scheduler.core import codec
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument
 from scheduler.core.job_spec import spec_options
+from scheduler.core.limits import TASK_RE
 from scheduler.core.models import JobSpec
 from scheduler.worker.payloads import Handler, encode_payload
 
@@ -215,3 +218,31 @@ class TaskHandle(Generic[F]):
         # Its enqueue, not enqueue_many: concurrent callers share script calls there.
         spec = self.job_spec(payload, **overrides)
         return await aq.enqueue(spec.task, spec.payload, **spec_options(spec))
+
+
+def check_task_name(task_name: Any, *, given: bool) -> None:
+    """Refused at registration, not at the first enqueue (or never, for a name only ever
+    enqueued by handle)."""
+    if isinstance(task_name, str) and TASK_RE.fullmatch(task_name):
+        return
+    hint = "" if given else " (the default name of this function: give name=)"
+    raise BadArgument(
+        f"invalid task name {task_name!r}{hint}: 1-200 characters of A-Z a-z 0-9 _ . : / -"
+    )
+
+
+def check_timeout_s(timeout_s: object) -> None:
+    """A finite number of seconds whose milliseconds are a job's timeout_ms (at least 1 ms:
+    a smaller one would round to 0, which means none of the job's own)."""
+    hi = codec.LIMITS["timeout_ms"][1]
+    ok = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+    try:
+        # The seconds themselves in range (0.0009 rounds to 1 ms), then their milliseconds.
+        ok = ok and 0.001 <= timeout_s <= hi / 1000  # type: ignore[operator]
+        ok = ok and 1 <= round(timeout_s * 1000) <= hi  # type: ignore[operator]
+    except (OverflowError, ValueError):  # inf, nan
+        ok = False
+    if not ok:
+        raise BadArgument(
+            f"timeout_s must be a number of seconds in [0.001, {hi // 1000}], got {timeout_s!r}"
+        )
