@@ -87,12 +87,7 @@ class BatchKeys:
         (`move_in:<source>`: it ran there since): back in the source's due it would run twice;
         its key's refusal at the carry names it."""
         self._index(part)
-        pairs: list[tuple[str, str]] = []  # (job id, its key), read without taking them out
-        for i in range(0, len(ids), CHUNK):
-            chunk = ids[i : i + CHUNK]
-            marks = ",".join("?" * len(chunk))  # the ledger's own table (queue_move_ledger.py)
-            sql = f"SELECT jid, key FROM named WHERE part = ? AND jid IN ({marks})"
-            pairs += self.ledger.db.execute(sql, (part.name, *chunk)).fetchall()
+        pairs = self.ledger.named_of(part.name, ids)  # (job id, its key), left in the index
         start, n = len(part.keys.prefix + "idem:"), len(self.dst)
         pipe = self.client.pipeline(transaction=False)
         for _, key in pairs:

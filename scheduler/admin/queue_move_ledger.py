@@ -79,6 +79,14 @@ class MoveLedger:
         self.db.executemany("INSERT OR IGNORE INTO named VALUES (?, ?, ?)", rows)
         self.db.execute("INSERT OR IGNORE INTO indexed VALUES (?)", (part,))
 
+    def named_of(self, part: str, ids: Sequence[str]) -> list[tuple[str, str]]:
+        """(job id, key) of the indexed keys of `part` naming one of `ids`, left in the index."""
+        pairs: list[tuple[str, str]] = []
+        for chunk in _chunks(ids):
+            sql = f"SELECT jid, key FROM named WHERE part = ? AND jid IN ({_marks(len(chunk))})"
+            pairs += self.db.execute(sql, (part, *chunk)).fetchall()
+        return pairs
+
     def pop_named(self, part: str, ids: Sequence[str]) -> list[str]:
         """The indexed keys of `part` naming one of `ids`, taken out of the index."""
         keys: list[str] = []
