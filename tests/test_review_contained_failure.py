@@ -21,7 +21,8 @@ from scheduler import Queue
 from scheduler.core.backoff import Backoff
 from scheduler.core.connection import connect_async
 from scheduler.core.errors import InvalidPayload
-from scheduler.core.json_text import encode_json, encode_json_bounded
+from scheduler.core.json_bounded import encode_json_bounded
+from scheduler.core.json_text import encode_json
 from scheduler.core.limits import MAX_PAYLOAD_BYTES
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry

@@ -11,7 +11,7 @@ from typing import Any
 
 from scheduler.core import codec
 from scheduler.core.errors import InvalidPayload
-from scheduler.core.json_text import encode_json_bounded
+from scheduler.core.json_bounded import encode_json_bounded
 from scheduler.core.limits import check_int
 from scheduler.core.models import _EncodedResult
 from scheduler.worker.payloads import PayloadMisfit
