@@ -56,11 +56,6 @@ def test_reschedule_now_does_not_push_an_overdue_job_back_in_line(
     assert got == [overdue], f"after --now the urgent job {urgent} went first: {got}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PartitionedQueue.claim re-sorts the merged batch by run_at, so a partition's "
-    "priority-9 job comes after its older priority-0 one (Queue.claim gives claim order)",
-)
 def test_a_partitioned_claim_keeps_each_partitions_claim_order(pq: PartitionedQueue) -> None:
     low = pq.enqueue("t", job_id=f"p0.{uuid.uuid4().hex}", run_at=_ago(5))
     high = pq.enqueue("t", job_id=f"p0.{uuid.uuid4().hex}", priority=9)

@@ -6,12 +6,13 @@ claim asks every partition in one driver call per node (run_answering), each for
 `limit`: an even split, the remainder to the partitions from a start the call's nonce picks
 (random per call, the same for a re-sent nonce), so a busy partition does not starve the
 others. A partition that took its whole share and has more due (next_ms <= now_ms) gets what
-the others left in a second call, when every partition answered the first. A partition whose
-node does not answer is left out while others answer: the batch names it (`not_reached`) and
-carries the others' jobs, never an exception hiding leased jobs. The calls by job id group the
-ids by the partition each routes to (one driver call per node); an id answered 'missing' that
-carries no partition tag (a job written to a partition's own queue) is asked for in the other
-partitions (one more call)."""
+the others left in a second call, when every partition answered the first. The batch keeps
+each partition's claim order (aged, then priority, then run_at), the partitions taking turns
+from the start partition. A partition whose node does not answer is left out while others
+answer: the batch names it (`not_reached`) and carries the others' jobs, never an exception
+hiding leased jobs. The calls by job id group the ids by the partition each routes to (one
+driver call per node); an id answered 'missing' that carries no partition tag (a job written
+to a partition's own queue) is asked for in the other partitions (one more call)."""
 
 from __future__ import annotations
 
@@ -75,10 +76,12 @@ class PartitionedLeasing:
     ) -> PartitionedClaimBatch:
         """`Queue.claim` over every partition: at most `limit` jobs in all, shared fairly
         (module docstring), one driver call per node, a second one when partitions that took
-        their share have more due. Returns a `PartitionedClaimBatch`; a partition whose node
-        does not answer is named in its `not_reached` while others answer (any job its lost
-        reply leased is retried when that lease lapses; re-send `nonce` to get them back).
-        None answering: the first error is raised. BadArgument: nothing was leased."""
+        their share have more due. Returns a `PartitionedClaimBatch`, its `jobs` in each
+        partition's claim order (as `Queue.claim`'s), the partitions taking turns; a
+        partition whose node does not answer is named in its `not_reached` while others answer
+        (any job its lost reply leased is retried when that lease lapses; re-send `nonce` to
+        get them back). None answering: the first error is raised. BadArgument: nothing was
+        leased."""
         q = cast("PartitionedQueue", self)
         nonce = claim_checked(worker_id, limit, lease_ms, reap_limit, nonce)
         order = turn_order(len(self.parts), claim_start(len(self.parts), nonce))
@@ -89,7 +92,7 @@ class PartitionedLeasing:
             make = refusing(claimer(self.parts, worker_id, more, lease_ms, 0, round_nonce(nonce)))
             asked = [self.parts[k] for k in more]
             rounds.append(dict(zip(more, kept(looked_up(q, make, asked)), strict=True)))
-        return merged_claim(self.parts, rounds)
+        return merged_claim(self.parts, order, rounds)
 
     def _by_id(
         self,

@@ -87,7 +87,7 @@ class AsyncPartitionedLeasing:
             rounds.append(
                 dict(zip(more, kept(await looked_up_async(self, make, asked)), strict=True))
             )
-        return merged_claim(self.parts, rounds)
+        return merged_claim(self.parts, order, rounds)
 
     async def _by_id(
         self,

@@ -6,6 +6,7 @@ caller's order (module docstring of partitioned_lease.py)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import zlib
 from collections.abc import Callable, Sequence
@@ -31,8 +32,9 @@ Why = dict[int, tuple[str, str]]  # item not reached -> (its partition, the erro
 @dataclass(frozen=True)
 class PartitionedClaimBatch(ClaimBatch):
     """A partitioned queue's `claim`: a `ClaimBatch` of every partition that answered (`now_ms`
-    the latest of their clocks, `next_ms` the earliest time on that clock, `jobs` by run time,
-    `suspect` the first partition's), plus `not_reached`: partition name -> why, for each
+    the latest of their clocks, `next_ms` the earliest time on that clock, `jobs` in each
+    partition's claim order, the partitions taking turns (`interleaved`), `suspect` the first
+    partition's), plus `not_reached`: partition name -> why, for each
     partition whose node did not answer (or refused for now); {} when all answered."""
 
     not_reached: dict[str, str] = field(default_factory=dict)
@@ -113,14 +115,28 @@ def first_round(got: Sequence[Any]) -> dict[int, Any]:
     return dict(enumerate(out))
 
 
-def merged_claim(parts: Sequence[Any], rounds: Sequence[dict[int, Any]]) -> PartitionedClaimBatch:
-    """The batches of each round (partition -> batch or error) as one; errors of every
-    round named in not_reached (a second round's error keeps the first round's jobs)."""
+def interleaved(order: Sequence[int], rounds: Sequence[dict[int, Any]]) -> list[ClaimedJob]:
+    """The rounds' jobs, each partition's in its claim's order (its first round's, then its
+    second's) and the partitions taking turns in `order`. Not re-sorted by run time: that put
+    a partition's priority-9 job behind its older priority-0 one, the order Queue.claim and
+    the worker follow (aged, then priority, then run_at: docs/flow-control.md "Priorities");
+    partitions' priorities and clocks cannot be compared, so turns keep the batch fair."""
+    each = [[j for r in rounds if isinstance(b := r.get(k), ClaimBatch) for j in b.jobs]
+            for k in order]  # fmt: skip
+    return [j for turn in itertools.zip_longest(*each) for j in turn if j is not None]
+
+
+def merged_claim(
+    parts: Sequence[Any], order: Sequence[int], rounds: Sequence[dict[int, Any]]
+) -> PartitionedClaimBatch:
+    """The batches of each round (partition -> batch or error) as one, jobs `interleaved`
+    in the turn `order`; errors of every round named in not_reached (a second round's error
+    keeps the first round's jobs)."""
     batches = [b for r in rounds for b in r.values() if isinstance(b, ClaimBatch)]
     last = {k: b for r in rounds for k, b in r.items() if isinstance(b, ClaimBatch)}
     now_ms = max(b.now_ms for b in batches)
     waits = [b.next_ms - b.now_ms for b in last.values() if b.next_ms >= 0]
-    jobs: list[ClaimedJob] = sorted((j for b in batches for j in b.jobs), key=lambda j: j.run_at_ms)
+    jobs = interleaved(order, rounds)
     missing = {
         parts[k].name: slot_move_text(b) or str(b)
         for r in rounds
