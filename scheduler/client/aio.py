@@ -44,9 +44,8 @@ class AsyncQueue(Unpicklable):
         check_client(client, "AsyncQueue", is_async=True)
         self.client = cast(aredis.Redis, client)
         self.keys = QueueKeys(name)
-        self.ops = Ops(
-            self.keys, Settings(result_ttl_ms, max_payload_bytes, wait_replicas, wait_timeout_ms)
-        )
+        settings = Settings(result_ttl_ms, max_payload_bytes, wait_replicas, wait_timeout_ms)
+        self.ops = Ops(self.keys, settings)
         self._scripts = Scripts(clock=_clock)
         self._script_keys = self.keys.script_keys()
         self._index = queue_index.SharedAdd(client, (self.keys.queue,))  # core/queue_index.py
@@ -104,7 +103,8 @@ class AsyncQueue(Unpicklable):
             return done.value  # type: ignore[no-any-return]
 
     async def _execute(self, req: Request) -> Any:
-        # The one driver (scheduler.core.scripts): NOSCRIPT reload-and-resend, error translation.
+        """The one driver (scheduler.core.scripts): NOSCRIPT reload-and-resend, error
+        translation."""
         try:
             return await run_one_async(self.client, self._scripts, self._script_keys, req)
         except UnicodeDecodeError as exc:  # the caller's client decodes strictly
@@ -402,9 +402,8 @@ class AsyncQueue(Unpicklable):
             JobCancelled: the job was cancelled while held.
             JobNotFound: no such job.
             BadArgument: `delay_ms` out of range; nothing was changed."""
-        return await self._run(
-            self.ops.fail(job_id, token, error, retryable=retryable, delay_ms=delay_ms)
-        )
+        op = self.ops.fail(job_id, token, error, retryable=retryable, delay_ms=delay_ms)
+        return await self._run(op)
 
     async def release(self, leases: Sequence[tuple[str, str]]) -> list[str]:
         """Give leased jobs back without spending their attempt (e.g. on a graceful shutdown).
@@ -615,6 +614,15 @@ class AsyncQueue(Unpicklable):
         Raises:
             BadArgument: a value out of range; nothing was changed."""
         await self._run(self.ops.set_dead_retention(max_age_ms, max_count))
+
+    async def set_priority_aging(self, priority_aging_ms: int | None) -> None:
+        """Queue.set_priority_aging for asyncio: how long a due job may be overtaken by
+        higher-priority work, in [0, 3650 days as ms]; None: the default, 60,000 ms.
+
+        Raises:
+            BadArgument: a value out of range, or this is a partitioned queue's own name (set
+                it on the `AsyncPartitionedQueue`); nothing was changed."""
+        await self._run(self.ops.set_priority_aging(priority_aging_ms))
 
     # The whole queue -------------------------------------------------------------------------
     async def pause(self) -> str:

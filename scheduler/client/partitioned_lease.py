@@ -1,6 +1,7 @@
 """The manual lease API of a partitioned queue: PartitionedQueue's claim, heartbeat,
-set_progress, fail, release, complete_many and set_dead_retention (a mixin); the plan and the
-merges are shared with the asyncio twin, partitioned_lease_aio.py.
+set_progress, fail, release and complete_many, and the settings written to every partition,
+set_dead_retention and set_priority_aging (a mixin); the plan and the merges are shared with
+the asyncio twin, partitioned_lease_aio.py.
 
 claim asks every partition in one driver call per node (run_answering), each for its share of
 `limit`: an even split, the remainder to the partitions from a start the call's nonce picks
@@ -182,3 +183,13 @@ class PartitionedLeasing:
         each = answering_sync(self, lambda p: p.ops.set_dead_retention(max_age_ms, max_count),
                               self.parts)  # fmt: skip
         reached_every("set_dead_retention", self.parts, each)
+
+    def set_priority_aging(self, priority_aging_ms: int | None) -> None:
+        """`Queue.set_priority_aging` on every partition: each claim reads its own partition's
+        config, never the logical name's (a hand HSET there is read by no claim).
+        PartitionsNotReached when some partitions do not answer: those answering took it;
+        call it again (it is idempotent)."""
+        next(self.parts[0].ops.set_priority_aging(priority_aging_ms))  # checks, sends nothing
+        each = answering_sync(self, lambda p: p.ops.set_priority_aging(priority_aging_ms),
+                              self.parts)  # fmt: skip
+        reached_every("set_priority_aging", self.parts, each)

@@ -170,3 +170,11 @@ class AsyncPartitionedLeasing:
             self, lambda p: p.ops.set_dead_retention(max_age_ms, max_count), self.parts
         )
         reached_every("set_dead_retention", self.parts, each)
+
+    async def set_priority_aging(self, priority_aging_ms: int | None) -> None:
+        """PartitionedQueue.set_priority_aging for asyncio."""
+        next(self.parts[0].ops.set_priority_aging(priority_aging_ms))  # checks, sends nothing
+        each = await answering_async(
+            self, lambda p: p.ops.set_priority_aging(priority_aging_ms), self.parts
+        )
+        reached_every("set_priority_aging", self.parts, each)

@@ -96,8 +96,8 @@ class Queue(Unpicklable):
         self.close()
 
     def _run(self, op: Op[T]) -> T:
-        # An error is thrown back into the operation, so it can decide (claim keeps the jobs
-        # it leased when a follow-up step fails); uncaught, it propagates from here.
+        """Drive `op`. An error is thrown back into the operation, so it can decide (claim
+        keeps the jobs it leased when a follow-up step fails); uncaught, it propagates."""
         try:
             req = next(op)
             while True:
@@ -111,7 +111,8 @@ class Queue(Unpicklable):
             return done.value  # type: ignore[no-any-return]
 
     def _execute(self, req: Request) -> Any:
-        # The one driver (scheduler.core.scripts): NOSCRIPT reload-and-resend, error translation.
+        """The one driver (scheduler.core.scripts): NOSCRIPT reload-and-resend, error
+        translation."""
         try:
             return run_one_sync(self.client, self._scripts, self._script_keys, req)
         except UnicodeDecodeError as exc:  # the caller's client decodes strictly
@@ -612,6 +613,22 @@ class Queue(Unpicklable):
         Raises:
             BadArgument: a value out of range; nothing was changed."""
         self._run(self.ops.set_dead_retention(max_age_ms, max_count))
+
+    def set_priority_aging(self, priority_aging_ms: int | None) -> None:
+        """Set how long a due job may be overtaken by higher-priority work (the starvation
+        bound, docs/flow-control.md "Priorities"): a job due this long is claimed in run_at
+        order ahead of every priority. It also sets how far priority moves a job held by its
+        concurrency key. Applies from the next claim.
+
+        Args:
+            priority_aging_ms: in [0, 3650 days as ms] (0: every due job in run_at order,
+                priorities ignored); None: the default, 60,000 ms.
+
+        Raises:
+            BadArgument: a value out of range, or this is a partitioned queue's own name (set
+                it on the `PartitionedQueue`, which sets every partition); nothing was changed.
+            NewerStorage, CorruptKey: as the other calls; nothing was changed."""
+        self._run(self.ops.set_priority_aging(priority_aging_ms))
 
     # The whole queue -------------------------------------------------------------------------
     def pause(self) -> str:

@@ -19,7 +19,8 @@ from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.dead_filter import dead_window as dead_window  # for the clients
 from scheduler.operations.dead_filter import matching, parents_first
-from scheduler.operations.requests import Commands, Op, OpsBase, Script, ScriptPipeline
+from scheduler.operations.queue_config import ConfigOps
+from scheduler.operations.requests import Commands, Op, Script, ScriptPipeline
 
 
 def dead_converted() -> Op[None]:
@@ -225,27 +226,9 @@ def check_id_list(ids: Sequence[str]) -> Sequence[str]:
     return ids
 
 
-def _retention_arg(value: int | None, name: str, lo: int, hi: int) -> str:
-    if value is None:
-        return ""
-    codec._int(value, name)
-    if not lo <= value <= hi:
-        raise BadArgument(f"{name} must be in [{lo}, {hi}] or None, got {value}")
-    return str(value)
-
-
-class DeadLetterOps(OpsBase):
-    """Dead letters; documented for users on Queue.dead_ids, requeue_dead, purge_dead."""
-
-    def set_dead_retention(
-        self, max_age_ms: int | None = None, max_count: int | None = None
-    ) -> Op[None]:
-        """Opt-in retention of this queue's dead letters (None: no limit; both None, the
-        default, keeps every dead letter). Applied as jobs die and by claims, at most 100 of the
-        oldest deleted per park or claim call, counted in stats as `dead_trimmed`."""
-        age = _retention_arg(max_age_ms, "max_age_ms", 1, codec.MAX_TIME_MS)
-        count = _retention_arg(max_count, "max_count", 0, codec.MAX_SAFE_INT)
-        yield Script("dead_retention", [age, count])
+class DeadLetterOps(ConfigOps):
+    """Dead letters; documented for users on Queue.dead_ids, requeue_dead, purge_dead (their
+    retention setting: ConfigOps, queue_config.py)."""
 
     def dead_ids(
         self, *, offset: int = 0, limit: int | None = None, **filters: Any
