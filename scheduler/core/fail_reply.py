@@ -1,5 +1,7 @@
 """fail's arguments and reply (lua/fail.lua): the handler's error made UTF-8-safe and bounded,
-and the retry-or-dead outcome read back. Re-exported by codec.py for callers."""
+a URL password it quotes hidden (stored, it is shown by `jobs show`, `dead list` and the
+dashboard to whoever reads the queue), and the retry-or-dead outcome read back. Re-exported
+by codec.py for callers."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 from scheduler.core.errors import BadArgument, SchedulerError, raise_for_status
 from scheduler.core.limits import check_int, check_lease, s, stored_int_in
 from scheduler.core.models import FailOutcome
+from scheduler.core.safety import redact
 
 _MAX_MESSAGE = 2_000
 _MAX_TRACEBACK = 8_000
@@ -60,8 +63,8 @@ def fail_args(
         token,
         "1" if retryable else "0",
         _utf8(etype[:200]),
-        _utf8(message[:_MAX_MESSAGE]),
-        _utf8(tb[-_MAX_TRACEBACK:]),
+        _utf8(redact(message[: 4 * _MAX_MESSAGE])[:_MAX_MESSAGE]),
+        _utf8(redact(tb[-4 * _MAX_TRACEBACK :])[-_MAX_TRACEBACK:]),
         repr(random.random()),
         delay,
     ]
