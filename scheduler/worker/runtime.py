@@ -14,6 +14,7 @@ from redis.exceptions import AuthenticationError, RedisError
 
 from scheduler.core.connection import UNREACHABLE, is_cluster, key_nodes
 from scheduler.core.errors import SchedulerError
+from scheduler.worker import settings as worker_settings
 from scheduler.worker import signals, task_exits
 from scheduler.worker.claiming import Claiming
 from scheduler.worker.core import _Deadline, _Fatal, _within
@@ -28,10 +29,12 @@ class Worker(Claiming, Heartbeats):
     """One worker process's runtime (see the package docstring)."""
 
     _scripts_loaded = False  # by preflight(): run() loads them only when it was not called
+    _ran = False  # run() was called: once per Worker
 
     async def preflight(self) -> None:
         """Raise (redis ConnectionError etc.) when Redis cannot be reached; load the scripts."""
         await self._load_scripts()
+        self._check_pool()  # SettingsError: a URL pool too small (after the slot map's read)
         self._scripts_loaded = True
         await self._warn_paused()
 
@@ -105,16 +108,20 @@ class Worker(Claiming, Heartbeats):
 
         Returns:
             The process exit code: 0 after a clean stop, non-zero after a fatal error (see
-            scheduler/core/exits.py)."""
+            scheduler/core/exits.py). BadArgument: a second run() (a Worker runs once: make
+            another), or install_signals on a thread other than the main one."""
+        worker_settings.check_run(self._ran, install_signals)
         self._loop = loop = asyncio.get_running_loop()
+        if install_signals:  # and a forked child (a handler's helper) inherits none of it
+            signals.install(loop, self._on_signal)
+        self._ran = True
+        uncontain = task_exits.install(loop)  # a sys.exit() in a handler's task fails its job
         # asyncio's reports through our log, on a loop with no handler of its own (the CLI):
-        # an application's handler (its error reporter) stays in charge.
+        # an app's handler (its error reporter) stays in charge. Set last: a refused start
+        # leaves the app's loop as it found it.
         ours = loop.get_exception_handler() is None
         if ours:
             loop.set_exception_handler(self._on_loop_exception)
-        if install_signals:  # and a forked child (a handler's helper) inherits none of it
-            signals.install(loop, self._on_signal)
-        uncontain = task_exits.install(loop)  # a sys.exit() in a handler's task fails its job
         s = self.settings
         self.log.info("worker %s started: queues=%s concurrency=%d lease=%dms heartbeat=%dms",
                       self.id, ",".join(s.queues), s.concurrency, s.lease_ms,
@@ -147,15 +154,7 @@ class Worker(Claiming, Heartbeats):
         await asyncio.gather(beat, self._preload())
         self._spawn(self._heartbeat_loop(), "heartbeat")
         self._spawn(self._reporter_loop(), "reporter")
-        # One blocking pop for every queue's wake-up key on one server: a pop per queue held
-        # a pooled connection each while idle, and redis-py 8's pool has 100, so a worker on
-        # ~100 partitions had none left for its claims and heartbeats (MaxConnectionsError).
-        # On a cluster the keys live in different slots: one pop per queue (per-node pools).
-        if is_cluster(self.client):
-            groups = [[q.keys.wake] for q in self.queues]
-        else:
-            groups = [[q.keys.wake for q in self.queues]]
-        for keys in groups:
+        for keys in self._wake_groups():
             self._spawn(self._waker_loop(keys), f"waker:{keys[0]}")
         self._spawn(self._claim_loop(), "claim")
         await self._stop_claiming.wait()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import threading
 from dataclasses import dataclass
 
 from scheduler.core import claim_reply, codec, exits
@@ -106,7 +106,10 @@ class WorkerSettings:
         if not queues:
             raise SettingsError("give at least one queue")
         for q in queues:
-            QueueKeys(q)
+            try:
+                QueueKeys(q)
+            except BadArgument as exc:  # the SettingsError an app catches around Worker(...)
+                raise SettingsError(str(exc)) from None
         _count(self.concurrency, "concurrency", 1)
         _count(self.batch_size, "batch size", 1, 1000)
         _count(self.heartbeat_ms, "heartbeat_ms", 10)
@@ -121,12 +124,14 @@ class WorkerSettings:
                 "Raise --lease-ms or lower --heartbeat-ms."
             )
         _count(self.prefetch, "prefetch", 0)
-        # not (0 <= nan): a nan or inf grace would fail only at the SIGTERM it is for.
+        # not (0 <= nan), not (inf <= MAX): a nan or inf grace would fail only at the SIGTERM
+        # it is for. Compared, not math.isfinite: an int past a float's range (10**400) raised
+        # OverflowError there; Python compares an int with a float exactly.
         grace = self.grace_s
         if (
             isinstance(grace, bool)
             or not isinstance(grace, int | float)
-            or not (math.isfinite(grace) and 0 <= grace <= MAX_GRACE_S)
+            or not (0 <= grace <= MAX_GRACE_S)
         ):
             raise SettingsError(f"grace must be within 0..{MAX_GRACE_S:g} s, got {grace!r:.40}")
         if not isinstance(self.burst, bool):
@@ -168,3 +173,16 @@ def check_worker_id(worker_id: str | None) -> None:
             claim_reply.check_worker_id(worker_id)
         except BadArgument as exc:
             raise SettingsError(str(exc)) from None
+
+
+def check_run(ran: bool, install_signals: bool) -> None:
+    """Worker.run()'s refusals, before it changes anything of the app's loop: a second run (its
+    stop flags, loops and thread pool are the first run's, ended: it returned 0 at once), and
+    signals asked for on a thread other than the main one (asyncio's bare RuntimeError)."""
+    if ran:
+        raise BadArgument("this Worker has run already: make a new Worker to run again")
+    if install_signals and threading.current_thread() is not threading.main_thread():
+        raise BadArgument(
+            "Worker.run() on a thread other than the main one takes install_signals=False: "
+            "only the main thread gets signals"
+        )

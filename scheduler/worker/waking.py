@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import Counter
+from typing import Any
 
+from scheduler.core.connection import is_cluster
 from scheduler.core.errors import NewerStorage
 from scheduler.worker.core import WorkerCore
 from scheduler.worker.execution import RetryDelay, wake_error
-from scheduler.worker.settings import _WAKE_BLOCK_S
+from scheduler.worker.settings import _WAKE_BLOCK_S, SettingsError
+
+# What a worker holds at once on a server (a cluster node) besides its wake-up pops there: a
+# claim, a heartbeat, a report and the presence beat.
+_CALLS_AT_ONCE = 4
 
 
 class Waking(WorkerCore):
@@ -28,8 +35,48 @@ class Waking(WorkerCore):
         elif exc is None:
             self._newer_storage.discard(queue)
 
+    def _wake_groups(self) -> list[list[str]]:
+        """The keys of each wake-up pop. One pop for every queue's wake-up key on one server: a
+        pop per queue held a pooled connection each while idle, and redis-py 8's pool has 100,
+        so a worker on ~100 partitions had none left for its claims and heartbeats
+        (MaxConnectionsError). On a cluster the keys live in different slots: one pop per queue
+        (per-node pools)."""
+        if is_cluster(self.client):
+            return [[q.keys.wake] for q in self.queues]
+        return [[q.keys.wake for q in self.queues]]
+
+    @functools.cached_property
+    def _wake_block_s(self) -> float:
+        """The pop's block: _WAKE_BLOCK_S, or half the connection's read timeout when that is
+        shorter (a URL's ?socket_timeout=0.5 cut every idle pop of 1 s: a TimeoutError logged
+        and counted as a Redis error); 1 ms at least: BLPOP blocks for good on 0."""
+        timeout = _connection_kwargs(self.client).get("socket_timeout")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            return _WAKE_BLOCK_S
+        return max(min(_WAKE_BLOCK_S, round(timeout / 2, 3)), 0.001)
+
+    def _check_pool(self) -> None:
+        """SettingsError when the URL's pool (`max_connections`, each node's on a cluster) is
+        smaller than what this worker holds at once: its heartbeats failed for want of one
+        (MaxConnectionsError) and the leases of healthy jobs lapsed. After the slot map's read."""
+        size = _connection_kwargs(self.client).get("max_connections")
+        pool = getattr(self.client, "connection_pool", None)
+        size = getattr(pool, "max_connections", size)  # one server: its pool's
+        if not isinstance(size, int):
+            return
+        pops = Counter(self._node_of(keys[0]) for keys in self._wake_groups())
+        needed = max(pops.values()) + _CALLS_AT_ONCE
+        if size < needed:
+            raise SettingsError(
+                f"max_connections={size} (the URL's, else redis-py's 100) is too small for this "
+                f"worker: it holds {needed} connections at once (its wake-up pops, a claim, a "
+                f"heartbeat, a report, the presence beat); give the URL max_connections={needed}"
+                " or more"
+            )
+
     async def _waker_loop(self, keys: list[str]) -> None:
         backoff = RetryDelay()
+        block_s = self._wake_block_s
         queue_of = {q.keys.wake: q.name for q in self.queues}
         # A pop that failed may have taken a token (the server ran it, its reply was lost):
         # once a pop is answered again, the claim loop claims as if woken.
@@ -42,10 +89,10 @@ class Waking(WorkerCore):
             # claim is refused), so its workers slept out their idle wait (30 s) instead.
             live = [k for k in keys if queue_of.get(k) not in self._newer_storage]
             if not live:
-                await asyncio.sleep(_WAKE_BLOCK_S)  # its claims go on without a wake-up
+                await asyncio.sleep(block_s)  # its claims go on without a wake-up
                 continue
             try:
-                got = await self.client.blpop(live, timeout=_WAKE_BLOCK_S)
+                got = await self.client.blpop(live, timeout=block_s)
                 if got is not None and not self._idle.is_set():
                     # we got busy meanwhile: hand the wake-up on to an idle worker
                     await self.client.lpush(got[0], "1")
@@ -75,3 +122,10 @@ class Waking(WorkerCore):
 
 def _text(key: bytes | str) -> str:
     return key.decode() if isinstance(key, bytes) else key
+
+
+def _connection_kwargs(client: Any) -> dict[str, Any]:
+    """The arguments of the client's connections (a cluster's: every node's)."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or getattr(client, "connection_kwargs", None)
+    return kwargs if isinstance(kwargs, dict) else {}
