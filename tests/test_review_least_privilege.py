@@ -77,11 +77,6 @@ def last_line(result: Result) -> str:
 # -- the per-tenant user: keys outside its queue's hash tag -----------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a per-tenant user's SADD to the queue index is refused and ignored, so once the "
-    "index was scanned the operator's stats/doctor/workers never list the tenant's queue",
-)
 def test_a_tenant_queue_is_listed_by_the_operators_stats_and_doctor(
     start_server: Callable[..., Server],
 ) -> None:
@@ -108,11 +103,6 @@ def test_a_tenant_queue_is_listed_by_the_operators_stats_and_doctor(
     assert "tenantA" in listed and "tenantA" in checked, (listed, checked)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the documented per-tenant selector ~sched:{q}:* does not cover a partitioned "
-    "queue's partitions (sched:{q.pN}:*), and docs/security.md does not say so",
-)
 def test_the_documented_per_tenant_user_works_its_partitioned_queue(
     start_server: Callable[..., Server],
 ) -> None:
@@ -167,11 +157,6 @@ def test_the_documented_per_tenant_user_runs_schedules_and_flow_on_its_queue(
 # -- refusals: one clear line, in a few round trips -------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a key-pattern refusal is said as 'may not use the keys' without the queue (the "
-    "CLI and the dashboard know it; the worker names it), pointing to the operator role",
-)
 def test_a_refused_key_pattern_names_the_queue_it_refused(
     start_server: Callable[..., Server],
 ) -> None:
@@ -199,11 +184,6 @@ def test_a_refused_key_pattern_names_the_queue_it_refused(
         assert "tenantB" in said.group(0), said.group(0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="enqueue_batcher._every_write does not count an ACL refusal as every write's: "
-    "a refused batch of n callers is halved down to one job a call, 2n-1 round trips",
-)
 def test_concurrent_enqueues_refused_by_the_acl_answer_in_a_few_round_trips(
     start_server: Callable[..., Server],
 ) -> None:
@@ -281,11 +261,6 @@ def test_tls_checks_the_host_name_in_both_clients(
     assert asyncio.run(enqueue(base.format(host="localhost")))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a server certificate that fails verification (another CA, a host name it does not "
-    "name) is exit 3 'cannot reach Redis' (try again), so a supervisor restarts for ever",
-)
 def test_a_certificate_that_fails_verification_is_not_a_try_again(
     tls_port: int,
     tls_certs: Tls,
@@ -386,7 +361,7 @@ def test_a_running_worker_never_shows_its_password_through_a_restart_and_a_rotat
                  "the job run and the worker listed")  # fmt: skip
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
         (wid,) = admin.zrange(q.keys.workers, 0, -1)
-        presence = json.dumps(admin.hgetall(q.keys.worker(wid)))
+        presence = json.dumps(admin.hgetall(q.keys.worker(str(wid))))  # a str already (decoded)
         cmdline = Path(f"/proc/{worker.pid}/cmdline").read_bytes().decode(errors="replace")
         server.kill()
         wait_for(lambda: "redis error during" in log.read_text(), 30, "a reconnect warning")

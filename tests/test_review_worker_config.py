@@ -76,11 +76,6 @@ def _registry() -> tuple[Registry, list[Any]]:
 
 
 # -- the registry ------------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="a registry module that calls sys.exit() while imported ends the worker with its own "
-    "code (1, or 0 read as a clean stop), not exit 4: load_registry catches Exception only",
-)
 @pytest.mark.parametrize(
     "body", ["sys.exit('DATABASE_URL is not set')", "sys.exit(0)"], ids=["message", "zero"]
 )
@@ -100,11 +95,6 @@ def test_a_registry_that_exits_while_imported_is_exit_4(
     assert private.dbsize() == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="expectation: a registry with no task is accepted; the worker claims every job and "
-    "fails it UnknownTask, spending its attempts",
-)
 def test_a_registry_with_no_task_is_refused_before_any_job_is_claimed(
     module_server: RedisProcess, private: redis.Redis, tmp_path: Path
 ) -> None:
@@ -125,11 +115,6 @@ def test_a_registry_with_no_task_is_refused_before_any_job_is_claimed(
 
 
 # -- the start's refusals ----------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="the --strict refusal's own fix line is a bare `redis-cli CONFIG SET ...` (the "
-    "default server), not the checked one's: UnsafeServer formats f.fix, not fix_line()",
-)
 def test_the_strict_refusal_names_a_fix_for_the_server_it_checked(
     module_server: RedisProcess, private: redis.Redis
 ) -> None:
@@ -145,11 +130,6 @@ def test_the_strict_refusal_names_a_fix_for_the_server_it_checked(
     assert f"redis-cli -s {module_server.socket} CONFIG SET appendonly yes" in line, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a database the server does not have (?db=99) ends the start as a crash (exit 1) "
-    "with 'run scheduler doctor': start_failure's catch-all for a ResponseError",
-)
 def test_a_database_the_server_does_not_have_is_bad_settings_not_a_crash(
     module_server: RedisProcess, private: redis.Redis
 ) -> None:
@@ -162,11 +142,6 @@ def test_a_database_the_server_does_not_have_is_bad_settings_not_a_crash(
     assert "doctor" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a plain redis:// URL of one cluster node whose queue lives elsewhere ends the start "
-    "with 'MovedError: <slot> <addr> (run scheduler doctor)', exit 1: the URL form is not named",
-)
 def test_a_plain_url_of_a_cluster_node_is_named_as_the_wrong_url_form(
     cluster_url: str, rc: Any
 ) -> None:
@@ -187,11 +162,6 @@ def test_a_plain_url_of_a_cluster_node_is_named_as_the_wrong_url_form(
 
 
 # -- URL options the worker cannot run with --------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="expectation: ?max_connections=1 is accepted; the wake-up pop holds the one "
-    "connection, every heartbeat fails (MaxConnectionsError), a healthy job's lease lapses",
-)
 def test_a_url_pool_too_small_for_the_worker_is_refused_not_left_to_lapse_its_leases(
     module_server: RedisProcess, private: redis.Redis
 ) -> None:
@@ -211,11 +181,6 @@ def test_a_url_pool_too_small_for_the_worker_is_refused_not_left_to_lapse_its_le
         assert (proc.returncode, state) == (exits.EXIT_OK, "done"), proc.stderr[-3000:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a URL socket_timeout under the wake-up pop's 1 s block (?socket_timeout=0.5) cuts "
-    "every idle pop: 'redis error during wake: TimeoutError' logged and counted for ever",
-)
 def test_a_short_url_socket_timeout_does_not_turn_the_idle_wait_into_redis_errors(
     module_server: RedisProcess, private: redis.Redis, tmp_path: Path
 ) -> None:
@@ -244,11 +209,6 @@ def test_a_short_url_socket_timeout_does_not_turn_the_idle_wait_into_redis_error
 
 
 # -- the embedded worker -----------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="run() in a non-main thread with install_signals left True raises a bare RuntimeError "
-    "'set_wakeup_fd only works in main thread', naming no option",
-)
 def test_an_embedded_worker_in_a_thread_runs_or_names_install_signals(
     module_server: RedisProcess, private: redis.Redis
 ) -> None:
@@ -272,11 +232,6 @@ def test_an_embedded_worker_in_a_thread_runs_or_names_install_signals(
         assert outcome == exits.EXIT_OK
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run() sets its asyncio exception handler on the app's loop before installing the "
-    "signals, outside its try/finally: a refused start leaves the handler on the app's loop",
-)
 def test_a_refused_embedded_run_leaves_the_apps_loop_as_it_found_it(
     module_server: RedisProcess, private: redis.Redis
 ) -> None:
@@ -297,11 +252,6 @@ def test_a_refused_embedded_run_leaves_the_apps_loop_as_it_found_it(
     assert _in_thread(body) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="expectation: a Worker's second run() returns 0 at once, claiming nothing (its stop "
-    "flags stay set from the first run): neither a run nor a refusal",
-)
 def test_a_second_run_of_an_embedded_worker_runs_or_is_refused(
     module_server: RedisProcess, private: redis.Redis
 ) -> None:
@@ -335,24 +285,8 @@ def test_a_second_run_of_an_embedded_worker_runs_or_is_refused(
 @pytest.mark.parametrize(
     "kwargs",
     [
-        pytest.param(
-            {"grace_s": 10**400},
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="an int grace_s too large for a float raises OverflowError from "
-                "math.isfinite, not SettingsError",
-            ),
-            id="grace too large an int",
-        ),
-        pytest.param(
-            {"queues": ("no spaces",)},
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="an invalid queue name is QueueKeys' BadArgument, not the SettingsError "
-                "check() documents",
-            ),
-            id="invalid queue name",
-        ),
+        pytest.param({"grace_s": 10**400}, id="grace too large an int"),
+        pytest.param({"queues": ("no spaces",)}, id="invalid queue name"),
     ],
 )
 def test_every_refusal_of_worker_settings_is_a_settings_error(kwargs: dict[str, Any]) -> None:

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFoundError
+from redis.exceptions import AuthenticationError, MovedError, RedisError, ResponseError
+from redis.sentinel import MasterNotFoundError
 
 from scheduler.admin.health import (
     Finding,
@@ -19,14 +22,18 @@ from scheduler.admin.health import (
 )
 from scheduler.admin.redis_cli import connection_flags, fix_line
 from scheduler.core.connection import UNREACHABLE, is_cluster, key_nodes
-from scheduler.core.errors import SchedulerError, edited_by_hand, newer_storage
+from scheduler.core.errors import BadArgument, SchedulerError, edited_by_hand, newer_storage
 from scheduler.core.errors import is_permission_error as is_permission_error  # the CLI's
 from scheduler.core.keys import STORAGE_GENERATION, QueueKeys
-from scheduler.core.safety import safe
+from scheduler.core.safety import redact, safe
 
 APP_ROLE_HINT = "connect as a user with the app role of docs/security.md"
 OPERATOR_ROLE_HINT = "connect as a user with the operator role of docs/security.md"
 CREDENTIALS_HINT = "check the URL's user and password (redis://user:password@host/)"
+# A key refused to a user that may run the command: its key patterns, not its role, leave the
+# queue out (a per-tenant user pointed at another tenant's queue).
+KEYS_HINT = "give the Redis user a key pattern that covers them (docs/security.md)"
+_NO_MASTER = (MasterNotFoundError, AsyncMasterNotFoundError)
 _NOPERM_COMMAND = re.compile(r"permissions? to run the '([^']+)' command")
 
 
@@ -37,26 +44,77 @@ def credentials_hint(exc: BaseException) -> str:
     return hint if isinstance(hint, str) else CREDENTIALS_HINT
 
 
-def permission_message(exc: BaseException, hint: str, where: str = "") -> str:
-    """One line naming what the ACL refused (the command, or a key) and the role to use."""
+def permission_message(
+    exc: BaseException, hint: str, where: str = "", key_hint: str | None = None
+) -> str:
+    """One line naming what the ACL refused (the command, or a key, of `where`: the queues
+    given) and the role to use (`hint`; a key's refusal: `key_hint` when given)."""
     m = _NOPERM_COMMAND.search(str(exc))
     if m is not None:  # the refused command says it all
         command = m.group(1).upper().replace("|", " ")
         return safe(f"permission denied: the Redis user may not run {command}; {hint}")
     text = str(exc)
-    what = (
-        "the keys" if "key" in text else "a command" + (" in a script" if "script" in text else "")
-    )
+    keys = "key" in text
+    what = "the keys" if keys else "a command" + (" in a script" if "script" in text else "")
     what += f" of {where}" if where else ""
+    hint = key_hint if keys and key_hint else hint
     return safe(f"permission denied: the Redis user may not use {what} ({exc}); {hint}")
 
 
-def refusal_line(exc: BaseException, hint: str) -> str:
-    """The one line of a refused permission (the command, and `hint`: the role to use) or of a
-    refused login (what to check)."""
+def queues_where(names: Sequence[str]) -> str:
+    """permission_message's `where` for the queues a command or a page was given (the first
+    three), each with its key pattern: the one clue to a key pattern that leaves it out."""
+    named = []
+    for name in names[:3]:
+        try:
+            named.append(f"queue {name!r} ({QueueKeys(name).pattern()})")
+        except BadArgument:  # not a queue name: nothing of it was read
+            continue
+    return ", ".join(named) + (", ..." if len(names) > 3 and named else "")
+
+
+def refusal_line(exc: BaseException, hint: str, where: str = "") -> str:
+    """The one line of a refused permission (the command, or the keys of `where`, and `hint`:
+    the role to use; a key's refusal: KEYS_HINT) or of a refused login (what to check)."""
     if is_permission_error(exc):
-        return permission_message(exc, hint)
+        return permission_message(exc, hint, where, KEYS_HINT)
     return safe(f"Redis refused the credentials: {exc}; {credentials_hint(exc)}")
+
+
+def certificate_refused(exc: BaseException) -> bool:
+    """A TLS handshake that refused the server's certificate (another CA, a host name it does
+    not name, expired): every try fails alike until the URL or the certificate changes. Not a
+    Sentinel lookup's (MasterNotFoundError): one sentinel that did not answer may yet."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # redis-py's ConnectionError (a cluster's) around it
+        if seen is None or isinstance(seen, _NO_MASTER):
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(
+            seen
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def url_refusal(exc: BaseException, url: str | None) -> str | None:
+    """The line of a refusal only another URL mends (exit 2: no restart, no doctor helps), or
+    None: a certificate refused, a database the server does not have, or a plain URL of a
+    Redis Cluster node whose queue another node serves (MOVED)."""
+    at = redact(url) if url else "the server"
+    if certificate_refused(exc):
+        why = "check the URL's ssl_ca_certs and host name (docs/security.md, TLS)"
+        return safe(
+            f"the server's TLS certificate at {at} was refused: {str(exc).rstrip('.')}; {why}"
+        )
+    if isinstance(exc, MovedError):
+        cluster = "redis+cluster://host:port,host:port/ or ?cluster=1 (docs/cluster.md)"
+        return safe(f"{at} is a node of a Redis Cluster, the queue's slot is served by "
+                    f"{exc.host}:{exc.port} (MOVED): give a cluster URL, {cluster}")  # fmt: skip
+    if isinstance(exc, ResponseError) and str(exc).startswith("DB index"):
+        why = "the URL's database (/N or ?db=N) must be below the server's `databases` setting"
+        return safe(f"Redis at {at} refused the database: {exc}; {why}")
+    return None
 
 
 class AccessDenied(SchedulerError):
@@ -112,10 +170,13 @@ async def _refuse_newer_storage(client: Any, name: str, k: QueueKeys) -> None:
 class UnsafeServer(SchedulerError):
     """Strict mode refused to start: the server's settings can lose jobs."""
 
-    def __init__(self, findings: list[Finding]) -> None:
+    def __init__(self, findings: list[Finding], flags: Sequence[str] = ()) -> None:
+        # Each fix made to reach the checked server, as the warnings' (a bare `redis-cli`
+        # would reconfigure whatever answers on localhost:6379).
+        fixes = [fix_line(f.fix, list(flags), f.node) for f in findings]
         super().__init__(
             "refusing to start (strict): "
-            + "; ".join(f"{f.message} (fix: {f.fix})" for f in findings)
+            + "; ".join(f"{f.message} (fix: {fix})" for f, fix in zip(findings, fixes, strict=True))
         )
         self.findings = findings
 
@@ -191,5 +252,5 @@ def _report(
         log(f"server settings ({f.severity}): {f.message} [{f.code}]; fix: {fix}")
     errors = [f for f in found if f.severity == "error"]
     if strict and errors:
-        raise UnsafeServer(errors)
+        raise UnsafeServer(errors, flags)
     return found

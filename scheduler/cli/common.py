@@ -18,7 +18,13 @@ from scheduler.admin.inspection import (
     server_now_ms,
     stored_layout,
 )
-from scheduler.admin.startup import OPERATOR_ROLE_HINT, is_permission_error, refusal_line
+from scheduler.admin.startup import (
+    OPERATOR_ROLE_HINT,
+    is_permission_error,
+    queues_where,
+    refusal_line,
+    url_refusal,
+)
 from scheduler.cli.output import (
     PIPE_WIDTH,
     Duration,
@@ -51,47 +57,14 @@ from scheduler.core.keys import QueueKeys, check_queue_name
 from scheduler.core.safety import redact, safe
 
 __all__ = [
-    "DEFAULT_URL",
-    "EXIT_CODES_HELP",
-    "EXIT_FAILED",
-    "EXIT_FINDINGS",
-    "EXIT_FORBIDDEN",
-    "EXIT_OK",
-    "EXIT_UNREACHABLE",
-    "EXIT_USAGE",
-    "PIPE_WIDTH",
-    "AdminCommand",
-    "AdminGroup",
-    "BackoffParam",
-    "BadInput",
-    "Duration",
-    "Forbidden",
-    "Refused",
-    "Seconds",
-    "Unreachable",
-    "backoff_option",
-    "cell",
-    "connect",
-    "console",
-    "decoded_payload",
-    "emit_json",
-    "fmt_attempts",
-    "fmt_ms",
-    "fmt_time",
-    "id_column",
-    "json_option",
-    "markup_safe",
-    "parse_at",
-    "parse_backoff",
-    "parse_duration_ms",
-    "physical_queues",
-    "queue_option",
-    "queues_option",
-    "require_queue",
-    "resolve_queues",
-    "timeout_option",
-    "url_option",
-]
+    "DEFAULT_URL", "EXIT_CODES_HELP", "EXIT_FAILED", "EXIT_FINDINGS", "EXIT_FORBIDDEN", "EXIT_OK",
+    "EXIT_UNREACHABLE", "EXIT_USAGE", "PIPE_WIDTH", "AdminCommand", "AdminGroup", "BackoffParam",
+    "BadInput", "Duration", "Forbidden", "Refused", "Seconds", "Unreachable", "backoff_option",
+    "cell", "connect", "console", "decoded_payload", "emit_json", "fmt_attempts", "fmt_ms",
+    "fmt_time", "id_column", "json_option", "markup_safe", "parse_at", "parse_backoff",
+    "parse_duration_ms", "physical_queues", "queue_option", "queues_option", "require_queue",
+    "resolve_queues", "timeout_option", "url_option",
+]  # fmt: skip
 
 # The one default for every command (the worker too); REDIS_URL overrides it.
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -137,16 +110,22 @@ class AdminCommand(click.Command):
             why = f"{ctx.params.get('url')} did not answer as a Redis server ({exc})"
             raise Unreachable(safe(f"cannot reach Redis: {why}")) from None
         except (redis.ConnectionError, redis.TimeoutError, TryAgainError, ClusterError) as exc:
+            if (wrong := url_refusal(exc, ctx.params.get("url"))) is not None:  # a certificate
+                raise BadInput(wrong) from None  # refused: every try alike, no "try again" (3)
             raise Unreachable(safe(errors.unreachable_text(exc, ctx.params))) from None
         except RedisClusterException as exc:  # not ResponseErrors (nor ClusterError: above)
             if (refusal := cluster_refusal(exc)) is not None:  # the login or CLUSTER SLOTS
-                raise Forbidden(refusal_line(refusal, OPERATOR_ROLE_HINT)) from None
+                raise Forbidden(refusal_line(refusal, OPERATOR_ROLE_HINT, _where(ctx))) from None
+            if (wrong := url_refusal(exc, ctx.params.get("url"))) is not None:
+                raise BadInput(wrong) from None
             if not connection.cluster_unreachable(exc):  # cross-slot, ...: a bug, its traceback
                 raise
             raise Unreachable(safe(f"cannot reach Redis: {exc}")) from None
         except redis.ResponseError as exc:
             if is_permission_error(exc):
-                raise Forbidden(refusal_line(exc, OPERATOR_ROLE_HINT)) from None
+                raise Forbidden(refusal_line(exc, OPERATOR_ROLE_HINT, _where(ctx))) from None
+            if (wrong := url_refusal(exc, ctx.params.get("url"))) is not None:  # ?db=99, MOVED
+                raise BadInput(wrong) from None
             if refused_for_now(exc):  # OOM, NOREPLICAS, READONLY, ...: a retry may pass
                 raise Unreachable(safe(f"Redis refused the command for now: {exc}")) from None
             hand = edited_by_hand(exc) and "scheduler doctor" not in str(exc)  # not said yet
@@ -157,6 +136,12 @@ class AdminCommand(click.Command):
         except (OverflowError, UnicodeError, ValueError) as exc:
             # Stored fields are untrusted (hand edits, hostile producers): one line, no traceback.
             raise Refused(safe(f"unreadable stored data: {type(exc).__name__}: {exc}")) from None
+
+
+def _where(ctx: click.Context) -> str:
+    """The queues the command was given (-q), for a key's refusal: the one clue to which."""
+    given = ctx.params.get("queues") or ctx.params.get("queue") or ()
+    return queues_where([given] if isinstance(given, str) else list(given))
 
 
 class AdminGroup(click.Group):
@@ -262,8 +247,8 @@ def connect(url: str, *, encoding_errors: str = "backslashreplace") -> redis.Red
         why = str(exc).removeprefix(f"invalid Redis URL {redact(url)}: ")
         raise BadInput(safe(f"invalid --url {redact(url)}: {why}")) from None
     except redis.RedisClusterException as exc:  # no seed node answered CLUSTER SLOTS
-        if cluster_refusal(exc) is not None:
-            raise  # a refused login or CLUSTER SLOTS: AdminCommand's one line, exit 5
+        if cluster_refusal(exc) is not None or url_refusal(exc, url) is not None:
+            raise  # a refused login or CLUSTER SLOTS (exit 5), certificate (2): AdminCommand's
         raise Unreachable(safe(f"cannot reach the Redis Cluster {redact(url)}: {exc}")) from None
     client.ping()
     return client

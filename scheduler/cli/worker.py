@@ -181,8 +181,10 @@ def worker_cmd(
 
     Exit codes: the table of `scheduler --help` (0 stopped cleanly, 1 crashed, --strict refused
     unsafe Redis settings, a queue key edited by hand at start, or --metrics-port could not be
-    bound, 2 invalid settings, 3 Redis unreachable at start, 4 registry not importable, 5 the
-    Redis user may not work a queue, 130 forced by a second signal).
+    bound, 2 invalid settings or a URL no retry mends (a refused TLS certificate, a database
+    the server lacks, a cluster node's plain URL, a max_connections too small), 3 Redis
+    unreachable at start, 4 registry not importable or with no task, 5 the Redis user may not
+    work a queue, 130 forced by a second signal).
     """
     in_pool = join_pool()  # a child of --processes: stop with the supervisor
     if processes == 1:  # a pool's supervisor has its own (worker_pool.py)
@@ -218,6 +220,10 @@ def worker_cmd(
         reg = load_registry(registry)
     except RegistryImportError as exc:
         click.echo(safe(f"error: {exc}"), err=True)
+        sys.exit(EXIT_IMPORT)
+    if not reg.names():  # its tasks' modules never imported: each job claimed would fail
+        why = "import the modules that register its tasks (@registry.task) from its module"
+        click.echo(safe(f"error: {registry!r} has no task registered: {why}"), err=True)
         sys.exit(EXIT_IMPORT)
     try:
         code = run_loop(

@@ -32,6 +32,7 @@ from scheduler.admin.startup import (
     credentials_hint,
     is_permission_error,
     permission_message,
+    url_refusal,
 )
 from scheduler.cli.exit_watchdog import ExitWatchdog
 from scheduler.cli.stall_watchdog import StallWatchdog
@@ -48,19 +49,12 @@ from scheduler.core.errors import (
     NewerStorage,
     SchedulerError,
     cluster_refusal,
+    edited_by_hand,
     refused_for_now,
 )
-from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN, EXIT_OK
+from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from scheduler.core.safety import redact, safe
-from scheduler.worker import (
-    EXIT_ERROR,
-    EXIT_REDIS,
-    EXIT_REDIS_REFUSED,
-    EXIT_USAGE,
-    SettingsError,
-    Worker,
-    WorkerSettings,
-)
+from scheduler.worker import SettingsError, Worker, WorkerSettings
 from scheduler.worker import signals as signals
 from scheduler.worker.execution import TRANSIENT, classify
 from scheduler.worker.logs import LOGGER
@@ -86,6 +80,10 @@ def load_registry(target: str) -> Registry:
         raise RegistryImportError(
             f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
         ) from exc
+    except SystemExit as exc:  # a setting missing, argparse at import: not a stop, nor a crash
+        raise RegistryImportError(
+            f"module {module_name!r} called sys.exit({exc.code!r}) while imported"
+        ) from None
     obj = getattr(module, attr, None)
     if not isinstance(obj, Registry):
         raise RegistryImportError(
@@ -99,31 +97,35 @@ def start_failure(exc: BaseException, url: str) -> int:
     """Print why the start failed (one line; the URL's password never) and return its exit
     code. Only a server that cannot be reached or cannot serve yet (LOADING, BUSY, a cluster
     failover: classify's 'transient') is 3, which a supervisor retries; a key of another type or
-    an unreadable stored record is 1: restarting cannot help, `scheduler doctor` says what."""
+    an unreadable stored record is 1: restarting cannot help, `scheduler doctor` says what; a
+    URL only another URL mends (a certificate refused, a database or node not the queue's) 2."""
     exc = cluster_refusal(exc) or exc  # a cluster's refused login or CLUSTER SLOTS: as one's
-    if is_permission_error(exc):  # e.g. SCRIPT LOAD refused
-        line, code = permission_message(exc, APP_ROLE_HINT), EXIT_REDIS_REFUSED
+    if (wrong := url_refusal(exc, url)) is not None:  # each try refused alike: no doctor either
+        line, code = wrong, EXIT_USAGE
+    elif is_permission_error(exc):  # e.g. SCRIPT LOAD refused
+        line, code = permission_message(exc, APP_ROLE_HINT), EXIT_FORBIDDEN
     elif isinstance(exc, AuthenticationError):  # a ConnectionError, but retrying cannot help
         line = f"Redis at {redact(url)} refused the credentials: {exc}; {credentials_hint(exc)}"
-        code = EXIT_REDIS_REFUSED
+        code = EXIT_FORBIDDEN
     elif isinstance(exc, InvalidResponse):  # not a ConnectionError: a service, but not Redis
         why = f"did not answer as a Redis server ({exc})"
-        line, code = f"cannot reach Redis: {redact(url)} {why}", EXIT_REDIS
+        line, code = f"cannot reach Redis: {redact(url)} {why}", EXIT_UNREACHABLE
     elif isinstance(exc, CorruptKey):  # transient to a running worker, but no reason to start
-        line, code = f"a queue key was edited by hand: {exc} (run scheduler doctor)", EXIT_ERROR
+        line, code = f"a queue key was edited by hand: {exc} (run scheduler doctor)", EXIT_FAILED
     elif isinstance(exc, NewerStorage):  # the same: an upgrade, not a restart, helps
-        line, code = str(exc), EXIT_ERROR
+        line, code = str(exc), EXIT_FAILED
     elif isinstance(exc, ResponseError) and refused_for_now(exc):  # NOREPLICAS, LOADING, ...
-        line, code = f"Redis at {redact(url)} refused the start for now: {exc}", EXIT_REDIS
+        line, code = f"Redis at {redact(url)} refused the start for now: {exc}", EXIT_UNREACHABLE
     elif isinstance(exc, (*TRANSIENT, RedisClusterException)) or classify(exc) == "transient":
-        line, code = f"cannot reach Redis at {redact(url)}: {exc}", EXIT_REDIS
+        line, code = f"cannot reach Redis at {redact(url)}: {exc}", EXIT_UNREACHABLE
     elif isinstance(exc, SettingsError):
         line, code = str(exc), EXIT_USAGE
     elif isinstance(exc, SchedulerError):
-        line, code = f"unreadable stored data: {exc} (run scheduler doctor)", EXIT_ERROR
-    else:
-        name = type(exc).__name__
-        line, code = f"Redis refused the start: {name}: {exc} (run scheduler doctor)", EXIT_ERROR
+        line, code = f"unreadable stored data: {exc} (run scheduler doctor)", EXIT_FAILED
+    else:  # doctor reads stored data: named for a reply about it (WRONGTYPE) only
+        hand = isinstance(exc, ResponseError) and edited_by_hand(exc)
+        doctor = " (run scheduler doctor)" if hand else ""
+        line, code = f"Redis refused the start: {type(exc).__name__}: {exc}{doctor}", EXIT_FAILED
     click.echo(safe(f"error: {line}"), err=True)
     return code
 
@@ -146,7 +148,7 @@ def run_loop(main: Coroutine[Any, Any, int], lease_s: float | None = None) -> in
     except ImportError:
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    code = EXIT_ERROR  # main raised: cli/worker.py logs the crash and exits with this
+    code = EXIT_FAILED  # main raised: cli/worker.py logs the crash and exits with this
     stall = StallWatchdog(loop, lease_s) if lease_s is not None else None
     if stall is not None:
         stall.start()

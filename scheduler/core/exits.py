@@ -5,7 +5,7 @@ from __future__ import annotations
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # findings, a refusal, or (the worker) a crash
-EXIT_USAGE = 2  # bad usage, input or settings; nothing was written
+EXIT_USAGE = 2  # bad usage, input or settings (a URL no retry mends); nothing was written
 EXIT_UNREACHABLE = 3  # cannot reach Redis, or it refuses for now (try again later)
 EXIT_IMPORT = 4  # the worker's registry cannot be imported
 EXIT_FORBIDDEN = 5  # the Redis user lacks a permission (ACL), or Redis refused for good
@@ -23,10 +23,13 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_FAILED, "findings (doctor), a refusal (unknown queue, job or schedule; declined "
                   "confirmation; --strict and Redis settings that can lose jobs; a key edited "
                   "into something no version wrote), or the worker crashed"),
-    (EXIT_USAGE, "bad usage, input or settings; nothing was written"),
+    (EXIT_USAGE, "bad usage, input or settings (a URL no retry mends: the server's TLS "
+                 "certificate refused, a database it lacks, a cluster node's plain URL); nothing "
+                 "was written"),
     (EXIT_UNREACHABLE, "cannot reach Redis, or it refuses for now (maxmemory, NOREPLICAS, a "
                       "failover, a slot being moved; the refused call wrote nothing): try again"),
-    (EXIT_IMPORT, "the worker's registry cannot be imported"),
+    (EXIT_IMPORT, "the worker's registry cannot be imported (its module calling sys.exit() "
+                  "included) or registers no task"),
     (EXIT_FORBIDDEN, "the Redis user lacks a permission (ACL), or its password was refused; "
                     "see docs/security.md"),
     (EXIT_FORCED, "the worker was forced to stop by a second signal"),

@@ -16,10 +16,12 @@ from starlette.staticfiles import StaticFiles
 
 from scheduler.admin.redis_cli import connection_flags
 from scheduler.admin.startup import (
+    KEYS_HINT,
     OPERATOR_ROLE_HINT,
     credentials_hint,
     is_permission_error,
     permission_message,
+    queues_where,
 )
 from scheduler.client.partitioned import PartitionsNotReached
 from scheduler.core.connection import UNREACHABLE, connect
@@ -145,8 +147,10 @@ def create_app(
         # of the refused call and may take it in a moment. An ACL refusal names the role the
         # dashboard needs. Any other Redis error stays a 500.
         if isinstance(exc, ResponseError) and is_permission_error(exc):
-            return failed(request, 500, "Redis permission denied",
-                          permission_message(exc, OPERATOR_ROLE_HINT))  # fmt: skip
+            queue = request.path_params.get("queue")  # a key's refusal: the page's queue
+            where = queues_where([queue]) if isinstance(queue, str) else ""
+            line = permission_message(exc, OPERATOR_ROLE_HINT, where, KEYS_HINT)
+            return failed(request, 500, "Redis permission denied", line)
         if not (isinstance(exc, ResponseError) and refused_for_now(exc)):
             raise exc
         outcome = (
