@@ -19,8 +19,7 @@ from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
 from scheduler.operations.dead_filter import dead_window as dead_window  # for the clients
 from scheduler.operations.dead_filter import matching, parents_first
-from scheduler.operations.queue_config import ConfigOps
-from scheduler.operations.requests import Commands, Op, Script, ScriptPipeline
+from scheduler.operations.requests import Commands, Op, OpsBase, Script, ScriptPipeline
 
 
 def dead_converted() -> Op[None]:
@@ -226,7 +225,7 @@ def check_id_list(ids: Sequence[str]) -> Sequence[str]:
     return ids
 
 
-class DeadLetterOps(ConfigOps):
+class DeadLetterOps(OpsBase):
     """Dead letters; documented for users on Queue.dead_ids, requeue_dead, purge_dead (their
     retention setting: ConfigOps, queue_config.py)."""
 

@@ -5,6 +5,7 @@
 - leasing.py: claim, heartbeat, complete, fail, release (a worker's calls)
 - inspecting.py: get_job, status, list, counts, cancel
 - dead_letters.py: dead_ids, requeue_dead, purge_dead
+- queue_config.py: the queue's own settings (dead-letter retention, priority aging)
 - schedules.py: recurring schedules (define, pause, resume, remove, refill)
 - schedule_run.py: run a schedule once now, beside its slots
 - pausing.py: pause and resume the whole queue
@@ -20,6 +21,7 @@ from scheduler.operations.inspecting import InspectingOps
 from scheduler.operations.leasing import LeasingOps
 from scheduler.operations.pausing import PausingOps
 from scheduler.operations.producing import ProducingOps
+from scheduler.operations.queue_config import ConfigOps
 from scheduler.operations.requests import (
     Commands,
     Op,
@@ -37,6 +39,6 @@ __all__ = ["Commands", "Op", "Ops", "Request", "Script", "ScriptPipeline", "Sett
 
 class Ops(
     ProducingOps, LeasingOps, InspectingOps, DeadLetterOps, ScheduleOps, ScheduleRunOps,
-    PausingOps, ReschedulingOps,
+    PausingOps, ReschedulingOps, ConfigOps,
 ):  # fmt: skip
     """The operations of one queue. Holds no connection: see Queue and AsyncQueue."""
