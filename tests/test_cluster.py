@@ -335,13 +335,14 @@ def test_max_connections_in_the_url_sizes_every_nodes_pool(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("size", "starved"), [(4, True), (40, False)])
-def test_a_worker_whose_node_pools_are_smaller_than_its_partitions_waits_for_connections(
+def test_a_worker_whose_node_pools_are_smaller_than_its_partitions_is_refused_at_start(
     rc: Any, cluster_url: str, queue_name: str, tmp_path: Path, size: int, starved: bool
 ) -> None:
     """docs/cluster.md: an idle worker holds one wake-up pop per partition on the partition's
-    node, so a node pool smaller than that node's partitions has none left at times
-    (MaxConnectionsError, retried: the jobs are still done); a larger `max_connections` in the
-    URL has no such error."""
+    node, and 4 more connections of each node, so a node pool smaller than that is refused at
+    start (exit 2 naming `max_connections`: a starved pool failed heartbeats, and healthy jobs
+    ran twice or died), nothing claimed; a larger `max_connections` in the URL runs every job,
+    every wake-up pop blocked at once, no pool error."""
     from scheduler.client.partitioned import PartitionedQueue
 
     name = f"{queue_name}-{size}"
@@ -353,25 +354,27 @@ def test_a_worker_whose_node_pools_are_smaller_than_its_partitions_waits_for_con
         assert max(per_node.values()) > 4  # more wake-up pops than the small pool holds
         ids = pq.enqueue_many([JobSpec("noop", None) for _ in range(30)])
         worker = spawn_worker(_with_pool(cluster_url, size), name, log=str(log))
-        wait_for(lambda: all(pq.status(i) == "done" for i in ids), what="every job done")
         if starved:
-            wait_for(lambda: "MaxConnectionsError" in log.read_text(), what="a pool error")
-        else:
-            # The idle state the doc is about: every partition's wake-up pop blocked on its node
-            # (only then has each node's pool held all of them at once).
-            def blocked() -> int:
-                return sum(
-                    "b" in c.get("flags", "")
-                    for node in rc.get_primaries()
-                    for c in rc.client_list(target_nodes=node)
-                )
+            assert worker.wait(timeout=60) == 2, log.read_text()[-2_000:]
+            assert f"max_connections={size}" in log.read_text()
+            assert {pq.status(i) for i in ids} == {"due"}  # refused before any claim
+            return
 
-            wait_for(lambda: blocked() >= len(pq.parts), what="every wake-up pop blocked")
+        wait_for(lambda: all(pq.status(i) == "done" for i in ids), what="every job done")
+
+        # The idle state the doc is about: every partition's wake-up pop blocked on its node
+        # (only then has each node's pool held all of them at once).
+        def blocked() -> int:
+            return sum(
+                "b" in c.get("flags", "")
+                for node in rc.get_primaries()
+                for c in rc.client_list(target_nodes=node)
+            )
+
+        wait_for(lambda: blocked() >= len(pq.parts), what="every wake-up pop blocked")
         stop_all([worker])
         text = log.read_text()
-        assert ("MaxConnectionsError" in text) is starved, text[-2_000:]
-        if starved:
-            assert "backing off, retrying" in text
+        assert "MaxConnectionsError" not in text, text[-2_000:]
     finally:
         if worker is not None:
             stop_all([worker])
