@@ -204,10 +204,11 @@ class AsyncQueue(Unpicklable):
                 dead drops it (README "Using it").
             key_ttl_ms: how long `key` is held past the first job's run time, in [1 ms,
                 366 days] (default 24 h): a throttle window, as BullMQ's deduplication ttl.
-            debounce: with `key`: while the job the key names has never been claimed, this
-                call replaces it (payload, run time, options; same id) instead of being
-                answered with it; once that job was claimed, this call's job is new and the
-                key names it. No flow options (priority, concurrency, rate, after).
+            debounce: with `key`: while no attempt of the job the key names has started
+                (never claimed, or given back unstarted), this call replaces it (payload, run
+                time, options; same id) instead of being answered with it; once one has, this
+                call's job is new and the key names it. No flow options (priority,
+                concurrency, rate, after).
 
         Returns:
             The job's id.
