@@ -1,7 +1,7 @@
 --[[ claim: lease up to `limit` due jobs to one worker. Lapsed leases are reaped on the same
   path first, so a job whose worker died is due again without any janitor process.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, isolated, finished
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, partitions, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, isolated, finished
   ARGV[1] worker id
   ARGV[2] limit          jobs to lease at most (>= 0)
   ARGV[3] lease_ms       lease length (> 0)
@@ -47,8 +47,10 @@
     next_ms does not count it: the worker claims again when its suspect ends
     (docs/durability.md), or at once while its scans move suspects due before it took its own
     and older jobs are left; a call that took nothing answers at most SUSPECT_POLL_MS ahead.
-  Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased | dead | dead:migrating is not a
-    zset (a key edited by hand into another type; nothing written) ]]
+  Errors:  BAD_ARGUMENT <field>=<value> (queue=<name> is partitioned: a partitioned queue's own
+    name, whose partitions hold its jobs, lib/util.lua partitioned_err); CORRUPT due | leased |
+    dead | dead:migrating is not a zset (a key edited by hand into another type); nothing
+    written either way ]]
 -- @include "lib/clock.lua"
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
@@ -77,6 +79,10 @@ if #nonce < 1 or #nonce > 64 or not string.find(nonce, '^%w+$') then
   return redis.error_reply('BAD_ARGUMENT nonce=')
 end
 if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT worker=') end
+-- A partitioned queue's own name holds no job (its partitions do): an empty batch with next_ms
+-- -1 there read as 'the queue is empty' beside due jobs, so it is refused as enqueue is (one
+-- EXISTS, before the replay read and any write).
+err = partitioned_err(prefix); if err then return err end
 
 -- Every field the reply hands out, read and checked the strict way (lib/util.lua): returns the
 -- reply's values {attempts, max_attempts, task, payload, run_at_ms, backoff, timeout_ms,
@@ -257,9 +263,10 @@ if lapsed.err then return corrupt_err('leased', 'zset') end
 -- Before the first write (Redis keeps a script's writes made before an error): due, which the
 -- reaper and the held jobs a freed slot lets go write, and the dead set any park writes (one
 -- ZCARD each per call). A key edited into another type refuses the claim whole (CorruptKey,
--- which a worker backs off from): nothing half-reaped.
-local bad = zset_err(prefix, 'due') or dead_err(prefix)
-if bad then return bad end
+-- which a worker backs off from): nothing half-reaped. (`err`, not a new local: the main
+-- function is at Lua's 200 active locals.)
+err = zset_err(prefix, 'due') or dead_err(prefix)
+if err then return err end
 local parked = 0
 for i = 1, #lapsed, 2 do
   local id = lapsed[i]
