@@ -20,7 +20,18 @@ from redis.exceptions import (
 
 
 class SchedulerError(Exception):
-    """Base of every error this package raises on purpose."""
+    """Base of every error this package raises on purpose. Each pickles with its attributes."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Exception's own way rebuilds by calling the class with `args` (its one text): an
+        # __init__ taking other arguments (StaleToken's job_id, token, message) then raised
+        # TypeError at unpickling, and a process pool whose child raised it broke instead of
+        # handing the caller its error. Rebuilt without __init__, the attributes put back.
+        return _rebuilt, (type(self), self.args), self.__dict__
+
+
+def _rebuilt(cls: type[SchedulerError], args: tuple[object, ...]) -> SchedulerError:
+    return cls.__new__(cls, *args)
 
 
 class BadArgument(SchedulerError, ValueError):
