@@ -14,9 +14,9 @@ The answer a caller gets is the one it would have had alone:
   sent again in halves, in order, down to one job per call for a job refused, so each caller
   gets its own job's answer and a bad job of one caller refuses no other caller's (enqueue.lua
   writes nothing when it refuses); one refused for every write (NOREPLICAS, OOM, READONLY, a
-  newer version's storage: errors.refused_for_now) is sent again once, a call per job in one
-  pipeline, so each caller has its answer one round trip later, not ~2n (a re-sent job already
-  there, which writes nothing, is answered with its id as alone);
+  newer version's storage: errors.refused_for_now; the user's ACL) is sent again once, a call
+  per job in one pipeline, so each caller has its answer one round trip later, not ~2n (a
+  re-sent job already there, which writes nothing, is answered with its id as alone);
 - a connection error or timeout is raised to every caller of the batch, as it would have been
   to each (each its own copy: client/enqueue_flights.py own_error): its jobs may or may not be
   written, as for any call whose answer was lost;
@@ -48,7 +48,7 @@ from redis.exceptions import ResponseError
 
 from scheduler.client.enqueue_flights import Flights, Send, SendEach, alone_across, own_error
 from scheduler.core import codec
-from scheduler.core.errors import NewerStorage, SchedulerError, refused_for_now
+from scheduler.core.errors import NewerStorage, SchedulerError, is_permission_error, refused_for_now
 
 T = TypeVar("T")
 
@@ -277,10 +277,11 @@ def _names_one_of(fields: list[str], ids: Collection[str]) -> bool:
 
 
 def _every_write(exc: Exception) -> bool:
-    """A refusal of any write for now (errors.refused_for_now), or of any call of this version
-    (NewerStorage): not one job's."""
+    """A refusal of any write for now (errors.refused_for_now), of any call of this version
+    (NewerStorage), or the user's ACL's (the queue's keys, or a command, not granted: every job
+    of the batch alike, halving it cost 2n - 1 refused calls): not one job's."""
     return isinstance(exc, NewerStorage) or (
-        isinstance(exc, ResponseError) and refused_for_now(exc)
+        isinstance(exc, ResponseError) and (refused_for_now(exc) or is_permission_error(exc))
     )
 
 
