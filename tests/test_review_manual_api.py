@@ -7,24 +7,30 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import importlib
 import multiprocessing
 import pickle
+import pkgutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+import scheduler
 from scheduler import (
     AsyncQueue,
     BadArgument,
+    CorruptKey,
     JobCancelled,
     JobDead,
     LeaseExpired,
+    LeaseRefused,
     NotDurable,
     PartitionedQueue,
     PartitionsNotReached,
     Queue,
+    SchedulerError,
     StaleToken,
 )
 from tests.conftest import Clock
@@ -41,11 +47,6 @@ def _row(status: str) -> str:
 # -- 1. claim on a partitioned queue's own name -----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Queue/AsyncQueue.claim on a partitioned queue's name answers 'empty' (next_ms -1) "
-    "while its partitions hold due jobs; enqueue there is refused BadArgument",
-)
 @pytest.mark.parametrize("kind", ["sync", "async"])
 @pytest.mark.pq(partitions=2)
 def test_claim_on_a_partitioned_queues_own_name_is_refused_as_enqueue_is(
@@ -88,11 +89,6 @@ def _stale_complete(url: str, name: str, job_id: str, token: str) -> None:
         q.complete(job_id, token, "late")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="StaleToken (LeaseRefused.__init__ takes 3 args) cannot be unpickled: raised in a "
-    "process pool's child it breaks the pool (BrokenProcessPool) instead of reaching the caller",
-)
 def test_a_stale_token_raised_in_a_process_pool_reaches_the_caller(
     q: Queue, redis_url: str
 ) -> None:
@@ -114,11 +110,6 @@ def test_a_stale_token_raised_in_a_process_pool_reaches_the_caller(
     q.complete(new.id, new.token, "ok")  # the holder's result lands
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the typed errors with a required-argument __init__ (LeaseRefused family, JobDead, "
-    "PartitionsNotReached, NotDurable) fail pickle.loads: TypeError missing arguments",
-)
 @pytest.mark.parametrize(
     "error",
     [
@@ -137,14 +128,53 @@ def test_every_typed_error_of_the_lease_api_pickles(error: Exception) -> None:
     assert vars(back) == vars(error)
 
 
+def _every_scheduler_error() -> list[type[SchedulerError]]:
+    """Every SchedulerError class of the package, each module imported (a class is known to
+    __subclasses__ once its module is)."""
+    for mod in pkgutil.walk_packages(scheduler.__path__, "scheduler."):
+        if not mod.name.endswith("__main__"):
+            importlib.import_module(mod.name)
+    seen: list[type[SchedulerError]] = []
+    todo = [SchedulerError]
+    while todo:
+        cls = todo.pop()
+        seen.append(cls)
+        todo.extend(c for c in cls.__subclasses__() if c.__module__.startswith("scheduler."))
+    return seen
+
+
+def test_every_typed_error_of_the_package_pickles_with_its_attributes() -> None:
+    """Not only the lease API's: each class the package raises (its own __init__ or not, an app
+    catching it in a process pool's parent), as made where it is raised, with an attribute set
+    later (PartitionsNotReached's written_ids) and redis-py's status_code kept."""
+    from scheduler.admin.health import Finding
+    from scheduler.admin.startup import UnsafeServer
+    from scheduler.worker.retry_later import RetryLater
+
+    built: dict[type[Exception], Exception] = {
+        RetryLater: RetryLater(5_000, "rate limited"),
+        UnsafeServer: UnsafeServer([Finding("eviction-policy", "error", "evicts", "CONFIG SET")]),
+    }
+    for error in [StaleToken("j1", "3-abc", "stale"), LeaseExpired("j1", "", "lease expired"),
+                  JobCancelled("j1", "3-abc", "job was cancelled"), JobDead("j1", None, None, None),
+                  PartitionsNotReached("counts", ["q.p0"], ["q.p1"], ["down"]),
+                  NotDurable(["j1", "j2"], 1, 2)]:  # fmt: skip
+        built[type(error)] = error
+    built[LeaseRefused] = LeaseRefused("j1", "3-abc", "refused")
+    built[CorruptKey] = CorruptKey("CORRUPT due is not a zset", status_code="CORRUPT")
+    setattr(built[PartitionsNotReached], "written_ids", ["j9"])  # noqa: B010 - as raised
+    classes = _every_scheduler_error()
+    assert len(classes) > 20, [c.__name__ for c in classes]
+    for cls in classes:
+        made: Exception = built.get(cls) or cls(f"a {cls.__name__} refusal")
+        back = pickle.loads(pickle.dumps(made))
+        assert type(back) is cls and str(back) == str(made), cls
+        assert vars(back) == vars(made) and back.args == made.args, cls
+
+
 # -- 3. 'expired': "a complete still lands if nobody claimed it since" --------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="manual.md's 'expired' row: a complete lands 'if nobody claimed it since', but any "
-    "claim (of no job, by the same worker) reaps the lapse and the complete is StaleToken",
-)
 def test_an_expired_lease_completes_while_nobody_claimed_the_job(
     tq: tuple[Queue, Clock],
 ) -> None:
@@ -175,11 +205,6 @@ def test_an_expired_lease_completes_while_nobody_claimed_the_job(
 # -- 4. next_ms -1 on a paused queue ------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="manual.md: next_ms is '-1 when the queue is empty'; a paused queue with due jobs "
-    "answers -1 too, so a loop following the guide treats it as empty",
-)
 def test_next_ms_is_minus_one_only_for_an_empty_queue(q: Queue) -> None:
     q.enqueue("t", 1)
     q.pause()
@@ -194,11 +219,6 @@ def test_next_ms_is_minus_one_only_for_an_empty_queue(q: Queue) -> None:
 # -- 5. heartbeat 'missing' for a job another claim holds ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="heartbeat answers 'missing' for an old token of a job another claim now holds "
-    "(after a retry); manual.md says 'stale' there, 'missing' only when no one holds it",
-)
 def test_heartbeat_of_an_old_token_of_a_job_held_by_another_is_stale(q: Queue) -> None:
     """manual.md: 'stale' = another claim holds the job; 'missing' = heartbeat 'also answers it
     for a job no longer leased to anyone (released, retried, done)'. Here the job is leased to
