@@ -24,9 +24,10 @@ class Unpicklable:
 
     def __reduce__(self) -> str:
         kind = type(self).__name__
+        article = "an" if kind[0] in "AEIOU" else "a"
         raise TypeError(
-            f"a {kind} holds a Redis connection and cannot be pickled: pass the URL and the "
-            f"queue's name, and open the {kind} in the process that uses it "
+            f"{article} {kind} holds a Redis connection and cannot be pickled: pass the URL and "
+            f"the queue's name, and open the {kind} in the process that uses it "
             "(docs/guide/manual.md 'Threads, forks and pickling')"
         )
 
