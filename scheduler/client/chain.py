@@ -20,7 +20,7 @@ from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.client.queue import Queue
 from scheduler.core.codec import new_job_id
 from scheduler.core.errors import BadArgument
-from scheduler.core.limits import ENQUEUE_PER_CALL
+from scheduler.core.limits import ENQUEUE_PER_CALL, ENQUEUE_WORK_PER_CALL
 from scheduler.core.models import JobSpec
 from scheduler.core.partitions import Layout
 
@@ -84,7 +84,9 @@ def chain_specs(
         raise BadArgument(f"chain() options apply to every step: {', '.join(given)} cannot")
     if isinstance(steps, str | bytes) or not isinstance(steps, Sequence):
         raise BadArgument(f"steps must be a list of (task, payload), got {steps!r:.100}")
-    if len(steps) > ENQUEUE_PER_CALL:  # one script call, so all are written or none
+    # One script call, so all are written or none: at most ENQUEUE_PER_CALL steps, each naming
+    # one parent, so n steps are 2n - 1 jobs + parents, within ENQUEUE_WORK_PER_CALL (2,000).
+    if len(steps) > ENQUEUE_PER_CALL or 2 * len(steps) - 1 > ENQUEUE_WORK_PER_CALL:
         raise BadArgument(f"a chain has at most {ENQUEUE_PER_CALL} steps")
     specs: list[JobSpec] = []
     parent: str | None = None

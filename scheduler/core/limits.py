@@ -64,6 +64,13 @@ LIMITS: dict[str, tuple[int, int]] = {
 # this many steps.
 REAP_PER_CALL = 500
 ENQUEUE_PER_CALL = 1_000
+# Each parent a job names is work of that call as well (lib/flow.lua flow_parents + flow_wait:
+# reads and links per parent; 1,000 jobs of 100 parents each held it 1.37 s): an enqueue call
+# takes at most ENQUEUE_WORK_PER_CALL jobs + parents named (a chain's 1,000 steps, 1,999, are
+# one call), and a requeue_dead call reads and links again at most REQUEUE_LINKS_PER_CALL of
+# the parents its children list (lua/requeue_dead.lua LINKS_PER_CALL; the rest: next calls).
+ENQUEUE_WORK_PER_CALL = 2 * ENQUEUE_PER_CALL
+REQUEUE_LINKS_PER_CALL = 1_000
 # lua/lib/flow.lua, per script: waiting children a parent's end reaches (FLOW_END_STEP; 500
 # held it 40-61 ms), a key's lapsed leases checked and its held jobs promoted (FLOW_CK_STEP,
 # FLOW_PROMOTE_STEP; 1,000 of each 69-99 ms); jobs one claim sets aside or parks, at most

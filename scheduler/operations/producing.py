@@ -11,7 +11,7 @@ from redis.exceptions import ResponseError
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument, NewerStorage, NotDurable, SchedulerError
-from scheduler.core.limits import ENQUEUE_PER_CALL
+from scheduler.core.limits import ENQUEUE_PER_CALL, ENQUEUE_WORK_PER_CALL
 from scheduler.core.models import JobSpec
 from scheduler.operations.requests import Op, OpsBase, Script, ScriptPipeline
 
@@ -99,21 +99,15 @@ class ProducingOps(OpsBase):
             raise BadArgument(f"specs must be an iterable of JobSpec, got {specs!r:.80}")
         specs = list(specs)
         codec.check_int(batch_size, "batch_size")
-        # One script call holds every client of the server: at most ENQUEUE_PER_CALL jobs each
-        # (enqueue.lua refuses more); a larger batch_size (accepted before) is more calls.
-        batch_size = min(batch_size, ENQUEUE_PER_CALL)
         _check_debounced(specs)
         if not specs:  # nothing to store: no call (under wait_replicas a lone WAIT and a mark)
             return []
-        # Check every job before sending any batch: a bad job refuses the whole call.
-        batches = [
-            codec.enqueue_args(specs[i : i + batch_size], self.settings.max_payload_bytes)
-            for i in range(0, len(specs), batch_size)
-        ]
-        wait = None
-        if self.settings.wait_replicas > 0:
-            wait = (self.settings.wait_replicas, self.settings.wait_timeout_ms)
-        if _names_a_parent_of_an_earlier_batch(batches):
+        st = self.settings
+        batches, in_turn = _calls(specs, batch_size, st.max_payload_bytes)
+        wait = (st.wait_replicas, st.wait_timeout_ms) if st.wait_replicas > 0 else None
+        # A parent in an earlier call: calls one at a time (a pipeline's order does not survive
+        # a racing SCRIPT LOAD), each naming the job a reply gave for a parent whose key was taken.
+        if in_turn:
             return (yield from _enqueue_in_turn(batches, wait))
         if len(batches) == 1 and wait is None:
             replies = [(yield Script("enqueue", batches[0]))]
@@ -145,7 +139,7 @@ _W = codec.ENQUEUE_FIELDS
 def _ids_of(args: list[str], reply: Any) -> list[str]:
     """A batch's ids as its reply gives them, or '' for each of its jobs when refused."""
     refused = isinstance(reply, BaseException)
-    return [""] * len(range(1, len(args), _W)) if refused else codec.parse_enqueue(reply, args)
+    return [""] * int(args[0]) if refused else codec.parse_enqueue(reply, args)
 
 
 def _note_written(exc: BaseException, batches: list[list[str]]) -> None:
@@ -198,24 +192,31 @@ def _check_debounced(specs: list[Any]) -> None:
         seen.add(k)
 
 
+def _calls(specs: list[Any], size: int, payload_max: int) -> tuple[list[list[str]], bool]:
+    """Each script call's arguments, every job checked first, and whether a job names a job of
+    an earlier call. A call holds every client of the server: at most `size` (batch_size),
+    ENQUEUE_PER_CALL jobs and ENQUEUE_WORK_PER_CALL jobs + parents."""
+    size, calls, work, in_turn = min(size, ENQUEUE_PER_CALL), list[list[str]](), 0, False
+    call_of: dict[str, int] = {}  # id -> the first call naming it
+    for spec in specs:
+        fields = codec.enqueue_args([spec], payload_max)[1:]
+        parents = _parents(fields[-1])
+        cost = 1 + len(parents)  # each parent is read and linked: core/limits.py
+        if not calls or calls[-1][0] == str(size) or work + cost > ENQUEUE_WORK_PER_CALL:
+            calls.append(["0"])
+            work = 0
+        k = len(calls) - 1
+        in_turn = in_turn or any(call_of.get(p, k) < k for p in parents)
+        call_of.setdefault(fields[0], k)
+        calls[-1][0] = str(int(calls[-1][0]) + 1)
+        calls[-1].extend(fields)
+        work += cost
+    return calls, in_turn
+
+
 def _parents(flow: str) -> list[str]:
     # The flow field ends with the parents, space-separated (core/flow.py flow_field).
     return flow.rsplit("|", 1)[1].split() if flow else []
-
-
-def _names_a_parent_of_an_earlier_batch(batches: list[list[str]]) -> bool:
-    """True when a job names, in `after`, a job of an earlier batch: that batch must have run
-    first, which one pipeline does not promise (a NOSCRIPT is answered by sending again only
-    the calls that got it, after the later ones another client's SCRIPT LOAD let run), and
-    when it has an idempotency key only its reply says which job then stands for the parent
-    (enqueue.lua knows the substitutes of its own call only)."""
-    earlier: set[str] = set()
-    for args in batches:
-        jobs = range(1, len(args), _W)
-        if earlier and any(p in earlier for b in jobs for p in _parents(args[b + 12])):
-            return True
-        earlier.update(args[b] for b in jobs)
-    return False
 
 
 def _with_parents_renamed(
