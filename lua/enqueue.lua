@@ -4,7 +4,7 @@
   KEYS[3] leased   ZSET    id -> lease_until_ms
   KEYS[4] dead     ZSET    dead id -> dead_ms
   KEYS[5] wake     LIST    wake-up tokens for idle workers
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, idem:<digest>, dead:migrating, config, partitions, flow:levels, flow:pdue:<p>, flow:held, flow:waiting, flow:children:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, idem:<digest>, dead:migrating, config, partitions, flow:levels, flow:pdue:<p>, flow:held, flow:waiting, flow:children:<id>, moving
   ARGV[1] n, then 13 fields per job (12, without flow, from an older client):
     id, task, payload (JSON text), when ('at' | 'in'), time_ms (absolute run_at_ms for 'at',
     delay_ms from server now for 'in'), max_attempts, backoff ('base_ms,factor,cap_ms,jitter'
@@ -18,7 +18,8 @@
     ids, earlier jobs of this queue or of this call; one of this call whose idempotency key was
     taken stands for the job the key names, its id in the reply) must exist: a job waits in
     flow:held / flow:waiting until all are done, and is parked at once if one already ended
-    dead or cancelled (lib/flow.lua flow_wait). A job is written as one STRING spec:<id> (lib/job.lua pack_spec), no
+    dead or cancelled (lib/flow.lua flow_wait); one a queue move has taken (in `moving`) is
+    refused, BAD_ARGUMENT after=<id> (being moved to another queue). A job is written as one STRING spec:<id> (lib/job.lua pack_spec), no
     hash until its first claim. Every number must be a plain decimal integer within the ranges of
     lib/util.lua LIM (= scheduler/codec.py LIMITS, docs/limits.md); at most MAX_BATCH jobs.
   Returns: {flags, then (index, id) pairs}: flags has one character per job, 'c' created or 'e'

@@ -65,11 +65,12 @@ class Model:
     def window(self, now: int) -> int:
         return sum(now - RATE[1] < t <= now for t in self.starts)
 
-    def done(self, jid: str) -> None:
+    def done(self, jid: str, now: int) -> None:
+        # A child freed by its last parent is due from now, or from its own later run_at.
         self.jobs[jid].state = "done"
         for c in self.jobs.values():
             if c.state == "waiting" and all(self.jobs[p].state == "done" for p in c.parents):
-                c.state = "due"
+                c.state, c.run_at = "due", max(c.run_at, now)
 
     def ended(self, jid: str) -> None:
         # A parent dead or cancelled parks its waiting children, and theirs.
@@ -159,7 +160,7 @@ class Run:
             if kind == "complete":
                 q.complete(j.id, j.token, None)
                 j.completed += 1
-                m.done(j.id)
+                m.done(j.id, self.now)
             elif kind == "fail":
                 out = q.fail(j.id, j.token, ("E", "m", ""), delay_ms=op[2])
                 assert out.status == "retry" and out.run_at_ms == self.now + op[2]
@@ -196,7 +197,7 @@ class Run:
                 if j.state == "leased":
                     self.q.complete(j.id, j.token, None)
                     j.completed += 1
-                    self.m.done(j.id)
+                    self.m.done(j.id, self.now)
             if all(j.state in ("done", "cancelled", "dead") for j in self.m.jobs.values()):
                 break
         for j in self.m.jobs.values():

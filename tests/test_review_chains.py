@@ -9,6 +9,7 @@ a child's own delay and priority, cycles refused, a parent's retries)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +19,9 @@ import redis
 from scheduler import BadArgument, JobSpec, Queue
 from scheduler.admin.queue_move import QueueMove
 from scheduler.core.codec import ENQUEUE_FIELDS
-from scheduler.core.limits import ENQUEUE_PER_CALL
+from scheduler.core.limits import ENQUEUE_PER_CALL, REQUEUE_LINKS_PER_CALL
 from scheduler.core.models import JobState
+from scheduler.core.scripts import lua_dir
 from scheduler.operations.requests import Script, ScriptPipeline
 from tests.conftest import FLOW_T0 as T0
 from tests.conftest import Clock, delete_queue, dump_queue, new_queue
@@ -48,11 +50,6 @@ def dst(client: redis.Redis) -> Iterator[Queue]:
 # -- Defects ----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="enqueue after= a job a queue move has taken (in `moving`) makes the child wait for "
-    "a parent the move then deletes from this queue: the child waits forever",
-)
 def test_a_child_of_a_job_a_queue_move_has_taken_is_not_left_waiting_forever(
     client: redis.Redis, q: Queue, dst: Queue
 ) -> None:
@@ -81,11 +78,6 @@ def test_a_child_of_a_job_a_queue_move_has_taken_is_not_left_waiting_forever(
         assert q.status(child) != JobState.HELD, "still waiting for a job no longer here"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a child freed by its parent goes into due at its enqueue-time run_at, so it counts "
-    "as aged at once and overtakes priority-9 work it was never starved by",
-)
 def test_a_freed_child_does_not_overtake_higher_priority_work_as_if_aged(
     fq: tuple[Queue, Clock],
 ) -> None:
@@ -106,11 +98,6 @@ def test_a_freed_child_does_not_overtake_higher_priority_work_as_if_aged(
     assert _ids(q) == [child]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a freed child's start is counted late by its parents' whole run (stats lateness, "
-    "counts' oldest due), though it started the moment it could",
-)
 def test_a_freed_child_started_at_once_is_not_reported_late(
     fq: tuple[Queue, Clock], client: redis.Redis
 ) -> None:
@@ -133,11 +120,6 @@ def test_a_freed_child_started_at_once_is_not_reported_late(
     assert int(stats["late_max_ms"]) == 0, stats
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="flow_ending_step reads 10 entries of flow:ending per claim: a dead parent's "
-    "subtree of many one-child chains is parked 10 a claim, not FLOW_END_STEP (300)",
-)
 def test_a_dead_parents_wide_subtree_is_parked_at_the_step_budget(
     q: Queue, client: redis.Redis
 ) -> None:
@@ -184,11 +166,6 @@ def _parent_links(args: list[str]) -> int:
     return links
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="enqueue_many sends 1,000 jobs of 100 parents in ONE script call: 100,000 parent "
-    "lookups and links, ~1.3 s holding the server (docs/limits.md: a call is bounded)",
-)
 def test_a_fan_in_batch_is_sent_as_calls_of_bounded_work(
     q: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -214,11 +191,6 @@ def _sadds(c: redis.Redis) -> int:
     return int(c.info("commandstats").get("cmdstat_sadd", {}).get("calls", 0))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="requeue_dead sends 500 parked children per call whatever their parents: 500 x 99 "
-    "pending parents re-waited in one call (~0.5 s; docs/limits.md: at most 22 ms)",
-)
 def test_requeue_of_parked_fan_in_children_is_sent_as_calls_of_bounded_work(
     private: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -253,6 +225,36 @@ def test_requeue_of_parked_fan_in_children_is_sent_as_calls_of_bounded_work(
 
 
 # -- Guards (checked correct) -----------------------------------------------------------------
+
+
+def test_requeue_of_a_child_whose_parent_a_queue_move_has_taken_is_refused(
+    client: redis.Redis, q: Queue, dst: Queue
+) -> None:
+    """A child parked at once (one parent dead) lists its other, pending parent but is in no
+    set of it, so that parent can be taken by a move. Requeued then, the child would wait for
+    a job the move deletes here: refused (BadArgument), nothing written; once the move is done
+    the parent is gone here and the child runs."""
+    doomed = q.enqueue("a", None, max_attempts=1)
+    assert q.fail(doomed, _lease(q, doomed), ("E", "boom", "")).status == "dead"
+    other = q.enqueue("p", None, job_id="moving-other")
+    child = q.enqueue("k", None, after=[doomed, other])
+    move = QueueMove(client, q.name, dst.name)
+    entries = move.take(move.src[0], [other])
+    assert [e.id for e in entries] == [other]
+    before = dump_queue(client, q)
+    with pytest.raises(BadArgument, match=r"after=moving-other \(being moved to another queue\)"):
+        q.requeue_dead([child])
+    assert dump_queue(client, q) == before
+    assert move.put(entries) == "c"
+    move.finish(move.src[0], [other])
+    assert q.requeue_dead([child]) == 1
+    assert _ids(q) == [child]
+
+
+def test_the_requeue_link_bound_is_the_scripts() -> None:
+    text = (lua_dir() / "requeue_dead.lua").read_text()
+    m = re.search(r"LINKS_PER_CALL = (\d+)", text)
+    assert m and int(m.group(1)) == REQUEUE_LINKS_PER_CALL
 
 
 def test_ten_thousand_children_of_one_parent_are_all_freed_in_bounded_steps(

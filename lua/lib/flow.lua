@@ -824,6 +824,15 @@ end
 -- done lists it in flow:children:<parent> and carries `kids` = '1' (so complete finds children
 -- without an extra read on the plain path).
 
+-- Is `id` taken by a queue move (in `moving`: scheduler queue move, move_out.lua)? Its
+-- record here is deleted by the move's last step (move_done.lua) and it ends in the other
+-- queue: a child waiting for it here would wait for ever, so none is set waiting for it
+-- (enqueue and requeue_dead refuse, BAD_ARGUMENT, before any write). `moving` of another type
+-- (edited by hand) holds no move: read as not taken.
+local function flow_moving(prefix, id)
+  return type(redis.pcall('ZSCORE', prefix .. 'moving', id)) == 'string'
+end
+
 -- Where each parent stands, checked before enqueue writes anything: a list of
 -- {id, 'done' | 'pending' | 'dead' | 'cancelled'}, one per distinct parent, or nil and the
 -- error reply. `batch` holds the ids enqueued earlier in the same call (pending); `alias` maps
@@ -845,9 +854,13 @@ local function flow_parents(prefix, after, batch, alias)
         state = 'pending'
       end
       if state == 'due' or state == 'leased' then state = 'pending' end
+      local via = pid ~= named and (' (its idempotency key names ' .. pid .. ')') or ''
       if state ~= 'done' and state ~= 'pending' and state ~= 'dead' and state ~= 'cancelled' then
-        local via = pid ~= named and (' (its idempotency key names ' .. pid .. ')') or ''
         return nil, redis.error_reply('BAD_ARGUMENT after=' .. named .. via .. ' (no such job)')
+      end
+      if state == 'pending' and flow_moving(prefix, pid) then
+        return nil, redis.error_reply('BAD_ARGUMENT after=' .. named .. via
+          .. ' (being moved to another queue)')
       end
       out[#out + 1] = { pid, state }
       -- The keys flow_wait may write, checked before enqueue's first write.
@@ -870,7 +883,7 @@ local function flow_wait(prefix, id, jk, run_at, parents, now)
   end
   for _, pr in ipairs(parents) do
     if pr[2] == 'pending' then
-      -- A parent earlier in this batch may have been parked at once since flow_parents read
+      -- A parent earlier in this batch may have been parked at once since the parents check read
       -- it (its own parent dead): re-read, or this child would wait for it forever. Parked and
       -- deleted at once by the dead retention (lib/job.lua dead_trim: max_count 0, a same-ms
       -- tie), it has neither hash nor spec left: dead too, and nothing is written into its
@@ -965,7 +978,7 @@ local function flow_end_step_done(prefix, word, pid, ck, now)
 end
 
 -- A parent is done: each waiting child that lists it (flow_lists) counts it; one with no
--- parent left is due (at its own run_at: never early). Reached from complete after its first
+-- parent left is due at max(its own run_at, now) (never early), its run_at_ms so written. Reached from complete after its first
 -- write (leased ZREMed), so no hand-edited child may make it raise (Redis keeps the partial
 -- writes: the parent, and every later job of the call, would be left in neither leased nor
 -- due): the count is read with the strict reader and written back with HSET (no HINCRBY, which
@@ -989,9 +1002,23 @@ local function flow_parent_done(prefix, id, now, endk)
       -- does not recount), and a child run early is the lesser harm than one waiting forever.
       local left = (parse_int(v[1], 1, FLOW_LIM.after) or 1) - 1
       if left <= 0 then
-        if flow_unhold(prefix, cid, run_at) then
+        -- Due from now, or from its own later run_at (never early): at its enqueue-time run_at
+        -- it counted as overdue by its parents' whole run, so claim's aged pass served it
+        -- ahead of every priority and the start lateness (stats, counts' oldest due) reported
+        -- a queue behind while it started the moment it could.
+        local at = math.max(tonumber(run_at) or now, now)
+        if flow_unhold(prefix, cid, fmt(at)) then
           redis.pcall('ZREM', prefix .. 'flow:waiting', cid)
           redis.call('HDEL', cjk, 'waiting_for', 'parents')
+          if at > (tonumber(run_at) or now) then
+            -- A never-claimed job's run_at_ms is its due score, and a blank enqueued_ms in its
+            -- spec reads as that score too: pinned to the old one. A hash that holds run_at_ms
+            -- (a requeued job's, an older version's) gets the new one.
+            spec_pin_enqueued(prefix, cid, run_at)
+            if redis.call('HEXISTS', cjk, 'run_at_ms') == 1 then
+              redis.call('HSET', cjk, 'run_at_ms', fmt(at))
+            end
+          end
           freed = true
         end
       else
@@ -1054,24 +1081,46 @@ local function flow_parent_ended(prefix, id, word, now, endk)
 end
 
 -- The next steps of parents' ends left for later (flow_parent_done / _ended), within this
--- script's budget, oldest first; claim runs it. While any is left an idle worker is woken, so
--- the steps go on at once, each bounded. An entry this version does not write (by hand) goes.
+-- script's budget, oldest first; claim runs it. Pages of 10 entries are read while the budget
+-- lasts (one page of 10 was the whole step: a dead parent's subtree of one-child chains, an
+-- entry per child, was parked 10 jobs a claim), at most FLOW_END_STEP entries in all (one whose
+-- set is already empty costs no budget). An entry whose step ends with its set empty leaves
+-- the index, so each page is read from its head. While any is left an idle worker is woken,
+-- so the steps go on at once, each bounded. An entry this version does not write (by hand) goes.
 local function flow_ending_step(prefix, now)
   local k = prefix .. 'flow:ending'
-  local entries = redis.pcall('ZRANGE', k, 0, 9)
-  if type(entries) ~= 'table' or entries.err or #entries == 0 then return end
-  for _, e in ipairs(entries) do
-    if flow_end_left <= 0 then break end
-    local word, pid = string.match(e, '^(%a+):(.+)$')
-    if word == 'done' then
-      flow_parent_done(prefix, pid, now, prefix .. 'flow:ending:' .. e)
-    elseif word == 'dead' or word == 'cancelled' then
-      flow_parent_ended(prefix, pid, word, now, prefix .. 'flow:ending:' .. e)
-    else
-      redis.call('ZREM', k, e)
+  local examined = 0
+  while flow_end_left > 0 and examined < FLOW_END_STEP do
+    local entries = redis.pcall('ZRANGE', k, 0, math.min(9, FLOW_END_STEP - examined - 1))
+    if type(entries) ~= 'table' or entries.err or #entries == 0 then break end
+    for _, e in ipairs(entries) do
+      if flow_end_left <= 0 then break end
+      examined = examined + 1
+      local word, pid = string.match(e, '^(%a+):(.+)$')
+      if word == 'done' then
+        flow_parent_done(prefix, pid, now, prefix .. 'flow:ending:' .. e)
+      elseif word == 'dead' or word == 'cancelled' then
+        flow_parent_ended(prefix, pid, word, now, prefix .. 'flow:ending:' .. e)
+      else
+        redis.call('ZREM', k, e)
+      end
     end
   end
-  if redis.call('ZCARD', k) > 0 then wake(prefix .. 'wake') end
+  local left = redis.pcall('ZCARD', k)  -- of another type (by hand): no step, no wake-up
+  if type(left) == 'number' and left > 0 then wake(prefix .. 'wake') end
+end
+
+-- A parked child's `parents` field (HMGET value) read before requeue_dead writes: how many
+-- parents flow_rewait would read and link it to (0 for a field it ignores), and the first of
+-- them a queue move has taken (in `moving`), or nil.
+local function flow_rewait_links(prefix, listed)
+  if type(listed) ~= 'string' or not string.find(listed, '^[%w_.:%- ]+$') then return 0, nil end
+  local n, taken = 0, nil
+  for pid in string.gmatch(listed, '%S+') do
+    n = n + 1
+    if not taken and flow_moving(prefix, pid) then taken = pid end
+  end
+  return n, taken
 end
 
 -- A parked child being requeued (requeue_dead, after every job of the call is back to state

@@ -267,9 +267,15 @@ class DeadLetterOps(OpsBase):
         ids = check_id_list(ids)
         if len(ids) > batch_size:  # several script calls: each parent in one before its children
             ids = yield from parents_first(self.keys, ids)
-        moved = 0
-        for i in range(0, len(ids), batch_size):
-            moved += int((yield Script("requeue_dead", list(ids[i : i + batch_size]))))
+        moved, i = 0, 0
+        while i < len(ids):
+            sent = list(ids[i : i + batch_size])
+            reply = yield Script("requeue_dead", sent)
+            # [requeued, handled]: the call's parent links (lua/requeue_dead.lua, at most
+            # REQUEUE_LINKS_PER_CALL) stopped it before the end; the rest go in the next call.
+            done, handled = (reply[0], reply[1]) if isinstance(reply, list) else (reply, len(sent))
+            moved += int(done)
+            i += max(int(handled), 1)
         return moved
 
     def purge_dead(self, ids: Sequence[str], batch_size: int = 500) -> Op[int]:
