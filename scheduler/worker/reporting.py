@@ -14,6 +14,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from scheduler.core.errors import JobCancelled, JobNotFound, LeaseExpired, LeaseRefused
 from scheduler.core.models import FailOutcome
+from scheduler.core.safety import redact
 from scheduler.worker import progress_sends
 from scheduler.worker.core import WorkerCore, _Deadline, _Fatal, _within
 from scheduler.worker.execution import RetryDelay, Running, classify, may_resend, retry_at_stop
@@ -195,8 +196,7 @@ class Reporting(WorkerCore):
         return None
 
     def _refused(self, r: Running, call: str, status: str) -> None:
-        """The server refused r's complete / fail / release: counted and logged under its
-        word; `refused` names the call."""
+        """r's complete / fail / release refused: counted, logged under its word, `refused=call`."""
         self._forget(r)
         word = _word(status)
         self.metrics.outcome(r.queue, r.job.task, word)
@@ -208,7 +208,8 @@ class Reporting(WorkerCore):
         if isinstance(out, FailOutcome):
             self._forget(r)
             self.metrics.outcome(r.queue, r.job.task, out.status)
-            extra: dict[str, Any] = {"error_type": err[0], "error": err[1][:200]}
+            # Redacted before the cut: a cut inside a URL's password left no '@' to find it by.
+            extra: dict[str, Any] = {"error_type": err[0], "error": redact(err[1][:800])[:200]}
             if out.status == "retry":
                 extra["retry_at_ms"] = out.run_at_ms
                 self._due_soon(r.queue)  # fail.lua pushes no wake-up
