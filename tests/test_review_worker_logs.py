@@ -299,11 +299,6 @@ def test_plain_lines_fields_cannot_be_forged_by_an_error_message(
     assert [v for k, v in fields if k == "job_id"] == [job], fields
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime.py _on_loop_exception logs asyncio's report without exc_info: a crashed "
-    "background task's traceback (asyncio's default handler logs it) is lost",
-)
 def test_asyncio_reports_routed_to_the_worker_log_keep_their_traceback(
     redis_url: str, q: Queue, captured: tuple[logging.Logger, Records]
 ) -> None:

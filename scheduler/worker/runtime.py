@@ -88,10 +88,10 @@ class Worker(Claiming, Heartbeats):
 
     def _on_loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         # asyncio's own reports (e.g. a library's "Unclosed ..." at GC) go through our logger,
-        # so --json-logs output stays one JSON object per line.
+        # so --json-logs output stays one JSON object per line (the traceback in its `exc`).
         exc = context.get("exception")
         why = f": {type(exc).__name__}: {error_text(exc)}" if exc else ""
-        self.log.warning("asyncio: %s%s", context.get("message", "unhandled"), why)
+        self.log.warning("asyncio: %s%s", context.get("message", "unhandled"), why, exc_info=exc)
 
     async def run(self, *, install_signals: bool = True) -> int:
         """Claim and run jobs until stopped, then shut down gracefully.
