@@ -232,11 +232,6 @@ def test_an_error_cut_for_the_log_never_shows_part_of_a_url_password(
         assert PASSWORD[:5] not in text, text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="JsonFormatter writes a lone surrogate (an undecodable byte) as \\udcff, not the "
-    "\\xff docs/security.md promises: not valid UTF-8, strict JSON readers reject the line",
-)
 def test_json_logs_show_an_undecodable_byte_as_backslash_x(
     redis_url: str, q: Queue, captured: tuple[logging.Logger, Records]
 ) -> None:
@@ -270,11 +265,6 @@ def logfmt_fields(line: str) -> list[tuple[str, str]]:
     return [tuple(w.split("=", 1)) for w in words if "=" in w]  # type: ignore[misc]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TextFormatter writes key=value extras unquoted: an error message with spaces "
-    "and '=' adds fields (event=dead job_id=<another job>) to the line",
-)
 def test_plain_lines_fields_cannot_be_forged_by_an_error_message(
     redis_url: str, q: Queue, captured: tuple[logging.Logger, Records]
 ) -> None:

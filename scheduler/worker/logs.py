@@ -2,8 +2,11 @@
 text by default, one JSON object per line with --json-logs.
 
 Log lines quote untrusted text (task names, exception messages with payload text, URLs), so
-both formatters redact URL passwords, and the plain one escapes control characters (a fake
-log line or a terminal escape cannot be injected); the JSON one relies on ensure_ascii."""
+both formatters redact URL passwords; the plain one escapes control characters (a fake log line
+or a terminal escape cannot be injected) and quotes a field's value logfmt-style when it holds
+a space, '=' or '"' (an error message cannot add a field); the JSON one relies on ensure_ascii,
+and shows an undecodable byte as `\\xff` text, as the plain one does (a lone surrogate is no
+valid UTF-8: strict JSON readers reject the line)."""
 
 from __future__ import annotations
 
@@ -11,13 +14,15 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 from typing import Any
 
-from scheduler.core.safety import clean, redact, safe
+from scheduler.core.safety import clean, redact, safe, visible_bytes
 
 LOGGER = "scheduler.worker"
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+_QUOTED = re.compile(r'[\s="]')  # a value with one of these is quoted (logfmt)
 
 
 class JsonFormatter(logging.Formatter):
@@ -34,7 +39,15 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["exc"] = redact(self.formatException(record.exc_info))
         # ensure_ascii (the default) writes every control character as \uXXXX.
-        return json.dumps(out, default=lambda v: redact(str(v)))
+        return json.dumps(visible_bytes(out), default=lambda v: visible_bytes(redact(str(v))))
+
+
+def _value(v: object) -> str:
+    """A field's value as logfmt writes it: bare, or quoted with `"` and `\\` escaped."""
+    s = safe(v)
+    if _QUOTED.search(s) is None:
+        return s
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class TextFormatter(logging.Formatter):
@@ -44,7 +57,7 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = f"{self.formatTime(record)} {record.levelname} {safe(record.getMessage())}"
         extra = [
-            f"{k}={safe(v)}"
+            f"{k}={_value(v)}"
             for k, v in record.__dict__.items()
             if k not in _RESERVED and not k.startswith("_")
         ]
