@@ -125,11 +125,6 @@ APP_REGISTRY = """
 # -- defects ----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a registry that runs logging.config.dictConfig (disable_existing_loggers default) "
-    "disables scheduler.worker: the worker logs nothing at all",
-)
 def test_a_registry_that_configures_logging_does_not_silence_the_worker(
     redis_url: str, q: Queue, tmp_path: Path
 ) -> None:
@@ -156,11 +151,6 @@ def test_a_registry_that_configures_logging_does_not_silence_the_worker(
     assert [x["job_id"] for x in lines if x.get("event") == "dead"] == [dead], out.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler worker configures only the 'scheduler' logger: a handler's own INFO "
-    "lines vanish and its warnings come out as bare non-JSON text (logging.lastResort)",
-)
 def test_a_handlers_own_logging_reaches_the_worker_log_as_json(
     redis_url: str, q: Queue, tmp_path: Path
 ) -> None:
@@ -178,11 +168,6 @@ def test_a_handlers_own_logging_reaches_the_worker_log_as_json(
     assert f"app-info {job}" in msgs and f"app-warning {job}" in msgs, out.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with --json-logs a refused start (unreachable Redis, registry import, settings) "
-    "is still the plain text line 'error: ...' (click.echo)",
-)
 def test_json_logs_a_refused_start_is_a_json_line(redis_url: str, tmp_path: Path) -> None:
     """With `--json-logs` the one line saying why a worker will not start (the one an
     operator's alert is about: a restart loop) is plain text `error: cannot reach Redis at

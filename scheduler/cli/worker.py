@@ -210,7 +210,7 @@ def worker_cmd(
         parse_url(url)  # a bad URL (or cluster form) is a usage error, before any I/O
         n = pool_size(processes, worker_id)
     except Exception as exc:  # SettingsError, BadArgument, a URL redis-py refuses
-        click.echo(safe(f"error: {exc}"), err=True)
+        logs.console(str(exc))
         sys.exit(EXIT_USAGE)
     # The children import the registry; the supervisor runs none of the user's code. Also
     # --processes 0 on one core: a lone worker there died of the unit's reload (SIGHUP).
@@ -219,11 +219,13 @@ def worker_cmd(
     try:
         reg = load_registry(registry)
     except RegistryImportError as exc:
-        click.echo(safe(f"error: {exc}"), err=True)
+        logs.after_registry(log_level)  # its logging.config may have disabled ours
+        logs.console(str(exc))
         sys.exit(EXIT_IMPORT)
+    logs.after_registry(log_level)
     if not reg.names():  # its tasks' modules never imported: each job claimed would fail
         why = "import the modules that register its tasks (@registry.task) from its module"
-        click.echo(safe(f"error: {registry!r} has no task registered: {why}"), err=True)
+        logs.console(f"{registry!r} has no task registered: {why}")
         sys.exit(EXIT_IMPORT)
     try:
         code = run_loop(
@@ -240,7 +242,7 @@ def worker_cmd(
         )
     except Exception as exc:
         if is_permission_error(exc):  # a permission revoked while running: one line
-            click.echo(f"error: {permission_message(exc, APP_ROLE_HINT)}", err=True)
+            logs.console(permission_message(exc, APP_ROLE_HINT))
             sys.exit(EXIT_FORBIDDEN)
         logging.getLogger(logs.LOGGER).exception("worker crashed: %s", exc)
         code = EXIT_ERROR

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import sys
@@ -13,6 +14,7 @@ import sys
 from prometheus_client import CollectorRegistry, generate_latest
 
 from scheduler.core.exits import EXIT_FAILED
+from scheduler.worker import logs
 
 READY_FD_ENV = "SCHEDULER_WORKER_READY_FD"
 # Where a pool child with metrics writes its last counts once its worker returned (the supervisor
@@ -82,7 +84,7 @@ def hand_over_metrics(registry: CollectorRegistry) -> None:
             f.write(generate_latest(registry))
         os.replace(path + ".tmp", path)
     except OSError as exc:  # the supervisor's directory is gone: its slot starts again
-        print(f"warning: last metrics not handed over: {exc}", file=sys.stderr)
+        logs.console(f"last metrics not handed over: {exc}", logging.WARNING)
 
 
 def ready_message(metrics_port: int | None) -> bytes:

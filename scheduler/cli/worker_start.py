@@ -14,7 +14,6 @@ from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any
 
-import click
 from redis.exceptions import (
     AuthenticationError,
     InvalidResponse,
@@ -53,11 +52,10 @@ from scheduler.core.errors import (
     refused_for_now,
 )
 from scheduler.core.exits import EXIT_FAILED, EXIT_FORBIDDEN, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
-from scheduler.core.safety import redact, safe
-from scheduler.worker import SettingsError, Worker, WorkerSettings
+from scheduler.core.safety import redact
+from scheduler.worker import SettingsError, Worker, WorkerSettings, logs
 from scheduler.worker import signals as signals
 from scheduler.worker.execution import TRANSIENT, classify
-from scheduler.worker.logs import LOGGER
 from scheduler.worker.metrics import METRICS_ADDR
 from scheduler.worker.registry import Registry
 from scheduler.worker.self_stop import memory_at_start_error
@@ -126,7 +124,7 @@ def start_failure(exc: BaseException, url: str) -> int:
         hand = isinstance(exc, ResponseError) and edited_by_hand(exc)
         doctor = " (run scheduler doctor)" if hand else ""
         line, code = f"Redis refused the start: {type(exc).__name__}: {exc}{doctor}", EXIT_FAILED
-    click.echo(safe(f"error: {line}"), err=True)
+    logs.console(line)  # `error: ...`, or a JSON line under --json-logs
     return code
 
 
@@ -180,7 +178,7 @@ def _run_through_stops(loop: asyncio.AbstractEventLoop, task: asyncio.Task[int])
         except RuntimeError:
             if task.done() or loop.is_closed():
                 raise
-            logging.getLogger(LOGGER).warning(
+            logging.getLogger(logs.LOGGER).warning(
                 "the event loop was stopped (a handler's loop.stop()?): the worker runs on"
             )
 
@@ -210,7 +208,7 @@ def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
 
 def metrics_port_failure(port: int, exc: OSError) -> int:
     """--metrics-port taken, or not ours to bind (a worker's or a pool's): one line, no trace."""
-    click.echo(f"error: cannot serve metrics on port {port}: {exc.strerror or exc}", err=True)
+    logs.console(f"cannot serve metrics on port {port}: {exc.strerror or exc}")
     return EXIT_FAILED
 
 
@@ -244,7 +242,7 @@ async def serve(
         # answer (its claims retry until it does); the names asked for were read above.
         await check_access_async(client, queues, skip_down=True)
     except AccessDenied as exc:
-        click.echo(f"error: {exc}", err=True)
+        logs.console(str(exc))
         await client.aclose()
         return EXIT_FORBIDDEN
     except _START_ERRORS as exc:  # what the first reads and script loads can meet
@@ -254,12 +252,12 @@ async def serve(
         await check_or_warn_async(client, strict=strict, log=worker.log.warning, url=url,
                                   keys=[q.keys.due for q in worker.queues])  # fmt: skip
     except UnsafeServer as exc:  # a refusal, as with `enqueue --strict`
-        click.echo(safe(f"error: {exc}"), err=True)
+        logs.console(str(exc))
         await client.aclose()
         return EXIT_FAILED
     refused = memory_at_start_error(settings.max_memory_mb)
     if refused:  # before ready: a pool's first start fails, not a restart loop
-        click.echo(f"error: {refused}", err=True)
+        logs.console(refused)
         await client.aclose()
         return EXIT_USAGE
     bound: int | None = None

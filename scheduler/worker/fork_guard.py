@@ -15,6 +15,8 @@ import os
 import threading
 from collections.abc import Iterator
 
+from scheduler.worker.logs import console_line
+
 EXIT_CODE = 1
 
 # The thread of each event loop a worker runs on now, and how many run there (asyncio's own
@@ -41,13 +43,11 @@ def watching(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
 def child_exit(where: str) -> None:
     """End a forked child that came back to the worker (never returns)."""
     # Straight to fd 2, not through the log: a lock of its buffered stream may have been held
-    # by another thread at the fork, for good in the child.
-    line = (
-        f"process {os.getpid()}, forked by a handler, {where}: it exits"
-        " (end a forked process with os._exit)\n"
-    )
+    # by another thread at the fork, for good in the child. A JSON line under --json-logs.
+    text = f"process {os.getpid()}, forked by a handler, {where}: it exits"
+    line = console_line(text + " (end a forked process with os._exit)") + "\n"
     with contextlib.suppress(OSError):
-        os.write(2, line.encode())
+        os.write(2, line.encode("utf-8", "backslashreplace"))
     os._exit(EXIT_CODE)
 
 

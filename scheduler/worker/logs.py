@@ -23,6 +23,7 @@ from scheduler.core.safety import clean, redact, safe, visible_bytes
 LOGGER = "scheduler.worker"
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 _QUOTED = re.compile(r'[\s="]')  # a value with one of these is quoted (logfmt)
+_json_logs = [False]  # setup's format: the lines written outside the logger follow it (console)
 
 
 class JsonFormatter(logging.Formatter):
@@ -94,15 +95,65 @@ def setup(level: str = "INFO", json_logs: bool = False, stream: Any = None) -> l
     handler = _Handler(stream or _stderr())
     handler.owned = stream is None and handler.stream is not sys.stderr
     handler.setFormatter(JsonFormatter() if json_logs else TextFormatter())
+    _json_logs[0] = json_logs
     root = logging.getLogger("scheduler")
     for old in root.handlers:  # set up again (in-process): no dup of stderr left open
         if isinstance(old, _Handler) and old.owned:
             with contextlib.suppress(Exception):
                 old.stream.close()
+    top = logging.getLogger()  # after_registry's handler there too is replaced
+    top.handlers[:] = [h for h in top.handlers if not isinstance(h, _Handler)]
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
     return logging.getLogger(LOGGER)
+
+
+def after_registry(level: str) -> None:
+    """`scheduler worker`, once its registry is imported. A registry that ran
+    logging.config.dictConfig / fileConfig (disable_existing_loggers, their default) disabled
+    the worker's loggers, which then wrote nothing at all: they are enabled and set up again.
+    The app's own loggers (a handler's logging.getLogger(__name__)) write to the worker's
+    stream in its format, at --log-level, unless the registry gave the root logger a handler
+    of its own: without one their INFO lines were dropped and their warnings written bare
+    (logging.lastResort), no JSON. An embedded worker never calls this: the app's logging
+    is the app's."""
+    loggers = logging.root.manager.loggerDict
+    disabled = [
+        lg
+        for name, lg in loggers.items()
+        if name.partition(".")[0] == "scheduler" and isinstance(lg, logging.Logger) and lg.disabled
+    ]
+    for lg in disabled:
+        lg.disabled = False
+    sched = logging.getLogger("scheduler")
+    if disabled:
+        setup(level, _json_logs[0])
+        logging.getLogger(LOGGER).warning(
+            "the registry's logging configuration (logging.config's disable_existing_loggers) "
+            "disabled %d of the worker's loggers: enabled again",
+            len(disabled),
+        )
+    root, ours = logging.getLogger(), [h for h in sched.handlers if isinstance(h, _Handler)]
+    if not root.handlers and ours:
+        root.handlers[:] = ours
+        root.setLevel(level.upper())
+
+
+def console_line(text: str, level: int = logging.ERROR) -> str:
+    """What a refused start (and a line written outside the logger) prints: `error: text`, or
+    under --json-logs one JSON log line (a pipeline would drop or flag the plain text). Takes
+    no lock: a forked child writes it (fork_guard.py)."""
+    name = logging.getLevelName(level)
+    if not _json_logs[0]:
+        return safe(f"{name.lower()}: {text}")
+    fields = {"name": LOGGER, "msg": text, "levelno": level, "levelname": name, "pid": os.getpid()}
+    return JsonFormatter().format(logging.makeLogRecord(fields))
+
+
+def console(text: str, level: int = logging.ERROR) -> None:
+    """console_line(text, level) on stderr."""
+    print(console_line(text, level), file=sys.stderr, flush=True)
 
 
 def transition(
