@@ -510,11 +510,6 @@ def test_doctor_reads_big_pending_records_in_pages_bounded_by_bytes(
 # --- the asyncio batcher -----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the asyncio enqueue batcher's 1 MiB per call (MAX_BYTES) counts characters: 7 "
-    "payloads of 512 KiB in 4-byte characters join one 3.5 MiB call",
-)
 def test_the_asyncio_batcher_bounds_a_call_by_bytes_not_characters(
     q: Queue, raw: redis.Redis, server: RedisProcess
 ) -> None:

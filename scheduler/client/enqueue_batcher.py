@@ -49,22 +49,26 @@ from redis.exceptions import ResponseError
 from scheduler.client.enqueue_flights import Flights, Send, SendEach, alone_across, own_error
 from scheduler.core import codec
 from scheduler.core.errors import NewerStorage, SchedulerError, is_permission_error, refused_for_now
+from scheduler.core.limits import ENQUEUE_WORK_PER_CALL
 
 T = TypeVar("T")
 
 # A script runs alone on the server: a batch bounded like enqueue_many's default batch_size.
 MAX_JOBS = 1000
-MAX_BYTES = 1 << 20  # characters of the jobs' fields (ASCII but for a payload's text)
+MAX_BYTES = 1 << 20  # UTF-8 bytes of the jobs' fields (a str's len counts characters)
 _IDEM, _FLOW = 8, 12  # a job's fields (codec.enqueue_fields): its key's digest, its flow
 
 
 class _Waiting:
-    __slots__ = ("fields", "future", "size")
+    __slots__ = ("fields", "future", "size", "work")
 
     def __init__(self, fields: list[str], future: asyncio.Future[str]) -> None:
         self.fields = fields
         self.future = future
-        self.size = sum(len(f) for f in fields)
+        # isascii is a flag read: only a text with non-ASCII characters is encoded to count.
+        self.size = sum(len(f) if f.isascii() else len(f.encode()) for f in fields)
+        # The job and each parent it names ('' or its flow field's last part): the call's work.
+        self.work = 1 + len(fields[_FLOW].rsplit("|", 1)[-1].split())
 
 
 class EnqueueBatcher:
@@ -173,16 +177,18 @@ class EnqueueBatcher:
             if not self._flights.take(node, self):
                 return  # its turn comes when one of the pool's calls comes back
             batch: list[_Waiting] = []
-            size = 0
+            size = work = 0
             keyed: set[str] = set()  # ids of the batch's jobs with an idempotency key
             while self._waiting and len(batch) < MAX_JOBS:
                 w = self._waiting[0]
-                if batch and (size + w.size > MAX_BYTES or _names_one_of(w.fields, keyed)):
+                if batch and (size + w.size > MAX_BYTES or work + w.work > ENQUEUE_WORK_PER_CALL
+                              or _names_one_of(w.fields, keyed)):  # fmt: skip
                     break
                 if batch and self._held(w.fields):
                     break
                 batch.append(self._waiting.popleft())
                 size += w.size
+                work += w.work
                 if w.fields[_IDEM]:
                     keyed.add(w.fields[0])
             batch = [w for w in batch if not w.future.done()]  # a cancelled caller's: not sent
