@@ -1,7 +1,7 @@
 """From a review of waiting for a job's outcome (`Queue.result`, `AsyncQueue.result` and their
 partitioned twins; operations/inspecting.py `result`, operations/result_wait.py,
-lua/lib/result.lua). Each xfail is a defect found: the test asserts the behaviour a producer
-expects, and fails today.
+lua/lib/result.lua, client/result_waiting.py). Each test was a defect found (a strict xfail until
+fixed): it asserts the behaviour a producer expects.
 
 Checked and found right (no test here, or covered by test_results.py / test_result_wait_keys.py /
 test_result_wake_parks.py / test_review_result_partitions.py): timeout_s edge values (0, -0.0,
@@ -45,8 +45,10 @@ def _said(value: Any) -> str:
 
 
 def _blocked(client: redis.Redis) -> int:
-    """How many connections of the server are blocked in a BLMOVE (a waiter's slice)."""
-    return sum(1 for c in client.client_list() if c.get("cmd") == "blmove")
+    """How many connections of the server are blocked in a BLMOVE (a waiter's slice); `cmd`
+    alone is the last command, an idle connection's too."""
+    clients = client.client_list()
+    return sum(1 for c in clients if c.get("cmd") == "blmove" and "b" in c.get("flags", ""))
 
 
 @pytest.fixture
@@ -59,12 +61,6 @@ def server(module_server: RedisProcess) -> Iterator[redis.Redis]:
 
 
 # -- 1. a URL socket_timeout shorter than the 1 s slice ----------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="result() blocks 1 s per slice whatever the client's socket_timeout: a URL's "
-    "?socket_timeout=0.3 ends every wait at once with redis' own TimeoutError (the worker's "
-    "wake-up pop adapts to it, result() does not)",
-)
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_short_url_socket_timeout_does_not_end_the_wait(
     module_server: RedisProcess, server: redis.Redis, kind: str
@@ -98,12 +94,6 @@ def test_a_short_url_socket_timeout_does_not_end_the_wait(
 
 
 # -- 2. a sync waiter interrupted (Ctrl-C) ----------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="a sync Queue.result ended by KeyboardInterrupt/SystemExit leaves its result_wait "
-    "member for timeout_s + 5 s (Queue._run throws only Exception into the op, so its leave() "
-    "never runs), and the outcome then writes a wake-up list for nobody",
-)
 def test_an_interrupted_sync_waiter_takes_itself_out(server: redis.Redis) -> None:
     # README's key table: result_wait holds each waiter "while it waits (however its wait ends,
     # a cancelled AsyncQueue.result too)". Ctrl-C in a script, or a SIGTERM handler's
@@ -187,12 +177,6 @@ class ReplyHolder:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ResultWait.announced is set only once the SADD's reply is read: a cancel "
-    "(asyncio.timeout, task.cancel) landing in that round trip leaves the member for "
-    "timeout_s + 5 s (leave() is a no-op), and the outcome writes a wake-up list for nobody",
-)
 def test_an_async_waiter_cancelled_during_its_announcement_leaves_no_key(
     module_server: RedisProcess, server: redis.Redis
 ) -> None:
@@ -223,12 +207,6 @@ def test_an_async_waiter_cancelled_during_its_announcement_leaves_no_key(
 
 
 # -- 4. many asyncio waiters on one AsyncQueue (expectation) ----------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="expectation: each AsyncQueue.result holds a pooled connection for its whole wait, "
-    "so past 100 waiters (redis.asyncio's default pool) waiters fail with MaxConnectionsError "
-    "and the queue's enqueues are refused too",
-)
 def test_many_async_waiters_neither_fail_nor_starve_enqueue(
     module_server: RedisProcess, server: redis.Redis
 ) -> None:
@@ -264,13 +242,8 @@ def test_many_async_waiters_neither_fail_nor_starve_enqueue(
 
 
 # -- 5. a wait across a Redis restart (expectation) -------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="expectation: a Redis restart while result() blocks ends the wait at once with "
-    "ConnectionError (no retry of the slice), though the job survives and finishes; the "
-    "wait is the one call almost always in flight when the server restarts",
-)
-def test_a_wait_survives_a_redis_restart() -> None:
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_wait_survives_a_redis_restart(kind: str) -> None:
     durable = ("--appendonly", "yes", "--appendfsync", "always")
     srv = RedisProcess(require_server("a restarted server"), extra=durable).start()
     try:
@@ -279,9 +252,16 @@ def test_a_wait_survives_a_redis_restart() -> None:
         job_id = q.enqueue("t", {})
         got: list[Any] = []
 
+        async def wait_async() -> Any:
+            async with AsyncQueue.from_url(srv.url, q.name) as aq:
+                return await aq.result(job_id, timeout_s=30)
+
         def wait() -> None:
             try:
-                got.append(q.result(job_id, timeout_s=30))
+                if kind == "sync":
+                    got.append(q.result(job_id, timeout_s=30))
+                else:
+                    got.append(asyncio.run(wait_async()))
             except Exception as exc:
                 got.append(exc)
 
@@ -302,12 +282,6 @@ def test_a_wait_survives_a_redis_restart() -> None:
 
 
 # -- 6. "not by polling" ----------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs (manual 'Waiting for the outcome', README, the FastAPI example) say result() "
-    "waits 'not by polling'; it re-reads the job's whole state (HGETALL, GET, and the counts "
-    "script for a due job) after every 1 s slice",
-)
 def test_a_wait_without_an_outcome_does_not_poll_the_job(private: redis.Redis) -> None:
     q = Queue(private, _name())
     job_id = q.enqueue("t", {})  # due, never claimed: no outcome during the wait
@@ -321,3 +295,72 @@ def test_a_wait_without_an_outcome_does_not_poll_the_job(private: redis.Redis) -
     # between), and at most one at the end; the counts script is never needed to tell
     # done / dead / cancelled from not finished.
     assert reads <= 3 and scripts == 0, {"hgetall": reads, "evalsha": scripts}
+
+
+# -- 4b. how many asyncio waits hold connections --------------------------------------------
+def test_the_waiters_of_one_job_share_one_blocking_read(
+    module_server: RedisProcess, server: redis.Redis
+) -> None:
+    """Ten waiters of one job block on one BLMOVE; an eleventh, shorter one joins it and still
+    ends at its own timeout_s, the others waiting on."""
+    name = _name()
+    producer = Queue(server, name)
+    job_id = producer.enqueue("t", {})
+    wait_key = producer.keys.result_wait(job_id)
+
+    async def go() -> tuple[int, Any, list[Any]]:
+        aq = AsyncQueue.from_url(module_server.url, name)
+        try:
+            waiters = [asyncio.create_task(aq.result(job_id, timeout_s=30)) for _ in range(10)]
+            await poll(lambda: server.scard(wait_key) == 10 and _blocked(server) >= 1, "blocked")
+            blocked = max(_blocked(server) for _ in range(20))  # one in flight, never more
+            (short,) = await asyncio.gather(
+                aq.result(job_id, timeout_s=0.3), return_exceptions=True
+            )
+            assert not any(w.done() for w in waiters)
+            (lease,) = producer.claim("w", limit=1).jobs
+            producer.complete(job_id, lease.token, {"ok": 1})
+            got = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 30)
+            return blocked, short, list(got)
+        finally:
+            await aq.aclose()
+
+    blocked, short, got = asyncio.run(go())
+    assert blocked <= 1
+    assert isinstance(short, ResultTimeout), _said(short)
+    assert got == [{"ok": 1}] * 10, [_said(g) for g in got]
+    assert server.exists(wait_key) == 0
+
+
+def test_waits_on_many_jobs_keep_half_the_pool_free(
+    module_server: RedisProcess, server: redis.Redis
+) -> None:
+    """A pool of 4: six waiters of six jobs take turns on 2 connections, an enqueue meanwhile
+    finds one, and every waiter gets its own job's result."""
+    name = _name()
+    producer = Queue(server, name)
+    ids = [producer.enqueue("t", {}) for _ in range(6)]
+
+    async def go() -> tuple[int, Any, list[Any]]:
+        aq = AsyncQueue.from_url(module_server.url + "?max_connections=4", name)
+        try:
+            waiters = [asyncio.create_task(aq.result(i, timeout_s=60)) for i in ids]
+            keys = [producer.keys.result_wait(i) for i in ids]
+            await poll(lambda: server.exists(*keys) == 6, "every waiter announced")
+            blocked = max(_blocked(server) for _ in range(20))
+            try:
+                enqueued: Any = await aq.enqueue("t", {}, delay_ms=600_000)
+            except Exception as exc:
+                enqueued = exc
+            leases = producer.claim("w", limit=6).jobs
+            for lease in leases:
+                producer.complete(lease.id, lease.token, {"id": lease.id})
+            got = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 60)
+            return blocked, enqueued, list(got)
+        finally:
+            await aq.aclose()
+
+    blocked, enqueued, got = asyncio.run(go())
+    assert blocked <= 2
+    assert isinstance(enqueued, str), _said(enqueued)
+    assert got == [{"id": i} for i in ids], [_said(g) for g in got]

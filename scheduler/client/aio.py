@@ -10,6 +10,7 @@ from typing import Any, TypeVar, cast
 import redis.asyncio as aredis
 
 from scheduler.client.enqueue_flights import queue_batcher
+from scheduler.client.result_waiting import wait_async
 from scheduler.client.schedule_home import check_schedule_home_async
 from scheduler.core import loop_guard, queue_index
 from scheduler.core.backoff import Backoff
@@ -21,7 +22,6 @@ from scheduler.core.limits import DEFAULT_LEASE_MS
 from scheduler.core.models import ClaimBatch, FailOutcome, Job, JobSpec, JobState, QueueCounts
 from scheduler.core.scripts import Scripts, run_one_async
 from scheduler.operations.ops import Op, Ops, Request, Settings
-from scheduler.operations.result_wait import ResultWait
 from scheduler.schedules.recurring import Schedule
 
 T = TypeVar("T")
@@ -501,9 +501,12 @@ class AsyncQueue(Unpicklable):
     async def result(self, job_id: str, *, timeout_s: float) -> Any:
         """Queue.result for asyncio: wait for the job's outcome and return the handler's result.
 
-        Waits without polling: on a wake-up that complete, fail (when it parks the job) and
-        cancel push; it blocks in slices of at most 1 s (the client's socket_timeout must be
-        longer than that, or None), re-reading the state between them.
+        Blocks on a wake-up that complete, fail (when it parks the job) and cancel push, in
+        slices of at most 1 s (half the client's socket_timeout when that is shorter),
+        re-checking the job's state between them; a dropped connection is retried until
+        timeout_s. The waits of one client share: one BLMOVE per job, and at most half its
+        pool's connections at once (waiters beyond them wait for one), so they never starve
+        its other calls.
 
         Args:
             job_id: the job's id.
@@ -520,8 +523,7 @@ class AsyncQueue(Unpicklable):
             BadArgument: a malformed job_id or timeout_s.
             UnreadableRecord: the stored result is not JSON (edited by hand).
         """
-        wait = ResultWait(self.keys.result_wait(job_id))
-        return await wait.cancellable(self._run, self.ops.result(job_id, timeout_s, wait))
+        return await wait_async(self, job_id, timeout_s)
 
     async def counts(self) -> QueueCounts:
         """How many jobs are in each place, by the server's clock.

@@ -9,6 +9,7 @@ from typing import Any, TypeVar, cast
 
 import redis
 
+from scheduler.client.result_waiting import wait_sync
 from scheduler.client.schedule_home import check_schedule_home
 from scheduler.core import queue_index
 from scheduler.core.backoff import Backoff
@@ -493,9 +494,10 @@ class Queue(Unpicklable):
     def result(self, job_id: str, *, timeout_s: float) -> Any:
         """Wait for the job's outcome and return the handler's result (JSON decoded).
 
-        Waits without polling: on a wake-up that complete, fail (when it parks the job) and
-        cancel push; it blocks in slices of at most 1 s (the client's socket_timeout must be
-        longer than that, or None), re-reading the state between them.
+        Blocks on a wake-up that complete, fail (when it parks the job) and cancel push, in
+        slices of at most 1 s (half the client's socket_timeout when that is shorter),
+        re-checking the job's state (one read of its state fields) between them. A dropped
+        connection is retried until timeout_s; Ctrl-C takes the waiter out too.
 
         Args:
             job_id: the job's id.
@@ -520,7 +522,7 @@ class Queue(Unpicklable):
                 " could not run the job): await AsyncQueue.result(...), in a Jupyter notebook"
                 " too (its cells run on an event loop; a top-level await works there)"
             )
-        return self._run(self.ops.result(job_id, timeout_s))
+        return wait_sync(self, job_id, timeout_s)
 
     def counts(self) -> QueueCounts:
         """How many jobs are in each place, by the server's clock.

@@ -3,8 +3,6 @@ ask of a queue."""
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -15,26 +13,24 @@ from scheduler.core import codec
 from scheduler.core.errors import (
     BadArgument,
     CorruptKey,
-    JobCancelled,
-    JobDead,
     JobNotFound,
-    ResultTimeout,
-    UnreadableRecord,
 )
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job, JobState
 from scheduler.operations.dead_letters import dead_page
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
-from scheduler.operations.result_wait import ResultWait
+from scheduler.operations.result_wait import (
+    RESULT_BLOCK_SLICE_S,
+    ResultWait,
+    WaitOp,
+    wait_outcome,
+)
 
 # held: due jobs flow control sets aside (a concurrency or rate limit, parents not done), by
 # run_at; counts() counts them in `due`, whose listing (the `due` index alone) leaves them out.
 # finished: done and cancelled jobs whose record is kept (lua/lib/result.lua's index).
 LISTABLE = ("due", "scheduled", "held", "leased", "dead", "finished")
 MAX_RESULT_WAIT_S = 86_400.0
-# result() blocks in slices this long, re-reading the state between them: a client with a
-# socket_timeout (often 5 s) never times out mid-block, and a lost wake-up costs at most this.
-RESULT_BLOCK_SLICE_S = 1.0
 
 
 def check_page(state: str, offset: int, limit: int) -> None:
@@ -216,14 +212,19 @@ class InspectingOps(OpsBase):
             jobs = [j.as_of(now_ms) for j in jobs]
         return jobs
 
-    def result(self, job_id: str, timeout_s: float, wait: ResultWait | None = None) -> Op[Any]:
+    def result(
+        self,
+        job_id: str,
+        timeout_s: float,
+        wait: ResultWait | None = None,
+        block_s: float = RESULT_BLOCK_SLICE_S,
+    ) -> WaitOp[Any]:
         """Wait for the job's outcome: its result (JSON decoded) when done; raises JobDead,
         JobCancelled, JobNotFound, or ResultTimeout after timeout_s.
 
-        No polling: check the state, block on the wake-up list complete / fail (park) / cancel
-        push (lua/lib/result.lua), re-check. BLMOVE onto the same list leaves the one element
-        there, so every waiter wakes. A stale element (a requeued dead job) is deleted only
-        after a re-check, so a wake-up pushed meanwhile is seen through the state itself."""
+        Blocks on a wake-up, in slices of at most `block_s`, re-reading the job's state (not
+        the whole job) between them: operations/result_wait.py. It yields `Pause` besides
+        requests (client/result_waiting.py drives it)."""
         check_job_id(job_id)
         if (
             not isinstance(timeout_s, int | float)
@@ -237,7 +238,7 @@ class InspectingOps(OpsBase):
         # cancelled (AsyncQueue.result); every other end of the wait takes it out here.
         wait = wait or ResultWait(self.keys.result_wait(job_id))
         try:
-            out = yield from self._result(job_id, timeout_s, wait)
+            out = yield from wait_outcome(self.keys, self.get_job, job_id, timeout_s, wait, block_s)
         except GeneratorExit:
             raise
         except BaseException:
@@ -245,52 +246,3 @@ class InspectingOps(OpsBase):
             raise
         yield from wait.leave()
         return out
-
-    def _result(self, job_id: str, timeout_s: float, wait: ResultWait) -> Op[Any]:
-        wake_key = self.keys.result_wake(job_id)
-        deadline_s = time.monotonic() + timeout_s
-        stale = False
-        while True:
-            try:
-                job = yield from self.get_job(job_id)
-            except JobNotFound:
-                # Parked and deleted at once (a dead retention of max_count=0): the wake-up
-                # that park pushed for this waiter still says how it ended.
-                word = None
-                if wait.announced:
-                    (word,) = yield Commands([("LINDEX", wake_key, 0)])
-                if word is not None and codec.s(word) == "dead":
-                    why = "deleted by the dead-letter retention"
-                    raise JobDead(job_id, why, None, None) from None
-                raise
-            if job.state == JobState.DONE:
-                raw = job.result_json
-                try:
-                    return None if raw is None else json.loads(raw)
-                except (ValueError, RecursionError) as exc:  # edited by hand: the worker's is
-                    raise UnreadableRecord(f"job {job_id!r}: result is not JSON ({exc})") from None
-            if job.state == JobState.DEAD:
-                f = job.fields
-                raise JobDead(
-                    job_id, f.get("dead_reason"), f.get("last_error_type"), f.get("last_error")
-                )
-            if job.state == JobState.CANCELLED:
-                raise JobCancelled(job_id, "", "job was cancelled")
-            if stale:
-                # Woken, yet not finished: the element is left from an earlier outcome.
-                yield Commands([("DEL", wake_key)])
-                stale = False
-                continue
-            remaining_s = deadline_s - time.monotonic()
-            if remaining_s <= 0:
-                raise ResultTimeout(f"job {job_id!r} did not finish within {timeout_s} s")
-            if not wait.announced:
-                # complete / fail / cancel push a wake-up only for a job with a waiter
-                # (lib/result.lua); the state is read again after this, so an outcome that
-                # landed just before it is not missed.
-                yield from wait.announce(int(remaining_s * 1000))
-                continue
-            # BLMOVE takes decimal seconds; never 0, which would block forever.
-            wait_s = max(round(min(remaining_s, RESULT_BLOCK_SLICE_S), 3), 0.001)
-            (woken,) = yield Commands([("BLMOVE", wake_key, wake_key, "RIGHT", "LEFT", wait_s)])
-            stale = woken is not None

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import Counter
-from typing import Any
 
+from scheduler.client.result_waiting import block_slice_s, connection_kwargs
 from scheduler.core.connection import is_cluster
 from scheduler.core.errors import NewerStorage
 from scheduler.worker.core import WorkerCore
@@ -50,16 +50,13 @@ class Waking(WorkerCore):
         """The pop's block: _WAKE_BLOCK_S, or half the connection's read timeout when that is
         shorter (a URL's ?socket_timeout=0.5 cut every idle pop of 1 s: a TimeoutError logged
         and counted as a Redis error); 1 ms at least: BLPOP blocks for good on 0."""
-        timeout = _connection_kwargs(self.client).get("socket_timeout")
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            return _WAKE_BLOCK_S
-        return max(min(_WAKE_BLOCK_S, round(timeout / 2, 3)), 0.001)
+        return block_slice_s(self.client, _WAKE_BLOCK_S)
 
     def _check_pool(self) -> None:
         """SettingsError when the URL's pool (`max_connections`, each node's on a cluster) is
         smaller than what this worker holds at once: its heartbeats failed for want of one
         (MaxConnectionsError) and the leases of healthy jobs lapsed. After the slot map's read."""
-        size = _connection_kwargs(self.client).get("max_connections")
+        size = connection_kwargs(self.client).get("max_connections")
         pool = getattr(self.client, "connection_pool", None)
         size = getattr(pool, "max_connections", size)  # one server: its pool's
         if not isinstance(size, int):
@@ -122,10 +119,3 @@ class Waking(WorkerCore):
 
 def _text(key: bytes | str) -> str:
     return key.decode() if isinstance(key, bytes) else key
-
-
-def _connection_kwargs(client: Any) -> dict[str, Any]:
-    """The arguments of the client's connections (a cluster's: every node's)."""
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None) or getattr(client, "connection_kwargs", None)
-    return kwargs if isinstance(kwargs, dict) else {}

@@ -1,0 +1,184 @@
+"""The drivers of `Queue.result` and `AsyncQueue.result` (the op: operations/result_wait.py).
+
+Both sleep its `Pause` (the back-off while Redis does not answer) and shorten its BLMOVE slice to
+half the connection's read timeout when that is under 2 s: a URL's `?socket_timeout=0.3` ended
+every wait at once with redis' TimeoutError (`block_slice_s`, the worker's wake-up pop's too).
+The sync driver throws every exception into the op, Ctrl-C's KeyboardInterrupt and SystemExit
+too, so the waiter takes itself out of `result_wait` however its wait ends.
+
+On asyncio, every wait of one client (all its AsyncQueues, an AsyncPartitionedQueue's partitions)
+shares: the waiters of one job send one BLMOVE at a time, which wakes them all; and every call a
+wait makes takes one of `max_connections // 2` slots (at least 1) for its duration, so waits
+never hold the connections an enqueue or any other call needs (each used to hold one for its
+whole wait: 100 waiters took redis.asyncio's whole pool, and the 101st call failed with
+MaxConnectionsError). A waiter beyond them waits for a slot, re-reading at its slice's end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from scheduler.client.enqueue_flights import own_error
+from scheduler.operations.requests import Op, Request
+from scheduler.operations.result_wait import (
+    RESULT_BLOCK_SLICE_S,
+    Block,
+    Pause,
+    ResultWait,
+    WaitOp,
+)
+
+if TYPE_CHECKING:
+    from scheduler.client.aio import AsyncQueue
+    from scheduler.client.queue import Queue
+
+T = TypeVar("T")
+# A shared BLMOVE's reply comes a little after its server-side timeout: how long a waiter
+# awaits it beyond its own slice before it re-reads instead.
+_REPLY_LATE_S = 0.25
+# redis-py's pool size when a client does not say (redis.asyncio's default).
+_DEFAULT_POOL = 100
+
+
+def connection_kwargs(client: Any) -> dict[str, Any]:
+    """The arguments of the client's connections: its pool's (one server, a Sentinel master),
+    else a cluster's, every node's (asyncio: the client's; blocking: its nodes manager's)."""
+    owners = (getattr(client, "connection_pool", None), client)
+    for owner in (*owners, getattr(client, "nodes_manager", None)):
+        kwargs = getattr(owner, "connection_kwargs", None)
+        if isinstance(kwargs, dict) and kwargs:
+            return kwargs
+    return {}
+
+
+def block_slice_s(client: Any, longest_s: float) -> float:
+    """A blocking call's block: `longest_s`, or half the connection's read timeout when that
+    is shorter; 1 ms at least (BLPOP / BLMOVE block for good on 0)."""
+    timeout = connection_kwargs(client).get("socket_timeout")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        return longest_s
+    return max(min(longest_s, round(timeout / 2, 3)), 0.001)
+
+
+def wait_sync(queue: Queue, job_id: str, timeout_s: float) -> Any:
+    """Queue.result's wait (the running-loop refusal is Queue's)."""
+    wait = ResultWait(queue.keys.result_wait(job_id))
+    block_s = block_slice_s(queue.client, RESULT_BLOCK_SLICE_S)
+    op = queue.ops.result(job_id, timeout_s, wait, block_s)
+    try:
+        req = next(op)
+        while True:
+            try:
+                if isinstance(req, Pause):
+                    time.sleep(req.seconds)
+                    reply = None
+                else:
+                    reply = queue._execute(req)
+            except BaseException as exc:  # Ctrl-C too: the op leaves result_wait, re-raises
+                req = op.throw(exc)
+            else:
+                req = op.send(reply)
+    except StopIteration as done:
+        return done.value
+
+
+async def wait_async(queue: AsyncQueue, job_id: str, timeout_s: float) -> Any:
+    """AsyncQueue.result's wait: a cancel takes the waiter out (ResultWait.cancellable)."""
+    wait = ResultWait(queue.keys.result_wait(job_id))
+    shared = _shared(queue.client)
+    block_s = block_slice_s(queue.client, RESULT_BLOCK_SLICE_S)
+    op = queue.ops.result(job_id, timeout_s, wait, block_s)
+    return await wait.cancellable(lambda o: _drive(queue, shared, o), op)
+
+
+class _Shared:
+    """One client's waits on one event loop: the slots, the BLMOVE in flight per wake-up key."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, slots: int) -> None:
+        self.loop = loop
+        self.slots = asyncio.Semaphore(slots)
+        self.blocks: dict[str, asyncio.Task[Any]] = {}
+
+    def ended(self, key: str, task: asyncio.Task[Any]) -> None:
+        if self.blocks.get(key) is task:
+            del self.blocks[key]
+        if not task.cancelled():
+            task.exception()  # read: its waiters may all have gone (asyncio would log it)
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
+
+
+def wait_slots(client: Any) -> int:
+    """How many calls the client's waits make at once: half its pool (a cluster's: of each
+    node's), at least 1."""
+    size = getattr(getattr(client, "connection_pool", None), "max_connections", None)
+    size = size or connection_kwargs(client).get("max_connections")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        size = _DEFAULT_POOL
+    return max(1, size // 2)
+
+
+def _shared(client: Any) -> _Shared:
+    loop = asyncio.get_running_loop()
+    got = _SHARED.get(client)
+    if got is None or got.loop is not loop:  # a client kept across asyncio.run() calls
+        got = _SHARED[client] = _Shared(loop, wait_slots(client))
+    return got
+
+
+async def _drive(queue: AsyncQueue, shared: _Shared, op: WaitOp[T]) -> T:
+    """AsyncQueue._run for the result op: its Pause slept, each request in a slot."""
+    try:
+        req = next(op)
+        while True:
+            try:
+                reply = await _send(queue, shared, req)
+            except Exception as exc:
+                req = op.throw(exc)
+            else:
+                req = op.send(reply)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def _send(queue: AsyncQueue, shared: _Shared, req: Request | Pause) -> Any:
+    if isinstance(req, Pause):
+        await asyncio.sleep(req.seconds)
+        return None
+    if isinstance(req, Block):
+        return await _block(queue, shared, req)
+    return await _in_slot(queue, shared, req)
+
+
+async def _in_slot(queue: AsyncQueue, shared: _Shared, req: Request) -> Any:
+    async with shared.slots:
+        # AsyncQueue._run: its loop guard, and a cancel the transport swallowed raised.
+        return await queue._run(_one(req))
+
+
+def _one(req: Request) -> Op[Any]:
+    return (yield req)
+
+
+async def _block(queue: AsyncQueue, shared: _Shared, req: Block) -> Any:
+    """The slice's BLMOVE, shared with the job's other waiters: one in flight per key, in its
+    own task (a waiter cancelled does not cut the others' short). A waiter awaits it for its
+    own slice at most; then, as at a slice's end, it re-reads."""
+    key, wait_s = str(req.cmds[0][1]), float(req.cmds[0][-1])
+    task = shared.blocks.get(key)
+    if task is None:
+        task = asyncio.ensure_future(_in_slot(queue, shared, req))
+        shared.blocks[key] = task
+        task.add_done_callback(lambda t: shared.ended(key, t))
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), wait_s + _REPLY_LATE_S)
+    except TimeoutError:
+        return [None]  # the reply of a BLMOVE that timed out
+    except Exception as exc:  # each waiter its own copy (tracebacks, notes)
+        mine = own_error(exc)
+        if mine is exc:
+            raise
+        raise mine from exc
