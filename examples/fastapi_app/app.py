@@ -73,7 +73,8 @@ async def submit(body: ImageIn, request: Request) -> dict[str, str]:
 @app.get("/jobs/{job_id}")
 async def job(job_id: str, request: Request) -> dict[str, Any]:
     # Answers at once with the job's state; a request that should wait for the outcome can
-    # `await q.result(job_id, timeout_s=...)` (no polling: the worker's complete wakes it).
+    # `await q.result(job_id, timeout_s=...)` (the worker's outcome wakes it; its state is
+    # re-checked once a second, and waits share at most half the client's connections).
     try:
         async with _queue(request) as q:
             j = await q.get_job(job_id)
