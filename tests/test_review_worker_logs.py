@@ -308,11 +308,6 @@ def test_asyncio_reports_routed_to_the_worker_log_keep_their_traceback(
     assert "review_background_sync_step" in json.loads(text).get("exc", ""), text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a pool child's lines other than job transitions (stop asked, redis errors, "
-    "server settings) carry no worker id or pid: N children's lines look alike",
-)
 def test_a_pool_childs_lines_say_which_child_wrote_them(
     redis_url: str, q: Queue, tmp_path: Path
 ) -> None:

@@ -235,6 +235,7 @@ async def serve(
         await check_access_async(client, settings.queues)
         queues, logical = await expand_labelled_async(client, settings.queues)
         worker = Worker(client, registry, replace(settings, queues=queues), worker_id=worker_id)
+        logs.name_lines(worker.id)  # a pool's children share one stream
         worker.metrics.logical = logical  # a partition is labelled by its logical queue
         worker.names_read = True  # a node down after this read must not hold its start (run())
         await worker.preflight()

@@ -81,6 +81,20 @@ class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
             super().handleError(record)
 
 
+class _Who(logging.Filter):
+    """Names the worker and its pid on each line: a pool's children share one stream."""
+
+    def __init__(self, worker: str) -> None:
+        super().__init__()
+        self.worker, self.pid = worker, os.getpid()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields = record.__dict__
+        fields.setdefault("worker", self.worker)  # a job's line has it already
+        fields.setdefault("pid", self.pid)
+        return True
+
+
 def _stderr() -> Any:
     """A stream of our own on the process's stderr: a handler that closes sys.stderr (or
     replaces it) does not take the worker's log, nor the worker, with it."""
@@ -138,6 +152,13 @@ def after_registry(level: str) -> None:
     if not root.handlers and ours:
         root.handlers[:] = ours
         root.setLevel(level.upper())
+
+
+def name_lines(worker: str) -> None:
+    """Every line the worker's handler writes from now on names `worker` and this pid."""
+    for h in logging.getLogger("scheduler").handlers:
+        if isinstance(h, _Handler):
+            h.addFilter(_Who(worker))
 
 
 def console_line(text: str, level: int = logging.ERROR) -> str:
