@@ -280,8 +280,9 @@ for i = 1, #lapsed, 2 do
     parked = parked + 1
   else
     if not f[2] then
-      -- This layout's default budget is in the spec alone (first claim copies only another).
-      local sp = job_spec(prefix, id, '0')
+      -- This layout's default budget is in the spec alone (first claim copies only another):
+      -- read from the record's head, not its payload.
+      local sp = job_spec(prefix, id, '0', true)
       f[2] = sp and sp.max_attempts
     end
     local attempts = parse_int(f[1], 0, LIM.attempts)

@@ -272,12 +272,6 @@ def _reap(q: Queue) -> Callable[[], None]:
     return act
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="requeue_dead (lib/job.lua spec_move_deadline) and claim's reaper (job_spec, for "
-    "max_attempts) GET each job's whole spec record for a header field: a requeue of 500 "
-    "dead 512 KiB jobs held Redis 798 ms (documented: at most 22 ms)",
-)
 @pytest.mark.parametrize("step", [_requeue, _reap], ids=["requeue_dead", "reap"])
 def test_requeue_and_reap_of_big_jobs_read_no_payload(
     q: Queue, raw: redis.Redis, step: Callable[[Queue], Callable[[], None]]
