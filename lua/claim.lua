@@ -3,7 +3,9 @@
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, claim:<nonce>, dead:migrating, config, partitions, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:rate:<key>, flow:rheld, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, isolated, finished
   ARGV[1] worker id
-  ARGV[2] limit          jobs to lease at most (>= 0)
+  ARGV[2] limit          jobs to lease at most (>= 0); a call also stops taking jobs once their
+                         payloads reach 4 MiB (the job that passes it is taken: the first
+                         always is), the rest left due: next_ms is then now or earlier
   ARGV[3] lease_ms       lease length (> 0)
   ARGV[4] nonce          random, unique per call: part of every token, and the replay key
   ARGV[5] reap_limit     lapsed leases handled per call at most (0 .. LIM.reap_limit; REAP_STEP
@@ -223,30 +225,33 @@ local function suspect_at(r, attempts)
 end
 
 local replay_key = prefix .. 'claim:' .. nonce
-local replay = redis.call('GET', replay_key)
-local now = now_ms()
-
+local now
 -- 0. A re-sent call (redis-py retries after a timeout) gets the first call's jobs back, with
 --    the same tokens, as long as it still holds them (and they still read well); it changes
---    nothing.
-if replay then
-  local words = {}
-  for w in string.gmatch(replay, '%S+') do words[#words + 1] = w end
-  local out, suspect = {}, nil
-  for i = 3, #words do
-    local id = words[i]
-    local r = read_claimable(id, job_key(prefix, id))
-    if r and r.state == 'leased' and r.token and string.sub(r.token, -#nonce - 1) == '-' .. nonce
-      and string.find(r.token, '^%d+%-%w+$') then
-      pack_job(out, id, r.token, r.attempts, r)
-      if suspect_at(r, r.attempts) then suspect = id end
+--    nothing. (A block, so `replay` ends with it: the script's main function is at Lua's 200
+--    active locals, the most of them where step 2 leases.)
+do
+  local replay = redis.call('GET', replay_key)
+  now = now_ms()
+  if replay then
+    local words = {}
+    for w in string.gmatch(replay, '%S+') do words[#words + 1] = w end
+    local out, suspect = {}, nil
+    for i = 3, #words do
+      local id = words[i]
+      local r = read_claimable(id, job_key(prefix, id))
+      if r and r.state == 'leased' and r.token and string.sub(r.token, -#nonce - 1) == '-' .. nonce
+        and string.find(r.token, '^%d+%-%w+$') then
+        pack_job(out, id, r.token, r.attempts, r)
+        if suspect_at(r, r.attempts) then suspect = id end
+      end
     end
+    local reply = { words[1], words[2], #out / CLAIM_FIELDS }
+    for _, v in ipairs(out) do reply[#reply + 1] = v end
+    reply[#reply + 1] = scard_or_0(sched_refill_key(prefix))
+    if suspect then reply[#reply + 1] = suspect end
+    return reply
   end
-  local reply = { words[1], words[2], #out / CLAIM_FIELDS }
-  for _, v in ipairs(out) do reply[#reply + 1] = v end
-  reply[#reply + 1] = scard_or_0(sched_refill_key(prefix))
-  if suspect then reply[#reply + 1] = suspect end
-  return reply
 end
 
 -- A full server (maxmemory, noeviction) refuses only a script's first write that may grow
@@ -341,6 +346,13 @@ local held_since, met_older = nil, false
 if limit > 0 then
   flow_rate_due(prefix, now, limit)
   local leases = {}
+  -- The reply's payload bytes are bounded too, not only its job count: a claim stops taking
+  -- jobs once the payloads it took reach `left` (4 MiB, docs/limits.md; the job that passes it
+  -- is taken, so the first always is). 100 payloads of 512 KiB in one call held the server
+  -- ~1 s (4 s of UTF-8 text) and made a 50 MiB reply. `cut`: a due job was left for the next
+  -- claim, which the worker sends at once (next_ms: the due head, now).
+  -- (One table: the script's main function is at Lua's 200 active locals.)
+  local payload_room = { left = 4194304, cut = false }
   -- The suspect this worker holds (isolated: worker -> job id) counts only while that job is
   -- still leased to it (a completed, failed or lapsed one frees the worker): read once, on the
   -- first suspect met. A key of another type (edited by hand) reads as empty.
@@ -380,6 +392,17 @@ if limit > 0 then
   local score_was, score_s, attempts_was, attempts_s
   local function examine(id, score)
     local jk = job_key(prefix, id)
+    if payload_room.left <= 0 then
+      -- Left due, unread and unwritten. 'took' tells flow_fill the batch is full, so its scan
+      -- ends here; it drops a job's entry in its priority level's index before asking (a job
+      -- met by that level's scan), so the entry goes back (a job met in due's scan has it
+      -- already, or was left out on purpose: a skipped suspect, put out again when met).
+      payload_room.cut = true
+      local p = redis.pcall('HGET', jk, 'priority')
+      p = type(p) == 'string' and parse_int(p, 1, FLOW_LIM.priority)
+      if p then flow_index(prefix, id, p, score) end
+      return 'took'
+    end
     if score ~= score_was then score_was, score_s = score, fmt(score_ms(score)) end
     local r, bad = read_claimable(id, jk, score_s)
     if r and r.attempts >= r.max_attempts then bad = 'attempts exhausted' end
@@ -483,10 +506,14 @@ if limit > 0 then
     n = n + 1
     if flowing then flow_leased(prefix, id, fl, now, lease_until, token) end
     pack_job(out, id, token, attempts, r)
+    payload_room.left = payload_room.left - #r.payload
     return 'took'
   end
   flow_fill(prefix, due, now, limit, examine)
   flow_rate_settle(now)  -- trims and expiry of the rate logs written above, once each
+  -- Cut by bytes: more is due now, as after a full batch (below): another idle worker may take
+  -- it.
+  if payload_room.cut then wake(wake_key) end
   if n > 0 then
     call_chunked('ZREM', due, took)
     call_chunked('ZADD', leased, leases)

@@ -173,11 +173,6 @@ def dead_big(q: Queue, n: int) -> list[str]:
 # --- script calls ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claim's reply is bounded by job count only: 16 payloads of 512 KiB come back from "
-    "one script call (8 MiB); a claim of 100 held Redis 0.9 s (ASCII), 4.2 s (UTF-8)",
-)
 def test_a_claim_hands_big_payloads_out_in_replies_bounded_by_bytes(q: Queue) -> None:
     """A worker's default batch_size is 100: at 512 KiB each, one claim call is a 50 MiB reply.
     Measured here (SLOWLOG): the claim of 100 ASCII payloads ran 944 ms in one call, of 100
