@@ -216,11 +216,6 @@ def test_enqueue_many_sends_big_payloads_in_calls_bounded_by_bytes(
     assert max(jobs_per_call) * LIMIT <= CALL_BYTES, f"jobs per enqueue call: {jobs_per_call}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="complete_many chunks by lease count only (250 a call): 16 results of 512 KiB go "
-    "as one 8 MiB complete call (250 of them: one call of 225 ms)",
-)
 def test_complete_many_sends_big_results_in_calls_bounded_by_bytes(
     q: Queue, raw: redis.Redis
 ) -> None:
