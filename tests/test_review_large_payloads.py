@@ -283,11 +283,6 @@ def test_requeue_and_reap_of_big_jobs_read_no_payload(
     assert whole == [], f"{len(whole)} whole spec records read, e.g. {whole[0]!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="queue move batches by job count only (--batch 500): move_out takes 16 records of "
-    "512 KiB in one call; 200 of them held Redis 2.2 s in move_out (and 0.5 s in move_in)",
-)
 def test_queue_move_takes_big_jobs_in_steps_bounded_by_bytes(
     q: Queue, raw: redis.Redis, server: RedisProcess
 ) -> None:

@@ -14,23 +14,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import redis
 
-from scheduler.admin.queue_move_check import (
-    MoveRefused,
-    by_partition,
-    check_move,
-    check_names,
-    clear_incoming,
-    count_stays,
-    forget_delivered,
-    incoming_refusal,
-    partitioned_refusal,
-    record_incoming,
-    take_refusal,
-)
+from scheduler.admin import queue_move_check as mc
+from scheduler.admin.queue_move_check import MoveRefused, check_names, record_incoming
 from scheduler.admin.queue_move_check import script_call as _call
 from scheduler.admin.queue_move_check import text as _t
 from scheduler.admin.queue_move_doctor import moving_findings
@@ -45,6 +35,7 @@ from scheduler.core.partitions import Layout
 
 DAY_MS = 86_400_000  # move_done.lua 'renew' accepts a lease up to a day
 MOVE_PER_CALL = 1000  # lua/move_out.lua, move_in.lua, move_done.lua MAX_IDS / MAX_BATCH
+MOVE_BYTES = 4 * 1024 * 1024  # a batch's spec records (200 of 512 KiB: a move_out of 2.2 s)
 __all__ = ["MoveRefused", "MoveReport", "QueueMove", "move_queue", "moving_findings"]
 STAY_REASONS = ("leased", "held", "flow", "schedule", "dead", "unreadable", "conflict", "moving")
 
@@ -123,7 +114,7 @@ class QueueMove:
     def check(self, *, skip_schedules: bool, dry_run: bool = False) -> None:
         """Refuse before the first write (queue_move_check.check_move)."""
         names = (self.report.source, self.report.dest, self.src_layout is not None)
-        check_move(self.client, self.src, self.dst, names, skip=skip_schedules, dry_run=dry_run)
+        mc.check_move(self.client, self.src, self.dst, names, skip=skip_schedules, dry_run=dry_run)
 
     def take(
         self, part: Queue, ids: list[str], *, look: bool = False, fresh: bool = False
@@ -139,7 +130,7 @@ class QueueMove:
             reply = part._run(_call("move_out", args))  # or another run's lock (MOVE_LOCKED)
         except redis.ResponseError as exc:
             refused = locked_reply(self.report.source, exc, ours=ours)
-            raise refused or take_refusal(part.name, self.report.source, exc) or exc from None
+            raise refused or mc.take_refusal(part.name, self.report.source, exc) or exc from None
         out: list[Entry] = []
         for row in reply:
             jid, what = _t(row[0]), _t(row[1])
@@ -158,7 +149,7 @@ class QueueMove:
         'm' the destination's own `moving` holds it: a move the other way) in entries' order."""
         self.lock.renew()  # a run that lost its lock while paused writes nothing more
         flags = [""] * len(entries)
-        for k, idx in by_partition(self.dst_layout, [e.id for e in entries]).items():
+        for k, idx in mc.by_partition(self.dst_layout, [e.id for e in entries]).items():
             record_incoming(self.client, self.dst[k], self.report.source)  # before a copy
             args = [str(len(idx)), self.report.source, self.lock.epoch if self.lock.held else ""]
             for i in idx:  # the source's name: move_in's 'm' (a move back there), its epoch
@@ -170,7 +161,7 @@ class QueueMove:
                 raise locked_reply(self.report.source, exc, ours=True) or exc from None
             except BadArgument as exc:  # partitioned since check(): its record here goes
                 raise (
-                    partitioned_refusal(self.client, self.dst[k], self.report.source, exc) or exc
+                    mc.partitioned_refusal(self.client, self.dst[k], self.report.source, exc) or exc
                 ) from None
             for i, flag in zip(idx, answer, strict=True):
                 flags[i] = flag
@@ -188,20 +179,28 @@ class QueueMove:
             done = int(part._run(_call("move_done", args)))
         except redis.ResponseError as exc:
             raise locked_reply(self.report.source, exc, ours=ours) or exc from None
-        forget_delivered(self.client, self.dst, self.dst_layout, self.report.source, ids)
+        mc.forget_delivered(self.client, self.dst, self.dst_layout, self.report.source, ids)
         return done
 
     def close(self, part: Queue) -> bool:
         """The run's end on `part` (move_done.lua 'end'): True when its record was deleted."""
         return bool(part._run(_call("move_done", ["end", self.report.dest])))
 
+    def _page(self, part: Queue, key: str) -> list[str]:
+        """The next ids of `key` a batch takes: `batch` at most, and at most MOVE_BYTES of
+        their spec records (STRLEN; one record alone may be more)."""
+        ids = [_t(i) for i in self.client.zrange(key, self.kept, self.kept + self.batch - 1)]
+        pipe = self.client.pipeline(transaction=False)
+        for i in ids:
+            pipe.strlen(part.keys.spec(i))
+        sizes = accumulate(n if type(n) is int else 0 for n in pipe.execute(raise_on_error=False))
+        return ids[: max(1, sum(1 for total in sizes if total <= MOVE_BYTES))]
+
     def _drain(self, part: Queue, key: str, *, dry_run: bool, resumed: bool) -> None:
         """Every job listed in `key` (the part's moving set, then its due), a page at a time;
         the ones that stay keep their place, so the next page starts after them."""
         self.kept = 0
-        while ids := [
-            _t(i) for i in self.client.zrange(key, self.kept, self.kept + self.batch - 1)
-        ]:
+        while ids := self._page(part, key):
             before = self.kept
             entries = self.take(part, ids, look=dry_run, fresh=not resumed)
             if dry_run:
@@ -255,19 +254,19 @@ class QueueMove:
         name = self.report.source
         if not dry_run:  # none in flight now: a record and kept ids left by a cut run go
             self.lock.renew()  # (each write of the run's own, from a run that holds its lock)
-            clear_incoming(self.client, self.src, self.dst, name)
+            mc.clear_incoming(self.client, self.src, self.dst, name)
         # A stopped move into the source, let past check() for these: due waits for its rerun.
-        stopped = incoming_refusal(self.client, self.src, name, forget_stale=not dry_run)
+        stopped = mc.incoming_refusal(self.client, self.src, name, forget_stale=not dry_run)
         for part in self.src if stopped is None else ():
             self._drain(part, part.keys.due, dry_run=dry_run, resumed=False)
             if not dry_run:
                 self.carry_keys(part)
-            count_stays(self.client, part.keys, self.report.stays)
+            mc.count_stays(self.client, part.keys, self.report.stays)
         if not dry_run:
             self.lock.renew()
             for part in self.src:  # at the end: a part done early stays another destination's
                 self.close(part)  # until the whole run is over
-            clear_incoming(self.client, self.src, self.dst, name)
+            mc.clear_incoming(self.client, self.src, self.dst, name)
         if stopped is not None:
             n, were = self.report.resumed, "would be" if dry_run else "were"
             why = f"{n} job(s) of this move's stopped run {were} re-sent first"
