@@ -464,11 +464,6 @@ def test_a_listing_of_big_jobs_does_not_hold_their_payloads(
     assert peak <= PAGE_MEMORY, f"peak {peak:,} B listing {PAGE_JOBS} jobs of {LIMIT:,} B"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="doctor's cheap read of never-claimed jobs GETs 500 whole spec records per pipeline "
-    "(admin/doctor_pending.py, doctor_model._PAGE): 252 MB of client for 500 big pending jobs",
-)
 def test_doctor_reads_big_pending_records_in_pages_bounded_by_bytes(
     q: Queue, server: RedisProcess
 ) -> None:

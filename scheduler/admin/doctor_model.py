@@ -22,6 +22,10 @@ from scheduler.core.spec_record import with_spec
 
 DEFAULT_STALE_LEASE_MS = 5 * 60_000
 _PAGE = 500
+# The most record bytes one pipeline of the first read GETs (doctor_pending: STRLEN first; one
+# record alone may be more): a page of 500 records of 512 KiB payloads held 256 MiB in the
+# doctor's process, and as much in the server's reply buffer.
+_PAGE_BYTES = 4 * 1024 * 1024
 _CONFIRM_BATCH = 100
 _WATCH_TRIES = 5
 _PLACES = ("due", "leased", "dead")  # preference order when the state field names none of them
