@@ -129,7 +129,7 @@ def logged(raw: redis.Redis) -> Iterator[list[Entry]]:
         yield out
     finally:
         raw.config_set("slowlog-log-slower-than", 10_000)
-        got = raw.execute_command("SLOWLOG", "GET", 1_000_000)
+        got = raw.execute_command("SLOWLOG", "GET", 1_000_000)  # type: ignore[no-untyped-call]
         raw.slowlog_reset()
     for e in reversed(got):
         args, total = list(e[3]), len(e[3])
@@ -335,7 +335,7 @@ def test_a_worker_decodes_a_bounded_amount_of_payload_per_turn_of_its_loop(
     loop_thread: list[int] = []
     turn = [0]
     decoded: Counter[int] = Counter()  # loop turn -> payload bytes decoded on the loop in it
-    real = dispatch.load_stored
+    real = dispatch.load_stored  # type: ignore[attr-defined]
 
     def counting(text: str) -> Any:
         if loop_thread and threading.get_ident() == loop_thread[0]:

@@ -314,6 +314,7 @@ def test_the_waiters_of_one_job_share_one_blocking_read(
             waiters = [asyncio.create_task(aq.result(job_id, timeout_s=30)) for _ in range(10)]
             await poll(lambda: server.scard(wait_key) == 10 and _blocked(server) >= 1, "blocked")
             blocked = max(_blocked(server) for _ in range(20))  # one in flight, never more
+            short: Any
             (short,) = await asyncio.gather(
                 aq.result(job_id, timeout_s=0.3), return_exceptions=True
             )

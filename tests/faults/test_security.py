@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import pickle
 import re
 from collections.abc import Callable
@@ -343,9 +344,11 @@ def test_worker_is_refused_at_start_on_a_queue_its_user_cannot_touch(
     code = worker.wait(60)
     text = log.read_text()
     assert code == 5, text
-    lines = text.strip().splitlines()
-    assert lines[-1].startswith("error: permission denied") and "tenantB" in lines[-1], text
-    assert "app role of docs/security.md" in lines[-1]
+    # --json-logs (spawn_worker's): the refusal is the last line, one JSON object.
+    last = json.loads(text.strip().splitlines()[-1])
+    assert last["level"] == "error", text
+    assert last["msg"].startswith("permission denied") and "tenantB" in last["msg"], text
+    assert "app role of docs/security.md" in last["msg"]
     assert "Traceback" not in text and "worker crashed" not in text
     # The same user works its own queue.
     Queue(admin, "tenantA").enqueue("noop", None)
