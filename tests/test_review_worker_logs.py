@@ -343,11 +343,6 @@ def test_a_pool_childs_lines_say_which_child_wrote_them(
     assert None not in who and len(who) == 2, stops
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="expectation: done / retry / dead lines carry no duration_ms (the run time is "
-    "measured for the metrics' histogram, dispatch.py _end, but never logged)",
-)
 def test_finished_runs_lines_carry_their_duration_ms(
     redis_url: str, q: Queue, captured: tuple[logging.Logger, Records]
 ) -> None:

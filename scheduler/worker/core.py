@@ -292,7 +292,8 @@ class WorkerCore:
             token=r.job.token,
             level=level,
             worker=self.id,
-            **extra,
+            # A run that ended (done, retry, dead, timeout, ...) says how long it took.
+            **(extra if r.run_s is None else {"duration_ms": int(r.run_s * 1000), **extra}),
         )
         if self.registry.outcome_hooks and event != "claimed":
             outcomes.emit(self.registry.outcome_hooks, event, r, extra, self.log)

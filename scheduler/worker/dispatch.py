@@ -214,7 +214,7 @@ class Dispatch(Starting):
         key = (r.queue, r.job.id)
         if self.running.get(key) is r:
             del self.running[key]
-            run_s = now_s - r.started_s
+            r.run_s = run_s = now_s - r.started_s  # in ms only if a line says it (_log_job)
             stats = r.stats or self.metrics.per_task(r.queue, r.job.task)
             stats.duration.observe(run_s)
             m = self._mean_run_s

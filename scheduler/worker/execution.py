@@ -133,6 +133,7 @@ class Running:
     retry_delay_ms: int | None = None  # a RetryLater's delay: its retry's, not the backoff's
     # Its (queue, task) metrics, looked up once at claim (lateness, duration, done).
     stats: TaskStats | None = None
+    run_s: float | None = None  # how long its handler ran, once it ended (Dispatch._end): logged
 
 
 class _Slot:
