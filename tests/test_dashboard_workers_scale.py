@@ -50,7 +50,7 @@ def register(client: redis.Redis, queue: str, ids: list[str], live: bool = True)
 def rows(html: str) -> list[tuple[str, str]]:
     """(worker id, queue) of each row."""
     return re.findall(
-        r'<tr data-worker="([^"]*)"><td class="mono">[^<]*</td><td>([^<]*)</td>', html
+        r'<tr data-worker="([^"]*)"><td class="mono">[^<]*</td><td class="txt">([^<]*)</td>', html
     )
 
 

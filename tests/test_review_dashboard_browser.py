@@ -428,6 +428,12 @@ def test_a_due_job_whose_only_worker_is_quiet_does_not_wait_for_a_slot(
         page.on("dialog", lambda d: d.accept())
         page.goto(f"{world.base}/workers")
         row = page.locator(f'tr[data-worker="{worker.id}"]')
+
+        def listed() -> bool:  # its presence may be written after its first claim (CI load)
+            page.reload()
+            return row.locator("button.quiet").count() == 1
+
+        wait_for(listed, "the worker's row and its quiet button")
         row.locator("button.quiet").click()
         expect(page.locator(".notice")).to_contain_text("Quiet requested")
 
