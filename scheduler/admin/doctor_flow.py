@@ -17,23 +17,27 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from scheduler.admin.doctor_model import _PAGE, Issue, repair_sha
 from scheduler.admin.doctor_scan import pages
+from scheduler.admin.inspection import stored_layout
 from scheduler.core import connection, scripts
+from scheduler.core.errors import BadArgument
 from scheduler.core.flow import DEFAULT_PRIORITY_AGING_MS
 from scheduler.core.keys import QueueKeys
 from scheduler.core.limits import MAX_DELAY_MS, MAX_SAFE_INT, MAX_TIME_MS, stored_int
+from scheduler.core.partitions import PARTITION_NAME
 from scheduler.schedules.stored import flow_unreadable_field
 
 STRAY = "flow-slot-stray"
 STALE = "flow-held-stale"
+UNREAD = "config-unread"
 
 # Each config field a script reads (lua/claim.lua, lib/flow.lua, lib/job.lua; `generation`
 # and `paused_ms` are read elsewhere: any paused_ms is a pause): (the least the scripts
 # read, the least the product writes, the most, what the scripts use instead, how to set it).
 _RETENTION = "scheduler dead retention -q {q} --max-age 30d | --max-count N | --off"
+_AGING = "scheduler queue priority-aging -q {q} <ms> | --default"
 CONFIG_FIELDS: dict[str, tuple[int, int, int, str, str]] = {
     "priority_aging_ms": (
-        0, 0, MAX_DELAY_MS, f"the default, {DEFAULT_PRIORITY_AGING_MS} ms",
-        "redis-cli HSET {cfg} priority_aging_ms <ms> (or HDEL it for the default)",
+        0, 0, MAX_DELAY_MS, f"the default, {DEFAULT_PRIORITY_AGING_MS} ms", _AGING,
     ),
     "dead_max_age_ms": (0, 1, MAX_TIME_MS, "no age limit", _RETENTION),
     "dead_max_count": (0, 0, MAX_SAFE_INT, "no count limit", _RETENTION),
@@ -60,6 +64,38 @@ def config_field_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
         fix = how.format(cfg=cfg, q=shlex.quote(keys.queue))
         out.append(Issue("config-unreadable", "warning", msg, fix, keys.queue))
     return out
+
+
+def logical_config_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
+    """For a partitioned queue's first partition: its logical name's config holding
+    priority_aging_ms (a hand HSET, as the docs once said). Each partition's claims read their
+    own config, never that one, so the value set there applies nowhere; set_priority_aging (the
+    CLI's priority-aging) writes each partition's. Found once per queue, with its partitions'
+    checks (the logical name itself is not checked as a queue)."""
+    m = PARTITION_NAME.match(keys.queue)
+    if not m:
+        return []
+    try:
+        layout = stored_layout(client, m.group(1))
+    except BadArgument:
+        return []  # a record this version cannot read: its own finding (unreadable-layout)
+    if layout is None or layout.names[0] != keys.queue:
+        return []
+    cfg = QueueKeys(layout.queue).config
+    try:
+        raw = client.hget(cfg, "priority_aging_ms")
+    except ResponseError:
+        return []  # of another type: it holds no field (the logical name's keys are not used)
+    if raw is None:
+        return []
+    q = shlex.quote(layout.queue)
+    msg = (f"{cfg} field priority_aging_ms {str(raw)[:40]!r} is read by no claim: queue "
+           f"{layout.queue[:80]!r} is partitioned, and each of its {len(layout.names)} partitions' "
+           "claims read their own config (set on the logical name by hand?)")  # fmt: skip
+    how = (f"scheduler queue priority-aging -q {q} <ms> (or --default; it sets every "
+           "partition, alone it shows theirs), then redis-cli HDEL "
+           f"{shlex.quote(cfg)} priority_aging_ms")  # fmt: skip
+    return [Issue(UNREAD, "warning", msg, how, layout.queue)]
 
 
 # What a schedule's runs get for a flow field read as unset (lua/lib/flow.lua's stored reader):

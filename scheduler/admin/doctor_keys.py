@@ -8,7 +8,12 @@ import shlex
 import redis
 from redis.exceptions import ResponseError
 
-from scheduler.admin.doctor_flow import config_field_issues, key_set_issues, schedule_flow_issues
+from scheduler.admin.doctor_flow import (
+    config_field_issues,
+    key_set_issues,
+    logical_config_issues,
+    schedule_flow_issues,
+)
 from scheduler.admin.doctor_model import _PAGE, Issue
 from scheduler.admin.doctor_scan import pages
 from scheduler.admin.doctor_workers import worker_key_issues
@@ -84,8 +89,8 @@ def queue_key_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
     """config_issues, wrong_type_wake, then each schedule whose runs stopped (_schedule_issues:
     a hash lua/lib/schedule.lua sched_load treats as absent, its slot buffer of another type,
     starved with no refill asked for) or with no hash, and doctor_flow's checks of flow state
-    edited by hand."""
-    out = config_issues(client, keys)
+    edited by hand (a partitioned queue's own config among them, with its first partition)."""
+    out = config_issues(client, keys) + logical_config_issues(client, keys)
     out += key_set_issues(client, keys, server_now_ms(client, keys))
     out += wrong_type_wake(keys, str(client.type(keys.wake)))
     out += worker_key_issues(client, keys)

@@ -22,6 +22,7 @@ from scheduler.cli.common import (
     markup_safe,
     url_option,
 )
+from scheduler.cli.queue_config import priority_aging
 from scheduler.core.safety import safe
 
 _WHY = {
@@ -39,6 +40,7 @@ _WHY = {
 
 def register(main: click.Group) -> None:
     main.add_command(queue)
+    queue.add_command(priority_aging)  # scheduler/cli/queue_config.py
 
 
 @click.group(cls=AdminGroup, epilog=EXIT_CODES_HELP)
