@@ -273,14 +273,6 @@ class _GatedRng:
         return self.sequences.pop(0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="new_job_id's read-modify-write of the process's last (ms, sequence) is not locked "
-    "(scheduler/core/ids.py:44-53): a thread that read it before another thread's newer id "
-    "writes its older one back, and the next id that other thread makes starts a fresh random "
-    "sequence in the same ms and sorts before its previous one, so two jobs one request "
-    "enqueued in turn, due at the same ms, are claimed in reverse order",
-)
 def test_two_jobs_a_thread_enqueues_in_turn_are_claimed_in_that_order(
     url: str, admin: redis.Redis, queue_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

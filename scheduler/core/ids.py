@@ -6,6 +6,7 @@ from __future__ import annotations
 import binascii
 import os
 import random
+import threading
 import time
 
 # A private generator seeded from the OS, not `secrets` per id (one getrandom syscall each:
@@ -16,10 +17,15 @@ _rng = random.Random(os.urandom(32))
 # wrapped within one ms (a 16-bit counter from a random start: ~5% of 3,000-id batches) made
 # later ids sort first, so jobs due at the same ms were claimed out of enqueue order.
 _last = [0, 0]
+# Its read-modify-write is one step for threads: a thread paused between reading and writing
+# it wrote back an older value, so another thread's next id in that ms sorted before its last.
+_lock = threading.Lock()
 
 
 def _reseed() -> None:
+    global _lock
     _rng.seed(os.urandom(32))
+    _lock = threading.Lock()  # one a parent's thread held at the fork would never be released
 
 
 os.register_at_fork(after_in_child=_reseed)
@@ -40,17 +46,18 @@ def new_job_id() -> str:
     the client, so enqueue_many returns ids without a round trip and a re-sent enqueue names
     the same job. Reserved for a partition tag: a prefix ending in '.' (not in this alphabet),
     e.g. `p3.` + the 16 characters. Caller-given ids stay valid (keys.check_job_id)."""
-    ms = _time_ns() // 1_000_000
-    last_ms, seq = _last
-    if ms > last_ms:
-        # A random start (two processes at one ms rarely share a number), in the lower half:
-        # 32,768 more ids fit in this ms before the next rule.
-        seq = _rng.getrandbits(15)
-    else:  # the same ms, or the clock stepped back: still after the last id
-        ms, seq = last_ms, seq + 1
-        if seq > 0xFFFF:  # 65,536 in one ms: borrow the next ms rather than wrap
-            ms, seq = ms + 1, 0
-    _last[0], _last[1] = ms, seq
+    with _lock:
+        ms = _time_ns() // 1_000_000
+        last_ms, seq = _last
+        if ms > last_ms:
+            # A random start (two processes at one ms rarely share a number), in the lower
+            # half: 32,768 more ids fit in this ms before the next rule.
+            seq = _rng.getrandbits(15)
+        else:  # the same ms, or the clock stepped back: still after the last id
+            ms, seq = last_ms, seq + 1
+            if seq > 0xFFFF:  # 65,536 in one ms: borrow the next ms rather than wrap
+                ms, seq = ms + 1, 0
+        _last[0], _last[1] = ms, seq
     n = ms << 52 | seq << 36 | _rng.getrandbits(36)
     return _b2a(n.to_bytes(12, "big"), newline=False).translate(_TO_SORTED).decode()
 
