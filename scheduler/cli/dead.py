@@ -145,7 +145,7 @@ def list_dead(
         page = found[offset : offset + limit]
         more = len(found) > offset + limit if total is None else offset + limit < total
     now_ms = server_now_ms(client, QueueKeys(queue))  # the queue's node: its scripts' clock
-    jobs = page_jobs(q, page)
+    jobs = page_jobs(q, page, as_json)  # the text shows no payload: --json does
     rows = [job_json(j, now_ms) for j in jobs]
     # Ids whose hash and spec were deleted by hand: counted in the total, so listed too.
     stored = {j.id for j in jobs}

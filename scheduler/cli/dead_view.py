@@ -24,6 +24,7 @@ from scheduler.cli.common import (
     fmt_ms,
     markup_safe,
 )
+from scheduler.client.job_listing import listing_ops
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.client.partitioned_ids import dead_where
 from scheduler.client.partitioned_merge import group_ids, jobs_in_order
@@ -50,13 +51,17 @@ id_option = click.option(
 )
 
 
-def page_jobs(q: Queue | PartitionedQueue, page: Sequence[tuple[int, str]]) -> list[Job]:
+def page_jobs(
+    q: Queue | PartitionedQueue, page: Sequence[tuple[int, str]], payload: bool
+) -> list[Job]:
     """The page's jobs, in order, through the one reader of job records (hash and spec); a
     partitioned queue's each from the partition that listed it (an id written to a partition's
-    own queue need not route there: shown as gone, or its node down failed the listing)."""
+    own queue need not route there: shown as gone, or its node down failed the listing).
+    Without `payload` (the text shows none) each spec record is read up to its payload."""
     if not isinstance(q, PartitionedQueue):
-        return q._run(q.ops.get_jobs([i for _, i in page]))
-    reads = [(q.parts[k], q.parts[k].ops.get_jobs(g)) for k, g in group_ids(page).items()]
+        return q._run(listing_ops(q, payload).get_jobs([i for _, i in page]))
+    parts = group_ids(page).items()
+    reads = [(q.parts[k], listing_ops(q.parts[k], payload).get_jobs(g)) for k, g in parts]
     return jobs_in_order(page, q._run_many(reads))
 
 

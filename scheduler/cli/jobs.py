@@ -42,7 +42,8 @@ from scheduler.cli.job_view import (
     when_text,
 )
 from scheduler.cli.job_where import held_call
-from scheduler.client.partitioned import PartitionedQueue, list_answering, open_queue
+from scheduler.client import job_listing
+from scheduler.client.partitioned import PartitionedQueue, open_queue
 from scheduler.client.queue import Queue
 from scheduler.core import connection
 from scheduler.core.errors import BadArgument
@@ -109,11 +110,12 @@ def list_jobs(
     q = open_queue(client, queue)  # a partitioned queue: its partitions merged
     scanned = cut = next_scan = None
     left_out: dict[str, str] = {}  # partitions whose node does not answer: named, exit 3
+    # The table shows no payload: the records' heads are read (job_listing); --json prints it.
     if task is None:
-        found = _page(q, state, offset, limit, left_out)
+        found = [j for _, j in job_listing.page(q, state, offset, limit, left_out, payload=as_json)]
     else:
         found, scanned, cut = _filter_by_task(q, state, task, scan_from or 0, offset, limit,
-                                              left_out)  # fmt: skip
+                                              left_out, as_json)  # fmt: skip
         next_scan = (scan_from or 0) + scanned if cut else None
     not_read = [f"partition {n}: {e}" for n, e in left_out.items()]
     now_ms = server_now_ms(client, QueueKeys(queue))  # the queue's node: its scripts' clock
@@ -160,15 +162,6 @@ def list_jobs(
     exit_unread(not_read)
 
 
-def _page(
-    q: Queue | PartitionedQueue, state: str, offset: int, limit: int, left_out: dict[str, str]
-) -> list[Job]:
-    """One page; a partitioned queue's of the partitions that answer (list_answering)."""
-    if isinstance(q, Queue):
-        return q.list_jobs(state, offset=offset, limit=limit)
-    return list_answering(q, state, offset, limit, left_out)
-
-
 def _filter_by_task(
     q: Queue | PartitionedQueue,
     state: str,
@@ -177,21 +170,28 @@ def _filter_by_task(
     offset: int,
     limit: int,
     left_out: dict[str, str],
+    payload: bool,
 ) -> tuple[list[Job], int, bool]:
     """The page of `task`'s jobs (`offset` skips matches) among at most _TASK_SCAN_MAX jobs of
     `state` from position `scan_from`; how many jobs were examined; whether the scan was cut
-    with jobs left unexamined (not when it stopped for having enough matches)."""
-    matched: list[Job] = []
+    with jobs left unexamined (not when it stopped for having enough matches). The task is in
+    each record's head: the matches alone are read whole, for `payload` (--json)."""
+    matched: list[tuple[int, Job]] = []
     scanned = 0
+    cut = False
     while scanned < _TASK_SCAN_MAX and len(matched) < offset + limit:
         n = min(_TASK_PAGE, _TASK_SCAN_MAX - scanned)
-        page = _page(q, state, scan_from + scanned, n, left_out)
-        scanned += len(page)
-        matched += [j for j in page if j.task == task]
-        if len(page) < n:
-            return matched[offset : offset + limit], scanned, False
-    cut = len(matched) < offset + limit and bool(_page(q, state, scan_from + scanned, 1, {}))
-    return matched[offset : offset + limit], scanned, cut
+        got = job_listing.page(q, state, scan_from + scanned, n, left_out)
+        scanned += len(got)
+        matched += [(k, j) for k, j in got if j.task == task]
+        if len(got) < n:
+            break
+    else:
+        cut = len(matched) < offset + limit and bool(
+            job_listing.page(q, state, scan_from + scanned, 1, {})
+        )
+    found = matched[offset : offset + limit]
+    return job_listing.whole(q, found) if payload else [j for _, j in found], scanned, cut
 
 
 def _job_id(_: click.Context, __: click.Parameter, value: str) -> str:

@@ -14,6 +14,26 @@ from scheduler.core.limits import MAX_TIME_MS
 _FLAGS = re.compile(r"(k?)(?:d([0-9]+))?")
 _SPEC_DEFAULTS = ("", "5", "1000,2.0,3600000,0.25", "0", "", "")
 _SPEC_NAMES = ("task", "max_attempts", "backoff", "timeout_ms", "enqueued_ms", "result_ttl_ms")
+# A record's head: every field before the payload, through the '|' that ends them, as
+# lua/lib/job.lua job_spec(..., head) reads it, from the record's first HEAD_BYTES.
+HEAD_BYTES = 1024
+_HEAD = re.compile(r"2(?:\|[^|]*){7}\|")
+_HEAD_RAW = re.compile(rb"2(?:\|[^|]*){7}\|")
+
+
+def spec_head(raw: str | bytes) -> str | None:
+    """The head in a record's first HEAD_BYTES (GETRANGE's reply, bytes or text), None when it
+    is not all there (no record, a field edited to be long, another layout): the whole record
+    says how the job reads then. Bytes are decoded up to the head only: the cut may fall
+    inside one of the payload's characters."""
+    if isinstance(raw, str):
+        found = _HEAD.match(raw)
+        return found[0] if found else None
+    found_raw = _HEAD_RAW.match(raw)
+    try:
+        return found_raw[0].decode() if found_raw else None
+    except UnicodeDecodeError:  # as the whole record's text reads (codec.s)
+        return None
 
 
 def spec_fields(text: str, run_at_ms: str | None) -> dict[str, str] | None:

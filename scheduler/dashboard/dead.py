@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from scheduler.client.job_listing import listing_ops
 from scheduler.client.queue import Queue
 from scheduler.core.errors import BadArgument
 from scheduler.core.keys import check_job_id
@@ -97,7 +98,7 @@ class DeadFilter:
 
 def _jobs_died_before(q: Queue, max_dead_ms: int, offset: int, limit: int) -> Op[list[Job]]:
     ids = yield from browsing.dead_ids_before(q.keys, max_dead_ms, offset, limit)
-    return (yield from q.ops.get_jobs(ids))
+    return (yield from listing_ops(q).get_jobs(ids))  # the rows show no payload
 
 
 def _on_dead(q: Queue, op: Op[T]) -> Op[T]:
@@ -164,7 +165,8 @@ class DeadPages(Actions):
             total = self.store.run(q, browsing.dead_count_before(q.keys, max_dead_ms))
             next_offset = offset + limit if offset + limit < total else None
         else:
-            jobs = view.parts[0].list_jobs("dead", offset=offset, limit=limit)
+            q = view.parts[0]
+            jobs = self.store.run(q, listing_ops(q).list_jobs("dead", offset=offset, limit=limit))
             total = counts.dead
             next_offset = offset + limit if offset + limit < total else None
         return self.render.page(

@@ -13,6 +13,7 @@ from typing import Any
 import redis
 from redis.exceptions import ResponseError
 
+from scheduler.client.job_listing import listing_ops
 from scheduler.client.partitioned import PartitionedQueue, read_layout, unread
 from scheduler.client.partitioned_merge import (
     group_ids,
@@ -171,7 +172,7 @@ class View:
             groups = {self.parts[k].name: g for k, g in group_ids(chosen).items()}
             asked = [p for p in self.parts if p.name in groups]
             try:
-                got = self.pq._answering(lambda p: p.ops.get_jobs(groups[p.name]), asked)
+                got = self.pq._answering(lambda p: listing_ops(p).get_jobs(groups[p.name]), asked)
             except Exception as exc:  # none of them answered
                 if not not_answering(exc):
                     raise
@@ -217,10 +218,10 @@ class View:
     def filtered_pages(
         self, unread: list[str], state: str, **args: Any
     ) -> list[browsing.FilteredPage]:
-        """browsing.filtered_page(q.ops, state, **args) of each part that answers (read_each:
-        the others named into `unread`, an empty page in their place)."""
+        """browsing.filtered_page(listing_ops(q), state, **args) of each part that answers
+        (read_each: the others named into `unread`, an empty page in their place)."""
         return self.read_each(
-            lambda q: browsing.filtered_page(q.ops, state, **args),
+            lambda q: browsing.filtered_page(listing_ops(q), state, **args),
             browsing.FilteredPage([], None, 0),
             unread,
         )

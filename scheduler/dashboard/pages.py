@@ -20,6 +20,7 @@ from scheduler.admin.health import (
     unreachable_finding,
 )
 from scheduler.admin.redis_cli import fix_line
+from scheduler.client.job_listing import listing_ops
 from scheduler.core.connection import UNREACHABLE
 from scheduler.core.errors import (
     BadArgument,
@@ -188,7 +189,10 @@ class Pages:
             next_offset = offset + limit if more else None
         else:
             # One more than the page: "more" only when there is more (not on a last full page).
-            jobs = view.parts[0].list_jobs(state, offset=offset, limit=limit + 1)
+            q = view.parts[0]  # its records read up to their payloads: the rows show none
+            jobs = self.store.run(
+                q, listing_ops(q).list_jobs(state, offset=offset, limit=limit + 1)
+            )
             next_offset = offset + limit if len(jobs) > limit else None
             jobs = jobs[:limit]
         now_ms = summary["now_ms"]  # the held tab: each job's hold, as its page says it

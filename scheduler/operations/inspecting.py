@@ -4,8 +4,9 @@ ask of a queue."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from copy import copy
 from dataclasses import replace
-from typing import Any
+from typing import Any, Self
 
 from redis.exceptions import ResponseError
 
@@ -17,6 +18,7 @@ from scheduler.core.errors import (
 )
 from scheduler.core.keys import check_job_id
 from scheduler.core.models import Job, JobState
+from scheduler.core.spec_record import HEAD_BYTES, spec_head
 from scheduler.operations.dead_letters import dead_page
 from scheduler.operations.requests import Commands, Op, OpsBase, Script
 from scheduler.operations.result_wait import (
@@ -65,14 +67,27 @@ class InspectingOps(OpsBase):
             raise JobNotFound(f"no job {job_id!r}")
         return state
 
-    def _job_reads(self, job_id: str) -> list[tuple[Any, ...]]:
-        """A job's hash, its spec record (lua/lib/job.lua) and its scores: codec.parse_job's
-        arguments."""
+    listing_payload = True  # get_jobs / list_jobs read whole records (heads(): not)
+
+    def heads(self) -> Self:
+        """These operations with get_jobs / list_jobs reading each job's spec record up to its
+        payload (spec_record.spec_head), for listings that show none: a page of 50 jobs of
+        512 KiB held 50 MB in the client. Their Jobs have no `payload` field, unless the hash
+        holds one (an older layout). The client must read a reply cut inside a character:
+        bytes, or decoded with an error handler (job_listing.heads_readable)."""
+        ops = copy(self)
+        ops.listing_payload = False
+        return ops
+
+    def _job_reads(self, job_id: str, payload: bool = True) -> list[tuple[Any, ...]]:
+        """A job's hash, its spec record (lua/lib/job.lua; without `payload` its first
+        HEAD_BYTES) and its scores: codec.parse_job's arguments."""
         k = self.keys
+        head = ("GETRANGE", k.spec(job_id), 0, HEAD_BYTES - 1)
         return [
             ("HGETALL", k.job(job_id)),
             ("ZSCORE", k.leased, job_id),
-            ("GET", k.spec(job_id)),
+            ("GET", k.spec(job_id)) if payload else head,
             ("ZSCORE", k.due, job_id),
             # Set aside by flow control: still due, at this run_at (docs/flow-control.md).
             ("ZSCORE", k.flow_held, job_id),
@@ -81,25 +96,39 @@ class InspectingOps(OpsBase):
         ]
 
     @staticmethod
-    def _parse(job_id: str, r: Sequence[Any]) -> Job | None:
+    def _parse(job_id: str, r: Sequence[Any], head: bool = False) -> Job | None:
         """A waiting job in flow:held and not in due reads HELD, one in a queue move's `moving`
-        set MOVING (reported, never stored)."""
+        set MOVING (reported, never stored). `head`: r's record is a head (no payload)."""
         raw, lease, spec, due, held, moving = r
         at = next((s for s in (due, held, moving) if s is not None), None)
         job = codec.parse_job(job_id, raw, lease, spec, at)
+        if head and job is not None and not any(codec.s(f) == "payload" for f in raw or ()):
+            fields = {k: v for k, v in job.fields.items() if k != "payload"}
+            job = replace(job, payload_json="", fields=fields)
         if job is None or due is not None or job.state != JobState.DUE:
             return job
         if held is not None:
             return replace(job, state=JobState.HELD.value)
         return job if moving is None else replace(job, state=JobState.MOVING.value)
 
-    def _read_jobs(self, ids: Sequence[str]) -> Op[list[Job | None]]:
-        """_job_reads of each id in one round trip, parsed. flow:held or moving edited into
-        another type (doctor reports it) reads as holding nothing, rather than failing every
-        job's read."""
+    def _read_jobs(self, ids: Sequence[str], payload: bool = True) -> Op[list[Job | None]]:
+        """_job_reads of each id in one round trip, parsed (without `payload`, a second one
+        for the records whose head was not all there: _whole_where_short). flow:held or
+        moving edited into another type (doctor reports it) reads as holding nothing, rather
+        than failing every job's read."""
+        chunks = yield from self._job_replies(ids, payload)
+        if chunks is None:  # one job's key of another type, among several: each read alone
+            return (yield from self._read_each(ids, payload))
+        if not payload:
+            chunks = yield from self._whole_where_short(ids, chunks)
+        return [self._parse(i, c, not payload) for i, c in zip(ids, chunks, strict=True)]
+
+    def _job_replies(self, ids: Sequence[str], payload: bool) -> Op[list[list[Any]] | None]:
+        """Each id's 6 replies of _job_reads, None when a key of one of several jobs is of
+        another type."""
         try:
-            reply = yield Commands([c for i in ids for c in self._job_reads(i)])
-            return [self._parse(i, reply[6 * n : 6 * n + 6]) for n, i in enumerate(ids)]
+            reply = yield Commands([c for i in ids for c in self._job_reads(i, payload)])
+            return [reply[6 * n : 6 * n + 6] for n in range(len(ids))]
         except ResponseError as exc:
             if not str(exc).startswith("WRONGTYPE"):
                 raise
@@ -109,7 +138,7 @@ class InspectingOps(OpsBase):
         keep = [codec.s(t) in ("zset", "none") for t in kinds]
 
         def reads(i: str) -> list[tuple[Any, ...]]:
-            r = self._job_reads(i)
+            r = self._job_reads(i, payload)
             return r[:4] + [c for c, k in zip(r[4:], keep, strict=True) if k]
 
         def filled(chunk: Sequence[Any]) -> list[Any]:
@@ -122,17 +151,34 @@ class InspectingOps(OpsBase):
         except ResponseError as exc:
             if not str(exc).startswith("WRONGTYPE"):
                 raise
-            if len(ids) > 1:  # one job's key must not hide the others: each read alone
-                return (yield from self._read_each(ids))
+            if len(ids) > 1:
+                return None
             # due, leased, or a job's own key edited by hand: the typed error scripts give.
             raise CorruptKey(
                 f"a key of queue {self.keys.queue!r} is of another type (edited by hand), "
                 f"reading {len(ids)} job(s): see `scheduler doctor`"
             ) from None
-        chunks = (reply[width * n : width * (n + 1)] for n in range(len(ids)))
-        return [self._parse(i, filled(c)) for i, c in zip(ids, chunks, strict=True)]
+        return [filled(reply[width * n : width * (n + 1)]) for n in range(len(ids))]
 
-    def _read_each(self, ids: Sequence[str]) -> Op[list[Job | None]]:
+    def _whole_where_short(
+        self, ids: Sequence[str], chunks: list[list[Any]]
+    ) -> Op[list[list[Any]]]:
+        """Each record's head (GETRANGE's reply) as spec_head finds it, or the whole record
+        where it is not all there (a field edited to be long, another layout). GETRANGE
+        answers '' for no record: beside a hash that is no record (a lean finished job, an
+        older layout); without one, GET says (a job gone meanwhile, a record set to '')."""
+        short = []
+        for i, c in zip(ids, chunks, strict=True):
+            got, c[2] = c[2], spec_head(c[2])
+            if c[2] is None and (got or not c[0]):
+                short.append((i, c))
+        if short:
+            whole = yield Commands([("GET", self.keys.spec(i)) for i, _ in short])
+            for (_, c), w in zip(short, whole, strict=True):
+                c[2] = w
+        return chunks
+
+    def _read_each(self, ids: Sequence[str], payload: bool = True) -> Op[list[Job | None]]:
         """_read_jobs one id at a time: a job whose own key is of another type reads as None
         (left out, as a job gone; doctor names it), unless every one fails (due or leased
         itself is of another type: CorruptKey)."""
@@ -140,7 +186,7 @@ class InspectingOps(OpsBase):
         failed: CorruptKey | None = None
         for i in ids:
             try:
-                out += yield from self._read_jobs([i])
+                out += yield from self._read_jobs([i], payload)
             except CorruptKey as exc:
                 failed = exc
                 out.append(None)
@@ -203,10 +249,11 @@ class InspectingOps(OpsBase):
         return (yield from self.get_jobs(ids))
 
     def get_jobs(self, ids: Sequence[str]) -> Op[list[Job]]:
-        """These jobs in one round trip, missing ones left out, waiting ones as of now."""
+        """These jobs in one round trip, missing ones left out, waiting ones as of now (of
+        heads(): without their payloads)."""
         if not ids:
             return []
-        jobs = [j for j in (yield from self._read_jobs(ids)) if j is not None]
+        jobs = [j for j in (yield from self._read_jobs(ids, self.listing_payload)) if j]
         if any(j.state == JobState.DUE for j in jobs):
             now_ms = (yield from self.counts()).now_ms
             jobs = [j.as_of(now_ms) for j in jobs]
