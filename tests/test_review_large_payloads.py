@@ -435,12 +435,6 @@ READERS: dict[str, tuple[bool, Callable[[Queue, str], Reads]]] = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="job listings read each listed job's whole record, payload included, though no row "
-    "shows it (operations/inspecting.py _read_jobs): ~1 MiB of client memory per 512 KiB job "
-    "listed (a dashboard page of 500: 501 MB)",
-)
 @pytest.mark.parametrize("reader", list(READERS))
 def test_a_listing_of_big_jobs_does_not_hold_their_payloads(
     q: Queue, server: RedisProcess, reader: str
