@@ -194,18 +194,6 @@ def _waiting(q: Queue, job_ids: list[str], timeout_s: float) -> tuple[list[Any],
 
 
 @pytest.mark.parametrize("pool", ["plain", "blocking"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="Queue.result holds a pooled connection for every slice of its wait, uncapped "
-    "(scheduler/client/result_waiting.py:65-78 wait_sync drives each request through "
-    "Queue._execute; AsyncQueue caps its waits at max_connections // 2, "
-    "result_waiting.py:114 wait_slots): "
-    "with as many threads waiting as the pool's size, an enqueue fails at once "
-    "(MaxConnectionsError, plain pool) or starves for the waiters' whole wait (a "
-    "BlockingConnectionPool: each waiter gives its connection back and takes it again before "
-    "the blocked enqueue wakes, so the remedy docs/limits.md:108-111 and README.md:33 advise "
-    "raises 'No connection available.' after the pool's timeout)",
-)
 def test_threads_waiting_for_results_leave_room_for_an_enqueue(
     url: str, admin: redis.Redis, queue_name: str, pool: str
 ) -> None:
@@ -214,7 +202,14 @@ def test_threads_waiting_for_results_leave_room_for_an_enqueue(
     q = _pooled(pool, url, queue_name, 2)
     out, threads = _waiting(q, jobs, 60)
     try:
-        wait_for(lambda: _blocked(admin) >= 2, 20, "both waiters blocked in BLMOVE")
+        # Both in their wait (announced), one blocked in BLMOVE: the waits' cap (half the
+        # pool) lets one block at a time, without it both held the pool.
+        announced = [side.keys.result_wait(j) for j in jobs]
+        wait_for(
+            lambda: all(admin.scard(k) for k in announced) and _blocked(admin) > 0,
+            20,
+            "both waiters announced, one blocked in BLMOVE",
+        )
         enqueued = _outcome(lambda: q.enqueue("t", {"web": "request"}))
     finally:
         for j in jobs:
@@ -226,16 +221,6 @@ def test_threads_waiting_for_results_leave_room_for_an_enqueue(
     assert isinstance(enqueued, str), _said(enqueued)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a Queue.result that never gets a connection (the pool held by other waiters) "
-    "retries it as an outage for its whole timeout_s and then raises the pool's "
-    "MaxConnectionsError ('Too many connections'), not ResultTimeout "
-    "(scheduler/operations/result_wait.py:77-83 outage() counts MaxConnectionsError, a "
-    "ConnectionError, as Redis not answering; :180 re-raises it at the deadline); "
-    "README.md:31-32 "
-    "says a call past the pool raises MaxConnectionsError at once",
-)
 def test_a_waiter_past_the_pool_whose_job_does_not_finish_ends_with_result_timeout(
     url: str, admin: redis.Redis, queue_name: str
 ) -> None:

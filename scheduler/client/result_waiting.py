@@ -11,18 +11,28 @@ shares: the waiters of one job send one BLMOVE at a time, which wakes them all; 
 wait makes takes one of `max_connections // 2` slots (at least 1) for its duration, so waits
 never hold the connections an enqueue or any other call needs (each used to hold one for its
 whole wait: 100 waiters took redis.asyncio's whole pool, and the 101st call failed with
-MaxConnectionsError). A waiter beyond them waits for a slot, re-reading at its slice's end."""
+MaxConnectionsError). A waiter beyond them waits for a slot, re-reading at its slice's end.
+
+The blocking client has the same cap, its threads' turns first come first served (`_Slots`):
+every thread waiting used to hold a connection, so two waiting threads on `?max_connections=2`
+made a third thread's enqueue fail at once, and with a BlockingConnectionPool each waiter took
+its connection back before the blocked enqueue woke, which then waited out their whole wait."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 import weakref
+from collections import deque
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from scheduler.client.enqueue_flights import own_error
-from scheduler.operations.requests import Op, Request
+from scheduler.core.errors import ResultTimeout
+from scheduler.operations.requests import Commands, Op, Request
 from scheduler.operations.result_wait import (
+    LEAVE_BOUND_S,
     RESULT_BLOCK_SLICE_S,
     Block,
     Pause,
@@ -63,25 +73,122 @@ def block_slice_s(client: Any, longest_s: float) -> float:
 
 
 def wait_sync(queue: Queue, job_id: str, timeout_s: float) -> Any:
-    """Queue.result's wait (the running-loop refusal is Queue's)."""
+    """Queue.result's wait (the running-loop refusal is Queue's): each request in one of the
+    client's wait slots."""
     wait = ResultWait(queue.keys.result_wait(job_id))
     block_s = block_slice_s(queue.client, RESULT_BLOCK_SLICE_S)
     op = queue.ops.result(job_id, timeout_s, wait, block_s)
     try:
-        req = next(op)
+        req = next(op)  # timeout_s checked: a number from here on
+        turn = _SyncTurn(queue, job_id, timeout_s, block_s)
         while True:
             try:
                 if isinstance(req, Pause):
                     time.sleep(req.seconds)
                     reply = None
                 else:
-                    reply = queue._execute(req)
+                    reply = turn.send(req)
             except BaseException as exc:  # Ctrl-C too: the op leaves result_wait, re-raises
                 req = op.throw(exc)
             else:
                 req = op.send(reply)
     except StopIteration as done:
         return done.value
+
+
+class _Slots:
+    """One client's wait slots for its threads, first come first served: a thread back for its
+    next request queues behind those already waiting (a plain Semaphore, like a
+    BlockingConnectionPool, lets the one that just gave its slot back take it again first)."""
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self.turns: deque[object] = deque()
+        self.cond = threading.Condition(threading.Lock())
+
+    def take(self, until_s: float) -> bool:
+        """A slot, waited for until `until_s` (time.monotonic); False when none came."""
+        me = object()
+        with self.cond:
+            self.turns.append(me)
+            try:
+                while not self.free or self.turns[0] is not me:
+                    left_s = until_s - time.monotonic()
+                    if left_s <= 0:
+                        return False
+                    self.cond.wait(left_s)
+                self.free -= 1
+                return True
+            finally:
+                self.turns.remove(me)
+                self.cond.notify_all()  # the next in turn (a slot may be free)
+
+    def give(self) -> None:
+        with self.cond:
+            self.free += 1
+            self.cond.notify_all()
+
+
+_SYNC_SLOTS: weakref.WeakKeyDictionary[Any, _Slots] = weakref.WeakKeyDictionary()
+_SYNC_SLOTS_LOCK = [threading.Lock()]
+
+
+def _fresh_after_fork() -> None:
+    """A parent's thread may have held a slot or a lock at the fork: the child starts anew."""
+    _SYNC_SLOTS_LOCK[0] = threading.Lock()
+    _SYNC_SLOTS.clear()
+
+
+os.register_at_fork(after_in_child=_fresh_after_fork)
+
+
+def _sync_slots(client: Any) -> _Slots:
+    with _SYNC_SLOTS_LOCK[0]:  # two threads' first waits must not make two caps
+        got = _SYNC_SLOTS.get(client)
+        if got is None:
+            got = _SYNC_SLOTS[client] = _Slots(wait_slots(client))
+        return got
+
+
+class _SyncTurn:
+    """One Queue.result's requests, each in a slot. Its slice's BLMOVE waits for one at most
+    the slice (then it is as if it timed out: the op re-reads); a read waits at most a slice
+    past the deadline (as late as an asyncio waiter may be: the slots' holders each give theirs
+    back within a slice), else the wait ends with ResultTimeout unread."""
+
+    def __init__(self, queue: Queue, job_id: str, timeout_s: float, block_s: float) -> None:
+        self.queue, self.job_id, self.timeout_s = queue, job_id, timeout_s
+        self.slots = _sync_slots(queue.client)
+        self.late_s = time.monotonic() + timeout_s + block_s
+
+    def send(self, req: Request) -> Any:
+        if isinstance(req, Block):
+            return self._block(req)
+        until_s = self.late_s
+        if isinstance(req, Commands) and req.cmds[0][0] == "SREM":  # the leave: PX bounds it
+            until_s = min(until_s, time.monotonic() + LEAVE_BOUND_S)
+        if not self.slots.take(until_s):
+            raise ResultTimeout(
+                f"job {self.job_id!r} did not finish within {self.timeout_s} s (not read again:"
+                " the client's other result waits held every wait slot)"
+            )
+        try:
+            return self.queue._execute(req)
+        finally:
+            self.slots.give()
+
+    def _block(self, req: Block) -> Any:
+        wait_s = float(req.cmds[0][-1])
+        asked_s = time.monotonic()
+        if not self.slots.take(asked_s + wait_s):
+            return [None]  # a BLMOVE that timed out
+        try:
+            left_s = round(wait_s - (time.monotonic() - asked_s), 3)
+            if left_s < 0.001:  # 0 would block for good
+                return [None]
+            return self.queue._execute(Block([(*req.cmds[0][:-1], left_s)]))
+        finally:
+            self.slots.give()
 
 
 async def wait_async(queue: AsyncQueue, job_id: str, timeout_s: float) -> Any:

@@ -24,7 +24,12 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    MaxConnectionsError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -76,8 +81,9 @@ WaitOp = Generator[Request | Pause, Any, T]
 
 def outage(exc: BaseException) -> bool:
     """Redis did not answer, or refused only for now (loading after a restart, a failover's
-    UNBLOCKED or READONLY): worth a re-read. A refused login is not."""
-    if isinstance(exc, AuthenticationError | AuthorizationError):
+    UNBLOCKED or READONLY): worth a re-read. A refused login is not, nor a full pool (raised at
+    once, as by every call: a wait retried it for its whole timeout_s, then raised it)."""
+    if isinstance(exc, AuthenticationError | AuthorizationError | MaxConnectionsError):
         return False
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         return True
