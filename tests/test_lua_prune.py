@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core.lua_prune import prune
+from scheduler.core.lua_prune import code, prune
 from scheduler.core.scripts import TRANSITIONS, _expand, lua_dir, source
 
 LIB = """\
@@ -77,3 +77,34 @@ def test_every_transition_is_smaller_and_keeps_its_own_text(name: str) -> None:
     assert [line for line in sent.splitlines() if line in set(body)] != []
     for line in body:
         assert line in sent  # the transition's own lines are never dropped
+
+
+def test_a_name_only_in_a_comment_keeps_nothing() -> None:
+    # In the script's own text or in a kept unit's body, as a line or a block comment.
+    for note in ("-- unused() is not called", "--[[ nor\nunused() here ]]", "--[==[ unused ]==]"):
+        out = prune(LIB.replace("  return x\n", f"  {note}\n  return x\n") + f"{note}\nused(1)\n")
+        assert "local function used" in out and "local function unused" not in out, note
+
+
+def test_a_unit_called_is_kept_whatever_comments_say() -> None:
+    # After a comment on its line, after a block comment that ends there, and beside a string
+    # holding `--` (no comment starts inside a string).
+    for call in (
+        "-- x\nunused()",
+        "--[[ x ]] unused()",
+        "local s = 'a -- b' .. unused()",
+        'local s = "a [[ --" .. unused()',
+        "local s = [[ -- ]] .. unused()",
+    ):
+        assert "local function unused" in prune(LIB + call + "\n"), call
+
+
+def test_a_string_or_long_bracket_never_closed_is_refused() -> None:
+    for text in ("local s = 'a\nunused()", "--[[ never closed\nunused()", "local s = [==[ x ]]"):
+        with pytest.raises(ValueError, match="never closed"):
+            prune(LIB + text + "\n")
+
+
+def test_comments_blanked_keep_the_line_numbers() -> None:
+    text = "a -- b\n--[[ c\nd ]] e 'f -- g'\n"
+    assert code(text) == "a  \n \n e 'f -- g'\n"
