@@ -63,134 +63,144 @@
 -- @include "lib/lateness.lua"
 -- @include "lib/result.lua"
 
-local newer = newer_storage_err(KEYS[1]); if newer then return newer end
+-- Steps in `do` blocks where they can be: their locals end with the block. The main function
+-- also holds every lib's top-level local the script uses, and Lua allows it 200 locals at once
+-- (tests/test_lua_locals.py counts them).
+do local newer = newer_storage_err(KEYS[1]); if newer then return newer end end
 
-local prefix, due, leased, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
+local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local worker, nonce = ARGV[1], ARGV[4]
-local limit, lease_ms, reap_limit, err
-limit, err = int_arg(ARGV[2], 'limit', 0, LIM.limit); if err then return err end
-lease_ms, err = int_arg(ARGV[3], 'lease_ms', 1, LIM.lease_ms); if err then return err end
-reap_limit, err = int_arg(ARGV[5], 'reap_limit', 0, LIM.reap_limit); if err then return err end
+local limit, lease_ms, reap_limit
 -- Reaping costs 30-50 us a lease: 10,000 (the largest reap_limit) held the server 290-520 ms,
 -- every client waiting. A larger value is still taken (older clients send it) but reaps this
 -- many per call; the rest stay in leased for the next claims (scheduler/core/limits.py
 -- REAP_PER_CALL repeats it).
 local REAP_STEP = 500
-if reap_limit > REAP_STEP then reap_limit = REAP_STEP end
-if #nonce < 1 or #nonce > 64 or not string.find(nonce, '^%w+$') then
-  return redis.error_reply('BAD_ARGUMENT nonce=')
+do
+  local err
+  limit, err = int_arg(ARGV[2], 'limit', 0, LIM.limit); if err then return err end
+  lease_ms, err = int_arg(ARGV[3], 'lease_ms', 1, LIM.lease_ms); if err then return err end
+  reap_limit, err = int_arg(ARGV[5], 'reap_limit', 0, LIM.reap_limit); if err then return err end
+  if reap_limit > REAP_STEP then reap_limit = REAP_STEP end
+  if #nonce < 1 or #nonce > 64 or not string.find(nonce, '^%w+$') then
+    return redis.error_reply('BAD_ARGUMENT nonce=')
+  end
+  if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT worker=') end
+  -- A partitioned queue's own name holds no job (its partitions do): an empty batch with
+  -- next_ms -1 there read as 'the queue is empty' beside due jobs, so it is refused as enqueue
+  -- is (one EXISTS, before the replay read and any write).
+  err = partitioned_err(prefix); if err then return err end
 end
-if worker == '' or #worker > 200 then return redis.error_reply('BAD_ARGUMENT worker=') end
--- A partitioned queue's own name holds no job (its partitions do): an empty batch with next_ms
--- -1 there read as 'the queue is empty' beside due jobs, so it is refused as enqueue is (one
--- EXISTS, before the replay read and any write).
-err = partitioned_err(prefix); if err then return err end
 
--- Every field the reply hands out, read and checked the strict way (lib/util.lua): returns the
--- reply's values {attempts, max_attempts, task, payload, run_at_ms, backoff, timeout_ms,
--- schedule, state, token, settled_token, settled, settled_log}, or nil and a dead reason.
-local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
-  'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log',
-  'priority', 'ckey', 'rkey', 'lapses', 'start_by_ms' }
--- Most jobs of a call share one task name, backoff text and timeout: each distinct one is
--- checked once per call (as enqueue.lua does).
--- The defaults (most jobs') are known good: a spec record stores them as ''.
-local task_seen, backoff_seen, timeout_seen = {}, { [SPEC_BACKOFF] = true }, { ['0'] = true }
--- So do their number texts (attempts '0', max_attempts '5', one run time for jobs enqueued
--- together): each distinct text of a field is parsed once per call (issue 16, drain).
-local ints_seen = { attempts = {}, max_attempts = {}, run_at_ms = {}, enqueued_ms = {} }
-local function int_once(field, v, lo, hi)
-  local seen = ints_seen[field]
-  local x = seen[v]
-  if x == nil and v then
-    x = parse_int(v, lo, hi) or false
-    seen[v] = x
+-- Defined in a block: the tables of texts met are its upvalues, not the main function's locals.
+local read_claimable
+do
+  -- Every field the reply hands out, read and checked the strict way (lib/util.lua): returns the
+  -- reply's values {attempts, max_attempts, task, payload, run_at_ms, backoff, timeout_ms,
+  -- schedule, state, token, settled_token, settled, settled_log}, or nil and a dead reason.
+  local READ = { 'task', 'payload', 'attempts', 'max_attempts', 'run_at_ms', 'backoff',
+    'timeout_ms', 'schedule', 'state', 'fence', 'token', 'settled_token', 'settled', 'settled_log',
+    'priority', 'ckey', 'rkey', 'lapses', 'start_by_ms' }
+  -- Most jobs of a call share one task name, backoff text and timeout: each distinct one is
+  -- checked once per call (as enqueue.lua does).
+  -- The defaults (most jobs') are known good: a spec record stores them as ''.
+  local task_seen, backoff_seen, timeout_seen = {}, { [SPEC_BACKOFF] = true }, { ['0'] = true }
+  -- So do their number texts (attempts '0', max_attempts '5', one run time for jobs enqueued
+  -- together): each distinct text of a field is parsed once per call (issue 16, drain).
+  local ints_seen = { attempts = {}, max_attempts = {}, run_at_ms = {}, enqueued_ms = {} }
+  local function int_once(field, v, lo, hi)
+    local seen = ints_seen[field]
+    local x = seen[v]
+    if x == nil and v then
+      x = parse_int(v, lo, hi) or false
+      seen[v] = x
+    end
+    return x or nil
   end
-  return x or nil
-end
-local function read_claimable(id, jk, run_at_s)
-  -- A plain job never claimed has no hash yet (most claims of a drain): one EXISTS instead of
-  -- a 17-field HMGET of nothing; a job with a hash (a retry, a flow job, a schedule's
-  -- occurrence) pays the EXISTS on top (~1%). f then reads as that HMGET's reply would.
-  local f = { false, false, false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false, false, false }  -- #READ falses (no rehashing)
-  if redis.call('EXISTS', jk) == 1 then
-    f = redis.pcall('HMGET', jk, unpack(READ))
-    if f.err then return nil, 'invalid job: not a hash' end
+  function read_claimable(id, jk, run_at_s)
+    -- A plain job never claimed has no hash yet (most claims of a drain): one EXISTS instead of
+    -- a 17-field HMGET of nothing; a job with a hash (a retry, a flow job, a schedule's
+    -- occurrence) pays the EXISTS on top (~1%). f then reads as that HMGET's reply would.
+    local f = { false, false, false, false, false, false, false, false, false, false, false,
+      false, false, false, false, false, false, false, false }  -- #READ falses (no rehashing)
+    if redis.call('EXISTS', jk) == 1 then
+      f = redis.pcall('HMGET', jk, unpack(READ))
+      if f.err then return nil, 'invalid job: not a hash' end
+    end
+    if not job_id_ok(id) then return nil, 'invalid job: id' end
+    local sp = false
+    if not f[2] or not f[9] then
+      -- This version's layout: the payload (and, before the first claim, all) is in the spec.
+      local bad
+      sp, bad = job_spec(prefix, id, run_at_s)
+      if sp == nil then return nil, 'invalid job: ' .. bad end
+      if sp == false and f[9] == false then return nil, 'job hash missing' end
+    end
+    local fresh = f[9] == false
+    if fresh then
+      -- Never claimed: the spec fills what the hash lacks (a field set by hand wins, and is
+      -- checked like any other).
+      if not run_at_s then return nil, 'job hash missing' end
+      f[1], f[3], f[4] = f[1] or sp.task, f[3] or '0', f[4] or sp.max_attempts
+      f[5], f[6], f[7], f[9] = f[5] or run_at_s, f[6] or sp.backoff, f[7] or sp.timeout_ms, 'due'
+    end
+    if sp then
+      -- backoff, timeout_ms and a default max_attempts stay in the spec (first claim does not
+      -- copy them): a hash field (an older version's claim, a hand edit) wins.
+      f[2], f[6], f[7] = f[2] or sp.payload, f[6] or sp.backoff, f[7] or sp.timeout_ms
+      -- task too: a job parked before its first claim (a dead parent) and requeued has a hash
+      -- without the spec's short fields.
+      f[1], f[4] = f[1] or sp.task, f[4] or sp.max_attempts
+    end
+    -- Its first claim: a spec and no fence yet. Mostly a fresh job; also one parked before it
+    -- was ever claimed (a dead parent) and requeued, whose hash holds a state but none of the
+    -- spec's fields a finished record needs (keep_payload, result_ttl_ms, max_attempts, task).
+    local first = sp ~= false and f[10] == false
+    if first and (int_once('enqueued_ms', sp.enqueued_ms, 0, LIM.time_ms) == nil
+        or (sp.result_ttl_ms ~= '' and parse_int(sp.result_ttl_ms, 1, LIM.ttl_ms) == nil)) then
+      return nil, 'invalid job: record'
+    end
+    local r = { task = f[1], payload = f[2], backoff = f[6] or '', timeout_ms = f[7] or '0',
+      schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
+      settled_log = f[14], fresh = fresh, first = first, spec = sp,
+      lapses = parse_int(f[18], 0, LIM.fence) or 0 }  -- advisory: a hand edit reads as 0
+    -- A schedule's run keeps its start deadline in its hash (lib/rearm.lua sched_job), not in
+    -- spec flags; a hand edit that is no time reads as none.
+    if f[19] then r.start_by = parse_int(f[19], 0, LIM.time_ms) end
+    -- Flow fields are advisory: one edited by hand reads as unset (lib/flow.lua). A plain job
+    -- has none of the three, and its flow is read no further; a flow job reads only the limits
+    -- its key or rate window needs (flow_rest): the plain path's HMGET stays as it was.
+    r.flow = FLOW_PLAIN
+    if f[15] or f[16] or f[17] then r.flow = flow_rest(jk, f[15], f[16], f[17]) end
+    if not task_seen[f[1]] then
+      if not task_ok(f[1]) then return nil, 'invalid job: task' end
+      task_seen[f[1]] = true
+    end
+    if not f[2] or not is_utf8(f[2]) then return nil, 'invalid job: payload' end
+    r.attempts = int_once('attempts', f[3], 0, LIM.attempts)
+    if r.attempts == nil then return nil, 'invalid job: attempts' end
+    r.max_attempts = int_once('max_attempts', f[4], 1, LIM.attempts)
+    if r.max_attempts == nil then return nil, 'invalid job: max_attempts' end
+    r.run_at_ms = int_once('run_at_ms', f[5], 0, LIM.time_ms)
+    if r.run_at_ms == nil then return nil, 'invalid job: run_at_ms' end
+    -- Its text for the hash and the reply: a never-claimed job's is claim's own fmt of the due
+    -- score (canonical); one read from a hash is written out again (a hand edit may say '007').
+    r.run_at_s = (fresh and f[5] == run_at_s) and run_at_s or fmt(r.run_at_ms)
+    if r.backoff ~= '' and not backoff_seen[r.backoff] then
+      if parse_backoff(r.backoff) == nil then return nil, 'invalid job: backoff' end
+      backoff_seen[r.backoff] = true
+    end
+    if not timeout_seen[r.timeout_ms] then
+      if parse_int(r.timeout_ms, 0, LIM.timeout_ms) == nil then return nil, 'invalid job: timeout_ms' end
+      timeout_seen[r.timeout_ms] = true
+    end
+    if r.schedule ~= '' and not schedule_name_ok(r.schedule) then
+      return nil, 'invalid job: schedule'
+    end
+    -- HINCRBY fence would fail the whole script on a non-integer or at 2^63.
+    if f[10] and parse_int(f[10], 0, LIM.fence - 1) == nil then return nil, 'invalid job: fence' end
+    return r
   end
-  if not job_id_ok(id) then return nil, 'invalid job: id' end
-  local sp = false
-  if not f[2] or not f[9] then
-    -- This version's layout: the payload (and, before the first claim, all) is in the spec.
-    local bad
-    sp, bad = job_spec(prefix, id, run_at_s)
-    if sp == nil then return nil, 'invalid job: ' .. bad end
-    if sp == false and f[9] == false then return nil, 'job hash missing' end
-  end
-  local fresh = f[9] == false
-  if fresh then
-    -- Never claimed: the spec fills what the hash lacks (a field set by hand wins, and is
-    -- checked like any other).
-    if not run_at_s then return nil, 'job hash missing' end
-    f[1], f[3], f[4] = f[1] or sp.task, f[3] or '0', f[4] or sp.max_attempts
-    f[5], f[6], f[7], f[9] = f[5] or run_at_s, f[6] or sp.backoff, f[7] or sp.timeout_ms, 'due'
-  end
-  if sp then
-    -- backoff, timeout_ms and a default max_attempts stay in the spec (first claim does not
-    -- copy them): a hash field (an older version's claim, a hand edit) wins.
-    f[2], f[6], f[7] = f[2] or sp.payload, f[6] or sp.backoff, f[7] or sp.timeout_ms
-    -- task too: a job parked before its first claim (a dead parent) and requeued has a hash
-    -- without the spec's short fields.
-    f[1], f[4] = f[1] or sp.task, f[4] or sp.max_attempts
-  end
-  -- Its first claim: a spec and no fence yet. Mostly a fresh job; also one parked before it
-  -- was ever claimed (a dead parent) and requeued, whose hash holds a state but none of the
-  -- spec's fields a finished record needs (keep_payload, result_ttl_ms, max_attempts, task).
-  local first = sp ~= false and f[10] == false
-  if first and (int_once('enqueued_ms', sp.enqueued_ms, 0, LIM.time_ms) == nil
-      or (sp.result_ttl_ms ~= '' and parse_int(sp.result_ttl_ms, 1, LIM.ttl_ms) == nil)) then
-    return nil, 'invalid job: record'
-  end
-  local r = { task = f[1], payload = f[2], backoff = f[6] or '', timeout_ms = f[7] or '0',
-    schedule = f[8] or '', state = f[9], token = f[11], settled_token = f[12], settled = f[13],
-    settled_log = f[14], fresh = fresh, first = first, spec = sp,
-    lapses = parse_int(f[18], 0, LIM.fence) or 0 }  -- advisory: a hand edit reads as 0
-  -- A schedule's run keeps its start deadline in its hash (lib/rearm.lua sched_job), not in
-  -- spec flags; a hand edit that is no time reads as none.
-  if f[19] then r.start_by = parse_int(f[19], 0, LIM.time_ms) end
-  -- Flow fields are advisory: one edited by hand reads as unset (lib/flow.lua). A plain job
-  -- has none of the three, and its flow is read no further; a flow job reads only the limits
-  -- its key or rate window needs (flow_rest): the plain path's HMGET stays as it was.
-  r.flow = FLOW_PLAIN
-  if f[15] or f[16] or f[17] then r.flow = flow_rest(jk, f[15], f[16], f[17]) end
-  if not task_seen[f[1]] then
-    if not task_ok(f[1]) then return nil, 'invalid job: task' end
-    task_seen[f[1]] = true
-  end
-  if not f[2] or not is_utf8(f[2]) then return nil, 'invalid job: payload' end
-  r.attempts = int_once('attempts', f[3], 0, LIM.attempts)
-  if r.attempts == nil then return nil, 'invalid job: attempts' end
-  r.max_attempts = int_once('max_attempts', f[4], 1, LIM.attempts)
-  if r.max_attempts == nil then return nil, 'invalid job: max_attempts' end
-  r.run_at_ms = int_once('run_at_ms', f[5], 0, LIM.time_ms)
-  if r.run_at_ms == nil then return nil, 'invalid job: run_at_ms' end
-  -- Its text for the hash and the reply: a never-claimed job's is claim's own fmt of the due
-  -- score (canonical); one read from a hash is written out again (a hand edit may say '007').
-  r.run_at_s = (fresh and f[5] == run_at_s) and run_at_s or fmt(r.run_at_ms)
-  if r.backoff ~= '' and not backoff_seen[r.backoff] then
-    if parse_backoff(r.backoff) == nil then return nil, 'invalid job: backoff' end
-    backoff_seen[r.backoff] = true
-  end
-  if not timeout_seen[r.timeout_ms] then
-    if parse_int(r.timeout_ms, 0, LIM.timeout_ms) == nil then return nil, 'invalid job: timeout_ms' end
-    timeout_seen[r.timeout_ms] = true
-  end
-  if r.schedule ~= '' and not schedule_name_ok(r.schedule) then
-    return nil, 'invalid job: schedule'
-  end
-  -- HINCRBY fence would fail the whole script on a non-integer or at 2^63.
-  if f[10] and parse_int(f[10], 0, LIM.fence - 1) == nil then return nil, 'invalid job: fence' end
-  return r
 end
 
 -- Park a job claim cannot hand out. A key that is not a hash cannot take the dead fields: it
@@ -228,8 +238,7 @@ local replay_key = prefix .. 'claim:' .. nonce
 local now
 -- 0. A re-sent call (redis-py retries after a timeout) gets the first call's jobs back, with
 --    the same tokens, as long as it still holds them (and they still read well); it changes
---    nothing. (A block, so `replay` ends with it: the script's main function is at Lua's 200
---    active locals, the most of them where step 2 leases.)
+--    nothing.
 do
   local replay = redis.call('GET', replay_key)
   now = now_ms()
@@ -262,67 +271,71 @@ redis.call('SET', replay_key, '', 'XX')
 
 -- 1. Reap lapsed leases: due again now, or parked when the crashes used up the attempts. A job
 --    whose counts cannot be read goes back to due, where step 2 parks it with the reason.
-local lapsed = redis.pcall('ZRANGE', leased, '-inf', now, 'BYSCORE', 'LIMIT', 0, reap_limit,
-  'WITHSCORES')
-if lapsed.err then return corrupt_err('leased', 'zset') end
--- Before the first write (Redis keeps a script's writes made before an error): due, which the
--- reaper and the held jobs a freed slot lets go write, and the dead set any park writes (one
--- ZCARD each per call). A key edited into another type refuses the claim whole (CorruptKey,
--- which a worker backs off from): nothing half-reaped. (`err`, not a new local: the main
--- function is at Lua's 200 active locals.)
-err = zset_err(prefix, 'due') or dead_err(prefix)
-if err then return err end
 local parked = 0
-for i = 1, #lapsed, 2 do
-  local id = lapsed[i]
-  local until_ms = score_ms(lapsed[i + 1])
-  local jk = job_key(prefix, id)
-  -- The lapse count (f[3]) and the flow fields (f[4] .. f[9]): the moves below need them,
-  -- read once here.
-  local f = redis.pcall('HMGET', jk, 'attempts', 'max_attempts', 'lapses', unpack(FLOW_READ))
-  if f.err then
-    park(id, jk, 'invalid job: not a hash', '')
-    parked = parked + 1
-  else
-    if not f[2] then
-      -- This layout's default budget is in the spec alone (first claim copies only another):
-      -- read from the record's head, not its payload.
-      local sp = job_spec(prefix, id, '0', true)
-      f[2] = sp and sp.max_attempts
-    end
-    local attempts = parse_int(f[1], 0, LIM.attempts)
-    local max_attempts = parse_int(f[2], 1, LIM.attempts)
-    local fl = FLOW_PLAIN
-    if f[4] or f[5] or f[7] then fl = flow_from(f, 4) end
-    if attempts ~= nil and max_attempts ~= nil and attempts >= max_attempts then
-      dead_letter(prefix, id, 'lease expired', now)
-      flow_release(prefix, id, now, fl)
-      flow_parent_ended(prefix, id, 'dead', now)
-      result_wake(prefix, id, 'dead', RESULT_WAKE_DEAD_TTL_MS)
+do
+  local lapsed = redis.pcall('ZRANGE', leased, '-inf', now, 'BYSCORE', 'LIMIT', 0, reap_limit,
+    'WITHSCORES')
+  if lapsed.err then return corrupt_err('leased', 'zset') end
+  -- Before the first write (Redis keeps a script's writes made before an error): due, which the
+  -- reaper and the held jobs a freed slot lets go write, and the dead set any park writes (one
+  -- ZCARD each per call). A key edited into another type refuses the claim whole (CorruptKey,
+  -- which a worker backs off from): nothing half-reaped.
+  local err = zset_err(prefix, 'due') or dead_err(prefix)
+  if err then return err end
+  for i = 1, #lapsed, 2 do
+    local id = lapsed[i]
+    local until_ms = score_ms(lapsed[i + 1])
+    local jk = job_key(prefix, id)
+    -- The lapse count (f[3]) and the flow fields (f[4] .. f[9]): the moves below need them,
+    -- read once here.
+    local f = redis.pcall('HMGET', jk, 'attempts', 'max_attempts', 'lapses', unpack(FLOW_READ))
+    if f.err then
+      park(id, jk, 'invalid job: not a hash', '')
       parked = parked + 1
     else
-      flow_to_due(prefix, id, until_ms, now, fl)
-      -- Counted with HSET of the strictly parsed value (HINCRBY would raise on a hand edit).
-      redis.call('HSET', jk, 'state', 'due', 'lapses', fmt((parse_int(f[3], 0, LIM.fence - 1)
-        or 0) + 1))
-      redis.call('HDEL', jk, 'worker')
+      if not f[2] then
+        -- This layout's default budget is in the spec alone (first claim copies only another):
+        -- read from the record's head, not its payload.
+        local sp = job_spec(prefix, id, '0', true)
+        f[2] = sp and sp.max_attempts
+      end
+      local attempts = parse_int(f[1], 0, LIM.attempts)
+      local max_attempts = parse_int(f[2], 1, LIM.attempts)
+      local fl = FLOW_PLAIN
+      if f[4] or f[5] or f[7] then fl = flow_from(f, 4) end
+      if attempts ~= nil and max_attempts ~= nil and attempts >= max_attempts then
+        dead_letter(prefix, id, 'lease expired', now)
+        flow_release(prefix, id, now, fl)
+        flow_parent_ended(prefix, id, 'dead', now)
+        result_wake(prefix, id, 'dead', RESULT_WAKE_DEAD_TTL_MS)
+        parked = parked + 1
+      else
+        flow_to_due(prefix, id, until_ms, now, fl)
+        -- Counted with HSET of the strictly parsed value (HINCRBY would raise on a hand edit).
+        redis.call('HSET', jk, 'state', 'due', 'lapses', fmt((parse_int(f[3], 0, LIM.fence - 1)
+          or 0) + 1))
+        redis.call('HDEL', jk, 'worker')
+      end
     end
   end
+  bump_stat(prefix, now, 'expired', #lapsed / 2)
 end
-bump_stat(prefix, now, 'expired', #lapsed / 2)
 
 -- A paused queue (queue_pause.lua) leases nothing; the reaper above still runs. A config key
 -- of another type (edited by hand) is no pause: doctor reports the key.
-local conf = redis.pcall('HMGET', prefix .. 'config', 'paused_ms', 'dead_max_age_ms',
-  'dead_max_count')
-if conf.err then conf = {} end
-local paused = conf[1] and true or false
-if paused then limit = 0 end
--- The opt-in dead-letter retention (lib/job.lua dead_trim) applied here too, not only when a
--- job is parked: a queue that stopped failing would keep its dead letters past their age.
-if conf[2] or conf[3] then
-  local zset = dead_zset(prefix, now)
-  if zset == prefix .. 'dead' then dead_trim(prefix, zset, now) end
+local paused
+do
+  local conf = redis.pcall('HMGET', prefix .. 'config', 'paused_ms', 'dead_max_age_ms',
+    'dead_max_count')
+  if conf.err then conf = {} end
+  paused = conf[1] and true or false
+  if paused then limit = 0 end
+  -- The opt-in dead-letter retention (lib/job.lua dead_trim) applied here too, not only when a
+  -- job is parked: a queue that stopped failing would keep its dead letters past their age.
+  if conf[2] or conf[3] then
+    local zset = dead_zset(prefix, now)
+    if zset == prefix .. 'dead' then dead_trim(prefix, zset, now) end
+  end
 end
 
 -- Parents' ends left for later (a parent of more waiting children than one script may reach:
@@ -333,17 +346,18 @@ flow_ending_step(prefix, now)
 --    run_at first; a job whose key or rate window is full is set aside, still due. With no flow
 --    in use this is the plain FIFO scan.
 local out = {}
-local n = 0
-local lease_until = now + lease_ms
-local took = {}
+local took = {}  -- the ids leased (#took: how many)
 local now_s = fmt(now)
-local isolated_key = prefix .. 'isolated'
 local suspect_taken = false  -- the suspect this call leased (its id)
 local skipped = {}  -- suspects left due: this worker holds one already
 -- When the suspect this worker holds was leased (its claimed_ms), and whether this call met a
 -- due job older than that: next_ms below.
 local held_since, met_older = nil, false
-if limit > 0 then
+-- A function, called once: its locals (the leasing's closures and state) are its own, not the
+-- main function's (above).
+local function lease_due()
+  local lease_until = now + lease_ms
+  local isolated_key = prefix .. 'isolated'
   flow_rate_due(prefix, now, limit)
   local leases = {}
   -- The reply's payload bytes are bounded too, not only its job count: a claim stops taking
@@ -351,7 +365,6 @@ if limit > 0 then
   -- is taken, so the first always is). 100 payloads of 512 KiB in one call held the server
   -- ~1 s (4 s of UTF-8 text) and made a 50 MiB reply. `cut`: a due job was left for the next
   -- claim, which the worker sends at once (next_ms: the due head, now).
-  -- (One table: the script's main function is at Lua's 200 active locals.)
   local payload_room = { left = 4194304, cut = false }
   -- The suspect this worker holds (isolated: worker -> job id) counts only while that job is
   -- still leased to it (a completed, failed or lapsed one frees the worker): read once, on the
@@ -503,7 +516,6 @@ if limit > 0 then
     took[#took + 1] = id
     leases[#leases + 1] = lease_until
     leases[#leases + 1] = id
-    n = n + 1
     if flowing then flow_leased(prefix, id, fl, now, lease_until, token) end
     pack_job(out, id, token, attempts, r)
     payload_room.left = payload_room.left - #r.payload
@@ -513,8 +525,8 @@ if limit > 0 then
   flow_rate_settle(now)  -- trims and expiry of the rate logs written above, once each
   -- Cut by bytes: more is due now, as after a full batch (below): another idle worker may take
   -- it.
-  if payload_room.cut then wake(wake_key) end
-  if n > 0 then
+  if payload_room.cut then wake(KEYS[5]) end
+  if #took > 0 then
     call_chunked('ZREM', due, took)
     call_chunked('ZADD', leased, leases)
   end
@@ -536,69 +548,71 @@ if limit > 0 then
     redis.pcall('PEXPIRE', isolated_key, 86400000)  -- and once no suspect is taken, all go
     -- Suspects left due: another idle worker may take one. Only a call that took one pushes
     -- this, so workers that each hold one do not wake each other in turn.
-    if #skipped > 0 then wake(wake_key) end
+    if #skipped > 0 then wake(KEYS[5]) end
   end
 end
+if limit > 0 then lease_due() end
 bump_stat(prefix, now, 'dead', parked)
-bump_stat(prefix, now, 'claim', n)
+bump_stat(prefix, now, 'claim', #took)
 record_lateness(prefix, now, out)  -- per call: the minute's start lateness (lib/lateness.lua)
 
 local next_ms = -1
--- The due head, past the suspects this worker may not take: they are no reason for it to come
--- back before its own suspect's lease ends (the leased head below bounds that wait), else an
--- idle worker would claim in a loop. Among the first #skipped + 1 the first other one is it.
-local dh = paused and {} or redis.call('ZRANGE', due, 0, #skipped, 'WITHSCORES')
-if #skipped > 0 and n == 0 then
-  -- Nothing this worker may take within the scan's budget (suspects all of it, e.g. after a
-  -- fleet crashed twice): the due head is no reason to come back, else every claim would be
-  -- answered "due now" at once.
-  dh = {}
-  -- Unless its scan moved suspects due before it took its own and jobs due before then are
-  -- left: those its scans have not met since (a skipped suspect's new score is later), maybe
-  -- plain ones: it comes back at once. Each such call moves a scan's worth out of that span
-  -- and none come in, so this ends; a scan that met none (all since) sleeps as below.
-  if met_older then
-    local h = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
-    if h[2] and score_ms(h[2]) < held_since then dh = h end
+do
+  -- The due head, past the suspects this worker may not take: they are no reason for it to come
+  -- back before its own suspect's lease ends (the leased head below bounds that wait), else an
+  -- idle worker would claim in a loop. Among the first #skipped + 1 the first other one is it.
+  local dh = paused and {} or redis.call('ZRANGE', due, 0, #skipped, 'WITHSCORES')
+  if #skipped > 0 and #took == 0 then
+    -- Nothing this worker may take within the scan's budget (suspects all of it, e.g. after a
+    -- fleet crashed twice): the due head is no reason to come back, else every claim would be
+    -- answered "due now" at once.
+    dh = {}
+    -- Unless its scan moved suspects due before it took its own and jobs due before then are
+    -- left: those its scans have not met since (a skipped suspect's new score is later), maybe
+    -- plain ones: it comes back at once. Each such call moves a scan's worth out of that span
+    -- and none come in, so this ends; a scan that met none (all since) sleeps as below.
+    if met_older then
+      local h = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+      if h[2] and score_ms(h[2]) < held_since then dh = h end
+    end
+    if not dh[2] then
+      -- A job enqueued due now behind a suspect this worker may not take gets no wake-up
+      -- (enqueue.lua wakes for a job due before the head, here overdue;
+      -- tests/test_review_time_inputs.py): the worker comes back this soon at most, one claim a
+      -- second while it holds a suspect and skips others.
+      local SUSPECT_POLL_MS = 1000
+      next_ms = now + SUSPECT_POLL_MS
+      -- Or sooner, at the first job due after now (a skipped suspect is scored now at most: no
+      -- claim loop).
+      dh = redis.call('ZRANGE', due, '(' .. now_s, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+    end
+  elseif #skipped > 0 then
+    local skip = {}
+    for i = 1, #skipped do skip[skipped[i]] = true end
+    local k = 1
+    while dh[k] and skip[dh[k]] do k = k + 2 end
+    dh = { dh[k], dh[k + 1] }
   end
-  if not dh[2] then
-    -- A job enqueued due now behind a suspect this worker may not take gets no wake-up
-    -- (enqueue.lua wakes for a job due before the head, here overdue;
-    -- tests/test_review_time_inputs.py): the worker comes back this soon at most, one claim a
-    -- second while it holds a suspect and skips others. (A local of this block: the script's
-    -- main function is at Lua's 200 active locals.)
-    local SUSPECT_POLL_MS = 1000
-    next_ms = now + SUSPECT_POLL_MS
-    -- Or sooner, at the first job due after now (a skipped suspect is scored now at most: no
-    -- claim loop).
-    dh = redis.call('ZRANGE', due, '(' .. now_s, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-  end
-elseif #skipped > 0 then
-  local skip = {}
-  for _, id in ipairs(skipped) do skip[id] = true end
-  local k = 1
-  while dh[k] and skip[dh[k]] do k = k + 2 end
-  dh = { dh[k], dh[k + 1] }
+  if dh[2] and (next_ms == -1 or score_ms(dh[2]) < next_ms) then next_ms = score_ms(dh[2]) end
+  -- A full batch means more may be waiting: pass the wake-up on to another idle worker, also
+  -- for a job due soon (that worker planned its sleep before this call). Due later than the
+  -- workers' idle safety net (scheduler/worker/settings.py _MAX_IDLE_SLEEP_S), its next claim
+  -- sees it anyway.
+  if limit > 0 and #took == limit and next_ms ~= -1 and next_ms <= now + 30000 then wake(KEYS[5]) end
+  local lh = redis.call('ZRANGE', leased, 0, 0, 'WITHSCORES')
+  if lh[2] and (next_ms == -1 or score_ms(lh[2]) < next_ms) then next_ms = score_ms(lh[2]) end
+  -- A rate-limited job's next slot: the worker sleeps until then instead of polling.
+  local slot = not paused and flow_next_slot(prefix)
+  if slot and (next_ms == -1 or slot < next_ms) then next_ms = slot end
 end
-if dh[2] and (next_ms == -1 or score_ms(dh[2]) < next_ms) then next_ms = score_ms(dh[2]) end
--- A full batch means more may be waiting: pass the wake-up on to another idle worker, also
--- for a job due soon (that worker planned its sleep before this call). Due later than the
--- workers' idle safety net (scheduler/worker/settings.py _MAX_IDLE_SLEEP_S), its next claim
--- sees it anyway.
-if limit > 0 and n == limit and next_ms ~= -1 and next_ms <= now + 30000 then wake(wake_key) end
-local lh = redis.call('ZRANGE', leased, 0, 0, 'WITHSCORES')
-if lh[2] and (next_ms == -1 or score_ms(lh[2]) < next_ms) then next_ms = score_ms(lh[2]) end
--- A rate-limited job's next slot: the worker sleeps until then instead of polling.
-local slot = not paused and flow_next_slot(prefix)
-if slot and (next_ms == -1 or slot < next_ms) then next_ms = slot end
 
-if n > 0 then
+if #took > 0 then
   -- Only the ids are kept for a replay: the rest is re-read (and re-checked) from the hashes then.
   redis.call('SET', replay_key, now_s .. ' ' .. fmt(next_ms) .. ' ' .. table.concat(took, ' '),
     'PX', lease_ms)
 end
-local reply = { now_s, fmt(next_ms), n }
-for _, v in ipairs(out) do reply[#reply + 1] = v end
+local reply = { now_s, fmt(next_ms), #took }
+for i = 1, #out do reply[#reply + 1] = out[i] end
 -- Trailing flag: schedules wait for the client to refill their cron buffers (lib/rearm.lua).
 reply[#reply + 1] = scard_or_0(sched_refill_key(prefix))
 -- Then the suspect this call leased: the worker claims again when it ends.
