@@ -1,6 +1,6 @@
 --[[ complete: record success for leases the caller holds, many in one call.
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, finished
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, config, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>, finished
   ARGV[1] result_ttl_ms   how long the outcome record (state, result, finished_ms) is kept, and
     the result wake-up `result:<id>` (lib/result.lua) that Queue.result() waits on, unless the
     job was enqueued with its own (hash field result_ttl_ms, copied from its spec at claim);

@@ -1,7 +1,7 @@
 --[[ counts: how many jobs are in each place, by server time (read only, but for one bounded
   step of converting an old dead LIST, lib/job.lua).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, dead:migrating, config, flow:rheld, flow:held, flow:waiting, moving
+  Keys from the prefix (lua/README.md): job:<id>, dead:migrating, config, flow:rheld, flow:held, flow:waiting, moving
   Returns: {now_ms, due_now (with the flow:held ones), scheduled_later, leased, dead, oldest_due_run_at_ms or -1,
     leases_lapsed, held_by_key_limit, held_by_rate_window, held_waiting_for_parents,
     paused_ms (queue_pause.lua; 0 when the stored value is not a time, -1 when not paused),

@@ -9,7 +9,7 @@
   naming a schedule that is not its pending occurrence (lib/rearm.lua sched_rearm: nothing is
   re-armed); pause and remove leave it (it is withdrawn by cancelling it, by id).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, stats:<minute>, schedule:<name>, schedules:refill, dead:migrating, config, partitions, result:<id>, result_wait:<id>, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:held, flow:waiting, flow:children:<id>, flow:ending, flow:ending:<word>:<id>
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, config, partitions, flow:levels, flow:pdue:<p>
   ARGV[1] name  ARGV[2] the job's id (made by the client, so a re-sent call finds it; not a
     `schedule:` id: those are the occurrences')
   Returns: {status, id or ''}: 'created' | 'exists' (a job with that id is there already, e.g.
