@@ -51,10 +51,11 @@ end
 -- A job never claimed has no hash yet: its spec and its place in due say it waits.
 local fresh = not state
 local pin = false  -- a never-claimed job's run time (its due score), written down below
+local spec = false  -- its spec's fields, read from the record's head (no payload)
 if fresh and in_due and redis.call('EXISTS', spec_key(prefix, id)) == 1 then
   pin = fmt(tonumber(in_due))
   state = 'due'
-  local spec = job_spec(prefix, id, in_due)
+  spec = job_spec(prefix, id, in_due, true)
   if spec then own_ttl = spec.result_ttl_ms end
 end
 if not state then return 'missing' end
@@ -88,7 +89,13 @@ flow_forget(prefix, id, now)
 flow_parent_ended(prefix, id, 'cancelled', now)
 redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', fmt(now))
 if fresh then redis.call('HSET', jk, 'attempts', '0') else redis.call('HDEL', jk, 'worker') end
-if pin then pin_unclaimed(prefix, id, jk, pin) end
+if pin then
+  -- Its run time and enqueue time written down, as lib/job.lua pin_unclaimed does for a parked
+  -- job, which may be claimed again; a cancelled one is not: its record (the payload with it)
+  -- is not read whole and written back for it, its hash holds enqueued_ms (as a claimed job's).
+  if spec then redis.call('HSET', jk, 'enqueued_ms', spec.enqueued_ms) end
+  if redis.call('HEXISTS', jk, 'run_at_ms') == 0 then redis.call('HSET', jk, 'run_at_ms', pin) end
+end
 job_expire(prefix, id, ttl)
 result_wake(prefix, id, 'cancelled', ttl)
 finished_add(prefix, now, { now + ttl, id })

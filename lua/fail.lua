@@ -53,9 +53,10 @@ local jk = job_key(prefix, id)
 local fl = FLOW_PLAIN
 if f[9] or f[10] or f[11] then fl = flow_rest(jk, f[9], f[10], f[11]) end
 -- Read strictly (claim checked them when it leased the job; a later hand edit counts as 1).
--- A job of this version's layout keeps backoff and a default max_attempts in the spec.
+-- A job of this version's layout keeps backoff and a default max_attempts in the spec: read
+-- from its head, with the flags (the start deadline); a retry or a park leaves the payload there.
 local sp = false
-if not f[7] or not f[8] then sp = job_spec(prefix, id, '0') end
+if not f[7] or not f[8] then sp = job_spec(prefix, id, '0', true) end
 local attempts = parse_int(f[6], 0, LIM.attempts) or 1
 local max_attempts = parse_int(f[7] or (sp and sp.max_attempts), 1, LIM.attempts) or 1
 local parks = retryable ~= '1' or attempts >= max_attempts

@@ -65,11 +65,13 @@ end
 -- field edited by hand to be long, no record, a key of another type: the same answers).
 local function job_spec(prefix, id, run_at_s, head)
   if head then
-    local text = redis.pcall('GETRANGE', spec_key(prefix, id), 0, 1023)
-    local fields = type(text) == 'string'
-      and string.match(text, '^2|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|')
-    if fields then
-      local sp = read_spec(fields, run_at_s)
+    -- The bounds as text: a Lua number argument is formatted (%.17g) at each call.
+    local text = redis.pcall('GETRANGE', spec_key(prefix, id), '0', '1023')
+    -- A record shorter than the head is whole (one match, as a GET's: fail's small jobs).
+    local fields = type(text) == 'string' and text ~= '' and (#text < 1024 and text
+      or string.match(text, '^2|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|'))
+    local sp = fields and read_spec(fields, run_at_s)
+    if sp then
       sp.payload = nil
       return sp
     end
@@ -82,11 +84,19 @@ end
 
 -- Before a pending job's due score moves (reschedule): a spec record that leaves enqueued_ms
 -- out reads it as that score, so write the current one in. A record that cannot be read is
--- left as it is (claim parks it).
+-- left as it is (claim parks it). Its head is read first (GETRANGE, as job_spec's): a record
+-- that fits in it is whole, a longer one is read whole only to be written back (a parent's
+-- park pins each waiting child: a GET copied each 512 KiB payload to find it pinned).
 local function spec_pin_enqueued(prefix, id, run_at_s)
   local sk = spec_key(prefix, id)
-  local text = redis.pcall('GET', sk)
+  local text = redis.pcall('GETRANGE', sk, '0', '1023')
   if type(text) ~= 'string' then return end
+  if #text == 1024 then
+    local enq = string.match(text, '^2|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)|')
+    if enq and enq ~= '' then return end
+    text = redis.pcall('GET', sk)
+    if type(text) ~= 'string' then return end
+  end
   local head, enq, tail = string.match(text, '^(2|[^|]*|[^|]*|[^|]*|[^|]*|)([^|]*)(|.*)$')
   if head and enq == '' then redis.call('SET', sk, head .. run_at_s .. tail, 'KEEPTTL') end
 end
