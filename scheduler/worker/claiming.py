@@ -14,6 +14,7 @@ from scheduler.core.models import ClaimBatch
 from scheduler.worker.core import _Deadline, _Queue, _within
 from scheduler.worker.dispatch import Dispatch
 from scheduler.worker.execution import RetryDelay, Running, retry_at_stop
+from scheduler.worker.payload_decode import STEP_CHARS
 from scheduler.worker.registry import JobContext
 from scheduler.worker.reporting import Reporting
 from scheduler.worker.self_stop import SelfStop
@@ -160,9 +161,11 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
             await self._idle_wait(sleep_s)
 
     def _take(self, queue: str, batch: ClaimBatch, t_sent: float, resent: bool = False) -> None:
-        # One clock read and one log-level check per batch: its jobs start in this call.
+        # One clock read and one log-level check per batch: its jobs start in this call, which
+        # decodes at most STEP_CHARS of their payloads (the rest off the loop: payload_decode).
         now_s = time.monotonic()
         log = self.log.isEnabledFor(logging.INFO)
+        self._decode_left = STEP_CHARS
         if batch.suspect is not None:
             if any(u[0] == batch.suspect for u in batch.unreadable):
                 self._due_soon(queue)  # failed below, never started: that is its end

@@ -4,7 +4,6 @@ the abandoned-thread cap, and the rule that a job never runs twice at once in on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -12,8 +11,9 @@ from typing import Any
 
 from scheduler.core.errors import UnknownTask
 from scheduler.core.models import ClaimedJob
-from scheduler.worker import failures, task_exits
+from scheduler.worker import failures, payload_decode, task_exits
 from scheduler.worker.execution import Running, _Slot
+from scheduler.worker.payload_decode import OFF_LOOP_CHARS, STEP_CHARS, Undecodable, Undecoded
 from scheduler.worker.payloads import PayloadMisfit, load_stored
 from scheduler.worker.registry import JobContext
 from scheduler.worker.settings import _LEASE_MARGIN_S
@@ -29,6 +29,7 @@ class Dispatch(Starting):
     # Set only while a handler slot reports the run that just ended: _run hands it the next.
     _free_slot: _Slot | None = None
     _quota_met = False  # self_stop.SelfStop's: max_jobs or max_memory_mb reached
+    _decode_left = STEP_CHARS  # of the claim being started (Claiming._take resets it)
 
     def _start(
         self,
@@ -69,10 +70,16 @@ class Dispatch(Starting):
             err = UnknownTask(failures.unknown_task_text(job.task, self.registry.names()))
             self._queue_fail(r, ("UnknownTask", str(err), ""), retryable=True)
             return
+        text = job.payload_json
+        n = len(text)
         try:
-            payload = load_stored(job.payload_json)
+            if n < OFF_LOOP_CHARS and n <= self._decode_left:
+                self._decode_left -= n
+                payload = load_stored(text)
+            else:  # as its run starts, off the loop (payload_decode.py)
+                payload = Undecoded(text)
         except (ValueError, RecursionError) as exc:  # never anything but JSON (a pickle)
-            msg = f"payload is not valid JSON ({exc}); it was not decoded further"
+            msg = payload_decode.not_json(exc)
             self._queue_fail(r, ("InvalidPayload", msg, ""), retryable=False)
             return
         r.payload = payload
@@ -111,20 +118,7 @@ class Dispatch(Starting):
             else:
                 r.task = loop.create_task(self._run_async(r))
         else:
-            fn = spec.fn
-
-            def call() -> None:
-                try:
-                    result = fn(payload, ctx)
-                    if result is not None:  # here: an outsized one holds no other job's beat
-                        result = failures.encoded_result(result)
-                except BaseException as exc:
-                    out: tuple[Any, BaseException | None] = (None, exc)
-                else:
-                    out = (result, None)
-                with contextlib.suppress(RuntimeError):  # the loop is gone: we exited
-                    loop.call_soon_threadsafe(self._thread_done, r, *out)
-
+            call = payload_decode.in_thread(spec.fn, payload, ctx, loop, self._thread_done, r)
             try:
                 self._threads.submit(call)
             except Exception as exc:  # no thread could start (a pids limit): not the job's fault
@@ -163,6 +157,8 @@ class Dispatch(Starting):
                     # A Task per job let the loop run between any two jobs; handlers that never
                     # suspend would otherwise run the whole backlog in one step.
                     await asyncio.sleep(0)
+                if type(r.payload) is Undecoded:  # a large one (payload_decode.py)
+                    r.payload = await r.payload.off_loop()
                 result = await r.spec.fn(r.payload, r.ctx)
             except asyncio.CancelledError as exc:
                 if r.finished:  # we cancelled it (lease lost, timeout, shutdown)
@@ -246,7 +242,7 @@ class Dispatch(Starting):
             return  # stopped earlier: its outcome is not ours to report
         try:
             if exc is None:
-                if result is not None:  # a sync handler's was, in its thread (_run)
+                if result is not None:  # a sync handler's was, in its thread (in_thread)
                     result = failures.encoded_result(result)
                 if type(result) is not failures.BadResult:
                     self._end(r)
@@ -254,6 +250,10 @@ class Dispatch(Starting):
                     self._report.set()
                     return
                 err, retryable = ("InvalidResult", result.why, ""), False
+            elif type(exc) is Undecodable:  # decoded off the loop: parked as at claim, unrun
+                if self.running.get(key := (r.queue, r.job.id)) is r:
+                    del self.running[key]  # so _end measures no run time
+                err, retryable = ("InvalidPayload", str(exc), ""), False
             else:  # read before _end: an error that cannot be described must still be sent
                 err, retryable, r.retry_delay_ms = failures.failure_of(exc, r.spec)
                 if self.registry.outcome_hooks and type(exc) is not PayloadMisfit:
