@@ -214,13 +214,15 @@ def test_a_large_payload_that_misfits_its_payload_type_is_parked_at_once(
     assert max(on.sizes) < OFF_LOOP_CHARS  # the misfit's: decoded off the loop, then refused
 
 
-def test_an_undecoded_payload_is_decoded_on_the_loop_when_no_thread_can_start() -> None:
+def test_an_undecoded_payload_is_decoded_on_the_loop_when_no_thread_can_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def no_thread(*_: Any) -> Any:
         raise RuntimeError("can't start new thread")
 
     loop = asyncio.new_event_loop()
     try:
-        loop.run_in_executor = no_thread  # type: ignore[method-assign]
+        monkeypatch.setattr(loop, "run_in_executor", no_thread)
         assert loop.run_until_complete(Undecoded('{"a": [1]}').off_loop()) == {"a": [1]}
         with pytest.raises(Undecodable) as bad:
             loop.run_until_complete(Undecoded("[Infinity]").off_loop())
