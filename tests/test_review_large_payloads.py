@@ -312,12 +312,6 @@ def test_queue_move_takes_big_jobs_in_steps_bounded_by_bytes(
 # --- the worker --------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the worker json-decodes every payload of a claimed batch on its event loop in one "
-    "step (dispatch._prepare): 8 MiB here; a batch of 100 structured 512 KB payloads stalled "
-    "the loop 2.8 s, past a 3 s lease once the claim's own 1.4 s is counted",
-)
 def test_a_worker_decodes_a_bounded_amount_of_payload_per_turn_of_its_loop(
     q: Queue, server: RedisProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
