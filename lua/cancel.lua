@@ -7,7 +7,8 @@
     its id is in the finished index as long)
   A schedule's pending occurrence is replaced by the schedule's next one, under its misfire
   policy (a late one: the missed runs the policy runs still run). A job set aside by
-  flow control (flow:held) is cancelled as a due one.
+  flow control (flow:held) is cancelled as a due one. A cancelled job's payload is dropped,
+  as a done one's is, unless it asked keep_payload (its spec record keeps the fields before it).
   Returns: the state before the call, in the words of docs/glossary.md and `jobs list --state`:
     'due' (waiting, run_at reached) | 'scheduled' (waiting, run_at later) | 'held' (set aside by
     flow control: parents not done, a concurrency key full, a rate window) | 'leased' (now
@@ -31,7 +32,8 @@ local id = ARGV[1]
 local ttl, err = int_arg(ARGV[2], 'record_ttl_ms', 1, LIM.ttl_ms)
 if err then return err end
 local jk = job_key(prefix, id)
-local state, kids, own_ttl = unpack(redis.call('HMGET', jk, 'state', 'kids', 'result_ttl_ms'))
+local state, kids, own_ttl, kept = unpack(redis.call('HMGET', jk, 'state', 'kids',
+  'result_ttl_ms', 'keep_payload'))
 -- A job set aside by flow control (lib/flow.lua) is due too, only not in the due set. A
 -- flow:held of another type (edited by hand) holds nothing.
 local in_due = redis.pcall('ZSCORE', due, id)
@@ -89,10 +91,19 @@ flow_forget(prefix, id, now)
 flow_parent_ended(prefix, id, 'cancelled', now)
 redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', fmt(now))
 if fresh then redis.call('HSET', jk, 'attempts', '0') else redis.call('HDEL', jk, 'worker') end
+-- Finished, as a done job is: its payload goes unless it asked to keep it (complete's lean
+-- record). Nothing reads it again: no requeue, rerun or move takes a cancelled job. The spec
+-- record's head stays (status, get_job, the retention); a job with no spec (a schedule's run,
+-- an older version's) has its payload in its hash.
+if kept ~= '1' then
+  redis.call('HDEL', jk, 'payload')
+  spec_drop_payload(prefix, id)
+end
 if pin then
   -- Its run time and enqueue time written down, as lib/job.lua pin_unclaimed does for a parked
-  -- job, which may be claimed again; a cancelled one is not: its record (the payload with it)
-  -- is not read whole and written back for it, its hash holds enqueued_ms (as a claimed job's).
+  -- job, which may be claimed again; a cancelled one is not: its record (a kept payload with
+  -- it) is not read whole and written back for it, its hash holds enqueued_ms (as a claimed
+  -- job's).
   if spec then redis.call('HSET', jk, 'enqueued_ms', spec.enqueued_ms) end
   if redis.call('HEXISTS', jk, 'run_at_ms') == 0 then redis.call('HSET', jk, 'run_at_ms', pin) end
 end

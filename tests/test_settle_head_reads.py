@@ -1,13 +1,15 @@
-"""fail.lua and cancel.lua read a job's spec record from its head (a review of the settling
-paths with 512 KiB payloads).
+"""fail.lua and cancel.lua read a job's spec record from its head, and a cancelled job drops its
+payload (a review of the settling paths with 512 KiB payloads).
 
 The record is `2|task|max_attempts|backoff|timeout_ms|enqueued_ms|result_ttl_ms|flags|payload`
 (lua/lib/job.lua). fail needs the budget, the backoff and the start deadline, cancel the
-retention: all before the payload. Each GET of the record copied the whole payload into the
-script to read those few bytes (fail of a job keeping the default max_attempts or backoff,
-which stay in the record only; cancel of a job never claimed, read twice: its fields, then to
-pin its enqueued_ms). A retry re-arms the job and a park keeps it where it is: neither copies
-the payload, which stays in the record.
+retention and the flags: all before the payload. Each GET of the record copied the whole
+payload into the script to read those few bytes (fail of a job keeping the default
+max_attempts or backoff, which stay in the record only; cancel of a job never claimed, read
+twice: its fields, then to pin its enqueued_ms). A retry re-arms the job and a park keeps it
+where it is: neither copies the payload, which stays in the record. A cancelled job is finished,
+as a done one is: nothing runs or requeues it, so its payload goes unless it asked
+`keep_payload=True` (the record's head stays: status, get_job, its retention).
 
 Script calls are read from SLOWLOG as tests/test_review_large_payloads.py reads them."""
 
@@ -24,6 +26,8 @@ from scheduler import JobSpec, Queue
 from scheduler.core.connection import connect
 from tests.redis_server import RedisProcess
 from tests.test_review_large_payloads import BIG, Entry, calls, logged
+
+SPEC_HEAD_BYTES = 1024  # lua/lib/job.lua job_spec's head read
 
 
 @pytest.fixture
@@ -142,21 +146,25 @@ def _retrying(q: Queue) -> str:
     [(_due, "due"), (_scheduled, "scheduled"), (_leased, "leased"), (_retrying, "scheduled")],
     ids=["due", "scheduled", "leased", "retrying"],
 )
-def test_cancel_reads_no_payload(
+def test_cancel_reads_no_payload_and_drops_it(
     raw: redis.Redis, q: Queue, make: Callable[[Queue], str], was: str
 ) -> None:
     jid = make(q)
     before = q.get_job(jid)
     assert cancel_of(raw, q, jid) == was
     job = q.get_job(jid)
-    assert (job.state, job.task, job.payload()) == ("cancelled", "sh.big", BIG)
+    assert (job.state, job.task, job.payload_json) == ("cancelled", "sh.big", "")
+    # The record's head stays, its payload gone, and both expire with the record.
+    spec = raw.get(q.keys.spec(jid))
+    assert isinstance(spec, bytes) and len(spec) < SPEC_HEAD_BYTES and spec.endswith(b"|")
+    assert raw.pttl(q.keys.spec(jid)) > 0 and raw.pttl(q.keys.job(jid)) > 0
     # What status and `jobs show` read of it is as it was.
     for name in ("run_at_ms", "enqueued_ms", "max_attempts", "backoff", "timeout_ms"):
         assert job.fields.get(name) == before.fields.get(name), name
     assert q.status(jid) == "cancelled"
 
 
-def test_cancel_of_a_job_keeping_its_payload_reads_none(raw: redis.Redis, q: Queue) -> None:
+def test_cancel_keeps_a_payload_the_job_asked_to_keep(raw: redis.Redis, q: Queue) -> None:
     leased = q.enqueue("sh.big", BIG, keep_payload=True)
     claim_one(q, leased)
     waiting = q.enqueue("sh.big", BIG, keep_payload=True, delay_ms=3_600_000)
@@ -167,6 +175,16 @@ def test_cancel_of_a_job_keeping_its_payload_reads_none(raw: redis.Redis, q: Que
     for jid in (leased, waiting, due):
         job = q.get_job(jid)
         assert (job.state, job.payload()) == ("cancelled", BIG)
+
+
+def test_cancel_drops_a_schedule_runs_payload_from_its_hash(raw: redis.Redis, q: Queue) -> None:
+    """A schedule's run is a hash alone (no spec record): its payload field goes."""
+    q.schedule("sh-s", "sh.small", {"x": 1}, every_ms=3_600_000)
+    (run,) = [i.decode() for i in raw.zrange(q.keys.due, 0, -1) if isinstance(i, bytes)]
+    assert q.get_job(run).payload() == {"x": 1}
+    assert q.cancel(run) == "scheduled"
+    job = q.get_job(run)
+    assert (job.state, job.task, "payload" in job.fields) == ("cancelled", "sh.small", False)
 
 
 def test_a_cancelled_parents_waiting_child_keeps_its_payload(raw: redis.Redis, q: Queue) -> None:

@@ -119,6 +119,19 @@ local function spec_flags(flags)
   return keep == 'k', parse_int(deadline, 0, LIM.time_ms)
 end
 
+-- A cancelled job's spec record without its payload: nothing runs or requeues a cancelled job,
+-- and a done one drops its payload too (complete.lua deletes its record). The fields before it
+-- stay: status, get_job and the retention (result_ttl_ms, doctor) read them. Read from the
+-- record's head (GETRANGE): a payload the job keeps (flags 'k') stays, and so does a record
+-- whose head is not there (none, edited by hand, a key of another type).
+local function spec_drop_payload(prefix, id)
+  local sk = spec_key(prefix, id)
+  local text = redis.pcall('GETRANGE', sk, '0', '1023')
+  if type(text) ~= 'string' then return end
+  local head, flags = string.match(text, '^(2|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)|)')
+  if head and not spec_flags(flags) then redis.call('SET', sk, head, 'KEEPTTL') end
+end
+
 -- A pending job's spec record with its start deadline changed: shifted by `delta_ms` (a
 -- reschedule moves the deadline with the run time, so the job keeps its window), or dropped
 -- (delta_ms nil: a requeue from dead, whose deadline is what parked it). A record without one,
