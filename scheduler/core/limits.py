@@ -71,6 +71,13 @@ ENQUEUE_PER_CALL = 1_000
 # the parents its children list (lua/requeue_dead.lua LINKS_PER_CALL; the rest: next calls).
 ENQUEUE_WORK_PER_CALL = 2 * ENQUEUE_PER_CALL
 REQUEUE_LINKS_PER_CALL = 1_000
+# Bytes bound an enqueue call too (a payload may be 512 KiB; 100 of them were one call of
+# 195 ms): enqueue_many, like the asyncio batcher, closes a call before the job that would take
+# its fields (UTF-8) past ENQUEUE_BYTES_PER_CALL, unless a later job names one of the call's
+# (a chain stays one call whatever its size; one job over it goes alone). A call runs ~4 ms
+# per MiB (64 KiB or 512 KiB payloads alike): 1 MiB holds the server ~4 ms, as long as the
+# batcher's calls, and a split costs one script prologue (~8 us) per extra call.
+ENQUEUE_BYTES_PER_CALL = 1 << 20
 # lua/lib/flow.lua, per script: waiting children a parent's end reaches (FLOW_END_STEP; 500
 # held it 40-61 ms), a key's lapsed leases checked and its held jobs promoted (FLOW_CK_STEP,
 # FLOW_PROMOTE_STEP; 1,000 of each 69-99 ms); jobs one claim sets aside or parks, at most

@@ -11,8 +11,8 @@ from redis.exceptions import ResponseError
 from scheduler.core import codec
 from scheduler.core.backoff import Backoff
 from scheduler.core.errors import BadArgument, NewerStorage, NotDurable, SchedulerError
-from scheduler.core.limits import ENQUEUE_PER_CALL, ENQUEUE_WORK_PER_CALL
 from scheduler.core.models import JobSpec
+from scheduler.operations.enqueue_calls import enqueue_calls
 from scheduler.operations.requests import Op, OpsBase, Script, ScriptPipeline
 
 
@@ -103,7 +103,7 @@ class ProducingOps(OpsBase):
         if not specs:  # nothing to store: no call (under wait_replicas a lone WAIT and a mark)
             return []
         st = self.settings
-        batches, in_turn = _calls(specs, batch_size, st.max_payload_bytes)
+        batches, in_turn = enqueue_calls(specs, batch_size, st.max_payload_bytes)
         wait = (st.wait_replicas, st.wait_timeout_ms) if st.wait_replicas > 0 else None
         # A parent in an earlier call: calls one at a time (a pipeline's order does not survive
         # a racing SCRIPT LOAD), each naming the job a reply gave for a parent whose key was taken.
@@ -190,33 +190,6 @@ def _check_debounced(specs: list[Any]) -> None:
                 "of the call with that key"
             )
         seen.add(k)
-
-
-def _calls(specs: list[Any], size: int, payload_max: int) -> tuple[list[list[str]], bool]:
-    """Each script call's arguments, every job checked first, and whether a job names a job of
-    an earlier call. A call holds every client of the server: at most `size` (batch_size),
-    ENQUEUE_PER_CALL jobs and ENQUEUE_WORK_PER_CALL jobs + parents."""
-    size, calls, work, in_turn = min(size, ENQUEUE_PER_CALL), list[list[str]](), 0, False
-    call_of: dict[str, int] = {}  # id -> the first call naming it
-    for spec in specs:
-        fields = codec.enqueue_args([spec], payload_max)[1:]
-        parents = _parents(fields[-1])
-        cost = 1 + len(parents)  # each parent is read and linked: core/limits.py
-        if not calls or calls[-1][0] == str(size) or work + cost > ENQUEUE_WORK_PER_CALL:
-            calls.append(["0"])
-            work = 0
-        k = len(calls) - 1
-        in_turn = in_turn or any(call_of.get(p, k) < k for p in parents)
-        call_of.setdefault(fields[0], k)
-        calls[-1][0] = str(int(calls[-1][0]) + 1)
-        calls[-1].extend(fields)
-        work += cost
-    return calls, in_turn
-
-
-def _parents(flow: str) -> list[str]:
-    # The flow field ends with the parents, space-separated (core/flow.py flow_field).
-    return flow.rsplit("|", 1)[1].split() if flow else []
 
 
 def _with_parents_renamed(
