@@ -360,12 +360,6 @@ def test_a_sync_handler_past_its_timeout_is_abandoned_its_slot_freed_its_late_re
     run_with_worker(module_server.url, settings_for(rq, concurrency=1), steps, lines)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ctx.raise_if_stopped() raises LeaseExpired('timeout ...') "
-    "for a run stopped by its timeout (and for a shutdown): LeaseExpired says the "
-    "lease lapsed and the job may run elsewhere (scheduler/worker/context.py:108)",
-)
 def test_a_sync_handler_asking_raise_if_stopped_after_its_timeout_is_told_it_timed_out(
     module_server: RedisProcess, rq: Queue
 ) -> None:
@@ -443,14 +437,6 @@ def test_swallowed_timeouts_at_the_abandoned_cap_pause_claims_and_say_so(
     run_with_worker(module_server.url, capped, steps, lines)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler_abandoned_threads' help says 'Sync handler threads' "
-    "(scheduler/worker/metrics.py:161), --max-abandoned-threads' help 'Timed-out sync "
-    "handlers' (scheduler/cli/worker.py:123), WorkerSettings' doc 'sync handlers' "
-    "(scheduler/worker/settings.py:54), but all count async handlers that swallowed their "
-    "cancellation too (scheduler/worker/dispatch.py:283, _stop)",
-)
 def test_the_abandoned_gauge_and_option_describe_what_they_count(
     module_server: RedisProcess, rq: Queue
 ) -> None:

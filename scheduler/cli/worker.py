@@ -120,8 +120,8 @@ def register(main: click.Group) -> None:
     "--max-abandoned-threads",
     type=int,
     default=None,
-    help="Timed-out sync handlers still running (a thread cannot be killed) before the worker "
-    "stops claiming until one ends (default: 2x --concurrency).",
+    help="Stopped handlers still running (a thread cannot be killed; an async task may ignore "
+    "its cancel) before the worker stops claiming until one ends (default: 2x --concurrency).",
 )
 @click.option(
     "--result-ttl-ms",

@@ -95,6 +95,17 @@ class LeaseExpired(LeaseRefused):
     """The lease lapsed before the call; the job may be running elsewhere."""
 
 
+class RunStopped(LeaseRefused):
+    """ctx.raise_if_stopped(): this worker stopped the run itself (it is shutting down: the job
+    is given back or failed by the worker), the lease held to the end; the job does not run
+    elsewhere meanwhile. A timeout is its subclass JobTimeout."""
+
+
+class JobTimeout(RunStopped):
+    """ctx.raise_if_stopped(): the run passed its timeout_ms; the worker fails this attempt
+    (error type JobTimeout, retried after its backoff or parked), whatever the handler does."""
+
+
 class JobCancelled(LeaseRefused):
     """The job was cancelled: while this worker held it, or (from Queue.result(), token '')
     before it finished."""

@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.core.errors import JobCancelled, LeaseExpired
+from scheduler.core.errors import JobCancelled, JobTimeout, LeaseExpired, RunStopped
 from scheduler.core.progress import ProgressText, encode_progress
 
 # Stores a run's `stopped` Event once: one lock for every context (held for a check and a store
@@ -105,6 +105,11 @@ class JobContext:
             return
         if self.stop_reason == "cancelled":
             raise JobCancelled(self.job_id, self.token, "job was cancelled")
+        # LeaseExpired says another worker may run the job: true only of a lapsed lease.
+        if self.stop_reason == "timeout":
+            raise JobTimeout(self.job_id, self.token, "the run timed out")
+        if self.stop_reason == "shutdown":
+            raise RunStopped(self.job_id, self.token, "the worker is shutting down")
         raise LeaseExpired(self.job_id, self.token, self.stop_reason or "expired")
 
     def _stop(self, reason: str) -> bool:

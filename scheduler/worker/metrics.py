@@ -158,7 +158,8 @@ class WorkerMetrics:
         )
         self.abandoned_threads = Gauge(
             "scheduler_abandoned_threads",
-            "Sync handler threads stopped (timeout, lease expired) but still running",
+            "Handlers stopped (timeout, lease lost, cancel) but still running: sync threads, async"
+            " tasks that ignored their cancel",
             registry=r,
         )
         self.claim_paused = Gauge(

@@ -51,8 +51,9 @@ class WorkerSettings:
         reap_limit: most lapsed leases one claim reaps, in [0, 10,000]; the script reaps
             500 at most per claim (the rest on the next claims).
         prefetch: jobs claimed beyond the free slots while jobs are short, >= 0.
-        max_abandoned_threads: sync handlers abandoned (timeout, lost lease) that may still
-            run before the worker stops claiming, >= 1; None: 2 x concurrency.
+        max_abandoned_threads: stopped handlers (timeout, lost lease, cancel) still running
+            (sync threads, async tasks that ignored their cancel) before the worker stops
+            claiming, >= 1; None: 2 x concurrency.
         result_ttl_ms: how long jobs this worker completes keep their record and result,
             in [1 ms, 366 days], unless the task says otherwise; None: 1 h.
         burst: stop, as after a SIGTERM, once a round of claims over every queue takes
