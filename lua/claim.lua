@@ -66,7 +66,7 @@
 -- Steps in `do` blocks where they can be: their locals end with the block. The main function
 -- also holds every lib's top-level local the script uses, and Lua allows it 200 locals at once
 -- (tests/test_lua_locals.py counts them).
-do local newer = newer_storage_err(KEYS[1]); if newer then return newer end end
+local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local worker, nonce = ARGV[1], ARGV[4]
