@@ -23,6 +23,7 @@ import pytest
 import redis
 
 from scheduler import JobSpec, Queue
+from scheduler.cli.job_view import job_json
 from scheduler.core.connection import connect
 from tests.redis_server import RedisProcess
 from tests.test_review_large_payloads import BIG, Entry, calls, logged
@@ -162,6 +163,12 @@ def test_cancel_reads_no_payload_and_drops_it(
     for name in ("run_at_ms", "enqueued_ms", "max_attempts", "backoff", "timeout_ms"):
         assert job.fields.get(name) == before.fields.get(name), name
     assert q.status(jid) == "cancelled"
+    # Dropped on purpose, as a lean finished job's: not a damaged payload.
+    assert job.payload_dropped
+    with pytest.raises(ValueError, match="cancelled and its payload was not kept"):
+        job.payload()
+    shown = job_json(job, 0)
+    assert (shown["payload_dropped"], shown["payload_error"]) == (True, None)
 
 
 def test_cancel_keeps_a_payload_the_job_asked_to_keep(raw: redis.Redis, q: Queue) -> None:
@@ -174,7 +181,7 @@ def test_cancel_keeps_a_payload_the_job_asked_to_keep(raw: redis.Redis, q: Queue
     assert cancel_of(raw, q, due) == "due"
     for jid in (leased, waiting, due):
         job = q.get_job(jid)
-        assert (job.state, job.payload()) == ("cancelled", BIG)
+        assert (job.state, job.payload(), job.payload_dropped) == ("cancelled", BIG, False)
 
 
 def test_cancel_drops_a_schedule_runs_payload_from_its_hash(raw: redis.Redis, q: Queue) -> None:

@@ -289,12 +289,15 @@ class Job:
     def payload_dropped(self) -> bool:
         """True for a finished job that no longer has its payload (a lean record: complete keeps
         only state, result, finished_ms, attempts, max_attempts, task and run_at_ms unless
-        `keep_payload` was asked; LEAN_DROPPED names what goes)."""
-        return "payload" not in self.fields and self.state == JobState.DONE
+        `keep_payload` was asked; LEAN_DROPPED names what goes), or a cancelled one (cancel
+        keeps its record's head: the payload reads as '', never a payload enqueue takes)."""
+        if self.fields.get("payload"):
+            return False
+        return self.state == JobState.DONE or self.state == JobState.CANCELLED
 
     def payload(self) -> Any:
         """The decoded JSON payload (raises json.JSONDecodeError on a hand-edited hash, and
         ValueError for a finished job whose payload was dropped: see `payload_dropped`)."""
         if self.payload_dropped:
-            raise ValueError(f"job {self.id!r} is done and its payload was not kept")
+            raise ValueError(f"job {self.id!r} is {self.state} and its payload was not kept")
         return json.loads(self.payload_json)
