@@ -287,13 +287,10 @@ class Job:
 
     @property
     def payload_dropped(self) -> bool:
-        """True for a finished job that no longer has its payload (a lean record: complete keeps
-        only state, result, finished_ms, attempts, max_attempts, task and run_at_ms unless
-        `keep_payload` was asked; LEAN_DROPPED names what goes), or a cancelled one (cancel
-        keeps its record's head: the payload reads as '', never a payload enqueue takes)."""
-        if self.fields.get("payload"):
-            return False
-        return self.state == JobState.DONE or self.state == JobState.CANCELLED
+        """True for a done or cancelled job whose payload was dropped (a lean record: complete
+        keeps only state, result, finished_ms, attempts, max_attempts, task and run_at_ms, cancel
+        its record's head, payload '', unless `keep_payload`; LEAN_DROPPED names what goes)."""
+        return not self.fields.get("payload") and self.state in (JobState.DONE, JobState.CANCELLED)
 
     def payload(self) -> Any:
         """The decoded JSON payload (raises json.JSONDecodeError on a hand-edited hash, and
