@@ -195,11 +195,6 @@ def test_a_claim_hands_big_payloads_out_in_replies_bounded_by_bytes(q: Queue) ->
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="enqueue_many batches by count only (1,000 a call): 16 payloads of 512 KiB go as one "
-    "8 MiB enqueue call (100: 195 ms in one call), where the asyncio batcher stops at 1 MiB",
-)
 def test_enqueue_many_sends_big_payloads_in_calls_bounded_by_bytes(
     q: Queue, raw: redis.Redis
 ) -> None:
