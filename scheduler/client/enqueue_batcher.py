@@ -49,13 +49,14 @@ from redis.exceptions import ResponseError
 from scheduler.client.enqueue_flights import Flights, Send, SendEach, alone_across, own_error
 from scheduler.core import codec
 from scheduler.core.errors import NewerStorage, SchedulerError, is_permission_error, refused_for_now
-from scheduler.core.limits import ENQUEUE_WORK_PER_CALL
+from scheduler.core.limits import ENQUEUE_BYTES_PER_CALL, ENQUEUE_WORK_PER_CALL
 
 T = TypeVar("T")
 
 # A script runs alone on the server: a batch bounded like enqueue_many's default batch_size.
 MAX_JOBS = 1000
-MAX_BYTES = 1 << 20  # UTF-8 bytes of the jobs' fields (a str's len counts characters)
+# UTF-8 bytes of the jobs' fields (a str's len counts characters), as enqueue_many's calls
+MAX_BYTES = ENQUEUE_BYTES_PER_CALL
 _IDEM, _FLOW = 8, 12  # a job's fields (codec.enqueue_fields): its key's digest, its flow
 
 
