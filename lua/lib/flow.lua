@@ -663,7 +663,14 @@ local function flow_rate_due(prefix, now, limit)
   -- A job past its start deadline (its spec's, or a schedule run's start_by_ms) goes back
   -- without taking room as well: claim parks it, nothing starts.
   local function past_start(j)
-    local text = redis.pcall('GET', spec_key(prefix, j.id))
+    -- The flags sit before the payload: the record's head (GETRANGE, as job_spec's), read
+    -- whole only when a field edited by hand makes the head longer than that.
+    local sk = spec_key(prefix, j.id)
+    local text = redis.pcall('GETRANGE', sk, '0', '1023')
+    if type(text) == 'string' and #text == 1024
+        and not string.find(text, '^2|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|') then
+      text = redis.pcall('GET', sk)
+    end
     local ms = type(text) == 'string' and select(3, string.match(text, SPEC_FLAGS_RE))
     ms = ms and parse_int(ms, 0, LIM.time_ms)
     if not ms then
