@@ -127,14 +127,6 @@ def _stopped_while_decoding(url: str, task: str, monkeypatch: pytest.MonkeyPatch
     return job
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a sync handler whose run was stopped (timed out, cancelled, its lease lost) while "
-    "its large payload was decoded in its thread is called anyway once the decode ends: "
-    "scheduler/worker/payload_decode.py:75 calls fn() without looking at ctx.should_stop "
-    "(before d05b596 the payload was decoded at claim and the handler started at once; now a "
-    "job already failed as JobTimeout, or claimed by another worker, starts its handler)",
-)
 def test_a_sync_handler_stopped_while_its_payload_decodes_is_never_called(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -72,7 +72,14 @@ def in_thread(
 
     def call() -> None:
         try:
-            result = fn(payload.decode() if type(payload) is Undecoded else payload, ctx)
+            if type(payload) is Undecoded:
+                data = payload.decode()
+                # Stopped while it decoded (a timeout, a lost lease, a cancel): its handler is
+                # not called, as a handler asking first would not go on.
+                ctx.raise_if_stopped()
+            else:
+                data = payload
+            result = fn(data, ctx)
             if result is not None:  # here: an outsized one holds no other job's beat
                 result = failures.encoded_result(result)
         except BaseException as exc:
