@@ -524,14 +524,6 @@ def test_the_timeout_applies_to_each_attempt_not_their_sum(
     run_with_worker(module_server.url, settings_for(rq), steps)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an untimed run whose lease lapsed (a stall) and that never returns holds its job for "
-    "good: the job's next claim is held behind it a lease, then released with its attempt given "
-    "back, claimed again, for ever (never run, never parked), because Heartbeats._overran "
-    "(scheduler/worker/heartbeat.py:92) fails it only past a timeout: README says 'so a handler "
-    "that never returns cannot hold its job for good'",
-)
 def test_an_untimed_run_that_never_returns_after_a_stall_cannot_hold_its_job_for_good(
     module_server: RedisProcess, rq: Queue, admin: redis.Redis
 ) -> None:

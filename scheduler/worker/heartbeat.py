@@ -69,8 +69,8 @@ class Heartbeats(RemoteStop, Dispatch, Reporting):
             # A job held back behind its own abandoned run for a lease goes back. Released,
             # its attempt given back, while that run is within its timeout (a long job whose
             # lease lapsed in a stall: nothing failed); a failed attempt once that run has
-            # overrun its timeout (a handler that never returns would else cycle for good,
-            # never parked), retried by its backoff, parked after its last; and _give_back's.
+            # overrun its timeout or has none (a handler that never returns would else cycle
+            # for good, never parked), retried by its backoff, parked after its last.
             now = time.monotonic()
             out = [r for r in self._behind.values() if now - r.started_s > lease_s]
             for r in out:
@@ -87,9 +87,9 @@ class Heartbeats(RemoteStop, Dispatch, Reporting):
                 self._slot_free.set()
 
     def _overran(self, r: Running, now: float) -> bool:
-        """r waits behind a run of its job that has overrun its own timeout: r fails."""
+        """r waits behind a run of its job past its own timeout, or with none: r fails."""
         old = self._abandoned.get((r.queue, r.job.id))
-        if old is None or old.timeout_s is None or now - old.started_s <= old.timeout_s:
+        if old is None or (old.timeout_s is not None and now - old.started_s <= old.timeout_s):
             return False
         r.finished = True
         self._queue_fail(r, (STILL_RUNNING, STILL_RUNNING_TEXT, ""), retryable=True)
