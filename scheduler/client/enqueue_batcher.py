@@ -55,8 +55,7 @@ T = TypeVar("T")
 
 # A script runs alone on the server: a batch bounded like enqueue_many's default batch_size.
 MAX_JOBS = 1000
-# UTF-8 bytes of the jobs' fields (a str's len counts characters), as enqueue_many's calls
-MAX_BYTES = ENQUEUE_BYTES_PER_CALL
+MAX_BYTES = ENQUEUE_BYTES_PER_CALL  # UTF-8 bytes of the jobs' fields, as enqueue_many's
 _IDEM, _FLOW = 8, 12  # a job's fields (codec.enqueue_fields): its key's digest, its flow
 
 

@@ -143,8 +143,8 @@ def encoded_result(result: Any) -> _EncodedResult | BadResult:
 # handler's thread that never returned): after one lease held back, a failed attempt.
 STILL_RUNNING = "StillRunning"
 STILL_RUNNING_TEXT = (
-    "its previous run is still going on in this worker process, past its timeout (a handler "
-    "that does not return): counted as a failed attempt, retried by its backoff"
+    "its previous run is still going on in this worker process, past its timeout or with none "
+    "(a handler that does not return): counted as a failed attempt, retried by its backoff"
 )
 
 
