@@ -26,7 +26,7 @@ from scheduler import JobCancelled, JobContext, Queue, Registry
 from scheduler._spawn import RedisProcess
 from scheduler.admin.redis_cli import connection_flags
 from scheduler.cli.main import main
-from scheduler.client import job_listing, result_waiting
+from scheduler.client import job_listing, result_slots, result_waiting
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import connect
 from scheduler.core.keys import QueueKeys
@@ -181,15 +181,6 @@ def _blocked(admin: redis.Redis) -> int:
     return sum("b" in str(c.get("flags", "")) for c in admin.client_list())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the cap on the connections result waits hold is per client object, not per pool: "
-    "two redis.Redis sharing one ConnectionPool (redis-py's way to share a pool, e.g. a client "
-    "made per request on an app's pool) each get max_connections // 2 slots, so their waits "
-    "hold the whole pool and another thread's enqueue raises MaxConnectionsError: "
-    "scheduler/client/result_waiting.py:147-149 keys _SYNC_SLOTS on the client (and :235 "
-    "_SHARED likewise for redis.asyncio)",
-)
 def test_waits_of_clients_sharing_one_pool_leave_a_connection_for_an_enqueue(
     url: str, admin: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -212,7 +203,7 @@ def test_waits_of_clients_sharing_one_pool_leave_a_connection_for_an_enqueue(
         wait_for(
             lambda: (
                 _blocked(admin) == 2
-                or any(s.turns for s in list(result_waiting._SYNC_SLOTS.values()))
+                or any(s.turns for s in list(result_slots._SYNC_SLOTS.values()))
             ),
             20,
             "both waits in place",

@@ -6,29 +6,34 @@ every wait at once with redis' TimeoutError (`block_slice_s`, the worker's wake-
 The sync driver throws every exception into the op, Ctrl-C's KeyboardInterrupt and SystemExit
 too, so the waiter takes itself out of `result_wait` however its wait ends.
 
-On asyncio, every wait of one client (all its AsyncQueues, an AsyncPartitionedQueue's partitions)
-shares: the waiters of one job send one BLMOVE at a time, which wakes them all; and every call a
-wait makes takes one of `max_connections // 2` slots (at least 1) for its duration, so waits
-never hold the connections an enqueue or any other call needs (each used to hold one for its
-whole wait: 100 waiters took redis.asyncio's whole pool, and the 101st call failed with
-MaxConnectionsError). A waiter beyond them waits for a slot, re-reading at its slice's end.
+On asyncio, every wait on one connection pool (all its clients' AsyncQueues, an
+AsyncPartitionedQueue's partitions: client/result_slots.py `pool_of`) shares: the waiters of one
+job send one BLMOVE at a time, which wakes them all; and every call a wait makes takes one of
+`max_connections // 2` slots (at least 1) for its duration, so waits never hold the connections an
+enqueue or any other call needs (each used to hold one for its whole wait: 100 waiters took
+redis.asyncio's whole pool, and the 101st call failed with MaxConnectionsError). A waiter beyond
+them waits for a slot, re-reading at its slice's end.
 
-The blocking client has the same cap, its threads' turns first come first served (`_Slots`):
-every thread waiting used to hold a connection, so two waiting threads on `?max_connections=2`
-made a third thread's enqueue fail at once, and with a BlockingConnectionPool each waiter took
-its connection back before the blocked enqueue woke, which then waited out their whole wait."""
+The blocking client has the same cap, per pool too, its threads' turns first come first served
+(result_slots.py `_Slots`): every thread waiting used to hold a connection, so two waiting threads
+on `?max_connections=2` made a third thread's enqueue fail at once, and with a
+BlockingConnectionPool each waiter took its connection back before the blocked enqueue woke, which
+then waited out their whole wait."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 import time
 import weakref
-from collections import deque
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from scheduler.client.enqueue_flights import own_error
+
+# Named here too: worker/waking.py's connection_kwargs, the tests' slots.
+from scheduler.client.result_slots import _Slots as _Slots
+from scheduler.client.result_slots import _sync_slots as _sync_slots
+from scheduler.client.result_slots import connection_kwargs as connection_kwargs
+from scheduler.client.result_slots import pool_of, wait_slots
 from scheduler.core.errors import ResultTimeout
 from scheduler.operations.requests import Commands, Op, Request
 from scheduler.operations.result_wait import (
@@ -48,19 +53,6 @@ T = TypeVar("T")
 # A shared BLMOVE's reply comes a little after its server-side timeout: how long a waiter
 # awaits it beyond its own slice before it re-reads instead.
 _REPLY_LATE_S = 0.25
-# redis-py's pool size when a client does not say (redis.asyncio's default).
-_DEFAULT_POOL = 100
-
-
-def connection_kwargs(client: Any) -> dict[str, Any]:
-    """The arguments of the client's connections: its pool's (one server, a Sentinel master),
-    else a cluster's, every node's (asyncio: the client's; blocking: its nodes manager's)."""
-    owners = (getattr(client, "connection_pool", None), client)
-    for owner in (*owners, getattr(client, "nodes_manager", None)):
-        kwargs = getattr(owner, "connection_kwargs", None)
-        if isinstance(kwargs, dict) and kwargs:
-            return kwargs
-    return {}
 
 
 def block_slice_s(client: Any, longest_s: float) -> float:
@@ -96,60 +88,6 @@ def wait_sync(queue: Queue, job_id: str, timeout_s: float) -> Any:
         return done.value
 
 
-class _Slots:
-    """One client's wait slots for its threads, first come first served: a thread back for its
-    next request queues behind those already waiting (a plain Semaphore, like a
-    BlockingConnectionPool, lets the one that just gave its slot back take it again first)."""
-
-    def __init__(self, size: int) -> None:
-        self.free = size
-        self.turns: deque[object] = deque()
-        self.cond = threading.Condition(threading.Lock())
-
-    def take(self, until_s: float) -> bool:
-        """A slot, waited for until `until_s` (time.monotonic); False when none came."""
-        me = object()
-        with self.cond:
-            self.turns.append(me)
-            try:
-                while not self.free or self.turns[0] is not me:
-                    left_s = until_s - time.monotonic()
-                    if left_s <= 0:
-                        return False
-                    self.cond.wait(left_s)
-                self.free -= 1
-                return True
-            finally:
-                self.turns.remove(me)
-                self.cond.notify_all()  # the next in turn (a slot may be free)
-
-    def give(self) -> None:
-        with self.cond:
-            self.free += 1
-            self.cond.notify_all()
-
-
-_SYNC_SLOTS: weakref.WeakKeyDictionary[Any, _Slots] = weakref.WeakKeyDictionary()
-_SYNC_SLOTS_LOCK = [threading.Lock()]
-
-
-def _fresh_after_fork() -> None:
-    """A parent's thread may have held a slot or a lock at the fork: the child starts anew."""
-    _SYNC_SLOTS_LOCK[0] = threading.Lock()
-    _SYNC_SLOTS.clear()
-
-
-os.register_at_fork(after_in_child=_fresh_after_fork)
-
-
-def _sync_slots(client: Any) -> _Slots:
-    with _SYNC_SLOTS_LOCK[0]:  # two threads' first waits must not make two caps
-        got = _SYNC_SLOTS.get(client)
-        if got is None:
-            got = _SYNC_SLOTS[client] = _Slots(wait_slots(client))
-        return got
-
-
 class _SyncTurn:
     """One Queue.result's requests, each in a slot. Its slice's BLMOVE waits for one at most
     the slice (then it is as if it timed out: the op re-reads); a read waits at most a slice
@@ -158,7 +96,7 @@ class _SyncTurn:
 
     def __init__(self, queue: Queue, job_id: str, timeout_s: float, block_s: float) -> None:
         self.queue, self.job_id, self.timeout_s = queue, job_id, timeout_s
-        self.slots = _sync_slots(queue.client)
+        self.slots: _Slots = _sync_slots(queue.client)  # its pool's
         self.late_s = time.monotonic() + timeout_s + block_s
 
     def send(self, req: Request) -> Any:
@@ -218,21 +156,11 @@ class _Shared:
 _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
 
 
-def wait_slots(client: Any) -> int:
-    """How many calls the client's waits make at once: half its pool (a cluster's: of each
-    node's), at least 1."""
-    size = getattr(getattr(client, "connection_pool", None), "max_connections", None)
-    size = size or connection_kwargs(client).get("max_connections")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        size = _DEFAULT_POOL
-    return max(1, size // 2)
-
-
 def _shared(client: Any) -> _Shared:
     loop = asyncio.get_running_loop()
-    got = _SHARED.get(client)
+    got = _SHARED.get(pool := pool_of(client))
     if got is None or got.loop is not loop:  # a client kept across asyncio.run() calls
-        got = _SHARED[client] = _Shared(loop, wait_slots(client))
+        got = _SHARED[pool] = _Shared(loop, wait_slots(client))
     return got
 
 
