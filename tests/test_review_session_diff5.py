@@ -464,13 +464,6 @@ def pq(admin: redis.Redis) -> Iterator[PartitionedQueue]:
     yield p
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the note about a field on a partitioned queue's own config prints a bare "
-    "`redis-cli HDEL ...` with none of --url's connection flags (-h/-p, -n, --tls, -c): pasted "
-    "as shown it runs against the local default server; every other redis-cli line the CLI "
-    "prints goes through admin/redis_cli.py with_flags: scheduler/cli/queue_config.py:153-155",
-)
 def test_the_priority_aging_note_names_a_redis_cli_line_that_reaches_the_server(
     url: str, admin: redis.Redis, pq: PartitionedQueue
 ) -> None:
@@ -483,15 +476,6 @@ def test_the_priority_aging_note_names_a_redis_cli_line_that_reaches_the_server(
     assert flags and all(f in words for f in flags), (flags, line)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="setting a partitioned queue's aging when one partition's config is of another type "
-    "writes every other partition, then exits 1 with that partition's 'nothing written' as the "
-    "whole command's message: the operator is told nothing changed though most partitions "
-    "did. scheduler/client/partitioned_merge.py:254 re-raises one partition's error as is "
-    "(set_priority_aging, scheduler/client/partitioned_lease.py:193), printed by "
-    "scheduler/cli/queue_config.py:132",
-)
 def test_priority_aging_on_a_partly_corrupt_partitioned_queue_says_what_it_wrote(
     url: str, admin: redis.Redis, pq: PartitionedQueue
 ) -> None:

@@ -1,8 +1,9 @@
 """`scheduler queue priority-aging`: show or set a queue's `priority_aging_ms`, how long a due job
 may be overtaken by higher-priority work before claims serve it in run_at order ahead of every
 priority (docs/flow-control.md "Priorities"). Set through `set_priority_aging`: on a partitioned
-queue every partition's config, the one each partition's claims read; the logical name's own
-config is read by no claim, so a field left there by hand is named, never taken as the value."""
+queue every partition's config, the one each partition's claims read, every one checked before
+any is written (`_write`); the logical name's own config is read by no claim, so a field left
+there by hand is named, never taken as the value."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from typing import Any
 import click
 import redis
 
+from scheduler.admin.redis_cli import connection_flags, with_flags
 from scheduler.cli.common import (
     EXIT_CODES_HELP,
     AdminCommand,
     BadInput,
+    Refused,
     connect,
     emit_json,
     fmt_ms,
@@ -26,13 +29,15 @@ from scheduler.cli.common import (
     url_option,
 )
 from scheduler.cli.output import parse_duration_ms
-from scheduler.client.partitioned import PartitionedQueue, open_queue
+from scheduler.client.partitioned import PartitionedQueue, PartitionsNotReached, open_queue
+from scheduler.client.partitioned_merge import not_answering
+from scheduler.client.partitioned_partial import per_node_sync
 from scheduler.client.queue import Queue
-from scheduler.core.errors import BadArgument
+from scheduler.core.errors import BadArgument, SchedulerError
 from scheduler.core.flow import DEFAULT_PRIORITY_AGING_MS
 from scheduler.core.keys import QueueKeys
 from scheduler.core.limits import MAX_DELAY_MS, stored_int
-from scheduler.core.safety import clean
+from scheduler.core.safety import clean, safe
 from scheduler.operations.queue_config import AGING_FIELD
 
 _RANGE = f"0 .. {MAX_DELAY_MS} ms (3650 days)"
@@ -129,7 +134,7 @@ def priority_aging(
     q = open_queue(client, queue)
     changed = to_default or aging is not None
     if changed:
-        q.set_priority_aging(aging)  # None (--default): the field deleted
+        _write(q, aging)  # None (--default): the field deleted
     parts = q.parts if isinstance(q, PartitionedQueue) else [q]
     raws = [_text(client.hget(p.keys.config, AGING_FIELD)) for p in parts]
     each = [{"queue": p.name, "priority_aging_ms": used_ms(r), "stored": r}
@@ -150,9 +155,45 @@ def priority_aging(
         _say(queue, changed, parts, raws)
     if stray is not None:
         cfg = shlex.quote(QueueKeys(queue).config)
+        fix = with_flags(f"redis-cli HDEL {cfg} {AGING_FIELD}", connection_flags(url, client))
         click.echo(clean(f"note: {cfg} holds {AGING_FIELD} {stray[:40]!r}, which no claim reads "
-                         f"(each partition reads its own): redis-cli HDEL {cfg} {AGING_FIELD}"),
-                   err=True)  # fmt: skip
+                         f"(each partition reads its own): {fix}"), err=True)  # fmt: skip
+
+
+def _write(q: Queue | PartitionedQueue, aging: int | None) -> None:
+    """set_priority_aging. A partitioned queue's partitions are each checked first: the library
+    call writes every partition that takes the value, then raises one partition's refusal ('...:
+    nothing written' of that one). A write refused midway all the same (a config changed since
+    the check) names the partitions that hold the value now."""
+    if not isinstance(q, PartitionedQueue):
+        q.set_priority_aging(aging)
+        return
+    checks, _ = per_node_sync(q, [(p, p.ops.check_priority_aging(aging)) for p in q.parts])
+    refused = [(p.name, r) for p, r in zip(q.parts, checks, strict=True)
+               if isinstance(r, BaseException) and not not_answering(r)]  # fmt: skip
+    for _, exc in refused:
+        if not isinstance(exc, SchedulerError):  # NOPERM, ...: the command's own exit
+            raise exc
+    if refused:
+        why = "; ".join(f"partition {name}: {exc}" for name, exc in refused)
+        raise Refused(safe(f"nothing written to any of the {len(q.parts)} partitions: {why}"))
+    try:
+        q.set_priority_aging(aging)
+    except PartitionsNotReached:
+        raise  # names the partitions it reached
+    except (SchedulerError, redis.ResponseError) as exc:
+        held = ", ".join(p.name for p in q.parts if _holds(p, aging)) or "none"
+        raise Refused(safe(f"partitions holding the new priority aging: {held} (of "
+                           f"{len(q.parts)}); then refused: {exc}")) from None  # fmt: skip
+
+
+def _holds(part: Queue, aging: int | None) -> bool:
+    """The partition's config holds the value written (none: the field deleted)."""
+    try:
+        raw = part.client.hget(part.keys.config, AGING_FIELD)
+    except redis.RedisError:  # of another type, or its node not answering: not known
+        return False
+    return _text(raw) == (None if aging is None else str(aging))
 
 
 def _say(queue: str, changed: bool, parts: list[Queue], raws: list[str | None]) -> None:

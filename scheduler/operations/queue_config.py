@@ -52,6 +52,19 @@ class ConfigOps(OpsBase):
         nothing written then. A setting, not a job's transition: a check and a write apart
         race only another operator's create or upgrade of the same queue."""
         value = _setting_arg(priority_aging_ms, AGING_FIELD, 0, codec.MAX_DELAY_MS)
+        yield from self._aging_refusals()
+        cfg = self.keys.config
+        write = ("HSET", cfg, AGING_FIELD, value) if value else ("HDEL", cfg, AGING_FIELD)
+        yield Commands([write])
+
+    def check_priority_aging(self, priority_aging_ms: int | None) -> Op[None]:
+        """set_priority_aging's refusals alone, nothing written: asked of every partition of a
+        partitioned queue before any is written (else one partition's config of another type is
+        refused after the others took the value)."""
+        _setting_arg(priority_aging_ms, AGING_FIELD, 0, codec.MAX_DELAY_MS)
+        yield from self._aging_refusals()
+
+    def _aging_refusals(self) -> Op[None]:
         cfg = self.keys.config
         try:
             parted, generation = yield Commands(
@@ -70,5 +83,3 @@ class ConfigOps(OpsBase):
             )
         if (refused := newer_storage(self.keys.queue, generation, STORAGE_GENERATION)) is not None:
             raise refused
-        write = ("HSET", cfg, AGING_FIELD, value) if value else ("HDEL", cfg, AGING_FIELD)
-        yield Commands([write])
