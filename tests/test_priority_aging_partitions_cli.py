@@ -7,6 +7,7 @@ written' as the whole story. On this module's private server."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from scheduler import Queue
+from scheduler import AsyncPartitionedQueue, Queue, connect_async
 from scheduler._spawn import RedisProcess
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
@@ -90,4 +91,30 @@ def test_the_check_alone_writes_nothing(admin: redis.Redis, pq: PartitionedQueue
     good._run(good.ops.check_priority_aging(5))
     with pytest.raises(CorruptKey, match="nothing written"):
         bad._run(bad.ops.check_priority_aging(5))
+    assert _stored(admin, pq) == [None, None]
+
+
+def test_the_library_call_checks_every_partition_before_it_writes(
+    admin: redis.Redis, pq: PartitionedQueue
+) -> None:
+    """PartitionedQueue.set_priority_aging (the CLI's path too): a partition of another type
+    refuses the whole change, the others not written."""
+    with pytest.raises(CorruptKey, match="nothing written"):
+        pq.set_priority_aging(5)
+    assert _stored(admin, pq) == [None, None]
+
+
+def test_the_asyncio_call_checks_every_partition_before_it_writes(
+    url: str, admin: redis.Redis, pq: PartitionedQueue
+) -> None:
+    async def main() -> None:
+        client = connect_async(url)
+        try:
+            apq = AsyncPartitionedQueue(client, pq.layout)
+            with pytest.raises(CorruptKey, match="nothing written"):
+                await apq.set_priority_aging(5)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
     assert _stored(admin, pq) == [None, None]

@@ -189,7 +189,7 @@ class PartitionedLeasing:
         config, never the logical name's (a hand HSET there is read by no claim).
         PartitionsNotReached when some partitions do not answer: those answering took it;
         call it again (it is idempotent)."""
-        next(self.parts[0].ops.set_priority_aging(priority_aging_ms))  # checks, sends nothing
+        answering_sync(self, lambda p: p.ops.check_priority_aging(priority_aging_ms), self.parts)
         each = answering_sync(self, lambda p: p.ops.set_priority_aging(priority_aging_ms),
                               self.parts)  # fmt: skip
         reached_every("set_priority_aging", self.parts, each)

@@ -173,7 +173,9 @@ class AsyncPartitionedLeasing:
 
     async def set_priority_aging(self, priority_aging_ms: int | None) -> None:
         """PartitionedQueue.set_priority_aging for asyncio."""
-        next(self.parts[0].ops.set_priority_aging(priority_aging_ms))  # checks, sends nothing
+        await answering_async(
+            self, lambda p: p.ops.check_priority_aging(priority_aging_ms), self.parts
+        )
         each = await answering_async(
             self, lambda p: p.ops.set_priority_aging(priority_aging_ms), self.parts
         )
