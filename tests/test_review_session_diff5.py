@@ -488,12 +488,6 @@ def test_priority_aging_on_a_partly_corrupt_partitioned_queue_says_what_it_wrote
     assert "nothing written" not in res.output or others == [None, None], (res.output, others)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AGING_MS of 17 digits or more is refused as 'must be a whole number of ms (30000) "
-    "or a duration' though it is one, only out of range (3651d says 'must be in 0 .. "
-    "315360000000 ms'): scheduler/cli/queue_config.py:51 matches 1 to 16 digits only",
-)
 def test_a_too_large_whole_number_of_ms_is_refused_as_out_of_range(
     url: str, admin: redis.Redis
 ) -> None:

@@ -53,8 +53,8 @@ def _aging_ms(_: click.Context, __: click.Parameter, value: str | None) -> int |
         raise click.BadParameter(f"must be 0 or more, in {_RANGE}, got {value!r}")
     if text.startswith("-"):  # an option misspelt (unknown options reach AGING_MS)
         raise click.NoSuchOption(text)
-    if re.fullmatch(r"[0-9]{1,16}", text):
-        ms = int(text)
+    if re.fullmatch(r"[0-9]+", text):  # past the range: the range says so, below
+        ms = int(text) if len(text) <= 18 else MAX_DELAY_MS + 1  # int() refuses 4,300 digits
     else:
         try:
             ms = parse_duration_ms(text)
