@@ -50,7 +50,7 @@ def _aging_ms(_: click.Context, __: click.Parameter, value: str | None) -> int |
         return None
     text = value.strip()
     if re.fullmatch(r"-[0-9].*", text):
-        raise click.BadParameter(f"must be 0 or more, in {_RANGE}, got {value!r}")
+        raise click.BadParameter(f"must be 0 or more, in {_RANGE}, got {value[:40]!r}")
     if text.startswith("-"):  # an option misspelt (unknown options reach AGING_MS)
         raise click.NoSuchOption(text)
     if re.fullmatch(r"[0-9]+", text):  # past the range: the range says so, below
@@ -60,10 +60,10 @@ def _aging_ms(_: click.Context, __: click.Parameter, value: str | None) -> int |
             ms = parse_duration_ms(text)
         except BadArgument:
             raise click.BadParameter(
-                f"must be a whole number of ms (30000) or a duration (30s, 2m), got {value!r}"
+                f"must be a whole number of ms (30000) or a duration (30s, 2m), got {value[:40]!r}"
             ) from None
     if ms > MAX_DELAY_MS:
-        raise click.BadParameter(f"must be in {_RANGE}, got {value!r}")
+        raise click.BadParameter(f"must be in {_RANGE}, got {value[:40]!r}")
     return ms
 
 
