@@ -24,12 +24,14 @@ from scheduler import (
     CorruptKey,
     JobCancelled,
     JobDead,
+    JobTimeout,
     LeaseExpired,
     LeaseRefused,
     NotDurable,
     PartitionedQueue,
     PartitionsNotReached,
     Queue,
+    RunStopped,
     SchedulerError,
     StaleToken,
 )
@@ -158,7 +160,8 @@ def test_every_typed_error_of_the_package_pickles_with_its_attributes() -> None:
     for error in [StaleToken("j1", "3-abc", "stale"), LeaseExpired("j1", "", "lease expired"),
                   JobCancelled("j1", "3-abc", "job was cancelled"), JobDead("j1", None, None, None),
                   PartitionsNotReached("counts", ["q.p0"], ["q.p1"], ["down"]),
-                  NotDurable(["j1", "j2"], 1, 2)]:  # fmt: skip
+                  NotDurable(["j1", "j2"], 1, 2), JobTimeout("j1", "3-abc", "the run timed out"),
+                  RunStopped("j1", "3-abc", "the worker is shutting down")]:  # fmt: skip
         built[type(error)] = error
     built[LeaseRefused] = LeaseRefused("j1", "3-abc", "refused")
     built[CorruptKey] = CorruptKey("CORRUPT due is not a zset", status_code="CORRUPT")
