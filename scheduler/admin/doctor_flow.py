@@ -67,11 +67,11 @@ def config_field_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
 
 
 def logical_config_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
-    """For a partitioned queue's first partition: its logical name's config holding
-    priority_aging_ms (a hand HSET, as the docs once said). Each partition's claims read their
-    own config, never that one, so the value set there applies nowhere; set_priority_aging (the
-    CLI's priority-aging) writes each partition's. Found once per queue, with its partitions'
-    checks (the logical name itself is not checked as a queue)."""
+    """For a partitioned queue's first partition: each CONFIG_FIELDS field of its logical name's
+    config (a hand HSET, as the docs once said of priority_aging_ms). Each partition's scripts
+    read their own config, never that one, so a value set there applies nowhere; the commands
+    named set each partition's. Found once per queue, with its partitions' checks (the logical
+    name itself is not checked as a queue)."""
     m = PARTITION_NAME.match(keys.queue)
     if not m:
         return []
@@ -83,19 +83,26 @@ def logical_config_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
         return []
     cfg = QueueKeys(layout.queue).config
     try:
-        raw = client.hget(cfg, "priority_aging_ms")
+        raws = client.hmget(cfg, list(CONFIG_FIELDS))
     except ResponseError:
         return []  # of another type: it holds no field (the logical name's keys are not used)
-    if raw is None:
-        return []
-    q = shlex.quote(layout.queue)
-    msg = (f"{cfg} field priority_aging_ms {str(raw)[:40]!r} is read by no claim: queue "
-           f"{layout.queue[:80]!r} is partitioned, and each of its {len(layout.names)} partitions' "
-           "claims read their own config (set on the logical name by hand?)")  # fmt: skip
-    how = (f"scheduler queue priority-aging -q {q} <ms> (or --default; it sets every "
-           "partition, alone it shows theirs), then redis-cli HDEL "
-           f"{shlex.quote(cfg)} priority_aging_ms")  # fmt: skip
-    return [Issue(UNREAD, "warning", msg, how, layout.queue)]
+    q, first, last = (shlex.quote(n) for n in (layout.queue, layout.names[0], layout.names[-1]))
+    # The CLI refuses a partitioned queue's name for retention (a --max-count per partition).
+    aging = (f"scheduler queue priority-aging -q {q} <ms> (or --default; it sets every "
+             "partition, alone it shows theirs)")  # fmt: skip
+    retention = (f"{_RETENTION.format(q=first)}, on each partition in turn ({first} ... {last};"
+                 " or the library's PartitionedQueue.set_dead_retention, every one)")  # fmt: skip
+    out: list[Issue] = []
+    for field, raw in zip(CONFIG_FIELDS, raws, strict=True):
+        if raw is None:
+            continue
+        msg = (f"{cfg} field {field} {str(raw)[:40]!r} is read by no script: queue "
+               f"{layout.queue[:80]!r} is partitioned, and each of its {len(layout.names)} "
+               "partitions reads its own config (set on the logical name by hand?)")  # fmt: skip
+        how = aging if field == "priority_aging_ms" else retention
+        fix = f"{how}, then redis-cli HDEL {shlex.quote(cfg)} {field}"
+        out.append(Issue(UNREAD, "warning", msg, fix, layout.queue))
+    return out
 
 
 # What a schedule's runs get for a flow field read as unset (lua/lib/flow.lua's stored reader):

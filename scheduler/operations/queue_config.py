@@ -43,6 +43,16 @@ class ConfigOps(OpsBase):
         count = _setting_arg(max_count, "max_count", 0, codec.MAX_SAFE_INT)
         yield Script("dead_retention", [age, count])
 
+    def check_dead_retention(
+        self, max_age_ms: int | None = None, max_count: int | None = None
+    ) -> Op[None]:
+        """set_dead_retention's refusals alone, as plain commands (dead_retention.lua's: a
+        partitioned queue's own name, a newer version's storage; a config of another type fails
+        its first write), nothing written: asked of every partition before any is written."""
+        _setting_arg(max_age_ms, "max_age_ms", 1, codec.MAX_TIME_MS)
+        _setting_arg(max_count, "max_count", 0, codec.MAX_SAFE_INT)
+        yield from self._config_refusals()
+
     def set_priority_aging(self, priority_aging_ms: int | None) -> Op[None]:
         """Write (None: delete, the 60 s default) the config field `priority_aging_ms` in the
         range claim reads (lib/flow.lua flow_aging: 0 .. 3650 days; 0 serves every due job in
@@ -52,7 +62,7 @@ class ConfigOps(OpsBase):
         nothing written then. A setting, not a job's transition: a check and a write apart
         race only another operator's create or upgrade of the same queue."""
         value = _setting_arg(priority_aging_ms, AGING_FIELD, 0, codec.MAX_DELAY_MS)
-        yield from self._aging_refusals()
+        yield from self._config_refusals()
         cfg = self.keys.config
         write = ("HSET", cfg, AGING_FIELD, value) if value else ("HDEL", cfg, AGING_FIELD)
         yield Commands([write])
@@ -62,9 +72,9 @@ class ConfigOps(OpsBase):
         partitioned queue before any is written (else one partition's config of another type is
         refused after the others took the value)."""
         _setting_arg(priority_aging_ms, AGING_FIELD, 0, codec.MAX_DELAY_MS)
-        yield from self._aging_refusals()
+        yield from self._config_refusals()
 
-    def _aging_refusals(self) -> Op[None]:
+    def _config_refusals(self) -> Op[None]:
         cfg = self.keys.config
         try:
             parted, generation = yield Commands(
