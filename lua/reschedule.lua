@@ -67,9 +67,12 @@ local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local run_at_s = fmt(run_at)
 if not f[1] then spec_pin_enqueued(prefix, id, fmt(tonumber(score))) end
 -- A start deadline moves with the run time: the job keeps the window it was given (a score
--- that is no time, edited by hand, moves nothing).
+-- that is no time, edited by hand, moves nothing), counted from when it is due: a past run_at
+-- is due now, so its window starts now (else the deadline could land already passed).
 local was = tonumber(score)
-if was >= 0 and was <= LIM.time_ms then spec_move_deadline(prefix, id, run_at - math.floor(was)) end
+if was >= 0 and was <= LIM.time_ms then
+  spec_move_deadline(prefix, id, math.max(run_at, now) - math.floor(was))
+end
 redis.call('ZADD', due, 'XX', run_at_s, id)
 -- A job with a hash (claimed before, or a flow job) reads its run time from it at claim.
 if f[1] then redis.call('HSET', jk, 'run_at_ms', run_at_s) end

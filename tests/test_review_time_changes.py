@@ -113,12 +113,6 @@ def test_a_retry_delay_counts_from_the_server_clock_and_a_reschedule_overrides_i
     assert (again.id, again.attempts, again.fence) == (job_id, 2, job.fence + 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reschedule to a past run_at ('due now' by the docstring) moves a start deadline into"
-    " the past: the job is parked dead 'start deadline passed' instead of run"
-    " (lua/reschedule.lua:72)",
-)
 def test_a_past_run_at_runs_a_job_with_a_start_window_instead_of_parking_it(
     tq: tuple[Queue, Clock],
 ) -> None:
@@ -131,7 +125,23 @@ def test_a_past_run_at_runs_a_job_with_a_start_window_instead_of_parking_it(
     job_id = q.enqueue("remind", None, run_at=at(T0 + HOUR_MS), start_within_ms=900_000)
     assert q.reschedule(job_id, run_at=at(T0 - HOUR_MS)) == "rescheduled"
     assert q.status(job_id) == "due"
+    # Due now, its 15-minute window counted from now (fixed: lua/reschedule.lua): still run on
+    # the window's last millisecond.
+    clock.set_ms(T0 + 900_000 - 1)
     assert [j.id for j in q.claim("w").jobs] == [job_id], q.get_job(job_id).dead_reason
+
+
+def test_a_past_run_at_keeps_the_window_from_now_and_parks_after_it(
+    tq: tuple[Queue, Clock],
+) -> None:
+    # The other side of the window above: past its end (from now), the job is parked unrun.
+    q, clock = tq
+    clock.set_ms(T0)
+    job_id = q.enqueue("remind", None, run_at=at(T0 + HOUR_MS), start_within_ms=900_000)
+    assert q.reschedule(job_id, run_at=at(T0 - HOUR_MS)) == "rescheduled"
+    clock.set_ms(T0 + 900_000 + 1)
+    assert q.claim("w").jobs == []
+    assert q.status(job_id) == "dead"
 
 
 # -- stale workers ---------------------------------------------------------------------------
