@@ -2,12 +2,12 @@
 `dead_max_count` set by hand on the logical name's own config are read by no script (each
 partition's claims and parks read their own): the doctor names each, with the per-partition
 command (`config-unread`; before, only priority_aging_ms was named), which now takes an empty
-partition too. set_dead_retention (sync, asyncio) is to check every partition before it writes
-any (`ConfigOps.check_dead_retention`; strict xfail until PartitionedQueue uses it): one
-partition whose config is of another type, or stored by a newer version, refusing the whole
-change, the others unwritten (now they take the limits, then the call raises that one's
-refusal). The CLI refuses the logical name outright; on one partition, its own refusal.
-On this module's private server: configs of another type stay out of the shared one's scans."""
+partition too. set_dead_retention (sync, asyncio) checks every partition before it writes any
+(`ConfigOps.check_dead_retention`): one partition whose config is of another type, or stored
+by a newer version, refuses the whole change, the others unwritten (before, they took the
+limits, then the call raised that one's refusal). The CLI refuses the logical name outright;
+on one partition, its own refusal. On this module's private server: configs of another type
+stay out of the shared one's scans."""
 
 from __future__ import annotations
 
@@ -130,15 +130,8 @@ def test_the_fix_it_names_is_taken_by_the_partitions_and_the_logical_name_refuse
 
 
 SPOILS = [(_another_type, CorruptKey, "not a hash"), (_newer, NewerStorage, "newer version")]
-# The fix (check_dead_retention on every partition first) adds a round trip per node, which
-# tests/test_partitioned_lease.py's one-call-per-node count of set_dead_retention forbids:
-# both change together (patch in the report of this test's commit).
-DEFECT = pytest.mark.xfail(
-    strict=True, reason="set_dead_retention writes the sound partitions before one refuses"
-)
 
 
-@DEFECT
 @pytest.mark.parametrize(("spoil", "error", "said"), SPOILS)
 def test_the_library_call_checks_every_partition_before_it_writes(
     admin: redis.Redis, pq: PartitionedQueue, spoil: Any, error: type[Exception], said: str
@@ -153,7 +146,6 @@ def test_the_library_call_checks_every_partition_before_it_writes(
     assert _others(admin, pq) == before
 
 
-@DEFECT
 @pytest.mark.parametrize(("spoil", "error", "said"), SPOILS)
 def test_the_asyncio_call_checks_every_partition_before_it_writes(
     url: str,

@@ -283,11 +283,13 @@ def test_one_driver_call_per_node_for_every_partition(
     for call in (
         lambda: pq.heartbeat(leases),
         lambda: pq.complete_many([(i, t, None) for i, t in leases]),
-        lambda: pq.set_dead_retention(max_count=5),
     ):
         calls.clear()
         call()
         assert len(calls) == per_node([0, 1, 2])
+    calls.clear()  # every partition checked, then every partition written: two per node
+    pq.set_dead_retention(max_count=5)
+    assert len(calls) == 2 * per_node([0, 1, 2])
     calls.clear()
     assert len(pq.claim("w", limit=10).jobs) == 3  # one each left: their share, no second round
     assert len(calls) == per_node([0, 1, 2])

@@ -177,9 +177,11 @@ class PartitionedLeasing:
         self, max_age_ms: int | None = None, max_count: int | None = None
     ) -> None:
         """`Queue.set_dead_retention` on every partition (each keeps `max_count` of its own).
-        PartitionsNotReached when some partitions do not answer: those answering took it;
-        call it again (it is idempotent)."""
-        next(self.parts[0].ops.set_dead_retention(max_age_ms, max_count))  # checks, sends nothing
+        Every partition is checked first: one refusing (a config of another type, a newer
+        version's storage) refuses the change, nothing written. PartitionsNotReached when some
+        partitions do not answer: those answering took it; call it again (it is idempotent)."""
+        answering_sync(self, lambda p: p.ops.check_dead_retention(max_age_ms, max_count),
+                       self.parts)  # fmt: skip
         each = answering_sync(self, lambda p: p.ops.set_dead_retention(max_age_ms, max_count),
                               self.parts)  # fmt: skip
         reached_every("set_dead_retention", self.parts, each)

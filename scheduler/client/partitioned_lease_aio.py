@@ -165,7 +165,9 @@ class AsyncPartitionedLeasing:
         self, max_age_ms: int | None = None, max_count: int | None = None
     ) -> None:
         """PartitionedQueue.set_dead_retention for asyncio."""
-        next(self.parts[0].ops.set_dead_retention(max_age_ms, max_count))  # checks, sends nothing
+        await answering_async(
+            self, lambda p: p.ops.check_dead_retention(max_age_ms, max_count), self.parts
+        )
         each = await answering_async(
             self, lambda p: p.ops.set_dead_retention(max_age_ms, max_count), self.parts
         )
