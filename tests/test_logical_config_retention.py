@@ -126,6 +126,26 @@ def test_the_fix_it_names_is_taken_by_the_partitions_and_the_logical_name_refuse
     assert [admin.hget(p.keys.config, "dead_max_count") for p in pq.parts] == ["5"] * 3
 
 
+def test_every_command_takes_an_empty_partition_its_layout_lists(
+    url: str, admin: redis.Redis, pq: PartitionedQueue
+) -> None:
+    """cli/common.py require_queue: a partition with no keys yet is a queue its layout lists
+    (`queue priority-aging -q <partition>`, `jobs list`, were 'no queue named'); a partition
+    number past the layout's stays refused as a typo."""
+    runner = CliRunner(env={"COLUMNS": "200", "REDIS_URL": None, "SCHEDULER_QUEUE": None})
+    empty = [p.name for p in pq.parts if not admin.keys(f"sched:{{{p.name}}}:*")]
+    assert empty, "one job in 3 partitions leaves an empty one"
+    for args in (
+        ["queue", "priority-aging", "-q", empty[0], "5000"],
+        ["jobs", "list", "-q", empty[0]],
+    ):
+        res = runner.invoke(main, [*args, "--url", url])
+        assert res.exit_code == EXIT_OK, res.output
+    assert admin.hget(QueueKeys(empty[0]).config, "priority_aging_ms") == "5000"
+    res = runner.invoke(main, ["jobs", "list", "-q", f"{pq.name}.p9", "--url", url])
+    assert res.exit_code == EXIT_FAILED and "no queue named" in res.output
+
+
 # -- set_dead_retention: every partition checked before any is written -----------------------
 
 

@@ -54,6 +54,7 @@ from scheduler.core.errors import (
     refused_for_now,
 )
 from scheduler.core.keys import QueueKeys, check_queue_name
+from scheduler.core.partitions import PARTITION_NAME
 from scheduler.core.safety import redact, safe
 
 __all__ = [
@@ -254,6 +255,18 @@ def connect(url: str, *, encoding_errors: str = "backslashreplace") -> redis.Red
     return client
 
 
+def _listed_partition(client: redis.Redis, queue: str) -> bool:
+    """`queue` is a partition its queue's layout lists: one even with no keys yet (the CLI's
+    refusals of a partitioned name and the doctor's fixes name every partition)."""
+    if not (m := PARTITION_NAME.match(queue)):
+        return False
+    try:
+        layout = stored_layout(client, m.group(1))
+    except BadArgument:  # a record this version cannot read: not known to be one
+        return False
+    return layout is not None and queue in layout.names
+
+
 def require_queue(client: redis.Redis, queue: str) -> QueueKeys:
     """Refuse (exit 1) a well-formed name with no keys at all: most likely a typo. Every
     command that reads or changes an existing queue calls this (only enqueue and the worker
@@ -265,6 +278,8 @@ def require_queue(client: redis.Redis, queue: str) -> QueueKeys:
     except UnreadableRecord:
         return keys  # its (damaged) record is a key of it: what reads it next says what is wrong
     if not queue_exists(client, keys, server_now_ms(client, keys)):
+        if _listed_partition(client, queue):
+            return keys  # an empty partition: the advice for a partitioned name names each
         named = logical_queues(client, [])  # a cluster node down: the others' queues
         if queue in named:  # only other keys of it are left (specs, flow sets): doctor's case
             return keys

@@ -28,9 +28,7 @@ from scheduler.cli.common import (
 )
 from scheduler.client.queue import Queue
 from scheduler.core.codec import MAX_SAFE_INT, MAX_TIME_MS, stored_int
-from scheduler.core.errors import BadArgument
 from scheduler.core.keys import QueueKeys
-from scheduler.core.partitions import PARTITION_NAME
 from scheduler.operations.dead_letters import dead_cut
 from scheduler.operations.requests import Commands, Op, Script
 
@@ -65,16 +63,6 @@ def read_limits(client: redis.Redis, keys: QueueKeys) -> Limits:
         max_age if max_age is not None and 0 <= max_age <= MAX_TIME_MS else None,
         max_count if max_count is not None and 0 <= max_count <= MAX_SAFE_INT else None,
     )
-
-
-def _partition(client: redis.Redis, queue: str) -> bool:
-    """`queue` is a partition its logical queue's layout lists: one to set, even with no keys
-    yet (the logical name's refusal below, and the doctor, name every partition to set)."""
-    try:
-        layout = stored_layout(client, m.group(1)) if (m := PARTITION_NAME.match(queue)) else None
-    except BadArgument:  # a record this version cannot read: not known to be one
-        return False
-    return layout is not None and queue in layout.names
 
 
 def _count_older(q: Queue, older_than_ms: int) -> Op[int]:
@@ -154,7 +142,7 @@ def retention(
     if off and (max_age is not None or max_count is not None):
         raise BadInput("--off turns both limits off: give it alone, or use --max-age off")
     client = connect(url)
-    keys = QueueKeys(queue) if _partition(client, queue) else require_queue(client, queue)
+    keys = require_queue(client, queue)
     if (layout := stored_layout(client, queue)) is not None:
         # Retention is stored per queue and --max-count would count per partition: not
         # the logical queue's limit, so not set under its name (nothing is changed).
