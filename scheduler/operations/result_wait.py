@@ -22,6 +22,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
+from queue import Empty as QueueEmpty
 from typing import Any, TypeVar
 
 from redis.exceptions import (
@@ -81,13 +82,27 @@ WaitOp = Generator[Request | Pause, Any, T]
 
 def outage(exc: BaseException) -> bool:
     """Redis did not answer, or refused only for now (loading after a restart, a failover's
-    UNBLOCKED or READONLY): worth a re-read. A refused login is not, nor a full pool (raised at
-    once, as by every call: a wait retried it for its whole timeout_s, then raised it)."""
-    if isinstance(exc, AuthenticationError | AuthorizationError | MaxConnectionsError):
+    UNBLOCKED or READONLY): worth a re-read. A refused login is not, nor a full pool, either
+    kind (raised at once, as by every call: a wait retried it for its whole timeout_s, then
+    raised it)."""
+    refused = AuthenticationError | AuthorizationError | MaxConnectionsError
+    if isinstance(exc, refused) or pool_exhausted(exc):
         return False
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         return True
     return (isinstance(exc, ResponseError) and refused_for_now(exc)) or cluster_unreachable(exc)
+
+
+def pool_exhausted(exc: BaseException) -> bool:
+    """A BlockingConnectionPool with no connection free within its `timeout`: redis-py (7.3 to
+    8.2, blocking and asyncio) raises a plain ConnectionError "No connection available." for it
+    (the blocking pool's raised while handling queue.Empty), not MaxConnectionsError. The
+    server answered nothing because nothing was sent: a full pool, not an outage."""
+    if not isinstance(exc, RedisConnectionError):
+        return False
+    if str(exc).strip().lower().startswith("no connection available"):
+        return True
+    return isinstance(exc.__context__, QueueEmpty)
 
 
 class ResultWait:
