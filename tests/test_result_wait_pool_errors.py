@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import types
+from collections import deque
 from collections.abc import Iterator
 from queue import Empty
 from typing import Any
@@ -171,3 +172,85 @@ def test_a_wait_on_a_blocking_pool_with_no_connection_free_raises_at_once(
     with pytest.raises(JobCancelled):  # the connection free again: the wait reads
         q.result(job, timeout_s=5)
     pool.disconnect()
+
+
+# -- a wait interrupted while it takes a slot -------------------------------------------------
+@pytest.mark.parametrize("nth", [1, 2, 3, 4], ids=["read", "announce", "re-read", "blmove"])
+def test_ctrl_c_right_after_a_wait_slot_is_taken_gives_it_back(
+    url: str, admin: redis.Redis, queue_name: str, monkeypatch: pytest.MonkeyPatch, nth: int
+) -> None:
+    """KeyboardInterrupt raised by the call right after the nth take of the wait's slot (the
+    turn's notify, the client's only slot just taken): the slot used to stay taken for good,
+    and every later wait on the pool ended in ResultTimeout without a read."""
+    q = Queue.from_url(f"{url}?max_connections=2", queue_name)  # one wait slot
+    side = Queue(admin, queue_name)
+    job = side.enqueue("t", {}, delay_ms=600_000)
+    slots = result_waiting._sync_slots(q.client)
+    notify_all = slots.cond.notify_all
+    takes: list[int] = []
+
+    def interrupted() -> None:
+        notify_all()
+        if slots.free == 0:  # in the take that just took the only slot
+            takes.append(len(takes) + 1)
+            if takes[-1] == nth:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(slots.cond, "notify_all", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            q.result(job, timeout_s=60)
+        monkeypatch.undo()
+        assert takes[nth - 1 :][:1] == [nth]
+        assert (slots.free, list(slots.turns)) == (1, [])
+        assert admin.scard(q.keys.result_wait(job)) == 0  # it left: the SREM had its slot
+        side.cancel(job)
+        with pytest.raises(JobCancelled):
+            q.result(job, timeout_s=5)
+    finally:
+        q.close()
+
+
+class _Turns(deque[object]):
+    """A KeyboardInterrupt right after a waiter joins the queue of turns, once."""
+
+    armed = True
+
+    def append(self, x: object) -> None:
+        super().append(x)
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_as_a_wait_joins_the_turns_leaves_no_turn_behind(
+    url: str, admin: redis.Redis, queue_name: str
+) -> None:
+    """Its turn used to stay at the head of the queue: every later take waited behind a thread
+    that was gone, and the pool's waits all ended in ResultTimeout without a read."""
+    q = Queue.from_url(f"{url}?max_connections=2", queue_name)
+    side = Queue(admin, queue_name)
+    job = side.enqueue("t", {}, delay_ms=600_000)
+    slots = result_waiting._sync_slots(q.client)
+    slots.turns = _Turns()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            q.result(job, timeout_s=60)
+        assert (slots.free, list(slots.turns)) == (1, [])
+        side.cancel(job)
+        with pytest.raises(JobCancelled):
+            q.result(job, timeout_s=5)
+    finally:
+        q.close()
+
+
+def test_a_slot_held_is_given_back_however_the_block_ends() -> None:
+    slots = result_waiting._Slots(1)
+    with pytest.raises(KeyboardInterrupt), slots.held(0) as got:
+        assert got
+        raise KeyboardInterrupt
+    with slots.held(0) as got:
+        assert got and slots.free == 0
+        with slots.held(0) as none:
+            assert not none
+    assert (slots.free, list(slots.turns)) == (1, [])

@@ -59,34 +59,70 @@ def pool_of(client: Any) -> Any:
 class _Slots:
     """One pool's wait slots for its threads, first come first served: a thread back for its
     next request queues behind those already waiting (a plain Semaphore, like a
-    BlockingConnectionPool, lets the one that just gave its slot back take it again first)."""
+    BlockingConnectionPool, lets the one that just gave its slot back take it again first).
+
+    Taken through `held` (a with block), the slot goes back on any exit. A KeyboardInterrupt
+    (Ctrl-C in a REPL) landing between the take and the try that gave it back kept it for good,
+    and one left in the middle of the take kept its turn at the head: after a few, every later
+    wait of the pool found no slot."""
 
     def __init__(self, size: int) -> None:
         self.free = size
         self.turns: deque[object] = deque()
         self.cond = threading.Condition(threading.Lock())
 
+    def held(self, until_s: float) -> _Held:
+        """`with slots.held(until_s) as got:` a slot (got) or none by `until_s` (not got)."""
+        return _Held(self, until_s)
+
     def take(self, until_s: float) -> bool:
-        """A slot, waited for until `until_s` (time.monotonic); False when none came."""
+        """A slot, waited for until `until_s` (time.monotonic); False when none came. Whatever
+        interrupts it (its turn's bookkeeping, the lock's release) gives back what it took."""
         me = object()
-        with self.cond:
-            self.turns.append(me)
-            try:
-                while not self.free or self.turns[0] is not me:
-                    left_s = until_s - time.monotonic()
-                    if left_s <= 0:
-                        return False
-                    self.cond.wait(left_s)
-                self.free -= 1
-                return True
-            finally:
-                self.turns.remove(me)
-                self.cond.notify_all()  # the next in turn (a slot may be free)
+        got = False
+        try:
+            with self.cond:
+                try:
+                    self.turns.append(me)
+                    while not self.free or self.turns[0] is not me:
+                        left_s = until_s - time.monotonic()
+                        if left_s <= 0:
+                            return False
+                        self.cond.wait(left_s)
+                    self.free -= 1
+                    got = True  # no call between the two: no signal handler runs between them
+                finally:
+                    if me in self.turns:  # absent when interrupted before the append
+                        self.turns.remove(me)
+                    self.cond.notify_all()  # the next in turn (a slot may be free)
+        except BaseException:
+            if got:
+                self.give()
+            raise
+        return got
 
     def give(self) -> None:
         with self.cond:
             self.free += 1
             self.cond.notify_all()
+
+
+class _Held:
+    """One request's slot (`_Slots.held`): back when the with block ends, however it ends (a
+    with block is protected from the moment `__enter__` returns: no call, so no signal handler,
+    runs between them)."""
+
+    def __init__(self, slots: _Slots, until_s: float) -> None:
+        self.slots, self.until_s, self.got = slots, until_s, False
+
+    def __enter__(self) -> bool:
+        self.got = self.slots.take(self.until_s)
+        return self.got
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.got:
+            self.got = False
+            self.slots.give()
 
 
 _SYNC_SLOTS: weakref.WeakKeyDictionary[Any, _Slots] = weakref.WeakKeyDictionary()

@@ -105,28 +105,22 @@ class _SyncTurn:
         until_s = self.late_s
         if isinstance(req, Commands) and req.cmds[0][0] == "SREM":  # the leave: PX bounds it
             until_s = min(until_s, time.monotonic() + LEAVE_BOUND_S)
-        if not self.slots.take(until_s):
-            raise ResultTimeout(
-                f"job {self.job_id!r} did not finish within {self.timeout_s} s (not read again:"
-                " the client's other result waits held every wait slot)"
-            )
-        try:
+        with self.slots.held(until_s) as got:
+            if not got:
+                raise ResultTimeout(
+                    f"job {self.job_id!r} did not finish within {self.timeout_s} s (not read"
+                    " again: the client's other result waits held every wait slot)"
+                )
             return self.queue._execute(req)
-        finally:
-            self.slots.give()
 
     def _block(self, req: Block) -> Any:
         wait_s = float(req.cmds[0][-1])
         asked_s = time.monotonic()
-        if not self.slots.take(asked_s + wait_s):
-            return [None]  # a BLMOVE that timed out
-        try:
+        with self.slots.held(asked_s + wait_s) as got:
             left_s = round(wait_s - (time.monotonic() - asked_s), 3)
-            if left_s < 0.001:  # 0 would block for good
+            if not got or left_s < 0.001:  # a BLMOVE that timed out; 0 would block for good
                 return [None]
             return self.queue._execute(Block([(*req.cmds[0][:-1], left_s)]))
-        finally:
-            self.slots.give()
 
 
 async def wait_async(queue: AsyncQueue, job_id: str, timeout_s: float) -> Any:
