@@ -158,8 +158,9 @@ class Dispatch(Starting):
                     # suspend would otherwise run the whole backlog in one step.
                     await asyncio.sleep(0)
                 if type(r.payload) is Undecoded:  # a large one (payload_decode.py)
-                    r.payload = await r.payload.off_loop()
-                result = await r.spec.fn(r.payload, r.ctx)
+                    result = await payload_decode.run_async(r, r.payload)
+                else:
+                    result = await r.spec.fn(r.payload, r.ctx)
             except asyncio.CancelledError as exc:
                 if r.finished:  # we cancelled it (lease lost, timeout, shutdown)
                     return

@@ -3,19 +3,23 @@ claim's jobs in one step of the loop, and each decoded its payload there: 100 st
 payloads held the loop 2.8 s with no heartbeat sent, and every lease of the batch lapsed. A
 payload past OFF_LOOP_CHARS, or past what is left of a claim's STEP_CHARS, is decoded as its run
 starts: in its sync handler's thread, or in the loop's executor for an async handler. Its run's
-timeout counts the decode (a 512 KB one: ~25 ms)."""
+timeout counts the decode (a 512 KB one: ~25 ms). A task's payload_type object is built there
+too (run_async): an async handler's build ran on the loop, and a big model's validation held it
+as the decode did. A small payload's decode and build stay on the loop (a hand-over costs more)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduler.worker import failures
 from scheduler.worker.context import JobContext
 from scheduler.worker.execution import Running
-from scheduler.worker.payloads import Handler, load_stored
+from scheduler.worker.payloads import OFF_LOOP, Handler, built, load_stored
+
+T = TypeVar("T")
 
 # Decoded at claim below this (the common case: a thread's hand-over would cost more than the
 # decode); a structured 64 KiB payload is ~3 ms of json decode.
@@ -51,12 +55,75 @@ class Undecoded:
 
     async def off_loop(self) -> Any:
         """Decoded in the loop's default executor (an async handler's payload)."""
-        loop = asyncio.get_running_loop()
+        return await _in_executor(self.decode)
+
+    async def off_loop_for(self, tp: type | None) -> OffLoop:
+        """Decoded, and built into `tp` (a payload_type; None: not built), in the executor."""
+        return await _in_executor(self._decode_for, tp)
+
+    def _decode_for(self, tp: type | None) -> OffLoop:
+        big = OffLoop(self.decode())
+        if tp is not None:
+            big.build(tp)
+        return big
+
+
+async def _in_executor(fn: Callable[..., T], *args: Any) -> T:
+    loop = asyncio.get_running_loop()
+    try:
+        running = loop.run_in_executor(None, fn, *args)
+    except RuntimeError:  # no thread could start (a pids limit), the loop is closing:
+        return fn(*args)  # done here, as before, rather than the job failed
+    return await running
+
+
+_UNBUILT = object()
+
+
+class OffLoop:
+    """A large payload decoded off the loop, and its payload_type object built there with it:
+    what the task's wrapper (payloads.decoding) hands the handler, through payloads.OFF_LOOP."""
+
+    __slots__ = ("data", "error", "value")
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self.value: Any = _UNBUILT
+        self.error: BaseException | None = None
+
+    def build(self, tp: type) -> None:
         try:
-            decoding = loop.run_in_executor(None, self.decode)
-        except RuntimeError:  # no thread could start (a pids limit), the loop is closing:
-            return self.decode()  # decoded here, as before, rather than the job failed
-        return await decoding
+            self.value = built(tp, self.data)
+        except BaseException as exc:  # raised in the wrapper, where a build on the loop raises
+            self.error = exc
+
+    async def typed(self, tp: type, payload: Any) -> Any:
+        if payload is self.data:
+            if self.error is not None:
+                raise self.error
+            if self.value is not _UNBUILT:
+                return self.value
+        # Not built with the decode (an async middleware runs before the build, and may change
+        # the payload, in place too): built now, of what it passes on, off the loop as well.
+        return await _in_executor(built, tp, payload)
+
+
+async def run_async(r: Running, payload: Undecoded) -> Any:
+    """An async handler's run of a large payload: decoded in the loop's executor, built into
+    the task's payload_type there too unless a middleware of its own runs between them."""
+    spec = r.spec
+    assert spec is not None
+    bare = spec.unwrapped is None or spec.fn is spec.unwrapped  # no async middleware around it
+    big = await payload.off_loop_for(spec.payload_type if bare else None)
+    r.payload = big.data
+    token = OFF_LOOP.set(big)
+    try:
+        return await spec.fn(big.data, r.ctx)
+    finally:
+        OFF_LOOP.reset(token)
+        # A task its handler started has the context (so `big`) copied: it keeps neither.
+        big.data = big.value = _UNBUILT
+        big.error = None
 
 
 def in_thread(

@@ -9,6 +9,7 @@ import inspect
 import json
 import math
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, get_type_hints, is_typeddict
 
 from scheduler.core.errors import BadArgument, InvalidPayload
@@ -263,7 +264,13 @@ class PayloadMisfit(BadArgument):
     the same way, so the job is parked at once as InvalidPayload (failures.failure_of)."""
 
 
-def _decoded(tp: type, payload: Any) -> Any:
+# While an async handler runs on a large payload (payload_decode.run_async): its build into the
+# payload_type, made off the loop with its decode; a big model's validation held the loop.
+OFF_LOOP: ContextVar[Any] = ContextVar("scheduler_off_loop_payload", default=None)
+
+
+def built(tp: type, payload: Any) -> Any:
+    """The handler's payload_type object of `payload`; PayloadMisfit when it does not fit."""
     try:
         return decode_payload(tp, payload)
     except BadArgument as exc:
@@ -278,11 +285,13 @@ def decoding(fn: Callable[..., Any], tp: type, is_async: bool) -> Handler:
     if is_async:
 
         async def run_async(payload: Any, ctx: JobContext) -> Any:
-            return await fn(_decoded(tp, payload), ctx)
+            big = OFF_LOOP.get()  # a payload_decode.OffLoop: a large payload's run only
+            typed = built(tp, payload) if big is None else await big.typed(tp, payload)
+            return await fn(typed, ctx)
 
         return run_async
 
     def run(payload: Any, ctx: JobContext) -> Any:
-        return fn(_decoded(tp, payload), ctx)
+        return fn(built(tp, payload), ctx)
 
     return run
