@@ -10,10 +10,11 @@ import json
 import math
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, get_type_hints, is_typeddict
+from typing import Any, is_typeddict
 
 from scheduler.core.errors import BadArgument, InvalidPayload
 from scheduler.worker.context import JobContext
+from scheduler.worker.payload_fields import check_fields, check_typeddict
 
 Handler = Callable[[Any, JobContext], Any]
 
@@ -131,81 +132,18 @@ def _as_dict(tp: type, payload: Any) -> dict[str, Any]:
     return out
 
 
-def _check_typeddict(tp: type, payload: Any, encoding: bool = False) -> None:
-    if not isinstance(payload, dict):
-        raise BadArgument(f"payload must be a {tp.__name__} (a dict), got {type(payload).__name__}")
-    required: frozenset[str] = getattr(tp, "__required_keys__", frozenset())
-    optional: frozenset[str] = getattr(tp, "__optional_keys__", frozenset())
-    missing = sorted(required - payload.keys())
-    unknown = sorted(payload.keys() - required - optional, key=repr)  # keys of any type
-    if missing or unknown:
-        raise BadArgument(f"payload for {tp.__name__}: missing {missing}, unknown {unknown}")
-    _check_fields(tp, payload, encoding)
-
-
-_JSON_TYPES = (dict, list, str, int, float, bool, type(None))
-
-
-@functools.cache
-def _json_can_be(hint: type) -> bool:
-    """Some value JSON reads back passes the decode's isinstance check of `hint` (a StrEnum,
-    an IntEnum, a tuple or a NamedTuple does not: JSON gives a str, an int, a list)."""
-    try:
-        return any(issubclass(j, hint) for j in _JSON_TYPES)
-    except TypeError:  # a class whose __subclasscheck__ refuses: left to the decode
-        return True
-
-
-def _json_name(value: Any) -> str | None:
-    """The JSON type `value` is written as (and read back as); None when it is not JSON."""
-    if isinstance(value, list | tuple):
-        return "list"
-    if isinstance(value, dict) or dataclasses.is_dataclass(value):
-        return "dict"
-    return next((j.__name__ for j in _JSON_TYPES if isinstance(value, j)), None)
-
-
-def _check_fields(tp: type, values: dict[str, Any], encoding: bool = False) -> None:
-    """Shallow: a field hinted with a plain class is checked with isinstance (an int passes
-    for a float, as JSON reads 1.0 back as 1); generics (list[int], ...) and unions are not.
-    `encoding` (enqueue): a value whose JSON form the decode's check would refuse is refused."""
-    try:
-        hints = get_type_hints(tp)
-    except Exception:  # a hint naming what is not importable here: left unchecked
-        return
-    for key, hint in hints.items():
-        if key not in values or not isinstance(hint, type):
-            continue
-        value = values[key]
-        try:
-            fits = isinstance(value, hint)
-        except TypeError:  # typing.Any is a class from 3.11 on, and others refuse isinstance
-            continue
-        if fits or (hint is float and type(value) is int):
-            if encoding and not _json_can_be(hint):
-                back = _json_name(value)
-                why = f"JSON reads it back as {back}" if back else "it is not JSON"
-                raise BadArgument(
-                    f"payload[{key!r}] is hinted {hint.__name__}: {why}, which the worker's"
-                    " decode refuses: hint the field with a JSON type, or use a pydantic model"
-                    " (it converts)"
-                )
-            continue
-        raise BadArgument(f"payload[{key!r}] must be {hint.__name__}, got {type(value).__name__}")
-
-
 def encode_payload(tp: type, payload: Any) -> Any:
     """Check `payload` against `tp`; returns its JSON-able form (BadArgument if it does not fit)."""
     kind = payload_kind(tp)
     if kind == "typeddict":
-        _check_typeddict(tp, payload, encoding=True)
+        check_typeddict(tp, payload, encoding=True)
         return payload
     if kind == "dataclass":
         if not isinstance(payload, tp):
             raise BadArgument(f"payload must be a {tp.__name__}, got {type(payload).__name__}")
         out = _as_dict(tp, payload)
         fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(tp)}
-        _check_fields(tp, fields, encoding=True)
+        check_fields(tp, fields, encoding=True)
         return out
     if kind == "pydantic":
         if not isinstance(payload, tp):
@@ -227,12 +165,12 @@ def decode_payload(tp: type, payload: Any) -> Any:
     assert is not raised here, so it stays a failure that is retried)."""
     kind = payload_kind(tp)
     if kind == "typeddict":
-        _check_typeddict(tp, payload)
+        check_typeddict(tp, payload)
         return payload
     if not isinstance(payload, dict):
         raise BadArgument(f"payload for {tp.__name__} must be a JSON object")
     if kind == "dataclass":
-        _check_fields(tp, payload)
+        check_fields(tp, payload)
         try:
             return tp(**payload)
         except (TypeError, ValueError, AssertionError) as exc:  # a wrong field, or its checks
