@@ -232,20 +232,24 @@ def test_a_hand_edited_pause_value_pauses_and_shows_as_paused_at_an_unknown_time
     assert [j.id for j in q.claim("w").jobs] == [job]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="doctor names no paused_ms edited by hand into a value no version writes ('soon'): "
-    "claims stop for good and doctor reports nothing (scheduler/admin/doctor_flow.py:38)",
-)
 def test_the_doctor_names_a_pause_value_edited_by_hand(
     client: redis.Redis, redis_url: str, q: Queue
 ) -> None:
+    """Was: claims stopped for good and doctor said nothing (paused_ms skipped on purpose)."""
     q.enqueue("x", None)
+    assert q.pause() == "paused"
+    assert queue_findings(redis_url, q.name) == []  # a pause the product wrote is no finding
+    for raw in ("soon", "-1", "1e12", str(2**60)):
+        client.hset(q.keys.config, "paused_ms", raw)
+        assert q.claim("w").jobs == []  # nothing is claimed, for as long as the field is there
+        (found,) = queue_findings(redis_url, q.name)
+        assert (found["code"], found["severity"]) == ("paused-unreadable", "warning")
+        assert f"paused_ms {raw!r}" in found["message"], found
+        assert "claims are stopped" in found["message"], found
+        assert found["fix"].startswith(f"scheduler resume -q {q.name}"), found
+    assert cli(redis_url, q.name, "resume").exit_code == 0  # the fix it names
     assert queue_findings(redis_url, q.name) == []
-    client.hset(q.keys.config, "paused_ms", "soon")
-    assert q.claim("w").jobs == []  # nothing is claimed, for as long as the field is there
-    found = queue_findings(redis_url, q.name)
-    assert any("paused_ms" in f["message"] for f in found), found
+    assert len(q.claim("w").jobs) == 1
 
 
 # --- a partitioned queue ---------------------------------------------------------------------

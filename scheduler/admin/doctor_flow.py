@@ -16,6 +16,7 @@ import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from scheduler.admin.doctor_model import _PAGE, Issue, repair_sha
+from scheduler.admin.doctor_pause import PAUSED_FIELD, paused_field_issues
 from scheduler.admin.doctor_scan import pages
 from scheduler.admin.inspection import stored_layout
 from scheduler.core import connection, scripts
@@ -31,8 +32,8 @@ STALE = "flow-held-stale"
 UNREAD = "config-unread"
 
 # Each config field a script reads (lua/claim.lua, lib/flow.lua, lib/job.lua; `generation`
-# and `paused_ms` are read elsewhere: any paused_ms is a pause): (the least the scripts
-# read, the least the product writes, the most, what the scripts use instead, how to set it).
+# and `paused_ms` are checked elsewhere: any paused_ms is a pause, doctor_pause.py): (the least
+# the scripts read, the least the product writes, the most, what they use instead, how to set).
 _RETENTION = "scheduler dead retention -q {q} --max-age 30d | --max-count N | --off"
 _AGING = "scheduler queue priority-aging -q {q} <ms> | --default"
 CONFIG_FIELDS: dict[str, tuple[int, int, int, str, str]] = {
@@ -46,9 +47,10 @@ CONFIG_FIELDS: dict[str, tuple[int, int, int, str, str]] = {
 
 def config_field_issues(client: redis.Redis, keys: QueueKeys) -> list[Issue]:
     """Each CONFIG_FIELDS field of the config hash that is no whole number in its range (by
-    hand): the scripts read it as unset and use what the finding names."""
-    raws = client.hmget(keys.config, list(CONFIG_FIELDS))
-    out: list[Issue] = []
+    hand): the scripts read it as unset and use what the finding names; then a paused_ms
+    no pause writes (doctor_pause.py), which stops claims for good."""
+    *raws, paused = client.hmget(keys.config, [*CONFIG_FIELDS, PAUSED_FIELD])
+    out = paused_field_issues(keys, paused)
     for (field, (lua_lo, lo, hi, instead, how)), raw in zip(
         CONFIG_FIELDS.items(), raws, strict=True
     ):
