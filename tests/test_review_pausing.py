@@ -23,6 +23,7 @@ from scheduler import AsyncPartitionedQueue, AsyncQueue, BadArgument, JobSpec, Q
 from scheduler.cli.main import main
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.core.connection import connect_async
+from scheduler.core.errors import CorruptKey
 from scheduler.dashboard import Auth, create_app
 from tests.conftest import Clock, delete_queue, dump_queue
 from tests.test_dashboard import csrf_of, make_client
@@ -301,64 +302,56 @@ def test_async_partitioned_pause_and_resume_match_the_sync_ones(
     assert [p.counts().paused for p in pq.parts] == [False, False, False]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a partitioned pause one partition refuses pauses the others, yet raises that "
-    "partition's bare CorruptKey, 'config is not a hash (nothing written)', naming no partition "
-    "(scheduler/client/partitioned_merge.py:254, via partitioned_partial.py:207/213)",
-)
-def test_a_partitioned_pause_one_partition_refuses_says_what_it_paused(
+def test_a_partitioned_pause_one_partition_refuses_is_refused_whole_naming_it(
     client: redis.Redis, redis_url: str, pq: PartitionedQueue
 ) -> None:
+    """Was: the others paused, then that partition's bare CorruptKey 'config is not a hash
+    (nothing written)', naming no partition. Every partition is checked first now: one
+    refusing refuses the change whole, nothing written, and the error names it."""
     corrupt_config(client, pq.parts[1])
-    with pytest.raises(Exception) as sync_err:
-        pq.pause()
-    assert [p.counts().paused for p in pq.parts] == [True, False, True]  # a partial pause
-    pq.parts[0].resume()
-    pq.parts[2].resume()
+    assert pq.parts[2].pause() == "paused"  # a resume refused must leave this one paused
+    before = [dump_queue(client, p) for p in pq.parts]
+    errors: list[BaseException] = []
+    for call in (pq.pause, pq.resume):
+        with pytest.raises(CorruptKey) as sync_err:
+            call()
+        errors.append(sync_err.value)
 
-    async def run() -> BaseException | None:
+    async def run() -> list[BaseException]:
         aclient = connect_async(redis_url)
         try:
             apq = await AsyncPartitionedQueue.open(aclient, pq.name)
-            try:
-                await apq.pause()
-            except Exception as exc:
-                return exc
-            return None
+            out: list[BaseException] = []
+            for acall in (apq.pause, apq.resume):
+                try:
+                    await acall()
+                except CorruptKey as exc:
+                    out.append(exc)
+            return out
         finally:
             await aclient.aclose()
 
-    async_err = asyncio.run(run())
-    assert [p.counts().paused for p in pq.parts] == [True, False, True]
-    for err in (sync_err.value, async_err):
-        text = str(err)
-        assert "nothing written" not in text, text  # two of three partitions were written
-        assert pq.parts[1].name in text, text  # which partition refused
+    errors += asyncio.run(run())
+    assert len(errors) == 4
+    assert [dump_queue(client, p) for p in pq.parts] == before  # nothing written
+    for err in errors:
+        assert pq.parts[1].keys.config in str(err), str(err)  # which partition refused
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`scheduler pause` and the dashboard's Pause print 'config is not a hash (nothing "
-    "written)' for a partitioned queue they paused in all partitions but the refusing one "
-    "(scheduler/client/partitioned_merge.py:254)",
-)
-def test_cli_and_dashboard_say_a_partitioned_pause_was_partial(
+def test_cli_and_dashboard_say_which_partition_refused_a_partitioned_pause(
     client: redis.Redis, redis_url: str, pq: PartitionedQueue
 ) -> None:
     corrupt_config(client, pq.parts[1])
     r = cli(redis_url, pq.name, "pause")
     assert r.exit_code != 0
     cli_text = r.output
-    assert [p.counts().paused for p in pq.parts] == [True, False, True]
-    for p in (pq.parts[0], pq.parts[2]):
-        p.resume()
+    assert [p.counts().paused for p in pq.parts] == [False, False, False]
     with TestClient(create_app(client=client, queues=[pq.name], auth=Auth())) as web:
         token = csrf_of(web.get(f"/queues/{pq.name}").text)
         page = web.post(f"/queues/{pq.name}/pause", data={"csrf": token}).text
-    assert [p.counts().paused for p in pq.parts] == [True, False, True]
+    assert [p.counts().paused for p in pq.parts] == [False, False, False]
     for text in (cli_text, page):
-        assert "nothing written" not in text, text
+        assert "nothing written" in text, text
         assert pq.parts[1].name in text, text
 
 

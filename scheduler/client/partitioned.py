@@ -17,6 +17,7 @@ from typing import Any, cast
 import redis
 
 from scheduler.client.partition_names import refuse_taken
+from scheduler.client.partitioned_change import change_sync
 from scheduler.client.partitioned_ids import dead_change_sync, dead_where, holding_sync
 from scheduler.client.partitioned_lease import PartitionedLeasing
 from scheduler.client.partitioned_merge import (
@@ -36,7 +37,6 @@ from scheduler.client.partitioned_merge import (
 )
 from scheduler.client.partitioned_partial import (
     answering_sync,
-    change_sync,
     chosen_page,
     counts_of,
     dead_lists,
@@ -331,13 +331,16 @@ class PartitionedQueue(PartitionedLeasing, Unpicklable):
     # -- the whole queue: every partition ----------------------------------------------------
     def pause(self) -> str:
         """Queue.pause on every partition: 'paused' when any was not yet, else 'already'.
+        Every partition is checked first: one refusing (its config of another type, a newer
+        version's storage) refuses the pause, nothing written, its error naming it.
         PartitionsNotReached when some partitions' nodes do not answer (or refuse for now)
         while others do: those are paused, the error names the rest; call it again."""
         return change_sync(self, "pause")
 
     def resume(self) -> str:
         """Queue.resume on every partition: 'resumed' when any was paused, else 'active'.
-        PartitionsNotReached as pause: the partitions that answered are resumed."""
+        Checked first and PartitionsNotReached as pause: the partitions that answered are
+        resumed."""
         return change_sync(self, "resume")
 
 

@@ -13,6 +13,7 @@ from scheduler.client import partitioned_partial as partial
 from scheduler.client.aio import AsyncQueue
 from scheduler.client.enqueue_flights import Flights, alone_across
 from scheduler.client.partition_names import refuse_taken_async
+from scheduler.client.partitioned_change import change_async
 from scheduler.client.partitioned_ids import dead_change_async, holding_async
 from scheduler.client.partitioned_lease_aio import AsyncPartitionedLeasing
 from scheduler.client.partitioned_merge import (
@@ -275,11 +276,11 @@ class AsyncPartitionedQueue(AsyncPartitionedLeasing):
 
     async def pause(self) -> str:
         """PartitionedQueue.pause for asyncio (PartitionsNotReached the same)."""
-        return await partial.change_async(self, "pause")
+        return await change_async(self, "pause")
 
     async def resume(self) -> str:
         """PartitionedQueue.resume for asyncio (PartitionsNotReached the same)."""
-        return await partial.change_async(self, "resume")
+        return await change_async(self, "resume")
 
 
 async def open_queue_async(

@@ -18,15 +18,11 @@ from redis.exceptions import AskError, RedisError
 from scheduler.client.partitioned_merge import (
     PartitionsNotReached,
     answered,
-    changed_if_lost,
     held_whole,
     merge_counts,
     merge_dead,
     merge_scored,
     not_migrating,
-    pause_word,
-    reached_every,
-    resume_word,
 )
 from scheduler.core.connection import UNREACHABLE, is_cluster
 from scheduler.core.errors import slot_move_text
@@ -196,22 +192,6 @@ async def answering_async(q: Any, make: Make, asked: Sequence[Any], lost: Lost =
         for i, r in zip(again, got, strict=True):
             out[i] = its_retry(r, i in whole, lost)
     return answered(out)
-
-
-# A change of every partition (pause, resume) -> the partitions' replies as one queue's.
-_WORD = {"pause": pause_word, "resume": resume_word}
-
-
-def change_sync(q: Any, what: str) -> str:
-    """PartitionedQueue.pause / resume (`what`): run_answering, then changed_if_lost."""
-    each = answering_sync(q, lambda p: getattr(p.ops, what)(), q.parts, changed_if_lost)
-    return _WORD[what](reached_every(what, q.parts, each))
-
-
-async def change_async(q: Any, what: str) -> str:
-    """change_sync for asyncio."""
-    each = await answering_async(q, lambda p: getattr(p.ops, what)(), q.parts, changed_if_lost)
-    return _WORD[what](reached_every(what, q.parts, each))
 
 
 def not_read(what: str, parts: Sequence[Any], left_out: dict[str, str], partial: Any) -> None:
