@@ -70,10 +70,13 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
     row is the others' and names it (`unread_partitions`; `down`: exit 3)."""
     q, span = open_queue(client, name), max(WINDOWS_MIN)
     not_read: list[str] = []
+    paused_parts: list[str] = []
     if isinstance(q, PartitionedQueue):
         each = q.run_answering(lambda p: browsing.queue_row(p.ops, span))
         not_read = unread(q.parts, each)
         per = [r for r in each if not isinstance(r, BaseException)]
+        paused_parts = [p.name for p, r in zip(q.parts, each, strict=True)
+                        if not isinstance(r, BaseException) and r[0].paused]  # fmt: skip
     else:
         per = [q._run(browsing.queue_row(q.ops, span))]
     counts = merge_counts([c for c, _, _ in per])
@@ -97,6 +100,8 @@ def queue_stats(client: redis.Redis, name: str) -> dict[str, Any]:
         # Due but set aside by flow control (docs/flow-control.md): by key limit / rate window.
         "held": counts.held,
         "paused_ms": counts.paused_ms,  # None: not paused (Queue.pause, `scheduler pause`)
+        # Which partitions are paused (the dashboard's field): fewer than all, a partial pause.
+        "paused_partitions": paused_parts,
         "moving": counts.moving,  # taken out of due by `scheduler queue move`, not yet moved
         "unread_partitions": not_read,  # 'partition <name>: <error>': left out of the figures
         "down": bool(not_read),
@@ -133,6 +138,15 @@ def stats_row(client: redis.Redis, name: str) -> dict[str, Any]:
         return {"queue": name, "error": safe(f"{what}: {exc} (see scheduler doctor -q {name})")}
 
 
+def _paused_note(row: dict[str, Any]) -> str:
+    """' (paused)', ' (paused: 1 of 3 partitions)' when only some are (their claims stop, the
+    others' go on: a pause cut short, a partition paused alone), '' when none is."""
+    if row.get("paused_ms") is None:
+        return ""
+    some, of = len(row.get("paused_partitions") or ()), row.get("partitions") or 0
+    return f" (paused: {some} of {of} partitions)" if 0 < some < of else " (paused)"
+
+
 def _stats_table(rows: list[dict[str, Any]], nodes_down: list[str]) -> Group:
     # The N newest clock-minute buckets (WINDOWS_MIN), the current, partial one in each.
     spans = "/".join(f"{n}m" for n in WINDOWS_MIN)
@@ -152,7 +166,7 @@ def _stats_table(rows: list[dict[str, Any]], nodes_down: list[str]) -> Group:
             continue
         leased = f"{r['leased']}" + (f" ({r['lapsed']} lapsed)" if r["lapsed"] else "")
         parts = f" ({r['partitions']} partitions)" if r.get("partitions") else ""
-        parts += " (paused)" if r.get("paused_ms") is not None else ""
+        parts += _paused_note(r)
         parts += f" ({r['moving']} moving)" if r.get("moving") else ""
         t.add_row(
             cell(r["queue"] + parts),
