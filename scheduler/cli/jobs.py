@@ -42,6 +42,7 @@ from scheduler.cli.job_view import (
     when_text,
 )
 from scheduler.cli.job_where import held_call
+from scheduler.cli.pausing import emit_noted, paused_note
 from scheduler.client import job_listing
 from scheduler.client.partitioned import PartitionedQueue, open_queue
 from scheduler.client.queue import Queue
@@ -275,18 +276,18 @@ def reschedule_job(
     require_queue(client, queue)
     opened = open_queue(client, queue)
 
-    def moved(p: Queue) -> str:
+    def moved(p: Queue) -> tuple[str, str]:
         # --now as the dashboard's Run now: a job due already is left where it is (re-scored
-        # to now it went behind every job due before now, an aged one behind every priority).
+        # to now it went behind every job due before now, an aged one behind every priority);
+        # due in a paused queue (partition), it waits for a resume: said, as the dashboard does.
         if now:
-            return p._run(p.ops.run_now(job_id))
-        return p.reschedule(job_id, delay_ms=in_ms, run_at=run_at)
+            status = p._run(p.ops.run_now(job_id))
+            return status, paused_note(p, queue) if status in ("rescheduled", "due") else ""
+        return p.reschedule(job_id, delay_ms=in_ms, run_at=run_at), ""
 
     # Where the job is, as `jobs show` (its node down: named, exit 3).
-    status = held_call(opened, queue, job_id, moved)
-    if as_json:
-        emit_json({"queue": queue, "job": job_id, "status": status})
-    else:
-        click.echo(f"{job_id}: {status}")
+    status, note = held_call(opened, queue, job_id, moved)
+    data = {"queue": queue, "job": job_id, "status": status}
+    emit_noted(data, f"{job_id}: {status}", note, as_json)
     if status != "rescheduled" and not (now and status == "due"):
         raise SystemExit(EXIT_FAILED)

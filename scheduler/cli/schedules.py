@@ -35,6 +35,7 @@ from scheduler.cli.dead_view import exit_unread, unread_field
 from scheduler.cli.enqueue import checked_offline
 from scheduler.cli.jobs import parse_payload
 from scheduler.cli.output import duration_option
+from scheduler.cli.pausing import emit_noted, paused_note
 from scheduler.client.partitioned import PartitionedQueue, open_queue, unread
 from scheduler.client.queue import Queue
 from scheduler.core.backoff import Backoff
@@ -291,7 +292,5 @@ def register(main: click.Group) -> None:
             else:
                 click.echo(clean(f"{name}: missing"))
             raise SystemExit(EXIT_FAILED) from None
-        if as_json:
-            emit_json({"queue": queue, "schedule": name, "status": "created", "job_id": job_id})
-        else:
-            click.echo(job_id)
+        data = {"queue": queue, "schedule": name, "status": "created", "job_id": job_id}
+        emit_noted(data, job_id, paused_note(q, queue, name), as_json)  # a paused queue: said
