@@ -25,7 +25,7 @@ class JobContext:
 
     job_id: str
     task: str
-    queue: str
+    queue: str  # the queue the job was claimed from: a partitioned queue's partition (`q.p1`)
     attempt: int
     max_attempts: int
     token: str

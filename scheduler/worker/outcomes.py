@@ -39,7 +39,8 @@ class JobOutcome:
     outcome: str
     ctx: JobContext
     # The exception the handler raised, on the `retry` or `dead` it led to (None when the
-    # failure was the worker's: a timeout, an unknown task, an unreadable payload).
+    # failure was the worker's: a timeout, an unknown task, an unreadable payload, a result
+    # that cannot be stored, parked as InvalidResult).
     error: BaseException | None = None
     error_type: str | None = None  # `retry` / `dead`: the recorded type name, e.g. JobTimeout
     error_message: str | None = None  # its first 200 characters
