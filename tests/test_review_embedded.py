@@ -200,20 +200,14 @@ class _ThreadCheckedLoop(asyncio.SelectorEventLoop):
         return super().call_soon(callback, *args, context=context)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Worker.request_stop() from the app's thread sets the worker loop's asyncio.Events "
-    "directly (call_soon off the loop's thread, not thread-safe): on a debug loop (python -X dev) "
-    "it raises RuntimeError and the worker never stops; on a plain one the stop waits for the "
-    "loop's next wake-up (scheduler/worker/core.py:219)",
-)
 def test_a_stop_from_the_apps_thread_ends_a_worker_running_in_a_thread(
     url: str, sq: Queue, queue_name: str
 ) -> None:
     """A WSGI app's worker thread, stopped from its atexit hook / shutdown signal, on the app's
     main thread: `worker.request_stop()`, the one stop the docstrings name. It must not touch
     the worker's loop from the app's thread (asyncio's rule for every call but
-    call_soon_threadsafe)."""
+    call_soon_threadsafe). Was: it set the loop's Events from the app's thread (python -X dev:
+    RuntimeError, the worker never stopped; else the stop waited for the loop's next wake-up)."""
     ready = threading.Event()
     loop = _ThreadCheckedLoop()
     holder: dict[str, Any] = {}
@@ -566,19 +560,15 @@ def test_a_worker_made_before_a_fork_runs_in_the_child(
     assert [sq.status(i) for i in ids] == ["done"] * 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run() reads its queues' partitions records on the raw client before the loop guard "
-    "(which drops a closed loop's pooled connections for the queue's own calls): 'Event loop is "
-    "closed', exit 1 (scheduler/worker/partitioned_start.py:37, runtime.py:152)",
-)
 def test_a_worker_on_the_apps_queue_client_runs_on_a_later_loop(
     url: str, sq: Queue, queue_name: str
 ) -> None:
     """One AsyncQueue per process, shared (README), made at import and used on a first loop
     (a first app run, a first test's TestClient, asyncio.run at start-up); the next run's
     lifespan starts the embedded worker on its client first. The queue's own calls accept the
-    new loop (tests/test_async_loop_reuse.py); the worker's should too."""
+    new loop (tests/test_async_loop_reuse.py); the worker's should too. Was: run() read its
+    queues' partitions records on the raw client before any loop guard: 'Event loop is closed',
+    exit 1."""
     aq = AsyncQueue.from_url(url, queue_name)
 
     async def first_run() -> None:
@@ -595,6 +585,37 @@ def test_a_worker_on_the_apps_queue_client_runs_on_a_later_loop(
 
     assert asyncio.run(second_run()) == 0
     assert [sq.status(i) for i in ids] == ["done"] * 3
+
+
+def test_a_worker_on_a_client_the_parent_used_is_refused_in_a_forked_child(
+    url: str, sq: Queue, queue_name: str
+) -> None:
+    """gunicorn --preload whose master used the app's client before the fork (a check at
+    import): the child's run() refuses at once, as the queue's own calls do (its connections
+    are the parent's), claiming nothing; the parent's client still answers. Was: run() went on
+    with the parent's connections."""
+    job = sq.enqueue("t.ok", {})
+    aq = AsyncQueue.from_url(url, queue_name)
+    assert asyncio.run(aq.counts()).due == 1  # the master's use
+
+    def child() -> int:
+        w = Worker(aq.client, _registry(), WorkerSettings(queues=(queue_name,), burst=True))
+        try:
+            asyncio.run(w.run(install_signals=False))
+        except BadArgument as exc:
+            return 0 if "forked process" in str(exc) else 2
+        return 1
+
+    assert _forked(child) == 0
+    assert sq.status(job) == "due" and sq.get_job(job).attempts == 0
+
+    async def parent_again() -> int:
+        try:
+            return (await aq.counts()).due
+        finally:
+            await aq.aclose()
+
+    assert asyncio.run(parent_again()) == 1
 
 
 # -- `scheduler demo` on its private Redis ---------------------------------------------------

@@ -5,6 +5,7 @@ retried, anything else stops the worker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -136,22 +137,17 @@ class WorkerCore:
         # again when one's lease is gone (_forget), since the suspects it skipped meanwhile
         # sent it no wake-up.
         self._suspects: set[tuple[str, str]] = set()
-        self._stop_claiming = asyncio.Event()
-        self._stop_reporter = asyncio.Event()
-        self._stop_heartbeat = asyncio.Event()
-        # Set to send a heartbeat now (also set with _stop_heartbeat, to end its wait).
-        self._beat_now = asyncio.Event()
-        self._slot_free = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._report = asyncio.Event()
+        self._stop_claiming, self._stop_reporter = asyncio.Event(), asyncio.Event()
+        # _beat_now: set to send a heartbeat now (also set with _stop_heartbeat, to end its wait).
+        self._stop_heartbeat, self._beat_now = asyncio.Event(), asyncio.Event()
+        self._slot_free, self._wake = asyncio.Event(), asyncio.Event()
+        self._report, self._idle = asyncio.Event(), asyncio.Event()
         # The reporter's last call failed; _report_retry ends its backoff (and is set with
         # _stop_reporter), _report_tried is set after each of its calls (_reports_first).
         self._report_failing = False
         self._report_retry, self._report_tried = asyncio.Event(), asyncio.Event()
-        self._idle = asyncio.Event()
         self._signals = 0
-        self._closed = False
-        self._shutting_down = False
+        self._closed = self._shutting_down = False
         self._exit_code = EXIT_OK
         self._loop: asyncio.AbstractEventLoop | None = None
         self.claimed = 0
@@ -215,7 +211,12 @@ class WorkerCore:
         self._wake.set()
 
     def request_stop(self) -> None:
-        """Stop claiming and shut down gracefully (what the first SIGTERM/SIGINT does)."""
+        """Stop claiming and shut down gracefully (what the first SIGTERM/SIGINT does). Thread-safe:
+        called off its running loop's thread (an app's atexit hook), it is handed to that loop."""
+        if (loop := self._loop) and loop.is_running() and asyncio._get_running_loop() is not loop:
+            with contextlib.suppress(RuntimeError):  # closed since: no waiter, set them here
+                loop.call_soon_threadsafe(self.request_stop)
+                return
         self._stop_claiming.set()
         self._wake.set()
         self._slot_free.set()

@@ -12,6 +12,7 @@ from typing import Any
 
 from redis.exceptions import AuthenticationError, RedisError
 
+from scheduler.core import loop_guard
 from scheduler.core.connection import UNREACHABLE, is_cluster, key_nodes
 from scheduler.core.errors import SchedulerError
 from scheduler.worker import settings as worker_settings
@@ -109,8 +110,10 @@ class Worker(Claiming, Heartbeats):
         Returns:
             The process exit code: 0 after a clean stop, non-zero after a fatal error (see
             scheduler/core/exits.py). BadArgument: a second run() (a Worker runs once: make
-            another), or install_signals on a thread other than the main one."""
+            another), install_signals on a thread other than the main one, or a client first
+            used in a parent process or on another loop still open (core/loop_guard.py)."""
         worker_settings.check_run(self._ran, install_signals)
+        loop_guard.check(self.client, "redis.asyncio client")  # before any I/O, as a queue's
         self._loop = loop = asyncio.get_running_loop()
         if install_signals:  # and a forked child (a handler's helper) inherits none of it
             signals.install(loop, self._on_signal)
@@ -243,10 +246,7 @@ class Worker(Claiming, Heartbeats):
         """One call outside a loop (start-up / final presence beat): a transient error is
         logged and counted, a fatal one stops the worker."""
         try:
-            if deadline_s is None:
-                await coro
-            else:
-                await _within(coro, deadline_s)
+            await (coro if deadline_s is None else _within(coro, deadline_s))
         except _Deadline:
             self.log.warning("%s: no answer from Redis in %.1fs; going on", what, deadline_s)
         except Exception as exc:
