@@ -12,7 +12,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -58,28 +60,74 @@ def _spawn(url: str) -> subprocess.Popen[bytes]:
     )
 
 
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP while the demo runs, raised (as Ctrl-C's KeyboardInterrupt is) so that
+    its clean-up runs: a BaseException, which no `except Exception` on the way swallows."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`, an IDE's stop button) and SIGHUP (the terminal closed) raise
+    _Stopped while the demo runs: their default action ended the process without its clean-up,
+    leaving its Redis, workers and dir behind. Raised once: a second signal does not cut the
+    clean-up short. The previous handlers are put back after."""
+    if threading.current_thread() is not threading.main_thread():  # only it gets signals
+        yield
+        return
+    raised = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise _Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+
 def run_demo(
     url: str | None, console: Console | None = None, timeout_s: float = 45.0, keep: bool = False
 ) -> int:
     """Run the demo on `url`, or on a private Redis started here. `keep`: that private Redis
-    keeps running after the demo exits (its own session, so the terminal's Ctrl-C or hang-up
-    does not reach it), and the commands to explore it are printed."""
+    keeps running after the demo has finished (its own session, so the terminal's Ctrl-C or
+    hang-up does not reach it), and the commands to explore it are printed. Stopped before its
+    end (Ctrl-C, SIGTERM, SIGHUP), the demo leaves nothing running, `keep` or not: its workers
+    and its private Redis are stopped and that Redis's dir removed. SIGTERM / SIGHUP: 128+N."""
     console = console or Console()
+    try:
+        with _stop_on_signals():
+            return _run(url, console, timeout_s, keep)
+    except _Stopped as stop:
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            console.print(f"Stopped by {signal.Signals(stop.signum).name}.", highlight=False)
+        return 128 + stop.signum
+
+
+def _run(url: str | None, console: Console, timeout_s: float, keep: bool) -> int:
     with ExitStack() as stack:
         kept: PrivateRedis | None = None
         if url is None:
             try:
                 server = PrivateRedis(detach=keep)
-                if keep:
-                    server.start()  # no cleanup: it outlives this process
-                else:
-                    stack.enter_context(server)
+                # Stopped and its dir removed as the demo ends, unless a --keep demo finished.
+                stack.enter_context(server)
             except (NoServerBinary, RuntimeError) as exc:
                 console.print(f"[red]error:[/] {exc}")
                 return 1
             url, kept = server.url, (server if keep else None)
             console.print(f"Started a private Redis ({server.binary}) at {url}")
         code = _demo(url, console, stack, timeout_s)
+        if keep:
+            stack.pop_all()  # it finished (its workers stopped): the server outlives the demo
     if keep:
         _explore(console, url, kept)
     else:
