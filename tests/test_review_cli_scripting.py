@@ -494,12 +494,6 @@ def test_piped_ids_of_the_longest_names_are_whole(redis_url: str, client: redis.
         delete_queue(client, q)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`jobs list --state leased` in a pipe (160 columns) folds the worker id and the task "
-    "mid-word onto two lines: `| grep <worker id>` finds nothing (scheduler/cli/jobs.py:149, "
-    "overflow='fold' on every column but the id)",
-)
 def test_piped_leased_list_keeps_the_worker_id_and_task_whole(redis_url: str, q: Queue) -> None:
     task = "billing.invoices.render_monthly_statement_pdf"
     worker = "billing-worker-deployment-7d9f8b6c5d-x2x4z:1:9f3a1c2b"  # a k8s pod's host:pid:hex
@@ -509,3 +503,35 @@ def test_piped_leased_list_keeps_the_worker_id_and_task_whole(redis_url: str, q:
     row = [line for line in out.splitlines() if job in line]
     assert row, out
     assert worker in row[0] and task in row[0], out
+
+
+def test_a_leased_row_too_wide_for_a_terminal_is_a_block_with_ids_whole(
+    redis_url: str, q: Queue
+) -> None:
+    """Where the terminal (COLUMNS) cannot hold the row whole: one block per job, not a table
+    folding the task and worker id mid-word; wide enough, the table."""
+    task = "billing.invoices.render_monthly_statement_pdf"
+    worker = "billing-worker-deployment-7d9f8b6c5d-x2x4z:1:9f3a1c2b"
+    job = q.enqueue(task, {"a": 1}, job_id="invoice-" + str(uuid.uuid4()))
+    q.claim(worker, limit=1)
+    args = ["jobs", "list", "--state", "leased", "-q", q.name, "--url", redis_url]
+    narrow = tty_output(args, dict(piped_env(), COLUMNS="150")).splitlines()
+    assert any(job in line and task in line for line in narrow), narrow
+    assert any(line.strip() == f"worker: {worker}" for line in narrow), narrow
+    wide = tty_output(args, dict(piped_env(), COLUMNS="200")).splitlines()
+    assert any(job in line and task in line and worker in line for line in wide), wide
+
+
+def test_a_widened_pipe_still_wraps_a_long_error(redis_url: str, q: Queue) -> None:
+    """A pipe is widened for whole ids and task names, not for every error's length."""
+    task = "reports." + "x" * 150
+    job = q.enqueue(task, 1, job_id="j" * 96 + uuid.uuid4().hex, max_attempts=1)
+    error = " ".join(["the upstream ledger refused the statement"] * 8)  # 335 characters
+    (lease,) = q.claim("w", limit=1).jobs
+    q.fail(lease.id, lease.token, ValueError(error))
+    out = piped("jobs", "list", "--state", "dead", "-q", q.name, url=redis_url).stdout
+    lines = out.splitlines()
+    assert any(job in line and task in line for line in lines), out
+    assert max(map(len, lines)) < len(job) + len(task) + len(error) // 2, out  # wrapped
+    cells = [line.split("│")[-2].strip() for line in lines if "│" in line]
+    assert " ".join(c for c in cells if c) == f"ValueError: {error}", out  # by word

@@ -42,6 +42,7 @@ from scheduler.cli.job_view import (
     when_text,
 )
 from scheduler.cli.job_where import held_call
+from scheduler.cli.output import fits_whole
 from scheduler.cli.pausing import emit_noted, paused_note
 from scheduler.client import job_listing
 from scheduler.client.partitioned import PartitionedQueue, open_queue
@@ -140,22 +141,26 @@ def list_jobs(
         return
     title = f"{state} jobs in {queue!r}"
     out = console()
-    if out.width < TABLE_MIN_WIDTH:
+    t = Table(title=title + (f" (task {markup_safe(task)})" if task else ""))
+    # Ids, task names and worker ids whole (what `| grep` and the next command take), the
+    # rest wrapped by word; a row that cannot fit so on a terminal is printed as a block.
+    for col in ("id", "task", "attempts", "when", "worker", "last error"):
+        if col in ("id", "task", "worker"):
+            id_column(t, col, (r[col] or "-" for r in rows))
+        else:
+            t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(
+            cell(r["id"]),
+            cell(r["task"]),
+            fmt_attempts(r).removeprefix("attempts "),
+            cell(when_text(r, state)),
+            cell(r["worker"] or "-"),
+            cell(error_text(r)),
+        )
+    if out.width < TABLE_MIN_WIDTH or not fits_whole(out, t):
         print_blocks(out, title + (f" (task {task})" if task else ""), rows, state)
     else:
-        t = Table(title=title + (f" (task {markup_safe(task)})" if task else ""))
-        id_column(t, "id", (r["id"] for r in rows))
-        for col in ("task", "attempts", "when", "worker", "last error"):
-            t.add_column(col, overflow="fold")
-        for r in rows:
-            t.add_row(
-                cell(r["id"]),
-                cell(r["task"]),
-                fmt_attempts(r).removeprefix("attempts "),
-                cell(when_text(r, state)),
-                cell(r["worker"] or "-"),
-                cell(error_text(r)),
-            )
         out.print(t)
     if cut:  # the jobs past the cut were not examined: --offset (matches) cannot reach them
         out.print(f"[yellow]stopped after examining {scanned} jobs, more are left: examine the"

@@ -11,11 +11,13 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import click
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -206,10 +208,34 @@ def console(*, stderr: bool = False) -> Console:
     """Made per call so it writes to the stream click has in place (CliRunner swaps them).
     Not a terminal and no COLUMNS: PIPE_WIDTH, not rich's 80, so `| grep` sees whole rows."""
     stream = sys.stderr if stderr else sys.stdout
-    width = None
-    if not stream.isatty() and not os.environ.get("COLUMNS", "").isdigit():
-        width = PIPE_WIDTH
+    width = PIPE_WIDTH if _widthless(stream) else None
     return Console(file=stream, highlight=False, soft_wrap=False, width=width)
+
+
+def _widthless(stream: IO[str]) -> bool:
+    """A pipe or file has no width of its own (COLUMNS gives one)."""
+    return not stream.isatty() and not os.environ.get("COLUMNS", "").isdigit()
+
+
+_WRAP_MAX = 40  # a wrapping column's width in a widened pipe; a longer word (a URL) may fold
+
+
+def fits_whole(out: Console, table: Table) -> bool:
+    """Whether `table` fits `out` with its no-wrap columns (id_column's) whole and no word of
+    the others folded (up to _WRAP_MAX). A pipe or file is widened to fit, with room for each
+    wrapping column's text up to _WRAP_MAX (PIPE_WIDTH is only its default), so `| grep` sees
+    whole rows; on a terminal or with COLUMNS, False: the caller lays the rows out otherwise."""
+    need = room = 1  # the closing border; each column: a border, its padding, its content
+    for column in table.columns:
+        least = most = max(column.min_width or 0, cell_len(str(column.header)))
+        if not column.no_wrap:
+            sizes = [Measurement.get(out, out.options, c) for c in column.cells]
+            least = max(least, min(max((m.minimum for m in sizes), default=0), _WRAP_MAX))
+            most = max(least, min(max((m.maximum for m in sizes), default=0), _WRAP_MAX))
+        need, room = need + 3 + least, room + 3 + most
+    if need > out.width and _widthless(out.file):
+        out.width = room
+    return need <= out.width
 
 
 def id_column(table: Table, name: str, ids: Iterable[object]) -> None:
