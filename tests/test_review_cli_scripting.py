@@ -22,9 +22,11 @@ import redis
 from click.testing import CliRunner, Result
 
 from scheduler import Queue
+from scheduler.cli import confirm
 from scheduler.cli.main import main
 from scheduler.core import exits
 from scheduler.core.connection import connect
+from scheduler.operations.requests import Script
 from tests.conftest import delete_queue, dump_queue
 from tests.redis_server import RedisProcess, free_port
 
@@ -336,6 +338,9 @@ def confirming(q: Queue, what: str) -> list[str]:
     if what == "cancel":
         q.enqueue("t", 1)
         return ["jobs", "cancel", "--state", "due"]
+    if what == "quiet":  # a worker that exists only in Redis: one presence beat
+        q._execute(Script("worker_beat", ["w1", "30000", "beat", "h", "1", q.name, "0", "1", ""]))
+        return ["workers", "quiet", "--all"]
     make_dead(q, 2)
     if what == "purge":
         return ["dead", "purge"]
@@ -344,7 +349,7 @@ def confirming(q: Queue, what: str) -> list[str]:
     return ["dead", "retention", "--max-count", "0"]
 
 
-CONFIRMING = ["cancel", "purge", "requeue", "retention"]
+CONFIRMING = ["cancel", "purge", "requeue", "retention", "quiet"]
 
 
 @pytest.mark.parametrize("what", CONFIRMING)
@@ -360,19 +365,33 @@ def test_a_confirmation_with_stdin_at_eof_declines_and_changes_nothing(
     assert dump_queue(client, q) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a declined/unanswerable confirmation says only 'Aborted!', not that --yes is needed "
-    "without a terminal (scheduler/cli/job_cancel.py:218; also dead.py:231, "
-    "dead_retention.py:168, workers_stop.py:109)",
-)
 @pytest.mark.parametrize("what", CONFIRMING)
 def test_a_confirmation_without_a_terminal_says_to_pass_yes(
     redis_url: str, q: Queue, what: str
 ) -> None:
+    """Was "...? [y/N]: Aborted!" alone (scheduler/cli/confirm.py now asks for them all)."""
     proc = piped(*confirming(q, what), "--json", "-q", q.name, url=redis_url)
     assert proc.returncode == exits.EXIT_FAILED
-    assert "--yes" in proc.stderr, proc.stderr
+    assert "no answer (stdin is not a terminal): pass --yes to" in proc.stderr, proc.stderr
+    assert "Aborted" not in proc.stderr
+
+
+def test_a_declined_confirmation_says_nothing_changed(redis_url: str, q: Queue) -> None:
+    for answer in ("n\n", "\n"):  # the default is no
+        args = confirming(q, "purge")
+        result = invoke(*args, "-q", q.name, url=redis_url, stdin=answer)
+        assert result.exit_code == exits.EXIT_FAILED, result.output
+        assert "declined: nothing changed" in result.stderr and "--yes" not in result.stderr
+        assert q.counts().dead > 0
+
+
+def test_a_confirmation_in_the_cli_runner_without_input_says_to_pass_yes(
+    redis_url: str, q: Queue
+) -> None:
+    """CliRunner's stdin has no file descriptor: read as before, EOF is no answer."""
+    result = invoke(*confirming(q, "cancel"), "-q", q.name, url=redis_url)
+    assert result.exit_code == exits.EXIT_FAILED
+    assert "pass --yes to cancel them" in result.stderr and q.counts().due == 1
 
 
 def test_yes_piped_in_confirms(redis_url: str, q: Queue) -> None:
@@ -387,11 +406,6 @@ def test_yes_piped_in_confirms(redis_url: str, q: Queue) -> None:
     assert not ANSI.search(proc.stderr)  # the progress bar is not drawn on a pipe
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with stdin an open pipe that is not a terminal (ssh -T, a CI step, a supervisor) the "
-    "confirmation waits forever instead of refusing (scheduler/cli/job_cancel.py:218)",
-)
 def test_a_confirmation_on_an_open_non_terminal_stdin_does_not_hang(
     redis_url: str, q: Queue
 ) -> None:
@@ -408,9 +422,12 @@ def test_a_confirmation_on_an_open_non_terminal_stdin_does_not_hang(
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate()
+        err = proc.communicate()[1]
     assert proc.returncode == exits.EXIT_FAILED
     assert q.counts().due == 1
+    assert (
+        f"no answer on stdin within {confirm.ANSWER_WAIT_S} s (not a terminal): pass --yes" in err
+    )
 
 
 # -- piped text: no ANSI codes, ids whole ------------------------------------------------------

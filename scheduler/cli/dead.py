@@ -24,6 +24,7 @@ from scheduler.cli.common import (
     require_queue,
     url_option,
 )
+from scheduler.cli.confirm import confirm
 from scheduler.cli.dead_retention import retention
 from scheduler.cli.dead_view import (
     exit_unread,
@@ -228,7 +229,7 @@ def _bulk(
     if not yes:
         ask = {"requeued": "Requeue", "purged": "Delete for good"}.get(verb, verb)
         ask += f" {matched} dead job(s) of queue {queue!r}?"
-        click.confirm(ask, abort=True, err=True)  # stdout: the answer only (one JSON object)
+        confirm(ask, action=f"{verb.removesuffix('d')} them")  # requeue / purge
     progress = Progress(
         TextColumn(f"{verb} [progress.description]{{task.description}}"),
         BarColumn(),

@@ -26,6 +26,7 @@ from scheduler.cli.common import (
     require_queue,
     url_option,
 )
+from scheduler.cli.confirm import confirm
 from scheduler.client.queue import Queue
 from scheduler.core.codec import MAX_SAFE_INT, MAX_TIME_MS, stored_int
 from scheduler.core.keys import QueueKeys
@@ -165,11 +166,10 @@ def retention(
     changed = wanted != current
     if changed:
         if over and not yes:
-            click.confirm(
+            confirm(
                 f"{over} of {dead} dead job(s) of queue {queue!r} are beyond {_describe(wanted)}:"
                 " they are deleted for good by the next claims and deaths. Set it?",
-                abort=True,
-                err=True,  # stdout is for the answer (one JSON object with --json)
+                action="set it",
             )
         # A limit not given is kept as stored when written ('keep'), not as read above: another
         # operator's change of it meanwhile stays (lua/dead_retention.lua).

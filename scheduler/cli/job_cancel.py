@@ -29,6 +29,7 @@ from scheduler.cli.common import (
     require_queue,
     url_option,
 )
+from scheduler.cli.confirm import confirm
 from scheduler.cli.job_select import Selection, batches, children_first, count, select
 from scheduler.cli.job_where import by_holding, silent_partition
 from scheduler.client.partitioned import PartitionedQueue, not_answering, open_queue, unread
@@ -215,7 +216,7 @@ def cancel_jobs(
         asked = None if yes else sum(count(s) for s in chosen)
     what = f"{state} job(s)" + (f" of task {task!r}" if task else "")
     if asked:
-        click.confirm(f"Cancel {asked} {what} of queue {queue!r}?", abort=True, err=True)
+        confirm(f"Cancel {asked} {what} of queue {queue!r}?", action="cancel them")
     matched, counts, refused, stop = _cancel_all(queue, chosen, asked)
     done = sum(n for was, n in counts.items() if was in _CANCELLED)
     # Not answered: after the error that stopped it (the last batch sent may have run).

@@ -32,6 +32,7 @@ from scheduler.cli.common import (
     resolve_queues,
     url_option,
 )
+from scheduler.cli.confirm import confirm
 from scheduler.core.claim_reply import check_worker_id
 from scheduler.core.connection import UNREACHABLE
 from scheduler.core.keys import QueueKeys
@@ -106,7 +107,7 @@ def _ask(verb: str, *, url: str, queues: tuple[str, ...], worker_ids: tuple[str,
     if all_:
         chosen = list(live)
         if chosen and not yes:
-            click.confirm(f"{verb.capitalize()} {len(chosen)} worker(s)?", abort=True, err=True)
+            confirm(f"{verb.capitalize()} {len(chosen)} worker(s)?", action=f"{verb} them")
     else:
         known = {wid for wid, _ in live}
         missing = [wid for wid in dict.fromkeys(worker_ids) if wid not in known]
