@@ -8,8 +8,9 @@
   let out of the key's hold for that slot).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
   Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held
-  ARGV[1] id  ARGV[2] when ('at' | 'in' | 'now')  ARGV[3] time_ms (run_at_ms for 'at'; for 'in', a
-    delay from the server's now; for 'now', ignored: the server's now, for a job due later only)
+  ARGV[1] id  ARGV[2] when ('at' | 'in' | 'now')  ARGV[3] time_ms (run_at_ms for 'at', a past
+    one taken as now; for 'in', a delay from the server's now; for 'now', ignored: the server's
+    now, for a job due later only)
   Returns: {'rescheduled', run_at_ms} | {word}: the job did not move, word = 'schedule' (a
     schedule's occurrence), 'held' (set aside by flow control), its state ('leased', 'done',
     'dead', 'cancelled'; 'due' for 'now': due already, it keeps its place), or 'missing'.
@@ -35,6 +36,10 @@ elseif when == 'now' then
   run_at = now
 elseif when == 'at' then
   run_at, err = int_arg(ARGV[3], 'time_ms', 0, LIM.time_ms); if err then return err end
+  -- A past time is due now, and stored as now: a start window then counts from now, and the
+  -- next move shifts it from there (kept as the past time, a second move widened the window
+  -- by how far in the past it was).
+  if run_at < now then run_at = now end
 else
   return redis.error_reply('BAD_ARGUMENT when=' .. string.sub(when, 1, 40))
 end
@@ -67,12 +72,9 @@ local head = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 local run_at_s = fmt(run_at)
 if not f[1] then spec_pin_enqueued(prefix, id, fmt(tonumber(score))) end
 -- A start deadline moves with the run time: the job keeps the window it was given (a score
--- that is no time, edited by hand, moves nothing), counted from when it is due: a past run_at
--- is due now, so its window starts now (else the deadline could land already passed).
+-- that is no time, edited by hand, moves nothing).
 local was = tonumber(score)
-if was >= 0 and was <= LIM.time_ms then
-  spec_move_deadline(prefix, id, math.max(run_at, now) - math.floor(was))
-end
+if was >= 0 and was <= LIM.time_ms then spec_move_deadline(prefix, id, run_at - math.floor(was)) end
 redis.call('ZADD', due, 'XX', run_at_s, id)
 -- A job with a hash (claimed before, or a flow job) reads its run time from it at claim.
 if f[1] then redis.call('HSET', jk, 'run_at_ms', run_at_s) end

@@ -49,12 +49,6 @@ def cli(url: str, *args: str) -> tuple[int, str]:
 # -- lua/reschedule.lua: a start window counted from max(run_at, now) ------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a reschedule to a past run_at counts the window from now but stores the past run_at"
-    " as the score; the next reschedule moves the deadline by (new - that past score), so the"
-    " window grows by how far in the past the first one was (lua/reschedule.lua:74)",
-)
 def test_a_second_reschedule_keeps_the_window_it_was_given(tq: tuple[Queue, Clock]) -> None:
     # A reminder with a 15-minute window, run now by "09:00" (an hour ago), then, before any
     # claim, moved to 10 minutes from now: it starts within 15 minutes of that, or not at all.
@@ -134,12 +128,6 @@ def test_a_job_flow_control_holds_is_not_moved_and_nothing_is_written(
 # -- scheduler/cli/demo.py: SIGTERM / SIGHUP handlers ----------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`nohup scheduler demo` is stopped by the hang-up nohup asked to ignore: the demo"
-    " installs its SIGHUP handler over an inherited SIG_IGN, unlike the worker CLI"
-    " (worker_signals.py:66) (scheduler/cli/demo.py:90)",
-)
 def test_the_demo_keeps_an_ignored_hangup_ignored() -> None:
     from scheduler.cli import demo
 
@@ -417,12 +405,6 @@ def _has(p: Queue, job_id: str) -> bool:
     return True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`jobs reschedule --in 0s` (or a past --at) on a paused queue makes the job due and"
-    " says nothing of the pause, as --now did before 93cef91: the note is given for --now only"
-    " (scheduler/cli/jobs.py:291)",
-)
 def test_reschedule_in_zero_on_a_paused_queue_says_it_waits_for_a_resume(
     redis_url: str, q: Queue
 ) -> None:
