@@ -86,7 +86,9 @@ def _stop_on_signals() -> Iterator[None]:
             raised = True
             raise _Stopped(signum)
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # One ignored already (nohup: the hang-up it asked to ignore) stays ignored.
+    ours = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
+    previous = {s: signal.signal(s, stop) for s in ours}
     try:
         yield
     finally:

@@ -284,11 +284,13 @@ def reschedule_job(
     def moved(p: Queue) -> tuple[str, str]:
         # --now as the dashboard's Run now: a job due already is left where it is (re-scored
         # to now it went behind every job due before now, an aged one behind every priority);
-        # due in a paused queue (partition), it waits for a resume: said, as the dashboard does.
+        # moved in a paused queue (partition), it waits for a resume however soon it is due:
+        # said, as the dashboard does (--in 0s and a past --at too).
         if now:
             status = p._run(p.ops.run_now(job_id))
-            return status, paused_note(p, queue) if status in ("rescheduled", "due") else ""
-        return p.reschedule(job_id, delay_ms=in_ms, run_at=run_at), ""
+        else:
+            status = p.reschedule(job_id, delay_ms=in_ms, run_at=run_at)
+        return status, paused_note(p, queue) if status in ("rescheduled", "due") else ""
 
     # Where the job is, as `jobs show` (its node down: named, exit 3).
     status, note = held_call(opened, queue, job_id, moved)

@@ -32,7 +32,7 @@ def register(main: click.Group) -> None:
 
 
 def paused_note(q: Queue | PartitionedQueue, queue: str, schedule: str = "") -> str:
-    """What `schedules run` and `jobs reschedule --now` add when the job's queue (`q`; a
+    """What `schedules run` and `jobs reschedule` add when the job's queue (`q`; a
     partitioned one: the partition of `schedule`) is paused: made due, it still waits for a
     resume, as the dashboard's notice says. '' when it is not paused, or the pause cannot be
     read: the job is made or moved either way, and a note is no reason to fail the command."""
