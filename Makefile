@@ -54,7 +54,7 @@ define pytest
 	  echo "== $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: demo test check test-suite test-valkey test-lowest-redis test-cluster install install-test redis-server chromium \
+.PHONY: demo test check test-suite test-others test-valkey test-lowest-redis test-cluster install install-test redis-server chromium \
         lint bench clean docs examples
 
 # Stamps: a venv is (re)installed only when pyproject.toml is newer than its stamp.
@@ -117,7 +117,13 @@ check: | $(BIN)/mypy
 
 lint: check
 
-test: install-test check docs test-suite test-valkey test-lowest-redis test-cluster
+test: install-test check docs test-suite test-others
+
+# The three shorter stages at once (-j3; each one's output kept together, -O): they mostly wait
+# on servers (a cluster's start, crash/restart cycles), so side by side they take about as long
+# as the longest. They run after the whole suite (-k: also after it failed), never beside it.
+test-others: install-test
+	$(MAKE) --no-print-directory -k -j3 -O test-valkey test-lowest-redis test-cluster
 
 docs: $(VENV)/.installed-docs
 	@echo "== docs site (strict)"
