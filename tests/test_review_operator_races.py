@@ -4,10 +4,8 @@ was written against and names the promise it checks."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import click
 import pytest
 import redis
 
@@ -40,17 +38,6 @@ def _run_again_and_die(q: Queue, job_id: str, error: BaseException) -> None:
     assert q.fail(j.id, j.token, error, retryable=False).status == "dead"
 
 
-class _ClickAnswering:
-    """scheduler.cli.dead's `click`, whose confirmation runs `answer` (the race) instead of
-    reading the terminal."""
-
-    def __init__(self, answer: Callable[..., bool]) -> None:
-        self.confirm = answer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(click, name)
-
-
 # -- dead purge / requeue: the selection is acted on after the confirmation ---------------------
 @pytest.mark.parametrize(
     "verb, flt",
@@ -80,7 +67,8 @@ def test_a_bulk_action_leaves_a_job_that_stopped_matching_its_filter_while_it_as
         _run_again_and_die(q, "b", ValueError("other"))
         return True
 
-    monkeypatch.setattr(dead_cli, "click", _ClickAnswering(meanwhile))
+    # the confirmation (scheduler/cli/confirm.py, as dead.py imports it) runs the race instead
+    monkeypatch.setattr(dead_cli, "confirm", lambda *_a, **_k: meanwhile())
     out = ok_json(cli("dead", verb, "--json", "-q", q.name, *flt))
     assert (out["matched"], out["done"], out["skipped"]) == (2, 1, 1)
     b = q.get_job("b")  # still there, and still dead (not requeued a second time)
