@@ -206,6 +206,32 @@ def test_not_found_is_exit_1_everywhere(
     assert dump_queue(client, q) == before
 
 
+@pytest.mark.parametrize(
+    ("args", "answers"),
+    [
+        (["jobs", "show", "no-such-job"], False),
+        (["jobs", "reschedule", "no-such-job", "--now"], False),
+        (["jobs", "cancel", "no-such-job"], True),
+        (["schedules", "pause", "no-such-schedule"], True),
+        (["schedules", "run", "no-such-schedule"], True),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else str(v),
+)
+def test_not_found_prints_an_answer_only_where_the_readme_says(
+    redis_url: str, q: Queue, args: list[str], answers: bool
+) -> None:
+    """README's CLI section: a refusal before any answer (`jobs show|reschedule` of a job not
+    found) leaves stdout empty; `jobs cancel` and `schedules ...` answer `"missing"` (exit 1)."""
+    q.enqueue("t", None)  # the queue exists: not refused as an unknown queue name
+    result = invoke(*args, "--json", "-q", q.name, url=redis_url)
+    assert result.exit_code == exits.EXIT_FAILED, result.output
+    if answers:
+        assert '"missing"' in result.stdout, result.stdout
+        assert isinstance(json.loads(result.stdout), dict)
+    else:
+        assert result.stdout == "", result.stdout
+
+
 def test_a_partly_done_cancel_is_exit_1_with_each_outcome(
     redis_url: str, q: Queue, full: dict[str, str]
 ) -> None:
