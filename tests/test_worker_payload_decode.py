@@ -223,9 +223,10 @@ def test_an_undecoded_payload_is_decoded_on_the_loop_when_no_thread_can_start(
     loop = asyncio.new_event_loop()
     try:
         monkeypatch.setattr(loop, "run_in_executor", no_thread)
-        assert loop.run_until_complete(Undecoded('{"a": [1]}').off_loop()) == {"a": [1]}
+        big = loop.run_until_complete(Undecoded('{"a": [1]}').off_loop_for(None))
+        assert big.data == {"a": [1]}
         with pytest.raises(Undecodable) as bad:
-            loop.run_until_complete(Undecoded("[Infinity]").off_loop())
+            loop.run_until_complete(Undecoded("[Infinity]").off_loop_for(None))
     finally:
         loop.close()
     assert str(bad.value) == not_json(ValueError("Infinity is not JSON (enqueue refuses it: "

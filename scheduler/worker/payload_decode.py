@@ -53,10 +53,6 @@ class Undecoded:
         except (ValueError, RecursionError) as exc:  # never anything but JSON (a pickle)
             raise Undecodable(not_json(exc)) from None
 
-    async def off_loop(self) -> Any:
-        """Decoded in the loop's default executor (an async handler's payload)."""
-        return await _in_executor(self.decode)
-
     async def off_loop_for(self, tp: type | None) -> OffLoop:
         """Decoded, and built into `tp` (a payload_type; None: not built), in the executor."""
         return await _in_executor(self._decode_for, tp)
