@@ -19,9 +19,16 @@ answer was lost (its nonce replays the same jobs) and give back those jobs with 
 started; wait up to the grace period for running handlers; stop the reporter and flush every
 outcome known (also those of a call still in flight); release the jobs still running; only
 then stop heartbeats; remove the presence entry; exit. Cancelling the task of an embedded
-`run()` runs the same shutdown without the grace period, then raises CancelledError."""
+`run()` runs the same shutdown without the grace period, then raises CancelledError.
 
-from scheduler.worker.runtime import Worker
+`Worker` (the runtime: claiming, execution, metrics) is imported on first use (PEP 562): a
+producer's `from scheduler import Registry` loads this package but not the runtime."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from scheduler.worker.settings import (
     EXIT_ERROR,
     EXIT_FORCED,
@@ -34,6 +41,9 @@ from scheduler.worker.settings import (
     SettingsError,
     WorkerSettings,
 )
+
+if TYPE_CHECKING:
+    from scheduler.worker.runtime import Worker
 
 __all__ = [
     "EXIT_ERROR",
@@ -48,3 +58,17 @@ __all__ = [
     "Worker",
     "WorkerSettings",
 ]
+
+
+if not TYPE_CHECKING:  # hidden from mypy: a misspelt `scheduler.worker.X` stays a type error
+
+    def __getattr__(name: str) -> Any:
+        if name == "Worker":
+            value = importlib.import_module("scheduler.worker.runtime").Worker
+            globals()[name] = value  # later accesses skip this function
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"Worker"})
