@@ -1,7 +1,8 @@
 """The manual lease API of a partitioned queue: PartitionedQueue's claim, heartbeat,
 set_progress, fail, release and complete_many, and the settings written to every partition,
-set_dead_retention and set_priority_aging (a mixin); the plan and the merges are shared with
-the asyncio twin, partitioned_lease_aio.py.
+set_dead_retention and set_priority_aging (each partition checked first, as pause's:
+partitioned_change.checked_change_sync); a mixin. The plan and the merges are shared with the
+asyncio twin, partitioned_lease_aio.py.
 
 claim asks every partition in one driver call per node (run_answering), each for its share of
 `limit`: an even split, the remainder to the partitions from a start the call's nonce picks
@@ -20,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from scheduler.client.partitioned_change import checked_change_sync
 from scheduler.client.partitioned_ids import holding_sync, looked_up
 from scheduler.client.partitioned_lease_plan import (
     PartitionedClaimBatch,
@@ -45,7 +47,7 @@ from scheduler.client.partitioned_lease_plan import (
     strays,
     turn_order,
 )
-from scheduler.client.partitioned_merge import PartitionsNotReached, reached_every
+from scheduler.client.partitioned_merge import PartitionsNotReached
 from scheduler.client.partitioned_partial import answering_sync
 from scheduler.client.queue import Queue
 from scheduler.core.limits import DEFAULT_LEASE_MS, check_int, check_lease, lease_pairs
@@ -180,18 +182,23 @@ class PartitionedLeasing:
         Every partition is checked first: one refusing (a config of another type, a newer
         version's storage) refuses the change, nothing written. PartitionsNotReached when some
         partitions do not answer: those answering took it; call it again (it is idempotent)."""
-        answering_sync(self, lambda p: p.ops.check_dead_retention(max_age_ms, max_count),
-                       self.parts)  # fmt: skip
-        each = answering_sync(self, lambda p: p.ops.set_dead_retention(max_age_ms, max_count),
-                              self.parts)  # fmt: skip
-        reached_every("set_dead_retention", self.parts, each)
+        # No `lost` (pause's changed_if_lost): a setter's write asked again after its reply was
+        # lost sets the same value again and answers None, as the first would have.
+        checked_change_sync(
+            self,
+            "set_dead_retention",
+            lambda p: p.ops.check_dead_retention(max_age_ms, max_count),
+            lambda p: p.ops.set_dead_retention(max_age_ms, max_count),
+        )
 
     def set_priority_aging(self, priority_aging_ms: int | None) -> None:
         """`Queue.set_priority_aging` on every partition: each claim reads its own partition's
-        config, never the logical name's (a hand HSET there is read by no claim).
-        PartitionsNotReached when some partitions do not answer: those answering took it;
-        call it again (it is idempotent)."""
-        answering_sync(self, lambda p: p.ops.check_priority_aging(priority_aging_ms), self.parts)
-        each = answering_sync(self, lambda p: p.ops.set_priority_aging(priority_aging_ms),
-                              self.parts)  # fmt: skip
-        reached_every("set_priority_aging", self.parts, each)
+        config, never the logical name's (a hand HSET there is read by no claim). Every
+        partition is checked first, as set_dead_retention's. PartitionsNotReached when some
+        partitions do not answer: those answering took it; call it again (it is idempotent)."""
+        checked_change_sync(
+            self,
+            "set_priority_aging",
+            lambda p: p.ops.check_priority_aging(priority_aging_ms),
+            lambda p: p.ops.set_priority_aging(priority_aging_ms),
+        )

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from scheduler.client.aio import AsyncQueue
+from scheduler.client.partitioned_change import checked_change_async
 from scheduler.client.partitioned_ids import holding_async
 from scheduler.client.partitioned_lease_plan import (
     PartitionedClaimBatch,
@@ -32,11 +33,7 @@ from scheduler.client.partitioned_lease_plan import (
     strays,
     turn_order,
 )
-from scheduler.client.partitioned_merge import (
-    PartitionsNotReached,
-    not_answering,
-    reached_every,
-)
+from scheduler.client.partitioned_merge import PartitionsNotReached, not_answering
 from scheduler.client.partitioned_partial import answering_async
 from scheduler.core.limits import DEFAULT_LEASE_MS, check_int, check_lease, lease_pairs
 from scheduler.core.models import FailOutcome
@@ -165,20 +162,18 @@ class AsyncPartitionedLeasing:
         self, max_age_ms: int | None = None, max_count: int | None = None
     ) -> None:
         """PartitionedQueue.set_dead_retention for asyncio."""
-        await answering_async(
-            self, lambda p: p.ops.check_dead_retention(max_age_ms, max_count), self.parts
+        await checked_change_async(
+            self,
+            "set_dead_retention",
+            lambda p: p.ops.check_dead_retention(max_age_ms, max_count),
+            lambda p: p.ops.set_dead_retention(max_age_ms, max_count),
         )
-        each = await answering_async(
-            self, lambda p: p.ops.set_dead_retention(max_age_ms, max_count), self.parts
-        )
-        reached_every("set_dead_retention", self.parts, each)
 
     async def set_priority_aging(self, priority_aging_ms: int | None) -> None:
         """PartitionedQueue.set_priority_aging for asyncio."""
-        await answering_async(
-            self, lambda p: p.ops.check_priority_aging(priority_aging_ms), self.parts
+        await checked_change_async(
+            self,
+            "set_priority_aging",
+            lambda p: p.ops.check_priority_aging(priority_aging_ms),
+            lambda p: p.ops.set_priority_aging(priority_aging_ms),
         )
-        each = await answering_async(
-            self, lambda p: p.ops.set_priority_aging(priority_aging_ms), self.parts
-        )
-        reached_every("set_priority_aging", self.parts, each)
