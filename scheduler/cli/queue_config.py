@@ -161,10 +161,10 @@ def priority_aging(
 
 
 def _write(q: Queue | PartitionedQueue, aging: int | None) -> None:
-    """set_priority_aging. A partitioned queue's partitions are each checked first: the library
-    call writes every partition that takes the value, then raises one partition's refusal ('...:
-    nothing written' of that one). A write refused midway all the same (a config changed since
-    the check) names the partitions that hold the value now."""
+    """set_priority_aging. A partitioned queue's partitions are each checked first here, so the
+    refusal names every partition that refuses (the library call, which also checks first and
+    then writes nothing, raises the first one's). A write refused midway all the same (a config
+    changed since the check) names the partitions that hold the value now."""
     if not isinstance(q, PartitionedQueue):
         q.set_priority_aging(aging)
         return

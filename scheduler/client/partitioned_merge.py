@@ -220,9 +220,9 @@ def ids_in_call_order(placed: Sequence[Placed], got: dict[int, Any]) -> list[str
 
 class PartitionsNotReached(redis.ConnectionError, SchedulerError):
     """A call over every partition reached only some: the nodes of `missing` did not answer, or
-    refused for now (a slot being moved); `done` are the others. A change (pause, resume): those
-    took it, `partial` is None; it is idempotent, so calling it again once they answer finishes
-    it. A read (counts, list_jobs, dead_ids, dead_scored, list_schedules): `partial` is what it
+    refused for now (a slot being moved); `done` are the others. A change (pause, resume,
+    set_dead_retention, set_priority_aging): those took it, `partial` is None; it is idempotent,
+    so calling it again once they answer finishes it. A read (counts, list_jobs, dead_ids, dead_scored, list_schedules): `partial` is what it
     returns, of `done` only. A ConnectionError: what retries an unreachable Redis retries this
     (the CLI: exit 3; the dashboard: 503)."""
 
@@ -266,7 +266,8 @@ def unread(parts: Sequence[Any], results: Sequence[Any]) -> list[str]:
 
 
 def reached_every(what: str, parts: Sequence[Any], each: list[Any]) -> list[Any]:
-    """run_answering's results of a change of every partition (`what`: pause, resume), or
+    """run_answering's results of a change of every partition (`what`: pause, resume,
+    set_dead_retention, set_priority_aging), or
     PartitionsNotReached naming the partitions that did not answer."""
     pairs = list(zip((p.name for p in parts), each, strict=True))
     failed = [(n, slot_move_text(r) or str(r)) for n, r in pairs if isinstance(r, BaseException)]
