@@ -221,10 +221,10 @@ def ids_in_call_order(placed: Sequence[Placed], got: dict[int, Any]) -> list[str
 class PartitionsNotReached(redis.ConnectionError, SchedulerError):
     """A call over every partition reached only some: the nodes of `missing` did not answer, or
     refused for now (a slot being moved); `done` are the others. A change (pause, resume,
-    set_dead_retention, set_priority_aging): those took it, `partial` is None; it is idempotent,
-    so calling it again once they answer finishes it. A read (counts, list_jobs, dead_ids, dead_scored, list_schedules): `partial` is what it
-    returns, of `done` only. A ConnectionError: what retries an unreachable Redis retries this
-    (the CLI: exit 3; the dashboard: 503)."""
+    set_dead_retention, set_priority_aging): those took it, `partial` is None; it is idempotent, so
+    calling it again once they answer finishes it. A read (counts, list_jobs, dead_ids, dead_scored,
+    list_schedules): `partial` is what it returns, of `done` only. A ConnectionError: what retries
+    an unreachable Redis retries this (the CLI: exit 3; the dashboard: 503)."""
 
     def __init__(
         self, what: str, done: list[str], missing: list[str], errors: list[str], partial: Any = None
