@@ -604,7 +604,6 @@ _LOST_AT_STOP = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=_LOST_AT_STOP + ": the progress the run set is lost")
 def test_progress_set_before_a_graceful_stop_reaches_the_job_it_gives_back(
     redis_url: str, q: Queue
 ) -> None:
@@ -613,12 +612,6 @@ def test_progress_set_before_a_graceful_stop_reaches_the_job_it_gives_back(
     assert q.get_job(job).progress == {"sent": 3}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=_LOST_AT_STOP + "; so lua/enqueue.lua:174 (unstarted) takes the run for never "
-    "started, and a debounced call replaces the job a handler already began (same id, new "
-    "payload), where README says such a run 'counts only if it set progress': it did",
-)
 def test_a_run_that_set_progress_before_a_graceful_stop_is_not_debounced_away(
     redis_url: str, q: Queue
 ) -> None:

@@ -101,8 +101,7 @@ class Reporting(WorkerCore):
             by_queue.setdefault((r.queue, self._ttl_for(r)), []).append((r, result))
         # First the progress set since the last heartbeat: the leases are still held.
         runs = [r for r, _ in completes] + [r for r, _, _ in fails]
-        carried = progress_sends.take(runs, finished_too=True)
-        calls = progress_sends.calls(self._by_name, carried)
+        carried, calls = progress_sends.ahead(self._by_name, runs)
         skip = len(calls)
         try:
             for (qn, ttl_ms), items in by_queue.items():
@@ -241,8 +240,10 @@ class Reporting(WorkerCore):
             qs = [self._by_name[qn] for qn in left]
             leases = [[(r.job.id, r.job.token) for r in by_queue[qn]] for qn in left]
             items = [(q.script_keys, q.ops.release(ls)) for q, ls in zip(qs, leases, strict=True)]
+            runs = [r for qn in left for r in by_queue[qn]]  # their unsent progress goes first
             try:
-                replies = await _within(self._run_by_node(items), deadline - time.monotonic())
+                sent = progress_sends.sent_ahead(self._by_name, runs, items, self._run_by_node)
+                replies = await _within(sent, deadline - time.monotonic())
             except Exception as exc:
                 replies = [exc] * len(items)  # no answer (_Deadline too): none was released
             got.update(zip(left, replies, strict=True))
@@ -294,7 +295,6 @@ class Reporting(WorkerCore):
         """The reports of a call given up on go back to be sent again; the new generation
         keeps that call, if it still ends, from putting them back a second time."""
         self._report_gen += 1
-        sent_c, sent_f = self._sending
-        self._sending = ([], [])
+        (sent_c, sent_f), self._sending = self._sending, ([], [])
         self._completes[:0] = sent_c
         self._fails[:0] = sent_f
