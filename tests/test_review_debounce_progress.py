@@ -597,13 +597,6 @@ def _stopped_after_progress(redis_url: str, q: Queue, job: str) -> None:
     assert _poll(lambda: q.status(job) == "due")  # given back at the stop
 
 
-_LOST_AT_STOP = (
-    "scheduler/worker/runtime.py:291-294: a run still going at a graceful stop is released "
-    "(reporting.py:231 _release) without first sending its latest ctx.set_progress, which only "
-    "heartbeats and complete/fail carry (reporting.py:104, progress_sends.py)"
-)
-
-
 def test_progress_set_before_a_graceful_stop_reaches_the_job_it_gives_back(
     redis_url: str, q: Queue
 ) -> None:

@@ -266,9 +266,8 @@ def unread(parts: Sequence[Any], results: Sequence[Any]) -> list[str]:
 
 
 def reached_every(what: str, parts: Sequence[Any], each: list[Any]) -> list[Any]:
-    """run_answering's results of a change of every partition (`what`: pause, resume,
-    set_dead_retention, set_priority_aging), or
-    PartitionsNotReached naming the partitions that did not answer."""
+    """run_answering's results of a change of every partition (`what`: pause, resume, a setter),
+    or PartitionsNotReached naming the partitions that did not answer."""
     pairs = list(zip((p.name for p in parts), each, strict=True))
     failed = [(n, slot_move_text(r) or str(r)) for n, r in pairs if isinstance(r, BaseException)]
     if failed:
