@@ -128,15 +128,6 @@ def test_a_queue_from_url_goes_on_by_itself_after_redis_restarts(
         assert str(q.status(first)) == "done"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler/core/connection.py:206: connect()/connect_async() build the client with "
-    "redis-py's from_url, whose pool connections get Retry(NoBackoff(), 0), not the default "
-    "Retry that docs/durability.md's 'redis-py's default Retry re-sends a command up to 10 "
-    "times' and 'the client reloads by itself' rely on; from_url takes no retry argument. "
-    "On asyncio the pool's check does not see the closed connection, so the first call after "
-    "any Redis restart raises ConnectionError ('Connection lost') although the server is up",
-)
 @pytest.mark.parametrize("hard", [True, False], ids=["kill-9", "graceful"])
 def test_an_async_queue_from_url_goes_on_by_itself_after_a_redis_restart(
     start_server: Callable[..., Server], hard: bool

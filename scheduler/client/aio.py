@@ -69,7 +69,7 @@ class AsyncQueue(Unpicklable):
             The queue on a new connection (the caller closes it). Always a plain queue: the
             partition layout is not read (no extra round trip); for a name that may be a
             partitioned queue use `scheduler.open_queue_async` (client/partitioned_aio.py)."""
-        return cls(connect_async(url), name, **kwargs)
+        return cls(connect_async(url, default_retry=True), name, **kwargs)
 
     @property
     def name(self) -> str:

@@ -352,7 +352,9 @@ def open_queue(
     connection the caller closes: `close()` or `with`, either kind). One GET here, once: N is
     fixed at creation, so the answer holds for the queue's life and no later call pays for it
     (`Queue.from_url` never reads it: a plain queue's calls stay one round trip)."""
-    client = connect(target) if isinstance(target, str) else cast(redis.Redis, target)
+    if isinstance(target, str):
+        target = connect(target, default_retry=True)
+    client = cast(redis.Redis, target)
     layout = read_layout(client, name, "open_queue")
     if layout is None:
         return Queue(client, name, **queue_kwargs)

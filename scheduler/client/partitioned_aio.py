@@ -290,7 +290,7 @@ async def open_queue_async(
     `sched:{name}:partitions` exists, else an `AsyncQueue`; `target` a redis.asyncio client
     or a URL (a new connection the caller closes: `aclose()` or `async with`, either kind).
     One GET, once."""
-    client = connect_async(target) if isinstance(target, str) else target
+    client = connect_async(target, default_retry=True) if isinstance(target, str) else target
     loop_guard.check(client, "redis.asyncio client")  # as AsyncPartitionedQueue.create
     layout = await read_layout_async(client, name, "open_queue_async")
     if layout is None:

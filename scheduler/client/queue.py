@@ -79,7 +79,7 @@ class Queue(Unpicklable):
             The queue on a new connection (the caller closes it: `close()`, or `with`). Always
             a plain queue: the partition layout is not read (no extra round trip); for a name
             that may be a partitioned queue use `scheduler.open_queue` (client/partitioned.py)."""
-        return cls(connect(url), name, **kwargs)
+        return cls(connect(url, default_retry=True), name, **kwargs)
 
     @property
     def name(self) -> str:

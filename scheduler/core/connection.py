@@ -19,7 +19,9 @@ as connect()'s keywords) is refused (BadArgument) before any connection; `?senti
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
+import inspect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,12 +32,7 @@ import redis.asyncio as aredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import (
-    ClusterError,
-    CrossSlotTransactionError,
-    RedisClusterException,
-    SlotNotCoveredError,
-)
+from redis.exceptions import ClusterError, RedisClusterException, SlotNotCoveredError
 
 from scheduler.core import url_options
 from scheduler.core.errors import BadArgument, cluster_refusal
@@ -194,23 +191,34 @@ def _host_port(url: str, text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _client(url: str, kwargs: dict[str, Any], one: Any, cluster: Any, node: Any) -> Any:
+def plain_retry(one: type[redis.Redis] | type[aredis.Redis]) -> Any:
+    """A copy of the Retry a plain `one(...)` gives its connections (redis-py's default; from_url:
+    none), for the app's queues from a URL. Not `scheduler worker`'s (socket_timeout=30, its own
+    backoff: re-sends could hold a call minutes) nor the CLI's (one-shot, fails fast: exit 3)."""
+    return copy.deepcopy(inspect.signature(one.__init__).parameters["retry"].default)
+
+
+def _client(url: str, kw: dict[str, Any], one: Any, cluster: Any, node: Any) -> Any:
+    retry = kw.pop("default_retry", False)  # not a parameter: callers pass **dict[str, str]
     target = parse_url(url)
-    url_options.check_tls_paths({**kwargs, **target.options})  # a key's password may be a keyword
+    url_options.check_tls_paths({**kw, **target.options})  # a key's password may be a keyword
     # The URL's options over the caller's (as from_url); bytes not UTF-8 read as `\xff` escapes.
-    args = {"decode_responses": True, "encoding_errors": "backslashreplace", **kwargs}
+    args = {"decode_responses": True, "encoding_errors": "backslashreplace", **kw}
     args.update(target.options)
-    if target.sentinel is not None:
+    if target.sentinel is not None:  # its own retry (core/sentinel_conn.py)
         return sentinel_client(target.sentinel, args, asyncio=one is aredis.Redis)
     if not target.cluster:
+        if retry and args.get("retry") is None:
+            args["retry"] = plain_retry(one)
         return one.from_url(target.address, **args)
-    others = [node(h, p) for h, p in target.seeds[1:]]
+    others = [node(h, p) for h, p in target.seeds[1:]]  # RedisCluster: its own retry
     return cluster.from_url(target.address, startup_nodes=others, **args)
 
 
 def connect(url: str, **kwargs: Any) -> redis.Redis:
     """A client for `url` as `scheduler worker` reads it: one server, a Cluster, a Sentinel's
-    master. Replies decoded unless `decode_responses=False`; a bad URL raises BadArgument."""
+    master. Replies decoded unless `decode_responses=False`; a bad URL raises BadArgument.
+    `default_retry=True`: one server's calls re-send as a plain redis.Redis's (plain_retry)."""
     return _client(url, kwargs, redis.Redis, RedisCluster, ClusterNode)  # type: ignore[no-any-return]
 
 
@@ -222,20 +230,14 @@ def connect_async(url: str, **kwargs: Any) -> aredis.Redis:
 # A read's server or cluster node cannot answer (refused, timed out, down, slots remapped): the
 # dashboard answers 503, reads the other nodes (redis-py's cluster errors: not ConnectionErrors).
 UNREACHABLE: tuple[type[Exception], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    RedisClusterException,
-    ClusterError,
-)
-
+    redis.ConnectionError, redis.TimeoutError, RedisClusterException, ClusterError
+)  # fmt: skip
 
 # redis-py's messages while it cannot (re)build the slot map: nodes down, or mid-failover.
 _CLUSTER_REMAPPING = (
-    "cannot be connected",
-    "could not agree on a valid",
-    "slots are not covered",
+    "cannot be connected", "could not agree on a valid", "slots are not covered",
     "has no redis_connection",
-)
+)  # fmt: skip
 
 
 def cluster_unreachable(exc: BaseException) -> bool:
@@ -246,10 +248,10 @@ def cluster_unreachable(exc: BaseException) -> bool:
     not retry them, the CLI does not call them unreachable."""
     if isinstance(exc, ClusterError | SlotNotCoveredError):
         return True
-    if not isinstance(exc, RedisClusterException) or isinstance(exc, CrossSlotTransactionError):
+    if not isinstance(exc, RedisClusterException):
         return False
-    if cluster_refusal(exc) is not None:  # a login or ACL refusal, said as unreachable
-        return False
+    if isinstance(exc, redis.CrossSlotTransactionError) or cluster_refusal(exc) is not None:
+        return False  # a bug; a login or ACL refusal, said as unreachable
     return any(m in str(exc) for m in _CLUSTER_REMAPPING)
 
 
@@ -260,10 +262,9 @@ _CLUSTER_TYPES: dict[type, bool] = {}
 
 def is_cluster(client: Any) -> bool:
     """True for a redis-py RedisCluster (blocking or asyncio)."""
-    kind = type(client)
-    known = _CLUSTER_TYPES.get(kind)
+    known = _CLUSTER_TYPES.get(type(client))
     if known is None:
-        known = _CLUSTER_TYPES[kind] = isinstance(client, (RedisCluster, AsyncRedisCluster))
+        known = _CLUSTER_TYPES[type(client)] = isinstance(client, (RedisCluster, AsyncRedisCluster))
     return known
 
 
@@ -280,8 +281,7 @@ def key_nodes(client: Any, keys: Iterable[str]) -> list[Any]:
     if not is_cluster(client):
         return [None]
     nodes: dict[str, Any] = {}
-    for key in keys:
-        node = client.get_node_from_key(key)
+    for node in map(client.get_node_from_key, keys):
         nodes.setdefault(node.name, node)
     return list(nodes.values())
 
