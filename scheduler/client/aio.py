@@ -588,7 +588,9 @@ class AsyncQueue(Unpicklable):
             ids: dead job ids (others are skipped).
 
         Returns:
-            How many were moved."""
+            How many this call moved. A call its client re-sent after the reply was lost
+            (redis-py's Retry) counts only what the re-send moved: the jobs the lost send
+            moved are due all the same (`status` says so), never moved twice."""
         return await self._run(self.ops.requeue_dead(ids))
 
     async def purge_dead(self, ids: Sequence[str]) -> int:
@@ -598,7 +600,8 @@ class AsyncQueue(Unpicklable):
             ids: dead job ids (others are skipped).
 
         Returns:
-            How many were deleted."""
+            How many this call deleted (a re-sent call: what the re-send deleted, as
+            requeue_dead counts)."""
         return await self._run(self.ops.purge_dead(ids))
 
     async def set_dead_retention(

@@ -587,7 +587,9 @@ class Queue(Unpicklable):
             ids: dead job ids (others are skipped).
 
         Returns:
-            How many were moved."""
+            How many this call moved. A call its client re-sent after the reply was lost
+            (redis-py's Retry) counts only what the re-send moved: the jobs the lost send
+            moved are due all the same (`status` says so), never moved twice."""
         return self._run(self.ops.requeue_dead(ids))
 
     def purge_dead(self, ids: Sequence[str]) -> int:
@@ -597,7 +599,8 @@ class Queue(Unpicklable):
             ids: dead job ids (others are skipped).
 
         Returns:
-            How many were deleted."""
+            How many this call deleted (a re-sent call: what the re-send deleted, as
+            requeue_dead counts)."""
         return self._run(self.ops.purge_dead(ids))
 
     def set_dead_retention(
