@@ -23,7 +23,9 @@ def test_every_command_is_found_through_the_table(module: str) -> None:
     importlib.import_module(f"scheduler.cli.{module}").register(group)
     assert group.commands, module
     for name in group.commands:
-        assert cli_main.LAZY.get(name, "admin") == module, name
+        assert cli_main.LAZY.get(name) == module, name
+    # and the table names no command of this module that its register() does not add
+    assert sorted(n for n, m in cli_main.LAZY.items() if m == module) == sorted(group.commands)
 
 
 def _fresh(*args: str) -> list[str]:
@@ -45,10 +47,11 @@ def test_a_worker_command_loads_only_the_worker_module() -> None:
     assert _fresh("worker", "--help") == ["scheduler.cli.worker"]
 
 
-def test_an_admin_command_loads_the_admin_modules_and_not_the_dashboard() -> None:
+def test_an_admin_command_loads_its_own_module_and_not_the_dashboard() -> None:
     loaded = _fresh("doctor", "--help")
     assert "scheduler.admin.doctor" in loaded and "scheduler.dashboard" not in loaded
     assert "scheduler.cli.worker" not in loaded
+    assert "scheduler.cli.admin" not in loaded and "scheduler.cli.dead" not in loaded
 
 
 def test_the_command_list_and_its_exit_codes_are_whole() -> None:

@@ -1,6 +1,7 @@
 """What a start-up imports, not how long it takes: `import scheduler` loads no submodule, a
 producer's `from scheduler import Queue` (and Registry) loads neither the worker's runtime, the
-asyncio client nor the dashboard, and `scheduler --help` imports no command's module. Every
+asyncio client nor the dashboard (nor croniter, until a cron is parsed), `scheduler --help`
+imports no command's module and a command's --help only its own module. Every
 public name still resolves, to the object its own module defines, and the lazy tables agree
 with what the type checker and the docs read (the `if TYPE_CHECKING:` imports)."""
 
@@ -112,8 +113,6 @@ def test_the_help_without_the_commands_is_the_help_with_them(columns: str) -> No
 
 
 def test_the_summaries_are_the_commands_own_first_sentences() -> None:
-    from scheduler.cli.common import EXIT_CODES_HELP
-
     group = click.Group("probe")
     for module in cli_main.MODULES:
         importlib.import_module(f"scheduler.cli.{module}").register(group)
@@ -122,4 +121,48 @@ def test_the_summaries_are_the_commands_own_first_sentences() -> None:
     for name, command in shown.items():
         summary = click.Command(name, help=cli_main.SUMMARIES[name])
         assert summary.get_short_help_str(10_000) == command.get_short_help_str(10_000), name
-    assert cli_main.EXIT_CODES_HELP == EXIT_CODES_HELP
+
+
+def test_the_exit_code_help_is_built_once() -> None:
+    """The help's exit-code table is core/exits.py's one text, not a copy kept equal."""
+    from scheduler.cli import common
+    from scheduler.core import exits
+
+    assert cli_main.main.epilog is exits.EXIT_CODES_HELP  # what `scheduler --help` ends with
+    assert common.EXIT_CODES_HELP is exits.EXIT_CODES_HELP
+
+
+def _loaded_by_cli(*args: str) -> set[str]:
+    return set(_loaded_after(
+        "from scheduler.cli.main import main\n"
+        f"try:\n    main({list(args)!r}, prog_name='scheduler')\nexcept SystemExit:\n    pass"
+    ))  # fmt: skip
+
+
+# Each command's --help loads its own module (what its run needs too), not another command's:
+# an operator's `scheduler stats` does not pay for the dead-letter, doctor or jobs commands,
+# and `scheduler worker --help` (or a typo in its flags) not for the worker's runtime.
+@pytest.mark.parametrize(("command", "not_loaded"), [
+    ("stats", ("scheduler.cli.dead", "scheduler.cli.doctor", "scheduler.cli.jobs",
+               "scheduler.cli.pausing", "scheduler.admin.doctor")),
+    ("keys", ("scheduler.cli.dead", "scheduler.cli.doctor", "scheduler.cli.jobs")),
+    ("dead", ("scheduler.cli.admin", "scheduler.cli.doctor", "scheduler.admin.doctor")),
+    ("doctor", ("scheduler.cli.admin", "scheduler.cli.dead", "scheduler.cli.jobs")),
+    ("pause", ("scheduler.cli.admin", "scheduler.cli.dead", "scheduler.cli.doctor")),
+    ("worker", ("scheduler.worker.runtime", "scheduler.cli.worker_start",
+                "scheduler.cli.worker_pool_start", "scheduler.cli.admin")),
+])  # fmt: skip
+def test_a_commands_help_loads_its_own_module_not_the_others(
+    command: str, not_loaded: tuple[str, ...]
+) -> None:
+    loaded = _loaded_by_cli(command, "--help")
+    assert f"scheduler.cli.{cli_main.LAZY[command]}" in loaded
+    assert sorted(loaded & set(not_loaded)) == []
+
+
+def test_a_producer_loads_croniter_at_the_first_cron_parsed() -> None:
+    assert "croniter" not in _loaded_after("from scheduler import Queue")
+    loaded = _loaded_after(
+        "from scheduler.schedules.cron_slots import check_cron\ncheck_cron('0 9 * * *', 'UTC')"
+    )
+    assert "croniter" in loaded

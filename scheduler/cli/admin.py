@@ -1,5 +1,6 @@
-"""Operator command `stats`; registers the other admin modules too (`workers`, `keys`,
-`jobs` and `enqueue`, `dead`, `doctor`, `pause` and `resume`)."""
+"""Operator command `stats`; registers `workers` (cli/workers.py) and `keys` (cli/keys.py)
+too. The other operator commands register from their own modules (cli/main.py's LAZY), so
+`scheduler stats` does not import them."""
 
 from __future__ import annotations
 
@@ -16,9 +17,7 @@ from rich.table import Table
 
 from scheduler.admin.inspection import WINDOWS_MIN, logical_queues
 from scheduler.admin.startup import is_permission_error
-from scheduler.cli import dead, doctor, jobs, pausing
 from scheduler.cli.common import (
-    EXIT_CODES_HELP,
     EXIT_FAILED,
     EXIT_UNREACHABLE,
     AdminCommand,
@@ -53,12 +52,6 @@ _ROW_ERRORS = (redis.ResponseError, SchedulerError, OverflowError, UnicodeError,
 def register(main: click.Group) -> None:
     for command in (stats, workers_command, keys_command):
         main.add_command(command)
-    jobs.register(main)
-    dead.register(main)
-    doctor.register(main)
-    pausing.register(main)
-    if EXIT_CODES_HELP not in (main.epilog or ""):
-        main.epilog = f"{main.epilog}\n\n{EXIT_CODES_HELP}" if main.epilog else EXIT_CODES_HELP
 
 
 # -- stats -----------------------------------------------------------------------------------

@@ -73,9 +73,7 @@ DEFAULT_URL = "redis://localhost:6379/0"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = exits.EXIT_OK, exits.EXIT_FAILED, exits.EXIT_USAGE
 EXIT_UNREACHABLE, EXIT_FORBIDDEN = exits.EXIT_UNREACHABLE, exits.EXIT_FORBIDDEN
 EXIT_FINDINGS = EXIT_FAILED
-EXIT_CODES_HELP = "\b\nExit codes (every command, the worker too):\n" + "\n".join(
-    [*(f"  {code:>3}  {meaning}" for code, meaning in exits.EXIT_CODES), "  " + exits.SIGNAL_NOTE]
-)
+EXIT_CODES_HELP = exits.EXIT_CODES_HELP
 F = TypeVar("F", bound=Callable[..., Any])
 
 

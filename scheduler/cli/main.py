@@ -10,13 +10,24 @@ import importlib
 
 import click
 
-from scheduler.core import exits
+from scheduler.core.exits import EXIT_CODES_HELP
 
-# Command name -> the module under scheduler.cli whose register() adds it; any other name is
-# looked for in `admin` (stats, workers, keys, jobs, enqueue, dead, doctor, pause, resume,
-# queue). tests/test_cli_lazy.py checks this table against every module's own commands.
-LAZY = {"worker": "worker", "demo": "worker", "schedules": "schedules", "dashboard": "dashboard"}
-MODULES = ("worker", "admin", "schedules", "dashboard")  # the order of registration
+# Command name -> the module under scheduler.cli whose register() adds it: running one command
+# imports its own module only (`scheduler stats` not the dead-letter or doctor commands). A
+# name not in it is looked for in every module (click's error then lists every command).
+# tests/test_cli_lazy.py checks this table against every module's own commands.
+LAZY = {
+    "worker": "worker", "demo": "worker",
+    "stats": "admin", "workers": "admin", "keys": "admin",
+    "jobs": "jobs", "enqueue": "jobs",
+    "dead": "dead",
+    "doctor": "doctor",
+    "pause": "pausing", "resume": "pausing",
+    "queue": "pausing",  # cli/queue_move.py's group, which pausing's register() adds
+    "schedules": "schedules",
+    "dashboard": "dashboard",
+}  # fmt: skip
+MODULES = tuple(dict.fromkeys(LAZY.values()))  # the order of registration
 # What `scheduler --help` shows of each command: the first sentence of its help, so the list
 # costs no import of the commands (they take ~0.4 s: the worker's runtime, rich, the admin
 # modules). tests/test_import_cost.py checks it against the commands' own help.
@@ -45,11 +56,6 @@ SUMMARIES = {
     "workers": "Live worker processes (`scheduler workers` is `workers list`); `workers quiet`"
     " and `workers stop` ask one to stop.",
 }
-# The same text as cli/common.py's EXIT_CODES_HELP (which admin's register() adds when it is
-# missing), built here so that the help does not import common (rich, redis).
-EXIT_CODES_HELP = "\b\nExit codes (every command, the worker too):\n" + "\n".join(
-    [*(f"  {code:>3}  {meaning}" for code, meaning in exits.EXIT_CODES), "  " + exits.SIGNAL_NOTE]
-)
 
 
 class _Main(click.Group):
@@ -67,8 +73,8 @@ class _Main(click.Group):
             self.register(module)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self.commands:
-            self.register(LAZY.get(cmd_name, "admin"))
+        if cmd_name not in self.commands and cmd_name in LAZY:
+            self.register(LAZY[cmd_name])
         if cmd_name not in self.commands:  # unknown: click's error lists every command
             self.register_all()
         return super().get_command(ctx, cmd_name)

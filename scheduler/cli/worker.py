@@ -15,15 +15,7 @@ from scheduler.admin.startup import (
 )
 from scheduler.cli.common import url_option
 from scheduler.cli.worker_pool_child import join_pool
-from scheduler.cli.worker_pool_start import pool_size, run_pool
 from scheduler.cli.worker_signals import restored, stop_while_starting
-from scheduler.cli.worker_start import (
-    RegistryImportError,
-    load_registry,
-    run_loop,
-    serve,
-    start_failure,
-)
 from scheduler.core.connection import parse_url
 from scheduler.core.errors import BadArgument
 from scheduler.core.exits import EXIT_FORBIDDEN
@@ -186,6 +178,11 @@ def worker_cmd(
     unreachable at start, 4 registry not importable or with no task, 5 the Redis user may not
     work a queue, 130 forced by a second signal).
     """
+    # Imported here, not at the top: they load the worker's runtime (claiming, execution,
+    # metrics), which `worker --help` and a refused flag do not need.
+    from scheduler.cli.worker_pool_start import pool_size, run_pool
+    from scheduler.cli.worker_start import RegistryImportError, load_registry, run_loop, serve
+
     in_pool = join_pool()  # a child of --processes: stop with the supervisor
     if processes == 1:  # a pool's supervisor has its own (worker_pool.py)
         stop_while_starting(in_pool)  # until the worker's own handlers replace these
@@ -266,6 +263,7 @@ def worker_cmd(
 def demo_cmd(url: str | None, keep: bool) -> None:
     """Watch the scheduler at work in ~15 s: on-time, delayed, failing and crashing jobs."""
     from scheduler.cli.demo import run_demo
+    from scheduler.cli.worker_start import start_failure  # the runtime: see worker_cmd
 
     try:
         if url is not None:

@@ -41,3 +41,9 @@ SIGNAL_NOTE = (
     "first ~0.6 s, before its handlers are in place; 137: SIGKILL, the "
     "OOM killer's): a lease it held lapses and its job runs again; nothing is lost"
 )
+
+# The table as every command's --help shows it (click's epilog; `\b`: not re-wrapped). Built
+# here, once: `scheduler --help` (cli/main.py) shows it without importing cli/common.py.
+EXIT_CODES_HELP = "\b\nExit codes (every command, the worker too):\n" + "\n".join(
+    [*(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES), "  " + SIGNAL_NOTE]
+)

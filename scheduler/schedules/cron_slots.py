@@ -22,12 +22,12 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-from croniter.croniter import CroniterBadCronError, CroniterBadDateError
-
 from scheduler.core.codec import MAX_TIME_MS, ceil_ms, stored_int
 from scheduler.core.errors import BadArgument
-from scheduler.schedules.cron_fields import refuse_misread
+
+# croniter (with dateutil, ~15 ms) and cron_fields are imported in the functions that parse a
+# cron, at the first one: a producer's `from scheduler import Queue` loads this module (the
+# claim and refill code) but may never see a cron schedule (tests/test_import_cost.py).
 
 BUFFER_SLOTS = 64  # cron slots stored ahead; lua/lib/rearm.lua asks for more below 16
 MAX_CATCH_UP = 1_000  # catch_up:N's largest N (lua/lib/schedule.lua SCHED_CATCH_UP_MAX)
@@ -159,6 +159,8 @@ def _in_gap_after(expr: str, zone: ZoneInfo, after_ms: int, count: int) -> set[i
     """The slots after `after_ms` of wall times before its own: those in a gap (spring
     forward) that ended less than its length before it, shifted past it. Wall times that
     exist from there on map before `after_ms`: the first one ends the search."""
+    from croniter.croniter import CroniterBadDateError, croniter
+
     start = _gap_start(after_ms, zone)
     found: set[int] = set()
     if start is None:
@@ -179,6 +181,8 @@ def _in_gap_after(expr: str, zone: ZoneInfo, after_ms: int, count: int) -> set[i
 
 def cron_slots_after(expr: str, tz: str, after_ms: int, count: int) -> list[int]:
     """The next `count` slots strictly after `after_ms`, ascending; fewer near MAX_TIME_MS."""
+    from croniter.croniter import CroniterBadDateError, croniter
+
     _refuse_hashed(expr)
     zone = zone_named(tz)
     found = _in_gap_after(expr, zone, after_ms, count)
@@ -205,6 +209,8 @@ def cron_slots_upto(expr: str, tz: str, upto_ms: int, count: int) -> list[int]:
     """The latest `count` slots at or before `upto_ms`, ascending. In the second pass of a
     repeated hour, back from the span's end: its wall times map to the first pass, all before
     `upto_ms` (searched back from `upto_ms`'s own wall time, the rest of the pass was missed)."""
+    from croniter.croniter import croniter
+
     _refuse_hashed(expr)
     zone = zone_named(tz)
     it = croniter(expr, _search_start(upto_ms, zone) + timedelta(seconds=1))
@@ -240,6 +246,10 @@ def check_cron(expr: str, tz: str) -> tuple[int, ...]:
 # schedules at every deploy spent most of its time here (bench/schedules_scale.py).
 @functools.lru_cache(maxsize=1024)
 def _checked_cron(expr: str, tz: str) -> tuple[int, ...]:
+    from croniter.croniter import CroniterBadCronError, croniter
+
+    from scheduler.schedules.cron_fields import refuse_misread
+
     _refuse_hashed(expr)  # before croniter's own check: say why
     refuse_misread(expr)  # at definition only: a stored one keeps croniter's reading
     try:
