@@ -259,8 +259,11 @@ def test_a_self_killing_job_parks_alone(
     task = "frv-kill-sync" if how.startswith("sync-") else "frv-kill"
     how = how.removeprefix("sync-")
     poison = q.enqueue(task, {"how": how}, max_attempts=max_attempts)
+    # A longer lease than ARGS's (the last --lease-ms counts): an innocent's last attempt must
+    # not lapse while a loaded machine holds its heartbeats (CI: dead, 'lease expired', once).
+    slow = ("--lease-ms", "2500", "--heartbeat-ms", "500")
     codes = _run_until_settled(
-        server, q, [*innocents, poison], (*ARGS, "--concurrency", str(concurrency))
+        server, q, [*innocents, poison], (*ARGS, *slow, "--concurrency", str(concurrency))
     )
     got = _describe(q, innocents)
     assert _state(q, poison) == "dead", _describe(q, [poison])
