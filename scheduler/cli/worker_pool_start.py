@@ -15,7 +15,6 @@ from scheduler.cli.exit_watchdog import EXIT_WATCHDOG_S
 from scheduler.cli.stall_watchdog import FROZEN_MARGIN_S, STALL_MIN_S
 from scheduler.cli.worker_pool import Pool
 from scheduler.cli.worker_pool_metrics import PoolMetrics
-from scheduler.cli.worker_start import metrics_port_failure
 from scheduler.core.claim_reply import check_worker_id
 from scheduler.core.errors import BadArgument
 from scheduler.worker.logs import LOGGER
@@ -119,6 +118,10 @@ def run_pool(
         try:
             metrics = PoolMetrics(metrics_port)
         except OSError as exc:
+            # Here, not at the top: worker_start loads the worker's runtime, which the pool's
+            # parent (it only starts and watches children) never runs.
+            from scheduler.cli.worker_start import metrics_port_failure
+
             return metrics_port_failure(metrics_port, exc)
         log.info("metrics on :%d/metrics", metrics.port)
     try:
