@@ -301,13 +301,6 @@ def test_a_pool_whose_metrics_port_is_taken_exits_1_with_one_line(
     assert len(lines) == 1 and f"cannot serve metrics on port {port}" in lines[0], lines
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler/cli/worker.py:184: worker_cmd imports worker_start (and so "
-    "scheduler.worker.runtime) at the top of its body, before the `processes != 1` branch, so "
-    "a --processes pool's parent still loads the worker's runtime; b0a2af9 "
-    "(worker_pool_start.py:123) claims it no longer does",
-)
 def test_a_pool_parent_does_not_load_the_workers_runtime(server: tuple[str, Queue]) -> None:
     """b0a2af9: a --processes pool's parent only starts and watches children, so it does not
     load the worker's runtime. Its children here fail to import their registry (exit 4), the

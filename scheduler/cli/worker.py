@@ -178,10 +178,10 @@ def worker_cmd(
     unreachable at start, 4 registry not importable or with no task, 5 the Redis user may not
     work a queue, 130 forced by a second signal).
     """
-    # Imported here, not at the top: they load the worker's runtime (claiming, execution,
-    # metrics), which `worker --help` and a refused flag do not need.
+    # Imported here, not at the top, and worker_start only past the pool's branch: it loads
+    # the worker's runtime (claiming, execution, metrics), which `worker --help`, a refused
+    # flag and a --processes pool's parent (it runs no job) do not need.
     from scheduler.cli.worker_pool_start import pool_size, run_pool
-    from scheduler.cli.worker_start import RegistryImportError, load_registry, run_loop, serve
 
     in_pool = join_pool()  # a child of --processes: stop with the supervisor
     if processes == 1:  # a pool's supervisor has its own (worker_pool.py)
@@ -213,6 +213,8 @@ def worker_cmd(
     # --processes 0 on one core: a lone worker there died of the unit's reload (SIGHUP).
     if processes != 1:
         sys.exit(run_pool(n, registry, url, metrics_port, worker_id))
+    from scheduler.cli.worker_start import RegistryImportError, load_registry, run_loop, serve
+
     try:
         reg = load_registry(registry)
     except RegistryImportError as exc:
