@@ -156,13 +156,13 @@ if not TYPE_CHECKING:  # hidden from mypy: a misspelt `scheduler.X` stays a type
     def __getattr__(name: str) -> Any:
         home = _HOMES.get(name)
         if home is not None:
-            value = getattr(importlib.import_module(home), name)
-        elif name in _SUBPACKAGES:
-            value = importlib.import_module(f"{__name__}.{name}")
+            get = lambda: getattr(importlib.import_module(home), name)  # noqa: E731
+        elif name in _SUBPACKAGES:  # each loads its own modules on first access
+            get = lambda: importlib.import_module(f"{__name__}.{name}")  # noqa: E731
         else:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        globals()[name] = value  # later accesses skip this function
-        return value
+        # Imported here: `import scheduler` alone loads no submodule.
+        return importlib.import_module("scheduler._lazy").load(globals(), name, get)
 
 
 def __dir__() -> list[str]:  # the public names, loaded or not; not this module's helpers

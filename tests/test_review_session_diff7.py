@@ -106,14 +106,6 @@ print(sum(t.is_alive() for t in ts), errors[:1])
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler/__init__.py:156-161 (and scheduler/worker/__init__.py:65-67): the lazy "
-    "__getattr__ imports unserialised, so threads of a fresh process first reading public names "
-    "at once import redis-py's modules concurrently and one gets importlib's _DeadlockError "
-    "(deadlock detected by _ModuleLock('redis.exceptions')); before be4beb5 `import scheduler` "
-    "loaded them once (about 1 fresh process in 3 here)",
-)
 def test_public_names_read_from_many_threads_at_once_in_fresh_processes() -> None:
     """Every thread starts together (a barrier): no error of a partly imported module, no
     deadlock. A race: up to 16 fresh processes, stopped at the first that errs."""
@@ -180,13 +172,6 @@ def test_help_of_the_package_lists_the_lazy_classes_and_dir_names_them() -> None
     assert out.split() == ["True", "False", "True", "True", "True"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler/__init__.py:102-104,160-161: _SUBPACKAGES's comment promises "
-    "`scheduler.core.errors` after a bare `import scheduler` (it worked before be4beb5); "
-    "__getattr__ imports scheduler.core only, so scheduler.core.errors / "
-    "scheduler.client.queue raise AttributeError: module 'scheduler.core' has no attribute",
-)
 def test_submodules_the_old_import_loaded_are_attributes_after_a_bare_import() -> None:
     out = _fresh(
         """

@@ -26,8 +26,7 @@ producer's `from scheduler import Registry` loads this package but not the runti
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scheduler.worker.settings import (
     EXIT_ERROR,
@@ -61,13 +60,11 @@ __all__ = [
 
 
 if not TYPE_CHECKING:  # hidden from mypy: a misspelt `scheduler.worker.X` stays a type error
+    from scheduler._lazy import submodules
 
-    def __getattr__(name: str) -> Any:
-        if name == "Worker":
-            value = importlib.import_module("scheduler.worker.runtime").Worker
-            globals()[name] = value  # later accesses skip this function
-            return value
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # Its modules load on first access too.
+    __getattr__ = submodules(__name__, globals(), {"Worker": f"{__name__}.runtime"})
+    del submodules
 
 
 def __dir__() -> list[str]:
