@@ -14,6 +14,7 @@ PACKAGE = ROOT / "scheduler"
 LAYER_BY_PREFIX = {
     "scheduler._spawn": 0,
     "scheduler._spawn_cluster": 0,
+    "scheduler._lazy": 0,  # the lazy `__getattr__`s of the package and its subpackages
     "scheduler.core.scripts": 3,
     "scheduler.core": 1,
     "scheduler.operations": 2,
