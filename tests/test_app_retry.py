@@ -125,3 +125,13 @@ def test_a_sentinel_and_an_async_cluster_client_are_as_without_default_retry() -
 
     given, own = asyncio.run(go())
     assert given == own
+
+
+def test_the_dashboard_from_a_url_retries_as_a_plain_client() -> None:
+    """A long-running server's page right after a Redis restart re-sends (not a 503)."""
+    from scheduler.dashboard import Auth, create_app
+
+    app = create_app(NOWHERE, auth=Auth(), secret="s" * 32)
+    assert _retries(app.store.client) == _plain(redis.Redis) > 0
+    given = redis.Redis(unix_socket_path="/nonexistent/app-retry.sock")
+    assert create_app(client=given, auth=Auth(), secret="s" * 32).store.client is given

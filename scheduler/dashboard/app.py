@@ -96,8 +96,10 @@ def create_app(
         if url is None:
             raise BadArgument("create_app needs a Redis url or a client")
         # One server or a Redis Cluster (core/connection.py). Stored bytes that are not UTF-8
-        # are read as escapes (\xff), as the CLI reads them, instead of failing the page.
-        client = connect(url, encoding_errors="backslashreplace")
+        # are read as escapes (\xff), as the CLI reads them, instead of failing the page. A
+        # long-running server's client re-sends as a plain redis.Redis's does (every call it
+        # makes is safe to receive twice): the first page after a Redis restart is not a 503.
+        client = connect(url, encoding_errors="backslashreplace", default_retry=True)
     store = Store(client, queues)
     render = Renderer(Csrf(secret), read_only)
     # The health page's fix lines reach the URL's server (given a client: shown bare).
