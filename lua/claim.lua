@@ -10,13 +10,19 @@
   ARGV[4] nonce          random, unique per call: part of every token, and the replay key
   ARGV[5] reap_limit     lapsed leases handled per call at most (0 .. LIM.reap_limit; REAP_STEP
                          at most, whatever the value: the rest by the next claims)
+  ARGV[6] held           optional: how many leases the worker holds now, on any queue ('' or
+                         absent: not said). A last-attempt suspect is leased only to a worker
+                         that says 0 (below)
+  ARGV[7] drained_for    optional, with held '0': the suspect this worker drained for (the
+                         reply's drain field), looked at first
   Returns: {now_ms, next_ms, n, then 11 fields per job: id, token, attempts, max_attempts, task,
     payload, run_at_ms, backoff ('base_ms,factor,cap_ms,jitter' or ''), timeout_ms, schedule,
     start_by_ms ('' for none)}. next_ms is the earliest time something may become claimable
     (head of due or of leased), or -1 when both are empty. While the queue is paused
     (queue_pause.lua: config's paused_ms) it leases nothing and next_ms is the leased head's. After the jobs, one more number:
     how many schedules wait for a cron-buffer refill (advisory: read now, also in a replay);
-    then, when this call leased a suspect (below), its id.
+    then, when this call leased a suspect (below), its id ('' when only a drain follows); then,
+    when this worker is to drain for a last-attempt suspect (below), that suspect's id.
     Claiming a schedule's pending occurrence inserts the next one in this same call, or drops
     a late one by the misfire policy (lib/rearm.lua); one whose cron buffer ends before now
     (a long outage) stays due while the refill this reply asks for is outstanding.
@@ -49,6 +55,14 @@
     next_ms does not count it: the worker claims again when its suspect ends
     (docs/durability.md), or at once while its scans move suspects due before it took its own
     and older jobs are left; a call that took nothing answers at most SUSPECT_POLL_MS ahead.
+    A suspect whose lease taken is its last attempt runs truly alone: a crash of its worker
+    parks it, so no other job may share that process. It is leased only as the first job of a
+    call from a worker that says it holds nothing (ARGV[6] '0'), and that call takes nothing
+    more; a worker holding one (`isolated`'s value '!<id>') is leased nothing until it ends.
+    Met by a worker holding jobs, it is skipped as above, and one worker at a time (the job's
+    `drainer`: '<until_ms> <worker>', for lease_ms) is told to drain: take nothing until it
+    holds nothing, then claim (the reply's last field), so it cannot wait for an idle moment
+    that a busy fleet never has.
   Errors:  BAD_ARGUMENT <field>=<value> (queue=<name> is partitioned: a partitioned queue's own
     name, whose partitions hold its jobs, lib/util.lua partitioned_err); CORRUPT due | leased |
     dead | dead:migrating is not a zset (a key edited by hand into another type); nothing
@@ -70,7 +84,7 @@ local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local worker, nonce = ARGV[1], ARGV[4]
-local limit, lease_ms, reap_limit
+local limit, lease_ms, reap_limit, held
 -- Reaping costs 30-50 us a lease: 10,000 (the largest reap_limit) held the server 290-520 ms,
 -- every client waiting. A larger value is still taken (older clients send it) but reaps this
 -- many per call; the rest stay in leased for the next claims (scheduler/core/limits.py
@@ -82,6 +96,9 @@ do
   lease_ms, err = int_arg(ARGV[3], 'lease_ms', 1, LIM.lease_ms); if err then return err end
   reap_limit, err = int_arg(ARGV[5], 'reap_limit', 0, LIM.reap_limit); if err then return err end
   if reap_limit > REAP_STEP then reap_limit = REAP_STEP end
+  if ARGV[6] and ARGV[6] ~= '' then
+    held, err = int_arg(ARGV[6], 'held', 0, LIM.limit); if err then return err end
+  end
   if #nonce < 1 or #nonce > 64 or not string.find(nonce, '^%w+$') then
     return redis.error_reply('BAD_ARGUMENT nonce=')
   end
@@ -350,9 +367,11 @@ local took = {}  -- the ids leased (#took: how many)
 local now_s = fmt(now)
 local suspect_taken = false  -- the suspect this call leased (its id)
 local skipped = {}  -- suspects left due: this worker holds one already
--- When the suspect this worker holds was leased (its claimed_ms), and whether this call met a
--- due job older than that: next_ms below.
-local held_since, met_older = nil, false
+-- The suspect this worker holds: when it was leased (since: its claimed_ms), whether this call
+-- met a due job older than that (older: next_ms below), whether it is on its last attempt so
+-- this worker is leased nothing (frozen); and the last-attempt suspect this worker is to drain
+-- for (drain, header). One table: the main function's locals are near Lua's limit.
+local mine = { since = nil, older = false, frozen = false, drain = nil }
 -- A function, called once: its locals (the leasing's closures and state) are its own, not the
 -- main function's (above).
 local function lease_due()
@@ -360,6 +379,7 @@ local function lease_due()
   local isolated_key = prefix .. 'isolated'
   flow_rate_due(prefix, now, limit)
   local leases = {}
+  local taken_final = false  -- the suspect taken is on its last attempt
   -- The reply's payload bytes are bounded too, not only its job count: a claim stops taking
   -- jobs once the payloads it took reach `left` (4 MiB, docs/limits.md; the job that passes it
   -- is taken, so the first always is). 100 payloads of 512 KiB in one call held the server
@@ -369,19 +389,38 @@ local function lease_due()
   -- The suspect this worker holds (isolated: worker -> job id) counts only while that job is
   -- still leased to it (a completed, failed or lapsed one frees the worker): read once, on the
   -- first suspect met. A key of another type (edited by hand) reads as empty.
-  local held_suspect
+  -- Its value is '!<id>' for a last-attempt suspect (held_final).
+  local held_suspect, held_final
   local function suspect_held()
     if held_suspect == nil then
       held_suspect = false
-      local jid = redis.pcall('HGET', isolated_key, worker)
-      if type(jid) == 'string' and redis.call('ZSCORE', leased, jid)
+      local v = redis.pcall('HGET', isolated_key, worker)
+      local jid = type(v) == 'string' and string.match(v, '^!?(.+)$')
+      if jid and redis.call('ZSCORE', leased, jid)
           and redis.pcall('HGET', job_key(prefix, jid), 'worker') == worker then
-        held_suspect = true
-        held_since = parse_int(redis.pcall('HGET', job_key(prefix, jid), 'claimed_ms'), 0,
+        held_suspect, held_final = true, string.sub(v, 1, 1) == '!'
+        mine.since = parse_int(redis.pcall('HGET', job_key(prefix, jid), 'claimed_ms'), 0,
           LIM.time_ms)
       end
     end
     return held_suspect
+  end
+  -- A worker holding a last-attempt suspect runs it alone: nothing more until it ends. One
+  -- HGET a call, unless the worker says it holds nothing.
+  if held ~= 0 and suspect_held() and held_final then
+    mine.frozen = true
+    return
+  end
+  -- The drain for last-attempt suspect `id` (header): one worker at a time, for lease_ms, is
+  -- told to; nil when another one is. A value that does not read is taken over.
+  local function drain_for(jk, id)
+    local v = redis.pcall('HGET', jk, 'drainer')
+    local at, w
+    if type(v) == 'string' then at, w = string.match(v, '^(%d+) (.+)$') end
+    at = at and parse_int(at, 0, LIM.time_ms)
+    if at and at > now and w ~= worker then return nil end
+    redis.pcall('HSET', jk, 'drainer', fmt(now + lease_ms) .. ' ' .. worker)
+    return id
   end
   -- A candidate claim cannot hand out is parked ('gone').
   local function drop(id, jk, bad, r)
@@ -438,9 +477,14 @@ local function lease_due()
     -- suspects than a scan's budget at the head of due cannot use up every claim's scan and
     -- starve the jobs behind them; still due, for any worker that may take it.
     local suspect = r.lapses > 0 and suspect_at(r, r.attempts + 1)  -- most never lapsed
-    if suspect and (suspect_taken or suspect_held()) then
+    -- On its last attempt: alone (header). A worker that did not say what it holds (nil) takes
+    -- it as the first job of its call.
+    local final = suspect and r.attempts + 1 >= r.max_attempts
+    if final and ((held and held > 0) or #took > 0 or suspect_taken)
+        or suspect and (suspect_taken or suspect_held()) then
+      if final and held and not mine.drain then mine.drain = drain_for(jk, id) end
       skipped[#skipped + 1] = id
-      if held_since and score_ms(score) < held_since then met_older = true end
+      if mine.since and score_ms(score) < mine.since then mine.older = true end
       local later = now
       local s = tonumber(score)
       if s and s > later then later = s end
@@ -488,6 +532,8 @@ local function lease_due()
     if r.start_by and now > r.start_by then return drop(id, jk, 'start deadline passed', r) end
     -- Leased below: the worker's one suspect (one set aside, parked or dropped above is not).
     if suspect then suspect_taken = id end
+    -- Nothing more in this call (the rest left due, as past the byte bound).
+    if final then taken_final, payload_room.left = true, 0 end
     local attempts = r.attempts + 1
     if attempts ~= attempts_was then attempts_was, attempts_s = attempts, fmt(attempts) end
     -- The last settlement moves to the replay log before a new one can overwrite it.
@@ -513,6 +559,7 @@ local function lease_due()
       redis.call('HSET', jk, 'state', 'leased', 'token', token, 'worker', worker,
         'attempts', attempts_s, 'claimed_ms', now_s)
     end
+    if final then redis.call('HDEL', jk, 'drainer') end
     took[#took + 1] = id
     leases[#leases + 1] = lease_until
     leases[#leases + 1] = id
@@ -521,7 +568,14 @@ local function lease_due()
     payload_room.left = payload_room.left - #r.payload
     return 'took'
   end
-  flow_fill(prefix, due, now, limit, examine)
+  -- A worker back with nothing held after draining for a last-attempt suspect (ARGV[7]):
+  -- that one first, else a backlog's older jobs would fill its call and skip it again.
+  local first = held == 0 and ARGV[7]
+  if first and first ~= '' then
+    local s = redis.call('ZSCORE', due, first)
+    if s and tonumber(s) <= now and examine(first, s) == 'took' then first = 'took' end
+  end
+  if first ~= 'took' then flow_fill(prefix, due, now, limit, examine) end
   flow_rate_settle(now)  -- trims and expiry of the rate logs written above, once each
   -- Cut by bytes: more is due now, as after a full batch (below): another idle worker may take
   -- it.
@@ -538,13 +592,13 @@ local function lease_due()
     -- workers holding one now (suspect_held's check).
     local entries = redis.pcall('HGETALL', isolated_key)
     for i = 1, (entries.err and 0 or #entries), 2 do
-      local w, jid = entries[i], entries[i + 1]
+      local w, jid = entries[i], string.match(entries[i + 1], '^!?(.*)$')
       if w ~= worker and not (redis.call('ZSCORE', leased, jid)
           and redis.pcall('HGET', job_key(prefix, jid), 'worker') == w) then
         redis.call('HDEL', isolated_key, w)
       end
     end
-    redis.pcall('HSET', isolated_key, worker, suspect_taken)
+    redis.pcall('HSET', isolated_key, worker, (taken_final and '!' or '') .. suspect_taken)
     redis.pcall('PEXPIRE', isolated_key, 86400000)  -- and once no suspect is taken, all go
     -- Suspects left due: another idle worker may take one. Only a call that took one pushes
     -- this, so workers that each hold one do not wake each other in turn.
@@ -562,7 +616,7 @@ do
   -- back before its own suspect's lease ends (the leased head below bounds that wait), else an
   -- idle worker would claim in a loop. Among the first #skipped + 1 the first other one is it.
   local dh = paused and {} or redis.call('ZRANGE', due, 0, #skipped, 'WITHSCORES')
-  if #skipped > 0 and #took == 0 then
+  if (#skipped > 0 or mine.frozen) and #took == 0 then
     -- Nothing this worker may take within the scan's budget (suspects all of it, e.g. after a
     -- fleet crashed twice): the due head is no reason to come back, else every claim would be
     -- answered "due now" at once.
@@ -571,9 +625,9 @@ do
     -- left: those its scans have not met since (a skipped suspect's new score is later), maybe
     -- plain ones: it comes back at once. Each such call moves a scan's worth out of that span
     -- and none come in, so this ends; a scan that met none (all since) sleeps as below.
-    if met_older then
+    if mine.older then
       local h = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
-      if h[2] and score_ms(h[2]) < held_since then dh = h end
+      if h[2] and score_ms(h[2]) < mine.since then dh = h end
     end
     if not dh[2] then
       -- A job enqueued due now behind a suspect this worker may not take gets no wake-up
@@ -615,6 +669,7 @@ local reply = { now_s, fmt(next_ms), #took }
 for i = 1, #out do reply[#reply + 1] = out[i] end
 -- Trailing flag: schedules wait for the client to refill their cron buffers (lib/rearm.lua).
 reply[#reply + 1] = scard_or_0(sched_refill_key(prefix))
--- Then the suspect this call leased: the worker claims again when it ends.
-if suspect_taken then reply[#reply + 1] = suspect_taken end
+-- Then the suspect this call leased: the worker claims again when it ends. Then the drain.
+if suspect_taken or mine.drain then reply[#reply + 1] = suspect_taken or '' end
+if mine.drain then reply[#reply + 1] = mine.drain end
 return reply

@@ -275,23 +275,18 @@ def test_a_self_killing_job_parks_alone(
         assert _starts(admin, q, i) <= (q.get_job(i).attempts or 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a documented limit (docs/durability.md, 'Contained failure'): a suspect shares its "
-    "worker with plain jobs; running a last-attempt suspect alone needs the worker to say what "
-    "it holds at each claim (not built)",
-)
 def test_an_innocent_on_its_last_attempt_is_not_batched_with_a_fresh_poison(
     server: RedisProcess, admin: redis.Redis
 ) -> None:
-    """Defect: claim.lua isolates a suspect from other suspects only. A job whose lease
+    """Was a defect: claim.lua isolated a suspect from other suspects only. A job whose lease
     lapsed once and whose next attempt is its last (max_attempts=2) is a suspect, and a
     worker takes it alongside plain (never lapsed) jobs. When one of those plain jobs is
     another job of the same poison task (a bad deploy: every job of a task crashes its worker,
     and more are enqueued meanwhile), it kills the worker while the innocent suspect runs its
     last attempt: the reaper parks the innocent 'lease expired'. A user sees innocent jobs in
     the dead list after a poison task crashed workers, which docs/durability.md says cannot
-    happen with max_attempts=2 ("only it is parked")."""
+    happen with max_attempts=2 ("only it is parked"). Now such a suspect runs alone: only on a
+    worker holding nothing, which takes nothing else until it ends (lua/claim.lua)."""
     q = _queue(admin)
     innocents = [q.enqueue("frv-ok", {"i": i, "s": 1.0}, max_attempts=2) for i in range(3)]
     first = q.enqueue("frv-kill", {"how": "sigkill"}, max_attempts=2)
@@ -847,16 +842,10 @@ def test_sigterm_while_redis_is_down_ends_in_bounded_time_and_loses_no_job(
 # -- the claim script under a test clock: why the innocent above is parked ------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a documented limit (docs/durability.md, 'Contained failure'): a suspect shares its "
-    "worker with plain jobs; running a last-attempt suspect alone needs the worker to say what "
-    "it holds at each claim (not built)",
-)
 def test_a_worker_running_a_last_attempt_suspect_is_given_more_jobs(
     tq: tuple[Queue, Clock],
 ) -> None:
-    """Defect (claim.lua:396, :445): the one-suspect rule keeps a second suspect from a
+    """Was a defect: claim.lua's one-suspect rule kept a second suspect from a
     worker, not a plain job. A suspect on its last attempt (lapsed once, max_attempts=2) runs
     beside plain jobs claimed with it or, as here, after it by the same worker; when one of
     those kills the worker, the suspect's lease lapses on its last attempt and the next claim

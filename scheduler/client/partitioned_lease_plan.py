@@ -149,7 +149,7 @@ def merged_claim(
         jobs,
         [u for b in batches for u in b.unreadable],
         next((b.suspect for b in batches if b.suspect is not None), None),
-        missing,
+        not_reached=missing,
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from scheduler.core.backoff import Backoff
 from scheduler.core.backoff_text import parse_stored_backoff
 from scheduler.core.errors import BadArgument
+from scheduler.core.keys import check_job_id
 from scheduler.core.limits import (
     LIMITS,
     SCHEDULE_NAME_RE,
@@ -38,7 +39,15 @@ def check_worker_id(worker_id: object) -> str:
     return worker_id
 
 
-def claim_args(worker_id: str, limit: int, lease_ms: int, nonce: str, reap_limit: int) -> list[str]:
+def claim_args(
+    worker_id: str,
+    limit: int,
+    lease_ms: int,
+    nonce: str,
+    reap_limit: int,
+    held: int | None = None,
+    drained_for: str | None = None,
+) -> list[str]:
     check_worker_id(worker_id)
     # A re-sent claim's replay key (claim:<nonce>): claim.lua takes 1-64 ASCII letters/digits.
     if not isinstance(nonce, str) or not _NONCE_RE.fullmatch(nonce):
@@ -46,7 +55,16 @@ def claim_args(worker_id: str, limit: int, lease_ms: int, nonce: str, reap_limit
     check_int(limit, "limit")
     check_int(lease_ms, "lease_ms")
     check_int(reap_limit, "reap_limit")
-    return [worker_id, str(limit), str(lease_ms), nonce, str(reap_limit)]
+    args = [worker_id, str(limit), str(lease_ms), nonce, str(reap_limit)]
+    # What the worker holds (a last-attempt suspect runs alone, claim.lua), and the suspect it
+    # drained for: sent only when said, so an older script's argument count is unchanged.
+    if held is not None:
+        args.append(str(check_int(held, "held", "limit")))  # only 0 or not matters
+        if drained_for is not None:
+            args.append(check_job_id(drained_for))
+    elif drained_for is not None:
+        raise BadArgument("drained_for needs held=0")
+    return args
 
 
 class _Unreadable(ValueError):
@@ -203,6 +221,7 @@ def parse_claim(reply: Any) -> ClaimBatch:
                 (_lossy(raw[0]) if raw else "", _lossy(raw[1]) if len(raw) > 1 else "", reason)
             )
     # After the jobs: the schedules' refill flag (cron_slots.refill_requested), then the
-    # suspect leased by this call, when one was.
+    # suspect leased by this call ('' for none when a drain follows), then the drain.
     suspect = _lossy(reply[base + 1]) if len(reply) > base + 1 else None
-    return ClaimBatch(now_ms, next_ms, jobs, unreadable, suspect)
+    drain = _lossy(reply[base + 2]) if len(reply) > base + 2 else None
+    return ClaimBatch(now_ms, next_ms, jobs, unreadable, suspect or None, drain)

@@ -28,8 +28,7 @@ class JobState(StrEnum):
     MOVING = "moving"  # waiting, taken out of due by a queue move (not claimed): never stored
 
 
-# The attempt budget a spec record leaves empty, and a lean finished job does not store.
-DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_MAX_ATTEMPTS = 5  # the budget a spec record leaves empty, a lean finished job too
 # What complete drops from a finished job unless it keeps its payload (lua/complete.lua).
 LEAN_DROPPED = ("payload", "backoff", "timeout_ms", "enqueued_ms", "errors")
 
@@ -100,6 +99,7 @@ class ClaimBatch:
             reason): fail them non-retryably, they would fail the same way at every attempt.
         suspect: the one job of `jobs` that lapsed twice (in two crashed workers' batches):
             this worker holds no other suspect until it ends (docs/durability.md); else None.
+        drain: a last-attempt suspect to drain for: claim with `held=0, drained_for=drain` next.
     """
 
     now_ms: int
@@ -107,6 +107,7 @@ class ClaimBatch:
     jobs: list[ClaimedJob]
     unreadable: list[tuple[str, str, str]] = field(default_factory=list)
     suspect: str | None = None
+    drain: str | None = None
 
 
 @dataclass(frozen=True)
@@ -203,8 +204,7 @@ class Job:
         return self
 
     def _int(self, name: str) -> int | None:
-        # The one strict reader (codec imports this module, hence the late import).
-        from scheduler.core.codec import stored_int
+        from scheduler.core.codec import stored_int  # the one strict reader (codec imports us)
 
         return stored_int(self.fields.get(name))
 

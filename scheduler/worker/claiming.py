@@ -11,6 +11,7 @@ import time
 
 from scheduler.core import codec
 from scheduler.core.models import ClaimBatch
+from scheduler.worker.alone import Alone
 from scheduler.worker.core import _Deadline, _Queue, _within
 from scheduler.worker.dispatch import Dispatch
 from scheduler.worker.execution import RetryDelay, Running, retry_at_stop
@@ -29,7 +30,7 @@ from scheduler.worker.waking import Waking
 _SKIP_MAX_S = 1.0
 
 
-class Claiming(SelfStop, Dispatch, Reporting, Waking):
+class Claiming(Alone, SelfStop, Dispatch, Reporting, Waking):
     """The claim loop and the wake-up pops (one per queue)."""
 
     async def _claim_loop(self) -> None:
@@ -70,6 +71,8 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
                     await self._idle_wait(max(min(skips.values()) - now_s, 0.001))
                     continue
             failed = 0
+            if drained := self._drained_for():  # its queue first, alone
+                order = [q for q in order if q.name == drained[0]] or order
             for q in order:
                 turn = owed if owed and q is self.queues[rr] else s.batch_size
                 limit = min(free, turn)
@@ -77,8 +80,13 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
                 nonce, t_sent = self._nonce.get(q.name) or (codec.new_nonce(), time.monotonic())
                 self._nonce[q.name] = (nonce, t_sent)
                 self._due_again.discard(q.name)
-                call = q.aq.claim(self.id, limit=limit, lease_ms=s.lease_ms,
-                                  reap_limit=s.reap_limit, nonce=nonce)  # fmt: skip
+                drained_for = drained[1] if drained and drained[0] == q.name else None
+                # AsyncQueue.claim's operation, with what this worker holds (alone.py).
+                op = q.aq.ops.claim(self.id, limit=limit, lease_ms=s.lease_ms,
+                                    reap_limit=s.reap_limit, nonce=nonce,
+                                    held=min(len(self._held), 1000),
+                                    drained_for=drained_for)  # fmt: skip
+                call = q.aq._run(op)
                 try:
                     batch = await self._claim_call(call)
                 except Exception as exc:
@@ -97,6 +105,8 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
                         rr, owed = (self.queues.index(q) + 1) % len(self.queues), 0
                     continue
                 del self._nonce[q.name]  # answered: the next call gets a fresh nonce
+                if drained_for:
+                    self._drain_for = None  # claimed with nothing held: done (or told again)
                 self._note_claim(q.name, None)
                 failing.pop(q.name, None)
                 # Answered over a heartbeat interval late (a server stall): run any time since
@@ -131,7 +141,7 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
                     skips[q.name] = now_s + wait_s
                 else:
                     skips.pop(q.name, None)
-                if free <= 0:
+                if free <= 0 or self._claims_closed():
                     break
             if failed == len(order):  # every queue of the round failed (or the only one)
                 if len(order) < len(self.queues):
@@ -154,10 +164,9 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
             if full or (s.burst and not (claimed or failed) and self._burst_next(
                     len(order) == len(self.queues))):  # fmt: skip
                 continue
-            if sleep_s <= 0:
-                if claimed:
-                    continue
-                sleep_s = 0.001  # something is due but was not claimable: do not spin
+            if sleep_s <= 0 and claimed:
+                continue
+            sleep_s = max(sleep_s, 0.001)  # something due but not claimable: do not spin
             await self._idle_wait(sleep_s)
 
     def _take(self, queue: str, batch: ClaimBatch, t_sent: float, resent: bool = False) -> None:
@@ -173,6 +182,7 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
                 self._suspects.add((queue, batch.suspect))
         for job in batch.jobs:
             self._start(queue, job, batch.now_ms, t_sent, now_s, log, resent)
+        self._note_alone(queue, batch, now_s)  # with its jobs held
         # Jobs in the reply the client could not read (id, token, reason): failed
         # non-retryably so the server parks them, alone.
         for job_id, token, reason in batch.unreadable:
@@ -203,6 +213,8 @@ class Claiming(SelfStop, Dispatch, Reporting, Waking):
 
     def _room(self) -> int:
         """How many jobs the next claim may take."""
+        if self._claims_closed():
+            return 0
         s = self.settings
         if len(self._abandoned) >= s.abandoned_cap:
             if not self._capped:

@@ -134,9 +134,9 @@ class WorkerCore:
         self._behind: dict[tuple[str, str], Running] = {}
         self._capped = False
         # (queue, job id) of the suspects leased (ClaimBatch.suspect): the claim loop claims
-        # again when one's lease is gone (_forget), since the suspects it skipped meanwhile
-        # sent it no wake-up.
+        # again when one's lease is gone (_forget); the suspects it skipped sent no wake-up.
         self._suspects: set[tuple[str, str]] = set()
+        self._alone: tuple[str, str] | None = None  # the one on its last attempt (alone.py)
         self._stop_claiming, self._stop_reporter = asyncio.Event(), asyncio.Event()
         # _beat_now: set to send a heartbeat now (also set with _stop_heartbeat, to end its wait).
         self._stop_heartbeat, self._beat_now = asyncio.Event(), asyncio.Event()
@@ -146,8 +146,7 @@ class WorkerCore:
         # _stop_reporter), _report_tried is set after each of its calls (_reports_first).
         self._report_failing = False
         self._report_retry, self._report_tried = asyncio.Event(), asyncio.Event()
-        self._signals = 0
-        self._closed = self._shutting_down = False
+        self._signals, self._closed, self._shutting_down = 0, False, False
         self._exit_code = EXIT_OK
         self._loop: asyncio.AbstractEventLoop | None = None
         self.claimed = 0
@@ -236,12 +235,13 @@ class WorkerCore:
         key = (r.queue, r.job.id)
         if self._held.get(key) is r:
             del self._held[key]
+            # A suspect's lease gone (settled, lost, released): claim the next one now, not at
+            # its handler's end (a claim sent before the outcome landed skipped it and slept).
             if self._suspects and key in self._suspects:
-                # Its suspect's lease is gone (settled, lost, released): claim the next one
-                # now. Not when the handler ended: a claim sent before the outcome landed
-                # still found the suspect leased, skipped the next, and slept (CI, loaded).
                 self._suspects.discard(key)
                 self._due_soon(r.queue)
+            if key == self._alone or not self._held:  # ran one alone, or drained (alone.py)
+                self._slot_free.set()
 
     def _loop_error(self, what: str, exc: BaseException) -> None:
         """A loop's call failed: transient -> log, count (the caller backs off and retries);
