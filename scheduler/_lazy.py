@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -12,10 +13,20 @@ from typing import Any
 # Threads of a fresh process first reading public names at once would otherwise import redis-py's
 # modules concurrently, and a cycle among them raises importlib's _DeadlockError. Re-entrant: a
 # load may trigger another. Holding it while importing cannot deadlock against the package's own
-# imports: no scheduler module reads a lazy name while it is imported (none does
-# `from scheduler import ...`, and `from scheduler.core import codec` never waits for it: see
-# submodules).
+# imports: no lazy load imports a module that reads a lazy name while it is imported (only
+# scheduler/cli/worker_start.py does, `from scheduler.worker import Worker`, and no lazy load
+# reaches the CLI), and `from scheduler.core import codec` never waits for it (submodules).
 _LOCK = threading.RLock()
+
+
+def _fresh_lock() -> None:
+    # A child forked while another thread held the lock would wait on it for ever at its first
+    # lazy read (that thread does not exist in the child): it gets a lock of its own.
+    global _LOCK
+    _LOCK = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock)
 
 
 def load(namespace: dict[str, Any], name: str, get: Callable[[], Any]) -> Any:
@@ -43,7 +54,13 @@ def submodules(
         # there, in the middle of an import holding module locks, could wait forever on a thread
         # that holds the lock and waits for one of those modules.
         by_import = sys._getframe(1).f_globals is vars(importlib._bootstrap)
-        if name.startswith("__") or by_import or importlib.util.find_spec(full) is None:
+        # A dotted name is no submodule attribute (find_spec would import its 'parent').
+        if (
+            name.startswith("__")
+            or "." in name
+            or by_import
+            or importlib.util.find_spec(full) is None
+        ):
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return load(namespace, name, lambda: importlib.import_module(full))
 

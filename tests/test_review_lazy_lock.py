@@ -257,12 +257,6 @@ def _fork_while_the_lock_is_held(how: str, reset: bool) -> list[object]:
     return result
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler/_lazy.py:18: _LOCK (an RLock) is not re-created in a forked child "
-    "(no os.register_at_fork): a process forked while another thread is inside a lazy load "
-    "(a handler's multiprocessing.Process, os.fork) hangs for good on its first lazy read",
-)
 @pytest.mark.parametrize("how", ["multiprocessing", "os.fork"])
 def test_a_child_forked_while_another_thread_loads_a_lazy_name_can_read_one(how: str) -> None:
     assert _fork_while_the_lock_is_held(how, reset=False) == [0, False]
@@ -326,12 +320,6 @@ def test_introspection_after_a_bare_import_gets_what_a_plain_package_gives() -> 
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler/_lazy.py:46: importlib.util.find_spec(full) raises ModuleNotFoundError "
-    "for a name with a dot (its 'parent' is imported first): getattr(scheduler.core, 'a.b', "
-    "None) and hasattr raise instead of answering None/False",
-)
 def test_getattr_with_a_default_of_a_dotted_name_answers_the_default() -> None:
     out = _fresh(
         """
