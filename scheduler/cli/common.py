@@ -230,9 +230,9 @@ def backoff_option(f: F) -> F:
 
 # -- connection and output -------------------------------------------------------------------
 def connect(url: str, *, encoding_errors: str = "backslashreplace") -> redis.Redis:
-    """A client that fails fast (exit 3) when the server does not answer. Stored bytes that are
-    not UTF-8 are read as escapes (`\\xff`) instead of failing the command; the doctor reads
-    them with 'surrogateescape' to find them (and write their keys back exactly)."""
+    """A client that fails fast (exit 3) when the server does not answer, closed with the
+    command's context (an in-process invoke leaves no socket to the garbage collector). Bytes
+    not UTF-8 read as escapes (`\\xff`); the doctor's 'surrogateescape' finds them."""
     try:
         client = connection.connect(
             url,
@@ -249,6 +249,8 @@ def connect(url: str, *, encoding_errors: str = "backslashreplace") -> redis.Red
         if cluster_refusal(exc) is not None or url_refusal(exc, url) is not None:
             raise  # a refused login or CLUSTER SLOTS (exit 5), certificate (2): AdminCommand's
         raise Unreachable(safe(f"cannot reach the Redis Cluster {redact(url)}: {exc}")) from None
+    if (ctx := click.get_current_context(silent=True)) is not None:
+        ctx.call_on_close(client.close)
     client.ping()
     return client
 
