@@ -13,8 +13,8 @@
   ARGV[6] held           optional: how many leases the worker holds now, on any queue ('' or
                          absent: not said). A last-attempt suspect is leased only to a worker
                          that says 0 (below)
-  ARGV[7] drained_for    optional, with held '0': the suspect this worker drained for (the
-                         reply's drain field), looked at first
+  ARGV[7] drained_for    optional, with held: the suspect this worker drains for (the reply's
+                         drain field), looked at first
   Returns: {now_ms, next_ms, n, then 11 fields per job: id, token, attempts, max_attempts, task,
     payload, run_at_ms, backoff ('base_ms,factor,cap_ms,jitter' or ''), timeout_ms, schedule,
     start_by_ms ('' for none)}. next_ms is the earliest time something may become claimable
@@ -60,9 +60,11 @@
     call from a worker that says it holds nothing (ARGV[6] '0'), and that call takes nothing
     more; a worker holding one (`isolated`'s value '!<id>') is leased nothing until it ends.
     Met by a worker holding jobs, it is skipped as above, and one worker at a time (the job's
-    `drainer`: '<until_ms> <worker>', for lease_ms) is told to drain: take nothing until it
-    holds nothing, then claim (the reply's last field), so it cannot wait for an idle moment
-    that a busy fleet never has.
+    `drainer`: '<until_ms> <worker>', for lease_ms; a mark further ahead than a day is not
+    honoured) is told to drain (the reply's last field; that call takes nothing more): take
+    nothing new until it holds nothing, claiming with drained_for (each such claim renews its
+    mark and takes nothing while it holds jobs), so it cannot wait for an idle moment that a
+    busy fleet never has. A replay answers the drain its first call told.
   Errors:  BAD_ARGUMENT <field>=<value> (queue=<name> is partitioned: a partitioned queue's own
     name, whose partitions hold its jobs, lib/util.lua partitioned_err); CORRUPT due | leased |
     dead | dead:migrating is not a zset (a key edited by hand into another type); nothing
@@ -262,20 +264,25 @@ do
   if replay then
     local words = {}
     for w in string.gmatch(replay, '%S+') do words[#words + 1] = w end
-    local out, suspect = {}, nil
+    local out, suspect, drain = {}, nil, nil
     for i = 3, #words do
       local id = words[i]
-      local r = read_claimable(id, job_key(prefix, id))
-      if r and r.state == 'leased' and r.token and string.sub(r.token, -#nonce - 1) == '-' .. nonce
-        and string.find(r.token, '^%d+%-%w+$') then
-        pack_job(out, id, r.token, r.attempts, r)
-        if suspect_at(r, r.attempts) then suspect = id end
+      -- '!<id>': the drain the first call told (a job id has no '!').
+      if string.sub(id, 1, 1) == '!' then drain = string.sub(id, 2) else
+        local r = read_claimable(id, job_key(prefix, id))
+        if r and r.state == 'leased' and r.token
+            and string.sub(r.token, -#nonce - 1) == '-' .. nonce
+            and string.find(r.token, '^%d+%-%w+$') then
+          pack_job(out, id, r.token, r.attempts, r)
+          if suspect_at(r, r.attempts) then suspect = id end
+        end
       end
     end
     local reply = { words[1], words[2], #out / CLAIM_FIELDS }
     for _, v in ipairs(out) do reply[#reply + 1] = v end
     reply[#reply + 1] = scard_or_0(sched_refill_key(prefix))
-    if suspect then reply[#reply + 1] = suspect end
+    if suspect or drain then reply[#reply + 1] = suspect or '' end
+    if drain then reply[#reply + 1] = drain end
     return reply
   end
 end
@@ -417,8 +424,9 @@ local function lease_due()
     local v = redis.pcall('HGET', jk, 'drainer')
     local at, w
     if type(v) == 'string' then at, w = string.match(v, '^(%d+) (.+)$') end
+    -- A mark further ahead than any lease (hand-edited) is not honoured.
     at = at and parse_int(at, 0, LIM.time_ms)
-    if at and at > now and w ~= worker then return nil end
+    if at and at > now and at <= now + LIM.lease_ms and w ~= worker then return nil end
     redis.pcall('HSET', jk, 'drainer', fmt(now + lease_ms) .. ' ' .. worker)
     return id
   end
@@ -482,7 +490,11 @@ local function lease_due()
     local final = suspect and r.attempts + 1 >= r.max_attempts
     if final and ((held and held > 0) or #took > 0 or suspect_taken)
         or suspect and (suspect_taken or suspect_held()) then
-      if final and held and not mine.drain then mine.drain = drain_for(jk, id) end
+      if final and held and not mine.drain then
+        mine.drain = drain_for(jk, id)
+        -- Told to drain: nothing more in this call (the rest left due, as past the byte bound).
+        if mine.drain then payload_room.left = 0 end
+      end
       skipped[#skipped + 1] = id
       if mine.since and score_ms(score) < mine.since then mine.older = true end
       local later = now
@@ -568,14 +580,15 @@ local function lease_due()
     payload_room.left = payload_room.left - #r.payload
     return 'took'
   end
-  -- A worker back with nothing held after draining for a last-attempt suspect (ARGV[7]):
-  -- that one first, else a backlog's older jobs would fill its call and skip it again.
-  local first = held == 0 and ARGV[7]
+  -- A worker draining for a last-attempt suspect (ARGV[7]): that one first. Back with nothing
+  -- held, it takes it, else a backlog's older jobs would fill its call and skip it again; still
+  -- holding jobs, it is told to drain on (its mark renewed), and takes nothing (below).
+  local first = held and ARGV[7]
   if first and first ~= '' then
     local s = redis.call('ZSCORE', due, first)
     if s and tonumber(s) <= now and examine(first, s) == 'took' then first = 'took' end
   end
-  if first ~= 'took' then flow_fill(prefix, due, now, limit, examine) end
+  if first ~= 'took' and not mine.drain then flow_fill(prefix, due, now, limit, examine) end
   flow_rate_settle(now)  -- trims and expiry of the rate logs written above, once each
   -- Cut by bytes: more is due now, as after a full batch (below): another idle worker may take
   -- it.
@@ -661,9 +674,11 @@ do
 end
 
 if #took > 0 then
-  -- Only the ids are kept for a replay: the rest is re-read (and re-checked) from the hashes then.
-  redis.call('SET', replay_key, now_s .. ' ' .. fmt(next_ms) .. ' ' .. table.concat(took, ' '),
-    'PX', lease_ms)
+  -- Only the ids are kept for a replay: the rest is re-read (and re-checked) from the hashes then;
+  -- and the drain told, as '!<id>'.
+  local told = mine.drain and (' !' .. mine.drain) or ''
+  redis.call('SET', replay_key,
+    now_s .. ' ' .. fmt(next_ms) .. ' ' .. table.concat(took, ' ') .. told, 'PX', lease_ms)
 end
 local reply = { now_s, fmt(next_ms), #took }
 for i = 1, #out do reply[#reply + 1] = out[i] end

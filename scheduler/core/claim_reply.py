@@ -63,7 +63,7 @@ def claim_args(
         if drained_for is not None:
             args.append(check_job_id(drained_for))
     elif drained_for is not None:
-        raise BadArgument("drained_for needs held=0")
+        raise BadArgument("drained_for needs held")
     return args
 
 

@@ -71,7 +71,7 @@ class Claiming(Alone, SelfStop, Dispatch, Reporting, Waking):
                     await self._idle_wait(max(min(skips.values()) - now_s, 0.001))
                     continue
             failed = 0
-            if drained := self._drained_for():  # its queue first, alone
+            if drained := self._drain_for:  # its queue alone (alone.py)
                 order = [q for q in order if q.name == drained[0]] or order
             for q in order:
                 turn = owed if owed and q is self.queues[rr] else s.batch_size
@@ -84,7 +84,7 @@ class Claiming(Alone, SelfStop, Dispatch, Reporting, Waking):
                 # AsyncQueue.claim's operation, with what this worker holds (alone.py).
                 op = q.aq.ops.claim(self.id, limit=limit, lease_ms=s.lease_ms,
                                     reap_limit=s.reap_limit, nonce=nonce,
-                                    held=min(len(self._held), 1000),
+                                    held=self._holding(),
                                     drained_for=drained_for)  # fmt: skip
                 call = q.aq._run(op)
                 try:
@@ -105,8 +105,6 @@ class Claiming(Alone, SelfStop, Dispatch, Reporting, Waking):
                         rr, owed = (self.queues.index(q) + 1) % len(self.queues), 0
                     continue
                 del self._nonce[q.name]  # answered: the next call gets a fresh nonce
-                if drained_for:
-                    self._drain_for = None  # claimed with nothing held: done (or told again)
                 self._note_claim(q.name, None)
                 failing.pop(q.name, None)
                 # Answered over a heartbeat interval late (a server stall): run any time since
