@@ -158,6 +158,7 @@ class AdminMachine(RuleBasedStateMachine):
         self.ids: list[str] = []
         self.tokens: list[tuple[str, str]] = []
         self.n = 0
+        self.alone: dict[str, str] = {}  # worker -> the last-attempt suspect it was leased alone
 
     def teardown(self) -> None:
         delete_queue(self.client, self.q)
@@ -264,10 +265,20 @@ class AdminMachine(RuleBasedStateMachine):
                 j.state, j.run_at, j.lapses, j.worker = "due", j.until, j.lapses + 1, None
         m.trim(now)
         eligible = [j for j in m.live("due") if j.run_at <= now]
+        # A worker holding a suspect on its last attempt runs it alone: leased nothing more.
+        mine = m.jobs.get(self.alone.get(w, ""))
+        frozen = mine is not None and mine.state == "leased" and mine.worker == w
         batch = self.q.claim(w, limit=limit, lease_ms=lease_ms)
         assert batch.now_ms == now
         got_ids = [c.id for c in batch.jobs]
         assert len(got_ids) <= limit and len(set(got_ids)) == len(got_ids)
+        if frozen:
+            assert got_ids == [], f"{w} holds a last-attempt suspect and was leased more"
+        # One leased on its last attempt after a lapse is the call's only job.
+        alone = [c.id for c in batch.jobs if c.id == batch.suspect and c.attempts >= c.max_attempts]
+        if alone:
+            assert got_ids == alone, f"a last-attempt suspect leased beside {got_ids}"
+            self.alone[w] = alone[0]
         if m.paused_ms is not None:
             assert got_ids == [], "a paused queue leased jobs"
         for c in batch.jobs:
@@ -289,7 +300,7 @@ class AdminMachine(RuleBasedStateMachine):
             self.tokens.append((c.id, c.token))
         m.stats["claim"] += len(got_ids)
         left = [j for j in eligible if j.id not in got_ids]
-        if m.paused_ms is None and len(got_ids) < limit:
+        if m.paused_ms is None and len(got_ids) < limit and not (frozen or alone):
             # Only a suspect (a job whose lease lapsed) may be passed over: one per worker.
             for j in left:
                 assert j.lapses >= 1, f"{j.id} due at {j.run_at}, left out of a short batch"

@@ -81,12 +81,9 @@ class Claiming(Alone, SelfStop, Dispatch, Reporting, Waking):
                 self._nonce[q.name] = (nonce, t_sent)
                 self._due_again.discard(q.name)
                 drained_for = drained[1] if drained and drained[0] == q.name else None
-                # AsyncQueue.claim's operation, with what this worker holds (alone.py).
-                op = q.aq.ops.claim(self.id, limit=limit, lease_ms=s.lease_ms,
-                                    reap_limit=s.reap_limit, nonce=nonce,
-                                    held=self._holding(),
-                                    drained_for=drained_for)  # fmt: skip
-                call = q.aq._run(op)
+                call = q.aq.claim(self.id, limit=limit, lease_ms=s.lease_ms,
+                                  reap_limit=s.reap_limit, nonce=nonce, held=self._holding(),
+                                  drained_for=drained_for)  # fmt: skip
                 try:
                     batch = await self._claim_call(call)
                 except Exception as exc:

@@ -16,7 +16,6 @@ import redis.asyncio as aredis
 from redis.exceptions import OutOfMemoryError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from scheduler.client.aio import AsyncQueue
 from scheduler.core import cluster_io
 from scheduler.core.connection import is_cluster
 from scheduler.core.errors import CorruptKey, NewerStorage
@@ -24,6 +23,7 @@ from scheduler.core.keys import QueueKeys
 from scheduler.operations.ops import Ops, Settings
 from scheduler.worker import logs, outcomes
 from scheduler.worker.execution import Pipeline, Running, ThreadRunner, classify
+from scheduler.worker.holding_claim import HoldingClaim
 from scheduler.worker.log_limit import LogLimit
 from scheduler.worker.metrics import WorkerMetrics
 from scheduler.worker.registry import Registry
@@ -35,7 +35,7 @@ class _Queue:
     """Per-queue state of this worker."""
 
     def __init__(self, client: aredis.Redis, name: str, clock: str) -> None:
-        self.aq = AsyncQueue(client, name, _clock=clock)
+        self.aq = HoldingClaim(client, name, _clock=clock)  # its claim says what is held
         self.name = name
         self.keys = QueueKeys(name)
         self.script_keys = self.keys.script_keys()
