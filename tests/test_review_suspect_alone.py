@@ -405,6 +405,13 @@ def test_a_drainer_whose_jobs_outlast_the_lease_still_runs_the_suspect(
     assert fifth not in ids or ids.index(suspect) < ids.index(fifth)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a documented limit (docs/durability.md, 'Contained failure'): "
+    "scheduler/worker/alone.py _holding counts leases only, not a handler thread running past "
+    "its timeout (counted, a thread that never returns kept the worker from its last-attempt "
+    "suspect for good: tests/test_untimed_held_back.py), so the suspect may run beside it",
+)
 def test_a_last_attempt_suspect_does_not_share_the_process_with_an_abandoned_handler(
     redis_url: str, queue_name: str, q: Queue
 ) -> None:

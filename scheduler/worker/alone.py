@@ -1,9 +1,9 @@
 """A suspect on its last attempt runs alone (lua/claim.lua): a crash of its worker parks it, so
-no other job may share that process. The worker tells each claim what it holds (leases, and the
-handlers still running past their end); it claims nothing while it runs such a suspect, and
-drains when a claim answers `ClaimBatch.drain`: it takes nothing new until it holds nothing,
-claiming that suspect's queue alone with `drained_for` (each such claim renews its drainer mark
-and takes nothing while jobs are held; the one with nothing held leases the suspect first)."""
+no other job may share that process. The worker tells each claim how many leases it holds; it
+claims nothing while it runs such a suspect, and drains when a claim answers `ClaimBatch.drain`:
+it takes nothing new until it holds nothing, claiming that suspect's queue alone with
+`drained_for` (each such claim renews its drainer mark and takes nothing while jobs are held;
+the one with nothing held leases the suspect first)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ class Alone(WorkerCore):
     _drain_until_s = 0.0
 
     def _holding(self) -> int:
-        """What a claim is told this worker holds: its leases, and the handlers still running
-        after their end (a timed-out sync handler's thread): code a crash could come from."""
-        return min(len(self._held) + len(self._abandoned), 1000)
+        """What a claim is told this worker holds: its leases. Not the handler threads running
+        past their end (a timed-out sync handler): one that never returns would keep the worker
+        from its last-attempt suspect for good, which may be that run's own job (held back
+        behind it, then parked: tests/test_untimed_held_back.py)."""
+        return min(len(self._held), 1000)
 
     def _claims_closed(self) -> bool:
         """Claim nothing: a last-attempt suspect runs (until its lease is gone: _forget), or the
