@@ -10,10 +10,10 @@
   ARGV[4] nonce          random, unique per call: part of every token, and the replay key
   ARGV[5] reap_limit     lapsed leases handled per call at most (0 .. LIM.reap_limit; REAP_STEP
                          at most, whatever the value: the rest by the next claims)
-  ARGV[6] held           optional: how many leases the worker holds now, on any queue ('' or
+  ARGV[6] holding        optional: how many leases the worker holds now, on any queue ('' or
                          absent: not said). A last-attempt suspect is leased only to a worker
                          that says 0 (below)
-  ARGV[7] drained_for    optional, with held: the suspect this worker drains for (the reply's
+  ARGV[7] drained_for    optional, with holding: the suspect this worker drains for (the reply's
                          drain field), looked at first
   Returns: {now_ms, next_ms, n, then 11 fields per job: id, token, attempts, max_attempts, task,
     payload, run_at_ms, backoff ('base_ms,factor,cap_ms,jitter' or ''), timeout_ms, schedule,
@@ -86,7 +86,7 @@ local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
 local prefix, due, leased = KEYS[1], KEYS[2], KEYS[3]
 local worker, nonce = ARGV[1], ARGV[4]
-local limit, lease_ms, reap_limit, held
+local limit, lease_ms, reap_limit, holding
 -- Reaping costs 30-50 us a lease: 10,000 (the largest reap_limit) held the server 290-520 ms,
 -- every client waiting. A larger value is still taken (older clients send it) but reaps this
 -- many per call; the rest stay in leased for the next claims (scheduler/core/limits.py
@@ -99,7 +99,7 @@ do
   reap_limit, err = int_arg(ARGV[5], 'reap_limit', 0, LIM.reap_limit); if err then return err end
   if reap_limit > REAP_STEP then reap_limit = REAP_STEP end
   if ARGV[6] and ARGV[6] ~= '' then
-    held, err = int_arg(ARGV[6], 'held', 0, LIM.limit); if err then return err end
+    holding, err = int_arg(ARGV[6], 'holding', 0, LIM.limit); if err then return err end
   end
   if #nonce < 1 or #nonce > 64 or not string.find(nonce, '^%w+$') then
     return redis.error_reply('BAD_ARGUMENT nonce=')
@@ -414,7 +414,7 @@ local function lease_due()
   end
   -- A worker holding a last-attempt suspect runs it alone: nothing more until it ends. One
   -- HGET a call, unless the worker says it holds nothing.
-  if held ~= 0 and suspect_held() and held_final then
+  if holding ~= 0 and suspect_held() and held_final then
     mine.frozen = true
     return
   end
@@ -488,9 +488,9 @@ local function lease_due()
     -- On its last attempt: alone (header). A worker that did not say what it holds (nil) takes
     -- it as the first job of its call.
     local final = suspect and r.attempts + 1 >= r.max_attempts
-    if final and ((held and held > 0) or #took > 0 or suspect_taken)
+    if final and ((holding and holding > 0) or #took > 0 or suspect_taken)
         or suspect and (suspect_taken or suspect_held()) then
-      if final and held and not mine.drain then
+      if final and holding and not mine.drain then
         mine.drain = drain_for(jk, id)
         -- Told to drain: nothing more in this call (the rest left due, as past the byte bound).
         if mine.drain then payload_room.left = 0 end
@@ -583,7 +583,7 @@ local function lease_due()
   -- A worker draining for a last-attempt suspect (ARGV[7]): that one first. Back with nothing
   -- held, it takes it, else a backlog's older jobs would fill its call and skip it again; still
   -- holding jobs, it is told to drain on (its mark renewed), and takes nothing (below).
-  local first = held and ARGV[7]
+  local first = holding and ARGV[7]
   if first and first ~= '' then
     local s = redis.call('ZSCORE', due, first)
     if s and tonumber(s) <= now and examine(first, s) == 'took' then first = 'took' end

@@ -30,7 +30,7 @@ TIME_MAX_MS = 7258118400000  # lua/lib/util.lua LIM.time_ms
 
 
 def _claim(q: Queue, worker: str, limit: int = 10, **kw: object) -> ClaimBatch:
-    """The worker's claim operation, with `held` / `drained_for` / `nonce` when given."""
+    """The worker's claim operation, with `holding` / `drained_for` / `nonce` when given."""
     return q._run(q.ops.claim(worker, limit=limit, lease_ms=LEASE_MS, **kw))  # type: ignore[arg-type]
 
 
@@ -61,7 +61,7 @@ def test_a_drainer_that_does_not_read_is_taken_over(
     (suspect,) = _suspects(q, clock)
     later = q.enqueue("t", {})
     client.hset(q.keys.job(suspect), "drainer", drainer)
-    got = _claim(q, "busy", held=2)
+    got = _claim(q, "busy", holding=2)
     assert got.drain == suspect  # told to drain despite the edit
     # Told to drain, the call takes nothing more; the plain job stays due, nothing lost.
     assert got.jobs == [] and q.status(later) == "due"
@@ -74,7 +74,7 @@ def test_a_lapsed_drainer_of_another_worker_is_taken_over(
     q, clock = tq
     (suspect,) = _suspects(q, clock)
     client.hset(q.keys.job(suspect), "drainer", f"{T0} gone-worker")
-    assert _claim(q, "busy", held=1).drain == suspect
+    assert _claim(q, "busy", holding=1).drain == suspect
 
 
 def test_a_far_future_drainer_mark_does_not_block_drains_forever(
@@ -85,16 +85,16 @@ def test_a_far_future_drainer_mark_does_not_block_drains_forever(
     client.hset(q.keys.job(suspect), "drainer", f"{TIME_MAX_MS - 1} other")
     # Two days later (past any lease a claim can write), every worker still busy.
     clock.set_ms(T0 + 2 * 86_400_000)
-    assert _claim(q, "busy", held=1).drain == suspect
+    assert _claim(q, "busy", holding=1).drain == suspect
 
 
 # -- hand edits of `isolated` --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("value", ["!", "!!x", "!DONE", "!OTHER", "", "!!"])
-@pytest.mark.parametrize("held", [0, 1, None])
+@pytest.mark.parametrize("holding", [0, 1, None])
 def test_a_hand_edited_isolated_value_freezes_no_worker_and_loses_no_job(
-    tq: tuple[Queue, Clock], client: redis.Redis, value: str, held: int | None
+    tq: tuple[Queue, Clock], client: redis.Redis, value: str, holding: int | None
 ) -> None:
     q, clock = tq
     clock.set_ms(T0)
@@ -106,24 +106,24 @@ def test_a_hand_edited_isolated_value_freezes_no_worker_and_loses_no_job(
     value = value.replace("DONE", done).replace("OTHER", other)
     client.hset(q.keys.isolated, "w", value)
     plain = [q.enqueue("t", {"i": i}) for i in range(3)]
-    got = _claim(q, "w", held=held)
+    got = _claim(q, "w", holding=holding)
     assert sorted(j.id for j in got.jobs) == sorted(plain)
     assert q.status(other) == "leased" and o.id == other
 
 
-@pytest.mark.parametrize("held", [0, 1, None])
+@pytest.mark.parametrize("holding", [0, 1, None])
 def test_an_isolated_key_of_another_type_freezes_no_worker(
-    tq: tuple[Queue, Clock], client: redis.Redis, held: int | None
+    tq: tuple[Queue, Clock], client: redis.Redis, holding: int | None
 ) -> None:
     q, clock = tq
     (suspect,) = _suspects(q, clock)
     client.delete(q.keys.isolated)
     client.set(q.keys.isolated, "!x")
-    got = _claim(q, "idle", held=0)
+    got = _claim(q, "idle", holding=0)
     assert [j.id for j in got.jobs] == [suspect]  # still alone in its call
     plain = [q.enqueue("t", {"i": i}) for i in range(2)]
     # The one-suspect rule is lost while the key is broken (advisory): the others still lease.
-    other = _claim(q, "w2", held=held)
+    other = _claim(q, "w2", holding=holding)
     assert sorted(j.id for j in other.jobs) == sorted(plain)
     assert client.type(q.keys.isolated) == "string"
 
@@ -150,7 +150,7 @@ def test_one_busy_worker_drains_per_suspect(tq: tuple[Queue, Clock]) -> None:
     claims for a lease length; a 4th busy worker is not told."""
     q, clock = tq
     suspects = _suspects(q, clock, n=3)
-    told = [_claim(q, f"busy{i}", held=1).drain for i in range(4)]
+    told = [_claim(q, f"busy{i}", holding=1).drain for i in range(4)]
     assert sorted(t for t in told[:3] if t) == sorted(suspects)
     assert told[3] is None
     assert all(q.status(s) == "due" for s in suspects)
@@ -159,13 +159,13 @@ def test_one_busy_worker_drains_per_suspect(tq: tuple[Queue, Clock]) -> None:
 def test_each_drainer_back_gets_its_own_suspect_alone(tq: tuple[Queue, Clock]) -> None:
     q, clock = tq
     suspects = _suspects(q, clock, n=2)
-    told = {f"busy{i}": _claim(q, f"busy{i}", held=1).drain for i in range(2)}
+    told = {f"busy{i}": _claim(q, f"busy{i}", holding=1).drain for i in range(2)}
     plain = [q.enqueue("t", {"i": i}, run_at=EARLIER) for i in range(4)]  # ahead of both
     assert sorted(t for t in told.values() if t) == sorted(suspects)
     for w, s in told.items():
-        got = _claim(q, w, held=0, drained_for=s)
+        got = _claim(q, w, holding=0, drained_for=s)
         assert [j.id for j in got.jobs] == [s] and got.suspect == s
-    assert sorted(j.id for j in _claim(q, "w3", held=0).jobs) == sorted(plain)
+    assert sorted(j.id for j in _claim(q, "w3", holding=0).jobs) == sorted(plain)
 
 
 # -- the replay path -----------------------------------------------------------------------------
@@ -177,8 +177,8 @@ def test_a_replayed_claim_that_took_the_suspect_alone_names_it_again(
     q, clock = tq
     (suspect,) = _suspects(q, clock)
     q.enqueue("t", {})
-    first = _claim(q, "w", held=0, nonce="n1")
-    again = _claim(q, "w", held=0, nonce="n1")
+    first = _claim(q, "w", holding=0, nonce="n1")
+    again = _claim(q, "w", holding=0, nonce="n1")
     assert [j.id for j in first.jobs] == [j.id for j in again.jobs] == [suspect]
     assert again.suspect == suspect and again.jobs[0].token == first.jobs[0].token
 
@@ -187,9 +187,9 @@ def test_a_replayed_claim_that_was_told_to_drain_says_so_again(tq: tuple[Queue, 
     q, clock = tq
     (suspect,) = _suspects(q, clock)
     plain = q.enqueue("t", {}, run_at=EARLIER)  # taken before the suspect is met
-    first = _claim(q, "w", held=1, nonce="n2")
+    first = _claim(q, "w", holding=1, nonce="n2")
     assert [j.id for j in first.jobs] == [plain] and first.drain == suspect
-    again = _claim(q, "w", held=1, nonce="n2")  # the first answer was lost: re-sent
+    again = _claim(q, "w", holding=1, nonce="n2")  # the first answer was lost: re-sent
     assert [j.id for j in again.jobs] == [plain]
     assert again.drain == suspect
 
@@ -202,12 +202,12 @@ def test_a_drainer_back_on_a_paused_queue_gets_nothing_then_the_suspect_after_re
 ) -> None:
     q, clock = tq
     (suspect,) = _suspects(q, clock)
-    assert _claim(q, "w", held=1).drain == suspect
+    assert _claim(q, "w", holding=1).drain == suspect
     q.pause()
-    paused = _claim(q, "w", held=0, drained_for=suspect)
+    paused = _claim(q, "w", holding=0, drained_for=suspect)
     assert paused.jobs == [] and paused.drain is None
     q.resume()
-    got = _claim(q, "w", held=0, drained_for=suspect)
+    got = _claim(q, "w", holding=0, drained_for=suspect)
     assert [j.id for j in got.jobs] == [suspect]
 
 
@@ -216,10 +216,10 @@ def test_a_drainer_back_after_its_suspect_was_cancelled_claims_as_usual(
 ) -> None:
     q, clock = tq
     (suspect,) = _suspects(q, clock)
-    assert _claim(q, "w", held=1).drain == suspect
+    assert _claim(q, "w", holding=1).drain == suspect
     q.cancel(suspect)
     plain = [q.enqueue("t", {"i": i}) for i in range(3)]
-    got = _claim(q, "w", held=0, drained_for=suspect)
+    got = _claim(q, "w", holding=0, drained_for=suspect)
     assert sorted(j.id for j in got.jobs) == sorted(plain) and got.drain is None
 
 
@@ -229,11 +229,11 @@ def test_a_high_priority_last_attempt_suspect_is_still_run_alone_by_its_drainer(
     q, clock = tq
     (suspect,) = _suspects(q, clock, priority=9)
     plain = [q.enqueue("t", {"i": i}, priority=5, run_at=EARLIER) for i in range(3)]
-    got = _claim(q, "busy", held=1)
+    got = _claim(q, "busy", holding=1)
     # Met first (its level first): told to drain, the call takes nothing more.
     assert got.drain == suspect and got.jobs == []
     assert all(q.status(j) == "due" for j in plain)
-    back = _claim(q, "busy", held=0, drained_for=suspect)
+    back = _claim(q, "busy", holding=0, drained_for=suspect)
     assert [j.id for j in back.jobs] == [suspect]
 
 
@@ -243,16 +243,16 @@ def test_a_keyed_last_attempt_suspect_whose_key_is_full_is_held_not_lost(
     q, clock = tq
     (suspect,) = _suspects(q, clock, concurrency_key="k", concurrency_limit=1)
     holder = q.enqueue("t", {}, concurrency_key="k", concurrency_limit=1, run_at=EARLIER)
-    (h,) = _claim(q, "w2", limit=1, held=1).jobs  # the key's one slot
+    (h,) = _claim(q, "w2", limit=1, holding=1).jobs  # the key's one slot
     assert h.id == holder
-    assert _claim(q, "busy", held=1).drain == suspect
+    assert _claim(q, "busy", holding=1).drain == suspect
     plain = [q.enqueue("t", {"i": i}) for i in range(2)]
     # The drainer comes back while the key is full: the suspect waits for the key, the call
     # goes on with the plain jobs.
-    back = _claim(q, "busy", held=0, drained_for=suspect)
+    back = _claim(q, "busy", holding=0, drained_for=suspect)
     assert sorted(j.id for j in back.jobs) == sorted(plain)
     q.complete(h.id, h.token, None)  # the key frees: the suspect is let out
-    got = _claim(q, "idle", held=0)
+    got = _claim(q, "idle", holding=0)
     assert [j.id for j in got.jobs] == [suspect] and got.suspect == suspect
 
 
@@ -263,7 +263,7 @@ def test_a_keyed_last_attempt_suspect_whose_key_is_full_is_held_not_lost(
     strict=True,
     reason="a documented limit (docs/durability.md, 'Contained failure'): "
     "scheduler/client/partitioned_lease_plan.py:166: PartitionedQueue.claim (the manual API) "
-    "sends no held and merges every partition's batch, so a last-attempt suspect leased alone "
+    "sends no holding and merges every partition's batch, so a last-attempt suspect leased alone "
     "by its partition comes back beside other partitions' jobs (the worker claims each "
     "partition on its own, saying what it holds)",
 )
@@ -465,5 +465,5 @@ def test_a_graceful_stop_while_draining_gives_back_and_ends(
     assert q.status(suspect) == "due" and q.status(first) == "due"
     assert _started_ids() == [first]
     # The next worker (nothing held) takes the suspect alone.
-    got = q._run(q.ops.claim("next", limit=10, lease_ms=LEASE_MS, held=0))
+    got = q._run(q.ops.claim("next", limit=10, lease_ms=LEASE_MS, holding=0))
     assert [j.id for j in got.jobs] == [suspect]

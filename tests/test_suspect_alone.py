@@ -30,7 +30,7 @@ EARLIER = datetime.fromtimestamp(T0 / 1000, tz=UTC)  # due before the reaped sus
 
 
 def _claim(q: Queue, worker: str, limit: int = 10, **kw: object) -> ClaimBatch:
-    """Queue.claim's operation with the worker's `held` / `drained_for` (the worker's path)."""
+    """Queue.claim's operation with the worker's `holding` / `drained_for` (the worker's path)."""
     return q._run(q.ops.claim(worker, limit=limit, lease_ms=LEASE_MS, **kw))  # type: ignore[arg-type]
 
 
@@ -52,15 +52,15 @@ def test_a_busy_worker_is_not_leased_it_and_is_told_to_drain(
 ) -> None:
     q, clock = tq
     suspect = _last_attempt_suspect(q, clock)
-    got = _claim(q, "busy", held=3)
+    got = _claim(q, "busy", holding=3)
     assert [j.id for j in got.jobs] == [] and got.drain == suspect
     assert q.status(suspect) == "due"
     # A second busy worker is not told too (one drains at a time), nor leased it.
-    other = _claim(q, "busy2", held=1)
+    other = _claim(q, "busy2", holding=1)
     assert other.jobs == [] and other.drain is None
     # The drainer mark lapses with the first one's lease length: then another may drain.
     clock.set_ms(T0 + 2 * LEASE_MS + 2)
-    assert _claim(q, "busy2", held=1).drain == suspect
+    assert _claim(q, "busy2", holding=1).drain == suspect
     assert client.hget(q.keys.job(suspect), "drainer") is not None
 
 
@@ -69,17 +69,17 @@ def test_the_drainer_back_with_nothing_held_gets_it_first_and_alone(
 ) -> None:
     q, clock = tq
     suspect = _last_attempt_suspect(q, clock)
-    assert _claim(q, "w", held=2).drain == suspect
+    assert _claim(q, "w", holding=2).drain == suspect
     plain_before = [q.enqueue("t", {}, run_at=EARLIER) for _ in range(3)]  # due ahead of it
-    got = _claim(q, "w", held=0, drained_for=suspect)
+    got = _claim(q, "w", holding=0, drained_for=suspect)
     assert [j.id for j in got.jobs] == [suspect] and got.suspect == suspect
     assert got.jobs[0].attempts == got.jobs[0].max_attempts == 2
     assert all(q.status(j) == "due" for j in plain_before)
     # While it runs, this worker is leased nothing, and not told to come back at once.
-    again = _claim(q, "w", held=1)
+    again = _claim(q, "w", holding=1)
     assert again.jobs == [] and again.next_ms > again.now_ms
     # Another worker takes the plain jobs meanwhile.
-    assert sorted(j.id for j in _claim(q, "w2", held=0).jobs) == sorted(plain_before)
+    assert sorted(j.id for j in _claim(q, "w2", holding=0).jobs) == sorted(plain_before)
 
 
 def test_an_idle_worker_takes_it_only_as_the_first_job_of_its_call(
@@ -88,27 +88,27 @@ def test_an_idle_worker_takes_it_only_as_the_first_job_of_its_call(
     q, clock = tq
     suspect = _last_attempt_suspect(q, clock)
     later = [q.enqueue("t", {}) for _ in range(3)]  # due after the suspect
-    got = _claim(q, "idle", held=0)
+    got = _claim(q, "idle", holding=0)
     assert [j.id for j in got.jobs] == [suspect]  # alone: the rest left due
     assert all(q.status(j) == "due" for j in later)
-    assert _claim(q, "idle", held=1).jobs == []  # holding it: nothing more
+    assert _claim(q, "idle", holding=1).jobs == []  # holding it: nothing more
     # Its lease gone (settled), the worker is leased again.
     (job,) = got.jobs
     q.complete(job.id, job.token, None)
-    assert len(_claim(q, "idle", held=0).jobs) == 3
+    assert len(_claim(q, "idle", holding=0).jobs) == 3
 
 
 def test_a_call_that_took_jobs_skips_it_and_leaves_it_due(tq: tuple[Queue, Clock]) -> None:
     q, clock = tq
     suspect = _last_attempt_suspect(q, clock)
     older = [q.enqueue("t", {}, run_at=EARLIER) for _ in range(2)]
-    got = _claim(q, "idle", held=0)
+    got = _claim(q, "idle", holding=0)
     assert sorted(j.id for j in got.jobs) == sorted(older) and got.suspect is None
     assert got.drain == suspect and q.status(suspect) == "due"
 
 
 def test_a_client_that_does_not_say_what_it_holds_takes_it_alone(tq: tuple[Queue, Clock]) -> None:
-    """Queue.claim (no `held`): the suspect is leased as the only job of the call."""
+    """Queue.claim (no `holding`): the suspect is leased as the only job of the call."""
     q, clock = tq
     suspect = _last_attempt_suspect(q, clock)
     later = q.enqueue("t", {})
@@ -118,13 +118,14 @@ def test_a_client_that_does_not_say_what_it_holds_takes_it_alone(tq: tuple[Queue
 
 
 @pytest.mark.parametrize(
-    ("held", "drained_for"), [(-1, None), (1001, None), (True, None), (None, "j1"), (0, "bad id!")]
+    ("holding", "drained_for"),
+    [(-1, None), (1001, None), (True, None), (None, "j1"), (0, "bad id!")],
 )
-def test_bad_held_or_drained_for_is_refused_before_any_call(
-    held: object, drained_for: object
+def test_bad_holding_or_drained_for_is_refused_before_any_call(
+    holding: object, drained_for: object
 ) -> None:
     with pytest.raises(BadArgument):
-        claim_args("w", 10, 1000, "n1", 0, held, drained_for)  # type: ignore[arg-type]
+        claim_args("w", 10, 1000, "n1", 0, holding, drained_for)  # type: ignore[arg-type]
 
 
 def _raw_claim(args: list[str]) -> Op[Any]:
@@ -132,14 +133,14 @@ def _raw_claim(args: list[str]) -> Op[Any]:
     return reply
 
 
-@pytest.mark.parametrize("held", ["-1", "x", "1001", "1.5"])
-def test_the_script_refuses_a_held_text_that_is_not_a_count(
-    tq: tuple[Queue, Clock], held: str
+@pytest.mark.parametrize("holding", ["-1", "x", "1001", "1.5"])
+def test_the_script_refuses_a_holding_text_that_is_not_a_count(
+    tq: tuple[Queue, Clock], holding: str
 ) -> None:
     q, _ = tq
     job = q.enqueue("t", {})
-    with pytest.raises(BadArgument, match="held"):
-        q._run(_raw_claim(["w", "10", "1000", "n1", "0", held]))
+    with pytest.raises(BadArgument, match="holding"):
+        q._run(_raw_claim(["w", "10", "1000", "n1", "0", holding]))
     assert q.status(job) == "due"  # nothing leased
     assert q.claim("w", limit=10).jobs[0].id == job
 

@@ -45,7 +45,7 @@ def claim_args(
     lease_ms: int,
     nonce: str,
     reap_limit: int,
-    held: int | None = None,
+    holding: int | None = None,
     drained_for: str | None = None,
 ) -> list[str]:
     check_worker_id(worker_id)
@@ -58,12 +58,12 @@ def claim_args(
     args = [worker_id, str(limit), str(lease_ms), nonce, str(reap_limit)]
     # What the worker holds (a last-attempt suspect runs alone, claim.lua), and the suspect it
     # drained for: sent only when said, so an older script's argument count is unchanged.
-    if held is not None:
-        args.append(str(check_int(held, "held", "limit")))  # only 0 or not matters
+    if holding is not None:
+        args.append(str(check_int(holding, "holding", "limit")))  # only 0 or not matters
         if drained_for is not None:
             args.append(check_job_id(drained_for))
     elif drained_for is not None:
-        raise BadArgument("drained_for needs held")
+        raise BadArgument("drained_for needs holding")
     return args
 
 

@@ -83,14 +83,15 @@ class LeasingOps(OpsBase):
         lease_ms: int = DEFAULT_LEASE_MS,
         reap_limit: int = 100,
         nonce: str | None = None,
-        held: int | None = None,
+        holding: int | None = None,
         drained_for: str | None = None,
     ) -> Op[ClaimBatch]:
         """`nonce`: give the same one again when re-sending a call whose answer was lost:
         claim.lua then returns that call's jobs instead of leasing more (default: fresh).
-        `held`, `drained_for`: what the worker holds, the suspect it drained for (claim.lua)."""
+        `holding`, `drained_for`: how many leases the worker holds, the suspect it drains for
+        (claim.lua)."""
         nonce = codec.new_nonce() if nonce is None else nonce
-        args = codec.claim_args(worker_id, limit, lease_ms, nonce, reap_limit, held, drained_for)
+        args = codec.claim_args(worker_id, limit, lease_ms, nonce, reap_limit, holding, drained_for)
         reply = yield Script("claim", args)
         batch = codec.parse_claim(reply)
         # Cron schedules running low on precomputed slots: refill on this same call.

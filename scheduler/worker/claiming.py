@@ -82,7 +82,7 @@ class Claiming(Alone, SelfStop, Dispatch, Reporting, Waking):
                 self._due_again.discard(q.name)
                 drained_for = drained[1] if drained and drained[0] == q.name else None
                 call = q.aq.claim(self.id, limit=limit, lease_ms=s.lease_ms,
-                                  reap_limit=s.reap_limit, nonce=nonce, held=self._holding(),
+                                  reap_limit=s.reap_limit, nonce=nonce, holding=self._holding(),
                                   drained_for=drained_for)  # fmt: skip
                 try:
                     batch = await self._claim_call(call)

@@ -18,11 +18,11 @@ class HoldingClaim(AsyncQueue):
         lease_ms: int = DEFAULT_LEASE_MS,
         reap_limit: int = 100,
         nonce: str | None = None,
-        held: int | None = None,
+        holding: int | None = None,
         drained_for: str | None = None,
     ) -> ClaimBatch:
-        """AsyncQueue.claim, plus `held` (the leases and live handler threads the worker has)
-        and `drained_for` (the suspect it drains for: ClaimBatch.drain)."""
+        """AsyncQueue.claim, plus `holding` (how many leases the worker holds) and
+        `drained_for` (the suspect it drains for: ClaimBatch.drain)."""
         return await self._run(self.ops.claim(worker_id, limit=limit, lease_ms=lease_ms,
-                                              reap_limit=reap_limit, nonce=nonce, held=held,
+                                              reap_limit=reap_limit, nonce=nonce, holding=holding,
                                               drained_for=drained_for))  # fmt: skip
