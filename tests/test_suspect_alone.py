@@ -21,6 +21,7 @@ from scheduler.core.errors import BadArgument
 from scheduler.core.models import ClaimBatch
 from scheduler.operations.requests import Op, Script
 from scheduler.worker import Worker, WorkerSettings
+from scheduler.worker.holding_claim import HoldingClaim
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import Clock
 
@@ -217,3 +218,65 @@ def test_a_busy_worker_drains_then_runs_the_last_attempt_suspect_alone(
     assert starts[:2] == [long, suspect]  # the suspect first once the worker held nothing
     (alone,) = [running for what, job, running in _events if job == suspect]
     assert alone == frozenset()  # nothing else ran beside it
+
+
+def test_a_worker_of_two_queues_drains_and_claims_the_suspects_queue_first(
+    redis_url: str, queue_name: str, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Draining, it claims only the suspect's queue (renewing its mark, nothing taken); once it
+    holds nothing, that queue first, not the other queue's plain jobs, even while an empty
+    claim of it has it sitting out the round's wait."""
+    global _gate
+    _events.clear()
+    _running.clear()
+    qa, qb = Queue(client, queue_name), Queue(client, queue_name + "-b")
+    suspect = qa.enqueue("sa-quick", {}, max_attempts=2)
+    (crashed,) = qa.claim("crashed", limit=1, lease_ms=1).jobs
+    assert crashed.id == suspect
+    deadline = time.monotonic() + 20
+    while qa.status(suspect) != "due":
+        assert time.monotonic() < deadline
+        qa.claim("reaper", limit=0, lease_ms=1000)
+    long = qa.enqueue("sa-long", {}, run_at=EARLIER)
+    renewals: list[str] = []  # queue names of the drain claims that took nothing
+    real = HoldingClaim.claim
+
+    async def spy(self: HoldingClaim, *args: Any, **kwargs: Any) -> ClaimBatch:
+        batch = await real(self, *args, **kwargs)
+        if kwargs.get("drained_for") and not batch.jobs and batch.drain:
+            renewals.append(self.name)
+        return batch
+
+    monkeypatch.setattr(HoldingClaim, "claim", spy)
+
+    async def main() -> None:
+        global _gate
+        _gate = asyncio.Event()
+        aclient = connect_async(redis_url)
+        settings = WorkerSettings(queues=(qa.name, qb.name), concurrency=4, lease_ms=1000,
+                                  heartbeat_ms=200, grace_s=5)  # fmt: skip
+        worker = Worker(aclient, alone_registry, settings)
+        task = asyncio.create_task(worker.run(install_signals=False))
+        try:
+            end = time.monotonic() + 20
+            while not renewals:  # draining: a renewal claim of qa took nothing
+                assert time.monotonic() < end and not task.done()
+                await asyncio.sleep(0.01)
+            await AsyncQueue(aclient, qb.name).enqueue("sa-quick", {})
+            _gate.set()  # it holds nothing now, qa sitting out its wait
+            while qa.status(suspect) != "done":
+                assert time.monotonic() < end and not task.done()
+                await asyncio.sleep(0.02)
+        finally:
+            worker.request_stop()
+            await asyncio.wait_for(task, 30)
+            await aclient.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        qb.client.delete(*qb.client.keys(qb.keys.pattern()) or ["-"])
+    starts = [job for what, job, _ in _events if what == "start"]
+    assert starts[:2] == [long, suspect], starts
+    (alone,) = [running for what, job, running in _events if job == suspect]
+    assert alone == frozenset()

@@ -71,8 +71,8 @@ class Claiming(Alone, SelfStop, Dispatch, Reporting, Waking):
                     await self._idle_wait(max(min(skips.values()) - now_s, 0.001))
                     continue
             failed = 0
-            if drained := self._drain_for:  # its queue alone (alone.py)
-                order = [q for q in order if q.name == drained[0]] or order
+            if drained := self._drain_for:  # its queue alone, even while skipped (alone.py)
+                order = [q for q in self.queues if q.name == drained[0]] or order
             for q in order:
                 turn = owed if owed and q is self.queues[rr] else s.batch_size
                 limit = min(free, turn)
