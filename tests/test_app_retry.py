@@ -72,6 +72,24 @@ def test_open_queue_from_a_url_retries_as_a_plain_client(module_server: RedisPro
     assert asyncio.run(go()) == _plain(aredis.Redis) > 0
 
 
+def test_a_retry_given_as_default_retry_is_used_for_one_server_only() -> None:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    once = Retry(NoBackoff(), 1)
+    assert _retries(connection.connect(NOWHERE, default_retry=once)) == 1
+    url = "redis+sentinel://127.0.0.1:1/mymaster"
+    kinds = [
+        type(
+            cast(
+                Any, connection.connect(url, default_retry=d).connection_pool.make_connection()
+            ).retry
+        )
+        for d in (once, False)
+    ]
+    assert kinds[0] is kinds[1]
+
+
 def test_a_retry_the_caller_gives_is_kept() -> None:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -127,11 +145,16 @@ def test_a_sentinel_and_an_async_cluster_client_are_as_without_default_retry() -
     assert given == own
 
 
-def test_the_dashboard_from_a_url_retries_as_a_plain_client() -> None:
-    """A long-running server's page right after a Redis restart re-sends (not a 503)."""
+def test_the_dashboard_from_a_url_re_sends_once_at_once_after_a_dropped_connection() -> None:
+    """A page right after a Redis restart re-sends (not a 503), once and without backoff, and
+    not after a timeout: with Redis down a page reads every queue (tests/test_review_session_
+    diff8.py: the plain client's 10 re-sends made an overview of 5 queues answer after 43 s)."""
     from scheduler.dashboard import Auth, create_app
 
     app = create_app(NOWHERE, auth=Auth(), secret="s" * 32)
-    assert _retries(app.store.client) == _plain(redis.Redis) > 0
+    conn = cast(Any, app.store.client.connection_pool.make_connection())
+    assert conn.retry.get_retries() == 1 and type(conn.retry._backoff).__name__ == "NoBackoff"
+    assert redis.ConnectionError in conn.retry._supported_errors
+    assert redis.TimeoutError not in conn.retry._supported_errors
     given = redis.Redis(unix_socket_path="/nonexistent/app-retry.sock")
     assert create_app(client=given, auth=Auth(), secret="s" * 32).store.client is given

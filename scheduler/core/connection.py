@@ -208,17 +208,17 @@ def _client(url: str, kw: dict[str, Any], one: Any, cluster: Any, node: Any) -> 
     if target.sentinel is not None:  # its own retry (core/sentinel_conn.py)
         return sentinel_client(target.sentinel, args, asyncio=one is aredis.Redis)
     if not target.cluster:
-        if retry and args.get("retry") is None:
-            args["retry"] = plain_retry(one)
+        if retry and args.get("retry") is None:  # True: the plain client's, else the one given
+            args["retry"] = plain_retry(one) if retry is True else retry
         return one.from_url(target.address, **args)
     others = [node(h, p) for h, p in target.seeds[1:]]  # RedisCluster: its own retry
     return cluster.from_url(target.address, startup_nodes=others, **args)
 
 
 def connect(url: str, **kwargs: Any) -> redis.Redis:
-    """A client for `url` as `scheduler worker` reads it: one server, a Cluster, a Sentinel's
-    master. Replies decoded unless `decode_responses=False`; a bad URL raises BadArgument.
-    `default_retry=True`: one server's calls re-send as a plain redis.Redis's (plain_retry)."""
+    """A client for `url` (one server, a Cluster, a Sentinel's master; decoded replies unless
+    `decode_responses=False`; a bad URL: BadArgument). `default_retry`: True, one server's calls
+    re-send as a plain redis.Redis's (plain_retry); a Retry, by it (Cluster, Sentinel: theirs)."""
     return _client(url, kwargs, redis.Redis, RedisCluster, ClusterNode)  # type: ignore[no-any-return]
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, ResponseError
+from redis.retry import Retry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -97,9 +99,12 @@ def create_app(
             raise BadArgument("create_app needs a Redis url or a client")
         # One server or a Redis Cluster (core/connection.py). Stored bytes that are not UTF-8
         # are read as escapes (\xff), as the CLI reads them, instead of failing the page. A
-        # long-running server's client re-sends as a plain redis.Redis's does (every call it
-        # makes is safe to receive twice): the first page after a Redis restart is not a 503.
-        client = connect(url, encoding_errors="backslashreplace", default_retry=True)
+        # call whose connection dropped is re-sent once, at once (every call it makes is safe
+        # to receive twice): the first page after a Redis restart is not a 503. Not more, nor
+        # after a timeout: with Redis down a page read every queue through redis-py's default
+        # 10 re-sends with backoff (5 queues: 43 s to its 503).
+        once = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+        client = connect(url, encoding_errors="backslashreplace", default_retry=once)
     store = Store(client, queues)
     render = Renderer(Csrf(secret), read_only)
     # The health page's fix lines reach the URL's server (given a client: shown bare).

@@ -95,6 +95,8 @@ class Claiming(Alone, SelfStop, Dispatch, Reporting, Waking):
                     self._loop_error("claim", exc)
                     self._note_claim(q.name, exc)
                     failed += 1
+                    if drained_for:  # a drain whose claims fail is given up: the rest go on
+                        self._drain_for = None
                     due_at.pop(q.name, None)
                     if len(self.queues) > 1:
                         delay_s = failing.setdefault(q.name, RetryDelay(cap_s=_SKIP_MAX_S))()
