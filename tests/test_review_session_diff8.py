@@ -24,6 +24,7 @@ from scheduler.core.connection import connect_async
 from scheduler.dashboard import Auth, create_app
 from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
+from tests.fixtures.suspects import last_attempt_suspect
 from tests.redis_server import require_server
 
 
@@ -177,13 +178,7 @@ def test_a_burst_worker_that_drains_runs_the_suspect_and_everything_then_exits(
 ) -> None:
     _started.clear()
     q = Queue(client, queue_name)
-    suspect = q.enqueue("d8-quick", {}, max_attempts=2)
-    (crashed,) = q.claim("crashed", limit=1, lease_ms=1).jobs  # its worker killed: lapses
-    assert crashed.id == suspect
-    deadline = time.monotonic() + 10
-    while q.status(suspect) != "due":  # reaped by a claim of nothing
-        assert time.monotonic() < deadline
-        q.claim("reaper", limit=0, lease_ms=1000)
+    suspect = last_attempt_suspect(q, "d8-quick")
     long = q.enqueue("d8-long", {}, run_at=EARLIER)  # ahead of it: the worker is busy
 
     async def go() -> int:
@@ -226,13 +221,7 @@ def test_a_drainer_whose_drained_queue_is_refused_still_claims_its_other_queues(
 ) -> None:
     _started.clear()
     qa, qb = (Queue(client, f"d8{x}-{time.monotonic_ns()}") for x in "ab")
-    suspect = qa.enqueue("d8-quick", {}, max_attempts=2)
-    (crashed,) = qa.claim("crashed", limit=1, lease_ms=1).jobs  # its worker killed: lapses
-    assert crashed.id == suspect
-    deadline = time.monotonic() + 10
-    while qa.status(suspect) != "due":
-        assert time.monotonic() < deadline
-        qa.claim("reaper", limit=0, lease_ms=1000)
+    last_attempt_suspect(qa, "d8-quick")  # its drain stops at the refused claims
     long = qa.enqueue("d8-long", {}, run_at=EARLIER)
 
     async def go() -> str:

@@ -22,6 +22,7 @@ from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import Clock
 from tests.fixtures.partitioned import MakePq
+from tests.fixtures.suspects import last_attempt_suspect
 
 T0 = 1_000_000
 LEASE_MS = 1000
@@ -342,14 +343,7 @@ def _reset() -> None:
 
 def _real_suspect(q: Queue) -> str:
     """A last-attempt suspect under the real clock (max_attempts=2, its first lease lapsed)."""
-    suspect = q.enqueue("rsa-quick", {}, max_attempts=2)
-    (crashed,) = q.claim("crashed", limit=1, lease_ms=1).jobs  # its worker killed: lapses
-    assert crashed.id == suspect
-    deadline = time.monotonic() + 10
-    while q.status(suspect) != "due":  # reaped by a claim of nothing
-        assert time.monotonic() < deadline
-        q.claim("reaper", limit=0, lease_ms=1000)
-    return suspect
+    return last_attempt_suspect(q, "rsa-quick")
 
 
 async def _run_worker(redis_url: str, queue_name: str, body: Any, **settings: Any) -> None:

@@ -24,6 +24,7 @@ from scheduler.worker import Worker, WorkerSettings
 from scheduler.worker.holding_claim import HoldingClaim
 from scheduler.worker.registry import JobContext, Registry
 from tests.conftest import Clock
+from tests.fixtures.suspects import last_attempt_suspect
 
 T0 = 1_000_000
 LEASE_MS = 1000
@@ -175,13 +176,7 @@ def test_a_busy_worker_drains_then_runs_the_last_attempt_suspect_alone(
     _events.clear()
     _running.clear()
     q = Queue(client, queue_name)
-    suspect = q.enqueue("sa-quick", {}, max_attempts=2)
-    (crashed,) = q.claim("crashed", limit=1, lease_ms=1).jobs  # its worker killed: lapses
-    assert crashed.id == suspect
-    deadline = time.monotonic() + 20
-    while q.status(suspect) != "due":  # reaped by a claim of nothing
-        assert time.monotonic() < deadline
-        q.claim("reaper", limit=0, lease_ms=1000)
+    suspect = last_attempt_suspect(q, "sa-quick")
     long = q.enqueue("sa-long", {}, run_at=EARLIER)  # ahead of it in due
 
     async def main() -> None:
@@ -230,13 +225,7 @@ def test_a_worker_of_two_queues_drains_and_claims_the_suspects_queue_first(
     _events.clear()
     _running.clear()
     qa, qb = Queue(client, queue_name), Queue(client, queue_name + "-b")
-    suspect = qa.enqueue("sa-quick", {}, max_attempts=2)
-    (crashed,) = qa.claim("crashed", limit=1, lease_ms=1).jobs
-    assert crashed.id == suspect
-    deadline = time.monotonic() + 20
-    while qa.status(suspect) != "due":
-        assert time.monotonic() < deadline
-        qa.claim("reaper", limit=0, lease_ms=1000)
+    suspect = last_attempt_suspect(qa, "sa-quick")
     long = qa.enqueue("sa-long", {}, run_at=EARLIER)
     renewals: list[str] = []  # queue names of the drain claims that took nothing
     real = HoldingClaim.claim
