@@ -99,7 +99,7 @@ class ClaimBatch:
             reason): fail them non-retryably, they would fail the same way at every attempt.
         suspect: the one job of `jobs` that lapsed twice (in two crashed workers' batches):
             this worker holds no other suspect until it ends (docs/durability.md); else None.
-        drain: a last-attempt suspect to drain for: claim next with `drained_for=drain`.
+        drain: a last-attempt suspect to drain for (told only to a claim saying `holding`).
     """
 
     now_ms: int
