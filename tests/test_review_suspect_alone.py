@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from scheduler import Queue
+from scheduler.client.partitioned_aio import AsyncPartitionedQueue
 from scheduler.core.connection import connect_async
 from scheduler.core.models import ClaimBatch
 from scheduler.worker import Worker, WorkerSettings
@@ -260,17 +261,9 @@ def test_a_keyed_last_attempt_suspect_whose_key_is_full_is_held_not_lost(
 # -- a partitioned queue's manual claim ------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a documented limit (docs/durability.md, 'Contained failure'): "
-    "scheduler/client/partitioned_lease_plan.py:166: PartitionedQueue.claim (the manual API) "
-    "sends no holding and merges every partition's batch, so a last-attempt suspect leased alone "
-    "by its partition comes back beside other partitions' jobs (the worker claims each "
-    "partition on its own, saying what it holds)",
-)
-def test_a_partitioned_manual_claim_gives_a_last_attempt_suspect_alone(
-    make_pq: MakePq, client: redis.Redis
-) -> None:
+def _partitioned_suspect(make_pq: MakePq, client: redis.Redis) -> tuple[Any, str, list[str]]:
+    """A 2-partition queue holding a last-attempt suspect (one lapse, max_attempts=2) in one
+    partition and two plain jobs in the other (the ids: others; its own may hold more)."""
     pq = make_pq(partitions=2, _clock="test")
     for part in pq.parts:
         client.set(part.keys.test_clock, T0)
@@ -287,9 +280,57 @@ def test_a_partitioned_manual_claim_gives_a_last_attempt_suspect_alone(
         j = pq.enqueue("t", {})
         if client.zscore(home.keys.due, j) is None:
             others.append(j)
+    return pq, suspect, others
+
+
+def _given_back(pq: Any, others: list[str]) -> None:
+    """The others are due again with their attempt returned: another worker takes them now."""
+    assert [pq.status(j) for j in others] == ["due", "due"]
+    again = {j.id: j.attempts for j in pq.claim("other", limit=10, lease_ms=LEASE_MS).jobs}
+    assert [again.get(j) for j in others] == [1, 1], again
+
+
+def test_a_partitioned_manual_claim_gives_a_last_attempt_suspect_alone(
+    make_pq: MakePq, client: redis.Redis
+) -> None:
+    pq, suspect, others = _partitioned_suspect(make_pq, client)
     got = pq.claim("manual", limit=10, lease_ms=LEASE_MS)
-    assert suspect in [j.id for j in got.jobs]
-    assert [j.id for j in got.jobs] == [suspect]
+    assert [j.id for j in got.jobs] == [suspect] and got.suspect == suspect
+    _given_back(pq, others)
+
+
+def test_an_async_partitioned_manual_claim_gives_a_last_attempt_suspect_alone(
+    make_pq: MakePq, client: redis.Redis, redis_url: str
+) -> None:
+    pq, suspect, others = _partitioned_suspect(make_pq, client)
+
+    async def claim() -> ClaimBatch:
+        ac = connect_async(redis_url)
+        try:
+            apq = await AsyncPartitionedQueue.open(ac, pq.name, _clock="test")
+            return await apq.claim("manual", limit=10, lease_ms=LEASE_MS)
+        finally:
+            await ac.aclose()
+
+    got = asyncio.run(claim())
+    assert [j.id for j in got.jobs] == [suspect] and got.suspect == suspect
+    _given_back(pq, others)
+
+
+def test_a_partitioned_manual_claim_keeps_the_jobs_it_could_not_give_back(
+    make_pq: MakePq, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The others' release fails (a node gone meanwhile): they are still leased to the caller,
+    so the batch returns them beside the suspect rather than leave them to lapse unseen."""
+    pq, suspect, others = _partitioned_suspect(make_pq, client)
+
+    def refused(self: Any, leases: Any) -> list[str]:
+        raise redis.ConnectionError("gone")
+
+    monkeypatch.setattr(type(pq), "release", refused)
+    got = pq.claim("manual", limit=10, lease_ms=LEASE_MS)
+    assert sorted(j.id for j in got.jobs) == sorted([suspect, *others])
+    assert [pq.status(j) for j in others] == ["leased", "leased"]
 
 
 # -- the worker ----------------------------------------------------------------------------------

@@ -26,8 +26,10 @@ from scheduler.client.partitioned_ids import holding_sync, looked_up
 from scheduler.client.partitioned_lease_plan import (
     PartitionedClaimBatch,
     Why,
+    alone,
     beat,
     beats,
+    besides,
     claim_checked,
     claim_start,
     claimer,
@@ -46,6 +48,7 @@ from scheduler.client.partitioned_lease_plan import (
     split,
     strays,
     turn_order,
+    without,
 )
 from scheduler.client.partitioned_merge import PartitionsNotReached
 from scheduler.client.partitioned_partial import answering_sync
@@ -84,17 +87,27 @@ class PartitionedLeasing:
         partition whose node does not answer is named in its `not_reached` while others answer
         (any job its lost reply leased is retried when that lease lapses; re-send `nonce` to
         get them back). None answering: the first error is raised. BadArgument: nothing was
-        leased."""
+        leased. A last-attempt suspect comes back alone: what the other partitions leased is
+        given back (docs/durability.md, "Contained failure")."""
         q = cast("PartitionedQueue", self)
         nonce = claim_checked(worker_id, limit, lease_ms, reap_limit, nonce)
         order = turn_order(len(self.parts), claim_start(len(self.parts), nonce))
         shares = split(order, limit)
         make = refusing(claimer(self.parts, worker_id, shares, lease_ms, reap_limit, nonce))
         rounds = [first_round(answering_sync(q, make, self.parts))]
-        if more := second_round(order, shares, rounds[0], limit):
+        final = alone(order, rounds[0])
+        if final is None and (more := second_round(order, shares, rounds[0], limit)):
             make = refusing(claimer(self.parts, worker_id, more, lease_ms, 0, round_nonce(nonce)))
             asked = [self.parts[k] for k in more]
             rounds.append(dict(zip(more, kept(looked_up(q, make, asked)), strict=True)))
+        elif final is not None and (others := besides(rounds, final)):
+            try:  # given back, attempts returned: a job not given back is still the caller's
+                statuses: list[Any] = self.release(others)
+            except PartitionsNotReached as exc:
+                statuses = exc.partial
+            except Exception:
+                statuses = []
+            rounds = without(rounds, others, statuses)
         return merged_claim(self.parts, order, rounds)
 
     def _by_id(

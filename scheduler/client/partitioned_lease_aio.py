@@ -12,8 +12,10 @@ from scheduler.client.partitioned_ids import holding_async
 from scheduler.client.partitioned_lease_plan import (
     PartitionedClaimBatch,
     Why,
+    alone,
     beat,
     beats,
+    besides,
     claim_checked,
     claim_start,
     claimer,
@@ -32,6 +34,7 @@ from scheduler.client.partitioned_lease_plan import (
     split,
     strays,
     turn_order,
+    without,
 )
 from scheduler.client.partitioned_merge import PartitionsNotReached, not_answering
 from scheduler.client.partitioned_partial import answering_async
@@ -78,12 +81,21 @@ class AsyncPartitionedLeasing:
         shares = split(order, limit)
         make = refusing(claimer(self.parts, worker_id, shares, lease_ms, reap_limit, nonce))
         rounds = [first_round(await answering_async(self, make, self.parts))]
-        if more := second_round(order, shares, rounds[0], limit):
+        final = alone(order, rounds[0])
+        if final is None and (more := second_round(order, shares, rounds[0], limit)):
             make = refusing(claimer(self.parts, worker_id, more, lease_ms, 0, round_nonce(nonce)))
             asked = [self.parts[k] for k in more]
             rounds.append(
                 dict(zip(more, kept(await looked_up_async(self, make, asked)), strict=True))
             )
+        elif final is not None and (others := besides(rounds, final)):
+            try:  # PartitionedQueue.claim's: what is not given back is still the caller's
+                statuses: list[Any] = await self.release(others)
+            except PartitionsNotReached as exc:
+                statuses = exc.partial
+            except Exception:
+                statuses = []
+            rounds = without(rounds, others, statuses)
         return merged_claim(self.parts, order, rounds)
 
     async def _by_id(

@@ -10,7 +10,7 @@ import itertools
 import re
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from redis.exceptions import AskError
@@ -78,6 +78,33 @@ def second_round(
         and 0 <= b.next_ms <= b.now_ms
     ]
     return split(more, left) if more and left > 0 else {}
+
+
+def alone(order: Sequence[int], got: dict[int, Any]) -> ClaimedJob | None:
+    """The first round's last-attempt suspect: it runs alone (docs/durability.md), so no second
+    round, and what the other partitions leased is given back (`besides`, then `without`)."""
+    for k in order:
+        if isinstance(b := got.get(k), ClaimBatch) and b.suspect is not None:
+            for j in b.jobs:
+                if j.id == b.suspect and j.attempts >= j.max_attempts:
+                    return j
+    return None
+
+
+def besides(rounds: Sequence[dict[int, Any]], job: ClaimedJob) -> list[tuple[str, str]]:
+    return [(j.id, j.token) for r in rounds for b in r.values() if isinstance(b, ClaimBatch)
+            for j in b.jobs if j.id != job.id]  # fmt: skip
+
+
+def without(rounds: Sequence[dict[int, Any]], leases: Any, statuses: Any) -> list[dict[int, Any]]:
+    """The rounds less the jobs released (one not given back is still the caller's)."""
+    gone = {jid for (jid, _), st in zip(leases, statuses, strict=False) if st == "released"}
+
+    def less(b: ClaimBatch) -> ClaimBatch:
+        out = [j for j in b.jobs if j.id not in gone]
+        return replace(b, jobs=out, suspect=None if b.suspect in gone else b.suspect)
+
+    return [{k: less(b) if isinstance(b, ClaimBatch) else b for k, b in r.items()} for r in rounds]
 
 
 @dataclass(frozen=True)
