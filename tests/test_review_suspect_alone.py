@@ -317,6 +317,20 @@ def test_an_async_partitioned_manual_claim_gives_a_last_attempt_suspect_alone(
     _given_back(pq, others)
 
 
+def test_a_replayed_partitioned_manual_claim_returns_no_job_another_worker_took_since(
+    make_pq: MakePq, client: redis.Redis
+) -> None:
+    """The call's answer was lost and its nonce re-sent after another worker claimed the jobs
+    it gave back: their replayed leases are stale ('stale' to the release), not returned."""
+    pq, suspect, others = _partitioned_suspect(make_pq, client)
+    first = pq.claim("manual", limit=10, lease_ms=LEASE_MS, nonce="nreplayed1")
+    assert [j.id for j in first.jobs] == [suspect]
+    _given_back(pq, others)  # another worker holds them now
+    again = pq.claim("manual", limit=10, lease_ms=LEASE_MS, nonce="nreplayed1")
+    assert [j.id for j in again.jobs] == [suspect]
+    assert [pq.status(j) for j in others] == ["leased", "leased"]
+
+
 def test_a_partitioned_manual_claim_keeps_the_jobs_it_could_not_give_back(
     make_pq: MakePq, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -97,8 +97,8 @@ def besides(rounds: Sequence[dict[int, Any]], job: ClaimedJob) -> list[tuple[str
 
 
 def without(rounds: Sequence[dict[int, Any]], leases: Any, statuses: Any) -> list[dict[int, Any]]:
-    """The rounds less the jobs released (one not given back is still the caller's)."""
-    gone = {jid for (jid, _), st in zip(leases, statuses, strict=False) if st == "released"}
+    """The rounds less the jobs the release answered (a 'stale' one, say, after a replay)."""
+    gone = {jid for (jid, _), st in zip(leases, statuses, strict=False) if st is not None}
 
     def less(b: ClaimBatch) -> ClaimBatch:
         out = [j for j in b.jobs if j.id not in gone]
