@@ -36,6 +36,10 @@
               gone: only while neither its hash nor its spec record exists (lib job_exists: a
               pending job is its spec alone)
     'state'   state := ARGV[6], the one expected place; worker dropped unless 'leased'
+    'lease'   into leased at ARGV[6] lease_until_ms, from no place (expect ''), only while its
+              state is 'leased' and its token ARGV[7] (the claim doctor read): a lease entry
+              lost by hand while its worker may still run it; that worker's heartbeats keep
+              it, and if the worker is gone the lease lapses as any other (claim's reaper)
     'score'   its score in the one expected place (due or leased; flow:held for a held job)
               := now_ms (due: its priority index entry too), only while it is still no time
               in 0 .. 2^53 (a reschedule or a heartbeat since: reply 0)
@@ -76,7 +80,7 @@ local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 local prefix, due, leased, dead, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local move, id, expect, lease_arg = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local MOVES = { dead = true, due = true, unlist = true, state = true, score = true,
-  persist = true, expire = true, ckfree = true, ckstale = true }
+  persist = true, expire = true, ckfree = true, ckstale = true, lease = true }
 local PLACE_KEY = { due = due, leased = leased, dead = dead }
 local STORED_ID_MAX = 1024
 if not MOVES[move] then return redis.error_reply('BAD_ARGUMENT move=' .. tostring(move)) end
@@ -95,7 +99,7 @@ if lease_arg ~= '' then
 end
 
 -- The move's own arguments, all checked before the first write.
-local reason, at, run_at, ttl, drop, state, ckey
+local reason, at, run_at, ttl, drop, state, ckey, token
 if move == 'dead' then
   reason = ARGV[6]
   if type(reason) ~= 'string' or reason == '' or #reason > 200 then
@@ -122,6 +126,13 @@ elseif move == 'state' then
   if state ~= expect or not PLACE_KEY[state] then return redis.error_reply('BAD_ARGUMENT state=') end
 elseif move == 'score' then
   if expect ~= 'due' and expect ~= 'leased' then return redis.error_reply('BAD_ARGUMENT expect=') end
+elseif move == 'lease' then
+  if expect ~= '' then return redis.error_reply('BAD_ARGUMENT expect=') end
+  run_at, err = int_arg(ARGV[6], 'lease_until_ms', 0, LIM.time_ms)
+  token = ARGV[7]
+  if not err and (type(token) ~= 'string' or token == '' or #token > 200) then
+    return redis.error_reply('BAD_ARGUMENT token=')
+  end
 elseif move == 'ckfree' or move == 'ckstale' then
   ckey = ARGV[6]
   if not task_ok(ckey) then return redis.error_reply('BAD_ARGUMENT key=') end
@@ -237,6 +248,12 @@ elseif move == 'state' then
   if state == 'due' and redis.call('EXISTS', jk) == 0 then return 0 end
   redis.call('HSET', jk, 'state', state)
   if state ~= 'leased' then redis.call('HDEL', jk, 'worker') end
+elseif move == 'lease' then
+  -- Still the run doctor saw (a claim, a release or an end since changed the state or token).
+  if redis.pcall('HGET', jk, 'state') ~= 'leased' or redis.pcall('HGET', jk, 'token') ~= token then
+    return 0
+  end
+  redis.call('ZADD', leased, run_at, id)
 elseif move == 'score' then
   -- Only a score still no time (doctor's bad-score): one a reschedule, a debounced enqueue
   -- or a heartbeat set since is a time, and now would run the job early or end a live lease.

@@ -244,11 +244,6 @@ def test_fix_replans_when_a_producer_debounces_between_its_read_and_its_write(
     assert q.claim("w", limit=1).jobs == []  # still an hour ahead
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a documented limit (docs/durability.md, doctor): a job in no place with state "
-    "'leased' goes to due (its worker, if alive, is refused at its next heartbeat: at least once)",
-)
 def test_fix_does_not_rerun_a_job_whose_live_worker_lost_only_its_leased_entry(
     q: Queue, client: redis.Redis
 ) -> None:
@@ -265,6 +260,37 @@ def test_fix_does_not_rerun_a_job_whose_live_worker_lost_only_its_leased_entry(
     repair_queue(client, q.name)
     assert q.claim("w2", limit=1).jobs == [], "a second worker runs the job while w1 runs it"
     assert q.heartbeat([(jid, job.token)])[1] == {jid: "held"}
+
+
+def test_fix_restored_lease_lapses_when_its_holder_is_gone(q: Queue, client: redis.Redis) -> None:
+    """The other half of the restore: a holder that is gone never renews it, so the lease
+    lapses as any other and the reaper makes the job due again (at-least-once, one lapse)."""
+    jid = q.enqueue("t", 1)
+    q.claim("w1", limit=1)
+    client.zrem(q.keys.leased, jid)
+    repair_queue(client, q.name)
+    until = client.zscore(q.keys.leased, jid)
+    assert until is not None and until - server_now_ms(client) > 20_000
+    later = Queue(client, q.name, _clock="test")
+    client.set(later.keys.test_clock, int(until) - 1)
+    assert later.claim("w2", limit=1).jobs == []  # not before its end
+    client.set(later.keys.test_clock, int(until) + 1)
+    (again,) = later.claim("w2", limit=1).jobs
+    assert (again.id, again.attempts, client.hget(q.keys.job(jid), "lapses")) == (jid, 2, "1")
+
+
+def test_lease_plan_run_after_the_token_changed_moves_nothing(
+    q: Queue, client: redis.Redis
+) -> None:
+    """The restore is for the claim doctor read: a token changed since (by hand here, as a
+    new claim changes it) leaves the job where it is (reply 0, no lease written)."""
+    jid = q.enqueue("t", 1)
+    q.claim("w1", limit=1)
+    client.zrem(q.keys.leased, jid)
+    issue = only(check_queue(client, q.name), "orphan-hash")
+    client.hset(q.keys.job(jid), "token", "9-0123456789abcdef")
+    run_plan(client, issue)
+    assert client.zscore(q.keys.leased, jid) is None
 
 
 def _act(q: Queue, what: str, tokens: dict[str, str]) -> None:

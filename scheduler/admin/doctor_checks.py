@@ -17,10 +17,12 @@ from scheduler.admin.doctor_model import (
     _remove_from,
     _repair,
     _to_due,
+    _to_lease,
     _unreadable,
 )
 from scheduler.admin.doctor_text import _has_undecodable, cut_bytes, undecodable_fields
 from scheduler.core.codec import stored_int_in
+from scheduler.core.limits import DEFAULT_LEASE_MS
 from scheduler.core.partitions import meta_key
 
 
@@ -132,6 +134,12 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
                     ),
                 )
             ]
+        # Leased again, not due: a live holder (a worker, a manual claimer doctor cannot see)
+        # renews it, a dead one lets it lapse; due, a second run would start meanwhile.
+        if state == "leased" and s.fields.get("token"):
+            msg = "leased job is in none of due, leased, dead: fix restores its lease"
+            msg += f" ({DEFAULT_LEASE_MS // 1000} s)"
+            return [issue("orphan-hash", "error", msg, _to_lease(k, s, ctx.now_ms))]
         run_at = stored_int_in(s.fields.get("run_at_ms"), "run_at_ms")
         spec_only = state == "" and "task" in s.fields  # never claimed: its spec record alone
         return [
@@ -261,30 +269,7 @@ def _diagnose_places(s: Snapshot, ctx: Context) -> list[Issue]:
     return out
 
 
-# -- queue-level findings: a place or a record no job check can read -------------------------
-# What a key of another type in each place stops (a claim, a report, a listing fails on it).
-_PLACE_ROLE = {
-    "due": "no job can be enqueued to or claimed from it",
-    "leased": "claims and reports of this queue fail on it",
-    "dead": "no job can be dead-lettered, listed dead or requeued",
-    "flow_held": "no job can be set aside by flow control or read as held",
-    "dead_migrating": "an old dead LIST is not converted through it, and claims and parks fail "
-    "until it is deleted (with no dead LIST it is unused: delete it)",
-}
-
-
-def wrong_type_place(queue: str, place: str, key: str, key_type: str) -> Issue:
-    """A queue's due / leased / dead / flow:held / dead:migrating key of another type (written
-    by hand): read as empty, so the jobs it should list show up as other findings."""
-    return Issue(
-        "wrong-type",
-        "error",
-        f"{key} is a {key_type}, not a ZSET: {_PLACE_ROLE[place]}",
-        f"inspect it: redis-cli TYPE {shlex.quote(key)}",
-        queue,
-    )
-
-
+# -- queue-level findings: a record no job check can read (a place's: doctor_scan.py) ------
 def unreadable_layout(queue: str, why: str) -> Issue:
     """A partition record this version cannot read: the queue's own keys are checked as a
     plain queue's, its partitions (found by SCAN) each as a queue of their own."""

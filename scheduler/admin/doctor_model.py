@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 from scheduler.core import scripts
 from scheduler.core.codec import RESULT_TTL_MS, stored_int, stored_int_in
 from scheduler.core.keys import QueueKeys
+from scheduler.core.limits import DEFAULT_LEASE_MS
 from scheduler.core.spec_record import with_spec
 
 DEFAULT_STALE_LEASE_MS = 5 * 60_000
@@ -232,6 +233,12 @@ def _to_due(
 ) -> list[Command]:
     # lib/job.lua to_due plus the fields claim's reaper writes; wakes idle workers.
     return _repair(k, s, now_ms, "due", str(run_at_ms), lease=lease)
+
+
+def _to_lease(k: QueueKeys, s: Snapshot, now_ms: int) -> list[Command]:
+    # The claim doctor read (its token) leased again for a default lease: its worker renews it.
+    until = str(now_ms + DEFAULT_LEASE_MS)
+    return _repair(k, s, now_ms, "lease", until, s.fields.get("token", ""))
 
 
 def _dead_letter(

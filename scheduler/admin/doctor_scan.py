@@ -5,13 +5,14 @@ scale review: 350-400 B of client a job, 162 MB for 500,000 jobs, when they were
 dicts). These reads are not atomic: doctor.py re-reads each suspect inside one MULTI, so a job
 moving between them is no finding."""
 
+import shlex
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any, TypeVar
 
 import redis
 
-from scheduler.admin.doctor_checks import diagnose, wrong_type_place
+from scheduler.admin.doctor_checks import diagnose
 from scheduler.admin.doctor_model import (
     Context,
     Issue,
@@ -151,3 +152,27 @@ def _lacking(
     for jid in ids:
         pipe.exists(*records(jid))
     return [jid for jid, n in zip(ids, pipe.execute(), strict=True) if not int(n)]
+
+
+# -- queue-level findings: a place no job check can read -------------------------------------
+# What a key of another type in each place stops (a claim, a report, a listing fails on it).
+_PLACE_ROLE = {
+    "due": "no job can be enqueued to or claimed from it",
+    "leased": "claims and reports of this queue fail on it",
+    "dead": "no job can be dead-lettered, listed dead or requeued",
+    "flow_held": "no job can be set aside by flow control or read as held",
+    "dead_migrating": "an old dead LIST is not converted through it, and claims and parks fail "
+    "until it is deleted (with no dead LIST it is unused: delete it)",
+}
+
+
+def wrong_type_place(queue: str, place: str, key: str, key_type: str) -> Issue:
+    """A queue's due / leased / dead / flow:held / dead:migrating key of another type (written
+    by hand): read as empty, so the jobs it should list show up as other findings."""
+    return Issue(
+        "wrong-type",
+        "error",
+        f"{key} is a {key_type}, not a ZSET: {_PLACE_ROLE[place]}",
+        f"inspect it: redis-cli TYPE {shlex.quote(key)}",
+        queue,
+    )
