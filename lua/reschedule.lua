@@ -1,18 +1,20 @@
 --[[ reschedule: move a waiting job's run time (a reminder moved to 10:00; "run it now"). Only
   a job in due moves (scheduled, due, or waiting out a retry's backoff); its attempts, token
-  and payload stay. Not a schedule's occurrence (its slot is its id: redefine or pause the
-  schedule instead), and not a job flow control holds (a key or rate limit, or parents not
+  and payload stay. Not a schedule's pending run (the one its schedule arms for a slot and
+  withdraws at a pause or a redefinition: redefine or pause the schedule instead); a run
+  already claimed (waiting out a retry: the schedule armed its next) and run_schedule_now's
+  extra run are jobs of their own and move. Not a job flow control holds (a key or rate limit, or parents not
   done: it runs when let go). An idempotency key keeps the window it got at enqueue; a start
   deadline (lib/job.lua spec_flags) moves by as much as the run time does. A job of a
   concurrency key moved later promotes its key's held jobs into a free slot (it may have been
   let out of the key's hold for that slot).
   KEYS[1] prefix  KEYS[2] due  KEYS[3] leased  KEYS[4] dead  KEYS[5] wake   (lua/README.md)
-  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held
+  Keys from the prefix (lua/README.md): job:<id>, spec:<id>, schedule:<name>, config, flow:levels, flow:pdue:<p>, flow:ck:<key>, flow:ckheld:<key>, flow:held
   ARGV[1] id  ARGV[2] when ('at' | 'in' | 'now')  ARGV[3] time_ms (run_at_ms for 'at', a past
     one taken as now; for 'in', a delay from the server's now; for 'now', ignored: the server's
     now, for a job due later only)
   Returns: {'rescheduled', run_at_ms} | {word}: the job did not move, word = 'schedule' (a
-    schedule's occurrence), 'held' (set aside by flow control), its state ('leased', 'done',
+    schedule's pending run, or one whose schedule key is of another type), 'held' (set aside by flow control), its state ('leased', 'done',
     'dead', 'cancelled'; 'due' for 'now': due already, it keeps its place), or 'missing'.
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased (a job of a concurrency key moved
     later) is not a zset | job:<id> is not a hash
@@ -21,6 +23,7 @@
 -- @include "lib/util.lua"
 -- @include "lib/job.lua"
 -- @include "lib/flow.lua"
+-- @include "lib/schedule.lua"
 
 local newer = newer_storage_err(KEYS[1]); if newer then return newer end
 
@@ -56,7 +59,14 @@ if not score then
   if f[1] then return { f[1] } end
   return { 'missing' }
 end
-if f[2] or string.find(id, '^schedule:') then return { 'schedule' } end
+-- A schedule's pending run keeps its slot's time (the schedule's pause and redefinition find it
+-- by `pending`); its run claimed once, or run_schedule_now's, is no longer that run.
+local sname = string.match(id, '^schedule:([%w_.%-]+):%d+$')
+if not sname and schedule_name_ok(f[2]) then sname = f[2] end
+if sname then
+  local pending = redis.pcall('HGET', sched_key(prefix, sname), 'pending')
+  if type(pending) == 'table' or pending == id then return { 'schedule' } end
+end
 -- A job in due with neither a hash nor a spec record is a stray id: doctor's to report.
 if not f[1] and redis.call('EXISTS', spec_key(prefix, id)) == 0 then return { 'missing' } end
 

@@ -10,7 +10,7 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
-from scheduler import Queue
+from scheduler import Backoff, Queue
 from scheduler.client.partitioned import PartitionedQueue
 from scheduler.dashboard import Auth, create_app
 from scheduler.dashboard.render import NOTICES
@@ -80,6 +80,19 @@ def test_a_schedule_run_keeps_its_time(client: redis.Redis, q: Queue, web: TestC
     assert code == 303 and "notice=not-moved-schedule" in location
     assert "keeps its schedule" in shown
     assert dump_queue(client, q) == before
+
+
+def test_a_schedule_run_now_job_waiting_out_a_retry_runs_now(q: Queue, web: TestClient) -> None:
+    """run_schedule_now's job is one of its own (docs/guide/schedules.md): its retry moves."""
+    hour = Backoff(base_ms=HOUR_MS, factor=1.0, cap_ms=HOUR_MS, jitter=0.0)
+    q.schedule("nightly", "report.build", every_ms=HOUR_MS, backoff=hour)
+    extra = q.run_schedule_now("nightly")
+    (job,) = q.claim("w").jobs
+    assert job.id == extra and q.fail(extra, job.token, ("Bug", "fixed", "")).status == "retry"
+    assert 'id="run-now"' in web.get(f"/queues/{q.name}/jobs/{extra}").text
+    code, location, shown = run_now(web, q.name, extra)
+    assert code == 303 and "notice=moved-now" in location and MOVED in shown
+    assert [j.id for j in q.claim("w").jobs] == [extra]
 
 
 def test_without_a_valid_token_or_from_another_site_nothing_moves(

@@ -4,8 +4,8 @@ change), runs that fail to max attempts, pause and resume, validation, and run_s
 beside the regular slots. Real scripts on the test clock (tests/conftest.py `tq`): no test
 waits for real time.
 
-A test marked xfail shows a defect (its reason says what a user sees); the others guard
-behaviour checked here that held."""
+The two reschedule tests were strict xfails (a run-now job and a schedule run's retry refused
+as the schedule's pending run), fixed since; the others guard behaviour checked here that held."""
 
 from __future__ import annotations
 
@@ -247,22 +247,16 @@ def test_run_now_beside_the_slots_changes_nothing_of_the_schedule(tq: tuple[Queu
     assert set(done.values()) == {1}
 
 
-# -- defects -------------------------------------------------------------------------------------
+# -- reschedule of a schedule's jobs (strict xfails once) -----------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lua/reschedule.lua:59: a run_schedule_now job (ordinary id, no slot) is refused "
-    "as a schedule's occurrence, 'schedule', though pause/redefine never touch it",
-)
 def test_an_extra_run_from_run_schedule_now_can_be_moved_like_any_job(
     tq: tuple[Queue, Clock],
 ) -> None:
     """docs/guide/schedules.md: the run-now job "has an ordinary job id ... it is no slot of the
     schedule" and "is one of its own: pausing, removing or redefining the schedule afterwards
-    leaves it". An operator who wants it an hour later calls reschedule: it answers
-    'schedule' ("a schedule's occurrence: redefine or pause the schedule instead"), advice
-    that cannot move it, and the run stays due now."""
+    leaves it". An operator who wants it an hour later calls reschedule: it moves (it
+    answered 'schedule', advice that cannot move it, and the run stayed due now)."""
     q, clock = tq
     clock.set_ms(T0 + 10)
     q.schedule("report", "t", every_ms=HOUR_MS)
@@ -270,19 +264,13 @@ def test_an_extra_run_from_run_schedule_now_can_be_moved_like_any_job(
     assert q.reschedule(extra, delay_ms=HOUR_MS) == "rescheduled"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lua/reschedule.lua:59: a schedule run waiting out a retry's backoff cannot be run "
-    "now ('schedule'); redefining or pausing the schedule does not touch a retry",
-)
 def test_a_schedule_runs_retry_waiting_out_its_backoff_can_be_run_now(
     tq: tuple[Queue, Clock],
 ) -> None:
     """A nightly report failed (a bug since fixed) and waits out a 1 h backoff. `jobs
-    reschedule --now` (docs/cli.md: "scheduled, due, or waiting out a retry") and the
-    dashboard's Run now answer 'schedule' ("redefine or pause the schedule instead"): neither
-    moves the retry (sched_unpend withdraws only the pending run, never a claimed one), so the
-    operator waits the hour, or uses `schedules run` and gets the report twice."""
+    reschedule --now` (docs/cli.md: "scheduled, due, or waiting out a retry") runs it now (it
+    answered 'schedule', "redefine or pause the schedule instead", which never moves a retry:
+    the operator waited the hour, or used `schedules run` and got the report twice)."""
     q, clock = tq
     midnight = ms(2026, 3, 2)
     clock.set_ms(midnight - 10)

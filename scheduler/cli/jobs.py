@@ -270,7 +270,7 @@ def reschedule_job(
     """Move a waiting job's run time (scheduled, due, or waiting out a retry): --now, --in or
     --at. Prints `rescheduled`, `due` (--now of a job due already: it keeps its place, ahead of
     the jobs due after it), or why it did not move (exit 1): leased, done, dead, cancelled,
-    held (flow control), schedule (a schedule's run), moving (`queue move`)."""
+    held (flow control), schedule (a schedule's pending run), moving (`queue move`)."""
     if sum((now, in_ms is not None, at_text is not None)) != 1:
         raise BadInput("give one of --now, --in, --at")
     try:

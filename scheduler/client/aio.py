@@ -435,8 +435,9 @@ class AsyncQueue(Unpicklable):
             `'rescheduled'`, or why it did not move (nothing changed): `'leased'` (running),
             `'done'`, `'dead'`, `'cancelled'`, `'held'` (set aside by flow control: a key or
             rate limit, or parents not done; it runs when let go), `'schedule'` (a schedule's
-            occurrence: redefine or pause the schedule instead), `'moving'` (being moved to
-            another queue by `scheduler queue move`: reschedule it there once moved).
+            pending run, for its slot: redefine or pause the schedule instead), `'moving'`
+            (being moved to another queue by `scheduler queue move`: reschedule it there once
+            moved).
 
         Raises:
             JobNotFound: no such job (or its record expired).

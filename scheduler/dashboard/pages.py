@@ -251,8 +251,10 @@ class Pages:
             fields_cut=len(job.fields) if len(job.fields) > FIELDS_SHOWN else 0,
             can_cancel=job.state in CAN_CANCEL,
             can_requeue=job.state == JobState.DEAD,
-            # A waiting job's time can be moved to now; a schedule's run keeps its time.
-            can_run_now=job.state == JobState.SCHEDULED and not job.id.startswith("schedule:"),
+            # A waiting job's time can be moved to now; a schedule's run keeps its slot's time
+            # until its first claim (then it waits out a retry: lua/reschedule.lua).
+            can_run_now=job.state == JobState.SCHEDULED
+            and not (job.id.startswith("schedule:") and not job.attempts),
         )
 
     def schedules(self, request: Request) -> Response:
