@@ -2,8 +2,9 @@
 scripts (with the test clock) and against a small reference model (the seed design's toy model,
 extended: attempts counted at claim, dead-letter on exhausted attempts including lapsed leases,
 backoff with jitter=0, release, cancel, requeue_dead, settled-answer replay, pausing the whole
-queue (claims lease nothing, the reaper still runs) and moving a waiting job's run time
-(reschedule)). After every step
+queue (claims lease nothing, the reaper still runs), moving a waiting job's run time
+(reschedule), and the suspects a lapse makes (one per worker; one on its last attempt alone, its
+worker leased nothing else meanwhile; docs/durability.md)). After every step
 the observable outcomes must agree: returned values, claimed ids and their order, every job's
 state and attempts, the due / leased sets with their scores, the dead list, and the counts.
 A call refused for bad arguments must change nothing."""
@@ -45,6 +46,10 @@ class MJob:
     # Earlier settlements, newest first (lua/lib/lease.lua log_settlement): claim moves the last
     # one here before a new lease can overwrite it, so a re-sent call still gets its answer.
     settled_log: list[tuple[str, str | None]] = field(default_factory=list)
+    lapses: int = (
+        0  # leases the reaper ended (lua/claim.lua: 2, or 1 on the last attempt, a suspect)
+    )
+    claimed_ms: int = 0
 
 
 class Model:
@@ -57,6 +62,9 @@ class Model:
         self.dead: dict[str, int] = {}  # id -> dead_ms, as the dead ZSET
         self.keys: dict[str, str] = {}
         self.paused_ms: int | None = None  # Queue.pause: claims lease nothing until resume
+        # The suspect worker "w" leased last (claim.lua's `isolated`), and whether it was on its
+        # last attempt (then it runs alone); it counts while that job is leased.
+        self.isolated: tuple[str, bool] | None = None
 
     def _dead_letter(self, jid: str, reason: str, now: int) -> None:
         self.due.pop(jid, None)
@@ -85,13 +93,32 @@ class Model:
                 del self.leased[jid]
                 self.due[jid] = until
                 j.state = "due"
+                j.lapses += 1
         out: list[tuple[str, int]] = []
+        skipped: list[str] = []
+        frozen = older = False
+        held = self.isolated if self.isolated and self.isolated[0] in self.leased else None
+        since = self.jobs[held[0]].claimed_ms if held else None
         if limit > 0 and self.paused_ms is None:
-            window = sorted((s, jid) for jid, s in self.due.items() if s <= now)[:limit]
-            for _, jid in window:
+            # A worker holding a last-attempt suspect is leased nothing (docs/durability.md).
+            frozen = held is not None and held[1]
+            taken: str | None = None
+            final_taken = False
+            ready = sorted((s, jid) for jid, s in self.due.items() if s <= now)
+            for score, jid in [] if frozen else ready:
+                if len(out) == limit or final_taken:
+                    break
                 j = self.jobs[jid]
                 if j.attempts >= j.max_attempts:
                     self._dead_letter(jid, "attempts exhausted", now)
+                    continue
+                suspect = j.lapses >= 2 or (j.lapses >= 1 and j.attempts + 1 >= j.max_attempts)
+                final = suspect and j.attempts + 1 >= j.max_attempts
+                # One suspect per worker; one on its last attempt only as a call's first job.
+                if (final and (out or taken)) or (suspect and (taken or held)):
+                    skipped.append(jid)
+                    self.due[jid] = max(now, score)
+                    older = older or (since is not None and score < since)
                     continue
                 if j.settled_token is not None and (
                     not j.settled_log or j.settled_log[0][0] != j.settled_token
@@ -100,13 +127,38 @@ class Model:
                 j.attempts += 1
                 j.fence += 1
                 j.state = "leased"
+                j.claimed_ms = now
                 del self.due[jid]
                 self.leased[jid] = now + lease_ms
                 out.append((jid, j.fence))
-        # Paused: the due head is no reason to come back (a resume wakes the workers).
-        sets = (self.leased,) if self.paused_ms is not None else (self.due, self.leased)
-        heads = [min(m.values()) for m in sets if m]
-        return out, min(heads) if heads else -1
+                taken = jid if suspect else taken
+                final_taken = final
+            if taken is not None:
+                self.isolated = (taken, final_taken)
+        return out, self._next_ms(now, out, skipped, frozen, older, since)
+
+    def _next_ms(self, now: int, out: list[Any], skipped: list[str], frozen: bool,
+                 older: bool, since: int | None) -> int:  # fmt: skip
+        """claim.lua's next_ms: the due head past the suspects this worker may not take; none
+        taken, at most SUSPECT_POLL_MS ahead (sooner at the first job due later)."""
+        order = sorted((s, jid) for jid, s in self.due.items())
+        nxt, head = -1, None
+        if self.paused_ms is not None:  # the due head is no reason to come back
+            pass
+        elif (skipped or frozen) and not out:
+            if older and order and since is not None and order[0][0] < since:
+                head = order[0][0]
+            else:
+                nxt = now + 1000
+                head = next((s for s, _ in order if s > now), None)
+        elif skipped:
+            head = next((s for s, jid in order[: len(skipped) + 1] if jid not in skipped), None)
+        elif order:
+            head = order[0][0]
+        for t in (head, min(self.leased.values()) if self.leased else None):
+            if t is not None and (nxt == -1 or t < nxt):
+                nxt = t
+        return nxt
 
     def pause(self, now: int) -> str:
         if self.paused_ms is not None:
@@ -228,7 +280,7 @@ class Model:
             return 0
         del self.dead[jid]
         self.due[jid] = now
-        j.state, j.attempts, j.dead_reason = "due", 0, None
+        j.state, j.attempts, j.dead_reason, j.lapses = "due", 0, None, 0
         return 1
 
 
