@@ -20,8 +20,8 @@ The answer a caller gets is the one it would have had alone:
 - a connection error or timeout is raised to every caller of the batch, as it would have been
   to each (each its own copy: client/enqueue_flights.py own_error): its jobs may or may not be
   written, as for any call whose answer was lost;
-- a caller cancelled while its job waits sends nothing; one cancelled once it was sent is
-  cancelled as a lone call would be (the job may be written);
+- a caller cancelled while its job waits sends nothing, nor holds a call naming it (`alone`);
+  one cancelled once it was sent is cancelled as a lone call would be (the job may be written);
 - a job naming in `after` a job of the batch that has an idempotency key goes in a later call:
   in one, a parent whose key was taken stands for the job the key names (enqueue.lua's rename,
   for one caller's own jobs), where in turn the id names what stands under it then;
@@ -33,9 +33,7 @@ The answer a caller gets is the one it would have had alone:
   as in flight while they are.
 The calls in flight are counted in a `Flights` (client/enqueue_flights.py): the queue's own, or
 the one an AsyncPartitionedQueue's partitions share (two per node). Jobs of a batch keep their
-callers' order. A delay counts from the batch's script, sent when a call in flight comes back
-(a refused batch's jobs when they are sent again): never earlier than asked.
-"""
+callers' order. A delay counts from the batch's script: never earlier than asked."""
 
 from __future__ import annotations
 
@@ -122,6 +120,7 @@ class EnqueueBatcher:
                         self._start()
                         self._wake()
         future: asyncio.Future[str] = loop.create_future()
+        future.add_done_callback(lambda f: self._wake() if f.cancelled() else None)  # `alone`s
         self._waiting.append(_Waiting(fields, future))
         self._start()
         return await future
@@ -135,7 +134,8 @@ class EnqueueBatcher:
         return await alone_across([(self, specs)], lambda: call(specs))
 
     def _pending(self, ids: Collection[str]) -> bool:
-        return any(i in self._flying for i in ids) or any(w.fields[0] in ids for w in self._waiting)
+        waits = (w.fields[0] for w in self._waiting if not w.future.done())  # not cancelled
+        return any(i in self._flying for i in ids) or any(i in ids for i in waits)
 
     async def _until_settled(self) -> None:
         if self._settled is None:
