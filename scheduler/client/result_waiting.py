@@ -179,6 +179,10 @@ async def _send(queue: AsyncQueue, shared: _Shared, req: Request | Pause) -> Any
         return None
     if isinstance(req, Block):
         return await _block(queue, shared, req)
+    if isinstance(req, Commands) and req.cmds[0][0] == "SREM":
+        # A cancelled waiter's leave: one quick command, not queued behind the other waiters'
+        # BLMOVEs for a slot (their slices outlasted its bound: it stayed announced).
+        return await queue._run(_one(req))
     return await _in_slot(queue, shared, req)
 
 
