@@ -117,7 +117,9 @@ class JobDead(SchedulerError):
     def __init__(
         self, job_id: str, reason: str | None, error_type: str | None, error_message: str | None
     ) -> None:
-        super().__init__(f"job {job_id!r} is dead ({reason}): {error_type}: {error_message}")
+        # A job parked without an error of its own (a parent's end, a start deadline): none.
+        last = f": {error_type}: {error_message}" if error_type or error_message else ""
+        super().__init__(f"job {job_id!r} is dead ({reason}){last}")
         self.job_id = job_id
         self.reason = reason
         self.error_type = error_type
