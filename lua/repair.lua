@@ -39,7 +39,8 @@
     'lease'   into leased at ARGV[6] lease_until_ms, from no place (expect ''), only while its
               state is 'leased' and its token ARGV[7] (the claim doctor read): a lease entry
               lost by hand while its worker may still run it; that worker's heartbeats keep
-              it, and if the worker is gone the lease lapses as any other (claim's reaper)
+              it, and if the worker is gone the lease lapses as any other (claim's reaper).
+              Its concurrency key's slot is taken again too (flow:ck:<key>)
     'score'   its score in the one expected place (due or leased; flow:held for a held job)
               := now_ms (due: its priority index entry too), only while it is still no time
               in 0 .. 2^53 (a reschedule or a heartbeat since: reply 0)
@@ -254,6 +255,10 @@ elseif move == 'lease' then
     return 0
   end
   redis.call('ZADD', leased, run_at, id)
+  -- And its concurrency key's slot (a check may have freed it as no lease's: ckfree), as claim
+  -- takes it: a job of the key let out meanwhile is held again by the claim that meets it.
+  local ckey = flow_load(jk).ckey
+  if ckey ~= '' then redis.pcall('ZADD', prefix .. 'flow:ck:' .. ckey, run_at, id) end
 elseif move == 'score' then
   -- Only a score still no time (doctor's bad-score): one a reschedule, a debounced enqueue
   -- or a heartbeat set since is a time, and now would run the job early or end a live lease.

@@ -60,8 +60,10 @@ def _suspect_beside(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="scheduler/client/partitioned_lease.py:98: the suspect's partition freezes its "
-    "holder (isolated '!<id>'), the others do not: the next claim leases their jobs beside it",
+    reason="a documented limit (docs/durability.md, 'Contained failure'): "
+    "scheduler/client/partitioned_lease.py:98: the suspect's partition freezes its holder "
+    "(isolated '!<id>'), the others do not: the manual API's next claim leases their jobs "
+    "(the worker claims nothing while it runs one: worker/alone.py)",
 )
 def test_a_holder_of_a_partitioned_last_attempt_suspect_is_leased_nothing_more(
     make_pq: MakePq, client: redis.Redis
@@ -82,8 +84,9 @@ def test_a_holder_of_a_partitioned_last_attempt_suspect_is_leased_nothing_more(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="scheduler/client/partitioned_lease.py:105: the give-back is a release, which keeps "
-    "each job's rate-limit start: a job never handed out waits for its window's next room",
+    reason="a documented limit (docs/durability.md, 'Contained failure'): "
+    "scheduler/client/partitioned_lease.py:105: the give-back is a release, which keeps each "
+    "job's rate-limit start: a job never handed out waits for its window's next room",
 )
 def test_a_rate_limited_job_given_back_beside_a_suspect_is_not_held_for_its_window(
     make_pq: MakePq, client: redis.Redis
@@ -128,11 +131,6 @@ def test_a_replayed_claim_after_its_give_back_returns_the_suspect_alone(
     assert [pq.status(j) for j in others] == ["due", "due"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler/client/partitioned_lease.py:108: a release whose reply was lost is taken "
-    "as not applied (statuses []); release is idempotent but not re-sent, so due jobs come back",
-)
 def test_a_give_back_whose_reply_was_lost_hands_out_no_job_due_again(
     make_pq: MakePq, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,11 +156,6 @@ def test_a_give_back_whose_reply_was_lost_hands_out_no_job_due_again(
 # -- doctor --fix: a leased job in no place gets its lease back ---------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler/admin/doctor_flow.py:222: the running job's key slot is judged stray "
-    "(not in leased) and freed first, then lua/repair.lua:256 restores the lease without it",
-)
 def test_doctor_fix_of_a_lost_lease_keeps_its_concurrency_slot(
     q: Queue, client: redis.Redis
 ) -> None:
@@ -183,8 +176,9 @@ def test_doctor_fix_of_a_lost_lease_keeps_its_concurrency_slot(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="scheduler/admin/doctor_model.py:240: the restored lease is 30 s whatever lease the "
-    "worker took; a holder heartbeating less often loses the job to a second run",
+    reason="a documented limit (docs/durability.md, doctor): "
+    "scheduler/admin/doctor_model.py:240: the restored lease is 30 s whatever lease the worker "
+    "took; a holder heartbeating less often loses the job to a second run (at least once)",
 )
 def test_doctor_fix_restores_a_lease_its_holder_can_keep(
     tq: tuple[Queue, Clock], client: redis.Redis
@@ -288,11 +282,6 @@ def test_a_moved_retry_leaves_the_schedules_slots_as_they_were(tq: tuple[Queue, 
 
 
 @pytest.mark.skipif(is_cluster_run(), reason="a single server's pool")
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler/client/result_waiting.py:185: the leaves bypass the wait slots and take a "
-    "pool connection each at once: past the pool they fail (MaxConnectionsError, suppressed)",
-)
 def test_result_waits_cancelled_together_all_leave(
     redis_url: str, client: redis.Redis, queue_name: str
 ) -> None:

@@ -105,8 +105,12 @@ class PartitionedLeasing:
                 statuses: list[Any] = self.release(others)
             except PartitionsNotReached as exc:
                 statuses = exc.partial
-            except Exception:
-                statuses = []
+            except Exception:  # its answer lost: a heartbeat tells which are still the caller's
+                try:
+                    held = self.heartbeat(others, lease_ms=lease_ms)[1]
+                    statuses = [None if held.get(i) == "held" else "gone" for i, _ in others]
+                except Exception:
+                    statuses = []
             rounds = without(rounds, others, statuses)
         return merged_claim(self.parts, order, rounds)
 

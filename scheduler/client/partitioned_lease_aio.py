@@ -94,7 +94,11 @@ class AsyncPartitionedLeasing:
             except PartitionsNotReached as exc:
                 statuses = exc.partial
             except Exception:
-                statuses = []
+                try:
+                    held = (await self.heartbeat(others, lease_ms=lease_ms))[1]
+                    statuses = [None if held.get(i) == "held" else "gone" for i, _ in others]
+                except Exception:
+                    statuses = []
             rounds = without(rounds, others, statuses)
         return merged_claim(self.parts, order, rounds)
 
