@@ -3,8 +3,8 @@
   and payload stay. Not a schedule's pending run (the one its schedule arms for a slot and
   withdraws at a pause or a redefinition: redefine or pause the schedule instead); a run
   already claimed (waiting out a retry: the schedule armed its next) and run_schedule_now's
-  extra run are jobs of their own and move. Not a job flow control holds (a key or rate limit, or parents not
-  done: it runs when let go). An idempotency key keeps the window it got at enqueue; a start
+  extra run are jobs of their own and move. Not a job flow control holds (a key or rate
+  limit, or parents not done: it runs when let go). An idempotency key keeps the window it got at enqueue; a start
   deadline (lib/job.lua spec_flags) moves by as much as the run time does. A job of a
   concurrency key moved later promotes its key's held jobs into a free slot (it may have been
   let out of the key's hold for that slot).
@@ -14,8 +14,9 @@
     one taken as now; for 'in', a delay from the server's now; for 'now', ignored: the server's
     now, for a job due later only)
   Returns: {'rescheduled', run_at_ms} | {word}: the job did not move, word = 'schedule' (a
-    schedule's pending run, or one whose schedule key is of another type), 'held' (set aside by flow control), its state ('leased', 'done',
-    'dead', 'cancelled'; 'due' for 'now': due already, it keeps its place), or 'missing'.
+    schedule's pending run, or a run whose schedule key is of another type), 'held' (set aside
+    by flow control), its state ('leased', 'done', 'dead', 'cancelled'; 'due' for 'now': due
+    already, it keeps its place), or 'missing'.
   Errors:  BAD_ARGUMENT <field>=<value>; CORRUPT due | leased (a job of a concurrency key moved
     later) is not a zset | job:<id> is not a hash
     (edited by hand; nothing written) ]]
