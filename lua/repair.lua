@@ -257,8 +257,9 @@ elseif move == 'lease' then
   redis.call('ZADD', leased, run_at, id)
   -- And its concurrency key's slot (a check may have freed it as no lease's: ckfree), as claim
   -- takes it: a job of the key let out meanwhile is held again by the claim that meets it.
-  local ckey = flow_load(jk).ckey
-  if ckey ~= '' then redis.pcall('ZADD', prefix .. 'flow:ck:' .. ckey, run_at, id) end
+  local fl = flow_load(jk)
+  local ckey = fl.ckey ~= '' and fl.ckey or fl.ckey_lost  -- its limit edited: still its key's
+  if ckey then redis.pcall('ZADD', prefix .. 'flow:ck:' .. ckey, run_at, id) end
 elseif move == 'score' then
   -- Only a score still no time (doctor's bad-score): one a reschedule, a debounced enqueue
   -- or a heartbeat set since is a time, and now would run the job early or end a live lease.

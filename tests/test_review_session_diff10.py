@@ -5,8 +5,10 @@ answer was lost (partitioned_lease.py: a heartbeat decides), a cancelled asyncio
 leave (result_waiting.py `_send`: one leave at a time), and reschedule of a schedule's runs
 (lua/reschedule.lua: only the pending run answers 'schedule').
 
-A test marked xfail(strict=True) shows a defect: it asserts the right behaviour, failing today.
-The others guard behaviour checked here and found right."""
+A test marked xfail(strict=True) shows a defect: it asserts the right behaviour, failing today
+(two found here were fixed since: a restored lease's slot of a key whose limit was edited, and
+cancelled waits' leaves over a slow link). The others guard behaviour checked here and found
+right."""
 
 from __future__ import annotations
 
@@ -62,12 +64,6 @@ def test_a_second_doctor_run_after_a_restored_keyed_lease_finds_nothing(
     assert [j.id for j in q.claim("w2", limit=10).jobs] == [b]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lua/repair.lua:260: the 'lease' move re-adds the slot of flow_load(jk).ckey only, "
-    "not of a key whose limit reads as lost (ckey_lost), whose slot claim still frees at the "
-    "lease's end: the stray-slot fix freed it, the held job runs beside the restored one",
-)
 def test_doctor_fix_keeps_the_slot_of_a_restored_job_whose_key_limit_was_edited(
     q: Queue, client: redis.Redis
 ) -> None:
@@ -87,7 +83,8 @@ def test_doctor_fix_keeps_the_slot_of_a_restored_job_whose_key_limit_was_edited(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="scheduler/admin/doctor_flow.py:222: `_stray` calls the slot of a job in no place "
+    reason="a documented limit (docs/durability.md, doctor): "
+    "scheduler/admin/doctor_flow.py:222: `_stray` calls the slot of a job in no place "
     "whose state is 'leased' (the lease doctor restores) stray: its fix, run first "
     "(doctor.py:211), lets the key's held job out before the lease and slot come back",
 )
@@ -148,12 +145,6 @@ def test_a_lost_give_back_after_another_worker_took_the_jobs_leaves_them_to_it(
 
 
 @pytest.mark.skipif(is_cluster_run(), reason="a single server's pool")
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler/client/result_waiting.py:188: cancelled waits leave one at a time "
-    "(shared.leaves = Semaphore(1)) and each leave's 1 s bound (LEAVE_BOUND_S) counts its "
-    "queueing: past 1 s / round trip leaves, the rest are given up and stay announced",
-)
 def test_result_waits_cancelled_together_over_a_slow_link_all_leave(
     redis_url: str, client: redis.Redis, queue_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -138,7 +138,7 @@ class _Shared:
     def __init__(self, loop: asyncio.AbstractEventLoop, slots: int) -> None:
         self.loop = loop
         self.slots = asyncio.Semaphore(slots)
-        self.leaves = asyncio.Semaphore(1)
+        self.leaves = asyncio.Semaphore(slots)  # the pool's other half
         self.blocks: dict[str, asyncio.Task[Any]] = {}
 
     def ended(self, key: str, task: asyncio.Task[Any]) -> None:
@@ -182,9 +182,10 @@ async def _send(queue: AsyncQueue, shared: _Shared, req: Request | Pause) -> Any
         return await _block(queue, shared, req)
     if isinstance(req, Commands) and req.cmds[0][0] == "SREM":
         # A cancelled waiter's leave: one quick command, not queued behind the other waiters'
-        # BLMOVEs for a slot (their slices outlasted its bound: it stayed announced), and one
-        # at a time (waiters cancelled together, each on a connection of its own, went past
-        # the pool: MaxConnectionsError).
+        # BLMOVEs for a slot (their slices outlasted its bound: it stayed announced), and at
+        # most as many at once as the wait slots (waiters cancelled together, each on a
+        # connection of its own, went past the pool: MaxConnectionsError; one at a time, a
+        # slow link's round trips added up past each leave's bound).
         async with shared.leaves:
             return await queue._run(_one(req))
     return await _in_slot(queue, shared, req)
