@@ -17,16 +17,15 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aredis
 
 from scheduler import AsyncQueue, Backoff, Queue
 from scheduler.admin.doctor import check_queue, repair_queue
 from scheduler.client.partitioned import PartitionedQueue
-from tests.conftest import Clock, delete_queue
+from tests.conftest import Clock
 from tests.fixtures.partitioned import MakePq
 from tests.redis_server import is_cluster_run
 from tests.test_doctor_repair import run_plan
-from tests.test_review_session_diff9 import LEASE_MS, _suspect_beside
+from tests.test_review_session_diff9 import LEASE_MS, _suspect_beside, waiters_left
 
 HOUR_MS = 3_600_000
 
@@ -153,40 +152,20 @@ def test_result_waits_cancelled_together_over_a_slow_link_all_leave(
     cancelled. docs: a cancelled `aq.result` takes the waiter out at once. The leaves go one
     after another, 100 ms each, and each is given up at 1 s counted from its cancel: about
     half stay announced in result_wait:<id> for the timeout_s they asked + 5 s."""
-    q = Queue(client, queue_name)
-    ids = [f"rw{i}" for i in range(20)]
     real = AsyncQueue._run
 
     async def slow(self: AsyncQueue, op: Any) -> Any:
         await asyncio.sleep(0.1)  # the round trip
         return await real(self, op)
 
-    async def main() -> int:
-        c = aredis.Redis.from_url(redis_url, max_connections=50, decode_responses=True)
-        aq = AsyncQueue(c, queue_name)
-        try:
-            for job_id in ids:
-                await aq.enqueue("t", job_id=job_id)
-            waits = [asyncio.ensure_future(aq.result(j, timeout_s=60)) for j in ids]
-            for _ in range(1000):
-                if all(client.scard(q.keys.result_wait(j)) == 1 for j in ids):
-                    break
-                await asyncio.sleep(0.01)
-            else:
-                raise RuntimeError("set-up: not every waiter announced")
-            monkeypatch.setattr(AsyncQueue, "_run", slow)
-            for w in waits:
-                w.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
-            return sum(int(client.scard(q.keys.result_wait(j))) for j in ids)
-        finally:
-            monkeypatch.undo()
-            await c.aclose()
+    def slow_link() -> None:
+        monkeypatch.setattr(AsyncQueue, "_run", slow)
 
     try:
-        assert asyncio.run(main()) == 0, "cancelled waiters still announced"
+        left = waiters_left(redis_url, client, queue_name, pool=50, before_cancel=slow_link)
     finally:
-        delete_queue(client, q)
+        monkeypatch.undo()
+    assert left == 0, "cancelled waiters still announced"
 
 
 # -- reschedule: only the pending run keeps its time --------------------------------------------

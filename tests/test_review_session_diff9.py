@@ -10,6 +10,7 @@ The others guard behaviour checked here and found right."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -290,11 +291,23 @@ def test_result_waits_cancelled_together_all_leave(
     cancelled at once. docs: a cancelled `aq.result` task takes the waiter out at once. Each
     leave now takes a connection of its own outside the slots: all but a few are refused by
     the pool and stay announced in result_wait:<id> for the timeout_s they asked + 5 s."""
+    assert waiters_left(redis_url, client, queue_name, pool=4) == 0, "still announced"
+
+
+def waiters_left(
+    redis_url: str,
+    client: redis.Redis,
+    queue_name: str,
+    pool: int,
+    before_cancel: Callable[[], None] = lambda: None,
+) -> int:
+    """20 jobs' result waits on a client of `pool` connections, all announced, then cancelled
+    together (`before_cancel` first): how many waiters are still in result_wait:<id>."""
     q = Queue(client, queue_name)
     ids = [f"rw{i}" for i in range(20)]
 
     async def main() -> int:
-        c = aredis.Redis.from_url(redis_url, max_connections=4, decode_responses=True)
+        c = aredis.Redis.from_url(redis_url, max_connections=pool, decode_responses=True)
         aq = AsyncQueue(c, queue_name)
         try:
             for job_id in ids:
@@ -306,6 +319,7 @@ def test_result_waits_cancelled_together_all_leave(
                 await asyncio.sleep(0.01)
             else:
                 raise RuntimeError("set-up: not every waiter announced")
+            before_cancel()
             for w in waits:
                 w.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
@@ -314,6 +328,6 @@ def test_result_waits_cancelled_together_all_leave(
             await c.aclose()
 
     try:
-        assert asyncio.run(main()) == 0, "cancelled waiters still announced"
+        return asyncio.run(main())
     finally:
         delete_queue(client, q)
